@@ -1,0 +1,24 @@
+"""Helpers shared by the command modules."""
+
+from __future__ import annotations
+
+import argparse
+
+DB_HELP = "database URL (default: $SPECFINOPS_DB_URL or sqlite:///var/specfinops.db)"
+
+
+def add_command(sub, name: str, help_: str, examples: str, handler) -> argparse.ArgumentParser:
+    """Add a sub-command whose --help ends with examples."""
+    p = sub.add_parser(
+        name,
+        help=help_,
+        description=help_,
+        epilog="examples:\n" + examples,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.set_defaults(handler=handler)
+    return p
+
+
+def add_db_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", metavar="URL", default=None, help=DB_HELP)

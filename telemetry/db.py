@@ -1,0 +1,229 @@
+"""The SQL store: typed SQLAlchemy 2 models of the public schema, engine construction.
+
+The schema is public (users query it from other tools). Raw counts are stored; rates such as the
+acceptance rate, tokens/s or J/token are computed in queries, never stored pre-averaged.
+
+Tables: runs, requests, steps, token_events, power_samples, prices, reports.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+DEFAULT_DB_PATH = Path("var") / "specfinops.db"
+ENV_DB_URL = "SPECFINOPS_DB_URL"
+
+# Stable constraint names, so Alembic migrations (and batch mode on SQLite) can refer to them.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# BIGINT on PostgreSQL, INTEGER on SQLite (so it stays the rowid alias and autoincrements).
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Run(Base):
+    """One invocation of the worker (a bench mode, a server lifetime, a load-test level)."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), default="bench")  # bench | serve | loadtest
+    mode: Mapped[str] = mapped_column(String(8))  # spec | ar
+    node_id: Mapped[str] = mapped_column(String(128))
+    hostname: Mapped[str] = mapped_column(String(255))
+    device: Mapped[str] = mapped_column(String(128))  # e.g. "cpu (2 cores)", "NVIDIA H100 80GB HBM3"
+    backend: Mapped[str] = mapped_column(String(16))  # torch | vllm
+    dtype: Mapped[str] = mapped_column(String(16))
+    target: Mapped[str] = mapped_column(String(512))
+    drafter: Mapped[str | None] = mapped_column(String(512))  # None in AR mode
+    k_policy: Mapped[str] = mapped_column(String(32))  # "fixed:4", "auto", ... ; "none" in AR
+    temperature: Mapped[float] = mapped_column(Float)
+    top_p: Mapped[float] = mapped_column(Float, default=1.0)
+    concurrency: Mapped[int] = mapped_column(Integer, default=1)
+    workload: Mapped[str] = mapped_column(String(255))
+    power_source: Mapped[str] = mapped_column(String(16))  # nvml | rapl | estimate | none
+    software_version: Mapped[str] = mapped_column(String(64))
+    price_snapshot: Mapped[dict | None] = mapped_column(JSON)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running | completed | failed
+    dropped_records: Mapped[int] = mapped_column(Integer, default=0)
+
+    __table_args__ = (Index("ix_runs_started_at", "started_at"), Index("ix_runs_node_id", "node_id"))
+
+
+class Request(Base):
+    """One generation request. Counts are raw; TPOT is derived: (e2e - ttft) / (output_tokens - 1)."""
+
+    __tablename__ = "requests"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    external_id: Mapped[str | None] = mapped_column(String(128))  # workload prompt id / API request id
+    domain: Mapped[str] = mapped_column(String(64), default="")
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    num_drafts: Mapped[int] = mapped_column(Integer, default=0)
+    num_draft_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    num_accepted_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    e2e_ms: Mapped[float | None] = mapped_column(Float)
+    energy_j: Mapped[float | None] = mapped_column(Float)  # None when no power source measured it
+    status: Mapped[str] = mapped_column(String(16), default="ok")  # ok | error | cancelled
+    error: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        Index("ix_requests_run_id", "run_id"),
+        Index("ix_requests_started_at", "started_at"),
+        Index("ix_requests_domain", "domain"),
+    )
+
+
+class Step(Base):
+    """One decode step of one request: K proposed, how many were accepted, and what it cost."""
+
+    __tablename__ = "steps"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    request_id: Mapped[int] = mapped_column(ForeignKey("requests.id", ondelete="CASCADE"))
+    step_index: Mapped[int] = mapped_column(Integer)
+    k: Mapped[int] = mapped_column(Integer)  # draft tokens proposed (0 = AR step)
+    accepted: Mapped[int] = mapped_column(Integer)
+    num_emitted: Mapped[int] = mapped_column(Integer)
+    draft_ms: Mapped[float] = mapped_column(Float)
+    verify_ms: Mapped[float] = mapped_column(Float)
+    batch_size: Mapped[int] = mapped_column(Integer, default=1)
+    k_reason: Mapped[str | None] = mapped_column(String(32))  # why the lookahead policy chose/stopped K
+    t_offset_ms: Mapped[float] = mapped_column(Float)  # step end, from request start
+
+    __table_args__ = (Index("ix_steps_request_id", "request_id"),)
+
+
+class TokenEvent(Base):
+    """One emitted output token: where, when (from request start), which step, and its source."""
+
+    __tablename__ = "token_events"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    request_id: Mapped[int] = mapped_column(ForeignKey("requests.id", ondelete="CASCADE"))
+    position: Mapped[int] = mapped_column(Integer)  # 0-based index in the output
+    emit_offset_ms: Mapped[float] = mapped_column(Float)
+    step_index: Mapped[int] = mapped_column(Integer)  # -1 for the token sampled at prefill
+    source: Mapped[str] = mapped_column(String(12))  # accepted | bonus | correction | ar
+
+    __table_args__ = (Index("ix_token_events_request_id", "request_id"),)
+
+
+class PowerSample(Base):
+    """A power reading. An estimate is always labelled `source='estimate'`."""
+
+    __tablename__ = "power_samples"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    t: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    device_index: Mapped[int] = mapped_column(Integer, default=0)
+    power_w: Mapped[float | None] = mapped_column(Float)
+    energy_mj: Mapped[float | None] = mapped_column(Float)  # cumulative hardware counter, if any
+    utilization_pct: Mapped[float | None] = mapped_column(Float)
+    source: Mapped[str] = mapped_column(String(12))  # nvml | rapl | estimate
+
+    __table_args__ = (Index("ix_power_samples_run_id_t", "run_id", "t"),)
+
+
+class Price(Base):
+    """Price catalog entry: an hourly node/GPU price, electricity per kWh, or PUE."""
+
+    __tablename__ = "prices"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))  # gpu | node | electricity | pue
+    value: Mapped[float] = mapped_column(Float)  # $/hour, $/kWh or a PUE factor
+    unit: Mapped[str] = mapped_column(String(16))  # usd_per_hour | usd_per_kwh | ratio
+    source: Mapped[str] = mapped_column(Text, default="")
+    as_of: Mapped[str] = mapped_column(String(32), default="")
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Report(Base):
+    """A generated cost report and where its files are."""
+
+    __tablename__ = "reports"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    period: Mapped[str] = mapped_column(String(16))
+    since: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    until: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    html_path: Mapped[str] = mapped_column(Text)
+    csv_dir: Mapped[str] = mapped_column(Text)
+    summary: Mapped[dict | None] = mapped_column(JSON)
+    delivery_status: Mapped[str | None] = mapped_column(String(32))
+    delivery_error: Mapped[str | None] = mapped_column(Text)
+
+
+def resolve_db_url(url: str | None = None) -> str:
+    """`--db` beats `SPECFINOPS_DB_URL` beats the default SQLite file `var/specfinops.db`."""
+    url = url or os.environ.get(ENV_DB_URL)
+    if not url:
+        DEFAULT_DB_PATH.parent.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{DEFAULT_DB_PATH}"
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    return url
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=5000")
+    cur.close()
+
+
+def make_engine(url: str | None = None) -> Engine:
+    """An Engine for the URL; SQLite gets WAL, foreign keys and a busy timeout."""
+    url = resolve_db_url(url)
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True)

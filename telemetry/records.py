@@ -1,0 +1,81 @@
+"""Plain records handed from the serving worker to the telemetry recorder.
+
+They mirror the tables in `telemetry.db` but carry no database identity: the recorder assigns ids
+when it writes a request together with its steps and token events in one transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    mode: str  # spec | ar
+    node_id: str
+    hostname: str
+    device: str
+    backend: str  # torch | vllm
+    dtype: str
+    target: str
+    drafter: str | None
+    k_policy: str  # "fixed:4", "auto", "none"
+    temperature: float
+    workload: str
+    power_source: str  # nvml | rapl | estimate | none
+    software_version: str
+    top_p: float = 1.0
+    concurrency: int = 1
+    kind: str = "bench"  # bench | serve | loadtest
+    price_snapshot: dict | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    step_index: int
+    k: int
+    accepted: int
+    num_emitted: int
+    draft_ms: float
+    verify_ms: float
+    t_offset_ms: float
+    batch_size: int = 1
+    k_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRow:
+    position: int
+    emit_offset_ms: float
+    step_index: int  # -1: the token sampled at prefill
+    source: str  # accepted | bonus | correction | ar
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    started_at: datetime
+    domain: str = ""
+    external_id: str | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    ttft_ms: float | None = None
+    e2e_ms: float | None = None
+    energy_j: float | None = None
+    status: str = "ok"  # ok | error | cancelled
+    error: str | None = None
+    steps: list[StepRow] = field(default_factory=list)
+    tokens: list[TokenRow] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class PowerReading:
+    t: datetime
+    device_index: int
+    power_w: float | None
+    energy_mj: float | None
+    utilization_pct: float | None
+    source: str  # nvml | rapl | estimate
