@@ -1,0 +1,51 @@
+"""Shared fixtures: real databases (a SQLite file per test, a fresh PostgreSQL database per session)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+PG_ADMIN_URL = os.environ.get("SPECFINOPS_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'store.db'}"
+
+
+def _pg_admin():
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with engine.connect() as c:
+        c.execute(text("select 1"))
+    return engine
+
+
+@pytest.fixture
+def pg_url():
+    """A fresh, empty PostgreSQL database for one test; skipped (with the reason) when no server answers."""
+    from sqlalchemy import text
+
+    try:
+        admin = _pg_admin()
+    except Exception as exc:  # noqa: BLE001 - any connection failure means: no server here
+        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}: {type(exc).__name__}: {exc}".splitlines()[0])
+    name = f"specfinops_t_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    with admin.connect() as c:
+        c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request, tmp_path):
+    """Run a test on both stores."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return request.getfixturevalue("pg_url")
