@@ -1,0 +1,370 @@
+"""`specfinops cost`, `specfinops project` and `specfinops prices`: cost per 1M output tokens of the measured
+runs, node-count projections against a latency SLA, and the editable price catalog.
+
+All figures come from `telemetry.queries` (the same functions the dashboard and reports use).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from app.commands._common import add_command, add_db_option
+from app.errors import UsageError
+
+COST_EXAMPLES = """  specfinops cost
+  specfinops cost --run 3 --json
+  specfinops cost --gpu H100                  # price every run at one H100 GPU-hour
+  specfinops cost --node-hourly-usd 8.806 --workload code
+"""
+
+PROJECT_EXAMPLES = """  specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --gpu H100 --gpus-per-node 8
+  specfinops project --daily-tokens 1e9 --peak-factor 1.5 --p95-tpot-sla-ms 40 --node-hourly-usd 8.806 --json
+"""
+
+PRICES_EXAMPLES = """  specfinops prices                      # list the catalog (defaults loaded on first use)
+  specfinops prices list --json
+  specfinops prices set H100 5.50 --source "our AWS EDP rate, 2026-11"
+  specfinops prices set my-node 12.0 --kind node --source "on-prem TCO / 3 years"
+  specfinops prices set electricity 0.09 --source "utility contract 2026"
+"""
+
+
+def _add_pricing(p, *, gpus_per_node: bool) -> None:
+    p.add_argument("--gpu", metavar="NAME", help="price at this catalog entry (see `specfinops prices`)")
+    if gpus_per_node:
+        p.add_argument(
+            "--gpus-per-node", metavar="N", default="1", help="GPUs per node with --gpu (default 1)"
+        )
+    p.add_argument("--node-hourly-usd", metavar="X", help="price at X dollars per node-hour")
+    p.add_argument("--usd-per-kwh", metavar="X", help="electricity price (default: catalog 'electricity')")
+    p.add_argument("--pue", metavar="X", help="data-centre PUE (default: catalog 'pue')")
+
+
+def _add_filters(p) -> None:
+    p.add_argument("--workload", help="only runs of this workload")
+    p.add_argument("--target", help="only runs of this target model")
+    p.add_argument("--node", help="only runs of this node id")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def register(sub) -> None:
+    p = add_command(
+        sub,
+        "cost",
+        "Cost per 1M output tokens per run and per mode (hardware + energy).",
+        COST_EXAMPLES,
+        run_cost_command,
+    )
+    add_db_option(p)
+    p.add_argument("--run", metavar="ID", help="only this run")
+    _add_pricing(p, gpus_per_node=False)
+    _add_filters(p)
+
+    p = add_command(
+        sub,
+        "project",
+        "Nodes, monthly cost and annual savings for a traffic profile under a "
+        "p95 TPOT SLA, AR vs speculative, from the measured runs.",
+        PROJECT_EXAMPLES,
+        run_project_command,
+    )
+    add_db_option(p)
+    p.add_argument("--daily-tokens", metavar="N", help="output tokens per day (e.g. 5e8)")
+    p.add_argument("--peak-factor", metavar="F", help="peak-to-average traffic ratio, >= 1")
+    p.add_argument("--p95-tpot-sla-ms", metavar="X", help="p95 time per output token the service must meet")
+    _add_pricing(p, gpus_per_node=True)
+    _add_filters(p)
+
+    p = add_command(
+        sub,
+        "prices",
+        "List or edit the price catalog ($/GPU-hour, $/node-hour, $/kWh, PUE).",
+        PRICES_EXAMPLES,
+        run_prices_command,
+    )
+    add_db_option(p)
+    p.add_argument("action", nargs="?", default="list", metavar="list|set")
+    p.add_argument("name", nargs="?", help="entry name for `set` (case-insensitive)")
+    p.add_argument("value", nargs="?", help="new value for `set`")
+    p.add_argument("--source", help="where the price comes from (required for `set`)")
+    p.add_argument("--kind", help="gpu | node | electricity | pue (required for a new name)")
+    p.add_argument("--as-of", help="date of the price (default today)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+# ---- parsing -------------------------------------------------------------------------------------------
+
+
+def _number(
+    flag: str, text: str | None, *, minimum: float | None = None, strict: bool = True
+) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"{flag} must be a number, got {text!r}") from None
+    if not math.isfinite(value) or (
+        minimum is not None and (value <= minimum if strict else value < minimum)
+    ):
+        raise UsageError(f"{flag} must be {'>' if strict else '>='} {minimum:g}, got {text!r}")
+    return value
+
+
+def _pricing(args, *, required: bool) -> dict:
+    if args.gpu is not None and args.node_hourly_usd is not None:
+        raise UsageError("give either --gpu NAME or --node-hourly-usd X, not both")
+    if required and args.gpu is None and args.node_hourly_usd is None:
+        raise UsageError("node pricing missing: give --gpu NAME --gpus-per-node N or --node-hourly-usd X")
+    out = {
+        "gpu": args.gpu,
+        "node_hourly_usd": _number("--node-hourly-usd", args.node_hourly_usd, minimum=0),
+        "usd_per_kwh": _number("--usd-per-kwh", args.usd_per_kwh, minimum=0, strict=False),
+        "pue": _number("--pue", args.pue, minimum=1, strict=False),
+    }
+    if hasattr(args, "gpus_per_node"):
+        n = _number("--gpus-per-node", args.gpus_per_node, minimum=1, strict=False)
+        if n != int(n):
+            raise UsageError(f"--gpus-per-node must be a whole number, got {args.gpus_per_node!r}")
+        if args.gpu is None and int(n) != 1:
+            raise UsageError("--gpus-per-node needs --gpu NAME")
+        out["gpus_per_node"] = int(n)
+    return out
+
+
+def _filters(args, run_id: int | None = None):
+    from telemetry.queries import Filters
+
+    return Filters(
+        workload=args.workload,
+        target=args.target,
+        node_id=args.node,
+        run_ids=(run_id,) if run_id is not None else None,
+    )
+
+
+def _usd(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"${x:,.0f}" if abs(x) >= 1000 else f"${x:,.4g}" if abs(x) < 1 else f"${x:,.2f}"
+
+
+def _num(x: float | None, fmt: str = ",.1f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+# ---- cost ----------------------------------------------------------------------------------------------
+
+
+def _energy_text(c) -> str:
+    if c.energy_usd_per_1m is None:
+        return "not measured"
+    return _usd(c.energy_usd_per_1m) + (" (estimated)" if c.energy_estimated else "")
+
+
+def _total_text(c) -> str:
+    if c.total_usd_per_1m is None:
+        return f"n/a ({c.reason})"
+    return _usd(c.total_usd_per_1m) + ("" if c.energy_included or c.tokens == 0 else " (hardware only)")
+
+
+def _cost_dict(c) -> dict:
+    return {
+        "hardware_usd_per_1m": c.hardware_usd_per_1m,
+        "energy_usd_per_1m": c.energy_usd_per_1m,
+        "total_usd_per_1m": c.total_usd_per_1m,
+        "energy_included": c.energy_included,
+        "energy_estimated": c.energy_estimated,
+        "reason": c.reason,
+    }
+
+
+def run_cost_command(args) -> int:
+    from telemetry.queries import EMPTY_STORE_HINT, costs
+    from telemetry.store import open_store
+
+    run_id = None
+    if args.run is not None:
+        try:
+            run_id = int(args.run)
+        except ValueError:
+            raise UsageError(f"--run must be a run id (integer), got {args.run!r}") from None
+    pricing = _pricing(args, required=False)
+    engine = open_store(args.db)
+    run_costs, mode_costs = costs(engine, _filters(args, run_id), **pricing)
+    if not run_costs:
+        if run_id is not None:
+            raise UsageError(f"--run {run_id}: no such run with requests in the store")
+        raise UsageError(f"no runs in the store matching the filters; {EMPTY_STORE_HINT}")
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "runs": [
+                        {
+                            "run_id": rc.run.run_id,
+                            "mode": rc.run.mode,
+                            "workload": rc.run.workload,
+                            "concurrency": rc.run.concurrency,
+                            "output_tokens": rc.run.stats.output_tokens,
+                            "wall_s": rc.run.stats.wall_s,
+                            "tokens_per_s": rc.run.stats.tokens_per_s,
+                            "node_hourly_usd": rc.node_price.usd_per_hour,
+                            "priced_as": rc.node_price.priced_as,
+                            "measured_on": rc.measured_on,
+                            "priced_differs_from_measured": rc.priced_differs,
+                            "usd_per_kwh": rc.usd_per_kwh,
+                            "pue": rc.pue,
+                            **_cost_dict(rc.cost),
+                        }
+                        for rc in run_costs
+                    ],
+                    "modes": [
+                        {
+                            "mode": mc.mode,
+                            "run_ids": list(mc.run_ids),
+                            "output_tokens": mc.output_tokens,
+                            "wall_s": mc.wall_s,
+                            "tokens_per_s": mc.tokens_per_s,
+                            "priced_as": list(mc.priced_as),
+                            "measured_on": list(mc.measured_on),
+                            **_cost_dict(mc.cost),
+                        }
+                        for mc in mode_costs
+                    ],
+                },
+                indent=2,
+            )
+        )
+        return 0
+    print("cost per 1M output tokens (USD): hardware = node $/h x wall hours; energy = kWh x PUE x $/kWh")
+    header = (
+        f"{'run':>5} {'mode':<5} {'workload':<12} {'conc':>4} {'tokens':>9} {'tok/s':>9} "
+        f"{'hardware':>10} {'energy':>22} {'total':>24}  priced as"
+    )
+    print(header)
+    for rc in run_costs:
+        st, c = rc.run.stats, rc.cost
+        print(
+            f"{rc.run.run_id:>5} {rc.run.mode:<5} {rc.run.workload[:12]:<12} {rc.run.concurrency:>4} "
+            f"{st.output_tokens:>9,} {_num(st.tokens_per_s):>9} {_usd(c.hardware_usd_per_1m):>10} "
+            f"{_energy_text(c):>22} {_total_text(c):>24}  {rc.node_price.priced_as} "
+            f"(${rc.node_price.usd_per_hour:g}/h)"
+        )
+    print()
+    for mc in mode_costs:
+        c = mc.cost
+        print(
+            f"{mc.mode:<5} runs {','.join(map(str, mc.run_ids))}: {mc.output_tokens:,} tokens, "
+            f"{_num(mc.tokens_per_s)} tokens/s, hardware {_usd(c.hardware_usd_per_1m)} + energy "
+            f"{_energy_text(c)} = {_total_text(c)} per 1M tokens"
+        )
+    for rc in run_costs:
+        if rc.priced_differs:
+            print(f"run {rc.run.run_id}: priced as {rc.node_price.priced_as}, measured on {rc.measured_on}")
+    return 0
+
+
+# ---- project -------------------------------------------------------------------------------------------
+
+
+def run_project_command(args) -> int:
+    from telemetry.queries import project_from_store
+    from telemetry.store import open_store
+
+    missing = [
+        f
+        for f, v in (
+            ("--daily-tokens", args.daily_tokens),
+            ("--peak-factor", args.peak_factor),
+            ("--p95-tpot-sla-ms", args.p95_tpot_sla_ms),
+        )
+        if v is None
+    ]
+    if missing:
+        raise UsageError(f"missing {', '.join(missing)}")
+    daily = _number("--daily-tokens", args.daily_tokens, minimum=0)
+    peak = _number("--peak-factor", args.peak_factor, minimum=1, strict=False)
+    sla = _number("--p95-tpot-sla-ms", args.p95_tpot_sla_ms, minimum=0)
+    pricing = _pricing(args, required=True)
+    sp = project_from_store(
+        open_store(args.db), _filters(args), daily_tokens=daily, peak_factor=peak, sla_ms=sla, **pricing
+    )
+    if args.json:
+        print(json.dumps(sp.as_dict(), indent=2))
+        return 0
+    p = sp.projection
+
+    def nodes(n):
+        return "not attainable" if n is None else f"{n:,}"
+
+    def energy_label(included: bool) -> str:
+        if not included:
+            return "node price only"
+        return "incl. energy (estimated)" if sp.energy_estimated else "incl. energy"
+
+    print(f"traffic: {daily:,.0f} output tokens/day, peak factor {peak:g}, p95 TPOT SLA {sla:g} ms")
+    print(
+        f"capacity per node at the SLA: AR {_num(p.capacity_tokens_per_s_ar)} tokens/s"
+        f"{f' (run {sp.capacity_run_ar})' if sp.capacity_run_ar else ''}, spec "
+        f"{_num(p.capacity_tokens_per_s_spec)} tokens/s"
+        f"{f' (run {sp.capacity_run_spec})' if sp.capacity_run_spec else ''}"
+    )
+    print(f"nodes needed: AR {nodes(p.nodes_ar)}, spec {nodes(p.nodes_spec)}")
+    print(f"monthly cost: AR {_usd(p.monthly_cost_ar_usd)}, spec {_usd(p.monthly_cost_spec_usd)}")
+    print(f"annual savings: {_usd(p.annual_savings_usd)}")
+    print(
+        f"cost per 1M tokens: AR {_usd(p.cost_per_1m_tokens_ar_usd)} ({energy_label(p.energy_included_ar)}), "
+        f"spec {_usd(p.cost_per_1m_tokens_spec_usd)} ({energy_label(p.energy_included_spec)})"
+    )
+    line = f"priced as {sp.node_price.priced_as} (${sp.node_price.usd_per_hour:g}/node-hour)"
+    if sp.priced_differs:
+        line += f", measured on {', '.join(sp.measured_on)}"
+    print(line + f"; PUE {sp.pue:g}, ${sp.usd_per_kwh:g}/kWh")
+    for note in p.notes:
+        print(f"note: {note}")
+    return 0
+
+
+# ---- prices --------------------------------------------------------------------------------------------
+
+
+def run_prices_command(args) -> int:
+    from telemetry.prices import list_prices, set_price
+    from telemetry.store import open_store
+
+    if args.action not in ("list", "set"):
+        raise UsageError(f"action must be 'list' or 'set', got {args.action!r}")
+    engine = open_store(args.db)
+    if args.action == "set":
+        if args.name is None or args.value is None:
+            raise UsageError("usage: specfinops prices set NAME VALUE --source TEXT [--kind KIND]")
+        if not args.source:
+            raise UsageError("--source is required: say where the price comes from")
+        value = _number("VALUE", args.value, minimum=0)
+        e = set_price(engine, args.name, value, source=args.source, kind=args.kind, as_of=args.as_of)
+        print(f"{e.name} ({e.kind}) = {e.value:g} {e.unit}; source: {e.source}; as of {e.as_of}")
+        return 0
+    entries = list_prices(engine)
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "name": e.name,
+                        "kind": e.kind,
+                        "value": e.value,
+                        "unit": e.unit,
+                        "source": e.source,
+                        "as_of": e.as_of,
+                    }
+                    for e in entries
+                ],
+                indent=2,
+            )
+        )
+        return 0
+    for e in entries:
+        print(f"{e.name:<20} {e.kind:<12} {e.value:>10g} {e.unit:<13} {e.as_of:<11} {e.source}")
+    return 0

@@ -1,0 +1,262 @@
+"""FinOps math: pure functions, no SQL, no I/O. Every formula is the one in DESIGN.md.
+
+    cost per 1M output tokens = (node $/h x node hours + energy kWh x PUE x $/kWh) / tokens x 1e6
+    capacity at SLA           = highest measured tokens/s whose p95 TPOT <= SLA
+    nodes needed              = ceil(daily tokens / 86,400 x peak factor / capacity)
+    annual savings            = (nodes AR - nodes spec) x node $/h x 8,760
+    speedup bound             = (1 - a^(K+1)) / ((1 - a)(K c + 1))     (Leviathan et al. 2023)
+
+A figure that cannot be computed (no tokens, no energy measurement, no capacity) is None, with a reason
+where the caller shows one; never 0 and never a ZeroDivisionError.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+SECONDS_PER_DAY = 86_400
+HOURS_PER_YEAR = 8_760
+HOURS_PER_MONTH = HOURS_PER_YEAR / 12  # 730
+J_PER_KWH = 3.6e6
+NOT_ATTAINABLE = "not attainable"
+
+
+def _finite(name: str, value: float, *, minimum: float | None = None, strict: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if minimum is not None and (value <= minimum if strict else value < minimum):
+        raise ValueError(f"{name} must be {'>' if strict else '>='} {minimum:g}, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class CostBreakdown:
+    """Cost per 1M output tokens. `energy_usd_per_1m` is None when no energy was measured; the total then
+    holds the hardware part only and `energy_included` is False. `energy_estimated` marks energy that came
+    from an estimated power source (label it "(estimated)" wherever it is shown)."""
+
+    tokens: int
+    hardware_usd_per_1m: float | None  # None when tokens == 0
+    energy_usd_per_1m: float | None
+    total_usd_per_1m: float | None
+    energy_included: bool
+    energy_estimated: bool
+    reason: str | None = None  # why a figure is None
+
+
+def cost_per_1m_tokens(
+    node_hourly_usd: float,
+    node_hours: float,
+    energy_kwh: float | None,
+    pue: float,
+    usd_per_kwh: float,
+    tokens: int,
+    *,
+    energy_estimated: bool = False,
+) -> CostBreakdown:
+    """(node $/h x node hours + kWh x PUE x $/kWh) / tokens x 1e6, split into hardware and energy parts."""
+    _finite("node_hourly_usd", node_hourly_usd, minimum=0)
+    _finite("node_hours", node_hours, minimum=0)
+    return cost_per_1m_from_totals(
+        node_hourly_usd * node_hours, energy_kwh, pue, usd_per_kwh, tokens, energy_estimated=energy_estimated
+    )
+
+
+def cost_per_1m_from_totals(
+    hardware_usd: float,
+    energy_kwh: float | None,
+    pue: float,
+    usd_per_kwh: float,
+    tokens: int,
+    *,
+    energy_estimated: bool = False,
+) -> CostBreakdown:
+    """The same cost per 1M tokens from a hardware dollar total (sum of node $/h x hours over several runs)."""
+    _finite("hardware_usd", hardware_usd, minimum=0)
+    _finite("pue", pue, minimum=1)
+    _finite("usd_per_kwh", usd_per_kwh, minimum=0)
+    if energy_kwh is not None:
+        _finite("energy_kwh", energy_kwh, minimum=0)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ValueError(f"tokens must be an integer >= 0, got {tokens!r}")
+    if tokens == 0:
+        return CostBreakdown(0, None, None, None, False, energy_estimated, "no output tokens")
+    hardware = hardware_usd / tokens * 1e6
+    if energy_kwh is None:
+        return CostBreakdown(tokens, hardware, None, hardware, False, energy_estimated, "energy not measured")
+    energy = energy_kwh * pue * usd_per_kwh / tokens * 1e6
+    return CostBreakdown(tokens, hardware, energy, hardware + energy, True, energy_estimated)
+
+
+def energy_usd_per_1m(j_per_token: float | None, pue: float, usd_per_kwh: float) -> float | None:
+    """Energy part of the cost per 1M tokens from a J/token figure; None when J/token is unknown."""
+    if j_per_token is None:
+        return None
+    _finite("j_per_token", j_per_token, minimum=0)
+    return (
+        j_per_token
+        * 1e6
+        / J_PER_KWH
+        * _finite("pue", pue, minimum=1)
+        * _finite("usd_per_kwh", usd_per_kwh, minimum=0)
+    )
+
+
+def capacity_at_sla(points: Iterable[tuple[float, float | None]], sla_ms: float) -> float | None:
+    """Highest tokens/s among (tokens_per_s, p95_tpot_ms) points whose p95 TPOT <= sla_ms.
+
+    Points without a p95 TPOT (no multi-token request) cannot show they meet the SLA and are skipped.
+    None when no point meets it ("not attainable").
+    """
+    _finite("sla_ms", sla_ms, minimum=0, strict=True)
+    best: float | None = None
+    for tps, p95 in points:
+        if tps is None or p95 is None or not tps > 0:
+            continue
+        if p95 <= sla_ms and (best is None or tps > best):
+            best = float(tps)
+    return best
+
+
+def _validate_traffic(daily_tokens: float, peak_factor: float) -> None:
+    _finite("daily_tokens", daily_tokens, minimum=0, strict=True)
+    _finite("peak_factor", peak_factor, minimum=1)
+
+
+def nodes_needed(daily_tokens: float, peak_factor: float, capacity_tokens_per_s: float | None) -> int | None:
+    """ceil(daily / 86,400 x peak / capacity); None when the capacity is unknown or zero (not attainable)."""
+    _validate_traffic(daily_tokens, peak_factor)
+    if capacity_tokens_per_s is None:
+        return None
+    _finite("capacity_tokens_per_s", capacity_tokens_per_s, minimum=0)
+    if capacity_tokens_per_s == 0:
+        return None
+    # round() guards against float noise turning an exact 16.0 into 16.000000000000004 -> 17.
+    return math.ceil(round(daily_tokens / SECONDS_PER_DAY * peak_factor / capacity_tokens_per_s, 9))
+
+
+def annual_savings(nodes_ar: int | None, nodes_spec: int | None, node_hourly_usd: float) -> float | None:
+    """(nodes AR - nodes spec) x node $/h x 8,760; None when either node count is unknown."""
+    _finite("node_hourly_usd", node_hourly_usd, minimum=0)
+    if nodes_ar is None or nodes_spec is None:
+        return None
+    return (nodes_ar - nodes_spec) * node_hourly_usd * HOURS_PER_YEAR
+
+
+def monthly_cost(nodes: int | None, node_hourly_usd: float) -> float | None:
+    """nodes x node $/h x 730 h; None when the node count is unknown."""
+    _finite("node_hourly_usd", node_hourly_usd, minimum=0)
+    return None if nodes is None else nodes * node_hourly_usd * HOURS_PER_MONTH
+
+
+def speedup_bound(alpha: float, k: int, c: float) -> float:
+    """Expected speedup of speculative decoding: (1 - a^(K+1)) / ((1 - a)(K c + 1)).
+
+    alpha: acceptance rate in [0, 1]; k: lookahead depth >= 0; c: draft/target cost ratio >= 0.
+    At alpha == 1 the limit (K + 1) / (K c + 1) is used.
+    """
+    _finite("alpha", alpha, minimum=0)
+    if alpha > 1:
+        raise ValueError(f"alpha must be <= 1, got {alpha!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be an integer >= 0, got {k!r}")
+    _finite("c", c, minimum=0)
+    tokens_per_step = (k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return tokens_per_step / (k * c + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """Node counts and costs for a traffic profile, AR vs speculative, at one node price.
+
+    cost_per_1m_tokens_*_usd = provisioned node cost per day / daily tokens x 1e6, plus the energy part
+    when a measured J/token was given (`energy_included_*`). None figures carry a reason in `notes`.
+    """
+
+    daily_tokens: float
+    peak_factor: float
+    sla_ms: float
+    node_hourly_usd: float
+    capacity_tokens_per_s_ar: float | None
+    capacity_tokens_per_s_spec: float | None
+    nodes_ar: int | None
+    nodes_spec: int | None
+    monthly_cost_ar_usd: float | None
+    monthly_cost_spec_usd: float | None
+    annual_savings_usd: float | None
+    cost_per_1m_tokens_ar_usd: float | None
+    cost_per_1m_tokens_spec_usd: float | None
+    energy_included_ar: bool
+    energy_included_spec: bool
+    notes: tuple[str, ...]
+
+
+def _cost_per_1m_projected(
+    nodes: int | None, node_hourly_usd: float, daily_tokens: float, energy_part: float | None
+) -> float | None:
+    if nodes is None:
+        return None
+    hardware = nodes * node_hourly_usd * 24 / daily_tokens * 1e6
+    return hardware + (energy_part or 0.0)
+
+
+def project(
+    *,
+    daily_tokens: float,
+    peak_factor: float,
+    sla_ms: float,
+    node_hourly_usd: float,
+    points_ar: Iterable[tuple[float, float | None]],
+    points_spec: Iterable[tuple[float, float | None]],
+    j_per_token_ar: float | None = None,
+    j_per_token_spec: float | None = None,
+    pue: float = 1.0,
+    usd_per_kwh: float = 0.0,
+) -> Projection:
+    """Capacity at SLA -> nodes -> monthly cost, annual savings and cost per 1M tokens, for AR and spec.
+
+    points_*: (tokens_per_s, p95_tpot_ms) per measured run of that mode. j_per_token_*: measured J/token
+    to add the energy part to the cost per 1M tokens (pass None when the priced hardware is not the
+    measured hardware: that figure would not apply).
+    """
+    _validate_traffic(daily_tokens, peak_factor)
+    _finite("sla_ms", sla_ms, minimum=0, strict=True)
+    _finite("node_hourly_usd", node_hourly_usd, minimum=0, strict=True)
+    points_ar, points_spec = list(points_ar), list(points_spec)
+    notes: list[str] = []
+    caps = {}
+    for mode, points in (("ar", points_ar), ("spec", points_spec)):
+        caps[mode] = capacity_at_sla(points, sla_ms)
+        if not points:
+            notes.append(f"{mode}: {NOT_ATTAINABLE}: no {mode} runs measured")
+        elif caps[mode] is None:
+            best = min((p for _, p in points if p is not None), default=None)
+            why = "no run has a p95 TPOT" if best is None else f"best measured p95 TPOT is {best:.1f} ms"
+            notes.append(f"{mode}: {NOT_ATTAINABLE}: no run meets p95 TPOT <= {sla_ms:g} ms ({why})")
+    n_ar = nodes_needed(daily_tokens, peak_factor, caps["ar"])
+    n_spec = nodes_needed(daily_tokens, peak_factor, caps["spec"])
+    savings = annual_savings(n_ar, n_spec, node_hourly_usd)
+    if savings is None:
+        notes.append("annual savings: not computed (a node count is not attainable)")
+    e_ar = energy_usd_per_1m(j_per_token_ar, pue, usd_per_kwh)
+    e_spec = energy_usd_per_1m(j_per_token_spec, pue, usd_per_kwh)
+    return Projection(
+        daily_tokens=float(daily_tokens),
+        peak_factor=float(peak_factor),
+        sla_ms=float(sla_ms),
+        node_hourly_usd=float(node_hourly_usd),
+        capacity_tokens_per_s_ar=caps["ar"],
+        capacity_tokens_per_s_spec=caps["spec"],
+        nodes_ar=n_ar,
+        nodes_spec=n_spec,
+        monthly_cost_ar_usd=monthly_cost(n_ar, node_hourly_usd),
+        monthly_cost_spec_usd=monthly_cost(n_spec, node_hourly_usd),
+        annual_savings_usd=savings,
+        cost_per_1m_tokens_ar_usd=_cost_per_1m_projected(n_ar, node_hourly_usd, daily_tokens, e_ar),
+        cost_per_1m_tokens_spec_usd=_cost_per_1m_projected(n_spec, node_hourly_usd, daily_tokens, e_spec),
+        energy_included_ar=e_ar is not None and n_ar is not None,
+        energy_included_spec=e_spec is not None and n_spec is not None,
+        notes=tuple(notes),
+    )

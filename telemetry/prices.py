@@ -1,0 +1,215 @@
+"""Price catalog: $/GPU-hour and $/node-hour defaults, electricity $/kWh and PUE, kept in the `prices` table.
+
+Defaults come from `telemetry/data/prices.json` (each with its source and date) and are written into the
+table on first use, only for names not there yet, so edits made with `specfinops prices set` survive.
+Names are looked up case-insensitively.
+
+Public API:
+    ensure_defaults(engine) -> int                   # inserts missing default names, returns how many
+    list_prices(engine) -> list[PriceEntry]
+    get_price(engine, name) -> PriceEntry            # ValueError listing the known names when unknown
+    set_price(engine, name, value, *, source, kind=None, as_of=None) -> PriceEntry
+    catalog_name_for_device(device) -> str | None    # "NVIDIA H100 80GB HBM3" -> "H100", "cpu (2 cores)" -> "cpu-2core"
+    resolve_node_price(engine, *, device, price_snapshot=None, gpu=None, gpus_per_node=1,
+                       node_hourly_usd=None) -> NodePrice
+    energy_prices(engine) -> tuple[float, float]     # (usd_per_kwh, pue)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from telemetry.db import Price, utcnow
+
+ELECTRICITY = "electricity"
+PUE = "pue"
+CPU_NODE = "cpu-2core"
+KIND_UNITS = {"gpu": "usd_per_hour", "node": "usd_per_hour", "electricity": "usd_per_kwh", "pue": "ratio"}
+
+
+@dataclass(frozen=True, slots=True)
+class PriceEntry:
+    name: str
+    kind: str  # gpu | node | electricity | pue
+    value: float  # $/hour, $/kWh or a ratio (PUE)
+    unit: str  # usd_per_hour | usd_per_kwh | ratio
+    source: str
+    as_of: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodePrice:
+    """The node price used for a cost figure, and where it came from."""
+
+    usd_per_hour: float
+    priced_as: str  # e.g. "H100 x8", "cpu-2core", "custom $8.806/h", "run price snapshot (H100)"
+    origin: str  # flag | gpu | snapshot | catalog
+    catalog_name: str | None = None  # the catalog entry behind the price; None for a custom price
+
+    def differs_from(self, device: str) -> bool:
+        """True when this price is not the catalog price of the measured `device` (say so in the output)."""
+        measured = catalog_name_for_device(device)
+        return self.catalog_name is None or measured is None or self.catalog_name.lower() != measured.lower()
+
+
+def default_entries() -> list[PriceEntry]:
+    """The defaults shipped in `telemetry/data/prices.json`."""
+    text = resources.files("telemetry").joinpath("data/prices.json").read_text(encoding="utf-8")
+    return [PriceEntry(**row) for row in json.loads(text)["prices"]]
+
+
+def _entry(row: Price) -> PriceEntry:
+    return PriceEntry(row.name, row.kind, row.value, row.unit, row.source, row.as_of)
+
+
+def ensure_defaults(engine: Engine) -> int:
+    """Insert the default entries whose names (case-insensitive) are not in the table; return how many."""
+    with Session(engine) as s:
+        have = {n.lower() for n in s.scalars(select(Price.name))}
+        missing = [e for e in default_entries() if e.name.lower() not in have]
+        if not missing:
+            return 0
+        s.add_all(
+            Price(name=e.name, kind=e.kind, value=e.value, unit=e.unit, source=e.source, as_of=e.as_of)
+            for e in missing
+        )
+        try:
+            s.commit()
+        except IntegrityError:  # another process loaded them at the same moment
+            s.rollback()
+            return 0
+    return len(missing)
+
+
+def list_prices(engine: Engine) -> list[PriceEntry]:
+    ensure_defaults(engine)
+    with Session(engine) as s:
+        return [_entry(r) for r in s.scalars(select(Price).order_by(Price.kind, Price.name))]
+
+
+def _find(s: Session, name: str) -> Price | None:
+    return s.scalars(select(Price).where(func.lower(Price.name) == name.strip().lower())).first()
+
+
+def get_price(engine: Engine, name: str) -> PriceEntry:
+    """The entry named `name` (any case); ValueError naming it and listing the known names."""
+    ensure_defaults(engine)
+    with Session(engine) as s:
+        row = _find(s, name)
+        if row is None:
+            known = ", ".join(sorted(s.scalars(select(Price.name)), key=str.lower))
+            raise ValueError(f"unknown price name {name!r}; known: {known}")
+        return _entry(row)
+
+
+def set_price(
+    engine: Engine, name: str, value: float, *, source: str, kind: str | None = None, as_of: str | None = None
+) -> PriceEntry:
+    """Create or update an entry. A new name needs `kind`; the value must be > 0 (PUE >= 1)."""
+    if not name or not name.strip() or len(name.strip()) > 64:
+        raise ValueError(f"name must be 1-64 characters, got {name!r}")
+    if kind is not None and kind not in KIND_UNITS:
+        raise ValueError(f"kind must be one of {sorted(KIND_UNITS)}, got {kind!r}")
+    if not source or not source.strip():
+        raise ValueError(f"source must say where the price comes from, got {source!r}")
+    value = float(value)
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError(f"value must be a positive number, got {value!r}")
+    ensure_defaults(engine)
+    with Session(engine) as s:
+        row = _find(s, name)
+        if row is None:
+            if kind is None:
+                raise ValueError(
+                    f"kind is required for a new price name {name!r} (one of {sorted(KIND_UNITS)})"
+                )
+            row = Price(name=name.strip(), kind=kind, unit=KIND_UNITS[kind], value=value, source="", as_of="")
+            s.add(row)
+        elif kind is not None and kind != row.kind:
+            raise ValueError(f"kind of {row.name!r} is {row.kind!r}, cannot change it to {kind!r}")
+        if row.kind == "pue" and value < 1:
+            raise ValueError(f"value of a PUE must be >= 1, got {value!r}")
+        row.value = value
+        row.source = source.strip()
+        row.as_of = as_of or utcnow().strftime("%Y-%m-%d")
+        row.updated_at = utcnow()
+        s.commit()
+        return _entry(row)
+
+
+# Device strings as the worker records them -> catalog names. Order matters: most specific first.
+_DEVICE_PATTERNS = [
+    (re.compile(r"h100.*sxm|sxm.*h100", re.I), "H100"),
+    (re.compile(r"h100", re.I), "H100"),
+    (re.compile(r"a100", re.I), "A100-80GB"),
+    (re.compile(r"\bl4\b", re.I), "L4"),
+    (re.compile(r"^\s*cpu\b", re.I), CPU_NODE),
+]
+
+
+def catalog_name_for_device(device: str) -> str | None:
+    """The catalog entry that prices a recorded device string, or None when none matches."""
+    for pattern, name in _DEVICE_PATTERNS:
+        if pattern.search(device or ""):
+            return name
+    return None
+
+
+def _snapshot_price(snapshot: dict | None) -> NodePrice | None:
+    """A run's recorded price snapshot: {"node_hourly_usd": x, "name": ...} (or "usd_per_hour")."""
+    if not isinstance(snapshot, dict):
+        return None
+    value = snapshot.get("node_hourly_usd", snapshot.get("usd_per_hour"))
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        return None
+    name = snapshot.get("name") or snapshot.get("priced_as")
+    label = f"run price snapshot ({name})" if name else "run price snapshot"
+    return NodePrice(float(value), label, "snapshot", str(name) if name else None)
+
+
+def resolve_node_price(
+    engine: Engine,
+    *,
+    device: str,
+    price_snapshot: dict | None = None,
+    gpu: str | None = None,
+    gpus_per_node: int = 1,
+    node_hourly_usd: float | None = None,
+) -> NodePrice:
+    """Node price: `node_hourly_usd` > `gpu` x `gpus_per_node` > the run's snapshot > the catalog entry
+    matching `device`. ValueError when nothing prices it."""
+    if node_hourly_usd is not None:
+        if not node_hourly_usd > 0:
+            raise ValueError(f"node_hourly_usd must be > 0, got {node_hourly_usd!r}")
+        return NodePrice(float(node_hourly_usd), f"custom ${node_hourly_usd:g}/h node", "flag")
+    if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node must be an integer >= 1, got {gpus_per_node!r}")
+    if gpu is not None:
+        entry = get_price(engine, gpu)
+        if entry.unit != "usd_per_hour":
+            raise ValueError(f"gpu {gpu!r} is a {entry.kind} entry, not an hourly price")
+        label = entry.name if gpus_per_node == 1 else f"{entry.name} x{gpus_per_node}"
+        return NodePrice(entry.value * gpus_per_node, label, "gpu", entry.name)
+    snap = _snapshot_price(price_snapshot)
+    if snap is not None:
+        return snap
+    name = catalog_name_for_device(device)
+    if name is None:
+        raise ValueError(
+            f"no catalog price matches device {device!r}; pass --gpu NAME or --node-hourly-usd X"
+        )
+    entry = get_price(engine, name)
+    return NodePrice(entry.value, entry.name, "catalog", entry.name)
+
+
+def energy_prices(engine: Engine) -> tuple[float, float]:
+    """(usd_per_kwh, pue) from the catalog."""
+    return get_price(engine, ELECTRICITY).value, get_price(engine, PUE).value

@@ -1,0 +1,721 @@
+"""SQL aggregations over the store: THE one implementation of every figure the CLI, dashboard and reports show.
+
+Sums and counts run in SQL (GROUP BY); token_events are never loaded. Percentiles (TTFT, TPOT) are computed
+in Python from one SELECT of the filtered per-request values (requests, not tokens).
+
+Definitions (DESIGN.md): only requests with status 'ok' count towards tokens, latency and acceptance.
+    TPOT              = (e2e_ms - ttft_ms) / (output_tokens - 1), for output_tokens > 1
+    wall_s            = first request start -> last request end (start + e2e) of the run's filtered
+                        requests; the run's ended_at - started_at when no request has an e2e time
+    tokens_per_s      = output tokens / wall_s  (aggregate throughput: concurrent requests overlap)
+    acceptance_rate   = accepted / drafted;  mean_acceptance_length = 1 + accepted / drafts
+    energy_j          = sum of requests.energy_j (None when no request has one); J/token over the requests
+                        that have one; energy_estimated when the run's power source is 'estimate'
+    speedup           = spec tokens/s / AR tokens/s, same workload, target, device and concurrency
+
+Public API:
+    Filters(since, until, node_id, run_ids, target, drafter, workload, domain, mode)
+    run_summaries(engine, filters=None) -> list[RunSummary]
+    mode_summaries(engine, filters=None) -> list[ModeSummary]
+    acceptance_by_domain(engine, filters=None) -> list[DomainAcceptance]
+    speedups(engine, filters=None) -> list[Speedup]
+    percentile(values, q) -> float | None
+    run_cost(engine, run_id, *, gpu=None, node_hourly_usd=None, usd_per_kwh=None, pue=None) -> RunCost
+    costs(engine, filters=None, *, gpu=None, node_hourly_usd=None, ...) -> tuple[list[RunCost], list[ModeCost]]
+    project_from_store(engine, filters=None, *, daily_tokens, peak_factor, sla_ms, gpu=None, gpus_per_node=1,
+                       node_hourly_usd=None, usd_per_kwh=None, pue=None) -> StoreProjection
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import case, func, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from telemetry.db import Request, Run
+from telemetry.finops import (
+    HOURS_PER_MONTH,
+    HOURS_PER_YEAR,
+    J_PER_KWH,
+    CostBreakdown,
+    Projection,
+    capacity_at_sla,
+    cost_per_1m_from_totals,
+    cost_per_1m_tokens,
+    project,
+)
+from telemetry.prices import NodePrice, energy_prices, resolve_node_price
+
+MODES = ("spec", "ar")
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """Which runs and requests to aggregate. since/until bound requests.started_at; domain filters
+    requests; the rest filter runs. None means no filter."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+    node_id: str | None = None
+    run_ids: tuple[int, ...] | None = None
+    target: str | None = None
+    drafter: str | None = None
+    workload: str | None = None
+    domain: str | None = None
+    mode: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode is not None and self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.since is not None and self.until is not None and self.since >= self.until:
+            raise ValueError(f"since must be before until, got since={self.since} until={self.until}")
+        if self.run_ids is not None:
+            object.__setattr__(self, "run_ids", tuple(int(r) for r in self.run_ids))
+
+    def where(self) -> list:
+        conds = []
+        for col, value in (
+            (Run.node_id, self.node_id),
+            (Run.target, self.target),
+            (Run.drafter, self.drafter),
+            (Run.workload, self.workload),
+            (Run.mode, self.mode),
+            (Request.domain, self.domain),
+        ):
+            if value is not None:
+                conds.append(col == value)
+        if self.run_ids is not None:
+            conds.append(Run.id.in_(self.run_ids))
+        if self.since is not None:
+            conds.append(Request.started_at >= self.since)
+        if self.until is not None:
+            conds.append(Request.started_at < self.until)
+        return conds
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    """Figures shared by a run and a mode summary (raw counts and the rates computed from them)."""
+
+    num_requests_ok: int
+    num_requests_failed: int
+    output_tokens: int
+    wall_s: float | None
+    tokens_per_s: float | None
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    tpot_p50_ms: float | None
+    tpot_p95_ms: float | None
+    energy_j: float | None
+    energy_complete: bool  # every ok request has an energy figure
+    j_per_token: float | None
+    energy_estimated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    run_id: int
+    mode: str
+    kind: str
+    node_id: str
+    device: str
+    backend: str
+    target: str
+    drafter: str | None
+    k_policy: str
+    dtype: str
+    workload: str
+    concurrency: int
+    temperature: float
+    power_source: str
+    price_snapshot: dict | None
+    started_at: datetime
+    ended_at: datetime | None
+    status: str
+    stats: Aggregate
+
+
+@dataclass(frozen=True, slots=True)
+class ModeSummary:
+    mode: str
+    num_runs: int
+    run_ids: tuple[int, ...]
+    devices: tuple[str, ...]
+    stats: Aggregate
+
+
+@dataclass(frozen=True, slots=True)
+class DomainAcceptance:
+    domain: str
+    num_requests: int
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Speedup:
+    workload: str
+    target: str
+    device: str
+    concurrency: int
+    drafter: str | None
+    k_policy: str
+    spec_tokens_per_s: float | None
+    ar_tokens_per_s: float | None
+    speedup: float | None
+    spec_run_ids: tuple[int, ...]
+    ar_run_ids: tuple[int, ...]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default) of `values`, q in [0, 100]; None when empty."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in [0, 100], got {q!r}")
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or not den else num / den
+
+
+@dataclass(slots=True)
+class _Acc:
+    """Per-request values of one run or mode, collected in Python for percentiles and the wall span."""
+
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+    first_start: datetime | None = None
+    last_end: datetime | None = None
+
+    def add(self, status: str, started: datetime, ttft: float | None, e2e: float | None, out: int) -> None:
+        if e2e is not None:
+            end = started + timedelta(milliseconds=e2e)
+            self.first_start = started if self.first_start is None else min(self.first_start, started)
+            self.last_end = end if self.last_end is None else max(self.last_end, end)
+        if status != "ok":
+            return
+        if ttft is not None:
+            self.ttft.append(ttft)
+        if ttft is not None and e2e is not None and out > 1:
+            self.tpot.append((e2e - ttft) / (out - 1))
+
+    def span_s(self) -> float | None:
+        if self.first_start is None or self.last_end is None:
+            return None
+        return (self.last_end - self.first_start).total_seconds()
+
+
+def _aggregate(sums: dict, acc: _Acc, wall_s: float | None, estimated: bool) -> Aggregate:
+    n_ok, tokens = int(sums["n_ok"] or 0), int(sums["tokens"] or 0)
+    drafts, drafted, accepted = (int(sums[k] or 0) for k in ("drafts", "drafted", "accepted"))
+    n_energy = int(sums["n_energy"] or 0)
+    energy = float(sums["energy_j"]) if n_energy else None
+    return Aggregate(
+        num_requests_ok=n_ok,
+        num_requests_failed=int(sums["n_failed"] or 0),
+        output_tokens=tokens,
+        wall_s=wall_s,
+        tokens_per_s=_ratio(tokens, wall_s) if tokens else None,
+        num_drafts=drafts,
+        num_draft_tokens=drafted,
+        num_accepted_tokens=accepted,
+        acceptance_rate=_ratio(accepted, drafted),
+        mean_acceptance_length=None if not drafts else 1 + accepted / drafts,
+        ttft_p50_ms=percentile(acc.ttft, 50),
+        ttft_p95_ms=percentile(acc.ttft, 95),
+        tpot_p50_ms=percentile(acc.tpot, 50),
+        tpot_p95_ms=percentile(acc.tpot, 95),
+        energy_j=energy,
+        energy_complete=n_ok > 0 and n_energy == n_ok,
+        j_per_token=_ratio(energy, int(sums["energy_tokens"] or 0)),
+        energy_estimated=estimated,
+    )
+
+
+_SUM_KEYS = (
+    "n_ok",
+    "n_failed",
+    "tokens",
+    "drafts",
+    "drafted",
+    "accepted",
+    "energy_j",
+    "n_energy",
+    "energy_tokens",
+)
+
+
+def _sum_columns() -> list:
+    ok = Request.status == "ok"
+
+    def ok_sum(col):
+        return func.sum(case((ok, col), else_=0))
+
+    return [
+        func.sum(case((ok, 1), else_=0)).label("n_ok"),
+        func.sum(case((ok, 0), else_=1)).label("n_failed"),
+        ok_sum(Request.output_tokens).label("tokens"),
+        ok_sum(Request.num_drafts).label("drafts"),
+        ok_sum(Request.num_draft_tokens).label("drafted"),
+        ok_sum(Request.num_accepted_tokens).label("accepted"),
+        func.sum(case((ok, Request.energy_j), else_=None)).label("energy_j"),
+        func.count(case((ok, Request.energy_j), else_=None)).label("n_energy"),
+        func.sum(case((ok & Request.energy_j.is_not(None), Request.output_tokens), else_=0)).label(
+            "energy_tokens"
+        ),
+    ]
+
+
+def _collect(engine: Engine, filters: Filters | None) -> list[tuple[Run, dict, _Acc]]:
+    """One GROUP BY query for the per-run sums, one SELECT of per-request latency values."""
+    conds = (filters or Filters()).where()
+    sums_q = (
+        select(Run.id, *_sum_columns()).join(Request, Request.run_id == Run.id).where(*conds).group_by(Run.id)
+    )
+    values_q = (
+        select(
+            Request.run_id,
+            Request.status,
+            Request.started_at,
+            Request.ttft_ms,
+            Request.e2e_ms,
+            Request.output_tokens,
+        )
+        .join(Run, Request.run_id == Run.id)
+        .where(*conds)
+    )
+    with engine.connect() as c:
+        sums = {row.id: dict(row._mapping) for row in c.execute(sums_q)}
+        accs: dict[int, _Acc] = defaultdict(_Acc)
+        for run_id, status, started, ttft, e2e, out in c.execute(values_q):
+            accs[run_id].add(status, started, ttft, e2e, out or 0)
+    if not sums:
+        return []
+    with Session(engine) as s:
+        run_rows = list(s.scalars(select(Run).where(Run.id.in_(sums)).order_by(Run.started_at, Run.id)))
+        s.expunge_all()
+    return [(r, sums[r.id], accs[r.id]) for r in run_rows]
+
+
+def _run_wall_s(run: Run, acc: _Acc) -> float | None:
+    span = acc.span_s()
+    if span is not None and span > 0:
+        return span
+    if run.ended_at is not None and run.started_at is not None:
+        wall = (run.ended_at - run.started_at).total_seconds()
+        return wall if wall > 0 else None
+    return None
+
+
+def run_summaries(engine: Engine, filters: Filters | None = None) -> list[RunSummary]:
+    """One summary per run with at least one request matching `filters`, oldest first."""
+    out = []
+    for run, sums, acc in _collect(engine, filters):
+        stats = _aggregate(sums, acc, _run_wall_s(run, acc), run.power_source == "estimate")
+        out.append(
+            RunSummary(
+                run_id=run.id,
+                mode=run.mode,
+                kind=run.kind,
+                node_id=run.node_id,
+                device=run.device,
+                backend=run.backend,
+                target=run.target,
+                drafter=run.drafter,
+                k_policy=run.k_policy,
+                dtype=run.dtype,
+                workload=run.workload,
+                concurrency=run.concurrency,
+                temperature=run.temperature,
+                power_source=run.power_source,
+                price_snapshot=run.price_snapshot,
+                started_at=run.started_at,
+                ended_at=run.ended_at,
+                status=run.status,
+                stats=stats,
+            )
+        )
+    return out
+
+
+def mode_summaries(engine: Engine, filters: Filters | None = None) -> list[ModeSummary]:
+    """The run figures pooled per mode: counts summed, wall seconds summed over runs, percentiles over all
+    the mode's requests. Spec first, then AR; a mode without runs is absent."""
+    pooled: dict[str, list[tuple[Run, dict, _Acc]]] = defaultdict(list)
+    for item in _collect(engine, filters):
+        pooled[item[0].mode].append(item)
+    out = []
+    for mode in MODES:
+        items = pooled.get(mode)
+        if not items:
+            continue
+        sums = {k: sum((s[k] or 0) for _, s, _ in items) for k in _SUM_KEYS}
+        acc = _Acc()
+        walls = []
+        for run, _, a in items:
+            acc.ttft += a.ttft
+            acc.tpot += a.tpot
+            walls.append(_run_wall_s(run, a))
+        known = [w for w in walls if w is not None]
+        stats = _aggregate(
+            sums, acc, sum(known) if known else None, any(r.power_source == "estimate" for r, _, _ in items)
+        )
+        out.append(
+            ModeSummary(
+                mode=mode,
+                num_runs=len(items),
+                run_ids=tuple(r.id for r, _, _ in items),
+                devices=tuple(sorted({r.device for r, _, _ in items})),
+                stats=stats,
+            )
+        )
+    return out
+
+
+def acceptance_by_domain(engine: Engine, filters: Filters | None = None) -> list[DomainAcceptance]:
+    """Acceptance per request domain over the ok requests of speculative runs, sorted by domain."""
+    conds = (filters or Filters()).where()
+    q = (
+        select(
+            Request.domain,
+            func.count(Request.id),
+            func.sum(Request.num_drafts),
+            func.sum(Request.num_draft_tokens),
+            func.sum(Request.num_accepted_tokens),
+        )
+        .join(Run, Request.run_id == Run.id)
+        .where(Run.mode == "spec", Request.status == "ok", *conds)
+        .group_by(Request.domain)
+        .order_by(Request.domain)
+    )
+    with engine.connect() as c:
+        rows = c.execute(q).all()
+    out = []
+    for domain, n, drafts, drafted, accepted in rows:
+        drafts, drafted, accepted = int(drafts or 0), int(drafted or 0), int(accepted or 0)
+        out.append(
+            DomainAcceptance(
+                domain=domain,
+                num_requests=int(n),
+                num_drafts=drafts,
+                num_draft_tokens=drafted,
+                num_accepted_tokens=accepted,
+                acceptance_rate=_ratio(accepted, drafted),
+                mean_acceptance_length=None if not drafts else 1 + accepted / drafts,
+            )
+        )
+    return out
+
+
+def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
+    """spec tokens/s / AR tokens/s per (workload, target, device, concurrency) and spec configuration
+    (drafter, k policy). Tokens/s of several runs = their tokens / their summed wall seconds."""
+    runs = run_summaries(engine, filters)
+    totals: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    ids: dict[tuple, list[int]] = defaultdict(list)
+    for r in runs:
+        if r.stats.wall_s is None or not r.stats.output_tokens:
+            continue
+        base = (r.workload, r.target, r.device, r.concurrency)
+        key = (*base, "spec", r.drafter, r.k_policy) if r.mode == "spec" else (*base, "ar")
+        totals[key][0] += r.stats.output_tokens
+        totals[key][1] += r.stats.wall_s
+        ids[key].append(r.run_id)
+    out = []
+    for key in sorted((k for k in totals if k[4] == "spec"), key=lambda k: tuple(str(x) for x in k)):
+        base = key[:4]
+        spec_tps = _ratio(*totals[key])
+        ar_key = (*base, "ar")
+        ar_tps = _ratio(*totals[ar_key]) if ar_key in totals else None
+        out.append(
+            Speedup(
+                workload=base[0],
+                target=base[1],
+                device=base[2],
+                concurrency=base[3],
+                drafter=key[5],
+                k_policy=key[6],
+                spec_tokens_per_s=spec_tps,
+                ar_tokens_per_s=ar_tps,
+                speedup=_ratio(spec_tps, ar_tps),
+                spec_run_ids=tuple(ids[key]),
+                ar_run_ids=tuple(ids.get(ar_key, ())),
+            )
+        )
+    return out
+
+
+# ---- cost: node price x wall hours + energy, per run and per mode; projections from the measured runs ----
+
+
+@dataclass(frozen=True, slots=True)
+class RunCost:
+    run: RunSummary
+    node_price: NodePrice
+    measured_on: str
+    priced_differs: bool  # say "priced as X, measured on Y"
+    usd_per_kwh: float
+    pue: float
+    cost: CostBreakdown
+
+
+@dataclass(frozen=True, slots=True)
+class ModeCost:
+    mode: str
+    run_ids: tuple[int, ...]
+    output_tokens: int
+    wall_s: float | None
+    tokens_per_s: float | None
+    priced_as: tuple[str, ...]
+    measured_on: tuple[str, ...]
+    cost: CostBreakdown
+
+
+def _energy_prices(engine: Engine, snapshot: dict | None, usd_per_kwh: float | None, pue: float | None):
+    snap = snapshot if isinstance(snapshot, dict) else {}
+    default_kwh, default_pue = energy_prices(engine)
+
+    def pick(given, key, default):
+        if given is not None:
+            return float(given)
+        v = snap.get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0 else default
+
+    return pick(usd_per_kwh, "usd_per_kwh", default_kwh), pick(pue, "pue", default_pue)
+
+
+def _price_run(engine: Engine, run: RunSummary, gpu, node_hourly_usd, usd_per_kwh, pue) -> RunCost:
+    price = resolve_node_price(
+        engine, device=run.device, price_snapshot=run.price_snapshot, gpu=gpu, node_hourly_usd=node_hourly_usd
+    )
+    kwh_price, pue_value = _energy_prices(engine, run.price_snapshot, usd_per_kwh, pue)
+    st = run.stats
+    if st.output_tokens and st.wall_s is None:
+        cost = CostBreakdown(
+            st.output_tokens, None, None, None, False, st.energy_estimated, "wall time unknown"
+        )
+    else:
+        energy_kwh = st.energy_j / J_PER_KWH if st.energy_complete and st.energy_j is not None else None
+        cost = cost_per_1m_tokens(
+            price.usd_per_hour,
+            (st.wall_s or 0.0) / 3600,
+            energy_kwh,
+            pue_value,
+            kwh_price,
+            st.output_tokens,
+            energy_estimated=st.energy_estimated,
+        )
+    return RunCost(run, price, run.device, price.differs_from(run.device), kwh_price, pue_value, cost)
+
+
+def _mode_cost(mode: str, items: list[RunCost]) -> ModeCost:
+    with_tokens = [rc for rc in items if rc.run.stats.output_tokens]
+    tokens = sum(rc.run.stats.output_tokens for rc in with_tokens)
+    walls = [rc.run.stats.wall_s for rc in with_tokens]
+    wall_s = None if not walls or any(w is None for w in walls) else sum(walls)
+    estimated = any(rc.run.stats.energy_estimated for rc in with_tokens)
+    if wall_s is None:
+        cost = CostBreakdown(
+            tokens,
+            None,
+            None,
+            None,
+            False,
+            estimated,
+            "no output tokens" if not tokens else "wall time unknown",
+        )
+    else:
+        hardware_usd = sum(rc.node_price.usd_per_hour * rc.run.stats.wall_s / 3600 for rc in with_tokens)
+        energy_known = all(rc.cost.energy_included for rc in with_tokens)
+        # energy $ summed run by run (each at its own PUE and $/kWh), expressed as kWh at PUE 1, $1/kWh
+        energy_usd = (
+            sum(rc.run.stats.energy_j / J_PER_KWH * rc.pue * rc.usd_per_kwh for rc in with_tokens)
+            if energy_known
+            else None
+        )
+        cost = cost_per_1m_from_totals(hardware_usd, energy_usd, 1.0, 1.0, tokens, energy_estimated=estimated)
+    return ModeCost(
+        mode=mode,
+        run_ids=tuple(rc.run.run_id for rc in items),
+        output_tokens=tokens,
+        wall_s=wall_s,
+        tokens_per_s=_ratio(tokens, wall_s) if tokens else None,
+        priced_as=tuple(sorted({rc.node_price.priced_as for rc in items})),
+        measured_on=tuple(sorted({rc.measured_on for rc in items})),
+        cost=cost,
+    )
+
+
+def costs(
+    engine: Engine,
+    filters: Filters | None = None,
+    *,
+    gpu: str | None = None,
+    node_hourly_usd: float | None = None,
+    usd_per_kwh: float | None = None,
+    pue: float | None = None,
+) -> tuple[list[RunCost], list[ModeCost]]:
+    """Cost per 1M output tokens per run and per mode. Node price: `node_hourly_usd` > `gpu` (one GPU per
+    run) > the run's price snapshot > the catalog entry of the run's device."""
+    run_costs = [
+        _price_run(engine, r, gpu, node_hourly_usd, usd_per_kwh, pue) for r in run_summaries(engine, filters)
+    ]
+    by_mode: dict[str, list[RunCost]] = defaultdict(list)
+    for rc in run_costs:
+        by_mode[rc.run.mode].append(rc)
+    return run_costs, [_mode_cost(m, by_mode[m]) for m in MODES if by_mode.get(m)]
+
+
+def run_cost(
+    engine: Engine,
+    run_id: int,
+    *,
+    gpu: str | None = None,
+    node_hourly_usd: float | None = None,
+    usd_per_kwh: float | None = None,
+    pue: float | None = None,
+) -> RunCost:
+    """Cost of one run; ValueError naming `run_id` when the store has no requests for it."""
+    found = run_summaries(engine, Filters(run_ids=(run_id,)))
+    if not found:
+        raise ValueError(f"run_id {run_id!r} not found (or it has no requests)")
+    return _price_run(engine, found[0], gpu, node_hourly_usd, usd_per_kwh, pue)
+
+
+EMPTY_STORE_HINT = "run `specfinops bench --workload code --mode both` to measure spec and AR runs"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreProjection:
+    projection: Projection
+    node_price: NodePrice
+    measured_on: tuple[str, ...]
+    priced_differs: bool
+    usd_per_kwh: float
+    pue: float
+    energy_estimated: bool
+    capacity_run_ar: int | None  # run whose throughput is the AR capacity
+    capacity_run_spec: int | None
+
+    def as_dict(self) -> dict:
+        """The `project --json` contract: exactly these eight top-level keys; monthly cost per mode is
+        nodes x node_hourly_usd x hours_per_month (also on `projection`)."""
+        p = self.projection
+        return {
+            "nodes_ar": p.nodes_ar,
+            "nodes_spec": p.nodes_spec,
+            "cost_per_1m_tokens_ar_usd": p.cost_per_1m_tokens_ar_usd,
+            "cost_per_1m_tokens_spec_usd": p.cost_per_1m_tokens_spec_usd,
+            "annual_savings_usd": p.annual_savings_usd,
+            "capacity_tokens_per_s_ar": p.capacity_tokens_per_s_ar,
+            "capacity_tokens_per_s_spec": p.capacity_tokens_per_s_spec,
+            "assumptions": {
+                "node_hourly_usd": p.node_hourly_usd,
+                "daily_tokens": p.daily_tokens,
+                "peak_factor": p.peak_factor,
+                "p95_tpot_sla_ms": p.sla_ms,
+                "priced_as": self.node_price.priced_as,
+                "measured_on": list(self.measured_on),
+                "priced_differs_from_measured": self.priced_differs,
+                "pue": self.pue,
+                "usd_per_kwh": self.usd_per_kwh,
+                "energy_included_ar": p.energy_included_ar,
+                "energy_included_spec": p.energy_included_spec,
+                "energy_estimated": self.energy_estimated,
+                "capacity_basis": "highest measured tokens/s of one run (aggregate over its concurrency) "
+                "whose p95 TPOT meets the SLA, taken as one node",
+                "capacity_run_ar": self.capacity_run_ar,
+                "capacity_run_spec": self.capacity_run_spec,
+                "hours_per_year": HOURS_PER_YEAR,
+                "hours_per_month": HOURS_PER_MONTH,
+                "notes": list(p.notes),  # why a figure is null (e.g. SLA not attainable)
+            },
+        }
+
+
+def _capacity_run(runs: list[RunSummary], sla_ms: float) -> RunSummary | None:
+    cap = capacity_at_sla([(r.stats.tokens_per_s, r.stats.tpot_p95_ms) for r in runs], sla_ms)
+    if cap is None:
+        return None
+    return next(
+        r
+        for r in runs
+        if r.stats.tokens_per_s == cap and r.stats.tpot_p95_ms is not None and r.stats.tpot_p95_ms <= sla_ms
+    )
+
+
+def project_from_store(
+    engine: Engine,
+    filters: Filters | None = None,
+    *,
+    daily_tokens: float,
+    peak_factor: float,
+    sla_ms: float,
+    gpu: str | None = None,
+    gpus_per_node: int = 1,
+    node_hourly_usd: float | None = None,
+    usd_per_kwh: float | None = None,
+    pue: float | None = None,
+) -> StoreProjection:
+    """finops.project fed with the measured runs: capacity per mode = best run tokens/s meeting the SLA.
+    The energy part is added only when the priced hardware is the measured one. ValueError on an empty store."""
+    runs = run_summaries(engine, filters)
+    if not any(r.stats.output_tokens for r in runs):
+        raise ValueError(f"no measured runs with output tokens in the store; {EMPTY_STORE_HINT}")
+    devices = tuple(sorted({r.device for r in runs}))
+    price = resolve_node_price(
+        engine, device=devices[0], gpu=gpu, gpus_per_node=gpus_per_node, node_hourly_usd=node_hourly_usd
+    )
+    kwh_price, pue_value = _energy_prices(engine, None, usd_per_kwh, pue)
+    differs = any(price.differs_from(d) for d in devices) or gpus_per_node != 1
+    by_mode = {m: [r for r in runs if r.mode == m] for m in MODES}
+    cap_runs = {m: _capacity_run(by_mode[m], sla_ms) for m in MODES}
+
+    def j_per_token(m: str) -> float | None:
+        r = cap_runs[m]
+        return None if differs or r is None else r.stats.j_per_token
+
+    projection = project(
+        daily_tokens=daily_tokens,
+        peak_factor=peak_factor,
+        sla_ms=sla_ms,
+        node_hourly_usd=price.usd_per_hour,
+        points_ar=[(r.stats.tokens_per_s, r.stats.tpot_p95_ms) for r in by_mode["ar"]],
+        points_spec=[(r.stats.tokens_per_s, r.stats.tpot_p95_ms) for r in by_mode["spec"]],
+        j_per_token_ar=j_per_token("ar"),
+        j_per_token_spec=j_per_token("spec"),
+        pue=pue_value,
+        usd_per_kwh=kwh_price,
+    )
+    estimated = any(
+        r is not None and r.stats.energy_estimated and j_per_token(m) is not None for m, r in cap_runs.items()
+    )
+    return StoreProjection(
+        projection=projection,
+        node_price=price,
+        measured_on=devices,
+        priced_differs=differs,
+        usd_per_kwh=kwh_price,
+        pue=pue_value,
+        energy_estimated=estimated,
+        capacity_run_ar=cap_runs["ar"].run_id if cap_runs["ar"] else None,
+        capacity_run_spec=cap_runs["spec"].run_id if cap_runs["spec"] else None,
+    )

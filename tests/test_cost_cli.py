@@ -1,0 +1,276 @@
+"""`specfinops cost`, `project` and `prices` through app.cli.main: output, JSON contract, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy.orm import Session
+from synthetic import Req, make_run, spec_req
+
+from app.cli import main
+from telemetry.queries import costs
+from telemetry.store import open_store
+
+PROJECT_KEYS = {
+    "nodes_ar",
+    "nodes_spec",
+    "cost_per_1m_tokens_ar_usd",
+    "cost_per_1m_tokens_spec_usd",
+    "annual_savings_usd",
+    "capacity_tokens_per_s_ar",
+    "capacity_tokens_per_s_spec",
+    "assumptions",
+}
+
+
+@pytest.fixture
+def filled(sqlite_url) -> str:
+    """AR 66 tokens over 1.9 s (p95 TPOT 48.75 ms), spec 66 tokens over 1.5 s (p95 TPOT 12.5 ms), both
+    on the 2-core CPU with an estimated power source."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(
+            s,
+            "ar",
+            power_source="estimate",
+            requests=[
+                Req(33, ttft_ms=100, e2e_ms=900, start_s=0.0, energy_j=50.0),
+                Req(33, ttft_ms=100, e2e_ms=1700, start_s=0.2, energy_j=50.0),
+            ],
+        )
+        make_run(
+            s,
+            "spec",
+            power_source="estimate",
+            requests=[
+                spec_req(33, 4, 24, ttft_ms=100, e2e_ms=500, start_s=0.0, energy_j=30.0),
+                spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500, start_s=1.0, energy_j=30.0),
+            ],
+        )
+        s.commit()
+    return sqlite_url
+
+
+def _project(url: str, *extra: str) -> list[str]:
+    return [
+        "project",
+        "--db",
+        url,
+        "--daily-tokens",
+        "8.64e6",
+        "--peak-factor",
+        "1.5",
+        "--p95-tpot-sla-ms",
+        "50",
+        *extra,
+    ]
+
+
+def test_project_json_contract(filled, capsys):
+    assert main([*_project(filled, "--node-hourly-usd", "2.5"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == PROJECT_KEYS
+    a = out["assumptions"]
+    for key in (
+        "node_hourly_usd",
+        "daily_tokens",
+        "peak_factor",
+        "p95_tpot_sla_ms",
+        "priced_as",
+        "measured_on",
+        "pue",
+        "usd_per_kwh",
+    ):
+        assert key in a
+    assert a["node_hourly_usd"] == 2.5 and a["daily_tokens"] == 8.64e6 and a["peak_factor"] == 1.5
+    # 100 tokens/s average x 1.5 peak = 150 tokens/s; AR 66/1.9 = 34.7 -> 5 nodes; spec 66/1.5 = 44 -> 4
+    assert out["capacity_tokens_per_s_ar"] == pytest.approx(66 / 1.9)
+    assert out["capacity_tokens_per_s_spec"] == pytest.approx(44.0)
+    assert (out["nodes_ar"], out["nodes_spec"]) == (5, 4)
+    assert out["annual_savings_usd"] == pytest.approx(1 * 2.5 * 8760)
+    assert out["cost_per_1m_tokens_ar_usd"] == pytest.approx(5 * 2.5 * 24 / 8.64e6 * 1e6)
+
+
+def test_project_gpu_pricing_says_priced_as_and_measured_on(filled, capsys):
+    assert main(_project(filled, "--gpu", "h100", "--gpus-per-node", "8")) == 0
+    out = capsys.readouterr().out
+    assert "priced as H100 x8 ($55.04/node-hour), measured on cpu (2 cores)" in out
+    assert "nodes needed: AR 5, spec 4" in out
+    assert "annual savings: $482,150" in out  # 1 node x $55.04 x 8760
+
+
+def test_project_unreachable_sla_is_null_with_message(filled, capsys):
+    args = [
+        "project",
+        "--db",
+        filled,
+        "--daily-tokens",
+        "1e6",
+        "--peak-factor",
+        "1",
+        "--p95-tpot-sla-ms",
+        "5",
+        "--node-hourly-usd",
+        "1",
+    ]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["nodes_ar"] is None and out["nodes_spec"] is None and out["annual_savings_usd"] is None
+    assert any("not attainable" in n for n in out["assumptions"]["notes"])
+    assert main(args) == 0
+    assert "nodes needed: AR not attainable, spec not attainable" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            ["--daily-tokens", "0", "--peak-factor", "1", "--p95-tpot-sla-ms", "50", "--gpu", "H100"],
+            "--daily-tokens",
+        ),
+        (
+            ["--daily-tokens", "-5", "--peak-factor", "1", "--p95-tpot-sla-ms", "50", "--gpu", "H100"],
+            "--daily-tokens",
+        ),
+        (
+            ["--daily-tokens", "lots", "--peak-factor", "1", "--p95-tpot-sla-ms", "50", "--gpu", "H100"],
+            "--daily-tokens",
+        ),
+        (
+            ["--daily-tokens", "1e6", "--peak-factor", "0.5", "--p95-tpot-sla-ms", "50", "--gpu", "H100"],
+            "--peak-factor",
+        ),
+        (
+            ["--daily-tokens", "1e6", "--peak-factor", "1", "--p95-tpot-sla-ms", "0", "--gpu", "H100"],
+            "--p95-tpot-sla-ms",
+        ),
+        (["--daily-tokens", "1e6", "--peak-factor", "1", "--p95-tpot-sla-ms", "50", "--gpu", "B200"], "B200"),
+        (["--daily-tokens", "1e6", "--peak-factor", "1", "--p95-tpot-sla-ms", "50"], "--node-hourly-usd"),
+        (
+            [
+                "--daily-tokens",
+                "1e6",
+                "--peak-factor",
+                "1",
+                "--p95-tpot-sla-ms",
+                "50",
+                "--gpu",
+                "H100",
+                "--node-hourly-usd",
+                "3",
+            ],
+            "not both",
+        ),
+        (
+            [
+                "--daily-tokens",
+                "1e6",
+                "--peak-factor",
+                "1",
+                "--p95-tpot-sla-ms",
+                "50",
+                "--gpu",
+                "H100",
+                "--gpus-per-node",
+                "0",
+            ],
+            "--gpus-per-node",
+        ),
+        (["--peak-factor", "1", "--p95-tpot-sla-ms", "50", "--gpu", "H100"], "--daily-tokens"),
+    ],
+)
+def test_project_bad_input_is_one_line_exit_2(filled, capsys, args, needle):
+    assert main(["project", "--db", filled, *args]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("specfinops project: error:")
+    assert captured.out == ""
+
+
+def test_empty_store_names_the_command_that_fills_it(sqlite_url, capsys):
+    assert (
+        main(
+            [
+                "project",
+                "--db",
+                sqlite_url,
+                "--daily-tokens",
+                "1e6",
+                "--peak-factor",
+                "1",
+                "--p95-tpot-sla-ms",
+                "50",
+                "--node-hourly-usd",
+                "1",
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "specfinops bench" in err[0]
+    assert main(["cost", "--db", sqlite_url]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "specfinops bench" in err[0]
+
+
+def test_cost_text_labels_estimated_energy_and_price_origin(filled, capsys):
+    assert main(["cost", "--db", filled]) == 0
+    out = capsys.readouterr().out
+    assert "(estimated)" in out and "cpu-2core" in out
+    assert "measured on" not in out  # the catalog price of the measured device
+    assert main(["cost", "--db", filled, "--gpu", "H100"]) == 0
+    assert "priced as H100, measured on cpu (2 cores)" in capsys.readouterr().out
+
+
+def test_cost_json_matches_the_query_functions(filled, capsys):
+    assert main(["cost", "--db", filled, "--json", "--node-hourly-usd", "3.6"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    runs, modes = costs(open_store(filled), node_hourly_usd=3.6)
+    assert [r["run_id"] for r in out["runs"]] == [rc.run.run_id for rc in runs]
+    spec = next(m for m in out["modes"] if m["mode"] == "spec")
+    assert spec["tokens_per_s"] == pytest.approx(44.0)
+    assert spec["hardware_usd_per_1m"] == pytest.approx(3.6 * 1.5 / 3600 / 66 * 1e6)
+    assert spec["energy_estimated"] is True and spec["energy_usd_per_1m"] is not None
+    assert spec["total_usd_per_1m"] == pytest.approx(
+        next(m for m in modes if m.mode == "spec").cost.total_usd_per_1m
+    )
+
+
+def test_cost_single_run_and_unknown_run(filled, capsys):
+    assert main(["cost", "--db", filled, "--run", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["run_id"] for r in out["runs"]] == [2] and [m["mode"] for m in out["modes"]] == ["spec"]
+    assert main(["cost", "--db", filled, "--run", "77"]) == 2
+    assert "--run 77" in capsys.readouterr().err
+
+
+def test_prices_list_and_set(sqlite_url, capsys):
+    assert main(["prices", "--db", sqlite_url, "--json"]) == 0
+    entries = {e["name"]: e for e in json.loads(capsys.readouterr().out)}
+    assert entries["H100"]["value"] == 6.88 and "p5.48xlarge" in entries["H100"]["source"]
+    assert {"cpu-2core", "electricity", "pue", "L4", "A100-80GB", "A100-80GB-lambda", "H100-SXM"} <= set(
+        entries
+    )
+    assert all(e["source"] and e["as_of"] for e in entries.values())
+
+    assert main(["prices", "set", "h100", "5.5", "--source", "our EDP rate", "--db", sqlite_url]) == 0
+    capsys.readouterr()
+    assert main(["prices", "list", "--json", "--db", sqlite_url]) == 0
+    entries = {e["name"]: e for e in json.loads(capsys.readouterr().out)}
+    assert entries["H100"]["value"] == 5.5 and entries["H100"]["source"] == "our EDP rate"
+
+    assert (
+        main(["prices", "set", "my-node", "12", "--kind", "node", "--source", "TCO", "--db", sqlite_url]) == 0
+    )
+    capsys.readouterr()
+    for bad, needle in (
+        (["set", "H100", "0", "--source", "x"], "VALUE"),
+        (["set", "H100", "4"], "--source"),
+        (["set", "new-gpu", "4", "--source", "x"], "kind"),
+        (["set", "pue", "0.8", "--source", "x"], "PUE"),
+        (["frobnicate"], "action"),
+    ):
+        assert main(["prices", "--db", sqlite_url, *bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0]

@@ -1,0 +1,273 @@
+"""SQL aggregations (telemetry/queries.py) on synthetic stores, SQLite and PostgreSQL, against hand computations.
+
+The store (see `_fill`):
+  run A  ar,   code, node-a, cpu, power 'estimate'
+         r1 33 tokens ttft 100 e2e  900 at 0.0 s  50 J   TPOT 800/32  = 25
+         r2 33 tokens ttft 200 e2e 1800 at 1.0 s  50 J   TPOT 1600/32 = 50
+         r3 error (no times)          at 2.0 s
+         r4  1 token  ttft  80 e2e   80 at 0.5 s  no J   (no TPOT)
+         wall 0 -> 2.8 s, 67 tokens
+  run B  spec, code, node-a, cpu, power 'nvml', K=4
+         r1 33 tokens, 24 accepted (8 drafts, 32 drafted), code, ttft 100 e2e 500 at 0.0 s, 30 J  TPOT 12.5
+         r2 17 tokens, 10 accepted (6 drafts, 24 drafted), chat, ttft 100 e2e 420 at 0.2 s, 20 J  TPOT 20
+         wall 0 -> 0.62 s, 50 tokens
+  run C  ar,   chat, node-b, one day later: 11 tokens ttft 50 e2e 550 at 0 s  TPOT 50, wall 0.55 s
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+from synthetic import BASE_TIME, Req, make_run, spec_req
+
+from telemetry.db import Request, Step, TokenEvent
+from telemetry.finops import HOURS_PER_YEAR
+from telemetry.queries import (
+    Filters,
+    acceptance_by_domain,
+    costs,
+    mode_summaries,
+    percentile,
+    project_from_store,
+    run_cost,
+    run_summaries,
+    speedups,
+)
+from telemetry.store import open_store
+
+A_TPS = 67 / 2.8
+B_TPS = 50 / 0.62
+
+
+def _fill(url: str) -> tuple:
+    engine = open_store(url)
+    with Session(engine) as s:
+        a = make_run(
+            s,
+            "ar",
+            power_source="estimate",
+            with_events=True,
+            requests=[
+                Req(33, ttft_ms=100, e2e_ms=900, start_s=0.0, energy_j=50.0),
+                Req(33, ttft_ms=200, e2e_ms=1800, start_s=1.0, energy_j=50.0),
+                Req(0, ttft_ms=None, e2e_ms=None, start_s=2.0, status="error"),
+                Req(1, ttft_ms=80, e2e_ms=80, start_s=0.5),
+            ],
+        )
+        b = make_run(
+            s,
+            "spec",
+            power_source="nvml",
+            with_events=True,
+            requests=[
+                spec_req(33, 4, 24, ttft_ms=100, e2e_ms=500, start_s=0.0, energy_j=30.0),
+                spec_req(17, 4, 10, ttft_ms=100, e2e_ms=420, start_s=0.2, energy_j=20.0, domain="chat"),
+            ],
+        )
+        c = make_run(
+            s,
+            "ar",
+            workload="chat",
+            node_id="node-b",
+            started_at=BASE_TIME + timedelta(days=1),
+            requests=[Req(11, ttft_ms=50, e2e_ms=550, domain="chat")],
+        )
+        s.commit()
+        ids = a.id, b.id, c.id
+    return engine, ids
+
+
+@pytest.fixture
+def store(db_url):
+    return _fill(db_url)
+
+
+def test_percentile_interpolates_like_numpy():
+    assert percentile([80, 100, 200], 95) == pytest.approx(190.0)
+    assert percentile([25, 50], 50) == pytest.approx(37.5)
+    assert percentile([7.0], 95) == 7.0
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError, match="q"):
+        percentile([1.0], 101)
+
+
+def test_synthetic_events_agree_with_request_counts(sqlite_url):
+    engine, (a, b, _) = _fill(sqlite_url)
+    with Session(engine) as s:
+        for req in s.scalars(select(Request).where(Request.status == "ok", Request.run_id.in_((a, b)))):
+            n_tokens = s.scalar(select(func.count()).where(TokenEvent.request_id == req.id))
+            accepted = s.scalar(
+                select(func.coalesce(func.sum(Step.accepted), 0)).where(Step.request_id == req.id)
+            )
+            assert n_tokens == req.output_tokens
+            assert accepted == req.num_accepted_tokens
+
+
+def test_run_summaries_hand_computed(store):
+    engine, (a, b, c) = store
+    runs = {r.run_id: r for r in run_summaries(engine)}
+    assert set(runs) == {a, b, c}
+
+    ra = runs[a]
+    assert (ra.mode, ra.drafter, ra.k_policy, ra.device) == ("ar", None, "none", "cpu (2 cores)")
+    st = ra.stats
+    assert (st.num_requests_ok, st.num_requests_failed, st.output_tokens) == (3, 1, 67)
+    assert st.wall_s == pytest.approx(2.8)
+    assert st.tokens_per_s == pytest.approx(A_TPS)
+    assert st.acceptance_rate is None and st.mean_acceptance_length is None  # AR drafts nothing
+    assert st.ttft_p50_ms == pytest.approx(100.0) and st.ttft_p95_ms == pytest.approx(190.0)
+    assert st.tpot_p50_ms == pytest.approx(37.5) and st.tpot_p95_ms == pytest.approx(48.75)
+    assert st.energy_j == pytest.approx(100.0) and not st.energy_complete
+    assert st.j_per_token == pytest.approx(100 / 66)  # over the requests that have energy
+    assert st.energy_estimated
+
+    sb = runs[b].stats
+    assert (runs[b].mode, runs[b].k_policy) == ("spec", "fixed:4")
+    assert (sb.num_drafts, sb.num_draft_tokens, sb.num_accepted_tokens) == (14, 56, 34)
+    assert sb.acceptance_rate == pytest.approx(34 / 56)
+    assert sb.mean_acceptance_length == pytest.approx(1 + 34 / 14)
+    assert sb.wall_s == pytest.approx(0.62)
+    assert sb.tokens_per_s == pytest.approx(B_TPS)
+    assert sb.tpot_p95_ms == pytest.approx(12.5 + 7.5 * 0.95)
+    assert sb.energy_j == pytest.approx(50.0) and sb.energy_complete and not sb.energy_estimated
+    assert sb.j_per_token == pytest.approx(1.0)
+
+    sc = runs[c].stats
+    assert sc.tokens_per_s == pytest.approx(11 / 0.55)
+    assert sc.energy_j is None and sc.j_per_token is None  # unmeasured is None, never 0
+
+
+def test_filters_select_runs_and_requests(store):
+    engine, (a, b, c) = store
+    assert [r.run_id for r in run_summaries(engine, Filters(workload="code"))] == [a, b]
+    assert [r.run_id for r in run_summaries(engine, Filters(node_id="node-b"))] == [c]
+    assert [r.run_id for r in run_summaries(engine, Filters(mode="spec"))] == [b]
+    assert [r.run_id for r in run_summaries(engine, Filters(run_ids=(a, c)))] == [a, c]
+    assert [r.run_id for r in run_summaries(engine, Filters(since=BASE_TIME + timedelta(hours=12)))] == [c]
+    assert [r.run_id for r in run_summaries(engine, Filters(until=BASE_TIME + timedelta(hours=12)))] == [a, b]
+    chat = {r.run_id: r.stats for r in run_summaries(engine, Filters(domain="chat"))}
+    assert set(chat) == {b, c} and chat[b].output_tokens == 17
+    assert run_summaries(engine, Filters(target="no/such-model")) == []
+
+
+def test_filters_validate():
+    with pytest.raises(ValueError, match="mode"):
+        Filters(mode="both")
+    with pytest.raises(ValueError, match="since"):
+        Filters(since=BASE_TIME, until=BASE_TIME)
+
+
+def test_mode_summaries_pool_runs(store):
+    engine, (a, b, c) = store
+    modes = {m.mode: m for m in mode_summaries(engine)}
+    assert list(modes) == ["spec", "ar"]
+    ar = modes["ar"]
+    assert ar.run_ids == (a, c) and ar.num_runs == 2
+    assert ar.stats.output_tokens == 78
+    assert ar.stats.wall_s == pytest.approx(2.8 + 0.55)
+    assert ar.stats.tokens_per_s == pytest.approx(78 / 3.35)
+    assert ar.stats.tpot_p50_ms == pytest.approx(50.0)  # TPOTs 25, 50, 50
+    assert ar.stats.ttft_p50_ms == pytest.approx(90.0)  # TTFTs 50, 80, 100, 200
+    assert ar.stats.energy_estimated
+    assert modes["spec"].stats.acceptance_rate == pytest.approx(34 / 56)
+    assert [m.mode for m in mode_summaries(engine, Filters(mode="ar"))] == ["ar"]
+
+
+def test_acceptance_by_domain(store):
+    engine, _ = store
+    rows = {d.domain: d for d in acceptance_by_domain(engine)}
+    assert set(rows) == {"chat", "code"}  # AR requests are not part of it
+    assert rows["code"].acceptance_rate == pytest.approx(24 / 32)
+    assert rows["code"].mean_acceptance_length == pytest.approx(1 + 24 / 8)
+    assert rows["chat"].acceptance_rate == pytest.approx(10 / 24)
+    assert rows["chat"].mean_acceptance_length == pytest.approx(1 + 10 / 6)
+    assert rows["chat"].num_requests == 1
+
+
+def test_speedup_same_workload_only(store):
+    engine, (a, b, _) = store
+    [sp] = speedups(engine)
+    assert (sp.workload, sp.spec_run_ids, sp.ar_run_ids) == ("code", (b,), (a,))
+    assert sp.speedup == pytest.approx(B_TPS / A_TPS)
+
+
+def test_run_cost_hand_computed(store):
+    engine, (a, b, _) = store
+    rc = run_cost(engine, b, node_hourly_usd=3.6)
+    # $3.6/h x 0.62 s / 3600 = $0.00062 over 50 tokens -> $12.40 per 1M
+    assert rc.cost.hardware_usd_per_1m == pytest.approx(12.4)
+    # 1 J/token: 1e6 J = 0.27778 kWh x PUE 1.2 x $0.13 (catalog defaults)
+    assert rc.cost.energy_usd_per_1m == pytest.approx(1e6 / 3.6e6 * 1.2 * 0.13)
+    assert rc.cost.total_usd_per_1m == pytest.approx(12.4 + 1e6 / 3.6e6 * 1.2 * 0.13)
+    assert not rc.cost.energy_estimated and rc.priced_differs
+
+    ra = run_cost(engine, a)  # catalog price of its device: cpu-2core
+    assert ra.node_price.priced_as == "cpu-2core" and not ra.priced_differs
+    assert ra.cost.hardware_usd_per_1m == pytest.approx(0.0832 * 2.8 / 3600 / 67 * 1e6)
+    assert ra.cost.energy_usd_per_1m is None  # one ok request had no energy: not extrapolated
+    assert ra.cost.energy_estimated
+
+    with pytest.raises(ValueError, match="run_id"):
+        run_cost(engine, 999_999)
+
+
+def test_run_cost_uses_price_snapshot_and_gpu_override(db_url):
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        run = make_run(
+            s,
+            "ar",
+            device="NVIDIA H100 80GB HBM3",
+            power_source="nvml",
+            price_snapshot={"name": "H100", "node_hourly_usd": 5.0},
+            requests=[Req(101, ttft_ms=100, e2e_ms=3600, energy_j=360.0)],
+        )
+        s.commit()
+        rid = run.id
+    rc = run_cost(engine, rid)
+    assert rc.node_price.usd_per_hour == 5.0 and not rc.priced_differs
+    assert rc.cost.hardware_usd_per_1m == pytest.approx(5.0 / 1000 / 101 * 1e6)  # 3.6 s = 1/1000 h
+    rc = run_cost(engine, rid, gpu="a100-80gb")  # case-insensitive catalog name
+    assert rc.node_price.usd_per_hour == 3.43 and rc.priced_differs
+    with pytest.raises(ValueError, match="B200"):
+        run_cost(engine, rid, gpu="B200")
+
+
+def test_mode_costs_sum_dollars_over_runs(store):
+    engine, (a, b, c) = store
+    _, modes = costs(engine, node_hourly_usd=3.6)
+    by = {m.mode: m for m in modes}
+    ar = by["ar"]
+    assert ar.output_tokens == 78 and ar.wall_s == pytest.approx(3.35)
+    assert ar.cost.hardware_usd_per_1m == pytest.approx(3.6 * 3.35 / 3600 / 78 * 1e6)
+    assert ar.cost.energy_usd_per_1m is None  # run C has no energy, run A only partly
+    assert by["spec"].cost.total_usd_per_1m == pytest.approx(
+        run_cost(engine, b, node_hourly_usd=3.6).cost.total_usd_per_1m
+    )
+
+
+def test_project_from_store(store):
+    engine, (a, b, c) = store
+    daily = 100 * 86_400  # 100 tokens/s on average
+    sp = project_from_store(engine, daily_tokens=daily, peak_factor=1.0, sla_ms=60.0, node_hourly_usd=2.0)
+    p = sp.projection
+    assert p.capacity_tokens_per_s_ar == pytest.approx(A_TPS) and sp.capacity_run_ar == a
+    assert p.capacity_tokens_per_s_spec == pytest.approx(B_TPS) and sp.capacity_run_spec == b
+    assert (p.nodes_ar, p.nodes_spec) == (5, 2)  # ceil(100 / 23.9), ceil(100 / 80.6)
+    assert p.annual_savings_usd == pytest.approx(3 * 2.0 * HOURS_PER_YEAR)
+    d = sp.as_dict()
+    assert d["nodes_ar"] == 5 and d["assumptions"]["node_hourly_usd"] == 2.0
+
+    tight = project_from_store(engine, daily_tokens=daily, peak_factor=1.0, sla_ms=30.0, node_hourly_usd=2.0)
+    assert tight.projection.nodes_ar is None and tight.projection.nodes_spec == 2
+    assert any("not attainable" in n for n in tight.projection.notes)
+
+
+def test_project_from_empty_store_says_how_to_fill_it(sqlite_url):
+    with pytest.raises(ValueError, match="specfinops bench"):
+        project_from_store(
+            open_store(sqlite_url), daily_tokens=1e6, peak_factor=1.0, sla_ms=50.0, node_hourly_usd=1.0
+        )
