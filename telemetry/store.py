@@ -1,14 +1,128 @@
-"""Opening the store: an Engine whose schema is at the newest revision."""
+"""Opening the store: an Engine whose schema is at the newest Alembic revision.
+
+`open_store` upgrades an empty or older database automatically. When the database is already at head it
+costs one `SELECT version_num FROM alembic_version`; Alembic itself is loaded only when there is work.
+The migrations directory is found through the installed `migrations` package, never the working directory.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy.engine import Engine
+import functools
+import importlib.util
+import logging
+from pathlib import Path
 
-from telemetry.db import Base, make_engine
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+
+from telemetry.db import Base, make_engine, resolve_db_url
+
+logger = logging.getLogger(__name__)
+
+VERSION_TABLE = "alembic_version"
+_PG_UPGRADE_LOCK_KEY = 0x5EC_F1A0  # pg_advisory_xact_lock key: one process upgrades at a time
+
+
+class StoreError(RuntimeError):
+    """The database cannot be brought to the schema this version of specfinops expects."""
+
+
+def migrations_dir() -> Path:
+    spec = importlib.util.find_spec("migrations")
+    if spec is None or not spec.submodule_search_locations:
+        raise StoreError("the 'migrations' package is not installed next to 'telemetry'; reinstall specfinops")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def alembic_config(url: str | None = None, connection: Connection | None = None) -> Config:
+    """An Alembic Config built in code (no alembic.ini needed); the URL goes to migrations/env.py."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg.attributes["db_url"] = resolve_db_url(url)
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+@functools.cache
+def head_revision() -> str:
+    heads = ScriptDirectory.from_config(alembic_config("sqlite://")).get_heads()
+    if len(heads) != 1:
+        raise StoreError(f"migrations must have exactly one head, found {sorted(heads)}")
+    return heads[0]
+
+
+def current_revision(conn: Connection) -> str | None:
+    """The revision stamped in the database, or None when it has no version table (empty or pre-Alembic)."""
+    if not inspect(conn).has_table(VERSION_TABLE):
+        return None
+    return conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
+
+
+def _at_head(engine: Engine) -> bool:
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar() == head_revision()
+    except DBAPIError:
+        return False  # no version table yet (or no server: the upgrade then reports the real error)
+
+
+def _stamp_if_created_without_alembic(conn: Connection, cfg: Config) -> bool:
+    """A store made by `create_all` before migrations existed: stamp it when it matches the models."""
+    ours = set(Base.metadata.tables)
+    present = ours & set(inspect(conn).get_table_names())
+    if not present:
+        return False
+    diffs = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+    if diffs:
+        raise StoreError(
+            f"database has specfinops tables {sorted(present)} but no {VERSION_TABLE} table and its schema "
+            f"differs from the models ({len(diffs)} differences, first: {diffs[0]!r}); "
+            "migrate it by hand or start from an empty database"
+        )
+    command.stamp(cfg, "head")
+    logger.warning("store had the current schema without an Alembic version; stamped it at %s", head_revision())
+    return True
+
+
+def upgrade_to_head(engine: Engine) -> None:
+    """Bring the schema to head in one transaction (PostgreSQL: under an advisory lock)."""
+    head = head_revision()
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_UPGRADE_LOCK_KEY})
+        current = current_revision(conn)
+        if current == head:
+            return  # another process upgraded while we waited
+        script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+        if current is not None and current not in {s.revision for s in script.walk_revisions()}:
+            raise StoreError(
+                f"database is at revision {current!r}, unknown to this specfinops (head {head!r}); "
+                "it was written by a newer version"
+            )
+        cfg = alembic_config(engine.url.render_as_string(hide_password=False), connection=conn)
+        if current is None and _stamp_if_created_without_alembic(conn, cfg):
+            return
+        logger.info("upgrading store from %s to %s", current or "empty", head)
+        command.upgrade(cfg, "head")
 
 
 def open_store(url: str | None = None) -> Engine:
-    """Engine for `url` (see `telemetry.db.resolve_db_url`), schema created/upgraded on first open."""
+    """Engine for `url` (see `telemetry.db.resolve_db_url`), schema upgraded to head on open."""
     engine = make_engine(url)
-    Base.metadata.create_all(engine)  # replaced by an Alembic upgrade once migrations exist
+    if _at_head(engine):
+        return engine
+    try:
+        upgrade_to_head(engine)
+    except Exception:
+        if _at_head(engine):  # SQLite: a concurrent opener created the schema first
+            return engine
+        engine.dispose()
+        raise
     return engine

@@ -1,0 +1,70 @@
+"""Alembic environment: target metadata from the models, URL from the application's settings.
+
+The URL is, in order: a connection handed in by `telemetry.store` (`config.attributes["connection"]`),
+a URL handed in programmatically (`config.attributes["db_url"]`), `alembic -x db=URL`, then
+`telemetry.db.resolve_db_url()` (`SPECFINOPS_DB_URL`, else the default SQLite file).
+"""
+
+from __future__ import annotations
+
+from logging.config import fileConfig
+
+from alembic import context
+from sqlalchemy.engine import Connection
+
+from telemetry.db import Base, make_engine, resolve_db_url
+
+config = context.config
+if config.config_file_name is not None and config.attributes.get("configure_logging", True):
+    fileConfig(config.config_file_name, disable_existing_loggers=False)  # `alembic` command line only
+target_metadata = Base.metadata
+
+
+def _url() -> str:
+    url = config.attributes.get("db_url") or context.get_x_argument(as_dictionary=True).get("db")
+    return resolve_db_url(url)
+
+
+def _configure(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        render_as_batch=connection.dialect.name == "sqlite",  # SQLite cannot ALTER most things in place
+        compare_type=True,
+    )
+
+
+def run_migrations_offline() -> None:
+    url = _url()
+    context.configure(
+        url=url,
+        target_metadata=target_metadata,
+        literal_binds=True,
+        dialect_opts={"paramstyle": "named"},
+        render_as_batch=url.startswith("sqlite"),
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _configure(connection)
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+    engine = make_engine(_url())
+    try:
+        with engine.connect() as conn:
+            _configure(conn)
+            with context.begin_transaction():
+                context.run_migrations()
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

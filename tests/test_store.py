@@ -1,0 +1,106 @@
+"""open_store: empty -> head, behind -> head, at head -> no Alembic; the `specfinops db` command."""
+
+from __future__ import annotations
+
+import pytest
+from alembic import command
+from sqlalchemy import create_engine, inspect, text
+
+import telemetry.store as store
+from app.cli import main as cli_main
+from telemetry.db import Base, make_engine
+from telemetry.store import StoreError, alembic_config, head_revision, open_store
+
+
+def _revision(url: str) -> str | None:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return store.current_revision(conn)
+    finally:
+        engine.dispose()
+
+
+def test_open_store_upgrades_empty_database(db_url):
+    engine = open_store(db_url)
+    try:
+        assert set(Base.metadata.tables) <= set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+    assert _revision(db_url) == head_revision()
+
+
+def test_open_store_upgrades_database_behind_head(db_url):
+    command.upgrade(alembic_config(db_url), "head")
+    command.downgrade(alembic_config(db_url), "base")
+    assert _revision(db_url) is None
+    open_store(db_url).dispose()
+    assert _revision(db_url) == head_revision()
+
+
+def test_open_store_at_head_does_not_run_alembic(sqlite_url, monkeypatch):
+    open_store(sqlite_url).dispose()
+
+    def fail(_engine):
+        raise AssertionError("upgrade_to_head called although the store is at head")
+
+    monkeypatch.setattr(store, "upgrade_to_head", fail)
+    open_store(sqlite_url).dispose()
+
+
+def test_sqlite_store_is_in_wal_mode(sqlite_url):
+    engine = open_store(sqlite_url)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    engine.dispose()
+
+
+def test_schema_made_by_create_all_is_stamped(sqlite_url):
+    engine = create_engine(sqlite_url)
+    Base.metadata.create_all(engine)
+    engine.dispose()
+    open_store(sqlite_url).dispose()
+    assert _revision(sqlite_url) == head_revision()
+
+
+def test_foreign_schema_without_version_is_refused(sqlite_url):
+    engine = create_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE runs (id INTEGER PRIMARY KEY, something TEXT)"))
+    engine.dispose()
+    with pytest.raises(StoreError, match="no alembic_version table"):
+        open_store(sqlite_url)
+
+
+def test_unknown_revision_is_refused(sqlite_url):
+    command.upgrade(alembic_config(sqlite_url), "head")
+    engine = create_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'fffffffff'"))
+    engine.dispose()
+    with pytest.raises(StoreError, match="'fffffffff', unknown to this specfinops"):
+        open_store(sqlite_url)
+
+
+def test_db_command_upgrade_current_check_downgrade(db_url, capsys):
+    assert cli_main(["db", "upgrade", "--db", db_url]) == 0
+    assert "(at head)" in capsys.readouterr().out
+    assert cli_main(["db", "check", "--db", db_url]) == 0
+    assert "agree" in capsys.readouterr().out
+    assert cli_main(["db", "downgrade", "base", "--db", db_url]) == 0
+    assert "(no schema)" in capsys.readouterr().out
+    assert _revision(db_url) is None
+    assert cli_main(["db", "current", "--db", db_url]) == 0
+
+
+def test_db_command_errors_are_one_line(sqlite_url, capsys):
+    assert cli_main(["db", "downgrade", "nosuchrev", "--db", sqlite_url]) == 2
+    assert "Can't locate revision identified by 'nosuchrev'" in capsys.readouterr().err
+    assert cli_main(["db"]) == 2
+    assert "choose an action" in capsys.readouterr().err
+
+
+def test_db_command_help_has_examples(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["db", "--help"])
+    assert "specfinops db upgrade --db postgresql://" in capsys.readouterr().out
