@@ -1,0 +1,1 @@
+"""The Streamlit dashboard. Nothing here imports torch or transformers (not even indirectly)."""

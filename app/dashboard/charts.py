@@ -1,0 +1,146 @@
+"""Plotly figures for the dashboard. Pure functions: small frames in, figures out.
+
+Spec and AR always have the same colours; anything estimated (power, energy) is dashed or hatched and
+says "estimate" in its legend name.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import plotly.graph_objects as go
+
+MODE_COLORS = {"spec": "#2563eb", "ar": "#ea580c"}
+MODE_NAMES = {"spec": "speculative", "ar": "AR baseline"}
+GO_NO_GO_ALPHA = 0.65
+HEIGHT = 340
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
+    fig.update_layout(
+        title=title, xaxis_title=x, yaxis_title=y, height=HEIGHT, margin=dict(l=10, r=10, t=50, b=10),
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0), template="plotly_white",
+    )
+    return fig
+
+
+def _nice_width(span: float, bins: int = 50) -> float:
+    raw = max(span, 0.1) / bins
+    mag = 10 ** math.floor(math.log10(raw))
+    return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+
+
+def histogram(hist: pd.DataFrame, value_col: str, title: str, x_title: str) -> go.Figure:
+    """Bars per mode from a fine-bucketed (mode, value, count) frame, rebinned to about 50 bins up to p99.5."""
+    fig = go.Figure()
+    if hist.empty:
+        return _layout(fig, title, x_title, "share")
+    ordered = hist.sort_values(value_col)
+    cum = ordered["count"].cumsum()
+    hi = float(ordered.loc[cum >= 0.995 * cum.iloc[-1], value_col].iloc[0])
+    lo = float(ordered[value_col].iloc[0])
+    width = _nice_width(hi - lo)
+    for mode in ("spec", "ar"):
+        part = hist[hist["mode"] == mode]
+        if part.empty:
+            continue
+        edges = (part[value_col].clip(upper=hi) // width) * width
+        binned = part.groupby(edges)["count"].sum()
+        fig.add_bar(x=binned.index + width / 2, y=binned / binned.sum(), width=width, name=MODE_NAMES[mode],
+                    marker_color=MODE_COLORS[mode], opacity=0.6)
+    fig.update_layout(barmode="overlay")
+    fig.update_yaxes(tickformat=".0%")
+    return _layout(fig, title, x_title + " (last bar: p99.5 and above)", "share")
+
+
+def lines_by_mode(frame: pd.DataFrame, y: str, title: str, y_title: str) -> go.Figure:
+    fig = go.Figure()
+    for mode in ("spec", "ar"):
+        part = frame[frame["mode"] == mode]
+        if not part.empty:
+            fig.add_scatter(x=part["t"], y=part[y], mode="lines+markers", name=MODE_NAMES[mode],
+                            line=dict(color=MODE_COLORS[mode]))
+    return _layout(fig, title, "time (UTC)", y_title)
+
+
+def lines_by(frame: pd.DataFrame, y: str, group: str, title: str, y_title: str, hline: float | None = None,
+             hline_label: str = "") -> go.Figure:
+    fig = go.Figure()
+    for key, part in frame.groupby(group, sort=True):
+        fig.add_scatter(x=part["t"], y=part[y], mode="lines+markers", name=str(key))
+    if hline is not None:
+        fig.add_hline(y=hline, line_dash="dot", line_color="#dc2626", annotation_text=hline_label)
+    return _layout(fig, title, "time (UTC)", y_title)
+
+
+def acceptance_by_position(frame: pd.DataFrame) -> go.Figure:
+    fig = go.Figure()
+    fig.add_bar(x=frame["position"], y=frame["rate"], marker_color=MODE_COLORS["spec"],
+                text=[f"{r:.0%}" if r == r and r is not None else "—" for r in frame["rate"]],
+                customdata=frame["offered"], hovertemplate="position %{x}: %{y:.1%} of %{customdata:,} drafts")
+    fig.update_yaxes(tickformat=".0%", range=[0, 1])
+    fig.update_xaxes(dtick=1)
+    return _layout(fig, "Acceptance by draft position", "draft position i (accepted when accepted >= i)",
+                   "accepted share")
+
+
+def alpha_by_domain(domains: list[str], alphas: list[float | None], requests: list[int]) -> go.Figure:
+    """Bars per domain against the 0.65 go/no-go line; a domain without drafts is shown as missing."""
+    colors = ["#9ca3af" if a is None else ("#16a34a" if a >= GO_NO_GO_ALPHA else "#dc2626") for a in alphas]
+    fig = go.Figure()
+    fig.add_bar(x=domains, y=alphas, marker_color=colors,
+                text=["—" if a is None else f"{a:.2f}" for a in alphas], customdata=requests,
+                hovertemplate="%{x}: alpha %{text} over %{customdata:,} requests")
+    fig.add_hline(y=GO_NO_GO_ALPHA, line_dash="dash", line_color="#111827",
+                  annotation_text=f"go/no-go alpha = {GO_NO_GO_ALPHA}")
+    _mark_missing(fig, domains, alphas, "— no drafts")
+    fig.update_yaxes(range=[0, 1])
+    return _layout(fig, "Acceptance rate (alpha) per domain", "domain", "alpha")
+
+
+def _mark_missing(fig: go.Figure, xs: list, ys: list, text: str) -> None:
+    """A missing value is not a zero bar: say it is missing where its bar would be."""
+    for x, y in zip(xs, ys, strict=True):
+        if y is None:
+            fig.add_annotation(x=x, y=0, yref="y", text=text, showarrow=False, yshift=12, font=dict(color="#6b7280"))
+
+
+def power(frame: pd.DataFrame) -> go.Figure:
+    """Power per node/device over time: measured solid, estimated dashed and named '(estimate)'."""
+    fig = go.Figure()
+    for (node, dev, source), part in frame.groupby(["node_id", "device_index", "source"], sort=True):
+        estimated = source == "estimate"
+        name = f"{node} · device {dev} · {'estimate' if estimated else source}"
+        fig.add_scatter(x=part["t"], y=part["power_w"], mode="lines", name=name + (" (estimate)" if estimated else ""),
+                        line=dict(dash="dash" if estimated else "solid", width=2 if estimated else 1.5),
+                        opacity=0.8 if estimated else 1.0)
+    return _layout(fig, "Power per device (mean per time bucket)", "time (UTC)", "power (W)")
+
+
+def cost_split(modes: list[str], hardware: list[float | None], energy: list[float | None],
+               energy_estimated: list[bool]) -> go.Figure:
+    """Cost per 1M tokens stacked: hardware, then energy (hatched and labelled when estimated)."""
+    names = [MODE_NAMES.get(m, m) for m in modes]
+    fig = go.Figure()
+    fig.add_bar(x=names, y=hardware, name="hardware (node $/h x hours)", marker_color="#334155",
+                text=["—" if h is None else f"${h:,.2f}" for h in hardware])
+    for est in (False, True):
+        ys = [e if (e is not None and bool(x) == est) else None for e, x in zip(energy, energy_estimated, strict=True)]
+        if all(y is None for y in ys):
+            continue
+        fig.add_bar(x=names, y=ys, name="energy (estimate)" if est else "energy (measured)",
+                    marker=dict(color="#f59e0b", pattern_shape="/" if est else ""),
+                    text=[None if y is None else f"${y:,.3f}" for y in ys])
+    fig.update_layout(barmode="stack")
+    _mark_missing(fig, names, hardware, "— no cost (no tokens or wall time)")
+    return _layout(fig, "Cost per 1M output tokens", "", "USD per 1M tokens")
+
+
+def nodes_bar(nodes_ar: int | None, nodes_spec: int | None) -> go.Figure:
+    fig = go.Figure()
+    for mode, n in (("ar", nodes_ar), ("spec", nodes_spec)):
+        fig.add_bar(x=[MODE_NAMES[mode]], y=[n], name=MODE_NAMES[mode], marker_color=MODE_COLORS[mode],
+                    text=[None if n is None else str(n)])
+        _mark_missing(fig, [MODE_NAMES[mode]], [n], "— not attainable at this SLA")
+    return _layout(fig, "Nodes needed at peak", "", "nodes")

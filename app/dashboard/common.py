@@ -1,0 +1,104 @@
+"""What every page shares: the store/filter context, the error guard, the empty-store message, formatting.
+
+A page body runs inside `run_page`, which turns any exception into one `st.error` line (the traceback goes
+to the server log only). Missing figures are shown as "—", never as 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import streamlit as st
+
+from app.dashboard import data
+from app.dashboard.filters import Selection, sidebar
+
+logger = logging.getLogger(__name__)
+
+MISSING = "—"
+FILL_COMMAND = "specfinops bench --workload code --mode both --limit 4"
+CTX_KEY = "_specfinops_ctx"
+PREPARED_KEY = "_specfinops_prepared"  # set by the entry file's run, taken by the page of the same run
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    url: str
+    sel: Selection
+
+
+def fmt(value: float | int | None, spec: str = ",.2f", prefix: str = "", suffix: str = "") -> str:
+    """`value` formatted, or "—" when it is missing (None or NaN)."""
+    if value is None or value != value:
+        return MISSING
+    return f"{prefix}{value:{spec}}{suffix}"
+
+
+def usd(value: float | None, spec: str = ",.2f") -> str:
+    if value is None or value != value:
+        return MISSING
+    return f"-${-value:{spec}}" if value < 0 else f"${value:{spec}}"
+
+
+def _error(what: str, exc: Exception) -> None:
+    logger.exception("dashboard: %s failed", what)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    st.error(f"{what} could not be shown: {type(exc).__name__}{': ' + first if first else ''}. "
+             "Details are in the dashboard's log.")
+
+
+def prepare() -> None:
+    """Entry-file step: find the store, render the sidebar filters, keep the context for the page."""
+    st.session_state[CTX_KEY] = None
+    st.session_state[PREPARED_KEY] = True
+    try:
+        url = data.db_url()
+        if data.count_runs(url) == 0:
+            return
+        sel = sidebar(data.filter_options(url))
+        st.session_state[CTX_KEY] = Context(url, sel)
+    except Exception as exc:  # noqa: BLE001 - shown to the user as one line, logged with its traceback
+        _error("The store", exc)
+        st.session_state[CTX_KEY] = "error"
+
+
+def empty_store_message() -> None:
+    st.info("The store has no runs yet. Measure speculative and autoregressive runs to fill it:")
+    st.code(FILL_COMMAND, language="bash")
+    st.caption("Then reload this page. `specfinops dashboard --db URL` points the dashboard at another store.")
+
+
+def run_page(title: str, body: Callable[[Context], None], caption: str | None = None) -> None:
+    """Title, the empty-store / synthetic-data notices, then `body(ctx)` guarded against exceptions."""
+    st.title(title)
+    if caption:
+        st.caption(caption)
+    if not st.session_state.pop(PREPARED_KEY, False):  # the page runs on its own, without the entry file
+        prepare()
+        st.session_state.pop(PREPARED_KEY, None)
+    ctx = st.session_state.get(CTX_KEY)
+    if ctx == "error":
+        return
+    if ctx is None:
+        empty_store_message()
+        return
+    if ctx.sel.synthetic:
+        st.warning("Synthetic data: some runs in view were made by the benchmark generator "
+                   "(workload 'synthetic', host 'synthetic-generator'). They are not measurements.")
+    if ctx.sel.runs.empty:
+        st.info("No runs match these filters. Widen the time range or reset the filters in the sidebar.")
+        return
+    try:
+        body(ctx)
+    except Exception as exc:  # noqa: BLE001 - shown to the user as one line, logged with its traceback
+        _error(f"The {title} page", exc)
+
+
+def download_csv(label: str, frame, file_name: str, key: str) -> None:
+    """A download button for a table, built (formula-safe) by telemetry.export only when clicked."""
+    from telemetry.export import frame_to_csv_bytes
+
+    st.download_button(label, data=lambda: frame_to_csv_bytes(frame), file_name=file_name, mime="text/csv",
+                       key=key, on_click="ignore")

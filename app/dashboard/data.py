@@ -1,0 +1,115 @@
+"""Cached data access for the dashboard pages.
+
+Every function is cached with a ttl and keyed by its arguments: the store URL and the filter values
+(`Filters` is a frozen dataclass; Streamlit hashes it by value). The uncached work lives in
+`telemetry.queries` (the shared figures) and `app.dashboard.page_queries` (page-specific SQL), which the
+benchmark calls directly.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import streamlit as st
+from sqlalchemy.engine import Engine
+
+from app.dashboard import page_queries as pq
+from telemetry import prices, queries
+from telemetry.queries import Filters
+from telemetry.store import open_store
+
+TTL_S = 60
+ENV_DB_URL = "SPECFINOPS_DB_URL"
+
+
+def db_url() -> str:
+    """The store URL: `--db URL` after `--` on the streamlit command line, else $SPECFINOPS_DB_URL, else the
+    default SQLite file (resolved by telemetry.db)."""
+    argv = sys.argv[1:]
+    if "--db" in argv and argv.index("--db") + 1 < len(argv):
+        return argv[argv.index("--db") + 1]
+    from telemetry.db import resolve_db_url
+
+    return resolve_db_url(os.environ.get(ENV_DB_URL))
+
+
+@st.cache_resource(show_spinner=False)
+def engine(url: str) -> Engine:
+    return open_store(url)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def count_runs(url: str) -> int:
+    return pq.count_runs(engine(url))
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def filter_options(url: str) -> dict:
+    return pq.filter_options(engine(url))
+
+
+@st.cache_data(ttl=TTL_S, show_spinner="Summarising runs...")
+def run_summaries(url: str, f: Filters) -> list[queries.RunSummary]:
+    return queries.run_summaries(engine(url), f)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def mode_summaries(url: str, f: Filters) -> list[queries.ModeSummary]:
+    return queries.mode_summaries(engine(url), f)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def speedups(url: str, f: Filters) -> list[queries.Speedup]:
+    return queries.speedups(engine(url), f)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def acceptance_by_domain(url: str, f: Filters) -> list[queries.DomainAcceptance]:
+    return queries.acceptance_by_domain(engine(url), f)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def costs(url: str, f: Filters) -> tuple[list[queries.RunCost], list[queries.ModeCost]]:
+    return queries.costs(engine(url), f)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def projection(url: str, f: Filters, inputs: dict) -> queries.StoreProjection:
+    """`queries.project_from_store` (which runs `finops.project` on the measured capacities)."""
+    return queries.project_from_store(engine(url), f, **inputs)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def price_catalog(url: str) -> list[prices.PriceEntry]:
+    return prices.list_prices(engine(url))
+
+
+@st.cache_data(ttl=TTL_S, show_spinner="Computing inter-token latency...")
+def itl_histogram(url: str, f: Filters) -> pq.ItlHistogram:
+    return pq.itl_histogram(engine(url), f)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def latency_histograms(url: str, f: Filters):
+    return pq.latency_histograms(engine(url), f)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def latency_over_time(url: str, f: Filters, bucket_s: int):
+    return pq.latency_over_time(engine(url), f, bucket_s)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def acceptance_over_time(url: str, f: Filters, bucket_s: int):
+    return pq.acceptance_over_time(engine(url), f, bucket_s)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner="Reading decode steps...")
+def acceptance_by_position(url: str, f: Filters):
+    return pq.acceptance_by_position(engine(url), f)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def power_over_time(url: str, f: Filters, bucket_s: int):
+    return pq.power_over_time(engine(url), f, bucket_s)

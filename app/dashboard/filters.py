@@ -1,0 +1,92 @@
+"""Sidebar filters, rendered once in the entry file so their values hold across pages.
+
+Time range, node, model pair (target <- drafter), workload, domain and runs become one
+`telemetry.queries.Filters`. A model pair keeps the AR baseline runs of the same target (they have no
+drafter), so spec and AR stay side by side; it is resolved to run ids here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+
+import pandas as pd
+import streamlit as st
+
+from app.dashboard.page_queries import nice_bucket_s
+from telemetry.queries import Filters
+
+ALL = "All"
+SYNTHETIC_WORKLOAD = "synthetic"
+SYNTHETIC_HOSTNAME = "synthetic-generator"
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """What the sidebar selected: the Filters for the queries and the matching runs for labels."""
+
+    filters: Filters
+    runs: pd.DataFrame  # filter_options()["runs"] rows of the selected runs
+    bucket_s: int  # time-bucket size for charts over time
+    synthetic: bool  # some selected runs are synthetic (generator output, not measurements)
+
+
+def pair_label(target: str, drafter: str) -> str:
+    return f"{target} ← {drafter}"
+
+
+def _day(value) -> date | None:
+    if value is None or pd.isna(value):
+        return None
+    return pd.Timestamp(value).date()
+
+
+def sidebar(options: dict) -> Selection:
+    """Render the filters in the sidebar and return the selection."""
+    runs: pd.DataFrame = options["runs"]
+    sb = st.sidebar
+    sb.header("Filters")
+
+    firsts = [d for d in (_day(v) for v in runs["first_request"]) if d is not None]
+    lasts = [d for d in (_day(v) for v in runs["last_request"]) if d is not None]
+    lo, hi = (min(firsts), max(lasts)) if firsts and lasts else (date.today(), date.today())
+    picked = sb.date_input("Time range (UTC)", value=(lo, hi), min_value=lo, max_value=hi, key="f_time")
+    since = until = None
+    if isinstance(picked, tuple | list) and len(picked) == 2:
+        since = datetime.combine(picked[0], time.min, tzinfo=UTC)
+        until = datetime.combine(picked[1], time.min, tzinfo=UTC) + timedelta(days=1)
+
+    node = sb.selectbox("Node", [ALL, *sorted(runs["node_id"].dropna().unique())], key="f_node")
+    spec = runs[runs["mode"] == "spec"]
+    pairs = sorted({(t, d) for t, d in zip(spec["target"], spec["drafter"], strict=True) if d})
+    pair_labels = [pair_label(t, d) for t, d in pairs]
+    pair = sb.selectbox("Model pair (target ← drafter)", [ALL, *pair_labels], key="f_pair")
+    workload = sb.selectbox("Workload", [ALL, *sorted(runs["workload"].dropna().unique())], key="f_workload")
+    domain = sb.selectbox("Domain", [ALL, *options["domains"]], key="f_domain")
+
+    chosen = runs
+    if node != ALL:
+        chosen = chosen[chosen["node_id"] == node]
+    if workload != ALL:
+        chosen = chosen[chosen["workload"] == workload]
+    if pair != ALL:
+        target, drafter = pairs[pair_labels.index(pair)]
+        chosen = chosen[(chosen["target"] == target) & ((chosen["drafter"] == drafter) | (chosen["mode"] == "ar"))]
+
+    run_label = {int(r.run_id): f"#{r.run_id} {r.mode} · {r.workload} · {r.node_id}" for r in chosen.itertuples()}
+    run_pick = sb.multiselect("Runs", list(run_label), format_func=lambda i: run_label.get(i, f"#{i}"), key="f_runs",
+                              help="Empty: every run matching the filters above.")
+    if run_pick:
+        chosen = chosen[chosen["run_id"].isin(run_pick)]
+
+    filters = Filters(
+        since=since,
+        until=until,
+        node_id=None if node == ALL else node,
+        workload=None if workload == ALL else workload,
+        domain=None if domain == ALL else domain,
+        run_ids=tuple(int(i) for i in chosen["run_id"]) if (pair != ALL or run_pick) else None,
+    )
+    span_s = (until - since).total_seconds() if since and until else 86_400.0
+    synthetic = bool(((chosen["workload"] == SYNTHETIC_WORKLOAD) | (chosen["hostname"] == SYNTHETIC_HOSTNAME)).any())
+    return Selection(filters=filters, runs=chosen, bucket_s=nice_bucket_s(span_s), synthetic=synthetic)

@@ -1,0 +1,32 @@
+"""Dashboard entry file: `streamlit run app/dashboard/main.py` (or `specfinops dashboard --db URL`).
+
+Small on purpose: page setup, the sidebar filters (here, so they hold across pages) and the navigation.
+Pages live one per file under `pages/`; data access in `data.py`, charts in `charts.py`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import streamlit as st
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `streamlit run` puts only this file's folder on the path
+    sys.path.insert(0, str(ROOT))
+
+from app.dashboard import common  # noqa: E402
+
+PAGES = [
+    st.Page("pages/overview.py", title="Overview", icon=":material/dashboard:", default=True),
+    st.Page("pages/latency.py", title="Latency", icon=":material/timer:"),
+    st.Page("pages/speculation.py", title="Speculation", icon=":material/call_split:"),
+    st.Page("pages/energy.py", title="Energy", icon=":material/bolt:"),
+    st.Page("pages/cost.py", title="Cost & capacity", icon=":material/payments:"),
+    st.Page("pages/runs.py", title="Runs", icon=":material/table:"),
+]
+
+st.set_page_config(page_title="specfinops", page_icon=":material/speed:", layout="wide")
+page = st.navigation(PAGES)
+common.prepare()
+page.run()

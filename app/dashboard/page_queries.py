@@ -1,0 +1,291 @@
+"""Page-specific SQL aggregations the shared `telemetry.queries` does not provide.
+
+Plain functions of (engine, Filters, ...) returning small pandas frames; no Streamlit here, so the
+benchmark and tests call them directly. Everything is aggregated in SQL (GROUP BY, window functions):
+token events and steps are never loaded row by row. Works on SQLite >= 3.25 and PostgreSQL.
+
+    itl_histogram        inter-token latency, 0.1 ms buckets per mode (LAG over token_events; sampled
+                         by whole requests above 300k token events)
+    latency_histograms   TTFT and TPOT, 0.1 ms buckets per mode
+    latency_over_time    requests, mean TTFT and TPOT per time bucket and mode
+    acceptance_over_time acceptance rate, mean acceptance length and mean K per time bucket
+    acceptance_by_position  P(draft position i accepted | K > i) from steps
+    power_over_time      mean power per time bucket, device and source
+    filter_options       runs and distinct values for the sidebar
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pandas as pd
+from sqlalchemy import Integer, and_, case, cast, func, select
+from sqlalchemy.engine import Engine
+
+from telemetry.db import PowerSample, Request, Run, Step, TokenEvent
+from telemetry.queries import Filters
+
+BUCKETS_PER_MS = 10  # histogram resolution: 0.1 ms
+NICE_BUCKETS_S = (60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86_400, 7 * 86_400)
+
+
+def nice_bucket_s(span_s: float, target_points: int = 80) -> int:
+    """A round time-bucket size giving about `target_points` points over `span_s` seconds."""
+    want = max(span_s, 1.0) / target_points
+    return next((b for b in NICE_BUCKETS_S if b >= want), NICE_BUCKETS_S[-1])
+
+
+def _floor_int(engine: Engine, expr):
+    """floor() of a non-negative expression as an integer on both dialects (PG rounds a CAST)."""
+    if engine.dialect.name == "sqlite":
+        return cast(expr, Integer)  # truncates: floor for x >= 0
+    return cast(func.floor(expr), Integer)
+
+
+def _epoch_s(engine: Engine, col):
+    if engine.dialect.name == "sqlite":
+        return cast(func.strftime("%s", col), Integer)  # stored as naive UTC text
+    return func.extract("epoch", col)
+
+
+def _time_bucket(engine: Engine, col, bucket_s: int):
+    return _floor_int(engine, _epoch_s(engine, col) / bucket_s) * bucket_s
+
+
+def _to_time(frame: pd.DataFrame, col: str = "t") -> pd.DataFrame:
+    if not frame.empty:
+        frame[col] = pd.to_datetime(frame[col].astype("int64"), unit="s", utc=True)
+    return frame
+
+
+def _frame(engine: Engine, stmt, columns: list[str]) -> pd.DataFrame:
+    with engine.connect() as c:
+        rows = c.execute(stmt).all()
+    return pd.DataFrame([tuple(r) for r in rows], columns=columns)
+
+
+def _conds(f: Filters) -> list:
+    return [*f.where(), Request.status == "ok"]
+
+
+ITL_EXACT_MAX_TOKENS = 300_000  # above this many token events, ITL comes from a sample of requests
+
+
+@dataclass(frozen=True, slots=True)
+class ItlHistogram:
+    """ITL histogram (mode, itl_ms bucket lower edge, count) and how it was sampled."""
+
+    frame: pd.DataFrame
+    total_tokens: int  # output tokens of the filtered requests
+    stride: int  # 1 = every request; n = requests whose id is a multiple of n
+
+
+def itl_histogram(engine: Engine, f: Filters, max_tokens: int = ITL_EXACT_MAX_TOKENS) -> ItlHistogram:
+    """ITL: gaps between consecutive distinct emissions of a request (tokens of one step count once).
+
+    LAG over (request, position) in SQL; only (mode, 0.1 ms bucket, count) rows come back. Above
+    `max_tokens` token events the window runs over a deterministic sample of whole requests (every n-th
+    request id), so the page stays interactive; percentiles of such a sample are unbiased.
+    """
+    with engine.connect() as c:
+        total = int(c.scalar(
+            select(func.coalesce(func.sum(Request.output_tokens), 0))
+            .select_from(Request).join(Run, Run.id == Request.run_id).where(*_conds(f))
+        ) or 0)
+    stride = max(1, math.ceil(total / max_tokens))
+    picked = select(Request.id.label("id"), Run.mode.label("mode")).join(Run, Run.id == Request.run_id).where(*_conds(f))
+    if stride > 1:
+        picked = picked.where(Request.id % stride == 0)
+    picked = picked.cte("picked")
+    prev = func.lag(TokenEvent.emit_offset_ms).over(partition_by=TokenEvent.request_id, order_by=TokenEvent.position)
+    ev = (
+        select(TokenEvent.request_id.label("rid"), (TokenEvent.emit_offset_ms - prev).label("gap"))
+        .where(TokenEvent.request_id.in_(select(picked.c.id)))
+        .cte("ev")
+    )
+    bucket = _floor_int(engine, ev.c.gap * BUCKETS_PER_MS)
+    stmt = (
+        select(picked.c.mode, bucket.label("b"), func.count().label("n"))
+        .select_from(ev)
+        .join(picked, picked.c.id == ev.c.rid)
+        .where(ev.c.gap > 0)
+        .group_by(picked.c.mode, bucket)
+        .order_by(picked.c.mode, bucket)
+    )
+    frame = _frame(engine, stmt, ["mode", "b", "count"])
+    frame["itl_ms"] = frame.pop("b") / BUCKETS_PER_MS
+    return ItlHistogram(frame[["mode", "itl_ms", "count"]], total, stride)
+
+
+def latency_histograms(engine: Engine, f: Filters) -> pd.DataFrame:
+    """TTFT and TPOT per request in 0.1 ms buckets. Columns: metric (ttft|tpot), mode, value_ms, count."""
+    tpot = (Request.e2e_ms - Request.ttft_ms) / (Request.output_tokens - 1)
+    parts = []
+    for metric, expr, extra in (
+        ("ttft", Request.ttft_ms, Request.ttft_ms.is_not(None)),
+        ("tpot", tpot, and_(Request.output_tokens > 1, Request.e2e_ms.is_not(None), Request.ttft_ms.is_not(None))),
+    ):
+        bucket = _floor_int(engine, expr * BUCKETS_PER_MS)
+        stmt = (
+            select(Run.mode, bucket.label("b"), func.count().label("n"))
+            .select_from(Request)
+            .join(Run, Run.id == Request.run_id)
+            .where(*_conds(f), extra, expr >= 0)
+            .group_by(Run.mode, bucket)
+        )
+        part = _frame(engine, stmt, ["mode", "b", "count"])
+        part.insert(0, "metric", metric)
+        parts.append(part)
+    frame = pd.concat(parts, ignore_index=True)
+    frame["value_ms"] = frame.pop("b") / BUCKETS_PER_MS
+    return frame[["metric", "mode", "value_ms", "count"]]
+
+
+def histogram_percentiles(hist: pd.DataFrame, value_col: str, qs=(50, 95, 99)) -> dict[str, dict[int, float | None]]:
+    """Percentiles per mode from a bucketed histogram (bucket midpoints; exact to one 0.1 ms bucket)."""
+    out: dict[str, dict[int, float | None]] = {}
+    for mode, part in hist.groupby("mode", sort=False):
+        part = part.sort_values(value_col)
+        cum = part["count"].cumsum().to_numpy()
+        total = cum[-1] if len(cum) else 0
+        values = part[value_col].to_numpy() + 0.5 / BUCKETS_PER_MS
+        out[str(mode)] = {
+            q: (None if total == 0 else float(values[min(int((cum < q / 100 * total).sum()), len(values) - 1)]))
+            for q in qs
+        }
+    return out
+
+
+def latency_over_time(engine: Engine, f: Filters, bucket_s: int) -> pd.DataFrame:
+    """Columns: t, mode, requests, ttft_mean_ms, tpot_mean_ms (mean per bucket of request start time)."""
+    tpot = case(
+        (and_(Request.output_tokens > 1, Request.e2e_ms.is_not(None)),
+         (Request.e2e_ms - Request.ttft_ms) / (Request.output_tokens - 1)),
+        else_=None,
+    )
+    t = _time_bucket(engine, Request.started_at, bucket_s)
+    stmt = (
+        select(t.label("t"), Run.mode, func.count(), func.avg(Request.ttft_ms), func.avg(tpot))
+        .select_from(Request)
+        .join(Run, Run.id == Request.run_id)
+        .where(*_conds(f))
+        .group_by(t, Run.mode)
+        .order_by(t)
+    )
+    return _to_time(_frame(engine, stmt, ["t", "mode", "requests", "ttft_mean_ms", "tpot_mean_ms"]))
+
+
+def acceptance_over_time(engine: Engine, f: Filters, bucket_s: int) -> pd.DataFrame:
+    """Speculative requests per time bucket and K policy, from the raw request counts.
+
+    Columns: t, k_policy, drafts, drafted, accepted, acceptance_rate, mean_acceptance_length, mean_k
+    (mean_k = drafted / drafts: the mean K proposed per drafting step).
+    """
+    t = _time_bucket(engine, Request.started_at, bucket_s)
+    stmt = (
+        select(t.label("t"), Run.k_policy, func.sum(Request.num_drafts), func.sum(Request.num_draft_tokens),
+               func.sum(Request.num_accepted_tokens))
+        .select_from(Request)
+        .join(Run, Run.id == Request.run_id)
+        .where(*_conds(f), Run.mode == "spec")
+        .group_by(t, Run.k_policy)
+        .order_by(t)
+    )
+    return with_rates(_to_time(_frame(engine, stmt, ["t", "k_policy", "drafts", "drafted", "accepted"])))
+
+
+def with_rates(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add acceptance_rate, mean_acceptance_length and mean_k from summed counts (NaN where undefined)."""
+    drafts = frame["drafts"].where(frame["drafts"] > 0).astype("float64")
+    drafted = frame["drafted"].where(frame["drafted"] > 0).astype("float64")
+    frame["acceptance_rate"] = frame["accepted"] / drafted
+    frame["mean_acceptance_length"] = 1 + frame["accepted"] / drafts
+    frame["mean_k"] = frame["drafted"] / drafts
+    return frame
+
+
+def acceptance_by_position(engine: Engine, f: Filters) -> pd.DataFrame:
+    """Position i (0-based) of a draft is accepted when accepted > i, among steps with K > i.
+
+    SQL groups steps by (K, accepted) — a few dozen rows — and the per-position rates follow from those
+    counts. Columns: position (1-based, as users count draft tokens), offered, accepted, rate.
+    """
+    stmt = (
+        select(Step.k, Step.accepted, func.count())
+        .select_from(Step)
+        .join(Request, Request.id == Step.request_id)
+        .join(Run, Run.id == Request.run_id)
+        .where(*_conds(f), Step.k > 0)
+        .group_by(Step.k, Step.accepted)
+    )
+    counts = _frame(engine, stmt, ["k", "accepted", "n"])
+    if counts.empty:
+        return pd.DataFrame(columns=["position", "offered", "accepted", "rate"])
+    rows = []
+    for i in range(int(counts["k"].max())):
+        offered = int(counts.loc[counts["k"] > i, "n"].sum())
+        accepted = int(counts.loc[(counts["k"] > i) & (counts["accepted"] > i), "n"].sum())
+        rows.append((i + 1, offered, accepted, accepted / offered if offered else None))
+    return pd.DataFrame(rows, columns=["position", "offered", "accepted", "rate"])
+
+
+def _matching_run_ids(f: Filters):
+    return select(Request.run_id).join(Run, Run.id == Request.run_id).where(*f.where()).distinct()
+
+
+def power_over_time(engine: Engine, f: Filters, bucket_s: int) -> pd.DataFrame:
+    """Columns: t, node_id, device_index, source, power_w (mean per bucket), samples.
+
+    `source` is 'estimate' for estimated power: charts draw it dashed and label it as an estimate.
+    """
+    t = _time_bucket(engine, PowerSample.t, bucket_s)
+    conds = [PowerSample.run_id.in_(_matching_run_ids(f)), PowerSample.power_w.is_not(None)]
+    if f.since is not None:
+        conds.append(PowerSample.t >= f.since)
+    if f.until is not None:
+        conds.append(PowerSample.t < f.until)
+    stmt = (
+        select(t.label("t"), Run.node_id, PowerSample.device_index, PowerSample.source,
+               func.avg(PowerSample.power_w), func.count())
+        .select_from(PowerSample)
+        .join(Run, Run.id == PowerSample.run_id)
+        .where(*conds)
+        .group_by(t, Run.node_id, PowerSample.device_index, PowerSample.source)
+        .order_by(t)
+    )
+    return _to_time(_frame(engine, stmt, ["t", "node_id", "device_index", "source", "power_w", "samples"]))
+
+
+def filter_options(engine: Engine) -> dict:
+    """Everything the sidebar offers: the run list (with request time bounds) and the domains."""
+    runs_q = (
+        select(Run.id, Run.mode, Run.node_id, Run.hostname, Run.target, Run.drafter, Run.k_policy, Run.workload,
+               Run.device, Run.started_at, Run.status, func.min(Request.started_at), func.max(Request.started_at),
+               func.count(Request.id))
+        .select_from(Run)
+        .outerjoin(Request, Request.run_id == Run.id)
+        .group_by(Run.id)
+        .order_by(Run.id)
+    )
+    cols = ["run_id", "mode", "node_id", "hostname", "target", "drafter", "k_policy", "workload", "device",
+            "started_at", "status", "first_request", "last_request", "requests"]
+    runs = _frame(engine, runs_q, cols)
+    with engine.connect() as c:
+        domains = sorted(d for (d,) in c.execute(select(Request.domain).distinct()) if d is not None)
+    return {"runs": runs, "domains": domains}
+
+
+def as_utc(value) -> datetime | None:
+    """A datetime from the store (naive on SQLite) as an aware UTC datetime; None for missing."""
+    if value is None or value is pd.NaT:
+        return None
+    when = pd.Timestamp(value).to_pydatetime()
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
+def count_runs(engine: Engine) -> int:
+    with engine.connect() as c:
+        return int(c.scalar(select(func.count()).select_from(Run)) or 0)
+

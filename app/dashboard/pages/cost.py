@@ -1,0 +1,126 @@
+"""Cost & capacity: cost per 1M tokens (hardware vs energy), the node projection with live inputs, savings."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app.dashboard import assumptions, charts, data
+from app.dashboard.common import Context, download_csv, fmt, run_page, usd
+
+SNAPSHOT = "runs' recorded price"
+CUSTOM = "custom $/h per node"
+
+
+def _cost_section(ctx: Context) -> None:
+    run_costs, mode_costs = data.costs(ctx.url, ctx.sel.filters)
+    if not mode_costs:
+        st.info("No runs with output tokens in view.")
+        return
+    st.plotly_chart(charts.cost_split([m.mode for m in mode_costs], [m.cost.hardware_usd_per_1m for m in mode_costs],
+                                      [m.cost.energy_usd_per_1m for m in mode_costs],
+                                      [m.cost.energy_estimated for m in mode_costs]), width="stretch")
+    for m in mode_costs:
+        if m.cost.reason:
+            st.caption(f"{charts.MODE_NAMES[m.mode]}: {m.cost.reason}.")
+    table = pd.DataFrame([{
+        "run": rc.run.run_id, "mode": rc.run.mode, "workload": rc.run.workload, "node": rc.run.node_id,
+        "measured on": rc.measured_on, "priced as": rc.node_price.priced_as, "node $/h": rc.node_price.usd_per_hour,
+        "output tokens": rc.run.stats.output_tokens, "tokens/s": rc.run.stats.tokens_per_s,
+        "hardware $/1M": rc.cost.hardware_usd_per_1m, "energy $/1M": rc.cost.energy_usd_per_1m,
+        "total $/1M": rc.cost.total_usd_per_1m, "energy estimated": rc.cost.energy_estimated,
+    } for rc in run_costs])
+    with st.expander("Cost per run"):
+        st.dataframe(table, hide_index=True, width="stretch")
+        download_csv("Download cost per run (CSV)", table, "cost-per-run.csv", "dl_cost_runs")
+
+
+def _inputs(ctx: Context) -> dict:
+    """Projection inputs as widgets, seeded from the shared assumptions; returns project_from_store kwargs."""
+    a = assumptions.get()
+    catalog = data.price_catalog(ctx.url)
+    gpus = [p.name for p in catalog if p.unit == "usd_per_hour"]
+    c = st.columns(4)
+    daily_m = c[0].number_input("Daily output tokens (millions)", min_value=0.001, value=a["daily_tokens"] / 1e6,
+                                step=50.0, format="%.3f", key="w_daily")
+    peak = c[1].number_input("Peak-to-average factor", min_value=1.0, max_value=20.0, value=float(a["peak_factor"]),
+                             step=0.5, key="w_peak")
+    sla = c[2].number_input("p95 TPOT SLA (ms)", min_value=0.1, value=float(a["sla_ms"]), step=5.0, key="w_sla")
+    choices = [SNAPSHOT, *gpus, CUSTOM]
+    current = CUSTOM if a["node_hourly_usd"] else (a["gpu"] if a["gpu"] in gpus else SNAPSHOT)
+    price = c[3].selectbox("Node price", choices, index=choices.index(current), key="w_price",
+                           help="The runs' recorded price (else the catalog price of the measured device), a "
+                                "catalog GPU x GPUs per node, or your own $/h.")
+    c = st.columns(4)
+    gpus_per_node = int(c[0].number_input("GPUs per node", min_value=1, max_value=64, value=int(a["gpus_per_node"]),
+                                          key="w_gpus", disabled=price in (SNAPSHOT, CUSTOM)))
+    node_usd = c[1].number_input("Custom node $/h", min_value=0.01, value=float(a["node_hourly_usd"] or 10.0),
+                                 key="w_node_usd", disabled=price != CUSTOM)
+    kwh = c[2].number_input("Electricity $/kWh (0 = catalog)", min_value=0.0, value=float(a["usd_per_kwh"] or 0.0),
+                            step=0.01, format="%.3f", key="w_kwh")
+    pue = c[3].number_input("PUE (0 = catalog)", min_value=0.0, value=float(a["pue"] or 0.0), step=0.05, key="w_pue")
+    if 0 < pue < 1:
+        st.warning("PUE is at least 1; using the catalog PUE.")
+        pue = 0.0
+    values = {
+        "daily_tokens": daily_m * 1e6, "peak_factor": peak, "sla_ms": sla,
+        "gpu": price if price not in (SNAPSHOT, CUSTOM) else None,
+        "gpus_per_node": gpus_per_node if price not in (SNAPSHOT, CUSTOM) else 1,
+        "node_hourly_usd": node_usd if price == CUSTOM else None,
+        "usd_per_kwh": kwh or None, "pue": pue or None,
+    }
+    assumptions.put(values)
+    return values
+
+
+def _projection_section(ctx: Context) -> None:
+    values = _inputs(ctx)
+    try:
+        sp = data.projection(ctx.url, ctx.sel.filters, values)
+    except ValueError as exc:
+        st.warning(f"No projection: {exc}")
+        return
+    p = sp.projection
+    m = st.columns(4)
+    m[0].metric("Nodes (AR baseline)", fmt(p.nodes_ar, ",d"))
+    m[1].metric("Nodes (speculative)", fmt(p.nodes_spec, ",d"))
+    m[2].metric("Projected annual savings", usd(p.annual_savings_usd, ",.0f"),
+                help="(nodes AR - nodes spec) x node $/h x 8,760")
+    m[3].metric("Node price", usd(p.node_hourly_usd) + "/h", help=f"priced as {sp.node_price.priced_as}")
+    m = st.columns(4)
+    m[0].metric("Capacity AR (tokens/s per node)", fmt(p.capacity_tokens_per_s_ar, ",.0f"),
+                help=f"best run meeting the SLA: #{sp.capacity_run_ar}" if sp.capacity_run_ar else None)
+    m[1].metric("Capacity spec (tokens/s per node)", fmt(p.capacity_tokens_per_s_spec, ",.0f"),
+                help=f"best run meeting the SLA: #{sp.capacity_run_spec}" if sp.capacity_run_spec else None)
+    m[2].metric("Monthly cost AR", usd(p.monthly_cost_ar_usd, ",.0f"))
+    m[3].metric("Monthly cost spec", usd(p.monthly_cost_spec_usd, ",.0f"))
+    st.plotly_chart(charts.nodes_bar(p.nodes_ar, p.nodes_spec), width="stretch")
+    notes = list(p.notes)
+    if sp.priced_differs:
+        notes.append(f"priced as {sp.node_price.priced_as}, measured on {', '.join(sp.measured_on)}: "
+                     "the energy part is left out of the projected cost")
+    if sp.energy_estimated:
+        notes.append("the energy part of the projected cost is an estimate")
+    for note in notes:
+        st.caption(f"Note: {note}.")
+    proj_table = pd.DataFrame([
+        {"figure": "cost per 1M tokens (projected)", "AR": p.cost_per_1m_tokens_ar_usd,
+         "spec": p.cost_per_1m_tokens_spec_usd},
+        {"figure": "nodes", "AR": p.nodes_ar, "spec": p.nodes_spec},
+        {"figure": "monthly cost (USD)", "AR": p.monthly_cost_ar_usd, "spec": p.monthly_cost_spec_usd},
+        {"figure": "capacity (tokens/s per node)", "AR": p.capacity_tokens_per_s_ar,
+         "spec": p.capacity_tokens_per_s_spec},
+    ])
+    download_csv("Download projection (CSV)", proj_table, "projection.csv", "dl_projection")
+
+
+def body(ctx: Context) -> None:
+    st.subheader("Measured cost per 1M output tokens")
+    _cost_section(ctx)
+    st.subheader("Node projection")
+    st.caption("Capacity per node = the highest measured tokens/s whose p95 TPOT meets the SLA; "
+               "nodes = ceil(daily tokens / 86,400 x peak / capacity). Recomputed as you change the inputs.")
+    _projection_section(ctx)
+
+
+run_page("Cost & capacity", body, "What the measured runs cost, and how many nodes your traffic needs with and without speculation.")

@@ -1,0 +1,35 @@
+"""Energy: power per device over time (measured solid, estimated dashed), J/token per mode."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app.dashboard import charts, data
+from app.dashboard.common import Context, download_csv, fmt, run_page
+
+
+def body(ctx: Context) -> None:
+    f = ctx.sel.filters
+    modes = {m.mode: m.stats for m in data.mode_summaries(ctx.url, f)}
+    cols = st.columns(2)
+    for col, mode in zip(cols, ("spec", "ar"), strict=True):
+        s = modes.get(mode)
+        est = bool(s and s.energy_estimated)
+        col.metric(f"J/token — {charts.MODE_NAMES[mode]}" + (" (estimate)" if est else ""),
+                   fmt(s.j_per_token if s else None, ".3f"),
+                   help="Energy attributed to requests / their output tokens."
+                        + (" Estimated from a power model, not a meter." if est else ""))
+        if s and s.energy_j is not None and not s.energy_complete:
+            col.caption("Some requests have no energy figure; J/token covers those that do.")
+
+    power = data.power_over_time(ctx.url, f, ctx.sel.bucket_s)
+    if power.empty:
+        st.info("No power samples in view (power source 'none', or runs recorded without sampling).")
+        return
+    st.plotly_chart(charts.power(power), width="stretch")
+    if (power["source"] == "estimate").any():
+        st.caption("Dashed lines are estimates (TDP-based power model, no meter): treat them as approximate.")
+    download_csv("Download power over time (CSV)", power, "power-over-time.csv", "dl_power")
+
+
+run_page("Energy", body, "Power per device and energy per output token. Estimated power is always marked as an estimate.")

@@ -1,0 +1,106 @@
+"""Overview: speculative vs AR side by side — cost per 1M tokens, speedup, acceptance, TPOT, J/token, savings."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app.dashboard import assumptions, data
+from app.dashboard.charts import MODE_NAMES
+from app.dashboard.common import MISSING, Context, fmt, run_page, usd
+
+
+def _speedup_text(speedups) -> tuple[str, str]:
+    values = [s.speedup for s in speedups if s.speedup is not None]
+    if not values:
+        return MISSING, "Needs a speculative and an AR run of the same workload, target, device and concurrency."
+    if len(values) == 1:
+        return f"{values[0]:.2f}x", "Spec tokens/s / AR tokens/s on the same prompts, hardware and concurrency."
+    return (f"{min(values):.2f}–{max(values):.2f}x",
+            f"{len(values)} configurations (range); see the table below. Spec tokens/s / AR tokens/s.")
+
+
+def _projection(ctx: Context):
+    a = assumptions.get()
+    try:
+        return data.projection(ctx.url, ctx.sel.filters, a), a, None
+    except ValueError as exc:  # nothing to project from, or no price for the device
+        return None, a, str(exc)
+
+
+def _delta(spec: float | None, ar: float | None) -> str | None:
+    if spec is None or ar is None or not ar:
+        return None
+    return f"{(spec - ar) / ar:+.0%} vs AR"
+
+
+def body(ctx: Context) -> None:
+    f = ctx.sel.filters
+    modes = {m.mode: m.stats for m in data.mode_summaries(ctx.url, f)}
+    _, mode_costs = data.costs(ctx.url, f)
+    cost = {m.mode: m.cost for m in mode_costs}
+    speedups = data.speedups(ctx.url, f)
+    proj, a, proj_error = _projection(ctx)
+
+    speed_value, speed_help = _speedup_text(speedups)
+    spec = modes.get("spec")
+    top = st.columns(3)
+    top[0].metric("Speedup", speed_value, help=speed_help)
+    top[1].metric("Acceptance rate", fmt(spec.acceptance_rate if spec else None, ".1%"),
+                  help="Accepted draft tokens / drafted tokens over the speculative runs in view. "
+                       "Go/no-go: alpha >= 0.65.")
+    savings = proj.projection.annual_savings_usd if proj else None
+    top[2].metric("Projected annual savings", usd(savings, ",.0f"),
+                  help=f"(nodes AR - nodes spec) x node $/h x 8,760 at {assumptions.describe(a)}. "
+                       "Change the assumptions on the Cost & capacity page.")
+    if proj_error:
+        st.caption(f"Projection: {proj_error}")
+    elif proj and proj.projection.notes:
+        st.caption("Projection: " + "; ".join(proj.projection.notes))
+
+    columns = st.columns(2, border=True)
+    for col, mode in zip(columns, ("spec", "ar"), strict=True):
+        s, c = modes.get(mode), cost.get(mode)
+        other_s, other_c = modes.get("ar"), cost.get("ar")
+        with col:
+            st.subheader(MODE_NAMES[mode])
+            if s is None:
+                st.info(f"No {MODE_NAMES[mode]} runs in view.")
+                continue
+            compare = mode == "spec"
+            r1 = st.columns(3)
+            total = c.total_usd_per_1m if c else None
+            r1[0].metric("Cost per 1M tokens", usd(total),
+                         _delta(total, other_c.total_usd_per_1m if other_c else None) if compare else None,
+                         delta_color="inverse",
+                         help="(node $/h x node hours + kWh x PUE x $/kWh) / output tokens x 1e6"
+                              + ("" if not c or c.energy_included else ". Hardware only: energy not measured.")
+                              + (" Energy part is an estimate." if c and c.energy_estimated else ""))
+            r1[1].metric("TPOT p50", fmt(s.tpot_p50_ms, ".1f", suffix=" ms"),
+                         _delta(s.tpot_p50_ms, other_s.tpot_p50_ms if other_s else None) if compare else None,
+                         delta_color="inverse")
+            r1[2].metric("TPOT p95", fmt(s.tpot_p95_ms, ".1f", suffix=" ms"),
+                         _delta(s.tpot_p95_ms, other_s.tpot_p95_ms if other_s else None) if compare else None,
+                         delta_color="inverse")
+            r2 = st.columns(3)
+            r2[0].metric("J/token (estimate)" if s.energy_estimated else "J/token", fmt(s.j_per_token, ".3f"),
+                         help="Energy attributed to the requests / output tokens."
+                              + (" Power was estimated (no power meter)." if s.energy_estimated else ""))
+            r2[1].metric("Tokens/s", fmt(s.tokens_per_s, ",.1f"),
+                         _delta(s.tokens_per_s, other_s.tokens_per_s if other_s else None) if compare else None)
+            r2[2].metric("Mean acceptance length", fmt(s.mean_acceptance_length, ".2f") if mode == "spec" else MISSING,
+                         help="1 + accepted / drafts: tokens per target forward (bonus included).")
+            st.caption(f"{s.num_requests_ok:,} requests ok, {s.num_requests_failed:,} failed, "
+                       f"{s.output_tokens:,} output tokens"
+                       + (" · cost is hardware only (energy not measured)" if c and not c.energy_included else ""))
+
+    if speedups:
+        with st.expander("Speedup by configuration", expanded=len(speedups) > 1):
+            st.dataframe(pd.DataFrame([{
+                "workload": s.workload, "target": s.target, "drafter": s.drafter, "K policy": s.k_policy,
+                "device": s.device, "concurrency": s.concurrency,
+                "spec tokens/s": s.spec_tokens_per_s, "AR tokens/s": s.ar_tokens_per_s, "speedup": s.speedup,
+            } for s in speedups]), hide_index=True, width="stretch")
+
+
+run_page("Overview", body, "What speculative decoding buys on your runs: spec vs the AR baseline, same prompts and hardware.")

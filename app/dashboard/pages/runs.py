@@ -1,0 +1,87 @@
+"""Runs: the run table, two runs side by side, and CSV downloads (tables and raw records)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app.dashboard import data
+from app.dashboard.common import MISSING, Context, download_csv, fmt, run_page
+
+RAW_KINDS = ("requests", "steps", "tokens", "power")
+
+
+def run_table(runs) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "run": r.run_id, "mode": r.mode, "kind": r.kind, "started (UTC)": r.started_at, "status": r.status,
+        "node": r.node_id, "device": r.device, "target": r.target, "drafter": r.drafter, "K policy": r.k_policy,
+        "workload": r.workload, "concurrency": r.concurrency, "power source": r.power_source,
+        "requests ok": r.stats.num_requests_ok, "failed": r.stats.num_requests_failed,
+        "output tokens": r.stats.output_tokens, "tokens/s": r.stats.tokens_per_s,
+        "acceptance rate": r.stats.acceptance_rate, "TTFT p50 (ms)": r.stats.ttft_p50_ms,
+        "TPOT p50 (ms)": r.stats.tpot_p50_ms, "TPOT p95 (ms)": r.stats.tpot_p95_ms,
+        "J/token": r.stats.j_per_token, "energy estimated": r.stats.energy_estimated,
+    } for r in runs])
+
+
+COMPARE_ROWS = [
+    ("mode", lambda r: r.mode), ("workload", lambda r: r.workload), ("node", lambda r: r.node_id),
+    ("device", lambda r: r.device), ("target", lambda r: r.target), ("drafter", lambda r: r.drafter or MISSING),
+    ("K policy", lambda r: r.k_policy), ("concurrency", lambda r: str(r.concurrency)),
+    ("requests ok", lambda r: f"{r.stats.num_requests_ok:,}"),
+    ("output tokens", lambda r: f"{r.stats.output_tokens:,}"),
+    ("tokens/s", lambda r: fmt(r.stats.tokens_per_s, ",.1f")),
+    ("acceptance rate", lambda r: fmt(r.stats.acceptance_rate, ".1%")),
+    ("mean acceptance length", lambda r: fmt(r.stats.mean_acceptance_length, ".2f")),
+    ("TTFT p50 / p95 (ms)", lambda r: f"{fmt(r.stats.ttft_p50_ms, '.1f')} / {fmt(r.stats.ttft_p95_ms, '.1f')}"),
+    ("TPOT p50 / p95 (ms)", lambda r: f"{fmt(r.stats.tpot_p50_ms, '.1f')} / {fmt(r.stats.tpot_p95_ms, '.1f')}"),
+    ("J/token", lambda r: fmt(r.stats.j_per_token, ".3f") + (" (estimate)" if r.stats.energy_estimated else "")),
+]
+
+
+def _raw_csv(url: str, what: str, run_id: int) -> bytes:
+    from telemetry.export import ExportWindow, export_rows, iter_csv_chunks
+
+    header, rows = export_rows(data.engine(url), what, ExportWindow(run_id=run_id))
+    return "".join(iter_csv_chunks(header, rows)).encode("utf-8")
+
+
+def body(ctx: Context) -> None:
+    runs = data.run_summaries(ctx.url, ctx.sel.filters)
+    if not runs:
+        st.info("No runs with requests in view.")
+        return
+    table = run_table(runs)
+    st.subheader(f"Runs ({len(runs)})")
+    st.dataframe(table, hide_index=True, width="stretch")
+    download_csv("Download run table (CSV)", table, "runs.csv", "dl_runs")
+
+    st.subheader("Compare two runs")
+    by_id = {r.run_id: r for r in runs}
+    ids = list(by_id)
+    spec = [r.run_id for r in runs if r.mode == "spec"]
+    ar = [r.run_id for r in runs if r.mode == "ar"]
+    default_a = spec[-1] if spec else ids[0]
+    default_b = ar[-1] if ar else ids[-1]
+    label = {i: f"#{i} {by_id[i].mode} · {by_id[i].workload} · {by_id[i].node_id}" for i in ids}
+    c1, c2 = st.columns(2)
+    a = c1.selectbox("Run A", ids, index=ids.index(default_a), format_func=label.get, key="cmp_a")
+    b = c2.selectbox("Run B", ids, index=ids.index(default_b), format_func=label.get, key="cmp_b")
+    compare = pd.DataFrame({"figure": [n for n, _ in COMPARE_ROWS],
+                            f"run #{a}": [get(by_id[a]) for _, get in COMPARE_ROWS],
+                            f"run #{b}": [get(by_id[b]) for _, get in COMPARE_ROWS]})
+    st.dataframe(compare, hide_index=True, width="stretch")
+    download_csv("Download comparison (CSV)", compare, f"compare-{a}-{b}.csv", "dl_compare")
+
+    st.subheader("Raw records of one run")
+    c1, c2, c3 = st.columns([2, 2, 3])
+    rid = c1.selectbox("Run", ids, format_func=label.get, key="raw_run")
+    what = c2.selectbox("Records", RAW_KINDS, key="raw_what")
+    with c3:
+        st.download_button(f"Download {what} of run #{rid} (CSV)", data=lambda: _raw_csv(ctx.url, what, rid),
+                           file_name=f"run-{rid}-{what}.csv", mime="text/csv", key="dl_raw", on_click="ignore")
+    st.caption("Large exports: `specfinops export --what tokens --run ID --out FILE` streams in constant memory. "
+               "Text cells that a spreadsheet would run as formulas are escaped.")
+
+
+run_page("Runs", body, "Every run in view, two runs side by side, and CSV downloads of any table.")

@@ -1,0 +1,65 @@
+"""Speculation: acceptance over time, acceptance by draft position, alpha per domain vs 0.65, K over time."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app.dashboard import charts, data
+from app.dashboard.common import Context, download_csv, fmt, run_page
+from app.dashboard.page_queries import with_rates
+
+
+def body(ctx: Context) -> None:
+    f = ctx.sel.filters
+    domains = data.acceptance_by_domain(ctx.url, f)
+    over = data.acceptance_over_time(ctx.url, f, ctx.sel.bucket_s)
+    if over.empty and not domains:
+        st.info("No speculative runs in view: acceptance needs `--mode spec` or `--mode both` runs.")
+        return
+
+    total = with_rates(pd.DataFrame([over[["drafts", "drafted", "accepted"]].sum()]))
+    m = st.columns(3)
+    m[0].metric("Acceptance rate", fmt(total["acceptance_rate"].iloc[0], ".1%"), help="accepted / drafted tokens")
+    m[1].metric("Mean acceptance length", fmt(total["mean_acceptance_length"].iloc[0], ".2f"),
+                help="1 + accepted / drafts: tokens emitted per target forward, bonus included")
+    m[2].metric("Mean K proposed", fmt(total["mean_k"].iloc[0], ".2f"), help="drafted tokens / drafts")
+
+    st.subheader("Alpha per domain")
+    names = [d.domain or "(none)" for d in domains]
+    st.plotly_chart(charts.alpha_by_domain(names, [d.acceptance_rate for d in domains],
+                                           [d.num_requests for d in domains]), width="stretch")
+    below = [n for n, d in zip(names, domains, strict=True)
+             if d.acceptance_rate is not None and d.acceptance_rate < charts.GO_NO_GO_ALPHA]
+    if below:
+        st.caption(f"Below the 0.65 go/no-go line: {', '.join(below)}. Speculation may not pay on these domains.")
+    table = pd.DataFrame([{"domain": n, "requests": d.num_requests, "drafts": d.num_drafts,
+                           "drafted": d.num_draft_tokens, "accepted": d.num_accepted_tokens,
+                           "acceptance rate": d.acceptance_rate, "mean acceptance length": d.mean_acceptance_length}
+                          for n, d in zip(names, domains, strict=True)])
+    download_csv("Download acceptance per domain (CSV)", table, "acceptance-by-domain.csv", "dl_spec_domain")
+
+    st.subheader("Over time")
+    pooled = with_rates(over.groupby("t", as_index=False)[["drafts", "drafted", "accepted"]].sum())
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(charts.lines_by(pooled.assign(series="acceptance rate"), "acceptance_rate", "series",
+                                    "Acceptance rate", "alpha", hline=charts.GO_NO_GO_ALPHA, hline_label="0.65"),
+                    width="stretch")
+    c2.plotly_chart(charts.lines_by(pooled.assign(series="mean acceptance length"), "mean_acceptance_length",
+                                    "series", "Mean acceptance length", "tokens per target forward"),
+                    width="stretch")
+    st.plotly_chart(charts.lines_by(over, "mean_k", "k_policy", "K proposed over time (mean per drafting step)",
+                                    "K"), width="stretch")
+
+    st.subheader("Acceptance by draft position")
+    pos = data.acceptance_by_position(ctx.url, f)
+    if pos.empty:
+        st.info("No speculative decode steps recorded in view.")
+    else:
+        st.plotly_chart(charts.acceptance_by_position(pos), width="stretch")
+        st.caption("Position i is accepted when the step accepted at least i drafts; counted among steps that "
+                   "proposed K >= i.")
+        download_csv("Download acceptance by position (CSV)", pos, "acceptance-by-position.csv", "dl_spec_pos")
+
+
+run_page("Speculation", body, "How often the target accepts the drafter's tokens, where in the draft, and which K was used.")

@@ -1,0 +1,284 @@
+"""CSV export of the store, streamed in constant memory; shared by `specfinops export` and the dashboard.
+
+Rows come from a server-side cursor (`stream_results` + `yield_per`), so a 5-million-row token export
+never holds more than one chunk. Every text cell is neutralised against spreadsheet formula injection:
+a cell that starts with = + - @ tab or CR gets a leading apostrophe (OWASP's advice for CSV files).
+Numbers are written as numbers; a missing value is an empty cell, never 0. Lines end in CRLF (RFC 4180),
+so a CR or LF inside a cell is always quoted.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from sqlalchemy import Select, func, select
+from sqlalchemy.engine import Engine
+
+from telemetry.db import PowerSample, Request, Run, Step, TokenEvent
+
+EXPORT_KINDS = ("requests", "steps", "tokens", "power", "cost")
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+YIELD_PER = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class ExportWindow:
+    """Which rows to export: request/sample time in [since, until), optionally one run."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+    run_id: int | None = None
+
+
+def parse_when(value: str | None, name: str) -> datetime | None:
+    """ISO-8601 date or datetime -> aware UTC datetime (naive input is taken as UTC)."""
+    if value is None or value == "":
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an ISO date or datetime like 2025-01-31 or 2025-01-31T12:00, got {value!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC)
+
+
+def neutralise(value: Any) -> Any:
+    """A text cell that a spreadsheet would run as a formula gets a leading apostrophe."""
+    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
+        return "'" + value
+    return value
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:  # SQLite hands back naive UTC
+            value = value.replace(tzinfo=UTC)
+        return value.isoformat()
+    if isinstance(value, dict | list):
+        return neutralise(str(value))
+    return neutralise(value)
+
+
+def _tpot_ms():
+    return (Request.e2e_ms - Request.ttft_ms) / func.nullif(Request.output_tokens - 1, 0)
+
+
+def _request_window(stmt: Select, window: ExportWindow) -> Select:
+    if window.since is not None:
+        stmt = stmt.where(Request.started_at >= window.since)
+    if window.until is not None:
+        stmt = stmt.where(Request.started_at < window.until)
+    if window.run_id is not None:
+        stmt = stmt.where(Request.run_id == window.run_id)
+    return stmt
+
+
+def requests_query(window: ExportWindow) -> Select:
+    stmt = (
+        select(
+            Request.id.label("request_id"),
+            Request.run_id,
+            Run.mode,
+            Run.node_id,
+            Run.target,
+            Run.drafter,
+            Run.workload,
+            Request.domain,
+            Request.external_id,
+            Request.started_at,
+            Request.prompt_tokens,
+            Request.output_tokens,
+            Request.num_drafts,
+            Request.num_draft_tokens,
+            Request.num_accepted_tokens,
+            Request.ttft_ms,
+            Request.e2e_ms,
+            _tpot_ms().label("tpot_ms"),
+            Request.energy_j,
+            Run.power_source,
+            Request.status,
+            Request.error,
+        )
+        .join(Run, Run.id == Request.run_id)
+        .order_by(Request.id)
+    )
+    return _request_window(stmt, window)
+
+
+def steps_query(window: ExportWindow) -> Select:
+    stmt = (
+        select(
+            Step.id.label("step_id"),
+            Step.request_id,
+            Request.run_id,
+            Step.step_index,
+            Step.k,
+            Step.accepted,
+            Step.num_emitted,
+            Step.draft_ms,
+            Step.verify_ms,
+            Step.batch_size,
+            Step.k_reason,
+            Step.t_offset_ms,
+        )
+        .join(Request, Request.id == Step.request_id)
+        .order_by(Step.id)
+    )
+    return _request_window(stmt, window)
+
+
+def tokens_query(window: ExportWindow) -> Select:
+    stmt = (
+        select(
+            TokenEvent.id.label("token_event_id"),
+            TokenEvent.request_id,
+            Request.run_id,
+            TokenEvent.position,
+            TokenEvent.emit_offset_ms,
+            TokenEvent.step_index,
+            TokenEvent.source,
+        )
+        .join(Request, Request.id == TokenEvent.request_id)
+        .order_by(TokenEvent.id)
+    )
+    return _request_window(stmt, window)
+
+
+def power_query(window: ExportWindow) -> Select:
+    stmt = select(
+        PowerSample.id.label("sample_id"),
+        PowerSample.run_id,
+        PowerSample.t,
+        PowerSample.device_index,
+        PowerSample.power_w,
+        PowerSample.energy_mj,
+        PowerSample.utilization_pct,
+        PowerSample.source,
+    ).order_by(PowerSample.id)
+    if window.since is not None:
+        stmt = stmt.where(PowerSample.t >= window.since)
+    if window.until is not None:
+        stmt = stmt.where(PowerSample.t < window.until)
+    if window.run_id is not None:
+        stmt = stmt.where(PowerSample.run_id == window.run_id)
+    return stmt
+
+
+QUERIES: dict[str, Callable[[ExportWindow], Select]] = {
+    "requests": requests_query,
+    "steps": steps_query,
+    "tokens": tokens_query,
+    "power": power_query,
+}
+
+
+def iter_query_rows(engine: Engine, stmt: Select) -> tuple[list[str], Iterator[Sequence[Any]]]:
+    """Header and a lazy row iterator over a server-side cursor; the connection closes when it ends."""
+    header = [c.name for c in stmt.selected_columns]
+
+    def rows() -> Iterator[Sequence[Any]]:
+        with engine.connect() as conn:
+            result = conn.execution_options(stream_results=True, yield_per=YIELD_PER).execute(stmt)
+            for partition in result.partitions():
+                yield from partition
+
+    return header, rows()
+
+
+COST_HEADER = [
+    "run_id", "mode", "node_id", "device", "target", "drafter", "workload", "started_at", "output_tokens",
+    "wall_s", "tokens_per_s", "priced_as", "node_usd_per_hour", "usd_per_kwh", "pue", "hardware_usd_per_1m",
+    "energy_usd_per_1m", "total_usd_per_1m", "energy_included", "energy_estimated", "note",
+]
+
+
+def cost_rows(engine: Engine, window: ExportWindow) -> tuple[list[str], Iterator[Sequence[Any]]]:
+    """Per-run cost per 1M tokens, from the shared aggregations (one implementation of every figure)."""
+    from telemetry import queries  # lazy: only the cost export needs the FinOps aggregations
+
+    filters = queries.Filters(
+        since=window.since,
+        until=window.until,
+        run_ids=(window.run_id,) if window.run_id is not None else None,
+    )
+    run_costs, _ = queries.costs(engine, filters)
+
+    def rows() -> Iterator[Sequence[Any]]:
+        for rc in run_costs:
+            r, c = rc.run, rc.cost
+            yield (
+                r.run_id, r.mode, r.node_id, r.device, r.target, r.drafter, r.workload, r.started_at,
+                r.stats.output_tokens, r.stats.wall_s, r.stats.tokens_per_s, rc.node_price.priced_as,
+                rc.node_price.usd_per_hour, rc.usd_per_kwh, rc.pue, c.hardware_usd_per_1m, c.energy_usd_per_1m,
+                c.total_usd_per_1m, c.energy_included, c.energy_estimated, c.reason,
+            )
+
+    return list(COST_HEADER), rows()
+
+
+def _is_missing(value: Any) -> bool:
+    try:
+        return value is None or value != value  # NaN / NaT / pd.NA compare unequal to themselves
+    except (TypeError, ValueError):
+        return False
+
+
+def export_rows(engine: Engine, what: str, window: ExportWindow) -> tuple[list[str], Iterator[Sequence[Any]]]:
+    """Header and lazy rows for one export kind."""
+    if what not in EXPORT_KINDS:
+        raise ValueError(f"--what must be one of {', '.join(EXPORT_KINDS)}, got {what!r}")
+    if what == "cost":
+        return cost_rows(engine, window)
+    return iter_query_rows(engine, QUERIES[what](window))
+
+
+def write_csv(
+    out: TextIO,
+    header: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    progress: Callable[[int], None] | None = None,
+    progress_every: int = 250_000,
+) -> int:
+    """Write header + neutralised rows to `out`; returns the number of data rows written."""
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow([neutralise(h) for h in header])
+    n = 0
+    for row in rows:
+        writer.writerow([_cell(v) for v in row])
+        n += 1
+        if progress is not None and n % progress_every == 0:
+            progress(n)
+    return n
+
+
+def iter_csv_chunks(header: Sequence[str], rows: Iterable[Sequence[Any]], chunk_rows: int = 5_000) -> Iterator[str]:
+    """CSV text in chunks of `chunk_rows` rows: for HTTP/streamed downloads without holding the file."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\r\n")
+    writer.writerow([neutralise(h) for h in header])
+    n = 0
+    for row in rows:
+        writer.writerow([_cell(v) for v in row])
+        n += 1
+        if n % chunk_rows == 0:
+            yield buf.getvalue()
+            buf.seek(0)
+            buf.truncate()
+    tail = buf.getvalue()
+    if tail:
+        yield tail
+
+
+def frame_to_csv_bytes(frame) -> bytes:
+    """A (small) pandas DataFrame as neutralised UTF-8 CSV bytes: the dashboard's table downloads."""
+    header = [str(c) for c in frame.columns]
+    rows = (tuple(None if _is_missing(v) else v for v in row) for row in frame.itertuples(index=False))
+    return "".join(iter_csv_chunks(header, rows)).encode("utf-8")

@@ -1,0 +1,199 @@
+"""Streamlit AppTest of every dashboard page against small synthetic stores (tests/synthetic.py).
+
+The store (`fill_store`):
+  run 1 ar,   workload code, cpu, power nvml:  33 tokens (code) + 33 tokens (chat), 50 J each
+  run 2 spec, workload code, cpu, power estimate, K=4:
+        33 tokens, 24 accepted of 32 drafted (code); 17 tokens, 10 accepted of 24 drafted (chat)
+  -> acceptance rate 34 / 56 = 60.7%; chat alone 10 / 24 = 41.7%
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session
+from streamlit.testing.v1 import AppTest
+from synthetic import Req, make_run, spec_req
+
+from telemetry import queries
+from telemetry.store import open_store
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = ROOT / "app" / "dashboard" / "main.py"
+PAGES = {
+    "Overview": "pages/overview.py",
+    "Latency": "pages/latency.py",
+    "Speculation": "pages/speculation.py",
+    "Energy": "pages/energy.py",
+    "Cost & capacity": "pages/cost.py",
+    "Runs": "pages/runs.py",
+}
+FILL_COMMAND = "specfinops bench --workload code --mode both --limit 4"
+
+
+def fill_store(url: str, *, energy: bool = True) -> str:
+    """A spec and an AR run of the same workload/target/device, with steps, token events and power."""
+    engine = open_store(url)
+    j = 50.0 if energy else None
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[
+            Req(output_tokens=33, ttft_ms=100, e2e_ms=900, energy_j=j, domain="code"),
+            Req(output_tokens=33, ttft_ms=200, e2e_ms=1800, start_s=1.0, energy_j=j, domain="chat"),
+        ], with_events=True, power_source="nvml", power_w=[250.0, 262.0, 255.0])
+        make_run(s, "spec", requests=[
+            spec_req(33, k=4, accepted=24, ttft_ms=100, e2e_ms=500, energy_j=30.0 if energy else None, domain="code"),
+            spec_req(17, k=4, accepted=10, ttft_ms=100, e2e_ms=420, start_s=0.2, energy_j=20.0 if energy else None,
+                     domain="chat"),
+        ], with_events=True, power_source="estimate", power_w=[300.0, 310.0])
+        s.commit()
+    engine.dispose()
+    return url
+
+
+def app_for(url: str, monkeypatch) -> AppTest:
+    monkeypatch.setenv("SPECFINOPS_DB_URL", url)
+    monkeypatch.syspath_prepend(str(ROOT))
+    return AppTest.from_file(str(MAIN), default_timeout=120)
+
+
+def open_page(at: AppTest, page: str) -> AppTest:
+    """A fresh app: one run through the entry file (so the navigation knows its pages), then the page."""
+    return at.run().switch_page(page).run()
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def metrics(at: AppTest) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for m in at.metric:
+        out.setdefault(m.label, []).append(m.value)
+    return out
+
+
+@pytest.fixture
+def filled(sqlite_url) -> str:
+    return fill_store(sqlite_url)
+
+
+@pytest.mark.parametrize("title", list(PAGES))
+def test_every_page_renders_without_error(filled, monkeypatch, title):
+    at = open_page(app_for(filled, monkeypatch), PAGES[title])
+    assert_clean(at)
+    assert [t.value for t in at.title] == [title]
+    assert not at.info or all("No " not in i.value for i in at.info), [i.value for i in at.info]
+
+
+def test_overview_shows_the_kpis_from_the_shared_queries(filled, monkeypatch):
+    at = open_page(app_for(filled, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    m = metrics(at)
+    for label in ("Cost per 1M tokens", "Speedup", "Acceptance rate", "TPOT p50", "TPOT p95",
+                  "Projected annual savings"):
+        assert label in m, sorted(m)
+    assert m["Acceptance rate"] == ["60.7%"]
+    engine = open_store(filled)
+    (speedup,) = queries.speedups(engine)
+    assert m["Speedup"] == [f"{speedup.speedup:.2f}x"]
+    _, mode_costs = queries.costs(engine)
+    by_mode = {c.mode: c.cost.total_usd_per_1m for c in mode_costs}
+    assert m["Cost per 1M tokens"] == [f"${by_mode['spec']:,.2f}", f"${by_mode['ar']:,.2f}"]
+    assert "J/token (estimate)" in m  # the spec run's power was estimated: labelled as such
+    assert "J/token" in m  # the AR run's was measured
+    assert all(v != "—" for v in m["Cost per 1M tokens"] + m["Speedup"])
+
+
+def test_missing_energy_is_a_dash_not_zero(sqlite_url, monkeypatch):
+    at = open_page(app_for(fill_store(sqlite_url, energy=False), monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    values = metrics(at)
+    j = values.get("J/token", []) + values.get("J/token (estimate)", [])
+    assert j and all(v == "—" for v in j), values
+
+
+def test_domain_filter_narrows_the_figures(filled, monkeypatch):
+    at = open_page(app_for(filled, monkeypatch), PAGES["Overview"])
+    at.selectbox(key="f_domain").set_value("chat").run()
+    assert_clean(at)
+    assert metrics(at)["Acceptance rate"] == ["41.7%"]
+
+
+@pytest.mark.parametrize("title", list(PAGES))
+def test_empty_store_shows_the_command_that_fills_it(sqlite_url, monkeypatch, title):
+    open_store(sqlite_url).dispose()  # schema, no runs
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES[title])
+    assert_clean(at)
+    assert any("no runs yet" in i.value for i in at.info)
+    assert FILL_COMMAND in [c.value for c in at.code]
+
+
+def test_unreadable_store_is_one_error_line_not_a_traceback(tmp_path, monkeypatch):
+    bad = tmp_path / "not-a-db.db"
+    bad.write_bytes(b"this is not a sqlite database" * 100)
+    at = open_page(app_for(f"sqlite:///{bad}", monkeypatch), PAGES["Latency"])
+    assert not at.exception
+    assert len(at.error) == 1 and "could not be shown" in at.error[0].value
+
+
+def test_latency_percentiles_include_itl(filled, monkeypatch):
+    at = open_page(app_for(filled, monkeypatch), PAGES["Latency"])
+    assert_clean(at)
+    table = at.dataframe[0].value
+    itl = table[table["metric"] == "ITL"].set_index("mode")
+    # AR: 32 steps over 800 ms and 1600 ms -> gaps 25 ms and 50 ms; no "—" for either mode
+    assert (itl != "—").all().all(), itl
+    assert itl.loc["AR baseline", "p50 (ms)"] in {"25.1", "50.1"}
+
+
+def test_cost_page_recomputes_projection_from_widgets(filled, monkeypatch):
+    at = open_page(app_for(filled, monkeypatch), PAGES["Cost & capacity"])
+    assert_clean(at)
+    before = metrics(at)
+    assert before["Nodes (speculative)"] != ["—"]
+    at.number_input(key="w_sla").set_value(0.1).run()  # no run meets a 0.1 ms p95 TPOT
+    assert_clean(at)
+    after = metrics(at)
+    assert after["Nodes (speculative)"] == ["—"] and after["Nodes (AR baseline)"] == ["—"]
+    assert after["Projected annual savings"] == ["—"]
+    # the Overview uses the same assumptions
+    at.switch_page(PAGES["Overview"]).run()
+    assert metrics(at)["Projected annual savings"] == ["—"]
+
+
+def test_speculation_page_shows_acceptance_and_go_no_go(filled, monkeypatch):
+    at = open_page(app_for(filled, monkeypatch), PAGES["Speculation"])
+    assert_clean(at)
+    assert metrics(at)["Acceptance rate"] == ["60.7%"]
+    assert any("Below the 0.65 go/no-go line" in c.value and "chat" in c.value for c in at.caption)
+
+
+def test_runs_page_compares_two_runs(filled, monkeypatch):
+    at = open_page(app_for(filled, monkeypatch), PAGES["Runs"])
+    assert_clean(at)
+    compare = at.dataframe[1].value
+    assert list(compare.columns)[1:] == ["run #2", "run #1"]  # latest spec vs latest AR
+    row = compare.set_index("figure").loc["mode"]
+    assert list(row) == ["spec", "ar"]
+
+
+def test_dashboard_never_imports_torch(filled):
+    code = (
+        "import sys, os\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        f"os.environ['SPECFINOPS_DB_URL'] = {filled!r}\n"
+        "from streamlit.testing.v1 import AppTest\n"
+        f"at = AppTest.from_file({str(MAIN)!r}, default_timeout=120).run()\n"
+        f"for p in {list(PAGES.values())!r}:\n"
+        "    at.switch_page(p).run()\n"
+        "    assert not at.exception, p\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'vllm'))\n"
+        "print('HEAVY', bad)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "HEAVY []" in out.stdout, out.stdout[-2000:]

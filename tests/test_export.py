@@ -1,0 +1,139 @@
+"""`specfinops export` and telemetry/export.py: streaming, header row, UTF-8, formula injection, bad input."""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import io
+
+import pytest
+from sqlalchemy import event, func, select
+from sqlalchemy.orm import Session
+from synthetic import BASE_TIME, Req, make_run, spec_req
+
+from app.cli import main
+from telemetry.db import TokenEvent
+from telemetry.export import ExportWindow, export_rows, frame_to_csv_bytes, neutralise, write_csv
+from telemetry.store import open_store
+
+FORMULA_DOMAINS = ['=HYPERLINK("x")', "+1", "-1", "@SUM(A1)", "\tTAB", "\rCR"]
+
+
+def _fill(url: str, domains: list[str]) -> None:
+    engine = open_store(url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(output_tokens=5, ttft_ms=10, e2e_ms=50, start_s=i, domain=d, energy_j=1.0)
+                                    for i, d in enumerate(domains)], with_events=True, power_w=[100.0, 110.0])
+        make_run(s, "spec", requests=[spec_req(9, k=4, accepted=4, ttft_ms=10, e2e_ms=40, domain="naïve ☃")],
+                 with_events=True, started_at=BASE_TIME.replace(day=3))
+        s.commit()
+    engine.dispose()
+
+
+def _read(path) -> list[dict]:
+    with open(path, encoding="utf-8", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_formula_named_domains_come_out_escaped(sqlite_url, tmp_path):
+    _fill(sqlite_url, FORMULA_DOMAINS)
+    out = tmp_path / "requests.csv"
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(out)]) == 0
+    rows = _read(out)
+    domains = [r["domain"] for r in rows if r["mode"] == "ar"]
+    assert domains == ["'" + d for d in FORMULA_DOMAINS]
+    assert all(not d.startswith(("=", "+", "-", "@", "\t", "\r")) for d in domains)
+    # numbers stay numbers, missing stays empty, UTF-8 text survives
+    assert {r["ttft_ms"] for r in rows} == {"10.0"}
+    spec = [r for r in rows if r["mode"] == "spec"]
+    assert spec[0]["domain"] == "naïve ☃" and spec[0]["energy_j"] == ""
+
+
+def test_neutralise_leaves_safe_values_alone():
+    assert neutralise("code") == "code"
+    assert neutralise(-1.5) == -1.5  # a number is not a formula
+    assert neutralise("-1") == "'-1"
+    assert neutralise("") == ""
+
+
+def test_tokens_export_is_a_lazy_stream(sqlite_url, tmp_path):
+    _fill(sqlite_url, ["code", "chat"])
+    engine = open_store(sqlite_url)
+    statements = []
+    event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    header, rows = export_rows(engine, "tokens", ExportWindow())
+    assert inspect.isgenerator(rows)
+    assert statements == []  # nothing ran yet: rows are produced as they are consumed
+    first = next(rows)
+    assert len(first) == len(header) and header[:4] == ["token_event_id", "request_id", "run_id", "position"]
+    rest = list(rows)
+    with engine.connect() as c:
+        total = c.scalar(select(func.count()).select_from(TokenEvent))
+    assert 1 + len(rest) == total == 5 * 2 + 9
+
+
+def test_write_csv_reports_progress_and_counts(sqlite_url):
+    _fill(sqlite_url, ["code"])
+    header, rows = export_rows(open_store(sqlite_url), "tokens", ExportWindow())
+    buf, seen = io.StringIO(), []
+    n = write_csv(buf, header, rows, progress=seen.append, progress_every=4)
+    assert n == 14 and seen == [4, 8, 12]
+    assert buf.getvalue().splitlines()[0] == ",".join(header)
+
+
+def test_run_and_time_window_filter_rows(sqlite_url, tmp_path):
+    _fill(sqlite_url, ["code", "chat"])
+    out = tmp_path / "steps.csv"
+    assert main(["export", "--db", sqlite_url, "--what", "steps", "--run", "2", "--out", str(out)]) == 0
+    rows = _read(out)
+    assert rows and {r["run_id"] for r in rows} == {"2"}
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--since", "2026-11-03", "--out", str(out)]) == 0
+    assert [r["run_id"] for r in _read(out)] == ["2"]
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--until", "2026-11-03T00:00+00:00",
+                 "--out", str(out)]) == 0
+    assert {r["run_id"] for r in _read(out)} == {"1"}
+
+
+def test_power_and_cost_exports(sqlite_url, tmp_path):
+    _fill(sqlite_url, ["code"])
+    out = tmp_path / "x.csv"
+    assert main(["export", "--db", sqlite_url, "--what", "power", "--out", str(out)]) == 0
+    power = _read(out)
+    assert [float(r["power_w"]) for r in power] == [100.0, 110.0]
+    assert main(["export", "--db", sqlite_url, "--what", "cost", "--out", str(out)]) == 0
+    cost = _read(out)
+    assert [r["mode"] for r in cost] == ["ar", "spec"]
+    assert all(float(r["total_usd_per_1m"]) > 0 for r in cost)
+
+
+def test_stdout_export(sqlite_url, capsys):
+    _fill(sqlite_url, ["=1+1"])
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--run", "1", "--out", "-"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["domain"] for r in rows] == ["'=1+1"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--what", "bogus"], "--what must be one of"),
+        (["--what", "requests", "--since", "yesterday"], "--since must be an ISO date"),
+        (["--what", "requests", "--since", "2026-02-01", "--until", "2026-01-01"], "must be before --until"),
+        (["--what", "requests", "--out", "/nonexistent-dir/x.csv"], "cannot write --out"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(sqlite_url, capsys, args, needle):
+    argv = ["export", "--db", sqlite_url, *args]
+    if "--out" not in args:
+        argv += ["--out", "-"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
+
+
+def test_dashboard_table_download_is_escaped():
+    import pandas as pd
+
+    frame = pd.DataFrame({"domain": ["@SUM(A1)", "code"], "alpha": [0.7, None]})
+    text = frame_to_csv_bytes(frame).decode("utf-8")
+    assert text.splitlines() == ["domain,alpha", "'@SUM(A1),0.7", "code,"]
