@@ -1,0 +1,144 @@
+"""End to end on the bundled real model: exactness, `specfinops bench` recording into SQLite and
+PostgreSQL, and one clear line with exit 2 for every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from app.cli import main
+from serving import models
+from serving.sampling import SamplingParams
+from serving.worker import EngineSpec, load, run_prompts
+from serving.workloads import load_workload
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def target_dir():
+    return models.pull(say=lambda m: None, verify=False)
+
+
+@pytest.fixture(scope="module")
+def loaded_f32(target_dir):
+    return load(EngineSpec(dtype="float32", drafter="ngram", k="4", max_len=1024))
+
+
+@pytest.mark.parametrize("drafter,k", [("ngram", 4), ("early-exit", 3)])
+def test_float32_greedy_spec_is_token_identical_to_ar(loaded_f32, drafter, k):
+    prompts = load_workload("code", limit=3)
+    params = SamplingParams(max_new_tokens=40)
+    loaded = loaded_f32
+    if drafter != "ngram":
+        loaded = load(EngineSpec(dtype="float32", drafter=drafter, early_exit_layers=20, k=str(k), max_len=1024))
+    encoded = [loaded.encode(p) for p in prompts]
+    ar = run_prompts(loaded, "ar", prompts, encoded, params)
+    spec = run_prompts(loaded, "spec", prompts, encoded, params)
+    for a, s in zip(ar.results, spec.results, strict=True):
+        assert s.output_ids == a.output_ids, f"{a.prompt.id}: spec differs from AR"
+        assert len(a.output_ids) > 5
+    assert spec.results[0].record.num_drafts > 0
+
+
+def _bench(db_url: str, tmp_path, *extra: str) -> dict:
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--workload", "code", "--mode", "both", "--limit", "2", "--max-new-tokens", "24",
+               "--db", db_url, "--json", str(out), "--power", "estimate", "--tdp-w", "65", *extra])
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
+def _check_store(db_url: str, report: dict) -> None:
+    engine = create_engine(db_url)
+    with engine.connect() as c:
+        runs = c.execute(text("select id, mode, status, power_source from runs order by id")).all()
+        assert [(r.mode, r.status) for r in runs] == [("ar", "completed"), ("spec", "completed")]
+        events = c.execute(text("select count(*) from token_events")).scalar()
+        tokens = c.execute(text("select sum(output_tokens) from requests")).scalar()
+        assert events == tokens > 0
+        assert c.execute(text("select count(*) from steps")).scalar() > 0
+        acc, drafted = c.execute(text(
+            "select sum(q.num_accepted_tokens), sum(q.num_draft_tokens) from requests q join runs r "
+            "on r.id = q.run_id where r.mode = 'spec'")).one()
+        spec_run = next(r for r in report["runs"] if r["mode"] == "spec")
+        assert acc / drafted == pytest.approx(spec_run["acceptance_rate"])
+        sources = {s for (s,) in c.execute(text("select distinct source from power_samples"))}
+        assert sources == {"estimate"}  # every sample carries its source; these were estimated
+        assert c.execute(text("select count(*) from power_samples where source is null")).scalar() == 0
+        assert c.execute(text("select count(*) from requests where energy_j is null")).scalar() == 0
+    engine.dispose()
+
+
+def test_bench_records_into_sqlite(tmp_path, target_dir):
+    url = f"sqlite:///{tmp_path / 'bench.db'}"
+    report = _bench(url, tmp_path)
+    assert {r["mode"] for r in report["runs"]} == {"ar", "spec"}
+    for run in report["runs"]:
+        assert set(run) >= {"mode", "drafter", "k", "dtype", "temperature", "tokens_per_s", "acceptance_rate",
+                            "mean_acceptance_length", "requests"}
+        for req in run["requests"]:
+            assert set(req) >= {"id", "domain", "output_token_ids", "output_text", "ttft_ms", "tpot_ms", "e2e_ms"}
+    assert report["speedup"] > 0
+    _check_store(url, report)
+
+
+@pytest.mark.postgres
+def test_bench_records_into_postgres(tmp_path, target_dir, pg_url):
+    report = _bench(pg_url, tmp_path)
+    _check_store(pg_url, report)
+
+
+def test_no_telemetry_writes_nothing(tmp_path, target_dir):
+    url = f"sqlite:///{tmp_path / 'none.db'}"
+    _bench(url, tmp_path, "--no-telemetry")
+    assert not (tmp_path / "none.db").exists()
+
+
+@pytest.fixture
+def bad_workloads(tmp_path):
+    malformed = tmp_path / "malformed.jsonl"
+    malformed.write_text('{"id": "a", "domain": "code", "prompt": "hi"}\n{"id": "b", "domain": \n')
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"id": "a", "domain": "code", "prompt": ""}\n')
+    other_vocab = tmp_path / "other-vocab"
+    other_vocab.mkdir()
+    (other_vocab / "config.json").write_text(json.dumps({
+        "model_type": "llama", "vocab_size": 32000, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4}))
+    return {"malformed": malformed, "empty": empty, "other_vocab": other_vocab}
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--target", "/nonexistent/model"], "unknown model"),
+    (["--workload", "nosuchworkload"], "unknown workload"),
+    (["--k", "-1"], "k must be >= 0"),
+    (["--temperature", "-0.5"], "temperature must be >= 0"),
+    (["--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--workload", "{malformed}"], "malformed.jsonl:2: malformed JSON"),
+    (["--workload", "{empty}"], "empty.jsonl:1"),
+    (["--drafter", "draft", "--draft-model", "{other_vocab}"], "vocabulary mismatch"),
+    (["--max-len", "16"], "longer than the context window"),
+    (["--drafter", "nonsense"], "unknown drafter"),
+    (["--concurrency", "0"], "concurrency"),
+])
+def test_bad_input_one_line_exit_2(argv, expected, bad_workloads, target_dir, capsys, tmp_path):
+    argv = [a.format(**bad_workloads) for a in argv]
+    db = f"sqlite:///{tmp_path / 'bad.db'}"
+    rc = main(["bench", "--limit", "1", "--max-new-tokens", "4", "--db", db, *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    last = err[-1]
+    assert expected in last and last.startswith("specfinops bench: error:")
+    assert not any("Traceback" in line for line in err)
+
+
+def test_models_path_and_list(target_dir, capsys):
+    assert main(["models", "path", "--role", "target"]) == 0
+    assert capsys.readouterr().out.strip() == str(target_dir)
+    assert main(["models", "list"]) == 0
+    assert "smollm2-135m-instruct" in capsys.readouterr().out
+

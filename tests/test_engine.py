@@ -1,0 +1,137 @@
+"""Engine behaviour on tiny random-weight models: exactness, batching, stopping, bad requests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from serving.drafters import ModelDrafter, NgramDrafter
+from serving.engine import Engine, EngineError, StepEvent
+from serving.lookahead import FixedK, HeuristicK
+from serving.sampling import SamplingParams
+from tests.tiny import TINY, tiny_model
+
+torch.set_num_threads(1)
+TARGET = tiny_model(0)
+DRAFT = tiny_model(1)
+PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [1, 2, 3], list(range(10, 40)), [4, 4, 4, 4, 4, 4], [17] * 3 + [20, 21]]
+GREEDY = SamplingParams(max_new_tokens=40)
+
+
+def ar_outputs(prompts=PROMPTS, params=GREEDY):
+    engine = Engine(TARGET, max_batch=1, max_len=200)
+    return [engine.generate(p, params).output for p in prompts]
+
+
+def drafters():
+    return {
+        "draft-model": lambda slots: ModelDrafter(DRAFT, "draft", slots=slots, max_len=220),
+        "self-draft": lambda slots: ModelDrafter(TARGET, "self", slots=slots, max_len=220),
+        "early-exit": lambda slots: ModelDrafter(TARGET, "ee", slots=slots, max_len=220, num_layers=1),
+        "ngram": lambda slots: NgramDrafter(),
+    }
+
+
+@pytest.mark.parametrize("name", list(drafters()))
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_greedy_spec_equals_ar(name, k):
+    reference = ar_outputs()
+    engine = Engine(TARGET, drafter=drafters()[name](1), policy=FixedK(k), max_batch=1, max_len=200)
+    for prompt, ref in zip(PROMPTS, reference, strict=True):
+        seq = engine.generate(prompt, GREEDY)
+        assert seq.output == ref
+        assert len(seq.output) == GREEDY.max_new_tokens
+
+
+def test_self_draft_accepts_everything():
+    engine = Engine(TARGET, drafter=ModelDrafter(TARGET, "self", slots=1, max_len=220), policy=FixedK(4), max_len=200)
+    seq = engine.generate(PROMPTS[0], GREEDY)
+    assert seq.num_accepted == seq.num_draft_tokens > 0
+
+
+def test_heuristic_policy_is_exact_and_adapts():
+    ks = []
+    engine = Engine(TARGET, drafter=ModelDrafter(TARGET, "self", slots=1, max_len=220), policy=HeuristicK(2),
+                    max_len=200, on_step=lambda ev: ks.append(ev.k))
+    seq = engine.generate(PROMPTS[1], GREEDY)
+    assert seq.output == ar_outputs([PROMPTS[1]])[0]
+    assert max(ks) > 2  # fully accepted drafts grow K
+
+
+@pytest.mark.parametrize("mode", ["ar", "draft-model", "self-draft", "ngram"])
+def test_batched_sequences_joining_and_leaving_equal_solo(mode):
+    lengths = [40, 13, 27, 5, 33]
+    params = [SamplingParams(max_new_tokens=n) for n in lengths]
+    solo = [ar_outputs([p], prm)[0] for p, prm in zip(PROMPTS, params, strict=True)]
+    drafter = None if mode == "ar" else drafters()[mode](3)
+    engine = Engine(TARGET, drafter=drafter, policy=FixedK(3 if drafter else 0), max_batch=3, max_len=200)
+    seqs, pending = [], list(range(len(PROMPTS)))
+    steps = 0
+    while pending or engine.running:
+        # join: one new sequence every other step while there is room (sequences of different lengths)
+        if pending and len(engine.running) < 3 and steps % 2 == 0:
+            i = pending.pop(0)
+            seqs.append((i, engine.add(PROMPTS[i], params[i])))
+        engine.step()
+        steps += 1
+    for i, seq in seqs:
+        assert seq.output == solo[i], f"sequence {i} differs when batched"
+
+
+def test_sampling_is_seeded_and_reproducible():
+    params = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=20, seed=42)
+    runs = []
+    for _ in range(2):
+        engine = Engine(TARGET, drafter=ModelDrafter(DRAFT, "d", slots=1, max_len=220), policy=FixedK(3), max_len=200)
+        runs.append(engine.generate(PROMPTS[0], params).output)
+    assert runs[0] == runs[1] and len(runs[0]) == 20
+
+
+def test_eos_stops_and_is_kept():
+    ref = ar_outputs([PROMPTS[0]])[0]
+    eos = ref[5]
+    first = ref.index(eos)
+    engine = Engine(TARGET, drafter=NgramDrafter(), policy=FixedK(4), eos_ids=[eos], max_len=200)
+    seq = engine.generate(PROMPTS[0], GREEDY)
+    assert seq.output == ref[: first + 1] and seq.finish_reason == "stop"
+
+
+def test_stop_string_truncates():
+    ref = ar_outputs([PROMPTS[2]])[0]
+
+    def decode(ids):
+        return "".join(chr(65 + (t % 26)) for t in ids)
+
+    stop = decode(ref[6:8])
+    engine = Engine(TARGET, drafter=ModelDrafter(TARGET, "self", slots=1, max_len=220), policy=FixedK(5),
+                    max_len=200, decode=decode)
+    seq = engine.generate(PROMPTS[2], SamplingParams(max_new_tokens=40, stop=(stop,)))
+    assert stop in decode(seq.output) and seq.finish_reason == "stop"
+    assert stop not in decode(seq.output[:-1])
+
+
+def test_step_events_account_for_every_token():
+    events: list[StepEvent] = []
+    engine = Engine(TARGET, drafter=ModelDrafter(DRAFT, "d", slots=1, max_len=220), policy=FixedK(4),
+                    max_len=200, on_step=events.append)
+    seq = engine.generate(PROMPTS[0], GREEDY)
+    assert sum(len(e.tokens) for e in events) == len(seq.output)
+    assert sum(e.accepted for e in events if e.step_index >= 0) == seq.num_accepted
+    assert events[0].step_index == -1 and events[0].sources == ("ar",)
+    for e in events[1:]:
+        assert e.sources[-1] in ("bonus", "correction", "ar")
+        assert e.sources.count("accepted") == min(e.accepted, len(e.tokens))
+
+
+def test_bad_requests_are_refused_and_engine_keeps_working():
+    engine = Engine(TARGET, max_batch=2, max_len=64)
+    with pytest.raises(EngineError, match="empty"):
+        engine.add([], GREEDY)
+    with pytest.raises(EngineError, match="context window"):
+        engine.add(list(range(70)), GREEDY)
+    assert len(engine.free_slots) == 2
+    assert engine.generate(PROMPTS[1], SamplingParams(max_new_tokens=5)).output == ar_outputs([PROMPTS[1]])[0][:5]
+
+
+def test_tiny_config_matches():
+    assert TARGET.cfg == TINY
