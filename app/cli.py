@@ -20,6 +20,11 @@ COMMAND_MODULES = [
     "app.commands.cost",
     "app.commands.dashboard",
     "app.commands.export",
+    "app.commands.serve",
+    "app.commands.loadtest",
+    "app.commands.report",
+    "app.commands.scheduler",
+    "app.commands.calibrate",
 ]
 
 EPILOG = """examples:

@@ -84,7 +84,7 @@ class Engine:
             raise EngineError("stop strings need a tokenizer (decode) on the engine")
 
     def add(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-            t_start: float | None = None) -> Sequence:
+            t_start: float | None = None, speculate: bool = True) -> Sequence:
         """Prefill a new sequence (target and drafter) and emit its first token."""
         self.check_request(prompt_ids, params)
         if not self.free_slots:
@@ -97,6 +97,7 @@ class Engine:
         seq = Sequence(
             seq_id=self._next_id, slot=self.free_slots.pop(), params=params, tokens=list(prompt_ids),
             num_prompt=len(prompt_ids), request_id=request_id, generator=gen, t_start=t_start,
+            speculate=speculate,
         )
         self._next_id += 1
         with torch.inference_mode():
@@ -130,7 +131,10 @@ class Engine:
         t0 = time.perf_counter()
         ks, reasons = [], []
         for s in seqs:
-            k, why = (0, "ar") if self.drafter is None else self.policy.choose(s.seq_id, batch)
+            if self.drafter is None or not s.speculate:
+                k, why = 0, "ar"
+            else:
+                k, why = self.policy.choose(s.seq_id, batch)
             room = min(s.params.max_new_tokens - len(s.output) - 1, self.max_len - len(s.tokens) - 1)
             ks.append(max(0, min(k, room)))
             reasons.append(why)

@@ -27,6 +27,7 @@ class Sequence:
     finish_reason: str | None = None  # stop | length | cancelled | error
     error: str | None = None
     draft_len: int = 0  # tokens of `tokens` held in the drafter's cache
+    speculate: bool = True  # False: this sequence decodes autoregressively (K = 0) in any batch
 
     @property
     def output(self) -> list[int]:

@@ -135,3 +135,15 @@ def test_bad_requests_are_refused_and_engine_keeps_working():
 
 def test_tiny_config_matches():
     assert TARGET.cfg == TINY
+
+
+def test_per_request_opt_out_decodes_ar_inside_a_spec_batch():
+    engine = Engine(TARGET, drafter=ModelDrafter(TARGET, "self", slots=2, max_len=220), policy=FixedK(3),
+                    max_batch=2, max_len=200)
+    a = engine.add(PROMPTS[0], GREEDY)
+    b = engine.add(PROMPTS[1], GREEDY, speculate=False)
+    while engine.running:
+        engine.step()
+    ref = ar_outputs(PROMPTS[:2])
+    assert a.output == ref[0] and b.output == ref[1]
+    assert a.num_drafts > 0 and b.num_drafts == 0
