@@ -197,3 +197,55 @@ def test_dashboard_never_imports_torch(filled):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "HEAVY []" in out.stdout, out.stdout[-2000:]
+
+
+def test_page_queries_on_both_stores(db_url):
+    """ITL, acceptance by position and over-time buckets in SQL, checked by hand on SQLite and PostgreSQL."""
+    from app.dashboard import page_queries as pq
+
+    engine = open_store(fill_store(db_url))
+    f = queries.Filters()
+    itl = pq.itl_histogram(engine, f)
+    assert itl.stride == 1 and itl.total_tokens == 33 + 33 + 33 + 17
+    got = {(r.mode, r.itl_ms): r.count for r in itl.frame.itertuples()}
+    # AR: 32 steps over 800 ms and over 1600 ms; spec: 8 steps over 400 ms, 6 steps over 320 ms
+    assert got == {("ar", 25.0): 32, ("ar", 50.0): 32, ("spec", 50.0): 8, ("spec", 53.3): 6}
+    pct = pq.histogram_percentiles(itl.frame, "itl_ms")
+    assert pct["ar"][50] == pytest.approx(25.05) and pct["ar"][95] == pytest.approx(50.05)
+
+    sampled = pq.itl_histogram(engine, f, max_tokens=40)  # every 3rd request id only
+    assert sampled.stride == 3 and sampled.frame["count"].sum() < itl.frame["count"].sum()
+
+    pos = pq.acceptance_by_position(engine, f)
+    # spec steps: 8 accepting 3, 4 accepting 2, 2 accepting 1 (K = 4)
+    assert list(pos["offered"]) == [14, 14, 14, 14]
+    assert list(pos["accepted"]) == [14, 12, 8, 0]
+
+    over = pq.acceptance_over_time(engine, f, 3600)
+    assert len(over) == 1 and over["accepted"].iloc[0] == 34 and over["drafted"].iloc[0] == 56
+    assert over["mean_k"].iloc[0] == pytest.approx(4.0)
+    lat = pq.latency_over_time(engine, f, 3600)
+    assert set(lat["mode"]) == {"spec", "ar"} and lat["requests"].sum() == 4
+    power = pq.power_over_time(engine, f, 1)
+    assert set(power["source"]) == {"nvml", "estimate"}
+    hists = pq.latency_histograms(engine, f)
+    ttft = hists[(hists["metric"] == "ttft") & (hists["mode"] == "ar")]
+    assert dict(zip(ttft["value_ms"], ttft["count"], strict=True)) == {100.0: 1, 200.0: 1}
+
+
+def test_dashboard_command_is_local_and_headless(tmp_path, capsys):
+    from app.cli import main
+    from app.commands.dashboard import main_script, streamlit_argv
+
+    argv = streamlit_argv(main_script(), "127.0.0.1", 8601, headless=True)
+    pairs = dict(zip(argv[5::2], argv[6::2], strict=True))
+    assert pairs["--server.address"] == "127.0.0.1" and pairs["--server.headless"] == "true"
+    assert pairs["--browser.gatherUsageStats"] == "false" and main_script() == MAIN
+    bad = tmp_path / "garbage.db"
+    bad.write_bytes(b"not a database" * 200)
+    assert main(["dashboard", "--db", f"sqlite:///{bad}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot open the store" in err and len(err.splitlines()) == 1
+    with pytest.raises(SystemExit):
+        main(["dashboard", "--help"])
+    assert "examples:" in capsys.readouterr().out

@@ -35,10 +35,10 @@ def _read(path) -> list[dict]:
         return list(csv.DictReader(fh))
 
 
-def test_formula_named_domains_come_out_escaped(sqlite_url, tmp_path):
-    _fill(sqlite_url, FORMULA_DOMAINS)
+def test_formula_named_domains_come_out_escaped(db_url, tmp_path):
+    _fill(db_url, FORMULA_DOMAINS)
     out = tmp_path / "requests.csv"
-    assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(out)]) == 0
+    assert main(["export", "--db", db_url, "--what", "requests", "--out", str(out)]) == 0
     rows = _read(out)
     domains = [r["domain"] for r in rows if r["mode"] == "ar"]
     assert domains == ["'" + d for d in FORMULA_DOMAINS]
@@ -56,9 +56,9 @@ def test_neutralise_leaves_safe_values_alone():
     assert neutralise("") == ""
 
 
-def test_tokens_export_is_a_lazy_stream(sqlite_url, tmp_path):
-    _fill(sqlite_url, ["code", "chat"])
-    engine = open_store(sqlite_url)
+def test_tokens_export_is_a_lazy_stream(db_url, tmp_path):
+    _fill(db_url, ["code", "chat"])
+    engine = open_store(db_url)
     statements = []
     event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
     header, rows = export_rows(engine, "tokens", ExportWindow())

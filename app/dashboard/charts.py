@@ -93,7 +93,7 @@ def alpha_by_domain(domains: list[str], alphas: list[float | None], requests: li
                 text=["—" if a is None else f"{a:.2f}" for a in alphas], customdata=requests,
                 hovertemplate="%{x}: alpha %{text} over %{customdata:,} requests")
     fig.add_hline(y=GO_NO_GO_ALPHA, line_dash="dash", line_color="#111827",
-                  annotation_text=f"go/no-go alpha = {GO_NO_GO_ALPHA}")
+                  annotation_text=f"go/no-go alpha = {GO_NO_GO_ALPHA}", annotation_position="top left")
     _mark_missing(fig, domains, alphas, "— no drafts")
     fig.update_yaxes(range=[0, 1])
     return _layout(fig, "Acceptance rate (alpha) per domain", "domain", "alpha")
@@ -112,10 +112,13 @@ def power(frame: pd.DataFrame) -> go.Figure:
     for (node, dev, source), part in frame.groupby(["node_id", "device_index", "source"], sort=True):
         estimated = source == "estimate"
         name = f"{node} · device {dev} · {'estimate' if estimated else source}"
-        fig.add_scatter(x=part["t"], y=part["power_w"], mode="lines", name=name + (" (estimate)" if estimated else ""),
+        fig.add_scatter(x=part["t"], y=part["power_w"], mode="lines+markers", name=name + (" (estimate)" if estimated else ""),
                         line=dict(dash="dash" if estimated else "solid", width=2 if estimated else 1.5),
+                        marker=dict(symbol="circle-open" if estimated else "circle", size=7),
                         opacity=0.8 if estimated else 1.0)
-    return _layout(fig, "Power per device (mean per time bucket)", "time (UTC)", "power (W)")
+    _layout(fig, "Power per device (mean per time bucket)", "time (UTC)", "power (W)")
+    fig.update_layout(height=HEIGHT + 80, legend=dict(orientation="h", yanchor="top", y=-0.25, xanchor="left", x=0))
+    return fig
 
 
 def cost_split(modes: list[str], hardware: list[float | None], energy: list[float | None],

@@ -96,6 +96,17 @@ def run_page(title: str, body: Callable[[Context], None], caption: str | None = 
         _error(f"The {title} page", exc)
 
 
+def show_table(frame, height: int | None = None) -> None:
+    """A table whose missing cells read "—" (never blank, never "None" or 0); floats to 3 decimals."""
+    styled = frame.style.format(na_rep=MISSING, precision=3, thousands=",")
+    st.dataframe(styled, hide_index=True, width="stretch", height=height if height else "auto")
+
+
+def table_height(rows: int) -> int:
+    """Pixel height that shows every row of a short table without an inner scrollbar."""
+    return 36 * (rows + 1) + 4
+
+
 def download_csv(label: str, frame, file_name: str, key: str) -> None:
     """A download button for a table, built (formula-safe) by telemetry.export only when clicked."""
     from telemetry.export import frame_to_csv_bytes

@@ -13,7 +13,7 @@ from datetime import UTC, date, datetime, time, timedelta
 import pandas as pd
 import streamlit as st
 
-from app.dashboard.page_queries import nice_bucket_s
+from app.dashboard.page_queries import as_utc, nice_bucket_s
 from telemetry.queries import Filters
 
 ALL = "All"
@@ -39,6 +39,17 @@ def _day(value) -> date | None:
     if value is None or pd.isna(value):
         return None
     return pd.Timestamp(value).date()
+
+
+def data_span_s(runs: pd.DataFrame, since: datetime | None, until: datetime | None) -> float:
+    """Seconds between the first and last request in view: sizes the time buckets of the charts."""
+    firsts = [as_utc(v) for v in runs["first_request"] if not pd.isna(v)]
+    lasts = [as_utc(v) for v in runs["last_request"] if not pd.isna(v)]
+    if not firsts or not lasts:
+        return 3600.0
+    lo, hi = min(firsts), max(lasts)
+    lo, hi = max(lo, since) if since else lo, min(hi, until) if until else hi
+    return max((hi - lo).total_seconds(), 1.0)
 
 
 def sidebar(options: dict) -> Selection:
@@ -87,6 +98,6 @@ def sidebar(options: dict) -> Selection:
         domain=None if domain == ALL else domain,
         run_ids=tuple(int(i) for i in chosen["run_id"]) if (pair != ALL or run_pick) else None,
     )
-    span_s = (until - since).total_seconds() if since and until else 86_400.0
+    span_s = data_span_s(chosen, since, until)
     synthetic = bool(((chosen["workload"] == SYNTHETIC_WORKLOAD) | (chosen["hostname"] == SYNTHETIC_HOSTNAME)).any())
     return Selection(filters=filters, runs=chosen, bucket_s=nice_bucket_s(span_s), synthetic=synthetic)

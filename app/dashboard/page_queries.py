@@ -28,7 +28,7 @@ from telemetry.db import PowerSample, Request, Run, Step, TokenEvent
 from telemetry.queries import Filters
 
 BUCKETS_PER_MS = 10  # histogram resolution: 0.1 ms
-NICE_BUCKETS_S = (60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86_400, 7 * 86_400)
+NICE_BUCKETS_S = (1, 5, 10, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86_400, 7 * 86_400)
 
 
 def nice_bucket_s(span_s: float, target_points: int = 80) -> int:

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from app.dashboard import assumptions, charts, data
-from app.dashboard.common import Context, download_csv, fmt, run_page, usd
+from app.dashboard.common import Context, download_csv, fmt, run_page, show_table, usd
 
 SNAPSHOT = "runs' recorded price"
 CUSTOM = "custom $/h per node"
@@ -31,7 +31,7 @@ def _cost_section(ctx: Context) -> None:
         "total $/1M": rc.cost.total_usd_per_1m, "energy estimated": rc.cost.energy_estimated,
     } for rc in run_costs])
     with st.expander("Cost per run"):
-        st.dataframe(table, hide_index=True, width="stretch")
+        show_table(table)
         download_csv("Download cost per run (CSV)", table, "cost-per-run.csv", "dl_cost_runs")
 
 

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from app.dashboard import charts, data
-from app.dashboard.common import Context, download_csv, fmt, run_page
+from app.dashboard.common import Context, download_csv, fmt, run_page, show_table
 from app.dashboard.page_queries import histogram_percentiles
 
 
@@ -29,7 +29,7 @@ def body(ctx: Context) -> None:
                               histogram_percentiles(itl.frame, "itl_ms"))
 
     st.subheader("Percentiles")
-    st.dataframe(table, hide_index=True, width="stretch")
+    show_table(table)
     notes = ["TTFT and TPOT over requests, ITL over emissions (tokens of one decode step arrive together and "
              "count once); 0.1 ms resolution."]
     if itl.stride > 1:

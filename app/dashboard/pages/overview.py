@@ -7,7 +7,7 @@ import streamlit as st
 
 from app.dashboard import assumptions, data
 from app.dashboard.charts import MODE_NAMES
-from app.dashboard.common import MISSING, Context, fmt, run_page, usd
+from app.dashboard.common import MISSING, Context, fmt, run_page, show_table, usd
 
 
 def _speedup_text(speedups) -> tuple[str, str]:
@@ -88,7 +88,7 @@ def body(ctx: Context) -> None:
                               + (" Power was estimated (no power meter)." if s.energy_estimated else ""))
             r2[1].metric("Tokens/s", fmt(s.tokens_per_s, ",.1f"),
                          _delta(s.tokens_per_s, other_s.tokens_per_s if other_s else None) if compare else None)
-            r2[2].metric("Mean acceptance length", fmt(s.mean_acceptance_length, ".2f") if mode == "spec" else MISSING,
+            r2[2].metric("Accept. length", fmt(s.mean_acceptance_length, ".2f") if mode == "spec" else MISSING,
                          help="1 + accepted / drafts: tokens per target forward (bonus included).")
             st.caption(f"{s.num_requests_ok:,} requests ok, {s.num_requests_failed:,} failed, "
                        f"{s.output_tokens:,} output tokens"
@@ -96,11 +96,11 @@ def body(ctx: Context) -> None:
 
     if speedups:
         with st.expander("Speedup by configuration", expanded=len(speedups) > 1):
-            st.dataframe(pd.DataFrame([{
+            show_table(pd.DataFrame([{
                 "workload": s.workload, "target": s.target, "drafter": s.drafter, "K policy": s.k_policy,
                 "device": s.device, "concurrency": s.concurrency,
                 "spec tokens/s": s.spec_tokens_per_s, "AR tokens/s": s.ar_tokens_per_s, "speedup": s.speedup,
-            } for s in speedups]), hide_index=True, width="stretch")
+            } for s in speedups]))
 
 
 run_page("Overview", body, "What speculative decoding buys on your runs: spec vs the AR baseline, same prompts and hardware.")

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from app.dashboard import data
-from app.dashboard.common import MISSING, Context, download_csv, fmt, run_page
+from app.dashboard.common import MISSING, Context, download_csv, fmt, run_page, show_table, table_height
 
 RAW_KINDS = ("requests", "steps", "tokens", "power")
 
@@ -53,7 +53,7 @@ def body(ctx: Context) -> None:
         return
     table = run_table(runs)
     st.subheader(f"Runs ({len(runs)})")
-    st.dataframe(table, hide_index=True, width="stretch")
+    show_table(table)
     download_csv("Download run table (CSV)", table, "runs.csv", "dl_runs")
 
     st.subheader("Compare two runs")
@@ -70,7 +70,7 @@ def body(ctx: Context) -> None:
     compare = pd.DataFrame({"figure": [n for n, _ in COMPARE_ROWS],
                             f"run #{a}": [get(by_id[a]) for _, get in COMPARE_ROWS],
                             f"run #{b}": [get(by_id[b]) for _, get in COMPARE_ROWS]})
-    st.dataframe(compare, hide_index=True, width="stretch")
+    show_table(compare, table_height(len(compare)))
     download_csv("Download comparison (CSV)", compare, f"compare-{a}-{b}.csv", "dl_compare")
 
     st.subheader("Raw records of one run")

@@ -1,0 +1,169 @@
+"""Headless Chromium against `specfinops dashboard` running as a subprocess on a free port.
+
+Loads every page over HTTP, finds the Overview KPIs, checks that no page shows a traceback or an exception
+element, and saves full-page screenshots (into tmp_path, and var/screenshots/ when that folder exists).
+
+The store comes from the `browser_store_url` fixture. It is filled with tests/synthetic.py records here;
+to run against a store filled by a real bench run, override that one fixture (same name, e.g. in
+conftest.py) — nothing else depends on how the store was filled.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+# url path -> page title (st.Page derives the path from the file name; the default page is "/")
+PAGES = {
+    "": "Overview",
+    "latency": "Latency",
+    "speculation": "Speculation",
+    "energy": "Energy",
+    "cost": "Cost & capacity",
+    "runs": "Runs",
+}
+OVERVIEW_KPIS = ("Cost per 1M tokens", "Speedup", "Acceptance rate")
+
+
+def _skip_reason() -> str | None:
+    if not Path(CHROMIUM).exists():
+        return f"{CHROMIUM} is missing (apt-get install chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError as exc:
+        return f"playwright is not importable: {exc}"
+    return None
+
+
+@pytest.fixture
+def browser_store_url(sqlite_url) -> str:
+    """The store the dashboard shows. Swap this fixture for one filled by a real bench run."""
+    from test_dashboard_apptest import fill_store
+
+    return fill_store(sqlite_url)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(base: str, proc: subprocess.Popen, log: Path, limit_s: float = 90.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"dashboard exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(base + "/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"dashboard not healthy after {limit_s:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def dashboard(browser_store_url, tmp_path):
+    """`specfinops dashboard --db URL --port N` as a subprocess; yields its base URL."""
+    reason = _skip_reason()
+    if reason:
+        print(f"SKIP browser test: {reason}")
+        pytest.skip(reason)
+    port = _free_port()
+    log = tmp_path / "dashboard.log"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env.pop("SPECFINOPS_DB_URL", None)
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "dashboard", "--db", browser_store_url, "--port", str(port)],
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(base, proc, log)
+        assert f"Dashboard: {base}" in log.read_text()
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _settle(page) -> None:
+    """Wait until the script run has finished and charts are drawn."""
+    page.wait_for_selector("h1", timeout=60_000)
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
+        " && !document.querySelector('[data-testid=\"stSkeleton\"]')",
+        timeout=60_000,
+    )
+    page.wait_for_timeout(1500)  # let Plotly finish drawing before the screenshot
+
+
+def test_every_page_loads_in_chromium(dashboard, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    problems: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),  # a fresh user-data-dir
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 2800},
+        )
+        try:
+            page = browser.new_page()
+            for path, title in PAGES.items():
+                page.goto(f"{dashboard}/{path}", wait_until="domcontentloaded")
+                _settle(page)
+                h1 = page.locator("h1").first.inner_text()
+                text = page.locator("body").inner_text()
+                name = path or "overview"
+                page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+                if title not in h1:
+                    problems.append(f"/{path}: title {h1!r}, expected {title!r}")
+                if "Traceback" in text:
+                    problems.append(f"/{path}: a traceback is shown")
+                n_exc = page.locator('[data-testid="stException"]').count()
+                if n_exc:
+                    problems.append(f"/{path}: {n_exc} exception element(s)")
+                n_err = page.locator('[data-testid="stAlertContentError"]').count()
+                if n_err:
+                    problems.append(f"/{path}: {n_err} error message(s)")
+                if path == "":
+                    missing = [k for k in OVERVIEW_KPIS if k not in text]
+                    if missing:
+                        problems.append(f"Overview: KPI labels missing: {missing}")
+                    if page.locator('[data-testid="stMetric"]').count() < 6:
+                        problems.append("Overview: fewer than 6 KPI metrics")
+                if path in ("latency", "speculation", "energy", "cost") and page.locator(".js-plotly-plot").count() == 0:
+                    problems.append(f"/{path}: no chart rendered")
+        finally:
+            browser.close()
+    keep = ROOT / "var" / "screenshots"
+    if keep.is_dir():
+        for png in shots.glob("*.png"):
+            shutil.copy2(png, keep / png.name)
+    assert not problems, problems
+    assert len(list(shots.glob("*.png"))) == len(PAGES)
