@@ -3,9 +3,7 @@
 Loads every page over HTTP, finds the Overview KPIs, checks that no page shows a traceback or an exception
 element, and saves full-page screenshots (into tmp_path, and var/screenshots/ when that folder exists).
 
-The store comes from the `browser_store_url` fixture. It is filled with tests/synthetic.py records here;
-to run against a store filled by a real bench run, override that one fixture (same name, e.g. in
-conftest.py) — nothing else depends on how the store was filled.
+The store comes from the `browser_store_url` fixture, filled by a real bench run on the bundled model.
 """
 
 from __future__ import annotations
@@ -52,11 +50,17 @@ def _skip_reason() -> str | None:
 
 
 @pytest.fixture
-def browser_store_url(sqlite_url) -> str:
-    """The store the dashboard shows. Swap this fixture for one filled by a real bench run."""
-    from test_dashboard_apptest import fill_store
+def browser_store_url(sqlite_url, tmp_path) -> str:
+    """The store the dashboard shows: filled by a real `specfinops bench` run on the bundled model
+    (power labelled as a TDP estimate, so the Energy page has data to draw)."""
+    from app.cli import main
+    from serving.models import pull
 
-    return fill_store(sqlite_url)
+    pull(say=lambda m: None, verify=False)
+    rc = main(["bench", "--workload", "mixed", "--mode", "both", "--limit", "3", "--max-new-tokens", "24",
+               "--db", sqlite_url, "--power", "estimate", "--tdp-w", "65", "--json", str(tmp_path / "b.json")])
+    assert rc == 0
+    return sqlite_url
 
 
 def _free_port() -> int:
