@@ -1,0 +1,147 @@
+"""`make bench`: every measured target of the project, printed and recorded under bench-results/.
+
+Sections (each can be picked with --only):
+  engine     spec vs AR tokens/s on the code workload, bf16, greedy, with each drafter
+  peer       Hugging Face transformers' assisted generation on the same models, prompts and K
+  telemetry  bench tokens/s with telemetry on vs off
+  recorder   recorder throughput into SQLite and PostgreSQL
+  sweep      concurrency sweep 1..32, AR vs spec, crossover
+  dashboard  every dashboard page's queries over 5M synthetic token events
+  serve      HTTP serving under load (if the serve benchmark exists)
+
+Examples:
+  python -m scripts.bench_all
+  python -m scripts.bench_all --only engine,peer --limit 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+OUT = Path("bench-results")
+SECTIONS = ("engine", "peer", "telemetry", "recorder", "sweep", "dashboard", "serve")
+
+
+def sh(cmd: list[str], log: Path | None = None) -> int:
+    print("$ " + " ".join(cmd), flush=True)
+    t = time.perf_counter()
+    if log is None:
+        rc = subprocess.call(cmd)
+    else:
+        with log.open("w") as f:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for line in proc.stdout:
+                f.write(line)
+                if not line.startswith(("\r",)) and "it/s]" not in line and "req/s]" not in line:
+                    sys.stdout.write(line)
+            rc = proc.wait()
+    print(f"  ({time.perf_counter() - t:.0f} s, exit {rc})", flush=True)
+    return rc
+
+
+def bench(*args: str) -> list[str]:
+    return [sys.executable, "-m", "app.cli", "bench", *args]
+
+
+def load(name: str) -> dict:
+    path = OUT / name
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
+    ap.add_argument("--limit", type=int, default=8, help="prompts per engine run")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--early-exit-layers", type=int, default=8)
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    unknown = only - set(SECTIONS)
+    if unknown:
+        ap.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    OUT.mkdir(exist_ok=True)
+    db = f"sqlite:///{OUT / 'bench.db'}"
+    common = ["--workload", "code", "--dtype", "bfloat16", "--temperature", "0", "--limit", str(args.limit),
+              "--max-new-tokens", str(args.max_new_tokens), "--k", str(args.k)]
+    from serving.models import model_path
+
+    target = str(model_path("target"))
+
+    if "engine" in only:
+        sh(bench(*common, "--mode", "both", "--drafter", "ngram", "--db", db, "--json", str(OUT / "engine_ngram.json")))
+        sh(bench(*common, "--mode", "spec", "--drafter", "early-exit", "--early-exit-layers",
+                 str(args.early_exit_layers), "--db", db, "--json", str(OUT / "engine_early_exit.json")))
+    if "peer" in only:
+        sh([sys.executable, "-m", "scripts.hf_peer", "--target", target, "--workload", "code", "--k", str(args.k),
+            "--max-new-tokens", str(args.max_new_tokens), "--limit", str(args.limit), "--dtype", "bfloat16",
+            "--early-exit", str(args.early_exit_layers), "--json", str(OUT / "hf_peer.json")])
+    if "telemetry" in only:
+        tel = ["--workload", "code", "--mode", "ar", "--limit", str(max(2, args.limit // 2)), "--max-new-tokens", "64"]
+        for i in range(2):  # interleaved, best of two each: the machine is shared
+            sh(bench(*tel, "--no-telemetry", "--json", str(OUT / f"telemetry_off_{i}.json")))
+            sh(bench(*tel, "--db", db, "--json", str(OUT / f"telemetry_on_{i}.json")))
+        off = max(load(f"telemetry_off_{i}.json")["runs"][0]["tokens_per_s"] for i in range(2))
+        on = max(load(f"telemetry_on_{i}.json")["runs"][0]["tokens_per_s"] for i in range(2))
+        result = {"tokens_per_s_off": off, "tokens_per_s_on": on, "overhead": 1 - on / off}
+        (OUT / "telemetry_overhead.json").write_text(json.dumps(result, indent=1))
+        print(f"telemetry overhead: off {off:.1f} tok/s, on {on:.1f} tok/s -> {result['overhead']:+.1%}")
+    if "recorder" in only:
+        sh([sys.executable, "-m", "scripts.bench_recorder"])
+    if "sweep" in only:
+        sh(bench("--workload", "mixed", "--mode", "both", "--limit", "32", "--max-new-tokens", "64",
+                 "--concurrency", "1,2,4,8,16,32", "--db", db, "--json", str(OUT / "sweep.json")))
+    if "dashboard" in only:
+        sh([sys.executable, "-m", "scripts.bench_dashboard"])
+    if "serve" in only and Path("scripts/bench_serve.py").is_file():
+        sh([sys.executable, "-m", "scripts.bench_serve"])
+    summarize()
+    return 0
+
+
+def summarize() -> None:
+    """One page with the headline numbers of whatever sections ran (bench-results/SUMMARY.md)."""
+    lines = ["# Benchmark summary", ""]
+    ng, ee, peer = load("engine_ngram.json"), load("engine_early_exit.json"), load("hf_peer.json")
+    if ng:
+        lines += ["## Engine (code workload, bf16, greedy)", "", "| run | tokens/s | acceptance | mean acc. len | speedup |",
+                  "|---|---|---|---|---|"]
+        ar = next(r for r in ng["runs"] if r["mode"] == "ar")
+        for r in ng["runs"] + ee.get("runs", []):
+            sp = r["tokens_per_s"] / ar["tokens_per_s"]
+            lines.append(f"| ours {r['mode']} {r['drafter'] or ''} | {r['tokens_per_s']:.1f} | {r['acceptance_rate'] or '—'} "
+                         f"| {r['mean_acceptance_length'] or '—'} | {sp:.2f}x |")
+        for r in peer.get("runs", []):
+            lines.append(f"| HF {r['mode']} | {r['tokens_per_s']:.1f} | — | — | {r.get('speedup_vs_ar') or 0:.2f}x |")
+        lines.append("")
+    tel = load("telemetry_overhead.json")
+    if tel:
+        lines += [f"Telemetry overhead: {tel['overhead']:+.1%} (off {tel['tokens_per_s_off']:.1f}, "
+                  f"on {tel['tokens_per_s_on']:.1f} tokens/s)", ""]
+    rec = load("recorder.json")
+    if rec:
+        lines += ["Recorder: " + json.dumps(rec)[:400], ""]
+    sweep = load("sweep.json")
+    if sweep:
+        lines += ["## Concurrency sweep (mixed workload)", "", "| concurrency | mode | tokens/s | TPOT p95 ms |", "|---|---|---|---|"]
+        for r in sweep["runs"]:
+            lines.append(f"| {r['concurrency']} | {r['mode']} | {r['tokens_per_s']:.1f} | {r['tpot_p95_ms'] or 0:.1f} |")
+        lines += ["", f"speedup by concurrency: {sweep.get('speedup_by_concurrency')}",
+                  f"crossover: {sweep.get('crossover_concurrency', 'n/a')}", ""]
+    dash = load("dashboard.json")
+    if dash:
+        lines += ["Dashboard: " + json.dumps(dash)[:600], ""]
+    serve = load("serve.json")
+    if serve:
+        lines += ["Serve: " + json.dumps(serve)[:800], ""]
+    (OUT / "SUMMARY.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
