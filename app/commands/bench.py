@@ -15,6 +15,7 @@ EXAMPLES = """  specfinops bench --workload code --mode both --limit 4
   specfinops bench --workload mixed --mode both --concurrency 1,4,16 --max-new-tokens 64
   specfinops bench --workload prompts.jsonl --target ~/models/my-llama --drafter draft --draft-model ~/models/my-draft
   specfinops bench --workload code --db postgresql://postgres@127.0.0.1/test --node-id gpu-node-3
+  specfinops bench --backend vllm --workload code --mode both --power nvml --vllm-args '{"tensor_parallel_size": 2}'
 """
 
 
@@ -23,6 +24,10 @@ def register(sub) -> None:
                     EXAMPLES, handle)
     p.add_argument("--workload", default="code", help="builtin name (code, chat, rewrite, mixed) or a .jsonl path")
     p.add_argument("--mode", choices=("spec", "ar", "both"), default="both")
+    p.add_argument("--backend", choices=("torch", "vllm"), default="torch",
+                   help="torch: the built-in engine (default); vllm: vLLM on GPUs (pip install 'specfinops[gpu]')")
+    p.add_argument("--vllm-args", metavar="JSON", default=None,
+                   help="extra vllm.LLM(...) keywords for --backend vllm, e.g. '{\"gpu_memory_utilization\": 0.8}'")
     p.add_argument("--drafter", default=None, help="draft | early-exit | ngram (default: ngram, measured fastest)")
     p.add_argument("--k", default="4", help="draft tokens per step: an integer >= 0, or 'heuristic'")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -68,6 +73,8 @@ def handle(args: argparse.Namespace) -> int:
     levels = parse_concurrency(args.concurrency)
     prompts = load_workload(args.workload, limit=args.limit, domain=args.domain)
     modes = ["ar", "spec"] if args.mode == "both" else [args.mode]
+    if args.backend == "vllm":
+        return _write_json(args, run_bench_vllm(args, prompts, params, modes, levels))
 
     from serving.worker import DEFAULT_DRAFTER, EngineSpec, load
 
@@ -83,11 +90,34 @@ def handle(args: argparse.Namespace) -> int:
             raise ValueError(f"prompt {p.id} is {len(ids)} tokens, longer than the context window ({spec.max_len})")
 
     report = run_bench(args, loaded, prompts, encoded, params, modes, levels)
+    return _write_json(args, report)
+
+
+def _write_json(args: argparse.Namespace, report: dict) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
+
+
+def run_bench_vllm(args, prompts, params, modes, levels) -> dict:
+    """--backend vllm: serving.vllm_backend runs and records; the report and table are the same as torch's."""
+    from serving.vllm_backend import config_from_options, import_vllm, run_bench
+    from serving.worker import default_node_id
+
+    import_vllm()  # says what to install before anything else is checked
+    config = config_from_options(target=args.target, drafter=args.drafter, draft_model=args.draft_model, k=args.k,
+                                 dtype=args.dtype, max_len=args.max_len, seed=args.seed, engine_args=args.vllm_args)
+    print(f"loading {config.target} on vLLM ({args.dtype}) ...", file=sys.stderr)
+    results, view = run_bench(config, prompts, params, modes, levels, workload=args.workload,
+                              node_id=args.node_id or default_node_id(), power=args.power, tdp_w=args.tdp_w,
+                              db_url=args.db, record=not args.no_telemetry)
+    report = build_report(results, view, params)
+    for run, (_, res) in zip(report["runs"], results, strict=True):
+        run["backend"], run["accepted_per_pos"] = "vllm", list(res.accepted_per_pos)
+    print_table(report, not args.no_telemetry)
+    return report
 
 
 def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
