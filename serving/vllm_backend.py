@@ -214,8 +214,9 @@ class VllmEngine:
     def encode(self, prompt: Prompt) -> list[int]:
         tok = self.tokenizer
         if getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template(list(prompt.as_messages()), add_generation_prompt=True, tokenize=True)
-            return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+            ids = tok.apply_chat_template(list(prompt.as_messages()), add_generation_prompt=True, tokenize=True,
+                                          return_dict=False)
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding on some versions
         if prompt.prompt is None:
             raise ValueError(f"prompt {prompt.id}: chat messages need a model with a chat template")
         return list(tok.encode(prompt.prompt))

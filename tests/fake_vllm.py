@@ -97,8 +97,8 @@ class RequestOutput:
 class FakeTokenizer:
     chat_template = "{fake}"
 
-    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
-        assert add_generation_prompt and tokenize
+    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=True, return_dict=False):
+        assert add_generation_prompt and tokenize and not return_dict
         text = " ".join(m["content"] for m in messages)
         return [1] + self.encode(text) + [2]
 
