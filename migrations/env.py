@@ -18,6 +18,13 @@ config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):
     fileConfig(config.config_file_name, disable_existing_loggers=False)  # `alembic` command line only
 target_metadata = Base.metadata
+# Tables that live in the store but are not ours: APScheduler's job store (telemetry/scheduler.py) creates
+# and owns its table; `alembic check` and autogenerate must not propose to drop it.
+FOREIGN_TABLES = frozenset({"apscheduler_jobs"})
+
+
+def _include_name(name, type_, _parent_names) -> bool:
+    return not (type_ == "table" and name in FOREIGN_TABLES)
 
 
 def _url() -> str:
@@ -31,6 +38,7 @@ def _configure(connection: Connection) -> None:
         target_metadata=target_metadata,
         render_as_batch=connection.dialect.name == "sqlite",  # SQLite cannot ALTER most things in place
         compare_type=True,
+        include_name=_include_name,
     )
 
 
@@ -42,6 +50,7 @@ def run_migrations_offline() -> None:
         literal_binds=True,
         dialect_opts={"paramstyle": "named"},
         render_as_batch=url.startswith("sqlite"),
+        include_name=_include_name,
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -23,6 +23,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    UniqueConstraint,
     create_engine,
     event,
 )
@@ -194,6 +195,11 @@ class Report(Base):
     summary: Mapped[dict | None] = mapped_column(JSON)
     delivery_status: Mapped[str | None] = mapped_column(String(32))
     delivery_error: Mapped[str | None] = mapped_column(Text)
+    # Scheduled reports: the APScheduler job id. Unique with `since`, so when two schedulers fire the same
+    # job for the same period only the first INSERT wins (NULL for reports made by hand: never unique).
+    job_id: Mapped[str | None] = mapped_column(String(128))
+
+    __table_args__ = (UniqueConstraint("job_id", "since"),)
 
 
 def resolve_db_url(url: str | None = None) -> str:

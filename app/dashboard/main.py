@@ -24,6 +24,7 @@ PAGES = [
     st.Page("pages/energy.py", title="Energy", icon=":material/bolt:"),
     st.Page("pages/cost.py", title="Cost & capacity", icon=":material/payments:"),
     st.Page("pages/runs.py", title="Runs", icon=":material/table:"),
+    st.Page("pages/reports.py", title="Reports", icon=":material/description:"),
 ]
 
 st.set_page_config(page_title="specfinops", page_icon=":material/speed:", layout="wide")

@@ -1,0 +1,101 @@
+"""`specfinops report`: one self-contained HTML cost report of a period, its tables as CSV, and a record.
+
+An empty store is an error (exit 2, with the command that fills it); a period without traffic is not: the
+report is written and says there was no traffic.
+"""
+
+from __future__ import annotations
+
+import math
+
+from app.commands._common import add_command, add_db_option
+from app.errors import UsageError
+
+EXAMPLES = """  specfinops report --period daily --out reports/             # yesterday (UTC)
+  specfinops report --period weekly --until 2026-11-09 --out reports/
+  specfinops report --period custom --since 2026-11-01 --until 2026-11-08T12:00 --out reports/ --sla-ms 40
+  specfinops report --period daily --out reports/ --daily-tokens 5e8 --peak-factor 2   # project at this traffic
+"""
+
+
+def add_report_options(p) -> None:
+    """Options shared with `specfinops scheduler`."""
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for the report files (created if missing)")
+    p.add_argument("--sla-ms", metavar="X", default=None, help="p95 TPOT SLA in ms (default 50)")
+    p.add_argument("--history", metavar="N", default=None,
+                   help="previous periods for the anomaly bands (default 7; 3 with a value are needed)")  # fmt: skip
+    p.add_argument("--daily-tokens", metavar="N", default=None,
+                   help="traffic for the savings projection (default: the period's output tokens per day)")  # fmt: skip
+    p.add_argument("--peak-factor", metavar="F", default=None, help="peak-to-average traffic (default 1)")
+
+
+def register(sub) -> None:
+    p = add_command(
+        sub,
+        "report",
+        "Write a cost report of a period: one offline HTML page, CSV files of its tables, a record in the store.",
+        EXAMPLES,
+        run,
+    )
+    add_db_option(p)
+    p.add_argument("--period", required=True, metavar="daily|weekly|custom", help="the period to report on")
+    p.add_argument("--since", metavar="ISO", help="period start (custom; or anchors daily/weekly)")
+    p.add_argument("--until", metavar="ISO", help="period end, exclusive (custom; or anchors daily/weekly)")
+    add_report_options(p)
+
+
+def _number(flag: str, text: str | None, default: float | None, *, minimum: float, strict: bool) -> float | None:
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"{flag} must be a number, got {text!r}") from None
+    if not math.isfinite(value) or (value <= minimum if strict else value < minimum):
+        raise UsageError(f"{flag} must be {'>' if strict else '>='} {minimum:g}, got {text!r}")
+    return value
+
+
+def report_options(args) -> dict:
+    """Validated keyword arguments of telemetry.report_writer.write_report (and the scheduled job)."""
+    from telemetry.report import DEFAULT_HISTORY, DEFAULT_SLA_MS
+
+    history = _number("--history", args.history, DEFAULT_HISTORY, minimum=1, strict=False)
+    if history != int(history) or history > 366:
+        raise UsageError(f"--history must be a whole number of periods in 1..366, got {args.history!r}")
+    return {
+        "sla_ms": _number("--sla-ms", args.sla_ms, DEFAULT_SLA_MS, minimum=0, strict=True),
+        "history": int(history),
+        "daily_tokens": _number("--daily-tokens", args.daily_tokens, None, minimum=0, strict=True),
+        "peak_factor": _number("--peak-factor", args.peak_factor, 1.0, minimum=1, strict=False),
+    }
+
+
+def run(args) -> int:
+    from telemetry.export import parse_when
+    from telemetry.queries import EMPTY_STORE_HINT
+    from telemetry.report import PERIODS, period_window
+    from telemetry.report_writer import check_out_dir, count_runs, write_report
+    from telemetry.store import open_store
+
+    if args.period not in PERIODS:
+        raise UsageError(f"--period must be one of {', '.join(PERIODS)}, got {args.period!r}")
+    window = period_window(args.period, since=parse_when(args.since, "--since"),
+                           until=parse_when(args.until, "--until"))  # fmt: skip
+    options = report_options(args)
+    out = check_out_dir(args.out)
+    engine = open_store(args.db)
+    if count_runs(engine) == 0:
+        raise UsageError(f"the store has no runs to report on; {EMPTY_STORE_HINT}")
+    result = write_report(engine, window, out, **options)
+    if result is None:  # only scheduled reports (with a job id) can be refused as duplicates
+        raise RuntimeError("report was refused as a duplicate without a job id")
+    s = result.summary
+    traffic = "" if s["traffic"] else " (no traffic in this period)"
+    print(f"report #{result.report_id}: {window.label()}{traffic}")
+    print(f"  html: {result.html_path}")
+    print(f"  csv:  {result.csv_dir} ({len(result.csv_files)} files)")
+    flagged = [a["metric"] for a in s["anomalies"] if a["status"] == "anomaly"]
+    if flagged:
+        print(f"  anomalies: {', '.join(flagged)}")
+    return 0

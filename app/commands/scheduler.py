@@ -1,0 +1,79 @@
+"""`specfinops scheduler`: run report jobs on a cron schedule, persisted in the store's database.
+
+Runs in the foreground until interrupted (Ctrl-C). Restarting with the same options continues the persisted
+job (runs missed while it was down follow the misfire policy: coalesced into one, skipped beyond the grace
+time). Two schedulers on one database never write the same report twice (see telemetry/scheduler.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from app.commands._common import add_command, add_db_option
+from app.commands.report import add_report_options, report_options
+from app.errors import UsageError
+
+EXAMPLES = """  specfinops scheduler --cron "0 6 * * *" --period daily --out reports/          # every day, 06:00 UTC
+  specfinops scheduler --cron "0 7 * * 1" --period weekly --out reports/ --webhook https://hooks.example/finops
+  SPECFINOPS_SMTP_HOST=smtp.example SPECFINOPS_SMTP_FROM=finops@example SPECFINOPS_SMTP_TO=cfo@example \\
+    specfinops scheduler --cron "0 6 * * *" --out reports/ --smtp
+"""
+
+
+def register(sub) -> None:
+    p = add_command(
+        sub,
+        "scheduler",
+        "Write cost reports on a cron schedule (jobs persist in the database) and deliver their summaries.",
+        EXAMPLES,
+        run,
+    )
+    add_db_option(p)
+    p.add_argument("--cron", required=True, metavar="EXPR", help="5-field crontab expression, in UTC")
+    p.add_argument("--period", default="daily", metavar="daily|weekly", help="period each run reports on")
+    add_report_options(p)
+    p.add_argument("--webhook", metavar="URL", help="POST each report's JSON summary to this URL")
+    p.add_argument("--smtp", action="store_true", help="e-mail each summary (settings: SPECFINOPS_SMTP_* env)")
+    p.add_argument("--job-id", metavar="ID", help="job id in the job store (default report-PERIOD)")
+    p.add_argument("--misfire-grace-s", metavar="S", default="3600",
+                   help="a run later than this is skipped (default 3600)")  # fmt: skip
+
+
+def run(args) -> int:
+    from telemetry.db import resolve_db_url
+    from telemetry.delivery import SmtpSettings, check_webhook_url
+    from telemetry.report import SCHEDULED_PERIODS
+    from telemetry.report_writer import check_out_dir
+    from telemetry.scheduler import ReportJob, make_scheduler, parse_cron, schedule_report_job
+    from telemetry.store import open_store
+
+    trigger = parse_cron(args.cron)
+    if args.period not in SCHEDULED_PERIODS:
+        raise UsageError(f"--period for a schedule must be one of {', '.join(SCHEDULED_PERIODS)}, got {args.period!r}")
+    options = report_options(args)
+    try:
+        grace = int(args.misfire_grace_s)
+    except ValueError:
+        raise UsageError(f"--misfire-grace-s must be a whole number of seconds, got {args.misfire_grace_s!r}") from None
+    if args.webhook is not None:
+        check_webhook_url(args.webhook)
+    if args.smtp:
+        SmtpSettings.from_env()
+    out = check_out_dir(args.out)
+    job = ReportJob(job_id=args.job_id or f"report-{args.period}", db_url=resolve_db_url(args.db), out_dir=str(out),
+                    period=args.period, webhook_url=args.webhook, smtp=args.smtp, misfire_grace_s=grace,
+                    **options)  # fmt: skip
+    engine = open_store(job.db_url)
+    scheduler = make_scheduler(engine, blocking=True)
+    how = schedule_report_job(scheduler, engine, job, trigger)
+    logging.getLogger("apscheduler").setLevel(logging.INFO)
+    logging.getLogger("telemetry").setLevel(logging.INFO)
+    print(f"scheduler: job {job.job_id} {how}: cron {args.cron!r} (UTC), {job.period} reports into {out}; "
+          "Ctrl-C to stop", flush=True)  # fmt: skip
+    try:
+        scheduler.start()
+    finally:
+        if scheduler.running:
+            scheduler.shutdown(wait=False)
+        engine.dispose()
+    return 0

@@ -1,0 +1,77 @@
+"""Reports: the cost reports written by `specfinops report` and the scheduler, with their downloads.
+
+The list is the `reports` table (not the sidebar filters); figures in it are the ones stored with each report.
+A file that is not on this machine (the report was written elsewhere) is said so, not hidden.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from app.dashboard import data
+from app.dashboard.common import Context, run_page, show_table
+
+REPORT_COMMAND = "specfinops report --period daily --out reports/"
+SCHEDULE_COMMAND = 'specfinops scheduler --cron "0 6 * * *" --period daily --out reports/'
+
+
+@st.cache_data(ttl=data.TTL_S, show_spinner=False)
+def reports(url: str) -> list[dict]:
+    from telemetry.report_writer import list_reports
+
+    out = []
+    for r in list_reports(data.engine(url)):
+        s = r.summary or {}
+        modes = s.get("modes", {})
+        out.append({
+            "id": r.id, "created": r.created_at, "period": r.period, "since": r.since, "until": r.until,
+            "traffic": s.get("traffic"), "spec $/1M": modes.get("spec", {}).get("total_usd_per_1m"),
+            "AR $/1M": modes.get("ar", {}).get("total_usd_per_1m"),
+            "anomalies": ", ".join(a["metric"] for a in s.get("anomalies", []) if a.get("status") == "anomaly"),
+            "job": r.job_id, "delivery": r.delivery_status, "delivery error": r.delivery_error,
+            "html_path": r.html_path, "csv_dir": r.csv_dir,
+        })  # fmt: skip
+    return out
+
+
+def _downloads(r: dict) -> None:
+    html = Path(r["html_path"]) if r["html_path"] else None
+    if html is None or not html.is_file():
+        st.warning(f"The report page is not on this machine: {r['html_path'] or '(still being written)'}")
+        return
+    st.download_button("Download report (HTML, opens offline)", data=lambda: html.read_bytes(),
+                       file_name=f"specfinops-report-{r['id']}.html", mime="text/html",
+                       key=f"dl_report_{r['id']}", on_click="ignore")  # fmt: skip
+    csvs = sorted(Path(r["csv_dir"]).glob("*.csv"))
+    cols = st.columns(4)
+    for i, path in enumerate(csvs):
+        with cols[i % 4]:
+            st.download_button(path.name, data=lambda p=path: p.read_bytes(), mime="text/csv",
+                               file_name=f"report-{r['id']}-{path.name}", key=f"dl_report_{r['id']}_{path.stem}",
+                               on_click="ignore")  # fmt: skip
+
+
+def body(ctx: Context) -> None:
+    rows = reports(ctx.url)
+    if not rows:
+        st.info("No reports yet. Write one for yesterday, or schedule them (every day at 06:00 UTC here):")
+        st.code(f"{REPORT_COMMAND}\n{SCHEDULE_COMMAND}", language="bash")
+        return
+    table = pd.DataFrame([{k: v for k, v in r.items() if k not in ("html_path", "csv_dir")} for r in rows])
+    st.subheader(f"Reports ({len(rows)})")
+    show_table(table)
+    by_id = {r["id"]: r for r in rows}
+    rid = st.selectbox("Report", list(by_id), key="report_pick",
+                       format_func=lambda i: f"#{i} {by_id[i]['period']} from {by_id[i]['since']:%Y-%m-%d %H:%M}")  # fmt: skip
+    r = by_id[rid]
+    if r["delivery"] in ("failed", "partially delivered"):
+        st.error(f"Delivery {r['delivery']}: {r['delivery error']}")
+    _downloads(r)
+    st.caption("Reports are written by `specfinops report` and `specfinops scheduler`; their figures come from the "
+               "same queries as this dashboard and `specfinops cost`.")  # fmt: skip
+
+
+run_page("Reports", body, "Cost reports (HTML + CSV) of past periods, with their delivery status.")

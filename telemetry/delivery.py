@@ -1,0 +1,224 @@
+"""Delivering a report's summary: webhook (HTTP POST of the JSON summary, httpx) and/or e-mail (smtplib).
+
+Each channel is tried up to `attempts` times with exponential backoff (backoff_s, 2 x backoff_s, ...). The outcome
+is written to reports.delivery_status ("delivered" | "partially delivered" | "failed") and delivery_error (one
+line per failed channel, with the attempts made and the last error): a failed delivery is never silent.
+
+SMTP settings come from the environment (never from the job store, so no password is pickled into the
+database):
+    SPECFINOPS_SMTP_HOST (required), SPECFINOPS_SMTP_PORT (default 25, or 587 with STARTTLS),
+    SPECFINOPS_SMTP_FROM and SPECFINOPS_SMTP_TO (required; TO is a comma-separated list),
+    SPECFINOPS_SMTP_USER / SPECFINOPS_SMTP_PASSWORD (optional; login when both are set),
+    SPECFINOPS_SMTP_STARTTLS (1/0; default 1 when a user is set, else 0).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import smtplib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from email.message import EmailMessage
+from urllib.parse import urlsplit
+
+from sqlalchemy import update
+from sqlalchemy.engine import Engine
+
+from telemetry.db import Report
+
+logger = logging.getLogger(__name__)
+
+DELIVERED = "delivered"
+PARTIAL = "partially delivered"
+FAILED = "failed"
+ENV_PREFIX = "SPECFINOPS_SMTP_"
+DEFAULT_ATTEMPTS = 3
+DEFAULT_BACKOFF_S = 2.0
+TIMEOUT_S = 10.0
+
+
+class DeliveryError(RuntimeError):
+    """One delivery attempt failed; the message says how."""
+
+
+def check_webhook_url(url: str) -> str:
+    parts = urlsplit(url or "")
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"--webhook must be an http:// or https:// URL, got {url!r}")
+    return url
+
+
+@dataclass(frozen=True, slots=True)
+class SmtpSettings:
+    host: str
+    port: int
+    sender: str
+    recipients: tuple[str, ...]
+    user: str | None = None
+    password: str | None = None
+    starttls: bool = False
+    timeout_s: float = TIMEOUT_S
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SmtpSettings:
+        """Settings from SPECFINOPS_SMTP_*; ValueError naming every missing or bad variable."""
+        env = os.environ if env is None else env
+
+        def get(name: str) -> str | None:
+            value = env.get(ENV_PREFIX + name, "").strip()
+            return value or None
+
+        missing = [ENV_PREFIX + n for n in ("HOST", "FROM", "TO") if get(n) is None]
+        if missing:
+            raise ValueError(f"--smtp needs the environment variables {', '.join(missing)}")
+        user, password = get("USER"), get("PASSWORD")
+        if (user is None) != (password is None):
+            raise ValueError(f"set both {ENV_PREFIX}USER and {ENV_PREFIX}PASSWORD, or neither")
+        tls_text = get("STARTTLS")
+        if tls_text is not None and tls_text.lower() not in ("1", "0", "true", "false", "yes", "no"):
+            raise ValueError(f"{ENV_PREFIX}STARTTLS must be 1 or 0, got {tls_text!r}")
+        starttls = user is not None if tls_text is None else tls_text.lower() in ("1", "true", "yes")
+        port_text = get("PORT")
+        try:
+            port = int(port_text) if port_text is not None else (587 if starttls else 25)
+        except ValueError:
+            raise ValueError(f"{ENV_PREFIX}PORT must be a port number, got {port_text!r}") from None
+        if not 0 < port < 65536:
+            raise ValueError(f"{ENV_PREFIX}PORT must be in 1..65535, got {port_text!r}")
+        recipients = tuple(r.strip() for r in (get("TO") or "").split(",") if r.strip())
+        return cls(get("HOST") or "", port, get("FROM") or "", recipients, user, password, starttls)
+
+
+def post_webhook(url: str, payload: dict, *, timeout_s: float = TIMEOUT_S) -> None:
+    """POST the payload as JSON; DeliveryError on a connection error or a non-2xx answer."""
+    import httpx
+
+    try:
+        response = httpx.post(url, content=json.dumps(payload, default=str),
+                              headers={"content-type": "application/json"}, timeout=timeout_s)  # fmt: skip
+    except httpx.HTTPError as exc:
+        raise DeliveryError(f"{type(exc).__name__}: {exc}") from None
+    if not 200 <= response.status_code < 300:
+        raise DeliveryError(f"HTTP {response.status_code}: {response.text[:200]}")
+
+
+def send_email(settings: SmtpSettings, subject: str, body: str) -> None:
+    """One plain-text message to every recipient; DeliveryError on any SMTP or connection error."""
+    msg = EmailMessage()
+    msg["Subject"], msg["From"], msg["To"] = subject, settings.sender, ", ".join(settings.recipients)
+    msg.set_content(body)
+    try:
+        with smtplib.SMTP(settings.host, settings.port, timeout=settings.timeout_s) as smtp:
+            if settings.starttls:
+                smtp.starttls()
+            if settings.user is not None:
+                smtp.login(settings.user, settings.password or "")
+            smtp.send_message(msg)
+    except (smtplib.SMTPException, OSError) as exc:
+        raise DeliveryError(f"{type(exc).__name__}: {exc}") from None
+
+
+def with_retries(
+    send: Callable[[], None],
+    *,
+    attempts: int = DEFAULT_ATTEMPTS,
+    backoff_s: float = DEFAULT_BACKOFF_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[int, str | None]:
+    """Call `send` until it succeeds or `attempts` tries are spent; (attempts made, last error or None)."""
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1, got {attempts!r}")
+    error = None
+    for i in range(attempts):
+        if i:
+            sleep(backoff_s * 2 ** (i - 1))
+        try:
+            send()
+            return i + 1, None
+        except DeliveryError as exc:
+            error = str(exc)
+            logger.warning("delivery attempt %d/%d failed: %s", i + 1, attempts, error)
+    return attempts, error
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryOutcome:
+    status: str  # delivered | partially delivered | failed
+    error: str | None  # one line per failed channel
+    attempts: dict[str, int]
+
+
+def email_text(summary: dict) -> tuple[str, str]:
+    """Subject and plain-text body of the e-mail: the headline figures and where the files are."""
+
+    def num(v, spec=",.4g"):
+        return "—" if v is None else format(v, spec)
+
+    modes = summary.get("modes", {})
+    subject = f"specfinops {summary.get('period')} cost report {str(summary.get('since'))[:10]}"
+    lines = [f"Period: {summary.get('since')} to {summary.get('until')} (UTC)"]
+    if not summary.get("traffic"):
+        lines.append("No traffic in this period.")
+    lines.append(f"Output tokens: {summary.get('output_tokens', 0):,}; requests: {summary.get('requests', 0):,}")
+    for mode, label in (("spec", "spec"), ("ar", "AR")):
+        m = modes.get(mode, {})
+        est = " (energy estimated)" if m.get("energy_estimated") and m.get("energy_included") else ""
+        lines.append(f"Cost per 1M tokens, {label}: ${num(m.get('total_usd_per_1m'))}{est}")
+    proj = summary.get("projection") or {}
+    lines.append(f"Projected annual savings: ${num(proj.get('annual_savings_usd'), ',.0f')}")
+    flagged = [a["metric"] for a in summary.get("anomalies", []) if a.get("status") == "anomaly"]
+    lines.append("Anomalies: " + (", ".join(flagged) if flagged else "none"))
+    lines.append(f"Report: {summary.get('html_path')}")
+    return subject, "\n".join(lines) + "\n"
+
+
+def deliver(
+    summary: dict,
+    *,
+    webhook_url: str | None = None,
+    smtp: bool = False,
+    env: Mapping[str, str] | None = None,
+    attempts: int = DEFAULT_ATTEMPTS,
+    backoff_s: float = DEFAULT_BACKOFF_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> DeliveryOutcome:
+    """Send the summary by each requested channel, with retries. At least one channel must be requested."""
+    if webhook_url is None and not smtp:
+        raise ValueError("deliver needs a webhook URL or smtp=True")
+    errors: list[str] = []
+    tried: dict[str, int] = {}
+    if webhook_url is not None:
+        n, err = with_retries(lambda: post_webhook(webhook_url, summary), attempts=attempts,
+                              backoff_s=backoff_s, sleep=sleep)  # fmt: skip
+        tried["webhook"] = n
+        if err:
+            errors.append(f"webhook {webhook_url}: failed after {n} attempts: {err}")
+    if smtp:
+        try:
+            settings = SmtpSettings.from_env(env)
+        except ValueError as exc:
+            tried["smtp"] = 0
+            errors.append(f"smtp: not attempted: {exc}")
+        else:
+            subject, body = email_text(summary)
+            n, err = with_retries(lambda: send_email(settings, subject, body), attempts=attempts,
+                                  backoff_s=backoff_s, sleep=sleep)  # fmt: skip
+            tried["smtp"] = n
+            if err:
+                errors.append(f"smtp {settings.host}:{settings.port}: failed after {n} attempts: {err}")
+    status = DELIVERED if not errors else FAILED if len(errors) == len(tried) else PARTIAL
+    return DeliveryOutcome(status, "\n".join(errors) or None, tried)
+
+
+def record_delivery(engine: Engine, report_id: int, outcome: DeliveryOutcome) -> None:
+    with engine.begin() as c:
+        c.execute(
+            update(Report)
+            .where(Report.id == report_id)
+            .values(delivery_status=outcome.status, delivery_error=outcome.error)
+        )
+    if outcome.error:
+        logger.error("report %d: delivery %s: %s", report_id, outcome.status, outcome.error)

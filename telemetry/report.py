@@ -1,0 +1,442 @@
+"""Cost reports: the figures of one period, the previous period, and anomaly bands over the periods before.
+
+Every figure comes from `telemetry.queries` (mode_summaries, costs, acceptance_by_domain, speedups,
+project_from_store): the report shows the numbers `specfinops cost` and the dashboard show, never a second
+computation of them. This module only picks the window, lines periods up and checks bands.
+
+Periods (UTC): daily = the previous full day (midnight to midnight), weekly = the previous full ISO week
+(Monday to Monday), custom = [since, until). `--since` or `--until` anchors a daily/weekly period.
+Anomaly band: mean +- 3 sample standard deviations of the same figure over the previous `history` periods of
+the same length; fewer than MIN_HISTORY periods with a value -> "not enough history", said as such.
+
+Public API:
+    period_window(period, *, now=None, since=None, until=None) -> Window
+    build_report(engine, window, *, sla_ms, history, daily_tokens=None, peak_factor=1.0) -> ReportData
+    band_check(metric, value, history, *, min_history=MIN_HISTORY, k=BAND_SD) -> BandCheck
+    summary_dict(data) -> dict      # JSON-safe: reports.summary, the webhook payload
+    report_tables(data, engine) -> list[Table]   # the tables of the HTML page and its CSV files
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from telemetry import queries
+from telemetry.queries import Filters
+
+PERIODS = ("daily", "weekly", "custom")
+SCHEDULED_PERIODS = ("daily", "weekly")
+PERIOD_LENGTH = {"daily": timedelta(days=1), "weekly": timedelta(days=7)}
+ALPHA_GO = 0.65  # acceptance rate go/no-go line (DESIGN.md, phase 1)
+DEFAULT_SLA_MS = 50.0
+DEFAULT_HISTORY = 7
+MIN_HISTORY = 3
+BAND_SD = 3.0
+
+
+# ---- periods --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    period: str
+    since: datetime
+    until: datetime
+
+    @property
+    def length(self) -> timedelta:
+        return self.until - self.since
+
+    def shifted(self, n: int) -> Window:
+        """The window n lengths earlier (n=1: the previous period)."""
+        return Window(self.period, self.since - n * self.length, self.until - n * self.length)
+
+    def filters(self) -> Filters:
+        return Filters(since=self.since, until=self.until)
+
+    def label(self) -> str:
+        fmt = "%Y-%m-%d %H:%M"
+        return f"{self.period} {self.since.strftime(fmt)} to {self.until.strftime(fmt)} UTC"
+
+
+def _utc(value: datetime, name: str) -> datetime:
+    if not isinstance(value, datetime):
+        raise ValueError(f"{name} must be a datetime, got {value!r}")
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def period_window(
+    period: str, *, now: datetime | None = None, since: datetime | None = None, until: datetime | None = None
+) -> Window:
+    """The report window. daily/weekly: the last full period before `now` (UTC), or the period starting at
+    `since` / ending at `until`; custom: [since, until), both required."""
+    if period not in PERIODS:
+        raise ValueError(f"--period must be one of {', '.join(PERIODS)}, got {period!r}")
+    since = None if since is None else _utc(since, "--since")
+    until = None if until is None else _utc(until, "--until")
+    if period == "custom":
+        if since is None or until is None:
+            raise ValueError("--period custom needs both --since and --until")
+        if since >= until:
+            raise ValueError(f"--since ({since.isoformat()}) must be before --until ({until.isoformat()})")
+        return Window(period, since, until)
+    length = PERIOD_LENGTH[period]
+    if since is not None and until is not None:
+        raise ValueError(f"--period {period} is {length.days} day(s) long: give --since or --until, not both")
+    if since is not None:
+        return Window(period, since, since + length)
+    if until is None:
+        now = _utc(now or datetime.now(UTC), "now")
+        until = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        if period == "weekly":
+            until -= timedelta(days=until.weekday())  # Monday 00:00
+    return Window(period, until - length, until)
+
+
+# ---- figures of one period ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodFigures:
+    """The shared query results for one window (mode order: spec, ar)."""
+
+    window: Window
+    modes: dict[str, queries.ModeSummary]
+    mode_costs: dict[str, queries.ModeCost]
+
+    @property
+    def has_traffic(self) -> bool:
+        return bool(self.modes)
+
+    def output_tokens(self) -> int:
+        return sum(m.stats.output_tokens for m in self.modes.values())
+
+    def requests(self) -> int:
+        return sum(m.stats.num_requests_ok + m.stats.num_requests_failed for m in self.modes.values())
+
+    def cost_per_1m(self, mode: str) -> float | None:
+        mc = self.mode_costs.get(mode)
+        return None if mc is None else mc.cost.total_usd_per_1m
+
+    def stat(self, mode: str, name: str) -> Any:
+        m = self.modes.get(mode)
+        return None if m is None else getattr(m.stats, name)
+
+
+def period_figures(engine: Engine, window: Window) -> PeriodFigures:
+    f = window.filters()
+    _, mode_costs = queries.costs(engine, f)
+    return PeriodFigures(
+        window,
+        {m.mode: m for m in queries.mode_summaries(engine, f)},
+        {mc.mode: mc for mc in mode_costs},
+    )
+
+
+# ---- anomaly bands --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BandCheck:
+    metric: str
+    value: float | None
+    num_history: int  # previous periods that have a value
+    mean: float | None
+    sd: float | None
+    low: float | None
+    high: float | None
+    status: str  # anomaly | within band | not enough history | no value this period
+    note: str
+
+
+def band_check(
+    metric: str,
+    value: float | None,
+    history: Sequence[float | None],
+    *,
+    min_history: int = MIN_HISTORY,
+    k: float = BAND_SD,
+) -> BandCheck:
+    """Is `value` outside mean +- k sd of the known `history` values? Needs `min_history` of them."""
+    if min_history < 2:
+        raise ValueError(f"min_history must be >= 2 (a standard deviation needs two values), got {min_history!r}")
+    known = [float(v) for v in history if v is not None and math.isfinite(v)]
+    if value is None:
+        return BandCheck(metric, None, len(known), None, None, None, None, "no value this period",
+                         "the figure cannot be computed for this period")  # fmt: skip
+    if len(known) < min_history:
+        return BandCheck(
+            metric, value, len(known), None, None, None, None, "not enough history",
+            f"{len(known)} of the previous {len(history)} periods have this figure; the band needs {min_history}",
+        )  # fmt: skip
+    mean, sd = statistics.fmean(known), statistics.stdev(known)
+    low, high = mean - k * sd, mean + k * sd
+    tol = 1e-9 * max(1.0, abs(mean))  # a constant history must not flag float noise
+    outside = value < low - tol or value > high + tol
+    note = f"band = mean +- {k:g} sd of the previous {len(known)} periods with a value"
+    return BandCheck(metric, value, len(known), mean, sd, low, high, "anomaly" if outside else "within band", note)
+
+
+# Figures checked against their band: (name, getter). Cost per token and acceptance (issue 9).
+BAND_METRICS: tuple[tuple[str, Callable[[PeriodFigures], float | None]], ...] = (
+    ("spec cost per 1M tokens (USD)", lambda f: f.cost_per_1m("spec")),
+    ("AR cost per 1M tokens (USD)", lambda f: f.cost_per_1m("ar")),
+    ("spec acceptance rate", lambda f: f.stat("spec", "acceptance_rate")),
+)
+
+
+# ---- the report -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectionResult:
+    projection: queries.StoreProjection | None
+    reason: str | None  # why there is no projection
+    daily_tokens: float | None
+    daily_tokens_basis: str
+    peak_factor: float
+    sla_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReportData:
+    window: Window
+    generated_at: datetime
+    sla_ms: float
+    current: PeriodFigures
+    previous: PeriodFigures
+    history: tuple[PeriodFigures, ...]  # previous periods, most recent first (history[0] is `previous`)
+    domains: tuple[queries.DomainAcceptance, ...]
+    speedups: tuple[queries.Speedup, ...]
+    projection: ProjectionResult
+    bands: tuple[BandCheck, ...]
+
+    @property
+    def has_traffic(self) -> bool:
+        return self.current.has_traffic
+
+
+def _projection(
+    engine: Engine, current: PeriodFigures, sla_ms: float, daily_tokens: float | None, peak_factor: float
+) -> ProjectionResult:
+    if daily_tokens is None:
+        days = current.window.length.total_seconds() / 86_400
+        tokens = current.output_tokens()
+        daily = tokens / days if tokens else None
+        basis = f"this period's measured output tokens ({tokens:,}) per day"
+    else:
+        daily, basis = float(daily_tokens), "given (--daily-tokens)"
+    if daily is None:
+        return ProjectionResult(None, "no output tokens in this period", None, basis, peak_factor, sla_ms)
+    try:
+        sp = queries.project_from_store(
+            engine, current.window.filters(), daily_tokens=daily, peak_factor=peak_factor, sla_ms=sla_ms
+        )
+    except ValueError as exc:  # e.g. no catalog price for the measured device
+        return ProjectionResult(None, str(exc), daily, basis, peak_factor, sla_ms)
+    return ProjectionResult(sp, None, daily, basis, peak_factor, sla_ms)
+
+
+def build_report(
+    engine: Engine,
+    window: Window,
+    *,
+    sla_ms: float = DEFAULT_SLA_MS,
+    history: int = DEFAULT_HISTORY,
+    daily_tokens: float | None = None,
+    peak_factor: float = 1.0,
+    now: datetime | None = None,
+) -> ReportData:
+    """All the figures of one report. `history` previous periods (>= 1) feed the change and the bands."""
+    if isinstance(sla_ms, bool) or not isinstance(sla_ms, int | float) or not math.isfinite(sla_ms) or sla_ms <= 0:
+        raise ValueError(f"--sla-ms must be a number > 0, got {sla_ms!r}")
+    if isinstance(history, bool) or not isinstance(history, int) or not 1 <= history <= 366:
+        raise ValueError(f"--history must be a whole number of periods in 1..366, got {history!r}")
+    if daily_tokens is not None and not (math.isfinite(daily_tokens) and daily_tokens > 0):
+        raise ValueError(f"--daily-tokens must be a number > 0, got {daily_tokens!r}")
+    if not (math.isfinite(peak_factor) and peak_factor >= 1):
+        raise ValueError(f"--peak-factor must be a number >= 1, got {peak_factor!r}")
+    current = period_figures(engine, window)
+    past = tuple(period_figures(engine, window.shifted(n)) for n in range(1, history + 1))
+    f = window.filters()
+    bands = tuple(band_check(name, get(current), [get(p) for p in past]) for name, get in BAND_METRICS)
+    return ReportData(
+        window=window,
+        generated_at=_utc(now or datetime.now(UTC), "now"),
+        sla_ms=float(sla_ms),
+        current=current,
+        previous=past[0],
+        history=past,
+        domains=tuple(queries.acceptance_by_domain(engine, f)),
+        speedups=tuple(queries.speedups(engine, f)),
+        projection=_projection(engine, current, float(sla_ms), daily_tokens, float(peak_factor)),
+        bands=bands,
+    )
+
+
+# Figures compared with the previous period: (name, getter).
+CHANGE_METRICS: tuple[tuple[str, Callable[[PeriodFigures], float | None]], ...] = (
+    ("output tokens", lambda f: f.output_tokens()),
+    ("requests", lambda f: f.requests()),
+    ("spec cost per 1M tokens (USD)", lambda f: f.cost_per_1m("spec")),
+    ("AR cost per 1M tokens (USD)", lambda f: f.cost_per_1m("ar")),
+    ("spec acceptance rate", lambda f: f.stat("spec", "acceptance_rate")),
+    ("spec p95 TPOT (ms)", lambda f: f.stat("spec", "tpot_p95_ms")),
+    ("AR p95 TPOT (ms)", lambda f: f.stat("ar", "tpot_p95_ms")),
+    ("spec J/token", lambda f: f.stat("spec", "j_per_token")),
+    ("AR J/token", lambda f: f.stat("ar", "j_per_token")),
+)
+
+
+def change_rows(data: ReportData) -> list[tuple[str, float | None, float | None, float | None, float | None]]:
+    """(figure, this period, previous period, change, change %) — None where either side is missing."""
+    out = []
+    for name, get in CHANGE_METRICS:
+        cur, prev = get(data.current), get(data.previous)
+        delta = None if cur is None or prev is None else cur - prev
+        pct = None if delta is None or not prev else delta / prev * 100
+        out.append((name, cur, prev, delta, pct))
+    return out
+
+
+def meets_sla(p95_ms: float | None, sla_ms: float) -> bool | None:
+    return None if p95_ms is None else p95_ms <= sla_ms
+
+
+# ---- summary (JSON) -------------------------------------------------------------------------------------
+
+
+def _iso(d: datetime | None) -> str | None:
+    return None if d is None else _utc(d, "datetime").isoformat()
+
+
+def _mode_dict(data: ReportData, mode: str) -> dict:
+    m, mc = data.current.modes.get(mode), data.current.mode_costs.get(mode)
+    st = m.stats if m is not None else None
+    c = mc.cost if mc is not None else None
+    return {
+        "runs": list(m.run_ids) if m else [],
+        "requests_ok": st.num_requests_ok if st else 0,
+        "requests_failed": st.num_requests_failed if st else 0,
+        "output_tokens": st.output_tokens if st else 0,
+        "tokens_per_s": st.tokens_per_s if st else None,
+        "acceptance_rate": st.acceptance_rate if st else None,
+        "tpot_p95_ms": st.tpot_p95_ms if st else None,
+        "meets_sla": meets_sla(st.tpot_p95_ms if st else None, data.sla_ms),
+        "j_per_token": st.j_per_token if st else None,
+        "energy_estimated": st.energy_estimated if st else False,
+        "hardware_usd_per_1m": c.hardware_usd_per_1m if c else None,
+        "energy_usd_per_1m": c.energy_usd_per_1m if c else None,
+        "total_usd_per_1m": c.total_usd_per_1m if c else None,
+        "energy_included": c.energy_included if c else False,
+        "cost_note": c.reason if c else "no runs of this mode",
+    }
+
+
+def summary_dict(data: ReportData) -> dict:
+    """The report's figures as JSON-safe data (None for a missing figure, never 0)."""
+    pr = data.projection
+    return {
+        "period": data.window.period,
+        "since": _iso(data.window.since),
+        "until": _iso(data.window.until),
+        "generated_at": _iso(data.generated_at),
+        "traffic": data.has_traffic,
+        "output_tokens": data.current.output_tokens(),
+        "requests": data.current.requests(),
+        "p95_tpot_sla_ms": data.sla_ms,
+        "modes": {mode: _mode_dict(data, mode) for mode in queries.MODES},
+        "speedups": [
+            {"workload": s.workload, "target": s.target, "device": s.device, "concurrency": s.concurrency,
+             "drafter": s.drafter, "k_policy": s.k_policy, "speedup": s.speedup,
+             "spec_tokens_per_s": s.spec_tokens_per_s, "ar_tokens_per_s": s.ar_tokens_per_s}
+            for s in data.speedups
+        ],  # fmt: skip
+        "acceptance_by_domain": [
+            {"domain": d.domain, "acceptance_rate": d.acceptance_rate, "requests": d.num_requests,
+             "meets_go_line": None if d.acceptance_rate is None else d.acceptance_rate >= ALPHA_GO}
+            for d in data.domains
+        ],  # fmt: skip
+        "acceptance_go_line": ALPHA_GO,
+        "projection": None if pr.projection is None else pr.projection.as_dict(),
+        "projection_note": pr.reason,
+        "projection_daily_tokens_basis": pr.daily_tokens_basis,
+        "change": [
+            {"figure": n, "this_period": c, "previous_period": p, "change": d, "change_pct": pct}
+            for n, c, p, d, pct in change_rows(data)
+        ],
+        "previous_period": {"since": _iso(data.previous.window.since), "until": _iso(data.previous.window.until)},
+        "anomalies": [
+            {"metric": b.metric, "value": b.value, "status": b.status, "band_low": b.low, "band_high": b.high,
+             "history_periods": b.num_history, "note": b.note}
+            for b in data.bands
+        ],  # fmt: skip
+    }
+
+
+# ---- tables (HTML and CSV share them) -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    name: str  # CSV file stem
+    title: str
+    header: tuple[str, ...]
+    rows: tuple[tuple, ...]
+
+
+def report_tables(data: ReportData, engine: Engine) -> list[Table]:
+    from telemetry.export import ExportWindow, cost_rows
+
+    modes = [
+        (mode, *(_mode_dict(data, mode)[k] for k in (
+            "requests_ok", "requests_failed", "output_tokens", "tokens_per_s", "acceptance_rate", "tpot_p95_ms",
+            "meets_sla", "j_per_token", "energy_estimated", "hardware_usd_per_1m", "energy_usd_per_1m",
+            "total_usd_per_1m", "energy_included", "cost_note")))
+        for mode in queries.MODES
+        if mode in data.current.modes
+    ]  # fmt: skip
+    header, rows = cost_rows(engine, ExportWindow(since=data.window.since, until=data.window.until))
+    pr = data.projection
+    proj: list[tuple] = [
+        ("p95 TPOT SLA (ms)", pr.sla_ms),
+        ("daily output tokens", pr.daily_tokens),
+        ("daily tokens basis", pr.daily_tokens_basis),
+        ("peak-to-average factor", pr.peak_factor),
+    ]
+    if pr.projection is None:
+        proj.append(("projection", f"not computed: {pr.reason}"))
+    else:
+        d = pr.projection.as_dict()
+        proj += [(k, d[k]) for k in d if k != "assumptions"]
+        proj += [(k, ", ".join(map(str, v)) if isinstance(v, list) else v) for k, v in d["assumptions"].items()]
+    return [
+        Table("modes", "Spec vs AR", ("mode", "requests ok", "requests failed", "output tokens", "tokens/s",
+              "acceptance rate", "p95 TPOT (ms)", "meets SLA", "J/token", "energy estimated",
+              "hardware $/1M", "energy $/1M", "total $/1M", "energy included", "cost note"), tuple(modes)),
+        Table("acceptance_by_domain", f"Acceptance rate per domain (go/no-go line {ALPHA_GO})",
+              ("domain", "requests", "drafts", "drafted tokens", "accepted tokens", "acceptance rate",
+               "mean acceptance length", "meets go line"),
+              tuple((d.domain, d.num_requests, d.num_drafts, d.num_draft_tokens, d.num_accepted_tokens,
+                     d.acceptance_rate, d.mean_acceptance_length,
+                     None if d.acceptance_rate is None else d.acceptance_rate >= ALPHA_GO) for d in data.domains)),
+        Table("speedups", "Speedup (spec tokens/s / AR tokens/s, same workload, target, device, concurrency)",
+              ("workload", "target", "device", "concurrency", "drafter", "K policy", "spec tokens/s",
+               "AR tokens/s", "speedup"),
+              tuple((s.workload, s.target, s.device, s.concurrency, s.drafter, s.k_policy, s.spec_tokens_per_s,
+                     s.ar_tokens_per_s, s.speedup) for s in data.speedups)),
+        Table("runs_cost", "Cost per run", tuple(header), tuple(tuple(r) for r in rows)),
+        Table("change", "Change against the previous period", ("figure", "this period", "previous period",
+              "change", "change %"), tuple(change_rows(data))),
+        Table("anomalies", "Anomalies (band = mean +- 3 sd of previous periods)",
+              ("metric", "this period", "status", "band low", "band high", "history periods", "note"),
+              tuple((b.metric, b.value, b.status, b.low, b.high, b.num_history, b.note) for b in data.bands)),
+        Table("projection", "Projected annual savings and its assumptions", ("figure", "value"), tuple(proj)),
+    ]  # fmt: skip

@@ -1,0 +1,260 @@
+"""One self-contained HTML page for a report: KPI cards, Plotly charts (plotly.js inlined once, no remote
+scripts: the file opens offline), and the same tables the CSV files hold.
+
+A missing figure reads "—", never 0; energy and J/token from an estimated power source say "(estimated)".
+Every text that comes from the store is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+import plotly.io as pio
+
+from telemetry.report import ALPHA_GO, ReportData, Table, meets_sla
+
+MISSING = "—"
+SPEC_COLOUR, AR_COLOUR, ENERGY_COLOUR = "#2563eb", "#9ca3af", "#f59e0b"
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1180px;color:#111827}
+h1{font-size:1.5rem;margin-bottom:.2rem} h2{font-size:1.15rem;margin-top:2rem}
+.muted{color:#6b7280;font-size:.9rem} .cards{display:grid;grid-template-columns:repeat(4,1fr);gap:.8rem}
+.card{border:1px solid #e5e7eb;border-radius:8px;padding:.7rem .9rem} .card .v{font-size:1.3rem;font-weight:600}
+.card .k{color:#6b7280;font-size:.8rem} .card .s{color:#374151;font-size:.8rem}
+table{border-collapse:collapse;font-size:.85rem;margin:.4rem 0} td,th{border:1px solid #e5e7eb;padding:.25rem .5rem}
+th{background:#f9fafb;text-align:left} td.n{text-align:right;font-variant-numeric:tabular-nums}
+.notice{background:#fef3c7;border:1px solid #f59e0b;border-radius:8px;padding:.7rem 1rem}
+.bad{color:#b91c1c;font-weight:600} .ok{color:#15803d}
+.charts{display:grid;grid-template-columns:1fr 1fr;gap:1rem}
+"""
+
+
+def fmt(value, spec: str = ",.3g") -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return MISSING
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int | float):
+        return format(value, spec)
+    return str(value)
+
+
+def usd(value: float | None) -> str:
+    if value is None:
+        return MISSING
+    return f"${value:,.0f}" if abs(value) >= 1000 else f"${value:,.4g}"
+
+
+def _esc(text) -> str:
+    return html.escape(fmt(text), quote=True)
+
+
+def _cell(value) -> str:
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    text = fmt(value, ",.4g") if numeric else fmt(value)
+    return f'<td class="n">{html.escape(text)}</td>' if numeric else f"<td>{html.escape(text)}</td>"
+
+
+def table_html(t: Table) -> str:
+    if not t.rows:
+        return f"<h3>{html.escape(t.title)}</h3><p class='muted'>No rows in this period.</p>"
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in t.header)
+    body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in t.rows)
+    return f"<h3>{html.escape(t.title)}</h3><table><tr>{head}</tr>{body}</table>"
+
+
+def _card(key: str, value: str, sub: str = "") -> str:
+    return (f'<div class="card"><div class="k">{html.escape(key)}</div><div class="v">{html.escape(value)}</div>'
+            f'<div class="s">{html.escape(sub)}</div></div>')  # fmt: skip
+
+
+def _name(mode: str) -> str:
+    return "AR" if mode == "ar" else "spec"
+
+
+def _cost_text(data: ReportData, mode: str) -> tuple[str, str]:
+    mc = data.current.mode_costs.get(mode)
+    if mc is None:
+        return MISSING, "no runs"
+    c = mc.cost
+    if c.total_usd_per_1m is None:
+        return MISSING, c.reason or ""
+    if not c.energy_included:
+        return usd(c.total_usd_per_1m), "hardware only (energy not measured)"
+    return usd(c.total_usd_per_1m), "incl. energy (estimated)" if c.energy_estimated else "incl. energy"
+
+
+def _j_text(data: ReportData, mode: str) -> str:
+    j = data.current.stat(mode, "j_per_token")
+    if j is None:
+        return f"{_name(mode)} {MISSING}"
+    est = " (estimated)" if data.current.stat(mode, "energy_estimated") else ""
+    return f"{_name(mode)} {j:.3g} J{est}"
+
+
+def _tpot_text(data: ReportData, mode: str) -> str:
+    p95 = data.current.stat(mode, "tpot_p95_ms")
+    verdict = {None: "", True: " (meets)", False: " (misses)"}[meets_sla(p95, data.sla_ms)]
+    return f"{_name(mode)} {fmt(p95, '.1f')} ms{verdict}"
+
+
+def cards_html(data: ReportData) -> str:
+    cur = data.current
+    spec_cost, spec_sub = _cost_text(data, "spec")
+    ar_cost, ar_sub = _cost_text(data, "ar")
+    if len(data.speedups) == 1:
+        speedup, speedup_sub = fmt(data.speedups[0].speedup, ".2f") + "x", "spec tokens/s / AR tokens/s"
+    else:
+        speedup, speedup_sub = (MISSING, "no spec/AR pair") if not data.speedups else (
+            f"{len(data.speedups)} configurations", "see the speedup table")
+    alpha = cur.stat("spec", "acceptance_rate")
+    pr = data.projection
+    savings = usd(pr.projection.projection.annual_savings_usd) if pr.projection else MISSING
+    cards = [
+        _card("Output tokens", f"{cur.output_tokens():,}", f"previous period {data.previous.output_tokens():,}"),
+        _card("Requests", f"{cur.requests():,}", f"previous period {data.previous.requests():,}"),
+        _card("Cost per 1M tokens, spec", spec_cost, spec_sub),
+        _card("Cost per 1M tokens, AR", ar_cost, ar_sub),
+        _card("Speedup", speedup, speedup_sub),
+        _card("Acceptance rate (spec)", fmt(alpha, ".1%"), f"go/no-go line {ALPHA_GO:.2f}"),
+        _card("J/token", " / ".join(_j_text(data, m) for m in ("spec", "ar")), "energy per output token"),
+        _card(f"p95 TPOT vs SLA {data.sla_ms:g} ms", " / ".join(_tpot_text(data, m) for m in ("spec", "ar")), ""),
+        _card("Projected annual savings", savings, "nodes AR - nodes spec, x node $/h x 8,760 h"
+              if pr.projection else (pr.reason or "")),
+    ]  # fmt: skip
+    return '<div class="cards">' + "".join(cards) + "</div>"
+
+
+def assumptions_html(data: ReportData) -> str:
+    pr = data.projection
+    items = [
+        f"traffic: {fmt(pr.daily_tokens, ',.0f')} output tokens per day ({pr.daily_tokens_basis})",
+        f"peak-to-average factor {pr.peak_factor:g}",
+        f"p95 TPOT SLA {pr.sla_ms:g} ms",
+    ]
+    if pr.projection is None:
+        items.append(f"projection not computed: {pr.reason}")
+    else:
+        a = pr.projection.as_dict()["assumptions"]
+        items += [
+            f"priced as {a['priced_as']} at ${a['node_hourly_usd']:g}/node-hour"
+            + (f", measured on {', '.join(a['measured_on'])}" if a["priced_differs_from_measured"] else ""),
+            f"capacity per node: {a['capacity_basis']}",
+            f"energy: PUE {a['pue']:g}, ${a['usd_per_kwh']:g}/kWh"
+            + (" (estimated power)" if a["energy_estimated"] else ""),
+            f"{a['hours_per_year']:,} hours a year",
+            *a["notes"],
+        ]
+    return "<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in items) + "</ul>"
+
+
+# ---- charts ---------------------------------------------------------------------------------------------
+
+
+def _layout(fig: go.Figure, title: str, y: str) -> go.Figure:
+    fig.update_layout(title=title, yaxis_title=y, height=340, margin={"l": 50, "r": 20, "t": 50, "b": 40},
+                      template="plotly_white", legend={"orientation": "h", "y": -0.15})  # fmt: skip
+    return fig
+
+
+def cost_chart(data: ReportData) -> go.Figure:
+    modes = [m for m in ("spec", "ar") if m in data.current.mode_costs]
+    costs = [data.current.mode_costs[m].cost for m in modes]
+    names = [_name(m) for m in modes]
+    fig = go.Figure()
+    fig.add_bar(x=names, y=[c.hardware_usd_per_1m for c in costs], name="hardware", marker_color=SPEC_COLOUR)
+    estimated = any(c.energy_estimated for c in costs)
+    fig.add_bar(x=names, y=[c.energy_usd_per_1m for c in costs], marker_color=ENERGY_COLOUR,
+                name="energy (estimated)" if estimated else "energy")  # fmt: skip
+    fig.update_layout(barmode="stack")
+    return _layout(fig, "Cost per 1M tokens: spec vs AR", "USD per 1M output tokens")
+
+
+def acceptance_chart(data: ReportData) -> go.Figure:
+    fig = go.Figure()
+    fig.add_bar(x=[d.domain or "(none)" for d in data.domains], y=[d.acceptance_rate for d in data.domains],
+                marker_color=SPEC_COLOUR, name="acceptance rate")  # fmt: skip
+    fig.add_hline(y=ALPHA_GO, line_dash="dash", line_color="#b91c1c", annotation_text=f"go/no-go {ALPHA_GO}")
+    fig.update_yaxes(range=[0, 1])
+    return _layout(fig, "Acceptance rate per domain", "accepted / drafted")
+
+
+def tpot_chart(data: ReportData) -> go.Figure:
+    modes = [m for m in ("spec", "ar") if m in data.current.modes]
+    fig = go.Figure()
+    fig.add_bar(x=[_name(m) for m in modes],
+                y=[data.current.stat(m, "tpot_p95_ms") for m in modes],
+                marker_color=[SPEC_COLOUR if m == "spec" else AR_COLOUR for m in modes], name="p95 TPOT")  # fmt: skip
+    fig.add_hline(y=data.sla_ms, line_dash="dash", line_color="#b91c1c", annotation_text=f"SLA {data.sla_ms:g} ms")
+    return _layout(fig, "p95 TPOT against the SLA", "ms per output token")
+
+
+def trend_chart(data: ReportData) -> go.Figure:
+    periods = [*reversed(data.history), data.current]
+    x = [p.window.since.strftime("%Y-%m-%d %H:%M") for p in periods]
+    fig = go.Figure()
+    for mode, colour in (("spec", SPEC_COLOUR), ("ar", AR_COLOUR)):
+        fig.add_scatter(x=x, y=[p.cost_per_1m(mode) for p in periods], mode="lines+markers",
+                        name=_name(mode), line_color=colour)  # fmt: skip
+    return _layout(fig, "Cost per 1M tokens over the previous periods (last point: this period)", "USD")
+
+
+def charts_html(figures: Sequence[tuple[str, go.Figure]]) -> str:
+    """plotly.js is inlined with the first chart only; the others reuse it."""
+    parts = []
+    for i, (name, fig) in enumerate(figures):
+        parts.append(pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), div_id=f"chart-{name}",
+                                 config={"displaylogo": False}))  # fmt: skip
+    return '<div class="charts">' + "".join(f"<div>{p}</div>" for p in parts) + "</div>"
+
+
+# ---- the page -------------------------------------------------------------------------------------------
+
+
+def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, csv_names: Sequence[str]) -> str:
+    w = data.window
+    title = f"specfinops cost report #{report_id}: {w.label()}"
+    parts = [
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p class='muted'>generated {data.generated_at:%Y-%m-%d %H:%M:%S} UTC; previous period "
+        f"{data.previous.window.since:%Y-%m-%d %H:%M} to {data.previous.window.until:%Y-%m-%d %H:%M} UTC; "
+        "figures from the same queries as <code>specfinops cost</code> and the dashboard.</p>",
+    ]
+    if not data.has_traffic:
+        parts.append("<p class='notice'>No traffic in this period: the store has no requests between "
+                     f"{w.since:%Y-%m-%d %H:%M} and {w.until:%Y-%m-%d %H:%M} UTC. Figures that need traffic "
+                     "are shown as —.</p>")  # fmt: skip
+    parts.append(cards_html(data))
+    estimated = any(data.current.stat(m, "energy_estimated") for m in ("spec", "ar"))
+    if estimated:
+        parts.append("<p class='muted'>Energy (J/token and the energy part of the cost) comes from an "
+                     "<b>estimated</b> power source, not a power meter.</p>")  # fmt: skip
+    parts.append("<h2>Projected annual savings: assumptions</h2>" + assumptions_html(data))
+    anomalies = [b for b in data.bands if b.status == "anomaly"]
+    parts.append("<h2>Anomalies</h2>")
+    if anomalies:
+        parts.append("<ul>" + "".join(
+            f"<li class='bad'>{html.escape(b.metric)}: {fmt(b.value, ',.4g')} is outside its band "
+            f"{fmt(b.low, ',.4g')} to {fmt(b.high, ',.4g')} ({html.escape(b.note)})</li>" for b in anomalies
+        ) + "</ul>")  # fmt: skip
+    else:
+        parts.append("<p class='ok'>No figure outside its band.</p>")
+    short = [b for b in data.bands if b.status == "not enough history"]
+    if short:
+        parts.append("<p class='muted'>Not enough history to judge: " + "; ".join(
+            html.escape(f"{b.metric} ({b.note})") for b in short) + ".</p>")  # fmt: skip
+    if data.has_traffic:
+        figures = [("cost", cost_chart(data)), ("tpot", tpot_chart(data)), ("trend", trend_chart(data))]
+        if data.domains:
+            figures.insert(1, ("acceptance", acceptance_chart(data)))
+        parts.append("<h2>Charts</h2>" + charts_html(figures))
+    parts.append("<h2>Tables</h2>" + "".join(table_html(t) for t in tables))
+    parts.append("<p class='muted'>CSV files next to this page: "
+                 + ", ".join(html.escape(n) for n in csv_names) + ".</p></body></html>")  # fmt: skip
+    return "".join(parts)
+

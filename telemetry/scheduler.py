@@ -1,0 +1,183 @@
+"""Scheduled reports: APScheduler 3 with its SQLAlchemy job store in the specfinops database.
+
+- Job store: table `apscheduler_jobs` in the same database (APScheduler creates and owns it; migrations/env.py
+  keeps Alembic from touching it). The job survives restarts: on start, a persisted job with the same id and
+  the same configuration is kept as stored (its next run time included, so runs missed while down follow the
+  misfire policy); a changed configuration replaces it.
+- Misfire policy: coalesce=True (a backlog of missed run times runs once), misfire_grace_time (a run later
+  than this is skipped, not run), max_instances=1 (a run still going when the next is due: the next is skipped).
+- Two schedulers on one database: APScheduler 3 does not coordinate them, so both may fire a due job. The job
+  claims its report by inserting the record first; `reports` has a unique (job_id, since) constraint
+  (migration 0002), so exactly one INSERT per job and period succeeds, on SQLite and PostgreSQL alike. The
+  other run logs "already reported" and does nothing: no second file, record or delivery.
+- The job is the module-level `run_report_job`, called with serialisable keyword arguments only (the store
+  pickles a reference to it and its arguments, including the database URL; SMTP settings are read from the
+  environment at run time, never stored).
+
+Public API:
+    parse_cron(expr) -> CronTrigger                       # 5-field crontab, UTC; ValueError naming --cron
+    make_scheduler(engine, *, blocking=False) -> BaseScheduler
+    ReportJob(...)                                        # the job's configuration
+    schedule_report_job(scheduler, engine, job, trigger) -> "added" | "kept" | "replaced"
+    run_report_job(**ReportJob.kwargs()) -> int | None    # the job: report id, None when already reported
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.base import BaseScheduler
+from apscheduler.schedulers.blocking import BlockingScheduler
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.cron import CronTrigger
+from sqlalchemy.engine import Engine
+
+from telemetry.report import DEFAULT_HISTORY, DEFAULT_SLA_MS, SCHEDULED_PERIODS, period_window
+
+logger = logging.getLogger(__name__)
+
+JOBS_TABLE = "apscheduler_jobs"  # excluded from Alembic in migrations/env.py (FOREIGN_TABLES)
+JOB_FUNC = "telemetry.scheduler:run_report_job"
+DEFAULT_MISFIRE_GRACE_S = 3600
+
+
+def _clock() -> datetime:
+    """The time a run reports from (its period is the last full one before it). Tests replace it."""
+    return datetime.now(UTC)
+
+
+def parse_cron(expr: str) -> CronTrigger:
+    """A standard 5-field crontab expression (minute hour day month weekday), evaluated in UTC."""
+    if not isinstance(expr, str) or len(expr.split()) != 5:
+        raise ValueError(f"--cron must have 5 fields (minute hour day month weekday), got {expr!r}")
+    try:
+        return CronTrigger.from_crontab(expr, timezone=UTC)
+    except ValueError as exc:
+        raise ValueError(f"--cron {expr!r} is not a valid crontab expression: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ReportJob:
+    """Everything a scheduled report run needs, as plain values (they are pickled into the job store)."""
+
+    job_id: str
+    db_url: str
+    out_dir: str
+    period: str = "daily"
+    sla_ms: float = DEFAULT_SLA_MS
+    history: int = DEFAULT_HISTORY
+    daily_tokens: float | None = None
+    peak_factor: float = 1.0
+    webhook_url: str | None = None
+    smtp: bool = False
+    delivery_attempts: int = 3
+    delivery_backoff_s: float = 2.0
+    misfire_grace_s: int = DEFAULT_MISFIRE_GRACE_S
+
+    def __post_init__(self) -> None:
+        if self.period not in SCHEDULED_PERIODS:
+            raise ValueError(f"--period for a schedule must be one of {', '.join(SCHEDULED_PERIODS)}, "
+                             f"got {self.period!r}")  # fmt: skip
+        if not self.job_id or len(self.job_id) > 128:
+            raise ValueError(f"--job-id must be 1-128 characters, got {self.job_id!r}")
+        if not isinstance(self.misfire_grace_s, int) or self.misfire_grace_s < 1:
+            raise ValueError(f"--misfire-grace-s must be a whole number >= 1, got {self.misfire_grace_s!r}")
+
+    def kwargs(self) -> dict:
+        return {
+            "db_url": self.db_url, "out_dir": self.out_dir, "period": self.period, "job_id": self.job_id,
+            "sla_ms": self.sla_ms, "history": self.history, "daily_tokens": self.daily_tokens,
+            "peak_factor": self.peak_factor, "webhook_url": self.webhook_url, "smtp": self.smtp,
+            "delivery_attempts": self.delivery_attempts, "delivery_backoff_s": self.delivery_backoff_s,
+        }  # fmt: skip
+
+
+def make_scheduler(engine: Engine, *, blocking: bool = False) -> BaseScheduler:
+    """A scheduler whose jobs persist in `engine`'s database; UTC; coalescing, one instance at a time."""
+    cls = BlockingScheduler if blocking else BackgroundScheduler
+    return cls(
+        jobstores={"default": SQLAlchemyJobStore(engine=engine, tablename=JOBS_TABLE)},
+        executors={"default": ThreadPoolExecutor(max_workers=2)},
+        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": DEFAULT_MISFIRE_GRACE_S},
+        timezone=UTC,
+    )
+
+
+def _persisted(engine: Engine, job_id: str):
+    store = SQLAlchemyJobStore(engine=engine, tablename=JOBS_TABLE)
+    store.jobs_t.create(engine, checkfirst=True)
+    return store.lookup_job(job_id)
+
+
+def _same(stored, job: ReportJob, trigger: BaseTrigger) -> bool:
+    return (
+        stored.func_ref == JOB_FUNC
+        and repr(stored.trigger) == repr(trigger)
+        and stored.kwargs == job.kwargs()
+        and stored.misfire_grace_time == job.misfire_grace_s
+        and stored.coalesce is True
+        and stored.max_instances == 1
+    )
+
+
+def schedule_report_job(scheduler: BaseScheduler, engine: Engine, job: ReportJob, trigger: BaseTrigger) -> str:
+    """Before `scheduler.start()`: keep the persisted job when its configuration is unchanged ("kept"), else
+    add or replace it under the same id ("added" | "replaced")."""
+    stored = _persisted(engine, job.job_id)
+    if stored is not None and _same(stored, job, trigger):
+        return "kept"
+    scheduler.add_job(
+        JOB_FUNC,
+        trigger,
+        id=job.job_id,
+        name=f"specfinops {job.period} report",
+        kwargs=job.kwargs(),
+        replace_existing=True,
+        coalesce=True,
+        max_instances=1,
+        misfire_grace_time=job.misfire_grace_s,
+    )
+    return "added" if stored is None else "replaced"
+
+
+def run_report_job(
+    *,
+    db_url: str,
+    out_dir: str,
+    period: str,
+    job_id: str,
+    sla_ms: float = DEFAULT_SLA_MS,
+    history: int = DEFAULT_HISTORY,
+    daily_tokens: float | None = None,
+    peak_factor: float = 1.0,
+    webhook_url: str | None = None,
+    smtp: bool = False,
+    delivery_attempts: int = 3,
+    delivery_backoff_s: float = 2.0,
+) -> int | None:
+    """One scheduled run: report the last full period (empty periods too), then deliver the summary."""
+    from telemetry.delivery import deliver, record_delivery
+    from telemetry.report_writer import write_report
+    from telemetry.store import open_store
+
+    engine = open_store(db_url)
+    try:
+        window = period_window(period, now=_clock())
+        result = write_report(engine, window, out_dir, sla_ms=sla_ms, history=history, daily_tokens=daily_tokens,
+                              peak_factor=peak_factor, job_id=job_id,
+                              delivery_requested=bool(webhook_url or smtp))  # fmt: skip
+        if result is None:
+            return None
+        logger.info("report job %s: wrote report #%d (%s)", job_id, result.report_id, window.label())
+        if webhook_url or smtp:
+            outcome = deliver(result.summary, webhook_url=webhook_url, smtp=smtp, attempts=delivery_attempts,
+                              backoff_s=delivery_backoff_s)
+            record_delivery(engine, result.report_id, outcome)
+        return result.report_id
+    finally:
+        engine.dispose()

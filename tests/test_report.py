@@ -1,0 +1,283 @@
+"""`specfinops report`: periods, the figures (the same as `specfinops cost`), the offline HTML page, the CSV
+files, the record, anomaly bands, empty periods and bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from synthetic import BASE_TIME, Req, make_run, spec_req
+
+from app.cli import main
+from telemetry import report_writer
+from telemetry.db import Report
+from telemetry.queries import Filters, costs
+from telemetry.report import band_check, period_window
+from telemetry.store import open_store
+
+DAY = timedelta(days=1)
+D0 = BASE_TIME.replace(hour=0)  # 2026-11-02 00:00 UTC, a Monday
+
+
+def add_day(engine, day: datetime, *, spec_e2e_ms: float = 500, workload: str = "code") -> None:
+    """One AR and one spec run starting at 09:00 of `day` (estimated power)."""
+    start = day.replace(hour=9)
+    with Session(engine) as s:
+        make_run(s, "ar", started_at=start, power_source="estimate", workload=workload, requests=[
+            Req(33, ttft_ms=100, e2e_ms=900, start_s=0.0, energy_j=50.0),
+            Req(33, ttft_ms=100, e2e_ms=1700, start_s=0.2, energy_j=50.0, domain="chat"),
+        ])  # fmt: skip
+        make_run(s, "spec", started_at=start, power_source="estimate", workload=workload, requests=[
+            spec_req(33, 4, 24, ttft_ms=100, e2e_ms=spec_e2e_ms, start_s=0.0, energy_j=30.0),
+            spec_req(33, 4, 20, ttft_ms=100, e2e_ms=spec_e2e_ms, start_s=1.0, energy_j=30.0, domain="chat"),
+        ])  # fmt: skip
+        s.commit()
+
+
+@pytest.fixture
+def store(sqlite_url):
+    engine = open_store(sqlite_url)
+    add_day(engine, D0)
+    yield sqlite_url, engine
+    engine.dispose()
+
+
+def _report(url: str, out, *extra: str) -> list[str]:
+    return ["report", "--db", url, "--out", str(out), *extra]
+
+
+def _only_report(engine) -> Report:
+    with Session(engine) as s:
+        rows = list(s.scalars(select(Report)))
+    assert len(rows) == 1
+    return rows[0]
+
+
+# ---- periods and bands ----------------------------------------------------------------------------------
+
+
+def test_period_windows():
+    now = datetime(2026, 11, 5, 13, 30, tzinfo=UTC)  # a Thursday
+    w = period_window("daily", now=now)
+    assert (w.since, w.until) == (datetime(2026, 11, 4, tzinfo=UTC), datetime(2026, 11, 5, tzinfo=UTC))
+    w = period_window("weekly", now=now)
+    assert (w.since, w.until) == (datetime(2026, 10, 26, tzinfo=UTC), datetime(2026, 11, 2, tzinfo=UTC))
+    w = period_window("daily", since=datetime(2026, 11, 2, 6))  # naive = UTC
+    assert (w.since, w.until) == (datetime(2026, 11, 2, 6, tzinfo=UTC), datetime(2026, 11, 3, 6, tzinfo=UTC))
+    assert period_window("weekly", until=D0).since == D0 - 7 * DAY
+    assert period_window("custom", since=D0, until=D0 + 2 * DAY).shifted(1).since == D0 - 2 * DAY
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"period": "hourly"}, "--period must be one of daily, weekly, custom"),
+        ({"period": "custom", "since": D0}, "--period custom needs both --since and --until"),
+        ({"period": "custom", "since": D0, "until": D0}, "must be before --until"),
+        ({"period": "daily", "since": D0, "until": D0 + DAY}, "not both"),
+    ],
+)
+def test_period_window_rejects(kwargs, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        period_window(**kwargs)
+
+
+def test_band_check():
+    assert band_check("x", 1.0, [1.0, None]).status == "not enough history"
+    assert "1 of the previous 2 periods" in band_check("x", 1.0, [1.0, None]).note
+    steady = [1.0, 1.1, 0.9, 1.0]
+    assert band_check("x", 1.05, steady).status == "within band"
+    b = band_check("x", 2.0, steady)
+    assert b.status == "anomaly" and b.high == pytest.approx(1.0 + 3 * 0.08164965809277261)
+    assert band_check("x", 1.0, [1.0, 1.0, 1.0]).status == "within band"  # constant history, same value
+    assert band_check("x", 1.01, [1.0, 1.0, 1.0]).status == "anomaly"
+    assert band_check("x", None, steady).status == "no value this period"
+
+
+# ---- the report -----------------------------------------------------------------------------------------
+
+
+def test_report_figures_equal_cost_command(store, tmp_path, capsys):
+    url, engine = store
+    add_day(engine, D0 - DAY, spec_e2e_ms=700)  # another day: the period filter must leave it out
+    assert main(["cost", "--db", url, "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    since, until = (D0 - DAY).isoformat(), (D0 + DAY).isoformat()
+    assert main(_report(url, tmp_path / "out", "--period", "custom", "--since", since, "--until", until)) == 0
+    summary = _only_report(engine).summary
+    for mode in whole["modes"]:
+        got = summary["modes"][mode["mode"]]
+        for key in ("hardware_usd_per_1m", "energy_usd_per_1m", "total_usd_per_1m", "energy_estimated"):
+            assert got[key] == mode[key], (mode["mode"], key)
+        assert got["output_tokens"] == mode["output_tokens"]
+    # one day of the two: the same as the shared query for that window, and different from the whole store
+    assert main(_report(url, tmp_path / "out", "--period", "daily", "--since", D0.isoformat())) == 0
+    with Session(engine) as s:
+        day = s.scalars(select(Report).where(Report.period == "daily")).one().summary
+    _, mode_costs = costs(engine, Filters(since=D0, until=D0 + DAY))
+    assert {m.mode: m.cost.total_usd_per_1m for m in mode_costs} == {
+        k: v["total_usd_per_1m"] for k, v in day["modes"].items()
+    }
+    assert day["modes"]["spec"]["total_usd_per_1m"] != summary["modes"]["spec"]["total_usd_per_1m"]
+    assert day["output_tokens"] == 132 and day["requests"] == 4
+
+
+def test_report_files_record_and_offline_html(store, tmp_path, capsys):
+    url, engine = store
+    assert main(_report(url, tmp_path / "out", "--period", "daily", "--since", "2026-11-02", "--sla-ms", "40")) == 0
+    out = capsys.readouterr().out
+    rec = _only_report(engine)
+    assert rec.period == "daily" and rec.delivery_status == "not requested" and rec.job_id is None
+    assert f"report #{rec.id}" in out and rec.html_path in out
+    page = open(rec.html_path, encoding="utf-8").read()
+    assert not re.search(r"<script[^>]*\bsrc\s*=", page, re.I)  # plotly.js is inline, nothing fetched
+    assert page.count("<script") >= 2 and "Plotly.newPlot" in page
+    assert "Cost per 1M tokens" in page and "go/no-go line 0.65" in page and "SLA 40 ms" in page
+    assert "(estimated)" in page  # the power source was an estimate
+    assert "Projected annual savings" in page and "peak-to-average factor 1" in page
+    assert "not enough history" in page.lower()  # no earlier days in the store
+    names = sorted(p.name for p in (tmp_path / "out").glob("report-*/*.csv"))
+    assert names == sorted(f"{n}.csv" for n in (
+        "modes", "acceptance_by_domain", "speedups", "runs_cost", "change", "anomalies", "projection"))  # fmt: skip
+    assert rec.summary["csv_files"] and all(p.endswith(".csv") for p in rec.summary["csv_files"])
+    with open(f"{rec.csv_dir}/modes.csv", encoding="utf-8", newline="") as fh:
+        modes = {r["mode"]: r for r in csv.DictReader(fh)}
+    assert modes["ar"]["acceptance rate"] == ""  # AR has no acceptance: empty cell, never 0
+    assert float(modes["spec"]["p95 TPOT (ms)"]) == pytest.approx(12.5)
+    assert modes["spec"]["meets SLA"] == "True" and modes["spec"]["energy estimated"] == "True"
+    domains = {d["domain"]: d for d in rec.summary["acceptance_by_domain"]}
+    assert domains["code"]["acceptance_rate"] == pytest.approx(24 / 32) and domains["code"]["meets_go_line"]
+    assert domains["chat"]["acceptance_rate"] == pytest.approx(20 / 48) and not domains["chat"]["meets_go_line"]
+    assert rec.summary["speedups"][0]["speedup"] == pytest.approx(44.0 / (66 / 1.9))
+    assert rec.summary["projection"]["assumptions"]["p95_tpot_sla_ms"] == 40
+
+
+def test_report_csv_cells_are_formula_safe(sqlite_url, tmp_path):
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, workload="=HYPERLINK(1)")
+    assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", "2026-11-02")) == 0
+    text = open(f"{_only_report(engine).csv_dir}/runs_cost.csv", encoding="utf-8").read()
+    assert "'=HYPERLINK(1)" in text and ",=HYPERLINK" not in text
+
+
+def test_anomaly_flagged_against_previous_days(store, tmp_path):
+    url, engine = store  # D0: spec e2e 500 ms
+    for n, e2e in enumerate((1500, 1520, 1480, 1510), start=1):
+        add_day(engine, D0 - n * DAY, spec_e2e_ms=e2e)
+    assert main(_report(url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--history", "4")) == 0
+    bands = {a["metric"]: a for a in _only_report(engine).summary["anomalies"]}
+    assert bands["spec cost per 1M tokens (USD)"]["status"] == "anomaly"  # much cheaper than its band
+    assert bands["AR cost per 1M tokens (USD)"]["status"] == "within band"  # AR is the same every day
+    assert bands["spec acceptance rate"]["history_periods"] == 4
+    change = {c["figure"]: c for c in _only_report(engine).summary["change"]}
+    assert change["output tokens"]["change"] == 0 and change["spec cost per 1M tokens (USD)"]["change"] < 0
+
+
+def test_empty_period_is_a_report_saying_no_traffic(store, tmp_path, capsys):
+    url, engine = store
+    assert main(_report(url, tmp_path, "--period", "daily", "--since", "2026-10-01")) == 0
+    assert "no traffic in this period" in capsys.readouterr().out
+    rec = _only_report(engine)
+    assert rec.summary["traffic"] is False and rec.summary["projection"] is None
+    assert rec.summary["modes"]["spec"]["total_usd_per_1m"] is None  # missing, never 0
+    page = open(rec.html_path, encoding="utf-8").read()
+    assert "No traffic in this period" in page and "Plotly.newPlot" not in page
+
+
+def test_empty_store_is_exit_2_with_the_fill_command(sqlite_url, tmp_path, capsys):
+    assert main(_report(sqlite_url, tmp_path, "--period", "daily")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no runs" in err and "specfinops bench" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--period", "monthly"], "--period must be one of daily, weekly, custom"),
+        (["--period", "custom", "--since", "2026-11-01"], "--period custom needs both --since and --until"),
+        (["--period", "custom", "--since", "soon", "--until", "2026-11-01"], "--since must be an ISO date"),
+        (["--period", "daily", "--sla-ms", "0"], "--sla-ms must be > 0"),
+        (["--period", "daily", "--history", "2.5"], "--history"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(store, tmp_path, capsys, extra, needle):
+    url, engine = store
+    assert main(_report(url, tmp_path, *extra)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err
+    with Session(engine) as s:
+        assert s.scalars(select(Report)).first() is None
+
+
+def test_unwritable_out_dir_is_exit_2(store, tmp_path, capsys):
+    url, _ = store
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert main(_report(url, blocker / "reports", "--period", "daily")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not a writable directory" in err and "a-file" in err
+
+
+# ---- claims and failures ---------------------------------------------------------------------------------
+
+
+def test_a_job_reports_a_period_once_and_failures_leave_nothing(db_url, tmp_path, monkeypatch):
+    engine = open_store(db_url)  # SQLite and PostgreSQL: the unique (job_id, since) claim holds on both
+    add_day(engine, D0)
+    window = period_window("daily", since=D0)
+    out = tmp_path / "out"
+    first = report_writer.write_report(engine, window, out, job_id="report-daily")
+    assert first is not None and first.html_path.is_file()
+    assert report_writer.write_report(engine, window, out, job_id="report-daily") is None
+    assert report_writer.write_report(engine, window, out, job_id="other-job") is not None
+    assert len(list(out.iterdir())) == 2
+
+    def broken(*_a, **_k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(report_writer, "render_html", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        report_writer.write_report(engine, period_window("daily", since=D0 - DAY), out, job_id="report-daily")
+    with Session(engine) as s:
+        assert len(list(s.scalars(select(Report)))) == 2  # the failed run's claim is gone
+    assert len(list(out.iterdir())) == 2  # no folder (nor temporary folder) of the failed run
+    engine.dispose()
+
+
+# ---- dashboard Reports page -----------------------------------------------------------------------------
+
+
+def _reports_page(url: str, monkeypatch):
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("SPECFINOPS_DB_URL", url)
+    monkeypatch.syspath_prepend(str(root))
+    at = AppTest.from_file(str(root / "app" / "dashboard" / "main.py"), default_timeout=120)
+    at = at.run().switch_page("pages/reports.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_dashboard_reports_page_lists_reports_with_downloads(store, tmp_path, monkeypatch):
+    url, engine = store
+    page_text = lambda at: " ".join(str(e.value) for e in (*at.info, *at.code, *at.markdown))  # noqa: E731
+    at = _reports_page(url, monkeypatch)
+    assert "No reports yet" in page_text(at) and "specfinops report --period daily" in page_text(at)
+    assert main(_report(url, tmp_path / "out", "--period", "daily", "--since", "2026-11-02")) == 0
+    import streamlit
+
+    streamlit.cache_data.clear()  # the page caches the list for a minute
+    at = _reports_page(url, monkeypatch)
+    assert not at.error
+    [frame] = at.dataframe
+    assert list(frame.value["id"]) == [_only_report(engine).id]
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert labels[0].startswith("Download report (HTML") and "modes.csv" in labels and len(labels) == 8

@@ -1,0 +1,253 @@
+"""Scheduled reports: APScheduler with the SQLAlchemy job store in the specfinops database.
+
+Seconds-long triggers drive real schedulers; the period a run reports on comes from a fake clock (one day
+later on every call), so each run reports a new day. Waits poll the store with a generous deadline; nothing
+asserts how long anything took.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from alembic import command
+from apscheduler.events import EVENT_JOB_EXECUTED, EVENT_JOB_MISSED, EVENT_JOB_SUBMITTED
+from apscheduler.schedulers.base import BaseScheduler
+from apscheduler.schedulers.blocking import BlockingScheduler
+from apscheduler.triggers.cron import CronTrigger
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+from test_delivery import Hook
+from test_report import D0, add_day
+
+from app.cli import main
+from telemetry import scheduler as sched_mod
+from telemetry.db import Report
+from telemetry.scheduler import JOBS_TABLE, ReportJob, make_scheduler, parse_cron, schedule_report_job
+from telemetry.store import alembic_config, open_store
+
+EVERY_SECOND = CronTrigger(second="*", timezone=UTC)
+DEADLINE_S = 60
+
+
+class StepClock:
+    """Returns start, start + step, start + 2 step, ... (thread-safe)."""
+
+    def __init__(self, start: datetime, step: timedelta):
+        self.start, self.step, self.n, self.lock = start, step, 0, threading.Lock()
+
+    def __call__(self) -> datetime:
+        with self.lock:
+            self.n += 1
+            return self.start + (self.n - 1) * self.step
+
+
+def wait_for(predicate, what: str):
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def reports(engine) -> list[Report]:
+    with Session(engine) as s:
+        return list(s.scalars(select(Report).order_by(Report.id)))
+
+
+def job_rows(engine) -> list[str]:
+    with engine.connect() as c:
+        return [r[0] for r in c.execute(text(f"SELECT id FROM {JOBS_TABLE}"))]
+
+
+@pytest.fixture
+def store(sqlite_url, tmp_path, monkeypatch):
+    """A store with traffic on D0; runs report D0, D0 + 1 day, ... in turn."""
+    engine = open_store(sqlite_url)
+    add_day(engine, D0)
+    monkeypatch.setattr(sched_mod, "_clock", StepClock(D0 + timedelta(days=1, hours=6), timedelta(days=1)))
+    yield sqlite_url, engine, tmp_path / "reports"
+    engine.dispose()
+
+
+def _job(url: str, out, **kw) -> ReportJob:
+    return ReportJob(job_id="report-daily", db_url=url, out_dir=str(out), delivery_backoff_s=0.01, **kw)
+
+
+def _started(engine, job: ReportJob, trigger=EVERY_SECOND, paused: bool = False):
+    s = make_scheduler(engine)
+    how = schedule_report_job(s, engine, job, trigger)
+    s.start(paused=paused)
+    return s, how
+
+
+def test_seconds_trigger_writes_reports_records_and_delivers(store):
+    url, engine, out = store
+    hook = Hook(200)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    s, how = _started(engine, _job(url, out, webhook_url=hook.url))
+    try:
+        assert how == "added"
+        wait_for(lambda: sum(r.delivery_status == "delivered" for r in reports(engine)) >= 2, "two delivered reports")
+    finally:
+        s.shutdown(wait=True)
+        hook.shutdown()
+        hook.server_close()
+    rows = [r for r in reports(engine) if r.delivery_status == "delivered"]
+    first, second = rows[0], rows[1]
+    assert first.job_id == "report-daily" and first.summary["traffic"] and not second.summary["traffic"]
+    assert first.summary["since"] == D0.isoformat() and second.summary["since"] == (D0 + timedelta(days=1)).isoformat()
+    assert all(open(r.html_path, encoding="utf-8").read().startswith("<!DOCTYPE html>") for r in rows)
+    posted = [json.loads(b) for _, b in hook.bodies]
+    assert [p["report_id"] for p in posted][:2] == [first.id, second.id]
+
+
+def test_restart_continues_the_persisted_job(store):
+    url, engine, out = store
+    s, how = _started(engine, _job(url, out))
+    try:
+        wait_for(lambda: len(reports(engine)) >= 1, "a first report")
+    finally:
+        s.shutdown(wait=True)
+    before = len(reports(engine))
+    assert job_rows(engine) == ["report-daily"]
+    engine2 = open_store(url)  # a new process would open its own engine
+    s2, how2 = _started(engine2, _job(url, out))
+    try:
+        assert how2 == "kept"  # same configuration: the stored job (and its next run time) is continued
+        wait_for(lambda: len(reports(engine)) > before, "a report after the restart")
+    finally:
+        s2.shutdown(wait=True)
+        engine2.dispose()
+    assert job_rows(engine) == ["report-daily"]
+    sinces = [r.since for r in reports(engine)]
+    assert len(set(sinces)) == len(sinces)  # every run reported a new day
+    s3 = make_scheduler(engine)
+    assert schedule_report_job(s3, engine, _job(url, out, sla_ms=40.0), EVERY_SECOND) == "replaced"
+
+
+def test_missed_run_beyond_grace_is_skipped(store):
+    url, engine, out = store
+    yearly = parse_cron("0 0 1 1 *")
+    missed = threading.Event()
+    s, _ = _started(engine, _job(url, out, misfire_grace_s=60), yearly, paused=True)
+    try:
+        s.add_listener(lambda _e: missed.set(), EVENT_JOB_MISSED)
+        s.modify_job("report-daily", next_run_time=datetime.now(UTC) - timedelta(hours=2))
+        s.resume()
+        wait_for(missed.is_set, "the missed-run event")
+        assert s.get_job("report-daily").next_run_time > datetime.now(UTC)  # moved on to next year
+    finally:
+        s.shutdown(wait=True)
+    assert reports(engine) == []
+
+
+def test_missed_runs_within_grace_are_coalesced_into_one(store):
+    url, engine, out = store
+    hourly = parse_cron("0 * * * *")
+    submitted, executed = [], threading.Event()
+    s, _ = _started(engine, _job(url, out, misfire_grace_s=7200), hourly, paused=True)
+    try:
+        s.add_listener(lambda e: submitted.append(e.scheduled_run_times), EVENT_JOB_SUBMITTED)
+        s.add_listener(lambda _e: executed.set(), EVENT_JOB_EXECUTED)
+        s.modify_job("report-daily", next_run_time=datetime.now(UTC) - timedelta(hours=3, minutes=1))
+        s.resume()
+        wait_for(executed.is_set, "the coalesced run")
+        assert s.get_job("report-daily").next_run_time > datetime.now(UTC)  # the backlog is consumed
+    finally:
+        s.shutdown(wait=True)
+    assert len(submitted) == 1 and len(submitted[0]) == 1  # >= 3 missed run times, run once
+    assert len(reports(engine)) == 1
+
+
+def test_two_schedulers_never_write_the_same_report_twice(store, monkeypatch):
+    url, engine, out = store
+    monkeypatch.setattr(sched_mod, "_clock", lambda: D0 + timedelta(days=1, hours=6))  # every run: period D0
+    results: list = []
+    lock = threading.Lock()
+
+    def record(event):
+        with lock:
+            results.append(event.retval)
+
+    engine_b = open_store(url)
+    a, _ = _started(engine, _job(url, out), paused=True)
+    b, how_b = _started(engine_b, _job(url, out), paused=True)
+    try:
+        assert how_b == "kept"
+        for s in (a, b):
+            s.add_listener(record, EVENT_JOB_EXECUTED)
+            s.resume()
+        wait_for(lambda: len(results) >= 4, "four runs of the job between the two schedulers")
+    finally:
+        a.shutdown(wait=True)
+        b.shutdown(wait=True)
+        engine_b.dispose()
+    rows = reports(engine)
+    assert len(rows) == 1 and [r for r in results if r is not None] == [rows[0].id]
+    assert len(list(out.iterdir())) == 1
+
+
+def test_alembic_check_ignores_the_job_store_table(store):
+    url, engine, out = store
+    s, _ = _started(engine, _job(url, out), paused=True)
+    s.shutdown(wait=False)
+    assert job_rows(engine) == ["report-daily"]
+    command.check(alembic_config(url))  # raises when models, migrations and database disagree
+
+
+# ---- the command line -----------------------------------------------------------------------------------
+
+
+def test_cli_persists_the_cron_job_and_keeps_it_on_restart(store, monkeypatch, capsys):
+    url, engine, out = store
+    started = []
+
+    def start_and_stop(self, *args, **kwargs):  # instead of blocking: start paused, note the job, stop
+        BaseScheduler.start(self, paused=True)
+        started.append(self.get_job("report-weekly"))
+        BaseScheduler.shutdown(self, wait=False)
+
+    monkeypatch.setattr(BlockingScheduler, "start", start_and_stop)
+    args = ["scheduler", "--db", url, "--cron", "0 6 * * 1", "--period", "weekly", "--out", str(out)]
+    assert main(args) == 0
+    assert "job report-weekly added" in capsys.readouterr().out
+    job = started[0]
+    assert repr(job.trigger) == repr(parse_cron("0 6 * * 1")) and job.misfire_grace_time == 3600
+    assert job.kwargs["period"] == "weekly" and job.kwargs["out_dir"] == str(out.resolve())
+    assert main(args) == 0 and "job report-weekly kept" in capsys.readouterr().out
+    assert main([*args[:4], "0 7 * * 1", *args[5:]]) == 0 and "replaced" in capsys.readouterr().out
+    assert job_rows(engine) == ["report-weekly"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--cron", "61 * * * *"], "--cron '61 * * * *' is not a valid crontab expression"),
+        (["--cron", "every day"], "--cron must have 5 fields"),
+        (["--cron", "0 6 * * *", "--period", "custom"], "--period for a schedule must be one of daily, weekly"),
+        (["--cron", "0 6 * * *", "--period", "hourly"], "--period for a schedule must be one of daily, weekly"),
+        (["--cron", "0 6 * * *", "--webhook", "hooks.example/x"], "--webhook must be an http"),
+        (["--cron", "0 6 * * *", "--smtp"], "--smtp needs the environment variables SPECFINOPS_SMTP_HOST"),
+        (["--cron", "0 6 * * *", "--misfire-grace-s", "soon"], "--misfire-grace-s must be a whole number"),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(store, monkeypatch, capsys, extra, needle):
+    url, engine, out = store
+    for name in ("HOST", "FROM", "TO"):
+        monkeypatch.delenv(f"SPECFINOPS_SMTP_{name}", raising=False)
+    assert main(["scheduler", "--db", url, "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err
+
+
+def test_cli_unwritable_out_is_exit_2(store, tmp_path, capsys):
+    url, _, _ = store
+    (tmp_path / "file").write_text("x")
+    assert main(["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(tmp_path / "file" / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not a writable directory" in err
