@@ -120,6 +120,28 @@ class ForwardBatch:
     slot_view: slice | None  # slots are a contiguous range: read the cache as a view
 
 
+SMALL_T = 16  # decode / verify widths: plain batched matmuls beat the fused CPU kernel with a mask
+
+
+def small_attention(q, keys, values, mask, kv_len: int) -> torch.Tensor:
+    """Attention for a few query positions. q (B, H, T, D); keys/values (B, Hkv, L, D);
+    mask (B, 1, T, L) or None (the T queries are the last T positions: causal among themselves)."""
+    B, H, T, D = q.shape
+    Hkv = keys.shape[1]
+    G = H // Hkv  # query heads per kv head
+    qg = q.reshape(B, Hkv, G * T, D)  # heads of one group share their keys
+    scores = (qg @ keys.transpose(-1, -2)).float() * (D**-0.5)  # (B, Hkv, G*T, L)
+    scores = scores.view(B, Hkv, G, T, kv_len)
+    if mask is None:
+        if T > 1:
+            causal = torch.ones(T, kv_len, dtype=torch.bool).tril(kv_len - T)
+            scores = scores.masked_fill(~causal, float("-inf"))
+    else:
+        scores = scores.masked_fill(~mask.view(B, 1, 1, T, kv_len), float("-inf"))
+    probs = scores.softmax(-1).to(values.dtype).view(B, Hkv, G * T, kv_len)
+    return (probs @ values).view(B, H, T, D)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -152,14 +174,15 @@ class Attention(nn.Module):
         else:
             keys, values = ck[fb.slots, :, : fb.kv_len], cv[fb.slots, :, : fb.kv_len]  # (B, Hkv, L, D)
 
-        if fb.mask is None:
+        if T <= SMALL_T:
+            out = small_attention(q, keys, values, fb.mask, fb.kv_len)
+        elif fb.mask is None:
             # queries are the last T positions of a kv_len-long sequence: causal within them
-            causal = T > 1
-            if causal and fb.kv_len > T:
+            if fb.kv_len > T:
                 mask = torch.ones(T, fb.kv_len, dtype=torch.bool).tril(fb.kv_len - T)
                 out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
             else:
-                out = F.scaled_dot_product_attention(q, keys, values, is_causal=causal, enable_gqa=True)
+                out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
         else:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=fb.mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
