@@ -1,0 +1,79 @@
+"""`specfinops loadtest`: concurrent streaming clients against a local server, spec vs AR, stored as runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from app.commands._common import add_command, add_db_option
+
+EXAMPLES = """  specfinops loadtest --url http://127.0.0.1:8000 --concurrency 1,2,4,8 --duration 30
+  specfinops loadtest --url http://127.0.0.1:8000 --concurrency 32 --duration 60 --mode spec --max-tokens 128
+  specfinops loadtest --url http://127.0.0.1:8000 --workload chat --api-key secret --json bench-results/load.json
+"""
+
+
+def register(sub) -> None:
+    p = add_command(sub, "loadtest", "Bounded streaming load test (loopback only): TTFT / TPOT / ITL and "
+                    "throughput per concurrency level, spec vs AR, recorded as runs.", EXAMPLES, handle)
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="server on this machine (loopback only)")
+    p.add_argument("--concurrency", default="1,2,4,8", help="clients in flight; a list runs one level after another")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds per level and mode")
+    p.add_argument("--mode", choices=("spec", "ar", "both"), default="both",
+                   help="speculative or not, per request (the 'speculative' extension field)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--workload", default="mixed", help="builtin name (code, chat, rewrite, mixed) or a .jsonl path")
+    p.add_argument("--model", default=None, help="model id (default: the first the server lists)")
+    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    add_db_option(p)
+    p.add_argument("--node-id", default=None, help="node id recorded with the runs (default: hostname)")
+    p.add_argument("--no-telemetry", action="store_true", help="print only; record nothing")
+    p.add_argument("--json", metavar="PATH", default=None, help="write the per-level summary as JSON")
+
+
+def handle(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from app.commands.bench import parse_concurrency
+    from serving.loadtest import LoadSpec, format_table, run_loadtest, summarize
+    from serving.workloads import load_workload
+
+    modes = ("ar", "spec") if args.mode == "both" else (args.mode,)
+    spec = LoadSpec(url=args.url, levels=tuple(parse_concurrency(args.concurrency)), duration_s=args.duration,
+                    modes=modes, max_tokens=args.max_tokens, temperature=args.temperature, api_key=args.api_key,
+                    model=args.model)
+    spec.validate()
+    prompts = load_workload(args.workload)
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        raise ValueError("loadtest needs the official openai client: pip install openai") from None
+    recorder = None
+    if not args.no_telemetry:
+        from serving.worker import default_node_id
+        from telemetry.recorder import Recorder
+        from telemetry.store import open_store
+
+        recorder = Recorder(open_store(args.db))
+    try:
+        results = asyncio.run(run_loadtest(spec, prompts, workload=args.workload, recorder=recorder,
+                                           node_id=args.node_id or (default_node_id() if recorder else ""),
+                                           say=lambda m: print(m, file=sys.stderr)))
+    except Exception as exc:
+        if type(exc).__module__.startswith(("openai", "httpx")):
+            raise ValueError(f"cannot reach {args.url}: {type(exc).__name__}: {exc}") from None
+        raise
+    finally:
+        if recorder is not None:
+            recorder.close()
+    rows = [summarize(r) for r in results]
+    print(format_table(rows))
+    if recorder is not None:
+        print("recorded in the store as 'loadtest' runs: see `specfinops project` (capacity at SLA)")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"url": args.url, "levels": rows}, indent=1) + "\n")
+    return 0

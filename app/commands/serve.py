@@ -1,0 +1,60 @@
+"""`specfinops serve`: an OpenAI-compatible HTTP API over the batched speculative engine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from app.commands._common import add_command, add_db_option
+
+EXAMPLES = """  specfinops serve --db sqlite:///var/specfinops.db --port 8000
+  specfinops serve --drafter early-exit --early-exit-layers 12 --k 3 --max-batch 16
+  specfinops serve --api-key secret --host 127.0.0.1 --port 8000 --no-telemetry
+  curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \\
+       -d '{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "speculative": false}'
+"""
+
+
+def register(sub) -> None:
+    p = add_command(sub, "serve", "Serve /v1/chat/completions, /v1/completions, /metrics and /health; "
+                    "record every request.", EXAMPLES, handle)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--drafter", default=None, help="draft | early-exit | ngram (default: ngram)")
+    p.add_argument("--k", default="4", help="draft tokens per step: an integer >= 0, or 'heuristic'")
+    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
+    p.add_argument("--max-batch", type=int, default=8, help="sequences decoded together (continuous batching)")
+    p.add_argument("--max-len", type=int, default=2048, help="context window (tokens)")
+    p.add_argument("--target", default=None, help="target model name or local HF directory (default: bundled)")
+    p.add_argument("--draft-model", default=None, help="draft model directory for --drafter draft")
+    p.add_argument("--early-exit-layers", type=int, default=8)
+    p.add_argument("--served-model-name", default=None, help="model id clients send (default: the target's name)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    add_db_option(p)
+    p.add_argument("--node-id", default=None, help="node id recorded with the runs (default: hostname)")
+    p.add_argument("--no-telemetry", action="store_true", help="do not record anything in the store")
+    p.add_argument("--power", default="auto", help="auto | nvml | rapl | estimate | none")
+    p.add_argument("--tdp-w", type=float, default=None, help="TDP in watts for --power estimate")
+    p.add_argument("--max-waiting", type=int, default=1024, help="queued requests before 503 (overloaded)")
+    p.add_argument("--graceful-s", type=float, default=30.0,
+                   help="on SIGTERM, seconds in-flight requests get to finish before they are cancelled")
+
+
+def handle(args: argparse.Namespace) -> int:
+    import logging
+
+    from serving.server_setup import ServeOptions, serve
+    from serving.worker import DEFAULT_DRAFTER, EngineSpec
+
+    spec = EngineSpec(target=args.target, drafter=args.drafter or DEFAULT_DRAFTER, draft_model=args.draft_model,
+                      early_exit_layers=args.early_exit_layers, k=args.k, dtype=args.dtype,
+                      max_batch=args.max_batch, max_len=args.max_len)
+    opts = ServeOptions(spec=spec, db=args.db, host=args.host, port=args.port, api_key=args.api_key,
+                        telemetry=not args.no_telemetry, node_id=args.node_id, power=args.power, tdp_w=args.tdp_w,
+                        served_model_name=args.served_model_name, max_waiting=args.max_waiting,
+                        graceful_s=args.graceful_s)
+    opts.validate()  # cheap checks before loading a model
+    logging.getLogger("serving").setLevel(logging.INFO)
+    print(f"loading target ({args.dtype}) ...", file=sys.stderr)
+    serve(opts, log_level="debug" if args.verbose else "info")
+    return 0

@@ -1,0 +1,287 @@
+"""OpenAI-compatible HTTP API over the batched engine (FastAPI).
+
+Concurrency model (docs/serving.md): handlers run on the asyncio event loop; they validate the body,
+tokenize, and submit a `Job` to the ONE engine thread (`server_engine.EngineLoop`), which owns the
+`Engine` and decodes every admitted request together (continuous batching, `max_batch` slots). Tokens
+come back through the job's asyncio queue, once per decode step. A client that goes away cancels its
+sequence; every finished request becomes a telemetry record of its mode's 'serve' run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serving.server_engine import EngineLoop, Finished, Job
+from serving.server_metrics import CONTENT_TYPE, ServeMetrics
+from serving.server_schemas import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    check,
+    error_body,
+    parse_body,
+    validation_error,
+)
+from serving.server_telemetry import ServeTelemetry
+from serving.server_text import TextStream
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerState:
+    """Everything the handlers share; built by `serving.server_setup.build_state`."""
+
+    loop_engine: EngineLoop
+    telemetry: ServeTelemetry
+    metrics: ServeMetrics
+    model_id: str
+    max_len: int
+    vocab_size: int
+    tokenizer: object
+    decode: object  # ids -> text
+    api_key: str | None = None
+    created: int = 0
+    root: str | None = None  # the target's path, like vLLM's model card "root"
+    card: dict | None = None  # extension on /v1/models: backend, dtype, drafter, k_policy, max_batch
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        tok = self.tokenizer
+        if not getattr(tok, "chat_template", None):
+            raise APIError(400, "this model has no chat template: use /v1/completions", param="messages")
+        return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                            return_dict=False))
+
+    def encode_text(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))
+
+
+def create_app(state: ServerState) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        # uvicorn has stopped accepting and waited for in-flight responses; cancel what is left
+        # (recorded as cancelled), end the runs and flush the recorder
+        await asyncio.to_thread(shutdown, state)
+
+    app = FastAPI(title="specfinops", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.serve = state
+    _install_error_handlers(app)
+
+    @app.get("/health")
+    async def health():
+        ok = state.loop_engine.alive
+        body = {"status": "ok" if ok else "stopping", "running": state.loop_engine.num_running,
+                "waiting": state.loop_engine.num_waiting}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        _authorize(request, state)
+        card = {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "specfinops",
+                "root": state.root, "max_model_len": state.max_len, "specfinops": state.card or {}}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await _generate(request, state, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _generate(request, state, "completion")
+
+    return app
+
+
+def shutdown(state: ServerState, status: str = "completed") -> None:
+    """Stop the engine thread (cancelling what is left), end the runs, flush the recorder. Idempotent."""
+    state.loop_engine.stop()
+    state.telemetry.close(status)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def fastapi_validation(request: Request, exc: RequestValidationError):
+        err = validation_error(list(exc.errors()))
+        return JSONResponse(err.body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        message = str(exc.detail)
+        if exc.status_code == 404:
+            message = f"unknown path {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        return JSONResponse(error_body(message, kind), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):
+        logger.exception("unexpected error on %s %s", request.method, request.url.path)
+        return JSONResponse(error_body("internal server error (logged on the server)", "server_error"),
+                            status_code=500)
+
+
+def _authorize(request: Request, state: ServerState) -> None:
+    if state.api_key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if not header:
+        raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), state.api_key.encode()):
+        raise APIError(401, "incorrect API key", code="invalid_api_key")
+
+
+# ---------------------------------------------------------------------------------------------- generation
+
+
+async def _generate(request: Request, state: ServerState, kind: str):
+    t_start, wall_start = time.perf_counter(), datetime.now(UTC)  # TTFT counts from arrival
+    _authorize(request, state)
+    model = ChatRequest if kind == "chat" else CompletionRequest
+    req = parse_body(await request.body(), model)
+    checked = check(req, kind, model_id=state.model_id, max_len=state.max_len, vocab_size=state.vocab_size,
+                    encode_chat=state.encode_chat, encode_text=state.encode_text)
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    job = Job(f"{prefix}-{uuid.uuid4().hex[:24]}", checked, t_start, wall_start, asyncio.get_running_loop())
+    state.loop_engine.submit(job)
+    if checked.stream:
+        return StreamingResponse(_stream(job, state), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await _complete(request, job, state)
+
+
+async def _complete(request: Request, job: Job, state: ServerState):
+    collect = asyncio.ensure_future(_collect(job))
+    gone = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not collect.done():  # the client left, or this handler was cancelled (shutdown)
+            state.loop_engine.cancel(job)
+            collect.cancel()
+        gone.cancel()
+    if collect not in done:
+        return Response(status_code=499)
+    ids, fin = collect.result()
+    if fin.finish_reason == "error":
+        raise APIError(500, f"generation failed: {fin.error}", code="generation_failed")
+    if fin.finish_reason == "cancelled":
+        raise APIError(503, "the request was cancelled (server shutting down)", code="cancelled")
+    text = TextStream(state.decode, job.checked.params.stop).final(ids)
+    usage = _usage(fin)
+    if job.checked.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": _reason(fin)}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": _reason(fin)}
+        obj = "text_completion"
+    return {"id": job.id, "object": obj, "created": int(job.wall_start.timestamp()), "model": state.model_id,
+            "choices": [choice], "usage": usage}
+
+
+async def _collect(job: Job) -> tuple[list[int], Finished]:
+    ids: list[int] = []
+    while True:
+        item = await job.out.get()
+        if isinstance(item, Finished):
+            return ids, item
+        ids.extend(item)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _stream(job: Job, state: ServerState) -> AsyncIterator[str]:
+    chat = job.checked.kind == "chat"
+    created = int(job.wall_start.timestamp())
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    text = TextStream(state.decode, job.checked.params.stop)
+
+    def chunk(piece: str | None, reason: str | None = None, role: bool = False) -> str:
+        if chat:
+            delta = {"role": "assistant", "content": ""} if role else ({"content": piece} if piece else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": reason}
+        return _sse({"id": job.id, "object": obj, "created": created, "model": state.model_id,
+                     "choices": [choice]})
+
+    done = False
+    try:
+        if chat:
+            yield chunk(None, role=True)
+        while True:
+            item = await job.out.get()
+            if isinstance(item, Finished):
+                done = True
+                break
+            piece = text.add(item)
+            if piece:
+                yield chunk(piece)
+        fin = item
+        if fin.finish_reason in ("error", "cancelled"):
+            why = (APIError(500, f"generation failed: {fin.error}", code="generation_failed")
+                   if fin.finish_reason == "error" else
+                   APIError(503, "the request was cancelled (server shutting down)", code="cancelled"))
+            yield _sse(why.body())
+        else:
+            tail = text.flush()
+            if tail:
+                yield chunk(tail)
+            yield chunk(None, _reason(fin))
+            if job.checked.include_usage:
+                yield _sse({"id": job.id, "object": obj, "created": created, "model": state.model_id,
+                            "choices": [], "usage": _usage(fin)})
+        yield "data: [DONE]\n\n"
+    except Exception as exc:  # noqa: BLE001 - headers are sent: report in the stream, never a traceback
+        logger.exception("stream %s failed", job.id)
+        yield _sse(error_body(f"internal server error: {type(exc).__name__}", "server_error"))
+        yield "data: [DONE]\n\n"
+    finally:
+        if not done:  # client disconnected (task cancelled / generator closed) or failure
+            state.loop_engine.cancel(job)
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+def _usage(fin: Finished) -> dict:
+    return {"prompt_tokens": fin.num_prompt, "completion_tokens": fin.num_output,
+            "total_tokens": fin.num_prompt + fin.num_output}
+
+
+def _reason(fin: Finished) -> str:
+    return "length" if fin.finish_reason == "length" else "stop"

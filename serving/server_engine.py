@@ -1,0 +1,259 @@
+"""The engine thread of the server: the one owner of the batched `Engine`.
+
+Handlers (asyncio) `submit` a `Job` and await its `out` queue. The thread loops: take cancellations,
+admit waiting jobs while the engine has free slots (`engine.add` prefills and emits the first token),
+run one `engine.step()` for every running sequence together, then hand the tokens of that step to
+the event loop in ONE `call_soon_threadsafe` (one wake-up per step, not per token). A finished,
+cancelled or failed job gets a `Finished` on its queue and its telemetry record goes to `on_finish`.
+The thread never awaits anything and never touches the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from serving.engine import Engine, StepEvent
+from serving.sequence import Sequence
+from serving.server_schemas import APIError, Checked
+from telemetry.records import RequestRecord, StepRow, TokenRow
+
+logger = logging.getLogger(__name__)
+
+Window = tuple[datetime, datetime]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The last item on a job's queue."""
+
+    finish_reason: str  # stop | length | cancelled | error
+    num_prompt: int
+    num_output: int
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class Job:
+    id: str
+    checked: Checked
+    t_start: float  # perf_counter at arrival at the server: TTFT and E2E count from here
+    wall_start: datetime
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue = field(default_factory=asyncio.Queue)  # list[int] per step, then one Finished
+    record: RequestRecord | None = None
+    seq: Sequence | None = None
+    cancelled: bool = False
+    finished: bool = False
+
+    @property
+    def mode(self) -> str:
+        return "spec" if self.checked.speculate else "ar"
+
+
+class EngineLoop:
+    """Owns `engine`; `on_finish(job, record, overlapping_windows)` is called on this thread."""
+
+    def __init__(self, engine: Engine, on_finish: Callable[[Job, RequestRecord, list[Window]], None], *,
+                 max_waiting: int = 1024):
+        self.engine = engine
+        self.engine.on_step = self._on_step
+        self.has_drafter = engine.drafter is not None
+        self._on_finish = on_finish
+        self._max_waiting = max_waiting
+        self._cv = threading.Condition()
+        self._waiting: deque[Job] = deque()
+        self._cancels: deque[Job] = deque()
+        self._jobs: dict[str, Job] = {}  # admitted and not finished, by request id
+        self._outbox: list[tuple[Job, tuple[int, ...]]] = []
+        self._recent: deque[Window] = deque(maxlen=512)  # finished requests, for energy sharing
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="specfinops-engine", daemon=True)
+        self.num_step_errors = 0
+
+    # ------------------------------------------------------------------ any thread
+    def start(self) -> EngineLoop:
+        self._thread.start()
+        return self
+
+    @property
+    def num_running(self) -> int:
+        return len(self.engine.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopping
+
+    def submit(self, job: Job) -> None:
+        with self._cv:
+            if self._stopping or not self._thread.is_alive():
+                raise APIError(503, "the server is shutting down", code="shutting_down")
+            if len(self._waiting) >= self._max_waiting:
+                raise APIError(503, f"the server is overloaded ({len(self._waiting)} requests waiting); "
+                               "retry later", code="overloaded")
+            self._waiting.append(job)
+            self._cv.notify()
+
+    def cancel(self, job: Job) -> None:
+        """Cancel from any thread (e.g. the client went away); recorded as 'cancelled'."""
+        if job.finished or job.cancelled:
+            return
+        job.cancelled = True
+        with self._cv:
+            self._cancels.append(job)
+            self._cv.notify()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop admitting; cancel whatever still runs or waits (recorded as cancelled); join the thread."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    # ------------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._waiting or self._cancels or self.engine.running or self._stopping):
+                    self._cv.wait()
+                cancels = list(self._cancels)
+                self._cancels.clear()
+                stopping = self._stopping
+                admit = []
+                if stopping:
+                    admit, cancels = [], cancels + list(self._waiting) + list(self._jobs.values())
+                    self._waiting.clear()
+                else:
+                    while self._waiting and len(admit) < len(self.engine.free_slots):
+                        admit.append(self._waiting.popleft())
+            for job in cancels:
+                self._cancel(job)
+            for job in admit:
+                self._admit(job)
+            if self.engine.running and not stopping:
+                self._step()
+            self._deliver()
+            if stopping:
+                return
+
+    def _admit(self, job: Job) -> None:
+        if job.finished:  # cancelled while it waited
+            return
+        c = job.checked
+        job.record = RequestRecord(started_at=job.wall_start, domain=c.kind, external_id=job.id,
+                                   prompt_tokens=len(c.prompt_ids))
+        if job.cancelled:
+            self._finish(job, "cancelled")
+            return
+        self._jobs[job.id] = job
+        try:
+            job.seq = self.engine.add(c.prompt_ids, c.params, request_id=job.id, t_start=job.t_start,
+                                      speculate=c.speculate)
+        except Exception as exc:  # noqa: BLE001 - one bad request fails alone, the server keeps serving
+            logger.warning("request %s failed at prefill: %s", job.id, exc)
+            self._finish(job, "error", f"{type(exc).__name__}: {exc}")
+            return
+        if job.seq.done:
+            self._finish(job, job.seq.finish_reason or "stop")
+
+    def _step(self) -> None:
+        try:
+            finished = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - fail the batch's requests, keep the server alive
+            self.num_step_errors += 1
+            logger.exception("decode step failed; failing its %d requests", len(self.engine.running))
+            for seq in list(self.engine.running):
+                self.engine.cancel(seq, reason="error")
+                job = self._jobs.get(seq.request_id)
+                if job is not None:
+                    self._finish(job, "error", f"decode step failed: {type(exc).__name__}: {exc}")
+            return
+        for seq in finished:
+            job = self._jobs.get(seq.request_id)
+            if job is not None:
+                self._finish(job, seq.finish_reason or "stop")
+
+    def _cancel(self, job: Job) -> None:
+        if job.finished:
+            return
+        if job.record is None:  # still waiting: never reached the engine
+            job.record = RequestRecord(started_at=job.wall_start, domain=job.checked.kind, external_id=job.id,
+                                       prompt_tokens=len(job.checked.prompt_ids))
+        if job.seq is not None:
+            self.engine.cancel(job.seq)
+        self._finish(job, "cancelled")
+
+    def _on_step(self, ev: StepEvent) -> None:
+        """Hot path (inside engine.add / engine.step): plain appends only."""
+        job = self._jobs.get(ev.request_id)
+        if job is None:
+            return
+        rec = job.record
+        offset_ms = (ev.t_end - job.t_start) * 1000.0
+        if ev.step_index >= 0:
+            rec.steps.append(StepRow(ev.step_index, ev.k, ev.accepted, len(ev.tokens), ev.draft_s * 1000.0,
+                                     ev.verify_s * 1000.0, offset_ms, ev.batch_size, ev.k_reason))
+        pos = len(rec.tokens)
+        for i, src in enumerate(ev.sources):
+            rec.tokens.append(TokenRow(pos + i, offset_ms, ev.step_index, src))
+        if ev.tokens:
+            self._outbox.append((job, ev.tokens))
+
+    def _finish(self, job: Job, reason: str, error: str | None = None) -> None:
+        job.finished = True
+        self._jobs.pop(job.id, None)
+        rec, seq = job.record, job.seq
+        rec.status = {"cancelled": "cancelled", "error": "error"}.get(reason, "ok")
+        rec.error = error
+        if seq is not None:
+            rec.output_tokens = len(rec.tokens)  # what was emitted (and streamed) to the client
+            rec.num_drafts, rec.num_draft_tokens, rec.num_accepted_tokens = (
+                seq.num_drafts, seq.num_draft_tokens, seq.num_accepted)
+            if seq.emit_times:
+                rec.ttft_ms = (seq.emit_times[0] - seq.t_start) * 1000.0
+                rec.e2e_ms = (seq.emit_times[-1] - seq.t_start) * 1000.0
+        else:
+            rec.tokens.clear()
+            rec.steps.clear()
+        if rec.e2e_ms is None:
+            rec.e2e_ms = (time.perf_counter() - job.t_start) * 1000.0
+        end = job.wall_start + timedelta(milliseconds=rec.e2e_ms)
+        now = datetime.now(UTC)
+        others = [w for w in self._recent if w[1] > job.wall_start]
+        others += [(j.wall_start, now) for j in self._jobs.values()]
+        self._recent.append((job.wall_start, end))
+        self._outbox.append((job, Finished(reason, rec.prompt_tokens, rec.output_tokens, error)))
+        try:
+            self._on_finish(job, rec, others)
+        except Exception:  # noqa: BLE001 - telemetry trouble must not stop serving
+            logger.exception("could not hand request %s to telemetry", job.id)
+
+    def _deliver(self) -> None:
+        """Everything emitted since the last delivery, in one wake-up per event loop."""
+        if not self._outbox:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for job, item in self._outbox:
+            by_loop.setdefault(job.loop, []).append((job.out, item))
+        self._outbox = []
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+
+
+def _put_all(items: list) -> None:
+    for queue, item in items:
+        queue.put_nowait(list(item) if isinstance(item, tuple) else item)

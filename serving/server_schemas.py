@@ -1,0 +1,263 @@
+"""HTTP request bodies (pydantic, strict) and OpenAI-style errors for the serving API.
+
+Everything a client sends is checked here, before a request reaches the engine thread: a body that
+fails any check becomes an `APIError` (4xx) and leaves nothing in the store.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from serving.sampling import SamplingParams
+
+MAX_TEMPERATURE = 2.0  # OpenAI's documented range is [0, 2]
+MAX_STOP_STRINGS = 4
+DEFAULT_MAX_TOKENS = 256  # when the client sends none (capped by the room left in the context window)
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class APIError(Exception):
+    """An error answered to the client as {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type_: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+class _Strict(BaseModel):
+    # strict: "10" is not an integer, true is not a number; unknown fields are ignored like OpenAI does
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class Message(_Strict):
+    role: str
+    content: str | list[dict[str, Any]]
+
+    @field_validator("role")
+    @classmethod
+    def _role(cls, v: str) -> str:
+        if v not in ROLES:
+            raise ValueError(f"unknown role {v!r}: use one of system, developer, user, assistant")
+        return ROLES[v]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError("only text content parts ({'type': 'text', 'text': ...}) are supported")
+            parts.append(part["text"])
+        return "".join(parts)
+
+
+class _Common(_Strict):
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # extension (as vLLM): 0 or -1 = off
+    n: int | None = None
+    stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logprobs: bool | int | None = None
+    user: str | None = None
+    speculative: bool = True  # extension: false decodes this request autoregressively (recorded as AR)
+
+
+class ChatRequest(_Common):
+    messages: list[Message]
+    max_completion_tokens: int | None = None
+    tools: list[Any] | None = None
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[int] | list[str]
+    echo: bool | None = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+def parse_body(raw: bytes, model: type[_Common]) -> _Common:
+    """Raw body -> request model, or APIError(400) saying what is wrong and where."""
+    if not raw.strip():
+        raise bad("the request body is empty: send a JSON object")
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise bad(f"the request body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc.errors()) from None
+
+
+def validation_error(errors: list[dict]) -> APIError:
+    """The first pydantic (or FastAPI) validation error as one readable 400."""
+    if not errors:
+        return bad("invalid request")
+    err = errors[0]
+    loc = [str(x) for x in err.get("loc", ()) if x not in ("body",)]
+    param = ".".join(loc) or None
+    if err.get("type") == "missing":
+        return bad(f"missing required parameter {param!r}", param=param, code="missing_required_parameter")
+    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    got = err.get("input")
+    shown = json.dumps(got)[:80] if _jsonable(got) else type(got).__name__
+    return bad(f"invalid value for {param!r}: {msg} (got {shown})", param=param, code="invalid_value")
+
+
+def _jsonable(x: object) -> bool:
+    try:
+        json.dumps(x)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+Kind = Literal["chat", "completion"]
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """A request that passed every check: what the engine thread needs."""
+
+    kind: Kind
+    prompt_ids: list[int]
+    params: SamplingParams
+    speculate: bool
+    stream: bool
+    include_usage: bool
+
+
+def check(req: _Common, kind: Kind, *, model_id: str, max_len: int, vocab_size: int,
+          encode_chat: Callable[[list[dict]], list[int]], encode_text: Callable[[str], list[int]]) -> Checked:
+    """Semantic checks (the types are already right): APIError(4xx) naming the parameter on failure."""
+    if req.model != model_id:
+        raise APIError(404, f"the model {req.model!r} does not exist: this server serves {model_id!r}",
+                       param="model", code="model_not_found")
+    if req.n is not None and req.n < 1:
+        raise bad(f"n must be >= 1, got {req.n}", param="n", code="invalid_value")
+    if req.n is not None and req.n > 1:
+        raise bad(f"n = {req.n} is not supported: this server returns one choice (n = 1)", param="n",
+                  code="unsupported_value")
+    _unsupported(req)
+    max_tokens = req.max_tokens
+    if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
+        max_tokens = req.max_completion_tokens
+    temperature = 1.0 if req.temperature is None else req.temperature
+    if not 0 <= temperature <= MAX_TEMPERATURE or temperature != temperature:
+        raise bad(f"temperature must be within [0, {MAX_TEMPERATURE:g}], got {temperature}", param="temperature",
+                  code="invalid_value")
+    top_p = 1.0 if req.top_p is None else req.top_p
+    if not 0 < top_p <= 1:
+        raise bad(f"top_p must be within (0, 1], got {top_p}", param="top_p", code="invalid_value")
+    top_k = 0 if req.top_k in (None, -1) else req.top_k
+    if top_k < 0:
+        raise bad(f"top_k must be -1, 0 (off) or a positive integer, got {req.top_k}", param="top_k",
+                  code="invalid_value")
+    stop = _stops(req.stop)
+    prompt_ids = _prompt_ids(req, encode_chat, encode_text)
+    if any(not 0 <= t < vocab_size for t in prompt_ids):
+        raise bad(f"prompt token ids must be within [0, {vocab_size})", param="prompt", code="invalid_value")
+    if len(prompt_ids) >= max_len - 1:
+        raise bad(f"the prompt is {len(prompt_ids)} tokens; this model's context window is {max_len} tokens",
+                  param="messages" if kind == "chat" else "prompt", code="context_length_exceeded")
+    room = max_len - 1 - len(prompt_ids)
+    param = "max_completion_tokens" if isinstance(req, ChatRequest) and req.max_completion_tokens else "max_tokens"
+    if max_tokens is not None and max_tokens < 1:
+        raise bad(f"{param} must be >= 1, got {max_tokens}", param=param, code="invalid_value")
+    if max_tokens is not None and max_tokens > room:
+        raise bad(f"{param} = {max_tokens} is too large: the prompt is {len(prompt_ids)} tokens and the context "
+                  f"window {max_len}, so at most {room} tokens can be generated", param=param,
+                  code="context_length_exceeded")
+    max_new = max_tokens if max_tokens is not None else min(DEFAULT_MAX_TOKENS, room)
+    try:
+        params = SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p),
+                                max_new_tokens=max_new, stop=stop, seed=req.seed)
+    except ValueError as exc:
+        raise bad(str(exc), code="invalid_value") from None
+    opts = req.stream_options or {}
+    if opts and not req.stream:
+        raise bad("stream_options is only allowed with stream = true", param="stream_options")
+    include_usage = opts.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise bad("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
+    return Checked(kind, prompt_ids, params, req.speculative, bool(req.stream), include_usage)
+
+
+def _unsupported(req: _Common) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(req, name)
+        if value not in (None, 0, 0.0):
+            raise bad(f"{name} is not supported (only 0), got {value}", param=name, code="unsupported_value")
+    if req.logprobs not in (None, False, 0) or isinstance(req.logprobs, int) and req.logprobs < 0:
+        raise bad("logprobs are not supported", param="logprobs", code="unsupported_value")
+    if isinstance(req, ChatRequest) and req.tools:
+        raise bad("tools are not supported", param="tools", code="unsupported_value")
+    if isinstance(req, CompletionRequest):
+        if req.echo:
+            raise bad("echo is not supported", param="echo", code="unsupported_value")
+        if req.best_of not in (None, 1):
+            raise bad(f"best_of = {req.best_of} is not supported (only 1)", param="best_of", code="unsupported_value")
+        if req.suffix:
+            raise bad("suffix is not supported", param="suffix", code="unsupported_value")
+
+
+def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > MAX_STOP_STRINGS:
+        raise bad(f"at most {MAX_STOP_STRINGS} stop sequences, got {len(stops)}", param="stop")
+    if any(not s for s in stops):
+        raise bad("stop sequences must be non-empty strings", param="stop")
+    return tuple(stops)
+
+
+def _prompt_ids(req: _Common, encode_chat, encode_text) -> list[int]:
+    if isinstance(req, ChatRequest):
+        if not req.messages:
+            raise bad("messages must hold at least one message", param="messages", code="invalid_value")
+        msgs = []
+        for i, m in enumerate(req.messages):
+            try:
+                msgs.append({"role": m.role, "content": m.text()})
+            except ValueError as exc:
+                raise bad(str(exc), param=f"messages.{i}.content") from None
+        return list(encode_chat(msgs))
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) != 1:
+            raise bad(f"one prompt per request is supported, got {len(prompt)}", param="prompt",
+                      code="unsupported_value")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad("prompt must not be empty", param="prompt", code="invalid_value")
+        return list(encode_text(prompt))
+    if not prompt:
+        raise bad("prompt must not be empty", param="prompt", code="invalid_value")
+    return list(prompt)

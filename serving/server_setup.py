@@ -1,0 +1,125 @@
+"""Wiring a serving process: load the model, start the engine thread and telemetry, run uvicorn.
+
+`build_state` is used by `specfinops serve` and by the tests (which run uvicorn in a thread);
+`serve` runs uvicorn in the foreground, where SIGTERM / SIGINT shut down gracefully: uvicorn stops
+accepting connections and waits up to `graceful_s` for in-flight responses, then the app's shutdown
+cancels what is left (recorded as cancelled), ends both runs and flushes the recorder.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from serving.sampling import SamplingParams
+from serving.server import ServerState, create_app, shutdown
+from serving.server_engine import EngineLoop
+from serving.server_metrics import ServeMetrics
+from serving.server_telemetry import MODES, ServeTelemetry
+from serving.worker import EngineSpec, Loaded, default_node_id, load, run_info
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH = 8
+
+
+@dataclass
+class ServeOptions:
+    spec: EngineSpec = field(default_factory=lambda: EngineSpec(max_batch=DEFAULT_MAX_BATCH))
+    db: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    telemetry: bool = True
+    node_id: str | None = None
+    power: str = "auto"
+    tdp_w: float | None = None
+    served_model_name: str | None = None
+    max_waiting: int = 1024
+    graceful_s: float = 30.0
+
+    def validate(self) -> None:
+        self.spec.validate()
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be within 0..65535, got {self.port}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("--api-key must not be empty")
+        if self.max_waiting < 1:
+            raise ValueError(f"--max-waiting must be >= 1, got {self.max_waiting}")
+        if self.graceful_s < 0:
+            raise ValueError(f"--graceful-s must be >= 0, got {self.graceful_s}")
+
+
+def _k_policy(loaded: Loaded, mode: str) -> str:
+    k = loaded.spec.k if mode == "spec" else "none"
+    return f"fixed:{k}" if str(k).isdigit() else str(k)
+
+
+def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState:
+    """Load (unless given), warm up, open the store, start the runs, the telemetry and the engine thread."""
+    from telemetry.power import detect_power_source
+
+    opts.validate()
+    loaded = loaded or load(opts.spec)
+    model_id = opts.served_model_name or loaded.target_dir.name
+    _warm_up(loaded)
+    recorder, infos = None, None
+    source = detect_power_source(opts.power, tdp_w=opts.tdp_w)
+    try:
+        if opts.telemetry:
+            from telemetry.recorder import Recorder
+            from telemetry.store import open_store
+
+            recorder = Recorder(open_store(opts.db))
+            node = opts.node_id or default_node_id()
+            infos = {m: run_info(loaded, m, workload="serve", params=SamplingParams(), node_id=node,
+                                 power_source=source.source, concurrency=opts.spec.max_batch, kind="serve",
+                                 k_policy=_k_policy(loaded, m)) for m in MODES}
+        holder: dict = {}
+        metrics = ServeMetrics(model_id, running=lambda: holder["loop"].num_running,
+                               waiting=lambda: holder["loop"].num_waiting)
+        telemetry = ServeTelemetry(metrics, source, recorder=recorder, run_infos=infos).start()
+    except BaseException:
+        if recorder is not None:
+            recorder.close()
+        source.close()
+        raise
+    engine = loaded.engine("spec", max_batch=opts.spec.max_batch)
+    k = loaded.spec.k
+    if str(k).isdigit():
+        metrics.prepare_positions(int(k))
+    loop = EngineLoop(engine, lambda job, rec, others: telemetry.finish(job.mode if engine.drafter else "ar",
+                                                                        rec, others),
+                      max_waiting=opts.max_waiting)
+    holder["loop"] = loop
+    loop.start()
+    return ServerState(loop_engine=loop, telemetry=telemetry, metrics=metrics, model_id=model_id,
+                       max_len=engine.max_len, vocab_size=loaded.target.cfg.vocab_size,
+                       tokenizer=loaded.tokenizer, decode=loaded.decode, api_key=opts.api_key,
+                       created=int(time.time()), root=str(loaded.target_dir),
+                       card={"backend": "torch", "dtype": loaded.spec.dtype, "drafter": loaded.drafter_label,
+                             "k_policy": _k_policy(loaded, "spec"), "max_batch": opts.spec.max_batch})
+
+
+def _warm_up(loaded: Loaded) -> None:
+    """One short untimed generation so first-call costs do not land on the first client."""
+    ids = list(loaded.tokenizer.encode("Hello"))
+    loaded.engine("spec", max_batch=1).generate(ids, SamplingParams(max_new_tokens=4))
+
+
+def serve(opts: ServeOptions, *, log_level: str = "info") -> None:
+    """Run the server in the foreground until SIGTERM / SIGINT."""
+    import uvicorn
+
+    state = build_state(opts)
+    app = create_app(state)
+    config = uvicorn.Config(app, host=opts.host, port=opts.port, log_level=log_level,
+                            timeout_graceful_shutdown=opts.graceful_s, access_log=False)
+    server = uvicorn.Server(config)
+    status = "failed"
+    try:
+        server.run()
+        status = "completed" if server.started else "failed"
+    finally:
+        shutdown(state, status)  # idempotent: also covers a failed start (port in use)

@@ -1,0 +1,105 @@
+"""Telemetry of a serving process: one 'serve' run per mode, the power sampler, the request records.
+
+The engine thread hands each finished request to `finish` (a queue put); a small thread attributes
+energy (concurrent requests share the node's energy, `attribute_energy`), updates the Prometheus
+metrics and enqueues the record on the batch recorder. `close` drains that thread, stops power
+sampling, ends the runs and flushes the recorder, so a shutdown leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from datetime import timedelta
+
+from serving.server_metrics import ServeMetrics
+from telemetry.energy import attribute_energy
+from telemetry.power import PowerSampler, PowerSource
+from telemetry.records import RequestRecord, RunInfo
+
+logger = logging.getLogger(__name__)
+
+MODES = ("spec", "ar")
+
+
+class ServeTelemetry:
+    def __init__(self, metrics: ServeMetrics, source: PowerSource, *, recorder=None,
+                 run_infos: dict[str, RunInfo] | None = None):
+        self.metrics = metrics
+        self.recorder = recorder
+        self.source = source
+        self.run_ids: dict[str, int] = {}
+        if recorder is not None:
+            for mode in MODES:
+                self.run_ids[mode] = recorder.start_run(run_infos[mode])
+        self.sampler = PowerSampler(source, self._on_power)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="specfinops-serve-telemetry", daemon=True)
+        self._closed = False
+        self.num_recorded = 0
+
+    def start(self) -> ServeTelemetry:
+        self.sampler.start()
+        self._thread.start()
+        return self
+
+    def _on_power(self, readings) -> None:
+        self.metrics.observe_power(readings)
+        if self.recorder is not None:
+            for run_id in self.run_ids.values():  # both runs span the same node and period
+                self.recorder.record_power(run_id, readings)
+
+    def finish(self, mode: str, rec: RequestRecord, others) -> None:
+        """Engine thread: hand over a finished request (no I/O here)."""
+        self._queue.put((mode, rec, others))
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every request handed over so far is in the store; False on timeout."""
+        mark = threading.Event()
+        self._queue.put(mark)
+        if not mark.wait(timeout_s):
+            return False
+        return self.recorder.flush(timeout_s) if self.recorder is not None else True
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            try:
+                self._record(*item)
+            except Exception:  # noqa: BLE001 - one bad record must not stop the others
+                logger.exception("could not record a request")
+
+    def _record(self, mode: str, rec: RequestRecord, others) -> None:
+        if rec.e2e_ms is not None and self.source.source != "none":
+            self.sampler.sample_now()  # cover the request's end
+            start = rec.started_at
+            end = start + timedelta(milliseconds=rec.e2e_ms)
+            readings = [r for r in self.sampler.readings() if start - timedelta(seconds=5) <= r.t]
+            if readings:
+                rec.energy_j = attribute_energy(readings, [(start, end), *others])[0]
+        self.metrics.observe_request(mode, rec)
+        if self.recorder is not None:
+            self.recorder.record_request(self.run_ids[mode], rec)
+        self.num_recorded += 1
+
+    def close(self, status: str = "completed") -> None:
+        """Drain the pending records, stop sampling, end both runs, flush and close the recorder."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(60)
+        self.sampler.stop()
+        try:
+            if self.recorder is not None:
+                for run_id in self.run_ids.values():
+                    self.recorder.end_run(run_id, status)
+                self.recorder.close()
+        finally:
+            self.source.close()

@@ -1,0 +1,75 @@
+"""`specfinops loadtest`: loopback only, token timing spread, and a short real load (8 streaming clients,
+spec and AR) against the live server, stored as 'loadtest' runs the FinOps capacity uses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from serve_live import API_KEY, shared_live
+from sqlalchemy import create_engine, text
+
+from app.cli import main
+from serving.loadtest import base_url, token_rows
+from telemetry.queries import run_summaries
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.5:8000", "http://example.com", "http://192.168.1.2:80/v1",
+                                 "ftp://127.0.0.1:8000", "127.0.0.1:8000"])
+def test_non_loopback_urls_are_refused(url):
+    with pytest.raises(ValueError, match="loopback|must look like"):
+        base_url(url)
+
+
+def test_loopback_urls_are_normalised():
+    assert base_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000/v1"
+    assert base_url("http://localhost:9/v1/") == "http://localhost:9/v1"
+    assert base_url("http://[::1]:8000") == "http://[::1]:8000/v1"
+
+
+def test_cli_refuses_remote_url_with_a_clear_error(capsys):
+    assert main(["loadtest", "--url", "http://203.0.113.7:8000", "--duration", "1", "--no-telemetry"]) == 2
+    assert "loopback" in capsys.readouterr().err
+
+
+def test_token_rows_spread_tokens_over_chunks():
+    chunks = [(10.0, 5), (20.0, 1), (35.0, 10)]
+    rows = token_rows(chunks, 9)
+    assert [r.position for r in rows] == list(range(9))
+    per_chunk = [sum(r.emit_offset_ms == t for r in rows) for t, _ in chunks]
+    assert per_chunk[0] >= 1 and per_chunk[1] >= 1 and per_chunk[2] >= per_chunk[0] >= per_chunk[1]
+    assert sum(per_chunk) == 9
+    assert [r.emit_offset_ms for r in rows] == sorted(r.emit_offset_ms for r in rows)
+    assert len(token_rows(chunks, 2)) == 2 and token_rows([], 3) == []
+
+
+@pytest.mark.slow
+def test_short_load_both_modes_is_stored_as_runs(request, tmp_path):
+    live = shared_live(request.config)
+    db_url = f"sqlite:///{tmp_path / 'load.db'}"
+    out = tmp_path / "load.json"
+    rc = main(["loadtest", "--url", live.url, "--concurrency", "8", "--duration", "3", "--mode", "both",
+               "--max-tokens", "8", "--workload", "code", "--api-key", API_KEY, "--db", db_url,
+               "--json", str(out)])
+    assert rc == 0
+    rows = json.loads(out.read_text())["levels"]
+    assert [(r["mode"], r["concurrency"]) for r in rows] == [("ar", 8), ("spec", 8)]
+    for r in rows:
+        assert r["requests_ok"] >= 8 and r["requests_error"] == 0, r
+        assert r["tokens_per_s"] > 0 and r["ttft_p95_ms"] >= r["ttft_p50_ms"] > 0
+        assert r["tpot_p95_ms"] is not None
+    engine = create_engine(db_url)
+    with engine.connect() as c:
+        runs = c.execute(text("select mode, kind, concurrency, status from runs order by id")).all()
+        assert [tuple(r) for r in runs] == [("ar", "loadtest", 8, "completed"), ("spec", "loadtest", 8, "completed")]
+        mismatched = c.execute(text(
+            "select count(*) from requests r where r.status = 'ok' and r.output_tokens != "
+            "(select count(*) from token_events t where t.request_id = r.id)")).scalar_one()
+        assert mismatched == 0
+    summaries = run_summaries(engine)
+    assert all(s.stats.tokens_per_s and s.stats.tpot_p95_ms for s in summaries)
+    # the server saw every request: recorded in its own store, none failed
+    live.flush()
+    with create_engine(live.db_url).connect() as c:
+        errors = c.execute(text("select count(*) from requests where status = 'error'")).scalar_one()
+    assert errors == 0

@@ -1,0 +1,234 @@
+"""The HTTP API end to end on the bundled model: the official openai client (chat and completion,
+streamed and not), per-request opt-out of speculation, disconnect -> cancelled, /metrics against the
+store, and SIGTERM -> graceful shutdown with the runs ended."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from openai import OpenAI
+from serve_live import API_KEY, AUTH, shared_live
+from sqlalchemy import create_engine, text
+
+pytestmark = pytest.mark.slow
+
+COUNT_PROMPT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,"  # repetitive: the n-gram drafter proposes
+
+
+@pytest.fixture(scope="module")
+def live(request):
+    return shared_live(request.config)
+
+
+@pytest.fixture(scope="module")
+def client(live):
+    return OpenAI(base_url=live.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def _rows(live, sql: str, **params):
+    live.flush()
+    with create_engine(live.db_url).connect() as c:
+        return c.execute(text(sql), params).all()
+
+
+def _request_row(live, external_id: str):
+    rows = _rows(live, "select r.status, r.output_tokens, r.num_drafts, r.ttft_ms, r.e2e_ms, runs.mode, runs.kind, "
+                 "runs.concurrency, (select count(*) from token_events t where t.request_id = r.id) as events "
+                 "from requests r join runs on runs.id = r.run_id where r.external_id = :e", e=external_id)
+    assert len(rows) == 1, f"expected one row for {external_id}, got {rows}"
+    return rows[0]
+
+
+def test_chat_streamed_and_not_agree_and_are_recorded(live, client):
+    msgs = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name three colors."}]
+    full = client.chat.completions.create(model=live.model, messages=msgs, max_tokens=12, temperature=0)
+    assert full.object == "chat.completion"
+    assert full.choices[0].message.role == "assistant" and full.choices[0].message.content
+    assert full.choices[0].finish_reason in ("stop", "length")
+    assert 1 <= full.usage.completion_tokens <= 12
+    assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
+
+    chunks = list(client.chat.completions.create(model=live.model, messages=msgs, max_tokens=12, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == full.choices[0].message.content  # greedy: same answer either way
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        full.choices[0].finish_reason]
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+
+    row = _request_row(live, full.id)
+    assert (row.status, row.mode, row.kind, row.concurrency) == ("ok", "spec", "serve", 8)
+    assert row.output_tokens == full.usage.completion_tokens == row.events
+    assert 0 < row.ttft_ms <= row.e2e_ms
+
+
+def test_completion_streamed_and_not_and_speculation_opt_out(live, client):
+    full = client.completions.create(model=live.model, prompt=COUNT_PROMPT, max_tokens=16, temperature=0)
+    assert full.object == "text_completion" and full.choices[0].text
+    pieces = [c.choices[0].text for c in client.completions.create(
+        model=live.model, prompt=COUNT_PROMPT, max_tokens=16, temperature=0, stream=True)]
+    assert "".join(pieces) == full.choices[0].text
+
+    ar = client.completions.create(model=live.model, prompt=COUNT_PROMPT, max_tokens=16, temperature=0,
+                                   extra_body={"speculative": False})
+    spec_row, ar_row = _request_row(live, full.id), _request_row(live, ar.id)
+    assert spec_row.mode == "spec" and spec_row.num_drafts > 0
+    assert ar_row.mode == "ar" and ar_row.num_drafts == 0 and ar_row.status == "ok"
+    assert ar_row.output_tokens == ar.usage.completion_tokens == ar_row.events
+
+
+def test_stop_string_cuts_the_answer(live, client):
+    r = client.completions.create(model=live.model, prompt=COUNT_PROMPT, max_tokens=24, temperature=0, stop=["18"])
+    assert "18" not in r.choices[0].text and r.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=live.model, prompt=COUNT_PROMPT, max_tokens=24, temperature=0, stop=["18"], stream=True))
+    assert streamed == r.choices[0].text
+
+
+def test_concurrent_streams_are_batched_and_all_complete(live, client):
+    results: dict[int, str] = {}
+
+    def one(i: int) -> None:
+        stream = client.chat.completions.create(
+            model=live.model, messages=[{"role": "user", "content": f"Count to {i + 3}."}], max_tokens=10,
+            temperature=0, stream=True)
+        results[i] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(results) == list(range(6)) and all(results.values())
+    sizes = _rows(live, "select max(batch_size) from steps")
+    assert sizes[0][0] > 1, "concurrent requests should share decode steps"
+
+
+def test_client_disconnect_mid_stream_cancels_the_sequence(live):
+    body = {"model": live.model, "prompt": COUNT_PROMPT, "max_tokens": 400, "temperature": 0, "stream": True}
+    with httpx.Client(timeout=60) as http, http.stream("POST", live.url + "/v1/completions", json=body,
+                                                        headers=AUTH) as resp:
+        assert resp.status_code == 200
+        first = next(line for line in resp.iter_lines() if line.startswith("data: "))
+        request_id = json.loads(first[6:])["id"]
+    # the connection is closed: the engine cancels the sequence and records it
+    deadline = time.monotonic() + 60
+    while True:
+        rows = _rows(live, "select status from requests where external_id = :e", e=request_id)
+        if rows or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    row = _request_row(live, request_id)
+    assert row.status == "cancelled"
+    assert 1 <= row.output_tokens < 400 and row.events == row.output_tokens
+    assert httpx.get(live.url + "/health").json()["status"] == "ok"
+
+
+def _metric(exposition: str, name: str, **labels) -> float:
+    total, found = 0.0, False
+    for line in exposition.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(None, 1)[1])
+            found = True
+    assert found, f"{name} {labels} not exposed"
+    return total
+
+
+def test_metrics_expose_vllm_counters_equal_to_the_store(live, client):
+    client.completions.create(model=live.model, prompt=COUNT_PROMPT, max_tokens=16, temperature=0)
+    live.flush()
+    exp = httpx.get(live.url + "/metrics").text
+    drafts, drafted, accepted = _rows(
+        live, "select sum(num_drafts), sum(num_draft_tokens), sum(num_accepted_tokens) from requests")[0]
+    assert drafts > 0
+    assert _metric(exp, "vllm:spec_decode_num_drafts_total") == drafts
+    assert _metric(exp, "vllm:spec_decode_num_draft_tokens_total") == drafted
+    assert _metric(exp, "vllm:spec_decode_num_accepted_tokens_total") == accepted
+    per_pos = [float(v) for v in re.findall(r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{[^}]*'
+                                            r'position="\d+"\} (\S+)$', exp, re.M)]
+    assert sum(per_pos) == accepted and per_pos[0] <= drafts
+    assert per_pos == sorted(per_pos, reverse=True)  # position i needs positions < i accepted
+    # accepted per position from the step rows: position i counts when accepted > i
+    steps = _rows(live, "select accepted from steps where k > 0")
+    assert sum(a for (a,) in steps) == accepted
+    for status, n in _rows(live, "select status, count(*) from requests group by status"):
+        assert _metric(exp, "specfinops:requests_total", status=status) == n
+    n_ok = _rows(live, "select count(*) from requests where status = 'ok'")[0][0]
+    assert _metric(exp, "vllm:e2e_request_latency_seconds_count") == n_ok
+    assert "vllm:time_to_first_token_seconds_bucket" in exp and "vllm:num_requests_running" in exp
+
+
+def test_no_half_written_rows(live):
+    bad = _rows(live, "select r.id, r.output_tokens, (select count(*) from token_events t where t.request_id = r.id) "
+                "from requests r where r.status = 'ok'")
+    assert bad and all(out == events for _, out, events in bad)
+    runs = _rows(live, "select mode, kind, status from runs order by id")
+    assert [(m, k) for m, k, _ in runs] == [("spec", "serve"), ("ar", "serve")]
+
+
+# ---------------------------------------------------------------------------------------------- SIGTERM
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_finishes_or_cancels_in_flight_and_ends_the_runs(tmp_path):
+    db_url = f"sqlite:///{tmp_path / 'store.db'}"
+    port = _free_port()
+    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--db", db_url, "--max-batch", "2",
+           "--max-len", "1024", "--power", "none", "--graceful-s", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.3)
+        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        body = {"model": model, "prompt": COUNT_PROMPT, "max_tokens": 500, "temperature": 0, "stream": True}
+        with httpx.Client(timeout=60) as http, http.stream("POST", url + "/v1/completions", json=body) as resp:
+            lines = resp.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            request_id = json.loads(first[6:])["id"]
+            proc.send_signal(signal.SIGTERM)
+            try:
+                for _ in lines:  # the stream ends (finished, or cut after the grace period)
+                    pass
+            except httpx.HTTPError:
+                pass
+        # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught (exit by that signal)
+        assert proc.wait(60) in (0, -signal.SIGTERM), proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with create_engine(db_url).connect() as c:
+        runs = c.execute(text("select mode, status, ended_at from runs order by id")).all()
+        assert [(m, s) for m, s, _ in runs] == [("spec", "completed"), ("ar", "completed")]
+        assert all(e is not None for *_, e in runs)
+        row = c.execute(text("select status, output_tokens, (select count(*) from token_events t where "
+                             "t.request_id = r.id) from requests r where external_id = :e"), {"e": request_id}).one()
+    assert row[0] in ("ok", "cancelled") and row[1] == row[2] >= 1

@@ -1,0 +1,125 @@
+"""Malformed requests: each one -> a 4xx with an OpenAI-style JSON error, the server stays healthy, and
+nothing reaches the store."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from serve_live import AUTH, shared_live
+from sqlalchemy import create_engine, text
+
+pytestmark = pytest.mark.slow
+
+MODEL = "smollm2-135m-instruct"
+CHAT, COMP = "/v1/chat/completions", "/v1/completions"
+USER = [{"role": "user", "content": "hi"}]
+
+
+def chat(**kw) -> dict:
+    return {"model": MODEL, "messages": USER, "max_tokens": 4, **kw}
+
+
+def comp(**kw) -> dict:
+    return {"model": MODEL, "prompt": "hello", "max_tokens": 4, **kw}
+
+
+LONG = "word " * 1500  # well over the test server's 1024-token window
+
+# (id, path, body (dict -> JSON, bytes -> raw), headers, expected status, expected param or None)
+CASES = [
+    ("invalid-json", CHAT, b'{"model": "x", "messages": [', AUTH, 400, None),
+    ("empty-body", CHAT, b"", AUTH, 400, None),
+    ("json-array", CHAT, b"[1, 2]", AUTH, 400, None),
+    ("not-utf8", CHAT, b"\xff\xfe\x00", AUTH, 400, None),
+    ("missing-messages", CHAT, {"model": MODEL}, AUTH, 400, "messages"),
+    ("missing-model", CHAT, {"messages": USER}, AUTH, 400, "model"),
+    ("messages-not-list", CHAT, chat(messages="hi"), AUTH, 400, "messages"),
+    ("empty-messages", CHAT, chat(messages=[]), AUTH, 400, "messages"),
+    ("unknown-role", CHAT, chat(messages=[{"role": "wizard", "content": "hi"}]), AUTH, 400, "messages.0.role"),
+    ("content-missing", CHAT, chat(messages=[{"role": "user"}]), AUTH, 400, "messages.0.content"),
+    ("content-number", CHAT, chat(messages=[{"role": "user", "content": 5}]), AUTH, 400, None),
+    ("image-part", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+     AUTH, 400, "messages.0.content"),
+    ("max-tokens-negative", CHAT, chat(max_tokens=-1), AUTH, 400, "max_tokens"),
+    ("max-tokens-zero", COMP, comp(max_tokens=0), AUTH, 400, "max_tokens"),
+    ("max-tokens-float", CHAT, chat(max_tokens=2.5), AUTH, 400, "max_tokens"),
+    ("max-tokens-string", CHAT, chat(max_tokens="10"), AUTH, 400, "max_tokens"),
+    ("max-tokens-enormous", CHAT, chat(max_tokens=10**9), AUTH, 400, "max_tokens"),
+    ("temperature-negative", CHAT, chat(temperature=-0.5), AUTH, 400, "temperature"),
+    ("temperature-absurd", COMP, comp(temperature=50), AUTH, 400, "temperature"),
+    ("temperature-bool", CHAT, chat(temperature=True), AUTH, 400, "temperature"),
+    ("top-p-zero", CHAT, chat(top_p=0), AUTH, 400, "top_p"),
+    ("top-p-above-one", COMP, comp(top_p=1.5), AUTH, 400, "top_p"),
+    ("n-zero", CHAT, chat(n=0), AUTH, 400, "n"),
+    ("n-two", COMP, comp(n=2), AUTH, 400, "n"),
+    ("unknown-model", CHAT, chat(model="gpt-4o"), AUTH, 404, "model"),
+    ("prompt-too-long", COMP, comp(prompt=LONG), AUTH, 400, "prompt"),
+    ("chat-too-long", CHAT, chat(messages=[{"role": "user", "content": LONG}]), AUTH, 400, "messages"),
+    ("prompt-empty", COMP, comp(prompt=""), AUTH, 400, "prompt"),
+    ("prompt-token-out-of-vocab", COMP, comp(prompt=[1, 10**7]), AUTH, 400, "prompt"),
+    ("stop-too-many", COMP, comp(stop=["a", "b", "c", "d", "e"]), AUTH, 400, "stop"),
+    ("speculative-not-bool", CHAT, chat(speculative="no"), AUTH, 400, "speculative"),
+    ("stream-not-bool", CHAT, chat(stream="yes"), AUTH, 400, "stream"),
+    ("missing-api-key", CHAT, chat(), {}, 401, None),
+    ("wrong-api-key", CHAT, chat(), {"Authorization": "Bearer nope"}, 401, None),
+    ("wrong-api-key-models", "/v1/models", None, {"Authorization": "Bearer nope"}, 401, None),
+    ("unknown-path", "/v1/embeddings", comp(), AUTH, 404, None),
+    ("wrong-method", CHAT, "GET", AUTH, 405, None),
+]
+
+
+@pytest.fixture(scope="module")
+def live(request):
+    live = shared_live(request.config)
+    live.flush()
+    return live
+
+
+def _count_rows(live) -> int:
+    live.flush()
+    with create_engine(live.db_url).connect() as c:
+        return c.execute(text("select count(*) from requests")).scalar_one()
+
+
+@pytest.fixture(scope="module")
+def rows_before(live) -> int:
+    return _count_rows(live)
+
+
+@pytest.mark.parametrize("name,path,body,headers,status,param", CASES, ids=[c[0] for c in CASES])
+def test_malformed_request_gets_openai_error(live, rows_before, name, path, body, headers, status, param):
+    url = live.url + path
+    if body == "GET":
+        r = httpx.get(url, headers=headers)
+    elif body is None:
+        r = httpx.get(url, headers=headers)
+    elif isinstance(body, bytes):
+        r = httpx.post(url, content=body, headers={**headers, "content-type": "application/json"})
+    else:
+        r = httpx.post(url, json=body, headers=headers)
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"] and "Traceback" not in r.text
+    assert err["type"] == "invalid_request_error"
+    if param is not None:
+        assert err["param"] == param, err
+    if status == 401:
+        assert err["code"] == "invalid_api_key"
+
+
+def test_at_least_twenty_cases():
+    assert len(CASES) >= 20
+
+
+def test_server_healthy_and_store_untouched_after_bad_input(live, rows_before):
+    assert httpx.get(live.url + "/health").json()["status"] == "ok"
+    assert _count_rows(live) == rows_before  # no row for any malformed request
+    # and it still serves
+    r = httpx.post(live.url + CHAT, json=chat(), headers=AUTH, timeout=120)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
+    assert _count_rows(live) == rows_before + 1
+    assert json.loads(httpx.get(live.url + "/health").text)["running"] == 0
