@@ -123,6 +123,23 @@ class EngineLoop:
 
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as exc:  # noqa: BLE001 - a bug here must not leave clients waiting forever
+            logger.exception("the engine thread failed; failing every request in flight")
+            with self._cv:
+                self._stopping = True
+                jobs = list(self._waiting) + list(self._jobs.values())
+                self._waiting.clear()
+            for job in jobs:
+                if not job.finished:
+                    if job.record is None:
+                        job.record = RequestRecord(started_at=job.wall_start, domain=job.checked.kind,
+                                                   external_id=job.id, prompt_tokens=len(job.checked.prompt_ids))
+                    self._finish(job, "error", f"engine thread failed: {type(exc).__name__}: {exc}")
+            self._deliver()
+
+    def _loop(self) -> None:
         while True:
             with self._cv:
                 while not (self._waiting or self._cancels or self.engine.running or self._stopping):
