@@ -18,7 +18,7 @@ import torch
 from serving.drafters import ModelDrafter, NgramDrafter
 from serving.engine import Engine, StepEvent
 from serving.llama import CausalLM, load_causal_lm
-from serving.lookahead import parse_policy
+from serving.lookahead import BatchGatedK, parse_policy
 from serving.models import check_same_vocab, load_tokenizer, resolve_model
 from serving.sampling import SamplingParams
 from serving.sequence import Sequence
@@ -64,6 +64,7 @@ class EngineSpec:
     dtype: str = "bfloat16"
     max_batch: int = 1
     max_len: int = 2048
+    spec_max_batch: int | None = None  # speculate only while at most this many sequences run together
 
     def validate(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -93,6 +94,8 @@ class Loaded:
         batch = max_batch or self.spec.max_batch
         drafter = self.drafter_factory(batch, self.spec.max_len + 16) if mode == "spec" else None
         policy = parse_policy(self.spec.k if mode == "spec" else 0)
+        if mode == "spec" and self.spec.spec_max_batch is not None:
+            policy = BatchGatedK(policy, self.spec.spec_max_batch)
         return Engine(self.target, drafter=drafter, policy=policy, eos_ids=self.eos_ids, max_batch=batch,
                       max_len=self.spec.max_len, decode=self.decode, on_step=on_step)
 

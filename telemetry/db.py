@@ -202,6 +202,28 @@ class Report(Base):
     __table_args__ = (UniqueConstraint("job_id", "since"),)
 
 
+class Sweep(Base):
+    """A concurrency sweep: the same prompts at several concurrency levels in both modes.
+
+    `crossover_concurrency` is the smallest measured level at which speculative tokens/s no longer
+    beats AR tokens/s (from the runs' SQL summaries); None when speculation paid at every level."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    node_id: Mapped[str] = mapped_column(String(128))
+    device: Mapped[str] = mapped_column(String(128))
+    target: Mapped[str] = mapped_column(String(512))
+    drafter: Mapped[str] = mapped_column(String(512))
+    k_policy: Mapped[str] = mapped_column(String(32))
+    workload: Mapped[str] = mapped_column(String(255))
+    dtype: Mapped[str] = mapped_column(String(16))
+    levels: Mapped[list] = mapped_column(JSON)
+    run_ids: Mapped[list] = mapped_column(JSON)
+    crossover_concurrency: Mapped[int | None] = mapped_column(Integer)
+
+
 def resolve_db_url(url: str | None = None) -> str:
     """`--db` beats `SPECFINOPS_DB_URL` beats the default SQLite file `var/specfinops.db`."""
     url = url or os.environ.get(ENV_DB_URL)

@@ -53,7 +53,7 @@ def test_indexes_and_constraint_names_follow_the_models(db_url):
 
 
 def test_single_head():
-    assert head_revision() == "0001"
+    assert head_revision() == "0003"
 
 
 def test_alembic_command_line_from_repo_root_uses_env_url(tmp_path):

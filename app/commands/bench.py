@@ -47,6 +47,9 @@ def register(sub) -> None:
     add_db_option(p)
     p.add_argument("--node-id", default=None, help="node id recorded with the runs (default: hostname)")
     p.add_argument("--no-telemetry", action="store_true", help="do not record anything in the store")
+    p.add_argument("--spec-max-batch", default=None, metavar="N|auto",
+                   help="speculate only while at most N sequences run together (AR above); 'auto' = below the "
+                        "crossover of the latest recorded sweep for this target and drafter")
     p.add_argument("--power", default="auto", help="auto | nvml | rapl | estimate | none")
     p.add_argument("--tdp-w", type=float, default=None, help="TDP in watts for --power estimate (labelled estimate)")
 
@@ -82,8 +85,13 @@ def handle(args: argparse.Namespace) -> int:
                       early_exit_layers=args.early_exit_layers, k=args.k, dtype=args.dtype,
                       max_batch=max(levels), max_len=args.max_len)
     spec.validate()
+    gate = args.spec_max_batch
+    if gate is not None and gate != "auto" and (not str(gate).isdigit() or int(gate) < 1):
+        raise ValueError(f"--spec-max-batch must be an integer >= 1 or 'auto', got {gate!r}")
     print(f"loading target ({args.dtype}) ...", file=sys.stderr)
     loaded = load(spec)
+    if gate is not None:
+        loaded.spec.spec_max_batch = resolve_spec_max_batch(gate, args.db, loaded)
     encoded = [loaded.encode(p) for p in prompts]
     for p, ids in zip(prompts, encoded, strict=True):
         if len(ids) >= spec.max_len - 1:
@@ -91,6 +99,28 @@ def handle(args: argparse.Namespace) -> int:
 
     report = run_bench(args, loaded, prompts, encoded, params, modes, levels)
     return _write_json(args, report)
+
+
+def resolve_spec_max_batch(gate: str, db_url: str | None, loaded) -> int | None:
+    """An explicit N, or from the latest recorded sweep: speculate below its crossover."""
+    if gate != "auto":
+        return int(gate)
+    from telemetry.store import open_store
+    from telemetry.sweeps import latest_sweep
+
+    sweep = latest_sweep(open_store(db_url), target=str(loaded.target_dir), drafter=loaded.drafter_label)
+    if sweep is None:
+        raise ValueError(
+            f"--spec-max-batch auto: no concurrency sweep recorded for {loaded.drafter_label} on this target; "
+            "run `specfinops bench --mode both --concurrency 1,2,4,8,16,32` first"
+        )
+    if sweep.crossover_concurrency is None:
+        print(f"sweep {sweep.id}: speculation paid at every measured level; not gated", file=sys.stderr)
+        return None
+    limit = max(1, sweep.crossover_concurrency - 1)
+    print(f"sweep {sweep.id}: crossover at concurrency {sweep.crossover_concurrency}; "
+          f"speculating while <= {limit} sequences run", file=sys.stderr)
+    return limit
 
 
 def _write_json(args: argparse.Namespace, report: dict) -> int:
@@ -143,6 +173,8 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
             for mode in modes:
                 policy = loaded.spec.k if mode == "spec" else "none"
                 k_policy = f"fixed:{policy}" if str(policy).isdigit() else policy
+                if mode == "spec" and loaded.spec.spec_max_batch is not None:
+                    k_policy += f"|batch<={loaded.spec.spec_max_batch}"
                 info = run_info(loaded, mode, workload=args.workload, params=params, node_id=node_id,
                                 power_source=source.source, concurrency=level, k_policy=k_policy)
                 run_id = recorder.start_run(info) if recorder else None
@@ -173,6 +205,17 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
             recorder.close()
         source.close()
     report = build_report(results, loaded, params)
+    if recorder is not None and len(levels) > 1 and len(modes) == 2:
+        from telemetry.store import open_store
+        from telemetry.sweeps import record_sweep
+
+        info = run_info(loaded, "spec", workload=args.workload, params=params, node_id=node_id,
+                        power_source=source.source, concurrency=1, k_policy=str(loaded.spec.k))
+        sweep_id, cross, _ = record_sweep(
+            open_store(args.db), node_id=node_id, device=info.device, target=info.target,
+            drafter=info.drafter, k_policy=info.k_policy, workload=args.workload, dtype=info.dtype,
+            run_ids=[res.run_id for _, res in results])
+        report["sweep_id"], report["crossover_concurrency"] = sweep_id, cross
     print_table(report, recorder is not None)
     return report
 
@@ -238,6 +281,10 @@ def print_table(report: dict, recorded: bool) -> None:
               f"{_fmt(r['run_id'], 'd', '-'):>5}")
     for level, sp in report["speedup_by_concurrency"].items():
         print(f"speedup spec vs AR at concurrency {level}: {_fmt(sp, '.2f')}x")
+    if "crossover_concurrency" in report:
+        cross = report["crossover_concurrency"]
+        print(f"sweep {report['sweep_id']}: " + (f"speculation stops paying at concurrency {cross}" if cross
+              else "speculation paid at every measured concurrency"))
     print("times in ms; TPOT = (E2E - TTFT) / (output tokens - 1); acceptance = accepted / drafted tokens")
     if recorded:
         print("recorded in the store: see `specfinops cost` and `specfinops dashboard`")

@@ -147,3 +147,17 @@ def nodes_bar(nodes_ar: int | None, nodes_spec: int | None) -> go.Figure:
                     text=[None if n is None else str(n)])
         _mark_missing(fig, [MODE_NAMES[mode]], [n], "— not attainable at this SLA")
     return _layout(fig, "Nodes needed at peak", "", "nodes")
+
+
+def sweep(points: list[tuple], crossover: int | None, title: str) -> go.Figure:
+    """Aggregate tokens/s against concurrency for both modes; the crossover marked."""
+    fig = go.Figure()
+    levels = [p[0] for p in points]
+    for mode, col in (("ar", 1), ("spec", 2)):
+        fig.add_trace(go.Scatter(x=levels, y=[p[col] for p in points], mode="lines+markers",
+                                 name=MODE_NAMES[mode], line={"color": MODE_COLORS[mode]}))
+    if crossover is not None:
+        fig.add_vline(x=crossover, line_dash="dot", line_color="#6b7280",
+                      annotation_text=f"crossover: {crossover}", annotation_position="top")
+    fig.update_xaxes(type="log", tickvals=levels, ticktext=[str(v) for v in levels])
+    return _layout(fig, title, "concurrent sequences", "tokens/s (all sequences)")

@@ -113,3 +113,19 @@ def acceptance_by_position(url: str, f: Filters):
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def power_over_time(url: str, f: Filters, bucket_s: int):
     return pq.power_over_time(engine(url), f, bucket_s)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def sweeps(url: str) -> list[dict]:
+    """Recorded concurrency sweeps, newest first, each with its per-level throughput (from SQL summaries)."""
+    from telemetry.sweeps import list_sweeps, sweep_points
+
+    eng = engine(url)
+    out = []
+    for sw in list_sweeps(eng, limit=20):
+        points = sweep_points(eng, list(sw.run_ids))
+        out.append({"id": sw.id, "created_at": sw.created_at, "drafter": sw.drafter, "workload": sw.workload,
+                    "node": sw.node_id, "crossover": sw.crossover_concurrency,
+                    "points": [(p.concurrency, p.ar_tokens_per_s, p.spec_tokens_per_s, p.ar_tpot_p95_ms,
+                                p.spec_tpot_p95_ms) for p in points]})
+    return out

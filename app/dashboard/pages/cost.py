@@ -114,6 +114,27 @@ def _projection_section(ctx: Context) -> None:
     download_csv("Download projection (CSV)", proj_table, "projection.csv", "dl_projection")
 
 
+def _sweep_section(ctx: Context) -> None:
+    sweeps = data.sweeps(ctx.url)
+    if not sweeps:
+        st.info("No concurrency sweep recorded yet. Measure one with "
+                "`specfinops bench --workload mixed --mode both --concurrency 1,2,4,8,16,32`.")
+        return
+    labels = {f"#{s['id']} {s['drafter']} on {s['workload']} ({s['node']}, {s['created_at']:%Y-%m-%d %H:%M})": s
+              for s in sweeps}
+    sw = labels[st.selectbox("Sweep", list(labels), key="w_sweep")]
+    cross = sw["crossover"]
+    st.metric("Crossover concurrency", fmt(cross, "d") if cross else "none measured",
+              help="smallest measured concurrency at which speculative tokens/s no longer beats AR; "
+                   "`bench --spec-max-batch auto` speculates only below it")
+    st.plotly_chart(charts.sweep(sw["points"], cross, "Throughput by concurrency"), width="stretch")
+    table = pd.DataFrame([{"concurrency": c, "AR tokens/s": a, "spec tokens/s": s_, "AR p95 TPOT ms": ta,
+                           "spec p95 TPOT ms": ts, "speedup": (s_ / a) if a and s_ is not None else None}
+                          for c, a, s_, ta, ts in sw["points"]])
+    show_table(table)
+    download_csv("Download sweep (CSV)", table, f"sweep-{sw['id']}.csv", "dl_sweep")
+
+
 def body(ctx: Context) -> None:
     st.subheader("Measured cost per 1M output tokens")
     _cost_section(ctx)
@@ -121,6 +142,10 @@ def body(ctx: Context) -> None:
     st.caption("Capacity per node = the highest measured tokens/s whose p95 TPOT meets the SLA; "
                "nodes = ceil(daily tokens / 86,400 x peak / capacity). Recomputed as you change the inputs.")
     _projection_section(ctx)
+    st.subheader("Concurrency sweeps")
+    st.caption("Speculation's advantage shrinks as batches grow: the best AR configuration against the best "
+               "speculative one at the same SLA is what the projection above uses.")
+    _sweep_section(ctx)
 
 
 run_page("Cost & capacity", body, "What the measured runs cost, and how many nodes your traffic needs with and without speculation.")

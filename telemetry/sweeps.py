@@ -1,0 +1,91 @@
+"""Concurrency sweeps: where speculation stops paying as batches grow.
+
+Throughput per (level, mode) comes from the runs' SQL summaries (`telemetry.queries`), so the
+crossover agrees with every other figure of the product.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from telemetry.db import Sweep
+from telemetry.queries import Filters, run_summaries
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    concurrency: int
+    ar_tokens_per_s: float | None
+    spec_tokens_per_s: float | None
+    ar_tpot_p95_ms: float | None
+    spec_tpot_p95_ms: float | None
+
+    @property
+    def speedup(self) -> float | None:
+        if not self.ar_tokens_per_s or self.spec_tokens_per_s is None:
+            return None
+        return self.spec_tokens_per_s / self.ar_tokens_per_s
+
+
+def crossover(points: list[SweepPoint]) -> int | None:
+    """Smallest measured concurrency whose speculative tokens/s does not beat AR; None if it always does.
+    Levels where either mode has no measurement are skipped."""
+    for p in sorted(points, key=lambda p: p.concurrency):
+        if p.speedup is not None and p.speedup <= 1.0:
+            return p.concurrency
+    return None
+
+
+def sweep_points(engine: Engine, run_ids: list[int]) -> list[SweepPoint]:
+    by_level: dict[int, dict[str, object]] = {}
+    for s in run_summaries(engine, Filters(run_ids=tuple(run_ids))):
+        by_level.setdefault(s.concurrency, {})[s.mode] = s.stats
+    points = []
+    for level in sorted(by_level):
+        ar, spec = by_level[level].get("ar"), by_level[level].get("spec")
+        points.append(SweepPoint(
+            level,
+            ar.tokens_per_s if ar else None, spec.tokens_per_s if spec else None,
+            ar.tpot_p95_ms if ar else None, spec.tpot_p95_ms if spec else None,
+        ))
+    return points
+
+
+def record_sweep(engine: Engine, *, node_id: str, device: str, target: str, drafter: str, k_policy: str,
+                 workload: str, dtype: str, run_ids: list[int]) -> tuple[int, int | None, list[SweepPoint]]:
+    """Compute the crossover of these runs and store the sweep. Returns (sweep id, crossover, points)."""
+    points = sweep_points(engine, run_ids)
+    cross = crossover(points)
+    with Session(engine) as s, s.begin():
+        row = Sweep(node_id=node_id, device=device, target=target, drafter=drafter, k_policy=k_policy,
+                    workload=workload, dtype=dtype, levels=[p.concurrency for p in points],
+                    run_ids=list(run_ids), crossover_concurrency=cross)
+        s.add(row)
+        s.flush()
+        sweep_id = row.id
+    return sweep_id, cross, points
+
+
+def latest_sweep(engine: Engine, *, target: str | None = None, drafter: str | None = None) -> Sweep | None:
+    stmt = select(Sweep).order_by(Sweep.created_at.desc(), Sweep.id.desc()).limit(1)
+    if target is not None:
+        stmt = stmt.where(Sweep.target == target)
+    if drafter is not None:
+        stmt = stmt.where(Sweep.drafter == drafter)
+    with Session(engine) as s:
+        row = s.scalars(stmt).first()
+        if row is not None:
+            s.expunge(row)
+        return row
+
+
+def list_sweeps(engine: Engine, limit: int = 50) -> list[Sweep]:
+    with Session(engine) as s:
+        rows = list(s.scalars(select(Sweep).order_by(Sweep.id.desc()).limit(limit)))
+        for r in rows:
+            s.expunge(r)
+        return rows

@@ -1,0 +1,90 @@
+"""Concurrency sweeps: the crossover arithmetic, recording from SQL summaries, the dashboard section,
+and `--spec-max-batch auto` reading it back."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy.orm import Session
+from synthetic import Req, make_run, spec_req
+
+from telemetry.store import open_store
+from telemetry.sweeps import SweepPoint, crossover, latest_sweep, record_sweep
+
+
+def test_crossover_is_first_level_where_spec_does_not_beat_ar():
+    pts = [SweepPoint(1, 40, 80, 20, 12), SweepPoint(4, 120, 150, 30, 25), SweepPoint(16, 250, 240, 60, 70)]
+    assert crossover(pts) == 16
+    assert crossover(pts[:2]) is None  # paid at every measured level
+    assert crossover([SweepPoint(2, 100, 100, None, None)]) == 2  # a tie does not pay
+    assert crossover([SweepPoint(1, None, 80, None, None), SweepPoint(2, 90, 80, None, None)]) == 2
+    assert pts[0].speedup == 2.0 and SweepPoint(1, None, 5, None, None).speedup is None
+
+
+def _sweep_store(url: str) -> list[int]:
+    """AR and spec runs at concurrency 1 and 8: spec 2x faster alone, slower at 8."""
+    engine = open_store(url)
+    ids = []
+    with Session(engine) as s:
+        for conc, ar_ms, spec_ms in ((1, 1000.0, 500.0), (8, 400.0, 600.0)):
+            ids.append(make_run(s, "ar", concurrency=conc, requests=[Req(output_tokens=40, e2e_ms=ar_ms)]).id)
+            ids.append(make_run(s, "spec", concurrency=conc,
+                                requests=[spec_req(40, k=4, accepted=20, e2e_ms=spec_ms)]).id)
+        s.commit()
+    return ids
+
+
+def test_record_sweep_computes_crossover_from_the_runs(db_url):
+    ids = _sweep_store(db_url)
+    engine = open_store(db_url)
+    sweep_id, cross, points = record_sweep(engine, node_id="n", device="cpu", target="demo/target-tiny",
+                                           drafter="demo/draft-tiny", k_policy="fixed:4", workload="code",
+                                           dtype="float32", run_ids=ids)
+    assert cross == 8
+    assert [p.concurrency for p in points] == [1, 8]
+    assert points[0].speedup == pytest.approx(1000.0 / 500.0, rel=0.05)
+    row = latest_sweep(engine, target="demo/target-tiny", drafter="demo/draft-tiny")
+    assert row.id == sweep_id and row.crossover_concurrency == 8 and row.run_ids == ids
+    assert latest_sweep(engine, drafter="other") is None
+
+
+def test_cost_page_shows_the_sweep(sqlite_url, monkeypatch):
+    from test_dashboard_apptest import app_for, assert_clean, metrics, open_page
+
+    ids = _sweep_store(sqlite_url)
+    record_sweep(open_store(sqlite_url), node_id="n", device="cpu", target="demo/target-tiny",
+                 drafter="demo/draft-tiny", k_policy="fixed:4", workload="code", dtype="float32", run_ids=ids)
+    at = open_page(app_for(sqlite_url, monkeypatch), "pages/cost.py")
+    assert_clean(at)
+    assert metrics(at)["Crossover concurrency"] == ["8"]
+
+
+def test_spec_max_batch_auto_without_a_sweep_is_a_clear_error(tmp_path, capsys):
+    from app.cli import main
+    from serving.models import pull
+
+    pull(say=lambda m: None, verify=False)
+    rc = main(["bench", "--limit", "1", "--max-new-tokens", "4", "--spec-max-batch", "auto",
+               "--db", f"sqlite:///{tmp_path / 's.db'}"])
+    assert rc == 2
+    assert "no concurrency sweep recorded" in capsys.readouterr().err
+
+
+def test_spec_max_batch_gates_speculation_in_step_records():
+    from serving.drafters import ModelDrafter
+    from serving.engine import Engine
+    from serving.lookahead import BatchGatedK, FixedK
+    from serving.sampling import SamplingParams
+    from tests.tiny import tiny_model
+
+    target = tiny_model(0)
+    events = []
+    engine = Engine(target, drafter=ModelDrafter(target, "self", slots=3, max_len=100),
+                    policy=BatchGatedK(FixedK(3), max_batch_size=2), max_batch=3, max_len=80, on_step=events.append)
+    for p in ([1, 2, 3], [4, 5], [6, 7, 8, 9]):
+        engine.add(p, SamplingParams(max_new_tokens=12 if p[0] == 1 else 30))
+    while engine.running:
+        engine.step()
+    steps = [e for e in events if e.step_index >= 0]
+    assert {(e.batch_size, e.k_reason) for e in steps if e.batch_size == 3} == {(3, "batch-gated")}
+    assert all(e.k == 0 for e in steps if e.batch_size == 3)
+    assert any(e.k == 3 and e.k_reason == "fixed" for e in steps if e.batch_size <= 2)
