@@ -117,7 +117,7 @@ def _projection_section(ctx: Context) -> None:
 def _sweep_section(ctx: Context) -> None:
     sweeps = data.sweeps(ctx.url)
     if not sweeps:
-        st.info("No concurrency sweep recorded yet. Measure one with "
+        st.info("Concurrency sweeps appear here once measured: "
                 "`specfinops bench --workload mixed --mode both --concurrency 1,2,4,8,16,32`.")
         return
     labels = {f"#{s['id']} {s['drafter']} on {s['workload']} ({s['node']}, {s['created_at']:%Y-%m-%d %H:%M})": s
