@@ -2,6 +2,7 @@
 
 - `ModelDrafter`: a separate small model with the target's vocabulary, or the target's own first N
   layers (early-exit self-speculation: weights shared, own KV cache).
+- `FeatureDrafter`: an EAGLE-style draft that reads the target's last hidden states (serving/eagle.py).
 - `NgramDrafter`: prompt lookup: find the latest earlier occurrence of the sequence's last n tokens and
   propose what followed it. No model, deterministic (q is one-hot).
 """
@@ -13,6 +14,7 @@ from typing import Protocol
 
 import torch
 
+from serving.eagle import EagleDraft
 from serving.llama import CausalLM, contiguous_batch, ragged_batch
 from serving.sampling import logits_to_probs
 from serving.sequence import Sequence
@@ -26,22 +28,25 @@ class Draft:
 
 class Drafter(Protocol):
     name: str
+    needs_features: bool  # wants the target's last hidden states of committed tokens
 
-    def prefill(self, seq: Sequence) -> None: ...
+    def prefill(self, seq: Sequence, features: torch.Tensor | None = None) -> None: ...
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Draft: ...
 
-    def commit(self, seq: Sequence, num_before: int, accepted: int) -> None: ...
+    def commit(self, seq: Sequence, num_before: int, accepted: int, features: torch.Tensor | None = None) -> None: ...
 
 
 class ModelDrafter:
     """Autoregressive drafting with a small causal LM (or the target's first `num_layers` layers)."""
 
+    needs_features = False
+
     def __init__(self, model: CausalLM, name: str, *, slots: int, max_len: int, num_layers: int | None = None):
         self.model, self.name, self.num_layers = model, name, num_layers
         self.cache = model.new_cache(slots, max_len, num_layers)
 
-    def prefill(self, seq: Sequence) -> None:
+    def prefill(self, seq: Sequence, features: torch.Tensor | None = None) -> None:
         prompt = seq.tokens[: seq.num_prompt]
         fb = contiguous_batch(seq.slot, 1, 0, len(prompt))
         self.model(torch.tensor([prompt]), fb, self.cache, num_layers=self.num_layers, last_only=True)
@@ -77,7 +82,7 @@ class ModelDrafter:
         rows = tokens.tolist()
         return Draft(tokens=[rows[b][: ks[b]] for b in range(len(seqs))], probs=probs)
 
-    def commit(self, seq: Sequence, num_before: int, accepted: int) -> None:
+    def commit(self, seq: Sequence, num_before: int, accepted: int, features: torch.Tensor | None = None) -> None:
         # the cache holds the sequence up to num_before plus the drafts fed back; keep the accepted ones
         seq.draft_len = min(seq.draft_len, num_before + accepted)
 
@@ -91,13 +96,15 @@ class ModelDrafter:
 class NgramDrafter:
     """Prompt lookup decoding: copy the continuation of the latest earlier match of the last n tokens."""
 
+    needs_features = False
+
     def __init__(self, n_max: int = 3, n_min: int = 1):
         if not 1 <= n_min <= n_max:
             raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
         self.n_max, self.n_min = n_max, n_min
         self.name = f"ngram:{n_max}"
 
-    def prefill(self, seq: Sequence) -> None:
+    def prefill(self, seq: Sequence, features: torch.Tensor | None = None) -> None:
         pass
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Draft:
@@ -115,5 +122,69 @@ class NgramDrafter:
                     return tokens[i + n : i + n + k]
         return []
 
-    def commit(self, seq: Sequence, num_before: int, accepted: int) -> None:
+    def commit(self, seq: Sequence, num_before: int, accepted: int, features: torch.Tensor | None = None) -> None:
         pass
+
+
+class FeatureDrafter:
+    """Feature-level drafting: the draft layer reads the target's features f_j and the next token.
+
+    Per sequence, `draft_len` counts draft positions filled from TRUE target features; positions after
+    it hold the draft's own guesses from the last proposal and are simply rewritten (rolled back) by
+    the next catch-up, which feeds the true features the verification produced.
+    """
+
+    needs_features = True
+
+    def __init__(self, draft: EagleDraft, name: str, *, slots: int, max_len: int):
+        self.draft, self.name = draft, name
+        self.cache = draft.new_cache(slots, max_len)
+
+    def prefill(self, seq: Sequence, features: torch.Tensor | None = None) -> None:
+        seq.draft_feats = features  # (P, C): consumed by the first proposal's catch-up
+        seq.draft_len = 0
+
+    def commit(self, seq: Sequence, num_before: int, accepted: int, features: torch.Tensor | None = None) -> None:
+        # features of the pending token and the accepted drafts: positions num_before-1 .. num_before-1+accepted
+        seq.draft_feats = features if seq.draft_feats is None else torch.cat([seq.draft_feats, features])
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> Draft:
+        k_max = max(ks)
+        greedy = all(s.params.greedy for s in seqs)
+        # 1) catch up: position j takes (x_{j+1}, f_j) for every true feature not consumed yet
+        widths = [s.draft_feats.shape[0] for s in seqs]
+        width = max(widths)
+        c = seqs[0].draft_feats.shape[-1]
+        feats = torch.zeros(len(seqs), width, c, dtype=seqs[0].draft_feats.dtype)
+        nxt = torch.zeros(len(seqs), width, dtype=torch.long)
+        for b, s in enumerate(seqs):
+            n = widths[b]
+            feats[b, :n] = s.draft_feats
+            nxt[b, :n] = torch.tensor(s.tokens[s.draft_len + 1 : s.draft_len + 1 + n])
+        fb = ModelDrafter._batch(seqs, [s.draft_len for s in seqs], width)
+        h, logits = self.draft(nxt, feats, fb, self.cache)  # (B, T, C), (B, T, Vh)
+        last = torch.tensor([n - 1 for n in widths])
+        rows = torch.arange(len(seqs))
+        h, logits = h[rows, last], logits[rows, last]  # (B, C), (B, Vh)
+        for b, s in enumerate(seqs):
+            s.draft_len += widths[b]
+            s.draft_feats = None
+        # 2) K tokens; each next step feeds the draft's own h in place of the target feature
+        ids = self.draft.head_token_ids
+        tokens = torch.empty(len(seqs), k_max, dtype=torch.long)
+        probs = None if greedy else torch.empty(len(seqs), k_max, self.draft.cfg.vocab_size)
+        for j in range(k_max):
+            if greedy:
+                tokens[:, j] = ids[logits.argmax(-1)]
+            else:
+                full = self.draft.full_logits(logits)
+                for b, s in enumerate(seqs):
+                    p = logits_to_probs(full[b], s.params.temperature, s.params.top_k, s.params.top_p)
+                    probs[b, j] = p
+                    tokens[b, j] = torch.multinomial(p, 1, generator=s.generator)
+            if j + 1 < k_max:
+                fb = ModelDrafter._batch(seqs, [s.draft_len + j for s in seqs], 1)
+                h, logits = self.draft(tokens[:, j : j + 1], h[:, None], fb, self.cache)
+                h, logits = h[:, 0], logits[:, 0]
+        out = tokens.tolist()
+        return Draft(tokens=[out[b][: ks[b]] for b in range(len(seqs))], probs=probs)

@@ -100,13 +100,18 @@ class Engine:
             speculate=speculate,
         )
         self._next_id += 1
-        with torch.inference_mode():
-            fb = contiguous_batch(seq.slot, 1, 0, len(prompt_ids))
-            logits = self.target(torch.tensor([prompt_ids]), fb, self.cache, last_only=True)[0, -1]  # (V,)
-            first = self._sample_one(logits, seq)
-            t_verify = time.perf_counter()
-            if self.drafter is not None:
-                self.drafter.prefill(seq)
+        try:
+            with torch.inference_mode():
+                fb = contiguous_batch(seq.slot, 1, 0, len(prompt_ids))
+                logits, hidden = self.target(torch.tensor([prompt_ids]), fb, self.cache, last_only=True,
+                                             return_hidden=True)
+                first = self._sample_one(logits[0, -1], seq)
+                t_verify = time.perf_counter()
+                if self.drafter is not None:
+                    self.drafter.prefill(seq, hidden[0] if self.drafter.needs_features else None)
+        except BaseException:
+            self._release(seq)  # a failed prefill gives its slot back
+            raise
         self._commit(seq, [first], accepted=0, k=0, draft_s=0.0, verify_s=t_verify - t_start,
                      step_index=-1, batch_size=1, k_reason="prefill")
         if seq.done:
@@ -154,7 +159,7 @@ class Engine:
                 fb = contiguous_batch(seqs[0].slot, 1, starts[0], width)
             else:
                 fb = ragged_batch([s.slot for s in seqs], starts, width)
-            logits = self.target(feed, fb, self.cache)  # (B, 1 + Kmax, V)
+            logits, hidden = self.target(feed, fb, self.cache, return_hidden=True)  # (B, 1+Kmax, V), (B, 1+Kmax, C)
             # 3) accept / reject per sequence
             emitted = []
             for b, s in enumerate(seqs):
@@ -177,7 +182,8 @@ class Engine:
                          step_index=s.step_index, batch_size=batch, k_reason=reasons[b])
             s.step_index += 1
             if self.drafter is not None:
-                self.drafter.commit(s, num_before, accepted)
+                feats = hidden[b, : accepted + 1] if self.drafter.needs_features else None
+                self.drafter.commit(s, num_before, accepted, feats)
                 self.policy.observe(s.seq_id, k, accepted)
             if s.done:
                 finished.append(s)

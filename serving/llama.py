@@ -239,16 +239,21 @@ class CausalLM(nn.Module):
         *,
         num_layers: int | None = None,
         last_only: bool = False,
-    ) -> torch.Tensor:
-        """Logits (B, T, V) float32, or (B, 1, V) for the last position with `last_only`."""
+        return_hidden: bool = False,
+    ):
+        """Logits (B, T, V) float32, or (B, 1, V) for the last position with `last_only`.
+        With `return_hidden`: (logits, h) where h (B, T, C) is the last block's output before the final
+        norm (the features a feature-level draft reads)."""
         x = self.embed_tokens(tokens)  # (B, T, C)
         cos = self.rope_cos[fb.positions].unsqueeze(1).to(x.dtype)  # (B, 1, T, D)
         sin = self.rope_sin[fb.positions].unsqueeze(1).to(x.dtype)
         for block in self.layers[: num_layers or self.cfg.num_layers]:
             x = block(x, cos, sin, cache, fb)
+        hidden = x
         if last_only:
             x = x[:, -1:]
-        return self.lm_head(self.norm(x)).float()  # (B, T, V)
+        logits = self.lm_head(self.norm(x)).float()  # (B, T, V)
+        return (logits, hidden) if return_hidden else logits
 
 
 def contiguous_batch(slot0: int, batch: int, start: int, num_tokens: int) -> ForwardBatch:

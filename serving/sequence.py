@@ -27,6 +27,7 @@ class Sequence:
     finish_reason: str | None = None  # stop | length | cancelled | error
     error: str | None = None
     draft_len: int = 0  # tokens of `tokens` held in the drafter's cache
+    draft_feats: torch.Tensor | None = None  # (P, C) target features the drafter has not consumed yet
     speculate: bool = True  # False: this sequence decodes autoregressively (K = 0) in any batch
 
     @property

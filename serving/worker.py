@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from serving.drafters import ModelDrafter, NgramDrafter
+from serving.drafters import FeatureDrafter, ModelDrafter, NgramDrafter
+from serving.eagle import is_eagle_dir, load_eagle
 from serving.engine import Engine, StepEvent
 from serving.llama import CausalLM, load_causal_lm
 from serving.lookahead import BatchGatedK, parse_policy
@@ -29,7 +30,16 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DRAFTERS = ("draft", "early-exit", "ngram")
 # Measured with `make bench` on the code workload (bf16, greedy, 2-core CPU): prompt lookup beats
 # early exit, whose untrained early layers almost never agree with the final layer on this model.
+# With the distilled draft bundled, the default for the bundled target is the draft.
 DEFAULT_DRAFTER = "ngram"
+
+
+def default_drafter(target: str | None) -> str:
+    """'draft' when the target is the bundled one and a distilled draft is bundled, else 'ngram'."""
+    from serving.models import BUNDLED_DRAFT_DIR, BUNDLED_TARGET
+
+    bundled_target = target in (None, "", "default", "target", BUNDLED_TARGET)
+    return "draft" if bundled_target and (BUNDLED_DRAFT_DIR / "config.json").is_file() else DEFAULT_DRAFTER
 DEFAULT_EARLY_EXIT_LAYERS = 8
 
 
@@ -122,11 +132,18 @@ def load(spec: EngineSpec) -> Loaded:
     if spec.drafter == "draft":
         draft_dir = resolve_model(spec.draft_model, "draft")
         check_same_vocab(target_dir, draft_dir, target_tok=tokenizer)
-        draft = load_causal_lm(draft_dir, dtype)
-        label = f"draft:{draft_dir.name}"
+        if is_eagle_dir(draft_dir):
+            eagle = load_eagle(draft_dir, target, dtype)
+            label = f"feature:{draft_dir.name}"
 
-        def factory(slots: int, max_len: int):
-            return ModelDrafter(draft, label, slots=slots, max_len=max_len)
+            def factory(slots: int, max_len: int):
+                return FeatureDrafter(eagle, label, slots=slots, max_len=max_len)
+        else:
+            draft = load_causal_lm(draft_dir, dtype)
+            label = f"draft:{draft_dir.name}"
+
+            def factory(slots: int, max_len: int):
+                return ModelDrafter(draft, label, slots=slots, max_len=max_len)
     elif spec.drafter == "early-exit":
         n = spec.early_exit_layers
         if n >= target.cfg.num_layers:

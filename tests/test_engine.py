@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.drafters import ModelDrafter, NgramDrafter
+from serving.drafters import FeatureDrafter, ModelDrafter, NgramDrafter
+from serving.eagle import EagleDraft
 from serving.engine import Engine, EngineError, StepEvent
 from serving.lookahead import FixedK, HeuristicK
 from serving.sampling import SamplingParams
@@ -16,6 +17,8 @@ TARGET = tiny_model(0)
 DRAFT = tiny_model(1)
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [1, 2, 3], list(range(10, 40)), [4, 4, 4, 4, 4, 4], [17] * 3 + [20, 21]]
 GREEDY = SamplingParams(max_new_tokens=40)
+# a feature-level draft over 64 of the 96 tokens (reduced head), initialised from the target
+FEATURE = EagleDraft.init_from_target(TARGET, torch.arange(64)).eval()
 
 
 def ar_outputs(prompts=PROMPTS, params=GREEDY):
@@ -29,6 +32,7 @@ def drafters():
         "self-draft": lambda slots: ModelDrafter(TARGET, "self", slots=slots, max_len=220),
         "early-exit": lambda slots: ModelDrafter(TARGET, "ee", slots=slots, max_len=220, num_layers=1),
         "ngram": lambda slots: NgramDrafter(),
+        "feature": lambda slots: FeatureDrafter(FEATURE, "feature", slots=slots, max_len=220),
     }
 
 
@@ -58,7 +62,7 @@ def test_heuristic_policy_is_exact_and_adapts():
     assert max(ks) > 2  # fully accepted drafts grow K
 
 
-@pytest.mark.parametrize("mode", ["ar", "draft-model", "self-draft", "ngram"])
+@pytest.mark.parametrize("mode", ["ar", "draft-model", "self-draft", "ngram", "feature"])
 def test_batched_sequences_joining_and_leaving_equal_solo(mode):
     lengths = [40, 13, 27, 5, 33]
     params = [SamplingParams(max_new_tokens=n) for n in lengths]
@@ -147,3 +151,16 @@ def test_per_request_opt_out_decodes_ar_inside_a_spec_batch():
     ref = ar_outputs(PROMPTS[:2])
     assert a.output == ref[0] and b.output == ref[1]
     assert a.num_drafts > 0 and b.num_drafts == 0
+
+
+def test_feature_drafter_samples_exactly_seeded_and_proposes_only_head_tokens():
+    events = []
+    params = SamplingParams(temperature=0.9, max_new_tokens=24, seed=3)
+    outs = []
+    for _ in range(2):
+        engine = Engine(TARGET, drafter=FeatureDrafter(FEATURE, "f", slots=1, max_len=220), policy=FixedK(3),
+                        max_len=200, on_step=events.append)
+        outs.append(engine.generate(PROMPTS[0], params).output)
+    assert outs[0] == outs[1] and len(outs[0]) == 24
+    accepted = [t for e in events for t, src in zip(e.tokens, e.sources, strict=True) if src == "accepted"]
+    assert accepted and all(t < 64 for t in accepted)

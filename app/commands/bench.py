@@ -28,7 +28,8 @@ def register(sub) -> None:
                    help="torch: the built-in engine (default); vllm: vLLM on GPUs (pip install 'specfinops[gpu]')")
     p.add_argument("--vllm-args", metavar="JSON", default=None,
                    help="extra vllm.LLM(...) keywords for --backend vllm, e.g. '{\"gpu_memory_utilization\": 0.8}'")
-    p.add_argument("--drafter", default=None, help="draft | early-exit | ngram (default: ngram, measured fastest)")
+    p.add_argument("--drafter", default=None, help="draft | early-exit | ngram (default: the bundled distilled draft with the bundled "
+                        "target, else ngram)")
     p.add_argument("--k", default="4", help="draft tokens per step: an integer >= 0, or 'heuristic'")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -79,9 +80,9 @@ def handle(args: argparse.Namespace) -> int:
     if args.backend == "vllm":
         return _write_json(args, run_bench_vllm(args, prompts, params, modes, levels))
 
-    from serving.worker import DEFAULT_DRAFTER, EngineSpec, load
+    from serving.worker import EngineSpec, default_drafter, load
 
-    spec = EngineSpec(target=args.target, drafter=args.drafter or DEFAULT_DRAFTER, draft_model=args.draft_model,
+    spec = EngineSpec(target=args.target, drafter=args.drafter or default_drafter(args.target), draft_model=args.draft_model,
                       early_exit_layers=args.early_exit_layers, k=args.k, dtype=args.dtype,
                       max_batch=max(levels), max_len=args.max_len)
     spec.validate()

@@ -44,9 +44,9 @@ def handle(args: argparse.Namespace) -> int:
     import logging
 
     from serving.server_setup import ServeOptions, serve
-    from serving.worker import DEFAULT_DRAFTER, EngineSpec
+    from serving.worker import EngineSpec, default_drafter
 
-    spec = EngineSpec(target=args.target, drafter=args.drafter or DEFAULT_DRAFTER, draft_model=args.draft_model,
+    spec = EngineSpec(target=args.target, drafter=args.drafter or default_drafter(args.target), draft_model=args.draft_model,
                       early_exit_layers=args.early_exit_layers, k=args.k, dtype=args.dtype,
                       max_batch=args.max_batch, max_len=args.max_len)
     opts = ServeOptions(spec=spec, db=args.db, host=args.host, port=args.port, api_key=args.api_key,

@@ -1,0 +1,143 @@
+"""A feature-level draft (EAGLE-style, with a reduced-vocabulary head as in FR-Spec).
+
+The draft reads the target's own last hidden state f_t (the last block's output, before the final
+norm) and the embedding of the next token x_{t+1}, and predicts the target's next hidden state:
+
+    z_t   = fc([emb(x_{t+1}); f_t])            (B, T, 2C) -> (B, T, C)
+    h_t   = decoder layer(s)(z_t)              causal, with its own KV cache;  h_t ~ f_{t+1}
+    x_t+2 ~ head(norm(h_t))                    over the `head_vocab` most frequent tokens only
+
+While drafting, the draft feeds its own h back in place of the target features it does not have yet;
+after verification the real features of the accepted tokens replace them (the draft's KV cache is
+rolled back and recomputed from the true features). The token embedding is the target's (shared, not
+stored); the draft stores fc, its layer(s), norm, the reduced head and the head's token ids.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from serving.llama import Block, CausalLM, ForwardBatch, KVCache, ModelConfig, RMSNorm, rope_tables
+
+MODEL_TYPE = "specfinops-eagle"
+
+
+@dataclass(frozen=True, slots=True)
+class EagleConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int  # the target's vocabulary
+    head_vocab: int  # tokens the draft can propose
+    num_layers: int = 1
+    rms_eps: float = 1e-5
+    rope_theta: float = 10_000.0
+    max_position: int = 2048
+
+    def layer_config(self) -> ModelConfig:
+        return ModelConfig(
+            vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_layers=self.num_layers, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim, rms_eps=self.rms_eps, rope_theta=self.rope_theta, max_position=self.max_position,
+        )
+
+    @classmethod
+    def for_target(cls, target: ModelConfig, head_vocab: int, num_layers: int = 1) -> EagleConfig:
+        return cls(hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
+                   num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
+                   vocab_size=target.vocab_size, head_vocab=head_vocab, num_layers=num_layers,
+                   rms_eps=target.rms_eps, rope_theta=target.rope_theta, max_position=target.max_position)
+
+
+class EagleDraft(nn.Module):
+    def __init__(self, cfg: EagleConfig, embed_tokens: nn.Embedding):
+        super().__init__()
+        self.cfg = cfg
+        self.layer_cfg = cfg.layer_config()
+        self.embed = [embed_tokens]  # the target's table: shared, not a registered (saved) submodule
+        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.layers = nn.ModuleList(Block(self.layer_cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.head = nn.Linear(cfg.hidden_size, cfg.head_vocab, bias=False)
+        self.register_buffer("head_token_ids", torch.zeros(cfg.head_vocab, dtype=torch.long))
+        cos, sin = rope_tables(self.layer_cfg)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @classmethod
+    def init_from_target(cls, target: CausalLM, head_token_ids: torch.Tensor, num_layers: int = 1) -> EagleDraft:
+        """Start from the target: its last layer(s), final norm and the head rows of the kept tokens."""
+        cfg = EagleConfig.for_target(target.cfg, head_vocab=len(head_token_ids), num_layers=num_layers)
+        draft = cls(cfg, target.embed_tokens)
+        with torch.no_grad():
+            for i, layer in enumerate(draft.layers):
+                layer.load_state_dict(target.layers[target.cfg.num_layers - num_layers + i].state_dict())
+            draft.norm.weight.copy_(target.norm.weight)
+            draft.head.weight.copy_(target.lm_head.weight[head_token_ids])
+            draft.head_token_ids.copy_(head_token_ids)
+            c = cfg.hidden_size
+            draft.fc.weight.zero_()
+            draft.fc.weight[:, c:] = torch.eye(c)  # starts as "the feature itself"
+            draft.fc.weight[:, :c] = 0.1 * torch.eye(c)
+        return draft
+
+    def new_cache(self, slots: int, max_len: int) -> KVCache:
+        return KVCache(self.layer_cfg, self.cfg.num_layers, slots, min(max_len, self.cfg.max_position),
+                       self.fc.weight.dtype)
+
+    def forward(self, next_tokens: torch.Tensor, feats: torch.Tensor, fb: ForwardBatch, cache: KVCache):
+        """next_tokens (B, T) = x_{t+1}; feats (B, T, C) = f_t. Returns (h (B, T, C), reduced logits (B, T, Vh))."""
+        emb = self.embed[0](next_tokens).to(feats.dtype)  # (B, T, C)
+        x = self.fc(torch.cat([emb, feats], dim=-1))  # (B, T, C)
+        cos = self.rope_cos[fb.positions].unsqueeze(1).to(x.dtype)
+        sin = self.rope_sin[fb.positions].unsqueeze(1).to(x.dtype)
+        for block in self.layers:
+            x = block(x, cos, sin, cache, fb)
+        return x, self.head(self.norm(x)).float()
+
+    def full_logits(self, reduced: torch.Tensor) -> torch.Tensor:
+        """Reduced logits (..., Vh) -> full-vocabulary logits (..., V) with -inf outside the head."""
+        full = reduced.new_full((*reduced.shape[:-1], self.cfg.vocab_size), float("-inf"))
+        full[..., self.head_token_ids] = reduced
+        return full
+
+    # ------------------------------------------------------------------ files
+    def save(self, out_dir: str | Path, extra: dict | None = None) -> None:
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(out / "model.safetensors"))
+        cfg = {"model_type": MODEL_TYPE, **asdict(self.cfg), **(extra or {})}
+        (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def is_eagle_dir(path: str | Path) -> bool:
+    cfg = Path(path) / "config.json"
+    return cfg.is_file() and json.loads(cfg.read_text()).get("model_type") == MODEL_TYPE
+
+
+def load_eagle(path: str | Path, target: CausalLM, dtype: torch.dtype) -> EagleDraft:
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    raw = json.loads((path / "config.json").read_text())
+    fields = {k: raw[k] for k in EagleConfig.__dataclass_fields__ if k in raw}
+    cfg = EagleConfig(**fields)
+    if cfg.vocab_size != target.cfg.vocab_size or cfg.hidden_size != target.cfg.hidden_size:
+        raise ValueError(
+            f"draft {path} was trained for a target with vocabulary {cfg.vocab_size} and hidden size "
+            f"{cfg.hidden_size}; this target has {target.cfg.vocab_size} and {target.cfg.hidden_size}"
+        )
+    draft = EagleDraft(cfg, target.embed_tokens)
+    state = load_file(str(path / "model.safetensors"))
+    draft.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}, strict=True)
+    return draft.to(dtype).eval()
