@@ -1,0 +1,91 @@
+"""`specfinops calibrate`: is this draft good enough for this target, per domain?"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from app.commands._common import add_command
+
+EXAMPLES = """  specfinops calibrate                                   # bundled pair, all builtin domains
+  specfinops calibrate --workload code --limit 8 --json
+  specfinops calibrate --target ~/models/llama --draft ~/models/llama-draft --workload prompts.jsonl
+  specfinops calibrate --drafter ngram --threshold 0.5
+"""
+
+
+def register(sub) -> None:
+    p = add_command(sub, "calibrate", "Measure alpha, mean acceptance length and c per domain; pick K; GO / NO-GO.",
+                    EXAMPLES, handle)
+    p.add_argument("--target", default=None, help="target model name or directory (default: bundled)")
+    p.add_argument("--draft", default=None, help="draft model directory (default: the bundled draft)")
+    p.add_argument("--drafter", default="draft", help="draft | early-exit | ngram (default: draft)")
+    p.add_argument("--workload", default="mixed", help="builtin name or .jsonl path (default: mixed)")
+    p.add_argument("--limit", type=int, default=None, help="prompts per domain (default: all)")
+    p.add_argument("--k", type=int, default=4, help="K used while measuring (default 4)")
+    p.add_argument("--k-max", type=int, default=8, help="largest K considered for the bound (default 8)")
+    p.add_argument("--threshold", type=float, default=0.65, help="GO when alpha >= this (default 0.65)")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def handle(args: argparse.Namespace) -> int:
+    from serving.sampling import SamplingParams
+    from serving.workloads import load_workload
+    from serving.worker import EngineSpec, load, run_prompts
+    from telemetry.calibration import StepCounts, calibrate
+
+    if not 0 < args.threshold <= 1:
+        raise ValueError(f"--threshold must be in (0, 1], got {args.threshold}")
+    if args.k < 1 or args.k_max < 1:
+        raise ValueError(f"--k and --k-max must be >= 1, got {args.k} and {args.k_max}")
+    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    prompts = load_workload(args.workload)
+    domains = sorted({p.domain for p in prompts})
+    if args.limit is not None:
+        if args.limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {args.limit}")
+        prompts = [p for d in domains for p in [q for q in prompts if q.domain == d][: args.limit]]
+    spec = EngineSpec(target=args.target, drafter=args.drafter, draft_model=args.draft, k=str(args.k),
+                      dtype=args.dtype)
+    spec.validate()
+    print("loading models ...", file=sys.stderr)
+    loaded = load(spec)
+    encoded = [loaded.encode(p) for p in prompts]
+    from tqdm import tqdm
+
+    results = []
+    for d in tqdm(domains, desc="domains", file=sys.stderr):
+        idx = [i for i, p in enumerate(prompts) if p.domain == d]
+        ps, enc = [prompts[i] for i in idx], [encoded[i] for i in idx]
+        ar = run_prompts(loaded, "ar", ps, enc, params)
+        sp = run_prompts(loaded, "spec", ps, enc, params)
+        spec_steps = [s for r in sp.results for s in r.record.steps if s.k > 0]
+        ar_steps = [s for r in ar.results for s in r.record.steps]
+        counts = StepCounts(
+            num_drafts=len(spec_steps), num_draft_tokens=sum(s.k for s in spec_steps),
+            num_accepted_tokens=sum(s.accepted for s in spec_steps), draft_ms=sum(s.draft_ms for s in spec_steps),
+            ar_steps=len(ar_steps), ar_verify_ms=sum(s.verify_ms for s in ar_steps),
+        )
+        cal = calibrate(d, counts, threshold=args.threshold, k_max=args.k_max)
+        measured = sp.tokens_per_s / ar.tokens_per_s if sp.tokens_per_s and ar.tokens_per_s else None
+        results.append((cal, measured, len(ps)))
+    if args.json:
+        print(json.dumps({"target": str(loaded.target_dir), "drafter": loaded.drafter_label, "k_measured": args.k,
+                          "domains": [{"domain": c.domain, "prompts": n, "alpha": c.alpha,
+                                       "mean_acceptance_length": c.mean_acceptance_length, "c": c.c,
+                                       "best_k": c.best_k, "speedup_bound": c.bound_at_best_k,
+                                       "measured_speedup_at_k": m, "verdict": c.verdict, "threshold": c.threshold}
+                                      for c, m, n in results]}, indent=1))
+        return 0
+    print(f"target {loaded.target_dir}\ndrafter {loaded.drafter_label}, measured at K={args.k}")
+    print(f"{'domain':<10} {'prompts':>7} {'alpha':>6} {'mean acc len':>12} {'c':>6} {'best K':>6} "
+          f"{'bound':>6} {'measured':>8}  verdict (alpha >= {args.threshold})")
+    for c, m, n in results:
+        f = lambda x, s=".3f": "—" if x is None else format(x, s)  # noqa: E731
+        print(f"{c.domain:<10} {n:>7} {f(c.alpha):>6} {f(c.mean_acceptance_length, '.2f'):>12} {f(c.c):>6} "
+              f"{f(c.best_k, 'd'):>6} {f(c.bound_at_best_k, '.2f'):>6} {f(m, '.2f'):>8}  {c.verdict}")
+    print("bound = (1 - a^(K+1)) / ((1 - a)(K c + 1)); c = draft time per proposed token / target one-token forward")
+    return 0

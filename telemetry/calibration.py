@@ -1,0 +1,52 @@
+"""Calibration arithmetic: per domain, alpha, mean acceptance length, the cost ratio c, the K that
+maximises the Leviathan et al. speedup bound, and a GO / NO-GO verdict. Pure functions over step
+counts, so the figures can be checked by hand."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from telemetry.finops import speedup_bound
+
+DEFAULT_THRESHOLD = 0.65
+
+
+@dataclass(frozen=True, slots=True)
+class StepCounts:
+    """What one domain's speculative and AR decode steps added up to."""
+
+    num_drafts: int  # steps that proposed at least one token
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    draft_ms: float  # total drafting time of those steps
+    ar_steps: int  # AR (K = 0) decode steps of the same prompts
+    ar_verify_ms: float  # their total target forward time
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    domain: str
+    alpha: float | None
+    mean_acceptance_length: float | None
+    c: float | None  # draft time per proposed token / target time per one-token forward
+    best_k: int | None
+    bound_at_best_k: float | None
+    verdict: str  # GO | NO-GO | UNKNOWN
+    threshold: float
+
+
+def calibrate(domain: str, counts: StepCounts, *, threshold: float = DEFAULT_THRESHOLD, k_max: int = 8) -> Calibration:
+    if not 0 < threshold <= 1:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    if k_max < 1:
+        raise ValueError(f"k_max must be >= 1, got {k_max}")
+    alpha = counts.num_accepted_tokens / counts.num_draft_tokens if counts.num_draft_tokens else None
+    mal = 1 + counts.num_accepted_tokens / counts.num_drafts if counts.num_drafts else None
+    c = None
+    if counts.num_draft_tokens and counts.ar_steps and counts.ar_verify_ms > 0:
+        c = (counts.draft_ms / counts.num_draft_tokens) / (counts.ar_verify_ms / counts.ar_steps)
+    best_k = bound = None
+    if alpha is not None and c is not None:
+        best_k, bound = max(((k, speedup_bound(alpha, k, c)) for k in range(1, k_max + 1)), key=lambda kv: kv[1])
+    verdict = "UNKNOWN" if alpha is None else ("GO" if alpha >= threshold else "NO-GO")
+    return Calibration(domain, alpha, mal, c, best_k, bound, verdict, threshold)
