@@ -33,8 +33,8 @@ def register(sub) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from serving.sampling import SamplingParams
-    from serving.workloads import load_workload
     from serving.worker import EngineSpec, load, run_prompts
+    from serving.workloads import load_workload
     from telemetry.calibration import StepCounts, calibrate
 
     if not 0 < args.threshold <= 1:
