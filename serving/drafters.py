@@ -32,7 +32,10 @@ class Drafter(Protocol):
 
     def prefill(self, seq: Sequence, features: torch.Tensor | None = None) -> None: ...
 
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> Draft: ...
+    def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None) -> Draft:
+        """Up to ks[b] tokens per sequence; with `stop_below`, a sequence's draft ends after the first token
+        whose draft probability is below it."""
+        ...
 
     def commit(self, seq: Sequence, num_before: int, accepted: int, features: torch.Tensor | None = None) -> None: ...
 
@@ -52,7 +55,7 @@ class ModelDrafter:
         self.model(torch.tensor([prompt]), fb, self.cache, num_layers=self.num_layers, last_only=True)
         seq.draft_len = len(prompt)
 
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> Draft:
+    def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None) -> Draft:
         k_max = max(ks)
         greedy = all(s.params.greedy for s in seqs)
         # 1) catch up on the tokens committed since this drafter last ran (ragged: 1..K+1 per sequence)
@@ -64,23 +67,18 @@ class ModelDrafter:
         last = torch.tensor([len(p) - 1 for p in pending])
         logits = logits[torch.arange(len(seqs)), last]  # (B, V)
         # 2) K draft tokens, feeding each one back (the K-th needs no forward)
-        tokens = torch.empty(len(seqs), k_max, dtype=torch.long)
-        probs = None if greedy else torch.empty(len(seqs), k_max, logits.shape[-1])
+        loop = _DraftLoop(seqs, ks, greedy, logits.shape[-1], stop_below)
+        fed = 0
         for j in range(k_max):
-            if greedy:
-                tokens[:, j] = logits.argmax(-1)
-            else:
-                for b, s in enumerate(seqs):
-                    p = logits_to_probs(logits[b], s.params.temperature, s.params.top_k, s.params.top_p)
-                    probs[b, j] = p
-                    tokens[b, j] = torch.multinomial(p, 1, generator=s.generator)
-            if j + 1 < k_max:
-                fb = self._batch(seqs, [len(s.tokens) + j for s in seqs], 1)
-                logits = self.model(tokens[:, j : j + 1], fb, self.cache, num_layers=self.num_layers)[:, 0]
+            loop.pick(j, logits, None)
+            if not loop.wants(j + 1):
+                break
+            fb = self._batch(seqs, [len(s.tokens) + j for s in seqs], 1)
+            logits = self.model(loop.tokens[:, j : j + 1], fb, self.cache, num_layers=self.num_layers)[:, 0]
+            fed += 1
         for s in seqs:
-            s.draft_len = len(s.tokens) + k_max - 1  # what the cache now holds
-        rows = tokens.tolist()
-        return Draft(tokens=[rows[b][: ks[b]] for b in range(len(seqs))], probs=probs)
+            s.draft_len = len(s.tokens) + fed  # what the cache now holds
+        return loop.result()
 
     def commit(self, seq: Sequence, num_before: int, accepted: int, features: torch.Tensor | None = None) -> None:
         # the cache holds the sequence up to num_before plus the drafts fed back; keep the accepted ones
@@ -107,7 +105,7 @@ class NgramDrafter:
     def prefill(self, seq: Sequence, features: torch.Tensor | None = None) -> None:
         pass
 
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> Draft:
+    def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None) -> Draft:
         return Draft(tokens=[self.lookup(s.tokens, k) for s, k in zip(seqs, ks, strict=True)], probs=None)
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
@@ -148,7 +146,7 @@ class FeatureDrafter:
         # features of the pending token and the accepted drafts: positions num_before-1 .. num_before-1+accepted
         seq.draft_feats = features if seq.draft_feats is None else torch.cat([seq.draft_feats, features])
 
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> Draft:
+    def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None) -> Draft:
         k_max = max(ks)
         greedy = all(s.params.greedy for s in seqs)
         # 1) catch up: position j takes (x_{j+1}, f_j) for every true feature not consumed yet
@@ -170,21 +168,56 @@ class FeatureDrafter:
             s.draft_len += widths[b]
             s.draft_feats = None
         # 2) K tokens; each next step feeds the draft's own h in place of the target feature
-        ids = self.draft.head_token_ids
-        tokens = torch.empty(len(seqs), k_max, dtype=torch.long)
-        probs = None if greedy else torch.empty(len(seqs), k_max, self.draft.cfg.vocab_size)
+        loop = _DraftLoop(seqs, ks, greedy, self.draft.cfg.vocab_size, stop_below)
         for j in range(k_max):
-            if greedy:
-                tokens[:, j] = ids[logits.argmax(-1)]
+            loop.pick(j, logits, self.draft)
+            if not loop.wants(j + 1):
+                break
+            fb = ModelDrafter._batch(seqs, [s.draft_len + j for s in seqs], 1)
+            h, logits = self.draft(loop.tokens[:, j : j + 1], h[:, None], fb, self.cache)
+            h, logits = h[:, 0], logits[:, 0]
+        return loop.result()
+
+
+class _DraftLoop:
+    """Token choice and early stopping shared by the model drafters.
+
+    Greedy: the draft's argmax; otherwise a sample from the draft's processed distribution, whose rows
+    are kept as q for rejection sampling. With `stop_below`, a sequence's draft ends after the first
+    token the draft gave a probability below it."""
+
+    def __init__(self, seqs: list[Sequence], ks: list[int], greedy: bool, vocab: int, stop_below: float | None):
+        self.seqs, self.greedy, self.stop_below = seqs, greedy, stop_below
+        self.lengths = list(ks)
+        k_max = max(ks)
+        self.tokens = torch.zeros(len(seqs), k_max, dtype=torch.long)
+        self.probs = None if greedy else torch.zeros(len(seqs), k_max, vocab)
+
+    def pick(self, j: int, logits: torch.Tensor, eagle: EagleDraft | None) -> None:
+        """Choose token j of every sequence from the draft's logits (B, V) (reduced head for `eagle`)."""
+        if self.greedy:
+            if self.stop_below is None:
+                best, conf = logits.argmax(-1), None
             else:
-                full = self.draft.full_logits(logits)
-                for b, s in enumerate(seqs):
-                    p = logits_to_probs(full[b], s.params.temperature, s.params.top_k, s.params.top_p)
-                    probs[b, j] = p
-                    tokens[b, j] = torch.multinomial(p, 1, generator=s.generator)
-            if j + 1 < k_max:
-                fb = ModelDrafter._batch(seqs, [s.draft_len + j for s in seqs], 1)
-                h, logits = self.draft(tokens[:, j : j + 1], h[:, None], fb, self.cache)
-                h, logits = h[:, 0], logits[:, 0]
-        out = tokens.tolist()
-        return Draft(tokens=[out[b][: ks[b]] for b in range(len(seqs))], probs=probs)
+                conf, best = logits.softmax(-1).max(-1)  # (B,), (B,)
+            self.tokens[:, j] = eagle.head_token_ids[best] if eagle is not None else best
+        else:
+            full = eagle.full_logits(logits) if eagle is not None else logits
+            conf = torch.empty(len(self.seqs))
+            for b, s in enumerate(self.seqs):
+                p = logits_to_probs(full[b], s.params.temperature, s.params.top_k, s.params.top_p)
+                self.probs[b, j] = p
+                tok = torch.multinomial(p, 1, generator=s.generator)
+                self.tokens[b, j] = tok
+                conf[b] = p[tok]
+        if conf is not None and self.stop_below is not None:
+            for b in (conf < self.stop_below).nonzero().flatten().tolist():
+                self.lengths[b] = min(self.lengths[b], j + 1)
+
+    def wants(self, n: int) -> bool:
+        """Does any sequence still want more than `n` tokens?"""
+        return max(self.lengths) > n
+
+    def result(self) -> Draft:
+        rows = self.tokens.tolist()
+        return Draft(tokens=[rows[b][: n] for b, n in enumerate(self.lengths)], probs=self.probs)

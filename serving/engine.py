@@ -84,7 +84,7 @@ class Engine:
             raise EngineError("stop strings need a tokenizer (decode) on the engine")
 
     def add(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-            t_start: float | None = None, speculate: bool = True) -> Sequence:
+            t_start: float | None = None, speculate: bool = True, domain: str = "") -> Sequence:
         """Prefill a new sequence (target and drafter) and emit its first token."""
         self.check_request(prompt_ids, params)
         if not self.free_slots:
@@ -97,7 +97,7 @@ class Engine:
         seq = Sequence(
             seq_id=self._next_id, slot=self.free_slots.pop(), params=params, tokens=list(prompt_ids),
             num_prompt=len(prompt_ids), request_id=request_id, generator=gen, t_start=t_start,
-            speculate=speculate,
+            speculate=speculate, domain=domain,
         )
         self._next_id += 1
         try:
@@ -139,7 +139,7 @@ class Engine:
             if self.drafter is None or not s.speculate:
                 k, why = 0, "ar"
             else:
-                k, why = self.policy.choose(s.seq_id, batch)
+                k, why = self.policy.choose(s, batch)
             room = min(s.params.max_new_tokens - len(s.output) - 1, self.max_len - len(s.tokens) - 1)
             ks.append(max(0, min(k, room)))
             reasons.append(why)
@@ -148,8 +148,11 @@ class Engine:
             drafts: list[list[int]] = [[] for _ in seqs]
             draft_probs = None
             if max(ks) > 0:
-                d = self.drafter.propose(seqs, ks)
+                d = self.drafter.propose(seqs, ks, stop_below=self.policy.stop_below)
                 drafts, draft_probs = d.tokens, d.probs
+                for b, x in enumerate(drafts):
+                    if 0 < len(x) < ks[b] and self.policy.stop_below is not None:
+                        reasons[b] += "+stop"  # the draft stopped itself (entropy gating)
             t1 = time.perf_counter()
             # 2) verify: the pending token plus the drafts, one target forward for the whole batch
             width = 1 + max(len(x) for x in drafts)
@@ -184,7 +187,7 @@ class Engine:
             if self.drafter is not None:
                 feats = hidden[b, : accepted + 1] if self.drafter.needs_features else None
                 self.drafter.commit(s, num_before, accepted, feats)
-                self.policy.observe(s.seq_id, k, accepted)
+                self.policy.observe(s, k, accepted, t1 - t0, t2 - t1)
             if s.done:
                 finished.append(s)
         if finished:
@@ -248,7 +251,7 @@ class Engine:
 
     def _release(self, seq: Sequence) -> None:
         self.free_slots.append(seq.slot)
-        self.policy.forget(seq.seq_id)
+        self.policy.forget(seq)
 
     # ---------------------------------------------------------------- drivers
     def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Sequence:

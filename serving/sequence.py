@@ -17,6 +17,7 @@ class Sequence:
     tokens: list[int]  # prompt + committed output; tokens[-1] is not yet in the target cache
     num_prompt: int
     request_id: str | None = None
+    domain: str = ""  # workload domain, for per-domain lookahead estimates
     generator: torch.Generator | None = None
     t_start: float = 0.0  # perf_counter at request start
     emit_times: list[float] = field(default_factory=list)  # perf_counter per output token

@@ -285,7 +285,7 @@ def run_prompts(
             p = prompts[idx]
             collector.begin(key, RequestRecord(started_at=wall_start, domain=p.domain, external_id=p.id,
                                                prompt_tokens=len(encoded[idx])), t_start)
-            seq = engine.add(encoded[idx], params, request_id=key, t_start=t_start)
+            seq = engine.add(encoded[idx], params, request_id=key, t_start=t_start, domain=p.domain)
             live[seq.seq_id] = (idx, wall_start)
             if seq.done:
                 finish(seq)

@@ -8,7 +8,7 @@ import torch
 from serving.drafters import FeatureDrafter, ModelDrafter, NgramDrafter
 from serving.eagle import EagleDraft
 from serving.engine import Engine, EngineError, StepEvent
-from serving.lookahead import FixedK, HeuristicK
+from serving.lookahead import CostK, EntropyK, FixedK, HeuristicK, parse_policy
 from serving.sampling import SamplingParams
 from tests.tiny import TINY, tiny_model
 
@@ -164,3 +164,44 @@ def test_feature_drafter_samples_exactly_seeded_and_proposes_only_head_tokens():
     assert outs[0] == outs[1] and len(outs[0]) == 24
     accepted = [t for e in events for t, src in zip(e.tokens, e.sources, strict=True) if src == "accepted"]
     assert accepted and all(t < 64 for t in accepted)
+
+
+@pytest.mark.parametrize("policy", ["heuristic", "entropy", "cost", "auto"])
+@pytest.mark.parametrize("name", ["draft-model", "feature", "ngram"])
+def test_every_policy_is_exact(policy, name):
+    reference = ar_outputs()
+    engine = Engine(TARGET, drafter=drafters()[name](2), policy=parse_policy(policy), max_batch=2, max_len=200)
+    seqs = [engine.add(p, GREEDY) for p in PROMPTS[:2]]
+    while engine.running:
+        engine.step()
+    for p in PROMPTS[2:]:
+        seqs.append(engine.generate(p, GREEDY))
+    assert [s.output for s in seqs] == reference
+
+
+def test_entropy_gating_stops_doubtful_drafts_and_says_so():
+    events = []
+    engine = Engine(TARGET, drafter=ModelDrafter(DRAFT, "d", slots=1, max_len=220), policy=EntropyK(8, 0.9),
+                    max_len=200, on_step=events.append)
+    engine.generate(PROMPTS[0], GREEDY)
+    steps = [e for e in events if e.step_index >= 0]
+    assert any(e.k < 8 and e.k_reason == "entropy+stop" for e in steps)
+
+
+def test_cost_policy_tracks_alpha_per_domain_and_picks_k_by_rate():
+    from serving.sequence import Sequence
+
+    pol = CostK(k_max=8, weight=1.0)
+    easy = Sequence(seq_id=0, slot=0, params=GREEDY, tokens=[1], num_prompt=1, domain="code")
+    hard = Sequence(seq_id=1, slot=0, params=GREEDY, tokens=[1], num_prompt=1, domain="chat")
+    assert pol.choose(easy, 1)[1] == "cost-warmup"
+    # draft 1 ms per token; verify 20 ms at K=2 and 24 ms at K=6 (linear in between)
+    pol.observe(easy, 2, 2, 0.002, 0.020)
+    pol.observe(hard, 6, 0, 0.006, 0.024)
+    pol.alpha["code"], pol.alpha["chat"] = 0.9, 0.1
+    k_easy, why = pol.choose(easy, 1)
+    k_hard, _ = pol.choose(hard, 1)
+    assert why == "cost" and k_easy > k_hard
+    rates = {k: pol.expected_rate(0.9, k) for k in range(1, 9)}
+    assert k_easy == max(rates, key=rates.get)
+    assert pol.verify_time(4) == pytest.approx(0.022)
