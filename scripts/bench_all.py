@@ -6,6 +6,7 @@ Sections (each can be picked with --only):
   telemetry  bench tokens/s with telemetry on vs off
   recorder   recorder throughput into SQLite and PostgreSQL
   sweep      concurrency sweep 1..32, AR vs spec, crossover
+  lookahead  adaptive K policies vs every fixed K per domain
   dashboard  every dashboard page's queries over 5M synthetic token events
   serve      HTTP serving under load (if the serve benchmark exists)
 
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 OUT = Path("bench-results")
-SECTIONS = ("engine", "peer", "telemetry", "recorder", "sweep", "dashboard", "serve")
+SECTIONS = ("engine", "peer", "telemetry", "recorder", "sweep", "lookahead", "dashboard", "serve")
 
 
 def sh(cmd: list[str], log: Path | None = None) -> int:
@@ -96,6 +97,8 @@ def main() -> int:
     if "sweep" in only:
         sh(bench("--workload", "mixed", "--mode", "both", "--limit", "32", "--max-new-tokens", "64",
                  "--concurrency", "1,2,4,8,16,32", "--db", db, "--json", str(OUT / "sweep.json")))
+    if "lookahead" in only:
+        sh([sys.executable, "-m", "scripts.bench_lookahead"])
     if "dashboard" in only:
         sh([sys.executable, "-m", "scripts.bench_dashboard"])
     if "serve" in only and Path("scripts/bench_serve.py").is_file():
@@ -133,6 +136,14 @@ def summarize() -> None:
             lines.append(f"| {r['concurrency']} | {r['mode']} | {r['tokens_per_s']:.1f} | {r['tpot_p95_ms'] or 0:.1f} |")
         lines += ["", f"speedup by concurrency: {sweep.get('speedup_by_concurrency')}",
                   f"crossover: {sweep.get('crossover_concurrency', 'n/a')}", ""]
+    look = load("lookahead.json")
+    if look:
+        lines += [f"## Lookahead policies ({look.get('drafter')})", ""]
+        for dom, row in look.get("domains", {}).items():
+            lines.append(f"- {dom}: best fixed K={row.get('best_fixed_k')} {row.get('best_fixed_tokens_per_s', 0):.1f} tok/s; "
+                         f"auto {row['tokens_per_s'].get('auto', 0):.1f} tok/s "
+                         f"({row.get('auto_vs_best_fixed', 0):.2f}x best, {row.get('auto_vs_median_fixed', 0):.2f}x median)")
+        lines.append("")
     dash = load("dashboard.json")
     if dash:
         lines += ["Dashboard: " + json.dumps(dash)[:600], ""]
