@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "app.commands.report",
     "app.commands.scheduler",
     "app.commands.calibrate",
+    "app.commands.distill",
 ]
 
 EPILOG = """examples:

@@ -30,7 +30,7 @@ from app.dashboard import assumptions
 from app.dashboard import page_queries as pq
 from app.dashboard.filters import data_span_s
 from scripts.synth_store import count_token_events, ensure_synthetic_store
-from telemetry import prices, queries
+from telemetry import costing, prices, queries
 from telemetry.queries import Filters
 
 GOAL_S = 2.0
@@ -64,9 +64,9 @@ def page_work(engine: Engine, f: Filters) -> dict[str, Callable[[], object]]:
     def overview():
         sidebar()
         queries.mode_summaries(engine, f)
-        queries.costs(engine, f)
+        costing.costs(engine, f)
         queries.speedups(engine, f)
-        queries.project_from_store(engine, f, **assumptions.DEFAULTS)
+        costing.project_from_store(engine, f, **assumptions.DEFAULTS)
 
     def latency():
         bucket = sidebar()
@@ -90,9 +90,9 @@ def page_work(engine: Engine, f: Filters) -> dict[str, Callable[[], object]]:
 
     def cost():
         sidebar()
-        queries.costs(engine, f)
+        costing.costs(engine, f)
         prices.list_prices(engine)
-        queries.project_from_store(engine, f, **assumptions.DEFAULTS)
+        costing.project_from_store(engine, f, **assumptions.DEFAULTS)
 
     def runs():
         sidebar()

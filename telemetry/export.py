@@ -202,14 +202,14 @@ COST_HEADER = [
 
 def cost_rows(engine: Engine, window: ExportWindow) -> tuple[list[str], Iterator[Sequence[Any]]]:
     """Per-run cost per 1M tokens, from the shared aggregations (one implementation of every figure)."""
-    from telemetry import queries  # lazy: only the cost export needs the FinOps aggregations
+    from telemetry import costing, queries  # lazy: only the cost export needs the FinOps aggregations
 
     filters = queries.Filters(
         since=window.since,
         until=window.until,
         run_ids=(window.run_id,) if window.run_id is not None else None,
     )
-    run_costs, _ = queries.costs(engine, filters)
+    run_costs, _ = costing.costs(engine, filters)
 
     def rows() -> Iterator[Sequence[Any]]:
         for rc in run_costs:

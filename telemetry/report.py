@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from telemetry import queries
+from telemetry import costing, queries
 from telemetry.queries import Filters
 
 PERIODS = ("daily", "weekly", "custom")
@@ -109,7 +109,7 @@ class PeriodFigures:
 
     window: Window
     modes: dict[str, queries.ModeSummary]
-    mode_costs: dict[str, queries.ModeCost]
+    mode_costs: dict[str, costing.ModeCost]
 
     @property
     def has_traffic(self) -> bool:
@@ -132,7 +132,7 @@ class PeriodFigures:
 
 def period_figures(engine: Engine, window: Window) -> PeriodFigures:
     f = window.filters()
-    _, mode_costs = queries.costs(engine, f)
+    _, mode_costs = costing.costs(engine, f)
     return PeriodFigures(
         window,
         {m.mode: m for m in queries.mode_summaries(engine, f)},
@@ -197,7 +197,7 @@ BAND_METRICS: tuple[tuple[str, Callable[[PeriodFigures], float | None]], ...] = 
 
 @dataclass(frozen=True, slots=True)
 class ProjectionResult:
-    projection: queries.StoreProjection | None
+    projection: costing.StoreProjection | None
     reason: str | None  # why there is no projection
     daily_tokens: float | None
     daily_tokens_basis: str
@@ -236,7 +236,7 @@ def _projection(
     if daily is None:
         return ProjectionResult(None, "no output tokens in this period", None, basis, peak_factor, sla_ms)
     try:
-        sp = queries.project_from_store(
+        sp = costing.project_from_store(
             engine, current.window.filters(), daily_tokens=daily, peak_factor=peak_factor, sla_ms=sla_ms
         )
     except ValueError as exc:  # e.g. no catalog price for the measured device

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from synthetic import Req, make_run, spec_req
 
 from app.cli import main
-from telemetry.queries import costs
+from telemetry.costing import costs
 from telemetry.store import open_store
 
 PROJECT_KEYS = {

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from streamlit.testing.v1 import AppTest
 from synthetic import Req, make_run, spec_req
 
-from telemetry import queries
+from telemetry import costing, queries
 from telemetry.store import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_overview_shows_the_kpis_from_the_shared_queries(filled, monkeypatch):
     engine = open_store(filled)
     (speedup,) = queries.speedups(engine)
     assert m["Speedup"] == [f"{speedup.speedup:.2f}x"]
-    _, mode_costs = queries.costs(engine)
+    _, mode_costs = costing.costs(engine)
     by_mode = {c.mode: c.cost.total_usd_per_1m for c in mode_costs}
     assert m["Cost per 1M tokens"] == [f"${by_mode['spec']:,.2f}", f"${by_mode['ar']:,.2f}"]
     assert "J/token (estimate)" in m  # the spec run's power was estimated: labelled as such

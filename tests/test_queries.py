@@ -23,16 +23,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from synthetic import BASE_TIME, Req, make_run, spec_req
 
+from telemetry.costing import costs, project_from_store, run_cost
 from telemetry.db import Request, Step, TokenEvent
 from telemetry.finops import HOURS_PER_YEAR
 from telemetry.queries import (
     Filters,
     acceptance_by_domain,
-    costs,
     mode_summaries,
     percentile,
-    project_from_store,
-    run_cost,
     run_summaries,
     speedups,
 )

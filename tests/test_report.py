@@ -15,8 +15,9 @@ from synthetic import BASE_TIME, Req, make_run, spec_req
 
 from app.cli import main
 from telemetry import report_writer
+from telemetry.costing import costs
 from telemetry.db import Report
-from telemetry.queries import Filters, costs
+from telemetry.queries import Filters
 from telemetry.report import band_check, period_window
 from telemetry.store import open_store
 

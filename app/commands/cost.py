@@ -181,7 +181,8 @@ def _cost_dict(c) -> dict:
 
 
 def run_cost_command(args) -> int:
-    from telemetry.queries import EMPTY_STORE_HINT, costs
+    from telemetry.costing import costs
+    from telemetry.queries import EMPTY_STORE_HINT
     from telemetry.store import open_store
 
     run_id = None
@@ -270,7 +271,7 @@ def run_cost_command(args) -> int:
 
 
 def run_project_command(args) -> int:
-    from telemetry.queries import project_from_store
+    from telemetry.costing import project_from_store
     from telemetry.store import open_store
 
     missing = [

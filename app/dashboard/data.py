@@ -15,7 +15,7 @@ import streamlit as st
 from sqlalchemy.engine import Engine
 
 from app.dashboard import page_queries as pq
-from telemetry import prices, queries
+from telemetry import costing, prices, queries
 from telemetry.queries import Filters
 from telemetry.store import open_store
 
@@ -70,14 +70,14 @@ def acceptance_by_domain(url: str, f: Filters) -> list[queries.DomainAcceptance]
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def costs(url: str, f: Filters) -> tuple[list[queries.RunCost], list[queries.ModeCost]]:
-    return queries.costs(engine(url), f)
+def costs(url: str, f: Filters) -> tuple[list[costing.RunCost], list[costing.ModeCost]]:
+    return costing.costs(engine(url), f)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def projection(url: str, f: Filters, inputs: dict) -> queries.StoreProjection:
-    """`queries.project_from_store` (which runs `finops.project` on the measured capacities)."""
-    return queries.project_from_store(engine(url), f, **inputs)
+def projection(url: str, f: Filters, inputs: dict) -> costing.StoreProjection:
+    """`costing.project_from_store` (which runs `finops.project` on the measured capacities)."""
+    return costing.project_from_store(engine(url), f, **inputs)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

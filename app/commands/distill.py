@@ -1,0 +1,88 @@
+"""`specfinops distill`: train a feature-level draft for a target (see serving/distill)."""
+
+from __future__ import annotations
+
+from app.commands._common import add_command
+
+EXAMPLES = """  # the bundled draft (the command its model card records)
+  specfinops distill --generate-prompts 1784 --stdlib-code 1200 --out serving/bundled/draft --minutes 45
+  # a quick trial on data prepared earlier, 200 steps, no evaluation
+  specfinops distill --corpus ~/.cache/specfinops/distill/DATA --out /tmp/draft --steps 200 --no-eval
+  # continue an interrupted run (same arguments plus --resume)
+  specfinops distill --generate-prompts 1784 --out /tmp/draft --minutes 45 --resume
+  # your own target
+  specfinops distill --target /models/my-llama --generate-prompts 3000 --out /models/my-llama-draft --minutes 60
+"""
+
+
+def register(sub) -> None:
+    p = add_command(sub, "distill", "Train a feature-level draft (EAGLE-style, reduced-vocabulary head) that "
+                    "shares the target's tokenizer.", EXAMPLES, handle)
+    p.add_argument("--target", default=None, help="target model name or directory (default: the bundled target)")
+    p.add_argument("--corpus", nargs="+", default=[], metavar="DIR",
+                   help="prepared data directories (made by an earlier --generate-prompts / --stdlib-code run)")
+    p.add_argument("--generate-prompts", type=int, default=0, metavar="N",
+                   help="generate the target's greedy answers to the first N templated training prompts")
+    p.add_argument("--stdlib-code", type=int, default=0, metavar="N",
+                   help="add N Python standard-library functions as chat answers, teacher-forced")
+    p.add_argument("--data-dir", default=None, help="where --generate-prompts writes (default: ~/.cache/specfinops/distill/...)")
+    p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap when generating data")
+    p.add_argument("--gen-batch", type=int, default=32, help="sequences generated together")
+    p.add_argument("--out", required=True, help="output directory for the draft (weights, config, tokenizer, model card)")
+    p.add_argument("--minutes", default=None, help="training budget in minutes (excluding data and evaluation)")
+    p.add_argument("--steps", default=None, help="training budget in optimizer steps")
+    p.add_argument("--head-vocab", type=int, default=8192, help="tokens the draft head can propose")
+    p.add_argument("--layers", type=int, default=1, help="draft decoder layers")
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--batch-tokens", type=int, default=3072, help="padded tokens per step")
+    p.add_argument("--unroll", type=int, default=3, help="draft steps trained per position (own features after step 1)")
+    p.add_argument("--detach-unroll", action="store_true", help="no gradient through the draft's own features")
+    p.add_argument("--w-feat", type=float, default=0.5, help="feature regression loss weight")
+    p.add_argument("--w-hard", type=float, default=0.5, help="cross-entropy to the target's greedy token weight")
+    p.add_argument("--feat-noise", type=float, default=0.05, help="uniform feature noise, fraction of the feature RMS")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint of the same --out")
+    p.add_argument("--checkpoint", default=None, help="checkpoint file (default: in ~/.cache/specfinops/distill/checkpoints)")
+    p.add_argument("--save-every", type=float, default=3.0, help="minutes between checkpoints (also refreshes --out)")
+    p.add_argument("--no-eval", action="store_true", help="skip measuring alpha and c")
+    p.add_argument("--eval-max-new-tokens", type=int, default=128)
+    p.add_argument("-k", "--k", type=int, default=4, help="lookahead used when measuring alpha")
+
+
+def _positive(name: str, value, kind):
+    if value is None:
+        return None
+    try:
+        v = kind(value)
+    except ValueError:
+        v = None
+    if v is None or v <= 0:
+        from app.errors import UsageError
+
+        raise UsageError(f"{name} must be a positive number, got {value!r}")
+    return v
+
+
+def handle(args) -> int:
+    from pathlib import Path
+
+    from app.errors import UsageError
+
+    args.minutes = _positive("--minutes", args.minutes, float)
+    args.steps = _positive("--steps", args.steps, int)
+    if args.minutes is None and args.steps is None:
+        args.minutes = 30.0
+    if args.minutes is not None and args.steps is not None:
+        raise UsageError("give --minutes or --steps, not both")
+    for c in args.corpus:
+        if not Path(c).expanduser().is_dir():
+            raise UsageError(f"corpus {c} does not exist")
+    if not (args.corpus or args.generate_prompts or args.stdlib_code):
+        raise UsageError("no training data: give --corpus DIR, --generate-prompts N or --stdlib-code N")
+    for name in ("generate_prompts", "stdlib_code", "head_vocab", "layers", "unroll", "batch_tokens"):
+        if getattr(args, name) < 0 or (name in ("head_vocab", "layers", "unroll", "batch_tokens") and getattr(args, name) < 1):
+            raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    from serving.distill.pipeline import run
+
+    return run(args)

@@ -1,0 +1,278 @@
+"""Cost per run and per mode (node price x wall hours + energy), and node projections from the measured
+runs. Built on the SQL summaries of `telemetry.queries` and the pure math of `telemetry.finops`: the
+CLI, the dashboard and the reports all price runs here, so every figure has one implementation."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from sqlalchemy.engine import Engine
+
+from telemetry.finops import (
+    HOURS_PER_MONTH,
+    HOURS_PER_YEAR,
+    J_PER_KWH,
+    CostBreakdown,
+    Projection,
+    capacity_at_sla,
+    cost_per_1m_from_totals,
+    cost_per_1m_tokens,
+    project,
+)
+from telemetry.prices import NodePrice, energy_prices, resolve_node_price
+from telemetry.queries import EMPTY_STORE_HINT, MODES, Filters, RunSummary, _ratio, run_summaries
+
+
+@dataclass(frozen=True, slots=True)
+class RunCost:
+    run: RunSummary
+    node_price: NodePrice
+    measured_on: str
+    priced_differs: bool  # say "priced as X, measured on Y"
+    usd_per_kwh: float
+    pue: float
+    cost: CostBreakdown
+
+
+@dataclass(frozen=True, slots=True)
+class ModeCost:
+    mode: str
+    run_ids: tuple[int, ...]
+    output_tokens: int
+    wall_s: float | None
+    tokens_per_s: float | None
+    priced_as: tuple[str, ...]
+    measured_on: tuple[str, ...]
+    cost: CostBreakdown
+
+
+def _energy_prices(engine: Engine, snapshot: dict | None, usd_per_kwh: float | None, pue: float | None):
+    snap = snapshot if isinstance(snapshot, dict) else {}
+    default_kwh, default_pue = energy_prices(engine)
+
+    def pick(given, key, default):
+        if given is not None:
+            return float(given)
+        v = snap.get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0 else default
+
+    return pick(usd_per_kwh, "usd_per_kwh", default_kwh), pick(pue, "pue", default_pue)
+
+
+def _price_run(engine: Engine, run: RunSummary, gpu, node_hourly_usd, usd_per_kwh, pue) -> RunCost:
+    price = resolve_node_price(
+        engine, device=run.device, price_snapshot=run.price_snapshot, gpu=gpu, node_hourly_usd=node_hourly_usd
+    )
+    kwh_price, pue_value = _energy_prices(engine, run.price_snapshot, usd_per_kwh, pue)
+    st = run.stats
+    if st.output_tokens and st.wall_s is None:
+        cost = CostBreakdown(
+            st.output_tokens, None, None, None, False, st.energy_estimated, "wall time unknown"
+        )
+    else:
+        energy_kwh = st.energy_j / J_PER_KWH if st.energy_complete and st.energy_j is not None else None
+        cost = cost_per_1m_tokens(
+            price.usd_per_hour,
+            (st.wall_s or 0.0) / 3600,
+            energy_kwh,
+            pue_value,
+            kwh_price,
+            st.output_tokens,
+            energy_estimated=st.energy_estimated,
+        )
+    return RunCost(run, price, run.device, price.differs_from(run.device), kwh_price, pue_value, cost)
+
+
+def _mode_cost(mode: str, items: list[RunCost]) -> ModeCost:
+    with_tokens = [rc for rc in items if rc.run.stats.output_tokens]
+    tokens = sum(rc.run.stats.output_tokens for rc in with_tokens)
+    walls = [rc.run.stats.wall_s for rc in with_tokens]
+    wall_s = None if not walls or any(w is None for w in walls) else sum(walls)
+    estimated = any(rc.run.stats.energy_estimated for rc in with_tokens)
+    if wall_s is None:
+        cost = CostBreakdown(
+            tokens,
+            None,
+            None,
+            None,
+            False,
+            estimated,
+            "no output tokens" if not tokens else "wall time unknown",
+        )
+    else:
+        hardware_usd = sum(rc.node_price.usd_per_hour * rc.run.stats.wall_s / 3600 for rc in with_tokens)
+        energy_known = all(rc.cost.energy_included for rc in with_tokens)
+        # energy $ summed run by run (each at its own PUE and $/kWh), expressed as kWh at PUE 1, $1/kWh
+        energy_usd = (
+            sum(rc.run.stats.energy_j / J_PER_KWH * rc.pue * rc.usd_per_kwh for rc in with_tokens)
+            if energy_known
+            else None
+        )
+        cost = cost_per_1m_from_totals(hardware_usd, energy_usd, 1.0, 1.0, tokens, energy_estimated=estimated)
+    return ModeCost(
+        mode=mode,
+        run_ids=tuple(rc.run.run_id for rc in items),
+        output_tokens=tokens,
+        wall_s=wall_s,
+        tokens_per_s=_ratio(tokens, wall_s) if tokens else None,
+        priced_as=tuple(sorted({rc.node_price.priced_as for rc in items})),
+        measured_on=tuple(sorted({rc.measured_on for rc in items})),
+        cost=cost,
+    )
+
+
+def costs(
+    engine: Engine,
+    filters: Filters | None = None,
+    *,
+    gpu: str | None = None,
+    node_hourly_usd: float | None = None,
+    usd_per_kwh: float | None = None,
+    pue: float | None = None,
+) -> tuple[list[RunCost], list[ModeCost]]:
+    """Cost per 1M output tokens per run and per mode. Node price: `node_hourly_usd` > `gpu` (one GPU per
+    run) > the run's price snapshot > the catalog entry of the run's device."""
+    run_costs = [
+        _price_run(engine, r, gpu, node_hourly_usd, usd_per_kwh, pue) for r in run_summaries(engine, filters)
+    ]
+    by_mode: dict[str, list[RunCost]] = defaultdict(list)
+    for rc in run_costs:
+        by_mode[rc.run.mode].append(rc)
+    return run_costs, [_mode_cost(m, by_mode[m]) for m in MODES if by_mode.get(m)]
+
+
+def run_cost(
+    engine: Engine,
+    run_id: int,
+    *,
+    gpu: str | None = None,
+    node_hourly_usd: float | None = None,
+    usd_per_kwh: float | None = None,
+    pue: float | None = None,
+) -> RunCost:
+    """Cost of one run; ValueError naming `run_id` when the store has no requests for it."""
+    found = run_summaries(engine, Filters(run_ids=(run_id,)))
+    if not found:
+        raise ValueError(f"run_id {run_id!r} not found (or it has no requests)")
+    return _price_run(engine, found[0], gpu, node_hourly_usd, usd_per_kwh, pue)
+
+
+
+
+@dataclass(frozen=True, slots=True)
+class StoreProjection:
+    projection: Projection
+    node_price: NodePrice
+    measured_on: tuple[str, ...]
+    priced_differs: bool
+    usd_per_kwh: float
+    pue: float
+    energy_estimated: bool
+    capacity_run_ar: int | None  # run whose throughput is the AR capacity
+    capacity_run_spec: int | None
+
+    def as_dict(self) -> dict:
+        """The `project --json` contract: exactly these eight top-level keys; monthly cost per mode is
+        nodes x node_hourly_usd x hours_per_month (also on `projection`)."""
+        p = self.projection
+        return {
+            "nodes_ar": p.nodes_ar,
+            "nodes_spec": p.nodes_spec,
+            "cost_per_1m_tokens_ar_usd": p.cost_per_1m_tokens_ar_usd,
+            "cost_per_1m_tokens_spec_usd": p.cost_per_1m_tokens_spec_usd,
+            "annual_savings_usd": p.annual_savings_usd,
+            "capacity_tokens_per_s_ar": p.capacity_tokens_per_s_ar,
+            "capacity_tokens_per_s_spec": p.capacity_tokens_per_s_spec,
+            "assumptions": {
+                "node_hourly_usd": p.node_hourly_usd,
+                "daily_tokens": p.daily_tokens,
+                "peak_factor": p.peak_factor,
+                "p95_tpot_sla_ms": p.sla_ms,
+                "priced_as": self.node_price.priced_as,
+                "measured_on": list(self.measured_on),
+                "priced_differs_from_measured": self.priced_differs,
+                "pue": self.pue,
+                "usd_per_kwh": self.usd_per_kwh,
+                "energy_included_ar": p.energy_included_ar,
+                "energy_included_spec": p.energy_included_spec,
+                "energy_estimated": self.energy_estimated,
+                "capacity_basis": "highest measured tokens/s of one run (aggregate over its concurrency) "
+                "whose p95 TPOT meets the SLA, taken as one node",
+                "capacity_run_ar": self.capacity_run_ar,
+                "capacity_run_spec": self.capacity_run_spec,
+                "hours_per_year": HOURS_PER_YEAR,
+                "hours_per_month": HOURS_PER_MONTH,
+                "notes": list(p.notes),  # why a figure is null (e.g. SLA not attainable)
+            },
+        }
+
+
+def _capacity_run(runs: list[RunSummary], sla_ms: float) -> RunSummary | None:
+    cap = capacity_at_sla([(r.stats.tokens_per_s, r.stats.tpot_p95_ms) for r in runs], sla_ms)
+    if cap is None:
+        return None
+    return next(
+        r
+        for r in runs
+        if r.stats.tokens_per_s == cap and r.stats.tpot_p95_ms is not None and r.stats.tpot_p95_ms <= sla_ms
+    )
+
+
+def project_from_store(
+    engine: Engine,
+    filters: Filters | None = None,
+    *,
+    daily_tokens: float,
+    peak_factor: float,
+    sla_ms: float,
+    gpu: str | None = None,
+    gpus_per_node: int = 1,
+    node_hourly_usd: float | None = None,
+    usd_per_kwh: float | None = None,
+    pue: float | None = None,
+) -> StoreProjection:
+    """finops.project fed with the measured runs: capacity per mode = best run tokens/s meeting the SLA.
+    The energy part is added only when the priced hardware is the measured one. ValueError on an empty store."""
+    runs = run_summaries(engine, filters)
+    if not any(r.stats.output_tokens for r in runs):
+        raise ValueError(f"no measured runs with output tokens in the store; {EMPTY_STORE_HINT}")
+    devices = tuple(sorted({r.device for r in runs}))
+    price = resolve_node_price(
+        engine, device=devices[0], gpu=gpu, gpus_per_node=gpus_per_node, node_hourly_usd=node_hourly_usd
+    )
+    kwh_price, pue_value = _energy_prices(engine, None, usd_per_kwh, pue)
+    differs = any(price.differs_from(d) for d in devices) or gpus_per_node != 1
+    by_mode = {m: [r for r in runs if r.mode == m] for m in MODES}
+    cap_runs = {m: _capacity_run(by_mode[m], sla_ms) for m in MODES}
+
+    def j_per_token(m: str) -> float | None:
+        r = cap_runs[m]
+        return None if differs or r is None else r.stats.j_per_token
+
+    projection = project(
+        daily_tokens=daily_tokens,
+        peak_factor=peak_factor,
+        sla_ms=sla_ms,
+        node_hourly_usd=price.usd_per_hour,
+        points_ar=[(r.stats.tokens_per_s, r.stats.tpot_p95_ms) for r in by_mode["ar"]],
+        points_spec=[(r.stats.tokens_per_s, r.stats.tpot_p95_ms) for r in by_mode["spec"]],
+        j_per_token_ar=j_per_token("ar"),
+        j_per_token_spec=j_per_token("spec"),
+        pue=pue_value,
+        usd_per_kwh=kwh_price,
+    )
+    estimated = any(
+        r is not None and r.stats.energy_estimated and j_per_token(m) is not None for m, r in cap_runs.items()
+    )
+    return StoreProjection(
+        projection=projection,
+        node_price=price,
+        measured_on=devices,
+        priced_differs=differs,
+        usd_per_kwh=kwh_price,
+        pue=pue_value,
+        energy_estimated=estimated,
+        capacity_run_ar=cap_runs["ar"].run_id if cap_runs["ar"] else None,
+        capacity_run_spec=cap_runs["spec"].run_id if cap_runs["spec"] else None,
+    )
