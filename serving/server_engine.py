@@ -22,7 +22,8 @@ from datetime import UTC, datetime, timedelta
 from serving.engine import Engine, StepEvent
 from serving.sequence import Sequence
 from serving.server_schemas import APIError, Checked
-from telemetry.records import RequestRecord, StepRow, TokenRow
+from serving.worker import append_step
+from telemetry.records import RequestRecord
 
 logger = logging.getLogger(__name__)
 
@@ -216,14 +217,7 @@ class EngineLoop:
         job = self._jobs.get(ev.request_id)
         if job is None:
             return
-        rec = job.record
-        offset_ms = (ev.t_end - job.t_start) * 1000.0
-        if ev.step_index >= 0:
-            rec.steps.append(StepRow(ev.step_index, ev.k, ev.accepted, len(ev.tokens), ev.draft_s * 1000.0,
-                                     ev.verify_s * 1000.0, offset_ms, ev.batch_size, ev.k_reason))
-        pos = len(rec.tokens)
-        for i, src in enumerate(ev.sources):
-            rec.tokens.append(TokenRow(pos + i, offset_ms, ev.step_index, src))
+        append_step(job.record, ev, job.t_start)
         if ev.tokens:
             self._outbox.append((job, ev.tokens))
 

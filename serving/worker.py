@@ -214,6 +214,17 @@ class ModeResult:
         return 1 + sum(r.record.num_accepted_tokens for r in self.results) / drafts if drafts else None
 
 
+def append_step(rec: RequestRecord, ev: StepEvent, t_start: float) -> None:
+    """Add one engine step event to a request's telemetry rows (plain appends: runs on the hot path)."""
+    offset_ms = (ev.t_end - t_start) * 1000.0
+    if ev.step_index >= 0:
+        rec.steps.append(StepRow(ev.step_index, ev.k, ev.accepted, len(ev.tokens), ev.draft_s * 1000.0,
+                                 ev.verify_s * 1000.0, offset_ms, ev.batch_size, ev.k_reason))
+    pos = len(rec.tokens)
+    for i, src in enumerate(ev.sources):
+        rec.tokens.append(TokenRow(pos + i, offset_ms, ev.step_index, src))
+
+
 class _Collector:
     """Engine step events -> per-request telemetry rows (plain appends: this runs on the hot path)."""
 
@@ -225,14 +236,7 @@ class _Collector:
         self.open[key], self.t0[key] = rec, t_start
 
     def __call__(self, ev: StepEvent) -> None:
-        rec, t0 = self.open[ev.request_id], self.t0[ev.request_id]
-        offset_ms = (ev.t_end - t0) * 1000.0
-        if ev.step_index >= 0:
-            rec.steps.append(StepRow(ev.step_index, ev.k, ev.accepted, len(ev.tokens), ev.draft_s * 1000.0,
-                                     ev.verify_s * 1000.0, offset_ms, ev.batch_size, ev.k_reason))
-        pos = len(rec.tokens)
-        for i, src in enumerate(ev.sources):
-            rec.tokens.append(TokenRow(pos + i, offset_ms, ev.step_index, src))
+        append_step(self.open[ev.request_id], ev, self.t0[ev.request_id])
 
 
 def run_prompts(
