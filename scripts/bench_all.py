@@ -78,6 +78,11 @@ def main() -> int:
         sh(bench(*common, "--mode", "both", "--drafter", "ngram", "--db", db, "--json", str(OUT / "engine_ngram.json")))
         sh(bench(*common, "--mode", "spec", "--drafter", "early-exit", "--early-exit-layers",
                  str(args.early_exit_layers), "--db", db, "--json", str(OUT / "engine_early_exit.json")))
+        from serving.models import BUNDLED_DRAFT_DIR
+
+        if (BUNDLED_DRAFT_DIR / "config.json").is_file():
+            sh(bench(*common, "--mode", "both", "--drafter", "draft", "--db", db,
+                     "--json", str(OUT / "engine_draft.json")))
     if "peer" in only:
         sh([sys.executable, "-m", "scripts.hf_peer", "--target", target, "--workload", "code", "--k", str(args.k),
             "--max-new-tokens", str(args.max_new_tokens), "--limit", str(args.limit), "--dtype", "bfloat16",
@@ -98,11 +103,12 @@ def main() -> int:
         sh(bench("--workload", "mixed", "--mode", "both", "--limit", "32", "--max-new-tokens", "64",
                  "--concurrency", "1,2,4,8,16,32", "--db", db, "--json", str(OUT / "sweep.json")))
     if "lookahead" in only:
-        sh([sys.executable, "-m", "scripts.bench_lookahead"])
+        sh([sys.executable, "-m", "scripts.bench_lookahead", "--policies", "1,2,3,4,5,6,7,8,heuristic,auto",
+            "--limit", "4", "--max-new-tokens", "64", "--repeats", "1"])
     if "dashboard" in only:
         sh([sys.executable, "-m", "scripts.bench_dashboard"])
     if "serve" in only and Path("scripts/bench_serve.py").is_file():
-        sh([sys.executable, "-m", "scripts.bench_serve"])
+        sh([sys.executable, "-m", "scripts.bench_serve", "--levels", "1,4,16,32", "--duration", "30"])
     summarize()
     return 0
 
@@ -111,14 +117,18 @@ def summarize() -> None:
     """One page with the headline numbers of whatever sections ran (bench-results/SUMMARY.md)."""
     lines = ["# Benchmark summary", ""]
     ng, ee, peer = load("engine_ngram.json"), load("engine_early_exit.json"), load("hf_peer.json")
+    dr = load("engine_draft.json")
     if ng:
         lines += ["## Engine (code workload, bf16, greedy)", "", "| run | tokens/s | acceptance | mean acc. len | speedup |",
                   "|---|---|---|---|---|"]
         ar = next(r for r in ng["runs"] if r["mode"] == "ar")
-        for r in ng["runs"] + ee.get("runs", []):
+        for r in ng["runs"] + ee.get("runs", []) + [r for r in dr.get("runs", []) if r["mode"] == "spec"]:
             sp = r["tokens_per_s"] / ar["tokens_per_s"]
             lines.append(f"| ours {r['mode']} {r['drafter'] or ''} | {r['tokens_per_s']:.1f} | {r['acceptance_rate'] or '—'} "
                          f"| {r['mean_acceptance_length'] or '—'} | {sp:.2f}x |")
+        if dr:
+            dar = next(r for r in dr["runs"] if r["mode"] == "ar")
+            lines.append(f"| (draft run's own AR: {dar['tokens_per_s']:.1f} tok/s; speedup {dr.get('speedup') or 0:.2f}x) | | | | |")
         for r in peer.get("runs", []):
             lines.append(f"| HF {r['mode']} | {r['tokens_per_s']:.1f} | — | — | {r.get('speedup_vs_ar') or 0:.2f}x |")
         lines.append("")
