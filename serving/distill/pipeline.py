@@ -1,0 +1,200 @@
+"""`specfinops distill` end to end: data (generate or reuse), train, measure, write the draft + model card."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+CACHE = Path.home() / ".cache" / "specfinops" / "distill"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "generation_config.json")
+EVAL_DOMAINS = ("code", "chat", "rewrite")
+
+
+REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_code", "max_new_tokens", "out", "minutes", "steps",
+                 "head_vocab", "layers", "lr", "batch_tokens", "unroll", "detach_unroll", "w_feat", "w_hard",
+                 "feat_noise", "seed", "k")
+
+
+def command_line(args) -> str:
+    """The command that reproduces a run, every training option spelled out (--resume and paths that
+    only say where things are cached are left out: they change how the run got there, not its result)."""
+    parts = ["specfinops", "distill"]
+    for name in REPRO_OPTIONS:
+        v = getattr(args, name, None)
+        if v in (None, False, [], 0) and name not in ("seed",):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if v is True:
+            parts.append(flag)
+        elif isinstance(v, list):
+            parts += [flag, *map(str, v)]
+        else:
+            parts += [flag, str(int(v) if isinstance(v, float) and v.is_integer() and name != "lr" else v)]
+    return shlex.join(parts)
+
+
+def _say(msg: str) -> None:
+    import sys
+
+    print(msg, file=sys.stderr, flush=True)
+
+
+def save_draft(draft, out: Path, extra: dict) -> None:
+    """The EagleDraft file format (config.json + model.safetensors), weights cast to bf16 on the way out."""
+    from safetensors.torch import save_file
+
+    from serving.eagle import MODEL_TYPE
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: (v.detach().to(torch.bfloat16) if v.is_floating_point() else v.detach()).contiguous()
+             for k, v in draft.state_dict().items()}
+    save_file(state, str(out / "model.safetensors.tmp"))
+    (out / "model.safetensors.tmp").replace(out / "model.safetensors")
+    cfg = {"model_type": MODEL_TYPE, **asdict(draft.cfg), "torch_dtype": "bfloat16", **extra}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def copy_tokenizer(target_dir: Path, out: Path) -> None:
+    for name in TOKENIZER_FILES:
+        if (target_dir / name).is_file():
+            shutil.copyfile(target_dir / name, out / name)
+
+
+def eval_data(target_dir: Path, max_new_tokens: int, say) -> Path:
+    """The target's greedy answers to the builtin evaluation workloads (for measuring alpha only)."""
+    from serving.distill.data import is_prepared, prepare
+    from serving.workloads import load_workload
+
+    d = CACHE / f"{target_dir.name}-eval-{'-'.join(EVAL_DOMAINS)}-{max_new_tokens}"
+    if not is_prepared(d):
+        items = []
+        for dom in EVAL_DOMAINS:
+            for p in load_workload(dom):
+                item = {"id": p.id, "domain": p.domain, "messages": p.as_messages()}
+                items.append(item)
+        say(f"evaluation data: the target's greedy answers to {len(items)} workload prompts -> {d}")
+        prepare(target_dir, items, d, max_new_tokens=max_new_tokens, say=say,
+                extra_meta={"corpus": "builtin evaluation workloads (never trained on)"})
+    return d
+
+
+def run(args) -> int:
+    from app.errors import UsageError
+    from serving.distill.data import is_prepared, load_prepared, prepare
+    from serving.distill.prompts import make_prompts, stdlib_code_items
+    from serving.distill.train import TrainConfig, measure_c, new_draft, simulate_alpha, train
+    from serving.eagle import load_eagle
+    from serving.llama import load_causal_lm
+    from serving.models import load_tokenizer, resolve_model
+
+    torch.set_num_threads(args.threads)
+    t_start = time.perf_counter()
+    target_dir = resolve_model(args.target, "target")
+    out = Path(args.out).expanduser()
+    corpora = [Path(c).expanduser() for c in args.corpus]
+    for c in corpora:
+        if not is_prepared(c):
+            raise UsageError(f"corpus {c} is not a prepared distillation data directory (make one with "
+                             "--generate-prompts N or --stdlib-code N)")
+    # ---- data
+    data_t0 = time.perf_counter()
+    described = [f"prepared data {c}" for c in corpora]
+    if args.generate_prompts:
+        d = Path(args.data_dir).expanduser() if args.data_dir else \
+            CACHE / f"{target_dir.name}-templated-{args.generate_prompts}-s{args.seed}-n{args.max_new_tokens}"
+        if not is_prepared(d):
+            prompts = make_prompts(args.generate_prompts, seed=args.seed)
+            _say(f"generating the target's greedy answers to {len(prompts)} templated prompts -> {d}")
+            prepare(target_dir, prompts, d, max_new_tokens=args.max_new_tokens, batch=args.gen_batch, say=_say,
+                    extra_meta={"corpus": "templated prompts (serving/distill/prompts.py), the target's greedy answers"})
+        corpora.append(d)
+        described.append(f"the target's greedy answers (max {args.max_new_tokens} tokens) to "
+                         f"{args.generate_prompts} templated prompts (seed {args.seed})")
+    if args.stdlib_code:
+        d = CACHE / f"{target_dir.name}-stdlib-code-{args.stdlib_code}-s{args.seed}"
+        if not is_prepared(d):
+            items = stdlib_code_items(args.stdlib_code, seed=args.seed)
+            _say(f"teacher pass over {len(items)} standard-library functions -> {d}")
+            prepare(target_dir, items, d, say=_say,
+                    extra_meta={"corpus": "Python standard library functions as chat answers (teacher-forced)"})
+        corpora.append(d)
+        described.append(f"{args.stdlib_code} Python standard-library functions shown as chat answers, "
+                         "teacher-forced (the target's own distributions as labels)")
+    if not corpora:
+        raise UsageError("no training data: give --corpus DIR, --generate-prompts N or --stdlib-code N")
+    data_minutes = (time.perf_counter() - data_t0) / 60
+    preps = [load_prepared(c) for c in corpora]
+    # ---- model
+    target = load_causal_lm(target_dir, torch.float32)
+    tok = load_tokenizer(target_dir)
+    eos = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
+    cfg = TrainConfig(head_vocab=args.head_vocab, layers=args.layers, lr=args.lr, batch_tokens=args.batch_tokens,
+                      unroll=args.unroll, detach_unroll=args.detach_unroll, minutes=args.minutes, steps=args.steps,
+                      seed=args.seed, save_every_s=args.save_every * 60, w_feat=args.w_feat, w_hard=args.w_hard,
+                      feat_noise=args.feat_noise)
+    draft, coverage = new_draft(target, preps, cfg, eos)
+    ckpt = Path(args.checkpoint).expanduser() if args.checkpoint else \
+        CACHE / "checkpoints" / (hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12] + ".pt")
+    card = {
+        "model_type": "specfinops-eagle",
+        "target": target_dir.name,
+        "architecture": {"kind": "feature-level draft (EAGLE) with a reduced-vocabulary head (FR-Spec)",
+                         "layers": cfg.layers, "hidden_size": draft.cfg.hidden_size, "head_vocab": cfg.head_vocab,
+                         "parameters": sum(p.numel() for p in draft.parameters()),
+                         "init": "the target's last layer(s), final norm and head rows; fc = [0.1 I | I]",
+                         "shares": "the target's token embedding (not stored)"},
+        "corpus": {"sources": described, "data_dirs": [str(c) for c in corpora],
+                   "sequences": sum(len(p.seqs) for p in preps),
+                   "prompts": sum(p.meta.get("prompts", len(p.seqs)) for p in preps),
+                   "tokens": sum(p.meta["num_tokens"] for p in preps),
+                   "answer_tokens": sum(p.answer_tokens for p in preps),
+                   "head_coverage_of_answer_tokens": coverage,
+                   "evaluation_prompts_excluded": True},
+        "training": {**{k: v for k, v in asdict(cfg).items() if k != "extra"}},
+        "command": command_line(args),
+    }
+
+    def write_card(extra: dict) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "model_card.json").write_text(json.dumps({**card, **extra}, indent=2) + "\n")
+
+    def on_checkpoint(d, info) -> None:
+        save_draft(d, out, {"head_coverage": coverage.get("chosen")})
+        copy_tokenizer(target_dir, out)
+        write_card({"status": "training (intermediate checkpoint)",
+                    "results": {"steps": info["step"], "train_minutes": round(info["elapsed"] / 60, 2),
+                                "curve": info["curve"][-50:]}})
+
+    _say(f"draft: {cfg.layers} layer(s), head over {cfg.head_vocab} tokens (covers {coverage['chosen']:.1%} of "
+         f"answer tokens); corpus {card['corpus']['tokens']} tokens in {card['corpus']['sequences']} sequences")
+    summary = train(draft, preps, cfg, checkpoint=ckpt, resume=args.resume, on_checkpoint=on_checkpoint, say=_say)
+    save_draft(draft, out, {"head_coverage": coverage.get("chosen")})
+    copy_tokenizer(target_dir, out)
+    results: dict = {**summary, "data_minutes": round(data_minutes, 2)}
+    write_card({"status": "trained", "results": results})
+    # ---- measure
+    if not args.no_eval:
+        del target
+        target16 = load_causal_lm(target_dir, torch.bfloat16)
+        d16 = load_eagle(out, target16, torch.bfloat16)
+        ev = load_prepared(eval_data(target_dir, args.eval_max_new_tokens, _say))
+        alpha = simulate_alpha(d16, ev, k=args.k)
+        results["alpha"] = alpha
+        results["alpha_method"] = (f"simulated greedy drafting, K={args.k}, bf16: step 1 reads the target's real "
+                                   "feature, later steps the draft's own; verified against the target's greedy "
+                                   f"answers (max {args.eval_max_new_tokens} tokens) to the builtin workloads")
+        results["cost"] = measure_c(d16, target16)
+        _say("alpha " + ", ".join(f"{k} {v['alpha']:.3f}" for k, v in alpha.items()) +
+             f"; c {results['cost']['c']:.3f} ({results['cost']['draft_ms']} ms / {results['cost']['target_ms']} ms)")
+    results["total_minutes"] = round((time.perf_counter() - t_start) / 60, 2)
+    write_card({"status": "trained", "results": results})
+    _say(f"wrote {out}")
+    return 0

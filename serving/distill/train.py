@@ -1,0 +1,393 @@
+"""Train a feature-level draft (serving/eagle.py `EagleDraft`) on prepared distillation data.
+
+Training follows how the draft is used: the first draft step reads the target's real feature f_t (plus a
+little noise), later steps read the draft's own previous output h in place of the feature ("training-time
+test", as in HASS / EAGLE-3): step j at position p attends to the real-feature keys up to p-j+1 and to the
+keys its own chain wrote at p-j+2..p, exactly the cache layout at inference. Every step is trained on the
+target's next-token distribution at p+1 (soft top-k labels restricted to the head vocabulary, plus
+cross-entropy to the target's greedy token) and regresses h_p on the target's feature f_{p+1}.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from serving.distill.data import Prepared, token_frequencies
+from serving.eagle import EagleDraft
+from serving.llama import CausalLM, apply_rope
+
+
+@dataclass
+class TrainConfig:
+    head_vocab: int = 8192
+    layers: int = 1
+    lr: float = 5e-4
+    batch_tokens: int = 3072  # padded tokens per step
+    max_len: int = 448  # sequences are cut to this many positions
+    unroll: int = 3  # draft steps trained per position (1 = real features only)
+    detach_unroll: bool = False  # stop gradients through the draft's own features
+    feat_noise: float = 0.05  # uniform noise on real features, as a fraction of their RMS
+    w_soft: float = 1.0
+    w_hard: float = 0.5
+    w_feat: float = 0.5
+    step_decay: float = 0.8  # loss weight of step j is step_decay**(j-1)
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    grad_clip: float = 1.0
+    minutes: float | None = None
+    steps: int | None = None
+    seed: int = 0
+    save_every_s: float = 180.0
+    extra: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ head vocabulary
+def choose_head_ids(preps: list[Prepared], vocab_size: int, head_vocab: int, always: tuple[int, ...] = ()) -> tuple[torch.Tensor, dict]:
+    """The `head_vocab` most frequent answer tokens (plus `always`, e.g. EOS); returns ids and coverage."""
+    counts = token_frequencies(preps, vocab_size)
+    order = torch.argsort(counts, descending=True)
+    chosen = [int(t) for t in always]
+    seen = set(chosen)
+    for t in order.tolist():
+        if len(chosen) >= head_vocab:
+            break
+        if t not in seen:
+            chosen.append(t)
+            seen.add(t)
+    ids = torch.tensor(sorted(chosen), dtype=torch.long)
+    total = int(counts.sum())
+    cov = {}
+    for n in (1024, 2048, 4096, 8192, 16384, 32768):
+        if n <= vocab_size:
+            cov[str(n)] = round(float(counts[order[:n]].sum()) / max(total, 1), 4)
+    cov["chosen"] = round(float(counts[ids].sum()) / max(total, 1), 4)
+    return ids, cov
+
+
+# ------------------------------------------------------------------ batching
+class Batches:
+    def __init__(self, preps: list[Prepared], max_len: int, batch_tokens: int, seed: int):
+        self.items = [(p, s) for p in preps for s in p.seqs if s["length"] - s["num_prompt"] >= 3]
+        if not self.items:
+            raise ValueError("the corpus has no sequence with an answer of at least 3 tokens")
+        self.max_len, self.batch_tokens = max_len, batch_tokens
+        self.rng = random.Random(seed)
+        self.order: list[int] = []
+
+    def next(self) -> dict:
+        picked = []
+        T = 0
+        while True:
+            if not self.order:
+                self.order = list(range(len(self.items)))
+                self.rng.shuffle(self.order)
+            i = self.order[-1]
+            L = min(self.items[i][1]["length"], self.max_len)
+            if picked and (len(picked) + 1) * max(T, L) > self.batch_tokens:
+                break
+            self.order.pop()
+            picked.append(i)
+            T = max(T, L)
+        B = len(picked)
+        prep0 = self.items[picked[0]][0]
+        C, k = prep0.feats.shape[1], prep0.topk_ids.shape[1]
+        tokens = torch.zeros(B, T, dtype=torch.long)
+        feats = torch.zeros(B, T, C, dtype=torch.bfloat16)
+        tk_ids = torch.zeros(B, T, k, dtype=torch.long)
+        tk_p = torch.zeros(B, T, k)
+        num_prompt = torch.zeros(B, dtype=torch.long)
+        length = torch.zeros(B, dtype=torch.long)
+        for r, i in enumerate(picked):
+            p, s = self.items[i]
+            L = min(s["length"], self.max_len)
+            o = s["offset"]
+            tokens[r, :L] = p.tokens[o: o + L]
+            feats[r, :L] = p.feats[o: o + L]
+            tk_ids[r, :L] = p.topk_ids[o: o + L]
+            tk_p[r, :L] = p.topk_probs[o: o + L]
+            num_prompt[r], length[r] = s["num_prompt"], L
+        return {"tokens": tokens, "feats": feats, "topk_ids": tk_ids, "topk_probs": tk_p,
+                "num_prompt": num_prompt, "length": length}
+
+
+# ------------------------------------------------------------------ the unrolled forward
+def _step_mask(T: int, j: int) -> torch.Tensor:
+    """(T, j*T) bool: step j's query at p sees real keys q <= p-j+1 and step i's key at p-(j-i)."""
+    p = torch.arange(T)[:, None]
+    q = torch.arange(T)[None, :]
+    parts = [q <= p - (j - 1)]
+    for i in range(2, j + 1):
+        parts.append(q == p - (j - i))
+    return torch.cat(parts, dim=1)
+
+
+def unrolled_forward(draft: EagleDraft, tokens: torch.Tensor, feats: torch.Tensor, unroll: int,
+                     detach: bool = False) -> list[torch.Tensor]:
+    """h for steps 1..unroll, each (B, T, C). Step 1 reads `feats`; step j>1 reads step j-1's h shifted by one."""
+    B, T, C = feats.shape
+    next_tokens = torch.zeros_like(tokens)
+    next_tokens[:, :-1] = tokens[:, 1:]
+    emb = draft.embed[0](next_tokens).to(feats.dtype)
+    cos = draft.rope_cos[:T][None, None].to(feats.dtype)
+    sin = draft.rope_sin[:T][None, None].to(feats.dtype)
+    keys: list[list[torch.Tensor]] = [[] for _ in draft.layers]
+    vals: list[list[torch.Tensor]] = [[] for _ in draft.layers]
+    outs = []
+    f = feats
+    for j in range(1, unroll + 1):
+        x = draft.fc(torch.cat([emb, f], dim=-1))
+        mask = _step_mask(T, j)
+        for li, block in enumerate(draft.layers):
+            a = block.self_attn
+            hn = block.input_layernorm(x)
+            q = a.q_proj(hn).view(B, T, a.num_heads, a.head_dim).transpose(1, 2)
+            k = a.k_proj(hn).view(B, T, a.num_kv_heads, a.head_dim).transpose(1, 2)
+            v = a.v_proj(hn).view(B, T, a.num_kv_heads, a.head_dim).transpose(1, 2)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            keys[li].append(k)
+            vals[li].append(v)
+            kk = torch.cat(keys[li], dim=2) if j > 1 else k
+            vv = torch.cat(vals[li], dim=2) if j > 1 else v
+            att = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=True)
+            x = x + a.o_proj(att.transpose(1, 2).reshape(B, T, -1))
+            x = x + block.mlp(block.post_attention_layernorm(x))
+        outs.append(x)
+        nxt = x.detach() if detach else x
+        f = torch.cat([feats[:, :1], nxt[:, :-1]], dim=1)
+    return outs
+
+
+def distill_loss(draft: EagleDraft, batch: dict, cfg: TrainConfig, vocab_to_head: torch.Tensor,
+                 feat_scale: float, train: bool = True) -> tuple[torch.Tensor, dict]:
+    tokens, num_prompt, length = batch["tokens"], batch["num_prompt"], batch["length"]
+    feats = batch["feats"].float()
+    B, T, C = feats.shape
+    f_in = feats
+    if train and cfg.feat_noise > 0:
+        f_in = feats + (torch.rand_like(feats) * 2 - 1) * (cfg.feat_noise * feat_scale)
+    hs = unrolled_forward(draft, tokens, f_in, cfg.unroll, detach=cfg.detach_unroll)
+    pos = torch.arange(T)[None, :]
+    # label at position p: the target's distribution at p+1 and its feature f_{p+1}
+    tgt_feat = torch.zeros_like(feats)
+    tgt_feat[:, :-1] = feats[:, 1:]
+    tk_ids = torch.zeros_like(batch["topk_ids"])
+    tk_ids[:, :-1] = batch["topk_ids"][:, 1:]
+    tk_p = torch.zeros_like(batch["topk_probs"])
+    tk_p[:, :-1] = batch["topk_probs"][:, 1:]
+    head_idx = vocab_to_head[tk_ids]  # (B, T, k), -1 outside the head
+    in_head = head_idx >= 0
+    total = feats.new_zeros(())
+    stats: dict = {}
+    for j, h in enumerate(hs, start=1):
+        valid = (pos >= (num_prompt[:, None] - 1 + (j - 1))) & (pos <= length[:, None] - 2)
+        hv = h[valid]  # (M, C)
+        logq = F.log_softmax(draft.head(draft.norm(hv)).float(), dim=-1)  # (M, Vh)
+        hi = head_idx[valid].clamp_min(0)
+        ih = in_head[valid]
+        pv = tk_p[valid] * ih
+        lq = logq.gather(1, hi)  # (M, k)
+        soft = -(pv * lq).sum(-1).mean()
+        top_in = ih[:, 0]
+        hard = -(lq[:, 0][top_in]).mean() if top_in.any() else total * 0
+        feat = F.smooth_l1_loss(hv / feat_scale, tgt_feat[valid] / feat_scale)
+        w = cfg.step_decay ** (j - 1)
+        total = total + w * (cfg.w_soft * soft + cfg.w_hard * hard + cfg.w_feat * feat)
+        with torch.no_grad():
+            acc = ((logq.argmax(-1) == hi[:, 0]) & top_in).float().mean()
+        stats[f"acc{j}"] = float(acc)
+        stats[f"soft{j}"] = float(soft.detach())
+        stats[f"feat{j}"] = float(feat.detach())
+    stats["loss"] = float(total.detach())
+    return total, stats
+
+
+# ------------------------------------------------------------------ alpha (simulated drafting)
+@torch.inference_mode()
+def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple[str, ...] | None = None) -> dict:
+    """Greedy acceptance as the engine would see it: the draft proposes K tokens from the real feature
+    of the last verified position (later steps feed its own h), the target's greedy continuation (the
+    stored answer) verifies, the accepted prefix plus one target token is committed, repeat.
+    Returns {domain: {"alpha", "drafted", "accepted", "mean_accept_len"}}."""
+    from serving.llama import contiguous_batch
+
+    dtype = draft.fc.weight.dtype
+    res: dict[str, dict] = {}
+    for s in prep.seqs:
+        if domains and s["domain"] not in domains:
+            continue
+        o, L, P = s["offset"], s["length"], s["num_prompt"]
+        toks = prep.tokens[o: o + L]
+        feats = prep.feats[o: o + L].to(dtype)
+        cache = draft.new_cache(1, L + k + 2)
+        # real entries for positions 0..P-2 (tokens x_1..x_{P-1}, features f_0..f_{P-2})
+        if P >= 2:
+            draft(toks[1:P][None], feats[: P - 1][None], contiguous_batch(0, 1, 0, P - 1), cache)
+        n = P  # x_n is the pending token (the first answer token came from the prefill)
+        real_upto = P - 1  # cache holds real entries for positions < real_upto
+        drafted = accepted = steps = 0
+        while n + 1 <= L - 1:
+            kk = min(k, L - 1 - n)
+            s0 = n - 1
+            if real_upto < s0:  # refresh real entries the previous chain overwrote or skipped
+                draft(toks[real_upto + 1: s0 + 1][None], feats[real_upto: s0][None],
+                      contiguous_batch(0, 1, real_upto, s0 - real_upto), cache)
+            tok = toks[n: n + 1]
+            f = feats[s0: s0 + 1]
+            props = []
+            for j in range(kk):
+                h, logits = draft(tok[None], f[None], contiguous_batch(0, 1, s0 + j, 1), cache)
+                t = draft.head_token_ids[logits[0, -1].argmax()]
+                props.append(int(t))
+                tok, f = t.view(1), h[0, -1:]
+            real_upto = s0 + 1  # position s0 was real (step 1); s0+1.. are the chain's own
+            a = 0
+            while a < kk and props[a] == int(toks[n + 1 + a]):
+                a += 1
+            drafted += kk
+            accepted += a
+            steps += 1
+            n += a + 1
+        r = res.setdefault(s["domain"], {"drafted": 0, "accepted": 0, "drafts": 0})
+        r["drafted"] += drafted
+        r["accepted"] += accepted
+        r["drafts"] += steps
+    for r in res.values():
+        r["alpha"] = round(r["accepted"] / max(r["drafted"], 1), 4)
+        r["mean_accept_len"] = round(1 + r["accepted"] / max(r["drafts"], 1), 3)
+    return res
+
+
+@torch.inference_mode()
+def measure_c(draft: EagleDraft, target: CausalLM, context: int = 256, reps: int = 30) -> dict:
+    """Draft forward time per proposed token / target forward time for one token (batch 1, warm caches)."""
+    from serving.llama import contiguous_batch
+
+    def timeit(fn) -> float:
+        for _ in range(5):
+            fn()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        ts.sort()
+        return ts[len(ts) // 2]
+
+    tcache = target.new_cache(1, context + 8)
+    target(torch.zeros(1, context, dtype=torch.long), contiguous_batch(0, 1, 0, context), tcache)
+    dcache = draft.new_cache(1, context + 8)
+    C = draft.cfg.hidden_size
+    dt = draft.fc.weight.dtype
+    draft(torch.zeros(1, context, dtype=torch.long), torch.zeros(1, context, C, dtype=dt),
+          contiguous_batch(0, 1, 0, context), dcache)
+    one = torch.zeros(1, 1, dtype=torch.long)
+    feat = torch.zeros(1, 1, C, dtype=dt)
+    fb = contiguous_batch(0, 1, context, 1)
+    t_target = timeit(lambda: target(one, fb, tcache, last_only=True))
+    t_draft = timeit(lambda: draft(one, feat, fb, dcache))
+    return {"draft_ms": round(t_draft * 1e3, 3), "target_ms": round(t_target * 1e3, 3),
+            "c": round(t_draft / t_target, 4), "context": context, "dtype": str(dt).replace("torch.", "")}
+
+
+# ------------------------------------------------------------------ training loop
+def _lr_at(cfg: TrainConfig, step: int, frac: float) -> float:
+    warm = min(1.0, (step + 1) / max(cfg.warmup_steps, 1))
+    return cfg.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, checkpoint: Path | None = None,
+          resume: bool = False, progress: bool = True, on_checkpoint: Callable[[EagleDraft, dict], None] | None = None,
+          say: Callable[[str], None] = lambda m: None) -> dict:
+    """Train in place; returns a summary (steps, minutes, loss curve). Time- or step-bounded."""
+    from tqdm import tqdm
+
+    if cfg.minutes is None and cfg.steps is None:
+        raise ValueError("give a training budget: minutes or steps")
+    torch.manual_seed(cfg.seed)
+    V = draft.cfg.vocab_size
+    vocab_to_head = torch.full((V,), -1, dtype=torch.long)
+    vocab_to_head[draft.head_token_ids] = torch.arange(draft.cfg.head_vocab)
+    sample = torch.cat([p.feats[:20000].float() for p in preps])
+    feat_scale = float(sample.pow(2).mean().sqrt())
+    batches = Batches(preps, cfg.max_len, cfg.batch_tokens, cfg.seed)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    step, elapsed, curve = 0, 0.0, []
+    if resume and checkpoint is not None and checkpoint.is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        draft.load_state_dict(state["draft"])
+        opt.load_state_dict(state["opt"])
+        step, elapsed, curve = state["step"], state["elapsed"], state["curve"]
+        batches.rng.setstate(state["rng"])
+        say(f"resumed from {checkpoint}: step {step}, {elapsed / 60:.1f} min trained")
+    total_s = cfg.minutes * 60 if cfg.minutes is not None else None
+
+    def frac() -> float:
+        if total_s is not None:
+            return elapsed / total_s
+        return step / cfg.steps
+
+    def save_ckpt() -> None:
+        if checkpoint is None:
+            return
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        tmp = checkpoint.with_suffix(".tmp")
+        torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
+                    "curve": curve, "rng": batches.rng.getstate(), "config": asdict(cfg)}, tmp)
+        tmp.replace(checkpoint)
+
+    draft.train()
+    bar = tqdm(total=cfg.steps if cfg.steps is not None else int(total_s), initial=step if cfg.steps else int(elapsed),
+               desc="distill", unit="step" if cfg.steps else "s", disable=not progress)
+    last_save = time.perf_counter()
+    ema = None
+    while frac() < 1.0:
+        t0 = time.perf_counter()
+        lr = _lr_at(cfg, step, frac())
+        for g in opt.param_groups:
+            g["lr"] = lr
+        batch = batches.next()
+        loss, stats = distill_loss(draft, batch, cfg, vocab_to_head, feat_scale)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        step += 1
+        dt = time.perf_counter() - t0
+        elapsed += dt
+        ema = stats if ema is None else {k: 0.9 * ema[k] + 0.1 * v for k, v in stats.items()}
+        if step % 10 == 0 or step == 1:
+            curve.append({"step": step, "minutes": round(elapsed / 60, 2), "lr": lr,
+                          **{k: round(v, 4) for k, v in ema.items()}})
+        bar.update(1 if cfg.steps else int(elapsed) - bar.n)
+        bar.set_postfix(loss=f"{ema['loss']:.3f}", acc1=f"{ema['acc1']:.3f}",
+                        **({f"acc{cfg.unroll}": f"{ema[f'acc{cfg.unroll}']:.3f}"} if cfg.unroll > 1 else {}))
+        if time.perf_counter() - last_save > cfg.save_every_s:
+            save_ckpt()
+            if on_checkpoint is not None:
+                draft.eval()
+                on_checkpoint(draft, {"step": step, "elapsed": elapsed, "curve": curve})
+                draft.train()
+            last_save = time.perf_counter()
+    bar.close()
+    draft.eval()
+    save_ckpt()
+    return {"steps": step, "train_minutes": round(elapsed / 60, 2), "feat_scale": round(feat_scale, 4),
+            "curve": curve, "final": {k: round(v, 4) for k, v in (ema or {}).items()}}
+
+
+def new_draft(target: CausalLM, preps: list[Prepared], cfg: TrainConfig, eos_ids: tuple[int, ...]) -> tuple[EagleDraft, dict]:
+    head_ids, coverage = choose_head_ids(preps, target.cfg.vocab_size, cfg.head_vocab, always=eos_ids)
+    draft = EagleDraft.init_from_target(target, head_ids, num_layers=cfg.layers).float()
+    draft.embed = [target.embed_tokens]
+    for p in target.parameters():
+        p.requires_grad_(False)
+    return draft, coverage

@@ -1,0 +1,137 @@
+"""Draft distillation: data pipeline shapes, training lowers the loss, the model card, bad input."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from serving.distill.data import load_prepared, teacher_pass
+from serving.distill.train import TrainConfig, _step_mask, distill_loss, new_draft, simulate_alpha, train
+from tests.tiny import tiny_model
+
+
+def _answers(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prompt = [rng.randrange(3, 96) for _ in range(rng.randrange(4, 9))]
+        # a repetitive answer, so a draft can learn it quickly
+        base = [rng.randrange(3, 20) for _ in range(3)]
+        answer = (base * 10)[: rng.randrange(12, 24)]
+        out.append({"id": f"t{i}", "domain": "code" if i % 2 else "chat", "prompt_ids": prompt, "output_ids": answer})
+    return out
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    torch.manual_seed(0)
+    target = tiny_model(1)
+    out = tmp_path_factory.mktemp("prep")
+    with torch.inference_mode():
+        teacher_pass(target, _answers(24), out, topk=4, token_budget=256, progress=False)
+    return target, out
+
+
+def test_teacher_pass_writes_features_and_topk(prepared):
+    target, out = prepared
+    prep = load_prepared(out)
+    n = prep.meta["num_tokens"]
+    assert prep.feats.shape == (n, target.cfg.hidden_size) and prep.feats.dtype == torch.bfloat16
+    assert prep.topk_ids.shape == (n, 4) and prep.topk_probs.shape == (n, 4)
+    assert len(prep.seqs) == 24 and sum(s["length"] for s in prep.seqs) == n
+    # the stored top-1 is the target's argmax at that position
+    s = prep.seqs[0]
+    toks = prep.tokens[s["offset"]: s["offset"] + s["length"]]
+    from serving.llama import contiguous_batch
+
+    with torch.inference_mode():
+        logits, hidden = target(toks[None], contiguous_batch(0, 1, 0, len(toks)), target.new_cache(1, len(toks)),
+                                return_hidden=True)
+    assert torch.equal(prep.topk_ids[s["offset"]: s["offset"] + s["length"], 0], logits[0].argmax(-1))
+    assert torch.allclose(prep.feats[s["offset"]: s["offset"] + s["length"]].float(), hidden[0].float(), atol=0.05, rtol=0.02)
+
+
+def test_step_mask_matches_the_inference_cache_layout():
+    m = _step_mask(4, 2)  # step 2 at p: real keys < p, own key at p
+    assert m[2, :4].tolist() == [True, True, False, False] and m[2, 4:].tolist() == [False, False, True, False]
+    m3 = _step_mask(5, 3)  # step 3 at p=4: real <= 2, step-2 key at 3, step-3 key at 4
+    assert m3[4, :5].tolist() == [True, True, True, False, False]
+    assert m3[4, 5:10].tolist() == [False, False, False, True, False]
+    assert m3[4, 10:].tolist() == [False, False, False, False, True]
+
+
+def test_distillation_lowers_the_loss(prepared):
+    target, out = prepared
+    prep = load_prepared(out)
+    cfg = TrainConfig(head_vocab=32, lr=3e-3, batch_tokens=256, unroll=2, steps=40, warmup_steps=2,
+                      save_every_s=1e9, feat_noise=0.0)
+    draft, coverage = new_draft(target, [prep], cfg, eos_ids=(2,))
+    assert 0 < coverage["chosen"] <= 1
+    vocab_to_head = torch.full((96,), -1, dtype=torch.long)
+    vocab_to_head[draft.head_token_ids] = torch.arange(32)
+    from serving.distill.train import Batches
+
+    fixed = Batches([prep], 64, 1024, 0).next()
+    with torch.no_grad():
+        before, _ = distill_loss(draft, fixed, cfg, vocab_to_head, 1.0, train=False)
+    summary = train(draft, [prep], cfg, progress=False)
+    with torch.no_grad():
+        after, _ = distill_loss(draft, fixed, cfg, vocab_to_head, 1.0, train=False)
+    assert summary["steps"] == 40 and summary["curve"]
+    assert float(after) < 0.8 * float(before)
+    res = simulate_alpha(draft, prep, k=3)
+    assert set(res) == {"code", "chat"} and all(0 <= r["alpha"] <= 1 for r in res.values())
+
+
+def test_unrolled_step1_equals_the_inference_forward(prepared):
+    """Training's parallel step 1 and the cached inference forward (EagleDraft.forward) agree."""
+    target, out = prepared
+    prep = load_prepared(out)
+    from serving.distill.train import unrolled_forward
+    from serving.llama import contiguous_batch
+
+    draft, _ = new_draft(target, [prep], TrainConfig(head_vocab=32), eos_ids=(2,))
+    s = prep.seqs[0]
+    toks = prep.tokens[s["offset"]: s["offset"] + s["length"]][None]
+    feats = prep.feats[s["offset"]: s["offset"] + s["length"]].float()[None]
+    with torch.no_grad():
+        h1, h2 = unrolled_forward(draft, toks, feats, 2)
+        T = toks.shape[1]
+        nxt = torch.zeros_like(toks)
+        nxt[:, :-1] = toks[:, 1:]
+        cache = draft.new_cache(1, T + 2)
+        h, _ = draft(nxt, feats, contiguous_batch(0, 1, 0, T), cache)
+        assert torch.allclose(h, h1, atol=1e-4)
+        # step 2 at p=5: cache holds real entries < 5, the input is (x_6, h1[4])
+        cache = draft.new_cache(1, T + 2)
+        draft(nxt[:, :5], feats[:, :5], contiguous_batch(0, 1, 0, 5), cache)
+        h2_inf, _ = draft(nxt[:, 5:6], h1[:, 4:5], contiguous_batch(0, 1, 5, 1), cache)
+        assert torch.allclose(h2_inf[0, 0], h2[0, 5], atol=1e-4)
+
+
+def test_model_card_has_the_reproducible_command(tmp_path):
+    from app.cli import build_parser
+    from serving.distill.pipeline import command_line
+
+    args = build_parser().parse_args(["distill", "--out", str(tmp_path), "--generate-prompts", "10", "--minutes", "1",
+                                      "--resume"])
+    args.minutes = 1.0
+    cmd = command_line(args)
+    assert cmd.startswith("specfinops distill ") and "--generate-prompts 10" in cmd and "--minutes 1" in cmd
+    assert "--resume" not in cmd and "--head-vocab 8192" in cmd and "--seed 0" in cmd
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["distill", "--out", "X", "--corpus", "/nonexistent/corpus"], "corpus"),
+    (["distill", "--out", "X", "--corpus", ".", "--minutes", "-3"], "--minutes"),
+    (["distill", "--out", "X"], "--corpus"),
+])
+def test_bad_input_is_one_clear_line(argv, needle, capsys, tmp_path):
+    from app.cli import main
+
+    argv = [a if a != "X" else str(tmp_path / "out") for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
