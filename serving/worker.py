@@ -40,6 +40,30 @@ def default_drafter(target: str | None) -> str:
     return DEFAULT_DRAFTER
 
 
+DEFAULT_EARLY_EXIT_LAYERS = 8
+
+
+def software_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"specfinops {version('specfinops')}, torch {torch.__version__}"
+    except PackageNotFoundError:
+        return f"specfinops (source), torch {torch.__version__}"
+
+
+def device_name() -> str:
+    model = platform.processor() or "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu: {model} ({torch.get_num_threads()} threads)"
+
+
 @dataclass
 class EngineSpec:
     target: str | None = None  # model name or directory
