@@ -185,10 +185,18 @@ def check_same_vocab(target_dir: Path, draft_dir: Path, target_tok=None, draft_t
             f"vocabulary mismatch: target {target_dir} has {t_cfg.get('vocab_size')} tokens, "
             f"draft {draft_dir} has {d_cfg.get('vocab_size')}; a draft must share the target's tokenizer"
         )
-    target_tok = target_tok or load_tokenizer(target_dir)
-    draft_tok = draft_tok or load_tokenizer(draft_dir)
-    if target_tok.get_vocab() != draft_tok.get_vocab():
+    if model_vocab(target_dir, target_tok) != model_vocab(draft_dir, draft_tok):
         raise ValueError(
             f"vocabulary mismatch: the tokenizers of target {target_dir} and draft {draft_dir} differ; "
             "a draft must share the target's tokenizer"
         )
+
+
+def model_vocab(model_dir: Path, tokenizer=None) -> dict[str, int]:
+    """token -> id of a model directory: from tokenizer.json when present (no model config needed)."""
+    path = model_dir / "tokenizer.json"
+    if path.is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
+    return (tokenizer or load_tokenizer(model_dir)).get_vocab()
