@@ -205,3 +205,19 @@ def test_cost_policy_tracks_alpha_per_domain_and_picks_k_by_rate():
     rates = {k: pol.expected_rate(0.9, k) for k in range(1, 9)}
     assert k_easy == max(rates, key=rates.get)
     assert pol.verify_time(4) == pytest.approx(0.022)
+
+
+def test_a_bad_request_fails_alone_and_its_batch_continues():
+    engine = Engine(TARGET, drafter=NgramDrafter(), policy=FixedK(3), max_batch=3, max_len=64)
+    good = [engine.add(p, SamplingParams(max_new_tokens=20)) for p in PROMPTS[:2]]
+    engine.step()
+    for bad in ([], list(range(70))):  # empty prompt; prompt beyond the context window
+        with pytest.raises(EngineError):
+            engine.add(bad, SamplingParams(max_new_tokens=20))
+    with pytest.raises(ValueError, match="top_p"):
+        engine.add(PROMPTS[2], SamplingParams(max_new_tokens=20, top_p=0.0))
+    while engine.running:
+        engine.step()
+    ref = ar_outputs(PROMPTS[:2], SamplingParams(max_new_tokens=20))
+    assert [s.output for s in good] == ref
+    assert len(engine.free_slots) == 3
