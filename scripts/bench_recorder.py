@@ -19,47 +19,18 @@ import random
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import create_engine, func, select, text
 
 from telemetry.db import TokenEvent
 from telemetry.recorder import Recorder
-from telemetry.records import RequestRecord, RunInfo, StepRow, TokenRow
+from telemetry.records import RunInfo
 from telemetry.store import open_store
+from telemetry.synthetic import synthetic_request
 
 RESULT_PATH = Path("bench-results") / "recorder.json"
 PG_ADMIN_URL = os.environ.get("SPECFINOPS_BENCH_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-
-
-def synthetic_request(rng: random.Random, num_tokens: int, k: int = 4) -> RequestRecord:
-    """A request shaped like speculative decoding output: steps of K drafts, 1..K+1 tokens each."""
-    steps: list[StepRow] = []
-    tokens = [TokenRow(position=0, emit_offset_ms=20.0, step_index=-1, source="ar")]
-    t_ms, step = 20.0, 0
-    while len(tokens) < num_tokens:
-        accepted = rng.randint(0, k)
-        t_ms += 5.0
-        emit = min(accepted + 1, num_tokens - len(tokens))
-        steps.append(StepRow(step, k, accepted, emit, draft_ms=1.0, verify_ms=4.0, t_offset_ms=t_ms))
-        for i in range(emit):
-            source = "accepted" if i < accepted else ("bonus" if accepted == k else "correction")
-            tokens.append(TokenRow(len(tokens), t_ms, step, source))
-        step += 1
-    return RequestRecord(
-        started_at=datetime.now(UTC),
-        domain="bench",
-        prompt_tokens=128,
-        output_tokens=len(tokens),
-        num_drafts=len(steps),
-        num_draft_tokens=k * len(steps),
-        num_accepted_tokens=sum(s.accepted for s in steps),
-        ttft_ms=20.0,
-        e2e_ms=t_ms,
-        steps=steps,
-        tokens=tokens,
-    )
 
 
 def run_info() -> RunInfo:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import random
 import sys
-from datetime import UTC, datetime
 
-from telemetry.records import RequestRecord, RunInfo, StepRow, TokenRow
+from telemetry.records import RunInfo
+from telemetry.synthetic import synthetic_request  # noqa: F401 - re-exported for the tests
 
 
 def run_info(mode: str = "spec") -> RunInfo:
@@ -20,36 +20,6 @@ def run_info(mode: str = "spec") -> RunInfo:
         k_policy="fixed:4" if mode == "spec" else "none", temperature=0.0, workload="synthetic",
         power_source="none", software_version="test",
     )  # fmt: skip
-
-
-def synthetic_request(rng: random.Random, num_tokens: int, k: int = 4) -> RequestRecord:
-    """A speculative request: one prefill token, then steps of K drafts emitting accepted + 1 tokens.
-    num_drafts equals the number of steps; output_tokens equals the number of token rows."""
-    tokens = [TokenRow(position=0, emit_offset_ms=10.0, step_index=-1, source="ar")]
-    steps: list[StepRow] = []
-    t_ms = 10.0
-    while len(tokens) < num_tokens:
-        accepted = rng.randint(0, k)
-        emit = min(accepted + 1, num_tokens - len(tokens))
-        t_ms += 3.0
-        step = len(steps)
-        steps.append(StepRow(step, k, accepted, emit, draft_ms=1.0, verify_ms=2.0, t_offset_ms=t_ms))
-        for i in range(emit):
-            source = "accepted" if i < accepted else ("bonus" if accepted == k else "correction")
-            tokens.append(TokenRow(len(tokens), t_ms, step, source))
-    return RequestRecord(
-        started_at=datetime.now(UTC),
-        domain="code",
-        prompt_tokens=32,
-        output_tokens=len(tokens),
-        num_drafts=len(steps),
-        num_draft_tokens=k * len(steps),
-        num_accepted_tokens=sum(s.accepted for s in steps),
-        ttft_ms=10.0,
-        e2e_ms=t_ms,
-        steps=steps,
-        tokens=tokens,
-    )
 
 
 def main(url: str) -> None:
