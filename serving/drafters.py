@@ -63,9 +63,8 @@ class ModelDrafter:
         width = max(len(p) for p in pending)
         feed = torch.tensor([p + [0] * (width - len(p)) for p in pending])  # (B, T)
         fb = self._batch(seqs, [s.draft_len for s in seqs], width)
-        logits = self.model(feed, fb, self.cache, num_layers=self.num_layers)  # (B, T, V)
         last = torch.tensor([len(p) - 1 for p in pending])
-        logits = logits[torch.arange(len(seqs)), last]  # (B, V)
+        logits = self.model(feed, fb, self.cache, num_layers=self.num_layers, at=last)[:, 0]  # (B, V)
         # 2) K draft tokens, feeding each one back (the K-th needs no forward)
         loop = _DraftLoop(seqs, ks, greedy, logits.shape[-1], stop_below)
         fed = 0

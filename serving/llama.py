@@ -239,9 +239,11 @@ class CausalLM(nn.Module):
         *,
         num_layers: int | None = None,
         last_only: bool = False,
+        at: torch.Tensor | None = None,
         return_hidden: bool = False,
     ):
-        """Logits (B, T, V) float32, or (B, 1, V) for the last position with `last_only`.
+        """Logits (B, T, V) float32; (B, 1, V) for the last position with `last_only`, or for position
+        at[b] of each sequence with `at` (B,) (ragged feeds whose real tokens end at different places).
         With `return_hidden`: (logits, h) where h (B, T, C) is the last block's output before the final
         norm (the features a feature-level draft reads)."""
         x = self.embed_tokens(tokens)  # (B, T, C)
@@ -252,6 +254,8 @@ class CausalLM(nn.Module):
         hidden = x
         if last_only:
             x = x[:, -1:]
+        elif at is not None:
+            x = x[torch.arange(x.shape[0]), at].unsqueeze(1)  # (B, 1, C)
         logits = self.lm_head(self.norm(x)).float()  # (B, T, V)
         return (logits, hidden) if return_hidden else logits
 
