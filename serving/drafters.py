@@ -143,6 +143,8 @@ class FeatureDrafter:
 
     def commit(self, seq: Sequence, num_before: int, accepted: int, features: torch.Tensor | None = None) -> None:
         # features of the pending token and the accepted drafts: positions num_before-1 .. num_before-1+accepted
+        if not seq.speculate:
+            return  # opted out of speculation for good: nothing will read them
         seq.draft_feats = features if seq.draft_feats is None else torch.cat([seq.draft_feats, features])
 
     def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None) -> Draft:
