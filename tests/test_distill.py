@@ -135,3 +135,61 @@ def test_bad_input_is_one_clear_line(argv, needle, capsys, tmp_path):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
+
+
+def test_generation_records_what_a_teacher_pass_would(tmp_path):
+    """One pass: the features and top-k captured while generating equal a teacher-forcing pass over the
+    same tokens, and the answers are the greedy chain (each token is the previous position's top-1)."""
+    from serving.distill.data import record_generation
+
+    torch.manual_seed(0)
+    target = tiny_model(3)
+    rng = random.Random(1)
+    encoded = [({"id": f"g{i}", "domain": "code"}, [rng.randrange(3, 96) for _ in range(rng.randrange(3, 12))])
+               for i in range(7)]
+    gen = tmp_path / "gen"
+    meta = record_generation(target, encoded, gen, eos=2, max_new_tokens=9, batch=3, topk=4, progress=False)
+    prep = load_prepared(gen)
+    assert meta["num_sequences"] == 7 and prep.meta["teacher_seconds"] == 0.0
+    answers = []
+    for s in prep.seqs:
+        o, L, P = s["offset"], s["length"], s["num_prompt"]
+        toks = prep.tokens[o: o + L].tolist()
+        assert 1 <= L - P <= 9
+        # greedy: every answer token is the argmax recorded at the position before it
+        assert toks[P:] == prep.topk_ids[o + P - 1: o + L - 1, 0].tolist()
+        answers.append({"id": s["id"], "domain": s["domain"], "prompt_ids": toks[:P], "output_ids": toks[P:]})
+    ref = tmp_path / "ref"
+    with torch.inference_mode():
+        teacher_pass(target, answers, ref, topk=4, progress=False)
+    tp = load_prepared(ref)
+    by_id = {s["id"]: s for s in tp.seqs}
+    for s in prep.seqs:
+        r = by_id[s["id"]]
+        a = slice(s["offset"], s["offset"] + s["length"])
+        b = slice(r["offset"], r["offset"] + r["length"])
+        assert torch.equal(prep.tokens[a], tp.tokens[b])
+        assert torch.equal(prep.topk_ids[a, 0], tp.topk_ids[b, 0])
+        assert torch.allclose(prep.topk_probs[a], tp.topk_probs[b], atol=2e-3)
+        assert torch.allclose(prep.feats[a].float(), tp.feats[b].float(), atol=0.05, rtol=0.02)
+
+
+def test_generation_resumes_after_an_interruption(tmp_path):
+    from serving.distill.data import record_generation
+
+    torch.manual_seed(0)
+    target = tiny_model(3)
+    encoded = [({"id": f"g{i}", "domain": "chat"}, [5 + i, 7, 9, 11]) for i in range(6)]
+    full = tmp_path / "full"
+    record_generation(target, encoded, full, eos=2, max_new_tokens=6, batch=2, topk=4, progress=False)
+    part = tmp_path / "part"
+    record_generation(target, encoded[:4], part, eos=2, max_new_tokens=6, batch=2, topk=4, progress=False)
+    (part / "meta.json").unlink()  # as if stopped before the end ...
+    with (part / "feats.bin").open("ab") as fh:
+        fh.write(b"\0" * 100)  # ... in the middle of writing a sequence
+    record_generation(target, encoded, part, eos=2, max_new_tokens=6, batch=2, topk=4, progress=False)
+    a, b = load_prepared(full), load_prepared(part)
+    assert sorted(s["id"] for s in b.seqs) == [f"g{i}" for i in range(6)]
+    fa = {s["id"]: a.tokens[s["offset"]: s["offset"] + s["length"]].tolist() for s in a.seqs}
+    fb = {s["id"]: b.tokens[s["offset"]: s["offset"] + s["length"]].tolist() for s in b.seqs}
+    assert fa == fb

@@ -23,6 +23,9 @@ def register(sub) -> None:
                    help="prepared data directories (made by an earlier --generate-prompts / --stdlib-code run)")
     p.add_argument("--generate-prompts", type=int, default=0, metavar="N",
                    help="generate the target's greedy answers to the first N templated training prompts")
+    p.add_argument("--stdlib-prompts", type=int, default=0, metavar="N",
+                   help="generate the target's answers to N code prompts made from documented Python standard-library "
+                        "functions (asks from docstrings, tasks on their source)")
     p.add_argument("--stdlib-code", type=int, default=0, metavar="N",
                    help="add N Python standard-library functions as chat answers, teacher-forced")
     p.add_argument("--data-dir", default=None, help="where --generate-prompts writes (default: ~/.cache/specfinops/distill/...)")

@@ -1,10 +1,13 @@
-"""Distillation data: the target's own greedy answers to templated prompts, then a teacher-forcing
-pass of the target over prompt + answer that stores, per position, the target's feature (its last
-block's output before the final norm, bf16) and its top-k next-token ids and probabilities.
+"""Distillation data: the target's own greedy answers (or given answers, teacher-forced) with, per
+position, the target's feature (its last block's output before the final norm, bf16) and its top-k
+next-token ids and probabilities.
+
+Generated answers are recorded by the forwards that produce them (`generate_prepared`: the prefill
+gives the prompt positions, each batched decode step the next position), so making data costs one
+generation and no second pass; given answers go through `teacher_pass`.
 
 A prepared data directory holds:
-  meta.json          what it is (target, prompts, tokens, top-k, hidden size, how it was made)
-  answers.jsonl      one line per prompt: id, domain, prompt_ids, output_ids (written as generated; resumable)
+  meta.json          what it is (target, prompts, tokens, top-k, hidden size, how it was made); written last
   sequences.jsonl    one line per sequence: id, domain, num_prompt, offset, length (rows in the arrays below)
   tokens.bin         int32 (N,)       every position's token id
   feats.bin          bf16 (N, C)      the target's feature at each position
@@ -23,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ANSWERS = "answers.jsonl"
 META = "meta.json"
 
 
@@ -39,57 +41,148 @@ def encode_prompt(tokenizer, item: dict) -> list[int]:
     return tokenizer.encode(messages[-1]["content"])
 
 
-def generate_answers(target_dir: str | Path, prompts: list[dict], out_dir: Path, *, max_new_tokens: int = 192,
-                     batch: int = 32, dtype: str = "bfloat16", progress: bool = True,
-                     say: Callable[[str], None] = _say_nothing) -> list[dict]:
-    """The target's greedy answers (continuous batching), appended to out_dir/answers.jsonl as they finish.
-    Prompts already answered there are skipped, so an interrupted run resumes."""
+
+
+def _row_bytes(hidden: int, topk: int) -> dict[str, int]:
+    return {"tokens.bin": 4, "feats.bin": 2 * hidden, "topk_ids.bin": 4 * topk, "topk_probs.bin": 2 * topk}
+
+
+def _write_rows(files: dict, ids: list[int], feats: torch.Tensor, top_ids: torch.Tensor, top_p: torch.Tensor) -> None:
+    np.asarray(ids, dtype=np.int32).tofile(files["tokens.bin"])
+    feats.to(torch.bfloat16).contiguous().view(torch.int16).numpy().tofile(files["feats.bin"])
+    top_ids.to(torch.int32).numpy().tofile(files["topk_ids.bin"])
+    top_p.to(torch.float16).numpy().tofile(files["topk_probs.bin"])
+
+
+def generate_prepared(target_dir: str | Path, prompts: list[dict], out_dir: Path, *, max_new_tokens: int = 192,
+                      batch: int = 32, topk: int = 8, max_prompt: int = 700, progress: bool = True,
+                      say: Callable[[str], None] = _say_nothing, extra_meta: dict | None = None) -> dict:
+    """The target's greedy answers to `prompts` (in its chat format) as a prepared directory; see `record_generation`."""
+    from serving.llama import load_causal_lm
+    from serving.models import load_tokenizer
+
+    tok = load_tokenizer(Path(target_dir))
+    target = load_causal_lm(target_dir, torch.float32)
+    encoded = [(item, encode_prompt(tok, item)) for item in prompts]
+    return record_generation(target, encoded, out_dir, eos=tok.eos_token_id, max_new_tokens=max_new_tokens,
+                             batch=batch, topk=topk, max_prompt=max_prompt, progress=progress, say=say,
+                             extra_meta=extra_meta)
+
+
+@torch.inference_mode()
+def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Path, *, eos: int | None,
+                      max_new_tokens: int = 192, batch: int = 32, topk: int = 8, max_prompt: int = 700,
+                      progress: bool = True, say: Callable[[str], None] = _say_nothing,
+                      extra_meta: dict | None = None) -> dict:
+    """Greedy answers generated in batches (continuous batching over cache slots), with each position's
+    feature and top-k next-token distribution captured by the very forward that produced it: prompt
+    positions from the prefill, answer positions from the decode steps. No second (teacher) pass.
+
+    Finished sequences are appended to the arrays and to sequences.jsonl as they end, so an interrupted
+    run resumes where it stopped; meta.json is written last and marks the directory complete."""
     from tqdm import tqdm
 
-    from serving.sampling import SamplingParams
-    from serving.worker import EngineSpec, load
+    from serving.llama import contiguous_batch, ragged_batch
 
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / ANSWERS
-    done = {r["id"]: r for r in read_answers(path)}
-    todo = [p for p in prompts if p["id"] not in done]
-    if not todo:
-        return [done[p["id"]] for p in prompts if p["id"] in done]
-    loaded = load(EngineSpec(target=str(target_dir), dtype=dtype, max_batch=batch, max_len=1024))
-    engine = loaded.engine("ar", max_batch=batch)
-    params = SamplingParams(max_new_tokens=max_new_tokens)
-    live: dict[int, tuple[dict, list[int]]] = {}
-    queue = list(todo)
-    bar = tqdm(total=len(todo), desc="generate", unit="prompt", disable=not progress)
+    C = target.cfg.hidden_size
+    # ---- resume: keep the sequences recorded in full, cut the arrays back to them
+    index_path = out_dir / "sequences.jsonl"
+    index = read_answers(index_path)
+    offset = sum(r["length"] for r in index)
+    rows = _row_bytes(C, topk)
+    for name, nbytes in rows.items():
+        f = out_dir / name
+        if f.exists():
+            with f.open("r+b") as fh:
+                fh.truncate(offset * nbytes)
+    index_path.write_text("".join(json.dumps(r) + "\n" for r in index))
+    done = {r["id"] for r in index}
+    queue = [(item, ids) for item, ids in encoded if item["id"] not in done]
+    skipped = 0
+    cache = target.new_cache(batch, max_prompt + max_new_tokens + 1)
+    free = list(range(batch - 1, -1, -1))
+    live: dict[int, dict] = {}
+    files = {n: (out_dir / n).open("ab") for n in rows}
+    idx_fh = index_path.open("a")
     t0, ntok = time.perf_counter(), 0
-    with path.open("a") as fh:
-        def finish(seq):
-            nonlocal ntok
-            item, ids = live.pop(seq.seq_id)
-            rec = {"id": item["id"], "domain": item["domain"], "prompt_ids": ids, "output_ids": list(seq.output)}
-            fh.write(json.dumps(rec) + "\n")
-            done[item["id"]] = rec
-            ntok += len(rec["output_ids"])
-            bar.update(1)
-            bar.set_postfix(tok_s=f"{ntok / (time.perf_counter() - t0):.0f}")
+    bar = tqdm(total=len(queue), desc="generate", unit="prompt", disable=not progress)
 
-        while queue or engine.running:
-            while queue and len(engine.running) < batch:
-                item = queue.pop(0)
-                ids = encode_prompt(loaded.tokenizer, item)
-                if len(ids) > 700:
+    def record(slot: int, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        st = live[slot]
+        tp, ti = torch.softmax(logits, dim=-1).topk(topk, dim=-1)  # (T, k)
+        st["feats"].append(hidden.to(torch.bfloat16))
+        st["ti"].append(ti)
+        st["tp"].append(tp)
+        nxt = int(ti[-1, 0])
+        n_out = len(st["tokens"]) - st["num_prompt"]
+        if st["ending"]:
+            finish(slot)
+            return
+        st["tokens"].append(nxt)  # the pending token: fed (and given its feature) by the next step
+        st["ending"] = nxt == eos or n_out + 1 >= max_new_tokens
+
+    def finish(slot: int) -> None:
+        nonlocal offset, ntok
+        st = live.pop(slot)
+        free.append(slot)
+        L = len(st["tokens"])
+        _write_rows(files, st["tokens"], torch.cat(st["feats"]), torch.cat(st["ti"]), torch.cat(st["tp"]))
+        for f in files.values():
+            f.flush()
+        item = st["item"]
+        idx_fh.write(json.dumps({"id": item["id"], "domain": item["domain"], "num_prompt": st["num_prompt"],
+                                 "offset": offset, "length": L}) + "\n")
+        idx_fh.flush()
+        offset += L
+        ntok += L - st["num_prompt"]
+        bar.update(1)
+        bar.set_postfix(tok_s=f"{ntok / (time.perf_counter() - t0):.0f}")
+
+    try:
+        while queue or live:
+            while queue and free:
+                item, ids = queue.pop(0)
+                if not ids or len(ids) > max_prompt:
+                    skipped += 1
+                    bar.update(1)
                     continue
-                seq = engine.add(ids, params)
-                live[seq.seq_id] = (item, ids)
-                if seq.done:
-                    finish(seq)
-            finished = engine.step()
-            for seq in finished or []:
-                finish(seq)
-            fh.flush()
-    bar.close()
-    say(f"generated {ntok} answer tokens for {len(todo)} prompts in {time.perf_counter() - t0:.0f} s")
-    return [done[p["id"]] for p in prompts if p["id"] in done]
+                slot = free.pop()
+                live[slot] = {"item": item, "tokens": list(ids), "num_prompt": len(ids), "feats": [], "ti": [],
+                              "tp": [], "ending": False}
+                logits, hidden = target(torch.tensor([ids]), contiguous_batch(slot, 1, 0, len(ids)), cache,
+                                        return_hidden=True)
+                record(slot, logits[0], hidden[0])
+            if not live:
+                break
+            slots = sorted(live)
+            feed = torch.tensor([[live[s]["tokens"][-1]] for s in slots])
+            fb = ragged_batch(slots, [len(live[s]["tokens"]) - 1 for s in slots], 1)
+            logits, hidden = target(feed, fb, cache, return_hidden=True)
+            for r, s in enumerate(slots):
+                record(s, logits[r], hidden[r])
+    finally:
+        bar.close()
+        for f in files.values():
+            f.close()
+        idx_fh.close()
+    index = read_answers(index_path)
+    domains: dict[str, int] = {}
+    for r in index:
+        domains[r["domain"]] = domains.get(r["domain"], 0) + 1
+    elapsed = time.perf_counter() - t0
+    say(f"generated {ntok} answer tokens for {len(encoded) - len(done) - skipped} prompts in {elapsed:.0f} s"
+        + (f" ({skipped} prompts longer than {max_prompt} tokens skipped)" if skipped else ""))
+    meta = {"format": "specfinops-distill-data/1", "hidden_size": C, "vocab_size": target.cfg.vocab_size,
+            "topk": topk, "num_sequences": len(index), "num_tokens": sum(r["length"] for r in index),
+            "answer_tokens": sum(r["length"] - r["num_prompt"] for r in index), "domains": domains,
+            "prompts": len(encoded), "max_new_tokens": max_new_tokens,
+            "compute_dtype": str(target.lm_head.weight.dtype).replace("torch.", ""),
+            "generate_seconds": round(elapsed, 1), "teacher_seconds": 0.0,
+            "how": "greedy generation; features and top-k captured by the generating forwards", **(extra_meta or {})}
+    (out_dir / META).write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
 
 
 def written_answers(target_dir: str | Path, items: list[dict]) -> list[dict]:
@@ -233,20 +326,19 @@ def token_frequencies(preps: list[Prepared], vocab_size: int) -> torch.Tensor:
 def prepare(target_dir: str | Path, prompts: list[dict], out_dir: str | Path, *, max_new_tokens: int = 192,
             batch: int = 32, topk: int = 8, progress: bool = True, say: Callable[[str], None] = _say_nothing,
             extra_meta: dict | None = None) -> dict:
-    """Generate the target's answers and run the teacher pass: a complete prepared directory."""
+    """A complete prepared directory: either the target's own greedy answers to `prompts` (one pass that
+    generates and records), or, for items that carry their own "answer", a teacher-forcing pass."""
     from serving.llama import load_causal_lm
 
     out_dir = Path(out_dir)
-    t0 = time.perf_counter()
-    to_generate = [p for p in prompts if "answer" not in p]
-    answers = generate_answers(target_dir, to_generate, out_dir, max_new_tokens=max_new_tokens, batch=batch,
-                               progress=progress, say=say) if to_generate else []
-    answers += written_answers(target_dir, [p for p in prompts if "answer" in p])
-    t_gen = time.perf_counter() - t0
-    torch.set_grad_enabled(False)
-    target = load_causal_lm(target_dir, torch.bfloat16)
-    meta = teacher_pass(target, answers, out_dir, topk=topk, progress=progress,
-                        extra_meta={"prompts": len(prompts), "max_new_tokens": max_new_tokens,
-                                    "generate_seconds": round(t_gen, 1), **(extra_meta or {})})
-    torch.set_grad_enabled(True)
-    return meta
+    written = [p for p in prompts if "answer" in p]
+    if written and len(written) != len(prompts):
+        raise ValueError("a prepared directory holds either generated answers or written answers, not both")
+    if not written:
+        return generate_prepared(target_dir, prompts, out_dir, max_new_tokens=max_new_tokens, batch=batch,
+                                 topk=topk, progress=progress, say=say, extra_meta=extra_meta)
+    answers = written_answers(target_dir, written)
+    with torch.inference_mode():
+        target = load_causal_lm(target_dir, torch.float32)
+        return teacher_pass(target, answers, out_dir, topk=topk, progress=progress,
+                            extra_meta={"prompts": len(prompts), "compute_dtype": "float32", **(extra_meta or {})})

@@ -18,7 +18,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 EVAL_DOMAINS = ("code", "chat", "rewrite")
 
 
-REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_code", "max_new_tokens", "out", "minutes", "steps",
+REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "stdlib_code", "max_new_tokens", "out", "minutes", "steps",
                  "head_vocab", "layers", "lr", "batch_tokens", "unroll", "detach_unroll", "w_feat", "w_hard",
                  "feat_noise", "seed", "k")
 
@@ -89,7 +89,7 @@ def eval_data(target_dir: Path, max_new_tokens: int, say) -> Path:
 def run(args) -> int:
     from app.errors import UsageError
     from serving.distill.data import is_prepared, load_prepared, prepare
-    from serving.distill.prompts import make_prompts, stdlib_code_items
+    from serving.distill.prompts import interleave, make_prompts, stdlib_code_items, stdlib_prompts
     from serving.distill.train import TrainConfig, measure_c, new_draft, simulate_alpha, train
     from serving.eagle import load_eagle
     from serving.llama import load_causal_lm
@@ -107,17 +107,24 @@ def run(args) -> int:
     # ---- data
     data_t0 = time.perf_counter()
     described = [f"prepared data {c}" for c in corpora]
-    if args.generate_prompts:
+    if args.generate_prompts or args.stdlib_prompts:
+        n_t, n_s = args.generate_prompts or 0, args.stdlib_prompts or 0
         d = Path(args.data_dir).expanduser() if args.data_dir else \
-            CACHE / f"{target_dir.name}-templated-{args.generate_prompts}-s{args.seed}-n{args.max_new_tokens}"
+            CACHE / f"{target_dir.name}-generated-t{n_t}-l{n_s}-s{args.seed}-n{args.max_new_tokens}"
         if not is_prepared(d):
-            prompts = make_prompts(args.generate_prompts, seed=args.seed)
-            _say(f"generating the target's greedy answers to {len(prompts)} templated prompts -> {d}")
+            prompts = interleave(make_prompts(n_t, seed=args.seed) if n_t else [],
+                                 stdlib_prompts(n_s, seed=args.seed) if n_s else [])
+            _say(f"generating the target's greedy answers to {len(prompts)} prompts -> {d}")
             prepare(target_dir, prompts, d, max_new_tokens=args.max_new_tokens, batch=args.gen_batch, say=_say,
-                    extra_meta={"corpus": "templated prompts (serving/distill/prompts.py), the target's greedy answers"})
+                    extra_meta={"corpus": "templated prompts and standard-library code prompts "
+                                          "(serving/distill/prompts.py), the target's greedy answers"})
         corpora.append(d)
-        described.append(f"the target's greedy answers (max {args.max_new_tokens} tokens) to "
-                         f"{args.generate_prompts} templated prompts (seed {args.seed})")
+        if n_t:
+            described.append(f"the target's greedy answers (max {args.max_new_tokens} tokens) to {n_t} templated "
+                             f"prompts (seed {args.seed})")
+        if n_s:
+            described.append(f"the target's greedy answers (max {args.max_new_tokens} tokens) to {n_s} code prompts "
+                             "made from documented Python standard-library functions")
     if args.stdlib_code:
         d = CACHE / f"{target_dir.name}-stdlib-code-{args.stdlib_code}-s{args.seed}"
         if not is_prepared(d):
@@ -129,9 +136,12 @@ def run(args) -> int:
         described.append(f"{args.stdlib_code} Python standard-library functions shown as chat answers, "
                          "teacher-forced (the target's own distributions as labels)")
     if not corpora:
-        raise UsageError("no training data: give --corpus DIR, --generate-prompts N or --stdlib-code N")
+        raise UsageError("no training data: give --corpus DIR, --generate-prompts N, --stdlib-prompts N or "
+                         "--stdlib-code N")
     data_minutes = (time.perf_counter() - data_t0) / 60
     preps = [load_prepared(c) for c in corpora]
+    # what making the data cost when it was made (this run may have reused it from the cache)
+    data_made_minutes = sum(p.meta.get("generate_seconds", 0) + p.meta.get("teacher_seconds", 0) for p in preps) / 60
     # ---- model
     target = load_causal_lm(target_dir, torch.float32)
     tok = load_tokenizer(target_dir)
@@ -178,7 +188,8 @@ def run(args) -> int:
     summary = train(draft, preps, cfg, checkpoint=ckpt, resume=args.resume, on_checkpoint=on_checkpoint, say=_say)
     save_draft(draft, out, {"head_coverage": coverage.get("chosen")})
     copy_tokenizer(target_dir, out)
-    results: dict = {**summary, "data_minutes": round(data_minutes, 2)}
+    results: dict = {**summary, "data_minutes": round(data_minutes, 2),
+                     "data_made_minutes": round(data_made_minutes, 2)}
     write_card({"status": "trained", "results": results})
     # ---- measure
     if not args.no_eval:

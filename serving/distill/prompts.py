@@ -408,6 +408,19 @@ def make_prompts(n: int | None = None, seed: int = 0) -> list[dict]:
     return items if n is None else items[:n]
 
 
+def interleave(a: list[dict], b: list[dict]) -> list[dict]:
+    """a and b merged evenly (in proportion to their sizes), so any prefix holds both."""
+    out, i, j = [], 0, 0
+    while i < len(a) or j < len(b):
+        if j >= len(b) or (i < len(a) and i * len(b) <= j * len(a)):
+            out.append(a[i])
+            i += 1
+        else:
+            out.append(b[j])
+            j += 1
+    return out
+
+
 def _evaluation_texts() -> set[str]:
     from serving.workloads import BUILTIN_DOMAINS, load_workload
 
@@ -429,23 +442,19 @@ CODE_INTROS = [
 ]
 
 
-def stdlib_code_items(limit: int | None = None, seed: int = 0, max_lines: int = 40) -> list[dict]:
-    """Prompt + answer pairs built from the documented functions of the Python standard library that
-    ships with the interpreter: the prompt asks for the function (from its docstring's first line), the
-    answer shows its source in a fenced block. Used teacher-forced (the target's distributions label it),
-    never generated, so it adds code volume at prefill speed."""
+def _stdlib_functions(max_lines: int = 40) -> list[tuple[str, str, str, str]]:
+    """(id, name, args, first docstring line, source) of the documented public functions of the Python
+    standard library that ships with the interpreter, in a stable order."""
     import ast
     import sysconfig
     import textwrap
-
-    rng = random.Random(seed)
-    root = sysconfig.get_paths()["stdlib"]
     from pathlib import Path
 
+    root = sysconfig.get_paths()["stdlib"]
     skip = ("test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo", "ensurepip", "tkinter")
     files = sorted(p for p in Path(root).rglob("*.py")
                    if not set(p.relative_to(root).parts[:-1]) & set(skip) and not p.name.startswith("test"))
-    items = []
+    out = []
     for path in files:
         try:
             src = path.read_text(encoding="utf-8")
@@ -467,17 +476,57 @@ def stdlib_code_items(limit: int | None = None, seed: int = 0, max_lines: int = 
             if len(first) < 12:
                 continue
             what = first[0].lower() + first[1:]
-            args = ", ".join(a.arg for a in node.args.args)
-            lang = "Python"
-            prompt = rng.choice([
-                f"Write a {lang} function `{node.name}({args})` that does the following: {what}.",
-                f"Write a function `{node.name}({args})` in {lang}. It should {what}.",
-                f"How would I implement `{node.name}({args})`? It should: {what}.",
-            ])
+            args = ", ".join(a.arg for a in node.args.args if a.arg != "self")
             body = textwrap.dedent("\n".join(lines[node.lineno - 1: node.end_lineno]))
-            intro = rng.choice(CODE_INTROS).format(what=what, name=node.name)
-            answer = f"{intro}\n\n```python\n{body}\n```"
-            items.append({"id": f"stdlib-{path.relative_to(root)}-{node.lineno}", "domain": "code", "prompt": prompt,
-                          "answer": answer})
+            out.append((f"{path.relative_to(root)}-{node.lineno}", node.name, args, what, body))
+    return out
+
+
+STDLIB_ASKS = [
+    "Write a {lang} function `{name}({args})` that does the following: {what}.",
+    "Write a function `{name}({args})` in {lang}. It should {what}.",
+    "How would I implement `{name}({args})` in {lang}? It should: {what}.",
+    "I need a {lang} function that can {what}. Call it `{name}`. {extra}",
+    "Implement `{name}({args})` in {lang}: {what}. {extra}",
+]
+
+
+def stdlib_prompts(limit: int | None = None, seed: int = 0) -> list[dict]:
+    """Code prompts (no answers: the target writes them) built from the standard library's documented
+    functions: half ask for a function from its docstring's first line (in a random language), half give
+    the function's source with a task from SNIPPET_TASKS. Deterministic for a seed; never an evaluation prompt."""
+    rng = random.Random(seed + 1)
+    funcs = _stdlib_functions(max_lines=24)
+    rng.shuffle(funcs)
+    evaluation = _evaluation_texts()
+    items = []
+    for i, (fid, name, args, what, body) in enumerate(funcs):
+        if i % 2 == 0:
+            text = rng.choice(STDLIB_ASKS).format(lang=rng.choice(LANGS), name=name, args=args, what=what,
+                                                   extra=rng.choice(EXTRAS)).strip()
+        else:
+            text = f"{rng.choice(SNIPPET_TASKS)}\n\n```python\n{body}\n```"
+        if text in evaluation:
+            continue
+        items.append({"id": f"stdlib-prompt-{fid}", "domain": "code", "prompt": text})
+    return items if limit is None else items[:limit]
+
+
+def stdlib_code_items(limit: int | None = None, seed: int = 0, max_lines: int = 40) -> list[dict]:
+    """Prompt + answer pairs built from the documented functions of the Python standard library that
+    ships with the interpreter: the prompt asks for the function (from its docstring's first line), the
+    answer shows its source in a fenced block. Used teacher-forced (the target's distributions label it),
+    never generated, so it adds code volume at prefill speed."""
+    rng = random.Random(seed)
+    items = []
+    for fid, name, args, what, body in _stdlib_functions(max_lines):
+        prompt = rng.choice([
+            f"Write a Python function `{name}({args})` that does the following: {what}.",
+            f"Write a function `{name}({args})` in Python. It should {what}.",
+            f"How would I implement `{name}({args})`? It should: {what}.",
+        ])
+        intro = rng.choice(CODE_INTROS).format(what=what, name=name)
+        answer = f"{intro}\n\n```python\n{body}\n```"
+        items.append({"id": f"stdlib-{fid}", "domain": "code", "prompt": prompt, "answer": answer})
     rng.shuffle(items)
     return items if limit is None else items[:limit]
