@@ -187,7 +187,7 @@ class Engine:
             if self.drafter is not None:
                 feats = hidden[b, : accepted + 1] if self.drafter.needs_features else None
                 self.drafter.commit(s, num_before, accepted, feats)
-                self.policy.observe(s, k, accepted, t1 - t0, t2 - t1)
+                self.policy.observe(s, k, accepted, t1 - t0, t2 - t1, batch)
             if s.done:
                 finished.append(s)
         if finished:

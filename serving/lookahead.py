@@ -8,8 +8,8 @@ every step record.
   fixed:N     the same K every step (0 = the autoregressive baseline)
   heuristic   HF transformers' schedule: +2 after a fully accepted draft, -1 otherwise
   entropy     draft up to k_max tokens, stop at the first token the draft itself doubts
-  cost        online alpha per domain (EWMA) and the measured cost curve pick the K that maximises
-              expected tokens per second: E[tokens](alpha, K) / (K * t_draft + t_verify(K))
+  cost        online alpha per domain (EWMA) and the measured step-time curve pick the K (0 included)
+              that maximises expected tokens per second: E[tokens](alpha, K) / step_time(K)
   auto        cost, with entropy gating on top
 """
 
@@ -28,7 +28,8 @@ class LookaheadPolicy(Protocol):
         """K for this sequence's next step and a short reason."""
         ...
 
-    def observe(self, seq: Sequence, k: int, accepted: int, draft_s: float, verify_s: float) -> None: ...
+    def observe(self, seq: Sequence, k: int, accepted: int, draft_s: float, verify_s: float,
+                batch_size: int = 1) -> None: ...
 
     def forget(self, seq: Sequence) -> None: ...
 
@@ -47,7 +48,8 @@ class FixedK:
     def choose(self, seq: Sequence, batch_size: int) -> tuple[int, str]:
         return self.k, "fixed"
 
-    def observe(self, seq: Sequence, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def observe(self, seq: Sequence, k: int, accepted: int, draft_s: float, verify_s: float,
+                batch_size: int = 1) -> None:
         pass
 
     def forget(self, seq: Sequence) -> None:
@@ -69,7 +71,8 @@ class HeuristicK:
     def choose(self, seq: Sequence, batch_size: int) -> tuple[int, str]:
         return self._k.get(seq.seq_id, self.k_start), "heuristic"
 
-    def observe(self, seq: Sequence, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def observe(self, seq: Sequence, k: int, accepted: int, draft_s: float, verify_s: float,
+                batch_size: int = 1) -> None:
         if k == 0:
             return
         cur = self._k.get(seq.seq_id, self.k_start)
@@ -94,61 +97,114 @@ class EntropyK(FixedK):
         return self.k, "entropy"
 
 
+def batch_bucket(batch_size: int) -> int:
+    """1, 2, 4, 8, ...: the power of two at or above the batch size (cost curves are kept per bucket)."""
+    return 1 << max(0, int(batch_size) - 1).bit_length()
+
+
 class CostK:
-    """Pick K to maximise expected tokens per second from online estimates.
+    """Pick K (0 = plain decoding for this step) to maximise expected tokens per second.
 
-    alpha: exponentially weighted per domain (accepted / proposed of each step); cost curve: EWMA of
-    drafting time per proposed token and of the verify time at each K, measured by the engine. Until a
-    K has been measured its verify time is extrapolated linearly from the measured ones."""
+    alpha, per domain: the per-token acceptance probability of Leviathan et al.'s i.i.d. model, estimated
+    as accepted / tested: a step that drafted k tokens and accepted a of them tested a + 1 tokens when
+    a < k (the first rejection ends the test) and k when all were accepted. Both counts are exponentially
+    weighted, so the estimate follows the traffic.
 
-    def __init__(self, k_max: int = 8, weight: float = 0.1, alpha0: float = 0.6, stop_below: float | None = None):
-        if k_max < 1 or not 0 < weight <= 1 or not 0 <= alpha0 < 1:
-            raise ValueError(f"need k_max >= 1, 0 < weight <= 1, 0 <= alpha0 < 1; got {k_max}, {weight}, {alpha0}")
-        self.k_max, self.weight, self.alpha0 = k_max, weight, alpha0
+    cost curve, per batch-size bucket: the measured wall time of a step (draft + verify) at each K,
+    exponentially weighted; a K not measured yet is read off a least-squares line through the measured
+    ones. The first steps of a bucket measure K in `probes` (0 included: plain decoding is a candidate).
+
+        rate(K) = E[tokens | alpha, K] / step_time(K),   E = (1 - alpha^(K+1)) / (1 - alpha)
+
+    When K = 0 wins, every `probe_every`-th step of a sequence still drafts one token, so alpha keeps
+    being measured and speculation returns when the draft agrees again. A sequence's first step (which
+    also catches the drafter up on the prompt) and outliers beyond 3x the current estimate do not move
+    the cost curve."""
+
+    def __init__(self, k_max: int = 8, weight: float = 0.1, alpha0: float = 0.6, stop_below: float | None = None,
+                 probes: tuple[int, ...] = (1, 0, 2, 4), probe_every: int = 8):
+        if k_max < 1 or not 0 < weight <= 1 or not 0 <= alpha0 < 1 or probe_every < 1:
+            raise ValueError(f"need k_max >= 1, 0 < weight <= 1, 0 <= alpha0 < 1, probe_every >= 1; "
+                             f"got {k_max}, {weight}, {alpha0}, {probe_every}")
+        self.k_max, self.weight, self.alpha0, self.probe_every = k_max, weight, alpha0, probe_every
+        self.probes = tuple(k for k in probes if k <= k_max)
         self.stop_below = stop_below
         self.name = f"cost:{k_max}" if stop_below is None else f"auto:{k_max}"
-        self.alpha: dict[str, float] = {}
-        self.draft_s_per_token: float | None = None
-        self.verify_s: dict[int, float] = {}
+        self._accepted: dict[str, float] = {}
+        self._tested: dict[str, float] = {}
+        self.step_s: dict[tuple[int, int], float] = {}  # (batch bucket, K) -> seconds per step
+        self._seen: set[int] = set()
+        self._off: dict[int, int] = {}
 
-    def _ewma(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.weight * (new - old)
+    # ---------------------------------------------------------------- estimates
+    def alpha(self, domain: str) -> float:
+        if domain not in self._tested:
+            return self.alpha0
+        return self._accepted[domain] / max(self._tested[domain], 1e-9)
 
-    def verify_time(self, k: int) -> float | None:
-        if k in self.verify_s:
-            return self.verify_s[k]
-        if not self.verify_s:
-            return None
-        ks = sorted(self.verify_s)
-        if len(ks) == 1:
-            return self.verify_s[ks[0]]  # flat until a second point is measured
-        (k0, t0), (k1, t1) = (ks[0], self.verify_s[ks[0]]), (ks[-1], self.verify_s[ks[-1]])
-        slope = max(0.0, (t1 - t0) / (k1 - k0))
-        return t0 + slope * (k - k0)
+    def set_alpha(self, domain: str, alpha: float) -> None:
+        """Seed the estimate (e.g. from `specfinops calibrate`)."""
+        self._accepted[domain], self._tested[domain] = alpha, 1.0
 
-    def expected_rate(self, alpha: float, k: int) -> float | None:
-        tv = self.verify_time(k)
-        if tv is None or self.draft_s_per_token is None:
+    def step_time(self, k: int, bucket: int = 1) -> float | None:
+        if (bucket, k) in self.step_s:
+            return self.step_s[(bucket, k)]
+        pts = [(kk, t) for (b, kk), t in self.step_s.items() if b == bucket]
+        if len(pts) < 2:
+            return pts[0][1] if pts else None
+        n = len(pts)
+        mk = sum(kk for kk, _ in pts) / n
+        mt = sum(t for _, t in pts) / n
+        var = sum((kk - mk) ** 2 for kk, _ in pts)
+        slope = max(0.0, sum((kk - mk) * (t - mt) for kk, t in pts) / var) if var else 0.0
+        return max(1e-9, mt + slope * (k - mk))
+
+    def expected_rate(self, alpha: float, k: int, bucket: int = 1) -> float | None:
+        t = self.step_time(k, bucket)
+        if t is None:
             return None
         tokens = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1
-        return tokens / (k * self.draft_s_per_token + tv)
+        return tokens / t
 
+    # ---------------------------------------------------------------- policy
     def choose(self, seq: Sequence, batch_size: int) -> tuple[int, str]:
-        alpha = min(self.alpha.get(seq.domain, self.alpha0), 0.999)
-        rates = {k: self.expected_rate(alpha, k) for k in range(1, self.k_max + 1)}
-        if any(r is None for r in rates.values()):
-            return min(4, self.k_max), "cost-warmup"
-        return max(rates, key=rates.get), "cost"
+        bucket = batch_bucket(batch_size)
+        for k in self.probes:
+            if (bucket, k) not in self.step_s:
+                return k, "cost-warmup"
+        alpha = min(self.alpha(seq.domain), 0.999)
+        rates = {k: self.expected_rate(alpha, k, bucket) for k in range(self.k_max + 1)}
+        best = max(rates, key=rates.get)
+        if best > 0:
+            return best, "cost"
+        n = self._off.get(seq.seq_id, 0) + 1
+        self._off[seq.seq_id] = n
+        return (1, "cost-probe") if n % self.probe_every == 0 else (0, "cost-off")
 
-    def observe(self, seq: Sequence, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        if k == 0:
+    def observe(self, seq: Sequence, k: int, accepted: int, draft_s: float, verify_s: float,
+                batch_size: int = 1) -> None:
+        w = self.weight
+        if k > 0:
+            tested = k if accepted >= k else accepted + 1
+            if seq.domain in self._tested:
+                self._accepted[seq.domain] += w * (accepted - self._accepted[seq.domain])
+                self._tested[seq.domain] += w * (tested - self._tested[seq.domain])
+            else:
+                self._accepted[seq.domain], self._tested[seq.domain] = float(accepted), float(tested)
+        if seq.seq_id not in self._seen:
+            self._seen.add(seq.seq_id)  # first step: includes catching up on the prompt
             return
-        self.alpha[seq.domain] = self._ewma(self.alpha.get(seq.domain, self.alpha0), accepted / k)
-        self.draft_s_per_token = self._ewma(self.draft_s_per_token, draft_s / k)
-        self.verify_s[k] = self._ewma(self.verify_s.get(k), verify_s)
+        key = (batch_bucket(batch_size), k)
+        t = draft_s + verify_s
+        old = self.step_s.get(key)
+        if old is None:
+            self.step_s[key] = t
+        else:
+            self.step_s[key] = old + w * (min(t, 3 * old) - old)
 
     def forget(self, seq: Sequence) -> None:
-        pass
+        self._seen.discard(seq.seq_id)
+        self._off.pop(seq.seq_id, None)
 
 
 class BatchGatedK:
@@ -166,8 +222,9 @@ class BatchGatedK:
             return 0, "batch-gated"
         return self.inner.choose(seq, batch_size)
 
-    def observe(self, seq: Sequence, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        self.inner.observe(seq, k, accepted, draft_s, verify_s)
+    def observe(self, seq: Sequence, k: int, accepted: int, draft_s: float, verify_s: float,
+                batch_size: int = 1) -> None:
+        self.inner.observe(seq, k, accepted, draft_s, verify_s, batch_size)
 
     def forget(self, seq: Sequence) -> None:
         self.inner.forget(seq)

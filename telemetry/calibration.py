@@ -21,6 +21,7 @@ class StepCounts:
     draft_ms: float  # total drafting time of those steps
     ar_steps: int  # AR (K = 0) decode steps of the same prompts
     ar_verify_ms: float  # their total target forward time
+    spec_verify_ms: float | None = None  # total target (verify) forward time of the speculative steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,10 @@ class Calibration:
     bound_at_best_k: float | None
     verdict: str  # GO | NO-GO | UNKNOWN
     threshold: float
+    # the bound assumes verifying K+1 tokens costs one forward; v measures what it costs on this machine
+    verify_ratio: float | None = None  # mean verify forward of the speculative steps / one-token forward
+    k_measured: float | None = None  # mean draft length of those steps
+    bound_with_measured_verify: float | None = None  # tokens per step / (K c + v) at the measured K
 
 
 def calibrate(domain: str, counts: StepCounts, *, threshold: float = DEFAULT_THRESHOLD, k_max: int = 8) -> Calibration:
@@ -49,4 +54,10 @@ def calibrate(domain: str, counts: StepCounts, *, threshold: float = DEFAULT_THR
     if alpha is not None and c is not None:
         best_k, bound = max(((k, speedup_bound(alpha, k, c)) for k in range(1, k_max + 1)), key=lambda kv: kv[1])
     verdict = "UNKNOWN" if alpha is None else ("GO" if alpha >= threshold else "NO-GO")
-    return Calibration(domain, alpha, mal, c, best_k, bound, verdict, threshold)
+    v = k_meas = bound_v = None
+    if counts.spec_verify_ms is not None and counts.num_drafts and counts.ar_steps and counts.ar_verify_ms > 0:
+        v = (counts.spec_verify_ms / counts.num_drafts) / (counts.ar_verify_ms / counts.ar_steps)
+        k_meas = counts.num_draft_tokens / counts.num_drafts
+        if c is not None and mal is not None:
+            bound_v = mal / (k_meas * c + v)
+    return Calibration(domain, alpha, mal, c, best_k, bound, verdict, threshold, v, k_meas, bound_v)

@@ -21,6 +21,15 @@ def test_calibration_by_hand():
     assert cal.verdict == "GO"
 
 
+def test_measured_verify_cost_by_hand():
+    # same steps; the 10 verify forwards (5 tokens each) took 600 ms = 60 ms, 3x the 20 ms one-token forward
+    cal = calibrate("code", StepCounts(10, 40, 28, 40.0, 50, 1000.0, spec_verify_ms=600.0))
+    assert cal.verify_ratio == pytest.approx(3.0) and cal.k_measured == pytest.approx(4.0)
+    # 3.8 tokens per step / (4 * 0.05 + 3) one-token forwards
+    assert cal.bound_with_measured_verify == pytest.approx(3.8 / 3.2)
+    assert calibrate("code", StepCounts(10, 40, 28, 40.0, 50, 1000.0)).verify_ratio is None
+
+
 def test_no_go_and_unknown():
     assert calibrate("chat", StepCounts(10, 40, 20, 40.0, 50, 1000.0)).verdict == "NO-GO"
     unknown = calibrate("chat", StepCounts(0, 0, 0, 0.0, 50, 1000.0))

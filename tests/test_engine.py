@@ -188,23 +188,59 @@ def test_entropy_gating_stops_doubtful_drafts_and_says_so():
     assert any(e.k < 8 and e.k_reason == "entropy+stop" for e in steps)
 
 
-def test_cost_policy_tracks_alpha_per_domain_and_picks_k_by_rate():
+def _seq(i: int, domain: str):
     from serving.sequence import Sequence
 
+    return Sequence(seq_id=i, slot=0, params=GREEDY, tokens=[1], num_prompt=1, domain=domain)
+
+
+def test_cost_policy_estimates_per_token_alpha_by_hand():
     pol = CostK(k_max=8, weight=1.0)
-    easy = Sequence(seq_id=0, slot=0, params=GREEDY, tokens=[1], num_prompt=1, domain="code")
-    hard = Sequence(seq_id=1, slot=0, params=GREEDY, tokens=[1], num_prompt=1, domain="chat")
-    assert pol.choose(easy, 1)[1] == "cost-warmup"
-    # draft 1 ms per token; verify 20 ms at K=2 and 24 ms at K=6 (linear in between)
-    pol.observe(easy, 2, 2, 0.002, 0.020)
-    pol.observe(hard, 6, 0, 0.006, 0.024)
-    pol.alpha["code"], pol.alpha["chat"] = 0.9, 0.1
+    code = _seq(0, "code")
+    assert pol.alpha("code") == pol.alpha0
+    pol.observe(code, 4, 2, 0.0, 0.0)  # 2 accepted, the 3rd rejected: tested 3
+    assert pol.alpha("code") == pytest.approx(2 / 3)
+    pol.observe(code, 4, 4, 0.0, 0.0)  # all accepted: tested 4
+    assert pol.alpha("code") == pytest.approx(1.0)
+    slow = CostK(k_max=8, weight=0.5)
+    slow.observe(code, 4, 0, 0.0, 0.0)  # first: accepted 0 / tested 1
+    slow.observe(code, 4, 4, 0.0, 0.0)  # EWMA: accepted 2.0, tested 2.5
+    assert slow.alpha("code") == pytest.approx(2.0 / 2.5)
+    assert slow.alpha("chat") == slow.alpha0  # per domain
+
+
+def test_cost_policy_fits_the_step_time_curve_and_picks_k_by_rate():
+    pol = CostK(k_max=8, weight=1.0, probes=(0, 2, 6))
+    easy, hard = _seq(0, "code"), _seq(1, "chat")
+    assert pol.choose(easy, 1) == (0, "cost-warmup")
+    for s in (easy, hard):
+        pol.observe(s, 0, 0, 0.0, 0.010)  # a sequence's first step never moves the cost curve
+    assert pol.step_s == {}
+    # step time 10 ms at K=0, 20 ms at K=2, 40 ms at K=6: the line t = 10.4 + 4.857 K (least squares)
+    pol.observe(easy, 0, 0, 0.0, 0.010)
+    pol.observe(easy, 2, 2, 0.002, 0.018)
+    pol.observe(hard, 6, 0, 0.006, 0.034)
+    assert pol.step_time(4) == pytest.approx(0.010 + (0.040 - 0.010) / 6 * 4, abs=1.5e-3)
+    assert pol.step_time(2) == pytest.approx(0.020)  # measured points are used as measured
+    pol.set_alpha("code", 0.95)
+    pol.set_alpha("chat", 0.2)
     k_easy, why = pol.choose(easy, 1)
-    k_hard, _ = pol.choose(hard, 1)
-    assert why == "cost" and k_easy > k_hard
-    rates = {k: pol.expected_rate(0.9, k) for k in range(1, 9)}
-    assert k_easy == max(rates, key=rates.get)
-    assert pol.verify_time(4) == pytest.approx(0.022)
+    rates = {k: pol.expected_rate(0.95, k) for k in range(0, 9)}
+    assert why == "cost" and k_easy == max(rates, key=rates.get) and k_easy > 0
+    # a draft that rarely agrees: plain decoding wins, with a one-token probe every probe_every steps
+    picks = [pol.choose(hard, 1) for _ in range(pol.probe_every)]
+    assert picks[:-1] == [(0, "cost-off")] * (pol.probe_every - 1) and picks[-1] == (1, "cost-probe")
+    # curves are per batch-size bucket: batch 3 starts its own warm-up
+    assert pol.choose(easy, 3)[1] == "cost-warmup"
+
+
+def test_cost_policy_ignores_outlier_step_times():
+    pol = CostK(k_max=4, weight=0.5, probes=(1,))
+    s = _seq(0, "code")
+    pol.observe(s, 1, 1, 0.0, 5.0)  # first step of the sequence: ignored
+    pol.observe(s, 1, 1, 0.001, 0.009)
+    pol.observe(s, 1, 1, 0.0, 10.0)  # a stall: counted as at most 3x the estimate
+    assert pol.step_time(1) == pytest.approx(0.010 + 0.5 * (0.030 - 0.010))
 
 
 def test_a_bad_request_fails_alone_and_its_batch_continues():

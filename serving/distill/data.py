@@ -100,6 +100,8 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
     index_path.write_text("".join(json.dumps(r) + "\n" for r in index))
     done = {r["id"] for r in index}
     queue = [(item, ids) for item, ids in encoded if item["id"] not in done]
+    progress_path = out_dir / "progress.json"  # generation seconds spent so far, across resumed runs
+    prior_s = json.loads(progress_path.read_text())["seconds"] if progress_path.is_file() and index else 0.0
     skipped = 0
     cache = target.new_cache(batch, max_prompt + max_new_tokens + 1)
     free = list(range(batch - 1, -1, -1))
@@ -135,6 +137,7 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
         idx_fh.write(json.dumps({"id": item["id"], "domain": item["domain"], "num_prompt": st["num_prompt"],
                                  "offset": offset, "length": L}) + "\n")
         idx_fh.flush()
+        progress_path.write_text(json.dumps({"seconds": round(prior_s + time.perf_counter() - t0, 1)}))
         offset += L
         ntok += L - st["num_prompt"]
         bar.update(1)
@@ -179,7 +182,7 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
             "answer_tokens": sum(r["length"] - r["num_prompt"] for r in index), "domains": domains,
             "prompts": len(encoded), "max_new_tokens": max_new_tokens,
             "compute_dtype": str(target.lm_head.weight.dtype).replace("torch.", ""),
-            "generate_seconds": round(elapsed, 1), "teacher_seconds": 0.0,
+            "generate_seconds": round(prior_s + elapsed, 1), "teacher_seconds": 0.0,
             "how": "greedy generation; features and top-k captured by the generating forwards", **(extra_meta or {})}
     (out_dir / META).write_text(json.dumps(meta, indent=2) + "\n")
     return meta
