@@ -1,6 +1,7 @@
 """`make bench`: every measured target of the project, printed and recorded under bench-results/.
 
 Sections (each can be picked with --only):
+  verify     the target's forward time for 1..8 tokens, and the speedup no draft can exceed here
   engine     spec vs AR tokens/s on the code workload, bf16, greedy, with each drafter
   peer       Hugging Face transformers' assisted generation on the same models, prompts and K
   telemetry  bench tokens/s with telemetry on vs off
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 OUT = Path("bench-results")
-SECTIONS = ("engine", "peer", "telemetry", "recorder", "sweep", "lookahead", "dashboard", "serve")
+SECTIONS = ("verify", "engine", "peer", "telemetry", "recorder", "sweep", "lookahead", "dashboard", "serve")
 
 
 def sh(cmd: list[str], log: Path | None = None) -> int:
@@ -74,6 +75,8 @@ def main() -> int:
 
     target = str(model_path("target"))
 
+    if "verify" in only:
+        sh([sys.executable, "-m", "scripts.bench_verify_cost"])
     if "engine" in only:
         sh(bench(*common, "--mode", "both", "--drafter", "ngram", "--db", db, "--json", str(OUT / "engine_ngram.json")))
         sh(bench(*common, "--mode", "spec", "--drafter", "early-exit", "--early-exit-layers",
@@ -103,7 +106,7 @@ def main() -> int:
         sh(bench("--workload", "mixed", "--mode", "both", "--limit", "32", "--max-new-tokens", "64",
                  "--concurrency", "1,2,4,8,16,32", "--db", db, "--json", str(OUT / "sweep.json")))
     if "lookahead" in only:
-        sh([sys.executable, "-m", "scripts.bench_lookahead", "--policies", "1,2,3,4,5,6,7,8,heuristic,auto",
+        sh([sys.executable, "-m", "scripts.bench_lookahead", "--policies", "1,2,3,4,5,6,7,8,heuristic,entropy,cost,auto",
             "--limit", "4", "--max-new-tokens", "64", "--repeats", "1"])
     if "dashboard" in only:
         sh([sys.executable, "-m", "scripts.bench_dashboard"])
@@ -116,6 +119,15 @@ def main() -> int:
 def summarize() -> None:
     """One page with the headline numbers of whatever sections ran (bench-results/SUMMARY.md)."""
     lines = ["# Benchmark summary", ""]
+    vc = load("verify_cost.json")
+    if vc:
+        lines += ["## Verification cost (target forward, batch 1)", "",
+                  "| dtype | ms for 1 / 2 / 4 / 8 tokens | perfect free draft ceiling |", "|---|---|---|"]
+        for name, d in vc["dtypes"].items():
+            f = d["forward_ms"]
+            lines.append(f"| {name} | {f['1']:.1f} / {f['2']:.1f} / {f['4']:.1f} / {f['8']:.1f} | "
+                         f"{d['ceiling']:.2f}x at K={d['best_k']} |")
+        lines.append("")
     ng, ee, peer = load("engine_ngram.json"), load("engine_early_exit.json"), load("hf_peer.json")
     dr = load("engine_draft.json")
     if ng:

@@ -15,9 +15,13 @@ every step record.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from serving.sequence import Sequence
+if TYPE_CHECKING:  # no torch import: the CLI reads DEFAULT_K at start-up
+    from serving.sequence import Sequence
+
+# The policy bench and serve use when none is named (measured by `make bench`, section lookahead).
+DEFAULT_K = "4"
 
 
 class LookaheadPolicy(Protocol):

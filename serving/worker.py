@@ -19,7 +19,7 @@ from serving.drafters import FeatureDrafter, ModelDrafter, NgramDrafter
 from serving.eagle import is_eagle_dir, load_eagle
 from serving.engine import Engine, StepEvent
 from serving.llama import CausalLM, load_causal_lm
-from serving.lookahead import BatchGatedK, parse_policy
+from serving.lookahead import DEFAULT_K, BatchGatedK, parse_policy
 from serving.models import check_same_vocab, load_tokenizer, resolve_model
 from serving.sampling import SamplingParams
 from serving.sequence import Sequence
@@ -70,7 +70,7 @@ class EngineSpec:
     drafter: str = DEFAULT_DRAFTER
     draft_model: str | None = None
     early_exit_layers: int = DEFAULT_EARLY_EXIT_LAYERS
-    k: str = "4"
+    k: str = DEFAULT_K
     dtype: str = "bfloat16"
     max_batch: int = 1
     max_len: int = 2048

@@ -193,3 +193,23 @@ def test_generation_resumes_after_an_interruption(tmp_path):
     fa = {s["id"]: a.tokens[s["offset"]: s["offset"] + s["length"]].tolist() for s in a.seqs}
     fb = {s["id"]: b.tokens[s["offset"]: s["offset"] + s["length"]].tolist() for s in b.seqs}
     assert fa == fb
+
+
+def test_stdlib_prompts_are_deterministic_code_prompts_and_never_evaluation_prompts():
+    from serving.distill.prompts import _evaluation_texts, interleave, make_prompts, stdlib_prompts
+
+    a, b = stdlib_prompts(60, seed=0), stdlib_prompts(60, seed=0)
+    assert a == b and len(a) == 60 and len({p["id"] for p in a}) == 60
+    assert all(p["domain"] == "code" and "answer" not in p and p["prompt"].strip() for p in a)
+    assert any("```python" in p["prompt"] for p in a) and any(p["prompt"].startswith(("Write", "How", "I need", "Implement"))
+                                                             for p in a)
+    assert stdlib_prompts(20, seed=0) == a[:20]  # a smaller count is a prefix: cached data is reusable
+    evaluation = _evaluation_texts()
+    assert not any(p["prompt"] in evaluation for p in stdlib_prompts(seed=0))
+    t = make_prompts(30)
+    mixed = interleave(t, a)
+    assert sorted(x["id"] for x in mixed) == sorted(x["id"] for x in t + a)
+    # any prefix holds both sources in proportion (30:60)
+    head = mixed[:30]
+    assert 8 <= sum(x in t for x in head) <= 12
+    assert interleave([], a) == a and interleave(t, []) == t

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from app.commands._common import add_command, add_db_option
+from serving.lookahead import DEFAULT_K
 
 EXAMPLES = """  specfinops bench --workload code --mode both --limit 4
   specfinops bench --workload chat --drafter early-exit --early-exit-layers 12 --k 3
@@ -29,7 +30,8 @@ def register(sub) -> None:
     p.add_argument("--vllm-args", metavar="JSON", default=None,
                    help="extra vllm.LLM(...) keywords for --backend vllm, e.g. '{\"gpu_memory_utilization\": 0.8}'")
     p.add_argument("--drafter", default=None, help="draft | early-exit | ngram (default: ngram, measured fastest on the bundled target)")
-    p.add_argument("--k", default="4", help="lookahead: an integer K >= 0, or heuristic | entropy | cost | auto")
+    p.add_argument("--k", default=DEFAULT_K, help="lookahead: an integer K >= 0 (0 = no drafting), or heuristic | "
+                   f"entropy | cost | auto (default: {DEFAULT_K})")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from app.commands._common import add_command, add_db_option
+from serving.lookahead import DEFAULT_K
 
 EXAMPLES = """  specfinops serve --db sqlite:///var/specfinops.db --port 8000
   specfinops serve --drafter early-exit --early-exit-layers 12 --k 3 --max-batch 16
@@ -21,7 +22,8 @@ def register(sub) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--drafter", default=None, help="draft | early-exit | ngram (default: ngram)")
-    p.add_argument("--k", default="4", help="draft tokens per step: an integer >= 0, or 'heuristic'")
+    p.add_argument("--k", default=DEFAULT_K, help="lookahead: an integer K >= 0 (0 = no drafting), or heuristic | "
+                   f"entropy | cost | auto (default: {DEFAULT_K})")
     p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
     p.add_argument("--max-batch", type=int, default=8, help="sequences decoded together (continuous batching)")
     p.add_argument("--max-len", type=int, default=2048, help="context window (tokens)")

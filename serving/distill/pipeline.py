@@ -18,7 +18,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 EVAL_DOMAINS = ("code", "chat", "rewrite")
 
 
-REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "stdlib_code", "max_new_tokens", "out", "minutes", "steps",
+REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "stdlib_code", "max_new_tokens", "gen_batch",
+                 "out", "minutes", "steps",
                  "head_vocab", "layers", "lr", "batch_tokens", "unroll", "detach_unroll", "w_feat", "w_hard",
                  "feat_noise", "seed", "k")
 
