@@ -25,11 +25,13 @@ def main() -> int:
     ap.add_argument("--json", default="bench-results/lookahead.json")
     args = ap.parse_args()
 
+    from serving.models import BUNDLED_DRAFT_DIR
     from serving.sampling import SamplingParams
     from serving.worker import EngineSpec, default_drafter, load, run_prompts, warm_up
     from serving.workloads import load_workload
 
-    loaded = load(EngineSpec(drafter=args.drafter or default_drafter(None), dtype="bfloat16"))
+    drafter = args.drafter or ("draft" if (BUNDLED_DRAFT_DIR / "config.json").is_file() else default_drafter(None))
+    loaded = load(EngineSpec(drafter=drafter, dtype="bfloat16"))
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     policies = args.policies.split(",")
     out: dict = {"drafter": loaded.drafter_label, "domains": {}}
