@@ -140,6 +140,7 @@ class CostK:
         self._accepted: dict[str, float] = {}
         self._tested: dict[str, float] = {}
         self.step_s: dict[tuple[int, int], float] = {}  # (batch bucket, K) -> seconds per step
+        self._lines: dict[int, tuple[float, float] | None] = {}  # fitted lines, dropped when step_s changes
         self._seen: set[int] = set()
         self._off: dict[int, int] = {}
 
@@ -156,15 +157,25 @@ class CostK:
     def step_time(self, k: int, bucket: int = 1) -> float | None:
         if (bucket, k) in self.step_s:
             return self.step_s[(bucket, k)]
+        line = self._line(bucket)
+        return None if line is None else max(1e-9, line[0] + line[1] * k)
+
+    def _line(self, bucket: int) -> tuple[float, float] | None:
+        """(intercept, slope >= 0) of the least-squares line through the bucket's measured step times;
+        fitted once per change of the curve, not per K asked about."""
+        if bucket in self._lines:
+            return self._lines[bucket]
         pts = [(kk, t) for (b, kk), t in self.step_s.items() if b == bucket]
-        if len(pts) < 2:
-            return pts[0][1] if pts else None
-        n = len(pts)
-        mk = sum(kk for kk, _ in pts) / n
-        mt = sum(t for _, t in pts) / n
-        var = sum((kk - mk) ** 2 for kk, _ in pts)
-        slope = max(0.0, sum((kk - mk) * (t - mt) for kk, t in pts) / var) if var else 0.0
-        return max(1e-9, mt + slope * (k - mk))
+        line = None
+        if pts:
+            n = len(pts)
+            mk = sum(kk for kk, _ in pts) / n
+            mt = sum(t for _, t in pts) / n
+            var = sum((kk - mk) ** 2 for kk, _ in pts)
+            slope = max(0.0, sum((kk - mk) * (t - mt) for kk, t in pts) / var) if var else 0.0
+            line = (mt - slope * mk, slope)
+        self._lines[bucket] = line
+        return line
 
     def expected_rate(self, alpha: float, k: int, bucket: int = 1) -> float | None:
         t = self.step_time(k, bucket)
@@ -202,6 +213,7 @@ class CostK:
             self._seen.add(seq.seq_id)  # first step: includes catching up on the prompt
             return
         key = (batch_bucket(batch_size), k)
+        self._lines.pop(key[0], None)
         t = draft_s + verify_s
         old = self.step_s.get(key)
         if old is None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +42,6 @@ def encode_prompt(tokenizer, item: dict) -> list[int]:
     return tokenizer.encode(messages[-1]["content"])
 
 
-
-
 def _row_bytes(hidden: int, topk: int) -> dict[str, int]:
     return {"tokens.bin": 4, "feats.bin": 2 * hidden, "topk_ids.bin": 4 * topk, "topk_probs.bin": 2 * topk}
 
@@ -52,6 +51,19 @@ def _write_rows(files: dict, ids: list[int], feats: torch.Tensor, top_ids: torch
     feats.to(torch.bfloat16).contiguous().view(torch.int16).numpy().tofile(files["feats.bin"])
     top_ids.to(torch.int32).numpy().tofile(files["topk_ids.bin"])
     top_p.to(torch.float16).numpy().tofile(files["topk_probs.bin"])
+
+
+def _write_meta(out_dir: Path, target, topk: int, index: list[dict], extra: dict) -> dict:
+    """meta.json from the sequence index (written last: it marks the directory complete)."""
+    domains: dict[str, int] = {}
+    for r in index:
+        domains[r["domain"]] = domains.get(r["domain"], 0) + 1
+    meta = {"format": "specfinops-distill-data/1", "hidden_size": target.cfg.hidden_size,
+            "vocab_size": target.cfg.vocab_size, "topk": topk, "num_sequences": len(index),
+            "num_tokens": sum(r["length"] for r in index),
+            "answer_tokens": sum(r["length"] - r["num_prompt"] for r in index), "domains": domains, **extra}
+    (out_dir / META).write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
 
 
 def generate_prepared(target_dir: str | Path, prompts: list[dict], out_dir: Path, *, max_new_tokens: int = 192,
@@ -89,7 +101,7 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
     C = target.cfg.hidden_size
     # ---- resume: keep the sequences recorded in full, cut the arrays back to them
     index_path = out_dir / "sequences.jsonl"
-    index = read_answers(index_path)
+    index = read_jsonl(index_path)
     offset = sum(r["length"] for r in index)
     rows = _row_bytes(C, topk)
     for name, nbytes in rows.items():
@@ -99,7 +111,7 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
                 fh.truncate(offset * nbytes)
     index_path.write_text("".join(json.dumps(r) + "\n" for r in index))
     done = {r["id"] for r in index}
-    queue = [(item, ids) for item, ids in encoded if item["id"] not in done]
+    queue = deque((item, ids) for item, ids in encoded if item["id"] not in done)
     progress_path = out_dir / "progress.json"  # generation seconds spent so far, across resumed runs
     prior_s = json.loads(progress_path.read_text())["seconds"] if progress_path.is_file() and index else 0.0
     skipped = 0
@@ -111,19 +123,18 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
     t0, ntok = time.perf_counter(), 0
     bar = tqdm(total=len(queue), desc="generate", unit="prompt", disable=not progress)
 
-    def record(slot: int, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+    def record(slot: int, hidden: torch.Tensor, tp: torch.Tensor, ti: torch.Tensor) -> None:
+        """Keep one forward's rows (T, .) of a sequence; append its next (greedy) token or finish it."""
         st = live[slot]
-        tp, ti = torch.softmax(logits, dim=-1).topk(topk, dim=-1)  # (T, k)
         st["feats"].append(hidden.to(torch.bfloat16))
         st["ti"].append(ti)
         st["tp"].append(tp)
-        nxt = int(ti[-1, 0])
-        n_out = len(st["tokens"]) - st["num_prompt"]
         if st["ending"]:
             finish(slot)
             return
+        nxt = int(ti[-1, 0])
         st["tokens"].append(nxt)  # the pending token: fed (and given its feature) by the next step
-        st["ending"] = nxt == eos or n_out + 1 >= max_new_tokens
+        st["ending"] = nxt == eos or len(st["tokens"]) - st["num_prompt"] >= max_new_tokens
 
     def finish(slot: int) -> None:
         nonlocal offset, ntok
@@ -146,7 +157,7 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
     try:
         while queue or live:
             while queue and free:
-                item, ids = queue.pop(0)
+                item, ids = queue.popleft()
                 if not ids or len(ids) > max_prompt:
                     skipped += 1
                     bar.update(1)
@@ -156,36 +167,30 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
                               "tp": [], "ending": False}
                 logits, hidden = target(torch.tensor([ids]), contiguous_batch(slot, 1, 0, len(ids)), cache,
                                         return_hidden=True)
-                record(slot, logits[0], hidden[0])
+                tp, ti = torch.softmax(logits[0], dim=-1).topk(topk, dim=-1)  # (P, k)
+                record(slot, hidden[0], tp, ti)
             if not live:
                 break
             slots = sorted(live)
             feed = torch.tensor([[live[s]["tokens"][-1]] for s in slots])
             fb = ragged_batch(slots, [len(live[s]["tokens"]) - 1 for s in slots], 1)
             logits, hidden = target(feed, fb, cache, return_hidden=True)
+            tp, ti = torch.softmax(logits, dim=-1).topk(topk, dim=-1)  # (B, 1, k), once for the batch
             for r, s in enumerate(slots):
-                record(s, logits[r], hidden[r])
+                record(s, hidden[r], tp[r], ti[r])
     finally:
         bar.close()
         for f in files.values():
             f.close()
         idx_fh.close()
-    index = read_answers(index_path)
-    domains: dict[str, int] = {}
-    for r in index:
-        domains[r["domain"]] = domains.get(r["domain"], 0) + 1
     elapsed = time.perf_counter() - t0
     say(f"generated {ntok} answer tokens for {len(encoded) - len(done) - skipped} prompts in {elapsed:.0f} s"
         + (f" ({skipped} prompts longer than {max_prompt} tokens skipped)" if skipped else ""))
-    meta = {"format": "specfinops-distill-data/1", "hidden_size": C, "vocab_size": target.cfg.vocab_size,
-            "topk": topk, "num_sequences": len(index), "num_tokens": sum(r["length"] for r in index),
-            "answer_tokens": sum(r["length"] - r["num_prompt"] for r in index), "domains": domains,
-            "prompts": len(encoded), "max_new_tokens": max_new_tokens,
-            "compute_dtype": str(target.lm_head.weight.dtype).replace("torch.", ""),
-            "generate_seconds": round(prior_s + elapsed, 1), "teacher_seconds": 0.0,
-            "how": "greedy generation; features and top-k captured by the generating forwards", **(extra_meta or {})}
-    (out_dir / META).write_text(json.dumps(meta, indent=2) + "\n")
-    return meta
+    return _write_meta(out_dir, target, topk, read_jsonl(index_path), {
+        "prompts": len(encoded), "max_new_tokens": max_new_tokens,
+        "compute_dtype": str(target.lm_head.weight.dtype).replace("torch.", ""),
+        "generate_seconds": round(prior_s + elapsed, 1), "teacher_seconds": 0.0,
+        "how": "greedy generation; features and top-k captured by the generating forwards", **(extra_meta or {})})
 
 
 def written_answers(target_dir: str | Path, items: list[dict]) -> list[dict]:
@@ -203,7 +208,7 @@ def written_answers(target_dir: str | Path, items: list[dict]) -> list[dict]:
     return out
 
 
-def read_answers(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     out = []
@@ -237,7 +242,7 @@ def teacher_pass(target, answers: list[dict], out_dir: Path, *, topk: int = 8, t
     if cur:
         batches.append(cur)
     C = target.cfg.hidden_size
-    files = {n: (out_dir / n).open("wb") for n in ("tokens.bin", "feats.bin", "topk_ids.bin", "topk_probs.bin")}
+    files = {n: (out_dir / n).open("wb") for n in _row_bytes(C, topk)}
     index: list[dict | None] = [None] * len(seqs)
     offset = 0
     t0 = time.perf_counter()
@@ -254,10 +259,7 @@ def teacher_pass(target, answers: list[dict], out_dir: Path, *, topk: int = 8, t
         for r, i in enumerate(b):
             a, ids = seqs[i]
             L = len(ids)
-            np.asarray(ids, dtype=np.int32).tofile(files["tokens.bin"])
-            hidden[r, :L].to(torch.bfloat16).contiguous().view(torch.int16).numpy().tofile(files["feats.bin"])
-            ti[r, :L].to(torch.int32).numpy().tofile(files["topk_ids.bin"])
-            tp[r, :L].to(torch.float16).numpy().tofile(files["topk_probs.bin"])
+            _write_rows(files, ids, hidden[r, :L], ti[r, :L], tp[r, :L])
             index[i] = {"id": a["id"], "domain": a["domain"], "num_prompt": len(a["prompt_ids"]),
                         "offset": offset, "length": L}
             offset += L
@@ -268,15 +270,8 @@ def teacher_pass(target, answers: list[dict], out_dir: Path, *, topk: int = 8, t
     with (out_dir / "sequences.jsonl").open("w") as fh:
         for rec in index:
             fh.write(json.dumps(rec) + "\n")
-    domains: dict[str, int] = {}
-    for a, _ in seqs:
-        domains[a["domain"]] = domains.get(a["domain"], 0) + 1
-    meta = {"format": "specfinops-distill-data/1", "hidden_size": C, "vocab_size": target.cfg.vocab_size,
-            "topk": topk, "num_sequences": len(seqs), "num_tokens": offset,
-            "answer_tokens": sum(len(a["output_ids"]) for a, _ in seqs), "domains": domains,
-            "teacher_seconds": round(time.perf_counter() - t0, 1), **(extra_meta or {})}
-    (out_dir / META).write_text(json.dumps(meta, indent=2) + "\n")
-    return meta
+    return _write_meta(out_dir, target, topk, index,
+                       {"teacher_seconds": round(time.perf_counter() - t0, 1), **(extra_meta or {})})
 
 
 @dataclass

@@ -520,11 +520,7 @@ def stdlib_code_items(limit: int | None = None, seed: int = 0, max_lines: int = 
     rng = random.Random(seed)
     items = []
     for fid, name, args, what, body in _stdlib_functions(max_lines):
-        prompt = rng.choice([
-            f"Write a Python function `{name}({args})` that does the following: {what}.",
-            f"Write a function `{name}({args})` in Python. It should {what}.",
-            f"How would I implement `{name}({args})`? It should: {what}.",
-        ])
+        prompt = rng.choice(STDLIB_ASKS[:3]).format(lang="Python", name=name, args=args, what=what)
         intro = rng.choice(CODE_INTROS).format(what=what, name=name)
         answer = f"{intro}\n\n```python\n{body}\n```"
         items.append({"id": f"stdlib-{fid}", "domain": "code", "prompt": prompt, "answer": answer})
