@@ -18,6 +18,7 @@ class StepCounts:
     num_drafts: int  # steps that proposed at least one token
     num_draft_tokens: int
     num_accepted_tokens: int
+    num_full_accepts: int  # steps whose every drafted token was accepted (the others ended in a rejection)
     draft_ms: float  # total drafting time of those steps
     ar_steps: int  # AR (K = 0) decode steps of the same prompts
     ar_verify_ms: float  # their total target forward time
@@ -27,7 +28,7 @@ class StepCounts:
 @dataclass(frozen=True, slots=True)
 class Calibration:
     domain: str
-    alpha: float | None
+    alpha: float | None  # per-token acceptance probability (Leviathan et al.'s alpha, the bound's a)
     mean_acceptance_length: float | None
     c: float | None  # draft time per proposed token / target time per one-token forward
     best_k: int | None
@@ -38,6 +39,7 @@ class Calibration:
     verify_ratio: float | None = None  # mean verify forward of the speculative steps / one-token forward
     k_measured: float | None = None  # mean draft length of those steps
     bound_with_measured_verify: float | None = None  # tokens per step / (K c + v) at the measured K
+    acceptance_rate: float | None = None  # accepted / drafted tokens at the measured K (vLLM's metric)
 
 
 def calibrate(domain: str, counts: StepCounts, *, threshold: float = DEFAULT_THRESHOLD, k_max: int = 8) -> Calibration:
@@ -45,7 +47,8 @@ def calibrate(domain: str, counts: StepCounts, *, threshold: float = DEFAULT_THR
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")
     if k_max < 1:
         raise ValueError(f"k_max must be >= 1, got {k_max}")
-    alpha = counts.num_accepted_tokens / counts.num_draft_tokens if counts.num_draft_tokens else None
+    alpha = per_token_alpha(counts)
+    rate = counts.num_accepted_tokens / counts.num_draft_tokens if counts.num_draft_tokens else None
     mal = 1 + counts.num_accepted_tokens / counts.num_drafts if counts.num_drafts else None
     c = None
     if counts.num_draft_tokens and counts.ar_steps and counts.ar_verify_ms > 0:
@@ -60,4 +63,19 @@ def calibrate(domain: str, counts: StepCounts, *, threshold: float = DEFAULT_THR
         k_meas = counts.num_draft_tokens / counts.num_drafts
         if c is not None and mal is not None:
             bound_v = mal / (k_meas * c + v)
-    return Calibration(domain, alpha, mal, c, best_k, bound, verdict, threshold, v, k_meas, bound_v)
+    return Calibration(domain, alpha, mal, c, best_k, bound, verdict, threshold, v, k_meas, bound_v, rate)
+
+
+def per_token_alpha(counts: StepCounts) -> float | None:
+    """The bound's alpha: the probability that a drafted token is accepted given that the ones before it
+    were. Drafting stops testing at the first rejection, so each step tested its accepted tokens plus one
+    rejected token unless all were accepted; the maximum-likelihood estimate of that geometric model is
+    accepted / tested. (accepted / drafted, the acceptance rate, is lower by construction at K > 1: the
+    tokens after a rejection were never tested, and it would understate the bound.)"""
+    if not counts.num_draft_tokens:
+        return None
+    rejections = counts.num_drafts - counts.num_full_accepts
+    if rejections < 0 or counts.num_full_accepts < 0:
+        raise ValueError(f"num_full_accepts must be in [0, num_drafts], got {counts.num_full_accepts}")
+    tested = counts.num_accepted_tokens + rejections
+    return counts.num_accepted_tokens / tested if tested else None

@@ -9,33 +9,49 @@ from telemetry.calibration import StepCounts, calibrate
 
 
 def test_calibration_by_hand():
-    # 10 steps of K=4: 28 of 40 drafted tokens accepted; drafting 40 ms in all = 1 ms per token;
-    # 50 AR steps took 1000 ms = 20 ms per target forward -> c = 0.05
-    cal = calibrate("code", StepCounts(10, 40, 28, 40.0, 50, 1000.0), threshold=0.65, k_max=8)
-    assert cal.alpha == pytest.approx(0.7)
+    # 10 steps of K=4: 28 of 40 drafted tokens accepted, 5 steps accepted all 4 (20 tokens), the other 5
+    # accepted 8 tokens and each ended in a rejection -> 28 + 5 = 33 tokens tested, alpha = 28 / 33;
+    # drafting 40 ms in all = 1 ms per token; 50 AR steps took 1000 ms = 20 ms per target forward -> c = 0.05
+    cal = calibrate("code", StepCounts(10, 40, 28, 5, 40.0, 50, 1000.0), threshold=0.65, k_max=8)
+    a = 28 / 33
+    assert cal.alpha == pytest.approx(a)
+    assert cal.acceptance_rate == pytest.approx(0.7)
     assert cal.mean_acceptance_length == pytest.approx(1 + 28 / 10)
     assert cal.c == pytest.approx(0.05)
-    bounds = {k: (1 - 0.7 ** (k + 1)) / ((1 - 0.7) * (k * 0.05 + 1)) for k in range(1, 9)}
+    bounds = {k: (1 - a ** (k + 1)) / ((1 - a) * (k * 0.05 + 1)) for k in range(1, 9)}
     best = max(bounds, key=bounds.get)
     assert cal.best_k == best and cal.bound_at_best_k == pytest.approx(bounds[best])
     assert cal.verdict == "GO"
 
 
+def test_alpha_is_per_token_not_per_drafted():
+    # K=1 steps test exactly one token each: both estimates agree
+    assert calibrate("x", StepCounts(10, 10, 6, 6, 10.0, 10, 100.0)).alpha == pytest.approx(0.6)
+    # K=4, every step accepts 2 then rejects: 2 of 3 tested tokens accepted, but only 2 of 4 drafted
+    cal = calibrate("x", StepCounts(10, 40, 20, 0, 10.0, 10, 100.0), threshold=0.65)
+    assert cal.alpha == pytest.approx(2 / 3) and cal.acceptance_rate == pytest.approx(0.5)
+    assert cal.verdict == "GO"
+    # every draft fully accepted: alpha 1, the bound's (K + 1) / (K c + 1) limit
+    assert calibrate("x", StepCounts(5, 20, 20, 5, 10.0, 10, 100.0)).alpha == 1.0
+    with pytest.raises(ValueError, match="num_full_accepts"):
+        calibrate("x", StepCounts(5, 20, 20, 6, 10.0, 10, 100.0))
+
+
 def test_measured_verify_cost_by_hand():
     # same steps; the 10 verify forwards (5 tokens each) took 600 ms = 60 ms, 3x the 20 ms one-token forward
-    cal = calibrate("code", StepCounts(10, 40, 28, 40.0, 50, 1000.0, spec_verify_ms=600.0))
+    cal = calibrate("code", StepCounts(10, 40, 28, 5, 40.0, 50, 1000.0, spec_verify_ms=600.0))
     assert cal.verify_ratio == pytest.approx(3.0) and cal.k_measured == pytest.approx(4.0)
     # 3.8 tokens per step / (4 * 0.05 + 3) one-token forwards
     assert cal.bound_with_measured_verify == pytest.approx(3.8 / 3.2)
-    assert calibrate("code", StepCounts(10, 40, 28, 40.0, 50, 1000.0)).verify_ratio is None
+    assert calibrate("code", StepCounts(10, 40, 28, 5, 40.0, 50, 1000.0)).verify_ratio is None
 
 
 def test_no_go_and_unknown():
-    assert calibrate("chat", StepCounts(10, 40, 20, 40.0, 50, 1000.0)).verdict == "NO-GO"
-    unknown = calibrate("chat", StepCounts(0, 0, 0, 0.0, 50, 1000.0))
+    assert calibrate("chat", StepCounts(10, 40, 5, 0, 40.0, 50, 1000.0)).verdict == "NO-GO"
+    unknown = calibrate("chat", StepCounts(0, 0, 0, 0, 0.0, 50, 1000.0))
     assert unknown.verdict == "UNKNOWN" and unknown.alpha is None and unknown.best_k is None
     with pytest.raises(ValueError, match="threshold"):
-        calibrate("x", StepCounts(1, 1, 1, 1.0, 1, 1.0), threshold=0)
+        calibrate("x", StepCounts(1, 1, 1, 1, 1.0, 1, 1.0), threshold=0)
 
 
 @pytest.mark.parametrize("argv,expected", [

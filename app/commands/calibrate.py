@@ -66,7 +66,8 @@ def handle(args: argparse.Namespace) -> int:
         ar_steps = [s for r in ar.results for s in r.record.steps]
         counts = StepCounts(
             num_drafts=len(spec_steps), num_draft_tokens=sum(s.k for s in spec_steps),
-            num_accepted_tokens=sum(s.accepted for s in spec_steps), draft_ms=sum(s.draft_ms for s in spec_steps),
+            num_accepted_tokens=sum(s.accepted for s in spec_steps),
+            num_full_accepts=sum(s.accepted >= s.k for s in spec_steps), draft_ms=sum(s.draft_ms for s in spec_steps),
             ar_steps=len(ar_steps), ar_verify_ms=sum(s.verify_ms for s in ar_steps),
             spec_verify_ms=sum(s.verify_ms for s in spec_steps),
         )
@@ -76,6 +77,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"target": str(loaded.target_dir), "drafter": loaded.drafter_label, "k_measured": args.k,
                           "domains": [{"domain": c.domain, "prompts": n, "alpha": c.alpha,
+                                       "acceptance_rate": c.acceptance_rate,
                                        "mean_acceptance_length": c.mean_acceptance_length, "c": c.c,
                                        "best_k": c.best_k, "speedup_bound": c.bound_at_best_k,
                                        "measured_speedup_at_k": m, "verdict": c.verdict, "threshold": c.threshold,
@@ -84,13 +86,15 @@ def handle(args: argparse.Namespace) -> int:
                                       for c, m, n in results]}, indent=1))
         return 0
     print(f"target {loaded.target_dir}\ndrafter {loaded.drafter_label}, measured at K={args.k}")
-    print(f"{'domain':<10} {'prompts':>7} {'alpha':>6} {'mean acc len':>12} {'c':>6} {'best K':>6} "
+    print(f"{'domain':<10} {'prompts':>7} {'alpha':>6} {'acc rate':>8} {'mean acc len':>12} {'c':>6} {'best K':>6} "
           f"{'bound':>6} {'v':>5} {'bound v':>7} {'measured':>8}  verdict (alpha >= {args.threshold})")
     for c, m, n in results:
         f = lambda x, s=".3f": "—" if x is None else format(x, s)  # noqa: E731
-        print(f"{c.domain:<10} {n:>7} {f(c.alpha):>6} {f(c.mean_acceptance_length, '.2f'):>12} {f(c.c):>6} "
+        print(f"{c.domain:<10} {n:>7} {f(c.alpha):>6} {f(c.acceptance_rate):>8} {f(c.mean_acceptance_length, '.2f'):>12} {f(c.c):>6} "
               f"{f(c.best_k, 'd'):>6} {f(c.bound_at_best_k, '.2f'):>6} {f(c.verify_ratio, '.2f'):>5} "
               f"{f(c.bound_with_measured_verify, '.2f'):>7} {f(m, '.2f'):>8}  {c.verdict}")
+    print("alpha = per-token acceptance probability: accepted / tested (a step tests its accepted tokens and\n"
+          "the first rejected one); acc rate = accepted / drafted at the measured K")
     print("bound = (1 - a^(K+1)) / ((1 - a)(K c + 1)); c = draft time per proposed token / target one-token forward")
     print("v = the target's verify forward at the measured K / its one-token forward (the bound assumes 1);\n"
           "bound v = mean acceptance length / (K c + v) at the measured K: what this machine allows")

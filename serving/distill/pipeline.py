@@ -202,7 +202,8 @@ def run(args) -> int:
         results["alpha"] = alpha
         results["alpha_method"] = (f"simulated greedy drafting, K={args.k}, bf16: step 1 reads the target's real "
                                    "feature, later steps the draft's own; verified against the target's greedy "
-                                   f"answers (max {args.eval_max_new_tokens} tokens) to the builtin workloads")
+                                   f"answers (max {args.eval_max_new_tokens} tokens) to the builtin workloads; alpha = "
+                                   "accepted / tested (per-token), acceptance_rate = accepted / drafted")
         results["cost"] = measure_c(d16, target16)
         _say("alpha " + ", ".join(f"{k} {v['alpha']:.3f}" for k, v in alpha.items()) +
              f"; c {results['cost']['c']:.3f} ({results['cost']['draft_ms']} ms / {results['cost']['target_ms']} ms)")

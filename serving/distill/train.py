@@ -215,7 +215,9 @@ def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple
     """Greedy acceptance as the engine would see it: the draft proposes K tokens from the real feature
     of the last verified position (later steps feed its own h), the target's greedy continuation (the
     stored answer) verifies, the accepted prefix plus one target token is committed, repeat.
-    Returns {domain: {"alpha", "drafted", "accepted", "mean_accept_len"}}."""
+    Returns {domain: {"alpha", "acceptance_rate", "drafted", "accepted", "mean_accept_len"}}: alpha is the
+    per-token acceptance probability (accepted / tested, a step tests its accepted tokens and the first
+    rejected one), acceptance_rate accepted / drafted."""
     from serving.llama import contiguous_batch
 
     dtype = draft.fc.weight.dtype
@@ -232,7 +234,7 @@ def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple
             draft(toks[1:P][None], feats[: P - 1][None], contiguous_batch(0, 1, 0, P - 1), cache)
         n = P  # x_n is the pending token (the first answer token came from the prefill)
         real_upto = P - 1  # cache holds real entries for positions < real_upto
-        drafted = accepted = steps = 0
+        drafted = accepted = steps = rejections = 0
         while n + 1 <= L - 1:
             kk = min(k, L - 1 - n)
             s0 = n - 1
@@ -253,14 +255,17 @@ def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple
                 a += 1
             drafted += kk
             accepted += a
+            rejections += a < kk
             steps += 1
             n += a + 1
-        r = res.setdefault(s["domain"], {"drafted": 0, "accepted": 0, "drafts": 0})
+        r = res.setdefault(s["domain"], {"drafted": 0, "accepted": 0, "drafts": 0, "rejections": 0})
+        r["rejections"] += rejections
         r["drafted"] += drafted
         r["accepted"] += accepted
         r["drafts"] += steps
     for r in res.values():
-        r["alpha"] = round(r["accepted"] / max(r["drafted"], 1), 4)
+        r["alpha"] = round(r["accepted"] / max(r["accepted"] + r["rejections"], 1), 4)
+        r["acceptance_rate"] = round(r["accepted"] / max(r["drafted"], 1), 4)
         r["mean_accept_len"] = round(1 + r["accepted"] / max(r["drafts"], 1), 3)
     return res
 
