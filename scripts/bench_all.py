@@ -107,7 +107,8 @@ def main() -> int:
                  "--concurrency", "1,2,4,8,16,32", "--db", db, "--json", str(OUT / "sweep.json")))
     if "lookahead" in only:
         sh([sys.executable, "-m", "scripts.bench_lookahead", "--policies", "1,2,3,4,5,6,7,8,heuristic,entropy,cost,auto",
-            "--limit", "4", "--max-new-tokens", "64", "--repeats", "1"])
+            "--limit", "4", "--max-new-tokens", "64", "--repeats", "2"])
+        sh([sys.executable, "-m", "scripts.sim_lookahead"])
     if "dashboard" in only:
         sh([sys.executable, "-m", "scripts.bench_dashboard"])
     if "serve" in only and Path("scripts/bench_serve.py").is_file():

@@ -20,6 +20,27 @@ import time
 from pathlib import Path
 
 
+def forward_ms(model, tokens: int, context: int, reps: int, cache=None) -> float:
+    """Median ms of one target forward over `tokens` new tokens after `context` cached ones (batch 1),
+    with every position's logits, as verification needs."""
+    import torch
+
+    from serving.llama import contiguous_batch
+
+    with torch.inference_mode():
+        if cache is None:
+            cache = model.new_cache(1, context + tokens + 1)
+            model(torch.randint(0, model.cfg.vocab_size, (1, context)), contiguous_batch(0, 1, 0, context), cache)
+        x = torch.randint(0, model.cfg.vocab_size, (1, tokens))
+        fb = contiguous_batch(0, 1, context, tokens)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            model(x, fb, cache)
+            times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtypes", default="bfloat16,float32")
@@ -43,16 +64,8 @@ def main() -> int:
         model = load_causal_lm(target_dir, getattr(torch, name))
         cache = model.new_cache(1, args.context + args.max_tokens + 1)
         model(torch.randint(0, model.cfg.vocab_size, (1, args.context)), contiguous_batch(0, 1, 0, args.context), cache)
-        ms = {}
-        for t in tqdm(range(1, args.max_tokens + 1), desc=name, file=sys.stderr):
-            x = torch.randint(0, model.cfg.vocab_size, (1, t))
-            fb = contiguous_batch(0, 1, args.context, t)
-            times = []
-            for _ in range(args.reps):
-                t0 = time.perf_counter()
-                model(x, fb, cache)  # all positions' logits, as verification needs
-                times.append(time.perf_counter() - t0)
-            ms[t] = sorted(times)[len(times) // 2] * 1e3
+        ms = {t: forward_ms(model, t, args.context, args.reps, cache)
+              for t in tqdm(range(1, args.max_tokens + 1), desc=name, file=sys.stderr)}
         ceiling = {k: (k + 1) * ms[1] / ms[k + 1] for k in range(1, args.max_tokens)}
         best = max(ceiling, key=ceiling.get)
         out["dtypes"][name] = {"forward_ms": {str(t): round(v, 2) for t, v in ms.items()},

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,11 +20,16 @@ from serving.llama import CausalLM, contiguous_batch, ragged_batch
 from serving.sampling import logits_to_probs
 from serving.sequence import Sequence
 
+# A per-sequence stop rule, asked after the draft proposed token j (0-based) with probability `conf`:
+# None = go on, an integer n = stop and keep the first n tokens (j + 1 keeps token j, j drops it).
+StopRule = Callable[[int, float], "int | None"]
+
 
 @dataclass(slots=True)
 class Draft:
     tokens: list[list[int]]  # per sequence, len <= its k (may be shorter: nothing to propose)
     probs: torch.Tensor | None  # (B, Kmax, V) draft distributions; None = deterministic proposals
+    conf: list[list[float]] | None = None  # per sequence, the draft's probability of each kept token
 
 
 class Drafter(Protocol):
@@ -32,9 +38,10 @@ class Drafter(Protocol):
 
     def prefill(self, seq: Sequence, features: torch.Tensor | None = None) -> None: ...
 
-    def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None) -> Draft:
+    def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None,
+                stop_rules: list[StopRule | None] | None = None) -> Draft:
         """Up to ks[b] tokens per sequence; with `stop_below`, a sequence's draft ends after the first token
-        whose draft probability is below it."""
+        whose draft probability is below it; with `stop_rules`, where sequence b's rule says."""
         ...
 
     def commit(self, seq: Sequence, num_before: int, accepted: int, features: torch.Tensor | None = None) -> None: ...
@@ -55,7 +62,8 @@ class ModelDrafter:
         self.model(torch.tensor([prompt]), fb, self.cache, num_layers=self.num_layers, last_only=True)
         seq.draft_len = len(prompt)
 
-    def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None) -> Draft:
+    def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None,
+                stop_rules: list[StopRule | None] | None = None) -> Draft:
         k_max = max(ks)
         greedy = all(s.params.greedy for s in seqs)
         # 1) catch up on the tokens committed since this drafter last ran (ragged: 1..K+1 per sequence)
@@ -66,7 +74,7 @@ class ModelDrafter:
         last = torch.tensor([len(p) - 1 for p in pending])
         logits = self.model(feed, fb, self.cache, num_layers=self.num_layers, at=last)[:, 0]  # (B, V)
         # 2) K draft tokens, feeding each one back (the K-th needs no forward)
-        loop = _DraftLoop(seqs, ks, greedy, logits.shape[-1], stop_below)
+        loop = _DraftLoop(seqs, ks, greedy, logits.shape[-1], stop_below, stop_rules)
         fed = 0
         for j in range(k_max):
             loop.pick(j, logits, None)
@@ -104,7 +112,8 @@ class NgramDrafter:
     def prefill(self, seq: Sequence, features: torch.Tensor | None = None) -> None:
         pass
 
-    def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None) -> Draft:
+    def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None,
+                stop_rules: list[StopRule | None] | None = None) -> Draft:
         return Draft(tokens=[self.lookup(s.tokens, k) for s, k in zip(seqs, ks, strict=True)], probs=None)
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
@@ -147,7 +156,8 @@ class FeatureDrafter:
             return  # opted out of speculation for good: nothing will read them
         seq.draft_feats = features if seq.draft_feats is None else torch.cat([seq.draft_feats, features])
 
-    def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None) -> Draft:
+    def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None,
+                stop_rules: list[StopRule | None] | None = None) -> Draft:
         k_max = max(ks)
         greedy = all(s.params.greedy for s in seqs)
         # 1) catch up: position j takes (x_{j+1}, f_j) for every true feature not consumed yet
@@ -169,7 +179,7 @@ class FeatureDrafter:
             s.draft_len += widths[b]
             s.draft_feats = None
         # 2) K tokens; each next step feeds the draft's own h in place of the target feature
-        loop = _DraftLoop(seqs, ks, greedy, self.draft.cfg.vocab_size, stop_below)
+        loop = _DraftLoop(seqs, ks, greedy, self.draft.cfg.vocab_size, stop_below, stop_rules)
         for j in range(k_max):
             loop.pick(j, logits, self.draft)
             if not loop.wants(j + 1):
@@ -185,10 +195,14 @@ class _DraftLoop:
 
     Greedy: the draft's argmax; otherwise a sample from the draft's processed distribution, whose rows
     are kept as q for rejection sampling. With `stop_below`, a sequence's draft ends after the first
-    token the draft gave a probability below it."""
+    token the draft gave a probability below it; with `stop_rules`, where its rule says."""
 
-    def __init__(self, seqs: list[Sequence], ks: list[int], greedy: bool, vocab: int, stop_below: float | None):
+    def __init__(self, seqs: list[Sequence], ks: list[int], greedy: bool, vocab: int, stop_below: float | None,
+                 stop_rules: list[StopRule | None] | None = None):
         self.seqs, self.greedy, self.stop_below = seqs, greedy, stop_below
+        self.rules = stop_rules if stop_rules and any(r is not None for r in stop_rules) else None
+        self.want_conf = stop_below is not None or self.rules is not None
+        self.conf: list[list[float]] = [[] for _ in seqs]
         self.lengths = list(ks)
         k_max = max(ks)
         self.tokens = torch.zeros(len(seqs), k_max, dtype=torch.long)
@@ -197,7 +211,7 @@ class _DraftLoop:
     def pick(self, j: int, logits: torch.Tensor, eagle: EagleDraft | None) -> None:
         """Choose token j of every sequence from the draft's logits (B, V) (reduced head for `eagle`)."""
         if self.greedy:
-            if self.stop_below is None:
+            if not self.want_conf:
                 best, conf = logits.argmax(-1), None
             else:
                 conf, best = logits.softmax(-1).max(-1)  # (B,), (B,)
@@ -211,9 +225,18 @@ class _DraftLoop:
                 tok = torch.multinomial(p, 1, generator=s.generator)
                 self.tokens[b, j] = tok
                 conf[b] = p[tok]
-        if conf is not None and self.stop_below is not None:
-            for b in (conf < self.stop_below).nonzero().flatten().tolist():
-                self.lengths[b] = min(self.lengths[b], j + 1)
+        if conf is not None and self.want_conf:
+            cl = conf.tolist()
+            for b, n in enumerate(self.lengths):
+                if j >= n:
+                    continue  # this sequence's draft already ended
+                self.conf[b].append(cl[b])
+                if self.stop_below is not None and cl[b] < self.stop_below:
+                    self.lengths[b] = j + 1
+                if self.rules is not None and self.rules[b] is not None:
+                    keep = self.rules[b](j, cl[b])
+                    if keep is not None:
+                        self.lengths[b] = min(self.lengths[b], keep)
 
     def wants(self, n: int) -> bool:
         """Does any sequence still want more than `n` tokens?"""
@@ -221,4 +244,5 @@ class _DraftLoop:
 
     def result(self) -> Draft:
         rows = self.tokens.tolist()
-        return Draft(tokens=[rows[b][: n] for b, n in enumerate(self.lengths)], probs=self.probs)
+        conf = [c[:n] for c, n in zip(self.conf, self.lengths, strict=True)] if self.want_conf else None
+        return Draft(tokens=[rows[b][: n] for b, n in enumerate(self.lengths)], probs=self.probs, conf=conf)

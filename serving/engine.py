@@ -147,12 +147,15 @@ class Engine:
             # 1) draft
             drafts: list[list[int]] = [[] for _ in seqs]
             draft_probs = None
+            confs = None
             if max(ks) > 0:
-                d = self.drafter.propose(seqs, ks, stop_below=self.policy.stop_below)
-                drafts, draft_probs = d.tokens, d.probs
+                rules = self.policy.stop_rules(seqs, ks, batch)
+                d = self.drafter.propose(seqs, ks, stop_below=self.policy.stop_below, stop_rules=rules)
+                drafts, draft_probs, confs = d.tokens, d.probs, d.conf
                 for b, x in enumerate(drafts):
-                    if 0 < len(x) < ks[b] and self.policy.stop_below is not None:
-                        reasons[b] += "+stop"  # the draft stopped itself (entropy gating)
+                    gated = (0 < len(x) and self.policy.stop_below is not None) or (rules and rules[b] and confs)
+                    if len(x) < ks[b] and gated:
+                        reasons[b] += "+stop"  # the draft stopped itself (entropy / cost gating)
             t1 = time.perf_counter()
             # 2) verify: the pending token plus the drafts, one target forward for the whole batch
             width = 1 + max(len(x) for x in drafts)
@@ -187,7 +190,8 @@ class Engine:
             if self.drafter is not None:
                 feats = hidden[b, : accepted + 1] if self.drafter.needs_features else None
                 self.drafter.commit(s, num_before, accepted, feats)
-                self.policy.observe(s, k, accepted, t1 - t0, t2 - t1, batch)
+                self.policy.observe(s, k, accepted, t1 - t0, t2 - t1, batch,
+                                    conf=confs[b] if confs is not None else None)
             if s.done:
                 finished.append(s)
         if finished:

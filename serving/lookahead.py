@@ -8,12 +8,14 @@ every step record.
   fixed:N     the same K every step (0 = the autoregressive baseline)
   heuristic   HF transformers' schedule: +2 after a fully accepted draft, -1 otherwise
   entropy     draft up to k_max tokens, stop at the first token the draft itself doubts
-  cost        online alpha per domain (EWMA) and the measured step-time curve pick the K (0 included)
-              that maximises expected tokens per second: E[tokens](alpha, K) / step_time(K)
-  auto        the combination that measured best: `make bench` (section lookahead, bundled draft, bf16,
-              2026-11-30) measured cost alone at 0.97x / 1.02x / 1.11x the best fixed K on code / chat /
-              rewrite and cost with entropy gating (min prob 0.4) at 0.99x / 0.91x / 1.04x, so auto is
-              cost; `entropy` keeps the gate for drafts whose confidence tells more
+  cost        online acceptance per domain and per sequence state (how its last step ended), by draft
+              depth, and the measured step-time curve pick the K (0 included) that maximises expected
+              tokens per second: E[tokens | K] / step_time(K)
+  auto        cost with per-token gating (CostK(gate=True)): K is a ceiling and each drafted token is
+              kept only while verifying it raises the step's expected rate, from the measured acceptance
+              of tokens the draft gave that probability. Measured best: the replay of the bundled draft's
+              real proposals (scripts/sim_lookahead.py) and `make bench` (section lookahead); the numbers
+              are in docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # no torch import: the CLI reads DEFAULT_K at start-up
+    from serving.drafters import StopRule
     from serving.sequence import Sequence
 
 # The policy bench and serve use when none is named (measured by `make bench`, section lookahead).
-DEFAULT_K = "4"
+DEFAULT_K = "auto"
+# vLLM runs one fixed K (num_speculative_tokens) for the whole engine: its default when none is named.
+VLLM_DEFAULT_K = "4"
 
 
 class LookaheadPolicy(Protocol):
@@ -36,7 +41,14 @@ class LookaheadPolicy(Protocol):
         ...
 
     def observe(self, seq: Sequence, k: int, accepted: int, draft_s: float, verify_s: float,
-                batch_size: int = 1) -> None: ...
+                batch_size: int = 1, conf: list[float] | None = None) -> None:
+        """The outcome of the step: `k` tokens drafted (the draft's probability of each in `conf` when the
+        drafter reports it), `accepted` of them accepted."""
+        ...
+
+    def stop_rules(self, seqs: list[Sequence], ks: list[int], batch_size: int) -> list[StopRule | None] | None:
+        """Per-sequence rules that end a draft early (see serving.drafters.StopRule); None: no rules."""
+        ...
 
     def forget(self, seq: Sequence) -> None: ...
 
@@ -56,11 +68,14 @@ class FixedK:
         return self.k, "fixed"
 
     def observe(self, seq: Sequence, k: int, accepted: int, draft_s: float, verify_s: float,
-                batch_size: int = 1) -> None:
+                batch_size: int = 1, conf: list[float] | None = None) -> None:
         pass
 
     def forget(self, seq: Sequence) -> None:
         pass
+
+    def stop_rules(self, seqs: list[Sequence], ks: list[int], batch_size: int) -> list[StopRule | None] | None:
+        return None
 
 
 class HeuristicK:
@@ -79,7 +94,7 @@ class HeuristicK:
         return self._k.get(seq.seq_id, self.k_start), "heuristic"
 
     def observe(self, seq: Sequence, k: int, accepted: int, draft_s: float, verify_s: float,
-                batch_size: int = 1) -> None:
+                batch_size: int = 1, conf: list[float] | None = None) -> None:
         if k == 0:
             return
         cur = self._k.get(seq.seq_id, self.k_start)
@@ -87,6 +102,9 @@ class HeuristicK:
 
     def forget(self, seq: Sequence) -> None:
         self._k.pop(seq.seq_id, None)
+
+    def stop_rules(self, seqs: list[Sequence], ks: list[int], batch_size: int) -> list[StopRule | None] | None:
+        return None
 
 
 class EntropyK(FixedK):
@@ -112,34 +130,61 @@ def batch_bucket(batch_size: int) -> int:
 class CostK:
     """Pick K (0 = plain decoding for this step) to maximise expected tokens per second.
 
+    acceptance, per domain and per sequence state: a(d), the probability that drafted token d is accepted
+    given that tokens 1..d-1 were. Acceptance is bursty (a draft that just got everything right is likely
+    right again: copied code, boilerplate), so the estimate is kept per state, the way the sequence's
+    previous step ended: "all" drafted tokens accepted, "some" accepted then a rejection, "none" (the first
+    was rejected), "-" (no drafted step yet). Each a(d) is an exponentially weighted count, shrunk toward
+    a(d - 1) of the same state (and a(1) toward the domain's alpha) while it has few observations.
+
     alpha, per domain: the per-token acceptance probability of Leviathan et al.'s i.i.d. model, estimated
     as accepted / tested: a step that drafted k tokens and accepted a of them tested a + 1 tokens when
-    a < k (the first rejection ends the test) and k when all were accepted. Both counts are exponentially
-    weighted, so the estimate follows the traffic.
+    a < k (the first rejection ends the test) and k when all were accepted; exponentially weighted. It is
+    the prior of the per-state estimates and what `set_alpha` seeds.
 
     cost curve, per batch-size bucket: the measured wall time of a step (draft + verify) at each K,
     exponentially weighted; a K not measured yet is read off a least-squares line through the measured
     ones. The first steps of a bucket measure K in `probes` (0 included: plain decoding is a candidate).
 
-        rate(K) = E[tokens | alpha, K] / step_time(K),   E = (1 - alpha^(K+1)) / (1 - alpha)
+        rate(K) = E[tokens | K] / step_time(K),   E[tokens | K] = 1 + sum_{d=1..K} a(1) a(2) ... a(d)
 
-    When K = 0 wins, every `probe_every`-th step of a sequence still drafts one token, so alpha keeps
-    being measured and speculation returns when the draft agrees again. A sequence's first step (which
-    also catches the drafter up on the prompt) and outliers beyond 3x the current estimate do not move
-    the cost curve."""
+    (with a(d) = alpha for every d this is Leviathan's (1 - alpha^(K+1)) / (1 - alpha)).
+
+    With `gate` (drafters that report the draft's probability of each token it proposes), K is only the
+    ceiling and each token is judged as it is drafted: q(p), the measured acceptance of tokens the draft
+    gave probability p (per domain, in bins of 0.1), replaces a(d); the token is kept when it raises the
+    step's expected rate, E' / T(j + 1) > E / T(j) with E' = E + P q (P: the chance every earlier kept
+    token is accepted), and drafting goes on while one more token as likely would raise it again. This is
+    the cost-optimal form of entropy gating (the threshold follows from measured costs, not a constant).
+
+    When K = 0 wins,
+    every `probe_every`-th step of a sequence still drafts one token, so acceptance keeps being measured
+    and speculation returns when the draft agrees again. A sequence's first step (which also catches the
+    drafter up on the prompt) and outliers beyond 3x the current estimate do not move the cost curve."""
+
+    STATES = ("-", "none", "some", "all")
 
     def __init__(self, k_max: int = 8, weight: float = 0.1, alpha0: float = 0.6, stop_below: float | None = None,
-                 probes: tuple[int, ...] = (1, 0, 2, 4), probe_every: int = 8, name: str | None = None):
-        if k_max < 1 or not 0 < weight <= 1 or not 0 <= alpha0 < 1 or probe_every < 1:
-            raise ValueError(f"need k_max >= 1, 0 < weight <= 1, 0 <= alpha0 < 1, probe_every >= 1; "
-                             f"got {k_max}, {weight}, {alpha0}, {probe_every}")
+                 probes: tuple[int, ...] = (1, 0, 2, 4), probe_every: int = 8, name: str | None = None,
+                 by_state: bool = True, shrink: float = 2.0, gate: bool = False):
+        if k_max < 1 or not 0 < weight <= 1 or not 0 <= alpha0 < 1 or probe_every < 1 or shrink < 0:
+            raise ValueError(f"need k_max >= 1, 0 < weight <= 1, 0 <= alpha0 < 1, probe_every >= 1, shrink >= 0; "
+                             f"got {k_max}, {weight}, {alpha0}, {probe_every}, {shrink}")
         self.k_max, self.weight, self.alpha0, self.probe_every = k_max, weight, alpha0, probe_every
+        self.by_state, self.shrink, self.gate = by_state, shrink, gate
+        self._bins: dict[tuple[str, int], tuple[float, float]] = {}  # (domain, confidence bin) -> (hits, n)
+        self._conf_seen = False  # has the drafter reported its token probabilities?
         self.probes = tuple(k for k in probes if k <= k_max)
         self.stop_below = stop_below
         self.name = name or (f"cost:{k_max}" if stop_below is None else f"cost+entropy:{k_max}@{stop_below:g}")
         self._accepted: dict[str, float] = {}
         self._tested: dict[str, float] = {}
+        self._depth: dict[tuple[str, str, int], tuple[float, float]] = {}  # (domain, state, d) -> (hits, n)
+        self._state: dict[int, str] = {}
         self.step_s: dict[tuple[int, int], float] = {}  # (batch bucket, K) -> seconds per step
+        self.draft_token_s: dict[int, float] = {}  # batch bucket -> drafting seconds per drafted token
+        self._speed: dict[int, float] = {}  # batch bucket -> the machine's current speed factor (1 at start)
+        self.speed_weight = 0.5
         self._lines: dict[int, tuple[float, float] | None] = {}  # fitted lines, dropped when step_s changes
         self._seen: set[int] = set()
         self._off: dict[int, int] = {}
@@ -153,6 +198,31 @@ class CostK:
     def set_alpha(self, domain: str, alpha: float) -> None:
         """Seed the estimate (e.g. from `specfinops calibrate`)."""
         self._accepted[domain], self._tested[domain] = alpha, 1.0
+
+    def acceptance(self, domain: str, state: str = "-") -> list[float]:
+        """a(1..k_max) for a sequence of `domain` in `state` (see the class docstring)."""
+        out, prior = [], self.alpha(domain)
+        for d in range(1, self.k_max + 1):
+            hits, n = self._depth.get((domain, state, d), (0.0, 0.0))
+            prior = (hits + self.shrink * prior) / (n + self.shrink) if n + self.shrink > 0 else prior
+            out.append(min(prior, 0.999))
+        return out
+
+    def q(self, domain: str, conf: float) -> float:
+        """Measured acceptance of drafted tokens the draft gave probability `conf` (shrunk toward alpha)."""
+        hits, n = self._bins.get((domain, self._bin(conf)), (0.0, 0.0))
+        return min((hits + self.shrink * self.alpha(domain)) / (n + self.shrink), 0.999)
+
+    @staticmethod
+    def _bin(conf: float) -> int:
+        return min(9, max(0, int(conf * 10)))
+
+    def expected_tokens(self, acc: list[float], k: int) -> float:
+        total, p = 1.0, 1.0
+        for a in acc[:k]:
+            p *= a
+            total += p
+        return total
 
     def step_time(self, k: int, bucket: int = 1) -> float | None:
         if (bucket, k) in self.step_s:
@@ -177,12 +247,13 @@ class CostK:
         self._lines[bucket] = line
         return line
 
-    def expected_rate(self, alpha: float, k: int, bucket: int = 1) -> float | None:
+    def expected_rate(self, alpha: float | list[float], k: int, bucket: int = 1) -> float | None:
+        """Tokens per second at K for a per-token alpha (i.i.d.) or per-depth acceptances a(1..)."""
         t = self.step_time(k, bucket)
         if t is None:
             return None
-        tokens = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1
-        return tokens / t
+        acc = alpha if isinstance(alpha, list) else [min(alpha, 0.999)] * self.k_max
+        return self.expected_tokens(acc, k) / t
 
     # ---------------------------------------------------------------- policy
     def choose(self, seq: Sequence, batch_size: int) -> tuple[int, str]:
@@ -190,8 +261,10 @@ class CostK:
         for k in self.probes:
             if (bucket, k) not in self.step_s:
                 return k, "cost-warmup"
-        alpha = min(self.alpha(seq.domain), 0.999)
-        rates = {k: self.expected_rate(alpha, k, bucket) for k in range(self.k_max + 1)}
+        if self.gate and self._conf_seen:  # each token is judged as it is drafted (drafters that say how
+            return self.k_max, "cost-gate"  # sure they are; prompt lookup does not: K by the model below)
+        acc = self.acceptance(seq.domain, self._state.get(seq.seq_id, "-") if self.by_state else "-")
+        rates = {k: self.expected_rate(acc, k, bucket) for k in range(self.k_max + 1)}
         best = max(rates, key=rates.get)
         if best > 0:
             return best, "cost"
@@ -200,8 +273,9 @@ class CostK:
         return (1, "cost-probe") if n % self.probe_every == 0 else (0, "cost-off")
 
     def observe(self, seq: Sequence, k: int, accepted: int, draft_s: float, verify_s: float,
-                batch_size: int = 1) -> None:
+                batch_size: int = 1, conf: list[float] | None = None) -> None:
         w = self.weight
+        self._conf_seen = self._conf_seen or conf is not None
         if k > 0:
             tested = k if accepted >= k else accepted + 1
             if seq.domain in self._tested:
@@ -209,21 +283,73 @@ class CostK:
                 self._tested[seq.domain] += w * (tested - self._tested[seq.domain])
             else:
                 self._accepted[seq.domain], self._tested[seq.domain] = float(accepted), float(tested)
+            state = self._state.get(seq.seq_id, "-") if self.by_state else "-"
+            for d in range(1, tested + 1):  # depth d was tested; accepted when d <= accepted
+                key = (seq.domain, state, d)
+                hits, n = self._depth.get(key, (0.0, 0.0))
+                self._depth[key] = ((1 - w) * hits + (d <= accepted), (1 - w) * n + 1)
+                if conf is not None and d <= len(conf):
+                    key2 = (seq.domain, self._bin(conf[d - 1]))
+                    hits, n = self._bins.get(key2, (0.0, 0.0))
+                    self._bins[key2] = ((1 - w) * hits + (d <= accepted), (1 - w) * n + 1)
+            self._state[seq.seq_id] = "all" if accepted >= k else ("some" if accepted else "none")
         if seq.seq_id not in self._seen:
             self._seen.add(seq.seq_id)  # first step: includes catching up on the prompt
             return
         key = (batch_bucket(batch_size), k)
         self._lines.pop(key[0], None)
+        if k > 0:
+            per_token = draft_s / k
+            old_d = self.draft_token_s.get(key[0])
+            self.draft_token_s[key[0]] = per_token if old_d is None else old_d + w * (min(per_token, 3 * old_d) - old_d)
+        # The machine's speed drifts (other tenants, clocks): a step time is read as speed x shape(K).
+        # The speed follows every step quickly; the shape, which alone decides K, moves slowly and is not
+        # left stale at a K measured only long ago.
         t = draft_s + verify_s
         old = self.step_s.get(key)
+        speed = self._speed.get(key[0], 1.0)
+        if old is not None:
+            speed += self.speed_weight * (min(max(t / old, speed / 3), speed * 3) - speed)
+            self._speed[key[0]] = speed
+        t /= speed
         if old is None:
             self.step_s[key] = t
         else:
             self.step_s[key] = old + w * (min(t, 3 * old) - old)
 
+    def stop_rules(self, seqs: list[Sequence], ks: list[int], batch_size: int) -> list[StopRule | None] | None:
+        if not self.gate:
+            return None
+        bucket = batch_bucket(batch_size)
+        if any((bucket, k) not in self.step_s for k in self.probes):
+            return None  # still measuring the cost curve
+        return [self._rule(s, bucket) if k > 0 else None for s, k in zip(seqs, ks, strict=True)]
+
+    def _rule(self, seq: Sequence, bucket: int) -> StopRule:
+        T = lambda k: self.step_time(k, bucket)  # noqa: E731
+        st = {"e": 1.0, "p": 1.0}  # expected tokens of the kept draft, chance all kept tokens are accepted
+        d = self.draft_token_s.get(bucket, 0.0) / self._speed.get(bucket, 1.0)  # in the curve's units
+        n = self._off.get(seq.seq_id, 0) + 1
+        self._off[seq.seq_id] = n
+        probe = n % self.probe_every == 0  # keep the first token now and then, so q keeps being measured
+
+        def rule(j: int, conf: float) -> int | None:
+            q = self.q(seq.domain, conf)
+            e, p = st["e"], st["p"]
+            # token j's drafting is spent either way: keep it if verifying it raises the expected rate
+            if not (probe and j == 0) and (e + p * q) / T(j + 1) <= e / (T(j) + d):
+                return j  # verifying this token costs more than it is expected to return: drop it
+            st["e"], st["p"] = e + p * q, p * q
+            if (st["e"] + st["p"] * q) / T(j + 2) <= st["e"] / T(j + 1):
+                return j + 1  # keep it; one more as likely would not pay
+            return None
+
+        return rule
+
     def forget(self, seq: Sequence) -> None:
         self._seen.discard(seq.seq_id)
         self._off.pop(seq.seq_id, None)
+        self._state.pop(seq.seq_id, None)
 
 
 class BatchGatedK:
@@ -242,8 +368,11 @@ class BatchGatedK:
         return self.inner.choose(seq, batch_size)
 
     def observe(self, seq: Sequence, k: int, accepted: int, draft_s: float, verify_s: float,
-                batch_size: int = 1) -> None:
-        self.inner.observe(seq, k, accepted, draft_s, verify_s, batch_size)
+                batch_size: int = 1, conf: list[float] | None = None) -> None:
+        self.inner.observe(seq, k, accepted, draft_s, verify_s, batch_size, conf)
+
+    def stop_rules(self, seqs: list[Sequence], ks: list[int], batch_size: int) -> list[StopRule | None] | None:
+        return self.inner.stop_rules(seqs, ks, batch_size)
 
     def forget(self, seq: Sequence) -> None:
         self.inner.forget(seq)
@@ -270,5 +399,5 @@ def parse_policy(spec: str | int) -> LookaheadPolicy:
     if name == "cost":
         return CostK(n or 8)
     if name == "auto":
-        return CostK(n or 8, name=f"auto:{n or 8}")
+        return CostK(n or 8, gate=True, name=f"auto:{n or 8}")
     raise ValueError(f"unknown k policy {spec!r}: use {', '.join(POLICY_NAMES)}")

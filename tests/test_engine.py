@@ -243,6 +243,82 @@ def test_cost_policy_ignores_outlier_step_times():
     assert pol.step_time(1) == pytest.approx(0.010 + 0.5 * (0.030 - 0.010))
 
 
+def test_cost_curve_keeps_its_shape_when_the_machine_slows_down():
+    pol = CostK(k_max=4, weight=0.1, probes=(0, 1))
+    s = _seq(0, "code")
+    pol.observe(s, 1, 1, 0.0, 1.0)  # first step: ignored
+    pol.observe(s, 0, 0, 0.0, 0.010)
+    pol.observe(s, 1, 1, 0.001, 0.011)
+    for _ in range(30):  # everything now takes twice as long; only K=1 is measured
+        pol.observe(s, 1, 1, 0.002, 0.022)
+    # K=0 was last measured at the old speed: its cost relative to K=1 (10 / 12) must not look halved
+    # (a plain average of K=1's times would give ~10 / 23); the speed factor takes up most of the change
+    assert 0.75 < pol.step_time(0) / pol.step_time(1) <= 10 / 12 + 1e-9
+
+
+def _gate_with_curve(alpha: float, weight: float = 1.0) -> CostK:
+    """A gated cost policy whose step-time curve is T(K) = 10 + 2 K ms (1 ms of it drafting per token)."""
+    pol = CostK(k_max=8, weight=weight, probes=(0, 1, 2), gate=True)
+    s = _seq(9, "code")
+    pol.observe(s, 0, 0, 0.0, 1.0)  # first step: ignored
+    for k in (0, 1, 2):
+        pol.observe(s, k, 0, 0.001 * k, 0.010 + 0.001 * k)
+    pol.set_alpha("code", alpha)
+    return pol
+
+
+def test_cost_gate_keeps_a_token_only_while_verifying_it_pays():
+    # q = alpha (no confidence measured yet). Token 0's drafting (1 ms) is spent either way: keeping it
+    # moves the step from 11 ms (T(0) + 1 ms) to T(1) = 12 ms for q more tokens: worth it iff
+    # (1 + q) / 12 > 1 / 11, i.e. q > 1/11
+    s = _seq(0, "code")
+    weak = _gate_with_curve(0.05)
+    assert weak.stop_rules([s], [8], 1)[0](0, 0.5) == 0  # dropped: nothing drafted is verified
+    strong = _gate_with_curve(0.9)
+    rule = strong.stop_rules([s], [8], 1)[0]
+    # kept, and one more as likely still pays: (1.9 + 0.81) / 14 > 1.9 / 12
+    assert rule(0, 0.5) is None and rule(1, 0.5) is None
+    mid = _gate_with_curve(0.2)
+    # kept ((1.2) / 12 > 1 / 11), but a second at 0.2 would not pay: (1.2 + 0.04) / 14 < 1.2 / 12
+    assert mid.stop_rules([s], [8], 1)[0](0, 0.5) == 1
+    # no rules while the curve is still being measured, nor without gating
+    assert CostK(gate=True).stop_rules([s], [8], 1) is None and CostK().stop_rules([s], [8], 1) is None
+
+
+def test_cost_gate_learns_what_the_draft_probability_is_worth():
+    pol = _gate_with_curve(0.3, weight=0.1)
+    s = _seq(0, "code")
+    for _ in range(20):  # confident tokens were accepted, doubtful ones rejected
+        pol.observe(s, 2, 1, 0.002, 0.012, conf=[0.95, 0.05])
+    assert pol.q("code", 0.97) > 0.8 and pol.q("code", 0.02) < 0.1
+    assert pol.stop_rules([s], [8], 1)[0](0, 0.95) is None  # confident: keep and go on
+    assert pol.stop_rules([s], [8], 1)[0](0, 0.05) == 0  # doubtful: drop
+
+
+class _SteadyClockGate(CostK):
+    """The gated policy with the step times of a machine where a step costs 10 + 2 K ms (1 ms of it
+    drafting per token), whatever this test machine's clock says."""
+
+    def observe(self, seq, k, accepted, draft_s, verify_s, batch_size=1, conf=None):
+        super().observe(seq, k, accepted, 0.001 * k, 0.010 + 0.001 * k, batch_size, conf)
+
+
+def test_the_gate_drafts_long_with_a_perfect_draft_and_little_with_a_poor_one():
+    def gated_ks(drafter):
+        events = []
+        engine = Engine(TARGET, drafter=drafter, policy=_SteadyClockGate(8, gate=True), max_len=200,
+                        on_step=events.append)
+        for p in PROMPTS[:3]:
+            engine.generate(p, GREEDY)
+        return [e.k for e in events if e.k_reason.startswith("cost-gate")]
+
+    perfect = gated_ks(ModelDrafter(TARGET, "self", slots=1, max_len=220))
+    poor = gated_ks(ModelDrafter(DRAFT, "draft", slots=1, max_len=220))
+    assert perfect and poor
+    assert max(perfect) == 8 and sum(perfect) / len(perfect) > 2 * sum(poor) / len(poor)
+    assert poor.count(0) > len(poor) / 4  # a poor draft's tokens are mostly dropped
+
+
 def test_a_bad_request_fails_alone_and_its_batch_continues():
     engine = Engine(TARGET, drafter=NgramDrafter(), policy=FixedK(3), max_batch=3, max_len=64)
     good = [engine.add(p, SamplingParams(max_new_tokens=20)) for p in PROMPTS[:2]]

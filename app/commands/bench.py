@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from app.commands._common import add_command, add_db_option
-from serving.lookahead import DEFAULT_K
+from serving.lookahead import DEFAULT_K, VLLM_DEFAULT_K
 
 EXAMPLES = """  specfinops bench --workload code --mode both --limit 4
   specfinops bench --workload chat --drafter early-exit --early-exit-layers 12 --k 3
@@ -30,8 +30,9 @@ def register(sub) -> None:
     p.add_argument("--vllm-args", metavar="JSON", default=None,
                    help="extra vllm.LLM(...) keywords for --backend vllm, e.g. '{\"gpu_memory_utilization\": 0.8}'")
     p.add_argument("--drafter", default=None, help="draft | early-exit | ngram (default: ngram, measured fastest on the bundled target)")
-    p.add_argument("--k", default=DEFAULT_K, help="lookahead: an integer K >= 0 (0 = no drafting), or heuristic | "
-                   f"entropy | cost | auto (default: {DEFAULT_K})")
+    p.add_argument("--k", default=None, help="lookahead: an integer K >= 0 (0 = no drafting), or heuristic | "
+                   f"entropy | cost | auto (default: {DEFAULT_K}; on --backend vllm, which runs a fixed K: "
+                   f"{VLLM_DEFAULT_K})")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -84,7 +85,7 @@ def handle(args: argparse.Namespace) -> int:
     from serving.worker import EngineSpec, default_drafter, load
 
     spec = EngineSpec(target=args.target, drafter=args.drafter or default_drafter(args.target), draft_model=args.draft_model,
-                      early_exit_layers=args.early_exit_layers, k=args.k, dtype=args.dtype,
+                      early_exit_layers=args.early_exit_layers, k=args.k or DEFAULT_K, dtype=args.dtype,
                       max_batch=max(levels), max_len=args.max_len)
     spec.validate()
     gate = args.spec_max_batch
@@ -139,7 +140,8 @@ def run_bench_vllm(args, prompts, params, modes, levels) -> dict:
     from serving.worker import default_node_id
 
     import_vllm()  # says what to install before anything else is checked
-    config = config_from_options(target=args.target, drafter=args.drafter, draft_model=args.draft_model, k=args.k,
+    config = config_from_options(target=args.target, drafter=args.drafter, draft_model=args.draft_model,
+                                 k=args.k or VLLM_DEFAULT_K,
                                  dtype=args.dtype, max_len=args.max_len, seed=args.seed, engine_args=args.vllm_args)
     print(f"loading {config.target} on vLLM ({args.dtype}) ...", file=sys.stderr)
     results, view = run_bench(config, prompts, params, modes, levels, workload=args.workload,
