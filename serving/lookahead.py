@@ -153,9 +153,12 @@ class CostK:
     With `gate` (drafters that report the draft's probability of each token it proposes), K is only the
     ceiling and each token is judged as it is drafted: q(p), the measured acceptance of tokens the draft
     gave probability p (per domain, in bins of 0.1), replaces a(d); the token is kept when it raises the
-    step's expected rate, E' / T(j + 1) > E / T(j) with E' = E + P q (P: the chance every earlier kept
-    token is accepted), and drafting goes on while one more token as likely would raise it again. This is
-    the cost-optimal form of entropy gating (the threshold follows from measured costs, not a constant).
+    step's expected rate, E' / T(j + 1) > E / (T(j) + d) with E' = E + P q (P: the chance every earlier
+    kept token is accepted; d: token j's drafting time, spent either way), and drafting goes on while one
+    more token as sure, one step deeper, would raise it again. q is kept apart for a draft's first token
+    and the later ones (those read the draft's own features), and a token after the first must raise the
+    rate by `margin` (5%) to be kept, a hedge against estimates learnt from few tokens. This is the
+    cost-optimal form of entropy gating: the threshold follows from measured costs, not a constant.
 
     When K = 0 wins,
     every `probe_every`-th step of a sequence still drafts one token, so acceptance keeps being measured
@@ -166,13 +169,16 @@ class CostK:
 
     def __init__(self, k_max: int = 8, weight: float = 0.1, alpha0: float = 0.6, stop_below: float | None = None,
                  probes: tuple[int, ...] = (1, 0, 2, 4), probe_every: int = 8, name: str | None = None,
-                 by_state: bool = True, shrink: float = 2.0, gate: bool = False):
+                 by_state: bool = True, shrink: float = 2.0, gate: bool = False, depth_classes: int = 2,
+                 margin: float = 0.05):
         if k_max < 1 or not 0 < weight <= 1 or not 0 <= alpha0 < 1 or probe_every < 1 or shrink < 0:
             raise ValueError(f"need k_max >= 1, 0 < weight <= 1, 0 <= alpha0 < 1, probe_every >= 1, shrink >= 0; "
                              f"got {k_max}, {weight}, {alpha0}, {probe_every}, {shrink}")
         self.k_max, self.weight, self.alpha0, self.probe_every = k_max, weight, alpha0, probe_every
-        self.by_state, self.shrink, self.gate = by_state, shrink, gate
-        self._bins: dict[tuple[str, int], tuple[float, float]] = {}  # (domain, confidence bin) -> (hits, n)
+        self.by_state, self.shrink, self.gate, self.depth_classes = by_state, shrink, gate, depth_classes
+        self.margin = margin
+        # (domain, depth class, confidence bin) -> (hits, n); depth class 1 = a draft's first token, 2 = later
+        self._bins: dict[tuple[str, int, int], tuple[float, float]] = {}
         self._conf_seen = False  # has the drafter reported its token probabilities?
         self.probes = tuple(k for k in probes if k <= k_max)
         self.stop_below = stop_below
@@ -208,9 +214,11 @@ class CostK:
             out.append(min(prior, 0.999))
         return out
 
-    def q(self, domain: str, conf: float) -> float:
-        """Measured acceptance of drafted tokens the draft gave probability `conf` (shrunk toward alpha)."""
-        hits, n = self._bins.get((domain, self._bin(conf)), (0.0, 0.0))
+    def q(self, domain: str, conf: float, depth: int = 1) -> float:
+        """Measured acceptance of drafted tokens at `depth` (1 or later) the draft gave probability `conf`
+        (shrunk toward alpha). Later tokens read the draft's own features: the same probability is worth
+        less there."""
+        hits, n = self._bins.get((domain, min(depth, self.depth_classes), self._bin(conf)), (0.0, 0.0))
         return min((hits + self.shrink * self.alpha(domain)) / (n + self.shrink), 0.999)
 
     @staticmethod
@@ -289,7 +297,7 @@ class CostK:
                 hits, n = self._depth.get(key, (0.0, 0.0))
                 self._depth[key] = ((1 - w) * hits + (d <= accepted), (1 - w) * n + 1)
                 if conf is not None and d <= len(conf):
-                    key2 = (seq.domain, self._bin(conf[d - 1]))
+                    key2 = (seq.domain, min(d, self.depth_classes), self._bin(conf[d - 1]))
                     hits, n = self._bins.get(key2, (0.0, 0.0))
                     self._bins[key2] = ((1 - w) * hits + (d <= accepted), (1 - w) * n + 1)
             self._state[seq.seq_id] = "all" if accepted >= k else ("some" if accepted else "none")
@@ -334,13 +342,14 @@ class CostK:
         probe = n % self.probe_every == 0  # keep the first token now and then, so q keeps being measured
 
         def rule(j: int, conf: float) -> int | None:
-            q = self.q(seq.domain, conf)
+            q = self.q(seq.domain, conf, j + 1)
             e, p = st["e"], st["p"]
             # token j's drafting is spent either way: keep it if verifying it raises the expected rate
-            if not (probe and j == 0) and (e + p * q) / T(j + 1) <= e / (T(j) + d):
+            if not (probe and j == 0) and (e + p * q) / T(j + 1) <= (1 + self.margin * (j > 0)) * e / (T(j) + d):
                 return j  # verifying this token costs more than it is expected to return: drop it
             st["e"], st["p"] = e + p * q, p * q
-            if (st["e"] + st["p"] * q) / T(j + 2) <= st["e"] / T(j + 1):
+            q_next = self.q(seq.domain, conf, j + 2)  # a next token as sure as this one, one deeper
+            if (st["e"] + st["p"] * q_next) / T(j + 2) <= st["e"] / T(j + 1):
                 return j + 1  # keep it; one more as likely would not pay
             return None
 

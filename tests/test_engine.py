@@ -288,11 +288,16 @@ def test_cost_gate_keeps_a_token_only_while_verifying_it_pays():
 def test_cost_gate_learns_what_the_draft_probability_is_worth():
     pol = _gate_with_curve(0.3, weight=0.1)
     s = _seq(0, "code")
-    for _ in range(20):  # confident tokens were accepted, doubtful ones rejected
-        pol.observe(s, 2, 1, 0.002, 0.012, conf=[0.95, 0.05])
+    for _ in range(20):  # confident first tokens were accepted, doubtful ones rejected
+        pol.observe(s, 1, 1, 0.001, 0.011, conf=[0.95])
+        pol.observe(s, 1, 0, 0.001, 0.011, conf=[0.05])
     assert pol.q("code", 0.97) > 0.8 and pol.q("code", 0.02) < 0.1
     assert pol.stop_rules([s], [8], 1)[0](0, 0.95) is None  # confident: keep and go on
     assert pol.stop_rules([s], [8], 1)[0](0, 0.05) == 0  # doubtful: drop
+    # a later token (reading the draft's own features) is judged on its own record
+    for _ in range(20):
+        pol.observe(s, 2, 1, 0.002, 0.012, conf=[0.95, 0.95])
+    assert pol.q("code", 0.95, depth=2) < 0.2 < 0.8 < pol.q("code", 0.95, depth=1)
 
 
 class _SteadyClockGate(CostK):
