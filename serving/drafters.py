@@ -114,7 +114,20 @@ class NgramDrafter:
 
     def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None,
                 stop_rules: list[StopRule | None] | None = None) -> Draft:
-        return Draft(tokens=[self.lookup(s.tokens, k) for s, k in zip(seqs, ks, strict=True)], probs=None)
+        """A copy is certain as far as the drafter knows (probability 1 for each token); stop rules still
+        judge each copied token by what such tokens are measured to be worth."""
+        tokens = [self.lookup(s.tokens, k) for s, k in zip(seqs, ks, strict=True)]
+        if not stop_rules:
+            return Draft(tokens=tokens, probs=None)
+        for b, rule in enumerate(stop_rules):
+            if rule is None:
+                continue
+            for j in range(len(tokens[b])):
+                keep = rule(j, 1.0)
+                if keep is not None:
+                    tokens[b] = tokens[b][:keep]
+                    break
+        return Draft(tokens=tokens, probs=None, conf=[[1.0] * len(t) for t in tokens])
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         if k == 0:

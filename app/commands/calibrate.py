@@ -31,6 +31,22 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+def _interleaved(loaded, prompts, encoded, params, run_prompts):
+    """AR and spec on the same prompts, alternating prompt by prompt (AR first, then spec, on each), so
+    that a change in the machine's speed during the run lands on both modes alike. Returns the two
+    ModeResults with every request and the summed wall time."""
+    merged = {}
+    for p, e in zip(prompts, encoded, strict=True):
+        for mode in ("ar", "spec"):
+            r = run_prompts(loaded, mode, [p], [e], params)
+            if mode not in merged:
+                merged[mode] = r
+            else:
+                merged[mode].results.extend(r.results)
+                merged[mode].wall_s += r.wall_s
+    return merged["ar"], merged["spec"]
+
+
 def handle(args: argparse.Namespace) -> int:
     from serving.sampling import SamplingParams
     from serving.worker import EngineSpec, load, run_prompts
@@ -60,8 +76,7 @@ def handle(args: argparse.Namespace) -> int:
     for d in tqdm(domains, desc="domains", file=sys.stderr):
         idx = [i for i, p in enumerate(prompts) if p.domain == d]
         ps, enc = [prompts[i] for i in idx], [encoded[i] for i in idx]
-        ar = run_prompts(loaded, "ar", ps, enc, params)
-        sp = run_prompts(loaded, "spec", ps, enc, params)
+        ar, sp = _interleaved(loaded, ps, enc, params, run_prompts)
         spec_steps = [s for r in sp.results for s in r.record.steps if s.k > 0]
         ar_steps = [s for r in ar.results for s in r.record.steps]
         counts = StepCounts(
