@@ -324,6 +324,22 @@ def test_the_gate_drafts_long_with_a_perfect_draft_and_little_with_a_poor_one():
     assert poor.count(0) > len(poor) / 4  # a poor draft's tokens are mostly dropped
 
 
+def test_stop_rules_cut_drafts_where_they_say_and_report_probabilities():
+    seqs = [_seq(0, "code"), _seq(1, "code")]
+    seqs[0].tokens = [1, 2, 3, 4, 5, 1, 2]  # prompt lookup copies 3, 4, 5, 1, 2
+    seqs[1].tokens = [7, 8, 9, 7, 8]
+    calls = []
+
+    def rule(j, conf):
+        calls.append((j, conf))
+        return 2 if j == 1 else None  # keep two tokens
+
+    d = NgramDrafter().propose(seqs, [5, 5], stop_rules=[rule, None])
+    assert d.tokens == [[3, 4], [9, 7, 8]] and d.conf == [[1.0, 1.0], [1.0, 1.0, 1.0]]
+    assert calls == [(0, 1.0), (1, 1.0)]
+    assert NgramDrafter().propose(seqs, [5, 5]).conf is None  # nothing asked, nothing reported
+
+
 def test_a_bad_request_fails_alone_and_its_batch_continues():
     engine = Engine(TARGET, drafter=NgramDrafter(), policy=FixedK(3), max_batch=3, max_len=64)
     good = [engine.add(p, SamplingParams(max_new_tokens=20)) for p in PROMPTS[:2]]
