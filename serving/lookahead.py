@@ -163,20 +163,24 @@ class CostK:
     When K = 0 wins,
     every `probe_every`-th step of a sequence still drafts one token, so acceptance keeps being measured
     and speculation returns when the draft agrees again. A sequence's first step (which also catches the
-    drafter up on the prompt) and outliers beyond 3x the current estimate do not move the cost curve."""
+    drafter up on the prompt), a bucket's first `settle` steps (cold caches) and outliers beyond 3x the
+    current estimate do not move the cost curve; every `refresh_every` steps the probe K timed longest
+    ago is timed again when that was over 4 x refresh_every steps ago, so no point of the curve goes
+    stale while the policy avoids it."""
 
     STATES = ("-", "none", "some", "all")
 
     def __init__(self, k_max: int = 8, weight: float = 0.1, alpha0: float = 0.6, stop_below: float | None = None,
                  probes: tuple[int, ...] = (1, 0, 2, 4), probe_every: int = 8, name: str | None = None,
                  by_state: bool = True, shrink: float = 2.0, gate: bool = False, depth_classes: int = 2,
-                 margin: float = 0.05):
+                 margin: float = 0.05, settle: int = 3, refresh_every: int = 16):
         if k_max < 1 or not 0 < weight <= 1 or not 0 <= alpha0 < 1 or probe_every < 1 or shrink < 0:
             raise ValueError(f"need k_max >= 1, 0 < weight <= 1, 0 <= alpha0 < 1, probe_every >= 1, shrink >= 0; "
                              f"got {k_max}, {weight}, {alpha0}, {probe_every}, {shrink}")
         self.k_max, self.weight, self.alpha0, self.probe_every = k_max, weight, alpha0, probe_every
         self.by_state, self.shrink, self.gate, self.depth_classes = by_state, shrink, gate, depth_classes
         self.margin = margin
+        self.settle, self.refresh_every = settle, refresh_every
         # (domain, depth class, confidence bin) -> (hits, n); depth class 1 = a draft's first token, 2 = later
         self._bins: dict[tuple[str, int, int], tuple[float, float]] = {}
         self._conf_seen = False  # has the drafter reported its token probabilities?
@@ -190,6 +194,9 @@ class CostK:
         self.step_s: dict[tuple[int, int], float] = {}  # (batch bucket, K) -> seconds per step
         self.draft_token_s: dict[int, float] = {}  # batch bucket -> drafting seconds per drafted token
         self._speed: dict[int, float] = {}  # batch bucket -> the machine's current speed factor (1 at start)
+        self._steps: dict[int, int] = {}  # batch bucket -> steps observed
+        self._last: dict[tuple[int, int], int] = {}  # (bucket, K) -> the bucket's step count when K was timed
+        self._refreshing: set[int] = set()  # sequences timing a K this step (no gate)
         self.speed_weight = 0.5
         self._lines: dict[int, tuple[float, float] | None] = {}  # fitted lines, dropped when step_s changes
         self._seen: set[int] = set()
@@ -269,6 +276,12 @@ class CostK:
         for k in self.probes:
             if (bucket, k) not in self.step_s:
                 return k, "cost-warmup"
+        n = self._steps.get(bucket, 0)
+        if n % self.refresh_every == 0:  # re-time the probe K timed longest ago, if long ago
+            k = min(self.probes, key=lambda kk: self._last.get((bucket, kk), -1))
+            if n - self._last.get((bucket, k), -1) > 4 * self.refresh_every:
+                self._refreshing.add(seq.seq_id)
+                return k, "cost-refresh"
         if self.gate and self._conf_seen:  # each token is judged as it is drafted (drafters that say how
             return self.k_max, "cost-gate"  # sure they are; prompt lookup does not: K by the model below)
         acc = self.acceptance(seq.domain, self._state.get(seq.seq_id, "-") if self.by_state else "-")
@@ -301,10 +314,15 @@ class CostK:
                     hits, n = self._bins.get(key2, (0.0, 0.0))
                     self._bins[key2] = ((1 - w) * hits + (d <= accepted), (1 - w) * n + 1)
             self._state[seq.seq_id] = "all" if accepted >= k else ("some" if accepted else "none")
+        self._refreshing.discard(seq.seq_id)
         if seq.seq_id not in self._seen:
             self._seen.add(seq.seq_id)  # first step: includes catching up on the prompt
             return
         key = (batch_bucket(batch_size), k)
+        n = self._steps[key[0]] = self._steps.get(key[0], 0) + 1
+        if n <= self.settle:
+            return  # an engine's first steps run on cold caches
+        self._last[key] = n
         self._lines.pop(key[0], None)
         if k > 0:
             per_token = draft_s / k
@@ -331,7 +349,8 @@ class CostK:
         bucket = batch_bucket(batch_size)
         if any((bucket, k) not in self.step_s for k in self.probes):
             return None  # still measuring the cost curve
-        return [self._rule(s, bucket) if k > 0 else None for s, k in zip(seqs, ks, strict=True)]
+        return [self._rule(s, bucket) if k > 0 and s.seq_id not in self._refreshing else None
+                for s, k in zip(seqs, ks, strict=True)]
 
     def _rule(self, seq: Sequence, bucket: int) -> StopRule:
         T = lambda k: self.step_time(k, bucket)  # noqa: E731

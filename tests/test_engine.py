@@ -210,7 +210,7 @@ def test_cost_policy_estimates_per_token_alpha_by_hand():
 
 
 def test_cost_policy_fits_the_step_time_curve_and_picks_k_by_rate():
-    pol = CostK(k_max=8, weight=1.0, probes=(0, 2, 6))
+    pol = CostK(k_max=8, weight=1.0, probes=(0, 2, 6), settle=0)
     easy, hard = _seq(0, "code"), _seq(1, "chat")
     assert pol.choose(easy, 1) == (0, "cost-warmup")
     for s in (easy, hard):
@@ -235,7 +235,7 @@ def test_cost_policy_fits_the_step_time_curve_and_picks_k_by_rate():
 
 
 def test_cost_policy_ignores_outlier_step_times():
-    pol = CostK(k_max=4, weight=0.5, probes=(1,))
+    pol = CostK(k_max=4, weight=0.5, probes=(1,), settle=0)
     s = _seq(0, "code")
     pol.observe(s, 1, 1, 0.0, 5.0)  # first step of the sequence: ignored
     pol.observe(s, 1, 1, 0.001, 0.009)
@@ -244,7 +244,7 @@ def test_cost_policy_ignores_outlier_step_times():
 
 
 def test_cost_curve_keeps_its_shape_when_the_machine_slows_down():
-    pol = CostK(k_max=4, weight=0.1, probes=(0, 1))
+    pol = CostK(k_max=4, weight=0.1, probes=(0, 1), settle=0)
     s = _seq(0, "code")
     pol.observe(s, 1, 1, 0.0, 1.0)  # first step: ignored
     pol.observe(s, 0, 0, 0.0, 0.010)
@@ -256,9 +256,27 @@ def test_cost_curve_keeps_its_shape_when_the_machine_slows_down():
     assert 0.75 < pol.step_time(0) / pol.step_time(1) <= 10 / 12 + 1e-9
 
 
+def test_cost_curve_skips_cold_steps_and_retimes_what_it_avoids():
+    pol = CostK(k_max=4, weight=0.5, probes=(0, 1), settle=2, refresh_every=4)
+    s = _seq(0, "code")
+    pol.observe(s, 1, 1, 0.0, 1.0)  # the sequence's first step
+    pol.observe(s, 1, 1, 0.0, 0.5)  # the bucket's first two steps: cold caches
+    pol.observe(s, 0, 0, 0.0, 0.4)
+    assert pol.step_s == {}
+    pol.observe(s, 0, 0, 0.0, 0.010)
+    pol.observe(s, 1, 1, 0.001, 0.011)
+    assert pol.step_time(0) == pytest.approx(0.010) and pol.step_time(1) == pytest.approx(0.012)
+    picks = []
+    for _ in range(40):  # the draft is always right: the policy keeps K > 0 and would never time K=0 again
+        k, why = pol.choose(s, 1)
+        picks.append(why)
+        pol.observe(s, k, k, 0.001 * k, 0.010 + 0.001 * k)
+    assert "cost-refresh" in picks and picks.count("cost-refresh") <= 40 // 16 + 1
+
+
 def _gate_with_curve(alpha: float, weight: float = 1.0) -> CostK:
     """A gated cost policy whose step-time curve is T(K) = 10 + 2 K ms (1 ms of it drafting per token)."""
-    pol = CostK(k_max=8, weight=weight, probes=(0, 1, 2), gate=True)
+    pol = CostK(k_max=8, weight=weight, probes=(0, 1, 2), gate=True, settle=0)
     s = _seq(9, "code")
     pol.observe(s, 0, 0, 0.0, 1.0)  # first step: ignored
     for k in (0, 1, 2):
