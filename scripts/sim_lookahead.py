@@ -33,18 +33,14 @@ def record_chains(draft, prep, k_max: int = K_MAX) -> list[dict]:
     """Per sequence: m[i] (matched draft tokens, 0..k_max) and conf[i][j] for pending position P + i."""
     import torch
 
+    from serving.distill.train import primed_draft
     from serving.llama import contiguous_batch
 
-    dtype = draft.fc.weight.dtype
     out = []
     with torch.inference_mode():
         for s in prep.seqs:
-            o, L, P = s["offset"], s["length"], s["num_prompt"]
-            toks = prep.tokens[o: o + L]
-            feats = prep.feats[o: o + L].to(dtype)
-            cache = draft.new_cache(1, L + k_max + 2)
-            if P >= 2:
-                draft(toks[1:P][None], feats[: P - 1][None], contiguous_batch(0, 1, 0, P - 1), cache)
+            L, P = s["length"], s["num_prompt"]
+            toks, feats, cache = primed_draft(draft, prep, s, k_max)
             ms, confs = [], []
             for n in range(P, L - 1):
                 s0 = n - 1

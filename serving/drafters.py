@@ -30,6 +30,7 @@ class Draft:
     tokens: list[list[int]]  # per sequence, len <= its k (may be shorter: nothing to propose)
     probs: torch.Tensor | None  # (B, Kmax, V) draft distributions; None = deterministic proposals
     conf: list[list[float]] | None = None  # per sequence, the draft's probability of each kept token
+    stopped: list[bool] | None = None  # per sequence: a stop threshold or rule ended it before its k
 
 
 class Drafter(Protocol):
@@ -119,15 +120,14 @@ class NgramDrafter:
         tokens = [self.lookup(s.tokens, k) for s, k in zip(seqs, ks, strict=True)]
         if not stop_rules:
             return Draft(tokens=tokens, probs=None)
+        stopped = [False] * len(seqs)
         for b, rule in enumerate(stop_rules):
-            if rule is None:
-                continue
-            for j in range(len(tokens[b])):
+            for j in range(len(tokens[b]) if rule is not None else 0):
                 keep = rule(j, 1.0)
                 if keep is not None:
-                    tokens[b] = tokens[b][:keep]
+                    tokens[b], stopped[b] = tokens[b][:keep], keep < ks[b]
                     break
-        return Draft(tokens=tokens, probs=None, conf=[[1.0] * len(t) for t in tokens])
+        return Draft(tokens=tokens, probs=None, conf=[[1.0] * len(t) for t in tokens], stopped=stopped)
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         if k == 0:
@@ -216,7 +216,7 @@ class _DraftLoop:
         self.rules = stop_rules if stop_rules and any(r is not None for r in stop_rules) else None
         self.want_conf = stop_below is not None or self.rules is not None
         self.conf: list[list[float]] = [[] for _ in seqs]
-        self.lengths = list(ks)
+        self.ks, self.lengths = list(ks), list(ks)
         k_max = max(ks)
         self.tokens = torch.zeros(len(seqs), k_max, dtype=torch.long)
         self.probs = None if greedy else torch.zeros(len(seqs), k_max, vocab)
@@ -258,4 +258,6 @@ class _DraftLoop:
     def result(self) -> Draft:
         rows = self.tokens.tolist()
         conf = [c[:n] for c, n in zip(self.conf, self.lengths, strict=True)] if self.want_conf else None
-        return Draft(tokens=[rows[b][: n] for b, n in enumerate(self.lengths)], probs=self.probs, conf=conf)
+        stopped = [n < k for n, k in zip(self.lengths, self.ks, strict=True)]  # only a cut shortens a draft
+        return Draft(tokens=[rows[b][: n] for b, n in enumerate(self.lengths)], probs=self.probs, conf=conf,
+                     stopped=stopped)

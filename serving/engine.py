@@ -152,9 +152,8 @@ class Engine:
                 rules = self.policy.stop_rules(seqs, ks, batch)
                 d = self.drafter.propose(seqs, ks, stop_below=self.policy.stop_below, stop_rules=rules)
                 drafts, draft_probs, confs = d.tokens, d.probs, d.conf
-                for b, x in enumerate(drafts):
-                    gated = (0 < len(x) and self.policy.stop_below is not None) or (rules and rules[b] and confs)
-                    if len(x) < ks[b] and gated:
+                for b, stopped in enumerate(d.stopped or ()):
+                    if stopped:
                         reasons[b] += "+stop"  # the draft stopped itself (entropy / cost gating)
             t1 = time.perf_counter()
             # 2) verify: the pending token plus the drafts, one target forward for the whole batch

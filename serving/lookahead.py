@@ -168,8 +168,6 @@ class CostK:
     ago is timed again when that was over 4 x refresh_every steps ago, so no point of the curve goes
     stale while the policy avoids it."""
 
-    STATES = ("-", "none", "some", "all")
-
     def __init__(self, k_max: int = 8, weight: float = 0.1, alpha0: float = 0.6, stop_below: float | None = None,
                  probes: tuple[int, ...] = (1, 0, 2, 4), probe_every: int = 8, name: str | None = None,
                  by_state: bool = True, shrink: float = 2.0, gate: bool = False, depth_classes: int = 2,
@@ -200,7 +198,7 @@ class CostK:
         self.speed_weight = 0.5
         self._lines: dict[int, tuple[float, float] | None] = {}  # fitted lines, dropped when step_s changes
         self._seen: set[int] = set()
-        self._off: dict[int, int] = {}
+        self._ticks: dict[int, int] = {}  # per sequence: steps off (cost) or gated (gate), for probing
 
     # ---------------------------------------------------------------- estimates
     def alpha(self, domain: str) -> float:
@@ -289,8 +287,7 @@ class CostK:
         best = max(rates, key=rates.get)
         if best > 0:
             return best, "cost"
-        n = self._off.get(seq.seq_id, 0) + 1
-        self._off[seq.seq_id] = n
+        n = self._ticks[seq.seq_id] = self._ticks.get(seq.seq_id, 0) + 1
         return (1, "cost-probe") if n % self.probe_every == 0 else (0, "cost-off")
 
     def observe(self, seq: Sequence, k: int, accepted: int, draft_s: float, verify_s: float,
@@ -306,13 +303,10 @@ class CostK:
                 self._accepted[seq.domain], self._tested[seq.domain] = float(accepted), float(tested)
             state = self._state.get(seq.seq_id, "-") if self.by_state else "-"
             for d in range(1, tested + 1):  # depth d was tested; accepted when d <= accepted
-                key = (seq.domain, state, d)
-                hits, n = self._depth.get(key, (0.0, 0.0))
-                self._depth[key] = ((1 - w) * hits + (d <= accepted), (1 - w) * n + 1)
+                self._count(self._depth, (seq.domain, state, d), d <= accepted)
                 if conf is not None and d <= len(conf):
-                    key2 = (seq.domain, min(d, self.depth_classes), self._bin(conf[d - 1]))
-                    hits, n = self._bins.get(key2, (0.0, 0.0))
-                    self._bins[key2] = ((1 - w) * hits + (d <= accepted), (1 - w) * n + 1)
+                    key = (seq.domain, min(d, self.depth_classes), self._bin(conf[d - 1]))
+                    self._count(self._bins, key, d <= accepted)
             self._state[seq.seq_id] = "all" if accepted >= k else ("some" if accepted else "none")
         self._refreshing.discard(seq.seq_id)
         if seq.seq_id not in self._seen:
@@ -325,9 +319,7 @@ class CostK:
         self._last[key] = n
         self._lines.pop(key[0], None)
         if k > 0:
-            per_token = draft_s / k
-            old_d = self.draft_token_s.get(key[0])
-            self.draft_token_s[key[0]] = per_token if old_d is None else old_d + w * (min(per_token, 3 * old_d) - old_d)
+            self._follow(self.draft_token_s, key[0], draft_s / k)
         # The machine's speed drifts (other tenants, clocks): a step time is read as speed x shape(K).
         # The speed follows every step quickly; the shape, which alone decides K, moves slowly and is not
         # left stale at a K measured only long ago.
@@ -337,11 +329,18 @@ class CostK:
         if old is not None:
             speed += self.speed_weight * (min(max(t / old, speed / 3), speed * 3) - speed)
             self._speed[key[0]] = speed
-        t /= speed
-        if old is None:
-            self.step_s[key] = t
-        else:
-            self.step_s[key] = old + w * (min(t, 3 * old) - old)
+        self._follow(self.step_s, key, t / speed)
+
+    def _follow(self, table: dict, key, x: float) -> None:
+        """Exponentially weighted estimate of `x`, an outlier counting as at most 3x the estimate."""
+        old = table.get(key)
+        table[key] = x if old is None else old + self.weight * (min(x, 3 * old) - old)
+
+    def _count(self, table: dict, key, hit: bool) -> None:
+        """Exponentially weighted (hits, observations)."""
+        hits, n = table.get(key, (0.0, 0.0))
+        w = self.weight
+        table[key] = ((1 - w) * hits + hit, (1 - w) * n + 1)
 
     def stop_rules(self, seqs: list[Sequence], ks: list[int], batch_size: int) -> list[StopRule | None] | None:
         if not self.gate:
@@ -354,21 +353,20 @@ class CostK:
 
     def _rule(self, seq: Sequence, bucket: int) -> StopRule:
         T = lambda k: self.step_time(k, bucket)  # noqa: E731
-        st = {"e": 1.0, "p": 1.0}  # expected tokens of the kept draft, chance all kept tokens are accepted
+        e, p = 1.0, 1.0  # expected tokens of the kept draft, chance all kept tokens are accepted
         d = self.draft_token_s.get(bucket, 0.0) / self._speed.get(bucket, 1.0)  # in the curve's units
-        n = self._off.get(seq.seq_id, 0) + 1
-        self._off[seq.seq_id] = n
+        n = self._ticks[seq.seq_id] = self._ticks.get(seq.seq_id, 0) + 1
         probe = n % self.probe_every == 0  # keep the first token now and then, so q keeps being measured
 
         def rule(j: int, conf: float) -> int | None:
+            nonlocal e, p
             q = self.q(seq.domain, conf, j + 1)
-            e, p = st["e"], st["p"]
             # token j's drafting is spent either way: keep it if verifying it raises the expected rate
             if not (probe and j == 0) and (e + p * q) / T(j + 1) <= (1 + self.margin * (j > 0)) * e / (T(j) + d):
                 return j  # verifying this token costs more than it is expected to return: drop it
-            st["e"], st["p"] = e + p * q, p * q
+            e, p = e + p * q, p * q
             q_next = self.q(seq.domain, conf, j + 2)  # a next token as sure as this one, one deeper
-            if (st["e"] + st["p"] * q_next) / T(j + 2) <= st["e"] / T(j + 1):
+            if (e + p * q_next) / T(j + 2) <= e / T(j + 1):
                 return j + 1  # keep it; one more as likely would not pay
             return None
 
@@ -376,7 +374,7 @@ class CostK:
 
     def forget(self, seq: Sequence) -> None:
         self._seen.discard(seq.seq_id)
-        self._off.pop(seq.seq_id, None)
+        self._ticks.pop(seq.seq_id, None)
         self._state.pop(seq.seq_id, None)
 
 

@@ -31,10 +31,12 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def _interleaved(loaded, prompts, encoded, params, run_prompts):
+def _interleaved(loaded, prompts, encoded, params):
     """AR and spec on the same prompts, alternating prompt by prompt (AR first, then spec, on each), so
     that a change in the machine's speed during the run lands on both modes alike. Returns the two
     ModeResults with every request and the summed wall time."""
+    from serving.worker import run_prompts
+
     merged = {}
     for p, e in zip(prompts, encoded, strict=True):
         for mode in ("ar", "spec"):
@@ -49,7 +51,7 @@ def _interleaved(loaded, prompts, encoded, params, run_prompts):
 
 def handle(args: argparse.Namespace) -> int:
     from serving.sampling import SamplingParams
-    from serving.worker import EngineSpec, load, run_prompts
+    from serving.worker import EngineSpec, load
     from serving.workloads import load_workload
     from telemetry.calibration import StepCounts, calibrate
 
@@ -76,7 +78,7 @@ def handle(args: argparse.Namespace) -> int:
     for d in tqdm(domains, desc="domains", file=sys.stderr):
         idx = [i for i, p in enumerate(prompts) if p.domain == d]
         ps, enc = [prompts[i] for i in idx], [encoded[i] for i in idx]
-        ar, sp = _interleaved(loaded, ps, enc, params, run_prompts)
+        ar, sp = _interleaved(loaded, ps, enc, params)
         spec_steps = [s for r in sp.results for s in r.record.steps if s.k > 0]
         ar_steps = [s for r in ar.results for s in r.record.steps]
         counts = StepCounts(

@@ -210,6 +210,20 @@ def distill_loss(draft: EagleDraft, batch: dict, cfg: TrainConfig, vocab_to_head
 
 
 # ------------------------------------------------------------------ alpha (simulated drafting)
+def primed_draft(draft: EagleDraft, prep: Prepared, seq: dict, k: int):
+    """(tokens, features, draft cache) of one prepared sequence, the cache holding the real entries of
+    its prompt: positions 0..P-2 (tokens x_1..x_{P-1}, features f_0..f_{P-2}), room for k drafts more."""
+    from serving.llama import contiguous_batch
+
+    o, L, P = seq["offset"], seq["length"], seq["num_prompt"]
+    toks = prep.tokens[o: o + L]
+    feats = prep.feats[o: o + L].to(draft.fc.weight.dtype)
+    cache = draft.new_cache(1, L + k + 2)
+    if P >= 2:
+        draft(toks[1:P][None], feats[: P - 1][None], contiguous_batch(0, 1, 0, P - 1), cache)
+    return toks, feats, cache
+
+
 @torch.inference_mode()
 def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple[str, ...] | None = None) -> dict:
     """Greedy acceptance as the engine would see it: the draft proposes K tokens from the real feature
@@ -220,18 +234,12 @@ def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple
     rejected one), acceptance_rate accepted / drafted."""
     from serving.llama import contiguous_batch
 
-    dtype = draft.fc.weight.dtype
     res: dict[str, dict] = {}
     for s in prep.seqs:
         if domains and s["domain"] not in domains:
             continue
-        o, L, P = s["offset"], s["length"], s["num_prompt"]
-        toks = prep.tokens[o: o + L]
-        feats = prep.feats[o: o + L].to(dtype)
-        cache = draft.new_cache(1, L + k + 2)
-        # real entries for positions 0..P-2 (tokens x_1..x_{P-1}, features f_0..f_{P-2})
-        if P >= 2:
-            draft(toks[1:P][None], feats[: P - 1][None], contiguous_batch(0, 1, 0, P - 1), cache)
+        L, P = s["length"], s["num_prompt"]
+        toks, feats, cache = primed_draft(draft, prep, s, k)
         n = P  # x_n is the pending token (the first answer token came from the prefill)
         real_upto = P - 1  # cache holds real entries for positions < real_upto
         drafted = accepted = steps = rejections = 0
