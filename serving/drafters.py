@@ -5,6 +5,7 @@
 - `FeatureDrafter`: an EAGLE-style draft that reads the target's last hidden states (serving/eagle.py).
 - `NgramDrafter`: prompt lookup: find the latest earlier occurrence of the sequence's last n tokens and
   propose what followed it. No model, deterministic (q is one-hot).
+- `HybridDrafter`: prompt lookup where the context has a match, a model drafter everywhere else.
 """
 
 from __future__ import annotations
@@ -143,6 +144,58 @@ class NgramDrafter:
 
     def commit(self, seq: Sequence, num_before: int, accepted: int, features: torch.Tensor | None = None) -> None:
         pass
+
+
+class HybridDrafter:
+    """Prompt lookup where the sequence's last `n_min`+ tokens occurred earlier in its context, the model
+    drafter (`inner`) for the other sequences of the batch.
+
+    Code answers copy names and lines from the prompt and from themselves, which a copy gets right for free,
+    while a small draft predicts the rest. The inner drafter still sees every committed token: a sequence
+    that copied this step keeps its features (or tokens) queued, and the inner drafter's next catch-up for
+    it feeds them all in one forward. Sampling stays exact: a copied token's q is one-hot."""
+
+    def __init__(self, inner: ModelDrafter | FeatureDrafter, n_max: int = 3, n_min: int = 2):
+        self.inner, self.ngram = inner, NgramDrafter(n_max=n_max, n_min=n_min)
+        self.needs_features = inner.needs_features
+        self.name = f"{inner.name}+ngram:{n_max}-{n_min}"
+
+    def prefill(self, seq: Sequence, features: torch.Tensor | None = None) -> None:
+        self.inner.prefill(seq, features)
+
+    def commit(self, seq: Sequence, num_before: int, accepted: int, features: torch.Tensor | None = None) -> None:
+        self.inner.commit(seq, num_before, accepted, features)
+
+    def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None,
+                stop_rules: list[StopRule | None] | None = None) -> Draft:
+        copies = [self.ngram.lookup(s.tokens, k) for s, k in zip(seqs, ks, strict=True)]
+        rules = stop_rules or [None] * len(seqs)
+        model_rows = [b for b, c in enumerate(copies) if not c and ks[b] > 0]
+        sub = None
+        if model_rows:
+            sub = self.inner.propose([seqs[b] for b in model_rows], [ks[b] for b in model_rows], stop_below,
+                                     [rules[b] for b in model_rows] if stop_rules else None)
+        tokens, conf, stopped = [list(c) for c in copies], [[1.0] * len(c) for c in copies], [False] * len(seqs)
+        for b, c in enumerate(copies):  # a copy is certain as far as lookup knows: rules judge its worth
+            for j in range(len(c) if rules[b] is not None else 0):
+                keep = rules[b](j, 1.0)
+                if keep is not None:
+                    tokens[b], conf[b], stopped[b] = c[:keep], conf[b][:keep], keep < ks[b]
+                    break
+        probs = None
+        for i, b in enumerate(model_rows):
+            tokens[b] = sub.tokens[i]
+            conf[b] = sub.conf[i] if sub.conf is not None else []
+            stopped[b] = bool(sub.stopped[i]) if sub.stopped is not None else False
+        if sub is not None and sub.probs is not None:  # sampling: q rows for every sequence, one-hot for copies
+            probs = torch.zeros(len(seqs), max(ks), sub.probs.shape[-1])
+            for i, b in enumerate(model_rows):
+                probs[b, : sub.probs.shape[1]] = sub.probs[i]
+            for b, t in enumerate(tokens):
+                if b not in model_rows and t:
+                    probs[b, torch.arange(len(t)), torch.tensor(t)] = 1.0
+        want_conf = stop_below is not None or any(r is not None for r in rules)
+        return Draft(tokens=tokens, probs=probs, conf=conf if want_conf else None, stopped=stopped)
 
 
 class FeatureDrafter:

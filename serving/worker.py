@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from serving.drafters import FeatureDrafter, ModelDrafter, NgramDrafter
+from serving.drafters import FeatureDrafter, HybridDrafter, ModelDrafter, NgramDrafter
 from serving.eagle import is_eagle_dir, load_eagle
 from serving.engine import Engine, StepEvent
 from serving.llama import CausalLM, load_causal_lm
@@ -27,7 +27,7 @@ from serving.workloads import Prompt
 from telemetry.records import RequestRecord, RunInfo, StepRow, TokenRow
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-DRAFTERS = ("draft", "early-exit", "ngram")
+DRAFTERS = ("draft", "draft+ngram", "early-exit", "ngram")
 # Measured with `make bench` on the code workload (bf16, greedy, 2-core CPU): prompt lookup beats
 # early exit, whose untrained early layers almost never agree with the final layer on this model, and
 # beats the bundled distilled draft as trained so far (per-token alpha 0.41 on code: 1.24x against
@@ -41,6 +41,9 @@ def default_drafter(target: str | None) -> str:
 
 
 DEFAULT_EARLY_EXIT_LAYERS = 8
+# draft+ngram copies from the context only where its last HYBRID_NGRAM_MIN+ tokens occurred before
+# (a single repeated token is too weak a signal to overrule the draft)
+HYBRID_NGRAM_MIN = 2
 
 
 def software_version() -> str:
@@ -129,7 +132,7 @@ def load(spec: EngineSpec) -> Loaded:
     dtype = DTYPES[spec.dtype]
     tokenizer = load_tokenizer(target_dir)
     target = load_causal_lm(target_dir, dtype)
-    if spec.drafter == "draft":
+    if spec.drafter in ("draft", "draft+ngram"):
         draft_dir = resolve_model(spec.draft_model, "draft")
         check_same_vocab(target_dir, draft_dir, target_tok=tokenizer)
         if is_eagle_dir(draft_dir):
@@ -157,6 +160,12 @@ def load(spec: EngineSpec) -> Loaded:
 
         def factory(slots: int, max_len: int):
             return NgramDrafter(n_max=3)
+    if spec.drafter == "draft+ngram":
+        inner = factory
+        label = f"{label}+ngram:3-{HYBRID_NGRAM_MIN}"
+
+        def factory(slots: int, max_len: int):
+            return HybridDrafter(inner(slots, max_len), n_max=3, n_min=HYBRID_NGRAM_MIN)
     eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     gen_cfg = target_dir / "generation_config.json"
     if gen_cfg.is_file():

@@ -120,7 +120,7 @@ def test_model_card_has_the_reproducible_command(tmp_path):
     args.minutes = 1.0
     cmd = command_line(args)
     assert cmd.startswith("specfinops distill ") and "--generate-prompts 10" in cmd and "--minutes 1" in cmd
-    assert "--resume" not in cmd and "--head-vocab 8192" in cmd and "--seed 0" in cmd
+    assert "--resume" not in cmd and "--head-vocab 8192" in cmd and "--seed 0" in cmd and "--dtype bfloat16" in cmd
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.drafters import FeatureDrafter, ModelDrafter, NgramDrafter
+from serving.drafters import Draft, FeatureDrafter, HybridDrafter, ModelDrafter, NgramDrafter
 from serving.eagle import EagleDraft
 from serving.engine import Engine, EngineError, StepEvent
 from serving.lookahead import CostK, EntropyK, FixedK, HeuristicK, parse_policy
@@ -33,6 +33,9 @@ def drafters():
         "early-exit": lambda slots: ModelDrafter(TARGET, "ee", slots=slots, max_len=220, num_layers=1),
         "ngram": lambda slots: NgramDrafter(),
         "feature": lambda slots: FeatureDrafter(FEATURE, "feature", slots=slots, max_len=220),
+        "feature+ngram": lambda slots: HybridDrafter(FeatureDrafter(FEATURE, "feature", slots=slots, max_len=220)),
+        "draft-model+ngram": lambda slots: HybridDrafter(ModelDrafter(DRAFT, "draft", slots=slots, max_len=220),
+                                                         n_min=1),
     }
 
 
@@ -62,7 +65,7 @@ def test_heuristic_policy_is_exact_and_adapts():
     assert max(ks) > 2  # fully accepted drafts grow K
 
 
-@pytest.mark.parametrize("mode", ["ar", "draft-model", "self-draft", "ngram", "feature"])
+@pytest.mark.parametrize("mode", ["ar", "draft-model", "self-draft", "ngram", "feature", "feature+ngram"])
 def test_batched_sequences_joining_and_leaving_equal_solo(mode):
     lengths = [40, 13, 27, 5, 33]
     params = [SamplingParams(max_new_tokens=n) for n in lengths]
@@ -167,7 +170,7 @@ def test_feature_drafter_samples_exactly_seeded_and_proposes_only_head_tokens():
 
 
 @pytest.mark.parametrize("policy", ["heuristic", "entropy", "cost", "auto"])
-@pytest.mark.parametrize("name", ["draft-model", "feature", "ngram"])
+@pytest.mark.parametrize("name", ["draft-model", "feature", "ngram", "feature+ngram"])
 def test_every_policy_is_exact(policy, name):
     reference = ar_outputs()
     engine = Engine(TARGET, drafter=drafters()[name](2), policy=parse_policy(policy), max_batch=2, max_len=200)
@@ -356,6 +359,51 @@ def test_stop_rules_cut_drafts_where_they_say_and_report_probabilities():
     assert d.tokens == [[3, 4], [9, 7, 8]] and d.conf == [[1.0, 1.0], [1.0, 1.0, 1.0]]
     assert calls == [(0, 1.0), (1, 1.0)]
     assert NgramDrafter().propose(seqs, [5, 5]).conf is None  # nothing asked, nothing reported
+
+
+class _FixedDrafter:
+    """A stub model drafter: proposes token 42 k times, q uniform over 96 tokens when sampling."""
+
+    needs_features, name = False, "stub"
+
+    def __init__(self, sampling: bool = False):
+        self.calls, self.sampling = [], sampling
+
+    def propose(self, seqs, ks, stop_below=None, stop_rules=None):
+        self.calls.append([s.seq_id for s in seqs])
+        probs = torch.full((len(seqs), max(ks), 96), 1 / 96) if self.sampling else None
+        return Draft(tokens=[[42] * k for k in ks], probs=probs, conf=[[0.5] * k for k in ks] if stop_rules else None,
+                     stopped=[False] * len(seqs))
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_hybrid_copies_where_the_context_repeats_and_drafts_elsewhere(sampling):
+    seqs = [_seq(0, "code"), _seq(1, "code"), _seq(2, "code")]
+    seqs[0].tokens = [1, 2, 3, 4, 5, 1, 2]  # the bigram (1, 2) occurred before: copy 3, 4, 5
+    seqs[1].tokens = [7, 8, 9, 10, 8]  # only the single token 8 repeats: below n_min=2, the model drafts
+    seqs[2].tokens = [11, 12, 13, 11, 12]
+    inner = _FixedDrafter(sampling)
+    d = HybridDrafter(inner, n_min=2).propose(seqs, [3, 4, 2])
+    assert inner.calls == [[1]]  # only the sequence without a match reached the model
+    assert d.tokens == [[3, 4, 5], [42, 42, 42, 42], [13, 11]]
+    if sampling:  # q: one-hot rows for copies, the model's rows for its sequence
+        assert d.probs.shape == (3, 4, 96)
+        assert d.probs[0, 1, 4] == 1 and d.probs[0, 1].sum() == 1 and d.probs[2, 1, 11] == 1
+        assert torch.allclose(d.probs[1], torch.full((4, 96), 1 / 96))
+    else:
+        assert d.probs is None
+    # a stop rule judges copies (probability 1) and the model's tokens alike
+    d = HybridDrafter(_FixedDrafter(), n_min=2).propose(seqs, [3, 4, 2], stop_rules=[lambda j, c: 1, None, None])
+    assert d.tokens[0] == [3] and d.stopped == [True, False, False] and d.conf[0] == [1.0]
+
+
+def test_hybrid_sampling_is_seeded_and_reproducible():
+    params = SamplingParams(temperature=0.9, max_new_tokens=24, seed=5)
+    outs = []
+    for _ in range(2):
+        engine = Engine(TARGET, drafter=drafters()["feature+ngram"](1), policy=FixedK(3), max_len=200)
+        outs.append(engine.generate(PROMPTS[0], params).output)
+    assert outs[0] == outs[1] and len(outs[0]) == 24
 
 
 def test_a_bad_request_fails_alone_and_its_batch_continues():

@@ -20,7 +20,7 @@ def register(sub) -> None:
                     EXAMPLES, handle)
     p.add_argument("--target", default=None, help="target model name or directory (default: bundled)")
     p.add_argument("--draft", default=None, help="draft model directory (default: the bundled draft)")
-    p.add_argument("--drafter", default="draft", help="draft | early-exit | ngram (default: draft)")
+    p.add_argument("--drafter", default="draft", help="draft | draft+ngram | early-exit | ngram (default: draft)")
     p.add_argument("--workload", default="mixed", help="builtin name or .jsonl path (default: mixed)")
     p.add_argument("--limit", type=int, default=None, help="prompts per domain (default: all)")
     p.add_argument("--k", type=int, default=4, help="K used while measuring (default 4)")

@@ -31,6 +31,10 @@ def register(sub) -> None:
     p.add_argument("--data-dir", default=None, help="where --generate-prompts writes (default: ~/.cache/specfinops/distill/...)")
     p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap when generating data")
     p.add_argument("--gen-batch", type=int, default=32, help="sequences generated together")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                   help="precision of the target when generating data (bfloat16, the default, is what serving runs "
+                        "and about 2x faster on CPUs with bf16 instructions) and of the draft's training matmuls "
+                        "(bfloat16: mixed precision, weights and optimizer stay float32)")
     p.add_argument("--out", required=True, help="output directory for the draft (weights, config, tokenizer, model card)")
     p.add_argument("--minutes", default=None, help="training budget in minutes (excluding data and evaluation)")
     p.add_argument("--steps", default=None, help="training budget in optimizer steps")
@@ -81,9 +85,10 @@ def handle(args) -> int:
     for c in args.corpus:
         if not Path(c).expanduser().is_dir():
             raise UsageError(f"corpus {c} does not exist")
-    if not (args.corpus or args.generate_prompts or args.stdlib_code):
-        raise UsageError("no training data: give --corpus DIR, --generate-prompts N or --stdlib-code N")
-    for name in ("generate_prompts", "stdlib_code", "head_vocab", "layers", "unroll", "batch_tokens"):
+    if not (args.corpus or args.generate_prompts or args.stdlib_prompts or args.stdlib_code):
+        raise UsageError("no training data: give --corpus DIR, --generate-prompts N, --stdlib-prompts N or "
+                         "--stdlib-code N")
+    for name in ("generate_prompts", "stdlib_prompts", "stdlib_code", "head_vocab", "layers", "unroll", "batch_tokens"):
         if getattr(args, name) < 0 or (name in ("head_vocab", "layers", "unroll", "batch_tokens") and getattr(args, name) < 1):
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     from serving.distill.pipeline import run

@@ -68,13 +68,16 @@ def _write_meta(out_dir: Path, target, topk: int, index: list[dict], extra: dict
 
 def generate_prepared(target_dir: str | Path, prompts: list[dict], out_dir: Path, *, max_new_tokens: int = 192,
                       batch: int = 32, topk: int = 8, max_prompt: int = 700, progress: bool = True,
-                      say: Callable[[str], None] = _say_nothing, extra_meta: dict | None = None) -> dict:
-    """The target's greedy answers to `prompts` (in its chat format) as a prepared directory; see `record_generation`."""
+                      say: Callable[[str], None] = _say_nothing, extra_meta: dict | None = None,
+                      dtype: torch.dtype = torch.float32) -> dict:
+    """The target's greedy answers to `prompts` (in its chat format) as a prepared directory, the target run
+    in `dtype` (bf16 is what serving runs, so its answers are the ones the draft will be verified against);
+    see `record_generation`."""
     from serving.llama import load_causal_lm
     from serving.models import load_tokenizer
 
     tok = load_tokenizer(Path(target_dir))
-    target = load_causal_lm(target_dir, torch.float32)
+    target = load_causal_lm(target_dir, dtype)
     encoded = [(item, encode_prompt(tok, item)) for item in prompts]
     return record_generation(target, encoded, out_dir, eos=tok.eos_token_id, max_new_tokens=max_new_tokens,
                              batch=batch, topk=topk, max_prompt=max_prompt, progress=progress, say=say,
@@ -323,7 +326,7 @@ def token_frequencies(preps: list[Prepared], vocab_size: int) -> torch.Tensor:
 
 def prepare(target_dir: str | Path, prompts: list[dict], out_dir: str | Path, *, max_new_tokens: int = 192,
             batch: int = 32, topk: int = 8, progress: bool = True, say: Callable[[str], None] = _say_nothing,
-            extra_meta: dict | None = None) -> dict:
+            extra_meta: dict | None = None, dtype: torch.dtype = torch.float32) -> dict:
     """A complete prepared directory: either the target's own greedy answers to `prompts` (one pass that
     generates and records), or, for items that carry their own "answer", a teacher-forcing pass."""
     from serving.llama import load_causal_lm
@@ -334,9 +337,10 @@ def prepare(target_dir: str | Path, prompts: list[dict], out_dir: str | Path, *,
         raise ValueError("a prepared directory holds either generated answers or written answers, not both")
     if not written:
         return generate_prepared(target_dir, prompts, out_dir, max_new_tokens=max_new_tokens, batch=batch,
-                                 topk=topk, progress=progress, say=say, extra_meta=extra_meta)
+                                 topk=topk, progress=progress, say=say, extra_meta=extra_meta, dtype=dtype)
     answers = written_answers(target_dir, written)
     with torch.inference_mode():
-        target = load_causal_lm(target_dir, torch.float32)
+        target = load_causal_lm(target_dir, dtype)
         return teacher_pass(target, answers, out_dir, topk=topk, progress=progress,
-                            extra_meta={"prompts": len(prompts), "compute_dtype": "float32", **(extra_meta or {})})
+                            extra_meta={"prompts": len(prompts), "compute_dtype": str(dtype).replace("torch.", ""),
+                                        **(extra_meta or {})})

@@ -19,7 +19,7 @@ EVAL_DOMAINS = ("code", "chat", "rewrite")
 
 
 REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "stdlib_code", "max_new_tokens", "gen_batch",
-                 "out", "minutes", "steps",
+                 "dtype", "out", "minutes", "steps",
                  "head_vocab", "layers", "lr", "batch_tokens", "unroll", "detach_unroll", "w_feat", "w_hard",
                  "feat_noise", "seed", "k")
 
@@ -69,12 +69,17 @@ def copy_tokenizer(target_dir: Path, out: Path) -> None:
             shutil.copyfile(target_dir / name, out / name)
 
 
-def eval_data(target_dir: Path, max_new_tokens: int, say) -> Path:
+def _dtype_tag(dtype: torch.dtype) -> str:
+    """Cache-name suffix of data made in `dtype` (float32 data keeps the names it always had)."""
+    return "" if dtype == torch.float32 else "-" + str(dtype).replace("torch.", "")
+
+
+def eval_data(target_dir: Path, max_new_tokens: int, say, dtype: torch.dtype = torch.float32) -> Path:
     """The target's greedy answers to the builtin evaluation workloads (for measuring alpha only)."""
     from serving.distill.data import is_prepared, prepare
     from serving.workloads import load_workload
 
-    d = CACHE / f"{target_dir.name}-eval-{'-'.join(EVAL_DOMAINS)}-{max_new_tokens}"
+    d = CACHE / f"{target_dir.name}-eval-{'-'.join(EVAL_DOMAINS)}-{max_new_tokens}{_dtype_tag(dtype)}"
     if not is_prepared(d):
         items = []
         for dom in EVAL_DOMAINS:
@@ -82,7 +87,7 @@ def eval_data(target_dir: Path, max_new_tokens: int, say) -> Path:
                 item = {"id": p.id, "domain": p.domain, "messages": p.as_messages()}
                 items.append(item)
         say(f"evaluation data: the target's greedy answers to {len(items)} workload prompts -> {d}")
-        prepare(target_dir, items, d, max_new_tokens=max_new_tokens, say=say,
+        prepare(target_dir, items, d, max_new_tokens=max_new_tokens, say=say, dtype=dtype,
                 extra_meta={"corpus": "builtin evaluation workloads (never trained on)"})
     return d
 
@@ -97,6 +102,8 @@ def run(args) -> int:
     from serving.models import load_tokenizer, resolve_model
 
     torch.set_num_threads(args.threads)
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    tag = _dtype_tag(dtype)
     t_start = time.perf_counter()
     target_dir = resolve_model(args.target, "target")
     out = Path(args.out).expanduser()
@@ -111,12 +118,13 @@ def run(args) -> int:
     if args.generate_prompts or args.stdlib_prompts:
         n_t, n_s = args.generate_prompts or 0, args.stdlib_prompts or 0
         d = Path(args.data_dir).expanduser() if args.data_dir else \
-            CACHE / f"{target_dir.name}-generated-t{n_t}-l{n_s}-s{args.seed}-n{args.max_new_tokens}"
+            CACHE / f"{target_dir.name}-generated-t{n_t}-l{n_s}-s{args.seed}-n{args.max_new_tokens}{tag}"
         if not is_prepared(d):
             prompts = interleave(make_prompts(n_t, seed=args.seed) if n_t else [],
                                  stdlib_prompts(n_s, seed=args.seed) if n_s else [])
             _say(f"generating the target's greedy answers to {len(prompts)} prompts -> {d}")
             prepare(target_dir, prompts, d, max_new_tokens=args.max_new_tokens, batch=args.gen_batch, say=_say,
+                    dtype=dtype,
                     extra_meta={"corpus": "templated prompts and standard-library code prompts "
                                           "(serving/distill/prompts.py), the target's greedy answers"})
         corpora.append(d)
@@ -127,11 +135,11 @@ def run(args) -> int:
             described.append(f"the target's greedy answers (max {args.max_new_tokens} tokens) to {n_s} code prompts "
                              "made from documented Python standard-library functions")
     if args.stdlib_code:
-        d = CACHE / f"{target_dir.name}-stdlib-code-{args.stdlib_code}-s{args.seed}"
+        d = CACHE / f"{target_dir.name}-stdlib-code-{args.stdlib_code}-s{args.seed}{tag}"
         if not is_prepared(d):
             items = stdlib_code_items(args.stdlib_code, seed=args.seed)
             _say(f"teacher pass over {len(items)} standard-library functions -> {d}")
-            prepare(target_dir, items, d, say=_say,
+            prepare(target_dir, items, d, say=_say, dtype=dtype,
                     extra_meta={"corpus": "Python standard library functions as chat answers (teacher-forced)"})
         corpora.append(d)
         described.append(f"{args.stdlib_code} Python standard-library functions shown as chat answers, "
@@ -150,7 +158,7 @@ def run(args) -> int:
     cfg = TrainConfig(head_vocab=args.head_vocab, layers=args.layers, lr=args.lr, batch_tokens=args.batch_tokens,
                       unroll=args.unroll, detach_unroll=args.detach_unroll, minutes=args.minutes, steps=args.steps,
                       seed=args.seed, save_every_s=args.save_every * 60, w_feat=args.w_feat, w_hard=args.w_hard,
-                      feat_noise=args.feat_noise)
+                      feat_noise=args.feat_noise, dtype=args.dtype)
     draft, coverage = new_draft(target, preps, cfg, eos)
     ckpt = Path(args.checkpoint).expanduser() if args.checkpoint else \
         CACHE / "checkpoints" / (hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12] + ".pt")
@@ -197,12 +205,12 @@ def run(args) -> int:
         del target
         target16 = load_causal_lm(target_dir, torch.bfloat16)
         d16 = load_eagle(out, target16, torch.bfloat16)
-        ev = load_prepared(eval_data(target_dir, args.eval_max_new_tokens, _say))
+        ev = load_prepared(eval_data(target_dir, args.eval_max_new_tokens, _say, dtype))
         alpha = simulate_alpha(d16, ev, k=args.k)
         results["alpha"] = alpha
         results["alpha_method"] = (f"simulated greedy drafting, K={args.k}, bf16: step 1 reads the target's real "
                                    "feature, later steps the draft's own; verified against the target's greedy "
-                                   f"answers (max {args.eval_max_new_tokens} tokens) to the builtin workloads; alpha = "
+                                   f"({args.dtype}) answers (max {args.eval_max_new_tokens} tokens) to the builtin workloads; alpha = "
                                    "accepted / tested (per-token), acceptance_rate = accepted / drafted")
         results["cost"] = measure_c(d16, target16)
         _say("alpha " + ", ".join(f"{k} {v['alpha']:.3f}" for k, v in alpha.items()) +

@@ -45,6 +45,7 @@ class TrainConfig:
     minutes: float | None = None
     steps: int | None = None
     seed: int = 0
+    dtype: str = "bfloat16"  # matmul precision (mixed: float32 weights and optimizer, bf16 autocast)
     save_every_s: float = 180.0
     extra: dict = field(default_factory=dict)
 
@@ -368,7 +369,8 @@ def train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, checkpo
         for g in opt.param_groups:
             g["lr"] = lr
         batch = batches.next()
-        loss, stats = distill_loss(draft, batch, cfg, vocab_to_head, feat_scale)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
+            loss, stats = distill_loss(draft, batch, cfg, vocab_to_head, feat_scale)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
