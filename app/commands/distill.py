@@ -5,7 +5,8 @@ from __future__ import annotations
 from app.commands._common import add_command
 
 EXAMPLES = """  # the bundled draft (the command its model card records)
-  specfinops distill --generate-prompts 1300 --stdlib-prompts 500 --max-new-tokens 128 --out serving/bundled/draft --minutes 38
+  specfinops distill --generate-prompts 1784 --stdlib-prompts 2617 --max-new-tokens 128 --gen-batch 48 \
+      --out serving/bundled/draft --minutes 65
   # a quick trial on data prepared earlier, 200 steps, no evaluation
   specfinops distill --corpus ~/.cache/specfinops/distill/DATA --out /tmp/draft --steps 200 --no-eval
   # continue an interrupted run (same arguments plus --resume)
