@@ -20,7 +20,7 @@ from serving.eagle import is_eagle_dir, load_eagle
 from serving.engine import Engine, StepEvent
 from serving.llama import CausalLM, load_causal_lm
 from serving.lookahead import DEFAULT_K, BatchGatedK, parse_policy
-from serving.models import check_same_vocab, load_tokenizer, resolve_model
+from serving.models import BUNDLED_DRAFT_DIR, BUNDLED_TARGET, check_same_vocab, load_tokenizer, resolve_model
 from serving.sampling import SamplingParams
 from serving.sequence import Sequence
 from serving.workloads import Prompt
@@ -28,16 +28,20 @@ from telemetry.records import RequestRecord, RunInfo, StepRow, TokenRow
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DRAFTERS = ("draft", "draft+ngram", "early-exit", "ngram")
-# Measured with `make bench` on the code workload (bf16, greedy, 2-core CPU): prompt lookup beats
-# early exit, whose untrained early layers almost never agree with the final layer on this model, and
-# beats the bundled distilled draft as trained so far (per-token alpha 0.41 on code: 1.24x against
-# prompt lookup's 1.65x; see docs/benchmarks.md). `--drafter draft` selects that draft explicitly.
+# Measured on the code workload (`specfinops bench --mode both --limit 8`, bf16, greedy, 2-core CPU with
+# AVX-512 BF16; docs/benchmarks.md): with the bundled target, the distilled draft plus prompt lookup where
+# the context repeats (draft+ngram) is fastest (2.05x AR at K=4, 1.79x with auto), ahead of prompt lookup
+# alone (1.51x, auto) and the draft alone (1.35x at K=4); early exit's untrained early layers almost never
+# agree with the final layer on this model. Any other target has no distilled draft until `specfinops
+# distill` makes one, so it gets prompt lookup; `--drafter draft --draft-model DIR` selects a draft.
 DEFAULT_DRAFTER = "ngram"
+BUNDLED_PAIR_DRAFTER = "draft+ngram"
 
 
 def default_drafter(target: str | None) -> str:
     """The drafter bench and serve use when none is named: the one measured fastest (see above)."""
-    return DEFAULT_DRAFTER
+    bundled = target in (None, "", "default", "target", BUNDLED_TARGET)
+    return BUNDLED_PAIR_DRAFTER if bundled and (BUNDLED_DRAFT_DIR / "config.json").is_file() else DEFAULT_DRAFTER
 
 
 DEFAULT_EARLY_EXIT_LAYERS = 8

@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, text
 from app.cli import main
 from serving import models
 from serving.sampling import SamplingParams
-from serving.worker import EngineSpec, load, run_prompts
+from serving.worker import EngineSpec, default_drafter, load, run_prompts
 from serving.workloads import load_workload
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ def loaded_f32(target_dir):
     return load(EngineSpec(dtype="float32", drafter="ngram", k="4", max_len=1024))
 
 
-@pytest.mark.parametrize("drafter,k", [("ngram", 4), ("early-exit", 3)])
+@pytest.mark.parametrize("drafter,k", [("ngram", 4), ("early-exit", 3), ("draft+ngram", 4)])
 def test_float32_greedy_spec_is_token_identical_to_ar(loaded_f32, drafter, k):
     prompts = load_workload("code", limit=3)
     params = SamplingParams(max_new_tokens=40)
@@ -41,6 +41,12 @@ def test_float32_greedy_spec_is_token_identical_to_ar(loaded_f32, drafter, k):
         assert s.output_ids == a.output_ids, f"{a.prompt.id}: spec differs from AR"
         assert len(a.output_ids) > 5
     assert spec.results[0].record.num_drafts > 0
+
+
+def test_default_drafter_is_the_bundled_pair_only_for_the_bundled_target(tmp_path):
+    assert (models.BUNDLED_DRAFT_DIR / "config.json").is_file()
+    assert default_drafter(None) == default_drafter(models.BUNDLED_TARGET) == "draft+ngram"
+    assert default_drafter(str(tmp_path)) == "ngram"  # another target has no distilled draft
 
 
 def _bench(db_url: str, tmp_path, *extra: str) -> dict:

@@ -29,7 +29,7 @@ def register(sub) -> None:
                    help="torch: the built-in engine (default); vllm: vLLM on GPUs (pip install 'specfinops[gpu]')")
     p.add_argument("--vllm-args", metavar="JSON", default=None,
                    help="extra vllm.LLM(...) keywords for --backend vllm, e.g. '{\"gpu_memory_utilization\": 0.8}'")
-    p.add_argument("--drafter", default=None, help="draft | draft+ngram (prompt lookup where the context matches, the draft elsewhere) | early-exit | ngram (default: ngram, measured fastest on the bundled target)")
+    p.add_argument("--drafter", default=None, help="draft | draft+ngram (prompt lookup where the context matches, the draft elsewhere) | early-exit | ngram (default: draft+ngram with the bundled target, measured fastest; ngram with any other target)")
     p.add_argument("--k", default=None, help="lookahead: an integer K >= 0 (0 = no drafting), or heuristic | "
                    f"entropy | cost | auto (default: {DEFAULT_K}; on --backend vllm, which runs a fixed K: "
                    f"{VLLM_DEFAULT_K})")

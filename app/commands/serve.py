@@ -21,7 +21,7 @@ def register(sub) -> None:
                     "record every request.", EXAMPLES, handle)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--drafter", default=None, help="draft | draft+ngram | early-exit | ngram (default: ngram)")
+    p.add_argument("--drafter", default=None, help="draft | draft+ngram | early-exit | ngram (default: draft+ngram with the bundled target, ngram with any other)")
     p.add_argument("--k", default=DEFAULT_K, help="lookahead: an integer K >= 0 (0 = no drafting), or heuristic | "
                    f"entropy | cost | auto (default: {DEFAULT_K})")
     p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
