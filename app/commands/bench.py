@@ -186,8 +186,11 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
                 sampler = PowerSampler(source, sink).start()
                 bar = tqdm(total=len(prompts), desc=f"{mode} c={level}", unit="req", file=sys.stderr, leave=False)
 
-                def on_request(res, bar=bar, rid=run_id, sampler=sampler):
-                    sampler.sample_now()
+                def energy_for(start, end, sampler=sampler):
+                    sampler.sample_now()  # cover the request's end: a request shorter than the interval
+                    return sampler.energy_j(start, end)  # would otherwise have no reading after it
+
+                def on_request(res, bar=bar, rid=run_id):
                     if recorder:
                         recorder.record_request(rid, res.record)
                     bar.update(1)
@@ -195,7 +198,7 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
                 status = "failed"
                 try:
                     res = run_prompts(loaded, mode, prompts, encoded, params, concurrency=level,
-                                      on_request=on_request, energy_for=sampler.energy_j)
+                                      on_request=on_request, energy_for=energy_for)
                     status = "completed"
                 finally:
                     bar.close()
