@@ -30,8 +30,8 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DRAFTERS = ("draft", "draft+ngram", "early-exit", "ngram")
 # Measured on the code workload (`specfinops bench --mode both --limit 8`, bf16, greedy, 2-core CPU with
 # AVX-512 BF16; docs/benchmarks.md): with the bundled target, the distilled draft plus prompt lookup where
-# the context repeats (draft+ngram) is fastest (2.05x AR at K=4, 1.79x with auto), ahead of prompt lookup
-# alone (1.51x, auto) and the draft alone (1.35x at K=4); early exit's untrained early layers almost never
+# the context repeats (draft+ngram) is fastest (1.89-2.05x AR at K=4, 1.63-1.85x with auto), ahead of
+# prompt lookup alone (1.51x, auto) and the draft alone (1.35x at K=4); early exit's untrained early layers almost never
 # agree with the final layer on this model. Any other target has no distilled draft until `specfinops
 # distill` makes one, so it gets prompt lookup; `--drafter draft --draft-model DIR` selects a draft.
 DEFAULT_DRAFTER = "ngram"
