@@ -3,6 +3,7 @@
 Sections (each can be picked with --only):
   verify     the target's forward time for 1..8 tokens, and the speedup no draft can exceed here
   engine     spec vs AR tokens/s on the code workload, bf16, greedy, with each drafter
+  calibrate  alpha, c and GO / NO-GO per domain for the bundled draft, and for draft+ngram on code
   peer       Hugging Face transformers' assisted generation on the same models, prompts and K
   telemetry  bench tokens/s with telemetry on vs off
   recorder   recorder throughput into SQLite and PostgreSQL
@@ -26,7 +27,8 @@ import time
 from pathlib import Path
 
 OUT = Path("bench-results")
-SECTIONS = ("verify", "engine", "peer", "telemetry", "recorder", "sweep", "lookahead", "dashboard", "serve")
+SECTIONS = ("verify", "engine", "calibrate", "peer", "telemetry", "recorder", "sweep", "lookahead", "dashboard",
+            "serve")
 
 
 def sh(cmd: list[str], log: Path | None = None) -> int:
@@ -86,6 +88,17 @@ def main() -> int:
         if (BUNDLED_DRAFT_DIR / "config.json").is_file():
             sh(bench(*common, "--mode", "both", "--drafter", "draft", "--db", db,
                      "--json", str(OUT / "engine_draft.json")))
+            sh(bench(*common, "--mode", "both", "--drafter", "draft+ngram", "--db", db,
+                     "--json", str(OUT / "engine_draft_ngram.json")))
+    if "calibrate" in only:
+        from serving.models import BUNDLED_DRAFT_DIR
+
+        if (BUNDLED_DRAFT_DIR / "config.json").is_file():
+            for drafter, extra in (("draft", []), ("draft+ngram", ["--workload", "code"])):
+                with open(OUT / f"calibrate_{drafter.replace('+', '_')}.json", "w") as fh:
+                    print(f"$ calibrate --drafter {drafter}", flush=True)
+                    subprocess.run([sys.executable, "-m", "app.cli", "calibrate", "--drafter", drafter, "--limit", "6", "--k", "4",
+                                    "--json", *extra], check=True, stdout=fh)
     if "peer" in only:
         sh([sys.executable, "-m", "scripts.hf_peer", "--target", target, "--workload", "code", "--k", str(args.k),
             "--max-new-tokens", str(args.max_new_tokens), "--limit", str(args.limit), "--dtype", "bfloat16",
@@ -131,19 +144,34 @@ def summarize() -> None:
         lines.append("")
     ng, ee, peer = load("engine_ngram.json"), load("engine_early_exit.json"), load("hf_peer.json")
     dr = load("engine_draft.json")
+    hy = load("engine_draft_ngram.json")
     if ng:
         lines += ["## Engine (code workload, bf16, greedy)", "", "| run | tokens/s | acceptance | mean acc. len | speedup |",
                   "|---|---|---|---|---|"]
         ar = next(r for r in ng["runs"] if r["mode"] == "ar")
-        for r in ng["runs"] + ee.get("runs", []) + [r for r in dr.get("runs", []) if r["mode"] == "spec"]:
+        for r in ng["runs"] + ee.get("runs", []):
             sp = r["tokens_per_s"] / ar["tokens_per_s"]
             lines.append(f"| ours {r['mode']} {r['drafter'] or ''} | {r['tokens_per_s']:.1f} | {r['acceptance_rate'] or '—'} "
                          f"| {r['mean_acceptance_length'] or '—'} | {sp:.2f}x |")
-        if dr:
-            dar = next(r for r in dr["runs"] if r["mode"] == "ar")
-            lines.append(f"| (draft run's own AR: {dar['tokens_per_s']:.1f} tok/s; speedup {dr.get('speedup') or 0:.2f}x) | | | | |")
+        for run in (dr, hy):
+            if run:
+                own = next(r for r in run["runs"] if r["mode"] == "ar")
+                sp = next(r for r in run["runs"] if r["mode"] == "spec")
+                lines.append(f"| ours spec {sp['drafter']} (own AR run {own['tokens_per_s']:.1f} tok/s) | "
+                             f"{sp['tokens_per_s']:.1f} | {sp['acceptance_rate'] or '—'} | "
+                             f"{sp['mean_acceptance_length'] or '—'} | {run.get('speedup') or 0:.2f}x |")
         for r in peer.get("runs", []):
             lines.append(f"| HF {r['mode']} | {r['tokens_per_s']:.1f} | — | — | {r.get('speedup_vs_ar') or 0:.2f}x |")
+        lines.append("")
+    cals = [(n, load(f"calibrate_{n}.json")) for n in ("draft", "draft_ngram")]
+    if any(c for _, c in cals):
+        lines += ["## calibrate (--limit 6 --k 4, AR and spec alternating)", "",
+                  "| drafter | domain | alpha | acceptance rate | c | measured at K=4 | verdict |", "|---|---|---|---|---|---|---|"]
+        for _, c in cals:
+            for d in c.get("domains", []):
+                m = d["measured_speedup_at_k"]
+                lines.append(f"| {c['drafter']} | {d['domain']} | {d['alpha']:.3f} | {d['acceptance_rate']:.3f} | "
+                             f"{d['c']:.3f} | {'—' if m is None else format(m, '.2f') + 'x'} | {d['verdict']} |")
         lines.append("")
     tel = load("telemetry_overhead.json")
     if tel:
