@@ -46,7 +46,8 @@ def default_drafter(target: str | None) -> str:
 
 DEFAULT_EARLY_EXIT_LAYERS = 8
 # draft+ngram copies from the context only where its last HYBRID_NGRAM_MIN+ tokens occurred before
-# (a single repeated token is too weak a signal to overrule the draft)
+# (a single repeated token is too weak a signal to overrule the draft: calibrate on code measured 1.88x
+# with 1, 1.97x with 2, 1.99x with 3, the last two within noise)
 HYBRID_NGRAM_MIN = 2
 
 
