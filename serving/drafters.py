@@ -121,14 +121,19 @@ class NgramDrafter:
         tokens = [self.lookup(s.tokens, k) for s, k in zip(seqs, ks, strict=True)]
         if not stop_rules:
             return Draft(tokens=tokens, probs=None)
-        stopped = [False] * len(seqs)
-        for b, rule in enumerate(stop_rules):
-            for j in range(len(tokens[b]) if rule is not None else 0):
-                keep = rule(j, 1.0)
-                if keep is not None:
-                    tokens[b], stopped[b] = tokens[b][:keep], keep < ks[b]
-                    break
+        stopped = [self.cut(tokens, b, ks[b], rule) for b, rule in enumerate(stop_rules)]
         return Draft(tokens=tokens, probs=None, conf=[[1.0] * len(t) for t in tokens], stopped=stopped)
+
+    @staticmethod
+    def cut(tokens: list[list[int]], b: int, k: int, rule: StopRule | None) -> bool:
+        """Ask `rule` about each copied token of sequence b (probability 1) and cut tokens[b] where it says;
+        True when that left the draft shorter than its k."""
+        for j in range(len(tokens[b]) if rule is not None else 0):
+            keep = rule(j, 1.0)
+            if keep is not None:
+                tokens[b] = tokens[b][:keep]
+                return keep < k
+        return False
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         if k == 0:
@@ -168,32 +173,26 @@ class HybridDrafter:
 
     def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None,
                 stop_rules: list[StopRule | None] | None = None) -> Draft:
-        copies = [self.ngram.lookup(s.tokens, k) for s, k in zip(seqs, ks, strict=True)]
+        tokens = [self.ngram.lookup(s.tokens, k) for s, k in zip(seqs, ks, strict=True)]
         rules = stop_rules or [None] * len(seqs)
-        model_rows = [b for b, c in enumerate(copies) if not c and ks[b] > 0]
-        sub = None
+        model_rows = [b for b, c in enumerate(tokens) if not c and ks[b] > 0]
+        copied = [b for b, c in enumerate(tokens) if c]
+        # a copy is certain as far as lookup knows: rules judge its worth
+        stopped = [self.ngram.cut(tokens, b, ks[b], rules[b]) for b in range(len(seqs))]
+        conf = [[1.0] * len(t) for t in tokens]
+        probs = None
         if model_rows:
             sub = self.inner.propose([seqs[b] for b in model_rows], [ks[b] for b in model_rows], stop_below,
                                      [rules[b] for b in model_rows] if stop_rules else None)
-        tokens, conf, stopped = [list(c) for c in copies], [[1.0] * len(c) for c in copies], [False] * len(seqs)
-        for b, c in enumerate(copies):  # a copy is certain as far as lookup knows: rules judge its worth
-            for j in range(len(c) if rules[b] is not None else 0):
-                keep = rules[b](j, 1.0)
-                if keep is not None:
-                    tokens[b], conf[b], stopped[b] = c[:keep], conf[b][:keep], keep < ks[b]
-                    break
-        probs = None
-        for i, b in enumerate(model_rows):
-            tokens[b] = sub.tokens[i]
-            conf[b] = sub.conf[i] if sub.conf is not None else []
-            stopped[b] = bool(sub.stopped[i]) if sub.stopped is not None else False
-        if sub is not None and sub.probs is not None:  # sampling: q rows for every sequence, one-hot for copies
-            probs = torch.zeros(len(seqs), max(ks), sub.probs.shape[-1])
             for i, b in enumerate(model_rows):
-                probs[b, : sub.probs.shape[1]] = sub.probs[i]
-            for b, t in enumerate(tokens):
-                if b not in model_rows and t:
-                    probs[b, torch.arange(len(t)), torch.tensor(t)] = 1.0
+                tokens[b], stopped[b] = sub.tokens[i], sub.stopped[i]
+                conf[b] = sub.conf[i] if sub.conf is not None else []
+            if sub.probs is not None:  # sampling: q rows for every sequence, one-hot for copies
+                probs = torch.zeros(len(seqs), max(ks), sub.probs.shape[-1])
+                probs[model_rows, : sub.probs.shape[1]] = sub.probs
+                for b in copied:
+                    if tokens[b]:
+                        probs[b, torch.arange(len(tokens[b])), torch.tensor(tokens[b])] = 1.0
         want_conf = stop_below is not None or any(r is not None for r in rules)
         return Draft(tokens=tokens, probs=probs, conf=conf if want_conf else None, stopped=stopped)
 

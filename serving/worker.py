@@ -20,7 +20,13 @@ from serving.eagle import is_eagle_dir, load_eagle
 from serving.engine import Engine, StepEvent
 from serving.llama import CausalLM, load_causal_lm
 from serving.lookahead import DEFAULT_K, BatchGatedK, parse_policy
-from serving.models import BUNDLED_DRAFT_DIR, BUNDLED_TARGET, check_same_vocab, load_tokenizer, resolve_model
+from serving.models import (
+    BUNDLED_DRAFT_DIR,
+    bundled_target_dir,
+    check_same_vocab,
+    load_tokenizer,
+    resolve_model,
+)
 from serving.sampling import SamplingParams
 from serving.sequence import Sequence
 from serving.workloads import Prompt
@@ -40,7 +46,10 @@ BUNDLED_PAIR_DRAFTER = "draft+ngram"
 
 def default_drafter(target: str | None) -> str:
     """The drafter bench and serve use when none is named: the one measured fastest (see above)."""
-    bundled = target in (None, "", "default", "target", BUNDLED_TARGET)
+    try:
+        bundled = resolve_model(target, "target").resolve() == bundled_target_dir().resolve()
+    except ValueError:  # not pulled yet, or not a model: loading will say so
+        bundled = False
     return BUNDLED_PAIR_DRAFTER if bundled and (BUNDLED_DRAFT_DIR / "config.json").is_file() else DEFAULT_DRAFTER
 
 

@@ -43,7 +43,7 @@ def test_float32_greedy_spec_is_token_identical_to_ar(loaded_f32, drafter, k):
     assert spec.results[0].record.num_drafts > 0
 
 
-def test_default_drafter_is_the_bundled_pair_only_for_the_bundled_target(tmp_path):
+def test_default_drafter_is_the_bundled_pair_only_for_the_bundled_target(target_dir, tmp_path):
     assert (models.BUNDLED_DRAFT_DIR / "config.json").is_file()
     assert default_drafter(None) == default_drafter(models.BUNDLED_TARGET) == "draft+ngram"
     assert default_drafter(str(tmp_path)) == "ngram"  # another target has no distilled draft

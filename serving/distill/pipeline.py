@@ -102,7 +102,7 @@ def run(args) -> int:
     from serving.models import load_tokenizer, resolve_model
 
     torch.set_num_threads(args.threads)
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    dtype = getattr(torch, args.dtype)  # bfloat16 | float32 (the CLI's choices)
     tag = _dtype_tag(dtype)
     t_start = time.perf_counter()
     target_dir = resolve_model(args.target, "target")
