@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from serving.kernels import fused_decode_attention
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
@@ -120,7 +122,7 @@ class ForwardBatch:
     slot_view: slice | None  # slots are a contiguous range: read the cache as a view
 
 
-SMALL_T = 16  # decode / verify widths: plain batched matmuls beat the fused CPU kernel with a mask
+SMALL_T = 16  # decode / verify widths: plain batched matmuls can beat the fused CPU kernel (serving/kernels.py)
 
 
 def small_attention(q, keys, values, mask, kv_len: int) -> torch.Tensor:
@@ -174,8 +176,10 @@ class Attention(nn.Module):
         else:
             keys, values = ck[fb.slots, :, : fb.kv_len], cv[fb.slots, :, : fb.kv_len]  # (B, Hkv, L, D)
 
-        if T <= SMALL_T:
+        if T <= SMALL_T and not fused_decode_attention():
             out = small_attention(q, keys, values, fb.mask, fb.kv_len)
+        elif fb.mask is None and T == 1:
+            out = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)  # one query sees every key
         elif fb.mask is None:
             # queries are the last T positions of a kv_len-long sequence: causal within them
             if fb.kv_len > T:

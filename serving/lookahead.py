@@ -143,8 +143,11 @@ class CostK:
     the prior of the per-state estimates and what `set_alpha` seeds.
 
     cost curve, per batch-size bucket: the measured wall time of a step (draft + verify) at each K,
-    exponentially weighted; a K not measured yet is read off a least-squares line through the measured
-    ones. The first steps of a bucket measure K in `probes` (0 included: plain decoding is a candidate).
+    exponentially weighted, and a least-squares line through those points weighted by how often each was
+    measured. A K not measured yet is read off the line; a measured K is its point shrunk toward the line
+    while it has few observations (`point_prior` steps' worth), so one step timed during a stall cannot
+    make a K look dear, and keep the policy from ever trying it again. The first steps of a bucket measure
+    K in `probes` (0 included: plain decoding is a candidate).
 
         rate(K) = E[tokens | K] / step_time(K),   E[tokens | K] = 1 + sum_{d=1..K} a(1) a(2) ... a(d)
 
@@ -171,7 +174,7 @@ class CostK:
     def __init__(self, k_max: int = 8, weight: float = 0.1, alpha0: float = 0.6, stop_below: float | None = None,
                  probes: tuple[int, ...] = (1, 0, 2, 4), probe_every: int = 8, name: str | None = None,
                  by_state: bool = True, shrink: float = 2.0, gate: bool = False, depth_classes: int = 2,
-                 margin: float = 0.05, settle: int = 3, refresh_every: int = 16):
+                 margin: float = 0.05, settle: int = 3, refresh_every: int = 16, point_prior: float = 2.0):
         if k_max < 1 or not 0 < weight <= 1 or not 0 <= alpha0 < 1 or probe_every < 1 or shrink < 0:
             raise ValueError(f"need k_max >= 1, 0 < weight <= 1, 0 <= alpha0 < 1, probe_every >= 1, shrink >= 0; "
                              f"got {k_max}, {weight}, {alpha0}, {probe_every}, {shrink}")
@@ -179,6 +182,8 @@ class CostK:
         self.by_state, self.shrink, self.gate, self.depth_classes = by_state, shrink, gate, depth_classes
         self.margin = margin
         self.settle, self.refresh_every = settle, refresh_every
+        self.point_prior = point_prior
+        self._timed: dict[tuple[int, int], int] = {}  # (bucket, K) -> steps timed (the point's evidence)
         # (domain, depth class, confidence bin) -> (hits, n); depth class 1 = a draft's first token, 2 = later
         self._bins: dict[tuple[str, int, int], tuple[float, float]] = {}
         self._conf_seen = False  # has the drafter reported its token probabilities?
@@ -238,24 +243,32 @@ class CostK:
         return total
 
     def step_time(self, k: int, bucket: int = 1) -> float | None:
-        if (bucket, k) in self.step_s:
-            return self.step_s[(bucket, k)]
         line = self._line(bucket)
-        return None if line is None else max(1e-9, line[0] + line[1] * k)
+        if line is None:
+            return None
+        on_line = max(1e-9, line[0] + line[1] * k)
+        if (bucket, k) not in self.step_s:
+            return on_line
+        n = self._evidence(bucket, k)
+        return (n * self.step_s[(bucket, k)] + self.point_prior * on_line) / (n + self.point_prior)
+
+    def _evidence(self, bucket: int, k: int) -> float:
+        """Observations behind a point, capped at what an exponential average of this weight remembers."""
+        return min(self._timed.get((bucket, k), 1), 1.0 / self.weight)
 
     def _line(self, bucket: int) -> tuple[float, float] | None:
-        """(intercept, slope >= 0) of the least-squares line through the bucket's measured step times;
-        fitted once per change of the curve, not per K asked about."""
+        """(intercept, slope >= 0) of the least-squares line through the bucket's measured step times,
+        each weighted by its evidence; fitted once per change of the curve, not per K asked about."""
         if bucket in self._lines:
             return self._lines[bucket]
-        pts = [(kk, t) for (b, kk), t in self.step_s.items() if b == bucket]
+        pts = [(kk, t, self._evidence(b, kk)) for (b, kk), t in self.step_s.items() if b == bucket]
         line = None
         if pts:
-            n = len(pts)
-            mk = sum(kk for kk, _ in pts) / n
-            mt = sum(t for _, t in pts) / n
-            var = sum((kk - mk) ** 2 for kk, _ in pts)
-            slope = max(0.0, sum((kk - mk) * (t - mt) for kk, t in pts) / var) if var else 0.0
+            n = sum(w for _, _, w in pts)
+            mk = sum(w * kk for kk, _, w in pts) / n
+            mt = sum(w * t for _, t, w in pts) / n
+            var = sum(w * (kk - mk) ** 2 for kk, _, w in pts)
+            slope = max(0.0, sum(w * (kk - mk) * (t - mt) for kk, t, w in pts) / var) if var else 0.0
             line = (mt - slope * mk, slope)
         self._lines[bucket] = line
         return line
@@ -317,6 +330,7 @@ class CostK:
         if n <= self.settle:
             return  # an engine's first steps run on cold caches
         self._last[key] = n
+        self._timed[key] = self._timed.get(key, 0) + 1
         self._lines.pop(key[0], None)
         if k > 0:
             self._follow(self.draft_token_s, key[0], draft_s / k)

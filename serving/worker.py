@@ -18,6 +18,7 @@ import torch
 from serving.drafters import FeatureDrafter, HybridDrafter, ModelDrafter, NgramDrafter
 from serving.eagle import is_eagle_dir, load_eagle
 from serving.engine import Engine, StepEvent
+from serving.kernels import pack_for_inference
 from serving.llama import CausalLM, load_causal_lm
 from serving.lookahead import DEFAULT_K, BatchGatedK, parse_policy
 from serving.models import (
@@ -146,17 +147,20 @@ def load(spec: EngineSpec) -> Loaded:
     dtype = DTYPES[spec.dtype]
     tokenizer = load_tokenizer(target_dir)
     target = load_causal_lm(target_dir, dtype)
+    pack_for_inference(target)
     if spec.drafter in ("draft", "draft+ngram"):
         draft_dir = resolve_model(spec.draft_model, "draft")
         check_same_vocab(target_dir, draft_dir, target_tok=tokenizer)
         if is_eagle_dir(draft_dir):
             eagle = load_eagle(draft_dir, target, dtype)
+            pack_for_inference(eagle)
             label = f"feature:{draft_dir.name}"
 
             def factory(slots: int, max_len: int):
                 return FeatureDrafter(eagle, label, slots=slots, max_len=max_len)
         else:
             draft = load_causal_lm(draft_dir, dtype)
+            pack_for_inference(draft)
             label = f"draft:{draft_dir.name}"
 
             def factory(slots: int, max_len: int):

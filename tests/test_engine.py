@@ -219,12 +219,12 @@ def test_cost_policy_fits_the_step_time_curve_and_picks_k_by_rate():
     for s in (easy, hard):
         pol.observe(s, 0, 0, 0.0, 0.010)  # a sequence's first step never moves the cost curve
     assert pol.step_s == {}
-    # step time 10 ms at K=0, 20 ms at K=2, 40 ms at K=6: the line t = 10.4 + 4.857 K (least squares)
+    # step time 10 ms at K=0, 20 ms at K=2, 40 ms at K=6: the line t = 10 + 5 K (least squares)
     pol.observe(easy, 0, 0, 0.0, 0.010)
     pol.observe(easy, 2, 2, 0.002, 0.018)
     pol.observe(hard, 6, 0, 0.006, 0.034)
     assert pol.step_time(4) == pytest.approx(0.010 + (0.040 - 0.010) / 6 * 4, abs=1.5e-3)
-    assert pol.step_time(2) == pytest.approx(0.020)  # measured points are used as measured
+    assert pol.step_time(2) == pytest.approx(0.020)  # a point on the line stays where it was measured
     pol.set_alpha("code", 0.95)
     pol.set_alpha("chat", 0.2)
     k_easy, why = pol.choose(easy, 1)
@@ -235,6 +235,24 @@ def test_cost_policy_fits_the_step_time_curve_and_picks_k_by_rate():
     assert picks[:-1] == [(0, "cost-off")] * (pol.probe_every - 1) and picks[-1] == (1, "cost-probe")
     # curves are per batch-size bucket: batch 3 starts its own warm-up
     assert pol.choose(easy, 3)[1] == "cost-warmup"
+
+
+def test_cost_curve_does_not_trust_a_k_timed_once_during_a_stall():
+    """K=3 timed once at 50 ms (a stall) while K=0..2 and 4 sit on 36 + 1.2 K ms measured many times:
+    the curve reads K=3 near the line, so the gate does not shun it for good; timed often, a point is
+    taken as measured (a real knee in the curve survives)."""
+    pol = CostK(k_max=8, weight=0.1, probes=(0,), settle=0)
+    s = _seq(0, "code")
+    pol.observe(s, 0, 0, 0.0, 1.0)  # first step: ignored
+    for _ in range(20):
+        for k in (0, 1, 2, 4):
+            pol.observe(s, k, k, 0.0, 0.036 + 0.0012 * k)
+    pol.observe(s, 3, 3, 0.0, 0.050)
+    assert pol.step_time(3) < 0.036 + 0.0012 * 3 + 0.005  # raw point: 50 ms
+    assert pol.step_time(3) < pol.step_time(4) + 0.003
+    for _ in range(30):
+        pol.observe(s, 3, 3, 0.0, 0.050)
+    assert pol.step_time(3) == pytest.approx(0.050, rel=0.1)
 
 
 def test_cost_policy_ignores_outlier_step_times():

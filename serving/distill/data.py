@@ -73,11 +73,13 @@ def generate_prepared(target_dir: str | Path, prompts: list[dict], out_dir: Path
     """The target's greedy answers to `prompts` (in its chat format) as a prepared directory, the target run
     in `dtype` (bf16 is what serving runs, so its answers are the ones the draft will be verified against);
     see `record_generation`."""
+    from serving.kernels import pack_for_inference
     from serving.llama import load_causal_lm
     from serving.models import load_tokenizer
 
     tok = load_tokenizer(Path(target_dir))
     target = load_causal_lm(target_dir, dtype)
+    pack_for_inference(target)  # no gradients flow through the target here
     encoded = [(item, encode_prompt(tok, item)) for item in prompts]
     return record_generation(target, encoded, out_dir, eos=tok.eos_token_id, max_new_tokens=max_new_tokens,
                              batch=batch, topk=topk, max_prompt=max_prompt, progress=progress, say=say,

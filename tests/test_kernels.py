@@ -1,0 +1,127 @@
+"""The measured CPU fast paths (serving/kernels.py): same numbers as the default kernels, clear settings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from serving import kernels
+from serving.engine import Engine
+from serving.llama import contiguous_batch
+from serving.sampling import SamplingParams
+from tests.tiny import tiny_model
+
+
+def _packing_supported() -> bool:
+    try:
+        kernels._pack(torch.zeros(8, 8, dtype=torch.bfloat16))
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    return True
+
+
+needs_packing = pytest.mark.skipif(not _packing_supported(), reason="this torch build has no oneDNN bf16 linear")
+
+
+@pytest.fixture
+def setting(monkeypatch):
+    """Set a kernel override for one test; the measured choices are recomputed before and after."""
+
+    def set_(name: str, value: str) -> None:
+        monkeypatch.setenv(name, value)
+        kernels.packed_linear_enabled.cache_clear()
+        kernels.fused_decode_attention.cache_clear()
+
+    yield set_
+    kernels.packed_linear_enabled.cache_clear()
+    kernels.fused_decode_attention.cache_clear()
+
+
+@needs_packing
+@pytest.mark.parametrize("shape", [(1, 576), (5, 576), (4, 5, 576), (300, 576)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_equals_linear(shape, bias):
+    torch.manual_seed(0)
+    lin = nn.Linear(576, 1536, bias=bias).to(torch.bfloat16)
+    packed = kernels.PackedLinear(lin)
+    x = torch.randn(*shape).to(torch.bfloat16)
+    with torch.inference_mode():
+        expect, got = lin(x), packed(x)
+    assert got.shape == expect.shape == (*shape[:-1], 1536)
+    torch.testing.assert_close(got.float(), expect.float(), rtol=1e-2, atol=2e-2)
+
+
+@needs_packing
+def test_packed_linear_keeps_gradients_where_wanted():
+    lin = nn.Linear(16, 8).to(torch.bfloat16)
+    packed = kernels.PackedLinear(lin)
+    x = torch.randn(3, 16).to(torch.bfloat16)
+    packed(x).float().sum().backward()
+    assert packed.weight.grad is not None and packed.weight.grad.shape == (8, 16)
+    assert packed.weight is lin.weight  # the parameters are shared, not copied
+
+
+@needs_packing
+def test_pack_for_inference_swaps_bf16_linears_and_keeps_outputs(setting):
+    setting("SPECFINOPS_PACKED_LINEAR", "on")
+    ref = tiny_model(3).to(torch.bfloat16)
+    model = tiny_model(3).to(torch.bfloat16)
+    linears = sum(type(m) is nn.Linear for m in model.modules())
+    assert kernels.pack_for_inference(model) == linears > 0
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    assert model.state_dict().keys() == ref.state_dict().keys()
+    tokens = torch.randint(0, 96, (1, 7))
+    with torch.inference_mode():
+        a = ref(tokens, contiguous_batch(0, 1, 0, 7), ref.new_cache(1, 32))
+        b = model(tokens, contiguous_batch(0, 1, 0, 7), model.new_cache(1, 32))
+    torch.testing.assert_close(b, a, rtol=2e-2, atol=5e-2)
+    # the packed model decodes through the engine like any other
+    seq = Engine(model, max_batch=1, max_len=64).generate([1, 2, 3], SamplingParams(max_new_tokens=6))
+    assert len(seq.output) == 6
+
+
+def test_pack_for_inference_leaves_float32_and_off_alone(setting):
+    setting("SPECFINOPS_PACKED_LINEAR", "on")
+    assert kernels.pack_for_inference(tiny_model(1)) == 0  # float32: the exactness reference stays as is
+    setting("SPECFINOPS_PACKED_LINEAR", "off")
+    assert kernels.pack_for_inference(tiny_model(1).to(torch.bfloat16)) == 0
+
+
+@pytest.mark.parametrize("name", ["SPECFINOPS_PACKED_LINEAR", "SPECFINOPS_DECODE_ATTENTION"])
+def test_bad_setting_is_named(setting, name):
+    setting(name, "fast")
+    with pytest.raises(ValueError, match=f"{name} must be auto, on or off"):
+        kernels.packed_linear_enabled() if name.endswith("LINEAR") else kernels.fused_decode_attention()
+
+
+def test_decode_attention_paths_agree(setting):
+    """Greedy decoding and logits are the same whichever attention kernel serves the decode widths."""
+    model = tiny_model(5)
+    prompt = [4, 8, 15, 16, 23, 42]
+    outs, logits = [], []
+    for value in ("off", "on"):
+        setting("SPECFINOPS_DECODE_ATTENTION", value)
+        assert kernels.fused_decode_attention() is (value == "on")
+        outs.append(Engine(model, max_batch=1, max_len=64).generate(prompt, SamplingParams(max_new_tokens=12)).output)
+        cache = model.new_cache(1, 32)
+        with torch.inference_mode():
+            model(torch.tensor([prompt]), contiguous_batch(0, 1, 0, 6), cache)
+            logits.append(model(torch.tensor([[1, 2, 3]]), contiguous_batch(0, 1, 6, 3), cache))
+    assert outs[0] == outs[1]
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
+
+
+def test_fused_attention_matches_matmul_attention_with_ragged_mask():
+    from serving.llama import small_attention
+
+    torch.manual_seed(0)
+    B, T, L = 3, 4, 20
+    q, k, v = torch.randn(B, 9, T, 64), torch.randn(B, 3, L, 64), torch.randn(B, 3, L, 64)
+    ends = torch.tensor([12, 16, 20])  # each sequence sees a different number of keys
+    pos = ends[:, None] - T + torch.arange(T)
+    mask = (torch.arange(L)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
+    expect = small_attention(q, k, v, mask, L)
+    got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
