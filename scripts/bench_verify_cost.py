@@ -53,6 +53,7 @@ def main() -> int:
     import torch
     from tqdm import tqdm
 
+    from serving.kernels import pack_for_inference
     from serving.llama import contiguous_batch, load_causal_lm
     from serving.models import resolve_model
 
@@ -62,6 +63,7 @@ def main() -> int:
                  "dtypes": {}}
     for name in args.dtypes.split(","):
         model = load_causal_lm(target_dir, getattr(torch, name))
+        pack_for_inference(model)  # as the engine runs it
         cache = model.new_cache(1, args.context + args.max_tokens + 1)
         model(torch.randint(0, model.cfg.vocab_size, (1, args.context)), contiguous_batch(0, 1, 0, args.context), cache)
         ms = {t: forward_ms(model, t, args.context, args.reps, cache)

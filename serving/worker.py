@@ -62,12 +62,19 @@ HYBRID_NGRAM_MIN = 2
 
 
 def software_version() -> str:
+    """Package and torch versions plus the CPU kernels measured fastest here (serving/kernels.py): a run's
+    speed depends on all three."""
     from importlib.metadata import PackageNotFoundError, version
 
+    from serving.kernels import fused_decode_attention, packed_linear_enabled
+
+    linear = "packed" if packed_linear_enabled() else "plain"  # bf16 linears
+    attention = "fused" if fused_decode_attention() else "matmul"  # decode-width attention
     try:
-        return f"specfinops {version('specfinops')}, torch {torch.__version__}"
+        own = f"specfinops {version('specfinops')}"
     except PackageNotFoundError:
-        return f"specfinops (source), torch {torch.__version__}"
+        own = "specfinops (source)"
+    return f"{own}, torch {torch.__version__}, kernels {linear}+{attention}"[:64]  # the column holds 64
 
 
 def device_name() -> str:

@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from serving.kernels import pack_for_inference
+
 META = "meta.json"
 
 
@@ -73,7 +75,6 @@ def generate_prepared(target_dir: str | Path, prompts: list[dict], out_dir: Path
     """The target's greedy answers to `prompts` (in its chat format) as a prepared directory, the target run
     in `dtype` (bf16 is what serving runs, so its answers are the ones the draft will be verified against);
     see `record_generation`."""
-    from serving.kernels import pack_for_inference
     from serving.llama import load_causal_lm
     from serving.models import load_tokenizer
 
@@ -343,6 +344,7 @@ def prepare(target_dir: str | Path, prompts: list[dict], out_dir: str | Path, *,
     answers = written_answers(target_dir, written)
     with torch.inference_mode():
         target = load_causal_lm(target_dir, dtype)
+        pack_for_inference(target)
         return teacher_pass(target, answers, out_dir, topk=topk, progress=progress,
                             extra_meta={"prompts": len(prompts), "compute_dtype": str(dtype).replace("torch.", ""),
                                         **(extra_meta or {})})

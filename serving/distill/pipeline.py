@@ -98,6 +98,7 @@ def run(args) -> int:
     from serving.distill.prompts import interleave, make_prompts, stdlib_code_items, stdlib_prompts
     from serving.distill.train import TrainConfig, measure_c, new_draft, simulate_alpha, train
     from serving.eagle import load_eagle
+    from serving.kernels import pack_for_inference
     from serving.llama import load_causal_lm
     from serving.models import load_tokenizer, resolve_model
 
@@ -205,6 +206,8 @@ def run(args) -> int:
         del target
         target16 = load_causal_lm(target_dir, torch.bfloat16)
         d16 = load_eagle(out, target16, torch.bfloat16)
+        pack_for_inference(target16)  # c as the engine will see it
+        pack_for_inference(d16)
         ev = load_prepared(eval_data(target_dir, args.eval_max_new_tokens, _say, dtype))
         alpha = simulate_alpha(d16, ev, k=args.k)
         results["alpha"] = alpha
