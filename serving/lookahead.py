@@ -142,9 +142,11 @@ class CostK:
     a < k (the first rejection ends the test) and k when all were accepted; exponentially weighted. It is
     the prior of the per-state estimates and what `set_alpha` seeds.
 
-    cost curve, per batch-size bucket: the measured wall time of a step (draft + verify) at each K,
+    cost curve, per batch-size bucket: the measured wall time of a step's verification at each K,
     exponentially weighted, and a least-squares line through those points weighted by how often each was
-    measured. A K not measured yet is read off the line; a measured K is its point shrunk toward the line
+    measured; a step at K costs that plus K times the measured drafting time per drafted token (timing
+    whole steps by K mixed up what was drafted: with draft+ngram, steps that copied five tokens for free
+    were cheaper than steps where the model drafted three). A K not measured yet is read off the line; a measured K is its point shrunk toward the line
     while it has few observations (`point_prior` steps' worth), so one step timed during a stall cannot
     make a K look dear, and keep the policy from ever trying it again. The first steps of a bucket measure
     K in `probes` (0 included: plain decoding is a candidate).
@@ -194,7 +196,7 @@ class CostK:
         self._tested: dict[str, float] = {}
         self._depth: dict[tuple[str, str, int], tuple[float, float]] = {}  # (domain, state, d) -> (hits, n)
         self._state: dict[int, str] = {}
-        self.step_s: dict[tuple[int, int], float] = {}  # (batch bucket, K) -> seconds per step
+        self.step_s: dict[tuple[int, int], float] = {}  # (batch bucket, K) -> verify seconds per step
         self.draft_token_s: dict[int, float] = {}  # batch bucket -> drafting seconds per drafted token
         self._speed: dict[int, float] = {}  # batch bucket -> the machine's current speed factor (1 at start)
         self._steps: dict[int, int] = {}  # batch bucket -> steps observed
@@ -243,14 +245,15 @@ class CostK:
         return total
 
     def step_time(self, k: int, bucket: int = 1) -> float | None:
+        """Expected step time at K (in the curve's units): verifying K drafted tokens plus drafting them."""
         line = self._line(bucket)
         if line is None:
             return None
-        on_line = max(1e-9, line[0] + line[1] * k)
-        if (bucket, k) not in self.step_s:
-            return on_line
-        n = self._evidence(bucket, k)
-        return (n * self.step_s[(bucket, k)] + self.point_prior * on_line) / (n + self.point_prior)
+        verify = max(1e-9, line[0] + line[1] * k)
+        if (bucket, k) in self.step_s:
+            n = self._evidence(bucket, k)
+            verify = (n * self.step_s[(bucket, k)] + self.point_prior * verify) / (n + self.point_prior)
+        return verify + k * self.draft_token_s.get(bucket, 0.0) / self._speed.get(bucket, 1.0)
 
     def _evidence(self, bucket: int, k: int) -> float:
         """Observations behind a point, capped at what an exponential average of this weight remembers."""
@@ -337,7 +340,7 @@ class CostK:
         # The machine's speed drifts (other tenants, clocks): a step time is read as speed x shape(K).
         # The speed follows every step quickly; the shape, which alone decides K, moves slowly and is not
         # left stale at a K measured only long ago.
-        t = draft_s + verify_s
+        t = verify_s  # drafting is costed per drafted token (draft_token_s): a copied token drafts for free
         old = self.step_s.get(key)
         speed = self._speed.get(key[0], 1.0)
         if old is not None:

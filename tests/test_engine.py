@@ -255,11 +255,27 @@ def test_cost_curve_does_not_trust_a_k_timed_once_during_a_stall():
     assert pol.step_time(3) == pytest.approx(0.050, rel=0.1)
 
 
+def test_cost_curve_charges_drafting_per_drafted_token_not_per_k():
+    """Verification is timed by K; drafting by the token. Steps that copied 5 tokens for free (prompt
+    lookup) and steps where the model drafted 3 at 4 ms each must not make K=3 look dearer than K=5."""
+    pol = CostK(k_max=8, weight=0.1, probes=(0,), settle=0)
+    s = _seq(0, "code")
+    pol.observe(s, 0, 0, 0.0, 1.0)  # first step: ignored
+    for _ in range(20):
+        pol.observe(s, 0, 0, 0.0, 0.030)
+        pol.observe(s, 3, 3, 0.012, 0.031)  # the model drafted 3 tokens
+        pol.observe(s, 5, 5, 0.0, 0.032)  # copied 5 tokens from the context
+    d = pol.draft_token_s[1]
+    assert 0.0 < d < 0.004  # per drafted token, averaged over model and copied tokens
+    assert pol.step_time(3) < pol.step_time(5)  # verifying 3 costs less than verifying 5
+    assert pol.step_time(3) == pytest.approx(0.031 + 3 * d, rel=0.05)
+
+
 def test_cost_policy_ignores_outlier_step_times():
     pol = CostK(k_max=4, weight=0.5, probes=(1,), settle=0)
     s = _seq(0, "code")
     pol.observe(s, 1, 1, 0.0, 5.0)  # first step of the sequence: ignored
-    pol.observe(s, 1, 1, 0.001, 0.009)
+    pol.observe(s, 1, 1, 0.0, 0.010)
     pol.observe(s, 1, 1, 0.0, 10.0)  # a stall: counted as at most 3x the estimate
     assert pol.step_time(1) == pytest.approx(0.010 + 0.5 * (0.030 - 0.010))
 
