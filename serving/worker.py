@@ -18,7 +18,7 @@ import torch
 from serving.drafters import FeatureDrafter, HybridDrafter, ModelDrafter, NgramDrafter
 from serving.eagle import is_eagle_dir, load_eagle
 from serving.engine import Engine, StepEvent
-from serving.kernels import pack_for_inference
+from serving.kernels import fused_decode_attention, pack_for_inference
 from serving.llama import CausalLM, load_causal_lm
 from serving.lookahead import DEFAULT_K, BatchGatedK, parse_policy
 from serving.models import (
@@ -155,6 +155,7 @@ def load(spec: EngineSpec) -> Loaded:
     tokenizer = load_tokenizer(target_dir)
     target = load_causal_lm(target_dir, dtype)
     pack_for_inference(target)
+    fused_decode_attention()  # measured now rather than inside the first request
     if spec.drafter in ("draft", "draft+ngram"):
         draft_dir = resolve_model(spec.draft_model, "draft")
         check_same_vocab(target_dir, draft_dir, target_tok=tokenizer)
