@@ -12,6 +12,7 @@ sequence before anyone can read it, so rolling back never needs to clear memory.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,13 @@ class ForwardBatch:
 SMALL_T = 16  # decode / verify widths: plain batched matmuls can beat the fused CPU kernel (serving/kernels.py)
 
 
+@functools.lru_cache(maxsize=4)
+def causal_mask(T: int, kv_len: int) -> torch.Tensor:
+    """(T, kv_len) bool: the T queries are the last T of kv_len positions, causal among themselves. Built
+    once per forward shape, not once per layer (every layer of a forward asks for the same one)."""
+    return torch.ones(T, kv_len, dtype=torch.bool).tril(kv_len - T)
+
+
 def small_attention(q, keys, values, mask, kv_len: int) -> torch.Tensor:
     """Attention for a few query positions. q (B, H, T, D); keys/values (B, Hkv, L, D);
     mask (B, 1, T, L) or None (the T queries are the last T positions: causal among themselves)."""
@@ -136,8 +144,7 @@ def small_attention(q, keys, values, mask, kv_len: int) -> torch.Tensor:
     scores = scores.view(B, Hkv, G, T, kv_len)
     if mask is None:
         if T > 1:
-            causal = torch.ones(T, kv_len, dtype=torch.bool).tril(kv_len - T)
-            scores = scores.masked_fill(~causal, float("-inf"))
+            scores = scores.masked_fill(~causal_mask(T, kv_len), float("-inf"))
     else:
         scores = scores.masked_fill(~mask.view(B, 1, 1, T, kv_len), float("-inf"))
     probs = scores.softmax(-1).to(values.dtype).view(B, Hkv, G * T, kv_len)
@@ -183,7 +190,7 @@ class Attention(nn.Module):
         elif fb.mask is None:
             # queries are the last T positions of a kv_len-long sequence: causal within them
             if fb.kv_len > T:
-                mask = torch.ones(T, fb.kv_len, dtype=torch.bool).tril(fb.kv_len - T)
+                mask = causal_mask(T, fb.kv_len)
                 out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
             else:
                 out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)

@@ -146,10 +146,11 @@ class CostK:
     exponentially weighted, and a least-squares line through those points weighted by how often each was
     measured; a step at K costs that plus K times the measured drafting time per drafted token (timing
     whole steps by K mixed up what was drafted: with draft+ngram, steps that copied five tokens for free
-    were cheaper than steps where the model drafted three). A K not measured yet is read off the line; a measured K is its point shrunk toward the line
-    while it has few observations (`point_prior` steps' worth), so one step timed during a stall cannot
-    make a K look dear, and keep the policy from ever trying it again. The first steps of a bucket measure
-    K in `probes` (0 included: plain decoding is a candidate).
+    were cheaper than steps where the model drafted three). A K not measured yet is read off the line; a
+    measured K is its point shrunk toward the line while it has few observations (`point_prior` steps'
+    worth), so one step timed during a stall cannot make a K look dear and keep the policy from ever
+    trying it again. The first steps of a bucket measure K in `probes` (0 included: plain decoding is a
+    candidate).
 
         rate(K) = E[tokens | K] / step_time(K),   E[tokens | K] = 1 + sum_{d=1..K} a(1) a(2) ... a(d)
 
