@@ -4,13 +4,17 @@ Decoding feeds a handful of tokens per forward, so a 135M-parameter model runs h
 products per step and the per-call cost of the kernel decides the speed more than the arithmetic does.
 Which kernel is cheapest depends on the CPU:
 
-- **Pre-packed bf16 linears.** `F.linear` re-lays-out a bf16 weight for oneDNN on every call. Packing it
+- **Pre-packed linears.** `F.linear` re-lays-out a bf16 weight for oneDNN on every call. Packing it
   once into oneDNN's blocked layout (what torch.compile's CPU freezing does) halved the cost of every
   decode-sized product on a Xeon with AMX (576x1536 at 1-20 rows: 80-100 us -> 35-55 us), with the same
-  results. It is inference-only: a module that still needs gradients keeps `F.linear`.
+  results. On an AVX2-only EPYC the float32 products gained most: MKL's sgemm at a few rows cost nearly
+  as much as at fifty (the 49152x576 LM head: 14 ms at 1 row, 38 ms at 5), oneDNN's packed kernel
+  scaled with the rows (9 ms, 12 ms) while plain `F.linear` stayed best at a single row. So the choice is
+  made per dtype and per row count: from how many rows on (if any) the packed kernel runs. It is
+  inference-only: a module that still needs gradients keeps `F.linear`.
 - **Attention for a few queries.** On a CPU without AVX-512 plain batched matmuls beat the fused
   `scaled_dot_product_attention` for decode widths; on an AVX-512 Xeon the fused kernel won at every
-  decode width (1 query over 300 keys: 129 us -> 28 us).
+  decode width (1 query over 300 keys: 129 us -> 28 us). Measured per dtype as well.
 
 Each choice is made by timing both candidates on decode-sized inputs the first time it is asked for, and
 only where the candidate gives the same numbers. `SPECFINOPS_PACKED_LINEAR` and
@@ -61,33 +65,63 @@ def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+PACKABLE = (torch.bfloat16, torch.float32)
+ROWS = (1, 2, 5, 20)  # decode feeds 1 row (AR, one sequence) to ~40 (a batch verifying K+1 each)
+SHAPES = ((1536, 576), (576, 1536), (576, 576))  # a small decoder's MLP and attention projections
+TOLERANCE = {torch.bfloat16: (1e-2, 0.1), torch.float32: (1e-4, 1e-4)}
+
+
 @functools.cache
-def packed_linear_enabled() -> bool:
-    """Whether bf16 linears run with pre-packed weights in this process (measured once)."""
+def packed_linear_rows(dtype: torch.dtype = torch.bfloat16) -> int | None:
+    """From how many input rows on a `dtype` linear runs pre-packed in this process (None: never).
+
+    Measured once per dtype on decode-sized products: the packed kernel is used from the smallest
+    measured row count at which it is clearly faster than `F.linear` and stays so at every larger one."""
     setting = _setting("SPECFINOPS_PACKED_LINEAR")
-    if setting == "off" or not torch.backends.mkldnn.is_available():
-        return False
+    if setting == "off" or dtype not in PACKABLE or not torch.backends.mkldnn.is_available():
+        return None
     gen = torch.Generator().manual_seed(0)
-    w = torch.randn(1536, 576, generator=gen).to(torch.bfloat16)
-    xs = [torch.randn(m, 576, generator=gen).to(torch.bfloat16) for m in (1, 5, 20)]
+    weights = [torch.randn(n, k, generator=gen).to(dtype) for n, k in SHAPES]
+    inputs = {m: [torch.randn(m, w.shape[1], generator=gen).to(dtype) for w in weights] for m in ROWS}
+    rtol, atol = TOLERANCE[dtype]
     try:
-        packed = _pack(w)
+        packed = [_pack(w) for w in weights]
         with torch.inference_mode():
-            for x in xs:
-                if not torch.allclose(_packed_linear(x, packed, None).float(), F.linear(x, w).float(), rtol=1e-2, atol=0.1):
-                    return False
+            for xs in inputs.values():
+                for x, w, p in zip(xs, weights, packed, strict=True):
+                    if not torch.allclose(_packed_linear(x, p, None).float(), F.linear(x, w).float(), rtol=rtol, atol=atol):
+                        return None
     except (RuntimeError, AttributeError, NotImplementedError):
-        return False  # this build or CPU has no oneDNN bf16 linear
+        return None  # this build or CPU has no oneDNN linear for this dtype (bf16 wants AVX-512 or AVX-NE)
     if setting == "on":
-        return True
-    plain = sum(_seconds(lambda x=x: F.linear(x, w)) for x in xs)
-    fast = sum(_seconds(lambda x=x: _packed_linear(x, packed, None)) for x in xs)
-    return fast < FASTER * plain
+        return 1
+    wins = {}
+    for m in ROWS:
+        plain = sum(_seconds(lambda x=x, w=w: F.linear(x, w)) for x, w in zip(inputs[m], weights, strict=True))
+        fast = sum(_seconds(lambda x=x, p=p: _packed_linear(x, p, None)) for x, p in zip(inputs[m], packed, strict=True))
+        wins[m] = fast < FASTER * plain
+    return rows_from(wins)
+
+
+def rows_from(wins: dict[int, bool]) -> int | None:
+    """The smallest measured row count from which the packed kernel won at every larger one (None: it
+    lost at the largest)."""
+    first = None
+    for m in sorted(wins, reverse=True):
+        if not wins[m]:
+            break
+        first = m
+    return first
+
+
+def packed_linear_enabled(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether some `dtype` linears run with pre-packed weights in this process (measured once)."""
+    return packed_linear_rows(dtype) is not None
 
 
 @functools.cache
-def fused_decode_attention() -> bool:
-    """Whether attention for a few queries uses `scaled_dot_product_attention` (else plain matmuls)."""
+def fused_decode_attention(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether attention for a few `dtype` queries uses `scaled_dot_product_attention` (else plain matmuls)."""
     setting = _setting("SPECFINOPS_DECODE_ATTENTION")
     if setting != "auto":
         return setting == "on"
@@ -96,40 +130,52 @@ def fused_decode_attention() -> bool:
     gen = torch.Generator().manual_seed(0)
     plain = fast = 0.0
     for B, T, L in ((1, 1, 256), (1, 5, 256), (4, 5, 256)):
-        q = torch.randn(B, 9, T, 64, generator=gen).to(torch.bfloat16)
-        k = torch.randn(B, 3, L, 64, generator=gen).to(torch.bfloat16)
-        v = torch.randn(B, 3, L, 64, generator=gen).to(torch.bfloat16)
+        q = torch.randn(B, 9, T, 64, generator=gen).to(dtype)
+        k = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
+        v = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
         mask = (torch.arange(L)[None, :] <= (L - T + torch.arange(T))[:, None]).expand(B, 1, T, L)
         plain += _seconds(lambda q=q, k=k, v=v, m=mask, L=L: small_attention(q, k, v, m, L))
         fast += _seconds(lambda q=q, k=k, v=v, m=mask: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True))
     return fast < FASTER * plain
 
 
+def kernels_label(dtype: torch.dtype) -> str:
+    """What serves `dtype` decode here, for run records: e.g. 'packed+fused', 'packed>=5+matmul', 'plain+fused'."""
+    rows = packed_linear_rows(dtype)
+    linear = "plain" if rows is None else "packed" if rows == 1 else f"packed>={rows}"
+    return f"{linear}+{'fused' if fused_decode_attention(dtype) else 'matmul'}"
+
+
 class PackedLinear(nn.Module):
-    """`nn.Linear` for inference whose bf16 weight is also kept pre-packed for oneDNN.
+    """`nn.Linear` for inference whose weight is also kept pre-packed for oneDNN, used from `min_rows`
+    input rows on (fewer rows go through `F.linear`).
 
     `weight` and `bias` stay the module's parameters (state dicts, tied embeddings and readers of
     `.weight` see no difference); where gradients are wanted it falls back to `F.linear`."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, min_rows: int = 1):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
+        self.min_rows = min_rows
         self.packed = _pack(linear.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and self.weight.requires_grad:
+        if (torch.is_grad_enabled() and self.weight.requires_grad) or x.numel() < self.min_rows * self.in_features:
             return F.linear(x, self.weight, self.bias)
         return _packed_linear(x, self.packed, self.bias)
 
 
 def pack_for_inference(model: nn.Module) -> int:
-    """Swap the bf16 `nn.Linear`s of `model` for `PackedLinear` where that measured faster here;
-    returns how many were swapped. Call it once, after the weights are final."""
-    if not packed_linear_enabled():
-        return 0
+    """Swap the bf16 / float32 `nn.Linear`s of `model` for `PackedLinear` where that measured faster here
+    (for the row counts where it did); returns how many were swapped. Call it once, after the weights
+    are final."""
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) is nn.Linear and child.weight.dtype == torch.bfloat16]
+             if type(child) is nn.Linear and child.weight.dtype in PACKABLE]
+    done = 0
     for parent, name, child in swaps:
-        setattr(parent, name, PackedLinear(child))
-    return len(swaps)
+        rows = packed_linear_rows(child.weight.dtype)
+        if rows is not None:
+            setattr(parent, name, PackedLinear(child, rows))
+            done += 1
+    return done

@@ -183,7 +183,7 @@ class Attention(nn.Module):
         else:
             keys, values = ck[fb.slots, :, : fb.kv_len], cv[fb.slots, :, : fb.kv_len]  # (B, Hkv, L, D)
 
-        if T <= SMALL_T and not fused_decode_attention():
+        if T <= SMALL_T and not fused_decode_attention(q.dtype):
             out = small_attention(q, keys, values, fb.mask, fb.kv_len)
         elif fb.mask is None and T == 1:
             out = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)  # one query sees every key

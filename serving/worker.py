@@ -61,20 +61,19 @@ DEFAULT_EARLY_EXIT_LAYERS = 8
 HYBRID_NGRAM_MIN = 2
 
 
-def software_version() -> str:
-    """Package and torch versions plus the CPU kernels measured fastest here (serving/kernels.py): a run's
-    speed depends on all three."""
+def software_version(dtype: str | None = None) -> str:
+    """Package and torch versions plus, for a run of this engine in `dtype`, the CPU kernels measured
+    fastest here (serving/kernels.py): a run's speed depends on all three."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from serving.kernels import fused_decode_attention, packed_linear_enabled
+    from serving.kernels import kernels_label
 
-    linear = "packed" if packed_linear_enabled() else "plain"  # bf16 linears
-    attention = "fused" if fused_decode_attention() else "matmul"  # decode-width attention
     try:
         own = f"specfinops {version('specfinops')}"
     except PackageNotFoundError:
         own = "specfinops (source)"
-    return f"{own}, torch {torch.__version__}, kernels {linear}+{attention}"[:64]  # the column holds 64
+    kernels = f", kernels {kernels_label(DTYPES[dtype])}" if dtype in DTYPES else ""
+    return f"{own}, torch {torch.__version__}{kernels}"[:64]  # the column holds 64
 
 
 def device_name() -> str:
@@ -155,7 +154,7 @@ def load(spec: EngineSpec) -> Loaded:
     tokenizer = load_tokenizer(target_dir)
     target = load_causal_lm(target_dir, dtype)
     pack_for_inference(target)
-    fused_decode_attention()  # measured now rather than inside the first request
+    fused_decode_attention(dtype)  # measured now rather than inside the first request
     if spec.drafter in ("draft", "draft+ngram"):
         draft_dir = resolve_model(spec.draft_model, "draft")
         check_same_vocab(target_dir, draft_dir, target_tok=tokenizer)
@@ -351,5 +350,5 @@ def run_info(loaded: Loaded, mode: str, *, workload: str, params: SamplingParams
         mode=mode, node_id=node_id, hostname=socket.gethostname(), device=device_name(), backend="torch",
         dtype=loaded.spec.dtype, target=str(loaded.target_dir), drafter=loaded.drafter_label if mode == "spec" else None,
         k_policy=k_policy, temperature=params.temperature, workload=workload, power_source=power_source,
-        software_version=software_version(), top_p=params.top_p, concurrency=concurrency, kind=kind,
+        software_version=software_version(loaded.spec.dtype), top_p=params.top_p, concurrency=concurrency, kind=kind,
     )

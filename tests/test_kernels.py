@@ -31,11 +31,11 @@ def setting(monkeypatch):
 
     def set_(name: str, value: str) -> None:
         monkeypatch.setenv(name, value)
-        kernels.packed_linear_enabled.cache_clear()
+        kernels.packed_linear_rows.cache_clear()
         kernels.fused_decode_attention.cache_clear()
 
     yield set_
-    kernels.packed_linear_enabled.cache_clear()
+    kernels.packed_linear_rows.cache_clear()
     kernels.fused_decode_attention.cache_clear()
 
 
@@ -82,18 +82,79 @@ def test_pack_for_inference_swaps_bf16_linears_and_keeps_outputs(setting):
     assert len(seq.output) == 6
 
 
-def test_pack_for_inference_leaves_float32_and_off_alone(setting):
+def _fp32_packing_supported() -> bool:
+    try:
+        kernels._pack(torch.zeros(8, 8))
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _fp32_packing_supported(), reason="this torch build has no oneDNN float32 linear")
+def test_pack_for_inference_float32_keeps_greedy_decoding(setting):
+    """float32 linears pack too (AVX2 CPUs gain most there); the results stay float32-close."""
     setting("SPECFINOPS_PACKED_LINEAR", "on")
-    assert kernels.pack_for_inference(tiny_model(1)) == 0  # float32: the exactness reference stays as is
+    ref, model = tiny_model(3), tiny_model(3)
+    assert kernels.pack_for_inference(model) == sum(type(m) is nn.Linear for m in ref.modules()) > 0
+    tokens = torch.randint(0, 96, (2, 7))
+    with torch.inference_mode():
+        a = ref(tokens, contiguous_batch(0, 2, 0, 7), ref.new_cache(2, 32))
+        b = model(tokens, contiguous_batch(0, 2, 0, 7), model.new_cache(2, 32))
+    torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    prompt = [4, 8, 15, 16, 23, 42]
+    outs = [Engine(m, max_batch=1, max_len=64).generate(prompt, SamplingParams(max_new_tokens=12)).output
+            for m in (ref, model)]
+    assert outs[0] == outs[1]
+
+
+def test_pack_for_inference_off_leaves_models_alone(setting):
     setting("SPECFINOPS_PACKED_LINEAR", "off")
+    assert kernels.pack_for_inference(tiny_model(1)) == 0
     assert kernels.pack_for_inference(tiny_model(1).to(torch.bfloat16)) == 0
+    assert kernels.packed_linear_rows(torch.float32) is None and kernels.kernels_label(torch.float32).startswith("plain+")
+
+
+def test_pack_for_inference_leaves_other_dtypes_alone(setting):
+    setting("SPECFINOPS_PACKED_LINEAR", "on")
+    assert kernels.pack_for_inference(tiny_model(1).to(torch.float16)) == 0
+
+
+@pytest.mark.skipif(not _fp32_packing_supported(), reason="this torch build has no oneDNN float32 linear")
+def test_packed_linear_uses_plain_linear_below_min_rows(monkeypatch):
+    """Fewer rows than `min_rows` go through F.linear (exactly), more through the packed kernel."""
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 32)
+    packed = kernels.PackedLinear(lin, min_rows=5)
+    calls = []
+    real = kernels._packed_linear
+    monkeypatch.setattr(kernels, "_packed_linear", lambda *a: calls.append(a[0].shape) or real(*a))
+    with torch.inference_mode():
+        one = torch.randn(1, 1, 64)
+        assert torch.equal(packed(one), lin(one)) and calls == []
+        four = torch.randn(2, 2, 64)
+        assert torch.equal(packed(four), lin(four)) and calls == []
+        many = torch.randn(1, 5, 64)
+        torch.testing.assert_close(packed(many), lin(many), rtol=1e-4, atol=1e-4)
+    assert calls == [(1, 5, 64)]
+
+
+@pytest.mark.parametrize("wins, expect", [
+    ({1: True, 2: True, 5: True, 20: True}, 1),
+    ({1: False, 2: True, 5: True, 20: True}, 2),
+    ({1: False, 2: False, 5: True, 20: True}, 5),
+    ({1: True, 2: False, 5: True, 20: True}, 5),  # a win below a loss is not trusted
+    ({1: True, 2: True, 5: True, 20: False}, None),  # losing at the widest decode: never pack
+    ({1: False, 2: False, 5: False, 20: False}, None),
+])
+def test_rows_from_takes_the_smallest_row_count_that_keeps_winning(wins, expect):
+    assert kernels.rows_from(wins) == expect
 
 
 @pytest.mark.parametrize("name", ["SPECFINOPS_PACKED_LINEAR", "SPECFINOPS_DECODE_ATTENTION"])
 def test_bad_setting_is_named(setting, name):
     setting(name, "fast")
     with pytest.raises(ValueError, match=f"{name} must be auto, on or off"):
-        kernels.packed_linear_enabled() if name.endswith("LINEAR") else kernels.fused_decode_attention()
+        kernels.packed_linear_rows() if name.endswith("LINEAR") else kernels.fused_decode_attention()
 
 
 def test_decode_attention_paths_agree(setting):
