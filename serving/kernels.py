@@ -179,3 +179,24 @@ def pack_for_inference(model: nn.Module) -> int:
             setattr(parent, name, PackedLinear(child, rows))
             done += 1
     return done
+
+
+# ------------------------------------------------------------------ the run's precision
+DTYPE_CHOICES = ("auto", "bfloat16", "float32")
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX). Without it bf16 products are
+    emulated: on an AVX2-only EPYC a 576x1536 product at 5 rows cost 617 us in bf16 against 161 us in
+    packed float32, and distill's batched data generation ran at 23 answer tokens/s."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def resolve_dtype(name: str, backend: str = "torch") -> str:
+    """`auto` -> the precision that runs fastest here (see `native_bf16`); other names are checked."""
+    if name not in DTYPE_CHOICES:
+        raise ValueError(f"unknown dtype {name!r}: use {', '.join(DTYPE_CHOICES)}")
+    if name != "auto":
+        return name
+    return "bfloat16" if backend != "torch" or native_bf16() else "float32"

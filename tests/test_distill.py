@@ -114,13 +114,15 @@ def test_unrolled_step1_equals_the_inference_forward(prepared):
 def test_model_card_has_the_reproducible_command(tmp_path):
     from app.cli import build_parser
     from serving.distill.pipeline import command_line
+    from serving.kernels import resolve_dtype
 
     args = build_parser().parse_args(["distill", "--out", str(tmp_path), "--generate-prompts", "10", "--minutes", "1",
                                       "--resume"])
     args.minutes = 1.0
     cmd = command_line(args)
     assert cmd.startswith("specfinops distill ") and "--generate-prompts 10" in cmd and "--minutes 1" in cmd
-    assert "--resume" not in cmd and "--head-vocab 8192" in cmd and "--seed 0" in cmd and "--dtype bfloat16" in cmd
+    assert "--resume" not in cmd and "--head-vocab 8192" in cmd and "--seed 0" in cmd
+    assert "--dtype auto" not in cmd and f"--dtype {resolve_dtype('auto')}" in cmd  # the precision used, spelled out
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -22,7 +22,7 @@ def _packing_supported() -> bool:
     return True
 
 
-needs_packing = pytest.mark.skipif(not _packing_supported(), reason="this torch build has no oneDNN bf16 linear")
+needs_packing = pytest.mark.skipif(not _packing_supported(), reason="no oneDNN bf16 linear in this torch build or on this CPU (it needs AVX-512 or AVX-NE-CONVERT)")
 
 
 @pytest.fixture
@@ -186,3 +186,18 @@ def test_fused_attention_matches_matmul_attention_with_ragged_mask():
     expect = small_attention(q, k, v, mask, L)
     got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("native, backend, expect", [
+    (True, "torch", "bfloat16"), (False, "torch", "float32"), (False, "vllm", "bfloat16"), (True, "vllm", "bfloat16"),
+])
+def test_auto_dtype_follows_the_cpu(monkeypatch, native, backend, expect):
+    monkeypatch.setattr(kernels, "native_bf16", lambda: native)
+    assert kernels.resolve_dtype("auto", backend) == expect
+    assert kernels.resolve_dtype("float32", backend) == "float32"  # an explicit choice is kept
+    assert kernels.resolve_dtype("bfloat16", backend) == "bfloat16"
+
+
+def test_unknown_dtype_is_named():
+    with pytest.raises(ValueError, match="unknown dtype 'float16': use auto, bfloat16, float32"):
+        kernels.resolve_dtype("float16")

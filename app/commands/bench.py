@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from app.commands._common import add_command, add_db_option
+from app.commands._common import DTYPE_HELP, add_command, add_db_option
 from serving.lookahead import DEFAULT_K, VLLM_DEFAULT_K
 
 EXAMPLES = """  specfinops bench --workload code --mode both --limit 4
@@ -37,7 +37,7 @@ def register(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32 (the exactness reference)")
+    p.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=None, help="first N prompts of the workload")
     p.add_argument("--domain", default=None, help="only prompts of this domain")
@@ -79,6 +79,9 @@ def handle(args: argparse.Namespace) -> int:
     levels = parse_concurrency(args.concurrency)
     prompts = load_workload(args.workload, limit=args.limit, domain=args.domain)
     modes = ["ar", "spec"] if args.mode == "both" else [args.mode]
+    from serving.kernels import resolve_dtype
+
+    args.dtype = resolve_dtype(args.dtype, args.backend)
     if args.backend == "vllm":
         return _write_json(args, run_bench_vllm(args, prompts, params, modes, levels))
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from app.commands._common import add_command
+from app.commands._common import DTYPE_HELP, add_command
 
 EXAMPLES = """  specfinops calibrate                                   # bundled pair, all builtin domains
   specfinops calibrate --workload code --limit 8 --json
@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--k-max", type=int, default=8, help="largest K considered for the bound (default 8)")
     p.add_argument("--threshold", type=float, default=0.65, help="GO when alpha >= this (default 0.65)")
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -66,8 +66,10 @@ def handle(args: argparse.Namespace) -> int:
         if args.limit < 1:
             raise ValueError(f"--limit must be >= 1, got {args.limit}")
         prompts = [p for d in domains for p in [q for q in prompts if q.domain == d][: args.limit]]
+    from serving.kernels import resolve_dtype
+
     spec = EngineSpec(target=args.target, drafter=args.drafter, draft_model=args.draft, k=str(args.k),
-                      dtype=args.dtype)
+                      dtype=resolve_dtype(args.dtype))
     spec.validate()
     print("loading models ...", file=sys.stderr)
     loaded = load(spec)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.commands._common import add_command, add_db_option
+from app.commands._common import DTYPE_HELP, add_command, add_db_option
 from serving.lookahead import DEFAULT_K
 
 EXAMPLES = """  specfinops serve --db sqlite:///var/specfinops.db --port 8000
@@ -24,7 +24,7 @@ def register(sub) -> None:
     p.add_argument("--drafter", default=None, help="draft | draft+ngram | early-exit | ngram (default: draft+ngram with the bundled target, ngram with any other)")
     p.add_argument("--k", default=DEFAULT_K, help="lookahead: an integer K >= 0 (0 = no drafting), or heuristic | "
                    f"entropy | cost | auto (default: {DEFAULT_K})")
-    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
+    p.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     p.add_argument("--max-batch", type=int, default=8, help="sequences decoded together (continuous batching)")
     p.add_argument("--max-len", type=int, default=2048, help="context window (tokens)")
     p.add_argument("--target", default=None, help="target model name or local HF directory (default: bundled)")
@@ -45,9 +45,11 @@ def register(sub) -> None:
 def handle(args: argparse.Namespace) -> int:
     import logging
 
+    from serving.kernels import resolve_dtype
     from serving.server_setup import ServeOptions, serve
     from serving.worker import EngineSpec, default_drafter
 
+    args.dtype = resolve_dtype(args.dtype)
     spec = EngineSpec(target=args.target, drafter=args.drafter or default_drafter(args.target), draft_model=args.draft_model,
                       early_exit_layers=args.early_exit_layers, k=args.k, dtype=args.dtype,
                       max_batch=args.max_batch, max_len=args.max_len)

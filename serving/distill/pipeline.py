@@ -27,9 +27,13 @@ REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "stdl
 def command_line(args) -> str:
     """The command that reproduces a run, every training option spelled out (--resume and paths that
     only say where things are cached are left out: they change how the run got there, not its result)."""
+    from serving.kernels import resolve_dtype
+
     parts = ["specfinops", "distill"]
     for name in REPRO_OPTIONS:
         v = getattr(args, name, None)
+        if name == "dtype" and v is not None:
+            v = resolve_dtype(v)  # the precision this run used, not "auto"
         if v in (None, False, [], 0) and name not in ("seed",):
             continue
         flag = "--" + name.replace("_", "-")
