@@ -64,14 +64,20 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--early-exit-layers", type=int, default=8)
+    ap.add_argument("--dtype", default="auto", help="precision of every engine run: auto (bfloat16 where the CPU "
+                    "multiplies bf16 in hardware, else float32), bfloat16 or float32")
     args = ap.parse_args()
     only = set(args.only.split(","))
     unknown = only - set(SECTIONS)
     if unknown:
         ap.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    from serving.kernels import resolve_dtype
+
+    dtype = resolve_dtype(args.dtype)  # spelled out, so every section runs (and records) the same precision
+    print(f"precision: {dtype}", flush=True)
     OUT.mkdir(exist_ok=True)
     db = f"sqlite:///{OUT / 'bench.db'}"
-    common = ["--workload", "code", "--dtype", "bfloat16", "--temperature", "0", "--limit", str(args.limit),
+    common = ["--workload", "code", "--dtype", dtype, "--temperature", "0", "--limit", str(args.limit),
               "--max-new-tokens", str(args.max_new_tokens), "--k", str(args.k)]
     from serving.models import model_path
 
@@ -98,13 +104,13 @@ def main() -> int:
                 with open(OUT / f"calibrate_{drafter.replace('+', '_')}.json", "w") as fh:
                     print(f"$ calibrate --drafter {drafter}", flush=True)
                     subprocess.run([sys.executable, "-m", "app.cli", "calibrate", "--drafter", drafter, "--limit", "6", "--k", "4",
-                                    "--json", *extra], check=True, stdout=fh)
+                                    "--dtype", dtype, "--json", *extra], check=True, stdout=fh)
     if "peer" in only:
         sh([sys.executable, "-m", "scripts.hf_peer", "--target", target, "--workload", "code", "--k", str(args.k),
-            "--max-new-tokens", str(args.max_new_tokens), "--limit", str(args.limit), "--dtype", "bfloat16",
+            "--max-new-tokens", str(args.max_new_tokens), "--limit", str(args.limit), "--dtype", dtype,
             "--early-exit", str(args.early_exit_layers), "--json", str(OUT / "hf_peer.json")])
     if "telemetry" in only:
-        tel = ["--workload", "code", "--mode", "ar", "--limit", str(max(2, args.limit // 2)), "--max-new-tokens", "64"]
+        tel = ["--workload", "code", "--mode", "ar", "--dtype", dtype, "--limit", str(max(2, args.limit // 2)), "--max-new-tokens", "64"]
         for i in range(2):  # interleaved, best of two each: the machine is shared
             sh(bench(*tel, "--no-telemetry", "--json", str(OUT / f"telemetry_off_{i}.json")))
             sh(bench(*tel, "--db", db, "--json", str(OUT / f"telemetry_on_{i}.json")))
@@ -118,16 +124,16 @@ def main() -> int:
     if "sweep" in only:
         # mixed: what a general deployment sees; code: the domain the bundled pair is aligned for
         for workload, name in (("mixed", "sweep.json"), ("code", "sweep_code.json")):
-            sh(bench("--workload", workload, "--mode", "both", "--limit", "32", "--max-new-tokens", "64",
+            sh(bench("--workload", workload, "--mode", "both", "--dtype", dtype, "--limit", "32", "--max-new-tokens", "64",
                      "--concurrency", "1,2,4,8,16,32", "--db", db, "--json", str(OUT / name)))
     if "lookahead" in only:
-        sh([sys.executable, "-m", "scripts.bench_lookahead", "--policies", "1,2,3,4,5,6,7,8,heuristic,entropy,cost,auto",
+        sh([sys.executable, "-m", "scripts.bench_lookahead", "--dtype", dtype, "--policies", "1,2,3,4,5,6,7,8,heuristic,entropy,cost,auto",
             "--limit", "4", "--max-new-tokens", "64", "--repeats", "2"])
         sh([sys.executable, "-m", "scripts.sim_lookahead"])
     if "dashboard" in only:
         sh([sys.executable, "-m", "scripts.bench_dashboard"])
     if "serve" in only and Path("scripts/bench_serve.py").is_file():
-        sh([sys.executable, "-m", "scripts.bench_serve", "--levels", "1,4,16,32", "--duration", "30"])
+        sh([sys.executable, "-m", "scripts.bench_serve", "--dtype", dtype, "--levels", "1,4,16,32", "--duration", "30"])
     summarize()
     return 0
 

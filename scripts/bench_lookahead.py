@@ -28,18 +28,21 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=2, help="passes over the prompts; all of them count")
+    ap.add_argument("--dtype", default="auto", help="auto (bfloat16 on CPUs with bf16 instructions, else float32), "
+                    "bfloat16 or float32")
     ap.add_argument("--json", default="bench-results/lookahead.json")
     args = ap.parse_args()
 
     from tqdm import tqdm
 
+    from serving.kernels import resolve_dtype
     from serving.models import BUNDLED_DRAFT_DIR
     from serving.sampling import SamplingParams
     from serving.worker import EngineSpec, default_drafter, load, warm_up
     from serving.workloads import load_workload
 
     drafter = args.drafter or ("draft" if (BUNDLED_DRAFT_DIR / "config.json").is_file() else default_drafter(None))
-    loaded = load(EngineSpec(drafter=drafter, dtype="bfloat16"))
+    loaded = load(EngineSpec(drafter=drafter, dtype=resolve_dtype(args.dtype)))
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     policies = args.policies.split(",")
     out: dict = {"drafter": loaded.drafter_label, "method": "interleaved per prompt", "repeats": args.repeats,
