@@ -11,7 +11,7 @@ Definitions (DESIGN.md): only requests with status 'ok' count towards tokens, la
     acceptance_rate   = accepted / drafted;  mean_acceptance_length = 1 + accepted / drafts
     energy_j          = sum of requests.energy_j (None when no request has one); J/token over the requests
                         that have one; energy_estimated when the run's power source is 'estimate'
-    speedup           = spec tokens/s / AR tokens/s, same workload, target, device and concurrency
+    speedup           = spec tokens/s / AR tokens/s, same workload, target, device, precision and concurrency
 
 Public API:
     Filters(since, until, node_id, run_ids, target, drafter, workload, domain, mode)
@@ -159,6 +159,7 @@ class Speedup:
     workload: str
     target: str
     device: str
+    dtype: str
     concurrency: int
     drafter: str | None
     k_policy: str
@@ -415,22 +416,24 @@ def acceptance_by_domain(engine: Engine, filters: Filters | None = None) -> list
 
 
 def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
-    """spec tokens/s / AR tokens/s per (workload, target, device, concurrency) and spec configuration
-    (drafter, k policy). Tokens/s of several runs = their tokens / their summed wall seconds."""
+    """spec tokens/s / AR tokens/s per (workload, target, device, precision, concurrency) and spec
+    configuration (drafter, k policy). Tokens/s of several runs = their tokens / their summed wall seconds.
+    The precision is part of the key: on a CPU without bf16 instructions the same model decodes 1.5x
+    apart in bf16 and float32, so pooling them would price neither."""
     runs = run_summaries(engine, filters)
     totals: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
     ids: dict[tuple, list[int]] = defaultdict(list)
     for r in runs:
         if r.stats.wall_s is None or not r.stats.output_tokens:
             continue
-        base = (r.workload, r.target, r.device, r.concurrency)
+        base = (r.workload, r.target, r.device, r.dtype, r.concurrency)
         key = (*base, "spec", r.drafter, r.k_policy) if r.mode == "spec" else (*base, "ar")
         totals[key][0] += r.stats.output_tokens
         totals[key][1] += r.stats.wall_s
         ids[key].append(r.run_id)
     out = []
-    for key in sorted((k for k in totals if k[4] == "spec"), key=lambda k: tuple(str(x) for x in k)):
-        base = key[:4]
+    for key in sorted((k for k in totals if k[5] == "spec"), key=lambda k: tuple(str(x) for x in k)):
+        base = key[:5]
         spec_tps = _ratio(*totals[key])
         ar_key = (*base, "ar")
         ar_tps = _ratio(*totals[ar_key]) if ar_key in totals else None
@@ -439,9 +442,10 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
                 workload=base[0],
                 target=base[1],
                 device=base[2],
-                concurrency=base[3],
-                drafter=key[5],
-                k_policy=key[6],
+                dtype=base[3],
+                concurrency=base[4],
+                drafter=key[6],
+                k_policy=key[7],
                 spec_tokens_per_s=spec_tps,
                 ar_tokens_per_s=ar_tps,
                 speedup=_ratio(spec_tps, ar_tps),

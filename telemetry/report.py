@@ -354,7 +354,8 @@ def summary_dict(data: ReportData) -> dict:
         "p95_tpot_sla_ms": data.sla_ms,
         "modes": {mode: _mode_dict(data, mode) for mode in queries.MODES},
         "speedups": [
-            {"workload": s.workload, "target": s.target, "device": s.device, "concurrency": s.concurrency,
+            {"workload": s.workload, "target": s.target, "device": s.device, "dtype": s.dtype,
+             "concurrency": s.concurrency,
              "drafter": s.drafter, "k_policy": s.k_policy, "speedup": s.speedup,
              "spec_tokens_per_s": s.spec_tokens_per_s, "ar_tokens_per_s": s.ar_tokens_per_s}
             for s in data.speedups
@@ -427,11 +428,12 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
               tuple((d.domain, d.num_requests, d.num_drafts, d.num_draft_tokens, d.num_accepted_tokens,
                      d.acceptance_rate, d.mean_acceptance_length,
                      None if d.acceptance_rate is None else d.acceptance_rate >= ALPHA_GO) for d in data.domains)),
-        Table("speedups", "Speedup (spec tokens/s / AR tokens/s, same workload, target, device, concurrency)",
-              ("workload", "target", "device", "concurrency", "drafter", "K policy", "spec tokens/s",
+        Table("speedups", "Speedup (spec tokens/s / AR tokens/s, same workload, target, device, precision, "
+              "concurrency)",
+              ("workload", "target", "device", "dtype", "concurrency", "drafter", "K policy", "spec tokens/s",
                "AR tokens/s", "speedup"),
-              tuple((s.workload, s.target, s.device, s.concurrency, s.drafter, s.k_policy, s.spec_tokens_per_s,
-                     s.ar_tokens_per_s, s.speedup) for s in data.speedups)),
+              tuple((s.workload, s.target, s.device, s.dtype, s.concurrency, s.drafter, s.k_policy,
+                     s.spec_tokens_per_s, s.ar_tokens_per_s, s.speedup) for s in data.speedups)),
         Table("runs_cost", "Cost per run", tuple(header), tuple(tuple(r) for r in rows)),
         Table("change", "Change against the previous period", ("figure", "this period", "previous period",
               "change", "change %"), tuple(change_rows(data))),

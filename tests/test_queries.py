@@ -192,6 +192,24 @@ def test_speedup_same_workload_only(store):
     assert sp.speedup == pytest.approx(B_TPS / A_TPS)
 
 
+def test_speedup_keeps_precisions_apart(store):
+    """An AR baseline measured in another precision is neither pooled with nor paired to the spec run."""
+    engine, (a, b, _) = store
+    with Session(engine) as s:
+        bf = make_run(s, "ar", dtype="bfloat16", requests=[Req(33, ttft_ms=100, e2e_ms=500, start_s=0.0)]).id
+        s.commit()
+    [sp] = speedups(engine)
+    assert (sp.dtype, sp.spec_run_ids, sp.ar_run_ids) == ("float32", (b,), (a,))
+    assert sp.speedup == pytest.approx(B_TPS / A_TPS)  # unchanged by the faster bf16 baseline
+    with Session(engine) as s:
+        bs = make_run(s, "spec", dtype="bfloat16", requests=[spec_req(33, 4, 24, ttft_ms=100, e2e_ms=300)]).id
+        s.commit()
+    by_dtype = {sp.dtype: sp for sp in speedups(engine)}
+    assert set(by_dtype) == {"float32", "bfloat16"}
+    assert (by_dtype["bfloat16"].spec_run_ids, by_dtype["bfloat16"].ar_run_ids) == ((bs,), (bf,))
+    assert by_dtype["float32"].ar_run_ids == (a,)
+
+
 def test_run_cost_hand_computed(store):
     engine, (a, b, _) = store
     rc = run_cost(engine, b, node_hourly_usd=3.6)

@@ -13,9 +13,9 @@ from app.dashboard.common import MISSING, Context, fmt, run_page, show_table, us
 def _speedup_text(speedups) -> tuple[str, str]:
     values = [s.speedup for s in speedups if s.speedup is not None]
     if not values:
-        return MISSING, "Needs a speculative and an AR run of the same workload, target, device and concurrency."
+        return MISSING, "Needs a speculative and an AR run of the same workload, target, device, precision and concurrency."
     if len(values) == 1:
-        return f"{values[0]:.2f}x", "Spec tokens/s / AR tokens/s on the same prompts, hardware and concurrency."
+        return f"{values[0]:.2f}x", "Spec tokens/s / AR tokens/s on the same prompts, hardware, precision and concurrency."
     return (f"{min(values):.2f}–{max(values):.2f}x",
             f"{len(values)} configurations (range); see the table below. Spec tokens/s / AR tokens/s.")
 
@@ -98,7 +98,7 @@ def body(ctx: Context) -> None:
         with st.expander("Speedup by configuration", expanded=len(speedups) > 1):
             show_table(pd.DataFrame([{
                 "workload": s.workload, "target": s.target, "drafter": s.drafter, "K policy": s.k_policy,
-                "device": s.device, "concurrency": s.concurrency,
+                "device": s.device, "dtype": s.dtype, "concurrency": s.concurrency,
                 "spec tokens/s": s.spec_tokens_per_s, "AR tokens/s": s.ar_tokens_per_s, "speedup": s.speedup,
             } for s in speedups]))
 
