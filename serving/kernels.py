@@ -24,13 +24,17 @@ only where the candidate gives the same numbers. `SPECFINOPS_PACKED_LINEAR` and
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 PACK_BATCH_HINT = 8  # oneDNN picks its blocking for about this many rows; decode feeds 1-40
 FASTER = 0.85  # a fast path must take at most this share of the default's time
@@ -69,6 +73,37 @@ PACKABLE = (torch.bfloat16, torch.float32)
 ROWS = (1, 2, 5, 20)  # decode feeds 1 row (AR, one sequence) to ~40 (a batch verifying K+1 each)
 SHAPES = ((1536, 576), (576, 1536), (576, 576))  # a small decoder's MLP and attention projections
 TOLERANCE = {torch.bfloat16: (1e-2, 0.1), torch.float32: (1e-4, 1e-4)}
+COPIES = 16  # of each shape, timed in turn
+
+
+def _can_pack(dtype: torch.dtype) -> bool:
+    try:
+        _pack(torch.zeros(8, 8, dtype=dtype))
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False  # this build or CPU has no oneDNN linear for this dtype (bf16 wants AVX-512 or AVX-NE)
+    return True
+
+
+@functools.cache
+def pack_dtype(dtype: torch.dtype) -> torch.dtype | None:
+    """The precision a `dtype` weight's packed copy is kept and multiplied in: `dtype` itself where
+    oneDNN packs it; for bf16 on a CPU without bf16 instructions, float32 (the bf16 values widened
+    exactly, products accumulated in float32 as a bf16 kernel does, the result rounded back to bf16);
+    None where nothing can be packed."""
+    if dtype not in PACKABLE or not torch.backends.mkldnn.is_available():
+        return None
+    if _can_pack(dtype):
+        return dtype
+    if dtype == torch.bfloat16 and _can_pack(torch.float32):
+        return torch.float32
+    return None
+
+
+def _packed_call(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                 compute: torch.dtype) -> torch.Tensor:
+    if x.dtype == compute:
+        return _packed_linear(x, packed, bias)
+    return _packed_linear(x.to(compute), packed, bias).to(x.dtype)
 
 
 @functools.cache
@@ -78,28 +113,40 @@ def packed_linear_rows(dtype: torch.dtype = torch.bfloat16) -> int | None:
     Measured once per dtype on decode-sized products: the packed kernel is used from the smallest
     measured row count at which it is clearly faster than `F.linear` and stays so at every larger one."""
     setting = _setting("SPECFINOPS_PACKED_LINEAR")
-    if setting == "off" or dtype not in PACKABLE or not torch.backends.mkldnn.is_available():
+    compute = pack_dtype(dtype)
+    if setting == "off" or compute is None:
         return None
     gen = torch.Generator().manual_seed(0)
-    weights = [torch.randn(n, k, generator=gen).to(dtype) for n, k in SHAPES]
-    inputs = {m: [torch.randn(m, w.shape[1], generator=gen).to(dtype) for w in weights] for m in ROWS}
     rtol, atol = TOLERANCE[dtype]
-    try:
-        packed = [_pack(w) for w in weights]
-        with torch.inference_mode():
-            for xs in inputs.values():
-                for x, w, p in zip(xs, weights, packed, strict=True):
-                    if not torch.allclose(_packed_linear(x, p, None).float(), F.linear(x, w).float(), rtol=rtol, atol=atol):
-                        return None
-    except (RuntimeError, AttributeError, NotImplementedError):
-        return None  # this build or CPU has no oneDNN linear for this dtype (bf16 wants AVX-512 or AVX-NE)
+    with torch.inference_mode():
+        for n, k in SHAPES:
+            w = torch.randn(n, k, generator=gen).to(dtype)
+            p = _pack(w.to(compute))
+            for m in ROWS:
+                x = torch.randn(m, k, generator=gen).to(dtype)
+                got = _packed_call(x, p, None, compute)
+                if got.dtype != dtype or not torch.allclose(got.float(), F.linear(x, w).float(), rtol=rtol, atol=atol):
+                    return None
     if setting == "on":
         return 1
+    # A forward streams every weight from memory once, so time a pass over more weights than a CPU cache
+    # holds (~140 MB in float32), not one small product that stays cached: where memory is slow, a float32
+    # copy of bf16 weights that wins in cache loses at a row or two.
+    weights = [torch.randn(n, k, generator=gen).to(dtype) for _ in range(COPIES) for n, k in SHAPES]
+    packed = [_pack(w.to(compute)) for w in weights]
     wins = {}
     for m in ROWS:
-        plain = sum(_seconds(lambda x=x, w=w: F.linear(x, w)) for x, w in zip(inputs[m], weights, strict=True))
-        fast = sum(_seconds(lambda x=x, p=p: _packed_linear(x, p, None)) for x, p in zip(inputs[m], packed, strict=True))
-        wins[m] = fast < FASTER * plain
+        xs = {k: torch.randn(m, k, generator=gen).to(dtype) for _, k in SHAPES}
+
+        def plain(xs=xs):
+            for w in weights:
+                F.linear(xs[w.shape[1]], w)
+
+        def fast(xs=xs):
+            for w, p in zip(weights, packed, strict=True):
+                _packed_call(xs[w.shape[1]], p, None, compute)
+
+        wins[m] = _seconds(fast, reps=3) < FASTER * _seconds(plain, reps=3)
     return rows_from(wins)
 
 
@@ -140,15 +187,18 @@ def fused_decode_attention(dtype: torch.dtype = torch.bfloat16) -> bool:
 
 
 def kernels_label(dtype: torch.dtype) -> str:
-    """What serves `dtype` decode here, for run records: e.g. 'packed+fused', 'packed>=5+matmul', 'plain+fused'."""
+    """What serves `dtype` decode here, for run records: e.g. 'packed+fused', 'packed>=5+matmul', 'plain+fused',
+    'packed-f32>=2+fused' (bf16 weights multiplied from a float32 packed copy)."""
     rows = packed_linear_rows(dtype)
-    linear = "plain" if rows is None else "packed" if rows == 1 else f"packed>={rows}"
+    linear = "plain" if rows is None else "packed" if pack_dtype(dtype) == dtype else "packed-f32"
+    if rows is not None and rows > 1:
+        linear += f">={rows}"
     return f"{linear}+{'fused' if fused_decode_attention(dtype) else 'matmul'}"
 
 
 class PackedLinear(nn.Module):
-    """`nn.Linear` for inference whose weight is also kept pre-packed for oneDNN, used from `min_rows`
-    input rows on (fewer rows go through `F.linear`).
+    """`nn.Linear` for inference whose weight is also kept pre-packed for oneDNN (in `pack_dtype` of its
+    dtype), used from `min_rows` input rows on (fewer rows go through `F.linear`).
 
     `weight` and `bias` stay the module's parameters (state dicts, tied embeddings and readers of
     `.weight` see no difference); where gradients are wanted it falls back to `F.linear`."""
@@ -158,27 +208,43 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self.min_rows = min_rows
-        self.packed = _pack(linear.weight)
+        self.compute = pack_dtype(linear.weight.dtype) or linear.weight.dtype
+        self.packed = _pack(linear.weight.detach().to(self.compute))
+        self.packed_bias = None if linear.bias is None else linear.bias.detach().to(self.compute)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (torch.is_grad_enabled() and self.weight.requires_grad) or x.numel() < self.min_rows * self.in_features:
             return F.linear(x, self.weight, self.bias)
-        return _packed_linear(x, self.packed, self.bias)
+        return _packed_call(x, self.packed, self.packed_bias, self.compute)
+
+
+def _available_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def pack_for_inference(model: nn.Module) -> int:
     """Swap the bf16 / float32 `nn.Linear`s of `model` for `PackedLinear` where that measured faster here
-    (for the row counts where it did); returns how many were swapped. Call it once, after the weights
-    are final."""
+    (for the row counts where it did); returns how many were swapped. The packed copies are extra
+    memory (a float32 copy of bf16 weights is twice their size): where they would take more than half
+    of the memory still available, nothing is packed. Call it once, after the weights are final."""
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) is nn.Linear and child.weight.dtype in PACKABLE]
-    done = 0
+             if type(child) is nn.Linear and child.weight.dtype in PACKABLE
+             and packed_linear_rows(child.weight.dtype) is not None]
+    extra = sum(c.weight.numel() * pack_dtype(c.weight.dtype).itemsize for _, _, c in swaps)
+    available = _available_bytes()
+    if swaps and available is not None and extra > available / 2:
+        log.warning("not packing %d linears: their copies (%.1f GB) would take more than half of the %.1f GB "
+                    "of memory available", len(swaps), extra / 1e9, available / 1e9)
+        return 0
     for parent, name, child in swaps:
-        rows = packed_linear_rows(child.weight.dtype)
-        if rows is not None:
-            setattr(parent, name, PackedLinear(child, rows))
-            done += 1
-    return done
+        setattr(parent, name, PackedLinear(child, packed_linear_rows(child.weight.dtype)))
+    return len(swaps)
 
 
 # ------------------------------------------------------------------ the run's precision

@@ -15,14 +15,10 @@ from tests.tiny import tiny_model
 
 
 def _packing_supported() -> bool:
-    try:
-        kernels._pack(torch.zeros(8, 8, dtype=torch.bfloat16))
-    except (RuntimeError, AttributeError, NotImplementedError):
-        return False
-    return True
+    return kernels.pack_dtype(torch.bfloat16) is not None
 
 
-needs_packing = pytest.mark.skipif(not _packing_supported(), reason="no oneDNN bf16 linear in this torch build or on this CPU (it needs AVX-512 or AVX-NE-CONVERT)")
+needs_packing = pytest.mark.skipif(not _packing_supported(), reason="this torch build has no oneDNN linear")
 
 
 @pytest.fixture
@@ -37,6 +33,18 @@ def setting(monkeypatch):
     yield set_
     kernels.packed_linear_rows.cache_clear()
     kernels.fused_decode_attention.cache_clear()
+
+
+@pytest.fixture
+def no_native_bf16(monkeypatch):
+    """A CPU whose oneDNN refuses to pack bf16 (no AVX-512): bf16 weights get a float32 packed copy."""
+    real = kernels._can_pack
+    monkeypatch.setattr(kernels, "_can_pack", lambda dtype: dtype != torch.bfloat16 and real(dtype))
+    kernels.pack_dtype.cache_clear()
+    kernels.packed_linear_rows.cache_clear()
+    yield
+    kernels.pack_dtype.cache_clear()
+    kernels.packed_linear_rows.cache_clear()
 
 
 @needs_packing
@@ -201,3 +209,33 @@ def test_auto_dtype_follows_the_cpu(monkeypatch, native, backend, expect):
 def test_unknown_dtype_is_named():
     with pytest.raises(ValueError, match="unknown dtype 'float16': use auto, bfloat16, float32"):
         kernels.resolve_dtype("float16")
+
+
+@pytest.mark.skipif(not _fp32_packing_supported(), reason="this torch build has no oneDNN float32 linear")
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_weights_without_bf16_instructions_multiply_from_a_float32_copy(no_native_bf16, bias):
+    assert kernels.pack_dtype(torch.bfloat16) == torch.float32
+    torch.manual_seed(0)
+    lin = nn.Linear(576, 1536, bias=bias).to(torch.bfloat16)
+    packed = kernels.PackedLinear(lin)
+    assert packed.compute == torch.float32 and packed.packed.dtype == torch.float32  # the widened copy
+    x = torch.randn(4, 5, 576).to(torch.bfloat16)
+    with torch.inference_mode():
+        got, expect = packed(x), lin(x)
+        exact = F.linear(x.float(), lin.weight.float(), None if lin.bias is None else lin.bias.float())
+    assert got.dtype == torch.bfloat16 and got.shape == expect.shape
+    torch.testing.assert_close(got.float(), expect.float(), rtol=1e-2, atol=2e-2)
+    # the same bf16 values multiplied in float32: within one bf16 rounding of the exact product
+    torch.testing.assert_close(got.float(), exact, rtol=8e-3, atol=1e-3)
+
+
+def test_nothing_is_packed_when_the_copies_would_not_fit(setting, monkeypatch):
+    setting("SPECFINOPS_PACKED_LINEAR", "on")
+    model = tiny_model(1)
+    if kernels.packed_linear_rows(torch.float32) is None:
+        pytest.skip("this torch build has no oneDNN float32 linear")
+    monkeypatch.setattr(kernels, "_available_bytes", lambda: 1000)  # a few KB left
+    assert kernels.pack_for_inference(model) == 0
+    assert not any(isinstance(m, kernels.PackedLinear) for m in model.modules())
+    monkeypatch.setattr(kernels, "_available_bytes", lambda: None)  # unknown: pack as measured
+    assert kernels.pack_for_inference(model) > 0
