@@ -10,8 +10,12 @@ Which kernel is cheapest depends on the CPU:
   results. On an AVX2-only EPYC the float32 products gained most: MKL's sgemm at a few rows cost nearly
   as much as at fifty (the 49152x576 LM head: 14 ms at 1 row, 38 ms at 5), oneDNN's packed kernel
   scaled with the rows (9 ms, 12 ms) while plain `F.linear` stayed best at a single row. So the choice is
-  made per dtype and per row count: from how many rows on (if any) the packed kernel runs. It is
-  inference-only: a module that still needs gradients keeps `F.linear`.
+  made per dtype and per row count: from how many rows on (if any) the packed kernel runs. Where
+  oneDNN cannot pack bf16 (no AVX-512), a bf16 weight gets a float32 packed copy (its values widened
+  exactly; products accumulate in float32 as a bf16 kernel's do, and round back to bf16): the emulated
+  bf16 `F.linear` streams half the bytes and stays best at a few rows, the copy wins at many (batch-48
+  decode step 1.20 -> 0.47 s there). It is inference-only: a module that still needs gradients keeps
+  `F.linear`.
 - **Attention for a few queries.** On a CPU without AVX-512 plain batched matmuls beat the fused
   `scaled_dot_product_attention` for decode widths; on an AVX-512 Xeon the fused kernel won at every
   decode width (1 query over 300 keys: 129 us -> 28 us). Measured per dtype as well.
