@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from app.commands._common import DTYPE_HELP
+
 OUT = Path("bench-results")
 SECTIONS = ("verify", "engine", "calibrate", "peer", "telemetry", "recorder", "sweep", "lookahead", "dashboard",
             "serve")
@@ -64,8 +66,7 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--early-exit-layers", type=int, default=8)
-    ap.add_argument("--dtype", default="auto", help="precision of every engine run: auto (bfloat16 where the CPU "
-                    "multiplies bf16 in hardware, else float32), bfloat16 or float32")
+    ap.add_argument("--dtype", default="auto", help="precision of every engine run: " + DTYPE_HELP)
     args = ap.parse_args()
     only = set(args.only.split(","))
     unknown = only - set(SECTIONS)

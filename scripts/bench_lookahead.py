@@ -1,4 +1,4 @@
-"""Adaptive lookahead vs every fixed K, per workload domain (bf16, greedy, one process, same prompts).
+"""Adaptive lookahead vs every fixed K, per workload domain (--dtype precision, greedy, one process, same prompts).
 
 Policies are interleaved prompt by prompt (each prompt is decoded by every policy in turn, the order
 rotating), so a slow spell of the machine lands on all of them alike; each policy keeps one engine for
@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from app.commands._common import DTYPE_HELP
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -28,8 +30,7 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=2, help="passes over the prompts; all of them count")
-    ap.add_argument("--dtype", default="auto", help="auto (bfloat16 on CPUs with bf16 instructions, else float32), "
-                    "bfloat16 or float32")
+    ap.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     ap.add_argument("--json", default="bench-results/lookahead.json")
     args = ap.parse_args()
 

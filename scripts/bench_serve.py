@@ -23,6 +23,8 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, text
 
+from app.commands._common import DTYPE_HELP
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=60.0, help="seconds per level and mode")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--workload", default="mixed")
-    ap.add_argument("--dtype", default="auto", help="passed to serve (auto: bfloat16 on CPUs with bf16 instructions, else float32)")
+    ap.add_argument("--dtype", default="auto", help="passed to serve: " + DTYPE_HELP)
     ap.add_argument("--drafter", default=None)
     ap.add_argument("--k", default="4")
     ap.add_argument("--out", default="bench-results/serve.json")

@@ -165,11 +165,6 @@ def rows_from(wins: dict[int, bool]) -> int | None:
     return first
 
 
-def packed_linear_enabled(dtype: torch.dtype = torch.bfloat16) -> bool:
-    """Whether some `dtype` linears run with pre-packed weights in this process (measured once)."""
-    return packed_linear_rows(dtype) is not None
-
-
 @functools.cache
 def fused_decode_attention(dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether attention for a few `dtype` queries uses `scaled_dot_product_attention` (else plain matmuls)."""

@@ -18,7 +18,7 @@ import torch
 from serving.drafters import FeatureDrafter, HybridDrafter, ModelDrafter, NgramDrafter
 from serving.eagle import is_eagle_dir, load_eagle
 from serving.engine import Engine, StepEvent
-from serving.kernels import fused_decode_attention, pack_for_inference
+from serving.kernels import fused_decode_attention, kernels_label, pack_for_inference
 from serving.llama import CausalLM, load_causal_lm
 from serving.lookahead import DEFAULT_K, BatchGatedK, parse_policy
 from serving.models import (
@@ -65,8 +65,6 @@ def software_version(dtype: str | None = None) -> str:
     """Package and torch versions plus, for a run of this engine in `dtype`, the CPU kernels measured
     fastest here (serving/kernels.py): a run's speed depends on all three."""
     from importlib.metadata import PackageNotFoundError, version
-
-    from serving.kernels import kernels_label
 
     try:
         own = f"specfinops {version('specfinops')}"
