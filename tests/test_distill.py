@@ -117,10 +117,11 @@ def test_model_card_has_the_reproducible_command(tmp_path):
     from serving.kernels import resolve_dtype
 
     args = build_parser().parse_args(["distill", "--out", str(tmp_path), "--generate-prompts", "10", "--minutes", "1",
-                                      "--resume"])
+                                      "--package-prompts", "7", "--resume"])
     args.minutes = 1.0
     cmd = command_line(args)
     assert cmd.startswith("specfinops distill ") and "--generate-prompts 10" in cmd and "--minutes 1" in cmd
+    assert "--package-prompts 7" in cmd and "--stdlib-prompts" not in cmd  # unset sources are left out
     assert "--resume" not in cmd and "--head-vocab 8192" in cmd and "--seed 0" in cmd
     assert "--dtype auto" not in cmd and f"--dtype {resolve_dtype('auto')}" in cmd  # the precision used, spelled out
 
@@ -129,6 +130,7 @@ def test_model_card_has_the_reproducible_command(tmp_path):
     (["distill", "--out", "X", "--corpus", "/nonexistent/corpus"], "corpus"),
     (["distill", "--out", "X", "--corpus", ".", "--minutes", "-3"], "--minutes"),
     (["distill", "--out", "X"], "--corpus"),
+    (["distill", "--out", "X", "--package-prompts", "-1"], "--package-prompts"),
 ])
 def test_bad_input_is_one_clear_line(argv, needle, capsys, tmp_path):
     from app.cli import main
@@ -215,3 +217,32 @@ def test_stdlib_prompts_are_deterministic_code_prompts_and_never_evaluation_prom
     head = mixed[:30]
     assert 8 <= sum(x in t for x in head) <= 12
     assert interleave([], a) == a and interleave(t, []) == t
+
+
+def test_package_prompts_spread_over_installed_packages_and_are_reproducible():
+    from serving.distill.prompts import (
+        _evaluation_texts,
+        _stdlib_functions,
+        package_prompts,
+        package_versions,
+        stdlib_prompts,
+    )
+
+    versions = package_versions(("sqlalchemy", "jinja2", "click", "no_such_package_xyz"))
+    assert set(versions) == {"sqlalchemy", "jinja2", "click"}  # what is not installed is skipped, not invented
+    assert all(v and v[0].isdigit() for v in versions.values())
+    pkgs = ("sqlalchemy", "jinja2", "click")
+    a = package_prompts(90, seed=0, packages=pkgs)
+    assert a == package_prompts(90, seed=0, packages=pkgs) and len(a) == 90
+    assert package_prompts(30, seed=0, packages=pkgs) == a[:30]  # a smaller count is a prefix
+    assert package_prompts(30, seed=1, packages=pkgs) != a[:30]
+    assert all(p["domain"] == "code" and p["id"].startswith("package-prompt-") and "answer" not in p for p in a)
+    # round-robin: the first prompts already cover every package
+    assert {p["id"].split("-")[2].split("/")[0] for p in a[:6]} == set(pkgs)
+    assert any("```python" in p["prompt"] for p in a) and any(p["prompt"].startswith(("Write", "How", "I need",
+                                                                                     "Implement")) for p in a)
+    evaluation = _evaluation_texts()
+    assert not any(p["prompt"] in evaluation for p in a)
+    # none of them repeats a standard-library function's prompt
+    assert not {p["prompt"] for p in a} & {p["prompt"] for p in stdlib_prompts(seed=0)}
+    assert all(len(f) == 5 for f in _stdlib_functions()[:5])

@@ -27,6 +27,10 @@ def register(sub) -> None:
     p.add_argument("--stdlib-prompts", type=int, default=0, metavar="N",
                    help="generate the target's answers to N code prompts made from documented Python standard-library "
                         "functions (asks from docstrings, tasks on their source)")
+    p.add_argument("--package-prompts", type=int, default=0, metavar="N",
+                   help="generate the target's answers to N code prompts made (like --stdlib-prompts) from documented "
+                        "functions of installed packages (sqlalchemy, pandas, transformers, ...; the model card records "
+                        "their versions)")
     p.add_argument("--stdlib-code", type=int, default=0, metavar="N",
                    help="add N Python standard-library functions as chat answers, teacher-forced")
     p.add_argument("--data-dir", default=None, help="where --generate-prompts writes (default: ~/.cache/specfinops/distill/...)")
@@ -88,10 +92,10 @@ def handle(args) -> int:
     for c in args.corpus:
         if not Path(c).expanduser().is_dir():
             raise UsageError(f"corpus {c} does not exist")
-    if not (args.corpus or args.generate_prompts or args.stdlib_prompts or args.stdlib_code):
-        raise UsageError("no training data: give --corpus DIR, --generate-prompts N, --stdlib-prompts N or "
-                         "--stdlib-code N")
-    for name in ("generate_prompts", "stdlib_prompts", "stdlib_code", "head_vocab", "layers", "unroll", "batch_tokens"):
+    if not (args.corpus or args.generate_prompts or args.stdlib_prompts or args.package_prompts or args.stdlib_code):
+        raise UsageError("no training data: give --corpus DIR, --generate-prompts N, --stdlib-prompts N, "
+                         "--package-prompts N or --stdlib-code N")
+    for name in ("generate_prompts", "stdlib_prompts", "package_prompts", "stdlib_code", "head_vocab", "layers", "unroll", "batch_tokens"):
         if getattr(args, name) < 0 or (name in ("head_vocab", "layers", "unroll", "batch_tokens") and getattr(args, name) < 1):
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     from serving.distill.pipeline import run

@@ -18,7 +18,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 EVAL_DOMAINS = ("code", "chat", "rewrite")
 
 
-REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "stdlib_code", "max_new_tokens", "gen_batch",
+REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "package_prompts", "stdlib_code",
+                 "max_new_tokens", "gen_batch",
                  "dtype", "out", "minutes", "steps",
                  "head_vocab", "layers", "lr", "batch_tokens", "unroll", "detach_unroll", "w_feat", "w_hard",
                  "feat_noise", "seed", "k")
@@ -99,7 +100,14 @@ def eval_data(target_dir: Path, max_new_tokens: int, say, dtype: torch.dtype = t
 def run(args) -> int:
     from app.errors import UsageError
     from serving.distill.data import is_prepared, load_prepared, prepare
-    from serving.distill.prompts import interleave, make_prompts, stdlib_code_items, stdlib_prompts
+    from serving.distill.prompts import (
+        interleave,
+        make_prompts,
+        package_prompts,
+        package_versions,
+        stdlib_code_items,
+        stdlib_prompts,
+    )
     from serving.distill.train import TrainConfig, measure_c, new_draft, simulate_alpha, train
     from serving.eagle import load_eagle
     from serving.kernels import pack_for_inference
@@ -120,13 +128,19 @@ def run(args) -> int:
     # ---- data
     data_t0 = time.perf_counter()
     described = [f"prepared data {c}" for c in corpora]
-    if args.generate_prompts or args.stdlib_prompts:
+    packages = {}
+    n_p = getattr(args, "package_prompts", 0) or 0
+    if args.generate_prompts or args.stdlib_prompts or n_p:
         n_t, n_s = args.generate_prompts or 0, args.stdlib_prompts or 0
         d = Path(args.data_dir).expanduser() if args.data_dir else \
-            CACHE / f"{target_dir.name}-generated-t{n_t}-l{n_s}-s{args.seed}-n{args.max_new_tokens}{tag}"
+            CACHE / (f"{target_dir.name}-generated-t{n_t}-l{n_s}" + (f"-p{n_p}" if n_p else "")
+                     + f"-s{args.seed}-n{args.max_new_tokens}{tag}")
+        if n_p:
+            packages = package_versions()
         if not is_prepared(d):
-            prompts = interleave(make_prompts(n_t, seed=args.seed) if n_t else [],
-                                 stdlib_prompts(n_s, seed=args.seed) if n_s else [])
+            prompts = interleave(interleave(make_prompts(n_t, seed=args.seed) if n_t else [],
+                                            stdlib_prompts(n_s, seed=args.seed) if n_s else []),
+                                 package_prompts(n_p, seed=args.seed) if n_p else [])
             _say(f"generating the target's greedy answers to {len(prompts)} prompts -> {d}")
             prepare(target_dir, prompts, d, max_new_tokens=args.max_new_tokens, batch=args.gen_batch, say=_say,
                     dtype=dtype,
@@ -139,6 +153,9 @@ def run(args) -> int:
         if n_s:
             described.append(f"the target's greedy answers (max {args.max_new_tokens} tokens) to {n_s} code prompts "
                              "made from documented Python standard-library functions")
+        if n_p:
+            described.append(f"the target's greedy answers (max {args.max_new_tokens} tokens) to {n_p} code prompts "
+                             "made from documented functions of installed packages (versions under 'packages')")
     if args.stdlib_code:
         d = CACHE / f"{target_dir.name}-stdlib-code-{args.stdlib_code}-s{args.seed}{tag}"
         if not is_prepared(d):
@@ -181,6 +198,7 @@ def run(args) -> int:
                    "tokens": sum(p.meta["num_tokens"] for p in preps),
                    "answer_tokens": sum(p.answer_tokens for p in preps),
                    "head_coverage_of_answer_tokens": coverage,
+                   **({"packages": packages} if packages else {}),
                    "evaluation_prompts_excluded": True},
         "training": {**{k: v for k, v in asdict(cfg).items() if k != "extra"}},
         "command": command_line(args),

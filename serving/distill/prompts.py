@@ -442,24 +442,18 @@ CODE_INTROS = [
 ]
 
 
-def _stdlib_functions(max_lines: int = 40) -> list[tuple[str, str, str, str]]:
-    """(id, name, args, first docstring line, source) of the documented public functions of the Python
-    standard library that ships with the interpreter, in a stable order."""
+def _documented_functions(root, files, max_lines: int) -> list[tuple[str, str, str, str, str]]:
+    """(id, name, args, first docstring line, source) of the documented public functions (module level and
+    class methods) in `files` under `root`, in the files' order."""
     import ast
-    import sysconfig
     import textwrap
-    from pathlib import Path
 
-    root = sysconfig.get_paths()["stdlib"]
-    skip = ("test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo", "ensurepip", "tkinter")
-    files = sorted(p for p in Path(root).rglob("*.py")
-                   if not set(p.relative_to(root).parts[:-1]) & set(skip) and not p.name.startswith("test"))
     out = []
     for path in files:
         try:
             src = path.read_text(encoding="utf-8")
             tree = ast.parse(src)
-        except (SyntaxError, UnicodeDecodeError, ValueError):
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
             continue
         lines = src.splitlines()
         nodes = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
@@ -470,7 +464,7 @@ def _stdlib_functions(max_lines: int = 40) -> list[tuple[str, str, str, str]]:
                 continue
             doc = ast.get_docstring(node)
             n = node.end_lineno - node.lineno + 1
-            if not doc or n > max_lines or n < 4:
+            if not doc or not doc.strip() or n > max_lines or n < 4:
                 continue
             first = doc.strip().splitlines()[0].strip().rstrip(".")
             if len(first) < 12:
@@ -482,6 +476,19 @@ def _stdlib_functions(max_lines: int = 40) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def _stdlib_functions(max_lines: int = 40) -> list[tuple[str, str, str, str, str]]:
+    """The documented public functions of the Python standard library that ships with the interpreter,
+    in a stable order (see _documented_functions)."""
+    import sysconfig
+    from pathlib import Path
+
+    root = sysconfig.get_paths()["stdlib"]
+    skip = ("test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo", "ensurepip", "tkinter")
+    files = sorted(p for p in Path(root).rglob("*.py")
+                   if not set(p.relative_to(root).parts[:-1]) & set(skip) and not p.name.startswith("test"))
+    return _documented_functions(Path(root), files, max_lines)
+
+
 STDLIB_ASKS = [
     "Write a {lang} function `{name}({args})` that does the following: {what}.",
     "Write a function `{name}({args})` in {lang}. It should {what}.",
@@ -491,14 +498,9 @@ STDLIB_ASKS = [
 ]
 
 
-def stdlib_prompts(limit: int | None = None, seed: int = 0) -> list[dict]:
-    """Code prompts (no answers: the target writes them) built from the standard library's documented
-    functions: half ask for a function from its docstring's first line (in a random language), half give
-    the function's source with a task from SNIPPET_TASKS. Deterministic for a seed; never an evaluation prompt."""
-    rng = random.Random(seed + 1)
-    funcs = _stdlib_functions(max_lines=24)
-    rng.shuffle(funcs)
-    evaluation = _evaluation_texts()
+def _function_prompts(funcs, rng: random.Random, id_prefix: str, evaluation: set[str]) -> list[dict]:
+    """One code prompt per function: even positions ask for it from its docstring's first line (in a random
+    language), odd ones give its source with a task from SNIPPET_TASKS. Evaluation prompts are dropped."""
     items = []
     for i, (fid, name, args, what, body) in enumerate(funcs):
         if i % 2 == 0:
@@ -508,7 +510,80 @@ def stdlib_prompts(limit: int | None = None, seed: int = 0) -> list[dict]:
             text = f"{rng.choice(SNIPPET_TASKS)}\n\n```python\n{body}\n```"
         if text in evaluation:
             continue
-        items.append({"id": f"stdlib-prompt-{fid}", "domain": "code", "prompt": text})
+        items.append({"id": f"{id_prefix}-{fid}", "domain": "code", "prompt": text})
+    return items
+
+
+def stdlib_prompts(limit: int | None = None, seed: int = 0) -> list[dict]:
+    """Code prompts (no answers: the target writes them) built from the standard library's documented
+    functions: half ask for a function from its docstring's first line (in a random language), half give
+    the function's source with a task from SNIPPET_TASKS. Deterministic for a seed; never an evaluation prompt."""
+    rng = random.Random(seed + 1)
+    funcs = _stdlib_functions(max_lines=24)
+    rng.shuffle(funcs)
+    items = _function_prompts(funcs, rng, "stdlib-prompt", _evaluation_texts())
+    return items if limit is None else items[:limit]
+
+
+# Installed packages whose documented functions make more code prompts (--package-prompts): pure-Python,
+# well documented, and all installed with specfinops itself, so a checkout that can run distill has them.
+PACKAGES = ("sqlalchemy", "alembic", "jinja2", "click", "dateutil", "requests", "httpx", "attr", "packaging",
+            "pygments", "rich", "networkx", "sympy", "pandas", "numpy", "markdown_it", "jsonschema", "mako",
+            "starlette", "fastapi", "pydantic", "typer", "tqdm", "apscheduler", "pluggy", "_pytest", "setuptools",
+            "pip", "huggingface_hub", "transformers", "streamlit", "altair", "narwhals", "fsspec", "psutil")
+
+
+def package_versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
+    """{import name: installed version} of the packages that are installed (what --package-prompts read)."""
+    import importlib.metadata as md
+    import importlib.util
+
+    dists = md.packages_distributions()
+    out = {}
+    for pkg in packages:
+        if importlib.util.find_spec(pkg) is None:
+            continue
+        names = dists.get(pkg) or [pkg]
+        try:
+            out[pkg] = md.version(names[0])
+        except md.PackageNotFoundError:
+            out[pkg] = "unknown"
+    return out
+
+
+def _package_functions(pkg: str, max_lines: int) -> list[tuple[str, str, str, str, str]]:
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec(pkg)
+    if spec is None:
+        return []
+    if spec.submodule_search_locations:
+        root = Path(list(spec.submodule_search_locations)[0])
+        skip = {"test", "tests", "testing", "_vendor", "vendor", "_vendored"}
+        files = sorted(p for p in root.rglob("*.py")
+                       if not set(p.relative_to(root).parts[:-1]) & skip and not p.name.startswith("test"))
+        top = root.parent
+    else:
+        files, top = [Path(spec.origin)], Path(spec.origin).parent
+    return _documented_functions(top, files, max_lines)
+
+
+def package_prompts(limit: int | None = None, seed: int = 0, packages: tuple[str, ...] = PACKAGES) -> list[dict]:
+    """Code prompts made like stdlib_prompts from the documented functions of installed packages (PACKAGES;
+    those not installed are skipped), taken round-robin across packages so any prefix spreads over all of
+    them. Deterministic for a seed and the installed versions (see package_versions)."""
+    rng = random.Random(seed + 2)
+    per_pkg = []
+    for pkg in packages:
+        funcs = _package_functions(pkg, max_lines=24)
+        rng.shuffle(funcs)
+        per_pkg.append(funcs)
+    funcs, i = [], 0
+    while any(i < len(f) for f in per_pkg):
+        funcs += [f[i] for f in per_pkg if i < len(f)]
+        i += 1
+    items = _function_prompts(funcs, rng, "package-prompt", _evaluation_texts())
     return items if limit is None else items[:limit]
 
 
