@@ -8,7 +8,15 @@ import pytest
 import torch
 
 from serving.distill.data import load_prepared, teacher_pass
-from serving.distill.train import TrainConfig, _step_mask, distill_loss, new_draft, simulate_alpha, train
+from serving.distill.train import (
+    TrainConfig,
+    _step_mask,
+    distill_loss,
+    new_draft,
+    simulate_alpha,
+    teacher_forced_agreement,
+    train,
+)
 from tests.tiny import tiny_model
 
 
@@ -246,3 +254,46 @@ def test_package_prompts_spread_over_installed_packages_and_are_reproducible():
     # none of them repeats a standard-library function's prompt
     assert not {p["prompt"] for p in a} & {p["prompt"] for p in stdlib_prompts(seed=0)}
     assert all(len(f) == 5 for f in _stdlib_functions()[:5])
+
+
+def test_teacher_forced_agreement_matches_a_position_by_position_count(prepared):
+    """The parallel agreement count equals feeding the draft one position at a time (real features) and
+    comparing its argmax with the target's token; top-k grows with k; the confidence bins add up."""
+    from serving.llama import contiguous_batch
+
+    target, out = prepared
+    prep = load_prepared(out)
+    cfg = TrainConfig(head_vocab=32, lr=3e-3, batch_tokens=256, unroll=2, steps=15, warmup_steps=2,
+                      save_every_s=1e9, feat_noise=0.0)
+    draft, _ = new_draft(target, [prep], cfg, eos_ids=(2,))
+    train(draft, [prep], cfg, progress=False)
+    res = teacher_forced_agreement(draft, prep, ks=(1, 2, 4, 32))
+    assert set(res) == {"code", "chat"}
+    hits, n = {}, {}
+    with torch.inference_mode():
+        for s in prep.seqs:
+            o, L, P = s["offset"], s["length"], s["num_prompt"]
+            toks, feats = prep.tokens[o: o + L], prep.feats[o: o + L].to(draft.fc.weight.dtype)
+            cache = draft.new_cache(1, L)
+            for i in range(L - 2):
+                _, logits = draft(toks[i + 1: i + 2][None], feats[i: i + 1][None], contiguous_batch(0, 1, i, 1), cache)
+                if i + 2 >= P:
+                    d = s["domain"]
+                    n[d] = n.get(d, 0) + 1
+                    hits[d] = hits.get(d, 0) + int(draft.head_token_ids[logits[0, -1].argmax()] == toks[i + 2])
+    for dom, r in res.items():
+        assert r["positions"] == n[dom]
+        assert r["top"][1] == pytest.approx(hits[dom] / n[dom], abs=1e-4)
+        tops = [r["top"][k] for k in (1, 2, 4, 32)]
+        assert tops == sorted(tops) and r["top"][32] == pytest.approx(r["in_head"], abs=1e-4)  # the whole head
+        bins = r["by_target_confidence"]
+        assert sum(b["share"] for b in bins) == pytest.approx(1.0, abs=1e-3)
+        assert sum(b["share"] * (b["top1"] or 0) for b in bins) == pytest.approx(r["top"][1], abs=2e-3)
+
+
+def test_draft_diagnostics_refuses_a_directory_that_is_no_draft(tmp_path, capsys):
+    from scripts.draft_diagnostics import main
+
+    assert main(["--draft", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--draft" in err[0] and "config.json" in err[0]

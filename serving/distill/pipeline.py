@@ -108,7 +108,14 @@ def run(args) -> int:
         stdlib_code_items,
         stdlib_prompts,
     )
-    from serving.distill.train import TrainConfig, measure_c, new_draft, simulate_alpha, train
+    from serving.distill.train import (
+        TrainConfig,
+        measure_c,
+        new_draft,
+        simulate_alpha,
+        teacher_forced_agreement,
+        train,
+    )
     from serving.eagle import load_eagle
     from serving.kernels import pack_for_inference
     from serving.llama import load_causal_lm
@@ -237,6 +244,10 @@ def run(args) -> int:
                                    "feature, later steps the draft's own; verified against the target's greedy "
                                    f"({args.dtype}) answers (max {args.eval_max_new_tokens} tokens) to the builtin workloads; alpha = "
                                    "accepted / tested (per-token), acceptance_rate = accepted / drafted")
+        results["agreement"] = teacher_forced_agreement(d16, ev)
+        results["agreement_method"] = ("every answer position fed the target's real feature; top: share of the "
+                                       "target's greedy tokens in the draft's top-k; by_target_confidence: draft "
+                                       "top-1 agreement by the target's own top-1 probability")
         results["cost"] = measure_c(d16, target16)
         _say("alpha " + ", ".join(f"{k} {v['alpha']:.3f}" for k, v in alpha.items()) +
              f"; c {results['cost']['c']:.3f} ({results['cost']['draft_ms']} ms / {results['cost']['target_ms']} ms)")

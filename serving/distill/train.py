@@ -279,6 +279,64 @@ def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple
     return res
 
 
+CONFIDENCE_EDGES = (0.0, 0.5, 0.8, 0.95, 1.0)
+
+
+@torch.inference_mode()
+def teacher_forced_agreement(draft: EagleDraft, prep: Prepared, ks: tuple[int, ...] = (1, 2, 4, 8),
+                             domains: tuple[str, ...] | None = None) -> dict:
+    """Where the draft misses, on answer positions: every position is fed the target's real feature (what
+    the first token of every draft chain sees), and the target's greedy next token is looked for in the
+    draft's top-k. Per domain: `positions`; `top` {k: share in the top-k} (top-1 bounds a chain's first
+    token; the rest is what branching on more candidates could recover); `in_head` (share the reduced
+    head can propose at all); `by_target_confidence`: for bins of the target's own top-1 probability,
+    the share of positions in the bin and the draft's top-1 agreement there."""
+    from serving.llama import contiguous_batch
+
+    head = draft.head_token_ids
+    kmax = min(max(ks), head.numel())
+    edges = CONFIDENCE_EDGES
+    bins = list(zip(edges[:-1], edges[1:], strict=True))  # [from, to); the last bin includes 1.0
+    res: dict[str, dict] = {}
+    for s in prep.seqs:
+        if domains and s["domain"] not in domains:
+            continue
+        o, L, P = s["offset"], s["length"], s["num_prompt"]
+        if L < 3:
+            continue
+        toks = prep.tokens[o: o + L]
+        feats = prep.feats[o: o + L].to(draft.fc.weight.dtype)
+        cache = draft.new_cache(1, L)
+        # row i reads token x_{i+1} and feature f_i, and predicts x_{i+2}
+        _, logits = draft(toks[1:L][None], feats[: L - 1][None], contiguous_batch(0, 1, 0, L - 1), cache)
+        answer = torch.arange(2, L) >= P
+        if not bool(answer.any()):
+            continue
+        want = toks[2:L][answer]
+        ranked = head[logits[0, : L - 2][answer].float().topk(kmax, dim=-1).indices]  # (n, kmax) vocab ids
+        hit = ranked == want[:, None]
+        p1 = prep.topk_probs[o + 1: o + L - 1, 0][answer].float()  # the target's confidence in x_{i+2}
+        r = res.setdefault(s["domain"], {"positions": 0, "top": {k: 0 for k in ks}, "in_head": 0,
+                                         "bins": [[0, 0] for _ in bins]})
+        r["positions"] += int(want.numel())
+        for k in ks:
+            r["top"][k] += int(hit[:, :k].any(-1).sum())
+        r["in_head"] += int(torch.isin(want, head).sum())
+        for b, (lo, hi) in enumerate(bins):
+            m = (p1 >= lo) & ((p1 < hi) if hi < 1.0 else (p1 <= hi))
+            r["bins"][b][0] += int(m.sum())
+            r["bins"][b][1] += int(hit[m, 0].sum())
+    out = {}
+    for dom, r in res.items():
+        n = r["positions"]
+        out[dom] = {"positions": n, "top": {k: round(v / n, 4) for k, v in r["top"].items()},
+                    "in_head": round(r["in_head"] / n, 4),
+                    "by_target_confidence": [{"from": lo, "to": hi, "share": round(c / n, 4),
+                                              "top1": round(h / c, 4) if c else None}
+                                             for (lo, hi), (c, h) in zip(bins, r["bins"], strict=True)]}
+    return out
+
+
 @torch.inference_mode()
 def measure_c(draft: EagleDraft, target: CausalLM, context: int = 256, reps: int = 30) -> dict:
     """Draft forward time per proposed token / target forward time for one token (batch 1, warm caches)."""
