@@ -23,13 +23,15 @@ import json
 import sys
 from pathlib import Path
 
+from app.commands._common import DTYPE_HELP
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None, help="target model name or directory (default: the bundled target)")
     ap.add_argument("--draft", action="append", default=None,
                     help="feature-level draft directory (repeatable; default: the bundled draft)")
-    ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"))
+    ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"), help=DTYPE_HELP)
     ap.add_argument("--max-new-tokens", type=int, default=128, help="answer length of the evaluation data")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)

@@ -136,7 +136,7 @@ def run(args) -> int:
     data_t0 = time.perf_counter()
     described = [f"prepared data {c}" for c in corpora]
     packages = {}
-    n_p = getattr(args, "package_prompts", 0) or 0
+    n_p = args.package_prompts or 0
     if args.generate_prompts or args.stdlib_prompts or n_p:
         n_t, n_s = args.generate_prompts or 0, args.stdlib_prompts or 0
         d = Path(args.data_dir).expanduser() if args.data_dir else \

@@ -442,6 +442,12 @@ CODE_INTROS = [
 ]
 
 
+def _python_files(root, skip: set[str]) -> list:
+    """The .py files under `root`, sorted, outside folders named in `skip` and not named test*."""
+    return sorted(p for p in root.rglob("*.py")
+                  if not set(p.relative_to(root).parts[:-1]) & skip and not p.name.startswith("test"))
+
+
 def _documented_functions(root, files, max_lines: int) -> list[tuple[str, str, str, str, str]]:
     """(id, name, args, first docstring line, source) of the documented public functions (module level and
     class methods) in `files` under `root`, in the files' order."""
@@ -482,11 +488,9 @@ def _stdlib_functions(max_lines: int = 40) -> list[tuple[str, str, str, str, str
     import sysconfig
     from pathlib import Path
 
-    root = sysconfig.get_paths()["stdlib"]
-    skip = ("test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo", "ensurepip", "tkinter")
-    files = sorted(p for p in Path(root).rglob("*.py")
-                   if not set(p.relative_to(root).parts[:-1]) & set(skip) and not p.name.startswith("test"))
-    return _documented_functions(Path(root), files, max_lines)
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo", "ensurepip", "tkinter"}
+    return _documented_functions(root, _python_files(root, skip), max_lines)
 
 
 STDLIB_ASKS = [
@@ -560,9 +564,7 @@ def _package_functions(pkg: str, max_lines: int) -> list[tuple[str, str, str, st
         return []
     if spec.submodule_search_locations:
         root = Path(list(spec.submodule_search_locations)[0])
-        skip = {"test", "tests", "testing", "_vendor", "vendor", "_vendored"}
-        files = sorted(p for p in root.rglob("*.py")
-                       if not set(p.relative_to(root).parts[:-1]) & skip and not p.name.startswith("test"))
+        files = _python_files(root, {"test", "tests", "testing", "_vendor", "vendor", "_vendored"})
         top = root.parent
     else:
         files, top = [Path(spec.origin)], Path(spec.origin).parent

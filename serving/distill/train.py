@@ -295,8 +295,7 @@ def teacher_forced_agreement(draft: EagleDraft, prep: Prepared, ks: tuple[int, .
 
     head = draft.head_token_ids
     kmax = min(max(ks), head.numel())
-    edges = CONFIDENCE_EDGES
-    bins = list(zip(edges[:-1], edges[1:], strict=True))  # [from, to); the last bin includes 1.0
+    bins = list(zip(CONFIDENCE_EDGES[:-1], CONFIDENCE_EDGES[1:], strict=True))  # [from, to); the last bin includes 1.0
     res: dict[str, dict] = {}
     for s in prep.seqs:
         if domains and s["domain"] not in domains:
