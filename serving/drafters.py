@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -17,9 +18,10 @@ from typing import Protocol
 import torch
 
 from serving.eagle import EagleDraft
-from serving.llama import CausalLM, contiguous_batch, ragged_batch
+from serving.llama import CausalLM, contiguous_batch, ragged_batch, tree_batch
 from serving.sampling import logits_to_probs
 from serving.sequence import Sequence
+from serving.speculative import TokenTree
 
 # A per-sequence stop rule, asked after the draft proposed token j (0-based) with probability `conf`:
 # None = go on, an integer n = stop and keep the first n tokens (j + 1 keeps token j, j drops it).
@@ -150,6 +152,10 @@ class NgramDrafter:
     def commit(self, seq: Sequence, num_before: int, accepted: int, features: torch.Tensor | None = None) -> None:
         pass
 
+    def propose_tree(self, seqs: list[Sequence], shape: TreeShape) -> list[TokenTree]:
+        """A copy is one continuation: a chain up to the tree's depth."""
+        return [TokenTree.chain(self.lookup(s.tokens, shape.depth)) for s in seqs]
+
 
 class HybridDrafter:
     """Prompt lookup where the sequence's last `n_min`+ tokens occurred earlier in its context, the model
@@ -170,6 +176,15 @@ class HybridDrafter:
 
     def commit(self, seq: Sequence, num_before: int, accepted: int, features: torch.Tensor | None = None) -> None:
         self.inner.commit(seq, num_before, accepted, features)
+
+    def propose_tree(self, seqs: list[Sequence], shape: TreeShape) -> list[TokenTree]:
+        """The copy as a chain where the context has a match, the inner drafter's tree everywhere else."""
+        trees = self.ngram.propose_tree(seqs, shape)
+        model_rows = [b for b, t in enumerate(trees) if not len(t)]
+        if model_rows:
+            for b, tree in zip(model_rows, self.inner.propose_tree([seqs[b] for b in model_rows], shape), strict=True):
+                trees[b] = tree
+        return trees
 
     def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None,
                 stop_rules: list[StopRule | None] | None = None) -> Draft:
@@ -225,7 +240,21 @@ class FeatureDrafter:
                 stop_rules: list[StopRule | None] | None = None) -> Draft:
         k_max = max(ks)
         greedy = all(s.params.greedy for s in seqs)
-        # 1) catch up: position j takes (x_{j+1}, f_j) for every true feature not consumed yet
+        h, logits = self._catch_up(seqs)
+        # 2) K tokens; each next step feeds the draft's own h in place of the target feature
+        loop = _DraftLoop(seqs, ks, greedy, self.draft.cfg.vocab_size, stop_below, stop_rules)
+        for j in range(k_max):
+            loop.pick(j, logits, self.draft)
+            if not loop.wants(j + 1):
+                break
+            fb = ModelDrafter._batch(seqs, [s.draft_len + j for s in seqs], 1)
+            h, logits = self.draft(loop.tokens[:, j : j + 1], h[:, None], fb, self.cache)
+            h, logits = h[:, 0], logits[:, 0]
+        return loop.result()
+
+    def _catch_up(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position j takes (x_{j+1}, f_j) for every true feature not consumed yet. Returns the draft's h and
+        reduced logits at each sequence's last committed token: (B, C), (B, Vh)."""
         widths = [s.draft_feats.shape[0] for s in seqs]
         width = max(widths)
         c = seqs[0].draft_feats.shape[-1]
@@ -243,16 +272,54 @@ class FeatureDrafter:
         for b, s in enumerate(seqs):
             s.draft_len += widths[b]
             s.draft_feats = None
-        # 2) K tokens; each next step feeds the draft's own h in place of the target feature
-        loop = _DraftLoop(seqs, ks, greedy, self.draft.cfg.vocab_size, stop_below, stop_rules)
-        for j in range(k_max):
-            loop.pick(j, logits, self.draft)
-            if not loop.wants(j + 1):
-                break
-            fb = ModelDrafter._batch(seqs, [s.draft_len + j for s in seqs], 1)
-            h, logits = self.draft(loop.tokens[:, j : j + 1], h[:, None], fb, self.cache)
-            h, logits = h[:, 0], logits[:, 0]
-        return loop.result()
+        return h, logits
+
+    def propose_tree(self, seqs: list[Sequence], shape: TreeShape) -> list[TokenTree]:
+        """A token tree per sequence, grown as in EAGLE-2: a candidate's score is the draft's log-probability
+        of its whole path. Each round feeds the `width` best-scoring newest candidates (one draft forward for
+        all of them, each attending to its own ancestors) and gives each its `width` likeliest children;
+        after `depth` levels the `nodes` best-scoring candidates form the tree. A parent always scores at
+        least as well as its children, so the chosen nodes include their ancestors."""
+        B, W = len(seqs), shape.width
+        h, logits = self._catch_up(seqs)
+        ids = self.draft.head_token_ids
+        logp, top = logits.log_softmax(-1).topk(W, dim=-1)  # (B, W): the root's children
+        # every candidate so far: token, score (path log-probability), parent candidate (-1 = the root)
+        tok, score, parent = ids[top], logp, torch.full((B, W), -1)
+        front = torch.arange(W).expand(B, W)  # candidates to expand next
+        front_h = h[:, None].expand(B, W, h.shape[-1])  # the h of their parents
+        starts = [s.draft_len for s in seqs]
+        visible = torch.zeros(B, 0, 0, dtype=torch.bool)  # ancestors-or-self among the fed candidates
+        fed_row: dict[tuple[int, int], int] = {}  # (b, candidate) -> its row among the fed ones
+        floor = math.log(shape.min_prob) if shape.min_prob > 0 else -math.inf
+        for d in range(1, shape.depth):
+            if float(score.gather(1, front).max()) < floor:
+                break  # nothing left worth growing
+            n = visible.shape[1]
+            grown = torch.zeros(B, n + W, n + W, dtype=torch.bool)
+            grown[:, :n, :n] = visible
+            for b in range(B):
+                for w in range(W):
+                    cand = int(front[b, w])
+                    up = int(parent[b, cand])
+                    if up >= 0:
+                        grown[b, n + w, :n] = grown[b, fed_row[b, up], :n]
+                    grown[b, n + w, n + w] = True
+                    fed_row[b, cand] = n + w
+            visible = grown
+            fb = tree_batch([s.slot for s in seqs], starts, torch.full((B, W), d - 1), visible[:, n:])
+            h_out, logits = self.draft(tok.gather(1, front), front_h, fb, self.cache)  # (B, W, C), (B, W, Vh)
+            logp, top = logits.log_softmax(-1).topk(W, dim=-1)  # (B, W, W)
+            child_score = (score.gather(1, front)[:, :, None] + logp).reshape(B, W * W)
+            base = tok.shape[1]
+            tok = torch.cat([tok, ids[top].reshape(B, W * W)], dim=1)
+            score = torch.cat([score, child_score], dim=1)
+            parent = torch.cat([parent, front[:, :, None].expand(B, W, W).reshape(B, W * W)], dim=1)
+            best = child_score.topk(W, dim=-1).indices  # (B, W) among the new candidates
+            front = base + best
+            front_h = h_out.gather(1, (best // W)[:, :, None].expand(B, W, h_out.shape[-1]))
+        return [select_tree(tok[b].tolist(), score[b].tolist(), parent[b].tolist(), shape.nodes, floor)
+                for b in range(B)]
 
 
 class _DraftLoop:
@@ -313,3 +380,51 @@ class _DraftLoop:
         stopped = [n < k for n, k in zip(self.lengths, self.ks, strict=True)]  # only a cut shortens a draft
         return Draft(tokens=[rows[b][: n] for b, n in enumerate(self.lengths)], probs=self.probs, conf=conf,
                      stopped=stopped)
+
+
+@dataclass(frozen=True, slots=True)
+class TreeShape:
+    """How big a draft tree grows: `depth` levels, `width` candidates expanded per level (and children per
+    expanded candidate), the best `nodes` kept for the target to verify."""
+
+    nodes: int
+    depth: int = 6
+    width: int = 4
+    min_prob: float = 0.0  # candidates whose path probability (by the draft) is below this are not verified
+
+    def __post_init__(self):
+        if self.nodes < 1 or self.depth < 1 or self.width < 1:
+            raise ValueError(f"a draft tree needs nodes, depth and width >= 1, got {self.nodes}, {self.depth}, "
+                             f"{self.width}")
+        if not 0.0 <= self.min_prob < 1.0:
+            raise ValueError(f"a draft tree's MIN_PROB must be in [0, 1), got {self.min_prob}")
+
+    @classmethod
+    def parse(cls, text: str) -> TreeShape:
+        """NODES[:DEPTH[:WIDTH[:MIN_PROB]]], e.g. '24' or '24:6:4' or '16:6:4:0.1'."""
+        parts = str(text).split(":")
+        try:
+            values = [int(x) for x in parts[:3]] + [float(x) for x in parts[3:]]
+        except ValueError:
+            values = []
+        if not 1 <= len(values) <= 4:
+            raise ValueError(f"tree shape must be NODES[:DEPTH[:WIDTH[:MIN_PROB]]], got {text!r}")
+        return cls(*values)
+
+    @property
+    def label(self) -> str:
+        return f"tree:{self.nodes}:{self.depth}:{self.width}:{self.min_prob:g}"
+
+
+def select_tree(tokens: list[int], scores: list[float], parents: list[int], nodes: int,
+                floor: float = -math.inf) -> TokenTree:
+    """The `nodes` best-scoring candidates as a breadth-first TokenTree (ties go to the shallower one).
+    parents[i] is candidate i's parent candidate, -1 for the root."""
+    depth: list[int] = []
+    for up in parents:
+        depth.append(1 if up < 0 else depth[up] + 1)
+    worth = [i for i in range(len(tokens)) if scores[i] >= floor]
+    chosen = sorted(worth, key=lambda i: (-scores[i], depth[i]))[:nodes]
+    order = sorted(chosen, key=lambda i: (depth[i], -scores[i]))  # breadth first, likeliest sibling first
+    index = {c: i + 1 for i, c in enumerate(order)}  # candidate -> tree index
+    return TokenTree([tokens[c] for c in order], [0 if parents[c] < 0 else index[parents[c]] for c in order])

@@ -14,12 +14,18 @@ from dataclasses import dataclass
 
 import torch
 
-from serving.drafters import Drafter
-from serving.llama import CausalLM, contiguous_batch, ragged_batch
+from serving.drafters import Drafter, TreeShape
+from serving.llama import CausalLM, compact_path, contiguous_batch, ragged_batch, tree_batch
 from serving.lookahead import FixedK, LookaheadPolicy
 from serving.sampling import SamplingParams, logits_to_probs, sample
 from serving.sequence import Sequence
-from serving.speculative import greedy_verify, rejection_sample
+from serving.speculative import (
+    TokenTree,
+    greedy_verify,
+    rejection_sample,
+    tree_greedy_verify,
+    tree_rejection_sample,
+)
 
 SOURCE_AR, SOURCE_ACCEPTED, SOURCE_BONUS, SOURCE_CORRECTION = "ar", "accepted", "bonus", "correction"
 
@@ -58,8 +64,13 @@ class Engine:
         max_len: int = 2048,
         decode: Callable[[list[int]], str] | None = None,
         on_step: Callable[[StepEvent], None] | None = None,
+        tree: TreeShape | None = None,
     ):
+        if tree is not None and (drafter is None or not hasattr(drafter, "propose_tree")):
+            name = getattr(drafter, "name", "none")
+            raise EngineError(f"drafter {name} cannot propose token trees (the feature draft and prompt lookup can)")
         self.target = target
+        self.tree = tree
         self.drafter = drafter
         self.policy = policy or FixedK(0)
         self.eos_ids = frozenset(eos_ids)
@@ -67,7 +78,8 @@ class Engine:
         self.max_batch = max_batch
         self.decode = decode  # token ids -> text, needed only for stop strings
         self.on_step = on_step
-        self.cache = target.new_cache(max_batch, self.max_len + 16)
+        # a tree's nodes take cache indices past the sequence until the accepted path is compacted
+        self.cache = target.new_cache(max_batch, self.max_len + 16 + (tree.nodes if tree else 0))
         self.free_slots = list(range(max_batch - 1, -1, -1))
         self.running: list[Sequence] = []
         self._next_id = 0
@@ -143,6 +155,8 @@ class Engine:
             room = min(s.params.max_new_tokens - len(s.output) - 1, self.max_len - len(s.tokens) - 1)
             ks.append(max(0, min(k, room)))
             reasons.append(why)
+        if self.tree is not None and max(ks) > 0:
+            return self._tree_step(seqs, ks, reasons, t0)
         with torch.inference_mode():
             # 1) draft
             drafts: list[list[int]] = [[] for _ in seqs]
@@ -179,15 +193,62 @@ class Engine:
                     out = rejection_sample(p, q, torch.tensor(x, dtype=torch.long), s.generator)
                 emitted.append(out)
         t2 = time.perf_counter()
+        paths = [list(range(1, len(e))) for e in emitted]  # a chain's accepted rows are 1..accepted
+        return self._finish_step(seqs, emitted, [len(x) for x in drafts], paths, hidden, reasons, (t0, t1, t2),
+                                 confs)
+
+    def _tree_step(self, seqs: list[Sequence], ks: list[int], reasons: list[str], t0: float) -> list[Sequence]:
+        """One step with token trees: each sequence's tree (at most ks[b] deep) is verified in one target
+        forward in which every node sees only its ancestors; the accepted path's keys are then moved next
+        to the committed ones, as if it had been fed as a chain."""
+        with torch.inference_mode():
+            drafting = [b for b, k in enumerate(ks) if k > 0]
+            grown = self.drafter.propose_tree([seqs[b] for b in drafting], self.tree)
+            trees = [TokenTree([], [])] * len(seqs)
+            for b, tree in zip(drafting, grown, strict=True):
+                trees[b] = tree.truncate(ks[b])
+            t1 = time.perf_counter()
+            width = 1 + max(len(t) for t in trees)
+            feed = torch.zeros(len(seqs), width, dtype=torch.long)
+            depths = torch.zeros(len(seqs), width, dtype=torch.long)
+            visible = torch.zeros(len(seqs), width, width, dtype=torch.bool)
+            for b, (s, tree) in enumerate(zip(seqs, trees, strict=True)):
+                n = len(tree) + 1
+                feed[b, :n] = torch.tensor([s.tokens[-1], *tree.tokens])
+                depths[b, :n] = torch.tensor(tree.depths())
+                visible[b] = tree.ancestors(width)
+            fb = tree_batch([s.slot for s in seqs], [s.kv_len for s in seqs], depths, visible)
+            logits, hidden = self.target(feed, fb, self.cache, return_hidden=True)
+            emitted, paths = [], []
+            for b, (s, tree) in enumerate(zip(seqs, trees, strict=True)):
+                rows = logits[b, : len(tree) + 1]
+                if s.params.greedy:
+                    out, path = tree_greedy_verify(rows, tree)
+                else:
+                    p = logits_to_probs(rows, s.params.temperature, s.params.top_k, s.params.top_p)
+                    out, path = tree_rejection_sample(p, tree, s.generator)
+                compact_path(self.cache, s.slot, s.kv_len, path)
+                emitted.append(out)
+                paths.append(path)
+        t2 = time.perf_counter()
+        return self._finish_step(seqs, emitted, [len(t) for t in trees], paths, hidden, reasons, (t0, t1, t2))
+
+    def _finish_step(self, seqs: list[Sequence], emitted: list[list[int]], ks: list[int], paths: list[list[int]],
+                     hidden: torch.Tensor, reasons: list[str], times: tuple[float, float, float],
+                     confs: list[list[float]] | None = None) -> list[Sequence]:
+        """Commit each sequence's emitted tokens, tell the drafter (the target features of the pending token
+        and the accepted rows `paths[b]`) and the policy, and retire finished sequences."""
+        t0, t1, t2 = times
+        batch = len(seqs)
         finished = []
         for b, s in enumerate(seqs):
-            k, accepted = len(drafts[b]), len(emitted[b]) - 1
+            k, accepted = ks[b], len(emitted[b]) - 1
             num_before = len(s.tokens)
             self._commit(s, emitted[b], accepted=accepted, k=k, draft_s=t1 - t0, verify_s=t2 - t1,
                          step_index=s.step_index, batch_size=batch, k_reason=reasons[b])
             s.step_index += 1
             if self.drafter is not None:
-                feats = hidden[b, : accepted + 1] if self.drafter.needs_features else None
+                feats = hidden[b, [0, *paths[b]]] if self.drafter.needs_features else None
                 self.drafter.commit(s, num_before, accepted, feats)
                 self.policy.observe(s, k, accepted, t1 - t0, t2 - t1, batch,
                                     conf=confs[b] if confs is not None else None)

@@ -121,6 +121,7 @@ class ForwardBatch:
     kv_len: int  # keys to read: max over the batch of (last position + 1)
     mask: torch.Tensor | None  # (B, 1, T, kv_len) True = may attend; None = plain causal, slot-contiguous
     slot_view: slice | None  # slots are a contiguous range: read the cache as a view
+    write_at: torch.Tensor | None = None  # (B, T) cache index of each token's key; None = its position
 
 
 SMALL_T = 16  # decode / verify widths: plain batched matmuls can beat the fused CPU kernel (serving/kernels.py)
@@ -176,8 +177,9 @@ class Attention(nn.Module):
             cv[fb.slot_view, :, start : start + T] = v
         else:
             idx_slot = fb.slots[:, None]  # (B, 1) broadcast with positions (B, T)
-            ck[idx_slot, :, fb.positions] = k.transpose(1, 2)  # (B, T, Hkv, D)
-            cv[idx_slot, :, fb.positions] = v.transpose(1, 2)
+            at = fb.positions if fb.write_at is None else fb.write_at
+            ck[idx_slot, :, at] = k.transpose(1, 2)  # (B, T, Hkv, D)
+            cv[idx_slot, :, at] = v.transpose(1, 2)
         if fb.slot_view is not None:
             keys, values = ck[fb.slot_view, :, : fb.kv_len], cv[fb.slot_view, :, : fb.kv_len]
         else:
@@ -299,6 +301,45 @@ def ragged_batch(slots: list[int], starts: list[int], num_tokens: int) -> Forwar
         mask=mask,
         slot_view=slice(slots[0], slots[0] + len(slots)) if contiguous else None,
     )
+
+
+def tree_batch(slots: list[int], starts: list[int], depths: torch.Tensor, visible: torch.Tensor) -> ForwardBatch:
+    """Tree nodes after each sequence's first `starts[b]` cached positions (target verification, tree drafting).
+
+    The tree's nodes so far take cache indices starts[b] + 0..S-1 and this forward feeds the last T of them
+    (visible is (B, T, S)). Node t sits at position starts[b] + depths[b, t] (siblings share a position) but
+    its key is written at its own index, so no two nodes collide. It sees every cached key before starts[b]
+    and, among the S nodes, those with visible[b, t, j] True (its ancestors and itself). After verification
+    the accepted path is moved to consecutive indices (`compact_path`)."""
+    B, T, S = visible.shape
+    starts_t = torch.tensor(starts)
+    kv_len = int(starts_t.max()) + S
+    keys = torch.arange(kv_len)
+    mask = (keys[None, None, :] < starts_t[:, None, None]).expand(B, T, kv_len).clone()  # (B, T, L)
+    for b, s in enumerate(starts):
+        mask[b, :, s : s + S] = visible[b]
+    contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+    return ForwardBatch(
+        slots=torch.tensor(slots),
+        positions=starts_t[:, None] + depths,
+        kv_len=kv_len,
+        mask=mask.unsqueeze(1),
+        slot_view=slice(slots[0], slots[0] + len(slots)) if contiguous else None,
+        write_at=starts_t[:, None] + torch.arange(S - T, S),
+    )
+
+
+def compact_path(cache: KVCache, slot: int, start: int, path: list[int], num_layers: int | None = None) -> None:
+    """After a tree forward from `start`: move the keys and values of tree nodes `path` (indices into the
+    tree, root excluded, in order of depth) to cache indices start+1, start+2, ... right after the root.
+    A node's index is at least its depth, so no move overwrites a key a later move still reads."""
+    if not path or path == list(range(1, len(path) + 1)):
+        return  # already in place (a chain, or nothing accepted)
+    src = torch.tensor(path) + start
+    dst = torch.arange(1, len(path) + 1) + start
+    for layer in range(num_layers or len(cache.k)):
+        cache.k[layer][slot, :, dst] = cache.k[layer][slot, :, src]
+        cache.v[layer][slot, :, dst] = cache.v[layer][slot, :, src]
 
 
 def load_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> CausalLM:

@@ -52,8 +52,7 @@ class ServeOptions:
 
 
 def _k_policy(loaded: Loaded, mode: str) -> str:
-    k = loaded.spec.k if mode == "spec" else "none"
-    return f"fixed:{k}" if str(k).isdigit() else str(k)
+    return loaded.spec.k_policy(mode)
 
 
 def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState:

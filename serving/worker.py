@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from serving.drafters import FeatureDrafter, HybridDrafter, ModelDrafter, NgramDrafter
+from serving.drafters import FeatureDrafter, HybridDrafter, ModelDrafter, NgramDrafter, TreeShape
 from serving.eagle import is_eagle_dir, load_eagle
 from serving.engine import Engine, StepEvent
 from serving.kernels import fused_decode_attention, kernels_label, pack_for_inference
@@ -97,6 +97,7 @@ class EngineSpec:
     max_batch: int = 1
     max_len: int = 2048
     spec_max_batch: int | None = None  # speculate only while at most this many sequences run together
+    tree: str | None = None  # NODES[:DEPTH[:WIDTH]]: draft token trees instead of one chain (see TreeShape)
 
     def validate(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -108,6 +109,24 @@ class EngineSpec:
             raise ValueError(f"early-exit layers must be >= 1, got {self.early_exit_layers}")
         if self.max_batch < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.max_batch}")
+        if self.tree is not None:
+            TreeShape.parse(self.tree)
+            if self.drafter == "early-exit":
+                raise ValueError("--tree needs a feature draft or prompt lookup, not early-exit drafting")
+            if self.k != DEFAULT_K:
+                raise ValueError(f"--tree sets the lookahead itself (its depth); drop --k {self.k}")
+
+    @property
+    def tree_shape(self) -> TreeShape | None:
+        return TreeShape.parse(self.tree) if self.tree is not None else None
+
+    def k_policy(self, mode: str) -> str:
+        """What decides the lookahead, as run records name it: 'none' (AR), 'fixed:4', 'auto:8', 'tree:16:6:4:0.25'."""
+        if mode != "spec":
+            return "none"
+        if self.tree is not None:
+            return self.tree_shape.label
+        return f"fixed:{self.k}" if str(self.k).isdigit() else str(self.k)
 
 
 @dataclass
@@ -124,12 +143,16 @@ class Loaded:
 
     def engine(self, mode: str, on_step=None, max_batch: int | None = None) -> Engine:
         batch = max_batch or self.spec.max_batch
-        drafter = self.drafter_factory(batch, self.spec.max_len + 16) if mode == "spec" else None
-        policy = parse_policy(self.spec.k if mode == "spec" else 0)
+        tree = self.spec.tree_shape if mode == "spec" else None
+        # a drafter's tree takes (depth - 1) * width cache entries past the sequence while it grows
+        room = 16 + ((tree.depth - 1) * tree.width if tree else 0)
+        drafter = self.drafter_factory(batch, self.spec.max_len + room) if mode == "spec" else None
+        k = (tree.depth if tree else self.spec.k) if mode == "spec" else 0
+        policy = parse_policy(k)
         if mode == "spec" and self.spec.spec_max_batch is not None:
             policy = BatchGatedK(policy, self.spec.spec_max_batch)
         return Engine(self.target, drafter=drafter, policy=policy, eos_ids=self.eos_ids, max_batch=batch,
-                      max_len=self.spec.max_len, decode=self.decode, on_step=on_step)
+                      max_len=self.spec.max_len, decode=self.decode, on_step=on_step, tree=tree)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -164,6 +187,9 @@ def load(spec: EngineSpec) -> Loaded:
             def factory(slots: int, max_len: int):
                 return FeatureDrafter(eagle, label, slots=slots, max_len=max_len)
         else:
+            if spec.tree is not None:
+                raise ValueError(f"--tree needs a feature draft (specfinops distill makes one); {draft_dir} is a "
+                                 "plain causal LM")
             draft = load_causal_lm(draft_dir, dtype)
             pack_for_inference(draft)
             label = f"draft:{draft_dir.name}"

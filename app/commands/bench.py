@@ -13,6 +13,7 @@ from serving.lookahead import DEFAULT_K, VLLM_DEFAULT_K
 EXAMPLES = """  specfinops bench --workload code --mode both --limit 4
   specfinops bench --workload chat --drafter early-exit --early-exit-layers 12 --k 3
   specfinops bench --workload code --mode both --dtype float32 --temperature 0 --json out.json
+  specfinops bench --workload code --mode both --tree 16:6:4:0.25
   specfinops bench --workload mixed --mode both --concurrency 1,4,16 --max-new-tokens 64
   specfinops bench --workload prompts.jsonl --target ~/models/my-llama --drafter draft --draft-model ~/models/my-draft
   specfinops bench --workload code --db postgresql://postgres@127.0.0.1/test --node-id gpu-node-3
@@ -33,6 +34,11 @@ def register(sub) -> None:
     p.add_argument("--k", default=None, help="lookahead: an integer K >= 0 (0 = no drafting), or heuristic | "
                    f"entropy | cost | auto (default: {DEFAULT_K}; on --backend vllm, which runs a fixed K: "
                    f"{VLLM_DEFAULT_K})")
+    p.add_argument("--tree", default=None, metavar="NODES[:DEPTH[:WIDTH[:MIN_PROB]]]",
+                   help="draft a token tree instead of one chain (EAGLE-2 style; feature draft or prompt lookup): "
+                        "up to NODES nodes verified in one target forward, DEPTH levels (the lookahead; replaces --k), "
+                        "WIDTH candidates grown per level, nodes the draft gives a path probability below MIN_PROB "
+                        "skipped. Example: 16:6:4:0.25 (default: no tree)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -89,13 +95,15 @@ def handle(args: argparse.Namespace) -> int:
               "faster (measured 1.5x on an AVX2 EPYC). Before pricing the AR baseline at concurrency 1, compare "
               "`--mode ar --dtype bfloat16`.", file=sys.stderr)
     if args.backend == "vllm":
+        if args.tree is not None:
+            raise ValueError("--tree runs on the torch engine; vLLM's speculative config chooses its own proposals")
         return _write_json(args, run_bench_vllm(args, prompts, params, modes, levels))
 
     from serving.worker import EngineSpec, default_drafter, load
 
     spec = EngineSpec(target=args.target, drafter=args.drafter or default_drafter(args.target), draft_model=args.draft_model,
                       early_exit_layers=args.early_exit_layers, k=args.k or DEFAULT_K, dtype=args.dtype,
-                      max_batch=max(levels), max_len=args.max_len)
+                      max_batch=max(levels), max_len=args.max_len, tree=args.tree)
     spec.validate()
     gate = args.spec_max_batch
     if gate is not None and gate != "auto" and (not str(gate).isdigit() or int(gate) < 1):
@@ -184,8 +192,7 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
             warm_up(loaded, mode, encoded)
         for level in levels:
             for mode in modes:
-                policy = loaded.spec.k if mode == "spec" else "none"
-                k_policy = f"fixed:{policy}" if str(policy).isdigit() else policy
+                k_policy = loaded.spec.k_policy(mode)
                 if mode == "spec" and loaded.spec.spec_max_batch is not None:
                     k_policy += f"|batch<={loaded.spec.spec_max_batch}"
                 info = run_info(loaded, mode, workload=args.workload, params=params, node_id=node_id,
@@ -226,7 +233,8 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
         from telemetry.sweeps import record_sweep
 
         info = run_info(loaded, "spec", workload=args.workload, params=params, node_id=node_id,
-                        power_source=source.source, concurrency=1, k_policy=str(loaded.spec.k))
+                        power_source=source.source, concurrency=1,
+                        k_policy=loaded.spec.k_policy("spec") if loaded.spec.tree else str(loaded.spec.k))
         sweep_id, cross, _ = record_sweep(
             open_store(args.db), node_id=node_id, device=info.device, target=info.target,
             drafter=info.drafter, k_policy=info.k_policy, workload=args.workload, dtype=info.dtype,
@@ -247,6 +255,7 @@ def build_report(results, loaded, params) -> dict:
         ttfts = [r.record.ttft_ms for r in res.results if r.record.ttft_ms is not None]
         runs.append({
             "mode": res.mode, "drafter": res.drafter, "k": loaded.spec.k if res.mode == "spec" else 0,
+            "tree": getattr(loaded.spec, "tree", None) if res.mode == "spec" else None,
             "dtype": loaded.spec.dtype, "temperature": params.temperature, "concurrency": level,
             "run_id": res.run_id, "tokens_per_s": res.tokens_per_s, "output_tokens": res.output_tokens,
             "wall_s": res.wall_s, "acceptance_rate": res.acceptance_rate,

@@ -24,6 +24,8 @@ def register(sub) -> None:
     p.add_argument("--drafter", default=None, help="draft | draft+ngram | early-exit | ngram (default: draft+ngram with the bundled target, ngram with any other)")
     p.add_argument("--k", default=DEFAULT_K, help="lookahead: an integer K >= 0 (0 = no drafting), or heuristic | "
                    f"entropy | cost | auto (default: {DEFAULT_K})")
+    p.add_argument("--tree", default=None, metavar="NODES[:DEPTH[:WIDTH[:MIN_PROB]]]",
+                   help="draft token trees instead of one chain (see `specfinops bench --help`), e.g. 16:6:4:0.25")
     p.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     p.add_argument("--max-batch", type=int, default=8, help="sequences decoded together (continuous batching)")
     p.add_argument("--max-len", type=int, default=2048, help="context window (tokens)")
@@ -52,7 +54,7 @@ def handle(args: argparse.Namespace) -> int:
     args.dtype = resolve_dtype(args.dtype)
     spec = EngineSpec(target=args.target, drafter=args.drafter or default_drafter(args.target), draft_model=args.draft_model,
                       early_exit_layers=args.early_exit_layers, k=args.k, dtype=args.dtype,
-                      max_batch=args.max_batch, max_len=args.max_len)
+                      max_batch=args.max_batch, max_len=args.max_len, tree=args.tree)
     opts = ServeOptions(spec=spec, db=args.db, host=args.host, port=args.port, api_key=args.api_key,
                         telemetry=not args.no_telemetry, node_id=args.node_id, power=args.power, tdp_w=args.tdp_w,
                         served_model_name=args.served_model_name, max_waiting=args.max_waiting,
