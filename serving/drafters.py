@@ -295,6 +295,8 @@ class FeatureDrafter:
         for d in range(1, shape.depth):
             if float(score.gather(1, front).max()) < floor:
                 break  # nothing left worth growing
+            if max(starts) + (d - 1) * W + W > self.cache.max_len:
+                break  # the draft's cache has no room for another level
             n = visible.shape[1]
             grown = torch.zeros(B, n + W, n + W, dtype=torch.bool)
             grown[:, :n, :n] = visible

@@ -206,7 +206,8 @@ class Engine:
             grown = self.drafter.propose_tree([seqs[b] for b in drafting], self.tree)
             trees = [TokenTree([], [])] * len(seqs)
             for b, tree in zip(drafting, grown, strict=True):
-                trees[b] = tree.truncate(ks[b])
+                # no deeper than the sequence may still grow, no more nodes than its cache row holds
+                trees[b] = tree.truncate(ks[b]).head(self.cache.max_len - seqs[b].kv_len - 1)
             t1 = time.perf_counter()
             width = 1 + max(len(t) for t in trees)
             feed = torch.zeros(len(seqs), width, dtype=torch.long)

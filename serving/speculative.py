@@ -131,6 +131,10 @@ class TokenTree:
         keep = sum(1 for d in depth[1:] if d <= max_depth)
         return TokenTree(self.tokens[:keep], self.parents[:keep])
 
+    def head(self, n: int) -> TokenTree:
+        """The first n nodes (breadth-first order: still a tree)."""
+        return TokenTree(self.tokens[:n], self.parents[:n])
+
     @classmethod
     def chain(cls, tokens: list[int]) -> TokenTree:
         return cls(list(tokens), list(range(len(tokens))))

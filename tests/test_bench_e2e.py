@@ -43,6 +43,21 @@ def test_float32_greedy_spec_is_token_identical_to_ar(loaded_f32, drafter, k):
     assert spec.results[0].record.num_drafts > 0
 
 
+def test_float32_greedy_tree_decoding_is_token_identical_to_ar(loaded_f32):
+    prompts = load_workload("code", limit=3)
+    params = SamplingParams(max_new_tokens=40)
+    loaded = load(EngineSpec(dtype="float32", drafter="draft+ngram", tree="16:5:4:0.05", max_len=1024))
+    encoded = [loaded.encode(p) for p in prompts]
+    ar = run_prompts(loaded_f32, "ar", prompts, encoded, params)
+    spec = run_prompts(loaded, "spec", prompts, encoded, params)
+    for a, s in zip(ar.results, spec.results, strict=True):
+        assert s.output_ids == a.output_ids, f"{a.prompt.id}: tree decoding differs from AR"
+    drafted = sum(r.record.num_draft_tokens for r in spec.results)
+    accepted = sum(r.record.num_accepted_tokens for r in spec.results)
+    steps = sum(r.record.num_drafts for r in spec.results)
+    assert drafted > accepted > steps  # several nodes verified per step, more than one accepted on average
+
+
 def test_default_drafter_is_the_bundled_pair_only_for_the_bundled_target(target_dir, tmp_path):
     assert (models.BUNDLED_DRAFT_DIR / "config.json").is_file()
     assert default_drafter(None) == default_drafter(models.BUNDLED_TARGET) == "draft+ngram"
@@ -130,6 +145,11 @@ def bad_workloads(tmp_path):
     (["--max-len", "16"], "longer than the context window"),
     (["--drafter", "nonsense"], "unknown drafter"),
     (["--concurrency", "0"], "concurrency"),
+    (["--tree", "8:x"], "tree shape must be NODES[:DEPTH[:WIDTH[:MIN_PROB]]]"),
+    (["--tree", "8:4:2:1"], "MIN_PROB must be in [0, 1)"),
+    (["--tree", "8", "--k", "3"], "--tree sets the lookahead itself"),
+    (["--tree", "8", "--drafter", "early-exit"], "not early-exit drafting"),
+    (["--tree", "8", "--backend", "vllm"], "--tree runs on the torch engine"),
 ])
 def test_bad_input_one_line_exit_2(argv, expected, bad_workloads, target_dir, capsys, tmp_path):
     argv = [a.format(**bad_workloads) for a in argv]
