@@ -2,7 +2,8 @@
 
 Sections (each can be picked with --only):
   verify     the target's forward time for 1..8 tokens, and the speedup no draft can exceed here
-  engine     spec vs AR tokens/s on the code workload, bf16, greedy, with each drafter
+  engine     spec vs AR tokens/s on the code workload, bf16, greedy, with each drafter (and draft+ngram
+             with token trees)
   calibrate  alpha, c and GO / NO-GO per domain for the bundled draft, and for draft+ngram on code
   peer       Hugging Face transformers' assisted generation on the same models, prompts and K
   telemetry  bench tokens/s with telemetry on vs off
@@ -29,6 +30,7 @@ from pathlib import Path
 from app.commands._common import DTYPE_HELP
 
 OUT = Path("bench-results")
+TREE = "16:6:4:0.25"  # the token-tree shape measured (docs/benchmarks.md has the sweep it came from)
 SECTIONS = ("verify", "engine", "calibrate", "peer", "telemetry", "recorder", "sweep", "lookahead", "dashboard",
             "serve")
 
@@ -97,6 +99,9 @@ def main() -> int:
                      "--json", str(OUT / "engine_draft.json")))
             sh(bench(*common, "--mode", "both", "--drafter", "draft+ngram", "--db", db,
                      "--json", str(OUT / "engine_draft_ngram.json")))
+            tree = common[: common.index("--k")] + common[common.index("--k") + 2 :]  # depth is the lookahead
+            sh(bench(*tree, "--mode", "both", "--drafter", "draft+ngram", "--tree", TREE, "--db", db,
+                     "--json", str(OUT / "engine_draft_ngram_tree.json")))
     if "calibrate" in only:
         from serving.models import BUNDLED_DRAFT_DIR
 
@@ -154,6 +159,7 @@ def summarize() -> None:
     ng, ee, peer = load("engine_ngram.json"), load("engine_early_exit.json"), load("hf_peer.json")
     dr = load("engine_draft.json")
     hy = load("engine_draft_ngram.json")
+    tr = load("engine_draft_ngram_tree.json")
     if ng:
         lines += ["## Engine (code workload, bf16, greedy)", "", "| run | tokens/s | acceptance | mean acc. len | speedup |",
                   "|---|---|---|---|---|"]
@@ -162,11 +168,11 @@ def summarize() -> None:
             sp = r["tokens_per_s"] / ar["tokens_per_s"]
             lines.append(f"| ours {r['mode']} {r['drafter'] or ''} | {r['tokens_per_s']:.1f} | {r['acceptance_rate'] or '—'} "
                          f"| {r['mean_acceptance_length'] or '—'} | {sp:.2f}x |")
-        for run in (dr, hy):
+        for run in (dr, hy, tr):
             if run:
                 own = next(r for r in run["runs"] if r["mode"] == "ar")
                 sp = next(r for r in run["runs"] if r["mode"] == "spec")
-                lines.append(f"| ours spec {sp['drafter']} (own AR run {own['tokens_per_s']:.1f} tok/s) | "
+                lines.append(f"| ours spec {sp['drafter']}{' --tree ' + sp['tree'] if sp.get('tree') else ''} (own AR run {own['tokens_per_s']:.1f} tok/s) | "
                              f"{sp['tokens_per_s']:.1f} | {sp['acceptance_rate'] or '—'} | "
                              f"{sp['mean_acceptance_length'] or '—'} | {run.get('speedup') or 0:.2f}x |")
         for r in peer.get("runs", []):

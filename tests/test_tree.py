@@ -228,3 +228,15 @@ def test_a_tree_never_outgrows_the_cache_or_the_token_budget():
     assert seq.finish_reason == "length" and len(seq.tokens) <= cfg_max
     ref = Engine(TARGET, max_len=cfg_max).generate(prompt, SamplingParams(max_new_tokens=100))
     assert seq.output == ref.output
+
+
+def test_a_sequence_that_opts_out_decodes_ar_inside_a_tree_batch():
+    reference = ar_outputs()
+    engine = Engine(TARGET, drafter=tree_drafters()["feature"](2), policy=FixedK(4), max_batch=2, max_len=200,
+                    tree=TreeShape(8, 4, 2))
+    a = engine.add(PROMPTS[0], GREEDY)
+    b = engine.add(PROMPTS[1], GREEDY, speculate=False)
+    while engine.running:
+        engine.step()
+    assert a.output == reference[0] and b.output == reference[1]
+    assert a.num_drafts > 0 and b.num_drafts == 0
