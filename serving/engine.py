@@ -232,11 +232,14 @@ class Engine:
                 emitted.append(out)
                 paths.append(path)
         t2 = time.perf_counter()
-        return self._finish_step(seqs, emitted, [len(t) for t in trees], paths, hidden, reasons, (t0, t1, t2))
+        # the last token is a bonus where the path ended at a leaf (nothing left to check), else a correction
+        bonus = [not tree.children()[path[-1] if path else 0] for tree, path in zip(trees, paths, strict=True)]
+        return self._finish_step(seqs, emitted, [len(t) for t in trees], paths, hidden, reasons, (t0, t1, t2),
+                                 bonus=bonus)
 
     def _finish_step(self, seqs: list[Sequence], emitted: list[list[int]], ks: list[int], paths: list[list[int]],
                      hidden: torch.Tensor, reasons: list[str], times: tuple[float, float, float],
-                     confs: list[list[float]] | None = None) -> list[Sequence]:
+                     confs: list[list[float]] | None = None, bonus: list[bool] | None = None) -> list[Sequence]:
         """Commit each sequence's emitted tokens, tell the drafter (the target features of the pending token
         and the accepted rows `paths[b]`) and the policy, and retire finished sequences."""
         t0, t1, t2 = times
@@ -246,7 +249,8 @@ class Engine:
             k, accepted = ks[b], len(emitted[b]) - 1
             num_before = len(s.tokens)
             self._commit(s, emitted[b], accepted=accepted, k=k, draft_s=t1 - t0, verify_s=t2 - t1,
-                         step_index=s.step_index, batch_size=batch, k_reason=reasons[b])
+                         step_index=s.step_index, batch_size=batch, k_reason=reasons[b],
+                         bonus=bonus[b] if bonus is not None else None)
             s.step_index += 1
             if self.drafter is not None:
                 feats = hidden[b, [0, *paths[b]]] if self.drafter.needs_features else None
@@ -269,8 +273,9 @@ class Engine:
         return sample(p, seq.generator)
 
     def _commit(self, seq: Sequence, new: list[int], *, accepted: int, k: int, draft_s: float,
-                verify_s: float, step_index: int, batch_size: int, k_reason: str) -> None:
-        """Append emitted tokens, apply EOS / max tokens / stop strings, report the step."""
+                verify_s: float, step_index: int, batch_size: int, k_reason: str, bonus: bool | None = None) -> None:
+        """Append emitted tokens, apply EOS / max tokens / stop strings, report the step. The last token is a
+        bonus (every draft accepted) or a correction; `bonus` says which where counting cannot (a tree)."""
         if k:
             seq.num_drafts += 1
             seq.num_draft_tokens += k
@@ -278,7 +283,7 @@ class Engine:
         if k == 0:
             sources = [SOURCE_AR]
         else:
-            last = SOURCE_BONUS if accepted == k else SOURCE_CORRECTION
+            last = SOURCE_BONUS if (accepted == k if bonus is None else bonus) else SOURCE_CORRECTION
             sources = [SOURCE_ACCEPTED] * accepted + [last]
         keep = len(new)
         for i, t in enumerate(new):

@@ -240,3 +240,17 @@ def test_a_sequence_that_opts_out_decodes_ar_inside_a_tree_batch():
         engine.step()
     assert a.output == reference[0] and b.output == reference[1]
     assert a.num_drafts > 0 and b.num_drafts == 0
+
+
+def test_tree_step_events_label_bonus_and_correction_tokens():
+    events = []
+    engine = Engine(TARGET, drafter=tree_drafters()["feature"](1), policy=FixedK(3), max_len=200,
+                    tree=TreeShape(6, 3, 2), on_step=events.append)
+    seq = engine.generate(PROMPTS[2], GREEDY)
+    steps = [e for e in events if e.step_index >= 0 and e.k]
+    assert sum(len(e.tokens) for e in events) == len(seq.output)
+    for e in steps:
+        assert e.sources[: e.accepted] == ("accepted",) * e.accepted
+        if e.accepted == 3 and len(e.tokens) == 4:  # the path reached the last level: nothing left to check
+            assert e.sources[-1] == "bonus"
+    assert any(e.sources[-1] == "correction" for e in steps)
