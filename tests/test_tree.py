@@ -242,15 +242,38 @@ def test_a_sequence_that_opts_out_decodes_ar_inside_a_tree_batch():
     assert a.num_drafts > 0 and b.num_drafts == 0
 
 
+class _OracleTree:
+    """Offers a wrong token and the target's next greedy token at the root, then the one after that below
+    the right one: every step accepts two drafts and ends at a leaf, with three nodes verified."""
+
+    needs_features, name = False, "oracle"
+
+    def __init__(self, reference: list[int]):
+        self.reference = reference
+
+    def prefill(self, seq, features=None):
+        pass
+
+    def commit(self, seq, num_before, accepted, features=None):
+        pass
+
+    def propose_tree(self, seqs, shape):
+        trees = []
+        for s in seqs:
+            nxt = self.reference[len(s.output) : len(s.output) + 2]
+            wrong = (nxt[0] + 1) % TINY.vocab_size
+            trees.append(TokenTree([wrong, nxt[0], nxt[1]], [0, 0, 2]) if len(nxt) == 2 else TokenTree([], []))
+        return trees
+
+
 def test_tree_step_events_label_bonus_and_correction_tokens():
+    reference = ar_outputs()[2]
     events = []
-    engine = Engine(TARGET, drafter=tree_drafters()["feature"](1), policy=FixedK(3), max_len=200,
+    engine = Engine(TARGET, drafter=_OracleTree(reference + [0, 0]), policy=FixedK(3), max_len=200,
                     tree=TreeShape(6, 3, 2), on_step=events.append)
     seq = engine.generate(PROMPTS[2], GREEDY)
-    steps = [e for e in events if e.step_index >= 0 and e.k]
-    assert sum(len(e.tokens) for e in events) == len(seq.output)
-    for e in steps:
-        assert e.sources[: e.accepted] == ("accepted",) * e.accepted
-        if e.accepted == 3 and len(e.tokens) == 4:  # the path reached the last level: nothing left to check
-            assert e.sources[-1] == "bonus"
-    assert any(e.sources[-1] == "correction" for e in steps)
+    assert seq.output == reference
+    steps = [e for e in events if e.step_index >= 0 and len(e.tokens) == 3]
+    assert len(steps) >= 10
+    # the path ended at a leaf: its last token is a bonus although only 2 of the 3 nodes were accepted
+    assert all(e.k == 3 and e.accepted == 2 and e.sources == ("accepted", "accepted", "bonus") for e in steps)
