@@ -80,8 +80,9 @@ def main() -> int:
     print(f"precision: {dtype}", flush=True)
     OUT.mkdir(exist_ok=True)
     db = f"sqlite:///{OUT / 'bench.db'}"
-    common = ["--workload", "code", "--dtype", dtype, "--temperature", "0", "--limit", str(args.limit),
-              "--max-new-tokens", str(args.max_new_tokens), "--k", str(args.k)]
+    shared = ["--workload", "code", "--dtype", dtype, "--temperature", "0", "--limit", str(args.limit),
+              "--max-new-tokens", str(args.max_new_tokens)]
+    common = [*shared, "--k", str(args.k)]
     from serving.models import model_path
 
     target = str(model_path("target"))
@@ -99,8 +100,7 @@ def main() -> int:
                      "--json", str(OUT / "engine_draft.json")))
             sh(bench(*common, "--mode", "both", "--drafter", "draft+ngram", "--db", db,
                      "--json", str(OUT / "engine_draft_ngram.json")))
-            tree = common[: common.index("--k")] + common[common.index("--k") + 2 :]  # depth is the lookahead
-            sh(bench(*tree, "--mode", "both", "--drafter", "draft+ngram", "--tree", TREE, "--db", db,
+            sh(bench(*shared, "--mode", "both", "--drafter", "draft+ngram", "--tree", TREE, "--db", db,  # its depth is the K
                      "--json", str(OUT / "engine_draft_ngram_tree.json")))
     if "calibrate" in only:
         from serving.models import BUNDLED_DRAFT_DIR

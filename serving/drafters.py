@@ -288,37 +288,35 @@ class FeatureDrafter:
         tok, score, parent = ids[top], logp, torch.full((B, W), -1)
         front = torch.arange(W).expand(B, W)  # candidates to expand next
         front_h = h[:, None].expand(B, W, h.shape[-1])  # the h of their parents
+        parent_row = None  # (B, W) row of each front candidate's parent among the fed ones (None: the root)
         starts = [s.draft_len for s in seqs]
         visible = torch.zeros(B, 0, 0, dtype=torch.bool)  # ancestors-or-self among the fed candidates
-        fed_row: dict[tuple[int, int], int] = {}  # (b, candidate) -> its row among the fed ones
         floor = math.log(shape.min_prob) if shape.min_prob > 0 else -math.inf
         for d in range(1, shape.depth):
-            if float(score.gather(1, front).max()) < floor:
+            front_score = score.gather(1, front)  # (B, W)
+            if float(front_score.max()) < floor:
                 break  # nothing left worth growing
-            if max(starts) + (d - 1) * W + W > self.cache.max_len:
+            n = visible.shape[1]  # (d - 1) * W candidates fed so far
+            if max(starts) + n + W > self.cache.max_len:
                 break  # the draft's cache has no room for another level
-            n = visible.shape[1]
+            # a fed candidate sees what its parent sees, and itself
             grown = torch.zeros(B, n + W, n + W, dtype=torch.bool)
             grown[:, :n, :n] = visible
-            for b in range(B):
-                for w in range(W):
-                    cand = int(front[b, w])
-                    up = int(parent[b, cand])
-                    if up >= 0:
-                        grown[b, n + w, :n] = grown[b, fed_row[b, up], :n]
-                    grown[b, n + w, n + w] = True
-                    fed_row[b, cand] = n + w
+            if parent_row is not None:
+                grown[:, n:, :n] = visible.gather(1, parent_row[:, :, None].expand(B, W, n))
+            grown[:, n:, n:] = torch.eye(W, dtype=torch.bool)
             visible = grown
             fb = tree_batch([s.slot for s in seqs], starts, torch.full((B, W), d - 1), visible[:, n:])
             h_out, logits = self.draft(tok.gather(1, front), front_h, fb, self.cache)  # (B, W, C), (B, W, Vh)
             logp, top = logits.log_softmax(-1).topk(W, dim=-1)  # (B, W, W)
-            child_score = (score.gather(1, front)[:, :, None] + logp).reshape(B, W * W)
+            child_score = (front_score[:, :, None] + logp).reshape(B, W * W)
             base = tok.shape[1]
             tok = torch.cat([tok, ids[top].reshape(B, W * W)], dim=1)
             score = torch.cat([score, child_score], dim=1)
             parent = torch.cat([parent, front[:, :, None].expand(B, W, W).reshape(B, W * W)], dim=1)
             best = child_score.topk(W, dim=-1).indices  # (B, W) among the new candidates
             front = base + best
+            parent_row = n + best // W
             front_h = h_out.gather(1, (best // W)[:, :, None].expand(B, W, h_out.shape[-1]))
         return [select_tree(tok[b].tolist(), score[b].tolist(), parent[b].tolist(), shape.nodes, floor)
                 for b in range(B)]

@@ -233,7 +233,7 @@ class Engine:
                 paths.append(path)
         t2 = time.perf_counter()
         # the last token is a bonus where the path ended at a leaf (nothing left to check), else a correction
-        bonus = [not tree.children()[path[-1] if path else 0] for tree, path in zip(trees, paths, strict=True)]
+        bonus = [(path[-1] if path else 0) not in tree.parents for tree, path in zip(trees, paths, strict=True)]
         return self._finish_step(seqs, emitted, [len(t) for t in trees], paths, hidden, reasons, (t0, t1, t2),
                                  bonus=bonus)
 

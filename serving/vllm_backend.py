@@ -457,6 +457,7 @@ def config_from_options(*, target: str | None, drafter: str | None, draft_model:
 class _SpecView:
     k: str
     dtype: str
+    tree: str | None = None  # vLLM proposes chains (bench refuses --tree there)
 
 
 @dataclass(frozen=True, slots=True)

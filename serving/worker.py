@@ -97,7 +97,7 @@ class EngineSpec:
     max_batch: int = 1
     max_len: int = 2048
     spec_max_batch: int | None = None  # speculate only while at most this many sequences run together
-    tree: str | None = None  # NODES[:DEPTH[:WIDTH]]: draft token trees instead of one chain (see TreeShape)
+    tree: str | None = None  # NODES[:DEPTH[:WIDTH[:MIN_PROB]]]: draft token trees instead of one chain (see TreeShape)
 
     def validate(self) -> None:
         if self.drafter not in DRAFTERS:

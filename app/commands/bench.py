@@ -233,8 +233,7 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
         from telemetry.sweeps import record_sweep
 
         info = run_info(loaded, "spec", workload=args.workload, params=params, node_id=node_id,
-                        power_source=source.source, concurrency=1,
-                        k_policy=loaded.spec.k_policy("spec") if loaded.spec.tree else str(loaded.spec.k))
+                        power_source=source.source, concurrency=1, k_policy=loaded.spec.k_policy("spec"))
         sweep_id, cross, _ = record_sweep(
             open_store(args.db), node_id=node_id, device=info.device, target=info.target,
             drafter=info.drafter, k_policy=info.k_policy, workload=args.workload, dtype=info.dtype,
@@ -255,7 +254,7 @@ def build_report(results, loaded, params) -> dict:
         ttfts = [r.record.ttft_ms for r in res.results if r.record.ttft_ms is not None]
         runs.append({
             "mode": res.mode, "drafter": res.drafter, "k": loaded.spec.k if res.mode == "spec" else 0,
-            "tree": getattr(loaded.spec, "tree", None) if res.mode == "spec" else None,
+            "tree": loaded.spec.tree if res.mode == "spec" else None,
             "dtype": loaded.spec.dtype, "temperature": params.temperature, "concurrency": level,
             "run_id": res.run_id, "tokens_per_s": res.tokens_per_s, "output_tokens": res.output_tokens,
             "wall_s": res.wall_s, "acceptance_rate": res.acceptance_rate,
