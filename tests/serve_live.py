@@ -42,19 +42,26 @@ def shared_live(config) -> Live:
 
 
 def _start() -> Live:
+    from serving.server_setup import ServeOptions
+    from serving.worker import EngineSpec
+
+    db_url = f"sqlite:///{Path(tempfile.mkdtemp(prefix='specfinops-serve-')) / 'store.db'}"
+    # a fixed K: these tests check what the server records for a speculative request, and the adaptive
+    # policy may rightly choose K=0 for a whole short request where bf16 verification is dear (AVX2 CPUs)
+    return start_server(ServeOptions(spec=EngineSpec(dtype="bfloat16", k="4", max_batch=8, max_len=1024), db=db_url,
+                                     api_key=API_KEY, power="none"))
+
+
+def start_server(opts) -> Live:
+    """The server `opts` (serving.server_setup.ServeOptions) describe, behind uvicorn in a background thread
+    on a free loopback port; stop it with `stop_server`."""
     import uvicorn
 
     from serving import models
     from serving.server import create_app
-    from serving.server_setup import ServeOptions, build_state
-    from serving.worker import EngineSpec
+    from serving.server_setup import build_state
 
     models.pull(say=lambda m: None, verify=False)
-    db_url = f"sqlite:///{Path(tempfile.mkdtemp(prefix='specfinops-serve-')) / 'store.db'}"
-    # a fixed K: these tests check what the server records for a speculative request, and the adaptive
-    # policy may rightly choose K=0 for a whole short request where bf16 verification is dear (AVX2 CPUs)
-    opts = ServeOptions(spec=EngineSpec(dtype="bfloat16", k="4", max_batch=8, max_len=1024), db=db_url,
-                        api_key=API_KEY, power="none")
     state = build_state(opts)
     server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
@@ -65,12 +72,16 @@ def _start() -> Live:
             raise RuntimeError("the test server did not start")
         time.sleep(0.05)
     port = server.servers[0].sockets[0].getsockname()[1]
-    return Live(f"http://127.0.0.1:{port}", db_url, state, server, thread)
+    return Live(f"http://127.0.0.1:{port}", opts.db, state, server, thread)
+
+
+def stop_server(live: Live) -> None:
+    live.server.should_exit = True
+    live.thread.join(60)
 
 
 def _stop() -> None:
     global _live
     if _live is not None:
-        _live.server.should_exit = True
-        _live.thread.join(60)
+        stop_server(_live)
         _live = None

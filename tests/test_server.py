@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 from openai import OpenAI
-from serve_live import API_KEY, AUTH, shared_live
+from serve_live import API_KEY, AUTH, shared_live, start_server, stop_server
 from sqlalchemy import create_engine, text
 
 pytestmark = pytest.mark.slow
@@ -86,6 +86,36 @@ def test_completion_streamed_and_not_and_speculation_opt_out(live, client):
     assert spec_row.mode == "spec" and spec_row.num_drafts > 0
     assert ar_row.mode == "ar" and ar_row.num_drafts == 0 and ar_row.status == "ok"
     assert ar_row.output_tokens == ar.usage.completion_tokens == ar_row.events
+
+
+def test_a_server_drafting_token_trees_answers_as_plain_decoding_does_and_records_its_policy(tmp_path):
+    from serving.server_setup import ServeOptions
+    from serving.worker import EngineSpec
+
+    db_url = f"sqlite:///{tmp_path / 'tree.db'}"
+    # float32: greedy tree decoding is token-identical to plain decoding (bf16 rounds differently per shape)
+    opts = ServeOptions(spec=EngineSpec(dtype="float32", tree="12:5:3", max_batch=2, max_len=512), db=db_url,
+                        power="none")
+    live = start_server(opts)
+    try:
+        answers = {}
+        for speculative in (True, False):
+            r = httpx.post(live.url + "/v1/completions", timeout=120, json={
+                "model": live.model, "prompt": COUNT_PROMPT, "max_tokens": 16, "temperature": 0,
+                "speculative": speculative})
+            assert r.status_code == 200, r.text
+            answers[speculative] = (r.json()["id"], r.json()["choices"][0]["text"])
+        assert answers[True][1] == answers[False][1] and answers[True][1]
+        live.flush()
+        with create_engine(db_url).connect() as c:
+            rows = c.execute(text("select runs.mode, runs.k_policy, r.num_drafts, r.num_accepted_tokens from requests r "
+                                  "join runs on runs.id = r.run_id where r.external_id = :e"),
+                             {"e": answers[True][0]}).all()
+        assert len(rows) == 1
+        mode, k_policy, drafts, accepted = rows[0]
+        assert (mode, k_policy) == ("spec", "tree:12:5:3:0") and drafts > 0 and accepted > 0
+    finally:
+        stop_server(live)
 
 
 def test_stop_string_cuts_the_answer(live, client):
