@@ -93,6 +93,25 @@ def test_distillation_lowers_the_loss(prepared):
     assert set(res) == {"code", "chat"} and all(0 <= r["alpha"] <= 1 for r in res.values())
 
 
+def test_simulated_drafting_asks_a_lookup_first(prepared):
+    """simulate_alpha's lookup hook (draft+ngram, or a store, in front of the draft): a lookup that knows
+    the answers is accepted in full, one that never answers changes nothing, a wrong one is rejected."""
+    from serving.datastore import SuffixStore, answers_of
+
+    target, out = prepared
+    prep = load_prepared(out)
+    draft, _ = new_draft(target, [prep], TrainConfig(head_vocab=32), eos_ids=(2,))
+    store = SuffixStore.build(answers_of(out, prompt_tail=100), key=12)
+    with torch.inference_mode():
+        plain = simulate_alpha(draft, prep, k=3)
+        assert simulate_alpha(draft, prep, k=3, lookup=lambda ctx, k: []) == plain
+        known = simulate_alpha(draft, prep, k=3, lookup=lambda ctx, k: store.continuation(ctx, k).tokens)
+        wrong = simulate_alpha(draft, prep, k=3, lookup=lambda ctx, k: [1] * k)
+    for dom in ("code", "chat"):
+        assert known[dom]["alpha"] > 0.95 and known[dom]["mean_accept_len"] > plain[dom]["mean_accept_len"]
+        assert wrong[dom]["alpha"] == 0 and wrong[dom]["mean_accept_len"] == 1
+
+
 def test_unrolled_step1_equals_the_inference_forward(prepared):
     """Training's parallel step 1 and the cached inference forward (EagleDraft.forward) agree."""
     target, out = prepared

@@ -226,10 +226,13 @@ def primed_draft(draft: EagleDraft, prep: Prepared, seq: dict, k: int):
 
 
 @torch.inference_mode()
-def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple[str, ...] | None = None) -> dict:
+def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple[str, ...] | None = None,
+                   lookup: Callable[[list[int], int], list[int]] | None = None) -> dict:
     """Greedy acceptance as the engine would see it: the draft proposes K tokens from the real feature
     of the last verified position (later steps feed its own h), the target's greedy continuation (the
     stored answer) verifies, the accepted prefix plus one target token is committed, repeat.
+    `lookup(context, k)`, when given, is asked first, as draft+ngram asks prompt lookup: where it returns
+    tokens they are the step's proposal (and may be fewer than K) and the draft is not run.
     Returns {domain: {"alpha", "acceptance_rate", "drafted", "accepted", "mean_accept_len"}}: alpha is the
     per-token acceptance probability (accepted / tested, a step tests its accepted tokens and the first
     rejected one), acceptance_rate accepted / drafted."""
@@ -247,18 +250,21 @@ def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple
         while n + 1 <= L - 1:
             kk = min(k, L - 1 - n)
             s0 = n - 1
-            if real_upto < s0:  # refresh real entries the previous chain overwrote or skipped
+            props = lookup(toks[: n + 1].tolist(), kk)[:kk] if lookup is not None else []
+            if props:
+                kk = len(props)
+            elif real_upto < s0:  # refresh real entries the previous chain overwrote or skipped
                 draft(toks[real_upto + 1: s0 + 1][None], feats[real_upto: s0][None],
                       contiguous_batch(0, 1, real_upto, s0 - real_upto), cache)
-            tok = toks[n: n + 1]
-            f = feats[s0: s0 + 1]
-            props = []
-            for j in range(kk):
-                h, logits = draft(tok[None], f[None], contiguous_batch(0, 1, s0 + j, 1), cache)
-                t = draft.head_token_ids[logits[0, -1].argmax()]
-                props.append(int(t))
-                tok, f = t.view(1), h[0, -1:]
-            real_upto = s0 + 1  # position s0 was real (step 1); s0+1.. are the chain's own
+            if not props:
+                tok = toks[n: n + 1]
+                f = feats[s0: s0 + 1]
+                for j in range(kk):
+                    h, logits = draft(tok[None], f[None], contiguous_batch(0, 1, s0 + j, 1), cache)
+                    t = draft.head_token_ids[logits[0, -1].argmax()]
+                    props.append(int(t))
+                    tok, f = t.view(1), h[0, -1:]
+                real_upto = s0 + 1  # position s0 was real (step 1); s0+1.. are the chain's own
             a = 0
             while a < kk and props[a] == int(toks[n + 1 + a]):
                 a += 1
