@@ -75,6 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        from sqlalchemy.exc import OperationalError
+
+        if not isinstance(exc, OperationalError):
+            raise
+        # the database is unreachable or refused us: say which and why, without a traceback
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        print(f"specfinops {args.command}: error: cannot use the database: {reason}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ from sqlalchemy import (
     create_engine,
     event,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 DEFAULT_DB_PATH = Path("var") / "specfinops.db"
@@ -225,13 +226,21 @@ class Sweep(Base):
 
 
 def resolve_db_url(url: str | None = None) -> str:
-    """`--db` beats `SPECFINOPS_DB_URL` beats the default SQLite file `var/specfinops.db`."""
+    """`--db` beats `SPECFINOPS_DB_URL` beats the default SQLite file `var/specfinops.db`. A value without
+    `://` is a SQLite file path (`--db runs.db`); anything else must be a URL SQLAlchemy can parse."""
     url = url or os.environ.get(ENV_DB_URL)
     if not url:
         DEFAULT_DB_PATH.parent.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{DEFAULT_DB_PATH}"
+    elif "://" not in url:
+        url = f"sqlite:///{url}"
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    try:
+        make_url(url)
+    except ArgumentError as exc:
+        raise ValueError(f"database URL {url!r} cannot be parsed (expected e.g. sqlite:///var/specfinops.db or "
+                         "postgresql://user@host:5432/db)") from exc
     return url
 
 
@@ -250,8 +259,14 @@ def make_engine(url: str | None = None) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
+            if Path(path).is_dir():
+                raise ValueError(f"database {url!r} is a directory: give a SQLite file path or a database URL")
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    try:
+        return create_engine(url, pool_pre_ping=True)
+    except NoSuchModuleError as exc:
+        raise ValueError(f"database URL {url!r}: unknown database kind {url.split('://', 1)[0]!r} "
+                         "(use sqlite:/// or postgresql://)") from exc

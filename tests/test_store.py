@@ -104,3 +104,21 @@ def test_db_command_help_has_examples(capsys):
     with pytest.raises(SystemExit):
         cli_main(["db", "--help"])
     assert "specfinops db upgrade --db postgresql://" in capsys.readouterr().out
+
+
+def test_a_plain_file_path_is_a_sqlite_store(tmp_path, capsys):
+    path = tmp_path / "sub" / "runs.db"
+    assert cli_main(["db", "upgrade", "--db", str(path)]) == 0
+    assert path.is_file() and _revision(f"sqlite:///{path}") == head_revision()
+
+
+@pytest.mark.parametrize(("db", "needle"), [
+    ("foo://bar", "unknown database kind 'foo'"),
+    ("postgresql://root@127.0.0.1:1/test", "cannot use the database: connection failed"),
+    ("sqlite:///{tmp}", "is a directory"),
+    ("{tmp}", "is a directory"),
+])
+def test_a_bad_database_is_one_line_naming_it(db, needle, tmp_path, capsys):
+    assert cli_main(["db", "current", "--db", db.format(tmp=tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

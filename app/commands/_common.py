@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-DB_HELP = "database URL (default: $SPECFINOPS_DB_URL or sqlite:///var/specfinops.db)"
+DB_HELP = "database URL or SQLite file path (default: $SPECFINOPS_DB_URL or sqlite:///var/specfinops.db)"
 
 
 def add_command(sub, name: str, help_: str, examples: str, handler) -> argparse.ArgumentParser:
