@@ -75,15 +75,52 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:
-        from sqlalchemy.exc import OperationalError
-
-        if not isinstance(exc, OperationalError):
+    except BrokenPipeError:
+        # the reader went away (`specfinops export ... | head`): stop quietly, as other Unix tools do
+        _silence_stdout()
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, the traceback on --verbose
+        if args.verbose:
             raise
-        # the database is unreachable or refused us: say which and why, without a traceback
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        print(f"specfinops {args.command}: error: cannot use the database: {reason}", file=sys.stderr)
-        return 2
+        print(f"specfinops {args.command}: error: {describe_failure(exc)}", file=sys.stderr)
+        return 2 if _is_environment_problem(exc) else 1
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for an exception that escaped a command: what it was about, never a traceback."""
+    from sqlalchemy.exc import DBAPIError, NoSuchModuleError
+
+    if isinstance(exc, DBAPIError):
+        reason = str(exc.orig or exc).strip().splitlines()[0] if str(exc.orig or exc).strip() else type(exc).__name__
+        return f"cannot use the database: {reason}"
+    if isinstance(exc, NoSuchModuleError):
+        return f"cannot use the database: {exc}"
+    if isinstance(exc, ModuleNotFoundError):
+        return f"a module this needs is not installed: {exc.name} ({exc})"
+    first = (str(exc).strip().splitlines() or [""])[0]
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.strerror or first}: {exc.filename}"
+    if type(exc).__module__.startswith(("telemetry", "serving", "app")):
+        return first or type(exc).__name__  # our own errors say what was wrong in their message
+    return f"{type(exc).__name__}: {first}" + " (run with --verbose for the traceback)"
+
+
+def _is_environment_problem(exc: BaseException) -> bool:
+    """Input or environment (a file, a database, a port, a missing extra) rather than a bug: exit 2."""
+    from sqlalchemy.exc import DBAPIError, NoSuchModuleError
+
+    from telemetry.power import PowerSourceError
+    from telemetry.store import StoreError
+
+    return isinstance(exc, OSError | DBAPIError | NoSuchModuleError | ModuleNotFoundError | StoreError
+                      | PowerSourceError | OverflowError)
+
+
+def _silence_stdout() -> None:
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":

@@ -29,7 +29,11 @@ TOKEN_SOURCE = "client"  # token events seen from the client: which step made th
 
 def base_url(url: str) -> str:
     """http://127.0.0.1:8000[/v1] -> http://127.0.0.1:8000/v1; ValueError unless the host is loopback."""
-    parsed = urlparse(url)
+    try:
+        parsed = urlparse(url)
+        parsed.port  # noqa: B018 - parsing the port is what raises on a bad one
+    except ValueError as exc:  # an unclosed [IPv6] bracket, a port out of 0-65535
+        raise ValueError(f"--url {url!r}: {exc}") from None
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ValueError(f"--url must look like http://127.0.0.1:8000, got {url!r}")
     host = parsed.hostname

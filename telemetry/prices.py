@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from datetime import date
 from importlib import resources
 
 from sqlalchemy import func, select
@@ -123,6 +124,11 @@ def set_price(
     value = float(value)
     if not value > 0 or value != value or value == float("inf"):
         raise ValueError(f"value must be a positive number, got {value!r}")
+    if as_of is not None:
+        try:
+            as_of = date.fromisoformat(as_of.strip()).isoformat()
+        except ValueError:
+            raise ValueError(f"as_of must be a date YYYY-MM-DD, got {as_of!r}") from None
     ensure_defaults(engine)
     with Session(engine) as s:
         row = _find(s, name)

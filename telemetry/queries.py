@@ -315,6 +315,11 @@ def _run_wall_s(run: Run, acc: _Acc) -> float | None:
     return None
 
 
+def run_exists(engine: Engine, run_id: int) -> bool:
+    with Session(engine) as session:
+        return session.get(Run, run_id) is not None
+
+
 def run_summaries(engine: Engine, filters: Filters | None = None) -> list[RunSummary]:
     """One summary per run with at least one request matching `filters`, oldest first."""
     out = []

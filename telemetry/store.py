@@ -58,6 +58,12 @@ def head_revision() -> str:
     return heads[0]
 
 
+@functools.cache
+def known_revisions() -> frozenset[str]:
+    """Every revision this version's migrations know (a store at another one was written by a newer one)."""
+    return frozenset(s.revision for s in ScriptDirectory.from_config(alembic_config("sqlite://")).walk_revisions())
+
+
 def current_revision(conn: Connection) -> str | None:
     """The revision stamped in the database, or None when it has no version table (empty or pre-Alembic)."""
     if not inspect(conn).has_table(VERSION_TABLE):
@@ -100,8 +106,7 @@ def upgrade_to_head(engine: Engine) -> None:
         current = current_revision(conn)
         if current == head:
             return  # another process upgraded while we waited
-        script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-        if current is not None and current not in {s.revision for s in script.walk_revisions()}:
+        if current is not None and current not in known_revisions():
             raise StoreError(
                 f"database is at revision {current!r}, unknown to this specfinops (head {head!r}); "
                 "it was written by a newer version"

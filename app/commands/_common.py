@@ -4,7 +4,50 @@ from __future__ import annotations
 
 import argparse
 
+from app.errors import UsageError
+
 DB_HELP = "database URL or SQLite file path (default: $SPECFINOPS_DB_URL or sqlite:///var/specfinops.db)"
+
+
+def run_id(text: str) -> int:
+    """argparse type of --run: a run id is a positive integer (a SQL BIGINT)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a run id (a positive integer), got {text!r}") from None
+    if not 1 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be a run id (a positive integer), got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count that must be at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def check_writable(path: str | None, flag: str) -> None:
+    """Refuse an output path that cannot be written, before the work whose result it is to hold: a
+    directory, or a parent that cannot be made (it is made now; the file itself is written at the end)."""
+    if not path:
+        return
+    import os
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise UsageError(f"{flag} {path} is a directory: give a file name")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot make its directory: {exc.strerror or exc}") from None
+    if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"{flag} {path}: not writable")
 
 
 def add_command(sub, name: str, help_: str, examples: str, handler) -> argparse.ArgumentParser:

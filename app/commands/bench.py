@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from app.commands._common import DTYPE_HELP, add_command, add_db_option
+from app.commands._common import DTYPE_HELP, add_command, add_db_option, check_writable
 from serving.lookahead import DEFAULT_K, VLLM_DEFAULT_K
 
 EXAMPLES = """  specfinops bench --workload code --mode both --limit 4
@@ -78,6 +78,7 @@ def handle(args: argparse.Namespace) -> int:
     from serving.workloads import load_workload
 
     # validate everything cheap before loading a model
+    check_writable(args.json, "--json")
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, seed=args.seed)
     if args.limit is not None and args.limit < 1:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 
-from app.commands._common import add_command, add_db_option
+from app.commands._common import add_command, add_db_option, run_id
 from app.errors import UsageError
 
 COST_EXAMPLES = """  specfinops cost
@@ -57,7 +57,7 @@ def register(sub) -> None:
         run_cost_command,
     )
     add_db_option(p)
-    p.add_argument("--run", metavar="ID", help="only this run")
+    p.add_argument("--run", type=run_id, metavar="ID", help="only this run")
     _add_pricing(p, gpus_per_node=False)
     _add_filters(p)
 
@@ -185,12 +185,7 @@ def run_cost_command(args) -> int:
     from telemetry.queries import EMPTY_STORE_HINT
     from telemetry.store import open_store
 
-    run_id = None
-    if args.run is not None:
-        try:
-            run_id = int(args.run)
-        except ValueError:
-            raise UsageError(f"--run must be a run id (integer), got {args.run!r}") from None
+    run_id = args.run
     pricing = _pricing(args, required=False)
     engine = open_store(args.db)
     run_costs, mode_costs = costs(engine, _filters(args, run_id), **pricing)

@@ -64,7 +64,7 @@ def _downgrade(args: argparse.Namespace) -> int:
 
 def _current(args: argparse.Namespace) -> int:
     from telemetry.db import make_engine, resolve_db_url
-    from telemetry.store import current_revision, head_revision
+    from telemetry.store import current_revision, head_revision, known_revisions
 
     engine = make_engine(args.db)
     try:
@@ -73,7 +73,8 @@ def _current(args: argparse.Namespace) -> int:
     finally:
         engine.dispose()
     head = head_revision()
-    state = "at head" if rev == head else "behind head" if rev else "no schema"
+    state = ("no schema" if not rev else "at head" if rev == head else "behind head" if rev in known_revisions()
+             else "unknown revision: written by a newer specfinops?")
     print(f"{_safe_url(resolve_db_url(args.db))}: revision {rev or '(none)'}, head {head} ({state})")
     return 0
 

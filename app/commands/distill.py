@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.commands._common import add_command
+from app.commands._common import add_command, positive_int
 
 EXAMPLES = """  # the bundled draft (the command its model card records)
   specfinops distill --generate-prompts 1784 --stdlib-prompts 2617 --max-new-tokens 128 --gen-batch 48 \
@@ -55,7 +55,7 @@ def register(sub) -> None:
     p.add_argument("--w-hard", type=float, default=0.5, help="cross-entropy to the target's greedy token weight")
     p.add_argument("--feat-noise", type=float, default=0.05, help="uniform feature noise, fraction of the feature RMS")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint of the same --out")
     p.add_argument("--checkpoint", default=None, help="checkpoint file (default: in ~/.cache/specfinops/distill/checkpoints)")
     p.add_argument("--save-every", type=float, default=3.0, help="minutes between checkpoints (also refreshes --out)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from app.commands._common import add_command, add_db_option
+from app.commands._common import add_command, add_db_option, run_id
 from app.errors import UsageError
 
 EXAMPLES = """  specfinops export --what requests --out requests.csv
@@ -24,7 +24,7 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, metavar="FILE", help="output CSV file, '-' for stdout")
     p.add_argument("--since", metavar="ISO", help="only rows at or after this time (UTC unless an offset is given)")
     p.add_argument("--until", metavar="ISO", help="only rows before this time")
-    p.add_argument("--run", type=int, metavar="ID", help="only this run")
+    p.add_argument("--run", type=run_id, metavar="ID", help="only this run")
 
 
 def _progress(n: int) -> None:
@@ -41,6 +41,12 @@ def run(args) -> int:
     if window.since and window.until and window.since >= window.until:
         raise UsageError(f"--since ({args.since}) must be before --until ({args.until})")
 
+    engine = open_store(args.db)  # before --out is opened: a bad store must not truncate an existing file
+    if args.run is not None:
+        from telemetry.queries import run_exists
+
+        if not run_exists(engine, args.run):
+            raise UsageError(f"no run {args.run} in the store (`specfinops cost` lists the runs)")
     if args.out == "-":
         out, close = sys.stdout, False
     else:
@@ -51,7 +57,7 @@ def run(args) -> int:
             raise UsageError(f"cannot write --out {args.out}: {exc.strerror or exc}") from None
         close = True
     try:
-        header, rows = export_rows(open_store(args.db), args.what, window)
+        header, rows = export_rows(engine, args.what, window)
         n = write_csv(out, header, rows, progress=_progress)
     finally:
         if close:

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from app.commands._common import add_command, add_db_option
+from app.commands._common import add_command, add_db_option, check_writable
 
 EXAMPLES = """  specfinops loadtest --url http://127.0.0.1:8000 --concurrency 1,2,4,8 --duration 30
   specfinops loadtest --url http://127.0.0.1:8000 --concurrency 32 --duration 60 --mode spec --max-tokens 128
@@ -46,6 +46,7 @@ def handle(args: argparse.Namespace) -> int:
                     modes=modes, max_tokens=args.max_tokens, temperature=args.temperature, api_key=args.api_key,
                     model=args.model)
     spec.validate()
+    check_writable(args.json, "--json")
     prompts = load_workload(args.workload)
     try:
         import openai  # noqa: F401

@@ -1,0 +1,121 @@
+"""No traceback reaches a user of the CLI: bad input, a bad database, a closed pipe, a busy port, and an
+error nobody foresaw each end in one line (exit 2 for input and environment, 1 for a bug)."""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+from sqlalchemy.orm import Session
+from synthetic import Req, make_run
+
+from app.cli import main
+from telemetry.store import open_store
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 or lines[0].startswith("usage:"), err
+    return lines[-1]
+
+
+@pytest.fixture
+def store(sqlite_url) -> str:
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(400, ttft_ms=100, e2e_ms=9000, start_s=0.0)])
+        s.commit()
+    engine.dispose()
+    return sqlite_url
+
+
+def test_a_closed_pipe_ends_the_export_quietly(store):
+    """`specfinops export --out - | head -1`: the reader leaves early; no BrokenPipeError traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "export", "--what", "tokens", "--out", "-",
+                             "--db", store], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.readline()
+    proc.stdout.close()  # what `head -1` does after its line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0
+    assert first.startswith(b"token_event_id") and "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_a_file_that_is_no_database(tmp_path, capsys):
+    junk = tmp_path / "notes.txt"
+    junk.write_text("#!/bin/sh\necho hello\n" * 50)
+    assert main(["cost", "--db", str(junk)]) == 2
+    assert "cannot use the database: file is not a database" in _one_line(capsys)
+
+
+def test_a_store_written_by_a_newer_version(tmp_path, capsys):
+    path = tmp_path / "newer.db"
+    with sqlite3.connect(path) as c:
+        c.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+        c.execute("INSERT INTO alembic_version VALUES ('f00dfeed')")
+    assert main(["cost", "--db", str(path)]) == 2
+    assert "unknown to this specfinops" in _one_line(capsys)
+    assert main(["db", "current", "--db", str(path)]) == 0
+    assert "unknown revision" in capsys.readouterr().out  # not "behind head": it is ahead
+
+
+def test_export_of_an_unknown_run_fails_and_a_bad_store_keeps_the_old_file(store, tmp_path, capsys):
+    out = tmp_path / "o.csv"
+    assert main(["export", "--what", "requests", "--run", "777", "--out", str(out), "--db", store]) == 2
+    assert "no run 777" in _one_line(capsys) and not out.exists()
+    keep = tmp_path / "keep.csv"
+    keep.write_text("precious\n")
+    junk = tmp_path / "junk.db"
+    junk.write_text("not sqlite" * 100)
+    assert main(["export", "--what", "requests", "--out", str(keep), "--db", str(junk)]) == 2
+    assert keep.read_text() == "precious\n"
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["cost", "--run", "99999999999999999999999"], "must be a run id"),
+    (["export", "--what", "requests", "--out", "-", "--run", "-3"], "must be a run id"),
+    (["prices", "set", "H100", "5.5", "--source", "quote", "--as-of", "2026-13-45"], "as_of must be a date"),
+    (["distill", "--out", "/tmp/never", "--threads", "0"], "must be a positive integer"),
+    (["bench", "--json", "{tmp}", "--limit", "1"], "is a directory"),
+    (["bench", "--json", "/proc/specfinops/x.json", "--limit", "1"], "cannot make its directory"),
+    (["loadtest", "--url", "http://127.0.0.1:99999"], "Port out of range"),
+    (["loadtest", "--url", "http://[::1"], "Invalid IPv6 URL"),
+    (["dashboard", "--host", "nohost.invalid"], "not an address this machine can listen on"),
+])
+def test_bad_input_is_one_line(argv, needle, sqlite_url, tmp_path, capsys):
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    try:
+        rc = main([*argv, "--db", sqlite_url])
+    except SystemExit as exc:  # argparse's own errors: usage and one line
+        rc = exc.code
+    assert rc == 2
+    assert needle in _one_line(capsys)
+
+
+def test_a_busy_port_is_named_before_the_dashboard_starts(sqlite_url, capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        assert main(["dashboard", "--db", sqlite_url, "--port", str(port)]) == 2
+    assert f"127.0.0.1:{port} is in use" in _one_line(capsys)
+
+
+def test_an_unforeseen_error_is_one_line_and_verbose_shows_the_traceback(monkeypatch, sqlite_url, capsys):
+    import app.commands.cost as cost
+
+    def boom(args):
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(cost, "run_cost_command", boom)
+    argv = ["cost", "--db", sqlite_url]
+    assert main(argv) == 1
+    line = _one_line(capsys)
+    assert "KeyError" in line and "surprise" in line and "--verbose" in line
+    with pytest.raises(KeyError):
+        main(["--verbose", *argv])
