@@ -119,3 +119,25 @@ def test_an_unforeseen_error_is_one_line_and_verbose_shows_the_traceback(monkeyp
     assert "KeyError" in line and "surprise" in line and "--verbose" in line
     with pytest.raises(KeyError):
         main(["--verbose", *argv])
+
+
+def test_serve_checks_its_port_and_store_before_loading_a_model(sqlite_url, tmp_path, capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        assert main(["serve", "--db", sqlite_url, "--port", str(port)]) == 2
+    assert "is in use" in _one_line(capsys)
+    junk = tmp_path / "junk.db"
+    junk.write_text("not sqlite" * 100)
+    assert main(["serve", "--db", str(junk), "--port", "0"]) == 2
+    assert "file is not a database" in _one_line(capsys)
+
+
+def test_a_home_relative_sqlite_path_is_expanded(monkeypatch, tmp_path):
+    from telemetry.db import resolve_db_url
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve_db_url("~/a.db") == f"sqlite:///{tmp_path}/a.db"
+    assert resolve_db_url("sqlite:///~/b.db") == f"sqlite:///{tmp_path}/b.db"
+    assert resolve_db_url("sqlite:///rel/c.db") == "sqlite:///rel/c.db"

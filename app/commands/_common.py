@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import socket
 
 from app.errors import UsageError
 
@@ -48,6 +50,24 @@ def check_writable(path: str | None, flag: str) -> None:
         raise UsageError(f"{flag} {path}: cannot make its directory: {exc.strerror or exc}") from None
     if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise UsageError(f"{flag} {path}: not writable")
+
+
+def bindable_port(host: str, port: int) -> int:
+    """`port` (0: a free one) if this process could listen on host:port now; a clear error otherwise."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UsageError(f"--host {host!r} is not an address this machine can listen on: {exc.strerror}") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            what = "is in use (another dashboard or server?); pick another --port" if exc.errno == errno.EADDRINUSE \
+                else f"cannot be listened on: {exc.strerror}"
+            raise UsageError(f"{host}:{port} {what}") from None
+        return s.getsockname()[1]
 
 
 def add_command(sub, name: str, help_: str, examples: str, handler) -> argparse.ArgumentParser:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import errno
 import os
-import socket
 import sys
 from pathlib import Path
 
-from app.commands._common import add_command, add_db_option
+from app.commands._common import add_command, add_db_option, bindable_port
 from app.errors import UsageError
 
 EXAMPLES = """  specfinops dashboard
@@ -31,24 +29,6 @@ def main_script() -> Path:
     import app.dashboard
 
     return Path(app.dashboard.__file__).resolve().parent / "main.py"
-
-
-def _bindable_port(host: str, port: int) -> int:
-    """`port` (0: a free one) if this process could listen on host:port now; a clear error otherwise."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise UsageError(f"--host {host!r} is not an address this machine can listen on: {exc.strerror}") from None
-    family, _, _, _, addr = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(addr)
-        except OSError as exc:
-            what = "is in use (another dashboard?); pick another --port" if exc.errno == errno.EADDRINUSE \
-                else f"cannot be listened on: {exc.strerror}"
-            raise UsageError(f"{host}:{port} {what}") from None
-        return s.getsockname()[1]
 
 
 def streamlit_argv(script: Path, host: str, port: int, headless: bool) -> list[str]:
@@ -75,7 +55,7 @@ def run(args) -> int:
         open_store(url).dispose()  # fail here, in one line, rather than inside the browser
     except Exception as exc:  # noqa: BLE001 - any driver error means the URL is unusable
         raise UsageError(f"cannot open the store {args.db or url}: {str(exc).splitlines()[0]}") from None
-    port = _bindable_port(args.host, args.port)
+    port = bindable_port(args.host, args.port)
     headless = not sys.stdin.isatty()
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     print(f"Dashboard: http://{shown_host}:{port}", flush=True)

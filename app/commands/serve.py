@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.commands._common import DTYPE_HELP, add_command, add_db_option
+from app.commands._common import DTYPE_HELP, add_command, add_db_option, bindable_port
 from serving.lookahead import DEFAULT_K
 
 EXAMPLES = """  specfinops serve --db sqlite:///var/specfinops.db --port 8000
@@ -60,6 +60,11 @@ def handle(args: argparse.Namespace) -> int:
                         served_model_name=args.served_model_name, max_waiting=args.max_waiting,
                         graceful_s=args.graceful_s)
     opts.validate()  # cheap checks before loading a model
+    bindable_port(args.host, args.port)  # a busy port or a bad --host now, not after minutes of loading
+    if not args.no_telemetry:
+        from telemetry.store import open_store
+
+        open_store(args.db).dispose()  # likewise an unusable --db
     logging.getLogger("serving").setLevel(logging.INFO)
     print(f"loading target ({args.dtype}) ...", file=sys.stderr)
     serve(opts, log_level="debug" if args.verbose else "info")
