@@ -45,7 +45,10 @@ def parse_when(value: str | None, name: str) -> datetime | None:
         raise ValueError(f"{name} must be an ISO date or datetime like 2025-01-31 or 2025-01-31T12:00, got {value!r}") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return when.astimezone(UTC)
+    try:
+        return when.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"{name} {value!r} is out of the range of dates") from None
 
 
 def neutralise(value: Any) -> Any:

@@ -86,6 +86,10 @@ def test_export_of_an_unknown_run_fails_and_a_bad_store_keeps_the_old_file(store
     (["loadtest", "--url", "http://127.0.0.1:99999"], "Port out of range"),
     (["loadtest", "--url", "http://[::1"], "Invalid IPv6 URL"),
     (["dashboard", "--host", "nohost.invalid"], "not an address this machine can listen on"),
+    (["report", "--period", "custom", "--since", "1970-01-01", "--until", "2030-01-01", "--history", "366",
+      "--out", "{tmp}/r"], "outside the range of dates"),
+    (["report", "--period", "weekly", "--since", "9999-12-30", "--out", "{tmp}/r"], "outside the range of dates"),
+    (["export", "--what", "requests", "--out", "-", "--until", "9999-12-31T23:59:59-05:00"], "out of the range"),
 ])
 def test_bad_input_is_one_line(argv, needle, sqlite_url, tmp_path, capsys):
     argv = [a.format(tmp=tmp_path) for a in argv]

@@ -80,9 +80,14 @@ def run(args) -> int:
 
     if args.period not in PERIODS:
         raise UsageError(f"--period must be one of {', '.join(PERIODS)}, got {args.period!r}")
-    window = period_window(args.period, since=parse_when(args.since, "--since"),
-                           until=parse_when(args.until, "--until"))  # fmt: skip
     options = report_options(args)
+    try:
+        window = period_window(args.period, since=parse_when(args.since, "--since"),
+                               until=parse_when(args.until, "--until"))  # fmt: skip
+        window.shifted(options["history"])  # the oldest period the trend compares with
+    except OverflowError:
+        raise UsageError(f"--since/--until with --history {options['history']} reach outside the range of dates "
+                         f"(years 1-9999)") from None
     out = check_out_dir(args.out)
     engine = open_store(args.db)
     if count_runs(engine) == 0:
