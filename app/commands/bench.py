@@ -90,11 +90,6 @@ def handle(args: argparse.Namespace) -> int:
 
     chosen = args.dtype == "auto"
     args.dtype = resolve_dtype(args.dtype, args.backend)
-    if chosen and args.backend == "torch" and args.dtype == "float32" and "ar" in modes and 1 in levels:
-        print("note: float32 chosen: this CPU has no bf16 instructions, so bf16 prefill, batches and verification "
-              "are emulated and slow; one-sequence AR decoding streams half the bytes in bfloat16 and can still be "
-              "faster (measured 1.5x on an AVX2 EPYC). Before pricing the AR baseline at concurrency 1, compare "
-              "`--mode ar --dtype bfloat16`.", file=sys.stderr)
     if args.backend == "vllm":
         if args.tree is not None:
             raise ValueError("--tree runs on the torch engine; vLLM's speculative config chooses its own proposals")
@@ -109,6 +104,14 @@ def handle(args: argparse.Namespace) -> int:
     gate = args.spec_max_batch
     if gate is not None and gate != "auto" and (not str(gate).isdigit() or int(gate) < 1):
         raise ValueError(f"--spec-max-batch must be an integer >= 1 or 'auto', got {gate!r}")
+    from telemetry.store import open_store
+
+    open_store(args.db).dispose()  # an unusable --db now, not after the benchmark
+    if chosen and args.dtype == "float32" and "ar" in modes and 1 in levels:
+        print("note: float32 chosen: this CPU has no bf16 instructions, so bf16 prefill, batches and verification "
+              "are emulated and slow; one-sequence AR decoding streams half the bytes in bfloat16 and can still be "
+              "faster (measured 1.5x on an AVX2 EPYC). Before pricing the AR baseline at concurrency 1, compare "
+              "`--mode ar --dtype bfloat16`.", file=sys.stderr)
     print(f"loading target ({args.dtype}) ...", file=sys.stderr)
     loaded = load(spec)
     if gate is not None:
