@@ -158,6 +158,11 @@ def test_model_card_has_the_reproducible_command(tmp_path):
     (["distill", "--out", "X", "--corpus", ".", "--minutes", "-3"], "--minutes"),
     (["distill", "--out", "X"], "--corpus"),
     (["distill", "--out", "X", "--package-prompts", "-1"], "--package-prompts"),
+    (["distill", "--out", "X", "--corpus", ".", "--minutes", "nan"], "--minutes"),
+    (["distill", "--out", "X", "--corpus", ".", "--lr", "-1"], "--lr"),
+    (["distill", "--out", "X", "--corpus", ".", "--w-feat", "nan"], "--w-feat"),
+    (["distill", "--out", "X", "--corpus", ".", "--k", "0"], "--k"),
+    (["distill", "--out", "X", "--corpus", "/etc/hostname"], "is not a directory"),
 ])
 def test_bad_input_is_one_clear_line(argv, needle, capsys, tmp_path):
     from app.cli import main

@@ -71,7 +71,7 @@ def _positive(name: str, value, kind):
         v = kind(value)
     except ValueError:
         v = None
-    if v is None or v <= 0:
+    if v is None or not 0 < v < float("inf"):  # also refuses nan
         from app.errors import UsageError
 
         raise UsageError(f"{name} must be a positive number, got {value!r}")
@@ -89,9 +89,19 @@ def handle(args) -> int:
         args.minutes = 30.0
     if args.minutes is not None and args.steps is not None:
         raise UsageError("give --minutes or --steps, not both")
+    args.lr = _positive("--lr", args.lr, float)
+    args.save_every = _positive("--save-every", args.save_every, float)
+    for name in ("w_feat", "w_hard", "feat_noise"):
+        v = getattr(args, name)
+        if not 0 <= v < float("inf"):
+            raise UsageError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {v!r}")
+    if args.k < 1:
+        raise UsageError(f"--k must be >= 1, got {args.k}")
     for c in args.corpus:
-        if not Path(c).expanduser().is_dir():
-            raise UsageError(f"corpus {c} does not exist")
+        p = Path(c).expanduser()
+        if not p.is_dir():
+            raise UsageError(f"corpus {c} is not a directory (a prepared data directory)" if p.exists()
+                             else f"corpus {c} does not exist")
     if not (args.corpus or args.generate_prompts or args.stdlib_prompts or args.package_prompts or args.stdlib_code):
         raise UsageError("no training data: give --corpus DIR, --generate-prompts N, --stdlib-prompts N, "
                          "--package-prompts N or --stdlib-code N")
