@@ -91,8 +91,8 @@ def describe_failure(exc: BaseException) -> str:
     from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 
     if isinstance(exc, DBAPIError):
-        reason = str(exc.orig or exc).strip().splitlines()[0] if str(exc.orig or exc).strip() else type(exc).__name__
-        return f"cannot use the database: {reason}"
+        text = str(exc.orig or exc).strip()
+        return f"cannot use the database: {text.splitlines()[0] if text else type(exc).__name__}"
     if isinstance(exc, NoSuchModuleError):
         return f"cannot use the database: {exc}"
     if isinstance(exc, ModuleNotFoundError):
