@@ -145,3 +145,10 @@ def test_a_home_relative_sqlite_path_is_expanded(monkeypatch, tmp_path):
     assert resolve_db_url("~/a.db") == f"sqlite:///{tmp_path}/a.db"
     assert resolve_db_url("sqlite:///~/b.db") == f"sqlite:///{tmp_path}/b.db"
     assert resolve_db_url("sqlite:///rel/c.db") == "sqlite:///rel/c.db"
+
+
+def test_bench_checks_its_store_before_loading_a_model(tmp_path, capsys):
+    junk = tmp_path / "junk.db"
+    junk.write_text("not sqlite" * 100)
+    assert main(["bench", "--limit", "1", "--db", str(junk)]) == 2
+    assert "file is not a database" in _one_line(capsys)

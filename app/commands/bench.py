@@ -104,9 +104,10 @@ def handle(args: argparse.Namespace) -> int:
     gate = args.spec_max_batch
     if gate is not None and gate != "auto" and (not str(gate).isdigit() or int(gate) < 1):
         raise ValueError(f"--spec-max-batch must be an integer >= 1 or 'auto', got {gate!r}")
-    from telemetry.store import open_store
+    if not args.no_telemetry:
+        from telemetry.store import open_store
 
-    open_store(args.db).dispose()  # an unusable --db now, not after the benchmark
+        open_store(args.db).dispose()  # an unusable --db now, not after the benchmark
     if chosen and args.dtype == "float32" and "ar" in modes and 1 in levels:
         print("note: float32 chosen: this CPU has no bf16 instructions, so bf16 prefill, batches and verification "
               "are emulated and slow; one-sequence AR decoding streams half the bytes in bfloat16 and can still be "
