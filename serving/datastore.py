@@ -17,6 +17,7 @@ Proposals are deterministic (q one-hot), so sampling stays exact as with prompt 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,8 +126,6 @@ def answers_of(prepared_dir: str | Path, prompt_tail: int = 3) -> list[list[int]
     """The answers of a prepared distillation data directory (serving/distill/data.py) as documents, each
     led by the last `prompt_tail` prompt tokens (the chat format's assistant header), so an answer's
     opening is matched by what precedes every answer."""
-    import json
-
     d = Path(prepared_dir)
     tokens = np.fromfile(d / "tokens.bin", dtype=np.int32)
     docs = []

@@ -233,8 +233,8 @@ def resolve_db_url(url: str | None = None) -> str:
         DEFAULT_DB_PATH.parent.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{DEFAULT_DB_PATH}"
     elif "://" not in url:
-        url = f"sqlite:///{Path(url).expanduser()}"
-    elif url.startswith("sqlite:///~"):
+        url = f"sqlite:///{url}"
+    if url.startswith("sqlite:///~"):
         url = f"sqlite:///{Path(url.removeprefix('sqlite:///')).expanduser()}"
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")

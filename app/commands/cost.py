@@ -185,13 +185,12 @@ def run_cost_command(args) -> int:
     from telemetry.queries import EMPTY_STORE_HINT
     from telemetry.store import open_store
 
-    run_id = args.run
     pricing = _pricing(args, required=False)
     engine = open_store(args.db)
-    run_costs, mode_costs = costs(engine, _filters(args, run_id), **pricing)
+    run_costs, mode_costs = costs(engine, _filters(args, args.run), **pricing)
     if not run_costs:
-        if run_id is not None:
-            raise UsageError(f"--run {run_id}: no such run with requests in the store")
+        if args.run is not None:
+            raise UsageError(f"--run {args.run}: no such run with requests in the store")
         raise UsageError(f"no runs in the store matching the filters; {EMPTY_STORE_HINT}")
     if args.json:
         print(

@@ -253,10 +253,10 @@ def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple
             props = lookup(toks[: n + 1].tolist(), kk)[:kk] if lookup is not None else []
             if props:
                 kk = len(props)
-            elif real_upto < s0:  # refresh real entries the previous chain overwrote or skipped
-                draft(toks[real_upto + 1: s0 + 1][None], feats[real_upto: s0][None],
-                      contiguous_batch(0, 1, real_upto, s0 - real_upto), cache)
-            if not props:
+            else:
+                if real_upto < s0:  # refresh real entries the previous chain overwrote or skipped
+                    draft(toks[real_upto + 1: s0 + 1][None], feats[real_upto: s0][None],
+                          contiguous_batch(0, 1, real_upto, s0 - real_upto), cache)
                 tok = toks[n: n + 1]
                 f = feats[s0: s0 + 1]
                 for j in range(kk):
