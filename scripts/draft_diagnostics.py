@@ -53,16 +53,19 @@ def main(argv: list[str] | None = None) -> int:
         if not (d / "config.json").is_file():
             print(f"error: --draft {d} is not a draft model directory (no config.json)", file=sys.stderr)
             return 2
-    ev = load_prepared(eval_data(target_dir, args.max_new_tokens, lambda m: print(m, file=sys.stderr), dtype))
     target = load_causal_lm(target_dir, dtype)
-    results = {}
+    results, evals = {}, {}
     for d in drafts:
         try:
             draft = load_eagle(d, target, dtype)
         except (ValueError, KeyError) as e:
             print(f"error: --draft {d}: {e}", file=sys.stderr)
             return 2
-        res = teacher_forced_agreement(draft, ev)
+        layers = draft.cfg.feature_layers or None  # a fused-feature draft reads several blocks' outputs
+        if layers not in evals:
+            evals[layers] = load_prepared(eval_data(target_dir, args.max_new_tokens,
+                                                    lambda m: print(m, file=sys.stderr), dtype, layers))
+        res = teacher_forced_agreement(draft, evals[layers])
         results[str(d)] = res
         print(f"\n{d}")
         print(f"{'domain':8} {'positions':>9} {'top-1':>6} {'top-2':>6} {'top-4':>6} {'top-8':>6} {'in head':>7}   "

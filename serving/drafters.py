@@ -39,6 +39,7 @@ class Draft:
 class Drafter(Protocol):
     name: str
     needs_features: bool  # wants the target's last hidden states of committed tokens
+    feature_layers: tuple[int, ...] | None  # ... or these blocks' outputs side by side (fused features)
 
     def prefill(self, seq: Sequence, features: torch.Tensor | None = None) -> None: ...
 
@@ -55,6 +56,7 @@ class ModelDrafter:
     """Autoregressive drafting with a small causal LM (or the target's first `num_layers` layers)."""
 
     needs_features = False
+    feature_layers = None
 
     def __init__(self, model: CausalLM, name: str, *, slots: int, max_len: int, num_layers: int | None = None):
         self.model, self.name, self.num_layers = model, name, num_layers
@@ -106,6 +108,7 @@ class NgramDrafter:
     """Prompt lookup decoding: copy the continuation of the latest earlier match of the last n tokens."""
 
     needs_features = False
+    feature_layers = None
 
     def __init__(self, n_max: int = 3, n_min: int = 1):
         if not 1 <= n_min <= n_max:
@@ -168,7 +171,7 @@ class HybridDrafter:
 
     def __init__(self, inner: ModelDrafter | FeatureDrafter, n_max: int = 3, n_min: int = 2):
         self.inner, self.ngram = inner, NgramDrafter(n_max=n_max, n_min=n_min)
-        self.needs_features = inner.needs_features
+        self.needs_features, self.feature_layers = inner.needs_features, inner.feature_layers
         self.name = f"{inner.name}+ngram:{n_max}-{n_min}"
 
     def prefill(self, seq: Sequence, features: torch.Tensor | None = None) -> None:
@@ -224,6 +227,7 @@ class FeatureDrafter:
 
     def __init__(self, draft: EagleDraft, name: str, *, slots: int, max_len: int):
         self.draft, self.name = draft, name
+        self.feature_layers = draft.cfg.feature_layers or None
         self.cache = draft.new_cache(slots, max_len)
 
     def prefill(self, seq: Sequence, features: torch.Tensor | None = None) -> None:

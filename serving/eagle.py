@@ -11,6 +11,11 @@ While drafting, the draft feeds its own h back in place of the target features i
 after verification the real features of the accepted tokens replace them (the draft's KV cache is
 rolled back and recomputed from the true features). The token embedding is the target's (shared, not
 stored); the draft stores fc, its layer(s), norm, the reduced head and the head's token ids.
+
+Fused features (EAGLE-3, Li et al. 2025): with `feature_layers` (two or more target blocks, e.g. a low, a
+middle and the last one) the real feature is those blocks' outputs side by side, (.., n*C), and a linear
+`fuse` maps it to C before fc:  g_t = fuse([f_t^low; f_t^mid; f_t^high]).  The draft's own h stands in for
+g_t on later steps, so h is no longer asked to match any one target layer (no feature loss).
 """
 
 from __future__ import annotations
@@ -40,6 +45,19 @@ class EagleConfig:
     rms_eps: float = 1e-5
     rope_theta: float = 10_000.0
     max_position: int = 2048
+    feature_layers: tuple[int, ...] = ()  # target blocks whose outputs are fused; () = the last block only
+
+    def __post_init__(self):
+        layers = tuple(int(i) for i in self.feature_layers)
+        if layers and (len(layers) < 2 or list(layers) != sorted(set(layers)) or layers[0] < 0):
+            raise ValueError(f"feature_layers must be two or more distinct block indices in increasing order, "
+                             f"got {list(layers)}")
+        object.__setattr__(self, "feature_layers", layers)
+
+    @property
+    def feature_width(self) -> int:
+        """Width of the target features this draft reads: C, or n*C for n fused blocks."""
+        return self.hidden_size * max(len(self.feature_layers), 1)
 
     def layer_config(self) -> ModelConfig:
         return ModelConfig(
@@ -49,11 +67,15 @@ class EagleConfig:
         )
 
     @classmethod
-    def for_target(cls, target: ModelConfig, head_vocab: int, num_layers: int = 1) -> EagleConfig:
+    def for_target(cls, target: ModelConfig, head_vocab: int, num_layers: int = 1,
+                   feature_layers: tuple[int, ...] = ()) -> EagleConfig:
+        if feature_layers and feature_layers[-1] >= target.num_layers:
+            raise ValueError(f"feature_layers {list(feature_layers)}: the target has blocks 0..{target.num_layers - 1}")
         return cls(hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
                    num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
                    vocab_size=target.vocab_size, head_vocab=head_vocab, num_layers=num_layers,
-                   rms_eps=target.rms_eps, rope_theta=target.rope_theta, max_position=target.max_position)
+                   rms_eps=target.rms_eps, rope_theta=target.rope_theta, max_position=target.max_position,
+                   feature_layers=tuple(feature_layers))
 
 
 class EagleDraft(nn.Module):
@@ -62,6 +84,7 @@ class EagleDraft(nn.Module):
         self.cfg = cfg
         self.layer_cfg = cfg.layer_config()
         self.embed = [embed_tokens]  # the target's table: shared, not a registered (saved) submodule
+        self.fuse = nn.Linear(cfg.feature_width, cfg.hidden_size, bias=False) if cfg.feature_layers else None
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.layers = nn.ModuleList(Block(self.layer_cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
@@ -72,9 +95,12 @@ class EagleDraft(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     @classmethod
-    def init_from_target(cls, target: CausalLM, head_token_ids: torch.Tensor, num_layers: int = 1) -> EagleDraft:
-        """Start from the target: its last layer(s), final norm and the head rows of the kept tokens."""
-        cfg = EagleConfig.for_target(target.cfg, head_vocab=len(head_token_ids), num_layers=num_layers)
+    def init_from_target(cls, target: CausalLM, head_token_ids: torch.Tensor, num_layers: int = 1,
+                         feature_layers: tuple[int, ...] = ()) -> EagleDraft:
+        """Start from the target: its last layer(s), final norm and the head rows of the kept tokens; a fuse
+        that passes the last block's output through (the mean of the fused blocks if the last is not one)."""
+        cfg = EagleConfig.for_target(target.cfg, head_vocab=len(head_token_ids), num_layers=num_layers,
+                                     feature_layers=feature_layers)
         draft = cls(cfg, target.embed_tokens)
         with torch.no_grad():
             for i, layer in enumerate(draft.layers):
@@ -86,6 +112,12 @@ class EagleDraft(nn.Module):
             draft.fc.weight.zero_()
             draft.fc.weight[:, c:] = torch.eye(c)  # starts as "the feature itself"
             draft.fc.weight[:, :c] = 0.1 * torch.eye(c)
+            if draft.fuse is not None:
+                fl = cfg.feature_layers
+                draft.fuse.weight.zero_()
+                picks = [fl.index(target.cfg.num_layers - 1)] if fl[-1] == target.cfg.num_layers - 1 else range(len(fl))
+                for i in picks:
+                    draft.fuse.weight[:, i * c:(i + 1) * c] = torch.eye(c) / len(picks)
         return draft
 
     def new_cache(self, slots: int, max_len: int) -> KVCache:
@@ -93,7 +125,10 @@ class EagleDraft(nn.Module):
                        self.fc.weight.dtype)
 
     def forward(self, next_tokens: torch.Tensor, feats: torch.Tensor, fb: ForwardBatch, cache: KVCache):
-        """next_tokens (B, T) = x_{t+1}; feats (B, T, C) = f_t. Returns (h (B, T, C), reduced logits (B, T, Vh))."""
+        """next_tokens (B, T) = x_{t+1}; feats (B, T, C) = f_t, or with fused features either the target's
+        (B, T, n*C) (fused here) or the draft's own h (B, T, C). Returns (h (B, T, C), reduced logits (B, T, Vh))."""
+        if self.fuse is not None and feats.shape[-1] != self.cfg.hidden_size:
+            feats = self.fuse(feats)
         emb = self.embed[0](next_tokens).to(feats.dtype)  # (B, T, C)
         x = self.fc(torch.cat([emb, feats], dim=-1))  # (B, T, C)
         cos = self.rope_cos[fb.positions].unsqueeze(1).to(x.dtype)
@@ -132,6 +167,9 @@ def load_eagle(path: str | Path, target: CausalLM, dtype: torch.dtype) -> EagleD
     raw = json.loads((path / "config.json").read_text())
     fields = {k: raw[k] for k in EagleConfig.__dataclass_fields__ if k in raw}
     cfg = EagleConfig(**fields)
+    if cfg.feature_layers and cfg.feature_layers[-1] >= target.cfg.num_layers:
+        raise ValueError(f"draft {path} fuses target blocks {list(cfg.feature_layers)}; this target has "
+                         f"{target.cfg.num_layers}")
     if cfg.vocab_size != target.cfg.vocab_size or cfg.hidden_size != target.cfg.hidden_size:
         raise ValueError(
             f"draft {path} was trained for a target with vocabulary {cfg.vocab_size} and hidden size "

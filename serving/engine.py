@@ -72,6 +72,8 @@ class Engine:
         self.target = target
         self.tree = tree
         self.drafter = drafter
+        # the target blocks a fused-feature draft reads (None: the last block's output)
+        self.feature_layers = getattr(drafter, "feature_layers", None)
         self.policy = policy or FixedK(0)
         self.eos_ids = frozenset(eos_ids)
         self.max_len = min(max_len, target.cfg.max_position)
@@ -116,7 +118,7 @@ class Engine:
             with torch.inference_mode():
                 fb = contiguous_batch(seq.slot, 1, 0, len(prompt_ids))
                 logits, hidden = self.target(torch.tensor([prompt_ids]), fb, self.cache, last_only=True,
-                                             return_hidden=True)
+                                             return_hidden=True, feature_layers=self.feature_layers)
                 first = self._sample_one(logits[0, -1], seq)
                 t_verify = time.perf_counter()
                 if self.drafter is not None:
@@ -178,7 +180,8 @@ class Engine:
                 fb = contiguous_batch(seqs[0].slot, 1, starts[0], width)
             else:
                 fb = ragged_batch([s.slot for s in seqs], starts, width)
-            logits, hidden = self.target(feed, fb, self.cache, return_hidden=True)  # (B, 1+Kmax, V), (B, 1+Kmax, C)
+            logits, hidden = self.target(feed, fb, self.cache, return_hidden=True,  # (B, 1+Kmax, V), (B, 1+Kmax, F)
+                                         feature_layers=self.feature_layers)
             # 3) accept / reject per sequence
             emitted = []
             for b, s in enumerate(seqs):
@@ -219,7 +222,7 @@ class Engine:
                 depths[b, :n] = torch.tensor(tree.depths())
                 visible[b] = tree.ancestors(width)
             fb = tree_batch([s.slot for s in seqs], [s.kv_len for s in seqs], depths, visible)
-            logits, hidden = self.target(feed, fb, self.cache, return_hidden=True)
+            logits, hidden = self.target(feed, fb, self.cache, return_hidden=True, feature_layers=self.feature_layers)
             emitted, paths = [], []
             for b, (s, tree) in enumerate(zip(seqs, trees, strict=True)):
                 rows = logits[b, : len(tree) + 1]

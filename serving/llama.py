@@ -254,17 +254,22 @@ class CausalLM(nn.Module):
         last_only: bool = False,
         at: torch.Tensor | None = None,
         return_hidden: bool = False,
+        feature_layers: tuple[int, ...] | None = None,
     ):
         """Logits (B, T, V) float32; (B, 1, V) for the last position with `last_only`, or for position
         at[b] of each sequence with `at` (B,) (ragged feeds whose real tokens end at different places).
         With `return_hidden`: (logits, h) where h (B, T, C) is the last block's output before the final
-        norm (the features a feature-level draft reads)."""
+        norm (the features a feature-level draft reads), or with `feature_layers` the outputs of those
+        blocks side by side, (B, T, C * len(feature_layers)) (a fused-feature draft's input, EAGLE-3)."""
         x = self.embed_tokens(tokens)  # (B, T, C)
         cos = self.rope_cos[fb.positions].unsqueeze(1).to(x.dtype)  # (B, 1, T, D)
         sin = self.rope_sin[fb.positions].unsqueeze(1).to(x.dtype)
-        for block in self.layers[: num_layers or self.cfg.num_layers]:
+        kept = []
+        for i, block in enumerate(self.layers[: num_layers or self.cfg.num_layers]):
             x = block(x, cos, sin, cache, fb)
-        hidden = x
+            if feature_layers and i in feature_layers:
+                kept.append(x)
+        hidden = torch.cat(kept, dim=-1) if feature_layers else x
         if last_only:
             x = x[:, -1:]
         elif at is not None:

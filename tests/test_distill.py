@@ -163,6 +163,11 @@ def test_model_card_has_the_reproducible_command(tmp_path):
     (["distill", "--out", "X", "--corpus", ".", "--w-feat", "nan"], "--w-feat"),
     (["distill", "--out", "X", "--corpus", ".", "--k", "0"], "--k"),
     (["distill", "--out", "X", "--corpus", "/etc/hostname"], "is not a directory"),
+    (["distill", "--out", "X", "--corpus", ".", "--feature-layers", "29"], "two or more"),
+    (["distill", "--out", "X", "--corpus", ".", "--feature-layers", "14", "1"], "increasing order"),
+    (["distill", "--out", "X", "--generate-prompts", "4", "--feature-layers", "1", "40"], "blocks 0..29"),
+    (["distill", "--out", "X", "--generate-prompts", "4", "--feature-layers", "1", "14",
+      "--data-feature-layers", "1", "29"], "must include"),
 ])
 def test_bad_input_is_one_clear_line(argv, needle, capsys, tmp_path):
     from app.cli import main
@@ -321,3 +326,80 @@ def test_draft_diagnostics_refuses_a_directory_that_is_no_draft(tmp_path, capsys
     assert main(["--draft", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--draft" in err[0] and "config.json" in err[0]
+
+
+def test_fused_features_are_the_named_blocks_side_by_side(tmp_path):
+    """--feature-layers data: the target's named block outputs concatenated; a selection of them equals data
+    recorded with only those blocks; a block the data lacks is named in the error."""
+    from serving.distill.data import select_features
+    from serving.llama import contiguous_batch
+
+    torch.manual_seed(0)
+    target = tiny_model(1)
+    both, last = tmp_path / "both", tmp_path / "last"
+    with torch.inference_mode():
+        teacher_pass(target, _answers(6), both, topk=4, progress=False, feature_layers=(0, 2))
+        teacher_pass(target, _answers(6), last, topk=4, progress=False)
+        toks = torch.tensor([[5, 9, 14, 3, 7]])
+        _, h_last = target(toks, contiguous_batch(0, 1, 0, 5), target.new_cache(1, 5), return_hidden=True)
+        _, h_both = target(toks, contiguous_batch(0, 1, 0, 5), target.new_cache(1, 5), return_hidden=True,
+                           feature_layers=(0, 2))
+        _, h_first = target(toks, contiguous_batch(0, 1, 0, 5), target.new_cache(1, 5), return_hidden=True,
+                            num_layers=1)
+    C = target.cfg.hidden_size
+    assert h_both.shape == (1, 5, 2 * C)
+    assert torch.equal(h_both[..., C:], h_last) and torch.equal(h_both[..., :C], h_first)
+    prep = load_prepared(both)
+    assert prep.feature_layers == (0, 2) and prep.feats.shape == (prep.meta["num_tokens"], 2 * C)
+    only_last = select_features(prep, (), target.cfg.num_layers)
+    assert only_last.feature_layers == () and torch.equal(only_last.feats, load_prepared(last).feats)
+    assert select_features(prep, (0, 2), target.cfg.num_layers) is prep
+    with pytest.raises(ValueError, match=r"not of \[1\]"):
+        select_features(prep, (0, 1), target.cfg.num_layers)
+
+
+def test_a_fused_feature_draft_trains_and_matches_its_inference_forward(tmp_path):
+    """EAGLE-3-style fusion: the training forward's step 1 equals the cached inference forward on fused
+    features, later steps read the draft's own h (width C), and distillation lowers the loss."""
+    from serving.distill.train import Batches, unrolled_forward
+    from serving.llama import contiguous_batch
+
+    torch.manual_seed(0)
+    target = tiny_model(1)
+    with torch.inference_mode():
+        teacher_pass(target, _answers(24), tmp_path, topk=4, token_budget=256, progress=False,
+                     feature_layers=(0, 1, 2))
+    prep = load_prepared(tmp_path)
+    cfg = TrainConfig(head_vocab=32, lr=3e-3, batch_tokens=256, unroll=2, steps=40, warmup_steps=2,
+                      save_every_s=1e9, feat_noise=0.0, w_feat=0.0, feature_layers=(0, 1, 2))
+    draft, _ = new_draft(target, [prep], cfg, eos_ids=(2,))
+    C = target.cfg.hidden_size
+    assert draft.fuse is not None and draft.fuse.weight.shape == (C, 3 * C)
+    s = prep.seqs[0]
+    toks = prep.tokens[s["offset"]: s["offset"] + s["length"]][None]
+    feats = prep.feats[s["offset"]: s["offset"] + s["length"]].float()[None]
+    with torch.no_grad():
+        draft.fuse.weight.add_(0.1 * torch.randn_like(draft.fuse.weight))
+        h1, h2 = unrolled_forward(draft, toks, feats, 2)
+        T = toks.shape[1]
+        nxt = torch.zeros_like(toks)
+        nxt[:, :-1] = toks[:, 1:]
+        cache = draft.new_cache(1, T + 2)
+        h, _ = draft(nxt, feats, contiguous_batch(0, 1, 0, T), cache)
+        assert torch.allclose(h, h1, atol=1e-4)
+        cache = draft.new_cache(1, T + 2)
+        draft(nxt[:, :5], feats[:, :5], contiguous_batch(0, 1, 0, 5), cache)
+        h2_inf, _ = draft(nxt[:, 5:6], h1[:, 4:5], contiguous_batch(0, 1, 5, 1), cache)
+        assert torch.allclose(h2_inf[0, 0], h2[0, 5], atol=1e-4)
+    vocab_to_head = torch.full((96,), -1, dtype=torch.long)
+    vocab_to_head[draft.head_token_ids] = torch.arange(32)
+    fixed = Batches([prep], 64, 1024, 0).next()
+    with torch.no_grad():
+        before, stats = distill_loss(draft, fixed, cfg, vocab_to_head, 1.0, train=False)
+    assert stats["feat1"] == 0.0  # no feature loss for a fused draft
+    train(draft, [prep], cfg, progress=False)
+    with torch.no_grad():
+        after, _ = distill_loss(draft, fixed, cfg, vocab_to_head, 1.0, train=False)
+    assert float(after) < 0.8 * float(before)
+    res = simulate_alpha(draft, prep, k=3)
+    assert all(0 <= r["alpha"] <= 1 for r in res.values())

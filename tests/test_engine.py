@@ -19,6 +19,10 @@ PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [1, 2, 3], list(range(10, 40)), [4, 4, 4, 4
 GREEDY = SamplingParams(max_new_tokens=40)
 # a feature-level draft over 64 of the 96 tokens (reduced head), initialised from the target
 FEATURE = EagleDraft.init_from_target(TARGET, torch.arange(64)).eval()
+# a fused-feature draft (EAGLE-3) reading all three target blocks, its fuse perturbed so every block counts
+FUSED = EagleDraft.init_from_target(TARGET, torch.arange(64), feature_layers=(0, 1, 2)).eval()
+with torch.no_grad():
+    FUSED.fuse.weight.add_(0.05 * torch.randn(FUSED.fuse.weight.shape, generator=torch.Generator().manual_seed(3)))
 
 
 def ar_outputs(prompts=PROMPTS, params=GREEDY):
@@ -34,6 +38,7 @@ def drafters():
         "ngram": lambda slots: NgramDrafter(),
         "feature": lambda slots: FeatureDrafter(FEATURE, "feature", slots=slots, max_len=220),
         "feature+ngram": lambda slots: HybridDrafter(FeatureDrafter(FEATURE, "feature", slots=slots, max_len=220)),
+        "fused+ngram": lambda slots: HybridDrafter(FeatureDrafter(FUSED, "fused", slots=slots, max_len=220)),
         "draft-model+ngram": lambda slots: HybridDrafter(ModelDrafter(DRAFT, "draft", slots=slots, max_len=220),
                                                          n_min=1),
     }
@@ -48,6 +53,19 @@ def test_greedy_spec_equals_ar(name, k):
         seq = engine.generate(prompt, GREEDY)
         assert seq.output == ref
         assert len(seq.output) == GREEDY.max_new_tokens
+
+
+def test_a_fused_draft_reads_the_blocks_it_names():
+    """A fused draft whose fuse passes the last block's output through drafts exactly as the plain feature
+    draft does: the engine hands it every named block's output, side by side, in block order."""
+    passthrough = EagleDraft.init_from_target(TARGET, torch.arange(64), feature_layers=(0, 2)).eval()
+    counts = []
+    for draft in (FEATURE, passthrough):
+        engine = Engine(TARGET, drafter=FeatureDrafter(draft, "f", slots=1, max_len=220), policy=FixedK(3),
+                        max_len=200)
+        seqs = [engine.generate(p, GREEDY) for p in PROMPTS]
+        counts.append([(s.num_draft_tokens, s.num_accepted) for s in seqs])
+    assert counts[0] == counts[1] and sum(a for _, a in counts[0]) > 0
 
 
 def test_self_draft_accepts_everything():

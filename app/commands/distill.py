@@ -11,6 +11,8 @@ EXAMPLES = """  # the bundled draft (the command its model card records)
   specfinops distill --corpus ~/.cache/specfinops/distill/DATA --out /tmp/draft --steps 200 --no-eval
   # continue an interrupted run (same arguments plus --resume)
   specfinops distill --generate-prompts 1784 --out /tmp/draft --minutes 45 --resume
+  # a fused-feature draft (EAGLE-3): reads the outputs of target blocks 1, 14 and 29 (of 30)
+  specfinops distill --generate-prompts 1784 --feature-layers 1 14 29 --out /tmp/draft3 --minutes 45
   # your own target
   specfinops distill --target /models/my-llama --generate-prompts 3000 --out /models/my-llama-draft --minutes 60
 """
@@ -47,6 +49,13 @@ def register(sub) -> None:
     p.add_argument("--steps", default=None, help="training budget in optimizer steps")
     p.add_argument("--head-vocab", type=int, default=8192, help="tokens the draft head can propose")
     p.add_argument("--layers", type=int, default=1, help="draft decoder layers")
+    p.add_argument("--feature-layers", type=int, nargs="+", default=None, metavar="I",
+                   help="fuse the outputs of these target blocks (0-based, increasing, two or more; e.g. a low, a "
+                        "middle and the last one) into the draft's input, as EAGLE-3 does; no feature loss then "
+                        "(--w-feat is ignored). Default: the last block's output only")
+    p.add_argument("--data-feature-layers", type=int, nargs="+", default=None, metavar="I",
+                   help="target blocks whose outputs generated data records (default: those the draft reads); "
+                        "data recorded with more blocks can train drafts that read fewer of them")
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--batch-tokens", type=int, default=3072, help="padded tokens per step")
     p.add_argument("--unroll", type=int, default=3, help="draft steps trained per position (own features after step 1)")
@@ -108,6 +117,12 @@ def handle(args) -> int:
     for name in ("generate_prompts", "stdlib_prompts", "package_prompts", "stdlib_code", "head_vocab", "layers", "unroll", "batch_tokens"):
         if getattr(args, name) < 0 or (name in ("head_vocab", "layers", "unroll", "batch_tokens") and getattr(args, name) < 1):
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    for name in ("feature_layers", "data_feature_layers"):
+        layers = getattr(args, name)
+        if layers is not None and (len(layers) < 2 and name == "feature_layers" or min(layers) < 0
+                                   or layers != sorted(set(layers))):
+            raise UsageError(f"--{name.replace('_', '-')} must be distinct block indices >= 0 in increasing order"
+                             + (", two or more" if name == "feature_layers" else "") + f", got {layers}")
     from serving.distill.pipeline import run
     from serving.kernels import resolve_dtype
 

@@ -10,7 +10,8 @@ A prepared data directory holds:
   meta.json          what it is (target, prompts, tokens, top-k, hidden size, how it was made); written last
   sequences.jsonl    one line per sequence: id, domain, num_prompt, offset, length (rows in the arrays below)
   tokens.bin         int32 (N,)       every position's token id
-  feats.bin          bf16 (N, C)      the target's feature at each position
+  feats.bin          bf16 (N, F)      the target's feature at each position: its last block's output (F = C),
+                                      or with `feature_layers` in meta.json those blocks' outputs side by side
   topk_ids.bin       int32 (N, k)     the target's top-k next-token ids at each position
   topk_probs.bin     float16 (N, k)   their probabilities (full-vocabulary softmax)
 """
@@ -55,7 +56,12 @@ def _write_rows(files: dict, ids: list[int], feats: torch.Tensor, top_ids: torch
     top_p.to(torch.float16).numpy().tofile(files["topk_probs.bin"])
 
 
-def _write_meta(out_dir: Path, target, topk: int, index: list[dict], extra: dict) -> dict:
+def feature_width(hidden: int, feature_layers: tuple[int, ...] | None) -> int:
+    return hidden * (len(feature_layers) if feature_layers else 1)
+
+
+def _write_meta(out_dir: Path, target, topk: int, index: list[dict], extra: dict,
+                feature_layers: tuple[int, ...] | None = None) -> dict:
     """meta.json from the sequence index (written last: it marks the directory complete)."""
     domains: dict[str, int] = {}
     for r in index:
@@ -63,7 +69,8 @@ def _write_meta(out_dir: Path, target, topk: int, index: list[dict], extra: dict
     meta = {"format": "specfinops-distill-data/1", "hidden_size": target.cfg.hidden_size,
             "vocab_size": target.cfg.vocab_size, "topk": topk, "num_sequences": len(index),
             "num_tokens": sum(r["length"] for r in index),
-            "answer_tokens": sum(r["length"] - r["num_prompt"] for r in index), "domains": domains, **extra}
+            "answer_tokens": sum(r["length"] - r["num_prompt"] for r in index), "domains": domains,
+            **({"feature_layers": list(feature_layers)} if feature_layers else {}), **extra}
     (out_dir / META).write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 
@@ -71,7 +78,7 @@ def _write_meta(out_dir: Path, target, topk: int, index: list[dict], extra: dict
 def generate_prepared(target_dir: str | Path, prompts: list[dict], out_dir: Path, *, max_new_tokens: int = 192,
                       batch: int = 32, topk: int = 8, max_prompt: int = 700, progress: bool = True,
                       say: Callable[[str], None] = _say_nothing, extra_meta: dict | None = None,
-                      dtype: torch.dtype = torch.float32) -> dict:
+                      dtype: torch.dtype = torch.float32, feature_layers: tuple[int, ...] | None = None) -> dict:
     """The target's greedy answers to `prompts` (in its chat format) as a prepared directory, the target run
     in `dtype` (bf16 is what serving runs, so its answers are the ones the draft will be verified against);
     see `record_generation`."""
@@ -84,14 +91,14 @@ def generate_prepared(target_dir: str | Path, prompts: list[dict], out_dir: Path
     encoded = [(item, encode_prompt(tok, item)) for item in prompts]
     return record_generation(target, encoded, out_dir, eos=tok.eos_token_id, max_new_tokens=max_new_tokens,
                              batch=batch, topk=topk, max_prompt=max_prompt, progress=progress, say=say,
-                             extra_meta=extra_meta)
+                             extra_meta=extra_meta, feature_layers=feature_layers)
 
 
 @torch.inference_mode()
 def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Path, *, eos: int | None,
                       max_new_tokens: int = 192, batch: int = 32, topk: int = 8, max_prompt: int = 700,
                       progress: bool = True, say: Callable[[str], None] = _say_nothing,
-                      extra_meta: dict | None = None) -> dict:
+                      extra_meta: dict | None = None, feature_layers: tuple[int, ...] | None = None) -> dict:
     """Greedy answers generated in batches (continuous batching over cache slots), with each position's
     feature and top-k next-token distribution captured by the very forward that produced it: prompt
     positions from the prefill, answer positions from the decode steps. No second (teacher) pass.
@@ -104,7 +111,7 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    C = target.cfg.hidden_size
+    C = feature_width(target.cfg.hidden_size, feature_layers)
     # ---- resume: keep the sequences recorded in full, cut the arrays back to them
     index_path = out_dir / "sequences.jsonl"
     index = read_jsonl(index_path)
@@ -172,7 +179,7 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
                 live[slot] = {"item": item, "tokens": list(ids), "num_prompt": len(ids), "feats": [], "ti": [],
                               "tp": [], "ending": False}
                 logits, hidden = target(torch.tensor([ids]), contiguous_batch(slot, 1, 0, len(ids)), cache,
-                                        return_hidden=True)
+                                        return_hidden=True, feature_layers=feature_layers)
                 tp, ti = torch.softmax(logits[0], dim=-1).topk(topk, dim=-1)  # (P, k)
                 record(slot, hidden[0], tp, ti)
             if not live:
@@ -180,7 +187,7 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
             slots = sorted(live)
             feed = torch.tensor([[live[s]["tokens"][-1]] for s in slots])
             fb = ragged_batch(slots, [len(live[s]["tokens"]) - 1 for s in slots], 1)
-            logits, hidden = target(feed, fb, cache, return_hidden=True)
+            logits, hidden = target(feed, fb, cache, return_hidden=True, feature_layers=feature_layers)
             tp, ti = torch.softmax(logits, dim=-1).topk(topk, dim=-1)  # (B, 1, k), once for the batch
             for r, s in enumerate(slots):
                 record(s, hidden[r], tp[r], ti[r])
@@ -196,7 +203,8 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
         "prompts": len(encoded), "max_new_tokens": max_new_tokens,
         "compute_dtype": str(target.lm_head.weight.dtype).replace("torch.", ""),
         "generate_seconds": round(prior_s + elapsed, 1), "teacher_seconds": 0.0,
-        "how": "greedy generation; features and top-k captured by the generating forwards", **(extra_meta or {})})
+        "how": "greedy generation; features and top-k captured by the generating forwards", **(extra_meta or {})},
+        feature_layers=feature_layers)
 
 
 def written_answers(target_dir: str | Path, items: list[dict]) -> list[dict]:
@@ -228,7 +236,8 @@ def read_jsonl(path: Path) -> list[dict]:
 
 @torch.inference_mode()
 def teacher_pass(target, answers: list[dict], out_dir: Path, *, topk: int = 8, token_budget: int = 4096,
-                 progress: bool = True, extra_meta: dict | None = None) -> dict:
+                 progress: bool = True, extra_meta: dict | None = None,
+                 feature_layers: tuple[int, ...] | None = None) -> dict:
     """Teacher-force the target over prompt+answer (batched by similar length, right-padded) and write
     features and top-k distributions for every position. Returns the meta dict."""
     from tqdm import tqdm
@@ -247,7 +256,7 @@ def teacher_pass(target, answers: list[dict], out_dir: Path, *, topk: int = 8, t
         cur.append(i)
     if cur:
         batches.append(cur)
-    C = target.cfg.hidden_size
+    C = feature_width(target.cfg.hidden_size, feature_layers)
     files = {n: (out_dir / n).open("wb") for n in _row_bytes(C, topk)}
     index: list[dict | None] = [None] * len(seqs)
     offset = 0
@@ -259,7 +268,8 @@ def teacher_pass(target, answers: list[dict], out_dir: Path, *, topk: int = 8, t
         for r, i in enumerate(b):
             toks[r, : len(seqs[i][1])] = torch.tensor(seqs[i][1])
         cache = target.new_cache(len(b), T)
-        logits, hidden = target(toks, contiguous_batch(0, len(b), 0, T), cache, return_hidden=True)
+        logits, hidden = target(toks, contiguous_batch(0, len(b), 0, T), cache, return_hidden=True,
+                                feature_layers=feature_layers)
         probs = torch.softmax(logits, dim=-1)
         tp, ti = probs.topk(topk, dim=-1)
         for r, i in enumerate(b):
@@ -277,7 +287,8 @@ def teacher_pass(target, answers: list[dict], out_dir: Path, *, topk: int = 8, t
         for rec in index:
             fh.write(json.dumps(rec) + "\n")
     return _write_meta(out_dir, target, topk, index,
-                       {"teacher_seconds": round(time.perf_counter() - t0, 1), **(extra_meta or {})})
+                       {"teacher_seconds": round(time.perf_counter() - t0, 1), **(extra_meta or {})},
+                       feature_layers=feature_layers)
 
 
 @dataclass
@@ -288,7 +299,12 @@ class Prepared:
     meta: dict
     seqs: list[dict]
     tokens: torch.Tensor  # (N,) long
-    feats: torch.Tensor  # (N, C) bf16
+    feats: torch.Tensor  # (N, F) bf16
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The target blocks whose outputs `feats` holds side by side; () = the last block only."""
+        return tuple(self.meta.get("feature_layers") or ())
     topk_ids: torch.Tensor  # (N, k) long
     topk_probs: torch.Tensor  # (N, k) float32
 
@@ -307,7 +323,7 @@ def load_prepared(path: str | Path) -> Prepared:
         raise FileNotFoundError(f"{path} is not a prepared distillation data directory (no meta.json)")
     meta = json.loads((path / META).read_text())
     seqs = [json.loads(x) for x in (path / "sequences.jsonl").read_text().splitlines() if x.strip()]
-    k, C = meta["topk"], meta["hidden_size"]
+    k, C = meta["topk"], feature_width(meta["hidden_size"], meta.get("feature_layers"))
     tokens = torch.from_numpy(np.fromfile(path / "tokens.bin", dtype=np.int32)).long()
     feats = torch.from_numpy(np.fromfile(path / "feats.bin", dtype=np.int16)).view(torch.bfloat16).view(-1, C)
     ids = torch.from_numpy(np.fromfile(path / "topk_ids.bin", dtype=np.int32)).long().view(-1, k)
@@ -315,6 +331,26 @@ def load_prepared(path: str | Path) -> Prepared:
     if not (len(tokens) == len(feats) == len(ids) == len(probs) == meta["num_tokens"]):
         raise ValueError(f"{path}: array sizes disagree with meta.json (interrupted teacher pass?)")
     return Prepared(path, meta, seqs, tokens, feats, ids, probs)
+
+
+def select_features(prep: Prepared, layers: tuple[int, ...], num_layers: int) -> Prepared:
+    """`prep` with only the features of target blocks `layers` (() = the last block only), taken from the
+    blocks it holds, so one generation with several blocks' features can train drafts that read fewer."""
+    have = prep.feature_layers or (num_layers - 1,)
+    want = tuple(layers) or (num_layers - 1,)
+    if have == want:
+        return prep
+    missing = [i for i in want if i not in have]
+    if missing:
+        raise ValueError(f"{prep.path} holds the features of target blocks {list(have)}, not of {missing} "
+                         "(generate the data with those --feature-layers)")
+    n = prep.feats.shape[0]
+    per_block = prep.feats.view(n, len(have), -1)
+    feats = per_block[:, [have.index(i) for i in want]].reshape(n, -1).contiguous()
+    meta = {k: v for k, v in prep.meta.items() if k != "feature_layers"}
+    if layers:
+        meta["feature_layers"] = list(want)
+    return Prepared(prep.path, meta, prep.seqs, prep.tokens, feats, prep.topk_ids, prep.topk_probs)
 
 
 def token_frequencies(preps: list[Prepared], vocab_size: int) -> torch.Tensor:
@@ -329,7 +365,8 @@ def token_frequencies(preps: list[Prepared], vocab_size: int) -> torch.Tensor:
 
 def prepare(target_dir: str | Path, prompts: list[dict], out_dir: str | Path, *, max_new_tokens: int = 192,
             batch: int = 32, topk: int = 8, progress: bool = True, say: Callable[[str], None] = _say_nothing,
-            extra_meta: dict | None = None, dtype: torch.dtype = torch.float32) -> dict:
+            extra_meta: dict | None = None, dtype: torch.dtype = torch.float32,
+            feature_layers: tuple[int, ...] | None = None) -> dict:
     """A complete prepared directory: either the target's own greedy answers to `prompts` (one pass that
     generates and records), or, for items that carry their own "answer", a teacher-forcing pass."""
     from serving.llama import load_causal_lm
@@ -340,11 +377,12 @@ def prepare(target_dir: str | Path, prompts: list[dict], out_dir: str | Path, *,
         raise ValueError("a prepared directory holds either generated answers or written answers, not both")
     if not written:
         return generate_prepared(target_dir, prompts, out_dir, max_new_tokens=max_new_tokens, batch=batch,
-                                 topk=topk, progress=progress, say=say, extra_meta=extra_meta, dtype=dtype)
+                                 topk=topk, progress=progress, say=say, extra_meta=extra_meta, dtype=dtype,
+                                 feature_layers=feature_layers)
     answers = written_answers(target_dir, written)
     with torch.inference_mode():
         target = load_causal_lm(target_dir, dtype)
         pack_for_inference(target)
-        return teacher_pass(target, answers, out_dir, topk=topk, progress=progress,
+        return teacher_pass(target, answers, out_dir, topk=topk, progress=progress, feature_layers=feature_layers,
                             extra_meta={"prompts": len(prompts), "compute_dtype": str(dtype).replace("torch.", ""),
                                         **(extra_meta or {})})

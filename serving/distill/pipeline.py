@@ -21,7 +21,7 @@ EVAL_DOMAINS = ("code", "chat", "rewrite")
 REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "package_prompts", "stdlib_code",
                  "max_new_tokens", "gen_batch",
                  "dtype", "out", "minutes", "steps",
-                 "head_vocab", "layers", "lr", "batch_tokens", "unroll", "detach_unroll", "w_feat", "w_hard",
+                 "head_vocab", "layers", "feature_layers", "data_feature_layers", "lr", "batch_tokens", "unroll", "detach_unroll", "w_feat", "w_hard",
                  "feat_noise", "seed", "k")
 
 
@@ -79,12 +79,19 @@ def _dtype_tag(dtype: torch.dtype) -> str:
     return "" if dtype == torch.float32 else "-" + str(dtype).replace("torch.", "")
 
 
-def eval_data(target_dir: Path, max_new_tokens: int, say, dtype: torch.dtype = torch.float32) -> Path:
+def _layers_tag(layers: tuple[int, ...] | None) -> str:
+    """Cache-name suffix of data that records several blocks' features (last-block data keeps its names)."""
+    return "-f" + ".".join(map(str, layers)) if layers else ""
+
+
+def eval_data(target_dir: Path, max_new_tokens: int, say, dtype: torch.dtype = torch.float32,
+              feature_layers: tuple[int, ...] | None = None) -> Path:
     """The target's greedy answers to the builtin evaluation workloads (for measuring alpha only)."""
     from serving.distill.data import is_prepared, prepare
     from serving.workloads import load_workload
 
-    d = CACHE / f"{target_dir.name}-eval-{'-'.join(EVAL_DOMAINS)}-{max_new_tokens}{_dtype_tag(dtype)}"
+    d = CACHE / (f"{target_dir.name}-eval-{'-'.join(EVAL_DOMAINS)}-{max_new_tokens}{_dtype_tag(dtype)}"
+                 + _layers_tag(feature_layers))
     if not is_prepared(d):
         items = []
         for dom in EVAL_DOMAINS:
@@ -93,13 +100,13 @@ def eval_data(target_dir: Path, max_new_tokens: int, say, dtype: torch.dtype = t
                 items.append(item)
         say(f"evaluation data: the target's greedy answers to {len(items)} workload prompts -> {d}")
         prepare(target_dir, items, d, max_new_tokens=max_new_tokens, say=say, dtype=dtype,
-                extra_meta={"corpus": "builtin evaluation workloads (never trained on)"})
+                feature_layers=feature_layers, extra_meta={"corpus": "builtin evaluation workloads (never trained on)"})
     return d
 
 
 def run(args) -> int:
     from app.errors import UsageError
-    from serving.distill.data import is_prepared, load_prepared, prepare
+    from serving.distill.data import is_prepared, load_prepared, prepare, select_features
     from serving.distill.prompts import (
         interleave,
         make_prompts,
@@ -127,6 +134,19 @@ def run(args) -> int:
     t_start = time.perf_counter()
     target_dir = resolve_model(args.target, "target")
     out = Path(args.out).expanduser()
+    # ---- which target blocks the draft reads, and which the generated data records
+    num_blocks = int(json.loads((target_dir / "config.json").read_text())["num_hidden_layers"])
+    draft_layers = tuple(getattr(args, "feature_layers", None) or ())
+    data_layers = tuple(getattr(args, "data_feature_layers", None) or draft_layers) or None
+    for layers, flag in ((draft_layers, "--feature-layers"), (data_layers or (), "--data-feature-layers")):
+        if layers and layers[-1] >= num_blocks:
+            raise UsageError(f"{flag} {list(layers)}: the target has blocks 0..{num_blocks - 1}")
+    if data_layers and not set(draft_layers or (num_blocks - 1,)) <= set(data_layers):
+        raise UsageError(f"--data-feature-layers {list(data_layers)} must include the blocks the draft reads "
+                         f"({list(draft_layers or (num_blocks - 1,))})")
+    if draft_layers and args.w_feat:
+        _say("--feature-layers: the draft's own h stands in for the fused feature, which no target layer gives, "
+             "so there is no feature loss (--w-feat ignored)")
     corpora = [Path(c).expanduser() for c in args.corpus]
     for c in corpora:
         if not is_prepared(c):
@@ -141,7 +161,7 @@ def run(args) -> int:
         n_t, n_s = args.generate_prompts or 0, args.stdlib_prompts or 0
         d = Path(args.data_dir).expanduser() if args.data_dir else \
             CACHE / (f"{target_dir.name}-generated-t{n_t}-l{n_s}" + (f"-p{n_p}" if n_p else "")
-                     + f"-s{args.seed}-n{args.max_new_tokens}{tag}")
+                     + f"-s{args.seed}-n{args.max_new_tokens}{tag}{_layers_tag(data_layers)}")
         if n_p:
             packages = package_versions()
         if not is_prepared(d):
@@ -150,7 +170,7 @@ def run(args) -> int:
                                  package_prompts(n_p, seed=args.seed) if n_p else [])
             _say(f"generating the target's greedy answers to {len(prompts)} prompts -> {d}")
             prepare(target_dir, prompts, d, max_new_tokens=args.max_new_tokens, batch=args.gen_batch, say=_say,
-                    dtype=dtype,
+                    dtype=dtype, feature_layers=data_layers,
                     extra_meta={"corpus": "templated prompts and standard-library code prompts "
                                           "(serving/distill/prompts.py), the target's greedy answers"})
         corpora.append(d)
@@ -164,11 +184,11 @@ def run(args) -> int:
             described.append(f"the target's greedy answers (max {args.max_new_tokens} tokens) to {n_p} code prompts "
                              "made from documented functions of installed packages (versions under 'packages')")
     if args.stdlib_code:
-        d = CACHE / f"{target_dir.name}-stdlib-code-{args.stdlib_code}-s{args.seed}{tag}"
+        d = CACHE / f"{target_dir.name}-stdlib-code-{args.stdlib_code}-s{args.seed}{tag}{_layers_tag(data_layers)}"
         if not is_prepared(d):
             items = stdlib_code_items(args.stdlib_code, seed=args.seed)
             _say(f"teacher pass over {len(items)} standard-library functions -> {d}")
-            prepare(target_dir, items, d, say=_say, dtype=dtype,
+            prepare(target_dir, items, d, say=_say, dtype=dtype, feature_layers=data_layers,
                     extra_meta={"corpus": "Python standard library functions as chat answers (teacher-forced)"})
         corpora.append(d)
         described.append(f"{args.stdlib_code} Python standard-library functions shown as chat answers, "
@@ -177,7 +197,10 @@ def run(args) -> int:
         raise UsageError("no training data: give --corpus DIR, --generate-prompts N, --stdlib-prompts N or "
                          "--stdlib-code N")
     data_minutes = (time.perf_counter() - data_t0) / 60
-    preps = [load_prepared(c) for c in corpora]
+    try:
+        preps = [select_features(load_prepared(c), draft_layers, num_blocks) for c in corpora]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     # what making the data cost when it was made (this run may have reused it from the cache)
     data_made_minutes = sum(p.meta.get("generate_seconds", 0) + p.meta.get("teacher_seconds", 0) for p in preps) / 60
     # ---- model
@@ -187,15 +210,19 @@ def run(args) -> int:
     cfg = TrainConfig(head_vocab=args.head_vocab, layers=args.layers, lr=args.lr, batch_tokens=args.batch_tokens,
                       unroll=args.unroll, detach_unroll=args.detach_unroll, minutes=args.minutes, steps=args.steps,
                       seed=args.seed, save_every_s=args.save_every * 60, w_feat=args.w_feat, w_hard=args.w_hard,
-                      feat_noise=args.feat_noise, dtype=args.dtype)
+                      feat_noise=args.feat_noise, dtype=args.dtype, feature_layers=draft_layers)
+    if draft_layers:
+        cfg.w_feat = 0.0
     draft, coverage = new_draft(target, preps, cfg, eos)
     ckpt = Path(args.checkpoint).expanduser() if args.checkpoint else \
         CACHE / "checkpoints" / (hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12] + ".pt")
     card = {
         "model_type": "specfinops-eagle",
         "target": target_dir.name,
-        "architecture": {"kind": "feature-level draft (EAGLE) with a reduced-vocabulary head (FR-Spec)",
+        "architecture": {"kind": "feature-level draft (EAGLE) with a reduced-vocabulary head (FR-Spec)"
+                                 + (", fused features of several target blocks (EAGLE-3)" if draft_layers else ""),
                          "layers": cfg.layers, "hidden_size": draft.cfg.hidden_size, "head_vocab": cfg.head_vocab,
+                         "feature_layers": list(draft_layers) or [num_blocks - 1],
                          "parameters": sum(p.numel() for p in draft.parameters()),
                          "init": "the target's last layer(s), final norm and head rows; fc = [0.1 I | I]",
                          "shares": "the target's token embedding (not stored)"},
@@ -237,7 +264,8 @@ def run(args) -> int:
         d16 = load_eagle(out, target16, torch.bfloat16)
         pack_for_inference(target16)  # c as the engine will see it
         pack_for_inference(d16)
-        ev = load_prepared(eval_data(target_dir, args.eval_max_new_tokens, _say, dtype))
+        ev = select_features(load_prepared(eval_data(target_dir, args.eval_max_new_tokens, _say, dtype, data_layers)),
+                             draft_layers, num_blocks)
         alpha = simulate_alpha(d16, ev, k=args.k)
         results["alpha"] = alpha
         results["alpha_method"] = (f"simulated greedy drafting, K={args.k}, bf16: step 1 reads the target's real "

@@ -29,6 +29,7 @@ from serving.llama import CausalLM, apply_rope
 class TrainConfig:
     head_vocab: int = 8192
     layers: int = 1
+    feature_layers: tuple[int, ...] = ()  # target blocks fused into the draft's input (EAGLE-3); () = the last
     lr: float = 5e-4
     batch_tokens: int = 3072  # padded tokens per step
     max_len: int = 448  # sequences are cut to this many positions
@@ -132,7 +133,10 @@ def _step_mask(T: int, j: int) -> torch.Tensor:
 
 def unrolled_forward(draft: EagleDraft, tokens: torch.Tensor, feats: torch.Tensor, unroll: int,
                      detach: bool = False) -> list[torch.Tensor]:
-    """h for steps 1..unroll, each (B, T, C). Step 1 reads `feats`; step j>1 reads step j-1's h shifted by one."""
+    """h for steps 1..unroll, each (B, T, C). Step 1 reads `feats` (fused first for a fused-feature draft);
+    step j>1 reads step j-1's h shifted by one."""
+    if draft.fuse is not None:
+        feats = draft.fuse(feats)  # (B, T, n*C) -> (B, T, C)
     B, T, C = feats.shape
     next_tokens = torch.zeros_like(tokens)
     next_tokens[:, :-1] = tokens[:, 1:]
@@ -183,6 +187,7 @@ def distill_loss(draft: EagleDraft, batch: dict, cfg: TrainConfig, vocab_to_head
     tk_ids[:, :-1] = batch["topk_ids"][:, 1:]
     tk_p = torch.zeros_like(batch["topk_probs"])
     tk_p[:, :-1] = batch["topk_probs"][:, 1:]
+    fused = draft.fuse is not None
     head_idx = vocab_to_head[tk_ids]  # (B, T, k), -1 outside the head
     in_head = head_idx >= 0
     total = feats.new_zeros(())
@@ -198,7 +203,10 @@ def distill_loss(draft: EagleDraft, batch: dict, cfg: TrainConfig, vocab_to_head
         soft = -(pv * lq).sum(-1).mean()
         top_in = ih[:, 0]
         hard = -(lq[:, 0][top_in]).mean() if top_in.any() else total * 0
-        feat = F.smooth_l1_loss(hv / feat_scale, tgt_feat[valid] / feat_scale)
+        if fused:  # h stands in for the fused g, which no target layer gives: no feature loss (EAGLE-3)
+            feat = total * 0
+        else:
+            feat = F.smooth_l1_loss(hv / feat_scale, tgt_feat[valid] / feat_scale)
         w = cfg.step_decay ** (j - 1)
         total = total + w * (cfg.w_soft * soft + cfg.w_hard * hard + cfg.w_feat * feat)
         with torch.no_grad():
@@ -464,7 +472,8 @@ def train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, checkpo
 
 def new_draft(target: CausalLM, preps: list[Prepared], cfg: TrainConfig, eos_ids: tuple[int, ...]) -> tuple[EagleDraft, dict]:
     head_ids, coverage = choose_head_ids(preps, target.cfg.vocab_size, cfg.head_vocab, always=eos_ids)
-    draft = EagleDraft.init_from_target(target, head_ids, num_layers=cfg.layers).float()
+    draft = EagleDraft.init_from_target(target, head_ids, num_layers=cfg.layers,
+                                        feature_layers=tuple(cfg.feature_layers)).float()
     draft.embed = [target.embed_tokens]
     for p in target.parameters():
         p.requires_grad_(False)
