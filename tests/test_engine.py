@@ -416,7 +416,7 @@ def test_stop_rules_cut_drafts_where_they_say_and_report_probabilities():
 class _FixedDrafter:
     """A stub model drafter: proposes token 42 k times, q uniform over 96 tokens when sampling."""
 
-    needs_features, name = False, "stub"
+    needs_features, feature_layers, name = False, None, "stub"
 
     def __init__(self, sampling: bool = False):
         self.calls, self.sampling = [], sampling
