@@ -15,7 +15,8 @@ stored); the draft stores fc, its layer(s), norm, the reduced head and the head'
 Fused features (EAGLE-3, Li et al. 2025): with `feature_layers` (two or more target blocks, e.g. a low, a
 middle and the last one) the real feature is those blocks' outputs side by side, (.., n*C), and a linear
 `fuse` maps it to C before fc:  g_t = fuse([f_t^low; f_t^mid; f_t^high]).  The draft's own h stands in for
-g_t on later steps, so h is no longer asked to match any one target layer (no feature loss).
+g_t on later steps, so training regresses h_t on the draft's own g_{t+1} (serving/distill/train.py), not on
+any one target layer.
 """
 
 from __future__ import annotations

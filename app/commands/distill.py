@@ -51,8 +51,9 @@ def register(sub) -> None:
     p.add_argument("--layers", type=int, default=1, help="draft decoder layers")
     p.add_argument("--feature-layers", type=int, nargs="+", default=None, metavar="I",
                    help="fuse the outputs of these target blocks (0-based, increasing, two or more; e.g. a low, a "
-                        "middle and the last one) into the draft's input, as EAGLE-3 does; no feature loss then "
-                        "(--w-feat is ignored). Default: the last block's output only")
+                        "middle and the last one) into the draft's input, as EAGLE-3 does; --w-feat then weights "
+                        "the regression of h on the draft's own fuse of the next real features. Default: the last "
+                        "block's output only")
     p.add_argument("--data-feature-layers", type=int, nargs="+", default=None, metavar="I",
                    help="target blocks whose outputs generated data records (default: those the draft reads); "
                         "data recorded with more blocks can train drafts that read fewer of them")
@@ -60,7 +61,8 @@ def register(sub) -> None:
     p.add_argument("--batch-tokens", type=int, default=3072, help="padded tokens per step")
     p.add_argument("--unroll", type=int, default=3, help="draft steps trained per position (own features after step 1)")
     p.add_argument("--detach-unroll", action="store_true", help="no gradient through the draft's own features")
-    p.add_argument("--w-feat", type=float, default=0.5, help="feature regression loss weight")
+    p.add_argument("--w-feat", type=float, default=0.5,
+                   help="feature regression loss weight (h_p on f_{p+1}; on fuse(f_{p+1}) for a fused draft; 0: none)")
     p.add_argument("--w-hard", type=float, default=0.5, help="cross-entropy to the target's greedy token weight")
     p.add_argument("--feat-noise", type=float, default=0.05, help="uniform feature noise, fraction of the feature RMS")
     p.add_argument("--seed", type=int, default=0)

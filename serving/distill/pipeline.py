@@ -144,9 +144,6 @@ def run(args) -> int:
     if data_layers and not set(draft_layers or (num_blocks - 1,)) <= set(data_layers):
         raise UsageError(f"--data-feature-layers {list(data_layers)} must include the blocks the draft reads "
                          f"({list(draft_layers or (num_blocks - 1,))})")
-    if draft_layers and args.w_feat:
-        _say("--feature-layers: the draft's own h stands in for the fused feature, which no target layer gives, "
-             "so there is no feature loss (--w-feat ignored)")
     corpora = [Path(c).expanduser() for c in args.corpus]
     for c in corpora:
         if not is_prepared(c):
@@ -211,8 +208,6 @@ def run(args) -> int:
                       unroll=args.unroll, detach_unroll=args.detach_unroll, minutes=args.minutes, steps=args.steps,
                       seed=args.seed, save_every_s=args.save_every * 60, w_feat=args.w_feat, w_hard=args.w_hard,
                       feat_noise=args.feat_noise, dtype=args.dtype, feature_layers=draft_layers)
-    if draft_layers:
-        cfg.w_feat = 0.0
     draft, coverage = new_draft(target, preps, cfg, eos)
     ckpt = Path(args.checkpoint).expanduser() if args.checkpoint else \
         CACHE / "checkpoints" / (hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12] + ".pt")

@@ -5,7 +5,8 @@ little noise), later steps read the draft's own previous output h in place of th
 test", as in HASS / EAGLE-3): step j at position p attends to the real-feature keys up to p-j+1 and to the
 keys its own chain wrote at p-j+2..p, exactly the cache layout at inference. Every step is trained on the
 target's next-token distribution at p+1 (soft top-k labels restricted to the head vocabulary, plus
-cross-entropy to the target's greedy token) and regresses h_p on the target's feature f_{p+1}.
+cross-entropy to the target's greedy token) and regresses h_p on the target's feature f_{p+1} (for a
+fused-feature draft: on the draft's own fuse of the next real features, g_{p+1} = fuse(f_{p+1})).
 """
 
 from __future__ import annotations
@@ -188,6 +189,9 @@ def distill_loss(draft: EagleDraft, batch: dict, cfg: TrainConfig, vocab_to_head
     tk_p = torch.zeros_like(batch["topk_probs"])
     tk_p[:, :-1] = batch["topk_probs"][:, 1:]
     fused = draft.fuse is not None
+    if fused and cfg.w_feat:
+        with torch.no_grad():
+            g_next = draft.fuse(tgt_feat)  # (B, T, C): what step 1 reads at p+1, the stand-in h_p aims at
     head_idx = vocab_to_head[tk_ids]  # (B, T, k), -1 outside the head
     in_head = head_idx >= 0
     total = feats.new_zeros(())
@@ -203,8 +207,13 @@ def distill_loss(draft: EagleDraft, batch: dict, cfg: TrainConfig, vocab_to_head
         soft = -(pv * lq).sum(-1).mean()
         top_in = ih[:, 0]
         hard = -(lq[:, 0][top_in]).mean() if top_in.any() else total * 0
-        if fused:  # h stands in for the fused g, which no target layer gives: no feature loss (EAGLE-3)
+        if fused and not cfg.w_feat:
             feat = total * 0
+        elif fused:  # h stands in for g_{p+1} = fuse(f_{p+1}): regress on the draft's own fuse of the real
+            # next features (no gradient through that side), scaled by its RMS so a shrinking fuse gains nothing
+            gv = g_next[valid]
+            g_scale = gv.pow(2).mean().sqrt().clamp_min(1e-6)
+            feat = F.smooth_l1_loss(hv / g_scale, gv / g_scale)
         else:
             feat = F.smooth_l1_loss(hv / feat_scale, tgt_feat[valid] / feat_scale)
         w = cfg.step_decay ** (j - 1)
