@@ -112,14 +112,12 @@ def test_simulated_drafting_asks_a_lookup_first(prepared):
         assert wrong[dom]["alpha"] == 0 and wrong[dom]["mean_accept_len"] == 1
 
 
-def test_unrolled_step1_equals_the_inference_forward(prepared):
-    """Training's parallel step 1 and the cached inference forward (EagleDraft.forward) agree."""
-    target, out = prepared
-    prep = load_prepared(out)
+def _assert_unrolled_matches_inference(draft, prep) -> None:
+    """Training's parallel steps 1 and 2 equal the cached inference forward (EagleDraft.forward) on the
+    first sequence: step 1 on the real features, step 2 at p=5 on (x_6, h1[4]) over real entries < 5."""
     from serving.distill.train import unrolled_forward
     from serving.llama import contiguous_batch
 
-    draft, _ = new_draft(target, [prep], TrainConfig(head_vocab=32), eos_ids=(2,))
     s = prep.seqs[0]
     toks = prep.tokens[s["offset"]: s["offset"] + s["length"]][None]
     feats = prep.feats[s["offset"]: s["offset"] + s["length"]].float()[None]
@@ -131,11 +129,19 @@ def test_unrolled_step1_equals_the_inference_forward(prepared):
         cache = draft.new_cache(1, T + 2)
         h, _ = draft(nxt, feats, contiguous_batch(0, 1, 0, T), cache)
         assert torch.allclose(h, h1, atol=1e-4)
-        # step 2 at p=5: cache holds real entries < 5, the input is (x_6, h1[4])
         cache = draft.new_cache(1, T + 2)
         draft(nxt[:, :5], feats[:, :5], contiguous_batch(0, 1, 0, 5), cache)
         h2_inf, _ = draft(nxt[:, 5:6], h1[:, 4:5], contiguous_batch(0, 1, 5, 1), cache)
         assert torch.allclose(h2_inf[0, 0], h2[0, 5], atol=1e-4)
+
+
+def test_unrolled_step1_equals_the_inference_forward(prepared):
+    """Training's parallel step 1 and the cached inference forward (EagleDraft.forward) agree."""
+    target, out = prepared
+    prep = load_prepared(out)
+
+    draft, _ = new_draft(target, [prep], TrainConfig(head_vocab=32), eos_ids=(2,))
+    _assert_unrolled_matches_inference(draft, prep)
 
 
 def test_model_card_has_the_reproducible_command(tmp_path):
@@ -361,8 +367,7 @@ def test_fused_features_are_the_named_blocks_side_by_side(tmp_path):
 def test_a_fused_feature_draft_trains_and_matches_its_inference_forward(tmp_path):
     """EAGLE-3-style fusion: the training forward's step 1 equals the cached inference forward on fused
     features, later steps read the draft's own h (width C), and distillation lowers the loss."""
-    from serving.distill.train import Batches, unrolled_forward
-    from serving.llama import contiguous_batch
+    from serving.distill.train import Batches
 
     torch.manual_seed(0)
     target = tiny_model(1)
@@ -375,22 +380,9 @@ def test_a_fused_feature_draft_trains_and_matches_its_inference_forward(tmp_path
     draft, _ = new_draft(target, [prep], cfg, eos_ids=(2,))
     C = target.cfg.hidden_size
     assert draft.fuse is not None and draft.fuse.weight.shape == (C, 3 * C)
-    s = prep.seqs[0]
-    toks = prep.tokens[s["offset"]: s["offset"] + s["length"]][None]
-    feats = prep.feats[s["offset"]: s["offset"] + s["length"]].float()[None]
     with torch.no_grad():
         draft.fuse.weight.add_(0.1 * torch.randn_like(draft.fuse.weight))
-        h1, h2 = unrolled_forward(draft, toks, feats, 2)
-        T = toks.shape[1]
-        nxt = torch.zeros_like(toks)
-        nxt[:, :-1] = toks[:, 1:]
-        cache = draft.new_cache(1, T + 2)
-        h, _ = draft(nxt, feats, contiguous_batch(0, 1, 0, T), cache)
-        assert torch.allclose(h, h1, atol=1e-4)
-        cache = draft.new_cache(1, T + 2)
-        draft(nxt[:, :5], feats[:, :5], contiguous_batch(0, 1, 0, 5), cache)
-        h2_inf, _ = draft(nxt[:, 5:6], h1[:, 4:5], contiguous_batch(0, 1, 5, 1), cache)
-        assert torch.allclose(h2_inf[0, 0], h2[0, 5], atol=1e-4)
+    _assert_unrolled_matches_inference(draft, prep)
     vocab_to_head = torch.full((96,), -1, dtype=torch.long)
     vocab_to_head[draft.head_token_ids] = torch.arange(32)
     fixed = Batches([prep], 64, 1024, 0).next()
