@@ -12,6 +12,7 @@ from serving.distill.train import (
     TrainConfig,
     _step_mask,
     distill_loss,
+    head_index,
     new_draft,
     simulate_alpha,
     teacher_forced_agreement,
@@ -77,8 +78,7 @@ def test_distillation_lowers_the_loss(prepared):
                       save_every_s=1e9, feat_noise=0.0)
     draft, coverage = new_draft(target, [prep], cfg, eos_ids=(2,))
     assert 0 < coverage["chosen"] <= 1
-    vocab_to_head = torch.full((96,), -1, dtype=torch.long)
-    vocab_to_head[draft.head_token_ids] = torch.arange(32)
+    vocab_to_head = head_index(draft)
     from serving.distill.train import Batches
 
     fixed = Batches([prep], 64, 1024, 0).next()
@@ -364,17 +364,22 @@ def test_fused_features_are_the_named_blocks_side_by_side(tmp_path):
         select_features(prep, (0, 1), target.cfg.num_layers)
 
 
+def _fused_prepared(tmp_path, num_answers: int):
+    """A tiny target (seeded) and its teacher-pass data recording all three blocks' outputs."""
+    torch.manual_seed(0)
+    target = tiny_model(1)
+    with torch.inference_mode():
+        teacher_pass(target, _answers(num_answers), tmp_path, topk=4, token_budget=256, progress=False,
+                     feature_layers=(0, 1, 2))
+    return target, load_prepared(tmp_path)
+
+
 def test_a_fused_feature_draft_trains_and_matches_its_inference_forward(tmp_path):
     """EAGLE-3-style fusion: the training forward's step 1 equals the cached inference forward on fused
     features, later steps read the draft's own h (width C), and distillation lowers the loss."""
     from serving.distill.train import Batches
 
-    torch.manual_seed(0)
-    target = tiny_model(1)
-    with torch.inference_mode():
-        teacher_pass(target, _answers(24), tmp_path, topk=4, token_budget=256, progress=False,
-                     feature_layers=(0, 1, 2))
-    prep = load_prepared(tmp_path)
+    target, prep = _fused_prepared(tmp_path, 24)
     cfg = TrainConfig(head_vocab=32, lr=3e-3, batch_tokens=256, unroll=2, steps=40, warmup_steps=2,
                       save_every_s=1e9, feat_noise=0.0, w_feat=0.0, feature_layers=(0, 1, 2))
     draft, _ = new_draft(target, [prep], cfg, eos_ids=(2,))
@@ -383,8 +388,7 @@ def test_a_fused_feature_draft_trains_and_matches_its_inference_forward(tmp_path
     with torch.no_grad():
         draft.fuse.weight.add_(0.1 * torch.randn_like(draft.fuse.weight))
     _assert_unrolled_matches_inference(draft, prep)
-    vocab_to_head = torch.full((96,), -1, dtype=torch.long)
-    vocab_to_head[draft.head_token_ids] = torch.arange(32)
+    vocab_to_head = head_index(draft)
     fixed = Batches([prep], 64, 1024, 0).next()
     with torch.no_grad():
         before, stats = distill_loss(draft, fixed, cfg, vocab_to_head, 1.0, train=False)
@@ -404,19 +408,13 @@ def test_a_fused_drafts_feature_loss_aims_at_its_own_fuse_of_the_next_real_featu
 
     from serving.distill.train import Batches, unrolled_forward
 
-    torch.manual_seed(0)
-    target = tiny_model(1)
-    with torch.inference_mode():
-        teacher_pass(target, _answers(8), tmp_path, topk=4, token_budget=256, progress=False,
-                     feature_layers=(0, 1, 2))
-    prep = load_prepared(tmp_path)
+    target, prep = _fused_prepared(tmp_path, 8)
     cfg = TrainConfig(head_vocab=32, unroll=1, w_soft=0.0, w_hard=0.0, w_feat=1.0, feat_noise=0.0,
                       feature_layers=(0, 1, 2))
     draft, _ = new_draft(target, [prep], cfg, eos_ids=(2,))
     with torch.no_grad():
         draft.fuse.weight.add_(0.1 * torch.randn_like(draft.fuse.weight))
-    vocab_to_head = torch.full((96,), -1, dtype=torch.long)
-    vocab_to_head[draft.head_token_ids] = torch.arange(32)
+    vocab_to_head = head_index(draft)
     batch = Batches([prep], 64, 1024, 0).next()
     loss, stats = distill_loss(draft, batch, cfg, vocab_to_head, 1.0)
     loss.backward()

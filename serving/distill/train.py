@@ -171,6 +171,13 @@ def unrolled_forward(draft: EagleDraft, tokens: torch.Tensor, feats: torch.Tenso
     return outs
 
 
+def head_index(draft: EagleDraft) -> torch.Tensor:
+    """(V,) full-vocabulary id -> the draft head's row, -1 for tokens outside the head."""
+    vocab_to_head = torch.full((draft.cfg.vocab_size,), -1, dtype=torch.long)
+    vocab_to_head[draft.head_token_ids] = torch.arange(draft.cfg.head_vocab)
+    return vocab_to_head
+
+
 def distill_loss(draft: EagleDraft, batch: dict, cfg: TrainConfig, vocab_to_head: torch.Tensor,
                  feat_scale: float, train: bool = True) -> tuple[torch.Tensor, dict]:
     tokens, num_prompt, length = batch["tokens"], batch["num_prompt"], batch["length"]
@@ -189,9 +196,12 @@ def distill_loss(draft: EagleDraft, batch: dict, cfg: TrainConfig, vocab_to_head
     tk_p = torch.zeros_like(batch["topk_probs"])
     tk_p[:, :-1] = batch["topk_probs"][:, 1:]
     fused = draft.fuse is not None
-    if fused and cfg.w_feat:
+    # what h_p regresses on: the target's f_{p+1}, or for a fused draft its own g_{p+1} = fuse(f_{p+1}) (what
+    # step 1 reads at p+1; no gradient through that side); None: no feature loss
+    feat_target = tgt_feat
+    if fused:
         with torch.no_grad():
-            g_next = draft.fuse(tgt_feat)  # (B, T, C): what step 1 reads at p+1, the stand-in h_p aims at
+            feat_target = draft.fuse(tgt_feat) if cfg.w_feat else None  # (B, T, C)
     head_idx = vocab_to_head[tk_ids]  # (B, T, k), -1 outside the head
     in_head = head_idx >= 0
     total = feats.new_zeros(())
@@ -207,15 +217,13 @@ def distill_loss(draft: EagleDraft, batch: dict, cfg: TrainConfig, vocab_to_head
         soft = -(pv * lq).sum(-1).mean()
         top_in = ih[:, 0]
         hard = -(lq[:, 0][top_in]).mean() if top_in.any() else total * 0
-        if fused and not cfg.w_feat:
+        if feat_target is None:
             feat = total * 0
-        elif fused:  # h stands in for g_{p+1} = fuse(f_{p+1}): regress on the draft's own fuse of the real
-            # next features (no gradient through that side), scaled by its RMS so a shrinking fuse gains nothing
-            gv = g_next[valid]
-            g_scale = gv.pow(2).mean().sqrt().clamp_min(1e-6)
-            feat = F.smooth_l1_loss(hv / g_scale, gv / g_scale)
         else:
-            feat = F.smooth_l1_loss(hv / feat_scale, tgt_feat[valid] / feat_scale)
+            fv = feat_target[valid]
+            # a fused target is scaled by its own RMS, so a shrinking fuse gains nothing
+            scale = fv.pow(2).mean().sqrt().clamp_min(1e-6) if fused else feat_scale
+            feat = F.smooth_l1_loss(hv / scale, fv / scale)
         w = cfg.step_decay ** (j - 1)
         total = total + w * (cfg.w_soft * soft + cfg.w_hard * hard + cfg.w_feat * feat)
         with torch.no_grad():
@@ -406,9 +414,7 @@ def train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, checkpo
     if cfg.minutes is None and cfg.steps is None:
         raise ValueError("give a training budget: minutes or steps")
     torch.manual_seed(cfg.seed)
-    V = draft.cfg.vocab_size
-    vocab_to_head = torch.full((V,), -1, dtype=torch.long)
-    vocab_to_head[draft.head_token_ids] = torch.arange(draft.cfg.head_vocab)
+    vocab_to_head = head_index(draft)
     sample = torch.cat([p.feats[:20000].float() for p in preps])
     feat_scale = float(sample.pow(2).mean().sqrt())
     batches = Batches(preps, cfg.max_len, cfg.batch_tokens, cfg.seed)
