@@ -514,6 +514,7 @@ def run_bench(config: VllmConfig, prompts: list[Prompt], params: SamplingParams,
                         if recorder:
                             recorder.end_run(run_id, status)
                     res.run_id = run_id
+                    res.run_ids = [run_id] if run_id is not None else []
                     if res.unattributed.num_draft_tokens:
                         logger.warning("vLLM counted %d draft tokens while no request was in flight (run %s)",
                                        res.unattributed.num_draft_tokens, run_id)

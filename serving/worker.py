@@ -252,6 +252,7 @@ class ModeResult:
     results: list[RequestResult] = field(default_factory=list)
     wall_s: float = 0.0
     run_id: int | None = None
+    run_ids: list[int] = field(default_factory=list)  # every recorded run behind this result (turns of a bench)
 
     @property
     def output_tokens(self) -> int:
@@ -309,53 +310,76 @@ def run_prompts(
     energy_for: Callable[[datetime, datetime], float | None] | None = None,
 ) -> ModeResult:
     """Run every prompt in `mode` with up to `concurrency` sequences in flight (closed loop)."""
-    collector = _Collector()
-    engine = loaded.engine(mode, on_step=collector, max_batch=concurrency)
-    result = ModeResult(mode, loaded.drafter_label if mode == "spec" else None, engine.policy.name)
-    queue = list(range(len(prompts)))
-    live: dict[int, tuple[int, datetime]] = {}  # seq_id -> (prompt index, wall start)
-    t_begin = time.perf_counter()
+    return ModeRunner(loaded, mode, concurrency).run(prompts, encoded, params, on_request=on_request,
+                                                     energy_for=energy_for)
 
-    def finish(seq: Sequence) -> None:
-        idx, wall_start = live.pop(seq.seq_id)
-        key = seq.request_id
-        rec = collector.open.pop(key)
-        collector.t0.pop(key)
-        out = seq.output
-        rec.output_tokens = len(out)
-        rec.num_drafts, rec.num_draft_tokens, rec.num_accepted_tokens = seq.num_drafts, seq.num_draft_tokens, seq.num_accepted
-        if seq.emit_times:
-            rec.ttft_ms = (seq.emit_times[0] - seq.t_start) * 1000.0
-            rec.e2e_ms = (seq.emit_times[-1] - seq.t_start) * 1000.0
-        if energy_for is not None and rec.e2e_ms is not None:
-            rec.energy_j = energy_for(wall_start, wall_start + timedelta(milliseconds=rec.e2e_ms))
-        text = loaded.decode(out)
-        for stop in params.stop:
-            if stop in text:
-                text = text[: text.index(stop)]
-        res = RequestResult(prompts[idx], list(out), text, rec, seq.finish_reason)
-        result.results.append(res)
-        if on_request is not None:
-            on_request(res)
 
-    while queue or engine.running:
-        while queue and len(engine.running) < concurrency:
-            idx = queue.pop(0)
-            key = f"{mode}:{idx}"
-            wall_start = datetime.now(UTC)
-            t_start = time.perf_counter()
-            p = prompts[idx]
-            collector.begin(key, RequestRecord(started_at=wall_start, domain=p.domain, external_id=p.id,
-                                               prompt_tokens=len(encoded[idx])), t_start)
-            seq = engine.add(encoded[idx], params, request_id=key, t_start=t_start, domain=p.domain)
-            live[seq.seq_id] = (idx, wall_start)
-            if seq.done:
+class ModeRunner:
+    """One mode's engine, kept across calls: a benchmark that runs the workload in blocks (alternating AR
+    and spec) keeps what the lookahead policy learnt from one block to the next, as one long run would."""
+
+    def __init__(self, loaded: Loaded, mode: str, concurrency: int = 1):
+        self.loaded, self.mode, self.concurrency = loaded, mode, concurrency
+        self.collector = _Collector()
+        self.engine = loaded.engine(mode, on_step=self.collector, max_batch=concurrency)
+
+    def run(
+        self,
+        prompts: list[Prompt],
+        encoded: list[list[int]],
+        params: SamplingParams,
+        *,
+        on_request: Callable[[RequestResult], None] | None = None,
+        energy_for: Callable[[datetime, datetime], float | None] | None = None,
+    ) -> ModeResult:
+        """Every prompt, up to `concurrency` in flight (closed loop); the result holds these prompts only."""
+        loaded, mode, concurrency = self.loaded, self.mode, self.concurrency
+        collector, engine = self.collector, self.engine
+        result = ModeResult(mode, loaded.drafter_label if mode == "spec" else None, engine.policy.name)
+        queue = list(range(len(prompts)))
+        live: dict[int, tuple[int, datetime]] = {}  # seq_id -> (prompt index, wall start)
+        t_begin = time.perf_counter()
+
+        def finish(seq: Sequence) -> None:
+            idx, wall_start = live.pop(seq.seq_id)
+            key = seq.request_id
+            rec = collector.open.pop(key)
+            collector.t0.pop(key)
+            out = seq.output
+            rec.output_tokens = len(out)
+            rec.num_drafts, rec.num_draft_tokens, rec.num_accepted_tokens = seq.num_drafts, seq.num_draft_tokens, seq.num_accepted
+            if seq.emit_times:
+                rec.ttft_ms = (seq.emit_times[0] - seq.t_start) * 1000.0
+                rec.e2e_ms = (seq.emit_times[-1] - seq.t_start) * 1000.0
+            if energy_for is not None and rec.e2e_ms is not None:
+                rec.energy_j = energy_for(wall_start, wall_start + timedelta(milliseconds=rec.e2e_ms))
+            text = loaded.decode(out)
+            for stop in params.stop:
+                if stop in text:
+                    text = text[: text.index(stop)]
+            res = RequestResult(prompts[idx], list(out), text, rec, seq.finish_reason)
+            result.results.append(res)
+            if on_request is not None:
+                on_request(res)
+
+        while queue or engine.running:
+            while queue and len(engine.running) < concurrency:
+                idx = queue.pop(0)
+                key = f"{mode}:{idx}"
+                wall_start = datetime.now(UTC)
+                t_start = time.perf_counter()
+                p = prompts[idx]
+                collector.begin(key, RequestRecord(started_at=wall_start, domain=p.domain, external_id=p.id,
+                                                   prompt_tokens=len(encoded[idx])), t_start)
+                seq = engine.add(encoded[idx], params, request_id=key, t_start=t_start, domain=p.domain)
+                live[seq.seq_id] = (idx, wall_start)
+                if seq.done:
+                    finish(seq)
+            for seq in engine.step():
                 finish(seq)
-        for seq in engine.step():
-            finish(seq)
-    result.wall_s = time.perf_counter() - t_begin
-    result.results.sort(key=lambda r: prompts.index(r.prompt))
-    return result
+        result.wall_s = time.perf_counter() - t_begin
+        result.results.sort(key=lambda r: prompts.index(r.prompt))
+        return result
 
 
 def warm_up(loaded: Loaded, mode: str, encoded: Iterable[list[int]]) -> None:

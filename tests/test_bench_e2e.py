@@ -72,11 +72,11 @@ def _bench(db_url: str, tmp_path, *extra: str) -> dict:
     return json.loads(out.read_text())
 
 
-def _check_store(db_url: str, report: dict) -> None:
+def _check_store(db_url: str, report: dict, modes: tuple | list = ("ar", "spec")) -> None:
     engine = create_engine(db_url)
     with engine.connect() as c:
         runs = c.execute(text("select id, mode, status, power_source from runs order by id")).all()
-        assert [(r.mode, r.status) for r in runs] == [("ar", "completed"), ("spec", "completed")]
+        assert [(r.mode, r.status) for r in runs] == [(m, "completed") for m in modes]
         events = c.execute(text("select count(*) from token_events")).scalar()
         tokens = c.execute(text("select sum(output_tokens) from requests")).scalar()
         assert events == tokens > 0
@@ -104,6 +104,28 @@ def test_bench_records_into_sqlite(tmp_path, target_dir):
             assert set(req) >= {"id", "domain", "output_token_ids", "output_text", "ttft_ms", "tpot_ms", "e2e_ms"}
     assert report["speedup"] > 0
     _check_store(url, report)
+
+
+def test_bench_alternates_ar_and_spec_in_recorded_turns(tmp_path, target_dir):
+    """--interleave 1: AR then spec on each prompt, each turn its own run; the store pools them per mode."""
+    from telemetry.queries import speedups
+
+    url = f"sqlite:///{tmp_path / 'turns.db'}"
+    report = _bench(url, tmp_path, "--interleave", "1")
+    assert report["interleave"] == 1
+    ar, spec = (next(r for r in report["runs"] if r["mode"] == m) for m in ("ar", "spec"))
+    assert ar["run_ids"] == [1, 3] and spec["run_ids"] == [2, 4] and ar["run_id"] is None
+    assert [q["id"] for q in ar["requests"]] == [q["id"] for q in spec["requests"]] == ["code-001", "code-002"]
+    engine = create_engine(url)
+    with engine.connect() as c:
+        rows = c.execute(text("select r.id, r.mode, q.external_id from requests q join runs r on r.id = q.run_id "
+                              "order by q.started_at")).all()
+    assert [(r.id, r.mode, r.external_id) for r in rows] == [
+        (1, "ar", "code-001"), (2, "spec", "code-001"), (3, "ar", "code-002"), (4, "spec", "code-002")]
+    (sp,) = speedups(engine)
+    assert sp.spec_run_ids == (2, 4) and sp.ar_run_ids == (1, 3)
+    engine.dispose()
+    _check_store(url, report, modes=["ar", "spec", "ar", "spec"])
 
 
 @pytest.mark.postgres
@@ -136,6 +158,7 @@ def bad_workloads(tmp_path):
     (["--target", "/nonexistent/model"], "unknown model"),
     (["--workload", "nosuchworkload"], "unknown workload"),
     (["--k", "-1"], "k must be >= 0"),
+    (["--interleave", "-1"], "--interleave must be >= 0"),
     (["--temperature", "-0.5"], "temperature must be >= 0"),
     (["--top-p", "0"], "top_p must be in (0, 1]"),
     (["--top-p", "1.5"], "top_p must be in (0, 1]"),

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from synthetic import Req, make_run, spec_req
 
 from telemetry.store import open_store
-from telemetry.sweeps import SweepPoint, crossover, latest_sweep, record_sweep
+from telemetry.sweeps import SweepPoint, crossover, latest_sweep, record_sweep, sweep_points
 
 
 def test_crossover_is_first_level_where_spec_does_not_beat_ar():
@@ -45,6 +45,31 @@ def test_record_sweep_computes_crossover_from_the_runs(db_url):
     row = latest_sweep(engine, target="demo/target-tiny", drafter="demo/draft-tiny")
     assert row.id == sweep_id and row.crossover_concurrency == 8 and row.run_ids == ids
     assert latest_sweep(engine, drafter="other") is None
+
+
+def test_a_mode_measured_in_several_turns_is_pooled_at_its_level(sqlite_url):
+    """A bench that alternated AR and spec records two runs per mode at concurrency 1: the point is their
+    tokens over their summed wall time, not whichever run came last."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        ids = [make_run(s, mode, concurrency=1, requests=[Req(output_tokens=40, e2e_ms=ms)]).id
+               for mode, ms in (("ar", 1000.0), ("spec", 500.0), ("ar", 3000.0), ("spec", 1500.0))]
+        s.commit()
+    (point,) = sweep_points(engine, ids)
+    assert point.concurrency == 1
+    assert point.ar_tokens_per_s == pytest.approx(80 / 4.0)
+    assert point.spec_tokens_per_s == pytest.approx(80 / 2.0)
+    assert point.speedup == pytest.approx(2.0)
+
+
+def test_bench_turns_alternate_only_both_modes_at_concurrency_one():
+    from app.commands.bench import turns
+
+    assert [(m, list(ix)) for m, ix in turns(5, ["ar", "spec"], 1, 2)] == [
+        ("ar", [0, 1]), ("spec", [0, 1]), ("ar", [2, 3]), ("spec", [2, 3]), ("ar", [4]), ("spec", [4])]
+    assert [(m, list(ix)) for m, ix in turns(3, ["ar", "spec"], 1, 0)] == [("ar", [0, 1, 2]), ("spec", [0, 1, 2])]
+    assert [(m, list(ix)) for m, ix in turns(3, ["ar", "spec"], 4, 1)] == [("ar", [0, 1, 2]), ("spec", [0, 1, 2])]
+    assert [(m, list(ix)) for m, ix in turns(3, ["spec"], 1, 1)] == [("spec", [0, 1, 2])]
 
 
 def test_cost_page_shows_the_sweep(sqlite_url, monkeypatch):

@@ -10,6 +10,8 @@ from pathlib import Path
 from app.commands._common import DTYPE_HELP, add_command, add_db_option, check_writable
 from serving.lookahead import DEFAULT_K, VLLM_DEFAULT_K
 
+DEFAULT_INTERLEAVE = 4  # prompts per turn: short enough that a drift of the machine's speed hits both modes
+
 EXAMPLES = """  specfinops bench --workload code --mode both --limit 4
   specfinops bench --workload chat --drafter early-exit --early-exit-layers 12 --k 3
   specfinops bench --workload code --mode both --dtype float32 --temperature 0 --json out.json
@@ -48,6 +50,12 @@ def register(sub) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N prompts of the workload")
     p.add_argument("--domain", default=None, help="only prompts of this domain")
     p.add_argument("--concurrency", default="1", help="sequences in flight; a list like 1,2,4,8 runs a sweep")
+    p.add_argument("--interleave", type=int, default=DEFAULT_INTERLEAVE, metavar="N",
+                   help="with --mode both at concurrency 1: AR and spec take turns every N prompts (each turn "
+                        "recorded as its own run), so a machine whose speed drifts during the benchmark (a "
+                        "shared VM, a busy neighbour, thermal limits) slows both modes alike; 0 = all of AR, then "
+                        f"all of spec (default: {DEFAULT_INTERLEAVE}). Higher concurrency always runs the modes one "
+                        "after the other: a block would have to drain, which a loaded server never does")
     p.add_argument("--target", default=None, help="target model name or local HF directory (default: bundled)")
     p.add_argument("--draft-model", default=None, help="draft model directory for --drafter draft")
     p.add_argument("--early-exit-layers", type=int, default=8, help="target layers used by --drafter early-exit")
@@ -83,6 +91,8 @@ def handle(args: argparse.Namespace) -> int:
                             max_new_tokens=args.max_new_tokens, seed=args.seed)
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    if args.interleave < 0:
+        raise ValueError(f"--interleave must be >= 0 (0 = the modes one after the other), got {args.interleave}")
     levels = parse_concurrency(args.concurrency)
     prompts = load_workload(args.workload, limit=args.limit, domain=args.domain)
     modes = ["ar", "spec"] if args.mode == "both" else [args.mode]
@@ -176,12 +186,20 @@ def run_bench_vllm(args, prompts, params, modes, levels) -> dict:
     return report
 
 
+def turns(n_prompts: int, modes: list[str], level: int, interleave: int) -> list[tuple[str, range]]:
+    """(mode, prompt indices) in the order they run: with both modes at concurrency 1 and interleave N > 0,
+    AR then spec on each block of N prompts; otherwise each mode on every prompt, one after the other."""
+    if interleave > 0 and len(modes) == 2 and level == 1:
+        return [(m, range(i, min(i + interleave, n_prompts))) for i in range(0, n_prompts, interleave) for m in modes]
+    return [(m, range(n_prompts)) for m in modes]
+
+
 def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
     """Run each concurrency level in each mode, record it, print the table; return the JSON report."""
     from tqdm import tqdm
 
-    from serving.worker import default_node_id, run_info, run_prompts, warm_up
-    from telemetry.power import PowerSampler, detect_power_source
+    from serving.worker import ModeResult, ModeRunner, default_node_id, run_info, warm_up
+    from telemetry.power import detect_power_source
 
     recorder = None
     if not args.no_telemetry:
@@ -191,48 +209,37 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
         recorder = Recorder(open_store(args.db))
     source = detect_power_source(args.power, tdp_w=args.tdp_w)
     node_id = args.node_id or default_node_id()
+    interleave = args.interleave
     results = []
     try:
         for mode in modes:
             warm_up(loaded, mode, encoded)
         for level in levels:
-            for mode in modes:
-                k_policy = loaded.spec.k_policy(mode)
-                if mode == "spec" and loaded.spec.spec_max_batch is not None:
-                    k_policy += f"|batch<={loaded.spec.spec_max_batch}"
-                info = run_info(loaded, mode, workload=args.workload, params=params, node_id=node_id,
-                                power_source=source.source, concurrency=level, k_policy=k_policy)
-                run_id = recorder.start_run(info) if recorder else None
-                sink = (lambda rs, rid=run_id: recorder.record_power(rid, rs)) if recorder else None
-                sampler = PowerSampler(source, sink).start()
-                bar = tqdm(total=len(prompts), desc=f"{mode} c={level}", unit="req", file=sys.stderr, leave=False)
-
-                def energy_for(start, end, sampler=sampler):
-                    sampler.sample_now()  # cover the request's end: a request shorter than the interval
-                    return sampler.energy_j(start, end)  # would otherwise have no reading after it
-
-                def on_request(res, bar=bar, rid=run_id):
-                    if recorder:
-                        recorder.record_request(rid, res.record)
-                    bar.update(1)
-
-                status = "failed"
-                try:
-                    res = run_prompts(loaded, mode, prompts, encoded, params, concurrency=level,
-                                      on_request=on_request, energy_for=energy_for)
-                    status = "completed"
-                finally:
-                    bar.close()
-                    sampler.stop()
-                    if recorder:
-                        recorder.end_run(run_id, status)
-                res.run_id = run_id
-                results.append((level, res))
+            runners = {mode: ModeRunner(loaded, mode, level) for mode in modes}  # one engine per mode and level
+            merged: dict[str, ModeResult] = {}
+            plan = turns(len(prompts), modes, level, interleave)
+            bar = tqdm(total=sum(len(ix) for _, ix in plan), desc=f"{'+'.join(modes)} c={level}", unit="req",
+                       file=sys.stderr, leave=False)
+            try:
+                for mode, ix in plan:
+                    bar.set_postfix(mode=mode)
+                    res = _run_turn(args, loaded, runners[mode], recorder, source, node_id, params, level,
+                                    [prompts[i] for i in ix], [encoded[i] for i in ix], bar)
+                    if mode in merged:
+                        merged[mode].results.extend(res.results)
+                        merged[mode].wall_s += res.wall_s
+                        merged[mode].run_ids.extend(res.run_ids)
+                    else:
+                        merged[mode] = res
+            finally:
+                bar.close()
+            results.extend((level, merged[mode]) for mode in modes)
     finally:
         if recorder:
             recorder.close()
         source.close()
     report = build_report(results, loaded, params)
+    report["interleave"] = interleave if len(modes) == 2 and 1 in levels else 0
     if recorder is not None and len(levels) > 1 and len(modes) == 2:
         from telemetry.store import open_store
         from telemetry.sweeps import record_sweep
@@ -242,10 +249,47 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
         sweep_id, cross, _ = record_sweep(
             open_store(args.db), node_id=node_id, device=info.device, target=info.target,
             drafter=info.drafter, k_policy=info.k_policy, workload=args.workload, dtype=info.dtype,
-            run_ids=[res.run_id for _, res in results])
+            run_ids=[rid for _, res in results for rid in res.run_ids])
         report["sweep_id"], report["crossover_concurrency"] = sweep_id, cross
     print_table(report, recorder is not None)
     return report
+
+
+def _run_turn(args, loaded, runner, recorder, source, node_id, params, level, prompts, encoded, bar):
+    """One recorded run: `prompts` through `runner`'s mode, its power sampled while it runs."""
+    from serving.worker import run_info
+    from telemetry.power import PowerSampler
+
+    mode = runner.mode
+    k_policy = loaded.spec.k_policy(mode)
+    if mode == "spec" and loaded.spec.spec_max_batch is not None:
+        k_policy += f"|batch<={loaded.spec.spec_max_batch}"
+    info = run_info(loaded, mode, workload=args.workload, params=params, node_id=node_id,
+                    power_source=source.source, concurrency=level, k_policy=k_policy)
+    run_id = recorder.start_run(info) if recorder else None
+    sink = (lambda rs: recorder.record_power(run_id, rs)) if recorder else None
+    sampler = PowerSampler(source, sink).start()
+
+    def energy_for(start, end):
+        sampler.sample_now()  # cover the request's end: a request shorter than the interval
+        return sampler.energy_j(start, end)  # would otherwise have no reading after it
+
+    def on_request(res):
+        if recorder:
+            recorder.record_request(run_id, res.record)
+        bar.update(1)
+
+    status = "failed"
+    try:
+        res = runner.run(prompts, encoded, params, on_request=on_request, energy_for=energy_for)
+        status = "completed"
+    finally:
+        sampler.stop()
+        if recorder:
+            recorder.end_run(run_id, status)
+    res.run_id = run_id
+    res.run_ids = [run_id] if run_id is not None else []
+    return res
 
 
 def build_report(results, loaded, params) -> dict:
@@ -261,7 +305,8 @@ def build_report(results, loaded, params) -> dict:
             "mode": res.mode, "drafter": res.drafter, "k": loaded.spec.k if res.mode == "spec" else 0,
             "tree": loaded.spec.tree if res.mode == "spec" else None,
             "dtype": loaded.spec.dtype, "temperature": params.temperature, "concurrency": level,
-            "run_id": res.run_id, "tokens_per_s": res.tokens_per_s, "output_tokens": res.output_tokens,
+            "run_id": res.run_id if len(res.run_ids) <= 1 else None, "run_ids": list(res.run_ids),
+            "tokens_per_s": res.tokens_per_s, "output_tokens": res.output_tokens,
             "wall_s": res.wall_s, "acceptance_rate": res.acceptance_rate,
             "mean_acceptance_length": res.mean_acceptance_length,
             "ttft_p50_ms": percentile(ttfts, 50), "tpot_p50_ms": percentile(tpots, 50),
@@ -297,6 +342,14 @@ def _fmt(x, spec=".1f", dash="—") -> str:
     return dash if x is None else format(x, spec)
 
 
+def _run_label(run: dict) -> str:
+    """The run's id, or the runs its turns were recorded as (all of them in the JSON's run_ids)."""
+    ids = run.get("run_ids") or ([run["run_id"]] if run.get("run_id") is not None else [])
+    if not ids:
+        return "-"
+    return ",".join(map(str, ids)) if len(ids) <= 2 else f"{len(ids)} runs"
+
+
 def print_table(report: dict, recorded: bool) -> None:
     head = (f"{'mode':<5} {'drafter':<14} {'K':>3} {'conc':>4} {'tok/s':>7} {'TTFT p50':>9} {'TPOT p50':>9} "
             f"{'TPOT p95':>9} {'accept':>7} {'mean acc len':>12} {'identical':>9} {'run':>5}")
@@ -307,7 +360,7 @@ def print_table(report: dict, recorded: bool) -> None:
               f"{_fmt(r['tokens_per_s']):>7} {_fmt(r['ttft_p50_ms']):>9} {_fmt(r['tpot_p50_ms']):>9} "
               f"{_fmt(r['tpot_p95_ms']):>9} {_fmt(r['acceptance_rate'], '.3f'):>7} "
               f"{_fmt(r['mean_acceptance_length'], '.2f'):>12} {_fmt(r['token_identical_rate'], '.0%'):>9} "
-              f"{_fmt(r['run_id'], 'd', '-'):>5}")
+              f"{_run_label(r):>5}")
     for level, sp in report["speedup_by_concurrency"].items():
         print(f"speedup spec vs AR at concurrency {level}: {_fmt(sp, '.2f')}x")
     if "crossover_concurrency" in report:
