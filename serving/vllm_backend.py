@@ -476,7 +476,8 @@ def run_bench(config: VllmConfig, prompts: list[Prompt], params: SamplingParams,
     (mode, level) recorded as one run with its power samples; returns the results for bench's report."""
     from dataclasses import replace
 
-    from telemetry.power import PowerSampler, detect_power_source
+    from telemetry.power import detect_power_source
+    from telemetry.recorder import recorded_run
 
     modules = modules or import_vllm()  # fail before opening anything
     recorder = None
@@ -500,20 +501,10 @@ def run_bench(config: VllmConfig, prompts: list[Prompt], params: SamplingParams,
                 for level in levels:
                     info = run_info(engine, workload=workload, params=params, node_id=node_id,
                                     power_source=source.source, concurrency=level)
-                    run_id = recorder.start_run(info) if recorder else None
-                    sink = (lambda rs, rid=run_id: recorder.record_power(rid, rs)) if recorder else None
-                    sampler = PowerSampler(source, sink).start()
-                    on_request = (lambda res, rid=run_id: recorder.record_request(rid, res.record)) if recorder else None
-                    status = "failed"
-                    try:
+                    with recorded_run(recorder, source, info) as (run_id, sampler):
+                        on_request = (lambda res, rid=run_id: recorder.record_request(rid, res.record)) if recorder else None
                         res = run_prompts(engine, prompts, encoded, params, concurrency=level, sampler=sampler,
                                           on_request=on_request)
-                        status = "completed"
-                    finally:
-                        sampler.stop()
-                        if recorder:
-                            recorder.end_run(run_id, status)
-                    res.run_id = run_id
                     res.run_ids = [run_id] if run_id is not None else []
                     if res.unattributed.num_draft_tokens:
                         logger.warning("vLLM counted %d draft tokens while no request was in flight (run %s)",

@@ -251,8 +251,12 @@ class ModeResult:
     k_policy: str
     results: list[RequestResult] = field(default_factory=list)
     wall_s: float = 0.0
-    run_id: int | None = None
-    run_ids: list[int] = field(default_factory=list)  # every recorded run behind this result (turns of a bench)
+    run_ids: list[int] = field(default_factory=list)  # the recorded run(s) behind this result (turns of a bench)
+
+    @property
+    def run_id(self) -> int | None:
+        """The recorded run, where this result is exactly one."""
+        return self.run_ids[0] if len(self.run_ids) == 1 else None
 
     @property
     def output_tokens(self) -> int:

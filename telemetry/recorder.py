@@ -15,6 +15,8 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from types import TracebackType
@@ -25,6 +27,7 @@ from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from telemetry.db import PowerSample, Request, Run, Step, TokenEvent
+from telemetry.power import PowerSampler, PowerSource
 from telemetry.records import PowerReading, RequestRecord, RunInfo
 
 logger = logging.getLogger(__name__)
@@ -431,3 +434,20 @@ class Recorder:
         if tokens:
             _bulk_insert(conn, _tokens, TOKEN_COLUMNS, tokens)
         return len(tokens)
+
+
+@contextmanager
+def recorded_run(recorder: Recorder | None, source: PowerSource, info: RunInfo) -> Iterator[tuple[int | None, PowerSampler]]:
+    """One run of a benchmark: (its id, None without a recorder; a power sampler feeding its samples to
+    the store). The run ends 'completed' when the block finishes, 'failed' when it raises."""
+    run_id = recorder.start_run(info) if recorder else None
+    sink = (lambda rs: recorder.record_power(run_id, rs)) if recorder else None
+    sampler = PowerSampler(source, sink).start()
+    status = "failed"
+    try:
+        yield run_id, sampler
+        status = "completed"
+    finally:
+        sampler.stop()
+        if recorder:
+            recorder.end_run(run_id, status)

@@ -209,7 +209,6 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
         recorder = Recorder(open_store(args.db))
     source = detect_power_source(args.power, tdp_w=args.tdp_w)
     node_id = args.node_id or default_node_id()
-    interleave = args.interleave
     results = []
     try:
         for mode in modes:
@@ -217,7 +216,7 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
         for level in levels:
             runners = {mode: ModeRunner(loaded, mode, level) for mode in modes}  # one engine per mode and level
             merged: dict[str, ModeResult] = {}
-            plan = turns(len(prompts), modes, level, interleave)
+            plan = turns(len(prompts), modes, level, args.interleave)
             bar = tqdm(total=sum(len(ix) for _, ix in plan), desc=f"{'+'.join(modes)} c={level}", unit="req",
                        file=sys.stderr, leave=False)
             try:
@@ -239,7 +238,7 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
             recorder.close()
         source.close()
     report = build_report(results, loaded, params)
-    report["interleave"] = interleave if len(modes) == 2 and 1 in levels else 0
+    report["interleave"] = args.interleave if len(modes) == 2 and 1 in levels else 0
     if recorder is not None and len(levels) > 1 and len(modes) == 2:
         from telemetry.store import open_store
         from telemetry.sweeps import record_sweep
@@ -258,7 +257,7 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
 def _run_turn(args, loaded, runner, recorder, source, node_id, params, level, prompts, encoded, bar):
     """One recorded run: `prompts` through `runner`'s mode, its power sampled while it runs."""
     from serving.worker import run_info
-    from telemetry.power import PowerSampler
+    from telemetry.recorder import recorded_run
 
     mode = runner.mode
     k_policy = loaded.spec.k_policy(mode)
@@ -266,28 +265,18 @@ def _run_turn(args, loaded, runner, recorder, source, node_id, params, level, pr
         k_policy += f"|batch<={loaded.spec.spec_max_batch}"
     info = run_info(loaded, mode, workload=args.workload, params=params, node_id=node_id,
                     power_source=source.source, concurrency=level, k_policy=k_policy)
-    run_id = recorder.start_run(info) if recorder else None
-    sink = (lambda rs: recorder.record_power(run_id, rs)) if recorder else None
-    sampler = PowerSampler(source, sink).start()
+    with recorded_run(recorder, source, info) as (run_id, sampler):
 
-    def energy_for(start, end):
-        sampler.sample_now()  # cover the request's end: a request shorter than the interval
-        return sampler.energy_j(start, end)  # would otherwise have no reading after it
+        def energy_for(start, end):
+            sampler.sample_now()  # cover the request's end: a request shorter than the interval
+            return sampler.energy_j(start, end)  # would otherwise have no reading after it
 
-    def on_request(res):
-        if recorder:
-            recorder.record_request(run_id, res.record)
-        bar.update(1)
+        def on_request(res):
+            if recorder:
+                recorder.record_request(run_id, res.record)
+            bar.update(1)
 
-    status = "failed"
-    try:
         res = runner.run(prompts, encoded, params, on_request=on_request, energy_for=energy_for)
-        status = "completed"
-    finally:
-        sampler.stop()
-        if recorder:
-            recorder.end_run(run_id, status)
-    res.run_id = run_id
     res.run_ids = [run_id] if run_id is not None else []
     return res
 
@@ -305,7 +294,7 @@ def build_report(results, loaded, params) -> dict:
             "mode": res.mode, "drafter": res.drafter, "k": loaded.spec.k if res.mode == "spec" else 0,
             "tree": loaded.spec.tree if res.mode == "spec" else None,
             "dtype": loaded.spec.dtype, "temperature": params.temperature, "concurrency": level,
-            "run_id": res.run_id if len(res.run_ids) <= 1 else None, "run_ids": list(res.run_ids),
+            "run_id": res.run_id, "run_ids": list(res.run_ids),
             "tokens_per_s": res.tokens_per_s, "output_tokens": res.output_tokens,
             "wall_s": res.wall_s, "acceptance_rate": res.acceptance_rate,
             "mean_acceptance_length": res.mean_acceptance_length,
