@@ -18,6 +18,7 @@ import torch
 from serving.drafters import FeatureDrafter, HybridDrafter, ModelDrafter, NgramDrafter, TreeShape
 from serving.eagle import is_eagle_dir, load_eagle
 from serving.engine import Engine, StepEvent
+from serving.int8 import quantize_draft
 from serving.kernels import fused_decode_attention, kernels_label, pack_for_inference
 from serving.llama import CausalLM, load_causal_lm
 from serving.lookahead import DEFAULT_K, BatchGatedK, parse_policy
@@ -182,7 +183,7 @@ def load(spec: EngineSpec) -> Loaded:
         if is_eagle_dir(draft_dir):
             eagle = load_eagle(draft_dir, target, dtype)
             pack_for_inference(eagle)
-            label = f"feature:{draft_dir.name}"
+            label = f"feature:{draft_dir.name}{_int8_suffix(eagle)}"
 
             def factory(slots: int, max_len: int):
                 return FeatureDrafter(eagle, label, slots=slots, max_len=max_len)
@@ -192,7 +193,7 @@ def load(spec: EngineSpec) -> Loaded:
                                  "plain causal LM")
             draft = load_causal_lm(draft_dir, dtype)
             pack_for_inference(draft)
-            label = f"draft:{draft_dir.name}"
+            label = f"draft:{draft_dir.name}{_int8_suffix(draft)}"
 
             def factory(slots: int, max_len: int):
                 return ModelDrafter(draft, label, slots=slots, max_len=max_len)
@@ -223,6 +224,12 @@ def load(spec: EngineSpec) -> Loaded:
         extra = json.loads(gen_cfg.read_text()).get("eos_token_id")
         eos.update(extra if isinstance(extra, list) else [extra] if extra is not None else [])
     return Loaded(spec, target_dir, target, tokenizer, factory, label, tuple(sorted(eos)))
+
+
+def _int8_suffix(draft) -> str:
+    """Quantize a separate draft model's linears to int8 where that measured faster (serving/int8.py) and
+    say so in the drafter's label, which run records keep: '@int8' when any layer was."""
+    return "@int8" if quantize_draft(draft) else ""
 
 
 # -------------------------------------------------------------------------------- results
