@@ -109,6 +109,7 @@ def main() -> int:
     from serving.distill.data import load_prepared
     from serving.distill.pipeline import eval_data
     from serving.eagle import load_eagle
+    from serving.int8 import quantize_draft
     from serving.kernels import pack_for_inference
     from serving.llama import load_causal_lm
     from serving.lookahead import parse_policy
@@ -120,6 +121,7 @@ def main() -> int:
     draft = load_eagle(BUNDLED_DRAFT_DIR, target, torch.bfloat16)
     pack_for_inference(target)  # as the engine runs them
     pack_for_inference(draft)
+    quantize_draft(draft)
     cache = Path(args.chains)
     key = f"{BUNDLED_DRAFT_DIR.resolve()}:{(BUNDLED_DRAFT_DIR / 'model.safetensors').stat().st_mtime}:{args.max_new_tokens}"
     if cache.is_file() and json.loads(cache.read_text()).get("key") == key:
