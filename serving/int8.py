@@ -74,10 +74,24 @@ class Int8Linear(nn.Module):
             raise ValueError(f"int8 needs a 2-D bf16/float32 weight whose input width is a multiple of "
                              f"{INT8_BLOCK}, got {tuple(fallback.weight.shape)} {fallback.weight.dtype}")
         self.fallback = fallback
-        self.weight, self.bias = fallback.weight, fallback.bias
-        self.in_features, self.out_features = fallback.weight.shape[1], fallback.weight.shape[0]
         self.max_rows = max_rows
         self.q, self.scale = quantize_rows(fallback.weight)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.fallback.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.fallback.bias
+
+    @property
+    def in_features(self) -> int:
+        return self.q.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.q.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
@@ -117,18 +131,16 @@ def int8_max_rows(dtype: torch.dtype = torch.bfloat16) -> int:
         return 0
     gen = torch.Generator().manual_seed(0)
     try:
-        for n, k in SHAPES:
-            lin = _baseline(torch.randn(n, k, generator=gen).to(dtype))
+        plain = [_baseline(torch.randn(n, k, generator=gen).to(dtype)) for n, k in SHAPES]
+        quant = [Int8Linear(p, max(ROWS)) for p in plain]
+        for lin in quant:
             for m in ROWS:
-                if Int8Linear(lin, m).kernel_error(torch.randn(m, k, generator=gen).to(dtype)) > KERNEL_TOLERANCE:
+                if lin.kernel_error(torch.randn(m, lin.in_features, generator=gen).to(dtype)) > KERNEL_TOLERANCE:
                     return 0
     except (RuntimeError, NotImplementedError):
         return 0  # no int8 kernel for this dtype in this build
     if setting == "on":
         return max(ROWS)
-    weights = [torch.randn(n, k, generator=gen).to(dtype) for n, k in SHAPES]
-    plain = [_baseline(w) for w in weights]
-    quant = [Int8Linear(p, max(ROWS)) for p in plain]
     evict = torch.ones(EVICT_MB << 18)  # float32
     best = 0
     for m in ROWS:

@@ -183,7 +183,7 @@ def load(spec: EngineSpec) -> Loaded:
         if is_eagle_dir(draft_dir):
             eagle = load_eagle(draft_dir, target, dtype)
             pack_for_inference(eagle)
-            label = f"feature:{draft_dir.name}{_int8_suffix(eagle)}"
+            label = f"feature:{draft_dir.name}{'@int8' if quantize_draft(eagle) else ''}"  # records say so
 
             def factory(slots: int, max_len: int):
                 return FeatureDrafter(eagle, label, slots=slots, max_len=max_len)
@@ -193,7 +193,7 @@ def load(spec: EngineSpec) -> Loaded:
                                  "plain causal LM")
             draft = load_causal_lm(draft_dir, dtype)
             pack_for_inference(draft)
-            label = f"draft:{draft_dir.name}{_int8_suffix(draft)}"
+            label = f"draft:{draft_dir.name}{'@int8' if quantize_draft(draft) else ''}"
 
             def factory(slots: int, max_len: int):
                 return ModelDrafter(draft, label, slots=slots, max_len=max_len)
@@ -224,12 +224,6 @@ def load(spec: EngineSpec) -> Loaded:
         extra = json.loads(gen_cfg.read_text()).get("eos_token_id")
         eos.update(extra if isinstance(extra, list) else [extra] if extra is not None else [])
     return Loaded(spec, target_dir, target, tokenizer, factory, label, tuple(sorted(eos)))
-
-
-def _int8_suffix(draft) -> str:
-    """Quantize a separate draft model's linears to int8 where that measured faster (serving/int8.py) and
-    say so in the drafter's label, which run records keep: '@int8' when any layer was."""
-    return "@int8" if quantize_draft(draft) else ""
 
 
 # -------------------------------------------------------------------------------- results
@@ -264,6 +258,12 @@ class ModeResult:
     def run_id(self) -> int | None:
         """The recorded run, where this result is exactly one."""
         return self.run_ids[0] if len(self.run_ids) == 1 else None
+
+    def absorb(self, other: ModeResult) -> None:
+        """Pool another turn of the same mode into this result: its requests, wall time and runs."""
+        self.results.extend(other.results)
+        self.wall_s += other.wall_s
+        self.run_ids.extend(other.run_ids)
 
     @property
     def output_tokens(self) -> int:

@@ -225,9 +225,7 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
                     res = _run_turn(args, loaded, runners[mode], recorder, source, node_id, params, level,
                                     [prompts[i] for i in ix], [encoded[i] for i in ix], bar)
                     if mode in merged:
-                        merged[mode].results.extend(res.results)
-                        merged[mode].wall_s += res.wall_s
-                        merged[mode].run_ids.extend(res.run_ids)
+                        merged[mode].absorb(res)
                     else:
                         merged[mode] = res
             finally:

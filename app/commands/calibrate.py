@@ -33,19 +33,19 @@ def register(sub) -> None:
 
 def _interleaved(loaded, prompts, encoded, params):
     """AR and spec on the same prompts, alternating prompt by prompt (AR first, then spec, on each), so
-    that a change in the machine's speed during the run lands on both modes alike. Returns the two
-    ModeResults with every request and the summed wall time."""
-    from serving.worker import run_prompts
+    that a change in the machine's speed during the run lands on both modes alike. One engine per mode
+    serves every prompt. Returns the two ModeResults with every request and the summed wall time."""
+    from serving.worker import ModeRunner
 
+    runners = {mode: ModeRunner(loaded, mode) for mode in ("ar", "spec")}
     merged = {}
     for p, e in zip(prompts, encoded, strict=True):
-        for mode in ("ar", "spec"):
-            r = run_prompts(loaded, mode, [p], [e], params)
-            if mode not in merged:
-                merged[mode] = r
+        for mode, runner in runners.items():
+            r = runner.run([p], [e], params)
+            if mode in merged:
+                merged[mode].absorb(r)
             else:
-                merged[mode].results.extend(r.results)
-                merged[mode].wall_s += r.wall_s
+                merged[mode] = r
     return merged["ar"], merged["spec"]
 
 
