@@ -18,7 +18,8 @@ Which kernel is cheapest depends on the CPU:
   `F.linear`.
 - **Attention for a few queries.** On a CPU without AVX-512 plain batched matmuls beat the fused
   `scaled_dot_product_attention` for decode widths; on an AVX-512 Xeon the fused kernel won at every
-  decode width (1 query over 300 keys: 129 us -> 28 us). Measured per dtype as well.
+  decode width (1 query over 300 keys: 129 us -> 28 us); on an AVX-512 EPYC it lost at 1 query and won
+  at 5. Measured per dtype and per width: from how many queries on (if any) the fused kernel runs.
 
 Each choice is made by timing both candidates on decode-sized inputs the first time it is asked for, and
 only where the candidate gives the same numbers. `SPECFINOPS_PACKED_LINEAR` and
@@ -171,36 +172,58 @@ def rows_from(wins: dict[int, bool]) -> int | None:
     return first
 
 
+ATTENTION_WIDTHS = (1, 2, 3, 5, 9)  # queries a decode forward feeds per sequence: AR 1, verifying K <= 8 drafts K + 1
+
+
 @functools.cache
-def fused_decode_attention(dtype: torch.dtype = torch.bfloat16) -> bool:
-    """Whether attention for a few `dtype` queries uses `scaled_dot_product_attention` (else plain matmuls)."""
+def fused_attention_from(dtype: torch.dtype = torch.bfloat16) -> int | None:
+    """From how many queries per sequence on attention over a decode-length cache runs the fused
+    `scaled_dot_product_attention` (None: never; narrower forwards use plain batched matmuls).
+
+    Measured per width, because AR feeds one query and verification K + 1, and the two kernels can rank
+    differently at the two: on one EPYC the fused kernel was faster at 5 queries (130-142 us against
+    158-292 us over 300 keys) and slower at 1. Each width is timed as the model calls it (one sequence
+    causal without a mask tensor, and a batch of four with an explicit mask)."""
     setting = _setting("SPECFINOPS_DECODE_ATTENTION")
     if setting != "auto":
-        return setting == "on"
-    from serving.llama import small_attention  # the matmul path lives with the model
+        return 1 if setting == "on" else None
+    from serving.llama import causal_mask, small_attention  # the matmul path lives with the model
 
     gen = torch.Generator().manual_seed(0)
-    plain = fast = 0.0
-    for B, T, L in ((1, 1, 256), (1, 5, 256), (4, 5, 256)):
-        q = torch.randn(B, 9, T, 64, generator=gen).to(dtype)
-        k = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
-        v = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
-        mask = (torch.arange(L)[None, :] <= (L - T + torch.arange(T))[:, None]).expand(B, 1, T, L)
-        t_fast, t_plain = _race(
-            lambda q=q, k=k, v=v, m=mask: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
-            lambda q=q, k=k, v=v, m=mask, L=L: small_attention(q, k, v, m, L))
-        fast, plain = fast + t_fast, plain + t_plain
-    return fast < FASTER * plain
+    L = 256
+    wins = {}
+    for T in ATTENTION_WIDTHS:
+        fast = plain = 0.0
+        for B in (1, 4):
+            q = torch.randn(B, 9, T, 64, generator=gen).to(dtype)
+            k = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
+            v = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
+            if B == 1:  # one sequence: the queries are the last T positions, causal among themselves
+                mask, small_mask = (None if T == 1 else causal_mask(T, L)), None
+            else:
+                mask = small_mask = causal_mask(T, L).expand(B, 1, T, L)
+            t_fast, t_plain = _race(
+                lambda q=q, k=k, v=v, m=mask: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+                lambda q=q, k=k, v=v, m=small_mask: small_attention(q, k, v, m, L))
+            fast, plain = fast + t_fast, plain + t_plain
+        wins[T] = fast < FASTER * plain
+    return rows_from(wins)
+
+
+def attention_label(dtype: torch.dtype) -> str:
+    """'fused' (every decode width), 'matmul' (none) or 'fused>=N' (from N queries on)."""
+    first = fused_attention_from(dtype)
+    return "matmul" if first is None else "fused" if first == 1 else f"fused>={first}"
 
 
 def kernels_label(dtype: torch.dtype) -> str:
-    """What serves `dtype` decode here, for run records: e.g. 'packed+fused', 'packed>=5+matmul', 'plain+fused',
-    'packed-f32>=2+fused' (bf16 weights multiplied from a float32 packed copy)."""
+    """What serves `dtype` decode here, for run records: e.g. 'packed+fused', 'packed>=5+matmul',
+    'packed+fused>=3', 'packed-f32>=2+fused' (bf16 weights multiplied from a float32 packed copy)."""
     rows = packed_linear_rows(dtype)
     linear = "plain" if rows is None else "packed" if pack_dtype(dtype) == dtype else "packed-f32"
     if rows is not None and rows > 1:
         linear += f">={rows}"
-    return f"{linear}+{'fused' if fused_decode_attention(dtype) else 'matmul'}"
+    return f"{linear}+{attention_label(dtype)}"
 
 
 class PackedLinear(nn.Module):

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from serving.kernels import fused_decode_attention
+from serving.kernels import fused_attention_from
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -185,7 +185,8 @@ class Attention(nn.Module):
         else:
             keys, values = ck[fb.slots, :, : fb.kv_len], cv[fb.slots, :, : fb.kv_len]  # (B, Hkv, L, D)
 
-        if T <= SMALL_T and not fused_decode_attention(q.dtype):
+        fused_from = fused_attention_from(q.dtype)
+        if T <= SMALL_T and (fused_from is None or T < fused_from):
             out = small_attention(q, keys, values, fb.mask, fb.kv_len)
         elif fb.mask is None and T == 1:
             out = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)  # one query sees every key

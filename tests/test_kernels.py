@@ -28,11 +28,11 @@ def setting(monkeypatch):
     def set_(name: str, value: str) -> None:
         monkeypatch.setenv(name, value)
         kernels.packed_linear_rows.cache_clear()
-        kernels.fused_decode_attention.cache_clear()
+        kernels.fused_attention_from.cache_clear()
 
     yield set_
     kernels.packed_linear_rows.cache_clear()
-    kernels.fused_decode_attention.cache_clear()
+    kernels.fused_attention_from.cache_clear()
 
 
 @pytest.fixture
@@ -158,24 +158,54 @@ def test_rows_from_takes_the_smallest_row_count_that_keeps_winning(wins, expect)
 def test_bad_setting_is_named(setting, name):
     setting(name, "fast")
     with pytest.raises(ValueError, match=f"{name} must be auto, on or off"):
-        kernels.packed_linear_rows() if name.endswith("LINEAR") else kernels.fused_decode_attention()
+        kernels.packed_linear_rows() if name.endswith("LINEAR") else kernels.fused_attention_from()
 
 
-def test_decode_attention_paths_agree(setting):
-    """Greedy decoding and logits are the same whichever attention kernel serves the decode widths."""
+def test_decode_attention_paths_agree(setting, monkeypatch):
+    """Greedy decoding and logits are the same whichever attention kernel serves the decode widths,
+    including a split: matmuls for one query (AR), the fused kernel from three on (prefill, verify)."""
+    import serving.llama
+
     model = tiny_model(5)
     prompt = [4, 8, 15, 16, 23, 42]
     outs, logits = [], []
-    for value in ("off", "on"):
-        setting("SPECFINOPS_DECODE_ATTENTION", value)
-        assert kernels.fused_decode_attention() is (value == "on")
+    for value in ("off", "on", "split"):
+        if value == "split":
+            setting("SPECFINOPS_DECODE_ATTENTION", "auto")
+            monkeypatch.setattr(serving.llama, "fused_attention_from", lambda dtype: 3)
+        else:
+            setting("SPECFINOPS_DECODE_ATTENTION", value)
+            assert kernels.fused_attention_from() == (1 if value == "on" else None)
         outs.append(Engine(model, max_batch=1, max_len=64).generate(prompt, SamplingParams(max_new_tokens=12)).output)
         cache = model.new_cache(1, 32)
         with torch.inference_mode():
             model(torch.tensor([prompt]), contiguous_batch(0, 1, 0, 6), cache)
             logits.append(model(torch.tensor([[1, 2, 3]]), contiguous_batch(0, 1, 6, 3), cache))
-    assert outs[0] == outs[1]
+    assert outs[0] == outs[1] == outs[2]
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits[2], logits[0], rtol=1e-5, atol=1e-5)
+
+
+def test_fused_attention_is_chosen_per_width(setting, monkeypatch):
+    """The race runs both kernels at every decode width, as the model calls them, and the fused kernel
+    serves from the narrowest width from which it won at every wider one."""
+    setting("SPECFINOPS_DECODE_ATTENTION", "auto")
+    seen = []
+
+    def race(fast, plain, **_):
+        a, b = fast(), plain()
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)  # the same attention
+        T = a.shape[2]
+        seen.append((a.shape[0], T))
+        return (1.0, 2.0) if T >= 3 else (2.0, 1.0)
+
+    monkeypatch.setattr(kernels, "_race", race)
+    assert kernels.fused_attention_from(torch.bfloat16) == 3
+    assert kernels.attention_label(torch.bfloat16) == "fused>=3"
+    assert sorted({T for _, T in seen}) == list(kernels.ATTENTION_WIDTHS) and {B for B, _ in seen} == {1, 4}
+    kernels.fused_attention_from.cache_clear()
+    monkeypatch.setattr(kernels, "_race", lambda fast, plain, **_: (fast(), plain()) and (1.0, 1.0))
+    assert kernels.fused_attention_from(torch.bfloat16) is None and kernels.attention_label(torch.bfloat16) == "matmul"
 
 
 def test_fused_attention_matches_matmul_attention_with_ragged_mask():
