@@ -30,9 +30,14 @@ from serving.kernels import FASTER, PackedLinear, _setting, packed_linear_rows
 
 log = logging.getLogger(__name__)
 
-# The CPU kernel reads the input dimension in blocks: at widths that are not a multiple it returned
-# wrong numbers (40) or crashed (100) in torch 2.13; every width of a LLaMA-style model is a multiple.
+# The CPU kernel (torch 2.13) reads every input row with 64-byte-aligned vector loads: a row that does
+# not start on a 64-byte boundary gave wrong numbers (bf16 width 40: the second row starts 80 bytes in)
+# or killed the process (width 100; and a width-1728 row that was a view 16 bytes into a buffer). So only
+# widths whose bf16 rows are whole multiples of 64 bytes are quantized (every width of a LLaMA-style
+# model is), and an input that is a view at an unaligned address is copied first (fresh CPU tensors are
+# 64-byte aligned).
 INT8_BLOCK = 32
+ALIGN = 64  # bytes
 QUANT_DTYPES = (torch.bfloat16, torch.float32)
 ROWS = (1, 2, 5, 20)  # draft forwards feed 1 row per sequence, catch-ups 1..K+1, batches B times that
 SHAPES = ((8192, 576), (1536, 576), (576, 1536), (576, 1152))  # a small draft's head, MLP and fc
@@ -98,7 +103,10 @@ class Int8Linear(nn.Module):
         if rows > self.max_rows or rows == 0 or x.dtype != self.scale.dtype or (
                 torch.is_grad_enabled() and self.weight.requires_grad):
             return self.fallback(x)
-        y = _int8_mm(x.reshape(rows, self.in_features), self.q, self.scale)  # (rows, out)
+        x2d = x.reshape(rows, self.in_features)
+        if not x2d.is_contiguous() or x2d.data_ptr() % ALIGN:
+            x2d = x2d.clone(memory_format=torch.contiguous_format)  # the kernel's aligned loads (see ALIGN)
+        y = _int8_mm(x2d, self.q, self.scale)  # (rows, out)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)

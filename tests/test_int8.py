@@ -62,6 +62,23 @@ def test_int8_linear_is_the_dequantized_product_and_falls_back_above_max_rows(dt
         assert torch.equal(quant(x3), lin(x3))
 
 
+def test_int8_linear_takes_views_at_any_address():
+    """The kernel's aligned loads crashed the process on a row that was a view 16 bytes into a buffer
+    (distill's evaluation slices stored features): such inputs are copied to an aligned buffer first."""
+    torch.manual_seed(0)
+    lin = nn.Linear(96, 40).to(torch.bfloat16)
+    quant = int8.Int8Linear(lin, max_rows=4)
+    buf = torch.randn(2 * 100 + 40).to(torch.bfloat16)
+    with torch.inference_mode():
+        for offset in (0, 1, 8, 33):
+            row = buf[offset:offset + 96].view(1, 96)
+            rows = buf[offset:offset + 2 * 100].view(2, 100)[:, :96]  # two rows 200 bytes apart
+            for inp in (row, rows):
+                expect = quant(inp.clone())
+                assert torch.equal(quant(inp), expect)
+                assert torch.allclose(expect.float(), lin(inp).float(), rtol=0.05, atol=0.05)
+
+
 def test_int8_linear_leaves_training_to_the_original_weights():
     lin = nn.Linear(32, 16)
     quant = int8.Int8Linear(lin, max_rows=8)
