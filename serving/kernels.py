@@ -176,44 +176,47 @@ ATTENTION_WIDTHS = (1, 2, 3, 5, 9)  # queries a decode forward feeds per sequenc
 
 
 @functools.cache
-def fused_attention_from(dtype: torch.dtype = torch.bfloat16) -> int | None:
+def fused_attention_from(dtype: torch.dtype = torch.bfloat16, masked: bool = False) -> int | None:
     """From how many queries per sequence on attention over a decode-length cache runs the fused
     `scaled_dot_product_attention` (None: never; narrower forwards use plain batched matmuls).
 
-    Measured per width, because AR feeds one query and verification K + 1, and the two kernels can rank
-    differently at the two: on one EPYC the fused kernel was faster at 5 queries (130-142 us against
-    158-292 us over 300 keys) and slower at 1. Each width is timed as the model calls it (one sequence
-    causal without a mask tensor, and a batch of four with an explicit mask)."""
+    Measured per width and per call form, because AR feeds one query and verification K + 1, and the
+    kernels rank differently at the two: on an AVX-512 EPYC, for one sequence, the fused kernel took 1.6x
+    the matmuls' time at 1 query and 0.66-0.8x at 2-9; through an explicit mask (`masked`: a ragged batch
+    or a token tree) it took 1.2-3.6x at every width. Unmasked, the queries are one sequence's last T
+    positions, causal among themselves; masked, a batch of four reads through a (B, 1, T, L) mask."""
     setting = _setting("SPECFINOPS_DECODE_ATTENTION")
     if setting != "auto":
         return 1 if setting == "on" else None
     from serving.llama import causal_mask, small_attention  # the matmul path lives with the model
 
     gen = torch.Generator().manual_seed(0)
-    L = 256
+    B, L = (4, 256) if masked else (1, 256)
     wins = {}
     for T in ATTENTION_WIDTHS:
-        fast = plain = 0.0
-        for B in (1, 4):
-            q = torch.randn(B, 9, T, 64, generator=gen).to(dtype)
-            k = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
-            v = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
-            if B == 1:  # one sequence: the queries are the last T positions, causal among themselves
-                mask, small_mask = (None if T == 1 else causal_mask(T, L)), None
-            else:
-                mask = small_mask = causal_mask(T, L).expand(B, 1, T, L)
-            t_fast, t_plain = _race(
-                lambda q=q, k=k, v=v, m=mask: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
-                lambda q=q, k=k, v=v, m=small_mask: small_attention(q, k, v, m, L))
-            fast, plain = fast + t_fast, plain + t_plain
-        wins[T] = fast < FASTER * plain
+        q = torch.randn(B, 9, T, 64, generator=gen).to(dtype)
+        k = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
+        v = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
+        if masked:
+            mask = small_mask = causal_mask(T, L).expand(B, 1, T, L)
+        else:
+            mask, small_mask = (None if T == 1 else causal_mask(T, L)), None
+        t_fast, t_plain = _race(
+            lambda q=q, k=k, v=v, m=mask: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+            lambda q=q, k=k, v=v, m=small_mask: small_attention(q, k, v, m, L))
+        wins[T] = t_fast < FASTER * t_plain
     return rows_from(wins)
 
 
 def attention_label(dtype: torch.dtype) -> str:
-    """'fused' (every decode width), 'matmul' (none) or 'fused>=N' (from N queries on)."""
-    first = fused_attention_from(dtype)
-    return "matmul" if first is None else "fused" if first == 1 else f"fused>={first}"
+    """'fused' (every decode width), 'matmul' (none) or 'fused>=N' (from N queries on); when masked
+    batches choose otherwise, '/masked-' and theirs, e.g. 'fused>=2/masked-matmul'."""
+
+    def one(first: int | None) -> str:
+        return "matmul" if first is None else "fused" if first == 1 else f"fused>={first}"
+
+    plain, masked = fused_attention_from(dtype), fused_attention_from(dtype, masked=True)
+    return one(plain) if plain == masked else f"{one(plain)}/masked-{one(masked)}"
 
 
 def kernels_label(dtype: torch.dtype) -> str:

@@ -185,7 +185,7 @@ class Attention(nn.Module):
         else:
             keys, values = ck[fb.slots, :, : fb.kv_len], cv[fb.slots, :, : fb.kv_len]  # (B, Hkv, L, D)
 
-        fused_from = fused_attention_from(q.dtype)
+        fused_from = fused_attention_from(q.dtype, fb.mask is not None)
         if T <= SMALL_T and (fused_from is None or T < fused_from):
             out = small_attention(q, keys, values, fb.mask, fb.kv_len)
         elif fb.mask is None and T == 1:

@@ -19,7 +19,7 @@ from serving.drafters import FeatureDrafter, HybridDrafter, ModelDrafter, NgramD
 from serving.eagle import is_eagle_dir, load_eagle
 from serving.engine import Engine, StepEvent
 from serving.int8 import quantize_draft
-from serving.kernels import fused_attention_from, kernels_label, pack_for_inference
+from serving.kernels import kernels_label, pack_for_inference
 from serving.llama import CausalLM, load_causal_lm
 from serving.lookahead import DEFAULT_K, BatchGatedK, parse_policy
 from serving.models import (
@@ -176,7 +176,7 @@ def load(spec: EngineSpec) -> Loaded:
     tokenizer = load_tokenizer(target_dir)
     target = load_causal_lm(target_dir, dtype)
     pack_for_inference(target)
-    fused_attention_from(dtype)  # measured now rather than inside the first request
+    kernels_label(dtype)  # every kernel choice measured now rather than inside the first request
     if spec.drafter in ("draft", "draft+ngram"):
         draft_dir = resolve_model(spec.draft_model, "draft")
         check_same_vocab(target_dir, draft_dir, target_tok=tokenizer)

@@ -172,7 +172,7 @@ def test_decode_attention_paths_agree(setting, monkeypatch):
     for value in ("off", "on", "split"):
         if value == "split":
             setting("SPECFINOPS_DECODE_ATTENTION", "auto")
-            monkeypatch.setattr(serving.llama, "fused_attention_from", lambda dtype: 3)
+            monkeypatch.setattr(serving.llama, "fused_attention_from", lambda dtype, masked=False: 3)
         else:
             setting("SPECFINOPS_DECODE_ATTENTION", value)
             assert kernels.fused_attention_from() == (1 if value == "on" else None)
@@ -206,6 +206,12 @@ def test_fused_attention_is_chosen_per_width(setting, monkeypatch):
     kernels.fused_attention_from.cache_clear()
     monkeypatch.setattr(kernels, "_race", lambda fast, plain, **_: (fast(), plain()) and (1.0, 1.0))
     assert kernels.fused_attention_from(torch.bfloat16) is None and kernels.attention_label(torch.bfloat16) == "matmul"
+    kernels.fused_attention_from.cache_clear()
+    # one sequence and masked batches decide apart: here the mask costs the fused kernel its lead
+    monkeypatch.setattr(kernels, "_race", lambda fast, plain, **_: (2.0, 1.0) if fast().shape[0] > 1 else (1.0, 2.0))
+    assert kernels.fused_attention_from(torch.bfloat16) == 1
+    assert kernels.fused_attention_from(torch.bfloat16, masked=True) is None
+    assert kernels.attention_label(torch.bfloat16) == "fused/masked-matmul"
 
 
 def test_fused_attention_matches_matmul_attention_with_ragged_mask():
