@@ -210,13 +210,13 @@ def fused_attention_from(dtype: torch.dtype = torch.bfloat16, masked: bool = Fal
 
 def attention_label(dtype: torch.dtype) -> str:
     """'fused' (every decode width), 'matmul' (none) or 'fused>=N' (from N queries on); when masked
-    batches choose otherwise, '/masked-' and theirs, e.g. 'fused>=2/masked-matmul'."""
+    batches choose otherwise, '/mask-' and theirs, e.g. 'fused>=2/mask-matmul'."""
 
     def one(first: int | None) -> str:
         return "matmul" if first is None else "fused" if first == 1 else f"fused>={first}"
 
     plain, masked = fused_attention_from(dtype), fused_attention_from(dtype, masked=True)
-    return one(plain) if plain == masked else f"{one(plain)}/masked-{one(masked)}"
+    return one(plain) if plain == masked else f"{one(plain)}/mask-{one(masked)}"
 
 
 def kernels_label(dtype: torch.dtype) -> str:

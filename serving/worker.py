@@ -71,7 +71,7 @@ def software_version(dtype: str | None = None) -> str:
         own = f"specfinops {version('specfinops')}"
     except PackageNotFoundError:
         own = "specfinops (source)"
-    kernels = f", kernels {kernels_label(DTYPES[dtype])}" if dtype in DTYPES else ""
+    kernels = f", {kernels_label(DTYPES[dtype])}" if dtype in DTYPES else ""  # e.g. packed+fused>=2/mask-matmul
     return f"{own}, torch {torch.__version__}{kernels}"[:64]  # the column holds 64
 
 

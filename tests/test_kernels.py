@@ -211,7 +211,7 @@ def test_fused_attention_is_chosen_per_width(setting, monkeypatch):
     monkeypatch.setattr(kernels, "_race", lambda fast, plain, **_: (2.0, 1.0) if fast().shape[0] > 1 else (1.0, 2.0))
     assert kernels.fused_attention_from(torch.bfloat16) == 1
     assert kernels.fused_attention_from(torch.bfloat16, masked=True) is None
-    assert kernels.attention_label(torch.bfloat16) == "fused/masked-matmul"
+    assert kernels.attention_label(torch.bfloat16) == "fused/mask-matmul"
 
 
 def test_fused_attention_matches_matmul_attention_with_ragged_mask():
