@@ -36,7 +36,11 @@ def _configure(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
-        render_as_batch=connection.dialect.name == "sqlite",  # SQLite cannot ALTER most things in place
+        # SQLite cannot ALTER most things in place: batch mode copies the table, drops it and renames the
+        # copy. Beware on a parent table (runs, requests): with `PRAGMA foreign_keys=ON` (telemetry.db) the
+        # DROP deletes every child row through ON DELETE CASCADE. A trial widening runs.software_version
+        # that way emptied requests and steps; such a revision must turn foreign keys off first.
+        render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
         include_name=_include_name,
     )
