@@ -39,7 +39,8 @@ def _configure(connection: Connection) -> None:
         # SQLite cannot ALTER most things in place: batch mode copies the table, drops it and renames the
         # copy. Beware on a parent table (runs, requests): with `PRAGMA foreign_keys=ON` (telemetry.db) the
         # DROP deletes every child row through ON DELETE CASCADE. A trial widening runs.software_version
-        # that way emptied requests and steps; such a revision must turn foreign keys off first.
+        # that way emptied requests and steps; such a revision must turn foreign keys off first
+        # (tests/test_migrations.py::test_upgrading_from_every_revision_keeps_the_records catches it).
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
         include_name=_include_name,

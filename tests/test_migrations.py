@@ -65,3 +65,40 @@ def test_alembic_command_line_from_repo_root_uses_env_url(tmp_path):
         )
         assert proc.returncode == 0, f"alembic {args}: {proc.stderr}"
     assert _tables(url) == MODEL_TABLES | {"alembic_version"}
+
+
+def test_upgrading_from_every_revision_keeps_the_records(db_url):
+    """A run with a request, a step and a token event, written at each earlier revision, survives the upgrade
+    to head. Guards SQLite's batch mode: it rebuilds a table by copy, DROP and rename, and with foreign keys
+    on, dropping a parent table deletes its children through ON DELETE CASCADE."""
+    from sqlalchemy import text
+
+    from telemetry.store import known_revisions
+
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    cfg = alembic_config(db_url)
+    rows = [
+        "INSERT INTO runs (id, kind, mode, node_id, hostname, device, backend, dtype, target, k_policy, temperature, "
+        "top_p, concurrency, workload, power_source, software_version, started_at, status, dropped_records) VALUES "
+        "(1, 'bench', 'spec', 'n', 'h', 'cpu', 'torch', 'bfloat16', 't', 'fixed:4', 0, 1, 1, 'code', 'none', 'v', "
+        "'2026-12-02 00:00:00', 'completed', 0)",
+        "INSERT INTO requests (id, run_id, domain, started_at, prompt_tokens, output_tokens, num_drafts, "
+        "num_draft_tokens, num_accepted_tokens, status) VALUES (1, 1, 'code', '2026-12-02 00:00:00', 5, 9, 2, 8, 6, 'ok')",
+        "INSERT INTO steps (id, request_id, step_index, k, accepted, num_emitted, draft_ms, verify_ms, batch_size, "
+        "t_offset_ms) VALUES (1, 1, 0, 4, 3, 4, 1.0, 20.0, 1, 21.0)",
+    ]
+    try:
+        for rev in sorted(known_revisions()):
+            if rev == head_revision():
+                continue
+            command.downgrade(cfg, "base")
+            command.upgrade(cfg, rev)
+            with engine.begin() as conn:
+                for row in rows:
+                    conn.execute(text(row))
+            command.upgrade(cfg, "head")
+            with engine.connect() as conn:
+                counts = [conn.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar_one() for t in ("runs", "requests", "steps")]
+            assert counts == [1, 1, 1], f"upgrading from {rev} lost records: runs, requests, steps = {counts}"
+    finally:
+        engine.dispose()
