@@ -191,7 +191,7 @@ def fused_attention_from(dtype: torch.dtype = torch.bfloat16, masked: bool = Fal
     from serving.llama import causal_mask, small_attention  # the matmul path lives with the model
 
     gen = torch.Generator().manual_seed(0)
-    B, L = (4, 256) if masked else (1, 256)
+    B, L = (4 if masked else 1), 256
     wins = {}
     for T in ATTENTION_WIDTHS:
         q = torch.randn(B, 9, T, 64, generator=gen).to(dtype)

@@ -68,7 +68,7 @@ def test_alembic_command_line_from_repo_root_uses_env_url(tmp_path):
 
 
 def test_upgrading_from_every_revision_keeps_the_records(db_url):
-    """A run with a request, a step and a token event, written at each earlier revision, survives the upgrade
+    """A run with a request and a step, written at each earlier revision, survives the upgrade
     to head. Guards SQLite's batch mode: it rebuilds a table by copy, DROP and rename, and with foreign keys
     on, dropping a parent table deletes its children through ON DELETE CASCADE."""
     from sqlalchemy import text
