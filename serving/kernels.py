@@ -181,10 +181,11 @@ def fused_attention_from(dtype: torch.dtype = torch.bfloat16, masked: bool = Fal
     `scaled_dot_product_attention` (None: never; narrower forwards use plain batched matmuls).
 
     Measured per width and per call form, because AR feeds one query and verification K + 1, and the
-    kernels rank differently at the two: on an AVX-512 EPYC, for one sequence, the fused kernel took 1.6x
-    the matmuls' time at 1 query and 0.66-0.8x at 2-9; through an explicit mask (`masked`: a ragged batch
-    or a token tree) it took 1.2-3.6x at every width. Unmasked, the queries are one sequence's last T
-    positions, causal among themselves; masked, a batch of four reads through a (B, 1, T, L) mask."""
+    kernels rank differently at the two: on an AVX-512 EPYC, for one sequence, the fused kernel took
+    1.8-2.2x the matmuls' time at 1 query and 0.63-0.94x at 2-9; through an explicit mask (`masked`: a
+    ragged batch or a token tree) it took 1.2-3.6x at every width. Unmasked, the queries are one
+    sequence's last T positions, causal among themselves; masked, a batch of four reads through a
+    (B, 1, T, L) mask."""
     setting = _setting("SPECFINOPS_DECODE_ATTENTION")
     if setting != "auto":
         return 1 if setting == "on" else None
