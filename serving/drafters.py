@@ -2,7 +2,9 @@
 
 - `ModelDrafter`: a separate small model with the target's vocabulary, or the target's own first N
   layers (early-exit self-speculation: weights shared, own KV cache).
-- `FeatureDrafter`: an EAGLE-style draft that reads the target's last hidden states (serving/eagle.py).
+- `FeatureDrafter`: an EAGLE-style draft that reads the target's last hidden states (serving/eagle.py),
+  optionally with a copy prior (`copy_bias`: a logit bonus for tokens that followed the current token
+  earlier in the sequence, which a one-layer draft does not learn to copy by itself).
 - `NgramDrafter`: prompt lookup: find the latest earlier occurrence of the sequence's last n tokens and
   propose what followed it. No model, deterministic (q is one-hot).
 - `HybridDrafter`: prompt lookup where the context has a match, a model drafter everywhere else.
@@ -215,24 +217,78 @@ class HybridDrafter:
         return Draft(tokens=tokens, probs=probs, conf=conf if want_conf else None, stopped=stopped)
 
 
+class ContextFollowers:
+    """One sequence's in-context bigrams: for each token, the draft-head rows of the tokens that followed it
+    earlier in the sequence (prompt and committed output). Grows as tokens are committed."""
+
+    __slots__ = ("upto", "rows")
+
+    def __init__(self):
+        self.upto = 1  # tokens[:upto] are indexed
+        self.rows: dict[int, list[int]] = {}
+
+    def update(self, tokens: list[int], row_of: list[int]) -> None:
+        for i in range(self.upto, len(tokens)):
+            r = row_of[tokens[i]]
+            if r >= 0:
+                rows = self.rows.setdefault(tokens[i - 1], [])
+                if r not in rows:
+                    rows.append(r)
+        self.upto = max(self.upto, len(tokens))
+
+
 class FeatureDrafter:
     """Feature-level drafting: the draft layer reads the target's features f_j and the next token.
 
     Per sequence, `draft_len` counts draft positions filled from TRUE target features; positions after
     it hold the draft's own guesses from the last proposal and are simply rewritten (rolled back) by
     the next catch-up, which feeds the true features the verification produced.
+
+    Copy prior: with `copy_bias` b > 0 the draft's distribution after token x is
+
+        q(y) ~ exp(logit(y) + b * [x was followed by y earlier in this sequence])
+
+    Code and rewrites repeat names and phrases; a one-layer draft rarely learns to copy (an induction
+    head takes two layers), and the prior puts in-context continuations first when the draft is unsure.
+    It is part of q, so sampled drafts stay exact (rejection sampling reads the same q).
     """
 
     needs_features = True
 
-    def __init__(self, draft: EagleDraft, name: str, *, slots: int, max_len: int):
-        self.draft, self.name = draft, name
+    def __init__(self, draft: EagleDraft, name: str, *, slots: int, max_len: int, copy_bias: float = 0.0):
+        if not math.isfinite(copy_bias) or copy_bias < 0:
+            raise ValueError(f"copy_bias must be finite and >= 0, got {copy_bias}")
+        self.draft, self.name, self.copy_bias = draft, name, float(copy_bias)
         self.feature_layers = draft.cfg.feature_layers or None
         self.cache = draft.new_cache(slots, max_len)
+        self.row_of: list[int] = []  # full vocabulary id -> draft head row (-1: not in the head)
+        self.followers: dict[int, ContextFollowers] = {}  # by cache slot
+        if self.copy_bias:
+            row_of = torch.full((draft.cfg.vocab_size,), -1, dtype=torch.long)
+            row_of[draft.head_token_ids] = torch.arange(draft.cfg.head_vocab)
+            self.row_of = row_of.tolist()
 
     def prefill(self, seq: Sequence, features: torch.Tensor | None = None) -> None:
         seq.draft_feats = features  # (P, C): consumed by the first proposal's catch-up
         seq.draft_len = 0
+        if self.copy_bias:
+            self.followers[seq.slot] = ContextFollowers()
+
+    def with_copy_prior(self, seqs: list[Sequence], logits: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+        """Reduced logits (B, Vh) or (B, W, Vh) plus `copy_bias` on the head rows of the tokens that followed
+        each sequence's `current` token (B,) or (B, W) earlier in its context."""
+        if not self.copy_bias:
+            return logits
+        out = logits.clone()
+        flat, cur = out.view(len(seqs), -1, out.shape[-1]), current.view(len(seqs), -1).tolist()
+        for b, s in enumerate(seqs):
+            seen = self.followers.setdefault(s.slot, ContextFollowers())
+            seen.update(s.tokens, self.row_of)
+            for w, x in enumerate(cur[b]):
+                rows = seen.rows.get(x)
+                if rows:
+                    flat[b, w, rows] += self.copy_bias
+        return out
 
     def commit(self, seq: Sequence, num_before: int, accepted: int, features: torch.Tensor | None = None) -> None:
         # features of the pending token and the accepted drafts: positions num_before-1 .. num_before-1+accepted
@@ -248,7 +304,8 @@ class FeatureDrafter:
         # 2) K tokens; each next step feeds the draft's own h in place of the target feature
         loop = _DraftLoop(seqs, ks, greedy, self.draft.cfg.vocab_size, stop_below, stop_rules)
         for j in range(k_max):
-            loop.pick(j, logits, self.draft)
+            current = torch.tensor([s.tokens[-1] for s in seqs]) if j == 0 else loop.tokens[:, j - 1]
+            loop.pick(j, self.with_copy_prior(seqs, logits, current), self.draft)
             if not loop.wants(j + 1):
                 break
             fb = ModelDrafter._batch(seqs, [s.draft_len + j for s in seqs], 1)
@@ -287,6 +344,7 @@ class FeatureDrafter:
         B, W = len(seqs), shape.width
         h, logits = self._catch_up(seqs)
         ids = self.draft.head_token_ids
+        logits = self.with_copy_prior(seqs, logits, torch.tensor([s.tokens[-1] for s in seqs]))
         logp, top = logits.log_softmax(-1).topk(W, dim=-1)  # (B, W): the root's children
         # every candidate so far: token, score (path log-probability), parent candidate (-1 = the root)
         tok, score, parent = ids[top], logp, torch.full((B, W), -1)
@@ -311,7 +369,9 @@ class FeatureDrafter:
             grown[:, n:, n:] = torch.eye(W, dtype=torch.bool)
             visible = grown
             fb = tree_batch([s.slot for s in seqs], starts, torch.full((B, W), d - 1), visible[:, n:])
-            h_out, logits = self.draft(tok.gather(1, front), front_h, fb, self.cache)  # (B, W, C), (B, W, Vh)
+            fed = tok.gather(1, front)
+            h_out, logits = self.draft(fed, front_h, fb, self.cache)  # (B, W, C), (B, W, Vh)
+            logits = self.with_copy_prior(seqs, logits, fed)
             logp, top = logits.log_softmax(-1).topk(W, dim=-1)  # (B, W, W)
             child_score = (front_score[:, :, None] + logp).reshape(B, W * W)
             base = tok.shape[1]

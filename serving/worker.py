@@ -4,6 +4,7 @@ events into telemetry records. This is where serving meets the store; the engine
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import socket
@@ -60,6 +61,25 @@ DEFAULT_EARLY_EXIT_LAYERS = 8
 # (a single repeated token is too weak a signal to overrule the draft: calibrate on code measured 1.88x
 # with 1, 1.97x with 2, 1.99x with 3, the last two within noise)
 HYBRID_NGRAM_MIN = 2
+# a feature draft's copy prior (FeatureDrafter): the logit bonus for tokens that followed the current one
+# earlier in the sequence. Chosen on the target's answers to 160 package prompts (neither trained on nor
+# evaluation; docs/benchmarks.md, session 15): the draft alone gained most at 4 (alpha 0.446 -> 0.546 of
+# {0, 2, 4}); beside prompt lookup, which copies already, 2 was best and gained little (0.675 -> 0.679).
+# SPECFINOPS_COPY_BIAS overrides both (0 turns it off).
+COPY_BIAS = {"draft": 4.0, "draft+ngram": 2.0}
+
+
+def copy_bias_for(drafter: str) -> float:
+    raw = os.environ.get("SPECFINOPS_COPY_BIAS")
+    if raw is None or not raw.strip():
+        return COPY_BIAS.get(drafter, 0.0)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"SPECFINOPS_COPY_BIAS must be a number >= 0 (0 = off), got {raw!r}")
+    return value
 
 
 def software_version(dtype: str | None = None) -> str:
@@ -183,10 +203,12 @@ def load(spec: EngineSpec) -> Loaded:
         if is_eagle_dir(draft_dir):
             eagle = load_eagle(draft_dir, target, dtype)
             pack_for_inference(eagle)
-            label = f"feature:{draft_dir.name}{'@int8' if quantize_draft(eagle) else ''}"  # records say so
+            bias = copy_bias_for(spec.drafter)
+            label = (f"feature:{draft_dir.name}{'@int8' if quantize_draft(eagle) else ''}"  # records say so
+                     + (f"+copy{bias:g}" if bias else ""))
 
             def factory(slots: int, max_len: int):
-                return FeatureDrafter(eagle, label, slots=slots, max_len=max_len)
+                return FeatureDrafter(eagle, label, slots=slots, max_len=max_len, copy_bias=bias)
         else:
             if spec.tree is not None:
                 raise ValueError(f"--tree needs a feature draft (specfinops distill makes one); {draft_dir} is a "

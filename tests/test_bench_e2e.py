@@ -27,7 +27,7 @@ def loaded_f32(target_dir):
     return load(EngineSpec(dtype="float32", drafter="ngram", k="4", max_len=1024))
 
 
-@pytest.mark.parametrize("drafter,k", [("ngram", 4), ("early-exit", 3), ("draft+ngram", 4)])
+@pytest.mark.parametrize("drafter,k", [("ngram", 4), ("early-exit", 3), ("draft", 4), ("draft+ngram", 4)])
 def test_float32_greedy_spec_is_token_identical_to_ar(loaded_f32, drafter, k):
     prompts = load_workload("code", limit=3)
     params = SamplingParams(max_new_tokens=40)

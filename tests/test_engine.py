@@ -39,6 +39,9 @@ def drafters():
         "feature": lambda slots: FeatureDrafter(FEATURE, "feature", slots=slots, max_len=220),
         "feature+ngram": lambda slots: HybridDrafter(FeatureDrafter(FEATURE, "feature", slots=slots, max_len=220)),
         "fused+ngram": lambda slots: HybridDrafter(FeatureDrafter(FUSED, "fused", slots=slots, max_len=220)),
+        "feature+copy": lambda slots: FeatureDrafter(FEATURE, "feature", slots=slots, max_len=220, copy_bias=3.0),
+        "feature+copy+ngram": lambda slots: HybridDrafter(FeatureDrafter(FEATURE, "feature", slots=slots,
+                                                                         max_len=220, copy_bias=3.0)),
         "draft-model+ngram": lambda slots: HybridDrafter(ModelDrafter(DRAFT, "draft", slots=slots, max_len=220),
                                                          n_min=1),
     }
@@ -83,7 +86,8 @@ def test_heuristic_policy_is_exact_and_adapts():
     assert max(ks) > 2  # fully accepted drafts grow K
 
 
-@pytest.mark.parametrize("mode", ["ar", "draft-model", "self-draft", "ngram", "feature", "feature+ngram"])
+@pytest.mark.parametrize("mode", ["ar", "draft-model", "self-draft", "ngram", "feature", "feature+ngram",
+                                  "feature+copy"])
 def test_batched_sequences_joining_and_leaving_equal_solo(mode):
     lengths = [40, 13, 27, 5, 33]
     params = [SamplingParams(max_new_tokens=n) for n in lengths]
@@ -185,6 +189,83 @@ def test_feature_drafter_samples_exactly_seeded_and_proposes_only_head_tokens():
     assert outs[0] == outs[1] and len(outs[0]) == 24
     accepted = [t for e in events for t, src in zip(e.tokens, e.sources, strict=True) if src == "accepted"]
     assert accepted and all(t < 64 for t in accepted)
+
+
+def test_context_followers_index_what_followed_each_token_in_head_rows():
+    from serving.drafters import ContextFollowers
+
+    row_of = [-1] * 10
+    row_of[2], row_of[3], row_of[7] = 0, 1, 2  # a head of three tokens: 2, 3, 7
+    seen = ContextFollowers()
+    seen.update([5, 2, 5, 3, 5, 2], row_of)
+    assert seen.rows == {5: [0, 1]}  # 2 and 3 followed 5; what followed 2 and 3 (a 5) is not in the head
+    seen.update([5, 2, 5, 3, 5, 2, 7, 9, 2, 7], row_of)  # only the new tail is read
+    assert seen.rows == {5: [0, 1], 2: [2], 9: [0]} and seen.upto == 10
+
+
+def test_copy_prior_adds_the_bias_to_in_context_followers_and_q_is_what_was_sampled():
+    """By hand: after token 5, the tokens that followed 5 earlier (6 and 9) get +bias, nothing else moves; a
+    sampled draft's q rows are the softmax of exactly those logits (what keeps rejection sampling exact)."""
+    from serving.sequence import Sequence
+
+    drafter = FeatureDrafter(FEATURE, "f", slots=1, max_len=220, copy_bias=2.5)
+    seq = Sequence(seq_id=0, slot=0, params=GREEDY, tokens=[5, 6, 1, 5, 9, 5], num_prompt=6)
+    logits = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
+    out = drafter.with_copy_prior([seq], logits, torch.tensor([5]))
+    want = logits.clone()
+    want[0, [6, 9]] += 2.5  # head rows = token ids here (the head is tokens 0..63)
+    assert torch.equal(out, want) and not torch.equal(out, logits)
+    tree = drafter.with_copy_prior([seq], logits[:, None].expand(1, 2, 64), torch.tensor([[5, 1]]))
+    assert torch.equal(tree[0, 0], want[0]) and torch.equal(tree[0, 1][5], logits[0, 5] + 2.5)
+    assert torch.equal(FeatureDrafter(FEATURE, "f", slots=1, max_len=220).with_copy_prior([seq], logits,
+                                                                                          torch.tensor([5])), logits)
+    with pytest.raises(ValueError, match="copy_bias"):
+        FeatureDrafter(FEATURE, "f", slots=1, max_len=220, copy_bias=-1)
+
+
+def test_a_strong_copy_prior_proposes_what_followed_before():
+    """With a bias far above any logit the greedy draft after token 3 proposes 40, which followed 3 before,
+    and then what followed 40; the same draft without the prior proposes something else."""
+    from serving.sequence import Sequence
+
+    feats = torch.randn(5, TINY.hidden_size, generator=torch.Generator().manual_seed(1))
+    proposals = {}
+    for bias in (0.0, 1e4):
+        drafter = FeatureDrafter(FEATURE, "f", slots=1, max_len=220, copy_bias=bias)
+        seq = Sequence(seq_id=0, slot=0, params=GREEDY, tokens=[3, 40, 17, 8, 11, 3], num_prompt=6)
+        drafter.prefill(seq, feats)
+        proposals[bias] = drafter.propose([seq], [2]).tokens[0]
+    assert proposals[1e4] == [40, 17]
+    assert proposals[0.0] != [40, 17]
+
+
+def test_a_sampled_copy_prior_draft_keeps_the_biased_q_it_sampled_from():
+    """Rejection sampling is exact only if q is the distribution the token was drawn from: with the prior on,
+    every q row the drafter hands back is the softmax of the biased logits, not of the draft's own."""
+    drafter = FeatureDrafter(FEATURE, "f", slots=1, max_len=220, copy_bias=2.0)
+    seen = []
+    plain = drafter.with_copy_prior
+
+    def spy(seqs, logits, current):
+        out = plain(seqs, logits, current)
+        seen.append((logits.clone(), out.clone()))
+        return out
+
+    drafter.with_copy_prior = spy
+    engine = Engine(TARGET, drafter=drafter, policy=FixedK(2), max_len=200)
+    # every token of the vocabulary but the last was followed by the next one: whatever comes, it has a follower
+    seq = engine.add([*range(1, 96), 0], SamplingParams(temperature=1.0, max_new_tokens=8, seed=1))
+    engine.step()
+    seen.clear()
+    with torch.inference_mode():
+        draft = drafter.propose([seq], [2])
+    assert len(seen) == 2 and draft.probs is not None
+    moved = 0
+    for j, (raw, biased) in enumerate(seen):
+        q = draft.probs[0, j]
+        assert torch.allclose(q, FEATURE.full_logits(biased[0]).softmax(-1), atol=1e-6)
+        moved += not torch.allclose(q, FEATURE.full_logits(raw[0]).softmax(-1), atol=1e-6)
+    assert moved == 2
 
 
 @pytest.mark.parametrize("policy", ["heuristic", "entropy", "cost", "auto"])
@@ -472,3 +553,19 @@ def test_a_bad_request_fails_alone_and_its_batch_continues():
     ref = ar_outputs(PROMPTS[:2], SamplingParams(max_new_tokens=20))
     assert [s.output for s in good] == ref
     assert len(engine.free_slots) == 3
+
+
+def test_copy_bias_per_drafter_and_its_override(monkeypatch):
+    from serving.worker import COPY_BIAS, copy_bias_for
+
+    monkeypatch.delenv("SPECFINOPS_COPY_BIAS", raising=False)
+    assert copy_bias_for("draft") == COPY_BIAS["draft"] > 0 and copy_bias_for("draft+ngram") == COPY_BIAS["draft+ngram"]
+    assert copy_bias_for("ngram") == 0
+    monkeypatch.setenv("SPECFINOPS_COPY_BIAS", "0")
+    assert copy_bias_for("draft") == 0
+    monkeypatch.setenv("SPECFINOPS_COPY_BIAS", "1.5")
+    assert copy_bias_for("draft+ngram") == 1.5
+    for bad in ("-1", "lots", "nan", "inf"):
+        monkeypatch.setenv("SPECFINOPS_COPY_BIAS", bad)
+        with pytest.raises(ValueError, match="SPECFINOPS_COPY_BIAS"):
+            copy_bias_for("draft")
