@@ -264,9 +264,7 @@ class FeatureDrafter:
         self.row_of: list[int] = []  # full vocabulary id -> draft head row (-1: not in the head)
         self.followers: dict[int, ContextFollowers] = {}  # by cache slot
         if self.copy_bias:
-            row_of = torch.full((draft.cfg.vocab_size,), -1, dtype=torch.long)
-            row_of[draft.head_token_ids] = torch.arange(draft.cfg.head_vocab)
-            self.row_of = row_of.tolist()
+            self.row_of = draft.head_index().tolist()
 
     def prefill(self, seq: Sequence, features: torch.Tensor | None = None) -> None:
         seq.draft_feats = features  # (P, C): consumed by the first proposal's catch-up
@@ -282,8 +280,10 @@ class FeatureDrafter:
         out = logits.clone()
         flat, cur = out.view(len(seqs), -1, out.shape[-1]), current.view(len(seqs), -1).tolist()
         for b, s in enumerate(seqs):
-            seen = self.followers.setdefault(s.slot, ContextFollowers())
-            seen.update(s.tokens, self.row_of)
+            seen = self.followers.get(s.slot)
+            if seen is None:  # prefilled before the prior was on
+                seen = self.followers[s.slot] = ContextFollowers()
+            seen.update(s.tokens, self.row_of)  # reads only the tokens committed since the last call
             for w, x in enumerate(cur[b]):
                 rows = seen.rows.get(x)
                 if rows:

@@ -138,6 +138,12 @@ class EagleDraft(nn.Module):
             x = block(x, cos, sin, cache, fb)
         return x, self.head(self.norm(x)).float()
 
+    def head_index(self) -> torch.Tensor:
+        """(V,) full-vocabulary id -> the reduced head's row, -1 for tokens outside the head."""
+        rows = torch.full((self.cfg.vocab_size,), -1, dtype=torch.long)
+        rows[self.head_token_ids] = torch.arange(self.cfg.head_vocab)
+        return rows
+
     def full_logits(self, reduced: torch.Tensor) -> torch.Tensor:
         """Reduced logits (..., Vh) -> full-vocabulary logits (..., V) with -inf outside the head."""
         full = reduced.new_full((*reduced.shape[:-1], self.cfg.vocab_size), float("-inf"))

@@ -12,7 +12,6 @@ from serving.distill.train import (
     TrainConfig,
     _step_mask,
     distill_loss,
-    head_index,
     new_draft,
     simulate_alpha,
     teacher_forced_agreement,
@@ -78,7 +77,7 @@ def test_distillation_lowers_the_loss(prepared):
                       save_every_s=1e9, feat_noise=0.0)
     draft, coverage = new_draft(target, [prep], cfg, eos_ids=(2,))
     assert 0 < coverage["chosen"] <= 1
-    vocab_to_head = head_index(draft)
+    vocab_to_head = draft.head_index()
     from serving.distill.train import Batches
 
     fixed = Batches([prep], 64, 1024, 0).next()
@@ -388,7 +387,7 @@ def test_a_fused_feature_draft_trains_and_matches_its_inference_forward(tmp_path
     with torch.no_grad():
         draft.fuse.weight.add_(0.1 * torch.randn_like(draft.fuse.weight))
     _assert_unrolled_matches_inference(draft, prep)
-    vocab_to_head = head_index(draft)
+    vocab_to_head = draft.head_index()
     fixed = Batches([prep], 64, 1024, 0).next()
     with torch.no_grad():
         before, stats = distill_loss(draft, fixed, cfg, vocab_to_head, 1.0, train=False)
@@ -414,7 +413,7 @@ def test_a_fused_drafts_feature_loss_aims_at_its_own_fuse_of_the_next_real_featu
     draft, _ = new_draft(target, [prep], cfg, eos_ids=(2,))
     with torch.no_grad():
         draft.fuse.weight.add_(0.1 * torch.randn_like(draft.fuse.weight))
-    vocab_to_head = head_index(draft)
+    vocab_to_head = draft.head_index()
     batch = Batches([prep], 64, 1024, 0).next()
     loss, stats = distill_loss(draft, batch, cfg, vocab_to_head, 1.0)
     loss.backward()

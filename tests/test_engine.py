@@ -203,9 +203,9 @@ def test_context_followers_index_what_followed_each_token_in_head_rows():
     assert seen.rows == {5: [0, 1], 2: [2], 9: [0]} and seen.upto == 10
 
 
-def test_copy_prior_adds_the_bias_to_in_context_followers_and_q_is_what_was_sampled():
-    """By hand: after token 5, the tokens that followed 5 earlier (6 and 9) get +bias, nothing else moves; a
-    sampled draft's q rows are the softmax of exactly those logits (what keeps rejection sampling exact)."""
+def test_copy_prior_adds_the_bias_to_in_context_followers_only():
+    """By hand: after token 5, the tokens that followed 5 earlier (6 and 9) get +bias, nothing else moves;
+    a tree's candidates each get their own token's followers; without a bias the logits pass through."""
     from serving.sequence import Sequence
 
     drafter = FeatureDrafter(FEATURE, "f", slots=1, max_len=220, copy_bias=2.5)

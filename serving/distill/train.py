@@ -171,13 +171,6 @@ def unrolled_forward(draft: EagleDraft, tokens: torch.Tensor, feats: torch.Tenso
     return outs
 
 
-def head_index(draft: EagleDraft) -> torch.Tensor:
-    """(V,) full-vocabulary id -> the draft head's row, -1 for tokens outside the head."""
-    vocab_to_head = torch.full((draft.cfg.vocab_size,), -1, dtype=torch.long)
-    vocab_to_head[draft.head_token_ids] = torch.arange(draft.cfg.head_vocab)
-    return vocab_to_head
-
-
 def distill_loss(draft: EagleDraft, batch: dict, cfg: TrainConfig, vocab_to_head: torch.Tensor,
                  feat_scale: float, train: bool = True) -> tuple[torch.Tensor, dict]:
     tokens, num_prompt, length = batch["tokens"], batch["num_prompt"], batch["length"]
@@ -414,7 +407,7 @@ def train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, checkpo
     if cfg.minutes is None and cfg.steps is None:
         raise ValueError("give a training budget: minutes or steps")
     torch.manual_seed(cfg.seed)
-    vocab_to_head = head_index(draft)
+    vocab_to_head = draft.head_index()
     sample = torch.cat([p.feats[:20000].float() for p in preps])
     feat_scale = float(sample.pow(2).mean().sqrt())
     batches = Batches(preps, cfg.max_len, cfg.batch_tokens, cfg.seed)
