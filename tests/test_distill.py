@@ -92,6 +92,31 @@ def test_distillation_lowers_the_loss(prepared):
     assert set(res) == {"code", "chat"} and all(0 <= r["alpha"] <= 1 for r in res.values())
 
 
+def test_a_frozen_head_keeps_the_targets_rows_and_still_learns(prepared):
+    """--freeze-head: the final norm and head rows stay the target's own (the draft learns to produce
+    features that head reads), everything else trains, and the loss still falls."""
+    target, out = prepared
+    prep = load_prepared(out)
+    cfg = TrainConfig(head_vocab=32, lr=3e-3, batch_tokens=256, unroll=2, steps=40, warmup_steps=2,
+                      save_every_s=1e9, feat_noise=0.0, freeze_head=True)
+    draft, _ = new_draft(target, [prep], cfg, eos_ids=(2,))
+    head0, norm0 = draft.head.weight.detach().clone(), draft.norm.weight.detach().clone()
+    fc0, layer0 = draft.fc.weight.detach().clone(), next(draft.layers.parameters()).detach().clone()
+    from serving.distill.train import Batches
+
+    fixed = Batches([prep], 64, 1024, 0).next()
+    with torch.no_grad():
+        before, _ = distill_loss(draft, fixed, cfg, draft.head_index(), 1.0, train=False)
+    train(draft, [prep], cfg, progress=False)
+    with torch.no_grad():
+        after, _ = distill_loss(draft, fixed, cfg, draft.head_index(), 1.0, train=False)
+    assert torch.equal(draft.head.weight, head0) and torch.equal(draft.norm.weight, norm0)
+    assert not torch.equal(draft.fc.weight, fc0) and not torch.equal(next(draft.layers.parameters()), layer0)
+    # still the target's rows: head row i is the LM-head row of the i-th proposable token
+    assert torch.equal(draft.head.weight, target.lm_head.weight[draft.head_token_ids].float())
+    assert float(after) < 0.8 * float(before)
+
+
 def test_simulated_drafting_asks_a_lookup_first(prepared):
     """simulate_alpha's lookup hook (draft+ngram, or a store, in front of the draft): a lookup that knows
     the answers is accepted in full, one that never answers changes nothing, a wrong one is rejected."""

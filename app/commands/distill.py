@@ -61,6 +61,9 @@ def register(sub) -> None:
     p.add_argument("--batch-tokens", type=int, default=3072, help="padded tokens per step")
     p.add_argument("--unroll", type=int, default=3, help="draft steps trained per position (own features after step 1)")
     p.add_argument("--detach-unroll", action="store_true", help="no gradient through the draft's own features")
+    p.add_argument("--freeze-head", action="store_true",
+                   help="keep the target's final norm and head rows fixed; train only the draft's fc and layers "
+                        "(EAGLE-1: the draft must produce features the target's own head reads)")
     p.add_argument("--w-feat", type=float, default=0.5,
                    help="feature regression loss weight (h_p on f_{p+1}; on fuse(f_{p+1}) for a fused draft; 0: none)")
     p.add_argument("--w-hard", type=float, default=0.5, help="cross-entropy to the target's greedy token weight")

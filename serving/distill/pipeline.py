@@ -21,7 +21,7 @@ EVAL_DOMAINS = ("code", "chat", "rewrite")
 REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "package_prompts", "stdlib_code",
                  "max_new_tokens", "gen_batch",
                  "dtype", "out", "minutes", "steps",
-                 "head_vocab", "layers", "feature_layers", "data_feature_layers", "lr", "batch_tokens", "unroll", "detach_unroll", "w_feat", "w_hard",
+                 "head_vocab", "layers", "feature_layers", "data_feature_layers", "lr", "batch_tokens", "unroll", "detach_unroll", "freeze_head", "w_feat", "w_hard",
                  "feat_noise", "seed", "k")
 
 
@@ -206,7 +206,7 @@ def run(args) -> int:
     tok = load_tokenizer(target_dir)
     eos = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
     cfg = TrainConfig(head_vocab=args.head_vocab, layers=args.layers, lr=args.lr, batch_tokens=args.batch_tokens,
-                      unroll=args.unroll, detach_unroll=args.detach_unroll, minutes=args.minutes, steps=args.steps,
+                      unroll=args.unroll, detach_unroll=args.detach_unroll, freeze_head=args.freeze_head, minutes=args.minutes, steps=args.steps,
                       seed=args.seed, save_every_s=args.save_every * 60, w_feat=args.w_feat, w_hard=args.w_hard,
                       feat_noise=args.feat_noise, dtype=args.dtype, feature_layers=draft_layers)
     draft, coverage = new_draft(target, preps, cfg, eos)

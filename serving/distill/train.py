@@ -36,6 +36,7 @@ class TrainConfig:
     max_len: int = 448  # sequences are cut to this many positions
     unroll: int = 3  # draft steps trained per position (1 = real features only)
     detach_unroll: bool = False  # stop gradients through the draft's own features
+    freeze_head: bool = False  # keep the target's final norm and head rows as they are (EAGLE-1): train fc + layers
     feat_noise: float = 0.05  # uniform noise on real features, as a fraction of their RMS
     w_soft: float = 1.0
     w_hard: float = 0.5
@@ -485,4 +486,7 @@ def new_draft(target: CausalLM, preps: list[Prepared], cfg: TrainConfig, eos_ids
     draft.embed = [target.embed_tokens]
     for p in target.parameters():
         p.requires_grad_(False)
+    if cfg.freeze_head:  # the draft then has to predict features the target's own head reads
+        for p in (*draft.norm.parameters(), *draft.head.parameters()):
+            p.requires_grad_(False)
     return draft, coverage
