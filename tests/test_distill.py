@@ -181,6 +181,9 @@ def test_model_card_has_the_reproducible_command(tmp_path):
     assert "--package-prompts 7" in cmd and "--stdlib-prompts" not in cmd  # unset sources are left out
     assert "--resume" not in cmd and "--head-vocab 8192" in cmd and "--seed 0" in cmd
     assert "--dtype auto" not in cmd and f"--dtype {resolve_dtype('auto')}" in cmd  # the precision used, spelled out
+    assert "--freeze-head" not in cmd
+    frozen = build_parser().parse_args(["distill", "--out", str(tmp_path), "--generate-prompts", "10", "--freeze-head"])
+    assert "--freeze-head" in command_line(frozen).split()
 
 
 @pytest.mark.parametrize("argv, needle", [
