@@ -4,6 +4,7 @@ counts, so the figures can be checked by hand."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from telemetry.finops import speedup_bound
@@ -79,3 +80,30 @@ def per_token_alpha(counts: StepCounts) -> float | None:
         raise ValueError(f"num_full_accepts must be in [0, num_drafts], got {counts.num_full_accepts}")
     tested = counts.num_accepted_tokens + rejections
     return counts.num_accepted_tokens / tested if tested else None
+
+
+@dataclass(frozen=True, slots=True)
+class PositionAcceptance:
+    position: int  # 1-based draft position
+    tested: int  # steps that drafted this position and accepted every position before it
+    accepted: int  # ... and accepted this one too
+    rate: float | None  # accepted / tested: P(position accepted | the ones before it were)
+
+
+def acceptance_by_position(steps: Iterable[tuple[int, int]]) -> list[PositionAcceptance]:
+    """Per draft position i, the conditional acceptance the bound's alpha assumes constant: among steps
+    (k drafted, a accepted) that drafted position i (k >= i) and accepted the i - 1 before it (a >= i - 1),
+    the share that accepted position i too (a >= i). alpha (accepted / tested) is these counts summed over
+    the positions, so a curve that rises with i means a larger K measures a larger alpha."""
+    counts: dict[tuple[int, int], int] = {}
+    for k, a in steps:
+        if k < 0 or not 0 <= a <= k:
+            raise ValueError(f"a step must have 0 <= accepted <= k, got k={k}, accepted={a}")
+        counts[(k, a)] = counts.get((k, a), 0) + 1
+    k_max = max((k for k, _ in counts), default=0)
+    out = []
+    for i in range(1, k_max + 1):
+        tested = sum(n for (k, a), n in counts.items() if k >= i and a >= i - 1)
+        accepted = sum(n for (k, a), n in counts.items() if k >= i and a >= i)
+        out.append(PositionAcceptance(i, tested, accepted, accepted / tested if tested else None))
+    return out

@@ -191,3 +191,18 @@ def test_models_path_and_list(target_dir, capsys):
     assert main(["models", "list"]) == 0
     assert "smollm2-135m-instruct" in capsys.readouterr().out
 
+
+
+def test_calibrate_json_on_the_bundled_pair(target_dir, capsys):
+    """`calibrate --json` end to end: the per-domain figures and the acceptance curve by draft position,
+    whose counts add up to the alpha it reports (accepted / tested)."""
+    assert main(["calibrate", "--workload", "code", "--limit", "1", "--max-new-tokens", "24", "--k", "3",
+                 "--dtype", "float32", "--drafter", "draft+ngram", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (dom,) = out["domains"]
+    assert dom["domain"] == "code" and dom["prompts"] == 1 and dom["verdict"] in ("GO", "NO-GO")
+    pos = dom["acceptance_by_position"]
+    assert [p["position"] for p in pos] == [1, 2, 3]
+    assert all(p["tested"] >= p["accepted"] >= 0 for p in pos) and pos[0]["tested"] >= pos[-1]["tested"]
+    assert sum(p["accepted"] for p in pos) / sum(p["tested"] for p in pos) == pytest.approx(dom["alpha"])
+    assert 0 < dom["c"] < 1 and dom["best_k"] >= 1

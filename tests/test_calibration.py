@@ -62,3 +62,22 @@ def test_no_go_and_unknown():
 def test_calibrate_bad_input(argv, expected, capsys):
     assert main(["calibrate", *argv]) == 2
     assert expected in capsys.readouterr().err
+
+
+def test_acceptance_by_position_by_hand():
+    from telemetry.calibration import acceptance_by_position
+
+    # four K=3 steps accepting 0, 1, 3, 3 and one K=1 step accepting 1:
+    # position 1 tested by all 5, accepted by 4; position 2 tested by the 3 K=3 steps that accepted
+    # position 1, accepted by 2; position 3 tested by those 2, accepted by both
+    steps = [(3, 0), (3, 1), (3, 3), (3, 3), (1, 1)]
+    rows = acceptance_by_position(steps)
+    assert [(r.position, r.tested, r.accepted) for r in rows] == [(1, 5, 4), (2, 3, 2), (3, 2, 2)]
+    assert [r.rate for r in rows] == pytest.approx([0.8, 2 / 3, 1.0])
+    # summed over positions they are alpha's accepted / tested
+    full = sum(a >= k for k, a in steps)
+    cal = calibrate("x", StepCounts(5, 13, 8, full, 1.0, 1, 1.0))
+    assert sum(r.accepted for r in rows) / sum(r.tested for r in rows) == pytest.approx(cal.alpha)
+    assert acceptance_by_position([]) == []
+    with pytest.raises(ValueError, match="accepted"):
+        acceptance_by_position([(2, 3)])

@@ -53,7 +53,7 @@ def handle(args: argparse.Namespace) -> int:
     from serving.sampling import SamplingParams
     from serving.worker import EngineSpec, load
     from serving.workloads import load_workload
-    from telemetry.calibration import StepCounts, calibrate
+    from telemetry.calibration import StepCounts, acceptance_by_position, calibrate
 
     if not 0 < args.threshold <= 1:
         raise ValueError(f"--threshold must be in (0, 1], got {args.threshold}")
@@ -92,7 +92,8 @@ def handle(args: argparse.Namespace) -> int:
         )
         cal = calibrate(d, counts, threshold=args.threshold, k_max=args.k_max)
         measured = sp.tokens_per_s / ar.tokens_per_s if sp.tokens_per_s and ar.tokens_per_s else None
-        results.append((cal, measured, len(ps)))
+        positions = acceptance_by_position((s.k, s.accepted) for s in spec_steps)
+        results.append((cal, measured, len(ps), positions))
     if args.json:
         print(json.dumps({"target": str(loaded.target_dir), "drafter": loaded.drafter_label, "k_measured": args.k,
                           "domains": [{"domain": c.domain, "prompts": n, "alpha": c.alpha,
@@ -101,13 +102,16 @@ def handle(args: argparse.Namespace) -> int:
                                        "best_k": c.best_k, "speedup_bound": c.bound_at_best_k,
                                        "measured_speedup_at_k": m, "verdict": c.verdict, "threshold": c.threshold,
                                        "verify_ratio": c.verify_ratio,
-                                       "bound_with_measured_verify": c.bound_with_measured_verify}
-                                      for c, m, n in results]}, indent=1))
+                                       "bound_with_measured_verify": c.bound_with_measured_verify,
+                                       "acceptance_by_position": [{"position": r.position, "tested": r.tested,
+                                                                   "accepted": r.accepted, "rate": r.rate}
+                                                                  for r in pos]}
+                                      for c, m, n, pos in results]}, indent=1))
         return 0
     print(f"target {loaded.target_dir}\ndrafter {loaded.drafter_label}, measured at K={args.k}")
     print(f"{'domain':<10} {'prompts':>7} {'alpha':>6} {'acc rate':>8} {'mean acc len':>12} {'c':>6} {'best K':>6} "
           f"{'bound':>6} {'v':>5} {'bound v':>7} {'measured':>8}  verdict (alpha >= {args.threshold})")
-    for c, m, n in results:
+    for c, m, n, _ in results:
         f = lambda x, s=".3f": "—" if x is None else format(x, s)  # noqa: E731
         print(f"{c.domain:<10} {n:>7} {f(c.alpha):>6} {f(c.acceptance_rate):>8} {f(c.mean_acceptance_length, '.2f'):>12} {f(c.c):>6} "
               f"{f(c.best_k, 'd'):>6} {f(c.bound_at_best_k, '.2f'):>6} {f(c.verify_ratio, '.2f'):>5} "
@@ -117,4 +121,10 @@ def handle(args: argparse.Namespace) -> int:
     print("bound = (1 - a^(K+1)) / ((1 - a)(K c + 1)); c = draft time per proposed token / target one-token forward")
     print("v = the target's verify forward at the measured K / its one-token forward (the bound assumes 1);\n"
           "bound v = mean acceptance length / (K c + v) at the measured K: what this machine allows")
+    print("\nacceptance by draft position, given the positions before it were accepted (tested steps):")
+    for c, _, _, pos in results:
+        cells = "  ".join(f"{r.position}: " + ("—" if r.rate is None else f"{r.rate:.3f}") + f" ({r.tested})"
+                          for r in pos)
+        print(f"  {c.domain:<10} {cells or '—'}")
+    print("alpha sums these counts: where the curve rises with the position, a larger K measures a larger alpha")
     return 0
