@@ -20,10 +20,17 @@ Which kernel is cheapest depends on the CPU:
   `scaled_dot_product_attention` for decode widths; on an AVX-512 Xeon the fused kernel won at every
   decode width (1 query over 300 keys: 129 us -> 28 us); on an AVX-512 EPYC it lost at 1 query and won
   at 5. Measured per dtype and per width: from how many queries on (if any) the fused kernel runs.
+- **Matmul attention in float32.** On an AVX-512 EPYC with bf16 instructions, batched bf16 matmuls of
+  decode shapes (one to nine query rows per head against a few hundred keys) took 1.4x (one query,
+  256 keys) to 9x (nine queries, 800 keys) the time of the same products with q, keys and values
+  widened to float32 and the result rounded back; the fused kernel was slower than the widened
+  matmuls at one query. Measured per dtype, before the fused kernel's race (which then runs against
+  the faster matmul form).
 
 Each choice is made by timing both candidates on decode-sized inputs the first time it is asked for, and
-only where the candidate gives the same numbers. `SPECFINOPS_PACKED_LINEAR` and
-`SPECFINOPS_DECODE_ATTENTION` (`auto` | `on` | `off`) override the measurement.
+only where the candidate gives the same numbers (the widened attention is the more precise of the two).
+`SPECFINOPS_PACKED_LINEAR`, `SPECFINOPS_DECODE_ATTENTION` and `SPECFINOPS_ATTENTION_FLOAT32`
+(`auto` | `on` | `off`) override the measurement.
 """
 
 from __future__ import annotations
@@ -172,6 +179,37 @@ def rows_from(wins: dict[int, bool]) -> int | None:
     return first
 
 
+@functools.cache
+def widen_matmul_attention(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether the matmul attention path multiplies `dtype` (not float32) inputs in float32: timed on a
+    decode step of one sequence (1 query over 256 keys) and a masked batch of four verifying 4 drafts
+    (5 queries each), both forms taking turns (`_race`)."""
+    if dtype == torch.float32:
+        return False
+    setting = _setting("SPECFINOPS_ATTENTION_FLOAT32")
+    if setting != "auto":
+        return setting == "on"
+    from serving.llama import causal_mask, matmul_attention
+
+    gen = torch.Generator().manual_seed(0)
+    L = 256
+    shapes = []
+    for B, T in ((1, 1), (4, 5)):
+        q = torch.randn(B, 9, T, 64, generator=gen).to(dtype)
+        k = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
+        v = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
+        shapes.append((q, k, v, causal_mask(T, L).expand(B, 1, T, L) if B > 1 else None))
+
+    def wide():
+        return [matmul_attention(q.float(), k.float(), v.float(), m, L).to(dtype) for q, k, v, m in shapes][-1]
+
+    def plain():
+        return [matmul_attention(q, k, v, m, L) for q, k, v, m in shapes][-1]
+
+    t_wide, t_plain = _race(wide, plain)
+    return t_wide < FASTER * t_plain
+
+
 ATTENTION_WIDTHS = (1, 2, 3, 5, 9)  # queries a decode forward feeds per sequence: AR 1, verifying K <= 8 drafts K + 1
 
 
@@ -211,13 +249,17 @@ def fused_attention_from(dtype: torch.dtype = torch.bfloat16, masked: bool = Fal
 
 def attention_label(dtype: torch.dtype) -> str:
     """'fused' (every decode width), 'matmul' (none) or 'fused>=N' (from N queries on); when masked
-    batches choose otherwise, '/mask-' and theirs, e.g. 'fused>=2/mask-matmul'."""
+    batches choose otherwise, '/mask-' and theirs, e.g. 'fused>=2/mask-matmul'; '(f32)' at the end when
+    the widths that run matmuls multiply in float32, e.g. 'fused>=2(f32)'."""
 
     def one(first: int | None) -> str:
         return "matmul" if first is None else "fused" if first == 1 else f"fused>={first}"
 
     plain, masked = fused_attention_from(dtype), fused_attention_from(dtype, masked=True)
-    return one(plain) if plain == masked else f"{one(plain)}/mask-{one(masked)}"
+    label = one(plain) if plain == masked else f"{one(plain)}/mask-{one(masked)}"
+    if 1 not in (plain, masked) and widen_matmul_attention(dtype):
+        label += "(f32)"  # the matmul widths multiply in float32
+    return label
 
 
 def kernels_label(dtype: torch.dtype) -> str:

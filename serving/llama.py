@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from serving.kernels import fused_attention_from
+from serving.kernels import fused_attention_from, widen_matmul_attention
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -136,7 +136,16 @@ def causal_mask(T: int, kv_len: int) -> torch.Tensor:
 
 def small_attention(q, keys, values, mask, kv_len: int) -> torch.Tensor:
     """Attention for a few query positions. q (B, H, T, D); keys/values (B, Hkv, L, D);
-    mask (B, 1, T, L) or None (the T queries are the last T positions: causal among themselves)."""
+    mask (B, 1, T, L) or None (the T queries are the last T positions: causal among themselves).
+    Where the CPU's batched bf16 matmuls are slower than widening to float32 (measured once,
+    `kernels.widen_matmul_attention`), the products run in float32 and the result rounds back."""
+    if q.dtype != torch.float32 and widen_matmul_attention(q.dtype):
+        return matmul_attention(q.float(), keys.float(), values.float(), mask, kv_len).to(q.dtype)
+    return matmul_attention(q, keys, values, mask, kv_len)
+
+
+def matmul_attention(q, keys, values, mask, kv_len: int) -> torch.Tensor:
+    """small_attention's products, in the inputs' own dtype."""
     B, H, T, D = q.shape
     Hkv = keys.shape[1]
     G = H // Hkv  # query heads per kv head

@@ -29,10 +29,12 @@ def setting(monkeypatch):
         monkeypatch.setenv(name, value)
         kernels.packed_linear_rows.cache_clear()
         kernels.fused_attention_from.cache_clear()
+        kernels.widen_matmul_attention.cache_clear()
 
     yield set_
     kernels.packed_linear_rows.cache_clear()
     kernels.fused_attention_from.cache_clear()
+    kernels.widen_matmul_attention.cache_clear()
 
 
 @pytest.fixture
@@ -154,11 +156,71 @@ def test_rows_from_takes_the_smallest_row_count_that_keeps_winning(wins, expect)
     assert kernels.rows_from(wins) == expect
 
 
-@pytest.mark.parametrize("name", ["SPECFINOPS_PACKED_LINEAR", "SPECFINOPS_DECODE_ATTENTION"])
+@pytest.mark.parametrize("name", ["SPECFINOPS_PACKED_LINEAR", "SPECFINOPS_DECODE_ATTENTION",
+                                  "SPECFINOPS_ATTENTION_FLOAT32"])
 def test_bad_setting_is_named(setting, name):
     setting(name, "fast")
+    ask = {"SPECFINOPS_PACKED_LINEAR": kernels.packed_linear_rows, "SPECFINOPS_DECODE_ATTENTION": kernels.fused_attention_from,
+           "SPECFINOPS_ATTENTION_FLOAT32": kernels.widen_matmul_attention}[name]
     with pytest.raises(ValueError, match=f"{name} must be auto, on or off"):
-        kernels.packed_linear_rows() if name.endswith("LINEAR") else kernels.fused_attention_from()
+        ask()
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_widened_matmul_attention_is_the_float32_attention_rounded_once(setting, masked):
+    """With the float32 products on, bf16 attention is the float32 attention of the same inputs rounded to
+    bf16 once (off: every product rounds); both stay bf16 tensors."""
+    from serving.llama import matmul_attention, small_attention
+
+    torch.manual_seed(0)
+    B, T, L = (3, 5, 40) if masked else (1, 1, 40)
+    q, k, v = (torch.randn(B, 9, T, 64).bfloat16(), torch.randn(B, 3, L, 64).bfloat16(),
+               torch.randn(B, 3, L, 64).bfloat16())
+    mask = None
+    if masked:
+        pos = torch.tensor([30, 35, 40])[:, None] - T + torch.arange(T)
+        mask = (torch.arange(L)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
+    exact = matmul_attention(q.float(), k.float(), v.float(), mask, L)
+    setting("SPECFINOPS_ATTENTION_FLOAT32", "on")
+    wide = small_attention(q, k, v, mask, L)
+    setting("SPECFINOPS_ATTENTION_FLOAT32", "off")
+    plain = small_attention(q, k, v, mask, L)
+    assert wide.dtype == plain.dtype == torch.bfloat16
+    assert torch.equal(wide, exact.bfloat16())
+    torch.testing.assert_close(plain.float(), exact, rtol=3e-2, atol=3e-2)
+    # float32 inputs are never converted: the setting changes nothing for them
+    setting("SPECFINOPS_ATTENTION_FLOAT32", "on")
+    assert torch.equal(small_attention(q.float(), k.float(), v.float(), mask, L), exact)
+
+
+def test_widening_is_chosen_by_measurement(setting, monkeypatch):
+    """auto times both forms (one decode query, a masked verify batch) and widens only where it wins by the
+    FASTER margin; float32 never widens; on / off decide without timing; the label says '(f32)' where the
+    matmul widths multiply in float32."""
+    setting("SPECFINOPS_ATTENTION_FLOAT32", "auto")
+    calls = []
+
+    def race(fast, plain, **_):
+        a, b = fast(), plain()
+        calls.append((a.dtype, b.dtype, a.shape))
+        torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2)
+        return timings
+
+    monkeypatch.setattr(kernels, "_race", race)
+    timings = (1.0, 2.0)
+    assert kernels.widen_matmul_attention(torch.bfloat16) is True
+    assert calls and all(a == b == torch.bfloat16 for a, b, _ in calls)
+    kernels.widen_matmul_attention.cache_clear()
+    timings = (0.9, 1.0)  # faster, but not by the margin
+    assert kernels.widen_matmul_attention(torch.bfloat16) is False
+    assert kernels.widen_matmul_attention(torch.float32) is False
+    setting("SPECFINOPS_ATTENTION_FLOAT32", "on")
+    calls.clear()
+    assert kernels.widen_matmul_attention(torch.bfloat16) is True and not calls
+    setting("SPECFINOPS_DECODE_ATTENTION", "off")
+    assert kernels.attention_label(torch.bfloat16) == "matmul(f32)"
+    setting("SPECFINOPS_DECODE_ATTENTION", "on")
+    assert kernels.attention_label(torch.bfloat16) == "fused"  # no width runs matmuls
 
 
 def test_decode_attention_paths_agree(setting, monkeypatch):
@@ -189,6 +251,7 @@ def test_decode_attention_paths_agree(setting, monkeypatch):
 def test_fused_attention_is_chosen_per_width(setting, monkeypatch):
     """The race runs both kernels at every decode width, as the model calls them, and the fused kernel
     serves from the narrowest width from which it won at every wider one."""
+    setting("SPECFINOPS_ATTENTION_FLOAT32", "off")  # its own race is tested below
     setting("SPECFINOPS_DECODE_ATTENTION", "auto")
     seen = []
 
