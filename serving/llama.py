@@ -139,7 +139,7 @@ def small_attention(q, keys, values, mask, kv_len: int) -> torch.Tensor:
     mask (B, 1, T, L) or None (the T queries are the last T positions: causal among themselves).
     Where the CPU's batched bf16 matmuls are slower than widening to float32 (measured once,
     `kernels.widen_matmul_attention`), the products run in float32 and the result rounds back."""
-    if q.dtype != torch.float32 and widen_matmul_attention(q.dtype):
+    if q.dtype != torch.float32 and q.device.type == "cpu" and widen_matmul_attention(q.dtype):
         return matmul_attention(q.float(), keys.float(), values.float(), mask, kv_len).to(q.dtype)
     return matmul_attention(q, keys, values, mask, kv_len)
 
