@@ -20,7 +20,7 @@ Which kernel is cheapest depends on the CPU:
   `scaled_dot_product_attention` for decode widths; on an AVX-512 Xeon the fused kernel won at every
   decode width (1 query over 300 keys: 129 us -> 28 us); on an AVX-512 EPYC it lost at 1 query and won
   at 5. Measured per dtype and per width: from how many queries on (if any) the fused kernel runs.
-- **Matmul attention in float32.** On an AVX-512 EPYC with bf16 instructions, batched bf16 matmuls of
+- **Matmul attention in float32.** On an AVX2-only EPYC (bf16 emulated), batched bf16 matmuls of
   decode shapes (one to nine query rows per head against a few hundred keys) took 1.4x (one query,
   256 keys) to 9x (nine queries, 800 keys) the time of the same products with q, keys and values
   widened to float32 and the result rounded back; the fused kernel was slower than the widened
@@ -201,10 +201,14 @@ def widen_matmul_attention(dtype: torch.dtype = torch.bfloat16) -> bool:
         shapes.append((q, k, v, causal_mask(T, L).expand(B, 1, T, L) if B > 1 else None))
 
     def wide():
-        return [matmul_attention(q.float(), k.float(), v.float(), m, L).to(dtype) for q, k, v, m in shapes][-1]
+        for q, k, v, m in shapes:
+            out = matmul_attention(q.float(), k.float(), v.float(), m, L).to(dtype)
+        return out
 
     def plain():
-        return [matmul_attention(q, k, v, m, L) for q, k, v, m in shapes][-1]
+        for q, k, v, m in shapes:
+            out = matmul_attention(q, k, v, m, L)
+        return out
 
     t_wide, t_plain = _race(wide, plain)
     return t_wide < FASTER * t_plain
@@ -257,7 +261,7 @@ def attention_label(dtype: torch.dtype) -> str:
 
     plain, masked = fused_attention_from(dtype), fused_attention_from(dtype, masked=True)
     label = one(plain) if plain == masked else f"{one(plain)}/mask-{one(masked)}"
-    if 1 not in (plain, masked) and widen_matmul_attention(dtype):
+    if not plain == masked == 1 and widen_matmul_attention(dtype):
         label += "(f32)"  # the matmul widths multiply in float32
     return label
 

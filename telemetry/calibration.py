@@ -94,7 +94,8 @@ def acceptance_by_position(steps: Iterable[tuple[int, int]]) -> list[PositionAcc
     """Per draft position i, the conditional acceptance the bound's alpha assumes constant: among steps
     (k drafted, a accepted) that drafted position i (k >= i) and accepted the i - 1 before it (a >= i - 1),
     the share that accepted position i too (a >= i). alpha (accepted / tested) is these counts summed over
-    the positions, so a curve that rises with i means a larger K measures a larger alpha."""
+    the positions, so a curve that rises with i means a larger K measures a larger alpha. (The dashboard's
+    chart of the same name shows the unconditional share: accepted > i among the steps with K > i.)"""
     counts: dict[tuple[int, int], int] = {}
     for k, a in steps:
         if k < 0 or not 0 <= a <= k:
