@@ -108,3 +108,32 @@ def acceptance_by_position(steps: Iterable[tuple[int, int]]) -> list[PositionAcc
         accepted = sum(n for (k, a), n in counts.items() if k >= i and a >= i)
         out.append(PositionAcceptance(i, tested, accepted, accepted / tested if tested else None))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class PromptAcceptance:
+    prompt_id: str
+    steps: int  # speculative steps that drafted at least one token
+    tested: int  # accepted tokens plus the rejections that ended steps
+    accepted: int
+    alpha: float | None  # accepted / tested, the domain's alpha restricted to this prompt
+    mean_acceptance_length: float | None  # tokens each of its steps emitted (accepted + the target's own)
+
+
+def acceptance_by_prompt(steps: Iterable[tuple[str, int, int]]) -> list[PromptAcceptance]:
+    """Per prompt, from its steps (prompt id, k drafted, a accepted), the same alpha a domain gets, lowest
+    first: where a domain misses the threshold, which requests pull it down. Steps with k = 0 (no draft)
+    are not counted. The domain's alpha is these counts summed, not the mean of the per-prompt alphas."""
+    acc: dict[str, list[int]] = {}
+    for pid, k, a in steps:
+        if k < 0 or not 0 <= a <= k:
+            raise ValueError(f"a step must have 0 <= accepted <= k, got k={k}, accepted={a} (prompt {pid})")
+        if k == 0:
+            continue
+        row = acc.setdefault(pid, [0, 0, 0])  # steps, tested, accepted
+        row[0] += 1
+        row[1] += a + (a < k)
+        row[2] += a
+    out = [PromptAcceptance(pid, n, t, a, a / t if t else None, 1 + a / n if n else None)
+           for pid, (n, t, a) in acc.items()]
+    return sorted(out, key=lambda p: (p.alpha if p.alpha is not None else 2.0, p.prompt_id))

@@ -205,4 +205,9 @@ def test_calibrate_json_on_the_bundled_pair(target_dir, capsys):
     assert [p["position"] for p in pos] == [1, 2, 3]
     assert all(p["tested"] >= p["accepted"] >= 0 for p in pos) and pos[0]["tested"] >= pos[-1]["tested"]
     assert sum(p["accepted"] for p in pos) / sum(p["tested"] for p in pos) == pytest.approx(dom["alpha"])
+    # one prompt: its own alpha is the domain's
+    (row,) = dom["acceptance_by_prompt"]
+    assert row["prompt_id"] == "code-001" and row["steps"] >= 1
+    assert row["alpha"] == pytest.approx(dom["alpha"])
+    assert row["mean_acceptance_length"] == pytest.approx(dom["mean_acceptance_length"])
     assert 0 < dom["c"] < 1 and dom["best_k"] >= 1

@@ -81,3 +81,24 @@ def test_acceptance_by_position_by_hand():
     assert acceptance_by_position([]) == []
     with pytest.raises(ValueError, match="accepted"):
         acceptance_by_position([(2, 3)])
+
+
+def test_acceptance_by_prompt_by_hand():
+    from telemetry.calibration import acceptance_by_prompt
+
+    # prompt a: K=4 steps accepting 4 (tests 4) and 1 (tests 2) -> 5 / 6; a K=0 step is not a draft
+    # prompt b: K=2 steps accepting 0 and 0 -> 0 / 2
+    # prompt c: one K=3 step accepting 2 -> 2 / 3
+    steps = [("a", 4, 4), ("b", 2, 0), ("a", 4, 1), ("c", 3, 2), ("b", 2, 0), ("a", 0, 0)]
+    rows = acceptance_by_prompt(steps)
+    assert [r.prompt_id for r in rows] == ["b", "c", "a"]  # lowest alpha first
+    assert [(r.steps, r.tested, r.accepted) for r in rows] == [(2, 2, 0), (1, 3, 2), (2, 6, 5)]
+    assert [r.alpha for r in rows] == pytest.approx([0.0, 2 / 3, 5 / 6])
+    assert [r.mean_acceptance_length for r in rows] == pytest.approx([1.0, 3.0, 3.5])
+    # the domain's alpha is the counts summed (7 / 11), not the mean of the prompts' alphas
+    assert sum(r.accepted for r in rows) / sum(r.tested for r in rows) == pytest.approx(7 / 11)
+    cal = calibrate("x", StepCounts(5, 16, 7, 1, 1.0, 1, 1.0))
+    assert cal.alpha == pytest.approx(7 / 11)
+    assert acceptance_by_prompt([("a", 0, 0)]) == []
+    with pytest.raises(ValueError, match="prompt z"):
+        acceptance_by_prompt([("z", 2, 3)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 
 from app.commands._common import DTYPE_HELP, add_command
@@ -53,7 +54,7 @@ def handle(args: argparse.Namespace) -> int:
     from serving.sampling import SamplingParams
     from serving.worker import EngineSpec, load
     from serving.workloads import load_workload
-    from telemetry.calibration import StepCounts, acceptance_by_position, calibrate
+    from telemetry.calibration import StepCounts, acceptance_by_position, acceptance_by_prompt, calibrate
 
     if not 0 < args.threshold <= 1:
         raise ValueError(f"--threshold must be in (0, 1], got {args.threshold}")
@@ -93,7 +94,8 @@ def handle(args: argparse.Namespace) -> int:
         cal = calibrate(d, counts, threshold=args.threshold, k_max=args.k_max)
         measured = sp.tokens_per_s / ar.tokens_per_s if sp.tokens_per_s and ar.tokens_per_s else None
         positions = acceptance_by_position((s.k, s.accepted) for s in spec_steps)
-        results.append((cal, measured, len(ps), positions))
+        by_prompt = acceptance_by_prompt((r.prompt.id, s.k, s.accepted) for r in sp.results for s in r.record.steps)
+        results.append((cal, measured, len(ps), positions, by_prompt))
     if args.json:
         print(json.dumps({"target": str(loaded.target_dir), "drafter": loaded.drafter_label, "k_measured": args.k,
                           "domains": [{"domain": c.domain, "prompts": n, "alpha": c.alpha,
@@ -105,13 +107,18 @@ def handle(args: argparse.Namespace) -> int:
                                        "bound_with_measured_verify": c.bound_with_measured_verify,
                                        "acceptance_by_position": [{"position": r.position, "tested": r.tested,
                                                                    "accepted": r.accepted, "rate": r.rate}
-                                                                  for r in pos]}
-                                      for c, m, n, pos in results]}, indent=1))
+                                                                  for r in pos],
+                                       "acceptance_by_prompt": [{"prompt_id": r.prompt_id, "steps": r.steps,
+                                                                 "tested": r.tested, "accepted": r.accepted,
+                                                                 "alpha": r.alpha,
+                                                                 "mean_acceptance_length": r.mean_acceptance_length}
+                                                                for r in by]}
+                                      for c, m, n, pos, by in results]}, indent=1))
         return 0
     print(f"target {loaded.target_dir}\ndrafter {loaded.drafter_label}, measured at K={args.k}")
     print(f"{'domain':<10} {'prompts':>7} {'alpha':>6} {'acc rate':>8} {'mean acc len':>12} {'c':>6} {'best K':>6} "
           f"{'bound':>6} {'v':>5} {'bound v':>7} {'measured':>8}  verdict (alpha >= {args.threshold})")
-    for c, m, n, _ in results:
+    for c, m, n, _, _ in results:
         f = lambda x, s=".3f": "—" if x is None else format(x, s)  # noqa: E731
         print(f"{c.domain:<10} {n:>7} {f(c.alpha):>6} {f(c.acceptance_rate):>8} {f(c.mean_acceptance_length, '.2f'):>12} {f(c.c):>6} "
               f"{f(c.best_k, 'd'):>6} {f(c.bound_at_best_k, '.2f'):>6} {f(c.verify_ratio, '.2f'):>5} "
@@ -122,9 +129,25 @@ def handle(args: argparse.Namespace) -> int:
     print("v = the target's verify forward at the measured K / its one-token forward (the bound assumes 1);\n"
           "bound v = mean acceptance length / (K c + v) at the measured K: what this machine allows")
     print("\nacceptance by draft position, given the positions before it were accepted (tested steps):")
-    for c, _, _, pos in results:
+    for c, _, _, pos, _ in results:
         cells = "  ".join(f"{r.position}: " + ("—" if r.rate is None else f"{r.rate:.3f}") + f" ({r.tested})"
                           for r in pos)
         print(f"  {c.domain:<10} {cells or '—'}")
     print("alpha sums these counts: where the curve rises with the position, a larger K measures a larger alpha")
+    print(f"\nalpha by prompt (prompts reaching alpha >= {args.threshold}; lowest three; median; highest):")
+    for c, _, _, _, by in results:
+        print(f"  {c.domain:<10} {_prompt_spread(by, args.threshold)}")
+    print("a domain's alpha pools its prompts' counts; --json lists every prompt")
     return 0
+
+
+def _prompt_spread(rows, threshold: float) -> str:
+    """One line: how many prompts reach the threshold, the three lowest, the median and the highest."""
+    rated = [r for r in rows if r.alpha is not None]  # acceptance_by_prompt sorts them lowest first
+    if not rated:
+        return "—"
+    cell = lambda r: f"{r.prompt_id} {r.alpha:.3f}"  # noqa: E731
+    reach = sum(r.alpha >= threshold for r in rated)
+    median = statistics.median(r.alpha for r in rated)
+    return (f"{reach}/{len(rated)} reach it; lowest {', '.join(cell(r) for r in rated[:3])}; "
+            f"median {median:.3f}; highest {cell(rated[-1])}")
