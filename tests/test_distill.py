@@ -136,6 +136,27 @@ def test_simulated_drafting_asks_a_lookup_first(prepared):
         assert wrong[dom]["alpha"] == 0 and wrong[dom]["mean_accept_len"] == 1
 
 
+def test_simulated_drafting_with_the_copy_prior(prepared):
+    """simulate_alpha's copy_bias is the engine's copy prior: the head rows of the tokens that followed the
+    current token earlier in the context get + b. b = 0 is plain drafting; a prior that outweighs any
+    logit makes the draft propose such a follower wherever one exists, which changes what it proposes."""
+    from serving.distill.train import _followers
+
+    # rows: token t -> head row t - 10 (tokens below 10 are not in the head)
+    row_of = [-1] * 10 + list(range(10))
+    assert _followers([12, 13, 12, 14, 12, 13, 5, 12], row_of) == {12: [3, 4], 13: [2], 14: [2], 5: [2]}
+    assert _followers([], row_of) == {} and _followers([12], row_of) == {}
+    target, out = prepared
+    prep = load_prepared(out)
+    draft, _ = new_draft(target, [prep], TrainConfig(head_vocab=32), eos_ids=(2,))
+    with torch.inference_mode():
+        plain = simulate_alpha(draft, prep, k=3)
+        assert simulate_alpha(draft, prep, k=3, copy_bias=0.0) == plain
+        forced = simulate_alpha(draft, prep, k=3, copy_bias=1e4)
+    assert forced != plain
+    assert all(0 <= r["alpha"] <= 1 for r in forced.values())
+
+
 def _assert_unrolled_matches_inference(draft, prep) -> None:
     """Training's parallel steps 1 and 2 equal the cached inference forward (EagleDraft.forward) on the
     first sequence: step 1 on the real features, step 2 at p=5 on (x_6, h1[4]) over real entries < 5."""
@@ -359,6 +380,21 @@ def test_draft_diagnostics_refuses_a_directory_that_is_no_draft(tmp_path, capsys
     assert main(["--draft", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--draft" in err[0] and "config.json" in err[0]
+
+
+def test_draft_generalization_holds_out_what_the_training_seed_made(capsys):
+    """scripts.draft_generalization: its held-out sets are code prompts the training seed never made, and
+    a held-out seed equal to the training seed is refused."""
+    from scripts.draft_generalization import heldout_sets, main
+    from serving.distill.prompts import make_prompts, stdlib_prompts
+
+    sets = heldout_sets(15, train_seed=0, heldout_seed=1, packages=("packaging", "click"))
+    assert {k: len(v) for k, v in sets.items()} == {"templated": 15, "stdlib": 15, "packages": 15}
+    assert all(p["domain"] == "code" for v in sets.values() for p in v)
+    trained = {p.get("prompt") for p in make_prompts(None, seed=0)} | {p["prompt"] for p in stdlib_prompts(None, seed=0)}
+    assert not any(p["prompt"] in trained for p in sets["templated"] + sets["stdlib"])
+    assert main(["--seed-heldout", "0"]) == 2
+    assert "--seed-heldout" in capsys.readouterr().err
 
 
 def test_fused_features_are_the_named_blocks_side_by_side(tmp_path):

@@ -7,6 +7,7 @@ and is never trained on; `make_prompts` drops any exact match). Deterministic fo
 
 from __future__ import annotations
 
+import functools
 import random
 
 LANGS = ["Python", "Python", "Python", "JavaScript", "TypeScript", "Go", "Rust", "Java", "C", "Ruby", "Kotlin", "C#"]
@@ -484,13 +485,19 @@ def _documented_functions(root, files, max_lines: int) -> list[tuple[str, str, s
 
 def _stdlib_functions(max_lines: int = 40) -> list[tuple[str, str, str, str, str]]:
     """The documented public functions of the Python standard library that ships with the interpreter,
-    in a stable order (see _documented_functions)."""
+    in a stable order (see _documented_functions). A new list each call (callers shuffle it); the parse
+    of the library is done once per process."""
+    return list(_stdlib_functions_parsed(max_lines))
+
+
+@functools.lru_cache(maxsize=4)
+def _stdlib_functions_parsed(max_lines: int) -> tuple[tuple[str, str, str, str, str], ...]:
     import sysconfig
     from pathlib import Path
 
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo", "ensurepip", "tkinter"}
-    return _documented_functions(root, _python_files(root, skip), max_lines)
+    return tuple(_documented_functions(root, _python_files(root, skip), max_lines))
 
 
 STDLIB_ASKS = [
@@ -556,19 +563,25 @@ def package_versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
 
 
 def _package_functions(pkg: str, max_lines: int) -> list[tuple[str, str, str, str, str]]:
+    """A package's documented public functions (a new list each call; parsed once per process)."""
+    return list(_package_functions_parsed(pkg, max_lines))
+
+
+@functools.lru_cache(maxsize=64)
+def _package_functions_parsed(pkg: str, max_lines: int) -> tuple[tuple[str, str, str, str, str], ...]:
     import importlib.util
     from pathlib import Path
 
     spec = importlib.util.find_spec(pkg)
     if spec is None:
-        return []
+        return ()
     if spec.submodule_search_locations:
         root = Path(list(spec.submodule_search_locations)[0])
         files = _python_files(root, {"test", "tests", "testing", "_vendor", "vendor", "_vendored"})
         top = root.parent
     else:
         files, top = [Path(spec.origin)], Path(spec.origin).parent
-    return _documented_functions(top, files, max_lines)
+    return tuple(_documented_functions(top, files, max_lines))
 
 
 def package_prompts(limit: int | None = None, seed: int = 0, packages: tuple[str, ...] = PACKAGES) -> list[dict]:

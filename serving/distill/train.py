@@ -246,7 +246,7 @@ def primed_draft(draft: EagleDraft, prep: Prepared, seq: dict, k: int):
 
 @torch.inference_mode()
 def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple[str, ...] | None = None,
-                   lookup: Callable[[list[int], int], list[int]] | None = None) -> dict:
+                   lookup: Callable[[list[int], int], list[int]] | None = None, copy_bias: float = 0.0) -> dict:
     """Greedy acceptance as the engine would see it: the draft proposes K tokens from the real feature
     of the last verified position (later steps feed its own h), the target's greedy continuation (the
     stored answer) verifies, the accepted prefix plus one target token is committed, repeat.
@@ -258,6 +258,7 @@ def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple
     from serving.llama import contiguous_batch
 
     res: dict[str, dict] = {}
+    row_of = draft.head_index().tolist() if copy_bias else []
     for s in prep.seqs:
         if domains and s["domain"] not in domains:
             continue
@@ -278,9 +279,15 @@ def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple
                           contiguous_batch(0, 1, real_upto, s0 - real_upto), cache)
                 tok = toks[n: n + 1]
                 f = feats[s0: s0 + 1]
+                followers = _followers(toks[: n + 1].tolist(), row_of) if copy_bias else {}
                 for j in range(kk):
                     h, logits = draft(tok[None], f[None], contiguous_batch(0, 1, s0 + j, 1), cache)
-                    t = draft.head_token_ids[logits[0, -1].argmax()]
+                    lg = logits[0, -1]
+                    rows = followers.get(int(tok[0]))
+                    if rows:
+                        lg = lg.clone()
+                        lg[rows] += copy_bias
+                    t = draft.head_token_ids[lg.argmax()]
                     props.append(int(t))
                     tok, f = t.view(1), h[0, -1:]
                 real_upto = s0 + 1  # position s0 was real (step 1); s0+1.. are the chain's own
@@ -302,6 +309,16 @@ def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple
         r["acceptance_rate"] = round(r["accepted"] / max(r["drafted"], 1), 4)
         r["mean_accept_len"] = round(1 + r["accepted"] / max(r["drafts"], 1), 3)
     return res
+
+
+def _followers(context: list[int], row_of: list[int]) -> dict[int, list[int]]:
+    """For each token of `context`, the draft-head rows of the tokens that followed it there."""
+    out: dict[int, list[int]] = {}
+    for prev, nxt in zip(context[:-1], context[1:], strict=True):
+        r = row_of[nxt]
+        if r >= 0 and r not in out.setdefault(prev, []):
+            out[prev].append(r)
+    return out
 
 
 CONFIDENCE_EDGES = (0.0, 0.5, 0.8, 0.95, 1.0)
