@@ -15,6 +15,8 @@ EXAMPLES = """  # the bundled draft (the command its model card records)
   specfinops distill --generate-prompts 1784 --feature-layers 1 14 29 --out /tmp/draft3 --minutes 45
   # your own target
   specfinops distill --target /models/my-llama --generate-prompts 3000 --out /models/my-llama-draft --minutes 60
+  # add 500 code questions the target writes itself to the templated prompts
+  specfinops distill --generate-prompts 1784 --self-prompts 500 --out /tmp/draft-self --minutes 45
 """
 
 
@@ -33,6 +35,10 @@ def register(sub) -> None:
                    help="generate the target's answers to N code prompts made (like --stdlib-prompts) from documented "
                         "functions of installed packages (sqlalchemy, pandas, transformers, ...; the model card records "
                         "their versions)")
+    p.add_argument("--self-prompts", type=int, default=0, metavar="N",
+                   help="generate the target's answers to N code questions the target writes itself (sampled from "
+                        "its chat template after an opener such as 'Fix the bug in'; Magpie), phrased as loosely as "
+                        "real requests; any chat target can make them")
     p.add_argument("--stdlib-code", type=int, default=0, metavar="N",
                    help="add N Python standard-library functions as chat answers, teacher-forced")
     p.add_argument("--data-dir", default=None, help="where --generate-prompts writes (default: ~/.cache/specfinops/distill/...)")
@@ -116,10 +122,11 @@ def handle(args) -> int:
         if not p.is_dir():
             raise UsageError(f"corpus {c} is not a directory (a prepared data directory)" if p.exists()
                              else f"corpus {c} does not exist")
-    if not (args.corpus or args.generate_prompts or args.stdlib_prompts or args.package_prompts or args.stdlib_code):
+    if not (args.corpus or args.generate_prompts or args.stdlib_prompts or args.package_prompts or args.self_prompts
+            or args.stdlib_code):
         raise UsageError("no training data: give --corpus DIR, --generate-prompts N, --stdlib-prompts N, "
-                         "--package-prompts N or --stdlib-code N")
-    for name in ("generate_prompts", "stdlib_prompts", "package_prompts", "stdlib_code", "head_vocab", "layers", "unroll", "batch_tokens"):
+                         "--package-prompts N, --self-prompts N or --stdlib-code N")
+    for name in ("generate_prompts", "stdlib_prompts", "package_prompts", "self_prompts", "stdlib_code", "head_vocab", "layers", "unroll", "batch_tokens"):
         if getattr(args, name) < 0 or (name in ("head_vocab", "layers", "unroll", "batch_tokens") and getattr(args, name) < 1):
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     for name in ("feature_layers", "data_feature_layers"):

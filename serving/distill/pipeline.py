@@ -18,7 +18,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 EVAL_DOMAINS = ("code", "chat", "rewrite")
 
 
-REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "package_prompts", "stdlib_code",
+REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "package_prompts", "self_prompts",
+                 "stdlib_code",
                  "max_new_tokens", "gen_batch",
                  "dtype", "out", "minutes", "steps",
                  "head_vocab", "layers", "feature_layers", "data_feature_layers", "lr", "batch_tokens", "unroll", "detach_unroll", "freeze_head", "w_feat", "w_hard",
@@ -181,6 +182,24 @@ def run(args) -> int:
         if n_p:
             described.append(f"the target's greedy answers (max {args.max_new_tokens} tokens) to {n_p} code prompts "
                              "made from documented functions of installed packages (versions under 'packages')")
+    if getattr(args, "self_prompts", 0):
+        n_q = args.self_prompts
+        d = CACHE / (f"{target_dir.name}-self-q{n_q}-s{args.seed}-n{args.max_new_tokens}{tag}"
+                     f"{_layers_tag(data_layers)}")
+        if not is_prepared(d):
+            from serving.distill.selfprompts import self_prompts
+
+            _say(f"the target writes {n_q} code questions of its own (seed {args.seed})")
+            asked = self_prompts(target_dir, n_q, seed=args.seed, dtype=dtype, batch=args.gen_batch)
+            _say(f"generating the target's greedy answers to its {len(asked)} questions -> {d}")
+            prepare(target_dir, asked, d, max_new_tokens=args.max_new_tokens, batch=args.gen_batch, say=_say,
+                    dtype=dtype, feature_layers=data_layers,
+                    extra_meta={"corpus": "code questions the target wrote itself "
+                                          "(serving/distill/selfprompts.py), the target's greedy answers",
+                                "questions": [q["prompt"] for q in asked]})
+        corpora.append(d)
+        described.append(f"the target's greedy answers (max {args.max_new_tokens} tokens) to {n_q} code questions "
+                         f"it wrote itself (sampled, seed {args.seed}; the questions are in the data's meta.json)")
     if args.stdlib_code:
         d = CACHE / f"{target_dir.name}-stdlib-code-{args.stdlib_code}-s{args.seed}{tag}{_layers_tag(data_layers)}"
         if not is_prepared(d):
