@@ -101,12 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"draft {draft_dir}, draft+ngram (copy prior {bias}), K={args.k}, {args.dtype} answers")
     print(f"{'set':<10} {'prompts':>7} {'alpha':>6} {'acc rate':>8} {'mean acc len':>12}")
     for name, d in dirs.items():
+        prep = load_prepared(d)
         with torch.inference_mode():
-            res = simulate_alpha(draft, load_prepared(d), k=args.k, domains=("code",), lookup=lookup, copy_bias=bias)
+            res = simulate_alpha(draft, prep, k=args.k, domains=("code",), lookup=lookup, copy_bias=bias)
         r = res.get("code")
         if r is None:
             continue
-        r["prompts"] = sum(s["domain"] == "code" for s in load_prepared(d).seqs)
+        r["prompts"] = sum(s["domain"] == "code" for s in prep.seqs)
         results[name] = r
         print(f"{name:<10} {r['prompts']:>7} {r['alpha']:>6.3f} {r['acceptance_rate']:>8.3f} {r['mean_accept_len']:>12.2f}")
     if args.json:

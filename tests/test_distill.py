@@ -140,7 +140,12 @@ def test_simulated_drafting_with_the_copy_prior(prepared):
     """simulate_alpha's copy_bias is the engine's copy prior: the head rows of the tokens that followed the
     current token earlier in the context get + b. b = 0 is plain drafting; a prior that outweighs any
     logit makes the draft propose such a follower wherever one exists, which changes what it proposes."""
-    from serving.distill.train import _followers
+    from serving.drafters import ContextFollowers
+
+    def _followers(context, row_of):  # the index simulate_alpha grows, built in one go
+        index = ContextFollowers()
+        index.update(context, row_of)
+        return index.rows
 
     # rows: token t -> head row t - 10 (tokens below 10 are not in the head)
     row_of = [-1] * 10 + list(range(10))

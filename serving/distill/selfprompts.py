@@ -15,7 +15,6 @@ cannot end a request at all.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -58,8 +57,7 @@ def stop_ids(tokenizer, after: str) -> set[int]:
 
 @torch.inference_mode()
 def sample_continuations(target, prefixes: list[list[int]], stops: set[int], *, max_tokens: int, seed: int,
-                         batch: int = 16, temperature: float = 1.0, top_p: float = 0.95,
-                         on_done: Callable[[], None] | None = None) -> list[list[int] | None]:
+                         batch: int = 16, temperature: float = 1.0, top_p: float = 0.95) -> list[list[int] | None]:
     """Sampled continuations of each prefix, each up to (not including) its first stop token; None where no
     stop came within `max_tokens`. Continuous batching over `batch` cache slots; deterministic for a seed."""
     from serving.llama import contiguous_batch, ragged_batch
@@ -84,8 +82,6 @@ def sample_continuations(target, prefixes: list[list[int]], stops: set[int], *, 
             return
         live.pop(slot)
         free.append(slot)
-        if on_done is not None:
-            on_done()
 
     while queue or live:
         while queue and free:
@@ -107,8 +103,7 @@ def sample_continuations(target, prefixes: list[list[int]], stops: set[int], *, 
 
 def self_prompts(target_dir: str | Path, n: int, *, seed: int = 0, dtype: torch.dtype = torch.float32,
                  openers: tuple[str, ...] = CODE_OPENERS, system: str = SYSTEM, max_tokens: int = 96,
-                 batch: int = 16, progress: bool = True, exclude: set[str] | None = None,
-                 target=None) -> list[dict]:
+                 batch: int = 16, progress: bool = True) -> list[dict]:
     """`n` code prompts the target writes itself, as workload-style dicts {id, domain, prompt}."""
     from tqdm import tqdm
 
@@ -123,11 +118,10 @@ def self_prompts(target_dir: str | Path, n: int, *, seed: int = 0, dtype: torch.
     tok = load_tokenizer(Path(target_dir))
     before, after = pre_query(tok, system)
     stops = stop_ids(tok, after)
-    if target is None:
-        target = load_causal_lm(target_dir, dtype)
-        pack_for_inference(target)
+    target = load_causal_lm(target_dir, dtype)
+    pack_for_inference(target)  # sampling only: no gradients
     rng = random.Random(seed)
-    skip = set(exclude or ()) | _evaluation_texts()
+    skip = _evaluation_texts()
     items: list[dict] = []
     seen: set[str] = set()
     rounds = 0

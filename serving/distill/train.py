@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from serving.distill.data import Prepared, token_frequencies
+from serving.drafters import ContextFollowers
 from serving.eagle import EagleDraft
 from serving.llama import CausalLM, apply_rope
 
@@ -264,6 +265,8 @@ def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple
             continue
         L, P = s["length"], s["num_prompt"]
         toks, feats, cache = primed_draft(draft, prep, s, k)
+        followers = ContextFollowers()  # the engine's copy-prior index, grown as tokens are committed
+        tok_list = toks.tolist()
         n = P  # x_n is the pending token (the first answer token came from the prefill)
         real_upto = P - 1  # cache holds real entries for positions < real_upto
         drafted = accepted = steps = rejections = 0
@@ -279,11 +282,12 @@ def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple
                           contiguous_batch(0, 1, real_upto, s0 - real_upto), cache)
                 tok = toks[n: n + 1]
                 f = feats[s0: s0 + 1]
-                followers = _followers(toks[: n + 1].tolist(), row_of) if copy_bias else {}
+                if copy_bias:
+                    followers.update(tok_list[: n + 1], row_of)
                 for j in range(kk):
                     h, logits = draft(tok[None], f[None], contiguous_batch(0, 1, s0 + j, 1), cache)
                     lg = logits[0, -1]
-                    rows = followers.get(int(tok[0]))
+                    rows = followers.rows.get(int(tok[0]))
                     if rows:
                         lg = lg.clone()
                         lg[rows] += copy_bias
@@ -309,16 +313,6 @@ def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple
         r["acceptance_rate"] = round(r["accepted"] / max(r["drafted"], 1), 4)
         r["mean_accept_len"] = round(1 + r["accepted"] / max(r["drafts"], 1), 3)
     return res
-
-
-def _followers(context: list[int], row_of: list[int]) -> dict[int, list[int]]:
-    """For each token of `context`, the draft-head rows of the tokens that followed it there."""
-    out: dict[int, list[int]] = {}
-    for prev, nxt in zip(context[:-1], context[1:], strict=True):
-        r = row_of[nxt]
-        if r >= 0 and r not in out.setdefault(prev, []):
-            out[prev].append(r)
-    return out
 
 
 CONFIDENCE_EDGES = (0.0, 0.5, 0.8, 0.95, 1.0)
