@@ -26,7 +26,7 @@ import time
 import torch
 from torch import nn
 
-from serving.kernels import FASTER, PackedLinear, _setting, packed_linear_rows
+from serving.kernels import FASTER, PackedLinear, _plan, _setting
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +124,8 @@ def _baseline(weight: torch.Tensor) -> nn.Module:
     """The linear a draft would run without int8: packed where the packed kernel was measured faster."""
     lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
     lin.weight = nn.Parameter(weight, requires_grad=False)
-    rows = packed_linear_rows(weight.dtype)
-    return PackedLinear(lin, rows) if rows is not None else lin
+    rows, span = _plan(lin)
+    return PackedLinear(lin, rows, span) if rows is not None or span is not None else lin
 
 
 @functools.cache

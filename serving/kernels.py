@@ -16,6 +16,12 @@ Which kernel is cheapest depends on the CPU:
   bf16 `F.linear` streams half the bytes and stays best at a few rows, the copy wins at many (batch-48
   decode step 1.20 -> 0.47 s there). It is inference-only: a module that still needs gradients keeps
   `F.linear`.
+- **A bf16 kernel for CPUs that emulate bf16.** Where oneDNN cannot multiply bf16 (AVX2 only), torch's
+  bf16 product costs about as much for every row as for the first, so a 5-token verification forward
+  cost 1.9x a 1-token one on an AVX2-only EPYC (61 -> 116 ms). `serving/bf16_kernel.py` builds a small
+  AVX2 kernel that reads each bf16 weight once per call and reuses it for every row (float32
+  accumulation, rounded to bf16): 48 decoder-sized products at 5 rows 25 -> 15 ms. It is raced like the
+  packed kernel, against whatever would run otherwise, at 1 to 64 rows; the rows where it wins use it.
 - **Attention for a few queries.** On a CPU without AVX-512 plain batched matmuls beat the fused
   `scaled_dot_product_attention` for decode widths; on an AVX-512 Xeon the fused kernel won at every
   decode width (1 query over 300 keys: 129 us -> 28 us); on an AVX-512 EPYC it lost at 1 query and won
@@ -29,8 +35,8 @@ Which kernel is cheapest depends on the CPU:
 
 Each choice is made by timing both candidates on decode-sized inputs the first time it is asked for, and
 only where the candidate gives the same numbers (the widened attention is the more precise of the two).
-`SPECFINOPS_PACKED_LINEAR`, `SPECFINOPS_DECODE_ATTENTION` and `SPECFINOPS_ATTENTION_FLOAT32`
-(`auto` | `on` | `off`) override the measurement.
+`SPECFINOPS_PACKED_LINEAR`, `SPECFINOPS_BF16_KERNEL`, `SPECFINOPS_DECODE_ATTENTION` and
+`SPECFINOPS_ATTENTION_FLOAT32` (`auto` | `on` | `off`) override the measurement.
 """
 
 from __future__ import annotations
@@ -179,6 +185,89 @@ def rows_from(wins: dict[int, bool]) -> int | None:
     return first
 
 
+KERNEL_ROWS = (1, 2, 5, 20, 64)  # decode widths and a short prefill chunk
+
+
+def rows_between(wins: dict[int, bool]) -> tuple[int, int | None] | None:
+    """The row range a kernel measured at `wins` (row count -> won) runs for: from the smallest winning
+    count through the run of wins that follows it, up to the next losing count (exclusive; None: no
+    upper bound, it won at the largest). None where it never won."""
+    counts = sorted(wins)
+    first = next((m for m in counts if wins[m]), None)
+    if first is None:
+        return None
+    for m in counts[counts.index(first):]:
+        if not wins[m]:
+            return first, m - 1
+    return first, None
+
+
+def _current_linear(weight: torch.Tensor, packed: torch.Tensor | None, compute: torch.dtype | None,
+                    rows: int | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What a linear of `weight` runs without the bf16 kernel: packed from `rows` on, else F.linear."""
+    def run(x: torch.Tensor) -> torch.Tensor:
+        if packed is not None and rows is not None and x.shape[0] >= rows:
+            return _packed_call(x, packed, None, compute)
+        return F.linear(x, weight)
+    return run
+
+
+@functools.cache
+def bf16_kernel_rows(dtype: torch.dtype = torch.bfloat16) -> tuple[int, int | None] | None:
+    """For which input rows a `dtype` linear runs the C bf16 kernel in this process: (from, to) with
+    `to` None for no upper bound, or None (never).
+
+    Only for bf16 on a CPU without bf16 instructions, where the kernel builds, and only where it gives
+    F.linear's numbers (bf16 tolerance). Measured on a pass over more weights than a CPU cache holds,
+    at 1 to 64 rows, against what would run otherwise (F.linear or the packed copy, as
+    `packed_linear_rows` chose): the rows where it is clearly faster (FASTER) use it."""
+    from serving import bf16_kernel
+
+    setting = _setting("SPECFINOPS_BF16_KERNEL")
+    if setting == "off" or dtype != torch.bfloat16 or native_bf16():
+        return None
+    if not bf16_kernel.available():
+        log.info("bf16 kernel not used: %s", bf16_kernel.unavailable_reason())
+        return None
+    gen = torch.Generator().manual_seed(0)
+    rtol, atol = TOLERANCE[dtype]
+    with torch.inference_mode():
+        for n, k in SHAPES:
+            w = torch.randn(n, k, generator=gen).to(dtype)
+            b = torch.randn(n, generator=gen).to(dtype)
+            for m in KERNEL_ROWS:
+                x = torch.randn(m, k, generator=gen).to(dtype)
+                got = bf16_kernel.bf16_linear(x, w, b)
+                if got.dtype != dtype or not torch.allclose(got.float(), F.linear(x, w, b).float(), rtol=rtol, atol=atol):
+                    log.warning("bf16 kernel not used: its products differ from F.linear's here")
+                    return None
+    if setting == "on":
+        return 1, None
+    rows, compute = packed_linear_rows(dtype), pack_dtype(dtype)
+    weights = [torch.randn(n, k, generator=gen).to(dtype) for _ in range(COPIES) for n, k in SHAPES]
+    current = [_current_linear(w, _pack(w.to(compute)) if rows is not None else None, compute, rows)
+               for w in weights]
+    wins = {}
+    for m in KERNEL_ROWS:
+        xs = {k: torch.randn(m, k, generator=gen).to(dtype) for _, k in SHAPES}
+
+        def plain(xs=xs):
+            for w, run in zip(weights, current, strict=True):
+                run(xs[w.shape[1]])
+
+        def fast(xs=xs):
+            for w in weights:
+                bf16_kernel.bf16_linear(xs[w.shape[1]], w)
+
+        t_fast, t_plain = _race(fast, plain, reps=2, rounds=3)
+        wins[m] = t_fast < FASTER * t_plain
+    return rows_between(wins)
+
+
+def _in_range(rows: int, span: tuple[int, int | None] | None) -> bool:
+    return span is not None and rows >= span[0] and (span[1] is None or rows <= span[1])
+
+
 @functools.cache
 def widen_matmul_attention(dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether the matmul attention path multiplies `dtype` (not float32) inputs in float32: timed on a
@@ -273,29 +362,50 @@ def kernels_label(dtype: torch.dtype) -> str:
     linear = "plain" if rows is None else "packed" if pack_dtype(dtype) == dtype else "packed-f32"
     if rows is not None and rows > 1:
         linear += f">={rows}"
+    span = bf16_kernel_rows(dtype)
+    if span is not None:  # e.g. 'bf16c2-63,packed-f32>=20': the C kernel at 2-63 rows
+        linear = "bf16c" + (f">={span[0]}" if span[1] is None else f"{span[0]}-{span[1]}") + "," + linear
     return f"{linear}+{attention_label(dtype)}"
 
 
 class PackedLinear(nn.Module):
-    """`nn.Linear` for inference whose weight is also kept pre-packed for oneDNN (in `pack_dtype` of its
-    dtype), used from `min_rows` input rows on (fewer rows go through `F.linear`).
+    """`nn.Linear` for inference that runs the kernel measured fastest here for the rows it is given:
+    the C bf16 kernel for rows in `kernel_rows` (see `bf16_kernel_rows`), else, from `min_rows` rows on,
+    a copy of the weight pre-packed for oneDNN (in `pack_dtype` of its dtype), else `F.linear`.
+    `min_rows=None`: no packed copy (none is made, so no memory is spent on it).
 
     `weight` and `bias` stay the module's parameters (state dicts, tied embeddings and readers of
     `.weight` see no difference); where gradients are wanted it falls back to `F.linear`."""
 
-    def __init__(self, linear: nn.Linear, min_rows: int = 1):
+    def __init__(self, linear: nn.Linear, min_rows: int | None = 1,
+                 kernel_rows: tuple[int, int | None] | None = None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.min_rows = min_rows
+        self.min_rows, self.kernel_rows = min_rows, kernel_rows
         self.compute = pack_dtype(linear.weight.dtype) or linear.weight.dtype
-        self.packed = _pack(linear.weight.detach().to(self.compute))
-        self.packed_bias = None if linear.bias is None else linear.bias.detach().to(self.compute)
+        self.packed = self.packed_bias = None
+        if min_rows is not None:
+            self.packed = _pack(linear.weight.detach().to(self.compute))
+            self.packed_bias = None if linear.bias is None else linear.bias.detach().to(self.compute)
+        if kernel_rows is not None:
+            from serving import bf16_kernel
+
+            if not (bf16_kernel.supports(self.in_features) and linear.weight.is_contiguous()
+                    and linear.weight.dtype == torch.bfloat16):
+                self.kernel_rows = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (torch.is_grad_enabled() and self.weight.requires_grad) or x.numel() < self.min_rows * self.in_features:
+        if torch.is_grad_enabled() and self.weight.requires_grad:
             return F.linear(x, self.weight, self.bias)
-        return _packed_call(x, self.packed, self.packed_bias, self.compute)
+        rows = x.numel() // self.in_features
+        if _in_range(rows, self.kernel_rows) and x.dtype == torch.bfloat16:
+            from serving.bf16_kernel import bf16_linear
+
+            return bf16_linear(x, self.weight.detach(), self.bias)
+        if self.packed is not None and rows >= self.min_rows:
+            return _packed_call(x, self.packed, self.packed_bias, self.compute)
+        return F.linear(x, self.weight, self.bias)
 
 
 def _available_bytes() -> int | None:
@@ -308,22 +418,40 @@ def _available_bytes() -> int | None:
     return None
 
 
+def _plan(linear: nn.Linear) -> tuple[int | None, tuple[int, int | None] | None]:
+    """(rows from which the packed copy runs or None, rows the C bf16 kernel runs for or None) for
+    `linear` here; the packed copy is left out where the kernel takes every row it would serve."""
+    dtype = linear.weight.dtype
+    rows = packed_linear_rows(dtype) if dtype in PACKABLE else None
+    span = bf16_kernel_rows(dtype) if dtype == torch.bfloat16 else None
+    if span is not None:
+        from serving import bf16_kernel
+
+        if not bf16_kernel.supports(linear.in_features):
+            span = None
+    if rows is not None and span is not None and span[0] <= rows and span[1] is None:
+        rows = None  # every row the packed copy would take, the kernel takes
+    return rows, span
+
+
 def pack_for_inference(model: nn.Module) -> int:
-    """Swap the bf16 / float32 `nn.Linear`s of `model` for `PackedLinear` where that measured faster here
-    (for the row counts where it did); returns how many were swapped. The packed copies are extra
-    memory (a float32 copy of bf16 weights is twice their size): where they would take more than half
-    of the memory still available, nothing is packed. Call it once, after the weights are final."""
-    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) is nn.Linear and child.weight.dtype in PACKABLE
-             and packed_linear_rows(child.weight.dtype) is not None]
-    extra = sum(c.weight.numel() * pack_dtype(c.weight.dtype).itemsize for _, _, c in swaps)
+    """Swap the bf16 / float32 `nn.Linear`s of `model` for `PackedLinear` where a faster kernel was
+    measured here (packed copy, C bf16 kernel; for the row counts where it won); returns how many were
+    swapped. Packed copies are extra memory (a float32 copy of bf16 weights is twice their size): where
+    they would take more than half of the memory still available, none is made. Call it once, after the
+    weights are final."""
+    swaps = [(parent, name, child, *_plan(child)) for parent in model.modules()
+             for name, child in parent.named_children()
+             if type(child) is nn.Linear and child.weight.dtype in PACKABLE]
+    swaps = [s for s in swaps if s[3] is not None or s[4] is not None]
+    extra = sum(c.weight.numel() * pack_dtype(c.weight.dtype).itemsize for _, _, c, rows, _ in swaps if rows is not None)
     available = _available_bytes()
-    if swaps and available is not None and extra > available / 2:
+    if extra and available is not None and extra > available / 2:
         log.warning("not packing %d linears: their copies (%.1f GB) would take more than half of the %.1f GB "
                     "of memory available", len(swaps), extra / 1e9, available / 1e9)
-        return 0
-    for parent, name, child in swaps:
-        setattr(parent, name, PackedLinear(child, packed_linear_rows(child.weight.dtype)))
+        swaps = [(p, n, c, None, span) for p, n, c, _, span in swaps if span is not None]
+    for parent, name, child, rows, span in swaps:
+        setattr(parent, name, PackedLinear(child, rows, span))
     return len(swaps)
 
 

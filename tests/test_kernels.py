@@ -28,11 +28,13 @@ def setting(monkeypatch):
     def set_(name: str, value: str) -> None:
         monkeypatch.setenv(name, value)
         kernels.packed_linear_rows.cache_clear()
+        kernels.bf16_kernel_rows.cache_clear()
         kernels.fused_attention_from.cache_clear()
         kernels.widen_matmul_attention.cache_clear()
 
     yield set_
     kernels.packed_linear_rows.cache_clear()
+    kernels.bf16_kernel_rows.cache_clear()
     kernels.fused_attention_from.cache_clear()
     kernels.widen_matmul_attention.cache_clear()
 
@@ -115,6 +117,7 @@ def test_pack_for_inference_float32_keeps_greedy_decoding(setting):
 
 def test_pack_for_inference_off_leaves_models_alone(setting):
     setting("SPECFINOPS_PACKED_LINEAR", "off")
+    setting("SPECFINOPS_BF16_KERNEL", "off")  # the C bf16 kernel has its own switch (tests/test_bf16_kernel.py)
     assert kernels.pack_for_inference(tiny_model(1)) == 0
     assert kernels.pack_for_inference(tiny_model(1).to(torch.bfloat16)) == 0
     assert kernels.packed_linear_rows(torch.float32) is None and kernels.kernels_label(torch.float32).startswith("plain+")
