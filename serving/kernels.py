@@ -185,7 +185,7 @@ def rows_from(wins: dict[int, bool]) -> int | None:
     return first
 
 
-KERNEL_ROWS = (1, 2, 5, 20, 64)  # decode widths and a short prefill chunk
+KERNEL_ROWS = (1, 2, 3, 5, 20, 64)  # decode widths (AR 1, verifying K drafts K + 1) and a short prefill chunk
 
 
 def rows_between(wins: dict[int, bool]) -> tuple[int, int | None] | None:
