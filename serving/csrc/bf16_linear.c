@@ -8,8 +8,10 @@
    Why: without bf16 hardware, torch's bf16 products cost about as much per row as the first one, so a
    verification forward over K + 1 tokens cost twice a one-token forward. Here every weight is read from
    memory once per call and reused, widened in registers, for all rows: a few rows cost about what one
-   costs. Four output columns are computed together, for up to three rows at a time (12 accumulators),
-   so the weights of a column block stay in L1 while later rows reuse them.
+   costs. Four output columns are computed together, for up to three rows at a time: 12 accumulators,
+   3 rows of x and one widened weight vector fill the 16 AVX registers exactly (a fourth weight vector
+   live spilled an accumulator to the stack, and the store-to-load round trip in the inner loop halved
+   the speed). The weights of a column block stay in L1 while later rows reuse them.
 
    Built at first use by serving/bf16_kernel.py (cc -O3 -mavx2 -mfma -fopenmp); no Python or torch
    headers, called through ctypes. */
@@ -53,14 +55,11 @@ static inline float sum8(__m256 v) {
             for (int c = 0; c < 4; c++) acc[j][c] = _mm256_setzero_ps();                                \
         const uint16_t *w0 = w + (size_t)n * K;                                                         \
         for (int k = 0; k < K; k += 8) {                                                                \
-            __m256 v0 = load_bf16x8(w0 + k), v1 = load_bf16x8(w0 + (size_t)K + k);                      \
-            __m256 v2 = load_bf16x8(w0 + 2 * (size_t)K + k), v3 = load_bf16x8(w0 + 3 * (size_t)K + k);  \
-            for (int j = 0; j < MB; j++) {                                                              \
-                __m256 xv = _mm256_loadu_ps(xf + (size_t)(m0 + j) * K + k);                             \
-                acc[j][0] = _mm256_fmadd_ps(xv, v0, acc[j][0]);                                         \
-                acc[j][1] = _mm256_fmadd_ps(xv, v1, acc[j][1]);                                         \
-                acc[j][2] = _mm256_fmadd_ps(xv, v2, acc[j][2]);                                         \
-                acc[j][3] = _mm256_fmadd_ps(xv, v3, acc[j][3]);                                         \
+            __m256 xv[MB];                                                                              \
+            for (int j = 0; j < MB; j++) xv[j] = _mm256_loadu_ps(xf + (size_t)(m0 + j) * K + k);       \
+            for (int c = 0; c < 4; c++) {                                                               \
+                __m256 v = load_bf16x8(w0 + (size_t)c * K + k); /* one widened weight vector live */   \
+                for (int j = 0; j < MB; j++) acc[j][c] = _mm256_fmadd_ps(xv[j], v, acc[j][c]);          \
             }                                                                                           \
         }                                                                                               \
         for (int j = 0; j < MB; j++)                                                                    \
