@@ -502,3 +502,33 @@ def test_a_fused_drafts_feature_loss_aims_at_its_own_fuse_of_the_next_real_featu
     want.backward()
     assert stats["feat1"] > 0 and abs(float(loss.detach()) - float(want.detach())) < 1e-5
     assert torch.allclose(got, draft.fuse.weight.grad, atol=1e-6)  # only through h: the g side is detached
+
+
+def test_draft_ceiling_gate_rules_reproduce_simulate_alpha(prepared):
+    """scripts.draft_ceiling's gate walks the same steps as simulate_alpha: its engine rule (lookup where it
+    answers, else the draft) and its draft-only rule give simulate_alpha's alpha with and without the
+    lookup (a lookup that answers every other step, right on its first token only)."""
+    from scripts.draft_ceiling import gate_alpha, main
+
+    target, out = prepared
+    prep = load_prepared(out)
+    draft, _ = new_draft(target, [prep], TrainConfig(head_vocab=32), eos_ids=(2,))
+    answers = {}
+    for s in prep.seqs:
+        answers[tuple(prep.tokens[s["offset"]: s["offset"] + s["num_prompt"]].tolist())] = s
+
+    def half_right(ctx, k):  # a lookup that answers on even lengths, right for its first token only
+        if len(ctx) % 2:
+            return []
+        for prompt, s in answers.items():
+            if tuple(ctx[: len(prompt)]) == prompt and len(ctx) < s["length"]:
+                nxt = int(prep.tokens[s["offset"] + len(ctx)])
+                return [nxt] + [1] * (k - 1)
+        return []
+
+    with torch.inference_mode():
+        with_lookup = simulate_alpha(draft, prep, k=3, domains=("code",), lookup=half_right, copy_bias=2.0)
+        without = simulate_alpha(draft, prep, k=3, domains=("code",), copy_bias=2.0)
+    assert gate_alpha(draft, prep, "engine", 3, half_right, 2.0) == pytest.approx(with_lookup["code"]["alpha"], abs=1e-4)
+    assert gate_alpha(draft, prep, "draft", 3, half_right, 2.0) == pytest.approx(without["code"]["alpha"], abs=1e-4)
+    assert main(["gate", "--k", "0"]) == 2
