@@ -154,25 +154,22 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from scripts.draft_generalization import engine_lookup, resolve_draft
     from serving.distill.data import load_prepared
     from serving.distill.pipeline import eval_data
-    from serving.drafters import NgramDrafter
     from serving.eagle import load_eagle
     from serving.kernels import resolve_dtype
     from serving.llama import load_causal_lm
-    from serving.models import model_path, resolve_model
-    from serving.worker import COPY_BIAS, HYBRID_NGRAM_MIN
+    from serving.models import resolve_model
 
     dtype = getattr(torch, resolve_dtype(args.dtype))
     target_dir = resolve_model(args.target, "target")
-    draft_dir = Path(args.draft).expanduser() if args.draft else model_path("draft")
-    if not (draft_dir / "config.json").is_file():
-        print(f"error: --draft {draft_dir} is not a draft model directory (no config.json)", file=sys.stderr)
+    draft_dir = resolve_draft(args.draft)
+    if draft_dir is None:
         return 2
     prep = load_prepared(eval_data(target_dir, args.max_new_tokens, lambda m: print(m, file=sys.stderr), dtype))
     target = load_causal_lm(target_dir, torch.float32)
-    lookup = NgramDrafter(n_max=3, n_min=HYBRID_NGRAM_MIN).lookup
-    bias = COPY_BIAS["draft+ngram"]
+    lookup, bias = engine_lookup()
     try:
         if args.experiment == "gate":
             draft = load_eagle(draft_dir, target, torch.float32)

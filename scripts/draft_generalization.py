@@ -43,6 +43,26 @@ def heldout_sets(n: int, train_seed: int, heldout_seed: int, packages: tuple[str
     return {"templated": templ[:n], "stdlib": std[:n], "packages": package_prompts(n, seed=train_seed, packages=packages or PACKAGES)}
 
 
+def resolve_draft(arg: str | None) -> Path | None:
+    """The draft directory `--draft` names (default: the bundled draft); None, after saying why on
+    stderr, where it holds no draft."""
+    from serving.models import model_path
+
+    draft_dir = Path(arg).expanduser() if arg else model_path("draft")
+    if not (draft_dir / "config.json").is_file():
+        print(f"error: --draft {draft_dir} is not a draft model directory (no config.json)", file=sys.stderr)
+        return None
+    return draft_dir
+
+
+def engine_lookup():
+    """draft+ngram's prompt lookup and copy prior, as the engine runs them: (lookup(context, k), b)."""
+    from serving.drafters import NgramDrafter
+    from serving.worker import COPY_BIAS, HYBRID_NGRAM_MIN
+
+    return NgramDrafter(n_max=3, n_min=HYBRID_NGRAM_MIN).lookup, COPY_BIAS["draft+ngram"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None, help="target model name or directory (default: the bundled target)")
@@ -67,18 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     from serving.distill.data import is_prepared, load_prepared, prepare
     from serving.distill.pipeline import CACHE, _dtype_tag, eval_data
     from serving.distill.train import simulate_alpha
-    from serving.drafters import NgramDrafter
     from serving.eagle import load_eagle
     from serving.kernels import resolve_dtype
     from serving.llama import load_causal_lm
-    from serving.models import model_path, resolve_model
-    from serving.worker import COPY_BIAS, HYBRID_NGRAM_MIN
+    from serving.models import resolve_model
 
     dtype = getattr(torch, resolve_dtype(args.dtype))
     target_dir = resolve_model(args.target, "target")
-    draft_dir = Path(args.draft).expanduser() if args.draft else model_path("draft")
-    if not (draft_dir / "config.json").is_file():
-        print(f"error: --draft {draft_dir} is not a draft model directory (no config.json)", file=sys.stderr)
+    draft_dir = resolve_draft(args.draft)
+    if draft_dir is None:
         return 2
     say = lambda m: print(m, file=sys.stderr)  # noqa: E731
     dirs = {"eval": eval_data(target_dir, args.max_new_tokens, say, dtype)}
@@ -95,8 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    lookup = NgramDrafter(n_max=3, n_min=HYBRID_NGRAM_MIN).lookup
-    bias = COPY_BIAS["draft+ngram"]
+    lookup, bias = engine_lookup()
     results = {}
     print(f"draft {draft_dir}, draft+ngram (copy prior {bias}), K={args.k}, {args.dtype} answers")
     print(f"{'set':<10} {'prompts':>7} {'alpha':>6} {'acc rate':>8} {'mean acc len':>12}")

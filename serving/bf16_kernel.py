@@ -94,6 +94,11 @@ def supports(in_features: int) -> bool:
     return in_features % ALIGN == 0
 
 
+def fits(weight: torch.Tensor) -> bool:
+    """Whether the kernel can multiply by `weight` as it is: bf16, contiguous, in_features a multiple of 8."""
+    return weight.dtype == torch.bfloat16 and weight.dim() == 2 and weight.is_contiguous() and supports(weight.shape[1])
+
+
 def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for bf16 tensors through the C kernel (inference only: no autograd).
     `weight` must be contiguous (N, K) with K a multiple of 8; `x` is (..., K)."""

@@ -26,7 +26,7 @@ import time
 import torch
 from torch import nn
 
-from serving.kernels import FASTER, PackedLinear, _plan, _setting
+from serving.kernels import FASTER, PackedLinear, _as_linear, _plan, _setting
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +122,7 @@ class Int8Linear(nn.Module):
 
 def _baseline(weight: torch.Tensor) -> nn.Module:
     """The linear a draft would run without int8: packed where the packed kernel was measured faster."""
-    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
-    lin.weight = nn.Parameter(weight, requires_grad=False)
+    lin = _as_linear(weight)
     rows, span = _plan(lin)
     return PackedLinear(lin, rows, span) if rows is not None or span is not None else lin
 

@@ -140,16 +140,8 @@ def packed_linear_rows(dtype: torch.dtype = torch.bfloat16) -> int | None:
     if setting == "off" or compute is None:
         return None
     gen = torch.Generator().manual_seed(0)
-    rtol, atol = TOLERANCE[dtype]
-    with torch.inference_mode():
-        for n, k in SHAPES:
-            w = torch.randn(n, k, generator=gen).to(dtype)
-            p = _pack(w.to(compute))
-            for m in ROWS:
-                x = torch.randn(m, k, generator=gen).to(dtype)
-                got = _packed_call(x, p, None, compute)
-                if got.dtype != dtype or not torch.allclose(got.float(), F.linear(x, w).float(), rtol=rtol, atol=atol):
-                    return None
+    if not _gives_linear_numbers(lambda x, w, b: _packed_call(x, _pack(w.to(compute)), None, compute), dtype, ROWS, gen):
+        return None
     if setting == "on":
         return 1
     # A forward streams every weight from memory once, so time a pass over more weights than a CPU cache
@@ -172,6 +164,29 @@ def packed_linear_rows(dtype: torch.dtype = torch.bfloat16) -> int | None:
         t_fast, t_plain = _race(fast, plain, reps=3)
         wins[m] = t_fast < FASTER * t_plain
     return rows_from(wins)
+
+
+def _gives_linear_numbers(product: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
+                          dtype: torch.dtype, rows: tuple[int, ...], gen: torch.Generator, bias: bool = False) -> bool:
+    """Whether `product(x, w, b)` equals `F.linear(x, w, b)` within `dtype`'s tolerance on decode shapes."""
+    rtol, atol = TOLERANCE[dtype]
+    with torch.inference_mode():
+        for n, k in SHAPES:
+            w = torch.randn(n, k, generator=gen).to(dtype)
+            b = torch.randn(n, generator=gen).to(dtype) if bias else None
+            for m in rows:
+                x = torch.randn(m, k, generator=gen).to(dtype)
+                got = product(x, w, b)
+                if got.dtype != dtype or not torch.allclose(got.float(), F.linear(x, w, b).float(), rtol=rtol, atol=atol):
+                    return False
+    return True
+
+
+def _as_linear(weight: torch.Tensor) -> nn.Linear:
+    """An inference `nn.Linear` (no bias) around an existing weight, nothing else allocated."""
+    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype, device="meta")
+    lin.weight = nn.Parameter(weight, requires_grad=False)
+    return lin
 
 
 def rows_from(wins: dict[int, bool]) -> int | None:
@@ -202,16 +217,6 @@ def rows_between(wins: dict[int, bool]) -> tuple[int, int | None] | None:
     return first, None
 
 
-def _current_linear(weight: torch.Tensor, packed: torch.Tensor | None, compute: torch.dtype | None,
-                    rows: int | None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """What a linear of `weight` runs without the bf16 kernel: packed from `rows` on, else F.linear."""
-    def run(x: torch.Tensor) -> torch.Tensor:
-        if packed is not None and rows is not None and x.shape[0] >= rows:
-            return _packed_call(x, packed, None, compute)
-        return F.linear(x, weight)
-    return run
-
-
 @functools.cache
 def bf16_kernel_rows(dtype: torch.dtype = torch.bfloat16) -> tuple[int, int | None] | None:
     """For which input rows a `dtype` linear runs the C bf16 kernel in this process: (from, to) with
@@ -230,30 +235,21 @@ def bf16_kernel_rows(dtype: torch.dtype = torch.bfloat16) -> tuple[int, int | No
         log.info("bf16 kernel not used: %s", bf16_kernel.unavailable_reason())
         return None
     gen = torch.Generator().manual_seed(0)
-    rtol, atol = TOLERANCE[dtype]
-    with torch.inference_mode():
-        for n, k in SHAPES:
-            w = torch.randn(n, k, generator=gen).to(dtype)
-            b = torch.randn(n, generator=gen).to(dtype)
-            for m in KERNEL_ROWS:
-                x = torch.randn(m, k, generator=gen).to(dtype)
-                got = bf16_kernel.bf16_linear(x, w, b)
-                if got.dtype != dtype or not torch.allclose(got.float(), F.linear(x, w, b).float(), rtol=rtol, atol=atol):
-                    log.warning("bf16 kernel not used: its products differ from F.linear's here")
-                    return None
+    if not _gives_linear_numbers(bf16_kernel.bf16_linear, dtype, KERNEL_ROWS, gen, bias=True):
+        log.warning("bf16 kernel not used: its products differ from F.linear's here")
+        return None
     if setting == "on":
         return 1, None
-    rows, compute = packed_linear_rows(dtype), pack_dtype(dtype)
+    rows = packed_linear_rows(dtype)
     weights = [torch.randn(n, k, generator=gen).to(dtype) for _ in range(COPIES) for n, k in SHAPES]
-    current = [_current_linear(w, _pack(w.to(compute)) if rows is not None else None, compute, rows)
-               for w in weights]
+    current = [PackedLinear(_as_linear(w), rows) if rows is not None else _as_linear(w) for w in weights]
     wins = {}
     for m in KERNEL_ROWS:
         xs = {k: torch.randn(m, k, generator=gen).to(dtype) for _, k in SHAPES}
 
         def plain(xs=xs):
-            for w, run in zip(weights, current, strict=True):
-                run(xs[w.shape[1]])
+            for w, lin in zip(weights, current, strict=True):
+                lin(xs[w.shape[1]])
 
         def fast(xs=xs):
             for w in weights:
@@ -388,11 +384,13 @@ class PackedLinear(nn.Module):
         if min_rows is not None:
             self.packed = _pack(linear.weight.detach().to(self.compute))
             self.packed_bias = None if linear.bias is None else linear.bias.detach().to(self.compute)
+        self._bf16 = self._kernel_weight = None
         if kernel_rows is not None:
             from serving import bf16_kernel
 
-            if not (bf16_kernel.supports(self.in_features) and linear.weight.is_contiguous()
-                    and linear.weight.dtype == torch.bfloat16):
+            if bf16_kernel.fits(linear.weight):
+                self._bf16, self._kernel_weight = bf16_kernel, linear.weight.detach()  # shares the storage
+            else:
                 self.kernel_rows = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -400,9 +398,7 @@ class PackedLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         rows = x.numel() // self.in_features
         if _in_range(rows, self.kernel_rows) and x.dtype == torch.bfloat16:
-            from serving.bf16_kernel import bf16_linear
-
-            return bf16_linear(x, self.weight.detach(), self.bias)
+            return self._bf16.bf16_linear(x, self._kernel_weight, self.bias)
         if self.packed is not None and rows >= self.min_rows:
             return _packed_call(x, self.packed, self.packed_bias, self.compute)
         return F.linear(x, self.weight, self.bias)
@@ -427,7 +423,7 @@ def _plan(linear: nn.Linear) -> tuple[int | None, tuple[int, int | None] | None]
     if span is not None:
         from serving import bf16_kernel
 
-        if not bf16_kernel.supports(linear.in_features):
+        if not bf16_kernel.fits(linear.weight):
             span = None
     if rows is not None and span is not None and span[0] <= rows and span[1] is None:
         rows = None  # every row the packed copy would take, the kernel takes
