@@ -212,6 +212,35 @@ def test_model_card_has_the_reproducible_command(tmp_path):
     assert "--freeze-head" in command_line(frozen).split()
 
 
+def test_a_total_budget_gives_training_what_the_data_left():
+    from serving.distill.pipeline import BUDGET_MARGIN_MINUTES as m
+    from serving.distill.pipeline import training_minutes
+
+    assert training_minutes(90, 30.0) == pytest.approx(60 - m)
+    assert training_minutes(90, 30.0, minutes=40) == 40  # an explicit --minutes that fits wins
+    assert training_minutes(90, 80.0, minutes=40) == pytest.approx(10 - m)  # ... and is cut where it does not
+    # a resumed run: TrainConfig.minutes counts the 25 minutes trained before, this run gets 60 - m more
+    assert training_minutes(90, 30.0, trained_minutes=25) == pytest.approx(85 - m)
+    with pytest.raises(ValueError, match="leaves no time to train"):
+        training_minutes(90, 89.8)
+
+
+def test_the_model_card_command_keeps_the_total_budget(tmp_path, monkeypatch):
+    import serving.distill.pipeline as pipeline
+    from app.cli import build_parser
+    from app.commands.distill import handle
+
+    seen = []
+    monkeypatch.setattr(pipeline, "run", lambda a: seen.append(a) or 0)  # the options as the pipeline gets them
+    args = build_parser().parse_args(["distill", "--out", str(tmp_path), "--generate-prompts", "10",
+                                      "--total-minutes", "90"])
+    assert handle(args) == 0
+    a = seen[0]
+    assert a.total_minutes == 90.0 and a.minutes is None  # no 30-minute default under a total budget
+    cmd = pipeline.command_line(a).split()
+    assert cmd[cmd.index("--total-minutes") + 1] == "90" and "--minutes" not in cmd
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["distill", "--out", "X", "--corpus", "/nonexistent/corpus"], "corpus"),
     (["distill", "--out", "X", "--corpus", ".", "--minutes", "-3"], "--minutes"),
@@ -221,6 +250,9 @@ def test_model_card_has_the_reproducible_command(tmp_path):
     (["distill", "--out", "X", "--corpus", ".", "--lr", "-1"], "--lr"),
     (["distill", "--out", "X", "--corpus", ".", "--w-feat", "nan"], "--w-feat"),
     (["distill", "--out", "X", "--corpus", ".", "--k", "0"], "--k"),
+    (["distill", "--out", "X", "--corpus", ".", "--total-minutes", "0"], "--total-minutes"),
+    (["distill", "--out", "X", "--corpus", ".", "--total-minutes", "inf"], "--total-minutes"),
+    (["distill", "--out", "X", "--corpus", ".", "--total-minutes", "90", "--steps", "10"], "not both"),
     (["distill", "--out", "X", "--corpus", "/etc/hostname"], "is not a directory"),
     (["distill", "--out", "X", "--corpus", ".", "--feature-layers", "29"], "two or more"),
     (["distill", "--out", "X", "--corpus", ".", "--feature-layers", "14", "1"], "increasing order"),

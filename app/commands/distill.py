@@ -17,6 +17,9 @@ EXAMPLES = """  # the bundled draft (the command its model card records)
   specfinops distill --target /models/my-llama --generate-prompts 3000 --out /models/my-llama-draft --minutes 60
   # add 500 code questions the target writes itself to the templated prompts
   specfinops distill --generate-prompts 1784 --self-prompts 500 --out /tmp/draft-self --minutes 45
+  # the whole run (data + training) within 90 minutes on this machine: training gets what the data left
+  specfinops distill --generate-prompts 1784 --stdlib-prompts 2617 --max-new-tokens 128 --gen-batch 48 \
+      --out /tmp/draft90 --total-minutes 90
 """
 
 
@@ -53,6 +56,11 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="output directory for the draft (weights, config, tokenizer, model card)")
     p.add_argument("--minutes", default=None, help="training budget in minutes (excluding data and evaluation)")
     p.add_argument("--steps", default=None, help="training budget in optimizer steps")
+    p.add_argument("--total-minutes", default=None, metavar="M",
+                   help="wall-clock budget of the whole run, data preparation and training (the evaluation after it "
+                        "is not counted): training gets the minutes the data left, or --minutes if that is less; "
+                        "a slower machine trains fewer steps instead of running over. The model card records the "
+                        "split")
     p.add_argument("--head-vocab", type=int, default=8192, help="tokens the draft head can propose")
     p.add_argument("--layers", type=int, default=1, help="draft decoder layers")
     p.add_argument("--feature-layers", type=int, nargs="+", default=None, metavar="I",
@@ -105,10 +113,13 @@ def handle(args) -> int:
 
     args.minutes = _positive("--minutes", args.minutes, float)
     args.steps = _positive("--steps", args.steps, int)
-    if args.minutes is None and args.steps is None:
-        args.minutes = 30.0
+    args.total_minutes = _positive("--total-minutes", getattr(args, "total_minutes", None), float)
     if args.minutes is not None and args.steps is not None:
         raise UsageError("give --minutes or --steps, not both")
+    if args.total_minutes is not None and args.steps is not None:
+        raise UsageError("give --total-minutes (a time budget) or --steps, not both")
+    if args.minutes is None and args.steps is None and args.total_minutes is None:
+        args.minutes = 30.0
     args.lr = _positive("--lr", args.lr, float)
     args.save_every = _positive("--save-every", args.save_every, float)
     for name in ("w_feat", "w_hard", "feat_noise"):

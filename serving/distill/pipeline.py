@@ -21,7 +21,7 @@ EVAL_DOMAINS = ("code", "chat", "rewrite")
 REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "package_prompts", "self_prompts",
                  "stdlib_code",
                  "max_new_tokens", "gen_batch",
-                 "dtype", "out", "minutes", "steps",
+                 "dtype", "out", "minutes", "total_minutes", "steps",
                  "head_vocab", "layers", "feature_layers", "data_feature_layers", "lr", "batch_tokens", "unroll", "detach_unroll", "freeze_head", "w_feat", "w_hard",
                  "feat_noise", "seed", "k")
 
@@ -46,6 +46,24 @@ def command_line(args) -> str:
         else:
             parts += [flag, str(int(v) if isinstance(v, float) and v.is_integer() and name != "lr" else v)]
     return shlex.join(parts)
+
+
+# what --total-minutes keeps back from training for the last checkpoint, the weights and the model card
+BUDGET_MARGIN_MINUTES = 0.5
+
+
+def training_minutes(total_minutes: float, spent_minutes: float, minutes: float | None = None,
+                     trained_minutes: float = 0.0, margin: float = BUDGET_MARGIN_MINUTES) -> float:
+    """The training budget (`TrainConfig.minutes`, which counts the minutes a resumed run already trained)
+    under a wall-clock budget of `total_minutes` of which `spent_minutes` went to data and set-up: the time
+    left after `margin`, capped by an explicit `minutes`. Raises ValueError when nothing is left."""
+    left = total_minutes - spent_minutes - margin
+    if left < 0.1:
+        raise ValueError(f"--total-minutes {total_minutes:g}: preparing the data took {spent_minutes:.1f} minutes "
+                         f"and {margin:g} are kept for saving the draft, which leaves no time to train; raise --total-minutes, or train on the data now cached "
+                         "(the same data options reuse it) with --minutes")
+    budget = trained_minutes + left
+    return budget if minutes is None else min(minutes, budget)
 
 
 def _say(msg: str) -> None:
@@ -224,13 +242,28 @@ def run(args) -> int:
     target = load_causal_lm(target_dir, torch.float32)
     tok = load_tokenizer(target_dir)
     eos = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
+    ckpt = Path(args.checkpoint).expanduser() if args.checkpoint else \
+        CACHE / "checkpoints" / (hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12] + ".pt")
+    minutes, budget = args.minutes, None
+    total = getattr(args, "total_minutes", None)
+    if total is not None:
+        spent = (time.perf_counter() - t_start) / 60
+        trained = 0.0
+        if args.resume and ckpt.is_file():
+            trained = float(torch.load(ckpt, weights_only=False, map_location="cpu").get("elapsed", 0.0)) / 60
+        try:
+            minutes = training_minutes(total, spent, args.minutes, trained)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        budget = {"total_minutes": total, "spent_before_training_minutes": round(spent, 2),
+                  "training_minutes": round(minutes - trained, 2),
+                  **({"trained_before_resume_minutes": round(trained, 2)} if trained else {})}
+        _say(f"--total-minutes {total:g}: data and set-up took {spent:.1f} min, training gets {minutes - trained:.1f}")
     cfg = TrainConfig(head_vocab=args.head_vocab, layers=args.layers, lr=args.lr, batch_tokens=args.batch_tokens,
-                      unroll=args.unroll, detach_unroll=args.detach_unroll, freeze_head=args.freeze_head, minutes=args.minutes, steps=args.steps,
+                      unroll=args.unroll, detach_unroll=args.detach_unroll, freeze_head=args.freeze_head, minutes=minutes, steps=args.steps,
                       seed=args.seed, save_every_s=args.save_every * 60, w_feat=args.w_feat, w_hard=args.w_hard,
                       feat_noise=args.feat_noise, dtype=args.dtype, feature_layers=draft_layers)
     draft, coverage = new_draft(target, preps, cfg, eos)
-    ckpt = Path(args.checkpoint).expanduser() if args.checkpoint else \
-        CACHE / "checkpoints" / (hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12] + ".pt")
     card = {
         "model_type": "specfinops-eagle",
         "target": target_dir.name,
@@ -249,7 +282,7 @@ def run(args) -> int:
                    "head_coverage_of_answer_tokens": coverage,
                    **({"packages": packages} if packages else {}),
                    "evaluation_prompts_excluded": True},
-        "training": {**{k: v for k, v in asdict(cfg).items() if k != "extra"}},
+        "training": {**{k: v for k, v in asdict(cfg).items() if k != "extra"}, **({"budget": budget} if budget else {})},
         "command": command_line(args),
     }
 
