@@ -564,3 +564,59 @@ def test_draft_ceiling_gate_rules_reproduce_simulate_alpha(prepared):
     assert gate_alpha(draft, prep, "engine", 3, half_right, 2.0) == pytest.approx(with_lookup["code"]["alpha"], abs=1e-4)
     assert gate_alpha(draft, prep, "draft", 3, half_right, 2.0) == pytest.approx(without["code"]["alpha"], abs=1e-4)
     assert main(["gate", "--k", "0"]) == 2
+
+
+def _tiny_target_dir(path, model) -> str:
+    """`model` as a Hugging Face Llama directory (config, safetensors, a word-level tokenizer with an EOS)."""
+    import json
+
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    c = model.cfg
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_eps, "rope_theta": c.rope_theta, "max_position_embeddings": c.max_position,
+        "tie_word_embeddings": False}))
+    state = {(k if k == "lm_head.weight" else "model." + k): v.contiguous()
+             for k, v in model.state_dict().items() if not k.startswith("rope_")}
+    save_file(state, str(path / "model.safetensors"))
+    vocab = {"<unk>": 0, "</s>": 1, **{f"w{i}": i for i in range(2, c.vocab_size)}}
+    Tokenizer(WordLevel(vocab, unk_token="<unk>")).save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                            "eos_token": "</s>", "unk_token": "<unk>"}))
+    return str(path)
+
+
+def test_distill_end_to_end_under_a_total_budget(prepared, tmp_path, capsys):
+    """`specfinops distill` on a tiny target and prepared data: training gets what --total-minutes left after
+    set-up (less the margin kept for saving), and the draft, tokenizer and model card are written."""
+    import json
+
+    from app.cli import main
+    from serving.distill.pipeline import BUDGET_MARGIN_MINUTES
+    from serving.eagle import load_eagle
+    from serving.llama import load_causal_lm
+
+    target, prep = prepared
+    target_dir = _tiny_target_dir(tmp_path / "target", target)
+    out = tmp_path / "draft"
+    total = BUDGET_MARGIN_MINUTES + 0.4  # set-up (imports, loading) takes a few seconds of it, training the rest
+    assert main(["distill", "--target", target_dir, "--corpus", str(prep), "--out", str(out), "--total-minutes",
+                 str(total), "--head-vocab", "32", "--batch-tokens", "128", "--dtype", "float32", "--no-eval",
+                 "--checkpoint", str(tmp_path / "ckpt.pt")]) == 0
+    assert "training gets" in capsys.readouterr().err
+    card = json.loads((out / "model_card.json").read_text())
+    budget = card["training"]["budget"]
+    assert budget["total_minutes"] == total
+    assert budget["spent_before_training_minutes"] + budget["training_minutes"] == pytest.approx(
+        total - BUDGET_MARGIN_MINUTES, abs=0.01)
+    assert card["training"]["minutes"] == pytest.approx(budget["training_minutes"], abs=0.01)
+    assert card["status"] == "trained" and card["results"]["steps"] >= 1
+    assert "--total-minutes" in card["command"].split() and (out / "tokenizer.json").is_file()
+    draft = load_eagle(out, load_causal_lm(target_dir, torch.float32), torch.float32)
+    assert draft.cfg.head_vocab == 32
