@@ -113,7 +113,7 @@ def handle(args) -> int:
 
     args.minutes = _positive("--minutes", args.minutes, float)
     args.steps = _positive("--steps", args.steps, int)
-    args.total_minutes = _positive("--total-minutes", getattr(args, "total_minutes", None), float)
+    args.total_minutes = _positive("--total-minutes", args.total_minutes, float)
     if args.minutes is not None and args.steps is not None:
         raise UsageError("give --minutes or --steps, not both")
     if args.total_minutes is not None and args.steps is not None:

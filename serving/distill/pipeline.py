@@ -249,16 +249,17 @@ def run(args) -> int:
     if total is not None:
         spent = (time.perf_counter() - t_start) / 60
         trained = 0.0
-        if args.resume and ckpt.is_file():
-            trained = float(torch.load(ckpt, weights_only=False, map_location="cpu").get("elapsed", 0.0)) / 60
+        if args.resume and ckpt.is_file():  # memory-mapped: only the small "elapsed" entry is read here
+            trained = float(torch.load(ckpt, weights_only=False, mmap=True).get("elapsed", 0.0)) / 60
         try:
             minutes = training_minutes(total, spent, args.minutes, trained)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        this_run = minutes - trained
         budget = {"total_minutes": total, "spent_before_training_minutes": round(spent, 2),
-                  "training_minutes": round(minutes - trained, 2),
+                  "training_minutes": round(this_run, 2),
                   **({"trained_before_resume_minutes": round(trained, 2)} if trained else {})}
-        _say(f"--total-minutes {total:g}: data and set-up took {spent:.1f} min, training gets {minutes - trained:.1f}")
+        _say(f"--total-minutes {total:g}: data and set-up took {spent:.1f} min, training gets {this_run:.1f}")
     cfg = TrainConfig(head_vocab=args.head_vocab, layers=args.layers, lr=args.lr, batch_tokens=args.batch_tokens,
                       unroll=args.unroll, detach_unroll=args.detach_unroll, freeze_head=args.freeze_head, minutes=minutes, steps=args.steps,
                       seed=args.seed, save_every_s=args.save_every * 60, w_feat=args.w_feat, w_hard=args.w_hard,
