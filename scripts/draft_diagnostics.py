@@ -8,12 +8,18 @@ target's real feature (what the first token of every draft chain sees). Printed 
   in head share the draft's reduced-vocabulary head can propose at all
   by target confidence: share of positions whose target top-1 probability lies in a bin, and the
           draft's top-1 agreement there (a draft that misses where the target is sure has room to learn)
+  in context: share of positions whose token followed the current token earlier in the sequence (what
+          prompt lookup and the copy prior can supply), and the draft's own top-1 there
+  by kind (with --by-kind): per kind of target token (whitespace, punctuation, a word start, a word
+          piece) its share of positions, the draft's top-1 there, the share the head can propose, and
+          its share of the draft's misses (many misses on tokens outside the head: raise --head-vocab)
 
 The evaluation answers are generated once and cached (~/.cache/specfinops/distill/...-eval-...).
 
 Examples:
   python -m scripts.draft_diagnostics                          # the bundled pair
   python -m scripts.draft_diagnostics --draft /tmp/my-draft --draft serving/bundled/draft --json out.json
+  python -m scripts.draft_diagnostics --by-kind --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="feature-level draft directory (repeatable; default: the bundled draft)")
     ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"), help=DTYPE_HELP)
     ap.add_argument("--max-new-tokens", type=int, default=128, help="answer length of the evaluation data")
+    ap.add_argument("--by-kind", action="store_true",
+                    help="also break the agreement down by the kind of target token (needs the target's tokenizer)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
 
@@ -40,11 +48,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from serving.distill.data import load_prepared
     from serving.distill.pipeline import eval_data
-    from serving.distill.train import teacher_forced_agreement
+    from serving.distill.train import teacher_forced_agreement, token_kind
     from serving.eagle import load_eagle
     from serving.kernels import resolve_dtype
     from serving.llama import load_causal_lm
-    from serving.models import model_path, resolve_model
+    from serving.models import load_tokenizer, model_path, resolve_model
 
     dtype = getattr(torch, resolve_dtype(args.dtype))
     target_dir = resolve_model(args.target, "target")
@@ -54,6 +62,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --draft {d} is not a draft model directory (no config.json)", file=sys.stderr)
             return 2
     target = load_causal_lm(target_dir, dtype)
+    kind_of = None
+    if args.by_kind:
+        tok, kinds = load_tokenizer(target_dir), {}
+
+        def kind_of(t: int) -> str:
+            if t not in kinds:
+                kinds[t] = token_kind(tok.decode([t]))
+            return kinds[t]
     results, evals = {}, {}
     for d in drafts:
         try:
@@ -65,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         if layers not in evals:
             evals[layers] = load_prepared(eval_data(target_dir, args.max_new_tokens,
                                                     lambda m: print(m, file=sys.stderr), dtype, layers))
-        res = teacher_forced_agreement(draft, evals[layers])
+        res = teacher_forced_agreement(draft, evals[layers], kind_of=kind_of)
         results[str(d)] = res
         print(f"\n{d}")
         print(f"{'domain':8} {'positions':>9} {'top-1':>6} {'top-2':>6} {'top-4':>6} {'top-8':>6} {'in head':>7}   "
@@ -75,6 +91,16 @@ def main(argv: list[str] | None = None) -> int:
                              + ("-" if b["top1"] is None else f"{b['top1']:.2f}") for b in r["by_target_confidence"])
             tops = " ".join(f"{r['top'].get(k, float('nan')):6.3f}" for k in (1, 2, 4, 8))
             print(f"{dom:8} {r['positions']:9d} {tops} {r['in_head']:7.3f}   {bins}")
+        print("in context (the token followed the current one earlier): share / draft top-1 there")
+        for dom, r in res.items():
+            ctx = r["in_context"]
+            print(f"  {dom:8} {ctx['share']:.3f} / " + ("-" if ctx["top1"] is None else f"{ctx['top1']:.3f}"))
+        if kind_of is not None:
+            print(f"{'domain':8} {'kind':12} {'share':>6} {'top-1':>6} {'in head':>7} {'of misses':>9}")
+            for dom, r in res.items():
+                for k in r["by_kind"]:
+                    of_misses = "-" if k["share_of_misses"] is None else f"{k['share_of_misses']:9.3f}"
+                    print(f"{dom:8} {k['kind']:12} {k['share']:6.3f} {k['top1']:6.3f} {k['in_head']:7.3f} {of_misses:>9}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

@@ -9,12 +9,14 @@ import torch
 
 from serving.distill.data import load_prepared, teacher_pass
 from serving.distill.train import (
+    TOKEN_KINDS,
     TrainConfig,
     _step_mask,
     distill_loss,
     new_draft,
     simulate_alpha,
     teacher_forced_agreement,
+    token_kind,
     train,
 )
 from tests.tiny import tiny_model
@@ -387,20 +389,28 @@ def test_teacher_forced_agreement_matches_a_position_by_position_count(prepared)
                       save_every_s=1e9, feat_noise=0.0)
     draft, _ = new_draft(target, [prep], cfg, eos_ids=(2,))
     train(draft, [prep], cfg, progress=False)
-    res = teacher_forced_agreement(draft, prep, ks=(1, 2, 4, 32))
+    res = teacher_forced_agreement(draft, prep, ks=(1, 2, 4, 32), kind_of=lambda t: "even" if t % 2 == 0 else "odd")
     assert set(res) == {"code", "chat"}
-    hits, n = {}, {}
+    hits, n, kinds, ctx = {}, {}, {}, {}
     with torch.inference_mode():
         for s in prep.seqs:
             o, L, P = s["offset"], s["length"], s["num_prompt"]
             toks, feats = prep.tokens[o: o + L], prep.feats[o: o + L].to(draft.fc.weight.dtype)
             cache = draft.new_cache(1, L)
+            seen = toks.tolist()
             for i in range(L - 2):
                 _, logits = draft(toks[i + 1: i + 2][None], feats[i: i + 1][None], contiguous_batch(0, 1, i, 1), cache)
                 if i + 2 >= P:
-                    d = s["domain"]
+                    d, want = s["domain"], int(toks[i + 2])
+                    hit = int(draft.head_token_ids[logits[0, -1].argmax()] == want)
                     n[d] = n.get(d, 0) + 1
-                    hits[d] = hits.get(d, 0) + int(draft.head_token_ids[logits[0, -1].argmax()] == toks[i + 2])
+                    hits[d] = hits.get(d, 0) + hit
+                    k = kinds.setdefault((d, "even" if want % 2 == 0 else "odd"), [0, 0])
+                    k[0], k[1] = k[0] + 1, k[1] + hit
+                    # did x_{i+2} follow x_{i+1} anywhere in x_0 .. x_{i+1}?
+                    if any(seen[j] == seen[i + 1] and seen[j + 1] == want for j in range(i + 1)):
+                        c = ctx.setdefault(d, [0, 0])
+                        c[0], c[1] = c[0] + 1, c[1] + hit
     for dom, r in res.items():
         assert r["positions"] == n[dom]
         assert r["top"][1] == pytest.approx(hits[dom] / n[dom], abs=1e-4)
@@ -409,6 +419,26 @@ def test_teacher_forced_agreement_matches_a_position_by_position_count(prepared)
         bins = r["by_target_confidence"]
         assert sum(b["share"] for b in bins) == pytest.approx(1.0, abs=1e-3)
         assert sum(b["share"] * (b["top1"] or 0) for b in bins) == pytest.approx(r["top"][1], abs=2e-3)
+        c = ctx.get(dom, [0, 0])
+        assert r["in_context"]["share"] == pytest.approx(c[0] / n[dom], abs=1e-4)
+        assert r["in_context"]["top1"] == (pytest.approx(c[1] / c[0], abs=1e-4) if c[0] else None)
+        by_kind = {k["kind"]: k for k in r["by_kind"]}
+        assert set(by_kind) == {kind for (d, kind) in kinds if d == dom}
+        for kind, k in by_kind.items():
+            count, hit = kinds[(dom, kind)]
+            assert k["share"] == pytest.approx(count / n[dom], abs=1e-4)
+            assert k["top1"] == pytest.approx(hit / count, abs=1e-4)
+            assert 0 <= k["in_head"] <= 1
+        if hits[dom] < n[dom]:
+            assert sum(k["share_of_misses"] for k in by_kind.values()) == pytest.approx(1.0, abs=1e-3)
+    assert "by_kind" not in teacher_forced_agreement(draft, prep, ks=(1,))["code"]
+
+
+def test_token_kind_sorts_whitespace_punctuation_and_words():
+    assert [token_kind(t) for t in ("\n    ", " ", "):", "```", " return", "\nfor", "ify", "0", "_name")] == [
+        "whitespace", "whitespace", "punctuation", "punctuation", "word start", "word start", "word piece",
+        "word piece", "word piece"]
+    assert set(TOKEN_KINDS) == {"whitespace", "punctuation", "word start", "word piece"}
 
 
 def test_draft_diagnostics_refuses_a_directory_that_is_no_draft(tmp_path, capsys):

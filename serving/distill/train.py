@@ -316,17 +316,34 @@ def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple
 
 
 CONFIDENCE_EDGES = (0.0, 0.5, 0.8, 0.95, 1.0)
+TOKEN_KINDS = ("whitespace", "punctuation", "word start", "word piece")
+
+
+def token_kind(text: str) -> str:
+    """What a token's decoded text is: only whitespace (newlines, indentation); no letter or digit
+    (punctuation, operators, brackets); a word that starts with a space or a newline; or a piece that
+    continues the text before it (the rest of an identifier, a number's next digits)."""
+    if not text.strip():
+        return "whitespace"
+    if not any(ch.isalnum() for ch in text):
+        return "punctuation"
+    return "word start" if text[0].isspace() else "word piece"
 
 
 @torch.inference_mode()
 def teacher_forced_agreement(draft: EagleDraft, prep: Prepared, ks: tuple[int, ...] = (1, 2, 4, 8),
-                             domains: tuple[str, ...] | None = None) -> dict:
+                             domains: tuple[str, ...] | None = None,
+                             kind_of: Callable[[int], str] | None = None) -> dict:
     """Where the draft misses, on answer positions: every position is fed the target's real feature (what
     the first token of every draft chain sees), and the target's greedy next token is looked for in the
     draft's top-k. Per domain: `positions`; `top` {k: share in the top-k} (top-1 bounds a chain's first
     token; the rest is what branching on more candidates could recover); `in_head` (share the reduced
     head can propose at all); `by_target_confidence`: for bins of the target's own top-1 probability,
-    the share of positions in the bin and the draft's top-1 agreement there."""
+    the share of positions in the bin and the draft's top-1 agreement there; `in_context`: the positions
+    whose token followed the current token earlier in the sequence (a bigram a copy could supply), their
+    share and the draft's top-1 there. With `kind_of` (vocabulary id -> a kind such as `token_kind` of
+    its text) also `by_kind`: per kind, the share of positions, the draft's top-1 there, the share its
+    head can propose, and the share of the draft's misses that are of this kind."""
     from serving.llama import contiguous_batch
 
     head = draft.head_token_ids
@@ -352,23 +369,43 @@ def teacher_forced_agreement(draft: EagleDraft, prep: Prepared, ks: tuple[int, .
         hit = ranked == want[:, None]
         p1 = prep.topk_probs[o + 1: o + L - 1, 0][answer].float()  # the target's confidence in x_{i+2}
         r = res.setdefault(s["domain"], {"positions": 0, "top": {k: 0 for k in ks}, "in_head": 0,
-                                         "bins": [[0, 0] for _ in bins]})
+                                         "bins": [[0, 0] for _ in bins], "context": [0, 0], "kinds": {}})
         r["positions"] += int(want.numel())
         for k in ks:
             r["top"][k] += int(hit[:, :k].any(-1).sum())
-        r["in_head"] += int(torch.isin(want, head).sum())
+        in_head = torch.isin(want, head)
+        r["in_head"] += int(in_head.sum())
         for b, (lo, hi) in enumerate(bins):
             m = (p1 >= lo) & ((p1 < hi) if hi < 1.0 else (p1 <= hi))
             r["bins"][b][0] += int(m.sum())
             r["bins"][b][1] += int(hit[m, 0].sum())
+        # in context: x_{i+2} followed x_{i+1} somewhere in x_0 .. x_{i+1}, as the copy prior would see it
+        seq, followers = toks.tolist(), {}
+        for i in range(L - 2):
+            followers.setdefault(seq[i], set()).add(seq[i + 1])
+            if i + 2 >= P and seq[i + 2] in followers.get(seq[i + 1], ()):
+                r["context"][0] += 1
+                r["context"][1] += int(ranked[i - max(P - 2, 0), 0]) == seq[i + 2]
+        if kind_of is not None:
+            for t, h1, ih in zip(want.tolist(), hit[:, 0].tolist(), in_head.tolist(), strict=True):
+                c = r["kinds"].setdefault(kind_of(t), [0, 0, 0])  # positions, draft top-1 hits, in head
+                c[0], c[1], c[2] = c[0] + 1, c[1] + h1, c[2] + ih
     out = {}
     for dom, r in res.items():
         n = r["positions"]
+        (nc, hc) = r["context"]
         out[dom] = {"positions": n, "top": {k: round(v / n, 4) for k, v in r["top"].items()},
                     "in_head": round(r["in_head"] / n, 4),
                     "by_target_confidence": [{"from": lo, "to": hi, "share": round(c / n, 4),
                                               "top1": round(h / c, 4) if c else None}
-                                             for (lo, hi), (c, h) in zip(bins, r["bins"], strict=True)]}
+                                             for (lo, hi), (c, h) in zip(bins, r["bins"], strict=True)],
+                    "in_context": {"share": round(nc / n, 4), "top1": round(hc / nc, 4) if nc else None}}
+        if kind_of is not None:
+            misses = n - sum(c[1] for c in r["kinds"].values())
+            out[dom]["by_kind"] = [{"kind": kind, "share": round(c / n, 4), "top1": round(h / c, 4),
+                                    "in_head": round(ih / c, 4),
+                                    "share_of_misses": round((c - h) / misses, 4) if misses else None}
+                                   for kind, (c, h, ih) in sorted(r["kinds"].items(), key=lambda kv: -kv[1][0])]
     return out
 
 
