@@ -137,3 +137,63 @@ def acceptance_by_prompt(steps: Iterable[tuple[str, int, int]]) -> list[PromptAc
     out = [PromptAcceptance(pid, n, t, a, a / t if t else None, 1 + a / n if n else None)
            for pid, (n, t, a) in acc.items()]
     return sorted(out, key=lambda p: (p.alpha if p.alpha is not None else 2.0, p.prompt_id))
+
+
+REPEAT_NGRAM = 16  # a token "repeats" when the 16 tokens ending at it occurred earlier in prompt + answer
+
+
+def repeated_tokens(prompt_ids: list[int], output_ids: list[int], n: int = REPEAT_NGRAM) -> list[bool]:
+    """Per output token: whether the n tokens ending at it (prompt and answer taken as one sequence) stood
+    earlier in that sequence. Long copies of the prompt and a target stuck in a loop both repeat; prompt
+    lookup accepts such tokens almost for free, so a span full of them measures a high alpha whatever
+    the draft. Output tokens with fewer than n - 1 tokens before them count as not repeated."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    seq = list(prompt_ids) + list(output_ids)
+    seen: set[tuple[int, ...]] = set()
+    out = []  # one pass: the n-gram ending at each index, remembered once it has been looked up
+    for j in range(n - 1, len(seq)):
+        gram = tuple(seq[j - n + 1: j + 1])
+        if j >= len(prompt_ids):
+            out.append(gram in seen)
+        seen.add(gram)
+    return [False] * (len(output_ids) - len(out)) + out
+
+
+@dataclass(frozen=True, slots=True)
+class SpanAcceptance:
+    start: int  # first output token of the span (0-based; token 0 is the prefill's)
+    end: int  # one past its last
+    steps: int  # speculative steps that started in the span and drafted at least one token
+    tested: int
+    accepted: int
+    alpha: float | None  # accepted / tested over those steps
+    repeated: float | None  # share of the span's output tokens that repeat an earlier n-gram (repeated_tokens)
+
+
+def acceptance_by_span(requests: Iterable[tuple[list[tuple[int, int, int]], list[bool]]], width: int = 32
+                       ) -> list[SpanAcceptance]:
+    """Alpha by where in the answer a step starts: per request its steps (emitted before the step, k drafted,
+    a accepted) and its output tokens' repeated flags, pooled in spans of `width` output tokens. Where the
+    answers run long, alpha grows along them as copies become possible, and the repeated share says how
+    much of that is the answer copying itself (a small target looping) rather than the draft."""
+    if width < 1:
+        raise ValueError(f"width must be >= 1, got {width}")
+    acc: dict[int, list[int]] = {}  # span -> steps, tested, accepted, tokens, repeated tokens
+    for steps, repeated in requests:
+        for before, k, a in steps:
+            if before < 0 or k < 0 or not 0 <= a <= k:
+                raise ValueError(f"a step must have emitted >= 0 and 0 <= accepted <= k, got {before}, k={k}, "
+                                 f"accepted={a}")
+            if k == 0:
+                continue
+            row = acc.setdefault(before // width, [0] * 5)
+            row[0] += 1
+            row[1] += a + (a < k)
+            row[2] += a
+        for i, rep in enumerate(repeated):
+            row = acc.setdefault(i // width, [0] * 5)
+            row[3] += 1
+            row[4] += rep
+    return [SpanAcceptance(s * width, (s + 1) * width, n, t, a, a / t if t else None, r / m if m else None)
+            for s, (n, t, a, m, r) in sorted(acc.items())]

@@ -211,3 +211,8 @@ def test_calibrate_json_on_the_bundled_pair(target_dir, capsys):
     assert row["alpha"] == pytest.approx(dom["alpha"])
     assert row["mean_acceptance_length"] == pytest.approx(dom["mean_acceptance_length"])
     assert 0 < dom["c"] < 1 and dom["best_k"] >= 1
+    # alpha by answer span: a 24-token answer fits in calibrate's first 32-token span, which then holds
+    # every step, so its alpha is the domain's
+    (span,) = dom["acceptance_by_span"]
+    assert (span["start"], span["end"]) == (0, 32) and span["steps"] == row["steps"]
+    assert span["alpha"] == pytest.approx(dom["alpha"]) and 0 <= span["repeated"] <= 1

@@ -102,3 +102,41 @@ def test_acceptance_by_prompt_by_hand():
     assert acceptance_by_prompt([("a", 0, 0)]) == []
     with pytest.raises(ValueError, match="prompt z"):
         acceptance_by_prompt([("z", 2, 3)])
+
+
+def test_repeated_tokens_by_hand():
+    from telemetry.calibration import repeated_tokens
+
+    # n = 2 over prompt [1, 2, 3] + answer [1, 2, 9, 1, 2, 9]: the answer's bigrams end at (3,1) new,
+    # (1,2) seen in the prompt, (2,9) new, (9,1) new, (1,2) seen, (2,9) seen
+    assert repeated_tokens([1, 2, 3], [1, 2, 9, 1, 2, 9], n=2) == [False, True, False, False, True, True]
+    # a loop of period 3 repeats from its second lap; nothing before n - 1 tokens of context
+    assert repeated_tokens([], [5, 6, 7, 5, 6, 7, 5], n=3) == [False] * 5 + [True, True]
+    assert repeated_tokens([4], [4], n=1) == [True]
+    assert repeated_tokens([1], [], n=4) == []
+    with pytest.raises(ValueError, match="n must be"):
+        repeated_tokens([1], [1], n=0)
+
+
+def test_acceptance_by_span_by_hand():
+    from telemetry.calibration import acceptance_by_span
+
+    # request 1: steps starting after 1, 3 and 6 emitted tokens (K=2: accepted 1 -> tests 2; accepted 2
+    # -> tests 2; accepted 0 -> tests 1), 8 output tokens of which 5 and 7 repeat
+    # request 2: a K=0 step (no draft) and a K=2 step after 4 tokens accepting 2; 4 tokens, none repeated
+    reqs = [([(1, 2, 1), (3, 2, 2), (6, 2, 0)], [False] * 5 + [True, False, True]),
+            ([(1, 0, 0), (4, 2, 2)], [False] * 4)]
+    rows = acceptance_by_span(reqs, width=4)
+    assert [(r.start, r.end, r.steps, r.tested, r.accepted) for r in rows] == [(0, 4, 2, 4, 3), (4, 8, 2, 3, 2)]
+    assert [r.alpha for r in rows] == pytest.approx([3 / 4, 2 / 3])
+    assert [r.repeated for r in rows] == pytest.approx([0.0, 2 / 4])  # span 0: 8 tokens; span 1: 4 tokens
+    # summed over spans the counts are the whole alpha's
+    assert sum(r.accepted for r in rows) / sum(r.tested for r in rows) == pytest.approx(5 / 7)
+    # a span with tokens but no draft step has no alpha
+    (only,) = acceptance_by_span([([(1, 0, 0)], [False, True])], width=32)
+    assert only.alpha is None and only.repeated == pytest.approx(0.5) and only.steps == 0
+    assert acceptance_by_span([]) == []
+    with pytest.raises(ValueError, match="accepted"):
+        acceptance_by_span([([(1, 2, 3)], [])])
+    with pytest.raises(ValueError, match="width"):
+        acceptance_by_span([], width=0)

@@ -54,7 +54,15 @@ def handle(args: argparse.Namespace) -> int:
     from serving.sampling import SamplingParams
     from serving.worker import EngineSpec, load
     from serving.workloads import load_workload
-    from telemetry.calibration import StepCounts, acceptance_by_position, acceptance_by_prompt, calibrate
+    from telemetry.calibration import (
+        REPEAT_NGRAM,
+        StepCounts,
+        acceptance_by_position,
+        acceptance_by_prompt,
+        acceptance_by_span,
+        calibrate,
+        repeated_tokens,
+    )
 
     if not 0 < args.threshold <= 1:
         raise ValueError(f"--threshold must be in (0, 1], got {args.threshold}")
@@ -95,7 +103,9 @@ def handle(args: argparse.Namespace) -> int:
         measured = sp.tokens_per_s / ar.tokens_per_s if sp.tokens_per_s and ar.tokens_per_s else None
         positions = acceptance_by_position((s.k, s.accepted) for s in spec_steps)
         by_prompt = acceptance_by_prompt((r.prompt.id, s.k, s.accepted) for r in sp.results for s in r.record.steps)
-        results.append((cal, measured, len(ps), positions, by_prompt))
+        by_span = acceptance_by_span((_step_offsets(r.record.steps), repeated_tokens(e, r.output_ids))
+                                     for r, e in zip(sp.results, enc, strict=True))
+        results.append((cal, measured, len(ps), positions, by_prompt, by_span))
     if args.json:
         print(json.dumps({"target": str(loaded.target_dir), "drafter": loaded.drafter_label, "k_measured": args.k,
                           "domains": [{"domain": c.domain, "prompts": n, "alpha": c.alpha,
@@ -112,13 +122,17 @@ def handle(args: argparse.Namespace) -> int:
                                                                  "tested": r.tested, "accepted": r.accepted,
                                                                  "alpha": r.alpha,
                                                                  "mean_acceptance_length": r.mean_acceptance_length}
-                                                                for r in by]}
-                                      for c, m, n, pos, by in results]}, indent=1))
+                                                                for r in by],
+                                       "acceptance_by_span": [{"start": r.start, "end": r.end, "steps": r.steps,
+                                                               "tested": r.tested, "accepted": r.accepted,
+                                                               "alpha": r.alpha, "repeated": r.repeated}
+                                                              for r in spans]}
+                                      for c, m, n, pos, by, spans in results]}, indent=1))
         return 0
     print(f"target {loaded.target_dir}\ndrafter {loaded.drafter_label}, measured at K={args.k}")
     print(f"{'domain':<10} {'prompts':>7} {'alpha':>6} {'acc rate':>8} {'mean acc len':>12} {'c':>6} {'best K':>6} "
           f"{'bound':>6} {'v':>5} {'bound v':>7} {'measured':>8}  verdict (alpha >= {args.threshold})")
-    for c, m, n, _, _ in results:
+    for c, m, n, *_ in results:
         f = lambda x, s=".3f": "—" if x is None else format(x, s)  # noqa: E731
         print(f"{c.domain:<10} {n:>7} {f(c.alpha):>6} {f(c.acceptance_rate):>8} {f(c.mean_acceptance_length, '.2f'):>12} {f(c.c):>6} "
               f"{f(c.best_k, 'd'):>6} {f(c.bound_at_best_k, '.2f'):>6} {f(c.verify_ratio, '.2f'):>5} "
@@ -129,16 +143,33 @@ def handle(args: argparse.Namespace) -> int:
     print("v = the target's verify forward at the measured K / its one-token forward (the bound assumes 1);\n"
           "bound v = mean acceptance length / (K c + v) at the measured K: what this machine allows")
     print("\nacceptance by draft position, given the positions before it were accepted (tested steps):")
-    for c, _, _, pos, _ in results:
+    for c, _, _, pos, *_ in results:
         cells = "  ".join(f"{r.position}: " + ("—" if r.rate is None else f"{r.rate:.3f}") + f" ({r.tested})"
                           for r in pos)
         print(f"  {c.domain:<10} {cells or '—'}")
     print("alpha sums these counts: where the curve rises with the position, a larger K measures a larger alpha")
     print(f"\nalpha by prompt (prompts reaching alpha >= {args.threshold}; lowest three; median; highest):")
-    for c, _, _, _, by in results:
+    for c, _, _, _, by, _ in results:
         print(f"  {c.domain:<10} {_prompt_spread(by, args.threshold)}")
     print("a domain's alpha pools its prompts' counts; --json lists every prompt")
+    print(f"\nalpha by answer span (output tokens; rep = share of the span's tokens whose {REPEAT_NGRAM} tokens "
+          "ending there\nstood earlier in the prompt or answer):")
+    for c, *_, spans in results:
+        cells = "  ".join(f"{r.start}-{r.end - 1}: " + ("—" if r.alpha is None else f"{r.alpha:.3f}")
+                          + ("" if r.repeated is None else f" rep {r.repeated:.2f}") for r in spans)
+        print(f"  {c.domain:<10} {cells or '—'}")
+    print("where alpha climbs with rep, the answers copy themselves (a small target loops): longer answers then\n"
+          "measure a higher alpha that says little about the draft")
     return 0
+
+
+def _step_offsets(steps) -> list[tuple[int, int, int]]:
+    """(output tokens emitted before the step, k, accepted) per step; the prefill emitted the first token."""
+    out, before = [], 1
+    for s in steps:
+        out.append((before, s.k, s.accepted))
+        before += s.num_emitted
+    return out
 
 
 def _prompt_spread(rows, threshold: float) -> str:
