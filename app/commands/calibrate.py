@@ -158,8 +158,8 @@ def handle(args: argparse.Namespace) -> int:
         cells = "  ".join(f"{r.start}-{r.end - 1}: " + ("—" if r.alpha is None else f"{r.alpha:.3f}")
                           + ("" if r.repeated is None else f" rep {r.repeated:.2f}") for r in spans)
         print(f"  {c.domain:<10} {cells or '—'}")
-    print("where alpha climbs with rep, the answers copy themselves (a small target loops): longer answers then\n"
-          "measure a higher alpha that says little about the draft")
+    print("where alpha climbs with rep, the gain is repeated text (copies of the prompt, or a target looping),\n"
+          "which prompt lookup accepts whatever the draft: longer answers then measure a higher alpha")
     return 0
 
 
