@@ -13,6 +13,7 @@ EXAMPLES = """  specfinops calibrate                                   # bundled
   specfinops calibrate --workload code --limit 8 --json
   specfinops calibrate --target ~/models/llama --draft ~/models/llama-draft --workload prompts.jsonl
   specfinops calibrate --drafter ngram --threshold 0.5
+  specfinops calibrate --workload code --drafter draft+ngram --max-new-tokens 256   # alpha along longer answers
 """
 
 
@@ -27,7 +28,9 @@ def register(sub) -> None:
     p.add_argument("--k", type=int, default=4, help="K used while measuring (default 4)")
     p.add_argument("--k-max", type=int, default=8, help="largest K considered for the bound (default 8)")
     p.add_argument("--threshold", type=float, default=0.65, help="GO when alpha >= this (default 0.65)")
-    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--max-new-tokens", type=int, default=96,
+                   help="answer length per prompt (default 96); alpha grows with it where the answers repeat "
+                        "text, as the table's alpha by answer span shows")
     p.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
