@@ -170,6 +170,8 @@ def test_speculation_page_shows_acceptance_and_go_no_go(filled, monkeypatch):
     assert_clean(at)
     assert metrics(at)["Acceptance rate"] == ["60.7%"]
     assert any("Below the 0.65 go/no-go line" in c.value and "chat" in c.value for c in at.caption)
+    assert "Acceptance along the answer" in [h.value for h in at.subheader]
+    assert any("32 tokens a span" in c.value for c in at.caption)
 
 
 def test_runs_page_compares_two_runs(filled, monkeypatch):
@@ -220,6 +222,25 @@ def test_page_queries_on_both_stores(db_url):
     # spec steps: 8 accepting 3, 4 accepting 2, 2 accepting 1 (K = 4)
     assert list(pos["offered"]) == [14, 14, 14, 14]
     assert list(pos["accepted"]) == [14, 12, 8, 0]
+
+    # along the answer, spans of 8 output tokens: code's 8 steps accept 3 (emit 4) from token 1 on, so
+    # they start at 1, 5 | 9, 13 | 17, 21 | 25, 29; chat's 6 steps accept 2, 2, 2, 2, 1, 1 (emit 3, 3, 3,
+    # 3, 2, 2) and start at 1, 4, 7 | 10, 13, 15. Every step rejects one token (accepted < K = 4).
+    along = pq.acceptance_along_answer(engine, f, width=8)
+    assert list(along["start"]) == [0, 8, 16, 24] and list(along["end"]) == [8, 16, 24, 32]
+    assert list(along["steps"]) == [5, 5, 2, 2]
+    assert list(along["accepted"]) == [3 + 3 + 2 + 2 + 2, 3 + 3 + 2 + 1 + 1, 6, 6]
+    assert list(along["tested"]) == [12 + 5, 10 + 5, 8, 8] and list(along["drafted"]) == [20, 20, 8, 8]
+    assert list(along["alpha"]) == pytest.approx([12 / 17, 10 / 15, 6 / 8, 6 / 8])
+    assert list(along["acceptance_rate"]) == pytest.approx([12 / 20, 10 / 20, 6 / 8, 6 / 8])
+    assert along["accepted"].sum() == 34  # every spec step once
+    whole = pq.acceptance_along_answer(engine, f)  # 32-token spans: one span ends at token 31
+    assert list(whole["start"]) == [0] and int(whole["steps"].iloc[0]) == 14
+    code = pq.acceptance_along_answer(engine, queries.Filters(domain="code"), width=8)
+    assert list(code["steps"]) == [2, 2, 2, 2] and list(code["alpha"]) == pytest.approx([0.75] * 4)
+    assert pq.acceptance_along_answer(engine, queries.Filters(domain="rewrite")).empty
+    with pytest.raises(ValueError, match="width"):
+        pq.acceptance_along_answer(engine, f, width=0)
 
     over = pq.acceptance_over_time(engine, f, 3600)
     assert len(over) == 1 and over["accepted"].iloc[0] == 34 and over["drafted"].iloc[0] == 56

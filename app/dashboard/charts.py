@@ -85,6 +85,20 @@ def acceptance_by_position(frame: pd.DataFrame) -> go.Figure:
                    "accepted share")
 
 
+def acceptance_along_answer(frame: pd.DataFrame) -> go.Figure:
+    """Acceptance rate per span of the answer where the drafting steps started."""
+    labels = [f"{int(a)}-{int(b) - 1}" for a, b in zip(frame["start"], frame["end"], strict=True)]
+    fig = go.Figure()
+    fig.add_bar(x=labels, y=frame["acceptance_rate"], marker_color=MODE_COLORS["spec"],
+                text=[f"{r:.0%}" for r in frame["acceptance_rate"]],
+                customdata=list(zip(frame["steps"], frame["mean_acceptance_length"], frame["alpha"], strict=True)),
+                hovertemplate="output tokens %{x}: acceptance %{y:.1%} over %{customdata[0]:,} steps, "
+                              "mean acceptance length %{customdata[1]:.2f}, alpha (accepted / tested) "
+                              "%{customdata[2]:.3f}<extra></extra>")
+    fig.update_yaxes(tickformat=".0%", range=[0, 1])
+    return _layout(fig, "Acceptance along the answer", "output tokens where the step started", "accepted share")
+
+
 def alpha_by_domain(domains: list[str], alphas: list[float | None], requests: list[int]) -> go.Figure:
     """Bars per domain against the 0.65 go/no-go line; a domain without drafts is shown as missing."""
     colors = ["#9ca3af" if a is None else ("#16a34a" if a >= GO_NO_GO_ALPHA else "#dc2626") for a in alphas]

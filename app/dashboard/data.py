@@ -110,6 +110,11 @@ def acceptance_by_position(url: str, f: Filters):
     return pq.acceptance_by_position(engine(url), f)
 
 
+@st.cache_data(ttl=TTL_S, show_spinner="Reading decode steps...")
+def acceptance_along_answer(url: str, f: Filters):
+    return pq.acceptance_along_answer(engine(url), f)
+
+
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def power_over_time(url: str, f: Filters, bucket_s: int):
     return pq.power_over_time(engine(url), f, bucket_s)

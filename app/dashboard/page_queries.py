@@ -231,6 +231,53 @@ def acceptance_by_position(engine: Engine, f: Filters) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["position", "offered", "accepted", "rate"])
 
 
+ANSWER_SPAN = 32  # output tokens per span of `acceptance_along_answer`
+
+
+def acceptance_along_answer(engine: Engine, f: Filters, width: int = ANSWER_SPAN) -> pd.DataFrame:
+    """Acceptance by where in the answer a drafting step starts, in spans of `width` output tokens.
+
+    A step starts after 1 + the tokens its request's earlier steps emitted (the prefill emitted the first);
+    a window sum over each request's steps gives that in SQL, and the steps are then grouped by span.
+    Columns: start, end (output tokens [start, end)), steps, drafted, accepted, tested (accepted plus the
+    rejections that ended steps), acceptance_rate (accepted / drafted), alpha (accepted / tested, as
+    `specfinops calibrate` reports it), mean_acceptance_length.
+    """
+    if width < 1:
+        raise ValueError(f"width must be >= 1, got {width}")
+    emitted_before = func.coalesce(func.sum(Step.num_emitted).over(
+        partition_by=Step.request_id, order_by=Step.step_index, rows=(None, -1)), 0)
+    steps = (
+        select(Step.k.label("k"), Step.accepted.label("accepted"), (1 + emitted_before).label("before"))
+        .select_from(Step)
+        .join(Request, Request.id == Step.request_id)
+        .join(Run, Run.id == Request.run_id)
+        .where(*_conds(f), Run.mode == "spec")
+        .subquery()
+    )
+    span = cast(steps.c.before // width, Integer)
+    stmt = (
+        select(span, func.count(), func.sum(steps.c.k), func.sum(steps.c.accepted),
+               func.sum(case((steps.c.accepted < steps.c.k, 1), else_=0)))
+        .where(steps.c.k > 0)
+        .group_by(span)
+        .order_by(span)
+    )
+    frame = _frame(engine, stmt, ["span", "steps", "drafted", "accepted", "rejections"])
+    cols = ["start", "end", "steps", "drafted", "accepted", "tested", "acceptance_rate", "alpha",
+            "mean_acceptance_length"]
+    if frame.empty:
+        return pd.DataFrame(columns=cols)
+    frame = frame.astype({"span": "int64", "steps": "int64", "drafted": "int64", "accepted": "int64",
+                          "rejections": "int64"})
+    frame["start"], frame["end"] = frame["span"] * width, (frame["span"] + 1) * width
+    frame["tested"] = frame["accepted"] + frame["rejections"]
+    frame["acceptance_rate"] = frame["accepted"] / frame["drafted"]
+    frame["alpha"] = frame["accepted"] / frame["tested"].where(frame["tested"] > 0)
+    frame["mean_acceptance_length"] = 1 + frame["accepted"] / frame["steps"]
+    return frame[cols]
+
+
 def _matching_run_ids(f: Filters):
     return select(Request.run_id).join(Run, Run.id == Request.run_id).where(*f.where()).distinct()
 

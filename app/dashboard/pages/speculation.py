@@ -1,4 +1,4 @@
-"""Speculation: acceptance over time, acceptance by draft position, alpha per domain vs 0.65, K over time."""
+"""Speculation: acceptance over time, by draft position and along the answer; alpha per domain vs 0.65; K over time."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import streamlit as st
 
 from app.dashboard import charts, data
 from app.dashboard.common import Context, download_csv, fmt, run_page
-from app.dashboard.page_queries import with_rates
+from app.dashboard.page_queries import ANSWER_SPAN, with_rates
 
 
 def body(ctx: Context) -> None:
@@ -60,6 +60,19 @@ def body(ctx: Context) -> None:
         st.caption("Position i is accepted when the step accepted at least i drafts; counted among steps that "
                    "proposed K >= i.")
         download_csv("Download acceptance by position (CSV)", pos, "acceptance-by-position.csv", "dl_spec_pos")
+
+    st.subheader("Acceptance along the answer")
+    along = data.acceptance_along_answer(ctx.url, f)
+    if along.empty:
+        st.info("No speculative decode steps recorded in view.")
+    else:
+        st.plotly_chart(charts.acceptance_along_answer(along), width="stretch")
+        st.caption(f"Drafting steps grouped by the output token they started at, {ANSWER_SPAN} tokens a span. "
+                   "Acceptance that climbs along the answer usually means the answers repeat text (copies of "
+                   "the prompt, or a small target looping), which prompt lookup accepts whatever the draft: "
+                   "longer answers then measure more. `specfinops calibrate` shows the repeated share per span.")
+        download_csv("Download acceptance along the answer (CSV)", along, "acceptance-along-answer.csv",
+                     "dl_spec_along")
 
 
 run_page("Speculation", body, "How often the target accepts the drafter's tokens, where in the draft, and which K was used.")
