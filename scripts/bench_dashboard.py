@@ -82,6 +82,7 @@ def page_work(engine: Engine, f: Filters) -> dict[str, Callable[[], object]]:
         queries.acceptance_by_domain(engine, f)
         pq.acceptance_over_time(engine, f, bucket)
         pq.acceptance_by_position(engine, f)
+        pq.acceptance_along_answer(engine, f)
 
     def energy():
         bucket = sidebar()

@@ -226,7 +226,9 @@ def test_page_queries_on_both_stores(db_url):
     # along the answer, spans of 8 output tokens: code's 8 steps accept 3 (emit 4) from token 1 on, so
     # they start at 1, 5 | 9, 13 | 17, 21 | 25, 29; chat's 6 steps accept 2, 2, 2, 2, 1, 1 (emit 3, 3, 3,
     # 3, 2, 2) and start at 1, 4, 7 | 10, 13, 15. Every step rejects one token (accepted < K = 4).
-    along = pq.acceptance_along_answer(engine, f, width=8)
+    spans = pq.acceptance_along_answer(engine, f, width=8)
+    assert spans.stride == 1 and spans.total_drafts == 14
+    along = spans.frame
     assert list(along["start"]) == [0, 8, 16, 24] and list(along["end"]) == [8, 16, 24, 32]
     assert list(along["steps"]) == [5, 5, 2, 2]
     assert list(along["accepted"]) == [3 + 3 + 2 + 2 + 2, 3 + 3 + 2 + 1 + 1, 6, 6]
@@ -234,11 +236,16 @@ def test_page_queries_on_both_stores(db_url):
     assert list(along["alpha"]) == pytest.approx([12 / 17, 10 / 15, 6 / 8, 6 / 8])
     assert list(along["acceptance_rate"]) == pytest.approx([12 / 20, 10 / 20, 6 / 8, 6 / 8])
     assert along["accepted"].sum() == 34  # every spec step once
-    whole = pq.acceptance_along_answer(engine, f)  # 32-token spans: one span ends at token 31
+    whole = pq.acceptance_along_answer(engine, f).frame  # 32-token spans: one span ends at token 31
     assert list(whole["start"]) == [0] and int(whole["steps"].iloc[0]) == 14
-    code = pq.acceptance_along_answer(engine, queries.Filters(domain="code"), width=8)
+    code = pq.acceptance_along_answer(engine, queries.Filters(domain="code"), width=8).frame
     assert list(code["steps"]) == [2, 2, 2, 2] and list(code["alpha"]) == pytest.approx([0.75] * 4)
-    assert pq.acceptance_along_answer(engine, queries.Filters(domain="rewrite")).empty
+    assert pq.acceptance_along_answer(engine, queries.Filters(domain="rewrite")).frame.empty
+    # over the cap the window runs on every n-th request id: the AR run's two requests were stored first
+    # (ids 1, 2), then spec's code (3) and chat (4) requests, so a stride of 2 keeps the chat one alone
+    sampled = pq.acceptance_along_answer(engine, f, width=8, max_drafts=10)
+    assert sampled.stride == 2 and sampled.total_drafts == 14
+    assert int(sampled.frame["steps"].sum()) == 6 and int(sampled.frame["accepted"].sum()) == 10
     with pytest.raises(ValueError, match="width"):
         pq.acceptance_along_answer(engine, f, width=0)
 

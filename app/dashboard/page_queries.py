@@ -232,27 +232,45 @@ def acceptance_by_position(engine: Engine, f: Filters) -> pd.DataFrame:
 
 
 ANSWER_SPAN = 32  # output tokens per span of `acceptance_along_answer`
+ALONG_EXACT_MAX_DRAFTS = 200_000  # above this many drafting steps, the spans come from a sample of requests
 
 
-def acceptance_along_answer(engine: Engine, f: Filters, width: int = ANSWER_SPAN) -> pd.DataFrame:
+@dataclass(frozen=True, slots=True)
+class AnswerSpans:
+    """Acceptance per span of the answer and how it was sampled."""
+
+    frame: pd.DataFrame
+    total_drafts: int  # drafting steps of the filtered speculative requests
+    stride: int  # 1 = every request; n = requests whose id is a multiple of n
+
+
+def acceptance_along_answer(engine: Engine, f: Filters, width: int = ANSWER_SPAN,
+                            max_drafts: int = ALONG_EXACT_MAX_DRAFTS) -> AnswerSpans:
     """Acceptance by where in the answer a drafting step starts, in spans of `width` output tokens.
 
     A step starts after 1 + the tokens its request's earlier steps emitted (the prefill emitted the first);
-    a window sum over each request's steps gives that in SQL, and the steps are then grouped by span.
-    Columns: start, end (output tokens [start, end)), steps, drafted, accepted, tested (accepted plus the
-    rejections that ended steps), acceptance_rate (accepted / drafted), alpha (accepted / tested, as
+    a window sum over each request's steps gives that in SQL, and the steps are then grouped by span, so
+    only one row per span comes back. Above `max_drafts` drafting steps the window runs over a
+    deterministic sample of whole requests (every n-th request id), as the ITL histogram does.
+    Frame columns: start, end (output tokens [start, end)), steps, drafted, accepted, tested (accepted plus
+    the rejections that ended steps), acceptance_rate (accepted / drafted), alpha (accepted / tested, as
     `specfinops calibrate` reports it), mean_acceptance_length.
     """
     if width < 1:
         raise ValueError(f"width must be >= 1, got {width}")
+    spec = [*_conds(f), Run.mode == "spec"]
+    with engine.connect() as c:
+        total = int(c.scalar(select(func.coalesce(func.sum(Request.num_drafts), 0)).select_from(Request)
+                             .join(Run, Run.id == Request.run_id).where(*spec)) or 0)
+    stride = max(1, math.ceil(total / max_drafts))
+    if stride > 1:
+        spec.append(Request.id % stride == 0)
     emitted_before = func.coalesce(func.sum(Step.num_emitted).over(
         partition_by=Step.request_id, order_by=Step.step_index, rows=(None, -1)), 0)
+    picked = select(Request.id).join(Run, Run.id == Request.run_id).where(*spec)  # drive from the requests
     steps = (
         select(Step.k.label("k"), Step.accepted.label("accepted"), (1 + emitted_before).label("before"))
-        .select_from(Step)
-        .join(Request, Request.id == Step.request_id)
-        .join(Run, Run.id == Request.run_id)
-        .where(*_conds(f), Run.mode == "spec")
+        .where(Step.request_id.in_(picked))
         .subquery()
     )
     span = cast(steps.c.before // width, Integer)
@@ -267,7 +285,7 @@ def acceptance_along_answer(engine: Engine, f: Filters, width: int = ANSWER_SPAN
     cols = ["start", "end", "steps", "drafted", "accepted", "tested", "acceptance_rate", "alpha",
             "mean_acceptance_length"]
     if frame.empty:
-        return pd.DataFrame(columns=cols)
+        return AnswerSpans(pd.DataFrame(columns=cols), total, stride)
     frame = frame.astype({"span": "int64", "steps": "int64", "drafted": "int64", "accepted": "int64",
                           "rejections": "int64"})
     frame["start"], frame["end"] = frame["span"] * width, (frame["span"] + 1) * width
@@ -275,7 +293,7 @@ def acceptance_along_answer(engine: Engine, f: Filters, width: int = ANSWER_SPAN
     frame["acceptance_rate"] = frame["accepted"] / frame["drafted"]
     frame["alpha"] = frame["accepted"] / frame["tested"].where(frame["tested"] > 0)
     frame["mean_acceptance_length"] = 1 + frame["accepted"] / frame["steps"]
-    return frame[cols]
+    return AnswerSpans(frame[cols], total, stride)
 
 
 def _matching_run_ids(f: Filters):

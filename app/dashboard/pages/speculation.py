@@ -62,15 +62,19 @@ def body(ctx: Context) -> None:
         download_csv("Download acceptance by position (CSV)", pos, "acceptance-by-position.csv", "dl_spec_pos")
 
     st.subheader("Acceptance along the answer")
-    along = data.acceptance_along_answer(ctx.url, f)
+    spans = data.acceptance_along_answer(ctx.url, f)
+    along = spans.frame
     if along.empty:
         st.info("No speculative decode steps recorded in view.")
     else:
         st.plotly_chart(charts.acceptance_along_answer(along), width="stretch")
+        sampled = (f" Sampled: every {spans.stride}th request of {spans.total_drafts:,} drafting steps."
+                   if spans.stride > 1 else "")
         st.caption(f"Drafting steps grouped by the output token they started at, {ANSWER_SPAN} tokens a span. "
                    "Acceptance that climbs along the answer usually means the answers repeat text (copies of "
                    "the prompt, or a small target looping), which prompt lookup accepts whatever the draft: "
-                   "longer answers then measure more. `specfinops calibrate` shows the repeated share per span.")
+                   "longer answers then measure more. `specfinops calibrate` shows the repeated share per span."
+                   + sampled)
         download_csv("Download acceptance along the answer (CSV)", along, "acceptance-along-answer.csv",
                      "dl_spec_along")
 
