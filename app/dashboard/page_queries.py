@@ -258,16 +258,16 @@ def acceptance_along_answer(engine: Engine, f: Filters, width: int = ANSWER_SPAN
     """
     if width < 1:
         raise ValueError(f"width must be >= 1, got {width}")
-    spec = [*_conds(f), Run.mode == "spec"]
+    spec_requests = select(Request).join(Run, Run.id == Request.run_id).where(*_conds(f), Run.mode == "spec")
     with engine.connect() as c:
-        total = int(c.scalar(select(func.coalesce(func.sum(Request.num_drafts), 0)).select_from(Request)
-                             .join(Run, Run.id == Request.run_id).where(*spec)) or 0)
+        total = int(c.scalar(spec_requests.with_only_columns(func.coalesce(func.sum(Request.num_drafts), 0)))
+                    or 0)
     stride = max(1, math.ceil(total / max_drafts))
+    picked = spec_requests.with_only_columns(Request.id)  # the window is driven from the chosen requests
     if stride > 1:
-        spec.append(Request.id % stride == 0)
+        picked = picked.where(Request.id % stride == 0)
     emitted_before = func.coalesce(func.sum(Step.num_emitted).over(
         partition_by=Step.request_id, order_by=Step.step_index, rows=(None, -1)), 0)
-    picked = select(Request.id).join(Run, Run.id == Request.run_id).where(*spec)  # drive from the requests
     steps = (
         select(Step.k.label("k"), Step.accepted.label("accepted"), (1 + emitted_before).label("before"))
         .where(Step.request_id.in_(picked))

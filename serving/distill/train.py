@@ -379,7 +379,7 @@ def teacher_forced_agreement(draft: EagleDraft, prep: Prepared, ks: tuple[int, .
             m = (p1 >= lo) & ((p1 < hi) if hi < 1.0 else (p1 <= hi))
             r["bins"][b][0] += int(m.sum())
             r["bins"][b][1] += int(hit[m, 0].sum())
-        # in context: x_{i+2} followed x_{i+1} somewhere in x_0 .. x_{i+1}, as the copy prior would see it
+        # in context: x_{i+2} followed x_{i+1} somewhere in x_0 .. x_{i+1} (in the head or not)
         seq, followers = toks.tolist(), {}
         for i in range(L - 2):
             followers.setdefault(seq[i], set()).add(seq[i + 1])

@@ -68,7 +68,7 @@ def body(ctx: Context) -> None:
         st.info("No speculative decode steps recorded in view.")
     else:
         st.plotly_chart(charts.acceptance_along_answer(along), width="stretch")
-        sampled = (f" Sampled: every {spans.stride}th request of {spans.total_drafts:,} drafting steps."
+        sampled = (f" Sampled: one request in {spans.stride} of those with {spans.total_drafts:,} drafting steps."
                    if spans.stride > 1 else "")
         st.caption(f"Drafting steps grouped by the output token they started at, {ANSWER_SPAN} tokens a span. "
                    "Acceptance that climbs along the answer usually means the answers repeat text (copies of "
