@@ -120,6 +120,11 @@ class PromptAcceptance:
     mean_acceptance_length: float | None  # tokens each of its steps emitted (accepted + the target's own)
 
 
+def _tested(k: int, a: int) -> int:
+    """Tokens a drafting step tested: its a accepted ones, plus the rejection that ended it if a < k."""
+    return a + (a < k)
+
+
 def acceptance_by_prompt(steps: Iterable[tuple[str, int, int]]) -> list[PromptAcceptance]:
     """Per prompt, from its steps (prompt id, k drafted, a accepted), the same alpha a domain gets, lowest
     first: where a domain misses the threshold, which requests pull it down. Steps with k = 0 (no draft)
@@ -132,7 +137,7 @@ def acceptance_by_prompt(steps: Iterable[tuple[str, int, int]]) -> list[PromptAc
             continue
         row = acc.setdefault(pid, [0, 0, 0])  # steps, tested, accepted
         row[0] += 1
-        row[1] += a + (a < k)
+        row[1] += _tested(k, a)
         row[2] += a
     out = [PromptAcceptance(pid, n, t, a, a / t if t else None, 1 + a / n if n else None)
            for pid, (n, t, a) in acc.items()]
@@ -140,6 +145,7 @@ def acceptance_by_prompt(steps: Iterable[tuple[str, int, int]]) -> list[PromptAc
 
 
 REPEAT_NGRAM = 16  # a token "repeats" when the 16 tokens ending at it occurred earlier in prompt + answer
+ANSWER_SPAN = 32  # output tokens per span of alpha by answer span (calibrate, the dashboard's Speculation page)
 
 
 def repeated_tokens(prompt_ids: list[int], output_ids: list[int], n: int = REPEAT_NGRAM) -> list[bool]:
@@ -171,8 +177,8 @@ class SpanAcceptance:
     repeated: float | None  # share of the span's output tokens that repeat an earlier n-gram (repeated_tokens)
 
 
-def acceptance_by_span(requests: Iterable[tuple[list[tuple[int, int, int]], list[bool]]], width: int = 32
-                       ) -> list[SpanAcceptance]:
+def acceptance_by_span(requests: Iterable[tuple[list[tuple[int, int, int]], list[bool]]],
+                       width: int = ANSWER_SPAN) -> list[SpanAcceptance]:
     """Alpha by where in the answer a step starts: per request its steps (emitted before the step, k drafted,
     a accepted) and its output tokens' repeated flags, pooled in spans of `width` output tokens. Where the
     answers run long, alpha grows along them as copies become possible, and the repeated share says how
@@ -189,7 +195,7 @@ def acceptance_by_span(requests: Iterable[tuple[list[tuple[int, int, int]], list
                 continue
             row = acc.setdefault(before // width, [0] * 5)
             row[0] += 1
-            row[1] += a + (a < k)
+            row[1] += _tested(k, a)
             row[2] += a
         for i, rep in enumerate(repeated):
             row = acc.setdefault(i // width, [0] * 5)

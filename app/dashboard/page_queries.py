@@ -24,6 +24,7 @@ import pandas as pd
 from sqlalchemy import Integer, and_, case, cast, func, select
 from sqlalchemy.engine import Engine
 
+from telemetry.calibration import ANSWER_SPAN
 from telemetry.db import PowerSample, Request, Run, Step, TokenEvent
 from telemetry.queries import Filters
 
@@ -231,7 +232,6 @@ def acceptance_by_position(engine: Engine, f: Filters) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["position", "offered", "accepted", "rate"])
 
 
-ANSWER_SPAN = 32  # output tokens per span of `acceptance_along_answer`
 ALONG_EXACT_MAX_DRAFTS = 200_000  # above this many drafting steps, the spans come from a sample of requests
 
 

@@ -7,7 +7,8 @@ import streamlit as st
 
 from app.dashboard import charts, data
 from app.dashboard.common import Context, download_csv, fmt, run_page
-from app.dashboard.page_queries import ANSWER_SPAN, with_rates
+from app.dashboard.page_queries import with_rates
+from telemetry.calibration import ANSWER_SPAN
 
 
 def body(ctx: Context) -> None:
