@@ -255,15 +255,23 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file a resolved SQLite URL names; None for an in-memory database or a database server."""
+    if not url.startswith("sqlite"):
+        return None
+    path = url.split("///", 1)[-1] if "///" in url else ""
+    return Path(path) if path and path != ":memory:" else None
+
+
 def make_engine(url: str | None = None) -> Engine:
     """An Engine for the URL; SQLite gets WAL, foreign keys and a busy timeout."""
     url = resolve_db_url(url)
     if url.startswith("sqlite"):
-        path = url.split("///", 1)[-1]
-        if path and path != ":memory:":
-            if Path(path).is_dir():
+        path = sqlite_file(url)
+        if path is not None:
+            if path.is_dir():
                 raise ValueError(f"database {url!r} is a directory: give a SQLite file path or a database URL")
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine

@@ -21,7 +21,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from telemetry.db import Base, make_engine, resolve_db_url
+from telemetry.db import Base, make_engine, resolve_db_url, sqlite_file
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +118,23 @@ def upgrade_to_head(engine: Engine) -> None:
         command.upgrade(cfg, "head")
 
 
-def open_store(url: str | None = None) -> Engine:
-    """Engine for `url` (see `telemetry.db.resolve_db_url`), schema upgraded to head on open."""
+class NoStoreError(StoreError):
+    """A command that only reads was pointed at a SQLite file that does not exist."""
+
+
+def open_store(url: str | None = None, *, must_exist: bool = False) -> Engine:
+    """Engine for `url` (see `telemetry.db.resolve_db_url`), schema upgraded to head on open.
+
+    A SQLite file that does not exist is created, with its directory, unless `must_exist`: commands that only
+    read (cost, project, export, report, dashboard) pass it, so a mistyped `--db` is named as such instead of
+    turning into a new, empty store that has "no runs"."""
+    url = resolve_db_url(url)
+    path = sqlite_file(url)
+    if must_exist and path is not None and not path.exists():
+        raise NoStoreError(
+            f"no store at {path}: the file does not exist. Check --db / SPECFINOPS_DB_URL, or record runs into it "
+            f"first: specfinops bench --workload code --mode both --db {path}"
+        )
     engine = make_engine(url)
     if _at_head(engine):
         return engine

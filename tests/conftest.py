@@ -12,7 +12,17 @@ PG_ADMIN_URL = os.environ.get("SPECFINOPS_TEST_PG_ADMIN", "postgresql+psycopg://
 
 @pytest.fixture
 def sqlite_url(tmp_path) -> str:
+    """A SQLite file that does not exist yet (commands that record create it; commands that only read refuse it)."""
     return f"sqlite:///{tmp_path / 'store.db'}"
+
+
+@pytest.fixture
+def empty_store(sqlite_url) -> str:
+    """An existing SQLite store at the newest schema, with no runs."""
+    from telemetry.store import open_store
+
+    open_store(sqlite_url).dispose()
+    return sqlite_url
 
 
 def _pg_admin():

@@ -52,6 +52,31 @@ def test_a_file_that_is_no_database(tmp_path, capsys):
     assert "cannot use the database: file is not a database" in _one_line(capsys)
 
 
+@pytest.mark.parametrize("argv", [
+    ["cost"],
+    ["project", "--daily-tokens", "1e6", "--peak-factor", "2", "--p95-tpot-sla-ms", "50", "--node-hourly-usd", "3"],
+    ["export", "--what", "requests", "--out", "-"],
+    ["report", "--period", "weekly", "--out", "{tmp}/report"],
+    ["dashboard", "--port", "0"],
+], ids=lambda a: a[0])
+def test_a_reader_pointed_at_a_missing_file_creates_nothing(argv, tmp_path, capsys):
+    """A mistyped --db is named as such; it does not become a new, empty store (nor its directory)."""
+    missing = tmp_path / "typo" / "runs.db"
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert main([*argv, "--db", str(missing)]) == 2
+    line = _one_line(capsys)
+    assert f"no store at {missing}" in line and "specfinops bench" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_recorder_still_creates_its_store(tmp_path, capsys):
+    path = tmp_path / "new" / "runs.db"
+    assert main(["prices", "set", "H100", "2.5", "--source", "quote", "--db", str(path)]) == 0
+    assert path.is_file()
+    assert main(["cost", "--db", str(path)]) == 2  # exists now: the reader's complaint is the missing runs
+    assert "specfinops bench" in _one_line(capsys)
+
+
 def test_a_store_written_by_a_newer_version(tmp_path, capsys):
     path = tmp_path / "newer.db"
     with sqlite3.connect(path) as c:
@@ -91,22 +116,22 @@ def test_export_of_an_unknown_run_fails_and_a_bad_store_keeps_the_old_file(store
     (["report", "--period", "weekly", "--since", "9999-12-30", "--out", "{tmp}/r"], "outside the range of dates"),
     (["export", "--what", "requests", "--out", "-", "--until", "9999-12-31T23:59:59-05:00"], "out of the range"),
 ])
-def test_bad_input_is_one_line(argv, needle, sqlite_url, tmp_path, capsys):
+def test_bad_input_is_one_line(argv, needle, empty_store, tmp_path, capsys):
     argv = [a.format(tmp=tmp_path) for a in argv]
     try:
-        rc = main([*argv, "--db", sqlite_url])
+        rc = main([*argv, "--db", empty_store])
     except SystemExit as exc:  # argparse's own errors: usage and one line
         rc = exc.code
     assert rc == 2
     assert needle in _one_line(capsys)
 
 
-def test_a_busy_port_is_named_before_the_dashboard_starts(sqlite_url, capsys):
+def test_a_busy_port_is_named_before_the_dashboard_starts(empty_store, capsys):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         port = s.getsockname()[1]
-        assert main(["dashboard", "--db", sqlite_url, "--port", str(port)]) == 2
+        assert main(["dashboard", "--db", empty_store, "--port", str(port)]) == 2
     assert f"127.0.0.1:{port} is in use" in _one_line(capsys)
 
 

@@ -122,8 +122,8 @@ def test_stdout_export(sqlite_url, capsys):
         (["--what", "requests", "--out", "/nonexistent-dir/x.csv"], "cannot write --out"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(sqlite_url, capsys, args, needle):
-    argv = ["export", "--db", sqlite_url, *args]
+def test_bad_input_is_one_line_and_exit_2(empty_store, capsys, args, needle):
+    argv = ["export", "--db", empty_store, *args]
     if "--out" not in args:
         argv += ["--out", "-"]
     assert main(argv) == 2

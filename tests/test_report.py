@@ -190,10 +190,11 @@ def test_empty_period_is_a_report_saying_no_traffic(store, tmp_path, capsys):
     assert "No traffic in this period" in page and "Plotly.newPlot" not in page
 
 
-def test_empty_store_is_exit_2_with_the_fill_command(sqlite_url, tmp_path, capsys):
-    assert main(_report(sqlite_url, tmp_path, "--period", "daily")) == 2
+def test_empty_store_is_exit_2_with_the_fill_command(empty_store, tmp_path, capsys):
+    assert main(_report(empty_store, tmp_path / "r", "--period", "daily")) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no runs" in err and "specfinops bench" in err
+    assert not (tmp_path / "r").exists()  # no empty report folder is left behind
 
 
 @pytest.mark.parametrize(

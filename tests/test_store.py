@@ -112,6 +112,24 @@ def test_a_plain_file_path_is_a_sqlite_store(tmp_path, capsys):
     assert path.is_file() and _revision(f"sqlite:///{path}") == head_revision()
 
 
+def test_db_current_on_a_missing_file_says_so_and_creates_nothing(tmp_path, capsys):
+    path = tmp_path / "typo.db"
+    assert cli_main(["db", "current", "--db", str(path)]) == 0
+    assert "no such file (no store yet)" in capsys.readouterr().out
+    assert not path.exists()
+
+
+def test_open_store_must_exist_refuses_a_missing_sqlite_file_only(tmp_path, sqlite_url):
+    from telemetry.store import NoStoreError
+
+    with pytest.raises(NoStoreError, match="no store at"):
+        open_store(sqlite_url, must_exist=True)
+    assert list(tmp_path.iterdir()) == []
+    open_store(sqlite_url).dispose()  # a recorder creates it
+    open_store(sqlite_url, must_exist=True).dispose()  # then a reader opens it
+    open_store("sqlite://", must_exist=True).dispose()  # in memory: nothing to find
+
+
 @pytest.mark.parametrize(("db", "needle"), [
     ("foo://bar", "unknown database kind 'foo'"),
     ("postgresql://root@127.0.0.1:1/test", "cannot use the database: connection failed"),

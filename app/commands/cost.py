@@ -186,7 +186,7 @@ def run_cost_command(args) -> int:
     from telemetry.store import open_store
 
     pricing = _pricing(args, required=False)
-    engine = open_store(args.db)
+    engine = open_store(args.db, must_exist=True)
     run_costs, mode_costs = costs(engine, _filters(args, args.run), **pricing)
     if not run_costs:
         if args.run is not None:
@@ -284,7 +284,7 @@ def run_project_command(args) -> int:
     sla = _number("--p95-tpot-sla-ms", args.p95_tpot_sla_ms, minimum=0)
     pricing = _pricing(args, required=True)
     sp = project_from_store(
-        open_store(args.db), _filters(args), daily_tokens=daily, peak_factor=peak, sla_ms=sla, **pricing
+        open_store(args.db, must_exist=True), _filters(args), daily_tokens=daily, peak_factor=peak, sla_ms=sla, **pricing
     )
     if args.json:
         print(json.dumps(sp.as_dict(), indent=2))

@@ -63,10 +63,15 @@ def _downgrade(args: argparse.Namespace) -> int:
 
 
 def _current(args: argparse.Namespace) -> int:
-    from telemetry.db import make_engine, resolve_db_url
+    from telemetry.db import make_engine, resolve_db_url, sqlite_file
     from telemetry.store import current_revision, head_revision, known_revisions
 
-    engine = make_engine(args.db)
+    url = resolve_db_url(args.db)
+    path = sqlite_file(url)
+    if path is not None and not path.exists():  # say so; connecting would create an empty file
+        print(f"{_safe_url(url)}: no such file (no store yet), head {head_revision()}")
+        return 0
+    engine = make_engine(url)
     try:
         with engine.connect() as conn:
             rev = current_revision(conn)
@@ -75,7 +80,7 @@ def _current(args: argparse.Namespace) -> int:
     head = head_revision()
     state = ("no schema" if not rev else "at head" if rev == head else "behind head" if rev in known_revisions()
              else "unknown revision: written by a newer specfinops?")
-    print(f"{_safe_url(resolve_db_url(args.db))}: revision {rev or '(none)'}, head {head} ({state})")
+    print(f"{_safe_url(url)}: revision {rev or '(none)'}, head {head} ({state})")
     return 0
 
 

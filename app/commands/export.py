@@ -41,7 +41,7 @@ def run(args) -> int:
     if window.since and window.until and window.since >= window.until:
         raise UsageError(f"--since ({args.since}) must be before --until ({args.until})")
 
-    engine = open_store(args.db)  # before --out is opened: a bad store must not truncate an existing file
+    engine = open_store(args.db, must_exist=True)  # before --out is opened: a bad store must not truncate an existing file
     if args.run is not None:
         from telemetry.queries import run_exists
 

@@ -88,10 +88,10 @@ def run(args) -> int:
     except OverflowError:
         raise UsageError(f"--since/--until with --history {options['history']} reach outside the range of dates "
                          f"(years 1-9999)") from None
-    out = check_out_dir(args.out)
-    engine = open_store(args.db)
+    engine = open_store(args.db, must_exist=True)  # before --out is made: a bad store leaves no empty folder
     if count_runs(engine) == 0:
         raise UsageError(f"the store has no runs to report on; {EMPTY_STORE_HINT}")
+    out = check_out_dir(args.out)
     result = write_report(engine, window, out, **options)
     if result is None:  # only scheduled reports (with a job id) can be refused as duplicates
         raise RuntimeError("report was refused as a duplicate without a job id")
