@@ -229,8 +229,7 @@ def resolve_db_url(url: str | None = None) -> str:
     """`--db` beats `SPECFINOPS_DB_URL` beats the default SQLite file `var/specfinops.db`. A value without
     `://` is a SQLite file path (`--db runs.db`); anything else must be a URL SQLAlchemy can parse."""
     url = url or os.environ.get(ENV_DB_URL)
-    if not url:
-        DEFAULT_DB_PATH.parent.mkdir(parents=True, exist_ok=True)
+    if not url:  # its folder is made by make_engine, when a command opens the store
         url = f"sqlite:///{DEFAULT_DB_PATH}"
     elif "://" not in url:
         url = f"sqlite:///{url}"

@@ -69,6 +69,14 @@ def test_a_reader_pointed_at_a_missing_file_creates_nothing(argv, tmp_path, caps
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_a_reader_on_the_default_store_before_any_run_creates_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SPECFINOPS_DB_URL", raising=False)
+    assert main(["cost"]) == 2
+    assert "no store at var/specfinops.db" in _one_line(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_recorder_still_creates_its_store(tmp_path, capsys):
     path = tmp_path / "new" / "runs.db"
     assert main(["prices", "set", "H100", "2.5", "--source", "quote", "--db", str(path)]) == 0
