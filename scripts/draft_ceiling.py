@@ -1,4 +1,4 @@
-"""Two ceilings on the draft+ngram alpha of a feature-level draft, on the code workload (simulated, greedy).
+"""Three ceilings on the draft+ngram alpha of a feature-level draft, on the code workload (simulated, greedy).
 
   transfer  Does a little workload-style data help on unseen workload prompts? The draft is fine-tuned
             on the target's answers to half of the code workload's prompts (every other one) and
@@ -7,8 +7,12 @@
   gate      Would choosing per step between prompt lookup and the draft raise alpha? Both proposals are
             made at every step and alpha is measured under several rules, including an oracle that takes
             whichever one the target accepts further.
+  sure      How much of the gap is tokens the target is sure of? Wherever the target's own probability of
+            its next token is at least --min-p (optionally only for --kinds of token), the draft's proposal
+            is replaced by the target's token (an oracle for those positions only, while the chain is on
+            the target's path); alpha is measured for each --min-p beside the engine as it is.
 
-Both walk the target's stored greedy answers (no target forward runs; the answers are generated once and
+All three walk the target's stored greedy answers (no target forward runs; the answers are generated once and
 cached, as scripts.draft_generalization does) with K tokens a step, the draft's first token reading the
 target's real feature and the engine's copy prior applied.
 
@@ -16,6 +20,8 @@ Examples:
   python -m scripts.draft_ceiling gate
   python -m scripts.draft_ceiling transfer --steps 30 --lr 1e-4
   python -m scripts.draft_ceiling gate --draft /tmp/my-draft --json gate.json
+  python -m scripts.draft_ceiling sure --dtype bfloat16 --max-new-tokens 96 --min-p 0.95 0.8 0.5
+  python -m scripts.draft_ceiling sure --min-p 0.95 --kinds "word piece"
 """
 
 from __future__ import annotations
@@ -104,6 +110,42 @@ def gate_alpha(draft, prep, rule: str, k: int, lookup, copy_bias: float) -> floa
     return accepted / max(tested, 1)
 
 
+def sure_oracle(prep, min_p: float, kinds: set[str] | None = None, kind_of=None):
+    """`simulate_alpha`'s force hook: the target's own token wherever its probability is >= min_p (and its
+    kind is among `kinds`, when given); the draft's proposal elsewhere."""
+
+    def force(seq: dict, m: int) -> int | None:
+        o = seq["offset"]
+        if float(prep.topk_probs[o + m - 1, 0]) < min_p:  # row m-1 holds the target's confidence in token m
+            return None
+        want = int(prep.tokens[o + m])
+        return want if kinds is None or kind_of(want) in kinds else None
+
+    return force
+
+
+def sure(draft, prep, args, lookup, copy_bias: float, kind_of) -> list[dict]:
+    import torch
+
+    from serving.distill.train import simulate_alpha
+
+    kinds = set(args.kinds) if args.kinds else None
+    rows = []
+    with torch.inference_mode():
+        for min_p in [None, *args.min_p]:
+            force = None if min_p is None else sure_oracle(prep, min_p, kinds, kind_of)
+            r = simulate_alpha(draft, prep, k=args.k, domains=("code",), lookup=lookup, copy_bias=copy_bias,
+                               force=force)["code"]
+            rows.append({"min_p": min_p, "kinds": sorted(kinds) if kinds and min_p is not None else None,
+                         "alpha": r["alpha"], "acceptance_rate": r["acceptance_rate"],
+                         "mean_accept_len": r["mean_accept_len"]})
+            what = ("the engine as it is" if min_p is None else
+                    f"the target's token where it is >= {min_p:g} sure" + (f" ({', '.join(sorted(kinds))})" if kinds else ""))
+            print(f"{rows[-1]['alpha']:>6.3f} {rows[-1]['acceptance_rate']:>9.3f} {rows[-1]['mean_accept_len']:>8.2f}   {what}",
+                  flush=True)
+    return rows
+
+
 def transfer(draft_dir: Path, target, prep, args, lookup, copy_bias: float) -> list[dict]:
     import torch
 
@@ -136,7 +178,7 @@ def transfer(draft_dir: Path, target, prep, args, lookup, copy_bias: float) -> l
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("experiment", choices=("transfer", "gate"))
+    ap.add_argument("experiment", choices=("transfer", "gate", "sure"))
     ap.add_argument("--target", default=None, help="target model name or directory (default: the bundled target)")
     ap.add_argument("--draft", default=None, help="feature-level draft directory (default: the bundled draft)")
     ap.add_argument("--k", type=int, default=4, help="tokens drafted a step (default 4)")
@@ -146,10 +188,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=1e-4, help="transfer: learning rate (default 1e-4)")
     ap.add_argument("--rules", nargs="+", default=list(RULES), choices=RULES,
                     help="gate: rules to measure; " + "; ".join(f"{r}: {h}" for r, h in RULE_HELP.items()))
+    ap.add_argument("--min-p", type=float, nargs="+", default=[0.95, 0.8, 0.5],
+                    help="sure: the target confidences from which its token is given (default 0.95 0.8 0.5)")
+    ap.add_argument("--kinds", nargs="+", default=None,
+                    help="sure: give only tokens of these kinds: whitespace, punctuation, 'word start', 'word piece' "
+                         "(default: every kind)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     if args.k < 1 or args.max_new_tokens < 2 or args.steps < 1 or args.lr <= 0:
         print("error: --k and --steps must be >= 1, --max-new-tokens >= 2, --lr > 0", file=sys.stderr)
+        return 2
+    if not all(0 <= p <= 1 for p in args.min_p):
+        print(f"error: --min-p values must lie in [0, 1], got {args.min_p}", file=sys.stderr)
+        return 2
+
+    from serving.distill.train import TOKEN_KINDS
+
+    if args.kinds and set(args.kinds) - set(TOKEN_KINDS):
+        print(f"error: --kinds must be among {', '.join(TOKEN_KINDS)}, got {args.kinds}", file=sys.stderr)
         return 2
 
     import torch
@@ -163,15 +219,29 @@ def main(argv: list[str] | None = None) -> int:
     from serving.models import resolve_model
 
     dtype = getattr(torch, resolve_dtype(args.dtype))
+    model_dtype = torch.float32 if args.experiment != "sure" else dtype  # sure: the draft as the engine runs it
     target_dir = resolve_model(args.target, "target")
     draft_dir = resolve_draft(args.draft)
     if draft_dir is None:
         return 2
     prep = load_prepared(eval_data(target_dir, args.max_new_tokens, lambda m: print(m, file=sys.stderr), dtype))
-    target = load_causal_lm(target_dir, torch.float32)
+    target = load_causal_lm(target_dir, model_dtype)
     lookup, bias = engine_lookup()
     try:
-        if args.experiment == "gate":
+        if args.experiment == "sure":
+            from serving.distill.train import token_kind
+            from serving.models import load_tokenizer
+
+            tok, kinds = load_tokenizer(target_dir), {}
+
+            def kind_of(t: int) -> str:
+                if t not in kinds:
+                    kinds[t] = token_kind(tok.decode([t]))
+                return kinds[t]
+
+            print(f"{'alpha':>6} {'acc. rate':>9} {'acc. len':>8}   the draft's proposals, except ...")
+            result = sure(load_eagle(draft_dir, target, model_dtype), prep, args, lookup, bias, kind_of)
+        elif args.experiment == "gate":
             draft = load_eagle(draft_dir, target, torch.float32)
             result = {}
             print(f"{'rule':<8} {'alpha':>6}  what picks the step's proposal")

@@ -596,6 +596,31 @@ def test_draft_ceiling_gate_rules_reproduce_simulate_alpha(prepared):
     assert main(["gate", "--k", "0"]) == 2
 
 
+def test_draft_ceiling_sure_gives_the_target_token_only_where_it_is_sure(prepared):
+    """simulate_alpha's force hook: no forcing reproduces the draft; forcing the target's token everywhere (min_p
+    0) accepts every drafted token; forcing above a confidence lands in between and never lowers alpha."""
+    from scripts.draft_ceiling import main, sure_oracle
+
+    target, out = prepared
+    prep = load_prepared(out)
+    draft, _ = new_draft(target, [prep], TrainConfig(head_vocab=32), eos_ids=(2,))
+    with torch.inference_mode():
+        plain = simulate_alpha(draft, prep, k=3, domains=("code",))["code"]
+        never = simulate_alpha(draft, prep, k=3, domains=("code",), force=lambda seq, m: None)["code"]
+        always = simulate_alpha(draft, prep, k=3, domains=("code",), force=sure_oracle(prep, 0.0))["code"]
+        p1 = prep.topk_probs[:, 0].float()
+        mid = float(p1.median())
+        some = simulate_alpha(draft, prep, k=3, domains=("code",), force=sure_oracle(prep, mid))["code"]
+        none_of_kind = simulate_alpha(draft, prep, k=3, domains=("code",),
+                                      force=sure_oracle(prep, 0.0, {"word piece"}, lambda t: "word start"))["code"]
+    assert never == plain and none_of_kind == plain
+    assert plain["alpha"] < 1.0
+    assert always["alpha"] == 1.0 and always["acceptance_rate"] == 1.0
+    assert plain["alpha"] <= some["alpha"] <= always["alpha"]
+    assert main(["sure", "--min-p", "1.5"]) == 2
+    assert main(["sure", "--kinds", "emoji"]) == 2
+
+
 def _tiny_target_dir(path, model) -> str:
     """`model` as a Hugging Face Llama directory (config, safetensors, a word-level tokenizer with an EOS)."""
     import json

@@ -247,7 +247,8 @@ def primed_draft(draft: EagleDraft, prep: Prepared, seq: dict, k: int):
 
 @torch.inference_mode()
 def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple[str, ...] | None = None,
-                   lookup: Callable[[list[int], int], list[int]] | None = None, copy_bias: float = 0.0) -> dict:
+                   lookup: Callable[[list[int], int], list[int]] | None = None, copy_bias: float = 0.0,
+                   force: Callable[[dict, int], int | None] | None = None) -> dict:
     """Greedy acceptance as the engine would see it: the draft proposes K tokens from the real feature
     of the last verified position (later steps feed its own h), the target's greedy continuation (the
     stored answer) verifies, the accepted prefix plus one target token is committed, repeat.
@@ -255,7 +256,10 @@ def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple
     tokens they are the step's proposal (and may be fewer than K) and the draft is not run.
     Returns {domain: {"alpha", "acceptance_rate", "drafted", "accepted", "mean_accept_len"}}: alpha is the
     per-token acceptance probability (accepted / tested, a step tests its accepted tokens and the first
-    rejected one), acceptance_rate accepted / drafted."""
+    rejected one), acceptance_rate accepted / drafted.
+    `force(seq, m)`, a diagnostic (scripts.draft_ceiling sure), may replace the draft's proposal for the
+    sequence's token m while the chain is still on the target's path: the token it returns is proposed (and
+    fed to the next draft step) instead of the draft's top-1; None keeps the draft's."""
     from serving.llama import contiguous_batch
 
     res: dict[str, dict] = {}
@@ -292,6 +296,10 @@ def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple
                         lg = lg.clone()
                         lg[rows] += copy_bias
                     t = draft.head_token_ids[lg.argmax()]
+                    if force is not None and props == tok_list[n + 1: n + 1 + j]:  # still on the target's path
+                        forced = force(s, n + 1 + j)
+                        if forced is not None:
+                            t = torch.tensor(forced)
                     props.append(int(t))
                     tok, f = t.view(1), h[0, -1:]
                 real_upto = s0 + 1  # position s0 was real (step 1); s0+1.. are the chain's own
