@@ -229,16 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     lookup, bias = engine_lookup()
     try:
         if args.experiment == "sure":
-            from serving.distill.train import token_kind
+            from serving.distill.train import kind_of_token
             from serving.models import load_tokenizer
 
-            tok, kinds = load_tokenizer(target_dir), {}
-
-            def kind_of(t: int) -> str:
-                if t not in kinds:
-                    kinds[t] = token_kind(tok.decode([t]))
-                return kinds[t]
-
+            kind_of = kind_of_token(load_tokenizer(target_dir))
             print(f"{'alpha':>6} {'acc. rate':>9} {'acc. len':>8}   the draft's proposals, except ...")
             result = sure(load_eagle(draft_dir, target, model_dtype), prep, args, lookup, bias, kind_of)
         elif args.experiment == "gate":

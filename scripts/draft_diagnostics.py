@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from serving.distill.data import load_prepared
     from serving.distill.pipeline import eval_data
-    from serving.distill.train import teacher_forced_agreement, token_kind
+    from serving.distill.train import kind_of_token, teacher_forced_agreement
     from serving.eagle import load_eagle
     from serving.kernels import resolve_dtype
     from serving.llama import load_causal_lm
@@ -62,14 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --draft {d} is not a draft model directory (no config.json)", file=sys.stderr)
             return 2
     target = load_causal_lm(target_dir, dtype)
-    kind_of = None
-    if args.by_kind:
-        tok, kinds = load_tokenizer(target_dir), {}
-
-        def kind_of(t: int) -> str:
-            if t not in kinds:
-                kinds[t] = token_kind(tok.decode([t]))
-            return kinds[t]
+    kind_of = kind_of_token(load_tokenizer(target_dir)) if args.by_kind else None
     results, evals = {}, {}
     for d in drafts:
         try:

@@ -338,6 +338,18 @@ def token_kind(text: str) -> str:
     return "word start" if text[0].isspace() else "word piece"
 
 
+def kind_of_token(tokenizer) -> Callable[[int], str]:
+    """Vocabulary id -> `token_kind` of its decoded text, each id decoded once."""
+    kinds: dict[int, str] = {}
+
+    def kind_of(t: int) -> str:
+        if t not in kinds:
+            kinds[t] = token_kind(tokenizer.decode([t]))
+        return kinds[t]
+
+    return kind_of
+
+
 @torch.inference_mode()
 def teacher_forced_agreement(draft: EagleDraft, prep: Prepared, ks: tuple[int, ...] = (1, 2, 4, 8),
                              domains: tuple[str, ...] | None = None,
