@@ -43,7 +43,7 @@ def main() -> int:
     from serving.workloads import load_workload
 
     drafter = args.drafter or ("draft" if (BUNDLED_DRAFT_DIR / "config.json").is_file() else default_drafter(None))
-    loaded = load(EngineSpec(drafter=drafter, dtype=resolve_dtype(args.dtype)))
+    loaded = load(EngineSpec(drafter=drafter, dtype=resolve_dtype(args.dtype, max_batch=1)))
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     policies = args.policies.split(",")
     out: dict = {"drafter": loaded.drafter_label, "method": "interleaved per prompt", "repeats": args.repeats,

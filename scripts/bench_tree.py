@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     for cfg in args.configs:
         if cfg != "chain" and not (cfg.startswith("k") and cfg[1:].isdigit()):
             TreeShape.parse(cfg)  # a bad shape fails before the model loads
-    loaded = load(EngineSpec(drafter=args.drafter, dtype=resolve_dtype(args.dtype)))
+    loaded = load(EngineSpec(drafter=args.drafter, dtype=resolve_dtype(args.dtype, max_batch=1)))
     prompts = load_workload(args.workload, limit=args.limit)
     encoded = [loaded.encode(p) for p in prompts]
     params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)

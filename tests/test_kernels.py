@@ -304,6 +304,24 @@ def test_auto_dtype_follows_the_cpu(monkeypatch, native, backend, expect):
     assert kernels.resolve_dtype("bfloat16", backend) == "bfloat16"
 
 
+@pytest.mark.parametrize("max_batch, kernel, setting, expect", [
+    (1, True, "auto", "bfloat16"), (8, True, "auto", "bfloat16"),  # few rows: the C kernel streams half the bytes
+    (9, True, "auto", "float32"), (32, True, "auto", "float32"),  # many rows: float32's packed kernels win
+    (None, True, "auto", "float32"),  # an unknown (distill: large) batch
+    (1, False, "auto", "float32"), (1, True, "off", "float32"),  # no C kernel here, or switched off
+])
+def test_auto_dtype_on_an_emulating_cpu_follows_the_batch(monkeypatch, max_batch, kernel, setting, expect):
+    from serving import bf16_kernel
+
+    monkeypatch.setattr(kernels, "native_bf16", lambda: False)
+    monkeypatch.setattr(bf16_kernel, "available", lambda: kernel)
+    monkeypatch.setenv("SPECFINOPS_BF16_KERNEL", setting)
+    assert kernels.resolve_dtype("auto", max_batch=max_batch) == expect
+    assert kernels.resolve_dtype("auto", "vllm", max_batch=max_batch) == "bfloat16"  # a GPU backend: always bf16
+    monkeypatch.setattr(kernels, "native_bf16", lambda: True)
+    assert kernels.resolve_dtype("auto", max_batch=max_batch) == "bfloat16"  # hardware bf16: at every batch
+
+
 def test_unknown_dtype_is_named():
     with pytest.raises(ValueError, match="unknown dtype 'float16': use auto, bfloat16, float32"):
         kernels.resolve_dtype("float16")

@@ -87,6 +87,7 @@ def add_db_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", metavar="URL", default=None, help=DB_HELP)
 
 
-DTYPE_HELP = ("auto (the default: bfloat16 where the CPU multiplies bf16 in hardware, AVX512-BF16 or AMX, "
-              "else float32, whose packed kernels are faster there; bfloat16 on a GPU), bfloat16 or float32 "
+DTYPE_HELP = ("auto (the default: bfloat16 where the CPU multiplies bf16 in hardware, AVX512-BF16 or AMX, and on "
+              "a GPU; on a CPU that emulates bf16, bfloat16 up to 8 sequences at a time, where the C bf16 kernel "
+              "streams half the bytes, else float32, whose packed kernels are faster there), bfloat16 or float32 "
               "(the exactness reference). Records keep the precision chosen")

@@ -99,7 +99,7 @@ def handle(args: argparse.Namespace) -> int:
     from serving.kernels import resolve_dtype
 
     chosen = args.dtype == "auto"
-    args.dtype = resolve_dtype(args.dtype, args.backend)
+    args.dtype = resolve_dtype(args.dtype, args.backend, max_batch=max(levels))
     if args.backend == "vllm":
         if args.tree is not None:
             raise ValueError("--tree runs on the torch engine; vLLM's speculative config chooses its own proposals")
@@ -118,11 +118,14 @@ def handle(args: argparse.Namespace) -> int:
         from telemetry.store import open_store
 
         open_store(args.db).dispose()  # an unusable --db now, not after the benchmark
-    if chosen and args.dtype == "float32" and "ar" in modes and 1 in levels:
-        print("note: float32 chosen: this CPU has no bf16 instructions, so bf16 prefill, batches and verification "
-              "are emulated and slow; one-sequence AR decoding streams half the bytes in bfloat16 and can still be "
-              "faster (measured 1.5x on an AVX2 EPYC). Before pricing the AR baseline at concurrency 1, compare "
-              "`--mode ar --dtype bfloat16`.", file=sys.stderr)
+    if chosen and args.dtype == "float32" and args.backend == "torch" and 1 in levels:
+        from serving.kernels import AUTO_BF16_MAX_BATCH, emulated_bf16_pays
+
+        why = (f"concurrency up to {max(levels)} is past {AUTO_BF16_MAX_BATCH}, where emulated bf16 loses"
+               if emulated_bf16_pays(1) else "the C bf16 kernel is unavailable or off here")
+        print(f"note: float32 chosen for every level: this CPU has no bf16 instructions and {why}; at concurrency "
+              "1 bfloat16 can still be faster (AR 1.5x, spec 2x on an AVX2 EPYC). To price the low levels in "
+              "bfloat16, run them separately with `--dtype bfloat16`.", file=sys.stderr)
     print(f"loading target ({args.dtype}) ...", file=sys.stderr)
     loaded = load(spec)
     if gate is not None:

@@ -81,7 +81,7 @@ def handle(args: argparse.Namespace) -> int:
     from serving.kernels import resolve_dtype
 
     spec = EngineSpec(target=args.target, drafter=args.drafter, draft_model=args.draft, k=str(args.k),
-                      dtype=resolve_dtype(args.dtype))
+                      dtype=resolve_dtype(args.dtype, max_batch=1))  # one sequence at a time
     spec.validate()
     print("loading models ...", file=sys.stderr)
     loaded = load(spec)

@@ -51,7 +51,7 @@ def handle(args: argparse.Namespace) -> int:
     from serving.server_setup import ServeOptions, serve
     from serving.worker import EngineSpec, default_drafter
 
-    args.dtype = resolve_dtype(args.dtype)
+    args.dtype = resolve_dtype(args.dtype, max_batch=args.max_batch)
     spec = EngineSpec(target=args.target, drafter=args.drafter or default_drafter(args.target), draft_model=args.draft_model,
                       early_exit_layers=args.early_exit_layers, k=args.k, dtype=args.dtype,
                       max_batch=args.max_batch, max_len=args.max_len, tree=args.tree)
