@@ -3,6 +3,7 @@ error nobody foresaw each end in one line (exit 2 for input and environment, 1 f
 
 from __future__ import annotations
 
+import json
 import socket
 import sqlite3
 import subprocess
@@ -67,6 +68,26 @@ def test_a_reader_pointed_at_a_missing_file_creates_nothing(argv, tmp_path, caps
     line = _one_line(capsys)
     assert f"no store at {missing}" in line and "specfinops bench" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_listing_prices_of_a_missing_store_shows_the_defaults_and_creates_nothing(tmp_path, capsys):
+    from telemetry.prices import default_entries
+
+    missing = tmp_path / "typo" / "runs.db"
+    assert main(["prices", "list", "--json", "--db", str(missing)]) == 0
+    captured = capsys.readouterr()
+    shown = {e["name"]: e["value"] for e in json.loads(captured.out)}
+    assert shown == {e.name: e.value for e in default_entries()}
+    assert f"no store at {missing} yet" in captured.err and "default prices" in captured.err
+    assert list(tmp_path.iterdir()) == []
+    # a bad `prices set` creates nothing either; a good one creates the store, and list then reads it
+    assert main(["prices", "set", "H100", "--db", str(missing)]) == 2
+    assert list(tmp_path.iterdir()) == []
+    assert main(["prices", "set", "H100", "2.5", "--source", "quote", "--db", str(missing)]) == 0
+    capsys.readouterr()
+    assert main(["prices", "list", "--json", "--db", str(missing)]) == 0
+    captured = capsys.readouterr()
+    assert {e["name"]: e["value"] for e in json.loads(captured.out)}["H100"] == 2.5 and "no store" not in captured.err
 
 
 def test_a_reader_on_the_default_store_before_any_run_creates_nothing(tmp_path, monkeypatch, capsys):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 from app.commands._common import add_command, add_db_option, run_id
 from app.errors import UsageError
@@ -326,39 +327,33 @@ def run_project_command(args) -> int:
 
 
 def run_prices_command(args) -> int:
-    from telemetry.prices import list_prices, set_price
+    from telemetry.db import resolve_db_url, sqlite_file
+    from telemetry.prices import default_entries, list_prices, set_price
     from telemetry.store import open_store
 
     if args.action not in ("list", "set"):
         raise UsageError(f"action must be 'list' or 'set', got {args.action!r}")
-    engine = open_store(args.db)
-    if args.action == "set":
-        if args.name is None or args.value is None:
-            raise UsageError("usage: specfinops prices set NAME VALUE --source TEXT [--kind KIND]")
-        if not args.source:
-            raise UsageError("--source is required: say where the price comes from")
-        value = _number("VALUE", args.value, minimum=0)
-        e = set_price(engine, args.name, value, source=args.source, kind=args.kind, as_of=args.as_of)
-        print(f"{e.name} ({e.kind}) = {e.value:g} {e.unit}; source: {e.source}; as of {e.as_of}")
-        return 0
-    entries = list_prices(engine)
-    if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "name": e.name,
-                        "kind": e.kind,
-                        "value": e.value,
-                        "unit": e.unit,
-                        "source": e.source,
-                        "as_of": e.as_of,
-                    }
-                    for e in entries
-                ],
-                indent=2,
-            )
-        )
+    if args.action == "list":
+        path = sqlite_file(resolve_db_url(args.db))
+        if path is not None and not path.exists():  # listing creates no store: show what a new one starts with
+            print(f"note: no store at {path} yet; these are the default prices it will start with "
+                  "(`prices set` or a recording command creates it)", file=sys.stderr)
+            return _print_prices(default_entries(), args.json)
+        return _print_prices(list_prices(open_store(args.db)), args.json)
+    if args.name is None or args.value is None:
+        raise UsageError("usage: specfinops prices set NAME VALUE --source TEXT [--kind KIND]")
+    if not args.source:
+        raise UsageError("--source is required: say where the price comes from")
+    value = _number("VALUE", args.value, minimum=0)
+    e = set_price(open_store(args.db), args.name, value, source=args.source, kind=args.kind, as_of=args.as_of)
+    print(f"{e.name} ({e.kind}) = {e.value:g} {e.unit}; source: {e.source}; as of {e.as_of}")
+    return 0
+
+
+def _print_prices(entries, as_json: bool) -> int:
+    if as_json:
+        keys = ("name", "kind", "value", "unit", "source", "as_of")
+        print(json.dumps([{k: getattr(e, k) for k in keys} for e in entries], indent=2))
         return 0
     for e in entries:
         print(f"{e.name:<20} {e.kind:<12} {e.value:>10g} {e.unit:<13} {e.as_of:<11} {e.source}")
