@@ -57,12 +57,14 @@ def _k_policy(loaded: Loaded, mode: str) -> str:
 
 def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState:
     """Load (unless given), warm up, open the store, start the runs, the telemetry and the engine thread."""
+    from serving.kernels import in_passing_thread
     from telemetry.power import detect_power_source
 
     opts.validate()
-    loaded = loaded or load(opts.spec)
+    # torch work off this thread, so the engine thread's OpenMP pool is the only one (`in_passing_thread`)
+    loaded = loaded or in_passing_thread(load, opts.spec)
     model_id = opts.served_model_name or loaded.target_dir.name
-    _warm_up(loaded)
+    in_passing_thread(_warm_up, loaded)
     recorder, infos = None, None
     source = detect_power_source(opts.power, tdp_w=opts.tdp_w)
     try:
@@ -84,7 +86,7 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState
             recorder.close()
         source.close()
         raise
-    engine = loaded.engine("spec", max_batch=opts.spec.max_batch)
+    engine = in_passing_thread(loaded.engine, "spec", max_batch=opts.spec.max_batch)  # its cache is torch work
     k = loaded.spec.k
     if str(k).isdigit():
         metrics.prepare_positions(int(k))
