@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from serving.sampling import SamplingParams
 from serving.server import ServerState, create_app, shutdown
@@ -18,6 +19,9 @@ from serving.server_engine import EngineLoop
 from serving.server_metrics import ServeMetrics
 from serving.server_telemetry import MODES, ServeTelemetry
 from serving.worker import EngineSpec, Loaded, default_node_id, load, run_info
+
+if TYPE_CHECKING:
+    from serving.engine import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +66,8 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState
 
     opts.validate()
     # torch work off this thread, so the engine thread's OpenMP pool is the only one (`in_passing_thread`)
-    loaded = loaded or in_passing_thread(load, opts.spec)
+    loaded, engine = in_passing_thread(_prepare, opts, loaded)
     model_id = opts.served_model_name or loaded.target_dir.name
-    in_passing_thread(_warm_up, loaded)
     recorder, infos = None, None
     source = detect_power_source(opts.power, tdp_w=opts.tdp_w)
     try:
@@ -86,7 +89,6 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState
             recorder.close()
         source.close()
         raise
-    engine = in_passing_thread(loaded.engine, "spec", max_batch=opts.spec.max_batch)  # its cache is torch work
     k = loaded.spec.k
     if str(k).isdigit():
         metrics.prepare_positions(int(k))
@@ -101,6 +103,13 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState
                        created=int(time.time()), root=str(loaded.target_dir),
                        card={"backend": "torch", "dtype": loaded.spec.dtype, "drafter": loaded.drafter_label,
                              "k_policy": _k_policy(loaded, "spec"), "max_batch": opts.spec.max_batch})
+
+
+def _prepare(opts: ServeOptions, loaded: Loaded | None) -> tuple[Loaded, Engine]:
+    """Load (unless given) and warm up the model, and make the server's engine (its KV cache)."""
+    loaded = loaded or load(opts.spec)
+    _warm_up(loaded)
+    return loaded, loaded.engine("spec", max_batch=opts.spec.max_batch)
 
 
 def _warm_up(loaded: Loaded) -> None:

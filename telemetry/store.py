@@ -119,7 +119,14 @@ def upgrade_to_head(engine: Engine) -> None:
 
 
 class NoStoreError(StoreError):
-    """A command that only reads was pointed at a SQLite file that does not exist."""
+    """A command that only reads was pointed at a SQLite file (`path`) that does not exist."""
+
+    def __init__(self, path: Path):
+        super().__init__(
+            f"no store at {path}: the file does not exist. Check --db / SPECFINOPS_DB_URL, or record runs into it "
+            f"first: specfinops bench --workload code --mode both --db {path}"
+        )
+        self.path = path
 
 
 def open_store(url: str | None = None, *, must_exist: bool = False) -> Engine:
@@ -131,10 +138,7 @@ def open_store(url: str | None = None, *, must_exist: bool = False) -> Engine:
     url = resolve_db_url(url)
     path = sqlite_file(url)
     if must_exist and path is not None and not path.exists():
-        raise NoStoreError(
-            f"no store at {path}: the file does not exist. Check --db / SPECFINOPS_DB_URL, or record runs into it "
-            f"first: specfinops bench --workload code --mode both --db {path}"
-        )
+        raise NoStoreError(path)
     engine = make_engine(url)
     if _at_head(engine):
         return engine

@@ -327,19 +327,19 @@ def run_project_command(args) -> int:
 
 
 def run_prices_command(args) -> int:
-    from telemetry.db import resolve_db_url, sqlite_file
     from telemetry.prices import default_entries, list_prices, set_price
-    from telemetry.store import open_store
+    from telemetry.store import NoStoreError, open_store
 
     if args.action not in ("list", "set"):
         raise UsageError(f"action must be 'list' or 'set', got {args.action!r}")
     if args.action == "list":
-        path = sqlite_file(resolve_db_url(args.db))
-        if path is not None and not path.exists():  # listing creates no store: show what a new one starts with
-            print(f"note: no store at {path} yet; these are the default prices it will start with "
+        try:
+            engine = open_store(args.db, must_exist=True)
+        except NoStoreError as e:  # listing creates no store: show what a new one starts with
+            print(f"note: no store at {e.path} yet; these are the default prices it will start with "
                   "(`prices set` or a recording command creates it)", file=sys.stderr)
             return _print_prices(default_entries(), args.json)
-        return _print_prices(list_prices(open_store(args.db)), args.json)
+        return _print_prices(list_prices(engine), args.json)
     if args.name is None or args.value is None:
         raise UsageError("usage: specfinops prices set NAME VALUE --source TEXT [--kind KIND]")
     if not args.source:
