@@ -21,7 +21,16 @@ from telemetry.finops import (
     project,
 )
 from telemetry.prices import NodePrice, energy_prices, resolve_node_price
-from telemetry.queries import EMPTY_STORE_HINT, MODES, Filters, RunSummary, _ratio, run_summaries
+from telemetry.queries import (
+    EMPTY_STORE_HINT,
+    MODES,
+    ConfigSummary,
+    Filters,
+    RunSummary,
+    _ratio,
+    config_summaries,
+    run_summaries,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,8 +178,10 @@ class StoreProjection:
     usd_per_kwh: float
     pue: float
     energy_estimated: bool
-    capacity_run_ar: int | None  # run whose throughput is the AR capacity
+    capacity_run_ar: int | None  # first run of the configuration whose throughput is the AR capacity
     capacity_run_spec: int | None
+    capacity_runs_ar: tuple[int, ...] = ()  # every run of that configuration (pooled into the capacity)
+    capacity_runs_spec: tuple[int, ...] = ()
 
     def as_dict(self) -> dict:
         """The `project --json` contract: exactly these eight top-level keys; monthly cost per mode is
@@ -197,10 +208,13 @@ class StoreProjection:
                 "energy_included_ar": p.energy_included_ar,
                 "energy_included_spec": p.energy_included_spec,
                 "energy_estimated": self.energy_estimated,
-                "capacity_basis": "highest measured tokens/s of one run (aggregate over its concurrency) "
-                "whose p95 TPOT meets the SLA, taken as one node",
+                "capacity_basis": "highest measured tokens/s of one configuration (its runs pooled: tokens "
+                "over their summed wall time, p95 TPOT over all of their requests; aggregate over its "
+                "concurrency) whose p95 TPOT meets the SLA, taken as one node",
                 "capacity_run_ar": self.capacity_run_ar,
                 "capacity_run_spec": self.capacity_run_spec,
+                "capacity_runs_ar": list(self.capacity_runs_ar),
+                "capacity_runs_spec": list(self.capacity_runs_spec),
                 "hours_per_year": HOURS_PER_YEAR,
                 "hours_per_month": HOURS_PER_MONTH,
                 "notes": list(p.notes),  # why a figure is null (e.g. SLA not attainable)
@@ -208,15 +222,24 @@ class StoreProjection:
         }
 
 
-def _capacity_run(runs: list[RunSummary], sla_ms: float) -> RunSummary | None:
-    cap = capacity_at_sla([(r.stats.tokens_per_s, r.stats.tpot_p95_ms) for r in runs], sla_ms)
+def runs_text(run_ids: tuple[int, ...], shown: int = 4) -> str:
+    """'run 7' or '7 runs pooled: #3, #5, #7, #9, ...': which runs a capacity figure comes from."""
+    if not run_ids:
+        return ""
+    if len(run_ids) == 1:
+        return f"run {run_ids[0]}"
+    listed = ", ".join(f"#{i}" for i in run_ids[:shown]) + (", ..." if len(run_ids) > shown else "")
+    return f"{len(run_ids)} runs pooled: {listed}"
+
+
+def _capacity_config(configs: list[ConfigSummary], sla_ms: float) -> ConfigSummary | None:
+    """The configuration whose pooled tokens/s is the capacity at the SLA (the first measured on a tie)."""
+    points = [(c.stats.tokens_per_s, c.stats.tpot_p95_ms) for c in configs]
+    cap = capacity_at_sla(points, sla_ms)
     if cap is None:
         return None
-    return next(
-        r
-        for r in runs
-        if r.stats.tokens_per_s == cap and r.stats.tpot_p95_ms is not None and r.stats.tpot_p95_ms <= sla_ms
-    )
+    return next(c for c, (tps, p95) in zip(configs, points, strict=True)
+                if tps == cap and p95 is not None and p95 <= sla_ms)
 
 
 def project_from_store(
@@ -232,38 +255,40 @@ def project_from_store(
     usd_per_kwh: float | None = None,
     pue: float | None = None,
 ) -> StoreProjection:
-    """finops.project fed with the measured runs: capacity per mode = best run tokens/s meeting the SLA.
-    The energy part is added only when the priced hardware is the measured one. ValueError on an empty store."""
-    runs = run_summaries(engine, filters)
-    if not any(r.stats.output_tokens for r in runs):
+    """finops.project fed with the measured runs: capacity per mode = the best configuration's tokens/s
+    meeting the SLA, each configuration's runs pooled (`queries.config_summaries`: the turns of an
+    interleaved bench, repeated runs of one command). The energy part is added only when the priced
+    hardware is the measured one. ValueError on an empty store."""
+    configs = config_summaries(engine, filters)
+    if not any(c.stats.output_tokens for c in configs):
         raise ValueError(f"no measured runs with output tokens in the store; {EMPTY_STORE_HINT}")
-    devices = tuple(sorted({r.device for r in runs}))
+    devices = tuple(sorted({c.device for c in configs}))
     price = resolve_node_price(
         engine, device=devices[0], gpu=gpu, gpus_per_node=gpus_per_node, node_hourly_usd=node_hourly_usd
     )
     kwh_price, pue_value = _energy_prices(engine, None, usd_per_kwh, pue)
     differs = any(price.differs_from(d) for d in devices) or gpus_per_node != 1
-    by_mode = {m: [r for r in runs if r.mode == m] for m in MODES}
-    cap_runs = {m: _capacity_run(by_mode[m], sla_ms) for m in MODES}
+    by_mode = {m: [c for c in configs if c.mode == m] for m in MODES}
+    cap_configs = {m: _capacity_config(by_mode[m], sla_ms) for m in MODES}
 
     def j_per_token(m: str) -> float | None:
-        r = cap_runs[m]
-        return None if differs or r is None else r.stats.j_per_token
+        c = cap_configs[m]
+        return None if differs or c is None else c.stats.j_per_token
 
     projection = project(
         daily_tokens=daily_tokens,
         peak_factor=peak_factor,
         sla_ms=sla_ms,
         node_hourly_usd=price.usd_per_hour,
-        points_ar=[(r.stats.tokens_per_s, r.stats.tpot_p95_ms) for r in by_mode["ar"]],
-        points_spec=[(r.stats.tokens_per_s, r.stats.tpot_p95_ms) for r in by_mode["spec"]],
+        points_ar=[(c.stats.tokens_per_s, c.stats.tpot_p95_ms) for c in by_mode["ar"]],
+        points_spec=[(c.stats.tokens_per_s, c.stats.tpot_p95_ms) for c in by_mode["spec"]],
         j_per_token_ar=j_per_token("ar"),
         j_per_token_spec=j_per_token("spec"),
         pue=pue_value,
         usd_per_kwh=kwh_price,
     )
     estimated = any(
-        r is not None and r.stats.energy_estimated and j_per_token(m) is not None for m, r in cap_runs.items()
+        c is not None and c.stats.energy_estimated and j_per_token(m) is not None for m, c in cap_configs.items()
     )
     return StoreProjection(
         projection=projection,
@@ -273,6 +298,8 @@ def project_from_store(
         usd_per_kwh=kwh_price,
         pue=pue_value,
         energy_estimated=estimated,
-        capacity_run_ar=cap_runs["ar"].run_id if cap_runs["ar"] else None,
-        capacity_run_spec=cap_runs["spec"].run_id if cap_runs["spec"] else None,
+        capacity_run_ar=cap_configs["ar"].run_ids[0] if cap_configs["ar"] else None,
+        capacity_run_spec=cap_configs["spec"].run_ids[0] if cap_configs["spec"] else None,
+        capacity_runs_ar=cap_configs["ar"].run_ids if cap_configs["ar"] else (),
+        capacity_runs_spec=cap_configs["spec"].run_ids if cap_configs["spec"] else (),
     )

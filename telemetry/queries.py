@@ -351,6 +351,21 @@ def run_summaries(engine: Engine, filters: Filters | None = None) -> list[RunSum
     return out
 
 
+def _pool(items: list[tuple[Run, dict, _Acc]]) -> Aggregate:
+    """Several runs' figures as one: counts summed, wall seconds summed over the runs (each run's own
+    span, so the gaps between them are not counted), percentiles over all of their requests."""
+    sums = {k: sum((s[k] or 0) for _, s, _ in items) for k in _SUM_KEYS}
+    acc = _Acc()
+    walls = []
+    for run, _, a in items:
+        acc.ttft += a.ttft
+        acc.tpot += a.tpot
+        walls.append(_run_wall_s(run, a))
+    known = [w for w in walls if w is not None]
+    estimated = any(r.power_source == "estimate" for r, _, _ in items)
+    return _aggregate(sums, acc, sum(known) if known else None, estimated)
+
+
 def mode_summaries(engine: Engine, filters: Filters | None = None) -> list[ModeSummary]:
     """The run figures pooled per mode: counts summed, wall seconds summed over runs, percentiles over all
     the mode's requests. Spec first, then AR; a mode without runs is absent."""
@@ -362,27 +377,53 @@ def mode_summaries(engine: Engine, filters: Filters | None = None) -> list[ModeS
         items = pooled.get(mode)
         if not items:
             continue
-        sums = {k: sum((s[k] or 0) for _, s, _ in items) for k in _SUM_KEYS}
-        acc = _Acc()
-        walls = []
-        for run, _, a in items:
-            acc.ttft += a.ttft
-            acc.tpot += a.tpot
-            walls.append(_run_wall_s(run, a))
-        known = [w for w in walls if w is not None]
-        stats = _aggregate(
-            sums, acc, sum(known) if known else None, any(r.power_source == "estimate" for r, _, _ in items)
-        )
         out.append(
             ModeSummary(
                 mode=mode,
                 num_runs=len(items),
                 run_ids=tuple(r.id for r, _, _ in items),
                 devices=tuple(sorted({r.device for r, _, _ in items})),
-                stats=stats,
+                stats=_pool(items),
             )
         )
     return out
+
+
+CONFIG_FIELDS = ("mode", "workload", "target", "device", "backend", "dtype", "concurrency", "temperature",
+                 "drafter", "k_policy")
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSummary:
+    """One measured configuration: the runs that share every field of CONFIG_FIELDS, pooled as one
+    measurement. A `bench --mode both` that alternates the modes in turns records each turn as a run; the
+    turns of one configuration are one measurement of it, and so are repeated runs of the same command."""
+
+    mode: str
+    workload: str
+    target: str
+    device: str
+    backend: str
+    dtype: str
+    concurrency: int
+    temperature: float
+    drafter: str | None
+    k_policy: str
+    run_ids: tuple[int, ...]
+    stats: Aggregate
+
+
+def config_summaries(engine: Engine, filters: Filters | None = None) -> list[ConfigSummary]:
+    """The runs in view pooled per configuration (CONFIG_FIELDS), in the order each configuration was
+    first measured. Capacity at an SLA is read from these, not from single runs: the fastest of a
+    configuration's short turns is its luckiest slice, not its throughput."""
+    groups: dict[tuple, list[tuple[Run, dict, _Acc]]] = defaultdict(list)
+    for item in _collect(engine, filters):
+        groups[tuple(getattr(item[0], f) for f in CONFIG_FIELDS)].append(item)
+    return [
+        ConfigSummary(*key, run_ids=tuple(r.id for r, _, _ in items), stats=_pool(items))
+        for key, items in groups.items()
+    ]
 
 
 def acceptance_by_domain(engine: Engine, filters: Filters | None = None) -> list[DomainAcceptance]:

@@ -29,6 +29,7 @@ from telemetry.finops import HOURS_PER_YEAR
 from telemetry.queries import (
     Filters,
     acceptance_by_domain,
+    config_summaries,
     mode_summaries,
     percentile,
     run_summaries,
@@ -280,6 +281,39 @@ def test_project_from_store(store):
     tight = project_from_store(engine, daily_tokens=daily, peak_factor=1.0, sla_ms=30.0, node_hourly_usd=2.0)
     assert tight.projection.nodes_ar is None and tight.projection.nodes_spec == 2
     assert any("not attainable" in n for n in tight.projection.notes)
+
+
+def test_capacity_pools_the_turns_of_one_configuration(db_url):
+    """An interleaved bench records each turn as a run: capacity is the configuration's pooled throughput
+    and p95 TPOT over all of its requests, not its luckiest turn; another concurrency is another one."""
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        fast = make_run(s, "spec", requests=[spec_req(21, 4, 8, ttft_ms=100, e2e_ms=300)])  # TPOT 10, 70 tok/s
+        slow = make_run(s, "spec", started_at=BASE_TIME + timedelta(seconds=10),
+                        requests=[spec_req(21, 4, 8, ttft_ms=100, e2e_ms=1100)])  # TPOT 50, 19.1 tok/s
+        s.commit()
+        turns = (fast.id, slow.id)
+
+    def project(sla_ms: float):
+        return project_from_store(engine, daily_tokens=86_400 * 60, peak_factor=1.0, sla_ms=sla_ms,
+                                  node_hourly_usd=1.0)
+
+    sp = project(60.0)  # pooled: 42 tokens / 1.4 s = 30 tokens/s, p95 TPOT 10 + 0.95 x 40 = 48 ms
+    assert sp.projection.capacity_tokens_per_s_spec == pytest.approx(30.0)
+    assert sp.capacity_runs_spec == turns and sp.capacity_run_spec == fast.id
+    assert sp.projection.nodes_spec == 2  # ceil(60 / 30); the fast turn alone (70 tokens/s) would say 1
+    assert sp.as_dict()["assumptions"]["capacity_runs_spec"] == list(turns)
+    assert project(20.0).projection.nodes_spec is None  # the fast turn alone meets 20 ms; the configuration does not
+
+    with Session(engine) as s:
+        wide = make_run(s, "spec", concurrency=4, started_at=BASE_TIME + timedelta(seconds=20),
+                        requests=[spec_req(21, 4, 8, ttft_ms=100, e2e_ms=900, start_s=t) for t in (0.0, 0.0)])
+        s.commit()
+        wide_id = wide.id
+    sp = project(60.0)  # concurrency 4: 42 tokens / 0.9 s, TPOT 40 ms, a configuration of its own
+    assert sp.projection.capacity_tokens_per_s_spec == pytest.approx(42 / 0.9)
+    assert sp.capacity_runs_spec == (wide_id,)
+    assert {c.run_ids for c in config_summaries(engine)} == {turns, (wide_id,)}
 
 
 def test_project_from_empty_store_says_how_to_fill_it(sqlite_url):

@@ -21,6 +21,11 @@ COST_EXAMPLES = """  specfinops cost
 
 PROJECT_EXAMPLES = """  specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --gpu H100 --gpus-per-node 8
   specfinops project --daily-tokens 1e9 --peak-factor 1.5 --p95-tpot-sla-ms 40 --node-hourly-usd 8.806 --json
+
+capacity per node: a mode's fastest measured configuration (workload, model pair, device, precision,
+concurrency, temperature, drafter, K policy) whose p95 TPOT meets the SLA, with that configuration's runs
+pooled: tokens over their summed wall time, p95 over all of their requests (the turns of an interleaved
+`bench --mode both`, repeats of one command). Narrow it with --workload, --target or --node.
 """
 
 PRICES_EXAMPLES = """  specfinops prices                      # list the catalog (defaults loaded on first use)
@@ -266,7 +271,7 @@ def run_cost_command(args) -> int:
 
 
 def run_project_command(args) -> int:
-    from telemetry.costing import project_from_store
+    from telemetry.costing import project_from_store, runs_text
     from telemetry.store import open_store
 
     missing = [
@@ -303,9 +308,9 @@ def run_project_command(args) -> int:
     print(f"traffic: {daily:,.0f} output tokens/day, peak factor {peak:g}, p95 TPOT SLA {sla:g} ms")
     print(
         f"capacity per node at the SLA: AR {_num(p.capacity_tokens_per_s_ar)} tokens/s"
-        f"{f' (run {sp.capacity_run_ar})' if sp.capacity_run_ar else ''}, spec "
+        f"{f' ({runs_text(sp.capacity_runs_ar)})' if sp.capacity_runs_ar else ''}, spec "
         f"{_num(p.capacity_tokens_per_s_spec)} tokens/s"
-        f"{f' (run {sp.capacity_run_spec})' if sp.capacity_run_spec else ''}"
+        f"{f' ({runs_text(sp.capacity_runs_spec)})' if sp.capacity_runs_spec else ''}"
     )
     print(f"nodes needed: AR {nodes(p.nodes_ar)}, spec {nodes(p.nodes_spec)}")
     print(f"monthly cost: AR {_usd(p.monthly_cost_ar_usd)}, spec {_usd(p.monthly_cost_spec_usd)}")

@@ -7,6 +7,7 @@ import streamlit as st
 
 from app.dashboard import assumptions, charts, data
 from app.dashboard.common import Context, download_csv, fmt, run_page, show_table, usd
+from telemetry.costing import runs_text
 
 SNAPSHOT = "runs' recorded price"
 CUSTOM = "custom $/h per node"
@@ -89,9 +90,11 @@ def _projection_section(ctx: Context) -> None:
     m[3].metric("Node price", usd(p.node_hourly_usd) + "/h", help=f"priced as {sp.node_price.priced_as}")
     m = st.columns(4)
     m[0].metric("Capacity AR (tokens/s per node)", fmt(p.capacity_tokens_per_s_ar, ",.0f"),
-                help=f"best run meeting the SLA: #{sp.capacity_run_ar}" if sp.capacity_run_ar else None)
+                help=f"best configuration meeting the SLA: {runs_text(sp.capacity_runs_ar)}"
+                if sp.capacity_runs_ar else None)
     m[1].metric("Capacity spec (tokens/s per node)", fmt(p.capacity_tokens_per_s_spec, ",.0f"),
-                help=f"best run meeting the SLA: #{sp.capacity_run_spec}" if sp.capacity_run_spec else None)
+                help=f"best configuration meeting the SLA: {runs_text(sp.capacity_runs_spec)}"
+                if sp.capacity_runs_spec else None)
     m[2].metric("Monthly cost AR", usd(p.monthly_cost_ar_usd, ",.0f"))
     m[3].metric("Monthly cost spec", usd(p.monthly_cost_spec_usd, ",.0f"))
     st.plotly_chart(charts.nodes_bar(p.nodes_ar, p.nodes_spec), width="stretch")
