@@ -201,6 +201,17 @@ def test_dashboard_never_imports_torch(filled):
     assert "HEAVY []" in out.stdout, out.stdout[-2000:]
 
 
+def test_time_buckets_are_named_in_their_own_unit():
+    """Chart titles say "per 30 s", not "per 0 min" (buckets below a minute are nice_bucket_s's first five)."""
+    from app.dashboard.page_queries import NICE_BUCKETS_S, bucket_label
+
+    assert [bucket_label(b) for b in NICE_BUCKETS_S] == [
+        "1 s", "5 s", "10 s", "30 s", "1 min", "5 min", "15 min", "30 min", "1 h", "3 h", "6 h", "12 h",
+        "1 day", "7 days",
+    ]  # fmt: skip
+    assert bucket_label(90) == "90 s" and bucket_label(7200) == "2 h"
+
+
 def test_page_queries_on_both_stores(db_url):
     """ITL, acceptance by position and over-time buckets in SQL, checked by hand on SQLite and PostgreSQL."""
     from app.dashboard import page_queries as pq

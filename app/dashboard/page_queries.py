@@ -38,6 +38,15 @@ def nice_bucket_s(span_s: float, target_points: int = 80) -> int:
     return next((b for b in NICE_BUCKETS_S if b >= want), NICE_BUCKETS_S[-1])
 
 
+def bucket_label(bucket_s: int) -> str:
+    """A time bucket as people say it: '30 s', '5 min', '3 h', '1 day', '7 days'."""
+    for unit_s, unit in ((86_400, "day"), (3600, "h"), (60, "min")):
+        if bucket_s >= unit_s and bucket_s % unit_s == 0:
+            n = bucket_s // unit_s
+            return f"{n} {unit}s" if unit == "day" and n != 1 else f"{n} {unit}"
+    return f"{bucket_s} s"
+
+
 def _floor_int(engine: Engine, expr):
     """floor() of a non-negative expression as an integer on both dialects (PG rounds a CAST)."""
     if engine.dialect.name == "sqlite":

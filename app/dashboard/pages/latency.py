@@ -7,7 +7,7 @@ import streamlit as st
 
 from app.dashboard import charts, data
 from app.dashboard.common import Context, download_csv, fmt, run_page, show_table
-from app.dashboard.page_queries import histogram_percentiles
+from app.dashboard.page_queries import bucket_label, histogram_percentiles
 
 
 def _percentile_table(ttft: dict, tpot: dict, itl: dict) -> pd.DataFrame:
@@ -49,7 +49,7 @@ def body(ctx: Context) -> None:
     if over.empty:
         st.info("No requests with latency figures in view.")
         return
-    bucket = f"{ctx.sel.bucket_s // 60} min" if ctx.sel.bucket_s < 3600 else f"{ctx.sel.bucket_s // 3600} h"
+    bucket = bucket_label(ctx.sel.bucket_s)
     c1, c2 = st.columns(2)
     c1.plotly_chart(charts.lines_by_mode(over, "ttft_mean_ms", f"Mean TTFT per {bucket}", "TTFT (ms)"), width="stretch")
     c2.plotly_chart(charts.lines_by_mode(over, "tpot_mean_ms", f"Mean TPOT per {bucket}", "TPOT (ms)"), width="stretch")
