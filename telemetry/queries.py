@@ -9,6 +9,8 @@ Definitions (DESIGN.md): only requests with status 'ok' count towards tokens, la
                         requests; the run's ended_at - started_at when no request has an e2e time
     tokens_per_s      = output tokens / wall_s  (aggregate throughput: concurrent requests overlap)
     acceptance_rate   = accepted / drafted;  mean_acceptance_length = 1 + accepted / drafts
+    alpha             = accepted / tested over the steps (a step tests its accepted drafts and the first
+                        rejected one): the per-token acceptance of `specfinops calibrate` and the bound
     energy_j          = sum of requests.energy_j (None when no request has one); J/token over the requests
                         that have one; energy_estimated when the run's power source is 'estimate'
     speedup           = spec tokens/s / AR tokens/s, same workload, target, device, precision and concurrency
@@ -17,6 +19,7 @@ Public API:
     Filters(since, until, node_id, run_ids, target, drafter, workload, domain, mode)
     run_summaries(engine, filters=None) -> list[RunSummary]
     mode_summaries(engine, filters=None) -> list[ModeSummary]
+    config_summaries(engine, filters=None) -> list[ConfigSummary]  (runs pooled per configuration)
     acceptance_by_domain(engine, filters=None) -> list[DomainAcceptance]
     speedups(engine, filters=None) -> list[Speedup]
     percentile(values, q) -> float | None
@@ -37,7 +40,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from telemetry.db import Request, Run
+from telemetry.db import Request, Run, Step
 
 MODES = ("spec", "ar")
 EMPTY_STORE_HINT = "run `specfinops bench --workload code --mode both` to measure spec and AR runs"
@@ -152,6 +155,11 @@ class DomainAcceptance:
     num_accepted_tokens: int
     acceptance_rate: float | None
     mean_acceptance_length: float | None
+    # from the recorded steps (a step tests its accepted drafts and the first rejected one): alpha =
+    # accepted / tested, the per-token acceptance `specfinops calibrate` reports and the speedup bound's a;
+    # None when the runs recorded no steps (telemetry off, or a backend that reports counts only)
+    num_tested_tokens: int | None = None
+    alpha: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,8 +435,9 @@ def config_summaries(engine: Engine, filters: Filters | None = None) -> list[Con
 
 
 def acceptance_by_domain(engine: Engine, filters: Filters | None = None) -> list[DomainAcceptance]:
-    """Acceptance per request domain over the ok requests of speculative runs, sorted by domain."""
-    conds = (filters or Filters()).where()
+    """Acceptance per request domain over the ok requests of speculative runs, sorted by domain: the
+    acceptance rate from the requests' counts, alpha (accepted / tested) from their steps."""
+    where = (Run.mode == "spec", Request.status == "ok", *(filters or Filters()).where())
     q = (
         select(
             Request.domain,
@@ -438,15 +447,25 @@ def acceptance_by_domain(engine: Engine, filters: Filters | None = None) -> list
             func.sum(Request.num_accepted_tokens),
         )
         .join(Run, Request.run_id == Run.id)
-        .where(Run.mode == "spec", Request.status == "ok", *conds)
+        .where(*where)
         .group_by(Request.domain)
         .order_by(Request.domain)
     )
+    tested_q = (
+        select(Request.domain, func.sum(Step.accepted), func.sum(case((Step.accepted < Step.k, 1), else_=0)))
+        .select_from(Step)
+        .join(Request, Request.id == Step.request_id)
+        .join(Run, Run.id == Request.run_id)
+        .where(*where, Step.k > 0)
+        .group_by(Request.domain)
+    )
     with engine.connect() as c:
         rows = c.execute(q).all()
+        tested = {d: (int(acc or 0), int(acc or 0) + int(rej or 0)) for d, acc, rej in c.execute(tested_q)}
     out = []
     for domain, n, drafts, drafted, accepted in rows:
         drafts, drafted, accepted = int(drafts or 0), int(drafted or 0), int(accepted or 0)
+        step_accepted, n_tested = tested.get(domain, (None, None))
         out.append(
             DomainAcceptance(
                 domain=domain,
@@ -456,6 +475,8 @@ def acceptance_by_domain(engine: Engine, filters: Filters | None = None) -> list
                 num_accepted_tokens=accepted,
                 acceptance_rate=_ratio(accepted, drafted),
                 mean_acceptance_length=None if not drafts else 1 + accepted / drafts,
+                num_tested_tokens=n_tested,
+                alpha=_ratio(step_accepted, n_tested),
             )
         )
     return out

@@ -361,7 +361,7 @@ def summary_dict(data: ReportData) -> dict:
             for s in data.speedups
         ],  # fmt: skip
         "acceptance_by_domain": [
-            {"domain": d.domain, "acceptance_rate": d.acceptance_rate, "requests": d.num_requests,
+            {"domain": d.domain, "acceptance_rate": d.acceptance_rate, "alpha": d.alpha, "requests": d.num_requests,
              "meets_go_line": None if d.acceptance_rate is None else d.acceptance_rate >= ALPHA_GO}
             for d in data.domains
         ],  # fmt: skip
@@ -424,9 +424,9 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
               "hardware $/1M", "energy $/1M", "total $/1M", "energy included", "cost note"), tuple(modes)),
         Table("acceptance_by_domain", f"Acceptance rate per domain (go/no-go line {ALPHA_GO})",
               ("domain", "requests", "drafts", "drafted tokens", "accepted tokens", "acceptance rate",
-               "mean acceptance length", "meets go line"),
+               "tested tokens", "alpha (accepted / tested)", "mean acceptance length", "meets go line"),
               tuple((d.domain, d.num_requests, d.num_drafts, d.num_draft_tokens, d.num_accepted_tokens,
-                     d.acceptance_rate, d.mean_acceptance_length,
+                     d.acceptance_rate, d.num_tested_tokens, d.alpha, d.mean_acceptance_length,
                      None if d.acceptance_rate is None else d.acceptance_rate >= ALPHA_GO) for d in data.domains)),
         Table("speedups", "Speedup (spec tokens/s / AR tokens/s, same workload, target, device, precision, "
               "concurrency)",

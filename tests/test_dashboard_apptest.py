@@ -9,6 +9,7 @@ The store (`fill_store`):
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -169,7 +170,12 @@ def test_speculation_page_shows_acceptance_and_go_no_go(filled, monkeypatch):
     at = open_page(app_for(filled, monkeypatch), PAGES["Speculation"])
     assert_clean(at)
     assert metrics(at)["Acceptance rate"] == ["60.7%"]
-    assert any("Below the 0.65 go/no-go line" in c.value and "chat" in c.value for c in at.caption)
+    assert any("below the 0.65 go/no-go line: chat." in c.value for c in at.caption)  # code 0.75 is above
+    assert any("alpha = accepted / tested" in c.value for c in at.caption)
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)  # Acceptance per domain: bars, then alpha diamonds
+    bars, diamonds = spec["data"][:2]
+    assert bars["x"] == ["chat", "code"] and bars["y"] == pytest.approx([10 / 24, 24 / 32])
+    assert diamonds["y"] == pytest.approx([10 / 16, 24 / 32])  # chat's steps all stop at a rejection
     assert "Acceptance along the answer" in [h.value for h in at.subheader]
     assert any("32 tokens a span" in c.value for c in at.caption)
 

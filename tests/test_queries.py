@@ -184,6 +184,19 @@ def test_acceptance_by_domain(store):
     assert rows["chat"].acceptance_rate == pytest.approx(10 / 24)
     assert rows["chat"].mean_acceptance_length == pytest.approx(1 + 10 / 6)
     assert rows["chat"].num_requests == 1
+    # alpha from the steps: code accepts 3 of 4 in each of its 8 steps, chat 2, 2, 2, 2, 1, 1 of 4
+    assert (rows["code"].num_tested_tokens, rows["code"].alpha) == (32, pytest.approx(24 / 32))
+    assert (rows["chat"].num_tested_tokens, rows["chat"].alpha) == (16, pytest.approx(10 / 16))
+    with Session(engine) as s:  # K = 2, steps accepting 2 (all: no rejected draft tested) and 1
+        make_run(s, "spec", k=2, with_events=True, requests=[spec_req(6, 2, 3, domain="rewrite")])
+        s.commit()
+    rewrite = {d.domain: d for d in acceptance_by_domain(engine)}["rewrite"]
+    assert (rewrite.num_tested_tokens, rewrite.alpha) == (4, pytest.approx(3 / 4))
+    with Session(engine) as s:  # counts without steps (telemetry that recorded none): alpha is missing
+        make_run(s, "spec", workload="x", requests=[spec_req(6, 2, 3, domain="summaries")])
+        s.commit()
+    summaries = {d.domain: d for d in acceptance_by_domain(engine)}["summaries"]
+    assert summaries.acceptance_rate == pytest.approx(3 / 4) and summaries.alpha is None
 
 
 def test_speedup_same_workload_only(store):

@@ -99,18 +99,25 @@ def acceptance_along_answer(frame: pd.DataFrame) -> go.Figure:
     return _layout(fig, "Acceptance along the answer", "output tokens where the step started", "accepted share")
 
 
-def alpha_by_domain(domains: list[str], alphas: list[float | None], requests: list[int]) -> go.Figure:
-    """Bars per domain against the 0.65 go/no-go line; a domain without drafts is shown as missing."""
-    colors = ["#9ca3af" if a is None else ("#16a34a" if a >= GO_NO_GO_ALPHA else "#dc2626") for a in alphas]
+def alpha_by_domain(domains: list[str], rates: list[float | None], requests: list[int],
+                    alphas: list[float | None] | None = None) -> go.Figure:
+    """Acceptance rate bars per domain against the 0.65 go/no-go line (a domain without drafts is shown as
+    missing), with alpha (accepted / tested, calibrate's per-token figure) as a marker where steps exist."""
+    colors = ["#9ca3af" if a is None else ("#16a34a" if a >= GO_NO_GO_ALPHA else "#dc2626") for a in rates]
     fig = go.Figure()
-    fig.add_bar(x=domains, y=alphas, marker_color=colors,
-                text=["—" if a is None else f"{a:.2f}" for a in alphas], customdata=requests,
-                hovertemplate="%{x}: alpha %{text} over %{customdata:,} requests")
+    fig.add_bar(x=domains, y=rates, marker_color=colors, name="acceptance rate (accepted / drafted)",
+                text=["—" if a is None else f"{a:.2f}" for a in rates], customdata=requests,
+                hovertemplate="%{x}: acceptance rate %{text} over %{customdata:,} requests<extra></extra>")
+    if alphas is not None and any(a is not None for a in alphas):
+        fig.add_scatter(x=domains, y=alphas, mode="markers+text", name="alpha (accepted / tested)",
+                        marker=dict(symbol="diamond", size=13, color="#111827"),
+                        text=["" if a is None else f"{a:.2f}" for a in alphas], textposition="middle right",
+                        hovertemplate="%{x}: alpha %{y:.3f} (accepted / tested, as calibrate)<extra></extra>")
     fig.add_hline(y=GO_NO_GO_ALPHA, line_dash="dash", line_color="#111827",
-                  annotation_text=f"go/no-go alpha = {GO_NO_GO_ALPHA}", annotation_position="top left")
-    _mark_missing(fig, domains, alphas, "— no drafts")
+                  annotation_text=f"go/no-go line {GO_NO_GO_ALPHA}", annotation_position="top left")
+    _mark_missing(fig, domains, rates, "— no drafts")
     fig.update_yaxes(range=[0, 1])
-    return _layout(fig, "Acceptance rate (alpha) per domain", "domain", "alpha")
+    return _layout(fig, "Acceptance per domain", "domain", "share of drafted tokens accepted")
 
 
 def _mark_missing(fig: go.Figure, xs: list, ys: list, text: str) -> None:

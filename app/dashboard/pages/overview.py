@@ -48,7 +48,8 @@ def body(ctx: Context) -> None:
     top[0].metric("Speedup", speed_value, help=speed_help)
     top[1].metric("Acceptance rate", fmt(spec.acceptance_rate if spec else None, ".1%"),
                   help="Accepted draft tokens / drafted tokens over the speculative runs in view. "
-                       "Go/no-go: alpha >= 0.65.")
+                       "Go/no-go line: 0.65. The Speculation page shows it per domain beside alpha "
+                       "(accepted / tested), the per-token figure `specfinops calibrate` reports.")
     savings = proj.projection.annual_savings_usd if proj else None
     top[2].metric("Projected annual savings", usd(savings, ",.0f"),
                   help=f"(nodes AR - nodes spec) x node $/h x 8,760 at {assumptions.describe(a)}. "

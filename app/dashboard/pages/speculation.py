@@ -1,4 +1,4 @@
-"""Speculation: acceptance over time, by draft position and along the answer; alpha per domain vs 0.65; K over time."""
+"""Speculation: acceptance over time, by draft position and along the answer; acceptance rate and alpha per domain vs 0.65; K over time."""
 
 from __future__ import annotations
 
@@ -26,17 +26,26 @@ def body(ctx: Context) -> None:
                 help="1 + accepted / drafts: tokens emitted per target forward, bonus included")
     m[2].metric("Mean K proposed", fmt(total["mean_k"].iloc[0], ".2f"), help="drafted tokens / drafts")
 
-    st.subheader("Alpha per domain")
+    st.subheader("Acceptance per domain")
     names = [d.domain or "(none)" for d in domains]
     st.plotly_chart(charts.alpha_by_domain(names, [d.acceptance_rate for d in domains],
-                                           [d.num_requests for d in domains]), width="stretch")
+                                           [d.num_requests for d in domains], [d.alpha for d in domains]),
+                    width="stretch")
     below = [n for n, d in zip(names, domains, strict=True)
              if d.acceptance_rate is not None and d.acceptance_rate < charts.GO_NO_GO_ALPHA]
     if below:
-        st.caption(f"Below the 0.65 go/no-go line: {', '.join(below)}. Speculation may not pay on these domains.")
+        st.caption(f"Acceptance rate below the 0.65 go/no-go line: {', '.join(below)}. Speculation may not pay "
+                   "on these domains.")
+    if any(d.alpha is not None for d in domains):
+        st.caption("Bars: acceptance rate = accepted / drafted tokens. Diamonds: alpha = accepted / tested, "
+                   "where a step tests its accepted drafts and the first rejected one (the drafts after a "
+                   "rejection are never tested): the per-token acceptance `specfinops calibrate` reports and "
+                   "its speedup bound uses. Alpha is the higher of the two whenever steps stop at a rejection "
+                   "before K.")
     table = pd.DataFrame([{"domain": n, "requests": d.num_requests, "drafts": d.num_drafts,
                            "drafted": d.num_draft_tokens, "accepted": d.num_accepted_tokens,
-                           "acceptance rate": d.acceptance_rate, "mean acceptance length": d.mean_acceptance_length}
+                           "acceptance rate": d.acceptance_rate, "tested": d.num_tested_tokens, "alpha": d.alpha,
+                           "mean acceptance length": d.mean_acceptance_length}
                           for n, d in zip(names, domains, strict=True)])
     download_csv("Download acceptance per domain (CSV)", table, "acceptance-by-domain.csv", "dl_spec_domain")
 
