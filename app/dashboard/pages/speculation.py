@@ -1,4 +1,4 @@
-"""Speculation: acceptance over time, by draft position and along the answer; acceptance rate and alpha per domain vs 0.65; K over time."""
+"""Speculation: acceptance per domain (rate and alpha vs 0.65), over time, by draft position and along the answer; K."""
 
 from __future__ import annotations
 
