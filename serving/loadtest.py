@@ -157,6 +157,7 @@ async def one_request(client, model: str, res: ClientResult, spec: LoadSpec, mod
         rec.prompt_tokens = usage.prompt_tokens
         rec.tokens = token_rows(chunks, usage.completion_tokens)
         rec.output_tokens = len(rec.tokens)  # one token row per counted token
+        _take_speculation_counts(rec, usage)
     except asyncio.CancelledError:
         rec.status, rec.error = "cancelled", "cancelled at the load test's deadline"
         raise
@@ -168,6 +169,17 @@ async def one_request(client, model: str, res: ClientResult, spec: LoadSpec, mod
             rec.ttft_ms, rec.e2e_ms = chunks[0][0], chunks[-1][0]
         if rec.status != "ok":
             rec.output_tokens, rec.tokens = 0, []
+
+
+def _take_speculation_counts(rec, usage) -> None:
+    """The server's speculation counts for the request (usage's "specfinops" extension), when it sent them:
+    the load test's runs then carry acceptance, though not the steps only the server sees."""
+    counts = (getattr(usage, "model_extra", None) or {}).get("specfinops")
+    if not isinstance(counts, dict):
+        return
+    values = [counts.get(k) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")]
+    if all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        rec.num_drafts, rec.num_draft_tokens, rec.num_accepted_tokens = values
 
 
 async def run_level(client, model: str, prompts: list[Prompt], spec: LoadSpec, level: int, mode: str,
@@ -242,13 +254,19 @@ def loadtest_run_info(card: dict, mode: str, level: int, workload: str, temperat
 
 
 async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, recorder=None,
-                       node_id: str = "", say: Callable[[str], None] = lambda m: None) -> list[LevelResult]:
-    """Every level x mode in turn; each stored as a run when `recorder` is given."""
+                       store_key: str | None = None, node_id: str = "",
+                       say: Callable[[str], None] = lambda m: None) -> list[LevelResult]:
+    """Every level x mode in turn; each stored as a run when `recorder` is given. `store_key` (that
+    recorder's store, `telemetry.db.store_key`) goes with every request, so a server recording into the
+    same store leaves these requests to the load test's runs instead of recording them twice."""
     from openai import AsyncOpenAI
 
+    from serving.server_telemetry import RECORDED_IN_HEADER
+
     spec.validate()
+    headers = {RECORDED_IN_HEADER: store_key} if recorder is not None and store_key else None
     client = AsyncOpenAI(base_url=base_url(spec.url), api_key=spec.api_key or "none", max_retries=0,
-                         timeout=spec.duration_s + DRAIN_GRACE_S)
+                         timeout=spec.duration_s + DRAIN_GRACE_S, default_headers=headers)
     out = []
     try:
         card = await server_model(client, spec.model)

@@ -36,7 +36,7 @@ from serving.server_schemas import (
     parse_body,
     validation_error,
 )
-from serving.server_telemetry import ServeTelemetry
+from serving.server_telemetry import RECORDED_IN_HEADER, ServeTelemetry
 from serving.server_text import TextStream
 
 logger = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ class ServerState:
     created: int = 0
     root: str | None = None  # the target's path, like vLLM's model card "root"
     card: dict | None = None  # extension on /v1/models: backend, dtype, drafter, k_policy, max_batch
+    store_key: str | None = None  # telemetry.db.store_key of the store this server records into
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         tok = self.tokenizer
@@ -170,6 +171,8 @@ async def _generate(request: Request, state: ServerState, kind: str):
                     encode_chat=state.encode_chat, encode_text=state.encode_text)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     job = Job(f"{prefix}-{uuid.uuid4().hex[:24]}", checked, t_start, wall_start, asyncio.get_running_loop())
+    recorded_in = request.headers.get(RECORDED_IN_HEADER)
+    job.recorded_by_client = bool(recorded_in) and recorded_in == state.store_key
     state.loop_engine.submit(job)
     if checked.stream:
         return StreamingResponse(_stream(job, state), media_type="text/event-stream",
@@ -279,8 +282,12 @@ def _sse(obj: dict) -> str:
 
 
 def _usage(fin: Finished) -> dict:
+    """OpenAI's usage, plus the request's speculation counts under "specfinops" (clients ignore it;
+    `specfinops loadtest` records them with its client-side view of the request)."""
     return {"prompt_tokens": fin.num_prompt, "completion_tokens": fin.num_output,
-            "total_tokens": fin.num_prompt + fin.num_output}
+            "total_tokens": fin.num_prompt + fin.num_output,
+            "specfinops": {"num_drafts": fin.num_drafts, "num_draft_tokens": fin.num_draft_tokens,
+                           "num_accepted_tokens": fin.num_accepted_tokens}}
 
 
 def _reason(fin: Finished) -> str:

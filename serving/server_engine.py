@@ -38,6 +38,9 @@ class Finished:
     num_prompt: int
     num_output: int
     error: str | None = None
+    num_drafts: int = 0  # speculation counts, sent in the usage's "specfinops" extension
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 @dataclass(eq=False)
@@ -52,6 +55,7 @@ class Job:
     seq: Sequence | None = None
     cancelled: bool = False
     finished: bool = False
+    recorded_by_client: bool = False  # a load test records it in this server's own store: not twice
 
     @property
     def mode(self) -> str:
@@ -244,7 +248,8 @@ class EngineLoop:
         others = [w for w in self._recent if w[1] > job.wall_start]
         others += [(j.wall_start, now) for j in self._jobs.values()]
         self._recent.append((job.wall_start, end))
-        self._outbox.append((job, Finished(reason, rec.prompt_tokens, rec.output_tokens, error)))
+        self._outbox.append((job, Finished(reason, rec.prompt_tokens, rec.output_tokens, error, rec.num_drafts,
+                                           rec.num_draft_tokens, rec.num_accepted_tokens)))
         try:
             self._on_finish(job, rec, others)
         except Exception:  # noqa: BLE001 - telemetry trouble must not stop serving

@@ -62,6 +62,7 @@ def _k_policy(loaded: Loaded, mode: str) -> str:
 def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState:
     """Load (unless given), warm up, open the store, start the runs, the telemetry and the engine thread."""
     from serving.kernels import in_passing_thread
+    from telemetry.db import store_key
     from telemetry.power import detect_power_source
 
     opts.validate()
@@ -93,7 +94,8 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState
     if str(k).isdigit():
         metrics.prepare_positions(int(k))
     loop = EngineLoop(engine, lambda job, rec, others: telemetry.finish(job.mode if engine.drafter else "ar",
-                                                                        rec, others),
+                                                                        rec, others,
+                                                                        store=not job.recorded_by_client),
                       max_waiting=opts.max_waiting)
     holder["loop"] = loop
     loop.start()
@@ -102,7 +104,8 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState
                        tokenizer=loaded.tokenizer, decode=loaded.decode, api_key=opts.api_key,
                        created=int(time.time()), root=str(loaded.target_dir),
                        card={"backend": "torch", "dtype": loaded.spec.dtype, "drafter": loaded.drafter_label,
-                             "k_policy": _k_policy(loaded, "spec"), "max_batch": opts.spec.max_batch})
+                             "k_policy": _k_policy(loaded, "spec"), "max_batch": opts.spec.max_batch},
+                       store_key=store_key(opts.db) if recorder is not None else None)
 
 
 def _prepare(opts: ServeOptions, loaded: Loaded | None) -> tuple[Loaded, Engine]:

@@ -21,6 +21,10 @@ from telemetry.records import RequestRecord, RunInfo
 logger = logging.getLogger(__name__)
 
 MODES = ("spec", "ar")
+# A client that records its own view of a request in a store sends that store's `telemetry.db.store_key`
+# here (`specfinops loadtest` does); a server recording into the same store then leaves the request out of
+# its own 'serve' runs, so a shared store holds each request once (metrics still count it).
+RECORDED_IN_HEADER = "X-Specfinops-Recorded-In"
 
 
 class ServeTelemetry:
@@ -38,6 +42,7 @@ class ServeTelemetry:
         self._thread = threading.Thread(target=self._run, name="specfinops-serve-telemetry", daemon=True)
         self._closed = False
         self.num_recorded = 0
+        self.num_left_to_client = 0  # requests a client records in this store itself (RECORDED_IN_HEADER)
 
     def start(self) -> ServeTelemetry:
         self.sampler.start()
@@ -50,9 +55,10 @@ class ServeTelemetry:
             for run_id in self.run_ids.values():  # both runs span the same node and period
                 self.recorder.record_power(run_id, readings)
 
-    def finish(self, mode: str, rec: RequestRecord, others) -> None:
-        """Engine thread: hand over a finished request (no I/O here)."""
-        self._queue.put((mode, rec, others))
+    def finish(self, mode: str, rec: RequestRecord, others, *, store: bool = True) -> None:
+        """Engine thread: hand over a finished request (no I/O here); `store=False` counts it in the
+        metrics only (a client records it in this store already)."""
+        self._queue.put((mode, rec, others, store))
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every request handed over so far is in the store; False on timeout."""
@@ -75,7 +81,7 @@ class ServeTelemetry:
             except Exception:  # noqa: BLE001 - one bad record must not stop the others
                 logger.exception("could not record a request")
 
-    def _record(self, mode: str, rec: RequestRecord, others) -> None:
+    def _record(self, mode: str, rec: RequestRecord, others, store: bool = True) -> None:
         if rec.e2e_ms is not None and self.source.source != "none":
             self.sampler.sample_now()  # cover the request's end
             start = rec.started_at
@@ -84,6 +90,9 @@ class ServeTelemetry:
             if readings:
                 rec.energy_j = attribute_energy(readings, [(start, end), *others])[0]
         self.metrics.observe_request(mode, rec)
+        if not store:
+            self.num_left_to_client += 1
+            return
         if self.recorder is not None:
             self.recorder.record_request(self.run_ids[mode], rec)
         self.num_recorded += 1

@@ -73,3 +73,32 @@ def test_short_load_both_modes_is_stored_as_runs(request, tmp_path):
     with create_engine(live.db_url).connect() as c:
         errors = c.execute(text("select count(*) from requests where status = 'error'")).scalar_one()
     assert errors == 0
+
+
+@pytest.mark.slow
+def test_a_load_test_into_the_servers_own_store_records_each_request_once(request):
+    """Server and load test on one store (the default of both commands): the load test's runs hold the
+    requests, with the server's speculation counts from the usage extension; the server's 'serve' runs
+    do not hold them a second time. Into another store, the server records them as usual (test above)."""
+    live = shared_live(request.config)
+    live.flush()
+    engine = create_engine(live.db_url)
+    count = "select count(*) from requests r join runs u on u.id = r.run_id where u.kind = :kind"
+    with engine.connect() as c:
+        served_before = c.execute(text(count), {"kind": "serve"}).scalar_one()
+        left_before = live.state.telemetry.num_left_to_client
+    rc = main(["loadtest", "--url", live.url, "--concurrency", "2", "--duration", "2", "--mode", "spec",
+               "--max-tokens", "8", "--workload", "code", "--api-key", API_KEY, "--db", live.db_url])
+    assert rc == 0
+    live.flush()
+    with engine.connect() as c:
+        served_after = c.execute(text(count), {"kind": "serve"}).scalar_one()
+        rows = c.execute(text(
+            "select r.status, r.num_drafts, r.num_draft_tokens, r.num_accepted_tokens from requests r "
+            "join runs u on u.id = r.run_id where u.kind = 'loadtest' and u.mode = 'spec'")).all()
+    ok = [r for r in rows if r.status == "ok"]
+    assert len(ok) >= 2
+    assert served_after == served_before  # not recorded twice
+    assert live.state.telemetry.num_left_to_client - left_before == len(rows)
+    assert all(r.num_drafts > 0 and r.num_draft_tokens >= r.num_drafts for r in ok)  # the server's counts
+    assert all(0 <= r.num_accepted_tokens <= r.num_draft_tokens for r in ok)

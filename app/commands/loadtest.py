@@ -60,7 +60,10 @@ def handle(args: argparse.Namespace) -> int:
 
         recorder = Recorder(open_store(args.db))
     try:
+        from telemetry.db import store_key
+
         results = asyncio.run(run_loadtest(spec, prompts, workload=args.workload, recorder=recorder,
+                                           store_key=store_key(args.db) if recorder else None,
                                            node_id=args.node_id or (default_node_id() if recorder else ""),
                                            say=lambda m: print(m, file=sys.stderr)))
     except Exception as exc:
@@ -73,7 +76,8 @@ def handle(args: argparse.Namespace) -> int:
     rows = [summarize(r) for r in results]
     print(format_table(rows))
     if recorder is not None:
-        print("recorded in the store as 'loadtest' runs: see `specfinops project` (capacity at SLA)")
+        print("recorded in the store as 'loadtest' runs: see `specfinops project` (capacity at SLA); a server "
+              "recording into the same store leaves these requests out of its own 'serve' runs")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"url": args.url, "levels": rows}, indent=1) + "\n")
