@@ -264,7 +264,7 @@ async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, 
     from serving.server_telemetry import RECORDED_IN_HEADER
 
     spec.validate()
-    headers = {RECORDED_IN_HEADER: store_key} if recorder is not None and store_key else None
+    headers = {RECORDED_IN_HEADER: store_key} if store_key else None
     client = AsyncOpenAI(base_url=base_url(spec.url), api_key=spec.api_key or "none", max_retries=0,
                          timeout=spec.duration_s + DRAIN_GRACE_S, default_headers=headers)
     out = []

@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from telemetry.db import Sweep
-from telemetry.queries import Filters, mode_summaries, run_summaries
+from telemetry.queries import Filters, config_summaries
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,14 +43,11 @@ def crossover(points: list[SweepPoint]) -> int | None:
 def sweep_points(engine: Engine, run_ids: list[int]) -> list[SweepPoint]:
     """One point per concurrency level; a mode measured as several runs at a level (a benchmark that
     alternated AR and spec in turns) is pooled: its tokens over their summed wall time, percentiles over
-    all of their requests."""
-    ids_by_level: dict[int, list[int]] = {}
-    for s in run_summaries(engine, Filters(run_ids=tuple(run_ids))):
-        ids_by_level.setdefault(s.concurrency, []).append(s.run_id)
+    all of their requests (`queries.config_summaries`: a sweep's runs differ only in mode and level)."""
+    pooled = {(c.concurrency, c.mode): c.stats for c in config_summaries(engine, Filters(run_ids=tuple(run_ids)))}
     points = []
-    for level in sorted(ids_by_level):
-        pooled = {m.mode: m.stats for m in mode_summaries(engine, Filters(run_ids=tuple(ids_by_level[level])))}
-        ar, spec = pooled.get("ar"), pooled.get("spec")
+    for level in sorted({lvl for lvl, _ in pooled}):
+        ar, spec = pooled.get((level, "ar")), pooled.get((level, "spec"))
         points.append(SweepPoint(
             level,
             ar.tokens_per_s if ar else None, spec.tokens_per_s if spec else None,
