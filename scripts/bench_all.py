@@ -1,7 +1,8 @@
 """`make bench`: every measured target of the project, printed and recorded under bench-results/.
 
 Sections (each can be picked with --only):
-  verify     the target's forward time for 1..8 tokens, and the speedup no draft can exceed here
+  verify     the target's forward time for 1..8 tokens per sequence at batch 1, 2, 4 and 8, and the
+             speedup no draft can exceed at each
   engine     spec vs AR tokens/s on the code workload, greedy, with each drafter (and draft+ngram
              with token trees)
   calibrate  alpha, c and GO / NO-GO per domain for the bundled draft, and for draft+ngram on code
@@ -89,7 +90,7 @@ def main() -> int:
     target = str(model_path("target"))
 
     if "verify" in only:
-        sh([sys.executable, "-m", "scripts.bench_verify_cost"])
+        sh([sys.executable, "-m", "scripts.bench_verify_cost", "--batch", "1,2,4,8"])
     if "engine" in only:
         sh(bench(*common, "--mode", "both", "--drafter", "ngram", "--db", db, "--json", str(OUT / "engine_ngram.json")))
         sh(bench(*common, "--mode", "spec", "--drafter", "early-exit", "--early-exit-layers",
@@ -150,12 +151,14 @@ def summarize() -> None:
     lines = ["# Benchmark summary", ""]
     vc = load("verify_cost.json")
     if vc:
-        lines += ["## Verification cost (target forward, batch 1)", "",
-                  "| dtype | ms for 1 / 2 / 4 / 8 tokens | perfect free draft ceiling |", "|---|---|---|"]
+        lines += ["## Verification cost (target forward per batch size)", "",
+                  "| dtype | batch | ms for 1 / 2 / 4 / 8 tokens per sequence | perfect free draft ceiling |",
+                  "|---|---|---|---|"]
         for name, d in vc["dtypes"].items():
-            f = d["forward_ms"]
-            lines.append(f"| {name} | {f['1']:.1f} / {f['2']:.1f} / {f['4']:.1f} / {f['8']:.1f} | "
-                         f"{d['ceiling']:.2f}x at K={d['best_k']} |")
+            for b, row in (d.get("by_batch") or {"1": d}).items():
+                f = row["forward_ms"]
+                cells = " / ".join(f"{f[t]:.1f}" for t in ("1", "2", "4", "8") if t in f)
+                lines.append(f"| {name} | {b} | {cells} | {row['ceiling']:.2f}x at K={row['best_k']} |")
         lines.append("")
     ng, ee, peer = load("engine_ngram.json"), load("engine_early_exit.json"), load("hf_peer.json")
     dr = load("engine_draft.json")
