@@ -97,10 +97,12 @@ def body(ctx: Context) -> None:
 
     if speedups:
         with st.expander("Speedup by configuration", expanded=len(speedups) > 1):
+            # what differs first (workload, concurrency) and the result; then what the rows share
             show_table(pd.DataFrame([{
-                "workload": s.workload, "target": s.target, "drafter": s.drafter, "K policy": s.k_policy,
-                "device": s.device, "dtype": s.dtype, "concurrency": s.concurrency,
-                "spec tokens/s": s.spec_tokens_per_s, "AR tokens/s": s.ar_tokens_per_s, "speedup": s.speedup,
+                "workload": s.workload, "concurrency": s.concurrency, "speedup": s.speedup,
+                "spec tokens/s": s.spec_tokens_per_s, "AR tokens/s": s.ar_tokens_per_s,
+                "drafter": s.drafter, "K policy": s.k_policy, "dtype": s.dtype, "device": s.device,
+                "target": s.target,
             } for s in speedups]))
 
 
