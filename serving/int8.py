@@ -14,7 +14,8 @@ rejection sampling against the quantized draft's own q is exact for any q). The 
 The choice is made by measurement, per dtype and per row count, like the packed kernels
 (serving/kernels.py): int8 serves the row counts at which it was clearly faster than what the draft's
 linear would otherwise run (packed or plain), the original linear the rest. `SPECFINOPS_DRAFT_INT8`
-(`auto` | `on` | `off`) overrides the measurement.
+(`auto` | `on` | `off`) overrides the measurement. The measured row count is remembered per machine
+(serving/tuning.py, `SPECFINOPS_TUNING`), so every run on a machine quantizes alike.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 
 from serving.kernels import FASTER, PackedLinear, _as_linear, _plan, _setting
+from serving.tuning import remembered
 
 log = logging.getLogger(__name__)
 
@@ -148,15 +150,21 @@ def int8_max_rows(dtype: torch.dtype = torch.bfloat16) -> int:
         return 0  # no int8 kernel for this dtype in this build
     if setting == "on":
         return max(ROWS)
-    evict = torch.ones(EVICT_MB << 18)  # float32
-    best = 0
-    for m in ROWS:
-        xs = {k: torch.randn(m, k, generator=gen).to(dtype) for _, k in SHAPES}
-        t_int8, t_plain = _step_race(quant, plain, xs, evict)
-        if t_int8 >= FASTER * t_plain:
-            break
-        best = m
-    return best
+
+    def race() -> int:
+        evict = torch.ones(EVICT_MB << 18)  # float32
+        best = 0
+        for m in ROWS:
+            xs = {k: torch.randn(m, k, generator=gen).to(dtype) for _, k in SHAPES}
+            t_int8, t_plain = _step_race(quant, plain, xs, evict)
+            if t_int8 >= FASTER * t_plain:
+                break
+            best = m
+        return best
+
+    # near parity the race goes either way from one process to the next, and int8 changes what the
+    # draft proposes: remembered per machine, so repeated runs record the same drafter (serving/tuning.py)
+    return remembered(f"int8_max_rows/{str(dtype).removeprefix('torch.')}", race)
 
 
 def _step_race(quant: list[nn.Module], plain: list[nn.Module], xs: dict[int, torch.Tensor], evict: torch.Tensor,

@@ -1,0 +1,117 @@
+"""serving/tuning.py: measured choices remembered per machine, and int8's row count through it."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from serving import int8, tuning
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path))
+    monkeypatch.delenv("SPECFINOPS_TUNING", raising=False)
+    return tmp_path
+
+
+class Measure:
+    def __init__(self, *values: int):
+        self.values, self.calls = list(values), 0
+
+    def __call__(self) -> int:
+        self.calls += 1
+        return self.values.pop(0)
+
+
+def _stored(cache) -> dict:
+    return json.loads((cache / tuning.FILE_NAME).read_text())
+
+
+def test_measured_once_then_remembered_for_this_machine(cache):
+    m = Measure(3, 5)
+    assert tuning.remembered("choice", m) == 3
+    assert tuning.remembered("choice", m) == 3 and m.calls == 1
+    assert _stored(cache) == {tuning.machine_key(): {"choice": 3}}
+    # another choice joins the same machine's entry
+    assert tuning.remembered("other", Measure(7)) == 7
+    assert _stored(cache)[tuning.machine_key()] == {"choice": 3, "other": 7}
+
+
+def test_the_key_names_cpu_torch_and_threads():
+    key = tuning.machine_key()
+    assert f"torch {torch.__version__}" in key and f"threads {torch.get_num_threads()}" in key
+
+
+def test_another_machine_measures_afresh_and_keeps_the_first_machines_entry(cache):
+    (cache / tuning.FILE_NAME).write_text(json.dumps({"some other cpu": {"choice": 9}}))
+    assert tuning.remembered("choice", Measure(2)) == 2
+    assert _stored(cache) == {"some other cpu": {"choice": 9}, tuning.machine_key(): {"choice": 2}}
+
+
+def test_measure_mode_measures_every_time_and_writes_nothing(cache, monkeypatch):
+    monkeypatch.setenv("SPECFINOPS_TUNING", "measure")
+    m = Measure(1, 2)
+    assert [tuning.remembered("choice", m), tuning.remembered("choice", m)] == [1, 2]
+    assert not (cache / tuning.FILE_NAME).exists()
+
+
+def test_refresh_replaces_the_remembered_value(cache, monkeypatch):
+    tuning.remembered("choice", Measure(1))
+    monkeypatch.setenv("SPECFINOPS_TUNING", "refresh")
+    assert tuning.remembered("choice", Measure(4)) == 4
+    monkeypatch.setenv("SPECFINOPS_TUNING", "remember")
+    assert tuning.remembered("choice", Measure(8)) == 4
+
+
+def test_a_bad_setting_is_named(cache, monkeypatch):
+    monkeypatch.setenv("SPECFINOPS_TUNING", "sometimes")
+    with pytest.raises(ValueError, match="SPECFINOPS_TUNING"):
+        tuning.remembered("choice", Measure(1))
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", json.dumps({"x": 1})])
+def test_an_unreadable_file_is_measured_over(cache, text, caplog):
+    (cache / tuning.FILE_NAME).write_text(text)
+    with caplog.at_level(logging.WARNING):
+        assert tuning.remembered("choice", Measure(6)) == 6
+    assert _stored(cache)[tuning.machine_key()] == {"choice": 6}
+
+
+def test_an_unwritable_cache_only_loses_the_memory(tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(blocker / "cache"))  # a directory under a file: not creatable
+    monkeypatch.delenv("SPECFINOPS_TUNING", raising=False)
+    with caplog.at_level(logging.WARNING):
+        assert tuning.remembered("choice", Measure(2)) == 2
+    assert "could not remember" in caplog.text
+
+
+def test_int8_rows_are_raced_once_per_machine(cache, monkeypatch):
+    races = []
+
+    def int8_wins(quant, plain, xs, evict):
+        races.append(1)
+        return 1.0, 2.0
+
+    monkeypatch.setattr(int8, "_step_race", int8_wins)
+    monkeypatch.setenv("SPECFINOPS_DRAFT_INT8", "auto")
+    int8.int8_max_rows.cache_clear()
+    try:
+        assert int8.int8_max_rows(torch.float32) == max(int8.ROWS)
+        raced = len(races)
+        assert raced == len(int8.ROWS)
+        int8.int8_max_rows.cache_clear()  # a new process
+        assert int8.int8_max_rows(torch.float32) == max(int8.ROWS) and len(races) == raced
+        # what is remembered is what a later process uses
+        data = _stored(cache)
+        data[tuning.machine_key()]["int8_max_rows/float32"] = 1
+        (cache / tuning.FILE_NAME).write_text(json.dumps(data))
+        int8.int8_max_rows.cache_clear()
+        assert int8.int8_max_rows(torch.float32) == 1 and len(races) == raced
+    finally:
+        int8.int8_max_rows.cache_clear()
