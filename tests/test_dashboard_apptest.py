@@ -218,6 +218,28 @@ def test_time_buckets_are_named_in_their_own_unit():
     assert bucket_label(90) == "90 s" and bucket_label(7200) == "2 h"
 
 
+def test_overview_explains_a_cheaper_token_with_negative_savings():
+    """Spec's pooled cost per 1M tokens below AR's while the projection at the SLA needs more spec nodes
+    (AR's best configuration meeting the SLA is faster): the Overview says why, naming both capacities;
+    nothing is said when the two agree or a figure is missing."""
+    from types import SimpleNamespace as NS
+
+    from app.dashboard.common import cost_vs_savings_note
+
+    proj = NS(annual_savings_usd=-17492.0, sla_ms=50.0, capacity_tokens_per_s_ar=88.49,
+              capacity_tokens_per_s_spec=74.87)
+    cheap, dear = NS(total_usd_per_1m=0.27), NS(total_usd_per_1m=0.34)
+    note = cost_vs_savings_note(cheap, dear, proj)
+    assert note and "50 ms SLA" in note and "AR 88.5" in note and "speculative 74.9" in note
+    # AR cheaper per token but speculation saves: also explained
+    assert cost_vs_savings_note(dear, cheap, NS(**{**vars(proj), "annual_savings_usd": 1000.0}))
+    # agreeing signs, zero savings, missing figures: nothing to explain
+    assert cost_vs_savings_note(cheap, dear, NS(**{**vars(proj), "annual_savings_usd": 1000.0})) is None
+    assert cost_vs_savings_note(cheap, dear, NS(**{**vars(proj), "annual_savings_usd": 0.0})) is None
+    assert cost_vs_savings_note(cheap, NS(total_usd_per_1m=None), proj) is None
+    assert cost_vs_savings_note(cheap, dear, None) is None and cost_vs_savings_note(None, dear, proj) is None
+
+
 def test_page_queries_on_both_stores(db_url):
     """ITL, acceptance by position and over-time buckets in SQL, checked by hand on SQLite and PostgreSQL."""
     from app.dashboard import page_queries as pq

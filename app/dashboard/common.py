@@ -42,6 +42,22 @@ def usd(value: float | None, spec: str = ",.2f") -> str:
     return f"-${-value:{spec}}" if value < 0 else f"${value:{spec}}"
 
 
+def cost_vs_savings_note(spec_cost, ar_cost, projection) -> str | None:
+    """A line for when the measured cost per 1M tokens (ModeCost per mode) and the projected savings
+    (finops.Projection) point different ways: they answer different questions, and a reader should not
+    have to guess which one to plan with."""
+    if spec_cost is None or ar_cost is None or projection is None:
+        return None
+    spec, ar, savings = spec_cost.total_usd_per_1m, ar_cost.total_usd_per_1m, projection.annual_savings_usd
+    if spec is None or ar is None or savings is None or spec == ar or not savings or (spec < ar) == (savings > 0):
+        return None
+    return (f"Why the cost per 1M tokens and the savings disagree: the cost pools every run in view, each at its "
+            f"own concurrency; the projection sizes each mode by its fastest configuration whose p95 TPOT meets "
+            f"the {projection.sla_ms:g} ms SLA (AR {fmt(projection.capacity_tokens_per_s_ar, ',.1f')}, "
+            f"speculative {fmt(projection.capacity_tokens_per_s_spec, ',.1f')} tokens/s per node). Plan with the "
+            f"projection; the Cost & capacity page shows both.")
+
+
 def _error(what: str, exc: Exception) -> None:
     logger.exception("dashboard: %s failed", what)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

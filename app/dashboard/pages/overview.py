@@ -7,7 +7,7 @@ import streamlit as st
 
 from app.dashboard import assumptions, data
 from app.dashboard.charts import MODE_NAMES
-from app.dashboard.common import MISSING, Context, fmt, run_page, show_table, usd
+from app.dashboard.common import MISSING, Context, cost_vs_savings_note, fmt, run_page, show_table, usd
 
 
 def _speedup_text(speedups) -> tuple[str, str]:
@@ -58,6 +58,9 @@ def body(ctx: Context) -> None:
         st.caption(f"Projection: {proj_error}")
     elif proj and proj.projection.notes:
         st.caption("Projection: " + "; ".join(proj.projection.notes))
+    disagree = cost_vs_savings_note(cost.get("spec"), cost.get("ar"), proj.projection if proj else None)
+    if disagree:
+        st.caption(disagree)
 
     columns = st.columns(2, border=True)
     for col, mode in zip(columns, ("spec", "ar"), strict=True):
