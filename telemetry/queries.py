@@ -499,7 +499,10 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
         totals[key][1] += r.stats.wall_s
         ids[key].append(r.run_id)
     out = []
-    for key in sorted((k for k in totals if k[5] == "spec"), key=lambda k: tuple(str(x) for x in k)):
+    def order(k: tuple) -> tuple:  # concurrency by number (1, 2, 4, 16, not 1, 16, 2, 4); the rest by name
+        return (*(str(x) for x in k[:4]), k[4] if k[4] is not None else 0, *(str(x) for x in k[5:]))
+
+    for key in sorted((k for k in totals if k[5] == "spec"), key=order):
         base = key[:5]
         spec_tps = _ratio(*totals[key])
         ar_key = (*base, "ar")

@@ -224,6 +224,20 @@ def test_speedup_keeps_precisions_apart(store):
     assert by_dtype["float32"].ar_run_ids == (a,)
 
 
+def test_speedups_order_concurrency_by_number(store):
+    """A sweep's configurations read 1, 2, 4, 16, not 1, 16, 2, 4 (the Overview's table lists them in
+    this order)."""
+    engine, _ = store
+    with Session(engine) as s:
+        for level in (16, 2, 4):
+            for mode in ("ar", "spec"):
+                req = Req(33, ttft_ms=100, e2e_ms=900) if mode == "ar" else spec_req(33, 4, 24, ttft_ms=100, e2e_ms=500)
+                make_run(s, mode, concurrency=level, requests=[req])
+        s.commit()
+    code = [sp.concurrency for sp in speedups(engine) if sp.workload == "code"]
+    assert code == sorted(code) and set(code) == {1, 2, 4, 16}
+
+
 def test_run_cost_hand_computed(store):
     engine, (a, b, _) = store
     rc = run_cost(engine, b, node_hourly_usd=3.6)
