@@ -124,6 +124,29 @@ def test_domain_filter_narrows_the_figures(filled, monkeypatch):
     assert metrics(at)["Acceptance rate"] == ["41.7%"]
 
 
+def test_concurrency_filter_narrows_a_sweep_to_one_level(filled, monkeypatch):
+    """With runs at two concurrency levels the sidebar offers them; one level leaves only its runs in
+    every figure (run 3: 8 of 8 drafted tokens accepted at concurrency 4)."""
+    engine = open_store(filled)
+    with Session(engine) as s:
+        make_run(s, "spec", concurrency=4, requests=[spec_req(11, k=4, accepted=8, ttft_ms=100, e2e_ms=300)])
+        s.commit()
+    engine.dispose()
+    at = open_page(app_for(filled, monkeypatch), PAGES["Overview"])
+    assert at.selectbox(key="f_concurrency").options == ["All", "1", "4"]
+    assert metrics(at)["Acceptance rate"] == [f"{(34 + 8) / (56 + 8):.1%}"]
+    at.selectbox(key="f_concurrency").set_value(4).run()
+    assert_clean(at)
+    assert metrics(at)["Acceptance rate"] == ["100.0%"]
+    at.selectbox(key="f_concurrency").set_value(1).run()
+    assert metrics(at)["Acceptance rate"] == ["60.7%"]
+
+
+def test_one_concurrency_level_offers_no_filter(filled, monkeypatch):
+    at = open_page(app_for(filled, monkeypatch), PAGES["Overview"])
+    assert not [sb for sb in at.selectbox if sb.key == "f_concurrency"]
+
+
 @pytest.mark.parametrize("title", list(PAGES))
 def test_empty_store_shows_the_command_that_fills_it(sqlite_url, monkeypatch, title):
     open_store(sqlite_url).dispose()  # schema, no runs

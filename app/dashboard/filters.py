@@ -74,6 +74,11 @@ def sidebar(options: dict) -> Selection:
     pair = sb.selectbox("Model pair (target ← drafter)", [ALL, *pair_labels], key="f_pair")
     workload = sb.selectbox("Workload", [ALL, *sorted(runs["workload"].dropna().unique())], key="f_workload")
     domain = sb.selectbox("Domain", [ALL, *options["domains"]], key="f_domain")
+    levels = sorted({int(c) for c in runs["concurrency"].dropna()})
+    concurrency = sb.selectbox(
+        "Concurrency", [ALL, *levels], key="f_concurrency",
+        help="Sequences in flight when the runs were measured. Latency and throughput depend on it: a sweep "
+             "(bench --concurrency 1,2,4,...) pools every level unless one is picked.") if len(levels) > 1 else ALL
 
     chosen = runs
     if node != ALL:
@@ -83,8 +88,11 @@ def sidebar(options: dict) -> Selection:
     if pair != ALL:
         target, drafter = pairs[pair_labels.index(pair)]
         chosen = chosen[(chosen["target"] == target) & ((chosen["drafter"] == drafter) | (chosen["mode"] == "ar"))]
+    if concurrency != ALL:
+        chosen = chosen[chosen["concurrency"] == concurrency]
 
-    run_label = {int(r.run_id): f"#{r.run_id} {r.mode} · {r.workload} · {r.node_id}" for r in chosen.itertuples()}
+    run_label = {int(r.run_id): f"#{r.run_id} {r.mode} · {r.workload} · c={r.concurrency} · {r.node_id}"
+                 for r in chosen.itertuples()}
     run_pick = sb.multiselect("Runs", list(run_label), format_func=lambda i: run_label.get(i, f"#{i}"), key="f_runs",
                               help="Empty: every run matching the filters above.")
     if run_pick:
@@ -96,7 +104,7 @@ def sidebar(options: dict) -> Selection:
         node_id=None if node == ALL else node,
         workload=None if workload == ALL else workload,
         domain=None if domain == ALL else domain,
-        run_ids=tuple(int(i) for i in chosen["run_id"]) if (pair != ALL or run_pick) else None,
+        run_ids=tuple(int(i) for i in chosen["run_id"]) if (pair != ALL or concurrency != ALL or run_pick) else None,
     )
     span_s = data_span_s(chosen, since, until)
     synthetic = bool(((chosen["workload"] == SYNTHETIC_WORKLOAD) | (chosen["hostname"] == SYNTHETIC_HOSTNAME)).any())
