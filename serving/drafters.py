@@ -267,10 +267,19 @@ class FeatureDrafter:
             self.row_of = draft.head_index().tolist()
 
     def prefill(self, seq: Sequence, features: torch.Tensor | None = None) -> None:
-        seq.draft_feats = features  # (P, C): consumed by the first proposal's catch-up
+        """Feed the prompt's pairs (x_{j+1}, f_j), j < P - 1, now, this sequence alone; f_{P-1} waits for
+        the first generated token, for the first proposal's catch-up. (Deferred whole to that catch-up,
+        batched with the running sequences, the prompt padded every one of them to its length: a forward
+        of B x P rows at each join.)"""
+        seq.draft_feats = features  # (P, C)
         seq.draft_len = 0
         if self.copy_bias:
             self.followers[seq.slot] = ContextFollowers()
+        n = 0 if features is None else features.shape[0] - 1
+        if n > 0 and seq.speculate:
+            nxt = torch.tensor([seq.tokens[1 : 1 + n]])  # the prompt without its first token
+            self.draft(nxt, features[None, :n], contiguous_batch(seq.slot, 1, 0, n), self.cache)
+            seq.draft_len, seq.draft_feats = n, features[n:].clone()
 
     def with_copy_prior(self, seqs: list[Sequence], logits: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
         """Reduced logits (B, Vh) or (B, W, Vh) plus `copy_bias` on the head rows of the tokens that followed

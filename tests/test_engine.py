@@ -107,6 +107,56 @@ def test_batched_sequences_joining_and_leaving_equal_solo(mode):
         assert seq.output == solo[i], f"sequence {i} differs when batched"
 
 
+def test_a_feature_draft_reads_the_prompt_at_prefill_so_a_join_pads_no_one():
+    """The draft's pass over a new prompt runs when the sequence is added, alone: batched into the next
+    step's catch-up it padded every running sequence to the prompt's length (one forward of B x P rows at
+    each join). The first step then feeds one pending feature per new sequence, and the proposals are the
+    ones the deferred pass gave."""
+    shapes = []
+
+    class Watched(EagleDraft):
+        def forward(self, next_tokens, feats, fb, cache):
+            shapes.append(tuple(next_tokens.shape))
+            return super().forward(next_tokens, feats, fb, cache)
+
+    watched = Watched(FEATURE.cfg, TARGET.embed_tokens)
+    watched.load_state_dict(FEATURE.state_dict())
+    watched.eval()
+    engine = Engine(TARGET, drafter=FeatureDrafter(watched, "f", slots=3, max_len=220), policy=FixedK(3),
+                    max_batch=3, max_len=200)
+    first = engine.add(PROMPTS[0], GREEDY)
+    engine.step()
+    shapes.clear()
+    long = engine.add(PROMPTS[2], GREEDY)  # 30 prompt tokens
+    assert shapes == [(1, 29)]  # x_1..x_29 with f_0..f_28, this sequence alone
+    assert long.draft_len == 29 and long.draft_feats.shape[0] == 1  # f_29 waits for the first token
+    shapes.clear()
+    engine.step()
+    assert max(width for _, width in shapes) <= 1 + 3 + 1, shapes  # no row padded to the prompt's length
+    while engine.running:
+        engine.step()
+    assert [first.output, long.output] == ar_outputs([PROMPTS[0], PROMPTS[2]])
+
+
+def test_eager_prompt_pass_proposes_what_the_deferred_one_did():
+    """Same state, same proposals: the prompt's features fed at prefill and the last one at the first
+    step, or all of them at the first step (float32, one sequence at a time)."""
+
+    class Capture(FeatureDrafter):
+        def prefill(self, seq, features=None):
+            self.seen = features
+            super().prefill(seq, features)
+
+    drafter = Capture(FEATURE, "f", slots=2, max_len=220)
+    engine = Engine(TARGET, drafter=drafter, policy=FixedK(4), max_batch=2, max_len=200)
+    eager = engine.add(PROMPTS[2], GREEDY)
+    lazy = engine.add(PROMPTS[2], GREEDY)
+    lazy.draft_len, lazy.draft_feats = 0, drafter.seen  # every prompt feature pending, as deferred
+    with torch.inference_mode():
+        a, b = drafter.propose([eager], [4]), drafter.propose([lazy], [4])
+    assert a.tokens == b.tokens and len(a.tokens[0]) == 4
+
+
 def test_sampling_is_seeded_and_reproducible():
     params = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=20, seed=42)
     runs = []
