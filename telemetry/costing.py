@@ -182,6 +182,9 @@ class StoreProjection:
     capacity_run_spec: int | None
     capacity_runs_ar: tuple[int, ...] = ()  # every run of that configuration (pooled into the capacity)
     capacity_runs_spec: tuple[int, ...] = ()
+    # (tokens/s, p95 TPOT ms) of every configuration per mode: what finops.sla_curve draws
+    points_ar: tuple[tuple[float | None, float | None], ...] = ()
+    points_spec: tuple[tuple[float | None, float | None], ...] = ()
 
     def as_dict(self) -> dict:
         """The `project --json` contract: exactly these eight top-level keys; monthly cost per mode is
@@ -270,6 +273,7 @@ def project_from_store(
     differs = any(price.differs_from(d) for d in devices) or gpus_per_node != 1
     by_mode = {m: [c for c in configs if c.mode == m] for m in MODES}
     cap_configs = {m: _capacity_config(by_mode[m], sla_ms) for m in MODES}
+    points = {m: tuple((c.stats.tokens_per_s, c.stats.tpot_p95_ms) for c in by_mode[m]) for m in MODES}
 
     def j_per_token(m: str) -> float | None:
         c = cap_configs[m]
@@ -280,8 +284,8 @@ def project_from_store(
         peak_factor=peak_factor,
         sla_ms=sla_ms,
         node_hourly_usd=price.usd_per_hour,
-        points_ar=[(c.stats.tokens_per_s, c.stats.tpot_p95_ms) for c in by_mode["ar"]],
-        points_spec=[(c.stats.tokens_per_s, c.stats.tpot_p95_ms) for c in by_mode["spec"]],
+        points_ar=points["ar"],
+        points_spec=points["spec"],
         j_per_token_ar=j_per_token("ar"),
         j_per_token_spec=j_per_token("spec"),
         pue=pue_value,
@@ -302,4 +306,6 @@ def project_from_store(
         capacity_run_spec=cap_configs["spec"].run_ids[0] if cap_configs["spec"] else None,
         capacity_runs_ar=cap_configs["ar"].run_ids if cap_configs["ar"] else (),
         capacity_runs_spec=cap_configs["spec"].run_ids if cap_configs["spec"] else (),
+        points_ar=points["ar"],
+        points_spec=points["spec"],
     )

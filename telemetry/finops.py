@@ -193,6 +193,60 @@ class Projection:
     notes: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class SlaPoint:
+    """Capacity and nodes per mode at one p95 TPOT SLA (None: no measured configuration meets it)."""
+
+    sla_ms: float
+    capacity_ar: float | None
+    capacity_spec: float | None
+    nodes_ar: int | None
+    nodes_spec: int | None
+    annual_savings_usd: float | None
+
+
+def sla_curve(
+    points_ar: Iterable[tuple[float, float | None]],
+    points_spec: Iterable[tuple[float, float | None]],
+    *,
+    daily_tokens: float,
+    peak_factor: float,
+    node_hourly_usd: float,
+) -> list[SlaPoint]:
+    """The projection at every SLA where it can change: each measured p95 TPOT (of either mode) is where a
+    configuration starts to meet the SLA, so capacities, nodes and savings are constant from one such
+    value up to the next. Ascending by SLA. Tight SLAs favour the mode with the lower TPOT (speculation
+    at low concurrency), loose ones the mode that batches best (AR at high concurrency)."""
+    _validate_traffic(daily_tokens, peak_factor)
+    _finite("node_hourly_usd", node_hourly_usd, minimum=0, strict=True)
+    points_ar, points_spec = list(points_ar), list(points_spec)
+    slas = sorted({float(p95) for tps, p95 in points_ar + points_spec
+                   if tps is not None and tps > 0 and p95 is not None and p95 > 0})
+    out = []
+    for sla in slas:
+        cap_ar, cap_spec = capacity_at_sla(points_ar, sla), capacity_at_sla(points_spec, sla)
+        n_ar = nodes_needed(daily_tokens, peak_factor, cap_ar)
+        n_spec = nodes_needed(daily_tokens, peak_factor, cap_spec)
+        out.append(SlaPoint(sla, cap_ar, cap_spec, n_ar, n_spec, annual_savings(n_ar, n_spec, node_hourly_usd)))
+    return out
+
+
+def spec_pays_below(curve: list[SlaPoint]) -> str | None:
+    """One line on where speculation needs fewer nodes than AR along `curve`, or None when it never does."""
+    wins = [(p.sla_ms, nxt.sla_ms if nxt else None) for p, nxt in zip(curve, [*curve[1:], None], strict=True)
+            if p.nodes_spec is not None and (p.nodes_ar is None or p.nodes_spec < p.nodes_ar)]
+    if not wins:
+        return None
+    spans = []
+    for lo, hi in wins:  # merge adjacent ranges
+        if spans and spans[-1][1] == lo:
+            spans[-1] = (spans[-1][0], hi)
+        else:
+            spans.append((lo, hi))
+    text = ", ".join(f"{lo:.1f} ms and looser" if hi is None else f"{lo:.1f} up to {hi:.1f} ms" for lo, hi in spans)
+    return f"speculation needs fewer nodes than AR at p95 TPOT SLAs of {text}"
+
+
 def _cost_per_1m_projected(
     nodes: int | None, node_hourly_usd: float, daily_tokens: float, energy_part: float | None
 ) -> float | None:

@@ -25,12 +25,12 @@ from telemetry.store import open_store
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "app" / "dashboard" / "main.py"
 PAGES = {
-    "Overview": "pages/overview.py",
-    "Latency": "pages/latency.py",
-    "Speculation": "pages/speculation.py",
-    "Energy": "pages/energy.py",
-    "Cost & capacity": "pages/cost.py",
-    "Runs": "pages/runs.py",
+    "Overview": "views/overview.py",
+    "Latency": "views/latency.py",
+    "Speculation": "views/speculation.py",
+    "Energy": "views/energy.py",
+    "Cost & capacity": "views/cost.py",
+    "Runs": "views/runs.py",
 }
 FILL_COMMAND = "specfinops bench --workload code --mode both --limit 4"
 
@@ -187,6 +187,19 @@ def test_cost_page_recomputes_projection_from_widgets(filled, monkeypatch):
     # the Overview uses the same assumptions
     at.switch_page(PAGES["Overview"]).run()
     assert metrics(at)["Projected annual savings"] == ["—"]
+
+
+def test_cost_page_draws_nodes_by_sla_from_the_same_configurations(filled, monkeypatch):
+    """The projection at every SLA where it can change: the spec run (p95 TPOT ~20 ms) meets SLAs the AR
+    run (p95 ~49 ms) does not, and delivers more tokens/s, so speculation needs fewer nodes from its p95 on."""
+    at = open_page(app_for(filled, monkeypatch), PAGES["Cost & capacity"])
+    assert_clean(at)
+    engine = open_store(filled)
+    sp = costing.project_from_store(engine, daily_tokens=5e8, peak_factor=2.0, sla_ms=50.0, node_hourly_usd=1.0)
+    (spec_p95,), (ar_p95,) = [p95 for _, p95 in sp.points_spec], [p95 for _, p95 in sp.points_ar]
+    assert spec_p95 < ar_p95
+    [line] = [c.value for c in at.caption if c.value.startswith("Where the SLA matters")]
+    assert f"SLAs of {spec_p95:.1f} ms and looser" in line, line
 
 
 def test_speculation_page_shows_acceptance_and_go_no_go(filled, monkeypatch):

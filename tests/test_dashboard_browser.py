@@ -138,7 +138,9 @@ def test_every_page_loads_in_chromium(dashboard, tmp_path):
         )
         try:
             page = browser.new_page()
-            for path, title in PAGES.items():
+            # a deep link first, on the server's first session: before any session has run the entry file
+            # Streamlit navigates by what it finds on disk (a `pages/` folder would list its file names)
+            for path, title in sorted(PAGES.items(), key=lambda item: item[0] == ""):
                 page.goto(f"{dashboard}/{path}", wait_until="domcontentloaded")
                 _settle(page)
                 h1 = page.locator("h1").first.inner_text()
@@ -149,6 +151,10 @@ def test_every_page_loads_in_chromium(dashboard, tmp_path):
                     problems.append(f"/{path}: title {h1!r}, expected {title!r}")
                 if "Traceback" in text:
                     problems.append(f"/{path}: a traceback is shown")
+                # a deep link gets the app's navigation, not a listing of the page files ("main", "cost", ...)
+                nav = [line.strip() for line in page.locator('[data-testid="stSidebarNav"]').inner_text().splitlines()]
+                if not set(PAGES.values()) <= set(nav) or "main" in nav:
+                    problems.append(f"/{path}: the navigation lists {[n for n in nav if n]}")
                 n_exc = page.locator('[data-testid="stException"]').count()
                 if n_exc:
                     problems.append(f"/{path}: {n_exc} exception element(s)")

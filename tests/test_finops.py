@@ -14,6 +14,8 @@ from telemetry.finops import (
     monthly_cost,
     nodes_needed,
     project,
+    sla_curve,
+    spec_pays_below,
     speedup_bound,
 )
 
@@ -237,3 +239,45 @@ def test_project_validates_inputs(kw, name):
     args.update(kw)
     with pytest.raises(ValueError, match=name):
         project(**args)
+
+
+# ---- nodes by SLA -----------------------------------------------------------------------------------------
+
+
+def test_sla_curve_steps_at_each_measured_p95_by_hand():
+    """AR: 30 tokens/s at p95 40 ms (one stream), 90 at 60 ms (a batch). Spec: 50 at 25 ms, 80 at 70 ms.
+    Traffic: 86,400 x 100 tokens a day, peak 1 -> 100 tokens/s -> nodes = ceil(100 / capacity)."""
+    ar, spec = [(30.0, 40.0), (90.0, 60.0)], [(50.0, 25.0), (80.0, 70.0)]
+    curve = sla_curve(ar, spec, daily_tokens=8_640_000, peak_factor=1.0, node_hourly_usd=1.0)
+    got = [(c.sla_ms, c.capacity_ar, c.capacity_spec, c.nodes_ar, c.nodes_spec) for c in curve]
+    assert got == [
+        (25.0, None, 50.0, None, 2),   # only speculation meets 25 ms
+        (40.0, 30.0, 50.0, 4, 2),      # ceil(100/30) = 4 vs 2
+        (60.0, 90.0, 50.0, 2, 2),      # AR's batch meets it
+        (70.0, 90.0, 80.0, 2, 2),
+    ]
+    assert curve[0].annual_savings_usd is None
+    assert curve[1].annual_savings_usd == pytest.approx(2 * 8_760)
+    assert spec_pays_below(curve) == "speculation needs fewer nodes than AR at p95 TPOT SLAs of 25.0 up to 60.0 ms"
+
+
+def test_spec_pays_below_names_separate_ranges_and_an_open_end():
+    ar, spec = [(100.0, 30.0), (10.0, 50.0)], [(200.0, 20.0)]
+    # SLA 20: spec only; 30: AR 100 < spec 200 capacity? nodes: ceil(100/100)=1 vs ceil(100/200)=1 -> tie
+    curve = sla_curve(ar, spec, daily_tokens=8_640_000, peak_factor=1.0, node_hourly_usd=1.0)
+    assert [(c.nodes_ar, c.nodes_spec) for c in curve] == [(None, 1), (1, 1), (1, 1)]
+    assert spec_pays_below(curve) == "speculation needs fewer nodes than AR at p95 TPOT SLAs of 20.0 up to 30.0 ms"
+    # spec ahead at the loosest SLA too: an open end
+    curve = sla_curve([(10.0, 30.0)], [(20.0, 40.0)], daily_tokens=8_640_000, peak_factor=1.0, node_hourly_usd=1.0)
+    assert spec_pays_below(curve) == "speculation needs fewer nodes than AR at p95 TPOT SLAs of 40.0 ms and looser"
+    # AR never worse: nothing to say
+    curve = sla_curve([(100.0, 10.0)], [(50.0, 20.0)], daily_tokens=8_640_000, peak_factor=1.0, node_hourly_usd=1.0)
+    assert spec_pays_below(curve) is None
+
+
+def test_sla_curve_skips_points_without_a_p95_or_throughput_and_checks_inputs():
+    curve = sla_curve([(30.0, None), (0.0, 20.0)], [(None, 30.0)], daily_tokens=1e6, peak_factor=1.0,
+                      node_hourly_usd=1.0)
+    assert curve == []
+    with pytest.raises(ValueError, match="peak_factor"):
+        sla_curve([], [], daily_tokens=1e6, peak_factor=0.5, node_hourly_usd=1.0)

@@ -263,7 +263,7 @@ def _reports_page(url: str, monkeypatch):
     monkeypatch.setenv("SPECFINOPS_DB_URL", url)
     monkeypatch.syspath_prepend(str(root))
     at = AppTest.from_file(str(root / "app" / "dashboard" / "main.py"), default_timeout=120)
-    at = at.run().switch_page("pages/reports.py").run()
+    at = at.run().switch_page("views/reports.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 

@@ -78,7 +78,7 @@ def test_cost_page_shows_the_sweep(sqlite_url, monkeypatch):
     ids = _sweep_store(sqlite_url)
     record_sweep(open_store(sqlite_url), node_id="n", device="cpu", target="demo/target-tiny",
                  drafter="demo/draft-tiny", k_policy="fixed:4", workload="code", dtype="float32", run_ids=ids)
-    at = open_page(app_for(sqlite_url, monkeypatch), "pages/cost.py")
+    at = open_page(app_for(sqlite_url, monkeypatch), "views/cost.py")
     assert_clean(at)
     assert metrics(at)["Crossover concurrency"] == ["8"]
 

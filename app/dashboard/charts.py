@@ -182,3 +182,17 @@ def sweep(points: list[tuple], crossover: int | None, title: str) -> go.Figure:
                       annotation_text=f"crossover: {crossover}", annotation_position="top")
     fig.update_xaxes(type="log", tickvals=levels, ticktext=[str(v) for v in levels])
     return _layout(fig, title, "concurrent sequences", "tokens/s (all sequences)")
+
+
+def nodes_by_sla(curve: list, chosen_sla: float) -> go.Figure:
+    """Nodes per mode against the p95 TPOT SLA (finops.sla_curve's steps); the SLA in use marked. A gap
+    means no measured configuration of that mode meets the SLA there."""
+    fig = go.Figure()
+    slas = [p.sla_ms for p in curve]
+    for mode in ("ar", "spec"):
+        fig.add_trace(go.Scatter(x=slas, y=[getattr(p, f"nodes_{mode}") for p in curve], mode="lines+markers",
+                                 line_shape="hv", name=MODE_NAMES[mode], line={"color": MODE_COLORS[mode]},
+                                 connectgaps=False))
+    fig.add_vline(x=chosen_sla, line_dash="dot", line_color="#6b7280",
+                  annotation_text=f"SLA in use: {chosen_sla:g} ms", annotation_position="top")
+    return _layout(fig, "Nodes needed by SLA", "p95 TPOT SLA (ms)", "nodes at peak")

@@ -7,6 +7,7 @@ import streamlit as st
 
 from app.dashboard import assumptions, charts, data
 from app.dashboard.common import Context, download_csv, fmt, run_page, show_table, usd
+from telemetry import finops
 from telemetry.costing import runs_text
 
 SNAPSHOT = "runs' recorded price"
@@ -98,6 +99,7 @@ def _projection_section(ctx: Context) -> None:
     m[2].metric("Monthly cost AR", usd(p.monthly_cost_ar_usd, ",.0f"))
     m[3].metric("Monthly cost spec", usd(p.monthly_cost_spec_usd, ",.0f"))
     st.plotly_chart(charts.nodes_bar(p.nodes_ar, p.nodes_spec), width="stretch")
+    _sla_section(sp)
     notes = list(p.notes)
     if sp.priced_differs:
         notes.append(f"priced as {sp.node_price.priced_as}, measured on {', '.join(sp.measured_on)}: "
@@ -115,6 +117,25 @@ def _projection_section(ctx: Context) -> None:
          "spec": p.capacity_tokens_per_s_spec},
     ])
     download_csv("Download projection (CSV)", proj_table, "projection.csv", "dl_projection")
+
+
+def _sla_section(sp) -> None:
+    """The same traffic and price at every SLA where the answer can change: where speculation pays."""
+    p = sp.projection
+    curve = finops.sla_curve(sp.points_ar, sp.points_spec, daily_tokens=p.daily_tokens, peak_factor=p.peak_factor,
+                             node_hourly_usd=p.node_hourly_usd)
+    if len(curve) < 2:
+        return
+    st.plotly_chart(charts.nodes_by_sla(curve, p.sla_ms), width="stretch")
+    pays = finops.spec_pays_below(curve)
+    st.caption(("Where the SLA matters: " + pays if pays else "Speculation needs no fewer nodes than AR at any "
+                "measured SLA") + ". Each step is a measured configuration starting to meet the SLA (the same "
+               "traffic and node price as above); tight SLAs favour the mode with the lower TPOT, loose ones the "
+               "mode that batches best.")
+    table = pd.DataFrame([{"p95 TPOT SLA (ms)": c.sla_ms, "AR tokens/s per node": c.capacity_ar,
+                           "spec tokens/s per node": c.capacity_spec, "nodes AR": c.nodes_ar,
+                           "nodes spec": c.nodes_spec, "annual savings (USD)": c.annual_savings_usd} for c in curve])
+    download_csv("Download nodes by SLA (CSV)", table, "nodes_by_sla.csv", "dl_sla")
 
 
 def _sweep_section(ctx: Context) -> None:
