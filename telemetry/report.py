@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from telemetry import costing, queries
+from telemetry import costing, finops, queries
 from telemetry.queries import Filters
 
 PERIODS = ("daily", "weekly", "custom")
@@ -412,12 +412,18 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
         ("daily tokens basis", pr.daily_tokens_basis),
         ("peak-to-average factor", pr.peak_factor),
     ]
+    curve: list[finops.SlaPoint] = []
     if pr.projection is None:
         proj.append(("projection", f"not computed: {pr.reason}"))
     else:
         d = pr.projection.as_dict()
         proj += [(k, d[k]) for k in d if k != "assumptions"]
         proj += [(k, ", ".join(map(str, v)) if isinstance(v, list) else v) for k, v in d["assumptions"].items()]
+        p = pr.projection.projection
+        curve = finops.sla_curve(pr.projection.points_ar, pr.projection.points_spec, daily_tokens=p.daily_tokens,
+                                 peak_factor=p.peak_factor, node_hourly_usd=p.node_hourly_usd)
+        proj.append(("where the SLA matters", finops.spec_pays_below(curve)
+                     or "speculation needs no fewer nodes than AR at any measured SLA"))
     return [
         Table("modes", "Spec vs AR", ("mode", "requests ok", "requests failed", "output tokens", "tokens/s",
               "acceptance rate", "p95 TPOT (ms)", "meets SLA", "J/token", "energy estimated",
@@ -441,4 +447,10 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
               ("metric", "this period", "status", "band low", "band high", "history periods", "note"),
               tuple((b.metric, b.value, b.status, b.low, b.high, b.num_history, b.note) for b in data.bands)),
         Table("projection", "Projected annual savings and its assumptions", ("figure", "value"), tuple(proj)),
+        Table("nodes_by_sla", "Nodes by p95 TPOT SLA (the projection's traffic and price at every SLA where "
+              "a measured configuration starts to meet it)",
+              ("p95 TPOT SLA (ms)", "AR tokens/s per node", "spec tokens/s per node", "nodes AR", "nodes spec",
+               "annual savings (USD)"),
+              tuple((c.sla_ms, c.capacity_ar, c.capacity_spec, c.nodes_ar, c.nodes_spec, c.annual_savings_usd)
+                    for c in curve)),
     ]  # fmt: skip

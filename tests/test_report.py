@@ -144,7 +144,8 @@ def test_report_files_record_and_offline_html(store, tmp_path, capsys):
     assert "not enough history" in page.lower()  # no earlier days in the store
     names = sorted(p.name for p in (tmp_path / "out").glob("report-*/*.csv"))
     assert names == sorted(f"{n}.csv" for n in (
-        "modes", "acceptance_by_domain", "speedups", "runs_cost", "change", "anomalies", "projection"))  # fmt: skip
+        "modes", "acceptance_by_domain", "speedups", "runs_cost", "change", "anomalies", "projection",
+        "nodes_by_sla"))  # fmt: skip
     assert rec.summary["csv_files"] and all(p.endswith(".csv") for p in rec.summary["csv_files"])
     with open(f"{rec.csv_dir}/modes.csv", encoding="utf-8", newline="") as fh:
         modes = {r["mode"]: r for r in csv.DictReader(fh)}
@@ -156,6 +157,11 @@ def test_report_files_record_and_offline_html(store, tmp_path, capsys):
     assert domains["chat"]["acceptance_rate"] == pytest.approx(20 / 48) and not domains["chat"]["meets_go_line"]
     assert rec.summary["speedups"][0]["speedup"] == pytest.approx(44.0 / (66 / 1.9))
     assert rec.summary["projection"]["assumptions"]["p95_tpot_sla_ms"] == 40
+    # the projection at every SLA where it can change: spec (p95 12.5 ms) meets SLAs AR does not
+    with open(f"{rec.csv_dir}/nodes_by_sla.csv", encoding="utf-8", newline="") as fh:
+        slas = list(csv.DictReader(fh))
+    assert float(slas[0]["p95 TPOT SLA (ms)"]) == pytest.approx(12.5) and slas[0]["nodes AR"] == ""
+    assert slas[0]["nodes spec"] != "" and "where the SLA matters" in page
 
 
 def test_report_csv_cells_are_formula_safe(sqlite_url, tmp_path):
@@ -282,4 +288,5 @@ def test_dashboard_reports_page_lists_reports_with_downloads(store, tmp_path, mo
     [frame] = at.dataframe
     assert list(frame.value["id"]) == [_only_report(engine).id]
     labels = [b.proto.label for b in at.get("download_button")]
-    assert labels[0].startswith("Download report (HTML") and "modes.csv" in labels and len(labels) == 8
+    # the HTML and one CSV per table
+    assert labels[0].startswith("Download report (HTML") and "modes.csv" in labels and len(labels) == 9
