@@ -100,6 +100,17 @@ def test_project_gpu_pricing_says_priced_as_and_measured_on(filled, capsys):
     assert "annual savings: $482,150" in out  # 1 node x $55.04 x 8760
 
 
+def test_project_says_where_the_sla_matters_and_signs_dollars_before_the_symbol(filled, capsys):
+    """Spec's p95 TPOT (12.5 ms) meets SLAs AR's (48.75 ms) does not, and it delivers more: speculation needs
+    fewer nodes from 12.5 ms on. A loss reads -$X, not $-X."""
+    assert main(_project(filled, "--gpu", "h100", "--gpus-per-node", "8")) == 0
+    out = capsys.readouterr().out
+    assert "where the SLA matters: speculation needs fewer nodes than AR at p95 TPOT SLAs of 12.5 ms and looser" in out
+    from app.commands.cost import _usd
+
+    assert (_usd(-17492.4), _usd(-0.25), _usd(-12.5), _usd(3.0)) == ("-$17,492", "-$0.25", "-$12.50", "$3.00")
+
+
 def test_project_unreachable_sla_is_null_with_message(filled, capsys):
     args = [
         "project",

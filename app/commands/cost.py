@@ -153,7 +153,8 @@ def _filters(args, run_id: int | None = None):
 def _usd(x: float | None) -> str:
     if x is None:
         return "n/a"
-    return f"${x:,.0f}" if abs(x) >= 1000 else f"${x:,.4g}" if abs(x) < 1 else f"${x:,.2f}"
+    sign, a = ("-" if x < 0 else ""), abs(x)  # -$17,492, not $-17,492
+    return sign + (f"${a:,.0f}" if a >= 1000 else f"${a:,.4g}" if a < 1 else f"${a:,.2f}")
 
 
 def _num(x: float | None, fmt: str = ",.1f") -> str:
@@ -325,6 +326,13 @@ def run_project_command(args) -> int:
     print(line + f"; PUE {sp.pue:g}, ${sp.usd_per_kwh:g}/kWh")
     for note in p.notes:
         print(f"note: {note}")
+    from telemetry.finops import sla_curve, spec_pays_below
+
+    curve = sla_curve(sp.points_ar, sp.points_spec, daily_tokens=daily, peak_factor=peak,
+                      node_hourly_usd=p.node_hourly_usd)
+    if len(curve) > 1:
+        print(f"where the SLA matters: {spec_pays_below(curve) or 'speculation needs no fewer nodes than AR at any measured SLA'}"
+              " (the dashboard's Cost & capacity page draws nodes by SLA)")
     return 0
 
 
