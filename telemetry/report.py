@@ -204,6 +204,16 @@ class ProjectionResult:
     peak_factor: float
     sla_ms: float
 
+    @property
+    def sla_curve(self) -> list[finops.SlaPoint]:
+        """The projection at every SLA where it can change (empty without a projection)."""
+        if self.projection is None:
+            return []
+        p = self.projection.projection
+        return finops.sla_curve(self.projection.points_ar, self.projection.points_spec,
+                                daily_tokens=p.daily_tokens, peak_factor=p.peak_factor,
+                                node_hourly_usd=p.node_hourly_usd)
+
 
 @dataclass(frozen=True, slots=True)
 class ReportData:
@@ -412,16 +422,13 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
         ("daily tokens basis", pr.daily_tokens_basis),
         ("peak-to-average factor", pr.peak_factor),
     ]
-    curve: list[finops.SlaPoint] = []
+    curve = pr.sla_curve
     if pr.projection is None:
         proj.append(("projection", f"not computed: {pr.reason}"))
     else:
         d = pr.projection.as_dict()
         proj += [(k, d[k]) for k in d if k != "assumptions"]
         proj += [(k, ", ".join(map(str, v)) if isinstance(v, list) else v) for k, v in d["assumptions"].items()]
-        p = pr.projection.projection
-        curve = finops.sla_curve(pr.projection.points_ar, pr.projection.points_spec, daily_tokens=p.daily_tokens,
-                                 peak_factor=p.peak_factor, node_hourly_usd=p.node_hourly_usd)
         proj.append(("where the SLA matters", finops.spec_pays_below(curve)
                      or "speculation needs no fewer nodes than AR at any measured SLA"))
     return [

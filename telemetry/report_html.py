@@ -202,6 +202,18 @@ def trend_chart(data: ReportData) -> go.Figure:
     return _layout(fig, "Cost per 1M tokens over the previous periods (last point: this period)", "USD")
 
 
+def sla_chart(data: ReportData) -> go.Figure:
+    """Nodes per mode against the p95 TPOT SLA, the report's SLA marked."""
+    curve = data.projection.sla_curve
+    fig = go.Figure()
+    for mode, colour in (("spec", SPEC_COLOUR), ("ar", AR_COLOUR)):
+        fig.add_scatter(x=[c.sla_ms for c in curve], y=[getattr(c, f"nodes_{mode}") for c in curve],
+                        mode="lines+markers", line_shape="hv", name=_name(mode), line_color=colour)
+    fig.add_vline(x=data.sla_ms, line_dash="dash", line_color="#b91c1c", annotation_text=f"SLA {data.sla_ms:g} ms")
+    fig.update_xaxes(title="p95 TPOT SLA (ms)")
+    return _layout(fig, "Nodes needed by SLA (the projection's traffic and node price)", "nodes at peak")
+
+
 def charts_html(figures: Sequence[tuple[str, go.Figure]]) -> str:
     """plotly.js is inlined with the first chart only; the others reuse it."""
     parts = []
@@ -252,6 +264,9 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
         figures = [("cost", cost_chart(data)), ("tpot", tpot_chart(data)), ("trend", trend_chart(data))]
         if data.domains:
             figures.insert(1, ("acceptance", acceptance_chart(data)))
+        curve = data.projection.sla_curve
+        if len({(c.nodes_ar, c.nodes_spec) for c in curve}) > 1:  # drawn where the SLA changes the answer
+            figures.append(("sla", sla_chart(data)))
         parts.append("<h2>Charts</h2>" + charts_html(figures))
     parts.append("<h2>Tables</h2>" + "".join(table_html(t) for t in tables))
     parts.append("<p class='muted'>CSV files next to this page: "

@@ -162,6 +162,7 @@ def test_report_files_record_and_offline_html(store, tmp_path, capsys):
         slas = list(csv.DictReader(fh))
     assert float(slas[0]["p95 TPOT SLA (ms)"]) == pytest.approx(12.5) and slas[0]["nodes AR"] == ""
     assert slas[0]["nodes spec"] != "" and "where the SLA matters" in page
+    assert 'id="chart-sla"' in page and "Nodes needed by SLA" in page
 
 
 def test_report_csv_cells_are_formula_safe(sqlite_url, tmp_path):
