@@ -202,9 +202,8 @@ def trend_chart(data: ReportData) -> go.Figure:
     return _layout(fig, "Cost per 1M tokens over the previous periods (last point: this period)", "USD")
 
 
-def sla_chart(data: ReportData) -> go.Figure:
-    """Nodes per mode against the p95 TPOT SLA, the report's SLA marked."""
-    curve = data.projection.sla_curve
+def sla_chart(data: ReportData, curve: Sequence) -> go.Figure:
+    """Nodes per mode against the p95 TPOT SLA along `curve` (finops.sla_curve), the report's SLA marked."""
     fig = go.Figure()
     for mode, colour in (("spec", SPEC_COLOUR), ("ar", AR_COLOUR)):
         fig.add_scatter(x=[c.sla_ms for c in curve], y=[getattr(c, f"nodes_{mode}") for c in curve],
@@ -266,7 +265,7 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
             figures.insert(1, ("acceptance", acceptance_chart(data)))
         curve = data.projection.sla_curve
         if len({(c.nodes_ar, c.nodes_spec) for c in curve}) > 1:  # drawn where the SLA changes the answer
-            figures.append(("sla", sla_chart(data)))
+            figures.append(("sla", sla_chart(data, curve)))
         parts.append("<h2>Charts</h2>" + charts_html(figures))
     parts.append("<h2>Tables</h2>" + "".join(table_html(t) for t in tables))
     parts.append("<p class='muted'>CSV files next to this page: "
