@@ -139,19 +139,28 @@ def int8_max_rows(dtype: torch.dtype = torch.bfloat16) -> int:
     if setting == "off" or dtype not in QUANT_DTYPES or not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
         return 0
     gen = torch.Generator().manual_seed(0)
-    try:
-        plain = [_baseline(torch.randn(n, k, generator=gen).to(dtype)) for n, k in SHAPES]
-        quant = [Int8Linear(p, max(ROWS)) for p in plain]
-        for lin in quant:
-            for m in ROWS:
-                if lin.kernel_error(torch.randn(m, lin.in_features, generator=gen).to(dtype)) > KERNEL_TOLERANCE:
-                    return 0
-    except (RuntimeError, NotImplementedError):
-        return 0  # no int8 kernel for this dtype in this build
+
+    def candidates() -> tuple[list[nn.Module], list[nn.Module]] | None:
+        """(int8, baseline) linears of a draft's shapes, or None where the kernel strays or is missing."""
+        try:
+            plain = [_baseline(torch.randn(n, k, generator=gen).to(dtype)) for n, k in SHAPES]
+            quant = [Int8Linear(p, max(ROWS)) for p in plain]
+            for lin in quant:
+                for m in ROWS:
+                    if lin.kernel_error(torch.randn(m, lin.in_features, generator=gen).to(dtype)) > KERNEL_TOLERANCE:
+                        return None
+        except (RuntimeError, NotImplementedError):
+            return None  # no int8 kernel for this dtype in this build
+        return quant, plain
+
     if setting == "on":
-        return max(ROWS)
+        return max(ROWS) if candidates() is not None else 0
 
     def race() -> int:
+        found = candidates()
+        if found is None:
+            return 0
+        quant, plain = found
         evict = torch.ones(EVICT_MB << 18)  # float32
         best = 0
         for m in ROWS:
@@ -163,7 +172,9 @@ def int8_max_rows(dtype: torch.dtype = torch.bfloat16) -> int:
         return best
 
     # near parity the race goes either way from one process to the next, and int8 changes what the
-    # draft proposes: remembered per machine, so repeated runs record the same drafter (serving/tuning.py)
+    # draft proposes: remembered per machine, so repeated runs record the same drafter (serving/tuning.py);
+    # the key holds the CPU flags and torch build the kernel check passed on, so a remembered value skips it
+    # (quantize_draft still checks every layer it quantizes)
     return remembered(f"int8_max_rows/{str(dtype).removeprefix('torch.')}", race)
 
 

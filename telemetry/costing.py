@@ -15,10 +15,12 @@ from telemetry.finops import (
     J_PER_KWH,
     CostBreakdown,
     Projection,
+    SlaPoint,
     capacity_at_sla,
     cost_per_1m_from_totals,
     cost_per_1m_tokens,
     project,
+    sla_curve,
 )
 from telemetry.prices import NodePrice, energy_prices, resolve_node_price
 from telemetry.queries import (
@@ -185,6 +187,12 @@ class StoreProjection:
     # (tokens/s, p95 TPOT ms) of every configuration per mode: what finops.sla_curve draws
     points_ar: tuple[tuple[float | None, float | None], ...] = ()
     points_spec: tuple[tuple[float | None, float | None], ...] = ()
+
+    def sla_curve(self) -> list[SlaPoint]:
+        """This projection's traffic and node price at every SLA where the answer can change."""
+        p = self.projection
+        return sla_curve(self.points_ar, self.points_spec, daily_tokens=p.daily_tokens,
+                         peak_factor=p.peak_factor, node_hourly_usd=p.node_hourly_usd)
 
     def as_dict(self) -> dict:
         """The `project --json` contract: exactly these eight top-level keys; monthly cost per mode is

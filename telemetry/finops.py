@@ -247,6 +247,11 @@ def spec_pays_below(curve: list[SlaPoint]) -> str | None:
     return f"speculation needs fewer nodes than AR at p95 TPOT SLAs of {text}"
 
 
+def sla_verdict(curve: list[SlaPoint]) -> str:
+    """spec_pays_below's line, or that speculation never needs fewer nodes along `curve`."""
+    return spec_pays_below(curve) or "speculation needs no fewer nodes than AR at any measured SLA"
+
+
 def _cost_per_1m_projected(
     nodes: int | None, node_hourly_usd: float, daily_tokens: float, energy_part: float | None
 ) -> float | None:

@@ -498,10 +498,10 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
         totals[key][0] += r.stats.output_tokens
         totals[key][1] += r.stats.wall_s
         ids[key].append(r.run_id)
-    out = []
     def order(k: tuple) -> tuple:  # concurrency by number (1, 2, 4, 16, not 1, 16, 2, 4); the rest by name
         return (*(str(x) for x in k[:4]), k[4] if k[4] is not None else 0, *(str(x) for x in k[5:]))
 
+    out = []
     for key in sorted((k for k in totals if k[5] == "spec"), key=order):
         base = key[:5]
         spec_tps = _ratio(*totals[key])

@@ -207,12 +207,7 @@ class ProjectionResult:
     @property
     def sla_curve(self) -> list[finops.SlaPoint]:
         """The projection at every SLA where it can change (empty without a projection)."""
-        if self.projection is None:
-            return []
-        p = self.projection.projection
-        return finops.sla_curve(self.projection.points_ar, self.projection.points_spec,
-                                daily_tokens=p.daily_tokens, peak_factor=p.peak_factor,
-                                node_hourly_usd=p.node_hourly_usd)
+        return [] if self.projection is None else self.projection.sla_curve()
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,8 +424,7 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
         d = pr.projection.as_dict()
         proj += [(k, d[k]) for k in d if k != "assumptions"]
         proj += [(k, ", ".join(map(str, v)) if isinstance(v, list) else v) for k, v in d["assumptions"].items()]
-        proj.append(("where the SLA matters", finops.spec_pays_below(curve)
-                     or "speculation needs no fewer nodes than AR at any measured SLA"))
+        proj.append(("where the SLA matters", finops.sla_verdict(curve)))
     return [
         Table("modes", "Spec vs AR", ("mode", "requests ok", "requests failed", "output tokens", "tokens/s",
               "acceptance rate", "p95 TPOT (ms)", "meets SLA", "J/token", "energy estimated",

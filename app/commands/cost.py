@@ -326,13 +326,11 @@ def run_project_command(args) -> int:
     print(line + f"; PUE {sp.pue:g}, ${sp.usd_per_kwh:g}/kWh")
     for note in p.notes:
         print(f"note: {note}")
-    from telemetry.finops import sla_curve, spec_pays_below
+    from telemetry.finops import sla_verdict
 
-    curve = sla_curve(sp.points_ar, sp.points_spec, daily_tokens=daily, peak_factor=peak,
-                      node_hourly_usd=p.node_hourly_usd)
+    curve = sp.sla_curve()
     if len(curve) > 1:
-        print(f"where the SLA matters: {spec_pays_below(curve) or 'speculation needs no fewer nodes than AR at any measured SLA'}"
-              " (the dashboard's Cost & capacity page draws nodes by SLA)")
+        print(f"where the SLA matters: {sla_verdict(curve)} (the dashboard's Cost & capacity page draws nodes by SLA)")
     return 0
 
 

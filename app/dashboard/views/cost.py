@@ -121,17 +121,13 @@ def _projection_section(ctx: Context) -> None:
 
 def _sla_section(sp) -> None:
     """The same traffic and price at every SLA where the answer can change: where speculation pays."""
-    p = sp.projection
-    curve = finops.sla_curve(sp.points_ar, sp.points_spec, daily_tokens=p.daily_tokens, peak_factor=p.peak_factor,
-                             node_hourly_usd=p.node_hourly_usd)
+    curve = sp.sla_curve()
     if len(curve) < 2:
         return
-    st.plotly_chart(charts.nodes_by_sla(curve, p.sla_ms), width="stretch")
-    pays = finops.spec_pays_below(curve)
-    st.caption(("Where the SLA matters: " + pays if pays else "Speculation needs no fewer nodes than AR at any "
-                "measured SLA") + ". Each step is a measured configuration starting to meet the SLA (the same "
-               "traffic and node price as above); tight SLAs favour the mode with the lower TPOT, loose ones the "
-               "mode that batches best.")
+    st.plotly_chart(charts.nodes_by_sla(curve, sp.projection.sla_ms), width="stretch")
+    st.caption(f"Where the SLA matters: {finops.sla_verdict(curve)}. Each step is a measured configuration "
+               "starting to meet the SLA (the same traffic and node price as above); tight SLAs favour the mode "
+               "with the lower TPOT, loose ones the mode that batches best.")
     table = pd.DataFrame([{"p95 TPOT SLA (ms)": c.sla_ms, "AR tokens/s per node": c.capacity_ar,
                            "spec tokens/s per node": c.capacity_spec, "nodes AR": c.nodes_ar,
                            "nodes spec": c.nodes_spec, "annual savings (USD)": c.annual_savings_usd} for c in curve])
