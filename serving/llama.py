@@ -194,7 +194,8 @@ class Attention(nn.Module):
         else:
             keys, values = ck[fb.slots, :, : fb.kv_len], cv[fb.slots, :, : fb.kv_len]  # (B, Hkv, L, D)
 
-        fused_from = fused_attention_from(q.dtype, fb.mask is not None)
+        # the fused-vs-matmul race is a CPU measurement; elsewhere (a GPU) narrow forwards take the matmuls
+        fused_from = fused_attention_from(q.dtype, fb.mask is not None) if q.device.type == "cpu" else None
         if T <= SMALL_T and (fused_from is None or T < fused_from):
             out = small_attention(q, keys, values, fb.mask, fb.kv_len)
         elif fb.mask is None and T == 1:

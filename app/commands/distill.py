@@ -13,6 +13,9 @@ EXAMPLES = """  # the bundled draft (the command its model card records)
   specfinops distill --generate-prompts 1784 --out /tmp/draft --minutes 45 --resume
   # a fused-feature draft (EAGLE-3): reads the outputs of target blocks 1, 14 and 29 (of 30)
   specfinops distill --generate-prompts 1784 --feature-layers 1 14 29 --out /tmp/draft3 --minutes 45
+  # the same recipe at GPU scale: data and training on a CUDA GPU (alpha and c still measured on the CPU)
+  specfinops distill --generate-prompts 1784 --stdlib-prompts 2617 --package-prompts 8000 --self-prompts 6000 \
+      --gen-batch 384 --batch-tokens 24576 --device cuda --out /tmp/draft-gpu --total-minutes 10
   # your own target
   specfinops distill --target /models/my-llama --generate-prompts 3000 --out /models/my-llama-draft --minutes 60
   # add 500 code questions the target writes itself to the templated prompts
@@ -84,6 +87,9 @@ def register(sub) -> None:
     p.add_argument("--feat-noise", type=float, default=0.05, help="uniform feature noise, fraction of the feature RMS")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
+    p.add_argument("--device", default="cpu", metavar="DEV",
+                   help="where the target generates the data and the draft trains: cpu (default) or a CUDA GPU "
+                        "(cuda, cuda:1); alpha and c are measured on the CPU either way, where the draft serves")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint of the same --out")
     p.add_argument("--checkpoint", default=None, help="checkpoint file (default: in ~/.cache/specfinops/distill/checkpoints)")
     p.add_argument("--save-every", type=float, default=3.0, help="minutes between checkpoints (also refreshes --out)")
@@ -146,8 +152,13 @@ def handle(args) -> int:
                                    or layers != sorted(set(layers))):
             raise UsageError(f"--{name.replace('_', '-')} must be distinct block indices >= 0 in increasing order"
                              + (", two or more" if name == "feature_layers" else "") + f", got {layers}")
-    from serving.distill.pipeline import run
+    from serving.distill.pipeline import resolve_device, run
     from serving.kernels import resolve_dtype
+
+    try:
+        args.device = str(resolve_device(args.device))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
     args.dtype = resolve_dtype(args.dtype)  # the model card's command names the precision used
     return run(args)

@@ -33,6 +33,48 @@ from serving.kernels import pack_for_inference
 META = "meta.json"
 
 
+# on a GPU a forward costs about the same for one prompt as for many: prompts waiting for free cache slots are
+# read together, right-padded, up to this many padded tokens a forward (the logits of all of them are kept)
+GPU_PREFILL_TOKENS = 4096
+
+
+def prefill_groups(queue: deque, free: int, budget: int, usable: Callable[[list[int]], bool],
+                   skip: Callable[[], None]) -> list:
+    """Take the next prompts from `queue` (entries (..., ids)) for one prefill forward: at most `free` of
+    them and, past the first, no more than `budget` padded tokens (0: one prompt a forward). Entries that
+    are not `usable` are dropped on the way, `skip` counting each."""
+    group: list = []
+    longest = 0
+    while queue and len(group) < free:
+        ids = queue[0][-1]
+        if not usable(ids):
+            queue.popleft()
+            skip()
+            continue
+        wider = max(longest, len(ids))
+        if group and wider * (len(group) + 1) > budget:
+            break
+        group.append(queue.popleft())
+        longest = wider
+    return group
+
+
+def padded_prefill(target, cache, slots: list[int], prompts: list[list[int]], **kwargs):
+    """One forward over several prompts, each from position 0 of its own cache slot, right-padded to the
+    longest: a query sees only keys at or before its own position, so the padding changes nothing of the
+    real positions, and the padded keys it writes are overwritten by the decode steps before any query
+    can see them. A single prompt takes the plain (unmasked) path."""
+    from serving.llama import contiguous_batch, ragged_batch
+
+    if len(prompts) == 1:
+        return target(torch.tensor([prompts[0]]), contiguous_batch(slots[0], 1, 0, len(prompts[0])), cache, **kwargs)
+    T = max(map(len, prompts))
+    toks = torch.zeros(len(prompts), T, dtype=torch.long)
+    for r, ids in enumerate(prompts):
+        toks[r, : len(ids)] = torch.tensor(ids)
+    return target(toks, ragged_batch(slots, [0] * len(prompts), T), cache, **kwargs)
+
+
 def _say_nothing(msg: str) -> None:
     pass
 
@@ -51,9 +93,9 @@ def _row_bytes(hidden: int, topk: int) -> dict[str, int]:
 
 def _write_rows(files: dict, ids: list[int], feats: torch.Tensor, top_ids: torch.Tensor, top_p: torch.Tensor) -> None:
     np.asarray(ids, dtype=np.int32).tofile(files["tokens.bin"])
-    feats.to(torch.bfloat16).contiguous().view(torch.int16).numpy().tofile(files["feats.bin"])
-    top_ids.to(torch.int32).numpy().tofile(files["topk_ids.bin"])
-    top_p.to(torch.float16).numpy().tofile(files["topk_probs.bin"])
+    feats.to(torch.bfloat16).cpu().contiguous().view(torch.int16).numpy().tofile(files["feats.bin"])
+    top_ids.to(torch.int32).cpu().numpy().tofile(files["topk_ids.bin"])
+    top_p.to(torch.float16).cpu().numpy().tofile(files["topk_probs.bin"])
 
 
 def feature_width(hidden: int, feature_layers: tuple[int, ...] | None) -> int:
@@ -78,36 +120,44 @@ def _write_meta(out_dir: Path, target, topk: int, index: list[dict], extra: dict
 def generate_prepared(target_dir: str | Path, prompts: list[dict], out_dir: Path, *, max_new_tokens: int = 192,
                       batch: int = 32, topk: int = 8, max_prompt: int = 700, progress: bool = True,
                       say: Callable[[str], None] = _say_nothing, extra_meta: dict | None = None,
-                      dtype: torch.dtype = torch.float32, feature_layers: tuple[int, ...] | None = None) -> dict:
+                      dtype: torch.dtype = torch.float32, feature_layers: tuple[int, ...] | None = None,
+                      device: torch.device | str = "cpu") -> dict:
     """The target's greedy answers to `prompts` (in its chat format) as a prepared directory, the target run
-    in `dtype` (bf16 is what serving runs, so its answers are the ones the draft will be verified against);
-    see `record_generation`."""
+    in `dtype` (bf16 is what serving runs, so its answers are the ones the draft will be verified against)
+    on `device`; see `record_generation`."""
     from serving.llama import load_causal_lm
     from serving.models import load_tokenizer
 
+    device = torch.device(device)
     tok = load_tokenizer(Path(target_dir))
-    target = load_causal_lm(target_dir, dtype)
-    pack_for_inference(target)  # no gradients flow through the target here
+    target = load_causal_lm(target_dir, dtype).to(device)
+    if device.type == "cpu":
+        pack_for_inference(target)  # no gradients flow through the target here
     encoded = [(item, encode_prompt(tok, item)) for item in prompts]
-    return record_generation(target, encoded, out_dir, eos=tok.eos_token_id, max_new_tokens=max_new_tokens,
-                             batch=batch, topk=topk, max_prompt=max_prompt, progress=progress, say=say,
-                             extra_meta=extra_meta, feature_layers=feature_layers)
+    with torch.device(device):  # the caches, feeds and batch indices are made where the target runs
+        return record_generation(target, encoded, out_dir, eos=tok.eos_token_id, max_new_tokens=max_new_tokens,
+                                 batch=batch, topk=topk, max_prompt=max_prompt, progress=progress, say=say,
+                                 extra_meta=extra_meta, feature_layers=feature_layers,
+                                 prefill_tokens=0 if device.type == "cpu" else GPU_PREFILL_TOKENS)
 
 
 @torch.inference_mode()
 def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Path, *, eos: int | None,
                       max_new_tokens: int = 192, batch: int = 32, topk: int = 8, max_prompt: int = 700,
                       progress: bool = True, say: Callable[[str], None] = _say_nothing,
-                      extra_meta: dict | None = None, feature_layers: tuple[int, ...] | None = None) -> dict:
+                      extra_meta: dict | None = None, feature_layers: tuple[int, ...] | None = None,
+                      prefill_tokens: int = 0) -> dict:
     """Greedy answers generated in batches (continuous batching over cache slots), with each position's
     feature and top-k next-token distribution captured by the very forward that produced it: prompt
     positions from the prefill, answer positions from the decode steps. No second (teacher) pass.
 
     Finished sequences are appended to the arrays and to sequences.jsonl as they end, so an interrupted
-    run resumes where it stopped; meta.json is written last and marks the directory complete."""
+    run resumes where it stopped; meta.json is written last and marks the directory complete.
+    `prefill_tokens`: read waiting prompts together up to this many padded tokens (`prefill_groups`; 0, the
+    CPU's choice: one prompt a forward)."""
     from tqdm import tqdm
 
-    from serving.llama import contiguous_batch, ragged_batch
+    from serving.llama import ragged_batch
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -168,20 +218,26 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
         bar.set_postfix(tok_s=f"{ntok / (time.perf_counter() - t0):.0f}")
 
     try:
+        def skip() -> None:
+            nonlocal skipped
+            skipped += 1
+            bar.update(1)
+
         while queue or live:
             while queue and free:
-                item, ids = queue.popleft()
-                if not ids or len(ids) > max_prompt:
-                    skipped += 1
-                    bar.update(1)
+                group = prefill_groups(queue, len(free), prefill_tokens, lambda ids: 0 < len(ids) <= max_prompt, skip)
+                if not group:
                     continue
-                slot = free.pop()
-                live[slot] = {"item": item, "tokens": list(ids), "num_prompt": len(ids), "feats": [], "ti": [],
-                              "tp": [], "ending": False}
-                logits, hidden = target(torch.tensor([ids]), contiguous_batch(slot, 1, 0, len(ids)), cache,
-                                        return_hidden=True, feature_layers=feature_layers)
-                tp, ti = torch.softmax(logits[0], dim=-1).topk(topk, dim=-1)  # (P, k)
-                record(slot, hidden[0], tp, ti)
+                slots = [free.pop() for _ in group]
+                for slot, (item, ids) in zip(slots, group, strict=True):
+                    live[slot] = {"item": item, "tokens": list(ids), "num_prompt": len(ids), "feats": [], "ti": [],
+                                  "tp": [], "ending": False}
+                logits, hidden = padded_prefill(target, cache, slots, [ids for _, ids in group], return_hidden=True,
+                                                feature_layers=feature_layers)
+                tp, ti = torch.softmax(logits, dim=-1).topk(topk, dim=-1)  # (n, P, k)
+                hidden, tp, ti = hidden.to(torch.bfloat16).cpu(), tp.cpu(), ti.cpu()
+                for r, (slot, (_, ids)) in enumerate(zip(slots, group, strict=True)):
+                    record(slot, hidden[r, : len(ids)], tp[r, : len(ids)], ti[r, : len(ids)])
             if not live:
                 break
             slots = sorted(live)
@@ -189,6 +245,8 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
             fb = ragged_batch(slots, [len(live[s]["tokens"]) - 1 for s in slots], 1)
             logits, hidden = target(feed, fb, cache, return_hidden=True, feature_layers=feature_layers)
             tp, ti = torch.softmax(logits, dim=-1).topk(topk, dim=-1)  # (B, 1, k), once for the batch
+            # one copy to the host per step (a no-op on the CPU), not one per sequence
+            hidden, tp, ti = hidden.to(torch.bfloat16).cpu(), tp.cpu(), ti.cpu()
             for r, s in enumerate(slots):
                 record(s, hidden[r], tp[r], ti[r])
     finally:
@@ -366,9 +424,10 @@ def token_frequencies(preps: list[Prepared], vocab_size: int) -> torch.Tensor:
 def prepare(target_dir: str | Path, prompts: list[dict], out_dir: str | Path, *, max_new_tokens: int = 192,
             batch: int = 32, topk: int = 8, progress: bool = True, say: Callable[[str], None] = _say_nothing,
             extra_meta: dict | None = None, dtype: torch.dtype = torch.float32,
-            feature_layers: tuple[int, ...] | None = None) -> dict:
+            feature_layers: tuple[int, ...] | None = None, device: torch.device | str = "cpu") -> dict:
     """A complete prepared directory: either the target's own greedy answers to `prompts` (one pass that
-    generates and records), or, for items that carry their own "answer", a teacher-forcing pass."""
+    generates and records), or, for items that carry their own "answer", a teacher-forcing pass; the target
+    runs on `device`."""
     from serving.llama import load_causal_lm
 
     out_dir = Path(out_dir)
@@ -378,11 +437,13 @@ def prepare(target_dir: str | Path, prompts: list[dict], out_dir: str | Path, *,
     if not written:
         return generate_prepared(target_dir, prompts, out_dir, max_new_tokens=max_new_tokens, batch=batch,
                                  topk=topk, progress=progress, say=say, extra_meta=extra_meta, dtype=dtype,
-                                 feature_layers=feature_layers)
+                                 feature_layers=feature_layers, device=device)
     answers = written_answers(target_dir, written)
-    with torch.inference_mode():
-        target = load_causal_lm(target_dir, dtype)
-        pack_for_inference(target)
+    device = torch.device(device)
+    with torch.inference_mode(), torch.device(device):
+        target = load_causal_lm(target_dir, dtype).to(device)
+        if device.type == "cpu":
+            pack_for_inference(target)
         return teacher_pass(target, answers, out_dir, topk=topk, progress=progress, feature_layers=feature_layers,
                             extra_meta={"prompts": len(prompts), "compute_dtype": str(dtype).replace("torch.", ""),
                                         **(extra_meta or {})})

@@ -23,7 +23,27 @@ REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "pack
                  "max_new_tokens", "gen_batch",
                  "dtype", "out", "minutes", "total_minutes", "steps",
                  "head_vocab", "layers", "feature_layers", "data_feature_layers", "lr", "batch_tokens", "unroll", "detach_unroll", "freeze_head", "w_feat", "w_hard",
-                 "feat_noise", "seed", "k")
+                 "feat_noise", "seed", "k", "device")
+
+
+def resolve_device(spec: str) -> torch.device:
+    """`--device`: cpu, or a CUDA GPU torch can see (cuda, cuda:N). ValueError naming what is wrong."""
+    try:
+        dev = torch.device(spec)
+    except RuntimeError:
+        raise ValueError(f"--device {spec!r}: not a device (use cpu, cuda or cuda:N)") from None
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if dev.type != "cuda":
+        raise ValueError(f"--device {spec!r}: distill runs on cpu or a CUDA GPU")
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {spec!r}: torch {torch.__version__} sees no CUDA GPU here "
+                         "(a CPU build of torch, or no driver); use --device cpu")
+    index = dev.index or 0
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"--device {spec!r}: torch sees {torch.cuda.device_count()} CUDA GPU(s) (cuda:0.."
+                         f"cuda:{torch.cuda.device_count() - 1})")
+    return torch.device("cuda", index)
 
 
 def command_line(args) -> str:
@@ -37,6 +57,8 @@ def command_line(args) -> str:
         if name == "dtype" and v is not None:
             v = resolve_dtype(v)  # the precision this run used, not "auto"
         if v in (None, False, [], 0) and name not in ("seed",):
+            continue
+        if name == "device" and v == "cpu":  # the default: cards of CPU runs read as they always did
             continue
         flag = "--" + name.replace("_", "-")
         if v is True:
@@ -79,7 +101,7 @@ def save_draft(draft, out: Path, extra: dict) -> None:
     from serving.eagle import MODEL_TYPE
 
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: (v.detach().to(torch.bfloat16) if v.is_floating_point() else v.detach()).contiguous()
+    state = {k: (v.detach().to(torch.bfloat16) if v.is_floating_point() else v.detach()).cpu().contiguous()
              for k, v in draft.state_dict().items()}
     save_file(state, str(out / "model.safetensors.tmp"))
     (out / "model.safetensors.tmp").replace(out / "model.safetensors")
@@ -149,8 +171,10 @@ def run(args) -> int:
     from serving.models import load_tokenizer, resolve_model
 
     torch.set_num_threads(args.threads)
+    device = resolve_device(getattr(args, "device", "cpu"))
     dtype = getattr(torch, args.dtype)  # bfloat16 | float32 (the CLI's choices)
-    tag = _dtype_tag(dtype)
+    # data made on a GPU is cached apart: its kernels round differently, and sampled questions differ
+    tag = _dtype_tag(dtype) + ("" if device.type == "cpu" else "-cuda")
     t_start = time.perf_counter()
     target_dir = resolve_model(args.target, "target")
     out = Path(args.out).expanduser()
@@ -187,7 +211,7 @@ def run(args) -> int:
                                  package_prompts(n_p, seed=args.seed) if n_p else [])
             _say(f"generating the target's greedy answers to {len(prompts)} prompts -> {d}")
             prepare(target_dir, prompts, d, max_new_tokens=args.max_new_tokens, batch=args.gen_batch, say=_say,
-                    dtype=dtype, feature_layers=data_layers,
+                    dtype=dtype, feature_layers=data_layers, device=device,
                     extra_meta={"corpus": "templated prompts and standard-library code prompts "
                                           "(serving/distill/prompts.py), the target's greedy answers"})
         corpora.append(d)
@@ -208,10 +232,10 @@ def run(args) -> int:
             from serving.distill.selfprompts import self_prompts
 
             _say(f"the target writes {n_q} code questions of its own (seed {args.seed})")
-            asked = self_prompts(target_dir, n_q, seed=args.seed, dtype=dtype, batch=args.gen_batch)
+            asked = self_prompts(target_dir, n_q, seed=args.seed, dtype=dtype, batch=args.gen_batch, device=device)
             _say(f"generating the target's greedy answers to its {len(asked)} questions -> {d}")
             prepare(target_dir, asked, d, max_new_tokens=args.max_new_tokens, batch=args.gen_batch, say=_say,
-                    dtype=dtype, feature_layers=data_layers,
+                    dtype=dtype, feature_layers=data_layers, device=device,
                     extra_meta={"corpus": "code questions the target wrote itself "
                                           "(serving/distill/selfprompts.py), the target's greedy answers",
                                 "questions": [q["prompt"] for q in asked]})
@@ -223,7 +247,7 @@ def run(args) -> int:
         if not is_prepared(d):
             items = stdlib_code_items(args.stdlib_code, seed=args.seed)
             _say(f"teacher pass over {len(items)} standard-library functions -> {d}")
-            prepare(target_dir, items, d, say=_say, dtype=dtype, feature_layers=data_layers,
+            prepare(target_dir, items, d, say=_say, dtype=dtype, feature_layers=data_layers, device=device,
                     extra_meta={"corpus": "Python standard library functions as chat answers (teacher-forced)"})
         corpora.append(d)
         described.append(f"{args.stdlib_code} Python standard-library functions shown as chat answers, "
@@ -283,7 +307,8 @@ def run(args) -> int:
                    "head_coverage_of_answer_tokens": coverage,
                    **({"packages": packages} if packages else {}),
                    "evaluation_prompts_excluded": True},
-        "training": {**{k: v for k, v in asdict(cfg).items() if k != "extra"}, **({"budget": budget} if budget else {})},
+        "training": {**{k: v for k, v in asdict(cfg).items() if k != "extra"}, **({"budget": budget} if budget else {}),
+                     "device": str(device) if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})"},
         "command": command_line(args),
     }
 
@@ -300,14 +325,17 @@ def run(args) -> int:
 
     _say(f"draft: {cfg.layers} layer(s), head over {cfg.head_vocab} tokens (covers {coverage['chosen']:.1%} of "
          f"answer tokens); corpus {card['corpus']['tokens']} tokens in {card['corpus']['sequences']} sequences")
-    summary = train(draft, preps, cfg, checkpoint=ckpt, resume=args.resume, on_checkpoint=on_checkpoint, say=_say)
+    target.to(device)  # the draft reads the target's token embedding (shared, not copied)
+    draft.to(device)
+    summary = train(draft, preps, cfg, checkpoint=ckpt, resume=args.resume, on_checkpoint=on_checkpoint, say=_say,
+                    device=device)
     save_draft(draft, out, {"head_coverage": coverage.get("chosen")})
     copy_tokenizer(target_dir, out)
     results: dict = {**summary, "data_minutes": round(data_minutes, 2),
                      "data_made_minutes": round(data_made_minutes, 2)}
     write_card({"status": "trained", "results": results})
     # ---- measure
-    if not args.no_eval:
+    if not args.no_eval:  # on the CPU whatever --device was: the draft serves there
         del target
         target16 = load_causal_lm(target_dir, torch.bfloat16)
         d16 = load_eagle(out, target16, torch.bfloat16)

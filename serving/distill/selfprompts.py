@@ -57,17 +57,23 @@ def stop_ids(tokenizer, after: str) -> set[int]:
 
 @torch.inference_mode()
 def sample_continuations(target, prefixes: list[list[int]], stops: set[int], *, max_tokens: int, seed: int,
-                         batch: int = 16, temperature: float = 1.0, top_p: float = 0.95) -> list[list[int] | None]:
+                         batch: int = 16, temperature: float = 1.0, top_p: float = 0.95,
+                         prefill_tokens: int = 0) -> list[list[int] | None]:
     """Sampled continuations of each prefix, each up to (not including) its first stop token; None where no
-    stop came within `max_tokens`. Continuous batching over `batch` cache slots; deterministic for a seed."""
-    from serving.llama import contiguous_batch, ragged_batch
+    stop came within `max_tokens`. Continuous batching over `batch` cache slots, waiting prefixes read
+    together up to `prefill_tokens` padded tokens (0: one a forward); deterministic for a seed."""
+    from collections import deque
+
+    from serving.llama import ragged_batch
     from serving.sampling import logits_to_probs
 
-    gen = torch.Generator().manual_seed(seed)
+    from .data import padded_prefill, prefill_groups
+
+    gen = torch.Generator(device=target.lm_head.weight.device).manual_seed(seed)  # draws where the logits are
     longest = max((len(p) for p in prefixes), default=0)
     cache = target.new_cache(batch, longest + max_tokens + 1)
     out: list[list[int] | None] = [None] * len(prefixes)
-    queue = list(range(len(prefixes)))[::-1]
+    queue = deque((i, prefixes[i]) for i in range(len(prefixes)))
     free = list(range(batch - 1, -1, -1))
     live: dict[int, dict] = {}  # slot -> {"i", "tokens", "new"}
 
@@ -85,11 +91,14 @@ def sample_continuations(target, prefixes: list[list[int]], stops: set[int], *, 
 
     while queue or live:
         while queue and free:
-            i, slot = queue.pop(), free.pop()
-            ids = prefixes[i]
-            live[slot] = {"i": i, "tokens": list(ids), "new": []}
-            logits = target(torch.tensor([ids]), contiguous_batch(slot, 1, 0, len(ids)), cache, last_only=True)
-            take(slot, logits[0, -1])
+            group = prefill_groups(queue, len(free), prefill_tokens, lambda ids: True, lambda: None)
+            slots = [free.pop() for _ in group]
+            for slot, (i, ids) in zip(slots, group, strict=True):
+                live[slot] = {"i": i, "tokens": list(ids), "new": []}
+            logits = padded_prefill(target, cache, slots, [ids for _, ids in group],
+                                    at=torch.tensor([len(ids) - 1 for _, ids in group]))  # (n, 1, V)
+            for r, slot in enumerate(slots):
+                take(slot, logits[r, -1])
         if not live:
             break
         slots = sorted(live)
@@ -103,14 +112,16 @@ def sample_continuations(target, prefixes: list[list[int]], stops: set[int], *, 
 
 def self_prompts(target_dir: str | Path, n: int, *, seed: int = 0, dtype: torch.dtype = torch.float32,
                  openers: tuple[str, ...] = CODE_OPENERS, system: str = SYSTEM, max_tokens: int = 96,
-                 batch: int = 16, progress: bool = True) -> list[dict]:
-    """`n` code prompts the target writes itself, as workload-style dicts {id, domain, prompt}."""
+                 batch: int = 16, progress: bool = True, device: torch.device | str = "cpu") -> list[dict]:
+    """`n` code prompts the target writes itself, as workload-style dicts {id, domain, prompt}, the target
+    sampling on `device` (the same seed draws different questions on a GPU than on the CPU)."""
     from tqdm import tqdm
 
     from serving.kernels import pack_for_inference
     from serving.llama import load_causal_lm
     from serving.models import load_tokenizer
 
+    from .data import GPU_PREFILL_TOKENS
     from .prompts import _evaluation_texts
 
     if n < 1:
@@ -118,8 +129,10 @@ def self_prompts(target_dir: str | Path, n: int, *, seed: int = 0, dtype: torch.
     tok = load_tokenizer(Path(target_dir))
     before, after = pre_query(tok, system)
     stops = stop_ids(tok, after)
-    target = load_causal_lm(target_dir, dtype)
-    pack_for_inference(target)  # sampling only: no gradients
+    device = torch.device(device)
+    target = load_causal_lm(target_dir, dtype).to(device)
+    if device.type == "cpu":
+        pack_for_inference(target)  # sampling only: no gradients
     rng = random.Random(seed)
     skip = _evaluation_texts()
     items: list[dict] = []
@@ -130,8 +143,9 @@ def self_prompts(target_dir: str | Path, n: int, *, seed: int = 0, dtype: torch.
         want = max(batch, int((n - len(items)) * 1.3))
         chosen = [rng.choice(openers) for _ in range(want)]
         prefixes = [tok.encode(before + o, add_special_tokens=False) for o in chosen]
-        texts = sample_continuations(target, prefixes, stops, max_tokens=max_tokens, seed=seed * 1000 + rounds,
-                                     batch=batch)
+        with torch.device(device):
+            texts = sample_continuations(target, prefixes, stops, max_tokens=max_tokens, seed=seed * 1000 + rounds,
+                                         batch=batch, prefill_tokens=0 if device.type == "cpu" else GPU_PREFILL_TOKENS)
         rounds += 1
         got = 0
         for opener, ids in zip(chosen, texts, strict=True):

@@ -104,12 +104,14 @@ class Batches:
         B = len(picked)
         prep0 = self.items[picked[0]][0]
         C, k = prep0.feats.shape[1], prep0.topk_ids.shape[1]
-        tokens = torch.zeros(B, T, dtype=torch.long)
-        feats = torch.zeros(B, T, C, dtype=torch.bfloat16)
-        tk_ids = torch.zeros(B, T, k, dtype=torch.long)
-        tk_p = torch.zeros(B, T, k)
-        num_prompt = torch.zeros(B, dtype=torch.long)
-        length = torch.zeros(B, dtype=torch.long)
+        # gathered on the host from the memory-mapped arrays; `train` moves the batch to its device
+        cpu = torch.device("cpu")
+        tokens = torch.zeros(B, T, dtype=torch.long, device=cpu)
+        feats = torch.zeros(B, T, C, dtype=torch.bfloat16, device=cpu)
+        tk_ids = torch.zeros(B, T, k, dtype=torch.long, device=cpu)
+        tk_p = torch.zeros(B, T, k, device=cpu)
+        num_prompt = torch.zeros(B, dtype=torch.long, device=cpu)
+        length = torch.zeros(B, dtype=torch.long, device=cpu)
         for r, i in enumerate(picked):
             p, s = self.items[i]
             L = min(s["length"], self.max_len)
@@ -469,12 +471,22 @@ def _lr_at(cfg: TrainConfig, step: int, frac: float) -> float:
 
 def train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, checkpoint: Path | None = None,
           resume: bool = False, progress: bool = True, on_checkpoint: Callable[[EagleDraft, dict], None] | None = None,
-          say: Callable[[str], None] = lambda m: None) -> dict:
-    """Train in place; returns a summary (steps, minutes, loss curve). Time- or step-bounded."""
-    from tqdm import tqdm
-
+          say: Callable[[str], None] = lambda m: None, device: torch.device | str = "cpu") -> dict:
+    """Train in place on `device` (where the draft and its shared embedding already are); returns a summary
+    (steps, minutes, loss curve). Time- or step-bounded."""
     if cfg.minutes is None and cfg.steps is None:
         raise ValueError("give a training budget: minutes or steps")
+    device = torch.device(device)
+    with torch.device(device):  # masks, positions and index tables are made where the draft runs
+        return _train(draft, preps, cfg, checkpoint=checkpoint, resume=resume, progress=progress,
+                      on_checkpoint=on_checkpoint, say=say, device=device)
+
+
+def _train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, checkpoint: Path | None, resume: bool,
+           progress: bool, on_checkpoint: Callable[[EagleDraft, dict], None] | None, say: Callable[[str], None],
+           device: torch.device) -> dict:
+    from tqdm import tqdm
+
     torch.manual_seed(cfg.seed)
     vocab_to_head = draft.head_index()
     sample = torch.cat([p.feats[:20000].float() for p in preps])
@@ -484,7 +496,7 @@ def train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, checkpo
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     step, elapsed, curve = 0, 0.0, []
     if resume and checkpoint is not None and checkpoint.is_file():
-        state = torch.load(checkpoint, weights_only=False)
+        state = torch.load(checkpoint, weights_only=False, map_location=device)
         draft.load_state_dict(state["draft"])
         opt.load_state_dict(state["opt"])
         step, elapsed, curve = state["step"], state["elapsed"], state["curve"]
@@ -516,8 +528,8 @@ def train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, checkpo
         lr = _lr_at(cfg, step, frac())
         for g in opt.param_groups:
             g["lr"] = lr
-        batch = batches.next()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
+        batch = {k: v.to(device) for k, v in batches.next().items()}
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
             loss, stats = distill_loss(draft, batch, cfg, vocab_to_head, feat_scale)
         opt.zero_grad(set_to_none=True)
         loss.backward()
