@@ -147,8 +147,9 @@ def test_prompts_read_together_record_what_one_at_a_time_records(tmp_path):
         x, y = slice(s["offset"], s["offset"] + s["length"]), slice(r["offset"], r["offset"] + r["length"])
         assert torch.equal(a.tokens[x], b.tokens[y])
         assert torch.equal(a.topk_ids[x], b.topk_ids[y])
-        assert torch.allclose(a.topk_probs[x], b.topk_probs[y], atol=1e-4)
-        assert torch.allclose(a.feats[x].float(), b.feats[y].float(), atol=0.02, rtol=0.01)
+        # stored as float16 / bf16, and a padded batch may take another attention kernel than one prompt
+        assert torch.allclose(a.topk_probs[x], b.topk_probs[y], atol=2e-3)
+        assert torch.allclose(a.feats[x].float(), b.feats[y].float(), atol=0.05, rtol=0.02)
 
 
 def test_prefill_groups_respect_free_slots_and_the_token_budget():
