@@ -61,13 +61,14 @@ def sample_continuations(target, prefixes: list[list[int]], stops: set[int], *, 
                          prefill_tokens: int = 0) -> list[list[int] | None]:
     """Sampled continuations of each prefix, each up to (not including) its first stop token; None where no
     stop came within `max_tokens`. Continuous batching over `batch` cache slots, waiting prefixes read
-    together up to `prefill_tokens` padded tokens (0: one a forward); deterministic for a seed."""
+    together up to `prefill_tokens` padded tokens once `refill_at` slots are free (0: one a forward, at
+    once); deterministic for a seed."""
     from collections import deque
 
     from serving.llama import ragged_batch
     from serving.sampling import logits_to_probs
 
-    from .data import padded_prefill, prefill_groups
+    from .data import padded_prefill, prefill_groups, refill_at
 
     gen = torch.Generator(device=target.lm_head.weight.device).manual_seed(seed)  # draws where the logits are
     longest = max((len(p) for p in prefixes), default=0)
@@ -89,16 +90,18 @@ def sample_continuations(target, prefixes: list[list[int]], stops: set[int], *, 
         live.pop(slot)
         free.append(slot)
 
+    wait_for = refill_at(batch, prefill_tokens)
     while queue or live:
-        while queue and free:
-            group = prefill_groups(queue, len(free), prefill_tokens, lambda ids: True, lambda: None)
-            slots = [free.pop() for _ in group]
-            for slot, (i, ids) in zip(slots, group, strict=True):
-                live[slot] = {"i": i, "tokens": list(ids), "new": []}
-            logits = padded_prefill(target, cache, slots, [ids for _, ids in group],
-                                    at=torch.tensor([len(ids) - 1 for _, ids in group]))  # (n, 1, V)
-            for r, slot in enumerate(slots):
-                take(slot, logits[r, -1])
+        if queue and free and (len(free) >= min(wait_for, len(queue)) or not live):  # then fill every free slot
+            while queue and free:
+                group = prefill_groups(queue, len(free), prefill_tokens, lambda ids: True, lambda: None)
+                slots = [free.pop() for _ in group]
+                for slot, (i, ids) in zip(slots, group, strict=True):
+                    live[slot] = {"i": i, "tokens": list(ids), "new": []}
+                logits = padded_prefill(target, cache, slots, [ids for _, ids in group],
+                                        at=torch.tensor([len(ids) - 1 for _, ids in group]))  # (n, 1, V)
+                for r, slot in enumerate(slots):
+                    take(slot, logits[r, -1])
         if not live:
             break
         slots = sorted(live)
