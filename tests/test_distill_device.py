@@ -208,3 +208,15 @@ def test_slots_refilled_in_waves_give_the_same_answers_in_fewer_prefills(tmp_pat
         r = by_id[s["id"]]
         assert torch.equal(a.tokens[s["offset"]: s["offset"] + s["length"]], b.tokens[r["offset"]: r["offset"] + r["length"]])
     assert at_once.prefills == 40 and waves.prefills <= 40 // 4
+
+
+def test_batch_defaults_follow_the_device_and_a_zero_batch_is_refused(tmp_path, capsys, monkeypatch):
+    import app.commands.distill as cmd
+    from app.cli import build_parser, main
+
+    seen = {}
+    monkeypatch.setattr("serving.distill.pipeline.run", lambda args: seen.update(vars(args)) or 0)
+    args = build_parser().parse_args(["distill", "--out", str(tmp_path / "d"), "--generate-prompts", "4"])
+    assert cmd.handle(args) == 0 and (seen["gen_batch"], seen["batch_tokens"], seen["device"]) == (32, 3072, "cpu")
+    assert main(["distill", "--out", str(tmp_path / "d"), "--generate-prompts", "4", "--gen-batch", "0"]) == 2
+    assert "--gen-batch must be positive" in capsys.readouterr().err

@@ -49,7 +49,8 @@ def register(sub) -> None:
                    help="add N Python standard-library functions as chat answers, teacher-forced")
     p.add_argument("--data-dir", default=None, help="where --generate-prompts writes (default: ~/.cache/specfinops/distill/...)")
     p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap when generating data")
-    p.add_argument("--gen-batch", type=int, default=32, help="sequences generated together")
+    p.add_argument("--gen-batch", type=int, default=None,
+                   help="sequences generated together (default: 32 on the CPU, 256 on a GPU)")
     p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
                    help="precision of the target when generating data and of the draft's training matmuls "
                         "(bfloat16: mixed precision, weights and optimizer stay float32). auto (the default): "
@@ -75,7 +76,8 @@ def register(sub) -> None:
                    help="target blocks whose outputs generated data records (default: those the draft reads); "
                         "data recorded with more blocks can train drafts that read fewer of them")
     p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--batch-tokens", type=int, default=3072, help="padded tokens per step")
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help="padded tokens per training step (default: 3072 on the CPU, 16384 on a GPU)")
     p.add_argument("--unroll", type=int, default=3, help="draft steps trained per position (own features after step 1)")
     p.add_argument("--detach-unroll", action="store_true", help="no gradient through the draft's own features")
     p.add_argument("--freeze-head", action="store_true",
@@ -117,7 +119,17 @@ def handle(args) -> int:
     from pathlib import Path
 
     from app.errors import UsageError
+    from serving.distill.pipeline import resolve_device
 
+    try:
+        args.device = str(resolve_device(args.device))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    on_gpu = args.device != "cpu"
+    if args.gen_batch is None:
+        args.gen_batch = 256 if on_gpu else 32
+    if args.batch_tokens is None:
+        args.batch_tokens = 16384 if on_gpu else 3072
     args.minutes = _positive("--minutes", args.minutes, float)
     args.steps = _positive("--steps", args.steps, int)
     args.total_minutes = _positive("--total-minutes", args.total_minutes, float)
@@ -144,8 +156,9 @@ def handle(args) -> int:
             or args.stdlib_code):
         raise UsageError("no training data: give --corpus DIR, --generate-prompts N, --stdlib-prompts N, "
                          "--package-prompts N, --self-prompts N or --stdlib-code N")
-    for name in ("generate_prompts", "stdlib_prompts", "package_prompts", "self_prompts", "stdlib_code", "head_vocab", "layers", "unroll", "batch_tokens"):
-        if getattr(args, name) < 0 or (name in ("head_vocab", "layers", "unroll", "batch_tokens") and getattr(args, name) < 1):
+    at_least_one = ("head_vocab", "layers", "unroll", "batch_tokens", "gen_batch")
+    for name in ("generate_prompts", "stdlib_prompts", "package_prompts", "self_prompts", "stdlib_code", *at_least_one):
+        if getattr(args, name) < 0 or (name in at_least_one and getattr(args, name) < 1):
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     for name in ("feature_layers", "data_feature_layers"):
         layers = getattr(args, name)
@@ -153,15 +166,10 @@ def handle(args) -> int:
                                    or layers != sorted(set(layers))):
             raise UsageError(f"--{name.replace('_', '-')} must be distinct block indices >= 0 in increasing order"
                              + (", two or more" if name == "feature_layers" else "") + f", got {layers}")
-    from serving.distill.pipeline import resolve_device, run
+    from serving.distill.pipeline import run
     from serving.kernels import resolve_dtype
 
-    try:
-        args.device = str(resolve_device(args.device))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-    if args.dtype == "auto" and args.device != "cpu":
+    if args.dtype == "auto" and on_gpu:
         import torch
 
         # a GPU that multiplies bf16 in hardware (Ampere and later) runs it; an older one (V100, T4) float32
