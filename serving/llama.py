@@ -150,6 +150,11 @@ def matmul_attention(q, keys, values, mask, kv_len: int) -> torch.Tensor:
     Hkv = keys.shape[1]
     G = H // Hkv  # query heads per kv head
     qg = q.reshape(B, Hkv, G * T, D)  # heads of one group share their keys
+    if keys.dtype == torch.bfloat16 and keys.device.type == "cpu" and not keys.is_contiguous():
+        # the CPU's bf16 batched matmul reads a strided slice of the cache (the first kv_len of max_len
+        # positions) against its transpose several times slower than a packed copy of it: at 48 sequences
+        # over 300 keys, 1.38 ms against 0.42 ms with the copy, a layer (float32 is faster strided)
+        keys = keys.contiguous()
     scores = (qg @ keys.transpose(-1, -2)).float() * (D**-0.5)  # (B, Hkv, G*T, L)
     scores = scores.view(B, Hkv, G, T, kv_len)
     if mask is None:

@@ -355,3 +355,21 @@ def test_nothing_is_packed_when_the_copies_would_not_fit(setting, monkeypatch):
     assert not any(isinstance(m, kernels.PackedLinear) for m in model.modules())
     monkeypatch.setattr(kernels, "_available_bytes", lambda: None)  # unknown: pack as measured
     assert kernels.pack_for_inference(model) > 0
+
+
+def test_bf16_attention_over_a_strided_cache_slice_matches_float32():
+    """Decode attention reads the first kv_len positions of each cache slot (a strided view); the bf16
+    path packs the keys before its matmul (faster on the CPU) and must give the float32 answer."""
+    from serving.llama import causal_mask, matmul_attention
+
+    g = torch.Generator().manual_seed(0)
+    ck = torch.randn(4, 3, 50, 16, generator=g).bfloat16()
+    cv = torch.randn(4, 3, 50, 16, generator=g).bfloat16()
+    keys, values = ck[:, :, :20], cv[:, :, :20]
+    assert not keys.is_contiguous()
+    q = torch.randn(4, 9, 3, 16, generator=g).bfloat16()
+    mask = causal_mask(3, 20).expand(4, 1, 3, 20)
+    out = matmul_attention(q, keys, values, mask, 20)
+    ref = matmul_attention(q.float(), keys.float(), values.float(), mask, 20)
+    assert out.dtype == torch.bfloat16 and torch.allclose(out.float(), ref, atol=3e-2)
+    assert torch.equal(ck[:, :, :20], keys)  # the cache itself is untouched
