@@ -675,3 +675,22 @@ def test_distill_end_to_end_under_a_total_budget(prepared, tmp_path, capsys):
     assert "--total-minutes" in card["command"].split() and (out / "tokenizer.json").is_file()
     draft = load_eagle(out, load_causal_lm(target_dir, torch.float32), torch.float32)
     assert draft.cfg.head_vocab == 32
+
+
+@pytest.mark.parametrize("j", [1, 2, 3, 4])
+def test_unrolled_attention_equals_attention_under_the_step_mask(j):
+    """Scoring only the keys `_step_mask` shows gives what attention over all of them under the mask gives."""
+    from serving.distill.train import unrolled_attention
+
+    g = torch.Generator().manual_seed(j)
+    B, H, Hkv, T, D = 2, 6, 2, 9, 8
+    q = torch.randn(B, H, T, D, generator=g, requires_grad=True)
+    keys = [torch.randn(B, Hkv, T, D, generator=g) for _ in range(j)]
+    vals = [torch.randn(B, Hkv, T, D, generator=g) for _ in range(j)]
+    ref = torch.nn.functional.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(vals, 2),
+                                                           attn_mask=_step_mask(T, j), enable_gqa=True)
+    out = unrolled_attention(q, keys, vals)
+    assert torch.allclose(out, ref, atol=1e-5)
+    (g_ref,) = torch.autograd.grad(ref.square().sum(), q)
+    (g_out,) = torch.autograd.grad(out.square().sum(), q)
+    assert torch.allclose(g_out, g_ref, atol=1e-4)

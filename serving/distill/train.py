@@ -136,6 +136,38 @@ def _step_mask(T: int, j: int) -> torch.Tensor:
     return torch.cat(parts, dim=1)
 
 
+def unrolled_attention(q: torch.Tensor, keys: list[torch.Tensor], vals: list[torch.Tensor]) -> torch.Tensor:
+    """Step j's attention (j = len(keys)) as `_step_mask(T, j)` lays it out, without scoring the keys that
+    mask hides: the query at p sees the real-feature keys at or before p-j+1 (block 1: causal, shifted by
+    j-1) and, of each later step i, the one key at p-(j-i). Equal to scaled_dot_product_attention over the
+    keys side by side under that mask, which scores j*T keys a query where at most T+j-1 count.
+    q (B, H, T, D); keys / vals: one (B, Hkv, T, D) per step so far."""
+    j = len(keys)
+    if j == 1:
+        return F.scaled_dot_product_attention(q, keys[0], vals[0], is_causal=True, enable_gqa=True)
+    B, H, T, D = q.shape
+    Hkv = keys[0].shape[1]
+    G = H // Hkv  # query heads per kv head (grouped-query attention)
+    scale = D**-0.5
+    qg = q.reshape(B, Hkv, G, T, D)
+    pos = torch.arange(T, device=q.device)
+    block = (qg.reshape(B, Hkv, G * T, D) @ keys[0].transpose(-1, -2)).view(B, Hkv, G, T, T) * scale
+    block = block.masked_fill(pos[None, :] > pos[:, None] - (j - 1), float("-inf"))
+    singles, values = [], []
+    for i in range(2, j + 1):
+        d = j - i  # step i's key for the query at p sits at p - d
+        k_i = F.pad(keys[i - 1][:, :, : T - d], (0, 0, d, 0)) if d else keys[i - 1]
+        v_i = F.pad(vals[i - 1][:, :, : T - d], (0, 0, d, 0)) if d else vals[i - 1]
+        score = (qg * k_i[:, :, None]).sum(-1) * scale  # (B, Hkv, G, T)
+        singles.append(score.masked_fill(pos < d, float("-inf")) if d else score)
+        values.append(v_i)
+    w = torch.cat([block, torch.stack(singles, dim=-1)], dim=-1).float().softmax(-1).to(q.dtype)
+    out = (w[..., :T].reshape(B, Hkv, G * T, T) @ vals[0]).view(B, Hkv, G, T, D)
+    for n, v_i in enumerate(values):
+        out = out + w[..., T + n, None] * v_i[:, :, None]
+    return out.reshape(B, H, T, D)
+
+
 def unrolled_forward(draft: EagleDraft, tokens: torch.Tensor, feats: torch.Tensor, unroll: int,
                      detach: bool = False) -> list[torch.Tensor]:
     """h for steps 1..unroll, each (B, T, C). Step 1 reads `feats` (fused first for a fused-feature draft);
@@ -152,9 +184,8 @@ def unrolled_forward(draft: EagleDraft, tokens: torch.Tensor, feats: torch.Tenso
     vals: list[list[torch.Tensor]] = [[] for _ in draft.layers]
     outs = []
     f = feats
-    for j in range(1, unroll + 1):
+    for _ in range(unroll):  # step j reads the keys of steps 1..j (unrolled_attention)
         x = draft.fc(torch.cat([emb, f], dim=-1))
-        mask = _step_mask(T, j)
         for li, block in enumerate(draft.layers):
             a = block.self_attn
             hn = block.input_layernorm(x)
@@ -164,9 +195,7 @@ def unrolled_forward(draft: EagleDraft, tokens: torch.Tensor, feats: torch.Tenso
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             keys[li].append(k)
             vals[li].append(v)
-            kk = torch.cat(keys[li], dim=2) if j > 1 else k
-            vv = torch.cat(vals[li], dim=2) if j > 1 else v
-            att = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=True)
+            att = unrolled_attention(q, keys[li], vals[li])
             x = x + a.o_proj(att.transpose(1, 2).reshape(B, T, -1))
             x = x + block.mlp(block.post_attention_layernorm(x))
         outs.append(x)
