@@ -513,15 +513,19 @@ def emulated_bf16_pays(max_batch: int | None) -> bool:
     return bf16_kernel.available()
 
 
-def resolve_dtype(name: str, backend: str = "torch", max_batch: int | None = None) -> str:
+def resolve_dtype(name: str, backend: str = "torch", max_batch: int | None = None, device: str = "cpu") -> str:
     """`auto` -> the precision that runs fastest here for a run of at most `max_batch` sequences at a time
     (None: unknown or large, as distill's batched generation and training):
     bfloat16 where the CPU multiplies bf16 in hardware (`native_bf16`) or on a GPU backend; on a CPU that
-    emulates bf16, bfloat16 only for small batches (`emulated_bf16_pays`), else float32. Other names are checked."""
+    emulates bf16, bfloat16 only for small batches (`emulated_bf16_pays`), else float32. The torch backend
+    on a CUDA `device`: bfloat16 where the GPU has bf16 arithmetic (Ampere and later), else float32 (V100,
+    T4). Other names are checked."""
     if name not in DTYPE_CHOICES:
         raise ValueError(f"unknown dtype {name!r}: use {', '.join(DTYPE_CHOICES)}")
     if name != "auto":
         return name
+    if backend == "torch" and torch.device(device).type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported(including_emulation=False) else "float32"
     if backend != "torch" or native_bf16():
         return "bfloat16"
     return "bfloat16" if emulated_bf16_pays(max_batch) else "float32"

@@ -169,10 +169,5 @@ def handle(args) -> int:
     from serving.distill.pipeline import run
     from serving.kernels import resolve_dtype
 
-    if args.dtype == "auto" and on_gpu:
-        import torch
-
-        # a GPU that multiplies bf16 in hardware (Ampere and later) runs it; an older one (V100, T4) float32
-        args.dtype = "bfloat16" if torch.cuda.is_bf16_supported(including_emulation=False) else "float32"
-    args.dtype = resolve_dtype(args.dtype)  # the model card's command names the precision used
+    args.dtype = resolve_dtype(args.dtype, device=args.device)  # the model card's command names the precision used
     return run(args)

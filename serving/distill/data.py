@@ -48,6 +48,43 @@ def refill_at(batch: int, prefill_tokens: int) -> int:
     return max(1, int(batch * GPU_REFILL_SHARE)) if prefill_tokens else 1
 
 
+def prefill_budget(device: torch.device) -> int:
+    """`prefill_tokens` for a target on `device`: GPU_PREFILL_TOKENS on a GPU, 0 (one prompt a forward,
+    no padding wasted) on the CPU."""
+    return 0 if device.type == "cpu" else GPU_PREFILL_TOKENS
+
+
+def load_target_on(target_dir: str | Path, dtype: torch.dtype, device: torch.device):
+    """The target in `dtype` on `device`, for forwards without gradients: on the CPU its linears are packed
+    for the kernels measured fastest there (`pack_for_inference`)."""
+    from serving.llama import load_causal_lm
+
+    target = load_causal_lm(target_dir, dtype).to(device)
+    if device.type == "cpu":
+        pack_for_inference(target)
+    return target
+
+
+def admit(queue: deque, free: list[int], live: dict, batch: int, budget: int, usable: Callable[[list[int]], bool],
+          skip: Callable[[], None]):
+    """The waiting prompts to prefill now, as (slots, group) pairs, each group taking its slots from `free`:
+    nothing until `refill_at` slots are free (or nothing runs, or the rest of the queue fits), then groups
+    (`prefill_groups`) until the free slots or the queue run out."""
+    if not (queue and free and (len(free) >= min(refill_at(batch, budget), len(queue)) or not live)):
+        return
+    while queue and free:
+        group = prefill_groups(queue, len(free), budget, usable, skip)
+        if group:
+            yield [free.pop() for _ in group], group
+
+
+def to_host(logits: torch.Tensor, hidden: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A forward's features (bf16) and top-k next-token probabilities and ids, copied to the host in one go
+    per forward (a no-op on the CPU), not one copy per sequence."""
+    tp, ti = torch.softmax(logits, dim=-1).topk(topk, dim=-1)
+    return hidden.to(torch.bfloat16).cpu(), tp.cpu(), ti.cpu()
+
+
 def prefill_groups(queue: deque, free: int, budget: int, usable: Callable[[list[int]], bool],
                    skip: Callable[[], None]) -> list:
     """Take the next prompts from `queue` (entries (..., ids)) for one prefill forward: at most `free` of
@@ -135,20 +172,17 @@ def generate_prepared(target_dir: str | Path, prompts: list[dict], out_dir: Path
     """The target's greedy answers to `prompts` (in its chat format) as a prepared directory, the target run
     in `dtype` (bf16 is what serving runs, so its answers are the ones the draft will be verified against)
     on `device`; see `record_generation`."""
-    from serving.llama import load_causal_lm
     from serving.models import load_tokenizer
 
     device = torch.device(device)
     tok = load_tokenizer(Path(target_dir))
-    target = load_causal_lm(target_dir, dtype).to(device)
-    if device.type == "cpu":
-        pack_for_inference(target)  # no gradients flow through the target here
+    target = load_target_on(target_dir, dtype, device)
     encoded = [(item, encode_prompt(tok, item)) for item in prompts]
     with torch.device(device):  # the caches, feeds and batch indices are made where the target runs
         return record_generation(target, encoded, out_dir, eos=tok.eos_token_id, max_new_tokens=max_new_tokens,
                                  batch=batch, topk=topk, max_prompt=max_prompt, progress=progress, say=say,
                                  extra_meta=extra_meta, feature_layers=feature_layers,
-                                 prefill_tokens=0 if device.type == "cpu" else GPU_PREFILL_TOKENS)
+                                 prefill_tokens=prefill_budget(device))
 
 
 @torch.inference_mode()
@@ -199,7 +233,7 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
     def record(slot: int, hidden: torch.Tensor, tp: torch.Tensor, ti: torch.Tensor) -> None:
         """Keep one forward's rows (T, .) of a sequence; append its next (greedy) token or finish it."""
         st = live[slot]
-        st["feats"].append(hidden.to(torch.bfloat16))
+        st["feats"].append(hidden)  # bf16, on the host (to_host)
         st["ti"].append(ti)
         st["tp"].append(tp)
         if st["ending"]:
@@ -233,32 +267,24 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
             skipped += 1
             bar.update(1)
 
-        wait_for = refill_at(batch, prefill_tokens)
         while queue or live:
-            if queue and free and (len(free) >= min(wait_for, len(queue)) or not live):  # then fill every free slot
-                while queue and free:
-                    group = prefill_groups(queue, len(free), prefill_tokens, lambda ids: 0 < len(ids) <= max_prompt, skip)
-                    if not group:
-                        continue
-                    slots = [free.pop() for _ in group]
-                    for slot, (item, ids) in zip(slots, group, strict=True):
-                        live[slot] = {"item": item, "tokens": list(ids), "num_prompt": len(ids), "feats": [], "ti": [],
-                                      "tp": [], "ending": False}
-                    logits, hidden = padded_prefill(target, cache, slots, [ids for _, ids in group], return_hidden=True,
-                                                    feature_layers=feature_layers)
-                    tp, ti = torch.softmax(logits, dim=-1).topk(topk, dim=-1)  # (n, P, k)
-                    hidden, tp, ti = hidden.to(torch.bfloat16).cpu(), tp.cpu(), ti.cpu()
-                    for r, (slot, (_, ids)) in enumerate(zip(slots, group, strict=True)):
-                        record(slot, hidden[r, : len(ids)], tp[r, : len(ids)], ti[r, : len(ids)])
+            for slots, group in admit(queue, free, live, batch, prefill_tokens, lambda ids: 0 < len(ids) <= max_prompt,
+                                      skip):
+                for slot, (item, ids) in zip(slots, group, strict=True):
+                    live[slot] = {"item": item, "tokens": list(ids), "num_prompt": len(ids), "feats": [], "ti": [],
+                                  "tp": [], "ending": False}
+                logits, hidden = padded_prefill(target, cache, slots, [ids for _, ids in group], return_hidden=True,
+                                                feature_layers=feature_layers)
+                hidden, tp, ti = to_host(logits, hidden, topk)  # (n, P, .)
+                for r, (slot, (_, ids)) in enumerate(zip(slots, group, strict=True)):
+                    record(slot, hidden[r, : len(ids)], tp[r, : len(ids)], ti[r, : len(ids)])
             if not live:
                 break
             slots = sorted(live)
             feed = torch.tensor([[live[s]["tokens"][-1]] for s in slots])
             fb = ragged_batch(slots, [len(live[s]["tokens"]) - 1 for s in slots], 1)
             logits, hidden = target(feed, fb, cache, return_hidden=True, feature_layers=feature_layers)
-            tp, ti = torch.softmax(logits, dim=-1).topk(topk, dim=-1)  # (B, 1, k), once for the batch
-            # one copy to the host per step (a no-op on the CPU), not one per sequence
-            hidden, tp, ti = hidden.to(torch.bfloat16).cpu(), tp.cpu(), ti.cpu()
+            hidden, tp, ti = to_host(logits, hidden, topk)  # (B, 1, .), once for the batch
             for r, s in enumerate(slots):
                 record(s, hidden[r], tp[r], ti[r])
     finally:
@@ -440,8 +466,6 @@ def prepare(target_dir: str | Path, prompts: list[dict], out_dir: str | Path, *,
     """A complete prepared directory: either the target's own greedy answers to `prompts` (one pass that
     generates and records), or, for items that carry their own "answer", a teacher-forcing pass; the target
     runs on `device`."""
-    from serving.llama import load_causal_lm
-
     out_dir = Path(out_dir)
     written = [p for p in prompts if "answer" in p]
     if written and len(written) != len(prompts):
@@ -453,9 +477,7 @@ def prepare(target_dir: str | Path, prompts: list[dict], out_dir: str | Path, *,
     answers = written_answers(target_dir, written)
     device = torch.device(device)
     with torch.inference_mode(), torch.device(device):
-        target = load_causal_lm(target_dir, dtype).to(device)
-        if device.type == "cpu":
-            pack_for_inference(target)
+        target = load_target_on(target_dir, dtype, device)
         return teacher_pass(target, answers, out_dir, topk=topk, progress=progress, feature_layers=feature_layers,
                             extra_meta={"prompts": len(prompts), "compute_dtype": str(dtype).replace("torch.", ""),
                                         **(extra_meta or {})})

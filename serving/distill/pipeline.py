@@ -171,7 +171,7 @@ def run(args) -> int:
     from serving.models import load_tokenizer, resolve_model
 
     torch.set_num_threads(args.threads)
-    device = resolve_device(getattr(args, "device", "cpu"))
+    device = torch.device(getattr(args, "device", "cpu"))  # checked by the command (resolve_device)
     dtype = getattr(torch, args.dtype)  # bfloat16 | float32 (the CLI's choices)
     # data made on a GPU is cached apart: its kernels round differently, and sampled questions differ
     tag = _dtype_tag(dtype) + ("" if device.type == "cpu" else "-cuda")

@@ -68,7 +68,7 @@ def sample_continuations(target, prefixes: list[list[int]], stops: set[int], *, 
     from serving.llama import ragged_batch
     from serving.sampling import logits_to_probs
 
-    from .data import padded_prefill, prefill_groups, refill_at
+    from .data import admit, padded_prefill
 
     gen = torch.Generator(device=target.lm_head.weight.device).manual_seed(seed)  # draws where the logits are
     longest = max((len(p) for p in prefixes), default=0)
@@ -90,18 +90,14 @@ def sample_continuations(target, prefixes: list[list[int]], stops: set[int], *, 
         live.pop(slot)
         free.append(slot)
 
-    wait_for = refill_at(batch, prefill_tokens)
     while queue or live:
-        if queue and free and (len(free) >= min(wait_for, len(queue)) or not live):  # then fill every free slot
-            while queue and free:
-                group = prefill_groups(queue, len(free), prefill_tokens, lambda ids: True, lambda: None)
-                slots = [free.pop() for _ in group]
-                for slot, (i, ids) in zip(slots, group, strict=True):
-                    live[slot] = {"i": i, "tokens": list(ids), "new": []}
-                logits = padded_prefill(target, cache, slots, [ids for _, ids in group],
-                                        at=torch.tensor([len(ids) - 1 for _, ids in group]))  # (n, 1, V)
-                for r, slot in enumerate(slots):
-                    take(slot, logits[r, -1])
+        for slots, group in admit(queue, free, live, batch, prefill_tokens, lambda ids: True, lambda: None):
+            for slot, (i, ids) in zip(slots, group, strict=True):
+                live[slot] = {"i": i, "tokens": list(ids), "new": []}
+            logits = padded_prefill(target, cache, slots, [ids for _, ids in group],
+                                    at=torch.tensor([len(ids) - 1 for _, ids in group]))  # (n, 1, V)
+            for r, slot in enumerate(slots):
+                take(slot, logits[r, -1])
         if not live:
             break
         slots = sorted(live)
@@ -120,11 +116,9 @@ def self_prompts(target_dir: str | Path, n: int, *, seed: int = 0, dtype: torch.
     sampling on `device` (the same seed draws different questions on a GPU than on the CPU)."""
     from tqdm import tqdm
 
-    from serving.kernels import pack_for_inference
-    from serving.llama import load_causal_lm
     from serving.models import load_tokenizer
 
-    from .data import GPU_PREFILL_TOKENS
+    from .data import load_target_on, prefill_budget
     from .prompts import _evaluation_texts
 
     if n < 1:
@@ -133,9 +127,7 @@ def self_prompts(target_dir: str | Path, n: int, *, seed: int = 0, dtype: torch.
     before, after = pre_query(tok, system)
     stops = stop_ids(tok, after)
     device = torch.device(device)
-    target = load_causal_lm(target_dir, dtype).to(device)
-    if device.type == "cpu":
-        pack_for_inference(target)  # sampling only: no gradients
+    target = load_target_on(target_dir, dtype, device)  # sampling only: no gradients
     rng = random.Random(seed)
     skip = _evaluation_texts()
     items: list[dict] = []
@@ -148,7 +140,7 @@ def self_prompts(target_dir: str | Path, n: int, *, seed: int = 0, dtype: torch.
         prefixes = [tok.encode(before + o, add_special_tokens=False) for o in chosen]
         with torch.device(device):
             texts = sample_continuations(target, prefixes, stops, max_tokens=max_tokens, seed=seed * 1000 + rounds,
-                                         batch=batch, prefill_tokens=0 if device.type == "cpu" else GPU_PREFILL_TOKENS)
+                                         batch=batch, prefill_tokens=prefill_budget(device))
         rounds += 1
         got = 0
         for opener, ids in zip(chosen, texts, strict=True):

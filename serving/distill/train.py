@@ -498,22 +498,21 @@ def _lr_at(cfg: TrainConfig, step: int, frac: float) -> float:
     return cfg.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
 
-def train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, checkpoint: Path | None = None,
-          resume: bool = False, progress: bool = True, on_checkpoint: Callable[[EagleDraft, dict], None] | None = None,
-          say: Callable[[str], None] = lambda m: None, device: torch.device | str = "cpu") -> dict:
+def train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, device: torch.device | str = "cpu",
+          **options) -> dict:
     """Train in place on `device` (where the draft and its shared embedding already are); returns a summary
-    (steps, minutes, loss curve). Time- or step-bounded."""
+    (steps, minutes, loss curve). Time- or step-bounded. `options`: those of `_train`."""
     if cfg.minutes is None and cfg.steps is None:
         raise ValueError("give a training budget: minutes or steps")
     device = torch.device(device)
     with torch.device(device):  # masks, positions and index tables are made where the draft runs
-        return _train(draft, preps, cfg, checkpoint=checkpoint, resume=resume, progress=progress,
-                      on_checkpoint=on_checkpoint, say=say, device=device)
+        return _train(draft, preps, cfg, device=device, **options)
 
 
-def _train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, checkpoint: Path | None, resume: bool,
-           progress: bool, on_checkpoint: Callable[[EagleDraft, dict], None] | None, say: Callable[[str], None],
-           device: torch.device) -> dict:
+def _train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, device: torch.device,
+           checkpoint: Path | None = None, resume: bool = False, progress: bool = True,
+           on_checkpoint: Callable[[EagleDraft, dict], None] | None = None,
+           say: Callable[[str], None] = lambda m: None) -> dict:
     from tqdm import tqdm
 
     torch.manual_seed(cfg.seed)
