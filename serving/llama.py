@@ -122,6 +122,33 @@ class ForwardBatch:
     mask: torch.Tensor | None  # (B, 1, T, kv_len) True = may attend; None = plain causal, slot-contiguous
     slot_view: slice | None  # slots are a contiguous range: read the cache as a view
     write_at: torch.Tensor | None = None  # (B, T) cache index of each token's key; None = its position
+    rows: torch.Tensor | None = None  # (B,) each sequence's row in the slot_view span; None = rows 0..B-1
+
+
+# slots that are not one ascending run are read as the span of cache rows between the lowest and the highest (a
+# view, with a query of zeros for each row no sequence uses) while the span is at most this many times the batch;
+# beyond it the rows are gathered (a copy of every key of the batch, each layer: at 32 sequences that copy was
+# 40% of a decode step on a 2-core CPU)
+SPAN_READ_MAX = 2
+
+
+def slot_layout(slots: list[int], mask: torch.Tensor) -> tuple[slice | None, torch.Tensor | None, torch.Tensor]:
+    """How a forward reads the cache rows of `slots` given the batch's mask (B, 1, T, L): (slot_view, rows,
+    mask). One ascending run of slots: a view, rows None. Scattered slots within a span of at most
+    SPAN_READ_MAX x the batch: the span as a view, each sequence's row in it, and the mask widened to the
+    span (rows no sequence uses see key 0 only, so their softmax stays finite). Otherwise (None, None, mask):
+    gather."""
+    lo, hi = min(slots), max(slots)
+    if slots == list(range(lo, lo + len(slots))):
+        return slice(lo, lo + len(slots)), None, mask
+    span = hi - lo + 1
+    if span > SPAN_READ_MAX * len(slots) or len(set(slots)) != len(slots):
+        return None, None, mask
+    rows = torch.tensor(slots) - lo
+    wide = torch.zeros((span, *mask.shape[1:]), dtype=torch.bool)
+    wide[..., 0] = True
+    wide[rows] = mask
+    return slice(lo, hi + 1), rows, wide
 
 
 SMALL_T = 16  # decode / verify widths: plain batched matmuls can beat the fused CPU kernel (serving/kernels.py)
@@ -199,6 +226,10 @@ class Attention(nn.Module):
         else:
             keys, values = ck[fb.slots, :, : fb.kv_len], cv[fb.slots, :, : fb.kv_len]  # (B, Hkv, L, D)
 
+        if fb.rows is not None:  # scattered slots read as their span: each query goes to its sequence's row
+            wide = q.new_zeros((keys.shape[0], *q.shape[1:]))
+            wide[fb.rows] = q
+            q = wide
         # the fused-vs-matmul race is a CPU measurement; elsewhere (a GPU) narrow forwards take the matmuls
         fused_from = fused_attention_from(q.dtype, fb.mask is not None) if q.device.type == "cpu" else None
         if T <= SMALL_T and (fused_from is None or T < fused_from):
@@ -214,6 +245,8 @@ class Attention(nn.Module):
                 out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
         else:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=fb.mask, enable_gqa=True)
+        if fb.rows is not None:
+            out = out[fb.rows]
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -313,15 +346,9 @@ def ragged_batch(slots: list[int], starts: list[int], num_tokens: int) -> Forwar
     kv_len = int(positions.max()) + 1
     keys = torch.arange(kv_len)
     mask = (keys[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # (B, 1, T, L)
-    slots_t = torch.tensor(slots)
-    contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
-    return ForwardBatch(
-        slots=slots_t,
-        positions=positions,
-        kv_len=kv_len,
-        mask=mask,
-        slot_view=slice(slots[0], slots[0] + len(slots)) if contiguous else None,
-    )
+    view, rows, mask = slot_layout(slots, mask)
+    return ForwardBatch(slots=torch.tensor(slots), positions=positions, kv_len=kv_len, mask=mask, slot_view=view,
+                        rows=rows)
 
 
 def tree_batch(slots: list[int], starts: list[int], depths: torch.Tensor, visible: torch.Tensor) -> ForwardBatch:
@@ -339,15 +366,9 @@ def tree_batch(slots: list[int], starts: list[int], depths: torch.Tensor, visibl
     mask = (keys[None, None, :] < starts_t[:, None, None]).expand(B, T, kv_len).clone()  # (B, T, L)
     for b, s in enumerate(starts):
         mask[b, :, s : s + S] = visible[b]
-    contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
-    return ForwardBatch(
-        slots=torch.tensor(slots),
-        positions=starts_t[:, None] + depths,
-        kv_len=kv_len,
-        mask=mask.unsqueeze(1),
-        slot_view=slice(slots[0], slots[0] + len(slots)) if contiguous else None,
-        write_at=starts_t[:, None] + torch.arange(S - T, S),
-    )
+    view, rows, wide = slot_layout(slots, mask.unsqueeze(1))
+    return ForwardBatch(slots=torch.tensor(slots), positions=starts_t[:, None] + depths, kv_len=kv_len, mask=wide,
+                        slot_view=view, write_at=starts_t[:, None] + torch.arange(S - T, S), rows=rows)
 
 
 def compact_path(cache: KVCache, slot: int, start: int, path: list[int], num_layers: int | None = None) -> None:
