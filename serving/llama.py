@@ -120,7 +120,7 @@ class ForwardBatch:
     positions: torch.Tensor  # (B, T) absolute position of each token
     kv_len: int  # keys to read: max over the batch of (last position + 1)
     mask: torch.Tensor | None  # (B, 1, T, kv_len) True = may attend; None = plain causal, slot-contiguous
-    slot_view: slice | None  # slots are a contiguous range: read the cache as a view
+    slot_view: slice | None  # the cache rows read as a view: the slots, or their span (see rows); None = gather
     write_at: torch.Tensor | None = None  # (B, T) cache index of each token's key; None = its position
     rows: torch.Tensor | None = None  # (B,) each sequence's row in the slot_view span; None = rows 0..B-1
 
