@@ -212,6 +212,17 @@ def test_model_card_has_the_reproducible_command(tmp_path):
     assert "--freeze-head" not in cmd
     frozen = build_parser().parse_args(["distill", "--out", str(tmp_path), "--generate-prompts", "10", "--freeze-head"])
     assert "--freeze-head" in command_line(frozen).split()
+    assert "--batch-pool 256" in cmd  # the default, spelled out
+    unsorted = build_parser().parse_args(["distill", "--out", str(tmp_path), "--generate-prompts", "10",
+                                          "--batch-pool", "0"])
+    assert "--batch-pool 0" in command_line(unsorted)  # random batches: 0 is not left out as unset
+
+
+def test_a_negative_batch_pool_is_refused(tmp_path, capsys):
+    from app.cli import main
+
+    assert main(["distill", "--out", str(tmp_path / "d"), "--generate-prompts", "4", "--batch-pool", "-3"]) == 2
+    assert "--batch-pool must be 0 (random batches) or a number of sequences, got -3" in capsys.readouterr().err
 
 
 def test_a_total_budget_gives_training_what_the_data_left():
@@ -694,3 +705,93 @@ def test_unrolled_attention_equals_attention_under_the_step_mask(j):
     (g_ref,) = torch.autograd.grad(ref.square().sum(), q)
     (g_out,) = torch.autograd.grad(out.square().sum(), q)
     assert torch.allclose(g_out, g_ref, atol=1e-4)
+
+
+@pytest.mark.parametrize("j", [2, 3, 4])
+def test_unrolled_attention_over_a_window_equals_the_rows_it_keeps(j):
+    """Queries and later steps' keys from position `start` on (the unrolled steps' window): each row from
+    start + j - 1 on attends as that row does over all positions."""
+    from serving.distill.train import unrolled_attention
+
+    g = torch.Generator().manual_seed(10 + j)
+    B, H, Hkv, T, D, start = 2, 6, 2, 11, 8, 4
+    q = torch.randn(B, H, T, D, generator=g)
+    keys = [torch.randn(B, Hkv, T, D, generator=g) for _ in range(j)]
+    vals = [torch.randn(B, Hkv, T, D, generator=g) for _ in range(j)]
+    full = unrolled_attention(q, keys, vals)
+    window = unrolled_attention(q[:, :, start:], keys[:1] + [k[:, :, start:] for k in keys[1:]],
+                                vals[:1] + [v[:, :, start:] for v in vals[1:]], start=start)
+    assert window.shape == (B, H, T - start, D)
+    assert torch.allclose(window[:, :, j - 1:], full[:, :, start + j - 1:], atol=1e-5)
+
+
+def test_the_unrolled_window_leaves_the_loss_and_its_gradients_as_they_were(prepared, monkeypatch):
+    """distill_loss runs steps 2.. only from the batch's first answer position on; running them over
+    every position instead gives the same loss, statistics and gradients."""
+    import serving.distill.train as tr
+
+    target, out = prepared
+    prep = load_prepared(out)
+    cfg = TrainConfig(head_vocab=32, unroll=3, feat_noise=0.0)
+    draft, _ = new_draft(target, [prep], cfg, eos_ids=(2,))
+    batch = tr.Batches([prep], 64, 256, 0, pool=8).next()
+    assert int(batch["num_prompt"].min()) > 2  # the window starts after position 0
+
+    def run():
+        draft.zero_grad(set_to_none=True)
+        loss, stats = distill_loss(draft, batch, cfg, draft.head_index(), 1.0)
+        loss.backward()
+        return loss.detach(), stats, [p.grad.clone() for p in draft.parameters() if p.grad is not None]
+
+    seen = []
+    windowed = tr.unrolled_forward
+
+    def spy(*args, **kw):
+        seen.append(kw["start"])
+        return windowed(*args, **kw)
+
+    monkeypatch.setattr(tr, "unrolled_forward", spy)
+    loss, stats, grads = run()
+    assert seen == [int(batch["num_prompt"].min()) - 1]
+
+    def everywhere(draft_, tokens, feats, unroll, detach=False, start=0):
+        outs = windowed(draft_, tokens, feats, unroll, detach, 0)
+        return outs[:1] + [h[:, start:] for h in outs[1:]]
+
+    monkeypatch.setattr(tr, "unrolled_forward", everywhere)
+    ref_loss, ref_stats, ref_grads = run()
+    assert torch.allclose(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    assert stats.keys() == ref_stats.keys() and all(abs(stats[k] - ref_stats[k]) < 1e-4 for k in stats)
+    assert len(grads) == len(ref_grads) > 0
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(grads, ref_grads, strict=True))
+
+
+def test_pooled_batches_cover_each_sequence_once_an_epoch_with_less_padding(prepared):
+    from serving.distill.train import Batches
+
+    _, out = prepared
+    prep = load_prepared(out)
+    n = len(prep.seqs)
+
+    def epoch(b):
+        """Batches until every sequence came once: (each batch's sequences as token tuples, padded, real)."""
+        seqs, padded, real = [], 0, 0
+        while sum(map(len, seqs)) < n:
+            x = b.next()
+            B, T = x["tokens"].shape
+            assert B * T <= 256 or B == 1
+            padded, real = padded + B * T, real + int(x["length"].sum())
+            seqs.append([tuple(x["tokens"][r, : int(x["length"][r])].tolist()) for r in range(B)])
+        return seqs, padded, real
+
+    def stored(s):
+        return tuple(prep.tokens[s["offset"]: s["offset"] + s["length"]].tolist())
+
+    pooled = Batches([prep], 64, 256, 0, pool=n)
+    seqs, padded, real = epoch(pooled)
+    assert sorted(t for b in seqs for t in b) == sorted(stored(s) for s in prep.seqs)  # each once
+    _, padded0, real0 = epoch(Batches([prep], 64, 256, 0, pool=0))
+    assert real / padded > real0 / padded0 and real / padded > 0.9
+    assert epoch(pooled)[0] != seqs  # the next epoch is another order
+    with pytest.raises(ValueError, match="pool -1"):
+        Batches([prep], 64, 256, 0, pool=-1)

@@ -6,7 +6,7 @@ from app.commands._common import add_command, positive_int
 
 EXAMPLES = """  # the bundled draft (the command its model card records)
   specfinops distill --generate-prompts 1784 --stdlib-prompts 2617 --max-new-tokens 128 --gen-batch 48 \
-      --out serving/bundled/draft --minutes 65
+      --batch-pool 0 --out serving/bundled/draft --minutes 65
   # a quick trial on data prepared earlier, 200 steps, no evaluation
   specfinops distill --corpus ~/.cache/specfinops/distill/DATA --out /tmp/draft --steps 200 --no-eval
   # continue an interrupted run (same arguments plus --resume)
@@ -78,6 +78,10 @@ def register(sub) -> None:
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--batch-tokens", type=int, default=None,
                    help="padded tokens per training step (default: 3072 on the CPU, 16384 on a GPU)")
+    p.add_argument("--batch-pool", type=int, default=256, metavar="N",
+                   help="sort each N sequences of an epoch's random order by length and prompt length before "
+                        "cutting them into batches, so a batch wastes little on padding and on prompts (default "
+                        "256; 0: random batches, as drafts made before this option were trained)")
     p.add_argument("--unroll", type=int, default=3, help="draft steps trained per position (own features after step 1)")
     p.add_argument("--detach-unroll", action="store_true", help="no gradient through the draft's own features")
     p.add_argument("--freeze-head", action="store_true",
@@ -156,6 +160,8 @@ def handle(args) -> int:
             or args.stdlib_code):
         raise UsageError("no training data: give --corpus DIR, --generate-prompts N, --stdlib-prompts N, "
                          "--package-prompts N, --self-prompts N or --stdlib-code N")
+    if args.batch_pool < 0:
+        raise UsageError(f"--batch-pool must be 0 (random batches) or a number of sequences, got {args.batch_pool}")
     at_least_one = ("head_vocab", "layers", "unroll", "batch_tokens", "gen_batch")
     for name in ("generate_prompts", "stdlib_prompts", "package_prompts", "self_prompts", "stdlib_code", *at_least_one):
         if getattr(args, name) < 0 or (name in at_least_one and getattr(args, name) < 1):

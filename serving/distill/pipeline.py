@@ -22,7 +22,7 @@ REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "pack
                  "stdlib_code",
                  "max_new_tokens", "gen_batch",
                  "dtype", "out", "minutes", "total_minutes", "steps",
-                 "head_vocab", "layers", "feature_layers", "data_feature_layers", "lr", "batch_tokens", "unroll", "detach_unroll", "freeze_head", "w_feat", "w_hard",
+                 "head_vocab", "layers", "feature_layers", "data_feature_layers", "lr", "batch_tokens", "batch_pool", "unroll", "detach_unroll", "freeze_head", "w_feat", "w_hard",
                  "feat_noise", "seed", "k", "device")
 
 
@@ -56,7 +56,7 @@ def command_line(args) -> str:
         v = getattr(args, name, None)
         if name == "dtype" and v is not None:
             v = resolve_dtype(v)  # the precision this run used, not "auto"
-        if v in (None, False, [], 0) and name not in ("seed",):
+        if v in (None, False, [], 0) and name not in ("seed", "batch_pool"):
             continue
         if name == "device" and v == "cpu":  # the default: cards of CPU runs read as they always did
             continue
@@ -285,6 +285,7 @@ def run(args) -> int:
                   **({"trained_before_resume_minutes": round(trained, 2)} if trained else {})}
         _say(f"--total-minutes {total:g}: data and set-up took {spent:.1f} min, training gets {this_run:.1f}")
     cfg = TrainConfig(head_vocab=args.head_vocab, layers=args.layers, lr=args.lr, batch_tokens=args.batch_tokens,
+                      batch_pool=args.batch_pool,
                       unroll=args.unroll, detach_unroll=args.detach_unroll, freeze_head=args.freeze_head, minutes=minutes, steps=args.steps,
                       seed=args.seed, save_every_s=args.save_every * 60, w_feat=args.w_feat, w_hard=args.w_hard,
                       feat_noise=args.feat_noise, dtype=args.dtype, feature_layers=draft_layers)

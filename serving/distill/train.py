@@ -34,6 +34,7 @@ class TrainConfig:
     feature_layers: tuple[int, ...] = ()  # target blocks fused into the draft's input (EAGLE-3); () = the last
     lr: float = 5e-4
     batch_tokens: int = 3072  # padded tokens per step
+    batch_pool: int = 256  # sequences sorted together by shape before batching (`Batches`); 0: random batches
     max_len: int = 448  # sequences are cut to this many positions
     unroll: int = 3  # draft steps trained per position (1 = real features only)
     detach_unroll: bool = False  # stop gradients through the draft's own features
@@ -79,15 +80,51 @@ def choose_head_ids(preps: list[Prepared], vocab_size: int, head_vocab: int, alw
 
 # ------------------------------------------------------------------ batching
 class Batches:
-    def __init__(self, preps: list[Prepared], max_len: int, batch_tokens: int, seed: int):
+    """Training batches of whole sequences, at most `batch_tokens` positions when padded to the longest.
+
+    pool 0: sequences in a random order, cut into batches as they come. pool N: each epoch's random order
+    is taken N sequences at a time, each group sorted by length and then prompt length, cut into batches
+    and the epoch's batches shuffled. A batch then holds sequences of about one shape: little padding, and
+    answers that start at about one position, so the unrolled steps' window (`unrolled_forward`) is
+    about the answers alone."""
+
+    def __init__(self, preps: list[Prepared], max_len: int, batch_tokens: int, seed: int, pool: int = 0):
         self.items = [(p, s) for p in preps for s in p.seqs if s["length"] - s["num_prompt"] >= 3]
         if not self.items:
             raise ValueError("the corpus has no sequence with an answer of at least 3 tokens")
-        self.max_len, self.batch_tokens = max_len, batch_tokens
+        if pool < 0:
+            raise ValueError(f"pool {pool}: give 0 (random batches) or a number of sequences to sort together")
+        self.max_len, self.batch_tokens, self.pool = max_len, batch_tokens, pool
         self.rng = random.Random(seed)
         self.order: list[int] = []
+        self.queue: list[list[int]] = []  # pool > 0: the epoch's batches still to come
 
-    def next(self) -> dict:
+    def _length(self, i: int) -> int:
+        return min(self.items[i][1]["length"], self.max_len)
+
+    def _fits(self, picked: list[int], T: int, L: int) -> bool:
+        return not picked or (len(picked) + 1) * max(T, L) <= self.batch_tokens
+
+    def _epoch(self) -> list[list[int]]:
+        order = list(range(len(self.items)))
+        self.rng.shuffle(order)
+        batches: list[list[int]] = []
+        for g in range(0, len(order), self.pool):
+            group = sorted(order[g: g + self.pool],
+                           key=lambda i: (self._length(i), self.items[i][1]["num_prompt"]))
+            picked, T = [], 0
+            for i in group:
+                L = self._length(i)
+                if not self._fits(picked, T, L):
+                    batches.append(picked)
+                    picked, T = [], 0
+                picked.append(i)
+                T = max(T, L)
+            batches.append(picked)
+        self.rng.shuffle(batches)
+        return batches
+
+    def _random(self) -> list[int]:
         picked = []
         T = 0
         while True:
@@ -95,12 +132,22 @@ class Batches:
                 self.order = list(range(len(self.items)))
                 self.rng.shuffle(self.order)
             i = self.order[-1]
-            L = min(self.items[i][1]["length"], self.max_len)
-            if picked and (len(picked) + 1) * max(T, L) > self.batch_tokens:
+            L = self._length(i)
+            if not self._fits(picked, T, L):
                 break
             self.order.pop()
             picked.append(i)
             T = max(T, L)
+        return picked
+
+    def next(self) -> dict:
+        if self.pool:
+            if not self.queue:
+                self.queue = self._epoch()
+            picked = self.queue.pop()
+        else:
+            picked = self._random()
+        T = max(self._length(i) for i in picked)
         B = len(picked)
         prep0 = self.items[picked[0]][0]
         C, k = prep0.feats.shape[1], prep0.topk_ids.shape[1]
@@ -136,42 +183,49 @@ def _step_mask(T: int, j: int) -> torch.Tensor:
     return torch.cat(parts, dim=1)
 
 
-def unrolled_attention(q: torch.Tensor, keys: list[torch.Tensor], vals: list[torch.Tensor]) -> torch.Tensor:
+def unrolled_attention(q: torch.Tensor, keys: list[torch.Tensor], vals: list[torch.Tensor],
+                       start: int = 0) -> torch.Tensor:
     """Step j's attention (j = len(keys)) as `_step_mask(T, j)` lays it out, without scoring the keys that
     mask hides: the query at p sees the real-feature keys at or before p-j+1 (block 1: causal, shifted by
     j-1) and, of each later step i, the one key at p-(j-i). Equal to scaled_dot_product_attention over the
     keys side by side under that mask, which scores j*T keys a query where at most T+j-1 count.
-    q (B, H, T, D); keys / vals: one (B, Hkv, T, D) per step so far."""
+    q (B, H, W, D); keys / vals: one per step so far, step 1's (B, Hkv, T, D) over all positions, later
+    steps' (B, Hkv, W, D) like q over positions start..start+W-1 (`unrolled_forward`'s window; W = T when
+    start is 0)."""
     j = len(keys)
     if j == 1:
         return F.scaled_dot_product_attention(q, keys[0], vals[0], is_causal=True, enable_gqa=True)
-    B, H, T, D = q.shape
-    Hkv = keys[0].shape[1]
+    B, H, W, D = q.shape
+    Hkv, T = keys[0].shape[1], keys[0].shape[2]
     G = H // Hkv  # query heads per kv head (grouped-query attention)
     scale = D**-0.5
-    qg = q.reshape(B, Hkv, G, T, D)
-    pos = torch.arange(T, device=q.device)
-    block = (qg.reshape(B, Hkv, G * T, D) @ keys[0].transpose(-1, -2)).view(B, Hkv, G, T, T) * scale
-    block = block.masked_fill(pos[None, :] > pos[:, None] - (j - 1), float("-inf"))
+    qg = q.reshape(B, Hkv, G, W, D)
+    pos = torch.arange(W, device=q.device)  # window positions; absolute ones are start + pos
+    block = (qg.reshape(B, Hkv, G * W, D) @ keys[0].transpose(-1, -2)).view(B, Hkv, G, W, T) * scale
+    block = block.masked_fill(torch.arange(T, device=q.device)[None, :] > start + pos[:, None] - (j - 1),
+                              float("-inf"))
     singles, values = [], []
     for i in range(2, j + 1):
         d = j - i  # step i's key for the query at p sits at p - d
-        k_i = F.pad(keys[i - 1][:, :, : T - d], (0, 0, d, 0)) if d else keys[i - 1]
-        v_i = F.pad(vals[i - 1][:, :, : T - d], (0, 0, d, 0)) if d else vals[i - 1]
+        k_i = F.pad(keys[i - 1][:, :, : W - d], (0, 0, d, 0)) if d else keys[i - 1]
+        v_i = F.pad(vals[i - 1][:, :, : W - d], (0, 0, d, 0)) if d else vals[i - 1]
         score = (qg * k_i[:, :, None]).sum(-1) * scale  # (B, Hkv, G, T)
         singles.append(score.masked_fill(pos < d, float("-inf")) if d else score)
         values.append(v_i)
     w = torch.cat([block, torch.stack(singles, dim=-1)], dim=-1).float().softmax(-1).to(q.dtype)
-    out = (w[..., :T].reshape(B, Hkv, G * T, T) @ vals[0]).view(B, Hkv, G, T, D)
+    out = (w[..., :T].reshape(B, Hkv, G * W, T) @ vals[0]).view(B, Hkv, G, W, D)
     for n, v_i in enumerate(values):
         out = out + w[..., T + n, None] * v_i[:, :, None]
-    return out.reshape(B, H, T, D)
+    return out.reshape(B, H, W, D)
 
 
 def unrolled_forward(draft: EagleDraft, tokens: torch.Tensor, feats: torch.Tensor, unroll: int,
-                     detach: bool = False) -> list[torch.Tensor]:
-    """h for steps 1..unroll, each (B, T, C). Step 1 reads `feats` (fused first for a fused-feature draft);
-    step j>1 reads step j-1's h shifted by one."""
+                     detach: bool = False, start: int = 0) -> list[torch.Tensor]:
+    """h for steps 1..unroll. Step 1 reads `feats` (fused first for a fused-feature draft) at every
+    position, (B, T, C); step j>1 reads step j-1's h shifted by one and runs only on the window of positions
+    start..T-1, (B, T - start, C). Its value at p depends on nothing before start + j - 2 beyond step 1's
+    keys, so positions from start + j - 1 on are exact; `distill_loss` sets start to the earliest answer
+    position of the batch, as its loss reads no earlier one."""
     if draft.fuse is not None:
         feats = draft.fuse(feats)  # (B, T, n*C) -> (B, T, C)
     B, T, C = feats.shape
@@ -183,24 +237,27 @@ def unrolled_forward(draft: EagleDraft, tokens: torch.Tensor, feats: torch.Tenso
     keys: list[list[torch.Tensor]] = [[] for _ in draft.layers]
     vals: list[list[torch.Tensor]] = [[] for _ in draft.layers]
     outs = []
-    f = feats
+    f, first = feats, 0  # step 1: all positions
     for _ in range(unroll):  # step j reads the keys of steps 1..j (unrolled_attention)
-        x = draft.fc(torch.cat([emb, f], dim=-1))
+        W = T - first
+        x = draft.fc(torch.cat([emb[:, first:], f], dim=-1))
         for li, block in enumerate(draft.layers):
             a = block.self_attn
             hn = block.input_layernorm(x)
-            q = a.q_proj(hn).view(B, T, a.num_heads, a.head_dim).transpose(1, 2)
-            k = a.k_proj(hn).view(B, T, a.num_kv_heads, a.head_dim).transpose(1, 2)
-            v = a.v_proj(hn).view(B, T, a.num_kv_heads, a.head_dim).transpose(1, 2)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q = a.q_proj(hn).view(B, W, a.num_heads, a.head_dim).transpose(1, 2)
+            k = a.k_proj(hn).view(B, W, a.num_kv_heads, a.head_dim).transpose(1, 2)
+            v = a.v_proj(hn).view(B, W, a.num_kv_heads, a.head_dim).transpose(1, 2)
+            q, k = apply_rope(q, cos[:, :, first:], sin[:, :, first:]), apply_rope(k, cos[:, :, first:], sin[:, :, first:])
             keys[li].append(k)
             vals[li].append(v)
-            att = unrolled_attention(q, keys[li], vals[li])
-            x = x + a.o_proj(att.transpose(1, 2).reshape(B, T, -1))
+            att = unrolled_attention(q, keys[li], vals[li], start=first)
+            x = x + a.o_proj(att.transpose(1, 2).reshape(B, W, -1))
             x = x + block.mlp(block.post_attention_layernorm(x))
         outs.append(x)
         nxt = x.detach() if detach else x
-        f = torch.cat([feats[:, :1], nxt[:, :-1]], dim=1)
+        # the next step reads h at p-1; its first window position gets a filler it never uses
+        nxt = nxt[:, start - first:]
+        f, first = torch.cat([feats[:, start: start + 1], nxt[:, :-1]], dim=1), start
     return outs
 
 
@@ -212,7 +269,9 @@ def distill_loss(draft: EagleDraft, batch: dict, cfg: TrainConfig, vocab_to_head
     f_in = feats
     if train and cfg.feat_noise > 0:
         f_in = feats + (torch.rand_like(feats) * 2 - 1) * (cfg.feat_noise * feat_scale)
-    hs = unrolled_forward(draft, tokens, f_in, cfg.unroll, detach=cfg.detach_unroll)
+    # steps after the first run from the batch's earliest loss position on (the first answer token)
+    start = min(max(int(num_prompt.min()) - 1, 0), T - 1)
+    hs = unrolled_forward(draft, tokens, f_in, cfg.unroll, detach=cfg.detach_unroll, start=start)
     pos = torch.arange(T)[None, :]
     # label at position p: the target's distribution at p+1 and its feature f_{p+1}
     tgt_feat = torch.zeros_like(feats)
@@ -234,7 +293,7 @@ def distill_loss(draft: EagleDraft, batch: dict, cfg: TrainConfig, vocab_to_head
     stats: dict = {}
     for j, h in enumerate(hs, start=1):
         valid = (pos >= (num_prompt[:, None] - 1 + (j - 1))) & (pos <= length[:, None] - 2)
-        hv = h[valid]  # (M, C)
+        hv = h[valid[:, T - h.shape[1]:]]  # (M, C); steps after the first hold positions start.. only
         logq = F.log_softmax(draft.head(draft.norm(hv)).float(), dim=-1)  # (M, Vh)
         hi = head_idx[valid].clamp_min(0)
         ih = in_head[valid]
@@ -519,7 +578,7 @@ def _train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, device
     vocab_to_head = draft.head_index()
     sample = torch.cat([p.feats[:20000].float() for p in preps])
     feat_scale = float(sample.pow(2).mean().sqrt())
-    batches = Batches(preps, cfg.max_len, cfg.batch_tokens, cfg.seed)
+    batches = Batches(preps, cfg.max_len, cfg.batch_tokens, cfg.seed, pool=cfg.batch_pool)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     step, elapsed, curve = 0, 0.0, []
