@@ -795,3 +795,44 @@ def test_pooled_batches_cover_each_sequence_once_an_epoch_with_less_padding(prep
     assert epoch(pooled)[0] != seqs  # the next epoch is another order
     with pytest.raises(ValueError, match="pool -1"):
         Batches([prep], 64, 256, 0, pool=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_head_log_probs_are_log_softmax_gathered(dtype):
+    """head_log_probs: the values and gradient of log_softmax(z).gather(1, idx), the gradient in z's dtype."""
+    from serving.distill.train import head_log_probs
+
+    g = torch.Generator().manual_seed(3)
+    z = (torch.randn(7, 50, generator=g, dtype=torch.float64) * 4).to(dtype).requires_grad_()
+    idx = torch.randint(0, 50, (7, 4), generator=g)
+    idx[0, 1] = idx[0, 0]  # a row may name one head row twice (a zero-probability top-k entry)
+    w = torch.rand(7, 4, generator=g, dtype=torch.float64)
+    out, top = head_log_probs(z, idx)
+    ref = torch.log_softmax(z.detach().double().requires_grad_(), -1)
+    assert torch.equal(top, z.detach().float().argmax(-1)) and not top.requires_grad
+    assert out.dtype == torch.float32 or dtype == torch.float64
+    (gz,) = torch.autograd.grad((out * w.to(out.dtype)).sum(), z)
+    zd = z.detach().double().requires_grad_()
+    (gref,) = torch.autograd.grad((torch.log_softmax(zd, -1).gather(1, idx) * w).sum(), zd)
+    tol = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    assert torch.allclose(out.double(), ref.gather(1, idx), atol=tol)
+    assert gz.dtype == dtype and torch.allclose(gz.double(), gref, atol=tol)
+    if dtype == torch.float64:
+        assert torch.autograd.gradcheck(lambda t: head_log_probs(t, idx)[0], (z.detach().requires_grad_(),))
+
+
+def test_head_log_probs_go_by_chunks_of_rows(monkeypatch):
+    """Rows split over several chunks, the last one partial, give what one chunk gives."""
+    import serving.distill.train as tr
+
+    g = torch.Generator().manual_seed(4)
+    z = torch.randn(11, 30, generator=g, dtype=torch.float64, requires_grad=True)
+    idx = torch.randint(0, 30, (11, 3), generator=g)
+    w = torch.rand(11, 3, generator=g, dtype=torch.float64)
+    got = []
+    for rows in (64, 4):
+        monkeypatch.setattr(tr, "HEAD_CHUNK_ROWS", rows)
+        lq, top = tr.head_log_probs(z, idx)
+        got.append((lq.detach(), top, torch.autograd.grad((lq * w).sum(), z)[0]))
+    (a, ta, ga), (b, tb, gb) = got
+    assert torch.allclose(a, b) and torch.equal(ta, tb) and torch.allclose(ga, gb)
