@@ -209,7 +209,7 @@ def unrolled_attention(q: torch.Tensor, keys: list[torch.Tensor], vals: list[tor
         d = j - i  # step i's key for the query at p sits at p - d
         k_i = F.pad(keys[i - 1][:, :, : W - d], (0, 0, d, 0)) if d else keys[i - 1]
         v_i = F.pad(vals[i - 1][:, :, : W - d], (0, 0, d, 0)) if d else vals[i - 1]
-        score = (qg * k_i[:, :, None]).sum(-1) * scale  # (B, Hkv, G, T)
+        score = (qg * k_i[:, :, None]).sum(-1) * scale  # (B, Hkv, G, W)
         singles.append(score.masked_fill(pos < d, float("-inf")) if d else score)
         values.append(v_i)
     w = torch.cat([block, torch.stack(singles, dim=-1)], dim=-1).float().softmax(-1).to(q.dtype)
@@ -240,6 +240,7 @@ def unrolled_forward(draft: EagleDraft, tokens: torch.Tensor, feats: torch.Tenso
     f, first = feats, 0  # step 1: all positions
     for _ in range(unroll):  # step j reads the keys of steps 1..j (unrolled_attention)
         W = T - first
+        cos_w, sin_w = cos[:, :, first:], sin[:, :, first:]
         x = draft.fc(torch.cat([emb[:, first:], f], dim=-1))
         for li, block in enumerate(draft.layers):
             a = block.self_attn
@@ -247,7 +248,7 @@ def unrolled_forward(draft: EagleDraft, tokens: torch.Tensor, feats: torch.Tenso
             q = a.q_proj(hn).view(B, W, a.num_heads, a.head_dim).transpose(1, 2)
             k = a.k_proj(hn).view(B, W, a.num_kv_heads, a.head_dim).transpose(1, 2)
             v = a.v_proj(hn).view(B, W, a.num_kv_heads, a.head_dim).transpose(1, 2)
-            q, k = apply_rope(q, cos[:, :, first:], sin[:, :, first:]), apply_rope(k, cos[:, :, first:], sin[:, :, first:])
+            q, k = apply_rope(q, cos_w, sin_w), apply_rope(k, cos_w, sin_w)
             keys[li].append(k)
             vals[li].append(v)
             att = unrolled_attention(q, keys[li], vals[li], start=first)
