@@ -262,14 +262,19 @@ def unrolled_forward(draft: EagleDraft, tokens: torch.Tensor, feats: torch.Tenso
     return outs
 
 
-HEAD_CHUNK_ROWS = 64  # rows of the (M, V) logits handled at a time: their float32 copies stay in cache
+HEAD_CHUNK_ROWS = 64  # rows of the (M, V) logits a CPU handles at a time: their float32 copies stay in cache
+
+
+def _chunk_rows(z: torch.Tensor) -> int:
+    """HEAD_CHUNK_ROWS on the CPU; all rows at once on a GPU, where a pass is cheap and a launch is not."""
+    return HEAD_CHUNK_ROWS if z.device.type == "cpu" else max(z.shape[0], 1)
 
 
 class _HeadLogProbs(torch.autograd.Function):
     """log softmax(z)[idx] without the (M, V) log-probabilities: the forward keeps z and its log-sum-exp,
-    the backward forms softmax(z), in float32, for d/dz = onehot(idx) g - softmax(z) sum(g). Both go
-    HEAD_CHUNK_ROWS rows at a time, so each float32 temporary is reused from cache rather than written to
-    and read back from memory (3x faster than whole-matrix passes on a 2-core CPU)."""
+    the backward forms softmax(z), in float32, for d/dz = onehot(idx) g - softmax(z) sum(g). On the CPU
+    both go HEAD_CHUNK_ROWS rows at a time, so each float32 temporary is reused from cache rather than
+    written to and read back from memory (3x faster than whole-matrix passes on a 2-core CPU)."""
 
     @staticmethod
     def forward(ctx, z: torch.Tensor, idx: torch.Tensor):
@@ -278,8 +283,9 @@ class _HeadLogProbs(torch.autograd.Function):
         lse = torch.empty(M, 1, dtype=wide, device=z.device)
         top = torch.empty(M, dtype=torch.long, device=z.device)
         lq = torch.empty(idx.shape, dtype=wide, device=z.device)
-        for i in range(0, M, HEAD_CHUNK_ROWS):
-            rows = slice(i, i + HEAD_CHUNK_ROWS)
+        n = _chunk_rows(z)
+        for i in range(0, M, n):
+            rows = slice(i, i + n)
             zf = z[rows].to(wide)
             lse[rows] = torch.logsumexp(zf, dim=-1, keepdim=True)
             top[rows] = zf.argmax(-1)
@@ -293,8 +299,9 @@ class _HeadLogProbs(torch.autograd.Function):
         z, idx, lse = ctx.saved_tensors
         grad = torch.empty_like(z)
         total = g.sum(-1, keepdim=True).neg_()
-        for i in range(0, z.shape[0], HEAD_CHUNK_ROWS):
-            rows = slice(i, i + HEAD_CHUNK_ROWS)
+        n = _chunk_rows(z)
+        for i in range(0, z.shape[0], n):
+            rows = slice(i, i + n)
             p = torch.sub(z[rows].to(lse.dtype), lse[rows]).exp_()  # softmax(z), a new tensor even for float32 z
             grad[rows] = p.mul_(total[rows]).scatter_add_(1, idx[rows], g[rows])
         return grad, None
