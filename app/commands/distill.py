@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from app.commands._common import add_command, positive_int
 
-EXAMPLES = """  # the bundled draft (the command its model card records)
+EXAMPLES = """  # the bundled draft (the command its model card records): data and training within 90 minutes,
+  # training gets what the data left
   specfinops distill --generate-prompts 1784 --stdlib-prompts 2617 --max-new-tokens 128 --gen-batch 48 \
-      --batch-pool 0 --out serving/bundled/draft --minutes 65
+      --out serving/bundled/draft --total-minutes 90
   # a quick trial on data prepared earlier, 200 steps, no evaluation
   specfinops distill --corpus ~/.cache/specfinops/distill/DATA --out /tmp/draft --steps 200 --no-eval
   # continue an interrupted run (same arguments plus --resume)
@@ -20,9 +21,6 @@ EXAMPLES = """  # the bundled draft (the command its model card records)
   specfinops distill --target /models/my-llama --generate-prompts 3000 --out /models/my-llama-draft --minutes 60
   # add 500 code questions the target writes itself to the templated prompts
   specfinops distill --generate-prompts 1784 --self-prompts 500 --out /tmp/draft-self --minutes 45
-  # the whole run (data + training) within 90 minutes on this machine: training gets what the data left
-  specfinops distill --generate-prompts 1784 --stdlib-prompts 2617 --max-new-tokens 128 --gen-batch 48 \
-      --out /tmp/draft90 --total-minutes 90
 """
 
 
