@@ -340,6 +340,38 @@ def test_generation_resumes_after_an_interruption(tmp_path):
     assert fa == fb
 
 
+def test_generation_runs_shortest_prompts_first_and_answers_do_not_depend_on_the_order(tmp_path):
+    """Prompts of similar length decode together (a step reads keys up to the batch's longest context):
+    generation takes them shortest first, ties in their given order, and each sequence's recorded tokens,
+    features and top-k are what any other order gives."""
+    from serving.distill.data import record_generation, shortest_first
+
+    entries = [({"id": f"p{i}"}, [0] * n) for i, n in enumerate([5, 2, 9, 2, 7, 5])]
+    assert [e[0]["id"] for e in shortest_first(entries)] == ["p1", "p3", "p0", "p5", "p4", "p2"]
+
+    torch.manual_seed(0)
+    target = tiny_model(3)
+    rng = random.Random(4)
+    encoded = [({"id": f"o{i}", "domain": "code"}, [rng.randrange(3, 96) for _ in range(rng.randrange(2, 20))])
+               for i in range(9)]
+    runs = {}
+    for name, order in (("given", encoded), ("reversed", encoded[::-1])):
+        record_generation(target, order, tmp_path / name, eos=2, max_new_tokens=7, batch=3, topk=4, progress=False)
+        prep = load_prepared(tmp_path / name)
+        # written as they finish: the first to finish was one of the 3 shortest (the first batch), whatever
+        # order the prompts came in
+        assert prep.seqs[0]["num_prompt"] <= sorted(len(ids) for _, ids in encoded)[2]
+        runs[name] = {s["id"]: (prep.tokens[s["offset"]: s["offset"] + s["length"]].tolist(),
+                                prep.feats[s["offset"]: s["offset"] + s["length"]].float(),
+                                prep.topk_ids[s["offset"]: s["offset"] + s["length"]].tolist())
+                      for s in prep.seqs}
+    assert runs["given"].keys() == runs["reversed"].keys() == {e[0]["id"] for e in encoded}
+    for pid, (toks, feats, top) in runs["given"].items():
+        toks2, feats2, top2 = runs["reversed"][pid]
+        assert toks == toks2 and top == top2
+        assert torch.allclose(feats, feats2, atol=1e-2)
+
+
 def test_stdlib_prompts_are_deterministic_code_prompts_and_never_evaluation_prompts():
     from serving.distill.prompts import _evaluation_texts, interleave, make_prompts, stdlib_prompts
 

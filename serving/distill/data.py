@@ -85,6 +85,19 @@ def to_host(logits: torch.Tensor, hidden: torch.Tensor, topk: int) -> tuple[torc
     return hidden.to(torch.bfloat16).cpu(), tp.cpu(), ti.cpu()
 
 
+def shortest_first(encoded: list[tuple[dict, list[int]]]) -> list[tuple[dict, list[int]]]:
+    """The order prompts are generated in: by prompt length, shortest first (ties keep their given order).
+
+    A batched decode step reads every sequence's keys up to the longest context in the batch, so prompts of
+    similar lengths running together waste less of it on padding. Over the bundled recipe's 4,401 prompts
+    (mean 91 tokens, longest 431) the longest context in a step of 48 sequences averaged 336 positions in
+    the given order and 213 in this one, against a mean context of ~143; generation ran 7% faster (234
+    against 218 answer tokens/s on 192 prompts, bf16, batch 48, a 2-core avx512_bf16 CPU). A query sees
+    only its own sequence's keys, so each answer is the same greedy chain in any order (up to the rounding
+    of batched bf16 kernels); the data's order on disk changes, and training shuffles it."""
+    return sorted(encoded, key=lambda entry: len(entry[1]))
+
+
 def prefill_groups(queue: deque, free: int, budget: int, usable: Callable[[list[int]], bool],
                    skip: Callable[[], None]) -> list:
     """Take the next prompts from `queue` (entries (..., ids)) for one prefill forward: at most `free` of
@@ -195,7 +208,7 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
     feature and top-k next-token distribution captured by the very forward that produced it: prompt
     positions from the prefill, answer positions from the decode steps. No second (teacher) pass.
 
-    Finished sequences are appended to the arrays and to sequences.jsonl as they end, so an interrupted
+    Prompts run shortest first (`shortest_first`). Finished sequences are appended to the arrays and to sequences.jsonl as they end, so an interrupted
     run resumes where it stopped; meta.json is written last and marks the directory complete.
     `prefill_tokens`: read waiting prompts together up to this many padded tokens (`prefill_groups`), once
     `refill_at` slots are free (0, the CPU's choice: one prompt a forward, each slot refilled at once)."""
@@ -218,7 +231,7 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
                 fh.truncate(offset * nbytes)
     index_path.write_text("".join(json.dumps(r) + "\n" for r in index))
     done = {r["id"] for r in index}
-    queue = deque((item, ids) for item, ids in encoded if item["id"] not in done)
+    queue = deque(shortest_first([(item, ids) for item, ids in encoded if item["id"] not in done]))
     progress_path = out_dir / "progress.json"  # generation seconds spent so far, across resumed runs
     prior_s = json.loads(progress_path.read_text())["seconds"] if progress_path.is_file() and index else 0.0
     skipped = 0
