@@ -361,10 +361,9 @@ def test_generation_runs_shortest_prompts_first_and_answers_do_not_depend_on_the
         # written as they finish: the first to finish was one of the 3 shortest (the first batch), whatever
         # order the prompts came in
         assert prep.seqs[0]["num_prompt"] <= sorted(len(ids) for _, ids in encoded)[2]
-        runs[name] = {s["id"]: (prep.tokens[s["offset"]: s["offset"] + s["length"]].tolist(),
-                                prep.feats[s["offset"]: s["offset"] + s["length"]].float(),
-                                prep.topk_ids[s["offset"]: s["offset"] + s["length"]].tolist())
-                      for s in prep.seqs}
+        rows = {s["id"]: slice(s["offset"], s["offset"] + s["length"]) for s in prep.seqs}
+        runs[name] = {pid: (prep.tokens[r].tolist(), prep.feats[r].float(), prep.topk_ids[r].tolist())
+                      for pid, r in rows.items()}
     assert runs["given"].keys() == runs["reversed"].keys() == {e[0]["id"] for e in encoded}
     for pid, (toks, feats, top) in runs["given"].items():
         toks2, feats2, top2 = runs["reversed"][pid]
