@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SECONDS_PER_DAY = 86_400
 HOURS_PER_YEAR = 8_760
@@ -229,6 +229,16 @@ def sla_curve(
         n_spec = nodes_needed(daily_tokens, peak_factor, cap_spec)
         out.append(SlaPoint(sla, cap_ar, cap_spec, n_ar, n_spec, annual_savings(n_ar, n_spec, node_hourly_usd)))
     return out
+
+
+def sla_steps(curve: list[SlaPoint], through_ms: float) -> list[SlaPoint]:
+    """`curve` as a step plot draws it up to `through_ms`: its points, then the last one again at `through_ms`
+    when that is looser. The last step holds for every looser SLA, so a chart that ends at the last measured
+    p95 would show nothing at an SLA in use above it (the projection's own figures)."""
+    _finite("through_ms", through_ms, minimum=0, strict=True)
+    if not curve or through_ms <= curve[-1].sla_ms:
+        return list(curve)
+    return [*curve, replace(curve[-1], sla_ms=float(through_ms))]
 
 
 def spec_pays_below(curve: list[SlaPoint]) -> str | None:

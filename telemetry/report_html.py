@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from telemetry.finops import sla_steps
 from telemetry.report import ALPHA_GO, ReportData, Table, meets_sla
 
 MISSING = "—"
@@ -203,12 +204,20 @@ def trend_chart(data: ReportData) -> go.Figure:
 
 
 def sla_chart(data: ReportData, curve: Sequence) -> go.Figure:
-    """Nodes per mode against the p95 TPOT SLA along `curve` (finops.sla_curve), the report's SLA marked."""
+    """Nodes per mode against the p95 TPOT SLA along `curve` (finops.sla_curve), the report's SLA marked.
+    The last step goes on past the report's SLA without a marker (it holds for every looser SLA; markers
+    are measured configurations); the node axis starts at zero."""
     fig = go.Figure()
+    curve = list(curve)
+    steps = sla_steps(curve, max(data.sla_ms, curve[-1].sla_ms) * 1.1) if curve else curve
+    sizes = [8 if i < len(curve) else 0 for i in range(len(steps))]
     for mode, colour in (("spec", SPEC_COLOUR), ("ar", AR_COLOUR)):
-        fig.add_scatter(x=[c.sla_ms for c in curve], y=[getattr(c, f"nodes_{mode}") for c in curve],
-                        mode="lines+markers", line_shape="hv", name=_name(mode), line_color=colour)
-    fig.add_vline(x=data.sla_ms, line_dash="dash", line_color="#b91c1c", annotation_text=f"SLA {data.sla_ms:g} ms")
+        fig.add_scatter(x=[c.sla_ms for c in steps], y=[getattr(c, f"nodes_{mode}") for c in steps],
+                        mode="lines+markers", line_shape="hv", name=_name(mode), line_color=colour,
+                        marker_size=sizes)
+    fig.add_vline(x=data.sla_ms, line_dash="dash", line_color="#b91c1c", annotation_text=f"SLA {data.sla_ms:g} ms",
+                  annotation_position="bottom left")
+    fig.update_yaxes(rangemode="tozero")
     fig.update_xaxes(title="p95 TPOT SLA (ms)")
     return _layout(fig, "Nodes needed by SLA (the projection's traffic and node price)", "nodes at peak")
 

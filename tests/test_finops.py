@@ -15,6 +15,7 @@ from telemetry.finops import (
     nodes_needed,
     project,
     sla_curve,
+    sla_steps,
     spec_pays_below,
     speedup_bound,
 )
@@ -281,3 +282,16 @@ def test_sla_curve_skips_points_without_a_p95_or_throughput_and_checks_inputs():
     assert curve == []
     with pytest.raises(ValueError, match="peak_factor"):
         sla_curve([], [], daily_tokens=1e6, peak_factor=0.5, node_hourly_usd=1.0)
+
+
+def test_sla_steps_hold_the_last_step_out_to_a_looser_sla():
+    ar, spec = [(30.0, 40.0)], [(50.0, 25.0)]
+    curve = sla_curve(ar, spec, daily_tokens=8_640_000, peak_factor=1.0, node_hourly_usd=1.0)
+    steps = sla_steps(curve, 55.0)  # the SLA in use (50 ms) lies past the last measured p95 (40 ms)
+    assert steps[:2] == curve
+    assert [(s.sla_ms, s.nodes_ar, s.nodes_spec) for s in steps[2:]] == [(55.0, 4, 2)]
+    assert steps[2].annual_savings_usd == curve[-1].annual_savings_usd
+    assert sla_steps(curve, 40.0) == curve and sla_steps(curve, 30.0) == curve  # nothing looser to draw
+    assert sla_steps([], 50.0) == []
+    with pytest.raises(ValueError, match="through_ms"):
+        sla_steps(curve, float("nan"))

@@ -11,6 +11,8 @@ import math
 import pandas as pd
 import plotly.graph_objects as go
 
+from telemetry.finops import sla_steps
+
 MODE_COLORS = {"spec": "#2563eb", "ar": "#ea580c"}
 MODE_NAMES = {"spec": "speculative", "ar": "AR baseline"}
 GO_NO_GO_ALPHA = 0.65
@@ -186,13 +188,20 @@ def sweep(points: list[tuple], crossover: int | None, title: str) -> go.Figure:
 
 def nodes_by_sla(curve: list, chosen_sla: float) -> go.Figure:
     """Nodes per mode against the p95 TPOT SLA (finops.sla_curve's steps); the SLA in use marked. A gap
-    means no measured configuration of that mode meets the SLA there."""
+    means no measured configuration of that mode meets the SLA there. The last step is drawn on past the SLA
+    in use (it holds for every looser SLA), without a marker: markers are measured configurations. The
+    node axis starts at zero, so the gap between the modes reads in proportion."""
     fig = go.Figure()
-    slas = [p.sla_ms for p in curve]
+    through = max(chosen_sla, curve[-1].sla_ms) * 1.1 if curve else chosen_sla
+    steps = sla_steps(curve, through)
+    slas = [p.sla_ms for p in steps]
+    sizes = [8 if i < len(curve) else 0 for i in range(len(steps))]
     for mode in ("ar", "spec"):
-        fig.add_trace(go.Scatter(x=slas, y=[getattr(p, f"nodes_{mode}") for p in curve], mode="lines+markers",
+        fig.add_trace(go.Scatter(x=slas, y=[getattr(p, f"nodes_{mode}") for p in steps], mode="lines+markers",
                                  line_shape="hv", name=MODE_NAMES[mode], line={"color": MODE_COLORS[mode]},
-                                 connectgaps=False))
+                                 marker={"size": sizes}, connectgaps=False))
+    # at the bottom, inside the plot: at the top the label ran into the legend when the SLA sat at the right
     fig.add_vline(x=chosen_sla, line_dash="dot", line_color="#6b7280",
-                  annotation_text=f"SLA in use: {chosen_sla:g} ms", annotation_position="top")
+                  annotation_text=f"SLA in use: {chosen_sla:g} ms", annotation_position="bottom left")
+    fig.update_yaxes(rangemode="tozero")
     return _layout(fig, "Nodes needed by SLA", "p95 TPOT SLA (ms)", "nodes at peak")

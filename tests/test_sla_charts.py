@@ -1,0 +1,62 @@
+"""The nodes-by-SLA charts (dashboard and report) draw the projection at the SLA in use.
+
+The projection's curve has a point at each measured p95 TPOT; its last step holds for every looser SLA.
+An SLA in use looser than every measured p95 (the common case: 50 ms against runs of 27-37 ms) must still
+show the node counts the KPIs above the chart state, with markers only on measured configurations.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from app.dashboard import charts
+from telemetry.finops import sla_curve
+
+
+@pytest.fixture
+def curve():
+    # spec: 37 tokens/s at p95 27 ms; AR: 26 tokens/s at p95 36.7 ms; 500M tokens a day at peak 2
+    return sla_curve([(26.0, 36.7)], [(37.0, 27.0)], daily_tokens=5e8, peak_factor=2.0, node_hourly_usd=1.0)
+
+
+def _trace(fig, name):
+    [trace] = [t for t in fig.data if t.name == name]
+    return trace
+
+
+def test_dashboard_chart_draws_the_last_step_past_the_sla_in_use(curve):
+    fig = charts.nodes_by_sla(curve, 50.0)
+    ar, spec = _trace(fig, "AR baseline"), _trace(fig, "speculative")
+    for trace, nodes in ((ar, curve[-1].nodes_ar), (spec, curve[-1].nodes_spec)):
+        assert trace.x[-1] > 50.0 and trace.y[-1] == nodes  # the value at the SLA in use is drawn
+        assert list(trace.marker.size) == [8, 8, 0]  # no marker where nothing was measured
+    assert ar.y[0] is None  # AR meets no SLA as tight as 27 ms: a gap, not zero
+    assert fig.layout.yaxis.rangemode == "tozero"
+    [label] = fig.layout.annotations
+    assert label.text == "SLA in use: 50 ms" and label.yanchor == "bottom" and label.y == 0
+
+
+def test_dashboard_chart_with_the_sla_inside_the_measured_range(curve):
+    fig = charts.nodes_by_sla(curve, 30.0)  # tighter than the last p95: the curve still runs on past it
+    assert _trace(fig, "speculative").x[-1] == pytest.approx(36.7 * 1.1)
+
+
+def test_report_chart_draws_the_last_step_past_the_reports_sla(sqlite_url):
+    from datetime import timedelta
+
+    from telemetry.report import Window, build_report
+    from telemetry.report_html import sla_chart
+    from telemetry.store import open_store
+    from tests.test_report import D0, add_day
+
+    engine = open_store(sqlite_url)
+    add_day(engine, D0)
+    data = build_report(engine, Window("daily", D0, D0 + timedelta(days=1)), sla_ms=2000.0, history=1)
+    points = data.projection.sla_curve
+    assert points and points[-1].sla_ms < 2000.0
+    fig = sla_chart(data, points)
+    for trace in fig.data:
+        mode = "spec" if trace.name.startswith("spec") else "ar"
+        assert trace.x[-1] > 2000.0 and trace.y[-1] == getattr(points[-1], f"nodes_{mode}")
+        assert list(trace.marker.size) == [8] * len(points) + [0]
+    assert fig.layout.yaxis.rangemode == "tozero"
