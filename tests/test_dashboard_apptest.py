@@ -212,6 +212,9 @@ def test_speculation_page_shows_acceptance_and_go_no_go(filled, monkeypatch):
     bars, diamonds = spec["data"][:2]
     assert bars["x"] == ["chat", "code"] and bars["y"] == pytest.approx([10 / 24, 24 / 32])
     assert diamonds["y"] == pytest.approx([10 / 16, 24 / 32])  # chat's steps all stop at a rejection
+    over_time = json.loads(at.get("plotly_chart")[1].proto.spec)  # the acceptance rate, not alpha, over time
+    assert over_time["layout"]["title"]["text"] == "Acceptance rate"
+    assert over_time["layout"]["yaxis"]["title"]["text"] == "accepted / drafted"
     assert "Acceptance along the answer" in [h.value for h in at.subheader]
     assert any("32 tokens a span" in c.value for c in at.caption)
 

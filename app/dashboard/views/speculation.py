@@ -53,7 +53,8 @@ def body(ctx: Context) -> None:
     pooled = with_rates(over.groupby("t", as_index=False)[["drafts", "drafted", "accepted"]].sum())
     c1, c2 = st.columns(2)
     c1.plotly_chart(charts.lines_by(pooled.assign(series="acceptance rate"), "acceptance_rate", "series",
-                                    "Acceptance rate", "alpha", hline=charts.GO_NO_GO_ALPHA, hline_label="0.65"),
+                                    "Acceptance rate", "accepted / drafted", hline=charts.GO_NO_GO_ALPHA,
+                                    hline_label="0.65"),
                     width="stretch")
     c2.plotly_chart(charts.lines_by(pooled.assign(series="mean acceptance length"), "mean_acceptance_length",
                                     "series", "Mean acceptance length", "tokens per target forward"),
