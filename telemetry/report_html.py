@@ -200,7 +200,7 @@ def trend_chart(data: ReportData) -> go.Figure:
     for mode, colour in (("spec", SPEC_COLOUR), ("ar", AR_COLOUR)):
         fig.add_scatter(x=x, y=[p.cost_per_1m(mode) for p in periods], mode="lines+markers",
                         name=_name(mode), line_color=colour)  # fmt: skip
-    return _layout(fig, "Cost per 1M tokens over the previous periods (last point: this period)", "USD")
+    return _layout(fig, "Cost per 1M tokens by period (the last point is this one)", "USD")
 
 
 def sla_chart(data: ReportData, curve: Sequence) -> go.Figure:
@@ -219,7 +219,9 @@ def sla_chart(data: ReportData, curve: Sequence) -> go.Figure:
                   annotation_position="bottom left")
     fig.update_yaxes(rangemode="tozero")
     fig.update_xaxes(title="p95 TPOT SLA (ms)")
-    return _layout(fig, "Nodes needed by SLA (the projection's traffic and node price)", "nodes at peak")
+    _layout(fig, "Nodes needed by SLA (the projection's traffic and node price)", "nodes at peak")
+    # the only chart here with an x-axis title: the legend goes below it, not over it
+    return fig.update_layout(legend_y=-0.32, margin_b=70)
 
 
 def charts_html(figures: Sequence[tuple[str, go.Figure]]) -> str:

@@ -60,3 +60,4 @@ def test_report_chart_draws_the_last_step_past_the_reports_sla(sqlite_url):
         assert trace.x[-1] > 2000.0 and trace.y[-1] == getattr(points[-1], f"nodes_{mode}")
         assert list(trace.marker.size) == [8] * len(points) + [0]
     assert fig.layout.yaxis.rangemode == "tozero"
+    assert fig.layout.legend.y < -0.15 and fig.layout.margin.b >= 70  # below the x-axis title, not over it
