@@ -180,8 +180,12 @@ def sweep(points: list[tuple], crossover: int | None, title: str) -> go.Figure:
         fig.add_trace(go.Scatter(x=levels, y=[p[col] for p in points], mode="lines+markers",
                                  name=MODE_NAMES[mode], line={"color": MODE_COLORS[mode]}))
     if crossover is not None:
-        fig.add_vline(x=crossover, line_dash="dot", line_color="#6b7280",
-                      annotation_text=f"crossover: {crossover}", annotation_position="top")
+        fig.add_vline(x=crossover, line_dash="dot", line_color="#6b7280")
+        # an annotation's x on a log axis is log10 of the value: add_vline's own label landed at 10^crossover,
+        # over the legend, and stretched the axis far past the last level. Top left of the line, inside the
+        # plot: throughput grows with concurrency, so the curves run low there
+        fig.add_annotation(x=math.log10(crossover), y=1, yref="paper", text=f"crossover: {crossover}",
+                           showarrow=False, xanchor="right", yanchor="top", xshift=-4, font={"color": "#6b7280"})
     fig.update_xaxes(type="log", tickvals=levels, ticktext=[str(v) for v in levels])
     return _layout(fig, title, "concurrent sequences", "tokens/s (all sequences)")
 

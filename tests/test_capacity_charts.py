@@ -1,9 +1,9 @@
-"""The nodes-by-SLA charts (dashboard and report) draw the projection at the SLA in use.
+"""The capacity charts (dashboard Cost & capacity page, and the report) show what they mark where they mark it.
 
-The projection's curve has a point at each measured p95 TPOT; its last step holds for every looser SLA.
-An SLA in use looser than every measured p95 (the common case: 50 ms against runs of 27-37 ms) must still
-show the node counts the KPIs above the chart state, with markers only on measured configurations.
-"""
+Nodes by SLA: the projection's curve has a point at each measured p95 TPOT; its last step holds for every
+looser SLA. An SLA in use looser than every measured p95 (the common case: 50 ms against runs of 27-37 ms)
+must still show the node counts the KPIs above the chart state, with markers only on measured
+configurations. Throughput by concurrency: the crossover's label sits on its line on the log axis."""
 
 from __future__ import annotations
 
@@ -61,3 +61,18 @@ def test_report_chart_draws_the_last_step_past_the_reports_sla(sqlite_url):
         assert list(trace.marker.size) == [8] * len(points) + [0]
     assert fig.layout.yaxis.rangemode == "tozero"
     assert fig.layout.legend.y < -0.15 and fig.layout.margin.b >= 70  # below the x-axis title, not over it
+
+
+def test_sweep_chart_labels_the_crossover_at_its_level_on_the_log_axis():
+    """On a log axis an annotation's x is log10 of the value; the label must sit on the crossover line, not
+    at 10^crossover (where it covered the legend and stretched the axis past the last level)."""
+    import math
+
+    points = [(1, 5.9, 8.0), (2, 6.9, 8.6), (4, 12.1, 10.3)]  # (concurrency, AR tokens/s, spec tokens/s)
+    fig = charts.sweep(points, 4, "Throughput by concurrency")
+    assert fig.layout.xaxis.type == "log"
+    [line] = fig.layout.shapes
+    assert line.x0 == line.x1 == 4  # a shape's x is the value itself
+    [label] = fig.layout.annotations
+    assert label.text == "crossover: 4" and label.x == pytest.approx(math.log10(4)) and label.yref == "paper"
+    assert not charts.sweep(points, None, "t").layout.annotations  # no crossover: nothing marked
