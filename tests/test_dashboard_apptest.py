@@ -109,6 +109,28 @@ def test_overview_shows_the_kpis_from_the_shared_queries(filled, monkeypatch):
     assert all(v != "—" for v in m["Cost per 1M tokens"] + m["Speedup"])
 
 
+@pytest.mark.parametrize(("spec_e2e_ms", "delta"), [
+    (900.0, "same as AR"),  # TPOT 25 ms both: no arrow, not "-0%"
+    (901.6, "+0.2% vs AR"),  # 25.05 ms: a whole percent would print "+0%"
+    (1100.0, "+25% vs AR"),  # 31.25 ms
+])
+def test_overview_tpot_against_ar_at_the_precision_that_shows_it(sqlite_url, monkeypatch, spec_e2e_ms, delta):
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(output_tokens=33, ttft_ms=100, e2e_ms=900)])
+        make_run(s, "spec", requests=[spec_req(33, k=4, accepted=24, ttft_ms=100, e2e_ms=spec_e2e_ms)])
+        s.commit()
+    engine.dispose()
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    tpot = [m for m in at.metric if m.label in ("TPOT p50", "TPOT p95")]
+    assert len(tpot) == 4  # spec's pair with deltas, AR's without
+    assert [m.delta for m in tpot[:2]] == [delta, delta]
+    arrow = "NONE" if delta == "same as AR" else "UP"  # no arrow for an equal figure
+    assert all(f"direction: {arrow}" in str(m.proto) for m in tpot[:2])
+    assert tpot[2].delta == tpot[3].delta == ""
+
+
 def test_missing_energy_is_a_dash_not_zero(sqlite_url, monkeypatch):
     at = open_page(app_for(fill_store(sqlite_url, energy=False), monkeypatch), PAGES["Overview"])
     assert_clean(at)

@@ -28,10 +28,16 @@ def _projection(ctx: Context):
         return None, a, str(exc)
 
 
-def _delta(spec: float | None, ar: float | None) -> str | None:
-    if spec is None or ar is None or not ar:
-        return None
-    return f"{(spec - ar) / ar:+.0%} vs AR"
+def _vs_ar(spec: float | None, ar: float | None, compare: bool = True) -> dict:
+    """st.metric's delta arguments for spec against AR: a whole percent, or one decimal below half a
+    percent (a whole percent printed "-0%" with an arrow); an equal figure gets no arrow."""
+    if not compare or spec is None or ar is None or not ar:
+        return {}
+    change = (spec - ar) / ar
+    for text in (f"{change:+.0%}", f"{change:+.1%}"):
+        if text[1:].strip("0.%"):  # a digit other than zero: the change shows at this precision
+            return {"delta": f"{text} vs AR"}
+    return {"delta": "same as AR", "delta_arrow": "off"}
 
 
 def body(ctx: Context) -> None:
@@ -75,23 +81,23 @@ def body(ctx: Context) -> None:
             r1 = st.columns(3)
             total = c.total_usd_per_1m if c else None
             r1[0].metric("Cost per 1M tokens", usd(total),
-                         _delta(total, other_c.total_usd_per_1m if other_c else None) if compare else None,
+                         **_vs_ar(total, other_c.total_usd_per_1m if other_c else None, compare),
                          delta_color="inverse",
                          help="(node $/h x node hours + kWh x PUE x $/kWh) / output tokens x 1e6"
                               + ("" if not c or c.energy_included else ". Hardware only: energy not measured.")
                               + (" Energy part is an estimate." if c and c.energy_estimated else ""))
             r1[1].metric("TPOT p50", fmt(s.tpot_p50_ms, ".1f", suffix=" ms"),
-                         _delta(s.tpot_p50_ms, other_s.tpot_p50_ms if other_s else None) if compare else None,
+                         **_vs_ar(s.tpot_p50_ms, other_s.tpot_p50_ms if other_s else None, compare),
                          delta_color="inverse")
             r1[2].metric("TPOT p95", fmt(s.tpot_p95_ms, ".1f", suffix=" ms"),
-                         _delta(s.tpot_p95_ms, other_s.tpot_p95_ms if other_s else None) if compare else None,
+                         **_vs_ar(s.tpot_p95_ms, other_s.tpot_p95_ms if other_s else None, compare),
                          delta_color="inverse")
             r2 = st.columns(3)
             r2[0].metric("J/token (estimate)" if s.energy_estimated else "J/token", fmt(s.j_per_token, ".3f"),
                          help="Energy attributed to the requests / output tokens."
                               + (" Power was estimated (no power meter)." if s.energy_estimated else ""))
             r2[1].metric("Tokens/s", fmt(s.tokens_per_s, ",.1f"),
-                         _delta(s.tokens_per_s, other_s.tokens_per_s if other_s else None) if compare else None)
+                         **_vs_ar(s.tokens_per_s, other_s.tokens_per_s if other_s else None, compare))
             r2[2].metric("Accept. length", fmt(s.mean_acceptance_length, ".2f") if mode == "spec" else MISSING,
                          help="1 + accepted / drafts: tokens per target forward (bonus included).")
             st.caption(f"{s.num_requests_ok:,} requests ok, {s.num_requests_failed:,} failed, "
