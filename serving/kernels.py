@@ -307,7 +307,7 @@ ATTENTION_WIDTHS = (1, 2, 3, 5, 9)  # queries a decode forward feeds per sequenc
 
 
 @functools.cache
-def fused_attention_from(dtype: torch.dtype = torch.bfloat16, masked: bool = False) -> int | None:
+def fused_attention_from(dtype: torch.dtype = torch.bfloat16, masked: bool = False, batched: bool = True) -> int | None:
     """From how many queries per sequence on attention over a decode-length cache runs the fused
     `scaled_dot_product_attention` (None: never; narrower forwards use plain batched matmuls).
 
@@ -315,15 +315,18 @@ def fused_attention_from(dtype: torch.dtype = torch.bfloat16, masked: bool = Fal
     kernels rank differently at the two: on an AVX-512 EPYC, for one sequence, the fused kernel took
     1.8-2.2x the matmuls' time at 1 query and 0.63-0.94x at 2-9; through an explicit mask (`masked`: a
     ragged batch or a token tree) it took 1.2-3.6x at every width. Unmasked, the queries are one
-    sequence's last T positions, causal among themselves; masked, a batch of four reads through a
-    (B, 1, T, L) mask."""
+    sequence's last T positions, causal among themselves; masked and `batched` (a ragged batch), a batch
+    of four reads through a (B, 1, T, L) mask; masked and not batched, one sequence does (a token tree).
+    The last two rank apart: on an AMX Xeon the fused kernel took 0.22-0.55x the matmuls' time for one
+    masked sequence at every width and 0.78-0.97x for four, where the 0.85 bar made the choice for four
+    flip from one process to the next (and trees, sent down the matmuls, paid ~5 ms a forward for it)."""
     setting = _setting("SPECFINOPS_DECODE_ATTENTION")
     if setting != "auto":
         return 1 if setting == "on" else None
     from serving.llama import causal_mask, small_attention  # the matmul path lives with the model
 
     gen = torch.Generator().manual_seed(0)
-    B, L = (4 if masked else 1), 256
+    B, L = (4 if masked and batched else 1), 256
     wins = {}
     for T in ATTENTION_WIDTHS:
         q = torch.randn(B, 9, T, 64, generator=gen).to(dtype)
@@ -342,15 +345,19 @@ def fused_attention_from(dtype: torch.dtype = torch.bfloat16, masked: bool = Fal
 
 def attention_label(dtype: torch.dtype) -> str:
     """'fused' (every decode width), 'matmul' (none) or 'fused>=N' (from N queries on); when masked
-    batches choose otherwise, '/mask-' and theirs, e.g. 'fused>=2/mask-matmul'; '(f32)' at the end when
-    the widths that run matmuls multiply in float32, e.g. 'fused>=2(f32)'."""
+    batches choose otherwise, '/mask-' and theirs, e.g. 'fused>=2/mask-matmul'; when one masked sequence
+    (a token tree) chooses otherwise than one causal sequence, '/tree-' and its choice; '(f32)' at the end
+    when the widths that run matmuls multiply in float32, e.g. 'fused>=2(f32)'."""
 
     def one(first: int | None) -> str:
         return "matmul" if first is None else "fused" if first == 1 else f"fused>={first}"
 
     plain, masked = fused_attention_from(dtype), fused_attention_from(dtype, masked=True)
+    tree = fused_attention_from(dtype, masked=True, batched=False)
     label = one(plain) if plain == masked else f"{one(plain)}/mask-{one(masked)}"
-    if not plain == masked == 1 and widen_matmul_attention(dtype):
+    if tree != plain:
+        label += f"/tree-{one(tree)}"
+    if not plain == masked == tree == 1 and widen_matmul_attention(dtype):
         label += "(f32)"  # the matmul widths multiply in float32
     return label
 

@@ -231,7 +231,8 @@ class Attention(nn.Module):
             wide[fb.rows] = q
             q = wide
         # the fused-vs-matmul race is a CPU measurement; elsewhere (a GPU) narrow forwards take the matmuls
-        fused_from = fused_attention_from(q.dtype, fb.mask is not None) if q.device.type == "cpu" else None
+        fused_from = (fused_attention_from(q.dtype, fb.mask is not None, keys.shape[0] > 1)
+                      if q.device.type == "cpu" else None)
         if T <= SMALL_T and (fused_from is None or T < fused_from):
             out = small_attention(q, keys, values, fb.mask, fb.kv_len)
         elif fb.mask is None and T == 1:

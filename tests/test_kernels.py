@@ -237,7 +237,7 @@ def test_decode_attention_paths_agree(setting, monkeypatch):
     for value in ("off", "on", "split"):
         if value == "split":
             setting("SPECFINOPS_DECODE_ATTENTION", "auto")
-            monkeypatch.setattr(serving.llama, "fused_attention_from", lambda dtype, masked=False: 3)
+            monkeypatch.setattr(serving.llama, "fused_attention_from", lambda dtype, masked=False, batched=True: 3)
         else:
             setting("SPECFINOPS_DECODE_ATTENTION", value)
             assert kernels.fused_attention_from() == (1 if value == "on" else None)
@@ -278,6 +278,18 @@ def test_fused_attention_is_chosen_per_width(setting, monkeypatch):
     assert kernels.fused_attention_from(torch.bfloat16) == 1
     assert kernels.fused_attention_from(torch.bfloat16, masked=True) is None
     assert kernels.attention_label(torch.bfloat16) == "fused/mask-matmul"
+    # one masked sequence (a token tree) is raced as itself, not as a batch of four
+    assert kernels.fused_attention_from(torch.bfloat16, masked=True, batched=False) == 1
+    kernels.fused_attention_from.cache_clear()
+
+    def tree_only(fast, plain, **_):  # the fused kernel wins for one sequence through a (1, 1, T, L) mask only
+        mask = fast.__defaults__[3]
+        return (1.0, 2.0) if fast().shape[0] == 1 and mask is not None and mask.dim() == 4 else (2.0, 1.0)
+
+    monkeypatch.setattr(kernels, "_race", tree_only)
+    assert kernels.fused_attention_from(torch.bfloat16, masked=True, batched=False) == 1
+    assert kernels.fused_attention_from(torch.bfloat16, masked=True) is None
+    assert kernels.attention_label(torch.bfloat16) == "matmul/tree-fused"
 
 
 def test_fused_attention_matches_matmul_attention_with_ragged_mask():
@@ -373,3 +385,36 @@ def test_bf16_attention_over_a_strided_cache_slice_matches_float32():
     ref = matmul_attention(q.float(), keys.float(), values.float(), mask, 20)
     assert out.dtype == torch.bfloat16 and torch.allclose(out.float(), ref, atol=3e-2)
     assert torch.equal(ck[:, :, :20], keys)  # the cache itself is untouched
+
+
+def test_attention_asks_for_the_choice_of_its_call_form(monkeypatch):
+    """A forward asks the race for its own form: one causal sequence, a ragged (masked) batch, or one
+    sequence through a tree mask, and the three forms give the same logits as the matmul path."""
+    import serving.llama
+    from serving.llama import ragged_batch, tree_batch
+
+    model = tiny_model(7)
+    asked = []
+
+    def choice(dtype, masked=False, batched=True):
+        asked.append((masked, batched))
+        return 1
+
+    monkeypatch.setattr(serving.llama, "fused_attention_from", choice)
+    with torch.inference_mode():
+        cache = model.new_cache(2, 32)
+        for slot in (0, 1):
+            model(torch.tensor([[4, 8, 15, 16]]), contiguous_batch(slot, 1, 0, 4), cache)
+        asked.clear()
+        model(torch.tensor([[23, 42]]), contiguous_batch(0, 1, 4, 2), cache)
+        assert set(asked) == {(False, False)}
+        asked.clear()
+        model(torch.tensor([[23, 42], [5, 6]]), ragged_batch([0, 1], [4, 4], 2), cache)
+        assert set(asked) == {(True, True)}
+        asked.clear()
+        visible = torch.tensor([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]], dtype=torch.bool)  # a root and two children
+        fused = model(torch.tensor([[23, 42, 7]]), tree_batch([0], [4], torch.tensor([[0, 1, 1]]), visible), cache)
+        assert set(asked) == {(True, False)}
+        monkeypatch.setattr(serving.llama, "fused_attention_from", lambda dtype, masked=False, batched=True: None)
+        plain = model(torch.tensor([[23, 42, 7]]), tree_batch([0], [4], torch.tensor([[0, 1, 1]]), visible), cache)
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
