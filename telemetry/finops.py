@@ -241,6 +241,17 @@ def sla_steps(curve: list[SlaPoint], through_ms: float) -> list[SlaPoint]:
     return [*curve, replace(curve[-1], sla_ms=float(through_ms))]
 
 
+def step_starts(curve: list[SlaPoint], mode: str) -> list[bool]:
+    """For each point of `curve`, whether `mode` ('ar' or 'spec') steps there: one of its measured
+    configurations starts to meet the SLA and raises its capacity. The curve has a point at every measured
+    p95 of either mode, so at most points the other mode's configuration is what changed; a chart marks
+    a mode's line only where that mode was measured."""
+    if mode not in ("ar", "spec"):
+        raise ValueError(f"mode must be 'ar' or 'spec', got {mode!r}")
+    caps = [getattr(p, f"capacity_{mode}") for p in curve]
+    return [c is not None and (i == 0 or c != caps[i - 1]) for i, c in enumerate(caps)]
+
+
 def spec_pays_below(curve: list[SlaPoint]) -> str | None:
     """One line on where speculation needs fewer nodes than AR along `curve`, or None when it never does."""
     wins = [(p.sla_ms, nxt.sla_ms if nxt else None) for p, nxt in zip(curve, [*curve[1:], None], strict=True)

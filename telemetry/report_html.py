@@ -13,11 +13,12 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from telemetry.finops import sla_steps
+from telemetry.finops import sla_steps, step_starts
+from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.report import ALPHA_GO, ReportData, Table, meets_sla
 
 MISSING = "—"
-SPEC_COLOUR, AR_COLOUR, ENERGY_COLOUR = "#2563eb", "#9ca3af", "#f59e0b"
+SPEC_COLOUR, AR_COLOUR = MODE_COLOURS["spec"], MODE_COLOURS["ar"]  # the dashboard's too
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1180px;color:#111827}
@@ -30,6 +31,7 @@ th{background:#f9fafb;text-align:left} td.n{text-align:right;font-variant-numeri
 .notice{background:#fef3c7;border:1px solid #f59e0b;border-radius:8px;padding:.7rem 1rem}
 .bad{color:#b91c1c;font-weight:600} .ok{color:#15803d}
 .charts{display:grid;grid-template-columns:1fr 1fr;gap:1rem}
+.scroll{overflow-x:auto;max-width:100%}
 """
 
 
@@ -64,7 +66,8 @@ def table_html(t: Table) -> str:
         return f"<h3>{html.escape(t.title)}</h3><p class='muted'>No rows in this period.</p>"
     head = "".join(f"<th>{html.escape(h)}</th>" for h in t.header)
     body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in t.rows)
-    return f"<h3>{html.escape(t.title)}</h3><table><tr>{head}</tr>{body}</table>"
+    # a table wider than the page (cost per run has ~20 columns) scrolls in its own box, not the whole page
+    return f"<h3>{html.escape(t.title)}</h3><div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
 
 
 def _card(key: str, value: str, sub: str = "") -> str:
@@ -166,11 +169,15 @@ def cost_chart(data: ReportData) -> go.Figure:
     costs = [data.current.mode_costs[m].cost for m in modes]
     names = [_name(m) for m in modes]
     fig = go.Figure()
-    fig.add_bar(x=names, y=[c.hardware_usd_per_1m for c in costs], name="hardware", marker_color=SPEC_COLOUR)
-    estimated = any(c.energy_estimated for c in costs)
-    fig.add_bar(x=names, y=[c.energy_usd_per_1m for c in costs], marker_color=ENERGY_COLOUR,
-                name="energy (estimated)" if estimated else "energy")  # fmt: skip
-    fig.update_layout(barmode="stack")
+    # the parts of a cost in their own colours (the modes' would say "spec" on the AR bar)
+    fig.add_bar(x=names, y=[c.hardware_usd_per_1m for c in costs], name="hardware", marker_color=HARDWARE_COLOUR)
+    for est in (False, True):  # an estimate is hatched and named so; energy never measured draws nothing
+        ys = [c.energy_usd_per_1m if c.energy_usd_per_1m is not None and bool(c.energy_estimated) == est else None
+              for c in costs]
+        if any(y is not None for y in ys):
+            fig.add_bar(x=names, y=ys, name="energy (estimated)" if est else "energy (measured)",
+                        marker={"color": ENERGY_COLOUR, "pattern_shape": "/" if est else ""})
+    fig.update_layout(barmode="stack", showlegend=True)
     return _layout(fig, "Cost per 1M tokens: spec vs AR", "USD per 1M output tokens")
 
 
@@ -205,13 +212,14 @@ def trend_chart(data: ReportData) -> go.Figure:
 
 def sla_chart(data: ReportData, curve: Sequence) -> go.Figure:
     """Nodes per mode against the p95 TPOT SLA along `curve` (finops.sla_curve), the report's SLA marked.
-    The last step goes on past the report's SLA without a marker (it holds for every looser SLA; markers
-    are measured configurations); the node axis starts at zero."""
+    The last step goes on past the report's SLA without a marker (it holds for every looser SLA); a mode's
+    markers are where one of its measured configurations starts to meet the SLA (`step_starts`); the node
+    axis starts at zero."""
     fig = go.Figure()
     curve = list(curve)
     steps = sla_steps(curve, max(data.sla_ms, curve[-1].sla_ms) * 1.1) if curve else curve
-    sizes = [8 if i < len(curve) else 0 for i in range(len(steps))]
     for mode, colour in (("spec", SPEC_COLOUR), ("ar", AR_COLOUR)):
+        sizes = [8 if start else 0 for start in step_starts(curve, mode)] + [0] * (len(steps) - len(curve))
         fig.add_scatter(x=[c.sla_ms for c in steps], y=[getattr(c, f"nodes_{mode}") for c in steps],
                         mode="lines+markers", line_shape="hv", name=_name(mode), line_color=colour,
                         marker_size=sizes)

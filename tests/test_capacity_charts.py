@@ -1,4 +1,4 @@
-"""The capacity charts (dashboard Cost & capacity page, and the report) show what they mark where they mark it.
+"""The cost and capacity charts (dashboard Cost & capacity page, and the report) show what they mark where they mark it.
 
 Nodes by SLA: the projection's curve has a point at each measured p95 TPOT; its last step holds for every
 looser SLA. An SLA in use looser than every measured p95 (the common case: 50 ms against runs of 27-37 ms)
@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from app.dashboard import charts
-from telemetry.finops import sla_curve
+from telemetry.finops import sla_curve, step_starts
+from telemetry.palette import MODE_COLOURS
 
 
 @pytest.fixture
@@ -29,7 +30,9 @@ def test_dashboard_chart_draws_the_last_step_past_the_sla_in_use(curve):
     ar, spec = _trace(fig, "AR baseline"), _trace(fig, "speculative")
     for trace, nodes in ((ar, curve[-1].nodes_ar), (spec, curve[-1].nodes_spec)):
         assert trace.x[-1] > 50.0 and trace.y[-1] == nodes  # the value at the SLA in use is drawn
-        assert list(trace.marker.size) == [8, 8, 0]  # no marker where nothing was measured
+    # a marker where the mode's own configuration starts to meet the SLA: spec at 27 ms, AR at 36.7 ms;
+    # none where only the other mode was measured, none on the extension
+    assert list(spec.marker.size) == [8, 0, 0] and list(ar.marker.size) == [0, 8, 0]
     assert ar.y[0] is None  # AR meets no SLA as tight as 27 ms: a gap, not zero
     assert fig.layout.yaxis.rangemode == "tozero"
     [label] = fig.layout.annotations
@@ -58,7 +61,10 @@ def test_report_chart_draws_the_last_step_past_the_reports_sla(sqlite_url):
     for trace in fig.data:
         mode = "spec" if trace.name.startswith("spec") else "ar"
         assert trace.x[-1] > 2000.0 and trace.y[-1] == getattr(points[-1], f"nodes_{mode}")
-        assert list(trace.marker.size) == [8] * len(points) + [0]
+        assert trace.line.color == MODE_COLOURS[mode]  # the dashboard's colour for the mode (AR was grey here)
+        starts = step_starts(points, mode)  # checked by hand in the test below
+        assert list(trace.marker.size) == [8 if s else 0 for s in starts] + [0]
+        assert any(starts)  # both modes were measured in this store
     assert fig.layout.yaxis.rangemode == "tozero"
     assert fig.layout.legend.y < -0.15 and fig.layout.margin.b >= 70  # below the x-axis title, not over it
 
@@ -76,3 +82,49 @@ def test_sweep_chart_labels_the_crossover_at_its_level_on_the_log_axis():
     [label] = fig.layout.annotations
     assert label.text == "crossover: 4" and label.x == pytest.approx(math.log10(4)) and label.yref == "paper"
     assert not charts.sweep(points, None, "t").layout.annotations  # no crossover: nothing marked
+
+
+def test_step_starts_marks_where_each_mode_was_measured():
+    # AR measured at 20 and 40 ms (the second slower per node than the first would allow: no step),
+    # spec at 10 and 30 ms (the second with more capacity: a step)
+    c = sla_curve([(30.0, 20.0), (25.0, 40.0)], [(20.0, 10.0), (45.0, 30.0)], daily_tokens=1e6, peak_factor=1.0,
+                  node_hourly_usd=1.0)
+    assert [p.sla_ms for p in c] == [10.0, 20.0, 30.0, 40.0]
+    assert step_starts(c, "spec") == [True, False, True, False]
+    assert step_starts(c, "ar") == [False, True, False, False]
+    assert step_starts([], "ar") == []
+    with pytest.raises(ValueError, match="mode must be 'ar' or 'spec'"):
+        step_starts(c, "both")
+
+
+def test_cost_chart_names_the_hardware_part_when_energy_was_not_measured():
+    fig = charts.cost_split(["spec", "ar"], [0.31, 0.57], [None, None], [False, False])
+    assert [t.name for t in fig.data] == ["hardware (node $/h x hours)"]
+    assert fig.layout.showlegend is True  # a lone trace's legend is hidden unless asked for
+    with_energy = charts.cost_split(["spec", "ar"], [0.31, 0.57], [0.02, None], [True, False])
+    assert [t.name for t in with_energy.data] == ["hardware (node $/h x hours)", "energy (estimate)"]
+
+
+def test_report_cost_chart_keeps_mode_colours_for_modes():
+    """The report's stacked cost bars colour the parts of a cost, not the modes: the AR bar's hardware part
+    was drawn in spec's blue. Estimated energy is hatched and named so; energy never measured draws nothing."""
+    from types import SimpleNamespace
+
+    from telemetry.finops import cost_per_1m_tokens
+    from telemetry.palette import HARDWARE_COLOUR
+    from telemetry.report_html import cost_chart
+
+    def data(**costs):
+        return SimpleNamespace(current=SimpleNamespace(mode_costs={m: SimpleNamespace(cost=c) for m, c in costs.items()}))
+
+    spec = cost_per_1m_tokens(3.0, 1.0, 0.5, 1.2, 0.13, 1_000_000, energy_estimated=True)
+    ar = cost_per_1m_tokens(3.0, 2.0, 1.0, 1.2, 0.13, 1_000_000, energy_estimated=True)
+    fig = cost_chart(data(spec=spec, ar=ar))
+    hardware, energy = fig.data
+    assert hardware.marker.color == HARDWARE_COLOUR and HARDWARE_COLOUR not in MODE_COLOURS.values()
+    assert energy.name == "energy (estimated)" and energy.marker.pattern.shape == "/"
+    assert list(energy.y) == pytest.approx([0.5 * 1.2 * 0.13, 1.0 * 1.2 * 0.13])
+    unmeasured = cost_per_1m_tokens(3.0, 1.0, None, 1.2, 0.13, 1_000_000)
+    fig = cost_chart(data(spec=unmeasured, ar=unmeasured))
+    assert [t.name for t in fig.data] == ["hardware"] and fig.layout.showlegend is True
+

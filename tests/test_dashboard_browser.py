@@ -177,3 +177,39 @@ def test_every_page_loads_in_chromium(dashboard, tmp_path):
             shutil.copy2(png, keep / png.name)
     assert not problems, problems
     assert len(list(shots.glob("*.png"))) == len(PAGES)
+
+
+def test_report_page_fits_the_window_in_chromium(sqlite_url, tmp_path):
+    """An HTML report opened in Chromium at a laptop's width: the page itself never scrolls sideways (the
+    cost-per-run table, ~20 columns, made the whole report 2,700 px wide); a wide table scrolls in its box."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    from datetime import timedelta
+
+    from playwright.sync_api import sync_playwright
+
+    from app.cli import main
+    from telemetry.store import open_store
+    from tests.test_report import D0, add_day
+
+    add_day(open_store(sqlite_url), D0)
+    out = tmp_path / "reports"
+    assert main(["report", "--db", sqlite_url, "--out", str(out), "--period", "daily",
+                 "--until", (D0 + timedelta(days=1)).date().isoformat()]) == 0
+    [page_file] = out.glob("*/report.html")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(page_file.as_uri())
+            page.wait_for_selector("table")
+            widths = page.evaluate("() => ({page: document.documentElement.scrollWidth, window: window.innerWidth,"
+                                   " tables: [...document.querySelectorAll('table')].map(t => t.scrollWidth),"
+                                   " boxed: [...document.querySelectorAll('table')].every("
+                                   "t => getComputedStyle(t.parentElement).overflowX === 'auto')})")
+        finally:
+            browser.close()
+    assert max(widths["tables"]) > widths["window"]  # the widest table is wider than the window ...
+    assert widths["page"] <= widths["window"]  # ... and the page still fits it
+    assert widths["boxed"]

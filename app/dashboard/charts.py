@@ -11,9 +11,10 @@ import math
 import pandas as pd
 import plotly.graph_objects as go
 
-from telemetry.finops import sla_steps
+from telemetry.finops import sla_steps, step_starts
+from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 
-MODE_COLORS = {"spec": "#2563eb", "ar": "#ea580c"}
+MODE_COLORS = MODE_COLOURS  # shared with the reports (telemetry/palette.py)
 MODE_NAMES = {"spec": "speculative", "ar": "AR baseline"}
 GO_NO_GO_ALPHA = 0.65
 HEIGHT = 340
@@ -149,16 +150,17 @@ def cost_split(modes: list[str], hardware: list[float | None], energy: list[floa
     """Cost per 1M tokens stacked: hardware, then energy (hatched and labelled when estimated)."""
     names = [MODE_NAMES.get(m, m) for m in modes]
     fig = go.Figure()
-    fig.add_bar(x=names, y=hardware, name="hardware (node $/h x hours)", marker_color="#334155",
+    fig.add_bar(x=names, y=hardware, name="hardware (node $/h x hours)", marker_color=HARDWARE_COLOUR,
                 text=["—" if h is None else f"${h:,.2f}" for h in hardware])
     for est in (False, True):
         ys = [e if (e is not None and bool(x) == est) else None for e, x in zip(energy, energy_estimated, strict=True)]
         if all(y is None for y in ys):
             continue
         fig.add_bar(x=names, y=ys, name="energy (estimate)" if est else "energy (measured)",
-                    marker=dict(color="#f59e0b", pattern_shape="/" if est else ""),
+                    marker=dict(color=ENERGY_COLOUR, pattern_shape="/" if est else ""),
                     text=[None if y is None else f"${y:,.3f}" for y in ys])
-    fig.update_layout(barmode="stack")
+    # the legend names the parts even when hardware is the only one (plotly hides a lone trace's legend)
+    fig.update_layout(barmode="stack", showlegend=True)
     _mark_missing(fig, names, hardware, "— no cost (no tokens or wall time)")
     return _layout(fig, "Cost per 1M output tokens", "", "USD per 1M tokens")
 
@@ -193,14 +195,15 @@ def sweep(points: list[tuple], crossover: int | None, title: str) -> go.Figure:
 def nodes_by_sla(curve: list, chosen_sla: float) -> go.Figure:
     """Nodes per mode against the p95 TPOT SLA (finops.sla_curve's steps); the SLA in use marked. A gap
     means no measured configuration of that mode meets the SLA there. The last step is drawn on past the SLA
-    in use (it holds for every looser SLA), without a marker: markers are measured configurations. The
+    in use (it holds for every looser SLA), without a marker: a mode's markers are where one of its measured
+    configurations starts to meet the SLA (`step_starts`), not every point of the shared curve. The
     node axis starts at zero, so the gap between the modes reads in proportion."""
     fig = go.Figure()
     through = max(chosen_sla, curve[-1].sla_ms) * 1.1 if curve else chosen_sla
     steps = sla_steps(curve, through)
     slas = [p.sla_ms for p in steps]
-    sizes = [8 if i < len(curve) else 0 for i in range(len(steps))]
     for mode in ("ar", "spec"):
+        sizes = [8 if start else 0 for start in step_starts(curve, mode)] + [0] * (len(steps) - len(curve))
         fig.add_trace(go.Scatter(x=slas, y=[getattr(p, f"nodes_{mode}") for p in steps], mode="lines+markers",
                                  line_shape="hv", name=MODE_NAMES[mode], line={"color": MODE_COLORS[mode]},
                                  marker={"size": sizes}, connectgaps=False))
