@@ -377,3 +377,57 @@ def test_dashboard_command_is_local_and_headless(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["dashboard", "--help"])
     assert "examples:" in capsys.readouterr().out
+
+
+def test_over_time_lines_break_where_no_request_ran(sqlite_url, monkeypatch):
+    """Two sessions ten minutes apart: the over-time lines stop at the last bucket of the first and start
+    again at the second, instead of a straight line across ten minutes with no requests (read as data)."""
+    from datetime import timedelta
+
+    from synthetic import BASE_TIME
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for start in (BASE_TIME, BASE_TIME + timedelta(minutes=10)):
+            make_run(s, "ar", started_at=start, requests=[Req(output_tokens=33, ttft_ms=100, e2e_ms=900)])
+            make_run(s, "spec", started_at=start, requests=[spec_req(33, k=4, accepted=24, ttft_ms=100, e2e_ms=500)])
+        s.commit()
+    engine.dispose()
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Latency"])
+    assert_clean(at)
+    figures = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    [tpot] = [f for f in figures if f["layout"]["title"]["text"].startswith("Mean TPOT per")]
+    for trace in tpot["data"]:
+        ys = trace["y"]
+        assert len(trace["x"]) == len(ys) and ys.count(None) == 1, trace  # one break, between the sessions
+        assert ys[0] is not None and ys[-1] is not None
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Speculation"])
+    assert_clean(at)
+    over_time = json.loads(at.get("plotly_chart")[1].proto.spec)
+    assert over_time["data"][0]["y"].count(None) == 1
+
+
+def test_broken_at_gaps_inserts_one_missing_point_per_gap():
+    import pandas as pd
+
+    from app.dashboard.charts import broken_at_gaps
+
+    t0 = pd.Timestamp("2026-11-02 09:00:00")
+    part = pd.DataFrame({"t": [t0 + pd.Timedelta(seconds=s) for s in (10, 0, 5, 60)], "v": [2.0, 1.0, 1.5, 3.0]})
+    xs, ys = broken_at_gaps(part, "v", 5)
+    assert ys == [1.0, 1.5, 2.0, None, 3.0]  # sorted by time; 10 s -> 60 s skips empty buckets
+    assert xs[3] == t0 + pd.Timedelta(seconds=15)  # the break sits in the first empty bucket
+    assert broken_at_gaps(part, "v", None)[1] == [1.0, 1.5, 2.0, 3.0]
+    assert broken_at_gaps(part, "v", 60)[1] == [1.0, 1.5, 2.0, 3.0]  # no bucket of a minute is empty
+
+
+def test_energy_page_without_power_says_how_to_record_it(sqlite_url, monkeypatch):
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(output_tokens=33, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+    engine.dispose()
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Energy"])
+    assert_clean(at)
+    [info] = [i.value for i in at.info if i.value.startswith("No power samples in view")]
+    assert "--power nvml" in info and "--power rapl" in info and "--power estimate --tdp-w W" in info

@@ -57,21 +57,44 @@ def histogram(hist: pd.DataFrame, value_col: str, title: str, x_title: str) -> g
     return _layout(fig, title, x_title + " (last bar: p99.5 and above)", "share")
 
 
-def lines_by_mode(frame: pd.DataFrame, y: str, title: str, y_title: str) -> go.Figure:
+def broken_at_gaps(part: pd.DataFrame, y: str, bucket_s: float | None) -> tuple[list, list]:
+    """x (the buckets' `t`) and y of one series, with a missing point after every bucket whose next one is
+    more than `bucket_s` later: plotly breaks the line there instead of drawing a straight line across a
+    stretch with no requests (which reads as data). None: no breaks."""
+    part = part.sort_values("t")
+    xs, ys = list(part["t"]), list(part[y])
+    if bucket_s is None or len(xs) < 2:
+        return xs, ys
+    step = pd.Timedelta(seconds=bucket_s)
+    out_x, out_y = [xs[0]], [ys[0]]
+    for prev, x, v in zip(xs[:-1], xs[1:], ys[1:], strict=True):
+        if pd.Timestamp(x) - pd.Timestamp(prev) > step:
+            out_x.append(pd.Timestamp(prev) + step)
+            out_y.append(None)
+        out_x.append(x)
+        out_y.append(v)
+    return out_x, out_y
+
+
+def lines_by_mode(frame: pd.DataFrame, y: str, title: str, y_title: str, bucket_s: float | None = None) -> go.Figure:
+    """One line per mode over time buckets of `bucket_s` seconds (broken where buckets are empty)."""
     fig = go.Figure()
     for mode in ("spec", "ar"):
         part = frame[frame["mode"] == mode]
         if not part.empty:
-            fig.add_scatter(x=part["t"], y=part[y], mode="lines+markers", name=MODE_NAMES[mode],
+            xs, ys = broken_at_gaps(part, y, bucket_s)
+            fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=MODE_NAMES[mode],
                             line=dict(color=MODE_COLORS[mode]))
     return _layout(fig, title, "time (UTC)", y_title)
 
 
 def lines_by(frame: pd.DataFrame, y: str, group: str, title: str, y_title: str, hline: float | None = None,
-             hline_label: str = "") -> go.Figure:
+             hline_label: str = "", bucket_s: float | None = None) -> go.Figure:
+    """One line per value of `group` over time buckets of `bucket_s` seconds (broken where buckets are empty)."""
     fig = go.Figure()
     for key, part in frame.groupby(group, sort=True):
-        fig.add_scatter(x=part["t"], y=part[y], mode="lines+markers", name=str(key))
+        xs, ys = broken_at_gaps(part, y, bucket_s)
+        fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=str(key))
     if hline is not None:
         fig.add_hline(y=hline, line_dash="dot", line_color="#dc2626", annotation_text=hline_label)
     return _layout(fig, title, "time (UTC)", y_title)
@@ -130,13 +153,15 @@ def _mark_missing(fig: go.Figure, xs: list, ys: list, text: str) -> None:
             fig.add_annotation(x=x, y=0, yref="y", text=text, showarrow=False, yshift=12, font=dict(color="#6b7280"))
 
 
-def power(frame: pd.DataFrame) -> go.Figure:
-    """Power per node/device over time: measured solid, estimated dashed and named '(estimate)'."""
+def power(frame: pd.DataFrame, bucket_s: float | None = None) -> go.Figure:
+    """Power per node/device over time: measured solid, estimated dashed and named '(estimate)'; broken
+    where buckets of `bucket_s` seconds hold no sample (no run was sampling)."""
     fig = go.Figure()
     for (node, dev, source), part in frame.groupby(["node_id", "device_index", "source"], sort=True):
         estimated = source == "estimate"
         name = f"{node} · device {dev} · {'estimate' if estimated else source}"
-        fig.add_scatter(x=part["t"], y=part["power_w"], mode="lines+markers", name=name + (" (estimate)" if estimated else ""),
+        xs, ys = broken_at_gaps(part, "power_w", bucket_s)
+        fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=name + (" (estimate)" if estimated else ""),
                         line=dict(dash="dash" if estimated else "solid", width=2 if estimated else 1.5),
                         marker=dict(symbol="circle-open" if estimated else "circle", size=7),
                         opacity=0.8 if estimated else 1.0)

@@ -24,9 +24,13 @@ def body(ctx: Context) -> None:
 
     power = data.power_over_time(ctx.url, f, ctx.sel.bucket_s)
     if power.empty:
-        st.info("No power samples in view (power source 'none', or runs recorded without sampling).")
+        st.info("No power samples in view. A run records power only where a source was open: `--power auto` "
+                "(the default) tries NVML, then RAPL, and records none where neither can be read (as on most "
+                "VMs). Record with `--power nvml` on a GPU node, `--power rapl` where /sys/class/powercap is "
+                "readable, or `--power estimate --tdp-w W` for a TDP figure that every view labels as an "
+                "estimate (`bench` and `serve` take these options).")
         return
-    st.plotly_chart(charts.power(power), width="stretch")
+    st.plotly_chart(charts.power(power, ctx.sel.bucket_s), width="stretch")
     if (power["source"] == "estimate").any():
         st.caption("Dashed lines are estimates (TDP-based power model, no meter): treat them as approximate.")
     download_csv("Download power over time (CSV)", power, "power-over-time.csv", "dl_power")

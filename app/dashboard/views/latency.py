@@ -51,8 +51,11 @@ def body(ctx: Context) -> None:
         return
     bucket = bucket_label(ctx.sel.bucket_s)
     c1, c2 = st.columns(2)
-    c1.plotly_chart(charts.lines_by_mode(over, "ttft_mean_ms", f"Mean TTFT per {bucket}", "TTFT (ms)"), width="stretch")
-    c2.plotly_chart(charts.lines_by_mode(over, "tpot_mean_ms", f"Mean TPOT per {bucket}", "TPOT (ms)"), width="stretch")
+    gap = ctx.sel.bucket_s
+    c1.plotly_chart(charts.lines_by_mode(over, "ttft_mean_ms", f"Mean TTFT per {bucket}", "TTFT (ms)", gap),
+                    width="stretch")
+    c2.plotly_chart(charts.lines_by_mode(over, "tpot_mean_ms", f"Mean TPOT per {bucket}", "TPOT (ms)", gap),
+                    width="stretch")
     download_csv("Download latency over time (CSV)", over, "latency-over-time.csv", "dl_lat_time")
 
 
