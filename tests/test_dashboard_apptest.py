@@ -431,3 +431,15 @@ def test_energy_page_without_power_says_how_to_record_it(sqlite_url, monkeypatch
     assert_clean(at)
     [info] = [i.value for i in at.info if i.value.startswith("No power samples in view")]
     assert "--power nvml" in info and "--power rapl" in info and "--power estimate --tdp-w W" in info
+
+
+def test_tables_show_times_to_the_second_and_missing_as_a_dash():
+    import pandas as pd
+
+    from app.dashboard.common import MISSING, table_style
+
+    frame = pd.DataFrame({"started (UTC)": pd.to_datetime(["2026-12-04 23:41:27.786169", None]),
+                          "tokens/s": [75.6312, None]})
+    html = table_style(frame).to_html()
+    assert ">2026-12-04 23:41:27<" in html and ".786169" not in html
+    assert ">75.631<" in html and html.count(f">{MISSING}<") == 2

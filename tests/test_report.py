@@ -288,6 +288,10 @@ def test_dashboard_reports_page_lists_reports_with_downloads(store, tmp_path, mo
     assert not at.error
     [frame] = at.dataframe
     assert list(frame.value["id"]) == [_only_report(engine).id]
+    row = frame.value.iloc[0]
+    # the period's output tokens (add_day: two runs of two 33-token requests), not a bare checkbox; no anomaly
+    # found reads "none"; written by hand, not by a job
+    assert row["output tokens"] == 4 * 33 and row["anomalies"] == "none" and row["job"] == "manual"
     labels = [b.proto.label for b in at.get("download_button")]
     # the HTML and one CSV per table
     assert labels[0].startswith("Download report (HTML") and "modes.csv" in labels and len(labels) == 9

@@ -112,10 +112,21 @@ def run_page(title: str, body: Callable[[Context], None], caption: str | None = 
         _error(f"The {title} page", exc)
 
 
-def show_table(frame, height: int | None = None) -> None:
-    """A table whose missing cells read "—" (never blank, never "None" or 0); floats to 3 decimals."""
+def table_style(frame):
+    """How show_table renders `frame`: missing cells "—" (never blank, never "None" or 0), floats to 3
+    decimals, times to the second (a run's start read "23:41:27.786169")."""
+    import pandas as pd
+
+    times = [c for c in frame.columns if pd.api.types.is_datetime64_any_dtype(frame[c])]
     styled = frame.style.format(na_rep=MISSING, precision=3, thousands=",")
-    st.dataframe(styled, hide_index=True, width="stretch", height=height if height else "auto")
+    if times:
+        styled = styled.format(lambda v: MISSING if pd.isna(v) else f"{v:%Y-%m-%d %H:%M:%S}", subset=times)
+    return styled
+
+
+def show_table(frame, height: int | None = None) -> None:
+    """`frame` as table_style renders it."""
+    st.dataframe(table_style(frame), hide_index=True, width="stretch", height=height if height else "auto")
 
 
 def table_height(rows: int) -> int:

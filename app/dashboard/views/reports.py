@@ -26,12 +26,16 @@ def reports(url: str) -> list[dict]:
     for r in list_reports(data.engine(url)):
         s = r.summary or {}
         modes = s.get("modes", {})
+        anomalies = s.get("anomalies")
+        flagged = [a["metric"] for a in anomalies or [] if a.get("status") == "anomaly"]
         out.append({
             "id": r.id, "created": r.created_at, "period": r.period, "since": r.since, "until": r.until,
-            "traffic": s.get("traffic"), "spec $/1M": modes.get("spec", {}).get("total_usd_per_1m"),
+            "output tokens": s.get("output_tokens"), "spec $/1M": modes.get("spec", {}).get("total_usd_per_1m"),
             "AR $/1M": modes.get("ar", {}).get("total_usd_per_1m"),
-            "anomalies": ", ".join(a["metric"] for a in s.get("anomalies", []) if a.get("status") == "anomaly"),
-            "job": r.job_id, "delivery": r.delivery_status, "delivery error": r.delivery_error,
+            # none found is a finding ("none"); a summary without the check is missing (None -> "—")
+            "anomalies": ", ".join(flagged) or ("none" if anomalies is not None else None),
+            "job": "manual" if r.job_id is None else f"job {r.job_id}",  # `specfinops report` has no job
+            "delivery": r.delivery_status, "delivery error": r.delivery_error,
             "html_path": r.html_path, "csv_dir": r.csv_dir,
         })  # fmt: skip
     return out
