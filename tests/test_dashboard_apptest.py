@@ -443,3 +443,18 @@ def test_tables_show_times_to_the_second_and_missing_as_a_dash():
     html = table_style(frame).to_html()
     assert ">2026-12-04 23:41:27<" in html and ".786169" not in html
     assert ">75.631<" in html and html.count(f">{MISSING}<") == 2
+
+
+def test_acceptance_by_position_labels_zero_and_counts():
+    """A position where no draft was accepted still reads 0% (the label sat inside a bar of height zero and
+    was not drawn), and each position says how many drafts reached it."""
+    import pandas as pd
+
+    from app.dashboard import charts
+
+    frame = pd.DataFrame({"position": [1, 2, 3], "offered": [1145, 580, 3], "accepted": [584, 365, 0],
+                          "rate": [584 / 1145, 365 / 580, 0.0]})
+    [bar] = charts.acceptance_by_position(frame).data
+    assert list(bar.text) == ["51%", "63%", "0%"] and bar.textposition == "outside" and bar.cliponaxis is False
+    fig = charts.acceptance_by_position(frame)
+    assert list(fig.layout.xaxis.ticktext) == ["1<br>n=1,145", "2<br>n=580", "3<br>n=3"]

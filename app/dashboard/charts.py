@@ -102,11 +102,15 @@ def lines_by(frame: pd.DataFrame, y: str, group: str, title: str, y_title: str, 
 
 def acceptance_by_position(frame: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
+    # labels above the bars, so a position where nothing was accepted still reads 0% (inside a bar of height
+    # zero it was not drawn); each tick says how many drafts reached the position: deep positions rest on few
     fig.add_bar(x=frame["position"], y=frame["rate"], marker_color=MODE_COLORS["spec"],
                 text=[f"{r:.0%}" if r == r and r is not None else "—" for r in frame["rate"]],
+                textposition="outside", cliponaxis=False,
                 customdata=frame["offered"], hovertemplate="position %{x}: %{y:.1%} of %{customdata:,} drafts")
-    fig.update_yaxes(tickformat=".0%", range=[0, 1])
-    fig.update_xaxes(dtick=1)
+    fig.update_yaxes(tickformat=".0%", range=[0, 1.08])
+    fig.update_xaxes(tickvals=list(frame["position"]),
+                     ticktext=[f"{p}<br>n={n:,}" for p, n in zip(frame["position"], frame["offered"], strict=True)])
     return _layout(fig, "Acceptance by draft position", "draft position i (accepted when accepted >= i)",
                    "accepted share")
 
