@@ -182,10 +182,16 @@ def _take_speculation_counts(rec, usage) -> None:
         rec.num_drafts, rec.num_draft_tokens, rec.num_accepted_tokens = values
 
 
+PROGRESS_EVERY_S = 0.5  # how often a level reports its progress (`on_progress`)
+
+
 async def run_level(client, model: str, prompts: list[Prompt], spec: LoadSpec, level: int, mode: str,
-                    on_result: Callable[[ClientResult], None] | None = None) -> LevelResult:
+                    on_result: Callable[[ClientResult], None] | None = None,
+                    on_progress: Callable[[float, int, int, bool], None] | None = None) -> LevelResult:
     """`level` workers issue requests back to back until the duration is over; in-flight ones finish
-    (or are cancelled, and recorded so, DRAIN_GRACE_S later)."""
+    (or are cancelled, and recorded so, DRAIN_GRACE_S later). `on_progress(elapsed_s, requests_ok,
+    output_tokens, final)` is called every PROGRESS_EVERY_S while the level runs, and at its end with
+    final True."""
     results: list[ClientResult] = []
     inflight: dict[int, ClientResult] = {}
     counter = iter(range(1 << 62))
@@ -205,7 +211,17 @@ async def run_level(client, model: str, prompts: list[Prompt], spec: LoadSpec, l
             del inflight[id(res)]
             done(res)
 
+    def report(final: bool = False) -> None:
+        ok = [r for r in results if r.record.status == "ok"]
+        on_progress(time.perf_counter() - t_begin, len(ok), sum(r.record.output_tokens for r in ok), final)
+
+    async def ticker() -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_EVERY_S)
+            report()
+
     workers = [asyncio.ensure_future(worker()) for _ in range(level)]
+    ticking = asyncio.ensure_future(ticker()) if on_progress is not None else None
     _, pending = await asyncio.wait(workers, timeout=spec.duration_s + DRAIN_GRACE_S)
     for w in pending:
         w.cancel()
@@ -215,6 +231,9 @@ async def run_level(client, model: str, prompts: list[Prompt], spec: LoadSpec, l
         res.record.status = "cancelled"
         res.record.output_tokens, res.record.tokens = 0, []
         done(res)
+    if ticking is not None:
+        ticking.cancel()
+        report(final=True)
     return LevelResult(level, mode, results, time.perf_counter() - t_begin)
 
 
@@ -255,10 +274,14 @@ def loadtest_run_info(card: dict, mode: str, level: int, workload: str, temperat
 
 async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, recorder=None,
                        store_key: str | None = None, node_id: str = "",
-                       say: Callable[[str], None] = lambda m: None) -> list[LevelResult]:
+                       say: Callable[[str], None] = lambda m: None,
+                       progress: Callable[[str, int], Callable[[float, int, int, bool], None]] | None = None,
+                       ) -> list[LevelResult]:
     """Every level x mode in turn; each stored as a run when `recorder` is given. `store_key` (that
     recorder's store, `telemetry.db.store_key`) goes with every request, so a server recording into the
-    same store leaves these requests to the load test's runs instead of recording them twice."""
+    same store leaves these requests to the load test's runs instead of recording them twice.
+    `progress(mode, level)`, when given, returns the level's `on_progress` (see run_level); without it each
+    level is announced with one line through `say`."""
     from openai import AsyncOpenAI
 
     from serving.server_telemetry import RECORDED_IN_HEADER
@@ -272,7 +295,9 @@ async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, 
         card = await server_model(client, spec.model)
         for level in spec.levels:
             for mode in spec.modes:
-                say(f"{mode} c={level}: {spec.duration_s:g} s ...")
+                tick = progress(mode, level) if progress is not None else None
+                if tick is None:
+                    say(f"{mode} c={level}: {spec.duration_s:g} s ...")
                 run_id = None
                 if recorder is not None:
                     run_id = recorder.start_run(loadtest_run_info(card, mode, level, workload, spec.temperature,
@@ -280,7 +305,8 @@ async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, 
                 sink = (lambda r, rid=run_id: recorder.record_request(rid, r.record)) if recorder else None
                 status = "failed"
                 try:
-                    res = await run_level(client, card["id"], prompts, spec, level, mode, on_result=sink)
+                    res = await run_level(client, card["id"], prompts, spec, level, mode, on_result=sink,
+                                          on_progress=tick)
                     status = "completed"
                 finally:
                     if recorder is not None:

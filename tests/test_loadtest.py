@@ -44,7 +44,7 @@ def test_token_rows_spread_tokens_over_chunks():
 
 
 @pytest.mark.slow
-def test_short_load_both_modes_is_stored_as_runs(request, tmp_path):
+def test_short_load_both_modes_is_stored_as_runs(request, tmp_path, capsys):
     live = shared_live(request.config)
     db_url = f"sqlite:///{tmp_path / 'load.db'}"
     out = tmp_path / "load.json"
@@ -54,6 +54,10 @@ def test_short_load_both_modes_is_stored_as_runs(request, tmp_path):
     assert rc == 0
     rows = json.loads(out.read_text())["levels"]
     assert [(r["mode"], r["concurrency"]) for r in rows] == [("ar", 8), ("spec", 8)]
+    # a progress bar per level and mode, ticking while it runs and closed at 100% with what it did
+    progress = capsys.readouterr().err.replace("\r", "\n")
+    for r in rows:
+        assert f"{r['mode']} c=8: 100%|" in progress and f"3/3 s, {r['requests_ok']} req, " in progress
     for r in rows:
         assert r["requests_ok"] >= 8 and r["requests_error"] == 0, r
         assert r["tokens_per_s"] > 0 and r["ttft_p95_ms"] >= r["ttft_p50_ms"] > 0

@@ -34,6 +34,30 @@ def register(sub) -> None:
     p.add_argument("--json", metavar="PATH", default=None, help="write the per-level summary as JSON")
 
 
+def level_bars(duration_s: float):
+    """`run_loadtest`'s progress: one bar per level and mode over the level's duration in seconds, with the
+    requests done and the output tokens/s so far; it closes (and stays on screen) when the level ends."""
+    from tqdm import tqdm
+
+    def start(mode: str, level: int):
+        bar = tqdm(total=duration_s, desc=f"{mode} c={level}", file=sys.stderr,
+                   bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s{postfix}")  # ", N req, ..."
+
+        def tick(elapsed_s: float, requests_ok: int, tokens: int, final: bool) -> None:
+            bar.n = min(elapsed_s, duration_s)
+            rate = tokens / elapsed_s if elapsed_s > 0 else 0.0
+            bar.set_postfix_str(f"{requests_ok} req, {rate:.1f} tok/s", refresh=False)
+            if final:
+                bar.n = duration_s
+                bar.close()
+            else:
+                bar.refresh()
+
+        return tick
+
+    return start
+
+
 def handle(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -65,7 +89,8 @@ def handle(args: argparse.Namespace) -> int:
         results = asyncio.run(run_loadtest(spec, prompts, workload=args.workload, recorder=recorder,
                                            store_key=store_key(args.db) if recorder else None,
                                            node_id=args.node_id or (default_node_id() if recorder else ""),
-                                           say=lambda m: print(m, file=sys.stderr)))
+                                           say=lambda m: print(m, file=sys.stderr),
+                                           progress=level_bars(spec.duration_s)))
     except Exception as exc:
         if type(exc).__module__.startswith(("openai", "httpx")):
             raise ValueError(f"cannot reach {args.url}: {type(exc).__name__}: {exc}") from None
