@@ -137,3 +137,31 @@ def test_dashboard_table_download_is_escaped():
     frame = pd.DataFrame({"domain": ["@SUM(A1)", "code"], "alpha": [0.7, None]})
     text = frame_to_csv_bytes(frame).decode("utf-8")
     assert text.splitlines() == ["domain,alpha", "'@SUM(A1),0.7", "code,"]
+
+
+def test_an_export_that_fails_part_way_leaves_the_file_as_it_was(sqlite_url, tmp_path, monkeypatch, capsys):
+    """Rows are written to FILE.part and renamed at the end: a failure after some rows leaves the earlier
+    FILE untouched and no partial file beside it."""
+    import telemetry.export
+
+    _fill(sqlite_url, ["code", "chat"])
+    out = tmp_path / "requests.csv"
+    out.write_text("the previous export\n")
+    real = telemetry.export.export_rows
+
+    def failing(engine, what, window):
+        header, rows = real(engine, what, window)
+
+        def some_then_fail():
+            yield next(iter(rows))
+            raise OSError("the database went away")
+
+        return header, some_then_fail()
+
+    monkeypatch.setattr(telemetry.export, "export_rows", failing)
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(out)]) != 0
+    assert "the database went away" in capsys.readouterr().err
+    assert out.read_text() == "the previous export\n" and not (tmp_path / "requests.csv.part").exists()
+    monkeypatch.setattr(telemetry.export, "export_rows", real)
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(out)]) == 0
+    assert len(_read(out)) == 3 and not (tmp_path / "requests.csv.part").exists()  # _fill: 2 AR + 1 spec

@@ -48,20 +48,25 @@ def run(args) -> int:
         if not run_exists(engine, args.run):
             raise UsageError(f"no run {args.run} in the store (`specfinops cost` lists the runs)")
     if args.out == "-":
-        out, close = sys.stdout, False
+        header, rows = export_rows(engine, args.what, window)
+        n = write_csv(sys.stdout, header, rows, progress=_progress)
     else:
+        # rows go to FILE.part, renamed to FILE once all are written: an export that fails part-way (the
+        # store gone, the disk full, Ctrl-C) leaves FILE as it was, never a CSV that silently stops short
         path = Path(args.out)
+        part = path.with_name(path.name + ".part")
         try:
-            out = path.open("w", encoding="utf-8", newline="")
+            out = part.open("w", encoding="utf-8", newline="")
         except OSError as exc:
             raise UsageError(f"cannot write --out {args.out}: {exc.strerror or exc}") from None
-        close = True
-    try:
-        header, rows = export_rows(engine, args.what, window)
-        n = write_csv(out, header, rows, progress=_progress)
-    finally:
-        if close:
-            out.close()
+        try:
+            with out:
+                header, rows = export_rows(engine, args.what, window)
+                n = write_csv(out, header, rows, progress=_progress)
+            part.replace(path)
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
     if args.out != "-" or n >= 250_000:
         print(f"export: wrote {n:,} {args.what} rows to {args.out}", file=sys.stderr)
     return 0
