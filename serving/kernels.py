@@ -306,7 +306,6 @@ def widen_matmul_attention(dtype: torch.dtype = torch.bfloat16) -> bool:
 ATTENTION_WIDTHS = (1, 2, 3, 5, 9)  # queries a decode forward feeds per sequence: AR 1, verifying K <= 8 drafts K + 1
 
 
-@functools.cache
 def fused_attention_from(dtype: torch.dtype = torch.bfloat16, masked: bool = False, batched: bool = True) -> int | None:
     """From how many queries per sequence on attention over a decode-length cache runs the fused
     `scaled_dot_product_attention` (None: never; narrower forwards use plain batched matmuls).
@@ -317,16 +316,23 @@ def fused_attention_from(dtype: torch.dtype = torch.bfloat16, masked: bool = Fal
     ragged batch or a token tree) it took 1.2-3.6x at every width. Unmasked, the queries are one
     sequence's last T positions, causal among themselves; masked and `batched` (a ragged batch), a batch
     of four reads through a (B, 1, T, L) mask; masked and not batched, one sequence does (a token tree).
-    The last two rank apart: on an AMX Xeon the fused kernel took 0.22-0.55x the matmuls' time for one
-    masked sequence at every width and 0.78-0.97x for four, where the 0.85 bar made the choice for four
-    flip from one process to the next (and trees, sent down the matmuls, paid ~5 ms a forward for it)."""
+    The last two rank apart: on an AMX Xeon the fused kernel took 0.22-0.56x the matmuls' time for one
+    masked sequence at every width, and 0.39-1.21x for four by width and cache length, where the 0.85 bar
+    made the choice for four flip from one process to the next (trees, sent down the matmuls with it,
+    paid ~5 ms a forward). Each form is raced once a process (`batched` matters only when masked)."""
+    return _fused_from(dtype, masked, 4 if masked and batched else 1)
+
+
+@functools.cache
+def _fused_from(dtype: torch.dtype, masked: bool, B: int) -> int | None:
+    """fused_attention_from's race for `B` sequences of the given form."""
     setting = _setting("SPECFINOPS_DECODE_ATTENTION")
     if setting != "auto":
         return 1 if setting == "on" else None
     from serving.llama import causal_mask, small_attention  # the matmul path lives with the model
 
     gen = torch.Generator().manual_seed(0)
-    B, L = (4 if masked and batched else 1), 256
+    L = 256
     wins = {}
     for T in ATTENTION_WIDTHS:
         q = torch.randn(B, 9, T, 64, generator=gen).to(dtype)
@@ -341,6 +347,9 @@ def fused_attention_from(dtype: torch.dtype = torch.bfloat16, masked: bool = Fal
             lambda q=q, k=k, v=v, m=small_mask: small_attention(q, k, v, m, L))
         wins[T] = t_fast < FASTER * t_plain
     return rows_from(wins)
+
+
+fused_attention_from.cache_clear = _fused_from.cache_clear  # a changed setting (or a test) measures again
 
 
 def attention_label(dtype: torch.dtype) -> str:

@@ -197,9 +197,13 @@ async def run_level(client, model: str, prompts: list[Prompt], spec: LoadSpec, l
     counter = iter(range(1 << 62))
     t_begin = time.perf_counter()
     deadline = t_begin + spec.duration_s
+    ok = [0, 0]  # requests ok, their output tokens: what `on_progress` reports
 
     def done(res: ClientResult) -> None:
         results.append(res)
+        if res.record.status == "ok":
+            ok[0] += 1
+            ok[1] += res.record.output_tokens
         if on_result is not None:
             on_result(res)
 
@@ -211,29 +215,28 @@ async def run_level(client, model: str, prompts: list[Prompt], spec: LoadSpec, l
             del inflight[id(res)]
             done(res)
 
-    def report(final: bool = False) -> None:
-        ok = [r for r in results if r.record.status == "ok"]
-        on_progress(time.perf_counter() - t_begin, len(ok), sum(r.record.output_tokens for r in ok), final)
-
     async def ticker() -> None:
         while True:
             await asyncio.sleep(PROGRESS_EVERY_S)
-            report()
+            on_progress(time.perf_counter() - t_begin, ok[0], ok[1], False)
 
     workers = [asyncio.ensure_future(worker()) for _ in range(level)]
     ticking = asyncio.ensure_future(ticker()) if on_progress is not None else None
-    _, pending = await asyncio.wait(workers, timeout=spec.duration_s + DRAIN_GRACE_S)
-    for w in pending:
-        w.cancel()
-    if pending:
-        await asyncio.wait(pending)
+    try:
+        _, pending = await asyncio.wait(workers, timeout=spec.duration_s + DRAIN_GRACE_S)
+        for w in pending:
+            w.cancel()
+        if pending:
+            await asyncio.wait(pending)
+    finally:
+        if ticking is not None:
+            ticking.cancel()
     for res in inflight.values():
         res.record.status = "cancelled"
         res.record.output_tokens, res.record.tokens = 0, []
         done(res)
-    if ticking is not None:
-        ticking.cancel()
-        report(final=True)
+    if on_progress is not None:
+        on_progress(time.perf_counter() - t_begin, ok[0], ok[1], True)
     return LevelResult(level, mode, results, time.perf_counter() - t_begin)
 
 
