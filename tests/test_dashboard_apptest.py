@@ -458,3 +458,21 @@ def test_acceptance_by_position_labels_zero_and_counts():
     assert list(bar.text) == ["51%", "63%", "0%"] and bar.textposition == "outside" and bar.cliponaxis is False
     fig = charts.acceptance_by_position(frame)
     assert list(fig.layout.xaxis.ticktext) == ["1<br>n=1,145", "2<br>n=580", "3<br>n=3"]
+
+
+def test_tables_give_the_grid_the_missing_placeholder():
+    """The grid draws a null cell itself ("None", whatever the Styler's na_rep says) unless given a
+    placeholder: every table of the dashboard passes "—"."""
+    from app.dashboard.common import MISSING
+
+    def page():
+        import pandas as pd
+
+        from app.dashboard.common import show_table
+
+        show_table(pd.DataFrame({"speedup": [1.8, None], "job": ["job 1", None]}))
+
+    at = AppTest.from_function(page).run()
+    assert_clean(at)
+    [table] = at.dataframe
+    assert table.proto.placeholder == MISSING

@@ -6,6 +6,7 @@ to the server log only). Missing figures are shown as "—", never as 0.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,8 +126,13 @@ def table_style(frame):
 
 
 def show_table(frame, height: int | None = None) -> None:
-    """`frame` as table_style renders it."""
-    st.dataframe(table_style(frame), hide_index=True, width="stretch", height=height if height else "auto")
+    """`frame` as table_style renders it. A null cell reads "—" too: the grid draws nulls itself (as
+    "None") whatever the Styler says, unless given its `placeholder` (Streamlit >= 1.52)."""
+    st.dataframe(table_style(frame), hide_index=True, width="stretch", height=height if height else "auto",
+                 **_MISSING_PLACEHOLDER)
+
+
+_MISSING_PLACEHOLDER = {"placeholder": MISSING} if "placeholder" in inspect.signature(st.dataframe).parameters else {}
 
 
 def table_height(rows: int) -> int:
