@@ -476,3 +476,16 @@ def test_tables_give_the_grid_the_missing_placeholder():
     assert_clean(at)
     [table] = at.dataframe
     assert table.proto.placeholder == MISSING
+
+
+def test_acceptance_along_the_answer_labels_zero_and_counts():
+    import pandas as pd
+
+    from app.dashboard import charts
+
+    frame = pd.DataFrame({"start": [0, 32], "end": [32, 64], "steps": [148, 5], "acceptance_rate": [0.44, 0.0],
+                          "mean_acceptance_length": [2.4, 1.0], "alpha": [0.6, 0.0]})
+    [bar] = charts.acceptance_along_answer(frame).data
+    assert list(bar.x) == ["0-31<br>n=148", "32-63<br>n=5"] and list(bar.text) == ["44%", "0%"]
+    assert bar.textposition == "outside" and "%{customdata[3]}" in bar.hovertemplate
+    assert [c[3] for c in bar.customdata] == ["0-31", "32-63"]

@@ -117,15 +117,17 @@ def acceptance_by_position(frame: pd.DataFrame) -> go.Figure:
 
 def acceptance_along_answer(frame: pd.DataFrame) -> go.Figure:
     """Acceptance rate per span of the answer where the drafting steps started."""
-    labels = [f"{int(a)}-{int(b) - 1}" for a, b in zip(frame["start"], frame["end"], strict=True)]
+    spans = [f"{int(a)}-{int(b) - 1}" for a, b in zip(frame["start"], frame["end"], strict=True)]
+    labels = [f"{span}<br>n={int(n):,}" for span, n in zip(spans, frame["steps"], strict=True)]  # n: drafting steps
     fig = go.Figure()
     fig.add_bar(x=labels, y=frame["acceptance_rate"], marker_color=MODE_COLORS["spec"],
-                text=[f"{r:.0%}" for r in frame["acceptance_rate"]],
-                customdata=list(zip(frame["steps"], frame["mean_acceptance_length"], frame["alpha"], strict=True)),
-                hovertemplate="output tokens %{x}: acceptance %{y:.1%} over %{customdata[0]:,} steps, "
+                text=[f"{r:.0%}" for r in frame["acceptance_rate"]], textposition="outside", cliponaxis=False,
+                customdata=list(zip(frame["steps"], frame["mean_acceptance_length"], frame["alpha"], spans,
+                                    strict=True)),
+                hovertemplate="output tokens %{customdata[3]}: acceptance %{y:.1%} over %{customdata[0]:,} steps, "
                               "mean acceptance length %{customdata[1]:.2f}, alpha (accepted / tested) "
                               "%{customdata[2]:.3f}<extra></extra>")
-    fig.update_yaxes(tickformat=".0%", range=[0, 1])
+    fig.update_yaxes(tickformat=".0%", range=[0, 1.08])  # room for a label above a full bar
     return _layout(fig, "Acceptance along the answer", "output tokens where the step started", "accepted share")
 
 
