@@ -285,3 +285,10 @@ def test_prices_list_and_set(sqlite_url, capsys):
         assert main(["prices", "--db", sqlite_url, *bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0]
+
+
+def test_prices_table_has_a_header(sqlite_url, capsys):
+    assert main(["prices", "--db", sqlite_url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:4] == ["name", "kind", "value", "unit"] and lines[0].rstrip().endswith("source")
+    assert any(line.startswith("H100 ") for line in lines[1:])

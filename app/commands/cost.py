@@ -366,6 +366,7 @@ def _print_prices(entries, as_json: bool) -> int:
         keys = ("name", "kind", "value", "unit", "source", "as_of")
         print(json.dumps([{k: getattr(e, k) for k in keys} for e in entries], indent=2))
         return 0
+    print(f"{'name':<20} {'kind':<12} {'value':>10} {'unit':<13} {'as of':<11} source")
     for e in entries:
         print(f"{e.name:<20} {e.kind:<12} {e.value:>10g} {e.unit:<13} {e.as_of:<11} {e.source}")
     return 0
