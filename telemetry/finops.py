@@ -245,7 +245,8 @@ def step_starts(curve: list[SlaPoint], mode: str) -> list[bool]:
     """For each point of `curve`, whether `mode` ('ar' or 'spec') steps there: one of its measured
     configurations starts to meet the SLA and raises its capacity. The curve has a point at every measured
     p95 of either mode, so at most points the other mode's configuration is what changed; a chart marks
-    a mode's line only where that mode was measured."""
+    a mode's line only where that mode was measured. On `sla_steps`'s output the extension repeats the
+    last point, so it never steps."""
     if mode not in ("ar", "spec"):
         raise ValueError(f"mode must be 'ar' or 'spec', got {mode!r}")
     caps = [getattr(p, f"capacity_{mode}") for p in curve]

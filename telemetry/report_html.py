@@ -219,7 +219,7 @@ def sla_chart(data: ReportData, curve: Sequence) -> go.Figure:
     curve = list(curve)
     steps = sla_steps(curve, max(data.sla_ms, curve[-1].sla_ms) * 1.1) if curve else curve
     for mode, colour in (("spec", SPEC_COLOUR), ("ar", AR_COLOUR)):
-        sizes = [8 if start else 0 for start in step_starts(curve, mode)] + [0] * (len(steps) - len(curve))
+        sizes = [8 if start else 0 for start in step_starts(steps, mode)]  # the extension repeats: no marker
         fig.add_scatter(x=[c.sla_ms for c in steps], y=[getattr(c, f"nodes_{mode}") for c in steps],
                         mode="lines+markers", line_shape="hv", name=_name(mode), line_color=colour,
                         marker_size=sizes)

@@ -14,7 +14,6 @@ import plotly.graph_objects as go
 from telemetry.finops import sla_steps, step_starts
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 
-MODE_COLORS = MODE_COLOURS  # shared with the reports (telemetry/palette.py)
 MODE_NAMES = {"spec": "speculative", "ar": "AR baseline"}
 GO_NO_GO_ALPHA = 0.65
 HEIGHT = 340
@@ -51,7 +50,7 @@ def histogram(hist: pd.DataFrame, value_col: str, title: str, x_title: str) -> g
         edges = (part[value_col].clip(upper=hi) // width) * width
         binned = part.groupby(edges)["count"].sum()
         fig.add_bar(x=binned.index + width / 2, y=binned / binned.sum(), width=width, name=MODE_NAMES[mode],
-                    marker_color=MODE_COLORS[mode], opacity=0.6)
+                    marker_color=MODE_COLOURS[mode], opacity=0.6)
     fig.update_layout(barmode="overlay")
     fig.update_yaxes(tickformat=".0%")
     return _layout(fig, title, x_title + " (last bar: p99.5 and above)", "share")
@@ -84,7 +83,7 @@ def lines_by_mode(frame: pd.DataFrame, y: str, title: str, y_title: str, bucket_
         if not part.empty:
             xs, ys = broken_at_gaps(part, y, bucket_s)
             fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=MODE_NAMES[mode],
-                            line=dict(color=MODE_COLORS[mode]))
+                            line=dict(color=MODE_COLOURS[mode]))
     return _layout(fig, title, "time (UTC)", y_title)
 
 
@@ -104,7 +103,7 @@ def acceptance_by_position(frame: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     # labels above the bars, so a position where nothing was accepted still reads 0% (inside a bar of height
     # zero it was not drawn); each tick says how many drafts reached the position: deep positions rest on few
-    fig.add_bar(x=frame["position"], y=frame["rate"], marker_color=MODE_COLORS["spec"],
+    fig.add_bar(x=frame["position"], y=frame["rate"], marker_color=MODE_COLOURS["spec"],
                 text=[f"{r:.0%}" if r == r and r is not None else "—" for r in frame["rate"]],
                 textposition="outside", cliponaxis=False,
                 customdata=frame["offered"], hovertemplate="position %{x}: %{y:.1%} of %{customdata:,} drafts")
@@ -120,7 +119,7 @@ def acceptance_along_answer(frame: pd.DataFrame) -> go.Figure:
     spans = [f"{int(a)}-{int(b) - 1}" for a, b in zip(frame["start"], frame["end"], strict=True)]
     labels = [f"{span}<br>n={int(n):,}" for span, n in zip(spans, frame["steps"], strict=True)]  # n: drafting steps
     fig = go.Figure()
-    fig.add_bar(x=labels, y=frame["acceptance_rate"], marker_color=MODE_COLORS["spec"],
+    fig.add_bar(x=labels, y=frame["acceptance_rate"], marker_color=MODE_COLOURS["spec"],
                 text=[f"{r:.0%}" for r in frame["acceptance_rate"]], textposition="outside", cliponaxis=False,
                 customdata=list(zip(frame["steps"], frame["mean_acceptance_length"], frame["alpha"], spans,
                                     strict=True)),
@@ -199,7 +198,7 @@ def cost_split(modes: list[str], hardware: list[float | None], energy: list[floa
 def nodes_bar(nodes_ar: int | None, nodes_spec: int | None) -> go.Figure:
     fig = go.Figure()
     for mode, n in (("ar", nodes_ar), ("spec", nodes_spec)):
-        fig.add_bar(x=[MODE_NAMES[mode]], y=[n], name=MODE_NAMES[mode], marker_color=MODE_COLORS[mode],
+        fig.add_bar(x=[MODE_NAMES[mode]], y=[n], name=MODE_NAMES[mode], marker_color=MODE_COLOURS[mode],
                     text=[None if n is None else str(n)])
         _mark_missing(fig, [MODE_NAMES[mode]], [n], "— not attainable at this SLA")
     return _layout(fig, "Nodes needed at peak", "", "nodes")
@@ -211,7 +210,7 @@ def sweep(points: list[tuple], crossover: int | None, title: str) -> go.Figure:
     levels = [p[0] for p in points]
     for mode, col in (("ar", 1), ("spec", 2)):
         fig.add_trace(go.Scatter(x=levels, y=[p[col] for p in points], mode="lines+markers",
-                                 name=MODE_NAMES[mode], line={"color": MODE_COLORS[mode]}))
+                                 name=MODE_NAMES[mode], line={"color": MODE_COLOURS[mode]}))
     if crossover is not None:
         fig.add_vline(x=crossover, line_dash="dot", line_color="#6b7280")
         # an annotation's x on a log axis is log10 of the value: add_vline's own label landed at 10^crossover,
@@ -234,9 +233,9 @@ def nodes_by_sla(curve: list, chosen_sla: float) -> go.Figure:
     steps = sla_steps(curve, through)
     slas = [p.sla_ms for p in steps]
     for mode in ("ar", "spec"):
-        sizes = [8 if start else 0 for start in step_starts(curve, mode)] + [0] * (len(steps) - len(curve))
+        sizes = [8 if start else 0 for start in step_starts(steps, mode)]  # the extension repeats: no marker
         fig.add_trace(go.Scatter(x=slas, y=[getattr(p, f"nodes_{mode}") for p in steps], mode="lines+markers",
-                                 line_shape="hv", name=MODE_NAMES[mode], line={"color": MODE_COLORS[mode]},
+                                 line_shape="hv", name=MODE_NAMES[mode], line={"color": MODE_COLOURS[mode]},
                                  marker={"size": sizes}, connectgaps=False))
     # at the bottom, inside the plot: at the top the label ran into the legend when the SLA sat at the right
     fig.add_vline(x=chosen_sla, line_dash="dot", line_color="#6b7280",

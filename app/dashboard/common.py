@@ -125,14 +125,16 @@ def table_style(frame):
     return styled
 
 
+# st.dataframe's text for a null cell, where this Streamlit has the option (>= 1.52)
+_MISSING_PLACEHOLDER = {"placeholder": MISSING} if "placeholder" in inspect.signature(st.dataframe).parameters else {}
+
+
 def show_table(frame, height: int | None = None) -> None:
     """`frame` as table_style renders it. A null cell reads "—" too: the grid draws nulls itself (as
     "None") whatever the Styler says, unless given its `placeholder` (Streamlit >= 1.52)."""
     st.dataframe(table_style(frame), hide_index=True, width="stretch", height=height if height else "auto",
                  **_MISSING_PLACEHOLDER)
 
-
-_MISSING_PLACEHOLDER = {"placeholder": MISSING} if "placeholder" in inspect.signature(st.dataframe).parameters else {}
 
 
 def table_height(rows: int) -> int:
