@@ -196,18 +196,27 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 
 @dataclass(slots=True)
 class _Acc:
-    """Per-request values of one run or mode, collected in Python for percentiles and the wall span."""
+    """Per-request values of one run or mode, collected in Python for percentiles and the wall time.
+
+    The wall time is the span from the first request's start to the last one's end, unless `busy`: then
+    it is the time at least one of the collected requests was in flight (the union of their intervals).
+    A filter that keeps some of a run's requests (a domain) needs the latter: the span would count the
+    time the run spent on the requests filtered out, and every rate would shrink by their share."""
 
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
     first_start: datetime | None = None
     last_end: datetime | None = None
+    busy: bool = False
+    intervals: list[tuple[datetime, datetime]] = field(default_factory=list)
 
     def add(self, status: str, started: datetime, ttft: float | None, e2e: float | None, out: int) -> None:
         if e2e is not None:
             end = started + timedelta(milliseconds=e2e)
             self.first_start = started if self.first_start is None else min(self.first_start, started)
             self.last_end = end if self.last_end is None else max(self.last_end, end)
+            if self.busy:
+                self.intervals.append((started, end))
         if status != "ok":
             return
         if ttft is not None:
@@ -218,7 +227,24 @@ class _Acc:
     def span_s(self) -> float | None:
         if self.first_start is None or self.last_end is None:
             return None
+        if self.busy:
+            return _union_s(self.intervals)
         return (self.last_end - self.first_start).total_seconds()
+
+
+def _union_s(intervals: list[tuple[datetime, datetime]]) -> float:
+    """Seconds covered by at least one of the intervals."""
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += (cur_end - cur_start).total_seconds()
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += (cur_end - cur_start).total_seconds()
+    return total
 
 
 def _aggregate(sums: dict, acc: _Acc, wall_s: float | None, estimated: bool) -> Aggregate:
@@ -283,8 +309,10 @@ def _sum_columns() -> list:
 
 
 def _collect(engine: Engine, filters: Filters | None) -> list[tuple[Run, dict, _Acc]]:
-    """One GROUP BY query for the per-run sums, one SELECT of per-request latency values."""
-    conds = (filters or Filters()).where()
+    """One GROUP BY query for the per-run sums, one SELECT of per-request latency values. With a domain
+    filter, a run's wall time is the time its selected requests were in flight (`_Acc.busy`)."""
+    filters = filters or Filters()
+    conds = filters.where()
     sums_q = (
         select(Run.id, *_sum_columns()).join(Request, Request.run_id == Run.id).where(*conds).group_by(Run.id)
     )
@@ -302,7 +330,8 @@ def _collect(engine: Engine, filters: Filters | None) -> list[tuple[Run, dict, _
     )
     with engine.connect() as c:
         sums = {row.id: dict(row._mapping) for row in c.execute(sums_q)}
-        accs: dict[int, _Acc] = defaultdict(_Acc)
+        busy = filters.domain is not None
+        accs: dict[int, _Acc] = defaultdict(lambda: _Acc(busy=busy))
         for run_id, status, started, ttft, e2e, out in c.execute(values_q):
             accs[run_id].add(status, started, ttft, e2e, out or 0)
     if not sums:
@@ -317,6 +346,8 @@ def _run_wall_s(run: Run, acc: _Acc) -> float | None:
     span = acc.span_s()
     if span is not None and span > 0:
         return span
+    if acc.busy:
+        return None  # the run's own start and end would count its other requests' time
     if run.ended_at is not None and run.started_at is not None:
         wall = (run.ended_at - run.started_at).total_seconds()
         return wall if wall > 0 else None

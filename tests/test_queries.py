@@ -152,6 +152,36 @@ def test_filters_select_runs_and_requests(store):
     assert run_summaries(engine, Filters(target="no/such-model")) == []
 
 
+def test_domain_filter_counts_only_the_domains_own_time(sqlite_url):
+    """A run that alternates domains one request at a time: a domain's tokens/s and cost are over the time
+    its own requests ran (2 s of chat), not the span from its first to its last request (3 s)."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        run = make_run(s, "ar", requests=[
+            Req(20, ttft_ms=50, e2e_ms=1000, start_s=0.0, domain="code"),
+            Req(10, ttft_ms=50, e2e_ms=1000, start_s=1.0, domain="chat"),
+            Req(20, ttft_ms=50, e2e_ms=1000, start_s=2.0, domain="code"),
+            Req(10, ttft_ms=50, e2e_ms=1000, start_s=3.0, domain="chat"),
+        ])
+        s.commit()
+        run_id = run.id
+    everything = run_summaries(engine)[0].stats
+    assert everything.wall_s == pytest.approx(4.0) and everything.tokens_per_s == pytest.approx(60 / 4.0)
+    chat = run_summaries(engine, Filters(domain="chat"))[0].stats
+    assert (chat.output_tokens, chat.wall_s) == (20, pytest.approx(2.0))
+    assert chat.tokens_per_s == pytest.approx(10.0)
+    code = mode_summaries(engine, Filters(domain="code"))[0].stats
+    assert code.wall_s == pytest.approx(2.0) and code.tokens_per_s == pytest.approx(20.0)
+    # overlapping requests count their shared time once
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(10, ttft_ms=50, e2e_ms=1000, start_s=0.0, domain="chat"),
+                                    Req(10, ttft_ms=50, e2e_ms=1000, start_s=0.5, domain="chat"),
+                                    Req(10, ttft_ms=50, e2e_ms=500, start_s=3.0, domain="chat")])
+        s.commit()
+    walls = {r.run_id: r.stats.wall_s for r in run_summaries(engine, Filters(domain="chat"))}
+    assert walls[run_id] == pytest.approx(2.0) and walls[run_id + 1] == pytest.approx(1.5 + 0.5)
+
+
 def test_filters_validate():
     with pytest.raises(ValueError, match="mode"):
         Filters(mode="both")
