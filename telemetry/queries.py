@@ -43,6 +43,7 @@ from sqlalchemy.orm import Session
 from telemetry.db import Request, Run, Step
 
 MODES = ("spec", "ar")
+GO_LINE = 0.65  # the usual go/no-go for a draft (DESIGN.md, phase 1); calibrate's --threshold defaults to it
 EMPTY_STORE_HINT = "run `specfinops bench --workload code --mode both` to measure spec and AR runs"
 
 
@@ -160,6 +161,20 @@ class DomainAcceptance:
     # None when the runs recorded no steps (telemetry off, or a backend that reports counts only)
     num_tested_tokens: int | None = None
     alpha: float | None = None
+
+    @property
+    def go_figure(self) -> float | None:
+        """What the go/no-go line judges: alpha where steps were recorded (as `specfinops calibrate`
+        decides), else the acceptance rate (which depends on K and reads lower)."""
+        return self.alpha if self.alpha is not None else self.acceptance_rate
+
+    @property
+    def go_figure_name(self) -> str:
+        return "alpha" if self.alpha is not None else "acceptance rate"
+
+    def meets_go_line(self, line: float = GO_LINE) -> bool | None:
+        """go_figure >= line; None when nothing was drafted."""
+        return None if self.go_figure is None else self.go_figure >= line
 
 
 @dataclass(frozen=True, slots=True)

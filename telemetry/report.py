@@ -34,7 +34,7 @@ from telemetry.queries import Filters
 PERIODS = ("daily", "weekly", "custom")
 SCHEDULED_PERIODS = ("daily", "weekly")
 PERIOD_LENGTH = {"daily": timedelta(days=1), "weekly": timedelta(days=7)}
-ALPHA_GO = 0.65  # acceptance rate go/no-go line (DESIGN.md, phase 1)
+ALPHA_GO = queries.GO_LINE  # the go/no-go line, judged on alpha where steps exist (as calibrate)
 DEFAULT_SLA_MS = 50.0
 DEFAULT_HISTORY = 7
 MIN_HISTORY = 3
@@ -367,7 +367,7 @@ def summary_dict(data: ReportData) -> dict:
         ],  # fmt: skip
         "acceptance_by_domain": [
             {"domain": d.domain, "acceptance_rate": d.acceptance_rate, "alpha": d.alpha, "requests": d.num_requests,
-             "meets_go_line": None if d.acceptance_rate is None else d.acceptance_rate >= ALPHA_GO}
+             "meets_go_line": d.meets_go_line(ALPHA_GO), "go_line_judges": d.go_figure_name}
             for d in data.domains
         ],  # fmt: skip
         "acceptance_go_line": ALPHA_GO,
@@ -429,12 +429,13 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
         Table("modes", "Spec vs AR", ("mode", "requests ok", "requests failed", "output tokens", "tokens/s",
               "acceptance rate", "p95 TPOT (ms)", "meets SLA", "J/token", "energy estimated",
               "hardware $/1M", "energy $/1M", "total $/1M", "energy included", "cost note"), tuple(modes)),
-        Table("acceptance_by_domain", f"Acceptance rate per domain (go/no-go line {ALPHA_GO})",
+        Table("acceptance_by_domain", f"Acceptance per domain (go/no-go line {ALPHA_GO}, judged on alpha where "
+              "steps were recorded, as calibrate; else on the acceptance rate)",
               ("domain", "requests", "drafts", "drafted tokens", "accepted tokens", "acceptance rate",
                "tested tokens", "alpha (accepted / tested)", "mean acceptance length", "meets go line"),
               tuple((d.domain, d.num_requests, d.num_drafts, d.num_draft_tokens, d.num_accepted_tokens,
                      d.acceptance_rate, d.num_tested_tokens, d.alpha, d.mean_acceptance_length,
-                     None if d.acceptance_rate is None else d.acceptance_rate >= ALPHA_GO) for d in data.domains)),
+                     d.meets_go_line(ALPHA_GO)) for d in data.domains)),
         Table("speedups", "Speedup (spec tokens/s / AR tokens/s, same workload, target, device, precision, "
               "concurrency)",
               ("workload", "target", "device", "dtype", "concurrency", "drafter", "K policy", "spec tokens/s",

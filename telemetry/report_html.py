@@ -123,7 +123,8 @@ def cards_html(data: ReportData) -> str:
         _card("Cost per 1M tokens, spec", spec_cost, spec_sub),
         _card("Cost per 1M tokens, AR", ar_cost, ar_sub),
         _card("Speedup", speedup, speedup_sub),
-        _card("Acceptance rate (spec)", fmt(alpha, ".1%"), f"go/no-go line {ALPHA_GO:.2f}"),
+        _card("Acceptance rate (spec)", fmt(alpha, ".1%"),
+              f"accepted / drafted; the go/no-go line {ALPHA_GO:.2f} judges alpha per domain"),
         _card("J/token", " / ".join(_j_text(data, m) for m in ("spec", "ar")), "energy per output token"),
         _card(f"p95 TPOT vs SLA {data.sla_ms:g} ms", " / ".join(_tpot_text(data, m) for m in ("spec", "ar")), ""),
         _card("Projected annual savings", savings, "nodes AR - nodes spec, x node $/h x 8,760 h"
@@ -183,11 +184,18 @@ def cost_chart(data: ReportData) -> go.Figure:
 
 def acceptance_chart(data: ReportData) -> go.Figure:
     fig = go.Figure()
-    fig.add_bar(x=[d.domain or "(none)" for d in data.domains], y=[d.acceptance_rate for d in data.domains],
-                marker_color=SPEC_COLOUR, name="acceptance rate")  # fmt: skip
+    names = [d.domain or "(none)" for d in data.domains]
+    fig.add_bar(x=names, y=[d.acceptance_rate for d in data.domains], marker_color=SPEC_COLOUR,
+                name="acceptance rate (accepted / drafted)")
+    alphas = [d.alpha for d in data.domains]
+    if any(a is not None for a in alphas):
+        fig.add_scatter(x=names, y=alphas, mode="markers+text", name="alpha (accepted / tested; the go/no-go)",
+                        marker={"symbol": "diamond", "size": 12, "color": "#111827"}, textposition="middle right",
+                        text=["" if a is None else f"{a:.2f}" for a in alphas])
     fig.add_hline(y=ALPHA_GO, line_dash="dash", line_color="#b91c1c", annotation_text=f"go/no-go {ALPHA_GO}")
     fig.update_yaxes(range=[0, 1])
-    return _layout(fig, "Acceptance rate per domain", "accepted / drafted")
+    fig.update_layout(showlegend=True)
+    return _layout(fig, "Acceptance per domain", "share of draft tokens")
 
 
 def tpot_chart(data: ReportData) -> go.Figure:

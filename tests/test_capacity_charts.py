@@ -128,3 +128,11 @@ def test_report_cost_chart_keeps_mode_colours_for_modes():
     fig = cost_chart(data(spec=unmeasured, ar=unmeasured))
     assert [t.name for t in fig.data] == ["hardware"] and fig.layout.showlegend is True
 
+
+
+def test_go_no_go_colours_judge_alpha_where_the_domain_has_it():
+    """calibrate's verdict is on alpha (accepted / tested): a domain whose acceptance rate reads under the
+    line while its alpha is over it is green, as calibrate would say GO; without steps, the rate decides."""
+    fig = charts.alpha_by_domain(["code", "chat", "rewrite"], [0.47, 0.47, 0.70], [10, 10, 10], [0.68, 0.60, None])
+    assert list(fig.data[0].marker.color) == ["#16a34a", "#dc2626", "#16a34a"]
+    assert list(charts.alpha_by_domain(["code"], [0.47], [10]).data[0].marker.color) == ["#dc2626"]

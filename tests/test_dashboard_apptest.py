@@ -228,12 +228,13 @@ def test_speculation_page_shows_acceptance_and_go_no_go(filled, monkeypatch):
     at = open_page(app_for(filled, monkeypatch), PAGES["Speculation"])
     assert_clean(at)
     assert metrics(at)["Acceptance rate"] == ["60.7%"]
-    assert any("below the 0.65 go/no-go line: chat." in c.value for c in at.caption)  # code 0.75 is above
+    assert any("Below the 0.65 go/no-go line: chat (alpha 0.62)." in c.value for c in at.caption)  # code 0.75 is above
     assert any("alpha = accepted / tested" in c.value for c in at.caption)
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)  # Acceptance per domain: bars, then alpha diamonds
     bars, diamonds = spec["data"][:2]
     assert bars["x"] == ["chat", "code"] and bars["y"] == pytest.approx([10 / 24, 24 / 32])
     assert diamonds["y"] == pytest.approx([10 / 16, 24 / 32])  # chat's steps all stop at a rejection
+    assert bars["marker"]["color"] == ["#dc2626", "#16a34a"]  # chat's alpha 0.625 is below the line, code's above
     over_time = json.loads(at.get("plotly_chart")[1].proto.spec)  # the acceptance rate, not alpha, over time
     assert over_time["layout"]["title"]["text"] == "Acceptance rate"
     assert over_time["layout"]["yaxis"]["title"]["text"] == "accepted / drafted"

@@ -155,6 +155,7 @@ def test_report_files_record_and_offline_html(store, tmp_path, capsys):
     domains = {d["domain"]: d for d in rec.summary["acceptance_by_domain"]}
     assert domains["code"]["acceptance_rate"] == pytest.approx(24 / 32) and domains["code"]["meets_go_line"]
     assert domains["chat"]["acceptance_rate"] == pytest.approx(20 / 48) and not domains["chat"]["meets_go_line"]
+    assert {d["go_line_judges"] for d in domains.values()} == {"acceptance rate"}  # no steps recorded here
     assert rec.summary["speedups"][0]["speedup"] == pytest.approx(44.0 / (66 / 1.9))
     assert rec.summary["projection"]["assumptions"]["p95_tpot_sla_ms"] == 40
     # the projection at every SLA where it can change: spec (p95 12.5 ms) meets SLAs AR does not

@@ -13,9 +13,10 @@ import plotly.graph_objects as go
 
 from telemetry.finops import sla_steps, step_starts
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
+from telemetry.queries import GO_LINE
 
 MODE_NAMES = {"spec": "speculative", "ar": "AR baseline"}
-GO_NO_GO_ALPHA = 0.65
+GO_NO_GO_ALPHA = GO_LINE
 HEIGHT = 340
 
 
@@ -133,8 +134,10 @@ def acceptance_along_answer(frame: pd.DataFrame) -> go.Figure:
 def alpha_by_domain(domains: list[str], rates: list[float | None], requests: list[int],
                     alphas: list[float | None] | None = None) -> go.Figure:
     """Acceptance rate bars per domain against the 0.65 go/no-go line (a domain without drafts is shown as
-    missing), with alpha (accepted / tested, calibrate's per-token figure) as a marker where steps exist."""
-    colors = ["#9ca3af" if a is None else ("#16a34a" if a >= GO_NO_GO_ALPHA else "#dc2626") for a in rates]
+    missing), with alpha (accepted / tested, calibrate's per-token figure) as a marker where steps exist.
+    A bar is green or red by what the line judges: the domain's alpha where it has one, as calibrate."""
+    judged = [r if alphas is None or alphas[i] is None else alphas[i] for i, r in enumerate(rates)]
+    colors = ["#9ca3af" if a is None else ("#16a34a" if a >= GO_NO_GO_ALPHA else "#dc2626") for a in judged]
     fig = go.Figure()
     fig.add_bar(x=domains, y=rates, marker_color=colors, name="acceptance rate (accepted / drafted)",
                 text=["—" if a is None else f"{a:.2f}" for a in rates], customdata=requests,

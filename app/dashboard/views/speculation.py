@@ -31,11 +31,13 @@ def body(ctx: Context) -> None:
     st.plotly_chart(charts.alpha_by_domain(names, [d.acceptance_rate for d in domains],
                                            [d.num_requests for d in domains], [d.alpha for d in domains]),
                     width="stretch")
-    below = [n for n, d in zip(names, domains, strict=True)
-             if d.acceptance_rate is not None and d.acceptance_rate < charts.GO_NO_GO_ALPHA]
+    below = [f"{n} ({d.go_figure_name} {d.go_figure:.2f})" for n, d in zip(names, domains, strict=True)
+             if d.meets_go_line(charts.GO_NO_GO_ALPHA) is False]
     if below:
-        st.caption(f"Acceptance rate below the 0.65 go/no-go line: {', '.join(below)}. Speculation may not pay "
-                   "on these domains.")
+        st.caption(f"Below the {charts.GO_NO_GO_ALPHA} go/no-go line: {', '.join(below)}. The line judges alpha "
+                   "where steps were recorded, as `specfinops calibrate` does; it is the usual rule of thumb for "
+                   "choosing a draft. Whether speculation pays here is the measured speedup on the Overview, "
+                   "which the cost figures use.")
     if any(d.alpha is not None for d in domains):
         st.caption("Bars: acceptance rate = accepted / drafted tokens. Diamonds: alpha = accepted / tested, "
                    "where a step tests its accepted drafts and the first rejected one (the drafts after a "
