@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import numpy as np
 import pandas as pd
 from sqlalchemy import Integer, and_, case, cast, func, select
 from sqlalchemy.engine import Engine
@@ -154,17 +155,27 @@ def latency_histograms(engine: Engine, f: Filters) -> pd.DataFrame:
 
 
 def histogram_percentiles(hist: pd.DataFrame, value_col: str, qs=(50, 95, 99)) -> dict[str, dict[int, float | None]]:
-    """Percentiles per mode from a bucketed histogram (bucket midpoints; exact to one 0.1 ms bucket)."""
+    """Percentiles per mode from a bucketed histogram, interpolated between the two ranks around each as
+    `telemetry.queries.percentile` (numpy's linear) does over the raw values, so the Latency page agrees
+    with the Overview and the SLA projection; each value is its bucket's midpoint (within 0.05 ms)."""
     out: dict[str, dict[int, float | None]] = {}
     for mode, part in hist.groupby("mode", sort=False):
         part = part.sort_values(value_col)
         cum = part["count"].cumsum().to_numpy()
-        total = cum[-1] if len(cum) else 0
+        total = int(cum[-1]) if len(cum) else 0
         values = part[value_col].to_numpy() + 0.5 / BUCKETS_PER_MS
-        out[str(mode)] = {
-            q: (None if total == 0 else float(values[min(int((cum < q / 100 * total).sum()), len(values) - 1)]))
-            for q in qs
-        }
+
+        row: dict[int, float | None] = {}
+        for q in qs:
+            if total == 0:
+                row[q] = None
+                continue
+            pos = (total - 1) * q / 100
+            lo, hi = math.floor(pos), math.ceil(pos)
+            # the r-th smallest value (0-based) lies in the first bucket whose running count exceeds r
+            v_lo, v_hi = (float(values[int(np.searchsorted(cum, r, side="right"))]) for r in (lo, hi))
+            row[q] = v_lo + (v_hi - v_lo) * (pos - lo)
+        out[str(mode)] = row
     return out
 
 
