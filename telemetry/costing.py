@@ -187,6 +187,8 @@ class StoreProjection:
     # (tokens/s, p95 TPOT ms) of every configuration per mode: what finops.sla_curve draws
     points_ar: tuple[tuple[float | None, float | None], ...] = ()
     points_spec: tuple[tuple[float | None, float | None], ...] = ()
+    energy_estimated_ar: bool = False  # the energy part of that mode's figure is (partly) estimated
+    energy_estimated_spec: bool = False
 
     def sla_curve(self) -> list[SlaPoint]:
         """This projection's traffic and node price at every SLA where the answer can change."""
@@ -219,6 +221,8 @@ class StoreProjection:
                 "energy_included_ar": p.energy_included_ar,
                 "energy_included_spec": p.energy_included_spec,
                 "energy_estimated": self.energy_estimated,
+                "energy_estimated_ar": self.energy_estimated_ar,
+                "energy_estimated_spec": self.energy_estimated_spec,
                 "capacity_basis": "highest measured tokens/s of one configuration (its runs pooled: tokens "
                 "over their summed wall time, p95 TPOT over all of their requests; aggregate over its "
                 "concurrency) whose p95 TPOT meets the SLA, taken as one node",
@@ -284,8 +288,12 @@ def project_from_store(
     points = {m: tuple((c.stats.tokens_per_s, c.stats.tpot_p95_ms) for c in by_mode[m]) for m in MODES}
 
     def j_per_token(m: str) -> float | None:
+        # as costs(): energy only where every request of the configuration has a figure; J/token over the
+        # requests that have one would price energy `cost` reports as not measured
         c = cap_configs[m]
-        return None if differs or c is None else c.stats.j_per_token
+        if differs or c is None or not c.stats.energy_complete:
+            return None
+        return c.stats.j_per_token
 
     projection = project(
         daily_tokens=daily_tokens,
@@ -299,9 +307,11 @@ def project_from_store(
         pue=pue_value,
         usd_per_kwh=kwh_price,
     )
-    estimated = any(
-        c is not None and c.stats.energy_estimated and j_per_token(m) is not None for m, c in cap_configs.items()
-    )
+    # energy from a configuration whose runs mix an estimated and a measured power source is labelled estimated
+    estimated_by_mode = {
+        m: c is not None and c.stats.energy_estimated and j_per_token(m) is not None for m, c in cap_configs.items()
+    }
+    estimated = any(estimated_by_mode.values())
     return StoreProjection(
         projection=projection,
         node_price=price,
@@ -310,6 +320,8 @@ def project_from_store(
         usd_per_kwh=kwh_price,
         pue=pue_value,
         energy_estimated=estimated,
+        energy_estimated_ar=estimated_by_mode["ar"],
+        energy_estimated_spec=estimated_by_mode["spec"],
         capacity_run_ar=cap_configs["ar"].run_ids[0] if cap_configs["ar"] else None,
         capacity_run_spec=cap_configs["spec"].run_ids[0] if cap_configs["spec"] else None,
         capacity_runs_ar=cap_configs["ar"].run_ids if cap_configs["ar"] else (),

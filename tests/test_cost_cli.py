@@ -292,3 +292,49 @@ def test_prices_table_has_a_header(sqlite_url, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:4] == ["name", "kind", "value", "unit"] and lines[0].rstrip().endswith("source")
     assert any(line.startswith("H100 ") for line in lines[1:])
+
+
+@pytest.fixture
+def mixed_energy(sqlite_url) -> str:
+    """One configuration per mode, pooled from an estimated run with energy on every request and a measured
+    (nvml) run with one request missing its energy: `cost` calls that energy not measured."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for mode in ("ar", "spec"):
+            req = (lambda **kw: Req(33, ttft_ms=100, e2e_ms=900, **kw)) if mode == "ar" else (
+                lambda **kw: spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500, **kw))
+            make_run(s, mode, power_source="estimate", requests=[req(energy_j=40.0)])
+            make_run(s, mode, power_source="nvml", requests=[req(energy_j=40.0), req(start_s=1.0, energy_j=None)])
+        s.commit()
+    return sqlite_url
+
+
+def test_project_leaves_out_energy_that_cost_calls_not_measured(mixed_energy, capsys):
+    _, modes = costs(open_store(mixed_energy), gpu="cpu-2core")
+    assert all(not mc.cost.energy_included for mc in modes)
+    assert main([*_project(mixed_energy, "--gpu", "cpu-2core"), "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)["assumptions"]
+    assert a["energy_included_ar"] is False and a["energy_included_spec"] is False
+    assert a["energy_estimated"] is False
+    assert main(_project(mixed_energy, "--gpu", "cpu-2core")) == 0
+    out = capsys.readouterr().out
+    assert "incl. energy" not in out and "AR $" in out and "(node price only)" in out
+
+
+def test_project_labels_energy_of_mixed_sources_estimated_per_mode(sqlite_url, capsys):
+    """AR pools an estimated and a measured run, both complete: its energy is labelled estimated; spec's is
+    measured only and is not."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", power_source="estimate", requests=[Req(33, ttft_ms=100, e2e_ms=900, energy_j=40.0)])
+        make_run(s, "ar", power_source="nvml", requests=[Req(33, ttft_ms=100, e2e_ms=900, energy_j=40.0)])
+        make_run(s, "spec", power_source="nvml", requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500,
+                                                                    energy_j=30.0)])
+        s.commit()
+    assert main([*_project(sqlite_url, "--gpu", "cpu-2core"), "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)["assumptions"]
+    assert a["energy_included_ar"] and a["energy_included_spec"]
+    assert (a["energy_estimated_ar"], a["energy_estimated_spec"], a["energy_estimated"]) == (True, False, True)
+    assert main(_project(sqlite_url, "--gpu", "cpu-2core")) == 0
+    out = capsys.readouterr().out
+    assert "(incl. energy (estimated)), spec" in out and out.rstrip().count("incl. energy (estimated)") == 1

@@ -301,10 +301,10 @@ def run_project_command(args) -> int:
     def nodes(n):
         return "not attainable" if n is None else f"{n:,}"
 
-    def energy_label(included: bool) -> str:
+    def energy_label(included: bool, estimated: bool) -> str:
         if not included:
             return "node price only"
-        return "incl. energy (estimated)" if sp.energy_estimated else "incl. energy"
+        return "incl. energy (estimated)" if estimated else "incl. energy"
 
     print(f"traffic: {daily:,.0f} output tokens/day, peak factor {peak:g}, p95 TPOT SLA {sla:g} ms")
     print(
@@ -317,8 +317,9 @@ def run_project_command(args) -> int:
     print(f"monthly cost: AR {_usd(p.monthly_cost_ar_usd)}, spec {_usd(p.monthly_cost_spec_usd)}")
     print(f"annual savings: {_usd(p.annual_savings_usd)}")
     print(
-        f"cost per 1M tokens: AR {_usd(p.cost_per_1m_tokens_ar_usd)} ({energy_label(p.energy_included_ar)}), "
-        f"spec {_usd(p.cost_per_1m_tokens_spec_usd)} ({energy_label(p.energy_included_spec)})"
+        f"cost per 1M tokens: AR {_usd(p.cost_per_1m_tokens_ar_usd)} ({energy_label(p.energy_included_ar, sp.energy_estimated_ar)}), "
+        f"spec {_usd(p.cost_per_1m_tokens_spec_usd)} "
+        f"({energy_label(p.energy_included_spec, sp.energy_estimated_spec)})"
     )
     line = f"priced as {sp.node_price.priced_as} (${sp.node_price.usd_per_hour:g}/node-hour)"
     if sp.priced_differs:
