@@ -338,3 +338,16 @@ def test_project_labels_energy_of_mixed_sources_estimated_per_mode(sqlite_url, c
     assert main(_project(sqlite_url, "--gpu", "cpu-2core")) == 0
     out = capsys.readouterr().out
     assert "(incl. energy (estimated)), spec" in out and out.rstrip().count("incl. energy (estimated)") == 1
+
+
+def test_cost_priced_as_other_hardware_is_one_line_naming_the_runs(filled, capsys):
+    with Session(open_store(filled)) as s:
+        for _ in range(3):
+            make_run(s, "ar", requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+    assert main(["cost", "--db", filled, "--gpu", "H100"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "measured on" in line]
+    assert lines == ["runs 1-5: priced as H100, measured on cpu (2 cores)"]
+    from app.commands.cost import _ids_text
+
+    assert (_ids_text([7]), _ids_text([1, 2, 4, 6, 7, 8])) == ("run 7", "runs 1-2, 4, 6-8")

@@ -262,10 +262,26 @@ def run_cost_command(args) -> int:
             f"{_num(mc.tokens_per_s)} tokens/s, hardware {_usd(c.hardware_usd_per_1m)} + energy "
             f"{_energy_text(c)} = {_total_text(c)} per 1M tokens"
         )
+    differing: dict[tuple[str, str], list[int]] = {}
     for rc in run_costs:
         if rc.priced_differs:
-            print(f"run {rc.run.run_id}: priced as {rc.node_price.priced_as}, measured on {rc.measured_on}")
+            differing.setdefault((rc.node_price.priced_as, rc.measured_on), []).append(rc.run.run_id)
+    for (priced_as, measured_on), ids in differing.items():  # one line per pair, not one per run
+        print(f"{_ids_text(ids)}: priced as {priced_as}, measured on {measured_on}")
     return 0
+
+
+def _ids_text(ids: list[int]) -> str:
+    """'run 3' or 'runs 1-4, 7, 9-14': consecutive ids as ranges."""
+    if len(ids) == 1:
+        return f"run {ids[0]}"
+    spans: list[list[int]] = []
+    for i in sorted(ids):
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return "runs " + ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 # ---- project -------------------------------------------------------------------------------------------
