@@ -174,8 +174,8 @@ def test_empty_store_shows_the_command_that_fills_it(sqlite_url, monkeypatch, ti
     open_store(sqlite_url).dispose()  # schema, no runs
     at = open_page(app_for(sqlite_url, monkeypatch), PAGES[title])
     assert_clean(at)
-    assert any("no runs yet" in i.value for i in at.info)
-    assert FILL_COMMAND in [c.value for c in at.code]
+    assert any("no runs yet" in i.value and sqlite_url in i.value for i in at.info)
+    assert f"{FILL_COMMAND} --db {sqlite_url}" in [c.value for c in at.code]  # fills the store in view
 
 
 def test_unreadable_store_is_one_error_line_not_a_traceback(tmp_path, monkeypatch):
@@ -495,3 +495,29 @@ def test_acceptance_along_the_answer_labels_zero_and_counts():
     assert list(bar.x) == ["0-31<br>n=148", "32-63<br>n=5"] and list(bar.text) == ["44%", "0%"]
     assert bar.textposition == "outside" and "%{customdata[3]}" in bar.hovertemplate
     assert [c[3] for c in bar.customdata] == ["0-31", "32-63"]
+
+
+def test_a_time_range_without_requests_says_so_on_every_page(sqlite_url, monkeypatch):
+    """Runs on the 2nd and the 4th: picking the 3rd leaves no runs in view, so each page says no runs match
+    (not "nothing in the store", not an empty chart), and the run picker offers none."""
+    from datetime import timedelta
+
+    from synthetic import BASE_TIME
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for start in (BASE_TIME, BASE_TIME + timedelta(days=2)):
+            make_run(s, "ar", started_at=start, requests=[Req(output_tokens=33, ttft_ms=100, e2e_ms=900)])
+            make_run(s, "spec", started_at=start, requests=[spec_req(33, k=4, accepted=24, ttft_ms=100, e2e_ms=500)])
+        s.commit()
+    engine.dispose()
+    gap = (BASE_TIME + timedelta(days=1)).date()
+    for title in ("Cost & capacity", "Latency", "Speculation"):
+        at = open_page(app_for(sqlite_url, monkeypatch), PAGES[title])
+        assert len(at.multiselect(key="f_runs").options) == 4
+        at.date_input(key="f_time").set_value((gap, gap)).run()
+        assert_clean(at)
+        assert any("No runs match these filters" in i.value for i in at.info), title
+        assert not at.get("plotly_chart") and at.multiselect(key="f_runs").options == []
+        at.date_input(key="f_time").set_value((gap, gap + timedelta(days=1))).run()  # the 3rd and the 4th
+        assert len(at.multiselect(key="f_runs").options) == 2

@@ -37,8 +37,12 @@ def _nice_width(span: float, bins: int = 50) -> float:
 def histogram(hist: pd.DataFrame, value_col: str, title: str, x_title: str) -> go.Figure:
     """Bars per mode from a fine-bucketed (mode, value, count) frame, rebinned to about 50 bins up to p99.5."""
     fig = go.Figure()
-    if hist.empty:
-        return _layout(fig, title, x_title, "share")
+    if hist.empty:  # no axes running from -1 to 4 over nothing: say so where the bars would be
+        fig.add_annotation(text="no requests with this figure in view", showarrow=False, x=0.5, y=0.5,
+                           xref="paper", yref="paper", font=dict(color="#6b7280"))
+        fig.update_xaxes(visible=False)
+        fig.update_yaxes(visible=False)
+        return _layout(fig, title, None, None)
     ordered = hist.sort_values(value_col)
     cum = ordered["count"].cumsum()
     hi = float(ordered.loc[cum >= 0.995 * cum.iloc[-1], value_col].iloc[0])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -75,15 +76,32 @@ def prepare() -> None:
         if data.count_runs(url) == 0:
             return
         sel = sidebar(data.filter_options(url))
+        st.sidebar.caption(f"Store: {shown_url(url)}")
         st.session_state[CTX_KEY] = Context(url, sel)
     except Exception as exc:  # noqa: BLE001 - shown to the user as one line, logged with its traceback
         _error("The store", exc)
         st.session_state[CTX_KEY] = "error"
 
 
-def empty_store_message() -> None:
-    st.info("The store has no runs yet. Measure speculative and autoregressive runs to fill it:")
-    st.code(FILL_COMMAND, language="bash")
+def shown_url(url: str) -> str:
+    """The store URL as the page may show it: a password masked."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses: show nothing of it
+        return "(the configured store)"
+
+
+def fill_command(url: str) -> str:
+    """FILL_COMMAND writing to this store (without --db, bench would fill the default one)."""
+    return f"{FILL_COMMAND} --db {shlex.quote(shown_url(url))}"
+
+
+def empty_store_message(url: str) -> None:
+    st.info(f"The store has no runs yet ({shown_url(url)}). Measure speculative and autoregressive runs to "
+            "fill it:")
+    st.code(fill_command(url), language="bash")
     st.caption("Then reload this page. `specfinops dashboard --db URL` points the dashboard at another store.")
 
 
@@ -99,13 +117,15 @@ def run_page(title: str, body: Callable[[Context], None], caption: str | None = 
     if ctx == "error":
         return
     if ctx is None:
-        empty_store_message()
+        empty_store_message(data.db_url())
         return
     if ctx.sel.synthetic:
         st.warning("Synthetic data: some runs in view were made by the benchmark generator "
                    "(workload 'synthetic', host 'synthetic-generator'). They are not measurements.")
     if ctx.sel.runs.empty:
-        st.info("No runs match these filters. Widen the time range or reset the filters in the sidebar.")
+        st.info("No runs match these filters (none has requests in the selected time range, or none has "
+                "this node, pair, workload or concurrency). Widen the time range or reset the filters in "
+                "the sidebar.")
         return
     try:
         body(ctx)

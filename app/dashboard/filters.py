@@ -52,6 +52,13 @@ def data_span_s(runs: pd.DataFrame, since: datetime | None, until: datetime | No
     return max((hi - lo).total_seconds(), 1.0)
 
 
+def in_range(runs: pd.DataFrame, since: datetime, until: datetime) -> pd.Series:
+    """Which runs had a request start in [since, until) or span it (a run without requests has none)."""
+    first = pd.to_datetime(runs["first_request"], utc=True)
+    last = pd.to_datetime(runs["last_request"], utc=True)
+    return (last >= since) & (first < until)
+
+
 def sidebar(options: dict) -> Selection:
     """Render the filters in the sidebar and return the selection."""
     runs: pd.DataFrame = options["runs"]
@@ -81,6 +88,8 @@ def sidebar(options: dict) -> Selection:
              "(bench --concurrency 1,2,4,...) pools every level unless one is picked.") if len(levels) > 1 else ALL
 
     chosen = runs
+    if since is not None and (picked[0], picked[1]) != (lo, hi):  # a narrowed range: only the runs it overlaps
+        chosen = chosen[in_range(chosen, since, until)]
     if node != ALL:
         chosen = chosen[chosen["node_id"] == node]
     if workload != ALL:
