@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
+from telemetry.db import Run
 from telemetry.finops import (
     HOURS_PER_MONTH,
     HOURS_PER_YEAR,
@@ -170,6 +172,66 @@ def run_cost(
 
 
 
+# The run filters a "no runs" message can name: (Filters field, what it is called, plural, Run column).
+_RUN_FILTERS = (
+    ("workload", "workload", "workloads", Run.workload),
+    ("target", "target", "targets", Run.target),
+    ("node_id", "node", "nodes", Run.node_id),
+    ("drafter", "drafter", "drafters", Run.drafter),
+    ("mode", "mode", "modes", Run.mode),
+)
+
+
+def _listed(values, shown: int = 10) -> str:
+    values = sorted(str(v) for v in values if v is not None)
+    return ", ".join(values[:shown]) + (f", ... ({len(values)} in all)" if len(values) > shown else "")
+
+
+def no_runs_reason(engine: Engine, filters: Filters | None = None) -> str:
+    """Why no run has a request matching `filters`, in one line: the store has no runs at all (and how to
+    measure some), or which filter matches nothing, with the values that exist, or which run is missing."""
+    f = filters or Filters()
+    with engine.connect() as c:
+        if not c.execute(select(func.count(Run.id))).scalar():
+            return f"the store has no runs; {EMPTY_STORE_HINT}"
+        if f.run_ids is not None:
+            found = {r.id: r for r in c.execute(select(Run).where(Run.id.in_(f.run_ids)))}
+            missing = [i for i in f.run_ids if i not in found]
+            if missing:
+                ids = [str(i) for i in c.execute(select(Run.id).order_by(Run.id)).scalars()]
+                shown = ", ".join(ids) if len(ids) <= 12 else f"{ids[0]} to {ids[-1]}, {len(ids)} in all"
+                return f"no run {', '.join(map(str, missing))} in the store (runs in the store: {shown})"
+            for run in found.values():
+                for field, name, _, col in _RUN_FILTERS:
+                    want = getattr(f, field)
+                    if want is not None and getattr(run, col.key) != want:
+                        return f"run {run.id} has {name} {getattr(run, col.key)!r}, not {want!r}"
+        conds = []
+        for field, name, plural, col in _RUN_FILTERS:
+            want = getattr(f, field)
+            if want is None:
+                continue
+            if not c.execute(select(func.count(Run.id)).where(col == want)).scalar():
+                have = c.execute(select(col).distinct()).scalars()
+                return f"no runs with {name} {want!r} ({plural} in the store: {_listed(have)})"
+            conds.append((name, want, col))
+        named = " and ".join(f"{name} {want!r}" for name, want, _ in conds)
+        if len(conds) > 1 and not c.execute(
+            select(func.count(Run.id)).where(*(col == want for _, want, col in conds))
+        ).scalar():
+            return f"no run has {named} together"
+    if f.run_ids is not None:
+        what = (f"run {f.run_ids[0]} has" if len(f.run_ids) == 1
+                else "runs " + ", ".join(map(str, f.run_ids)) + " have")
+    else:
+        what = f"the runs with {named} have" if named else "the store's runs have"
+    extra = []
+    if f.domain is not None:
+        extra.append(f"domain {f.domain!r}")
+    if f.since is not None or f.until is not None:
+        extra.append(f"started between {f.since or 'the start'} and {f.until or 'now'}")
+    return f"{what} no requests" + (f" with {' and '.join(extra)}" if extra else "")
+
 
 @dataclass(frozen=True, slots=True)
 class StoreProjection:
@@ -275,6 +337,8 @@ def project_from_store(
     interleaved bench, repeated runs of one command). The energy part is added only when the priced
     hardware is the measured one. ValueError on an empty store."""
     configs = config_summaries(engine, filters)
+    if not configs:
+        raise ValueError(no_runs_reason(engine, filters))
     if not any(c.stats.output_tokens for c in configs):
         raise ValueError(f"no measured runs with output tokens in the store; {EMPTY_STORE_HINT}")
     devices = tuple(sorted({c.device for c in configs}))

@@ -351,3 +351,28 @@ def test_cost_priced_as_other_hardware_is_one_line_naming_the_runs(filled, capsy
     from app.commands.cost import _ids_text
 
     assert (_ids_text([7]), _ids_text([1, 2, 4, 6, 7, 8])) == ("run 7", "runs 1-2, 4, 6-8")
+
+
+def test_filters_matching_nothing_name_the_filter_and_the_values_in_the_store(filled, capsys):
+    """A filter that matches nothing is not an empty store: say which filter and what the store holds."""
+    for args, needle in (
+        (["--workload", "nosuch"], "no runs with workload 'nosuch' (workloads in the store: code)"),
+        (["--target", "nosuch"], "no runs with target 'nosuch' (targets in the store: demo/target-tiny)"),
+        (["--node", "nosuch"], "no runs with node 'nosuch' (nodes in the store: node-a)"),
+        (["--run", "1", "--workload", "chat"], "--run 1: run 1 has workload 'code', not 'chat'"),
+        (["--run", "77"], "--run 77: no run 77 in the store (runs in the store: 1, 2)"),
+    ):
+        assert main(["cost", "--db", filled, *args]) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0] and "specfinops bench" not in err[0], (args, err)
+    assert main([*_project(filled, "--node-hourly-usd", "1"), "--workload", "nosuch"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no runs with workload 'nosuch' (workloads in the store: code)" in err[0]
+    with Session(open_store(filled)) as s:
+        make_run(s, "ar", workload="chat", node_id="node-b", requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        make_run(s, "ar", workload="chat", requests=[])
+        s.commit()
+    assert main(["cost", "--db", filled, "--workload", "code", "--node", "node-b"]) == 2
+    assert "no run has workload 'code' and node 'node-b' together" in capsys.readouterr().err
+    assert main(["cost", "--db", filled, "--run", "4"]) == 2
+    assert "--run 4: run 4 has no requests" in capsys.readouterr().err

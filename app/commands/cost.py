@@ -188,17 +188,15 @@ def _cost_dict(c) -> dict:
 
 
 def run_cost_command(args) -> int:
-    from telemetry.costing import costs
-    from telemetry.queries import EMPTY_STORE_HINT
+    from telemetry.costing import costs, no_runs_reason
     from telemetry.store import open_store
 
     pricing = _pricing(args, required=False)
     engine = open_store(args.db, must_exist=True)
     run_costs, mode_costs = costs(engine, _filters(args, args.run), **pricing)
     if not run_costs:
-        if args.run is not None:
-            raise UsageError(f"--run {args.run}: no such run with requests in the store")
-        raise UsageError(f"no runs in the store matching the filters; {EMPTY_STORE_HINT}")
+        reason = no_runs_reason(engine, _filters(args, args.run))
+        raise UsageError(f"--run {args.run}: {reason}" if args.run is not None else reason)
     if args.json:
         print(
             json.dumps(
