@@ -136,3 +136,25 @@ def test_go_no_go_colours_judge_alpha_where_the_domain_has_it():
     fig = charts.alpha_by_domain(["code", "chat", "rewrite"], [0.47, 0.47, 0.70], [10, 10, 10], [0.68, 0.60, None])
     assert list(fig.data[0].marker.color) == ["#16a34a", "#dc2626", "#16a34a"]
     assert list(charts.alpha_by_domain(["code"], [0.47], [10]).data[0].marker.color) == ["#dc2626"]
+
+
+def test_nodes_bar_says_why_a_mode_has_no_bar():
+    """AR filtered out is not AR failing the SLA."""
+    filtered = charts.nodes_bar(None, 5, {"spec"})
+    assert [a.text for a in filtered.layout.annotations] == ["— no runs of this mode in view"]
+    failing = charts.nodes_bar(None, 5, {"spec", "ar"})
+    assert [a.text for a in failing.layout.annotations] == ["— not attainable at this SLA"]
+
+
+def test_projection_notes_name_the_price_and_the_estimate_on_every_page():
+    from types import SimpleNamespace as NS
+
+    from app.dashboard.common import projection_notes, usd_rate
+
+    sp = NS(projection=NS(notes=("spec: best of 2 configurations",)), priced_differs=True,
+            node_price=NS(priced_as="H100 x8"), measured_on=("cpu (2 cores)",), energy_estimated=True)
+    notes = projection_notes(sp)
+    assert notes[0] == "spec: best of 2 configurations"
+    assert "priced as H100 x8, measured on cpu (2 cores)" in notes[1] and "estimate" in notes[2]
+    assert projection_notes(NS(**{**vars(sp), "priced_differs": False, "energy_estimated": False})) == notes[:1]
+    assert (usd_rate(0.0832), usd_rate(98.32), usd_rate(None)) == ("$0.0832", "$98.32", "—")

@@ -448,7 +448,9 @@ def test_tables_show_times_to_the_second_and_missing_as_a_dash():
                           "tokens/s": [75.6312, None]})
     html = table_style(frame).to_html()
     assert ">2026-12-04 23:41:27<" in html and ".786169" not in html
-    assert ">75.631<" in html and html.count(f">{MISSING}<") == 2
+    assert ">75.63<" in html and html.count(f">{MISSING}<") == 2
+    priced = table_style(pd.DataFrame({"node $/h": [0.0832, 12.5], "energy $/1M": [0.00042, 93290.4]})).to_html()
+    assert all(f">{v}<" in priced for v in ("0.0832", "12.5", "0.00042", "93,290")), priced
 
 
 def test_acceptance_by_position_labels_zero_and_counts():

@@ -202,12 +202,15 @@ def cost_split(modes: list[str], hardware: list[float | None], energy: list[floa
     return _layout(fig, "Cost per 1M output tokens", "", "USD per 1M tokens")
 
 
-def nodes_bar(nodes_ar: int | None, nodes_spec: int | None) -> go.Figure:
+def nodes_bar(nodes_ar: int | None, nodes_spec: int | None, modes_in_view: set[str] | None = None) -> go.Figure:
+    """Nodes per mode. A missing bar says why: no run of that mode in view, or none meets the SLA."""
     fig = go.Figure()
     for mode, n in (("ar", nodes_ar), ("spec", nodes_spec)):
         fig.add_bar(x=[MODE_NAMES[mode]], y=[n], name=MODE_NAMES[mode], marker_color=MODE_COLOURS[mode],
                     text=[None if n is None else str(n)])
-        _mark_missing(fig, [MODE_NAMES[mode]], [n], "— not attainable at this SLA")
+        measured = modes_in_view is None or mode in modes_in_view
+        _mark_missing(fig, [MODE_NAMES[mode]], [n], "— not attainable at this SLA" if measured
+                      else "— no runs of this mode in view")
     return _layout(fig, "Nodes needed at peak", "", "nodes")
 
 

@@ -38,6 +38,23 @@ def fmt(value: float | int | None, spec: str = ",.2f", prefix: str = "", suffix:
     return f"{prefix}{value:{spec}}{suffix}"
 
 
+def projection_notes(sp) -> list[str]:
+    """What every page showing a node projection says under it: its own notes, and how it was priced
+    where that is not the measured device, or where the energy part is an estimate."""
+    notes = list(sp.projection.notes)
+    if sp.priced_differs:
+        notes.append(f"priced as {sp.node_price.priced_as}, measured on {', '.join(sp.measured_on)}: "
+                     "the energy part is left out of the projected cost")
+    if sp.energy_estimated:
+        notes.append("the energy part of the projected cost is an estimate")
+    return notes
+
+
+def usd_rate(value: float | None) -> str:
+    """A price per hour or per kWh: cents are not enough ($0.0832/h read "$0.08")."""
+    return usd(value, ",.2f" if value is not None and value == value and abs(value) >= 10 else ",.4g")
+
+
 def usd(value: float | None, spec: str = ",.2f") -> str:
     if value is None or value != value:
         return MISSING
@@ -133,13 +150,28 @@ def run_page(title: str, body: Callable[[Context], None], caption: str | None = 
         _error(f"The {title} page", exc)
 
 
+def number(value) -> str:
+    """A table's number: whole thousands with separators, smaller figures to 4 significant digits (a node
+    price of $0.0832/h is not "0.083", an energy cost of $0.00042 per 1M not "0.000"), "—" when missing."""
+    if value is None or value != value:
+        return MISSING
+    if isinstance(value, bool):
+        return str(value)
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
 def table_style(frame):
-    """How show_table renders `frame`: missing cells "—" (never blank, never "None" or 0), floats to 3
-    decimals, times to the second (a run's start read "23:41:27.786169")."""
+    """How show_table renders `frame`: missing cells "—" (never blank, never "None" or 0), floats by
+    `number`, times to the second (a run's start read "23:41:27.786169")."""
     import pandas as pd
 
     times = [c for c in frame.columns if pd.api.types.is_datetime64_any_dtype(frame[c])]
+    floats = [c for c in frame.columns if pd.api.types.is_float_dtype(frame[c])]
     styled = frame.style.format(na_rep=MISSING, precision=3, thousands=",")
+    if floats:
+        styled = styled.format(number, subset=floats)
     if times:
         styled = styled.format(lambda v: MISSING if pd.isna(v) else f"{v:%Y-%m-%d %H:%M:%S}", subset=times)
     return styled

@@ -6,7 +6,16 @@ import pandas as pd
 import streamlit as st
 
 from app.dashboard import assumptions, charts, data
-from app.dashboard.common import Context, download_csv, fmt, run_page, show_table, usd
+from app.dashboard.common import (
+    Context,
+    download_csv,
+    fmt,
+    projection_notes,
+    run_page,
+    show_table,
+    usd,
+    usd_rate,
+)
 from telemetry import finops
 from telemetry.costing import runs_text
 
@@ -30,7 +39,8 @@ def _cost_section(ctx: Context) -> None:
         "measured on": rc.measured_on, "priced as": rc.node_price.priced_as, "node $/h": rc.node_price.usd_per_hour,
         "output tokens": rc.run.stats.output_tokens, "tokens/s": rc.run.stats.tokens_per_s,
         "hardware $/1M": rc.cost.hardware_usd_per_1m, "energy $/1M": rc.cost.energy_usd_per_1m,
-        "total $/1M": rc.cost.total_usd_per_1m, "energy estimated": rc.cost.energy_estimated,
+        "total $/1M": rc.cost.total_usd_per_1m,
+        "energy estimated": rc.cost.energy_estimated if rc.cost.energy_usd_per_1m is not None else None,
     } for rc in run_costs])
     with st.expander("Cost per run"):
         show_table(table)
@@ -88,7 +98,7 @@ def _projection_section(ctx: Context) -> None:
     m[1].metric("Nodes (speculative)", fmt(p.nodes_spec, ",d"))
     m[2].metric("Projected annual savings", usd(p.annual_savings_usd, ",.0f"),
                 help="(nodes AR - nodes spec) x node $/h x 8,760")
-    m[3].metric("Node price", usd(p.node_hourly_usd) + "/h", help=f"priced as {sp.node_price.priced_as}")
+    m[3].metric("Node price", usd_rate(p.node_hourly_usd) + "/h", help=f"priced as {sp.node_price.priced_as}")
     m = st.columns(4)
     m[0].metric("Capacity AR (tokens/s per node)", fmt(p.capacity_tokens_per_s_ar, ",.0f"),
                 help=f"best configuration meeting the SLA: {runs_text(sp.capacity_runs_ar)}"
@@ -98,15 +108,10 @@ def _projection_section(ctx: Context) -> None:
                 if sp.capacity_runs_spec else None)
     m[2].metric("Monthly cost AR", usd(p.monthly_cost_ar_usd, ",.0f"))
     m[3].metric("Monthly cost spec", usd(p.monthly_cost_spec_usd, ",.0f"))
-    st.plotly_chart(charts.nodes_bar(p.nodes_ar, p.nodes_spec), width="stretch")
+    in_view = set(ctx.sel.runs["mode"])
+    st.plotly_chart(charts.nodes_bar(p.nodes_ar, p.nodes_spec, in_view), width="stretch")
     _sla_section(sp)
-    notes = list(p.notes)
-    if sp.priced_differs:
-        notes.append(f"priced as {sp.node_price.priced_as}, measured on {', '.join(sp.measured_on)}: "
-                     "the energy part is left out of the projected cost")
-    if sp.energy_estimated:
-        notes.append("the energy part of the projected cost is an estimate")
-    for note in notes:
+    for note in projection_notes(sp):
         st.caption(f"Note: {note}.")
     proj_table = pd.DataFrame([
         {"figure": "cost per 1M tokens (projected)", "AR": p.cost_per_1m_tokens_ar_usd,

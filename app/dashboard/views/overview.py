@@ -7,7 +7,17 @@ import streamlit as st
 
 from app.dashboard import assumptions, data
 from app.dashboard.charts import MODE_NAMES
-from app.dashboard.common import MISSING, Context, cost_vs_savings_note, fmt, run_page, show_table, usd
+from app.dashboard.common import (
+    MISSING,
+    Context,
+    cost_vs_savings_note,
+    fmt,
+    projection_notes,
+    run_page,
+    show_table,
+    usd,
+    usd_rate,
+)
 
 
 def _speedup_text(speedups) -> tuple[str, str]:
@@ -62,8 +72,9 @@ def body(ctx: Context) -> None:
                        "Change the assumptions on the Cost & capacity page.")
     if proj_error:
         st.caption(f"Projection: {proj_error}")
-    elif proj and proj.projection.notes:
-        st.caption("Projection: " + "; ".join(proj.projection.notes))
+    elif proj:
+        priced = f"priced as {proj.node_price.priced_as} ({usd_rate(proj.projection.node_hourly_usd)}/h)"
+        st.caption("Projection: " + "; ".join([priced, *projection_notes(proj)]) + ".")
     disagree = cost_vs_savings_note(cost.get("spec"), cost.get("ar"), proj.projection if proj else None)
     if disagree:
         st.caption(disagree)

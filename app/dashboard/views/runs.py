@@ -20,7 +20,7 @@ def run_table(runs) -> pd.DataFrame:
         "output tokens": r.stats.output_tokens, "tokens/s": r.stats.tokens_per_s,
         "acceptance rate": r.stats.acceptance_rate, "TTFT p50 (ms)": r.stats.ttft_p50_ms,
         "TPOT p50 (ms)": r.stats.tpot_p50_ms, "TPOT p95 (ms)": r.stats.tpot_p95_ms,
-        "J/token": r.stats.j_per_token, "energy estimated": r.stats.energy_estimated,
+        "J/token": r.stats.j_per_token, "energy estimated": r.stats.energy_estimated if r.stats.energy_j is not None else None,
     } for r in runs])
 
 
