@@ -523,3 +523,23 @@ def test_a_time_range_without_requests_says_so_on_every_page(sqlite_url, monkeyp
         assert not at.get("plotly_chart") and at.multiselect(key="f_runs").options == []
         at.date_input(key="f_time").set_value((gap, gap + timedelta(days=1))).run()  # the 3rd and the 4th
         assert len(at.multiselect(key="f_runs").options) == 2
+
+
+def test_reports_page_offers_the_csv_files_when_the_page_is_gone(filled, tmp_path, monkeypatch):
+    """A report whose HTML was deleted still offers its CSV files, with a warning for the page."""
+    from pathlib import Path
+
+    import streamlit
+
+    from app.cli import main
+
+    assert main(["report", "--db", filled, "--out", str(tmp_path / "out"), "--period", "daily",
+                 "--since", "2026-11-02"]) == 0
+    [html] = list((tmp_path / "out").glob("report-*/*.html"))
+    Path(html).unlink()
+    streamlit.cache_data.clear()  # the page caches the list for a minute
+    at = open_page(app_for(filled, monkeypatch), "views/reports.py")
+    assert_clean(at)
+    assert any("report page is not on this machine" in w.value for w in at.warning)
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert "modes.csv" in labels and not any(lbl.startswith("Download report (HTML") for lbl in labels)

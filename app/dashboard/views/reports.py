@@ -42,14 +42,20 @@ def reports(url: str) -> list[dict]:
 
 
 def _downloads(r: dict) -> None:
+    """The report's page and its CSV files, each offered where it is on this machine (one missing file
+    does not hide the others)."""
     html = Path(r["html_path"]) if r["html_path"] else None
     if html is None or not html.is_file():
         st.warning(f"The report page is not on this machine: {r['html_path'] or '(still being written)'}")
+    else:
+        st.download_button("Download report (HTML, opens offline)", data=lambda: html.read_bytes(),
+                           file_name=f"specfinops-report-{r['id']}.html", mime="text/html",
+                           key=f"dl_report_{r['id']}", on_click="ignore")  # fmt: skip
+    csv_dir = Path(r["csv_dir"]) if r["csv_dir"] else None
+    csvs = sorted(csv_dir.glob("*.csv")) if csv_dir is not None and csv_dir.is_dir() else []
+    if not csvs:
+        st.warning(f"The report's CSV files are not on this machine: {r['csv_dir'] or '(none recorded)'}")
         return
-    st.download_button("Download report (HTML, opens offline)", data=lambda: html.read_bytes(),
-                       file_name=f"specfinops-report-{r['id']}.html", mime="text/html",
-                       key=f"dl_report_{r['id']}", on_click="ignore")  # fmt: skip
-    csvs = sorted(Path(r["csv_dir"]).glob("*.csv"))
     cols = st.columns(4)
     for i, path in enumerate(csvs):
         with cols[i % 4]:
@@ -78,4 +84,5 @@ def body(ctx: Context) -> None:
                "same queries as this dashboard and `specfinops cost`.")  # fmt: skip
 
 
-run_page("Reports", body, "Cost reports (HTML + CSV) of past periods, with their delivery status.")
+run_page("Reports", body, "Cost reports (HTML + CSV) of past periods, with their delivery status. The sidebar "
+                          "filters do not apply here: each report holds the figures of its own period.")
