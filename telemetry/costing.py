@@ -24,7 +24,7 @@ from telemetry.finops import (
     project,
     sla_curve,
 )
-from telemetry.prices import NodePrice, energy_prices, resolve_node_price
+from telemetry.prices import NodePrice, energy_prices, get_price, resolve_node_price
 from telemetry.queries import (
     EMPTY_STORE_HINT,
     MODES,
@@ -251,6 +251,7 @@ class StoreProjection:
     points_spec: tuple[tuple[float | None, float | None], ...] = ()
     energy_estimated_ar: bool = False  # the energy part of that mode's figure is (partly) estimated
     energy_estimated_spec: bool = False
+    gpus_per_node: int = 1  # a node holds this many replicas of the measured device (capacity x this)
 
     def sla_curve(self) -> list[SlaPoint]:
         """This projection's traffic and node price at every SLA where the answer can change."""
@@ -287,7 +288,11 @@ class StoreProjection:
                 "energy_estimated_spec": self.energy_estimated_spec,
                 "capacity_basis": "highest measured tokens/s of one configuration (its runs pooled: tokens "
                 "over their summed wall time, p95 TPOT over all of their requests; aggregate over its "
-                "concurrency) whose p95 TPOT meets the SLA, taken as one node",
+                "concurrency) whose p95 TPOT meets the SLA, "
+                + ("taken as one node" if self.gpus_per_node == 1 else
+                   f"times {self.gpus_per_node}: a node of {self.gpus_per_node} GPUs holds "
+                   f"{self.gpus_per_node} replicas of the measured device"),
+                "gpus_per_node": self.gpus_per_node,
                 "capacity_run_ar": self.capacity_run_ar,
                 "capacity_run_spec": self.capacity_run_spec,
                 "capacity_runs_ar": list(self.capacity_runs_ar),
@@ -334,8 +339,20 @@ def project_from_store(
 ) -> StoreProjection:
     """finops.project fed with the measured runs: capacity per mode = the best configuration's tokens/s
     meeting the SLA, each configuration's runs pooled (`queries.config_summaries`: the turns of an
-    interleaved bench, repeated runs of one command). The energy part is added only when the priced
-    hardware is the measured one. ValueError on an empty store."""
+    interleaved bench, repeated runs of one command). With `gpu` and `gpus_per_node` N (1..64, GPU
+    entries only), a node is N replicas of the measured device: N x its price and N x its measured
+    tokens/s (so the node count shrinks by N, the cost per token stays that of one GPU). The energy part
+    is added only when the priced hardware is the measured one (per GPU: J/token is the same for N
+    replicas). ValueError on an empty store or a filter that matches nothing (`no_runs_reason`)."""
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or not 1 <= gpus_per_node <= 64:
+        raise ValueError(f"GPUs per node (--gpus-per-node) must be a whole number in 1..64, got {gpus_per_node!r}")
+    if gpus_per_node != 1:
+        if gpu is None:
+            raise ValueError("GPUs per node (--gpus-per-node) needs a GPU price (--gpu NAME)")
+        entry = get_price(engine, gpu)
+        if entry.kind == "node":
+            raise ValueError(f"GPUs per node (--gpus-per-node) applies to GPU prices; {entry.name!r} is a "
+                             f"{entry.kind} price (a whole node already): leave GPUs per node at 1")
     configs = config_summaries(engine, filters)
     if not configs:
         raise ValueError(no_runs_reason(engine, filters))
@@ -346,10 +363,12 @@ def project_from_store(
         engine, device=devices[0], gpu=gpu, gpus_per_node=gpus_per_node, node_hourly_usd=node_hourly_usd
     )
     kwh_price, pue_value = _energy_prices(engine, None, usd_per_kwh, pue)
-    differs = any(price.differs_from(d) for d in devices) or gpus_per_node != 1
+    differs = any(price.differs_from(d) for d in devices)
     by_mode = {m: [c for c in configs if c.mode == m] for m in MODES}
     cap_configs = {m: _capacity_config(by_mode[m], sla_ms) for m in MODES}
-    points = {m: tuple((c.stats.tokens_per_s, c.stats.tpot_p95_ms) for c in by_mode[m]) for m in MODES}
+    # per node: gpus_per_node replicas of the measured device, each at its measured tokens/s and p95 TPOT
+    points = {m: tuple((None if c.stats.tokens_per_s is None else c.stats.tokens_per_s * gpus_per_node,
+                        c.stats.tpot_p95_ms) for c in by_mode[m]) for m in MODES}
 
     def j_per_token(m: str) -> float | None:
         # as costs(): energy only where every request of the configuration has a figure; J/token over the
@@ -392,4 +411,5 @@ def project_from_store(
         capacity_runs_spec=cap_configs["spec"].run_ids if cap_configs["spec"] else (),
         points_ar=points["ar"],
         points_spec=points["spec"],
+        gpus_per_node=gpus_per_node,
     )

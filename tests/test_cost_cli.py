@@ -93,17 +93,73 @@ def test_project_json_contract(filled, capsys):
 
 
 def test_project_gpu_pricing_says_priced_as_and_measured_on(filled, capsys):
-    assert main(_project(filled, "--gpu", "h100", "--gpus-per-node", "8")) == 0
+    assert main(_project(filled, "--gpu", "h100")) == 0
     out = capsys.readouterr().out
-    assert "priced as H100 x8 ($55.04/node-hour), measured on cpu (2 cores)" in out
+    assert "priced as H100 ($6.88/node-hour), measured on cpu (2 cores)" in out
     assert "nodes needed: AR 5, spec 4" in out
-    assert "annual savings: $482,150" in out  # 1 node x $55.04 x 8760
+    assert "annual savings: $60,269" in out  # 1 node x $6.88 x 8760
+    assert "replicas" not in out
+
+
+def test_gpus_per_node_multiplies_the_node_capacity_as_well_as_its_price(sqlite_url, capsys):
+    """A node of N GPUs is N replicas of the measured device: N x the price and N x the measured tokens/s,
+    so the node count shrinks by N (it used to stay put, pricing one measured device as N GPUs)."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:  # AR 10 tokens/s, spec 20 tokens/s, each over 10 s
+        make_run(s, "ar", requests=[Req(100, ttft_ms=100, e2e_ms=10_000)])
+        make_run(s, "spec", requests=[spec_req(200, 4, 150, ttft_ms=100, e2e_ms=10_000)])
+        s.commit()
+    # 8.64e6 tokens/day = 100 tokens/s average, x 1.6 peak = 160 tokens/s
+    args = ["project", "--db", sqlite_url, "--daily-tokens", "8.64e6", "--peak-factor", "1.6",
+            "--p95-tpot-sla-ms", "200", "--gpu", "H100"]
+    got = {}
+    for n in ("1", "2", "8"):
+        assert main([*args, "--gpus-per-node", n, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        got[n] = (out["nodes_ar"], out["nodes_spec"], out["capacity_tokens_per_s_ar"])
+        assert out["assumptions"]["gpus_per_node"] == int(n)
+    assert got["1"] == (16, 8, pytest.approx(10.0))
+    assert got["2"] == (8, 4, pytest.approx(20.0))
+    assert got["8"] == (2, 1, pytest.approx(80.0))
+    assert main([*args, "--gpus-per-node", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "capacity per node = 8 x the measured device" in out and "nodes needed: AR 2, spec 1" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--gpu", "H100", "--gpus-per-node", "1e30"], "--gpus-per-node must be a whole number in 1..64"),
+        (["--gpu", "H100", "--gpus-per-node", "65"], "--gpus-per-node must be a whole number in 1..64"),
+        (["--gpu", "H100", "--gpus-per-node", "2.5"], "--gpus-per-node must be a whole number in 1..64"),
+        (["--gpu", "cpu-2core", "--gpus-per-node", "2"], "'cpu-2core' is a node price"),
+        (["--gpu", "cpu-2core", "--gpus-per-node", "1"], "'cpu-2core' is a node price"),
+        (["--node-hourly-usd", "3", "--gpus-per-node", "2"], "--gpus-per-node needs --gpu NAME"),
+    ],
+)
+def test_gpus_per_node_is_bounded_and_only_for_gpu_prices(filled, capsys, extra, needle):
+    assert main(_project(filled, *extra)) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and captured.out == ""
+
+
+def test_project_from_store_guards_gpus_per_node(filled):
+    from telemetry.costing import project_from_store
+
+    engine = open_store(filled)
+    kw = {"daily_tokens": 1e6, "peak_factor": 1.0, "sla_ms": 50.0}
+    for bad in (0, 65, 10**30, 2.0, True):
+        with pytest.raises(ValueError, match="1..64"):
+            project_from_store(engine, gpu="H100", gpus_per_node=bad, **kw)
+    with pytest.raises(ValueError, match="node price"):
+        project_from_store(engine, gpu="cpu-2core", gpus_per_node=2, **kw)
 
 
 def test_project_says_where_the_sla_matters_and_signs_dollars_before_the_symbol(filled, capsys):
     """Spec's p95 TPOT (12.5 ms) meets SLAs AR's (48.75 ms) does not, and it delivers more: speculation needs
     fewer nodes from 12.5 ms on. A loss reads -$X, not $-X."""
-    assert main(_project(filled, "--gpu", "h100", "--gpus-per-node", "8")) == 0
+    assert main(_project(filled, "--gpu", "h100")) == 0
     out = capsys.readouterr().out
     assert "where the SLA matters: speculation needs fewer nodes than AR at p95 TPOT SLAs of 12.5 ms and looser" in out
     from app.commands.cost import _usd

@@ -40,7 +40,9 @@ def _add_pricing(p, *, gpus_per_node: bool) -> None:
     p.add_argument("--gpu", metavar="NAME", help="price at this catalog entry (see `specfinops prices`)")
     if gpus_per_node:
         p.add_argument(
-            "--gpus-per-node", metavar="N", default="1", help="GPUs per node with --gpu (default 1)"
+            "--gpus-per-node", metavar="N", default=None,
+            help="GPUs per node with --gpu NAME of kind gpu, 1..64 (default 1): a node is N replicas of the "
+            "measured device, N x its price and N x its measured tokens/s",
         )
     p.add_argument("--node-hourly-usd", metavar="X", help="price at X dollars per node-hour")
     p.add_argument("--usd-per-kwh", metavar="X", help="electricity price (default: catalog 'electricity')")
@@ -131,12 +133,29 @@ def _pricing(args, *, required: bool) -> dict:
     }
     if hasattr(args, "gpus_per_node"):
         n = _number("--gpus-per-node", args.gpus_per_node, minimum=1, strict=False)
-        if n != int(n):
-            raise UsageError(f"--gpus-per-node must be a whole number, got {args.gpus_per_node!r}")
-        if args.gpu is None and int(n) != 1:
-            raise UsageError("--gpus-per-node needs --gpu NAME")
-        out["gpus_per_node"] = int(n)
+        if n is not None and (n != int(n) or n > MAX_GPUS_PER_NODE):
+            raise UsageError(
+                f"--gpus-per-node must be a whole number in 1..{MAX_GPUS_PER_NODE}, got {args.gpus_per_node!r}"
+            )
+        if args.gpu is None and n is not None:
+            raise UsageError("--gpus-per-node needs --gpu NAME (a GPU price of the catalog)")
+        out["gpus_per_node"] = 1 if n is None else int(n)
     return out
+
+
+MAX_GPUS_PER_NODE = 64
+
+
+def _check_gpu_entry(engine, args) -> None:
+    """--gpus-per-node multiplies a GPU price: a node entry is a whole node already."""
+    if getattr(args, "gpus_per_node", None) is None or args.gpu is None:
+        return
+    from telemetry.prices import get_price
+
+    entry = get_price(engine, args.gpu)
+    if entry.kind == "node":
+        raise UsageError(f"--gpus-per-node applies to GPU prices; {entry.name!r} is a {entry.kind} price "
+                         "(a whole node already): drop --gpus-per-node")
 
 
 def _filters(args, run_id: int | None = None):
@@ -304,8 +323,10 @@ def run_project_command(args) -> int:
     peak = _number("--peak-factor", args.peak_factor, minimum=1, strict=False)
     sla = _number("--p95-tpot-sla-ms", args.p95_tpot_sla_ms, minimum=0)
     pricing = _pricing(args, required=True)
+    engine = open_store(args.db, must_exist=True)
+    _check_gpu_entry(engine, args)
     sp = project_from_store(
-        open_store(args.db, must_exist=True), _filters(args), daily_tokens=daily, peak_factor=peak, sla_ms=sla, **pricing
+        engine, _filters(args), daily_tokens=daily, peak_factor=peak, sla_ms=sla, **pricing
     )
     if args.json:
         print(json.dumps(sp.as_dict(), indent=2))
@@ -327,6 +348,9 @@ def run_project_command(args) -> int:
         f"{_num(p.capacity_tokens_per_s_spec)} tokens/s"
         f"{f' ({runs_text(sp.capacity_runs_spec)})' if sp.capacity_runs_spec else ''}"
     )
+    if sp.gpus_per_node != 1:
+        print(f"capacity per node = {sp.gpus_per_node} x the measured device (a node of {sp.gpus_per_node} "
+              f"GPUs holds {sp.gpus_per_node} replicas of it; the measured tokens/s are per device)")
     print(f"nodes needed: AR {nodes(p.nodes_ar)}, spec {nodes(p.nodes_spec)}")
     print(f"monthly cost: AR {_usd(p.monthly_cost_ar_usd)}, spec {_usd(p.monthly_cost_spec_usd)}")
     print(f"annual savings: {_usd(p.annual_savings_usd)}")
