@@ -158,3 +158,16 @@ def test_projection_notes_name_the_price_and_the_estimate_on_every_page():
     assert "priced as H100 x8, measured on cpu (2 cores)" in notes[1] and "estimate" in notes[2]
     assert projection_notes(NS(**{**vars(sp), "priced_differs": False, "energy_estimated": False})) == notes[:1]
     assert (usd_rate(0.0832), usd_rate(98.32), usd_rate(None)) == ("$0.0832", "$98.32", "—")
+
+
+def test_sweeps_follow_the_sidebar_filters():
+    """A sweep on another node, of another workload, or of none of the picked runs is not shown."""
+    from app.dashboard.filters import sweeps_in_view
+    from telemetry.queries import Filters
+
+    a = {"id": 1, "node": "n1", "workload": "mixed", "run_ids": (1, 2)}
+    b = {"id": 2, "node": "n2", "workload": "code", "run_ids": (3, 4)}
+    ids = lambda f: [s["id"] for s in sweeps_in_view([a, b], f)]  # noqa: E731
+    assert ids(Filters()) == [1, 2]
+    assert ids(Filters(node_id="n2")) == [2] and ids(Filters(workload="mixed")) == [1]
+    assert ids(Filters(run_ids=(2, 9))) == [1] and ids(Filters(run_ids=(9,))) == []

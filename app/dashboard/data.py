@@ -130,7 +130,7 @@ def sweeps(url: str) -> list[dict]:
     for sw in list_sweeps(eng, limit=20):
         points = sweep_points(eng, list(sw.run_ids))
         out.append({"id": sw.id, "created_at": sw.created_at, "drafter": sw.drafter, "workload": sw.workload,
-                    "node": sw.node_id, "crossover": sw.crossover_concurrency,
+                    "node": sw.node_id, "crossover": sw.crossover_concurrency, "run_ids": tuple(sw.run_ids),
                     "points": [(p.concurrency, p.ar_tokens_per_s, p.spec_tokens_per_s, p.ar_tpot_p95_ms,
                                 p.spec_tpot_p95_ms) for p in points]})
     return out

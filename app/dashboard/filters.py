@@ -59,6 +59,21 @@ def in_range(runs: pd.DataFrame, since: datetime, until: datetime) -> pd.Series:
     return (last >= since) & (first < until)
 
 
+def sweeps_in_view(sweeps: list[dict], f: Filters) -> list[dict]:
+    """The sweeps the sidebar's node, workload and run filters keep (a sweep is kept when any of its runs is
+    among the picked ones)."""
+    keep = []
+    for sw in sweeps:
+        if f.node_id is not None and sw["node"] != f.node_id:
+            continue
+        if f.workload is not None and sw["workload"] != f.workload:
+            continue
+        if f.run_ids is not None and not set(sw["run_ids"]) & set(f.run_ids):
+            continue
+        keep.append(sw)
+    return keep
+
+
 def sidebar(options: dict) -> Selection:
     """Render the filters in the sidebar and return the selection."""
     runs: pd.DataFrame = options["runs"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app.dashboard import assumptions, charts, data
+from app.dashboard import assumptions, charts, data, filters
 from app.dashboard.common import (
     Context,
     download_csv,
@@ -140,7 +140,12 @@ def _sla_section(sp) -> None:
 
 
 def _sweep_section(ctx: Context) -> None:
-    sweeps = data.sweeps(ctx.url)
+    recorded = data.sweeps(ctx.url)
+    sweeps = filters.sweeps_in_view(recorded, ctx.sel.filters)
+    if recorded and not sweeps:
+        st.info(f"None of the {len(recorded)} recorded concurrency sweeps matches the sidebar's node, workload "
+                "or run filters.")
+        return
     if not sweeps:
         st.info("Concurrency sweeps appear here once measured: "
                 "`specfinops bench --workload mixed --mode both --concurrency 1,2,4,8,16,32`.")
