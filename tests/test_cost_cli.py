@@ -432,3 +432,21 @@ def test_filters_matching_nothing_name_the_filter_and_the_values_in_the_store(fi
     assert "no run has workload 'code' and node 'node-b' together" in capsys.readouterr().err
     assert main(["cost", "--db", filled, "--run", "4"]) == 2
     assert "--run 4: run 4 has no requests" in capsys.readouterr().err
+
+
+def test_gpus_per_node_of_the_measured_gpu_keeps_the_energy_part(sqlite_url, capsys):
+    """N replicas of the measured H100 use the measured J/token: the energy part stays in, per mode."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        h100 = "NVIDIA H100 80GB HBM3"
+        make_run(s, "ar", device=h100, power_source="nvml",
+                 requests=[Req(100, ttft_ms=100, e2e_ms=10_000, energy_j=500.0)])
+        make_run(s, "spec", device=h100, power_source="nvml",
+                 requests=[spec_req(200, 4, 150, ttft_ms=100, e2e_ms=10_000, energy_j=600.0)])
+        s.commit()
+    args = ["project", "--db", sqlite_url, "--daily-tokens", "8.64e6", "--peak-factor", "1.6",
+            "--p95-tpot-sla-ms", "200", "--gpu", "H100", "--json"]
+    for n in ("1", "8"):
+        assert main([*args, "--gpus-per-node", n]) == 0
+        a = json.loads(capsys.readouterr().out)["assumptions"]
+        assert a["energy_included_ar"] and a["energy_included_spec"] and not a["priced_differs_from_measured"]
