@@ -543,3 +543,16 @@ def test_reports_page_offers_the_csv_files_when_the_page_is_gone(filled, tmp_pat
     assert any("report page is not on this machine" in w.value for w in at.warning)
     labels = [b.proto.label for b in at.get("download_button")]
     assert "modes.csv" in labels and not any(lbl.startswith("Download report (HTML") for lbl in labels)
+
+
+def test_cost_page_names_the_catalog_energy_prices_and_when_they_do_not_count(sqlite_url, monkeypatch):
+    at = open_page(app_for(fill_store(sqlite_url, energy=False), monkeypatch), PAGES["Cost & capacity"])
+    assert_clean(at)
+    from telemetry.prices import energy_prices
+
+    kwh, pue = energy_prices(open_store(sqlite_url))
+    assert at.number_input(key="w_kwh").label == f"Electricity $/kWh (0 = catalog, ${kwh:g})"
+    assert at.number_input(key="w_pue").label == f"PUE (0 = catalog, {pue:g})"
+    assert any("no energy measured for these runs" in c.value for c in at.caption)
+    at = open_page(app_for(fill_store(sqlite_url.replace(".db", "-e.db")), monkeypatch), PAGES["Cost & capacity"])
+    assert not any("no energy measured for these runs" in c.value for c in at.caption)

@@ -68,9 +68,14 @@ def _inputs(ctx: Context) -> dict:
                                           key="w_gpus", disabled=price in (SNAPSHOT, CUSTOM)))
     node_usd = c[1].number_input("Custom node $/h", min_value=0.01, value=float(a["node_hourly_usd"] or 10.0),
                                  key="w_node_usd", disabled=price != CUSTOM)
-    kwh = c[2].number_input("Electricity $/kWh (0 = catalog)", min_value=0.0, value=float(a["usd_per_kwh"] or 0.0),
-                            step=0.01, format="%.3f", key="w_kwh")
-    pue = c[3].number_input("PUE (0 = catalog)", min_value=0.0, value=float(a["pue"] or 0.0), step=0.05, key="w_pue")
+    kwh_cat = next((p.value for p in catalog if p.kind == "electricity"), None)
+    pue_cat = next((p.value for p in catalog if p.kind == "pue"), None)
+    kwh = c[2].number_input(f"Electricity $/kWh (0 = catalog, {fmt(kwh_cat, 'g', prefix='$')})", min_value=0.0,
+                            value=float(a["usd_per_kwh"] or 0.0), step=0.01, format="%.3f", key="w_kwh",
+                            help="Prices the measured energy (kWh x PUE x $/kWh). `specfinops prices set "
+                                 "electricity ...` changes the catalog's.")
+    pue = c[3].number_input(f"PUE (0 = catalog, {fmt(pue_cat, 'g')})", min_value=0.0, value=float(a["pue"] or 0.0),
+                            step=0.05, key="w_pue")
     if 0 < pue < 1:
         st.warning("PUE is at least 1; using the catalog PUE.")
         pue = 0.0
@@ -111,7 +116,10 @@ def _projection_section(ctx: Context) -> None:
     in_view = set(ctx.sel.runs["mode"])
     st.plotly_chart(charts.nodes_bar(p.nodes_ar, p.nodes_spec, in_view), width="stretch")
     _sla_section(sp)
-    for note in projection_notes(sp):
+    notes = projection_notes(sp)
+    if not (p.energy_included_ar or p.energy_included_spec):
+        notes.append("no energy measured for these runs: the electricity price and PUE do not change the figures")
+    for note in notes:
         st.caption(f"Note: {note}.")
     proj_table = pd.DataFrame([
         {"figure": "cost per 1M tokens (projected)", "AR": p.cost_per_1m_tokens_ar_usd,
