@@ -171,3 +171,13 @@ def test_sweeps_follow_the_sidebar_filters():
     assert ids(Filters()) == [1, 2]
     assert ids(Filters(node_id="n2")) == [2] and ids(Filters(workload="mixed")) == [1]
     assert ids(Filters(run_ids=(2, 9))) == [1] and ids(Filters(run_ids=(9,))) == []
+
+
+def test_models_shown_by_their_directory_name():
+    from app.dashboard.filters import pair_label, short_model
+
+    assert short_model("/root/.cache/specfinops/models/smollm2-135m-instruct") == "smollm2-135m-instruct"
+    assert short_model("/models/llama/") == "llama"
+    assert short_model("meta-llama/Llama-3.1-8B") == "meta-llama/Llama-3.1-8B"  # a hub id stays whole
+    assert short_model(None) is None
+    assert pair_label("/a/b/smollm2", "feature:draft") == "smollm2 ← feature:draft"

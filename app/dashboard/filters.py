@@ -31,8 +31,16 @@ class Selection:
     synthetic: bool  # some selected runs are synthetic (generator output, not measurements)
 
 
+def short_model(name: str | None) -> str | None:
+    """A model as a label: a local directory by its last part (the cache path of the bundled target ran
+    past every box and column it was shown in); a hub-style id or a name as it is."""
+    if not name or not name.startswith(("/", "./", "../", "~")):
+        return name
+    return name.rstrip("/").rsplit("/", 1)[-1] or name
+
+
 def pair_label(target: str, drafter: str) -> str:
-    return f"{target} ← {drafter}"
+    return f"{short_model(target)} ← {drafter}"
 
 
 def _day(value) -> date | None:
@@ -93,6 +101,8 @@ def sidebar(options: dict) -> Selection:
     spec = runs[runs["mode"] == "spec"]
     pairs = sorted({(t, d) for t, d in zip(spec["target"], spec["drafter"], strict=True) if d})
     pair_labels = [pair_label(t, d) for t, d in pairs]
+    if len(set(pair_labels)) < len(pair_labels):  # two targets in directories of the same name: whole paths
+        pair_labels = [f"{t} ← {d}" for t, d in pairs]
     pair = sb.selectbox("Model pair (target ← drafter)", [ALL, *pair_labels], key="f_pair")
     workload = sb.selectbox("Workload", [ALL, *sorted(runs["workload"].dropna().unique())], key="f_workload")
     domain = sb.selectbox("Domain", [ALL, *options["domains"]], key="f_domain")

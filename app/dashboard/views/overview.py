@@ -18,6 +18,7 @@ from app.dashboard.common import (
     usd,
     usd_rate,
 )
+from app.dashboard.filters import short_model
 
 
 def _speedup_text(speedups) -> tuple[str, str]:
@@ -122,7 +123,7 @@ def body(ctx: Context) -> None:
                 "workload": s.workload, "concurrency": s.concurrency, "speedup": s.speedup,
                 "spec tokens/s": s.spec_tokens_per_s, "AR tokens/s": s.ar_tokens_per_s,
                 "drafter": s.drafter, "K policy": s.k_policy, "dtype": s.dtype, "device": s.device,
-                "target": s.target,
+                "target": short_model(s.target),
             } for s in speedups]))
 
 

@@ -7,6 +7,7 @@ import streamlit as st
 
 from app.dashboard import data
 from app.dashboard.common import MISSING, Context, download_csv, fmt, run_page, show_table, table_height
+from app.dashboard.filters import short_model
 
 RAW_KINDS = ("requests", "steps", "tokens", "power")
 
@@ -26,7 +27,7 @@ def run_table(runs) -> pd.DataFrame:
 
 COMPARE_ROWS = [
     ("mode", lambda r: r.mode), ("workload", lambda r: r.workload), ("node", lambda r: r.node_id),
-    ("device", lambda r: r.device), ("target", lambda r: r.target), ("drafter", lambda r: r.drafter or MISSING),
+    ("device", lambda r: r.device), ("target", lambda r: short_model(r.target)), ("drafter", lambda r: r.drafter or MISSING),
     ("K policy", lambda r: r.k_policy), ("concurrency", lambda r: str(r.concurrency)),
     ("requests ok", lambda r: f"{r.stats.num_requests_ok:,}"),
     ("output tokens", lambda r: f"{r.stats.output_tokens:,}"),
@@ -53,7 +54,9 @@ def body(ctx: Context) -> None:
         return
     table = run_table(runs)
     st.subheader(f"Runs ({len(runs)})")
-    show_table(table)
+    # the model by its directory's name on the page (the whole path in the CSV); every row without an
+    # inner scrollbar up to 25 runs
+    show_table(table.assign(target=table["target"].map(short_model)), table_height(min(len(table), 25)))
     download_csv("Download run table (CSV)", table, "runs.csv", "dl_runs")
 
     st.subheader("Compare two runs")
