@@ -238,6 +238,10 @@ def test_speculation_page_shows_acceptance_and_go_no_go(filled, monkeypatch):
     over_time = json.loads(at.get("plotly_chart")[1].proto.spec)  # the acceptance rate, not alpha, over time
     assert over_time["layout"]["title"]["text"] == "Acceptance rate"
     assert over_time["layout"]["yaxis"]["title"]["text"] == "accepted / drafted"
+    assert over_time["layout"]["yaxis"]["tickformat"] == ".0%"  # a share, as the metric above it
+    from telemetry.palette import MODE_COLOURS
+
+    assert over_time["data"][0]["line"]["color"] == MODE_COLOURS["spec"]  # spec's colour on every page
     assert "Acceptance along the answer" in [h.value for h in at.subheader]
     assert any("32 tokens a span" in c.value for c in at.caption)
 

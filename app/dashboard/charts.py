@@ -93,14 +93,19 @@ def lines_by_mode(frame: pd.DataFrame, y: str, title: str, y_title: str, bucket_
 
 
 def lines_by(frame: pd.DataFrame, y: str, group: str, title: str, y_title: str, hline: float | None = None,
-             hline_label: str = "", bucket_s: float | None = None) -> go.Figure:
-    """One line per value of `group` over time buckets of `bucket_s` seconds (broken where buckets are empty)."""
+             hline_label: str = "", bucket_s: float | None = None, colour: str | None = None,
+             percent: bool = False) -> go.Figure:
+    """One line per value of `group` over time buckets of `bucket_s` seconds (broken where buckets are empty).
+    `colour` for a single series that belongs to one mode; `percent` for a share on the y axis."""
     fig = go.Figure()
     for key, part in frame.groupby(group, sort=True):
         xs, ys = broken_at_gaps(part, y, bucket_s)
-        fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=str(key))
+        fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=str(key),
+                        line={"color": colour} if colour else None)
     if hline is not None:
         fig.add_hline(y=hline, line_dash="dot", line_color="#dc2626", annotation_text=hline_label)
+    if percent:
+        fig.update_yaxes(tickformat=".0%")
     return _layout(fig, title, "time (UTC)", y_title)
 
 

@@ -56,11 +56,12 @@ def body(ctx: Context) -> None:
     c1, c2 = st.columns(2)
     c1.plotly_chart(charts.lines_by(pooled.assign(series="acceptance rate"), "acceptance_rate", "series",
                                     "Acceptance rate", "accepted / drafted", hline=charts.GO_NO_GO_ALPHA,
-                                    hline_label="0.65", bucket_s=ctx.sel.bucket_s),
+                                    hline_label="0.65", bucket_s=ctx.sel.bucket_s,
+                                    colour=charts.MODE_COLOURS["spec"], percent=True),
                     width="stretch")
     c2.plotly_chart(charts.lines_by(pooled.assign(series="mean acceptance length"), "mean_acceptance_length",
                                     "series", "Mean acceptance length", "tokens per target forward",
-                                    bucket_s=ctx.sel.bucket_s),
+                                    bucket_s=ctx.sel.bucket_s, colour=charts.MODE_COLOURS["spec"]),
                     width="stretch")
     st.plotly_chart(charts.lines_by(over, "mean_k", "k_policy", "K proposed over time (mean per drafting step)",
                                     "K", bucket_s=ctx.sel.bucket_s), width="stretch")
