@@ -64,9 +64,9 @@ def body(ctx: Context) -> None:
     top = st.columns(3)
     top[0].metric("Speedup", speed_value, help=speed_help)
     top[1].metric("Acceptance rate", fmt(spec.acceptance_rate if spec else None, ".1%"),
-                  help="Accepted draft tokens / drafted tokens over the speculative runs in view. "
-                       "Go/no-go line: 0.65. The Speculation page shows it per domain beside alpha "
-                       "(accepted / tested), the per-token figure `specfinops calibrate` reports.")
+                  help="Accepted draft tokens / drafted tokens over the speculative runs in view. The "
+                       "Speculation page shows it per domain beside alpha (accepted / tested), the per-token "
+                       "figure `specfinops calibrate` reports, which the 0.65 go/no-go line judges.")
     savings = proj.projection.annual_savings_usd if proj else None
     top[2].metric("Projected annual savings", usd(savings, ",.0f"),
                   help=f"(nodes AR - nodes spec) x node $/h x 8,760 at {assumptions.describe(a)}. "
