@@ -233,6 +233,16 @@ def no_runs_reason(engine: Engine, filters: Filters | None = None) -> str:
     return f"{what} no requests" + (f" with {' and '.join(extra)}" if extra else "")
 
 
+# What a projection's cost_per_1m_tokens_* is: not the measured cost per 1M tokens of `costs()`.
+FLEET_COST_LABEL = "fleet cost per 1M served tokens (sized for peak, whole nodes)"
+FLEET_COST_FORMULA = (
+    "nodes needed at peak x node $/h x 24 / daily tokens x 1e6, plus the energy part where measured; not the "
+    "measured cost per 1M tokens of `specfinops cost` (node $/h x the runs' wall hours / their tokens), which "
+    "has no peak headroom and no rounding up to whole nodes"
+)
+COST_PER_1M_BASIS = f"{FLEET_COST_LABEL}: {FLEET_COST_FORMULA}"
+
+
 @dataclass(frozen=True, slots=True)
 class StoreProjection:
     projection: Projection
@@ -297,6 +307,7 @@ class StoreProjection:
                 "capacity_run_spec": self.capacity_run_spec,
                 "capacity_runs_ar": list(self.capacity_runs_ar),
                 "capacity_runs_spec": list(self.capacity_runs_spec),
+                "cost_per_1m_tokens_basis": COST_PER_1M_BASIS,
                 "hours_per_year": HOURS_PER_YEAR,
                 "hours_per_month": HOURS_PER_MONTH,
                 "notes": list(p.notes),  # why a figure is null (e.g. SLA not attainable)

@@ -411,24 +411,12 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
     ]  # fmt: skip
     header, rows = cost_rows(engine, ExportWindow(since=data.window.since, until=data.window.until))
     pr = data.projection
-    proj: list[tuple] = [
-        ("p95 TPOT SLA (ms)", pr.sla_ms),
-        ("daily output tokens", pr.daily_tokens),
-        ("daily tokens basis", pr.daily_tokens_basis),
-        ("peak-to-average factor", pr.peak_factor),
-    ]
     curve = pr.sla_curve
-    if pr.projection is None:
-        proj.append(("projection", f"not computed: {pr.reason}"))
-    else:
-        d = pr.projection.as_dict()
-        proj += [(k, d[k]) for k in d if k != "assumptions"]
-        proj += [(k, ", ".join(map(str, v)) if isinstance(v, list) else v) for k, v in d["assumptions"].items()]
-        proj.append(("where the SLA matters", finops.sla_verdict(curve)))
     return [
-        Table("modes", "Spec vs AR", ("mode", "requests ok", "requests failed", "output tokens", "tokens/s",
-              "acceptance rate", "p95 TPOT (ms)", "meets SLA", "J/token", "energy estimated",
-              "hardware $/1M", "energy $/1M", "total $/1M", "energy included", "cost note"), tuple(modes)),
+        Table("modes", "Spec vs AR (cost per 1M tokens of the measured runs: node $/h x wall hours / tokens)",
+              ("mode", "requests ok", "requests failed", "output tokens", "tokens/s",
+               "acceptance rate", "p95 TPOT (ms)", "meets SLA", "J/token", "energy estimated",
+               "hardware $/1M", "energy $/1M", "total $/1M", "energy included", "cost note"), tuple(modes)),
         Table("acceptance_by_domain", f"Acceptance per domain (go/no-go line {ALPHA_GO}, judged on alpha where "
               "steps were recorded, as calibrate; else on the acceptance rate)",
               ("domain", "requests", "drafts", "drafted tokens", "accepted tokens", "acceptance rate",
@@ -448,7 +436,8 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
         Table("anomalies", "Anomalies (band = mean +- 3 sd of previous periods)",
               ("metric", "this period", "status", "band low", "band high", "history periods", "note"),
               tuple((b.metric, b.value, b.status, b.low, b.high, b.num_history, b.note) for b in data.bands)),
-        Table("projection", "Projected annual savings and its assumptions", ("figure", "value"), tuple(proj)),
+        Table("projection", "Projected annual savings and its assumptions", ("figure", "value"),
+              tuple(projection_rows(pr))),
         Table("nodes_by_sla", "Nodes by p95 TPOT SLA (the projection's traffic and price at every SLA where "
               "a measured configuration starts to meet it)",
               ("p95 TPOT SLA (ms)", "AR tokens/s per node", "spec tokens/s per node", "nodes AR", "nodes spec",
@@ -456,3 +445,61 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
               tuple((c.sla_ms, c.capacity_ar, c.capacity_spec, c.nodes_ar, c.nodes_spec, c.annual_savings_usd)
                     for c in curve)),
     ]  # fmt: skip
+
+
+# The projection's figures and assumptions (StoreProjection.as_dict keys) as the report names them. A key
+# in PROJECTION_SKIP repeats a row shown already; a key not named here is shown under its own name.
+PROJECTION_LABELS = {
+    "nodes_ar": "nodes AR (at peak)",
+    "nodes_spec": "nodes spec (at peak)",
+    "annual_savings_usd": "annual savings (USD)",
+    "cost_per_1m_tokens_ar_usd": f"AR {costing.FLEET_COST_LABEL} (USD)",
+    "cost_per_1m_tokens_spec_usd": f"spec {costing.FLEET_COST_LABEL} (USD)",
+    "capacity_tokens_per_s_ar": "AR capacity per node (tokens/s)",
+    "capacity_tokens_per_s_spec": "spec capacity per node (tokens/s)",
+    "node_hourly_usd": "node price (USD per node-hour)",
+    "priced_as": "priced as",
+    "measured_on": "measured on",
+    "priced_differs_from_measured": "priced as other hardware than measured",
+    "gpus_per_node": "GPUs per node",
+    "pue": "PUE",
+    "usd_per_kwh": "electricity (USD per kWh)",
+    "energy_included_ar": "energy in the AR fleet cost",
+    "energy_included_spec": "energy in the spec fleet cost",
+    "energy_estimated_ar": "AR energy estimated",
+    "energy_estimated_spec": "spec energy estimated",
+    "capacity_basis": "capacity per node",
+    "capacity_runs_ar": "AR capacity runs",
+    "capacity_runs_spec": "spec capacity runs",
+    "cost_per_1m_tokens_basis": "fleet cost per 1M served tokens, what it is",
+    "hours_per_year": "hours per year",
+    "hours_per_month": "hours per month",
+    "notes": "notes",
+}
+# shown in the traffic rows above them (daily tokens, peak factor, SLA), by mode (energy estimated), or in
+# the list of runs (the first capacity run)
+PROJECTION_SKIP = frozenset({"daily_tokens", "peak_factor", "p95_tpot_sla_ms", "energy_estimated",
+                             "capacity_run_ar", "capacity_run_spec"})
+
+
+def projection_rows(pr: ProjectionResult) -> list[tuple[str, Any]]:
+    """The projection table: each figure once, under one human name."""
+    rows: list[tuple[str, Any]] = [
+        ("p95 TPOT SLA (ms)", pr.sla_ms),
+        ("daily output tokens", pr.daily_tokens),
+        ("daily tokens basis", pr.daily_tokens_basis),
+        ("peak-to-average factor", pr.peak_factor),
+    ]
+    if pr.projection is None:
+        return [*rows, ("projection", f"not computed: {pr.reason}")]
+    d = pr.projection.as_dict()
+    items = [(k, v) for k, v in d.items() if k != "assumptions"] + list(d["assumptions"].items())
+    for key, value in items:
+        if key in PROJECTION_SKIP:
+            continue
+        if isinstance(value, list):
+            value = "; ".join(map(str, value)) if key == "notes" else ", ".join(map(str, value))
+        rows.append((PROJECTION_LABELS.get(key, key), value))
+    rows.append(("where the SLA matters", finops.sla_verdict(pr.sla_curve)))
+    return rows
+

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from telemetry.costing import FLEET_COST_FORMULA, FLEET_COST_LABEL
 from telemetry.finops import sla_steps, step_starts
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.report import ALPHA_GO, ReportData, Table, meets_sla
@@ -120,8 +121,8 @@ def cards_html(data: ReportData) -> str:
     cards = [
         _card("Output tokens", f"{cur.output_tokens():,}", f"previous period {data.previous.output_tokens():,}"),
         _card("Requests", f"{cur.requests():,}", f"previous period {data.previous.requests():,}"),
-        _card("Cost per 1M tokens, spec", spec_cost, spec_sub),
-        _card("Cost per 1M tokens, AR", ar_cost, ar_sub),
+        _card("Cost per 1M tokens, spec (measured runs)", spec_cost, spec_sub),
+        _card("Cost per 1M tokens, AR (measured runs)", ar_cost, ar_sub),
         _card("Speedup", speedup, speedup_sub),
         _card("Acceptance rate (spec)", fmt(alpha, ".1%"),
               f"accepted / drafted; the go/no-go line {ALPHA_GO:.2f} judges alpha per domain"),
@@ -144,10 +145,14 @@ def assumptions_html(data: ReportData) -> str:
         items.append(f"projection not computed: {pr.reason}")
     else:
         a = pr.projection.as_dict()["assumptions"]
+        p = pr.projection.projection
         items += [
             f"priced as {a['priced_as']} at ${a['node_hourly_usd']:g}/node-hour"
             + (f", measured on {', '.join(a['measured_on'])}" if a["priced_differs_from_measured"] else ""),
             f"capacity per node: {a['capacity_basis']}",
+            f"{FLEET_COST_LABEL}: AR {usd(p.cost_per_1m_tokens_ar_usd)}, spec {usd(p.cost_per_1m_tokens_spec_usd)} "
+            f"({FLEET_COST_FORMULA}); the cost per 1M tokens of the tiles and the Spec vs AR table is the "
+            "measured one",
             f"energy: PUE {a['pue']:g}, ${a['usd_per_kwh']:g}/kWh"
             + (" (estimated power)" if a["energy_estimated"] else ""),
             f"{a['hours_per_year']:,} hours a year",
@@ -179,7 +184,7 @@ def cost_chart(data: ReportData) -> go.Figure:
             fig.add_bar(x=names, y=ys, name="energy (estimated)" if est else "energy (measured)",
                         marker={"color": ENERGY_COLOUR, "pattern_shape": "/" if est else ""})
     fig.update_layout(barmode="stack", showlegend=True)
-    return _layout(fig, "Cost per 1M tokens: spec vs AR", "USD per 1M output tokens")
+    return _layout(fig, "Cost per 1M tokens of the measured runs: spec vs AR", "USD per 1M output tokens")
 
 
 def acceptance_chart(data: ReportData) -> go.Figure:

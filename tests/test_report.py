@@ -296,3 +296,42 @@ def test_dashboard_reports_page_lists_reports_with_downloads(store, tmp_path, mo
     labels = [b.proto.label for b in at.get("download_button")]
     # the HTML and one CSV per table
     assert labels[0].startswith("Download report (HTML") and "modes.csv" in labels and len(labels) == 9
+
+
+# ---- the projection's figures: named for what they are, each once ---------------------------------------
+
+
+def test_projection_cost_is_named_fleet_cost_and_each_figure_shows_once(store, tmp_path):
+    """The projection's cost per 1M tokens (fleet sized for peak, whole nodes) is not the measured one of the
+    tiles and modes.csv: it says so wherever it is shown; traffic figures are not repeated under JSON names."""
+    url, engine = store
+    assert main(_report(url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--sla-ms", "40",
+                        "--daily-tokens", "5e8", "--peak-factor", "2")) == 0  # fmt: skip
+    rec = _only_report(engine)
+    with open(f"{rec.csv_dir}/projection.csv", encoding="utf-8", newline="") as fh:
+        rows = [(r["figure"], r["value"]) for r in csv.DictReader(fh)]
+    names = [n for n, _ in rows]
+    assert len(names) == len(set(names))
+    fleet = "fleet cost per 1M served tokens (sized for peak, whole nodes)"
+    assert f"AR {fleet} (USD)" in names and f"spec {fleet} (USD)" in names
+    assert not {"cost_per_1m_tokens_ar_usd", "daily_tokens", "peak_factor", "p95_tpot_sla_ms"} & set(names)
+    values = dict(rows)
+    assert float(values["daily output tokens"]) == 5e8 and float(values["peak-to-average factor"]) == 2
+    assert float(values["p95 TPOT SLA (ms)"]) == 40
+    assert sum(v == "500000000.0" or v == "5e+08" for _, v in rows) == 1  # the daily tokens once
+    assert "cost_per_1m_tokens_basis" in rec.summary["projection"]["assumptions"]  # JSON keys stay, one added
+    page = open(rec.html_path, encoding="utf-8").read()
+    assert "Cost per 1M tokens, AR (measured runs)" in page and fleet in page
+
+
+def test_project_cli_names_its_cost_the_fleet_cost(store, capsys):
+    url, _ = store
+    args = ["project", "--db", url, "--daily-tokens", "5e8", "--peak-factor", "2", "--p95-tpot-sla-ms", "50",
+            "--gpu", "cpu-2core"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "fleet cost per 1M served tokens (sized for peak, whole nodes): AR $" in out
+    assert not any(line.startswith("cost per 1M tokens") for line in out.splitlines())
+    with pytest.raises(SystemExit):
+        main(["project", "--help"])
+    assert "fleet cost per 1M served tokens" in capsys.readouterr().out

@@ -26,6 +26,11 @@ capacity per node: a mode's fastest measured configuration (workload, model pair
 concurrency, temperature, drafter, K policy) whose p95 TPOT meets the SLA, with that configuration's runs
 pooled: tokens over their summed wall time, p95 over all of their requests (the turns of an interleaved
 `bench --mode both`, repeats of one command). Narrow it with --workload, --target or --node.
+
+fleet cost per 1M served tokens: the fleet sized for peak traffic in whole nodes, per token it serves in a
+day (nodes x node $/h x 24 / daily tokens x 1e6, plus energy where measured). It is not `specfinops cost`'s
+cost per 1M tokens (node $/h x the measured runs' wall hours / their tokens): idle headroom for the peak
+and the rounding up to whole nodes make it higher.
 """
 
 PRICES_EXAMPLES = """  specfinops prices                      # list the catalog (defaults loaded on first use)
@@ -305,7 +310,7 @@ def _ids_text(ids: list[int]) -> str:
 
 
 def run_project_command(args) -> int:
-    from telemetry.costing import project_from_store, runs_text
+    from telemetry.costing import FLEET_COST_LABEL, project_from_store, runs_text
     from telemetry.store import open_store
 
     missing = [
@@ -355,7 +360,8 @@ def run_project_command(args) -> int:
     print(f"monthly cost: AR {_usd(p.monthly_cost_ar_usd)}, spec {_usd(p.monthly_cost_spec_usd)}")
     print(f"annual savings: {_usd(p.annual_savings_usd)}")
     print(
-        f"cost per 1M tokens: AR {_usd(p.cost_per_1m_tokens_ar_usd)} ({energy_label(p.energy_included_ar, sp.energy_estimated_ar)}), "
+        f"{FLEET_COST_LABEL}: AR {_usd(p.cost_per_1m_tokens_ar_usd)} "
+        f"({energy_label(p.energy_included_ar, sp.energy_estimated_ar)}), "
         f"spec {_usd(p.cost_per_1m_tokens_spec_usd)} "
         f"({energy_label(p.energy_included_spec, sp.energy_estimated_spec)})"
     )
