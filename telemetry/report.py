@@ -424,12 +424,13 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
               tuple((d.domain, d.num_requests, d.num_drafts, d.num_draft_tokens, d.num_accepted_tokens,
                      d.acceptance_rate, d.num_tested_tokens, d.alpha, d.mean_acceptance_length,
                      d.meets_go_line(ALPHA_GO)) for d in data.domains)),
+        # the figures first: the long model paths and device names would push them out of view
         Table("speedups", "Speedup (spec tokens/s / AR tokens/s, same workload, target, device, precision, "
               "concurrency)",
-              ("workload", "target", "device", "dtype", "concurrency", "drafter", "K policy", "spec tokens/s",
-               "AR tokens/s", "speedup"),
-              tuple((s.workload, s.target, s.device, s.dtype, s.concurrency, s.drafter, s.k_policy,
-                     s.spec_tokens_per_s, s.ar_tokens_per_s, s.speedup) for s in data.speedups)),
+              ("speedup", "spec tokens/s", "AR tokens/s", "workload", "concurrency", "drafter", "K policy",
+               "dtype", "device", "target"),
+              tuple((s.speedup, s.spec_tokens_per_s, s.ar_tokens_per_s, s.workload, s.concurrency, s.drafter,
+                     s.k_policy, s.dtype, s.device, s.target) for s in data.speedups)),
         Table("runs_cost", "Cost per run", tuple(header), tuple(tuple(r) for r in rows)),
         Table("change", "Change against the previous period", ("figure", "this period", "previous period",
               "change", "change %"), tuple(change_rows(data))),

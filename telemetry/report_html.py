@@ -47,26 +47,63 @@ def fmt(value, spec: str = ",.3g") -> str:
 
 
 def usd(value: float | None) -> str:
-    if value is None:
+    if value is None or value != value:
         return MISSING
-    return f"${value:,.0f}" if abs(value) >= 1000 else f"${value:,.4g}"
+    sign, a = ("-" if value < 0 else ""), abs(value)  # -$17,492, not $-17,492
+    return sign + (f"${a:,.0f}" if a >= 1000 else f"${a:,.4g}")
+
+
+def number(value: int | float) -> str:
+    """A table's number, never in e-notation where a reader expects digits: 93,290 and 500,000,000, not
+    9.329e+04 and 5e+08; four significant digits below 10,000."""
+    if isinstance(value, int):
+        return f"{value:,d}"
+    if value != value:
+        return MISSING
+    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:,.4g}"
 
 
 def _esc(text) -> str:
     return html.escape(fmt(text), quote=True)
 
 
-def _cell(value) -> str:
+def _is_money(name) -> bool:
+    text = str(name)
+    return "$" in text or "usd" in text.lower()
+
+
+def _is_id(name) -> bool:
+    return str(name).lower() in ("id", "run", "run_id", "run id") or str(name).lower().endswith("_id")
+
+
+# columns of a (figure, value)-shaped table whose number is in the unit its row names
+_ROW_UNIT_COLUMNS = frozenset({"value", "this period", "previous period", "change", "band low", "band high"})
+
+
+def _cell(value, *, money: bool = False, ident: bool = False) -> str:
     numeric = isinstance(value, int | float) and not isinstance(value, bool)
-    text = fmt(value, ",.4g") if numeric else fmt(value)
-    return f'<td class="n">{html.escape(text)}</td>' if numeric else f"<td>{html.escape(text)}</td>"
+    if not numeric:
+        return f"<td>{html.escape(fmt(value))}</td>"
+    text = str(value) if ident else usd(value) if money else number(value)
+    return f'<td class="n">{html.escape(text)}</td>'
+
+
+def _row_html(header: Sequence[str], row: Sequence) -> str:
+    """Money as $93,290, counts with thousands separators: a column named in USD is money, and so is the
+    value of a row whose figure (its first cell) is named in USD."""
+    row_money = bool(row) and isinstance(row[0], str) and _is_money(row[0])
+    cells = []
+    for name, value in zip(header, row, strict=False):
+        money = _is_money(name) or (row_money and name in _ROW_UNIT_COLUMNS)
+        cells.append(_cell(value, money=money, ident=_is_id(name)))
+    return "<tr>" + "".join(cells) + "</tr>"
 
 
 def table_html(t: Table) -> str:
     if not t.rows:
         return f"<h3>{html.escape(t.title)}</h3><p class='muted'>No rows in this period.</p>"
     head = "".join(f"<th>{html.escape(h)}</th>" for h in t.header)
-    body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in t.rows)
+    body = "".join(_row_html(t.header, row) for row in t.rows)
     # a table wider than the page (cost per run has ~20 columns) scrolls in its own box, not the whole page
     return f"<h3>{html.escape(t.title)}</h3><div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
 

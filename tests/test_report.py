@@ -335,3 +335,37 @@ def test_project_cli_names_its_cost_the_fleet_cost(store, capsys):
     with pytest.raises(SystemExit):
         main(["project", "--help"])
     assert "fleet cost per 1M served tokens" in capsys.readouterr().out
+
+
+def test_html_tables_show_money_and_counts_in_digits_and_speedup_first(store, tmp_path):
+    """No 9.329e+04 or 5e+08 in the page's tables: money as $93,290, counts with thousands separators (the CSV
+    files keep plain numbers); the speedup table leads with its figures, not the long model paths."""
+    url, engine = store
+    assert main(_report(url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--sla-ms", "50",
+                        "--daily-tokens", "5e8", "--peak-factor", "2")) == 0  # fmt: skip
+    rec = _only_report(engine)
+    page = open(rec.html_path, encoding="utf-8").read()
+    tables = re.sub(r"<script.*?</script>", "", page[page.index("<h2>Tables</h2>"):], flags=re.S)
+    assert not re.search(r"\de[+-]\d", tables)
+    nodes_ar, nodes_spec = rec.summary["projection"]["nodes_ar"], rec.summary["projection"]["nodes_spec"]
+    savings = rec.summary["projection"]["annual_savings_usd"]
+    assert savings > 10_000 and f"<td class=\"n\">${savings:,.0f}</td>" in tables
+    assert "<td class=\"n\">500,000,000</td>" in tables and f"<td class=\"n\">{nodes_ar:,d}</td>" in tables
+    assert nodes_spec < nodes_ar
+    with open(f"{rec.csv_dir}/projection.csv", encoding="utf-8", newline="") as fh:
+        values = {r["figure"]: r["value"] for r in csv.DictReader(fh)}
+    assert float(values["annual savings (USD)"]) == pytest.approx(savings) and "$" not in values["annual savings (USD)"]
+    speed = tables[tables.index("<h3>Speedup"):]
+    heads = re.findall(r"<th>([^<]*)</th>", speed[:speed.index("</tr>")])
+    assert heads[:3] == ["speedup", "spec tokens/s", "AR tokens/s"]
+    with open(f"{rec.csv_dir}/speedups.csv", encoding="utf-8", newline="") as fh:
+        row = next(csv.DictReader(fh))
+    assert float(row["speedup"]) == pytest.approx(44.0 / (66 / 1.9)) and row["workload"] == "code"
+
+
+def test_html_number_formats():
+    from telemetry.report_html import number, usd
+
+    assert (usd(93290.4), usd(-17492.4), usd(0.5948), usd(None)) == ("$93,290", "-$17,492", "$0.5948", "—")
+    assert (number(500_000_000.0), number(12345), number(38.864), number(2.0)) == (
+        "500,000,000", "12,345", "38.86", "2")
