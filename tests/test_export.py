@@ -30,6 +30,11 @@ def _fill(url: str, domains: list[str]) -> None:
     engine.dispose()
 
 
+def _files(folder) -> list[str]:
+    """What is in `folder` beside the store (and its -wal/-shm files)."""
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith("store.db"))
+
+
 def _read(path) -> list[dict]:
     with open(path, encoding="utf-8", newline="") as fh:
         return list(csv.DictReader(fh))
@@ -161,7 +166,60 @@ def test_an_export_that_fails_part_way_leaves_the_file_as_it_was(sqlite_url, tmp
     monkeypatch.setattr(telemetry.export, "export_rows", failing)
     assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(out)]) != 0
     assert "the database went away" in capsys.readouterr().err
-    assert out.read_text() == "the previous export\n" and not (tmp_path / "requests.csv.part").exists()
+    assert out.read_text() == "the previous export\n" and _files(tmp_path) == ["requests.csv"]
     monkeypatch.setattr(telemetry.export, "export_rows", real)
     assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(out)]) == 0
-    assert len(_read(out)) == 3 and not (tmp_path / "requests.csv.part").exists()  # _fill: 2 AR + 1 spec
+    assert len(_read(out)) == 3  # _fill: 2 AR + 1 spec
+    assert _files(tmp_path) == ["requests.csv"]
+
+
+def test_export_leaves_a_users_part_file_alone_and_keeps_the_mode(sqlite_url, tmp_path):
+    """The temporary file has a fresh name: a FILE.part of the user's own is never clobbered."""
+    _fill(sqlite_url, ["code"])
+    out = tmp_path / "requests.csv"
+    mine = tmp_path / "requests.csv.part"
+    mine.write_text("my own notes\n")
+    out.write_text("old\n")
+    out.chmod(0o640)
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(out)]) == 0
+    assert mine.read_text() == "my own notes\n" and len(_read(out)) == 2
+    assert out.stat().st_mode & 0o777 == 0o640
+
+
+def test_export_through_a_symlink_replaces_the_file_it_points_at(sqlite_url, tmp_path):
+    _fill(sqlite_url, ["code"])
+    real = tmp_path / "real.csv"
+    real.write_text("old\n")
+    link = tmp_path / "link.csv"
+    link.symlink_to(real)
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(link)]) == 0
+    assert link.is_symlink() and len(_read(real)) == 2
+
+
+def test_export_to_a_fifo_writes_through_it(sqlite_url, tmp_path):
+    """A FIFO (or /dev/stdout, a device) is written to, never replaced by a regular file."""
+    import os
+
+    _fill(sqlite_url, ["code"])
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader is there: opening to write will not block
+    try:
+        assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(fifo)]) == 0
+        try:
+            got = os.read(reader, 1 << 16).decode()
+        except BlockingIOError:
+            got = ""
+    finally:
+        os.close(reader)
+    assert fifo.is_fifo() and got.startswith("request_id,") and len(got.splitlines()) == 3  # header + 2
+    assert _files(tmp_path) == ["pipe"]
+
+
+@pytest.mark.parametrize("out", ["", "{tmp}"])
+def test_export_refuses_an_empty_or_directory_out_before_writing(empty_store, tmp_path, capsys, out):
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["export", "--db", empty_store, "--what", "requests", "--out", out.format(tmp=tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--out" in err and len(err.splitlines()) == 1 and "PosixPath" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

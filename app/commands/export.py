@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
 import sys
-from pathlib import Path
+import tempfile
+from collections.abc import Callable
+from typing import TextIO
 
 from app.commands._common import add_command, add_db_option, run_id
 from app.errors import UsageError
@@ -31,6 +36,60 @@ def _progress(n: int) -> None:
     print(f"export: {n:,} rows...", file=sys.stderr, flush=True)
 
 
+def _check_out(out: str) -> None:
+    """Refuse an --out that can never hold the CSV before any row is read: empty, or a directory."""
+    if not out.strip():
+        raise UsageError("--out must be a file name or '-' for stdout, got ''")
+    if os.path.isdir(out):
+        raise UsageError(f"--out {out} is a directory: give a file name")
+
+
+def _write_file(out: str, write: Callable[[TextIO], int]) -> int:
+    """Run `write` on --out, returning its row count.
+
+    A regular file (or a new one) is written to a fresh temporary file beside it and renamed over it once
+    every row is in: an export that fails part-way (the store gone, the disk full, Ctrl-C) leaves the file as
+    it was, never a CSV that silently stops short. A symlink is followed, so the file it points at is
+    replaced and the link stays. Anything else (a FIFO, /dev/stdout, a terminal) is written straight
+    through: renaming over it would replace the device or pipe with a regular file.
+    """
+    try:
+        st = os.stat(out)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise UsageError(f"cannot write --out {out}: {exc.strerror or exc}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        try:
+            fh = open(out, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by the with below
+        except OSError as exc:
+            raise UsageError(f"cannot write --out {out}: {exc.strerror or exc}") from None
+        with fh:
+            return write(fh)
+    target = os.path.realpath(out)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+    except OSError as exc:
+        raise UsageError(f"cannot write --out {out}: {exc.strerror or exc}") from None
+    try:
+        with open(fd, "w", encoding="utf-8", newline="") as fh:
+            # mkstemp makes the file 0600: give it the mode the file had, or the one a new file gets (umask)
+            os.fchmod(fh.fileno(), stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask())
+            n = write(fh)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return n
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def run(args) -> int:
     from telemetry.export import EXPORT_KINDS, ExportWindow, export_rows, parse_when, write_csv
     from telemetry.store import open_store
@@ -41,6 +100,8 @@ def run(args) -> int:
     if window.since and window.until and window.since >= window.until:
         raise UsageError(f"--since ({args.since}) must be before --until ({args.until})")
 
+    if args.out != "-":
+        _check_out(args.out)
     engine = open_store(args.db, must_exist=True)  # before --out is opened: a bad store must not truncate an existing file
     if args.run is not None:
         from telemetry.queries import run_exists
@@ -51,22 +112,7 @@ def run(args) -> int:
         header, rows = export_rows(engine, args.what, window)
         n = write_csv(sys.stdout, header, rows, progress=_progress)
     else:
-        # rows go to FILE.part, renamed to FILE once all are written: an export that fails part-way (the
-        # store gone, the disk full, Ctrl-C) leaves FILE as it was, never a CSV that silently stops short
-        path = Path(args.out)
-        part = path.with_name(path.name + ".part")
-        try:
-            out = part.open("w", encoding="utf-8", newline="")
-        except OSError as exc:
-            raise UsageError(f"cannot write --out {args.out}: {exc.strerror or exc}") from None
-        try:
-            with out:
-                header, rows = export_rows(engine, args.what, window)
-                n = write_csv(out, header, rows, progress=_progress)
-            part.replace(path)
-        except BaseException:
-            part.unlink(missing_ok=True)
-            raise
+        n = _write_file(args.out, lambda out: write_csv(out, *export_rows(engine, args.what, window), progress=_progress))
     if args.out != "-" or n >= 250_000:
         print(f"export: wrote {n:,} {args.what} rows to {args.out}", file=sys.stderr)
     return 0
