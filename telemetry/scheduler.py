@@ -25,6 +25,7 @@ Public API:
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -52,13 +53,55 @@ def _clock() -> datetime:
 
 
 def parse_cron(expr: str) -> CronTrigger:
-    """A standard 5-field crontab expression (minute hour day month weekday), evaluated in UTC."""
+    """A standard 5-field crontab expression (minute hour day month weekday), evaluated in UTC.
+
+    The weekday numbers are crontab's (0 or 7 = Sunday, 1 = Monday), not APScheduler's (0 = Monday): they are
+    translated to day names first. An expression no date matches (31 February) is refused.
+    """
     if not isinstance(expr, str) or len(expr.split()) != 5:
         raise ValueError(f"--cron must have 5 fields (minute hour day month weekday), got {expr!r}")
+    fields = expr.split()
     try:
-        return CronTrigger.from_crontab(expr, timezone=UTC)
+        fields[4] = crontab_weekdays(fields[4])
+        trigger = CronTrigger.from_crontab(" ".join(fields), timezone=UTC)
     except ValueError as exc:
         raise ValueError(f"--cron {expr!r} is not a valid crontab expression: {exc}") from None
+    if trigger.get_next_fire_time(None, datetime.now(UTC)) is None:
+        raise ValueError(f"--cron {expr!r} never fires: no date matches its day and month")
+    return trigger
+
+
+CRONTAB_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat", "sun")  # crontab's numbers 0-7
+_NUMERIC_WEEKDAYS = re.compile(r"(?P<base>\*|(?P<first>\d+)(?:-(?P<last>\d+))?)(?:/(?P<step>\d+))?")
+
+
+def crontab_weekdays(field: str) -> str:
+    """Crontab's day-of-week field with every number as a day name, which APScheduler reads as crontab does.
+
+    Numbers, lists, ranges and steps (`1`, `1,3`, `1-5`, `*/2`, `1-5/2`, `7`) become a list of names;
+    names (`MON`, `mon-fri`) and a bare `*` pass through for APScheduler to read.
+    """
+    if field == "*":
+        return field
+    days: set[int] = set()
+    names: list[str] = []
+    for item in field.split(","):
+        m = _NUMERIC_WEEKDAYS.fullmatch(item)
+        if m is None:
+            if any(c.isdigit() for c in item):
+                raise ValueError(f"day of week {item!r} is not a number 0-7, a range or a step")
+            names.append(item)
+            continue
+        step = int(m["step"]) if m["step"] else 1
+        if m["base"] == "*":
+            first, last = 0, 6
+        else:
+            first = int(m["first"])
+            last = int(m["last"]) if m["last"] else (7 if m["step"] else first)  # `1/2`: from Monday on
+        if not (0 <= first <= last <= 7) or step < 1:
+            raise ValueError(f"day of week {item!r} must be within 0-7 (0 and 7 = Sunday), low to high, step >= 1")
+        days.update(d % 7 for d in range(first, last + 1, step))
+    return ",".join([CRONTAB_WEEKDAYS[d] for d in sorted(days)] + names)
 
 
 @dataclass(frozen=True, slots=True)

@@ -215,7 +215,9 @@ def test_cli_persists_the_cron_job_and_keeps_it_on_restart(store, monkeypatch, c
     monkeypatch.setattr(BlockingScheduler, "start", start_and_stop)
     args = ["scheduler", "--db", url, "--cron", "0 6 * * 1", "--period", "weekly", "--out", str(out)]
     assert main(args) == 0
-    assert "job report-weekly added" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "job report-weekly added" in printed
+    assert "job report-weekly next runs Mon " in printed  # the day crontab means by 1
     job = started[0]
     assert repr(job.trigger) == repr(parse_cron("0 6 * * 1")) and job.misfire_grace_time == 3600
     assert job.kwargs["period"] == "weekly" and job.kwargs["out_dir"] == str(out.resolve())
@@ -229,6 +231,8 @@ def test_cli_persists_the_cron_job_and_keeps_it_on_restart(store, monkeypatch, c
     [
         (["--cron", "61 * * * *"], "--cron '61 * * * *' is not a valid crontab expression"),
         (["--cron", "every day"], "--cron must have 5 fields"),
+        (["--cron", "0 0 31 2 *"], "--cron '0 0 31 2 *' never fires"),
+        (["--cron", "0 7 * * 8"], "--cron '0 7 * * 8' is not a valid crontab expression: day of week '8'"),
         (["--cron", "0 6 * * *", "--period", "custom"], "--period for a schedule must be one of daily, weekly"),
         (["--cron", "0 6 * * *", "--period", "hourly"], "--period for a schedule must be one of daily, weekly"),
         (["--cron", "0 6 * * *", "--webhook", "hooks.example/x"], "--webhook must be an http"),
@@ -251,3 +255,44 @@ def test_cli_unwritable_out_is_exit_2(store, tmp_path, capsys):
     assert main(["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(tmp_path / "file" / "r")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is not a writable directory" in err
+
+
+# ---- crontab's weekdays ---------------------------------------------------------------------------------
+
+
+def _fire_days(expr: str, n: int = 14) -> list[str]:
+    """The weekdays of the next `n` runs of `expr` from a Wednesday."""
+    trigger, when, days = parse_cron(expr), datetime(2025, 1, 1, tzinfo=UTC), []
+    for _ in range(n):
+        when = trigger.get_next_fire_time(None, when + timedelta(seconds=1))
+        days.append(when.strftime("%a"))
+    return days
+
+
+@pytest.mark.parametrize(
+    ("expr", "days"),
+    [
+        ("0 7 * * 1", {"Mon"}),
+        ("0 7 * * 0", {"Sun"}),
+        ("0 7 * * 7", {"Sun"}),
+        ("0 9 * * 1-5", {"Mon", "Tue", "Wed", "Thu", "Fri"}),
+        ("0 9 * * 1-5/2", {"Mon", "Wed", "Fri"}),
+        ("0 9 * * */2", {"Sun", "Tue", "Thu", "Sat"}),
+        ("0 9 * * 6,7", {"Sat", "Sun"}),
+        ("0 9 * * 5-7", {"Fri", "Sat", "Sun"}),
+        ("0 7 * * MON", {"Mon"}),
+        ("0 7 * * sun", {"Sun"}),
+        ("0 7 * * mon-fri", {"Mon", "Tue", "Wed", "Thu", "Fri"}),
+        ("0 7 * * 1,sat", {"Mon", "Sat"}),
+        ("0 7 * * *", {"Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"}),
+    ],
+)
+def test_cron_weekday_numbers_mean_what_crontab_means(expr, days):
+    """Crontab counts 0 (or 7) = Sunday, 1 = Monday; APScheduler's own numbers start at Monday = 0."""
+    assert set(_fire_days(expr)) == days
+
+
+def test_a_cron_that_never_fires_is_refused():
+    with pytest.raises(ValueError, match="never fires"):
+        parse_cron("0 0 31 2 *")
+    assert parse_cron("0 0 29 2 *").get_next_fire_time(None, datetime(2025, 1, 1, tzinfo=UTC)).year == 2028

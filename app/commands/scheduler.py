@@ -39,7 +39,25 @@ def register(sub) -> None:
                    help="a run later than this is skipped (default 3600)")  # fmt: skip
 
 
+def _say_next_run(scheduler) -> None:
+    """Once the scheduler has started: when each job runs next (a kept job's may be a run missed while down)."""
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    for job in scheduler.get_jobs():
+        when = job.next_run_time
+        if when is None:
+            print(f"scheduler: job {job.id} is paused", flush=True)
+        elif when <= now:
+            print(f"scheduler: job {job.id} runs now (missed {when:%a %Y-%m-%d %H:%M} UTC while stopped; "
+                  "a run later than --misfire-grace-s is skipped)", flush=True)  # fmt: skip
+        else:
+            print(f"scheduler: job {job.id} next runs {when:%a %Y-%m-%d %H:%M} UTC", flush=True)
+
+
 def run(args) -> int:
+    from apscheduler.events import EVENT_SCHEDULER_STARTED
+
     from telemetry.db import resolve_db_url
     from telemetry.delivery import SmtpSettings, check_webhook_url
     from telemetry.report import SCHEDULED_PERIODS
@@ -70,6 +88,7 @@ def run(args) -> int:
     logging.getLogger("telemetry").setLevel(logging.INFO)
     print(f"scheduler: job {job.job_id} {how}: cron {args.cron!r} (UTC), {job.period} reports into {out}; "
           "Ctrl-C to stop", flush=True)  # fmt: skip
+    scheduler.add_listener(lambda _event: _say_next_run(scheduler), EVENT_SCHEDULER_STARTED)
     try:
         scheduler.start()
     finally:
