@@ -70,12 +70,12 @@ def _inputs(ctx: Context) -> dict:
                                  key="w_node_usd", disabled=price != CUSTOM)
     kwh_cat = next((p.value for p in catalog if p.kind == "electricity"), None)
     pue_cat = next((p.value for p in catalog if p.kind == "pue"), None)
-    kwh = c[2].number_input(f"Electricity $/kWh (0 = catalog, {fmt(kwh_cat, 'g', prefix='$')})", min_value=0.0,
+    kwh = c[2].number_input(f"Electricity $/kWh (0: {fmt(kwh_cat, 'g', prefix='$')})", min_value=0.0,
                             value=float(a["usd_per_kwh"] or 0.0), step=0.01, format="%.3f", key="w_kwh",
-                            help="Prices the measured energy (kWh x PUE x $/kWh). `specfinops prices set "
-                                 "electricity ...` changes the catalog's.")
-    pue = c[3].number_input(f"PUE (0 = catalog, {fmt(pue_cat, 'g')})", min_value=0.0, value=float(a["pue"] or 0.0),
-                            step=0.05, key="w_pue")
+                            help="Prices the measured energy (kWh x PUE x $/kWh); 0 takes the catalog's price, "
+                                 "which `specfinops prices set electricity ...` changes.")
+    pue = c[3].number_input(f"PUE (0: {fmt(pue_cat, 'g')})", min_value=0.0, value=float(a["pue"] or 0.0),
+                            step=0.05, key="w_pue", help="0 takes the catalog's PUE.")
     if 0 < pue < 1:
         st.warning("PUE is at least 1; using the catalog PUE.")
         pue = 0.0
