@@ -18,6 +18,8 @@ from serving.sampling import SamplingParams
 MAX_TEMPERATURE = 2.0  # OpenAI's documented range is [0, 2]
 MAX_STOP_STRINGS = 4
 DEFAULT_MAX_TOKENS = 256  # when the client sends none (capped by the room left in the context window)
+# what torch.Generator.manual_seed takes (a negative seed wraps to its unsigned 64-bit value)
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -166,6 +168,9 @@ def check(req: _Common, kind: Kind, *, model_id: str, max_len: int, vocab_size: 
         raise bad(f"n = {req.n} is not supported: this server returns one choice (n = 1)", param="n",
                   code="unsupported_value")
     _unsupported(req)
+    if req.seed is not None and not SEED_MIN <= req.seed <= SEED_MAX:
+        raise bad(f"seed must be an integer within [{SEED_MIN}, {SEED_MAX}] (a 64-bit seed), got {req.seed}",
+                  param="seed", code="invalid_value")
     max_tokens = req.max_tokens
     if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
         max_tokens = req.max_completion_tokens

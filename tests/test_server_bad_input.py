@@ -62,6 +62,11 @@ CASES = [
     ("stop-too-many", COMP, comp(stop=["a", "b", "c", "d", "e"]), AUTH, 400, "stop"),
     ("speculative-not-bool", CHAT, chat(speculative="no"), AUTH, 400, "speculative"),
     ("stream-not-bool", CHAT, chat(stream="yes"), AUTH, 400, "stream"),
+    # beyond what torch.Generator.manual_seed takes ([-2**63, 2**64 - 1]): was a 500 and an error row
+    ("seed-too-large", CHAT, chat(seed=2**64), AUTH, 400, "seed"),
+    ("seed-too-negative", COMP, comp(seed=-(2**63) - 1), AUTH, 400, "seed"),
+    ("seed-too-large-streamed", CHAT, chat(seed=2**64, stream=True), AUTH, 400, "seed"),
+    ("seed-too-large-greedy", COMP, comp(seed=2**70, temperature=0), AUTH, 400, "seed"),
     ("missing-api-key", CHAT, chat(), {}, 401, None),
     ("wrong-api-key", CHAT, chat(), {"Authorization": "Bearer nope"}, 401, None),
     ("wrong-api-key-models", "/v1/models", None, {"Authorization": "Bearer nope"}, 401, None),
