@@ -206,3 +206,26 @@ def test_bench_checks_its_store_before_loading_a_model(tmp_path, capsys):
     junk.write_text("not sqlite" * 100)
     assert main(["bench", "--limit", "1", "--db", str(junk)]) == 2
     assert "file is not a database" in _one_line(capsys)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again: nothing listens there
+
+
+def test_a_loadtest_with_no_server_up_creates_no_store(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SPECFINOPS_DB_URL", raising=False)
+    url = f"http://127.0.0.1:{_free_port()}"
+    assert main(["loadtest", "--url", url, "--duration", "1"]) == 2
+    assert f"cannot reach {url}" in _one_line(capsys)
+    assert list(tmp_path.iterdir()) == []  # no var/specfinops.db
+
+
+@pytest.mark.parametrize("action", [["check"], ["downgrade", "base"]])
+def test_db_check_or_downgrade_of_a_missing_file_creates_nothing(action, tmp_path, capsys):
+    missing = tmp_path / "nope.db"
+    assert main(["db", *action, "--db", f"sqlite:///{missing}"]) == 2
+    assert "no such file (no store yet)" in _one_line(capsys)
+    assert list(tmp_path.iterdir()) == []

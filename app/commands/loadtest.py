@@ -58,6 +58,19 @@ def level_bars(duration_s: float):
     return start
 
 
+def _probe(url: str, api_key: str | None) -> None:
+    """ValueError when nothing answers at `url`; any HTTP answer (even 401) will do, the run judges it."""
+    import httpx
+
+    from serving.loadtest import base_url
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    try:
+        httpx.get(base_url(url) + "/models", headers=headers, timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise ValueError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from None
+
+
 def handle(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -78,6 +91,7 @@ def handle(args: argparse.Namespace) -> int:
         raise ValueError("loadtest needs the official openai client: pip install openai") from None
     recorder = None
     if not args.no_telemetry:
+        _probe(args.url, args.api_key)  # before the store is opened: a server that is not up creates no store
         from serving.worker import default_node_id
         from telemetry.recorder import Recorder
         from telemetry.store import open_store
