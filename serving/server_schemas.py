@@ -110,6 +110,10 @@ def parse_body(raw: bytes, model: type[_Common]) -> _Common:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise bad(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise bad("the request body is not valid JSON for this server: it is nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer literal beyond Python's int-to-str digit limit
+        raise bad(f"the request body is not valid JSON for this server: {exc}") from None
     if not isinstance(data, dict):
         raise bad(f"the request body must be a JSON object, got {type(data).__name__}")
     try:

@@ -33,6 +33,10 @@ CASES = [
     ("empty-body", CHAT, b"", AUTH, 400, None),
     ("json-array", CHAT, b"[1, 2]", AUTH, 400, None),
     ("not-utf8", CHAT, b"\xff\xfe\x00", AUTH, 400, None),
+    ("json-nested-too-deeply", CHAT, b"[" * 100_000, AUTH, 400, None),
+    ("json-nested-too-deeply-in-object", CHAT, b'{"model": "x", "messages": ' + b"[" * 100_000, AUTH, 400, None),
+    ("json-integer-5000-digits", COMP, b'{"model": "x", "prompt": "hi", "seed": ' + b"1" * 5000 + b"}", AUTH, 400,
+     None),
     ("missing-messages", CHAT, {"model": MODEL}, AUTH, 400, "messages"),
     ("missing-model", CHAT, {"messages": USER}, AUTH, 400, "model"),
     ("messages-not-list", CHAT, chat(messages="hi"), AUTH, 400, "messages"),
@@ -128,3 +132,12 @@ def test_server_healthy_and_store_untouched_after_bad_input(live, rows_before):
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
     assert _count_rows(live) == rows_before + 1
     assert json.loads(httpx.get(live.url + "/health").text)["running"] == 0
+
+
+def test_unparseable_json_says_why_and_keeps_the_connection(live):
+    with httpx.Client(base_url=live.url, headers={**AUTH, "content-type": "application/json"}) as http:
+        deep = http.post(CHAT, content=b"[" * 100_000)
+        digits = http.post(COMP, content=b'{"model": "x", "prompt": "hi", "seed": ' + b"9" * 5000 + b"}")
+        assert http.get("/health").status_code == 200  # the keep-alive connection still serves
+    assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]["message"]
+    assert digits.status_code == 400 and "digits" in digits.json()["error"]["message"]
