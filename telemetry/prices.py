@@ -8,6 +8,7 @@ Public API:
     ensure_defaults(engine) -> int                   # inserts missing default names, returns how many
     list_prices(engine) -> list[PriceEntry]
     get_price(engine, name) -> PriceEntry            # ValueError listing the known names when unknown
+    check_price(name, value, *, source, kind=None, as_of=None) -> (value, as_of)   # before opening a store
     set_price(engine, name, value, *, source, kind=None, as_of=None) -> PriceEntry
     catalog_name_for_device(device) -> str | None    # "NVIDIA H100 80GB HBM3" -> "H100", "cpu (2 cores)" -> "cpu-2core"
     resolve_node_price(engine, *, device, price_snapshot=None, gpu=None, gpus_per_node=1,
@@ -111,10 +112,15 @@ def get_price(engine: Engine, name: str) -> PriceEntry:
         return _entry(row)
 
 
-def set_price(
-    engine: Engine, name: str, value: float, *, source: str, kind: str | None = None, as_of: str | None = None
-) -> PriceEntry:
-    """Create or update an entry. A new name needs `kind`; the value must be > 0 (PUE >= 1)."""
+def check_price(
+    name: str, value: float, *, source: str, kind: str | None = None, as_of: str | None = None
+) -> tuple[float, str | None]:
+    """Validate a `set_price` input without a store: (value, as_of normalised to YYYY-MM-DD or None).
+
+    Call it before opening the store, so bad input creates no database. The value must be > 0, except
+    electricity, which may cost $0/kWh (own solar, a flat-rate lease); what the name's kind is, when `kind`
+    is not given, only the store knows: `set_price` checks that part again.
+    """
     if not name or not name.strip() or len(name.strip()) > 64:
         raise ValueError(f"name must be 1-64 characters, got {name!r}")
     if kind is not None and kind not in KIND_UNITS:
@@ -122,13 +128,30 @@ def set_price(
     if not source or not source.strip():
         raise ValueError(f"source must say where the price comes from, got {source!r}")
     value = float(value)
-    if not value > 0 or value != value or value == float("inf"):
-        raise ValueError(f"value must be a positive number, got {value!r}")
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"value must be a number >= 0, got {value!r}")
+    if kind is not None:
+        _check_value_for_kind(kind, value)
     if as_of is not None:
         try:
             as_of = date.fromisoformat(as_of.strip()).isoformat()
         except ValueError:
-            raise ValueError(f"as_of must be a date YYYY-MM-DD, got {as_of!r}") from None
+            raise ValueError(f"--as-of must be a date YYYY-MM-DD, got {as_of!r}") from None
+    return value, as_of
+
+
+def _check_value_for_kind(kind: str, value: float) -> None:
+    if kind == "pue" and value < 1:
+        raise ValueError(f"value of a PUE must be >= 1, got {value!r}")
+    if kind != ELECTRICITY and not value > 0:
+        raise ValueError(f"value of a {kind} price must be > 0 (only electricity may cost 0), got {value!r}")
+
+
+def set_price(
+    engine: Engine, name: str, value: float, *, source: str, kind: str | None = None, as_of: str | None = None
+) -> PriceEntry:
+    """Create or update an entry. A new name needs `kind`; the value must be > 0 (electricity >= 0, PUE >= 1)."""
+    value, as_of = check_price(name, value, source=source, kind=kind, as_of=as_of)
     ensure_defaults(engine)
     with Session(engine) as s:
         row = _find(s, name)
@@ -141,8 +164,7 @@ def set_price(
             s.add(row)
         elif kind is not None and kind != row.kind:
             raise ValueError(f"kind of {row.name!r} is {row.kind!r}, cannot change it to {kind!r}")
-        if row.kind == "pue" and value < 1:
-            raise ValueError(f"value of a PUE must be >= 1, got {value!r}")
+        _check_value_for_kind(row.kind, value)
         row.value = value
         row.source = source.strip()
         row.as_of = as_of or utcnow().strftime("%Y-%m-%d")
@@ -201,7 +223,8 @@ def resolve_node_price(
     if gpu is not None:
         entry = get_price(engine, gpu)
         if entry.unit != "usd_per_hour":
-            raise ValueError(f"gpu {gpu!r} is a {entry.kind} entry, not an hourly price")
+            raise ValueError(f"--gpu {gpu!r} names the {entry.kind} price ({entry.unit}), not an hourly GPU "
+                             "or node price")  # fmt: skip
         label = entry.name if gpus_per_node == 1 else f"{entry.name} x{gpus_per_node}"
         return NodePrice(entry.value * gpus_per_node, label, "gpu", entry.name)
     snap = _snapshot_price(price_snapshot)

@@ -133,7 +133,7 @@ def test_export_of_an_unknown_run_fails_and_a_bad_store_keeps_the_old_file(store
 @pytest.mark.parametrize(("argv", "needle"), [
     (["cost", "--run", "99999999999999999999999"], "must be a run id"),
     (["export", "--what", "requests", "--out", "-", "--run", "-3"], "must be a run id"),
-    (["prices", "set", "H100", "5.5", "--source", "quote", "--as-of", "2026-13-45"], "as_of must be a date"),
+    (["prices", "set", "H100", "5.5", "--source", "quote", "--as-of", "2026-13-45"], "--as-of must be a date"),
     (["distill", "--out", "/tmp/never", "--threads", "0"], "must be a positive integer"),
     (["bench", "--json", "{tmp}", "--limit", "1"], "is a directory"),
     (["bench", "--json", "/proc/specfinops/x.json", "--limit", "1"], "cannot make its directory"),
