@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidatorFunctionWrapHandler, field_validator
 
 from serving.sampling import SamplingParams
 
@@ -49,9 +49,23 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
+def _one_of(value: Any, handler: ValidatorFunctionWrapHandler, accepted: str) -> Any:
+    """A union field's value, or ONE error naming the field and what it accepts (pydantic reports each
+    branch of the union, e.g. 'stop.str', which names no field a client sent)."""
+    try:
+        return handler(value)
+    except ValidationError:
+        raise ValueError(f"must be {accepted}") from None
+
+
 class Message(_Strict):
     role: str
     content: str | list[dict[str, Any]]
+
+    @field_validator("content", mode="wrap")
+    @classmethod
+    def _content(cls, v: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return _one_of(v, handler, "a string or a list of content parts ({'type': 'text', 'text': ...})")
 
     @field_validator("role")
     @classmethod
@@ -88,6 +102,16 @@ class _Common(_Strict):
     user: str | None = None
     speculative: bool = True  # extension: false decodes this request autoregressively (recorded as AR)
 
+    @field_validator("stop", mode="wrap")
+    @classmethod
+    def _stop(cls, v: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return _one_of(v, handler, "a string, a list of strings or null")
+
+    @field_validator("logprobs", mode="wrap")
+    @classmethod
+    def _logprobs(cls, v: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return _one_of(v, handler, "a boolean, an integer or null")
+
 
 class ChatRequest(_Common):
     messages: list[Message]
@@ -100,6 +124,11 @@ class CompletionRequest(_Common):
     echo: bool | None = False
     best_of: int | None = None
     suffix: str | None = None
+
+    @field_validator("prompt", mode="wrap")
+    @classmethod
+    def _prompt(cls, v: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return _one_of(v, handler, "a string, a list of one string, or a list of token ids (integers)")
 
 
 def parse_body(raw: bytes, model: type[_Common]) -> _Common:
@@ -197,7 +226,8 @@ def check(req: _Common, kind: Kind, *, model_id: str, max_len: int, vocab_size: 
         raise bad(f"the prompt is {len(prompt_ids)} tokens; this model's context window is {max_len} tokens",
                   param="messages" if kind == "chat" else "prompt", code="context_length_exceeded")
     room = max_len - 1 - len(prompt_ids)
-    param = "max_completion_tokens" if isinstance(req, ChatRequest) and req.max_completion_tokens else "max_tokens"
+    param = ("max_completion_tokens" if isinstance(req, ChatRequest) and req.max_completion_tokens is not None
+             else "max_tokens")
     if max_tokens is not None and max_tokens < 1:
         raise bad(f"{param} must be >= 1, got {max_tokens}", param=param, code="invalid_value")
     if max_tokens is not None and max_tokens > room:

@@ -43,11 +43,13 @@ CASES = [
     ("empty-messages", CHAT, chat(messages=[]), AUTH, 400, "messages"),
     ("unknown-role", CHAT, chat(messages=[{"role": "wizard", "content": "hi"}]), AUTH, 400, "messages.0.role"),
     ("content-missing", CHAT, chat(messages=[{"role": "user"}]), AUTH, 400, "messages.0.content"),
-    ("content-number", CHAT, chat(messages=[{"role": "user", "content": 5}]), AUTH, 400, None),
+    ("content-number", CHAT, chat(messages=[{"role": "user", "content": 5}]), AUTH, 400, "messages.0.content"),
+    ("content-null", CHAT, chat(messages=[{"role": "user", "content": None}]), AUTH, 400, "messages.0.content"),
     ("image-part", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
      AUTH, 400, "messages.0.content"),
     ("max-tokens-negative", CHAT, chat(max_tokens=-1), AUTH, 400, "max_tokens"),
     ("max-tokens-zero", COMP, comp(max_tokens=0), AUTH, 400, "max_tokens"),
+    ("max-completion-tokens-zero", CHAT, chat(max_completion_tokens=0), AUTH, 400, "max_completion_tokens"),
     ("max-tokens-float", CHAT, chat(max_tokens=2.5), AUTH, 400, "max_tokens"),
     ("max-tokens-string", CHAT, chat(max_tokens="10"), AUTH, 400, "max_tokens"),
     ("max-tokens-enormous", CHAT, chat(max_tokens=10**9), AUTH, 400, "max_tokens"),
@@ -63,6 +65,10 @@ CASES = [
     ("chat-too-long", CHAT, chat(messages=[{"role": "user", "content": LONG}]), AUTH, 400, "messages"),
     ("prompt-empty", COMP, comp(prompt=""), AUTH, 400, "prompt"),
     ("prompt-token-out-of-vocab", COMP, comp(prompt=[1, 10**7]), AUTH, 400, "prompt"),
+    ("stop-not-strings", COMP, comp(stop=[1, 2]), AUTH, 400, "stop"),
+    ("prompt-mixed-list", COMP, comp(prompt=[1, "a"]), AUTH, 400, "prompt"),
+    ("prompt-null", COMP, comp(prompt=None), AUTH, 400, "prompt"),
+    ("logprobs-string", COMP, comp(logprobs="x"), AUTH, 400, "logprobs"),
     ("stop-too-many", COMP, comp(stop=["a", "b", "c", "d", "e"]), AUTH, 400, "stop"),
     ("speculative-not-bool", CHAT, chat(speculative="no"), AUTH, 400, "speculative"),
     ("stream-not-bool", CHAT, chat(stream="yes"), AUTH, 400, "stream"),
@@ -141,3 +147,15 @@ def test_unparseable_json_says_why_and_keeps_the_connection(live):
         assert http.get("/health").status_code == 200  # the keep-alive connection still serves
     assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]["message"]
     assert digits.status_code == 400 and "digits" in digits.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path,body,param,accepts", [
+    (COMP, comp(stop=[1, 2]), "stop", "a string, a list of strings"),
+    (COMP, comp(prompt={"text": "hi"}), "prompt", "token ids"),
+    (CHAT, chat(messages=[{"role": "user", "content": None}]), "messages.0.content", "a string or a list"),
+    (CHAT, chat(max_completion_tokens=0), "max_completion_tokens", "max_completion_tokens must be >= 1"),
+])
+def test_a_mistyped_union_field_is_named_with_what_it_accepts(live, path, body, param, accepts):
+    err = httpx.post(live.url + path, json=body, headers=AUTH).json()["error"]
+    assert err["param"] == param and accepts in err["message"], err
+    assert ".str" not in err["message"] and "valid string" not in err["message"]
