@@ -229,3 +229,30 @@ def test_db_check_or_downgrade_of_a_missing_file_creates_nothing(action, tmp_pat
     assert main(["db", *action, "--db", f"sqlite:///{missing}"]) == 2
     assert "no such file (no store yet)" in _one_line(capsys)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["bench", "serve"])
+@pytest.mark.parametrize(("extra", "needle"), [
+    (["--power", "solar"], "--power must be one of auto | nvml | rapl | estimate | none, got 'solar'"),
+    (["--power", "estimate", "--tdp-w", "-5"], "--tdp-w must be > 0 watts, got -5"),
+    (["--tdp-w", "0"], "--tdp-w must be > 0 watts, got 0"),
+    (["--power", "estimate"], "--power estimate needs --tdp-w"),
+    (["--max-len", "0"], "argument --max-len: must be >= 3 tokens, got '0'"),
+])
+def test_bench_and_serve_check_power_and_max_len_before_loading_a_model(command, extra, needle, monkeypatch,
+                                                                         capsys):
+    import serving.server_setup
+    import serving.worker
+
+    def no_load(*a, **kw):
+        raise AssertionError("a model was loaded before the options were checked")
+
+    monkeypatch.setattr(serving.worker, "load", no_load)
+    monkeypatch.setattr(serving.server_setup, "load", no_load)
+    argv = [command, "--no-telemetry", *extra] + (["--port", "0"] if command == "serve" else ["--limit", "1"])
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse's own errors: usage and one line
+        rc = exc.code
+    assert rc == 2
+    assert needle in _one_line(capsys)

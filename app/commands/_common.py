@@ -33,6 +33,33 @@ def positive_int(text: str) -> int:
     return value
 
 
+def context_len(text: str) -> int:
+    """argparse type of --max-len: room for at least a one-token prompt and one new token (the engine keeps
+    a prompt shorter than max_len - 1)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of tokens, got {text!r}") from None
+    if value < 3:
+        raise argparse.ArgumentTypeError(f"must be >= 3 tokens, got {text!r}")
+    return value
+
+
+def check_power_options(power: str, tdp_w: float | None) -> None:
+    """--power and --tdp-w, before any model loads: what `detect_power_source` and its TDP estimate would
+    refuse only once the run starts."""
+    import math
+
+    from telemetry.power import PREFERENCES
+
+    if power not in PREFERENCES:
+        raise UsageError(f"--power must be one of {' | '.join(PREFERENCES)}, got {power!r}")
+    if tdp_w is not None and not (math.isfinite(tdp_w) and tdp_w > 0):
+        raise UsageError(f"--tdp-w must be > 0 watts, got {tdp_w:g}")
+    if power == "estimate" and tdp_w is None:
+        raise UsageError("--power estimate needs --tdp-w (the device's TDP in watts)")
+
+
 def check_writable(path: str | None, flag: str) -> None:
     """Refuse an output path that cannot be written, before the work whose result it is to hold: a
     directory, or a parent that cannot be made (it is made now; the file itself is written at the end)."""

@@ -7,7 +7,14 @@ import json
 import sys
 from pathlib import Path
 
-from app.commands._common import DTYPE_HELP, add_command, add_db_option, check_writable
+from app.commands._common import (
+    DTYPE_HELP,
+    add_command,
+    add_db_option,
+    check_power_options,
+    check_writable,
+    context_len,
+)
 from serving.lookahead import DEFAULT_K, VLLM_DEFAULT_K
 
 DEFAULT_INTERLEAVE = 4  # prompts per turn: short enough that a drift of the machine's speed hits both modes
@@ -59,7 +66,7 @@ def register(sub) -> None:
     p.add_argument("--target", default=None, help="target model name or local HF directory (default: bundled)")
     p.add_argument("--draft-model", default=None, help="draft model directory for --drafter draft")
     p.add_argument("--early-exit-layers", type=int, default=8, help="target layers used by --drafter early-exit")
-    p.add_argument("--max-len", type=int, default=2048, help="context window used by the engine (tokens)")
+    p.add_argument("--max-len", type=context_len, default=2048, help="context window used by the engine (tokens)")
     p.add_argument("--json", metavar="PATH", default=None, help="write the results as JSON")
     add_db_option(p)
     p.add_argument("--node-id", default=None, help="node id recorded with the runs (default: hostname)")
@@ -87,6 +94,7 @@ def handle(args: argparse.Namespace) -> int:
 
     # validate everything cheap before loading a model
     check_writable(args.json, "--json")
+    check_power_options(args.power, args.tdp_w)
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, seed=args.seed)
     if args.limit is not None and args.limit < 1:

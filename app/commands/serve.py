@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.commands._common import DTYPE_HELP, add_command, add_db_option, bindable_port
+from app.commands._common import (
+    DTYPE_HELP,
+    add_command,
+    add_db_option,
+    bindable_port,
+    check_power_options,
+    context_len,
+)
 from serving.lookahead import DEFAULT_K
 
 EXAMPLES = """  specfinops serve --db sqlite:///var/specfinops.db --port 8000
@@ -28,7 +35,7 @@ def register(sub) -> None:
                    help="draft token trees instead of one chain (see `specfinops bench --help`), e.g. 16:6:4:0.25")
     p.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     p.add_argument("--max-batch", type=int, default=8, help="sequences decoded together (continuous batching)")
-    p.add_argument("--max-len", type=int, default=2048, help="context window (tokens)")
+    p.add_argument("--max-len", type=context_len, default=2048, help="context window (tokens)")
     p.add_argument("--target", default=None, help="target model name or local HF directory (default: bundled)")
     p.add_argument("--draft-model", default=None, help="draft model directory for --drafter draft")
     p.add_argument("--early-exit-layers", type=int, default=8)
@@ -51,6 +58,7 @@ def handle(args: argparse.Namespace) -> int:
     from serving.server_setup import ServeOptions, serve
     from serving.worker import EngineSpec, default_drafter
 
+    check_power_options(args.power, args.tdp_w)
     args.dtype = resolve_dtype(args.dtype, max_batch=args.max_batch)
     spec = EngineSpec(target=args.target, drafter=args.drafter or default_drafter(args.target), draft_model=args.draft_model,
                       early_exit_layers=args.early_exit_layers, k=args.k, dtype=args.dtype,
