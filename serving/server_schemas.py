@@ -99,6 +99,7 @@ class _Common(_Strict):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logprobs: bool | int | None = None
+    logit_bias: dict[str, Any] | None = None  # empty only
     user: str | None = None
     speculative: bool = True  # extension: false decodes this request autoregressively (recorded as AR)
 
@@ -117,6 +118,16 @@ class ChatRequest(_Common):
     messages: list[Message]
     max_completion_tokens: int | None = None
     tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # "none" only
+    functions: list[Any] | None = None  # the deprecated form of tools
+    function_call: str | dict[str, Any] | None = None  # "none" only
+    response_format: dict[str, Any] | None = None  # {"type": "text"} only
+    top_logprobs: int | None = None  # 0 only
+
+    @field_validator("tool_choice", "function_call", mode="wrap")
+    @classmethod
+    def _choice(cls, v: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return _one_of(v, handler, "a string, an object or null")
 
 
 class CompletionRequest(_Common):
@@ -249,22 +260,49 @@ def check(req: _Common, kind: Kind, *, model_id: str, max_len: int, vocab_size: 
     return Checked(kind, prompt_ids, params, req.speculative, bool(req.stream), include_usage)
 
 
+def _refuse(name: str, what: str, detail: str = "") -> APIError:
+    return bad(f"{what} is not supported by this engine{detail}", param=name, code="unsupported_value")
+
+
 def _unsupported(req: _Common) -> None:
+    """Fields the engine cannot honour are refused, never silently ignored (their harmless values pass)."""
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(req, name)
         if value not in (None, 0, 0.0):
-            raise bad(f"{name} is not supported (only 0), got {value}", param=name, code="unsupported_value")
+            raise _refuse(name, name, f" (only 0), got {value}")
     if req.logprobs not in (None, False, 0) or isinstance(req.logprobs, int) and req.logprobs < 0:
-        raise bad("logprobs are not supported", param="logprobs", code="unsupported_value")
-    if isinstance(req, ChatRequest) and req.tools:
-        raise bad("tools are not supported", param="tools", code="unsupported_value")
+        raise _refuse("logprobs", "logprobs")
+    if req.logit_bias:
+        raise _refuse("logit_bias", "logit_bias", " (only an empty object)")
+    if isinstance(req, ChatRequest):
+        if req.top_logprobs not in (None, 0):
+            raise _refuse("top_logprobs", "top_logprobs", " (logprobs are not returned)")
+        if req.tools:
+            raise _refuse("tools", "tools")
+        if req.functions:
+            raise _refuse("functions", "functions")
+        for name in ("tool_choice", "function_call"):
+            value = getattr(req, name)
+            if value not in (None, "none"):
+                raise _refuse(name, name, f" (only \"none\"), got {json.dumps(value)[:80]}")
+        fmt = req.response_format
+        if fmt is not None and fmt != {"type": "text"}:
+            raise _refuse("response_format", "response_format", f" (only {{\"type\": \"text\"}}), got "
+                          f"{json.dumps(fmt)[:80]}")
     if isinstance(req, CompletionRequest):
         if req.echo:
-            raise bad("echo is not supported", param="echo", code="unsupported_value")
+            raise _refuse("echo", "echo")
         if req.best_of not in (None, 1):
-            raise bad(f"best_of = {req.best_of} is not supported (only 1)", param="best_of", code="unsupported_value")
+            raise _refuse("best_of", f"best_of = {req.best_of}", " (only 1)")
         if req.suffix:
-            raise bad("suffix is not supported", param="suffix", code="unsupported_value")
+            raise _refuse("suffix", "suffix")
+    opts = req.stream_options or {}
+    for key, value in opts.items():
+        if key == "include_usage" or key == "include_obfuscation" and value is False:
+            continue
+        raise _refuse(f"stream_options.{key}", f"stream_options.{key}",
+                      " (only include_usage is honoured)" if key != "include_obfuscation" else
+                      " (only false: chunks carry no obfuscation padding)")
 
 
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:

@@ -77,6 +77,22 @@ CASES = [
     ("seed-too-negative", COMP, comp(seed=-(2**63) - 1), AUTH, 400, "seed"),
     ("seed-too-large-streamed", CHAT, chat(seed=2**64, stream=True), AUTH, 400, "seed"),
     ("seed-too-large-greedy", COMP, comp(seed=2**70, temperature=0), AUTH, 400, "seed"),
+    # fields the engine cannot honour: refused, never silently ignored (was 200 as if absent)
+    ("response-format-json", CHAT, chat(response_format={"type": "json_object"}), AUTH, 400, "response_format"),
+    ("response-format-schema", CHAT, chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+     AUTH, 400, "response_format"),
+    ("logit-bias", CHAT, chat(logit_bias={"50256": -100}), AUTH, 400, "logit_bias"),
+    ("logit-bias-completion", COMP, comp(logit_bias={"1": 5}), AUTH, 400, "logit_bias"),
+    ("tool-choice-auto", CHAT, chat(tool_choice="auto"), AUTH, 400, "tool_choice"),
+    ("tool-choice-function", CHAT, chat(tool_choice={"type": "function", "function": {"name": "f"}}), AUTH, 400,
+     "tool_choice"),
+    ("functions", CHAT, chat(functions=[{"name": "f", "parameters": {}}]), AUTH, 400, "functions"),
+    ("top-logprobs", CHAT, chat(top_logprobs=3), AUTH, 400, "top_logprobs"),
+    ("stream-options-unknown", CHAT, chat(stream=True, stream_options={"include_usage": True, "continuous_usage_stats":
+                                                                       True}), AUTH, 400,
+     "stream_options.continuous_usage_stats"),
+    ("stream-options-obfuscation", CHAT, chat(stream=True, stream_options={"include_obfuscation": True}), AUTH, 400,
+     "stream_options.include_obfuscation"),
     ("missing-api-key", CHAT, chat(), {}, 401, None),
     ("wrong-api-key", CHAT, chat(), {"Authorization": "Bearer nope"}, 401, None),
     ("wrong-api-key-models", "/v1/models", None, {"Authorization": "Bearer nope"}, 401, None),
@@ -159,3 +175,12 @@ def test_a_mistyped_union_field_is_named_with_what_it_accepts(live, path, body, 
     err = httpx.post(live.url + path, json=body, headers=AUTH).json()["error"]
     assert err["param"] == param and accepts in err["message"], err
     assert ".str" not in err["message"] and "valid string" not in err["message"]
+
+
+def test_an_unhonoured_field_is_refused_as_not_supported_by_this_engine(live):
+    for path, body, param in [(CHAT, chat(response_format={"type": "json_object"}), "response_format"),
+                              (CHAT, chat(presence_penalty=0.5), "presence_penalty"),
+                              (COMP, comp(logprobs=2), "logprobs")]:
+        err = httpx.post(live.url + path, json=body, headers=AUTH).json()["error"]
+        assert err["param"] == param and err["code"] == "unsupported_value", err
+        assert f"{param} is not supported by this engine" in err["message"], err
