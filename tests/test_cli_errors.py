@@ -256,3 +256,27 @@ def test_bench_and_serve_check_power_and_max_len_before_loading_a_model(command,
         rc = exc.code
     assert rc == 2
     assert needle in _one_line(capsys)
+
+
+@pytest.mark.parametrize(("db", "needle"), [
+    ("", "argument --db: must be a database URL or a SQLite file path, got ''"),
+    ("postgresql://postgres@127.0.0.1:notaport/x", "argument --db: the port must be a number 1-65535, got 'notaport'"),
+    ("postgresql://u:secret@[::1]:70000/x", "argument --db: the port must be a number 1-65535, got '70000'"),
+])
+def test_a_db_option_that_names_no_store_is_refused_as_given(db, needle, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # an empty --db used to fall back to ./var/specfinops.db
+    with pytest.raises(SystemExit) as exc:
+        main(["prices", "set", "H100", "2.5", "--source", "quote", "--db", db])
+    assert exc.value.code == 2
+    line = _one_line(capsys)
+    assert needle in line and "secret" not in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_libpq_postgres_scheme_is_taken_as_postgresql():
+    from app.commands._common import db_url
+    from telemetry.db import resolve_db_url
+
+    assert db_url("postgres://u@h:5433/d") == "postgresql://u@h:5433/d"
+    assert resolve_db_url(db_url("postgres://u@h:5433/d")).startswith("postgresql+psycopg://")
+    assert db_url("runs.db") == "runs.db"

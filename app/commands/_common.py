@@ -110,8 +110,35 @@ def add_command(sub, name: str, help_: str, examples: str, handler) -> argparse.
     return p
 
 
+def db_url(text: str) -> str:
+    """argparse type of --db: refuse what names no store before anything opens one (an empty value would
+    silently mean the default store), name a port that is no number, and take libpq's `postgres://`."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must be a database URL or a SQLite file path, got {text!r}")
+    if text.startswith("postgres://"):  # libpq's spelling (psql, Heroku): SQLAlchemy knows only postgresql
+        text = "postgresql://" + text.removeprefix("postgres://")
+    if "://" not in text:
+        return text  # a SQLite file path
+    from urllib.parse import urlsplit
+
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    hostport = urlsplit(text).netloc.rpartition("@")[2]
+    port = hostport.rpartition(":")[2] if ":" in hostport.rpartition("]")[2] else None
+    try:
+        url = make_url(text)
+    except ArgumentError:
+        return text  # resolving the URL says what is wrong with it
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"the port must be a number 1-65535, got {port!r}") from None
+    if url.port is not None and not 1 <= url.port <= 65535:
+        raise argparse.ArgumentTypeError(f"the port must be a number 1-65535, got {port!r}")
+    return text
+
+
 def add_db_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", metavar="URL", default=None, help=DB_HELP)
+    p.add_argument("--db", metavar="URL", type=db_url, default=None, help=DB_HELP)
 
 
 DTYPE_HELP = ("auto (the default: bfloat16 where the CPU multiplies bf16 in hardware, AVX512-BF16 or AMX, and on "
