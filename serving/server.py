@@ -83,7 +83,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.serve = state
     _install_error_handlers(app)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' and uptime probes' check
     async def health():
         ok = state.loop_engine.alive
         body = {"status": "ok" if ok else "stopping", "running": state.loop_engine.num_running,
@@ -94,12 +94,22 @@ def create_app(state: ServerState) -> FastAPI:
     async def metrics():
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
 
+    def model_card() -> dict:
+        return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "specfinops",
+                "root": state.root, "max_model_len": state.max_len, "specfinops": state.card or {}}
+
     @app.get("/v1/models")
     async def models(request: Request):
         _authorize(request, state)
-        card = {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "specfinops",
-                "root": state.root, "max_model_len": state.max_len, "specfinops": state.card or {}}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")  # openai's models.retrieve(); a served name may hold a '/'
+    async def model(model_id: str, request: Request):
+        _authorize(request, state)
+        if model_id != state.model_id:
+            raise APIError(404, f"the model {model_id!r} does not exist: this server serves {state.model_id!r}",
+                           param="model", code="model_not_found")
+        return model_card()
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

@@ -218,6 +218,10 @@ def check(req: _Common, kind: Kind, *, model_id: str, max_len: int, vocab_size: 
     max_tokens = req.max_tokens
     if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
         max_tokens = req.max_completion_tokens
+    param = ("max_completion_tokens" if isinstance(req, ChatRequest) and req.max_completion_tokens is not None
+             else "max_tokens")
+    if max_tokens is not None and max_tokens < 1:
+        raise bad(f"{param} must be >= 1, got {max_tokens}", param=param, code="invalid_value")
     temperature = 1.0 if req.temperature is None else req.temperature
     if not 0 <= temperature <= MAX_TEMPERATURE or temperature != temperature:
         raise bad(f"temperature must be within [0, {MAX_TEMPERATURE:g}], got {temperature}", param="temperature",
@@ -230,17 +234,24 @@ def check(req: _Common, kind: Kind, *, model_id: str, max_len: int, vocab_size: 
         raise bad(f"top_k must be -1, 0 (off) or a positive integer, got {req.top_k}", param="top_k",
                   code="invalid_value")
     stop = _stops(req.stop)
+    opts = req.stream_options or {}
+    if opts and not req.stream:
+        raise bad("stream_options is only allowed with stream = true", param="stream_options")
+    include_usage = opts.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise bad("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
+    # the cheap checks are done: only now tokenize (the dear part for a long prompt)
     prompt_ids = _prompt_ids(req, encode_chat, encode_text)
     if any(not 0 <= t < vocab_size for t in prompt_ids):
         raise bad(f"prompt token ids must be within [0, {vocab_size})", param="prompt", code="invalid_value")
-    if len(prompt_ids) >= max_len - 1:
-        raise bad(f"the prompt is {len(prompt_ids)} tokens; this model's context window is {max_len} tokens",
-                  param="messages" if kind == "chat" else "prompt", code="context_length_exceeded")
+    # the prompt and the generated tokens share max_len - 1 positions (the engine keeps one spare)
     room = max_len - 1 - len(prompt_ids)
-    param = ("max_completion_tokens" if isinstance(req, ChatRequest) and req.max_completion_tokens is not None
-             else "max_tokens")
-    if max_tokens is not None and max_tokens < 1:
-        raise bad(f"{param} must be >= 1, got {max_tokens}", param=param, code="invalid_value")
+    if room < 1:
+        fits = f"at most {max_len - 2} prompt tokens fit (with {param} = 1"
+        if max_tokens is not None and 1 < max_tokens <= max_len - 2:
+            fits += f"; {max_len - 1 - max_tokens} with {param} = {max_tokens}"
+        raise bad(f"the prompt is {len(prompt_ids)} tokens; this model's context window is {max_len} tokens: "
+                  f"{fits})", param="messages" if kind == "chat" else "prompt", code="context_length_exceeded")
     if max_tokens is not None and max_tokens > room:
         raise bad(f"{param} = {max_tokens} is too large: the prompt is {len(prompt_ids)} tokens and the context "
                   f"window {max_len}, so at most {room} tokens can be generated", param=param,
@@ -251,12 +262,6 @@ def check(req: _Common, kind: Kind, *, model_id: str, max_len: int, vocab_size: 
                                 max_new_tokens=max_new, stop=stop, seed=req.seed)
     except ValueError as exc:
         raise bad(str(exc), code="invalid_value") from None
-    opts = req.stream_options or {}
-    if opts and not req.stream:
-        raise bad("stream_options is only allowed with stream = true", param="stream_options")
-    include_usage = opts.get("include_usage", False)
-    if not isinstance(include_usage, bool):
-        raise bad("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
     return Checked(kind, prompt_ids, params, req.speculative, bool(req.stream), include_usage)
 
 

@@ -34,3 +34,39 @@ def test_the_harmless_values_of_unhonoured_fields_are_accepted(live):
     r = httpx.post(live.url + CHAT, json=body, headers=AUTH, timeout=120)
     assert r.status_code == 200, r.text
     assert r.text.rstrip().endswith("data: [DONE]") and '"usage"' in r.text and '"error"' not in r.text
+
+
+def test_the_context_window_error_says_how_many_prompt_tokens_fit_and_that_many_do(live):
+    w = live.state.max_len
+    r = httpx.post(live.url + COMP, json={"model": live.model, "prompt": [1] * (w - 1), "max_tokens": 1},
+                   headers=AUTH, timeout=120)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "context_length_exceeded" and err["param"] == "prompt", err
+    assert f"at most {w - 2} prompt tokens fit (with max_tokens = 1)" in err["message"], err
+    r = httpx.post(live.url + COMP, json={"model": live.model, "prompt": [1] * (w - 1), "max_tokens": 10},
+                   headers=AUTH, timeout=120)
+    assert f"{w - 11} with max_tokens = 10" in r.json()["error"]["message"], r.text
+    # what the message promises is served: w - 2 prompt tokens and one generated
+    r = httpx.post(live.url + COMP, json={"model": live.model, "prompt": [1] * (w - 2), "max_tokens": 1,
+                                          "temperature": 0}, headers=AUTH, timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == w - 2
+
+
+def test_head_health_is_allowed(live):
+    r = httpx.head(live.url + "/health")
+    assert r.status_code == 200 and r.content == b""
+
+
+def test_models_retrieve_gives_the_listed_model_and_404_for_another(live):
+    from openai import NotFoundError, OpenAI
+    from serve_live import API_KEY
+
+    client = OpenAI(base_url=live.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    listed = client.models.list().data
+    got = client.models.retrieve(live.model)
+    assert [got.model_dump()] == [m.model_dump() for m in listed] and got.id == live.model
+    with pytest.raises(NotFoundError) as exc:
+        client.models.retrieve("gpt-4o")
+    assert exc.value.body["code"] == "model_not_found" and exc.value.body["param"] == "model"
+    assert httpx.get(live.url + f"/v1/models/{live.model}").status_code == 401  # the API key guards it too
