@@ -44,6 +44,8 @@ class ServeOptions:
     graceful_s: float = 30.0
 
     def validate(self) -> None:
+        if self.spec.max_batch < 1:  # before the spec's own check, which calls it "concurrency"
+            raise ValueError(f"--max-batch must be >= 1, got {self.spec.max_batch}")
         self.spec.validate()
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be within 0..65535, got {self.port}")

@@ -12,6 +12,7 @@ from app.commands._common import (
     bindable_port,
     check_power_options,
     context_len,
+    positive_int,
 )
 from serving.lookahead import DEFAULT_K
 
@@ -34,7 +35,7 @@ def register(sub) -> None:
     p.add_argument("--tree", default=None, metavar="NODES[:DEPTH[:WIDTH[:MIN_PROB]]]",
                    help="draft token trees instead of one chain (see `specfinops bench --help`), e.g. 16:6:4:0.25")
     p.add_argument("--dtype", default="auto", help=DTYPE_HELP)
-    p.add_argument("--max-batch", type=int, default=8, help="sequences decoded together (continuous batching)")
+    p.add_argument("--max-batch", type=positive_int, default=8, help="sequences decoded together (continuous batching)")
     p.add_argument("--max-len", type=context_len, default=2048, help="context window (tokens)")
     p.add_argument("--target", default=None, help="target model name or local HF directory (default: bundled)")
     p.add_argument("--draft-model", default=None, help="draft model directory for --drafter draft")
