@@ -280,3 +280,20 @@ def test_libpq_postgres_scheme_is_taken_as_postgresql():
     assert db_url("postgres://u@h:5433/d") == "postgresql://u@h:5433/d"
     assert resolve_db_url(db_url("postgres://u@h:5433/d")).startswith("postgresql+psycopg://")
     assert db_url("runs.db") == "runs.db"
+
+
+def test_serve_names_max_batch_not_concurrency(capsys):
+    from serving.server_setup import ServeOptions
+    from serving.worker import EngineSpec
+
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--no-telemetry", "--port", "0", "--max-batch", "0"])
+    assert exc.value.code == 2 and "argument --max-batch: must be a positive integer, got '0'" in _one_line(capsys)
+    with pytest.raises(ValueError, match="--max-batch must be >= 1, got 0"):
+        ServeOptions(spec=EngineSpec(max_batch=0)).validate()
+
+
+@pytest.mark.parametrize("temperature", ["-1", "2.5", "nan"])
+def test_loadtest_checks_its_temperature(temperature, capsys):
+    assert main(["loadtest", "--no-telemetry", "--duration", "1", "--temperature", temperature]) == 2
+    assert "--temperature must be within [0, 2]" in _one_line(capsys)
