@@ -238,6 +238,7 @@ def test_cli_persists_the_cron_job_and_keeps_it_on_restart(store, monkeypatch, c
         (["--cron", "0 6 * * *", "--webhook", "hooks.example/x"], "--webhook must be an http"),
         (["--cron", "0 6 * * *", "--smtp"], "--smtp needs the environment variables SPECFINOPS_SMTP_HOST"),
         (["--cron", "0 6 * * *", "--misfire-grace-s", "soon"], "--misfire-grace-s must be a whole number"),
+        (["--cron", "0 6 * * *", "--job-id", ""], "--job-id must be 1-128 characters, got ''"),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(store, monkeypatch, capsys, extra, needle):

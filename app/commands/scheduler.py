@@ -78,7 +78,7 @@ def run(args) -> int:
     if args.smtp:
         SmtpSettings.from_env()
     out = check_out_dir(args.out)
-    job = ReportJob(job_id=args.job_id or f"report-{args.period}", db_url=resolve_db_url(args.db), out_dir=str(out),
+    job = ReportJob(job_id=f"report-{args.period}" if args.job_id is None else args.job_id, db_url=resolve_db_url(args.db), out_dir=str(out),
                     period=args.period, webhook_url=args.webhook, smtp=args.smtp, misfire_grace_s=grace,
                     **options)  # fmt: skip
     engine = open_store(job.db_url)
