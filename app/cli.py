@@ -80,10 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         _silence_stdout()
         return 0
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, the traceback on --verbose
-        if args.verbose:
-            raise
+        expected = _is_environment_problem(exc)
+        if args.verbose and not expected:
+            raise  # a bug: its traceback
+        if args.verbose and not _is_our_own_error(exc):
+            logging.getLogger(__name__).debug("what failed underneath:", exc_info=exc)
         print(f"specfinops {args.command}: error: {describe_failure(exc)}", file=sys.stderr)
-        return 2 if _is_environment_problem(exc) else 1
+        return 2 if expected else 1
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -114,6 +117,15 @@ def _is_environment_problem(exc: BaseException) -> bool:
 
     return isinstance(exc, OSError | DBAPIError | NoSuchModuleError | ModuleNotFoundError | StoreError
                       | PowerSourceError | OverflowError)
+
+
+def _is_our_own_error(exc: BaseException) -> bool:
+    """An error of ours that says in its message all there is to say (a missing store, an unusable power
+    source): no traceback, even on --verbose."""
+    from telemetry.power import PowerSourceError
+    from telemetry.store import StoreError
+
+    return isinstance(exc, StoreError | PowerSourceError)
 
 
 def _silence_stdout() -> None:

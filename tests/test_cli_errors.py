@@ -297,3 +297,11 @@ def test_serve_names_max_batch_not_concurrency(capsys):
 def test_loadtest_checks_its_temperature(temperature, capsys):
     assert main(["loadtest", "--no-telemetry", "--duration", "1", "--temperature", temperature]) == 2
     assert "--temperature must be within [0, 2]" in _one_line(capsys)
+
+
+def test_verbose_keeps_an_expected_error_one_line_and_exit_2(tmp_path, capsys):
+    missing = tmp_path / "nope.db"
+    assert main(["-v", "cost", "--db", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"no store at {missing}" in err.strip().splitlines()[-1]
+
