@@ -59,7 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named under the usage of the command they follow, not the top level's (argparse's default)
+        words = sys.argv[1:] if argv is None else list(argv)
+        after_command = args.command in words and words.index(unknown[0]) > words.index(args.command)
+        which = getattr(args, "command_parser", parser) if after_command else parser
+        which.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

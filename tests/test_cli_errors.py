@@ -305,3 +305,14 @@ def test_verbose_keeps_an_expected_error_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err and f"no store at {missing}" in err.strip().splitlines()[-1]
 
+
+@pytest.mark.parametrize(("argv", "usage"), [
+    (["cost", "--db", "X", "--bogus-flag"], "usage: specfinops cost "),
+    (["db", "upgrade", "--bogus-flag"], "usage: specfinops db upgrade "),
+    (["--bogus-flag", "cost"], "usage: specfinops [-h]"),
+])
+def test_an_unknown_option_is_named_under_its_commands_usage(argv, usage, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith(usage) and "unrecognized arguments: --bogus-flag" in err, err

@@ -106,7 +106,7 @@ def add_command(sub, name: str, help_: str, examples: str, handler) -> argparse.
         epilog="examples:\n" + examples,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.set_defaults(handler=handler)
+    p.set_defaults(handler=handler, command_parser=p)  # app.cli names unknown options under this usage
     return p
 
 
