@@ -93,8 +93,8 @@ def test_db_command_upgrade_current_check_downgrade(db_url, capsys):
     assert cli_main(["db", "current", "--db", db_url]) == 0
 
 
-def test_db_command_errors_are_one_line(sqlite_url, capsys):
-    assert cli_main(["db", "downgrade", "nosuchrev", "--db", sqlite_url]) == 2
+def test_db_command_errors_are_one_line(empty_store, capsys):
+    assert cli_main(["db", "downgrade", "nosuchrev", "--db", empty_store]) == 2
     assert "Can't locate revision identified by 'nosuchrev'" in capsys.readouterr().err
     assert cli_main(["db"]) == 2
     assert "choose an action" in capsys.readouterr().err
