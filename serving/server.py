@@ -10,14 +10,16 @@ sequence; every finished request becomes a telemetry record of its mode's 'serve
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from fastapi import FastAPI, Request
@@ -37,9 +39,11 @@ from serving.server_schemas import (
     validation_error,
 )
 from serving.server_telemetry import RECORDED_IN_HEADER, ServeTelemetry
-from serving.server_text import TextStream
+from serving.server_text import TextStream, max_prompt_chars
 
 logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 16 * 1024 * 1024  # a request body beyond this is refused (413) without reading the rest
 
 
 @dataclass
@@ -59,6 +63,14 @@ class ServerState:
     root: str | None = None  # the target's path, like vLLM's model card "root"
     card: dict | None = None  # extension on /v1/models: backend, dtype, drafter, k_policy, max_batch
     store_key: str | None = None  # telemetry.db.store_key of the store this server records into
+    max_chars: int | None = None  # the longest prompt (characters) that can fit; from the tokenizer if None
+    # one thread that validates and tokenizes requests, off the event loop (a long prompt takes seconds)
+    checker: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
+        1, thread_name_prefix="specfinops-tokenize"))
+
+    def __post_init__(self) -> None:
+        if self.max_chars is None:
+            self.max_chars = max_prompt_chars(self.tokenizer, self.max_len)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         tok = self.tokenizer
@@ -126,6 +138,7 @@ def shutdown(state: ServerState, status: str = "completed") -> None:
     """Stop the engine thread (cancelling what is left), end the runs, flush the recorder. Idempotent."""
     state.loop_engine.stop()
     state.telemetry.close(status)
+    state.checker.shutdown(wait=False)
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -176,9 +189,10 @@ async def _generate(request: Request, state: ServerState, kind: str):
     t_start, wall_start = time.perf_counter(), datetime.now(UTC)  # TTFT counts from arrival
     _authorize(request, state)
     model = ChatRequest if kind == "chat" else CompletionRequest
-    req = parse_body(await request.body(), model)
-    checked = check(req, kind, model_id=state.model_id, max_len=state.max_len, vocab_size=state.vocab_size,
-                    encode_chat=state.encode_chat, encode_text=state.encode_text)
+    req = parse_body(await _read_body(request), model)
+    checked = await asyncio.get_running_loop().run_in_executor(state.checker, functools.partial(
+        check, req, kind, model_id=state.model_id, max_len=state.max_len, vocab_size=state.vocab_size,
+        encode_chat=state.encode_chat, encode_text=state.encode_text, max_chars=state.max_chars))
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     job = Job(f"{prefix}-{uuid.uuid4().hex[:24]}", checked, t_start, wall_start, asyncio.get_running_loop())
     recorded_in = request.headers.get(RECORDED_IN_HEADER)
@@ -188,6 +202,22 @@ async def _generate(request: Request, state: ServerState, kind: str):
         return StreamingResponse(_stream(job, state), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     return await _complete(request, job, state)
+
+
+async def _read_body(request: Request) -> bytes:
+    """The body, or APIError(413) as soon as it is known to exceed MAX_BODY_BYTES."""
+    too_large = APIError(413, f"the request body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MiB",
+                         code="request_too_large")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def _complete(request: Request, job: Job, state: ServerState):

@@ -201,8 +201,13 @@ class Checked:
 
 
 def check(req: _Common, kind: Kind, *, model_id: str, max_len: int, vocab_size: int,
-          encode_chat: Callable[[list[dict]], list[int]], encode_text: Callable[[str], list[int]]) -> Checked:
-    """Semantic checks (the types are already right): APIError(4xx) naming the parameter on failure."""
+          encode_chat: Callable[[list[dict]], list[int]], encode_text: Callable[[str], list[int]],
+          max_chars: int | None = None) -> Checked:
+    """Semantic checks (the types are already right): APIError(4xx) naming the parameter on failure.
+
+    `max_chars`: the most characters a prompt that fits the window can have (`server_text.max_prompt_chars`);
+    a longer one is refused before it is tokenized. Tokenizing is the slow part: the server runs this off
+    its event loop."""
     if req.model != model_id:
         raise APIError(404, f"the model {req.model!r} does not exist: this server serves {model_id!r}",
                        param="model", code="model_not_found")
@@ -241,7 +246,7 @@ def check(req: _Common, kind: Kind, *, model_id: str, max_len: int, vocab_size: 
     if not isinstance(include_usage, bool):
         raise bad("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
     # the cheap checks are done: only now tokenize (the dear part for a long prompt)
-    prompt_ids = _prompt_ids(req, encode_chat, encode_text)
+    prompt_ids = _prompt_ids(req, encode_chat, encode_text, max_len, max_chars)
     if any(not 0 <= t < vocab_size for t in prompt_ids):
         raise bad(f"prompt token ids must be within [0, {vocab_size})", param="prompt", code="invalid_value")
     # the prompt and the generated tokens share max_len - 1 positions (the engine keeps one spare)
@@ -319,7 +324,14 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _prompt_ids(req: _Common, encode_chat, encode_text) -> list[int]:
+def _too_many_chars(chars: int, max_len: int, max_chars: int | None, param: str) -> None:
+    if max_chars is not None and chars > max_chars:
+        raise bad(f"the prompt is {chars} characters, more than this model's context window of {max_len} tokens "
+                  f"can hold (at most {max_chars} characters with this tokenizer)", param=param,
+                  code="context_length_exceeded")
+
+
+def _prompt_ids(req: _Common, encode_chat, encode_text, max_len: int, max_chars: int | None) -> list[int]:
     if isinstance(req, ChatRequest):
         if not req.messages:
             raise bad("messages must hold at least one message", param="messages", code="invalid_value")
@@ -329,6 +341,8 @@ def _prompt_ids(req: _Common, encode_chat, encode_text) -> list[int]:
                 msgs.append({"role": m.role, "content": m.text()})
             except ValueError as exc:
                 raise bad(str(exc), param=f"messages.{i}.content") from None
+        # the template only adds tokens, but it may trim the contents: count them trimmed
+        _too_many_chars(sum(len(m["content"].strip()) for m in msgs), max_len, max_chars, "messages")
         return list(encode_chat(msgs))
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
@@ -339,6 +353,7 @@ def _prompt_ids(req: _Common, encode_chat, encode_text) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise bad("prompt must not be empty", param="prompt", code="invalid_value")
+        _too_many_chars(len(prompt), max_len, max_chars, "prompt")
         return list(encode_text(prompt))
     if not prompt:
         raise bad("prompt must not be empty", param="prompt", code="invalid_value")

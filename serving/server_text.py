@@ -53,3 +53,20 @@ class TextStream:
 def _cut(text: str, stops: tuple[str, ...]) -> str:
     cut = min((text.index(s) for s in stops if s in text), default=len(text))
     return text[:cut]
+
+
+def max_prompt_chars(tokenizer: object, max_len: int) -> int | None:
+    """The most characters a prompt that fits `max_len` tokens can have, or None when unknown.
+
+    A token stands for at most as many characters as its vocabulary string is long (a byte-level vocabulary
+    spells each byte as one character, and a character is at least one byte), so a text of more than
+    max_len * longest characters needs more than max_len tokens. A normalizer could merge characters
+    (NFKC composes accents), so with one the bound is four times as generous. Lets the server refuse a
+    multi-megabyte prompt without tokenizing it."""
+    try:
+        longest = max(len(t) for t in tokenizer.get_vocab())
+    except Exception:  # noqa: BLE001 - no usable vocabulary: no bound (the tokenizer decides)
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    normalized = backend is None or getattr(backend, "normalizer", None) is not None
+    return max_len * max(longest, 1) * (4 if normalized else 1)

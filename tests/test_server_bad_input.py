@@ -63,6 +63,9 @@ CASES = [
     ("unknown-model", CHAT, chat(model="gpt-4o"), AUTH, 404, "model"),
     ("prompt-too-long", COMP, comp(prompt=LONG), AUTH, 400, "prompt"),
     ("chat-too-long", CHAT, chat(messages=[{"role": "user", "content": LONG}]), AUTH, 400, "messages"),
+    ("prompt-megabytes", COMP, comp(prompt="word " * 1_000_000), AUTH, 400, "prompt"),
+    ("chat-megabytes", CHAT, chat(messages=[{"role": "user", "content": "word " * 1_000_000}]), AUTH, 400,
+     "messages"),
     ("prompt-empty", COMP, comp(prompt=""), AUTH, 400, "prompt"),
     ("prompt-token-out-of-vocab", COMP, comp(prompt=[1, 10**7]), AUTH, 400, "prompt"),
     ("stop-not-strings", COMP, comp(stop=[1, 2]), AUTH, 400, "stop"),
@@ -184,3 +187,50 @@ def test_an_unhonoured_field_is_refused_as_not_supported_by_this_engine(live):
         err = httpx.post(live.url + path, json=body, headers=AUTH).json()["error"]
         assert err["param"] == param and err["code"] == "unsupported_value", err
         assert f"{param} is not supported by this engine" in err["message"], err
+
+
+def test_a_prompt_too_long_by_its_characters_alone_is_refused_untokenized(live):
+    for path, body, param in [(COMP, comp(prompt="word " * 1_000_000), "prompt"),
+                              (CHAT, chat(messages=[{"role": "system", "content": "x" * 3_000_000}, *USER]), "messages")]:
+        err = httpx.post(live.url + path, json=body, headers=AUTH, timeout=120).json()["error"]
+        assert err["param"] == param and err["code"] == "context_length_exceeded", err
+        assert "characters, more than this model's context window" in err["message"], err
+
+
+def test_a_body_over_16_mib_is_refused_with_413(live):
+    big = json.dumps(comp(prompt="x" * (17 * 1024 * 1024))).encode()
+    r = httpx.post(live.url + COMP, content=big, headers={**AUTH, "content-type": "application/json"}, timeout=120)
+    assert r.status_code == 413, r.text[:300]
+    err = r.json()["error"]
+    assert err["code"] == "request_too_large" and err["type"] == "invalid_request_error" and "16 MiB" in err["message"]
+
+    def chunked():  # no content-length: refused once the bytes read pass the limit
+        for i in range(0, len(big), 1 << 20):
+            yield big[i:i + (1 << 20)]
+
+    try:
+        r = httpx.post(live.url + COMP, content=chunked(), headers={**AUTH, "content-type": "application/json"},
+                       timeout=120)
+        assert r.status_code == 413, r.text[:300]
+    except httpx.WriteError:  # the server may answer and close before every chunk is written
+        pass
+    assert httpx.get(live.url + "/health").status_code == 200
+
+
+def test_the_prompt_is_tokenized_off_the_event_loop(live):
+    import threading
+
+    threads = []
+    encode = live.state.encode_text
+
+    def spy(text: str) -> list[int]:
+        threads.append(threading.current_thread().name)
+        return encode(text)
+
+    live.state.encode_text = spy
+    try:
+        r = httpx.post(live.url + COMP, json=comp(prompt="hello " * 2000), headers=AUTH, timeout=120)
+    finally:
+        del live.state.encode_text
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert threads and all(name.startswith("specfinops-tokenize") for name in threads), threads

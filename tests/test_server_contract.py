@@ -70,3 +70,11 @@ def test_models_retrieve_gives_the_listed_model_and_404_for_another(live):
         client.models.retrieve("gpt-4o")
     assert exc.value.body["code"] == "model_not_found" and exc.value.body["param"] == "model"
     assert httpx.get(live.url + f"/v1/models/{live.model}").status_code == 401  # the API key guards it too
+
+
+def test_a_prompt_of_many_characters_that_fits_in_tokens_is_served(live):
+    """The character bound refuses only what cannot fit: 60,000 spaces are about 940 tokens here."""
+    r = httpx.post(live.url + COMP, json={"model": live.model, "prompt": " " * 60_000 + "hi", "max_tokens": 1,
+                                          "temperature": 0}, headers=AUTH, timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] < live.state.max_len - 1
