@@ -316,3 +316,24 @@ def test_an_unknown_option_is_named_under_its_commands_usage(argv, usage, capsys
         main(argv)
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.startswith(usage) and "unrecognized arguments: --bogus-flag" in err, err
+
+
+@pytest.mark.parametrize("argv", [
+    ["prices", "set", "newgpu", "3", "--source", "x"],
+    ["prices", "set", "H100", "3", "--source", "x", "--as-of", "someday"],
+    ["prices", "set", "H100", "0", "--source", "x"],
+])
+def test_a_failed_prices_set_creates_no_store(argv, tmp_path, capsys):
+    assert main([*argv, "--db", f"sqlite:///{tmp_path / 'new.db'}"]) == 2
+    _one_line(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_prices_list_filters_by_kind_and_refuses_what_it_does_not_take(empty_store, capsys):
+    assert main(["prices", "list", "--kind", "gpu", "--json", "--db", empty_store]) == 0
+    assert {e["kind"] for e in json.loads(capsys.readouterr().out)} == {"gpu"}
+    for extra in (["extra"], ["--source", "x"], ["--kind", "spaceship"]):
+        assert main(["prices", "list", *extra, "--db", empty_store]) == 2
+        _one_line(capsys)
+    assert main(["prices", "set", "electricity", "0", "--source", "own solar", "--db", empty_store]) == 0
+    assert "electricity (electricity) = 0 usd_per_kwh" in capsys.readouterr().out

@@ -332,7 +332,7 @@ def test_prices_list_and_set(sqlite_url, capsys):
     )
     capsys.readouterr()
     for bad, needle in (
-        (["set", "H100", "0", "--source", "x"], "VALUE"),
+        (["set", "H100", "0", "--source", "x"], "must be > 0"),
         (["set", "H100", "4"], "--source"),
         (["set", "new-gpu", "4", "--source", "x"], "kind"),
         (["set", "pue", "0.8", "--source", "x"], "PUE"),

@@ -383,25 +383,42 @@ def run_project_command(args) -> int:
 
 
 def run_prices_command(args) -> int:
-    from telemetry.prices import default_entries, list_prices, set_price
+    from telemetry.prices import KIND_UNITS, check_price, default_entries, list_prices, set_price
     from telemetry.store import NoStoreError, open_store
 
     if args.action not in ("list", "set"):
         raise UsageError(f"action must be 'list' or 'set', got {args.action!r}")
     if args.action == "list":
+        extra = [x for x in (args.name, args.value) if x is not None]
+        if extra:
+            raise UsageError(f"`prices list` takes no NAME or VALUE, got {' '.join(extra)!r} (to edit: prices set)")
+        if args.source is not None or args.as_of is not None:
+            raise UsageError("--source and --as-of apply to `prices set`, not `prices list`")
+        if args.kind is not None and args.kind not in KIND_UNITS:
+            raise UsageError(f"--kind must be one of {', '.join(KIND_UNITS)}, got {args.kind!r}")
         try:
-            engine = open_store(args.db, must_exist=True)
+            entries = list_prices(open_store(args.db, must_exist=True))
         except NoStoreError as e:  # listing creates no store: show what a new one starts with
             print(f"note: no store at {e.path} yet; these are the default prices it will start with "
                   "(`prices set` or a recording command creates it)", file=sys.stderr)
-            return _print_prices(default_entries(), args.json)
-        return _print_prices(list_prices(engine), args.json)
+            entries = default_entries()
+        return _print_prices([e for e in entries if args.kind in (None, e.kind)], args.json)
     if args.name is None or args.value is None:
         raise UsageError("usage: specfinops prices set NAME VALUE --source TEXT [--kind KIND]")
     if not args.source:
         raise UsageError("--source is required: say where the price comes from")
-    value = _number("VALUE", args.value, minimum=0)
-    e = set_price(open_store(args.db), args.name, value, source=args.source, kind=args.kind, as_of=args.as_of)
+    value = _number("VALUE", args.value, minimum=0, strict=False)  # > 0 but electricity: check_price says
+    value, as_of = check_price(args.name, value, source=args.source, kind=args.kind, as_of=args.as_of)
+    try:  # everything checked before a new store is created
+        engine = open_store(args.db, must_exist=True)
+    except NoStoreError:  # a new store holds the defaults only: judge the name and value against those
+        kind = args.kind or {e.name.lower(): e.kind for e in default_entries()}.get(args.name.strip().lower())
+        if kind is None:
+            raise UsageError(f"--kind is required for a new price name {args.name!r} "
+                             f"(one of {', '.join(KIND_UNITS)})") from None
+        check_price(args.name, value, source=args.source, kind=kind, as_of=as_of)
+        engine = open_store(args.db)
+    e = set_price(engine, args.name, value, source=args.source, kind=args.kind, as_of=as_of)
     print(f"{e.name} ({e.kind}) = {e.value:g} {e.unit}; source: {e.source}; as of {e.as_of}")
     return 0
 
