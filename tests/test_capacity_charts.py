@@ -181,3 +181,14 @@ def test_models_shown_by_their_directory_name():
     assert short_model("meta-llama/Llama-3.1-8B") == "meta-llama/Llama-3.1-8B"  # a hub id stays whole
     assert short_model(None) is None
     assert pair_label("/a/b/smollm2", "feature:draft") == "smollm2 ← feature:draft"
+
+
+def test_projection_notes_say_a_node_holds_n_replicas():
+    from types import SimpleNamespace as NS
+
+    from app.dashboard.common import projection_notes
+
+    sp = NS(projection=NS(notes=()), priced_differs=False, energy_estimated=False, gpus_per_node=8)
+    assert projection_notes(sp) == ["capacity per node = 8 x the measured device (a node of 8 GPUs holds 8 "
+                                    "replicas of it; the measured tokens/s are per device)"]
+    assert projection_notes(NS(**{**vars(sp), "gpus_per_node": 1})) == []

@@ -558,5 +558,8 @@ def test_cost_page_names_the_catalog_energy_prices_and_when_they_do_not_count(sq
     assert at.number_input(key="w_kwh").label == f"Electricity $/kWh (0: ${kwh:g})"
     assert at.number_input(key="w_pue").label == f"PUE (0: {pue:g})"
     assert any("no energy measured for these runs" in c.value for c in at.caption)
+    # the projection's own cost per 1M is on the page too, named as the fleet's
+    assert any(c.value.startswith("Fleet cost per 1M served tokens (sized for peak, whole nodes): AR $")
+               for c in at.caption)
     at = open_page(app_for(fill_store(sqlite_url.replace(".db", "-e.db")), monkeypatch), PAGES["Cost & capacity"])
     assert not any("no energy measured for these runs" in c.value for c in at.caption)

@@ -17,7 +17,7 @@ from app.dashboard.common import (
     usd_rate,
 )
 from telemetry import finops
-from telemetry.costing import runs_text
+from telemetry.costing import FLEET_COST_LABEL, runs_text
 
 SNAPSHOT = "runs' recorded price"
 CUSTOM = "custom $/h per node"
@@ -113,6 +113,11 @@ def _projection_section(ctx: Context) -> None:
                 if sp.capacity_runs_spec else None)
     m[2].metric("Monthly cost AR", usd(p.monthly_cost_ar_usd, ",.0f"))
     m[3].metric("Monthly cost spec", usd(p.monthly_cost_spec_usd, ",.0f"))
+    if p.cost_per_1m_tokens_ar_usd is not None or p.cost_per_1m_tokens_spec_usd is not None:
+        st.caption(f"{FLEET_COST_LABEL[0].upper()}{FLEET_COST_LABEL[1:]}: AR "
+                   f"{usd(p.cost_per_1m_tokens_ar_usd, ',.4g')}, spec {usd(p.cost_per_1m_tokens_spec_usd, ',.4g')}. "
+                   "Above the measured cost per 1M at the top of the page: the fleet is sized for the peak, in "
+                   "whole nodes, and paid for around the clock.")
     in_view = set(ctx.sel.runs["mode"])
     st.plotly_chart(charts.nodes_bar(p.nodes_ar, p.nodes_spec, in_view), width="stretch")
     _sla_section(sp)
@@ -122,7 +127,7 @@ def _projection_section(ctx: Context) -> None:
     for note in notes:
         st.caption(f"Note: {note}.")
     proj_table = pd.DataFrame([
-        {"figure": "cost per 1M tokens (projected)", "AR": p.cost_per_1m_tokens_ar_usd,
+        {"figure": FLEET_COST_LABEL, "AR": p.cost_per_1m_tokens_ar_usd,
          "spec": p.cost_per_1m_tokens_spec_usd},
         {"figure": "nodes", "AR": p.nodes_ar, "spec": p.nodes_spec},
         {"figure": "monthly cost (USD)", "AR": p.monthly_cost_ar_usd, "spec": p.monthly_cost_spec_usd},
