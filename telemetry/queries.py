@@ -23,10 +23,9 @@ Public API:
     acceptance_by_domain(engine, filters=None) -> list[DomainAcceptance]
     speedups(engine, filters=None) -> list[Speedup]
     percentile(values, q) -> float | None
-    run_cost(engine, run_id, *, gpu=None, node_hourly_usd=None, usd_per_kwh=None, pue=None) -> RunCost
-    costs(engine, filters=None, *, gpu=None, node_hourly_usd=None, ...) -> tuple[list[RunCost], list[ModeCost]]
-    project_from_store(engine, filters=None, *, daily_tokens, peak_factor, sla_ms, gpu=None, gpus_per_node=1,
-                       node_hourly_usd=None, usd_per_kwh=None, pue=None) -> StoreProjection
+
+Costs and node projections over these figures live in telemetry.costing (run_cost, costs,
+project_from_store).
 """
 
 from __future__ import annotations
