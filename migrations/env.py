@@ -39,12 +39,21 @@ def _configure(connection: Connection) -> None:
         # SQLite cannot ALTER most things in place: batch mode copies the table, drops it and renames the
         # copy. Beware on a parent table (runs, requests): with `PRAGMA foreign_keys=ON` (telemetry.db) the
         # DROP deletes every child row through ON DELETE CASCADE. A trial widening runs.software_version
-        # that way emptied requests and steps; such a revision must turn foreign keys off first
+        # that way emptied requests and steps. So migrations run on SQLite with foreign keys off, set before
+        # the transaction (inside one, SQLite ignores the pragma): `sqlite_foreign_keys_off` here and in
+        # telemetry.store.upgrade_to_head; a revision that rebuilds a parent table checks it (0004)
         # (tests/test_migrations.py::test_upgrading_from_every_revision_keeps_the_records catches it).
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
         include_name=_include_name,
     )
+
+
+def sqlite_foreign_keys_off(conn: Connection) -> None:
+    """PRAGMA foreign_keys=OFF on a SQLite connection outside any transaction (a no-op on other databases)."""
+    if conn.dialect.name == "sqlite":
+        conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        conn.commit()
 
 
 def run_migrations_offline() -> None:
@@ -71,6 +80,7 @@ def run_migrations_online() -> None:
     engine = make_engine(_url())
     try:
         with engine.connect() as conn:
+            sqlite_foreign_keys_off(conn)  # the engine is disposed after: no need to turn them back on
             _configure(conn)
             with context.begin_transaction():
                 context.run_migrations()

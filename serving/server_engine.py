@@ -139,8 +139,7 @@ class EngineLoop:
             for job in jobs:
                 if not job.finished:
                     if job.record is None:
-                        job.record = RequestRecord(started_at=job.wall_start, domain=job.checked.kind,
-                                                   external_id=job.id, prompt_tokens=len(job.checked.prompt_ids))
+                        job.record = _record(job)
                     self._finish(job, "error", f"engine thread failed: {type(exc).__name__}: {exc}")
             self._deliver()
 
@@ -173,8 +172,7 @@ class EngineLoop:
         if job.finished:  # cancelled while it waited
             return
         c = job.checked
-        job.record = RequestRecord(started_at=job.wall_start, domain=c.kind, external_id=job.id,
-                                   prompt_tokens=len(c.prompt_ids))
+        job.record = _record(job)
         if job.cancelled:
             self._finish(job, "cancelled")
             return
@@ -210,8 +208,7 @@ class EngineLoop:
         if job.finished:
             return
         if job.record is None:  # still waiting: never reached the engine
-            job.record = RequestRecord(started_at=job.wall_start, domain=job.checked.kind, external_id=job.id,
-                                       prompt_tokens=len(job.checked.prompt_ids))
+            job.record = _record(job)
         if job.seq is not None:
             self.engine.cancel(job.seq)
         self._finish(job, "cancelled")
@@ -273,3 +270,10 @@ class EngineLoop:
 def _put_all(items: list) -> None:
     for queue, item in items:
         queue.put_nowait(list(item) if isinstance(item, tuple) else item)
+
+
+def _record(job: Job) -> RequestRecord:
+    """A request's record as it starts: its kind, id, prompt length and its own sampling."""
+    c = job.checked
+    return RequestRecord(started_at=job.wall_start, domain=c.kind, external_id=job.id, prompt_tokens=len(c.prompt_ids),
+                         temperature=c.params.temperature, top_p=c.params.top_p)

@@ -80,7 +80,8 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState
 
             recorder = Recorder(open_store(opts.db))
             node = opts.node_id or default_node_id()
-            infos = {m: run_info(loaded, m, workload="serve", params=SamplingParams(), node_id=node,
+            # each request chooses its sampling: the run records none, its requests theirs
+            infos = {m: run_info(loaded, m, workload="serve", params=None, node_id=node,
                                  power_source=source.source, concurrency=opts.spec.max_batch, kind="serve",
                                  k_policy=_k_policy(loaded, m)) for m in MODES}
         holder: dict = {}

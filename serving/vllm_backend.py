@@ -321,7 +321,8 @@ def run_prompts(
                 idx = queue.pop(0)
                 key, p = engine.new_request_id(), prompts[idx]
                 rec = RequestRecord(started_at=datetime.now(UTC), domain=p.domain, external_id=p.id,
-                                    prompt_tokens=len(encoded[idx]))
+                                    prompt_tokens=len(encoded[idx]), temperature=params.temperature,
+                                    top_p=params.top_p)
                 live[key] = _Live(idx, rec, time.perf_counter())
                 core.add_request(key, {"prompt_token_ids": encoded[idx]}, sp)
         outputs = core.step()

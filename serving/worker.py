@@ -403,7 +403,8 @@ class ModeRunner:
                 t_start = time.perf_counter()
                 p = prompts[idx]
                 collector.begin(key, RequestRecord(started_at=wall_start, domain=p.domain, external_id=p.id,
-                                                   prompt_tokens=len(encoded[idx])), t_start)
+                                                   prompt_tokens=len(encoded[idx]), temperature=params.temperature,
+                                                   top_p=params.top_p), t_start)
                 seq = engine.add(encoded[idx], params, request_id=key, t_start=t_start, domain=p.domain)
                 live[seq.seq_id] = (idx, wall_start)
                 if seq.done:
@@ -425,11 +426,14 @@ def default_node_id() -> str:
     return os.environ.get("SPECFINOPS_NODE_ID") or socket.gethostname()
 
 
-def run_info(loaded: Loaded, mode: str, *, workload: str, params: SamplingParams, node_id: str,
+def run_info(loaded: Loaded, mode: str, *, workload: str, params: SamplingParams | None, node_id: str,
              power_source: str, concurrency: int, kind: str = "bench", k_policy: str) -> RunInfo:
+    """The run row of one mode. `params` None: each request brings its own sampling (a server), so the run
+    records none and its requests record theirs."""
     return RunInfo(
         mode=mode, node_id=node_id, hostname=socket.gethostname(), device=device_name(), backend="torch",
         dtype=loaded.spec.dtype, target=str(loaded.target_dir), drafter=loaded.drafter_label if mode == "spec" else None,
-        k_policy=k_policy, temperature=params.temperature, workload=workload, power_source=power_source,
-        software_version=software_version(loaded.spec.dtype), top_p=params.top_p, concurrency=concurrency, kind=kind,
+        k_policy=k_policy, temperature=params.temperature if params else None, workload=workload,
+        power_source=power_source, software_version=software_version(loaded.spec.dtype),
+        top_p=params.top_p if params else None, concurrency=concurrency, kind=kind,
     )

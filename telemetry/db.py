@@ -72,8 +72,9 @@ class Run(Base):
     target: Mapped[str] = mapped_column(String(512))
     drafter: Mapped[str | None] = mapped_column(String(512))  # None in AR mode
     k_policy: Mapped[str] = mapped_column(String(32))  # "fixed:4", "auto", ... ; "none" in AR
-    temperature: Mapped[float] = mapped_column(Float)
-    top_p: Mapped[float] = mapped_column(Float, default=1.0)
+    # None where each request chose its own (a server's run): the requests carry theirs
+    temperature: Mapped[float | None] = mapped_column(Float)
+    top_p: Mapped[float | None] = mapped_column(Float, default=1.0)
     concurrency: Mapped[int] = mapped_column(Integer, default=1)
     workload: Mapped[str] = mapped_column(String(255))
     power_source: Mapped[str] = mapped_column(String(16))  # nvml | rapl | estimate | none
@@ -105,6 +106,8 @@ class Request(Base):
     ttft_ms: Mapped[float | None] = mapped_column(Float)
     e2e_ms: Mapped[float | None] = mapped_column(Float)
     energy_j: Mapped[float | None] = mapped_column(Float)  # None when no power source measured it
+    temperature: Mapped[float | None] = mapped_column(Float)  # the request's sampling; None in older records
+    top_p: Mapped[float | None] = mapped_column(Float)
     status: Mapped[str] = mapped_column(String(16), default="ok")  # ok | error | cancelled
     error: Mapped[str | None] = mapped_column(Text)
 

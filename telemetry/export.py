@@ -107,6 +107,9 @@ def requests_query(window: ExportWindow) -> Select:
             _tpot_ms().label("tpot_ms"),
             Request.energy_j,
             Run.power_source,
+            # the request's own sampling (a server's requests each choose theirs), else its run's
+            func.coalesce(Request.temperature, Run.temperature).label("temperature"),
+            func.coalesce(Request.top_p, Run.top_p).label("top_p"),
             Request.status,
             Request.error,
         )

@@ -411,6 +411,8 @@ class Recorder:
                 "ttft_ms": r.ttft_ms,
                 "e2e_ms": r.e2e_ms,
                 "energy_j": r.energy_j,
+                "temperature": r.temperature,
+                "top_p": r.top_p,
                 "status": r.status,
                 "error": r.error,
             }

@@ -21,11 +21,11 @@ class RunInfo:
     target: str
     drafter: str | None
     k_policy: str  # "fixed:4", "auto", "none"
-    temperature: float
+    temperature: float | None  # None: each request chooses its own (a server); the requests record theirs
     workload: str
     power_source: str  # nvml | rapl | estimate | none
     software_version: str
-    top_p: float = 1.0
+    top_p: float | None = 1.0
     concurrency: int = 1
     kind: str = "bench"  # bench | serve | loadtest
     price_snapshot: dict | None = None
@@ -65,6 +65,8 @@ class RequestRecord:
     ttft_ms: float | None = None
     e2e_ms: float | None = None
     energy_j: float | None = None
+    temperature: float | None = None  # the request's own sampling
+    top_p: float | None = None
     status: str = "ok"  # ok | error | cancelled
     error: str | None = None
     steps: list[StepRow] = field(default_factory=list)

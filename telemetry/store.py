@@ -100,22 +100,37 @@ def _stamp_if_created_without_alembic(conn: Connection, cfg: Config) -> bool:
 def upgrade_to_head(engine: Engine) -> None:
     """Bring the schema to head in one transaction (PostgreSQL: under an advisory lock)."""
     head = head_revision()
-    with engine.begin() as conn:
-        if conn.dialect.name == "postgresql":
-            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_UPGRADE_LOCK_KEY})
-        current = current_revision(conn)
-        if current == head:
-            return  # another process upgraded while we waited
-        if current is not None and current not in known_revisions():
-            raise StoreError(
-                f"database is at revision {current!r}, unknown to this specfinops (head {head!r}); "
-                "it was written by a newer version"
-            )
-        cfg = alembic_config(engine.url.render_as_string(hide_password=False), connection=conn)
-        if current is None and _stamp_if_created_without_alembic(conn, cfg):
-            return
-        logger.info("upgrading store from %s to %s", current or "empty", head)
-        command.upgrade(cfg, "head")
+    with engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:  # a batch rebuild of a parent table must not cascade-delete its children (migrations/env.py)
+            conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            conn.commit()
+        try:
+            with conn.begin():
+                _upgrade(engine, conn, head)
+        finally:
+            if sqlite:
+                conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+                conn.commit()
+
+
+def _upgrade(engine: Engine, conn: Connection, head: str) -> None:
+    """The upgrade itself, inside the caller's transaction."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_UPGRADE_LOCK_KEY})
+    current = current_revision(conn)
+    if current == head:
+        return  # another process upgraded while we waited
+    if current is not None and current not in known_revisions():
+        raise StoreError(
+            f"database is at revision {current!r}, unknown to this specfinops (head {head!r}); "
+            "it was written by a newer version"
+        )
+    cfg = alembic_config(engine.url.render_as_string(hide_password=False), connection=conn)
+    if current is None and _stamp_if_created_without_alembic(conn, cfg):
+        return
+    logger.info("upgrading store from %s to %s", current or "empty", head)
+    command.upgrade(cfg, "head")
 
 
 class NoStoreError(StoreError):

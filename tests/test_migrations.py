@@ -53,7 +53,7 @@ def test_indexes_and_constraint_names_follow_the_models(db_url):
 
 
 def test_single_head():
-    assert head_revision() == "0003"
+    assert head_revision() == "0004"
 
 
 def test_alembic_command_line_from_repo_root_uses_env_url(tmp_path):
@@ -102,3 +102,34 @@ def test_upgrading_from_every_revision_keeps_the_records(db_url):
             assert counts == [1, 1, 1], f"upgrading from {rev} lost records: runs, requests, steps = {counts}"
     finally:
         engine.dispose()
+
+
+def test_opening_a_store_at_0003_keeps_its_records_and_foreign_keys(sqlite_url):
+    """open_store's own upgrade path (one transaction on a pooled connection) rebuilds runs in 0004 with
+    SQLite's foreign keys off, so the requests and steps survive, and turns them back on after."""
+    from sqlalchemy import text
+
+    from telemetry.store import open_store
+
+    command.upgrade(alembic_config(sqlite_url), "0003")
+    engine = create_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO runs (id, kind, mode, node_id, hostname, device, backend, dtype, target, k_policy, "
+            "temperature, top_p, concurrency, workload, power_source, software_version, started_at, status, "
+            "dropped_records) VALUES (1, 'serve', 'spec', 'n', 'h', 'cpu', 'torch', 'bfloat16', 't', 'auto', 0, 1, 8, "
+            "'serve', 'none', 'v', '2026-12-02 00:00:00', 'completed', 0)"))
+        conn.execute(text(
+            "INSERT INTO requests (id, run_id, domain, started_at, prompt_tokens, output_tokens, num_drafts, "
+            "num_draft_tokens, num_accepted_tokens, status) VALUES (1, 1, 'chat', '2026-12-02 00:00:00', 5, 9, 2, "
+            "8, 6, 'ok')"))
+    engine.dispose()
+    store = open_store(sqlite_url)
+    with store.connect() as conn:
+        counts = [conn.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar_one() for t in ("runs", "requests")]
+        assert counts == [1, 1]
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        # the new columns: a run may now say it had no one temperature, older requests have none of their own
+        conn.execute(text("UPDATE runs SET temperature = NULL, top_p = NULL WHERE id = 1"))
+        assert conn.execute(text("SELECT temperature FROM requests")).scalar_one() is None
+    store.dispose()

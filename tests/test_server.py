@@ -73,6 +73,19 @@ def test_chat_streamed_and_not_agree_and_are_recorded(live, client):
     assert 0 < row.ttft_ms <= row.e2e_ms
 
 
+def test_each_request_records_its_own_sampling_and_the_run_none(live, client):
+    """A server's requests each choose their sampling: the store keeps each one's, and the serve run, which
+    has no one temperature, records none (it read 0.0, labelling sampled traffic greedy)."""
+    sampled = client.completions.create(model=live.model, prompt="Once upon a time", max_tokens=4,
+                                        temperature=0.7, top_p=0.9, seed=7)
+    greedy = client.completions.create(model=live.model, prompt="Once upon a time", max_tokens=4, temperature=0)
+    rows = {e: _rows(live, "select r.temperature, r.top_p, runs.temperature, runs.top_p from requests r "
+                     "join runs on runs.id = r.run_id where r.external_id = :e", e=e)[0]
+            for e in (sampled.id, greedy.id)}
+    assert tuple(rows[sampled.id]) == (pytest.approx(0.7), pytest.approx(0.9), None, None)
+    assert tuple(rows[greedy.id])[:2] == (0.0, 1.0)
+
+
 def test_completion_streamed_and_not_and_speculation_opt_out(live, client):
     full = client.completions.create(model=live.model, prompt=COUNT_PROMPT, max_tokens=16, temperature=0)
     assert full.object == "text_completion" and full.choices[0].text
