@@ -389,20 +389,25 @@ def test_dashboard_command_is_local_and_headless(tmp_path, capsys):
     assert "examples:" in capsys.readouterr().out
 
 
+def _two_sessions(url: str, apart) -> None:
+    """An AR and a spec run at BASE_TIME and again `apart` later."""
+    from synthetic import BASE_TIME
+
+    engine = open_store(url)
+    with Session(engine) as s:
+        for start in (BASE_TIME, BASE_TIME + apart):
+            make_run(s, "ar", started_at=start, requests=[Req(output_tokens=33, ttft_ms=100, e2e_ms=900)])
+            make_run(s, "spec", started_at=start, requests=[spec_req(33, k=4, accepted=24, ttft_ms=100, e2e_ms=500)])
+        s.commit()
+    engine.dispose()
+
+
 def test_over_time_lines_break_where_no_request_ran(sqlite_url, monkeypatch):
     """Two sessions ten minutes apart: the over-time lines stop at the last bucket of the first and start
     again at the second, instead of a straight line across ten minutes with no requests (read as data)."""
     from datetime import timedelta
 
-    from synthetic import BASE_TIME
-
-    engine = open_store(sqlite_url)
-    with Session(engine) as s:
-        for start in (BASE_TIME, BASE_TIME + timedelta(minutes=10)):
-            make_run(s, "ar", started_at=start, requests=[Req(output_tokens=33, ttft_ms=100, e2e_ms=900)])
-            make_run(s, "spec", started_at=start, requests=[spec_req(33, k=4, accepted=24, ttft_ms=100, e2e_ms=500)])
-        s.commit()
-    engine.dispose()
+    _two_sessions(sqlite_url, timedelta(minutes=10))
     at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Latency"])
     assert_clean(at)
     figures = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
@@ -510,13 +515,7 @@ def test_a_time_range_without_requests_says_so_on_every_page(sqlite_url, monkeyp
 
     from synthetic import BASE_TIME
 
-    engine = open_store(sqlite_url)
-    with Session(engine) as s:
-        for start in (BASE_TIME, BASE_TIME + timedelta(days=2)):
-            make_run(s, "ar", started_at=start, requests=[Req(output_tokens=33, ttft_ms=100, e2e_ms=900)])
-            make_run(s, "spec", started_at=start, requests=[spec_req(33, k=4, accepted=24, ttft_ms=100, e2e_ms=500)])
-        s.commit()
-    engine.dispose()
+    _two_sessions(sqlite_url, timedelta(days=2))
     gap = (BASE_TIME + timedelta(days=1)).date()
     for title in ("Cost & capacity", "Latency", "Speculation"):
         at = open_page(app_for(sqlite_url, monkeypatch), PAGES[title])

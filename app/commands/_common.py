@@ -22,27 +22,25 @@ def run_id(text: str) -> int:
     return value
 
 
-def positive_int(text: str) -> int:
-    """argparse type of a count that must be at least 1."""
+def _int_at_least(text: str, minimum: int, not_int: str, too_small: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"{not_int}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{too_small}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count that must be at least 1."""
+    return _int_at_least(text, 1, "must be a positive integer", "must be a positive integer")
 
 
 def context_len(text: str) -> int:
     """argparse type of --max-len: room for at least a one-token prompt and one new token (the engine keeps
     a prompt shorter than max_len - 1)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number of tokens, got {text!r}") from None
-    if value < 3:
-        raise argparse.ArgumentTypeError(f"must be >= 3 tokens, got {text!r}")
-    return value
+    return _int_at_least(text, 3, "must be a whole number of tokens", "must be >= 3 tokens")
 
 
 def check_power_options(power: str, tdp_w: float | None) -> None:
