@@ -22,7 +22,8 @@ $(STAMP): pyproject.toml
 demo: install
 	mkdir -p var
 	$(BIN)/specfinops models pull
-	$(BIN)/specfinops bench --workload code --mode both --limit 4 --max-new-tokens 64 --db $(DB)
+	# the modes take turns every 2 prompts, so a VM whose speed drifts slows both alike
+	$(BIN)/specfinops bench --workload code --mode both --limit 4 --interleave 2 --max-new-tokens 64 --db $(DB)
 	$(BIN)/specfinops dashboard --db $(DB) --port $(PORT)
 
 test: install
