@@ -105,7 +105,8 @@ def write_report(
     out = check_out_dir(out_dir)
     report_id = _claim(engine, window, job_id)
     if report_id is None:
-        logger.info("report job %s: %s already reported (another scheduler or an earlier run)", job_id, window)
+        logger.info("report job %s: %s already reported (another scheduler or an earlier run)", job_id,
+                    window.label())
         return None
     final = out / f"report-{report_id}-{window.period}-{window.since:%Y%m%dT%H%MZ}"
     tmp = out / f".{final.name}.tmp"

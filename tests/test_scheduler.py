@@ -297,3 +297,19 @@ def test_a_cron_that_never_fires_is_refused():
     with pytest.raises(ValueError, match="never fires"):
         parse_cron("0 0 31 2 *")
     assert parse_cron("0 0 29 2 *").get_next_fire_time(None, datetime(2025, 1, 1, tzinfo=UTC)).year == 2028
+
+
+# ---- audit fixes ----------------------------------------------------------------------------------------
+
+
+def test_duplicate_run_logs_the_periods_label_not_a_repr(store, caplog):
+    from telemetry.report import period_window
+    from telemetry.report_writer import write_report
+
+    url, engine, out = store
+    window = period_window("daily", now=D0 + timedelta(days=1, hours=6))
+    assert write_report(engine, window, out, job_id="report-daily") is not None
+    with caplog.at_level("INFO", logger="telemetry.report_writer"):
+        assert write_report(engine, window, out, job_id="report-daily") is None
+    [line] = [r.getMessage() for r in caplog.records if "already reported" in r.getMessage()]
+    assert window.label() in line and "Window(" not in line and "datetime" not in line
