@@ -450,3 +450,16 @@ def test_gpus_per_node_of_the_measured_gpu_keeps_the_energy_part(sqlite_url, cap
         assert main([*args, "--gpus-per-node", n]) == 0
         a = json.loads(capsys.readouterr().out)["assumptions"]
         assert a["energy_included_ar"] and a["energy_included_spec"] and not a["priced_differs_from_measured"]
+
+
+def test_cost_mode_lines_name_their_runs_not_a_count(filled, capsys):
+    """'spec  runs 2: ...' read as two runs; it is run id 2."""
+    with Session(open_store(filled)) as s:
+        for _ in range(3):
+            make_run(s, "ar", requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+    assert main(["cost", "--db", filled]) == 0
+    out = capsys.readouterr().out
+    assert "\nspec  run 2: 66 tokens" in out
+    assert "\nar    runs 1, 3-5: 165 tokens" in out
+

@@ -280,7 +280,7 @@ def run_cost_command(args) -> int:
     for mc in mode_costs:
         c = mc.cost
         print(
-            f"{mc.mode:<5} runs {','.join(map(str, mc.run_ids))}: {mc.output_tokens:,} tokens, "
+            f"{mc.mode:<5} {_ids_text(list(mc.run_ids))}: {mc.output_tokens:,} tokens, "
             f"{_num(mc.tokens_per_s)} tokens/s, hardware {_usd(c.hardware_usd_per_1m)} + energy "
             f"{_energy_text(c)} = {_total_text(c)} per 1M tokens"
         )
