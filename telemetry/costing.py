@@ -58,6 +58,10 @@ class ModeCost:
     priced_as: tuple[str, ...]
     measured_on: tuple[str, ...]
     cost: CostBreakdown
+    # runs with output tokens, and how many of them have an energy figure (the mode's total adds energy
+    # only when every one has: a share of the runs' energy over all of their tokens would under-price it)
+    runs_with_tokens: int = 0
+    runs_with_energy: int = 0
 
 
 def _energy_prices(engine: Engine, snapshot: dict | None, usd_per_kwh: float | None, pue: float | None):
@@ -132,6 +136,8 @@ def _mode_cost(mode: str, items: list[RunCost]) -> ModeCost:
         priced_as=tuple(sorted({rc.node_price.priced_as for rc in items})),
         measured_on=tuple(sorted({rc.measured_on for rc in items})),
         cost=cost,
+        runs_with_tokens=len(with_tokens),
+        runs_with_energy=sum(1 for rc in with_tokens if rc.cost.energy_included),
     )
 
 

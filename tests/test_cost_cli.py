@@ -463,3 +463,17 @@ def test_cost_mode_lines_name_their_runs_not_a_count(filled, capsys):
     assert "\nspec  run 2: 66 tokens" in out
     assert "\nar    runs 1, 3-5: 165 tokens" in out
 
+
+def test_cost_mode_line_says_how_many_runs_have_energy(sqlite_url, capsys):
+    """A mode with one run's energy estimated and one run without energy: the total is hardware only, and the
+    line says so without claiming that energy was not measured at all."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "spec", power_source="none", requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500)])
+        make_run(s, "spec", power_source="estimate",
+                 requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500, energy_j=30.0)])
+        s.commit()
+    assert main(["cost", "--db", sqlite_url]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("spec  runs 1-2:"))
+    assert "energy measured (estimated) for 1 of 2 runs: hardware only" in line
+    assert "not measured" not in line

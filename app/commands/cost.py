@@ -278,12 +278,7 @@ def run_cost_command(args) -> int:
         )
     print()
     for mc in mode_costs:
-        c = mc.cost
-        print(
-            f"{mc.mode:<5} {_ids_text(list(mc.run_ids))}: {mc.output_tokens:,} tokens, "
-            f"{_num(mc.tokens_per_s)} tokens/s, hardware {_usd(c.hardware_usd_per_1m)} + energy "
-            f"{_energy_text(c)} = {_total_text(c)} per 1M tokens"
-        )
+        print(f"{mc.mode:<5} {_ids_text(list(mc.run_ids))}: {_mode_cost_text(mc, run_costs)}")
     differing: dict[tuple[str, str], list[int]] = {}
     for rc in run_costs:
         if rc.priced_differs:
@@ -291,6 +286,19 @@ def run_cost_command(args) -> int:
     for (priced_as, measured_on), ids in differing.items():  # one line per pair, not one per run
         print(f"{_ids_text(ids)}: priced as {priced_as}, measured on {measured_on}")
     return 0
+
+
+def _mode_cost_text(mc, run_costs) -> str:
+    """A mode's tokens, tokens/s and cost per 1M tokens. Its total adds energy only when every run with
+    output tokens has an energy figure (costing._mode_cost): where only some have, it says how many."""
+    c = mc.cost
+    head = f"{mc.output_tokens:,} tokens, {_num(mc.tokens_per_s)} tokens/s, hardware {_usd(c.hardware_usd_per_1m)}"
+    if c.total_usd_per_1m is not None and not c.energy_included and mc.runs_with_energy:
+        estimated = any(rc.cost.energy_included and rc.cost.energy_estimated for rc in run_costs
+                        if rc.run.run_id in mc.run_ids)
+        return (f"{head}; energy measured{' (estimated)' if estimated else ''} for {mc.runs_with_energy} of "
+                f"{mc.runs_with_tokens} runs: hardware only, {_usd(c.total_usd_per_1m)} per 1M tokens")
+    return f"{head} + energy {_energy_text(c)} = {_total_text(c)} per 1M tokens"
 
 
 def _ids_text(ids: list[int]) -> str:
