@@ -24,7 +24,7 @@ from telemetry.finops import (
     project,
     sla_curve,
 )
-from telemetry.prices import NodePrice, energy_prices, get_price, resolve_node_price
+from telemetry.prices import NodePrice, _snapshot_price, energy_prices, get_price, resolve_node_price
 from telemetry.queries import (
     EMPTY_STORE_HINT,
     MODES,
@@ -341,6 +341,30 @@ def _capacity_config(configs: list[ConfigSummary], sla_ms: float) -> ConfigSumma
                 if tps == cap and p95 is not None and p95 <= sla_ms)
 
 
+PRICING_HINT = "give --gpu NAME [--gpus-per-node N] or --node-hourly-usd X"
+
+
+def _projection_price(engine: Engine, filters: Filters | None, device: str, gpu: str | None, gpus_per_node: int,
+                      node_hourly_usd: float | None) -> NodePrice:
+    """The node price of a projection: `node_hourly_usd` > `gpu` x `gpus_per_node` > the runs' recorded price
+    (when they all recorded the same one) > the catalog price of the measured device, as `costs()` prices
+    each run. ValueError with the flags to give when nothing prices it."""
+    snapshot = None
+    if gpu is None and node_hourly_usd is None:
+        runs = run_summaries(engine, filters)
+        recorded = {_snapshot_price(r.price_snapshot) for r in runs}
+        if len(recorded) == 1 and None not in recorded:
+            snapshot = runs[0].price_snapshot
+    try:
+        return resolve_node_price(engine, device=device, price_snapshot=snapshot, gpu=gpu,
+                                  gpus_per_node=gpus_per_node, node_hourly_usd=node_hourly_usd)
+    except ValueError as exc:
+        if gpu is not None or node_hourly_usd is not None:
+            raise
+        raise ValueError(f"node pricing missing: the runs recorded no price and no catalog price matches the "
+                         f"measured device {device!r}; {PRICING_HINT}") from exc
+
+
 def project_from_store(
     engine: Engine,
     filters: Filters | None = None,
@@ -376,9 +400,7 @@ def project_from_store(
     if not any(c.stats.output_tokens for c in configs):
         raise ValueError(f"no measured runs with output tokens in the store; {EMPTY_STORE_HINT}")
     devices = tuple(sorted({c.device for c in configs}))
-    price = resolve_node_price(
-        engine, device=devices[0], gpu=gpu, gpus_per_node=gpus_per_node, node_hourly_usd=node_hourly_usd
-    )
+    price = _projection_price(engine, filters, devices[0], gpu, gpus_per_node, node_hourly_usd)
     kwh_price, pue_value = _energy_prices(engine, None, usd_per_kwh, pue)
     differs = any(price.differs_from(d) for d in devices)
     by_mode = {m: [c for c in configs if c.mode == m] for m in MODES}

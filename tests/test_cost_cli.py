@@ -213,7 +213,6 @@ def test_project_unreachable_sla_is_null_with_message(filled, capsys):
             "--p95-tpot-sla-ms",
         ),
         (["--daily-tokens", "1e6", "--peak-factor", "1", "--p95-tpot-sla-ms", "50", "--gpu", "B200"], "B200"),
-        (["--daily-tokens", "1e6", "--peak-factor", "1", "--p95-tpot-sla-ms", "50"], "--node-hourly-usd"),
         (
             [
                 "--daily-tokens",
@@ -477,3 +476,43 @@ def test_cost_mode_line_says_how_many_runs_have_energy(sqlite_url, capsys):
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("spec  runs 1-2:"))
     assert "energy measured (estimated) for 1 of 2 runs: hardware only" in line
     assert "not measured" not in line
+
+
+def test_project_prices_like_cost_without_pricing_flags(filled, capsys):
+    """No --gpu / --node-hourly-usd: the catalog price of the measured device, as `cost` and `report` do (it
+    refused with 'node pricing missing')."""
+    assert main([*_project(filled), "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)["assumptions"]
+    assert a["priced_as"] == "cpu-2core" and a["priced_differs_from_measured"] is False
+    _, modes = costs(open_store(filled))
+    assert {mc.priced_as for mc in modes} == {("cpu-2core",)}
+
+
+def test_project_uses_the_runs_recorded_price(sqlite_url, capsys):
+    engine = open_store(sqlite_url)
+    snap = {"node_hourly_usd": 3.0, "name": "our-node"}
+    with Session(engine) as s:
+        make_run(s, "ar", price_snapshot=snap, requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        make_run(s, "spec", price_snapshot=snap, requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500)])
+        s.commit()
+    assert main([*_project(sqlite_url), "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)["assumptions"]
+    assert a["node_hourly_usd"] == 3.0 and "our-node" in a["priced_as"]
+
+
+def test_project_without_any_price_names_the_flags(sqlite_url, capsys):
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", device="mystery-accelerator", requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+    assert main(_project(sqlite_url)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'mystery-accelerator'" in err[0]
+    assert "--gpu NAME [--gpus-per-node N] or --node-hourly-usd X" in err[0]
+
+
+def test_project_help_says_how_the_node_is_priced(capsys):
+    with pytest.raises(SystemExit):
+        main(["project", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "the catalog price of the measured device" in out and "--gpu NAME [--gpus-per-node N]" in out

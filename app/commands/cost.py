@@ -19,8 +19,14 @@ COST_EXAMPLES = """  specfinops cost
   specfinops cost --node-hourly-usd 8.806 --workload code
 """
 
-PROJECT_EXAMPLES = """  specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --gpu H100 --gpus-per-node 8
+PROJECT_EXAMPLES = """  specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50
+  specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --gpu H100 --gpus-per-node 8
   specfinops project --daily-tokens 1e9 --peak-factor 1.5 --p95-tpot-sla-ms 40 --node-hourly-usd 8.806 --json
+
+node price: --node-hourly-usd X, else --gpu NAME [--gpus-per-node N], else the runs' recorded price (when
+they all recorded the same one), else the catalog price of the measured device, as `specfinops cost` and
+`specfinops report` price them. Where none of these prices it: --gpu NAME [--gpus-per-node N] or
+--node-hourly-usd X.
 
 capacity per node: a mode's fastest measured configuration (workload, model pair, device, precision,
 concurrency, temperature, drafter, K policy) whose p95 TPOT meets the SLA, with that configuration's runs
@@ -125,11 +131,9 @@ def _number(
     return value
 
 
-def _pricing(args, *, required: bool) -> dict:
+def _pricing(args) -> dict:
     if args.gpu is not None and args.node_hourly_usd is not None:
         raise UsageError("give either --gpu NAME or --node-hourly-usd X, not both")
-    if required and args.gpu is None and args.node_hourly_usd is None:
-        raise UsageError("node pricing missing: give --gpu NAME --gpus-per-node N or --node-hourly-usd X")
     out = {
         "gpu": args.gpu,
         "node_hourly_usd": _number("--node-hourly-usd", args.node_hourly_usd, minimum=0),
@@ -215,7 +219,7 @@ def run_cost_command(args) -> int:
     from telemetry.costing import costs, no_runs_reason
     from telemetry.store import open_store
 
-    pricing = _pricing(args, required=False)
+    pricing = _pricing(args)
     engine = open_store(args.db, must_exist=True)
     run_costs, mode_costs = costs(engine, _filters(args, args.run), **pricing)
     if not run_costs:
@@ -335,7 +339,7 @@ def run_project_command(args) -> int:
     daily = _number("--daily-tokens", args.daily_tokens, minimum=0)
     peak = _number("--peak-factor", args.peak_factor, minimum=1, strict=False)
     sla = _number("--p95-tpot-sla-ms", args.p95_tpot_sla_ms, minimum=0)
-    pricing = _pricing(args, required=True)
+    pricing = _pricing(args)
     engine = open_store(args.db, must_exist=True)
     _check_gpu_entry(engine, args)
     sp = project_from_store(
