@@ -322,6 +322,9 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
             f"<li class='bad'>{html.escape(b.metric)}: {fmt(b.value, ',.4g')} is outside its band "
             f"{fmt(b.low, ',.4g')} to {fmt(b.high, ',.4g')} ({html.escape(b.note)})</li>" for b in anomalies
         ) + "</ul>")  # fmt: skip
+    elif all(b.value is None for b in data.bands):  # nothing was checked: no all-clear
+        why = "no traffic in this period" if not data.has_traffic else "no checked figure has a value this period"
+        parts.append(f"<p class='muted'>Nothing to check: {why}.</p>")
     else:
         parts.append("<p class='ok'>No figure outside its band.</p>")
     short = [b for b in data.bands if b.status == "not enough history"]

@@ -196,6 +196,10 @@ def test_empty_period_is_a_report_saying_no_traffic(store, tmp_path, capsys):
     assert rec.summary["modes"]["spec"]["total_usd_per_1m"] is None  # missing, never 0
     page = open(rec.html_path, encoding="utf-8").read()
     assert "No traffic in this period" in page and "Plotly.newPlot" not in page
+    # every check has "no value this period": no green all-clear
+    assert {b["status"] for b in rec.summary["anomalies"]} == {"no value this period"}
+    assert "No figure outside its band" not in page and "class='ok'" not in page
+    assert "Nothing to check: no traffic in this period." in page
 
 
 def test_empty_store_is_exit_2_with_the_fill_command(empty_store, tmp_path, capsys):
