@@ -203,6 +203,7 @@ class ProjectionResult:
     daily_tokens_basis: str
     peak_factor: float
     sla_ms: float
+    measured_traffic: bool = False  # daily tokens = this period's own output tokens (no --daily-tokens)
 
     @property
     def sla_curve(self) -> list[finops.SlaPoint]:
@@ -231,7 +232,8 @@ class ReportData:
 def _projection(
     engine: Engine, current: PeriodFigures, sla_ms: float, daily_tokens: float | None, peak_factor: float
 ) -> ProjectionResult:
-    if daily_tokens is None:
+    measured = daily_tokens is None
+    if measured:
         days = current.window.length.total_seconds() / 86_400
         tokens = current.output_tokens()
         daily = tokens / days if tokens else None
@@ -239,14 +241,14 @@ def _projection(
     else:
         daily, basis = float(daily_tokens), "given (--daily-tokens)"
     if daily is None:
-        return ProjectionResult(None, "no output tokens in this period", None, basis, peak_factor, sla_ms)
+        return ProjectionResult(None, "no output tokens in this period", None, basis, peak_factor, sla_ms, measured)
     try:
         sp = costing.project_from_store(
             engine, current.window.filters(), daily_tokens=daily, peak_factor=peak_factor, sla_ms=sla_ms
         )
     except ValueError as exc:  # e.g. no catalog price for the measured device
-        return ProjectionResult(None, str(exc), daily, basis, peak_factor, sla_ms)
-    return ProjectionResult(sp, None, daily, basis, peak_factor, sla_ms)
+        return ProjectionResult(None, str(exc), daily, basis, peak_factor, sla_ms, measured)
+    return ProjectionResult(sp, None, daily, basis, peak_factor, sla_ms, measured)
 
 
 def build_report(

@@ -373,3 +373,27 @@ def test_html_number_formats():
     assert (usd(93290.4), usd(-17492.4), usd(0.5948), usd(None)) == ("$93,290", "-$17,492", "$0.5948", "—")
     assert (number(500_000_000.0), number(12345), number(38.864), number(2.0)) == (
         "500,000,000", "12,345", "38.86", "2")
+
+
+def _card_sub(page: str, key: str) -> str:
+    m = re.search(r'<div class="k">' + re.escape(key) + r'</div><div class="v">[^<]*</div><div class="s">([^<]*)</div>',
+                  page)
+    assert m, key
+    return m.group(1)
+
+
+def test_savings_tile_says_when_the_traffic_is_the_periods_own(store, tmp_path):
+    """Without --daily-tokens the projection's traffic is the period's measured tokens (132 a day here): both
+    modes fit on one node and the savings read $0 beside a speedup; the tile says why."""
+    url, engine = store
+    assert main(_report(url, tmp_path / "a", "--period", "daily", "--since", "2026-11-02")) == 0
+    page = open(_only_report(engine).html_path, encoding="utf-8").read()
+    assert _card_sub(page, "Projected annual savings") == (
+        "at 132 output tokens/day, the period&#x27;s own traffic, both modes fit on 1 node; pass --daily-tokens "
+        "for your traffic")
+    assert main(_report(url, tmp_path / "b", "--period", "daily", "--since", "2026-11-02", "--daily-tokens", "5e8",
+                        "--peak-factor", "2", "--sla-ms", "50")) == 0  # fmt: skip
+    with Session(engine) as s:
+        rec = s.scalars(select(Report).order_by(Report.id.desc())).first()
+    page = open(rec.html_path, encoding="utf-8").read()
+    assert _card_sub(page, "Projected annual savings") == "nodes AR - nodes spec, x node $/h x 8,760 h"
