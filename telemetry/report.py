@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -125,6 +125,15 @@ class PeriodFigures:
         mc = self.mode_costs.get(mode)
         return None if mc is None else mc.cost.total_usd_per_1m
 
+    def hardware_per_1m(self, mode: str) -> float | None:
+        mc = self.mode_costs.get(mode)
+        return None if mc is None else mc.cost.hardware_usd_per_1m
+
+    def energy_included(self, mode: str) -> bool | None:
+        """Whether the mode's total cost includes energy; None where there is no total."""
+        mc = self.mode_costs.get(mode)
+        return None if mc is None or mc.cost.total_usd_per_1m is None else mc.cost.energy_included
+
     def stat(self, mode: str, name: str) -> Any:
         m = self.modes.get(mode)
         return None if m is None else getattr(m.stats, name)
@@ -138,6 +147,39 @@ def period_figures(engine: Engine, window: Window) -> PeriodFigures:
         {m.mode: m for m in queries.mode_summaries(engine, f)},
         {mc.mode: mc for mc in mode_costs},
     )
+
+
+# ---- costs on one energy basis --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CostMetric:
+    """A mode's cost per 1M tokens as a compared figure: the total where the periods compared share an energy
+    basis (energy included in all of them, or in none), else the hardware part of each (`comparable_costs`).
+    Called on one period it is that period's total."""
+
+    mode: str
+
+    def __call__(self, f: PeriodFigures) -> float | None:
+        return f.cost_per_1m(self.mode)
+
+
+TOTAL_BASIS = "total"
+
+
+def comparable_costs(periods: Sequence[PeriodFigures], mode: str) -> tuple[list[float | None], str]:
+    """The mode's cost per 1M tokens in each period on one energy basis, and that basis in words: the totals
+    when every period with a total has the same basis, else the hardware parts (a total with estimated energy
+    against a hardware-only one would show the energy as a change in cost)."""
+    included = [p.energy_included(mode) for p in periods]
+    known = [i for i in included if i is not None]
+    if len(set(known)) <= 1:
+        return [p.cost_per_1m(mode) for p in periods], TOTAL_BASIS
+    values = [p.hardware_per_1m(mode) for p in periods]
+    if len(periods) == 2:
+        where = "this period only" if included[0] else "the previous period only"
+        return values, f"hardware part only: energy included in {where}"
+    return values, f"hardware part only: energy included in {sum(known)} of the {len(known)} periods with a cost"
 
 
 # ---- anomaly bands --------------------------------------------------------------------------------------
@@ -154,6 +196,7 @@ class BandCheck:
     high: float | None
     status: str  # anomaly | within band | not enough history | no value this period
     note: str
+    basis: str = TOTAL_BASIS  # a cost: "total", or its hardware part where the periods' energy bases differ
 
 
 def band_check(
@@ -185,11 +228,21 @@ def band_check(
 
 
 # Figures checked against their band: (name, getter). Cost per token and acceptance (issue 9).
+# A CostMetric compares totals only where every period shares an energy basis (`comparable_costs`).
 BAND_METRICS: tuple[tuple[str, Callable[[PeriodFigures], float | None]], ...] = (
-    ("spec cost per 1M tokens (USD)", lambda f: f.cost_per_1m("spec")),
-    ("AR cost per 1M tokens (USD)", lambda f: f.cost_per_1m("ar")),
+    ("spec cost per 1M tokens (USD)", CostMetric("spec")),
+    ("AR cost per 1M tokens (USD)", CostMetric("ar")),
     ("spec acceptance rate", lambda f: f.stat("spec", "acceptance_rate")),
 )
+
+
+def _band(name: str, get: Callable[[PeriodFigures], float | None], current: PeriodFigures,
+          past: Sequence[PeriodFigures]) -> BandCheck:
+    if not isinstance(get, CostMetric):
+        return band_check(name, get(current), [get(p) for p in past])
+    values, basis = comparable_costs([current, *past], get.mode)
+    b = band_check(name, values[0], values[1:])
+    return b if basis == TOTAL_BASIS else replace(b, note=f"{basis}; {b.note}", basis=basis)
 
 
 # ---- the report -----------------------------------------------------------------------------------------
@@ -273,7 +326,7 @@ def build_report(
     current = period_figures(engine, window)
     past = tuple(period_figures(engine, window.shifted(n)) for n in range(1, history + 1))
     f = window.filters()
-    bands = tuple(band_check(name, get(current), [get(p) for p in past]) for name, get in BAND_METRICS)
+    bands = tuple(_band(name, get, current, past) for name, get in BAND_METRICS)
     return ReportData(
         window=window,
         generated_at=_utc(now or datetime.now(UTC), "now"),
@@ -292,8 +345,8 @@ def build_report(
 CHANGE_METRICS: tuple[tuple[str, Callable[[PeriodFigures], float | None]], ...] = (
     ("output tokens", lambda f: f.output_tokens()),
     ("requests", lambda f: f.requests()),
-    ("spec cost per 1M tokens (USD)", lambda f: f.cost_per_1m("spec")),
-    ("AR cost per 1M tokens (USD)", lambda f: f.cost_per_1m("ar")),
+    ("spec cost per 1M tokens (USD)", CostMetric("spec")),
+    ("AR cost per 1M tokens (USD)", CostMetric("ar")),
     ("spec acceptance rate", lambda f: f.stat("spec", "acceptance_rate")),
     ("spec p95 TPOT (ms)", lambda f: f.stat("spec", "tpot_p95_ms")),
     ("AR p95 TPOT (ms)", lambda f: f.stat("ar", "tpot_p95_ms")),
@@ -302,14 +355,25 @@ CHANGE_METRICS: tuple[tuple[str, Callable[[PeriodFigures], float | None]], ...] 
 )
 
 
-def change_rows(data: ReportData) -> list[tuple[str, float | None, float | None, float | None, float | None]]:
-    """(figure, this period, previous period, change, change %) — None where either side is missing."""
+_COST_METRIC_NAMES = frozenset(name for name, get in BAND_METRICS if isinstance(get, CostMetric))
+
+
+def change_rows(
+    data: ReportData,
+) -> list[tuple[str, float | None, float | None, float | None, float | None, str]]:
+    """(figure, this period, previous period, change, change %, compared) — None where either side is
+    missing. A cost compares totals where both periods have the same energy basis, else the hardware parts;
+    `compared` says which ("total" or "hardware part only: ...", empty for the other figures)."""
     out = []
     for name, get in CHANGE_METRICS:
-        cur, prev = get(data.current), get(data.previous)
+        basis = ""
+        if isinstance(get, CostMetric):
+            (cur, prev), basis = comparable_costs([data.current, data.previous], get.mode)
+        else:
+            cur, prev = get(data.current), get(data.previous)
         delta = None if cur is None or prev is None else cur - prev
         pct = None if delta is None or not prev else delta / prev * 100
-        out.append((name, cur, prev, delta, pct))
+        out.append((name, cur, prev, delta, pct, basis))
     return out
 
 
@@ -377,13 +441,15 @@ def summary_dict(data: ReportData) -> dict:
         "projection_note": pr.reason,
         "projection_daily_tokens_basis": pr.daily_tokens_basis,
         "change": [
-            {"figure": n, "this_period": c, "previous_period": p, "change": d, "change_pct": pct}
-            for n, c, p, d, pct in change_rows(data)
+            {"figure": n, "this_period": c, "previous_period": p, "change": d, "change_pct": pct,
+             "compared": basis or None}
+            for n, c, p, d, pct, basis in change_rows(data)
         ],
         "previous_period": {"since": _iso(data.previous.window.since), "until": _iso(data.previous.window.until)},
         "anomalies": [
             {"metric": b.metric, "value": b.value, "status": b.status, "band_low": b.low, "band_high": b.high,
-             "history_periods": b.num_history, "note": b.note}
+             "history_periods": b.num_history, "note": b.note,
+             "compared": b.basis if b.metric in _COST_METRIC_NAMES else None}
             for b in data.bands
         ],  # fmt: skip
     }
@@ -434,8 +500,9 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
               tuple((s.speedup, s.spec_tokens_per_s, s.ar_tokens_per_s, s.workload, s.concurrency, s.drafter,
                      s.k_policy, s.dtype, s.device, s.target) for s in data.speedups)),
         Table("runs_cost", "Cost per run", tuple(header), tuple(tuple(r) for r in rows)),
-        Table("change", "Change against the previous period", ("figure", "this period", "previous period",
-              "change", "change %"), tuple(change_rows(data))),
+        Table("change", "Change against the previous period (a cost compares totals only where both periods "
+              "have the same energy basis, else the hardware parts)", ("figure", "this period", "previous period",
+              "change", "change %", "compared"), tuple(change_rows(data))),
         Table("anomalies", "Anomalies (band = mean +- 3 sd of previous periods)",
               ("metric", "this period", "status", "band low", "band high", "history periods", "note"),
               tuple((b.metric, b.value, b.status, b.low, b.high, b.num_history, b.note) for b in data.bands)),

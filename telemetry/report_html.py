@@ -16,7 +16,7 @@ import plotly.io as pio
 from telemetry.costing import FLEET_COST_FORMULA, FLEET_COST_LABEL
 from telemetry.finops import sla_steps, step_starts
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
-from telemetry.report import ALPHA_GO, ReportData, Table, meets_sla
+from telemetry.report import ALPHA_GO, TOTAL_BASIS, ReportData, Table, comparable_costs, meets_sla
 
 MISSING = "—"
 SPEC_COLOUR, AR_COLOUR = MODE_COLOURS["spec"], MODE_COLOURS["ar"]  # the dashboard's too
@@ -275,10 +275,19 @@ def trend_chart(data: ReportData) -> go.Figure:
     periods = [*reversed(data.history), data.current]
     x = [p.window.since.strftime("%Y-%m-%d %H:%M") for p in periods]
     fig = go.Figure()
+    hardware_only = []
     for mode, colour in (("spec", SPEC_COLOUR), ("ar", AR_COLOUR)):
-        fig.add_scatter(x=x, y=[p.cost_per_1m(mode) for p in periods], mode="lines+markers",
-                        name=_name(mode), line_color=colour)  # fmt: skip
-    return _layout(fig, "Cost per 1M tokens by period (the last point is this one)", "USD")
+        # totals only where every period has the same energy basis; else each period's hardware part
+        ys, basis = comparable_costs(periods, mode)
+        name = _name(mode) if basis == TOTAL_BASIS else f"{_name(mode)} (hardware part)"
+        if basis != TOTAL_BASIS:
+            hardware_only.append(_name(mode))
+        fig.add_scatter(x=x, y=ys, mode="lines+markers", name=name, line_color=colour)
+    title = "Cost per 1M tokens by period (the last point is this one)"
+    if hardware_only:
+        title += (f"<br><sub>{' and '.join(hardware_only)}: hardware part only, energy is included in some "
+                  "periods and not in others</sub>")
+    return _layout(fig, title, "USD")
 
 
 def sla_chart(data: ReportData, curve: Sequence) -> go.Figure:

@@ -25,17 +25,21 @@ DAY = timedelta(days=1)
 D0 = BASE_TIME.replace(hour=0)  # 2026-11-02 00:00 UTC, a Monday
 
 
-def add_day(engine, day: datetime, *, spec_e2e_ms: float = 500, workload: str = "code") -> None:
-    """One AR and one spec run starting at 09:00 of `day` (estimated power)."""
+def add_day(engine, day: datetime, *, spec_e2e_ms: float = 500, workload: str = "code",
+            energy: bool = True) -> None:
+    """One AR and one spec run starting at 09:00 of `day` (estimated power; `energy=False`: no power source,
+    no energy figures)."""
     start = day.replace(hour=9)
+    power = "estimate" if energy else "none"
+    ar_j, spec_j = (50.0, 30.0) if energy else (None, None)
     with Session(engine) as s:
-        make_run(s, "ar", started_at=start, power_source="estimate", workload=workload, requests=[
-            Req(33, ttft_ms=100, e2e_ms=900, start_s=0.0, energy_j=50.0),
-            Req(33, ttft_ms=100, e2e_ms=1700, start_s=0.2, energy_j=50.0, domain="chat"),
+        make_run(s, "ar", started_at=start, power_source=power, workload=workload, requests=[
+            Req(33, ttft_ms=100, e2e_ms=900, start_s=0.0, energy_j=ar_j),
+            Req(33, ttft_ms=100, e2e_ms=1700, start_s=0.2, energy_j=ar_j, domain="chat"),
         ])  # fmt: skip
-        make_run(s, "spec", started_at=start, power_source="estimate", workload=workload, requests=[
-            spec_req(33, 4, 24, ttft_ms=100, e2e_ms=spec_e2e_ms, start_s=0.0, energy_j=30.0),
-            spec_req(33, 4, 20, ttft_ms=100, e2e_ms=spec_e2e_ms, start_s=1.0, energy_j=30.0, domain="chat"),
+        make_run(s, "spec", started_at=start, power_source=power, workload=workload, requests=[
+            spec_req(33, 4, 24, ttft_ms=100, e2e_ms=spec_e2e_ms, start_s=0.0, energy_j=spec_j),
+            spec_req(33, 4, 20, ttft_ms=100, e2e_ms=spec_e2e_ms, start_s=1.0, energy_j=spec_j, domain="chat"),
         ])  # fmt: skip
         s.commit()
 
@@ -185,6 +189,39 @@ def test_anomaly_flagged_against_previous_days(store, tmp_path):
     assert bands["spec acceptance rate"]["history_periods"] == 4
     change = {c["figure"]: c for c in _only_report(engine).summary["change"]}
     assert change["output tokens"]["change"] == 0 and change["spec cost per 1M tokens (USD)"]["change"] < 0
+    assert change["spec cost per 1M tokens (USD)"]["compared"] == "total"  # energy in every period
+    assert bands["spec cost per 1M tokens (USD)"]["compared"] == "total"
+
+
+def test_costs_compared_on_one_energy_basis(store, tmp_path):
+    """The previous days had no energy figures, this one has estimated energy: its total against their
+    hardware-only totals would count the energy as a rise in cost. The change, the bands and the chart
+    compare the hardware parts, and say so."""
+    url, engine = store  # D0: estimated energy; the four days before: none
+    for n in range(1, 5):
+        add_day(engine, D0 - n * DAY, energy=False)
+    assert main(_report(url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--history", "4")) == 0
+    rec = _only_report(engine)
+    _, now = costs(engine, Filters(since=D0, until=D0 + DAY))
+    _, before = costs(engine, Filters(since=D0 - DAY, until=D0))
+    now, before = {m.mode: m.cost for m in now}, {m.mode: m.cost for m in before}
+    assert now["spec"].energy_included and not before["spec"].energy_included
+    assert now["spec"].total_usd_per_1m > now["spec"].hardware_usd_per_1m
+    change = {c["figure"]: c for c in rec.summary["change"]}
+    for mode, figure in (("spec", "spec cost per 1M tokens (USD)"), ("ar", "AR cost per 1M tokens (USD)")):
+        row = change[figure]
+        assert row["this_period"] == pytest.approx(now[mode].hardware_usd_per_1m)
+        assert row["previous_period"] == pytest.approx(before[mode].hardware_usd_per_1m)
+        assert row["change"] == pytest.approx(0)  # the same runs each day: the hardware part did not move
+        assert row["compared"] == "hardware part only: energy included in this period only"
+    band = {b["metric"]: b for b in rec.summary["anomalies"]}["spec cost per 1M tokens (USD)"]
+    assert band["value"] == pytest.approx(now["spec"].hardware_usd_per_1m) and band["status"] == "within band"
+    assert band["note"].startswith("hardware part only: energy included in 1 of the 5 periods with a cost")
+    with open(f"{rec.csv_dir}/change.csv", encoding="utf-8", newline="") as fh:
+        rows = {r["figure"]: r for r in csv.DictReader(fh)}
+    assert rows["spec cost per 1M tokens (USD)"]["compared"].startswith("hardware part only")
+    page = open(rec.html_path, encoding="utf-8").read()
+    assert "spec (hardware part)" in page and "hardware part only: energy included in this period only" in page
 
 
 def test_empty_period_is_a_report_saying_no_traffic(store, tmp_path, capsys):
