@@ -20,6 +20,7 @@ Public API:
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -459,11 +460,73 @@ def summary_dict(data: ReportData) -> dict:
 
 
 @dataclass(frozen=True, slots=True)
+class Column:
+    """One column of a table's HTML view: the CSV column `source` under a readable `header`, its value
+    passed through `show` (a shorter text: a model directory by its last part, a time to the second)."""
+
+    header: str
+    source: str
+    show: Callable[[Any], Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Table:
     name: str  # CSV file stem
     title: str
     header: tuple[str, ...]
     rows: tuple[tuple, ...]
+    # the HTML page's columns, in its order (the CSV keeps `header`); empty: the CSV columns as they are
+    html_columns: tuple[Column, ...] = ()
+
+
+def short_model(name: Any) -> Any:
+    """A model as a label: a local directory by its last path component (the cache path of a bundled model
+    ran past its column); a hub-style id or a name as it is. (The dashboard's filters.short_model does the
+    same; telemetry does not import the dashboard.)"""
+    if not isinstance(name, str) or not name.startswith(("/", "./", "../", "~")):
+        return name
+    return name.rstrip("/").rsplit("/", 1)[-1] or name
+
+
+_DEVICE_NOISE = re.compile(r"\((?:R|TM|tm|r)\)|\bProcessor\b|\bCPU\b(?=.*@)")
+
+
+def short_device(name: Any) -> Any:
+    """A device as a label: without the (R)/(TM) marks and the word 'Processor' of a CPU's brand string
+    ('cpu: Intel(R) Xeon(R) Processor (2 threads)' -> 'cpu: Intel Xeon (2 threads)')."""
+    if not isinstance(name, str):
+        return name
+    return " ".join(_DEVICE_NOISE.sub(" ", name).split()) or name
+
+
+def to_the_second(value: Any) -> Any:
+    """A time without its microseconds, as 2026-12-05 01:06:52."""
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, str) and re.fullmatch(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d\.\d+.*", value):
+        return value[:19].replace("T", " ")
+    return value
+
+
+# The HTML view of the per-run cost table (its CSV is `export --what cost`'s): the figures first, the long
+# device and model names last and shortened.
+RUNS_COST_COLUMNS = (
+    Column("run", "run_id"), Column("mode", "mode"), Column("output tokens", "output_tokens"),
+    Column("tokens/s", "tokens_per_s"), Column("hardware $/1M", "hardware_usd_per_1m"),
+    Column("energy $/1M", "energy_usd_per_1m"), Column("total $/1M", "total_usd_per_1m"),
+    Column("energy included", "energy_included"), Column("energy estimated", "energy_estimated"),
+    Column("note", "note"), Column("workload", "workload"), Column("started (UTC)", "started_at", to_the_second),
+    Column("wall time (s)", "wall_s"), Column("priced as", "priced_as"), Column("node $/h", "node_usd_per_hour"),
+    Column("electricity $/kWh", "usd_per_kwh"), Column("PUE", "pue"), Column("node", "node_id"),
+    Column("drafter", "drafter", short_model), Column("device", "device", short_device),
+    Column("target", "target", short_model),
+)
+SPEEDUP_COLUMNS = (
+    Column("speedup", "speedup"), Column("spec tokens/s", "spec tokens/s"), Column("AR tokens/s", "AR tokens/s"),
+    Column("workload", "workload"), Column("concurrency", "concurrency"),
+    Column("drafter", "drafter", short_model), Column("K policy", "K policy"), Column("dtype", "dtype"),
+    Column("device", "device", short_device), Column("target", "target", short_model),
+)
 
 
 def report_tables(data: ReportData, engine: Engine) -> list[Table]:
@@ -498,8 +561,9 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
               ("speedup", "spec tokens/s", "AR tokens/s", "workload", "concurrency", "drafter", "K policy",
                "dtype", "device", "target"),
               tuple((s.speedup, s.spec_tokens_per_s, s.ar_tokens_per_s, s.workload, s.concurrency, s.drafter,
-                     s.k_policy, s.dtype, s.device, s.target) for s in data.speedups)),
-        Table("runs_cost", "Cost per run", tuple(header), tuple(tuple(r) for r in rows)),
+                     s.k_policy, s.dtype, s.device, s.target) for s in data.speedups), SPEEDUP_COLUMNS),
+        Table("runs_cost", "Cost per run", tuple(header), tuple(tuple(r) for r in rows),
+              RUNS_COST_COLUMNS if set(header) == {c.source for c in RUNS_COST_COLUMNS} else ()),
         Table("change", "Change against the previous period (a cost compares totals only where both periods "
               "have the same energy basis, else the hardware parts)", ("figure", "this period", "previous period",
               "change", "change %", "compared"), tuple(change_rows(data))),

@@ -33,6 +33,7 @@ th{background:#f9fafb;text-align:left} td.n{text-align:right;font-variant-numeri
 .bad{color:#b91c1c;font-weight:600} .ok{color:#15803d}
 .charts{display:grid;grid-template-columns:1fr 1fr;gap:1rem}
 .scroll{overflow-x:auto;max-width:100%}
+@media print { .scroll { overflow: visible } }
 """
 
 
@@ -80,30 +81,49 @@ def _is_id(name) -> bool:
 _ROW_UNIT_COLUMNS = frozenset({"value", "this period", "previous period", "change", "band low", "band high"})
 
 
-def _cell(value, *, money: bool = False, ident: bool = False) -> str:
+def _cell(value, *, money: bool = False, ident: bool = False, title: str | None = None) -> str:
     numeric = isinstance(value, int | float) and not isinstance(value, bool)
     if not numeric:
-        return f"<td>{html.escape(fmt(value))}</td>"
+        tip = "" if title is None else f' title="{html.escape(title, quote=True)}"'
+        return f"<td{tip}>{html.escape(fmt(value))}</td>"
     text = str(value) if ident else usd(value) if money else number(value)
     return f'<td class="n">{html.escape(text)}</td>'
 
 
-def _row_html(header: Sequence[str], row: Sequence) -> str:
+def _row_html(header: Sequence[str], row: Sequence, titles: Sequence[str | None] = ()) -> str:
     """Money as $93,290, counts with thousands separators: a column named in USD is money, and so is the
-    value of a row whose figure (its first cell) is named in USD."""
+    value of a row whose figure (its first cell) is named in USD. `titles`: a cell's full text (hover)."""
     row_money = bool(row) and isinstance(row[0], str) and _is_money(row[0])
     cells = []
-    for name, value in zip(header, row, strict=False):
+    for i, (name, value) in enumerate(zip(header, row, strict=False)):
         money = _is_money(name) or (row_money and name in _ROW_UNIT_COLUMNS)
-        cells.append(_cell(value, money=money, ident=_is_id(name)))
+        title = titles[i] if i < len(titles) else None
+        cells.append(_cell(value, money=money, ident=_is_id(name), title=title))
     return "<tr>" + "".join(cells) + "</tr>"
+
+
+def _html_view(t: Table) -> tuple[tuple[str, ...], list[tuple], list[tuple]]:
+    """(header, rows, full texts) as the page shows them: `t.html_columns` in their order, each value through
+    its `show`; the full text of a shortened value goes in its cell's title."""
+    if not t.html_columns:
+        return t.header, list(t.rows), [(None,) * len(t.header)] * len(t.rows)
+    at = {name: i for i, name in enumerate(t.header)}
+    rows, titles = [], []
+    for row in t.rows:
+        values = [row[at[c.source]] for c in t.html_columns]
+        shown = [v if c.show is None else c.show(v) for c, v in zip(t.html_columns, values, strict=True)]
+        rows.append(tuple(shown))
+        titles.append(tuple(str(v) if isinstance(v, str) and v != s else None
+                            for v, s in zip(values, shown, strict=True)))
+    return tuple(c.header for c in t.html_columns), rows, titles
 
 
 def table_html(t: Table) -> str:
     if not t.rows:
         return f"<h3>{html.escape(t.title)}</h3><p class='muted'>No rows in this period.</p>"
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in t.header)
-    body = "".join(_row_html(t.header, row) for row in t.rows)
+    header, rows, titles = _html_view(t)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(_row_html(header, row, title) for row, title in zip(rows, titles, strict=True))
     # a table wider than the page (cost per run has ~20 columns) scrolls in its own box, not the whole page
     return f"<h3>{html.escape(t.title)}</h3><div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
 

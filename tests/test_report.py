@@ -434,3 +434,29 @@ def test_savings_tile_says_when_the_traffic_is_the_periods_own(store, tmp_path):
         rec = s.scalars(select(Report).order_by(Report.id.desc())).first()
     page = open(rec.html_path, encoding="utf-8").read()
     assert _card_sub(page, "Projected annual savings") == "nodes AR - nodes spec, x node $/h x 8,760 h"
+
+
+def test_html_view_of_the_cost_per_run_table(store, tmp_path):
+    """The page's per-run table: figures first under readable headers, times to the second, the device and
+    the model directory shortened and last; runs_cost.csv keeps its columns and full values."""
+    from telemetry.export import COST_HEADER
+    from telemetry.report import short_device, short_model, to_the_second
+
+    assert short_model("/root/.cache/specfinops/models/smollm2-135m-instruct/") == "smollm2-135m-instruct"
+    assert short_model("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"
+    assert short_device("cpu: Intel(R) Xeon(R) Processor (2 threads)") == "cpu: Intel Xeon (2 threads)"
+    assert short_device("NVIDIA H200") == "NVIDIA H200"
+    assert to_the_second(datetime(2026, 12, 5, 1, 6, 52, 256879)) == "2026-12-05 01:06:52"
+    url, engine = store
+    assert main(_report(url, tmp_path, "--period", "daily", "--since", "2026-11-02")) == 0
+    rec = _only_report(engine)
+    page = open(rec.html_path, encoding="utf-8").read()
+    runs = page[page.index("<h3>Cost per run</h3>"):]
+    runs = runs[:runs.index("</table>")]
+    heads = re.findall(r"<th>([^<]*)</th>", runs)
+    assert heads[:7] == ["run", "mode", "output tokens", "tokens/s", "hardware $/1M", "energy $/1M", "total $/1M"]
+    assert heads[-2:] == ["device", "target"] and not [h for h in heads if "_" in h]
+    assert "2026-11-02 09:00:00<" in runs and "09:00:00." not in runs
+    with open(f"{rec.csv_dir}/runs_cost.csv", encoding="utf-8", newline="") as fh:
+        assert next(csv.reader(fh)) == COST_HEADER
+    assert "@media print { .scroll { overflow: visible } }" in page

@@ -1,0 +1,79 @@
+"""The HTML report in Chromium (playwright, /usr/bin/chromium; skipped without them): the cost columns of the
+per-run table are in view without scrolling sideways, the speedup table fits the page, and printing shows
+whole tables."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from sqlalchemy.orm import Session
+from synthetic import Req, make_run, spec_req
+
+from app.cli import main
+from telemetry.store import open_store
+from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS, _skip_reason
+from tests.test_report import D0
+
+# what a real `bench --mode both` on the CPU records: a local model directory and a CPU brand string
+TARGET = "/root/.cache/specfinops/models/smollm2-135m-instruct"
+DRAFTER = "/root/.cache/specfinops/models/smollm2-135m-instruct-draft"
+DEVICE = "cpu: Intel(R) Xeon(R) Processor (2 threads)"
+
+
+def test_report_tables_show_their_figures_first_and_print_whole(sqlite_url, tmp_path):
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    engine = open_store(sqlite_url)
+    start = D0.replace(hour=9)
+    with Session(engine) as s:
+        for _ in range(2):
+            make_run(s, "ar", started_at=start, target=TARGET, drafter=DRAFTER, device=DEVICE,
+                     requests=[Req(250, ttft_ms=100, e2e_ms=6400)])
+            make_run(s, "spec", started_at=start, target=TARGET, drafter=DRAFTER, device=DEVICE,
+                     requests=[spec_req(250, 4, 150, ttft_ms=100, e2e_ms=3700)])
+        s.commit()
+    out = tmp_path / "reports"
+    assert main(["report", "--db", sqlite_url, "--out", str(out), "--period", "daily",
+                 "--since", D0.date().isoformat()]) == 0
+    [page_file] = out.glob("*/report.html")
+    measure = """title => {
+        const h = [...document.querySelectorAll('h3')].find(e => e.textContent.startsWith(title));
+        const box = h.nextElementSibling, table = box.querySelector('table');
+        const heads = [...table.rows[0].cells];
+        const boxRight = box.getBoundingClientRect().right;
+        return {heads: heads.map(c => c.textContent), width: table.scrollWidth, box: box.clientWidth,
+                inView: heads.filter(c => c.getBoundingClientRect().right <= boxRight + 0.5).map(c => c.textContent),
+                cells: [...table.rows[1].cells].map(c => c.textContent),
+                titles: [...table.rows[1].cells].map(c => c.title)};
+    }"""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(page_file.as_uri())
+            page.wait_for_selector("table")
+            runs = page.evaluate(measure, "Cost per run")
+            speedups = page.evaluate(measure, "Speedup")
+            page_width = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+            page.emulate_media(media="print")
+            printed = page.evaluate("() => [...document.querySelectorAll('.scroll')].map("
+                                    "e => getComputedStyle(e).overflowX)")
+        finally:
+            browser.close()
+    assert page_width[0] <= page_width[1]
+    # the figures lead, under readable headers, in view without scrolling the table's box sideways
+    first = ["run", "mode", "output tokens", "tokens/s", "hardware $/1M", "energy $/1M", "total $/1M"]
+    assert runs["heads"][:7] == first and set(first) <= set(runs["inView"])
+    assert not [h for h in runs["heads"] if "_" in h]  # no snake_case
+    assert runs["heads"][-2:] == ["device", "target"]
+    row = dict(zip(runs["heads"], runs["cells"], strict=True))
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", row["started (UTC)"])  # to the second
+    assert row["target"] == "smollm2-135m-instruct" and row["device"] == "cpu: Intel Xeon (2 threads)"
+    assert TARGET in runs["titles"]  # the full path on hover
+    # the speedup table fits its box (it overflowed by a wrapped device name and the model path)
+    assert speedups["width"] <= speedups["box"], speedups
+    assert printed and set(printed) == {"visible"}
