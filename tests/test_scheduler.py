@@ -313,3 +313,12 @@ def test_duplicate_run_logs_the_periods_label_not_a_repr(store, caplog):
         assert write_report(engine, window, out, job_id="report-daily") is None
     [line] = [r.getMessage() for r in caplog.records if "already reported" in r.getMessage()]
     assert window.label() in line and "Window(" not in line and "datetime" not in line
+
+
+def test_cli_refuses_a_store_that_does_not_exist(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(BlockingScheduler, "start", lambda self, *a, **kw: None)  # never block
+    missing, out = tmp_path / "typo.db", tmp_path / "reports"
+    assert main(["scheduler", "--db", str(missing), "--cron", "0 6 * * *", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"no store at {missing}" in err
+    assert not missing.exists() and not out.exists()  # no empty store, no empty folder

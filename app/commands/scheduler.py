@@ -77,11 +77,18 @@ def run(args) -> int:
         check_webhook_url(args.webhook)
     if args.smtp:
         SmtpSettings.from_env()
-    out = check_out_dir(args.out)
-    job = ReportJob(job_id=f"report-{args.period}" if args.job_id is None else args.job_id, db_url=resolve_db_url(args.db), out_dir=str(out),
-                    period=args.period, webhook_url=args.webhook, smtp=args.smtp, misfire_grace_s=grace,
-                    **options)  # fmt: skip
-    engine = open_store(job.db_url)
+    db_url = resolve_db_url(args.db)
+    # An existing store only (as `report`): a mistyped --db is refused, not taken for a new, empty store that
+    # would get a "no traffic" report every period. Opened before --out is made: a bad store leaves no folder.
+    engine = open_store(db_url, must_exist=True)
+    try:
+        out = check_out_dir(args.out)
+        job = ReportJob(job_id=f"report-{args.period}" if args.job_id is None else args.job_id, db_url=db_url,
+                        out_dir=str(out), period=args.period, webhook_url=args.webhook, smtp=args.smtp,
+                        misfire_grace_s=grace, **options)  # fmt: skip
+    except BaseException:
+        engine.dispose()
+        raise
     scheduler = make_scheduler(engine, blocking=True)
     how = schedule_report_job(scheduler, engine, job, trigger)
     logging.getLogger("apscheduler").setLevel(logging.INFO)
