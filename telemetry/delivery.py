@@ -51,6 +51,19 @@ def check_webhook_url(url: str) -> str:
     return url
 
 
+def mask_url(url: str | None) -> str:
+    """A webhook URL as it may be printed or logged: scheme and host only (Slack-style URLs carry their secret in
+    the path; user info and query are dropped too), e.g. https://hooks.slack.com/***."""
+    if not url:
+        return ""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    hidden = parts.path not in ("", "/") or parts.query or parts.fragment or parts.username or parts.password
+    return f"{parts.scheme}://{host}/***" if hidden else f"{parts.scheme}://{host}/"
+
+
 @dataclass(frozen=True, slots=True)
 class SmtpSettings:
     host: str

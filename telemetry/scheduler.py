@@ -13,12 +13,17 @@
 - The job is the module-level `run_report_job`, called with serialisable keyword arguments only (the store
   pickles a reference to it and its arguments, including the database URL; SMTP settings are read from the
   environment at run time, never stored).
+- One scheduler runs every job in its job table, so on start `specfinops scheduler` removes the persisted jobs
+  other than the one on its command line (unless --keep-other-jobs); `--list` shows them. Each job's name
+  carries its id ("specfinops daily report report-daily"), so the log lines say which job ran.
 
 Public API:
     parse_cron(expr) -> CronTrigger                       # 5-field crontab, UTC; ValueError naming --cron
     make_scheduler(engine, *, blocking=False) -> BaseScheduler
     ReportJob(...)                                        # the job's configuration
     schedule_report_job(scheduler, engine, job, trigger) -> "added" | "kept" | "replaced"
+    persisted_jobs(engine) -> list[Job]; describe_job(job) -> str  # `scheduler --list`
+    remove_other_jobs(engine, keep_id) -> list[Job]       # on start, unless --keep-other-jobs
     run_report_job(**ReportJob.kwargs()) -> int | None    # the job: report id, None when already reported
 """
 
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.job import Job
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import BaseScheduler
@@ -151,10 +157,62 @@ def make_scheduler(engine: Engine, *, blocking: bool = False) -> BaseScheduler:
     )
 
 
-def _persisted(engine: Engine, job_id: str):
+def job_name(job: ReportJob) -> str:
+    """The job's name, as APScheduler's log lines show it ("Running job ...")."""
+    return f"specfinops {job.period} report {job.job_id}"
+
+
+def _job_store(engine: Engine) -> SQLAlchemyJobStore:
     store = SQLAlchemyJobStore(engine=engine, tablename=JOBS_TABLE)
     store.jobs_t.create(engine, checkfirst=True)
-    return store.lookup_job(job_id)
+    return store
+
+
+def _persisted(engine: Engine, job_id: str):
+    return _job_store(engine).lookup_job(job_id)
+
+
+def persisted_jobs(engine: Engine) -> list[Job]:
+    """Every job in the store's job table, soonest next run first (paused ones last)."""
+    return _job_store(engine).get_all_jobs()
+
+
+def remove_other_jobs(engine: Engine, keep_id: str) -> list[Job]:
+    """Remove every persisted job but `keep_id` (a scheduler runs every job in its store, not only the one
+    on its command line); the jobs removed."""
+    store = _job_store(engine)
+    removed = [j for j in store.get_all_jobs() if j.id != keep_id]
+    for j in removed:
+        store.remove_job(j.id)
+    return removed
+
+
+def cron_text(trigger: BaseTrigger) -> str:
+    """A CronTrigger as the 5-field crontab expression (weekdays as names), else the trigger's own text."""
+    if isinstance(trigger, CronTrigger):
+        f = {field.name: str(field) for field in trigger.fields}
+        if f.get("second") == "0" and f.get("year") == "*" and f.get("week") == "*":
+            return " ".join(f[n] for n in ("minute", "hour", "day", "month", "day_of_week"))
+    return str(trigger)
+
+
+def describe_job(job: Job) -> str:
+    """One line: id, cron, period, output folder, delivery targets (webhook URL masked), next run."""
+    from telemetry.delivery import mask_url
+
+    when = job.next_run_time
+    next_run = "paused" if when is None else f"next run {when.astimezone(UTC):%a %Y-%m-%d %H:%M} UTC"
+    if job.func_ref != JOB_FUNC:
+        return f"{job.id}: {job.func_ref} on {job.trigger}, {next_run}"
+    kw = job.kwargs
+    targets = []
+    if kw.get("webhook_url"):
+        targets.append(f"webhook {mask_url(kw['webhook_url'])}")
+    if kw.get("smtp"):
+        targets.append("smtp")
+    delivery = " + ".join(targets) or "none"
+    return (f"{job.id}: cron {cron_text(job.trigger)!r} (UTC), {kw.get('period')} reports into {kw.get('out_dir')}, "
+            f"delivery {delivery}, {next_run}")  # fmt: skip
 
 
 def _same(stored, job: ReportJob, trigger: BaseTrigger) -> bool:
@@ -173,12 +231,15 @@ def schedule_report_job(scheduler: BaseScheduler, engine: Engine, job: ReportJob
     add or replace it under the same id ("added" | "replaced")."""
     stored = _persisted(engine, job.job_id)
     if stored is not None and _same(stored, job, trigger):
+        if stored.name != job_name(job):  # stored by an earlier version: renamed, its next run time kept
+            stored._modify(name=job_name(job))
+            _job_store(engine).update_job(stored)
         return "kept"
     scheduler.add_job(
         JOB_FUNC,
         trigger,
         id=job.job_id,
-        name=f"specfinops {job.period} report",
+        name=job_name(job),
         kwargs=job.kwargs(),
         replace_existing=True,
         coalesce=True,

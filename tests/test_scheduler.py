@@ -322,3 +322,66 @@ def test_cli_refuses_a_store_that_does_not_exist(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"no store at {missing}" in err
     assert not missing.exists() and not out.exists()  # no empty store, no empty folder
+
+
+@pytest.fixture
+def no_blocking(monkeypatch):
+    """`scheduler` starts paused, notes the jobs it would run, and stops instead of blocking."""
+    ran: list[list] = []
+
+    def start_and_stop(self, *args, **kwargs):
+        BaseScheduler.start(self, paused=True)
+        ran.append(self.get_jobs())
+        BaseScheduler.shutdown(self, wait=False)
+
+    monkeypatch.setattr(BlockingScheduler, "start", start_and_stop)
+    return ran
+
+
+def test_cli_runs_only_its_own_job_and_removes_the_others(store, no_blocking, capsys):
+    url, engine, out = store
+    base = ["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out)]
+    secret = "https://hooks.example.test/services/T000/B000/s3cr3t"
+    assert main([*base, "--job-id", "failtest", "--webhook", secret]) == 0
+    assert main([*base, "--period", "weekly", "--keep-other-jobs"]) == 0
+    assert main([*base, "--job-id", "failtest2", "--keep-other-jobs"]) == 0  # kept: all three run
+    assert sorted(job_rows(engine)) == ["failtest", "failtest2", "report-weekly"]
+    assert sorted(j.id for j in no_blocking[-1]) == ["failtest", "failtest2", "report-weekly"]
+    capsys.readouterr()
+
+    assert main(["scheduler", "--db", url, "--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert sorted(line.split(":")[0] for line in listed) == ["failtest", "failtest2", "report-weekly"]
+    [line] = [x for x in listed if x.startswith("failtest:")]
+    assert "cron '0 6 * * *' (UTC), daily reports into" in line and "next run " in line
+    assert "webhook https://hooks.example.test/***" in line and "s3cr3t" not in line
+
+    assert main([*base, "--job-id", "failtest2"]) == 0
+    printed = capsys.readouterr().out
+    removed = [x for x in printed.splitlines() if x.startswith("scheduler: removed job ")]
+    assert len(removed) == 2 and any("failtest:" in x for x in removed) and "s3cr3t" not in printed
+    assert job_rows(engine) == ["failtest2"] and [j.id for j in no_blocking[-1]] == ["failtest2"]
+    assert no_blocking[-1][0].name == "specfinops daily report failtest2"  # log lines say which job ran
+
+
+def test_cli_list_needs_no_cron_and_an_empty_store_says_so(store, capsys):
+    url, _, _ = store
+    assert main(["scheduler", "--db", url, "--list"]) == 0
+    assert capsys.readouterr().out.strip() == "scheduler: no jobs in the store"
+    with pytest.raises(SystemExit) as exc:
+        main(["scheduler", "--db", url])
+    assert exc.value.code == 2 and "--cron, --out (or --list)" in capsys.readouterr().err
+
+
+def test_a_kept_job_stored_under_the_old_name_is_renamed(store):
+    url, engine, out = store
+    job = _job(url, out)
+    s = make_scheduler(engine)
+    s.add_job(sched_mod.JOB_FUNC, EVERY_SECOND, id=job.job_id, name="specfinops daily report", kwargs=job.kwargs(),
+              coalesce=True, max_instances=1, misfire_grace_time=job.misfire_grace_s)  # fmt: skip
+    s.start(paused=True)
+    s.shutdown(wait=False)
+    before = sched_mod.persisted_jobs(engine)[0].next_run_time
+    assert schedule_report_job(make_scheduler(engine), engine, job, EVERY_SECOND) == "kept"
+    [stored] = sched_mod.persisted_jobs(engine)
+    assert stored.name == "specfinops daily report report-daily" and stored.next_run_time == before

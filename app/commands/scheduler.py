@@ -3,6 +3,8 @@
 Runs in the foreground until interrupted (Ctrl-C). Restarting with the same options continues the persisted
 job (runs missed while it was down follow the misfire policy: coalesced into one, skipped beyond the grace
 time). Two schedulers on one database never write the same report twice (see telemetry/scheduler.py).
+A scheduler runs every job in its store, so the store's other persisted jobs are removed on start (one line
+each) unless --keep-other-jobs; --list shows the persisted jobs.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from app.errors import UsageError
 
 EXAMPLES = """  specfinops scheduler --cron "0 6 * * *" --period daily --out reports/          # every day, 06:00 UTC
   specfinops scheduler --cron "0 7 * * 1" --period weekly --out reports/ --webhook https://hooks.example/finops
+  specfinops scheduler --list                                                      # the jobs in the store
   SPECFINOPS_SMTP_HOST=smtp.example SPECFINOPS_SMTP_FROM=finops@example SPECFINOPS_SMTP_TO=cfo@example \\
     specfinops scheduler --cron "0 6 * * *" --out reports/ --smtp
 """
@@ -29,14 +32,21 @@ def register(sub) -> None:
         run,
     )
     add_db_option(p)
-    p.add_argument("--cron", required=True, metavar="EXPR", help="5-field crontab expression, in UTC")
+    p.add_argument("--cron", metavar="EXPR", help="5-field crontab expression, in UTC (required unless --list)")
     p.add_argument("--period", default="daily", metavar="daily|weekly", help="period each run reports on")
     add_report_options(p)
+    for action in p._actions:  # --out is required to schedule, not to --list
+        if action.dest == "out":
+            action.required = False
+            action.help += " (required unless --list)"
     p.add_argument("--webhook", metavar="URL", help="POST each report's JSON summary to this URL")
     p.add_argument("--smtp", action="store_true", help="e-mail each summary (settings: SPECFINOPS_SMTP_* env)")
     p.add_argument("--job-id", metavar="ID", help="job id in the job store (default report-PERIOD)")
     p.add_argument("--misfire-grace-s", metavar="S", default="3600",
                    help="a run later than this is skipped (default 3600)")  # fmt: skip
+    p.add_argument("--keep-other-jobs", action="store_true",
+                   help="keep (and run) the store's other persisted jobs; by default they are removed on start")  # fmt: skip
+    p.add_argument("--list", action="store_true", help="list the jobs persisted in the store, then exit")
 
 
 def _say_next_run(scheduler) -> None:
@@ -55,6 +65,22 @@ def _say_next_run(scheduler) -> None:
             print(f"scheduler: job {job.id} next runs {when:%a %Y-%m-%d %H:%M} UTC", flush=True)
 
 
+def _list_jobs(args) -> int:
+    from telemetry.scheduler import describe_job, persisted_jobs
+    from telemetry.store import open_store
+
+    engine = open_store(args.db, must_exist=True)
+    try:
+        jobs = persisted_jobs(engine)
+    finally:
+        engine.dispose()
+    if not jobs:
+        print("scheduler: no jobs in the store")
+    for job in jobs:
+        print(describe_job(job))
+    return 0
+
+
 def run(args) -> int:
     from apscheduler.events import EVENT_SCHEDULER_STARTED
 
@@ -62,9 +88,21 @@ def run(args) -> int:
     from telemetry.delivery import SmtpSettings, check_webhook_url
     from telemetry.report import SCHEDULED_PERIODS
     from telemetry.report_writer import check_out_dir
-    from telemetry.scheduler import ReportJob, make_scheduler, parse_cron, schedule_report_job
+    from telemetry.scheduler import (
+        ReportJob,
+        describe_job,
+        make_scheduler,
+        parse_cron,
+        remove_other_jobs,
+        schedule_report_job,
+    )
     from telemetry.store import open_store
 
+    if args.list:
+        return _list_jobs(args)
+    missing = [flag for flag, value in (("--cron", args.cron), ("--out", args.out)) if value is None]
+    if missing:
+        args.command_parser.error(f"the following arguments are required: {', '.join(missing)} (or --list)")
     trigger = parse_cron(args.cron)
     if args.period not in SCHEDULED_PERIODS:
         raise UsageError(f"--period for a schedule must be one of {', '.join(SCHEDULED_PERIODS)}, got {args.period!r}")
@@ -91,6 +129,9 @@ def run(args) -> int:
         raise
     scheduler = make_scheduler(engine, blocking=True)
     how = schedule_report_job(scheduler, engine, job, trigger)
+    if not args.keep_other_jobs:  # a scheduler runs every job in its store: only this one is meant to run
+        for other in remove_other_jobs(engine, job.job_id):
+            print(f"scheduler: removed job {describe_job(other)} (--keep-other-jobs keeps such jobs)", flush=True)
     logging.getLogger("apscheduler").setLevel(logging.INFO)
     logging.getLogger("telemetry").setLevel(logging.INFO)
     print(f"scheduler: job {job.job_id} {how}: cron {args.cron!r} (UTC), {job.period} reports into {out}; "
