@@ -111,3 +111,10 @@ def test_dockerfiles_run_specfinops_and_the_gpu_image_installs_the_gpu_extra():
             assert (ROOT / service["build"]["dockerfile"]).is_file()
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", "var", ".git"} <= set(ignored)
+
+
+def test_every_app_service_runs_under_an_init_that_forwards_sigterm():
+    """As PID 1 the scheduler would ignore SIGTERM (no default action for PID 1): `docker compose stop` would
+    SIGKILL it after 10 s, mid-report or mid-delivery. `init: true` puts tini in front of it."""
+    for name in APP_SERVICES:
+        assert SERVICES[name].get("init") is True, name
