@@ -5,6 +5,9 @@ id, and (job_id, since) is unique in the `reports` table (migration 0002): when 
 job for the same period, the second INSERT fails and that scheduler skips the run. Reports made by hand have
 job_id NULL and are never refused. Files go into a hidden temporary folder that is renamed into place at the
 end; on any failure that folder and the claimed record are removed: nothing half-written is left behind.
+A process killed outright (SIGKILL, a crash) runs no cleanup: its claim stays "generating". `release_claim`
+removes such a claim; the scheduler calls it for its job's claims older than any report takes to write
+(telemetry/scheduler.py, STALE_AFTER_S) and writes that period again.
 
 Layout: OUT/report-<id>-<period>-<since>/report.html plus one CSV per table (formula-safe, telemetry.export).
 """
@@ -88,6 +91,25 @@ def _drop_claim(engine: Engine, report_id: int) -> None:
         c.execute(delete(Report).where(Report.id == report_id))
 
 
+def report_dir_name(report_id: int, window: Window) -> str:
+    return f"report-{report_id}-{window.period}-{window.since:%Y%m%dT%H%MZ}"
+
+
+def release_claim(engine: Engine, report_id: int, window: Window, out_dir: str | os.PathLike) -> bool:
+    """Remove a claim left "generating" by a process that died while writing (SIGKILL, a crash: write_report's
+    own cleanup never ran) and its half-written folders, so the period can be reported again. Only a record
+    still "generating" is removed; False when there was none (another process finished or released it)."""
+    with engine.begin() as c:
+        gone = c.execute(delete(Report).where(Report.id == report_id, Report.delivery_status == GENERATING))
+    if gone.rowcount != 1:
+        return False
+    out = Path(out_dir).expanduser()
+    name = report_dir_name(report_id, window)
+    shutil.rmtree(out / f".{name}.tmp", ignore_errors=True)
+    shutil.rmtree(out / name, ignore_errors=True)
+    return True
+
+
 def write_report(
     engine: Engine,
     window: Window,
@@ -108,7 +130,7 @@ def write_report(
         logger.info("report job %s: %s already reported (another scheduler or an earlier run)", job_id,
                     window.label())
         return None
-    final = out / f"report-{report_id}-{window.period}-{window.since:%Y%m%dT%H%MZ}"
+    final = out / report_dir_name(report_id, window)
     tmp = out / f".{final.name}.tmp"
     try:
         data = build_report(engine, window, sla_ms=sla_ms, history=history, daily_tokens=daily_tokens,

@@ -13,6 +13,10 @@
 - The job is the module-level `run_report_job`, called with serialisable keyword arguments only (the store
   pickles a reference to it and its arguments, including the database URL; SMTP settings are read from the
   environment at run time, never stored).
+- Stopping: SIGTERM is handled as Ctrl-C (`docker compose stop`): the scheduler stops, a run in progress
+  finishes (its report written, its delivery made and recorded), exit status 130. A run killed outright
+  (SIGKILL, a crash) leaves its record "generating" or "pending": `recover_reports` rewrites or redelivers it,
+  on start and before each run, once it is older than STALE_AFTER_S (claims record no owner; age tells).
 - One scheduler runs every job in its job table, so on start `specfinops scheduler` removes the persisted jobs
   other than the one on its command line (unless --keep-other-jobs); `--list` shows them. Each job's name
   carries its id ("specfinops daily report report-daily"), so the log lines say which job ran.
@@ -24,6 +28,7 @@ Public API:
     schedule_report_job(scheduler, engine, job, trigger) -> "added" | "kept" | "replaced"
     persisted_jobs(engine) -> list[Job]; describe_job(job) -> str  # `scheduler --list`
     remove_other_jobs(engine, keep_id) -> list[Job]       # on start, unless --keep-other-jobs
+    recover_reports(engine, **ReportJob.kwargs()) -> list[str]  # on start and each run: a killed run's leftovers
     run_report_job(**ReportJob.kwargs()) -> int | None    # the job: report id, None when already reported
 """
 
@@ -249,6 +254,94 @@ def schedule_report_job(scheduler: BaseScheduler, engine: Engine, job: ReportJob
     return "added" if stored is None else "replaced"
 
 
+STALE_AFTER_S = 900  # a claim or pending delivery older than this has no live process behind it (see below)
+
+
+def _age_s(created_at: datetime, now: datetime) -> float:
+    if created_at.tzinfo is None:  # SQLite returns naive UTC
+        created_at = created_at.replace(tzinfo=UTC)
+    return (now - created_at).total_seconds()
+
+
+def recover_reports(
+    engine: Engine,
+    *,
+    out_dir: str,
+    job_id: str,
+    sla_ms: float = DEFAULT_SLA_MS,
+    history: int = DEFAULT_HISTORY,
+    daily_tokens: float | None = None,
+    peak_factor: float = 1.0,
+    webhook_url: str | None = None,
+    smtp: bool = False,
+    delivery_attempts: int = 3,
+    delivery_backoff_s: float = 2.0,
+    stale_after_s: float | None = None,
+    now: datetime | None = None,
+    **_ignored,
+) -> list[str]:
+    """Finish what a killed run of `job_id` left behind (SIGKILL, a crash, an old version without SIGTERM
+    handling); one line per record recovered.
+
+    - "generating": the process died while writing. The claim (and any half-written folder) is released and
+      the period is written again (and delivered, when delivery is configured).
+    - "pending": the report was written but its delivery never recorded. It is delivered again when delivery
+      is configured now; otherwise left pending (and named in the log).
+
+    Stale means: created more than `stale_after_s` (STALE_AFTER_S, 15 minutes) ago. A claim records no owner,
+    so age is the test: a live run writes its report in seconds and delivers it within attempts x 10 s timeouts
+    plus the backoff, far below that, so a record this old is not in anyone's hands (another scheduler's
+    included). Called when the scheduler starts and before each run, so a record too young at start is
+    recovered by the next run.
+    """
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from telemetry.db import Report
+    from telemetry.delivery import deliver, record_delivery
+    from telemetry.report import Window
+    from telemetry.report_writer import GENERATING, PENDING, release_claim, write_report
+
+    now = now or datetime.now(UTC)
+    stale_after_s = STALE_AFTER_S if stale_after_s is None else stale_after_s
+    with Session(engine) as s:
+        rows = [(r.id, r.period, r.since, r.until, r.delivery_status, r.summary, r.created_at)
+                for r in s.scalars(select(Report).where(Report.job_id == job_id,
+                                                        Report.delivery_status.in_((GENERATING, PENDING)))
+                                   .order_by(Report.id))]  # fmt: skip
+    delivering = bool(webhook_url or smtp)
+    done: list[str] = []
+    for report_id, period, since, until, status, summary, created_at in rows:
+        if _age_s(created_at, now) < stale_after_s:
+            continue
+        if since.tzinfo is None:
+            since, until = since.replace(tzinfo=UTC), until.replace(tzinfo=UTC)
+        window = Window(period, since, until)
+        if status == GENERATING:
+            if not release_claim(engine, report_id, window, out_dir):
+                continue
+            result = write_report(engine, window, out_dir, sla_ms=sla_ms, history=history, daily_tokens=daily_tokens,
+                                  peak_factor=peak_factor, job_id=job_id, delivery_requested=delivering)  # fmt: skip
+            if result is None:
+                continue
+            report_id, summary = result.report_id, result.summary
+            line = f"report job {job_id}: {window.label()}: an interrupted run's claim released, rewritten as #{report_id}"
+        elif delivering:
+            line = f"report job {job_id}: {window.label()}: report #{report_id} left undelivered, delivering it now"
+        else:
+            logger.warning("report job %s: report #%d (%s) was never delivered and no delivery is configured now",
+                           job_id, report_id, window.label())  # fmt: skip
+            continue
+        if delivering:
+            outcome = deliver(summary, webhook_url=webhook_url, smtp=smtp, attempts=delivery_attempts,
+                              backoff_s=delivery_backoff_s)  # fmt: skip
+            record_delivery(engine, report_id, outcome)
+            line += f" ({outcome.status})"
+        logger.info("%s", line)
+        done.append(line)
+    return done
+
+
 def run_report_job(
     *,
     db_url: str,
@@ -271,6 +364,9 @@ def run_report_job(
 
     engine = open_store(db_url)
     try:
+        recover_reports(engine, out_dir=out_dir, job_id=job_id, sla_ms=sla_ms, history=history,
+                        daily_tokens=daily_tokens, peak_factor=peak_factor, webhook_url=webhook_url, smtp=smtp,
+                        delivery_attempts=delivery_attempts, delivery_backoff_s=delivery_backoff_s)  # fmt: skip
         window = period_window(period, now=_clock())
         result = write_report(engine, window, out_dir, sla_ms=sla_ms, history=history, daily_tokens=daily_tokens,
                               peak_factor=peak_factor, job_id=job_id,

@@ -8,13 +8,18 @@ asserts how long anything took.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from alembic import command
 from apscheduler.events import EVENT_JOB_EXECUTED, EVENT_JOB_MISSED, EVENT_JOB_SUBMITTED
+from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
 from apscheduler.triggers.cron import CronTrigger
@@ -385,3 +390,108 @@ def test_a_kept_job_stored_under_the_old_name_is_renamed(store):
     assert schedule_report_job(make_scheduler(engine), engine, job, EVERY_SECOND) == "kept"
     [stored] = sched_mod.persisted_jobs(engine)
     assert stored.name == "specfinops daily report report-daily" and stored.next_run_time == before
+
+
+# ---- stopping: SIGTERM, and what a killed run leaves behind ---------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _due_now(engine, job_id: str = "report-daily") -> None:
+    """Make the persisted job due a minute ago (a run missed within the grace time runs at once on start)."""
+    store = SQLAlchemyJobStore(engine=engine, tablename=JOBS_TABLE)
+    job = store.lookup_job(job_id)
+    state = job.__getstate__()
+    state["next_run_time"] = datetime.now(UTC) - timedelta(minutes=1)
+    job.__setstate__(state)
+    store.update_job(job)
+
+
+def _scheduler_process(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "app.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+@pytest.fixture
+def failing_hook():
+    hook = Hook(500)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    yield hook
+    hook.shutdown()
+    hook.server_close()
+
+
+def _killed_between_retries(store, hook, no_blocking, sig) -> tuple[subprocess.Popen, list[str]]:
+    """A scheduler process whose run wrote its report and failed its first webhook attempt, sent `sig`."""
+    url, engine, out = store
+    args = ["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out), "--webhook", hook.url]
+    assert main(args) == 0  # persists the job exactly as the command line configures it
+    _due_now(engine)
+    proc = _scheduler_process(args)
+    try:
+        wait_for(lambda: len(hook.bodies) >= 1 or proc.poll() is not None, "the first webhook attempt")
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(sig)  # now in the backoff between attempt 1 and 2
+        hook.status = 200  # the next attempt, if any, succeeds
+        proc.wait(timeout=DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc, args
+
+
+def test_sigterm_stops_like_ctrl_c_and_the_delivery_in_progress_finishes(store, failing_hook, no_blocking):
+    url, engine, out = store
+    proc, _ = _killed_between_retries(store, failing_hook, no_blocking, signal.SIGTERM)
+    _, err = proc.communicate()
+    assert proc.returncode == 130 and "interrupted" in err  # not -15
+    [row] = reports(engine)
+    assert row.delivery_status == "delivered" and len(failing_hook.bodies) >= 2  # not left "pending"
+
+
+def test_a_delivery_killed_outright_is_made_on_restart(store, failing_hook, no_blocking, capsys):
+    url, engine, out = store
+    _, args = _killed_between_retries(store, failing_hook, no_blocking, signal.SIGKILL)
+    [row] = reports(engine)
+    assert row.delivery_status == "pending"  # what SIGKILL leaves: written, never delivered
+    posts = len(failing_hook.bodies)
+    capsys.readouterr()
+    assert main(args) == 0 and "job report-daily kept" in capsys.readouterr().out  # too young: left alone
+    assert reports(engine)[0].delivery_status == "pending" and len(failing_hook.bodies) == posts
+    with engine.begin() as c:  # as if the restart came later than sched_mod.STALE_AFTER_S
+        c.execute(text("UPDATE reports SET created_at = :t"), {"t": datetime.now(UTC) - timedelta(hours=1)})
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert f"report #{row.id} left undelivered, delivering it now (delivered)" in printed
+    [row] = reports(engine)
+    assert row.delivery_status == "delivered" and json.loads(failing_hook.bodies[-1][1])["report_id"] == row.id
+
+
+def test_a_claim_left_generating_is_released_and_the_period_written(store, no_blocking, capsys):
+    from telemetry.report import period_window
+
+    def report_dir_name(report_id, window):  # write_report's layout
+        return f"report-{report_id}-{window.period}-{window.since:%Y%m%dT%H%MZ}"
+
+    url, engine, out = store
+    args = ["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out)]
+    assert main(args) == 0
+    window = period_window("daily", now=D0 + timedelta(days=1, hours=6))
+    created = {"young": datetime.now(UTC), "old": datetime.now(UTC) - timedelta(hours=1)}
+    with Session(engine) as s:  # what a run killed inside write_report leaves: its claim and a temporary folder
+        for age, since in (("old", window.since), ("young", window.since - timedelta(days=1))):
+            s.add(Report(period="daily", since=since, until=since + timedelta(days=1), html_path="", csv_dir="",
+                         delivery_status="generating", job_id="report-daily", created_at=created[age]))  # fmt: skip
+        s.commit()
+    old_id = reports(engine)[0].id
+    leftover = out / f".{report_dir_name(old_id, window)}.tmp"
+    leftover.mkdir(parents=True)
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "an interrupted run's claim released, rewritten as #" in capsys.readouterr().out
+    rows = {r.since.replace(tzinfo=UTC): r for r in reports(engine)}
+    again = rows[window.since]
+    assert again.id != old_id and again.delivery_status == "not requested" and again.summary["traffic"]
+    assert (out / report_dir_name(again.id, window) / "report.html").is_file() and not leftover.exists()
+    assert rows[window.since - timedelta(days=1)].delivery_status == "generating"  # young: maybe in progress

@@ -1,6 +1,8 @@
 """`specfinops scheduler`: run report jobs on a cron schedule, persisted in the store's database.
 
-Runs in the foreground until interrupted (Ctrl-C). Restarting with the same options continues the persisted
+Runs in the foreground until interrupted (Ctrl-C, or SIGTERM, handled the same: a run in progress finishes
+first). On start it finishes what a killed run of its job left (see telemetry/scheduler.py, recover_reports).
+Restarting with the same options continues the persisted
 job (runs missed while it was down follow the misfire policy: coalesced into one, skipped beyond the grace
 time). Two schedulers on one database never write the same report twice (see telemetry/scheduler.py).
 A scheduler runs every job in its store, so the store's other persisted jobs are removed on start (one line
@@ -81,6 +83,24 @@ def _list_jobs(args) -> int:
     return 0
 
 
+def _stop_on_sigterm():
+    """SIGTERM (`docker compose stop`, `kill`) stops the scheduler as Ctrl-C does: KeyboardInterrupt in the main
+    thread, so a run in progress finishes in its worker thread (report written, delivery made and recorded)
+    before the process exits with status 130. Returns the handler to put back (None when not installable)."""
+    import signal
+    import sys
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(_signum, _frame):
+        print("scheduler: SIGTERM: stopping (a run in progress finishes first)", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, interrupt)
+
+
 def run(args) -> int:
     from apscheduler.events import EVENT_SCHEDULER_STARTED
 
@@ -93,6 +113,7 @@ def run(args) -> int:
         describe_job,
         make_scheduler,
         parse_cron,
+        recover_reports,
         remove_other_jobs,
         schedule_report_job,
     )
@@ -135,12 +156,19 @@ def run(args) -> int:
     logging.getLogger("apscheduler").setLevel(logging.INFO)
     logging.getLogger("telemetry").setLevel(logging.INFO)
     print(f"scheduler: job {job.job_id} {how}: cron {args.cron!r} (UTC), {job.period} reports into {out}; "
-          "Ctrl-C to stop", flush=True)  # fmt: skip
+          "Ctrl-C or SIGTERM to stop", flush=True)  # fmt: skip
     scheduler.add_listener(lambda _event: _say_next_run(scheduler), EVENT_SCHEDULER_STARTED)
+    previous = _stop_on_sigterm()
     try:
+        for line in recover_reports(engine, **job.kwargs()):  # what a killed run of this job left behind
+            print(f"scheduler: {line}", flush=True)
         scheduler.start()
     finally:
         if scheduler.running:
             scheduler.shutdown(wait=False)
         engine.dispose()
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
     return 0
