@@ -4,6 +4,8 @@ Each channel is tried up to `attempts` times with exponential backoff (backoff_s
 is written to reports.delivery_status ("delivered" | "partially delivered" | "failed") and delivery_error (one
 line per failed channel, with the attempts made and the last error): a failed delivery is never silent.
 
+The webhook URL may come from the environment too (--webhook-env NAME: only the variable's name is stored);
+it is printed and logged as scheme and host only (mask_url), since Slack-style URLs carry their secret.
 SMTP settings come from the environment (never from the job store, so no password is pickled into the
 database):
     SPECFINOPS_SMTP_HOST (required), SPECFINOPS_SMTP_PORT (default 25, or 587 with STARTTLS),
@@ -44,11 +46,22 @@ class DeliveryError(RuntimeError):
     """One delivery attempt failed; the message says how."""
 
 
-def check_webhook_url(url: str) -> str:
+def check_webhook_url(url: str, flag: str = "--webhook") -> str:
+    """The URL, or ValueError naming `flag` (the URL itself is not echoed: it may carry a secret)."""
     parts = urlsplit(url or "")
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"--webhook must be an http:// or https:// URL, got {url!r}")
+        got = f"scheme {parts.scheme!r}" if parts.scheme else "no scheme"
+        raise ValueError(f"{flag} must be an http:// or https:// URL, got {got}")
     return url
+
+
+def webhook_from_env(name: str, env: Mapping[str, str] | None = None) -> str:
+    """The webhook URL kept in the environment variable `name` (--webhook-env): never stored in the job store."""
+    env = os.environ if env is None else env
+    url = (env.get(name) or "").strip()
+    if not url:
+        raise ValueError(f"--webhook-env: the environment variable {name} is not set")
+    return check_webhook_url(url, f"--webhook-env {name}")
 
 
 def mask_url(url: str | None) -> str:
@@ -197,18 +210,29 @@ def deliver(
     attempts: int = DEFAULT_ATTEMPTS,
     backoff_s: float = DEFAULT_BACKOFF_S,
     sleep: Callable[[float], None] = time.sleep,
+    webhook_env: str | None = None,
 ) -> DeliveryOutcome:
-    """Send the summary by each requested channel, with retries. At least one channel must be requested."""
-    if webhook_url is None and not smtp:
-        raise ValueError("deliver needs a webhook URL or smtp=True")
+    """Send the summary by each requested channel, with retries. At least one channel must be requested.
+
+    `webhook_env` names an environment variable holding the webhook URL (read now, like the SMTP settings).
+    Errors name the webhook by scheme and host only (mask_url): they are stored and logged."""
+    if webhook_url is None and webhook_env is None and not smtp:
+        raise ValueError("deliver needs a webhook URL, a webhook variable or smtp=True")
     errors: list[str] = []
     tried: dict[str, int] = {}
+    if webhook_url is None and webhook_env is not None:
+        try:
+            webhook_url = webhook_from_env(webhook_env, env)
+        except ValueError as exc:
+            tried["webhook"] = 0
+            errors.append(f"webhook: not attempted: {exc}")
     if webhook_url is not None:
-        n, err = with_retries(lambda: post_webhook(webhook_url, summary), attempts=attempts,
+        url = webhook_url
+        n, err = with_retries(lambda: post_webhook(url, summary), attempts=attempts,
                               backoff_s=backoff_s, sleep=sleep)  # fmt: skip
         tried["webhook"] = n
         if err:
-            errors.append(f"webhook {webhook_url}: failed after {n} attempts: {err}")
+            errors.append(f"webhook {mask_url(url)}: failed after {n} attempts: {err}")
     if smtp:
         try:
             settings = SmtpSettings.from_env(env)

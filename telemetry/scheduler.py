@@ -11,8 +11,8 @@
   (migration 0002), so exactly one INSERT per job and period succeeds, on SQLite and PostgreSQL alike. The
   other run logs "already reported" and does nothing: no second file, record or delivery.
 - The job is the module-level `run_report_job`, called with serialisable keyword arguments only (the store
-  pickles a reference to it and its arguments, including the database URL; SMTP settings are read from the
-  environment at run time, never stored).
+  pickles a reference to it and its arguments, including the database URL; SMTP settings, and the webhook URL
+  with --webhook-env NAME, are read from the environment at run time, never stored).
 - Stopping: SIGTERM is handled as Ctrl-C (`docker compose stop`): the scheduler stops, a run in progress
   finishes (its report written, its delivery made and recorded), exit status 130. A run killed outright
   (SIGKILL, a crash) leaves its record "generating" or "pending": `recover_reports` rewrites or redelivers it,
@@ -132,6 +132,7 @@ class ReportJob:
     delivery_attempts: int = 3
     delivery_backoff_s: float = 2.0
     misfire_grace_s: int = DEFAULT_MISFIRE_GRACE_S
+    webhook_env: str | None = None  # the variable holding the webhook URL, read at run time (not stored)
 
     def __post_init__(self) -> None:
         if self.period not in SCHEDULED_PERIODS:
@@ -148,6 +149,8 @@ class ReportJob:
             "sla_ms": self.sla_ms, "history": self.history, "daily_tokens": self.daily_tokens,
             "peak_factor": self.peak_factor, "webhook_url": self.webhook_url, "smtp": self.smtp,
             "delivery_attempts": self.delivery_attempts, "delivery_backoff_s": self.delivery_backoff_s,
+            # only when set: a job stored before --webhook-env existed compares equal and is kept
+            **({"webhook_env": self.webhook_env} if self.webhook_env else {}),
         }  # fmt: skip
 
 
@@ -213,6 +216,8 @@ def describe_job(job: Job) -> str:
     targets = []
     if kw.get("webhook_url"):
         targets.append(f"webhook {mask_url(kw['webhook_url'])}")
+    if kw.get("webhook_env"):
+        targets.append(f"webhook from ${kw['webhook_env']}")
     if kw.get("smtp"):
         targets.append("smtp")
     delivery = " + ".join(targets) or "none"
@@ -276,6 +281,7 @@ def recover_reports(
     smtp: bool = False,
     delivery_attempts: int = 3,
     delivery_backoff_s: float = 2.0,
+    webhook_env: str | None = None,
     stale_after_s: float | None = None,
     now: datetime | None = None,
     **_ignored,
@@ -309,7 +315,7 @@ def recover_reports(
                 for r in s.scalars(select(Report).where(Report.job_id == job_id,
                                                         Report.delivery_status.in_((GENERATING, PENDING)))
                                    .order_by(Report.id))]  # fmt: skip
-    delivering = bool(webhook_url or smtp)
+    delivering = bool(webhook_url or webhook_env or smtp)
     done: list[str] = []
     for report_id, period, since, until, status, summary, created_at in rows:
         if _age_s(created_at, now) < stale_after_s:
@@ -334,7 +340,7 @@ def recover_reports(
             continue
         if delivering:
             outcome = deliver(summary, webhook_url=webhook_url, smtp=smtp, attempts=delivery_attempts,
-                              backoff_s=delivery_backoff_s)  # fmt: skip
+                              backoff_s=delivery_backoff_s, webhook_env=webhook_env)  # fmt: skip
             record_delivery(engine, report_id, outcome)
             line += f" ({outcome.status})"
         logger.info("%s", line)
@@ -356,6 +362,7 @@ def run_report_job(
     smtp: bool = False,
     delivery_attempts: int = 3,
     delivery_backoff_s: float = 2.0,
+    webhook_env: str | None = None,
 ) -> int | None:
     """One scheduled run: report the last full period (empty periods too), then deliver the summary."""
     from telemetry.delivery import deliver, record_delivery
@@ -366,17 +373,18 @@ def run_report_job(
     try:
         recover_reports(engine, out_dir=out_dir, job_id=job_id, sla_ms=sla_ms, history=history,
                         daily_tokens=daily_tokens, peak_factor=peak_factor, webhook_url=webhook_url, smtp=smtp,
-                        delivery_attempts=delivery_attempts, delivery_backoff_s=delivery_backoff_s)  # fmt: skip
+                        delivery_attempts=delivery_attempts, delivery_backoff_s=delivery_backoff_s,
+                        webhook_env=webhook_env)  # fmt: skip
         window = period_window(period, now=_clock())
         result = write_report(engine, window, out_dir, sla_ms=sla_ms, history=history, daily_tokens=daily_tokens,
                               peak_factor=peak_factor, job_id=job_id,
-                              delivery_requested=bool(webhook_url or smtp))  # fmt: skip
+                              delivery_requested=bool(webhook_url or webhook_env or smtp))  # fmt: skip
         if result is None:
             return None
         logger.info("report job %s: wrote report #%d (%s)", job_id, result.report_id, window.label())
-        if webhook_url or smtp:
+        if webhook_url or webhook_env or smtp:
             outcome = deliver(result.summary, webhook_url=webhook_url, smtp=smtp, attempts=delivery_attempts,
-                              backoff_s=delivery_backoff_s)
+                              backoff_s=delivery_backoff_s, webhook_env=webhook_env)
             record_delivery(engine, result.report_id, outcome)
         return result.report_id
     finally:

@@ -22,6 +22,7 @@ from telemetry.delivery import (
     SmtpSettings,
     check_webhook_url,
     deliver,
+    mask_url,
     record_delivery,
     with_retries,
 )
@@ -170,7 +171,9 @@ def test_failing_webhook_is_retried_with_backoff_and_recorded(hook_factory, sqli
     record_delivery(engine, 1, outcome)
     with Session(engine) as s:
         row = s.get(Report, 1)
-        assert row.delivery_status == "failed" and "HTTP 500" in row.delivery_error and hook.url in row.delivery_error
+        assert row.delivery_status == "failed" and "HTTP 500" in row.delivery_error
+        # named by scheme and host only: a Slack-style URL carries its secret in the path
+        assert hook.url not in row.delivery_error and f"webhook {mask_url(hook.url)}:" in row.delivery_error
 
 
 def test_unreachable_webhook_fails_after_the_bounded_attempts():
@@ -232,3 +235,21 @@ def test_with_retries_stops_at_the_first_success():
         with_retries(flaky, attempts=0)
     with pytest.raises(ValueError, match="--webhook must be an http"):
         check_webhook_url("ftp://example.test/hook")
+
+
+def test_webhook_urls_are_masked_for_printing():
+    assert mask_url("https://hooks.slack.com/services/T0/B0/s3cr3t") == "https://hooks.slack.com/***"
+    assert mask_url("https://user:pw@hooks.example:8443/x?token=s3cr3t") == "https://hooks.example:8443/***"
+    assert mask_url("https://hooks.example") == "https://hooks.example/" and mask_url(None) == ""
+    with pytest.raises(ValueError) as exc:
+        check_webhook_url("hooks.example/s3cr3t")
+    assert "s3cr3t" not in str(exc.value)
+
+
+def test_webhook_url_from_the_environment(hook_factory):
+    hook = hook_factory(200)
+    outcome = deliver(SUMMARY, webhook_env="HOOK_URL", env={"HOOK_URL": hook.url}, backoff_s=0)
+    assert outcome.status == DELIVERED and len(hook.bodies) == 1
+    outcome = deliver(SUMMARY, webhook_env="HOOK_URL", env={}, backoff_s=0)  # unset at run time: recorded
+    assert outcome.status == FAILED and outcome.attempts == {"webhook": 0}
+    assert "not attempted" in outcome.error and "HOOK_URL is not set" in outcome.error

@@ -495,3 +495,31 @@ def test_a_claim_left_generating_is_released_and_the_period_written(store, no_bl
     assert again.id != old_id and again.delivery_status == "not requested" and again.summary["traffic"]
     assert (out / report_dir_name(again.id, window) / "report.html").is_file() and not leftover.exists()
     assert rows[window.since - timedelta(days=1)].delivery_status == "generating"  # young: maybe in progress
+
+
+def test_webhook_url_from_the_environment_is_never_stored(store, no_blocking, monkeypatch, capsys):
+    url, engine, out = store
+    hook = Hook(200)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    secret_url = hook.url + "/T000/s3cr3t"
+    base = ["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out)]
+    monkeypatch.delenv("FINOPS_HOOK", raising=False)
+    assert main([*base, "--webhook-env", "FINOPS_HOOK"]) == 2
+    assert "the environment variable FINOPS_HOOK is not set" in capsys.readouterr().err
+    assert main([*base, "--webhook-env", "FINOPS_HOOK", "--webhook", secret_url]) == 2
+    assert "not both" in capsys.readouterr().err
+    monkeypatch.setenv("FINOPS_HOOK", secret_url)
+    try:
+        assert main([*base, "--webhook-env", "FINOPS_HOOK"]) == 0
+        with engine.connect() as c:
+            [state] = c.execute(text(f"SELECT job_state FROM {JOBS_TABLE}")).scalars()
+        assert b"s3cr3t" not in state and b"FINOPS_HOOK" in state
+        assert main(["scheduler", "--db", url, "--list"]) == 0
+        assert "delivery webhook from $FINOPS_HOOK" in capsys.readouterr().out
+        [job] = no_blocking[-1]
+        assert sched_mod.run_report_job(**job.kwargs) is not None  # a run reads the variable
+        [row] = reports(engine)
+        assert row.delivery_status == "delivered" and len(hook.bodies) == 1
+    finally:
+        hook.shutdown()
+        hook.server_close()

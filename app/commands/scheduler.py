@@ -19,6 +19,8 @@ from app.errors import UsageError
 
 EXAMPLES = """  specfinops scheduler --cron "0 6 * * *" --period daily --out reports/          # every day, 06:00 UTC
   specfinops scheduler --cron "0 7 * * 1" --period weekly --out reports/ --webhook https://hooks.example/finops
+  SPECFINOPS_WEBHOOK_URL=https://hooks.slack.com/services/... \\
+    specfinops scheduler --cron "0 6 * * *" --out reports/ --webhook-env SPECFINOPS_WEBHOOK_URL   # URL not stored
   specfinops scheduler --list                                                      # the jobs in the store
   SPECFINOPS_SMTP_HOST=smtp.example SPECFINOPS_SMTP_FROM=finops@example SPECFINOPS_SMTP_TO=cfo@example \\
     specfinops scheduler --cron "0 6 * * *" --out reports/ --smtp
@@ -41,7 +43,9 @@ def register(sub) -> None:
         if action.dest == "out":
             action.required = False
             action.help += " (required unless --list)"
-    p.add_argument("--webhook", metavar="URL", help="POST each report's JSON summary to this URL")
+    p.add_argument("--webhook", metavar="URL", help="POST each report's JSON summary to this URL (stored in the job)")
+    p.add_argument("--webhook-env", metavar="NAME",
+                   help="as --webhook, the URL read from this environment variable at each run (not stored)")  # fmt: skip
     p.add_argument("--smtp", action="store_true", help="e-mail each summary (settings: SPECFINOPS_SMTP_* env)")
     p.add_argument("--job-id", metavar="ID", help="job id in the job store (default report-PERIOD)")
     p.add_argument("--misfire-grace-s", metavar="S", default="3600",
@@ -105,7 +109,7 @@ def run(args) -> int:
     from apscheduler.events import EVENT_SCHEDULER_STARTED
 
     from telemetry.db import resolve_db_url
-    from telemetry.delivery import SmtpSettings, check_webhook_url
+    from telemetry.delivery import SmtpSettings, check_webhook_url, webhook_from_env
     from telemetry.report import SCHEDULED_PERIODS
     from telemetry.report_writer import check_out_dir
     from telemetry.scheduler import (
@@ -132,8 +136,12 @@ def run(args) -> int:
         grace = int(args.misfire_grace_s)
     except ValueError:
         raise UsageError(f"--misfire-grace-s must be a whole number of seconds, got {args.misfire_grace_s!r}") from None
+    if args.webhook is not None and args.webhook_env is not None:
+        raise UsageError("give --webhook URL or --webhook-env NAME, not both")
     if args.webhook is not None:
         check_webhook_url(args.webhook)
+    if args.webhook_env is not None:
+        webhook_from_env(args.webhook_env)
     if args.smtp:
         SmtpSettings.from_env()
     db_url = resolve_db_url(args.db)
@@ -144,7 +152,7 @@ def run(args) -> int:
         out = check_out_dir(args.out)
         job = ReportJob(job_id=f"report-{args.period}" if args.job_id is None else args.job_id, db_url=db_url,
                         out_dir=str(out), period=args.period, webhook_url=args.webhook, smtp=args.smtp,
-                        misfire_grace_s=grace, **options)  # fmt: skip
+                        misfire_grace_s=grace, webhook_env=args.webhook_env, **options)  # fmt: skip
     except BaseException:
         engine.dispose()
         raise
