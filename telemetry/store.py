@@ -148,7 +148,7 @@ def open_store(url: str | None = None, *, must_exist: bool = False) -> Engine:
     """Engine for `url` (see `telemetry.db.resolve_db_url`), schema upgraded to head on open.
 
     A SQLite file that does not exist is created, with its directory, unless `must_exist`: commands that only
-    read (cost, project, export, report, dashboard) pass it, so a mistyped `--db` is named as such instead of
+    read (cost, project, export, report, scheduler, dashboard) pass it, so a mistyped `--db` is named as such instead of
     turning into a new, empty store that has "no runs"."""
     url = resolve_db_url(url)
     path = sqlite_file(url)
