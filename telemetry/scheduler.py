@@ -28,7 +28,7 @@ Public API:
     schedule_report_job(scheduler, engine, job, trigger) -> "added" | "kept" | "replaced"
     persisted_jobs(engine) -> list[Job]; describe_job(job) -> str  # `scheduler --list`
     remove_other_jobs(engine, keep_id) -> list[Job]       # on start, unless --keep-other-jobs
-    recover_reports(engine, **ReportJob.kwargs()) -> list[str]  # on start and each run: a killed run's leftovers
+    recover_reports(engine, job) -> list[str]             # on start and each run: a killed run's leftovers
     run_report_job(**ReportJob.kwargs()) -> int | None    # the job: report id, None when already reported
 """
 
@@ -142,6 +142,10 @@ class ReportJob:
             raise ValueError(f"--job-id must be 1-128 characters, got {self.job_id!r}")
         if not isinstance(self.misfire_grace_s, int) or self.misfire_grace_s < 1:
             raise ValueError(f"--misfire-grace-s must be a whole number >= 1, got {self.misfire_grace_s!r}")
+
+    @property
+    def delivering(self) -> bool:
+        return bool(self.webhook_url or self.webhook_env or self.smtp)
 
     def kwargs(self) -> dict:
         return {
@@ -268,25 +272,9 @@ def _age_s(created_at: datetime, now: datetime) -> float:
     return (now - created_at).total_seconds()
 
 
-def recover_reports(
-    engine: Engine,
-    *,
-    out_dir: str,
-    job_id: str,
-    sla_ms: float = DEFAULT_SLA_MS,
-    history: int = DEFAULT_HISTORY,
-    daily_tokens: float | None = None,
-    peak_factor: float = 1.0,
-    webhook_url: str | None = None,
-    smtp: bool = False,
-    delivery_attempts: int = 3,
-    delivery_backoff_s: float = 2.0,
-    webhook_env: str | None = None,
-    stale_after_s: float | None = None,
-    now: datetime | None = None,
-    **_ignored,
-) -> list[str]:
-    """Finish what a killed run of `job_id` left behind (SIGKILL, a crash, an old version without SIGTERM
+def recover_reports(engine: Engine, job: ReportJob, *, stale_after_s: float | None = None,
+                    now: datetime | None = None) -> list[str]:
+    """Finish what a killed run of `job` left behind (SIGKILL, a crash, an old version without SIGTERM
     handling); one line per record recovered.
 
     - "generating": the process died while writing. The claim (and any half-written folder) is released and
@@ -304,18 +292,17 @@ def recover_reports(
     from sqlalchemy.orm import Session
 
     from telemetry.db import Report
-    from telemetry.delivery import deliver, record_delivery
     from telemetry.report import Window
-    from telemetry.report_writer import GENERATING, PENDING, release_claim, write_report
+    from telemetry.report_writer import GENERATING, PENDING, release_claim
 
     now = now or datetime.now(UTC)
     stale_after_s = STALE_AFTER_S if stale_after_s is None else stale_after_s
     with Session(engine) as s:
         rows = [(r.id, r.period, r.since, r.until, r.delivery_status, r.summary, r.created_at)
-                for r in s.scalars(select(Report).where(Report.job_id == job_id,
+                for r in s.scalars(select(Report).where(Report.job_id == job.job_id,
                                                         Report.delivery_status.in_((GENERATING, PENDING)))
                                    .order_by(Report.id))]  # fmt: skip
-    delivering = bool(webhook_url or webhook_env or smtp)
+    job_id = job.job_id
     done: list[str] = []
     for report_id, period, since, until, status, summary, created_at in rows:
         if _age_s(created_at, now) < stale_after_s:
@@ -324,25 +311,21 @@ def recover_reports(
             since, until = since.replace(tzinfo=UTC), until.replace(tzinfo=UTC)
         window = Window(period, since, until)
         if status == GENERATING:
-            if not release_claim(engine, report_id, window, out_dir):
+            if not release_claim(engine, report_id, window, job.out_dir):
                 continue
-            result = write_report(engine, window, out_dir, sla_ms=sla_ms, history=history, daily_tokens=daily_tokens,
-                                  peak_factor=peak_factor, job_id=job_id, delivery_requested=delivering)  # fmt: skip
+            result = _write(engine, job, window)
             if result is None:
                 continue
             report_id, summary = result.report_id, result.summary
             line = f"report job {job_id}: {window.label()}: an interrupted run's claim released, rewritten as #{report_id}"
-        elif delivering:
+        elif job.delivering:
             line = f"report job {job_id}: {window.label()}: report #{report_id} left undelivered, delivering it now"
         else:
             logger.warning("report job %s: report #%d (%s) was never delivered and no delivery is configured now",
                            job_id, report_id, window.label())  # fmt: skip
             continue
-        if delivering:
-            outcome = deliver(summary, webhook_url=webhook_url, smtp=smtp, attempts=delivery_attempts,
-                              backoff_s=delivery_backoff_s, webhook_env=webhook_env)  # fmt: skip
-            record_delivery(engine, report_id, outcome)
-            line += f" ({outcome.status})"
+        if job.delivering:
+            line += f" ({_deliver(engine, job, report_id, summary)})"
         logger.info("%s", line)
         done.append(line)
     return done
@@ -364,28 +347,43 @@ def run_report_job(
     delivery_backoff_s: float = 2.0,
     webhook_env: str | None = None,
 ) -> int | None:
-    """One scheduled run: report the last full period (empty periods too), then deliver the summary."""
-    from telemetry.delivery import deliver, record_delivery
-    from telemetry.report_writer import write_report
+    """One scheduled run: report the last full period (empty periods too), then deliver the summary. The
+    keywords are ReportJob.kwargs(), as the job store holds them."""
     from telemetry.store import open_store
 
+    job = ReportJob(job_id=job_id, db_url=db_url, out_dir=out_dir, period=period, sla_ms=sla_ms, history=history,
+                    daily_tokens=daily_tokens, peak_factor=peak_factor, webhook_url=webhook_url, smtp=smtp,
+                    delivery_attempts=delivery_attempts, delivery_backoff_s=delivery_backoff_s,
+                    webhook_env=webhook_env)  # fmt: skip
     engine = open_store(db_url)
     try:
-        recover_reports(engine, out_dir=out_dir, job_id=job_id, sla_ms=sla_ms, history=history,
-                        daily_tokens=daily_tokens, peak_factor=peak_factor, webhook_url=webhook_url, smtp=smtp,
-                        delivery_attempts=delivery_attempts, delivery_backoff_s=delivery_backoff_s,
-                        webhook_env=webhook_env)  # fmt: skip
+        recover_reports(engine, job)
         window = period_window(period, now=_clock())
-        result = write_report(engine, window, out_dir, sla_ms=sla_ms, history=history, daily_tokens=daily_tokens,
-                              peak_factor=peak_factor, job_id=job_id,
-                              delivery_requested=bool(webhook_url or webhook_env or smtp))  # fmt: skip
+        result = _write(engine, job, window)
         if result is None:
             return None
         logger.info("report job %s: wrote report #%d (%s)", job_id, result.report_id, window.label())
-        if webhook_url or webhook_env or smtp:
-            outcome = deliver(result.summary, webhook_url=webhook_url, smtp=smtp, attempts=delivery_attempts,
-                              backoff_s=delivery_backoff_s, webhook_env=webhook_env)
-            record_delivery(engine, result.report_id, outcome)
+        if job.delivering:
+            _deliver(engine, job, result.report_id, result.summary)
         return result.report_id
     finally:
         engine.dispose()
+
+
+def _write(engine: Engine, job: ReportJob, window):
+    """The job's report of `window` (write_report's result; None when the period is already claimed)."""
+    from telemetry.report_writer import write_report
+
+    return write_report(engine, window, job.out_dir, sla_ms=job.sla_ms, history=job.history,
+                        daily_tokens=job.daily_tokens, peak_factor=job.peak_factor, job_id=job.job_id,
+                        delivery_requested=job.delivering)  # fmt: skip
+
+
+def _deliver(engine: Engine, job: ReportJob, report_id: int, summary: dict) -> str:
+    """Deliver a report's summary as the job says and record the outcome; its status."""
+    from telemetry.delivery import deliver, record_delivery
+
+    outcome = deliver(summary, webhook_url=job.webhook_url, smtp=job.smtp, attempts=job.delivery_attempts,
+                      backoff_s=job.delivery_backoff_s, webhook_env=job.webhook_env)  # fmt: skip
+    record_delivery(engine, report_id, outcome)
+    return outcome.status

@@ -168,7 +168,7 @@ def run(args) -> int:
     scheduler.add_listener(lambda _event: _say_next_run(scheduler), EVENT_SCHEDULER_STARTED)
     previous = _stop_on_sigterm()
     try:
-        for line in recover_reports(engine, **job.kwargs()):  # what a killed run of this job left behind
+        for line in recover_reports(engine, job):  # what a killed run of this job left behind
             print(f"scheduler: {line}", flush=True)
         scheduler.start()
     finally:
