@@ -197,7 +197,7 @@ class BandCheck:
     high: float | None
     status: str  # anomaly | within band | not enough history | no value this period
     note: str
-    basis: str = TOTAL_BASIS  # a cost: "total", or its hardware part where the periods' energy bases differ
+    basis: str | None = None  # a cost: "total", or its hardware part where the periods' energy bases differ
 
 
 def band_check(
@@ -237,13 +237,19 @@ BAND_METRICS: tuple[tuple[str, Callable[[PeriodFigures], float | None]], ...] = 
 )
 
 
+def compared_values(get: Callable[[PeriodFigures], float | None],
+                    periods: Sequence[PeriodFigures]) -> tuple[list[float | None], str | None]:
+    """A figure over several periods, and for a cost the energy basis they are compared on (None otherwise)."""
+    if isinstance(get, CostMetric):
+        return comparable_costs(periods, get.mode)
+    return [get(p) for p in periods], None
+
+
 def _band(name: str, get: Callable[[PeriodFigures], float | None], current: PeriodFigures,
           past: Sequence[PeriodFigures]) -> BandCheck:
-    if not isinstance(get, CostMetric):
-        return band_check(name, get(current), [get(p) for p in past])
-    values, basis = comparable_costs([current, *past], get.mode)
-    b = band_check(name, values[0], values[1:])
-    return b if basis == TOTAL_BASIS else replace(b, note=f"{basis}; {b.note}", basis=basis)
+    values, basis = compared_values(get, [current, *past])
+    b = replace(band_check(name, values[0], values[1:]), basis=basis)
+    return b if basis in (None, TOTAL_BASIS) else replace(b, note=f"{basis}; {b.note}")
 
 
 # ---- the report -----------------------------------------------------------------------------------------
@@ -356,9 +362,6 @@ CHANGE_METRICS: tuple[tuple[str, Callable[[PeriodFigures], float | None]], ...] 
 )
 
 
-_COST_METRIC_NAMES = frozenset(name for name, get in BAND_METRICS if isinstance(get, CostMetric))
-
-
 def change_rows(
     data: ReportData,
 ) -> list[tuple[str, float | None, float | None, float | None, float | None, str]]:
@@ -367,14 +370,10 @@ def change_rows(
     `compared` says which ("total" or "hardware part only: ...", empty for the other figures)."""
     out = []
     for name, get in CHANGE_METRICS:
-        basis = ""
-        if isinstance(get, CostMetric):
-            (cur, prev), basis = comparable_costs([data.current, data.previous], get.mode)
-        else:
-            cur, prev = get(data.current), get(data.previous)
+        (cur, prev), basis = compared_values(get, [data.current, data.previous])
         delta = None if cur is None or prev is None else cur - prev
         pct = None if delta is None or not prev else delta / prev * 100
-        out.append((name, cur, prev, delta, pct, basis))
+        out.append((name, cur, prev, delta, pct, basis or ""))
     return out
 
 
@@ -450,7 +449,7 @@ def summary_dict(data: ReportData) -> dict:
         "anomalies": [
             {"metric": b.metric, "value": b.value, "status": b.status, "band_low": b.low, "band_high": b.high,
              "history_periods": b.num_history, "note": b.note,
-             "compared": b.basis if b.metric in _COST_METRIC_NAMES else None}
+             "compared": b.basis}
             for b in data.bands
         ],  # fmt: skip
     }
