@@ -30,6 +30,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from telemetry import costing, finops, queries
+from telemetry.labels import short_device, short_model
 from telemetry.queries import Filters
 
 PERIODS = ("daily", "weekly", "custom")
@@ -476,26 +477,6 @@ class Table:
     rows: tuple[tuple, ...]
     # the HTML page's columns, in its order (the CSV keeps `header`); empty: the CSV columns as they are
     html_columns: tuple[Column, ...] = ()
-
-
-def short_model(name: Any) -> Any:
-    """A model as a label: a local directory by its last path component (the cache path of a bundled model
-    ran past its column); a hub-style id or a name as it is. (The dashboard's filters.short_model does the
-    same; telemetry does not import the dashboard.)"""
-    if not isinstance(name, str) or not name.startswith(("/", "./", "../", "~")):
-        return name
-    return name.rstrip("/").rsplit("/", 1)[-1] or name
-
-
-_DEVICE_NOISE = re.compile(r"\((?:R|TM|tm|r)\)|\bProcessor\b|\bCPU\b(?=.*@)")
-
-
-def short_device(name: Any) -> Any:
-    """A device as a label: without the (R)/(TM) marks and the word 'Processor' of a CPU's brand string
-    ('cpu: Intel(R) Xeon(R) Processor (2 threads)' -> 'cpu: Intel Xeon (2 threads)')."""
-    if not isinstance(name, str):
-        return name
-    return " ".join(_DEVICE_NOISE.sub(" ", name).split()) or name
 
 
 def to_the_second(value: Any) -> Any:

@@ -14,6 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from app.dashboard.page_queries import as_utc, nice_bucket_s
+from telemetry.labels import short_model
 from telemetry.queries import Filters
 
 ALL = "All"
@@ -29,14 +30,6 @@ class Selection:
     runs: pd.DataFrame  # filter_options()["runs"] rows of the selected runs
     bucket_s: int  # time-bucket size for charts over time
     synthetic: bool  # some selected runs are synthetic (generator output, not measurements)
-
-
-def short_model(name: str | None) -> str | None:
-    """A model as a label: a local directory by its last part (the cache path of the bundled target ran
-    past every box and column it was shown in); a hub-style id or a name as it is."""
-    if not name or not name.startswith(("/", "./", "../", "~")):
-        return name
-    return name.rstrip("/").rsplit("/", 1)[-1] or name
 
 
 def pair_label(target: str, drafter: str) -> str:

@@ -1,0 +1,26 @@
+"""Short labels for long names, shared by the dashboard and the reports: a model directory by its last part,
+a CPU's brand string without its trademark marks."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+
+def short_model(name: Any) -> Any:
+    """A model as a label: a local directory by its last path component (the cache path of a bundled model
+    ran past every box and column it was shown in); a hub-style id or a name as it is."""
+    if not isinstance(name, str) or not name.startswith(("/", "./", "../", "~")):
+        return name
+    return name.rstrip("/").rsplit("/", 1)[-1] or name
+
+
+_DEVICE_NOISE = re.compile(r"\((?:R|TM|tm|r)\)|\bProcessor\b|\bCPU\b(?=.*@)")
+
+
+def short_device(name: Any) -> Any:
+    """A device as a label: without the (R)/(TM) marks and the word 'Processor' of a CPU's brand string
+    ('cpu: Intel(R) Xeon(R) Processor (2 threads)' -> 'cpu: Intel Xeon (2 threads)')."""
+    if not isinstance(name, str):
+        return name
+    return " ".join(_DEVICE_NOISE.sub(" ", name).split()) or name
