@@ -269,6 +269,15 @@ class StoreProjection:
     energy_estimated_spec: bool = False
     gpus_per_node: int = 1  # a node holds this many replicas of the measured device (capacity x this)
 
+    @property
+    def replica_note(self) -> str | None:
+        """What a node of several GPUs means here; None for one."""
+        n = self.gpus_per_node
+        if n == 1:
+            return None
+        return (f"capacity per node = {n} x the measured device (a node of {n} GPUs holds {n} replicas of it; "
+                "the measured tokens/s are per device)")
+
     def sla_curve(self) -> list[SlaPoint]:
         """This projection's traffic and node price at every SLA where the answer can change."""
         p = self.projection

@@ -152,7 +152,8 @@ def test_projection_notes_name_the_price_and_the_estimate_on_every_page():
     from app.dashboard.common import projection_notes, usd_rate
 
     sp = NS(projection=NS(notes=("spec: best of 2 configurations",)), priced_differs=True,
-            node_price=NS(priced_as="H100 x8"), measured_on=("cpu (2 cores)",), energy_estimated=True)
+            node_price=NS(priced_as="H100 x8"), measured_on=("cpu (2 cores)",), energy_estimated=True,
+            replica_note=None)
     notes = projection_notes(sp)
     assert notes[0] == "spec: best of 2 configurations"
     assert "priced as H100 x8, measured on cpu (2 cores)" in notes[1] and "estimate" in notes[2]
@@ -187,8 +188,12 @@ def test_projection_notes_say_a_node_holds_n_replicas():
     from types import SimpleNamespace as NS
 
     from app.dashboard.common import projection_notes
+    from telemetry.costing import StoreProjection
 
-    sp = NS(projection=NS(notes=()), priced_differs=False, energy_estimated=False, gpus_per_node=8)
+    def replica_note(n):  # the property itself, on a stand-in that has only gpus_per_node
+        return StoreProjection.replica_note.fget(NS(gpus_per_node=n))
+
+    sp = NS(projection=NS(notes=()), priced_differs=False, energy_estimated=False, replica_note=replica_note(8))
     assert projection_notes(sp) == ["capacity per node = 8 x the measured device (a node of 8 GPUs holds 8 "
                                     "replicas of it; the measured tokens/s are per device)"]
-    assert projection_notes(NS(**{**vars(sp), "gpus_per_node": 1})) == []
+    assert projection_notes(NS(**{**vars(sp), "replica_note": replica_note(1)})) == []

@@ -365,9 +365,8 @@ def run_project_command(args) -> int:
         f"{_num(p.capacity_tokens_per_s_spec)} tokens/s"
         f"{f' ({runs_text(sp.capacity_runs_spec)})' if sp.capacity_runs_spec else ''}"
     )
-    if sp.gpus_per_node != 1:
-        print(f"capacity per node = {sp.gpus_per_node} x the measured device (a node of {sp.gpus_per_node} "
-              f"GPUs holds {sp.gpus_per_node} replicas of it; the measured tokens/s are per device)")
+    if sp.replica_note:
+        print(sp.replica_note)
     print(f"nodes needed: AR {nodes(p.nodes_ar)}, spec {nodes(p.nodes_spec)}")
     print(f"monthly cost: AR {_usd(p.monthly_cost_ar_usd)}, spec {_usd(p.monthly_cost_spec_usd)}")
     print(f"annual savings: {_usd(p.annual_savings_usd)}")

@@ -42,10 +42,8 @@ def projection_notes(sp) -> list[str]:
     """What every page showing a node projection says under it: its own notes, and how it was priced
     where that is not the measured device, or where the energy part is an estimate."""
     notes = list(sp.projection.notes)
-    n = getattr(sp, "gpus_per_node", 1)
-    if n != 1:
-        notes.append(f"capacity per node = {n} x the measured device (a node of {n} GPUs holds {n} replicas of "
-                     "it; the measured tokens/s are per device)")
+    if sp.replica_note:
+        notes.append(sp.replica_note)
     if sp.priced_differs:
         notes.append(f"priced as {sp.node_price.priced_as}, measured on {', '.join(sp.measured_on)}: "
                      "the energy part is left out of the projected cost")
