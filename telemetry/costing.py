@@ -353,17 +353,18 @@ def _capacity_config(configs: list[ConfigSummary], sla_ms: float) -> ConfigSumma
 PRICING_HINT = "give --gpu NAME [--gpus-per-node N] or --node-hourly-usd X"
 
 
-def _projection_price(engine: Engine, filters: Filters | None, device: str, gpu: str | None, gpus_per_node: int,
+def _projection_price(engine: Engine, run_ids: list[int], device: str, gpu: str | None, gpus_per_node: int,
                       node_hourly_usd: float | None) -> NodePrice:
     """The node price of a projection: `node_hourly_usd` > `gpu` x `gpus_per_node` > the runs' recorded price
     (when they all recorded the same one) > the catalog price of the measured device, as `costs()` prices
     each run. ValueError with the flags to give when nothing prices it."""
     snapshot = None
-    if gpu is None and node_hourly_usd is None:
-        runs = run_summaries(engine, filters)
-        recorded = {_snapshot_price(r.price_snapshot) for r in runs}
+    if gpu is None and node_hourly_usd is None:  # the runs' snapshots only (the summaries are in hand already)
+        with engine.connect() as c:
+            snapshots = list(c.execute(select(Run.price_snapshot).where(Run.id.in_(run_ids))).scalars())
+        recorded = {_snapshot_price(snap) for snap in snapshots}
         if len(recorded) == 1 and None not in recorded:
-            snapshot = runs[0].price_snapshot
+            snapshot = snapshots[0]
     try:
         return resolve_node_price(engine, device=device, price_snapshot=snapshot, gpu=gpu,
                                   gpus_per_node=gpus_per_node, node_hourly_usd=node_hourly_usd)
@@ -409,7 +410,8 @@ def project_from_store(
     if not any(c.stats.output_tokens for c in configs):
         raise ValueError(f"no measured runs with output tokens in the store; {EMPTY_STORE_HINT}")
     devices = tuple(sorted({c.device for c in configs}))
-    price = _projection_price(engine, filters, devices[0], gpu, gpus_per_node, node_hourly_usd)
+    run_ids = [i for c in configs for i in c.run_ids]
+    price = _projection_price(engine, run_ids, devices[0], gpu, gpus_per_node, node_hourly_usd)
     kwh_price, pue_value = _energy_prices(engine, None, usd_per_kwh, pue)
     differs = any(price.differs_from(d) for d in devices)
     by_mode = {m: [c for c in configs if c.mode == m] for m in MODES}
