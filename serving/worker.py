@@ -340,11 +340,15 @@ def run_prompts(
     *,
     concurrency: int = 1,
     on_request: Callable[[RequestResult], None] | None = None,
-    energy_for: Callable[[datetime, datetime], float | None] | None = None,
+    energy_for: EnergyFor | None = None,
 ) -> ModeResult:
     """Run every prompt in `mode` with up to `concurrency` sequences in flight (closed loop)."""
     return ModeRunner(loaded, mode, concurrency).run(prompts, encoded, params, on_request=on_request,
                                                      energy_for=energy_for)
+
+
+EnergyFor = Callable[[list[tuple[datetime, datetime]]], float | None]
+"""Joules of the first window when the devices' energy is shared by the overlapping windows given."""
 
 
 class ModeRunner:
@@ -363,14 +367,20 @@ class ModeRunner:
         params: SamplingParams,
         *,
         on_request: Callable[[RequestResult], None] | None = None,
-        energy_for: Callable[[datetime, datetime], float | None] | None = None,
+        energy_for: EnergyFor | None = None,
     ) -> ModeResult:
-        """Every prompt, up to `concurrency` in flight (closed loop); the result holds these prompts only."""
+        """Every prompt, up to `concurrency` in flight (closed loop); the result holds these prompts only.
+
+        `energy_for(windows)` gives the joules of the first wall-clock window when the devices' energy is
+        shared by all of them (requests in flight together split it, as the server's do): a finishing
+        request is passed with the windows of the requests still in flight and of the finished ones that
+        overlap it, so a run's requests add up to its device energy, not a multiple of it."""
         loaded, mode, concurrency = self.loaded, self.mode, self.concurrency
         collector, engine = self.collector, self.engine
         result = ModeResult(mode, loaded.drafter_label if mode == "spec" else None, engine.policy.name)
         queue = list(range(len(prompts)))
         live: dict[int, tuple[int, datetime]] = {}  # seq_id -> (prompt index, wall start)
+        finished: list[tuple[datetime, datetime]] = []  # wall windows a request in flight may overlap
         t_begin = time.perf_counter()
 
         def finish(seq: Sequence) -> None:
@@ -385,7 +395,12 @@ class ModeRunner:
                 rec.ttft_ms = (seq.emit_times[0] - seq.t_start) * 1000.0
                 rec.e2e_ms = (seq.emit_times[-1] - seq.t_start) * 1000.0
             if energy_for is not None and rec.e2e_ms is not None:
-                rec.energy_j = energy_for(wall_start, wall_start + timedelta(milliseconds=rec.e2e_ms))
+                window = (wall_start, wall_start + timedelta(milliseconds=rec.e2e_ms))
+                now = max(datetime.now(UTC), window[1])
+                in_flight = [(start, now) for _, start in live.values()]
+                rec.energy_j = energy_for([window, *[w for w in finished if w[1] > window[0]], *in_flight])
+                first = min((start for _, start in live.values()), default=now)  # later requests start after now
+                finished[:] = [w for w in [*finished, window] if w[1] > first]  # so only these can overlap them
             text = loaded.decode(out)
             for stop in params.stop:
                 if stop in text:

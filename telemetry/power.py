@@ -362,6 +362,11 @@ class PowerSampler:
     def energy_j(self, start: datetime, end: datetime) -> float | None:
         return energy_for_window(self.readings(), start, end)
 
+    def energy_share_j(self, windows: list[tuple[datetime, datetime]]) -> float | None:
+        """The first window's share of the devices' energy when `windows` (requests in flight together)
+        split it equally at every instant (`attribute_energy`); None where no samples cover it."""
+        return attribute_energy(self.readings(), windows)[0]
+
     def stop(self) -> None:
         """Stop the thread after one last sample. The source stays open (its owner closes it)."""
         if self._thread is not None:

@@ -4,6 +4,7 @@ PostgreSQL, and one clear line with exit 2 for every kind of bad input."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -216,3 +217,32 @@ def test_calibrate_json_on_the_bundled_pair(target_dir, capsys):
     (span,) = dom["acceptance_by_span"]
     assert (span["start"], span["end"]) == (0, 32) and span["steps"] == row["steps"]
     assert span["alpha"] == pytest.approx(dom["alpha"]) and 0 <= span["repeated"] <= 1
+
+
+def test_concurrent_requests_share_the_device_energy_instead_of_each_counting_it(tmp_path, target_dir):
+    """At concurrency 2 the requests overlap; with a constant 65 W estimate their energies must add up to
+    65 W x the time any of them was in flight (the union of their windows), not 65 W x the sum of their
+    durations, which counts the overlapped time twice."""
+    from datetime import timedelta
+
+    url = f"sqlite:///{tmp_path / 'conc.db'}"
+    rc = main(["bench", "--workload", "code", "--mode", "ar", "--limit", "3", "--max-new-tokens", "24",
+               "--concurrency", "2", "--db", url, "--power", "estimate", "--tdp-w", "65"])
+    assert rc == 0
+    engine = create_engine(url)
+    with engine.connect() as c:
+        rows = c.execute(text("select started_at, e2e_ms, energy_j from requests order by started_at")).all()
+    engine.dispose()
+    windows = []
+    for r in rows:
+        start = r.started_at if isinstance(r.started_at, datetime) else datetime.fromisoformat(r.started_at)
+        windows.append((start, start + timedelta(milliseconds=r.e2e_ms)))
+    assert len(windows) == 3 and windows[1][0] < windows[0][1]  # the first two ran together
+    union, reach = 0.0, None
+    for a, b in sorted(windows):
+        lo = a if reach is None else max(a, reach)
+        union += max((b - lo).total_seconds(), 0.0)
+        reach = b if reach is None else max(reach, b)
+    summed = sum((b - a).total_seconds() for a, b in windows)
+    assert summed > union * 1.2  # the overlap is large enough to tell the two apart
+    assert sum(r.energy_j for r in rows) == pytest.approx(65.0 * union, rel=0.02)

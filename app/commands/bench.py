@@ -276,9 +276,9 @@ def _run_turn(args, loaded, runner, recorder, source, node_id, params, level, pr
                     power_source=source.source, concurrency=level, k_policy=k_policy)
     with recorded_run(recorder, source, info) as (run_id, sampler):
 
-        def energy_for(start, end):
+        def energy_for(windows):
             sampler.sample_now()  # cover the request's end: a request shorter than the interval
-            return sampler.energy_j(start, end)  # would otherwise have no reading after it
+            return sampler.energy_share_j(windows)  # would otherwise have no reading after it
 
         def on_request(res):
             if recorder:
