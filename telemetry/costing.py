@@ -5,6 +5,7 @@ CLI, the dashboard and the reports all price runs here, so every figure has one 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
@@ -62,6 +63,18 @@ class ModeCost:
     # only when every one has: a share of the runs' energy over all of their tokens would under-price it)
     runs_with_tokens: int = 0
     runs_with_energy: int = 0
+
+
+MEASURED, ESTIMATED, PARTLY_ESTIMATED = "measured", "estimated", "partly estimated"
+
+
+def energy_source(runs: Iterable[RunSummary]) -> str | None:
+    """Where the energy figures of `runs` come from: 'measured' (a meter: NVML, RAPL), 'estimated' (a TDP power
+    model), 'partly estimated' (some runs of each, pooled); None when none of them has an energy figure."""
+    estimated = {r.stats.energy_estimated for r in runs if r.stats.energy_j is not None}
+    if not estimated:
+        return None
+    return PARTLY_ESTIMATED if len(estimated) == 2 else ESTIMATED if True in estimated else MEASURED
 
 
 def _energy_prices(engine: Engine, snapshot: dict | None, usd_per_kwh: float | None, pue: float | None):

@@ -112,6 +112,7 @@ class PeriodFigures:
     window: Window
     modes: dict[str, queries.ModeSummary]
     mode_costs: dict[str, costing.ModeCost]
+    run_costs: tuple[costing.RunCost, ...] = ()
 
     @property
     def has_traffic(self) -> bool:
@@ -140,14 +141,33 @@ class PeriodFigures:
         m = self.modes.get(mode)
         return None if m is None else getattr(m.stats, name)
 
+    def _runs(self, mode: str, *, with_tokens: bool = False) -> list[queries.RunSummary]:
+        return [rc.run for rc in self.run_costs
+                if rc.run.mode == mode and (rc.run.stats.output_tokens or not with_tokens)]
+
+    def energy_source(self, mode: str) -> str | None:
+        """The energy basis of the mode's total cost: NO_ENERGY where it is hardware only, else where its energy
+        comes from (costing.energy_source: measured, estimated, partly estimated); None where there is no total."""
+        included = self.energy_included(mode)
+        if included is None:
+            return None
+        return costing.energy_source(self._runs(mode, with_tokens=True)) if included else NO_ENERGY
+
+    def j_source(self, mode: str) -> str | None:
+        """Where the mode's J/token comes from (measured, estimated, partly estimated); None without one."""
+        if self.stat(mode, "j_per_token") is None:
+            return None
+        return costing.energy_source(self._runs(mode))
+
 
 def period_figures(engine: Engine, window: Window) -> PeriodFigures:
     f = window.filters()
-    _, mode_costs = costing.costs(engine, f)
+    run_costs, mode_costs = costing.costs(engine, f)
     return PeriodFigures(
         window,
         {m.mode: m for m in queries.mode_summaries(engine, f)},
         {mc.mode: mc for mc in mode_costs},
+        tuple(run_costs),
     )
 
 
@@ -157,8 +177,8 @@ def period_figures(engine: Engine, window: Window) -> PeriodFigures:
 @dataclass(frozen=True, slots=True)
 class CostMetric:
     """A mode's cost per 1M tokens as a compared figure: the total where the periods compared share an energy
-    basis (energy included in all of them, or in none), else the hardware part of each (`comparable_costs`).
-    Called on one period it is that period's total."""
+    basis (energy included in none of them, or in all of them from the same kind of source), else the
+    hardware part of each (`comparable_costs`). Called on one period it is that period's total."""
 
     mode: str
 
@@ -166,22 +186,64 @@ class CostMetric:
         return f.cost_per_1m(self.mode)
 
 
+@dataclass(frozen=True, slots=True)
+class JPerTokenMetric:
+    """A mode's J/token as a compared figure; `estimate_sources` says where it rests on estimated power."""
+
+    mode: str
+
+    def __call__(self, f: PeriodFigures) -> float | None:
+        return f.stat(self.mode, "j_per_token")
+
+
 TOTAL_BASIS = "total"
+NO_ENERGY = "none"  # PeriodFigures.energy_source of a hardware-only total
 
 
 def comparable_costs(periods: Sequence[PeriodFigures], mode: str) -> tuple[list[float | None], str]:
     """The mode's cost per 1M tokens in each period on one energy basis, and that basis in words: the totals
     when every period with a total has the same basis, else the hardware parts (a total with estimated energy
-    against a hardware-only one would show the energy as a change in cost)."""
-    included = [p.energy_included(mode) for p in periods]
-    known = [i for i in included if i is not None]
+    against a hardware-only one would show the energy as a change in cost, and one with estimated energy
+    against one with metered energy would show the estimate's error as one)."""
+    bases = [p.energy_source(mode) for p in periods]
+    known = [b for b in bases if b is not None]
     if len(set(known)) <= 1:
         return [p.cost_per_1m(mode) for p in periods], TOTAL_BASIS
     values = [p.hardware_per_1m(mode) for p in periods]
+    included = [b != NO_ENERGY for b in known]
+    if len(set(included)) > 1:
+        if len(periods) == 2:
+            where = "this period only" if bases[0] != NO_ENERGY else "the previous period only"
+            return values, f"hardware part only: energy included in {where}"
+        return values, (f"hardware part only: energy included in {sum(included)} of the {len(known)} periods "
+                        "with a cost")
+    # energy in every period with a cost, metered in some and estimated in others
     if len(periods) == 2:
-        where = "this period only" if included[0] else "the previous period only"
-        return values, f"hardware part only: energy included in {where}"
-    return values, f"hardware part only: energy included in {sum(known)} of the {len(known)} periods with a cost"
+        return values, f"hardware part only: energy {bases[0]} in this period, {bases[1]} in the previous one"
+    counts = ", ".join(f"{source} in {known.count(source)}" for source in
+                       (costing.MEASURED, costing.ESTIMATED, costing.PARTLY_ESTIMATED) if source in known)
+    return values, f"hardware part only: energy {counts} of the {len(known)} periods with a cost"
+
+
+def estimate_sources(get: Callable[[PeriodFigures], float | None], periods: Sequence[PeriodFigures],
+                     basis: str | None) -> list[str | None]:
+    """Per period, whether its compared figure rests on estimated power: 'estimated' or 'partly estimated',
+    else None (metered, no energy in it, or a figure that is no energy figure). A cost compared on its
+    hardware part holds no energy."""
+    if isinstance(get, CostMetric):
+        sources = [p.energy_source(get.mode) if basis == TOTAL_BASIS else None for p in periods]
+    elif isinstance(get, JPerTokenMetric):
+        sources = [p.j_source(get.mode) for p in periods]
+    else:
+        return [None] * len(periods)
+    return [s if s in (costing.ESTIMATED, costing.PARTLY_ESTIMATED) else None for s in sources]
+
+
+def estimated_text(sources: Sequence[str | None], names: Sequence[str]) -> str:
+    """'this period', 'previous period (partly)', 'this period and previous period': the periods named in
+    `names` whose figure rests on estimated power; empty where none does."""
+    return " and ".join(name + (" (partly)" if s == costing.PARTLY_ESTIMATED else "")
+                        for name, s in zip(names, sources, strict=True) if s)
 
 
 # ---- anomaly bands --------------------------------------------------------------------------------------
@@ -199,6 +261,7 @@ class BandCheck:
     status: str  # anomaly | within band | not enough history | no value this period
     note: str
     basis: str | None = None  # a cost: "total", or its hardware part where the periods' energy bases differ
+    estimated: str = ""  # which of the compared values rest on estimated power (`estimated_text`), if any
 
 
 def band_check(
@@ -248,8 +311,15 @@ def compared_values(get: Callable[[PeriodFigures], float | None],
 
 def _band(name: str, get: Callable[[PeriodFigures], float | None], current: PeriodFigures,
           past: Sequence[PeriodFigures]) -> BandCheck:
-    values, basis = compared_values(get, [current, *past])
-    b = replace(band_check(name, values[0], values[1:]), basis=basis)
+    periods = [current, *past]
+    values, basis = compared_values(get, periods)
+    sources = estimate_sources(get, periods, basis)
+    parts = [estimated_text(sources[:1], ["this period"])] if values[0] is not None and sources[0] else []
+    before = [src for src, v in zip(sources[1:], values[1:], strict=True) if v is not None]
+    if any(before):
+        parts.append(f"{sum(1 for src in before if src)} of the {len(before)} previous periods with a value")
+    estimated = " and ".join(parts)
+    b = replace(band_check(name, values[0], values[1:]), basis=basis, estimated=estimated)
     return b if basis in (None, TOTAL_BASIS) else replace(b, note=f"{basis}; {b.note}")
 
 
@@ -358,23 +428,29 @@ CHANGE_METRICS: tuple[tuple[str, Callable[[PeriodFigures], float | None]], ...] 
     ("spec acceptance rate", lambda f: f.stat("spec", "acceptance_rate")),
     ("spec p95 TPOT (ms)", lambda f: f.stat("spec", "tpot_p95_ms")),
     ("AR p95 TPOT (ms)", lambda f: f.stat("ar", "tpot_p95_ms")),
-    ("spec J/token", lambda f: f.stat("spec", "j_per_token")),
-    ("AR J/token", lambda f: f.stat("ar", "j_per_token")),
+    ("spec J/token", JPerTokenMetric("spec")),
+    ("AR J/token", JPerTokenMetric("ar")),
 )
 
 
 def change_rows(
     data: ReportData,
-) -> list[tuple[str, float | None, float | None, float | None, float | None, str]]:
-    """(figure, this period, previous period, change, change %, compared) — None where either side is
-    missing. A cost compares totals where both periods have the same energy basis, else the hardware parts;
-    `compared` says which ("total" or "hardware part only: ...", empty for the other figures)."""
+) -> list[tuple[str, float | None, float | None, float | None, float | None, str, str]]:
+    """(figure, this period, previous period, change, change %, compared, estimated) — None where either side
+    is missing. A cost compares totals where both periods have the same energy basis, else the hardware parts;
+    `compared` says which ("total" or "hardware part only: ...", empty for the other figures). `estimated`
+    names the periods whose value rests on estimated power ("this period", "previous period (partly)", ...;
+    empty where neither does)."""
     out = []
+    periods = [data.current, data.previous]
     for name, get in CHANGE_METRICS:
-        (cur, prev), basis = compared_values(get, [data.current, data.previous])
+        (cur, prev), basis = compared_values(get, periods)
         delta = None if cur is None or prev is None else cur - prev
         pct = None if delta is None or not prev else delta / prev * 100
-        out.append((name, cur, prev, delta, pct, basis or ""))
+        sources = [s if v is not None else None
+                   for s, v in zip(estimate_sources(get, periods, basis), (cur, prev), strict=True)]
+        estimated = estimated_text(sources, ["this period", "previous period"])
+        out.append((name, cur, prev, delta, pct, basis or "", estimated))
     return out
 
 
@@ -443,14 +519,14 @@ def summary_dict(data: ReportData) -> dict:
         "projection_daily_tokens_basis": pr.daily_tokens_basis,
         "change": [
             {"figure": n, "this_period": c, "previous_period": p, "change": d, "change_pct": pct,
-             "compared": basis or None}
-            for n, c, p, d, pct, basis in change_rows(data)
+             "compared": basis or None, "estimated": est or None}
+            for n, c, p, d, pct, basis, est in change_rows(data)
         ],
         "previous_period": {"since": _iso(data.previous.window.since), "until": _iso(data.previous.window.until)},
         "anomalies": [
             {"metric": b.metric, "value": b.value, "status": b.status, "band_low": b.low, "band_high": b.high,
              "history_periods": b.num_history, "note": b.note,
-             "compared": b.basis}
+             "compared": b.basis, "estimated": b.estimated or None}
             for b in data.bands
         ],  # fmt: skip
     }
@@ -545,11 +621,15 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
         Table("runs_cost", "Cost per run", tuple(header), tuple(tuple(r) for r in rows),
               RUNS_COST_COLUMNS if set(header) == {c.source for c in RUNS_COST_COLUMNS} else ()),
         Table("change", "Change against the previous period (a cost compares totals only where both periods "
-              "have the same energy basis, else the hardware parts)", ("figure", "this period", "previous period",
-              "change", "change %", "compared"), tuple(change_rows(data))),
-        Table("anomalies", "Anomalies (band = mean +- 3 sd of previous periods)",
-              ("metric", "this period", "status", "band low", "band high", "history periods", "note"),
-              tuple((b.metric, b.value, b.status, b.low, b.high, b.num_history, b.note) for b in data.bands)),
+              "have the same energy basis: no energy, or energy from the same kind of source; else the hardware "
+              "parts. 'estimated' names the periods whose figure rests on estimated power)",
+              ("figure", "this period", "previous period", "change", "change %", "compared", "estimated"),
+              tuple(change_rows(data))),
+        Table("anomalies", "Anomalies (band = mean +- 3 sd of previous periods; 'estimated' names the values "
+              "that rest on estimated power)",
+              ("metric", "this period", "status", "band low", "band high", "history periods", "note", "estimated"),
+              tuple((b.metric, b.value, b.status, b.low, b.high, b.num_history, b.note, b.estimated)
+                    for b in data.bands)),
         Table("projection", "Projected annual savings and its assumptions", ("figure", "value"),
               tuple(projection_rows(pr))),
         Table("nodes_by_sla", "Nodes by p95 TPOT SLA (the projection's traffic and price at every SLA where "

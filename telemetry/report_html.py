@@ -16,7 +16,16 @@ import plotly.io as pio
 from telemetry.costing import FLEET_COST_FORMULA, FLEET_COST_LABEL
 from telemetry.finops import sla_steps, step_starts
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
-from telemetry.report import ALPHA_GO, TOTAL_BASIS, ReportData, Table, comparable_costs, meets_sla
+from telemetry.report import (
+    ALPHA_GO,
+    TOTAL_BASIS,
+    CostMetric,
+    ReportData,
+    Table,
+    comparable_costs,
+    estimate_sources,
+    meets_sla,
+)
 
 MISSING = "—"
 SPEC_COLOUR, AR_COLOUR = MODE_COLOURS["spec"], MODE_COLOURS["ar"]  # the dashboard's too
@@ -298,15 +307,19 @@ def trend_chart(data: ReportData) -> go.Figure:
     hardware_only = []
     for mode, colour in (("spec", SPEC_COLOUR), ("ar", AR_COLOUR)):
         # totals only where every period has the same energy basis; else each period's hardware part
-        ys, basis = comparable_costs(periods, mode)
+        # (in the report's order, this period first: the basis in words names "this period")
+        ys, basis = comparable_costs([data.current, *data.history], mode)
+        ys = ys[::-1]
         name = _name(mode) if basis == TOTAL_BASIS else f"{_name(mode)} (hardware part)"
         if basis != TOTAL_BASIS:
-            hardware_only.append(_name(mode))
+            hardware_only.append(f"{_name(mode)}: {basis.removeprefix('hardware part only: ')}")
+        elif any(estimate_sources(CostMetric(mode), periods, basis)):
+            name += " (incl. estimated energy)"
         fig.add_scatter(x=x, y=ys, mode="lines+markers", name=name, line_color=colour)
     title = "Cost per 1M tokens by period (the last point is this one)"
     if hardware_only:
-        title += (f"<br><sub>{' and '.join(hardware_only)}: hardware part only, energy is included in some "
-                  "periods and not in others</sub>")
+        title += (f"<br><sub>hardware part only, the periods' energy is not on one basis ("
+                  f"{'; '.join(hardware_only)})</sub>")
     return _layout(fig, title, "USD")
 
 
@@ -341,6 +354,10 @@ def charts_html(figures: Sequence[tuple[str, go.Figure]]) -> str:
     return '<div class="charts">' + "".join(f"<div>{p}</div>" for p in parts) + "</div>"
 
 
+def _band_note(b) -> str:
+    return b.note + (f"; estimated power in {b.estimated}" if b.estimated else "")
+
+
 # ---- the page -------------------------------------------------------------------------------------------
 
 
@@ -370,7 +387,7 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
     if anomalies:
         parts.append("<ul>" + "".join(
             f"<li class='bad'>{html.escape(b.metric)}: {fmt(b.value, ',.4g')} is outside its band "
-            f"{fmt(b.low, ',.4g')} to {fmt(b.high, ',.4g')} ({html.escape(b.note)})</li>" for b in anomalies
+            f"{fmt(b.low, ',.4g')} to {fmt(b.high, ',.4g')} ({html.escape(_band_note(b))})</li>" for b in anomalies
         ) + "</ul>")  # fmt: skip
     elif all(b.value is None for b in data.bands):  # nothing was checked: no all-clear
         why = "no traffic in this period" if not data.has_traffic else "no checked figure has a value this period"
@@ -380,7 +397,7 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
     short = [b for b in data.bands if b.status == "not enough history"]
     if short:
         parts.append("<p class='muted'>Not enough history to judge: " + "; ".join(
-            html.escape(f"{b.metric} ({b.note})") for b in short) + ".</p>")  # fmt: skip
+            html.escape(f"{b.metric} ({_band_note(b)})") for b in short) + ".</p>")  # fmt: skip
     if data.has_traffic:
         figures = [("cost", cost_chart(data)), ("tpot", tpot_chart(data)), ("trend", trend_chart(data))]
         if data.domains:

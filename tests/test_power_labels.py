@@ -1,0 +1,110 @@
+"""No fake numbers: a power or cost figure that rests on estimated power is labelled as an estimate wherever it
+is shown (report, `cost`, dashboard), figures from different power sources are not compared as if they were
+one, and a figure that covers only some requests says so."""
+
+from __future__ import annotations
+
+import csv
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from synthetic import BASE_TIME, Req, make_run, spec_req
+
+from app.cli import main
+from telemetry.db import Report
+from telemetry.store import open_store
+
+DAY = timedelta(days=1)
+D0 = BASE_TIME.replace(hour=0)  # 2026-11-02 00:00 UTC
+
+
+def add_day(engine, day, power: str, *, ar_j: float | None = 50.0, spec_j: float | None = 30.0) -> None:
+    """One AR and one spec run at 09:00 of `day` with power source `power` (estimate, nvml, none)."""
+    start = day.replace(hour=9)
+    with Session(engine) as s:
+        make_run(s, "ar", started_at=start, power_source=power, requests=[
+            Req(33, ttft_ms=100, e2e_ms=900, start_s=0.0, energy_j=ar_j),
+            Req(33, ttft_ms=100, e2e_ms=1700, start_s=0.2, energy_j=ar_j),
+        ])  # fmt: skip
+        make_run(s, "spec", started_at=start, power_source=power, requests=[
+            spec_req(33, 4, 24, ttft_ms=100, e2e_ms=500, start_s=0.0, energy_j=spec_j),
+            spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500, start_s=1.0, energy_j=spec_j),
+        ])  # fmt: skip
+        s.commit()
+
+
+def report(url: str, out, *extra: str):
+    """`specfinops report` of the day D0; (its summary, its CSV directory, its HTML page)."""
+    args = ["report", "--db", url, "--out", str(out), "--period", "daily", "--since", "2026-11-02", *extra]
+    assert main(args) == 0
+    engine = open_store(url)
+    with Session(engine) as s:
+        rec = list(s.scalars(select(Report).order_by(Report.id)))[-1]
+    engine.dispose()
+    return rec.summary, rec.csv_dir, open(rec.html_path, encoding="utf-8").read()
+
+
+def read_csv(directory: str, name: str) -> dict[str, dict]:
+    with open(f"{directory}/{name}.csv", encoding="utf-8", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    key = "figure" if rows and "figure" in rows[0] else next(iter(rows[0]))
+    return {r[key]: r for r in rows}
+
+
+# ---- A: the change table and the bands do not compare estimated with metered energy ----------------------
+
+
+def test_change_compares_hardware_parts_when_energy_is_metered_now_and_estimated_before(sqlite_url, tmp_path):
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "nvml", ar_j=200.0, spec_j=90.0)  # metered: far above the estimate
+    add_day(engine, D0 - DAY, "estimate")
+    summary, csv_dir, page = report(sqlite_url, tmp_path, "--history", "1")
+    change = {c["figure"]: c for c in summary["change"]}
+    basis = "hardware part only: energy measured in this period, estimated in the previous one"
+    for mode in ("spec", "ar"):
+        m = summary["modes"][mode]
+        row = change[f"{'AR' if mode == 'ar' else 'spec'} cost per 1M tokens (USD)"]
+        assert row["compared"] == basis
+        assert row["this_period"] == pytest.approx(m["hardware_usd_per_1m"])
+        assert row["change"] == pytest.approx(0)  # the same runs: the hardware part did not move
+        assert row["estimated"] is None  # a hardware part holds no energy
+    for figure in ("spec J/token", "AR J/token"):
+        assert change[figure]["estimated"] == "previous period"
+        assert change[figure]["this_period"] is not None and change[figure]["previous_period"] is not None
+    bands = {b["metric"]: b for b in summary["anomalies"]}
+    assert bands["AR cost per 1M tokens (USD)"]["compared"] == basis
+    rows = read_csv(csv_dir, "change")
+    assert rows["AR cost per 1M tokens (USD)"]["compared"] == basis
+    assert rows["AR J/token"]["estimated"] == "previous period" and rows["output tokens"]["estimated"] == ""
+    assert basis in page and "&#x27;estimated&#x27; names the periods" in page
+    assert "<td>previous period</td>" in page  # the J/token rows of the change table
+
+
+def test_change_of_totals_with_estimated_energy_on_both_sides_says_so(sqlite_url, tmp_path):
+    engine = open_store(sqlite_url)
+    for n in range(4):
+        add_day(engine, D0 - n * DAY, "estimate")
+    summary, csv_dir, page = report(sqlite_url, tmp_path, "--history", "3")
+    change = {c["figure"]: c for c in summary["change"]}
+    row = change["spec cost per 1M tokens (USD)"]
+    assert row["compared"] == "total"  # the same basis in both: estimated energy
+    assert row["estimated"] == "this period and previous period"
+    assert change["spec acceptance rate"]["estimated"] is None
+    band = {b["metric"]: b for b in summary["anomalies"]}["spec cost per 1M tokens (USD)"]
+    assert band["status"] == "within band"
+    assert band["estimated"] == "this period and 3 of the 3 previous periods with a value"
+    assert read_csv(csv_dir, "anomalies")["spec cost per 1M tokens (USD)"]["estimated"] == band["estimated"]
+
+
+def test_trend_chart_names_the_energy_bases_it_could_not_compare(sqlite_url, tmp_path):
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "nvml")
+    add_day(engine, D0 - DAY, "estimate")
+    _, _, page = report(sqlite_url, tmp_path, "--history", "1")
+    assert "spec (hardware part)" in page
+    assert ("hardware part only, the periods' energy is not on one basis (spec: energy measured in this period, "
+            "estimated in the previous one; AR: energy measured in this period, estimated in the previous one)"
+            in page)
+    assert "energy is included in some periods and not in others" not in page
