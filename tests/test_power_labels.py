@@ -108,3 +108,40 @@ def test_trend_chart_names_the_energy_bases_it_could_not_compare(sqlite_url, tmp
             "estimated in the previous one; AR: energy measured in this period, estimated in the previous one)"
             in page)
     assert "energy is included in some periods and not in others" not in page
+
+
+# ---- B: a total that includes estimated energy says so --------------------------------------------------
+
+
+def test_cost_total_with_estimated_energy_is_labelled_in_the_table_and_the_mode_line(sqlite_url, capsys):
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "estimate")
+    assert main(["cost", "--db", sqlite_url]) == 0
+    out = capsys.readouterr().out.splitlines()
+    runs = [line for line in out if line.lstrip()[:1].isdigit()]
+    assert len(runs) == 2 and all("(estimated)" in r and "(incl. estimated energy)" in r for r in runs)
+    modes = [line for line in out if line.startswith(("spec ", "ar "))]
+    assert len(modes) == 2
+    assert all(line.endswith("(incl. estimated energy) per 1M tokens") for line in modes), modes
+
+
+def test_cost_total_with_metered_energy_or_none_is_not_called_an_estimate(sqlite_url, capsys):
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "nvml")
+    add_day(engine, D0 - DAY, "none", ar_j=None, spec_j=None)
+    assert main(["cost", "--db", sqlite_url]) == 0
+    out = capsys.readouterr().out
+    assert "estimated" not in out and "(hardware only)" in out
+
+
+def test_overview_cost_tile_of_a_total_with_estimated_energy_says_so(sqlite_url, monkeypatch):
+    from test_dashboard_apptest import PAGES, app_for, assert_clean, metrics, open_page
+
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "estimate")
+    engine.dispose()
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    m = metrics(at)
+    assert len(m["Cost per 1M tokens (incl. estimated energy)"]) == 2 and "Cost per 1M tokens" not in m
+    assert len(m["J/token (estimate)"]) == 2

@@ -199,9 +199,13 @@ def _energy_text(c) -> str:
 
 
 def _total_text(c) -> str:
+    """The total, and what it holds where that is not metered hardware and energy: hardware only, or an energy
+    part that was estimated (the total is then partly an estimate, and says so)."""
     if c.total_usd_per_1m is None:
         return f"n/a ({c.reason})"
-    return _usd(c.total_usd_per_1m) + ("" if c.energy_included or c.tokens == 0 else " (hardware only)")
+    if c.energy_included:
+        return _usd(c.total_usd_per_1m) + (" (incl. estimated energy)" if c.energy_estimated else "")
+    return _usd(c.total_usd_per_1m) + ("" if c.tokens == 0 else " (hardware only)")
 
 
 def _cost_dict(c) -> dict:
@@ -269,7 +273,7 @@ def run_cost_command(args) -> int:
     print("cost per 1M output tokens (USD): hardware = node $/h x wall hours; energy = kWh x PUE x $/kWh")
     header = (
         f"{'run':>5} {'mode':<5} {'workload':<12} {'conc':>4} {'tokens':>9} {'tok/s':>9} "
-        f"{'hardware':>10} {'energy':>22} {'total':>24}  priced as"
+        f"{'hardware':>10} {'energy':>22} {'total':>32}  priced as"
     )
     print(header)
     for rc in run_costs:
@@ -277,7 +281,7 @@ def run_cost_command(args) -> int:
         print(
             f"{rc.run.run_id:>5} {rc.run.mode:<5} {rc.run.workload[:12]:<12} {rc.run.concurrency:>4} "
             f"{st.output_tokens:>9,} {_num(st.tokens_per_s):>9} {_usd(c.hardware_usd_per_1m):>10} "
-            f"{_energy_text(c):>22} {_total_text(c):>24}  {rc.node_price.priced_as} "
+            f"{_energy_text(c):>22} {_total_text(c):>32}  {rc.node_price.priced_as} "
             f"(${rc.node_price.usd_per_hour:g}/h)"
         )
     print()

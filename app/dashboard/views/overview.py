@@ -92,7 +92,9 @@ def body(ctx: Context) -> None:
             compare = mode == "spec"
             r1 = st.columns(3)
             total = c.total_usd_per_1m if c else None
-            r1[0].metric("Cost per 1M tokens", usd(total),
+            # a total whose energy part was estimated is labelled on the tile, as the J/token beside it
+            estimated = bool(c and c.energy_included and c.energy_estimated)
+            r1[0].metric("Cost per 1M tokens" + (" (incl. estimated energy)" if estimated else ""), usd(total),
                          **_vs_ar(total, other_c.total_usd_per_1m if other_c else None, compare),
                          delta_color="inverse",
                          help="(node $/h x node hours + kWh x PUE x $/kWh) / output tokens x 1e6"
