@@ -145,3 +145,50 @@ def test_overview_cost_tile_of_a_total_with_estimated_energy_says_so(sqlite_url,
     m = metrics(at)
     assert len(m["Cost per 1M tokens (incl. estimated energy)"]) == 2 and "Cost per 1M tokens" not in m
     assert len(m["J/token (estimate)"]) == 2
+
+
+# ---- C: the Cost & capacity page says "no energy measured" only where none was ---------------------------
+
+
+def _cost_page(url: str, monkeypatch, sla_ms: float | None = None):
+    from test_dashboard_apptest import PAGES, app_for, assert_clean, open_page
+
+    at = open_page(app_for(url, monkeypatch), PAGES["Cost & capacity"])
+    if sla_ms is not None:
+        at.number_input(key="w_sla").set_value(sla_ms).run()
+    assert_clean(at)
+    return [c.value for c in at.caption]
+
+
+def test_cost_page_with_estimated_energy_and_no_configuration_at_the_sla_says_why(sqlite_url, monkeypatch):
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "estimate")
+    engine.dispose()
+    captions = _cost_page(sqlite_url, monkeypatch, sla_ms=1.0)  # no run meets a 1 ms p95 TPOT
+    assert not any("no energy measured" in c for c in captions), captions
+    assert ("Note: energy is not in the fleet cost: no AR configuration meets the 1 ms SLA; no speculative "
+            "configuration meets the 1 ms SLA.") in captions
+
+
+def test_cost_page_names_the_capacity_configuration_whose_energy_is_incomplete(sqlite_url, monkeypatch):
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:  # AR: one request of two has energy; spec: all of them
+        make_run(s, "ar", power_source="nvml", requests=[Req(33, ttft_ms=100, e2e_ms=900, energy_j=50.0),
+                                                        Req(33, ttft_ms=100, e2e_ms=900, start_s=1.0)])
+        make_run(s, "spec", power_source="nvml", requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500,
+                                                                    energy_j=30.0)])
+        s.commit()
+    engine.dispose()
+    captions = _cost_page(sqlite_url, monkeypatch)
+    assert not any("no energy measured" in c for c in captions), captions
+    assert ("Note: energy is not in the fleet cost: the AR configuration that sets the capacity (run 1) has energy "
+            "figures for only some of its requests.") in captions
+
+
+def test_cost_page_without_any_energy_still_says_none_was_measured(sqlite_url, monkeypatch):
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "none", ar_j=None, spec_j=None)
+    engine.dispose()
+    captions = _cost_page(sqlite_url, monkeypatch, sla_ms=1.0)
+    assert ("Note: no energy measured for these runs: the electricity price and PUE do not change the "
+            "figures.") in captions

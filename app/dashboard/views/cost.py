@@ -122,8 +122,9 @@ def _projection_section(ctx: Context) -> None:
     st.plotly_chart(charts.nodes_bar(p.nodes_ar, p.nodes_spec, in_view), width="stretch")
     _sla_section(sp)
     notes = projection_notes(sp)
-    if not (p.energy_included_ar or p.energy_included_spec):
-        notes.append("no energy measured for these runs: the electricity price and PUE do not change the figures")
+    energy = energy_note(sp, data.run_summaries(ctx.url, ctx.sel.filters))
+    if energy:
+        notes.append(energy)
     for note in notes:
         st.caption(f"Note: {note}.")
     proj_table = pd.DataFrame([
@@ -135,6 +136,37 @@ def _projection_section(ctx: Context) -> None:
          "spec": p.capacity_tokens_per_s_spec},
     ])
     download_csv("Download projection (CSV)", proj_table, "projection.csv", "dl_projection")
+
+
+def energy_note(sp, runs) -> str | None:
+    """Why the energy part is missing from a mode's fleet cost, where it is: the runs in view have no energy
+    figure at all (then the electricity price and PUE change nothing), no configuration of the mode meets the
+    SLA, or the configuration that sets its capacity lacks energy for some of its requests. None where energy is
+    in both, or where `projection_notes` says why already (priced as other hardware than measured)."""
+    p = sp.projection
+    if p.energy_included_ar and p.energy_included_spec:
+        return None
+    if not any(r.stats.energy_j is not None for r in runs):
+        return "no energy measured for these runs: the electricity price and PUE do not change the figures"
+    if sp.priced_differs:
+        return None
+    by_id = {r.run_id: r for r in runs}
+    reasons = []
+    for mode, nodes, included, cap_runs in (("AR", p.nodes_ar, p.energy_included_ar, sp.capacity_runs_ar),
+                                            ("speculative", p.nodes_spec, p.energy_included_spec,
+                                             sp.capacity_runs_spec)):
+        if included:
+            continue
+        if nodes is None:
+            reasons.append(f"no {mode} configuration meets the {p.sla_ms:g} ms SLA")
+            continue
+        cap = [by_id[i] for i in cap_runs if i in by_id]
+        some = any(r.stats.energy_j is not None for r in cap)
+        reasons.append(f"the {mode} configuration that sets the capacity ({runs_text(cap_runs)}) has "
+                       + ("energy figures for only some of its requests" if some else "no energy figure"))
+    if not reasons:
+        return None
+    return "energy is not in the fleet cost: " + "; ".join(reasons)
 
 
 def _sla_section(sp) -> None:
