@@ -480,12 +480,34 @@ def _mode_dict(data: ReportData, mode: str) -> dict:
         "meets_sla": meets_sla(st.tpot_p95_ms if st else None, data.sla_ms),
         "j_per_token": st.j_per_token if st else None,
         "energy_estimated": st.energy_estimated if st else False,
+        # every ok request has an energy figure; else J/token covers only those that have one
+        "energy_complete": st.energy_complete if st else False,
         "hardware_usd_per_1m": c.hardware_usd_per_1m if c else None,
         "energy_usd_per_1m": c.energy_usd_per_1m if c else None,
         "total_usd_per_1m": c.total_usd_per_1m if c else None,
         "energy_included": c.energy_included if c else False,
-        "cost_note": c.reason if c else "no runs of this mode",
+        "cost_note": cost_note(data.current, mode),
     }
+
+
+def partial_energy(f: PeriodFigures, mode: str) -> bool:
+    """Some of the mode's requests have an energy figure and some do not: its J/token covers only those that
+    have one, and its total cost holds no energy (costing prices energy only where every request has it)."""
+    m = f.modes.get(mode)
+    return m is not None and m.stats.energy_j is not None and not m.stats.energy_complete
+
+
+def cost_note(f: PeriodFigures, mode: str) -> str | None:
+    """Why the mode's total is missing or hardware only ("energy not measured", ...); where only some requests
+    have energy it says that, not "energy not measured" beside a J/token."""
+    mc = f.mode_costs.get(mode)
+    if mc is None:
+        return "no runs of this mode"
+    c = mc.cost
+    if c.total_usd_per_1m is None or c.energy_included or not partial_energy(f, mode):
+        return c.reason
+    return (f"{f.j_source(mode)} energy for only some requests: hardware only (J/token covers the requests that "
+            "have an energy figure)")
 
 
 def summary_dict(data: ReportData) -> dict:
@@ -592,7 +614,7 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
         (mode, *(_mode_dict(data, mode)[k] for k in (
             "requests_ok", "requests_failed", "output_tokens", "tokens_per_s", "acceptance_rate", "tpot_p95_ms",
             "meets_sla", "j_per_token", "energy_estimated", "hardware_usd_per_1m", "energy_usd_per_1m",
-            "total_usd_per_1m", "energy_included", "cost_note")))
+            "total_usd_per_1m", "energy_included", "cost_note", "energy_complete")))
         for mode in queries.MODES
         if mode in data.current.modes
     ]  # fmt: skip
@@ -600,10 +622,12 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
     pr = data.projection
     curve = pr.sla_curve
     return [
-        Table("modes", "Spec vs AR (cost per 1M tokens of the measured runs: node $/h x wall hours / tokens)",
+        Table("modes", "Spec vs AR (cost per 1M tokens of the measured runs: node $/h x wall hours / tokens; "
+              "energy complete: every request has an energy figure, else J/token covers those that do)",
               ("mode", "requests ok", "requests failed", "output tokens", "tokens/s",
                "acceptance rate", "p95 TPOT (ms)", "meets SLA", "J/token", "energy estimated",
-               "hardware $/1M", "energy $/1M", "total $/1M", "energy included", "cost note"), tuple(modes)),
+               "hardware $/1M", "energy $/1M", "total $/1M", "energy included", "cost note",
+               "energy complete"), tuple(modes)),
         Table("acceptance_by_domain", f"Acceptance per domain (go/no-go line {ALPHA_GO}, judged on alpha where "
               "steps were recorded, as calibrate; else on the acceptance rate)",
               ("domain", "requests", "drafts", "drafted tokens", "accepted tokens", "acceptance rate",

@@ -25,6 +25,7 @@ from telemetry.report import (
     comparable_costs,
     estimate_sources,
     meets_sla,
+    partial_energy,
 )
 
 MISSING = "—"
@@ -154,6 +155,8 @@ def _cost_text(data: ReportData, mode: str) -> tuple[str, str]:
     if c.total_usd_per_1m is None:
         return MISSING, c.reason or ""
     if not c.energy_included:
+        if partial_energy(data.current, mode):
+            return usd(c.total_usd_per_1m), "hardware only (energy for only some requests)"
         return usd(c.total_usd_per_1m), "hardware only (energy not measured)"
     return usd(c.total_usd_per_1m), "incl. energy (estimated)" if c.energy_estimated else "incl. energy"
 
@@ -162,8 +165,10 @@ def _j_text(data: ReportData, mode: str) -> str:
     j = data.current.stat(mode, "j_per_token")
     if j is None:
         return f"{_name(mode)} {MISSING}"
-    est = " (estimated)" if data.current.stat(mode, "energy_estimated") else ""
-    return f"{_name(mode)} {j:.3g} J{est}"
+    labels = ["estimated"] if data.current.stat(mode, "energy_estimated") else []
+    if partial_energy(data.current, mode):
+        labels.append("some requests only")
+    return f"{_name(mode)} {j:.3g} J" + (f" ({', '.join(labels)})" if labels else "")
 
 
 def _tpot_text(data: ReportData, mode: str) -> str:
@@ -381,6 +386,11 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
     if estimated:
         parts.append("<p class='muted'>Energy (J/token and the energy part of the cost) comes from an "
                      "<b>estimated</b> power source, not a power meter.</p>")  # fmt: skip
+    partial = [_name(m) for m in ("spec", "ar") if partial_energy(data.current, m)]
+    if partial:
+        parts.append(f"<p class='muted'>Some {' and '.join(partial)} requests have no energy figure; J/token covers "
+                     f"those that do, and the cost per 1M tokens of {'that mode' if len(partial) == 1 else 'both'} is "
+                     "hardware only.</p>")
     parts.append("<h2>Projected annual savings: assumptions</h2>" + assumptions_html(data))
     anomalies = [b for b in data.bands if b.status == "anomaly"]
     parts.append("<h2>Anomalies</h2>")

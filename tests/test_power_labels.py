@@ -192,3 +192,53 @@ def test_cost_page_without_any_energy_still_says_none_was_measured(sqlite_url, m
     captions = _cost_page(sqlite_url, monkeypatch, sla_ms=1.0)
     assert ("Note: no energy measured for these runs: the electricity price and PUE do not change the "
             "figures.") in captions
+
+
+# ---- D: a J/token over only some requests says so, not "energy not measured" ------------------------------
+
+
+def add_partial_day(engine, day) -> None:
+    """Per mode: one run with estimated energy for every request, one run without energy."""
+    add_day(engine, day, "estimate")
+    add_day(engine, day, "none", ar_j=None, spec_j=None)
+
+
+def test_report_says_j_per_token_covers_only_the_requests_with_energy(sqlite_url, tmp_path):
+    engine = open_store(sqlite_url)
+    add_partial_day(engine, D0)
+    summary, csv_dir, page = report(sqlite_url, tmp_path)
+    for mode in ("spec", "ar"):
+        m = summary["modes"][mode]
+        assert m["j_per_token"] is not None and m["energy_complete"] is False and m["energy_included"] is False
+        assert "not measured" not in m["cost_note"]
+        assert m["cost_note"].startswith("estimated energy for only some requests: hardware only")
+    rows = {r["mode"]: r for r in read_csv(csv_dir, "modes").values()}
+    assert rows["spec"]["energy complete"] == "False" and rows["spec"]["J/token"]
+    assert "not measured" not in rows["spec"]["cost note"]
+    assert "hardware only (energy not measured)" not in page  # the tiles (the runs without energy say it)
+    assert "hardware only (energy for only some requests)" in page
+    assert "(estimated, some requests only)" in page
+    assert "Some spec and AR requests have no energy figure; J/token covers those that do" in page
+
+
+def test_report_with_energy_for_every_request_says_it_is_complete(sqlite_url, tmp_path):
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "nvml")
+    summary, csv_dir, page = report(sqlite_url, tmp_path)
+    assert summary["modes"]["spec"]["energy_complete"] is True
+    assert read_csv(csv_dir, "modes")["spec"]["energy complete"] == "True"
+    assert "some requests only" not in page and "have no energy figure" not in page
+
+
+def test_overview_cost_caption_with_partial_energy_does_not_say_not_measured(sqlite_url, monkeypatch):
+    from test_dashboard_apptest import PAGES, app_for, assert_clean, open_page
+
+    engine = open_store(sqlite_url)
+    add_partial_day(engine, D0)
+    engine.dispose()
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    captions = [c.value for c in at.caption]
+    assert not any("energy not measured" in c for c in captions), captions
+    assert sum("cost is hardware only (energy for only some requests; J/token covers those that do)" in c
+               for c in captions) == 2

@@ -90,6 +90,10 @@ def body(ctx: Context) -> None:
                 st.info(f"No {MODE_NAMES[mode]} runs in view.")
                 continue
             compare = mode == "spec"
+            # some requests have energy and some not: J/token covers those that do, the cost holds no energy
+            partial = s.energy_j is not None and not s.energy_complete
+            no_energy = ("energy for only some requests; J/token covers those that do" if partial
+                         else "energy not measured")
             r1 = st.columns(3)
             total = c.total_usd_per_1m if c else None
             # a total whose energy part was estimated is labelled on the tile, as the J/token beside it
@@ -98,7 +102,7 @@ def body(ctx: Context) -> None:
                          **_vs_ar(total, other_c.total_usd_per_1m if other_c else None, compare),
                          delta_color="inverse",
                          help="(node $/h x node hours + kWh x PUE x $/kWh) / output tokens x 1e6"
-                              + ("" if not c or c.energy_included else ". Hardware only: energy not measured.")
+                              + ("" if not c or c.energy_included else f". Hardware only: {no_energy}.")
                               + (" Energy part is an estimate." if c and c.energy_estimated else ""))
             r1[1].metric("TPOT p50", fmt(s.tpot_p50_ms, ".1f", suffix=" ms"),
                          **_vs_ar(s.tpot_p50_ms, other_s.tpot_p50_ms if other_s else None, compare),
@@ -116,7 +120,7 @@ def body(ctx: Context) -> None:
                          help="1 + accepted / drafts: tokens per target forward (bonus included).")
             st.caption(f"{s.num_requests_ok:,} requests ok, {s.num_requests_failed:,} failed, "
                        f"{s.output_tokens:,} output tokens"
-                       + (" · cost is hardware only (energy not measured)" if c and not c.energy_included else ""))
+                       + (f" · cost is hardware only ({no_energy})" if c and not c.energy_included else ""))
 
     if speedups:
         with st.expander("Speedup by configuration", expanded=len(speedups) > 1):
