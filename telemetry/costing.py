@@ -77,6 +77,27 @@ def energy_source(runs: Iterable[RunSummary]) -> str | None:
     return PARTLY_ESTIMATED if len(estimated) == 2 else ESTIMATED if True in estimated else MEASURED
 
 
+def _ids(ids: list[int]) -> str:
+    """'run 3', 'runs 1, 4-6': consecutive ids as ranges."""
+    spans: list[list[int]] = []
+    for i in sorted(ids):
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ("run " if len(ids) == 1 else "runs ") + ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def energy_sources_text(runs: Iterable[RunSummary]) -> str:
+    """Which runs' energy was estimated and which metered, as 'run 1 estimated, run 3 measured by nvml': what
+    a figure pooled over both says beside 'partly estimated'. Runs without an energy figure are left out."""
+    by_source: dict[str, list[int]] = defaultdict(list)
+    for r in runs:
+        if r.stats.energy_j is not None:
+            by_source[ESTIMATED if r.stats.energy_estimated else f"{MEASURED} by {r.power_source}"].append(r.run_id)
+    return ", ".join(f"{_ids(ids)} {source}" for source, ids in sorted(by_source.items(), key=lambda kv: min(kv[1])))
+
+
 def _energy_prices(engine: Engine, snapshot: dict | None, usd_per_kwh: float | None, pue: float | None):
     snap = snapshot if isinstance(snapshot, dict) else {}
     default_kwh, default_pue = energy_prices(engine)

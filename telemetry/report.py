@@ -482,6 +482,8 @@ def _mode_dict(data: ReportData, mode: str) -> dict:
         "energy_estimated": st.energy_estimated if st else False,
         # every ok request has an energy figure; else J/token covers only those that have one
         "energy_complete": st.energy_complete if st else False,
+        # where the mode's energy figures come from: measured | estimated | partly estimated (runs of both pooled)
+        "energy_source": data.current.j_source(mode),
         "hardware_usd_per_1m": c.hardware_usd_per_1m if c else None,
         "energy_usd_per_1m": c.energy_usd_per_1m if c else None,
         "total_usd_per_1m": c.total_usd_per_1m if c else None,
@@ -614,7 +616,7 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
         (mode, *(_mode_dict(data, mode)[k] for k in (
             "requests_ok", "requests_failed", "output_tokens", "tokens_per_s", "acceptance_rate", "tpot_p95_ms",
             "meets_sla", "j_per_token", "energy_estimated", "hardware_usd_per_1m", "energy_usd_per_1m",
-            "total_usd_per_1m", "energy_included", "cost_note", "energy_complete")))
+            "total_usd_per_1m", "energy_included", "cost_note", "energy_complete", "energy_source")))
         for mode in queries.MODES
         if mode in data.current.modes
     ]  # fmt: skip
@@ -627,7 +629,7 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
               ("mode", "requests ok", "requests failed", "output tokens", "tokens/s",
                "acceptance rate", "p95 TPOT (ms)", "meets SLA", "J/token", "energy estimated",
                "hardware $/1M", "energy $/1M", "total $/1M", "energy included", "cost note",
-               "energy complete"), tuple(modes)),
+               "energy complete", "energy source"), tuple(modes)),
         Table("acceptance_by_domain", f"Acceptance per domain (go/no-go line {ALPHA_GO}, judged on alpha where "
               "steps were recorded, as calibrate; else on the acceptance rate)",
               ("domain", "requests", "drafts", "drafted tokens", "accepted tokens", "acceptance rate",

@@ -13,7 +13,14 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from telemetry.costing import FLEET_COST_FORMULA, FLEET_COST_LABEL
+from telemetry.costing import (
+    ESTIMATED,
+    FLEET_COST_FORMULA,
+    FLEET_COST_LABEL,
+    MEASURED,
+    PARTLY_ESTIMATED,
+    energy_sources_text,
+)
 from telemetry.finops import sla_steps, step_starts
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.report import (
@@ -158,14 +165,17 @@ def _cost_text(data: ReportData, mode: str) -> tuple[str, str]:
         if partial_energy(data.current, mode):
             return usd(c.total_usd_per_1m), "hardware only (energy for only some requests)"
         return usd(c.total_usd_per_1m), "hardware only (energy not measured)"
-    return usd(c.total_usd_per_1m), "incl. energy (estimated)" if c.energy_estimated else "incl. energy"
+    if not c.energy_estimated:
+        return usd(c.total_usd_per_1m), "incl. energy"
+    return usd(c.total_usd_per_1m), f"incl. energy ({data.current.energy_source(mode)})"
 
 
 def _j_text(data: ReportData, mode: str) -> str:
     j = data.current.stat(mode, "j_per_token")
     if j is None:
         return f"{_name(mode)} {MISSING}"
-    labels = ["estimated"] if data.current.stat(mode, "energy_estimated") else []
+    source = data.current.j_source(mode)
+    labels = [source] if source in (ESTIMATED, PARTLY_ESTIMATED) else []
     if partial_energy(data.current, mode):
         labels.append("some requests only")
     return f"{_name(mode)} {j:.3g} J" + (f" ({', '.join(labels)})" if labels else "")
@@ -224,6 +234,28 @@ def cards_html(data: ReportData) -> str:
         _card("Projected annual savings", savings, savings_sub),
     ]  # fmt: skip
     return '<div class="cards">' + "".join(cards) + "</div>"
+
+
+def energy_sources_html(data: ReportData) -> str:
+    """Where the energy figures come from, when any of them was estimated: all from an estimated power source,
+    or by mode, naming the runs of a mode that pools estimated and metered energy."""
+    sources = {m: data.current.j_source(m) for m in ("spec", "ar")}
+    known = {s for s in sources.values() if s is not None}
+    if not known & {ESTIMATED, PARTLY_ESTIMATED}:
+        return ""
+    if known == {ESTIMATED}:
+        return ("<p class='muted'>Energy (J/token and the energy part of the cost) comes from an "
+                "<b>estimated</b> power source, not a power meter.</p>")
+    by_mode = []
+    for mode, source in sources.items():
+        if source is None:
+            continue
+        runs = [rc.run for rc in data.current.run_costs if rc.run.mode == mode]
+        text = {ESTIMATED: "estimated (a power model, not a power meter)", MEASURED: "measured by a power meter",
+                PARTLY_ESTIMATED: f"<b>partly estimated</b>: {html.escape(energy_sources_text(runs))}"}[source]
+        by_mode.append(f"{_name(mode)} {text}")
+    return ("<p class='muted'>Energy (J/token and the energy part of the cost) by mode: " + "; ".join(by_mode)
+            + ". A partly estimated figure pools estimated and metered energy.</p>")
 
 
 def assumptions_html(data: ReportData) -> str:
@@ -382,10 +414,7 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
                      f"{w.since:%Y-%m-%d %H:%M} and {w.until:%Y-%m-%d %H:%M} UTC. Figures that need traffic "
                      "are shown as —.</p>")  # fmt: skip
     parts.append(cards_html(data))
-    estimated = any(data.current.stat(m, "energy_estimated") for m in ("spec", "ar"))
-    if estimated:
-        parts.append("<p class='muted'>Energy (J/token and the energy part of the cost) comes from an "
-                     "<b>estimated</b> power source, not a power meter.</p>")  # fmt: skip
+    parts.append(energy_sources_html(data))
     partial = [_name(m) for m in ("spec", "ar") if partial_energy(data.current, m)]
     if partial:
         parts.append(f"<p class='muted'>Some {' and '.join(partial)} requests have no energy figure; J/token covers "

@@ -5,6 +5,7 @@ one, and a figure that covers only some requests says so."""
 from __future__ import annotations
 
 import csv
+import json
 from datetime import timedelta
 
 import pytest
@@ -242,3 +243,67 @@ def test_overview_cost_caption_with_partial_energy_does_not_say_not_measured(sql
     assert not any("energy not measured" in c for c in captions), captions
     assert sum("cost is hardware only (energy for only some requests; J/token covers those that do)" in c
                for c in captions) == 2
+
+
+# ---- E: estimated and metered energy pooled in one figure is "partly estimated", naming the runs ----------
+
+
+def test_cost_mode_pooling_estimated_and_metered_energy_says_partly_estimated(sqlite_url, capsys):
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "estimate")  # runs 1 (ar), 2 (spec)
+    add_day(engine, D0, "nvml")  # runs 3 (ar), 4 (spec)
+    assert main(["cost", "--db", sqlite_url]) == 0
+    out = capsys.readouterr().out
+    ar = next(line for line in out.splitlines() if line.startswith("ar "))
+    assert "(partly estimated: run 1 estimated, run 3 measured by nvml)" in ar
+    assert ar.endswith("(incl. partly estimated energy) per 1M tokens")
+    runs = {line.split()[0]: line for line in out.splitlines() if line.lstrip()[:1].isdigit()}
+    assert "(incl. estimated energy)" in runs["1"] and "estimated" not in runs["3"]  # each run as it is
+    assert main(["cost", "--db", sqlite_url, "--json"]) == 0
+    modes = {m["mode"]: m for m in json.loads(capsys.readouterr().out)["modes"]}
+    assert modes["ar"]["energy_source"] == "partly estimated" and modes["ar"]["energy_estimated"] is True
+
+
+def test_cost_json_energy_source_of_one_kind(sqlite_url, capsys):
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "nvml")
+    add_day(engine, D0 - DAY, "none", ar_j=None, spec_j=None)
+    assert main(["cost", "--db", sqlite_url, "--json", "--run", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["modes"][0]["energy_source"] is None  # no energy: hardware only
+    assert main(["cost", "--db", sqlite_url, "--json", "--run", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["modes"][0]["energy_source"] == "measured"
+
+
+def test_report_mode_pooling_estimated_and_metered_energy_says_partly_estimated(sqlite_url, tmp_path):
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "estimate")
+    add_day(engine, D0, "nvml")
+    summary, csv_dir, page = report(sqlite_url, tmp_path)
+    assert summary["modes"]["ar"]["energy_source"] == "partly estimated"
+    assert {r["mode"]: r for r in read_csv(csv_dir, "modes").values()}["ar"]["energy source"] == "partly estimated"
+    assert "not a power meter.</p>" not in page  # not "all of it comes from an estimated power source"
+    assert "AR <b>partly estimated</b>: run 1 estimated, run 3 measured by nvml" in page
+    assert "incl. energy (partly estimated)" in page and "AR 1.52 J (partly estimated)" in page
+
+
+def test_report_with_every_run_estimated_keeps_the_estimated_sentence(sqlite_url, tmp_path):
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "estimate")
+    summary, _, page = report(sqlite_url, tmp_path)
+    assert summary["modes"]["spec"]["energy_source"] == "estimated"
+    assert "comes from an <b>estimated</b> power source, not a power meter." in page
+    assert "partly" not in page
+
+
+def test_overview_labels_a_pooled_estimate_as_partly_estimated(sqlite_url, monkeypatch):
+    from test_dashboard_apptest import PAGES, app_for, assert_clean, metrics, open_page
+
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "estimate")
+    add_day(engine, D0, "nvml")
+    engine.dispose()
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    m = metrics(at)
+    assert len(m["Cost per 1M tokens (incl. partly estimated energy)"]) == 2
+    assert len(m["J/token (partly estimated)"]) == 2 and "J/token (estimate)" not in m

@@ -192,20 +192,35 @@ def _num(x: float | None, fmt: str = ",.1f") -> str:
 # ---- cost ----------------------------------------------------------------------------------------------
 
 
-def _energy_text(c) -> str:
+def _energy_text(c, runs=None) -> str:
+    """The energy part; `runs` (a mode's): where it pools estimated and metered energy, it says which is which."""
+    from telemetry.costing import PARTLY_ESTIMATED, energy_source, energy_sources_text
+
     if c.energy_usd_per_1m is None:
         return "not measured"
+    if runs is not None and energy_source(runs) == PARTLY_ESTIMATED:
+        return f"{_usd(c.energy_usd_per_1m)} ({PARTLY_ESTIMATED}: {energy_sources_text(runs)})"
     return _usd(c.energy_usd_per_1m) + (" (estimated)" if c.energy_estimated else "")
 
 
-def _total_text(c) -> str:
+def _total_text(c, runs=None) -> str:
     """The total, and what it holds where that is not metered hardware and energy: hardware only, or an energy
-    part that was estimated (the total is then partly an estimate, and says so)."""
+    part that was estimated (the total is then partly an estimate, and says so), or partly estimated."""
+    from telemetry.costing import PARTLY_ESTIMATED, energy_source
+
     if c.total_usd_per_1m is None:
         return f"n/a ({c.reason})"
     if c.energy_included:
-        return _usd(c.total_usd_per_1m) + (" (incl. estimated energy)" if c.energy_estimated else "")
+        if not c.energy_estimated:
+            return _usd(c.total_usd_per_1m)
+        partly = runs is not None and energy_source(runs) == PARTLY_ESTIMATED
+        return _usd(c.total_usd_per_1m) + f" (incl. {PARTLY_ESTIMATED if partly else 'estimated'} energy)"
     return _usd(c.total_usd_per_1m) + ("" if c.tokens == 0 else " (hardware only)")
+
+
+def _mode_runs(mc, run_costs) -> list:
+    """The runs whose tokens (and energy) a mode's cost pools."""
+    return [rc.run for rc in run_costs if rc.run.run_id in mc.run_ids and rc.run.stats.output_tokens]
 
 
 def _cost_dict(c) -> dict:
@@ -220,7 +235,7 @@ def _cost_dict(c) -> dict:
 
 
 def run_cost_command(args) -> int:
-    from telemetry.costing import costs, no_runs_reason
+    from telemetry.costing import costs, energy_source, no_runs_reason
     from telemetry.store import open_store
 
     pricing = _pricing(args)
@@ -262,6 +277,9 @@ def run_cost_command(args) -> int:
                             "priced_as": list(mc.priced_as),
                             "measured_on": list(mc.measured_on),
                             **_cost_dict(mc.cost),
+                            # measured | estimated | partly estimated (runs of both pooled); null: no energy
+                            "energy_source": energy_source(_mode_runs(mc, run_costs))
+                            if mc.cost.energy_included else None,
                         }
                         for mc in mode_costs
                     ],
@@ -306,7 +324,8 @@ def _mode_cost_text(mc, run_costs) -> str:
                         if rc.run.run_id in mc.run_ids)
         return (f"{head}; energy measured{' (estimated)' if estimated else ''} for {mc.runs_with_energy} of "
                 f"{mc.runs_with_tokens} runs: hardware only, {_usd(c.total_usd_per_1m)} per 1M tokens")
-    return f"{head} + energy {_energy_text(c)} = {_total_text(c)} per 1M tokens"
+    runs = _mode_runs(mc, run_costs)
+    return f"{head} + energy {_energy_text(c, runs)} = {_total_text(c, runs)} per 1M tokens"
 
 
 def _ids_text(ids: list[int]) -> str:

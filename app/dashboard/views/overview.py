@@ -19,6 +19,7 @@ from app.dashboard.common import (
     usd_rate,
 )
 from app.dashboard.filters import short_model
+from telemetry.costing import PARTLY_ESTIMATED, energy_source, energy_sources_text
 
 
 def _speedup_text(speedups) -> tuple[str, str]:
@@ -54,8 +55,10 @@ def _vs_ar(spec: float | None, ar: float | None, compare: bool = True) -> dict:
 def body(ctx: Context) -> None:
     f = ctx.sel.filters
     modes = {m.mode: m.stats for m in data.mode_summaries(ctx.url, f)}
-    _, mode_costs = data.costs(ctx.url, f)
+    run_costs, mode_costs = data.costs(ctx.url, f)
     cost = {m.mode: m.cost for m in mode_costs}
+    # where each mode's energy comes from: measured | estimated | partly estimated (runs of both pooled)
+    source = {m: energy_source(rc.run for rc in run_costs if rc.run.mode == m) for m in modes}
     speedups = data.speedups(ctx.url, f)
     proj, a, proj_error = _projection(ctx)
 
@@ -98,7 +101,9 @@ def body(ctx: Context) -> None:
             total = c.total_usd_per_1m if c else None
             # a total whose energy part was estimated is labelled on the tile, as the J/token beside it
             estimated = bool(c and c.energy_included and c.energy_estimated)
-            r1[0].metric("Cost per 1M tokens" + (" (incl. estimated energy)" if estimated else ""), usd(total),
+            partly = source[mode] == PARTLY_ESTIMATED
+            r1[0].metric("Cost per 1M tokens" + (f" (incl. {'partly ' if partly else ''}estimated energy)"
+                                                 if estimated else ""), usd(total),
                          **_vs_ar(total, other_c.total_usd_per_1m if other_c else None, compare),
                          delta_color="inverse",
                          help="(node $/h x node hours + kWh x PUE x $/kWh) / output tokens x 1e6"
@@ -111,9 +116,12 @@ def body(ctx: Context) -> None:
                          **_vs_ar(s.tpot_p95_ms, other_s.tpot_p95_ms if other_s else None, compare),
                          delta_color="inverse")
             r2 = st.columns(3)
-            r2[0].metric("J/token (estimate)" if s.energy_estimated else "J/token", fmt(s.j_per_token, ".3f"),
+            j_label = "J/token (partly estimated)" if partly else "J/token (estimate)" if s.energy_estimated \
+                else "J/token"
+            r2[0].metric(j_label, fmt(s.j_per_token, ".3f"),
                          help="Energy attributed to the requests / output tokens."
-                              + (" Power was estimated (no power meter)." if s.energy_estimated else ""))
+                              + (f" Power partly estimated: {energy_sources_text(rc.run for rc in run_costs if rc.run.mode == mode)}."
+                                 if partly else " Power was estimated (no power meter)." if s.energy_estimated else ""))
             r2[1].metric("Tokens/s", fmt(s.tokens_per_s, ",.1f"),
                          **_vs_ar(s.tokens_per_s, other_s.tokens_per_s if other_s else None, compare))
             r2[2].metric("Accept. length", fmt(s.mean_acceptance_length, ".2f") if mode == "spec" else MISSING,
