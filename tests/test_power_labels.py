@@ -307,3 +307,32 @@ def test_overview_labels_a_pooled_estimate_as_partly_estimated(sqlite_url, monke
     m = metrics(at)
     assert len(m["Cost per 1M tokens (incl. partly estimated energy)"]) == 2
     assert len(m["J/token (partly estimated)"]) == 2 and "J/token (estimate)" not in m
+
+
+# ---- F: --tdp-w where it cannot take effect is refused, not ignored ---------------------------------------
+
+
+@pytest.mark.parametrize("command", ["bench", "serve"])
+@pytest.mark.parametrize("power", ["none", "nvml", "rapl"])
+def test_tdp_w_with_a_power_source_that_ignores_it_is_one_line_exit_2(command, power, monkeypatch, capsys):
+    import serving.server_setup
+    import serving.worker
+
+    def no_load(*a, **kw):
+        raise AssertionError("a model was loaded before the options were checked")
+
+    monkeypatch.setattr(serving.worker, "load", no_load)
+    monkeypatch.setattr(serving.server_setup, "load", no_load)
+    argv = [command, "--no-telemetry", "--power", power, "--tdp-w", "65"]
+    argv += ["--port", "0"] if command == "serve" else ["--limit", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "--tdp-w applies to --power estimate or auto" in err[0] and f"--power {power} does not use it" in err[0]
+
+
+@pytest.mark.parametrize("power", ["estimate", "auto"])
+def test_tdp_w_is_taken_where_it_has_an_effect(power):
+    from app.commands._common import check_power_options
+
+    check_power_options(power, 65.0)  # estimate uses it; auto falls back to it where no meter opens

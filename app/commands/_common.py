@@ -45,7 +45,7 @@ def context_len(text: str) -> int:
 
 def check_power_options(power: str, tdp_w: float | None) -> None:
     """--power and --tdp-w, before any model loads: what `detect_power_source` and its TDP estimate would
-    refuse only once the run starts."""
+    refuse only once the run starts, and a --tdp-w that the chosen source would silently ignore."""
     import math
 
     from telemetry.power import PREFERENCES
@@ -56,6 +56,9 @@ def check_power_options(power: str, tdp_w: float | None) -> None:
         raise UsageError(f"--tdp-w must be > 0 watts, got {tdp_w:g}")
     if power == "estimate" and tdp_w is None:
         raise UsageError("--power estimate needs --tdp-w (the device's TDP in watts)")
+    if tdp_w is not None and power not in ("estimate", "auto"):  # auto: the estimate where no meter opens
+        raise UsageError("--tdp-w applies to --power estimate or auto (its fallback when neither NVML nor RAPL "
+                         f"can be read); --power {power} does not use it: drop --tdp-w or change --power")
 
 
 def check_writable(path: str | None, flag: str) -> None:
