@@ -336,3 +336,49 @@ def test_tdp_w_is_taken_where_it_has_an_effect(power):
     from app.commands._common import check_power_options
 
     check_power_options(power, 65.0)  # estimate uses it; auto falls back to it where no meter opens
+
+
+# ---- G: wording that reads as what it is --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("power", "said"), [("estimate", "estimated"), ("nvml", "measured")])
+def test_cost_mode_line_with_energy_for_some_runs_names_its_source_once(sqlite_url, capsys, power, said):
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "spec", power_source="none", requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500)])
+        make_run(s, "spec", power_source=power,
+                 requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500, energy_j=30.0)])
+        s.commit()
+    assert main(["cost", "--db", sqlite_url]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("spec  runs 1-2:"))
+    assert f"; {said} energy for 1 of 2 runs: hardware only" in line
+    assert "measured (estimated)" not in line and "not measured" not in line
+
+
+def test_power_chart_names_an_estimate_once_and_a_meter_by_its_source():
+    import pandas as pd
+
+    from app.dashboard import charts
+
+    t = pd.Timestamp("2026-11-02 09:00", tz="UTC")
+    frame = pd.DataFrame([
+        {"node_id": "vm", "device_index": 0, "source": "estimate", "t": t, "power_w": 40.0},
+        {"node_id": "gpu-1", "device_index": 0, "source": "nvml", "t": t, "power_w": 250.0},
+    ])  # fmt: skip
+    fig = charts.power(frame)
+    assert sorted(tr.name for tr in fig.data) == ["gpu-1 · device 0 · nvml", "vm · device 0 · estimate"]
+    assert {tr.name: tr.line.dash for tr in fig.data}["vm · device 0 · estimate"] == "dash"
+
+
+def test_runs_compare_shows_a_missing_j_per_token_as_a_dash_without_an_estimate_label(sqlite_url, monkeypatch):
+    from test_dashboard_apptest import PAGES, app_for, assert_clean, open_page
+
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "estimate", spec_j=None)  # the spec run's power was estimated, its requests have none
+    engine.dispose()
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Runs"])
+    assert_clean(at)
+    compare = at.dataframe[1].value.set_index("figure")
+    assert list(compare.columns) == ["run #2", "run #1"]
+    assert compare.loc["J/token", "run #2"] == "—"
+    assert compare.loc["J/token", "run #1"].endswith(" (estimate)")  # AR: an estimated figure, labelled

@@ -320,10 +320,12 @@ def _mode_cost_text(mc, run_costs) -> str:
     c = mc.cost
     head = f"{mc.output_tokens:,} tokens, {_num(mc.tokens_per_s)} tokens/s, hardware {_usd(c.hardware_usd_per_1m)}"
     if c.total_usd_per_1m is not None and not c.energy_included and mc.runs_with_energy:
-        estimated = any(rc.cost.energy_included and rc.cost.energy_estimated for rc in run_costs
-                        if rc.run.run_id in mc.run_ids)
-        return (f"{head}; energy measured{' (estimated)' if estimated else ''} for {mc.runs_with_energy} of "
-                f"{mc.runs_with_tokens} runs: hardware only, {_usd(c.total_usd_per_1m)} per 1M tokens")
+        from telemetry.costing import energy_source
+
+        # 'estimated energy for 1 of 2 runs', 'measured energy ...', 'partly estimated energy ...'
+        source = energy_source(rc.run for rc in run_costs if rc.run.run_id in mc.run_ids and rc.cost.energy_included)
+        return (f"{head}; {source} energy for {mc.runs_with_energy} of {mc.runs_with_tokens} runs: hardware only, "
+                f"{_usd(c.total_usd_per_1m)} per 1M tokens")
     runs = _mode_runs(mc, run_costs)
     return f"{head} + energy {_energy_text(c, runs)} = {_total_text(c, runs)} per 1M tokens"
 

@@ -171,14 +171,15 @@ def _mark_missing(fig: go.Figure, xs: list, ys: list, text: str) -> None:
 
 
 def power(frame: pd.DataFrame, bucket_s: float | None = None) -> go.Figure:
-    """Power per node/device over time: measured solid, estimated dashed and named '(estimate)'; broken
-    where buckets of `bucket_s` seconds hold no sample (no run was sampling)."""
+    """Power per node/device over time: measured solid and named by its source (nvml, rapl), estimated dashed
+    and named 'estimate' (once); broken where buckets of `bucket_s` seconds hold no sample (no run was
+    sampling)."""
     fig = go.Figure()
     for (node, dev, source), part in frame.groupby(["node_id", "device_index", "source"], sort=True):
         estimated = source == "estimate"
         name = f"{node} · device {dev} · {'estimate' if estimated else source}"
         xs, ys = broken_at_gaps(part, "power_w", bucket_s)
-        fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=name + (" (estimate)" if estimated else ""),
+        fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=name,
                         line=dict(dash="dash" if estimated else "solid", width=2 if estimated else 1.5),
                         marker=dict(symbol="circle-open" if estimated else "circle", size=7),
                         opacity=0.8 if estimated else 1.0)

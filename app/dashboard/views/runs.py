@@ -36,7 +36,9 @@ COMPARE_ROWS = [
     ("mean acceptance length", lambda r: fmt(r.stats.mean_acceptance_length, ".2f")),
     ("TTFT p50 / p95 (ms)", lambda r: f"{fmt(r.stats.ttft_p50_ms, '.1f')} / {fmt(r.stats.ttft_p95_ms, '.1f')}"),
     ("TPOT p50 / p95 (ms)", lambda r: f"{fmt(r.stats.tpot_p50_ms, '.1f')} / {fmt(r.stats.tpot_p95_ms, '.1f')}"),
-    ("J/token", lambda r: fmt(r.stats.j_per_token, ".3f") + (" (estimate)" if r.stats.energy_estimated else "")),
+    # a missing J/token is a dash, with no estimate label on nothing
+    ("J/token", lambda r: fmt(r.stats.j_per_token, ".3f")
+     + (" (estimate)" if r.stats.energy_estimated and r.stats.j_per_token is not None else "")),
 ]
 
 
