@@ -382,3 +382,44 @@ def test_runs_compare_shows_a_missing_j_per_token_as_a_dash_without_an_estimate_
     assert list(compare.columns) == ["run #2", "run #1"]
     assert compare.loc["J/token", "run #2"] == "—"
     assert compare.loc["J/token", "run #1"].endswith(" (estimate)")  # AR: an estimated figure, labelled
+
+
+# ---- H: the projection's CSV says what its fleet cost holds ------------------------------------------------
+
+
+def _downloads(url: str, monkeypatch, page: str) -> dict:
+    """The frames behind the page's CSV download buttons, by key (the buttons build their CSV only on a click)."""
+    from test_dashboard_apptest import PAGES, app_for, assert_clean, open_page
+
+    import app.dashboard.common as common
+
+    frames: dict = {}
+    real = common.download_csv
+
+    def keep(label, frame, file_name, key):
+        frames[key] = frame
+        real(label, frame, file_name, key)
+
+    monkeypatch.setattr(common, "download_csv", keep)
+    at = open_page(app_for(url, monkeypatch), PAGES[page])
+    assert_clean(at)
+    return frames
+
+
+def test_projection_csv_says_whether_the_fleet_cost_holds_estimated_energy(sqlite_url, monkeypatch):
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "estimate")  # AR p95 TPOT 48.75 ms, spec 12.5 ms: both meet the default 50 ms SLA
+    engine.dispose()
+    table = _downloads(sqlite_url, monkeypatch, "Cost & capacity")["dl_projection"].set_index("figure")
+    assert table.loc["energy included (fleet cost)"].tolist() == [True, True]
+    assert table.loc["energy estimated (fleet cost)"].tolist() == [True, True]
+    assert table.columns.tolist() == ["AR", "spec"]
+
+
+def test_projection_csv_of_metered_energy_is_not_an_estimate(sqlite_url, monkeypatch):
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "nvml")
+    engine.dispose()
+    table = _downloads(sqlite_url, monkeypatch, "Cost & capacity")["dl_projection"].set_index("figure")
+    assert table.loc["energy included (fleet cost)"].tolist() == [True, True]
+    assert table.loc["energy estimated (fleet cost)"].tolist() == [False, False]

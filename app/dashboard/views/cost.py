@@ -134,6 +134,9 @@ def _projection_section(ctx: Context) -> None:
         {"figure": "monthly cost (USD)", "AR": p.monthly_cost_ar_usd, "spec": p.monthly_cost_spec_usd},
         {"figure": "capacity (tokens/s per node)", "AR": p.capacity_tokens_per_s_ar,
          "spec": p.capacity_tokens_per_s_spec},
+        # what the fleet cost above holds: energy or the node price only, and whether that energy was estimated
+        {"figure": "energy included (fleet cost)", "AR": p.energy_included_ar, "spec": p.energy_included_spec},
+        {"figure": "energy estimated (fleet cost)", "AR": sp.energy_estimated_ar, "spec": sp.energy_estimated_spec},
     ])
     download_csv("Download projection (CSV)", proj_table, "projection.csv", "dl_projection")
 
