@@ -146,6 +146,9 @@ def test_overview_cost_tile_of_a_total_with_estimated_energy_says_so(sqlite_url,
     m = metrics(at)
     assert len(m["Cost per 1M tokens (incl. estimated energy)"]) == 2 and "Cost per 1M tokens" not in m
     assert len(m["J/token (estimate)"]) == 2
+    # a tile's label is cut short in its narrow column ("Cost per 1M toke..."): the caption under it says it whole
+    captions = [c.value for c in at.caption]
+    assert sum(c.endswith(" · cost includes estimated energy · J/token is an estimate") for c in captions) == 2
 
 
 # ---- C: the Cost & capacity page says "no energy measured" only where none was ---------------------------
@@ -307,6 +310,9 @@ def test_overview_labels_a_pooled_estimate_as_partly_estimated(sqlite_url, monke
     m = metrics(at)
     assert len(m["Cost per 1M tokens (incl. partly estimated energy)"]) == 2
     assert len(m["J/token (partly estimated)"]) == 2 and "J/token (estimate)" not in m
+    captions = [c.value for c in at.caption]
+    assert any(c.endswith(" · cost includes partly estimated energy (run 1 estimated, run 3 measured by nvml) · "
+                          "J/token partly estimated") for c in captions), captions
 
 
 # ---- F: --tdp-w where it cannot take effect is refused, not ignored ---------------------------------------

@@ -120,15 +120,25 @@ def body(ctx: Context) -> None:
                 else "J/token"
             r2[0].metric(j_label, fmt(s.j_per_token, ".3f"),
                          help="Energy attributed to the requests / output tokens."
-                              + (f" Power partly estimated: {energy_sources_text(rc.run for rc in run_costs if rc.run.mode == mode)}."
-                                 if partly else " Power was estimated (no power meter)." if s.energy_estimated else ""))
+                              + (" Power partly estimated (see below)." if partly
+                                 else " Power was estimated (no power meter)." if s.energy_estimated else ""))
             r2[1].metric("Tokens/s", fmt(s.tokens_per_s, ",.1f"),
                          **_vs_ar(s.tokens_per_s, other_s.tokens_per_s if other_s else None, compare))
             r2[2].metric("Accept. length", fmt(s.mean_acceptance_length, ".2f") if mode == "spec" else MISSING,
                          help="1 + accepted / drafts: tokens per target forward (bonus included).")
+            # the tiles' labels are cut short in a narrow column: the estimate is said where it shows in full
+            runs_text = energy_sources_text(rc.run for rc in run_costs if rc.run.mode == mode) if partly else ""
+            said = []
+            if estimated:
+                said.append(f"cost includes partly estimated energy ({runs_text})" if partly
+                            else "cost includes estimated energy")
+            if s.energy_estimated and s.j_per_token is not None:
+                said.append("J/token partly estimated" + ("" if estimated else f" ({runs_text})") if partly
+                            else "J/token is an estimate")
             st.caption(f"{s.num_requests_ok:,} requests ok, {s.num_requests_failed:,} failed, "
                        f"{s.output_tokens:,} output tokens"
-                       + (f" · cost is hardware only ({no_energy})" if c and not c.energy_included else ""))
+                       + (f" · cost is hardware only ({no_energy})" if c and not c.energy_included else "")
+                       + "".join(f" · {x}" for x in said))
 
     if speedups:
         with st.expander("Speedup by configuration", expanded=len(speedups) > 1):
