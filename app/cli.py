@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# commands that read the store once and end; not the scheduler, server or dashboard, which keep reading it
+ONE_SHOT_REPORTS = frozenset({"cost", "project", "report", "export"})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -73,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if args.command in ONE_SHOT_REPORTS:  # one unit of work: its summaries read the store once per filter
+            from telemetry.queries import reuse_collections
+
+            with reuse_collections():
+                return int(args.handler(args) or 0)
         return int(args.handler(args) or 0)
     except (UsageError, ValueError, FileNotFoundError) as exc:
         print(f"specfinops {args.command}: error: {exc}", file=sys.stderr)

@@ -32,6 +32,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -322,10 +325,41 @@ def _sum_columns() -> list:
     ]
 
 
+_COLLECTED: ContextVar[dict | None] = ContextVar("specfinops_collected", default=None)
+
+
+@contextmanager
+def reuse_collections() -> Iterator[None]:
+    """Within the block, the run, mode, configuration and speedup summaries of one store and filter read
+    its requests once. A dashboard page or a report asks for several of them over the same filter; each
+    used to walk every request again (four passes for the Overview). Use it around one unit of work (a
+    page render, a command), not around a long-lived process: what is read inside is not refreshed."""
+    if _COLLECTED.get() is not None:  # already inside one: share it
+        yield
+        return
+    token = _COLLECTED.set({})
+    try:
+        yield
+    finally:
+        _COLLECTED.reset(token)
+
+
 def _collect(engine: Engine, filters: Filters | None) -> list[tuple[Run, dict, _Acc]]:
     """One GROUP BY query for the per-run sums, one SELECT of per-request latency values. With a domain
-    filter, a run's wall time is the time its selected requests were in flight (`_Acc.busy`)."""
+    filter, a run's wall time is the time its selected requests were in flight (`_Acc.busy`). Inside
+    `reuse_collections` a second call with the same engine and filters returns the first one's result
+    (callers only read it)."""
     filters = filters or Filters()
+    memo = _COLLECTED.get()
+    if memo is None:
+        return _collect_now(engine, filters)
+    key = (id(engine), filters)
+    if key not in memo:
+        memo[key] = (engine, _collect_now(engine, filters))  # the engine is kept so its id is not reused
+    return memo[key][1]
+
+
+def _collect_now(engine: Engine, filters: Filters) -> list[tuple[Run, dict, _Acc]]:
     conds = filters.where()
     sums_q = (
         select(Run.id, *_sum_columns()).join(Request, Request.run_id == Run.id).where(*conds).group_by(Run.id)

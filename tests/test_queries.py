@@ -378,3 +378,38 @@ def test_project_from_empty_store_says_how_to_fill_it(sqlite_url):
         project_from_store(
             open_store(sqlite_url), daily_tokens=1e6, peak_factor=1.0, sla_ms=50.0, node_hourly_usd=1.0
         )
+
+
+def test_reuse_collections_reads_the_requests_once_per_filter_and_only_inside_the_block(store):
+    """A page asks for mode summaries, speedups and run summaries over one filter: inside
+    `reuse_collections` the per-request SELECT runs once per distinct filter; outside, every call reads
+    the store again, so a request recorded after the block is seen."""
+    from sqlalchemy import event
+
+    from telemetry.queries import reuse_collections
+
+    engine = store[0]
+    reads: list[str] = []
+
+    def count(conn, cursor, statement, params, context, executemany):
+        if "requests.ttft_ms" in statement:  # the per-request latency values
+            reads.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        with reuse_collections():
+            modes = mode_summaries(engine)
+            speedups(engine)
+            run_summaries(engine)
+            config_summaries(engine)
+            assert len(reads) == 1
+            mode_summaries(engine, Filters(domain="code"))
+            assert len(reads) == 2  # another filter is another read
+            with reuse_collections():  # nested: shares the outer block's
+                assert mode_summaries(engine) == modes
+            assert len(reads) == 2
+        mode_summaries(engine)
+        mode_summaries(engine)
+        assert len(reads) == 4  # outside the block nothing is kept
+    finally:
+        event.remove(engine, "before_cursor_execute", count)

@@ -18,6 +18,7 @@ if str(ROOT) not in sys.path:  # `streamlit run` puts only this file's folder on
     sys.path.insert(0, str(ROOT))
 
 from app.dashboard import common  # noqa: E402
+from telemetry.queries import reuse_collections  # noqa: E402
 
 PAGES = [
     st.Page("views/overview.py", title="Overview", icon=":material/dashboard:", default=True),
@@ -32,4 +33,5 @@ PAGES = [
 st.set_page_config(page_title="specfinops", page_icon=":material/speed:", layout="wide")
 page = st.navigation(PAGES)
 common.prepare()
-page.run()
+with reuse_collections():  # the page's summaries over one filter read the requests once
+    page.run()
