@@ -37,9 +37,10 @@ def pair_label(target: str, drafter: str) -> str:
 
 
 def _day(value) -> date | None:
+    """The UTC date of a store time (naive = UTC on SQLite; aware in the session's zone on PostgreSQL)."""
     if value is None or pd.isna(value):
         return None
-    return pd.Timestamp(value).date()
+    return as_utc(value).date()
 
 
 def data_span_s(runs: pd.DataFrame, since: datetime | None, until: datetime | None) -> float:
@@ -83,7 +84,8 @@ def sidebar(options: dict) -> Selection:
 
     firsts = [d for d in (_day(v) for v in runs["first_request"]) if d is not None]
     lasts = [d for d in (_day(v) for v in runs["last_request"]) if d is not None]
-    lo, hi = (min(firsts), max(lasts)) if firsts and lasts else (date.today(), date.today())
+    today = datetime.now(UTC).date()
+    lo, hi = (min(firsts), max(lasts)) if firsts and lasts else (today, today)
     picked = sb.date_input("Time range (UTC)", value=(lo, hi), min_value=lo, max_value=hi, key="f_time")
     since = until = None
     if isinstance(picked, tuple | list) and len(picked) == 2:

@@ -1,0 +1,68 @@
+"""Times labelled UTC are UTC whatever the timezone of the PostgreSQL session (a database whose default zone
+is not UTC, PGTZ in the environment) or of the machine: the dashboard's time range, the CSV exports."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+from synthetic import Req, make_run, spec_req
+
+from telemetry.store import open_store
+
+ROOT = Path(__file__).resolve().parents[1]
+# 03:36 UTC on the 5th is still the 4th in Los Angeles and New York: a day boundary between the zones
+BENCHED_AT = datetime(2026, 12, 5, 3, 36, 1, 630000, tzinfo=UTC)
+WEST = "America/Los_Angeles"
+
+
+def _fill(url: str) -> None:
+    engine = open_store(url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(output_tokens=33, ttft_ms=100, e2e_ms=900)], started_at=BENCHED_AT)
+        make_run(s, "spec", requests=[spec_req(33, k=4, accepted=24, ttft_ms=100, e2e_ms=500)],
+                 started_at=BENCHED_AT)
+        s.commit()
+    engine.dispose()
+
+
+@pytest.fixture
+def west_pg_url(pg_url) -> str:
+    """A fresh PostgreSQL database whose sessions default to Los Angeles time, holding runs benched at 03:36 UTC."""
+    from sqlalchemy import create_engine
+
+    name = pg_url.rsplit("/", 1)[1]
+    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f"ALTER DATABASE \"{name}\" SET timezone TO '{WEST}'"))
+    admin.dispose()
+    _fill(pg_url)
+    return pg_url
+
+
+def test_day_of_a_store_time_is_its_utc_date():
+    """An aware time in a zone west of UTC (as PostgreSQL hands it back in such a session) is dated in UTC."""
+    from app.dashboard.filters import _day
+
+    local = BENCHED_AT.astimezone(ZoneInfo(WEST))
+    assert local.date() == date(2026, 12, 4)
+    assert _day(local) == date(2026, 12, 5)
+    assert _day(BENCHED_AT.replace(tzinfo=None)) == date(2026, 12, 5)  # SQLite: naive UTC
+    assert _day(None) is None
+
+
+def test_dashboard_time_range_is_utc_on_a_postgres_session_west_of_utc(west_pg_url, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("SPECFINOPS_DB_URL", west_pg_url)
+    monkeypatch.syspath_prepend(str(ROOT))
+    at = AppTest.from_file(str(ROOT / "app" / "dashboard" / "main.py"), default_timeout=120)
+    at = at.run().switch_page("views/overview.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.date_input(key="f_time").value == (date(2026, 12, 5), date(2026, 12, 5))
+    assert not any("No runs" in i.value for i in at.info), [i.value for i in at.info]
+    assert len(at.multiselect(key="f_runs").options) == 2
