@@ -61,10 +61,10 @@ def neutralise(value: Any) -> Any:
 def _cell(value: Any) -> Any:
     if value is None:
         return ""
-    if isinstance(value, datetime):
+    if isinstance(value, datetime):  # always written in UTC, whatever zone the database session is in
         if value.tzinfo is None:  # SQLite hands back naive UTC
             value = value.replace(tzinfo=UTC)
-        return value.isoformat()
+        return value.astimezone(UTC).isoformat()
     if isinstance(value, dict | list):
         return neutralise(str(value))
     return neutralise(value)

@@ -66,3 +66,27 @@ def test_dashboard_time_range_is_utc_on_a_postgres_session_west_of_utc(west_pg_u
     assert at.date_input(key="f_time").value == (date(2026, 12, 5), date(2026, 12, 5))
     assert not any("No runs" in i.value for i in at.info), [i.value for i in at.info]
     assert len(at.multiselect(key="f_runs").options) == 2
+
+
+def _csv_column(path: Path, name: str) -> list[str]:
+    import csv
+
+    with path.open(newline="", encoding="utf-8") as fh:
+        return [row[name] for row in csv.DictReader(fh)]
+
+
+def test_csv_cells_write_aware_times_in_utc():
+    from telemetry.export import _cell
+
+    local = BENCHED_AT.astimezone(ZoneInfo(WEST))
+    assert _cell(local) == "2026-12-05T03:36:01.630000+00:00"
+    assert _cell(BENCHED_AT.replace(tzinfo=None)) == "2026-12-05T03:36:01.630000+00:00"
+
+
+@pytest.mark.parametrize("what, column", [("requests", "started_at"), ("cost", "started_at")])
+def test_exports_are_utc_on_a_postgres_session_west_of_utc(west_pg_url, tmp_path, what, column):
+    from app.cli import main
+
+    out = tmp_path / f"{what}.csv"
+    assert main(["export", "--what", what, "--out", str(out), "--db", west_pg_url]) == 0
+    assert _csv_column(out, column) == ["2026-12-05T03:36:01.630000+00:00"] * 2
