@@ -429,3 +429,48 @@ def test_projection_csv_of_metered_energy_is_not_an_estimate(sqlite_url, monkeyp
     table = _downloads(sqlite_url, monkeypatch, "Cost & capacity")["dl_projection"].set_index("figure")
     assert table.loc["energy included (fleet cost)"].tolist() == [True, True]
     assert table.loc["energy estimated (fleet cost)"].tolist() == [False, False]
+
+
+# ---- the Overview's spec-vs-AR cost delta compares like with like ------------------------------------------
+
+
+def _cost_deltas(url: str, monkeypatch) -> dict[str, str]:
+    """The cost tiles' deltas by label; the spec tile's (the first) where both share a label."""
+    from test_dashboard_apptest import PAGES, app_for, assert_clean, open_page
+
+    at = open_page(app_for(url, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    out: dict[str, str] = {}
+    for m in at.metric:
+        if m.label.startswith("Cost per 1M tokens"):
+            out.setdefault(m.label, m.delta)
+    return out
+
+
+def test_overview_cost_delta_of_estimated_against_metered_energy_is_on_the_hardware_parts(sqlite_url, monkeypatch):
+    from telemetry.costing import costs
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:  # spec: estimated power; AR: metered, 3x the energy
+        make_run(s, "ar", started_at=BASE_TIME, power_source="nvml",
+                 requests=[Req(33, ttft_ms=100, e2e_ms=900, energy_j=150.0)])
+        make_run(s, "spec", started_at=BASE_TIME, power_source="estimate",
+                 requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500, energy_j=30.0)])
+        s.commit()
+    c = {m.mode: m.cost for m in costs(engine)[1]}
+    engine.dispose()
+    change = (c["spec"].hardware_usd_per_1m - c["ar"].hardware_usd_per_1m) / c["ar"].hardware_usd_per_1m
+    deltas = _cost_deltas(sqlite_url, monkeypatch)
+    assert deltas["Cost per 1M tokens (incl. estimated energy)"] == f"{change:+.0%} vs AR (hardware parts)"
+
+
+def test_overview_cost_delta_on_one_energy_basis_compares_totals(sqlite_url, monkeypatch):
+    from telemetry.costing import costs
+
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "nvml")
+    c = {m.mode: m.cost for m in costs(engine)[1]}
+    engine.dispose()
+    change = (c["spec"].total_usd_per_1m - c["ar"].total_usd_per_1m) / c["ar"].total_usd_per_1m
+    deltas = _cost_deltas(sqlite_url, monkeypatch)
+    assert deltas["Cost per 1M tokens"] == f"{change:+.0%} vs AR"

@@ -40,16 +40,29 @@ def _projection(ctx: Context):
         return None, a, str(exc)
 
 
-def _vs_ar(spec: float | None, ar: float | None, compare: bool = True) -> dict:
+def _vs_ar(spec: float | None, ar: float | None, compare: bool = True, what: str = "") -> dict:
     """st.metric's delta arguments for spec against AR: a whole percent, or one decimal below half a
-    percent (a whole percent printed "-0%" with an arrow); an equal figure gets no arrow."""
+    percent (a whole percent printed "-0%" with an arrow); an equal figure gets no arrow. `what`: the part
+    compared, where it is not the figure shown (" (hardware parts)")."""
     if not compare or spec is None or ar is None or not ar:
         return {}
     change = (spec - ar) / ar
     for text in (f"{change:+.0%}", f"{change:+.1%}"):
         if text[1:].strip("0.%"):  # a digit other than zero: the change shows at this precision
-            return {"delta": f"{text} vs AR"}
-    return {"delta": "same as AR", "delta_arrow": "off"}
+            return {"delta": f"{text} vs AR{what}"}
+    return {"delta": f"same as AR{what}", "delta_arrow": "off"}
+
+
+def _cost_vs_ar(spec, ar, spec_source: str | None, ar_source: str | None) -> dict:
+    """The spec cost tile's delta: totals where both modes' totals have one energy basis (none, or energy from
+    the same kind of source), else their hardware parts, said so: estimated energy against metered energy
+    (or against none) would show up as a difference in cost (as the report compares periods)."""
+    if spec is None or ar is None:
+        return {}
+    basis = [src if c.energy_included else None for c, src in ((spec, spec_source), (ar, ar_source))]
+    if basis[0] == basis[1]:
+        return _vs_ar(spec.total_usd_per_1m, ar.total_usd_per_1m)
+    return _vs_ar(spec.hardware_usd_per_1m, ar.hardware_usd_per_1m, what=" (hardware parts)")
 
 
 def body(ctx: Context) -> None:
@@ -102,13 +115,17 @@ def body(ctx: Context) -> None:
             # a total whose energy part was estimated is labelled on the tile, as the J/token beside it
             estimated = bool(c and c.energy_included and c.energy_estimated)
             partly = source[mode] == PARTLY_ESTIMATED
+            cost_delta = _cost_vs_ar(c, other_c, source[mode], source.get("ar")) if compare else {}
+            on_hardware = "(hardware parts)" in cost_delta.get("delta", "")
             r1[0].metric("Cost per 1M tokens" + (f" (incl. {'partly ' if partly else ''}estimated energy)"
                                                  if estimated else ""), usd(total),
-                         **_vs_ar(total, other_c.total_usd_per_1m if other_c else None, compare),
+                         **cost_delta,
                          delta_color="inverse",
                          help="(node $/h x node hours + kWh x PUE x $/kWh) / output tokens x 1e6"
                               + ("" if not c or c.energy_included else f". Hardware only: {no_energy}.")
-                              + (" Energy part is an estimate." if c and c.energy_estimated else ""))
+                              + (" Energy part is an estimate." if c and c.energy_estimated else "")
+                              + (" Against AR: the hardware parts, as the two totals' energy is not on one basis "
+                                 "(estimated in one, metered or absent in the other)." if on_hardware else ""))
             r1[1].metric("TPOT p50", fmt(s.tpot_p50_ms, ".1f", suffix=" ms"),
                          **_vs_ar(s.tpot_p50_ms, other_s.tpot_p50_ms if other_s else None, compare),
                          delta_color="inverse")
