@@ -24,6 +24,7 @@ from torch import nn
 from serving.kernels import fused_attention_from, widen_matmul_attention
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_ACTIVATIONS = ("silu", "swish")  # transformers' names of the same function, x * sigmoid(x)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,18 +44,33 @@ class ModelConfig:
     model_type: str = "llama"
 
     @classmethod
-    def from_hf(cls, cfg: dict) -> ModelConfig:
+    def from_hf(cls, cfg: dict, source: str | Path | None = None) -> ModelConfig:
+        """The engine's config from a Hugging Face config.json (`source`: the model directory, named in errors).
+        Refuses what the torch engine does not compute as the model does, rather than run it differently."""
+        where = f"{source}: " if source is not None else ""
         model_type = cfg.get("model_type", "")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
-                f"model_type {model_type!r} is not supported by the torch engine "
+                f"{where}model_type {model_type!r} is not supported by the torch engine "
                 f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
             )
         if cfg.get("quantization_config"):
-            raise ValueError("model config still carries a quantization_config; convert it to plain weights")
+            raise ValueError(f"{where}model config still carries a quantization_config; convert it to plain weights")
+        act = cfg.get("hidden_act", "silu")
+        if act not in SUPPORTED_ACTIVATIONS:
+            raise ValueError(f"{where}hidden_act {act!r} in config.json is not supported by the torch engine "
+                             "(its MLP is SiLU-gated: hidden_act 'silu')")
+        max_position = cfg.get("max_position_embeddings", 2048)
+        window = sliding_window(cfg)
+        if window is not None and window < max_position:
+            raise ValueError(
+                f"{where}sliding_window {window} in config.json is smaller than max_position_embeddings "
+                f"{max_position}: the torch engine attends to the whole context, so past {window} tokens its "
+                "outputs would not be this model's (supported: sliding_window null or >= max_position_embeddings)"
+            )
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         if rope and rope.get("rope_type", "default") not in ("default", None):
-            raise ValueError(f"rope scaling {rope.get('rope_type')!r} is not supported by the torch engine")
+            raise ValueError(f"{where}rope scaling {rope.get('rope_type')!r} is not supported by the torch engine")
         theta = rope.get("rope_theta", cfg.get("rope_theta", 10_000.0))
         heads = cfg["num_attention_heads"]
         return cls(
@@ -67,11 +83,23 @@ class ModelConfig:
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
             rms_eps=cfg.get("rms_norm_eps", 1e-5),
             rope_theta=float(theta),
-            max_position=cfg.get("max_position_embeddings", 2048),
+            max_position=max_position,
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
             model_type=model_type,
         )
+
+
+def sliding_window(cfg: dict) -> int | None:
+    """The attention window a Hugging Face config asks for, None for full attention. Qwen2 configs carry a
+    sliding_window that applies only with use_sliding_window (or layers typed 'sliding_attention')."""
+    window = cfg.get("sliding_window")
+    if window is None:
+        return None
+    if cfg.get("model_type") == "qwen2" and not cfg.get("use_sliding_window") and \
+            "sliding_attention" not in (cfg.get("layer_types") or ()):
+        return None
+    return int(window)
 
 
 class RMSNorm(nn.Module):
@@ -393,7 +421,7 @@ def load_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> CausalLM:
     cfg_path = model_dir / "config.json"
     if not cfg_path.is_file():
         raise ValueError(f"{model_dir} is not a model directory (no config.json)")
-    cfg = ModelConfig.from_hf(json.loads(cfg_path.read_text()))
+    cfg = ModelConfig.from_hf(json.loads(cfg_path.read_text()), source=model_dir)
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{model_dir} has no *.safetensors weights")

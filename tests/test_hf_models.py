@@ -1,0 +1,84 @@
+"""User-supplied Hugging Face model directories: what the torch engine computes as transformers does, and one
+clear line naming the directory for what it does not (tiny random models built with transformers)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from serving.llama import contiguous_batch, load_causal_lm
+
+VOCAB = 96
+TINY_HF = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=128, bos_token_id=1, eos_token_id=1, pad_token_id=0,
+               tie_word_embeddings=False, initializer_range=0.2)
+
+
+def hf_dir(path, kind: str = "llama", tokenizer: bool = True, seed: int = 0, **overrides):
+    """A tiny random transformers model saved as a Hugging Face directory (config, safetensors and, with
+    `tokenizer`, a word-level tokenizer of VOCAB tokens with an EOS)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+
+    config = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[kind](**{**TINY_HF, **overrides})
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    if tokenizer:
+        n = overrides.get("vocab_size", VOCAB) if tokenizer is True else tokenizer
+        vocab = {"<unk>": 0, "</s>": 1, **{f"w{i}": i for i in range(2, n)}}
+        Tokenizer(WordLevel(vocab, unk_token="<unk>")).save(str(path / "tokenizer.json"))
+        (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                                "eos_token": "</s>", "unk_token": "<unk>"}))
+    return path
+
+
+def max_logit_difference(path, tokens: int = 40) -> float:
+    """max |our logits - transformers' logits| over one float32 forward of `tokens` random ids."""
+    from transformers import AutoModelForCausalLM
+
+    ours = load_causal_lm(path, torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.randint(0, VOCAB, (1, tokens), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = ref(ids).logits
+        got = ours(ids, contiguous_batch(0, 1, 0, tokens), ours.new_cache(1, tokens + 8))
+    return (want - got).abs().max().item()
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2"])
+def test_supported_families_compute_what_transformers_computes(kind, tmp_path):
+    assert max_logit_difference(hf_dir(tmp_path / kind, kind, tokenizer=False)) < 1e-4
+
+
+@pytest.mark.parametrize(("kind", "overrides", "needle"), [
+    ("llama", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ("mistral", {"sliding_window": 8}, "sliding_window 8 in config.json is smaller than max_position_embeddings 128"),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0},
+     "sliding_window 8 in config.json"),
+])
+def test_a_config_the_engine_does_not_compute_is_refused_naming_the_directory(kind, overrides, needle, tmp_path):
+    path = hf_dir(tmp_path / "model", kind, tokenizer=False, **overrides)
+    with pytest.raises(ValueError, match=needle) as err:
+        load_causal_lm(path, torch.float32)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("kind", "overrides"), [
+    ("mistral", {"sliding_window": 128}),  # a window as long as the context is full attention
+    ("mistral", {"sliding_window": None}),
+    ("qwen2", {"use_sliding_window": False, "sliding_window": 8}),  # Qwen2 ignores its window unless told to use it
+    ("llama", {"hidden_act": "silu"}),
+])
+def test_a_window_or_activation_the_engine_computes_exactly_is_accepted(kind, overrides, tmp_path):
+    assert max_logit_difference(hf_dir(tmp_path / "model", kind, tokenizer=False, **overrides)) < 1e-4
+
+
+def test_an_unsupported_model_type_names_the_directory(tmp_path):
+    path = hf_dir(tmp_path / "model", tokenizer=False)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
+    with pytest.raises(ValueError, match=f"{path}: model_type 'gpt2' is not supported"):
+        load_causal_lm(path, torch.float32)
