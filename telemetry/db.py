@@ -258,6 +258,16 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+def _session_in_utc(dbapi_conn, _record) -> None:
+    """Every PostgreSQL session in UTC, whatever the database's default zone or PGTZ say: timestamptz values
+    come back as UTC datetimes (as SQLite's naive ones are), so every reader that shows a time labelled UTC
+    (reports, the dashboard, exports) shows UTC, and SQL date functions cut days at UTC midnight."""
+    cur = dbapi_conn.cursor()
+    cur.execute("SET TIME ZONE 'UTC'")
+    cur.close()
+    dbapi_conn.commit()
+
+
 def sqlite_file(url: str) -> Path | None:
     """The file a resolved SQLite URL names; None for an in-memory database or a database server."""
     if not url.startswith("sqlite"):
@@ -283,7 +293,7 @@ def store_key(url: str | None = None) -> str | None:
 
 
 def make_engine(url: str | None = None) -> Engine:
-    """An Engine for the URL; SQLite gets WAL, foreign keys and a busy timeout."""
+    """An Engine for the URL; SQLite gets WAL, foreign keys and a busy timeout, PostgreSQL sessions in UTC."""
     url = resolve_db_url(url)
     if url.startswith("sqlite"):
         path = sqlite_file(url)
@@ -295,7 +305,10 @@ def make_engine(url: str | None = None) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     try:
-        return create_engine(url, pool_pre_ping=True)
+        engine = create_engine(url, pool_pre_ping=True)
     except NoSuchModuleError as exc:
         raise ValueError(f"database URL {url!r}: unknown database kind {url.split('://', 1)[0]!r} "
                          "(use sqlite:/// or postgresql://)") from exc
+    if engine.dialect.name == "postgresql":
+        event.listen(engine, "connect", _session_in_utc)
+    return engine

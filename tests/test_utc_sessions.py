@@ -90,3 +90,61 @@ def test_exports_are_utc_on_a_postgres_session_west_of_utc(west_pg_url, tmp_path
     out = tmp_path / f"{what}.csv"
     assert main(["export", "--what", what, "--out", str(out), "--db", west_pg_url]) == 0
     assert _csv_column(out, column) == ["2026-12-05T03:36:01.630000+00:00"] * 2
+
+
+def _read_back(url: str) -> tuple[str, datetime]:
+    from sqlalchemy import select
+
+    from telemetry.db import Request, make_engine
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as c:
+            return c.scalar(text("SHOW timezone")), c.scalar(select(Request.started_at).limit(1))
+    finally:
+        engine.dispose()
+
+
+def test_postgres_sessions_are_utc_on_a_database_whose_default_zone_is_not(west_pg_url):
+    zone, started = _read_back(west_pg_url)
+    assert zone == "UTC"
+    assert started == BENCHED_AT and started.utcoffset().total_seconds() == 0
+    assert started.isoformat() == "2026-12-05T03:36:01.630000+00:00"
+
+
+def test_postgres_sessions_are_utc_with_pgtz_set(pg_url, monkeypatch):
+    _fill(pg_url)
+    monkeypatch.setenv("PGTZ", "America/New_York")
+    zone, started = _read_back(pg_url)
+    assert zone == "UTC"
+    assert started.isoformat() == "2026-12-05T03:36:01.630000+00:00"
+
+
+def test_a_date_cut_in_sql_is_the_utc_date_on_a_session_west_of_utc(west_pg_url):
+    """SQL that cuts days (date_trunc, ::date) cuts them at UTC midnight, not the session zone's."""
+    from telemetry.db import make_engine
+
+    engine = make_engine(west_pg_url)
+    try:
+        with engine.connect() as c:
+            assert c.scalar(text("SELECT min(started_at)::date FROM requests")) == date(2026, 12, 5)
+    finally:
+        engine.dispose()
+
+
+def test_report_shows_run_starts_in_utc_on_a_session_west_of_utc(west_pg_url, tmp_path):
+    """The report's 'started (UTC)' column is UTC (the session is, so the report's readers need not convert)."""
+    from datetime import timedelta
+
+    from telemetry.report import period_window
+    from telemetry.report_writer import write_report
+
+    since = datetime(2026, 12, 5, tzinfo=UTC)
+    engine = open_store(west_pg_url)
+    try:
+        result = write_report(engine, period_window("custom", since=since, until=since + timedelta(days=1)),
+                              tmp_path, now=since + timedelta(days=2))
+    finally:
+        engine.dispose()
+    html = result.html_path.read_text(encoding="utf-8")
+    assert "2026-12-05 03:36:01" in html and "2026-12-04 19:36:01" not in html
