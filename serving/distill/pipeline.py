@@ -115,6 +115,44 @@ def copy_tokenizer(target_dir: Path, out: Path) -> None:
             shutil.copyfile(target_dir / name, out / name)
 
 
+def is_distill_output(path: Path) -> bool:
+    """Whether `path` holds what an earlier `distill` wrote there: its model card, or the draft's config.json
+    (written first, so a run stopped before its first card still counts)."""
+    from serving.eagle import MODEL_TYPE, is_eagle_dir
+
+    card = path / "model_card.json"
+    try:
+        if card.is_file() and json.loads(card.read_text()).get("model_type") == MODEL_TYPE:
+            return True
+        return is_eagle_dir(path)
+    except (OSError, ValueError, AttributeError):  # unreadable, not JSON, or JSON that is not an object
+        return False
+
+
+def check_out(out: Path, target_dir: Path, data_dirs: list[Path]) -> None:
+    """Refuse, before any work, an --out the run would damage or could not write: the target's own directory
+    (the draft's config.json and model.safetensors would replace the target's), a data directory, a file, or a
+    directory holding anything but an earlier distill output (which a rerun or --resume refreshes).
+    ValueError naming what is wrong."""
+    import os
+
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--out {out}: {existing} is a file, not a directory; give a directory for the draft")
+    where = out.resolve()
+    if where == target_dir.resolve():
+        raise ValueError(f"--out {out} is the target's own directory ({target_dir}): writing the draft there "
+                         "would replace the target's config.json and weights; give another directory")
+    for d in data_dirs:
+        if where == d.expanduser().resolve():
+            raise ValueError(f"--out {out} is the data directory {d}; give another directory for the draft")
+    if out.is_dir() and any(out.iterdir()) and not is_distill_output(out):
+        raise ValueError(f"--out {out} is a directory that holds other files (no model_card.json of an earlier "
+                         "distill run): give a new or empty directory, or the --out of an earlier distill run")
+    if not os.access(existing, os.W_OK):
+        raise ValueError(f"--out {out}: {existing} is not writable")
+
+
 def _dtype_tag(dtype: torch.dtype) -> str:
     """Cache-name suffix of data made in `dtype` (float32 data keeps the names it always had)."""
     return "" if dtype == torch.float32 else "-" + str(dtype).replace("torch.", "")
@@ -178,6 +216,8 @@ def run(args) -> int:
     t_start = time.perf_counter()
     target_dir = resolve_model(args.target, "target")
     out = Path(args.out).expanduser()
+    check_out(out, target_dir, [Path(c) for c in args.corpus]
+              + ([Path(args.data_dir)] if getattr(args, "data_dir", None) else []))
     # ---- which target blocks the draft reads, and which the generated data records
     num_blocks = int(json.loads((target_dir / "config.json").read_text())["num_hidden_layers"])
     draft_layers = tuple(getattr(args, "feature_layers", None) or ())
