@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,21 @@ from serving.kernels import fused_attention_from, widen_matmul_attention
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ACTIVATIONS = ("silu", "swish")  # transformers' names of the same function, x * sigmoid(x)
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """A rope frequency rescale of Hugging Face's `rope_parameters` / `rope_scaling` (what `rope_tables` applies).
+    linear: every frequency / factor. llama3 (Llama 3.1+): wavelengths shorter than original_max_position /
+    high_freq_factor kept, longer than original_max_position / low_freq_factor divided by factor, in between
+    interpolated."""
+
+    rope_type: str  # linear | llama3
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +58,7 @@ class ModelConfig:
     tie_embeddings: bool = False
     attention_bias: bool = False  # Qwen2 has biases on q, k, v
     model_type: str = "llama"
+    rope_scaling: RopeScaling | None = None  # None = plain rope
 
     @classmethod
     def from_hf(cls, cfg: dict, source: str | Path | None = None) -> ModelConfig:
@@ -69,8 +86,6 @@ class ModelConfig:
                 "outputs would not be this model's (supported: sliding_window null or >= max_position_embeddings)"
             )
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        if rope and rope.get("rope_type", "default") not in ("default", None):
-            raise ValueError(f"{where}rope scaling {rope.get('rope_type')!r} is not supported by the torch engine")
         theta = rope.get("rope_theta", cfg.get("rope_theta", 10_000.0))
         heads = cfg["num_attention_heads"]
         return cls(
@@ -87,6 +102,7 @@ class ModelConfig:
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
             model_type=model_type,
+            rope_scaling=rope_scaling(rope, cfg, where),
         )
 
 
@@ -100,6 +116,24 @@ def sliding_window(cfg: dict) -> int | None:
             "sliding_attention" not in (cfg.get("layer_types") or ()):
         return None
     return int(window)
+
+
+def rope_scaling(rope: dict, cfg: dict, where: str = "") -> RopeScaling | None:
+    """The rope rescale of a config's rope_parameters / rope_scaling dict; None for plain rope."""
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if rope else "default"
+    if rope_type in ("default", None):
+        return None
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"{where}rope scaling {rope_type!r} is not supported by the torch engine "
+                         f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
+    try:
+        if rope_type == "linear":
+            return RopeScaling("linear", float(rope["factor"]))
+        return RopeScaling("llama3", float(rope["factor"]), float(rope["low_freq_factor"]),
+                           float(rope["high_freq_factor"]),
+                           int(rope.get("original_max_position_embeddings") or cfg["max_position_embeddings"]))
+    except KeyError as exc:
+        raise ValueError(f"{where}rope scaling {rope_type!r} in config.json has no {exc.args[0]}") from None
 
 
 class RMSNorm(nn.Module):
@@ -117,9 +151,25 @@ class RMSNorm(nn.Module):
 def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (max_position, head_dim), float32 (HF's rotate-half convention)."""
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+    if cfg.rope_scaling is not None:
+        inv_freq = scaled_inv_freq(inv_freq, cfg.rope_scaling)
     freqs = torch.outer(torch.arange(cfg.max_position, dtype=torch.float32), inv_freq)  # (P, D/2)
     emb = torch.cat([freqs, freqs], dim=-1)  # (P, D)
     return emb.cos(), emb.sin()
+
+
+def scaled_inv_freq(inv_freq: torch.Tensor, rs: RopeScaling) -> torch.Tensor:
+    """Rope frequencies (D/2,) rescaled as transformers' `linear` and `llama3` rope types do."""
+    if rs.rope_type == "linear":
+        return inv_freq / rs.factor
+    low_freq_wavelen = rs.original_max_position / rs.low_freq_factor  # longer wavelengths: divided by factor
+    high_freq_wavelen = rs.original_max_position / rs.high_freq_factor  # shorter ones: kept
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rs.factor, inv_freq)
+    smooth = (rs.original_max_position / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled  # in between: interpolated
+    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -82,3 +82,32 @@ def test_an_unsupported_model_type_names_the_directory(tmp_path):
     (path / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
     with pytest.raises(ValueError, match=f"{path}: model_type 'gpt2' is not supported"):
         load_causal_lm(path, torch.float32)
+
+
+@pytest.mark.parametrize("rope", [
+    # Llama 3.1's own values but for a tiny context: frequencies kept, interpolated and divided all occur
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+    {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 16, "rope_theta": 500000.0},
+    {"rope_type": "linear", "factor": 2.0},
+])
+def test_rope_scaling_computes_what_transformers_computes(rope, tmp_path):
+    """Llama 3.1+ checkpoints carry rope_type llama3: it runs, as transformers runs it."""
+    from dataclasses import replace
+
+    from serving.llama import rope_tables
+
+    path = hf_dir(tmp_path / "model", tokenizer=False, rope_scaling=rope)
+    assert max_logit_difference(path, tokens=100) < 1e-4
+    cfg = load_causal_lm(path, torch.float32).cfg
+    assert cfg.rope_scaling is not None and cfg.rope_scaling.rope_type == rope["rope_type"]
+    plain_cos, _ = rope_tables(replace(cfg, rope_scaling=None))
+    assert (rope_tables(cfg)[0] - plain_cos).abs().max() > 0.1  # the scaling changed what the test compared
+
+
+def test_an_unsupported_rope_scaling_names_the_directory_and_the_type(tmp_path):
+    path = hf_dir(tmp_path / "model", tokenizer=False,
+                  rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    with pytest.raises(ValueError, match=f"{path}: rope scaling 'dynamic' is not supported .*llama3"):
+        load_causal_lm(path, torch.float32)
