@@ -5,7 +5,7 @@ benchmark and tests call them directly. Everything is aggregated in SQL (GROUP B
 token events and steps are never loaded row by row. Works on SQLite >= 3.25 and PostgreSQL.
 
     itl_histogram        inter-token latency, 0.1 ms buckets per mode (LAG over token_events; sampled
-                         by whole requests above 300k token events)
+                         by whole requests above 300k token events, see `sampled_requests`)
     latency_histograms   TTFT and TPOT, 0.1 ms buckets per mode
     latency_over_time    requests, mean TTFT and TPOT per time bucket and mode
     acceptance_over_time acceptance rate, mean acceptance length and mean K per time bucket
@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import Integer, and_, case, cast, func, select
+from sqlalchemy import Integer, and_, case, cast, func, literal_column, select
 from sqlalchemy.engine import Engine
 
 from telemetry.calibration import ANSWER_SPAN
@@ -83,6 +83,27 @@ def _conds(f: Filters) -> list:
 
 ITL_EXACT_MAX_TOKENS = 300_000  # above this many token events, ITL comes from a sample of requests
 
+# Sampling whole requests: a request is kept when a multiplicative hash of its id (Knuth's 2654435761, about
+# 2^32 / golden ratio) falls in the lowest 1/stride of [0, 2^32). Not `id % stride`: ids are handed out in
+# blocks per run, and `bench --mode both` records turns of 4 prompts per mode, so with a stride of 8 every
+# kept id was a speculative one. The hash's high bits spread each run's ids evenly over [0, 2^32), so every
+# run, and so every mode, keeps about 1 in `stride` of its requests. (Its low bits would not do: the low k
+# bits of id x an odd constant are a permutation of the id's low k bits, so `hash % 8` is `id % 8` again.)
+# The id is reduced below 2^31 first so that the product stays below 2^63: no bigint overflow error on
+# PostgreSQL, no silent switch to floating point on SQLite. Constants are inlined: PostgreSQL types them bigint.
+_HASH_ID_MOD, _HASH_MULT, _HASH_RANGE = 2**31, 2654435761, 2**32
+
+
+def request_hash(id_col):
+    """A deterministic hash of a request id in [0, 2^32), in SQL, identical on SQLite and PostgreSQL."""
+    return (id_col % literal_column(str(_HASH_ID_MOD))) * literal_column(str(_HASH_MULT)) % literal_column(
+        str(_HASH_RANGE))
+
+
+def sampled_requests(id_col, stride: int):
+    """The condition keeping about 1 in `stride` requests, each run and mode in proportion (see above)."""
+    return request_hash(id_col) < literal_column(str(_HASH_RANGE // stride))
+
 
 @dataclass(frozen=True, slots=True)
 class ItlHistogram:
@@ -90,15 +111,16 @@ class ItlHistogram:
 
     frame: pd.DataFrame
     total_tokens: int  # output tokens of the filtered requests
-    stride: int  # 1 = every request; n = requests whose id is a multiple of n
+    stride: int  # 1 = every request; n = about 1 in n requests, each run in proportion (`sampled_requests`)
 
 
 def itl_histogram(engine: Engine, f: Filters, max_tokens: int = ITL_EXACT_MAX_TOKENS) -> ItlHistogram:
     """ITL: gaps between consecutive distinct emissions of a request (tokens of one step count once).
 
     LAG over (request, position) in SQL; only (mode, 0.1 ms bucket, count) rows come back. Above
-    `max_tokens` token events the window runs over a deterministic sample of whole requests (every n-th
-    request id), so the page stays interactive; percentiles of such a sample are unbiased.
+    `max_tokens` token events the window runs over a deterministic sample of whole requests (about 1 in n
+    of every run's requests, by a hash of the id), so the page stays interactive and each mode keeps its
+    share of the sample.
     """
     with engine.connect() as c:
         total = int(c.scalar(
@@ -108,7 +130,7 @@ def itl_histogram(engine: Engine, f: Filters, max_tokens: int = ITL_EXACT_MAX_TO
     stride = max(1, math.ceil(total / max_tokens))
     picked = select(Request.id.label("id"), Run.mode.label("mode")).join(Run, Run.id == Request.run_id).where(*_conds(f))
     if stride > 1:
-        picked = picked.where(Request.id % stride == 0)
+        picked = picked.where(sampled_requests(Request.id, stride))
     picked = picked.cte("picked")
     prev = func.lag(TokenEvent.emit_offset_ms).over(partition_by=TokenEvent.request_id, order_by=TokenEvent.position)
     ev = (
@@ -261,7 +283,7 @@ class AnswerSpans:
 
     frame: pd.DataFrame
     total_drafts: int  # drafting steps of the filtered speculative requests
-    stride: int  # 1 = every request; n = requests whose id is a multiple of n
+    stride: int  # 1 = every request; n = about 1 in n requests, each run in proportion (`sampled_requests`)
 
 
 def acceptance_along_answer(engine: Engine, f: Filters, width: int = ANSWER_SPAN,
@@ -271,7 +293,8 @@ def acceptance_along_answer(engine: Engine, f: Filters, width: int = ANSWER_SPAN
     A step starts after 1 + the tokens its request's earlier steps emitted (the prefill emitted the first);
     a window sum over each request's steps gives that in SQL, and the steps are then grouped by span, so
     only one row per span comes back. Above `max_drafts` drafting steps the window runs over a
-    deterministic sample of whole requests (every n-th request id), as the ITL histogram does.
+    deterministic sample of whole requests (about 1 in n of every run's, by a hash of the id), as the ITL
+    histogram does.
     Frame columns: start, end (output tokens [start, end)), steps, drafted, accepted, tested (accepted plus
     the rejections that ended steps), acceptance_rate (accepted / drafted), alpha (accepted / tested, as
     `specfinops calibrate` reports it), mean_acceptance_length.
@@ -285,7 +308,7 @@ def acceptance_along_answer(engine: Engine, f: Filters, width: int = ANSWER_SPAN
     stride = max(1, math.ceil(total / max_drafts))
     picked = spec_requests.with_only_columns(Request.id)  # the window is driven from the chosen requests
     if stride > 1:
-        picked = picked.where(Request.id % stride == 0)
+        picked = picked.where(sampled_requests(Request.id, stride))
     emitted_before = func.coalesce(func.sum(Step.num_emitted).over(
         partition_by=Step.request_id, order_by=Step.step_index, rows=(None, -1)), 0)
     steps = (
