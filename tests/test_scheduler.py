@@ -421,8 +421,9 @@ def failing_hook():
     hook.server_close()
 
 
-def _killed_between_retries(store, hook, no_blocking, sig) -> tuple[subprocess.Popen, list[str]]:
-    """A scheduler process whose run wrote its report and failed its first webhook attempt, sent `sig`."""
+def _killed_between_retries(store, hook, no_blocking, sig, *more) -> tuple[subprocess.Popen, list[str]]:
+    """A scheduler process whose run wrote its report and failed its first webhook attempt, sent `sig` (then
+    each of `more`, half a second apart)."""
     url, engine, out = store
     args = ["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out), "--webhook", hook.url]
     assert main(args) == 0  # persists the job exactly as the command line configures it
@@ -433,6 +434,9 @@ def _killed_between_retries(store, hook, no_blocking, sig) -> tuple[subprocess.P
         assert proc.poll() is None, proc.communicate()
         proc.send_signal(sig)  # now in the backoff between attempt 1 and 2
         hook.status = 200  # the next attempt, if any, succeeds
+        for again in more:
+            time.sleep(0.5)
+            proc.send_signal(again)
         proc.wait(timeout=DEADLINE_S)
     finally:
         if proc.poll() is None:
@@ -448,6 +452,39 @@ def test_sigterm_stops_like_ctrl_c_and_the_delivery_in_progress_finishes(store, 
     assert proc.returncode == 130 and "interrupted" in err  # not -15
     [row] = reports(engine)
     assert row.delivery_status == "delivered" and len(failing_hook.bodies) >= 2  # not left "pending"
+
+
+def test_a_second_sigterm_neither_interrupts_the_stopping_nor_kills_the_run(store, failing_hook, no_blocking):
+    """`timeout -s TERM` signals the scheduler and then its process group: the second TERM is ignored (it printed
+    a traceback from inside the stopping, or killed the run still delivering)."""
+    url, engine, out = store
+    proc, _ = _killed_between_retries(store, failing_hook, no_blocking, signal.SIGTERM, signal.SIGTERM)
+    _, err = proc.communicate()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.count("SIGTERM: stopping") == 1, err
+    [row] = reports(engine)
+    assert row.delivery_status == "delivered"
+
+
+def test_the_sigterm_handler_disarms_after_the_first_signal(capsys):
+    import os
+
+    from app.commands.scheduler import _stop_on_sigterm
+
+    previous = _stop_on_sigterm()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises in here
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # while stopping: ignored, neither raised nor fatal
+            time.sleep(0.2)
+        except KeyboardInterrupt:
+            pytest.fail("a second SIGTERM interrupted the stopping")
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert capsys.readouterr().err.count("SIGTERM: stopping") == 1
 
 
 def test_a_delivery_killed_outright_is_made_on_restart(store, failing_hook, no_blocking, capsys):

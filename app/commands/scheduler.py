@@ -90,7 +90,9 @@ def _list_jobs(args) -> int:
 def _stop_on_sigterm():
     """SIGTERM (`docker compose stop`, `kill`) stops the scheduler as Ctrl-C does: KeyboardInterrupt in the main
     thread, so a run in progress finishes in its worker thread (report written, delivery made and recorded)
-    before the process exits with status 130. Returns the handler to put back (None when not installable)."""
+    before the process exits with status 130. Once: the handler disarms itself, so further SIGTERMs (`timeout`
+    sends two, to the process and to its group) are ignored while stopping, until the process exits.
+    Returns the handler to put back (None when not installable)."""
     import signal
     import sys
     import threading
@@ -99,6 +101,7 @@ def _stop_on_sigterm():
         return None
 
     def interrupt(_signum, _frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # first: a second one must not interrupt the stopping
         print("scheduler: SIGTERM: stopping (a run in progress finishes first)", file=sys.stderr, flush=True)
         raise KeyboardInterrupt
 
@@ -175,8 +178,9 @@ def run(args) -> int:
         if scheduler.running:
             scheduler.shutdown(wait=False)
         engine.dispose()
-        if previous is not None:
-            import signal
+        import signal
 
+        # put back, unless a SIGTERM is stopping us: it stays ignored until the run in progress has finished
+        if previous is not None and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
             signal.signal(signal.SIGTERM, previous)
     return 0
