@@ -33,6 +33,12 @@ def byo(tmp_path_factory):
     return target_dir, corpus
 
 
+def _target(path: Path, seed: int) -> Path:
+    """A tiny Llama target directory at `path` (parents made)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Path(_tiny_target_dir(path, tiny_model(seed)))
+
+
 def _digest(d: Path) -> dict[str, str]:
     return {f.name: hashlib.sha1(f.read_bytes()).hexdigest() for f in sorted(d.iterdir()) if f.is_file()}
 
@@ -102,3 +108,70 @@ def test_an_earlier_distill_output_or_an_empty_directory_is_written_again(byo, t
     assert main(_distill(["--target", str(target_dir), "--corpus", str(corpus), "--out", str(out), "--resume"],
                          tmp_path)) == 0
     assert (out / "model_card.json").is_file()
+
+
+# ------------------------------------------------------------------ the data cache
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    """distill's cache in tmp_path."""
+    import serving.distill.pipeline as pipeline
+
+    root = tmp_path / "cache"
+    monkeypatch.setattr(pipeline, "CACHE", root / "distill")
+    return root / "distill"
+
+
+def _generate(target_dir: Path, out: Path, tmp_path: Path) -> dict:
+    """A tiny run that generates its data (two templated prompts, three answer tokens); its model card."""
+    from app.cli import main
+
+    assert main(_distill(["--target", str(target_dir), "--generate-prompts", "2", "--max-new-tokens", "3",
+                          "--gen-batch", "2", "--out", str(out)], tmp_path)) == 0
+    return json.loads((out / "model_card.json").read_text())
+
+
+def test_cached_data_belongs_to_one_target_not_to_a_directory_name(tmp_path, cache):
+    """Two models under one directory name, and a model retrained in place, never read each other's cached
+    answers: the cache is keyed by the target's fingerprint too, and its meta.json names the target."""
+    import os
+
+    from serving.distill.data import load_prepared
+
+    a = _target(tmp_path / "a" / "model", 1)
+    b = _target(tmp_path / "b" / "model", 2)
+    card_a = _generate(a, tmp_path / "da", tmp_path)
+    card_b = _generate(b, tmp_path / "db", tmp_path)
+    (dir_a,), (dir_b,) = card_a["corpus"]["data_dirs"], card_b["corpus"]["data_dirs"]
+    assert dir_a != dir_b and Path(dir_a).parent == Path(dir_b).parent == cache
+    assert load_prepared(dir_a).meta["target"] == str(a.resolve())
+    assert load_prepared(dir_b).meta["target_fingerprint"] == card_b["target_fingerprint"] != card_a[
+        "target_fingerprint"]
+    assert _generate(a, tmp_path / "da2", tmp_path)["corpus"]["data_dirs"] == [dir_a]  # the same model: reused
+    weights = a / "model.safetensors"
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # retrained in place (new weights, same name)
+    assert _generate(a, tmp_path / "da3", tmp_path)["corpus"]["data_dirs"] != [dir_a]
+
+
+def test_evaluation_data_belongs_to_one_target(tmp_path, cache):
+    from serving.distill.pipeline import eval_data
+
+    a = _target(tmp_path / "a" / "model", 1)
+    b = _target(tmp_path / "b" / "model", 2)
+    da, db = (eval_data(t, 1, lambda m: None, torch.float32) for t in (a, b))
+    assert da != db and da.parent == db.parent == cache
+    assert json.loads((db / "meta.json").read_text())["target"] == str(b.resolve())
+
+
+def test_a_data_dir_another_target_made_is_refused(tmp_path, cache, capsys):
+    from app.cli import main
+
+    a = _target(tmp_path / "a" / "model", 1)
+    b = _target(tmp_path / "b" / "model", 2)
+    data = tmp_path / "data"
+    assert main(_distill(["--target", str(a), "--generate-prompts", "2", "--max-new-tokens", "3", "--data-dir",
+                          str(data), "--out", str(tmp_path / "da")], tmp_path)) == 0
+    capsys.readouterr()
+    assert main(_distill(["--target", str(b), "--generate-prompts", "2", "--max-new-tokens", "3", "--data-dir",
+                          str(data), "--out", str(tmp_path / "db")], tmp_path)) == 2
+    assert "another target made" in _one_error_line(capsys)

@@ -153,6 +153,28 @@ def check_out(out: Path, target_dir: Path, data_dirs: list[Path]) -> None:
         raise ValueError(f"--out {out}: {existing} is not writable")
 
 
+def target_fingerprint(target_dir: Path) -> str:
+    """A short name for a target's exact weights, cheap to take: a hash of its config.json and of each weight
+    file's name, size and modification time (no weights are read). Another model under the same directory
+    name, or the same one retrained in place, gets another; a copy made without keeping the times too."""
+    h = hashlib.sha1((target_dir / "config.json").read_bytes())
+    for f in sorted(target_dir.glob("*.safetensors")):
+        st = f.stat()
+        h.update(f"\0{f.name}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:10]
+
+
+def data_prefix(target_dir: Path) -> str:
+    """How the names of a target's cached data begin: its directory name and `target_fingerprint`, so data
+    cached for one model is never read for another."""
+    return f"{target_dir.name}-{target_fingerprint(target_dir)}"
+
+
+def target_meta(target_dir: Path) -> dict:
+    """What prepared data (meta.json) records of the target that made it."""
+    return {"target": str(target_dir.resolve()), "target_fingerprint": target_fingerprint(target_dir)}
+
+
 def _dtype_tag(dtype: torch.dtype) -> str:
     """Cache-name suffix of data made in `dtype` (float32 data keeps the names it always had)."""
     return "" if dtype == torch.float32 else "-" + str(dtype).replace("torch.", "")
@@ -169,7 +191,7 @@ def eval_data(target_dir: Path, max_new_tokens: int, say, dtype: torch.dtype = t
     from serving.distill.data import is_prepared, prepare
     from serving.workloads import load_workload
 
-    d = CACHE / (f"{target_dir.name}-eval-{'-'.join(EVAL_DOMAINS)}-{max_new_tokens}{_dtype_tag(dtype)}"
+    d = CACHE / (f"{data_prefix(target_dir)}-eval-{'-'.join(EVAL_DOMAINS)}-{max_new_tokens}{_dtype_tag(dtype)}"
                  + _layers_tag(feature_layers))
     if not is_prepared(d):
         items = []
@@ -179,7 +201,8 @@ def eval_data(target_dir: Path, max_new_tokens: int, say, dtype: torch.dtype = t
                 items.append(item)
         say(f"evaluation data: the target's greedy answers to {len(items)} workload prompts -> {d}")
         prepare(target_dir, items, d, max_new_tokens=max_new_tokens, say=say, dtype=dtype,
-                feature_layers=feature_layers, extra_meta={"corpus": "builtin evaluation workloads (never trained on)"})
+                feature_layers=feature_layers, extra_meta={"corpus": "builtin evaluation workloads (never trained on)",
+                                                           **target_meta(target_dir)})
     return d
 
 
@@ -233,7 +256,14 @@ def run(args) -> int:
         if not is_prepared(c):
             raise UsageError(f"corpus {c} is not a prepared distillation data directory (make one with "
                              "--generate-prompts N or --stdlib-code N)")
-    # ---- data
+    # ---- data (cached under the target's name and fingerprint; meta.json records which target made it)
+    prefix, made_by = data_prefix(target_dir), target_meta(target_dir)
+    if getattr(args, "data_dir", None):
+        given = Path(args.data_dir).expanduser()
+        theirs = json.loads((given / "meta.json").read_text()).get("target_fingerprint") if is_prepared(given) else None
+        if theirs not in (None, made_by["target_fingerprint"]):
+            raise UsageError(f"--data-dir {args.data_dir} holds data another target made (fingerprint {theirs}; "
+                             f"this target's is {made_by['target_fingerprint']}): give another --data-dir")
     data_t0 = time.perf_counter()
     described = [f"prepared data {c}" for c in corpora]
     packages = {}
@@ -241,7 +271,7 @@ def run(args) -> int:
     if args.generate_prompts or args.stdlib_prompts or n_p:
         n_t, n_s = args.generate_prompts or 0, args.stdlib_prompts or 0
         d = Path(args.data_dir).expanduser() if args.data_dir else \
-            CACHE / (f"{target_dir.name}-generated-t{n_t}-l{n_s}" + (f"-p{n_p}" if n_p else "")
+            CACHE / (f"{prefix}-generated-t{n_t}-l{n_s}" + (f"-p{n_p}" if n_p else "")
                      + f"-s{args.seed}-n{args.max_new_tokens}{tag}{_layers_tag(data_layers)}")
         if n_p:
             packages = package_versions()
@@ -253,7 +283,7 @@ def run(args) -> int:
             prepare(target_dir, prompts, d, max_new_tokens=args.max_new_tokens, batch=args.gen_batch, say=_say,
                     dtype=dtype, feature_layers=data_layers, device=device,
                     extra_meta={"corpus": "templated prompts and standard-library code prompts "
-                                          "(serving/distill/prompts.py), the target's greedy answers"})
+                                          "(serving/distill/prompts.py), the target's greedy answers", **made_by})
         corpora.append(d)
         if n_t:
             described.append(f"the target's greedy answers (max {args.max_new_tokens} tokens) to {n_t} templated "
@@ -266,7 +296,7 @@ def run(args) -> int:
                              "made from documented functions of installed packages (versions under 'packages')")
     if getattr(args, "self_prompts", 0):
         n_q = args.self_prompts
-        d = CACHE / (f"{target_dir.name}-self-q{n_q}-s{args.seed}-n{args.max_new_tokens}{tag}"
+        d = CACHE / (f"{prefix}-self-q{n_q}-s{args.seed}-n{args.max_new_tokens}{tag}"
                      f"{_layers_tag(data_layers)}")
         if not is_prepared(d):
             from serving.distill.selfprompts import self_prompts
@@ -278,17 +308,17 @@ def run(args) -> int:
                     dtype=dtype, feature_layers=data_layers, device=device,
                     extra_meta={"corpus": "code questions the target wrote itself "
                                           "(serving/distill/selfprompts.py), the target's greedy answers",
-                                "questions": [q["prompt"] for q in asked]})
+                                "questions": [q["prompt"] for q in asked], **made_by})
         corpora.append(d)
         described.append(f"the target's greedy answers (max {args.max_new_tokens} tokens) to {n_q} code questions "
                          f"it wrote itself (sampled, seed {args.seed}; the questions are in the data's meta.json)")
     if args.stdlib_code:
-        d = CACHE / f"{target_dir.name}-stdlib-code-{args.stdlib_code}-s{args.seed}{tag}{_layers_tag(data_layers)}"
+        d = CACHE / f"{prefix}-stdlib-code-{args.stdlib_code}-s{args.seed}{tag}{_layers_tag(data_layers)}"
         if not is_prepared(d):
             items = stdlib_code_items(args.stdlib_code, seed=args.seed)
             _say(f"teacher pass over {len(items)} standard-library functions -> {d}")
             prepare(target_dir, items, d, say=_say, dtype=dtype, feature_layers=data_layers, device=device,
-                    extra_meta={"corpus": "Python standard library functions as chat answers (teacher-forced)"})
+                    extra_meta={"corpus": "Python standard library functions as chat answers (teacher-forced)", **made_by})
         corpora.append(d)
         described.append(f"{args.stdlib_code} Python standard-library functions shown as chat answers, "
                          "teacher-forced (the target's own distributions as labels)")
@@ -333,6 +363,7 @@ def run(args) -> int:
     card = {
         "model_type": "specfinops-eagle",
         "target": target_dir.name,
+        "target_fingerprint": made_by["target_fingerprint"],
         "architecture": {"kind": "feature-level draft (EAGLE) with a reduced-vocabulary head (FR-Spec)"
                                  + (", fused features of several target blocks (EAGLE-3)" if draft_layers else ""),
                          "layers": cfg.layers, "hidden_size": draft.cfg.hidden_size, "head_vocab": cfg.head_vocab,
