@@ -580,11 +580,17 @@ class Table:
 
 
 def to_the_second(value: Any) -> Any:
-    """A time without its microseconds, as 2026-12-05 01:06:52."""
+    """A time in UTC without its microseconds, as 2026-12-05 01:06:52. An aware time is converted first: a
+    PostgreSQL session in another timezone hands them back in its own (19:36-08:00 is 03:36 UTC)."""
+    if isinstance(value, str) and re.fullmatch(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(\.\d+)?.*", value):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return value[:19].replace("T", " ")
     if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC)
         return value.strftime("%Y-%m-%d %H:%M:%S")
-    if isinstance(value, str) and re.fullmatch(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d\.\d+.*", value):
-        return value[:19].replace("T", " ")
     return value
 
 

@@ -460,3 +460,19 @@ def test_html_view_of_the_cost_per_run_table(store, tmp_path):
     with open(f"{rec.csv_dir}/runs_cost.csv", encoding="utf-8", newline="") as fh:
         assert next(csv.reader(fh)) == COST_HEADER
     assert "@media print { .scroll { overflow: visible } }" in page
+
+
+def test_report_times_are_shown_in_utc_whatever_the_session_timezone():
+    """'started (UTC)' of the report: a PostgreSQL session west of UTC hands back 19:36-08:00 for a run
+    that started at 03:36 UTC the next day; the report shows the UTC time, as on SQLite."""
+    from datetime import datetime, timedelta, timezone
+
+    from telemetry.report import to_the_second
+
+    pacific = timezone(timedelta(hours=-8))
+    aware = datetime(2026, 12, 4, 19, 36, 1, 630000, tzinfo=pacific)
+    assert to_the_second(aware) == "2026-12-05 03:36:01"
+    assert to_the_second("2026-12-04T19:36:01.63-08:00") == "2026-12-05 03:36:01"
+    assert to_the_second("2026-12-05T03:36:01.63+00:00") == "2026-12-05 03:36:01"
+    assert to_the_second(datetime(2026, 12, 5, 3, 36, 1, 5)) == "2026-12-05 03:36:01"  # naive: stored as UTC
+    assert to_the_second("not a time") == "not a time"
