@@ -21,6 +21,7 @@ def hf_dir(path, kind: str = "llama", tokenizer: bool = True, seed: int = 0, **o
     `tokenizer`, a word-level tokenizer of VOCAB tokens with an EOS)."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
     from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
     config = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[kind](**{**TINY_HF, **overrides})
@@ -29,7 +30,9 @@ def hf_dir(path, kind: str = "llama", tokenizer: bool = True, seed: int = 0, **o
     if tokenizer:
         n = overrides.get("vocab_size", VOCAB) if tokenizer is True else tokenizer
         vocab = {"<unk>": 0, "</s>": 1, **{f"w{i}": i for i in range(2, n)}}
-        Tokenizer(WordLevel(vocab, unk_token="<unk>")).save(str(path / "tokenizer.json"))
+        tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+        tok.pre_tokenizer = Whitespace()
+        tok.save(str(path / "tokenizer.json"))
         (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
                                                                 "eos_token": "</s>", "unk_token": "<unk>"}))
     return path

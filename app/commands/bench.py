@@ -15,6 +15,7 @@ from app.commands._common import (
     check_writable,
     context_len,
 )
+from app.errors import UsageError
 from serving.lookahead import DEFAULT_K, VLLM_DEFAULT_K
 
 DEFAULT_INTERLEAVE = 4  # prompts per turn: short enough that a drift of the machine's speed hits both modes
@@ -39,7 +40,7 @@ def register(sub) -> None:
                    help="torch: the built-in engine (default); vllm: vLLM on GPUs (pip install 'specfinops[gpu]')")
     p.add_argument("--vllm-args", metavar="JSON", default=None,
                    help="extra vllm.LLM(...) keywords for --backend vllm, e.g. '{\"gpu_memory_utilization\": 0.8}'")
-    p.add_argument("--drafter", default=None, help="draft | draft+ngram (prompt lookup where the context matches, the draft elsewhere) | early-exit | ngram (default: draft+ngram with the bundled target, measured fastest; ngram with any other target)")
+    p.add_argument("--drafter", default=None, help="draft | draft+ngram (prompt lookup where the context matches, the draft elsewhere) | early-exit | ngram (default: draft+ngram with the bundled target or a --draft-model, measured fastest; ngram with any other target)")
     p.add_argument("--k", default=None, help="lookahead: an integer K >= 0 (0 = no drafting), or heuristic | "
                    f"entropy | cost | auto (default: {DEFAULT_K}; on --backend vllm, which runs a fixed K: "
                    f"{VLLM_DEFAULT_K})")
@@ -64,7 +65,8 @@ def register(sub) -> None:
                         f"all of spec (default: {DEFAULT_INTERLEAVE}). Higher concurrency always runs the modes one "
                         "after the other: a block would have to drain, which a loaded server never does")
     p.add_argument("--target", default=None, help="target model name or local HF directory (default: bundled)")
-    p.add_argument("--draft-model", default=None, help="draft model directory for --drafter draft")
+    p.add_argument("--draft-model", default=None,
+                   help="draft model directory for --drafter draft or draft+ngram (given alone: draft+ngram)")
     p.add_argument("--early-exit-layers", type=int, default=8, help="target layers used by --drafter early-exit")
     p.add_argument("--max-len", type=context_len, default=2048, help="context window used by the engine (tokens)")
     p.add_argument("--json", metavar="PATH", default=None, help="write the results as JSON")
@@ -86,6 +88,23 @@ def parse_concurrency(text: str) -> list[int]:
     if not levels or any(n < 1 for n in levels):
         raise ValueError(f"--concurrency levels must be >= 1, got {text!r}")
     return levels
+
+
+MODEL_FREE_DRAFTERS = ("ngram", "early-exit")  # drafters that read no draft model
+
+
+def drafter_for(drafter: str | None, draft_model: str | None, flag: str, otherwise, model_drafter: str = "draft+ngram"):
+    """The drafter a run uses: the one named; with only a draft model named, `model_drafter` (draft+ngram: the
+    draft with prompt lookup, as the bundled pair runs); with neither, `otherwise()`. A draft model beside a
+    drafter that reads none is refused rather than silently left unused."""
+    if draft_model is None:
+        return drafter or otherwise()
+    if drafter is None:
+        return model_drafter
+    if drafter in MODEL_FREE_DRAFTERS:
+        raise UsageError(f"{flag} {draft_model}: --drafter {drafter} uses no draft model; drop {flag}, or use "
+                         "--drafter draft or draft+ngram to run it")
+    return drafter
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -111,11 +130,13 @@ def handle(args: argparse.Namespace) -> int:
     if args.backend == "vllm":
         if args.tree is not None:
             raise ValueError("--tree runs on the torch engine; vLLM's speculative config chooses its own proposals")
+        args.drafter = drafter_for(args.drafter, args.draft_model, "--draft-model", lambda: "ngram", model_drafter="draft")
         return _write_json(args, run_bench_vllm(args, prompts, params, modes, levels))
 
     from serving.worker import EngineSpec, default_drafter, load
 
-    spec = EngineSpec(target=args.target, drafter=args.drafter or default_drafter(args.target), draft_model=args.draft_model,
+    drafter = drafter_for(args.drafter, args.draft_model, "--draft-model", lambda: default_drafter(args.target))
+    spec = EngineSpec(target=args.target, drafter=drafter, draft_model=args.draft_model,
                       early_exit_layers=args.early_exit_layers, k=args.k or DEFAULT_K, dtype=args.dtype,
                       max_batch=max(levels), max_len=args.max_len, tree=args.tree)
     spec.validate()

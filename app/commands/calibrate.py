@@ -22,7 +22,7 @@ def register(sub) -> None:
                     EXAMPLES, handle)
     p.add_argument("--target", default=None, help="target model name or directory (default: bundled)")
     p.add_argument("--draft", default=None, help="draft model directory (default: the bundled draft)")
-    p.add_argument("--drafter", default="draft", help="draft | draft+ngram | early-exit | ngram (default: draft)")
+    p.add_argument("--drafter", default=None, help="draft | draft+ngram | early-exit | ngram (default: draft)")
     p.add_argument("--workload", default="mixed", help="builtin name or .jsonl path (default: mixed)")
     p.add_argument("--limit", type=int, default=None, help="prompts per domain (default: all)")
     p.add_argument("--k", type=int, default=4, help="K used while measuring (default 4)")
@@ -54,6 +54,7 @@ def _interleaved(loaded, prompts, encoded, params):
 
 
 def handle(args: argparse.Namespace) -> int:
+    from app.commands.bench import drafter_for
     from serving.sampling import SamplingParams
     from serving.worker import EngineSpec, load
     from serving.workloads import load_workload
@@ -80,7 +81,8 @@ def handle(args: argparse.Namespace) -> int:
         prompts = [p for d in domains for p in [q for q in prompts if q.domain == d][: args.limit]]
     from serving.kernels import resolve_dtype
 
-    spec = EngineSpec(target=args.target, drafter=args.drafter, draft_model=args.draft, k=str(args.k),
+    drafter = drafter_for(args.drafter, args.draft, "--draft", lambda: "draft", model_drafter="draft")
+    spec = EngineSpec(target=args.target, drafter=drafter, draft_model=args.draft, k=str(args.k),
                       dtype=resolve_dtype(args.dtype, max_batch=1))  # one sequence at a time
     spec.validate()
     print("loading models ...", file=sys.stderr)

@@ -1,0 +1,55 @@
+"""bench and calibrate on user-supplied (tiny, random) Hugging Face models: what the options name is what runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.cli import main
+from tests.test_hf_models import hf_dir
+
+
+@pytest.fixture(autouse=True)
+def no_kernel_races(monkeypatch):
+    """Tiny models need no CPU kernel measurement (it takes most of a short bench on a busy 2-core machine)."""
+    for name in ("SPECFINOPS_PACKED_LINEAR", "SPECFINOPS_BF16_KERNEL", "SPECFINOPS_DECODE_ATTENTION",
+                 "SPECFINOPS_ATTENTION_FLOAT32", "SPECFINOPS_DRAFT_INT8"):
+        monkeypatch.setenv(name, "off")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A 2-layer target and a 1-layer draft sharing one tokenizer."""
+    root = tmp_path_factory.mktemp("byo")
+    return hf_dir(root / "target", seed=0), hf_dir(root / "draft", seed=1, num_hidden_layers=1)
+
+
+def _bench_json(tmp_path, *extra) -> dict:
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--workload", "code", "--limit", "1", "--max-new-tokens", "4", "--mode", "spec",
+            "--dtype", "float32", "--no-telemetry", "--power", "none", "--json", str(out), *extra]
+    assert main(argv) == 0
+    return json.loads(out.read_text())
+
+
+def test_bench_with_a_draft_model_and_no_drafter_runs_that_draft(pair, tmp_path):
+    target, draft = pair
+    run = _bench_json(tmp_path, "--target", str(target), "--draft-model", str(draft))["runs"][0]
+    assert run["drafter"].startswith("draft:draft") and "+ngram" in run["drafter"]  # draft+ngram, as the bundled pair
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "early-exit"])
+def test_bench_refuses_a_draft_model_its_drafter_would_not_use(drafter, pair, tmp_path, capsys):
+    target, draft = pair
+    argv = ["bench", "--target", str(target), "--draft-model", str(draft), "--drafter", drafter, "--no-telemetry"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"--draft-model {draft}: --drafter {drafter} uses no draft model" in err
+
+
+def test_calibrate_refuses_a_draft_its_drafter_would_not_use(pair, capsys):
+    target, draft = pair
+    assert main(["calibrate", "--target", str(target), "--draft", str(draft), "--drafter", "ngram"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"--draft {draft}: --drafter ngram uses no draft model" in err
