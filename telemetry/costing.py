@@ -77,7 +77,7 @@ def energy_source(runs: Iterable[RunSummary]) -> str | None:
     return PARTLY_ESTIMATED if len(estimated) == 2 else ESTIMATED if True in estimated else MEASURED
 
 
-def _ids(ids: list[int]) -> str:
+def ids_text(ids: list[int]) -> str:
     """'run 3', 'runs 1, 4-6': consecutive ids as ranges."""
     spans: list[list[int]] = []
     for i in sorted(ids):
@@ -95,7 +95,23 @@ def energy_sources_text(runs: Iterable[RunSummary]) -> str:
     for r in runs:
         if r.stats.energy_j is not None:
             by_source[ESTIMATED if r.stats.energy_estimated else f"{MEASURED} by {r.power_source}"].append(r.run_id)
-    return ", ".join(f"{_ids(ids)} {source}" for source, ids in sorted(by_source.items(), key=lambda kv: min(kv[1])))
+    return ", ".join(f"{ids_text(ids)} {source}" for source, ids in sorted(by_source.items(), key=lambda kv: min(kv[1])))
+
+
+def incomplete_runs_text(runs: Iterable[RunSummary]) -> str:
+    """One line on the runs in view that did not end 'completed': an interrupted bench (cancelled), one that
+    raised (failed), or one still 'running' (in progress, such as a live server, or its process was killed
+    before it could end the run). Their finished requests count like any others. '' when every run completed."""
+    by_status: dict[str, list[int]] = defaultdict(list)
+    for r in runs:
+        if r.status != "completed":
+            by_status[r.status].append(r.run_id)
+    if not by_status:
+        return ""
+    parts = [f"{ids_text(ids)} {status}" + (" (in progress, or its process was killed)" if status == "running" else "")
+             for status, ids in sorted(by_status.items())]
+    return (f"not every run completed: {'; '.join(parts)}. Their finished requests are counted; a run cut short "
+            f"measured fewer prompts than its command asked for.")
 
 
 def _energy_prices(engine: Engine, snapshot: dict | None, usd_per_kwh: float | None, pue: float | None):

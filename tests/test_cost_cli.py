@@ -516,3 +516,27 @@ def test_project_help_says_how_the_node_is_priced(capsys):
         main(["project", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "the catalog price of the measured device" in out and "--gpu NAME [--gpus-per-node N]" in out
+
+
+def test_cost_names_the_runs_that_did_not_complete(sqlite_url, capsys):
+    """A bench killed or interrupted leaves its run 'running' or 'cancelled'; its finished requests still
+    count, but cost says which runs were cut short (table and JSON) instead of pricing them silently."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        make_run(s, "ar", status="cancelled", requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        make_run(s, "spec", status="running", requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500)])
+        s.commit()
+    engine.dispose()
+    assert main(["cost", "--db", sqlite_url]) == 0
+    out = capsys.readouterr().out
+    assert "not every run completed: run 2 cancelled; run 3 running (in progress, or its process was killed)" in out
+    assert main(["cost", "--db", sqlite_url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["status"] for r in doc["runs"]] == ["completed", "cancelled", "running"]
+    assert {m["mode"]: m["incomplete_run_ids"] for m in doc["modes"]} == {"ar": [2], "spec": [3]}
+
+
+def test_cost_of_completed_runs_only_says_nothing_about_incomplete_ones(filled, capsys):
+    assert main(["cost", "--db", filled]) == 0
+    assert "not every run completed" not in capsys.readouterr().out

@@ -565,3 +565,23 @@ def test_cost_page_names_the_catalog_energy_prices_and_when_they_do_not_count(sq
                for c in at.caption)
     at = open_page(app_for(fill_store(sqlite_url.replace(".db", "-e.db")), monkeypatch), PAGES["Cost & capacity"])
     assert not any("no energy measured for these runs" in c.value for c in at.caption)
+
+
+def test_overview_notes_the_runs_that_did_not_complete(sqlite_url, monkeypatch):
+    """A killed bench leaves its run 'running' and an interrupted one 'cancelled': the Overview's figures
+    still count their finished requests, and a caption says which runs were cut short."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        make_run(s, "spec", status="cancelled", requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500)])
+        s.commit()
+    engine.dispose()
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    notes = [c.value for c in at.caption if "not every run completed" in c.value]
+    assert notes and "run 2 cancelled" in notes[0], [c.value for c in at.caption]
+
+
+def test_overview_of_completed_runs_has_no_incomplete_note(filled, monkeypatch):
+    at = open_page(app_for(filled, monkeypatch), PAGES["Overview"])
+    assert not [c.value for c in at.caption if "not every run completed" in c.value]

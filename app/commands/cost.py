@@ -235,7 +235,7 @@ def _cost_dict(c) -> dict:
 
 
 def run_cost_command(args) -> int:
-    from telemetry.costing import costs, energy_source, no_runs_reason
+    from telemetry.costing import costs, energy_source, incomplete_runs_text, no_runs_reason
     from telemetry.store import open_store
 
     pricing = _pricing(args)
@@ -252,6 +252,7 @@ def run_cost_command(args) -> int:
                         {
                             "run_id": rc.run.run_id,
                             "mode": rc.run.mode,
+                            "status": rc.run.status,  # completed | failed | cancelled | running
                             "workload": rc.run.workload,
                             "concurrency": rc.run.concurrency,
                             "output_tokens": rc.run.stats.output_tokens,
@@ -271,6 +272,7 @@ def run_cost_command(args) -> int:
                         {
                             "mode": mc.mode,
                             "run_ids": list(mc.run_ids),
+                            "incomplete_run_ids": _incomplete(mc.run_ids, run_costs),
                             "output_tokens": mc.output_tokens,
                             "wall_s": mc.wall_s,
                             "tokens_per_s": mc.tokens_per_s,
@@ -311,7 +313,14 @@ def run_cost_command(args) -> int:
             differing.setdefault((rc.node_price.priced_as, rc.measured_on), []).append(rc.run.run_id)
     for (priced_as, measured_on), ids in differing.items():  # one line per pair, not one per run
         print(f"{_ids_text(ids)}: priced as {priced_as}, measured on {measured_on}")
+    incomplete = incomplete_runs_text(rc.run for rc in run_costs)
+    if incomplete:
+        print(f"note: {incomplete}")
     return 0
+
+
+def _incomplete(run_ids, run_costs) -> list[int]:
+    return [rc.run.run_id for rc in run_costs if rc.run.run_id in run_ids and rc.run.status != "completed"]
 
 
 def _mode_cost_text(mc, run_costs) -> str:
@@ -331,16 +340,9 @@ def _mode_cost_text(mc, run_costs) -> str:
 
 
 def _ids_text(ids: list[int]) -> str:
-    """'run 3' or 'runs 1-4, 7, 9-14': consecutive ids as ranges."""
-    if len(ids) == 1:
-        return f"run {ids[0]}"
-    spans: list[list[int]] = []
-    for i in sorted(ids):
-        if spans and i == spans[-1][1] + 1:
-            spans[-1][1] = i
-        else:
-            spans.append([i, i])
-    return "runs " + ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    from telemetry.costing import ids_text
+
+    return ids_text(ids)
 
 
 # ---- project -------------------------------------------------------------------------------------------

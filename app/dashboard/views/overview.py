@@ -19,7 +19,7 @@ from app.dashboard.common import (
     usd_rate,
 )
 from app.dashboard.filters import short_model
-from telemetry.costing import PARTLY_ESTIMATED, energy_source, energy_sources_text
+from telemetry.costing import PARTLY_ESTIMATED, energy_source, energy_sources_text, incomplete_runs_text
 
 
 def _speedup_text(speedups) -> tuple[str, str]:
@@ -95,6 +95,9 @@ def body(ctx: Context) -> None:
     disagree = cost_vs_savings_note(cost.get("spec"), cost.get("ar"), proj.projection if proj else None)
     if disagree:
         st.caption(disagree)
+    incomplete = incomplete_runs_text(rc.run for rc in run_costs)
+    if incomplete:
+        st.caption(f"Note: {incomplete} The Runs page shows each run's status.")
 
     columns = st.columns(2, border=True)
     for col, mode in zip(columns, ("spec", "ar"), strict=True):
