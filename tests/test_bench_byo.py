@@ -53,3 +53,25 @@ def test_calibrate_refuses_a_draft_its_drafter_would_not_use(pair, capsys):
     assert main(["calibrate", "--target", str(target), "--draft", str(draft), "--drafter", "ngram"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"--draft {draft}: --drafter ngram uses no draft model" in err
+
+
+def test_calibrate_early_exit_on_a_small_target_defaults_to_half_its_layers(pair, capsys):
+    """The default of 8 layers left no early exit on a target of 8 layers or fewer, and calibrate had no option."""
+    target, _ = pair  # 2 layers
+    assert main(["calibrate", "--target", str(target), "--drafter", "early-exit", "--workload", "code", "--limit",
+                 "1", "--max-new-tokens", "6", "--dtype", "float32", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["drafter"] == "early-exit:1"
+
+
+@pytest.mark.parametrize("command", ["bench", "calibrate"])
+def test_early_exit_layers_beyond_the_target_name_the_option(command, pair, capsys):
+    target, _ = pair
+    assert main([command, "--target", str(target), "--drafter", "early-exit", "--early-exit-layers", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--early-exit-layers must be below the target's 2 layers" in err and "got 2" in err
+
+
+def test_bench_early_exit_on_a_small_target_runs(pair, tmp_path):
+    target, _ = pair
+    run = _bench_json(tmp_path, "--target", str(target), "--drafter", "early-exit")["runs"][0]
+    assert run["drafter"] == "early-exit:1"

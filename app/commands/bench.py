@@ -67,7 +67,9 @@ def register(sub) -> None:
     p.add_argument("--target", default=None, help="target model name or local HF directory (default: bundled)")
     p.add_argument("--draft-model", default=None,
                    help="draft model directory for --drafter draft or draft+ngram (given alone: draft+ngram)")
-    p.add_argument("--early-exit-layers", type=int, default=8, help="target layers used by --drafter early-exit")
+    p.add_argument("--early-exit-layers", type=int, default=None,
+                   help="target layers used by --drafter early-exit (default: 8, or half the layers of a target "
+                        "with 8 or fewer)")
     p.add_argument("--max-len", type=context_len, default=2048, help="context window used by the engine (tokens)")
     p.add_argument("--json", metavar="PATH", default=None, help="write the results as JSON")
     add_db_option(p)
@@ -107,6 +109,29 @@ def drafter_for(drafter: str | None, draft_model: str | None, flag: str, otherwi
     return drafter
 
 
+def early_exit_layers(given: int | None, target: str | None, drafter: str) -> int:
+    """--early-exit-layers, checked against the target before it loads; by default 8 (DEFAULT_EARLY_EXIT_LAYERS),
+    or half the layers of a target that has no more than that (an early exit must stop before the last layer)."""
+    from serving.models import resolve_model
+    from serving.worker import DEFAULT_EARLY_EXIT_LAYERS
+
+    if drafter != "early-exit":
+        return DEFAULT_EARLY_EXIT_LAYERS if given is None else given
+    if given is not None and given < 1:
+        raise UsageError(f"--early-exit-layers must be >= 1, got {given}")
+    layers = json.loads((resolve_model(target, "target") / "config.json").read_text()).get("num_hidden_layers")
+    if not isinstance(layers, int):
+        return DEFAULT_EARLY_EXIT_LAYERS if given is None else given  # loading the target will say what is wrong
+    if layers < 2:
+        raise UsageError(f"--drafter early-exit needs a target of 2 layers or more; this one has {layers}")
+    if given is None:
+        return DEFAULT_EARLY_EXIT_LAYERS if layers > DEFAULT_EARLY_EXIT_LAYERS else layers // 2
+    if given >= layers:
+        raise UsageError(f"--early-exit-layers must be below the target's {layers} layers (the draft is its first "
+                         f"N layers), got {given}")
+    return given
+
+
 def handle(args: argparse.Namespace) -> int:
     from serving.sampling import SamplingParams
     from serving.workloads import load_workload
@@ -137,7 +162,8 @@ def handle(args: argparse.Namespace) -> int:
 
     drafter = drafter_for(args.drafter, args.draft_model, "--draft-model", lambda: default_drafter(args.target))
     spec = EngineSpec(target=args.target, drafter=drafter, draft_model=args.draft_model,
-                      early_exit_layers=args.early_exit_layers, k=args.k or DEFAULT_K, dtype=args.dtype,
+                      early_exit_layers=early_exit_layers(args.early_exit_layers, args.target, drafter),
+                      k=args.k or DEFAULT_K, dtype=args.dtype,
                       max_batch=max(levels), max_len=args.max_len, tree=args.tree)
     spec.validate()
     gate = args.spec_max_batch

@@ -13,6 +13,7 @@ EXAMPLES = """  specfinops calibrate                                   # bundled
   specfinops calibrate --workload code --limit 8 --json
   specfinops calibrate --target ~/models/llama --draft ~/models/llama-draft --workload prompts.jsonl
   specfinops calibrate --drafter ngram --threshold 0.5
+  specfinops calibrate --drafter early-exit --early-exit-layers 12 --workload code
   specfinops calibrate --workload code --drafter draft+ngram --max-new-tokens 256   # alpha along longer answers
 """
 
@@ -23,6 +24,9 @@ def register(sub) -> None:
     p.add_argument("--target", default=None, help="target model name or directory (default: bundled)")
     p.add_argument("--draft", default=None, help="draft model directory (default: the bundled draft)")
     p.add_argument("--drafter", default=None, help="draft | draft+ngram | early-exit | ngram (default: draft)")
+    p.add_argument("--early-exit-layers", type=int, default=None,
+                   help="target layers used by --drafter early-exit (default: 8, or half the layers of a target "
+                        "with 8 or fewer)")
     p.add_argument("--workload", default="mixed", help="builtin name or .jsonl path (default: mixed)")
     p.add_argument("--limit", type=int, default=None, help="prompts per domain (default: all)")
     p.add_argument("--k", type=int, default=4, help="K used while measuring (default 4)")
@@ -54,7 +58,7 @@ def _interleaved(loaded, prompts, encoded, params):
 
 
 def handle(args: argparse.Namespace) -> int:
-    from app.commands.bench import drafter_for
+    from app.commands.bench import drafter_for, early_exit_layers
     from serving.sampling import SamplingParams
     from serving.worker import EngineSpec, load
     from serving.workloads import load_workload
@@ -83,6 +87,7 @@ def handle(args: argparse.Namespace) -> int:
 
     drafter = drafter_for(args.drafter, args.draft, "--draft", lambda: "draft", model_drafter="draft")
     spec = EngineSpec(target=args.target, drafter=drafter, draft_model=args.draft, k=str(args.k),
+                      early_exit_layers=early_exit_layers(args.early_exit_layers, args.target, drafter),
                       dtype=resolve_dtype(args.dtype, max_batch=1))  # one sequence at a time
     spec.validate()
     print("loading models ...", file=sys.stderr)
