@@ -525,6 +525,10 @@ def summary_dict(data: ReportData) -> dict:
         "requests": data.current.requests(),
         "p95_tpot_sla_ms": data.sla_ms,
         "modes": {mode: _mode_dict(data, mode) for mode in queries.MODES},
+        # runs in the period that did not end 'completed' (cancelled, failed, or 'running': live or killed);
+        # their finished requests are in the figures
+        "incomplete_runs": [{"run_id": rc.run.run_id, "mode": rc.run.mode, "status": rc.run.status}
+                            for rc in data.current.run_costs if rc.run.status != "completed"],
         "speedups": [
             {"workload": s.workload, "target": s.target, "device": s.device, "dtype": s.dtype,
              "concurrency": s.concurrency,

@@ -20,6 +20,7 @@ from telemetry.costing import (
     MEASURED,
     PARTLY_ESTIMATED,
     energy_sources_text,
+    incomplete_runs_text,
 )
 from telemetry.finops import sla_steps, step_starts
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
@@ -420,6 +421,9 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
         parts.append(f"<p class='muted'>Some {' and '.join(partial)} requests have no energy figure; J/token covers "
                      f"those that do, and the cost per 1M tokens of {'that mode' if len(partial) == 1 else 'both'} is "
                      "hardware only.</p>")
+    incomplete = incomplete_runs_text(rc.run for rc in data.current.run_costs)
+    if incomplete:
+        parts.append(f"<p class='notice'>{html.escape(incomplete[0].upper() + incomplete[1:])}</p>")
     parts.append("<h2>Projected annual savings: assumptions</h2>" + assumptions_html(data))
     anomalies = [b for b in data.bands if b.status == "anomaly"]
     parts.append("<h2>Anomalies</h2>")

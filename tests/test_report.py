@@ -9,7 +9,7 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from synthetic import BASE_TIME, Req, make_run, spec_req
 
@@ -303,6 +303,94 @@ def test_a_job_reports_a_period_once_and_failures_leave_nothing(db_url, tmp_path
 # ---- dashboard Reports page -----------------------------------------------------------------------------
 
 
+# A `specfinops report` that stops inside write_report (its claim made, its temporary folder and CSV files
+# written) until it is signalled.
+SLOW_REPORT = """
+import sys, time
+from telemetry import report_writer
+def slow(*_a, **_k):
+    print("writing", flush=True)
+    time.sleep(120)
+report_writer.render_html = slow
+from app.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _stopped_while_writing(url: str, out, sig: int):
+    import signal  # noqa: F401 - the caller's signal numbers
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_REPORT, *_report(url, out, "--period", "daily",
+                                                                         "--since", D0.isoformat())],
+                            cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        assert proc.stdout.readline().strip() == "writing", proc.communicate()
+        assert any(p.name.endswith(".tmp") for p in out.iterdir())  # what a cleanup has to remove
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err
+
+
+def _reports(engine) -> list[Report]:
+    with Session(engine) as s:
+        return list(s.scalars(select(Report).order_by(Report.id)))
+
+
+def test_sigterm_while_writing_cleans_up_as_ctrl_c(store, tmp_path):
+    import signal
+
+    url, engine = store
+    out = tmp_path / "out"
+    rc, err = _stopped_while_writing(url, out, signal.SIGTERM)
+    assert rc == 130 and "interrupted" in err and "Traceback" not in err, err
+    assert _reports(engine) == [] and list(out.iterdir()) == []  # no claim left 'generating', no hidden folder
+
+
+def test_a_killed_reports_claim_and_folder_are_released_by_the_next_report(store, tmp_path, caplog):
+    """SIGKILL runs no cleanup: the claim stays 'generating' (the Reports page said so forever). Once older than
+    any report takes to write, the next report releases it and removes its temporary folder; a young claim (a
+    report maybe being written now) and scheduled claims (the scheduler's to rewrite) are left alone."""
+    import signal
+
+    url, engine = store
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    rc, _ = _stopped_while_writing(url, out, signal.SIGKILL)
+    assert rc == -signal.SIGKILL
+    [killed] = _reports(engine)
+    leftover = out / f".{report_writer.report_dir_name(killed.id, period_window('daily', since=D0))}.tmp"
+    assert killed.delivery_status == "generating" and leftover.is_dir()
+    old = datetime.now(UTC) - timedelta(seconds=report_writer.STALE_AFTER_S + 60)
+    with Session(engine) as s:
+        for job_id, csv_dir in ((None, ""), ("report-daily", "")):  # an older version's claim (no folder), a job's
+            s.add(Report(period="daily", since=D0 - DAY, until=D0, html_path="", csv_dir=csv_dir, job_id=job_id,
+                         delivery_status="generating", created_at=old))  # fmt: skip
+        s.commit()
+    legacy, scheduled = (r.id for r in _reports(engine)[1:])
+    legacy_tmp = elsewhere / f".{report_writer.report_dir_name(legacy, period_window('daily', since=D0 - DAY))}.tmp"
+    legacy_tmp.mkdir(parents=True)
+
+    assert main(_report(url, elsewhere, "--period", "daily", "--since", D0.isoformat())) == 0  # too young: kept
+    assert [r.id for r in _reports(engine) if r.delivery_status == "generating"] == [killed.id, scheduled]
+    assert leftover.is_dir() and not legacy_tmp.exists()  # the legacy claim's folder looked for in --out
+    assert [m for m in caplog.messages if f"report #{legacy} " in m and "was killed" in m]
+    caplog.clear()
+
+    with engine.begin() as c:
+        c.execute(update(Report).where(Report.id == killed.id).values(created_at=old))
+    assert main(_report(url, elsewhere, "--period", "daily", "--since", D0.isoformat())) == 0
+    assert [r.id for r in _reports(engine) if r.delivery_status == "generating"] == [scheduled]
+    assert not leftover.exists() and list(out.iterdir()) == []  # found where the claim recorded, not in --out
+    assert [m for m in caplog.messages if f"report #{killed.id} (daily 2026-11-02" in m]
+
+
 def _reports_page(url: str, monkeypatch):
     from pathlib import Path
 
@@ -476,3 +564,29 @@ def test_report_times_are_shown_in_utc_whatever_the_session_timezone():
     assert to_the_second("2026-12-05T03:36:01.63+00:00") == "2026-12-05 03:36:01"
     assert to_the_second(datetime(2026, 12, 5, 3, 36, 1, 5)) == "2026-12-05 03:36:01"  # naive: stored as UTC
     assert to_the_second("not a time") == "not a time"
+
+
+def test_report_names_the_runs_that_did_not_complete(sqlite_url, tmp_path):
+    """A run left 'running' by a killed bench or 'cancelled' by Ctrl-C: the report counts its finished
+    requests and says so, in its JSON and on its page."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+    from synthetic import BASE_TIME, Req, make_run
+
+    from app.cli import main
+    from telemetry.db import Report
+    from telemetry.store import open_store
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", started_at=BASE_TIME, requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        make_run(s, "ar", status="running", started_at=BASE_TIME, requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+    assert main(["report", "--db", sqlite_url, "--out", str(tmp_path), "--period", "daily",
+                 "--since", BASE_TIME.strftime("%Y-%m-%d")]) == 0
+    with Session(engine) as s:
+        rec = list(s.scalars(select(Report).order_by(Report.id)))[-1]
+    engine.dispose()
+    assert rec.summary["incomplete_runs"] == [{"run_id": 2, "mode": "ar", "status": "running"}]
+    page = open(rec.html_path, encoding="utf-8").read()
+    assert "Not every run completed: run 2 running (in progress, or its process was killed)" in page
