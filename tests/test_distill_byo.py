@@ -43,9 +43,9 @@ def _digest(d: Path) -> dict[str, str]:
     return {f.name: hashlib.sha1(f.read_bytes()).hexdigest() for f in sorted(d.iterdir()) if f.is_file()}
 
 
-def _distill(argv: list[str], tmp_path: Path) -> list[str]:
+def _distill(argv: list[str], tmp_path: Path, steps: int = 2) -> list[str]:
     """The tiny run's options: two float32 steps, no evaluation, the checkpoint in tmp_path."""
-    return ["distill", *argv, "--steps", "2", "--head-vocab", "32", "--batch-tokens", "128", "--dtype", "float32",
+    return ["distill", *argv, "--steps", str(steps), "--head-vocab", "32", "--batch-tokens", "128", "--dtype", "float32",
             "--no-eval", "--checkpoint", str(tmp_path / "ckpt.pt")]
 
 
@@ -175,3 +175,55 @@ def test_a_data_dir_another_target_made_is_refused(tmp_path, cache, capsys):
     assert main(_distill(["--target", str(b), "--generate-prompts", "2", "--max-new-tokens", "3", "--data-dir",
                           str(data), "--out", str(tmp_path / "db")], tmp_path)) == 2
     assert "another target made" in _one_error_line(capsys)
+
+
+# ------------------------------------------------------------------ --resume
+def test_resume_refuses_a_checkpoint_made_for_another_target_or_other_options(byo, tmp_path, capsys):
+    from app.cli import main
+
+    target_dir, corpus = byo
+    out = tmp_path / "draft"
+    base = ["--target", str(target_dir), "--corpus", str(corpus), "--out", str(out)]
+    assert main(_distill(base, tmp_path)) == 0
+    ckpt = (tmp_path / "ckpt.pt").read_bytes()
+    capsys.readouterr()
+    assert main(_distill([*base, "--resume", "--lr", "0.01"], tmp_path)) == 2
+    line = _one_error_line(capsys)
+    assert "--lr 0.0005" in line and "--lr 0.01" in line and "--resume" in line
+    assert main(_distill([*base, "--resume", "--unroll", "2"], tmp_path)) == 2
+    assert "--unroll 3" in _one_error_line(capsys)
+    other = _target(tmp_path / "other", 2)
+    assert main(_distill(["--target", str(other), "--corpus", str(corpus), "--out", str(out), "--resume"],
+                         tmp_path)) == 2
+    assert "another target" in _one_error_line(capsys)
+    assert (tmp_path / "ckpt.pt").read_bytes() == ckpt  # refused before training
+    # the budget may change: more steps continue the same checkpoint
+    assert main(_distill([*base, "--resume"], tmp_path, steps=3)) == 0
+    assert "resumed from" in capsys.readouterr().err
+    assert json.loads((out / "model_card.json").read_text())["results"]["steps"] == 3
+
+
+def test_resume_without_a_checkpoint_says_it_starts_from_scratch(byo, tmp_path, capsys):
+    from app.cli import main
+
+    target_dir, corpus = byo
+    assert main(_distill(["--target", str(target_dir), "--corpus", str(corpus), "--out", str(tmp_path / "d"),
+                          "--resume"], tmp_path)) == 0
+    err = capsys.readouterr().err
+    assert "no checkpoint" in err and "starting from scratch" in err
+
+
+def test_training_refuses_to_resume_a_checkpoint_of_other_options(byo, tmp_path):
+    from serving.distill.data import load_prepared
+    from serving.distill.train import TrainConfig, new_draft, train
+    from serving.llama import load_causal_lm
+
+    target_dir, corpus = byo
+    target = load_causal_lm(target_dir, torch.float32)
+    prep = load_prepared(corpus)
+    cfg = TrainConfig(head_vocab=32, batch_tokens=128, steps=1, save_every_s=1e9)
+    train(new_draft(target, [prep], cfg, (1,))[0], [prep], cfg, checkpoint=tmp_path / "c.pt", progress=False)
+    other = TrainConfig(head_vocab=32, batch_tokens=128, steps=2, save_every_s=1e9, w_hard=0.1)
+    with pytest.raises(ValueError, match="w_hard 0.5, not 0.1"):
+        train(new_draft(target, [prep], other, (1,))[0], [prep], other, checkpoint=tmp_path / "c.pt", resume=True,
+              progress=False)

@@ -175,6 +175,43 @@ def target_meta(target_dir: Path) -> dict:
     return {"target": str(target_dir.resolve()), "target_fingerprint": target_fingerprint(target_dir)}
 
 
+# TrainConfig's fields that are distill options of the same name
+CLI_TRAINING_OPTIONS = ("head_vocab", "layers", "feature_layers", "lr", "batch_tokens", "batch_pool", "unroll",
+                        "detach_unroll", "freeze_head", "feat_noise", "w_hard", "w_feat", "seed", "dtype")
+# the data options a checkpoint records beside its TrainConfig: a resume must train on the same data
+DATA_OPTIONS = ("corpus", "generate_prompts", "stdlib_prompts", "package_prompts", "self_prompts", "stdlib_code",
+                "max_new_tokens", "data_feature_layers")
+
+
+def resume_record(args, target_dir: Path) -> dict:
+    """`TrainConfig.extra` of a run: the target (where it is, and its fingerprint, which a resume must match)
+    and the options that choose the data (`DATA_OPTIONS`; --max-new-tokens only where answers are generated)."""
+    generating = any(getattr(args, n, 0) for n in ("generate_prompts", "stdlib_prompts", "package_prompts",
+                                                   "self_prompts"))
+    data = {n: getattr(args, n, None) for n in DATA_OPTIONS}
+    data["corpus"] = [str(Path(c).expanduser().resolve()) for c in args.corpus]
+    data["max_new_tokens"] = args.max_new_tokens if generating else None
+    data["data_feature_layers"] = list(data["data_feature_layers"] or [])
+    return {"target": str(target_dir.resolve()), "target_fingerprint": target_fingerprint(target_dir), **data}
+
+
+def resume_refusal(ckpt: Path, saved: dict, name: str, was, now) -> str:
+    """The one line refusing a --resume whose checkpoint was made for another target or with other options."""
+    if name == "target_fingerprint":
+        return (f"--resume: the checkpoint {ckpt} was made for another target ({saved.get('extra', {}).get('target')}, "
+                f"fingerprint {was}; this target's is {now}): drop --resume to start again")
+
+    def shown(v) -> str:
+        return " ".join(map(str, v)) if isinstance(v, list | tuple) else str(v)
+
+    if name not in CLI_TRAINING_OPTIONS + DATA_OPTIONS:  # a setting without an option (another version's default)
+        return (f"--resume: the checkpoint {ckpt} was trained with {name} = {shown(was)}, this version of distill "
+                f"trains with {shown(now)}: drop --resume to start again")
+    flag = "--" + name.replace("_", "-")
+    return (f"--resume: the checkpoint {ckpt} was made with {flag} {shown(was)}, this run has {flag} {shown(now)}: "
+            "resume with the options it was made with, or drop --resume to start again")
+
+
 def _dtype_tag(dtype: torch.dtype) -> str:
     """Cache-name suffix of data made in `dtype` (float32 data keeps the names it always had)."""
     return "" if dtype == torch.float32 else "-" + str(dtype).replace("torch.", "")
@@ -221,6 +258,7 @@ def run(args) -> int:
         TrainConfig,
         measure_c,
         new_draft,
+        resume_mismatch,
         simulate_alpha,
         teacher_forced_agreement,
         train,
@@ -256,6 +294,26 @@ def run(args) -> int:
         if not is_prepared(c):
             raise UsageError(f"corpus {c} is not a prepared distillation data directory (make one with "
                              "--generate-prompts N or --stdlib-code N)")
+    # ---- what training will be, and the checkpoint a --resume continues (checked before any work)
+    cfg = TrainConfig(head_vocab=args.head_vocab, layers=args.layers, lr=args.lr, batch_tokens=args.batch_tokens,
+                      batch_pool=args.batch_pool,
+                      unroll=args.unroll, detach_unroll=args.detach_unroll, freeze_head=args.freeze_head,
+                      minutes=args.minutes, steps=args.steps,
+                      seed=args.seed, save_every_s=args.save_every * 60, w_feat=args.w_feat, w_hard=args.w_hard,
+                      feat_noise=args.feat_noise, dtype=args.dtype, feature_layers=draft_layers,
+                      extra=resume_record(args, target_dir))
+    ckpt = Path(args.checkpoint).expanduser() if args.checkpoint else \
+        CACHE / "checkpoints" / (hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12] + ".pt")
+    trained_s = 0.0  # what the resumed checkpoint trained
+    if args.resume and ckpt.is_file():  # memory-mapped: only its config and "elapsed" are read here
+        resumed = torch.load(ckpt, weights_only=False, mmap=True, map_location="cpu")
+        differs = resume_mismatch(resumed.get("config") or {}, cfg)
+        if differs:
+            raise UsageError(resume_refusal(ckpt, resumed.get("config") or {}, *differs))
+        trained_s = float(resumed.get("elapsed", 0.0))
+        del resumed
+    elif args.resume:
+        _say(f"--resume: no checkpoint {ckpt} to resume for --out {out}; starting from scratch")
     # ---- data (cached under the target's name and fingerprint; meta.json records which target made it)
     prefix, made_by = data_prefix(target_dir), target_meta(target_dir)
     if getattr(args, "data_dir", None):
@@ -336,15 +394,11 @@ def run(args) -> int:
     target = load_causal_lm(target_dir, torch.float32)
     tok = load_tokenizer(target_dir)
     eos = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
-    ckpt = Path(args.checkpoint).expanduser() if args.checkpoint else \
-        CACHE / "checkpoints" / (hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12] + ".pt")
     minutes, budget = args.minutes, None
     total = getattr(args, "total_minutes", None)
     if total is not None:
         spent = (time.perf_counter() - t_start) / 60
-        trained = 0.0
-        if args.resume and ckpt.is_file():  # memory-mapped: only the small "elapsed" entry is read here
-            trained = float(torch.load(ckpt, weights_only=False, mmap=True).get("elapsed", 0.0)) / 60
+        trained = trained_s / 60
         try:
             minutes = training_minutes(total, spent, args.minutes, trained)
         except ValueError as exc:
@@ -354,11 +408,7 @@ def run(args) -> int:
                   "training_minutes": round(this_run, 2),
                   **({"trained_before_resume_minutes": round(trained, 2)} if trained else {})}
         _say(f"--total-minutes {total:g}: data and set-up took {spent:.1f} min, training gets {this_run:.1f}")
-    cfg = TrainConfig(head_vocab=args.head_vocab, layers=args.layers, lr=args.lr, batch_tokens=args.batch_tokens,
-                      batch_pool=args.batch_pool,
-                      unroll=args.unroll, detach_unroll=args.detach_unroll, freeze_head=args.freeze_head, minutes=minutes, steps=args.steps,
-                      seed=args.seed, save_every_s=args.save_every * 60, w_feat=args.w_feat, w_hard=args.w_hard,
-                      feat_noise=args.feat_noise, dtype=args.dtype, feature_layers=draft_layers)
+    cfg.minutes = minutes
     draft, coverage = new_draft(target, preps, cfg, eos)
     card = {
         "model_type": "specfinops-eagle",

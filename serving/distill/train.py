@@ -55,6 +55,28 @@ class TrainConfig:
     extra: dict = field(default_factory=dict)
 
 
+# what a resumed run may change: its budget and how often it saves; "target" says where the target was (its
+# fingerprint, in `extra` beside it, is what must match)
+RESUMABLE_CHANGES = ("minutes", "steps", "save_every_s", "target")
+
+
+def resume_mismatch(saved: dict, cfg: TrainConfig) -> tuple[str, object, object] | None:
+    """The first option a checkpoint's TrainConfig (`saved`, as `asdict` wrote it) and `cfg` disagree on, as
+    (name, saved value, this run's value), entries of `extra` under their own names; None when the checkpoint
+    can be resumed with `cfg`. An option the checkpoint does not record (an older one) is not compared."""
+    def same(a, b) -> bool:
+        return (list(a) if isinstance(a, tuple) else a) == (list(b) if isinstance(b, tuple) else b)
+
+    now = asdict(cfg)
+    saved_extra = saved.get("extra") or {}
+    pairs = [(k, saved[k], v) for k, v in now.items() if k != "extra" and k in saved]
+    pairs += [(k, saved_extra[k], v) for k, v in now["extra"].items() if k in saved_extra]
+    for name, was, is_ in pairs:
+        if name not in RESUMABLE_CHANGES and not same(was, is_):
+            return name, was, is_
+    return None
+
+
 # ------------------------------------------------------------------ head vocabulary
 def choose_head_ids(preps: list[Prepared], vocab_size: int, head_vocab: int, always: tuple[int, ...] = ()) -> tuple[torch.Tensor, dict]:
     """The `head_vocab` most frequent answer tokens (plus `always`, e.g. EOS); returns ids and coverage."""
@@ -637,6 +659,11 @@ def _train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, device
     step, elapsed, curve = 0, 0.0, []
     if resume and checkpoint is not None and checkpoint.is_file():
         state = torch.load(checkpoint, weights_only=False, map_location=device)
+        differs = resume_mismatch(state.get("config") or {}, cfg)
+        if differs:
+            name, was, is_ = differs
+            raise ValueError(f"checkpoint {checkpoint} was made with {name} {was!r}, not {is_!r}: resume with the "
+                             "options it was made with, or start again without resuming")
         draft.load_state_dict(state["draft"])
         opt.load_state_dict(state["opt"])
         step, elapsed, curve = state["step"], state["elapsed"], state["curve"]
