@@ -5,9 +5,12 @@ id, and (job_id, since) is unique in the `reports` table (migration 0002): when 
 job for the same period, the second INSERT fails and that scheduler skips the run. Reports made by hand have
 job_id NULL and are never refused. Files go into a hidden temporary folder that is renamed into place at the
 end; on any failure that folder and the claimed record are removed: nothing half-written is left behind.
-A process killed outright (SIGKILL, a crash) runs no cleanup: its claim stays "generating". `release_claim`
-removes such a claim; the scheduler calls it for its job's claims older than any report takes to write
-(telemetry/scheduler.py, STALE_AFTER_S) and writes that period again.
+A process killed outright (SIGKILL, a crash) runs no cleanup: its claim stays "generating" (`specfinops report`
+turns SIGTERM into Ctrl-C, so only those). `release_claim` removes such a claim and its folders once it is older
+than any report takes to write (STALE_AFTER_S): the scheduler for its job's claims, writing that period again
+(telemetry/scheduler.py); every write_report for the claims of reports made by hand (`release_stale_claims`),
+which are not written again (the person who ran the command saw it killed). A claim records its folder in
+`csv_dir` from the start, so its temporary folder is found wherever it was written.
 
 Layout: OUT/report-<id>-<period>-<since>/report.html plus one CSV per table (formula-safe, telemetry.export).
 """
@@ -19,7 +22,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import delete, func, select, update
@@ -45,6 +48,9 @@ GENERATING = "generating"
 NOT_REQUESTED = "not requested"
 PENDING = "pending"
 HTML_NAME = "report.html"
+# A claim older than this has no live process behind it: claims record no owner, but a live run writes its
+# report in seconds (and a scheduled one delivers it within attempts x 10 s timeouts plus the backoff).
+STALE_AFTER_S = 900
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +79,14 @@ def count_runs(engine: Engine) -> int:
         return int(c.execute(select(func.count(Run.id))).scalar() or 0)
 
 
-def _claim(engine: Engine, window: Window, job_id: str | None) -> int | None:
+def _claim(engine: Engine, window: Window, job_id: str | None, out: Path) -> int | None:
     with Session(engine) as s:
         row = Report(period=window.period, since=window.since, until=window.until, html_path="", csv_dir="",
                      delivery_status=GENERATING, job_id=job_id)  # fmt: skip
         s.add(row)
         try:
+            s.flush()  # the id names the folder, recorded with the claim: a killed run's leftovers can be found
+            row.csv_dir = str(out / report_dir_name(row.id, window))
             s.commit()
         except IntegrityError:
             s.rollback()
@@ -110,6 +118,49 @@ def release_claim(engine: Engine, report_id: int, window: Window, out_dir: str |
     return True
 
 
+def age_s(created_at: datetime, now: datetime) -> float:
+    """Seconds since a record's created_at (SQLite hands back naive UTC)."""
+    if created_at.tzinfo is None:
+        created_at = created_at.replace(tzinfo=UTC)
+    return (now - created_at).total_seconds()
+
+
+def release_stale_claims(engine: Engine, out_dir: str | os.PathLike | None = None, *,
+                         stale_after_s: float | None = None, now: datetime | None = None) -> list[str]:
+    """Release the claims of reports made by hand (no job id) left "generating" for more than `stale_after_s`
+    (STALE_AFTER_S) by a `specfinops report` killed outright, with their folders; one line per claim released.
+    The folder is the one the claim recorded; a claim from before it was recorded (csv_dir empty) has only its
+    temporary folder looked for in `out_dir`. Scheduled claims are the scheduler's (recover_reports)."""
+    now = now or datetime.now(UTC)
+    stale_after_s = STALE_AFTER_S if stale_after_s is None else stale_after_s
+    with Session(engine) as s:
+        rows = [(r.id, r.period, r.since, r.until, r.csv_dir, r.created_at)
+                for r in s.scalars(select(Report).where(Report.job_id.is_(None), Report.delivery_status == GENERATING)
+                                   .order_by(Report.id))]  # fmt: skip
+    done = []
+    for report_id, period, since, until, csv_dir, created_at in rows:
+        if age_s(created_at, now) < stale_after_s:
+            continue
+        if since.tzinfo is None:
+            since, until = since.replace(tzinfo=UTC), until.replace(tzinfo=UTC)
+        window = Window(period, since, until)
+        if csv_dir:
+            released = release_claim(engine, report_id, window, Path(csv_dir).parent)
+        else:  # recorded by an older version: no folder known; only a temporary one in `out_dir` is safe to remove
+            with engine.begin() as c:
+                gone = c.execute(delete(Report).where(Report.id == report_id, Report.delivery_status == GENERATING))
+            released = gone.rowcount == 1
+            if released and out_dir is not None:
+                shutil.rmtree(Path(out_dir).expanduser() / f".{report_dir_name(report_id, window)}.tmp",
+                              ignore_errors=True)  # fmt: skip
+        if released:
+            line = (f"report #{report_id} ({window.label()}) was left '{GENERATING}' by a `specfinops report` that "
+                    "was killed; its record and temporary folder are removed")
+            logger.warning("%s", line)
+            done.append(line)
+    return done
+
+
 def write_report(
     engine: Engine,
     window: Window,
@@ -125,7 +176,8 @@ def write_report(
 ) -> ReportResult | None:
     """Build, write and record one report. None when `job_id` already has a report for this period."""
     out = check_out_dir(out_dir)
-    report_id = _claim(engine, window, job_id)
+    release_stale_claims(engine, out)  # what a killed `specfinops report` left (by the real clock, not `now`)
+    report_id = _claim(engine, window, job_id, out)
     if report_id is None:
         logger.info("report job %s: %s already reported (another scheduler or an earlier run)", job_id,
                     window.label())

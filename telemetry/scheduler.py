@@ -16,7 +16,9 @@
 - Stopping: SIGTERM is handled as Ctrl-C (`docker compose stop`): the scheduler stops, a run in progress
   finishes (its report written, its delivery made and recorded), exit status 130. A run killed outright
   (SIGKILL, a crash) leaves its record "generating" or "pending": `recover_reports` rewrites or redelivers it,
-  on start and before each run, once it is older than STALE_AFTER_S (claims record no owner; age tells).
+  on start and before each run, once it is older than STALE_AFTER_S (claims record no owner; age tells). The
+  claims of reports made by hand that a killed `specfinops report` left are released by every write_report
+  (report_writer.release_stale_claims), the scheduler's runs included.
 - One scheduler runs every job in its job table, so on start `specfinops scheduler` removes the persisted jobs
   other than the one on its command line (unless --keep-other-jobs); `--list` shows them. Each job's name
   carries its id ("specfinops daily report report-daily"), so the log lines say which job ran.
@@ -50,6 +52,7 @@ from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy.engine import Engine
 
 from telemetry.report import DEFAULT_HISTORY, DEFAULT_SLA_MS, SCHEDULED_PERIODS, period_window
+from telemetry.report_writer import STALE_AFTER_S, age_s
 
 logger = logging.getLogger(__name__)
 
@@ -263,15 +266,6 @@ def schedule_report_job(scheduler: BaseScheduler, engine: Engine, job: ReportJob
     return "added" if stored is None else "replaced"
 
 
-STALE_AFTER_S = 900  # a claim or pending delivery older than this has no live process behind it (see below)
-
-
-def _age_s(created_at: datetime, now: datetime) -> float:
-    if created_at.tzinfo is None:  # SQLite returns naive UTC
-        created_at = created_at.replace(tzinfo=UTC)
-    return (now - created_at).total_seconds()
-
-
 def recover_reports(engine: Engine, job: ReportJob, *, stale_after_s: float | None = None,
                     now: datetime | None = None) -> list[str]:
     """Finish what a killed run of `job` left behind (SIGKILL, a crash, an old version without SIGTERM
@@ -305,7 +299,7 @@ def recover_reports(engine: Engine, job: ReportJob, *, stale_after_s: float | No
     job_id = job.job_id
     done: list[str] = []
     for report_id, period, since, until, status, summary, created_at in rows:
-        if _age_s(created_at, now) < stale_after_s:
+        if age_s(created_at, now) < stale_after_s:
             continue
         if since.tzinfo is None:
             since, until = since.replace(tzinfo=UTC), until.replace(tzinfo=UTC)

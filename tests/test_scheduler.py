@@ -469,11 +469,14 @@ def test_a_second_sigterm_neither_interrupts_the_stopping_nor_kills_the_run(stor
 def test_the_sigterm_handler_disarms_after_the_first_signal(capsys):
     import os
 
-    from app.commands.scheduler import _stop_on_sigterm
+    from app.commands.report import sigterm_as_ctrl_c
 
-    previous = _stop_on_sigterm()
+    original = signal.getsignal(signal.SIGTERM)
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with sigterm_as_ctrl_c("x"):  # not signalled: the handler is put back
+            pass
+        assert signal.getsignal(signal.SIGTERM) is original
+        with pytest.raises(KeyboardInterrupt), sigterm_as_ctrl_c("scheduler: SIGTERM: stopping"):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)  # the handler raises in here
         try:
@@ -481,10 +484,33 @@ def test_the_sigterm_handler_disarms_after_the_first_signal(capsys):
             time.sleep(0.2)
         except KeyboardInterrupt:
             pytest.fail("a second SIGTERM interrupted the stopping")
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # until the process exits
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, original)
     assert capsys.readouterr().err.count("SIGTERM: stopping") == 1
+
+
+def test_a_scheduled_run_releases_a_killed_manual_reports_claim(store, tmp_path):
+    """A `specfinops report` killed outright left its claim 'generating' (no job id): a scheduled run releases it
+    once stale and removes its temporary folder, where the claim recorded it."""
+    from telemetry.report import period_window
+    from telemetry.report_writer import STALE_AFTER_S, report_dir_name
+
+    url, engine, out = store
+    window = period_window("daily", since=D0)
+    by_hand = tmp_path / "by-hand"
+    with Session(engine) as s:
+        row = Report(period="daily", since=window.since, until=window.until, html_path="", csv_dir="",
+                     delivery_status="generating", created_at=datetime.now(UTC) - timedelta(seconds=STALE_AFTER_S + 60))
+        s.add(row)
+        s.flush()
+        row.csv_dir = str(by_hand / report_dir_name(row.id, window))
+        s.commit()
+        leftover = by_hand / f".{report_dir_name(row.id, window)}.tmp"
+    leftover.mkdir(parents=True)
+    assert sched_mod.run_report_job(**_job(url, out).kwargs()) is not None
+    [row] = reports(engine)  # the scheduled run's report only (SQLite may give it the released id again)
+    assert row.job_id == "report-daily" and row.delivery_status == "not requested" and not leftover.exists()
 
 
 def test_a_delivery_killed_outright_is_made_on_restart(store, failing_hook, no_blocking, capsys):

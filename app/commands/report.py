@@ -7,6 +7,7 @@ report is written and says there was no traffic.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 from app.commands._common import add_command, add_db_option
 from app.errors import UsageError
@@ -56,6 +57,35 @@ def _number(flag: str, text: str | None, default: float | None, *, minimum: floa
     return value
 
 
+@contextmanager
+def sigterm_as_ctrl_c(say: str | None = None):
+    """Within: SIGTERM (`kill`, `docker compose stop`, `timeout`) is Ctrl-C, a KeyboardInterrupt in the main thread,
+    so cleanups run (a report's claim and temporary folder are removed) and the command exits 130; `say` goes to
+    stderr first. Once: the handler disarms itself, and further SIGTERMs are ignored until the process exits (so
+    `timeout`, which signals the process and then its group, cannot interrupt the cleanup). Nothing elsewhere than
+    in the main thread (signal handlers can only be set there)."""
+    import signal
+    import sys
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum, _frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # first: a second one must not interrupt the stopping
+        if say:
+            print(say, file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is interrupt:  # not fired: put back (fired: ignored from now on)
+            signal.signal(signal.SIGTERM, previous)
+
+
 def report_options(args) -> dict:
     """Validated keyword arguments of telemetry.report_writer.write_report (and the scheduled job)."""
     from telemetry.report import DEFAULT_HISTORY, DEFAULT_SLA_MS
@@ -92,7 +122,8 @@ def run(args) -> int:
     if count_runs(engine) == 0:
         raise UsageError(f"the store has no runs to report on; {EMPTY_STORE_HINT}")
     out = check_out_dir(args.out)
-    result = write_report(engine, window, out, **options)
+    with sigterm_as_ctrl_c():  # killed by SIGTERM, write_report removes its claim and folder as on Ctrl-C
+        result = write_report(engine, window, out, **options)
     if result is None:  # only scheduled reports (with a job id) can be refused as duplicates
         raise RuntimeError("report was refused as a duplicate without a job id")
     s = result.summary

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from app.commands._common import add_command, add_db_option
-from app.commands.report import add_report_options, report_options
+from app.commands.report import add_report_options, report_options, sigterm_as_ctrl_c
 from app.errors import UsageError
 
 EXAMPLES = """  specfinops scheduler --cron "0 6 * * *" --period daily --out reports/          # every day, 06:00 UTC
@@ -87,27 +87,6 @@ def _list_jobs(args) -> int:
     return 0
 
 
-def _stop_on_sigterm():
-    """SIGTERM (`docker compose stop`, `kill`) stops the scheduler as Ctrl-C does: KeyboardInterrupt in the main
-    thread, so a run in progress finishes in its worker thread (report written, delivery made and recorded)
-    before the process exits with status 130. Once: the handler disarms itself, so further SIGTERMs (`timeout`
-    sends two, to the process and to its group) are ignored while stopping, until the process exits.
-    Returns the handler to put back (None when not installable)."""
-    import signal
-    import sys
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def interrupt(_signum, _frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # first: a second one must not interrupt the stopping
-        print("scheduler: SIGTERM: stopping (a run in progress finishes first)", file=sys.stderr, flush=True)
-        raise KeyboardInterrupt
-
-    return signal.signal(signal.SIGTERM, interrupt)
-
-
 def run(args) -> int:
     from apscheduler.events import EVENT_SCHEDULER_STARTED
 
@@ -169,18 +148,16 @@ def run(args) -> int:
     print(f"scheduler: job {job.job_id} {how}: cron {args.cron!r} (UTC), {job.period} reports into {out}; "
           "Ctrl-C or SIGTERM to stop", flush=True)  # fmt: skip
     scheduler.add_listener(lambda _event: _say_next_run(scheduler), EVENT_SCHEDULER_STARTED)
-    previous = _stop_on_sigterm()
-    try:
-        for line in recover_reports(engine, job):  # what a killed run of this job left behind
-            print(f"scheduler: {line}", flush=True)
-        scheduler.start()
-    finally:
-        if scheduler.running:
-            scheduler.shutdown(wait=False)
-        engine.dispose()
-        import signal
-
-        # put back, unless a SIGTERM is stopping us: it stays ignored until the run in progress has finished
-        if previous is not None and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
-            signal.signal(signal.SIGTERM, previous)
+    # SIGTERM stops the scheduler as Ctrl-C does: KeyboardInterrupt in the main thread, so a run in progress
+    # finishes in its worker thread (report written, delivery made and recorded) before the process exits with
+    # status 130; further SIGTERMs are ignored meanwhile
+    with sigterm_as_ctrl_c("scheduler: SIGTERM: stopping (a run in progress finishes first)"):
+        try:
+            for line in recover_reports(engine, job):  # what a killed run of this job left behind
+                print(f"scheduler: {line}", flush=True)
+            scheduler.start()
+        finally:
+            if scheduler.running:
+                scheduler.shutdown(wait=False)
+            engine.dispose()
     return 0
