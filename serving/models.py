@@ -171,9 +171,24 @@ def resolve_model(name_or_path: str | None, role: str = "target") -> Path:
 
 
 def load_tokenizer(model_dir: Path):
+    """The model directory's tokenizer, refused when it has token ids the model has no embedding for."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    check_tokenizer_fits(Path(model_dir), len(tokenizer))
+    return tokenizer
+
+
+def check_tokenizer_fits(model_dir: Path, num_tokens: int) -> None:
+    """A tokenizer with more tokens than config.json's vocab_size makes ids past the embedding table (an
+    IndexError in the middle of a run): refuse it by name instead."""
+    cfg_path = model_dir / "config.json"
+    if not cfg_path.is_file():
+        return
+    vocab_size = json.loads(cfg_path.read_text()).get("vocab_size")
+    if isinstance(vocab_size, int) and num_tokens > vocab_size:
+        raise ValueError(f"tokenizer of {model_dir} has {num_tokens} tokens but its config.json vocab_size is "
+                         f"{vocab_size}: the model has no embedding for ids {vocab_size} and above")
 
 
 def check_same_vocab(target_dir: Path, draft_dir: Path, target_tok=None, draft_tok=None) -> None:

@@ -75,3 +75,17 @@ def test_bench_early_exit_on_a_small_target_runs(pair, tmp_path):
     target, _ = pair
     run = _bench_json(tmp_path, "--target", str(target), "--drafter", "early-exit")["runs"][0]
     assert run["drafter"] == "early-exit:1"
+
+
+def test_bench_on_a_target_whose_tokenizer_outgrows_its_vocabulary_is_one_line(tmp_path, capsys):
+    """A prompt with token ids past vocab_size crashed mid-run with 'IndexError: index out of range in self'."""
+    from tests.test_hf_models import VOCAB
+
+    target = hf_dir(tmp_path / "target", tokenizer=VOCAB + 32)
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"id": "p1", "domain": "code", "prompt": f"w2 w{VOCAB + 20} w3"}) + "\n")
+    capsys.readouterr()
+    assert main(["bench", "--target", str(target), "--drafter", "ngram", "--no-telemetry", "--workload",
+                 str(workload), "--max-new-tokens", "4", "--dtype", "float32"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("specfinops bench: error: ") and f"tokenizer of {target} has {VOCAB + 32} tokens" in last

@@ -114,3 +114,14 @@ def test_an_unsupported_rope_scaling_names_the_directory_and_the_type(tmp_path):
                   rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     with pytest.raises(ValueError, match=f"{path}: rope scaling 'dynamic' is not supported .*llama3"):
         load_causal_lm(path, torch.float32)
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_at_load(tmp_path):
+    """Its ids past vocab_size have no embedding: an IndexError in the middle of a run, before this check."""
+    from serving.models import load_tokenizer
+
+    path = hf_dir(tmp_path / "model", tokenizer=VOCAB + 32, vocab_size=VOCAB)
+    with pytest.raises(ValueError, match=f"tokenizer of {path} has {VOCAB + 32} tokens but its config.json "
+                                         f"vocab_size is {VOCAB}"):
+        load_tokenizer(path)
+    assert len(load_tokenizer(hf_dir(tmp_path / "smaller", tokenizer=VOCAB - 8))) == VOCAB - 8  # padded tables: fine
