@@ -170,12 +170,24 @@ def resolve_model(name_or_path: str | None, role: str = "target") -> Path:
     raise ValueError(f"unknown model {name_or_path!r}: not a directory and not a known name ({BUNDLED_TARGET})")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")  # one of them makes a tokenizer
+
+
 def load_tokenizer(model_dir: Path):
-    """The model directory's tokenizer, refused when it has token ids the model has no embedding for."""
+    """The model directory's tokenizer, refused when it has token ids the model has no embedding for. A
+    directory without one (or with one transformers cannot read) is one line naming the directory."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    check_tokenizer_fits(Path(model_dir), len(tokenizer))
+    model_dir = Path(model_dir)
+    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"{model_dir} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); copy in "
+                         "those of the model it was made from (a draft shares its target's)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError, ImportError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"{model_dir}: cannot load its tokenizer: {first}") from None
+    check_tokenizer_fits(model_dir, len(tokenizer))
     return tokenizer
 
 

@@ -125,3 +125,21 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_at_load(tmp_pa
                                          f"vocab_size is {VOCAB}"):
         load_tokenizer(path)
     assert len(load_tokenizer(hf_dir(tmp_path / "smaller", tokenizer=VOCAB - 8))) == VOCAB - 8  # padded tables: fine
+
+
+def test_a_draft_without_tokenizer_files_is_one_line_naming_it(tmp_path):
+    """check_same_vocab read it through transformers, whose multi-line message named no directory."""
+    from serving.models import check_same_vocab
+
+    target = hf_dir(tmp_path / "target")
+    draft = hf_dir(tmp_path / "draft", tokenizer=False, num_hidden_layers=1)
+    with pytest.raises(ValueError, match=f"{draft} has no tokenizer files \\(none of tokenizer.json, ") as err:
+        check_same_vocab(target, draft)
+    assert "\n" not in str(err.value)
+    (draft / "tokenizer_config.json").write_text("{}")  # settings only: still no tokenizer
+    with pytest.raises(ValueError, match=f"{draft} has no tokenizer files"):
+        check_same_vocab(target, draft)
+    (draft / "tokenizer.model").write_bytes(b"not sentencepiece")
+    with pytest.raises(ValueError, match=f"{draft}: cannot load its tokenizer: ") as err:
+        check_same_vocab(target, draft)
+    assert "\n" not in str(err.value)
