@@ -93,6 +93,20 @@ def test_db_command_upgrade_current_check_downgrade(db_url, capsys):
     assert cli_main(["db", "current", "--db", db_url]) == 0
 
 
+def test_db_check_of_a_database_behind_head_names_the_upgrade_on_both_stores(db_url, capsys):
+    """SQLite and PostgreSQL alike: not Alembic's bare "Target database is not up to date."."""
+    make_engine(db_url).connect().close()  # the database exists (a SQLite file too), with no schema
+    assert cli_main(["db", "check", "--db", db_url]) == 2
+    err = capsys.readouterr().err
+    assert "the database has no schema yet; `specfinops db upgrade --db " in err and "not up to date" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert cli_main(["db", "upgrade", "0001", "--db", db_url]) == 0
+    capsys.readouterr()
+    assert cli_main(["db", "check", "--db", db_url]) == 2
+    err = capsys.readouterr().err
+    assert f"is at revision 0001, behind head {head_revision()}; `specfinops db upgrade --db " in err, err
+
+
 def test_db_command_errors_are_one_line(empty_store, capsys):
     assert cli_main(["db", "downgrade", "nosuchrev", "--db", empty_store]) == 2
     assert "Can't locate revision identified by 'nosuchrev'" in capsys.readouterr().err
