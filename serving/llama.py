@@ -465,6 +465,7 @@ def compact_path(cache: KVCache, slot: int, start: int, path: list[int], num_lay
 
 def load_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> CausalLM:
     """Load a Hugging Face model directory (config.json + *.safetensors) into `CausalLM`."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     model_dir = Path(model_dir)
@@ -479,7 +480,10 @@ def load_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> CausalLM:
         model = CausalLM(cfg)
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(str(f)))
+        try:
+            state.update(load_file(str(f)))
+        except SafetensorError as exc:  # truncated, or not a safetensors file at all
+            raise ValueError(f"{f}: not a readable safetensors file ({exc})") from None
     state = {k.removeprefix("model."): v.to(dtype) for k, v in state.items()}
     if "lm_head.weight" not in state:
         if not cfg.tie_embeddings:

@@ -89,3 +89,19 @@ def test_bench_on_a_target_whose_tokenizer_outgrows_its_vocabulary_is_one_line(t
                  str(workload), "--max-new-tokens", "4", "--dtype", "float32"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("specfinops bench: error: ") and f"tokenizer of {target} has {VOCAB + 32} tokens" in last
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_bench_on_damaged_weights_is_one_line_naming_the_file_exit_2(damage, pair, tmp_path, capsys):
+    """It was 'error: SafetensorError: Error while deserializing header: ...', exit 1 (a bug), naming no file."""
+    import shutil
+
+    target = tmp_path / "target"
+    shutil.copytree(pair[0], target)
+    weights = target / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"not a safetensors file at all")
+    capsys.readouterr()
+    assert main(["bench", "--target", str(target), "--drafter", "ngram", "--no-telemetry", "--limit", "1"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"specfinops bench: error: {weights}: not a readable safetensors file (")
