@@ -27,6 +27,7 @@ from serving.kernels import fused_attention_from, widen_matmul_attention
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ACTIVATIONS = ("silu", "swish")  # transformers' names of the same function, x * sigmoid(x)
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+REQUIRED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,9 @@ class ModelConfig:
             )
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         theta = rope.get("rope_theta", cfg.get("rope_theta", 10_000.0))
+        missing = [k for k in REQUIRED_FIELDS if cfg.get(k) is None]
+        if missing:
+            raise ValueError(f"{where}config.json has no {', '.join(missing)}")
         heads = cfg["num_attention_heads"]
         return cls(
             vocab_size=cfg["vocab_size"],
@@ -472,7 +476,11 @@ def load_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> CausalLM:
     cfg_path = model_dir / "config.json"
     if not cfg_path.is_file():
         raise ValueError(f"{model_dir} is not a model directory (no config.json)")
-    cfg = ModelConfig.from_hf(json.loads(cfg_path.read_text()), source=model_dir)
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{cfg_path} is not valid JSON ({exc})") from None
+    cfg = ModelConfig.from_hf(raw, source=model_dir)
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{model_dir} has no *.safetensors weights")

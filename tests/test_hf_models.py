@@ -143,3 +143,16 @@ def test_a_draft_without_tokenizer_files_is_one_line_naming_it(tmp_path):
     with pytest.raises(ValueError, match=f"{draft}: cannot load its tokenizer: ") as err:
         check_same_vocab(target, draft)
     assert "\n" not in str(err.value)
+
+
+def test_a_config_without_a_required_field_or_not_json_is_one_line_naming_it(tmp_path):
+    """A missing field was 'KeyError: 'intermediate_size'' (exit 1, naming no file)."""
+    path = hf_dir(tmp_path / "model", tokenizer=False)
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["intermediate_size"], cfg["num_hidden_layers"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=f"{path}: config.json has no intermediate_size, num_hidden_layers$"):
+        load_causal_lm(path, torch.float32)
+    (path / "config.json").write_text("{ not json")
+    with pytest.raises(ValueError, match=f"{path / 'config.json'} is not valid JSON"):
+        load_causal_lm(path, torch.float32)
