@@ -47,6 +47,7 @@ class EagleConfig:
     rope_theta: float = 10_000.0
     max_position: int = 2048
     feature_layers: tuple[int, ...] = ()  # target blocks whose outputs are fused; () = the last block only
+    attention_bias: bool = False  # biases on q, k, v, as the target's blocks (Qwen2) it starts from
 
     def __post_init__(self):
         layers = tuple(int(i) for i in self.feature_layers)
@@ -65,6 +66,7 @@ class EagleConfig:
             vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
             num_layers=self.num_layers, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim, rms_eps=self.rms_eps, rope_theta=self.rope_theta, max_position=self.max_position,
+            attention_bias=self.attention_bias,
         )
 
     @classmethod
@@ -72,11 +74,14 @@ class EagleConfig:
                    feature_layers: tuple[int, ...] = ()) -> EagleConfig:
         if feature_layers and feature_layers[-1] >= target.num_layers:
             raise ValueError(f"feature_layers {list(feature_layers)}: the target has blocks 0..{target.num_layers - 1}")
+        if not 1 <= num_layers <= target.num_layers:  # a draft starts from the target's last num_layers blocks
+            raise ValueError(f"a draft of {num_layers} layers: the target has {target.num_layers} blocks to start "
+                             "it from")
         return cls(hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
                    num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
                    vocab_size=target.vocab_size, head_vocab=head_vocab, num_layers=num_layers,
                    rms_eps=target.rms_eps, rope_theta=target.rope_theta, max_position=target.max_position,
-                   feature_layers=tuple(feature_layers))
+                   feature_layers=tuple(feature_layers), attention_bias=target.attention_bias)
 
 
 class EagleDraft(nn.Module):

@@ -227,3 +227,71 @@ def test_training_refuses_to_resume_a_checkpoint_of_other_options(byo, tmp_path)
     with pytest.raises(ValueError, match="w_hard 0.5, not 0.1"):
         train(new_draft(target, [prep], other, (1,))[0], [prep], other, checkpoint=tmp_path / "c.pt", resume=True,
               progress=False)
+
+
+# ------------------------------------------------------------------ targets with biases (Qwen2), set-up checks
+def _qwen2_target(path: Path, seed: int = 3):
+    """A tiny Qwen2 target (biases on q, k, v) as a Hugging Face directory, and the model itself."""
+    from dataclasses import replace
+
+    from tests.tiny import TINY
+
+    model = tiny_model(seed, replace(TINY, attention_bias=True, model_type="qwen2"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _tiny_target_dir(path, model)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen2"}))  # qwen2: biases by default
+    tok = json.loads((path / "tokenizer.json").read_text())  # transformers' Qwen2 tokenizer wants <|endoftext|>
+    tok["model"]["vocab"]["<|endoftext|>"] = tok["model"]["vocab"].pop("w95")
+    (path / "tokenizer.json").write_text(json.dumps(tok))
+    return path, model
+
+
+def test_a_qwen2_target_gets_a_draft_that_saves_and_loads_with_its_biases(tmp_path):
+    from app.cli import main
+    from serving.eagle import load_eagle
+    from serving.llama import contiguous_batch, load_causal_lm
+
+    target_dir, model = _qwen2_target(tmp_path / "qwen2")
+    corpus = tmp_path / "corpus"
+    with torch.inference_mode():
+        teacher_pass(model, _answers(8), corpus, topk=4, token_budget=256, progress=False)
+    out = tmp_path / "draft"
+    assert main(_distill(["--target", str(target_dir), "--corpus", str(corpus), "--out", str(out)], tmp_path)) == 0
+    assert json.loads((out / "config.json").read_text())["attention_bias"] is True
+    target = load_causal_lm(target_dir, torch.float32)
+    assert target.cfg.attention_bias
+    draft = load_eagle(out, target, torch.float32)
+    bias = draft.layers[0].self_attn.q_proj.bias
+    assert bias is not None and float(bias.detach().abs().sum()) > 0  # the target's last block's biases, trained on
+    with torch.inference_mode():
+        h, logits = draft(torch.tensor([[5, 6, 7]]), torch.randn(1, 3, 32), contiguous_batch(0, 1, 0, 3),
+                          draft.new_cache(1, 8))
+    assert logits.shape == (1, 3, 32) and torch.isfinite(logits).all()
+
+
+def test_a_draft_the_target_cannot_start_is_refused_before_the_data_is_made(byo, tmp_path, capsys, cache):
+    from app.cli import main
+
+    target_dir, _ = byo  # 3 blocks
+    assert main(_distill(["--target", str(target_dir), "--generate-prompts", "2", "--max-new-tokens", "3",
+                          "--layers", "4", "--out", str(tmp_path / "d")], tmp_path)) == 2
+    assert "--layers 4" in _one_error_line(capsys)
+    assert not cache.exists()
+
+
+def test_a_draft_that_cannot_be_made_fails_before_the_data_is_made(byo, tmp_path, capsys, cache, monkeypatch):
+    """Whatever fails in starting the draft from the target (the Qwen2 biases did, after the data) fails first."""
+    from app.cli import main
+    from serving.eagle import EagleDraft
+
+    def fails(*args, **kw):
+        raise RuntimeError('Error(s) in loading state_dict for Block:\n\tUnexpected key(s) in state_dict: "x.bias".')
+
+    monkeypatch.setattr(EagleDraft, "init_from_target", fails)
+    target_dir, _ = byo
+    assert main(_distill(["--target", str(target_dir), "--generate-prompts", "2", "--max-new-tokens", "3",
+                          "--out", str(tmp_path / "d")], tmp_path)) == 2
+    line = _one_error_line(capsys)
+    assert "cannot start a draft" in line and "x.bias" in line
+    assert not cache.exists()

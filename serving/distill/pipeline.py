@@ -263,7 +263,7 @@ def run(args) -> int:
         teacher_forced_agreement,
         train,
     )
-    from serving.eagle import load_eagle
+    from serving.eagle import EagleDraft, load_eagle
     from serving.int8 import quantize_draft
     from serving.kernels import pack_for_inference
     from serving.llama import load_causal_lm
@@ -289,6 +289,9 @@ def run(args) -> int:
     if data_layers and not set(draft_layers or (num_blocks - 1,)) <= set(data_layers):
         raise UsageError(f"--data-feature-layers {list(data_layers)} must include the blocks the draft reads "
                          f"({list(draft_layers or (num_blocks - 1,))})")
+    if args.layers > num_blocks:
+        raise UsageError(f"--layers {args.layers}: the draft starts from the target's last blocks, and it has "
+                         f"{num_blocks}")
     corpora = [Path(c).expanduser() for c in args.corpus]
     for c in corpora:
         if not is_prepared(c):
@@ -314,6 +317,18 @@ def run(args) -> int:
         del resumed
     elif args.resume:
         _say(f"--resume: no checkpoint {ckpt} to resume for --out {out}; starting from scratch")
+    # ---- what can fail in setting up fails now, not after the data is made: the target, its tokenizer, a draft
+    # started from it
+    target = load_causal_lm(target_dir, torch.float32)
+    tok = load_tokenizer(target_dir)
+    try:
+        EagleDraft.init_from_target(target, torch.arange(min(args.head_vocab, target.cfg.vocab_size)),
+                                    num_layers=args.layers, feature_layers=draft_layers)
+    except RuntimeError as exc:  # the target's blocks do not load into the draft's
+        raise ValueError(f"cannot start a draft from target {target_dir}: {str(exc).strip().splitlines()[-1]}") from None
+    if any(getattr(args, n, 0) for n in ("generate_prompts", "stdlib_prompts", "package_prompts", "self_prompts",
+                                         "stdlib_code")):
+        target = None  # generating loads its own copy (in --dtype); this one is loaded again for training
     # ---- data (cached under the target's name and fingerprint; meta.json records which target made it)
     prefix, made_by = data_prefix(target_dir), target_meta(target_dir)
     if getattr(args, "data_dir", None):
@@ -391,8 +406,8 @@ def run(args) -> int:
     # what making the data cost when it was made (this run may have reused it from the cache)
     data_made_minutes = sum(p.meta.get("generate_seconds", 0) + p.meta.get("teacher_seconds", 0) for p in preps) / 60
     # ---- model
-    target = load_causal_lm(target_dir, torch.float32)
-    tok = load_tokenizer(target_dir)
+    if target is None:
+        target = load_causal_lm(target_dir, torch.float32)
     eos = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
     minutes, budget = args.minutes, None
     total = getattr(args, "total_minutes", None)
