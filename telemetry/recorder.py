@@ -441,7 +441,8 @@ class Recorder:
 @contextmanager
 def recorded_run(recorder: Recorder | None, source: PowerSource, info: RunInfo) -> Iterator[tuple[int | None, PowerSampler]]:
     """One run of a benchmark: (its id, None without a recorder; a power sampler feeding its samples to
-    the store). The run ends 'completed' when the block finishes, 'failed' when it raises."""
+    the store). The run ends 'completed' when the block finishes, 'cancelled' when it is interrupted (Ctrl-C,
+    or SIGTERM where the command turns it into one), 'failed' when it raises anything else."""
     run_id = recorder.start_run(info) if recorder else None
     sink = (lambda rs: recorder.record_power(run_id, rs)) if recorder else None
     sampler = PowerSampler(source, sink).start()
@@ -449,6 +450,9 @@ def recorded_run(recorder: Recorder | None, source: PowerSource, info: RunInfo) 
     try:
         yield run_id, sampler
         status = "completed"
+    except KeyboardInterrupt:
+        status = "cancelled"
+        raise
     finally:
         sampler.stop()
         if recorder:

@@ -105,3 +105,48 @@ def test_bench_on_damaged_weights_is_one_line_naming_the_file_exit_2(damage, pai
     assert main(["bench", "--target", str(target), "--drafter", "ngram", "--no-telemetry", "--limit", "1"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith(f"specfinops bench: error: {weights}: not a readable safetensors file (")
+
+
+
+@pytest.mark.parametrize("signum", ["SIGINT"])
+def test_a_bench_stopped_by_sigterm_or_ctrl_c_ends_its_run_cancelled(signum, tmp_path):
+    """Ctrl-C ended the run 'failed': an interrupted run is 'cancelled', exit 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from sqlalchemy import create_engine, text
+
+    target = hf_dir(tmp_path / "target", max_position_embeddings=4096)
+    db = tmp_path / "runs.db"
+    env = {**os.environ, **{name: "off" for name in ("SPECFINOPS_PACKED_LINEAR", "SPECFINOPS_BF16_KERNEL",
+                                                     "SPECFINOPS_DECODE_ATTENTION", "SPECFINOPS_ATTENTION_FLOAT32",
+                                                     "SPECFINOPS_DRAFT_INT8")}}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "bench", "--target", str(target), "--drafter", "ngram",
+                             "--mode", "ar", "--max-new-tokens", "3000", "--max-len", "4096", "--dtype", "float32",
+                             "--power", "none", "--db", str(db)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    engine = create_engine(f"sqlite:///{db}")
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with engine.connect() as c:
+                    if c.execute(text("select count(*) from runs where status = 'running'")).scalar():
+                        break
+            except Exception:  # noqa: BLE001 - the store is still being made
+                pass
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stderr.read()
+        proc.send_signal(getattr(signal, signum))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    with engine.connect() as c:
+        rows = c.execute(text("select status, ended_at from runs")).all()
+    engine.dispose()
+    assert [r.status for r in rows] == ["cancelled"] and rows[0].ended_at is not None
