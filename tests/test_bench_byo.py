@@ -107,10 +107,10 @@ def test_bench_on_damaged_weights_is_one_line_naming_the_file_exit_2(damage, pai
     assert last.startswith(f"specfinops bench: error: {weights}: not a readable safetensors file (")
 
 
-
-@pytest.mark.parametrize("signum", ["SIGINT"])
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
 def test_a_bench_stopped_by_sigterm_or_ctrl_c_ends_its_run_cancelled(signum, tmp_path):
-    """Ctrl-C ended the run 'failed': an interrupted run is 'cancelled', exit 130."""
+    """SIGTERM (kill, timeout, docker stop) left the run 'running' with ended_at NULL forever; Ctrl-C ended it
+    'failed'. Both now end it 'cancelled', exit 130."""
     import os
     import signal
     import subprocess
@@ -150,3 +150,52 @@ def test_a_bench_stopped_by_sigterm_or_ctrl_c_ends_its_run_cancelled(signum, tmp
         rows = c.execute(text("select status, ended_at from runs")).all()
     engine.dispose()
     assert [r.status for r in rows] == ["cancelled"] and rows[0].ended_at is not None
+
+
+def test_sigterm_under_asyncio_run_cancels_the_main_task_as_ctrl_c_does(tmp_path):
+    """loadtest runs in asyncio.run: SIGTERM takes its SIGINT path (the main task cancelled, its cleanup run)."""
+    import signal
+    import subprocess
+    import sys
+
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import asyncio, sys\n"
+        "from app.commands.bench import sigterm_as_ctrl_c\n"
+        "async def main():\n"
+        "    try:\n"
+        "        print('ready', flush=True)\n"
+        "        await asyncio.sleep(60)\n"
+        "    except asyncio.CancelledError:\n"
+        "        print('cancelled', flush=True)\n"
+        "        raise\n"
+        "try:\n"
+        "    with sigterm_as_ctrl_c('test'):\n"
+        "        asyncio.run(main())\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', flush=True)\n"
+        "    sys.exit(130)\n")
+    proc = subprocess.Popen([sys.executable, str(child)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=str(__import__("pathlib").Path(__file__).parent.parent))
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert out.split() == ["cancelled", "interrupted"] and proc.returncode == 130, err
+
+
+@pytest.mark.parametrize("command", ["bench", "calibrate", "loadtest"])
+def test_the_model_commands_take_sigterm_as_ctrl_c_while_they_run(command, monkeypatch):
+    import importlib
+    import signal
+
+    module = importlib.import_module(f"app.commands.{command}")
+    seen = []
+    monkeypatch.setattr(module, "_handle", lambda args: seen.append(signal.getsignal(signal.SIGTERM)) or 0)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main([command]) == 0
+    assert seen and seen[0] is not before and seen[0].__qualname__.startswith("sigterm_as_ctrl_c")
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from app.commands._common import (
@@ -132,7 +135,37 @@ def early_exit_layers(given: int | None, target: str | None, drafter: str) -> in
     return given
 
 
+@contextlib.contextmanager
+def sigterm_as_ctrl_c(command: str):
+    """Within the block, SIGTERM (`kill`, `timeout`, `docker stop`) ends the command as Ctrl-C does: the SIGINT
+    handler runs (asyncio.run's cancels its main task) or KeyboardInterrupt is raised in the main thread, so a
+    recorded run is ended 'cancelled' (it stayed 'running', ended_at NULL, after SIGTERM's default exit) and the
+    exit status is 130. The previous handler is put back after; off the main thread nothing is installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum, frame):
+        print(f"{command}: SIGTERM: stopping as on Ctrl-C", file=sys.stderr, flush=True)
+        on_int = signal.getsignal(signal.SIGINT)
+        if callable(on_int) and on_int is not signal.default_int_handler:
+            on_int(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def handle(args: argparse.Namespace) -> int:
+    with sigterm_as_ctrl_c("bench"):
+        return _handle(args)
+
+
+def _handle(args: argparse.Namespace) -> int:
     from serving.sampling import SamplingParams
     from serving.workloads import load_workload
 

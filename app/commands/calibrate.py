@@ -58,6 +58,13 @@ def _interleaved(loaded, prompts, encoded, params):
 
 
 def handle(args: argparse.Namespace) -> int:
+    from app.commands.bench import sigterm_as_ctrl_c
+
+    with sigterm_as_ctrl_c("calibrate"):
+        return _handle(args)
+
+
+def _handle(args: argparse.Namespace) -> int:
     from app.commands.bench import drafter_for, early_exit_layers
     from serving.sampling import SamplingParams
     from serving.worker import EngineSpec, load

@@ -72,6 +72,13 @@ def _probe(url: str, api_key: str | None) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from app.commands.bench import sigterm_as_ctrl_c
+
+    with sigterm_as_ctrl_c("loadtest"):
+        return _handle(args)
+
+
+def _handle(args: argparse.Namespace) -> int:
     import asyncio
 
     from app.commands.bench import parse_concurrency
