@@ -135,7 +135,12 @@ class Step(Base):
     k_reason: Mapped[str | None] = mapped_column(String(32))  # why the lookahead policy chose/stopped K
     t_offset_ms: Mapped[float] = mapped_column(Float)  # step end, from request start
 
-    __table_args__ = (Index("ix_steps_request_id", "request_id"),)
+    __table_args__ = (
+        Index("ix_steps_request_id", "request_id"),
+        # covers the acceptance queries (by position, by domain, along the answer) in step order: no table
+        # lookup per step, no sort per request (migration 0005)
+        Index("ix_steps_request_id_step_index", "request_id", "step_index", "k", "accepted", "num_emitted"),
+    )
 
 
 class TokenEvent(Base):

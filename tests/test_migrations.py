@@ -46,6 +46,11 @@ def test_indexes_and_constraint_names_follow_the_models(db_url):
         assert {ix["name"] for ix in insp.get_indexes("requests")} == {
             "ix_requests_run_id", "ix_requests_started_at", "ix_requests_domain",
         }  # fmt: skip
+        steps = {ix["name"]: ix["column_names"] for ix in insp.get_indexes("steps")}
+        assert steps == {
+            "ix_steps_request_id": ["request_id"],
+            "ix_steps_request_id_step_index": ["request_id", "step_index", "k", "accepted", "num_emitted"],
+        }  # fmt: skip
         fks = insp.get_foreign_keys("token_events")
         assert [(fk["referred_table"], fk["options"].get("ondelete")) for fk in fks] == [("requests", "CASCADE")]
     finally:
@@ -53,7 +58,38 @@ def test_indexes_and_constraint_names_follow_the_models(db_url):
 
 
 def test_single_head():
-    assert head_revision() == "0004"
+    assert head_revision() == "0005"
+
+
+def test_downgrading_0005_drops_only_the_covering_index(db_url):
+    """0005 adds the steps index and its downgrade takes it away again, records untouched."""
+    from sqlalchemy import text
+
+    cfg = alembic_config(db_url)
+    command.upgrade(cfg, "0004")
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO runs (id, kind, mode, node_id, hostname, device, backend, dtype, target, k_policy, "
+                "concurrency, workload, power_source, software_version, started_at, status, dropped_records) VALUES "
+                "(1, 'bench', 'spec', 'n', 'h', 'cpu', 'torch', 'bfloat16', 't', 'fixed:4', 1, 'code', 'none', 'v', "
+                "'2026-12-02 00:00:00', 'completed', 0)"))
+            conn.execute(text(
+                "INSERT INTO requests (id, run_id, domain, started_at, prompt_tokens, output_tokens, num_drafts, "
+                "num_draft_tokens, num_accepted_tokens, status) VALUES (1, 1, 'code', '2026-12-02 00:00:00', 5, 9, 2, "
+                "8, 6, 'ok')"))
+            conn.execute(text(
+                "INSERT INTO steps (id, request_id, step_index, k, accepted, num_emitted, draft_ms, verify_ms, "
+                "batch_size, t_offset_ms) VALUES (1, 1, 0, 4, 3, 4, 1.0, 20.0, 1, 21.0)"))
+        for rev, want in (("0005", {"ix_steps_request_id", "ix_steps_request_id_step_index"}),
+                          ("0004", {"ix_steps_request_id"})):
+            (command.upgrade if rev == "0005" else command.downgrade)(cfg, rev)
+            assert {ix["name"] for ix in inspect(engine).get_indexes("steps")} == want, rev
+            with engine.connect() as conn:
+                assert conn.execute(text("SELECT COUNT(*) FROM steps")).scalar_one() == 1
+    finally:
+        engine.dispose()
 
 
 def test_alembic_command_line_from_repo_root_uses_env_url(tmp_path):
