@@ -295,3 +295,27 @@ def test_a_draft_that_cannot_be_made_fails_before_the_data_is_made(byo, tmp_path
     line = _one_error_line(capsys)
     assert "cannot start a draft" in line and "x.bias" in line
     assert not cache.exists()
+
+
+# ------------------------------------------------------------------ options
+@pytest.mark.parametrize("option, value", [("--max-new-tokens", "0"), ("--max-new-tokens", "-3"),
+                                           ("--eval-max-new-tokens", "-1"), ("--eval-max-new-tokens", "0")])
+def test_token_counts_must_be_positive(option, value, byo, tmp_path, capsys, cache):
+    from app.cli import main
+
+    target_dir, _ = byo
+    assert main(["distill", "--target", str(target_dir), "--generate-prompts", "2", option, value,
+                 "--out", str(tmp_path / "d"), "--steps", "1"]) == 2
+    assert option in _one_error_line(capsys)
+    assert not cache.exists() and not (tmp_path / "d").exists()
+
+
+def test_a_head_larger_than_the_vocabulary_is_refused(byo, tmp_path, capsys, cache):
+    from app.cli import main
+
+    target_dir, _ = byo  # 96 tokens
+    assert main(["distill", "--target", str(target_dir), "--generate-prompts", "2", "--head-vocab", "100000",
+                 "--out", str(tmp_path / "d"), "--steps", "1"]) == 2
+    line = _one_error_line(capsys)
+    assert "--head-vocab 100000" in line and "96 tokens" in line
+    assert not cache.exists() and not (tmp_path / "d").exists()

@@ -160,7 +160,8 @@ def handle(args) -> int:
                          "--package-prompts N, --self-prompts N or --stdlib-code N")
     if args.batch_pool < 0:
         raise UsageError(f"--batch-pool must be 0 (random batches) or a number of sequences, got {args.batch_pool}")
-    at_least_one = ("head_vocab", "layers", "unroll", "batch_tokens", "gen_batch")
+    at_least_one = ("head_vocab", "layers", "unroll", "batch_tokens", "gen_batch", "max_new_tokens",
+                    "eval_max_new_tokens")
     for name in ("generate_prompts", "stdlib_prompts", "package_prompts", "self_prompts", "stdlib_code", *at_least_one):
         if getattr(args, name) < 0 or (name in at_least_one and getattr(args, name) < 1):
             raise UsageError(f"--{name.replace('_', '-')} must be positive")

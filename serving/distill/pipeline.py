@@ -280,7 +280,12 @@ def run(args) -> int:
     check_out(out, target_dir, [Path(c) for c in args.corpus]
               + ([Path(args.data_dir)] if getattr(args, "data_dir", None) else []))
     # ---- which target blocks the draft reads, and which the generated data records
-    num_blocks = int(json.loads((target_dir / "config.json").read_text())["num_hidden_layers"])
+    target_cfg = json.loads((target_dir / "config.json").read_text())
+    num_blocks = int(target_cfg["num_hidden_layers"])
+    vocab = target_cfg.get("vocab_size")
+    if isinstance(vocab, int) and args.head_vocab > vocab:
+        raise UsageError(f"--head-vocab {args.head_vocab}: the target's vocabulary has {vocab} tokens; give at most "
+                         f"{vocab}")
     draft_layers = tuple(getattr(args, "feature_layers", None) or ())
     data_layers = tuple(getattr(args, "data_feature_layers", None) or draft_layers) or None
     for layers, flag in ((draft_layers, "--feature-layers"), (data_layers or (), "--data-feature-layers")):
@@ -322,7 +327,7 @@ def run(args) -> int:
     target = load_causal_lm(target_dir, torch.float32)
     tok = load_tokenizer(target_dir)
     try:
-        EagleDraft.init_from_target(target, torch.arange(min(args.head_vocab, target.cfg.vocab_size)),
+        EagleDraft.init_from_target(target, torch.arange(args.head_vocab),
                                     num_layers=args.layers, feature_layers=draft_layers)
     except RuntimeError as exc:  # the target's blocks do not load into the draft's
         raise ValueError(f"cannot start a draft from target {target_dir}: {str(exc).strip().splitlines()[-1]}") from None
