@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from telemetry.finops import speedup_bound
 
 DEFAULT_THRESHOLD = 0.65
+MIN_TESTED_TOKENS = 20  # fewer tested draft tokens than this and alpha (so the verdict and bound) is mostly noise
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,7 @@ class Calibration:
     k_measured: float | None = None  # mean draft length of those steps
     bound_with_measured_verify: float | None = None  # tokens per step / (K c + v) at the measured K
     acceptance_rate: float | None = None  # accepted / drafted tokens at the measured K (vLLM's metric)
+    tested: int | None = None  # draft tokens tested: alpha's denominator (accepted + the rejections ending steps)
 
 
 def calibrate(domain: str, counts: StepCounts, *, threshold: float = DEFAULT_THRESHOLD, k_max: int = 8) -> Calibration:
@@ -64,7 +66,24 @@ def calibrate(domain: str, counts: StepCounts, *, threshold: float = DEFAULT_THR
         k_meas = counts.num_draft_tokens / counts.num_drafts
         if c is not None and mal is not None:
             bound_v = mal / (k_meas * c + v)
-    return Calibration(domain, alpha, mal, c, best_k, bound, verdict, threshold, v, k_meas, bound_v, rate)
+    tested = counts.num_accepted_tokens + counts.num_drafts - counts.num_full_accepts if counts.num_draft_tokens else 0
+    return Calibration(domain, alpha, mal, c, best_k, bound, verdict, threshold, v, k_meas, bound_v, rate, tested)
+
+
+def calibration_warnings(cal: Calibration, measured_speedup: float | None = None) -> list[str]:
+    """What the verdict does not say: it is defined on alpha alone (alpha >= threshold), so a GO can come with a
+    bound or a measured speedup below 1 (the draft too slow for its acceptance), and a verdict on a handful of
+    tested tokens is noise. One sentence each, empty when nothing needs saying."""
+    out = []
+    if cal.tested is not None and 0 < cal.tested < MIN_TESTED_TOKENS:
+        out.append(f"alpha rests on only {cal.tested} tested draft tokens (fewer than {MIN_TESTED_TOKENS}): too few "
+                   "to judge; run more or longer prompts (--limit, --max-new-tokens)")
+    if cal.bound_at_best_k is not None and cal.bound_at_best_k < 1:
+        out.append(f"the speedup bound is {cal.bound_at_best_k:.2f}x at its best K: with c = {cal.c:.2f} "
+                   "speculation would be slower than AR")
+    if measured_speedup is not None and measured_speedup < 1:
+        out.append(f"measured {measured_speedup:.2f}x: speculation was slower than AR here")
+    return out
 
 
 def per_token_alpha(counts: StepCounts) -> float | None:

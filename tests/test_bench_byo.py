@@ -60,7 +60,10 @@ def test_calibrate_early_exit_on_a_small_target_defaults_to_half_its_layers(pair
     target, _ = pair  # 2 layers
     assert main(["calibrate", "--target", str(target), "--drafter", "early-exit", "--workload", "code", "--limit",
                  "1", "--max-new-tokens", "6", "--dtype", "float32", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["drafter"] == "early-exit:1"
+    report = json.loads(capsys.readouterr().out)
+    assert report["drafter"] == "early-exit:1"
+    domain = report["domains"][0]  # one prompt of 6 tokens: too few tested tokens to judge, and calibrate says so
+    assert domain["tested"] < 20 and any("tested draft tokens" in w for w in domain["warnings"])
 
 
 @pytest.mark.parametrize("command", ["bench", "calibrate"])

@@ -140,3 +140,27 @@ def test_acceptance_by_span_by_hand():
         acceptance_by_span([([(1, 2, 3)], [])])
     with pytest.raises(ValueError, match="width"):
         acceptance_by_span([], width=0)
+
+
+def test_warnings_say_what_a_go_does_not():
+    """The verdict stays alpha >= threshold; a bound or a measured speedup below 1, and a verdict on a handful of
+    tested tokens, are said beside it (a GO was printed with alpha 1.0, c 1.48, measured 0.64x)."""
+    from telemetry.calibration import calibration_warnings
+
+    # 5 steps of K=4, all accepted: alpha 1, 20 tokens tested; drafting 296 ms = 14.8 ms a token, AR 10 ms -> c 1.48
+    slow = calibrate("code", StepCounts(5, 20, 20, 5, 296.0, 10, 100.0))
+    assert slow.verdict == "GO" and slow.c == pytest.approx(1.48) and slow.tested == 20
+    assert slow.bound_at_best_k == pytest.approx(2 / 2.48)  # K = 1: (K + 1) / (K c + 1), the best of a falling curve
+    assert calibration_warnings(slow, 0.64) == [
+        "the speedup bound is 0.81x at its best K: with c = 1.48 speculation would be slower than AR",
+        "measured 0.64x: speculation was slower than AR here",
+    ]
+    # one step of 4 tokens, all accepted, a cheap draft: a bound of ~4.8x from 4 tested tokens
+    lucky = calibrate("chat", StepCounts(1, 4, 4, 1, 0.4, 10, 100.0))
+    assert lucky.tested == 4 and lucky.bound_at_best_k > 4
+    assert calibration_warnings(lucky, 1.2) == [
+        "alpha rests on only 4 tested draft tokens (fewer than 20): too few to judge; run more or longer prompts "
+        "(--limit, --max-new-tokens)"]
+    fine = calibrate("code", StepCounts(10, 40, 28, 5, 40.0, 50, 1000.0))
+    assert fine.tested == 33 and calibration_warnings(fine, 1.5) == [] and calibration_warnings(fine) == []
+    assert calibration_warnings(calibrate("x", StepCounts(0, 0, 0, 0, 0.0, 50, 1000.0)), None) == []

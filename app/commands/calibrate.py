@@ -76,6 +76,7 @@ def _handle(args: argparse.Namespace) -> int:
         acceptance_by_prompt,
         acceptance_by_span,
         calibrate,
+        calibration_warnings,
         repeated_tokens,
     )
 
@@ -130,6 +131,7 @@ def _handle(args: argparse.Namespace) -> int:
                                        "mean_acceptance_length": c.mean_acceptance_length, "c": c.c,
                                        "best_k": c.best_k, "speedup_bound": c.bound_at_best_k,
                                        "measured_speedup_at_k": m, "verdict": c.verdict, "threshold": c.threshold,
+                                       "tested": c.tested, "warnings": calibration_warnings(c, m),
                                        "verify_ratio": c.verify_ratio,
                                        "bound_with_measured_verify": c.bound_with_measured_verify,
                                        "acceptance_by_position": [{"position": r.position, "tested": r.tested,
@@ -154,6 +156,9 @@ def _handle(args: argparse.Namespace) -> int:
         print(f"{c.domain:<10} {n:>7} {f(c.alpha):>6} {f(c.acceptance_rate):>8} {f(c.mean_acceptance_length, '.2f'):>12} {f(c.c):>6} "
               f"{f(c.best_k, 'd'):>6} {f(c.bound_at_best_k, '.2f'):>6} {f(c.verify_ratio, '.2f'):>5} "
               f"{f(c.bound_with_measured_verify, '.2f'):>7} {f(m, '.2f'):>8}  {c.verdict}")
+    for c, m, *_ in results:
+        for line in calibration_warnings(c, m):
+            print(f"warning: {c.domain}: {line}")
     print("alpha = per-token acceptance probability: accepted / tested (a step tests its accepted tokens and\n"
           "the first rejected one); acc rate = accepted / drafted at the measured K")
     print("bound = (1 - a^(K+1)) / ((1 - a)(K c + 1)); c = draft time per proposed token / target one-token forward")
