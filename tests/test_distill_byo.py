@@ -113,12 +113,11 @@ def test_an_earlier_distill_output_or_an_empty_directory_is_written_again(byo, t
 # ------------------------------------------------------------------ the data cache
 @pytest.fixture
 def cache(tmp_path, monkeypatch) -> Path:
-    """distill's cache in tmp_path."""
-    import serving.distill.pipeline as pipeline
+    """distill's cache in tmp_path (SPECFINOPS_CACHE, set after distill's modules were imported)."""
+    import serving.distill.pipeline  # noqa: F401 - imported before the variable is set
 
-    root = tmp_path / "cache"
-    monkeypatch.setattr(pipeline, "CACHE", root / "distill")
-    return root / "distill"
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "distill"
 
 
 def _generate(target_dir: Path, out: Path, tmp_path: Path) -> dict:
@@ -319,3 +318,19 @@ def test_a_head_larger_than_the_vocabulary_is_refused(byo, tmp_path, capsys, cac
     line = _one_error_line(capsys)
     assert "--head-vocab 100000" in line and "96 tokens" in line
     assert not cache.exists() and not (tmp_path / "d").exists()
+
+
+def test_distill_caches_where_specfinops_cache_says(byo, tmp_path, cache):
+    """Data and the default checkpoint go under $SPECFINOPS_CACHE/distill, read when the command runs."""
+    from app.cli import main
+
+    target_dir, _ = byo
+    out = tmp_path / "d"
+    assert main(["distill", "--target", str(target_dir), "--generate-prompts", "2", "--max-new-tokens", "3",
+                 "--gen-batch", "2", "--steps", "1", "--head-vocab", "32", "--batch-tokens", "128", "--dtype",
+                 "float32", "--no-eval", "--out", str(out)]) == 0
+    (data,) = json.loads((out / "model_card.json").read_text())["corpus"]["data_dirs"]
+    assert Path(data).parent == cache and (cache / "checkpoints").is_dir()
+    from serving.distill.pipeline import CACHE  # the old constant, for scripts that import it
+
+    assert CACHE == cache

@@ -45,7 +45,8 @@ def register(sub) -> None:
                         "real requests; any chat target can make them")
     p.add_argument("--stdlib-code", type=int, default=0, metavar="N",
                    help="add N Python standard-library functions as chat answers, teacher-forced")
-    p.add_argument("--data-dir", default=None, help="where --generate-prompts writes (default: ~/.cache/specfinops/distill/...)")
+    p.add_argument("--data-dir", default=None, help="where --generate-prompts writes (default: under distill/ in $SPECFINOPS_CACHE, "
+                        "~/.cache/specfinops by default)")
     p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap when generating data")
     p.add_argument("--gen-batch", type=int, default=None,
                    help="sequences generated together (default: 32 on the CPU, 256 on a GPU)")
@@ -96,7 +97,8 @@ def register(sub) -> None:
                         "(cuda, cuda:1); alpha and c are measured on the CPU either way, where the draft serves. "
                         "On a GPU, --dtype auto is bfloat16 where the GPU has bf16 arithmetic (Ampere and later)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint of the same --out")
-    p.add_argument("--checkpoint", default=None, help="checkpoint file (default: in ~/.cache/specfinops/distill/checkpoints)")
+    p.add_argument("--checkpoint", default=None, help="checkpoint file (default: under distill/checkpoints in $SPECFINOPS_CACHE, "
+                        "~/.cache/specfinops by default)")
     p.add_argument("--save-every", type=float, default=3.0, help="minutes between checkpoints (also refreshes --out)")
     p.add_argument("--no-eval", action="store_true", help="skip measuring alpha and c")
     p.add_argument("--eval-max-new-tokens", type=int, default=128)

@@ -12,7 +12,21 @@ from pathlib import Path
 
 import torch
 
-CACHE = Path.home() / ".cache" / "specfinops" / "distill"
+
+def distill_cache() -> Path:
+    """Where distill caches data, evaluation answers and checkpoints: `distill` under the cache directory
+    (SPECFINOPS_CACHE, default ~/.cache/specfinops), read at each call so the variable set at any time counts."""
+    from serving.models import cache_dir
+
+    return cache_dir() / "distill"
+
+
+def __getattr__(name: str):
+    if name == "CACHE":  # the old module constant, for scripts that import it: now read when asked
+        return distill_cache()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "generation_config.json")
 EVAL_DOMAINS = ("code", "chat", "rewrite")
@@ -228,7 +242,7 @@ def eval_data(target_dir: Path, max_new_tokens: int, say, dtype: torch.dtype = t
     from serving.distill.data import is_prepared, prepare
     from serving.workloads import load_workload
 
-    d = CACHE / (f"{data_prefix(target_dir)}-eval-{'-'.join(EVAL_DOMAINS)}-{max_new_tokens}{_dtype_tag(dtype)}"
+    d = distill_cache() / (f"{data_prefix(target_dir)}-eval-{'-'.join(EVAL_DOMAINS)}-{max_new_tokens}{_dtype_tag(dtype)}"
                  + _layers_tag(feature_layers))
     if not is_prepared(d):
         items = []
@@ -311,7 +325,7 @@ def run(args) -> int:
                       feat_noise=args.feat_noise, dtype=args.dtype, feature_layers=draft_layers,
                       extra=resume_record(args, target_dir))
     ckpt = Path(args.checkpoint).expanduser() if args.checkpoint else \
-        CACHE / "checkpoints" / (hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12] + ".pt")
+        distill_cache() / "checkpoints" / (hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12] + ".pt")
     trained_s = 0.0  # what the resumed checkpoint trained
     if args.resume and ckpt.is_file():  # memory-mapped: only its config and "elapsed" are read here
         resumed = torch.load(ckpt, weights_only=False, mmap=True, map_location="cpu")
@@ -349,7 +363,7 @@ def run(args) -> int:
     if args.generate_prompts or args.stdlib_prompts or n_p:
         n_t, n_s = args.generate_prompts or 0, args.stdlib_prompts or 0
         d = Path(args.data_dir).expanduser() if args.data_dir else \
-            CACHE / (f"{prefix}-generated-t{n_t}-l{n_s}" + (f"-p{n_p}" if n_p else "")
+            distill_cache() / (f"{prefix}-generated-t{n_t}-l{n_s}" + (f"-p{n_p}" if n_p else "")
                      + f"-s{args.seed}-n{args.max_new_tokens}{tag}{_layers_tag(data_layers)}")
         if n_p:
             packages = package_versions()
@@ -374,7 +388,7 @@ def run(args) -> int:
                              "made from documented functions of installed packages (versions under 'packages')")
     if getattr(args, "self_prompts", 0):
         n_q = args.self_prompts
-        d = CACHE / (f"{prefix}-self-q{n_q}-s{args.seed}-n{args.max_new_tokens}{tag}"
+        d = distill_cache() / (f"{prefix}-self-q{n_q}-s{args.seed}-n{args.max_new_tokens}{tag}"
                      f"{_layers_tag(data_layers)}")
         if not is_prepared(d):
             from serving.distill.selfprompts import self_prompts
@@ -391,7 +405,7 @@ def run(args) -> int:
         described.append(f"the target's greedy answers (max {args.max_new_tokens} tokens) to {n_q} code questions "
                          f"it wrote itself (sampled, seed {args.seed}; the questions are in the data's meta.json)")
     if args.stdlib_code:
-        d = CACHE / f"{prefix}-stdlib-code-{args.stdlib_code}-s{args.seed}{tag}{_layers_tag(data_layers)}"
+        d = distill_cache() / f"{prefix}-stdlib-code-{args.stdlib_code}-s{args.seed}{tag}{_layers_tag(data_layers)}"
         if not is_prepared(d):
             items = stdlib_code_items(args.stdlib_code, seed=args.seed)
             _say(f"teacher pass over {len(items)} standard-library functions -> {d}")
