@@ -334,3 +334,30 @@ def test_distill_caches_where_specfinops_cache_says(byo, tmp_path, cache):
     from serving.distill.pipeline import CACHE  # the old constant, for scripts that import it
 
     assert CACHE == cache
+
+
+# ------------------------------------------------------------------ the model card's command
+def test_the_card_command_reproduces_with_absolute_paths_eval_tokens_and_threads(byo, tmp_path, monkeypatch):
+    import os
+    import shlex
+
+    from app.cli import build_parser
+    from serving.distill.pipeline import command_line
+
+    target_dir, corpus = byo
+    monkeypatch.chdir(target_dir.parent)
+    os.symlink(corpus, tmp_path / "data")
+    args = build_parser().parse_args(["distill", "--target", target_dir.name, "--corpus", os.path.relpath(corpus),
+                                      str(tmp_path / "data"), "--out", "drafts/../d", "--eval-max-new-tokens", "64",
+                                      "--threads", "1", "--steps", "5"])
+    cmd = shlex.split(command_line(args))
+    assert cmd[cmd.index("--target") + 1] == str(target_dir)
+    assert cmd[cmd.index("--corpus") + 1: cmd.index("--corpus") + 3] == [str(corpus), str(tmp_path / "data")]
+    assert cmd[cmd.index("--out") + 1] == str(target_dir.parent / "d")
+    assert cmd[cmd.index("--eval-max-new-tokens") + 1] == "64" and cmd[cmd.index("--threads") + 1] == "1"
+    bundled = build_parser().parse_args(["distill", "--target", "smollm2-135m-instruct", "--out", "/tmp/x",
+                                         "--generate-prompts", "3", "--no-eval"])
+    cmd = shlex.split(command_line(bundled))
+    assert cmd[cmd.index("--target") + 1] == "smollm2-135m-instruct"  # a model's name stays its name
+    assert "--eval-max-new-tokens" not in cmd  # nothing evaluated
+    assert build_parser().parse_args(cmd[1:]).threads == 2  # the card's command parses back

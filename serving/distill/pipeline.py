@@ -37,7 +37,8 @@ REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "pack
                  "max_new_tokens", "gen_batch",
                  "dtype", "out", "minutes", "total_minutes", "steps",
                  "head_vocab", "layers", "feature_layers", "data_feature_layers", "lr", "batch_tokens", "batch_pool", "unroll", "detach_unroll", "freeze_head", "w_feat", "w_hard",
-                 "feat_noise", "seed", "k", "device")
+                 "feat_noise", "seed", "k", "eval_max_new_tokens", "threads", "device")
+PATH_OPTIONS = ("target", "out", "corpus")  # recorded as absolute paths (a target may be a model's name instead)
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -63,13 +64,23 @@ def resolve_device(spec: str) -> torch.device:
 def command_line(args) -> str:
     """The command that reproduces a run, every training option spelled out (--resume and paths that
     only say where things are cached are left out: they change how the run got there, not its result)."""
+    import os
+
     from serving.kernels import resolve_dtype
+
+    def absolute(path: str, name: str) -> str:
+        p = Path(path).expanduser()
+        return os.path.abspath(p) if name != "target" or p.is_dir() else path  # a target's name stays a name
 
     parts = ["specfinops", "distill"]
     for name in REPRO_OPTIONS:
         v = getattr(args, name, None)
         if name == "dtype" and v is not None:
             v = resolve_dtype(v)  # the precision this run used, not "auto"
+        if name == "eval_max_new_tokens" and getattr(args, "no_eval", False):
+            continue  # no evaluation, no alpha to reproduce
+        if name in PATH_OPTIONS and v:
+            v = [absolute(c, name) for c in v] if isinstance(v, list) else absolute(v, name)
         if v in (None, False, [], 0) and name not in ("seed", "batch_pool"):
             continue
         if name == "device" and v == "cpu":  # the default: cards of CPU runs read as they always did
