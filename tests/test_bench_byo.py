@@ -202,3 +202,13 @@ def test_the_model_commands_take_sigterm_as_ctrl_c_while_they_run(command, monke
     assert main([command]) == 0
     assert seen and seen[0] is not before and seen[0].__qualname__.startswith("sigterm_as_ctrl_c")
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_bench_json_k_is_the_lookahead_label_in_both_modes(pair, tmp_path, capsys):
+    """k was "auto" or "4" (spec: the label as given; test_vllm_backend reads "3") but 0, an int, for AR."""
+    from serving.lookahead import DEFAULT_K
+
+    target, draft = pair
+    runs = _bench_json(tmp_path, "--target", str(target), "--draft-model", str(draft), "--mode", "both")["runs"]
+    assert {r["mode"]: r["k"] for r in runs} == {"ar": "0", "spec": DEFAULT_K}
+

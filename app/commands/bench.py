@@ -380,7 +380,8 @@ def build_report(results, loaded, params) -> dict:
         tpots = [r.tpot_ms for r in res.results if r.tpot_ms is not None]
         ttfts = [r.record.ttft_ms for r in res.results if r.record.ttft_ms is not None]
         runs.append({
-            "mode": res.mode, "drafter": res.drafter, "k": loaded.spec.k if res.mode == "spec" else 0,
+            # k: the lookahead as given (an integer K or a policy name such as "auto"), a string in both modes
+            "mode": res.mode, "drafter": res.drafter, "k": str(loaded.spec.k) if res.mode == "spec" else "0",
             "tree": loaded.spec.tree if res.mode == "spec" else None,
             "dtype": loaded.spec.dtype, "temperature": params.temperature, "concurrency": level,
             "run_id": res.run_id, "run_ids": list(res.run_ids),
