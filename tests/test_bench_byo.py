@@ -211,4 +211,26 @@ def test_bench_json_k_is_the_lookahead_label_in_both_modes(pair, tmp_path, capsy
     target, draft = pair
     runs = _bench_json(tmp_path, "--target", str(target), "--draft-model", str(draft), "--mode", "both")["runs"]
     assert {r["mode"]: r["k"] for r in runs} == {"ar": "0", "spec": DEFAULT_K}
+    table = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(table) if line.startswith("mode"))
+    assert len({len(line) for line in table[head: head + 2 + len(runs)]}) == 1  # the drafter label is 21 wide
 
+
+def test_bench_table_columns_are_as_wide_as_their_widest_cell():
+    from app.commands.bench import table_lines
+
+    base = {"mode": "spec", "k": "4", "concurrency": 1, "tokens_per_s": 12.5, "ttft_p50_ms": 40.0, "tpot_p50_ms": 9.0,
+            "tpot_p95_ms": 11.0, "acceptance_rate": 0.5, "mean_acceptance_length": 2.5, "token_identical_rate": 1.0,
+            "run_ids": [7]}
+    runs = [{**base, "mode": "ar", "drafter": None, "k": "0", "acceptance_rate": None},
+            {**base, "drafter": "draft:my-long-draft-name@int8+ngram:3-2", "k": "auto", "run_ids": [8, 9, 10]}]
+    lines = table_lines(runs)
+    assert len({len(line) for line in lines}) == 1
+    head = lines[0]
+    for name in ("K", "tok/s", "mean acc len", "run"):  # right-aligned: every cell ends where its header ends
+        end = head.index(name) + len(name)
+        assert all(line[end - 1] != " " and (end == len(line) or line[end] == " ") for line in lines[2:]), name
+    assert lines[3].split()[1] == "draft:my-long-draft-name@int8+ngram:3-2"
+    short = table_lines([{**base, "drafter": "ngram:3"}])  # short labels keep the columns they had
+    assert short[0] == ("mode  drafter          K conc   tok/s  TTFT p50  TPOT p50  TPOT p95  accept mean acc len "
+                        "identical   run")

@@ -429,17 +429,40 @@ def _run_label(run: dict) -> str:
     return ",".join(map(str, ids)) if len(ids) <= 2 else f"{len(ids)} runs"
 
 
+TABLE_COLUMNS = (  # header, alignment (< left, > right), narrowest width, cell of a run
+    ("mode", "<", 5, lambda r: r["mode"]),
+    ("drafter", "<", 14, lambda r: r["drafter"] or "-"),
+    ("K", ">", 3, lambda r: str(r["k"])),
+    ("conc", ">", 4, lambda r: str(r["concurrency"])),
+    ("tok/s", ">", 7, lambda r: _fmt(r["tokens_per_s"])),
+    ("TTFT p50", ">", 9, lambda r: _fmt(r["ttft_p50_ms"])),
+    ("TPOT p50", ">", 9, lambda r: _fmt(r["tpot_p50_ms"])),
+    ("TPOT p95", ">", 9, lambda r: _fmt(r["tpot_p95_ms"])),
+    ("accept", ">", 7, lambda r: _fmt(r["acceptance_rate"], ".3f")),
+    ("mean acc len", ">", 12, lambda r: _fmt(r["mean_acceptance_length"], ".2f")),
+    ("identical", ">", 9, lambda r: _fmt(r["token_identical_rate"], ".0%")),
+    ("run", ">", 5, _run_label),
+)
+
+
+def table_lines(runs: list[dict]) -> list[str]:
+    """The runs as a table whose every column is as wide as its widest cell (a drafter label such as
+    'draft:my-draft@int8+ngram:3-2' or a sweep's run list no longer pushes the columns after it out of line)."""
+    cells = [[cell(r) for *_, cell in TABLE_COLUMNS] for r in runs]
+    widths = [max([narrowest, len(head), *(len(row[i]) for row in cells)])
+              for i, (head, _, narrowest, _) in enumerate(TABLE_COLUMNS)]
+    aligns = [align for _, align, *_ in TABLE_COLUMNS]
+
+    def line(values) -> str:
+        return " ".join(f"{v:{a}{w}}" for v, a, w in zip(values, aligns, widths, strict=True))
+
+    head = line([head for head, *_ in TABLE_COLUMNS])
+    return [head, "-" * len(head), *(line(row) for row in cells)]
+
+
 def print_table(report: dict, recorded: bool) -> None:
-    head = (f"{'mode':<5} {'drafter':<14} {'K':>3} {'conc':>4} {'tok/s':>7} {'TTFT p50':>9} {'TPOT p50':>9} "
-            f"{'TPOT p95':>9} {'accept':>7} {'mean acc len':>12} {'identical':>9} {'run':>5}")
-    print(head)
-    print("-" * len(head))
-    for r in report["runs"]:
-        print(f"{r['mode']:<5} {(r['drafter'] or '-'):<14} {str(r['k']):>3} {r['concurrency']:>4} "
-              f"{_fmt(r['tokens_per_s']):>7} {_fmt(r['ttft_p50_ms']):>9} {_fmt(r['tpot_p50_ms']):>9} "
-              f"{_fmt(r['tpot_p95_ms']):>9} {_fmt(r['acceptance_rate'], '.3f'):>7} "
-              f"{_fmt(r['mean_acceptance_length'], '.2f'):>12} {_fmt(r['token_identical_rate'], '.0%'):>9} "
-              f"{_run_label(r):>5}")
+    for text in table_lines(report["runs"]):
+        print(text)
     for level, sp in report["speedup_by_concurrency"].items():
         print(f"speedup spec vs AR at concurrency {level}: {_fmt(sp, '.2f')}x")
     if "crossover_concurrency" in report:
