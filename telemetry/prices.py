@@ -12,8 +12,12 @@ Public API:
     set_price(engine, name, value, *, source, kind=None, as_of=None) -> PriceEntry
     catalog_name_for_device(device) -> str | None    # "NVIDIA H100 80GB HBM3" -> "H100", "cpu (2 cores)" -> "cpu-2core"
     resolve_node_price(engine, *, device, price_snapshot=None, gpu=None, gpus_per_node=1,
-                       node_hourly_usd=None) -> NodePrice
-    energy_prices(engine) -> tuple[float, float]     # (usd_per_kwh, pue)
+                       node_hourly_usd=None, catalog=None) -> NodePrice
+    energy_prices(engine, catalog=None) -> tuple[float, float]     # (usd_per_kwh, pue)
+    load_catalog(engine) -> PriceCatalog             # the whole catalog in one SELECT, writes nothing
+
+Pricing many runs: read the catalog once and pass it as `catalog=` to resolve_node_price and energy_prices,
+which then query nothing (without it, each call reads the table again: a few statements per run).
 """
 
 from __future__ import annotations
@@ -62,6 +66,26 @@ class NodePrice:
         return self.catalog_name is None or measured is None or self.catalog_name.lower() != measured.lower()
 
 
+@dataclass(frozen=True, slots=True)
+class PriceCatalog:
+    """The price catalog as read at one moment (`load_catalog`): look-ups by name, any case, with no query."""
+
+    entries: tuple[PriceEntry, ...]
+
+    def get(self, name: str) -> PriceEntry:
+        """The entry named `name` (any case); ValueError naming it and listing the known names, as get_price."""
+        key = name.strip().lower()
+        for entry in self.entries:
+            if entry.name.lower() == key:
+                return entry
+        known = ", ".join(sorted((e.name for e in self.entries), key=str.lower))
+        raise ValueError(f"unknown price name {name!r}; known: {known}")
+
+    def energy_prices(self) -> tuple[float, float]:
+        """(usd_per_kwh, pue)."""
+        return self.get(ELECTRICITY).value, self.get(PUE).value
+
+
 def default_entries() -> list[PriceEntry]:
     """The defaults shipped in `telemetry/data/prices.json`."""
     text = resources.files("telemetry").joinpath("data/prices.json").read_text(encoding="utf-8")
@@ -89,6 +113,16 @@ def ensure_defaults(engine: Engine) -> int:
             s.rollback()
             return 0
     return len(missing)
+
+
+def load_catalog(engine: Engine) -> PriceCatalog:
+    """The catalog in one SELECT, as get_price sees it: the table's entries, and the defaults for names the
+    table lacks (what ensure_defaults would insert, here only read: a report on a store writes nothing)."""
+    with Session(engine) as s:
+        rows = [_entry(r) for r in s.scalars(select(Price))]
+    have = {e.name.lower() for e in rows}
+    rows += [e for e in default_entries() if e.name.lower() not in have]
+    return PriceCatalog(tuple(sorted(rows, key=lambda e: (e.kind, e.name))))
 
 
 def list_prices(engine: Engine) -> list[PriceEntry]:
@@ -211,9 +245,11 @@ def resolve_node_price(
     gpu: str | None = None,
     gpus_per_node: int = 1,
     node_hourly_usd: float | None = None,
+    catalog: PriceCatalog | None = None,
 ) -> NodePrice:
     """Node price: `node_hourly_usd` > `gpu` x `gpus_per_node` > the run's snapshot > the catalog entry
-    matching `device`. ValueError when nothing prices it."""
+    matching `device`. ValueError when nothing prices it. With `catalog` (load_catalog) the look-ups query
+    nothing; without, they read the table."""
     if node_hourly_usd is not None:
         if not node_hourly_usd > 0:
             raise ValueError(f"node_hourly_usd must be > 0, got {node_hourly_usd!r}")
@@ -221,7 +257,7 @@ def resolve_node_price(
     if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
         raise ValueError(f"gpus_per_node must be an integer >= 1, got {gpus_per_node!r}")
     if gpu is not None:
-        entry = get_price(engine, gpu)
+        entry = _lookup(engine, catalog, gpu)
         if entry.unit != "usd_per_hour":
             raise ValueError(f"--gpu {gpu!r} names the {entry.kind} price ({entry.unit}), not an hourly GPU "
                              "or node price")  # fmt: skip
@@ -235,10 +271,16 @@ def resolve_node_price(
         raise ValueError(
             f"no catalog price matches device {device!r}; pass --gpu NAME or --node-hourly-usd X"
         )
-    entry = get_price(engine, name)
+    entry = _lookup(engine, catalog, name)
     return NodePrice(entry.value, entry.name, "catalog", entry.name)
 
 
-def energy_prices(engine: Engine) -> tuple[float, float]:
-    """(usd_per_kwh, pue) from the catalog."""
+def energy_prices(engine: Engine, catalog: PriceCatalog | None = None) -> tuple[float, float]:
+    """(usd_per_kwh, pue) from the catalog: `catalog` when given (no query), else the table."""
+    if catalog is not None:
+        return catalog.energy_prices()
     return get_price(engine, ELECTRICITY).value, get_price(engine, PUE).value
+
+
+def _lookup(engine: Engine, catalog: PriceCatalog | None, name: str) -> PriceEntry:
+    return catalog.get(name) if catalog is not None else get_price(engine, name)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from telemetry.prices import check_price, get_price, resolve_node_price, set_price
+from telemetry.prices import (
+    check_price,
+    energy_prices,
+    get_price,
+    list_prices,
+    load_catalog,
+    resolve_node_price,
+    set_price,
+)
 from telemetry.store import open_store
 
 
@@ -46,4 +54,71 @@ def test_a_gpu_flag_naming_a_non_hourly_entry_reads_well(empty_store):
         resolve_node_price(engine, device="cpu", gpu="electricity")
     assert str(exc.value) == ("--gpu 'electricity' names the electricity price (usd_per_kwh), not an hourly GPU "
                               "or node price")
+    engine.dispose()
+
+
+def _statements(engine) -> list[str]:
+    """The SQL statements the engine runs from now on (appended to the returned list)."""
+    from sqlalchemy import event
+
+    seen: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda _c, _cur, statement, *_: seen.append(statement))
+    return seen
+
+
+def test_a_catalog_read_once_prices_every_run_without_a_query(empty_store):
+    """costs() priced each run with ~4 catalog queries (195 statements for 48 runs on PostgreSQL). One
+    load_catalog reads the table once; resolve_node_price and energy_prices given it query nothing and
+    answer as they do from the table, edits made with set_price included."""
+    engine = open_store(empty_store)
+    set_price(engine, "h100", 7.5, source="our quote")  # edits an existing default, named in another case
+    set_price(engine, "my-node", 12.0, source="colo", kind="node")
+    set_price(engine, "electricity", 0.2, source="tariff")
+    seen = _statements(engine)
+    catalog = load_catalog(engine)
+    assert len(seen) == 1  # one SELECT
+
+    cases = [
+        {"device": "NVIDIA H100 80GB HBM3"},
+        {"device": "cpu (2 cores)"},
+        {"device": "NVIDIA A100-SXM4-80GB", "gpu": "my-node"},
+        {"device": "NVIDIA L4", "gpu": "H100", "gpus_per_node": 8},
+        {"device": "NVIDIA H100 80GB HBM3", "price_snapshot": {"node_hourly_usd": 55.04, "name": "H100 x8"}},
+        {"device": "NVIDIA H100 80GB HBM3", "node_hourly_usd": 9.0},
+    ]
+    for kwargs in cases * 8:  # 48 runs
+        seen.clear()
+        got = resolve_node_price(engine, **kwargs, catalog=catalog), energy_prices(engine, catalog=catalog)
+        assert seen == [], kwargs
+        assert got == (resolve_node_price(engine, **kwargs), energy_prices(engine)), kwargs
+    assert resolve_node_price(engine, device="NVIDIA H100 80GB HBM3", catalog=catalog).usd_per_hour == 7.5
+    assert energy_prices(engine, catalog=catalog)[0] == 0.2
+    assert list(catalog.entries) == sorted(list_prices(engine), key=lambda e: (e.kind, e.name))
+    # what it cannot price it refuses in the same words
+    for name in ("B200", " nosuch "):
+        with pytest.raises(ValueError) as from_table:
+            get_price(engine, name)
+        with pytest.raises(ValueError) as from_catalog:
+            catalog.get(name)
+        assert str(from_catalog.value) == str(from_table.value)
+    with pytest.raises(ValueError, match="no catalog price matches device 'TPU v5e'"):
+        resolve_node_price(engine, device="TPU v5e", catalog=catalog)
+    engine.dispose()
+
+
+def test_loading_the_catalog_writes_nothing(empty_store):
+    """A store whose prices table is still empty: the catalog holds the defaults (as get_price would insert
+    them) and the table stays empty, so commands that only report write nothing."""
+    from sqlalchemy import func, select
+
+    from telemetry.db import Price
+
+    engine = open_store(empty_store)
+    with engine.connect() as c:
+        assert c.scalar(select(func.count()).select_from(Price)) == 0
+    catalog = load_catalog(engine)
+    with engine.connect() as c:
+        assert c.scalar(select(func.count()).select_from(Price)) == 0
+    assert catalog.energy_prices() == energy_prices(engine)  # energy_prices loads the defaults into the table
+    assert list(catalog.entries) == sorted(list_prices(engine), key=lambda e: (e.kind, e.name))
     engine.dispose()
