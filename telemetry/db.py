@@ -33,6 +33,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 DEFAULT_DB_PATH = Path("var") / "specfinops.db"
+SUPPORTED_BACKENDS = ("sqlite", "postgresql")
 ENV_DB_URL = "SPECFINOPS_DB_URL"
 
 # Stable constraint names, so Alembic migrations (and batch mode on SQLite) can refer to them.
@@ -309,11 +310,16 @@ def make_engine(url: str | None = None) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
+    u = make_url(url)
+    # checked before any driver is imported: a MySQL URL is refused as such, not as "MySQLdb is not installed"
+    unsupported = ValueError(f"database URL {u.render_as_string(hide_password=True)!r}: unknown database kind "
+                             f"{u.drivername!r}: only sqlite:/// and postgresql:// stores are supported")
+    if u.get_backend_name() not in SUPPORTED_BACKENDS:
+        raise unsupported
     try:
         engine = create_engine(url, pool_pre_ping=True)
-    except NoSuchModuleError as exc:
-        raise ValueError(f"database URL {url!r}: unknown database kind {url.split('://', 1)[0]!r} "
-                         "(use sqlite:/// or postgresql://)") from exc
+    except NoSuchModuleError as exc:  # postgresql+nosuchdriver://
+        raise unsupported from exc
     if engine.dialect.name == "postgresql":
         event.listen(engine, "connect", _session_in_utc)
     return engine

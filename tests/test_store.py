@@ -146,6 +146,10 @@ def test_open_store_must_exist_refuses_a_missing_sqlite_file_only(tmp_path, sqli
 
 @pytest.mark.parametrize(("db", "needle"), [
     ("foo://bar", "unknown database kind 'foo'"),
+    # a kind SQLAlchemy knows, whose driver is not installed: not "a module this needs is not installed: MySQLdb"
+    ("mysql://x:pw@y/z", "'mysql://x:***@y/z': unknown database kind 'mysql': only sqlite:/// and postgresql:// "
+                         "stores are supported"),
+    ("postgresql+nosuchdriver://x@y/z", "only sqlite:/// and postgresql:// stores are supported"),
     ("postgresql://root@127.0.0.1:1/test", "cannot use the database: connection failed"),
     ("sqlite:///{tmp}", "is a directory"),
     ("{tmp}", "is a directory"),
