@@ -361,3 +361,94 @@ def test_the_card_command_reproduces_with_absolute_paths_eval_tokens_and_threads
     assert cmd[cmd.index("--target") + 1] == "smollm2-135m-instruct"  # a model's name stays its name
     assert "--eval-max-new-tokens" not in cmd  # nothing evaluated
     assert build_parser().parse_args(cmd[1:]).threads == 2  # the card's command parses back
+
+
+# ------------------------------------------------------------------ Ctrl-C
+def _ctrl_c_at(monkeypatch, call: int) -> None:
+    """Ctrl-C (SIGINT to this process) during the `call`-th training step's loss."""
+    import os
+    import signal
+
+    import serving.distill.train as tr
+
+    loss, calls = tr.distill_loss, []
+
+    def interrupted(*args, **kw):
+        calls.append(1)
+        if len(calls) == call:
+            os.kill(os.getpid(), signal.SIGINT)
+        return loss(*args, **kw)
+
+    monkeypatch.setattr(tr, "distill_loss", interrupted)
+
+
+def test_ctrl_c_stops_training_after_the_step_with_a_whole_checkpoint(byo, tmp_path, monkeypatch):
+    import signal
+
+    from serving.distill.data import load_prepared
+    from serving.distill.train import TrainConfig, TrainingInterrupted, new_draft, train
+    from serving.llama import load_causal_lm
+
+    target_dir, corpus = byo
+    target, prep = load_causal_lm(target_dir, torch.float32), load_prepared(corpus)
+    cfg = TrainConfig(head_vocab=32, batch_tokens=128, steps=20, save_every_s=1e9)
+    handler = signal.getsignal(signal.SIGINT)
+    _ctrl_c_at(monkeypatch, 3)
+    seen = []
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train(new_draft(target, [prep], cfg, (1,))[0], [prep], cfg, checkpoint=tmp_path / "c.pt", progress=False,
+              on_checkpoint=lambda d, info: seen.append(info["step"]))
+    assert stopped.value.step == 3 and seen == [3]
+    assert torch.load(tmp_path / "c.pt", weights_only=False)["step"] == 3
+    assert signal.getsignal(signal.SIGINT) is handler  # put back
+
+
+def test_an_interrupted_distill_says_the_step_saved_and_how_to_resume(byo, tmp_path, capsys, monkeypatch):
+    import shlex
+
+    from app.cli import main
+
+    target_dir, corpus = byo
+    out = tmp_path / "draft"
+    _ctrl_c_at(monkeypatch, 2)
+    assert main(_distill(["--target", str(target_dir), "--corpus", str(corpus), "--out", str(out)], tmp_path,
+                         steps=6)) == 130
+    err = capsys.readouterr().err
+    assert "checkpoint at step 2" in err and err.strip().endswith("interrupted")
+    (command,) = [line for line in err.splitlines() if line.startswith("  specfinops distill ")]
+    argv = shlex.split(command)
+    assert argv[-1] == "--resume" and "--checkpoint" in argv and "--no-eval" in argv
+    monkeypatch.undo()
+    assert main(argv[1:]) == 0  # the printed command continues the run
+    assert "resumed from" in capsys.readouterr().err
+    assert json.loads((out / "model_card.json").read_text())["results"]["steps"] == 6
+
+
+def test_distill_help_states_the_defaults(capsys):
+    from app.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["distill", "--help"])
+    text = "".join(capsys.readouterr().out.split())  # as wrapped for any terminal width
+
+    def said(words: str) -> bool:
+        return "".join(words.split()) in text
+
+    assert said("training budget in minutes (excluding data and evaluation; default: 30, unless --steps or "
+                "--total-minutes is given)")
+    assert said("answer length cap when generating data (default: 192)")
+
+
+def test_an_interrupt_while_making_data_says_the_same_command_goes_on(byo, tmp_path, capsys, monkeypatch, cache):
+    import serving.distill.data as data
+    from app.cli import main
+
+    def stopped(*args, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data, "prepare", stopped)
+    target_dir, _ = byo
+    assert main(_distill(["--target", str(target_dir), "--generate-prompts", "2", "--out", str(tmp_path / "d")],
+                         tmp_path)) == 130
+    err = capsys.readouterr().err
+    assert f"interrupted while making the data in {cache}" in err and "the same command goes on" in err

@@ -47,7 +47,7 @@ def register(sub) -> None:
                    help="add N Python standard-library functions as chat answers, teacher-forced")
     p.add_argument("--data-dir", default=None, help="where --generate-prompts writes (default: under distill/ in $SPECFINOPS_CACHE, "
                         "~/.cache/specfinops by default)")
-    p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap when generating data")
+    p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap when generating data (default: 192)")
     p.add_argument("--gen-batch", type=int, default=None,
                    help="sequences generated together (default: 32 on the CPU, 256 on a GPU)")
     p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
@@ -57,7 +57,9 @@ def register(sub) -> None:
                         "else float32 (emulated bf16 was 4x slower at batched generation on an AVX2 CPU); the "
                         "model card's command records the precision chosen")
     p.add_argument("--out", required=True, help="output directory for the draft (weights, config, tokenizer, model card)")
-    p.add_argument("--minutes", default=None, help="training budget in minutes (excluding data and evaluation)")
+    p.add_argument("--minutes", default=None,
+                   help="training budget in minutes (excluding data and evaluation; default: 30, unless --steps or "
+                        "--total-minutes is given)")
     p.add_argument("--steps", default=None, help="training budget in optimizer steps")
     p.add_argument("--total-minutes", default=None, metavar="M",
                    help="wall-clock budget of the whole run, data preparation and training (the evaluation after it "

@@ -7,6 +7,7 @@ import json
 import shlex
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -268,9 +269,45 @@ def eval_data(target_dir: Path, max_new_tokens: int, say, dtype: torch.dtype = t
     return d
 
 
+def resume_command(args) -> str:
+    """The command that continues an interrupted run: its card's command, with the options that say where its
+    data and checkpoint are, --no-eval and --save-every as given, and --resume."""
+    import os
+
+    extra = []
+    for name in ("data_dir", "checkpoint"):
+        if getattr(args, name, None):
+            extra += ["--" + name.replace("_", "-"), os.path.abspath(Path(getattr(args, name)).expanduser())]
+    if getattr(args, "no_eval", False):
+        extra.append("--no-eval")
+    if getattr(args, "save_every", 3.0) != 3.0:
+        extra += ["--save-every", f"{args.save_every:g}"]
+    return command_line(args) + " " + shlex.join([*extra, "--resume"])
+
+
+def interrupted_note(args, step: int, ckpt: Path, out: Path) -> str:
+    """What an interrupted training run says: the checkpoint step saved, and how to continue from it."""
+    if not step:
+        return ("interrupted before the first checkpoint: nothing to resume; the data is cached, so the same "
+                "command starts training again without making it")
+    return (f"interrupted: checkpoint at step {step} saved to {ckpt} (the draft so far in {out}); continue with:\n"
+            f"  {resume_command(args)}")
+
+
+@contextmanager
+def _note_interrupt(note: str):
+    """Say `note` when Ctrl-C stops what runs inside (the command line then says 'interrupted')."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        _say(note)
+        raise
+
+
 def run(args) -> int:
     from app.errors import UsageError
-    from serving.distill.data import is_prepared, load_prepared, prepare, select_features
+    from serving.distill.data import is_prepared, load_prepared, select_features
+    from serving.distill.data import prepare as prepare_data
     from serving.distill.prompts import (
         interleave,
         make_prompts,
@@ -281,6 +318,7 @@ def run(args) -> int:
     )
     from serving.distill.train import (
         TrainConfig,
+        TrainingInterrupted,
         measure_c,
         new_draft,
         resume_mismatch,
@@ -293,6 +331,12 @@ def run(args) -> int:
     from serving.kernels import pack_for_inference
     from serving.llama import load_causal_lm
     from serving.models import load_tokenizer, resolve_model
+
+    def prepare(target_dir_: Path, items: list[dict], d: Path, **options) -> dict:
+        """`prepare_data`, saying on Ctrl-C that the same command goes on from what was finished."""
+        with _note_interrupt(f"interrupted while making the data in {d}: the same command goes on from the "
+                             "answers finished so far"):
+            return prepare_data(target_dir_, items, d, **options)
 
     torch.set_num_threads(args.threads)
     device = torch.device(getattr(args, "device", "cpu"))  # checked by the command (resolve_device)
@@ -494,8 +538,12 @@ def run(args) -> int:
          f"answer tokens); corpus {card['corpus']['tokens']} tokens in {card['corpus']['sequences']} sequences")
     target.to(device)  # the draft reads the target's token embedding (shared, not copied)
     draft.to(device)
-    summary = train(draft, preps, cfg, checkpoint=ckpt, resume=args.resume, on_checkpoint=on_checkpoint, say=_say,
-                    device=device)
+    try:
+        summary = train(draft, preps, cfg, checkpoint=ckpt, resume=args.resume, on_checkpoint=on_checkpoint,
+                        say=_say, device=device)
+    except TrainingInterrupted as exc:
+        _say(interrupted_note(args, exc.step, ckpt, out))
+        raise
     save_draft(draft, out, {"head_coverage": coverage.get("chosen")})
     copy_tokenizer(target_dir, out)
     results: dict = {**summary, "data_minutes": round(data_minutes, 2),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -627,6 +628,39 @@ def measure_c(draft: EagleDraft, target: CausalLM, context: int = 256, reps: int
 
 
 # ------------------------------------------------------------------ training loop
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped training. `step`: the step of the last checkpoint written to `checkpoint` (0: none)."""
+
+    def __init__(self, step: int, checkpoint: Path | None):
+        super().__init__(f"training interrupted; checkpoint at step {step}")
+        self.step, self.checkpoint = step, checkpoint
+
+
+class StopBetweenSteps:
+    """While training, a first Ctrl-C asks to stop once the step in progress is done (`asked`), so the
+    checkpoint saved then is whole; a second one stops at once. Where signals cannot be caught (not the main
+    thread) Ctrl-C stops at once. `restore` puts the previous handler back."""
+
+    def __init__(self, say: Callable[[str], None]):
+        self.asked = False
+        self.say = say
+        try:
+            self.previous = signal.signal(signal.SIGINT, self._on_sigint)
+        except ValueError:  # not the main thread
+            self.previous = None
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
+        self.say("Ctrl-C: stopping after this step to save a checkpoint (Ctrl-C again stops at once)")
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
+
+
 def _lr_at(cfg: TrainConfig, step: int, frac: float) -> float:
     warm = min(1.0, (step + 1) / max(cfg.warmup_steps, 1))
     return cfg.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
@@ -690,38 +724,51 @@ def _train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, device
                desc="distill", unit="step" if cfg.steps else "s", disable=not progress)
     last_save = time.perf_counter()
     ema = None
-    while frac() < 1.0:
-        t0 = time.perf_counter()
-        lr = _lr_at(cfg, step, frac())
-        for g in opt.param_groups:
-            g["lr"] = lr
-        batch = {k: v.to(device) for k, v in batches.next().items()}
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
-            loss, stats = distill_loss(draft, batch, cfg, vocab_to_head, feat_scale)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        step += 1
-        dt = time.perf_counter() - t0
-        elapsed += dt
-        ema = stats if ema is None else {k: 0.9 * ema[k] + 0.1 * v for k, v in stats.items()}
-        if step % 10 == 0 or step == 1:
-            curve.append({"step": step, "minutes": round(elapsed / 60, 2), "lr": lr,
-                          **{k: round(v, 4) for k, v in ema.items()}})
-        bar.update(1 if cfg.steps else int(elapsed) - bar.n)
-        bar.set_postfix(loss=f"{ema['loss']:.3f}", acc1=f"{ema['acc1']:.3f}",
-                        **({f"acc{cfg.unroll}": f"{ema[f'acc{cfg.unroll}']:.3f}"} if cfg.unroll > 1 else {}))
-        if time.perf_counter() - last_save > cfg.save_every_s:
-            save_ckpt()
-            if on_checkpoint is not None:
-                draft.eval()
-                on_checkpoint(draft, {"step": step, "elapsed": elapsed, "curve": curve})
-                draft.train()
-            last_save = time.perf_counter()
+    saved = step if checkpoint is not None else 0  # the step of the last checkpoint written
+    stop = StopBetweenSteps(say)
+    try:
+        while frac() < 1.0 and not stop.asked:
+            t0 = time.perf_counter()
+            lr = _lr_at(cfg, step, frac())
+            for g in opt.param_groups:
+                g["lr"] = lr
+            batch = {k: v.to(device) for k, v in batches.next().items()}
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
+                loss, stats = distill_loss(draft, batch, cfg, vocab_to_head, feat_scale)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+            step += 1
+            dt = time.perf_counter() - t0
+            elapsed += dt
+            ema = stats if ema is None else {k: 0.9 * ema[k] + 0.1 * v for k, v in stats.items()}
+            if step % 10 == 0 or step == 1:
+                curve.append({"step": step, "minutes": round(elapsed / 60, 2), "lr": lr,
+                              **{k: round(v, 4) for k, v in ema.items()}})
+            bar.update(1 if cfg.steps else int(elapsed) - bar.n)
+            bar.set_postfix(loss=f"{ema['loss']:.3f}", acc1=f"{ema['acc1']:.3f}",
+                            **({f"acc{cfg.unroll}": f"{ema[f'acc{cfg.unroll}']:.3f}"} if cfg.unroll > 1 else {}))
+            if time.perf_counter() - last_save > cfg.save_every_s:
+                save_ckpt()
+                saved = step if checkpoint is not None else saved
+                if on_checkpoint is not None:
+                    draft.eval()
+                    on_checkpoint(draft, {"step": step, "elapsed": elapsed, "curve": curve})
+                    draft.train()
+                last_save = time.perf_counter()
+    except KeyboardInterrupt:  # a second Ctrl-C, or one that could not be deferred
+        bar.close()
+        raise TrainingInterrupted(saved, checkpoint) from None
+    finally:
+        stop.restore()
     bar.close()
     draft.eval()
     save_ckpt()
+    if stop.asked:  # Ctrl-C: stopped between steps, the checkpoint just saved is whole
+        if on_checkpoint is not None:
+            on_checkpoint(draft, {"step": step, "elapsed": elapsed, "curve": curve})
+        raise TrainingInterrupted(step if checkpoint is not None else 0, checkpoint)
     return {"steps": step, "train_minutes": round(elapsed / 60, 2), "feat_scale": round(feat_scale, 4),
             "curve": curve, "final": {k: round(v, 4) for k, v in (ema or {}).items()}}
 
