@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
@@ -281,12 +282,17 @@ def no_runs_reason(engine: Engine, filters: Filters | None = None) -> str:
                 else "runs " + ", ".join(map(str, f.run_ids)) + " have")
     else:
         what = f"the runs with {named} have" if named else "the store's runs have"
+    def when(t: datetime | None, default: str) -> str:
+        if t is None:
+            return default
+        return f"{(t.astimezone(UTC) if t.tzinfo is not None else t):%Y-%m-%d %H:%M} UTC"
+
     extra = []
     if f.domain is not None:
-        extra.append(f"domain {f.domain!r}")
+        extra.append(f"in domain {f.domain!r}")
     if f.since is not None or f.until is not None:
-        extra.append(f"started between {f.since or 'the start'} and {f.until or 'now'}")
-    return f"{what} no requests" + (f" with {' and '.join(extra)}" if extra else "")
+        extra.append(f"started between {when(f.since, 'the start')} and {when(f.until, 'now')}")
+    return f"{what} no requests" + "".join(f" {e}" for e in extra)
 
 
 # What a projection's cost_per_1m_tokens_* is: not the measured cost per 1M tokens of `costs()`.

@@ -540,3 +540,19 @@ def test_cost_names_the_runs_that_did_not_complete(sqlite_url, capsys):
 def test_cost_of_completed_runs_only_says_nothing_about_incomplete_ones(filled, capsys):
     assert main(["cost", "--db", filled]) == 0
     assert "not every run completed" not in capsys.readouterr().out
+
+
+def test_a_time_window_that_matches_nothing_is_named_in_utc(filled):
+    """The reason (the dashboard's caption, report and export errors) names the window's bounds as UTC
+    minutes in a sentence, not as Python datetimes after 'with'."""
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from telemetry.costing import no_runs_reason
+    from telemetry.queries import Filters
+
+    engine = open_store(filled, must_exist=True)
+    west = timezone(timedelta(hours=-8))
+    f = Filters(since=datetime(2030, 1, 1, tzinfo=UTC), until=datetime(2030, 1, 1, 16, tzinfo=west), domain="code")
+    reason = no_runs_reason(engine, f)
+    assert reason.endswith("no requests in domain 'code' started between 2030-01-01 00:00 UTC and "
+                           "2030-01-02 00:00 UTC"), reason

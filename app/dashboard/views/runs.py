@@ -8,13 +8,14 @@ import streamlit as st
 from app.dashboard import data
 from app.dashboard.common import MISSING, Context, download_csv, fmt, run_page, show_table, table_height
 from app.dashboard.filters import short_model
+from app.dashboard.page_queries import as_utc
 
 RAW_KINDS = ("requests", "steps", "tokens", "power")
 
 
 def run_table(runs) -> pd.DataFrame:
     return pd.DataFrame([{
-        "run": r.run_id, "mode": r.mode, "kind": r.kind, "started (UTC)": r.started_at, "status": r.status,
+        "run": r.run_id, "mode": r.mode, "kind": r.kind, "started (UTC)": as_utc(r.started_at), "status": r.status,
         "node": r.node_id, "device": r.device, "target": r.target, "drafter": r.drafter, "K policy": r.k_policy,
         "workload": r.workload, "concurrency": r.concurrency, "power source": r.power_source,
         "requests ok": r.stats.num_requests_ok, "failed": r.stats.num_requests_failed,
