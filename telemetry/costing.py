@@ -26,7 +26,15 @@ from telemetry.finops import (
     project,
     sla_curve,
 )
-from telemetry.prices import NodePrice, _snapshot_price, energy_prices, get_price, resolve_node_price
+from telemetry.prices import (
+    NodePrice,
+    PriceCatalog,
+    _snapshot_price,
+    energy_prices,
+    get_price,
+    load_catalog,
+    resolve_node_price,
+)
 from telemetry.queries import (
     EMPTY_STORE_HINT,
     MODES,
@@ -115,9 +123,10 @@ def incomplete_runs_text(runs: Iterable[RunSummary]) -> str:
             f"measured fewer prompts than its command asked for.")
 
 
-def _energy_prices(engine: Engine, snapshot: dict | None, usd_per_kwh: float | None, pue: float | None):
+def _energy_prices(engine: Engine, snapshot: dict | None, usd_per_kwh: float | None, pue: float | None,
+                   catalog: PriceCatalog | None = None):
     snap = snapshot if isinstance(snapshot, dict) else {}
-    default_kwh, default_pue = energy_prices(engine)
+    default_kwh, default_pue = energy_prices(engine, catalog=catalog)
 
     def pick(given, key, default):
         if given is not None:
@@ -128,11 +137,13 @@ def _energy_prices(engine: Engine, snapshot: dict | None, usd_per_kwh: float | N
     return pick(usd_per_kwh, "usd_per_kwh", default_kwh), pick(pue, "pue", default_pue)
 
 
-def _price_run(engine: Engine, run: RunSummary, gpu, node_hourly_usd, usd_per_kwh, pue) -> RunCost:
+def _price_run(engine: Engine, run: RunSummary, gpu, node_hourly_usd, usd_per_kwh, pue,
+               catalog: PriceCatalog | None = None) -> RunCost:
     price = resolve_node_price(
-        engine, device=run.device, price_snapshot=run.price_snapshot, gpu=gpu, node_hourly_usd=node_hourly_usd
+        engine, device=run.device, price_snapshot=run.price_snapshot, gpu=gpu, node_hourly_usd=node_hourly_usd,
+        catalog=catalog,
     )
-    kwh_price, pue_value = _energy_prices(engine, run.price_snapshot, usd_per_kwh, pue)
+    kwh_price, pue_value = _energy_prices(engine, run.price_snapshot, usd_per_kwh, pue, catalog)
     st = run.stats
     if st.output_tokens and st.wall_s is None:
         cost = CostBreakdown(
@@ -203,9 +214,9 @@ def costs(
 ) -> tuple[list[RunCost], list[ModeCost]]:
     """Cost per 1M output tokens per run and per mode. Node price: `node_hourly_usd` > `gpu` (one GPU per
     run) > the run's price snapshot > the catalog entry of the run's device."""
-    run_costs = [
-        _price_run(engine, r, gpu, node_hourly_usd, usd_per_kwh, pue) for r in run_summaries(engine, filters)
-    ]
+    runs = run_summaries(engine, filters)
+    catalog = load_catalog(engine) if runs else None  # the price table read once, not a few queries per run
+    run_costs = [_price_run(engine, r, gpu, node_hourly_usd, usd_per_kwh, pue, catalog) for r in runs]
     by_mode: dict[str, list[RunCost]] = defaultdict(list)
     for rc in run_costs:
         by_mode[rc.run.mode].append(rc)

@@ -413,3 +413,24 @@ def test_reuse_collections_reads_the_requests_once_per_filter_and_only_inside_th
         assert len(reads) == 4  # outside the block nothing is kept
     finally:
         event.remove(engine, "before_cursor_execute", count)
+
+
+def test_costs_read_the_price_catalog_once_not_per_run(store):
+    """Pricing every run looked up its node price and the electricity price and PUE in the catalog, a few
+    queries per run (12,291 statements for 2,048 runs); the catalog is now read once per call."""
+    from sqlalchemy import event
+
+    engine = store[0]
+    reads: list[str] = []
+
+    def count(conn, cursor, statement, params, context, executemany):
+        if "FROM prices" in statement:
+            reads.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        run_costs, _ = costs(engine)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert len(run_costs) == 3
+    assert len(reads) == 1, reads
