@@ -203,8 +203,9 @@ def set_price(
         row.source = source.strip()
         row.as_of = as_of or utcnow().strftime("%Y-%m-%d")
         row.updated_at = utcnow()
+        written = _entry(row)  # what this call wrote: read back after the commit, a concurrent set's value
         s.commit()
-        return _entry(row)
+        return written
 
 
 # Device strings as the worker records them -> catalog names. Order matters: most specific first.

@@ -122,3 +122,34 @@ def test_loading_the_catalog_writes_nothing(empty_store):
     assert catalog.energy_prices() == energy_prices(engine)  # energy_prices loads the defaults into the table
     assert list(catalog.entries) == sorted(list_prices(engine), key=lambda e: (e.kind, e.name))
     engine.dispose()
+
+
+def test_set_price_returns_what_it_wrote_not_a_concurrent_writers_value(sqlite_url):
+    """`prices set` printed the row read back after its commit: with four writers at once, one printed
+    another's source. The entry returned is the one this call wrote, whatever commits after it."""
+    from sqlalchemy import event, update
+
+    from telemetry.db import Price
+    from telemetry.prices import set_price
+    from telemetry.store import open_store
+
+    engine = open_store(sqlite_url)
+    set_price(engine, "cpu-2core", 0.1, source="first")
+
+    done = []
+
+    def another_writer(session):  # commits between this call's commit and any read-back
+        if not done:
+            done.append(True)
+            with engine.begin() as c:
+                c.execute(update(Price).where(Price.name == "cpu-2core").values(source="someone else", value=9.0))
+
+    from sqlalchemy.orm import Session
+
+    event.listen(Session, "after_commit", another_writer)
+    try:
+        e = set_price(engine, "cpu-2core", 0.2, source="mine")
+    finally:
+        event.remove(Session, "after_commit", another_writer)
+    assert done
+    assert (e.value, e.source) == (0.2, "mine")
