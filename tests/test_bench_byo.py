@@ -164,7 +164,7 @@ def test_sigterm_under_asyncio_run_cancels_the_main_task_as_ctrl_c_does(tmp_path
     child = tmp_path / "child.py"
     child.write_text(
         "import asyncio, sys\n"
-        "from app.commands.bench import sigterm_as_ctrl_c\n"
+        "from app.commands._common import sigterm_as_ctrl_c\n"
         "async def main():\n"
         "    try:\n"
         "        print('ready', flush=True)\n"

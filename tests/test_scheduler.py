@@ -469,7 +469,7 @@ def test_a_second_sigterm_neither_interrupts_the_stopping_nor_kills_the_run(stor
 def test_the_sigterm_handler_disarms_after_the_first_signal(capsys):
     import os
 
-    from app.commands.report import sigterm_as_ctrl_c
+    from app.commands._common import sigterm_as_ctrl_c
 
     original = signal.getsignal(signal.SIGTERM)
     try:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import signal
 import socket
+import sys
+import threading
 
 from app.errors import UsageError
 
@@ -146,3 +150,34 @@ DTYPE_HELP = ("auto (the default: bfloat16 where the CPU multiplies bf16 in hard
               "a GPU; on a CPU that emulates bf16, bfloat16 up to 8 sequences at a time, where the C bf16 kernel "
               "streams half the bytes, else float32, whose packed kernels are faster there), bfloat16 or float32 "
               "(the exactness reference). Records keep the precision chosen")
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c(say: str | None = None):
+    """Within the block, SIGTERM (`kill`, `timeout`, `docker stop`) ends the command as Ctrl-C does: `say` goes
+    to stderr, then the SIGINT handler runs where one is set (asyncio.run's cancels its main task), else
+    KeyboardInterrupt is raised in the main thread. So cleanups run (a bench's run ends 'cancelled', a report
+    removes its claim and temporary folder) and the exit status is 130, where SIGTERM's default exit left a
+    run 'running' for good. Once: the handler disarms itself and further SIGTERMs are ignored until the
+    process exits (`timeout` signals the process and then its group; the second must not interrupt the
+    cleanup). Not fired: the previous handler is put back. Off the main thread nothing is installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # first: a second one must not interrupt the stopping
+        if say:
+            print(say, file=sys.stderr, flush=True)
+        on_int = signal.getsignal(signal.SIGINT)
+        if callable(on_int) and on_int is not signal.default_int_handler:
+            on_int(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is interrupt:  # not fired: put back (fired: ignored from now on)
+            signal.signal(signal.SIGTERM, previous)

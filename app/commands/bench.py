@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import signal
 import sys
-import threading
 from pathlib import Path
 
 from app.commands._common import (
@@ -17,6 +14,7 @@ from app.commands._common import (
     check_power_options,
     check_writable,
     context_len,
+    sigterm_as_ctrl_c,
 )
 from app.errors import UsageError
 from serving.lookahead import DEFAULT_K, VLLM_DEFAULT_K
@@ -135,33 +133,8 @@ def early_exit_layers(given: int | None, target: str | None, drafter: str) -> in
     return given
 
 
-@contextlib.contextmanager
-def sigterm_as_ctrl_c(command: str):
-    """Within the block, SIGTERM (`kill`, `timeout`, `docker stop`) ends the command as Ctrl-C does: the SIGINT
-    handler runs (asyncio.run's cancels its main task) or KeyboardInterrupt is raised in the main thread, so a
-    recorded run is ended 'cancelled' (it stayed 'running', ended_at NULL, after SIGTERM's default exit) and the
-    exit status is 130. The previous handler is put back after; off the main thread nothing is installed."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(_signum, frame):
-        print(f"{command}: SIGTERM: stopping as on Ctrl-C", file=sys.stderr, flush=True)
-        on_int = signal.getsignal(signal.SIGINT)
-        if callable(on_int) and on_int is not signal.default_int_handler:
-            on_int(signal.SIGINT, frame)
-        else:
-            raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def handle(args: argparse.Namespace) -> int:
-    with sigterm_as_ctrl_c("bench"):
+    with sigterm_as_ctrl_c("bench: SIGTERM: stopping as on Ctrl-C"):
         return _handle(args)
 
 

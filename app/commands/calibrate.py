@@ -58,9 +58,9 @@ def _interleaved(loaded, prompts, encoded, params):
 
 
 def handle(args: argparse.Namespace) -> int:
-    from app.commands.bench import sigterm_as_ctrl_c
+    from app.commands._common import sigterm_as_ctrl_c
 
-    with sigterm_as_ctrl_c("calibrate"):
+    with sigterm_as_ctrl_c("calibrate: SIGTERM: stopping as on Ctrl-C"):
         return _handle(args)
 
 

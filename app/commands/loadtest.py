@@ -72,9 +72,9 @@ def _probe(url: str, api_key: str | None) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from app.commands.bench import sigterm_as_ctrl_c
+    from app.commands._common import sigterm_as_ctrl_c
 
-    with sigterm_as_ctrl_c("loadtest"):
+    with sigterm_as_ctrl_c("loadtest: SIGTERM: stopping as on Ctrl-C"):
         return _handle(args)
 
 

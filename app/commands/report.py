@@ -7,9 +7,8 @@ report is written and says there was no traffic.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 
-from app.commands._common import add_command, add_db_option
+from app.commands._common import add_command, add_db_option, sigterm_as_ctrl_c
 from app.errors import UsageError
 
 EXAMPLES = """  specfinops report --period daily --out reports/             # yesterday (UTC)
@@ -55,35 +54,6 @@ def _number(flag: str, text: str | None, default: float | None, *, minimum: floa
     if not math.isfinite(value) or (value <= minimum if strict else value < minimum):
         raise UsageError(f"{flag} must be {'>' if strict else '>='} {minimum:g}, got {text!r}")
     return value
-
-
-@contextmanager
-def sigterm_as_ctrl_c(say: str | None = None):
-    """Within: SIGTERM (`kill`, `docker compose stop`, `timeout`) is Ctrl-C, a KeyboardInterrupt in the main thread,
-    so cleanups run (a report's claim and temporary folder are removed) and the command exits 130; `say` goes to
-    stderr first. Once: the handler disarms itself, and further SIGTERMs are ignored until the process exits (so
-    `timeout`, which signals the process and then its group, cannot interrupt the cleanup). Nothing elsewhere than
-    in the main thread (signal handlers can only be set there)."""
-    import signal
-    import sys
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(_signum, _frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # first: a second one must not interrupt the stopping
-        if say:
-            print(say, file=sys.stderr, flush=True)
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        if signal.getsignal(signal.SIGTERM) is interrupt:  # not fired: put back (fired: ignored from now on)
-            signal.signal(signal.SIGTERM, previous)
 
 
 def report_options(args) -> dict:

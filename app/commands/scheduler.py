@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import logging
 
-from app.commands._common import add_command, add_db_option
-from app.commands.report import add_report_options, report_options, sigterm_as_ctrl_c
+from app.commands._common import add_command, add_db_option, sigterm_as_ctrl_c
+from app.commands.report import add_report_options, report_options
 from app.errors import UsageError
 
 EXAMPLES = """  specfinops scheduler --cron "0 6 * * *" --period daily --out reports/          # every day, 06:00 UTC
