@@ -234,3 +234,20 @@ def test_bench_table_columns_are_as_wide_as_their_widest_cell():
     short = table_lines([{**base, "drafter": "ngram:3"}])  # short labels keep the columns they had
     assert short[0] == ("mode  drafter          K conc   tok/s  TTFT p50  TPOT p50  TPOT p95  accept mean acc len "
                         "identical   run")
+
+
+def test_serve_runs_the_draft_model_it_is_given_and_refuses_one_it_would_not_use(pair, monkeypatch, capsys):
+    """serve --draft-model D without --drafter ran prompt lookup (the default for a target without a bundled
+    draft) and never loaded D; with --drafter ngram it was silently unused."""
+    import serving.server_setup as setup
+
+    target, draft = pair
+    seen = []
+    monkeypatch.setattr(setup, "serve", lambda opts, **_: seen.append(opts) or 0)
+    assert main(["serve", "--target", str(target), "--draft-model", str(draft), "--no-telemetry"]) == 0
+    assert seen[0].spec.drafter == "draft+ngram" and seen[0].spec.draft_model == str(draft)
+    assert main(["serve", "--target", str(target), "--draft-model", str(draft), "--drafter", "ngram",
+                 "--no-telemetry"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--draft-model {draft}: --drafter ngram uses no draft model" in err
+    assert len(seen) == 1

@@ -38,7 +38,7 @@ def register(sub) -> None:
     p.add_argument("--max-batch", type=positive_int, default=8, help="sequences decoded together (continuous batching)")
     p.add_argument("--max-len", type=context_len, default=2048, help="context window (tokens)")
     p.add_argument("--target", default=None, help="target model name or local HF directory (default: bundled)")
-    p.add_argument("--draft-model", default=None, help="draft model directory for --drafter draft")
+    p.add_argument("--draft-model", default=None, help="draft model directory (alone: --drafter draft+ngram with it; refused beside ngram or early-exit)")
     p.add_argument("--early-exit-layers", type=int, default=8)
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: the target's name)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
@@ -55,13 +55,16 @@ def register(sub) -> None:
 def handle(args: argparse.Namespace) -> int:
     import logging
 
+    from app.commands.bench import drafter_for
     from serving.kernels import resolve_dtype
     from serving.server_setup import ServeOptions, serve
     from serving.worker import EngineSpec, default_drafter
 
     check_power_options(args.power, args.tdp_w)
     args.dtype = resolve_dtype(args.dtype, max_batch=args.max_batch)
-    spec = EngineSpec(target=args.target, drafter=args.drafter or default_drafter(args.target), draft_model=args.draft_model,
+    # a draft model named alone runs as the bundled pair does (draft+ngram); beside ngram or early-exit, refused
+    drafter = drafter_for(args.drafter, args.draft_model, "--draft-model", lambda: default_drafter(args.target))
+    spec = EngineSpec(target=args.target, drafter=drafter, draft_model=args.draft_model,
                       early_exit_layers=args.early_exit_layers, k=args.k, dtype=args.dtype,
                       max_batch=args.max_batch, max_len=args.max_len, tree=args.tree)
     opts = ServeOptions(spec=spec, db=args.db, host=args.host, port=args.port, api_key=args.api_key,
