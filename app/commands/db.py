@@ -64,20 +64,28 @@ def _refuse_missing_file(args: argparse.Namespace, action: str) -> None:
                          f"`specfinops db upgrade --db {path}` creates one")  # fmt: skip
 
 
+def _revision_of(url: str) -> str | None:
+    """The store's Alembic revision (None: no schema), on a connection closed afterwards."""
+    from telemetry.db import make_engine
+    from telemetry.store import current_revision
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return current_revision(conn)
+    finally:
+        engine.dispose()
+
+
 def _refuse_behind_head(args: argparse.Namespace, action: str) -> None:
     """`check` of a database without the newest schema (none at all, or an older revision): say so and name the
     upgrade, on SQLite and PostgreSQL alike (Alembic says only "Target database is not up to date.")."""
     from app.errors import UsageError
-    from telemetry.db import make_engine, resolve_db_url, sqlite_file
-    from telemetry.store import current_revision, head_revision, known_revisions
+    from telemetry.db import resolve_db_url, sqlite_file
+    from telemetry.store import head_revision, known_revisions
 
     url = resolve_db_url(args.db)
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            rev = current_revision(conn)
-    finally:
-        engine.dispose()
+    rev = _revision_of(url)
     head = head_revision()
     if rev == head or (rev and rev not in known_revisions()):  # a newer specfinops's revision: Alembic says so
         return
@@ -99,20 +107,15 @@ def _downgrade(args: argparse.Namespace) -> int:
 
 
 def _current(args: argparse.Namespace) -> int:
-    from telemetry.db import make_engine, resolve_db_url, sqlite_file
-    from telemetry.store import current_revision, head_revision, known_revisions
+    from telemetry.db import resolve_db_url, sqlite_file
+    from telemetry.store import head_revision, known_revisions
 
     url = resolve_db_url(args.db)
     path = sqlite_file(url)
     if path is not None and not path.exists():  # say so; connecting would create an empty file
         print(f"{_safe_url(url)}: no such file (no store yet), head {head_revision()}")
         return 0
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            rev = current_revision(conn)
-    finally:
-        engine.dispose()
+    rev = _revision_of(url)
     head = head_revision()
     state = ("no schema" if not rev else "at head" if rev == head else "behind head" if rev in known_revisions()
              else "unknown revision: written by a newer specfinops?")
