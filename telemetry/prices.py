@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date
 from importlib import resources
@@ -78,8 +79,7 @@ class PriceCatalog:
         for entry in self.entries:
             if entry.name.lower() == key:
                 return entry
-        known = ", ".join(sorted((e.name for e in self.entries), key=str.lower))
-        raise ValueError(f"unknown price name {name!r}; known: {known}")
+        raise _unknown(name, (e.name for e in self.entries))
 
     def energy_prices(self) -> tuple[float, float]:
         """(usd_per_kwh, pue)."""
@@ -141,9 +141,12 @@ def get_price(engine: Engine, name: str) -> PriceEntry:
     with Session(engine) as s:
         row = _find(s, name)
         if row is None:
-            known = ", ".join(sorted(s.scalars(select(Price.name)), key=str.lower))
-            raise ValueError(f"unknown price name {name!r}; known: {known}")
+            raise _unknown(name, s.scalars(select(Price.name)))
         return _entry(row)
+
+
+def _unknown(name: str, known: Iterable[str]) -> ValueError:
+    return ValueError(f"unknown price name {name!r}; known: {', '.join(sorted(known, key=str.lower))}")
 
 
 def check_price(

@@ -403,9 +403,9 @@ def test_cost_priced_as_other_hardware_is_one_line_naming_the_runs(filled, capsy
     assert main(["cost", "--db", filled, "--gpu", "H100"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if "measured on" in line]
     assert lines == ["runs 1-5: priced as H100, measured on cpu (2 cores)"]
-    from app.commands.cost import _ids_text
+    from telemetry.costing import ids_text
 
-    assert (_ids_text([7]), _ids_text([1, 2, 4, 6, 7, 8])) == ("run 7", "runs 1-2, 4, 6-8")
+    assert (ids_text([7]), ids_text([1, 2, 4, 6, 7, 8])) == ("run 7", "runs 1-2, 4, 6-8")
 
 
 def test_filters_matching_nothing_name_the_filter_and_the_values_in_the_store(filled, capsys):

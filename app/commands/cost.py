@@ -235,7 +235,7 @@ def _cost_dict(c) -> dict:
 
 
 def run_cost_command(args) -> int:
-    from telemetry.costing import costs, energy_source, incomplete_runs_text, no_runs_reason
+    from telemetry.costing import costs, energy_source, ids_text, incomplete_runs_text, no_runs_reason
     from telemetry.store import open_store
 
     pricing = _pricing(args)
@@ -306,13 +306,13 @@ def run_cost_command(args) -> int:
         )
     print()
     for mc in mode_costs:
-        print(f"{mc.mode:<5} {_ids_text(list(mc.run_ids))}: {_mode_cost_text(mc, run_costs)}")
+        print(f"{mc.mode:<5} {ids_text(list(mc.run_ids))}: {_mode_cost_text(mc, run_costs)}")
     differing: dict[tuple[str, str], list[int]] = {}
     for rc in run_costs:
         if rc.priced_differs:
             differing.setdefault((rc.node_price.priced_as, rc.measured_on), []).append(rc.run.run_id)
     for (priced_as, measured_on), ids in differing.items():  # one line per pair, not one per run
-        print(f"{_ids_text(ids)}: priced as {priced_as}, measured on {measured_on}")
+        print(f"{ids_text(ids)}: priced as {priced_as}, measured on {measured_on}")
     incomplete = incomplete_runs_text(rc.run for rc in run_costs)
     if incomplete:
         print(f"note: {incomplete}")
@@ -337,12 +337,6 @@ def _mode_cost_text(mc, run_costs) -> str:
                 f"{_usd(c.total_usd_per_1m)} per 1M tokens")
     runs = _mode_runs(mc, run_costs)
     return f"{head} + energy {_energy_text(c, runs)} = {_total_text(c, runs)} per 1M tokens"
-
-
-def _ids_text(ids: list[int]) -> str:
-    from telemetry.costing import ids_text
-
-    return ids_text(ids)
 
 
 # ---- project -------------------------------------------------------------------------------------------
