@@ -125,25 +125,44 @@ def age_s(created_at: datetime, now: datetime) -> float:
     return (now - created_at).total_seconds()
 
 
+@dataclass(frozen=True, slots=True)
+class StaleReport:
+    report_id: int
+    window: Window
+    status: str
+    summary: dict | None
+    csv_dir: str | None
+
+
+def stale_reports(engine: Engine, owner, statuses: tuple[str, ...], *, stale_after_s: float | None = None,
+                  now: datetime | None = None) -> list[StaleReport]:
+    """Reports matching `owner` (a condition on Report.job_id) in one of `statuses`, created more than
+    `stale_after_s` (STALE_AFTER_S) before `now`, oldest first: what a killed process left behind."""
+    now = now or datetime.now(UTC)
+    stale_after_s = STALE_AFTER_S if stale_after_s is None else stale_after_s
+    with Session(engine) as s:
+        rows = list(s.scalars(select(Report).where(owner, Report.delivery_status.in_(statuses)).order_by(Report.id)))
+        s.expunge_all()
+    out = []
+    for r in rows:
+        if age_s(r.created_at, now) < stale_after_s:
+            continue
+        since, until = r.since, r.until
+        if since.tzinfo is None:
+            since, until = since.replace(tzinfo=UTC), until.replace(tzinfo=UTC)
+        out.append(StaleReport(r.id, Window(r.period, since, until), r.delivery_status, r.summary, r.csv_dir))
+    return out
+
+
 def release_stale_claims(engine: Engine, out_dir: str | os.PathLike | None = None, *,
                          stale_after_s: float | None = None, now: datetime | None = None) -> list[str]:
     """Release the claims of reports made by hand (no job id) left "generating" for more than `stale_after_s`
     (STALE_AFTER_S) by a `specfinops report` killed outright, with their folders; one line per claim released.
     The folder is the one the claim recorded; a claim from before it was recorded (csv_dir empty) has only its
     temporary folder looked for in `out_dir`. Scheduled claims are the scheduler's (recover_reports)."""
-    now = now or datetime.now(UTC)
-    stale_after_s = STALE_AFTER_S if stale_after_s is None else stale_after_s
-    with Session(engine) as s:
-        rows = [(r.id, r.period, r.since, r.until, r.csv_dir, r.created_at)
-                for r in s.scalars(select(Report).where(Report.job_id.is_(None), Report.delivery_status == GENERATING)
-                                   .order_by(Report.id))]  # fmt: skip
     done = []
-    for report_id, period, since, until, csv_dir, created_at in rows:
-        if age_s(created_at, now) < stale_after_s:
-            continue
-        if since.tzinfo is None:
-            since, until = since.replace(tzinfo=UTC), until.replace(tzinfo=UTC)
-        window = Window(period, since, until)
+    for stale in stale_reports(engine, Report.job_id.is_(None), (GENERATING,), stale_after_s=stale_after_s, now=now):
+        report_id, window, csv_dir = stale.report_id, stale.window, stale.csv_dir
         if csv_dir:
             released = release_claim(engine, report_id, window, Path(csv_dir).parent)
         else:  # recorded by an older version: no folder known; only a temporary one in `out_dir` is safe to remove

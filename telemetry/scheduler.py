@@ -52,7 +52,6 @@ from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy.engine import Engine
 
 from telemetry.report import DEFAULT_HISTORY, DEFAULT_SLA_MS, SCHEDULED_PERIODS, period_window
-from telemetry.report_writer import STALE_AFTER_S, age_s
 
 logger = logging.getLogger(__name__)
 
@@ -282,28 +281,14 @@ def recover_reports(engine: Engine, job: ReportJob, *, stale_after_s: float | No
     included). Called when the scheduler starts and before each run, so a record too young at start is
     recovered by the next run.
     """
-    from sqlalchemy import select
-    from sqlalchemy.orm import Session
-
     from telemetry.db import Report
-    from telemetry.report import Window
-    from telemetry.report_writer import GENERATING, PENDING, release_claim
+    from telemetry.report_writer import GENERATING, PENDING, release_claim, stale_reports
 
-    now = now or datetime.now(UTC)
-    stale_after_s = STALE_AFTER_S if stale_after_s is None else stale_after_s
-    with Session(engine) as s:
-        rows = [(r.id, r.period, r.since, r.until, r.delivery_status, r.summary, r.created_at)
-                for r in s.scalars(select(Report).where(Report.job_id == job.job_id,
-                                                        Report.delivery_status.in_((GENERATING, PENDING)))
-                                   .order_by(Report.id))]  # fmt: skip
     job_id = job.job_id
     done: list[str] = []
-    for report_id, period, since, until, status, summary, created_at in rows:
-        if age_s(created_at, now) < stale_after_s:
-            continue
-        if since.tzinfo is None:
-            since, until = since.replace(tzinfo=UTC), until.replace(tzinfo=UTC)
-        window = Window(period, since, until)
+    for stale in stale_reports(engine, Report.job_id == job_id, (GENERATING, PENDING), stale_after_s=stale_after_s,
+                               now=now):
+        report_id, window, status, summary = stale.report_id, stale.window, stale.status, stale.summary
         if status == GENERATING:
             if not release_claim(engine, report_id, window, job.out_dir):
                 continue
