@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,22 @@ PAGES = {
     "runs": "Runs",
 }
 OVERVIEW_KPIS = ("Cost per 1M tokens", "Speedup", "Acceptance rate")
+
+
+@contextmanager
+def report_page(page_file: Path):
+    """A report's HTML page open in headless Chromium at 1280 x 900, its tables drawn."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(page_file.as_uri())
+            page.wait_for_selector("table")
+            yield page
+        finally:
+            browser.close()
 
 
 def _skip_reason() -> str | None:
@@ -187,8 +204,6 @@ def test_report_page_fits_the_window_in_chromium(sqlite_url, tmp_path):
         pytest.skip(reason)
     from datetime import timedelta
 
-    from playwright.sync_api import sync_playwright
-
     from app.cli import main
     from telemetry.store import open_store
     from tests.test_report import D0, add_day
@@ -198,18 +213,11 @@ def test_report_page_fits_the_window_in_chromium(sqlite_url, tmp_path):
     assert main(["report", "--db", sqlite_url, "--out", str(out), "--period", "daily",
                  "--until", (D0 + timedelta(days=1)).date().isoformat()]) == 0
     [page_file] = out.glob("*/report.html")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.goto(page_file.as_uri())
-            page.wait_for_selector("table")
-            widths = page.evaluate("() => ({page: document.documentElement.scrollWidth, window: window.innerWidth,"
-                                   " tables: [...document.querySelectorAll('table')].map(t => t.scrollWidth),"
-                                   " boxed: [...document.querySelectorAll('table')].every("
-                                   "t => getComputedStyle(t.parentElement).overflowX === 'auto')})")
-        finally:
-            browser.close()
+    with report_page(page_file) as page:
+        widths = page.evaluate("() => ({page: document.documentElement.scrollWidth, window: window.innerWidth,"
+                               " tables: [...document.querySelectorAll('table')].map(t => t.scrollWidth),"
+                               " boxed: [...document.querySelectorAll('table')].every("
+                               "t => getComputedStyle(t.parentElement).overflowX === 'auto')})")
     assert max(widths["tables"]) > widths["window"]  # the widest table is wider than the window ...
     assert widths["page"] <= widths["window"]  # ... and the page still fits it
     assert widths["boxed"]

@@ -12,7 +12,7 @@ from synthetic import Req, make_run, spec_req
 
 from app.cli import main
 from telemetry.store import open_store
-from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS, _skip_reason
+from tests.test_dashboard_browser import _skip_reason, report_page
 from tests.test_report import D0
 
 # what a real `bench --mode both` on the CPU records: a local model directory and a CPU brand string
@@ -25,7 +25,6 @@ def test_report_tables_show_their_figures_first_and_print_whole(sqlite_url, tmp_
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
 
     engine = open_store(sqlite_url)
     start = D0.replace(hour=9)
@@ -50,20 +49,13 @@ def test_report_tables_show_their_figures_first_and_print_whole(sqlite_url, tmp_
                 cells: [...table.rows[1].cells].map(c => c.textContent),
                 titles: [...table.rows[1].cells].map(c => c.title)};
     }"""
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.goto(page_file.as_uri())
-            page.wait_for_selector("table")
-            runs = page.evaluate(measure, "Cost per run")
-            speedups = page.evaluate(measure, "Speedup")
-            page_width = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
-            page.emulate_media(media="print")
-            printed = page.evaluate("() => [...document.querySelectorAll('.scroll')].map("
-                                    "e => getComputedStyle(e).overflowX)")
-        finally:
-            browser.close()
+    with report_page(page_file) as page:
+        runs = page.evaluate(measure, "Cost per run")
+        speedups = page.evaluate(measure, "Speedup")
+        page_width = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+        page.emulate_media(media="print")
+        printed = page.evaluate("() => [...document.querySelectorAll('.scroll')].map("
+                                "e => getComputedStyle(e).overflowX)")
     assert page_width[0] <= page_width[1]
     # the figures lead, under readable headers, in view without scrolling the table's box sideways
     first = ["run", "mode", "output tokens", "tokens/s", "hardware $/1M", "energy $/1M", "total $/1M"]
