@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from serving.llama import Block, CausalLM, ForwardBatch, KVCache, ModelConfig, RMSNorm, rope_tables
+from serving.llama import Block, CausalLM, ForwardBatch, KVCache, ModelConfig, RMSNorm, RopeScaling, rope_tables
 
 MODEL_TYPE = "specfinops-eagle"
 
@@ -48,8 +48,11 @@ class EagleConfig:
     max_position: int = 2048
     feature_layers: tuple[int, ...] = ()  # target blocks whose outputs are fused; () = the last block only
     attention_bias: bool = False  # biases on q, k, v, as the target's blocks (Qwen2) it starts from
+    rope_scaling: RopeScaling | None = None  # the target's rope rescale (llama3, linear); None = plain rope
 
     def __post_init__(self):
+        if isinstance(self.rope_scaling, dict):  # as config.json stores it
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
         layers = tuple(int(i) for i in self.feature_layers)
         if layers and (len(layers) < 2 or list(layers) != sorted(set(layers)) or layers[0] < 0):
             raise ValueError(f"feature_layers must be two or more distinct block indices in increasing order, "
@@ -66,7 +69,7 @@ class EagleConfig:
             vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
             num_layers=self.num_layers, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim, rms_eps=self.rms_eps, rope_theta=self.rope_theta, max_position=self.max_position,
-            attention_bias=self.attention_bias,
+            attention_bias=self.attention_bias, rope_scaling=self.rope_scaling,
         )
 
     @classmethod
@@ -81,7 +84,8 @@ class EagleConfig:
                    num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
                    vocab_size=target.vocab_size, head_vocab=head_vocab, num_layers=num_layers,
                    rms_eps=target.rms_eps, rope_theta=target.rope_theta, max_position=target.max_position,
-                   feature_layers=tuple(feature_layers), attention_bias=target.attention_bias)
+                   feature_layers=tuple(feature_layers), attention_bias=target.attention_bias,
+                   rope_scaling=target.rope_scaling)
 
 
 class EagleDraft(nn.Module):

@@ -81,11 +81,10 @@ class ModelConfig:
         max_position = cfg.get("max_position_embeddings", 2048)
         window = sliding_window(cfg)
         if window is not None and window < max_position:
-            raise ValueError(
-                f"{where}sliding_window {window} in config.json is smaller than max_position_embeddings "
-                f"{max_position}: the torch engine attends to the whole context, so past {window} tokens its "
-                "outputs would not be this model's (supported: sliding_window null or >= max_position_embeddings)"
-            )
+            # The torch engine attends to the whole context. Up to `window` tokens that is exactly what sliding
+            # attention computes (no key is yet out of the window), so the usable context is capped there:
+            # prompts longer are refused and answers end at it, rather than run differently past it.
+            max_position = window
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         theta = rope.get("rope_theta", cfg.get("rope_theta", 10_000.0))
         missing = [k for k in REQUIRED_FIELDS if cfg.get(k) is None]

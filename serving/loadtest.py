@@ -311,6 +311,9 @@ async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, 
                     res = await run_level(client, card["id"], prompts, spec, level, mode, on_result=sink,
                                           on_progress=tick)
                     status = "completed"
+                except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C / SIGTERM: stopped, not failed
+                    status = "cancelled"
+                    raise
                 finally:
                     if recorder is not None:
                         recorder.end_run(run_id, status)

@@ -452,3 +452,30 @@ def test_an_interrupt_while_making_data_says_the_same_command_goes_on(byo, tmp_p
                          tmp_path)) == 130
     err = capsys.readouterr().err
     assert f"interrupted while making the data in {cache}" in err and "the same command goes on" in err
+
+
+def test_a_draft_of_a_target_with_rope_scaling_rotates_as_its_target_does(tmp_path):
+    """A Llama 3.1+ target (rope_type llama3): the draft's layer starts from the target's last block, so it must
+    see positions as that block does; a draft saved without a rope_scaling (before drafts carried it) loads as
+    it was trained, with plain rope."""
+    from dataclasses import replace
+
+    from serving.eagle import EagleDraft, load_eagle
+    from serving.llama import RopeScaling
+    from tests.tiny import TINY
+
+    scaling = RopeScaling("llama3", 8.0, 1.0, 4.0, 16)
+    target = tiny_model(5, replace(TINY, rope_scaling=scaling))
+    draft = EagleDraft.init_from_target(target, torch.arange(32))
+    assert draft.cfg.rope_scaling == scaling
+    assert torch.equal(draft.rope_cos, target.rope_cos) and torch.equal(draft.rope_sin, target.rope_sin)
+    draft.save(tmp_path / "draft")
+    loaded = load_eagle(tmp_path / "draft", target, torch.float32)
+    assert loaded.cfg.rope_scaling == scaling and torch.equal(loaded.rope_cos, target.rope_cos)
+
+    cfg = json.loads((tmp_path / "draft" / "config.json").read_text())
+    del cfg["rope_scaling"]
+    (tmp_path / "draft" / "config.json").write_text(json.dumps(cfg))
+    plain = load_eagle(tmp_path / "draft", target, torch.float32)
+    assert plain.cfg.rope_scaling is None
+    assert (plain.rope_cos - target.rope_cos).abs().max() > 0.1

@@ -3,6 +3,7 @@ spec and AR) against the live server, stored as 'loadtest' runs the FinOps capac
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -109,3 +110,29 @@ def test_a_load_test_into_the_servers_own_store_records_each_request_once(tmp_pa
     assert left_to_client == len(rows)
     assert all(r.num_drafts > 0 and r.num_draft_tokens >= r.num_drafts for r in ok)  # the server's counts
     assert all(0 <= r.num_accepted_tokens <= r.num_draft_tokens for r in ok)
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, asyncio.CancelledError])
+def test_a_level_stopped_by_ctrl_c_ends_its_run_cancelled(stop, tmp_path, monkeypatch):
+    """Ctrl-C (or SIGTERM, which the command turns into it) during a level: the run is 'cancelled', the
+    store's word for a run stopped by its user, as bench's is, not 'failed'."""
+    import serving.loadtest as lt
+    from telemetry.recorder import Recorder
+    from telemetry.store import open_store
+
+    async def one_model(client, wanted):
+        return {"id": "m", "root": "m", "specfinops": {"backend": "torch", "dtype": "bfloat16"}}
+
+    async def stopped(*args, **kwargs):
+        raise stop()
+
+    monkeypatch.setattr(lt, "server_model", one_model)
+    monkeypatch.setattr(lt, "run_level", stopped)
+    db_url = f"sqlite:///{tmp_path / 'load.db'}"
+    recorder = Recorder(open_store(db_url))
+    spec = lt.LoadSpec(url="http://127.0.0.1:9", levels=(2,), duration_s=1, modes=("spec",))
+    with pytest.raises(stop):
+        asyncio.run(lt.run_loadtest(spec, [], workload="code", recorder=recorder))
+    recorder.close()
+    with create_engine(db_url).connect() as c:
+        assert c.execute(text("select status from runs")).scalars().all() == ["cancelled"]
