@@ -28,7 +28,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from serving.llama import Block, CausalLM, ForwardBatch, KVCache, ModelConfig, RMSNorm, RopeScaling, rope_tables
+from serving.llama import (
+    Block,
+    CausalLM,
+    ForwardBatch,
+    KVCache,
+    ModelConfig,
+    RMSNorm,
+    RopeScaling,
+    rope_tables,
+)
 
 MODEL_TYPE = "specfinops-eagle"
 
