@@ -14,7 +14,12 @@ Public API:
     resolve_node_price(engine, *, device, price_snapshot=None, gpu=None, gpus_per_node=1,
                        node_hourly_usd=None, catalog=None) -> NodePrice
     energy_prices(engine, catalog=None) -> tuple[float, float]     # (usd_per_kwh, pue)
-    load_catalog(engine) -> PriceCatalog             # the whole catalog in one SELECT, writes nothing
+    load_catalog(engine_or_connection) -> PriceCatalog   # the whole catalog in one SELECT, writes nothing
+    price_snapshot(catalog, device, taken_at=None) -> dict   # what a run records when it starts
+
+A run records, as it starts, the prices then in force (`price_snapshot`, written by the recorder with the run
+row): costing prices it at those, not at whatever the catalog says later, so a past period's cost does not
+change when a price is edited; --gpu / --node-hourly-usd / --usd-per-kwh / --pue still override them.
 
 Pricing many runs: read the catalog once and pass it as `catalog=` to resolve_node_price and energy_prices,
 which then query nothing (without it, each call reads the table again: a few statements per run).
@@ -26,11 +31,11 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import date
+from datetime import UTC, date, datetime
 from importlib import resources
 
 from sqlalchemy import func, select
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -115,14 +120,24 @@ def ensure_defaults(engine: Engine) -> int:
     return len(missing)
 
 
-def load_catalog(engine: Engine) -> PriceCatalog:
+def load_catalog(bind: Engine | Connection) -> PriceCatalog:
     """The catalog in one SELECT, as get_price sees it: the table's entries, and the defaults for names the
-    table lacks (what ensure_defaults would insert, here only read: a report on a store writes nothing)."""
-    with Session(engine) as s:
-        rows = [_entry(r) for r in s.scalars(select(Price))]
+    table lacks (what ensure_defaults would insert, here only read: a report on a store writes nothing).
+    Given a Connection, it reads inside that connection's transaction."""
+    if isinstance(bind, Connection):
+        rows = _read_entries(bind)
+    else:
+        with bind.connect() as conn:
+            rows = _read_entries(conn)
     have = {e.name.lower() for e in rows}
     rows += [e for e in default_entries() if e.name.lower() not in have]
     return PriceCatalog(tuple(sorted(rows, key=lambda e: (e.kind, e.name))))
+
+
+def _read_entries(conn: Connection) -> list[PriceEntry]:
+    table = Price.__table__
+    cols = (table.c.name, table.c.kind, table.c.value, table.c.unit, table.c.source, table.c.as_of)
+    return [PriceEntry(*row) for row in conn.execute(select(*cols))]
 
 
 def list_prices(engine: Engine) -> list[PriceEntry]:
@@ -227,6 +242,26 @@ def catalog_name_for_device(device: str) -> str | None:
         if pattern.search(device or ""):
             return name
     return None
+
+
+def price_snapshot(catalog: PriceCatalog, device: str, taken_at: datetime | None = None) -> dict:
+    """The prices in force for a run on `device`, as the run records them as it starts (runs.price_snapshot):
+    {"name": catalog entry pricing the device, "node_hourly_usd": its value, "usd_per_kwh", "pue",
+    "taken_at": UTC ISO time}. name and node_hourly_usd only when a catalog entry prices the device (as
+    resolve_node_price would price it from the catalog); the energy prices always."""
+    snap: dict = {}
+    name = catalog_name_for_device(device)
+    if name is not None:
+        try:
+            entry = catalog.get(name)
+        except ValueError:
+            entry = None
+        if entry is not None and entry.unit == "usd_per_hour" and entry.value > 0:
+            snap.update(name=entry.name, node_hourly_usd=entry.value)
+    usd_per_kwh, pue = catalog.energy_prices()
+    when = (taken_at or datetime.now(UTC)).astimezone(UTC)
+    snap.update(usd_per_kwh=usd_per_kwh, pue=pue, taken_at=when.isoformat())
+    return snap
 
 
 def _snapshot_price(snapshot: dict | None) -> NodePrice | None:

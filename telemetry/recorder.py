@@ -28,6 +28,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from telemetry.db import PowerSample, Request, Run, Step, TokenEvent
 from telemetry.power import PowerSampler, PowerSource
+from telemetry.prices import load_catalog, price_snapshot
 from telemetry.records import PowerReading, RequestRecord, RunInfo
 
 logger = logging.getLogger(__name__)
@@ -148,10 +149,16 @@ class Recorder:
     # ---------------------------------------------------------------- caller side
 
     def start_run(self, info: RunInfo) -> int:
-        """Insert the run row now (status 'running') and return its id; raises if the database is down."""
+        """Insert the run row now (status 'running') and return its id; raises if the database is down.
+
+        The row carries the prices in force now (prices.price_snapshot, read in the same transaction), so
+        the run keeps its cost when the catalog is edited later; a RunInfo's own price_snapshot is kept."""
+        started_at = datetime.now(UTC)
         row = {f.name: getattr(info, f.name) for f in fields(info)}
-        row.update(status="running", dropped_records=0, started_at=datetime.now(UTC))
+        row.update(status="running", dropped_records=0, started_at=started_at)
         with self._engine.begin() as conn:
+            if row["price_snapshot"] is None:
+                row["price_snapshot"] = price_snapshot(load_catalog(conn), info.device, started_at)
             run_id = conn.execute(insert(_runs).returning(_runs.c.id), row).scalar_one()
         return int(run_id)
 

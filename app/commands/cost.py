@@ -44,6 +44,10 @@ PRICES_EXAMPLES = """  specfinops prices                      # list the catalog
   specfinops prices set H100 5.50 --source "our AWS EDP rate, 2026-11"
   specfinops prices set my-node 12.0 --kind node --source "on-prem TCO / 3 years"
   specfinops prices set electricity 0.09 --source "utility contract 2026"
+
+A run records the prices in force when it starts (its price snapshot) and is costed at those: an edit here
+prices the runs started after it. To cost recorded runs at other prices, give `cost` or `project` --gpu NAME,
+--node-hourly-usd X, --usd-per-kwh X or --pue X.
 """
 
 
@@ -452,7 +456,15 @@ def run_prices_command(args) -> int:
         engine = open_store(args.db)
     e = set_price(engine, args.name, value, source=args.source, kind=args.kind, as_of=as_of)
     print(f"{e.name} ({e.kind}) = {e.value:g} {e.unit}; source: {e.source}; as of {e.as_of}")
+    print(PRICES_SET_NOTE)
     return 0
+
+
+PRICES_SET_NOTE = (
+    "note: applies to runs started from now on; runs already recorded keep the prices they recorded (their "
+    "price snapshot). To cost them at other prices: `specfinops cost` or `specfinops project` with --gpu NAME, "
+    "--node-hourly-usd X, --usd-per-kwh X or --pue X"
+)
 
 
 def _print_prices(entries, as_json: bool) -> int:
