@@ -20,6 +20,23 @@ GO_NO_GO_ALPHA = GO_LINE
 HEIGHT = 340
 
 
+def go_text(value: float | None, line: float = GO_NO_GO_ALPHA, decimals: int = 2) -> str:
+    """A figure the go/no-go line judges, with as many decimals as it takes (`decimals` at least) for the
+    shown value to fall on the same side of the line as the value: 81/125 = 0.648 reads "0.648", not "0.65"
+    beside a line of 0.65 it does not meet. "—" when missing."""
+    if value is None or value != value:
+        return "—"
+    meets = value >= line
+    for d in range(decimals, 7):
+        text = f"{value:.{d}f}"
+        if (float(text) >= line) == meets:
+            return text
+    # closer to the line than a millionth: cut toward the side of the verdict
+    scale = 10**6
+    cut = (math.ceil(value * scale) if meets else math.floor(value * scale)) / scale
+    return f"{cut:.6f}"
+
+
 def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
     fig.update_layout(
         title=title, xaxis_title=x, yaxis_title=y, height=HEIGHT, margin=dict(l=10, r=10, t=50, b=10),
@@ -149,13 +166,14 @@ def alpha_by_domain(domains: list[str], rates: list[float | None], requests: lis
     colors = ["#9ca3af" if a is None else ("#16a34a" if a >= GO_NO_GO_ALPHA else "#dc2626") for a in judged]
     fig = go.Figure()
     fig.add_bar(x=domains, y=rates, marker_color=colors, name="acceptance rate (accepted / drafted)",
-                text=["—" if a is None else f"{a:.2f}" for a in rates], customdata=requests,
+                text=[go_text(a) for a in rates], customdata=requests,
                 hovertemplate="%{x}: acceptance rate %{text} over %{customdata:,} requests<extra></extra>")
     if alphas is not None and any(a is not None for a in alphas):
         fig.add_scatter(x=domains, y=alphas, mode="markers+text", name="alpha (accepted / tested)",
                         marker=dict(symbol="diamond", size=13, color="#111827"),
-                        text=["" if a is None else f"{a:.2f}" for a in alphas], textposition="middle right",
-                        hovertemplate="%{x}: alpha %{y:.3f} (accepted / tested, as calibrate)<extra></extra>")
+                        text=["" if a is None else go_text(a) for a in alphas], textposition="middle right",
+                        customdata=["" if a is None else go_text(a, decimals=3) for a in alphas],
+                        hovertemplate="%{x}: alpha %{customdata} (accepted / tested, as calibrate)<extra></extra>")
     fig.add_hline(y=GO_NO_GO_ALPHA, line_dash="dash", line_color="#111827",
                   annotation_text=f"go/no-go line {GO_NO_GO_ALPHA}", annotation_position="top left")
     _mark_missing(fig, domains, rates, "— no drafts")

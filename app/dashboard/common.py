@@ -63,6 +63,48 @@ def usd(value: float | None, spec: str = ",.2f") -> str:
     return f"-${-value:{spec}}" if value < 0 else f"${value:{spec}}"
 
 
+def cost_pricing(a: dict) -> dict:
+    """The price inputs of the assumptions (assumptions.get, the Cost & capacity page's widgets) as
+    `data.costs` keywords: the measured cost per 1M tokens is priced as the projection is. An input left
+    at its default (None) keeps each run's recorded price (else the catalog's)."""
+    return {k: a.get(k) for k in ("gpu", "node_hourly_usd", "usd_per_kwh", "pue")}
+
+
+def _recorded(run_costs, key: str) -> str:
+    """Where the runs' own `key` price came from: their price snapshots, the catalog, or some of each
+    (costing prices a run from its snapshot where it holds a positive number, else from the catalog)."""
+    def has(snapshot) -> bool:
+        v = snapshot.get(key) if isinstance(snapshot, dict) else None
+        return isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+
+    found = [has(rc.run.price_snapshot) for rc in run_costs]
+    return ("recorded with the runs" if all(found) else "the catalog's" if not any(found)
+            else "recorded with the runs, else the catalog's")
+
+
+def _span(values: list[float], show: Callable[[float], str]) -> str:
+    lo, hi = min(values), max(values)
+    return show(lo) if lo == hi else f"{show(lo)}–{show(hi)}"
+
+
+def prices_text(run_costs, a: dict) -> str:
+    """The prices `data.costs(..., **cost_pricing(a))` used for `run_costs`, and whose they are: the page's
+    input, or the runs' own (recorded with them, else the catalog's)."""
+    if not run_costs:
+        return ""
+    nodes = sorted({(rc.node_price.priced_as, rc.node_price.usd_per_hour) for rc in run_costs})
+    node = ", ".join(f"{name} at {usd_rate(v)}/h" for name, v in nodes)
+    origins = {rc.node_price.origin for rc in run_costs}
+    node_whose = ("your input" if origins <= {"flag", "gpu"} else "recorded with the runs" if origins == {"snapshot"}
+                  else "the catalog's, for the measured device" if origins == {"catalog"}
+                  else "recorded with the runs, else the catalog's")
+    kwh = _span([rc.usd_per_kwh for rc in run_costs], usd_rate) + "/kWh"
+    pue = _span([rc.pue for rc in run_costs], lambda v: f"{v:g}")
+    kwh_whose = "your input" if a.get("usd_per_kwh") else _recorded(run_costs, "usd_per_kwh")
+    pue_whose = "your input" if a.get("pue") else _recorded(run_costs, "pue")
+    return (f"node {node} ({node_whose}); electricity {kwh} ({kwh_whose}); PUE {pue} ({pue_whose})")
+
+
 def cost_vs_savings_note(spec_cost, ar_cost, projection) -> str | None:
     """A line for when the measured cost per 1M tokens (ModeCost per mode) and the projected savings
     (finops.Projection) point different ways: they answer different questions, and a reader should not
@@ -74,8 +116,8 @@ def cost_vs_savings_note(spec_cost, ar_cost, projection) -> str | None:
         return None
     return (f"Why the cost per 1M tokens and the savings disagree: the cost pools every run in view, each at its "
             f"own concurrency; the projection sizes each mode by its fastest configuration whose p95 TPOT meets "
-            f"the {projection.sla_ms:g} ms SLA (AR {fmt(projection.capacity_tokens_per_s_ar, ',.1f')}, "
-            f"speculative {fmt(projection.capacity_tokens_per_s_spec, ',.1f')} tokens/s per node). Plan with the "
+            f"the {projection.sla_ms:g} ms SLA (AR {throughput(projection.capacity_tokens_per_s_ar)}, "
+            f"speculative {throughput(projection.capacity_tokens_per_s_spec)} tokens/s per node). Plan with the "
             f"projection; the Cost & capacity page shows both.")
 
 
@@ -150,6 +192,14 @@ def run_page(title: str, body: Callable[[Context], None], caption: str | None = 
         body(ctx)
     except Exception as exc:  # noqa: BLE001 - shown to the user as one line, logged with its traceback
         _error(f"The {title} page", exc)
+
+
+def throughput(value: float | None) -> str:
+    """Tokens/s to three significant digits (3.02, 7.36, 43.2), whole from 100 up (270, 1,234): a capacity
+    of 3.02 read "3" hid the figure a node count is computed from. "—" when missing."""
+    if value is None or value != value:
+        return MISSING
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def number(value) -> str:

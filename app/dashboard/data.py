@@ -70,8 +70,12 @@ def acceptance_by_domain(url: str, f: Filters) -> list[queries.DomainAcceptance]
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def costs(url: str, f: Filters) -> tuple[list[costing.RunCost], list[costing.ModeCost]]:
-    return costing.costs(engine(url), f)
+def costs(url: str, f: Filters, gpu: str | None = None, node_hourly_usd: float | None = None,
+          usd_per_kwh: float | None = None, pue: float | None = None,
+          ) -> tuple[list[costing.RunCost], list[costing.ModeCost]]:
+    """`costing.costs` at these prices; one left None keeps each run's recorded price (else the catalog's)."""
+    return costing.costs(engine(url), f, gpu=gpu, node_hourly_usd=node_hourly_usd, usd_per_kwh=usd_per_kwh,
+                         pue=pue)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

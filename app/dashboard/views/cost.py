@@ -5,14 +5,18 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from app.commands.cost import partial_energy_text
 from app.dashboard import assumptions, charts, data, filters
 from app.dashboard.common import (
     Context,
+    cost_pricing,
     download_csv,
     fmt,
+    prices_text,
     projection_notes,
     run_page,
     show_table,
+    throughput,
     usd,
     usd_rate,
 )
@@ -23,16 +27,24 @@ SNAPSHOT = "runs' recorded price"
 CUSTOM = "custom $/h per node"
 
 
-def _cost_section(ctx: Context) -> None:
-    run_costs, mode_costs = data.costs(ctx.url, ctx.sel.filters)
+def _cost_section(ctx: Context, values: dict) -> None:
+    """Priced with the page's inputs (`values`, as the projection below): an input left at its default keeps
+    each run's recorded price (else the catalog's)."""
+    run_costs, mode_costs = data.costs(ctx.url, ctx.sel.filters, **cost_pricing(values))
     if not mode_costs:
         st.info("No runs with output tokens in view.")
         return
     st.plotly_chart(charts.cost_split([m.mode for m in mode_costs], [m.cost.hardware_usd_per_1m for m in mode_costs],
                                       [m.cost.energy_usd_per_1m for m in mode_costs],
                                       [m.cost.energy_estimated for m in mode_costs]), width="stretch")
+    st.caption(f"Prices: {prices_text(run_costs, values)}. The inputs under Node projection price this part "
+               "too; one left at 0 (node price: the runs' recorded price) keeps each run's own.")
     for m in mode_costs:
-        if m.cost.reason:
+        # only some runs with energy: say how many, in the CLI's words (the total is hardware only)
+        partial = partial_energy_text(m, run_costs)
+        if partial:
+            st.caption(f"{charts.MODE_NAMES[m.mode]}: {partial}: hardware only.")
+        elif m.cost.reason:
             st.caption(f"{charts.MODE_NAMES[m.mode]}: {m.cost.reason}.")
     table = pd.DataFrame([{
         "run": rc.run.run_id, "mode": rc.run.mode, "workload": rc.run.workload, "node": rc.run.node_id,
@@ -72,10 +84,13 @@ def _inputs(ctx: Context) -> dict:
     pue_cat = next((p.value for p in catalog if p.kind == "pue"), None)
     kwh = c[2].number_input(f"Electricity $/kWh (0: {fmt(kwh_cat, 'g', prefix='$')})", min_value=0.0,
                             value=float(a["usd_per_kwh"] or 0.0), step=0.01, format="%.3f", key="w_kwh",
-                            help="Prices the measured energy (kWh x PUE x $/kWh); 0 takes the catalog's price, "
-                                 "which `specfinops prices set electricity ...` changes.")
+                            help="Prices the measured energy (kWh x PUE x $/kWh) of the runs at the top of the "
+                                 "page and of the fleet; 0 keeps each run's recorded price (else the catalog's, "
+                                 "which `specfinops prices set electricity ...` changes) and the catalog's for "
+                                 "the fleet.")
     pue = c[3].number_input(f"PUE (0: {fmt(pue_cat, 'g')})", min_value=0.0, value=float(a["pue"] or 0.0),
-                            step=0.05, key="w_pue", help="0 takes the catalog's PUE.")
+                            step=0.05, key="w_pue", help="0 keeps each run's recorded PUE (else the catalog's) "
+                                                         "and the catalog's for the fleet.")
     if 0 < pue < 1:
         st.warning("PUE is at least 1; using the catalog PUE.")
         pue = 0.0
@@ -90,8 +105,7 @@ def _inputs(ctx: Context) -> dict:
     return values
 
 
-def _projection_section(ctx: Context) -> None:
-    values = _inputs(ctx)
+def _projection_section(ctx: Context, values: dict) -> None:
     try:
         sp = data.projection(ctx.url, ctx.sel.filters, values)
     except ValueError as exc:
@@ -105,17 +119,26 @@ def _projection_section(ctx: Context) -> None:
                 help="(nodes AR - nodes spec) x node $/h x 8,760")
     m[3].metric("Node price", usd_rate(p.node_hourly_usd) + "/h", help=f"priced as {sp.node_price.priced_as}")
     m = st.columns(4)
-    m[0].metric("Capacity AR (tokens/s per node)", fmt(p.capacity_tokens_per_s_ar, ",.0f"),
+    # 3.02 tokens/s, not "3": the node count comes from the unrounded figure
+    m[0].metric("Capacity AR (tokens/s per node)", throughput(p.capacity_tokens_per_s_ar),
                 help=f"best configuration meeting the SLA: {runs_text(sp.capacity_runs_ar)}"
                 if sp.capacity_runs_ar else None)
-    m[1].metric("Capacity spec (tokens/s per node)", fmt(p.capacity_tokens_per_s_spec, ",.0f"),
+    m[1].metric("Capacity spec (tokens/s per node)", throughput(p.capacity_tokens_per_s_spec),
                 help=f"best configuration meeting the SLA: {runs_text(sp.capacity_runs_spec)}"
                 if sp.capacity_runs_spec else None)
     m[2].metric("Monthly cost AR", usd(p.monthly_cost_ar_usd, ",.0f"))
     m[3].metric("Monthly cost spec", usd(p.monthly_cost_spec_usd, ",.0f"))
     if p.cost_per_1m_tokens_ar_usd is not None or p.cost_per_1m_tokens_spec_usd is not None:
+        energy = ""
+        if p.energy_included_ar or p.energy_included_spec:
+            def whose(key: str) -> str:  # the projection takes the catalog's where an input is left at 0
+                return "your input" if values.get(key) else "the catalog's"
+
+            energy = (f", energy at {usd_rate(sp.usd_per_kwh)}/kWh ({whose('usd_per_kwh')}) x PUE {sp.pue:g} "
+                      f"({whose('pue')})")
         st.caption(f"{FLEET_COST_LABEL[0].upper()}{FLEET_COST_LABEL[1:]}: AR "
-                   f"{usd(p.cost_per_1m_tokens_ar_usd, ',.4g')}, spec {usd(p.cost_per_1m_tokens_spec_usd, ',.4g')}. "
+                   f"{usd(p.cost_per_1m_tokens_ar_usd, ',.4g')}, spec {usd(p.cost_per_1m_tokens_spec_usd, ',.4g')} "
+                   f"(node {usd_rate(p.node_hourly_usd)}/h{energy}). "
                    "Above the measured cost per 1M at the top of the page: the fleet is sized for the peak, in "
                    "whole nodes, and paid for around the clock.")
     in_view = set(ctx.sel.runs["mode"])
@@ -215,11 +238,14 @@ def _sweep_section(ctx: Context) -> None:
 
 def body(ctx: Context) -> None:
     st.subheader("Measured cost per 1M output tokens")
-    _cost_section(ctx)
+    measured = st.container()  # drawn here, filled once the inputs below are read: they price it too
     st.subheader("Node projection")
     st.caption("Capacity per node = the highest measured tokens/s whose p95 TPOT meets the SLA; "
                "nodes = ceil(daily tokens / 86,400 x peak / capacity). Recomputed as you change the inputs.")
-    _projection_section(ctx)
+    values = _inputs(ctx)
+    _projection_section(ctx, values)
+    with measured:
+        _cost_section(ctx, values)
     st.subheader("Concurrency sweeps")
     st.caption("Speculation's advantage shrinks as batches grow: the best AR configuration against the best "
                "speculative one at the same SLA is what the projection above uses.")

@@ -5,13 +5,16 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from app.commands.cost import partial_energy_text
 from app.dashboard import assumptions, data
 from app.dashboard.charts import MODE_NAMES
 from app.dashboard.common import (
     MISSING,
     Context,
+    cost_pricing,
     cost_vs_savings_note,
     fmt,
+    prices_text,
     projection_notes,
     run_page,
     show_table,
@@ -68,8 +71,10 @@ def _cost_vs_ar(spec, ar, spec_source: str | None, ar_source: str | None) -> dic
 def body(ctx: Context) -> None:
     f = ctx.sel.filters
     modes = {m.mode: m.stats for m in data.mode_summaries(ctx.url, f)}
-    run_costs, mode_costs = data.costs(ctx.url, f)
+    # priced as the Cost & capacity page prices them: its inputs where set, else the runs' own prices
+    run_costs, mode_costs = data.costs(ctx.url, f, **cost_pricing(assumptions.get()))
     cost = {m.mode: m.cost for m in mode_costs}
+    by_mode = {m.mode: m for m in mode_costs}
     # where each mode's energy comes from: measured | estimated | partly estimated (runs of both pooled)
     source = {m: energy_source(rc.run for rc in run_costs if rc.run.mode == m) for m in modes}
     speedups = data.speedups(ctx.url, f)
@@ -111,7 +116,10 @@ def body(ctx: Context) -> None:
             compare = mode == "spec"
             # some requests have energy and some not: J/token covers those that do, the cost holds no energy
             partial = s.energy_j is not None and not s.energy_complete
-            no_energy = ("energy for only some requests; J/token covers those that do" if partial
+            # only some runs have energy: how many, in the CLI's words
+            some_runs = partial_energy_text(by_mode[mode], run_costs) if mode in by_mode else None
+            no_energy = (f"{some_runs}; J/token covers the requests with energy" if some_runs
+                         else "energy for only some requests; J/token covers those that do" if partial
                          else "energy not measured")
             r1 = st.columns(3)
             total = c.total_usd_per_1m if c else None
@@ -126,7 +134,9 @@ def body(ctx: Context) -> None:
                          delta_color="inverse",
                          help="(node $/h x node hours + kWh x PUE x $/kWh) / output tokens x 1e6"
                               + ("" if not c or c.energy_included else f". Hardware only: {no_energy}.")
-                              + (" Energy part is an estimate." if c and c.energy_estimated else "")
+                              + (" Energy part is an estimate." if c and c.energy_included and c.energy_estimated
+                                 else "")
+                              + f" Prices: {prices_text([rc for rc in run_costs if rc.run.mode == mode], a)}."
                               + (" Against AR: the hardware parts, as the two totals' energy is not on one basis "
                                  "(estimated in one, metered or absent in the other)." if on_hardware else ""))
             r1[1].metric("TPOT p50", fmt(s.tpot_p50_ms, ".1f", suffix=" ms"),

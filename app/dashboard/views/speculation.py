@@ -31,7 +31,7 @@ def body(ctx: Context) -> None:
     st.plotly_chart(charts.alpha_by_domain(names, [d.acceptance_rate for d in domains],
                                            [d.num_requests for d in domains], [d.alpha for d in domains]),
                     width="stretch")
-    below = [f"{n} ({d.go_figure_name} {d.go_figure:.2f})" for n, d in zip(names, domains, strict=True)
+    below = [f"{n} ({d.go_figure_name} {charts.go_text(d.go_figure)})" for n, d in zip(names, domains, strict=True)
              if d.meets_go_line(charts.GO_NO_GO_ALPHA) is False]
     if below:
         st.caption(f"Below the {charts.GO_NO_GO_ALPHA} go/no-go line: {', '.join(below)}. The line judges alpha "
