@@ -14,6 +14,7 @@ from sqlalchemy.engine import Engine
 
 from telemetry.db import Run
 from telemetry.finops import (
+    ENERGY_NOT_MEASURED,
     HOURS_PER_MONTH,
     HOURS_PER_YEAR,
     J_PER_KWH,
@@ -146,11 +147,10 @@ def _price_run(engine: Engine, run: RunSummary, gpu, node_hourly_usd, usd_per_kw
     kwh_price, pue_value = _energy_prices(engine, run.price_snapshot, usd_per_kwh, pue, catalog)
     st = run.stats
     if st.output_tokens and st.wall_s is None:
-        cost = CostBreakdown(
-            st.output_tokens, None, None, None, False, st.energy_estimated, "wall time unknown"
-        )
+        cost = CostBreakdown(st.output_tokens, None, None, None, False, False, "wall time unknown")
     else:
         energy_kwh = st.energy_j / J_PER_KWH if st.energy_complete and st.energy_j is not None else None
+        partial = st.energy_j is not None and not st.energy_complete
         cost = cost_per_1m_tokens(
             price.usd_per_hour,
             (st.wall_s or 0.0) / 3600,
@@ -159,8 +159,19 @@ def _price_run(engine: Engine, run: RunSummary, gpu, node_hourly_usd, usd_per_kw
             kwh_price,
             st.output_tokens,
             energy_estimated=st.energy_estimated,
+            no_energy_reason=f"{energy_source([run])} energy for only some requests: hardware only" if partial
+            else ENERGY_NOT_MEASURED,
         )
     return RunCost(run, price, run.device, price.differs_from(run.device), kwh_price, pue_value, cost)
+
+
+def partial_energy_reason(with_energy: list[RunCost], runs_with_tokens: int) -> str:
+    """Why a mode's total is hardware only: 'estimated energy for 3 of 5 runs: hardware only' (measured,
+    partly estimated) where some of its runs with tokens have an energy figure, else 'energy not measured'."""
+    if not with_energy:
+        return ENERGY_NOT_MEASURED
+    source = energy_source(rc.run for rc in with_energy)
+    return f"{source} energy for {len(with_energy)} of {runs_with_tokens} runs: hardware only"
 
 
 def _mode_cost(mode: str, items: list[RunCost]) -> ModeCost:
@@ -168,7 +179,7 @@ def _mode_cost(mode: str, items: list[RunCost]) -> ModeCost:
     tokens = sum(rc.run.stats.output_tokens for rc in with_tokens)
     walls = [rc.run.stats.wall_s for rc in with_tokens]
     wall_s = None if not walls or any(w is None for w in walls) else sum(walls)
-    estimated = any(rc.run.stats.energy_estimated for rc in with_tokens)
+    with_energy = [rc for rc in with_tokens if rc.cost.energy_included]
     if wall_s is None:
         cost = CostBreakdown(
             tokens,
@@ -176,19 +187,22 @@ def _mode_cost(mode: str, items: list[RunCost]) -> ModeCost:
             None,
             None,
             False,
-            estimated,
+            False,
             "no output tokens" if not tokens else "wall time unknown",
         )
     else:
         hardware_usd = sum(rc.node_price.usd_per_hour * rc.run.stats.wall_s / 3600 for rc in with_tokens)
-        energy_known = all(rc.cost.energy_included for rc in with_tokens)
+        energy_known = len(with_energy) == len(with_tokens)
         # energy $ summed run by run (each at its own PUE and $/kWh), expressed as kWh at PUE 1, $1/kWh
         energy_usd = (
             sum(rc.run.stats.energy_j / J_PER_KWH * rc.pue * rc.usd_per_kwh for rc in with_tokens)
             if energy_known
             else None
         )
-        cost = cost_per_1m_from_totals(hardware_usd, energy_usd, 1.0, 1.0, tokens, energy_estimated=estimated)
+        # estimated only where estimated energy is in the total; the reason in the words `cost` prints
+        estimated = energy_known and any(rc.run.stats.energy_estimated for rc in with_tokens)
+        cost = cost_per_1m_from_totals(hardware_usd, energy_usd, 1.0, 1.0, tokens, energy_estimated=estimated,
+                                       no_energy_reason=partial_energy_reason(with_energy, len(with_tokens)))
     return ModeCost(
         mode=mode,
         run_ids=tuple(rc.run.run_id for rc in items),

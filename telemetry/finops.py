@@ -21,6 +21,7 @@ HOURS_PER_YEAR = 8_760
 HOURS_PER_MONTH = HOURS_PER_YEAR / 12  # 730
 J_PER_KWH = 3.6e6
 NOT_ATTAINABLE = "not attainable"
+ENERGY_NOT_MEASURED = "energy not measured"
 
 
 def _finite(name: str, value: float, *, minimum: float | None = None, strict: bool = False) -> float:
@@ -33,9 +34,10 @@ def _finite(name: str, value: float, *, minimum: float | None = None, strict: bo
 
 @dataclass(frozen=True, slots=True)
 class CostBreakdown:
-    """Cost per 1M output tokens. `energy_usd_per_1m` is None when no energy was measured; the total then
-    holds the hardware part only and `energy_included` is False. `energy_estimated` marks energy that came
-    from an estimated power source (label it "(estimated)" wherever it is shown)."""
+    """Cost per 1M output tokens. `energy_usd_per_1m` is None when no energy was measured (or it cannot be
+    priced: see `reason`); the total then holds the hardware part only and `energy_included` is False.
+    `energy_estimated` marks an energy part in the total that came from an estimated power source (label it
+    "(estimated)" wherever it is shown): never True without an energy part."""
 
     tokens: int
     hardware_usd_per_1m: float | None  # None when tokens == 0
@@ -55,12 +57,14 @@ def cost_per_1m_tokens(
     tokens: int,
     *,
     energy_estimated: bool = False,
+    no_energy_reason: str = ENERGY_NOT_MEASURED,
 ) -> CostBreakdown:
     """(node $/h x node hours + kWh x PUE x $/kWh) / tokens x 1e6, split into hardware and energy parts."""
     _finite("node_hourly_usd", node_hourly_usd, minimum=0)
     _finite("node_hours", node_hours, minimum=0)
     return cost_per_1m_from_totals(
-        node_hourly_usd * node_hours, energy_kwh, pue, usd_per_kwh, tokens, energy_estimated=energy_estimated
+        node_hourly_usd * node_hours, energy_kwh, pue, usd_per_kwh, tokens, energy_estimated=energy_estimated,
+        no_energy_reason=no_energy_reason,
     )
 
 
@@ -72,8 +76,11 @@ def cost_per_1m_from_totals(
     tokens: int,
     *,
     energy_estimated: bool = False,
+    no_energy_reason: str = ENERGY_NOT_MEASURED,
 ) -> CostBreakdown:
-    """The same cost per 1M tokens from a hardware dollar total (sum of node $/h x hours over several runs)."""
+    """The same cost per 1M tokens from a hardware dollar total (sum of node $/h x hours over several runs).
+    Without `energy_kwh` the total is the hardware part, `no_energy_reason` says why, and nothing in it is
+    estimated (`energy_estimated` applies to an energy part only)."""
     _finite("hardware_usd", hardware_usd, minimum=0)
     _finite("pue", pue, minimum=1)
     _finite("usd_per_kwh", usd_per_kwh, minimum=0)
@@ -82,10 +89,10 @@ def cost_per_1m_from_totals(
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
         raise ValueError(f"tokens must be an integer >= 0, got {tokens!r}")
     if tokens == 0:
-        return CostBreakdown(0, None, None, None, False, energy_estimated, "no output tokens")
+        return CostBreakdown(0, None, None, None, False, False, "no output tokens")
     hardware = hardware_usd / tokens * 1e6
     if energy_kwh is None:
-        return CostBreakdown(tokens, hardware, None, hardware, False, energy_estimated, "energy not measured")
+        return CostBreakdown(tokens, hardware, None, hardware, False, False, no_energy_reason)
     energy = energy_kwh * pue * usd_per_kwh / tokens * 1e6
     return CostBreakdown(tokens, hardware, energy, hardware + energy, True, energy_estimated)
 

@@ -556,3 +556,26 @@ def test_a_time_window_that_matches_nothing_is_named_in_utc(filled):
     reason = no_runs_reason(engine, f)
     assert reason.endswith("no requests in domain 'code' started between 2030-01-01 00:00 UTC and "
                            "2030-01-02 00:00 UTC"), reason
+
+
+def test_cost_json_mode_reason_says_how_many_runs_have_energy_and_is_not_estimated(sqlite_url, capsys):
+    """The mode's JSON said "energy not measured" with energy_estimated true when only some runs had (estimated)
+    energy: it now gives the CLI's words, and energy_estimated is true only where estimated energy is in the
+    total. A run without energy is not 'estimated' either."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "spec", power_source="estimate", requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500)])
+        make_run(s, "spec", power_source="estimate",
+                 requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500, energy_j=30.0)])
+        make_run(s, "ar", power_source="estimate", requests=[Req(33, ttft_ms=100, e2e_ms=900, energy_j=50.0)])
+        s.commit()
+    assert main(["cost", "--db", sqlite_url, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    modes = {m["mode"]: m for m in out["modes"]}
+    spec = modes["spec"]
+    assert spec["reason"] == "estimated energy for 1 of 2 runs: hardware only"
+    assert spec["energy_included"] is False and spec["energy_estimated"] is False
+    ar = modes["ar"]  # estimated energy in the total: still labelled so
+    assert ar["energy_included"] is True and ar["energy_estimated"] is True and ar["reason"] is None
+    run1 = next(r for r in out["runs"] if r["run_id"] == 1)
+    assert run1["reason"] == "energy not measured" and run1["energy_estimated"] is False

@@ -37,8 +37,10 @@ def test_cost_per_1m_tokens_unknown_energy_is_none_not_zero():
     assert c.hardware_usd_per_1m == pytest.approx(8.806)
     assert c.energy_usd_per_1m is None
     assert c.total_usd_per_1m == pytest.approx(8.806)
-    assert not c.energy_included and c.energy_estimated
+    assert not c.energy_included and not c.energy_estimated  # nothing estimated is in the total
     assert c.reason == "energy not measured"
+    c = cost_per_1m_tokens(1.0, 1.0, None, 1.2, 0.13, 1000, no_energy_reason="estimated energy for 1 of 2 runs")
+    assert c.reason == "estimated energy for 1 of 2 runs"
 
 
 def test_cost_per_1m_tokens_estimated_flag_is_carried():
