@@ -76,6 +76,9 @@ class ModeCost:
 
 
 MEASURED, ESTIMATED, PARTLY_ESTIMATED = "measured", "estimated", "partly estimated"
+# Why a cost holds no energy although the runs measured some: they are priced as other hardware than they
+# ran on (NodePrice.differs_from), and energy measured on one device is not the energy of another.
+ENERGY_OTHER_HARDWARE = "measured energy left out: priced as other hardware than measured"
 
 
 def energy_source(runs: Iterable[RunSummary]) -> str | None:
@@ -146,8 +149,12 @@ def _price_run(engine: Engine, run: RunSummary, gpu, node_hourly_usd, usd_per_kw
     )
     kwh_price, pue_value = _energy_prices(engine, run.price_snapshot, usd_per_kwh, pue, catalog)
     st = run.stats
+    differs = price.differs_from(run.device)
     if st.output_tokens and st.wall_s is None:
         cost = CostBreakdown(st.output_tokens, None, None, None, False, False, "wall time unknown")
+    elif differs and st.energy_j is not None:  # energy measured here is not the priced hardware's
+        cost = cost_per_1m_tokens(price.usd_per_hour, (st.wall_s or 0.0) / 3600, None, pue_value, kwh_price,
+                                  st.output_tokens, no_energy_reason=ENERGY_OTHER_HARDWARE)
     else:
         energy_kwh = st.energy_j / J_PER_KWH if st.energy_complete and st.energy_j is not None else None
         partial = st.energy_j is not None and not st.energy_complete
@@ -162,16 +169,18 @@ def _price_run(engine: Engine, run: RunSummary, gpu, node_hourly_usd, usd_per_kw
             no_energy_reason=f"{energy_source([run])} energy for only some requests: hardware only" if partial
             else ENERGY_NOT_MEASURED,
         )
-    return RunCost(run, price, run.device, price.differs_from(run.device), kwh_price, pue_value, cost)
+    return RunCost(run, price, run.device, differs, kwh_price, pue_value, cost)
 
 
-def partial_energy_reason(with_energy: list[RunCost], runs_with_tokens: int) -> str:
+def partial_energy_reason(with_energy: list[RunCost], runs_with_tokens: int, left_out: int = 0) -> str:
     """Why a mode's total is hardware only: 'estimated energy for 3 of 5 runs: hardware only' (measured,
-    partly estimated) where some of its runs with tokens have an energy figure, else 'energy not measured'."""
+    partly estimated) where some of its runs with tokens have an energy figure in the cost, else 'energy not
+    measured', or ENERGY_OTHER_HARDWARE where the `left_out` runs' energy was left out for that reason."""
     if not with_energy:
-        return ENERGY_NOT_MEASURED
+        return ENERGY_OTHER_HARDWARE if left_out else ENERGY_NOT_MEASURED
     source = energy_source(rc.run for rc in with_energy)
-    return f"{source} energy for {len(with_energy)} of {runs_with_tokens} runs: hardware only"
+    text = f"{source} energy for {len(with_energy)} of {runs_with_tokens} runs: hardware only"
+    return text + (f" ({left_out} more left out: priced as other hardware than measured)" if left_out else "")
 
 
 def _mode_cost(mode: str, items: list[RunCost]) -> ModeCost:
@@ -180,6 +189,7 @@ def _mode_cost(mode: str, items: list[RunCost]) -> ModeCost:
     walls = [rc.run.stats.wall_s for rc in with_tokens]
     wall_s = None if not walls or any(w is None for w in walls) else sum(walls)
     with_energy = [rc for rc in with_tokens if rc.cost.energy_included]
+    left_out = sum(1 for rc in with_tokens if rc.cost.reason == ENERGY_OTHER_HARDWARE)
     if wall_s is None:
         cost = CostBreakdown(
             tokens,
@@ -202,7 +212,7 @@ def _mode_cost(mode: str, items: list[RunCost]) -> ModeCost:
         # estimated only where estimated energy is in the total; the reason in the words `cost` prints
         estimated = energy_known and any(rc.run.stats.energy_estimated for rc in with_tokens)
         cost = cost_per_1m_from_totals(hardware_usd, energy_usd, 1.0, 1.0, tokens, energy_estimated=estimated,
-                                       no_energy_reason=partial_energy_reason(with_energy, len(with_tokens)))
+                                       no_energy_reason=partial_energy_reason(with_energy, len(with_tokens), left_out))
     return ModeCost(
         mode=mode,
         run_ids=tuple(rc.run.run_id for rc in items),
@@ -349,6 +359,8 @@ class StoreProjection:
     energy_estimated_ar: bool = False  # the energy part of that mode's figure is (partly) estimated
     energy_estimated_spec: bool = False
     gpus_per_node: int = 1  # a node holds this many replicas of the measured device (capacity x this)
+    # priced as other hardware than measured while the runs measured energy: that energy is left out
+    energy_left_out: bool = False
 
     @property
     def replica_note(self) -> str | None:
@@ -392,6 +404,8 @@ class StoreProjection:
                 "energy_estimated": self.energy_estimated,
                 "energy_estimated_ar": self.energy_estimated_ar,
                 "energy_estimated_spec": self.energy_estimated_spec,
+                # the runs' measured energy is not in the fleet cost: priced as other hardware than measured
+                "energy_left_out_other_hardware": self.energy_left_out,
                 "capacity_basis": "highest measured tokens/s of one configuration (its runs pooled: tokens "
                 "over their summed wall time, p95 TPOT over all of their requests; aggregate over its "
                 "concurrency) whose p95 TPOT meets the SLA, "
@@ -543,4 +557,5 @@ def project_from_store(
         points_ar=points["ar"],
         points_spec=points["spec"],
         gpus_per_node=gpus_per_node,
+        energy_left_out=differs and any(c.stats.energy_j is not None for c in configs),
     )

@@ -67,9 +67,16 @@ class NodePrice:
     catalog_name: str | None = None  # the catalog entry behind the price; None for a custom price
 
     def differs_from(self, device: str) -> bool:
-        """True when this price is not the catalog price of the measured `device` (say so in the output)."""
+        """True when this price is that of other hardware than the measured `device`: a catalog entry that is
+        not the device's (`--gpu H100` on runs measured on a CPU), or any entry where no catalog entry matches
+        the device. Costs and projections then leave out the energy measured on the device (it is not that
+        hardware's) and say so. A custom price (`--node-hourly-usd`, no catalog entry) is what the measured
+        hardware costs per node-hour (the documented use: a device the catalog does not list, or another rate
+        for it), so it does not differ and the measured energy stays in."""
+        if self.catalog_name is None:
+            return False
         measured = catalog_name_for_device(device)
-        return self.catalog_name is None or measured is None or self.catalog_name.lower() != measured.lower()
+        return measured is None or self.catalog_name.lower() != measured.lower()
 
 
 @dataclass(frozen=True, slots=True)

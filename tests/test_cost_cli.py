@@ -89,7 +89,9 @@ def test_project_json_contract(filled, capsys):
     assert out["capacity_tokens_per_s_spec"] == pytest.approx(44.0)
     assert (out["nodes_ar"], out["nodes_spec"]) == (5, 4)
     assert out["annual_savings_usd"] == pytest.approx(1 * 2.5 * 8760)
-    assert out["cost_per_1m_tokens_ar_usd"] == pytest.approx(5 * 2.5 * 24 / 8.64e6 * 1e6)
+    # a custom price is the measured hardware's: its energy (100 J / 66 tokens, PUE 1.2, $0.13/kWh) stays in
+    energy = 100 / 66 * 1e6 / 3.6e6 * 1.2 * 0.13
+    assert out["cost_per_1m_tokens_ar_usd"] == pytest.approx(5 * 2.5 * 24 / 8.64e6 * 1e6 + energy)
 
 
 def test_project_gpu_pricing_says_priced_as_and_measured_on(filled, capsys):
@@ -402,7 +404,8 @@ def test_cost_priced_as_other_hardware_is_one_line_naming_the_runs(filled, capsy
         s.commit()
     assert main(["cost", "--db", filled, "--gpu", "H100"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if "measured on" in line]
-    assert lines == ["runs 1-5: priced as H100, measured on cpu (2 cores)"]
+    assert lines == ["runs 1-5: priced as H100, measured on cpu (2 cores); the energy measured there is not that "
+                     "hardware's: left out (hardware only)"]
     from telemetry.costing import ids_text
 
     assert (ids_text([7]), ids_text([1, 2, 4, 6, 7, 8])) == ("run 7", "runs 1-2, 4, 6-8")
@@ -579,3 +582,42 @@ def test_cost_json_mode_reason_says_how_many_runs_have_energy_and_is_not_estimat
     assert ar["energy_included"] is True and ar["energy_estimated"] is True and ar["reason"] is None
     run1 = next(r for r in out["runs"] if r["run_id"] == 1)
     assert run1["reason"] == "energy not measured" and run1["energy_estimated"] is False
+
+
+def test_cost_and_project_agree_on_energy_under_another_price(filled, capsys):
+    """One rule for both: --gpu NAME of other hardware leaves the energy measured on this device out (cost added
+    it, project dropped it), and says so; a custom --node-hourly-usd is the measured hardware's price, so the
+    energy stays in (project dropped it and said 'measured on ...', cost kept it)."""
+    assert main(["cost", "--db", filled, "--gpu", "H100", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for item in out["runs"] + out["modes"]:
+        assert item["energy_included"] is False and item["energy_usd_per_1m"] is None
+        assert item["reason"] == "measured energy left out: priced as other hardware than measured"
+    assert all(r["priced_differs_from_measured"] for r in out["runs"])
+    assert main([*_project(filled, "--gpu", "H100"), "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)["assumptions"]
+    assert a["priced_differs_from_measured"] and a["energy_left_out_other_hardware"]
+    assert not a["energy_included_ar"] and not a["energy_included_spec"]
+    assert main(_project(filled, "--gpu", "H100")) == 0
+    assert "measured on cpu (2 cores); the energy measured there is not that hardware's: left out (node price " \
+           "only)" in capsys.readouterr().out
+
+    # the catalog's own price given as a custom one: the same figures as the catalog price, energy included
+    assert main(["cost", "--db", filled, "--json", "--node-hourly-usd", "0.0832"]) == 0
+    custom = json.loads(capsys.readouterr().out)
+    assert main(["cost", "--db", filled, "--json"]) == 0
+    catalog = json.loads(capsys.readouterr().out)
+    for got, want in zip(custom["modes"], catalog["modes"], strict=True):
+        assert got["energy_included"] is True and got["total_usd_per_1m"] == pytest.approx(want["total_usd_per_1m"])
+    assert not any(r["priced_differs_from_measured"] for r in custom["runs"])
+    assert main([*_project(filled, "--node-hourly-usd", "0.0832"), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert main([*_project(filled), "--json"]) == 0
+    want = json.loads(capsys.readouterr().out)
+    assert got["assumptions"]["energy_included_ar"] and got["assumptions"]["energy_included_spec"]
+    assert not got["assumptions"]["priced_differs_from_measured"]
+    assert got["cost_per_1m_tokens_ar_usd"] == pytest.approx(want["cost_per_1m_tokens_ar_usd"])
+    assert main(_project(filled, "--node-hourly-usd", "0.0832")) == 0
+    text = capsys.readouterr().out
+    assert "measured on" not in text and "incl. energy (estimated)" in text
+    assert "a custom price is taken as the measured hardware's price per node-hour" in text

@@ -198,10 +198,10 @@ def _num(x: float | None, fmt: str = ",.1f") -> str:
 
 def _energy_text(c, runs=None) -> str:
     """The energy part; `runs` (a mode's): where it pools estimated and metered energy, it says which is which."""
-    from telemetry.costing import PARTLY_ESTIMATED, energy_source, energy_sources_text
+    from telemetry.costing import ENERGY_OTHER_HARDWARE, PARTLY_ESTIMATED, energy_source, energy_sources_text
 
     if c.energy_usd_per_1m is None:
-        return "not measured"
+        return "left out (other hw)" if c.reason == ENERGY_OTHER_HARDWARE else "not measured"
     if runs is not None and energy_source(runs) == PARTLY_ESTIMATED:
         return f"{_usd(c.energy_usd_per_1m)} ({PARTLY_ESTIMATED}: {energy_sources_text(runs)})"
     return _usd(c.energy_usd_per_1m) + (" (estimated)" if c.energy_estimated else "")
@@ -311,16 +311,28 @@ def run_cost_command(args) -> int:
     print()
     for mc in mode_costs:
         print(f"{mc.mode:<5} {ids_text(list(mc.run_ids))}: {_mode_cost_text(mc, run_costs)}")
-    differing: dict[tuple[str, str], list[int]] = {}
+    differing: dict[tuple[str, str], list] = {}
     for rc in run_costs:
         if rc.priced_differs:
-            differing.setdefault((rc.node_price.priced_as, rc.measured_on), []).append(rc.run.run_id)
-    for (priced_as, measured_on), ids in differing.items():  # one line per pair, not one per run
-        print(f"{ids_text(ids)}: priced as {priced_as}, measured on {measured_on}")
+            differing.setdefault((rc.node_price.priced_as, rc.measured_on), []).append(rc)
+    for (priced_as, measured_on), rcs in differing.items():  # one line per pair, not one per run
+        print(f"{ids_text([rc.run.run_id for rc in rcs])}: priced as {priced_as}, measured on {measured_on}"
+              + (OTHER_HARDWARE_ENERGY if any(rc.run.stats.energy_j is not None for rc in rcs) else ""))
+    custom = sorted({rc.node_price.priced_as for rc in run_costs if rc.node_price.origin == "flag"})
+    if custom:
+        print(f"{', '.join(custom)}: {CUSTOM_PRICE_NOTE}")
     incomplete = incomplete_runs_text(rc.run for rc in run_costs)
     if incomplete:
         print(f"note: {incomplete}")
     return 0
+
+
+# Said where runs are priced as other hardware than they ran on (`cost` and `project` alike): the energy
+# measured on one device is not the energy of another, so it is left out of the figure.
+OTHER_HARDWARE_ENERGY = "; the energy measured there is not that hardware's: left out (hardware only)"
+# What --node-hourly-usd means (`cost` and `project` alike): the measured hardware at this price.
+CUSTOM_PRICE_NOTE = ("a custom price is taken as the measured hardware's price per node-hour, so its measured "
+                     "energy stays in (to price other hardware, name it: --gpu NAME)")
 
 
 def _incomplete(run_ids, run_costs) -> list[int]:
@@ -413,7 +425,11 @@ def run_project_command(args) -> int:
     line = f"priced as {sp.node_price.priced_as} (${sp.node_price.usd_per_hour:g}/node-hour)"
     if sp.priced_differs:
         line += f", measured on {', '.join(sp.measured_on)}"
+        if sp.energy_left_out:
+            line += OTHER_HARDWARE_ENERGY.replace("hardware only", "node price only")
     print(line + f"; PUE {sp.pue:g}, ${sp.usd_per_kwh:g}/kWh")
+    if sp.node_price.origin == "flag":
+        print(f"note: {CUSTOM_PRICE_NOTE}")
     for note in p.notes:
         print(f"note: {note}")
     from telemetry.finops import sla_verdict
