@@ -4,6 +4,7 @@ CLI, the dashboard and the reports all price runs here, so every figure has one 
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -127,16 +128,25 @@ def incomplete_runs_text(runs: Iterable[RunSummary]) -> str:
             f"measured fewer prompts than its command asked for.")
 
 
+def _snapshot_energy(snapshot: dict | None, key: str) -> float | None:
+    """A run's recorded electricity price ($/kWh >= 0: $0 is a real price, own solar or a flat lease) or PUE
+    (>= 1); None where the snapshot has no valid one."""
+    v = snapshot.get(key) if isinstance(snapshot, dict) else None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        return None
+    return float(v) if v >= (1 if key == "pue" else 0) else None
+
+
 def _energy_prices(engine: Engine, snapshot: dict | None, usd_per_kwh: float | None, pue: float | None,
                    catalog: PriceCatalog | None = None):
-    snap = snapshot if isinstance(snapshot, dict) else {}
+    """($/kWh, PUE) of one run: the flag > the run's recorded price > the catalog."""
     default_kwh, default_pue = energy_prices(engine, catalog=catalog)
 
     def pick(given, key, default):
         if given is not None:
             return float(given)
-        v = snap.get(key)
-        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0 else default
+        v = _snapshot_energy(snapshot, key)
+        return default if v is None else v
 
     return pick(usd_per_kwh, "usd_per_kwh", default_kwh), pick(pue, "pue", default_pue)
 
@@ -361,6 +371,7 @@ class StoreProjection:
     gpus_per_node: int = 1  # a node holds this many replicas of the measured device (capacity x this)
     # priced as other hardware than measured while the runs measured energy: that energy is left out
     energy_left_out: bool = False
+    energy_prices_from: str = ""  # where usd_per_kwh and pue come from, in words
 
     @property
     def replica_note(self) -> str | None:
@@ -399,6 +410,7 @@ class StoreProjection:
                 "priced_differs_from_measured": self.priced_differs,
                 "pue": self.pue,
                 "usd_per_kwh": self.usd_per_kwh,
+                "energy_prices_from": self.energy_prices_from,
                 "energy_included_ar": p.energy_included_ar,
                 "energy_included_spec": p.energy_included_spec,
                 "energy_estimated": self.energy_estimated,
@@ -448,15 +460,19 @@ def _capacity_config(configs: list[ConfigSummary], sla_ms: float) -> ConfigSumma
 PRICING_HINT = "give --gpu NAME [--gpus-per-node N] or --node-hourly-usd X"
 
 
-def _projection_price(engine: Engine, run_ids: list[int], device: str, gpu: str | None, gpus_per_node: int,
-                      node_hourly_usd: float | None) -> NodePrice:
+def _run_snapshots(engine: Engine, run_ids: list[int]) -> list[dict | None]:
+    """The runs' recorded prices (runs.price_snapshot), one query (the summaries are in hand already)."""
+    with engine.connect() as c:
+        return list(c.execute(select(Run.price_snapshot).where(Run.id.in_(run_ids))).scalars())
+
+
+def _projection_price(engine: Engine, snapshots: list[dict | None], device: str, gpu: str | None,
+                      gpus_per_node: int, node_hourly_usd: float | None) -> NodePrice:
     """The node price of a projection: `node_hourly_usd` > `gpu` x `gpus_per_node` > the runs' recorded price
     (when they all recorded the same one) > the catalog price of the measured device, as `costs()` prices
     each run. ValueError with the flags to give when nothing prices it."""
     snapshot = None
-    if gpu is None and node_hourly_usd is None:  # the runs' snapshots only (the summaries are in hand already)
-        with engine.connect() as c:
-            snapshots = list(c.execute(select(Run.price_snapshot).where(Run.id.in_(run_ids))).scalars())
+    if gpu is None and node_hourly_usd is None:
         recorded = {_snapshot_price(snap) for snap in snapshots}
         if len(recorded) == 1 and None not in recorded:
             snapshot = snapshots[0]
@@ -468,6 +484,29 @@ def _projection_price(engine: Engine, run_ids: list[int], device: str, gpu: str 
             raise
         raise ValueError(f"node pricing missing: the runs recorded no price and no catalog price matches the "
                          f"measured device {device!r}; {PRICING_HINT}") from exc
+
+
+def _projection_energy_prices(engine: Engine, snapshots: list[dict | None], usd_per_kwh: float | None,
+                              pue: float | None) -> tuple[float, float, str]:
+    """($/kWh, PUE) of a projection and where they come from, in words: each is the flag > the value every run
+    recorded (when they all recorded the same one, as the node price) > the catalog's."""
+    default_kwh, default_pue = energy_prices(engine)
+    picked, said = [], []
+    for key, given, default, flag, name in (("usd_per_kwh", usd_per_kwh, default_kwh, "--usd-per-kwh", "$/kWh"),
+                                            ("pue", pue, default_pue, "--pue", "PUE")):
+        recorded = {_snapshot_energy(snap, key) for snap in snapshots}
+        if given is not None:
+            picked.append(float(given))
+            said.append(f"{name} given ({flag})")
+        elif len(recorded) == 1 and None not in recorded:
+            picked.append(recorded.pop())
+            said.append(f"{name} recorded by the runs")
+        else:
+            picked.append(default)
+            why = "the runs recorded different ones" if len(recorded - {None}) > 1 else (
+                "not every run recorded a valid one" if recorded - {None} else "the runs recorded none")
+            said.append(f"{name} from the catalog ({why})")
+    return picked[0], picked[1], "; ".join(said)
 
 
 def project_from_store(
@@ -506,8 +545,9 @@ def project_from_store(
         raise ValueError(f"no measured runs with output tokens in the store; {EMPTY_STORE_HINT}")
     devices = tuple(sorted({c.device for c in configs}))
     run_ids = [i for c in configs for i in c.run_ids]
-    price = _projection_price(engine, run_ids, devices[0], gpu, gpus_per_node, node_hourly_usd)
-    kwh_price, pue_value = _energy_prices(engine, None, usd_per_kwh, pue)
+    snapshots = _run_snapshots(engine, run_ids)
+    price = _projection_price(engine, snapshots, devices[0], gpu, gpus_per_node, node_hourly_usd)
+    kwh_price, pue_value, energy_prices_from = _projection_energy_prices(engine, snapshots, usd_per_kwh, pue)
     differs = any(price.differs_from(d) for d in devices)
     by_mode = {m: [c for c in configs if c.mode == m] for m in MODES}
     cap_configs = {m: _capacity_config(by_mode[m], sla_ms) for m in MODES}
@@ -558,4 +598,5 @@ def project_from_store(
         points_spec=points["spec"],
         gpus_per_node=gpus_per_node,
         energy_left_out=differs and any(c.stats.energy_j is not None for c in configs),
+        energy_prices_from=energy_prices_from,
     )

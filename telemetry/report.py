@@ -694,6 +694,7 @@ PROJECTION_LABELS = {
     "gpus_per_node": "GPUs per node",
     "pue": "PUE",
     "usd_per_kwh": "electricity (USD per kWh)",
+    "energy_prices_from": "electricity price and PUE from",
     "energy_included_ar": "energy in the AR fleet cost",
     "energy_included_spec": "energy in the spec fleet cost",
     "energy_estimated_ar": "AR energy estimated",

@@ -278,7 +278,7 @@ def assumptions_html(data: ReportData) -> str:
             f"{FLEET_COST_LABEL}: AR {usd(p.cost_per_1m_tokens_ar_usd)}, spec {usd(p.cost_per_1m_tokens_spec_usd)} "
             f"({FLEET_COST_FORMULA}); the cost per 1M tokens of the tiles and the Spec vs AR table is the "
             "measured one",
-            f"energy: PUE {a['pue']:g}, ${a['usd_per_kwh']:g}/kWh"
+            f"energy: PUE {a['pue']:g}, ${a['usd_per_kwh']:g}/kWh ({a['energy_prices_from']})"
             + (" (estimated power)" if a["energy_estimated"] else ""),
             f"{a['hours_per_year']:,} hours a year",
             *a["notes"],

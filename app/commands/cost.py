@@ -427,7 +427,7 @@ def run_project_command(args) -> int:
         line += f", measured on {', '.join(sp.measured_on)}"
         if sp.energy_left_out:
             line += OTHER_HARDWARE_ENERGY.replace("hardware only", "node price only")
-    print(line + f"; PUE {sp.pue:g}, ${sp.usd_per_kwh:g}/kWh")
+    print(line + f"; PUE {sp.pue:g}, ${sp.usd_per_kwh:g}/kWh ({sp.energy_prices_from})")
     if sp.node_price.origin == "flag":
         print(f"note: {CUSTOM_PRICE_NOTE}")
     for note in p.notes:
