@@ -44,6 +44,9 @@ from serving.server_text import TextStream, max_prompt_chars
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a request body beyond this is refused (413) without reading the rest
+# A handler cancelled by uvicorn (its graceful-shutdown timeout ran out) cancels its job and waits this long for
+# the engine's answer (one decode step at most) before it sends the documented 503 / error event itself.
+ANSWER_AFTER_CANCEL_S = 10.0
 
 
 @dataclass
@@ -67,6 +70,7 @@ class ServerState:
     # one thread that validates and tokenizes requests, off the event loop (a long prompt takes seconds)
     checker: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
         1, thread_name_prefix="specfinops-tokenize"))
+    handlers: set[asyncio.Task] = field(default_factory=set)  # generation requests in flight (their tasks)
 
     def __post_init__(self) -> None:
         if self.max_chars is None:
@@ -87,8 +91,14 @@ def create_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        # uvicorn has stopped accepting and waited for in-flight responses; cancel what is left
-        # (recorded as cancelled), end the runs and flush the recorder
+        # uvicorn has stopped accepting and waited up to its graceful timeout for in-flight responses, then
+        # cancelled the handlers still running. Stop the engine (what runs or waits is cancelled and recorded
+        # so), let those handlers send their answers (503 `cancelled`, or an error event and [DONE]) before
+        # the process exits, then end the runs and flush the recorder.
+        await asyncio.to_thread(state.loop_engine.stop)
+        pending = [t for t in state.handlers if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=ANSWER_AFTER_CANCEL_S)
         await asyncio.to_thread(shutdown, state)
 
     app = FastAPI(title="specfinops", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -187,20 +197,26 @@ def _authorize(request: Request, state: ServerState) -> None:
 
 async def _generate(request: Request, state: ServerState, kind: str):
     t_start, wall_start = time.perf_counter(), datetime.now(UTC)  # TTFT counts from arrival
+    task = asyncio.current_task()
+    state.handlers.add(task)  # the app's shutdown waits for it to answer
+    task.add_done_callback(state.handlers.discard)
     _authorize(request, state)
     model = ChatRequest if kind == "chat" else CompletionRequest
-    req = parse_body(await _read_body(request), model)
-    checked = await asyncio.get_running_loop().run_in_executor(state.checker, functools.partial(
-        check, req, kind, model_id=state.model_id, max_len=state.max_len, vocab_size=state.vocab_size,
-        encode_chat=state.encode_chat, encode_text=state.encode_text, max_chars=state.max_chars))
+    try:
+        req = parse_body(await _read_body(request), model)
+        checked = await asyncio.get_running_loop().run_in_executor(state.checker, functools.partial(
+            check, req, kind, model_id=state.model_id, max_len=state.max_len, vocab_size=state.vocab_size,
+            encode_chat=state.encode_chat, encode_text=state.encode_text, max_chars=state.max_chars))
+    except asyncio.CancelledError:  # uvicorn's graceful shutdown ran out before the request reached the engine
+        task.uncancel()
+        raise APIError(503, "the server is shutting down", code="shutting_down") from None
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     job = Job(f"{prefix}-{uuid.uuid4().hex[:24]}", checked, t_start, wall_start, asyncio.get_running_loop())
     recorded_in = request.headers.get(RECORDED_IN_HEADER)
     job.recorded_by_client = bool(recorded_in) and recorded_in == state.store_key
     state.loop_engine.submit(job)
     if checked.stream:
-        return StreamingResponse(_stream(job, state), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _EventStream(job, state)
     return await _complete(request, job, state)
 
 
@@ -222,16 +238,10 @@ async def _read_body(request: Request) -> bytes:
 
 async def _complete(request: Request, job: Job, state: ServerState):
     collect = asyncio.ensure_future(_collect(job))
-    gone = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not collect.done():  # the client left, or this handler was cancelled (shutdown)
-            state.loop_engine.cancel(job)
-            collect.cancel()
-        gone.cancel()
-    if collect not in done:
+    if not await _until_done_or_gone(collect, request.receive, job, state):
         return Response(status_code=499)
+    if not collect.done():  # cancelled by uvicorn and the engine did not answer in time
+        raise APIError(503, "the request was cancelled (server shutting down)", code="cancelled")
     ids, fin = collect.result()
     if fin.finish_reason == "error":
         raise APIError(500, f"generation failed: {fin.error}", code="generation_failed")
@@ -259,11 +269,55 @@ async def _collect(job: Job) -> tuple[list[int], Finished]:
         ids.extend(item)
 
 
-async def _wait_disconnect(request: Request) -> None:
+async def _wait_disconnect(receive) -> None:
     while True:
-        message = await request.receive()
+        message = await receive()
         if message["type"] == "http.disconnect":
             return
+
+
+async def _until_done_or_gone(work: asyncio.Future, receive, job: Job, state: ServerState) -> bool:
+    """Wait for `work` (it ends once the job's Finished arrives) or the client's disconnect; False when the
+    client left first (the job and `work` are cancelled).
+
+    When uvicorn cancels this handler (its graceful-shutdown timeout ran out), the handler does not vanish
+    (a bare 500, a stream cut mid-body): it cancels the job and gives `work` up to ANSWER_AFTER_CANCEL_S to
+    end with the engine's 'cancelled' answer, then returns True (`work` is cancelled if still not done)."""
+    gone = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        asyncio.current_task().uncancel()
+        state.loop_engine.cancel(job)
+        await asyncio.wait({work}, timeout=ANSWER_AFTER_CANCEL_S)
+        if not work.done():
+            work.cancel()
+        return True
+    finally:
+        gone.cancel()
+    if work.done():
+        return True
+    state.loop_engine.cancel(job)
+    work.cancel()
+    return False
+
+
+class _EventStream(StreamingResponse):
+    """The server-sent events of a streamed request. Starlette runs a stream's body in a task group that the
+    handler's cancellation (uvicorn's graceful-shutdown timeout) cuts mid-body, without an error event or
+    [DONE]; here the body runs in a task of its own, and a cancelled handler cancels the job, so `_stream`
+    ends with its 'cancelled' error event and [DONE]."""
+
+    def __init__(self, job: Job, state: ServerState):
+        super().__init__(_stream(job, state), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._job, self._state = job, state
+
+    async def __call__(self, scope, receive, send) -> None:
+        body = asyncio.ensure_future(self.stream_response(send))
+        await _until_done_or_gone(body, receive, self._job, self._state)
+        if body.done() and not body.cancelled():
+            body.result()  # its failure, if any, surfaces here as in StreamingResponse
 
 
 async def _stream(job: Job, state: ServerState) -> AsyncIterator[str]:
@@ -278,8 +332,10 @@ async def _stream(job: Job, state: ServerState) -> AsyncIterator[str]:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
         else:
             choice = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": reason}
-        return _sse({"id": job.id, "object": obj, "created": created, "model": state.model_id,
-                     "choices": [choice]})
+        body = {"id": job.id, "object": obj, "created": created, "model": state.model_id, "choices": [choice]}
+        if job.checked.include_usage:  # OpenAI: every chunk carries "usage", null but in the last
+            body["usage"] = None
+        return _sse(body)
 
     done = False
     try:

@@ -55,6 +55,7 @@ class Job:
     seq: Sequence | None = None
     cancelled: bool = False
     finished: bool = False
+    holds_slot: bool = False  # taken from the queue for a batch slot, not finished yet
     recorded_by_client: bool = False  # a load test records it in this server's own store: not twice
 
     @property
@@ -74,6 +75,7 @@ class EngineLoop:
         self._max_waiting = max_waiting
         self._cv = threading.Condition()
         self._waiting: deque[Job] = deque()
+        self._num_holding = 0  # jobs holding (or about to take) a batch slot; guarded by _cv
         self._cancels: deque[Job] = deque()
         self._jobs: dict[str, Job] = {}  # admitted and not finished, by request id
         self._outbox: list[tuple[Job, tuple[int, ...]]] = []
@@ -100,21 +102,29 @@ class EngineLoop:
         return self._thread.is_alive() and not self._stopping
 
     def submit(self, job: Job) -> None:
+        """Queue `job`; 503 when `max_waiting` requests already wait beyond the free batch slots (a job the
+        engine thread has not yet moved into a free slot does not count: it starts at the next admission)."""
         with self._cv:
             if self._stopping or not self._thread.is_alive():
                 raise APIError(503, "the server is shutting down", code="shutting_down")
-            if len(self._waiting) >= self._max_waiting:
-                raise APIError(503, f"the server is overloaded ({len(self._waiting)} requests waiting); "
+            queued = len(self._waiting) - max(self.engine.max_batch - self._num_holding, 0)
+            if queued >= self._max_waiting:
+                raise APIError(503, f"the server is overloaded ({queued} requests waiting for a batch slot); "
                                "retry later", code="overloaded")
             self._waiting.append(job)
             self._cv.notify()
 
     def cancel(self, job: Job) -> None:
-        """Cancel from any thread (e.g. the client went away); recorded as 'cancelled'."""
+        """Cancel from any thread (e.g. the client went away); recorded as 'cancelled'. A job still in the
+        queue leaves it at once, so it no longer counts as waiting (nor against `max_waiting`)."""
         if job.finished or job.cancelled:
             return
         job.cancelled = True
         with self._cv:
+            try:
+                self._waiting.remove(job)
+            except ValueError:  # admitted already (or being admitted): the engine thread cancels its sequence
+                pass
             self._cancels.append(job)
             self._cv.notify()
 
@@ -157,7 +167,10 @@ class EngineLoop:
                     self._waiting.clear()
                 else:
                     while self._waiting and len(admit) < len(self.engine.free_slots):
-                        admit.append(self._waiting.popleft())
+                        job = self._waiting.popleft()
+                        job.holds_slot = True
+                        self._num_holding += 1
+                        admit.append(job)
             for job in cancels:
                 self._cancel(job)
             for job in admit:
@@ -170,6 +183,7 @@ class EngineLoop:
 
     def _admit(self, job: Job) -> None:
         if job.finished:  # cancelled while it waited
+            self._release_slot(job)
             return
         c = job.checked
         job.record = _record(job)
@@ -222,9 +236,16 @@ class EngineLoop:
         if ev.tokens:
             self._outbox.append((job, ev.tokens))
 
+    def _release_slot(self, job: Job) -> None:
+        if job.holds_slot:
+            job.holds_slot = False
+            with self._cv:
+                self._num_holding -= 1
+
     def _finish(self, job: Job, reason: str, error: str | None = None) -> None:
         job.finished = True
         self._jobs.pop(job.id, None)
+        self._release_slot(job)  # the engine gave the sequence's slot back (finished, cancelled or failed)
         rec, seq = job.record, job.seq
         rec.status = {"cancelled": "cancelled", "error": "error"}.get(reason, "ok")
         rec.error = error

@@ -46,7 +46,8 @@ class ServeMetrics:
         self.requests = Counter("specfinops:requests", "Finished requests by status (ok | error | cancelled) "
                                 "and mode (spec | ar).", [*base, "status", "mode"], registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Output tokens emitted.", base, registry=r)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens prefilled.", base, registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens prefilled (requests that reached the "
+                                     "engine and emitted a first token).", base, registry=r)
         if running is not None:
             Gauge("vllm:num_requests_running", "Sequences in the engine batch.", base,
                   registry=r).labels(*self._base).set_function(running)
@@ -62,7 +63,9 @@ class ServeMetrics:
     def observe_request(self, mode: str, rec: RequestRecord) -> None:
         b = self._base
         self.requests.labels(*b, rec.status, mode).inc()
-        self.prompt_tokens.labels(*b).inc(rec.prompt_tokens)
+        # prefilled = a first token came out: a request cancelled while it waited, or failed at prefill, was not
+        if rec.ttft_ms is not None:
+            self.prompt_tokens.labels(*b).inc(rec.prompt_tokens)
         self.generation_tokens.labels(*b).inc(rec.output_tokens)
         if rec.num_drafts:
             self.drafts.labels(*b).inc(rec.num_drafts)

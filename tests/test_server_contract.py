@@ -1,7 +1,9 @@
 """Requests the server must accept (and what it answers) at the edges of its contract: the widest seeds,
-harmless OpenAI fields, HEAD /health and GET /v1/models/{id}. The refusals are in test_server_bad_input."""
+harmless OpenAI fields, the usage field of streamed chunks, HEAD /health and GET /v1/models/{id}. The refusals are in test_server_bad_input."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import pytest
@@ -34,6 +36,25 @@ def test_the_harmless_values_of_unhonoured_fields_are_accepted(live):
     r = httpx.post(live.url + CHAT, json=body, headers=AUTH, timeout=120)
     assert r.status_code == 200, r.text
     assert r.text.rstrip().endswith("data: [DONE]") and '"usage"' in r.text and '"error"' not in r.text
+
+
+@pytest.mark.parametrize("path", [CHAT, COMP])
+def test_with_include_usage_every_chunk_carries_usage_null_but_the_last(live, path):
+    """OpenAI: with stream_options.include_usage every chunk has "usage" (null), the last one the usage
+    with empty choices. Without the option no chunk has the field."""
+    body = {"model": live.model, "max_tokens": 4, "temperature": 0, "stream": True,
+            **({"messages": [{"role": "user", "content": "hi"}]} if path == CHAT else {"prompt": "Hello"})}
+
+    def events(extra: dict) -> list[dict]:
+        r = httpx.post(live.url + path, json={**body, **extra}, headers=AUTH, timeout=120)
+        assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]"), r.text
+        return [json.loads(line[6:]) for line in r.text.splitlines()
+                if line.startswith("data: ") and line != "data: [DONE]"]
+
+    with_usage = events({"stream_options": {"include_usage": True}})
+    assert len(with_usage) >= 2 and all("usage" in e and e["usage"] is None for e in with_usage[:-1]), with_usage
+    assert with_usage[-1]["choices"] == [] and with_usage[-1]["usage"]["completion_tokens"] >= 1
+    assert all("usage" not in e for e in events({}))
 
 
 def test_the_context_window_error_says_how_many_prompt_tokens_fit_and_that_many_do(live):

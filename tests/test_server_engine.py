@@ -1,17 +1,22 @@
 """The server's engine thread on a tiny random model (no HTTP): batching, cancellation, a failing step
-fails its batch and the loop keeps serving; and incremental detokenization with stop strings."""
+fails its batch and the loop keeps serving, the waiting limit; and incremental detokenization with stop
+strings."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import UTC, datetime
+
+import pytest
 
 from serving.drafters import NgramDrafter
 from serving.engine import Engine
 from serving.lookahead import FixedK
 from serving.sampling import SamplingParams
 from serving.server_engine import EngineLoop, Finished, Job
-from serving.server_schemas import Checked
+from serving.server_metrics import ServeMetrics
+from serving.server_schemas import APIError, Checked
 from serving.server_text import TextStream
 from tests.tiny import tiny_model
 
@@ -32,9 +37,29 @@ async def _drain(job: Job) -> tuple[list[int], Finished]:
         ids.extend(item)
 
 
-def _engine_loop(records):
+def _engine_loop(records, max_waiting: int = 1024):
     engine = Engine(TARGET, drafter=NgramDrafter(n_max=3), policy=FixedK(3), max_batch=2, max_len=200)
-    return EngineLoop(engine, lambda job, rec, others: records.append((job.mode, rec))).start()
+    return EngineLoop(engine, lambda job, rec, others: records.append((job.mode, rec)),
+                      max_waiting=max_waiting).start()
+
+
+async def _full_and_held(el: EngineLoop, loop) -> tuple[list[Job], threading.Event]:
+    """Two jobs fill both slots, then the engine thread is held inside its next step until the returned
+    event is set: whatever is submitted meanwhile stays in the queue."""
+    held, release, real_step = threading.Event(), threading.Event(), el.engine.step
+
+    def held_step():
+        if len(el.engine.running) == 2:
+            held.set()
+            release.wait(60)
+        return real_step()
+
+    el.engine.step = held_step
+    running = [_job(loop, i, 40) for i in (0, 1)]
+    for j in running:
+        el.submit(j)
+    assert await asyncio.to_thread(held.wait, 60)
+    return running, release
 
 
 def test_jobs_share_the_batch_and_records_match_what_was_sent():
@@ -118,6 +143,101 @@ def test_cancel_and_stop_record_cancelled():
     assert len(recs) == 4 and all(r.status == "cancelled" for r in recs.values())
     assert all(r.output_tokens == len(r.tokens) for r in recs.values())
     assert recs["job-0"].output_tokens < 150
+
+
+def test_a_job_cancelled_while_it_waits_leaves_the_queue_at_once():
+    """Clients that gave up while queued no longer count as waiting (/health, vllm:num_requests_waiting) nor
+    against --max-waiting: before, they did until a slot freed, and the next request got 503 overloaded."""
+    records = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        el = _engine_loop(records, max_waiting=3)
+        running, release = await _full_and_held(el, loop)
+        queued = [_job(loop, i, 4) for i in (2, 3, 4)]
+        for j in queued:
+            el.submit(j)
+        assert el.num_waiting == 3
+        with pytest.raises(APIError) as full:
+            el.submit(_job(loop, 9, 4))
+        assert full.value.status == 503 and full.value.code == "overloaded"
+        for j in queued:
+            el.cancel(j)
+        waiting_after_cancel = el.num_waiting
+        late = _job(loop, 5, 4)
+        el.submit(late)  # raised 503 overloaded (3 requests waiting) before
+        release.set()
+        out = await asyncio.gather(*(_drain(j) for j in [*running, *queued, late]))
+        el.stop()
+        return waiting_after_cancel, out
+
+    waiting_after_cancel, out = asyncio.run(main())
+    assert waiting_after_cancel == 0
+    assert [fin.finish_reason for _, fin in out[2:5]] == ["cancelled"] * 3
+    assert out[5][1].finish_reason in ("length", "stop")
+    recs = {r.external_id: r for _, r in records}
+    assert all(recs[f"job-{i}"].status == "cancelled" and recs[f"job-{i}"].output_tokens == 0 for i in (2, 3, 4))
+
+
+def test_a_burst_fills_the_free_slots_before_the_waiting_limit_counts():
+    """--max-waiting bounds the requests beyond the free slots: a job the engine thread has not yet moved into
+    a free slot does not count. Before, a burst of 4 at an idle server (batch 2, max waiting 2) got a 503 for
+    the fourth whenever it came before the engine thread had admitted the first ones."""
+    records = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        el = _engine_loop(records, max_waiting=2)
+        adding, release, real_add = threading.Event(), threading.Event(), el.engine.add
+
+        def held_add(*args, **kwargs):  # the engine thread stops inside the first admission
+            adding.set()
+            release.wait(60)
+            return real_add(*args, **kwargs)
+
+        el.engine.add = held_add
+        jobs = [_job(loop, i, 3) for i in range(4)]
+        el.submit(jobs[0])
+        assert await asyncio.to_thread(adding.wait, 60)
+        for j in jobs[1:]:
+            el.submit(j)  # one takes the free slot, two wait: within the limit (the fourth got 503 before)
+        with pytest.raises(APIError) as full:  # a fifth would be the third beyond the slots
+            el.submit(_job(loop, 4, 3))
+        assert full.value.status == 503 and full.value.code == "overloaded"
+        release.set()
+        out = await asyncio.gather(*(_drain(j) for j in jobs))
+        el.stop()
+        return out
+
+    out = asyncio.run(main())
+    assert all(fin.finish_reason in ("length", "stop") and ids for ids, fin in out)
+
+
+def test_prompts_never_prefilled_are_not_counted_as_prefilled():
+    """A request cancelled while it waited keeps its prompt length in the store (the column is the prompt's
+    size), but vllm:prompt_tokens_total ("tokens prefilled") counts only prompts that reached the engine."""
+    records = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        el = _engine_loop(records)
+        running, release = await _full_and_held(el, loop)
+        queued = _job(loop, 2, 4)
+        el.submit(queued)
+        el.cancel(queued)
+        release.set()
+        for j in [*running, queued]:
+            await _drain(j)
+        el.stop()
+
+    asyncio.run(main())
+    recs = {r.external_id: r for _, r in records}
+    assert recs["job-2"].status == "cancelled" and recs["job-2"].prompt_tokens == 4  # the prompt's length
+    metrics = ServeMetrics("m")
+    for mode, rec in records:
+        metrics.observe_request(mode, rec)
+    prefilled = metrics.registry.get_sample_value("vllm:prompt_tokens_total", {"model_name": "m", "engine": "0"})
+    assert prefilled == recs["job-0"].prompt_tokens + recs["job-1"].prompt_tokens == 8
 
 
 def test_text_stream_holds_back_stop_prefixes_and_partial_characters():
