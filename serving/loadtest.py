@@ -7,24 +7,38 @@ the client's view: TTFT = request sent -> first content chunk, TPOT = (E2E - TTF
 ITL = gaps between chunks (tokens that arrive in one chunk arrive together and count once).
 Each (level, mode) is stored as a run (kind 'loadtest', concurrency = level) with its requests, so
 the FinOps capacity at SLA can use it. Loopback only: the device recorded is this machine's.
+
+A worker pauses after a failed request (doubling up to BACKOFF_MAX_S); a level whose requests all fail
+for FAIL_FAST_S (the server gone, or refusing everything) or by its end stops the load test
+(`LoadTestFailed`, the run 'failed'). Stopped by Ctrl-C / SIGTERM, a level cancels its workers before
+the client closes: requests in flight are recorded 'cancelled', none as an error of our own making.
+When the server records into the same store (`SharedStore`), the requests carry the energy its power
+samples give them, shared among the requests in flight at each instant (`ServerPower`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlparse
 
 from serving.workloads import Prompt
-from telemetry.records import RequestRecord, TokenRow
+from telemetry.energy import attribute_energy
+from telemetry.records import PowerReading, RequestRecord, TokenRow
+
+logger = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 DRAIN_GRACE_S = 120.0  # after the duration, in-flight requests get this long before they are cancelled
 TOKEN_SOURCE = "client"  # token events seen from the client: which step made them is unknown here
+BACKOFF_S, BACKOFF_MAX_S = 0.05, 2.0  # a worker's pause after its 1st, 2nd, ... failure in a row: doubling
+FAIL_FAST_S = 5.0  # every request failing this long (3 at least), none streaming: the level stops
+FAIL_FAST_MIN = 3
 
 
 def base_url(url: str) -> str:
@@ -82,6 +96,8 @@ class ClientResult:
     prompt: Prompt
     record: RequestRecord
     chunk_times_ms: list[float] = field(default_factory=list)  # content chunks, from request start
+    ended_at: datetime | None = None  # the client's end of the request: its window for energy shares
+    unreachable: bool = False  # failed to connect, or the connection was lost (openai.APIConnectionError)
 
     @property
     def tpot_ms(self) -> float | None:
@@ -103,6 +119,28 @@ class LevelResult:
     results: list[ClientResult]
     wall_s: float
     run_id: int | None = None
+
+
+class LevelFailed(RuntimeError):
+    """A level stopped because its requests fail (`run_level`); `result` holds what it did."""
+
+    def __init__(self, reason: str, result: LevelResult):
+        super().__init__(reason)
+        self.result = result
+
+
+class LoadTestFailed(RuntimeError):
+    """The load test stopped at a failed level; `results`: the levels run, the failed one last."""
+
+    def __init__(self, reason: str, results: list[LevelResult]):
+        super().__init__(reason)
+        self.results = results
+
+
+def _distinct_errors(results: list[ClientResult], most: int = 3) -> str:
+    errors = sorted({r.record.error for r in results if r.record.status == "error" and r.record.error})
+    more = f" (and {len(errors) - most} more)" if len(errors) > most else ""
+    return "; ".join(errors[:most]) + more
 
 
 def token_rows(chunks: list[tuple[float, int]], num_tokens: int) -> list[TokenRow]:
@@ -135,7 +173,10 @@ def new_result(prompt: Prompt) -> ClientResult:
 
 
 async def one_request(client, model: str, res: ClientResult, spec: LoadSpec, mode: str) -> None:
-    """Send one streaming request and fill `res` (its record's start is when it was created)."""
+    """Send one streaming request and fill `res` (its record's start is when it was created). The record's
+    TTFT is set as soon as the first content chunk arrives: a request in flight shows that the server works."""
+    from openai import APIConnectionError
+
     rec, t0 = res.record, time.perf_counter()
     rec.started_at = datetime.now(UTC)
     chunks: list[tuple[float, int]] = []
@@ -145,13 +186,16 @@ async def one_request(client, model: str, res: ClientResult, spec: LoadSpec, mod
             model=model, messages=res.prompt.as_messages(), max_tokens=spec.max_tokens,
             temperature=spec.temperature, stream=True, stream_options={"include_usage": True},
             extra_body={"speculative": mode == "spec"})
-        async for chunk in stream:
-            if chunk.usage is not None:
-                usage = chunk.usage
-            for choice in chunk.choices:
-                text = choice.delta.content if choice.delta else None
-                if text:
-                    chunks.append(((time.perf_counter() - t0) * 1000.0, len(text)))
+        async with stream:  # closed when cancelled too: the server sees the client go and frees the slot
+            async for chunk in stream:
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                for choice in chunk.choices:
+                    text = choice.delta.content if choice.delta else None
+                    if text:
+                        chunks.append(((time.perf_counter() - t0) * 1000.0, len(text)))
+                        if rec.ttft_ms is None:
+                            rec.ttft_ms = chunks[0][0]
         if usage is None:
             raise RuntimeError("the stream ended without usage (stream_options.include_usage)")
         rec.prompt_tokens = usage.prompt_tokens
@@ -159,11 +203,13 @@ async def one_request(client, model: str, res: ClientResult, spec: LoadSpec, mod
         rec.output_tokens = len(rec.tokens)  # one token row per counted token
         _take_speculation_counts(rec, usage)
     except asyncio.CancelledError:
-        rec.status, rec.error = "cancelled", "cancelled at the load test's deadline"
+        rec.status, rec.error = "cancelled", "cancelled by the load test"  # run_level says why
         raise
     except Exception as exc:  # noqa: BLE001 - a failed request is a result, recorded with its error
         rec.status, rec.error = "error", f"{type(exc).__name__}: {exc}"[:500]
+        res.unreachable = isinstance(exc, APIConnectionError)
     finally:
+        res.ended_at = datetime.now(UTC)
         res.chunk_times_ms = [t for t, _ in chunks]
         if chunks:
             rec.ttft_ms, rec.e2e_ms = chunks[0][0], chunks[-1][0]
@@ -185,59 +231,233 @@ def _take_speculation_counts(rec, usage) -> None:
 PROGRESS_EVERY_S = 0.5  # how often a level reports its progress (`on_progress`)
 
 
+def backoff_s(failures: int) -> float:
+    """A worker's pause after `failures` failed requests in a row: no worker loops on a refusing server."""
+    return min(BACKOFF_S * 2 ** (failures - 1), BACKOFF_MAX_S)
+
+
+class _Stop(Exception):
+    """A worker's word that the level must stop: its requests all fail (the reason is the message)."""
+
+
+class _Failing:
+    """The requests that failed since the level last saw the server work (a request ok, or one streaming)."""
+
+    def __init__(self) -> None:
+        self.results: list[ClientResult] = []
+        self.since: float | None = None
+
+    def working(self) -> None:
+        self.results, self.since = [], None
+
+    def failed(self, res: ClientResult, now: float) -> str | None:
+        """Count a failure; the reason to stop once every request failed for FAIL_FAST_S (FAIL_FAST_MIN at least)."""
+        self.results.append(res)
+        self.since = now if self.since is None else self.since
+        n, span = len(self.results), now - self.since
+        if n < FAIL_FAST_MIN or span < FAIL_FAST_S:
+            return None
+        if all(r.unreachable for r in self.results):
+            return (f"the server stopped answering: {n} requests in {span:.0f} s failed to connect "
+                    f"({_distinct_errors(self.results)})")
+        return f"every request failed for {span:.0f} s ({n} requests): {_distinct_errors(self.results)}"
+
+
 async def run_level(client, model: str, prompts: list[Prompt], spec: LoadSpec, level: int, mode: str,
                     on_result: Callable[[ClientResult], None] | None = None,
-                    on_progress: Callable[[float, int, int, bool], None] | None = None) -> LevelResult:
+                    on_progress: Callable[[float, int, int, bool], None] | None = None,
+                    power: ServerPower | None = None) -> LevelResult:
     """`level` workers issue requests back to back until the duration is over; in-flight ones finish
-    (or are cancelled, and recorded so, DRAIN_GRACE_S later). `on_progress(elapsed_s, requests_ok,
-    output_tokens, final)` is called every PROGRESS_EVERY_S while the level runs, and at its end with
-    final True."""
+    (or are cancelled, and recorded so, DRAIN_GRACE_S later). A worker pauses after a failed request
+    (`backoff_s`); LevelFailed (after recording what the level did) when every request failed for
+    FAIL_FAST_S, or none succeeded by the end. On any way out, Ctrl-C included, the workers are cancelled
+    and awaited before this returns, and the requests in flight are recorded 'cancelled'.
+    `on_result(res)` records a finished request; with `power`, once its energy share is known.
+    `on_progress(elapsed_s, requests_ok, output_tokens, final)` is called every PROGRESS_EVERY_S while
+    the level runs, and at its end with final True."""
     results: list[ClientResult] = []
     inflight: dict[int, ClientResult] = {}
+    ended: list[tuple[datetime, datetime]] = []  # finished requests' windows that later ones may overlap
     counter = iter(range(1 << 62))
     t_begin = time.perf_counter()
     deadline = t_begin + spec.duration_s
     ok = [0, 0]  # requests ok, their output tokens: what `on_progress` reports
+    failing = _Failing()
+
+    def record(res: ClientResult) -> None:
+        if on_result is not None:
+            on_result(res)
 
     def done(res: ClientResult) -> None:
         results.append(res)
         if res.record.status == "ok":
             ok[0] += 1
             ok[1] += res.record.output_tokens
-        if on_result is not None:
-            on_result(res)
+        if power is None:
+            record(res)
+            return
+        # who shared the devices with it: finished requests that overlapped it, and those still in flight
+        start, end = res.record.started_at, res.ended_at
+        alive = [(r.record.started_at, end) for r in inflight.values() if r is not res and r.record.started_at < end]
+        power.add(res, [w for w in ended if w[1] > start and w[0] < end] + alive)
+        oldest = min((r.record.started_at for r in inflight.values()), default=end)
+        ended[:] = [w for w in ended if w[1] > oldest]  # no request still to finish can overlap the others
+        ended.append((start, end))
 
     async def worker() -> None:
+        failures = 0
         while time.perf_counter() < deadline:
             res = new_result(prompts[next(counter) % len(prompts)])
             inflight[id(res)] = res
             await one_request(client, model, res, spec, mode)
             del inflight[id(res)]
             done(res)
+            if res.record.status == "ok":
+                failures = 0
+                failing.working()
+                continue
+            failures += 1
+            now = time.perf_counter()
+            if any(r.record.ttft_ms is not None for r in inflight.values()):
+                failing.working()  # others stream: the server works, this failure is the request's own
+            elif (reason := failing.failed(res, now)) is not None:
+                raise _Stop(reason)
+            await asyncio.sleep(min(backoff_s(failures), max(deadline - now, 0.0)))
 
     async def ticker() -> None:
         while True:
             await asyncio.sleep(PROGRESS_EVERY_S)
             on_progress(time.perf_counter() - t_begin, ok[0], ok[1], False)
 
+    async def settler() -> None:
+        while True:
+            await asyncio.sleep(SETTLE_EVERY_S)
+            keep_from = min((r.record.started_at for r in inflight.values()), default=datetime.now(UTC))
+            for res in await power.settle(keep_from=keep_from):
+                record(res)
+
     workers = [asyncio.ensure_future(worker()) for _ in range(level)]
-    ticking = asyncio.ensure_future(ticker()) if on_progress is not None else None
+    helpers = [asyncio.ensure_future(ticker())] if on_progress is not None else []
+    if power is not None:
+        helpers.append(asyncio.ensure_future(settler()))
+    interrupted, stopped = True, None
+    why = "cancelled: the load test was interrupted (Ctrl-C or SIGTERM)"
     try:
-        _, pending = await asyncio.wait(workers, timeout=spec.duration_s + DRAIN_GRACE_S)
-        for w in pending:
-            w.cancel()
-        if pending:
-            await asyncio.wait(pending)
+        finished, _ = await asyncio.wait(workers, timeout=spec.duration_s + DRAIN_GRACE_S,
+                                         return_when=asyncio.FIRST_EXCEPTION)
+        interrupted = False
+        errors = [w.exception() for w in finished if w.exception() is not None]
+        for exc in errors:
+            if not isinstance(exc, _Stop):
+                raise exc  # a bug: as it is
+        stopped = str(errors[0]) if errors else None
+        why = ("cancelled: the level stopped, its requests failing" if stopped
+               else "cancelled at the load test's deadline")
     finally:
-        if ticking is not None:
-            ticking.cancel()
-    for res in inflight.values():
-        res.record.status = "cancelled"
-        res.record.output_tokens, res.record.tokens = 0, []
-        done(res)
+        for task in workers + helpers:  # before anything else: no worker may run on (a closed client)
+            task.cancel()
+        await asyncio.gather(*workers, *helpers, return_exceptions=True)
+        for res in list(inflight.values()):  # cancelled above, or by the interrupt: recorded so, by us
+            res.record.status, res.record.error = "cancelled", why
+            res.record.output_tokens, res.record.tokens = 0, []
+            done(res)
+        inflight.clear()
+        if power is not None:
+            for res in await power.settle(final=True, wait_s=0.0 if interrupted else SETTLE_S):
+                record(res)
     if on_progress is not None:
         on_progress(time.perf_counter() - t_begin, ok[0], ok[1], True)
-    return LevelResult(level, mode, results, time.perf_counter() - t_begin)
+    result = LevelResult(level, mode, results, time.perf_counter() - t_begin)
+    if stopped is not None:
+        raise LevelFailed(stopped, result)
+    if ok[0] == 0 and results:
+        raise LevelFailed(f"no request of the level succeeded ({len(results)} requests): "
+                          f"{_distinct_errors(results) or 'all cancelled'}", result)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- energy
+
+SETTLE_EVERY_S = 0.5  # how often a level reads the server's new power samples (ServerPower)
+SETTLE_S = 3.0  # after a level, how long it waits for samples covering its last requests' ends
+READINGS_KEPT_S = 10.0  # samples kept from before the oldest request still to be attributed
+
+
+def _aware(t: datetime) -> datetime:
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)  # the store keeps UTC (SQLite: naive)
+
+
+class ServerPower:
+    """Energy for the load test's requests from the power samples a server records into the same store
+    (with its 'serve' run `run_id`): at every instant the devices' energy is shared equally by the load
+    test's requests in flight then (`attribute_energy`, as the server shares it among its requests; other
+    clients' requests at the same time are not seen here). A request's share is known once samples cover
+    its end: it waits here until then; one they never cover (the server gone) is recorded without energy."""
+
+    def __init__(self, engine, run_id: int) -> None:
+        self._engine, self._run_id = engine, run_id
+        self._readings: list[PowerReading] = []
+        self._pending: list[tuple[ClientResult, list[tuple[datetime, datetime]]]] = []
+        self._after = datetime.now(UTC) - timedelta(seconds=READINGS_KEPT_S)  # newest sample read
+        self._broken = False
+
+    def add(self, res: ClientResult, sharers: list[tuple[datetime, datetime]]) -> None:
+        """A finished request and the windows of the requests in flight beside it."""
+        self._pending.append((res, sharers))
+
+    def _read(self, after: datetime) -> list[PowerReading]:
+        """The run's samples newer than `after` (database I/O: called in a thread)."""
+        from sqlalchemy import select
+
+        from telemetry.db import PowerSample as P
+
+        with self._engine.connect() as conn:
+            rows = conn.execute(select(P.t, P.device_index, P.power_w, P.energy_mj, P.utilization_pct, P.source)
+                                .where(P.run_id == self._run_id, P.t > after).order_by(P.t, P.id)).all()
+        return [PowerReading(_aware(t), device, power_w, energy_mj, util, source)
+                for t, device, power_w, energy_mj, util, source in rows]
+
+    async def settle(self, *, final: bool = False, wait_s: float = 0.0,
+                     keep_from: datetime | None = None) -> list[ClientResult]:
+        """Read the new samples (waiting up to `wait_s` until they cover every pending request) and return the
+        requests they cover, each with its share in `record.energy_j`; `final`: every pending one, the rest
+        without energy. Samples older than every request still to come (`keep_from`) are let go."""
+        deadline = time.perf_counter() + wait_s
+        while True:
+            if not self._broken:
+                try:
+                    new = await asyncio.to_thread(self._read, self._after)
+                except Exception as exc:  # noqa: BLE001 - the energy is lost then, never the requests
+                    self._broken = True
+                    logger.warning("loadtest: cannot read the server's power samples (%s): requests are "
+                                   "recorded without energy", exc)
+                    new = []
+                if new:
+                    self._readings.extend(new)
+                    self._after = new[-1].t
+            covered = self._readings[-1].t if self._readings else None
+            waiting = any(covered is None or covered < res.ended_at for res, _ in self._pending)
+            if not waiting or self._broken or time.perf_counter() >= deadline:
+                break
+            await asyncio.sleep(0.1)
+        out, keep = [], []
+        for res, sharers in self._pending:
+            if covered is not None and covered >= res.ended_at:
+                window = (res.record.started_at, res.ended_at)
+                res.record.energy_j = attribute_energy(self._readings, [window, *sharers])[0]
+                out.append(res)
+            elif final:
+                out.append(res)
+            else:
+                keep.append((res, sharers))
+        self._pending = keep
+        starts = [t for res, sharers in keep for t in (res.record.started_at, *(s for s, _ in sharers))]
+        if keep_from is not None:
+            starts.append(keep_from)
+        if starts:
+            cut = min(starts) - timedelta(seconds=READINGS_KEPT_S)
+            self._readings = [r for r in self._readings if r.t >= cut]
+        return out
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -257,8 +477,94 @@ async def server_model(client, wanted: str | None) -> dict:
     raise ValueError(f"the server does not serve {wanted!r}; it serves {', '.join(c['id'] for c in cards)}")
 
 
-def loadtest_run_info(card: dict, mode: str, level: int, workload: str, temperature: float, node_id: str):
-    """A 'loadtest' run: this machine's device (loopback: the server runs here), the server's model."""
+def _server_said(exc) -> str:
+    """An openai.APIStatusError as '401 incorrect API key': the status and the server's own message."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        body = body["error"]
+    message = body.get("message") if isinstance(body, dict) else None
+    return f"{exc.status_code} {message or exc.message}"
+
+
+def _client(spec: LoadSpec, *, headers: dict | None = None, timeout_s: float | None = None):
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(base_url=base_url(spec.url), api_key=spec.api_key or "none", max_retries=0,
+                       timeout=timeout_s or spec.duration_s + DRAIN_GRACE_S, default_headers=headers)
+
+
+async def check_server(client, spec: LoadSpec) -> dict:
+    """The card of the model to load-test, once the server has answered for it; ValueError saying what is
+    wrong otherwise: nothing answers, the API key is refused, no such model, or --max-tokens cannot fit its
+    context window (every request would be refused)."""
+    import openai
+
+    try:
+        card = await server_model(client, spec.model)
+    except openai.AuthenticationError as exc:
+        what = "wants an API key: pass --api-key" if spec.api_key is None else "refused the API key (--api-key)"
+        raise ValueError(f"the server at {spec.url} {what} ({_server_said(exc)})") from None
+    except openai.APIConnectionError as exc:
+        cause = f": {exc.__cause__}" if exc.__cause__ is not None and str(exc.__cause__) else ""
+        raise ValueError(f"cannot reach {spec.url}: {exc.message}{cause}") from None
+    except openai.APIStatusError as exc:
+        raise ValueError(f"the server at {spec.url} answered GET /v1/models with {_server_said(exc)}") from None
+    max_len = card.get("max_model_len")
+    if isinstance(max_len, int) and not isinstance(max_len, bool) and spec.max_tokens > max_len - 2:
+        raise ValueError(f"--max-tokens {spec.max_tokens} cannot fit the server's context window: max_model_len "
+                         f"{max_len}, shared by the prompt and the output (at most {max_len - 2} output tokens "
+                         "after a one-token prompt)")
+    return card
+
+
+async def probe_server(spec: LoadSpec) -> dict:
+    """`check_server` with a client of its own (10 s timeout): before a store is opened or created."""
+    client = _client(spec, timeout_s=10.0)
+    try:
+        return await check_server(client, spec)
+    finally:
+        await client.close()
+
+
+@dataclass(frozen=True, slots=True)
+class SharedStore:
+    """The server records into the load test's store too: the key that leaves it the requests the load
+    test records (RECORDED_IN_HEADER), and its 'serve' run, whose power samples give them their energy."""
+
+    engine: object
+    key: str
+    run_id: int
+    power_source: str  # the server's: nvml | rapl | estimate | none
+
+
+def shared_store(engine, card: dict) -> SharedStore | None:
+    """The server's side of this store when it records into it: the model card names its run and the id of
+    its key (`specfinops.telemetry`), which this store must hold. None when it records elsewhere or not at
+    all: then it records the load test's requests in its own store as well."""
+    from sqlalchemy import select
+
+    from serving.server_telemetry import read_client_key
+    from telemetry.db import Run
+
+    extra = card.get("specfinops")
+    tel = extra.get("telemetry") if isinstance(extra, dict) else None
+    if not isinstance(tel, dict):
+        return None
+    run_id, key_id = tel.get("run_id"), tel.get("key_id")
+    if not isinstance(run_id, int) or isinstance(run_id, bool) or not isinstance(key_id, str):
+        return None
+    key = read_client_key(engine, run_id, key_id)
+    if key is None:
+        return None
+    with engine.connect() as conn:
+        source = conn.execute(select(Run.power_source).where(Run.id == run_id)).scalar_one()
+    return SharedStore(engine, key, run_id, source)
+
+
+def loadtest_run_info(card: dict, mode: str, level: int, workload: str, temperature: float, node_id: str,
+                      power_source: str = "none"):
+    """A 'loadtest' run: this machine's device (loopback: the server runs here), the server's model, and the
+    server's power source when its power samples give the requests their energy (`ServerPower`)."""
     import socket
 
     from serving.worker import device_name, software_version
@@ -270,32 +576,32 @@ def loadtest_run_info(card: dict, mode: str, level: int, workload: str, temperat
         backend=extra.get("backend", "unknown"), dtype=extra.get("dtype", "unknown"),
         target=str(card.get("root") or card["id"]), drafter=extra.get("drafter") if mode == "spec" else None,
         k_policy=extra.get("k_policy", "unknown") if mode == "spec" else "none", temperature=temperature,
-        workload=workload, power_source="none", software_version=software_version(), concurrency=level,
+        workload=workload, power_source=power_source, software_version=software_version(), concurrency=level,
         kind="loadtest",
     )
 
 
 async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, recorder=None,
-                       store_key: str | None = None, node_id: str = "",
+                       shared: SharedStore | None = None, card: dict | None = None, node_id: str = "",
                        say: Callable[[str], None] = lambda m: None,
                        progress: Callable[[str, int], Callable[[float, int, int, bool], None]] | None = None,
                        ) -> list[LevelResult]:
-    """Every level x mode in turn; each stored as a run when `recorder` is given. `store_key` (that
-    recorder's store, `telemetry.db.store_key`) goes with every request, so a server recording into the
-    same store leaves these requests to the load test's runs instead of recording them twice.
-    `progress(mode, level)`, when given, returns the level's `on_progress` (see run_level); without it each
-    level is announced with one line through `say`."""
-    from openai import AsyncOpenAI
-
+    """Every level x mode in turn; each stored as a run when `recorder` is given. `shared` (the server
+    records into the recorder's store too, `shared_store`): its key goes with every request, so the server
+    leaves these requests to the load test's runs, and they carry the energy its power samples give them.
+    `card`: the server's model card, when `probe_server` got it already. LoadTestFailed at a failed level
+    (its run 'failed'); Ctrl-C ends the level's run 'cancelled'. `progress(mode, level)`, when given,
+    returns the level's `on_progress` (see run_level); without it each level is announced through `say`."""
     from serving.server_telemetry import RECORDED_IN_HEADER
 
     spec.validate()
-    headers = {RECORDED_IN_HEADER: store_key} if store_key else None
-    client = AsyncOpenAI(base_url=base_url(spec.url), api_key=spec.api_key or "none", max_retries=0,
-                         timeout=spec.duration_s + DRAIN_GRACE_S, default_headers=headers)
-    out = []
+    if recorder is None:
+        shared = None
+    client = _client(spec, headers={RECORDED_IN_HEADER: shared.key} if shared is not None else None)
+    out: list[LevelResult] = []
     try:
-        card = await server_model(client, spec.model)
+        card = card or await check_server(client, spec)
+        measured = shared is not None and shared.power_source != "none"
         for level in spec.levels:
             for mode in spec.modes:
                 tick = progress(mode, level) if progress is not None else None
@@ -303,24 +609,30 @@ async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, 
                     say(f"{mode} c={level}: {spec.duration_s:g} s ...")
                 run_id = None
                 if recorder is not None:
-                    run_id = recorder.start_run(loadtest_run_info(card, mode, level, workload, spec.temperature,
-                                                                  node_id))
+                    run_id = recorder.start_run(loadtest_run_info(
+                        card, mode, level, workload, spec.temperature, node_id,
+                        shared.power_source if measured else "none"))
                 sink = (lambda r, rid=run_id: recorder.record_request(rid, r.record)) if recorder else None
+                power = ServerPower(shared.engine, shared.run_id) if measured else None
                 status = "failed"
                 try:
                     res = await run_level(client, card["id"], prompts, spec, level, mode, on_result=sink,
-                                          on_progress=tick)
+                                          on_progress=tick, power=power)
                     status = "completed"
                 except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C / SIGTERM: stopped, not failed
                     status = "cancelled"
                     raise
+                except LevelFailed as exc:
+                    exc.result.run_id = run_id
+                    out.append(exc.result)
+                    raise LoadTestFailed(f"{mode} c={level}: {exc}", out) from None
                 finally:
                     if recorder is not None:
                         recorder.end_run(run_id, status)
                 res.run_id = run_id
                 out.append(res)
     finally:
-        await client.close()
+        await client.close()  # the levels' workers are all done: nothing is left to use it
     return out
 
 

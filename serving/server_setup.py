@@ -17,7 +17,7 @@ from serving.sampling import SamplingParams
 from serving.server import ServerState, create_app, shutdown
 from serving.server_engine import EngineLoop
 from serving.server_metrics import ServeMetrics
-from serving.server_telemetry import MODES, ServeTelemetry
+from serving.server_telemetry import MODES, ServeTelemetry, client_key_id, publish_client_key
 from serving.worker import EngineSpec, Loaded, default_node_id, load, run_info
 
 if TYPE_CHECKING:
@@ -64,21 +64,21 @@ def _k_policy(loaded: Loaded, mode: str) -> str:
 def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState:
     """Load (unless given), warm up, open the store, start the runs, the telemetry and the engine thread."""
     from serving.kernels import in_passing_thread
-    from telemetry.db import store_key
     from telemetry.power import detect_power_source
 
     opts.validate()
     # torch work off this thread, so the engine thread's OpenMP pool is the only one (`in_passing_thread`)
     loaded, engine = in_passing_thread(_prepare, opts, loaded)
     model_id = opts.served_model_name or loaded.target_dir.name
-    recorder, infos = None, None
+    recorder, infos, store, client_key = None, None, None, None
     source = detect_power_source(opts.power, tdp_w=opts.tdp_w)
     try:
         if opts.telemetry:
             from telemetry.recorder import Recorder
             from telemetry.store import open_store
 
-            recorder = Recorder(open_store(opts.db))
+            store = open_store(opts.db)
+            recorder = Recorder(store)
             node = opts.node_id or default_node_id()
             # each request chooses its sampling: the run records none, its requests theirs
             infos = {m: run_info(loaded, m, workload="serve", params=None, node_id=node,
@@ -93,6 +93,16 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState
             recorder.close()
         source.close()
         raise
+    if recorder is not None:  # the key a client recording into this store sends (RECORDED_IN_HEADER)
+        try:
+            client_key = publish_client_key(store, telemetry.run_ids["spec"])
+        except BaseException:
+            telemetry.close("failed")
+            raise
+    card = {"backend": "torch", "dtype": loaded.spec.dtype, "drafter": loaded.drafter_label,
+            "k_policy": _k_policy(loaded, "spec"), "max_batch": opts.spec.max_batch}
+    if client_key is not None:  # where its requests and power samples are; the key itself only in the store
+        card["telemetry"] = {"run_id": telemetry.run_ids["spec"], "key_id": client_key_id(client_key)}
     k = loaded.spec.k
     if str(k).isdigit():
         metrics.prepare_positions(int(k))
@@ -105,10 +115,8 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState
     return ServerState(loop_engine=loop, telemetry=telemetry, metrics=metrics, model_id=model_id,
                        max_len=engine.max_len, vocab_size=loaded.target.cfg.vocab_size,
                        tokenizer=loaded.tokenizer, decode=loaded.decode, api_key=opts.api_key,
-                       created=int(time.time()), root=str(loaded.target_dir),
-                       card={"backend": "torch", "dtype": loaded.spec.dtype, "drafter": loaded.drafter_label,
-                             "k_policy": _k_policy(loaded, "spec"), "max_batch": opts.spec.max_batch},
-                       store_key=store_key(opts.db) if recorder is not None else None)
+                       created=int(time.time()), root=str(loaded.target_dir), card=card,
+                       store_key=client_key)  # what RECORDED_IN_HEADER must carry: the key, not the store's name
 
 
 def _prepare(opts: ServeOptions, loaded: Loaded | None) -> tuple[Loaded, Engine]:

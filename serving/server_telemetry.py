@@ -8,8 +8,10 @@ sampling, ends the runs and flushes the recorder, so a shutdown leaves nothing h
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
+import secrets
 import threading
 from datetime import timedelta
 
@@ -21,10 +23,40 @@ from telemetry.records import RequestRecord, RunInfo
 logger = logging.getLogger(__name__)
 
 MODES = ("spec", "ar")
-# A client that records its own view of a request in a store sends that store's `telemetry.db.store_key`
-# here (`specfinops loadtest` does); a server recording into the same store then leaves the request out of
-# its own 'serve' runs, so a shared store holds each request once (metrics still count it).
+# A client that records its own view of a request in the server's store sends the server's client key here
+# (`specfinops loadtest` does); the server then leaves the request out of its own 'serve' runs, so a shared
+# store holds each request once (metrics still count it). The key is random per server start and kept in
+# the store (`publish_client_key`): only who can read the store can keep a request out of the server's runs.
 RECORDED_IN_HEADER = "X-Specfinops-Recorded-In"
+
+
+def publish_client_key(engine, run_id: int) -> str:
+    """A new random client key, stored with the server's run `run_id` (table serve_keys)."""
+    from telemetry.db import ServeKey
+
+    key = secrets.token_hex(16)
+    with engine.begin() as conn:
+        conn.execute(ServeKey.__table__.insert().values(run_id=run_id, key=key))
+    return key
+
+
+def client_key_id(key: str) -> str:
+    """What the server publishes of its key (model card, `specfinops.telemetry.key_id`): a client finds the
+    key in its store and knows by this that it is the same store, and the same server, without learning it
+    from the card."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def read_client_key(engine, run_id: int, key_id: str) -> str | None:
+    """The client key kept with run `run_id` in this store when its id is `key_id`; None otherwise (another
+    store, which may hold a run of the same id, or a server that records elsewhere)."""
+    from sqlalchemy import select
+
+    from telemetry.db import ServeKey
+
+    with engine.connect() as conn:
+        key = conn.execute(select(ServeKey.key).where(ServeKey.run_id == run_id)).scalar_one_or_none()
+    return key if key is not None and secrets.compare_digest(client_key_id(key), key_id) else None
 
 
 class ServeTelemetry:

@@ -3,7 +3,7 @@
 The schema is public (users query it from other tools). Raw counts are stored; rates such as the
 acceptance rate, tokens/s or J/token are computed in queries, never stored pre-averaged.
 
-Tables: runs, requests, steps, token_events, power_samples, prices, reports.
+Tables: runs, requests, steps, token_events, power_samples, prices, reports, sweeps, serve_keys.
 """
 
 from __future__ import annotations
@@ -233,6 +233,17 @@ class Sweep(Base):
     levels: Mapped[list] = mapped_column(JSON)
     run_ids: Mapped[list] = mapped_column(JSON)
     crossover_concurrency: Mapped[int | None] = mapped_column(Integer)
+
+
+class ServeKey(Base):
+    """The key a server recording into this store shares with the clients that record its requests in the
+    same store themselves (`specfinops loadtest`, header X-Specfinops-Recorded-In): random per server start,
+    kept with its 'serve' run, so only who can read the store can keep a request out of the server's runs."""
+
+    __tablename__ = "serve_keys"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(64))
 
 
 def resolve_db_url(url: str | None = None) -> str:

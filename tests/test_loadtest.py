@@ -83,15 +83,25 @@ def test_short_load_both_modes_is_stored_as_runs(request, tmp_path, capsys):
 @pytest.mark.slow
 def test_a_load_test_into_the_servers_own_store_records_each_request_once(tmp_path):
     """Server and load test on one store (the default of both commands): the load test's runs hold the
-    requests, with the server's speculation counts from the usage extension; the server's 'serve' runs
-    do not hold them a second time. Into another store, the server records them as usual (test above)."""
+    requests, with the server's speculation counts from the usage extension and the energy its power
+    samples give them (estimated here, and labelled so); the server's 'serve' runs do not hold them a
+    second time. The server's key comes from the store: a client that sends the store's fingerprint (what
+    the header used to carry, computable by anyone) is recorded by the server as usual."""
+    import httpx
+
     from serving.server_setup import ServeOptions
+    from serving.server_telemetry import RECORDED_IN_HEADER
     from serving.worker import EngineSpec
+    from telemetry.db import store_key
 
     db_url = f"sqlite:///{tmp_path / 'shared.db'}"
     live = start_server(ServeOptions(spec=EngineSpec(dtype="bfloat16", k="4", max_batch=2, max_len=512),
-                                     db=db_url, power="none"))
+                                     db=db_url, power="estimate", tdp_w=65.0))
     try:
+        forged = httpx.post(live.url + "/v1/completions", json={"model": live.model, "prompt": "Hello",
+                                                                "max_tokens": 3, "temperature": 0},
+                            headers={RECORDED_IN_HEADER: store_key(db_url)}, timeout=120)
+        assert forged.status_code == 200, forged.text
         rc = main(["loadtest", "--url", live.url, "--concurrency", "2", "--duration", "2", "--mode", "spec",
                    "--max-tokens", "8", "--workload", "code", "--db", str(tmp_path / "shared.db")])
         assert rc == 0
@@ -102,14 +112,22 @@ def test_a_load_test_into_the_servers_own_store_records_each_request_once(tmp_pa
     with create_engine(db_url).connect() as c:
         by_kind = dict(c.execute(text("select u.kind, count(r.id) from runs u left join requests r "
                                       "on r.run_id = u.id group by u.kind")).all())
+        serve_ids = c.execute(text("select r.external_id from requests r join runs u on u.id = r.run_id "
+                                   "where u.kind = 'serve'")).scalars().all()
         rows = c.execute(text(
-            "select r.status, r.num_drafts, r.num_draft_tokens, r.num_accepted_tokens from requests r "
-            "join runs u on u.id = r.run_id where u.kind = 'loadtest'")).all()
+            "select r.status, r.num_drafts, r.num_draft_tokens, r.num_accepted_tokens, r.energy_j, u.power_source "
+            "from requests r join runs u on u.id = r.run_id where u.kind = 'loadtest'")).all()
     ok = [r for r in rows if r.status == "ok"]
-    assert len(ok) >= 2 and by_kind == {"serve": 0, "loadtest": len(rows)}  # each request once
+    assert len(ok) >= 2 and by_kind == {"serve": 1, "loadtest": len(rows)}  # each request once
+    assert serve_ids == [forged.json()["id"]]  # the forged claim did not hide the request
     assert left_to_client == len(rows)
     assert all(r.num_drafts > 0 and r.num_draft_tokens >= r.num_drafts for r in ok)  # the server's counts
     assert all(0 <= r.num_accepted_tokens <= r.num_draft_tokens for r in ok)
+    assert {r.power_source for r in rows} == {"estimate"}
+    assert all(r.energy_j is not None and r.energy_j > 0 for r in ok)  # the server's power, shared by window
+    summaries = [s for s in run_summaries(create_engine(db_url)) if s.kind == "loadtest"]
+    assert summaries and all(s.stats.energy_j and s.stats.energy_complete and s.stats.energy_estimated
+                             for s in summaries)
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, asyncio.CancelledError])

@@ -47,8 +47,7 @@ def level_bars(duration_s: float):
             bar.n = min(elapsed_s, duration_s)
             rate = tokens / elapsed_s if elapsed_s > 0 else 0.0
             bar.set_postfix_str(f"{requests_ok} req, {rate:.1f} tok/s", refresh=False)
-            if final:
-                bar.n = duration_s
+            if final:  # a level stopped early (its requests failing) shows where it stopped
                 bar.close()
             else:
                 bar.refresh()
@@ -58,17 +57,17 @@ def level_bars(duration_s: float):
     return start
 
 
-def _probe(url: str, api_key: str | None) -> None:
-    """ValueError when nothing answers at `url`; any HTTP answer (even 401) will do, the run judges it."""
-    import httpx
-
-    from serving.loadtest import base_url
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    try:
-        httpx.get(base_url(url) + "/models", headers=headers, timeout=10.0)
-    except httpx.HTTPError as exc:
-        raise ValueError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from None
+def _stored_note(shared) -> str:
+    """Where the requests went, and whether the server left them to the load test (`SharedStore`)."""
+    note = "recorded in the store as 'loadtest' runs: see `specfinops project` (capacity at SLA); "
+    if shared is None:
+        return note + "the server records into another store, or none: it keeps its own record of them"
+    note += "the server records into this store too and left these requests to the load test's runs"
+    if shared.power_source == "estimate":
+        return note + ", with the energy its power samples give them (estimated: a TDP power model)"
+    if shared.power_source != "none":
+        return note + f", with the energy its power samples give them (measured: {shared.power_source})"
+    return note + " (it measures no power: no energy)"
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -100,35 +99,44 @@ def _handle(args: argparse.Namespace) -> int:
         import openai  # noqa: F401
     except ImportError:
         raise ValueError("loadtest needs the official openai client: pip install openai") from None
-    recorder = None
+    from serving.loadtest import LoadTestFailed, probe_server, shared_store
+
+    # the server answers for the model, with this key, and --max-tokens fits: checked before the store is
+    # opened, so a server that is not up, a wrong key or model create no store
+    card = asyncio.run(probe_server(spec))
+    recorder, shared = None, None
     if not args.no_telemetry:
-        _probe(args.url, args.api_key)  # before the store is opened: a server that is not up creates no store
         from serving.worker import default_node_id
         from telemetry.recorder import Recorder
         from telemetry.store import open_store
 
-        recorder = Recorder(open_store(args.db))
+        store = open_store(args.db)
+        recorder = Recorder(store)
+        try:
+            shared = shared_store(store, card)
+        except BaseException:
+            recorder.close()
+            raise
+    failed = None
     try:
-        from telemetry.db import store_key
-
-        results = asyncio.run(run_loadtest(spec, prompts, workload=args.workload, recorder=recorder,
-                                           store_key=store_key(args.db) if recorder else None,
-                                           node_id=args.node_id or (default_node_id() if recorder else ""),
+        results = asyncio.run(run_loadtest(spec, prompts, workload=args.workload, recorder=recorder, shared=shared,
+                                           card=card, node_id=args.node_id or (default_node_id() if recorder else ""),
                                            say=lambda m: print(m, file=sys.stderr),
                                            progress=level_bars(spec.duration_s)))
-    except Exception as exc:
-        if type(exc).__module__.startswith(("openai", "httpx")):
-            raise ValueError(f"cannot reach {args.url}: {type(exc).__name__}: {exc}") from None
-        raise
+    except LoadTestFailed as exc:  # what ran is still shown (and recorded), then the reason
+        failed, results = exc, exc.results
     finally:
         if recorder is not None:
             recorder.close()
     rows = [summarize(r) for r in results]
     print(format_table(rows))
     if recorder is not None:
-        print("recorded in the store as 'loadtest' runs: see `specfinops project` (capacity at SLA); a server "
-              "recording into the same store leaves these requests out of its own 'serve' runs")
+        print(_stored_note(shared))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"url": args.url, "levels": rows}, indent=1) + "\n")
+        doc = {"url": args.url, "levels": rows, **({"error": str(failed)} if failed else {})}
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+    if failed is not None:
+        print(f"specfinops loadtest: error: the load test stopped at {failed}", file=sys.stderr)
+        return 1
     return 0

@@ -1,0 +1,316 @@
+"""`specfinops loadtest` against a small stub server (no model): stopping cleanly on Ctrl-C, backing off
+and failing on a server that goes away or refuses every request, checking the server before a store is
+made, and the energy a shared store's power samples give the requests. The real server: test_loadtest."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import create_engine, text
+
+import serving.loadtest as lt
+from app.cli import main
+
+MODEL = "stub-model"
+KEY = "stub-key"
+
+
+class Stub:
+    """An OpenAI-compatible server on a free loopback port (uvicorn in a thread) whose chat completions
+    stream `chunks` chunks `chunk_s` apart, or answer 400 (`refuse`); `card_extra` goes under the model
+    card's "specfinops"."""
+
+    def __init__(self, *, chunks: int = 3, chunk_s: float = 0.02, refuse: bool = False, api_key: str | None = None,
+                 max_model_len: int = 512, card_extra: dict | None = None):
+        import uvicorn
+        from starlette.applications import Starlette
+        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.routing import Route
+
+        self.num_chat = 0
+        self.headers: list[dict] = []
+
+        def refused(request) -> JSONResponse | None:
+            if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+                return JSONResponse({"error": {"message": "incorrect API key", "type": "invalid_request_error",
+                                               "param": None, "code": "invalid_api_key"}}, status_code=401)
+            return None
+
+        async def models(request):
+            card = {"id": MODEL, "object": "model", "created": 0, "owned_by": "stub", "root": MODEL,
+                    "max_model_len": max_model_len, "specfinops": {"backend": "torch", **(card_extra or {})}}
+            return refused(request) or JSONResponse({"object": "list", "data": [card]})
+
+        async def chat(request):
+            self.num_chat += 1
+            self.headers.append(dict(request.headers))
+            if (no := refused(request)) is not None:
+                return no
+            if refuse:
+                return JSONResponse({"error": {"message": "max_tokens is too large for this stub", "code": None,
+                                               "type": "invalid_request_error", "param": "max_tokens"}},
+                                    status_code=400)
+
+            async def events():
+                def sse(obj: dict) -> str:
+                    return f"data: {json.dumps(obj)}\n\n"
+
+                base = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": 0, "model": MODEL}
+                for _ in range(chunks):
+                    await asyncio.sleep(chunk_s)
+                    yield sse({**base, "choices": [{"index": 0, "delta": {"content": "ab"}, "finish_reason": None}]})
+                yield sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+                yield sse({**base, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": chunks,
+                                                            "total_tokens": 5 + chunks}})
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        app = Starlette(routes=[Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"])])
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error",
+                                                    timeout_graceful_shutdown=1))
+        self.thread = threading.Thread(target=self.server.run, name="test-stub", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "the stub server did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture
+def stub_factory():
+    made: list[Stub] = []
+
+    def make(**kwargs) -> Stub:
+        made.append(Stub(**kwargs))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.stop()
+
+
+@pytest.fixture
+def fail_fast(monkeypatch):
+    """A level gives up on a failing server after 1 s instead of FAIL_FAST_S (5 s)."""
+    monkeypatch.setattr(lt, "FAIL_FAST_S", 1.0, raising=False)
+
+
+class FakeRecorder:
+    def __init__(self):
+        self.runs: dict[int, str] = {}
+        self.requests: list = []
+
+    def start_run(self, info) -> int:
+        self.runs[len(self.runs) + 1] = "running"
+        return len(self.runs)
+
+    def end_run(self, run_id, status="completed"):
+        self.runs[run_id] = status
+
+    def record_request(self, run_id, rec):
+        self.requests.append(rec)
+
+
+def _runs(db_url: str) -> list[tuple]:
+    with create_engine(db_url).connect() as c:
+        return [tuple(r) for r in c.execute(text("select kind, status, power_source from runs order by id"))]
+
+
+# ------------------------------------------------------------------------------ Ctrl-C / SIGTERM (defect 1)
+
+
+def test_an_interrupted_level_cancels_its_workers_and_records_the_requests_in_flight_cancelled(stub_factory):
+    """Ctrl-C / SIGTERM cancel run_loadtest's task (asyncio.run's handler): the level's workers go with it,
+    before the client closes, so none loops on a closed client recording errors until the duration ends;
+    the requests in flight are recorded 'cancelled' (a server sharing the store left them to us)."""
+    stub = stub_factory(chunks=10_000, chunk_s=0.05)  # streams for minutes
+    rec = FakeRecorder()
+    spec = lt.LoadSpec(url=stub.url, levels=(2,), duration_s=30, modes=("spec",), max_tokens=24)
+
+    async def scenario() -> tuple[float, list]:
+        deadline = time.perf_counter() + 30
+        task = asyncio.ensure_future(lt.run_loadtest(spec, [_prompt()], workload="code", recorder=rec))
+        while stub.num_chat < 2:  # both workers' requests are streaming
+            assert not task.done() and time.perf_counter() < deadline
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        t0 = time.perf_counter()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 5)  # the old code took the rest of the 30 s
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+        for t in left:
+            t.cancel()
+        return time.perf_counter() - t0, left
+
+    took, left = asyncio.run(scenario())
+    assert took < 3 and left == []  # no worker outlives the load test
+    assert rec.runs == {1: "cancelled"}
+    assert [r.status for r in rec.requests] == ["cancelled", "cancelled"], [r.error for r in rec.requests]
+    assert all("interrupted" in r.error and r.output_tokens == 0 for r in rec.requests)
+
+
+def _prompt():
+    from serving.workloads import load_workload
+
+    return load_workload("code")[0]
+
+
+# ------------------------------------------------------------------------------ failing servers (defect 2)
+
+
+def test_a_worker_backs_off_after_failures():
+    assert [lt.backoff_s(n) for n in (1, 2, 3)] == [0.05, 0.1, 0.2]
+    assert lt.backoff_s(30) == lt.BACKOFF_MAX_S == 2.0
+
+
+def test_a_server_that_goes_away_stops_the_load_test_failed(stub_factory, fail_fast, tmp_path, capsys):
+    """kill -9 of the server mid-level: the workers back off instead of writing thousands of connection
+    errors, the level stops, its run ends 'failed' and the command says why and exits 1."""
+    stub = stub_factory(chunks=2, chunk_s=0.05)
+    db_url = f"sqlite:///{tmp_path / 'die.db'}"
+    threading.Timer(1.5, stub.stop).start()
+    t0 = time.perf_counter()
+    rc = main(["loadtest", "--url", stub.url, "--concurrency", "2", "--duration", "20", "--mode", "spec",
+               "--max-tokens", "8", "--workload", "code", "--db", db_url, "--json", str(tmp_path / "die.json")])
+    took = time.perf_counter() - t0
+    err = capsys.readouterr().err
+    assert rc == 1 and took < 12, (rc, took)
+    assert "the server stopped answering" in err and "Connection error" in err, err
+    assert _runs(db_url) == [("loadtest", "failed", "none")]
+    with create_engine(db_url).connect() as c:
+        by_status = dict(c.execute(text("select status, count(*) from requests group by status")).all())
+    assert by_status.get("ok", 0) >= 2 and 3 <= by_status["error"] <= 40, by_status  # backed off: no flood
+    doc = json.loads((tmp_path / "die.json").read_text())
+    assert "stopped answering" in doc["error"] and doc["levels"][0]["requests_error"] == by_status["error"]
+
+
+def test_a_server_refusing_every_request_fails_the_level_with_its_reason(stub_factory, fail_fast, tmp_path, capsys):
+    stub = stub_factory(refuse=True)
+    db_url = f"sqlite:///{tmp_path / 'refused.db'}"
+    rc = main(["loadtest", "--url", stub.url, "--concurrency", "2,4", "--duration", "10", "--mode", "both",
+               "--max-tokens", "8", "--workload", "code", "--db", db_url])
+    out = capsys.readouterr()
+    assert rc == 1
+    assert "ar c=2: every request failed" in out.err and "max_tokens is too large for this stub" in out.err, out.err
+    assert _runs(db_url) == [("loadtest", "failed", "none")]  # the load test stopped at the first level
+    assert 3 <= stub.num_chat <= 30, stub.num_chat  # backed off (the old loop sent hundreds a second)
+    assert "ar       2      0" in out.out  # the table of what ran is still printed
+
+
+def test_max_tokens_beyond_the_servers_context_window_is_refused_before_anything_runs(stub_factory, tmp_path,
+                                                                                       capsys):
+    stub = stub_factory(max_model_len=512)
+    db = tmp_path / "ctx.db"
+    rc = main(["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "5", "--max-tokens", "100000",
+               "--db", str(db)])
+    assert rc == 2 and "--max-tokens 100000 cannot fit" in capsys.readouterr().err
+    assert stub.num_chat == 0 and not db.exists()
+    rc = main(["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "0.3", "--mode", "ar",
+               "--max-tokens", "510", "--db", str(db)])
+    assert rc == 0 and stub.num_chat >= 1  # 510 = max_model_len - 2 fits a one-token prompt
+
+
+# ------------------------------------------------------------------------------ checked before the store (defect 3)
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    (["--api-key", "wrong"], "refused the API key (--api-key) (401 incorrect API key)"),
+    ([], "wants an API key: pass --api-key (401 incorrect API key)"),
+    (["--api-key", KEY, "--model", "gpt-4"], "does not serve 'gpt-4'; it serves stub-model"),
+])
+def test_a_refused_key_or_unknown_model_is_named_and_creates_no_store(extra, said, stub_factory, tmp_path, capsys):
+    stub = stub_factory(api_key=KEY)
+    db = tmp_path / "new.db"
+    rc = main(["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "1", "--db", str(db), *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and said in err and "cannot reach" not in err, err
+    assert not db.exists() and stub.num_chat == 0
+
+
+def test_nothing_answering_creates_no_store(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as s:  # a free port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    db = tmp_path / "none.db"
+    rc = main(["loadtest", "--url", f"http://127.0.0.1:{port}", "--duration", "1", "--db", str(db)])
+    assert rc == 2 and f"cannot reach http://127.0.0.1:{port}" in capsys.readouterr().err and not db.exists()
+
+
+# ------------------------------------------------------------------------------ the server's key (defect 4)
+
+
+def _serve_run(engine, power_source: str = "estimate") -> int:
+    with engine.begin() as c:
+        return c.execute(text(
+            "INSERT INTO runs (kind, mode, node_id, hostname, device, backend, dtype, target, k_policy, concurrency, "
+            "workload, power_source, software_version, started_at, status, dropped_records) VALUES ('serve', 'spec', "
+            "'n', 'h', 'cpu', 'torch', 'bfloat16', 't', 'auto', 8, 'serve', :p, 'v', :t, 'running', 0) RETURNING id"),
+            {"p": power_source, "t": datetime.now(UTC)}).scalar_one()
+
+
+def test_the_client_key_is_random_kept_in_the_store_and_found_only_there(tmp_path):
+    from serving.server_telemetry import client_key_id, publish_client_key, read_client_key
+    from telemetry.db import store_key
+    from telemetry.store import open_store
+
+    db_url = f"sqlite:///{tmp_path / 'keys.db'}"
+    engine, other = open_store(db_url), open_store(f"sqlite:///{tmp_path / 'other.db'}")
+    run = _serve_run(engine)
+    key = publish_client_key(engine, run)
+    assert key != publish_client_key(engine, _serve_run(engine)) and len(key) == 32
+    assert key != store_key(db_url) and store_key(db_url) not in key  # nothing an HTTP client can compute
+    assert read_client_key(engine, run, client_key_id(key)) == key
+    assert read_client_key(engine, run, client_key_id("guess")) is None
+    _serve_run(other)  # the same run id in another store: its key is not this server's
+    assert read_client_key(other, run, client_key_id(key)) is None
+    card = {"id": MODEL, "specfinops": {"telemetry": {"run_id": run, "key_id": client_key_id(key)}}}
+    shared = lt.shared_store(engine, card)
+    assert (shared.key, shared.run_id, shared.power_source) == (key, run, "estimate")
+    assert lt.shared_store(other, card) is None and lt.shared_store(engine, {"id": MODEL}) is None
+
+
+# ------------------------------------------------------------------------------ energy (defect 5)
+
+
+def _result(start: datetime, seconds: float) -> lt.ClientResult:
+    res = lt.new_result(_prompt())
+    res.record.started_at, res.ended_at = start, start + timedelta(seconds=seconds)
+    return res
+
+
+def test_server_power_shares_the_serve_runs_samples_among_the_requests_in_flight(tmp_path):
+    """100 W (estimated) for 4 s; A runs 0-2 s, B 1-3 s: A has 1 s alone and half of 1 s, 150 J; so has B."""
+    from telemetry.recorder import Recorder
+    from telemetry.records import PowerReading
+    from telemetry.store import open_store
+
+    engine = open_store(f"sqlite:///{tmp_path / 'power.db'}")
+    run = _serve_run(engine)
+    t0 = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    a, b, late = _result(t0, 2), _result(t0 + timedelta(seconds=1), 2), _result(t0 + timedelta(seconds=3), 5)
+    power = lt.ServerPower(engine, run)
+    power.add(a, [(b.record.started_at, a.ended_at)])  # B was in flight when A ended
+    power.add(b, [(a.record.started_at, a.ended_at)])
+    power.add(late, [])
+    recorder = Recorder(engine)
+    recorder.record_power(run, [PowerReading(t0 + timedelta(seconds=i), 0, 100.0, None, None, "estimate")
+                                for i in range(5)])
+    recorder.close()
+    settled = asyncio.run(power.settle())
+    assert settled == [a, b] and a.record.energy_j == pytest.approx(150.0) and b.record.energy_j == pytest.approx(150.0)
+    assert late.record.energy_j is None  # its end is beyond the samples: it waits
+    assert asyncio.run(power.settle(final=True)) == [late] and late.record.energy_j is None  # never guessed
