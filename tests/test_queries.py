@@ -276,13 +276,15 @@ def test_run_cost_hand_computed(store):
     # 1 J/token: 1e6 J = 0.27778 kWh x PUE 1.2 x $0.13 (catalog defaults)
     assert rc.cost.energy_usd_per_1m == pytest.approx(1e6 / 3.6e6 * 1.2 * 0.13)
     assert rc.cost.total_usd_per_1m == pytest.approx(12.4 + 1e6 / 3.6e6 * 1.2 * 0.13)
-    assert not rc.cost.energy_estimated and rc.priced_differs
+    # a custom price is the measured hardware's (NodePrice.differs_from): its energy stays in
+    assert not rc.cost.energy_estimated and not rc.priced_differs
 
     ra = run_cost(engine, a)  # catalog price of its device: cpu-2core
     assert ra.node_price.priced_as == "cpu-2core" and not ra.priced_differs
     assert ra.cost.hardware_usd_per_1m == pytest.approx(0.0832 * 2.8 / 3600 / 67 * 1e6)
     assert ra.cost.energy_usd_per_1m is None  # one ok request had no energy: not extrapolated
-    assert ra.cost.energy_estimated
+    assert not ra.cost.energy_estimated  # no estimated energy is in the total
+    assert ra.cost.reason == "estimated energy for only some requests: hardware only"
 
     with pytest.raises(ValueError, match="run_id"):
         run_cost(engine, 999_999)
