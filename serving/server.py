@@ -65,7 +65,7 @@ class ServerState:
     created: int = 0
     root: str | None = None  # the target's path, like vLLM's model card "root"
     card: dict | None = None  # extension on /v1/models: backend, dtype, drafter, k_policy, max_batch
-    store_key: str | None = None  # telemetry.db.store_key of the store this server records into
+    store_key: str | None = None  # the client key (server_telemetry.publish_client_key) RECORDED_IN_HEADER must carry
     max_chars: int | None = None  # the longest prompt (characters) that can fit; from the tokenizer if None
     # one thread that validates and tokenizes requests, off the event loop (a long prompt takes seconds)
     checker: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
@@ -213,7 +213,8 @@ async def _generate(request: Request, state: ServerState, kind: str):
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     job = Job(f"{prefix}-{uuid.uuid4().hex[:24]}", checked, t_start, wall_start, asyncio.get_running_loop())
     recorded_in = request.headers.get(RECORDED_IN_HEADER)
-    job.recorded_by_client = bool(recorded_in) and recorded_in == state.store_key
+    job.recorded_by_client = bool(recorded_in and state.store_key) and hmac.compare_digest(
+        recorded_in.encode(), state.store_key.encode())
     state.loop_engine.submit(job)
     if checked.stream:
         return _EventStream(job, state)

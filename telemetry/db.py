@@ -8,7 +8,6 @@ Tables: runs, requests, steps, token_events, power_samples, prices, reports, swe
 
 from __future__ import annotations
 
-import hashlib
 import os
 from datetime import UTC, datetime
 from pathlib import Path
@@ -291,22 +290,6 @@ def sqlite_file(url: str) -> Path | None:
         return None
     path = url.split("///", 1)[-1] if "///" in url else ""
     return Path(path) if path and path != ":memory:" else None
-
-
-def store_key(url: str | None = None) -> str | None:
-    """A short, password-free fingerprint of the store a URL names, equal for two processes that write
-    to the same store (a SQLite file by its absolute path; a server by driver, user, host, port and
-    database). None for an in-memory database, which no other process shares."""
-    resolved = resolve_db_url(url)
-    if resolved.startswith("sqlite"):
-        path = sqlite_file(resolved)
-        if path is None:
-            return None
-        ident = f"sqlite:{path.expanduser().resolve()}"
-    else:
-        u = make_url(resolved)
-        ident = f"{u.get_backend_name()}://{u.username or ''}@{u.host or ''}:{u.port or ''}/{u.database or ''}"
-    return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
 def make_engine(url: str | None = None) -> Engine:

@@ -92,7 +92,7 @@ def test_a_load_test_into_the_servers_own_store_records_each_request_once(tmp_pa
     from serving.server_setup import ServeOptions
     from serving.server_telemetry import RECORDED_IN_HEADER
     from serving.worker import EngineSpec
-    from telemetry.db import store_key
+    from tests.test_loadtest_stub import store_fingerprint
 
     db_url = f"sqlite:///{tmp_path / 'shared.db'}"
     live = start_server(ServeOptions(spec=EngineSpec(dtype="bfloat16", k="4", max_batch=2, max_len=512),
@@ -100,7 +100,7 @@ def test_a_load_test_into_the_servers_own_store_records_each_request_once(tmp_pa
     try:
         forged = httpx.post(live.url + "/v1/completions", json={"model": live.model, "prompt": "Hello",
                                                                 "max_tokens": 3, "temperature": 0},
-                            headers={RECORDED_IN_HEADER: store_key(db_url)}, timeout=120)
+                            headers={RECORDED_IN_HEADER: store_fingerprint(tmp_path / 'shared.db')}, timeout=120)
         assert forged.status_code == 200, forged.text
         rc = main(["loadtest", "--url", live.url, "--concurrency", "2", "--duration", "2", "--mode", "spec",
                    "--max-tokens", "8", "--workload", "code", "--db", str(tmp_path / "shared.db")])

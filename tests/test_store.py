@@ -158,18 +158,3 @@ def test_a_bad_database_is_one_line_naming_it(db, needle, tmp_path, capsys):
     assert cli_main(["db", "current", "--db", db.format(tmp=tmp_path)]) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
-
-
-def test_store_key_names_the_store_not_the_spelling(tmp_path, monkeypatch):
-    """Two processes share a store when their keys match: a SQLite file by its absolute path (a relative
-    --db from its folder, a plain path, a URL), a server without its password; in-memory has none."""
-    from telemetry.db import store_key
-
-    monkeypatch.chdir(tmp_path)
-    here = store_key(f"sqlite:///{tmp_path / 'runs.db'}")
-    assert here == store_key("runs.db") == store_key("sqlite:///runs.db") == store_key(str(tmp_path / "runs.db"))
-    assert here != store_key("other.db")
-    pg = store_key("postgresql://alice:secret@127.0.0.1:5432/test")
-    assert pg == store_key("postgresql+psycopg://alice:other@127.0.0.1:5432/test")
-    assert pg != store_key("postgresql://alice@127.0.0.1:5432/prod") and len(pg) == 16
-    assert store_key("sqlite://") is None and store_key("sqlite:///:memory:") is None
