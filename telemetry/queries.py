@@ -13,10 +13,12 @@ Definitions (DESIGN.md): only requests with status 'ok' count towards tokens, la
                         rejected one): the per-token acceptance of `specfinops calibrate` and the bound
     energy_j          = sum of requests.energy_j (None when no request has one); J/token over the requests
                         that have one; energy_estimated when the run's power source is 'estimate'
-    speedup           = spec tokens/s / AR tokens/s, same workload, target, device, precision and concurrency
+    speedup           = spec tokens/s / AR tokens/s, same workload, target, device, precision, concurrency,
+                        temperature and run kind, over the prompts both modes ran (`speedups`)
 
 Public API:
-    Filters(since, until, node_id, run_ids, target, drafter, workload, domain, mode)
+    Filters(since, until, node_id, run_ids, target, drafter, workload, domain, mode, temperature, kind,
+            prompt_ids)
     run_summaries(engine, filters=None) -> list[RunSummary]
     mode_summaries(engine, filters=None) -> list[ModeSummary]
     config_summaries(engine, filters=None) -> list[ConfigSummary]  (runs pooled per configuration)
@@ -35,7 +37,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import case, func, select
@@ -45,14 +47,16 @@ from sqlalchemy.orm import Session
 from telemetry.db import Request, Run, Step
 
 MODES = ("spec", "ar")
+RUN_KINDS = ("bench", "serve", "loadtest")  # runs.kind: a bench times the engine, a load test its HTTP clients
 GO_LINE = 0.65  # the usual go/no-go for a draft (DESIGN.md, phase 1); calibrate's --threshold defaults to it
 EMPTY_STORE_HINT = "run `specfinops bench --workload code --mode both` to measure spec and AR runs"
 
 
 @dataclass(frozen=True, slots=True)
 class Filters:
-    """Which runs and requests to aggregate. since/until bound requests.started_at; domain filters
-    requests; the rest filter runs. None means no filter."""
+    """Which runs and requests to aggregate. since/until bound requests.started_at; domain and prompt_ids
+    (requests.external_id: a workload's prompt id) filter requests; the rest filter runs. temperature keeps
+    the runs recorded at it (a server's run records none: its requests chose theirs). None means no filter."""
 
     since: datetime | None = None
     until: datetime | None = None
@@ -63,10 +67,22 @@ class Filters:
     workload: str | None = None
     domain: str | None = None
     mode: str | None = None
+    temperature: float | None = None
+    kind: str | None = None
+    prompt_ids: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.kind is not None and self.kind not in RUN_KINDS:
+            raise ValueError(f"run kind must be one of {RUN_KINDS}, got {self.kind!r}")
+        if self.temperature is not None:
+            t = self.temperature
+            if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
+                raise ValueError(f"temperature must be a number >= 0, got {t!r}")
+            object.__setattr__(self, "temperature", float(t))
+        if self.prompt_ids is not None:
+            object.__setattr__(self, "prompt_ids", tuple(sorted(str(p) for p in self.prompt_ids)))
         if self.since is not None and self.until is not None and self.since >= self.until:
             raise ValueError(f"since must be before until, got since={self.since} until={self.until}")
         if self.run_ids is not None:
@@ -80,12 +96,16 @@ class Filters:
             (Run.drafter, self.drafter),
             (Run.workload, self.workload),
             (Run.mode, self.mode),
+            (Run.temperature, self.temperature),
+            (Run.kind, self.kind),
             (Request.domain, self.domain),
         ):
             if value is not None:
                 conds.append(col == value)
         if self.run_ids is not None:
             conds.append(Run.id.in_(self.run_ids))
+        if self.prompt_ids is not None:
+            conds.append(Request.external_id.in_(self.prompt_ids))
         if self.since is not None:
             conds.append(Request.started_at >= self.since)
         if self.until is not None:
@@ -181,6 +201,10 @@ class DomainAcceptance:
 
 @dataclass(frozen=True, slots=True)
 class Speedup:
+    """spec tokens/s / AR tokens/s of one configuration pair: runs of the same workload, target, device,
+    precision, concurrency, temperature and run kind, over the prompts both modes ran where that can be told
+    (`prompts` says how it was compared)."""
+
     workload: str
     target: str
     device: str
@@ -193,6 +217,16 @@ class Speedup:
     speedup: float | None
     spec_run_ids: tuple[int, ...]
     ar_run_ids: tuple[int, ...]
+    temperature: float | None = None  # None: server runs (each request chose its own)
+    kind: str = "bench"
+    prompts: str = ""  # how the prompts of the two modes compare (PROMPTS_* below, with counts)
+    num_prompts: int | None = None  # prompts compared on, where the runs recorded prompt ids
+
+    @property
+    def label(self) -> str:
+        """'temperature 0, bench runs, the same 4 prompts': what a speedup shown alone must say beside it."""
+        t = "per-request temperatures" if self.temperature is None else f"temperature {self.temperature:g}"
+        return f"{t}, {self.kind} runs, {self.prompts}"
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -217,7 +251,7 @@ class _Acc:
 
     The wall time is the span from the first request's start to the last one's end, unless `busy`: then
     it is the time at least one of the collected requests was in flight (the union of their intervals).
-    A filter that keeps some of a run's requests (a domain) needs the latter: the span would count the
+    A filter that keeps some of a run's requests (a domain, prompt ids) needs the latter: the span would count the
     time the run spent on the requests filtered out, and every rate would shrink by their share."""
 
     ttft: list[float] = field(default_factory=list)
@@ -378,7 +412,7 @@ def _collect_now(engine: Engine, filters: Filters) -> list[tuple[Run, dict, _Acc
     )
     with engine.connect() as c:
         sums = {row.id: dict(row._mapping) for row in c.execute(sums_q)}
-        busy = filters.domain is not None
+        busy = filters.domain is not None or filters.prompt_ids is not None
         accs: dict[int, _Acc] = defaultdict(lambda: _Acc(busy=busy))
         for run_id, status, started, ttft, e2e, out in c.execute(values_q):
             accs[run_id].add(status, started, ttft, e2e, out or 0)
@@ -477,7 +511,12 @@ def mode_summaries(engine: Engine, filters: Filters | None = None) -> list[ModeS
 
 
 CONFIG_FIELDS = ("mode", "workload", "target", "device", "backend", "dtype", "concurrency", "temperature",
-                 "drafter", "k_policy")
+                 "drafter", "k_policy", "kind")
+# What spec and AR must share to be compared (ConfigSummary fields): the same traffic (workload), sampling
+# (temperature: at 0 verification is greedy, at 0.8 a draft is accepted far less), measurement (run kind: a
+# bench times the engine, a load test its HTTP clients), model and hardware. Concurrency, drafter and K policy
+# are what a projection chooses between (each mode's fastest configuration meeting the SLA) and a sweep varies.
+COMPARED_FIELDS = ("workload", "temperature", "kind", "target", "device", "backend", "dtype")
 
 
 @dataclass(frozen=True, slots=True)
@@ -496,6 +535,7 @@ class ConfigSummary:
     temperature: float
     drafter: str | None
     k_policy: str
+    kind: str  # bench | serve | loadtest: a load test's client-side times are not a bench's engine times
     run_ids: tuple[int, ...]
     stats: Aggregate
 
@@ -561,31 +601,66 @@ def acceptance_by_domain(engine: Engine, filters: Filters | None = None) -> list
     return out
 
 
+def _prompt_ids(engine: Engine, filters: Filters | None) -> dict[int, set[str | None]]:
+    """Per run in view (bench and load-test runs only: a server records API request ids, not prompt ids): the
+    prompt ids (requests.external_id) of its ok requests; None among them where a request recorded none."""
+    where = (*(filters or Filters()).where(), Request.status == "ok", Run.kind != "serve")
+    q = select(Request.run_id, Request.external_id).join(Run, Request.run_id == Run.id).where(*where).distinct()
+    out: dict[int, set[str | None]] = defaultdict(set)
+    with engine.connect() as c:
+        for run_id, prompt_id in c.execute(q):
+            out[run_id].add(prompt_id)
+    return out
+
+
 def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
-    """spec tokens/s / AR tokens/s per (workload, target, device, precision, concurrency) and spec
-    configuration (drafter, k policy). Tokens/s of several runs = their tokens / their summed wall seconds.
-    The precision is part of the key: on a CPU without bf16 instructions the same model decodes 1.5x
-    apart in bf16 and float32, so pooling them would price neither."""
+    """spec tokens/s / AR tokens/s per (workload, target, device, precision, concurrency, temperature, run
+    kind) and spec configuration (drafter, k policy). Tokens/s of several runs = their tokens / their summed
+    wall seconds. The precision is part of the key: on a CPU without bf16 instructions the same model decodes
+    1.5x apart in bf16 and float32, so pooling them would price neither. So are the temperature (greedy
+    verification at 0 accepts far more than sampling at 0.8: 2.4x against 0.6x on one store, 1.0x pooled) and
+    the run kind (a load test's client-side HTTP times are not a bench's engine times).
+
+    Prompts: where both modes' runs recorded prompt ids (bench, load test) and ran the same set, the speedup is
+    over all their requests; where the sets differ, both modes are restricted to the prompts both ran (each
+    run's wall time then is the time those requests were in flight, as under a domain filter); where no
+    prompt is shared, or the runs recorded none (a server's runs), it is over all requests and `prompts` says
+    the prompts were not matched."""
+    filters = filters or Filters()
     runs = run_summaries(engine, filters)
     totals: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
     ids: dict[tuple, list[int]] = defaultdict(list)
     for r in runs:
         if r.stats.wall_s is None or not r.stats.output_tokens:
             continue
-        base = (r.workload, r.target, r.device, r.dtype, r.concurrency)
+        base = (r.workload, r.target, r.device, r.dtype, r.concurrency, r.temperature, r.kind)
         key = (*base, "spec", r.drafter, r.k_policy) if r.mode == "spec" else (*base, "ar")
         totals[key][0] += r.stats.output_tokens
         totals[key][1] += r.stats.wall_s
         ids[key].append(r.run_id)
-    def order(k: tuple) -> tuple:  # concurrency by number (1, 2, 4, 16, not 1, 16, 2, 4); the rest by name
-        return (*(str(x) for x in k[:4]), k[4] if k[4] is not None else 0, *(str(x) for x in k[5:]))
 
+    def order(k: tuple) -> tuple:  # concurrency and temperature by number (1, 2, 16, not 1, 16, 2); the rest by name
+        return (*(str(x) for x in k[:4]), k[4] if k[4] is not None else 0, -1 if k[5] is None else k[5],
+                *(str(x) for x in k[6:]))
+
+    prompt_ids = _prompt_ids(engine, filters) if any(k[7] == "spec" for k in totals) else {}
     out = []
-    for key in sorted((k for k in totals if k[5] == "spec"), key=order):
-        base = key[:5]
-        spec_tps = _ratio(*totals[key])
+    for key in sorted((k for k in totals if k[7] == "spec"), key=order):
+        base = key[:7]
         ar_key = (*base, "ar")
+        spec_ids, ar_ids = ids[key], ids.get(ar_key, [])
+        spec_tps = _ratio(*totals[key])
         ar_tps = _ratio(*totals[ar_key]) if ar_key in totals else None
+        prompts, n_prompts = _compare_prompts(prompt_ids, spec_ids, ar_ids, base[6])
+        if prompts.startswith(PROMPTS_MATCHED):  # both modes over the prompts both ran only
+            common = set.intersection(*({p for i in side for p in prompt_ids[i]} for side in (spec_ids, ar_ids)))
+            sub = replace(filters, run_ids=tuple(spec_ids + ar_ids), prompt_ids=tuple(common))
+            part: dict[str, list[float]] = {"spec": [0.0, 0.0], "ar": [0.0, 0.0]}
+            for r in run_summaries(engine, sub):
+                if r.stats.wall_s is not None and r.stats.output_tokens:
+                    part[r.mode][0] += r.stats.output_tokens
+                    part[r.mode][1] += r.stats.wall_s
+            spec_tps, ar_tps = _ratio(*part["spec"]), _ratio(*part["ar"])
         out.append(
             Speedup(
                 workload=base[0],
@@ -593,13 +668,46 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
                 device=base[2],
                 dtype=base[3],
                 concurrency=base[4],
-                drafter=key[6],
-                k_policy=key[7],
+                drafter=key[8],
+                k_policy=key[9],
                 spec_tokens_per_s=spec_tps,
                 ar_tokens_per_s=ar_tps,
                 speedup=_ratio(spec_tps, ar_tps),
-                spec_run_ids=tuple(ids[key]),
-                ar_run_ids=tuple(ids.get(ar_key, ())),
+                spec_run_ids=tuple(spec_ids),
+                ar_run_ids=tuple(ar_ids),
+                temperature=base[5],
+                kind=base[6],
+                prompts=prompts,
+                num_prompts=n_prompts,
             )
         )
     return out
+
+
+PROMPTS_SAME = "the same"  # "the same 4 prompts"
+PROMPTS_MATCHED = "restricted to the"  # "restricted to the 4 prompts both modes ran (spec ran 2 more)"
+PROMPTS_NONE_SHARED = "different prompts (none shared): not matched"
+PROMPTS_UNKNOWN = "prompts not matched (the runs recorded no prompt ids)"
+PROMPTS_SERVER = "prompts not matched (server runs record request ids, not prompt ids)"
+PROMPTS_NO_AR = "no AR runs"
+
+
+def _compare_prompts(prompt_ids: dict[int, set[str | None]], spec_ids: list[int], ar_ids: list[int],
+                     kind: str) -> tuple[str, int | None]:
+    """How the two modes' prompts compare, in words, and how many prompts the speedup is over (None: unknown)."""
+    if not ar_ids:
+        return PROMPTS_NO_AR, None
+    if kind == "serve":
+        return PROMPTS_SERVER, None
+    spec = set().union(*(prompt_ids.get(i, {None}) for i in spec_ids))
+    ar = set().union(*(prompt_ids.get(i, {None}) for i in ar_ids))
+    if None in spec or None in ar:
+        return PROMPTS_UNKNOWN, None
+    if spec == ar:
+        return f"{PROMPTS_SAME} {len(spec)} prompt{'s' if len(spec) != 1 else ''}", len(spec)
+    common = spec & ar
+    if not common:
+        return PROMPTS_NONE_SHARED, None
+    extra = [f"{mode} ran {len(side - common)} more" for mode, side in (("spec", spec), ("AR", ar)) if side - common]
+    return (f"{PROMPTS_MATCHED} {len(common)} prompt{'s' if len(common) != 1 else ''} both modes ran "
+            f"({', '.join(extra)}: left out)", len(common))

@@ -214,7 +214,8 @@ def cards_html(data: ReportData) -> str:
     spec_cost, spec_sub = _cost_text(data, "spec")
     ar_cost, ar_sub = _cost_text(data, "ar")
     if len(data.speedups) == 1:
-        speedup, speedup_sub = fmt(data.speedups[0].speedup, ".2f") + "x", "spec tokens/s / AR tokens/s"
+        speedup, speedup_sub = (fmt(data.speedups[0].speedup, ".2f") + "x",
+                                f"spec tokens/s / AR tokens/s at {data.speedups[0].label}")
     else:
         speedup, speedup_sub = (MISSING, "no spec/AR pair") if not data.speedups else (
             f"{len(data.speedups)} configurations", "see the speedup table")

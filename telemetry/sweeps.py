@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from telemetry.db import Sweep
-from telemetry.queries import Filters, config_summaries
+from telemetry.queries import COMPARED_FIELDS, Filters, config_summaries
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +43,22 @@ def crossover(points: list[SweepPoint]) -> int | None:
 def sweep_points(engine: Engine, run_ids: list[int]) -> list[SweepPoint]:
     """One point per concurrency level; a mode measured as several runs at a level (a benchmark that
     alternated AR and spec in turns) is pooled: its tokens over their summed wall time, percentiles over
-    all of their requests (`queries.config_summaries`: a sweep's runs differ only in mode and level)."""
-    pooled = {(c.concurrency, c.mode): c.stats for c in config_summaries(engine, Filters(run_ids=tuple(run_ids)))}
+    all of their requests (`queries.config_summaries`: a sweep's runs differ only in mode and level).
+    ValueError where they do not: runs of several temperatures, run kinds, workloads, ... (queries.
+    COMPARED_FIELDS), or two spec configurations at one level."""
+    configs = config_summaries(engine, Filters(run_ids=tuple(run_ids)))
+    groups = {tuple(getattr(c, f) for f in COMPARED_FIELDS) for c in configs}
+    if len(groups) > 1:  # spec at one temperature against AR at another would be no crossover of either
+        varying = [i for i in range(len(COMPARED_FIELDS)) if len({g[i] for g in groups}) > 1]
+        named = "; ".join(", ".join(f"{COMPARED_FIELDS[i]} {g[i]}" for i in varying) for g in sorted(groups, key=str))
+        raise ValueError(f"run_ids of a sweep must share workload, temperature, run kind, target, device, backend "
+                         f"and precision; these runs hold {len(groups)} groups ({named})")
+    pooled = {}
+    for c in configs:
+        if (c.concurrency, c.mode) in pooled:
+            raise ValueError(f"run_ids of a sweep hold two {c.mode} configurations at concurrency {c.concurrency} "
+                             f"(drafter or K policy differ): a sweep measures one of each per level")
+        pooled[(c.concurrency, c.mode)] = c.stats
     points = []
     for level in sorted({lvl for lvl, _ in pooled}):
         ar, spec = pooled.get((level, "ar")), pooled.get((level, "spec"))

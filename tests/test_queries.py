@@ -254,6 +254,53 @@ def test_speedup_keeps_precisions_apart(store):
     assert by_dtype["float32"].ar_run_ids == (a,)
 
 
+def test_speedups_keep_temperatures_and_run_kinds_apart(sqlite_url):
+    """Spec at temperature 0 and 0.8 against AR at both pooled into one 'speedup' of neither (1.0x where 0 alone
+    is 2x and 0.8 alone 0.5x), and a load test's client-side runs pooled with a bench's: each is its own row now,
+    and says its temperature and run kind."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for t, spec_ms in ((0.0, 500.0), (0.8, 2000.0)):  # AR 1000 ms for 33 tokens at both
+            make_run(s, "ar", temperature=t, requests=[Req(33, ttft_ms=100, e2e_ms=1000)])
+            make_run(s, "spec", temperature=t, requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=spec_ms)])
+        make_run(s, "ar", kind="loadtest", requests=[Req(33, ttft_ms=100, e2e_ms=3000)])
+        make_run(s, "spec", kind="loadtest", requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=1000)])
+        s.commit()
+    rows = {(sp.temperature, sp.kind): sp for sp in speedups(engine)}
+    assert set(rows) == {(0.0, "bench"), (0.8, "bench"), (0.0, "loadtest")}
+    assert rows[(0.0, "bench")].speedup == pytest.approx(2.0)
+    assert rows[(0.8, "bench")].speedup == pytest.approx(0.5)
+    assert rows[(0.0, "loadtest")].speedup == pytest.approx(3.0)
+    assert rows[(0.0, "bench")].ar_run_ids == (1,) and rows[(0.8, "bench")].ar_run_ids == (3,)
+    assert rows[(0.8, "bench")].label == "temperature 0.8, bench runs, prompts not matched (the runs recorded no " \
+                                          "prompt ids)"
+    assert [sp.temperature for sp in speedups(engine, Filters(temperature=0.8))] == [0.8]
+    assert [sp.kind for sp in speedups(engine, Filters(kind="loadtest"))] == ["loadtest"]
+
+
+def test_speedups_compare_the_prompts_both_modes_ran(sqlite_url):
+    """Where the runs recorded prompt ids and the modes ran different sets, both are restricted to the prompts
+    both ran (each run's time then the time those requests were in flight); the same set is said so."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(30, ttft_ms=100, e2e_ms=1000, start_s=0.0, external_id="p1"),
+                                    Req(30, ttft_ms=100, e2e_ms=1000, start_s=1.0, external_id="p2")])
+        # spec ran p1 and p2 in 0.5 s each, and a long p3 the AR runs never ran
+        make_run(s, "spec", requests=[spec_req(30, 4, 20, ttft_ms=50, e2e_ms=500, start_s=0.0, external_id="p1"),
+                                      spec_req(30, 4, 20, ttft_ms=50, e2e_ms=500, start_s=0.5, external_id="p2"),
+                                      spec_req(30, 4, 20, ttft_ms=50, e2e_ms=9000, start_s=1.0, external_id="p3")])
+        make_run(s, "ar", workload="chat", requests=[Req(30, e2e_ms=1000, external_id="c1")])
+        make_run(s, "spec", workload="chat", requests=[spec_req(30, 4, 20, e2e_ms=500, external_id="c1")])
+        s.commit()
+    rows = {sp.workload: sp for sp in speedups(engine)}
+    code = rows["code"]
+    assert code.speedup == pytest.approx((60 / 1.0) / (60 / 2.0))  # p3 left out: 2x, not 90 / 10 / 30 = 0.3x
+    assert code.num_prompts == 2
+    assert code.prompts == "restricted to the 2 prompts both modes ran (spec ran 1 more: left out)"
+    assert (code.spec_tokens_per_s, code.ar_tokens_per_s) == (pytest.approx(60.0), pytest.approx(30.0))
+    assert rows["chat"].prompts == "the same 1 prompt" and rows["chat"].speedup == pytest.approx(2.0)
+
+
 def test_speedups_order_concurrency_by_number(store):
     """A sweep's configurations read 1, 2, 4, 16, not 1, 16, 2, 4 (the Overview's table lists them in
     this order)."""

@@ -113,3 +113,21 @@ def test_spec_max_batch_gates_speculation_in_step_records():
     assert {(e.batch_size, e.k_reason) for e in steps if e.batch_size == 3} == {(3, "batch-gated")}
     assert all(e.k == 0 for e in steps if e.batch_size == 3)
     assert any(e.k == 3 and e.k_reason == "fixed" for e in steps if e.batch_size <= 2)
+
+
+def test_sweep_points_refuse_runs_of_two_temperatures(sqlite_url):
+    """AR at temperature 0 and spec at 0.8 at one level used to make one point (a 'speedup' of neither); so did
+    a load test's runs with a bench's. A sweep's runs must share temperature and run kind."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        ids = [make_run(s, "ar", temperature=0.0, requests=[Req(output_tokens=40, e2e_ms=1000.0)]).id,
+               make_run(s, "spec", temperature=0.8, requests=[spec_req(40, k=4, accepted=20, e2e_ms=500.0)]).id,
+               make_run(s, "spec", temperature=0.0, requests=[spec_req(40, k=4, accepted=20, e2e_ms=500.0)]).id,
+               make_run(s, "ar", kind="loadtest", requests=[Req(output_tokens=40, e2e_ms=900.0)]).id]
+        s.commit()
+    with pytest.raises(ValueError, match=r"2 groups \(temperature 0.0; temperature 0.8\)"):
+        sweep_points(engine, ids[:2])
+    with pytest.raises(ValueError, match="kind bench; kind loadtest"):
+        sweep_points(engine, [ids[0], ids[3]])
+    (point,) = sweep_points(engine, [ids[0], ids[2]])
+    assert point.speedup == pytest.approx(2.0, rel=0.05)
