@@ -38,6 +38,7 @@ from telemetry.prices import (
     resolve_node_price,
 )
 from telemetry.queries import (
+    COMPARED_FIELDS,
     EMPTY_STORE_HINT,
     MODES,
     ConfigSummary,
@@ -281,6 +282,8 @@ _RUN_FILTERS = (
     ("node_id", "node", "nodes", Run.node_id),
     ("drafter", "drafter", "drafters", Run.drafter),
     ("mode", "mode", "modes", Run.mode),
+    ("temperature", "temperature", "temperatures", Run.temperature),
+    ("kind", "run kind", "run kinds", Run.kind),
 )
 
 
@@ -350,6 +353,85 @@ FLEET_COST_FORMULA = (
 COST_PER_1M_BASIS = f"{FLEET_COST_LABEL}: {FLEET_COST_FORMULA}"
 
 
+COMPARISON_RULE = (
+    "where the runs in view hold several comparable groups (workload, temperature, run kind, target, device, "
+    "backend, precision), the projection compares spec and AR within one: the group whose less-measured mode "
+    "has the most ok requests (then the most requests in all, then the first measured)"
+)
+
+
+def temperature_text(t: float | None) -> str:
+    """'temperature 0', 'temperature 0.8'; a server's run records none (its requests chose theirs)."""
+    return "per-request temperatures (server runs)" if t is None else f"temperature {t:g}"
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """The comparable group a projection sizes both modes on (one value of each COMPARED_FIELDS), how many ok
+    requests each mode measured in it, and the other groups that were in view (each as its `label`)."""
+
+    workload: str
+    temperature: float | None
+    kind: str
+    target: str
+    device: str
+    backend: str
+    dtype: str
+    requests_ar: int
+    requests_spec: int
+    others: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"workload {self.workload}, {temperature_text(self.temperature)}, {self.kind} runs"
+
+    def text(self, choose: str = "choose with --temperature, --run-kind, --workload, --target or --node") -> str:
+        """One line: what is compared, and why this group where there were others (`choose`: how to pick another
+        where the caller can)."""
+        head = (f"spec and AR compared at {self.label} ({self.dtype} on {self.device}; {self.requests_spec:,} spec "
+                f"and {self.requests_ar:,} AR requests)")
+        if not self.others:
+            return head
+        return (f"{head}; {len(self.others)} other comparable group{'s' if len(self.others) > 1 else ''} in view "
+                f"({'; '.join(self.others)}): this one is the group whose less-measured mode has the most requests "
+                f"({choose})")
+
+    def as_dict(self) -> dict:
+        return {f: getattr(self, f) for f in COMPARED_FIELDS} | {
+            "requests_ar": self.requests_ar, "requests_spec": self.requests_spec, "other_groups": list(self.others),
+            "rule": COMPARISON_RULE,
+        }
+
+
+def _group_label(key: tuple, configs: list[ConfigSummary]) -> str:
+    fields = dict(zip(COMPARED_FIELDS, key, strict=True))
+    modes = {c.mode for c in configs}
+    only = "" if modes >= set(MODES) else f" ({'spec' if 'spec' in modes else 'AR'} only)"
+    return f"workload {fields['workload']}, {temperature_text(fields['temperature'])}, {fields['kind']} runs{only}"
+
+
+def comparable_group(configs: list[ConfigSummary]) -> tuple[Comparison, list[ConfigSummary]]:
+    """The configurations a projection compares: those of one comparable group (COMPARED_FIELDS), chosen by
+    COMPARISON_RULE among the groups in view (a group where both modes were measured over one where only one
+    was); with the Comparison that says which group it is and which others there were."""
+    groups: dict[tuple, list[ConfigSummary]] = defaultdict(list)
+    for c in configs:  # in the order each group was first measured
+        groups[tuple(getattr(c, f) for f in COMPARED_FIELDS)].append(c)
+
+    def requests(cs: list[ConfigSummary], mode: str) -> int:
+        return sum(c.stats.num_requests_ok for c in cs if c.mode == mode)
+
+    def rank(key: tuple) -> tuple:
+        n = [requests(groups[key], m) for m in MODES]
+        return (min(n) > 0, min(n), sum(n))
+
+    best = max(groups, key=rank)  # max keeps the first of equals: the first measured
+    chosen = groups[best]
+    comparison = Comparison(*best, requests_ar=requests(chosen, "ar"), requests_spec=requests(chosen, "spec"),
+                            others=tuple(_group_label(k, cs) for k, cs in groups.items() if k != best))
+    return comparison, chosen
+
+
 @dataclass(frozen=True, slots=True)
 class StoreProjection:
     projection: Projection
@@ -372,6 +454,10 @@ class StoreProjection:
     # priced as other hardware than measured while the runs measured energy: that energy is left out
     energy_left_out: bool = False
     energy_prices_from: str = ""  # where usd_per_kwh and pue come from, in words
+    comparison: Comparison | None = None  # the comparable group both modes were sized on
+    # p95 TPOT (ms) of each mode's capacity configuration: what meets the SLA in the projection
+    capacity_tpot_p95_ms_ar: float | None = None
+    capacity_tpot_p95_ms_spec: float | None = None
 
     @property
     def replica_note(self) -> str | None:
@@ -429,6 +515,9 @@ class StoreProjection:
                 "capacity_run_spec": self.capacity_run_spec,
                 "capacity_runs_ar": list(self.capacity_runs_ar),
                 "capacity_runs_spec": list(self.capacity_runs_spec),
+                "capacity_tpot_p95_ms_ar": self.capacity_tpot_p95_ms_ar,
+                "capacity_tpot_p95_ms_spec": self.capacity_tpot_p95_ms_spec,
+                "compared": None if self.comparison is None else self.comparison.as_dict(),
                 "cost_per_1m_tokens_basis": COST_PER_1M_BASIS,
                 "hours_per_year": HOURS_PER_YEAR,
                 "hours_per_month": HOURS_PER_MONTH,
@@ -524,7 +613,9 @@ def project_from_store(
 ) -> StoreProjection:
     """finops.project fed with the measured runs: capacity per mode = the best configuration's tokens/s
     meeting the SLA, each configuration's runs pooled (`queries.config_summaries`: the turns of an
-    interleaved bench, repeated runs of one command). With `gpu` and `gpus_per_node` N (1..64, GPU
+    interleaved bench, repeated runs of one command), both modes within one comparable group
+    (`comparable_group`: same workload, temperature, run kind, target, device, backend, precision; where the
+    runs in view hold several, the one COMPARISON_RULE picks, named in `comparison`). With `gpu` and `gpus_per_node` N (1..64, GPU
     entries only), a node is N replicas of the measured device: N x its price and N x its measured
     tokens/s (so the node count shrinks by N, the cost per token stays that of one GPU). The energy part
     is added only when the priced hardware is the measured one (per GPU: J/token is the same for N
@@ -543,6 +634,7 @@ def project_from_store(
         raise ValueError(no_runs_reason(engine, filters))
     if not any(c.stats.output_tokens for c in configs):
         raise ValueError(f"no measured runs with output tokens in the store; {EMPTY_STORE_HINT}")
+    comparison, configs = comparable_group(configs)
     devices = tuple(sorted({c.device for c in configs}))
     run_ids = [i for c in configs for i in c.run_ids]
     snapshots = _run_snapshots(engine, run_ids)
@@ -599,4 +691,7 @@ def project_from_store(
         gpus_per_node=gpus_per_node,
         energy_left_out=differs and any(c.stats.energy_j is not None for c in configs),
         energy_prices_from=energy_prices_from,
+        comparison=comparison,
+        capacity_tpot_p95_ms_ar=cap_configs["ar"].stats.tpot_p95_ms if cap_configs["ar"] else None,
+        capacity_tpot_p95_ms_spec=cap_configs["spec"].stats.tpot_p95_ms if cap_configs["spec"] else None,
     )

@@ -323,6 +323,10 @@ def _band(name: str, get: Callable[[PeriodFigures], float | None], current: Peri
     return b if basis in (None, TOTAL_BASIS) else replace(b, note=f"{basis}; {b.note}")
 
 
+# How a report's reader projects another comparable group than the one the report's projection chose.
+REPORT_CHOOSE = "`specfinops project --temperature T --run-kind K --workload W` projects another"
+
+
 # ---- the report -----------------------------------------------------------------------------------------
 
 
@@ -709,6 +713,9 @@ PROJECTION_LABELS = {
     "capacity_basis": "capacity per node",
     "capacity_runs_ar": "AR capacity runs",
     "capacity_runs_spec": "spec capacity runs",
+    "capacity_tpot_p95_ms_ar": "AR capacity configuration p95 TPOT (ms)",
+    "capacity_tpot_p95_ms_spec": "spec capacity configuration p95 TPOT (ms)",
+    "compared": "spec and AR compared at",
     "cost_per_1m_tokens_basis": "fleet cost per 1M served tokens, what it is",
     "hours_per_year": "hours per year",
     "hours_per_month": "hours per month",
@@ -735,6 +742,8 @@ def projection_rows(pr: ProjectionResult) -> list[tuple[str, Any]]:
     for key, value in items:
         if key in PROJECTION_SKIP:
             continue
+        if key == "compared":
+            value = None if pr.projection.comparison is None else pr.projection.comparison.text(REPORT_CHOOSE)
         if isinstance(value, list):
             value = "; ".join(map(str, value)) if key == "notes" else ", ".join(map(str, value))
         rows.append((PROJECTION_LABELS.get(key, key), value))

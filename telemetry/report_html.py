@@ -26,6 +26,7 @@ from telemetry.finops import sla_steps, step_starts
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.report import (
     ALPHA_GO,
+    REPORT_CHOOSE,
     TOTAL_BASIS,
     CostMetric,
     ReportData,
@@ -275,6 +276,7 @@ def assumptions_html(data: ReportData) -> str:
         items += [
             f"priced as {a['priced_as']} at ${a['node_hourly_usd']:g}/node-hour"
             + (f", measured on {', '.join(a['measured_on'])}" if a["priced_differs_from_measured"] else ""),
+            *([pr.projection.comparison.text(REPORT_CHOOSE)] if pr.projection.comparison is not None else []),
             f"capacity per node: {a['capacity_basis']}",
             f"{FLEET_COST_LABEL}: AR {usd(p.cost_per_1m_tokens_ar_usd)}, spec {usd(p.cost_per_1m_tokens_spec_usd)} "
             f"({FLEET_COST_FORMULA}); the cost per 1M tokens of the tiles and the Spec vs AR table is the "

@@ -3,6 +3,8 @@ that compare spec and AR only within comparable configurations, speedups keyed o
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from sqlalchemy.orm import Session
 from synthetic import Req, make_run, spec_req
@@ -51,3 +53,77 @@ def test_recorded_free_electricity_prices_the_runs_and_the_projection(sqlite_url
     assert (sp.usd_per_kwh, sp.pue) == (0.13, 1.2)
     assert sp.energy_prices_from == ("$/kWh from the catalog (the runs recorded different ones); PUE from the "
                                      "catalog (not every run recorded a valid one)")
+
+
+def _tpot_req(mode: str, tpot_ms: float, start_s: float = 0.0):
+    """33 tokens with the given TPOT after a 100 ms first token."""
+    e2e = 100 + 32 * tpot_ms
+    if mode == "ar":
+        return Req(33, ttft_ms=100, e2e_ms=e2e, start_s=start_s)
+    return spec_req(33, 4, 20, ttft_ms=100, e2e_ms=e2e, start_s=start_s)
+
+
+@pytest.fixture
+def two_temperatures(sqlite_url) -> str:
+    """At temperature 0 spec meets a 50 ms SLA (10 ms) and AR does not (60 ms); at 0.8 AR does (20 ms) and spec
+    does not (80 ms). 0.8 has two requests per mode, 0 one."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", temperature=0.0, requests=[_tpot_req("ar", 60)])
+        make_run(s, "spec", temperature=0.0, requests=[_tpot_req("spec", 10)])
+        make_run(s, "ar", temperature=0.8, requests=[_tpot_req("ar", 20), _tpot_req("ar", 20, 1.0)])
+        make_run(s, "spec", temperature=0.8, requests=[_tpot_req("spec", 80), _tpot_req("spec", 80, 3.0)])
+        s.commit()
+    return sqlite_url
+
+
+PROJECT = ["--daily-tokens", "8.64e6", "--peak-factor", "1", "--p95-tpot-sla-ms", "50"]
+
+
+def test_project_compares_modes_at_one_temperature_and_says_which(two_temperatures, capsys):
+    """AR's capacity came from its temperature-0.8 runs and spec's from its temperature-0 runs: savings from two
+    measurements that compare nothing, with no word on the temperatures. Now both modes are sized within one
+    comparable group, picked by the documented rule (0.8: its less-measured mode has more requests) and named."""
+    assert main(["project", "--db", two_temperatures, *PROJECT, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    c = out["assumptions"]["compared"]
+    assert (c["temperature"], c["kind"], c["workload"]) == (0.8, "bench", "code")
+    assert (c["requests_ar"], c["requests_spec"]) == (2, 2)
+    assert c["other_groups"] == ["workload code, temperature 0, bench runs"]
+    assert out["assumptions"]["capacity_runs_ar"] == [3] and out["nodes_spec"] is None  # spec misses at 0.8
+    assert out["annual_savings_usd"] is None
+    assert main(["project", "--db", two_temperatures, *PROJECT]) == 0
+    text = capsys.readouterr().out
+    assert "spec and AR compared at workload code, temperature 0.8, bench runs" in text
+    assert "1 other comparable group in view (workload code, temperature 0, bench runs)" in text
+
+    assert main(["project", "--db", two_temperatures, *PROJECT, "--temperature", "0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["assumptions"]["compared"]["temperature"] == 0.0
+    assert out["assumptions"]["compared"]["other_groups"] == []
+    assert out["assumptions"]["capacity_runs_spec"] == [2] and out["nodes_ar"] is None
+    assert main(["project", "--db", two_temperatures, *PROJECT, "--temperature", "0.5"]) == 2
+    assert "no runs with temperature 0.5 (temperatures in the store: 0.0, 0.8)" in capsys.readouterr().err
+    assert main(["cost", "--db", two_temperatures, "--temperature", "0", "--json"]) == 0
+    assert [r["run_id"] for r in json.loads(capsys.readouterr().out)["runs"]] == [1, 2]
+
+
+def test_load_test_runs_are_not_pooled_with_bench_runs(sqlite_url, capsys):
+    """A load test's client-side runs of the same workload and temperature made one configuration with a
+    bench's runs (and one group in the projection): they are their own now, chosen by --run-kind."""
+    from telemetry.queries import config_summaries
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[_tpot_req("ar", 20)])
+        make_run(s, "spec", requests=[_tpot_req("spec", 10)])
+        make_run(s, "ar", kind="loadtest", requests=[_tpot_req("ar", 40), _tpot_req("ar", 40, 2.0)])
+        make_run(s, "spec", kind="loadtest", requests=[_tpot_req("spec", 30), _tpot_req("spec", 30, 2.0)])
+        s.commit()
+    assert sorted((c.mode, c.kind, c.run_ids) for c in config_summaries(engine)) == [
+        ("ar", "bench", (1,)), ("ar", "loadtest", (3,)), ("spec", "bench", (2,)), ("spec", "loadtest", (4,))]
+    sp = project_from_store(engine, daily_tokens=8.64e6, peak_factor=1.0, sla_ms=50.0)
+    assert sp.comparison.kind == "loadtest" and sp.capacity_runs_ar == (3,)
+    assert main(["project", "--db", sqlite_url, *PROJECT, "--run-kind", "bench", "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)["assumptions"]
+    assert a["compared"]["kind"] == "bench" and a["capacity_runs_ar"] == [1] and a["capacity_runs_spec"] == [2]

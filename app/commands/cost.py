@@ -29,9 +29,12 @@ they all recorded the same one), else the catalog price of the measured device, 
 --node-hourly-usd X.
 
 capacity per node: a mode's fastest measured configuration (workload, model pair, device, precision,
-concurrency, temperature, drafter, K policy) whose p95 TPOT meets the SLA, with that configuration's runs
-pooled: tokens over their summed wall time, p95 over all of their requests (the turns of an interleaved
-`bench --mode both`, repeats of one command). Narrow it with --workload, --target or --node.
+concurrency, temperature, run kind, drafter, K policy) whose p95 TPOT meets the SLA, with that configuration's
+runs pooled: tokens over their summed wall time, p95 over all of their requests (the turns of an interleaved
+`bench --mode both`, repeats of one command). Spec and AR are compared only within one comparable group (same
+workload, temperature, run kind, target, device, backend, precision): where the runs in view hold several, the
+one whose less-measured mode has the most ok requests, and the output says which and names the others.
+Choose another with --temperature, --run-kind, --workload, --target or --node.
 
 fleet cost per 1M served tokens: the fleet sized for peak traffic in whole nodes, per token it serves in a
 day (nodes x node $/h x 24 / daily tokens x 1e6, plus energy where measured). It is not `specfinops cost`'s
@@ -68,6 +71,9 @@ def _add_filters(p) -> None:
     p.add_argument("--workload", help="only runs of this workload")
     p.add_argument("--target", help="only runs of this target model")
     p.add_argument("--node", help="only runs of this node id")
+    p.add_argument("--temperature", metavar="T", help="only runs recorded at this sampling temperature (e.g. 0)")
+    p.add_argument("--run-kind", choices=("bench", "loadtest", "serve"),
+                   help="only runs of this kind (a bench times the engine, a load test its HTTP clients)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -179,6 +185,8 @@ def _filters(args, run_id: int | None = None):
         target=args.target,
         node_id=args.node,
         run_ids=(run_id,) if run_id is not None else None,
+        temperature=_number("--temperature", args.temperature, minimum=0, strict=False),
+        kind=args.run_kind,
     )
 
 
@@ -243,10 +251,11 @@ def run_cost_command(args) -> int:
     from telemetry.store import open_store
 
     pricing = _pricing(args)
+    filters = _filters(args, args.run)
     engine = open_store(args.db, must_exist=True)
-    run_costs, mode_costs = costs(engine, _filters(args, args.run), **pricing)
+    run_costs, mode_costs = costs(engine, filters, **pricing)
     if not run_costs:
-        reason = no_runs_reason(engine, _filters(args, args.run))
+        reason = no_runs_reason(engine, filters)
         raise UsageError(f"--run {args.run}: {reason}" if args.run is not None else reason)
     if args.json:
         print(
@@ -386,11 +395,10 @@ def run_project_command(args) -> int:
     peak = _number("--peak-factor", args.peak_factor, minimum=1, strict=False)
     sla = _number("--p95-tpot-sla-ms", args.p95_tpot_sla_ms, minimum=0)
     pricing = _pricing(args)
+    filters = _filters(args)
     engine = open_store(args.db, must_exist=True)
     _check_gpu_entry(engine, args)
-    sp = project_from_store(
-        engine, _filters(args), daily_tokens=daily, peak_factor=peak, sla_ms=sla, **pricing
-    )
+    sp = project_from_store(engine, filters, daily_tokens=daily, peak_factor=peak, sla_ms=sla, **pricing)
     if args.json:
         print(json.dumps(sp.as_dict(), indent=2))
         return 0
@@ -405,6 +413,8 @@ def run_project_command(args) -> int:
         return "incl. energy (estimated)" if estimated else "incl. energy"
 
     print(f"traffic: {daily:,.0f} output tokens/day, peak factor {peak:g}, p95 TPOT SLA {sla:g} ms")
+    if sp.comparison is not None:
+        print(sp.comparison.text())
     print(
         f"capacity per node at the SLA: AR {_num(p.capacity_tokens_per_s_ar)} tokens/s"
         f"{f' ({runs_text(sp.capacity_runs_ar)})' if sp.capacity_runs_ar else ''}, spec "
