@@ -480,8 +480,11 @@ def _mode_dict(data: ReportData, mode: str) -> dict:
         "output_tokens": st.output_tokens if st else 0,
         "tokens_per_s": st.tokens_per_s if st else None,
         "acceptance_rate": st.acceptance_rate if st else None,
+        # over all of the mode's requests in the period, every configuration pooled
         "tpot_p95_ms": st.tpot_p95_ms if st else None,
         "meets_sla": meets_sla(st.tpot_p95_ms if st else None, data.sla_ms),
+        # of the configuration the projection sizes this mode on (its capacity at the SLA): what the savings use
+        **projection_tpot(data, mode),
         "j_per_token": st.j_per_token if st else None,
         "energy_estimated": st.energy_estimated if st else False,
         # every ok request has an energy figure; else J/token covers only those that have one
@@ -494,6 +497,22 @@ def _mode_dict(data: ReportData, mode: str) -> dict:
         "energy_included": c.energy_included if c else False,
         "cost_note": cost_note(data.current, mode),
     }
+
+
+def projection_tpot(data: ReportData, mode: str) -> dict:
+    """The p95 TPOT the projection judged for `mode` against the SLA: that of the configuration it sizes the
+    mode on (its capacity configuration: runs, p95, meets), or, where no configuration of the compared group
+    meets the SLA, the best p95 of that group's configurations of the mode. None values without a projection."""
+    sp = data.projection.projection
+    out = {"projection_runs": [], "projection_tpot_p95_ms": None, "projection_meets_sla": None}
+    if sp is None:
+        return out
+    runs = getattr(sp, f"capacity_runs_{mode}")
+    if runs:
+        return {"projection_runs": list(runs), "projection_tpot_p95_ms": getattr(sp, f"capacity_tpot_p95_ms_{mode}"),
+                "projection_meets_sla": True}
+    best = min((p95 for _, p95 in getattr(sp, f"points_{mode}") if p95 is not None), default=None)
+    return {**out, "projection_tpot_p95_ms": best, "projection_meets_sla": False if best is not None else None}
 
 
 def partial_energy(f: PeriodFigures, mode: str) -> bool:
@@ -633,7 +652,8 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
         (mode, *(_mode_dict(data, mode)[k] for k in (
             "requests_ok", "requests_failed", "output_tokens", "tokens_per_s", "acceptance_rate", "tpot_p95_ms",
             "meets_sla", "j_per_token", "energy_estimated", "hardware_usd_per_1m", "energy_usd_per_1m",
-            "total_usd_per_1m", "energy_included", "cost_note", "energy_complete", "energy_source")))
+            "total_usd_per_1m", "energy_included", "cost_note", "energy_complete", "energy_source",
+            "projection_tpot_p95_ms", "projection_meets_sla")))
         for mode in queries.MODES
         if mode in data.current.modes
     ]  # fmt: skip
@@ -642,11 +662,14 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
     curve = pr.sla_curve
     return [
         Table("modes", "Spec vs AR (cost per 1M tokens of the measured runs: node $/h x wall hours / tokens; "
-              "energy complete: every request has an energy figure, else J/token covers those that do)",
+              "energy complete: every request has an energy figure, else J/token covers those that do; p95 TPOT "
+              "and meets SLA: over all of the mode's requests, every configuration pooled; projection p95 TPOT: "
+              "of the configuration the projected savings size the mode on)",
               ("mode", "requests ok", "requests failed", "output tokens", "tokens/s",
                "acceptance rate", "p95 TPOT (ms)", "meets SLA", "J/token", "energy estimated",
                "hardware $/1M", "energy $/1M", "total $/1M", "energy included", "cost note",
-               "energy complete", "energy source"), tuple(modes)),
+               "energy complete", "energy source", "projection p95 TPOT (ms)", "projection meets SLA"),
+              tuple(modes)),
         Table("acceptance_by_domain", f"Acceptance per domain (go/no-go line {ALPHA_GO}, judged on alpha where "
               "steps were recorded, as calibrate; else on the acceptance rate)",
               ("domain", "requests", "drafts", "drafted tokens", "accepted tokens", "acceptance rate",

@@ -590,3 +590,47 @@ def test_report_names_the_runs_that_did_not_complete(sqlite_url, tmp_path):
     assert rec.summary["incomplete_runs"] == [{"run_id": 2, "mode": "ar", "status": "running"}]
     page = open(rec.html_path, encoding="utf-8").read()
     assert "Not every run completed: run 2 running (in progress, or its process was killed)" in page
+
+
+def test_tpot_card_judges_the_configurations_the_projection_sizes(sqlite_url, tmp_path):
+    """The p95 TPOT card judged the p95 of all of a mode's requests pooled ('misses') beside savings that size
+    both modes on configurations that meet the SLA. It now shows the p95 of the configuration the projection
+    sizes each mode on (and says so, with the pooled p95 beside it); the summary carries both."""
+    engine = open_store(sqlite_url)
+    start = D0.replace(hour=9)
+
+    def reqs(mode: str, tpot_ms: float, n: int) -> list:
+        e2e = 100 + 32 * tpot_ms
+        return [Req(33, ttft_ms=100, e2e_ms=e2e, start_s=i * 0.1) if mode == "ar"
+                else spec_req(33, 4, 20, ttft_ms=100, e2e_ms=e2e, start_s=i * 0.1) for i in range(n)]
+
+    with Session(engine) as s:  # one stream meets a 50 ms SLA; four streams miss it, with more requests
+        make_run(s, "ar", started_at=start, concurrency=1, requests=reqs("ar", 40, 2))
+        make_run(s, "spec", started_at=start, concurrency=1, requests=reqs("spec", 10, 2))
+        make_run(s, "ar", started_at=start, concurrency=4, requests=reqs("ar", 90, 8))
+        make_run(s, "spec", started_at=start, concurrency=4, requests=reqs("spec", 80, 8))
+        s.commit()
+    assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--sla-ms", "50",
+                        "--daily-tokens", "5e8", "--peak-factor", "2")) == 0
+    rec = _only_report(engine)
+    modes = rec.summary["modes"]
+    assert modes["spec"]["meets_sla"] is False and modes["ar"]["meets_sla"] is False  # pooled: 80 and 90 ms
+    assert modes["spec"]["projection_meets_sla"] is True and modes["spec"]["projection_runs"] == [2]
+    assert modes["spec"]["projection_tpot_p95_ms"] == pytest.approx(10.0)
+    assert modes["ar"]["projection_tpot_p95_ms"] == pytest.approx(40.0) and modes["ar"]["projection_runs"] == [1]
+    assert rec.summary["projection"]["annual_savings_usd"] is not None
+    page = open(rec.html_path, encoding="utf-8").read()
+    m = re.search(r'<div class="k">p95 TPOT vs SLA 50 ms</div><div class="v">([^<]*)</div>', page)
+    assert m.group(1) == "spec 10.0 ms (meets) / AR 40.0 ms (meets)"
+    sub = _card_sub(page, "p95 TPOT vs SLA 50 ms")
+    assert sub.startswith("p95 of the configuration the projected savings size each mode on at workload code, "
+                          "temperature 0, bench runs (spec run 2; AR run 1); all requests of the period pooled: spec ")
+    with open(f"{rec.csv_dir}/modes.csv", encoding="utf-8", newline="") as fh:
+        rows = {r["mode"]: r for r in csv.DictReader(fh)}
+    assert rows["spec"]["meets SLA"] == "False" and rows["spec"]["projection meets SLA"] == "True"
+    with open(f"{rec.csv_dir}/speedups.csv", encoding="utf-8", newline="") as fh:
+        speedups = list(csv.DictReader(fh))
+    assert {(r["concurrency"], r["temperature"], r["run kind"], r["prompts"]) for r in speedups} == {
+        ("1", "0.0", "bench", "prompts not matched (the runs recorded no prompt ids)"),
+        ("4", "0.0", "bench", "prompts not matched (the runs recorded no prompt ids)")}
+    assert rec.summary["speedups"][0]["temperature"] == 0.0 and rec.summary["speedups"][0]["run_kind"] == "bench"
