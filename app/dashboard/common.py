@@ -16,6 +16,7 @@ import streamlit as st
 
 from app.dashboard import data
 from app.dashboard.filters import Selection, sidebar
+from telemetry.costing import _snapshot_energy  # the one rule for a valid recorded $/kWh or PUE
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,31 @@ def projection_notes(sp) -> list[str]:
                      "the energy part is left out of the projected cost")
     if sp.energy_estimated:
         notes.append("the energy part of the projected cost is an estimate")
+    if getattr(sp, "energy_prices_from", "") and (sp.projection.energy_included_ar
+                                                  or sp.projection.energy_included_spec):
+        notes.append(f"energy prices: {energy_prices_from(sp)}")
     return notes
+
+
+# costing says where a projection's energy prices came from in the CLI's words; the dashboard's inputs instead
+_PRICE_FLAGS = {"$/kWh given (--usd-per-kwh)": "$/kWh your input", "PUE given (--pue)": "PUE your input"}
+# and how the Comparison says another group is chosen
+CHOOSE_GROUP = "pick another with the sidebar's Temperature, Run kind, Workload or Model pair"
+
+
+def energy_prices_from(sp) -> str:
+    """`sp.energy_prices_from` in the dashboard's words (its inputs, not CLI flags)."""
+    text = sp.energy_prices_from
+    for cli, page in _PRICE_FLAGS.items():
+        text = text.replace(cli, page)
+    return text
+
+
+def comparison_text(sp) -> str | None:
+    """Which comparable group (workload, temperature, run kind, ...) the projection sized both modes on and
+    which others were in view, in the dashboard's words; None where the projection holds none."""
+    comparison = getattr(sp, "comparison", None)
+    return None if comparison is None else comparison.text(choose=CHOOSE_GROUP)
 
 
 def usd_rate(value: float | None) -> str:
@@ -72,12 +97,9 @@ def cost_pricing(a: dict) -> dict:
 
 def _recorded(run_costs, key: str) -> str:
     """Where the runs' own `key` price came from: their price snapshots, the catalog, or some of each
-    (costing prices a run from its snapshot where it holds a positive number, else from the catalog)."""
-    def has(snapshot) -> bool:
-        v = snapshot.get(key) if isinstance(snapshot, dict) else None
-        return isinstance(v, int | float) and not isinstance(v, bool) and v > 0
-
-    found = [has(rc.run.price_snapshot) for rc in run_costs]
+    (costing prices a run from its snapshot where it holds a valid one: $/kWh >= 0, a recorded $0 being a real
+    price, and PUE >= 1; else from the catalog)."""
+    found = [_snapshot_energy(rc.run.price_snapshot, key) is not None for rc in run_costs]
     return ("recorded with the runs" if all(found) else "the catalog's" if not any(found)
             else "recorded with the runs, else the catalog's")
 
@@ -185,7 +207,7 @@ def run_page(title: str, body: Callable[[Context], None], caption: str | None = 
                    "(workload 'synthetic', host 'synthetic-generator'). They are not measurements.")
     if ctx.sel.runs.empty:
         st.info("No runs match these filters (none has requests in the selected time range, or none has "
-                "this node, pair, workload or concurrency). Widen the time range or reset the filters in "
+                "this node, pair, workload, temperature, run kind or concurrency). Widen the time range or reset the filters in "
                 "the sidebar.")
         return
     try:

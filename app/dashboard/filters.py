@@ -1,6 +1,6 @@
 """Sidebar filters, rendered once in the entry file so their values hold across pages.
 
-Time range, node, model pair (target <- drafter), workload, domain and runs become one
+Time range, node, model pair (target <- drafter), workload, temperature, run kind, domain and runs become one
 `telemetry.queries.Filters`. A model pair keeps the AR baseline runs of the same target (they have no
 drafter), so spec and AR stay side by side; it is resolved to run ids here.
 """
@@ -100,6 +100,17 @@ def sidebar(options: dict) -> Selection:
         pair_labels = [f"{t} ← {d}" for t, d in pairs]
     pair = sb.selectbox("Model pair (target ← drafter)", [ALL, *pair_labels], key="f_pair")
     workload = sb.selectbox("Workload", [ALL, *sorted(runs["workload"].dropna().unique())], key="f_workload")
+    # spec and AR compare only at one temperature and run kind: offered where the runs hold several
+    temps = sorted({float(t) for t in runs["temperature"].dropna()})
+    temperature = sb.selectbox(
+        "Temperature", [ALL, *temps], format_func=lambda t: t if t == ALL else f"{t:g}", key="f_temperature",
+        help="Sampling temperature the runs were recorded at. Speedups are per temperature; the projection "
+             "compares one temperature (and run kind) and says which.") if len(temps) > 1 else ALL
+    kinds = sorted(runs["kind"].dropna().unique())
+    kind = sb.selectbox(
+        "Run kind", [ALL, *kinds], key="f_kind",
+        help="bench: the engine timed; loadtest: its HTTP clients; serve: the server. Not compared across "
+             "kinds.") if len(kinds) > 1 else ALL
     domain = sb.selectbox("Domain", [ALL, *options["domains"]], key="f_domain")
     levels = sorted({int(c) for c in runs["concurrency"].dropna()})
     concurrency = sb.selectbox(
@@ -114,6 +125,10 @@ def sidebar(options: dict) -> Selection:
         chosen = chosen[chosen["node_id"] == node]
     if workload != ALL:
         chosen = chosen[chosen["workload"] == workload]
+    if temperature != ALL:
+        chosen = chosen[chosen["temperature"] == temperature]
+    if kind != ALL:
+        chosen = chosen[chosen["kind"] == kind]
     if pair != ALL:
         target, drafter = pairs[pair_labels.index(pair)]
         chosen = chosen[(chosen["target"] == target) & ((chosen["drafter"] == drafter) | (chosen["mode"] == "ar"))]
@@ -133,7 +148,12 @@ def sidebar(options: dict) -> Selection:
         node_id=None if node == ALL else node,
         workload=None if workload == ALL else workload,
         domain=None if domain == ALL else domain,
-        run_ids=tuple(int(i) for i in chosen["run_id"]) if (pair != ALL or concurrency != ALL or run_pick) else None,
+        temperature=None if temperature == ALL else temperature,
+        kind=None if kind == ALL else kind,
+        # resolved to run ids where a filter the queries cannot express is set; a temperature or run kind too,
+        # so that the recorded sweeps (kept by their runs) follow it
+        run_ids=tuple(int(i) for i in chosen["run_id"])
+        if (pair != ALL or concurrency != ALL or run_pick or temperature != ALL or kind != ALL) else None,
     )
     span_s = data_span_s(chosen, since, until)
     synthetic = bool(((chosen["workload"] == SYNTHETIC_WORKLOAD) | (chosen["hostname"] == SYNTHETIC_HOSTNAME)).any())

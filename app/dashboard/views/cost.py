@@ -9,6 +9,7 @@ from app.commands.cost import partial_energy_text
 from app.dashboard import assumptions, charts, data, filters
 from app.dashboard.common import (
     Context,
+    comparison_text,
     cost_pricing,
     download_csv,
     fmt,
@@ -112,6 +113,9 @@ def _projection_section(ctx: Context, values: dict) -> None:
         st.warning(f"No projection: {exc}")
         return
     p = sp.projection
+    compared = comparison_text(sp)
+    if compared:
+        st.caption(f"{compared[0].upper()}{compared[1:]}.")
     m = st.columns(4)
     m[0].metric("Nodes (AR baseline)", fmt(p.nodes_ar, ",d"))
     m[1].metric("Nodes (speculative)", fmt(p.nodes_spec, ",d"))
@@ -120,22 +124,35 @@ def _projection_section(ctx: Context, values: dict) -> None:
     m[3].metric("Node price", usd_rate(p.node_hourly_usd) + "/h", help=f"priced as {sp.node_price.priced_as}")
     m = st.columns(4)
     # 3.02 tokens/s, not "3": the node count comes from the unrounded figure
-    m[0].metric("Capacity AR (tokens/s per node)", throughput(p.capacity_tokens_per_s_ar),
-                help=f"best configuration meeting the SLA: {runs_text(sp.capacity_runs_ar)}"
-                if sp.capacity_runs_ar else None)
-    m[1].metric("Capacity spec (tokens/s per node)", throughput(p.capacity_tokens_per_s_spec),
-                help=f"best configuration meeting the SLA: {runs_text(sp.capacity_runs_spec)}"
-                if sp.capacity_runs_spec else None)
+    for col, mode, cap, cap_runs, p95 in (
+            (m[0], "AR", p.capacity_tokens_per_s_ar, sp.capacity_runs_ar, sp.capacity_tpot_p95_ms_ar),
+            (m[1], "spec", p.capacity_tokens_per_s_spec, sp.capacity_runs_spec, sp.capacity_tpot_p95_ms_spec)):
+        col.metric(f"Capacity {mode} (tokens/s per node)", throughput(cap),
+                   help=f"best configuration meeting the SLA: {runs_text(cap_runs)}, p95 TPOT "
+                        f"{fmt(p95, '.1f', suffix=' ms')} (SLA {p.sla_ms:g} ms)" if cap_runs else None)
     m[2].metric("Monthly cost AR", usd(p.monthly_cost_ar_usd, ",.0f"))
     m[3].metric("Monthly cost spec", usd(p.monthly_cost_spec_usd, ",.0f"))
+    m = st.columns(4)
+    # the p95 of the configuration each mode is sized on, not of every request in view pooled
+    m[0].metric("p95 TPOT at capacity (AR)", fmt(sp.capacity_tpot_p95_ms_ar, ".1f", suffix=" ms"),
+                help="p95 TPOT of the AR configuration the projection sizes the fleet on "
+                     f"(SLA {p.sla_ms:g} ms); the Latency page pools every request in view")
+    m[1].metric("p95 TPOT at capacity (spec)", fmt(sp.capacity_tpot_p95_ms_spec, ".1f", suffix=" ms"),
+                help="p95 TPOT of the speculative configuration the projection sizes the fleet on "
+                     f"(SLA {p.sla_ms:g} ms); the Latency page pools every request in view")
     if p.cost_per_1m_tokens_ar_usd is not None or p.cost_per_1m_tokens_spec_usd is not None:
         energy = ""
         if p.energy_included_ar or p.energy_included_spec:
-            def whose(key: str) -> str:  # the projection takes the catalog's where an input is left at 0
-                return "your input" if values.get(key) else "the catalog's"
+            def whose(key: str, name: str) -> str:
+                """An input left at 0 keeps the price every run recorded where they all agree, else the
+                catalog's (costing says which in `energy_prices_from`)."""
+                if values.get(key):
+                    return "your input"
+                return "recorded with the runs" if f"{name} recorded by the runs" in sp.energy_prices_from \
+                    else "the catalog's"
 
-            energy = (f", energy at {usd_rate(sp.usd_per_kwh)}/kWh ({whose('usd_per_kwh')}) x PUE {sp.pue:g} "
-                      f"({whose('pue')})")
+            energy = (f", energy at {usd_rate(sp.usd_per_kwh)}/kWh ({whose('usd_per_kwh', '$/kWh')}) x PUE "
+                      f"{sp.pue:g} ({whose('pue', 'PUE')})")
         st.caption(f"{FLEET_COST_LABEL[0].upper()}{FLEET_COST_LABEL[1:]}: AR "
                    f"{usd(p.cost_per_1m_tokens_ar_usd, ',.4g')}, spec {usd(p.cost_per_1m_tokens_spec_usd, ',.4g')} "
                    f"(node {usd_rate(p.node_hourly_usd)}/h{energy}). "

@@ -11,6 +11,7 @@ from app.dashboard.charts import MODE_NAMES
 from app.dashboard.common import (
     MISSING,
     Context,
+    comparison_text,
     cost_pricing,
     cost_vs_savings_note,
     fmt,
@@ -22,17 +23,51 @@ from app.dashboard.common import (
     usd_rate,
 )
 from app.dashboard.filters import short_model
-from telemetry.costing import PARTLY_ESTIMATED, energy_source, energy_sources_text, incomplete_runs_text
+from telemetry.costing import (
+    PARTLY_ESTIMATED,
+    energy_source,
+    energy_sources_text,
+    incomplete_runs_text,
+    temperature_text,
+)
 
 
 def _speedup_text(speedups) -> tuple[str, str]:
-    values = [s.speedup for s in speedups if s.speedup is not None]
-    if not values:
-        return MISSING, "Needs a speculative and an AR run of the same workload, target, device, precision and concurrency."
-    if len(values) == 1:
-        return f"{values[0]:.2f}x", "Spec tokens/s / AR tokens/s on the same prompts, hardware, precision and concurrency."
+    """The Speedup tile's value and help: one row names its temperature, run kind and prompts; several rows
+    are a range, never one figure pooled across temperatures or run kinds (greedy verification at 0 accepts
+    far more than sampling at 0.8; a load test times its HTTP clients, a bench the engine)."""
+    rows = [s for s in speedups if s.speedup is not None]
+    if not rows:
+        return MISSING, ("Needs a speculative and an AR run of the same workload, target, device, precision, "
+                         "concurrency, temperature and run kind.")
+    if len(rows) == 1:
+        (s,) = rows
+        return (f"{s.speedup:.2f}x", f"Spec tokens/s / AR tokens/s at {s.label}; same workload, hardware, "
+                                     "precision and concurrency.")
+    values = [s.speedup for s in rows]
+    temps = sorted({temperature_text(s.temperature) for s in rows})
+    kinds = sorted({s.kind for s in rows})
     return (f"{min(values):.2f}–{max(values):.2f}x",
-            f"{len(values)} configurations (range); see the table below. Spec tokens/s / AR tokens/s.")
+            f"{len(rows)} configurations (range), each spec against AR at one temperature and run kind: not "
+            f"pooled across temperatures or run kinds ({'; '.join(temps)}; {', '.join(kinds)} runs). See the "
+            "table below for each row's prompts. Spec tokens/s / AR tokens/s.")
+
+
+def _tokens_vs_ar(speedups) -> tuple[dict, str]:
+    """The spec Tokens/s tile's delta and what it compares. The tiles pool every run of a mode in view, which
+    may mix temperatures and run kinds; the delta is the Speedup's one comparison (spec against AR at one
+    temperature and run kind, over the prompts both ran) where there is exactly one, and none otherwise."""
+    rows = [s for s in speedups if s.speedup is not None]
+    pooled = "Tokens/s: output tokens / wall time over every run of the mode in view."
+    if len(rows) != 1:
+        why = ("several speedup rows (temperatures, run kinds or configurations) are in view: see the Speedup "
+               "table" if rows else "no speculative and AR runs to compare like for like")
+        return {}, f"{pooled} No change against AR shown: {why}."
+    (s,) = rows
+    delta = _vs_ar(s.spec_tokens_per_s, s.ar_tokens_per_s)
+    if "delta" in delta:
+        delta["delta"] += f" ({temperature_text(s.temperature)}, {s.kind})"
+    return delta, (f"{pooled} Against AR: the Speedup's comparison ({s.label}), not these pooled figures.")
 
 
 def _projection(ctx: Context):
@@ -96,7 +131,9 @@ def body(ctx: Context) -> None:
         st.caption(f"Projection: {proj_error}")
     elif proj:
         priced = f"priced as {proj.node_price.priced_as} ({usd_rate(proj.projection.node_hourly_usd)}/h)"
-        st.caption("Projection: " + "; ".join([priced, *projection_notes(proj)]) + ".")
+        compared = comparison_text(proj)
+        st.caption("Projection: " + "; ".join([*([compared] if compared else []), priced, *projection_notes(proj)])
+                   + ".")
     disagree = cost_vs_savings_note(cost.get("spec"), cost.get("ar"), proj.projection if proj else None)
     if disagree:
         st.caption(disagree)
@@ -142,9 +179,15 @@ def body(ctx: Context) -> None:
             r1[1].metric("TPOT p50", fmt(s.tpot_p50_ms, ".1f", suffix=" ms"),
                          **_vs_ar(s.tpot_p50_ms, other_s.tpot_p50_ms if other_s else None, compare),
                          delta_color="inverse")
+            cap_p95 = (proj.capacity_tpot_p95_ms_spec if mode == "spec" else proj.capacity_tpot_p95_ms_ar) \
+                if proj else None
             r1[2].metric("TPOT p95", fmt(s.tpot_p95_ms, ".1f", suffix=" ms"),
                          **_vs_ar(s.tpot_p95_ms, other_s.tpot_p95_ms if other_s else None, compare),
-                         delta_color="inverse")
+                         delta_color="inverse",
+                         help="p95 over every request of the mode in view."
+                              + (f" The projection sizes this mode on a configuration with p95 TPOT "
+                                 f"{fmt(cap_p95, '.1f', suffix=' ms')} (Cost & capacity)." if cap_p95 is not None
+                                 else ""))
             r2 = st.columns(3)
             j_label = "J/token (partly estimated)" if partly else "J/token (estimate)" if s.energy_estimated \
                 else "J/token"
@@ -152,8 +195,8 @@ def body(ctx: Context) -> None:
                          help="Energy attributed to the requests / output tokens."
                               + (" Power partly estimated (see below)." if partly
                                  else " Power was estimated (no power meter)." if s.energy_estimated else ""))
-            r2[1].metric("Tokens/s", fmt(s.tokens_per_s, ",.1f"),
-                         **_vs_ar(s.tokens_per_s, other_s.tokens_per_s if other_s else None, compare))
+            tokens_delta, tokens_help = _tokens_vs_ar(speedups) if compare else ({}, None)
+            r2[1].metric("Tokens/s", fmt(s.tokens_per_s, ",.1f"), **tokens_delta, help=tokens_help)
             r2[2].metric("Accept. length", fmt(s.mean_acceptance_length, ".2f") if mode == "spec" else MISSING,
                          help="1 + accepted / drafts: tokens per target forward (bonus included).")
             # the tiles' labels are cut short in a narrow column: the estimate is said where it shows in full
@@ -173,8 +216,12 @@ def body(ctx: Context) -> None:
     if speedups:
         with st.expander("Speedup by configuration", expanded=len(speedups) > 1):
             # what differs first (workload, concurrency) and the result; then what the rows share
+            if len(speedups) > 1:
+                st.caption("One row per configuration: spec against AR at one temperature and run kind, over the "
+                           "prompts both ran where they recorded prompt ids; rows are not pooled.")
             show_table(pd.DataFrame([{
-                "workload": s.workload, "concurrency": s.concurrency, "speedup": s.speedup,
+                "workload": s.workload, "temperature": temperature_text(s.temperature).removeprefix("temperature "),
+                "run kind": s.kind, "concurrency": s.concurrency, "speedup": s.speedup, "prompts": s.prompts,
                 "spec tokens/s": s.spec_tokens_per_s, "AR tokens/s": s.ar_tokens_per_s,
                 "drafter": s.drafter, "K policy": s.k_policy, "dtype": s.dtype, "device": s.device,
                 "target": short_model(s.target),

@@ -1,0 +1,170 @@
+"""The dashboard compares spec and AR like for like (192e24d, 4c79283, cc6c71e): speedups per temperature and run
+kind, a tokens/s delta that is one of those comparisons (never two pooled modes of mixed temperatures), the
+projection's comparable group said in the dashboard's words, the temperature and run-kind filters, the p95 of
+the configurations the projection sizes, and a recorded $0/kWh counted as the runs' price."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy.orm import Session
+from synthetic import Req, make_run, spec_req
+from test_dashboard_apptest import PAGES, app_for, assert_clean, fill_store, metrics, open_page
+
+from app.dashboard.common import CHOOSE_GROUP, energy_prices_from, prices_text, projection_notes
+from telemetry import costing, queries
+from telemetry.store import open_store
+
+PROMPTS = ("p1", "p2")
+
+
+def _tpot_req(mode: str, tpot_ms: float, i: int):
+    """33 tokens with the given TPOT after a 100 ms first token, prompt PROMPTS[i], one second apart."""
+    e2e = 100 + 32 * tpot_ms
+    if mode == "ar":
+        return Req(33, ttft_ms=100, e2e_ms=e2e, start_s=float(i), external_id=PROMPTS[i])
+    return spec_req(33, 4, 20, ttft_ms=100, e2e_ms=e2e, start_s=float(i), external_id=PROMPTS[i])
+
+
+@pytest.fixture
+def two_temperatures(sqlite_url) -> str:
+    """Spec and AR of one workload at temperature 0 (spec 10 ms TPOT, AR 30 ms) and 0.8 (spec 40 ms, AR 20 ms),
+    each on the same two prompts: spec is faster at 0 and slower at 0.8."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for t, ar_ms, spec_ms in ((0.0, 30, 10), (0.8, 20, 40)):
+            make_run(s, "ar", temperature=t, requests=[_tpot_req("ar", ar_ms, i) for i in range(2)])
+            make_run(s, "spec", temperature=t, requests=[_tpot_req("spec", spec_ms, i) for i in range(2)])
+        s.commit()
+    engine.dispose()
+    return sqlite_url
+
+
+def _metric(at, label: str, index: int = 0):
+    return [m for m in at.metric if m.label == label][index]
+
+
+def _table(at, column: str):
+    for df in at.dataframe:
+        frame = df.value
+        frame = getattr(frame, "data", frame)  # a Styler holds its frame
+        if column in frame.columns:
+            return frame
+    raise AssertionError(f"no table with a {column!r} column")
+
+
+def test_speedup_tile_names_its_temperature_run_kind_and_prompts(two_temperatures, monkeypatch):
+    at = open_page(app_for(two_temperatures, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    tile = _metric(at, "Speedup")
+    assert "not pooled across temperatures or run kinds" in tile.help, tile.help
+    assert "temperature 0; temperature 0.8" in tile.help and "bench runs" in tile.help
+    table = _table(at, "speedup")
+    assert {"temperature", "run kind", "prompts"} <= set(table.columns)
+    assert list(table["temperature"]) == ["0", "0.8"] and set(table["run kind"]) == {"bench"}
+    assert set(table["prompts"]) == {"the same 2 prompts"}
+
+    # one temperature in view (the sidebar's new filter): one row, its temperature, run kind and prompts said
+    at.sidebar.selectbox(key="f_temperature").set_value(0.8).run()
+    assert_clean(at)
+    (row,) = queries.speedups(open_store(two_temperatures), queries.Filters(temperature=0.8))
+    tile = _metric(at, "Speedup")
+    assert tile.value == f"{row.speedup:.2f}x"
+    assert "at temperature 0.8, bench runs, the same 2 prompts" in tile.help, tile.help
+
+
+def test_tokens_per_s_delta_is_one_like_for_like_comparison(two_temperatures, monkeypatch):
+    """Pooled over both temperatures spec and AR tokens/s compare 0 with 0.8 mixed: no delta, and the help says
+    why; within one temperature the delta is that speedup's, named."""
+    at = open_page(app_for(two_temperatures, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    spec_tile = _metric(at, "Tokens/s", 0)
+    assert not spec_tile.delta, spec_tile.delta
+    assert "No change against AR shown: several speedup rows" in spec_tile.help
+
+    at.sidebar.selectbox(key="f_temperature").set_value(0.0).run()
+    assert_clean(at)
+    (row,) = queries.speedups(open_store(two_temperatures), queries.Filters(temperature=0.0))
+    spec_tile = _metric(at, "Tokens/s", 0)
+    assert spec_tile.delta == f"{row.speedup - 1:+.0%} vs AR (temperature 0, bench)", spec_tile.delta
+    assert "the Speedup's comparison (temperature 0, bench runs, the same 2 prompts)" in spec_tile.help
+
+
+def test_projection_names_the_compared_group_in_the_dashboards_words(two_temperatures, monkeypatch):
+    engine = open_store(two_temperatures)
+    for page in ("Overview", "Cost & capacity"):
+        at = open_page(app_for(two_temperatures, monkeypatch), PAGES[page])
+        assert_clean(at)
+        captions = [c.value for c in at.caption]
+        said = [c for c in captions if "spec and ar compared at workload code, temperature" in c.lower()]
+        assert len(said) == 1, captions
+        assert "1 other comparable group in view" in said[0] and CHOOSE_GROUP in said[0], said[0]
+        assert not any("--temperature" in c or "--run-kind" in c for c in captions), captions
+    # the Cost page's p95 tiles are those of the configurations the projection sizes, not all requests pooled
+    sp = costing.project_from_store(engine, daily_tokens=500e6, peak_factor=2.0, sla_ms=50.0)
+    m = metrics(at)
+    assert m["p95 TPOT at capacity (AR)"] == [f"{sp.capacity_tpot_p95_ms_ar:.1f} ms"]
+    assert m["p95 TPOT at capacity (spec)"] == [f"{sp.capacity_tpot_p95_ms_spec:.1f} ms"]
+    at = open_page(app_for(two_temperatures, monkeypatch), PAGES["Overview"])
+    assert f"configuration with p95 TPOT {sp.capacity_tpot_p95_ms_spec:.1f} ms" in _metric(at, "TPOT p95", 0).help
+    assert f"configuration with p95 TPOT {sp.capacity_tpot_p95_ms_ar:.1f} ms" in _metric(at, "TPOT p95", 1).help
+    at = open_page(app_for(two_temperatures, monkeypatch), PAGES["Cost & capacity"])
+    cap = _metric(at, "Capacity AR (tokens/s per node)")
+    assert f"p95 TPOT {sp.capacity_tpot_p95_ms_ar:.1f} ms" in cap.help
+
+
+def test_one_temperature_offers_no_temperature_or_kind_filter_and_renders(sqlite_url, monkeypatch):
+    fill_store(sqlite_url)
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    keys = {s.key for s in at.sidebar.selectbox}
+    assert "f_temperature" not in keys and "f_kind" not in keys
+    tile = _metric(at, "Speedup")
+    assert "at temperature 0, bench runs, prompts not matched" in tile.help, tile.help
+    captions = [c.value for c in at.caption]
+    compared = [c for c in captions if "spec and AR compared at workload code, temperature 0, bench runs" in c]
+    assert compared and "other comparable group" not in compared[0], captions
+
+
+def test_run_kind_filter_keeps_one_kind(two_temperatures, monkeypatch):
+    engine = open_store(two_temperatures)
+    with Session(engine) as s:
+        make_run(s, "ar", kind="loadtest", requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+    engine.dispose()
+    at = open_page(app_for(two_temperatures, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    at.sidebar.selectbox(key="f_kind").set_value("loadtest").run()
+    assert_clean(at)
+    assert _metric(at, "Speedup").value == "—"  # a load test of AR alone: nothing to compare it with
+    assert any(i.value == "No speculative runs in view." for i in at.info), [i.value for i in at.info]
+
+
+def _free_power_store(url: str) -> None:
+    engine = open_store(url)
+    snap = {"name": "cpu-2core", "node_hourly_usd": 0.0832, "usd_per_kwh": 0.0, "pue": 1.5}
+    with Session(engine) as s:
+        make_run(s, "ar", power_source="nvml", price_snapshot=snap,
+                 requests=[Req(33, ttft_ms=100, e2e_ms=900, energy_j=50.0)])
+        make_run(s, "spec", power_source="nvml", price_snapshot=snap,
+                 requests=[spec_req(33, 4, 24, ttft_ms=100, e2e_ms=500, energy_j=30.0)])
+        s.commit()
+    engine.dispose()
+
+
+def test_a_recorded_zero_per_kwh_is_the_runs_price(sqlite_url, monkeypatch):
+    """$0/kWh recorded with the runs is their price (costing prices them at it), not 'the catalog's'."""
+    _free_power_store(sqlite_url)
+    engine = open_store(sqlite_url)
+    run_costs, _ = costing.costs(engine)
+    text = prices_text(run_costs, {})
+    assert "electricity $0/kWh (recorded with the runs); PUE 1.5 (recorded with the runs)" in text, text
+    sp = costing.project_from_store(engine, daily_tokens=1e6, peak_factor=1.0, sla_ms=100.0)
+    assert "energy prices: $/kWh recorded by the runs; PUE recorded by the runs" in projection_notes(sp)
+    sp = costing.project_from_store(engine, daily_tokens=1e6, peak_factor=1.0, sla_ms=100.0, usd_per_kwh=0.2)
+    assert energy_prices_from(sp).startswith("$/kWh your input; PUE recorded by the runs")
+    # the Cost page's fleet cost says the recorded prices priced it (it said "the catalog's" for any input left at 0)
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Cost & capacity"])
+    assert_clean(at)
+    captions = [c.value for c in at.caption]
+    assert any("energy at $0/kWh (recorded with the runs) x PUE 1.5 (recorded with the runs)" in c
+               for c in captions), captions
