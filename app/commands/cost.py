@@ -63,8 +63,8 @@ def _add_pricing(p, *, gpus_per_node: bool) -> None:
             "measured device, N x its price and N x its measured tokens/s",
         )
     p.add_argument("--node-hourly-usd", metavar="X", help="price at X dollars per node-hour")
-    p.add_argument("--usd-per-kwh", metavar="X", help="electricity price (default: catalog 'electricity')")
-    p.add_argument("--pue", metavar="X", help="data-centre PUE (default: catalog 'pue')")
+    p.add_argument("--usd-per-kwh", metavar="X", help="electricity price (default: the runs' recorded price, else catalog 'electricity')")
+    p.add_argument("--pue", metavar="X", help="data-centre PUE (default: the runs' recorded PUE, else catalog 'pue')")
 
 
 def _add_filters(p) -> None:
