@@ -441,7 +441,9 @@ class _DraftLoop:
                 if self.rules is not None and self.rules[b] is not None:
                     keep = self.rules[b](j, cl[b])
                     if keep is not None:
-                        self.lengths[b] = min(self.lengths[b], keep)
+                        # a sampled token is verified whatever it is: dropping it for its own q(x) would make
+                        # which tokens reach rejection sampling depend on them, and the output not the target's
+                        self.lengths[b] = min(self.lengths[b], keep if self.greedy else max(keep, j + 1))
 
     def wants(self, n: int) -> bool:
         """Does any sequence still want more than `n` tokens?"""
