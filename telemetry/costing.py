@@ -4,7 +4,6 @@ CLI, the dashboard and the reports all price runs here, so every figure has one 
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from telemetry.prices import (
     get_price,
     load_catalog,
     resolve_node_price,
+    snapshot_energy,
 )
 from telemetry.queries import (
     COMPARED_FIELDS,
@@ -129,15 +129,6 @@ def incomplete_runs_text(runs: Iterable[RunSummary]) -> str:
             f"measured fewer prompts than its command asked for.")
 
 
-def _snapshot_energy(snapshot: dict | None, key: str) -> float | None:
-    """A run's recorded electricity price ($/kWh >= 0: $0 is a real price, own solar or a flat lease) or PUE
-    (>= 1); None where the snapshot has no valid one."""
-    v = snapshot.get(key) if isinstance(snapshot, dict) else None
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        return None
-    return float(v) if v >= (1 if key == "pue" else 0) else None
-
-
 def _energy_prices(engine: Engine, snapshot: dict | None, usd_per_kwh: float | None, pue: float | None,
                    catalog: PriceCatalog | None = None):
     """($/kWh, PUE) of one run: the flag > the run's recorded price > the catalog."""
@@ -146,7 +137,7 @@ def _energy_prices(engine: Engine, snapshot: dict | None, usd_per_kwh: float | N
     def pick(given, key, default):
         if given is not None:
             return float(given)
-        v = _snapshot_energy(snapshot, key)
+        v = snapshot_energy(snapshot, key)
         return default if v is None else v
 
     return pick(usd_per_kwh, "usd_per_kwh", default_kwh), pick(pue, "pue", default_pue)
@@ -189,9 +180,23 @@ def partial_energy_reason(with_energy: list[RunCost], runs_with_tokens: int, lef
     measured', or ENERGY_OTHER_HARDWARE where the `left_out` runs' energy was left out for that reason."""
     if not with_energy:
         return ENERGY_OTHER_HARDWARE if left_out else ENERGY_NOT_MEASURED
-    source = energy_source(rc.run for rc in with_energy)
-    text = f"{source} energy for {len(with_energy)} of {runs_with_tokens} runs: hardware only"
+    text = f"{_energy_share_text(with_energy, runs_with_tokens)}: hardware only"
     return text + (f" ({left_out} more left out: priced as other hardware than measured)" if left_out else "")
+
+
+def _energy_share_text(with_energy: list[RunCost], runs_with_tokens: int) -> str:
+    return f"{energy_source(rc.run for rc in with_energy)} energy for {len(with_energy)} of {runs_with_tokens} runs"
+
+
+def partial_energy_text(mc: ModeCost, run_costs: list[RunCost]) -> str | None:
+    """'estimated energy for 3 of 5 runs' ('measured ...', 'partly estimated ...'): where only some of a mode's
+    runs with output tokens have an energy figure, so its total is hardware only (`_mode_cost`); None where
+    all or none of them have one. The CLI and the dashboard say it in these words."""
+    c = mc.cost
+    if c.total_usd_per_1m is None or c.energy_included or not mc.runs_with_energy:
+        return None
+    with_energy = [rc for rc in run_costs if rc.run.run_id in mc.run_ids and rc.cost.energy_included]
+    return _energy_share_text(with_energy, mc.runs_with_tokens)
 
 
 def _mode_cost(mode: str, items: list[RunCost]) -> ModeCost:
@@ -383,7 +388,7 @@ class Comparison:
 
     @property
     def label(self) -> str:
-        return f"workload {self.workload}, {temperature_text(self.temperature)}, {self.kind} runs"
+        return _group_text(self.workload, self.temperature, self.kind)
 
     def text(self, choose: str = "choose with --temperature, --run-kind, --workload, --target or --node") -> str:
         """One line: what is compared, and why this group where there were others (`choose`: how to pick another
@@ -403,11 +408,15 @@ class Comparison:
         }
 
 
+def _group_text(workload: str, temperature: float | None, kind: str) -> str:
+    return f"workload {workload}, {temperature_text(temperature)}, {kind} runs"
+
+
 def _group_label(key: tuple, configs: list[ConfigSummary]) -> str:
     fields = dict(zip(COMPARED_FIELDS, key, strict=True))
     modes = {c.mode for c in configs}
     only = "" if modes >= set(MODES) else f" ({'spec' if 'spec' in modes else 'AR'} only)"
-    return f"workload {fields['workload']}, {temperature_text(fields['temperature'])}, {fields['kind']} runs{only}"
+    return _group_text(fields["workload"], fields["temperature"], fields["kind"]) + only
 
 
 def comparable_group(configs: list[ConfigSummary]) -> tuple[Comparison, list[ConfigSummary]]:
@@ -583,7 +592,7 @@ def _projection_energy_prices(engine: Engine, snapshots: list[dict | None], usd_
     picked, said = [], []
     for key, given, default, flag, name in (("usd_per_kwh", usd_per_kwh, default_kwh, "--usd-per-kwh", "$/kWh"),
                                             ("pue", pue, default_pue, "--pue", "PUE")):
-        recorded = {_snapshot_energy(snap, key) for snap in snapshots}
+        recorded = {snapshot_energy(snap, key) for snap in snapshots}
         if given is not None:
             picked.append(float(given))
             said.append(f"{name} given ({flag})")

@@ -16,6 +16,7 @@ Public API:
     energy_prices(engine, catalog=None) -> tuple[float, float]     # (usd_per_kwh, pue)
     load_catalog(engine_or_connection) -> PriceCatalog   # the whole catalog in one SELECT, writes nothing
     price_snapshot(catalog, device, taken_at=None) -> dict   # what a run records when it starts
+    snapshot_energy(snapshot, key) -> float | None   # a recorded usd_per_kwh (>= 0) or pue (>= 1)
 
 A run records, as it starts, the prices then in force (`price_snapshot`, written by the recorder with the run
 row): costing prices it at those, not at whatever the catalog says later, so a past period's cost does not
@@ -28,6 +29,7 @@ which then query nothing (without it, each call reads the table again: a few sta
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -269,6 +271,15 @@ def price_snapshot(catalog: PriceCatalog, device: str, taken_at: datetime | None
     when = (taken_at or datetime.now(UTC)).astimezone(UTC)
     snap.update(usd_per_kwh=usd_per_kwh, pue=pue, taken_at=when.isoformat())
     return snap
+
+
+def snapshot_energy(snapshot: dict | None, key: str) -> float | None:
+    """A run's recorded electricity price ($/kWh >= 0: $0 is a real price, own solar or a flat lease) or PUE
+    (>= 1); None where the snapshot has no valid one."""
+    v = snapshot.get(key) if isinstance(snapshot, dict) else None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        return None
+    return float(v) if v >= (1 if key == "pue" else 0) else None
 
 
 def _snapshot_price(snapshot: dict | None) -> NodePrice | None:

@@ -244,7 +244,7 @@ def test_overview_cost_caption_with_partial_energy_does_not_say_not_measured(sql
     assert_clean(at)
     captions = [c.value for c in at.caption]
     assert not any("not measured" in c for c in captions), captions
-    # each mode: one run with estimated energy, one without: the CLI's words (cost.partial_energy_text, f740347)
+    # each mode: one run with estimated energy, one without: the CLI's words (costing.partial_energy_text, f740347)
     assert sum("cost is hardware only (estimated energy for 1 of 2 runs; J/token covers the requests with energy)"
                in c for c in captions) == 2, captions
     assert not any("not measured" in (m.help or "") for m in at.metric if m.label.startswith("Cost per 1M"))

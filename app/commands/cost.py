@@ -348,22 +348,11 @@ def _incomplete(run_ids, run_costs) -> list[int]:
     return [rc.run.run_id for rc in run_costs if rc.run.run_id in run_ids and rc.run.status != "completed"]
 
 
-def partial_energy_text(mc, run_costs) -> str | None:
-    """'estimated energy for 3 of 5 runs' ('measured ...', 'partly estimated ...'): where only some of a mode's
-    runs with output tokens have an energy figure, so its total is hardware only (costing._mode_cost); None
-    where all or none of them have one. The CLI and the dashboard say it in these words."""
-    c = mc.cost
-    if c.total_usd_per_1m is None or c.energy_included or not mc.runs_with_energy:
-        return None
-    from telemetry.costing import energy_source
-
-    source = energy_source(rc.run for rc in run_costs if rc.run.run_id in mc.run_ids and rc.cost.energy_included)
-    return f"{source} energy for {mc.runs_with_energy} of {mc.runs_with_tokens} runs"
-
-
 def _mode_cost_text(mc, run_costs) -> str:
     """A mode's tokens, tokens/s and cost per 1M tokens. Its total adds energy only when every run with
     output tokens has an energy figure (costing._mode_cost): where only some have, it says how many."""
+    from telemetry.costing import partial_energy_text
+
     c = mc.cost
     head = f"{mc.output_tokens:,} tokens, {_num(mc.tokens_per_s)} tokens/s, hardware {_usd(c.hardware_usd_per_1m)}"
     partial = partial_energy_text(mc, run_costs)

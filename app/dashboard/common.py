@@ -16,7 +16,7 @@ import streamlit as st
 
 from app.dashboard import data
 from app.dashboard.filters import Selection, sidebar
-from telemetry.costing import _snapshot_energy  # the one rule for a valid recorded $/kWh or PUE
+from telemetry.prices import snapshot_energy  # the one rule for a valid recorded $/kWh or PUE
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def _recorded(run_costs, key: str) -> str:
     """Where the runs' own `key` price came from: their price snapshots, the catalog, or some of each
     (costing prices a run from its snapshot where it holds a valid one: $/kWh >= 0, a recorded $0 being a real
     price, and PUE >= 1; else from the catalog)."""
-    found = [_snapshot_energy(rc.run.price_snapshot, key) is not None for rc in run_costs]
+    found = [snapshot_energy(rc.run.price_snapshot, key) is not None for rc in run_costs]
     return ("recorded with the runs" if all(found) else "the catalog's" if not any(found)
             else "recorded with the runs, else the catalog's")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app.commands.cost import partial_energy_text
 from app.dashboard import assumptions, charts, data, filters
 from app.dashboard.common import (
     Context,
@@ -22,7 +21,7 @@ from app.dashboard.common import (
     usd_rate,
 )
 from telemetry import finops
-from telemetry.costing import FLEET_COST_LABEL, runs_text
+from telemetry.costing import FLEET_COST_LABEL, partial_energy_text, runs_text
 
 SNAPSHOT = "runs' recorded price"
 CUSTOM = "custom $/h per node"

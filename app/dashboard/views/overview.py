@@ -5,7 +5,6 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app.commands.cost import partial_energy_text
 from app.dashboard import assumptions, data
 from app.dashboard.charts import MODE_NAMES
 from app.dashboard.common import (
@@ -28,6 +27,7 @@ from telemetry.costing import (
     energy_source,
     energy_sources_text,
     incomplete_runs_text,
+    partial_energy_text,
     temperature_text,
 )
 
