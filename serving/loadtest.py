@@ -137,8 +137,13 @@ class LoadTestFailed(RuntimeError):
         self.results = results
 
 
+def error_messages(results: list[ClientResult]) -> list[str]:
+    """The distinct error messages of the failed requests, sorted."""
+    return sorted({r.record.error for r in results if r.record.status == "error" and r.record.error})
+
+
 def _distinct_errors(results: list[ClientResult], most: int = 3) -> str:
-    errors = sorted({r.record.error for r in results if r.record.status == "error" and r.record.error})
+    errors = error_messages(results)
     more = f" (and {len(errors) - most} more)" if len(errors) > most else ""
     return "; ".join(errors[:most]) + more
 
@@ -651,8 +656,7 @@ def summarize(res: LevelResult) -> dict:
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl)):
         for q in (50, 95, 99):
             row[f"{name}_p{q}_ms"] = percentile(values, q)
-    errors = sorted({r.record.error for r in res.results if r.record.status == "error" and r.record.error})
-    row["errors"] = errors[:5]
+    row["errors"] = error_messages(res.results)[:5]
     return row
 
 
