@@ -8,8 +8,8 @@ import torch
 from serving.drafters import Draft, FeatureDrafter, HybridDrafter, ModelDrafter, NgramDrafter
 from serving.eagle import EagleDraft
 from serving.engine import Engine, EngineError, StepEvent
-from serving.lookahead import CostK, EntropyK, FixedK, HeuristicK, parse_policy
 from serving.llama import contiguous_batch
+from serving.lookahead import CostK, EntropyK, FixedK, HeuristicK, parse_policy
 from serving.sampling import SamplingParams, logits_to_probs
 from tests.tiny import TINY, tiny_model
 
@@ -653,7 +653,7 @@ def test_a_rule_never_drops_the_token_the_draft_just_sampled():
         engine.step()
         seen = []
 
-        def cut_doubtful(j, conf):
+        def cut_doubtful(j, conf, seen=seen):
             seen.append(conf)
             return j if conf < 0.5 else None
 
