@@ -154,7 +154,8 @@ class Engine:
                 k, why = 0, "ar"
             else:
                 k, why = self.policy.choose(s, batch)
-            room = min(s.params.max_new_tokens - len(s.output) - 1, self.max_len - len(s.tokens) - 1)
+            # K drafts emit up to K + 1 tokens, and the context holds max_len - 1 (one position spare)
+            room = min(s.params.max_new_tokens - len(s.output), self.max_len - 1 - len(s.tokens)) - 1
             ks.append(max(0, min(k, room)))
             reasons.append(why)
         if self.tree is not None and max(ks) > 0:
@@ -293,9 +294,11 @@ class Engine:
             if t in self.eos_ids:
                 keep, seq.finish_reason = i + 1, "stop"
                 break
-        room = seq.params.max_new_tokens - len(seq.output)
-        if keep >= room:
-            keep = room
+        # the last token AR could emit: max_new_tokens, or the context's max_len - 1 positions
+        room = min(seq.params.max_new_tokens - len(seq.output), self.max_len - 1 - len(seq.tokens))
+        if keep > room:  # cut before any EOS: AR would have stopped for length first
+            keep, seq.finish_reason = room, "length"
+        elif keep == room:
             seq.finish_reason = seq.finish_reason or "length"
         before = len(seq.tokens)
         seq.tokens.extend(new[:keep])

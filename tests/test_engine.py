@@ -176,6 +176,18 @@ def test_eos_stops_and_is_kept():
     assert seq.output == ref[: first + 1] and seq.finish_reason == "stop"
 
 
+def test_an_eos_past_max_new_tokens_is_cut_and_the_reason_is_length_as_in_ar():
+    ref = ar_outputs([PROMPTS[0]])[0]
+    first = next(i for i in range(3, len(ref)) if ref.index(ref[i]) == i)  # a token first seen at i >= 3
+    eos = ref[first]
+    params = SamplingParams(max_new_tokens=first)  # the EOS would be token first + 1
+    ar = Engine(TARGET, eos_ids=[eos], max_len=200).generate(PROMPTS[0], params)
+    engine = Engine(TARGET, drafter=drafters()["self-draft"](1), policy=FixedK(6), eos_ids=[eos], max_len=200)
+    seq = engine.generate(PROMPTS[0], params)
+    assert seq.output == ar.output == ref[:first]
+    assert seq.finish_reason == ar.finish_reason == "length"
+
+
 def test_stop_string_truncates():
     ref = ar_outputs([PROMPTS[2]])[0]
 
@@ -684,3 +696,13 @@ def test_sampled_output_is_the_targets_under_a_rule_that_cuts_doubtful_drafts():
     tv = 0.5 * (counts / n - exact).abs().sum().item()
     noise = 0.5 * (2 * exact * (1 - exact) / (torch.pi * n)).sqrt().sum().item()  # E[TV] of sampling alone
     assert tv < 2 * noise, (tv, noise)  # 0.025 against 0.025 here; the old rule: 0.199
+
+
+@pytest.mark.parametrize("name", ["self-draft", "ngram", "feature+ngram"])
+def test_at_the_context_limit_spec_stops_where_ar_does(name):
+    prompt = list(range(10, 40))  # 30 tokens in a 40-token context
+    ar = Engine(TARGET, max_batch=1, max_len=40).generate(prompt, GREEDY)
+    engine = Engine(TARGET, drafter=drafters()[name](1), policy=FixedK(6), max_batch=1, max_len=40)
+    seq = engine.generate(prompt, GREEDY)
+    assert ar.finish_reason == seq.finish_reason == "length"
+    assert seq.output == ar.output and len(prompt) + len(ar.output) == 40 - 1
