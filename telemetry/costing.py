@@ -419,6 +419,17 @@ def _group_label(key: tuple, configs: list[ConfigSummary]) -> str:
     return _group_text(fields["workload"], fields["temperature"], fields["kind"]) + only
 
 
+def run_groups(runs: Iterable[RunSummary]) -> list[str]:
+    """The comparable groups (COMPARED_FIELDS) that runs span, each in words, in the order first seen; a field
+    outside workload, temperature and run kind is named where the groups differ in it. More than one: pooled
+    figures of a mode mix groups, and one mode's pooled figure against the other's compares unlike runs."""
+    keys = list(dict.fromkeys(tuple(getattr(r, f) for f in COMPARED_FIELDS) for r in runs))
+    varying = [i for i, f in enumerate(COMPARED_FIELDS)
+               if f not in ("workload", "temperature", "kind") and len({k[i] for k in keys}) > 1]
+    return [_group_text(k[0], k[1], k[2]) + "".join(f", {COMPARED_FIELDS[i]} {k[i]}" for i in varying)
+            for k in keys]
+
+
 def comparable_group(configs: list[ConfigSummary]) -> tuple[Comparison, list[ConfigSummary]]:
     """The configurations a projection compares: those of one comparable group (COMPARED_FIELDS), chosen by
     COMPARISON_RULE among the groups in view (a group where both modes were measured over one where only one

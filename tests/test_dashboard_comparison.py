@@ -89,6 +89,41 @@ def test_tokens_per_s_delta_is_one_like_for_like_comparison(two_temperatures, mo
     assert "the Speedup's comparison (temperature 0, bench runs, the same 2 prompts)" in spec_tile.help
 
 
+def test_tpot_and_cost_deltas_only_where_the_runs_in_view_are_one_comparable_group(two_temperatures, monkeypatch):
+    """Pooled over both temperatures, spec's TPOT (10 and 40 ms) against AR's (30 and 20 ms) is no comparison:
+    no delta on the TPOT and cost tiles, and their help names the groups; within one temperature each delta
+    is there again, from the figures on the tiles."""
+    at = open_page(app_for(two_temperatures, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    for label in ("TPOT p50", "TPOT p95", "Cost per 1M tokens"):
+        tile = _metric(at, label, 0)
+        assert not tile.delta, (label, tile.delta)
+        assert "the runs in view span 2 comparable groups" in tile.help, (label, tile.help)
+        assert "temperature 0, bench runs; workload code, temperature 0.8, bench runs" in tile.help, tile.help
+
+    at.sidebar.selectbox(key="f_temperature").set_value(0.0).run()
+    assert_clean(at)
+    spec_tile, ar_tile = _metric(at, "TPOT p50", 0), _metric(at, "TPOT p50", 1)
+    spec_ms, ar_ms = float(spec_tile.value.removesuffix(" ms")), float(ar_tile.value.removesuffix(" ms"))
+    assert spec_tile.delta == f"{(spec_ms - ar_ms) / ar_ms:+.0%} vs AR", spec_tile.delta
+    assert "comparable groups" not in spec_tile.help
+    assert _metric(at, "Cost per 1M tokens", 0).delta
+
+
+def test_run_groups_name_the_fields_where_groups_differ():
+    def run(**kw):
+        base = dict(workload="code", temperature=0.0, kind="bench", target="t", device="cpu", backend="torch",
+                    dtype="bfloat16")
+        return type("Run", (), base | kw)()
+
+    assert costing.run_groups([run(), run()]) == ["workload code, temperature 0, bench runs"]
+    assert costing.run_groups([run(), run(device="H100"), run(temperature=0.8)]) == [
+        "workload code, temperature 0, bench runs, device cpu",
+        "workload code, temperature 0, bench runs, device H100",
+        "workload code, temperature 0.8, bench runs, device cpu",
+    ]
+
+
 def test_projection_names_the_compared_group_in_the_dashboards_words(two_temperatures, monkeypatch):
     engine = open_store(two_temperatures)
     for page in ("Overview", "Cost & capacity"):

@@ -28,6 +28,7 @@ from telemetry.costing import (
     energy_sources_text,
     incomplete_runs_text,
     partial_energy_text,
+    run_groups,
     temperature_text,
 )
 
@@ -114,6 +115,12 @@ def body(ctx: Context) -> None:
     source = {m: energy_source(rc.run for rc in run_costs if rc.run.mode == m) for m in modes}
     speedups = data.speedups(ctx.url, f)
     proj, a, proj_error = _projection(ctx)
+    # the mode tiles pool every run in view: against AR only where those runs are one comparable group
+    groups = run_groups(rc.run for rc in run_costs)
+    mixed = len(groups) > 1
+    mixed_help = (f" No change against AR shown: the runs in view span {len(groups)} comparable groups "
+                  f"({'; '.join(groups)}), and each mode's figure pools them; pick one with the sidebar "
+                  "(Workload, Temperature, Run kind, Model pair, Node)." if mixed else "")
 
     speed_value, speed_help = _speedup_text(speedups)
     spec = modes.get("spec")
@@ -150,7 +157,8 @@ def body(ctx: Context) -> None:
             if s is None:
                 st.info(f"No {MODE_NAMES[mode]} runs in view.")
                 continue
-            compare = mode == "spec"
+            compare = mode == "spec" and not mixed
+            said_mixed = mixed_help if mode == "spec" else ""
             # some requests have energy and some not: J/token covers those that do, the cost holds no energy
             partial = s.energy_j is not None and not s.energy_complete
             # only some runs have energy: how many, in the CLI's words
@@ -175,10 +183,12 @@ def body(ctx: Context) -> None:
                                  else "")
                               + f" Prices: {prices_text([rc for rc in run_costs if rc.run.mode == mode], a)}."
                               + (" Against AR: the hardware parts, as the two totals' energy is not on one basis "
-                                 "(estimated in one, metered or absent in the other)." if on_hardware else ""))
+                                 "(estimated in one, metered or absent in the other)." if on_hardware else "")
+                              + said_mixed)
             r1[1].metric("TPOT p50", fmt(s.tpot_p50_ms, ".1f", suffix=" ms"),
                          **_vs_ar(s.tpot_p50_ms, other_s.tpot_p50_ms if other_s else None, compare),
-                         delta_color="inverse")
+                         delta_color="inverse",
+                         help="p50 over every request of the mode in view." + said_mixed)
             cap_p95 = (proj.capacity_tpot_p95_ms_spec if mode == "spec" else proj.capacity_tpot_p95_ms_ar) \
                 if proj else None
             r1[2].metric("TPOT p95", fmt(s.tpot_p95_ms, ".1f", suffix=" ms"),
@@ -187,7 +197,8 @@ def body(ctx: Context) -> None:
                          help="p95 over every request of the mode in view."
                               + (f" The projection sizes this mode on a configuration with p95 TPOT "
                                  f"{fmt(cap_p95, '.1f', suffix=' ms')} (Cost & capacity)." if cap_p95 is not None
-                                 else ""))
+                                 else "")
+                              + said_mixed)
             r2 = st.columns(3)
             j_label = "J/token (partly estimated)" if partly else "J/token (estimate)" if s.energy_estimated \
                 else "J/token"
@@ -195,7 +206,7 @@ def body(ctx: Context) -> None:
                          help="Energy attributed to the requests / output tokens."
                               + (" Power partly estimated (see below)." if partly
                                  else " Power was estimated (no power meter)." if s.energy_estimated else ""))
-            tokens_delta, tokens_help = _tokens_vs_ar(speedups) if compare else ({}, None)
+            tokens_delta, tokens_help = _tokens_vs_ar(speedups) if mode == "spec" else ({}, None)
             r2[1].metric("Tokens/s", fmt(s.tokens_per_s, ",.1f"), **tokens_delta, help=tokens_help)
             r2[2].metric("Accept. length", fmt(s.mean_acceptance_length, ".2f") if mode == "spec" else MISSING,
                          help="1 + accepted / drafts: tokens per target forward (bonus included).")
