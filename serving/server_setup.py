@@ -2,19 +2,21 @@
 
 `build_state` is used by `specfinops serve` and by the tests (which run uvicorn in a thread);
 `serve` runs uvicorn in the foreground, where SIGTERM / SIGINT shut down gracefully: uvicorn stops
-accepting connections and waits up to `graceful_s` for in-flight responses, then the app's shutdown
-cancels what is left (recorded as cancelled), ends both runs and flushes the recorder.
+accepting connections and waits up to `graceful_s` for in-flight responses; then the engine cancels what is
+left (recorded as cancelled), each client gets its documented answer, and the app's shutdown ends both runs
+and flushes the recorder.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from serving.sampling import SamplingParams
-from serving.server import ServerState, create_app, shutdown
+from serving.server import ANSWER_AFTER_CANCEL_S, ServerState, create_app, shutdown
 from serving.server_engine import EngineLoop
 from serving.server_metrics import ServeMetrics
 from serving.server_telemetry import MODES, ServeTelemetry, client_key_id, publish_client_key
@@ -136,14 +138,37 @@ def serve(opts: ServeOptions, *, log_level: str = "info") -> None:
     """Run the server in the foreground until SIGTERM / SIGINT."""
     import uvicorn
 
+    class GracefulServer(uvicorn.Server):
+        """uvicorn, whose grace the app ends itself: at `graceful_s` the engine cancels what still runs or
+        waits, so each handler sends its documented answer and finishes. uvicorn's own deadline, later by
+        the time those answers take, then never has to cancel handlers (nor log an error for it)."""
+
+        async def shutdown(self, sockets=None) -> None:
+            deadline = asyncio.ensure_future(_cancel_after_grace(state, opts.graceful_s))
+            try:
+                await super().shutdown(sockets)
+            finally:
+                deadline.cancel()
+
     state = build_state(opts)
     app = create_app(state)
     config = uvicorn.Config(app, host=opts.host, port=opts.port, log_level=log_level,
-                            timeout_graceful_shutdown=opts.graceful_s, access_log=False)
-    server = uvicorn.Server(config)
+                            timeout_graceful_shutdown=opts.graceful_s + ANSWER_AFTER_CANCEL_S, access_log=False)
+    server = GracefulServer(config)
     status = "failed"
     try:
         server.run()
         status = "completed" if server.started else "failed"
     finally:
         shutdown(state, status)  # idempotent: also covers a failed start (port in use)
+
+
+async def _cancel_after_grace(state: ServerState, graceful_s: float) -> None:
+    """After `graceful_s`, cancel every request still running or waiting (each is recorded as cancelled and
+    its client answered: 503 `cancelled`, or an error event and [DONE])."""
+    await asyncio.sleep(graceful_s)
+    busy = state.loop_engine.num_running + state.loop_engine.num_waiting
+    if busy:
+        logger.warning("graceful shutdown: %d request(s) still in flight after --graceful-s %g: cancelling them",
+                       busy, graceful_s)
+    await asyncio.to_thread(state.loop_engine.stop)
