@@ -206,15 +206,17 @@ COST_HEADER = [
 ]
 
 
-def cost_rows(engine: Engine, window: ExportWindow) -> tuple[list[str], Iterator[Sequence[Any]]]:
-    """Per-run cost per 1M tokens, from the shared aggregations (one implementation of every figure)."""
+def cost_rows(engine: Engine, window: ExportWindow, *, filters=None) -> tuple[list[str], Iterator[Sequence[Any]]]:
+    """Per-run cost per 1M tokens, from the shared aggregations (one implementation of every figure).
+    `filters` (queries.Filters), where given, choose the runs instead of `window` (a report's runs)."""
     from telemetry import costing, queries  # lazy: only the cost export needs the FinOps aggregations
 
-    filters = queries.Filters(
-        since=window.since,
-        until=window.until,
-        run_ids=(window.run_id,) if window.run_id is not None else None,
-    )
+    if filters is None:
+        filters = queries.Filters(
+            since=window.since,
+            until=window.until,
+            run_ids=(window.run_id,) if window.run_id is not None else None,
+        )
     run_costs, _ = costing.costs(engine, filters)
 
     def rows() -> Iterator[Sequence[Any]]:

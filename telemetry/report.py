@@ -48,24 +48,37 @@ BAND_SD = 3.0
 
 @dataclass(frozen=True, slots=True)
 class Window:
+    """A report's period, and the runs it covers: those recorded at `temperature` and of run `kind` where set
+    (None: every run), as `specfinops cost --temperature --run-kind` filter them."""
+
     period: str
     since: datetime
     until: datetime
+    temperature: float | None = None
+    kind: str | None = None
 
     @property
     def length(self) -> timedelta:
         return self.until - self.since
 
     def shifted(self, n: int) -> Window:
-        """The window n lengths earlier (n=1: the previous period)."""
-        return Window(self.period, self.since - n * self.length, self.until - n * self.length)
+        """The window n lengths earlier (n=1: the previous period), of the same runs."""
+        return replace(self, since=self.since - n * self.length, until=self.until - n * self.length)
 
     def filters(self) -> Filters:
-        return Filters(since=self.since, until=self.until)
+        return Filters(since=self.since, until=self.until, temperature=self.temperature, kind=self.kind)
 
     def label(self) -> str:
         fmt = "%Y-%m-%d %H:%M"
-        return f"{self.period} {self.since.strftime(fmt)} to {self.until.strftime(fmt)} UTC"
+        runs = runs_covered_text(self.temperature, self.kind)
+        return (f"{self.period} {self.since.strftime(fmt)} to {self.until.strftime(fmt)} UTC"
+                + (f" ({runs} only)" if runs else ""))
+
+
+def runs_covered_text(temperature: float | None, kind: str | None) -> str:
+    """Which runs a report covers, in words ("" for every run)."""
+    said = [costing.temperature_text(temperature)] if temperature is not None else []
+    return ", ".join(said + ([f"{kind} runs"] if kind else []))
 
 
 def _utc(value: datetime, name: str) -> datetime:
@@ -542,6 +555,9 @@ def summary_dict(data: ReportData) -> dict:
         "period": data.window.period,
         "since": _iso(data.window.since),
         "until": _iso(data.window.until),
+        # the runs covered: None for every temperature / run kind
+        "temperature": data.window.temperature,
+        "run_kind": data.window.kind,
         "generated_at": _iso(data.generated_at),
         "traffic": data.has_traffic,
         "output_tokens": data.current.output_tokens(),
@@ -657,7 +673,8 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
         for mode in queries.MODES
         if mode in data.current.modes
     ]  # fmt: skip
-    header, rows = cost_rows(engine, ExportWindow(since=data.window.since, until=data.window.until))
+    header, rows = cost_rows(engine, ExportWindow(since=data.window.since, until=data.window.until),
+                             filters=data.window.filters())
     pr = data.projection
     curve = pr.sla_curve
     return [

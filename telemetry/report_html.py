@@ -37,6 +37,7 @@ from telemetry.report import (
     meets_sla,
     partial_energy,
     projection_tpot,
+    runs_covered_text,
 )
 
 MISSING = "—"
@@ -446,8 +447,10 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
         "figures from the same queries as <code>specfinops cost</code> and the dashboard.</p>",
     ]
     if not data.has_traffic:
+        runs = runs_covered_text(w.temperature, w.kind)
         parts.append("<p class='notice'>No traffic in this period: the store has no requests between "
-                     f"{w.since:%Y-%m-%d %H:%M} and {w.until:%Y-%m-%d %H:%M} UTC. Figures that need traffic "
+                     f"{w.since:%Y-%m-%d %H:%M} and {w.until:%Y-%m-%d %H:%M} UTC"
+                     f"{html.escape(f' from {runs} only') if runs else ''}. Figures that need traffic "
                      "are shown as —.</p>")  # fmt: skip
     parts.append(cards_html(data))
     parts.append(energy_sources_html(data))

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from apscheduler.executors.pool import ThreadPoolExecutor
@@ -51,7 +51,13 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy.engine import Engine
 
-from telemetry.report import DEFAULT_HISTORY, DEFAULT_SLA_MS, SCHEDULED_PERIODS, period_window
+from telemetry.report import (
+    DEFAULT_HISTORY,
+    DEFAULT_SLA_MS,
+    SCHEDULED_PERIODS,
+    period_window,
+    runs_covered_text,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +141,8 @@ class ReportJob:
     delivery_backoff_s: float = 2.0
     misfire_grace_s: int = DEFAULT_MISFIRE_GRACE_S
     webhook_env: str | None = None  # the variable holding the webhook URL, read at run time (not stored)
+    temperature: float | None = None  # only runs at this temperature / of this kind (None: every run)
+    kind: str | None = None
 
     def __post_init__(self) -> None:
         if self.period not in SCHEDULED_PERIODS:
@@ -157,6 +165,9 @@ class ReportJob:
             "delivery_attempts": self.delivery_attempts, "delivery_backoff_s": self.delivery_backoff_s,
             # only when set: a job stored before --webhook-env existed compares equal and is kept
             **({"webhook_env": self.webhook_env} if self.webhook_env else {}),
+            # the same for the runs' filters (--temperature, --run-kind)
+            **({"temperature": self.temperature} if self.temperature is not None else {}),
+            **({"kind": self.kind} if self.kind is not None else {}),
         }  # fmt: skip
 
 
@@ -227,8 +238,9 @@ def describe_job(job: Job) -> str:
     if kw.get("smtp"):
         targets.append("smtp")
     delivery = " + ".join(targets) or "none"
-    return (f"{job.id}: cron {cron_text(job.trigger)!r} (UTC), {kw.get('period')} reports into {kw.get('out_dir')}, "
-            f"delivery {delivery}, {next_run}")  # fmt: skip
+    runs = runs_covered_text(kw.get("temperature"), kw.get("kind"))
+    return (f"{job.id}: cron {cron_text(job.trigger)!r} (UTC), {kw.get('period')} reports"
+            f"{f' of {runs} only' if runs else ''} into {kw.get('out_dir')}, delivery {delivery}, {next_run}")  # fmt: skip
 
 
 def _same(stored, job: ReportJob, trigger: BaseTrigger) -> bool:
@@ -325,6 +337,8 @@ def run_report_job(
     delivery_attempts: int = 3,
     delivery_backoff_s: float = 2.0,
     webhook_env: str | None = None,
+    temperature: float | None = None,
+    kind: str | None = None,
 ) -> int | None:
     """One scheduled run: report the last full period (empty periods too), then deliver the summary. The
     keywords are ReportJob.kwargs(), as the job store holds them."""
@@ -333,11 +347,11 @@ def run_report_job(
     job = ReportJob(job_id=job_id, db_url=db_url, out_dir=out_dir, period=period, sla_ms=sla_ms, history=history,
                     daily_tokens=daily_tokens, peak_factor=peak_factor, webhook_url=webhook_url, smtp=smtp,
                     delivery_attempts=delivery_attempts, delivery_backoff_s=delivery_backoff_s,
-                    webhook_env=webhook_env)  # fmt: skip
+                    webhook_env=webhook_env, temperature=temperature, kind=kind)  # fmt: skip
     engine = open_store(db_url)
     try:
         recover_reports(engine, job)
-        window = period_window(period, now=_clock())
+        window = replace(period_window(period, now=_clock()), temperature=temperature, kind=kind)
         result = _write(engine, job, window)
         if result is None:
             return None
@@ -354,8 +368,8 @@ def _write(engine: Engine, job: ReportJob, window):
     from telemetry.report_writer import write_report
 
     return write_report(engine, window, job.out_dir, sla_ms=job.sla_ms, history=job.history,
-                        daily_tokens=job.daily_tokens, peak_factor=job.peak_factor, job_id=job.job_id,
-                        delivery_requested=job.delivering)  # fmt: skip
+                        daily_tokens=job.daily_tokens, peak_factor=job.peak_factor, temperature=job.temperature,
+                        kind=job.kind, job_id=job.job_id, delivery_requested=job.delivering)  # fmt: skip
 
 
 def _deliver(engine: Engine, job: ReportJob, report_id: int, summary: dict) -> str:

@@ -422,6 +422,7 @@ def test_dashboard_reports_page_lists_reports_with_downloads(store, tmp_path, mo
     # the period's output tokens (add_day: two runs of two 33-token requests), not a bare checkbox; no anomaly
     # found reads "none"; written by hand, not by a job
     assert row["output tokens"] == 4 * 33 and row["anomalies"] == "none" and row["job"] == "manual"
+    assert row["runs"] == "all"
     labels = [b.proto.label for b in at.get("download_button")]
     # the HTML and one CSV per table
     assert labels[0].startswith("Download report (HTML") and "modes.csv" in labels and len(labels) == 9
@@ -634,3 +635,49 @@ def test_tpot_card_judges_the_configurations_the_projection_sizes(sqlite_url, tm
         ("1", "0.0", "bench", "prompts not matched (the runs recorded no prompt ids)"),
         ("4", "0.0", "bench", "prompts not matched (the runs recorded no prompt ids)")}
     assert rec.summary["speedups"][0]["temperature"] == 0.0 and rec.summary["speedups"][0]["run_kind"] == "bench"
+
+
+def test_a_report_of_one_temperature_and_run_kind_has_the_figures_cost_gives_for_them(sqlite_url, tmp_path, capsys):
+    """--temperature / --run-kind narrow every figure of the report (and its previous periods, cost table and
+    projection) to those runs, as they narrow `specfinops cost`; the label, the page and the summary say so."""
+    engine = open_store(sqlite_url)
+    start = D0.replace(hour=9)
+    with Session(engine) as s:  # temperature 0: spec fast; temperature 0.8: spec slow; and a load test at 0
+        for t, spec_ms in ((0.0, 400), (0.8, 2500)):
+            make_run(s, "ar", started_at=start, temperature=t, requests=[Req(33, ttft_ms=100, e2e_ms=1500)])
+            make_run(s, "spec", started_at=start, temperature=t,
+                     requests=[spec_req(33, 4, 24, ttft_ms=100, e2e_ms=spec_ms)])
+        make_run(s, "spec", started_at=start, temperature=0.0, kind="loadtest",
+                 requests=[spec_req(33, 4, 24, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+    assert main(["cost", "--db", sqlite_url, "--json", "--temperature", "0", "--run-kind", "bench"]) == 0
+    narrowed = {m["mode"]: m for m in json.loads(capsys.readouterr().out)["modes"]}
+    assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--temperature", "0",
+                        "--run-kind", "bench")) == 0
+    said = capsys.readouterr().out
+    assert "daily 2026-11-02 00:00 to 2026-11-03 00:00 UTC (temperature 0, bench runs only)" in said, said
+    rec = _only_report(engine)
+    assert rec.summary["temperature"] == 0.0 and rec.summary["run_kind"] == "bench"
+    assert rec.summary["output_tokens"] == 66 and rec.summary["requests"] == 2  # not the other three runs'
+    for mode, got in rec.summary["modes"].items():
+        assert got["total_usd_per_1m"] == narrowed[mode]["total_usd_per_1m"], mode
+    assert [(s["temperature"], s["run_kind"]) for s in rec.summary["speedups"]] == [(0.0, "bench")]
+    page = open(rec.html_path, encoding="utf-8").read()
+    assert "(temperature 0, bench runs only)" in page
+    with open(f"{rec.csv_dir}/runs_cost.csv", encoding="utf-8", newline="") as fh:
+        assert sorted(int(r["run_id"]) for r in csv.DictReader(fh)) == [1, 2]
+    # bad values are refused before anything is written
+    assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", "2026-11-02",
+                        "--temperature", "-1")) == 2
+    assert "--temperature must be >= 0" in capsys.readouterr().err
+    assert len(_reports(engine)) == 1
+
+
+def test_the_reports_page_says_which_runs_a_report_covers(store, tmp_path, monkeypatch):
+    import streamlit
+
+    url, engine = store
+    assert main(_report(url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--run-kind", "loadtest")) == 0
+    streamlit.cache_data.clear()
+    [frame] = _reports_page(url, monkeypatch).dataframe
+    assert frame.value.iloc[0]["runs"] == "loadtest runs"

@@ -586,3 +586,22 @@ def test_webhook_url_from_the_environment_is_never_stored(store, no_blocking, mo
     finally:
         hook.shutdown()
         hook.server_close()
+
+
+def test_a_job_of_one_temperature_and_run_kind_keeps_them_and_reports_only_those_runs(store, no_blocking, capsys):
+    url, engine, out = store  # D0's runs: bench, temperature 0
+    base = ["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out)]
+    assert main([*base, "--temperature", "0.8", "--run-kind", "bench"]) == 0
+    assert main(["scheduler", "--db", url, "--list"]) == 0
+    assert "daily reports of temperature 0.8, bench runs only into" in capsys.readouterr().out
+    [job] = no_blocking[-1]
+    assert job.kwargs["temperature"] == 0.8 and job.kwargs["kind"] == "bench"
+    assert sched_mod.run_report_job(**job.kwargs) is not None  # reports D0: no traffic at 0.8
+    [row] = reports(engine)
+    assert (row.summary["temperature"], row.summary["run_kind"], row.summary["traffic"]) == (0.8, "bench", False)
+    # a job without them stores neither (a job stored before they existed compares equal)
+    assert main(base) == 0
+    [job] = no_blocking[-1]
+    assert "temperature" not in job.kwargs and "kind" not in job.kwargs
+    assert main([*base, "--temperature", "warm"]) == 2
+    assert "--temperature must be a number, got 'warm'" in capsys.readouterr().err

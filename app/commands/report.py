@@ -7,14 +7,18 @@ report is written and says there was no traffic.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from app.commands._common import add_command, add_db_option, sigterm_as_ctrl_c
 from app.errors import UsageError
+
+RUN_KINDS = ("bench", "loadtest", "serve")  # telemetry.queries.RUN_KINDS (not imported: --help loads no SQL)
 
 EXAMPLES = """  specfinops report --period daily --out reports/             # yesterday (UTC)
   specfinops report --period weekly --until 2026-11-09 --out reports/
   specfinops report --period custom --since 2026-11-01 --until 2026-11-08T12:00 --out reports/ --sla-ms 40
   specfinops report --period daily --out reports/ --daily-tokens 5e8 --peak-factor 2   # project at this traffic
+  specfinops report --period weekly --out reports/ --temperature 0 --run-kind bench   # only these runs
 """
 
 
@@ -27,6 +31,10 @@ def add_report_options(p) -> None:
     p.add_argument("--daily-tokens", metavar="N", default=None,
                    help="traffic for the savings projection (default: the period's output tokens per day)")  # fmt: skip
     p.add_argument("--peak-factor", metavar="F", default=None, help="peak-to-average traffic (default 1)")
+    p.add_argument("--temperature", metavar="T", default=None,
+                   help="only runs recorded at this sampling temperature (default: every run)")  # fmt: skip
+    p.add_argument("--run-kind", choices=RUN_KINDS, default=None,
+                   help="only runs of this kind (a bench times the engine, a load test its HTTP clients)")  # fmt: skip
 
 
 def register(sub) -> None:
@@ -68,6 +76,8 @@ def report_options(args) -> dict:
         "history": int(history),
         "daily_tokens": _number("--daily-tokens", args.daily_tokens, None, minimum=0, strict=True),
         "peak_factor": _number("--peak-factor", args.peak_factor, 1.0, minimum=1, strict=False),
+        "temperature": _number("--temperature", args.temperature, None, minimum=0, strict=False),
+        "kind": args.run_kind,
     }
 
 
@@ -82,8 +92,9 @@ def run(args) -> int:
         raise UsageError(f"--period must be one of {', '.join(PERIODS)}, got {args.period!r}")
     options = report_options(args)
     try:
-        window = period_window(args.period, since=parse_when(args.since, "--since"),
-                               until=parse_when(args.until, "--until"))  # fmt: skip
+        window = replace(period_window(args.period, since=parse_when(args.since, "--since"),
+                                       until=parse_when(args.until, "--until")),
+                         temperature=options["temperature"], kind=options["kind"])  # fmt: skip
         window.shifted(options["history"])  # the oldest period the trend compares with
     except OverflowError:
         raise UsageError(f"--since/--until with --history {options['history']} reach outside the range of dates "

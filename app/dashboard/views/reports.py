@@ -20,6 +20,7 @@ SCHEDULE_COMMAND = 'specfinops scheduler --cron "0 6 * * *" --period daily --out
 
 @st.cache_data(ttl=data.TTL_S, show_spinner=False)
 def reports(url: str) -> list[dict]:
+    from telemetry.report import runs_covered_text
     from telemetry.report_writer import list_reports
 
     out = []
@@ -30,6 +31,8 @@ def reports(url: str) -> list[dict]:
         flagged = [a["metric"] for a in anomalies or [] if a.get("status") == "anomaly"]
         out.append({
             "id": r.id, "created": r.created_at, "period": r.period, "since": r.since, "until": r.until,
+            # `report --temperature / --run-kind`: the runs the figures cover
+            "runs": runs_covered_text(s.get("temperature"), s.get("run_kind")) or "all",
             "output tokens": s.get("output_tokens"), "spec $/1M": modes.get("spec", {}).get("total_usd_per_1m"),
             "AR $/1M": modes.get("ar", {}).get("total_usd_per_1m"),
             # none found is a finding ("none"); a summary without the check is missing (None -> "—")
