@@ -141,3 +141,18 @@ def test_overview_cost_help_matches_a_hardware_only_total(partly_estimated, monk
         assert "Hardware only: estimated energy for 1 of 2 runs" in tile.help, tile.help
         assert "Energy part is an estimate" not in tile.help, tile.help
     assert any("cost is hardware only (estimated energy for 1 of 2 runs" in c.value for c in at.caption)
+
+
+def test_overview_says_measured_energy_was_left_out_not_that_it_was_not_measured(sqlite_url, monkeypatch):
+    """Priced as another GPU on the Cost page, the runs' energy measured on their device is left out of the cost;
+    the Overview said 'energy not measured' beside a measured J/token. It now gives the cost's own reason."""
+    url = fill_store(sqlite_url)
+    at = open_page(app_for(url, monkeypatch), PAGES["Cost & capacity"])
+    other = next(o for o in at.selectbox(key="w_price").options if o.startswith("H100"))
+    at.selectbox(key="w_price").set_value(other).run()
+    assert_clean(at)
+    at.switch_page(PAGES["Overview"]).run()
+    assert_clean(at)
+    said = " ".join(c.value for c in at.caption)
+    assert "cost is hardware only (measured energy left out: priced as other hardware than measured)" in said, said
+    assert "energy not measured" not in said, said

@@ -165,6 +165,7 @@ def body(ctx: Context) -> None:
             some_runs = partial_energy_text(by_mode[mode], run_costs) if mode in by_mode else None
             no_energy = (f"{some_runs}; J/token covers the requests with energy" if some_runs
                          else "energy for only some requests; J/token covers those that do" if partial
+                         else c.reason if c and c.reason  # e.g. measured energy left out: other hardware
                          else "energy not measured")
             r1 = st.columns(3)
             total = c.total_usd_per_1m if c else None
