@@ -100,6 +100,11 @@ def latency_histograms(url: str, f: Filters):
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
+def latency_percentiles(url: str, f: Filters):
+    return pq.latency_percentiles(engine(url), f, latency_histograms(url, f))
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
 def latency_over_time(url: str, f: Filters, bucket_s: int):
     return pq.latency_over_time(engine(url), f, bucket_s)
 

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import Integer, and_, case, cast, func, literal_column, select
+from sqlalchemy import Integer, and_, case, cast, func, literal_column, or_, select
 from sqlalchemy.engine import Engine
 
 from telemetry.calibration import ANSWER_SPAN
@@ -152,14 +152,19 @@ def itl_histogram(engine: Engine, f: Filters, max_tokens: int = ITL_EXACT_MAX_TO
     return ItlHistogram(frame[["mode", "itl_ms", "count"]], total, stride)
 
 
-def latency_histograms(engine: Engine, f: Filters) -> pd.DataFrame:
-    """TTFT and TPOT per request in 0.1 ms buckets. Columns: metric (ttft|tpot), mode, value_ms, count."""
+def _latency_metrics():
+    """(metric, per-request value, the condition for having one): as telemetry.queries counts TTFT and TPOT."""
     tpot = (Request.e2e_ms - Request.ttft_ms) / (Request.output_tokens - 1)
-    parts = []
-    for metric, expr, extra in (
+    return (
         ("ttft", Request.ttft_ms, Request.ttft_ms.is_not(None)),
         ("tpot", tpot, and_(Request.output_tokens > 1, Request.e2e_ms.is_not(None), Request.ttft_ms.is_not(None))),
-    ):
+    )
+
+
+def latency_histograms(engine: Engine, f: Filters) -> pd.DataFrame:
+    """TTFT and TPOT per request in 0.1 ms buckets. Columns: metric (ttft|tpot), mode, value_ms, count."""
+    parts = []
+    for metric, expr, extra in _latency_metrics():
         bucket = _floor_int(engine, expr * BUCKETS_PER_MS)
         stmt = (
             select(Run.mode, bucket.label("b"), func.count().label("n"))
@@ -198,6 +203,63 @@ def histogram_percentiles(hist: pd.DataFrame, value_col: str, qs=(50, 95, 99)) -
             v_lo, v_hi = (float(values[int(np.searchsorted(cum, r, side="right"))]) for r in (lo, hi))
             row[q] = v_lo + (v_hi - v_lo) * (pos - lo)
         out[str(mode)] = row
+    return out
+
+
+def latency_percentiles(engine: Engine, f: Filters, hist: pd.DataFrame, qs=(50, 95, 99)
+                        ) -> dict[str, dict[str, dict[int, float | None]]]:
+    """Exact TTFT and TPOT percentiles per metric and mode, the Overview's figures (numpy's linear interpolation
+    over the raw values, as `telemetry.queries.percentile`), without reading every request: the histogram
+    `hist` (latency_histograms) says which 0.1 ms bucket holds each rank needed, and one query per metric reads
+    only the values in those buckets."""
+    out: dict[str, dict[str, dict[int, float | None]]] = {}
+    for metric, expr, extra in _latency_metrics():
+        part = hist[hist["metric"] == metric]
+        # per mode: the ranks each percentile interpolates between, and where each lies in the bucket order
+        wanted: dict[str, dict[int, tuple[int, int]]] = {}  # mode -> rank -> (bucket, rank within it)
+        plan: dict[str, dict[int, tuple[int, int, float]]] = {}  # mode -> q -> (rank lo, rank hi, weight)
+        for mode, rows in part.groupby("mode", sort=False):
+            rows = rows.sort_values("value_ms")
+            buckets = np.rint(rows["value_ms"].to_numpy() * BUCKETS_PER_MS).astype(int)
+            cum = rows["count"].cumsum().to_numpy()
+            total = int(cum[-1]) if len(cum) else 0
+            if not total:
+                continue
+            plan[str(mode)] = {}
+            for q in qs:
+                pos = (total - 1) * q / 100
+                lo, hi = math.floor(pos), math.ceil(pos)
+                plan[str(mode)][q] = (lo, hi, pos - lo)
+                for r in (lo, hi):
+                    i = int(np.searchsorted(cum, r, side="right"))
+                    wanted.setdefault(str(mode), {})[r] = (int(buckets[i]), r - (int(cum[i - 1]) if i else 0))
+        if not wanted:
+            continue
+        bucket = _floor_int(engine, expr * BUCKETS_PER_MS)
+        picks = or_(*(and_(Run.mode == mode, bucket.in_(sorted({b for b, _ in ranks.values()})))
+                      for mode, ranks in wanted.items()))
+        stmt = (
+            select(Run.mode, bucket.label("b"), expr.label("v"))
+            .select_from(Request)
+            .join(Run, Run.id == Request.run_id)
+            .where(*_conds(f), extra, expr >= 0, picks)
+        )
+        held: dict[tuple[str, int], list[float]] = {}
+        with engine.connect() as c:
+            for mode, b, v in c.execute(stmt):
+                held.setdefault((mode, int(b)), []).append(float(v))
+        for values in held.values():
+            values.sort()
+
+        def value(mode: str, r: int, wanted=wanted, held=held) -> float:
+            b, within = wanted[mode][r]
+            return held[(mode, b)][within]
+
+        try:
+            out[metric] = {mode: {q: value(mode, lo) + (value(mode, hi) - value(mode, lo)) * w
+                                  for q, (lo, hi, w) in by_q.items()} for mode, by_q in plan.items()}
+        except (KeyError, IndexError):  # requests recorded between the two queries moved the ranks
+            out[metric] = histogram_percentiles(part, "value_ms", qs)
     return out
 
 
