@@ -156,3 +156,25 @@ def test_overview_says_measured_energy_was_left_out_not_that_it_was_not_measured
     said = " ".join(c.value for c in at.caption)
     assert "cost is hardware only (measured energy left out: priced as other hardware than measured)" in said, said
     assert "energy not measured" not in said, said
+
+
+def test_energy_page_names_a_partly_estimated_j_per_token_as_the_overview_does(sqlite_url, monkeypatch):
+    """Spec runs metered by NVML and others estimated, pooled: the Energy page said '(estimate)' where the Overview
+    says 'partly estimated'; and its caption promised dashed lines for estimates drawn as hollow points."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "spec", power_source="nvml", power_w=[250.0, 255.0],
+                 requests=[spec_req(33, 4, 24, ttft_ms=100, e2e_ms=500, energy_j=30.0)])
+        make_run(s, "spec", power_source="estimate", power_w=[300.0, 310.0],
+                 requests=[spec_req(33, 4, 24, ttft_ms=100, e2e_ms=500, energy_j=40.0)])
+        s.commit()
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Energy"])
+    assert_clean(at)
+    [tile] = [m for m in at.metric if m.label.startswith("J/token — speculative")]
+    assert tile.label == "J/token — speculative (partly estimated)", tile.label
+    assert "run 1 measured by nvml, run 2 estimated" in tile.help, tile.help
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Overview"])
+    assert any(m.label == "J/token (partly estimated)" for m in at.metric)
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Energy"])
+    said = " ".join(c.value for c in at.caption)
+    assert "drawn dashed with hollow markers" in said and "Dashed lines are estimates" not in said

@@ -6,19 +6,26 @@ import streamlit as st
 
 from app.dashboard import charts, data
 from app.dashboard.common import Context, download_csv, fmt, run_page
+from telemetry.costing import PARTLY_ESTIMATED, energy_source, energy_sources_text
 
 
 def body(ctx: Context) -> None:
     f = ctx.sel.filters
     modes = {m.mode: m.stats for m in data.mode_summaries(ctx.url, f)}
+    runs = data.run_summaries(ctx.url, f)
     cols = st.columns(2)
     for col, mode in zip(cols, ("spec", "ar"), strict=True):
         s = modes.get(mode)
         est = bool(s and s.energy_estimated)
-        col.metric(f"J/token — {charts.MODE_NAMES[mode]}" + (" (estimate)" if est else ""),
+        # in the Overview's words: partly estimated where runs of both kinds are pooled, and which they are
+        mine = [r for r in runs if r.mode == mode]
+        partly = est and energy_source(mine) == PARTLY_ESTIMATED
+        col.metric(f"J/token — {charts.MODE_NAMES[mode]}"
+                   + (" (partly estimated)" if partly else " (estimate)" if est else ""),
                    fmt(s.j_per_token if s else None, ".3f"),
                    help="Energy attributed to requests / their output tokens."
-                        + (" Estimated from a power model, not a meter." if est else ""))
+                        + (f" Power partly estimated: {energy_sources_text(mine)}." if partly
+                           else " Estimated from a power model, not a meter." if est else ""))
         if s and s.energy_j is not None and not s.energy_complete:
             col.caption("Some requests have no energy figure; J/token covers those that do.")
 
@@ -32,7 +39,8 @@ def body(ctx: Context) -> None:
         return
     st.plotly_chart(charts.power(power, ctx.sel.bucket_s), width="stretch")
     if (power["source"] == "estimate").any():
-        st.caption("Dashed lines are estimates (TDP-based power model, no meter): treat them as approximate.")
+        st.caption("Estimated power (TDP-based power model, no meter) is drawn dashed with hollow markers and named "
+                   "'estimate' in the legend: treat it as approximate.")
     download_csv("Download power over time (CSV)", power, "power-over-time.csv", "dl_power")
 
 
