@@ -54,7 +54,21 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+    _say_defaults(parser)
     return parser
+
+
+def _say_defaults(parser: argparse.ArgumentParser) -> None:
+    """Sub-commands' --help states every option's default (the shared formatter of `add_command`), those a
+    command module added with `add_parser` itself (`models pull|list|path`) included."""
+    from app.commands._common import HelpFormatter
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for p in action.choices.values():
+                if p.formatter_class is argparse.RawDescriptionHelpFormatter:
+                    p.formatter_class = HelpFormatter
+                _say_defaults(p)
 
 
 # commands that read the store once and end; not the scheduler, server or dashboard, which keep reading it

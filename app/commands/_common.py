@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import errno
+import re
 import signal
 import socket
 import sys
@@ -102,17 +104,62 @@ def bindable_port(host: str, port: int) -> int:
         return s.getsockname()[1]
 
 
+def default_text(value) -> str | None:
+    """An option's default as its --help says it; None where there is none to say (None, a flag's False, an
+    empty list, argparse.SUPPRESS)."""
+    if value is None or isinstance(value, bool) or value == argparse.SUPPRESS:
+        return None
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value)) if value else None
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+_STATES_DEFAULT = re.compile(r"\bdefault\b", re.IGNORECASE)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option with a default says it: "(default: X)" after its help, or as its help where it has none,
+    unless the help already speaks of its default ("(default 1)", "auto (the default: ...)")."""
+
+    def _format_action(self, action):
+        shown = default_text(action.default)
+        if shown is not None and action.help is not argparse.SUPPRESS \
+                and not _STATES_DEFAULT.search(action.help or ""):
+            said = f"(default: {shown})".replace("%", "%%")  # the help is %-expanded
+            action = copy.copy(action)  # the parser's own action keeps its help
+            action.help = f"{action.help} {said}" if action.help else said
+        return super()._format_action(action)
+
+
 def add_command(sub, name: str, help_: str, examples: str, handler) -> argparse.ArgumentParser:
-    """Add a sub-command whose --help ends with examples."""
+    """Add a sub-command whose --help ends with examples and states every option's default."""
     p = sub.add_parser(
         name,
         help=help_,
         description=help_,
         epilog="examples:\n" + examples,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.set_defaults(handler=handler, command_parser=p)  # app.cli names unknown options under this usage
     return p
+
+
+def usage_shows_required(p: argparse.ArgumentParser, *dests: str) -> None:
+    """The usage line shows the options `dests` as required (no brackets), while the command's handler, not
+    argparse, checks them: its error stays one line (`specfinops CMD: error: missing --X`, exit 2) where
+    argparse's would print the usage and exit from inside the parsing. Call once every option is added."""
+    actions = [a for a in p._actions if a.dest in dests]
+    assert len(actions) == len(dests), f"no option for some of {dests}"
+    for a in actions:
+        a.required = True
+    try:
+        usage = p.format_usage().removeprefix("usage: ").rstrip("\n")
+    finally:
+        for a in actions:
+            a.required = False
+    p.usage = usage.replace("%", "%%")  # argparse %-expands a usage (%(prog)s)
 
 
 def db_url(text: str) -> str:

@@ -36,7 +36,8 @@ def register(sub) -> None:
     p = add_command(sub, "bench", "Run spec vs AR decoding on a workload, print a table, record telemetry.",
                     EXAMPLES, handle)
     p.add_argument("--workload", default="code", help="builtin name (code, chat, rewrite, mixed) or a .jsonl path")
-    p.add_argument("--mode", choices=("spec", "ar", "both"), default="both")
+    p.add_argument("--mode", choices=("spec", "ar", "both"), default="both",
+                   help="speculative decoding, autoregressive, or both (AR then spec, compared)")
     p.add_argument("--backend", choices=("torch", "vllm"), default="torch",
                    help="torch: the built-in engine (default); vllm: vLLM on GPUs (pip install 'specfinops[gpu]')")
     p.add_argument("--vllm-args", metavar="JSON", default=None,
@@ -51,11 +52,12 @@ def register(sub) -> None:
                         "WIDTH candidates grown per level, nodes the draft gives a path probability below MIN_PROB "
                         "skipped. Example: 16:6:4:0.25 (default: no tree)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the most likely tokens up to this "
+                   "probability mass (1 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the K most likely tokens only (0 = off)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="answer length cap per prompt (tokens)")
     p.add_argument("--dtype", default="auto", help=DTYPE_HELP)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed of the sampling")
     p.add_argument("--limit", type=int, default=None, help="first N prompts of the workload")
     p.add_argument("--domain", default=None, help="only prompts of this domain")
     p.add_argument("--concurrency", default="1", help="sequences in flight; a list like 1,2,4,8 runs a sweep")

@@ -10,7 +10,7 @@ import json
 import math
 import sys
 
-from app.commands._common import add_command, add_db_option, run_id
+from app.commands._common import add_command, add_db_option, run_id, usage_shows_required
 from app.errors import UsageError
 
 COST_EXAMPLES = """  specfinops cost
@@ -99,11 +99,13 @@ def register(sub) -> None:
         run_project_command,
     )
     add_db_option(p)
-    p.add_argument("--daily-tokens", metavar="N", help="output tokens per day (e.g. 5e8)")
-    p.add_argument("--peak-factor", metavar="F", help="peak-to-average traffic ratio, >= 1")
-    p.add_argument("--p95-tpot-sla-ms", metavar="X", help="p95 time per output token the service must meet")
+    traffic = p.add_argument_group("required options (the traffic profile)")
+    traffic.add_argument("--daily-tokens", metavar="N", help="output tokens per day (e.g. 5e8)")
+    traffic.add_argument("--peak-factor", metavar="F", help="peak-to-average traffic ratio, >= 1")
+    traffic.add_argument("--p95-tpot-sla-ms", metavar="X", help="p95 time per output token the service must meet")
     _add_pricing(p, gpus_per_node=True)
     _add_filters(p)
+    usage_shows_required(p, "daily_tokens", "peak_factor", "p95_tpot_sla_ms")  # checked by run_project_command
 
     p = add_command(
         sub,

@@ -23,8 +23,8 @@ def register(sub) -> None:
     p.add_argument("--duration", type=float, default=30.0, help="seconds per level and mode")
     p.add_argument("--mode", choices=("spec", "ar", "both"), default="both",
                    help="speculative or not, per request (the 'speculative' extension field)")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each request (answer length cap)")
+    p.add_argument("--temperature", type=float, default=0.0, help="temperature of each request (0 = greedy)")
     p.add_argument("--workload", default="mixed", help="builtin name (code, chat, rewrite, mixed) or a .jsonl path")
     p.add_argument("--model", default=None, help="model id (default: the first the server lists)")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")

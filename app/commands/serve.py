@@ -27,8 +27,8 @@ EXAMPLES = """  specfinops serve --db sqlite:///var/specfinops.db --port 8000
 def register(sub) -> None:
     p = add_command(sub, "serve", "Serve /v1/chat/completions, /v1/completions, /metrics and /health; "
                     "record every request.", EXAMPLES, handle)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port")
     p.add_argument("--drafter", default=None, help="draft | draft+ngram | early-exit | ngram (default: draft+ngram with the bundled target, ngram with any other)")
     p.add_argument("--k", default=DEFAULT_K, help="lookahead: an integer K >= 0 (0 = no drafting), or heuristic | "
                    f"entropy | cost | auto (default: {DEFAULT_K})")
@@ -39,7 +39,7 @@ def register(sub) -> None:
     p.add_argument("--max-len", type=context_len, default=2048, help="context window (tokens)")
     p.add_argument("--target", default=None, help="target model name or local HF directory (default: bundled)")
     p.add_argument("--draft-model", default=None, help="draft model directory (alone: --drafter draft+ngram with it; refused beside ngram or early-exit)")
-    p.add_argument("--early-exit-layers", type=int, default=8)
+    p.add_argument("--early-exit-layers", type=int, default=8, help="target layers used by --drafter early-exit")
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: the target's name)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     add_db_option(p)

@@ -1,0 +1,89 @@
+"""`--help` says what an option does when it is not given: every option with a default states it, and a
+command's usage line shows the options it cannot run without as required."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from app.cli import build_parser, main
+from app.commands._common import default_text
+
+
+def _commands(parser: argparse.ArgumentParser, prefix: str = "specfinops"):
+    """(name, parser) of every sub-command, nested ones (`db upgrade`, `models path`) included."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, p in action.choices.items():
+                yield f"{prefix} {name}", p
+                yield from _commands(p, f"{prefix} {name}")
+
+
+def _help_of(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    """The lines --help prints for one option, as one line."""
+    return " ".join(parser._get_formatter()._format_action(action).split())
+
+
+COMMANDS = list(_commands(build_parser()))
+
+
+def test_the_walk_finds_the_commands():
+    names = {n for n, _ in COMMANDS}
+    assert {"specfinops bench", "specfinops serve", "specfinops loadtest", "specfinops project",
+            "specfinops models path", "specfinops db upgrade"} <= names
+
+
+@pytest.mark.parametrize(("name", "parser"), COMMANDS, ids=[n for n, _ in COMMANDS])
+def test_every_option_with_a_default_says_it(name, parser):
+    missing = []
+    for action in parser._actions:
+        shown = default_text(action.default)
+        if shown is None or action.help is argparse.SUPPRESS:
+            continue
+        text = _help_of(parser, action)
+        if "default" not in text.lower() or not (shown in text or str(action.default) in text):
+            missing.append(f"{'/'.join(action.option_strings) or action.dest} (default {action.default!r}): {text}")
+    assert not missing, f"{name}: options whose --help does not state their default:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["bench"], ["--workload WORKLOAD builtin name (code, chat, rewrite, mixed) or a .jsonl path (default: code)",
+                 "(default: both)", "(default: 128)", "(default: 2048)", "(default: auto)", "(default: 1)"]),
+    (["serve"], ["(default: 8000)", "(default: 8)", "(default: 1024)", "(default: 30)", "default 127.0.0.1"]),
+    (["loadtest"], ["(default: http://127.0.0.1:8000)", "(default: 1,2,4,8)", "(default: 30)", "(default: both)",
+                    "(default: 64)", "(default: mixed)"]),
+])
+def test_help_states_the_defaults(argv, says, capsys):
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in out and "(default: False)" not in out
+    for text in says:
+        assert text in out
+
+
+def test_a_help_that_states_its_default_is_not_given_a_second(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "torch: the built-in engine (default); vllm:" in out and "(default: torch)" not in out
+    assert "0 = greedy (default) --top-p" in out.replace("\n", " ")
+    assert out.count("(default: 4)") == 1  # --interleave says it once
+
+
+def test_project_usage_shows_the_traffic_profile_as_required(capsys):
+    with pytest.raises(SystemExit):
+        main(["project", "--help"])
+    out = capsys.readouterr().out
+    usage = " ".join(out.split("\n\n")[0].split())
+    assert "--daily-tokens N --peak-factor F --p95-tpot-sla-ms X" in usage
+    for flag in ("--daily-tokens", "--peak-factor", "--p95-tpot-sla-ms"):
+        assert f"[{flag}" not in usage
+    assert "required options" in out
+
+
+def test_project_missing_the_traffic_profile_is_still_one_line(empty_store, capsys):
+    assert main(["project", "--db", empty_store, "--peak-factor", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["specfinops project: error: missing --daily-tokens, --p95-tpot-sla-ms"]
