@@ -39,13 +39,13 @@ from telemetry.prices import (
 )
 from telemetry.queries import (
     COMPARED_FIELDS,
-    EMPTY_STORE_HINT,
     MODES,
     ConfigSummary,
     Filters,
     RunSummary,
     _ratio,
     config_summaries,
+    empty_store_hint,
     run_summaries,
 )
 
@@ -303,7 +303,7 @@ def no_runs_reason(engine: Engine, filters: Filters | None = None) -> str:
     f = filters or Filters()
     with engine.connect() as c:
         if not c.execute(select(func.count(Run.id))).scalar():
-            return f"the store has no runs; {EMPTY_STORE_HINT}"
+            return f"the store has no runs; {empty_store_hint(engine)}"
         if f.run_ids is not None:
             found = {r.id: r for r in c.execute(select(Run).where(Run.id.in_(f.run_ids)))}
             missing = [i for i in f.run_ids if i not in found]
@@ -412,11 +412,15 @@ def _group_text(workload: str, temperature: float | None, kind: str) -> str:
     return f"workload {workload}, {temperature_text(temperature)}, {kind} runs"
 
 
-def _group_label(key: tuple, configs: list[ConfigSummary]) -> str:
+def _group_label(key: tuple, configs: list[ConfigSummary], chosen: tuple | None = None) -> str:
+    """The group in words; a field outside workload, temperature and run kind is named where it differs from
+    the `chosen` group's (two groups of one workload on two devices would otherwise read the same)."""
     fields = dict(zip(COMPARED_FIELDS, key, strict=True))
     modes = {c.mode for c in configs}
     only = "" if modes >= set(MODES) else f" ({'spec' if 'spec' in modes else 'AR'} only)"
-    return _group_text(fields["workload"], fields["temperature"], fields["kind"]) + only
+    differs = "".join(f", {f} {v}" for i, (f, v) in enumerate(fields.items())
+                      if f not in ("workload", "temperature", "kind") and chosen is not None and chosen[i] != v)
+    return _group_text(fields["workload"], fields["temperature"], fields["kind"]) + differs + only
 
 
 def run_groups(runs: Iterable[RunSummary]) -> list[str]:
@@ -448,7 +452,7 @@ def comparable_group(configs: list[ConfigSummary]) -> tuple[Comparison, list[Con
     best = max(groups, key=rank)  # max keeps the first of equals: the first measured
     chosen = groups[best]
     comparison = Comparison(*best, requests_ar=requests(chosen, "ar"), requests_spec=requests(chosen, "spec"),
-                            others=tuple(_group_label(k, cs) for k, cs in groups.items() if k != best))
+                            others=tuple(_group_label(k, cs, best) for k, cs in groups.items() if k != best))
     return comparison, chosen
 
 
@@ -653,7 +657,7 @@ def project_from_store(
     if not configs:
         raise ValueError(no_runs_reason(engine, filters))
     if not any(c.stats.output_tokens for c in configs):
-        raise ValueError(f"no measured runs with output tokens in the store; {EMPTY_STORE_HINT}")
+        raise ValueError(f"no measured runs with output tokens in the store; {empty_store_hint(engine)}")
     comparison, configs = comparable_group(configs)
     devices = tuple(sorted({c.device for c in configs}))
     run_ids = [i for c in configs for i in c.run_ids]

@@ -52,6 +52,40 @@ GO_LINE = 0.65  # the usual go/no-go for a draft (DESIGN.md, phase 1); calibrate
 EMPTY_STORE_HINT = "run `specfinops bench --workload code --mode both` to measure spec and AR runs"
 
 
+def empty_store_hint(engine: Engine | None = None) -> str:
+    """EMPTY_STORE_HINT for the store `engine` reads: the bench records into it, so the command names it with
+    `--db STORE` where a bench without --db would record elsewhere (a store other than $SPECFINOPS_DB_URL, else
+    var/specfinops.db), its password masked, as the dashboard's empty-store page and `no store at PATH` do."""
+    store = None if engine is None else _db_option(engine.url)
+    if store is None:
+        return EMPTY_STORE_HINT
+    return f"run `specfinops bench --workload code --mode both --db {store}` to measure spec and AR runs"
+
+
+def _db_option(url) -> str | None:
+    """--db's value naming the store at `url` (a SQLite file by its path); None where it is the default store
+    or no store a bench could record into (an in-memory SQLite database)."""
+    import shlex
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+
+    from telemetry.db import resolve_db_url
+
+    default = make_url(resolve_db_url(None))
+    if url.get_backend_name() == "sqlite":
+        if not url.database or url.database == ":memory:":
+            return None
+        path = Path(url.database).expanduser()
+        if default.get_backend_name() == "sqlite" and default.database \
+                and Path(default.database).expanduser().resolve() == path.resolve() and url.query == default.query:
+            return None
+        return shlex.quote(url.database if not url.query else url.render_as_string(hide_password=True))
+    if url.render_as_string(hide_password=False) == default.render_as_string(hide_password=False):
+        return None
+    return shlex.quote(url.render_as_string(hide_password=True))
+
+
 @dataclass(frozen=True, slots=True)
 class Filters:
     """Which runs and requests to aggregate. since/until bound requests.started_at; domain and prompt_ids

@@ -106,6 +106,71 @@ def test_a_recorder_still_creates_its_store(tmp_path, capsys):
     assert "specfinops bench" in _one_line(capsys)
 
 
+@pytest.mark.parametrize("argv", [
+    ["cost"],
+    ["project", "--daily-tokens", "1e6", "--peak-factor", "2", "--p95-tpot-sla-ms", "50", "--node-hourly-usd", "3"],
+    ["report", "--period", "weekly", "--out", "{tmp}/report"],
+], ids=lambda a: a[0])
+def test_the_empty_store_hint_records_into_the_store_given(argv, tmp_path, monkeypatch, capsys):
+    """`--db` names another store than the default: the bench the hint proposes records into that one, not
+    into the default store the command did not read."""
+    monkeypatch.delenv("SPECFINOPS_DB_URL", raising=False)
+    path = tmp_path / "a" / "empty store.db"  # a space: the command stays one shell word
+    assert main(["db", "upgrade", "--db", str(path)]) == 0
+    capsys.readouterr()
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    for db in (str(path), f"sqlite:///{path}"):
+        assert main([*argv, "--db", db]) == 2
+        line = _one_line(capsys)
+        assert f"run `specfinops bench --workload code --mode both --db '{path}'` to measure" in line, line
+
+
+def test_the_empty_store_hint_leaves_out_the_default_store(tmp_path, monkeypatch, capsys):
+    """Without --db, or with the store a bench records into without one ($SPECFINOPS_DB_URL, else
+    var/specfinops.db), the hint needs no --db."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SPECFINOPS_DB_URL", raising=False)
+    assert main(["db", "upgrade"]) == 0
+    capsys.readouterr()
+    for argv in (["cost"], ["cost", "--db", "var/specfinops.db"], ["cost", "--db", str(tmp_path / "var" / "specfinops.db")]):
+        assert main(argv) == 2
+        assert "run `specfinops bench --workload code --mode both` to measure" in _one_line(capsys)
+    monkeypatch.setenv("SPECFINOPS_DB_URL", str(tmp_path / "env.db"))
+    assert main(["db", "upgrade"]) == 0
+    capsys.readouterr()
+    assert main(["cost"]) == 2  # the environment's store: a bench without --db records there too
+    assert "run `specfinops bench --workload code --mode both` to measure" in _one_line(capsys)
+    assert main(["cost", "--db", "var/specfinops.db"]) == 2  # not the environment's: named
+    assert "--mode both --db var/specfinops.db` to measure" in _one_line(capsys)
+
+
+def test_the_empty_store_hint_masks_a_password():
+    from types import SimpleNamespace
+
+    from sqlalchemy.engine import make_url
+
+    from telemetry.queries import empty_store_hint
+
+    engine = SimpleNamespace(url=make_url("postgresql+psycopg://ops:s3cret@db.example:5432/finops"))
+    hint = empty_store_hint(engine)
+    assert "s3cret" not in hint
+    assert "--db 'postgresql+psycopg://ops:***@db.example:5432/finops'" in hint
+
+
+def test_no_measured_tokens_names_the_store_given(tmp_path, monkeypatch):
+    from telemetry.costing import project_from_store
+
+    monkeypatch.delenv("SPECFINOPS_DB_URL", raising=False)
+    path = tmp_path / "other.db"
+    engine = open_store(str(path))
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(0, ttft_ms=None, e2e_ms=None)])
+        s.commit()
+    with pytest.raises(ValueError, match="no measured runs with output tokens") as err:
+        project_from_store(engine, daily_tokens=1e6, peak_factor=2, sla_ms=50, node_hourly_usd=3)
+    assert f"--mode both --db {path}`" in str(err.value)
+
+
 def test_a_store_written_by_a_newer_version(tmp_path, capsys):
     path = tmp_path / "newer.db"
     with sqlite3.connect(path) as c:

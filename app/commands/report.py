@@ -83,7 +83,7 @@ def report_options(args) -> dict:
 
 def run(args) -> int:
     from telemetry.export import parse_when
-    from telemetry.queries import EMPTY_STORE_HINT
+    from telemetry.queries import empty_store_hint
     from telemetry.report import PERIODS, period_window
     from telemetry.report_writer import check_out_dir, count_runs, write_report
     from telemetry.store import open_store
@@ -101,7 +101,7 @@ def run(args) -> int:
                          f"(years 1-9999)") from None
     engine = open_store(args.db, must_exist=True)  # before --out is made: a bad store leaves no empty folder
     if count_runs(engine) == 0:
-        raise UsageError(f"the store has no runs to report on; {EMPTY_STORE_HINT}")
+        raise UsageError(f"the store has no runs to report on; {empty_store_hint(engine)}")
     out = check_out_dir(args.out)
     with sigterm_as_ctrl_c():  # killed by SIGTERM, write_report removes its claim and folder as on Ctrl-C
         result = write_report(engine, window, out, **options)
