@@ -127,3 +127,18 @@ def test_load_test_runs_are_not_pooled_with_bench_runs(sqlite_url, capsys):
     assert main(["project", "--db", sqlite_url, *PROJECT, "--run-kind", "bench", "--json"]) == 0
     a = json.loads(capsys.readouterr().out)["assumptions"]
     assert a["compared"]["kind"] == "bench" and a["capacity_runs_ar"] == [1] and a["capacity_runs_spec"] == [2]
+
+
+def test_another_comparable_group_is_named_by_what_differs(sqlite_url):
+    """Two groups of one workload, temperature and run kind on two targets read the same ('1 other comparable
+    group in view (workload code, temperature 0, bench runs)'): the other is now named by its target."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for target, n in (("demo/small", 3), ("demo/large", 1)):
+            make_run(s, "ar", target=target, requests=[Req(33, ttft_ms=100, e2e_ms=900, start_s=i) for i in range(n)])
+            make_run(s, "spec", target=target,
+                     requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500, start_s=i) for i in range(n)])
+        s.commit()
+    sp = project_from_store(engine, daily_tokens=1e6, peak_factor=1.0, sla_ms=1000.0)
+    assert sp.comparison.target == "demo/small"
+    assert sp.comparison.others == ("workload code, temperature 0, bench runs, target demo/large",)

@@ -167,14 +167,19 @@ def body(ctx: Context) -> None:
                          else "energy for only some requests; J/token covers those that do" if partial
                          else c.reason if c and c.reason  # e.g. measured energy left out: other hardware
                          else "energy not measured")
-            r1 = st.columns(3)
+            # two tiles a row: at three a row in half the page, values such as "2653.9 ms" and the Tokens/s
+            # delta were cut short with "..." on a 1400 px wide window
+            rows = [st.columns(2) for _ in range(3)]
+            cost_tile, tokens_tile = rows[0]
+            p50_tile, p95_tile = rows[1]
+            j_tile, length_tile = rows[2]
             total = c.total_usd_per_1m if c else None
             # a total whose energy part was estimated is labelled on the tile, as the J/token beside it
             estimated = bool(c and c.energy_included and c.energy_estimated)
             partly = source[mode] == PARTLY_ESTIMATED
             cost_delta = _cost_vs_ar(c, other_c, source[mode], source.get("ar")) if compare else {}
             on_hardware = "(hardware parts)" in cost_delta.get("delta", "")
-            r1[0].metric("Cost per 1M tokens" + (f" (incl. {'partly ' if partly else ''}estimated energy)"
+            cost_tile.metric("Cost per 1M tokens" + (f" (incl. {'partly ' if partly else ''}estimated energy)"
                                                  if estimated else ""), usd(total),
                          **cost_delta,
                          delta_color="inverse",
@@ -186,13 +191,13 @@ def body(ctx: Context) -> None:
                               + (" Against AR: the hardware parts, as the two totals' energy is not on one basis "
                                  "(estimated in one, metered or absent in the other)." if on_hardware else "")
                               + said_mixed)
-            r1[1].metric("TPOT p50", fmt(s.tpot_p50_ms, ".1f", suffix=" ms"),
+            p50_tile.metric("TPOT p50", fmt(s.tpot_p50_ms, ".1f", suffix=" ms"),
                          **_vs_ar(s.tpot_p50_ms, other_s.tpot_p50_ms if other_s else None, compare),
                          delta_color="inverse",
                          help="p50 over every request of the mode in view." + said_mixed)
             cap_p95 = (proj.capacity_tpot_p95_ms_spec if mode == "spec" else proj.capacity_tpot_p95_ms_ar) \
                 if proj else None
-            r1[2].metric("TPOT p95", fmt(s.tpot_p95_ms, ".1f", suffix=" ms"),
+            p95_tile.metric("TPOT p95", fmt(s.tpot_p95_ms, ".1f", suffix=" ms"),
                          **_vs_ar(s.tpot_p95_ms, other_s.tpot_p95_ms if other_s else None, compare),
                          delta_color="inverse",
                          help="p95 over every request of the mode in view."
@@ -200,16 +205,15 @@ def body(ctx: Context) -> None:
                                  f"{fmt(cap_p95, '.1f', suffix=' ms')} (Cost & capacity)." if cap_p95 is not None
                                  else "")
                               + said_mixed)
-            r2 = st.columns(3)
             j_label = "J/token (partly estimated)" if partly else "J/token (estimate)" if s.energy_estimated \
                 else "J/token"
-            r2[0].metric(j_label, fmt(s.j_per_token, ".3f"),
+            j_tile.metric(j_label, fmt(s.j_per_token, ".3f"),
                          help="Energy attributed to the requests / output tokens."
                               + (" Power partly estimated (see below)." if partly
                                  else " Power was estimated (no power meter)." if s.energy_estimated else ""))
             tokens_delta, tokens_help = _tokens_vs_ar(speedups) if mode == "spec" else ({}, None)
-            r2[1].metric("Tokens/s", fmt(s.tokens_per_s, ",.1f"), **tokens_delta, help=tokens_help)
-            r2[2].metric("Accept. length", fmt(s.mean_acceptance_length, ".2f") if mode == "spec" else MISSING,
+            tokens_tile.metric("Tokens/s", fmt(s.tokens_per_s, ",.1f"), **tokens_delta, help=tokens_help)
+            length_tile.metric("Accept. length", fmt(s.mean_acceptance_length, ".2f") if mode == "spec" else MISSING,
                          help="1 + accepted / drafts: tokens per target forward (bonus included).")
             # the tiles' labels are cut short in a narrow column: the estimate is said where it shows in full
             runs_text = energy_sources_text(rc.run for rc in run_costs if rc.run.mode == mode) if partly else ""
