@@ -218,6 +218,35 @@ def test_model_card_has_the_reproducible_command(tmp_path):
     assert "--batch-pool 0" in command_line(unsorted)  # random batches: 0 is not left out as unset
 
 
+def test_the_card_command_keeps_options_set_to_zero_and_parses_back_to_the_same_run(tmp_path, monkeypatch):
+    """--w-feat 0, --w-hard 0 and --feat-noise 0 differ from their defaults (0.5, 0.5, 0.05): a card command
+    without them retrains with the defaults. Every training option the run had comes back from the card."""
+    import shlex
+
+    import serving.distill.pipeline as pipeline
+    from app.cli import build_parser
+    from app.commands.distill import handle
+
+    seen = []
+    monkeypatch.setattr(pipeline, "run", lambda a: seen.append(a) or 0)  # the options as the pipeline gets them
+    argv = ["distill", "--out", str(tmp_path / "d"), "--corpus", str(tmp_path), "--steps", "40", "--w-feat", "0",
+            "--w-hard", "0", "--feat-noise", "0", "--seed", "0", "--batch-pool", "0", "--dtype", "float32"]
+    assert handle(build_parser().parse_args(argv)) == 0
+    cmd = shlex.split(pipeline.command_line(seen[0]))
+    for flag in ("--w-feat", "--w-hard", "--feat-noise", "--seed", "--batch-pool"):
+        assert cmd[cmd.index(flag) + 1] == "0", flag
+    assert "--generate-prompts" not in cmd and "--stdlib-code" not in cmd  # 0 there is the default: no such data
+    assert handle(build_parser().parse_args(cmd[1:])) == 0
+    first, again = seen
+    for name in pipeline.REPRO_OPTIONS:
+        assert getattr(again, name) == getattr(first, name), name
+    # an option whose default is 0 is left out at 0 only where 0 means "none of this data"
+    defaults = build_parser().parse_args(["distill", "--out", "x"])
+    zero_default = {n for n in pipeline.REPRO_OPTIONS if getattr(defaults, n, None) == 0
+                    and not isinstance(getattr(defaults, n), bool)}
+    assert zero_default - {"seed", "batch_pool"} <= set(pipeline.ZERO_IS_UNSET)
+
+
 def test_a_negative_batch_pool_is_refused(tmp_path, capsys):
     from app.cli import main
 

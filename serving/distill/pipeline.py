@@ -40,6 +40,9 @@ REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "pack
                  "head_vocab", "layers", "feature_layers", "data_feature_layers", "lr", "batch_tokens", "batch_pool", "unroll", "detach_unroll", "freeze_head", "w_feat", "w_hard",
                  "feat_noise", "seed", "k", "eval_max_new_tokens", "threads", "device")
 PATH_OPTIONS = ("target", "out", "corpus")  # recorded as absolute paths (a target may be a model's name instead)
+# the options whose 0 is their default and means "none of this data"; any other option's 0 is a choice the
+# command must record (--w-feat 0, --feat-noise 0 train other weights than the defaults do)
+ZERO_IS_UNSET = ("generate_prompts", "stdlib_prompts", "package_prompts", "self_prompts", "stdlib_code")
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -82,7 +85,7 @@ def command_line(args) -> str:
             continue  # no evaluation, no alpha to reproduce
         if name in PATH_OPTIONS and v:
             v = [absolute(c, name) for c in v] if isinstance(v, list) else absolute(v, name)
-        if v in (None, False, [], 0) and name not in ("seed", "batch_pool"):
+        if v is None or v is False or v == [] or (v == 0 and name in ZERO_IS_UNSET):
             continue
         if name == "device" and v == "cpu":  # the default: cards of CPU runs read as they always did
             continue
