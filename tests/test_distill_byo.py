@@ -176,6 +176,43 @@ def test_a_data_dir_another_target_made_is_refused(tmp_path, cache, capsys):
     assert "another target made" in _one_error_line(capsys)
 
 
+def test_a_corpus_another_target_made_is_refused_naming_both_targets(byo, tmp_path, capsys):
+    """--corpus data another target made trained silently (the same sizes) or crashed in a matmul (another hidden
+    size): refused in one line naming the corpus and both targets, before anything is written."""
+    from dataclasses import replace
+
+    from app.cli import main
+    from serving.distill.pipeline import target_meta
+    from tests.tiny import TINY
+
+    target_dir, _ = byo
+    other = _target(tmp_path / "other" / "model", 2)
+    corpus = tmp_path / "corpus-of-other"
+    with torch.inference_mode():
+        teacher_pass(tiny_model(2), _answers(8), corpus, topk=4, token_budget=256, progress=False,
+                     extra_meta=target_meta(other))
+    out = tmp_path / "d"
+    assert main(_distill(["--target", str(target_dir), "--corpus", str(corpus), "--out", str(out)], tmp_path)) == 2
+    line = _one_error_line(capsys)
+    assert f"--corpus {corpus}" in line and str(other.resolve()) in line and str(target_dir) in line
+    assert "another target made" in line
+    # data that records no target but was made by one of another hidden size (hidden 64, 2 layers)
+    wide_model = tiny_model(4, replace(TINY, hidden_size=64, num_layers=2, head_dim=16))
+    wide = tmp_path / "wide"
+    with torch.inference_mode():
+        teacher_pass(wide_model, _answers(8), wide, topk=4, token_budget=256, progress=False)
+    assert main(_distill(["--target", str(target_dir), "--corpus", str(wide), "--out", str(out)], tmp_path)) == 2
+    line = _one_error_line(capsys)
+    assert f"--corpus {wide}" in line and "hidden_size 64" in line and "hidden_size 32" in line
+    assert not out.exists() and not (tmp_path / "ckpt.pt").exists()
+    # the target's own data still trains
+    mine = tmp_path / "mine"
+    with torch.inference_mode():
+        teacher_pass(tiny_model(1), _answers(8), mine, topk=4, token_budget=256, progress=False,
+                     extra_meta=target_meta(target_dir))
+    assert main(_distill(["--target", str(target_dir), "--corpus", str(mine), "--out", str(out)], tmp_path)) == 0
+
+
 # ------------------------------------------------------------------ --resume
 def test_resume_refuses_a_checkpoint_made_for_another_target_or_other_options(byo, tmp_path, capsys):
     from app.cli import main

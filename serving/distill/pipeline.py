@@ -199,6 +199,24 @@ def data_prefix(target_dir: Path) -> str:
     return f"{target_dir.name}-{target_fingerprint(target_dir)}"
 
 
+def foreign_data(flag: str, data_dir: Path, meta: dict, target_dir: Path, target_cfg: dict) -> str | None:
+    """The one line refusing prepared data (`meta`, its meta.json) that another target made: its recorded
+    `target_fingerprint` is not this target's, or (data that records none) its hidden or vocabulary size is not
+    this target's. None when the data may be this target's."""
+    made_by = meta.get("target") or "a target it does not name"
+    theirs, ours = meta.get("target_fingerprint"), target_fingerprint(target_dir)
+    if theirs is not None and theirs != ours:
+        return (f"{flag} {data_dir} holds data another target made ({made_by}, fingerprint {theirs}); this target "
+                f"is {target_dir} (fingerprint {ours}): give data this target made, or let distill make it "
+                "(--generate-prompts N, --stdlib-code N)")
+    for key in ("hidden_size", "vocab_size"):
+        if meta.get(key) is not None and target_cfg.get(key) is not None and meta[key] != target_cfg[key]:
+            return (f"{flag} {data_dir} holds data of a target with {key} {meta[key]} ({made_by}); this target "
+                    f"{target_dir} has {key} {target_cfg[key]}: give data this target made, or let distill make "
+                    "it (--generate-prompts N, --stdlib-code N)")
+    return None
+
+
 def target_meta(target_dir: Path) -> dict:
     """What prepared data (meta.json) records of the target that made it."""
     return {"target": str(target_dir.resolve()), "target_fingerprint": target_fingerprint(target_dir)}
@@ -374,6 +392,9 @@ def run(args) -> int:
         if not is_prepared(c):
             raise UsageError(f"corpus {c} is not a prepared distillation data directory (make one with "
                              "--generate-prompts N or --stdlib-code N)")
+        refusal = foreign_data("--corpus", c, json.loads((c / "meta.json").read_text()), target_dir, target_cfg)
+        if refusal:
+            raise UsageError(refusal)
     # ---- what training will be, and the checkpoint a --resume continues (checked before any work)
     cfg = TrainConfig(head_vocab=args.head_vocab, layers=args.layers, lr=args.lr, batch_tokens=args.batch_tokens,
                       batch_pool=args.batch_pool,
