@@ -213,6 +213,46 @@ def test_a_corpus_another_target_made_is_refused_naming_both_targets(byo, tmp_pa
     assert main(_distill(["--target", str(target_dir), "--corpus", str(mine), "--out", str(out)], tmp_path)) == 0
 
 
+def _damaged(corpus: Path, dest: Path, how: str) -> tuple[Path, str]:
+    """A copy of prepared data damaged as `how` says; the file the error must name."""
+    import shutil
+
+    shutil.copytree(corpus, dest)
+    if how == "meta not json":
+        (dest / "meta.json").write_text('{"x":\n')
+        return dest, "meta.json"
+    if how == "meta empty object":
+        (dest / "meta.json").write_text("{}")
+        return dest, "meta.json"
+    if how == "meta binary":
+        (dest / "meta.json").write_bytes(bytes(range(128, 256)))
+        return dest, "meta.json"
+    if how == "sequences not json":
+        (dest / "sequences.jsonl").write_text('{"id": "t0", "offset": 0, "len\n')
+        return dest, "sequences.jsonl"
+    name = how.split()[1]  # "truncated feats.bin"
+    data = (dest / name).read_bytes()
+    (dest / name).write_bytes(data[: len(data) // 2 + 50])
+    return dest, name
+
+
+@pytest.mark.parametrize("how", ["meta not json", "meta empty object", "meta binary", "sequences not json",
+                                 "truncated feats.bin", "truncated tokens.bin", "truncated topk_probs.bin"])
+def test_damaged_prepared_data_is_one_line_naming_the_file_and_how_to_make_it_again(how, byo, tmp_path, capsys):
+    from app.cli import main
+    from serving.distill.data import load_prepared
+
+    target_dir, corpus = byo
+    data, name = _damaged(corpus, tmp_path / "data", how)
+    with pytest.raises(ValueError, match="prepare it again"):
+        load_prepared(data)
+    assert main(_distill(["--target", str(target_dir), "--corpus", str(data), "--out", str(tmp_path / "d")],
+                         tmp_path)) == 2
+    line = _one_error_line(capsys)
+    assert str(data / name) in line and "damaged" in line and "prepare it again" in line
+    assert not (tmp_path / "d").exists()
+
+
 # ------------------------------------------------------------------ --resume
 def test_resume_refuses_a_checkpoint_made_for_another_target_or_other_options(byo, tmp_path, capsys):
     from app.cli import main

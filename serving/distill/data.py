@@ -428,13 +428,66 @@ def is_prepared(path: Path) -> bool:
     return (path / META).is_file() and (path / "sequences.jsonl").is_file()
 
 
+# how damaged data is made again: distill reuses a prepared directory it finds (cached under the target's name
+# and the data options), so the directory has to go first
+REPREPARE = ("delete the directory and prepare it again (the distill command that made it, with --generate-prompts, "
+             "--stdlib-prompts, --package-prompts, --self-prompts or --stdlib-code, makes it anew)")
+META_FIELDS = ("hidden_size", "topk", "num_tokens")  # what reading the arrays needs
+
+
+def read_meta(path: str | Path) -> dict:
+    """A prepared directory's meta.json. ValueError naming the file when it is not a JSON object with the
+    fields the arrays are read by (a file cut short or overwritten)."""
+    f = Path(path) / META
+    try:
+        meta = json.loads(f.read_text())
+    except ValueError as exc:  # not JSON, or not text
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"{f} is not valid JSON ({first}): the prepared data in {path} is damaged; {REPREPARE}") \
+            from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{f} is not a JSON object: the prepared data in {path} is damaged; {REPREPARE}")
+    missing = [k for k in META_FIELDS if not isinstance(meta.get(k), int) or isinstance(meta.get(k), bool)]
+    if missing:
+        raise ValueError(f"{f} has no {', '.join(missing)}: the prepared data in {path} is damaged; {REPREPARE}")
+    return meta
+
+
+def _read_sequences(path: Path, num_tokens: int) -> list[dict]:
+    """sequences.jsonl, each line checked to lie within the arrays' `num_tokens` rows."""
+    f = path / "sequences.jsonl"
+    seqs = []
+    for n, line in enumerate(f.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            s = json.loads(line)
+            ok = (isinstance(s, dict) and all(isinstance(s.get(k), int) for k in ("offset", "length", "num_prompt"))
+                  and 0 <= s["offset"] and s["offset"] + s["length"] <= num_tokens)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{f} line {n} is not a sequence within the data's {num_tokens} positions: the "
+                             f"prepared data in {path} is damaged; {REPREPARE}")
+        seqs.append(s)
+    return seqs
+
+
 def load_prepared(path: str | Path) -> Prepared:
     path = Path(path)
     if not is_prepared(path):
         raise FileNotFoundError(f"{path} is not a prepared distillation data directory (no meta.json)")
-    meta = json.loads((path / META).read_text())
-    seqs = [json.loads(x) for x in (path / "sequences.jsonl").read_text().splitlines() if x.strip()]
+    meta = read_meta(path)
     k, C = meta["topk"], feature_width(meta["hidden_size"], meta.get("feature_layers"))
+    n = meta["num_tokens"]
+    for name, nbytes in _row_bytes(C, k).items():  # a file cut short (or grown) would not split into rows
+        f = path / name
+        size = f.stat().st_size if f.is_file() else None
+        if size != n * nbytes:
+            held = "is missing" if size is None else f"holds {size} bytes"
+            raise ValueError(f"{f} {held}, meta.json's {n} positions need {n * nbytes}: the prepared data in "
+                             f"{path} is incomplete or damaged; {REPREPARE}")
+    seqs = _read_sequences(path, n)
     tokens = torch.from_numpy(np.fromfile(path / "tokens.bin", dtype=np.int32)).long()
     feats = torch.from_numpy(np.fromfile(path / "feats.bin", dtype=np.int16)).view(torch.bfloat16).view(-1, C)
     ids = torch.from_numpy(np.fromfile(path / "topk_ids.bin", dtype=np.int32)).long().view(-1, k)

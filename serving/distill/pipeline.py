@@ -327,7 +327,7 @@ def _note_interrupt(note: str):
 
 def run(args) -> int:
     from app.errors import UsageError
-    from serving.distill.data import is_prepared, load_prepared, select_features
+    from serving.distill.data import is_prepared, load_prepared, read_meta, select_features
     from serving.distill.data import prepare as prepare_data
     from serving.distill.prompts import (
         interleave,
@@ -392,7 +392,7 @@ def run(args) -> int:
         if not is_prepared(c):
             raise UsageError(f"corpus {c} is not a prepared distillation data directory (make one with "
                              "--generate-prompts N or --stdlib-code N)")
-        refusal = foreign_data("--corpus", c, json.loads((c / "meta.json").read_text()), target_dir, target_cfg)
+        refusal = foreign_data("--corpus", c, read_meta(c), target_dir, target_cfg)
         if refusal:
             raise UsageError(refusal)
     # ---- what training will be, and the checkpoint a --resume continues (checked before any work)
@@ -431,7 +431,7 @@ def run(args) -> int:
     prefix, made_by = data_prefix(target_dir), target_meta(target_dir)
     if getattr(args, "data_dir", None):
         given = Path(args.data_dir).expanduser()
-        theirs = json.loads((given / "meta.json").read_text()).get("target_fingerprint") if is_prepared(given) else None
+        theirs = read_meta(given).get("target_fingerprint") if is_prepared(given) else None
         if theirs not in (None, made_by["target_fingerprint"]):
             raise UsageError(f"--data-dir {args.data_dir} holds data another target made (fingerprint {theirs}; "
                              f"this target's is {made_by['target_fingerprint']}): give another --data-dir")
