@@ -28,6 +28,9 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ACTIVATIONS = ("silu", "swish")  # transformers' names of the same function, x * sigmoid(x)
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 REQUIRED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+# optional fields whose null transformers refuses (null num_key_value_heads and head_dim mean their defaults)
+NULL_REFUSED = ("model_type", "hidden_act", "rms_norm_eps", "rope_theta", "max_position_embeddings",
+                "tie_word_embeddings", "attention_bias")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,15 @@ class ModelConfig:
         """The engine's config from a Hugging Face config.json (`source`: the model directory, named in errors).
         Refuses what the torch engine does not compute as the model does, rather than run it differently."""
         where = f"{source}: " if source is not None else ""
+        # null in config.json: transformers reads a null num_key_value_heads as plain multi-head attention and a
+        # null head_dim as hidden_size // heads (what their absence means); a null in any other field it refuses
+        nulls = [k for k in NULL_REFUSED if k in cfg and cfg[k] is None]
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        nulls += [f"{'rope_parameters' if cfg.get('rope_parameters') else 'rope_scaling'}.{k}" for k in
+                  ("rope_theta", "factor", "low_freq_factor", "high_freq_factor") if k in rope and rope[k] is None]
+        if nulls:
+            raise ValueError(f"{where}config.json has {', '.join(nulls)} null: give {'each' if len(nulls) > 1 else 'it'}"
+                             " a value, or leave it out for its default")
         model_type = cfg.get("model_type", "")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -85,7 +97,6 @@ class ModelConfig:
             # attention computes (no key is yet out of the window), so the usable context is capped there:
             # prompts longer are refused and answers end at it, rather than run differently past it.
             max_position = window
-        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         theta = rope.get("rope_theta", cfg.get("rope_theta", 10_000.0))
         missing = [k for k in REQUIRED_FIELDS if cfg.get(k) is None]
         if missing:
@@ -97,7 +108,7 @@ class ModelConfig:
             intermediate_size=cfg["intermediate_size"],
             num_layers=cfg["num_hidden_layers"],
             num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads", heads),
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,  # absent or null: one kv head per query head
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
             rms_eps=cfg.get("rms_norm_eps", 1e-5),
             rope_theta=float(theta),

@@ -177,3 +177,31 @@ def test_a_config_without_a_required_field_or_not_json_is_one_line_naming_it(tmp
     (path / "config.json").write_text("{ not json")
     with pytest.raises(ValueError, match=f"{path / 'config.json'} is not valid JSON"):
         load_causal_lm(path, torch.float32)
+
+
+def test_null_kv_heads_and_head_dim_mean_what_transformers_reads_them_as(tmp_path):
+    """"num_key_value_heads": null crashed ('unsupported operand type(s) for *: 'NoneType' and 'int''); transformers
+    reads it as plain multi-head attention, and a null head_dim as hidden_size // heads."""
+    path = hf_dir(tmp_path / "model", tokenizer=False, num_key_value_heads=4)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "num_key_value_heads": None, "head_dim": None}))
+    model = load_causal_lm(path, torch.float32)
+    assert model.cfg.num_kv_heads == 4 and model.cfg.head_dim == 8
+    assert max_logit_difference(path) < 1e-4
+
+
+@pytest.mark.parametrize("key", ["rope_theta", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings",
+                                 "attention_bias", "hidden_act"])
+def test_a_null_field_without_a_default_is_one_line_naming_it(key, tmp_path):
+    """transformers refuses these as null; they were a TypeError deep in loading (or, for the booleans, False)."""
+    path = hf_dir(tmp_path / "model", tokenizer=False)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg[key] = None
+    if key == "rope_theta":
+        cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": None}
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as err:
+        load_causal_lm(path, torch.float32)
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: config.json has ") and key in msg.split("config.json has ")[1].split(" null:")[0]
+    assert "\n" not in msg
