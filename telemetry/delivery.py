@@ -47,11 +47,35 @@ class DeliveryError(RuntimeError):
 
 
 def check_webhook_url(url: str, flag: str = "--webhook") -> str:
-    """The URL, or ValueError naming `flag` (the URL itself is not echoed: it may carry a secret)."""
-    parts = urlsplit(url or "")
+    """The URL, or ValueError naming `flag` (the URL itself is not echoed: it may carry a secret).
+
+    Checked here, where it enters, everything a POST to it would otherwise fail on later, at each run: the
+    scheme, the host, the port (a number in 1..65535) and anything else httpx cannot parse."""
+    import httpx
+
+    text = url or ""
+    try:
+        parts = urlsplit(text)
+    except ValueError as exc:  # "Invalid IPv6 URL": an unclosed [
+        raise ValueError(f"{flag} is not a valid URL: {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
         got = f"scheme {parts.scheme!r}" if parts.scheme else "no scheme"
         raise ValueError(f"{flag} must be an http:// or https:// URL, got {got}")
+    if not parts.hostname:
+        raise ValueError(f"{flag} must name a host: http(s)://HOST[:PORT]/...")
+    if any(c.isspace() or not c.isprintable() for c in text):
+        raise ValueError(f"{flag} must not contain spaces or control characters")
+    port_text = parts.netloc.rpartition("@")[2].rpartition("]")[2].partition(":")[2]
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port_text and (port is None or not 0 < port < 65536):
+        raise ValueError(f"{flag} has a bad port: it must be a number in 1..65535, got {port_text!r}")
+    try:
+        httpx.URL(text)
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"{flag} is not a valid URL: {exc}") from None
     return url
 
 
@@ -66,13 +90,25 @@ def webhook_from_env(name: str, env: Mapping[str, str] | None = None) -> str:
 
 def mask_url(url: str | None) -> str:
     """A webhook URL as it may be printed or logged: scheme and host only (Slack-style URLs carry their secret in
-    the path; user info and query are dropped too), e.g. https://hooks.slack.com/***."""
+    the path; user info and query are dropped too), e.g. https://hooks.slack.com/***. Never raises: a URL that
+    cannot be parsed (a job stored before check_webhook_url checked its port) shows as much as can be read."""
     if not url:
         return ""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unclosed IPv6 bracket: nothing after the scheme is shown
+        scheme = url.partition("://")[0] if "://" in url else ""
+        return f"{scheme}://***" if scheme.isalnum() else "***"
     host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
+    if ":" in host:  # IPv6, bracketed as in the URL
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:  # out of range or not a number: its text (never the secret part) as written
+        port = parts.netloc.rpartition("@")[2].rpartition("]")[2].partition(":")[2]
+        port = "".join(c for c in port if c.isprintable() and not c.isspace()) or None
+    if port is not None:
+        host = f"{host}:{port}"
     hidden = parts.path not in ("", "/") or parts.query or parts.fragment or parts.username or parts.password
     return f"{parts.scheme}://{host}/***" if hidden else f"{parts.scheme}://{host}/"
 
@@ -118,6 +154,11 @@ class SmtpSettings:
         return cls(get("HOST") or "", port, get("FROM") or "", recipients, user, password, starttls)
 
 
+def one_line(text: str) -> str:
+    """An error's text on one line (delivery_error holds one line per failed channel)."""
+    return " ".join(str(text).split())
+
+
 def post_webhook(url: str, payload: dict, *, timeout_s: float = TIMEOUT_S) -> None:
     """POST the payload as JSON; DeliveryError on a connection error or a non-2xx answer."""
     import httpx
@@ -125,10 +166,11 @@ def post_webhook(url: str, payload: dict, *, timeout_s: float = TIMEOUT_S) -> No
     try:
         response = httpx.post(url, content=json.dumps(payload, default=str),
                               headers={"content-type": "application/json"}, timeout=timeout_s)  # fmt: skip
-    except httpx.HTTPError as exc:
-        raise DeliveryError(f"{type(exc).__name__}: {exc}") from None
+    except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, OSError, ValueError) as exc:
+        # InvalidURL and StreamError are not HTTPErrors: a URL httpx cannot parse fails the delivery too
+        raise DeliveryError(one_line(f"{type(exc).__name__}: {exc}")) from None
     if not 200 <= response.status_code < 300:
-        raise DeliveryError(f"HTTP {response.status_code}: {response.text[:200]}")
+        raise DeliveryError(one_line(f"HTTP {response.status_code}: {response.text[:200]}"))
 
 
 def send_email(settings: SmtpSettings, subject: str, body: str) -> None:
@@ -144,7 +186,7 @@ def send_email(settings: SmtpSettings, subject: str, body: str) -> None:
                 smtp.login(settings.user, settings.password or "")
             smtp.send_message(msg)
     except (smtplib.SMTPException, OSError) as exc:
-        raise DeliveryError(f"{type(exc).__name__}: {exc}") from None
+        raise DeliveryError(one_line(f"{type(exc).__name__}: {exc}")) from None
 
 
 def with_retries(
@@ -226,6 +268,13 @@ def deliver(
         except ValueError as exc:
             tried["webhook"] = 0
             errors.append(f"webhook: not attempted: {exc}")
+    if webhook_url is not None:
+        try:  # a job stored before the URL was checked where it entered: recorded as failed, not raised
+            check_webhook_url(webhook_url)
+        except ValueError as exc:
+            tried["webhook"] = 0
+            errors.append(f"webhook {mask_url(webhook_url)}: not attempted: {exc}")
+            webhook_url = None
     if webhook_url is not None:
         url = webhook_url
         n, err = with_retries(lambda: post_webhook(url, summary), attempts=attempts,

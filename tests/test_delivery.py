@@ -24,6 +24,7 @@ from telemetry.delivery import (
     deliver,
     mask_url,
     record_delivery,
+    webhook_from_env,
     with_retries,
 )
 from telemetry.store import open_store
@@ -253,3 +254,52 @@ def test_webhook_url_from_the_environment(hook_factory):
     outcome = deliver(SUMMARY, webhook_env="HOOK_URL", env={}, backoff_s=0)  # unset at run time: recorded
     assert outcome.status == FAILED and outcome.attempts == {"webhook": 0}
     assert "not attempted" in outcome.error and "HOOK_URL is not set" in outcome.error
+
+
+# ---- a webhook URL with a bad port or host ---------------------------------------------------------------
+
+BAD_URLS = [
+    ("http://127.0.0.1:99999/hook", "has a bad port: it must be a number in 1..65535, got '99999'"),
+    ("http://h:abc/s3cr3t", "has a bad port: it must be a number in 1..65535, got 'abc'"),
+    ("http://h:0/s3cr3t", "has a bad port"),
+    ("http://[::1", "is not a valid URL: Invalid IPv6 URL"),
+    ("http://:80/s3cr3t", "must name a host"),
+    ("http://a b/s3cr3t", "must not contain spaces"),
+]
+
+
+@pytest.mark.parametrize(("url", "needle"), BAD_URLS)
+def test_a_bad_webhook_url_is_refused_naming_the_flag_or_variable(url, needle):
+    with pytest.raises(ValueError) as exc:
+        check_webhook_url(url)
+    assert str(exc.value).startswith("--webhook ") and needle in str(exc.value) and "s3cr3t" not in str(exc.value)
+    with pytest.raises(ValueError) as exc:
+        webhook_from_env("HOOK_URL", {"HOOK_URL": url})
+    assert str(exc.value).startswith("--webhook-env HOOK_URL ") and needle in str(exc.value)
+    assert mask_url(url).startswith("http") or mask_url(url) == "***"  # never raises
+    assert "s3cr3t" not in mask_url(url)
+
+
+def test_good_webhook_urls_pass_and_mask():
+    for url in ("https://hooks.slack.com/services/T0/B0/x", "http://127.0.0.1:65535/h", "http://[::1]:8080/h"):
+        assert check_webhook_url(url) == url
+    assert mask_url("http://[::1]:8080/h") == "http://[::1]:8080/***"
+    assert mask_url("http://127.0.0.1:99999/hook") == "http://127.0.0.1:99999/***"
+    assert mask_url("http://[::1") == "http://***"
+
+
+@pytest.mark.parametrize(("url", "needle"), BAD_URLS)
+def test_a_stored_bad_webhook_url_is_recorded_as_failed_not_raised(url, needle):
+    """A job stored before the URL was checked where it entered: its delivery fails, on one line, never raises."""
+    outcome = deliver(SUMMARY, webhook_url=url, attempts=2, backoff_s=0)
+    assert outcome.status == FAILED and outcome.attempts == {"webhook": 0}
+    assert len(outcome.error.splitlines()) == 1 and "not attempted" in outcome.error and needle in outcome.error
+    outcome = deliver(SUMMARY, webhook_env="HOOK_URL", env={"HOOK_URL": url}, attempts=2, backoff_s=0)
+    assert outcome.status == FAILED and "--webhook-env HOOK_URL" in outcome.error
+
+
+def test_a_url_httpx_cannot_parse_fails_the_post_as_a_delivery_error():
+    from telemetry.delivery import DeliveryError, post_webhook
+
+    with pytest.raises(DeliveryError, match="InvalidURL"):
+        post_webhook("http://h:abc/", SUMMARY)

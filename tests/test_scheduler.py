@@ -241,6 +241,9 @@ def test_cli_persists_the_cron_job_and_keeps_it_on_restart(store, monkeypatch, c
         (["--cron", "0 6 * * *", "--period", "custom"], "--period for a schedule must be one of daily, weekly"),
         (["--cron", "0 6 * * *", "--period", "hourly"], "--period for a schedule must be one of daily, weekly"),
         (["--cron", "0 6 * * *", "--webhook", "hooks.example/x"], "--webhook must be an http"),
+        (["--cron", "0 6 * * *", "--webhook", "http://127.0.0.1:99999/hook"], "--webhook has a bad port"),
+        (["--cron", "0 6 * * *", "--webhook", "http://h:abc/hook"], "--webhook has a bad port"),
+        (["--cron", "0 6 * * *", "--webhook", "http://[::1"], "--webhook is not a valid URL: Invalid IPv6 URL"),
         (["--cron", "0 6 * * *", "--smtp"], "--smtp needs the environment variables SPECFINOPS_SMTP_HOST"),
         (["--cron", "0 6 * * *", "--misfire-grace-s", "soon"], "--misfire-grace-s must be a whole number"),
         (["--cron", "0 6 * * *", "--job-id", ""], "--job-id must be 1-128 characters, got ''"),
@@ -605,3 +608,21 @@ def test_a_job_of_one_temperature_and_run_kind_keeps_them_and_reports_only_those
     assert "temperature" not in job.kwargs and "kind" not in job.kwargs
     assert main([*base, "--temperature", "warm"]) == 2
     assert "--temperature must be a number, got 'warm'" in capsys.readouterr().err
+
+
+def test_a_stored_webhook_with_a_bad_port_records_a_failed_delivery_and_the_cli_refuses_it(store, no_blocking, capsys):
+    url, engine, out = store
+    # a job stored before the URL was checked where it entered: the run writes its report and records the failure
+    bad = "http://127.0.0.1:99999/hook"
+    assert sched_mod.run_report_job(**_job(url, out, webhook_url=bad, delivery_attempts=1).kwargs()) is not None
+    [row] = reports(engine)
+    assert row.delivery_status == "failed" and len(row.delivery_error.splitlines()) == 1
+    assert "not attempted: --webhook has a bad port" in row.delivery_error
+    # the command line refuses it, naming --webhook, before the store's other jobs are removed
+    base = ["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out)]
+    assert main([*base, "--job-id", "other"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--webhook", bad]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--webhook has a bad port" in err
+    assert job_rows(engine) == ["other"]
