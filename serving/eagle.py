@@ -22,7 +22,7 @@ any one target layer.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -181,17 +181,33 @@ class EagleDraft(nn.Module):
 
 
 def is_eagle_dir(path: str | Path) -> bool:
-    cfg = Path(path) / "config.json"
-    return cfg.is_file() and json.loads(cfg.read_text()).get("model_type") == MODEL_TYPE
+    """Whether `path` holds a feature draft (config.json's model_type). ValueError naming config.json when it is
+    not JSON."""
+    from serving.models import read_config
+
+    return (Path(path) / "config.json").is_file() and read_config(path).get("model_type") == MODEL_TYPE
 
 
 def load_eagle(path: str | Path, target: CausalLM, dtype: torch.dtype) -> EagleDraft:
+    """A feature draft directory (config.json + model.safetensors) for `target`. What is wrong with its files
+    (not JSON, not safetensors, weights of another config) is a ValueError naming the file, as `load_causal_lm`
+    does for a model directory."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    from serving.models import read_config
+
     path = Path(path)
-    raw = json.loads((path / "config.json").read_text())
+    raw = read_config(path)
+    required = [k for k, f in EagleConfig.__dataclass_fields__.items() if f.default is MISSING]
+    missing = [k for k in required if raw.get(k) is None]
+    if missing:
+        raise ValueError(f"{path / 'config.json'} has no {', '.join(missing)}: not the config of a feature draft")
     fields = {k: raw[k] for k in EagleConfig.__dataclass_fields__ if k in raw}
-    cfg = EagleConfig(**fields)
+    try:
+        cfg = EagleConfig(**fields)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path / 'config.json'}: {str(exc).strip().splitlines()[0]}") from None
     if cfg.feature_layers and cfg.feature_layers[-1] >= target.cfg.num_layers:
         raise ValueError(f"draft {path} fuses target blocks {list(cfg.feature_layers)}; this target has "
                          f"{target.cfg.num_layers}")
@@ -201,6 +217,16 @@ def load_eagle(path: str | Path, target: CausalLM, dtype: torch.dtype) -> EagleD
             f"{cfg.hidden_size}; this target has {target.cfg.vocab_size} and {target.cfg.hidden_size}"
         )
     draft = EagleDraft(cfg, target.embed_tokens)
-    state = load_file(str(path / "model.safetensors"))
-    draft.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}, strict=True)
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise ValueError(f"{path} has no model.safetensors (the draft's weights)")
+    try:
+        state = load_file(str(weights))
+    except SafetensorError as exc:  # truncated, or not a safetensors file at all
+        raise ValueError(f"{weights}: not a readable safetensors file ({exc})") from None
+    try:
+        draft.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}, strict=True)
+    except RuntimeError as exc:  # "Error(s) in loading state_dict for EagleDraft:" and one line per difference
+        details = "; ".join(line.strip() for line in str(exc).splitlines()[1:] if line.strip())
+        raise ValueError(f"{weights} does not match {path / 'config.json'} ({details[:300] or exc})") from None
     return draft.to(dtype).eval()

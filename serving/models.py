@@ -203,10 +203,26 @@ def check_tokenizer_fits(model_dir: Path, num_tokens: int) -> None:
                          f"{vocab_size}: the model has no embedding for ids {vocab_size} and above")
 
 
+def read_config(model_dir: str | Path) -> dict:
+    """A model directory's config.json as a dict. ValueError naming the file when it is missing, not JSON (cut
+    short, overwritten) or not a JSON object."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{model_dir} is not a model directory (no config.json)")
+    try:
+        cfg = json.loads(path.read_text())
+    except ValueError as exc:  # not JSON, or not text
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"{path} is not valid JSON ({first})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return cfg
+
+
 def check_same_vocab(target_dir: Path, draft_dir: Path, target_tok=None, draft_tok=None) -> None:
     """Refuse a target/draft pair whose tokenizers or vocabulary sizes differ."""
-    t_cfg = json.loads((target_dir / "config.json").read_text())
-    d_cfg = json.loads((draft_dir / "config.json").read_text())
+    t_cfg = read_config(target_dir)
+    d_cfg = read_config(draft_dir)
     if t_cfg.get("vocab_size") != d_cfg.get("vocab_size"):
         raise ValueError(
             f"vocabulary mismatch: target {target_dir} has {t_cfg.get('vocab_size')} tokens, "
