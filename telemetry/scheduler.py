@@ -24,7 +24,7 @@
   carries its id ("specfinops daily report report-daily"), so the log lines say which job ran.
 
 Public API:
-    parse_cron(expr) -> CronTrigger                       # 5-field crontab, UTC; ValueError naming --cron
+    parse_cron(expr) -> CronTrigger | OrTrigger           # 5-field crontab, UTC; ValueError naming --cron
     make_scheduler(engine, *, blocking=False) -> BaseScheduler
     ReportJob(...)                                        # the job's configuration
     schedule_report_job(scheduler, engine, job, trigger) -> "added" | "kept" | "replaced"
@@ -48,6 +48,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
 from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.combining import OrTrigger
 from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy.engine import Engine
 
@@ -71,18 +72,28 @@ def _clock() -> datetime:
     return datetime.now(UTC)
 
 
-def parse_cron(expr: str) -> CronTrigger:
+def parse_cron(expr: str) -> BaseTrigger:
     """A standard 5-field crontab expression (minute hour day month weekday), evaluated in UTC.
 
     The weekday numbers are crontab's (0 or 7 = Sunday, 1 = Monday), not APScheduler's (0 = Monday): they are
-    translated to day names first. An expression no date matches (31 February) is refused.
+    translated to day names first. Where both the day of month and the day of week are restricted, crontab
+    runs on the days either matches ("0 6 1 * 1": every 1st and every Monday), where APScheduler's CronTrigger
+    wants both: that is an OrTrigger of two CronTriggers, one per day field. A day field that starts with `*`
+    (`*`, `*/2`) is unrestricted, as in cron (Vixie cron, cronie): the days must then match both fields.
+    An expression no date matches (31 February) is refused.
     """
     if not isinstance(expr, str) or len(expr.split()) != 5:
         raise ValueError(f"--cron must have 5 fields (minute hour day month weekday), got {expr!r}")
     fields = expr.split()
     try:
         fields[4] = crontab_weekdays(fields[4])
-        trigger = CronTrigger.from_crontab(" ".join(fields), timezone=UTC)
+        minute, hour, day, month, weekday = fields
+        if day.startswith("*") or weekday.startswith("*"):
+            trigger: BaseTrigger = CronTrigger.from_crontab(" ".join(fields), timezone=UTC)
+        else:
+            by_day = CronTrigger.from_crontab(f"{minute} {hour} {day} {month} *", timezone=UTC)
+            by_weekday = CronTrigger.from_crontab(f"{minute} {hour} * {month} {weekday}", timezone=UTC)
+            trigger = OrTrigger([by_day, by_weekday])
     except ValueError as exc:
         raise ValueError(f"--cron {expr!r} is not a valid crontab expression: {exc}") from None
     if trigger.get_next_fire_time(None, datetime.now(UTC)) is None:
@@ -213,11 +224,17 @@ def remove_other_jobs(engine: Engine, keep_id: str) -> list[Job]:
 
 
 def cron_text(trigger: BaseTrigger) -> str:
-    """A CronTrigger as the 5-field crontab expression (weekdays as names), else the trigger's own text."""
+    """A trigger of parse_cron as the 5-field crontab expression (weekdays as names), else its own text."""
     if isinstance(trigger, CronTrigger):
         f = {field.name: str(field) for field in trigger.fields}
         if f.get("second") == "0" and f.get("year") == "*" and f.get("week") == "*":
             return " ".join(f[n] for n in ("minute", "hour", "day", "month", "day_of_week"))
+    if isinstance(trigger, OrTrigger) and len(trigger.triggers) == 2:  # day of month OR day of week
+        texts = [cron_text(t).split() for t in trigger.triggers]
+        by_day, by_weekday = texts
+        if (all(len(t) == 5 for t in texts) and by_day[:2] == by_weekday[:2] and by_day[3] == by_weekday[3]
+                and by_day[4] == "*" and by_weekday[2] == "*"):  # fmt: skip
+            return " ".join([*by_day[:4], by_weekday[4]])
     return str(trigger)
 
 

@@ -307,6 +307,48 @@ def test_a_cron_that_never_fires_is_refused():
     assert parse_cron("0 0 29 2 *").get_next_fire_time(None, datetime(2025, 1, 1, tzinfo=UTC)).year == 2028
 
 
+def _fire_dates(expr: str, n: int) -> list[str]:
+    """The next `n` runs of `expr` from Wednesday 2025-01-01 00:00 UTC, as 'MM-DD' ('YYYY-MM-DD' after 2025)."""
+    trigger, when, dates = parse_cron(expr), datetime(2025, 1, 1, tzinfo=UTC), []
+    for _ in range(n):
+        when = trigger.get_next_fire_time(None, when + timedelta(seconds=1))
+        assert (when.hour, when.minute) == (6, 0) or expr.startswith("0 0 ")
+        dates.append(f"{when:%m-%d}" if when.year == 2025 else f"{when:%Y-%m-%d}")
+    return dates
+
+
+@pytest.mark.parametrize(
+    ("expr", "dates"),
+    [
+        # both day fields restricted: crontab runs on every 1st AND every Monday (APScheduler alone: only both)
+        ("0 6 1 * 1", ["01-01", "01-06", "01-13", "01-20", "01-27", "02-01", "02-03", "02-10"]),
+        ("0 6 13 * 5", ["01-03", "01-10", "01-13", "01-17", "01-24", "01-31", "02-07", "02-13", "02-14"]),
+        ("0 6 1,15 * sun", ["01-01", "01-05", "01-12", "01-15", "01-19", "01-26", "02-01", "02-02"]),
+        # no 31 February, but crontab still runs on February's Mondays
+        ("0 0 31 2 1", ["02-03", "02-10", "02-17", "02-24", "2026-02-02"]),
+        # a day field starting with * is unrestricted (Vixie cron, cronie): both must match, Mondays on odd days
+        ("0 6 */2 * 1", ["01-13", "01-27", "02-03", "02-17", "03-03", "03-17", "03-31"]),
+        ("0 6 1 * *", ["01-01", "02-01", "03-01"]),
+        ("0 6 * * 1", ["01-06", "01-13", "01-20"]),
+    ],
+)
+def test_day_of_month_and_day_of_week_are_ored_as_crontab_does(expr, dates):
+    assert _fire_dates(expr, len(dates)) == dates
+
+
+def test_an_ored_cron_is_listed_as_written_and_kept_on_restart(store, no_blocking, capsys):
+    assert sched_mod.cron_text(parse_cron("0 6 1 * 1")) == "0 6 1 * mon"
+    assert sched_mod.cron_text(parse_cron("0 6 */2 * 1")) == "0 6 */2 * mon"
+    url, engine, out = store
+    args = ["scheduler", "--db", url, "--cron", "0 6 1 * 1", "--out", str(out)]
+    assert main(args) == 0 and "job report-daily added" in capsys.readouterr().out
+    [job] = no_blocking[-1]
+    assert repr(job.trigger) == repr(parse_cron("0 6 1 * 1"))
+    assert main(args) == 0 and "job report-daily kept" in capsys.readouterr().out
+    assert main(["scheduler", "--db", url, "--list"]) == 0
+    assert "cron '0 6 1 * mon' (UTC)" in capsys.readouterr().out
+
+
 # ---- audit fixes ----------------------------------------------------------------------------------------
 
 
