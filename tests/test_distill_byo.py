@@ -253,6 +253,34 @@ def test_damaged_prepared_data_is_one_line_naming_the_file_and_how_to_make_it_ag
     assert not (tmp_path / "d").exists()
 
 
+def test_the_card_says_whether_training_saw_the_evaluation_prompts(byo, tmp_path, capsys):
+    """The card said evaluation_prompts_excluded: true whatever the data was, even a corpus generated from the
+    evaluation prompts themselves."""
+    from app.cli import main
+    from serving.distill.pipeline import evaluation_prompt_ids
+    from serving.models import load_tokenizer
+
+    target_dir, corpus = byo
+    out = tmp_path / "d"
+    assert main(_distill(["--target", str(target_dir), "--corpus", str(corpus), "--out", str(out)], tmp_path)) == 0
+    held_out = json.loads((out / "model_card.json").read_text())["corpus"]
+    assert held_out["evaluation_prompts_excluded"] is True
+    assert held_out["evaluation_prompts_check"].startswith("no training sequence has one of the")
+    evaluated = evaluation_prompt_ids(load_tokenizer(target_dir))
+    seen = tmp_path / "seen"  # data whose first sequence is an evaluation prompt and its answer
+    with torch.inference_mode():
+        teacher_pass(tiny_model(1), [{"id": "e0", "domain": "code", "prompt_ids": list(min(evaluated)),
+                                      "output_ids": [5, 6, 7, 5, 6, 7]}, *_answers(4)], seen, topk=4,
+                     token_budget=256, progress=False)
+    capsys.readouterr()
+    assert main(_distill(["--target", str(target_dir), "--corpus", str(corpus), str(seen), "--out", str(out)],
+                         tmp_path)) == 0
+    assert "alpha measured on them is not held out" in capsys.readouterr().err
+    card = json.loads((out / "model_card.json").read_text())["corpus"]
+    assert card["evaluation_prompts_excluded"] is False
+    assert card["evaluation_prompts_check"].startswith("1 training sequence(s) have one of the")
+
+
 # ------------------------------------------------------------------ --resume
 def test_resume_refuses_a_checkpoint_made_for_another_target_or_other_options(byo, tmp_path, capsys):
     from app.cli import main

@@ -290,6 +290,22 @@ def eval_data(target_dir: Path, max_new_tokens: int, say, dtype: torch.dtype = t
     return d
 
 
+def evaluation_prompt_ids(tokenizer) -> set[tuple[int, ...]]:
+    """The builtin evaluation prompts (those `eval_data` measures alpha on) as the target reads them: token ids
+    in its chat format, as prepared data stores each sequence's prompt."""
+    from serving.distill.data import encode_prompt
+    from serving.workloads import load_workload
+
+    return {tuple(encode_prompt(tokenizer, {"messages": p.as_messages()})) for d in EVAL_DOMAINS
+            for p in load_workload(d)}
+
+
+def evaluation_overlap(preps, evaluated: set[tuple[int, ...]]) -> int:
+    """How many sequences of the prepared data `preps` have one of the `evaluated` prompts as their prompt."""
+    return sum(tuple(p.tokens[s["offset"]: s["offset"] + s["num_prompt"]].tolist()) in evaluated
+               for p in preps for s in p.seqs)
+
+
 def resume_command(args) -> str:
     """The command that continues an interrupted run: its card's command, with the options that say where its
     data and checkpoint are, --no-eval and --save-every as given, and --resume."""
@@ -501,6 +517,13 @@ def run(args) -> int:
         preps = [select_features(load_prepared(c), draft_layers, num_blocks) for c in corpora]
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    # held out or not: is any training sequence's prompt one of the prompts alpha is measured on (compared in
+    # tokens, so data made by any means, --corpus included, is checked as it is, not as its description says)
+    evaluated = evaluation_prompt_ids(tok)
+    overlap = evaluation_overlap(preps, evaluated)
+    if overlap:
+        _say(f"warning: {overlap} training sequence(s) have one of the {len(evaluated)} evaluation prompts as their "
+             "prompt: alpha measured on them is not held out (the model card says so)")
     # what making the data cost when it was made (this run may have reused it from the cache)
     data_made_minutes = sum(p.meta.get("generate_seconds", 0) + p.meta.get("teacher_seconds", 0) for p in preps) / 60
     # ---- model
@@ -541,7 +564,12 @@ def run(args) -> int:
                    "answer_tokens": sum(p.answer_tokens for p in preps),
                    "head_coverage_of_answer_tokens": coverage,
                    **({"packages": packages} if packages else {}),
-                   "evaluation_prompts_excluded": True},
+                   "evaluation_prompts_excluded": not overlap,
+                   "evaluation_prompts_check": (
+                       f"{overlap} training sequence(s) have one of the {len(evaluated)} builtin evaluation prompts "
+                       "as their prompt" if overlap else
+                       f"no training sequence has one of the {len(evaluated)} builtin evaluation prompts as its "
+                       "prompt") + " (compared token by token in the target's chat format)"},
         "training": {**{k: v for k, v in asdict(cfg).items() if k != "extra"}, **({"budget": budget} if budget else {}),
                      "device": str(device) if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})"},
         "command": command_line(args),
