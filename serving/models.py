@@ -54,12 +54,27 @@ def is_pulled(model_dir: Path | None = None) -> bool:
     return manifest.is_file() and (model_dir / "model.safetensors").is_file()
 
 
+def read_manifest(model_dir: Path) -> dict:
+    """The checksum manifest `pull` wrote. ValueError naming it, and how to make it again, when it is not JSON
+    or has no checksum (a pull cut short, a file edited by hand)."""
+    path = model_dir / MANIFEST
+    again = "run `specfinops models pull --force` to convert the model again"
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as exc:  # not JSON, or not text
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"{path} is damaged (not valid JSON: {first}); {again}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("safetensors_sha256"), str):
+        raise ValueError(f"{path} is damaged (no safetensors_sha256 checksum); {again}")
+    return manifest
+
+
 def pull(force: bool = False, verify: bool = True, say=print) -> Path:
     """Fetch and convert the bundled target once; idempotent. Returns the model directory."""
     out = bundled_target_dir()
     if is_pulled(out) and not force:
         if verify:
-            manifest = json.loads((out / MANIFEST).read_text())
+            manifest = read_manifest(out)
             say(f"[1/1] verifying checksum of {out / 'model.safetensors'}")
             if _sha256(out / "model.safetensors") != manifest["safetensors_sha256"]:
                 raise ValueError(f"{out}: model.safetensors does not match its recorded checksum; run `specfinops models pull --force`")

@@ -32,3 +32,25 @@ def test_unknown_model_and_non_model_dir(tmp_path):
         resolve_model("no/such/model")
     with pytest.raises(ValueError, match="no config.json"):
         resolve_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("manifest, needle", [
+    ('{"name": "smollm2-135m-instruct",\n  "source": ', "not valid JSON"),
+    ("{}", "no safetensors_sha256 checksum"),
+    ("[1, 2]", "no safetensors_sha256 checksum"),
+])
+def test_a_damaged_manifest_is_one_line_naming_it_and_the_fix(manifest, needle, tmp_path, monkeypatch, capsys):
+    """Invalid JSON was 'error: Expecting property name enclosed in double quotes...' (no file, no --force);
+    '{}' was 'KeyError: 'safetensors_sha256'' with exit 1."""
+    from app.cli import main
+    from serving.models import MANIFEST, bundled_target_dir
+
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path))
+    model = bundled_target_dir()
+    model.mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / MANIFEST).write_text(manifest)
+    assert main(["models", "pull"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1, err
+    assert str(model / MANIFEST) in err[0] and needle in err[0] and "specfinops models pull --force" in err[0]
