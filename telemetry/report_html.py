@@ -23,7 +23,7 @@ from telemetry.costing import (
     incomplete_runs_text,
     runs_text,
 )
-from telemetry.finops import sla_steps, step_starts
+from telemetry.finops import ENERGY_NOT_MEASURED, sla_steps, step_starts
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.report import (
     ALPHA_GO,
@@ -33,6 +33,7 @@ from telemetry.report import (
     ReportData,
     Table,
     comparable_costs,
+    cost_note,
     estimate_sources,
     meets_sla,
     partial_energy,
@@ -169,7 +170,10 @@ def _cost_text(data: ReportData, mode: str) -> tuple[str, str]:
     if not c.energy_included:
         if partial_energy(data.current, mode):
             return usd(c.total_usd_per_1m), "hardware only (energy for only some requests)"
-        return usd(c.total_usd_per_1m), "hardware only (energy not measured)"
+        # the cost's own reason, in the words of the Spec vs AR table and its CSV ("measured energy left out:
+        # priced as other hardware than measured", "estimated energy for 1 of 2 runs: hardware only", ...)
+        note = cost_note(data.current, mode) or ENERGY_NOT_MEASURED
+        return usd(c.total_usd_per_1m), note if "hardware only" in note else f"hardware only ({note})"
     if not c.energy_estimated:
         return usd(c.total_usd_per_1m), "incl. energy"
     return usd(c.total_usd_per_1m), f"incl. energy ({data.current.energy_source(mode)})"

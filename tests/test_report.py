@@ -681,3 +681,28 @@ def test_the_reports_page_says_which_runs_a_report_covers(store, tmp_path, monke
     streamlit.cache_data.clear()
     [frame] = _reports_page(url, monkeypatch).dataframe
     assert frame.value.iloc[0]["runs"] == "loadtest runs"
+
+
+@pytest.mark.parametrize("power", ["nvml", "estimate"])
+def test_cost_card_gives_the_costs_own_reason_as_the_table_does(sqlite_url, tmp_path, power):
+    """Runs measured on a CPU but priced (their snapshot) as an H100: their energy is left out of the cost. The
+    card said 'hardware only (energy not measured)' beside a measured J/token, and for estimated-power runs too;
+    it now gives the reason the Spec vs AR table and its CSV give."""
+    engine = open_store(sqlite_url)
+    h100 = {"name": "H100", "node_hourly_usd": 55.04}
+    with Session(engine) as s:
+        for mode, req in (("ar", Req(33, ttft_ms=100, e2e_ms=900, energy_j=50.0)),
+                          ("spec", spec_req(33, 4, 24, ttft_ms=100, e2e_ms=500, energy_j=30.0))):
+            make_run(s, mode, power_source=power, price_snapshot=h100, requests=[req])
+        s.commit()
+    assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", "2026-11-02")) == 0
+    r = _only_report(engine)
+    page = open(r.html_path, encoding="utf-8").read()
+    for mode, name in (("spec", "spec"), ("ar", "AR")):
+        note = r.summary["modes"][mode]["cost_note"]
+        assert note == "measured energy left out: priced as other hardware than measured"
+        with open(f"{r.csv_dir}/modes.csv", encoding="utf-8") as fh:
+            assert {row["mode"]: row["cost note"] for row in csv.DictReader(fh)}[mode] == note
+        sub = _card_sub(page, f"Cost per 1M tokens, {name} (measured runs)")
+        assert sub == f"hardware only ({note})" and "not measured" not in sub
+    engine.dispose()
