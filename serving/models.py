@@ -154,8 +154,9 @@ def list_models() -> list[ModelInfo]:
     ]
 
 
-def model_path(role: str) -> Path:
-    """Directory of the default target or draft."""
+def model_path(role: str, flag: str = "--draft-model") -> Path:
+    """Directory of the default target or draft (`flag`: the option that names another draft, in the error
+    saying none is bundled)."""
     if role == "target":
         path = bundled_target_dir()
         if not is_pulled(path):
@@ -165,7 +166,7 @@ def model_path(role: str) -> Path:
         if not (BUNDLED_DRAFT_DIR / "config.json").is_file():
             raise ValueError(
                 "no draft model is bundled yet for the default target; use --drafter ngram or early-exit, "
-                "or pass a draft model directory with --draft-model DIR"
+                f"or pass a draft model directory with {flag} DIR"
             )
         return BUNDLED_DRAFT_DIR
     raise ValueError(f"unknown role {role!r}: use target or draft")

@@ -164,3 +164,24 @@ def test_warnings_say_what_a_go_does_not():
     fine = calibrate("code", StepCounts(10, 40, 28, 5, 40.0, 50, 1000.0))
     assert fine.tested == 33 and calibration_warnings(fine, 1.5) == [] and calibration_warnings(fine) == []
     assert calibration_warnings(calibrate("x", StepCounts(0, 0, 0, 0, 0.0, 50, 1000.0)), None) == []
+
+
+def test_a_workload_file_that_is_not_text_names_the_file_and_line(tmp_path, capsys):
+    """Was "'utf-8' codec can't decode byte 0x82 in position 3: invalid start byte", naming no file."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(b'{"id": "a", "domain": "code", "prompt": "hi"}\n\x00\x01\x02\x82\xff binary\n')
+    assert main(["calibrate", "--workload", str(path)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and f"{path}:2: not UTF-8 text (byte 0x82 at column 4)" in err[0]
+
+
+def test_no_bundled_draft_points_to_calibrates_own_option(tmp_path, monkeypatch, capsys):
+    """calibrate suggested bench's --draft-model DIR; calibrate names a draft with --draft."""
+    import serving.models as models
+
+    monkeypatch.setattr(models, "BUNDLED_DRAFT_DIR", tmp_path / "no-draft")
+    assert main(["calibrate", "--workload", "code", "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "pass a draft model directory with --draft DIR" in err and "--draft-model" not in err
+    with pytest.raises(ValueError, match="with --draft-model DIR"):  # bench and serve name it so
+        models.model_path("draft")

@@ -94,6 +94,10 @@ def _handle(args: argparse.Namespace) -> int:
     from serving.kernels import resolve_dtype
 
     drafter = drafter_for(args.drafter, args.draft, "--draft", lambda: "draft", model_drafter="draft")
+    if drafter in ("draft", "draft+ngram") and args.draft is None:
+        from serving.models import model_path
+
+        model_path("draft", flag="--draft")  # no bundled draft: say so with this command's option, before loading
     spec = EngineSpec(target=args.target, drafter=drafter, draft_model=args.draft, k=str(args.k),
                       early_exit_layers=early_exit_layers(args.early_exit_layers, args.target, drafter),
                       dtype=resolve_dtype(args.dtype, max_batch=1))  # one sequence at a time

@@ -91,11 +91,16 @@ def load_workload(name_or_path: str | Path, limit: int | None = None,
 def _parse_file(path: Path) -> list[Prompt]:
     prompts: list[Prompt] = []
     seen: dict[str, int] = {}
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    with path.open("rb") as fh:  # decoded line by line, so text that is not UTF-8 is named where it is
+        for lineno, raw in enumerate(fh, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
+                                 "a workload is a UTF-8 JSONL file, one JSON object a line") from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             item = _parse_line(line, where)
             if item.id in seen:
                 raise ValueError(f"{where}: duplicate id {item.id!r} (first on line {seen[item.id]})")
