@@ -293,6 +293,7 @@ def test_the_model_card_command_keeps_the_total_budget(tmp_path, monkeypatch):
     (["distill", "--out", "X", "--corpus", ".", "--w-feat", "nan"], "--w-feat"),
     (["distill", "--out", "X", "--corpus", ".", "--k", "0"], "--k"),
     (["distill", "--out", "X", "--corpus", ".", "--total-minutes", "0"], "--total-minutes"),
+    (["distill", "--out", "X", "--corpus", ".", "--steps", "2.5"], "--steps must be a positive whole number, got '2.5'"),
     (["distill", "--out", "X", "--corpus", ".", "--total-minutes", "inf"], "--total-minutes"),
     (["distill", "--out", "X", "--corpus", ".", "--total-minutes", "90", "--steps", "10"], "not both"),
     (["distill", "--out", "X", "--corpus", "/etc/hostname"], "is not a directory"),

@@ -117,7 +117,7 @@ def _positive(name: str, value, kind):
     if v is None or not 0 < v < float("inf"):  # also refuses nan
         from app.errors import UsageError
 
-        raise UsageError(f"{name} must be a positive number, got {value!r}")
+        raise UsageError(f"{name} must be a positive {'whole ' if kind is int else ''}number, got {value!r}")
     return v
 
 
