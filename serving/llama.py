@@ -86,6 +86,9 @@ class ModelConfig:
             )
         if cfg.get("quantization_config"):
             raise ValueError(f"{where}model config still carries a quantization_config; convert it to plain weights")
+        if model_type == "llama" and cfg.get("attention_bias"):
+            raise ValueError(f"{where}attention_bias true is not supported by the torch engine for llama models: "
+                             "its o_proj has no bias (biases on q, k, v alone, as Qwen2 has, are)")
         act = cfg.get("hidden_act", "silu")
         if act not in SUPPORTED_ACTIVATIONS:
             raise ValueError(f"{where}hidden_act {act!r} in config.json is not supported by the torch engine "

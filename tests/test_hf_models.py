@@ -205,3 +205,13 @@ def test_a_null_field_without_a_default_is_one_line_naming_it(key, tmp_path):
     msg = str(err.value)
     assert msg.startswith(f"{path}: config.json has ") and key in msg.split("config.json has ")[1].split(" null:")[0]
     assert "\n" not in msg
+
+
+def test_llama_attention_bias_is_refused_up_front_naming_it(tmp_path):
+    """attention_bias true puts a bias on a Llama's o_proj too, which the engine's attention has not: it was
+    refused as 'weights do not match the config (... unexpected ...o_proj.bias)'."""
+    path = hf_dir(tmp_path / "model", tokenizer=False, attention_bias=True)
+    with pytest.raises(ValueError) as err:
+        load_causal_lm(path, torch.float32)
+    assert str(err.value).startswith(f"{path}: attention_bias true is not supported by the torch engine for llama")
+    assert "o_proj" in str(err.value) and "\n" not in str(err.value)
