@@ -122,6 +122,16 @@ class Batches:
         self.order: list[int] = []
         self.queue: list[list[int]] = []  # pool > 0: the epoch's batches still to come
 
+    def state(self) -> dict:
+        """Where the iteration is: its random generator and the rest of the current epoch (a checkpoint keeps it
+        so that a resumed run draws the batches an uninterrupted one would)."""
+        return {"rng": self.rng.getstate(), "order": list(self.order), "queue": [list(b) for b in self.queue]}
+
+    def restore(self, state: dict) -> None:
+        self.rng.setstate(state["rng"])
+        self.order = list(state["order"])
+        self.queue = [list(b) for b in state["queue"]]
+
     def _length(self, i: int) -> int:
         return min(self.items[i][1]["length"], self.max_len)
 
@@ -661,6 +671,20 @@ class StopBetweenSteps:
             self.previous = None
 
 
+def rng_state(device: torch.device) -> dict:
+    """The torch generators training draws from (the feature noise): the CPU's, and the GPU's where it runs."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"].cpu())
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+
+
 def _lr_at(cfg: TrainConfig, step: int, frac: float) -> float:
     warm = min(1.0, (step + 1) / max(cfg.warmup_steps, 1))
     return cfg.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
@@ -691,6 +715,7 @@ def _train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, device
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     step, elapsed, curve = 0, 0.0, []
+    ema = None  # the loss and accuracies' running average (the progress bar, the curve, the summary's "final")
     if resume and checkpoint is not None and checkpoint.is_file():
         state = torch.load(checkpoint, weights_only=False, map_location=device)
         differs = resume_mismatch(state.get("config") or {}, cfg)
@@ -701,7 +726,14 @@ def _train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, device
         draft.load_state_dict(state["draft"])
         opt.load_state_dict(state["opt"])
         step, elapsed, curve = state["step"], state["elapsed"], state["curve"]
-        batches.rng.setstate(state["rng"])
+        if "batches" in state:  # the whole run state: the rest continues as an uninterrupted run would
+            batches.restore(state["batches"])
+            set_rng_state(state["torch_rng"], device)
+            ema = state["ema"]
+        else:  # a checkpoint of an earlier version: its epoch, noise draws and loss average start afresh
+            batches.rng.setstate(state["rng"])
+            say("the checkpoint keeps no batch order or noise generator (an earlier version wrote it): the resumed "
+                "run draws other batches and noise than an uninterrupted one would")
         say(f"resumed from {checkpoint}: step {step}, {elapsed / 60:.1f} min trained")
     total_s = cfg.minutes * 60 if cfg.minutes is not None else None
 
@@ -716,14 +748,14 @@ def _train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, device
         checkpoint.parent.mkdir(parents=True, exist_ok=True)
         tmp = checkpoint.with_suffix(".tmp")
         torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
-                    "curve": curve, "rng": batches.rng.getstate(), "config": asdict(cfg)}, tmp)
+                    "curve": curve, "rng": batches.rng.getstate(), "config": asdict(cfg),
+                    "batches": batches.state(), "torch_rng": rng_state(device), "ema": ema}, tmp)
         tmp.replace(checkpoint)
 
     draft.train()
     bar = tqdm(total=cfg.steps if cfg.steps is not None else int(total_s), initial=step if cfg.steps else int(elapsed),
                desc="distill", unit="step" if cfg.steps else "s", disable=not progress)
     last_save = time.perf_counter()
-    ema = None
     saved = step if checkpoint is not None else 0  # the step of the last checkpoint written
     stop = StopBetweenSteps(say)
     try:
