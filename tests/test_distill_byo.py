@@ -110,6 +110,62 @@ def test_an_earlier_distill_output_or_an_empty_directory_is_written_again(byo, t
     assert (out / "model_card.json").is_file()
 
 
+def test_a_run_killed_while_writing_its_draft_leaves_the_previous_draft_whole(byo, tmp_path, monkeypatch):
+    """The weights were swapped in first and config.json, tokenizer and card rewritten in place after: a kill
+    between them left new weights beside the old config ('Error(s) in loading state_dict for EagleDraft:').
+    Now the folder is written beside and swapped in whole: the previous draft stays as it was until then."""
+    import pathlib
+
+    from app.cli import main
+    from serving.eagle import load_eagle
+    from serving.llama import load_causal_lm
+
+    target_dir, corpus = byo
+    out = tmp_path / "draft"
+    base = ["--target", str(target_dir), "--corpus", str(corpus), "--out", str(out)]
+    assert main(_distill(base, tmp_path)) == 0
+    before = _digest(out)
+
+    write_text = pathlib.Path.write_text
+
+    def dies_at_the_config(self, *args, **kw):
+        if self.name == "config.json" and tmp_path in self.parents:
+            raise SystemExit(137)  # the process killed between the weights and the config
+        return write_text(self, *args, **kw)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", dies_at_the_config)
+    with pytest.raises(SystemExit):
+        main(_distill(base, tmp_path, steps=3))  # other weights
+    monkeypatch.undo()
+    assert _digest(out) == before  # the previous set, untouched
+    assert json.loads((out / "model_card.json").read_text())["results"]["steps"] == 2
+    load_eagle(out, load_causal_lm(target_dir, torch.float32), torch.float32)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".draft")) == []  # nothing half-written
+    assert main(_distill(base, tmp_path, steps=3)) == 0  # the rerun replaces the set
+    assert json.loads((out / "model_card.json").read_text())["results"]["steps"] == 3
+    assert _digest(out)["model.safetensors"] != before["model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".draft")) == []
+
+
+def test_without_an_atomic_exchange_the_previous_folder_waits_aside_until_the_new_one_is_in(tmp_path, monkeypatch):
+    import serving.distill.pipeline as pipeline
+
+    out = tmp_path / "draft"
+    out.mkdir()
+    (out / "config.json").write_text("old")
+    new = tmp_path / ".draft.partial-1"
+    new.mkdir()
+    (new / "config.json").write_text("new")
+    monkeypatch.setattr(pipeline, "_exchange", lambda a, b: False)
+    pipeline.swap_in(new, out)
+    assert (out / "config.json").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["draft"]
+    # a run killed between the two renames: the folder aside is put back by the next run
+    out.rename(tmp_path / ".draft.previous")
+    (tmp_path / ".draft.partial-999999999").mkdir()  # and the folder a dead run was writing
+    pipeline.recover_output(out)
+    assert (out / "config.json").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["draft"]
+
+
 # ------------------------------------------------------------------ the data cache
 @pytest.fixture
 def cache(tmp_path, monkeypatch) -> Path:

@@ -124,7 +124,8 @@ def _say(msg: str) -> None:
 
 
 def save_draft(draft, out: Path, extra: dict) -> None:
-    """The EagleDraft file format (config.json + model.safetensors), weights cast to bf16 on the way out."""
+    """The EagleDraft file format (config.json + model.safetensors), weights cast to bf16 on the way out.
+    Written in place: `write_output` writes a whole draft folder and swaps it in."""
     from safetensors.torch import save_file
 
     from serving.eagle import MODEL_TYPE
@@ -142,6 +143,99 @@ def copy_tokenizer(target_dir: Path, out: Path) -> None:
     for name in TOKENIZER_FILES:
         if (target_dir / name).is_file():
             shutil.copyfile(target_dir / name, out / name)
+
+
+def _partial(out: Path) -> Path:
+    """The sibling a new draft folder is written into before it is swapped in (this process's own)."""
+    import os
+
+    return out.with_name(f".{out.name}.partial-{os.getpid()}")
+
+
+def _replaced(out: Path) -> Path:
+    """Where the previous draft folder waits while the new one is renamed in (`swap_in` without an exchange)."""
+    return out.with_name(f".{out.name}.previous")
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where the system or
+    the file system cannot."""
+    import ctypes
+    import os
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def recover_output(out: Path) -> None:
+    """Put back a previous draft folder that a run killed between `swap_in`'s two renames left aside, and
+    remove folders that runs no longer alive were writing."""
+    import os
+
+    if not out.exists() and _replaced(out).is_dir():
+        _replaced(out).rename(out)
+    shutil.rmtree(_replaced(out), ignore_errors=True)
+    for d in out.parent.glob(f".{out.name}.partial-*"):
+        pid = d.name.rsplit("-", 1)[-1]
+        alive = pid.isdigit() and int(pid) != os.getpid() and Path(f"/proc/{pid}").exists()
+        if not alive:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def swap_in(new: Path, out: Path) -> None:
+    """Make the complete folder `new` the folder `out`: one rename where `out` does not exist yet, else one
+    atomic exchange (the previous folder is then removed), or where the file system has none, the previous
+    folder renamed aside first and removed only once the new one is in place (`recover_output` puts it back
+    if a run dies in between)."""
+    if not out.exists():
+        new.rename(out)
+        return
+    if _exchange(new, out):
+        shutil.rmtree(new)  # now the previous folder
+        return
+    aside = _replaced(out)
+    shutil.rmtree(aside, ignore_errors=True)
+    out.rename(aside)
+    try:
+        new.rename(out)
+    except OSError:
+        aside.rename(out)  # the previous folder back where it was
+        raise
+    shutil.rmtree(aside)
+
+
+def write_output(out: Path, draft, extra: dict, target_dir: Path, card: dict) -> None:
+    """The draft folder as one set: weights, config.json, the target's tokenizer files and model_card.json
+    written into a sibling folder, then swapped in whole (`swap_in`), so a run killed at any moment leaves
+    `out` as the previous set or the new one, never new weights beside an old config."""
+    recover_output(out)
+    new = _partial(out)
+    shutil.rmtree(new, ignore_errors=True)
+    try:
+        save_draft(draft, new, extra)
+        copy_tokenizer(target_dir, new)
+        (new / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        swap_in(new, out)
+    finally:
+        shutil.rmtree(new, ignore_errors=True)  # what an error left half-written (nothing once swapped in)
+
+
+def write_card_only(out: Path, card: dict) -> None:
+    """model_card.json of a draft folder already in place replaced in one rename (the weights stay as they are)."""
+    import os
+
+    tmp = out / f".model_card.json.partial-{os.getpid()}"
+    tmp.write_text(json.dumps(card, indent=2) + "\n")
+    tmp.replace(out / "model_card.json")
 
 
 def is_distill_output(path: Path) -> bool:
@@ -383,6 +477,7 @@ def run(args) -> int:
     t_start = time.perf_counter()
     target_dir = resolve_model(args.target, "target")
     out = Path(args.out).expanduser()
+    recover_output(out)  # a previous draft folder a killed run left aside goes back first
     check_out(out, target_dir, [Path(c) for c in args.corpus]
               + ([Path(args.data_dir)] if getattr(args, "data_dir", None) else []))
     # ---- which target blocks the draft reads, and which the generated data records
@@ -575,16 +670,14 @@ def run(args) -> int:
         "command": command_line(args),
     }
 
-    def write_card(extra: dict) -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "model_card.json").write_text(json.dumps({**card, **extra}, indent=2) + "\n")
+    def write_draft(d, extra: dict) -> None:
+        """The draft folder as one set (`write_output`): weights, config, tokenizer and this card."""
+        write_output(out, d, {"head_coverage": coverage.get("chosen")}, target_dir, {**card, **extra})
 
     def on_checkpoint(d, info) -> None:
-        save_draft(d, out, {"head_coverage": coverage.get("chosen")})
-        copy_tokenizer(target_dir, out)
-        write_card({"status": "training (intermediate checkpoint)",
-                    "results": {"steps": info["step"], "train_minutes": round(info["elapsed"] / 60, 2),
-                                "curve": info["curve"][-50:]}})
+        write_draft(d, {"status": "training (intermediate checkpoint)",
+                        "results": {"steps": info["step"], "train_minutes": round(info["elapsed"] / 60, 2),
+                                    "curve": info["curve"][-50:]}})
 
     _say(f"draft: {cfg.layers} layer(s), head over {cfg.head_vocab} tokens (covers {coverage['chosen']:.1%} of "
          f"answer tokens); corpus {card['corpus']['tokens']} tokens in {card['corpus']['sequences']} sequences")
@@ -596,11 +689,9 @@ def run(args) -> int:
     except TrainingInterrupted as exc:
         _say(interrupted_note(args, exc.step, ckpt, out))
         raise
-    save_draft(draft, out, {"head_coverage": coverage.get("chosen")})
-    copy_tokenizer(target_dir, out)
     results: dict = {**summary, "data_minutes": round(data_minutes, 2),
                      "data_made_minutes": round(data_made_minutes, 2)}
-    write_card({"status": "trained", "results": results})
+    write_draft(draft, {"status": "trained", "results": results})
     # ---- measure
     if not args.no_eval:  # on the CPU whatever --device was: the draft serves there
         del target
@@ -625,6 +716,6 @@ def run(args) -> int:
         _say("alpha " + ", ".join(f"{k} {v['alpha']:.3f}" for k, v in alpha.items()) +
              f"; c {results['cost']['c']:.3f} ({results['cost']['draft_ms']} ms / {results['cost']['target_ms']} ms)")
     results["total_minutes"] = round((time.perf_counter() - t_start) / 60, 2)
-    write_card({"status": "trained", "results": results})
+    write_card_only(out, {**card, "status": "trained", "results": results})
     _say(f"wrote {out}")
     return 0
