@@ -524,6 +524,28 @@ def test_the_card_command_reproduces_with_absolute_paths_eval_tokens_and_threads
     assert build_parser().parse_args(cmd[1:]).threads == 2  # the card's command parses back
 
 
+def test_the_card_of_a_time_budget_says_a_rerun_matches_in_options_not_in_steps(byo, tmp_path):
+    """A time-budgeted draft could not be reproduced from its card (118 steps, 126 on the rerun; the schedule
+    follows the elapsed time): the card now records the steps trained and says what a rerun matches."""
+    from app.cli import main
+
+    target_dir, corpus = byo
+    timed = ["distill", "--target", str(target_dir), "--corpus", str(corpus), "--out", str(tmp_path / "t"),
+             "--minutes", "0.02", "--head-vocab", "32", "--batch-tokens", "128", "--dtype", "float32", "--no-eval",
+             "--checkpoint", str(tmp_path / "t.pt")]
+    assert main(timed) == 0
+    card = json.loads((tmp_path / "t" / "model_card.json").read_text())
+    rerun = card["rerun"]
+    assert rerun["matches"] == "options" and rerun["steps_trained"] == card["results"]["steps"] >= 1
+    assert "as many steps as the machine allows" in rerun["why"] and "no --steps N reproduces" in rerun["why"]
+    assert "--steps" not in card["command"].split()
+    assert main(_distill(["--target", str(target_dir), "--corpus", str(corpus), "--out", str(tmp_path / "s")],
+                         tmp_path, steps=3)) == 0
+    rerun = json.loads((tmp_path / "s" / "model_card.json").read_text())["rerun"]
+    assert rerun == {"matches": "options and steps", "steps_trained": 3,
+                     "why": "--steps 3: a rerun trains the same 3 steps on the same learning-rate schedule"}
+
+
 # ------------------------------------------------------------------ Ctrl-C
 def _ctrl_c_at(monkeypatch, call: int) -> None:
     """Ctrl-C (SIGINT to this process) during the `call`-th training step's loss."""

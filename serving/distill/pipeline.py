@@ -384,6 +384,21 @@ def eval_data(target_dir: Path, max_new_tokens: int, say, dtype: torch.dtype = t
     return d
 
 
+def rerun_note(cfg, steps_trained: int) -> dict:
+    """What rerunning a card's command gives (the card's "rerun"): with --steps the same steps on the same
+    learning-rate schedule; with a time budget (--minutes, --total-minutes) as many steps as the machine trains
+    in the time, on a schedule that follows the elapsed time, so the same options but not the same steps (and
+    no --steps N gives that schedule back)."""
+    if cfg.steps is not None:
+        return {"matches": "options and steps", "steps_trained": steps_trained,
+                "why": f"--steps {cfg.steps}: a rerun trains the same {cfg.steps} steps on the same learning-rate "
+                       "schedule"}
+    return {"matches": "options", "steps_trained": steps_trained,
+            "why": f"a time budget trains as many steps as the machine allows in the time ({steps_trained} here), "
+                   "and its learning-rate schedule follows the elapsed time: a rerun of the command matches this "
+                   "run in options, not in steps or weights, and no --steps N reproduces the schedule"}
+
+
 def evaluation_prompt_ids(tokenizer) -> set[tuple[int, ...]]:
     """The builtin evaluation prompts (those `eval_data` measures alpha on) as the target reads them: token ids
     in its chat format, as prepared data stores each sequence's prompt."""
@@ -675,6 +690,7 @@ def run(args) -> int:
         write_output(out, d, {"head_coverage": coverage.get("chosen")}, target_dir, {**card, **extra})
 
     def on_checkpoint(d, info) -> None:
+        card["rerun"] = rerun_note(cfg, info["step"])
         write_draft(d, {"status": "training (intermediate checkpoint)",
                         "results": {"steps": info["step"], "train_minutes": round(info["elapsed"] / 60, 2),
                                     "curve": info["curve"][-50:]}})
@@ -691,6 +707,7 @@ def run(args) -> int:
         raise
     results: dict = {**summary, "data_minutes": round(data_minutes, 2),
                      "data_made_minutes": round(data_made_minutes, 2)}
+    card["rerun"] = rerun_note(cfg, summary["steps"])
     write_draft(draft, {"status": "trained", "results": results})
     # ---- measure
     if not args.no_eval:  # on the CPU whatever --device was: the draft serves there
