@@ -17,7 +17,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect, text
+from sqlalchemy import create_engine, inspect, make_url, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
@@ -144,21 +144,71 @@ class NoStoreError(StoreError):
         self.path = path
 
 
+class NotAStoreError(NoStoreError):
+    """A command that only reads was pointed at a database that holds no specfinops store (an empty database, or
+    another application's): it is refused, not given the specfinops tables. `path` is the database as shown
+    (a SQLite file, or the URL with its password masked)."""
+
+    def __init__(self, shown: str, other_tables: list[str], *, server: bool = False):
+        n = len(other_tables)
+        names = ", ".join(other_tables[:5]) + (", ..." if n > 5 else "")
+        others = (f"its table {names} is not specfinops's" if n == 1 else
+                  f"its {n} tables ({names}) are not specfinops's" if n else "it has no tables")  # fmt: skip
+        db = "URL" if server else shown  # a server's URL is named once, its password masked
+        StoreError.__init__(
+            self,
+            f"no store in {shown}: {others}. Check --db / SPECFINOPS_DB_URL; to make it a store: "
+            f"specfinops db upgrade --db {db}, or record runs into it: specfinops bench --workload code "
+            f"--mode both --db {db}",
+        )
+        self.path = shown
+
+
+def _shown(url: str) -> str:
+    path = sqlite_file(url)
+    return str(path) if path is not None else make_url(url).render_as_string(hide_password=True)
+
+
+def _refuse_unless_a_store(engine: Engine, url: str) -> None:
+    """NotAStoreError when the database has none of the specfinops tables and no revision stamped (a version
+    table that names a revision is left to the upgrade: a known one is upgraded, an unknown one was written by
+    a newer version; an empty one, as `db downgrade base` leaves, holds nothing). Only reads: nothing is created."""
+    with engine.connect() as conn:
+        tables = set(inspect(conn).get_table_names())
+        if tables & set(Base.metadata.tables) or (VERSION_TABLE in tables and current_revision(conn) is not None):
+            return
+    raise NotAStoreError(_shown(url), sorted(tables - {VERSION_TABLE}), server=sqlite_file(url) is None)
+
+
 def open_store(url: str | None = None, *, must_exist: bool = False) -> Engine:
     """Engine for `url` (see `telemetry.db.resolve_db_url`), schema upgraded to head on open.
 
     A SQLite file that does not exist is created, with its directory, unless `must_exist`: commands that only
     read (cost, project, export, report, scheduler, dashboard) pass it, so a mistyped `--db` is named as such instead of
-    turning into a new, empty store that has "no runs"."""
+    turning into a new, empty store that has "no runs". With `must_exist` a database that holds no specfinops
+    tables (an empty one, another application's) is refused too (NotAStoreError), not given the schema; a store
+    at an older revision is upgraded as always."""
     url = resolve_db_url(url)
     path = sqlite_file(url)
-    if must_exist and path is not None and not path.exists():
-        raise NoStoreError(path)
+    if must_exist and path is not None:
+        if not path.exists():
+            raise NoStoreError(path)
+        # checked before make_engine's engine connects: its pragmas would switch a foreign file to WAL
+        probe = create_engine(url)
+        try:
+            _refuse_unless_a_store(probe, url)
+        finally:
+            probe.dispose()
     engine = make_engine(url)
     if _at_head(engine):
         return engine
     try:
+        if must_exist and not url.startswith("sqlite"):
+            _refuse_unless_a_store(engine, url)
         upgrade_to_head(engine)
+    except NotAStoreError:
+        engine.dispose()
+        raise
     except Exception:
         if _at_head(engine):  # SQLite: a concurrent opener created the schema first
             return engine

@@ -158,3 +158,66 @@ def test_a_bad_database_is_one_line_naming_it(db, needle, tmp_path, capsys):
     assert cli_main(["db", "current", "--db", db.format(tmp=tmp_path)]) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+# ---- a reader pointed at a database that holds no store ------------------------------------------------
+
+
+def _tables(url: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("foreign", [True, False], ids=["another-apps-tables", "empty"])
+def test_a_reader_refuses_a_database_without_a_store_and_creates_nothing(db_url, foreign):
+    from telemetry.store import NotAStoreError
+
+    engine = create_engine(db_url)
+    with engine.begin() as conn:  # also makes the SQLite file exist
+        conn.execute(text("CREATE TABLE customers (id INTEGER PRIMARY KEY)" if foreign else "SELECT 1"))
+    engine.dispose()
+    path = store.sqlite_file(db_url)
+    before = path.read_bytes() if path is not None else None
+    with pytest.raises(NotAStoreError) as exc:
+        open_store(db_url, must_exist=True)
+    said = str(exc.value)
+    assert said.startswith("no store in ") and "specfinops db upgrade --db" in said and len(said.splitlines()) == 1
+    assert ("its table customers is not specfinops's" if foreign else "it has no tables") in said
+    assert _tables(db_url) == ({"customers"} if foreign else set())  # no specfinops table installed
+    if path is not None:
+        assert path.read_bytes() == before and sorted(p.name for p in path.parent.iterdir()) == [path.name]
+
+
+def test_a_reader_upgrades_a_store_of_an_older_revision(db_url):
+    command.upgrade(alembic_config(db_url), "0001")
+    open_store(db_url, must_exist=True).dispose()
+    assert _revision(db_url) == head_revision()
+
+
+@pytest.mark.parametrize("command_line", [
+    ["export", "--what", "requests", "--out", "-"],
+    ["report", "--period", "daily", "--out", "{tmp}/reports"],
+    ["cost"],
+    ["scheduler", "--cron", "0 6 * * *", "--out", "{tmp}/reports"],
+    ["scheduler", "--list"],
+])
+def test_read_only_commands_refuse_another_apps_database_in_one_line(pg_url, tmp_path, capsys, monkeypatch,
+                                                                    command_line):
+    from apscheduler.schedulers.blocking import BlockingScheduler
+
+    monkeypatch.setattr(BlockingScheduler, "start", lambda self, *a, **kw: None)  # never block
+    engine = create_engine(pg_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE customers (id INTEGER PRIMARY KEY)"))
+    engine.dispose()
+    url = pg_url.replace("postgres@", "postgres:s3cr3t@")  # trust auth: the password is not checked
+    argv = [a.format(tmp=tmp_path) for a in command_line]
+    assert cli_main([argv[0], "--db", url, *argv[1:]]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "no store in postgresql+psycopg://postgres:***@127.0.0.1" in err and "s3cr3t" not in err
+    assert "its table customers is not specfinops's" in err and "specfinops db upgrade --db URL" in err
+    assert _tables(pg_url) == {"customers"} and not (tmp_path / "reports").exists()
