@@ -31,7 +31,7 @@ Public API:
     persisted_jobs(engine) -> list[Job]; describe_job(job) -> str  # `scheduler --list`
     remove_other_jobs(engine, keep_id) -> list[Job]       # on start, unless --keep-other-jobs
     recover_reports(engine, job) -> list[str]             # on start and each run: a killed run's leftovers
-    run_report_job(**ReportJob.kwargs()) -> int | None    # the job: report id, None when already reported
+    run_report_job(**ReportJob.kwargs()) -> int | None    # the job: report id, None when already reported or failed
 """
 
 from __future__ import annotations
@@ -358,26 +358,61 @@ def run_report_job(
     kind: str | None = None,
 ) -> int | None:
     """One scheduled run: report the last full period (empty periods too), then deliver the summary. The
-    keywords are ReportJob.kwargs(), as the job store holds them."""
+    keywords are ReportJob.kwargs(), as the job store holds them.
+
+    A run that fails on its input or its environment (the output folder replaced by a file, the database gone,
+    a disk full: ValueError, OSError, SQLAlchemy and store errors) logs one ERROR line naming the job and the
+    problem, leaves nothing half-written (write_report's cleanup) and returns None: APScheduler prints no
+    traceback and the next run tries again. Any other exception is a bug and goes to APScheduler, which logs it
+    with its traceback."""
     from telemetry.store import open_store
 
-    job = ReportJob(job_id=job_id, db_url=db_url, out_dir=out_dir, period=period, sla_ms=sla_ms, history=history,
-                    daily_tokens=daily_tokens, peak_factor=peak_factor, webhook_url=webhook_url, smtp=smtp,
-                    delivery_attempts=delivery_attempts, delivery_backoff_s=delivery_backoff_s,
-                    webhook_env=webhook_env, temperature=temperature, kind=kind)  # fmt: skip
-    engine = open_store(db_url)
+    expected = _run_errors()
     try:
-        recover_reports(engine, job)
-        window = replace(period_window(period, now=_clock()), temperature=temperature, kind=kind)
-        result = _write(engine, job, window)
-        if result is None:
-            return None
-        logger.info("report job %s: wrote report #%d (%s)", job_id, result.report_id, window.label())
-        if job.delivering:
-            _deliver(engine, job, result.report_id, result.summary)
-        return result.report_id
-    finally:
-        engine.dispose()
+        job = ReportJob(job_id=job_id, db_url=db_url, out_dir=out_dir, period=period, sla_ms=sla_ms,
+                        history=history, daily_tokens=daily_tokens, peak_factor=peak_factor, webhook_url=webhook_url,
+                        smtp=smtp, delivery_attempts=delivery_attempts, delivery_backoff_s=delivery_backoff_s,
+                        webhook_env=webhook_env, temperature=temperature, kind=kind)  # fmt: skip
+        engine = open_store(db_url)
+        try:
+            recover_reports(engine, job)
+            window = replace(period_window(period, now=_clock()), temperature=temperature, kind=kind)
+            result = _write(engine, job, window)
+            if result is None:
+                return None
+            logger.info("report job %s: wrote report #%d (%s)", job_id, result.report_id, window.label())
+            if job.delivering:
+                _deliver(engine, job, result.report_id, result.summary)
+            return result.report_id
+        finally:
+            engine.dispose()
+    except expected as exc:
+        logger.error("report job %s: run failed: %s", job_id, run_problem(exc))
+        return None
+
+
+def _run_errors() -> tuple[type[BaseException], ...]:
+    """What a run's input or environment raises; anything else is a bug."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from telemetry.store import StoreError
+
+    return (ValueError, OSError, OverflowError, SQLAlchemyError, StoreError)
+
+
+def run_problem(exc: BaseException) -> str:
+    """A failed run's problem on one line: a database error's own first line (not the SQL), a file error with
+    its file, else the exception's message (our own name the option and the value)."""
+    from sqlalchemy.exc import DBAPIError
+
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        text = f"database error: {exc.orig}"
+    elif isinstance(exc, OSError) and exc.filename is not None:
+        text = f"{exc.strerror or exc}: {exc.filename}"
+    else:
+        text = str(exc)
+    lines = text.strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def _write(engine: Engine, job: ReportJob, window):

@@ -668,3 +668,49 @@ def test_a_stored_webhook_with_a_bad_port_records_a_failed_delivery_and_the_cli_
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--webhook has a bad port" in err
     assert job_rows(engine) == ["other"]
+
+
+def _errors(caplog) -> list:
+    return [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_a_run_whose_out_became_a_file_logs_one_line_and_no_traceback(store, caplog):
+    """The job's --out replaced by a plain file: APScheduler printed 'ValueError: --out ... is not a writable
+    directory' with a full traceback. The run now logs one ERROR line naming the job, and the next run of
+    the scheduler goes on (and succeeds once the folder is back)."""
+    url, engine, out = store
+    out.write_text("x")
+    s, _ = _started(engine, _job(url, out))
+    try:
+        with caplog.at_level("INFO"):
+            wait_for(lambda: len(_errors(caplog)) >= 2, "two failed runs")
+    finally:
+        s.shutdown(wait=True)
+    errors = _errors(caplog)
+    assert all(r.name == "telemetry.scheduler" and r.exc_info is None for r in errors), errors
+    line = errors[0].getMessage()
+    assert line.startswith("report job report-daily: run failed: --out ") and "is not a writable directory" in line
+    assert len(line.splitlines()) == 1 and "Traceback" not in caplog.text
+    assert reports(engine) == []  # nothing half-written
+    out.unlink()
+    assert sched_mod.run_report_job(**_job(url, out).kwargs()) is not None
+
+
+def test_a_run_that_cannot_reach_its_database_logs_one_line(tmp_path, caplog):
+    job = ReportJob(job_id="pgjob", db_url="postgresql+psycopg://root@127.0.0.1:1/test", out_dir=str(tmp_path))
+    with caplog.at_level("INFO"):
+        assert sched_mod.run_report_job(**job.kwargs()) is None
+    [error] = _errors(caplog)
+    assert error.exc_info is None and error.getMessage().startswith("report job pgjob: run failed: database error: ")
+    assert "\n" not in error.getMessage() and "SELECT" not in error.getMessage()
+
+
+def test_a_bug_in_a_run_still_reaches_apscheduler_with_its_traceback(store, monkeypatch):
+    url, _, out = store
+
+    def bug(*_a, **_k):
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(sched_mod, "_write", bug)
+    with pytest.raises(TypeError, match="a bug"):
+        sched_mod.run_report_job(**_job(url, out).kwargs())
