@@ -714,3 +714,24 @@ def test_a_bug_in_a_run_still_reaches_apscheduler_with_its_traceback(store, monk
     monkeypatch.setattr(sched_mod, "_write", bug)
     with pytest.raises(TypeError, match="a bug"):
         sched_mod.run_report_job(**_job(url, out).kwargs())
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--misfire-grace-s", "0"], "--misfire-grace-s must be a whole number >= 1, got 0"),
+        (["--job-id", "j" * 200], "--job-id must be 1-128 characters"),
+        (["--job-id", ""], "--job-id must be 1-128 characters"),
+        (["--webhook", "http://127.0.0.1:99999/hook"], "--webhook has a bad port"),
+        (["--sla-ms", "0"], "--sla-ms must be > 0"),
+    ],
+)
+def test_cli_bad_input_leaves_no_out_folder(store, tmp_path, capsys, extra, needle):
+    """'--misfire-grace-s 0' or a 200-character --job-id printed the error but left the empty --out folder:
+    ReportJob checked them after check_out_dir had made it."""
+    url, _, _ = store
+    out = tmp_path / "q1"
+    assert main(["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err
+    assert not out.exists()

@@ -88,6 +88,8 @@ def _list_jobs(args) -> int:
 
 
 def run(args) -> int:
+    from dataclasses import replace
+
     from apscheduler.events import EVENT_SCHEDULER_STARTED
 
     from telemetry.db import resolve_db_url
@@ -127,14 +129,17 @@ def run(args) -> int:
     if args.smtp:
         SmtpSettings.from_env()
     db_url = resolve_db_url(args.db)
+    # every option checked (--job-id, --misfire-grace-s: ReportJob's own checks) before the store is opened and
+    # --out is made: bad input leaves no empty folder
+    job = ReportJob(job_id=f"report-{args.period}" if args.job_id is None else args.job_id, db_url=db_url,
+                    out_dir=args.out, period=args.period, webhook_url=args.webhook, smtp=args.smtp,
+                    misfire_grace_s=grace, webhook_env=args.webhook_env, **options)  # fmt: skip
     # An existing store only (as `report`): a mistyped --db is refused, not taken for a new, empty store that
     # would get a "no traffic" report every period. Opened before --out is made: a bad store leaves no folder.
     engine = open_store(db_url, must_exist=True)
     try:
         out = check_out_dir(args.out)
-        job = ReportJob(job_id=f"report-{args.period}" if args.job_id is None else args.job_id, db_url=db_url,
-                        out_dir=str(out), period=args.period, webhook_url=args.webhook, smtp=args.smtp,
-                        misfire_grace_s=grace, webhook_env=args.webhook_env, **options)  # fmt: skip
+        job = replace(job, out_dir=str(out))
     except BaseException:
         engine.dispose()
         raise
