@@ -439,6 +439,30 @@ def _band_note(b) -> str:
 # ---- the page -------------------------------------------------------------------------------------------
 
 
+def period_complete(data: ReportData) -> bool:
+    """The period had ended when the report was generated: its figures are final (regenerating it later gives
+    the same numbers, records added since aside)."""
+    return data.window.until <= data.generated_at
+
+
+def incomplete_period_text(data: ReportData) -> str | None:
+    """Why the figures of a period that had not ended are partial (None once it had ended): they cover only the
+    part that had passed, and a projection on the period's own traffic divides that part's tokens by the whole
+    period; a report generated after it ends gives other numbers."""
+    if period_complete(data):
+        return None
+    w, at = data.window, data.generated_at
+    started = at > w.since
+    text = (f"the period had not {'ended' if started else 'begun'} when this report was generated "
+            f"({at:%Y-%m-%d %H:%M} UTC; it ends {w.until:%Y-%m-%d %H:%M} UTC): its figures cover only "
+            + ("the part that had passed" if started else "what was recorded for it before it began"))
+    if data.projection.measured_traffic:
+        text += ", and the projection's traffic per day divides that part's output tokens by the whole period"
+    return text + "; generated again after the period ends, the report will give other numbers"
+
+
+
+
 def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, csv_names: Sequence[str]) -> str:
     w = data.window
     title = f"specfinops cost report #{report_id}: {w.label()}"
@@ -450,6 +474,10 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
         f"{data.previous.window.since:%Y-%m-%d %H:%M} to {data.previous.window.until:%Y-%m-%d %H:%M} UTC; "
         "figures from the same queries as <code>specfinops cost</code> and the dashboard.</p>",
     ]
+    unfinished = incomplete_period_text(data)
+    if unfinished is not None:
+        parts.append(f"<p class='notice' id='period-incomplete'>{html.escape(unfinished[0].upper() + unfinished[1:])}"
+                     ".</p>")
     if not data.has_traffic:
         runs = runs_covered_text(w.temperature, w.kind)
         parts.append("<p class='notice'>No traffic in this period: the store has no requests between "

@@ -41,7 +41,7 @@ from telemetry.report import (
     report_tables,
     summary_dict,
 )
-from telemetry.report_html import render_html
+from telemetry.report_html import incomplete_period_text, period_complete, render_html
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class ReportResult:
     csv_dir: Path
     csv_files: tuple[Path, ...]
     summary: dict
+    incomplete_period: str | None = None  # why the figures are partial: the period had not ended (None: it had)
 
 
 def check_out_dir(out_dir: str | os.PathLike) -> Path:
@@ -225,6 +226,8 @@ def write_report(
         summary = {
             "report_id": report_id,
             **summary_dict(data),
+            # False: the period had not ended when the report was generated; its figures cover only part of it
+            "period_complete": period_complete(data),
             "html_path": str(final / HTML_NAME),
             "csv_files": [str(final / n) for n in names],
         }
@@ -240,7 +243,8 @@ def write_report(
         shutil.rmtree(final, ignore_errors=True)
         _drop_claim(engine, report_id)
         raise
-    return ReportResult(report_id, final / HTML_NAME, final, tuple(final / n for n in names), summary)
+    return ReportResult(report_id, final / HTML_NAME, final, tuple(final / n for n in names), summary,
+                        incomplete_period_text(data))
 
 
 def list_reports(engine: Engine, limit: int = 200) -> list[Report]:

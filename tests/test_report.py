@@ -706,3 +706,45 @@ def test_cost_card_gives_the_costs_own_reason_as_the_table_does(sqlite_url, tmp_
         sub = _card_sub(page, f"Cost per 1M tokens, {name} (measured runs)")
         assert sub == f"hardware only ({note})" and "not measured" not in sub
     engine.dispose()
+
+
+def test_a_period_that_had_not_ended_is_written_with_a_note_a_notice_and_period_complete_false(store, tmp_path,
+                                                                                               capsys):
+    """A report of today (or of a future window) was written without a word, though its projection divides part
+    of a day's tokens by a whole day and generating it again later gives other numbers. It is still written."""
+    url, engine = store
+    today = datetime.now(UTC).strftime("%Y-%m-%d")
+    assert main(_report(url, tmp_path / "today", "--period", "daily", "--since", today)) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("report #1: daily ") and err.count("\n") == 1
+    assert err.startswith("note: the period had not ended when this report was generated (")
+    assert f"it ends {today[:8]}" in err and "cover only the part that had passed" in err
+    r = _only_report(engine)
+    assert r.summary["period_complete"] is False
+    page = open(r.html_path, encoding="utf-8").read()
+    assert "<p class='notice' id='period-incomplete'>The period had not ended when this report was generated" in page
+
+    assert main(_report(url, tmp_path / "future", "--period", "custom", "--since", "2099-01-01",
+                        "--until", "2099-01-02")) == 0  # fmt: skip
+    assert "note: the period had not begun when this report was generated" in capsys.readouterr().err
+
+    assert main(_report(url, tmp_path / "past", "--period", "daily", "--since", "2026-11-02")) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    with Session(engine) as s:
+        last = s.scalars(select(Report).order_by(Report.id.desc())).first()
+    assert last.summary["period_complete"] is True
+    assert "period-incomplete" not in open(last.html_path, encoding="utf-8").read()
+
+
+def test_a_part_of_a_period_says_its_projection_spreads_that_part_over_the_whole_period(store, tmp_path):
+    url, engine = store
+    window = period_window("daily", since=D0)
+    result = report_writer.write_report(engine, window, tmp_path, now=D0 + timedelta(hours=12))
+    assert result.summary["period_complete"] is False
+    assert result.incomplete_period == (
+        "the period had not ended when this report was generated (2026-11-02 12:00 UTC; it ends 2026-11-03 00:00 "
+        "UTC): its figures cover only the part that had passed, and the projection's traffic per day divides that "
+        "part's output tokens by the whole period; generated again after the period ends, the report will give "
+        "other numbers")
+    assert report_writer.write_report(engine, window, tmp_path, now=D0 + DAY).summary["period_complete"] is True

@@ -7,6 +7,7 @@ report is written and says there was no traffic.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import replace
 
 from app.commands._common import add_command, add_db_option, sigterm_as_ctrl_c
@@ -115,4 +116,6 @@ def run(args) -> int:
     flagged = [a["metric"] for a in s["anomalies"] if a["status"] == "anomaly"]
     if flagged:
         print(f"  anomalies: {', '.join(flagged)}")
+    if not s["period_complete"]:  # written, not refused: said once here, and on the page and in the summary
+        print(f"note: {result.incomplete_period}", file=sys.stderr)
     return 0
