@@ -12,7 +12,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from telemetry.db import Base, make_engine, resolve_db_url
+from telemetry.db import Base, make_engine, migration_transaction, resolve_db_url
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):
@@ -40,20 +40,13 @@ def _configure(connection: Connection) -> None:
         # copy. Beware on a parent table (runs, requests): with `PRAGMA foreign_keys=ON` (telemetry.db) the
         # DROP deletes every child row through ON DELETE CASCADE. A trial widening runs.software_version
         # that way emptied requests and steps. So migrations run on SQLite with foreign keys off, set before
-        # the transaction (inside one, SQLite ignores the pragma): `sqlite_foreign_keys_off` here and in
-        # telemetry.store.upgrade_to_head; a revision that rebuilds a parent table checks it (0004)
+        # the transaction (inside one, SQLite ignores the pragma): telemetry.db.migration_transaction does,
+        # here and for telemetry.store.upgrade_to_head; a revision that rebuilds a parent table checks it (0004)
         # (tests/test_migrations.py::test_upgrading_from_every_revision_keeps_the_records catches it).
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
         include_name=_include_name,
     )
-
-
-def sqlite_foreign_keys_off(conn: Connection) -> None:
-    """PRAGMA foreign_keys=OFF on a SQLite connection outside any transaction (a no-op on other databases)."""
-    if conn.dialect.name == "sqlite":
-        conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
-        conn.commit()
 
 
 def run_migrations_offline() -> None:
@@ -72,17 +65,28 @@ def run_migrations_offline() -> None:
 
 def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
-    if connection is not None:
+    if connection is not None:  # telemetry.store: already in its migration transaction, its lock held
         _configure(connection)
         with context.begin_transaction():
             context.run_migrations()
         return
     engine = make_engine(_url())
+    if config.attributes.get("read_only"):  # `specfinops db check`: reads the schema, changes nothing, locks nothing
+        try:
+            with engine.connect() as conn:
+                _configure(conn)
+                with context.begin_transaction():
+                    context.run_migrations()
+        finally:
+            engine.dispose()
+        return
     try:
-        with engine.connect() as conn:
-            sqlite_foreign_keys_off(conn)  # the engine is disposed after: no need to turn them back on
+        # one transaction for the whole command, rolled back whole on an error or a kill; SQLite's write lock
+        # held throughout, so a second `db upgrade` (or a command opening the store) waits, then finds nothing
+        # to do
+        with migration_transaction(engine) as conn:
             _configure(conn)
-            with context.begin_transaction():
+            with context.begin_transaction():  # a no-op inside the transaction above: it commits at its end
                 context.run_migrations()
     finally:
         engine.dispose()

@@ -8,7 +8,11 @@ Tables: runs, requests, steps, token_events, power_samples, prices, reports, swe
 
 from __future__ import annotations
 
+import logging
 import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,9 +31,11 @@ from sqlalchemy import (
     create_engine,
     event,
 )
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_DB_PATH = Path("var") / "specfinops.db"
 SUPPORTED_BACKENDS = ("sqlite", "postgresql")
@@ -265,12 +271,18 @@ def resolve_db_url(url: str | None = None) -> str:
     return url
 
 
+SQLITE_BUSY_TIMEOUT_MS = 5000
+# How long a schema change waits for the write lock another process holds (another opener creating or
+# upgrading the same store): an upgrade of a big store rebuilds tables for minutes.
+SQLITE_MIGRATION_WAIT_MS = 30 * 60 * 1000
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA busy_timeout=5000")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cur.close()
 
 
@@ -317,3 +329,50 @@ def make_engine(url: str | None = None) -> Engine:
     if engine.dialect.name == "postgresql":
         event.listen(engine, "connect", _session_in_utc)
     return engine
+
+
+@contextmanager
+def migration_transaction(engine: Engine) -> Iterator[Connection]:
+    """A connection inside the one transaction a schema change runs in: committed when the block ends, rolled
+    back on an error, and a killed process leaves the schema it found (nothing half-migrated).
+
+    PostgreSQL runs DDL in transactions anyway. SQLite does not: Python's sqlite3 driver opens no transaction
+    before CREATE/ALTER/DROP, so each would commit on its own. The connection is switched to driver
+    autocommit and the transaction opened by hand (SQLAlchemy's pysqlite recipe) with BEGIN IMMEDIATE: it takes
+    the write lock at once, so a second migrator (or opener of a new store) waits for it, then reads the
+    revision the first one committed. Foreign keys are off meanwhile (set outside the transaction: inside one
+    SQLite ignores the pragma), so a batch rebuild of a parent table (copy, DROP, rename) does not delete its
+    children through ON DELETE CASCADE; the connection gets them back afterwards."""
+    with engine.connect() as conn:
+        if conn.dialect.name != "sqlite":
+            with conn.begin():
+                yield conn
+            return
+        dbapi = conn.connection.driver_connection
+        dbapi.execute("PRAGMA foreign_keys=OFF")
+        dbapi.isolation_level = None  # the driver issues no BEGIN/COMMIT of its own: ours below
+        try:
+            with conn.begin():  # a no-op at the driver here; its commit/rollback end the transaction below
+                _begin_immediate(dbapi, engine.url.database or "")
+                yield conn
+        finally:
+            dbapi.isolation_level = ""  # the driver's default again, for whoever gets this pooled connection
+            dbapi.execute("PRAGMA foreign_keys=ON")
+
+
+def _begin_immediate(dbapi: sqlite3.Connection, path: str) -> None:
+    """BEGIN IMMEDIATE; when another process holds the write lock for more than a second, say so and wait."""
+    try:
+        dbapi.execute("PRAGMA busy_timeout=1000")
+        try:
+            dbapi.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+        logger.warning("%s is being written by another process (creating or upgrading the store?): waiting for "
+                       "it to finish", path or "the store")
+        dbapi.execute(f"PRAGMA busy_timeout={SQLITE_MIGRATION_WAIT_MS}")
+        dbapi.execute("BEGIN IMMEDIATE")
+    finally:
+        dbapi.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")

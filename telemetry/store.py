@@ -21,7 +21,7 @@ from sqlalchemy import create_engine, inspect, make_url, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from telemetry.db import Base, make_engine, resolve_db_url, sqlite_file
+from telemetry.db import Base, make_engine, migration_transaction, resolve_db_url, sqlite_file
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def _stamp_if_created_without_alembic(conn: Connection, cfg: Config) -> bool:
     if diffs:
         raise StoreError(
             f"database has specfinops tables {sorted(present)} but no {VERSION_TABLE} table and its schema "
-            f"differs from the models ({len(diffs)} differences, first: {diffs[0]!r}); "
+            f"differs from the models ({len(diffs)} differences: {_diff_tables(diffs)}); "
             "migrate it by hand or start from an empty database"
         )
     command.stamp(cfg, "head")
@@ -97,21 +97,33 @@ def _stamp_if_created_without_alembic(conn: Connection, cfg: Config) -> bool:
     return True
 
 
+def _diff_tables(diffs: list) -> str:
+    """Alembic's schema differences as the tables they are in ("missing tables: sweeps, serve_keys; tables that
+    differ: runs"), not their reprs (a Table's runs to a thousand characters)."""
+    missing, extra, differ = set(), set(), set()
+    for diff in diffs:
+        op, *rest = diff[0] if isinstance(diff, list) else diff  # a column's modifications come as a list
+        if op in ("add_table", "remove_table"):
+            (missing if op == "add_table" else extra).add(rest[0].name)
+        elif op.startswith("modify_") or op.endswith("_column"):
+            differ.add(rest[1])  # (schema, table, ...)
+        else:  # an index, constraint or foreign key
+            item = rest[0]
+            table = getattr(item, "table", None) if not op.endswith("_fk") else getattr(item, "parent", None)
+            differ.add(getattr(table, "name", "?"))
+    parts = [f"{what}: {', '.join(sorted(names))}" for what, names in
+             (("missing tables", missing), ("tables not in the models", extra), ("tables that differ", differ))
+             if names]  # fmt: skip
+    return "; ".join(parts)
+
+
 def upgrade_to_head(engine: Engine) -> None:
-    """Bring the schema to head in one transaction (PostgreSQL: under an advisory lock)."""
+    """Bring the schema to head in one transaction that a failure or a kill rolls back whole: SQLite under its
+    write lock (BEGIN IMMEDIATE, telemetry.db.migration_transaction), PostgreSQL under an advisory lock. A
+    second process waits for the first, then finds the store at head."""
     head = head_revision()
-    with engine.connect() as conn:
-        sqlite = conn.dialect.name == "sqlite"
-        if sqlite:  # a batch rebuild of a parent table must not cascade-delete its children (migrations/env.py)
-            conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
-            conn.commit()
-        try:
-            with conn.begin():
-                _upgrade(engine, conn, head)
-        finally:
-            if sqlite:
-                conn.exec_driver_sql("PRAGMA foreign_keys=ON")
-                conn.commit()
+    with migration_transaction(engine) as conn:
+        _upgrade(engine, conn, head)
 
 
 def _upgrade(engine: Engine, conn: Connection, head: str) -> None:
