@@ -81,9 +81,9 @@ def run_migrations_online() -> None:
             engine.dispose()
         return
     try:
-        # one transaction for the whole command, rolled back whole on an error or a kill; SQLite's write lock
-        # held throughout, so a second `db upgrade` (or a command opening the store) waits, then finds nothing
-        # to do
+        # one transaction for the whole command, rolled back whole on an error or a kill; SQLite's write lock or
+        # PostgreSQL's advisory lock (the key open_store takes) held throughout, so a second `db upgrade` (or
+        # a command opening the store) waits, then finds nothing to do
         with migration_transaction(engine) as conn:
             _configure(conn)
             with context.begin_transaction():  # a no-op inside the transaction above: it commits at its end

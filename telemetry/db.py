@@ -31,6 +31,7 @@ from sqlalchemy import (
     create_engine,
     event,
 )
+from sqlalchemy import text as sql_text
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -275,6 +276,7 @@ SQLITE_BUSY_TIMEOUT_MS = 5000
 # How long a schema change waits for the write lock another process holds (another opener creating or
 # upgrading the same store): an upgrade of a big store rebuilds tables for minutes.
 SQLITE_MIGRATION_WAIT_MS = 30 * 60 * 1000
+PG_MIGRATION_LOCK_KEY = 0x5EC_F1A0  # pg_advisory_xact_lock key: one process changes the schema at a time
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
@@ -336,7 +338,8 @@ def migration_transaction(engine: Engine) -> Iterator[Connection]:
     """A connection inside the one transaction a schema change runs in: committed when the block ends, rolled
     back on an error, and a killed process leaves the schema it found (nothing half-migrated).
 
-    PostgreSQL runs DDL in transactions anyway. SQLite does not: Python's sqlite3 driver opens no transaction
+    PostgreSQL runs DDL in transactions anyway; here the transaction first takes an advisory lock, so a second
+    migrator waits, then finds the work done. SQLite needs more: Python's sqlite3 driver opens no transaction
     before CREATE/ALTER/DROP, so each would commit on its own. The connection is switched to driver
     autocommit and the transaction opened by hand (SQLAlchemy's pysqlite recipe) with BEGIN IMMEDIATE: it takes
     the write lock at once, so a second migrator (or opener of a new store) waits for it, then reads the
@@ -346,6 +349,8 @@ def migration_transaction(engine: Engine) -> Iterator[Connection]:
     with engine.connect() as conn:
         if conn.dialect.name != "sqlite":
             with conn.begin():
+                if conn.dialect.name == "postgresql":
+                    conn.execute(sql_text("SELECT pg_advisory_xact_lock(:k)"), {"k": PG_MIGRATION_LOCK_KEY})
                 yield conn
             return
         dbapi = conn.connection.driver_connection

@@ -26,7 +26,6 @@ from telemetry.db import Base, make_engine, migration_transaction, resolve_db_ur
 logger = logging.getLogger(__name__)
 
 VERSION_TABLE = "alembic_version"
-_PG_UPGRADE_LOCK_KEY = 0x5EC_F1A0  # pg_advisory_xact_lock key: one process upgrades at a time
 
 
 class StoreError(RuntimeError):
@@ -119,7 +118,7 @@ def _diff_tables(diffs: list) -> str:
 
 def upgrade_to_head(engine: Engine) -> None:
     """Bring the schema to head in one transaction that a failure or a kill rolls back whole: SQLite under its
-    write lock (BEGIN IMMEDIATE, telemetry.db.migration_transaction), PostgreSQL under an advisory lock. A
+    write lock (BEGIN IMMEDIATE), PostgreSQL under an advisory lock (telemetry.db.migration_transaction). A
     second process waits for the first, then finds the store at head."""
     head = head_revision()
     with migration_transaction(engine) as conn:
@@ -127,9 +126,7 @@ def upgrade_to_head(engine: Engine) -> None:
 
 
 def _upgrade(engine: Engine, conn: Connection, head: str) -> None:
-    """The upgrade itself, inside the caller's transaction."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_UPGRADE_LOCK_KEY})
+    """The upgrade itself, inside the caller's transaction (its lock held)."""
     current = current_revision(conn)
     if current == head:
         return  # another process upgraded while we waited

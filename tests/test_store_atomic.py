@@ -2,7 +2,7 @@
 
 SQLite: Python's sqlite3 driver opens no transaction before DDL, so each CREATE/ALTER of a migration used to
 commit on its own; a failure or a kill in the middle left a store stamped at the old revision with part of
-the new schema (`duplicate column name: temperature` ever after).
+the new schema (`duplicate column name: temperature` ever after). PostgreSQL: `db upgrade` took no lock.
 """
 
 from __future__ import annotations
@@ -190,3 +190,26 @@ def test_a_store_made_without_alembic_that_differs_names_the_tables_in_a_short_l
     said = str(exc.value)
     assert "missing tables: serve_keys, sweeps" in said and "tables that differ: runs" in said
     assert "Table(" not in said and "Column(" not in said and len(said) < 400, said
+
+
+@pytest.mark.parametrize("start", ["empty", "0003"])
+def test_two_db_upgrades_at_once_on_postgresql_both_succeed(pg_url, tmp_path, start):
+    """`db upgrade` took no lock (open_store did): two at once failed 3 of 4 tries on an empty database
+    ('duplicate key value violates unique constraint "pg_type_typname_nsp_index"') and 2 of 3 from 0003 with
+    data ('column "temperature" of relation "requests" already exists'). Now the second waits for the
+    first's advisory lock, then finds the store at head. Three rounds."""
+    cfg = alembic_config(pg_url)
+    url = pg_url.replace("postgres@", "postgres:s3cr3t@")  # trust auth: the password is not checked
+    for n in range(3):
+        if n:
+            command.downgrade(cfg, "base")
+        if start == "0003":
+            _store_at_0003(pg_url)
+        results = _race(tmp_path / str(n), [["db", "upgrade", "--db", url]] * 2)
+        for r in results:
+            assert r.returncode == 0, f"round {n}: {r.stderr}"
+            assert "(at head)" in r.stdout and "s3cr3t" not in r.stdout + r.stderr
+        state = _state(pg_url)
+        assert state["revision"] == head_revision() and state["tables"] == set(Base.metadata.tables) | {
+            "alembic_version"}
+        assert state["counts"] == ([3, 3] if start == "0003" else [0, 0])
