@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import unquote
 
 from sqlalchemy import (
     JSON,
@@ -299,10 +300,18 @@ def _session_in_utc(dbapi_conn, _record) -> None:
 
 
 def sqlite_file(url: str) -> Path | None:
-    """The file a resolved SQLite URL names; None for an in-memory database or a database server."""
+    """The file a resolved SQLite URL names; None for an in-memory database or a database server. A SQLite URI
+    (`sqlite:///file:/path/store.db?mode=ro&uri=true`, read-only) names /path/store.db."""
     if not url.startswith("sqlite"):
         return None
     path = url.split("///", 1)[-1] if "///" in url else ""
+    u = make_url(url)
+    if str(u.query.get("uri", "")).lower() in ("true", "1") and (u.database or "").startswith("file:"):
+        if u.query.get("mode") == "memory":
+            return None
+        path = unquote(u.database.removeprefix("file:").split("?", 1)[0])
+        if path.startswith("//"):  # file://localhost/path or file:///path
+            path = "/" + path[2:].split("/", 1)[-1]
     return Path(path) if path and path != ":memory:" else None
 
 

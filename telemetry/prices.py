@@ -1,13 +1,14 @@
 """Price catalog: $/GPU-hour and $/node-hour defaults, electricity $/kWh and PUE, kept in the `prices` table.
 
-Defaults come from `telemetry/data/prices.json` (each with its source and date) and are written into the
-table on first use, only for names not there yet, so edits made with `specfinops prices set` survive.
-Names are looked up case-insensitively.
+Defaults come from `telemetry/data/prices.json` (each with its source and date). Reading the catalog writes
+nothing (a read-only store can be priced): it is the table's entries, and the defaults for names the table
+lacks. Only `set_price` (`specfinops prices set`) writes, the one entry it sets; older stores hold the
+defaults that reads used to insert. Names are looked up case-insensitively.
 
 Public API:
     ensure_defaults(engine) -> int                   # inserts missing default names, returns how many
-    list_prices(engine) -> list[PriceEntry]
-    get_price(engine, name) -> PriceEntry            # ValueError listing the known names when unknown
+    list_prices(engine) -> list[PriceEntry]          # the catalog, writes nothing
+    get_price(engine, name) -> PriceEntry            # writes nothing; ValueError listing the known names when unknown
     check_price(name, value, *, source, kind=None, as_of=None) -> (value, as_of)   # before opening a store
     set_price(engine, name, value, *, source, kind=None, as_of=None) -> PriceEntry
     catalog_name_for_device(device) -> str | None    # "NVIDIA H100 80GB HBM3" -> "H100", "cpu (2 cores)" -> "cpu-2core"
@@ -150,9 +151,9 @@ def _read_entries(conn: Connection) -> list[PriceEntry]:
 
 
 def list_prices(engine: Engine) -> list[PriceEntry]:
-    ensure_defaults(engine)
-    with Session(engine) as s:
-        return [_entry(r) for r in s.scalars(select(Price).order_by(Price.kind, Price.name))]
+    """The catalog (the table's entries and the defaults for names it lacks), by kind and name; writes nothing,
+    so it reads a read-only store."""
+    return list(load_catalog(engine).entries)
 
 
 def _find(s: Session, name: str) -> Price | None:
@@ -160,13 +161,9 @@ def _find(s: Session, name: str) -> Price | None:
 
 
 def get_price(engine: Engine, name: str) -> PriceEntry:
-    """The entry named `name` (any case); ValueError naming it and listing the known names."""
-    ensure_defaults(engine)
-    with Session(engine) as s:
-        row = _find(s, name)
-        if row is None:
-            raise _unknown(name, s.scalars(select(Price.name)))
-        return _entry(row)
+    """The entry named `name` (any case), stored or default; ValueError naming it and listing the known names.
+    Writes nothing."""
+    return load_catalog(engine).get(name)
 
 
 def _unknown(name: str, known: Iterable[str]) -> ValueError:
@@ -213,15 +210,19 @@ def set_price(
 ) -> PriceEntry:
     """Create or update an entry. A new name needs `kind`; the value must be > 0 (electricity >= 0, PUE >= 1)."""
     value, as_of = check_price(name, value, source=source, kind=kind, as_of=as_of)
-    ensure_defaults(engine)
     with Session(engine) as s:
         row = _find(s, name)
-        if row is None:
-            if kind is None:
+        if row is None:  # a new row: a default's name keeps the default's spelling and kind
+            default = next((e for e in default_entries() if e.name.lower() == name.strip().lower()), None)
+            if default is not None and kind is not None and kind != default.kind:
+                raise ValueError(f"kind of {default.name!r} is {default.kind!r}, cannot change it to {kind!r}")
+            if default is None and kind is None:
                 raise ValueError(
                     f"kind is required for a new price name {name!r} (one of {sorted(KIND_UNITS)})"
                 )
-            row = Price(name=name.strip(), kind=kind, unit=KIND_UNITS[kind], value=value, source="", as_of="")
+            new_kind = default.kind if default is not None else kind
+            row = Price(name=default.name if default is not None else name.strip(), kind=new_kind,
+                        unit=KIND_UNITS[new_kind], value=value, source="", as_of="")
             s.add(row)
         elif kind is not None and kind != row.kind:
             raise ValueError(f"kind of {row.name!r} is {row.kind!r}, cannot change it to {kind!r}")
