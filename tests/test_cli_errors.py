@@ -402,3 +402,29 @@ def test_prices_list_filters_by_kind_and_refuses_what_it_does_not_take(empty_sto
         _one_line(capsys)
     assert main(["prices", "set", "electricity", "0", "--source", "own solar", "--db", empty_store]) == 0
     assert "electricity (electricity) = 0 usd_per_kwh" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("backend", ["torch", "vllm"])
+def test_a_node_id_longer_than_the_column_is_refused_before_a_model_loads(backend, pg_url, monkeypatch, capsys):
+    """A 200-character --node-id was accepted, then PostgreSQL refused the first run after ~57 s of model
+    loading: 'cannot use the database: value too long for type character varying(128)', naming no option."""
+    import serving.worker
+
+    def no_load(*a, **kw):
+        raise AssertionError("a model was loaded before --node-id was checked")
+
+    monkeypatch.setattr(serving.worker, "load", no_load)
+    monkeypatch.setattr(serving.worker, "run_info", no_load)
+    try:
+        rc = main(["bench", "--backend", backend, "--limit", "1", "--db", pg_url, "--node-id", "n" * 200])
+    except SystemExit as exc:  # argparse's own errors: usage and one line
+        rc = exc.code
+    assert rc == 2
+    line = _one_line(capsys)
+    assert "argument --node-id: must be at most 128 characters (the store's runs.node_id), got 200" in line, line
+
+
+def test_a_node_id_of_the_column_length_is_accepted():
+    from app.commands.bench import node_id
+
+    assert node_id("n" * 128) == "n" * 128

@@ -76,13 +76,27 @@ def register(sub) -> None:
     p.add_argument("--max-len", type=context_len, default=2048, help="context window used by the engine (tokens)")
     p.add_argument("--json", metavar="PATH", default=None, help="write the results as JSON")
     add_db_option(p)
-    p.add_argument("--node-id", default=None, help="node id recorded with the runs (default: hostname)")
+    p.add_argument("--node-id", type=node_id, default=None,
+                   help="node id recorded with the runs, up to 128 characters (default: hostname)")
     p.add_argument("--no-telemetry", action="store_true", help="do not record anything in the store")
     p.add_argument("--spec-max-batch", default=None, metavar="N|auto",
                    help="speculate only while at most N sequences run together (AR above); 'auto' = below the "
                         "crossover of the latest recorded sweep for this target and drafter")
     p.add_argument("--power", default="auto", help="auto | nvml | rapl | estimate | none")
     p.add_argument("--tdp-w", type=float, default=None, help="TDP in watts for --power estimate (labelled estimate)")
+
+
+def node_id(text: str) -> str:
+    """argparse type of --node-id: it is stored in runs.node_id (and sweeps.node_id), so no longer than that
+    column. SQLite stores a longer one anyway; PostgreSQL refused it only when the first run was recorded,
+    after the model had loaded, and without naming the option."""
+    from telemetry.db import Run
+
+    limit = Run.__table__.c.node_id.type.length
+    if len(text) > limit:
+        raise argparse.ArgumentTypeError(f"must be at most {limit} characters (the store's runs.node_id), "
+                                         f"got {len(text)}: {text[:20]!r}...")
+    return text
 
 
 def parse_concurrency(text: str) -> list[int]:
