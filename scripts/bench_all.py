@@ -36,21 +36,40 @@ SECTIONS = ("verify", "engine", "calibrate", "peer", "telemetry", "recorder", "s
             "serve")
 
 
-def sh(cmd: list[str], log: Path | None = None) -> int:
-    print("$ " + " ".join(cmd), flush=True)
-    t = time.perf_counter()
-    if log is None:
-        rc = subprocess.call(cmd)
-    else:
-        with log.open("w") as f:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for line in proc.stdout:
-                f.write(line)
-                if not line.startswith(("\r",)) and "it/s]" not in line and "req/s]" not in line:
-                    sys.stdout.write(line)
-            rc = proc.wait()
-    print(f"  ({time.perf_counter() - t:.0f} s, exit {rc})", flush=True)
-    return rc
+class Runs:
+    """The commands of one `make bench`: which result files each wrote, and which failed. A command's result
+    files are removed before it runs, so a failed command leaves none behind, and the summary reads only the
+    files this invocation wrote (a file from an earlier run is never shown as current)."""
+
+    def __init__(self) -> None:
+        self.fresh: set[str] = set()
+        self.failed: list[str] = []
+
+    def sh(self, cmd: list[str], *outputs: str, stdout: Path | None = None) -> int:
+        """Run `cmd` (its output streamed, or written to `stdout`); `outputs`: the bench-results/ files it
+        writes. Returns its exit status."""
+        for name in (*outputs, *([stdout.name] if stdout else [])):
+            (OUT / name).unlink(missing_ok=True)
+        print("$ " + " ".join(cmd), flush=True)
+        t = time.perf_counter()
+        if stdout is None:
+            rc = subprocess.call(cmd)
+        else:
+            with stdout.open("w") as fh:
+                rc = subprocess.call(cmd, stdout=fh)
+        print(f"  ({time.perf_counter() - t:.0f} s, exit {rc})", flush=True)
+        made = [*outputs, *([stdout.name] if stdout else [])]
+        if rc != 0:
+            self.failed.append(f"{' '.join(cmd[2:4])} -> {', '.join(made) or 'its output'} (exit {rc})")
+            for name in made:
+                (OUT / name).unlink(missing_ok=True)  # a half-written result is not a result
+        else:
+            self.fresh.update(name for name in made if (OUT / name).is_file())
+        return rc
+
+    def load(self, name: str) -> dict:
+        """A result file this invocation wrote ({} for one it did not)."""
+        return load(name) if name in self.fresh else {}
 
 
 def bench(*args: str) -> list[str]:
@@ -65,10 +84,14 @@ def load(name: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
-    ap.add_argument("--limit", type=int, default=8, help="prompts per engine run")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--early-exit-layers", type=int, default=8)
+    ap.add_argument("--limit", type=int, default=8,
+                    help="prompts per run of the engine and peer sections, half of it for telemetry (default 8; "
+                         "the other sections run their own fixed sizes)")
+    ap.add_argument("--max-new-tokens", type=int, default=128,
+                    help="tokens per answer in the engine and peer sections (default 128)")
+    ap.add_argument("--k", type=int, default=4, help="draft length of the engine and peer runs (default 4)")
+    ap.add_argument("--early-exit-layers", type=int, default=8,
+                    help="layers of the early-exit draft in the engine and peer sections (default 8)")
     ap.add_argument("--dtype", default="auto", help="precision of every engine run: " + DTYPE_HELP)
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -88,66 +111,84 @@ def main() -> int:
     from serving.models import model_path
 
     target = str(model_path("target"))
+    runs = Runs()
+    sh = runs.sh
 
     if "verify" in only:
-        sh([sys.executable, "-m", "scripts.bench_verify_cost", "--batch", "1,2,4,8"])
+        sh([sys.executable, "-m", "scripts.bench_verify_cost", "--batch", "1,2,4,8"], "verify_cost.json")
     if "engine" in only:
-        sh(bench(*common, "--mode", "both", "--drafter", "ngram", "--db", db, "--json", str(OUT / "engine_ngram.json")))
+        sh(bench(*common, "--mode", "both", "--drafter", "ngram", "--db", db, "--json", str(OUT / "engine_ngram.json")),
+           "engine_ngram.json")
         sh(bench(*common, "--mode", "spec", "--drafter", "early-exit", "--early-exit-layers",
-                 str(args.early_exit_layers), "--db", db, "--json", str(OUT / "engine_early_exit.json")))
+                 str(args.early_exit_layers), "--db", db, "--json", str(OUT / "engine_early_exit.json")),
+           "engine_early_exit.json")
         from serving.models import BUNDLED_DRAFT_DIR
 
         if (BUNDLED_DRAFT_DIR / "config.json").is_file():
             sh(bench(*common, "--mode", "both", "--drafter", "draft", "--db", db,
-                     "--json", str(OUT / "engine_draft.json")))
+                     "--json", str(OUT / "engine_draft.json")), "engine_draft.json")
             sh(bench(*common, "--mode", "both", "--drafter", "draft+ngram", "--db", db,
-                     "--json", str(OUT / "engine_draft_ngram.json")))
+                     "--json", str(OUT / "engine_draft_ngram.json")), "engine_draft_ngram.json")
             sh(bench(*shared, "--mode", "both", "--drafter", "draft+ngram", "--tree", TREE, "--db", db,  # its depth is the K
-                     "--json", str(OUT / "engine_draft_ngram_tree.json")))
+                     "--json", str(OUT / "engine_draft_ngram_tree.json")), "engine_draft_ngram_tree.json")
     if "calibrate" in only:
         from serving.models import BUNDLED_DRAFT_DIR
 
         if (BUNDLED_DRAFT_DIR / "config.json").is_file():
             for drafter, extra in (("draft", []), ("draft+ngram", ["--workload", "code"])):
-                with open(OUT / f"calibrate_{drafter.replace('+', '_')}.json", "w") as fh:
-                    print(f"$ calibrate --drafter {drafter}", flush=True)
-                    subprocess.run([sys.executable, "-m", "app.cli", "calibrate", "--drafter", drafter, "--limit", "6", "--k", "4",
-                                    "--dtype", dtype, "--json", *extra], check=True, stdout=fh)
+                sh([sys.executable, "-m", "app.cli", "calibrate", "--drafter", drafter, "--limit", "6", "--k", "4",
+                    "--dtype", dtype, "--json", *extra], stdout=OUT / f"calibrate_{drafter.replace('+', '_')}.json")
     if "peer" in only:
         sh([sys.executable, "-m", "scripts.hf_peer", "--target", target, "--workload", "code", "--k", str(args.k),
             "--max-new-tokens", str(args.max_new_tokens), "--limit", str(args.limit), "--dtype", dtype,
-            "--early-exit", str(args.early_exit_layers), "--json", str(OUT / "hf_peer.json")])
+            "--early-exit", str(args.early_exit_layers), "--json", str(OUT / "hf_peer.json")], "hf_peer.json")
     if "telemetry" in only:
         tel = ["--workload", "code", "--mode", "ar", "--dtype", dtype, "--limit", str(max(2, args.limit // 2)), "--max-new-tokens", "64"]
+        (OUT / "telemetry_overhead.json").unlink(missing_ok=True)
         for i in range(2):  # interleaved, best of two each: the machine is shared
-            sh(bench(*tel, "--no-telemetry", "--json", str(OUT / f"telemetry_off_{i}.json")))
-            sh(bench(*tel, "--db", db, "--json", str(OUT / f"telemetry_on_{i}.json")))
-        off = max(load(f"telemetry_off_{i}.json")["runs"][0]["tokens_per_s"] for i in range(2))
-        on = max(load(f"telemetry_on_{i}.json")["runs"][0]["tokens_per_s"] for i in range(2))
-        result = {"tokens_per_s_off": off, "tokens_per_s_on": on, "overhead": 1 - on / off}
-        (OUT / "telemetry_overhead.json").write_text(json.dumps(result, indent=1))
-        print(f"telemetry overhead: off {off:.1f} tok/s, on {on:.1f} tok/s -> {result['overhead']:+.1%}")
+            sh(bench(*tel, "--no-telemetry", "--json", str(OUT / f"telemetry_off_{i}.json")), f"telemetry_off_{i}.json")
+            sh(bench(*tel, "--db", db, "--json", str(OUT / f"telemetry_on_{i}.json")), f"telemetry_on_{i}.json")
+        offs = [r["runs"][0]["tokens_per_s"] for i in range(2) if (r := runs.load(f"telemetry_off_{i}.json"))]
+        ons = [r["runs"][0]["tokens_per_s"] for i in range(2) if (r := runs.load(f"telemetry_on_{i}.json"))]
+        if offs and ons:
+            off, on = max(offs), max(ons)
+            result = {"tokens_per_s_off": off, "tokens_per_s_on": on, "overhead": 1 - on / off}
+            (OUT / "telemetry_overhead.json").write_text(json.dumps(result, indent=1))
+            runs.fresh.add("telemetry_overhead.json")
+            print(f"telemetry overhead: off {off:.1f} tok/s, on {on:.1f} tok/s -> {result['overhead']:+.1%}")
     if "recorder" in only:
-        sh([sys.executable, "-m", "scripts.bench_recorder"])
+        sh([sys.executable, "-m", "scripts.bench_recorder"], "recorder.json")
     if "sweep" in only:
         # mixed: what a general deployment sees; code: the domain the bundled pair is aligned for
         for workload, name in (("mixed", "sweep.json"), ("code", "sweep_code.json")):
             sh(bench("--workload", workload, "--mode", "both", "--dtype", dtype, "--limit", "32", "--max-new-tokens", "64",
-                     "--concurrency", "1,2,4,8,16,32", "--db", db, "--json", str(OUT / name)))
+                     "--concurrency", "1,2,4,8,16,32", "--db", db, "--json", str(OUT / name)), name)
     if "lookahead" in only:
         sh([sys.executable, "-m", "scripts.bench_lookahead", "--dtype", dtype, "--policies", "1,2,3,4,5,6,7,8,heuristic,entropy,cost,auto",
-            "--limit", "4", "--max-new-tokens", "64", "--repeats", "2"])
-        sh([sys.executable, "-m", "scripts.sim_lookahead"])
+            "--limit", "4", "--max-new-tokens", "64", "--repeats", "2"], "lookahead.json")
+        sh([sys.executable, "-m", "scripts.sim_lookahead"], "sim_lookahead.json")
     if "dashboard" in only:
-        sh([sys.executable, "-m", "scripts.bench_dashboard"])
+        sh([sys.executable, "-m", "scripts.bench_dashboard"], "dashboard.json")
     if "serve" in only and Path("scripts/bench_serve.py").is_file():
-        sh([sys.executable, "-m", "scripts.bench_serve", "--dtype", dtype, "--levels", "1,4,16,32", "--duration", "30"])
-    summarize()
+        sh([sys.executable, "-m", "scripts.bench_serve", "--dtype", dtype, "--levels", "1,4,16,32", "--duration", "30"],
+           "serve.json")
+    summarize(runs.load)
+    if runs.failed:
+        print(f"make bench: {len(runs.failed)} command(s) failed, their results left out of SUMMARY.md:", file=sys.stderr)
+        for line in runs.failed:
+            print(f"  {line}", file=sys.stderr)
+        return 1
     return 0
 
 
-def summarize() -> None:
-    """One page with the headline numbers of whatever sections ran (bench-results/SUMMARY.md)."""
+def _num(value, spec: str = ".3f", suffix: str = "") -> str:
+    """A figure as SUMMARY.md shows it: rounded; a measured 0 is 0, only a missing figure is '—'."""
+    return "—" if value is None else f"{value:{spec}}{suffix}"
+
+
+def summarize(load=load) -> None:
+    """One page with the headline numbers of whatever sections ran (bench-results/SUMMARY.md); `load` reads a
+    result file (Runs.load: only those this invocation wrote)."""
     lines = ["# Benchmark summary", ""]
     vc = load("verify_cost.json")
     if vc:
@@ -170,15 +211,15 @@ def summarize() -> None:
         ar = next(r for r in ng["runs"] if r["mode"] == "ar")
         for r in ng["runs"] + ee.get("runs", []):
             sp = r["tokens_per_s"] / ar["tokens_per_s"]
-            lines.append(f"| ours {r['mode']} {r['drafter'] or ''} | {r['tokens_per_s']:.1f} | {r['acceptance_rate'] or '—'} "
-                         f"| {r['mean_acceptance_length'] or '—'} | {sp:.2f}x |")
+            lines.append(f"| ours {r['mode']} {r['drafter'] or ''} | {r['tokens_per_s']:.1f} | {_num(r['acceptance_rate'])} "
+                         f"| {_num(r['mean_acceptance_length'], '.2f')} | {sp:.2f}x |")
         for run in (dr, hy, tr):
             if run:
                 own = next(r for r in run["runs"] if r["mode"] == "ar")
                 sp = next(r for r in run["runs"] if r["mode"] == "spec")
                 lines.append(f"| ours spec {sp['drafter']}{' --tree ' + sp['tree'] if sp.get('tree') else ''} (own AR run {own['tokens_per_s']:.1f} tok/s) | "
-                             f"{sp['tokens_per_s']:.1f} | {sp['acceptance_rate'] or '—'} | "
-                             f"{sp['mean_acceptance_length'] or '—'} | {run.get('speedup') or 0:.2f}x |")
+                             f"{sp['tokens_per_s']:.1f} | {_num(sp['acceptance_rate'])} | "
+                             f"{_num(sp['mean_acceptance_length'], '.2f')} | {_num(run.get('speedup'), '.2f', 'x')} |")
         for r in peer.get("runs", []):
             lines.append(f"| HF {r['mode']} | {r['tokens_per_s']:.1f} | — | — | {r.get('speedup_vs_ar') or 0:.2f}x |")
         lines.append("")
