@@ -54,6 +54,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from serving.tuning import remembered
+
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
@@ -299,8 +301,12 @@ def widen_matmul_attention(dtype: torch.dtype = torch.bfloat16) -> bool:
             out = matmul_attention(q, k, v, m, L)
         return out
 
-    t_wide, t_plain = _race(wide, plain)
-    return t_wide < FASTER * t_plain
+    def race() -> int:
+        t_wide, t_plain = _race(wide, plain)
+        return int(t_wide < FASTER * t_plain)
+
+    # remembered per machine (serving/tuning.py): a choice that flips between processes changes the numerics
+    return bool(remembered(f"attention_float32/{str(dtype).removeprefix('torch.')}", race))
 
 
 ATTENTION_WIDTHS = (1, 2, 3, 5, 9)  # queries a decode forward feeds per sequence: AR 1, verifying K <= 8 drafts K + 1
@@ -331,22 +337,28 @@ def _fused_from(dtype: torch.dtype, masked: bool, B: int) -> int | None:
         return 1 if setting == "on" else None
     from serving.llama import causal_mask, small_attention  # the matmul path lives with the model
 
-    gen = torch.Generator().manual_seed(0)
-    L = 256
-    wins = {}
-    for T in ATTENTION_WIDTHS:
-        q = torch.randn(B, 9, T, 64, generator=gen).to(dtype)
-        k = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
-        v = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
-        if masked:
-            mask = small_mask = causal_mask(T, L).expand(B, 1, T, L)
-        else:
-            mask, small_mask = (None if T == 1 else causal_mask(T, L)), None
-        t_fast, t_plain = _race(
-            lambda q=q, k=k, v=v, m=mask: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
-            lambda q=q, k=k, v=v, m=small_mask: small_attention(q, k, v, m, L))
-        wins[T] = t_fast < FASTER * t_plain
-    return rows_from(wins)
+    def race() -> int:
+        gen = torch.Generator().manual_seed(0)
+        L = 256
+        wins = {}
+        for T in ATTENTION_WIDTHS:
+            q = torch.randn(B, 9, T, 64, generator=gen).to(dtype)
+            k = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
+            v = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
+            if masked:
+                mask = small_mask = causal_mask(T, L).expand(B, 1, T, L)
+            else:
+                mask, small_mask = (None if T == 1 else causal_mask(T, L)), None
+            t_fast, t_plain = _race(
+                lambda q=q, k=k, v=v, m=mask: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+                lambda q=q, k=k, v=v, m=small_mask: small_attention(q, k, v, m, L))
+            wins[T] = t_fast < FASTER * t_plain
+        return rows_from(wins) or 0  # 0: never
+
+    # remembered per machine (serving/tuning.py): on an AMX Xeon the masked batch's choice flipped between
+    # processes, so two runs of one sampled bf16 command at concurrency 2 decoded different tokens
+    name = f"fused_attention_from/{str(dtype).removeprefix('torch.')}/{'masked' if masked else 'causal'}/{B}"
+    return remembered(name, race) or None
 
 
 fused_attention_from.cache_clear = _fused_from.cache_clear  # a changed setting (or a test) measures again

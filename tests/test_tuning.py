@@ -115,3 +115,27 @@ def test_int8_rows_are_raced_once_per_machine(cache, monkeypatch):
         assert int8.int8_max_rows(torch.float32) == 1 and len(races) == raced
     finally:
         int8.int8_max_rows.cache_clear()
+
+
+def test_the_attention_races_are_remembered_so_every_process_decodes_alike(cache, monkeypatch):
+    """The masked batch's fused-attention choice flipped between processes on an AMX Xeon (software versions
+    'packed+fused/mask-fused>=9' and 'packed+fused'), and two runs of one sampled bf16 command at concurrency 2
+    decoded different tokens. The attention races now go through tuning.remembered like int8's row count."""
+    from serving import kernels
+
+    monkeypatch.setenv("SPECFINOPS_DECODE_ATTENTION", "auto")
+    monkeypatch.setenv("SPECFINOPS_ATTENTION_FLOAT32", "auto")
+    kernels.fused_attention_from.cache_clear()
+    kernels.widen_matmul_attention.cache_clear()
+    first = kernels.fused_attention_from(torch.bfloat16, masked=True)
+    kernels.widen_matmul_attention(torch.bfloat16)
+    entry = _stored(cache)[tuning.machine_key()]
+    assert entry["fused_attention_from/bfloat16/masked/4"] == (first or 0)
+    assert entry["attention_float32/bfloat16"] in (0, 1)
+    # a new process (caches cleared) whose race would come out otherwise takes the remembered choice
+    entry["fused_attention_from/bfloat16/masked/4"] = 9 if first != 9 else 0
+    (cache / tuning.FILE_NAME).write_text(json.dumps({tuning.machine_key(): entry}))
+    kernels.fused_attention_from.cache_clear()
+    assert kernels.fused_attention_from(torch.bfloat16, masked=True) == (9 if first != 9 else None)
+    kernels.fused_attention_from.cache_clear()
+    kernels.widen_matmul_attention.cache_clear()
