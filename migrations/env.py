@@ -12,7 +12,13 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from telemetry.db import Base, make_engine, migration_transaction, resolve_db_url
+from telemetry.db import (
+    Base,
+    make_engine,
+    migration_transaction,
+    quiet_expression_index_warnings,
+    resolve_db_url,
+)
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):
@@ -92,7 +98,8 @@ def run_migrations_online() -> None:
         engine.dispose()
 
 
-if context.is_offline_mode():
-    run_migrations_offline()
-else:
-    run_migrations_online()
+with quiet_expression_index_warnings():  # SQLite's comparison skips uq_prices_name_lower: nothing to say
+    if context.is_offline_mode():
+        run_migrations_offline()
+    else:
+        run_migrations_online()

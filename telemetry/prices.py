@@ -157,7 +157,8 @@ def list_prices(engine: Engine) -> list[PriceEntry]:
 
 
 def _find(s: Session, name: str) -> Price | None:
-    return s.scalars(select(Price).where(func.lower(Price.name) == name.strip().lower())).first()
+    """The row named `name` in any case, as the database's lower() folds it (as uq_prices_name_lower does)."""
+    return s.scalars(select(Price).where(func.lower(Price.name) == func.lower(name.strip()))).first()
 
 
 def get_price(engine: Engine, name: str) -> PriceEntry:
@@ -208,11 +209,28 @@ def _check_value_for_kind(kind: str, value: float) -> None:
 def set_price(
     engine: Engine, name: str, value: float, *, source: str, kind: str | None = None, as_of: str | None = None
 ) -> PriceEntry:
-    """Create or update an entry. A new name needs `kind`; the value must be > 0 (electricity >= 0, PUE >= 1)."""
+    """Create or update an entry. A new name needs `kind`; the value must be > 0 (electricity >= 0, PUE >= 1).
+
+    Names are unique in any case (uq_prices_name and uq_prices_name_lower): when another writer creates the same
+    name (in any case) between this call's look-up and its insert, the insert fails and is retried once as an
+    update of that row, as if this call had come second."""
     value, as_of = check_price(name, value, source=source, kind=kind, as_of=as_of)
+    try:
+        return _set_price(engine, name, value, source=source, kind=kind, as_of=as_of)
+    except _LostRace:
+        return _set_price(engine, name, value, source=source, kind=kind, as_of=as_of)
+
+
+class _LostRace(Exception):
+    """The new row's insert met a row of the same name (any case) committed since the look-up."""
+
+
+def _set_price(engine: Engine, name: str, value: float, *, source: str, kind: str | None,
+               as_of: str | None) -> PriceEntry:
     with Session(engine) as s:
         row = _find(s, name)
-        if row is None:  # a new row: a default's name keeps the default's spelling and kind
+        created = row is None
+        if created:  # a new row: a default's name keeps the default's spelling and kind
             default = next((e for e in default_entries() if e.name.lower() == name.strip().lower()), None)
             if default is not None and kind is not None and kind != default.kind:
                 raise ValueError(f"kind of {default.name!r} is {default.kind!r}, cannot change it to {kind!r}")
@@ -232,7 +250,12 @@ def set_price(
         row.as_of = as_of or utcnow().strftime("%Y-%m-%d")
         row.updated_at = utcnow()
         written = _entry(row)  # what this call wrote: read back after the commit, a concurrent set's value
-        s.commit()
+        try:
+            s.commit()
+        except IntegrityError as exc:
+            if not created:
+                raise
+            raise _LostRace from exc
         return written
 
 

@@ -21,7 +21,14 @@ from sqlalchemy import create_engine, inspect, make_url, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from telemetry.db import Base, make_engine, migration_transaction, resolve_db_url, sqlite_file
+from telemetry.db import (
+    Base,
+    make_engine,
+    migration_transaction,
+    quiet_expression_index_warnings,
+    resolve_db_url,
+    sqlite_file,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +91,8 @@ def _stamp_if_created_without_alembic(conn: Connection, cfg: Config) -> bool:
     present = ours & set(inspect(conn).get_table_names())
     if not present:
         return False
-    diffs = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+    with quiet_expression_index_warnings():
+        diffs = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
     if diffs:
         raise StoreError(
             f"database has specfinops tables {sorted(present)} but no {VERSION_TABLE} table and its schema "

@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from alembic import command
+from racing import race
 from sqlalchemy import create_engine, event, inspect, text
 from sqlalchemy.engine import Engine
 
@@ -122,39 +122,6 @@ def test_a_db_upgrade_killed_midway_leaves_the_store_at_its_old_revision(sqlite_
 
 # ---- two processes at once -----------------------------------------------------------------------------
 
-RACER = """
-import sys, time
-from pathlib import Path
-from app.cli import main
-import telemetry.prices, telemetry.store  # loaded before the start, so the processes meet at the store
-go = Path(sys.argv[2])
-Path(sys.argv[3]).touch()  # ready
-while not go.exists():
-    time.sleep(0.001)
-sys.exit(main(sys.argv[4:]))
-"""
-
-
-def _race(tmp_path: Path, commands: list[list[str]]) -> list[subprocess.CompletedProcess]:
-    """Start every command in its own process, all released at the same moment once they have imported."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    go = tmp_path / "go"
-    procs = []
-    for i, argv in enumerate(commands):
-        procs.append(subprocess.Popen(
-            [sys.executable, "-c", RACER, "", str(go), str(tmp_path / f"ready{i}"), *argv], cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    deadline = time.monotonic() + 120
-    while not all((tmp_path / f"ready{i}").exists() for i in range(len(commands))) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    go.touch()
-    results = []
-    for p, argv in zip(procs, commands, strict=True):
-        out, err = p.communicate(timeout=180)
-        results.append(subprocess.CompletedProcess(argv, p.returncode, out, err))
-    return results
-
-
 def test_two_processes_creating_one_new_sqlite_store_both_succeed(tmp_path):
     """`prices set` twice at once on a new file: one of them used to fail (3 of 5 tries) with 'table
     alembic_version already exists' or 'table prices already exists'. Four new stores, two openers each."""
@@ -163,7 +130,7 @@ def test_two_processes_creating_one_new_sqlite_store_both_succeed(tmp_path):
         db = str(tmp_path / f"race{n}.db")
         commands += [["prices", "set", "H100", "3", "--source", "x", "--db", db],
                      ["prices", "set", "A100-80GB", "2", "--source", "y", "--db", db]]
-    results = _race(tmp_path, commands)
+    results = race(tmp_path, commands)
     for r in results:
         assert r.returncode == 0, f"{r.args}: {r.stderr}"
     for n in range(4):
@@ -205,7 +172,7 @@ def test_two_db_upgrades_at_once_on_postgresql_both_succeed(pg_url, tmp_path, st
             command.downgrade(cfg, "base")
         if start == "0003":
             _store_at_0003(pg_url)
-        results = _race(tmp_path / str(n), [["db", "upgrade", "--db", url]] * 2)
+        results = race(tmp_path / str(n), [["db", "upgrade", "--db", url]] * 2)
         for r in results:
             assert r.returncode == 0, f"round {n}: {r.stderr}"
             assert "(at head)" in r.stdout and "s3cr3t" not in r.stdout + r.stderr
