@@ -251,3 +251,47 @@ def test_serve_runs_the_draft_model_it_is_given_and_refuses_one_it_would_not_use
     err = capsys.readouterr().err.strip()
     assert f"--draft-model {draft}: --drafter ngram uses no draft model" in err
     assert len(seen) == 1
+
+
+def test_a_bench_refused_after_its_store_opened_leaves_no_new_store(pair, tmp_path, capsys):
+    """A draft with another vocabulary is refused once the models load, after --db was opened: the new, empty
+    store it had made stayed, and a later `cost --db` found an empty store rather than 'no store at PATH'."""
+    target, _ = pair
+    other = hf_dir(tmp_path / "other-vocab", seed=2, vocab_size=300)
+    db = tmp_path / "new.db"
+    argv = ["bench", "--target", str(target), "--draft-model", str(other), "--limit", "1", "--max-new-tokens", "4",
+            "--dtype", "float32", "--power", "none", "--db", f"sqlite:///{db}"]
+    assert main(argv) == 2
+    assert "vocab" in capsys.readouterr().err.lower()
+    assert not db.exists() and not list(tmp_path.glob("new.db-*"))
+    # an existing store is left as it was
+    existing = tmp_path / "old.db"
+    from telemetry.store import open_store
+
+    open_store(f"sqlite:///{existing}").dispose()
+    assert main([*argv[:-1], f"sqlite:///{existing}"]) == 2 and existing.exists()
+
+
+def test_answers_the_context_cannot_hold_are_announced(pair, tmp_path, capsys):
+    target, draft = pair
+    _bench_json(tmp_path, "--target", str(target), "--draft-model", str(draft), "--max-len", "48",
+                "--max-new-tokens", "400")
+    err = capsys.readouterr().err
+    assert "note: --max-new-tokens 400 does not fit --max-len 48 after 1 of 1 prompts" in err, err
+
+
+def test_the_k_column_names_a_tree():
+    from app.commands.bench import table_lines
+
+    run = {"mode": "spec", "drafter": "draft+ngram", "k": "auto", "tree": "16:6:4:0.25", "concurrency": 1,
+           "tokens_per_s": 1.0, "ttft_p50_ms": 1.0, "tpot_p50_ms": 1.0, "tpot_p95_ms": 1.0, "acceptance_rate": 0.5,
+           "mean_acceptance_length": 2.0, "token_identical_rate": None, "run_ids": [1]}
+    assert "tree 16:6:4:0.25" in table_lines([run])[2]
+
+
+def test_an_output_file_that_cannot_be_created_is_refused_before_the_work():
+    from app.commands._common import check_writable
+    from app.errors import UsageError
+
+    with pytest.raises(UsageError, match="--json /proc/x.json: not writable"):
+        check_writable("/proc/x.json", "--json")

@@ -84,6 +84,15 @@ def check_writable(path: str | None, flag: str) -> None:
         raise UsageError(f"{flag} {path}: cannot make its directory: {exc.strerror or exc}") from None
     if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise UsageError(f"{flag} {path}: not writable")
+    # os.access answers yes to root almost everywhere (/proc too): open it as the end will, and leave no file
+    existed = p.exists()
+    try:
+        with p.open("a"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: not writable: {exc.strerror or exc}") from None
+    if not existed:
+        p.unlink(missing_ok=True)
 
 
 def bindable_port(host: str, port: int) -> int:

@@ -180,7 +180,7 @@ def _handle(args: argparse.Namespace) -> int:
         args.drafter = drafter_for(args.drafter, args.draft_model, "--draft-model", lambda: "ngram", model_drafter="draft")
         return _write_json(args, run_bench_vllm(args, prompts, params, modes, levels))
 
-    from serving.worker import EngineSpec, default_drafter, load
+    from serving.worker import EngineSpec, default_drafter
 
     drafter = drafter_for(args.drafter, args.draft_model, "--draft-model", lambda: default_drafter(args.target))
     spec = EngineSpec(target=args.target, drafter=drafter, draft_model=args.draft_model,
@@ -191,10 +191,29 @@ def _handle(args: argparse.Namespace) -> int:
     gate = args.spec_max_batch
     if gate is not None and gate != "auto" and (not str(gate).isdigit() or int(gate) < 1):
         raise ValueError(f"--spec-max-batch must be an integer >= 1 or 'auto', got {gate!r}")
+    made = None  # a store file this command creates: removed again if the command is refused before it runs
     if not args.no_telemetry:
+        from telemetry.db import resolve_db_url, sqlite_file
         from telemetry.store import open_store
 
+        path = sqlite_file(resolve_db_url(args.db))
+        made = path if path is not None and not path.exists() else None
         open_store(args.db).dispose()  # an unusable --db now, not after the benchmark
+    try:
+        loaded, encoded = _load_and_check(args, spec, prompts, params, gate, chosen, levels)
+    except BaseException:
+        if made is not None:
+            for leftover in (made, made.with_name(made.name + "-wal"), made.with_name(made.name + "-shm")):
+                leftover.unlink(missing_ok=True)
+        raise
+    report = run_bench(args, loaded, prompts, encoded, params, modes, levels)
+    return _write_json(args, report)
+
+
+def _load_and_check(args, spec, prompts, params, gate, chosen: bool, levels: list[int]):
+    """Load the models and check what needs them (the prompts' lengths, a gate read from a sweep)."""
+    from serving.worker import load
+
     if chosen and args.dtype == "float32" and args.backend == "torch" and 1 in levels:
         from serving.kernels import AUTO_BF16_MAX_BATCH, emulated_bf16_pays
 
@@ -211,9 +230,13 @@ def _handle(args: argparse.Namespace) -> int:
     for p, ids in zip(prompts, encoded, strict=True):
         if len(ids) >= spec.max_len - 1:
             raise ValueError(f"prompt {p.id} is {len(ids)} tokens, longer than the context window ({spec.max_len})")
-
-    report = run_bench(args, loaded, prompts, encoded, params, modes, levels)
-    return _write_json(args, report)
+    # the prompt and its answer share max_len - 1 positions: a longer answer is cut there, finish reason 'length'
+    capped = [len(ids) for ids in encoded if len(ids) + params.max_new_tokens > spec.max_len - 1]
+    if capped:
+        print(f"note: --max-new-tokens {params.max_new_tokens} does not fit --max-len {spec.max_len} after "
+              f"{len(capped)} of {len(encoded)} prompts (the longest {max(capped)} tokens): their answers stop at "
+              f"{spec.max_len - 1} tokens of prompt and answer, finish reason 'length'", file=sys.stderr)
+    return loaded, encoded
 
 
 def resolve_spec_max_batch(gate: str, db_url: str | None, loaded) -> int | None:
@@ -421,7 +444,7 @@ def _run_label(run: dict) -> str:
 TABLE_COLUMNS = (  # header, alignment (< left, > right), narrowest width, cell of a run
     ("mode", "<", 5, lambda r: r["mode"]),
     ("drafter", "<", 14, lambda r: r["drafter"] or "-"),
-    ("K", ">", 3, lambda r: str(r["k"])),
+    ("K", ">", 3, lambda r: f"tree {r['tree']}" if r.get("tree") else str(r["k"])),
     ("conc", ">", 4, lambda r: str(r["concurrency"])),
     ("tok/s", ">", 7, lambda r: _fmt(r["tokens_per_s"])),
     ("TTFT p50", ">", 9, lambda r: _fmt(r["ttft_p50_ms"])),
