@@ -8,6 +8,7 @@ Tables: runs, requests, steps, token_events, power_samples, prices, reports, swe
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sqlite3
@@ -297,9 +298,35 @@ SQLITE_MIGRATION_WAIT_MS = 30 * 60 * 1000
 PG_MIGRATION_LOCK_KEY = 0x5EC_F1A0  # pg_advisory_xact_lock key: one process changes the schema at a time
 
 
-def _sqlite_pragmas(dbapi_conn, _record) -> None:
+class StoreFolderError(PermissionError):
+    """A SQLite store in a folder this process cannot write: SQLite cannot make the files WAL mode keeps next
+    to the store, so it cannot even be read."""
+
+
+def folder_error(path: Path | None, exc: BaseException) -> StoreFolderError | None:
+    """The clear error for a sqlite3 error `exc` on the store at `path` when its folder is what is not writable
+    ('attempt to write a readonly database' says only that the database is), else None."""
+    if path is None or "readonly" not in str(exc):
+        return None
+    folder = path.absolute().parent
+    if getattr(exc, "sqlite_errorname", "") != "SQLITE_READONLY_DIRECTORY" and os.access(folder, os.W_OK):
+        return None
+    return StoreFolderError(
+        f"cannot use the store {path}: its folder {folder} is not writable, and SQLite must create {path.name}-wal "
+        f"and {path.name}-shm there to open a store in WAL mode, even to read it: make {folder} writable for this "
+        "user, or copy the store into a folder that is"
+    )
+
+
+def _sqlite_pragmas(dbapi_conn, _record, path: Path | None = None) -> None:
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
+    try:
+        cur.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.OperationalError as exc:
+        clear = folder_error(path, exc)
+        if clear is not None:
+            raise clear from None
+        raise
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
@@ -342,7 +369,7 @@ def make_engine(url: str | None = None) -> Engine:
                 raise ValueError(f"database {url!r} is a directory: give a SQLite file path or a database URL")
             path.parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False})
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", functools.partial(_sqlite_pragmas, path=path))
         return engine
     u = make_url(url)
     # checked before any driver is imported: a MySQL URL is refused as such, not as "MySQLdb is not installed"

@@ -23,6 +23,7 @@ from sqlalchemy.exc import DBAPIError
 
 from telemetry.db import (
     Base,
+    folder_error,
     make_engine,
     migration_transaction,
     quiet_expression_index_warnings,
@@ -68,6 +69,14 @@ def head_revision() -> str:
 def known_revisions() -> frozenset[str]:
     """Every revision this version's migrations know (a store at another one was written by a newer one)."""
     return frozenset(s.revision for s in ScriptDirectory.from_config(alembic_config("sqlite://")).walk_revisions())
+
+
+def newer_revision_error(current: str, doing: str = "") -> StoreError:
+    """A store stamped with a revision this version's migrations do not know: a newer specfinops wrote it."""
+    return StoreError(
+        f"{doing}database is at revision {current!r}, unknown to this specfinops (head {head_revision()!r}); "
+        "it was written by a newer version"
+    )
 
 
 def current_revision(conn: Connection) -> str | None:
@@ -139,10 +148,7 @@ def _upgrade(engine: Engine, conn: Connection, head: str) -> None:
     if current == head:
         return  # another process upgraded while we waited
     if current is not None and current not in known_revisions():
-        raise StoreError(
-            f"database is at revision {current!r}, unknown to this specfinops (head {head!r}); "
-            "it was written by a newer version"
-        )
+        raise newer_revision_error(current)
     cfg = alembic_config(engine.url.render_as_string(hide_password=False), connection=conn)
     if current is None and _stamp_if_created_without_alembic(conn, cfg):
         return
@@ -214,6 +220,11 @@ def open_store(url: str | None = None, *, must_exist: bool = False) -> Engine:
         probe = create_engine(url)
         try:
             _refuse_unless_a_store(probe, url)
+        except DBAPIError as exc:
+            clear = folder_error(path, exc.orig)
+            if clear is None:
+                raise
+            raise clear from None
         finally:
             probe.dispose()
     engine = make_engine(url)

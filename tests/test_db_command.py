@@ -1,0 +1,107 @@
+"""`specfinops db`: what it says about a store it cannot or should not change."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from app.cli import main as cli_main
+from telemetry.store import head_revision, open_store
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _revision(url: str) -> str:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as c:
+            return c.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    finally:
+        engine.dispose()
+
+
+def _err_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def _unprivileged(argv: list[str]) -> list[str]:
+    """argv run without the right to write where the file modes forbid it (root ignores them)."""
+    if os.geteuid() != 0:
+        return argv
+    if shutil.which("capsh") is None:
+        pytest.skip("running as root and capsh is not installed: cannot drop CAP_DAC_OVERRIDE")
+    return ["capsh", "--drop=cap_dac_override,cap_dac_read_search", "--", "-c", shlex.join(argv)]
+
+
+@pytest.mark.parametrize("command", [["db", "current"], ["prices"], ["cost"]])
+def test_a_store_in_a_read_only_folder_names_the_folder(tmp_path, command):
+    """Even `db current` failed with 'attempt to write a readonly database' (SQLite in WAL mode must create
+    store.db-wal and -shm next to the file), naming neither the file nor its folder."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    store = folder / "store.db"
+    open_store(f"sqlite:///{store}").dispose()  # the -wal and -shm files go with the last connection
+    assert sorted(p.name for p in folder.iterdir()) == ["store.db"]
+    folder.chmod(0o555)
+    try:
+        argv = _unprivileged([sys.executable, "-m", "app.cli", *command, "--db", str(store)])
+        proc = subprocess.run(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                              text=True, timeout=120)
+    finally:
+        folder.chmod(0o755)
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in line, line
+    assert f"cannot use the store {store}: its folder {folder} is not writable" in line, line
+    assert "store.db-wal and store.db-shm" in line and "attempt to write a readonly database" not in line
+
+
+@pytest.mark.parametrize("action", [["upgrade"], ["upgrade", "0003"], ["check"], ["downgrade", "0003"]])
+def test_a_store_of_a_newer_version_is_named_as_such(empty_store, action, capsys):
+    """They said only "Can't locate revision identified by '0099'", where `cost` says a newer version wrote it."""
+    engine = create_engine(empty_store)
+    with engine.begin() as c:
+        c.execute(text("UPDATE alembic_version SET version_num = '0099'"))
+    engine.dispose()
+    assert cli_main(["db", *action, "--db", empty_store]) == 2
+    line = _err_line(capsys)
+    assert f"database is at revision '0099', unknown to this specfinops (head '{head_revision()}'); it was written " \
+           "by a newer version" in line, line
+    assert "Can't locate" not in line
+    assert _revision(empty_store) == "0099"
+
+
+def test_db_option_before_the_action(empty_store, capsys):
+    """`specfinops db --db x.db current` said "argument ACTION: invalid choice: 'x.db'"."""
+    assert cli_main(["db", "--db", empty_store, "current"]) == 0
+    assert f"{empty_store}: revision {head_revision()}" in capsys.readouterr().out
+    assert cli_main(["db", "--db", empty_store, "upgrade"]) == 0
+    assert "(at head)" in capsys.readouterr().out
+    assert cli_main(["db", "--db", empty_store, "current", "--db", empty_store]) == 0  # the same twice: fine
+    capsys.readouterr()
+    assert cli_main(["db", "--db", empty_store, "current", "--db", "other.db"]) == 2
+    assert "--db given twice, before and after the action" in _err_line(capsys)
+
+
+def test_upgrading_to_a_revision_the_store_is_past_says_so(db_url, capsys):
+    """`db upgrade 0003` of a store at head did nothing and exited 0."""
+    open_store(db_url).dispose()
+    assert cli_main(["db", "upgrade", "0003", "--db", db_url]) == 2
+    line = _err_line(capsys)
+    assert f"the database is at revision {head_revision()}, already past 0003; `specfinops db downgrade 0003 " \
+           "--db " in line, line
+    assert _revision(db_url) == head_revision()
+    assert cli_main(["db", "upgrade", head_revision(), "--db", db_url]) == 0  # where it is: nothing to say
+    assert "(at head)" in capsys.readouterr().out
+    assert cli_main(["db", "downgrade", "0003", "--db", db_url]) == 0
+    assert cli_main(["db", "upgrade", "0004", "--db", db_url]) == 0  # forwards, as before
+    assert _revision(db_url) == "0004"
