@@ -428,3 +428,11 @@ def test_a_node_id_of_the_column_length_is_accepted():
     from app.commands.bench import node_id
 
     assert node_id("n" * 128) == "n" * 128
+
+
+@pytest.mark.parametrize("command", [["serve"], ["loadtest", "--url", "http://127.0.0.1:9"]])
+def test_serve_and_loadtest_refuse_a_node_id_longer_than_the_column(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--node-id", "n" * 200])
+    assert exc.value.code == 2
+    assert "argument --node-id: must be at most 128 characters" in capsys.readouterr().err

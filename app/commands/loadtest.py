@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from app.commands._common import add_command, add_db_option, check_writable
+from app.commands.bench import node_id
 
 EXAMPLES = """  specfinops loadtest --url http://127.0.0.1:8000 --concurrency 1,2,4,8 --duration 30
   specfinops loadtest --url http://127.0.0.1:8000 --concurrency 32 --duration 60 --mode spec --max-tokens 128
@@ -29,7 +30,7 @@ def register(sub) -> None:
     p.add_argument("--model", default=None, help="model id (default: the first the server lists)")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     add_db_option(p)
-    p.add_argument("--node-id", default=None, help="node id recorded with the runs (default: hostname)")
+    p.add_argument("--node-id", default=None, type=node_id, help="node id recorded with the runs (default: hostname)")
     p.add_argument("--no-telemetry", action="store_true", help="print only; record nothing")
     p.add_argument("--json", metavar="PATH", default=None, help="write the per-level summary as JSON")
 

@@ -14,6 +14,7 @@ from app.commands._common import (
     context_len,
     positive_int,
 )
+from app.commands.bench import node_id
 from serving.lookahead import DEFAULT_K
 
 EXAMPLES = """  specfinops serve --db sqlite:///var/specfinops.db --port 8000
@@ -43,7 +44,7 @@ def register(sub) -> None:
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: the target's name)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     add_db_option(p)
-    p.add_argument("--node-id", default=None, help="node id recorded with the runs (default: hostname)")
+    p.add_argument("--node-id", default=None, type=node_id, help="node id recorded with the runs (default: hostname)")
     p.add_argument("--no-telemetry", action="store_true", help="do not record anything in the store")
     p.add_argument("--power", default="auto", help="auto | nvml | rapl | estimate | none")
     p.add_argument("--tdp-w", type=float, default=None, help="TDP in watts for --power estimate")
