@@ -13,7 +13,6 @@ sequence before anyone can read it, so rolling back never needs to clear memory.
 from __future__ import annotations
 
 import functools
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -485,15 +484,10 @@ def load_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> CausalLM:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    from serving.models import read_config
+
     model_dir = Path(model_dir)
-    cfg_path = model_dir / "config.json"
-    if not cfg_path.is_file():
-        raise ValueError(f"{model_dir} is not a model directory (no config.json)")
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{cfg_path} is not valid JSON ({exc})") from None
-    cfg = ModelConfig.from_hf(raw, source=model_dir)
+    cfg = ModelConfig.from_hf(read_config(model_dir), source=model_dir)
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{model_dir} has no *.safetensors weights")

@@ -6,7 +6,6 @@ lacks. Only `set_price` (`specfinops prices set`) writes, the one entry it sets;
 defaults that reads used to insert. Names are looked up case-insensitively.
 
 Public API:
-    ensure_defaults(engine) -> int                   # inserts missing default names, returns how many
     list_prices(engine) -> list[PriceEntry]          # the catalog, writes nothing
     get_price(engine, name) -> PriceEntry            # writes nothing; ValueError listing the known names when unknown
     check_price(name, value, *, source, kind=None, as_of=None) -> (value, as_of)   # before opening a store
@@ -111,28 +110,9 @@ def _entry(row: Price) -> PriceEntry:
     return PriceEntry(row.name, row.kind, row.value, row.unit, row.source, row.as_of)
 
 
-def ensure_defaults(engine: Engine) -> int:
-    """Insert the default entries whose names (case-insensitive) are not in the table; return how many."""
-    with Session(engine) as s:
-        have = {n.lower() for n in s.scalars(select(Price.name))}
-        missing = [e for e in default_entries() if e.name.lower() not in have]
-        if not missing:
-            return 0
-        s.add_all(
-            Price(name=e.name, kind=e.kind, value=e.value, unit=e.unit, source=e.source, as_of=e.as_of)
-            for e in missing
-        )
-        try:
-            s.commit()
-        except IntegrityError:  # another process loaded them at the same moment
-            s.rollback()
-            return 0
-    return len(missing)
-
-
 def load_catalog(bind: Engine | Connection) -> PriceCatalog:
     """The catalog in one SELECT, as get_price sees it: the table's entries, and the defaults for names the
-    table lacks (what ensure_defaults would insert, here only read: a report on a store writes nothing).
+    table lacks (read, never inserted: a report on a store writes nothing).
     Given a Connection, it reads inside that connection's transaction."""
     if isinstance(bind, Connection):
         rows = _read_entries(bind)

@@ -21,7 +21,7 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -32,7 +32,6 @@ from sqlalchemy.orm import Session
 
 from telemetry.db import Report, Run
 from telemetry.export import write_csv
-from telemetry.queries import Filters
 from telemetry.report import (
     DEFAULT_HISTORY,
     DEFAULT_SLA_MS,
@@ -191,17 +190,12 @@ def write_report(
     history: int = DEFAULT_HISTORY,
     daily_tokens: float | None = None,
     peak_factor: float = 1.0,
-    temperature: float | None = None,
-    kind: str | None = None,
     job_id: str | None = None,
     delivery_requested: bool = False,
     now: datetime | None = None,
 ) -> ReportResult | None:
-    """Build, write and record one report of the runs at `temperature` and of `kind` (None: every run). None
-    when `job_id` already has a report for this period."""
-    if temperature is not None or kind is not None:
-        Filters(temperature=temperature, kind=kind)  # their checks, before anything is claimed
-        window = replace(window, temperature=temperature, kind=kind)
+    """Build, write and record one report of `window` (its period, and its runs: Window.temperature / kind).
+    None when `job_id` already has a report for this period."""
     out = check_out_dir(out_dir)
     release_stale_claims(engine, out)  # what a killed `specfinops report` left (by the real clock, not `now`)
     report_id = _claim(engine, window, job_id, out)

@@ -56,6 +56,7 @@ from telemetry.report import (
     DEFAULT_HISTORY,
     DEFAULT_SLA_MS,
     SCHEDULED_PERIODS,
+    Window,
     period_window,
     runs_covered_text,
 )
@@ -163,6 +164,10 @@ class ReportJob:
             raise ValueError(f"--job-id must be 1-128 characters, got {self.job_id!r}")
         if not isinstance(self.misfire_grace_s, int) or self.misfire_grace_s < 1:
             raise ValueError(f"--misfire-grace-s must be a whole number >= 1, got {self.misfire_grace_s!r}")
+
+    def runs_of(self, window: Window) -> Window:
+        """`window` narrowed to the job's runs (--temperature, --run-kind)."""
+        return replace(window, temperature=self.temperature, kind=self.kind)
 
     @property
     def delivering(self) -> bool:
@@ -376,7 +381,7 @@ def run_report_job(
         engine = open_store(db_url)
         try:
             recover_reports(engine, job)
-            window = replace(period_window(period, now=_clock()), temperature=temperature, kind=kind)
+            window = job.runs_of(period_window(period, now=_clock()))
             result = _write(engine, job, window)
             if result is None:
                 return None
@@ -419,9 +424,9 @@ def _write(engine: Engine, job: ReportJob, window):
     """The job's report of `window` (write_report's result; None when the period is already claimed)."""
     from telemetry.report_writer import write_report
 
-    return write_report(engine, window, job.out_dir, sla_ms=job.sla_ms, history=job.history,
-                        daily_tokens=job.daily_tokens, peak_factor=job.peak_factor, temperature=job.temperature,
-                        kind=job.kind, job_id=job.job_id, delivery_requested=job.delivering)  # fmt: skip
+    return write_report(engine, job.runs_of(window), job.out_dir, sla_ms=job.sla_ms, history=job.history,
+                        daily_tokens=job.daily_tokens, peak_factor=job.peak_factor, job_id=job.job_id,
+                        delivery_requested=job.delivering)  # fmt: skip
 
 
 def _deliver(engine: Engine, job: ReportJob, report_id: int, summary: dict) -> str:

@@ -92,10 +92,10 @@ def run(args) -> int:
     if args.period not in PERIODS:
         raise UsageError(f"--period must be one of {', '.join(PERIODS)}, got {args.period!r}")
     options = report_options(args)
+    runs = {"temperature": options.pop("temperature"), "kind": options.pop("kind")}  # the window's runs
     try:
         window = replace(period_window(args.period, since=parse_when(args.since, "--since"),
-                                       until=parse_when(args.until, "--until")),
-                         temperature=options["temperature"], kind=options["kind"])  # fmt: skip
+                                       until=parse_when(args.until, "--until")), **runs)  # fmt: skip
         window.shifted(options["history"])  # the oldest period the trend compares with
     except OverflowError:
         raise UsageError(f"--since/--until with --history {options['history']} reach outside the range of dates "
