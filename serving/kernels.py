@@ -22,18 +22,16 @@ Which kernel is cheapest depends on the CPU:
   AVX2 kernel that reads each bf16 weight once per call and reuses it for every row (float32
   accumulation, rounded to bf16): 48 decoder-sized products at 5 rows 25 -> 15 ms. It is raced like the
   packed kernel, against whatever would run otherwise, at 1 to 64 rows; the rows where it wins use it.
-- **Attention for a few queries.** On a CPU without AVX-512 plain batched matmuls beat the fused
-  `scaled_dot_product_attention` for decode widths; on an AVX-512 Xeon the fused kernel won at every
-  decode width (1 query over 300 keys: 129 us -> 28 us); on an AVX-512 EPYC it lost at 1 query and won
-  at 5. Measured per dtype and per width: from how many queries on (if any) the fused kernel runs.
-- **Matmul attention in float32.** On an AVX2-only EPYC (bf16 emulated), batched bf16 matmuls of
-  decode shapes (one to nine query rows per head against a few hundred keys) took 1.4x (one query,
-  256 keys) to 9x (nine queries, 800 keys) the time of the same products with q, keys and values
-  widened to float32 and the result rounded back; the fused kernel was slower than the widened
-  matmuls at one query. Measured per dtype, before the fused kernel's race (which then runs against
-  the faster matmul form).
+- **Attention for a few queries.** Four kernels serve decode widths (`DECODE_ATTENTION`): batched
+  matmuls or the fused `scaled_dot_product_attention`, each on the model's dtype or on float32 copies
+  of q, keys and values rounded back once. On a CPU without AVX-512 plain matmuls beat the fused kernel
+  at every decode width; on an AVX-512 Xeon the fused kernel won at every width (1 query over 300 keys:
+  129 us -> 28 us); on an AVX-512 EPYC it lost at 1 query and won at 5; on an AVX2-only EPYC (bf16
+  emulated) bf16 matmuls took 1.4-9x the time of the widened ones; on a Zen 5 EPYC bf16 matmuls paid
+  ~4 ms a forward for each new cache length (every decode step), where the widened fused kernel paid
+  nothing. Measured per dtype, per width and per call form, with the cache growing as in decoding.
 
-Each choice is made by timing both candidates on decode-sized inputs the first time it is asked for, and
+Each choice is made by timing the candidates on decode-sized inputs the first time it is asked for, and
 only where the candidate gives the same numbers (the widened attention is the more precise of the two).
 `SPECFINOPS_PACKED_LINEAR`, `SPECFINOPS_BF16_KERNEL`, `SPECFINOPS_DECODE_ATTENTION` and
 `SPECFINOPS_ATTENTION_FLOAT32` (`auto` | `on` | `off`) override the measurement.
@@ -270,116 +268,135 @@ def _in_range(rows: int, span: tuple[int, int | None] | None) -> bool:
     return span is not None and rows >= span[0] and (span[1] is None or rows <= span[1])
 
 
+DECODE_ATTENTION = ("matmul", "matmul-f32", "fused", "fused-f32")  # serving/llama.py `attend` runs each
+ATTENTION_WIDTHS = (1, 2, 3, 5, 9)  # queries a decode forward feeds per sequence: AR 1, verifying K <= 8 drafts K + 1
+DECODER_LAYERS = 30  # a small decoder's depth: a forward calls attention this often at one cache length
+RACE_LENGTHS = 4  # cache lengths each candidate is timed at, a round
+
+
+def decode_attention(dtype: torch.dtype = torch.bfloat16, width: int = 1, masked: bool = False,
+                     batched: bool = True) -> str:
+    """Which kernel (one of DECODE_ATTENTION) serves attention for `width` queries per sequence over a
+    decode-length cache: measured once per machine, per dtype, call form and width (ATTENTION_WIDTHS; a
+    width between two takes the narrower one's choice).
+
+    The forms: unmasked, one sequence's last `width` positions, causal among themselves; masked and
+    `batched`, a ragged batch reading through a (B, 1, T, L) mask (raced as four sequences); masked and not
+    batched, one sequence through a mask (a token tree). The kernels rank differently by CPU, width and form:
+    on an AVX-512 EPYC the fused kernel took 1.8-2.2x the matmuls' time at 1 query and 0.63-0.94x at 2-9;
+    through a mask 1.2-3.6x at every width; on an AMX Xeon it took 0.22-0.56x for one masked sequence. On a
+    Zen 5 EPYC, bf16 batched matmuls cost ~4 ms more a forward whenever the cache length was new to them
+    (every decode step): one query over 100-700 keys took 6.0-6.5 ms a 30-layer forward as matmuls in bf16,
+    1.1-2.4 ms in float32 and 0.7-2.0 ms as the fused kernel in float32, so the race grows the cache
+    length as decoding does rather than timing one length over and over."""
+    plan = _decode_plan(dtype, masked, 4 if masked and batched else 1)
+    return plan[max((w for w in ATTENTION_WIDTHS if w <= width), default=ATTENTION_WIDTHS[0])]
+
+
+def _attention_candidates(dtype: torch.dtype) -> tuple[str, ...]:
+    """The kernels the settings leave to race: SPECFINOPS_DECODE_ATTENTION on / off keeps only the fused /
+    matmul ones, SPECFINOPS_ATTENTION_FLOAT32 on / off only the widened / unwidened ones (float32 inputs
+    have nothing to widen)."""
+    fused, wide = _setting("SPECFINOPS_DECODE_ATTENTION"), _setting("SPECFINOPS_ATTENTION_FLOAT32")
+    keep = []
+    for name in DECODE_ATTENTION:
+        is_fused, is_wide = name.startswith("fused"), name.endswith("-f32")
+        if fused != "auto" and is_fused != (fused == "on"):
+            continue
+        if is_wide and (dtype == torch.float32 or wide == "off"):
+            continue
+        if not is_wide and dtype != torch.float32 and wide == "on":
+            continue
+        keep.append(name)
+    return tuple(keep)
+
+
 @functools.cache
-def widen_matmul_attention(dtype: torch.dtype = torch.bfloat16) -> bool:
-    """Whether the matmul attention path multiplies `dtype` (not float32) inputs in float32: timed on a
-    decode step of one sequence (1 query over 256 keys) and a masked batch of four verifying 4 drafts
-    (5 queries each), both forms taking turns (`_race`)."""
-    if dtype == torch.float32:
-        return False
-    setting = _setting("SPECFINOPS_ATTENTION_FLOAT32")
-    if setting != "auto":
-        return setting == "on"
-    from serving.llama import causal_mask, matmul_attention
+def _decode_plan(dtype: torch.dtype, masked: bool, B: int) -> dict[int, str]:
+    """decode_attention's choice per width for `B` sequences of the given form."""
+    candidates = _attention_candidates(dtype)
+    if len(candidates) == 1:
+        return dict.fromkeys(ATTENTION_WIDTHS, candidates[0])
+    form = f"{str(dtype).removeprefix('torch.')}/{'masked' if masked else 'causal'}/{B}"
+    restricted = "" if candidates == DECODE_ATTENTION or (dtype == torch.float32 and len(candidates) == 2) \
+        else "/" + "+".join(candidates)
+    plan = {}
+    for T in ATTENTION_WIDTHS:
+        # remembered per machine (serving/tuning.py): on an AMX Xeon the masked batch's choice flipped between
+        # processes, so two runs of one sampled bf16 command at concurrency 2 decoded different tokens
+        index = remembered(f"decode_attention/{form}/{T}{restricted}",
+                           lambda T=T: DECODE_ATTENTION.index(_attention_race(dtype, masked, B, T, candidates)))
+        known = 0 <= index < len(DECODE_ATTENTION) and DECODE_ATTENTION[index] in candidates
+        plan[T] = DECODE_ATTENTION[index] if known else candidates[0]  # a value no candidate has: the default
+    return plan
+
+
+decode_attention.cache_clear = _decode_plan.cache_clear  # a changed setting (or a test) measures again
+
+
+def _attention_race(dtype: torch.dtype, masked: bool, B: int, T: int, candidates: tuple[str, ...],
+                    rounds: int = 3) -> str:
+    """The fastest of `candidates` for T queries per sequence, as a small decoder's forwards call them: each
+    candidate runs DECODER_LAYERS calls at each of RACE_LENGTHS cache lengths that it has not seen before
+    (a kernel that prepares itself per shape pays for it as decoding would), taking turns over `rounds`.
+    The first candidate is the default: another must take at most FASTER of its time."""
+    from serving.llama import attend, causal_mask  # the kernels live with the model
 
     gen = torch.Generator().manual_seed(0)
-    L = 256
-    shapes = []
-    for B, T in ((1, 1), (4, 5)):
-        q = torch.randn(B, 9, T, 64, generator=gen).to(dtype)
-        k = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
-        v = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
-        shapes.append((q, k, v, causal_mask(T, L).expand(B, 1, T, L) if B > 1 else None))
+    start = 200
+    longest = start + len(candidates) * rounds * RACE_LENGTHS
+    q = torch.randn(B, 9, T, 64, generator=gen).to(dtype)
+    keys = torch.randn(B, 3, longest, 64, generator=gen).to(dtype)  # a cache: each length reads a slice of it
+    values = torch.randn(B, 3, longest, 64, generator=gen).to(dtype)
+    lengths = iter(range(start, longest))
 
-    def wide():
-        for q, k, v, m in shapes:
-            out = matmul_attention(q.float(), k.float(), v.float(), m, L).to(dtype)
-        return out
+    def run(kernel: str) -> float:
+        t = time.perf_counter()
+        for _ in range(RACE_LENGTHS):
+            L = next(lengths)
+            mask = causal_mask(T, L).expand(B, 1, T, L) if masked else None
+            k, v = keys[:, :, :L], values[:, :, :L]
+            for _ in range(DECODER_LAYERS):
+                attend(kernel, q, k, v, mask, L)
+        return (time.perf_counter() - t) / RACE_LENGTHS
 
-    def plain():
-        for q, k, v, m in shapes:
-            out = matmul_attention(q, k, v, m, L)
-        return out
-
-    def race() -> int:
-        t_wide, t_plain = _race(wide, plain)
-        return int(t_wide < FASTER * t_plain)
-
-    # remembered per machine (serving/tuning.py): a choice that flips between processes changes the numerics
-    return bool(remembered(f"attention_float32/{str(dtype).removeprefix('torch.')}", race))
-
-
-ATTENTION_WIDTHS = (1, 2, 3, 5, 9)  # queries a decode forward feeds per sequence: AR 1, verifying K <= 8 drafts K + 1
-
-
-def fused_attention_from(dtype: torch.dtype = torch.bfloat16, masked: bool = False, batched: bool = True) -> int | None:
-    """From how many queries per sequence on attention over a decode-length cache runs the fused
-    `scaled_dot_product_attention` (None: never; narrower forwards use plain batched matmuls).
-
-    Measured per width and per call form, because AR feeds one query and verification K + 1, and the
-    kernels rank differently at the two: on an AVX-512 EPYC, for one sequence, the fused kernel took
-    1.8-2.2x the matmuls' time at 1 query and 0.63-0.94x at 2-9; through an explicit mask (`masked`: a
-    ragged batch or a token tree) it took 1.2-3.6x at every width. Unmasked, the queries are one
-    sequence's last T positions, causal among themselves; masked and `batched` (a ragged batch), a batch
-    of four reads through a (B, 1, T, L) mask; masked and not batched, one sequence does (a token tree).
-    The last two rank apart: on an AMX Xeon the fused kernel took 0.22-0.56x the matmuls' time for one
-    masked sequence at every width, and 0.39-1.21x for four by width and cache length, where the 0.85 bar
-    made the choice for four flip from one process to the next (trees, sent down the matmuls with it,
-    paid ~5 ms a forward). Each form is raced once a process (`batched` matters only when masked)."""
-    return _fused_from(dtype, masked, 4 if masked and batched else 1)
-
-
-@functools.cache
-def _fused_from(dtype: torch.dtype, masked: bool, B: int) -> int | None:
-    """fused_attention_from's race for `B` sequences of the given form."""
-    setting = _setting("SPECFINOPS_DECODE_ATTENTION")
-    if setting != "auto":
-        return 1 if setting == "on" else None
-    from serving.llama import causal_mask, small_attention  # the matmul path lives with the model
-
-    def race() -> int:
-        gen = torch.Generator().manual_seed(0)
-        L = 256
-        wins = {}
-        for T in ATTENTION_WIDTHS:
-            q = torch.randn(B, 9, T, 64, generator=gen).to(dtype)
-            k = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
-            v = torch.randn(B, 3, L, 64, generator=gen).to(dtype)
-            if masked:
-                mask = small_mask = causal_mask(T, L).expand(B, 1, T, L)
-            else:
-                mask, small_mask = (None if T == 1 else causal_mask(T, L)), None
-            t_fast, t_plain = _race(
-                lambda q=q, k=k, v=v, m=mask: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
-                lambda q=q, k=k, v=v, m=small_mask: small_attention(q, k, v, m, L))
-            wins[T] = t_fast < FASTER * t_plain
-        return rows_from(wins) or 0  # 0: never
-
-    # remembered per machine (serving/tuning.py): on an AMX Xeon the masked batch's choice flipped between
-    # processes, so two runs of one sampled bf16 command at concurrency 2 decoded different tokens
-    name = f"fused_attention_from/{str(dtype).removeprefix('torch.')}/{'masked' if masked else 'causal'}/{B}"
-    return remembered(name, race) or None
-
-
-fused_attention_from.cache_clear = _fused_from.cache_clear  # a changed setting (or a test) measures again
+    with torch.inference_mode():
+        for kernel in candidates:  # first-call costs (thread pools, one-off set-up) out of the timings
+            attend(kernel, q, keys[:, :, :start], values[:, :, :start],
+                   causal_mask(T, start).expand(B, 1, T, start) if masked else None, start)
+        best = dict.fromkeys(candidates, float("inf"))
+        for r in range(rounds):
+            for kernel in (candidates if r % 2 == 0 else candidates[::-1]):
+                best[kernel] = min(best[kernel], run(kernel))
+    default = candidates[0]
+    fastest = min(candidates, key=best.__getitem__)
+    return fastest if best[fastest] <= FASTER * best[default] else default
 
 
 def attention_label(dtype: torch.dtype) -> str:
-    """'fused' (every decode width), 'matmul' (none) or 'fused>=N' (from N queries on); when masked
-    batches choose otherwise, '/mask-' and theirs, e.g. 'fused>=2/mask-matmul'; when one masked sequence
-    (a token tree) chooses otherwise than one causal sequence, '/tree-' and its choice; '(f32)' at the end
-    when the widths that run matmuls multiply in float32, e.g. 'fused>=2(f32)'."""
+    """The decode-width attention kernels, for run records: one kernel name where every width and form
+    takes it ('fused', 'matmul-f32'); else per width, e.g. 'fused-f32@1,fused@2+' (one query widened,
+    two and more in bf16); '/mask-' and the ragged batches' choice where they differ from one sequence's,
+    '/tree-' and one masked sequence's (a token tree) where that differs."""
 
-    def one(first: int | None) -> str:
-        return "matmul" if first is None else "fused" if first == 1 else f"fused>={first}"
+    def one(masked: bool, batched: bool) -> str:
+        plan = [(w, decode_attention(dtype, w, masked, batched)) for w in ATTENTION_WIDTHS]
+        runs: list[list] = []
+        for w, kernel in plan:
+            if runs and runs[-1][1] == kernel:
+                runs[-1][2] = w
+            else:
+                runs.append([w, kernel, w])
+        if len(runs) == 1:
+            return runs[0][1]
+        parts = [f"{k}@{a}" + ("+" if i == len(runs) - 1 else "" if a == b else f"-{b}")
+                 for i, (a, k, b) in enumerate(runs)]
+        return ",".join(parts)
 
-    plain, masked = fused_attention_from(dtype), fused_attention_from(dtype, masked=True)
-    tree = fused_attention_from(dtype, masked=True, batched=False)
-    label = one(plain) if plain == masked else f"{one(plain)}/mask-{one(masked)}"
+    plain, masked, tree = one(False, True), one(True, True), one(True, False)
+    label = plain if masked == plain else f"{plain}/mask-{masked}"
     if tree != plain:
-        label += f"/tree-{one(tree)}"
-    if not plain == masked == tree == 1 and widen_matmul_attention(dtype):
-        label += "(f32)"  # the matmul widths multiply in float32
+        label += f"/tree-{tree}"
     return label
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from serving.kernels import fused_attention_from, widen_matmul_attention
+from serving.kernels import decode_attention
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ACTIVATIONS = ("silu", "swish")  # transformers' names of the same function, x * sigmoid(x)
@@ -245,7 +245,7 @@ def slot_layout(slots: list[int], mask: torch.Tensor) -> tuple[slice | None, tor
     return slice(lo, hi + 1), rows, wide
 
 
-SMALL_T = 16  # decode / verify widths: plain batched matmuls can beat the fused CPU kernel (serving/kernels.py)
+SMALL_T = 16  # decode / verify widths: the kernel is chosen per width by measurement (serving/kernels.py)
 
 
 @functools.lru_cache(maxsize=4)
@@ -255,18 +255,27 @@ def causal_mask(T: int, kv_len: int) -> torch.Tensor:
     return torch.ones(T, kv_len, dtype=torch.bool).tril(kv_len - T)
 
 
-def small_attention(q, keys, values, mask, kv_len: int) -> torch.Tensor:
-    """Attention for a few query positions. q (B, H, T, D); keys/values (B, Hkv, L, D);
-    mask (B, 1, T, L) or None (the T queries are the last T positions: causal among themselves).
-    Where the CPU's batched bf16 matmuls are slower than widening to float32 (measured once,
-    `kernels.widen_matmul_attention`), the products run in float32 and the result rounds back."""
-    if q.dtype != torch.float32 and q.device.type == "cpu" and widen_matmul_attention(q.dtype):
-        return matmul_attention(q.float(), keys.float(), values.float(), mask, kv_len).to(q.dtype)
-    return matmul_attention(q, keys, values, mask, kv_len)
+def attend(kernel: str, q, keys, values, mask, kv_len: int) -> torch.Tensor:
+    """Attention for a few query positions by the named kernel (serving/kernels.py DECODE_ATTENTION chooses
+    per width by measurement). q (B, H, T, D); keys/values (B, Hkv, L, D); mask (B, 1, T, L) or None (the
+    T queries are the last T of kv_len positions: causal among themselves). 'matmul' runs batched matmuls,
+    'fused' torch's scaled_dot_product_attention; '-f32' multiplies float32 copies of the inputs and rounds
+    the result back once (the more precise of the two forms, and on some CPUs the faster)."""
+    dtype = q.dtype
+    if kernel.endswith("-f32") and dtype != torch.float32:
+        q, keys, values = q.float(), keys.float(), values.float()
+    if kernel.startswith("fused"):
+        T = q.shape[2]
+        if mask is None and T > 1:
+            mask = causal_mask(T, kv_len)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+    else:
+        out = matmul_attention(q, keys, values, mask, kv_len)
+    return out.to(dtype)
 
 
 def matmul_attention(q, keys, values, mask, kv_len: int) -> torch.Tensor:
-    """small_attention's products, in the inputs' own dtype."""
+    """Attention for a few query positions (see `attend`) by batched matmuls, in the inputs' own dtype."""
     B, H, T, D = q.shape
     Hkv = keys.shape[1]
     G = H // Hkv  # query heads per kv head
@@ -324,13 +333,11 @@ class Attention(nn.Module):
             wide = q.new_zeros((keys.shape[0], *q.shape[1:]))
             wide[fb.rows] = q
             q = wide
-        # the fused-vs-matmul race is a CPU measurement; elsewhere (a GPU) narrow forwards take the matmuls
-        fused_from = (fused_attention_from(q.dtype, fb.mask is not None, keys.shape[0] > 1)
-                      if q.device.type == "cpu" else None)
-        if T <= SMALL_T and (fused_from is None or T < fused_from):
-            out = small_attention(q, keys, values, fb.mask, fb.kv_len)
-        elif fb.mask is None and T == 1:
-            out = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)  # one query sees every key
+        if T <= SMALL_T:
+            # which kernel serves decode widths is a CPU measurement; elsewhere (a GPU) they take the matmuls
+            kernel = (decode_attention(q.dtype, T, fb.mask is not None, keys.shape[0] > 1)
+                      if q.device.type == "cpu" else "matmul")
+            out = attend(kernel, q, keys, values, fb.mask, fb.kv_len)
         elif fb.mask is None:
             # queries are the last T positions of a kv_len-long sequence: causal within them
             if fb.kv_len > T:

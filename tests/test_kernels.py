@@ -31,14 +31,12 @@ def setting(monkeypatch):
         monkeypatch.setenv(name, value)
         kernels.packed_linear_rows.cache_clear()
         kernels.bf16_kernel_rows.cache_clear()
-        kernels.fused_attention_from.cache_clear()
-        kernels.widen_matmul_attention.cache_clear()
+        kernels.decode_attention.cache_clear()
 
     yield set_
     kernels.packed_linear_rows.cache_clear()
     kernels.bf16_kernel_rows.cache_clear()
-    kernels.fused_attention_from.cache_clear()
-    kernels.widen_matmul_attention.cache_clear()
+    kernels.decode_attention.cache_clear()
 
 
 @pytest.fixture
@@ -165,17 +163,18 @@ def test_rows_from_takes_the_smallest_row_count_that_keeps_winning(wins, expect)
                                   "SPECFINOPS_ATTENTION_FLOAT32"])
 def test_bad_setting_is_named(setting, name):
     setting(name, "fast")
-    ask = {"SPECFINOPS_PACKED_LINEAR": kernels.packed_linear_rows, "SPECFINOPS_DECODE_ATTENTION": kernels.fused_attention_from,
-           "SPECFINOPS_ATTENTION_FLOAT32": kernels.widen_matmul_attention}[name]
+    ask = {"SPECFINOPS_PACKED_LINEAR": kernels.packed_linear_rows, "SPECFINOPS_DECODE_ATTENTION": kernels.decode_attention,
+           "SPECFINOPS_ATTENTION_FLOAT32": kernels.decode_attention}[name]
     with pytest.raises(ValueError, match=f"{name} must be auto, on or off"):
         ask()
 
 
 @pytest.mark.parametrize("masked", [False, True])
-def test_widened_matmul_attention_is_the_float32_attention_rounded_once(setting, masked):
-    """With the float32 products on, bf16 attention is the float32 attention of the same inputs rounded to
-    bf16 once (off: every product rounds); both stay bf16 tensors."""
-    from serving.llama import matmul_attention, small_attention
+@pytest.mark.parametrize("kernel", ["matmul-f32", "fused-f32"])
+def test_widened_attention_is_the_float32_attention_rounded_once(masked, kernel):
+    """A widened kernel's bf16 attention is the float32 attention of the same inputs rounded to bf16 once
+    (the bf16 kernels round every product); all stay bf16 tensors, and float32 inputs are never converted."""
+    from serving.llama import attend
 
     torch.manual_seed(0)
     B, T, L = (3, 5, 40) if masked else (1, 1, 40)
@@ -185,47 +184,147 @@ def test_widened_matmul_attention_is_the_float32_attention_rounded_once(setting,
     if masked:
         pos = torch.tensor([30, 35, 40])[:, None] - T + torch.arange(T)
         mask = (torch.arange(L)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
-    exact = matmul_attention(q.float(), k.float(), v.float(), mask, L)
-    setting("SPECFINOPS_ATTENTION_FLOAT32", "on")
-    wide = small_attention(q, k, v, mask, L)
-    setting("SPECFINOPS_ATTENTION_FLOAT32", "off")
-    plain = small_attention(q, k, v, mask, L)
+    plain_kernel = kernel.removesuffix("-f32")
+    exact = attend(plain_kernel, q.float(), k.float(), v.float(), mask, L)
+    wide = attend(kernel, q, k, v, mask, L)
+    plain = attend(plain_kernel, q, k, v, mask, L)
     assert wide.dtype == plain.dtype == torch.bfloat16
     assert torch.equal(wide, exact.bfloat16())
     torch.testing.assert_close(plain.float(), exact, rtol=3e-2, atol=3e-2)
-    # float32 inputs are never converted: the setting changes nothing for them
-    setting("SPECFINOPS_ATTENTION_FLOAT32", "on")
-    assert torch.equal(small_attention(q.float(), k.float(), v.float(), mask, L), exact)
+    assert torch.equal(attend(kernel, q.float(), k.float(), v.float(), mask, L), exact)
 
 
-def test_widening_is_chosen_by_measurement(setting, monkeypatch):
-    """auto times both forms (one decode query, a masked verify batch) and widens only where it wins by the
-    FASTER margin; float32 never widens; on / off decide without timing; the label says '(f32)' where the
-    matmul widths multiply in float32."""
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_four_decode_kernels_compute_the_same_attention(masked):
+    """matmul, fused and their float32 forms agree (float32 inputs: to float32 rounding), for one causal
+    sequence (its last T positions, no mask) and for a ragged batch through a mask."""
+    from serving.llama import attend
+
+    g = torch.Generator().manual_seed(1)
+    B, T, L = (3, 4, 20) if masked else (1, 4, 20)
+    q, k, v = (torch.randn(B, 9, T, 64, generator=g), torch.randn(B, 3, L, 64, generator=g),
+               torch.randn(B, 3, L, 64, generator=g))
+    mask = None
+    if masked:
+        pos = torch.tensor([12, 16, 20])[:, None] - T + torch.arange(T)
+        mask = (torch.arange(L)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
+    outs = [attend(kernel, q, k, v, mask, L) for kernel in kernels.DECODE_ATTENTION]
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], rtol=1e-5, atol=1e-5)
+
+
+def _fake_race(times):
+    """A stand-in for the per-length timing: each kernel's time from `times(kernel, T, B, masked)`, after
+    running it once on the race's inputs (so a kernel that fails on them fails the test)."""
+    from serving import llama
+
+    def race(dtype, masked, B, T, candidates, rounds=3):
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(B, 9, T, 64, generator=g).to(dtype), torch.randn(B, 3, 40, 64, generator=g).to(dtype),
+                   torch.randn(B, 3, 40, 64, generator=g).to(dtype))
+        mask = llama.causal_mask(T, 40).expand(B, 1, T, 40) if masked else None
+        outs = [llama.attend(c, q, k, v, mask, 40) for c in candidates]
+        for out in outs[1:]:
+            torch.testing.assert_close(out.float(), outs[0].float(), rtol=3e-2, atol=3e-2)
+        best = {c: times(c, T, B, masked) for c in candidates}
+        fastest = min(candidates, key=best.__getitem__)
+        return fastest if best[fastest] <= kernels.FASTER * best[candidates[0]] else candidates[0]
+
+    return race
+
+
+def test_decode_attention_is_chosen_per_width_and_form(setting, monkeypatch):
+    """The race runs at every decode width and form; each width takes its fastest kernel (the matmuls unless
+    another wins by the FASTER margin), a width between two measured ones the narrower one's, and the label
+    says which kernel serves which widths."""
+    setting("SPECFINOPS_DECODE_ATTENTION", "auto")
     setting("SPECFINOPS_ATTENTION_FLOAT32", "auto")
+    seen = []
+
+    def times(kernel, T, B, masked):
+        seen.append((kernel, T, B, masked))
+        if T == 1:  # one query: the widened fused kernel is fastest
+            return {"matmul": 6.0, "matmul-f32": 1.5, "fused": 4.0, "fused-f32": 1.0}[kernel]
+        return {"matmul": 3.0, "matmul-f32": 3.0, "fused": 2.0, "fused-f32": 2.5}[kernel]
+
+    monkeypatch.setattr(kernels, "_attention_race", _fake_race(times))
+    assert kernels.decode_attention(torch.bfloat16, 1) == "fused-f32"
+    assert kernels.decode_attention(torch.bfloat16, 2) == "fused"
+    assert kernels.decode_attention(torch.bfloat16, 4) == "fused"  # between 3 and 5: 3's choice
+    assert kernels.decode_attention(torch.bfloat16, 16) == "fused"
+    assert kernels.attention_label(torch.bfloat16) == "fused-f32@1,fused@2+"
+    assert {T for _, T, _, _ in seen} == set(kernels.ATTENTION_WIDTHS)
+    assert {(B, masked) for _, _, B, masked in seen} == {(1, False), (4, True), (1, True)}
+    assert {k for k, _, _, _ in seen} == set(kernels.DECODE_ATTENTION)
+    # float32 inputs have nothing to widen: only the matmuls and the fused kernel race
+    seen.clear()
+    assert kernels.decode_attention(torch.float32, 1) == "fused"
+    assert {k for k, _, _, _ in seen} == {"matmul", "fused"}
+    kernels.decode_attention.cache_clear()
+    # faster, but not by the margin: the matmuls stay
+    monkeypatch.setattr(kernels, "_attention_race", _fake_race(lambda kernel, T, B, masked: 0.9 if kernel != "matmul" else 1.0))
+    assert kernels.decode_attention(torch.bfloat16, 1) == "matmul" and kernels.attention_label(torch.bfloat16) == "matmul"
+    kernels.decode_attention.cache_clear()
+    # the forms decide apart: a mask costs the fused kernels their lead in a batch; a tree chooses on its own
+    def by_form(kernel, T, B, masked):
+        if masked and B > 1:
+            return 1.0 if kernel == "matmul" else 2.0
+        if masked:
+            return 1.0 if kernel == "fused" else 2.0
+        return 1.0 if kernel == "matmul-f32" else 2.0
+
+    monkeypatch.setattr(kernels, "_attention_race", _fake_race(by_form))
+    assert kernels.decode_attention(torch.bfloat16, 3, masked=True) == "matmul"
+    assert kernels.decode_attention(torch.bfloat16, 3, masked=True, batched=False) == "fused"
+    assert kernels.attention_label(torch.bfloat16) == "matmul-f32/mask-matmul/tree-fused"
+
+
+def test_settings_narrow_the_race_and_decide_without_it(setting, monkeypatch):
+    """SPECFINOPS_DECODE_ATTENTION on / off keeps only the fused / matmul kernels, SPECFINOPS_ATTENTION_FLOAT32
+    on / off only the widened / unwidened ones; where one kernel is left nothing is timed."""
     calls = []
 
-    def race(fast, plain, **_):
-        a, b = fast(), plain()
-        calls.append((a.dtype, b.dtype, a.shape))
-        torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2)
-        return timings
+    def times(kernel, T, B, masked):
+        calls.append(kernel)
+        return {"matmul": 4.0, "matmul-f32": 3.0, "fused": 2.0, "fused-f32": 1.0}[kernel]
 
-    monkeypatch.setattr(kernels, "_race", race)
-    timings = (1.0, 2.0)
-    assert kernels.widen_matmul_attention(torch.bfloat16) is True
-    assert calls and all(a == b == torch.bfloat16 for a, b, _ in calls)
-    kernels.widen_matmul_attention.cache_clear()
-    timings = (0.9, 1.0)  # faster, but not by the margin
-    assert kernels.widen_matmul_attention(torch.bfloat16) is False
-    assert kernels.widen_matmul_attention(torch.float32) is False
-    setting("SPECFINOPS_ATTENTION_FLOAT32", "on")
-    calls.clear()
-    assert kernels.widen_matmul_attention(torch.bfloat16) is True and not calls
+    monkeypatch.setattr(kernels, "_attention_race", _fake_race(times))
+    setting("SPECFINOPS_ATTENTION_FLOAT32", "auto")
     setting("SPECFINOPS_DECODE_ATTENTION", "off")
-    assert kernels.attention_label(torch.bfloat16) == "matmul(f32)"
+    assert kernels.attention_label(torch.bfloat16) == "matmul-f32" and set(calls) == {"matmul", "matmul-f32"}
+    setting("SPECFINOPS_ATTENTION_FLOAT32", "off")
+    calls.clear()
+    assert kernels.attention_label(torch.bfloat16) == "matmul" and not calls
     setting("SPECFINOPS_DECODE_ATTENTION", "on")
-    assert kernels.attention_label(torch.bfloat16) == "fused"  # no width runs matmuls
+    assert kernels.attention_label(torch.bfloat16) == "fused" and not calls
+    setting("SPECFINOPS_ATTENTION_FLOAT32", "on")
+    assert kernels.attention_label(torch.bfloat16) == "fused-f32" and not calls
+    assert kernels.attention_label(torch.float32) == "fused"  # float32 has nothing to widen
+    setting("SPECFINOPS_DECODE_ATTENTION", "auto")
+    assert kernels.attention_label(torch.bfloat16) == "fused-f32" and set(calls) == {"matmul-f32", "fused-f32"}
+
+
+def test_the_race_times_growing_cache_lengths(setting, monkeypatch):
+    """Decoding reads one more key every step, so the race gives each kernel cache lengths it has not seen
+    (a kernel that prepares itself per shape pays for it there, as in decoding), DECODER_LAYERS calls each."""
+    import serving.llama
+
+    seen = []
+    real = serving.llama.attend
+
+    def spy(kernel, q, keys, values, mask, kv_len):
+        seen.append((kernel, kv_len, keys.shape[2]))
+        return real(kernel, q, keys, values, mask, kv_len)
+
+    monkeypatch.setattr(serving.llama, "attend", spy)
+    winner = kernels._attention_race(torch.float32, False, 1, 3, ("matmul", "fused"), rounds=2)
+    assert winner in ("matmul", "fused")
+    timed = [(k, L) for k, L, n in seen if n == L][2:]  # after each kernel's one warm-up call
+    for kernel in ("matmul", "fused"):
+        lengths = [L for k, L in timed if k == kernel]
+        assert len(lengths) == 2 * kernels.RACE_LENGTHS * kernels.DECODER_LAYERS
+        assert len(set(lengths)) == 2 * kernels.RACE_LENGTHS  # a new length every DECODER_LAYERS calls
+    assert not {L for k, L in timed if k == "matmul"} & {L for k, L in timed if k == "fused"}
 
 
 def test_decode_attention_paths_agree(setting, monkeypatch):
@@ -239,10 +338,11 @@ def test_decode_attention_paths_agree(setting, monkeypatch):
     for value in ("off", "on", "split"):
         if value == "split":
             setting("SPECFINOPS_DECODE_ATTENTION", "auto")
-            monkeypatch.setattr(serving.llama, "fused_attention_from", lambda dtype, masked=False, batched=True: 3)
+            monkeypatch.setattr(serving.llama, "decode_attention",
+                                lambda dtype, width, masked=False, batched=True: "fused" if width >= 3 else "matmul")
         else:
             setting("SPECFINOPS_DECODE_ATTENTION", value)
-            assert kernels.fused_attention_from() == (1 if value == "on" else None)
+            assert kernels.decode_attention(torch.float32, 1) == ("fused" if value == "on" else "matmul")
         outs.append(Engine(model, max_batch=1, max_len=64).generate(prompt, SamplingParams(max_new_tokens=12)).output)
         cache = model.new_cache(1, 32)
         with torch.inference_mode():
@@ -253,49 +353,8 @@ def test_decode_attention_paths_agree(setting, monkeypatch):
     torch.testing.assert_close(logits[2], logits[0], rtol=1e-5, atol=1e-5)
 
 
-def test_fused_attention_is_chosen_per_width(setting, monkeypatch):
-    """The race runs both kernels at every decode width, as the model calls them, and the fused kernel
-    serves from the narrowest width from which it won at every wider one."""
-    setting("SPECFINOPS_ATTENTION_FLOAT32", "off")  # its own race is tested below
-    setting("SPECFINOPS_DECODE_ATTENTION", "auto")
-    seen = []
-
-    def race(fast, plain, **_):
-        a, b = fast(), plain()
-        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)  # the same attention
-        T = a.shape[2]
-        seen.append((a.shape[0], T))
-        return (1.0, 2.0) if T >= 3 else (2.0, 1.0)
-
-    monkeypatch.setattr(kernels, "_race", race)
-    assert kernels.fused_attention_from(torch.bfloat16) == 3
-    assert kernels.attention_label(torch.bfloat16) == "fused>=3"
-    assert sorted({T for _, T in seen}) == list(kernels.ATTENTION_WIDTHS) and {B for B, _ in seen} == {1, 4}
-    kernels.fused_attention_from.cache_clear()
-    monkeypatch.setattr(kernels, "_race", lambda fast, plain, **_: (fast(), plain()) and (1.0, 1.0))
-    assert kernels.fused_attention_from(torch.bfloat16) is None and kernels.attention_label(torch.bfloat16) == "matmul"
-    kernels.fused_attention_from.cache_clear()
-    # one sequence and masked batches decide apart: here the mask costs the fused kernel its lead
-    monkeypatch.setattr(kernels, "_race", lambda fast, plain, **_: (2.0, 1.0) if fast().shape[0] > 1 else (1.0, 2.0))
-    assert kernels.fused_attention_from(torch.bfloat16) == 1
-    assert kernels.fused_attention_from(torch.bfloat16, masked=True) is None
-    assert kernels.attention_label(torch.bfloat16) == "fused/mask-matmul"
-    # one masked sequence (a token tree) is raced as itself, not as a batch of four
-    assert kernels.fused_attention_from(torch.bfloat16, masked=True, batched=False) == 1
-    kernels.fused_attention_from.cache_clear()
-
-    def tree_only(fast, plain, **_):  # the fused kernel wins for one sequence through a (1, 1, T, L) mask only
-        mask = fast.__defaults__[3]
-        return (1.0, 2.0) if fast().shape[0] == 1 and mask is not None and mask.dim() == 4 else (2.0, 1.0)
-
-    monkeypatch.setattr(kernels, "_race", tree_only)
-    assert kernels.fused_attention_from(torch.bfloat16, masked=True, batched=False) == 1
-    assert kernels.fused_attention_from(torch.bfloat16, masked=True) is None
-    assert kernels.attention_label(torch.bfloat16) == "matmul/tree-fused"
-
-
 def test_fused_attention_matches_matmul_attention_with_ragged_mask():
-    from serving.llama import small_attention
+    from serving.llama import attend
 
     torch.manual_seed(0)
     B, T, L = 3, 4, 20
@@ -303,7 +362,7 @@ def test_fused_attention_matches_matmul_attention_with_ragged_mask():
     ends = torch.tensor([12, 16, 20])  # each sequence sees a different number of keys
     pos = ends[:, None] - T + torch.arange(T)
     mask = (torch.arange(L)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
-    expect = small_attention(q, k, v, mask, L)
+    expect = attend("matmul", q, k, v, mask, L)
     got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
 
@@ -398,11 +457,11 @@ def test_attention_asks_for_the_choice_of_its_call_form(monkeypatch):
     model = tiny_model(7)
     asked = []
 
-    def choice(dtype, masked=False, batched=True):
+    def choice(dtype, width, masked=False, batched=True):
         asked.append((masked, batched))
-        return 1
+        return "fused"
 
-    monkeypatch.setattr(serving.llama, "fused_attention_from", choice)
+    monkeypatch.setattr(serving.llama, "decode_attention", choice)
     with torch.inference_mode():
         cache = model.new_cache(2, 32)
         for slot in (0, 1):
@@ -417,6 +476,6 @@ def test_attention_asks_for_the_choice_of_its_call_form(monkeypatch):
         visible = torch.tensor([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]], dtype=torch.bool)  # a root and two children
         fused = model(torch.tensor([[23, 42, 7]]), tree_batch([0], [4], torch.tensor([[0, 1, 1]]), visible), cache)
         assert set(asked) == {(True, False)}
-        monkeypatch.setattr(serving.llama, "fused_attention_from", lambda dtype, masked=False, batched=True: None)
+        monkeypatch.setattr(serving.llama, "decode_attention", lambda dtype, width, masked=False, batched=True: "matmul")
         plain = model(torch.tensor([[23, 42, 7]]), tree_batch([0], [4], torch.tensor([[0, 1, 1]]), visible), cache)
     torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)

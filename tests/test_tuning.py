@@ -125,17 +125,15 @@ def test_the_attention_races_are_remembered_so_every_process_decodes_alike(cache
 
     monkeypatch.setenv("SPECFINOPS_DECODE_ATTENTION", "auto")
     monkeypatch.setenv("SPECFINOPS_ATTENTION_FLOAT32", "auto")
-    kernels.fused_attention_from.cache_clear()
-    kernels.widen_matmul_attention.cache_clear()
-    first = kernels.fused_attention_from(torch.bfloat16, masked=True)
-    kernels.widen_matmul_attention(torch.bfloat16)
+    kernels.decode_attention.cache_clear()
+    first = kernels.decode_attention(torch.bfloat16, 5, masked=True)
     entry = _stored(cache)[tuning.machine_key()]
-    assert entry["fused_attention_from/bfloat16/masked/4"] == (first or 0)
-    assert entry["attention_float32/bfloat16"] in (0, 1)
+    assert entry["decode_attention/bfloat16/masked/4/5"] == kernels.DECODE_ATTENTION.index(first)
+    assert all(f"decode_attention/bfloat16/masked/4/{w}" in entry for w in kernels.ATTENTION_WIDTHS)
     # a new process (caches cleared) whose race would come out otherwise takes the remembered choice
-    entry["fused_attention_from/bfloat16/masked/4"] = 9 if first != 9 else 0
+    other = next(k for k in kernels.DECODE_ATTENTION if k != first)
+    entry["decode_attention/bfloat16/masked/4/5"] = kernels.DECODE_ATTENTION.index(other)
     (cache / tuning.FILE_NAME).write_text(json.dumps({tuning.machine_key(): entry}))
-    kernels.fused_attention_from.cache_clear()
-    assert kernels.fused_attention_from(torch.bfloat16, masked=True) == (9 if first != 9 else None)
-    kernels.fused_attention_from.cache_clear()
-    kernels.widen_matmul_attention.cache_clear()
+    kernels.decode_attention.cache_clear()
+    assert kernels.decode_attention(torch.bfloat16, 5, masked=True) == other
+    kernels.decode_attention.cache_clear()
