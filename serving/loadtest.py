@@ -567,9 +567,11 @@ def shared_store(engine, card: dict) -> SharedStore | None:
 
 
 def loadtest_run_info(card: dict, mode: str, level: int, workload: str, temperature: float, node_id: str,
-                      power_source: str = "none"):
+                      power_source: str = "none", *, max_tokens: int | None = None):
     """A 'loadtest' run: this machine's device (loopback: the server runs here), the server's model, and the
-    server's power source when its power samples give the requests their energy (`ServerPower`)."""
+    server's power source when its power samples give the requests their energy (`ServerPower`). Its sampling is
+    what every request asks for: `temperature` and `max_tokens`; no top_p, top_k or seed is sent, so top_p 1 and
+    top_k 0 (off, the API's defaults) and no seed."""
     import socket
 
     from serving.worker import device_name, software_version
@@ -582,7 +584,7 @@ def loadtest_run_info(card: dict, mode: str, level: int, workload: str, temperat
         target=str(card.get("root") or card["id"]), drafter=extra.get("drafter") if mode == "spec" else None,
         k_policy=extra.get("k_policy", "unknown") if mode == "spec" else "none", temperature=temperature,
         workload=workload, power_source=power_source, software_version=software_version(), concurrency=level,
-        kind="loadtest",
+        kind="loadtest", top_p=1.0, top_k=0, seed=None, max_new_tokens=max_tokens,
     )
 
 
@@ -616,7 +618,7 @@ async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, 
                 if recorder is not None:
                     run_id = recorder.start_run(loadtest_run_info(
                         card, mode, level, workload, spec.temperature, node_id,
-                        shared.power_source if measured else "none"))
+                        shared.power_source if measured else "none", max_tokens=spec.max_tokens))
                 sink = (lambda r, rid=run_id: recorder.record_request(rid, r.record)) if recorder else None
                 power = ServerPower(shared.engine, shared.run_id) if measured else None
                 status = "failed"

@@ -416,6 +416,7 @@ def run_info(engine: VllmEngine, *, workload: str, params: SamplingParams, node_
         dtype=cfg.dtype, target=cfg.target, drafter=cfg.drafter_label, k_policy=engine.k_policy,
         temperature=params.temperature, workload=workload, power_source=power_source,
         software_version=software_version(engine.vllm), top_p=params.top_p, concurrency=concurrency, kind=kind,
+        top_k=params.top_k, seed=params.seed, max_new_tokens=params.max_new_tokens,
     )
 
 

@@ -451,4 +451,6 @@ def run_info(loaded: Loaded, mode: str, *, workload: str, params: SamplingParams
         k_policy=k_policy, temperature=params.temperature if params else None, workload=workload,
         power_source=power_source, software_version=software_version(loaded.spec.dtype),
         top_p=params.top_p if params else None, concurrency=concurrency, kind=kind,
+        top_k=params.top_k if params else None, seed=params.seed if params else None,
+        max_new_tokens=params.max_new_tokens if params else None,
     )

@@ -45,7 +45,9 @@ from telemetry.queries import (
     RunSummary,
     _ratio,
     config_summaries,
+    cutoffs_text,
     empty_store_hint,
+    field_text,
     run_summaries,
 )
 
@@ -359,8 +361,8 @@ COST_PER_1M_BASIS = f"{FLEET_COST_LABEL}: {FLEET_COST_FORMULA}"
 
 
 COMPARISON_RULE = (
-    "where the runs in view hold several comparable groups (workload, temperature, run kind, target, device, "
-    "backend, precision), the projection compares spec and AR within one: the group whose less-measured mode "
+    "where the runs in view hold several comparable groups (workload, temperature, top_p, top_k, run kind, target, "
+    "device, backend, precision), the projection compares spec and AR within one: the group whose less-measured mode "
     "has the most ok requests (then the most requests in all, then the first measured)"
 )
 
@@ -385,10 +387,12 @@ class Comparison:
     requests_ar: int
     requests_spec: int
     others: tuple[str, ...] = ()
+    top_p: float | None = None  # None: unknown (runs recorded before it was, server runs)
+    top_k: int | None = None  # 0 = off
 
     @property
     def label(self) -> str:
-        return _group_text(self.workload, self.temperature, self.kind)
+        return _group_text(self.workload, self.temperature, self.kind, self.top_p, self.top_k)
 
     def text(self, choose: str = "choose with --temperature, --run-kind, --workload, --target or --node") -> str:
         """One line: what is compared, and why this group where there were others (`choose`: how to pick another
@@ -408,29 +412,45 @@ class Comparison:
         }
 
 
-def _group_text(workload: str, temperature: float | None, kind: str) -> str:
-    return f"workload {workload}, {temperature_text(temperature)}, {kind} runs"
+def _group_text(workload: str, temperature: float | None, kind: str, top_p: float | None = None,
+                top_k: int | None = None) -> str:
+    """'workload code, temperature 0.8, top_k 40, bench runs': top_p and top_k where they cut (cutoffs_text)."""
+    return f"workload {workload}, {temperature_text(temperature)}{cutoffs_text(top_p, top_k)}, {kind} runs"
+
+
+def _in_group_text(field: str, value) -> bool:
+    """Whether _group_text names this field's value already (top_p and top_k only where they cut)."""
+    if field == "top_p":
+        return value is not None and value != 1
+    if field == "top_k":
+        return bool(value)
+    return field in ("workload", "temperature", "kind")
+
+
+def _text_of(fields: dict) -> str:
+    return _group_text(fields["workload"], fields["temperature"], fields["kind"], fields["top_p"], fields["top_k"])
 
 
 def _group_label(key: tuple, configs: list[ConfigSummary], chosen: tuple | None = None) -> str:
-    """The group in words; a field outside workload, temperature and run kind is named where it differs from
-    the `chosen` group's (two groups of one workload on two devices would otherwise read the same)."""
+    """The group in words; a field _group_text leaves out is named where it differs from the `chosen` group's
+    (two groups of one workload on two devices, or at top_k 0 and unknown, would otherwise read the same)."""
     fields = dict(zip(COMPARED_FIELDS, key, strict=True))
+    best = dict(zip(COMPARED_FIELDS, chosen, strict=True)) if chosen is not None else None
     modes = {c.mode for c in configs}
     only = "" if modes >= set(MODES) else f" ({'spec' if 'spec' in modes else 'AR'} only)"
-    differs = "".join(f", {f} {v}" for i, (f, v) in enumerate(fields.items())
-                      if f not in ("workload", "temperature", "kind") and chosen is not None and chosen[i] != v)
-    return _group_text(fields["workload"], fields["temperature"], fields["kind"]) + differs + only
+    differs = "".join(f", {field_text(f, v)}" for f, v in fields.items()
+                      if not _in_group_text(f, v) and best is not None and best[f] != v)
+    return _text_of(fields) + differs + only
 
 
 def run_groups(runs: Iterable[RunSummary]) -> list[str]:
     """The comparable groups (COMPARED_FIELDS) that runs span, each in words, in the order first seen; a field
-    outside workload, temperature and run kind is named where the groups differ in it. More than one: pooled
-    figures of a mode mix groups, and one mode's pooled figure against the other's compares unlike runs."""
-    keys = list(dict.fromkeys(tuple(getattr(r, f) for f in COMPARED_FIELDS) for r in runs))
-    varying = [i for i, f in enumerate(COMPARED_FIELDS)
-               if f not in ("workload", "temperature", "kind") and len({k[i] for k in keys}) > 1]
-    return [_group_text(k[0], k[1], k[2]) + "".join(f", {COMPARED_FIELDS[i]} {k[i]}" for i in varying)
+    _group_text leaves out is named where the groups differ in it. More than one: pooled figures of a mode mix
+    groups, and one mode's pooled figure against the other's compares unlike runs."""
+    keys = [dict(zip(COMPARED_FIELDS, k, strict=True))
+            for k in dict.fromkeys(tuple(getattr(r, f) for f in COMPARED_FIELDS) for r in runs)]
+    varying = [f for f in COMPARED_FIELDS if len({k[f] for k in keys}) > 1]
+    return [_text_of(k) + "".join(f", {field_text(f, k[f])}" for f in varying if not _in_group_text(f, k[f]))
             for k in keys]
 
 
@@ -451,8 +471,9 @@ def comparable_group(configs: list[ConfigSummary]) -> tuple[Comparison, list[Con
 
     best = max(groups, key=rank)  # max keeps the first of equals: the first measured
     chosen = groups[best]
-    comparison = Comparison(*best, requests_ar=requests(chosen, "ar"), requests_spec=requests(chosen, "spec"),
-                            others=tuple(_group_label(k, cs, best) for k, cs in groups.items() if k != best))
+    others = tuple(_group_label(k, cs, best) for k, cs in groups.items() if k != best)
+    comparison = Comparison(**dict(zip(COMPARED_FIELDS, best, strict=True)), requests_ar=requests(chosen, "ar"),
+                            requests_spec=requests(chosen, "spec"), others=others)
     return comparison, chosen
 
 
@@ -638,7 +659,8 @@ def project_from_store(
     """finops.project fed with the measured runs: capacity per mode = the best configuration's tokens/s
     meeting the SLA, each configuration's runs pooled (`queries.config_summaries`: the turns of an
     interleaved bench, repeated runs of one command), both modes within one comparable group
-    (`comparable_group`: same workload, temperature, run kind, target, device, backend, precision; where the
+    (`comparable_group`: same workload, sampling (temperature, top_p, top_k), run kind, target, device, backend,
+    precision; where the
     runs in view hold several, the one COMPARISON_RULE picks, named in `comparison`). With `gpu` and `gpus_per_node` N (1..64, GPU
     entries only), a node is N replicas of the measured device: N x its price and N x its measured
     tokens/s (so the node count shrinks by N, the cost per token stays that of one GPU). The energy part

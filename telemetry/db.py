@@ -86,6 +86,11 @@ class Run(Base):
     # None where each request chose its own (a server's run): the requests carry theirs
     temperature: Mapped[float | None] = mapped_column(Float)
     top_p: Mapped[float | None] = mapped_column(Float, default=1.0)
+    # the rest of the run's sampling (migration 0008); None where unknown: recorded before 0008, or each request
+    # chose its own (a server's run). top_k 0 = off; seed as given (None: none given, or past a signed 64-bit)
+    top_k: Mapped[int | None] = mapped_column(Integer)
+    seed: Mapped[int | None] = mapped_column(BigInteger)
+    max_new_tokens: Mapped[int | None] = mapped_column(Integer)  # the answer length cap per request
     concurrency: Mapped[int] = mapped_column(Integer, default=1)
     workload: Mapped[str] = mapped_column(String(255))
     power_source: Mapped[str] = mapped_column(String(16))  # nvml | rapl | estimate | none

@@ -110,6 +110,11 @@ def requests_query(window: ExportWindow) -> Select:
             # the request's own sampling (a server's requests each choose theirs), else its run's
             func.coalesce(Request.temperature, Run.temperature).label("temperature"),
             func.coalesce(Request.top_p, Run.top_p).label("top_p"),
+            # the run's (requests record no top_k, seed or length cap of their own); empty where it has none
+            # (a server's run, or one recorded before migration 0008)
+            Run.top_k,
+            Run.seed,
+            Run.max_new_tokens,
             Request.status,
             Request.error,
         )
@@ -234,8 +239,10 @@ def cost_rows(engine: Engine, window: ExportWindow, *, filters=None) -> tuple[li
 
 def _is_missing(value: Any) -> bool:
     try:
-        return value is None or value != value  # NaN / NaT / pd.NA compare unequal to themselves
-    except (TypeError, ValueError):
+        return value is None or bool(value != value)  # NaN / NaT compare unequal to themselves
+    except TypeError:  # pd.NA (a nullable column's missing value): its comparison is NA, whose truth is ambiguous
+        return type(value).__name__ == "NAType"
+    except ValueError:
         return False
 
 

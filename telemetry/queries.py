@@ -14,7 +14,8 @@ Definitions (DESIGN.md): only requests with status 'ok' count towards tokens, la
     energy_j          = sum of requests.energy_j (None when no request has one); J/token over the requests
                         that have one; energy_estimated when the run's power source is 'estimate'
     speedup           = spec tokens/s / AR tokens/s, same workload, target, device, precision, concurrency,
-                        temperature and run kind, over the prompts both modes ran (`speedups`)
+                        sampling (temperature, top_p, top_k) and run kind, over the prompts both modes ran
+                        (`speedups`)
 
 Public API:
     Filters(since, until, node_id, run_ids, target, drafter, workload, domain, mode, temperature, kind,
@@ -39,6 +40,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from sqlalchemy import case, func, select
 from sqlalchemy.engine import Engine
@@ -185,13 +187,18 @@ class RunSummary:
     dtype: str
     workload: str
     concurrency: int
-    temperature: float
+    temperature: float | None  # None: a server's run (each request chose its own)
     power_source: str
     price_snapshot: dict | None
     started_at: datetime
     ended_at: datetime | None
     status: str
     stats: Aggregate
+    # the rest of the run's sampling; None where unknown (recorded before they were, or a server's run)
+    top_p: float | None = None
+    top_k: int | None = None  # 0 = off
+    seed: int | None = None
+    max_new_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,11 +240,27 @@ class DomainAcceptance:
         return None if self.go_figure is None else self.go_figure >= line
 
 
+def cutoffs_text(top_p: float | None, top_k: int | None) -> str:
+    """', top_p 0.9, top_k 40': the cut-offs of a sampled distribution, each where it cuts (not 1, not 0) and is
+    known; '' where neither does. A group text names an unknown or off one only where the groups differ in it
+    (`field_text`)."""
+    top_p_text = f", top_p {top_p:g}" if top_p is not None and top_p != 1 else ""
+    return top_p_text + (f", top_k {top_k}" if top_k else "")
+
+
+def field_text(name: str, value) -> str:
+    """One field of a group in words ('device cpu', 'top_p 0.9', 'top_k 0'); a sampling figure recorded as
+    None is 'unknown' (runs recorded before it was, a server's runs), never a number."""
+    if value is None and name in ("temperature", "top_p", "top_k"):
+        return f"{name} unknown"
+    return f"{name} {value}"
+
+
 @dataclass(frozen=True, slots=True)
 class Speedup:
     """spec tokens/s / AR tokens/s of one configuration pair: runs of the same workload, target, device,
-    precision, concurrency, temperature and run kind, over the prompts both modes ran where that can be told
-    (`prompts` says how it was compared)."""
+    precision, concurrency, sampling (temperature, top_p, top_k) and run kind, over the prompts both modes ran
+    where that can be told (`prompts` says how it was compared)."""
 
     workload: str
     target: str
@@ -255,12 +278,15 @@ class Speedup:
     kind: str = "bench"
     prompts: str = ""  # how the prompts of the two modes compare (PROMPTS_* below, with counts)
     num_prompts: int | None = None  # prompts compared on, where the runs recorded prompt ids
+    top_p: float | None = None  # None: unknown (runs recorded before it was, server runs)
+    top_k: int | None = None
 
     @property
     def label(self) -> str:
-        """'temperature 0, bench runs, the same 4 prompts': what a speedup shown alone must say beside it."""
+        """'temperature 0.8, top_k 40, bench runs, the same 4 prompts': what a speedup shown alone must say
+        beside it (top_p and top_k where they cut, `cutoffs_text`)."""
         t = "per-request temperatures" if self.temperature is None else f"temperature {self.temperature:g}"
-        return f"{t}, {self.kind} runs, {self.prompts}"
+        return f"{t}{cutoffs_text(self.top_p, self.top_k)}, {self.kind} runs, {self.prompts}"
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -501,6 +527,10 @@ def run_summaries(engine: Engine, filters: Filters | None = None) -> list[RunSum
                 ended_at=run.ended_at,
                 status=run.status,
                 stats=stats,
+                top_p=run.top_p,
+                top_k=run.top_k,
+                seed=run.seed,
+                max_new_tokens=run.max_new_tokens,
             )
         )
     return out
@@ -545,12 +575,15 @@ def mode_summaries(engine: Engine, filters: Filters | None = None) -> list[ModeS
 
 
 CONFIG_FIELDS = ("mode", "workload", "target", "device", "backend", "dtype", "concurrency", "temperature",
-                 "drafter", "k_policy", "kind")
+                 "drafter", "k_policy", "kind", "top_p", "top_k")
 # What spec and AR must share to be compared (ConfigSummary fields): the same traffic (workload), sampling
-# (temperature: at 0 verification is greedy, at 0.8 a draft is accepted far less), measurement (run kind: a
-# bench times the engine, a load test its HTTP clients), model and hardware. Concurrency, drafter and K policy
-# are what a projection chooses between (each mode's fastest configuration meeting the SLA) and a sweep varies.
-COMPARED_FIELDS = ("workload", "temperature", "kind", "target", "device", "backend", "dtype")
+# (temperature: at 0 verification is greedy, at 0.8 a draft is accepted far less; top_p and top_k cut the
+# distribution a draft must match, so acceptance and speedup change with them too),
+# measurement (run kind: a bench times the engine, a load test its HTTP clients), model and hardware.
+# Concurrency, drafter and K policy are what a projection chooses between (each mode's fastest configuration
+# meeting the SLA) and a sweep varies. Read both by name (dict(zip(...))), never by position. A sampling figure
+# recorded as None (runs before migration 0008, a server's runs) groups with None only.
+COMPARED_FIELDS = ("workload", "temperature", "kind", "target", "device", "backend", "dtype", "top_p", "top_k")
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,10 +599,12 @@ class ConfigSummary:
     backend: str
     dtype: str
     concurrency: int
-    temperature: float
+    temperature: float | None  # None: server runs (each request chose its own)
     drafter: str | None
     k_policy: str
     kind: str  # bench | serve | loadtest: a load test's client-side times are not a bench's engine times
+    top_p: float | None  # None: unknown (runs recorded before it was, server runs)
+    top_k: int | None  # 0 = off; None: unknown
     run_ids: tuple[int, ...]
     stats: Aggregate
 
@@ -582,7 +617,8 @@ def config_summaries(engine: Engine, filters: Filters | None = None) -> list[Con
     for item in _collect(engine, filters):
         groups[tuple(getattr(item[0], f) for f in CONFIG_FIELDS)].append(item)
     return [
-        ConfigSummary(*key, run_ids=tuple(r.id for r, _, _ in items), stats=_pool(items))
+        ConfigSummary(**dict(zip(CONFIG_FIELDS, key, strict=True)), run_ids=tuple(r.id for r, _, _ in items),
+                      stats=_pool(items))
         for key, items in groups.items()
     ]
 
@@ -647,13 +683,28 @@ def _prompt_ids(engine: Engine, filters: Filters | None) -> dict[int, set[str | 
     return out
 
 
+class _SpeedupBase(NamedTuple):
+    """What a spec configuration and its AR baseline share in `speedups`."""
+
+    workload: str
+    target: str
+    device: str
+    dtype: str
+    concurrency: int
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    kind: str
+
+
 def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
-    """spec tokens/s / AR tokens/s per (workload, target, device, precision, concurrency, temperature, run
-    kind) and spec configuration (drafter, k policy). Tokens/s of several runs = their tokens / their summed
+    """spec tokens/s / AR tokens/s per (workload, target, device, precision, concurrency, sampling, run kind)
+    and spec configuration (drafter, k policy). Tokens/s of several runs = their tokens / their summed
     wall seconds. The precision is part of the key: on a CPU without bf16 instructions the same model decodes
-    1.5x apart in bf16 and float32, so pooling them would price neither. So are the temperature (greedy
-    verification at 0 accepts far more than sampling at 0.8: 2.4x against 0.6x on one store, 1.0x pooled) and
-    the run kind (a load test's client-side HTTP times are not a bench's engine times).
+    1.5x apart in bf16 and float32, so pooling them would price neither. So are the sampling: the temperature
+    (greedy verification at 0 accepts far more than sampling at 0.8: 2.4x against 0.6x on one store, 1.0x
+    pooled), top_p and top_k (they cut the distribution the draft must match; None, unknown, only with None),
+    and the run kind (a load test's client-side HTTP times are not a bench's engine times).
 
     Prompts: where both modes' runs recorded prompt ids (bench, load test) and ran the same set, the speedup is
     over all their requests; where the sets differ, both modes are restricted to the prompts both ran (each
@@ -667,25 +718,28 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
     for r in runs:
         if r.stats.wall_s is None or not r.stats.output_tokens:
             continue
-        base = (r.workload, r.target, r.device, r.dtype, r.concurrency, r.temperature, r.kind)
-        key = (*base, "spec", r.drafter, r.k_policy) if r.mode == "spec" else (*base, "ar")
+        base = _SpeedupBase(r.workload, r.target, r.device, r.dtype, r.concurrency, r.temperature, r.top_p, r.top_k,
+                            r.kind)
+        key = (base, "spec", r.drafter, r.k_policy) if r.mode == "spec" else (base, "ar")
         totals[key][0] += r.stats.output_tokens
         totals[key][1] += r.stats.wall_s
         ids[key].append(r.run_id)
 
-    def order(k: tuple) -> tuple:  # concurrency and temperature by number (1, 2, 16, not 1, 16, 2); the rest by name
-        return (*(str(x) for x in k[:4]), k[4] if k[4] is not None else 0, -1 if k[5] is None else k[5],
-                *(str(x) for x in k[6:]))
+    def order(k: tuple) -> tuple:  # numbers by number (1, 2, 16, not 1, 16, 2), None first; the rest by name
+        b = k[0]
+        return (str(b.workload), str(b.target), str(b.device), str(b.dtype), b.concurrency or 0,
+                *(-1 if x is None else x for x in (b.temperature, b.top_p, b.top_k)), str(b.kind),
+                *(str(x) for x in k[1:]))
 
-    prompt_ids = _prompt_ids(engine, filters) if any(k[7] == "spec" for k in totals) else {}
+    prompt_ids = _prompt_ids(engine, filters) if any(k[1] == "spec" for k in totals) else {}
     out = []
-    for key in sorted((k for k in totals if k[7] == "spec"), key=order):
-        base = key[:7]
-        ar_key = (*base, "ar")
+    for key in sorted((k for k in totals if k[1] == "spec"), key=order):
+        base = key[0]
+        ar_key = (base, "ar")
         spec_ids, ar_ids = ids[key], ids.get(ar_key, [])
         spec_tps = _ratio(*totals[key])
         ar_tps = _ratio(*totals[ar_key]) if ar_key in totals else None
-        prompts, n_prompts = _compare_prompts(prompt_ids, spec_ids, ar_ids, base[6])
+        prompts, n_prompts = _compare_prompts(prompt_ids, spec_ids, ar_ids, base.kind)
         if prompts.startswith(PROMPTS_MATCHED):  # both modes over the prompts both ran only
             common = set.intersection(*({p for i in side for p in prompt_ids[i]} for side in (spec_ids, ar_ids)))
             sub = replace(filters, run_ids=tuple(spec_ids + ar_ids), prompt_ids=tuple(common))
@@ -697,22 +751,24 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
             spec_tps, ar_tps = _ratio(*part["spec"]), _ratio(*part["ar"])
         out.append(
             Speedup(
-                workload=base[0],
-                target=base[1],
-                device=base[2],
-                dtype=base[3],
-                concurrency=base[4],
-                drafter=key[8],
-                k_policy=key[9],
+                workload=base.workload,
+                target=base.target,
+                device=base.device,
+                dtype=base.dtype,
+                concurrency=base.concurrency,
+                drafter=key[2],
+                k_policy=key[3],
                 spec_tokens_per_s=spec_tps,
                 ar_tokens_per_s=ar_tps,
                 speedup=_ratio(spec_tps, ar_tps),
                 spec_run_ids=tuple(spec_ids),
                 ar_run_ids=tuple(ar_ids),
-                temperature=base[5],
-                kind=base[6],
+                temperature=base.temperature,
+                kind=base.kind,
                 prompts=prompts,
                 num_prompts=n_prompts,
+                top_p=base.top_p,
+                top_k=base.top_k,
             )
         )
     return out

@@ -40,6 +40,8 @@ TRANSIENT_ERRORS = (OperationalError, InterfaceError, DisconnectionError, PoolTi
 _REQUEST, _POWER, _END = 0, 1, 2
 
 _runs = Run.__table__
+# runs.seed is a BIGINT; the engine also takes seeds up to 2**64 - 1, which it cannot hold (recorded as None)
+SEED_COLUMN_MIN, SEED_COLUMN_MAX = -(2**63), 2**63 - 1
 _requests = Request.__table__
 _steps = Step.__table__
 _tokens = TokenEvent.__table__
@@ -156,6 +158,10 @@ class Recorder:
         started_at = datetime.now(UTC)
         row = {f.name: getattr(info, f.name) for f in fields(info)}
         row.update(status="running", dropped_records=0, started_at=started_at)
+        if row["seed"] is not None and not SEED_COLUMN_MIN <= row["seed"] <= SEED_COLUMN_MAX:
+            logger.warning("run seed %d does not fit runs.seed (a signed 64-bit integer): recorded as unknown",
+                           row["seed"])
+            row["seed"] = None
         with self._engine.begin() as conn:
             if row["price_snapshot"] is None:
                 row["price_snapshot"] = price_snapshot(load_catalog(conn), info.device, started_at)

@@ -29,6 +29,10 @@ class RunInfo:
     concurrency: int = 1
     kind: str = "bench"  # bench | serve | loadtest
     price_snapshot: dict | None = None
+    # the rest of the sampling the run used; None: unknown, or each request chose its own (a server)
+    top_k: int | None = None  # 0 = off
+    seed: int | None = None
+    max_new_tokens: int | None = None  # the answer length cap per request
 
 
 @dataclass(frozen=True, slots=True)

@@ -570,7 +570,8 @@ def summary_dict(data: ReportData) -> dict:
                             for rc in data.current.run_costs if rc.run.status != "completed"],
         "speedups": [
             {"workload": s.workload, "target": s.target, "device": s.device, "dtype": s.dtype,
-             "concurrency": s.concurrency, "temperature": s.temperature, "run_kind": s.kind,
+             "concurrency": s.concurrency, "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
+             "run_kind": s.kind,
              "drafter": s.drafter, "k_policy": s.k_policy, "speedup": s.speedup,
              "spec_tokens_per_s": s.spec_tokens_per_s, "ar_tokens_per_s": s.ar_tokens_per_s,
              "prompts": s.prompts, "num_prompts": s.num_prompts,
@@ -654,7 +655,8 @@ RUNS_COST_COLUMNS = (
 )
 SPEEDUP_COLUMNS = (
     Column("speedup", "speedup"), Column("spec tokens/s", "spec tokens/s"), Column("AR tokens/s", "AR tokens/s"),
-    Column("temperature", "temperature"), Column("run kind", "run kind"), Column("prompts", "prompts"),
+    Column("temperature", "temperature"), Column("top_p", "top_p"), Column("top_k", "top_k"),
+    Column("run kind", "run kind"), Column("prompts", "prompts"),
     Column("workload", "workload"), Column("concurrency", "concurrency"),
     Column("drafter", "drafter", short_model), Column("K policy", "K policy"), Column("dtype", "dtype"),
     Column("device", "device", short_device), Column("target", "target", short_model),
@@ -696,12 +698,14 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
                      d.meets_go_line(ALPHA_GO)) for d in data.domains)),
         # the figures first: the long model paths and device names would push them out of view
         Table("speedups", "Speedup (spec tokens/s / AR tokens/s, same workload, target, device, precision, "
-              "concurrency, temperature and run kind; over the prompts both modes ran where the runs recorded "
-              "prompt ids: 'prompts' says how they compare)",
+              "concurrency, sampling (temperature, top_p, top_k) and run kind; over the prompts both modes ran "
+              "where the runs recorded prompt ids: 'prompts' says how they compare; an empty top_p or top_k: not "
+              "recorded)",
               ("speedup", "spec tokens/s", "AR tokens/s", "workload", "concurrency", "drafter", "K policy",
-               "dtype", "device", "target", "temperature", "run kind", "prompts", "spec runs", "AR runs"),
+               "dtype", "device", "target", "temperature", "top_p", "top_k", "run kind", "prompts", "spec runs",
+               "AR runs"),
               tuple((s.speedup, s.spec_tokens_per_s, s.ar_tokens_per_s, s.workload, s.concurrency, s.drafter,
-                     s.k_policy, s.dtype, s.device, s.target, s.temperature, s.kind, s.prompts,
+                     s.k_policy, s.dtype, s.device, s.target, s.temperature, s.top_p, s.top_k, s.kind, s.prompts,
                      costing.ids_text(list(s.spec_run_ids)), costing.ids_text(list(s.ar_run_ids)))
                     for s in data.speedups), SPEEDUP_COLUMNS),
         Table("runs_cost", "Cost per run", tuple(header), tuple(tuple(r) for r in rows),

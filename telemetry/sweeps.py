@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from telemetry.db import Sweep
-from telemetry.queries import COMPARED_FIELDS, Filters, config_summaries
+from telemetry.queries import COMPARED_FIELDS, Filters, config_summaries, field_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,15 +44,16 @@ def sweep_points(engine: Engine, run_ids: list[int]) -> list[SweepPoint]:
     """One point per concurrency level; a mode measured as several runs at a level (a benchmark that
     alternated AR and spec in turns) is pooled: its tokens over their summed wall time, percentiles over
     all of their requests (`queries.config_summaries`: a sweep's runs differ only in mode and level).
-    ValueError where they do not: runs of several temperatures, run kinds, workloads, ... (queries.
+    ValueError where they do not: runs of several temperatures, top_k, run kinds, workloads, ... (queries.
     COMPARED_FIELDS), or two spec configurations at one level."""
     configs = config_summaries(engine, Filters(run_ids=tuple(run_ids)))
-    groups = {tuple(getattr(c, f) for f in COMPARED_FIELDS) for c in configs}
+    groups = [dict(zip(COMPARED_FIELDS, g, strict=True))
+              for g in sorted({tuple(getattr(c, f) for f in COMPARED_FIELDS) for c in configs}, key=str)]
     if len(groups) > 1:  # spec at one temperature against AR at another would be no crossover of either
-        varying = [i for i in range(len(COMPARED_FIELDS)) if len({g[i] for g in groups}) > 1]
-        named = "; ".join(", ".join(f"{COMPARED_FIELDS[i]} {g[i]}" for i in varying) for g in sorted(groups, key=str))
-        raise ValueError(f"run_ids of a sweep must share workload, temperature, run kind, target, device, backend "
-                         f"and precision; these runs hold {len(groups)} groups ({named})")
+        varying = [f for f in COMPARED_FIELDS if len({g[f] for g in groups}) > 1]
+        named = "; ".join(", ".join(field_text(f, g[f]) for f in varying) for g in groups)
+        raise ValueError(f"run_ids of a sweep must share workload, sampling (temperature, top_p, top_k), run kind, "
+                         f"target, device, backend and precision; these runs hold {len(groups)} groups ({named})")
     pooled = {}
     for c in configs:
         if (c.concurrency, c.mode) in pooled:

@@ -113,7 +113,7 @@ def test_tpot_and_cost_deltas_only_where_the_runs_in_view_are_one_comparable_gro
 def test_run_groups_name_the_fields_where_groups_differ():
     def run(**kw):
         base = dict(workload="code", temperature=0.0, kind="bench", target="t", device="cpu", backend="torch",
-                    dtype="bfloat16")
+                    dtype="bfloat16", top_p=1.0, top_k=0)
         return type("Run", (), base | kw)()
 
     assert costing.run_groups([run(), run()]) == ["workload code, temperature 0, bench runs"]
@@ -121,6 +121,14 @@ def test_run_groups_name_the_fields_where_groups_differ():
         "workload code, temperature 0, bench runs, device cpu",
         "workload code, temperature 0, bench runs, device H100",
         "workload code, temperature 0.8, bench runs, device cpu",
+    ]
+    # top_k and top_p: in the text where they cut; named where the groups differ and the text would not say it
+    assert costing.run_groups([run(temperature=0.8), run(temperature=0.8, top_k=40), run(temperature=0.8, top_k=None),
+                               run(temperature=0.8, top_p=0.9)]) == [
+        "workload code, temperature 0.8, bench runs, top_p 1.0, top_k 0",
+        "workload code, temperature 0.8, top_k 40, bench runs, top_p 1.0",
+        "workload code, temperature 0.8, bench runs, top_p 1.0, top_k unknown",
+        "workload code, temperature 0.8, top_p 0.9, bench runs, top_k 0",
     ]
 
 

@@ -395,7 +395,8 @@ def build_report(results, loaded, params) -> dict:
             # k: the lookahead as given (an integer K or a policy name such as "auto"), a string in both modes
             "mode": res.mode, "drafter": res.drafter, "k": str(loaded.spec.k) if res.mode == "spec" else "0",
             "tree": loaded.spec.tree if res.mode == "spec" else None,
-            "dtype": loaded.spec.dtype, "temperature": params.temperature, "concurrency": level,
+            "dtype": loaded.spec.dtype, "temperature": params.temperature, "top_p": params.top_p,
+            "top_k": params.top_k, "seed": params.seed, "max_new_tokens": params.max_new_tokens, "concurrency": level,
             "run_id": res.run_id, "run_ids": list(res.run_ids),
             "tokens_per_s": res.tokens_per_s, "output_tokens": res.output_tokens,
             "wall_s": res.wall_s, "acceptance_rate": res.acceptance_rate,

@@ -29,11 +29,12 @@ they all recorded the same one), else the catalog price of the measured device, 
 --node-hourly-usd X.
 
 capacity per node: a mode's fastest measured configuration (workload, model pair, device, precision,
-concurrency, temperature, run kind, drafter, K policy) whose p95 TPOT meets the SLA, with that configuration's
-runs pooled: tokens over their summed wall time, p95 over all of their requests (the turns of an interleaved
-`bench --mode both`, repeats of one command). Spec and AR are compared only within one comparable group (same
-workload, temperature, run kind, target, device, backend, precision): where the runs in view hold several, the
-one whose less-measured mode has the most ok requests, and the output says which and names the others.
+concurrency, temperature, top_p, top_k, run kind, drafter, K policy) whose p95 TPOT meets the SLA, with that
+configuration's runs pooled: tokens over their summed wall time, p95 over all of their requests (the turns of an
+interleaved `bench --mode both`, repeats of one command). Spec and AR are compared only within one comparable
+group (same workload, temperature, top_p, top_k, run kind, target, device, backend, precision): where the runs in
+view hold several, the one whose less-measured mode has the most ok requests, and the output says which and
+names the others.
 Choose another with --temperature, --run-kind, --workload, --target or --node.
 
 fleet cost per 1M served tokens: the fleet sized for peak traffic in whole nodes, per token it serves in a

@@ -31,6 +31,7 @@ from telemetry.costing import (
     run_groups,
     temperature_text,
 )
+from telemetry.queries import cutoffs_text
 
 
 def _speedup_text(speedups) -> tuple[str, str]:
@@ -40,17 +41,18 @@ def _speedup_text(speedups) -> tuple[str, str]:
     rows = [s for s in speedups if s.speedup is not None]
     if not rows:
         return MISSING, ("Needs a speculative and an AR run of the same workload, target, device, precision, "
-                         "concurrency, temperature and run kind.")
+                         "concurrency, sampling (temperature, top_p, top_k) and run kind.")
     if len(rows) == 1:
         (s,) = rows
         return (f"{s.speedup:.2f}x", f"Spec tokens/s / AR tokens/s at {s.label}; same workload, hardware, "
                                      "precision and concurrency.")
     values = [s.speedup for s in rows]
-    temps = sorted({temperature_text(s.temperature) for s in rows})
+    temps = sorted({temperature_text(s.temperature) + cutoffs_text(s.top_p, s.top_k) for s in rows})
     kinds = sorted({s.kind for s in rows})
     return (f"{min(values):.2f}–{max(values):.2f}x",
-            f"{len(rows)} configurations (range), each spec against AR at one temperature and run kind: not "
-            f"pooled across temperatures or run kinds ({'; '.join(temps)}; {', '.join(kinds)} runs). See the "
+            f"{len(rows)} configurations (range), each spec against AR at one sampling (temperature, top_p, top_k) "
+            f"and run kind: not pooled across temperatures or run kinds ({'; '.join(temps)}; {', '.join(kinds)} "
+            "runs), nor across top_p or top_k. See the "
             "table below for each row's prompts. Spec tokens/s / AR tokens/s.")
 
 
@@ -67,7 +69,7 @@ def _tokens_vs_ar(speedups) -> tuple[dict, str]:
     (s,) = rows
     delta = _vs_ar(s.spec_tokens_per_s, s.ar_tokens_per_s)
     if "delta" in delta:
-        delta["delta"] += f" ({temperature_text(s.temperature)}, {s.kind})"
+        delta["delta"] += f" ({temperature_text(s.temperature)}{cutoffs_text(s.top_p, s.top_k)}, {s.kind})"
     return delta, (f"{pooled} Against AR: the Speedup's comparison ({s.label}), not these pooled figures.")
 
 
@@ -233,10 +235,11 @@ def body(ctx: Context) -> None:
         with st.expander("Speedup by configuration", expanded=len(speedups) > 1):
             # what differs first (workload, concurrency) and the result; then what the rows share
             if len(speedups) > 1:
-                st.caption("One row per configuration: spec against AR at one temperature and run kind, over the "
+                st.caption("One row per configuration: spec against AR at one sampling and run kind, over the "
                            "prompts both ran where they recorded prompt ids; rows are not pooled.")
             show_table(pd.DataFrame([{
                 "workload": s.workload, "temperature": temperature_text(s.temperature).removeprefix("temperature "),
+                "top_p": s.top_p, "top_k": s.top_k,
                 "run kind": s.kind, "concurrency": s.concurrency, "speedup": s.speedup, "prompts": s.prompts,
                 "spec tokens/s": s.spec_tokens_per_s, "AR tokens/s": s.ar_tokens_per_s,
                 "drafter": s.drafter, "K policy": s.k_policy, "dtype": s.dtype, "device": s.device,

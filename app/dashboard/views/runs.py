@@ -13,23 +13,40 @@ from app.dashboard.page_queries import as_utc
 RAW_KINDS = ("requests", "steps", "tokens", "power")
 
 
+# the run's sampling; a missing one (a server's run: its requests chose theirs; a run recorded before the store
+# kept it) is a dash, never 0. Whole numbers stay whole: built as nullable integers, not through floats (a seed
+# past 2**53 would lose digits).
+SAMPLING_INTS = {"top_k": "top_k", "seed": "seed", "max new tokens": "max_new_tokens"}
+
+
 def run_table(runs) -> pd.DataFrame:
-    return pd.DataFrame([{
+    table = pd.DataFrame([{
         "run": r.run_id, "mode": r.mode, "kind": r.kind, "started (UTC)": as_utc(r.started_at), "status": r.status,
         "node": r.node_id, "device": r.device, "target": r.target, "drafter": r.drafter, "K policy": r.k_policy,
-        "workload": r.workload, "concurrency": r.concurrency, "power source": r.power_source,
+        "workload": r.workload, "concurrency": r.concurrency, "temperature": r.temperature, "top_p": r.top_p,
+        "top_k": r.top_k, "seed": r.seed, "max new tokens": r.max_new_tokens, "power source": r.power_source,
         "requests ok": r.stats.num_requests_ok, "failed": r.stats.num_requests_failed,
         "output tokens": r.stats.output_tokens, "tokens/s": r.stats.tokens_per_s,
         "acceptance rate": r.stats.acceptance_rate, "TTFT p50 (ms)": r.stats.ttft_p50_ms,
         "TPOT p50 (ms)": r.stats.tpot_p50_ms, "TPOT p95 (ms)": r.stats.tpot_p95_ms,
         "J/token": r.stats.j_per_token, "energy estimated": r.stats.energy_estimated if r.stats.energy_j is not None else None,
     } for r in runs])
+    for column, attr in SAMPLING_INTS.items():
+        table[column] = pd.array([getattr(r, attr) for r in runs], dtype="Int64")
+    return table
+
+
+def _whole(value) -> str:
+    return MISSING if value is None else str(value)
 
 
 COMPARE_ROWS = [
     ("mode", lambda r: r.mode), ("workload", lambda r: r.workload), ("node", lambda r: r.node_id),
     ("device", lambda r: r.device), ("target", lambda r: short_model(r.target)), ("drafter", lambda r: r.drafter or MISSING),
     ("K policy", lambda r: r.k_policy), ("concurrency", lambda r: str(r.concurrency)),
+    ("temperature", lambda r: fmt(r.temperature, "g")), ("top_p", lambda r: fmt(r.top_p, "g")),
+    ("top_k", lambda r: _whole(r.top_k)), ("seed", lambda r: _whole(r.seed)),
+    ("max new tokens", lambda r: _whole(r.max_new_tokens)),
     ("requests ok", lambda r: f"{r.stats.num_requests_ok:,}"),
     ("output tokens", lambda r: f"{r.stats.output_tokens:,}"),
     ("tokens/s", lambda r: fmt(r.stats.tokens_per_s, ",.1f")),
@@ -59,7 +76,9 @@ def body(ctx: Context) -> None:
     st.subheader(f"Runs ({len(runs)})")
     # the model by its directory's name on the page (the whole path in the CSV); every row without an
     # inner scrollbar up to 25 runs
-    show_table(table.assign(target=table["target"].map(short_model)), table_height(min(len(table), 25)))
+    # a seed is an identifier: shown without thousands separators (the CSV keeps the number)
+    show_table(table.assign(target=table["target"].map(short_model), seed=table["seed"].astype("string")),
+               table_height(min(len(table), 25)))
     download_csv("Download run table (CSV)", table, "runs.csv", "dl_runs")
 
     st.subheader("Compare two runs")
