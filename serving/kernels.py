@@ -274,6 +274,7 @@ DECODER_LAYERS = 30  # a small decoder's depth: a forward calls attention this o
 RACE_LENGTHS = 4  # cache lengths each candidate is timed at, a round
 
 
+@functools.cache  # asked by every layer of every forward
 def decode_attention(dtype: torch.dtype = torch.bfloat16, width: int = 1, masked: bool = False,
                      batched: bool = True) -> str:
     """Which kernel (one of DECODE_ATTENTION) serves attention for `width` queries per sequence over a
@@ -331,7 +332,14 @@ def _decode_plan(dtype: torch.dtype, masked: bool, B: int) -> dict[int, str]:
     return plan
 
 
-decode_attention.cache_clear = _decode_plan.cache_clear  # a changed setting (or a test) measures again
+def _clear_decode_attention() -> None:
+    """A changed setting (or a test) measures again."""
+    _decode_plan.cache_clear()
+    _decode_attention_cached_clear()
+
+
+_decode_attention_cached_clear = decode_attention.cache_clear
+decode_attention.cache_clear = _clear_decode_attention
 
 
 def _attention_race(dtype: torch.dtype, masked: bool, B: int, T: int, candidates: tuple[str, ...],
