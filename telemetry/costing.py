@@ -48,7 +48,9 @@ from telemetry.queries import (
     cutoffs_text,
     empty_store_hint,
     field_text,
+    key_of,
     run_summaries,
+    varying_fields,
 )
 
 
@@ -418,8 +420,11 @@ def _group_text(workload: str, temperature: float | None, kind: str, top_p: floa
     return f"workload {workload}, {temperature_text(temperature)}{cutoffs_text(top_p, top_k)}, {kind} runs"
 
 
-def _in_group_text(field: str, value) -> bool:
-    """Whether _group_text names this field's value already (top_p and top_k only where they cut)."""
+def _in_group_text(field: str, value, temperature: float | None = None) -> bool:
+    """Whether _group_text names this field's value already (top_p and top_k only where they cut), or need not:
+    at temperature 0 no cut-off changes a token (queries.effective_cutoffs)."""
+    if field in ("top_p", "top_k") and temperature == 0:
+        return True
     if field == "top_p":
         return value is not None and value != 1
     if field == "top_k":
@@ -439,7 +444,7 @@ def _group_label(key: tuple, configs: list[ConfigSummary], chosen: tuple | None 
     modes = {c.mode for c in configs}
     only = "" if modes >= set(MODES) else f" ({'spec' if 'spec' in modes else 'AR'} only)"
     differs = "".join(f", {field_text(f, v)}" for f, v in fields.items()
-                      if not _in_group_text(f, v) and best is not None and best[f] != v)
+                      if not _in_group_text(f, v, fields["temperature"]) and best is not None and best[f] != v)
     return _text_of(fields) + differs + only
 
 
@@ -448,9 +453,10 @@ def run_groups(runs: Iterable[RunSummary]) -> list[str]:
     _group_text leaves out is named where the groups differ in it. More than one: pooled figures of a mode mix
     groups, and one mode's pooled figure against the other's compares unlike runs."""
     keys = [dict(zip(COMPARED_FIELDS, k, strict=True))
-            for k in dict.fromkeys(tuple(getattr(r, f) for f in COMPARED_FIELDS) for r in runs)]
-    varying = [f for f in COMPARED_FIELDS if len({k[f] for k in keys}) > 1]
-    return [_text_of(k) + "".join(f", {field_text(f, k[f])}" for f in varying if not _in_group_text(f, k[f]))
+            for k in dict.fromkeys(key_of(r, COMPARED_FIELDS) for r in runs)]
+    varying = varying_fields(keys)
+    return [_text_of(k) + "".join(f", {field_text(f, k[f])}" for f in varying
+                                  if not _in_group_text(f, k[f], k["temperature"]))
             for k in keys]
 
 
@@ -460,7 +466,7 @@ def comparable_group(configs: list[ConfigSummary]) -> tuple[Comparison, list[Con
     was); with the Comparison that says which group it is and which others there were."""
     groups: dict[tuple, list[ConfigSummary]] = defaultdict(list)
     for c in configs:  # in the order each group was first measured
-        groups[tuple(getattr(c, f) for f in COMPARED_FIELDS)].append(c)
+        groups[key_of(c, COMPARED_FIELDS)].append(c)
 
     def requests(cs: list[ConfigSummary], mode: str) -> int:
         return sum(c.stats.num_requests_ok for c in cs if c.mode == mode)

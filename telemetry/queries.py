@@ -586,6 +586,34 @@ CONFIG_FIELDS = ("mode", "workload", "target", "device", "backend", "dtype", "co
 COMPARED_FIELDS = ("workload", "temperature", "kind", "target", "device", "backend", "dtype", "top_p", "top_k")
 
 
+def effective_cutoffs(temperature: float | None, top_p: float | None, top_k: int | None) -> tuple:
+    """(top_p, top_k) as they act on decoding: at temperature 0 every token is the target's argmax, so no
+    cut-off changes one and they compare as off (1.0, 0), whatever was recorded (a greedy run recorded before
+    top_k was, NULL, is the same measurement as one recorded with top_k 0)."""
+    if temperature == 0:
+        return 1.0, 0
+    return top_p, top_k
+
+
+def key_of(item, fields: tuple[str, ...]) -> tuple:
+    """`item`'s values of `fields` (CONFIG_FIELDS, COMPARED_FIELDS) as a grouping key, top_p and top_k as they
+    act on decoding (`effective_cutoffs`)."""
+    values = {f: getattr(item, f) for f in fields}
+    if "temperature" in values:
+        top_p, top_k = effective_cutoffs(values["temperature"], item.top_p, item.top_k)
+        values.update({k: v for k, v in (("top_p", top_p), ("top_k", top_k)) if k in values})
+    return tuple(values[f] for f in fields)
+
+
+def varying_fields(groups: list[dict]) -> list[str]:
+    """The COMPARED_FIELDS in which `groups` (field -> value) differ; top_p and top_k compared among the sampled
+    groups only (at temperature 0 they change nothing, `effective_cutoffs`)."""
+    def matters(group: dict, field: str) -> bool:
+        return field not in ("top_p", "top_k") or group["temperature"] != 0
+
+    return [f for f in COMPARED_FIELDS if len({g[f] for g in groups if matters(g, f)}) > 1]
+
+
 @dataclass(frozen=True, slots=True)
 class ConfigSummary:
     """One measured configuration: the runs that share every field of CONFIG_FIELDS, pooled as one
@@ -615,7 +643,7 @@ def config_summaries(engine: Engine, filters: Filters | None = None) -> list[Con
     configuration's short turns is its luckiest slice, not its throughput."""
     groups: dict[tuple, list[tuple[Run, dict, _Acc]]] = defaultdict(list)
     for item in _collect(engine, filters):
-        groups[tuple(getattr(item[0], f) for f in CONFIG_FIELDS)].append(item)
+        groups[key_of(item[0], CONFIG_FIELDS)].append(item)
     return [
         ConfigSummary(**dict(zip(CONFIG_FIELDS, key, strict=True)), run_ids=tuple(r.id for r, _, _ in items),
                       stats=_pool(items))
@@ -718,8 +746,8 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
     for r in runs:
         if r.stats.wall_s is None or not r.stats.output_tokens:
             continue
-        base = _SpeedupBase(r.workload, r.target, r.device, r.dtype, r.concurrency, r.temperature, r.top_p, r.top_k,
-                            r.kind)
+        base = _SpeedupBase(r.workload, r.target, r.device, r.dtype, r.concurrency, r.temperature,
+                            *effective_cutoffs(r.temperature, r.top_p, r.top_k), r.kind)
         key = (base, "spec", r.drafter, r.k_policy) if r.mode == "spec" else (base, "ar")
         totals[key][0] += r.stats.output_tokens
         totals[key][1] += r.stats.wall_s

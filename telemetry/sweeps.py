@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from telemetry.db import Sweep
-from telemetry.queries import COMPARED_FIELDS, Filters, config_summaries, field_text
+from telemetry.queries import COMPARED_FIELDS, Filters, config_summaries, field_text, key_of, varying_fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +48,11 @@ def sweep_points(engine: Engine, run_ids: list[int]) -> list[SweepPoint]:
     COMPARED_FIELDS), or two spec configurations at one level."""
     configs = config_summaries(engine, Filters(run_ids=tuple(run_ids)))
     groups = [dict(zip(COMPARED_FIELDS, g, strict=True))
-              for g in sorted({tuple(getattr(c, f) for f in COMPARED_FIELDS) for c in configs}, key=str)]
+              for g in sorted({key_of(c, COMPARED_FIELDS) for c in configs}, key=str)]
     if len(groups) > 1:  # spec at one temperature against AR at another would be no crossover of either
-        varying = [f for f in COMPARED_FIELDS if len({g[f] for g in groups}) > 1]
-        named = "; ".join(", ".join(field_text(f, g[f]) for f in varying) for g in groups)
+        varying = varying_fields(groups)
+        named = "; ".join(", ".join(field_text(f, g[f]) for f in varying
+                                    if f not in ("top_p", "top_k") or g["temperature"] != 0) for g in groups)
         raise ValueError(f"run_ids of a sweep must share workload, sampling (temperature, top_p, top_k), run kind, "
                          f"target, device, backend and precision; these runs hold {len(groups)} groups ({named})")
     pooled = {}

@@ -170,6 +170,29 @@ def test_unknown_top_k_groups_only_with_unknown(sqlite_url):
                                                  "workload code, temperature 0.8, bench runs, top_k 0"]
 
 
+def test_at_temperature_0_cut_offs_change_nothing_so_they_split_nothing(sqlite_url):
+    """Greedy decoding takes the argmax whatever top_p / top_k say: a greedy AR run recorded before 0008 (top_k
+    unknown) and a greedy spec run recorded with top_k 0 (or top_p 0.9) are one comparable group and one
+    speedup, as an upgraded store's old baseline must stay comparable with new runs."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s, s.begin():
+        make_run(s, "ar", temperature=0.0, top_k=None, requests=[Req(30, ttft_ms=10, e2e_ms=1000)])
+        make_run(s, "spec", temperature=0.0, top_k=0, top_p=0.9, requests=[spec_req(30, 4, 20, ttft_ms=10, e2e_ms=500)])
+        make_run(s, "ar", temperature=0.8, top_k=None, requests=[Req(30, ttft_ms=10, e2e_ms=1000)])
+        make_run(s, "ar", temperature=0.8, top_k=0, requests=[Req(30, ttft_ms=10, e2e_ms=1000)])
+    greedy = [sp for sp in speedups(engine) if sp.temperature == 0]
+    assert len(greedy) == 1 and greedy[0].speedup == pytest.approx(2.0, rel=1e-6)
+    assert (greedy[0].top_p, greedy[0].top_k) == (1.0, 0)
+    configs = config_summaries(engine)
+    assert sorted((c.temperature, c.mode, c.top_k) for c in configs if c.temperature == 0) == [
+        (0.0, "ar", 0), (0.0, "spec", 0)]
+    # sampled runs still keep unknown apart from off
+    assert sorted(c.top_k is None for c in configs if c.temperature == 0.8) == [False, True]
+    assert run_groups(run_summaries(engine)) == ["workload code, temperature 0, bench runs",
+                                                 "workload code, temperature 0.8, bench runs, top_k unknown",
+                                                 "workload code, temperature 0.8, bench runs, top_k 0"]
+
+
 def test_a_sweep_of_two_top_ks_is_refused_naming_them(sqlite_url):
     engine = open_store(sqlite_url)
     with Session(engine) as s, s.begin():
