@@ -18,7 +18,7 @@ Upgrade adds the columns in place (ALTER TABLE ADD COLUMN, no table rebuild on S
 
 Revision ID: 0008
 Revises: 0007
-Create Date: 2026-12-09
+Create Date: 2026-12-05
 """
 
 from __future__ import annotations
