@@ -45,7 +45,9 @@ from telemetry.queries import (
     RunSummary,
     _ratio,
     config_summaries,
+    cutoff_matches,
     cutoffs_text,
+    effective_cutoffs,
     empty_store_hint,
     field_text,
     key_of,
@@ -292,8 +294,31 @@ _RUN_FILTERS = (
     ("drafter", "drafter", "drafters", Run.drafter),
     ("mode", "mode", "modes", Run.mode),
     ("temperature", "temperature", "temperatures", Run.temperature),
+    ("top_p", "top_p", "top_p values", Run.top_p),
+    ("top_k", "top_k", "top_k values", Run.top_k),
     ("kind", "run kind", "run kinds", Run.kind),
 )
+_CUTOFF_OFF = {"top_p": 1.0, "top_k": 0}  # a cut-off's value as a greedy run counts it (effective_cutoffs)
+
+
+def _run_matches(field: str, col, want):
+    """SQL: the run filter `field` keeps a run (a cut-off as it acts: Filters.where)."""
+    return cutoff_matches(col, want, off=_CUTOFF_OFF[field]) if field in _CUTOFF_OFF else col == want
+
+
+def _run_value(run, field: str, col):
+    """A run's value of the filter `field`, a cut-off as it acts (a greedy run's is off)."""
+    if field in _CUTOFF_OFF:
+        return dict(zip(("top_p", "top_k"), effective_cutoffs(run.temperature, run.top_p, run.top_k),
+                        strict=True))[field]
+    return getattr(run, col.key)
+
+
+def _store_values(c, field: str, col) -> set:
+    """The values of the filter `field` the store's runs have (cut-offs as they act)."""
+    if field in _CUTOFF_OFF:
+        return {_run_value(r, field, col) for r in c.execute(select(Run.temperature, Run.top_p, Run.top_k).distinct())}
+    return set(c.execute(select(col).distinct()).scalars())
 
 
 def _listed(values, shown: int = 10) -> str:
@@ -317,21 +342,21 @@ def no_runs_reason(engine: Engine, filters: Filters | None = None) -> str:
                 return f"no run {', '.join(map(str, missing))} in the store (runs in the store: {shown})"
             for run in found.values():
                 for field, name, _, col in _RUN_FILTERS:
-                    want = getattr(f, field)
-                    if want is not None and getattr(run, col.key) != want:
-                        return f"run {run.id} has {name} {getattr(run, col.key)!r}, not {want!r}"
+                    want, have = getattr(f, field), _run_value(run, field, col)
+                    if want is not None and have != want:
+                        return f"run {run.id} has {name} {have!r}, not {want!r}"
         conds = []
         for field, name, plural, col in _RUN_FILTERS:
             want = getattr(f, field)
             if want is None:
                 continue
-            if not c.execute(select(func.count(Run.id)).where(col == want)).scalar():
-                have = c.execute(select(col).distinct()).scalars()
+            if not c.execute(select(func.count(Run.id)).where(_run_matches(field, col, want))).scalar():
+                have = _store_values(c, field, col)
                 return f"no runs with {name} {want!r} ({plural} in the store: {_listed(have)})"
-            conds.append((name, want, col))
+            conds.append((name, want, _run_matches(field, col, want)))
         named = " and ".join(f"{name} {want!r}" for name, want, _ in conds)
         if len(conds) > 1 and not c.execute(
-            select(func.count(Run.id)).where(*(col == want for _, want, col in conds))
+            select(func.count(Run.id)).where(*(cond for _, _, cond in conds))
         ).scalar():
             return f"no run has {named} together"
     if f.run_ids is not None:
@@ -374,6 +399,10 @@ def temperature_text(t: float | None) -> str:
     return "per-request temperatures (server runs)" if t is None else f"temperature {t:g}"
 
 
+# How a CLI user picks another comparable group than the one a projection chose (Comparison.text).
+CHOOSE_GROUP = "choose with --temperature, --top-p, --top-k, --run-kind, --workload, --target or --node"
+
+
 @dataclass(frozen=True, slots=True)
 class Comparison:
     """The comparable group a projection sizes both modes on (one value of each COMPARED_FIELDS), how many ok
@@ -396,7 +425,7 @@ class Comparison:
     def label(self) -> str:
         return _group_text(self.workload, self.temperature, self.kind, self.top_p, self.top_k)
 
-    def text(self, choose: str = "choose with --temperature, --run-kind, --workload, --target or --node") -> str:
+    def text(self, choose: str = CHOOSE_GROUP) -> str:
         """One line: what is compared, and why this group where there were others (`choose`: how to pick another
         where the caller can)."""
         head = (f"spec and AR compared at {self.label} ({self.dtype} on {self.device}; {self.requests_spec:,} spec "

@@ -19,7 +19,7 @@ Definitions (DESIGN.md): only requests with status 'ok' count towards tokens, la
 
 Public API:
     Filters(since, until, node_id, run_ids, target, drafter, workload, domain, mode, temperature, kind,
-            prompt_ids)
+            prompt_ids, top_p, top_k)
     run_summaries(engine, filters=None) -> list[RunSummary]
     mode_summaries(engine, filters=None) -> list[ModeSummary]
     config_summaries(engine, filters=None) -> list[ConfigSummary]  (runs pooled per configuration)
@@ -34,6 +34,7 @@ project_from_store).
 from __future__ import annotations
 
 import math
+import numbers
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from sqlalchemy import case, func, select
+from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -51,6 +52,7 @@ from telemetry.db import Request, Run, Step
 MODES = ("spec", "ar")
 RUN_KINDS = ("bench", "serve", "loadtest")  # runs.kind: a bench times the engine, a load test its HTTP clients
 GO_LINE = 0.65  # the usual go/no-go for a draft (DESIGN.md, phase 1); calibrate's --threshold defaults to it
+MAX_TOP_K = 2**31 - 1  # runs.top_k is a 32-bit INTEGER
 EMPTY_STORE_HINT = "run `specfinops bench --workload code --mode both` to measure spec and AR runs"
 
 
@@ -92,7 +94,10 @@ def _db_option(url) -> str | None:
 class Filters:
     """Which runs and requests to aggregate. since/until bound requests.started_at; domain and prompt_ids
     (requests.external_id: a workload's prompt id) filter requests; the rest filter runs. temperature keeps
-    the runs recorded at it (a server's run records none: its requests chose theirs). None means no filter."""
+    the runs recorded at it (a server's run records none: its requests chose theirs). top_p and top_k keep the
+    runs whose cut-off acts as that value (`effective_cutoffs`, as speedups and groups key them): a greedy run
+    (temperature 0) counts as top_p 1 and top_k 0 whatever it recorded; an unknown one (NULL) matches none.
+    None means no filter."""
 
     since: datetime | None = None
     until: datetime | None = None
@@ -106,6 +111,8 @@ class Filters:
     temperature: float | None = None
     kind: str | None = None
     prompt_ids: tuple[str, ...] | None = None
+    top_p: float | None = None  # 1 = off
+    top_k: int | None = None  # 0 = off
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
@@ -117,6 +124,18 @@ class Filters:
             if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
                 raise ValueError(f"temperature must be a number >= 0, got {t!r}")
             object.__setattr__(self, "temperature", float(t))
+        if self.top_p is not None:
+            p = self.top_p
+            if isinstance(p, bool) or not isinstance(p, int | float) or not (0 < p <= 1):  # NaN fails too
+                raise ValueError(f"top_p must be a number in (0, 1], got {p!r}")
+            object.__setattr__(self, "top_p", float(p))
+        if self.top_k is not None:
+            k = self.top_k
+            if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
+                raise ValueError(f"top_k must be a whole number >= 0, got {k!r}")
+            if k > MAX_TOP_K:  # runs.top_k is an INTEGER: no run records more
+                raise ValueError(f"top_k must be at most {MAX_TOP_K}, got {k!r}")
+            object.__setattr__(self, "top_k", int(k))
         if self.prompt_ids is not None:
             object.__setattr__(self, "prompt_ids", tuple(sorted(str(p) for p in self.prompt_ids)))
         if self.since is not None and self.until is not None and self.since >= self.until:
@@ -138,6 +157,10 @@ class Filters:
         ):
             if value is not None:
                 conds.append(col == value)
+        if self.top_p is not None:
+            conds.append(cutoff_matches(Run.top_p, self.top_p, off=1.0))
+        if self.top_k is not None:
+            conds.append(cutoff_matches(Run.top_k, self.top_k, off=0))
         if self.run_ids is not None:
             conds.append(Run.id.in_(self.run_ids))
         if self.prompt_ids is not None:
@@ -147,6 +170,17 @@ class Filters:
         if self.until is not None:
             conds.append(Request.started_at < self.until)
         return conds
+
+
+def cutoff_matches(column, value: float | int, *, off: float | int):
+    """SQL: the run's cut-off (Run.top_p or Run.top_k) acts as `value`, as `effective_cutoffs` reads it: at
+    temperature 0 it is off (`off`: top_p 1, top_k 0) whatever was recorded, so a greedy run matches the off
+    value only; any other run (sampled, or a server's, temperature NULL) matches its recorded value, and a NULL
+    one (unknown) matches nothing."""
+    greedy = Run.temperature == 0
+    if value == off:
+        return or_(greedy, column == value)
+    return and_(column == value, or_(Run.temperature.is_(None), ~greedy))
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,14 +48,17 @@ BAND_SD = 3.0
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """A report's period, and the runs it covers: those recorded at `temperature` and of run `kind` where set
-    (None: every run), as `specfinops cost --temperature --run-kind` filter them."""
+    """A report's period, and the runs it covers: those recorded at `temperature`, of run `kind` and sampled with
+    `top_p` / `top_k` where set (None: every run), as `specfinops cost --temperature --run-kind --top-p --top-k`
+    filter them (a greedy run counts as top_p 1, top_k 0: queries.Filters)."""
 
     period: str
     since: datetime
     until: datetime
     temperature: float | None = None
     kind: str | None = None
+    top_p: float | None = None
+    top_k: int | None = None
 
     @property
     def length(self) -> timedelta:
@@ -66,18 +69,26 @@ class Window:
         return replace(self, since=self.since - n * self.length, until=self.until - n * self.length)
 
     def filters(self) -> Filters:
-        return Filters(since=self.since, until=self.until, temperature=self.temperature, kind=self.kind)
+        return Filters(since=self.since, until=self.until, temperature=self.temperature, kind=self.kind,
+                       top_p=self.top_p, top_k=self.top_k)
+
+    def runs_text(self) -> str:
+        """Which runs the window covers, in words ("" for every run)."""
+        return runs_covered_text(self.temperature, self.kind, self.top_p, self.top_k)
 
     def label(self) -> str:
         fmt = "%Y-%m-%d %H:%M"
-        runs = runs_covered_text(self.temperature, self.kind)
+        runs = self.runs_text()
         return (f"{self.period} {self.since.strftime(fmt)} to {self.until.strftime(fmt)} UTC"
                 + (f" ({runs} only)" if runs else ""))
 
 
-def runs_covered_text(temperature: float | None, kind: str | None) -> str:
-    """Which runs a report covers, in words ("" for every run)."""
+def runs_covered_text(temperature: float | None, kind: str | None, top_p: float | None = None,
+                      top_k: int | None = None) -> str:
+    """Which runs a report covers, in words ("" for every run): 'temperature 0.8, top_k 40, bench runs'. A cut-off
+    chosen is said even where it is off ('top_k 0': the runs not cut by top_k, greedy ones included)."""
     said = [costing.temperature_text(temperature)] if temperature is not None else []
+    said += [f"{name} {value:g}" for name, value in (("top_p", top_p), ("top_k", top_k)) if value is not None]
     return ", ".join(said + ([f"{kind} runs"] if kind else []))
 
 
@@ -337,7 +348,8 @@ def _band(name: str, get: Callable[[PeriodFigures], float | None], current: Peri
 
 
 # How a report's reader projects another comparable group than the one the report's projection chose.
-REPORT_CHOOSE = "`specfinops project --temperature T --run-kind K --workload W` projects another"
+REPORT_CHOOSE = ("`specfinops project --temperature T --top-p P --top-k N --run-kind KIND --workload W` projects "
+                 "another")
 
 
 # ---- the report -----------------------------------------------------------------------------------------
@@ -555,9 +567,11 @@ def summary_dict(data: ReportData) -> dict:
         "period": data.window.period,
         "since": _iso(data.window.since),
         "until": _iso(data.window.until),
-        # the runs covered: None for every temperature / run kind
+        # the runs covered: None for every temperature / run kind / top_p / top_k
         "temperature": data.window.temperature,
         "run_kind": data.window.kind,
+        "top_p": data.window.top_p,
+        "top_k": data.window.top_k,
         "generated_at": _iso(data.generated_at),
         "traffic": data.has_traffic,
         "output_tokens": data.current.output_tokens(),

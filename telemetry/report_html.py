@@ -38,7 +38,6 @@ from telemetry.report import (
     meets_sla,
     partial_energy,
     projection_tpot,
-    runs_covered_text,
 )
 
 MISSING = "—"
@@ -479,7 +478,7 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
         parts.append(f"<p class='notice' id='period-incomplete'>{html.escape(unfinished[0].upper() + unfinished[1:])}"
                      ".</p>")
     if not data.has_traffic:
-        runs = runs_covered_text(w.temperature, w.kind)
+        runs = w.runs_text()
         parts.append("<p class='notice'>No traffic in this period: the store has no requests between "
                      f"{w.since:%Y-%m-%d %H:%M} and {w.until:%Y-%m-%d %H:%M} UTC"
                      f"{html.escape(f' from {runs} only') if runs else ''}. Figures that need traffic "

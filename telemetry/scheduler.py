@@ -155,6 +155,8 @@ class ReportJob:
     webhook_env: str | None = None  # the variable holding the webhook URL, read at run time (not stored)
     temperature: float | None = None  # only runs at this temperature / of this kind (None: every run)
     kind: str | None = None
+    top_p: float | None = None  # only runs sampled with this top_p / top_k (None: every run; queries.Filters)
+    top_k: int | None = None
 
     def __post_init__(self) -> None:
         if self.period not in SCHEDULED_PERIODS:
@@ -166,8 +168,8 @@ class ReportJob:
             raise ValueError(f"--misfire-grace-s must be a whole number >= 1, got {self.misfire_grace_s!r}")
 
     def runs_of(self, window: Window) -> Window:
-        """`window` narrowed to the job's runs (--temperature, --run-kind)."""
-        return replace(window, temperature=self.temperature, kind=self.kind)
+        """`window` narrowed to the job's runs (--temperature, --run-kind, --top-p, --top-k)."""
+        return replace(window, temperature=self.temperature, kind=self.kind, top_p=self.top_p, top_k=self.top_k)
 
     @property
     def delivering(self) -> bool:
@@ -181,9 +183,11 @@ class ReportJob:
             "delivery_attempts": self.delivery_attempts, "delivery_backoff_s": self.delivery_backoff_s,
             # only when set: a job stored before --webhook-env existed compares equal and is kept
             **({"webhook_env": self.webhook_env} if self.webhook_env else {}),
-            # the same for the runs' filters (--temperature, --run-kind)
+            # the same for the runs' filters (--temperature, --run-kind, --top-p, --top-k)
             **({"temperature": self.temperature} if self.temperature is not None else {}),
             **({"kind": self.kind} if self.kind is not None else {}),
+            **({"top_p": self.top_p} if self.top_p is not None else {}),
+            **({"top_k": self.top_k} if self.top_k is not None else {}),
         }  # fmt: skip
 
 
@@ -260,7 +264,7 @@ def describe_job(job: Job) -> str:
     if kw.get("smtp"):
         targets.append("smtp")
     delivery = " + ".join(targets) or "none"
-    runs = runs_covered_text(kw.get("temperature"), kw.get("kind"))
+    runs = runs_covered_text(kw.get("temperature"), kw.get("kind"), kw.get("top_p"), kw.get("top_k"))
     return (f"{job.id}: cron {cron_text(job.trigger)!r} (UTC), {kw.get('period')} reports"
             f"{f' of {runs} only' if runs else ''} into {kw.get('out_dir')}, delivery {delivery}, {next_run}")  # fmt: skip
 
@@ -361,6 +365,8 @@ def run_report_job(
     webhook_env: str | None = None,
     temperature: float | None = None,
     kind: str | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
 ) -> int | None:
     """One scheduled run: report the last full period (empty periods too), then deliver the summary. The
     keywords are ReportJob.kwargs(), as the job store holds them.
@@ -377,7 +383,8 @@ def run_report_job(
         job = ReportJob(job_id=job_id, db_url=db_url, out_dir=out_dir, period=period, sla_ms=sla_ms,
                         history=history, daily_tokens=daily_tokens, peak_factor=peak_factor, webhook_url=webhook_url,
                         smtp=smtp, delivery_attempts=delivery_attempts, delivery_backoff_s=delivery_backoff_s,
-                        webhook_env=webhook_env, temperature=temperature, kind=kind)  # fmt: skip
+                        webhook_env=webhook_env, temperature=temperature, kind=kind, top_p=top_p,
+                        top_k=top_k)  # fmt: skip
         engine = open_store(db_url)
         try:
             recover_reports(engine, job)

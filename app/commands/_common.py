@@ -49,6 +49,44 @@ def context_len(text: str) -> int:
     return _int_at_least(text, 3, "must be a whole number of tokens", "must be >= 3 tokens")
 
 
+# The run filters --top-p and --top-k of cost, project, report and scheduler (telemetry.queries.Filters): a run
+# matches where its cut-off acts as the value given; a greedy run (temperature 0) as top_p 1 and top_k 0.
+TOP_P_FILTER_HELP = ("only runs sampled with this top_p, in (0, 1]; greedy runs (temperature 0) count as 1, "
+                     "off (default: every run)")
+TOP_K_FILTER_HELP = ("only runs sampled with this top_k, a whole number >= 0; greedy runs (temperature 0) count "
+                     "as 0, off (default: every run)")
+
+
+def top_p_filter(text: str | None) -> float | None:
+    """--top-p of a run filter: a number in (0, 1] (None: not given)."""
+    import math
+
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"--top-p must be a number in (0, 1], got {text!r}") from None
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise UsageError(f"--top-p must be a number in (0, 1], got {text!r}")
+    return value
+
+
+def top_k_filter(text: str | None) -> int | None:
+    """--top-k of a run filter: a whole number >= 0 (None: not given)."""
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"--top-k must be a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise UsageError(f"--top-k must be a whole number >= 0, got {text!r}")
+    if value >= 2**31:  # runs.top_k is a 32-bit INTEGER: no run records more
+        raise UsageError(f"--top-k must be at most {2**31 - 1}, got {text!r}")
+    return value
+
+
 def check_power_options(power: str, tdp_w: float | None) -> None:
     """--power and --tdp-w, before any model loads: what `detect_power_source` and its TDP estimate would
     refuse only once the run starts, and a --tdp-w that the chosen source would silently ignore."""

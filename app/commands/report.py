@@ -10,16 +10,26 @@ import math
 import sys
 from dataclasses import replace
 
-from app.commands._common import add_command, add_db_option, sigterm_as_ctrl_c
+from app.commands._common import (
+    TOP_K_FILTER_HELP,
+    TOP_P_FILTER_HELP,
+    add_command,
+    add_db_option,
+    sigterm_as_ctrl_c,
+    top_k_filter,
+    top_p_filter,
+)
 from app.errors import UsageError
 
 RUN_KINDS = ("bench", "loadtest", "serve")  # telemetry.queries.RUN_KINDS (not imported: --help loads no SQL)
+RUN_FILTERS = ("temperature", "kind", "top_p", "top_k")  # report_options that choose the runs (report.Window's)
 
 EXAMPLES = """  specfinops report --period daily --out reports/             # yesterday (UTC)
   specfinops report --period weekly --until 2026-11-09 --out reports/
   specfinops report --period custom --since 2026-11-01 --until 2026-11-08T12:00 --out reports/ --sla-ms 40
   specfinops report --period daily --out reports/ --daily-tokens 5e8 --peak-factor 2   # project at this traffic
   specfinops report --period weekly --out reports/ --temperature 0 --run-kind bench   # only these runs
+  specfinops report --period weekly --out reports/ --temperature 0.8 --top-k 40       # only these runs
 """
 
 
@@ -34,6 +44,8 @@ def add_report_options(p) -> None:
     p.add_argument("--peak-factor", metavar="F", default=None, help="peak-to-average traffic (default 1)")
     p.add_argument("--temperature", metavar="T", default=None,
                    help="only runs recorded at this sampling temperature (default: every run)")  # fmt: skip
+    p.add_argument("--top-p", metavar="P", default=None, help=TOP_P_FILTER_HELP)
+    p.add_argument("--top-k", metavar="K", default=None, help=TOP_K_FILTER_HELP)
     p.add_argument("--run-kind", choices=RUN_KINDS, default=None,
                    help="only runs of this kind (a bench times the engine, a load test its HTTP clients)")  # fmt: skip
 
@@ -79,6 +91,8 @@ def report_options(args) -> dict:
         "peak_factor": _number("--peak-factor", args.peak_factor, 1.0, minimum=1, strict=False),
         "temperature": _number("--temperature", args.temperature, None, minimum=0, strict=False),
         "kind": args.run_kind,
+        "top_p": top_p_filter(args.top_p),
+        "top_k": top_k_filter(args.top_k),
     }
 
 
@@ -92,7 +106,7 @@ def run(args) -> int:
     if args.period not in PERIODS:
         raise UsageError(f"--period must be one of {', '.join(PERIODS)}, got {args.period!r}")
     options = report_options(args)
-    runs = {"temperature": options.pop("temperature"), "kind": options.pop("kind")}  # the window's runs
+    runs = {k: options.pop(k) for k in RUN_FILTERS}  # the window's runs
     try:
         window = replace(period_window(args.period, since=parse_when(args.since, "--since"),
                                        until=parse_when(args.until, "--until")), **runs)  # fmt: skip

@@ -1,7 +1,7 @@
 """Sidebar filters, rendered once in the entry file so their values hold across pages.
 
-Time range, node, model pair (target <- drafter), workload, temperature, run kind, domain and runs become one
-`telemetry.queries.Filters`. A model pair keeps the AR baseline runs of the same target (they have no
+Time range, node, model pair (target <- drafter), workload, temperature, top_p, top_k, run kind, domain and runs
+become one `telemetry.queries.Filters`. A model pair keeps the AR baseline runs of the same target (they have no
 drafter), so spec and AR stay side by side; it is resolved to run ids here.
 """
 
@@ -15,7 +15,7 @@ import streamlit as st
 
 from app.dashboard.page_queries import as_utc, nice_bucket_s
 from telemetry.labels import short_model
-from telemetry.queries import Filters
+from telemetry.queries import MAX_TOP_K, Filters
 
 ALL = "All"
 SYNTHETIC_WORKLOAD = "synthetic"
@@ -76,6 +76,21 @@ def sweeps_in_view(sweeps: list[dict], f: Filters) -> list[dict]:
     return keep
 
 
+def effective_cutoffs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per run, its top_p and top_k as they act on decoding (queries.effective_cutoffs, as Filters match them): a
+    greedy run's (temperature 0) are off, 1 and 0, whatever it recorded; an unknown one stays missing."""
+    greedy = runs["temperature"] == 0
+    return pd.DataFrame({"top_p": runs["top_p"].astype("Float64").mask(greedy, 1.0),
+                         "top_k": runs["top_k"].astype("Int64").mask(greedy, 0)}, index=runs.index)
+
+
+def _cutoff_choices(values: pd.Series, valid) -> list:
+    """The values of a cut-off the runs hold that Filters takes (`valid`), as plain numbers (missing, unknown,
+    left out: no filter picks it); none where picking one would narrow nothing (one value and no unknown)."""
+    known = sorted({x for x in (v.item() if hasattr(v, "item") else v for v in values.dropna()) if valid(x)})
+    return known if known and (len(known) > 1 or values.isna().any()) else []
+
+
 def sidebar(options: dict) -> Selection:
     """Render the filters in the sidebar and return the selection."""
     runs: pd.DataFrame = options["runs"]
@@ -106,6 +121,18 @@ def sidebar(options: dict) -> Selection:
         "Temperature", [ALL, *temps], format_func=lambda t: t if t == ALL else f"{t:g}", key="f_temperature",
         help="Sampling temperature the runs were recorded at. Speedups are per temperature; the projection "
              "compares one temperature (and run kind) and says which.") if len(temps) > 1 else ALL
+    # and at one top_p and top_k (greedy runs count as off: 1 and 0); offered where picking one narrows the runs
+    cutoffs = effective_cutoffs(runs)
+    top_ps = _cutoff_choices(cutoffs["top_p"], lambda p: 0 < p <= 1)
+    top_p = sb.selectbox(
+        "top_p", [ALL, *top_ps], format_func=lambda v: v if v == ALL else f"{v:g}", key="f_top_p",
+        help="Nucleus cut-off the runs sampled with (1 = off; greedy runs count as 1). Speedups are per top_p; "
+             "the projection compares one and says which.") if top_ps else ALL
+    top_ks = _cutoff_choices(cutoffs["top_k"], lambda k: 0 <= k <= MAX_TOP_K)
+    top_k = sb.selectbox(
+        "top_k", [ALL, *top_ks], format_func=lambda v: v if v == ALL else str(v), key="f_top_k",
+        help="Top-k cut-off the runs sampled with (0 = off; greedy runs count as 0). Speedups are per top_k; "
+             "the projection compares one and says which.") if top_ks else ALL
     kinds = sorted(runs["kind"].dropna().unique())
     kind = sb.selectbox(
         "Run kind", [ALL, *kinds], key="f_kind",
@@ -127,6 +154,10 @@ def sidebar(options: dict) -> Selection:
         chosen = chosen[chosen["workload"] == workload]
     if temperature != ALL:
         chosen = chosen[chosen["temperature"] == temperature]
+    if top_p != ALL:
+        chosen = chosen[(effective_cutoffs(chosen)["top_p"] == top_p).fillna(False)]
+    if top_k != ALL:
+        chosen = chosen[(effective_cutoffs(chosen)["top_k"] == top_k).fillna(False)]
     if kind != ALL:
         chosen = chosen[chosen["kind"] == kind]
     if pair != ALL:
@@ -150,10 +181,13 @@ def sidebar(options: dict) -> Selection:
         domain=None if domain == ALL else domain,
         temperature=None if temperature == ALL else temperature,
         kind=None if kind == ALL else kind,
-        # resolved to run ids where a filter the queries cannot express is set; a temperature or run kind too,
-        # so that the recorded sweeps (kept by their runs) follow it
+        top_p=None if top_p == ALL else float(top_p),
+        top_k=None if top_k == ALL else int(top_k),
+        # resolved to run ids where a filter the queries cannot express is set; a temperature, cut-off or run kind
+        # too, so that the recorded sweeps (kept by their runs) follow it
         run_ids=tuple(int(i) for i in chosen["run_id"])
-        if (pair != ALL or concurrency != ALL or run_pick or temperature != ALL or kind != ALL) else None,
+        if (pair != ALL or concurrency != ALL or run_pick or temperature != ALL or kind != ALL or top_p != ALL
+            or top_k != ALL) else None,
     )
     span_s = data_span_s(chosen, since, until)
     synthetic = bool(((chosen["workload"] == SYNTHETIC_WORKLOAD) | (chosen["hostname"] == SYNTHETIC_HOSTNAME)).any())
