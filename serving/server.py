@@ -104,6 +104,7 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="specfinops", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serve = state
     _install_error_handlers(app)
+    app.add_middleware(_UnexpectedErrors)
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' and uptime probes' check
     async def health():
@@ -174,11 +175,38 @@ def _install_error_handlers(app: FastAPI) -> None:
             message = f"method {request.method} is not allowed on {request.url.path}"
         return JSONResponse(error_body(message, kind), status_code=exc.status_code, headers=exc.headers)
 
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception):
-        logger.exception("unexpected error on %s %s", request.method, request.url.path)
-        return JSONResponse(error_body("internal server error (logged on the server)", "server_error"),
-                            status_code=500)
+
+class _UnexpectedErrors:
+    """ASGI middleware around the app (inside Starlette's ServerErrorMiddleware): an error no handler answered
+    becomes ONE log record, with its traceback, and a 500 in the API's error shape, on a connection that stays
+    open. (An `Exception` handler runs in ServerErrorMiddleware, which re-raises after it answered: uvicorn
+    logged the error a second time and closed the client's keep-alive connection.) Once the response has
+    started nothing can be answered any more: the error goes on to uvicorn, which logs it (once) and closes
+    the connection, the response being cut."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched_send(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched_send)
+        except Exception:
+            if started:
+                raise
+            logger.exception("unexpected error on %s %s", scope["method"], scope["path"])
+            answer = JSONResponse(error_body("internal server error (logged on the server)", "server_error"),
+                                  status_code=500)
+            await answer(scope, receive, send)
 
 
 def _authorize(request: Request, state: ServerState) -> None:

@@ -7,6 +7,7 @@ fails any check becomes an `APIError` (4xx) and leaves nothing in the store.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -156,10 +157,46 @@ def parse_body(raw: bytes, model: type[_Common]) -> _Common:
         raise bad(f"the request body is not valid JSON for this server: {exc}") from None
     if not isinstance(data, dict):
         raise bad(f"the request body must be a JSON object, got {type(data).__name__}")
+    _check_unicode(raw, data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc.errors()) from None
+
+
+# A JSON string may spell a UTF-16 surrogate (\ud800-\udfff) as an escape; json.loads pairs a high and a low
+# one into a character and keeps a lone one as is: a str that is not valid Unicode (the tokenizer raises on
+# it, and it cannot be encoded as UTF-8 to be stored or sent back).
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def _check_unicode(raw: bytes, data: dict) -> None:
+    """APIError(400) naming the first string (or object key) of the body that holds a lone surrogate.
+    A UTF-8 body without a surrogate escape (nearly all) is passed without looking at its strings."""
+    if json.detect_encoding(raw).startswith("utf-8") and not _SURROGATE_ESCAPE.search(raw):
+        return
+    stack: list[tuple[tuple[str, ...], Any]] = [((), data)]
+    while stack:
+        path, x = stack.pop()
+        param = ".".join(path) or None
+        if isinstance(x, str):
+            found = _SURROGATE.search(x)
+        elif isinstance(x, dict):
+            found = next((m for k in x if (m := _SURROGATE.search(k))), None)
+            stack.extend(((*path, str(k)), v) for k, v in reversed(x.items()))
+        elif isinstance(x, list):
+            found = None
+            stack.extend(((*path, str(i)), v) for i, v in reversed(list(enumerate(x))))
+        else:
+            continue
+        if found is not None:
+            lone = f"a lone surrogate, \\u{ord(found.group()):04x}"
+            if isinstance(x, str):
+                why = f"invalid value for {param!r}: must be valid Unicode ({lone}, at character {found.start()}"
+            else:
+                why = f"invalid key in {param or 'the request body'!r}: must be valid Unicode ({lone}"
+            raise bad(f"{why}; UTF-16 surrogates come only in pairs)", param=param, code="invalid_value")
 
 
 def validation_error(errors: list[dict]) -> APIError:

@@ -27,6 +27,13 @@ def comp(**kw) -> dict:
 
 LONG = "word " * 1500  # well over the test server's 1024-token window
 
+def escaped(body: dict) -> bytes:
+    """JSON with every non-ASCII character escaped, as json.dumps writes it: a lone surrogate as \\udXXX
+    (httpx's `json=` encodes the body as UTF-8, which a lone surrogate cannot be)."""
+    return json.dumps(body).encode()
+
+
+
 # (id, path, body (dict -> JSON, bytes -> raw), headers, expected status, expected param or None)
 CASES = [
     ("invalid-json", CHAT, b'{"model": "x", "messages": [', AUTH, 400, None),
@@ -66,6 +73,16 @@ CASES = [
     ("prompt-megabytes", COMP, comp(prompt="word " * 1_000_000), AUTH, 400, "prompt"),
     ("chat-megabytes", CHAT, chat(messages=[{"role": "user", "content": "word " * 1_000_000}]), AUTH, 400,
      "messages"),
+    # a lone UTF-16 surrogate (valid JSON, not valid Unicode): was a 500, the tokenizer raising TypeError
+    ("lone-surrogate-chat", CHAT, escaped(chat(messages=[{"role": "user", "content": "\ud800"}])), AUTH, 400,
+     "messages.0.content"),
+    ("lone-surrogate-content-part", CHAT, escaped(chat(messages=[
+        {"role": "user", "content": [{"type": "text", "text": "hi \udfff"}]}])), AUTH, 400,
+     "messages.0.content.0.text"),
+    ("lone-surrogate-prompt", COMP, escaped(comp(prompt="\udc80abc")), AUTH, 400, "prompt"),
+    ("lone-surrogate-prompt-list", COMP, escaped(comp(prompt=["\ud800"])), AUTH, 400, "prompt.0"),
+    ("lone-surrogate-stop", COMP, escaped(comp(stop=["a\ud800"])), AUTH, 400, "stop.0"),
+    ("lone-surrogate-key", COMP, escaped({**comp(), "x\ud800": 1}), AUTH, 400, None),
     ("prompt-empty", COMP, comp(prompt=""), AUTH, 400, "prompt"),
     ("prompt-token-out-of-vocab", COMP, comp(prompt=[1, 10**7]), AUTH, 400, "prompt"),
     ("stop-not-strings", COMP, comp(stop=[1, 2]), AUTH, 400, "stop"),
@@ -234,3 +251,28 @@ def test_the_prompt_is_tokenized_off_the_event_loop(live):
         del live.state.encode_text
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     assert threads and all(name.startswith("specfinops-tokenize") for name in threads), threads
+
+def test_a_lone_surrogate_is_named_and_the_connection_keeps_serving(live):
+    """A pair of surrogate escapes is one character and is served; a lone one is a 400 naming the field, on
+    a keep-alive connection that goes on serving (the 500 of the tokenizer's TypeError closed it)."""
+    import http.client
+    from urllib.parse import urlparse
+
+    url = urlparse(live.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
+    headers = {**AUTH, "content-type": "application/json"}
+    try:
+        conn.request("POST", CHAT, escaped(chat(messages=[{"role": "user", "content": "\ud800"}])), headers)
+        lone = conn.getresponse()
+        err = json.loads(lone.read())["error"]
+        sock = conn.sock
+        conn.request("POST", COMP, escaped(comp(prompt="smile \U0001F600", max_tokens=1)), headers)  # a pair
+        paired = conn.getresponse()
+        paired_body = json.loads(paired.read())
+        assert conn.sock is sock  # the same connection served both
+    finally:
+        conn.close()
+    assert lone.status == 400 and err["param"] == "messages.0.content" and err["code"] == "invalid_value", err
+    assert "must be valid Unicode (a lone surrogate, \\ud800, at character 0" in err["message"], err
+    assert paired.status == 200, paired_body
+
