@@ -1,16 +1,16 @@
 """OpenAI-compatible HTTP API over the batched engine (FastAPI).
 
-Concurrency model (docs/serving.md): handlers run on the asyncio event loop; they validate the body,
-tokenize, and submit a `Job` to the ONE engine thread (`server_engine.EngineLoop`), which owns the
-`Engine` and decodes every admitted request together (continuous batching, `max_batch` slots). Tokens
-come back through the job's asyncio queue, once per decode step. A client that goes away cancels its
-sequence; every finished request becomes a telemetry record of its mode's 'serve' run.
+Concurrency model (docs/serving.md): handlers run on the asyncio event loop; they read the body, have it
+parsed, validated and tokenized on the tokenizer thread, and submit a `Job` to the ONE engine thread
+(`server_engine.EngineLoop`), which owns the `Engine` and decodes every admitted request together
+(continuous batching, `max_batch` slots). Tokens come back through the job's asyncio queue, once per
+decode step. A client that goes away cancels its sequence; every finished request becomes a telemetry
+record of its mode's 'serve' run.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
 import json
 import logging
@@ -32,6 +32,7 @@ from serving.server_metrics import CONTENT_TYPE, ServeMetrics
 from serving.server_schemas import (
     APIError,
     ChatRequest,
+    Checked,
     CompletionRequest,
     check,
     error_body,
@@ -229,12 +230,10 @@ async def _generate(request: Request, state: ServerState, kind: str):
     state.handlers.add(task)  # the app's shutdown waits for it to answer
     task.add_done_callback(state.handlers.discard)
     _authorize(request, state)
-    model = ChatRequest if kind == "chat" else CompletionRequest
     try:
-        req = parse_body(await _read_body(request), model)
-        checked = await asyncio.get_running_loop().run_in_executor(state.checker, functools.partial(
-            check, req, kind, model_id=state.model_id, max_len=state.max_len, vocab_size=state.vocab_size,
-            encode_chat=state.encode_chat, encode_text=state.encode_text, max_chars=state.max_chars))
+        raw = await _read_body(request)
+        checked = await asyncio.get_running_loop().run_in_executor(state.checker, _parse_and_check, raw, kind,
+                                                                   state)
     except asyncio.CancelledError:  # uvicorn's graceful shutdown ran out before the request reached the engine
         task.uncancel()
         raise APIError(503, "the server is shutting down", code="shutting_down") from None
@@ -247,6 +246,14 @@ async def _generate(request: Request, state: ServerState, kind: str):
     if checked.stream:
         return _EventStream(job, state)
     return await _complete(request, job, state)
+
+
+def _parse_and_check(raw: bytes, kind: str, state: ServerState) -> Checked:
+    """The body -> a checked request: JSON, validation, tokenizing. On the tokenizer thread: for a body of
+    megabytes each step takes seconds, which the event loop (/health, the streams in flight) must not wait."""
+    req = parse_body(raw, ChatRequest if kind == "chat" else CompletionRequest, max_len=state.max_len)
+    return check(req, kind, model_id=state.model_id, max_len=state.max_len, vocab_size=state.vocab_size,
+                 encode_chat=state.encode_chat, encode_text=state.encode_text, max_chars=state.max_chars)
 
 
 async def _read_body(request: Request) -> bytes:

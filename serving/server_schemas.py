@@ -143,8 +143,12 @@ class CompletionRequest(_Common):
         return _one_of(v, handler, "a string, a list of one string, or a list of token ids (integers)")
 
 
-def parse_body(raw: bytes, model: type[_Common]) -> _Common:
-    """Raw body -> request model, or APIError(400) saying what is wrong and where."""
+def parse_body(raw: bytes, model: type[_Common], *, max_len: int | None = None) -> _Common:
+    """Raw body -> request model, or APIError(400) saying what is wrong and where.
+
+    `max_len` (the context window, tokens): a `messages`, content-parts or `prompt` list longer than that
+    cannot fit and is refused before the (slow) validation of its items. Slow for a big body: the server
+    runs this off its event loop."""
     if not raw.strip():
         raise bad("the request body is empty: send a JSON object")
     try:
@@ -157,11 +161,34 @@ def parse_body(raw: bytes, model: type[_Common]) -> _Common:
         raise bad(f"the request body is not valid JSON for this server: {exc}") from None
     if not isinstance(data, dict):
         raise bad(f"the request body must be a JSON object, got {type(data).__name__}")
+    if max_len is not None:
+        _check_list_lengths(data, model, max_len)
     _check_unicode(raw, data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc.errors()) from None
+
+
+def _check_list_lengths(data: dict, model: type[_Common], max_len: int) -> None:
+    """Lists that cannot fit `max_len` tokens, refused by their length alone: every message takes one token at
+    least (its role's markers), a prompt's token id one each. Content parts are bounded likewise, all the
+    messages' together (an empty part takes none, but a client that means its text sends it in fewer)."""
+    if model is ChatRequest and isinstance(messages := data.get("messages"), list):
+        if len(messages) > max_len:
+            raise bad(f"{len(messages)} messages cannot fit this model's context window of {max_len} tokens "
+                      "(each message takes one token at least)", param="messages", code="context_length_exceeded")
+        num_parts = 0
+        for i, m in enumerate(messages):
+            parts = m.get("content") if isinstance(m, dict) else None
+            num_parts += len(parts) if isinstance(parts, list) else 0
+            if num_parts > max_len:
+                raise bad(f"the messages hold more than {max_len} content parts, this model's context window in "
+                          "tokens (send a message's text as one part)", param=f"messages.{i}.content",
+                          code="context_length_exceeded")
+    if model is CompletionRequest and isinstance(prompt := data.get("prompt"), list) and len(prompt) > max_len:
+        raise bad(f"the prompt is a list of {len(prompt)} items, more than this model's context window of "
+                  f"{max_len} tokens can hold", param="prompt", code="context_length_exceeded")
 
 
 # A JSON string may spell a UTF-16 surrogate (\ud800-\udfff) as an escape; json.loads pairs a high and a low
@@ -378,8 +405,9 @@ def _prompt_ids(req: _Common, encode_chat, encode_text, max_len: int, max_chars:
                 msgs.append({"role": m.role, "content": m.text()})
             except ValueError as exc:
                 raise bad(str(exc), param=f"messages.{i}.content") from None
-        # the template only adds tokens, but it may trim the contents: count them trimmed
-        _too_many_chars(sum(len(m["content"].strip()) for m in msgs), max_len, max_chars, "messages")
+        # the contents as sent: a template that trims them is not assumed (the bundled one keeps every space,
+        # and tokenizing megabytes of them is what this bound spares the tokenizer thread)
+        _too_many_chars(sum(len(m["content"]) for m in msgs), max_len, max_chars, "messages")
         return list(encode_chat(msgs))
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):

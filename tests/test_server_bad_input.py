@@ -27,11 +27,11 @@ def comp(**kw) -> dict:
 
 LONG = "word " * 1500  # well over the test server's 1024-token window
 
+
 def escaped(body: dict) -> bytes:
     """JSON with every non-ASCII character escaped, as json.dumps writes it: a lone surrogate as \\udXXX
     (httpx's `json=` encodes the body as UTF-8, which a lone surrogate cannot be)."""
     return json.dumps(body).encode()
-
 
 
 # (id, path, body (dict -> JSON, bytes -> raw), headers, expected status, expected param or None)
@@ -83,6 +83,7 @@ CASES = [
     ("lone-surrogate-prompt-list", COMP, escaped(comp(prompt=["\ud800"])), AUTH, 400, "prompt.0"),
     ("lone-surrogate-stop", COMP, escaped(comp(stop=["a\ud800"])), AUTH, 400, "stop.0"),
     ("lone-surrogate-key", COMP, escaped({**comp(), "x\ud800": 1}), AUTH, 400, None),
+    ("prompt-ids-beyond-window", COMP, comp(prompt=[1] * 5000), AUTH, 400, "prompt"),
     ("prompt-empty", COMP, comp(prompt=""), AUTH, 400, "prompt"),
     ("prompt-token-out-of-vocab", COMP, comp(prompt=[1, 10**7]), AUTH, 400, "prompt"),
     ("stop-not-strings", COMP, comp(stop=[1, 2]), AUTH, 400, "stop"),
@@ -252,6 +253,7 @@ def test_the_prompt_is_tokenized_off_the_event_loop(live):
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     assert threads and all(name.startswith("specfinops-tokenize") for name in threads), threads
 
+
 def test_a_lone_surrogate_is_named_and_the_connection_keeps_serving(live):
     """A pair of surrogate escapes is one character and is served; a lone one is a 400 naming the field, on
     a keep-alive connection that goes on serving (the 500 of the tokenizer's TypeError closed it)."""
@@ -276,3 +278,67 @@ def test_a_lone_surrogate_is_named_and_the_connection_keeps_serving(live):
     assert "must be valid Unicode (a lone surrogate, \\ud800, at character 0" in err["message"], err
     assert paired.status == 200, paired_body
 
+
+def test_the_body_is_parsed_off_the_event_loop(live, monkeypatch):
+    """JSON and validation of a 13 MB body took 2 s on the event loop: /health and the streams in flight waited."""
+    import threading
+
+    import serving.server as server
+
+    threads = []
+    parse = server.parse_body
+
+    def spy(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return parse(*args, **kwargs)
+
+    monkeypatch.setattr(server, "parse_body", spy)
+    r = httpx.post(live.url + CHAT, json=chat(max_tokens=0), headers=AUTH, timeout=120)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+    assert threads and all(name.startswith("specfinops-tokenize") for name in threads), threads
+
+
+@pytest.fixture
+def chat_tokenized(live):
+    """The messages lists the server's chat template tokenizes while the test runs."""
+    calls = []
+    encode = live.state.encode_chat
+
+    def spy(messages):
+        calls.append(len(messages))
+        return encode(messages)
+
+    live.state.encode_chat = spy
+    yield calls
+    del live.state.encode_chat
+
+
+def test_a_chat_of_spaces_beyond_the_window_is_refused_untokenized(live, chat_tokenized):
+    """The chat template keeps every space: contents were counted stripped, so megabytes of spaces passed the
+    character bound and were tokenized (15 MB: 234k tokens, 15 s on the tokenizer thread)."""
+    spaces = " " * (live.state.max_chars + 1)
+    r = httpx.post(live.url + CHAT, json=chat(messages=[{"role": "user", "content": spaces}]), headers=AUTH,
+                   timeout=120)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "messages" and err["code"] == "context_length_exceeded", err
+    assert chat_tokenized == []
+
+
+@pytest.mark.parametrize("what", ["messages", "content-parts"])
+def test_more_messages_or_parts_than_the_window_has_tokens_are_refused_untokenized(live, chat_tokenized, what):
+    """450,000 empty messages were validated and tokenized into 2.25M tokens (13 s); as many empty content
+    parts made one empty message, which was served."""
+    n = live.state.max_len + 1
+    if what == "messages":
+        body, param = chat(messages=[{"role": "user", "content": ""}] * n), "messages"
+    else:
+        body, param = chat(messages=[{"role": "user", "content": [{"type": "text", "text": ""}] * n}]), \
+            "messages.0.content"
+    r = httpx.post(live.url + CHAT, json=body, headers=AUTH, timeout=120)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == param and err["code"] == "context_length_exceeded", err
+    assert f"{live.state.max_len}" in err["message"], err
+    assert chat_tokenized == []
+    ok = httpx.post(live.url + CHAT, json=chat(messages=[{"role": "user", "content": ""}] * 3), headers=AUTH,
+                    timeout=120)
+    assert ok.status_code == 200 and chat_tokenized == [3], ok.text  # a few empty messages are still served
