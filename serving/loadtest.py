@@ -468,10 +468,31 @@ class ServerPower:
 # ---------------------------------------------------------------------------------------------- driver
 
 
+class NotOpenAIServer(ValueError):
+    """GET /v1/models answered 2xx, but not with an OpenAI model list (`check_server` names the URL)."""
+
+
+def model_cards(response) -> list[dict]:
+    """The model cards of an httpx response to GET /v1/models: {"data": [{"id": ...}, ...]}, or NotOpenAIServer
+    saying what it answered instead (an HTML page, JSON of another shape)."""
+    try:
+        body = response.json()
+    except ValueError:  # not JSON (UnicodeDecodeError included)
+        body = None
+    data = body.get("data") if isinstance(body, dict) else None
+    if isinstance(data, list) and all(isinstance(c, dict) and isinstance(c.get("id"), str) for c in data):
+        return data
+    kind = response.headers.get("content-type", "no content type").split(";")[0].strip()
+    shape = "" if body is None else " without a 'data' list of models ({'id': ...})"
+    excerpt = response.text[:60].strip()
+    said = f": {excerpt!r}{'...' if len(response.text) > 60 else ''}" if excerpt else ", an empty body"
+    raise NotOpenAIServer(f"GET {response.request.url.path} answered {response.status_code} {kind}{shape}{said}")
+
+
 async def server_model(client, wanted: str | None) -> dict:
     """The model card to load-test (the first the server lists unless `wanted`)."""
-    page = await client.models.list()
-    cards = [m.model_dump() for m in page.data]
+    answer = await client.models.with_raw_response.list()  # unparsed: a page of another shape is said as such
+    cards = model_cards(answer.http_response)
     if not cards:
         raise ValueError("the server lists no model")
     if wanted is None:
@@ -500,8 +521,8 @@ def _client(spec: LoadSpec, *, headers: dict | None = None, timeout_s: float | N
 
 async def check_server(client, spec: LoadSpec) -> dict:
     """The card of the model to load-test, once the server has answered for it; ValueError saying what is
-    wrong otherwise: nothing answers, the API key is refused, no such model, or --max-tokens cannot fit its
-    context window (every request would be refused)."""
+    wrong otherwise: nothing answers, what answers is not an OpenAI-compatible server, the API key is refused,
+    no such model, or --max-tokens cannot fit its context window (every request would be refused)."""
     import openai
 
     try:
@@ -514,6 +535,8 @@ async def check_server(client, spec: LoadSpec) -> dict:
         raise ValueError(f"cannot reach {spec.url}: {exc.message}{cause}") from None
     except openai.APIStatusError as exc:
         raise ValueError(f"the server at {spec.url} answered GET /v1/models with {_server_said(exc)}") from None
+    except NotOpenAIServer as exc:
+        raise ValueError(f"the server at {spec.url} is not an OpenAI-compatible server ({exc})") from None
     max_len = card.get("max_model_len")
     if isinstance(max_len, int) and not isinstance(max_len, bool) and spec.max_tokens > max_len - 2:
         raise ValueError(f"--max-tokens {spec.max_tokens} cannot fit the server's context window: max_model_len "

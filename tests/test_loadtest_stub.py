@@ -250,6 +250,56 @@ def test_nothing_answering_creates_no_store(tmp_path, capsys):
     assert rc == 2 and f"cannot reach http://127.0.0.1:{port}" in capsys.readouterr().err and not db.exists()
 
 
+class Page:
+    """Something that is not an OpenAI-compatible server: http.server in a thread, answering every GET with
+    `body` as `content_type`."""
+
+    def __init__(self, body: bytes, content_type: str):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, name="test-page", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(("body", "content_type", "said"), [
+    (b"<!doctype html><html><body>It works!</body></html>", "text/html; charset=utf-8",
+     "answered 200 text/html: '<!doctype html><html><body>It works!</body></html>'"),
+    (b"{}", "application/json", "answered 200 application/json without a 'data' list of models ({'id': ...}): '{}'"),
+    (b'{"data": [{"name": "x"}]}', "application/json", "answered 200 application/json without a 'data' list"),
+])
+def test_a_server_that_is_not_openai_compatible_is_named_and_creates_no_store(body, content_type, said, tmp_path,
+                                                                              capsys):
+    """A web page answered 200 on /v1/models: AttributeError ('str' object has no attribute
+    '_set_private_attributes'); JSON without 'data': TypeError ('NoneType' object is not iterable)."""
+    page = Page(body, content_type)
+    try:
+        db = tmp_path / "page.db"
+        rc = main(["loadtest", "--url", page.url, "--concurrency", "1", "--duration", "1", "--db", str(db)])
+    finally:
+        page.stop()
+    err = capsys.readouterr().err
+    assert rc == 2 and not db.exists(), err
+    assert f"error: the server at {page.url} is not an OpenAI-compatible server (GET /v1/models {said}" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
 # ------------------------------------------------------------------------------ the server's key (defect 4)
 
 
