@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -78,13 +79,17 @@ class LoadSpec:
     model: str | None = None  # default: the first model the server lists
 
     def validate(self) -> None:
+        from serving.server_schemas import MAX_TEMPERATURE  # the server's range: it refuses others
+
         base_url(self.url)
         if not self.levels or any(n < 1 for n in self.levels):
             raise ValueError(f"--concurrency levels must be >= 1, got {self.levels}")
         if max(self.levels) > 256:
             raise ValueError(f"--concurrency is capped at 256 clients, got {max(self.levels)}")
-        if not 0 < self.duration_s <= 3600:
-            raise ValueError(f"--duration must be within (0, 3600] seconds, got {self.duration_s}")
+        if not (math.isfinite(self.duration_s) and 0 < self.duration_s <= 3600):
+            raise ValueError(f"--duration must be within (0, 3600] seconds, got {self.duration_s:g}")
+        if not (math.isfinite(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE):
+            raise ValueError(f"--temperature must be within [0, {MAX_TEMPERATURE:g}], got {self.temperature:g}")
         if any(m not in ("spec", "ar") for m in self.modes) or not self.modes:
             raise ValueError(f"--mode must be spec, ar or both, got {self.modes}")
         if self.max_tokens < 1:

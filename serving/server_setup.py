@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -55,8 +56,11 @@ class ServeOptions:
             raise ValueError("--api-key must not be empty")
         if self.max_waiting < 1:
             raise ValueError(f"--max-waiting must be >= 1, got {self.max_waiting}")
-        if self.graceful_s < 0:
-            raise ValueError(f"--graceful-s must be >= 0, got {self.graceful_s}")
+        # NaN passed `< 0` and meant no grace at all (asyncio.sleep(nan) returns at once); inf, none ever
+        if not (math.isfinite(self.graceful_s) and self.graceful_s >= 0):
+            raise ValueError(f"--graceful-s must be a finite number of seconds >= 0, got {self.graceful_s:g}")
+        if self.tdp_w is not None and not (math.isfinite(self.tdp_w) and self.tdp_w > 0):
+            raise ValueError(f"--tdp-w must be a finite number of watts > 0, got {self.tdp_w:g}")
 
 
 def _k_policy(loaded: Loaded, mode: str) -> str:
