@@ -124,6 +124,7 @@ class LevelResult:
     results: list[ClientResult]
     wall_s: float
     run_id: int | None = None
+    interrupted: bool = False  # stopped by Ctrl-C / SIGTERM: `results` are the requests until then
 
 
 class LevelFailed(RuntimeError):
@@ -620,20 +621,22 @@ async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, 
                        shared: SharedStore | None = None, card: dict | None = None, node_id: str = "",
                        say: Callable[[str], None] = lambda m: None,
                        progress: Callable[[str, int], Callable[[float, int, int, bool], None]] | None = None,
-                       ) -> list[LevelResult]:
+                       results: list[LevelResult] | None = None) -> list[LevelResult]:
     """Every level x mode in turn; each stored as a run when `recorder` is given. `shared` (the server
     records into the recorder's store too, `shared_store`): its key goes with every request, so the server
     leaves these requests to the load test's runs, and they carry the energy its power samples give them.
     `card`: the server's model card, when `probe_server` got it already. LoadTestFailed at a failed level
     (its run 'failed'); Ctrl-C ends the level's run 'cancelled'. `progress(mode, level)`, when given,
-    returns the level's `on_progress` (see run_level); without it each level is announced through `say`."""
+    returns the level's `on_progress` (see run_level); without it each level is announced through `say`.
+    `results`, when given, is the list returned, filled as each level ends: what ran when Ctrl-C stops the
+    load test (the level it stopped is there too, `interrupted`, with its requests until then)."""
     from serving.server_telemetry import RECORDED_IN_HEADER
 
     spec.validate()
     if recorder is None:
         shared = None
     client = _client(spec, headers={RECORDED_IN_HEADER: shared.key} if shared is not None else None)
-    out: list[LevelResult] = []
+    out: list[LevelResult] = results if results is not None else []
     try:
         card = card or await check_server(client, spec)
         measured = shared is not None and shared.power_source != "none"
@@ -647,15 +650,23 @@ async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, 
                     run_id = recorder.start_run(loadtest_run_info(
                         card, mode, level, workload, spec.temperature, node_id,
                         shared.power_source if measured else "none", max_tokens=spec.max_tokens))
-                sink = (lambda r, rid=run_id: recorder.record_request(rid, r.record)) if recorder else None
+                seen: list[ClientResult] = []  # every request the level records, whatever way it ends
+
+                def sink(r: ClientResult, rid: int | None = run_id, seen: list[ClientResult] = seen) -> None:
+                    seen.append(r)
+                    if recorder is not None:
+                        recorder.record_request(rid, r.record)
+
                 power = ServerPower(shared.engine, shared.run_id) if measured else None
-                status = "failed"
+                status, t_level = "failed", time.perf_counter()
                 try:
                     res = await run_level(client, card["id"], prompts, spec, level, mode, on_result=sink,
                                           on_progress=tick, power=power)
                     status = "completed"
                 except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C / SIGTERM: stopped, not failed
                     status = "cancelled"
+                    out.append(LevelResult(level, mode, seen, time.perf_counter() - t_level, run_id,
+                                           interrupted=True))
                     raise
                 except LevelFailed as exc:
                     exc.result.run_id = run_id
@@ -682,7 +693,8 @@ def summarize(res: LevelResult) -> dict:
     row = {"mode": res.mode, "concurrency": res.level, "run_id": res.run_id, "wall_s": res.wall_s,
            "requests_ok": len(ok), "requests_error": sum(r.record.status == "error" for r in res.results),
            "requests_cancelled": sum(r.record.status == "cancelled" for r in res.results),
-           "output_tokens": tokens, "tokens_per_s": tokens / res.wall_s if res.wall_s > 0 else None}
+           "output_tokens": tokens, "tokens_per_s": tokens / res.wall_s if res.wall_s > 0 else None,
+           "interrupted": res.interrupted}
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl)):
         for q in (50, 95, 99):
             row[f"{name}_p{q}_ms"] = percentile(values, q)
@@ -705,4 +717,8 @@ def format_table(rows: list[dict]) -> str:
             f"{_fmt(r['tpot_p50_ms']):>9} {_fmt(r['tpot_p95_ms']):>9} {_fmt(r['tpot_p99_ms']):>9} "
             f"{_fmt(r['itl_p50_ms']):>8} {_fmt(r['itl_p95_ms']):>8} {_fmt(r['run_id'], 'd'):>5}")
     lines.append("times in ms, client's view; TPOT = (E2E - TTFT) / (tokens - 1); ITL between stream chunks")
+    for r in rows:
+        if r.get("interrupted"):
+            lines.append(f"{r['mode']} c={r['concurrency']} was interrupted (Ctrl-C or SIGTERM): its row counts "
+                         "the requests until then")
     return "\n".join(lines)

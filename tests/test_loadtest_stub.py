@@ -161,6 +161,50 @@ def test_an_interrupted_level_cancels_its_workers_and_records_the_requests_in_fl
     assert all("interrupted" in r.error and r.output_tokens == 0 for r in rec.requests)
 
 
+def test_ctrl_c_prints_and_writes_what_ran_marked_interrupted(stub_factory, tmp_path, capsys, monkeypatch):
+    """Ctrl-C during the second level: exit 130 and the runs recorded (first completed, second cancelled), as
+    before, and now the table and the --json file of what ran: the first level, and the second, marked
+    interrupted, with the requests it recorded until then (nothing was printed or written)."""
+    import os
+    import signal
+
+    stub = stub_factory(chunks=2, chunk_s=0.02)
+    real_run_level = lt.run_level
+    levels = []
+
+    async def run_level(client, model, prompts, spec, level, mode, **kwargs):
+        levels.append(level)
+        task = asyncio.ensure_future(real_run_level(client, model, prompts, spec, level, mode, **kwargs))
+        if len(levels) == 2:  # once the second level's requests are under way: Ctrl-C
+            sent = stub.num_chat
+            while stub.num_chat < sent + 3:
+                await asyncio.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)
+        return await task
+
+    monkeypatch.setattr(lt, "run_level", run_level)
+    db_url = f"sqlite:///{tmp_path / 'ctrl-c.db'}"
+    out_json = tmp_path / "ctrl-c.json"
+    rc = main(["loadtest", "--url", stub.url, "--concurrency", "1,2,4", "--duration", "1", "--mode", "spec",
+               "--max-tokens", "8", "--workload", "code", "--db", db_url, "--json", str(out_json)])
+    out = capsys.readouterr()
+    assert rc == 130 and "interrupted" in out.err, out.err
+    assert levels == [1, 2]
+    assert _runs(db_url) == [("loadtest", "completed", "none"), ("loadtest", "cancelled", "none")]
+    doc = json.loads(out_json.read_text())
+    assert doc["interrupted"] is True and "error" not in doc
+    first, second = doc["levels"]
+    assert (first["concurrency"], first["interrupted"], second["concurrency"], second["interrupted"]) == (
+        1, False, 2, True)
+    assert first["requests_ok"] >= 1
+    with create_engine(db_url).connect() as c:
+        stored = dict(c.execute(text("select run_id, count(*) from requests group by run_id")).all())
+    for row in (first, second):  # each row counts what its run recorded
+        assert row["requests_ok"] + row["requests_error"] + row["requests_cancelled"] == stored[row["run_id"]], row
+    assert "spec     1" in out.out and "spec     2" in out.out, out.out
+    assert "spec c=2 was interrupted (Ctrl-C or SIGTERM)" in out.out, out.out
+
+
 def _prompt():
     from serving.workloads import load_workload
 

@@ -114,14 +114,16 @@ def _handle(args: argparse.Namespace) -> int:
         except BaseException:
             recorder.close()
             raise
-    failed = None
+    failed, interrupted, results = None, False, []
     try:
-        results = asyncio.run(run_loadtest(spec, prompts, workload=args.workload, recorder=recorder, shared=shared,
-                                           card=card, node_id=args.node_id or (default_node_id() if recorder else ""),
-                                           say=lambda m: print(m, file=sys.stderr),
-                                           progress=level_bars(spec.duration_s)))
+        asyncio.run(run_loadtest(spec, prompts, workload=args.workload, recorder=recorder, shared=shared, card=card,
+                                 node_id=args.node_id or (default_node_id() if recorder else ""),
+                                 say=lambda m: print(m, file=sys.stderr), progress=level_bars(spec.duration_s),
+                                 results=results))
     except LoadTestFailed as exc:  # what ran is still shown (and recorded), then the reason
         failed, results = exc, exc.results
+    except KeyboardInterrupt:  # Ctrl-C / SIGTERM: likewise, then the exit status 130 (app.cli)
+        interrupted = True
     finally:
         if recorder is not None:
             recorder.close()
@@ -131,8 +133,11 @@ def _handle(args: argparse.Namespace) -> int:
         print(_stored_note(shared))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        doc = {"url": args.url, "levels": rows, **({"error": str(failed)} if failed else {})}
+        doc = {"url": args.url, "levels": rows, **({"error": str(failed)} if failed else {}),
+               **({"interrupted": True} if interrupted else {})}
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+    if interrupted:
+        raise KeyboardInterrupt
     if failed is not None:
         print(f"specfinops loadtest: error: the load test stopped at {failed}", file=sys.stderr)
         return 1
