@@ -49,6 +49,22 @@ def context_len(text: str) -> int:
     return _int_at_least(text, 3, "must be a whole number of tokens", "must be >= 3 tokens")
 
 
+def number_option(flag: str, text: str | None, default: float | None = None, *, minimum: float,
+                  strict: bool = True) -> float | None:
+    """A numeric option: a finite number above `minimum` (`strict`) or at least it; `default` where not given."""
+    import math
+
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"{flag} must be a number, got {text!r}") from None
+    if not math.isfinite(value) or (value <= minimum if strict else value < minimum):
+        raise UsageError(f"{flag} must be {'>' if strict else '>='} {minimum:g}, got {text!r}")
+    return value
+
+
 # The run filters --top-p and --top-k of cost, project, report and scheduler (telemetry.queries.Filters): a run
 # matches where its cut-off acts as the value given; a greedy run (temperature 0) as top_p 1 and top_k 0.
 TOP_P_FILTER_HELP = ("only runs sampled with this top_p, in (0, 1]; greedy runs (temperature 0) count as 1, "

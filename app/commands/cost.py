@@ -7,7 +7,6 @@ All figures come from `telemetry.queries` (the same functions the dashboard and 
 from __future__ import annotations
 
 import json
-import math
 import sys
 
 from app.commands._common import (
@@ -15,6 +14,7 @@ from app.commands._common import (
     TOP_P_FILTER_HELP,
     add_command,
     add_db_option,
+    number_option,
     run_id,
     top_k_filter,
     top_p_filter,
@@ -141,33 +141,17 @@ def register(sub) -> None:
 # ---- parsing -------------------------------------------------------------------------------------------
 
 
-def _number(
-    flag: str, text: str | None, *, minimum: float | None = None, strict: bool = True
-) -> float | None:
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"{flag} must be a number, got {text!r}") from None
-    if not math.isfinite(value) or (
-        minimum is not None and (value <= minimum if strict else value < minimum)
-    ):
-        raise UsageError(f"{flag} must be {'>' if strict else '>='} {minimum:g}, got {text!r}")
-    return value
-
-
 def _pricing(args) -> dict:
     if args.gpu is not None and args.node_hourly_usd is not None:
         raise UsageError("give either --gpu NAME or --node-hourly-usd X, not both")
     out = {
         "gpu": args.gpu,
-        "node_hourly_usd": _number("--node-hourly-usd", args.node_hourly_usd, minimum=0),
-        "usd_per_kwh": _number("--usd-per-kwh", args.usd_per_kwh, minimum=0, strict=False),
-        "pue": _number("--pue", args.pue, minimum=1, strict=False),
+        "node_hourly_usd": number_option("--node-hourly-usd", args.node_hourly_usd, minimum=0),
+        "usd_per_kwh": number_option("--usd-per-kwh", args.usd_per_kwh, minimum=0, strict=False),
+        "pue": number_option("--pue", args.pue, minimum=1, strict=False),
     }
     if hasattr(args, "gpus_per_node"):
-        n = _number("--gpus-per-node", args.gpus_per_node, minimum=1, strict=False)
+        n = number_option("--gpus-per-node", args.gpus_per_node, minimum=1, strict=False)
         if n is not None and (n != int(n) or n > MAX_GPUS_PER_NODE):
             raise UsageError(
                 f"--gpus-per-node must be a whole number in 1..{MAX_GPUS_PER_NODE}, got {args.gpus_per_node!r}"
@@ -201,7 +185,7 @@ def _filters(args, run_id: int | None = None):
         target=args.target,
         node_id=args.node,
         run_ids=(run_id,) if run_id is not None else None,
-        temperature=_number("--temperature", args.temperature, minimum=0, strict=False),
+        temperature=number_option("--temperature", args.temperature, minimum=0, strict=False),
         kind=args.run_kind,
         top_p=top_p_filter(args.top_p),
         top_k=top_k_filter(args.top_k),
@@ -398,9 +382,9 @@ def run_project_command(args) -> int:
     ]
     if missing:
         raise UsageError(f"missing {', '.join(missing)}")
-    daily = _number("--daily-tokens", args.daily_tokens, minimum=0)
-    peak = _number("--peak-factor", args.peak_factor, minimum=1, strict=False)
-    sla = _number("--p95-tpot-sla-ms", args.p95_tpot_sla_ms, minimum=0)
+    daily = number_option("--daily-tokens", args.daily_tokens, minimum=0)
+    peak = number_option("--peak-factor", args.peak_factor, minimum=1, strict=False)
+    sla = number_option("--p95-tpot-sla-ms", args.p95_tpot_sla_ms, minimum=0)
     pricing = _pricing(args)
     filters = _filters(args)
     engine = open_store(args.db, must_exist=True)
@@ -485,7 +469,7 @@ def run_prices_command(args) -> int:
         raise UsageError("usage: specfinops prices set NAME VALUE --source TEXT [--kind KIND]")
     if not args.source:
         raise UsageError("--source is required: say where the price comes from")
-    value = _number("VALUE", args.value, minimum=0, strict=False)  # > 0 but electricity: check_price says
+    value = number_option("VALUE", args.value, minimum=0, strict=False)  # > 0 but electricity: check_price says
     value, as_of = check_price(args.name, value, source=args.source, kind=args.kind, as_of=args.as_of)
     try:  # everything checked before a new store is created
         engine = open_store(args.db, must_exist=True)

@@ -6,7 +6,6 @@ report is written and says there was no traffic.
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import replace
 
@@ -15,6 +14,7 @@ from app.commands._common import (
     TOP_P_FILTER_HELP,
     add_command,
     add_db_option,
+    number_option,
     sigterm_as_ctrl_c,
     top_k_filter,
     top_p_filter,
@@ -65,31 +65,19 @@ def register(sub) -> None:
     add_report_options(p)
 
 
-def _number(flag: str, text: str | None, default: float | None, *, minimum: float, strict: bool) -> float | None:
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"{flag} must be a number, got {text!r}") from None
-    if not math.isfinite(value) or (value <= minimum if strict else value < minimum):
-        raise UsageError(f"{flag} must be {'>' if strict else '>='} {minimum:g}, got {text!r}")
-    return value
-
-
 def report_options(args) -> dict:
     """Validated keyword arguments of telemetry.report_writer.write_report (and the scheduled job)."""
     from telemetry.report import DEFAULT_HISTORY, DEFAULT_SLA_MS
 
-    history = _number("--history", args.history, DEFAULT_HISTORY, minimum=1, strict=False)
+    history = number_option("--history", args.history, DEFAULT_HISTORY, minimum=1, strict=False)
     if history != int(history) or history > 366:
         raise UsageError(f"--history must be a whole number of periods in 1..366, got {args.history!r}")
     return {
-        "sla_ms": _number("--sla-ms", args.sla_ms, DEFAULT_SLA_MS, minimum=0, strict=True),
+        "sla_ms": number_option("--sla-ms", args.sla_ms, DEFAULT_SLA_MS, minimum=0, strict=True),
         "history": int(history),
-        "daily_tokens": _number("--daily-tokens", args.daily_tokens, None, minimum=0, strict=True),
-        "peak_factor": _number("--peak-factor", args.peak_factor, 1.0, minimum=1, strict=False),
-        "temperature": _number("--temperature", args.temperature, None, minimum=0, strict=False),
+        "daily_tokens": number_option("--daily-tokens", args.daily_tokens, None, minimum=0, strict=True),
+        "peak_factor": number_option("--peak-factor", args.peak_factor, 1.0, minimum=1, strict=False),
+        "temperature": number_option("--temperature", args.temperature, None, minimum=0, strict=False),
         "kind": args.run_kind,
         "top_p": top_p_filter(args.top_p),
         "top_k": top_k_filter(args.top_k),
