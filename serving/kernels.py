@@ -312,10 +312,22 @@ def _attention_candidates(dtype: torch.dtype) -> tuple[str, ...]:
     return tuple(keep)
 
 
-@functools.cache
+_PLAN_LOCK = threading.Lock()  # one race at a time: threads asking at once get one plan
+_plans: dict[tuple, dict[int, str]] = {}  # (dtype, masked, B, candidates) -> width -> kernel
+
+
 def _decode_plan(dtype: torch.dtype, masked: bool, B: int) -> dict[int, str]:
-    """decode_attention's choice per width for `B` sequences of the given form."""
+    """decode_attention's choice per width for `B` sequences of the given form, measured once a process."""
     candidates = _attention_candidates(dtype)
+    key = (dtype, masked, B, candidates)
+    with _PLAN_LOCK:
+        if key not in _plans:
+            _plans[key] = _measure_plan(dtype, masked, B, candidates)
+        return _plans[key]
+
+
+def _measure_plan(dtype: torch.dtype, masked: bool, B: int, candidates: tuple[str, ...]) -> dict[int, str]:
+    """The kernel of each measured width: the remembered choice, else a race (`_attention_race`)."""
     if len(candidates) == 1:
         return dict.fromkeys(ATTENTION_WIDTHS, candidates[0])
     form = f"{str(dtype).removeprefix('torch.')}/{'masked' if masked else 'causal'}/{B}"
@@ -334,12 +346,26 @@ def _decode_plan(dtype: torch.dtype, masked: bool, B: int) -> dict[int, str]:
 
 def _clear_decode_attention() -> None:
     """A changed setting (or a test) measures again."""
-    _decode_plan.cache_clear()
+    with _PLAN_LOCK:
+        _plans.clear()
     _decode_attention_cached_clear()
 
 
 _decode_attention_cached_clear = decode_attention.cache_clear
 decode_attention.cache_clear = _clear_decode_attention
+
+
+RACE_BAND = 64  # cache lengths a race may use: a warm-up and len(DECODE_ATTENTION) x 3 rounds x RACE_LENGTHS
+
+
+def _race_band(dtype: torch.dtype, masked: bool) -> int:
+    """The first cache length of the races of one dtype and mask form. One sequence's causal and tree (masked)
+    races feed the same query shapes, and a bf16 race's widened candidates the float32 race's shapes, so each
+    (dtype, form) takes its own band of lengths (from 200, a decode-length cache): no race times a shape another
+    race in the process has prepared."""
+    kinds = (torch.bfloat16, torch.float32, torch.float16)
+    index = kinds.index(dtype) if dtype in kinds else len(kinds)
+    return 200 + RACE_BAND * (2 * index + int(masked))
 
 
 def _attention_race(dtype: torch.dtype, masked: bool, B: int, T: int, candidates: tuple[str, ...],
@@ -351,7 +377,8 @@ def _attention_race(dtype: torch.dtype, masked: bool, B: int, T: int, candidates
     from serving.llama import attend, causal_mask  # the kernels live with the model
 
     gen = torch.Generator().manual_seed(0)
-    start = 200
+    warm = _race_band(dtype, masked)  # the warm-up's length; the timed lengths follow it, none seen before
+    start = warm + 1
     longest = start + len(candidates) * rounds * RACE_LENGTHS
     q = torch.randn(B, 9, T, 64, generator=gen).to(dtype)
     keys = torch.randn(B, 3, longest, 64, generator=gen).to(dtype)  # a cache: each length reads a slice of it
@@ -370,8 +397,8 @@ def _attention_race(dtype: torch.dtype, masked: bool, B: int, T: int, candidates
 
     with torch.inference_mode():
         for kernel in candidates:  # first-call costs (thread pools, one-off set-up) out of the timings
-            attend(kernel, q, keys[:, :, :start], values[:, :, :start],
-                   causal_mask(T, start).expand(B, 1, T, start) if masked else None, start)
+            attend(kernel, q, keys[:, :, :warm], values[:, :, :warm],
+                   causal_mask(T, warm).expand(B, 1, T, warm) if masked else None, warm)
         best = dict.fromkeys(candidates, float("inf"))
         for r in range(rounds):
             for kernel in (candidates if r % 2 == 0 else candidates[::-1]):
@@ -388,17 +415,18 @@ def attention_label(dtype: torch.dtype) -> str:
     '/tree-' and one masked sequence's (a token tree) where that differs."""
 
     def one(masked: bool, batched: bool) -> str:
-        plan = [(w, decode_attention(dtype, w, masked, batched)) for w in ATTENTION_WIDTHS]
+        # a measured width serves every width up to the next measured one (decode_attention)
+        last = [*(w - 1 for w in ATTENTION_WIDTHS[1:]), None]
         runs: list[list] = []
-        for w, kernel in plan:
+        for w, up_to in zip(ATTENTION_WIDTHS, last, strict=True):
+            kernel = decode_attention(dtype, w, masked, batched)
             if runs and runs[-1][1] == kernel:
-                runs[-1][2] = w
+                runs[-1][2] = up_to
             else:
-                runs.append([w, kernel, w])
+                runs.append([w, kernel, up_to])
         if len(runs) == 1:
             return runs[0][1]
-        parts = [f"{k}@{a}" + ("+" if i == len(runs) - 1 else "" if a == b else f"-{b}")
-                 for i, (a, k, b) in enumerate(runs)]
+        parts = [f"{k}@{a}" + ("+" if b is None else "" if a == b else f"-{b}") for a, k, b in runs]
         return ",".join(parts)
 
     plain, masked, tree = one(False, True), one(True, True), one(True, False)

@@ -92,7 +92,7 @@ def software_version(dtype: str | None = None) -> str:
     except PackageNotFoundError:
         own = "specfinops (source)"
     kernels = f", {kernels_label(DTYPES[dtype])}" if dtype in DTYPES else ""  # e.g. packed+fused>=2/mask-matmul
-    return f"{own}, torch {torch.__version__}{kernels}"[:64]  # the column holds 64
+    return f"{own}, torch {torch.__version__}{kernels}"[:255]  # the column holds 255 (store 0009)
 
 
 def device_name() -> str:

@@ -94,7 +94,7 @@ class Run(Base):
     concurrency: Mapped[int] = mapped_column(Integer, default=1)
     workload: Mapped[str] = mapped_column(String(255))
     power_source: Mapped[str] = mapped_column(String(16))  # nvml | rapl | estimate | none
-    software_version: Mapped[str] = mapped_column(String(64))
+    software_version: Mapped[str] = mapped_column(String(255))  # versions and the kernels measured fastest (0009: was 64)
     price_snapshot: Mapped[dict | None] = mapped_column(JSON)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

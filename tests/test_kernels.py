@@ -306,25 +306,71 @@ def test_settings_narrow_the_race_and_decide_without_it(setting, monkeypatch):
 
 def test_the_race_times_growing_cache_lengths(setting, monkeypatch):
     """Decoding reads one more key every step, so the race gives each kernel cache lengths it has not seen
-    (a kernel that prepares itself per shape pays for it there, as in decoding), DECODER_LAYERS calls each."""
+    (a kernel that prepares itself per shape pays for it there, as in decoding), DECODER_LAYERS calls each:
+    not the warm-up's length, not another kernel's, and not those of another form's race that feeds the same
+    query shapes (one sequence's causal and tree races) or of another dtype's."""
     import serving.llama
 
     seen = []
     real = serving.llama.attend
 
     def spy(kernel, q, keys, values, mask, kv_len):
-        seen.append((kernel, kv_len, keys.shape[2]))
+        seen.append((kernel, kv_len, mask is not None, q.dtype))
         return real(kernel, q, keys, values, mask, kv_len)
 
     monkeypatch.setattr(serving.llama, "attend", spy)
-    winner = kernels._attention_race(torch.float32, False, 1, 3, ("matmul", "fused"), rounds=2)
-    assert winner in ("matmul", "fused")
-    timed = [(k, L) for k, L, n in seen if n == L][2:]  # after each kernel's one warm-up call
-    for kernel in ("matmul", "fused"):
-        lengths = [L for k, L in timed if k == kernel]
-        assert len(lengths) == 2 * kernels.RACE_LENGTHS * kernels.DECODER_LAYERS
-        assert len(set(lengths)) == 2 * kernels.RACE_LENGTHS  # a new length every DECODER_LAYERS calls
-    assert not {L for k, L in timed if k == "matmul"} & {L for k, L in timed if k == "fused"}
+    lengths_of = {}
+    for dtype, masked in ((torch.float32, False), (torch.float32, True), (torch.bfloat16, False)):
+        seen.clear()
+        winner = kernels._attention_race(dtype, masked, 1, 3, ("matmul", "fused"), rounds=2)
+        assert winner in ("matmul", "fused")
+        warm, timed = seen[:2], seen[2:]  # each kernel's one warm-up call first
+        assert {k for k, *_ in warm} == {"matmul", "fused"}
+        for kernel in ("matmul", "fused"):
+            lengths = [L for k, L, *_ in timed if k == kernel]
+            assert len(lengths) == 2 * kernels.RACE_LENGTHS * kernels.DECODER_LAYERS
+            assert len(set(lengths)) == 2 * kernels.RACE_LENGTHS  # a new length every DECODER_LAYERS calls
+            assert not set(lengths) & {L for _, L, *_ in warm}  # the warm-up's length is not timed
+        assert not {L for k, L, *_ in timed if k == "matmul"} & {L for k, L, *_ in timed if k == "fused"}
+        lengths_of[(dtype, masked)] = {L for _, L, *_ in seen}
+    causal, tree, bf16 = lengths_of.values()
+    assert not causal & tree and not causal & bf16 and not tree & bf16
+
+
+def test_concurrent_first_asks_race_once(setting, monkeypatch):
+    """Two threads asking for a plan at once get the same plan from one race per width, not a mix of two."""
+    import threading
+
+    calls = []
+
+    def race(dtype, masked, B, T, candidates, rounds=3):
+        calls.append(T)
+        threading.Event().wait(0.01)  # long enough for the other thread to ask meanwhile
+        return candidates[len(calls) % len(candidates)]
+
+    monkeypatch.setattr(kernels, "_attention_race", race)
+    setting("SPECFINOPS_DECODE_ATTENTION", "auto")
+    plans = []
+    threads = [threading.Thread(target=lambda: plans.append(
+        [kernels.decode_attention(torch.bfloat16, w) for w in kernels.ATTENTION_WIDTHS])) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(calls) == sorted(kernels.ATTENTION_WIDTHS)  # one race per width
+    assert plans[0] == plans[1]
+
+
+def test_the_label_gives_each_kernel_the_widths_it_serves(setting, monkeypatch):
+    """A measured width serves the widths up to the next measured one: matmul measured at 3 serves 3 and 4."""
+    plan = {1: "fused-f32", 2: "fused-f32", 3: "matmul", 5: "fused", 9: "fused"}
+    monkeypatch.setattr(kernels, "_attention_race", lambda dtype, masked, B, T, candidates, rounds=3: plan[T])
+    setting("SPECFINOPS_DECODE_ATTENTION", "auto")
+    assert kernels.decode_attention(torch.bfloat16, 4) == "matmul"
+    assert kernels.attention_label(torch.bfloat16) == "fused-f32@1-2,matmul@3-4,fused@5+"
+    kernels.decode_attention.cache_clear()
+    plan.update({3: "fused-f32", 5: "matmul"})
+    assert kernels.attention_label(torch.bfloat16) == "fused-f32@1-4,matmul@5-8,fused@9+"
 
 
 def test_decode_attention_paths_agree(setting, monkeypatch):

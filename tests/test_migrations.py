@@ -58,7 +58,7 @@ def test_indexes_and_constraint_names_follow_the_models(db_url):
 
 
 def test_single_head():
-    assert head_revision() == "0008"
+    assert head_revision() == "0009"
 
 
 def test_downgrading_0005_drops_only_the_covering_index(db_url):
@@ -169,3 +169,32 @@ def test_opening_a_store_at_0003_keeps_its_records_and_foreign_keys(sqlite_url):
         conn.execute(text("UPDATE runs SET temperature = NULL, top_p = NULL WHERE id = 1"))
         assert conn.execute(text("SELECT temperature FROM requests")).scalar_one() is None
     store.dispose()
+
+
+def test_0009_software_version_holds_a_full_kernel_label(db_url):
+    """A run's software_version holds 255 characters (the per-width attention labels ran past 64, and runs of
+    machines with different batch or tree kernels recorded the same cut string); downgrading cuts to 64."""
+    from sqlalchemy import text
+
+    from serving.worker import software_version
+
+    cfg = alembic_config(db_url)
+    command.upgrade(cfg, "head")
+    label = "specfinops 0.1.0, torch 2.13.0+cpu, packed+fused-f32@1,fused@2+/mask-matmul/tree-fused-f32@1-8,fused@9+"
+    assert 64 < len(label) <= 255
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO runs (id, kind, mode, node_id, hostname, device, backend, dtype, target, k_policy, "
+                "concurrency, workload, power_source, software_version, started_at, status, dropped_records) VALUES "
+                "(1, 'bench', 'spec', 'n', 'h', 'cpu', 'torch', 'bfloat16', 't', 'fixed:4', 1, 'code', 'none', :v, "
+                "'2026-12-02 00:00:00', 'completed', 0)"), {"v": label})
+            assert conn.execute(text("SELECT software_version FROM runs")).scalar_one() == label
+        command.downgrade(cfg, "0008")
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT software_version FROM runs")).scalar_one() == label[:64]
+        command.upgrade(cfg, "head")
+    finally:
+        engine.dispose()
+    assert len(software_version("bfloat16")) <= 255
