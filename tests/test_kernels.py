@@ -215,7 +215,8 @@ def test_the_four_decode_kernels_compute_the_same_attention(masked):
 
 def _fake_race(times):
     """A stand-in for the per-length timing: each kernel's time from `times(kernel, T, B, masked)`, after
-    running it once on the race's inputs (so a kernel that fails on them fails the test)."""
+    running it once on the race's inputs (so a kernel that fails on them fails the test); the race's own rule
+    (`kernels._choose`) picks from the times."""
     from serving import llama
 
     def race(dtype, masked, B, T, candidates, rounds=3):
@@ -226,9 +227,7 @@ def _fake_race(times):
         outs = [llama.attend(c, q, k, v, mask, 40) for c in candidates]
         for out in outs[1:]:
             torch.testing.assert_close(out.float(), outs[0].float(), rtol=3e-2, atol=3e-2)
-        best = {c: times(c, T, B, masked) for c in candidates}
-        fastest = min(candidates, key=best.__getitem__)
-        return fastest if best[fastest] <= kernels.FASTER * best[candidates[0]] else candidates[0]
+        return kernels._choose({c: times(c, T, B, masked) for c in candidates}, candidates)
 
     return race
 
@@ -277,6 +276,19 @@ def test_decode_attention_is_chosen_per_width_and_form(setting, monkeypatch):
     assert kernels.decode_attention(torch.bfloat16, 3, masked=True) == "matmul"
     assert kernels.decode_attention(torch.bfloat16, 3, masked=True, batched=False) == "fused"
     assert kernels.attention_label(torch.bfloat16) == "matmul-f32/mask-matmul/tree-fused"
+
+
+@pytest.mark.parametrize("times, expect", [
+    ({"matmul": 4.0, "matmul-f32": 3.0, "fused": 2.0, "fused-f32": 1.0}, "fused-f32"),  # widening clearly pays
+    ({"matmul": 4.0, "matmul-f32": 3.0, "fused": 2.0, "fused-f32": 1.9}, "fused"),  # not by the margin: bf16
+    ({"matmul": 4.0, "matmul-f32": 1.0, "fused": 3.9, "fused-f32": 3.0}, "matmul-f32"),
+    ({"matmul": 1.1, "matmul-f32": 1.0, "fused": 3.0, "fused-f32": 3.0}, "matmul"),  # the default's own form
+    ({"matmul": 1.0, "matmul-f32": 0.9, "fused": 0.9, "fused-f32": 0.9}, "matmul"),  # nothing beats the default
+])
+def test_the_rule_keeps_the_models_precision_unless_widening_clearly_pays(times, expect):
+    """A widened kernel changes the numerics a feature draft was trained on: it must beat its own form in the
+    model's dtype by the FASTER margin, as any kernel must beat the default."""
+    assert kernels._choose(times, kernels.DECODE_ATTENTION) == expect
 
 
 def test_settings_narrow_the_race_and_decide_without_it(setting, monkeypatch):
