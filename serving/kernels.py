@@ -29,7 +29,9 @@ Which kernel is cheapest depends on the CPU:
   129 us -> 28 us); on an AVX-512 EPYC it lost at 1 query and won at 5; on an AVX2-only EPYC (bf16
   emulated) bf16 matmuls took 1.4-9x the time of the widened ones; on a Zen 5 EPYC bf16 matmuls paid
   ~4 ms a forward for each new cache length (every decode step), where the widened fused kernel paid
-  nothing. Measured per dtype, per width and per call form, with the cache growing as in decoding.
+  nothing. Measured per dtype, per width and per call form, with the cache growing as in decoding; a
+  widened kernel must also clearly beat its own form in the model's dtype (`_choose`: the numerics a
+  feature draft was trained on).
 
 Each choice is made by timing the candidates on decode-sized inputs the first time it is asked for, and
 only where the candidate gives the same numbers (the widened attention is the more precise of the two).
