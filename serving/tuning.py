@@ -9,7 +9,7 @@ the dashboard and `project` pooled them as two configurations. Remembering the f
 repeated runs comparable, as autotuning caches do.
 
 The choices live in `<cache>/tuning.json` (`SPECFINOPS_CACHE`, default ~/.cache/specfinops), keyed by
-the machine: the CPU model, its vector-extension flags, the torch version and the thread count, so a
+the machine: the CPU model (with its family and model numbers), its vector-extension flags, the torch version and the thread count, so a
 different CPU (a VM moved to another host class) or another torch build measures afresh.
 `SPECFINOPS_TUNING` says what to do:
 
@@ -50,24 +50,35 @@ def _mode() -> str:
 
 
 def _cpu() -> tuple[str, list[str]]:
-    """(model name, the FLAGS this CPU has) from /proc/cpuinfo, or what platform says elsewhere."""
+    """(model name, the FLAGS this CPU has) from /proc/cpuinfo, or what platform says elsewhere. A virtual
+    machine's model name is often only the vendor's ('AMD EPYC'), the same for CPU generations whose kernels
+    rank apart (a Zen 5 EPYC's bf16 matmuls paid for every new cache length, an earlier EPYC's did not), so
+    the CPU family and model numbers are part of the name where /proc/cpuinfo gives them."""
     name, flags = platform.processor() or platform.machine(), set()
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return name, []
+    family = model = None
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name" and value.strip():
-            name = value.strip()
+        key, value = key.strip(), value.strip()
+        if key == "model name" and value:
+            name = value
+        elif key == "cpu family" and family is None:
+            family = value
+        elif key == "model" and model is None:
+            model = value
         elif key in ("flags", "Features"):
             flags.update(value.split())
+    if family is not None and model is not None:
+        name += f" (family {family} model {model})"
     return name, sorted(f for f in FLAGS if f in flags)
 
 
 def machine_key() -> str:
-    """What a remembered measurement is valid for: CPU model and flags, torch version, threads."""
+    """What a remembered measurement is valid for: CPU model (family and model numbers too) and flags, torch
+    version, threads."""
     name, flags = _cpu()
     return f"{name} [{' '.join(flags)}] torch {torch.__version__} threads {torch.get_num_threads()}"
 

@@ -46,6 +46,22 @@ def test_the_key_names_cpu_torch_and_threads():
     assert f"torch {torch.__version__}" in key and f"threads {torch.get_num_threads()}" in key
 
 
+def test_the_key_tells_cpu_generations_of_one_model_name_apart(monkeypatch, tmp_path):
+    """Two VMs both named 'AMD EPYC' with the same flags, one a Zen 4 (family 25), one a Zen 5 (family 26): their
+    kernels rank apart, so they remember apart."""
+    keys = []
+    for family in (25, 26):
+        info = tmp_path / f"cpuinfo{family}"
+        info.write_text(f"processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: 17\n"
+                        f"model name\t: AMD EPYC\nflags\t\t: fpu avx2 fma avx512f avx512_bf16\n\n"
+                        f"processor\t: 1\ncpu family\t: {family}\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n")
+        real = tuning.Path
+        monkeypatch.setattr(tuning, "Path", lambda p, info=info: info if p == "/proc/cpuinfo" else real(p))
+        keys.append(tuning.machine_key())
+    assert keys[0] != keys[1]
+    assert keys[1].startswith("AMD EPYC (family 26 model 17) [avx2 avx512_bf16 avx512f fma]")
+
+
 def test_another_machine_measures_afresh_and_keeps_the_first_machines_entry(cache):
     (cache / tuning.FILE_NAME).write_text(json.dumps({"some other cpu": {"choice": 9}}))
     assert tuning.remembered("choice", Measure(2)) == 2
