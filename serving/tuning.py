@@ -9,8 +9,9 @@ the dashboard and `project` pooled them as two configurations. Remembering the f
 repeated runs comparable, as autotuning caches do.
 
 The choices live in `<cache>/tuning.json` (`SPECFINOPS_CACHE`, default ~/.cache/specfinops), keyed by
-the machine: the CPU model (with its family and model numbers), its vector-extension flags, the torch version and the thread count, so a
-different CPU (a VM moved to another host class) or another torch build measures afresh.
+the machine: the CPU model (with its family and model numbers), its vector-extension flags, the torch
+version and the thread count, so a different CPU (a VM moved to another host class) or another torch build
+measures afresh.
 `SPECFINOPS_TUNING` says what to do:
 
 - `remember` (default): use the remembered value, measure and remember it when there is none;

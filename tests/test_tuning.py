@@ -49,13 +49,12 @@ def test_the_key_names_cpu_torch_and_threads():
 def test_the_key_tells_cpu_generations_of_one_model_name_apart(monkeypatch, tmp_path):
     """Two VMs both named 'AMD EPYC' with the same flags, one a Zen 4 (family 25), one a Zen 5 (family 26): their
     kernels rank apart, so they remember apart."""
-    keys = []
+    keys, real = [], tuning.Path
     for family in (25, 26):
         info = tmp_path / f"cpuinfo{family}"
         info.write_text(f"processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: 17\n"
                         f"model name\t: AMD EPYC\nflags\t\t: fpu avx2 fma avx512f avx512_bf16\n\n"
                         f"processor\t: 1\ncpu family\t: {family}\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n")
-        real = tuning.Path
         monkeypatch.setattr(tuning, "Path", lambda p, info=info: info if p == "/proc/cpuinfo" else real(p))
         keys.append(tuning.machine_key())
     assert keys[0] != keys[1]
