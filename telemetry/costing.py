@@ -322,8 +322,23 @@ def _store_values(c, field: str, col) -> set:
 
 
 def _listed(values, shown: int = 10) -> str:
-    values = sorted(str(v) for v in values if v is not None)
+    """The values, sorted; None (a run that recorded none) as 'unknown', last."""
+    known = sorted(f"{v:g}" if isinstance(v, float) else str(v) for v in values if v is not None)
+    values = known + (["unknown"] if None in values else [])
     return ", ".join(values[:shown]) + (f", ... ({len(values)} in all)" if len(values) > shown else "")
+
+
+def _value_text(run, field: str, col) -> str:
+    """A run's value of the filter `field` in a message: 'unknown' for None; a greedy run's cut-off says it
+    counts as off whatever was recorded ('0 (greedy: any top_k counts as 0; it recorded 40)')."""
+    have = _run_value(run, field, col)
+    if field in _CUTOFF_OFF and run.temperature == 0:
+        recorded = getattr(run, field)
+        said = "nothing" if recorded is None else f"{recorded:g}"
+        return f"{have:g} (greedy: any {field} counts as {have:g}; it recorded {said})"
+    if have is None:
+        return "unknown"
+    return f"{have:g}" if isinstance(have, float) else repr(have)
 
 
 def no_runs_reason(engine: Engine, filters: Filters | None = None) -> str:
@@ -344,7 +359,7 @@ def no_runs_reason(engine: Engine, filters: Filters | None = None) -> str:
                 for field, name, _, col in _RUN_FILTERS:
                     want, have = getattr(f, field), _run_value(run, field, col)
                     if want is not None and have != want:
-                        return f"run {run.id} has {name} {have!r}, not {want!r}"
+                        return f"run {run.id} has {name} {_value_text(run, field, col)}, not {want!r}"
         conds = []
         for field, name, plural, col in _RUN_FILTERS:
             want = getattr(f, field)
@@ -358,7 +373,10 @@ def no_runs_reason(engine: Engine, filters: Filters | None = None) -> str:
         if len(conds) > 1 and not c.execute(
             select(func.count(Run.id)).where(*(cond for _, _, cond in conds))
         ).scalar():
-            return f"no run has {named} together"
+            greedy = (f.temperature == 0 and any(getattr(f, k) not in (None, v) for k, v in _CUTOFF_OFF.items()))
+            return f"no run has {named} together" + (
+                " (at temperature 0 every run counts as top_p 1 and top_k 0: greedy decoding ignores them)"
+                if greedy else "")
     if f.run_ids is not None:
         what = (f"run {f.run_ids[0]} has" if len(f.run_ids) == 1
                 else "runs " + ", ".join(map(str, f.run_ids)) + " have")
@@ -446,7 +464,7 @@ class Comparison:
 def _group_text(workload: str, temperature: float | None, kind: str, top_p: float | None = None,
                 top_k: int | None = None) -> str:
     """'workload code, temperature 0.8, top_k 40, bench runs': top_p and top_k where they cut (cutoffs_text)."""
-    return f"workload {workload}, {temperature_text(temperature)}{cutoffs_text(top_p, top_k)}, {kind} runs"
+    return f"workload {workload}, {temperature_text(temperature)}{cutoffs_text(top_p, top_k, temperature)}, {kind} runs"
 
 
 def _in_group_text(field: str, value, temperature: float | None = None) -> bool:
@@ -454,8 +472,10 @@ def _in_group_text(field: str, value, temperature: float | None = None) -> bool:
     at temperature 0 no cut-off changes a token (queries.effective_cutoffs)."""
     if field in ("top_p", "top_k") and temperature == 0:
         return True
+    if field in ("top_p", "top_k") and value is None:
+        return temperature is not None  # a sampled group's unknown cut-off is named ('top_k unknown')
     if field == "top_p":
-        return value is not None and value != 1
+        return value != 1
     if field == "top_k":
         return bool(value)
     return field in ("workload", "temperature", "kind")

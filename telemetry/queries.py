@@ -274,12 +274,22 @@ class DomainAcceptance:
         return None if self.go_figure is None else self.go_figure >= line
 
 
-def cutoffs_text(top_p: float | None, top_k: int | None) -> str:
-    """', top_p 0.9, top_k 40': the cut-offs of a sampled distribution, each where it cuts (not 1, not 0) and is
-    known; '' where neither does. A group text names an unknown or off one only where the groups differ in it
-    (`field_text`)."""
-    top_p_text = f", top_p {top_p:g}" if top_p is not None and top_p != 1 else ""
-    return top_p_text + (f", top_k {top_k}" if top_k else "")
+def cutoffs_text(top_p: float | None, top_k: int | None, temperature: float | None = None) -> str:
+    """', top_p 0.9, top_k 40': the cut-offs of a sampled distribution, each where it cuts (not 1, not 0); with
+    a sampled `temperature` (> 0), one recorded as None is 'unknown' (a run recorded before it was), never read
+    as off. '' where none cuts, and at temperature 0 (greedy: no cut-off changes a token). A server's runs
+    (temperature None) record none: their requests chose their own."""
+    if temperature == 0:
+        return ""
+    sampled = temperature is not None
+    parts = []
+    for name, value, off in (("top_p", top_p, 1), ("top_k", top_k, 0)):
+        if value is None:
+            if sampled:
+                parts.append(f", {name} unknown")
+        elif value != off:
+            parts.append(f", {name} {value:g}")
+    return "".join(parts)
 
 
 def field_text(name: str, value) -> str:
@@ -287,6 +297,8 @@ def field_text(name: str, value) -> str:
     None is 'unknown' (runs recorded before it was, a server's runs), never a number."""
     if value is None and name in ("temperature", "top_p", "top_k"):
         return f"{name} unknown"
+    if isinstance(value, float):
+        return f"{name} {value:g}"  # 'top_p 1', as every other place writes it, not 'top_p 1.0'
     return f"{name} {value}"
 
 
@@ -320,7 +332,7 @@ class Speedup:
         """'temperature 0.8, top_k 40, bench runs, the same 4 prompts': what a speedup shown alone must say
         beside it (top_p and top_k where they cut, `cutoffs_text`)."""
         t = "per-request temperatures" if self.temperature is None else f"temperature {self.temperature:g}"
-        return f"{t}{cutoffs_text(self.top_p, self.top_k)}, {self.kind} runs, {self.prompts}"
+        return f"{t}{cutoffs_text(self.top_p, self.top_k, self.temperature)}, {self.kind} runs, {self.prompts}"
 
 
 def percentile(values: list[float], q: float) -> float | None:

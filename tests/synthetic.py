@@ -113,7 +113,7 @@ def make_run(
     k_policy: str | None = None,
     temperature: float = 0.0,
     top_p: float | None = 1.0,
-    top_k: int | None = None,  # None: unknown (as a run recorded before migration 0008)
+    top_k: int | None = 0,  # as a run records it now (0 = off); None: unknown, as one recorded before migration 0008
     seed: int | None = None,
     max_new_tokens: int | None = None,
     concurrency: int = 1,

@@ -103,7 +103,7 @@ def test_project_compares_modes_at_one_temperature_and_says_which(two_temperatur
     assert out["assumptions"]["compared"]["other_groups"] == []
     assert out["assumptions"]["capacity_runs_spec"] == [2] and out["nodes_ar"] is None
     assert main(["project", "--db", two_temperatures, *PROJECT, "--temperature", "0.5"]) == 2
-    assert "no runs with temperature 0.5 (temperatures in the store: 0.0, 0.8)" in capsys.readouterr().err
+    assert "no runs with temperature 0.5 (temperatures in the store: 0, 0.8)" in capsys.readouterr().err
     assert main(["cost", "--db", two_temperatures, "--temperature", "0", "--json"]) == 0
     assert [r["run_id"] for r in json.loads(capsys.readouterr().out)["runs"]] == [1, 2]
 

@@ -17,8 +17,15 @@ from test_scheduler import StepClock, job_rows, reports
 
 from app.cli import main
 from telemetry import scheduler as sched_mod
-from telemetry.costing import no_runs_reason
-from telemetry.queries import Filters, effective_cutoffs, reuse_collections, run_summaries, speedups
+from telemetry.costing import no_runs_reason, run_groups
+from telemetry.queries import (
+    Filters,
+    cutoffs_text,
+    effective_cutoffs,
+    reuse_collections,
+    run_summaries,
+    speedups,
+)
 from telemetry.scheduler import persisted_jobs
 from telemetry.store import open_store
 
@@ -117,12 +124,33 @@ def test_filters_refuse_a_cut_off_no_run_can_have(kw, needle):
 
 def test_no_runs_reason_names_the_cut_off_and_the_values_there_are(cutoff_runs):
     engine, ids = cutoff_runs
-    assert no_runs_reason(engine, Filters(top_k=5)) == "no runs with top_k 5 (top_k values in the store: 0, 40)"
-    assert no_runs_reason(engine, Filters(top_p=0.5)) == "no runs with top_p 0.5 (top_p values in the store: 0.9, 1.0)"
+    # a sampled run that recorded no top_k is listed as unknown, not left out
+    assert no_runs_reason(engine, Filters(top_k=5)) == (
+        "no runs with top_k 5 (top_k values in the store: 0, 40, unknown)")
+    assert no_runs_reason(engine, Filters(top_p=0.5)) == (  # 'unknown': the server's run recorded none
+        "no runs with top_p 0.5 (top_p values in the store: 0.9, 1, unknown)")
+    # greedy runs recorded top_k 40, but at temperature 0 it acts as 0: the message says why none matches
     assert no_runs_reason(engine, Filters(temperature=0.0, top_k=40)) == (
-        "no run has temperature 0.0 and top_k 40 together")
+        "no run has temperature 0.0 and top_k 40 together (at temperature 0 every run counts as top_p 1 and "
+        "top_k 0: greedy decoding ignores them)")
     assert no_runs_reason(engine, Filters(run_ids=(ids["greedy_k40_p09"],), top_k=40)) == (
-        f"run {ids['greedy_k40_p09']} has top_k 0, not 40")  # greedy: its recorded 40 does not act
+        f"run {ids['greedy_k40_p09']} has top_k 0 (greedy: any top_k counts as 0; it recorded 40), not 40")
+    assert no_runs_reason(engine, Filters(run_ids=(ids["sampled_unknown"],), top_k=40)) == (
+        f"run {ids['sampled_unknown']} has top_k unknown, not 40")  # not a Python 'None'
+
+
+def test_a_sampled_groups_unknown_cut_off_is_named_not_read_as_off(cutoff_runs):
+    """A sampled run recorded before top_k was (NULL) is 'top_k unknown' in every group text, never the text of a
+    top_k-0 group; greedy runs say nothing of cut-offs; a server's runs (per-request sampling) neither."""
+    engine, ids = cutoff_runs
+    groups = run_groups(run_summaries(engine, Filters(run_ids=(ids["sampled_unknown"], ids["k0"]))))
+    assert groups == ["workload code, temperature 0.8, bench runs, top_k 0",
+                      "workload code, temperature 0.8, top_k unknown, bench runs"]
+    assert cutoffs_text(None, None, 0.8) == ", top_p unknown, top_k unknown"
+    assert cutoffs_text(0.9, 40, 0.0) == ""  # greedy: neither acts
+    assert cutoffs_text(None, None, None) == ""  # a server's runs: each request chose its own
+    assert cutoffs_text(1.0, 0, 0.8) == ""
+    assert cutoffs_text(0.9, 40, 0.8) == ", top_p 0.9, top_k 40"
 
 
 # ---- cost, project, report ---------------------------------------------------------------------------------

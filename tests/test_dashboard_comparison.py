@@ -125,9 +125,9 @@ def test_run_groups_name_the_fields_where_groups_differ():
     # top_k and top_p: in the text where they cut; named where the groups differ and the text would not say it
     assert costing.run_groups([run(temperature=0.8), run(temperature=0.8, top_k=40), run(temperature=0.8, top_k=None),
                                run(temperature=0.8, top_p=0.9)]) == [
-        "workload code, temperature 0.8, bench runs, top_p 1.0, top_k 0",
-        "workload code, temperature 0.8, top_k 40, bench runs, top_p 1.0",
-        "workload code, temperature 0.8, bench runs, top_p 1.0, top_k unknown",
+        "workload code, temperature 0.8, bench runs, top_p 1, top_k 0",
+        "workload code, temperature 0.8, top_k 40, bench runs, top_p 1",
+        "workload code, temperature 0.8, top_k unknown, bench runs, top_p 1",
         "workload code, temperature 0.8, top_p 0.9, bench runs, top_k 0",
     ]
 

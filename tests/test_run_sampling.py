@@ -166,7 +166,7 @@ def test_unknown_top_k_groups_only_with_unknown(sqlite_url):
             make_run(s, "ar", temperature=0.8, top_k=top_k, requests=[Req(30, ttft_ms=10, e2e_ms=1000)])
     configs = config_summaries(engine)
     assert sorted((c.top_k is None, len(c.run_ids)) for c in configs) == [(False, 1), (True, 2)]
-    assert run_groups(run_summaries(engine)) == ["workload code, temperature 0.8, bench runs, top_k unknown",
+    assert run_groups(run_summaries(engine)) == ["workload code, temperature 0.8, top_k unknown, bench runs",
                                                  "workload code, temperature 0.8, bench runs, top_k 0"]
 
 
@@ -189,7 +189,7 @@ def test_at_temperature_0_cut_offs_change_nothing_so_they_split_nothing(sqlite_u
     # sampled runs still keep unknown apart from off
     assert sorted(c.top_k is None for c in configs if c.temperature == 0.8) == [False, True]
     assert run_groups(run_summaries(engine)) == ["workload code, temperature 0, bench runs",
-                                                 "workload code, temperature 0.8, bench runs, top_k unknown",
+                                                 "workload code, temperature 0.8, top_k unknown, bench runs",
                                                  "workload code, temperature 0.8, bench runs, top_k 0"]
 
 
@@ -262,7 +262,7 @@ def test_loadtest_and_vllm_run_infos_record_their_sampling():
 def test_requests_csv_shows_the_runs_sampling_and_unknown_as_empty(sqlite_url):
     engine = open_store(sqlite_url)
     with Session(engine) as s, s.begin():
-        make_run(s, "ar", requests=[Req(30, ttft_ms=10, e2e_ms=1000)])  # recorded before 0008: unknown
+        make_run(s, "ar", top_k=None, requests=[Req(30, ttft_ms=10, e2e_ms=1000)])  # recorded before 0008: unknown
         make_run(s, "ar", top_k=40, seed=7, max_new_tokens=64, requests=[Req(30, ttft_ms=10, e2e_ms=1000)])
     header, rows = export_rows(engine, "requests", ExportWindow())
     got = [dict(zip(header, row, strict=True)) for row in rows]
@@ -274,7 +274,7 @@ def test_runs_page_lists_the_sampling_and_a_dash_where_unknown(sqlite_url, monke
 
     engine = open_store(sqlite_url)
     with Session(engine) as s, s.begin():
-        make_run(s, "ar", temperature=0.8, requests=[Req(30, ttft_ms=10, e2e_ms=1000)])  # before 0008: unknown
+        make_run(s, "ar", temperature=0.8, top_k=None, requests=[Req(30, ttft_ms=10, e2e_ms=1000)])  # before 0008: unknown
         make_run(s, "spec", temperature=0.8, top_k=40, seed=2**62 + 1, max_new_tokens=64,
                  requests=[spec_req(30, 4, 20, ttft_ms=10, e2e_ms=600)])
     engine.dispose()

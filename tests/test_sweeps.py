@@ -125,7 +125,7 @@ def test_sweep_points_refuse_runs_of_two_temperatures(sqlite_url):
                make_run(s, "spec", temperature=0.0, requests=[spec_req(40, k=4, accepted=20, e2e_ms=500.0)]).id,
                make_run(s, "ar", kind="loadtest", requests=[Req(output_tokens=40, e2e_ms=900.0)]).id]
         s.commit()
-    with pytest.raises(ValueError, match=r"2 groups \(temperature 0.0; temperature 0.8\)"):
+    with pytest.raises(ValueError, match=r"2 groups \(temperature 0; temperature 0.8\)"):
         sweep_points(engine, ids[:2])
     with pytest.raises(ValueError, match="kind bench; kind loadtest"):
         sweep_points(engine, [ids[0], ids[3]])

@@ -47,7 +47,7 @@ def _speedup_text(speedups) -> tuple[str, str]:
         return (f"{s.speedup:.2f}x", f"Spec tokens/s / AR tokens/s at {s.label}; same workload, hardware, "
                                      "precision and concurrency.")
     values = [s.speedup for s in rows]
-    temps = sorted({temperature_text(s.temperature) + cutoffs_text(s.top_p, s.top_k) for s in rows})
+    temps = sorted({temperature_text(s.temperature) + cutoffs_text(s.top_p, s.top_k, s.temperature) for s in rows})
     kinds = sorted({s.kind for s in rows})
     return (f"{min(values):.2f}–{max(values):.2f}x",
             f"{len(rows)} configurations (range), each spec against AR at one sampling (temperature, top_p, top_k) "
@@ -69,7 +69,7 @@ def _tokens_vs_ar(speedups) -> tuple[dict, str]:
     (s,) = rows
     delta = _vs_ar(s.spec_tokens_per_s, s.ar_tokens_per_s)
     if "delta" in delta:
-        delta["delta"] += f" ({temperature_text(s.temperature)}{cutoffs_text(s.top_p, s.top_k)}, {s.kind})"
+        delta["delta"] += f" ({temperature_text(s.temperature)}{cutoffs_text(s.top_p, s.top_k, s.temperature)}, {s.kind})"
     return delta, (f"{pooled} Against AR: the Speedup's comparison ({s.label}), not these pooled figures.")
 
 
@@ -122,7 +122,7 @@ def body(ctx: Context) -> None:
     mixed = len(groups) > 1
     mixed_help = (f" No change against AR shown: the runs in view span {len(groups)} comparable groups "
                   f"({'; '.join(groups)}), and each mode's figure pools them; pick one with the sidebar "
-                  "(Workload, Temperature, Run kind, Model pair, Node)." if mixed else "")
+                  "(Workload, Temperature, top_p, top_k, Run kind, Model pair, Node)." if mixed else "")
 
     speed_value, speed_help = _speedup_text(speedups)
     spec = modes.get("spec")
