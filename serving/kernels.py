@@ -333,8 +333,8 @@ def _measure_plan(dtype: torch.dtype, masked: bool, B: int, candidates: tuple[st
     if len(candidates) == 1:
         return dict.fromkeys(ATTENTION_WIDTHS, candidates[0])
     form = f"{str(dtype).removeprefix('torch.')}/{'masked' if masked else 'causal'}/{B}"
-    restricted = "" if candidates == DECODE_ATTENTION or (dtype == torch.float32 and len(candidates) == 2) \
-        else "/" + "+".join(candidates)
+    every = tuple(k for k in DECODE_ATTENTION if dtype != torch.float32 or not k.endswith("-f32"))
+    restricted = "" if candidates == every else "/" + "+".join(candidates)  # settings narrowed the race
     plan = {}
     for T in ATTENTION_WIDTHS:
         # remembered per machine (serving/tuning.py): on an AMX Xeon the masked batch's choice flipped between

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from synthetic import Req, make_run, spec_req
 from test_report import D0, add_day
 from test_run_sampling import T0, _record_bench
-from test_scheduler import StepClock, job_rows, reports
+from test_scheduler import StepClock, job_rows, no_blocking, reports  # noqa: F401 (no_blocking: a fixture)
 
 from app.cli import main
 from telemetry import scheduler as sched_mod
@@ -254,24 +254,7 @@ def greedy_day(sqlite_url, tmp_path, monkeypatch):
     engine.dispose()
 
 
-@pytest.fixture
-def no_blocking(monkeypatch):
-    """`scheduler` starts paused, notes the jobs it would run, and stops instead of blocking (test_scheduler's)."""
-    from apscheduler.schedulers.base import BaseScheduler
-    from apscheduler.schedulers.blocking import BlockingScheduler
-
-    ran: list[list] = []
-
-    def start_and_stop(self, *args, **kwargs):
-        BaseScheduler.start(self, paused=True)
-        ran.append(self.get_jobs())
-        BaseScheduler.shutdown(self, wait=False)
-
-    monkeypatch.setattr(BlockingScheduler, "start", start_and_stop)
-    return ran
-
-
-def test_a_scheduled_job_keeps_its_cut_offs_across_a_restart(greedy_day, no_blocking, capsys):
+def test_a_scheduled_job_keeps_its_cut_offs_across_a_restart(greedy_day, no_blocking, capsys):  # noqa: F811
     url, engine, out = greedy_day  # D0's runs: greedy (temperature 0), top_k recorded as unknown
     base = ["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out)]
     assert main([*base, "--top-k", "0", "--top-p", "1"]) == 0

@@ -8,12 +8,18 @@ import sys
 from pathlib import Path
 
 from alembic import command
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from telemetry.db import Base
 from telemetry.store import alembic_config, head_revision
 
 REPO = Path(__file__).resolve().parents[1]
+# run 1 in the columns every revision has (software_version :v)
+OLD_RUN = text(
+    "INSERT INTO runs (id, kind, mode, node_id, hostname, device, backend, dtype, target, k_policy, concurrency, "
+    "workload, power_source, software_version, started_at, status, dropped_records) VALUES (1, 'bench', 'spec', "
+    "'n', 'h', 'cpu', 'torch', 'bfloat16', 't', 'fixed:4', 1, 'code', 'none', :v, '2026-12-02 00:00:00', "
+    "'completed', 0)")
 MODEL_TABLES = set(Base.metadata.tables)
 
 
@@ -70,11 +76,7 @@ def test_downgrading_0005_drops_only_the_covering_index(db_url):
     engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
     try:
         with engine.begin() as conn:
-            conn.execute(text(
-                "INSERT INTO runs (id, kind, mode, node_id, hostname, device, backend, dtype, target, k_policy, "
-                "concurrency, workload, power_source, software_version, started_at, status, dropped_records) VALUES "
-                "(1, 'bench', 'spec', 'n', 'h', 'cpu', 'torch', 'bfloat16', 't', 'fixed:4', 1, 'code', 'none', 'v', "
-                "'2026-12-02 00:00:00', 'completed', 0)"))
+            conn.execute(OLD_RUN, {"v": "v"})
             conn.execute(text(
                 "INSERT INTO requests (id, run_id, domain, started_at, prompt_tokens, output_tokens, num_drafts, "
                 "num_draft_tokens, num_accepted_tokens, status) VALUES (1, 1, 'code', '2026-12-02 00:00:00', 5, 9, 2, "
@@ -185,11 +187,7 @@ def test_0009_software_version_holds_a_full_kernel_label(db_url):
     engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
     try:
         with engine.begin() as conn:
-            conn.execute(text(
-                "INSERT INTO runs (id, kind, mode, node_id, hostname, device, backend, dtype, target, k_policy, "
-                "concurrency, workload, power_source, software_version, started_at, status, dropped_records) VALUES "
-                "(1, 'bench', 'spec', 'n', 'h', 'cpu', 'torch', 'bfloat16', 't', 'fixed:4', 1, 'code', 'none', :v, "
-                "'2026-12-02 00:00:00', 'completed', 0)"), {"v": label})
+            conn.execute(OLD_RUN, {"v": label})
             assert conn.execute(text("SELECT software_version FROM runs")).scalar_one() == label
         command.downgrade(cfg, "0008")
         with engine.connect() as conn:
