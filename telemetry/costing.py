@@ -296,6 +296,7 @@ _RUN_FILTERS = (
     ("temperature", "temperature", "temperatures", Run.temperature),
     ("top_p", "top_p", "top_p values", Run.top_p),
     ("top_k", "top_k", "top_k values", Run.top_k),
+    ("max_new_tokens", "max_new_tokens", "max_new_tokens values", Run.max_new_tokens),
     ("kind", "run kind", "run kinds", Run.kind),
 )
 _CUTOFF_OFF = {"top_p": 1.0, "top_k": 0}  # a cut-off's value as a greedy run counts it (effective_cutoffs)
@@ -322,8 +323,10 @@ def _store_values(c, field: str, col) -> set:
 
 
 def _listed(values, shown: int = 10) -> str:
-    """The values, sorted; None (a run that recorded none) as 'unknown', last."""
-    known = sorted(f"{v:g}" if isinstance(v, float) else str(v) for v in values if v is not None)
+    """The values, sorted (numbers by number: 64 before 256); None (a run that recorded none) as 'unknown', last."""
+    known = [v for v in values if v is not None]
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in known)
+    known = [f"{v:g}" if isinstance(v, float) else str(v) for v in sorted(known, key=None if numeric else str)]
     values = known + (["unknown"] if None in values else [])
     return ", ".join(values[:shown]) + (f", ... ({len(values)} in all)" if len(values) > shown else "")
 
@@ -406,8 +409,8 @@ COST_PER_1M_BASIS = f"{FLEET_COST_LABEL}: {FLEET_COST_FORMULA}"
 
 
 COMPARISON_RULE = (
-    "where the runs in view hold several comparable groups (workload, temperature, top_p, top_k, run kind, target, "
-    "device, backend, precision), the projection compares spec and AR within one: the group whose less-measured mode "
+    "where the runs in view hold several comparable groups (workload, temperature, top_p, top_k, max_new_tokens, "
+    "run kind, target, device, backend, precision), the projection compares spec and AR within one: the group whose less-measured mode "
     "has the most ok requests (then the most requests in all, then the first measured)"
 )
 
@@ -418,7 +421,8 @@ def temperature_text(t: float | None) -> str:
 
 
 # How a CLI user picks another comparable group than the one a projection chose (Comparison.text).
-CHOOSE_GROUP = "choose with --temperature, --top-p, --top-k, --run-kind, --workload, --target or --node"
+CHOOSE_GROUP = ("choose with --temperature, --top-p, --top-k, --max-new-tokens, --run-kind, --workload, --target or "
+                "--node")
 
 
 @dataclass(frozen=True, slots=True)
@@ -438,10 +442,14 @@ class Comparison:
     others: tuple[str, ...] = ()
     top_p: float | None = None  # None: unknown (runs recorded before it was, server runs)
     top_k: int | None = None  # 0 = off
+    max_new_tokens: int | None = None  # the answer length cap; None: unknown (as top_p)
+    # another group in view differs in max_new_tokens: the label names this one's (_group_text leaves it out)
+    cap_named: bool = False
 
     @property
     def label(self) -> str:
-        return _group_text(self.workload, self.temperature, self.kind, self.top_p, self.top_k)
+        return _group_text(self.workload, self.temperature, self.kind, self.top_p, self.top_k) + (
+            f", {field_text('max_new_tokens', self.max_new_tokens)}" if self.cap_named else "")
 
     def text(self, choose: str = CHOOSE_GROUP) -> str:
         """One line: what is compared, and why this group where there were others (`choose`: how to pick another
@@ -469,7 +477,8 @@ def _group_text(workload: str, temperature: float | None, kind: str, top_p: floa
 
 def _in_group_text(field: str, value, temperature: float | None = None) -> bool:
     """Whether _group_text names this field's value already (top_p and top_k only where they cut), or need not:
-    at temperature 0 no cut-off changes a token (queries.effective_cutoffs)."""
+    at temperature 0 no cut-off changes a token (queries.effective_cutoffs). It never names the answer length cap
+    (max_new_tokens): that is named where groups differ in it."""
     if field in ("top_p", "top_k") and temperature == 0:
         return True
     if field in ("top_p", "top_k") and value is None:
@@ -487,7 +496,8 @@ def _text_of(fields: dict) -> str:
 
 def _group_label(key: tuple, configs: list[ConfigSummary], chosen: tuple | None = None) -> str:
     """The group in words; a field _group_text leaves out is named where it differs from the `chosen` group's
-    (two groups of one workload on two devices, or at top_k 0 and unknown, would otherwise read the same)."""
+    (two groups of one workload on two devices, at top_k 0 and unknown, or capped at 64 and 256 new tokens, would
+    otherwise read the same)."""
     fields = dict(zip(COMPARED_FIELDS, key, strict=True))
     best = dict(zip(COMPARED_FIELDS, chosen, strict=True)) if chosen is not None else None
     modes = {c.mode for c in configs}
@@ -527,8 +537,11 @@ def comparable_group(configs: list[ConfigSummary]) -> tuple[Comparison, list[Con
     best = max(groups, key=rank)  # max keeps the first of equals: the first measured
     chosen = groups[best]
     others = tuple(_group_label(k, cs, best) for k, cs in groups.items() if k != best)
-    comparison = Comparison(**dict(zip(COMPARED_FIELDS, best, strict=True)), requests_ar=requests(chosen, "ar"),
-                            requests_spec=requests(chosen, "spec"), others=others)
+    fields = dict(zip(COMPARED_FIELDS, best, strict=True))
+    cap_named = any(dict(zip(COMPARED_FIELDS, k, strict=True))["max_new_tokens"] != fields["max_new_tokens"]
+                    for k in groups)
+    comparison = Comparison(**fields, requests_ar=requests(chosen, "ar"), requests_spec=requests(chosen, "spec"),
+                            others=others, cap_named=cap_named)
     return comparison, chosen
 
 

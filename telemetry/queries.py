@@ -14,12 +14,12 @@ Definitions (DESIGN.md): only requests with status 'ok' count towards tokens, la
     energy_j          = sum of requests.energy_j (None when no request has one); J/token over the requests
                         that have one; energy_estimated when the run's power source is 'estimate'
     speedup           = spec tokens/s / AR tokens/s, same workload, target, device, precision, concurrency,
-                        sampling (temperature, top_p, top_k) and run kind, over the prompts both modes ran
-                        (`speedups`)
+                        sampling (temperature, top_p, top_k), answer length cap (max_new_tokens) and run kind,
+                        over the prompts both modes ran (`speedups`)
 
 Public API:
     Filters(since, until, node_id, run_ids, target, drafter, workload, domain, mode, temperature, kind,
-            prompt_ids, top_p, top_k)
+            prompt_ids, top_p, top_k, max_new_tokens)
     run_summaries(engine, filters=None) -> list[RunSummary]
     mode_summaries(engine, filters=None) -> list[ModeSummary]
     config_summaries(engine, filters=None) -> list[ConfigSummary]  (runs pooled per configuration)
@@ -53,6 +53,7 @@ MODES = ("spec", "ar")
 RUN_KINDS = ("bench", "serve", "loadtest")  # runs.kind: a bench times the engine, a load test its HTTP clients
 GO_LINE = 0.65  # the usual go/no-go for a draft (DESIGN.md, phase 1); calibrate's --threshold defaults to it
 MAX_TOP_K = 2**31 - 1  # runs.top_k is a 32-bit INTEGER
+MAX_NEW_TOKENS = 2**31 - 1  # runs.max_new_tokens is a 32-bit INTEGER
 EMPTY_STORE_HINT = "run `specfinops bench --workload code --mode both` to measure spec and AR runs"
 
 
@@ -97,7 +98,8 @@ class Filters:
     the runs recorded at it (a server's run records none: its requests chose theirs). top_p and top_k keep the
     runs whose cut-off acts as that value (`effective_cutoffs`, as speedups and groups key them): a greedy run
     (temperature 0) counts as top_p 1 and top_k 0 whatever it recorded; an unknown one (NULL) matches none.
-    None means no filter."""
+    max_new_tokens keeps the runs recorded with that answer length cap (a server's run, or one recorded before
+    the store kept it, NULL: unknown, matches none). None means no filter."""
 
     since: datetime | None = None
     until: datetime | None = None
@@ -113,6 +115,7 @@ class Filters:
     prompt_ids: tuple[str, ...] | None = None
     top_p: float | None = None  # 1 = off
     top_k: int | None = None  # 0 = off
+    max_new_tokens: int | None = None  # the answer length cap per request
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
@@ -136,6 +139,13 @@ class Filters:
             if k > MAX_TOP_K:  # runs.top_k is an INTEGER: no run records more
                 raise ValueError(f"top_k must be at most {MAX_TOP_K}, got {k!r}")
             object.__setattr__(self, "top_k", int(k))
+        if self.max_new_tokens is not None:
+            n = self.max_new_tokens
+            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+                raise ValueError(f"max_new_tokens must be a whole number >= 1, got {n!r}")
+            if n > MAX_NEW_TOKENS:  # runs.max_new_tokens is an INTEGER: no run records more
+                raise ValueError(f"max_new_tokens must be at most {MAX_NEW_TOKENS}, got {n!r}")
+            object.__setattr__(self, "max_new_tokens", int(n))
         if self.prompt_ids is not None:
             object.__setattr__(self, "prompt_ids", tuple(sorted(str(p) for p in self.prompt_ids)))
         if self.since is not None and self.until is not None and self.since >= self.until:
@@ -153,6 +163,7 @@ class Filters:
             (Run.mode, self.mode),
             (Run.temperature, self.temperature),
             (Run.kind, self.kind),
+            (Run.max_new_tokens, self.max_new_tokens),  # NULL (unknown) equals nothing
             (Request.domain, self.domain),
         ):
             if value is not None:
@@ -292,9 +303,17 @@ def cutoffs_text(top_p: float | None, top_k: int | None, temperature: float | No
     return "".join(parts)
 
 
+def max_new_tokens_text(value: int | None) -> str:
+    """An answer length cap in words: '128 new tokens'; None (a server's runs, whose requests chose their own,
+    or runs recorded before the store kept it) is 'max new tokens unknown', never a number."""
+    return "max new tokens unknown" if value is None else f"{value} new tokens"
+
+
 def field_text(name: str, value) -> str:
-    """One field of a group in words ('device cpu', 'top_p 0.9', 'top_k 0'); a sampling figure recorded as
-    None is 'unknown' (runs recorded before it was, a server's runs), never a number."""
+    """One field of a group in words ('device cpu', 'top_p 0.9', 'top_k 0', '128 new tokens'); a sampling
+    figure recorded as None is 'unknown' (runs recorded before it was, a server's runs), never a number."""
+    if name == "max_new_tokens":
+        return max_new_tokens_text(value)
     if value is None and name in ("temperature", "top_p", "top_k"):
         return f"{name} unknown"
     if isinstance(value, float):
@@ -305,8 +324,8 @@ def field_text(name: str, value) -> str:
 @dataclass(frozen=True, slots=True)
 class Speedup:
     """spec tokens/s / AR tokens/s of one configuration pair: runs of the same workload, target, device,
-    precision, concurrency, sampling (temperature, top_p, top_k) and run kind, over the prompts both modes ran
-    where that can be told (`prompts` says how it was compared)."""
+    precision, concurrency, sampling (temperature, top_p, top_k), answer length cap (max_new_tokens) and run kind,
+    over the prompts both modes ran where that can be told (`prompts` says how it was compared)."""
 
     workload: str
     target: str
@@ -326,11 +345,13 @@ class Speedup:
     num_prompts: int | None = None  # prompts compared on, where the runs recorded prompt ids
     top_p: float | None = None  # None: unknown (runs recorded before it was, server runs)
     top_k: int | None = None
+    max_new_tokens: int | None = None  # the answer length cap; None: unknown (as top_p)
 
     @property
     def label(self) -> str:
         """'temperature 0.8, top_k 40, bench runs, the same 4 prompts': what a speedup shown alone must say
-        beside it (top_p and top_k where they cut, `cutoffs_text`)."""
+        beside it (top_p and top_k where they cut, `cutoffs_text`). The answer length cap is named where speedups
+        shown together differ in it (the Overview's range; the tables' max new tokens column)."""
         t = "per-request temperatures" if self.temperature is None else f"temperature {self.temperature:g}"
         return f"{t}{cutoffs_text(self.top_p, self.top_k, self.temperature)}, {self.kind} runs, {self.prompts}"
 
@@ -621,15 +642,17 @@ def mode_summaries(engine: Engine, filters: Filters | None = None) -> list[ModeS
 
 
 CONFIG_FIELDS = ("mode", "workload", "target", "device", "backend", "dtype", "concurrency", "temperature",
-                 "drafter", "k_policy", "kind", "top_p", "top_k")
+                 "drafter", "k_policy", "kind", "top_p", "top_k", "max_new_tokens")
 # What spec and AR must share to be compared (ConfigSummary fields): the same traffic (workload), sampling
 # (temperature: at 0 verification is greedy, at 0.8 a draft is accepted far less; top_p and top_k cut the
-# distribution a draft must match, so acceptance and speedup change with them too),
-# measurement (run kind: a bench times the engine, a load test its HTTP clients), model and hardware.
+# distribution a draft must match, so acceptance and speedup change with them too), answer length cap
+# (max_new_tokens: per-token latency grows with the sequence and acceptance rises along an answer, so runs capped
+# at 64 and at 256 new tokens are two measurements), measurement (run kind: a bench times the engine, a load test its HTTP clients), model and hardware.
 # Concurrency, drafter and K policy are what a projection chooses between (each mode's fastest configuration
 # meeting the SLA) and a sweep varies. Read both by name (dict(zip(...))), never by position. A sampling figure
 # recorded as None (runs before migration 0008, a server's runs) groups with None only.
-COMPARED_FIELDS = ("workload", "temperature", "kind", "target", "device", "backend", "dtype", "top_p", "top_k")
+COMPARED_FIELDS = ("workload", "temperature", "kind", "target", "device", "backend", "dtype", "top_p", "top_k",
+                   "max_new_tokens")
 
 
 def effective_cutoffs(temperature: float | None, top_p: float | None, top_k: int | None) -> tuple:
@@ -653,7 +676,8 @@ def key_of(item, fields: tuple[str, ...]) -> tuple:
 
 def varying_fields(groups: list[dict]) -> list[str]:
     """The COMPARED_FIELDS in which `groups` (field -> value) differ; top_p and top_k compared among the sampled
-    groups only (at temperature 0 they change nothing, `effective_cutoffs`)."""
+    groups only (at temperature 0 they change nothing, `effective_cutoffs`); the answer length cap among all
+    (a greedy answer's length changes its per-token latency too)."""
     def matters(group: dict, field: str) -> bool:
         return field not in ("top_p", "top_k") or group["temperature"] != 0
 
@@ -679,6 +703,7 @@ class ConfigSummary:
     kind: str  # bench | serve | loadtest: a load test's client-side times are not a bench's engine times
     top_p: float | None  # None: unknown (runs recorded before it was, server runs)
     top_k: int | None  # 0 = off; None: unknown
+    max_new_tokens: int | None  # the answer length cap; None: unknown (runs recorded before it was, server runs)
     run_ids: tuple[int, ...]
     stats: Aggregate
 
@@ -768,17 +793,19 @@ class _SpeedupBase(NamedTuple):
     temperature: float | None
     top_p: float | None
     top_k: int | None
+    max_new_tokens: int | None
     kind: str
 
 
 def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
-    """spec tokens/s / AR tokens/s per (workload, target, device, precision, concurrency, sampling, run kind)
-    and spec configuration (drafter, k policy). Tokens/s of several runs = their tokens / their summed
+    """spec tokens/s / AR tokens/s per (workload, target, device, precision, concurrency, sampling, answer length
+    cap, run kind) and spec configuration (drafter, k policy). Tokens/s of several runs = their tokens / their summed
     wall seconds. The precision is part of the key: on a CPU without bf16 instructions the same model decodes
     1.5x apart in bf16 and float32, so pooling them would price neither. So are the sampling: the temperature
     (greedy verification at 0 accepts far more than sampling at 0.8: 2.4x against 0.6x on one store, 1.0x
     pooled), top_p and top_k (they cut the distribution the draft must match; None, unknown, only with None),
-    and the run kind (a load test's client-side HTTP times are not a bench's engine times).
+    the answer length cap (max_new_tokens: acceptance rises along an answer and per-token latency with its
+    length; None, unknown, only with None) and the run kind (a load test's client-side HTTP times are not a bench's engine times).
 
     Prompts: where both modes' runs recorded prompt ids (bench, load test) and ran the same set, the speedup is
     over all their requests; where the sets differ, both modes are restricted to the prompts both ran (each
@@ -793,7 +820,7 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
         if r.stats.wall_s is None or not r.stats.output_tokens:
             continue
         base = _SpeedupBase(r.workload, r.target, r.device, r.dtype, r.concurrency, r.temperature,
-                            *effective_cutoffs(r.temperature, r.top_p, r.top_k), r.kind)
+                            *effective_cutoffs(r.temperature, r.top_p, r.top_k), r.max_new_tokens, r.kind)
         key = (base, "spec", r.drafter, r.k_policy) if r.mode == "spec" else (base, "ar")
         totals[key][0] += r.stats.output_tokens
         totals[key][1] += r.stats.wall_s
@@ -802,7 +829,7 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
     def order(k: tuple) -> tuple:  # numbers by number (1, 2, 16, not 1, 16, 2), None first; the rest by name
         b = k[0]
         return (str(b.workload), str(b.target), str(b.device), str(b.dtype), b.concurrency or 0,
-                *(-1 if x is None else x for x in (b.temperature, b.top_p, b.top_k)), str(b.kind),
+                *(-1 if x is None else x for x in (b.temperature, b.top_p, b.top_k, b.max_new_tokens)), str(b.kind),
                 *(str(x) for x in k[1:]))
 
     prompt_ids = _prompt_ids(engine, filters) if any(k[1] == "spec" for k in totals) else {}
@@ -843,6 +870,7 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
                 num_prompts=n_prompts,
                 top_p=base.top_p,
                 top_k=base.top_k,
+                max_new_tokens=base.max_new_tokens,
             )
         )
     return out

@@ -48,9 +48,10 @@ BAND_SD = 3.0
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """A report's period, and the runs it covers: those recorded at `temperature`, of run `kind` and sampled with
-    `top_p` / `top_k` where set (None: every run), as `specfinops cost --temperature --run-kind --top-p --top-k`
-    filter them (a greedy run counts as top_p 1, top_k 0: queries.Filters)."""
+    """A report's period, and the runs it covers: those recorded at `temperature`, of run `kind`, sampled with
+    `top_p` / `top_k` and capped at `max_new_tokens` new tokens where set (None: every run), as `specfinops cost
+    --temperature --run-kind --top-p --top-k --max-new-tokens` filter them (a greedy run counts as top_p 1, top_k
+    0: queries.Filters)."""
 
     period: str
     since: datetime
@@ -59,6 +60,7 @@ class Window:
     kind: str | None = None
     top_p: float | None = None
     top_k: int | None = None
+    max_new_tokens: int | None = None
 
     @property
     def length(self) -> timedelta:
@@ -70,11 +72,11 @@ class Window:
 
     def filters(self) -> Filters:
         return Filters(since=self.since, until=self.until, temperature=self.temperature, kind=self.kind,
-                       top_p=self.top_p, top_k=self.top_k)
+                       top_p=self.top_p, top_k=self.top_k, max_new_tokens=self.max_new_tokens)
 
     def runs_text(self) -> str:
         """Which runs the window covers, in words ("" for every run)."""
-        return runs_covered_text(self.temperature, self.kind, self.top_p, self.top_k)
+        return runs_covered_text(self.temperature, self.kind, self.top_p, self.top_k, self.max_new_tokens)
 
     def label(self) -> str:
         fmt = "%Y-%m-%d %H:%M"
@@ -84,11 +86,13 @@ class Window:
 
 
 def runs_covered_text(temperature: float | None, kind: str | None, top_p: float | None = None,
-                      top_k: int | None = None) -> str:
-    """Which runs a report covers, in words ("" for every run): 'temperature 0.8, top_k 40, bench runs'. A cut-off
-    chosen is said even where it is off ('top_k 0': the runs not cut by top_k, greedy ones included)."""
+                      top_k: int | None = None, max_new_tokens: int | None = None) -> str:
+    """Which runs a report covers, in words ("" for every run): 'temperature 0.8, top_k 40, 128 new tokens, bench
+    runs'. A cut-off chosen is said even where it is off ('top_k 0': the runs not cut by top_k, greedy ones
+    included)."""
     said = [costing.temperature_text(temperature)] if temperature is not None else []
     said += [f"{name} {value:g}" for name, value in (("top_p", top_p), ("top_k", top_k)) if value is not None]
+    said += [queries.max_new_tokens_text(max_new_tokens)] if max_new_tokens is not None else []
     return ", ".join(said + ([f"{kind} runs"] if kind else []))
 
 
@@ -348,8 +352,8 @@ def _band(name: str, get: Callable[[PeriodFigures], float | None], current: Peri
 
 
 # How a report's reader projects another comparable group than the one the report's projection chose.
-REPORT_CHOOSE = ("`specfinops project --temperature T --top-p P --top-k N --run-kind KIND --workload W` projects "
-                 "another")
+REPORT_CHOOSE = ("`specfinops project --temperature T --top-p P --top-k N --max-new-tokens N --run-kind KIND "
+                 "--workload W` projects another")
 
 
 # ---- the report -----------------------------------------------------------------------------------------
@@ -567,11 +571,12 @@ def summary_dict(data: ReportData) -> dict:
         "period": data.window.period,
         "since": _iso(data.window.since),
         "until": _iso(data.window.until),
-        # the runs covered: None for every temperature / run kind / top_p / top_k
+        # the runs covered: None for every temperature / run kind / top_p / top_k / answer length cap
         "temperature": data.window.temperature,
         "run_kind": data.window.kind,
         "top_p": data.window.top_p,
         "top_k": data.window.top_k,
+        "max_new_tokens": data.window.max_new_tokens,
         "generated_at": _iso(data.generated_at),
         "traffic": data.has_traffic,
         "output_tokens": data.current.output_tokens(),
@@ -585,7 +590,7 @@ def summary_dict(data: ReportData) -> dict:
         "speedups": [
             {"workload": s.workload, "target": s.target, "device": s.device, "dtype": s.dtype,
              "concurrency": s.concurrency, "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
-             "run_kind": s.kind,
+             "max_new_tokens": s.max_new_tokens, "run_kind": s.kind,
              "drafter": s.drafter, "k_policy": s.k_policy, "speedup": s.speedup,
              "spec_tokens_per_s": s.spec_tokens_per_s, "ar_tokens_per_s": s.ar_tokens_per_s,
              "prompts": s.prompts, "num_prompts": s.num_prompts,
@@ -670,7 +675,7 @@ RUNS_COST_COLUMNS = (
 SPEEDUP_COLUMNS = (
     Column("speedup", "speedup"), Column("spec tokens/s", "spec tokens/s"), Column("AR tokens/s", "AR tokens/s"),
     Column("temperature", "temperature"), Column("top_p", "top_p"), Column("top_k", "top_k"),
-    Column("run kind", "run kind"), Column("prompts", "prompts"),
+    Column("max new tokens", "max new tokens"), Column("run kind", "run kind"), Column("prompts", "prompts"),
     Column("workload", "workload"), Column("concurrency", "concurrency"),
     Column("drafter", "drafter", short_model), Column("K policy", "K policy"), Column("dtype", "dtype"),
     Column("device", "device", short_device), Column("target", "target", short_model),
@@ -712,14 +717,15 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
                      d.meets_go_line(ALPHA_GO)) for d in data.domains)),
         # the figures first: the long model paths and device names would push them out of view
         Table("speedups", "Speedup (spec tokens/s / AR tokens/s, same workload, target, device, precision, "
-              "concurrency, sampling (temperature, top_p, top_k) and run kind; over the prompts both modes ran "
-              "where the runs recorded prompt ids: 'prompts' says how they compare; an empty top_p or top_k: not "
-              "recorded)",
+              "concurrency, sampling (temperature, top_p, top_k), answer length cap (max new tokens) and run kind; "
+              "over the prompts both modes ran where the runs recorded prompt ids: 'prompts' says how they compare; "
+              "an empty top_p, top_k or max new tokens: not recorded)",
               ("speedup", "spec tokens/s", "AR tokens/s", "workload", "concurrency", "drafter", "K policy",
-               "dtype", "device", "target", "temperature", "top_p", "top_k", "run kind", "prompts", "spec runs",
-               "AR runs"),
+               "dtype", "device", "target", "temperature", "top_p", "top_k", "max new tokens", "run kind", "prompts",
+               "spec runs", "AR runs"),
               tuple((s.speedup, s.spec_tokens_per_s, s.ar_tokens_per_s, s.workload, s.concurrency, s.drafter,
-                     s.k_policy, s.dtype, s.device, s.target, s.temperature, s.top_p, s.top_k, s.kind, s.prompts,
+                     s.k_policy, s.dtype, s.device, s.target, s.temperature, s.top_p, s.top_k, s.max_new_tokens,
+                     s.kind, s.prompts,
                      costing.ids_text(list(s.spec_run_ids)), costing.ids_text(list(s.ar_run_ids)))
                     for s in data.speedups), SPEEDUP_COLUMNS),
         Table("runs_cost", "Cost per run", tuple(header), tuple(tuple(r) for r in rows),

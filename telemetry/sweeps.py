@@ -44,8 +44,8 @@ def sweep_points(engine: Engine, run_ids: list[int]) -> list[SweepPoint]:
     """One point per concurrency level; a mode measured as several runs at a level (a benchmark that
     alternated AR and spec in turns) is pooled: its tokens over their summed wall time, percentiles over
     all of their requests (`queries.config_summaries`: a sweep's runs differ only in mode and level).
-    ValueError where they do not: runs of several temperatures, top_k, run kinds, workloads, ... (queries.
-    COMPARED_FIELDS), or two spec configurations at one level."""
+    ValueError where they do not: runs of several temperatures, top_k, answer length caps, run kinds, workloads,
+    ... (queries.COMPARED_FIELDS), or two spec configurations at one level."""
     configs = config_summaries(engine, Filters(run_ids=tuple(run_ids)))
     groups = [dict(zip(COMPARED_FIELDS, g, strict=True))
               for g in sorted({key_of(c, COMPARED_FIELDS) for c in configs}, key=str)]
@@ -53,8 +53,9 @@ def sweep_points(engine: Engine, run_ids: list[int]) -> list[SweepPoint]:
         varying = varying_fields(groups)
         named = "; ".join(", ".join(field_text(f, g[f]) for f in varying
                                     if f not in ("top_p", "top_k") or g["temperature"] != 0) for g in groups)
-        raise ValueError(f"run_ids of a sweep must share workload, sampling (temperature, top_p, top_k), run kind, "
-                         f"target, device, backend and precision; these runs hold {len(groups)} groups ({named})")
+        raise ValueError(f"run_ids of a sweep must share workload, sampling (temperature, top_p, top_k), answer "
+                         f"length cap (max_new_tokens), run kind, target, device, backend and precision; these runs "
+                         f"hold {len(groups)} groups ({named})")
     pooled = {}
     for c in configs:
         if (c.concurrency, c.mode) in pooled:

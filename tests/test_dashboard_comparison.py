@@ -113,7 +113,7 @@ def test_tpot_and_cost_deltas_only_where_the_runs_in_view_are_one_comparable_gro
 def test_run_groups_name_the_fields_where_groups_differ():
     def run(**kw):
         base = dict(workload="code", temperature=0.0, kind="bench", target="t", device="cpu", backend="torch",
-                    dtype="bfloat16", top_p=1.0, top_k=0)
+                    dtype="bfloat16", top_p=1.0, top_k=0, max_new_tokens=None)
         return type("Run", (), base | kw)()
 
     assert costing.run_groups([run(), run()]) == ["workload code, temperature 0, bench runs"]

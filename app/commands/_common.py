@@ -103,6 +103,28 @@ def top_k_filter(text: str | None) -> int | None:
     return value
 
 
+# The run filter --max-new-tokens of cost, project, report and scheduler (telemetry.queries.Filters): the runs
+# recorded with this answer length cap (bench and loadtest --max-new-tokens); a server's runs record none.
+MAX_NEW_TOKENS_FILTER_HELP = ("only runs recorded with this answer length cap (bench / loadtest --max-new-tokens), "
+                              "a whole number >= 1; runs that recorded none (a server's, or recorded before the "
+                              "store kept it) match no value (default: every run)")
+
+
+def max_new_tokens_filter(text: str | None) -> int | None:
+    """--max-new-tokens of a run filter: a whole number >= 1 (None: not given)."""
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"--max-new-tokens must be a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise UsageError(f"--max-new-tokens must be a whole number >= 1, got {text!r}")
+    if value >= 2**31:  # runs.max_new_tokens is a 32-bit INTEGER: no run records more
+        raise UsageError(f"--max-new-tokens must be at most {2**31 - 1}, got {text!r}")
+    return value
+
+
 def check_power_options(power: str, tdp_w: float | None) -> None:
     """--power and --tdp-w, before any model loads: what `detect_power_source` and its TDP estimate would
     refuse only once the run starts, and a --tdp-w that the chosen source would silently ignore."""

@@ -10,10 +10,12 @@ import json
 import sys
 
 from app.commands._common import (
+    MAX_NEW_TOKENS_FILTER_HELP,
     TOP_K_FILTER_HELP,
     TOP_P_FILTER_HELP,
     add_command,
     add_db_option,
+    max_new_tokens_filter,
     number_option,
     run_id,
     top_k_filter,
@@ -27,12 +29,14 @@ COST_EXAMPLES = """  specfinops cost
   specfinops cost --gpu H100                  # price every run at one H100 GPU-hour
   specfinops cost --node-hourly-usd 8.806 --workload code
   specfinops cost --temperature 0.8 --top-k 40  # only the runs sampled at temperature 0.8 with top_k 40
+  specfinops cost --max-new-tokens 128          # only the runs whose answers were capped at 128 new tokens
 """
 
 PROJECT_EXAMPLES = """  specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50
   specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --gpu H100 --gpus-per-node 8
   specfinops project --daily-tokens 1e9 --peak-factor 1.5 --p95-tpot-sla-ms 40 --node-hourly-usd 8.806 --json
   specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --temperature 0.8 --top-p 0.9 --top-k 40
+  specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --max-new-tokens 256
 
 node price: --node-hourly-usd X, else --gpu NAME [--gpus-per-node N], else the runs' recorded price (when
 they all recorded the same one), else the catalog price of the measured device, as `specfinops cost` and
@@ -40,13 +44,14 @@ they all recorded the same one), else the catalog price of the measured device, 
 --node-hourly-usd X.
 
 capacity per node: a mode's fastest measured configuration (workload, model pair, device, precision,
-concurrency, temperature, top_p, top_k, run kind, drafter, K policy) whose p95 TPOT meets the SLA, with that
-configuration's runs pooled: tokens over their summed wall time, p95 over all of their requests (the turns of an
-interleaved `bench --mode both`, repeats of one command). Spec and AR are compared only within one comparable
-group (same workload, temperature, top_p, top_k, run kind, target, device, backend, precision): where the runs in
-view hold several, the one whose less-measured mode has the most ok requests, and the output says which and
-names the others.
-Choose another with --temperature, --top-p, --top-k, --run-kind, --workload, --target or --node.
+concurrency, temperature, top_p, top_k, answer length cap, run kind, drafter, K policy) whose p95 TPOT meets the
+SLA, with that configuration's runs pooled: tokens over their summed wall time, p95 over all of their requests
+(the turns of an interleaved `bench --mode both`, repeats of one command). Spec and AR are compared only within
+one comparable group (same workload, temperature, top_p, top_k, max new tokens, run kind, target, device,
+backend, precision): where the runs in view hold several, the one whose less-measured mode has the most ok
+requests, and the output says which and names the others.
+Choose another with --temperature, --top-p, --top-k, --max-new-tokens, --run-kind, --workload, --target or
+--node.
 
 fleet cost per 1M served tokens: the fleet sized for peak traffic in whole nodes, per token it serves in a
 day (nodes x node $/h x 24 / daily tokens x 1e6, plus energy where measured). It is not `specfinops cost`'s
@@ -86,6 +91,7 @@ def _add_filters(p) -> None:
     p.add_argument("--temperature", metavar="T", help="only runs recorded at this sampling temperature (e.g. 0)")
     p.add_argument("--top-p", metavar="P", help=TOP_P_FILTER_HELP)
     p.add_argument("--top-k", metavar="K", help=TOP_K_FILTER_HELP)
+    p.add_argument("--max-new-tokens", metavar="N", help=MAX_NEW_TOKENS_FILTER_HELP)
     p.add_argument("--run-kind", choices=("bench", "loadtest", "serve"),
                    help="only runs of this kind (a bench times the engine, a load test its HTTP clients)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -189,6 +195,7 @@ def _filters(args, run_id: int | None = None):
         kind=args.run_kind,
         top_p=top_p_filter(args.top_p),
         top_k=top_k_filter(args.top_k),
+        max_new_tokens=max_new_tokens_filter(args.max_new_tokens),
     )
 
 

@@ -10,10 +10,12 @@ import sys
 from dataclasses import replace
 
 from app.commands._common import (
+    MAX_NEW_TOKENS_FILTER_HELP,
     TOP_K_FILTER_HELP,
     TOP_P_FILTER_HELP,
     add_command,
     add_db_option,
+    max_new_tokens_filter,
     number_option,
     sigterm_as_ctrl_c,
     top_k_filter,
@@ -22,7 +24,7 @@ from app.commands._common import (
 from app.errors import UsageError
 
 RUN_KINDS = ("bench", "loadtest", "serve")  # telemetry.queries.RUN_KINDS (not imported: --help loads no SQL)
-RUN_FILTERS = ("temperature", "kind", "top_p", "top_k")  # report_options that choose the runs (report.Window's)
+RUN_FILTERS = ("temperature", "kind", "top_p", "top_k", "max_new_tokens")  # report_options that choose the runs (report.Window's)
 
 EXAMPLES = """  specfinops report --period daily --out reports/             # yesterday (UTC)
   specfinops report --period weekly --until 2026-11-09 --out reports/
@@ -30,6 +32,7 @@ EXAMPLES = """  specfinops report --period daily --out reports/             # ye
   specfinops report --period daily --out reports/ --daily-tokens 5e8 --peak-factor 2   # project at this traffic
   specfinops report --period weekly --out reports/ --temperature 0 --run-kind bench   # only these runs
   specfinops report --period weekly --out reports/ --temperature 0.8 --top-k 40       # only these runs
+  specfinops report --period weekly --out reports/ --max-new-tokens 128               # answers capped at 128
 """
 
 
@@ -46,6 +49,7 @@ def add_report_options(p) -> None:
                    help="only runs recorded at this sampling temperature (default: every run)")  # fmt: skip
     p.add_argument("--top-p", metavar="P", default=None, help=TOP_P_FILTER_HELP)
     p.add_argument("--top-k", metavar="K", default=None, help=TOP_K_FILTER_HELP)
+    p.add_argument("--max-new-tokens", metavar="N", default=None, help=MAX_NEW_TOKENS_FILTER_HELP)
     p.add_argument("--run-kind", choices=RUN_KINDS, default=None,
                    help="only runs of this kind (a bench times the engine, a load test its HTTP clients)")  # fmt: skip
 
@@ -81,6 +85,7 @@ def report_options(args) -> dict:
         "kind": args.run_kind,
         "top_p": top_p_filter(args.top_p),
         "top_k": top_k_filter(args.top_k),
+        "max_new_tokens": max_new_tokens_filter(args.max_new_tokens),
     }
 
 

@@ -23,6 +23,7 @@ EXAMPLES = """  specfinops scheduler --cron "0 6 * * *" --period daily --out rep
     specfinops scheduler --cron "0 6 * * *" --out reports/ --webhook-env SPECFINOPS_WEBHOOK_URL   # URL not stored
   specfinops scheduler --list                                                      # the jobs in the store
   specfinops scheduler --cron "0 6 * * *" --out reports/ --temperature 0.8 --top-k 40   # only the runs sampled so
+  specfinops scheduler --cron "0 6 * * *" --out reports/ --max-new-tokens 128     # only answers capped at 128
   SPECFINOPS_SMTP_HOST=smtp.example SPECFINOPS_SMTP_FROM=finops@example SPECFINOPS_SMTP_TO=cfo@example \\
     specfinops scheduler --cron "0 6 * * *" --out reports/ --smtp
 """

@@ -59,7 +59,8 @@ def projection_notes(sp) -> list[str]:
 # costing says where a projection's energy prices came from in the CLI's words; the dashboard's inputs instead
 _PRICE_FLAGS = {"$/kWh given (--usd-per-kwh)": "$/kWh your input", "PUE given (--pue)": "PUE your input"}
 # and how the Comparison says another group is chosen
-CHOOSE_GROUP = "pick another with the sidebar's Temperature, top_p, top_k, Run kind, Workload or Model pair"
+CHOOSE_GROUP = ("pick another with the sidebar's Temperature, top_p, top_k, Max new tokens, Run kind, Workload or "
+                "Model pair")
 
 
 def energy_prices_from(sp) -> str:
@@ -207,8 +208,8 @@ def run_page(title: str, body: Callable[[Context], None], caption: str | None = 
                    "(workload 'synthetic', host 'synthetic-generator'). They are not measurements.")
     if ctx.sel.runs.empty:
         st.info("No runs match these filters (none has requests in the selected time range, or none has "
-                "this node, pair, workload, temperature, top_p, top_k, run kind or concurrency). Widen the time range or "
-                "reset the filters in the sidebar.")
+                "this node, pair, workload, temperature, top_p, top_k, max new tokens, run kind or concurrency). "
+                "Widen the time range or reset the filters in the sidebar.")
         return
     try:
         body(ctx)

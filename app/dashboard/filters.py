@@ -1,7 +1,7 @@
 """Sidebar filters, rendered once in the entry file so their values hold across pages.
 
-Time range, node, model pair (target <- drafter), workload, temperature, top_p, top_k, run kind, domain and runs
-become one `telemetry.queries.Filters`. A model pair keeps the AR baseline runs of the same target (they have no
+Time range, node, model pair (target <- drafter), workload, temperature, top_p, top_k, max new tokens (the answer
+length cap), run kind, domain and runs become one `telemetry.queries.Filters`. A model pair keeps the AR baseline runs of the same target (they have no
 drafter), so spec and AR stay side by side; it is resolved to run ids here.
 """
 
@@ -15,7 +15,7 @@ import streamlit as st
 
 from app.dashboard.page_queries import as_utc, nice_bucket_s
 from telemetry.labels import short_model
-from telemetry.queries import MAX_TOP_K, Filters
+from telemetry.queries import MAX_NEW_TOKENS, MAX_TOP_K, Filters
 
 ALL = "All"
 SYNTHETIC_WORKLOAD = "synthetic"
@@ -133,6 +133,13 @@ def sidebar(options: dict) -> Selection:
         "top_k", [ALL, *top_ks], format_func=lambda v: v if v == ALL else str(v), key="f_top_k",
         help="Top-k cut-off the runs sampled with (0 = off; greedy runs count as 0). Speedups are per top_k; "
              "the projection compares one and says which.") if top_ks else ALL
+    # and at one answer length cap (a server's runs, and runs recorded before the store kept it, have none: unknown)
+    caps = _cutoff_choices(runs["max_new_tokens"].astype("Int64"), lambda n: 1 <= n <= MAX_NEW_TOKENS)
+    max_new_tokens = sb.selectbox(
+        "Max new tokens", [ALL, *caps], format_func=lambda v: v if v == ALL else str(v), key="f_max_new_tokens",
+        help="Answer length cap the runs were recorded with (bench / loadtest --max-new-tokens). Per-token latency "
+             "and acceptance change along an answer: speedups are per cap; the projection compares one and says "
+             "which.") if caps else ALL
     kinds = sorted(runs["kind"].dropna().unique())
     kind = sb.selectbox(
         "Run kind", [ALL, *kinds], key="f_kind",
@@ -158,6 +165,8 @@ def sidebar(options: dict) -> Selection:
         chosen = chosen[(effective_cutoffs(chosen)["top_p"] == top_p).fillna(False)]
     if top_k != ALL:
         chosen = chosen[(effective_cutoffs(chosen)["top_k"] == top_k).fillna(False)]
+    if max_new_tokens != ALL:
+        chosen = chosen[(chosen["max_new_tokens"].astype("Int64") == max_new_tokens).fillna(False)]
     if kind != ALL:
         chosen = chosen[chosen["kind"] == kind]
     if pair != ALL:
@@ -183,11 +192,12 @@ def sidebar(options: dict) -> Selection:
         kind=None if kind == ALL else kind,
         top_p=None if top_p == ALL else float(top_p),
         top_k=None if top_k == ALL else int(top_k),
-        # resolved to run ids where a filter the queries cannot express is set; a temperature, cut-off or run kind
-        # too, so that the recorded sweeps (kept by their runs) follow it
+        max_new_tokens=None if max_new_tokens == ALL else int(max_new_tokens),
+        # resolved to run ids where a filter the queries cannot express is set; a temperature, cut-off, answer
+        # length cap or run kind too, so that the recorded sweeps (kept by their runs) follow it
         run_ids=tuple(int(i) for i in chosen["run_id"])
         if (pair != ALL or concurrency != ALL or run_pick or temperature != ALL or kind != ALL or top_p != ALL
-            or top_k != ALL) else None,
+            or top_k != ALL or max_new_tokens != ALL) else None,
     )
     span_s = data_span_s(chosen, since, until)
     synthetic = bool(((chosen["workload"] == SYNTHETIC_WORKLOAD) | (chosen["hostname"] == SYNTHETIC_HOSTNAME)).any())

@@ -31,7 +31,7 @@ from telemetry.costing import (
     run_groups,
     temperature_text,
 )
-from telemetry.queries import cutoffs_text
+from telemetry.queries import cutoffs_text, max_new_tokens_text
 
 
 def _speedup_text(speedups) -> tuple[str, str]:
@@ -41,18 +41,21 @@ def _speedup_text(speedups) -> tuple[str, str]:
     rows = [s for s in speedups if s.speedup is not None]
     if not rows:
         return MISSING, ("Needs a speculative and an AR run of the same workload, target, device, precision, "
-                         "concurrency, sampling (temperature, top_p, top_k) and run kind.")
+                         "concurrency, sampling (temperature, top_p, top_k), answer length cap (max new tokens) and "
+                         "run kind.")
     if len(rows) == 1:
         (s,) = rows
         return (f"{s.speedup:.2f}x", f"Spec tokens/s / AR tokens/s at {s.label}; same workload, hardware, "
                                      "precision and concurrency.")
     values = [s.speedup for s in rows]
-    temps = sorted({temperature_text(s.temperature) + cutoffs_text(s.top_p, s.top_k, s.temperature) for s in rows})
+    caps = len({s.max_new_tokens for s in rows}) > 1  # the cap named where the rows differ in it
+    temps = sorted({temperature_text(s.temperature) + cutoffs_text(s.top_p, s.top_k, s.temperature)
+                    + (f", {max_new_tokens_text(s.max_new_tokens)}" if caps else "") for s in rows})
     kinds = sorted({s.kind for s in rows})
     return (f"{min(values):.2f}–{max(values):.2f}x",
-            f"{len(rows)} configurations (range), each spec against AR at one sampling (temperature, top_p, top_k) "
-            f"and run kind: not pooled across temperatures or run kinds ({'; '.join(temps)}; {', '.join(kinds)} "
-            "runs), nor across top_p or top_k. See the "
+            f"{len(rows)} configurations (range), each spec against AR at one sampling (temperature, top_p, top_k), "
+            f"answer length cap and run kind: not pooled across temperatures or run kinds ({'; '.join(temps)}; "
+            f"{', '.join(kinds)} runs), nor across top_p, top_k or max new tokens. See the "
             "table below for each row's prompts. Spec tokens/s / AR tokens/s.")
 
 
@@ -122,7 +125,7 @@ def body(ctx: Context) -> None:
     mixed = len(groups) > 1
     mixed_help = (f" No change against AR shown: the runs in view span {len(groups)} comparable groups "
                   f"({'; '.join(groups)}), and each mode's figure pools them; pick one with the sidebar "
-                  "(Workload, Temperature, top_p, top_k, Run kind, Model pair, Node)." if mixed else "")
+                  "(Workload, Temperature, top_p, top_k, Max new tokens, Run kind, Model pair, Node)." if mixed else "")
 
     speed_value, speed_help = _speedup_text(speedups)
     spec = modes.get("spec")
@@ -235,16 +238,19 @@ def body(ctx: Context) -> None:
         with st.expander("Speedup by configuration", expanded=len(speedups) > 1):
             # what differs first (workload, concurrency) and the result; then what the rows share
             if len(speedups) > 1:
-                st.caption("One row per configuration: spec against AR at one sampling and run kind, over the "
-                           "prompts both ran where they recorded prompt ids; rows are not pooled.")
-            show_table(pd.DataFrame([{
+                st.caption("One row per configuration: spec against AR at one sampling, answer length cap and run "
+                           "kind, over the prompts both ran where they recorded prompt ids; rows are not pooled.")
+            table = pd.DataFrame([{
                 "workload": s.workload, "temperature": temperature_text(s.temperature).removeprefix("temperature "),
-                "top_p": s.top_p, "top_k": s.top_k,
+                "top_p": s.top_p, "top_k": s.top_k, "max new tokens": s.max_new_tokens,
                 "run kind": s.kind, "concurrency": s.concurrency, "speedup": s.speedup, "prompts": s.prompts,
                 "spec tokens/s": s.spec_tokens_per_s, "AR tokens/s": s.ar_tokens_per_s,
                 "drafter": s.drafter, "K policy": s.k_policy, "dtype": s.dtype, "device": s.device,
                 "target": short_model(s.target),
-            } for s in speedups]))
+            } for s in speedups])
+            # a cap is a whole number; a missing one (unknown) an empty cell, not NaN beside floats
+            table["max new tokens"] = pd.array([s.max_new_tokens for s in speedups], dtype="Int64")
+            show_table(table)
 
 
 run_page("Overview", body, "What speculative decoding buys on your runs: spec vs the AR baseline, same prompts and hardware.")
