@@ -294,7 +294,9 @@ def _put_all(items: list) -> None:
 
 
 def _record(job: Job) -> RequestRecord:
-    """A request's record as it starts: its kind, id, prompt length and its own sampling."""
-    c = job.checked
+    """A request's record as it starts: its kind, id, prompt length and its own sampling (the length cap as
+    applied: the client's max_tokens, else the default capped by the room left in the context window)."""
+    c, p = job.checked, job.checked.params
     return RequestRecord(started_at=job.wall_start, domain=c.kind, external_id=job.id, prompt_tokens=len(c.prompt_ids),
-                         temperature=c.params.temperature, top_p=c.params.top_p)
+                         temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.seed,
+                         max_new_tokens=p.max_new_tokens)

@@ -322,7 +322,8 @@ def run_prompts(
                 key, p = engine.new_request_id(), prompts[idx]
                 rec = RequestRecord(started_at=datetime.now(UTC), domain=p.domain, external_id=p.id,
                                     prompt_tokens=len(encoded[idx]), temperature=params.temperature,
-                                    top_p=params.top_p)
+                                    top_p=params.top_p, top_k=params.top_k, seed=params.seed,
+                                    max_new_tokens=params.max_new_tokens)
                 live[key] = _Live(idx, rec, time.perf_counter())
                 core.add_request(key, {"prompt_token_ids": encoded[idx]}, sp)
         outputs = core.step()

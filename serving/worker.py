@@ -419,7 +419,8 @@ class ModeRunner:
                 p = prompts[idx]
                 collector.begin(key, RequestRecord(started_at=wall_start, domain=p.domain, external_id=p.id,
                                                    prompt_tokens=len(encoded[idx]), temperature=params.temperature,
-                                                   top_p=params.top_p), t_start)
+                                                   top_p=params.top_p, top_k=params.top_k, seed=params.seed,
+                                                   max_new_tokens=params.max_new_tokens), t_start)
                 seq = engine.add(encoded[idx], params, request_id=key, t_start=t_start, domain=p.domain)
                 live[seq.seq_id] = (idx, wall_start)
                 if seq.done:

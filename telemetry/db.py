@@ -124,6 +124,10 @@ class Request(Base):
     energy_j: Mapped[float | None] = mapped_column(Float)  # None when no power source measured it
     temperature: Mapped[float | None] = mapped_column(Float)  # the request's sampling; None in older records
     top_p: Mapped[float | None] = mapped_column(Float)
+    # the rest of the request's sampling (migration 0010); None where unknown (recorded before 0010) or unset
+    top_k: Mapped[int | None] = mapped_column(Integer)  # 0 = off
+    seed: Mapped[int | None] = mapped_column(BigInteger)  # None: no seed asked for
+    max_new_tokens: Mapped[int | None] = mapped_column(Integer)  # the answer length cap applied
     status: Mapped[str] = mapped_column(String(16), default="ok")  # ok | error | cancelled
     error: Mapped[str | None] = mapped_column(Text)
 

@@ -110,11 +110,11 @@ def requests_query(window: ExportWindow) -> Select:
             # the request's own sampling (a server's requests each choose theirs), else its run's
             func.coalesce(Request.temperature, Run.temperature).label("temperature"),
             func.coalesce(Request.top_p, Run.top_p).label("top_p"),
-            # the run's (requests record no top_k, seed or length cap of their own); empty where it has none
-            # (a server's run, or one recorded before migration 0008)
-            Run.top_k,
-            Run.seed,
-            Run.max_new_tokens,
+            # likewise (migration 0010); empty where neither has one: a request recorded before 0010 of a server's
+            # run or of one recorded before 0008, or a server request that asked for no seed
+            func.coalesce(Request.top_k, Run.top_k).label("top_k"),
+            func.coalesce(Request.seed, Run.seed).label("seed"),
+            func.coalesce(Request.max_new_tokens, Run.max_new_tokens).label("max_new_tokens"),
             Request.status,
             Request.error,
         )

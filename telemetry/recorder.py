@@ -40,8 +40,14 @@ TRANSIENT_ERRORS = (OperationalError, InterfaceError, DisconnectionError, PoolTi
 _REQUEST, _POWER, _END = 0, 1, 2
 
 _runs = Run.__table__
-# runs.seed is a BIGINT; the engine also takes seeds up to 2**64 - 1, which it cannot hold (recorded as None)
+# runs.seed and requests.seed are BIGINTs; the engine also takes seeds up to 2**64 - 1, which they cannot hold
+# (recorded as None: unknown)
 SEED_COLUMN_MIN, SEED_COLUMN_MAX = -(2**63), 2**63 - 1
+
+
+def column_seed(seed: int | None) -> int | None:
+    """`seed` as a seed column holds it: None where it does not fit a signed 64-bit integer."""
+    return seed if seed is not None and SEED_COLUMN_MIN <= seed <= SEED_COLUMN_MAX else None
 _requests = Request.__table__
 _steps = Step.__table__
 _tokens = TokenEvent.__table__
@@ -158,7 +164,7 @@ class Recorder:
         started_at = datetime.now(UTC)
         row = {f.name: getattr(info, f.name) for f in fields(info)}
         row.update(status="running", dropped_records=0, started_at=started_at)
-        if row["seed"] is not None and not SEED_COLUMN_MIN <= row["seed"] <= SEED_COLUMN_MAX:
+        if row["seed"] is not None and column_seed(row["seed"]) is None:
             logger.warning("run seed %d does not fit runs.seed (a signed 64-bit integer): recorded as unknown",
                            row["seed"])
             row["seed"] = None
@@ -426,6 +432,9 @@ class Recorder:
                 "energy_j": r.energy_j,
                 "temperature": r.temperature,
                 "top_p": r.top_p,
+                "top_k": r.top_k,
+                "seed": column_seed(r.seed),
+                "max_new_tokens": r.max_new_tokens,
                 "status": r.status,
                 "error": r.error,
             }

@@ -71,6 +71,9 @@ class RequestRecord:
     energy_j: float | None = None
     temperature: float | None = None  # the request's own sampling
     top_p: float | None = None
+    top_k: int | None = None  # 0 = off
+    seed: int | None = None  # None: unseeded
+    max_new_tokens: int | None = None  # the answer length cap applied
     status: str = "ok"  # ok | error | cancelled
     error: str | None = None
     steps: list[StepRow] = field(default_factory=list)

@@ -91,6 +91,10 @@ def _check_store(db_url: str, report: dict, modes: tuple | list = ("ar", "spec")
         assert sources == {"estimate"}  # every sample carries its source; these were estimated
         assert c.execute(text("select count(*) from power_samples where source is null")).scalar() == 0
         assert c.execute(text("select count(*) from requests where energy_j is null")).scalar() == 0
+        # each request records the sampling it ran with (0010): a bench run's, whose cap is --max-new-tokens
+        limits = c.execute(text("select distinct q.top_k, q.seed, q.max_new_tokens, r.top_k, r.seed, r.max_new_tokens "
+                                "from requests q join runs r on r.id = q.run_id")).all()
+        assert [tuple(x) for x in limits] == [(0, 0, 24, 0, 0, 24)]
     engine.dispose()
 
 

@@ -77,13 +77,16 @@ def test_each_request_records_its_own_sampling_and_the_run_none(live, client):
     """A server's requests each choose their sampling: the store keeps each one's, and the serve run, which
     has no one temperature, records none (it read 0.0, labelling sampled traffic greedy)."""
     sampled = client.completions.create(model=live.model, prompt="Once upon a time", max_tokens=4,
-                                        temperature=0.7, top_p=0.9, seed=7)
-    greedy = client.completions.create(model=live.model, prompt="Once upon a time", max_tokens=4, temperature=0)
-    rows = {e: _rows(live, "select r.temperature, r.top_p, runs.temperature, runs.top_p from requests r "
+                                        temperature=0.7, top_p=0.9, seed=7, extra_body={"top_k": 40})
+    greedy = client.completions.create(model=live.model, prompt="Once upon a time", max_tokens=3, temperature=0)
+    rows = {e: _rows(live, "select r.temperature, r.top_p, runs.temperature, runs.top_p, r.top_k, r.seed, "
+                     "r.max_new_tokens, runs.top_k, runs.seed, runs.max_new_tokens from requests r "
                      "join runs on runs.id = r.run_id where r.external_id = :e", e=e)[0]
             for e in (sampled.id, greedy.id)}
-    assert tuple(rows[sampled.id]) == (pytest.approx(0.7), pytest.approx(0.9), None, None)
-    assert tuple(rows[greedy.id])[:2] == (0.0, 1.0)
+    assert tuple(rows[sampled.id]) == (pytest.approx(0.7), pytest.approx(0.9), None, None, 40, 7, 4,
+                                       None, None, None)
+    # top_k off is 0; no seed asked for is unknown (NULL), not 0; the cap is the max_tokens applied
+    assert tuple(rows[greedy.id]) == (0.0, 1.0, None, None, 0, None, 3, None, None, None)
 
 
 def test_completion_streamed_and_not_and_speculation_opt_out(live, client):
