@@ -4,6 +4,7 @@ test here failed before the fix it guards."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +40,78 @@ def test_a_folder_named_target_that_is_no_model_still_means_the_bundled_target(t
     (tmp_path / "target").mkdir()  # a build folder, say: no config.json
     with pytest.raises(ValueError, match="bundled target is not pulled"):
         resolve_model("target", "target")
+
+
+# ------------------------------------------------------------------ distill on a user's target
+@pytest.fixture(scope="module")
+def byo(tmp_path_factory):
+    """A tiny Llama target directory and data prepared from it."""
+    from tests.test_distill_byo import byo as made
+
+    return made.__wrapped__(tmp_path_factory)
+
+
+def _distill(argv: list[str], tmp_path: Path, steps: int = 2) -> list[str]:
+    return ["distill", *argv, "--steps", str(steps), "--head-vocab", "32", "--batch-tokens", "128", "--dtype",
+            "float32", "--no-eval", "--checkpoint", str(tmp_path / "ckpt.pt")]
+
+
+@pytest.mark.parametrize(("config", "says"), [
+    ('{"model_type": "llama"', "config.json is not valid JSON"),  # cut short: was "Expecting ',' delimiter"
+    ("[1, 2]", "config.json is not a JSON object"),  # was "TypeError: list indices must be integers", exit 1
+    ('{"model_type": "llama"}', "config.json has no num_hidden_layers"),  # was "KeyError: 'num_hidden_layers'"
+])
+def test_a_target_whose_config_is_damaged_is_one_line_naming_the_file(config, says, byo, tmp_path, capsys):
+    import shutil
+
+    from app.cli import main
+
+    target_dir, corpus = byo
+    bad = tmp_path / "target"
+    shutil.copytree(target_dir, bad)
+    (bad / "config.json").write_text(config)
+    assert main(_distill(["--target", str(bad), "--corpus", str(corpus), "--out", str(tmp_path / "d")], tmp_path)) == 2
+    line = _one_error_line(capsys)
+    assert str(bad / "config.json") in line and says in line, line
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("how", ["garbage", "truncated", "not a checkpoint"])
+def test_resuming_from_a_damaged_checkpoint_is_one_line_naming_it(how, byo, tmp_path, capsys):
+    """A checkpoint cut short was 'OSError: [Errno 22] Invalid argument' (no file named); a file of other bytes
+    'RuntimeError: mmap can only be used with files saved with ...' and exit 1."""
+    import torch
+
+    from app.cli import main
+
+    target_dir, corpus = byo
+    argv = _distill(["--target", str(target_dir), "--corpus", str(corpus), "--out", str(tmp_path / "d")], tmp_path)
+    ckpt = tmp_path / "ckpt.pt"
+    if how == "garbage":
+        ckpt.write_bytes(b"not a checkpoint\n")
+    elif how == "truncated":
+        assert main(argv) == 0
+        ckpt.write_bytes(ckpt.read_bytes()[:5000])
+    else:
+        torch.save(torch.zeros(3), ckpt)
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith("specfinops distill: error: --resume:") and str(ckpt) in line, line
+    assert "drop --resume" in line
+
+
+def test_c_is_measured_on_a_target_with_few_positions():
+    """distill's evaluation ended in 'IndexError: index 256 is out of bounds for dimension 0 with size 256' (exit 1,
+    after training) on a target whose max_position_embeddings is 256: c was timed at position 256."""
+    import torch
+
+    from serving.distill.train import measure_c
+    from serving.eagle import EagleDraft
+    from tests.tiny import TINY, tiny_model
+
+    target = tiny_model(1)
+    assert TINY.max_position == 256
+    draft = EagleDraft.init_from_target(target, torch.arange(32)).eval()
+    cost = measure_c(draft, target, reps=2)
+    assert cost["context"] == 255 and cost["c"] > 0

@@ -336,6 +336,24 @@ def resume_record(args, target_dir: Path) -> dict:
     return {"target": str(target_dir.resolve()), "target_fingerprint": target_fingerprint(target_dir), **data}
 
 
+def read_checkpoint(ckpt: Path) -> dict:
+    """A distill checkpoint for --resume, memory-mapped (only what is asked of it is read). A file torch cannot
+    read back (cut short, another file in its place) or that holds no distill checkpoint is one line naming it
+    (UsageError)."""
+    from app.errors import UsageError
+
+    try:
+        state = torch.load(ckpt, weights_only=False, mmap=True, map_location="cpu")
+    except Exception as exc:  # noqa: BLE001 - torch.load's many ways to fail on a damaged file (zip, pickle, mmap)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"--resume: the checkpoint {ckpt} cannot be read ({first[:200]}): it is damaged or not a "
+                         "distill checkpoint; drop --resume to start again (a new checkpoint replaces it)") from None
+    if not isinstance(state, dict) or not {"draft", "step"} <= state.keys():
+        raise UsageError(f"--resume: {ckpt} is not a distill checkpoint (no draft weights and step): drop --resume "
+                         "to start again, or give the --checkpoint of the run to continue")
+    return state
+
+
 def resume_refusal(ckpt: Path, saved: dict, name: str, was, now) -> str:
     """The one line refusing a --resume whose checkpoint was made for another target or with other options."""
     if name == "target_fingerprint":
@@ -476,7 +494,7 @@ def run(args) -> int:
     from serving.int8 import quantize_draft
     from serving.kernels import pack_for_inference
     from serving.llama import load_causal_lm
-    from serving.models import load_tokenizer, resolve_model
+    from serving.models import load_tokenizer, read_config, resolve_model
 
     def prepare(target_dir_: Path, items: list[dict], d: Path, **options) -> dict:
         """`prepare_data`, saying on Ctrl-C that the same command goes on from what was finished."""
@@ -496,8 +514,11 @@ def run(args) -> int:
     check_out(out, target_dir, [Path(c) for c in args.corpus]
               + ([Path(args.data_dir)] if getattr(args, "data_dir", None) else []))
     # ---- which target blocks the draft reads, and which the generated data records
-    target_cfg = json.loads((target_dir / "config.json").read_text())
-    num_blocks = int(target_cfg["num_hidden_layers"])
+    target_cfg = read_config(target_dir)  # not JSON, not an object: one line naming the file
+    num_blocks = target_cfg.get("num_hidden_layers")
+    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+        raise UsageError(f"{target_dir / 'config.json'} has no num_hidden_layers (a whole number >= 1, got "
+                         f"{num_blocks!r}): not the config of a causal LM distill can start a draft from")
     vocab = target_cfg.get("vocab_size")
     if isinstance(vocab, int) and args.head_vocab > vocab:
         raise UsageError(f"--head-vocab {args.head_vocab}: the target's vocabulary has {vocab} tokens; give at most "
@@ -533,7 +554,7 @@ def run(args) -> int:
         distill_cache() / "checkpoints" / (hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12] + ".pt")
     trained_s = 0.0  # what the resumed checkpoint trained
     if args.resume and ckpt.is_file():  # memory-mapped: only its config and "elapsed" are read here
-        resumed = torch.load(ckpt, weights_only=False, mmap=True, map_location="cpu")
+        resumed = read_checkpoint(ckpt)
         differs = resume_mismatch(resumed.get("config") or {}, cfg)
         if differs:
             raise UsageError(resume_refusal(ckpt, resumed.get("config") or {}, *differs))

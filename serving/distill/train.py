@@ -607,8 +607,11 @@ def teacher_forced_agreement(draft: EagleDraft, prep: Prepared, ks: tuple[int, .
 
 @torch.inference_mode()
 def measure_c(draft: EagleDraft, target: CausalLM, context: int = 256, reps: int = 30) -> dict:
-    """Draft forward time per proposed token / target forward time for one token (batch 1, warm caches)."""
+    """Draft forward time per proposed token / target forward time for one token (batch 1, warm caches), at
+    `context` tokens of cache, or as many as the models' positions allow (the token timed takes the next one)."""
     from serving.llama import contiguous_batch
+
+    context = max(1, min(context, target.cfg.max_position - 1, draft.cfg.max_position - 1))
 
     def timeit(fn) -> float:
         for _ in range(5):
