@@ -115,3 +115,52 @@ def test_c_is_measured_on_a_target_with_few_positions():
     draft = EagleDraft.init_from_target(target, torch.arange(32)).eval()
     cost = measure_c(draft, target, reps=2)
     assert cost["context"] == 255 and cost["c"] > 0
+
+
+# ------------------------------------------------------------------ --help
+def _parsers():
+    from tests.test_cli_help import COMMANDS
+
+    return [(n, p) for n, p in COMMANDS if n.split()[1] in ("distill", "calibrate", "models")]
+
+
+@pytest.mark.parametrize(("name", "parser"), _parsers(), ids=[n for n, _ in _parsers()])
+def test_every_option_says_what_it_does(name, parser):
+    """distill's --lr, --seed, --eval-max-new-tokens and models path's --role said only their default."""
+    import re
+
+    from tests.test_cli_help import _help_of
+
+    bare = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        words = re.sub(r"\(default:? [^)]*\)", "", action.help or "").split()
+        if len(words) < 3:
+            bare.append(_help_of(parser, action))
+    assert not bare, f"{name}: options with no explanation: {bare}"
+
+
+def _example_commands(text: str) -> list[list[str]]:
+    import shlex
+
+    joined = text.replace("\\\n", " ")  # a shell line continuation
+    return [shlex.split(line, comments=True) for line in joined.splitlines() if line.strip().startswith("specfinops")]
+
+
+@pytest.mark.parametrize("module", ["distill", "calibrate", "models"])
+def test_the_examples_parse_as_written(module, capsys):
+    """Every example of --help is a command the parser takes as it stands (distill's first example showed
+    '--gen-batch 48       --out': the line continuation was eaten by the Python string)."""
+    import importlib
+
+    from app.cli import build_parser
+
+    examples = importlib.import_module(f"app.commands.{module}").EXAMPLES
+    commands = _example_commands(examples)
+    assert commands
+    for argv in commands:
+        args = build_parser().parse_args(argv[1:])
+        assert args.command == module and getattr(args, "handler", None), argv
+    if module == "distill":
+        assert "--gen-batch 48 \\\n      --out serving/bundled/draft" in examples

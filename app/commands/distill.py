@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from app.commands._common import add_command, positive_int
 
-EXAMPLES = """  # the bundled draft (the command its model card records): data and training within 88 minutes,
+EXAMPLES = r"""  # the bundled draft (the command its model card records): data and training within 88 minutes,
   # training gets what the data left, and the evaluation after it ends the run within 90
   specfinops distill --generate-prompts 1784 --stdlib-prompts 2617 --max-new-tokens 128 --gen-batch 48 \
       --out serving/bundled/draft --total-minutes 88
@@ -76,7 +76,8 @@ def register(sub) -> None:
     p.add_argument("--data-feature-layers", type=int, nargs="+", default=None, metavar="I",
                    help="target blocks whose outputs generated data records (default: those the draft reads); "
                         "data recorded with more blocks can train drafts that read fewer of them")
-    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--lr", type=float, default=5e-4,
+                   help="peak learning rate of AdamW (after a 20-step warm-up, cosine decay to a tenth of it)")
     p.add_argument("--batch-tokens", type=int, default=None,
                    help="padded tokens per training step (default: 3072 on the CPU, 16384 on a GPU)")
     p.add_argument("--batch-pool", type=int, default=256, metavar="N",
@@ -92,18 +93,21 @@ def register(sub) -> None:
                    help="feature regression loss weight (h_p on f_{p+1}; on fuse(f_{p+1}) for a fused draft; 0: none)")
     p.add_argument("--w-hard", type=float, default=0.5, help="cross-entropy to the target's greedy token weight")
     p.add_argument("--feat-noise", type=float, default=0.05, help="uniform feature noise, fraction of the feature RMS")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the templated and code prompts chosen, the batch order and the feature noise")
     p.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
     p.add_argument("--device", default="cpu", metavar="DEV",
                    help="where the target generates the data and the draft trains: cpu (default) or a CUDA GPU "
                         "(cuda, cuda:1); alpha and c are measured on the CPU either way, where the draft serves. "
                         "On a GPU, --dtype auto is bfloat16 where the GPU has bf16 arithmetic (Ampere and later)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint of the same --out")
-    p.add_argument("--checkpoint", default=None, help="checkpoint file (default: under distill/checkpoints in $SPECFINOPS_CACHE, "
+    p.add_argument("--checkpoint", default=None, help="checkpoint file training saves to and --resume continues from (default: under distill/checkpoints in $SPECFINOPS_CACHE, "
                         "~/.cache/specfinops by default)")
     p.add_argument("--save-every", type=float, default=3.0, help="minutes between checkpoints (also refreshes --out)")
     p.add_argument("--no-eval", action="store_true", help="skip measuring alpha and c")
-    p.add_argument("--eval-max-new-tokens", type=int, default=128)
+    p.add_argument("--eval-max-new-tokens", type=int, default=128,
+                   help="answer length of the target's greedy answers to the builtin workloads alpha is measured "
+                        "on")
     p.add_argument("-k", "--k", type=int, default=4, help="lookahead used when measuring alpha")
 
 

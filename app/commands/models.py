@@ -28,7 +28,8 @@ def register(sub) -> None:
     lst.set_defaults(handler=handle_list)
     path = msub.add_parser("path", help="print the directory of the default target or draft (one line)",
                            epilog="examples:\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    path.add_argument("--role", choices=("target", "draft"), default="target")
+    path.add_argument("--role", choices=("target", "draft"), default="target",
+                      help="target: the bundled target's directory (once pulled); draft: the bundled draft's")
     path.set_defaults(handler=handle_path)
 
 
