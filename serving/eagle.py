@@ -22,6 +22,7 @@ any one target layer.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import MISSING, asdict, dataclass
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from serving.llama import (
 )
 
 MODEL_TYPE = "specfinops-eagle"
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +190,24 @@ def is_eagle_dir(path: str | Path) -> bool:
     return (Path(path) / "config.json").is_file() and read_config(path).get("model_type") == MODEL_TYPE
 
 
+def unfinished_note(path: str | Path) -> str | None:
+    """What to say of a draft folder whose model_card.json says its training did not finish (`distill` writes
+    the draft so far at each checkpoint, and a Ctrl-C leaves it so): whole files that load like a finished
+    draft, but not the draft the run was to make. None for a finished draft, or one without a card."""
+    try:
+        card = json.loads((Path(path) / "model_card.json").read_text())
+    except (OSError, ValueError):  # no card (a draft made otherwise), or not JSON: nothing said here
+        return None
+    status = card.get("status") if isinstance(card, dict) else None
+    if status in (None, "trained"):
+        return None
+    results = card.get("results")
+    steps = results.get("steps") if isinstance(results, dict) else None
+    return (f"draft {path} is not a finished draft: its model_card.json says {status!r}"
+            + (f" (step {steps})" if steps is not None else "") + "; a distill run stopped or still running wrote "
+            "it, so what it measures is not the finished draft's: resume that run (its command with --resume)")
+
+
 def load_eagle(path: str | Path, target: CausalLM, dtype: torch.dtype) -> EagleDraft:
     """A feature draft directory (config.json + model.safetensors) for `target`. What is wrong with its files
     (not JSON, not safetensors, weights of another config) is a ValueError naming the file, as `load_causal_lm`
@@ -216,6 +236,9 @@ def load_eagle(path: str | Path, target: CausalLM, dtype: torch.dtype) -> EagleD
             f"draft {path} was trained for a target with vocabulary {cfg.vocab_size} and hidden size "
             f"{cfg.hidden_size}; this target has {target.cfg.vocab_size} and {target.cfg.hidden_size}"
         )
+    note = unfinished_note(path)
+    if note:
+        logger.warning(note)
     draft = EagleDraft(cfg, target.embed_tokens)
     weights = path / "model.safetensors"
     if not weights.is_file():

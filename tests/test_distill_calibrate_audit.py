@@ -164,3 +164,31 @@ def test_the_examples_parse_as_written(module, capsys):
         assert args.command == module and getattr(args, "handler", None), argv
     if module == "distill":
         assert "--gen-batch 48 \\\n      --out serving/bundled/draft" in examples
+
+
+# ------------------------------------------------------------------ a draft a Ctrl-C left
+@pytest.mark.parametrize("status", ["training (intermediate checkpoint)", "trained", None])
+def test_a_draft_whose_training_did_not_finish_is_said_to_be_one_when_loaded(status, tmp_path, caplog):
+    """A Ctrl-C'd distill leaves the draft so far in --out (whole files, its card saying 'training (intermediate
+    checkpoint)'): calibrate and bench loaded it without a word, as if it were the finished draft."""
+    import logging
+
+    import torch
+
+    from serving.distill.pipeline import save_draft
+    from serving.eagle import EagleDraft, load_eagle
+    from tests.tiny import tiny_model
+
+    target = tiny_model(1)
+    out = tmp_path / "draft"
+    save_draft(EagleDraft.init_from_target(target, torch.arange(32)), out, {})
+    if status is not None:
+        (out / "model_card.json").write_text(json.dumps({"status": status, "results": {"steps": 40}}))
+    with caplog.at_level(logging.WARNING, logger="serving.eagle"):
+        load_eagle(out, target, torch.float32)
+    said = [r.getMessage() for r in caplog.records if r.name == "serving.eagle"]
+    if status is None or status == "trained":
+        assert said == []
+    else:
+        assert len(said) == 1 and "not a finished draft" in said[0] and "(step 40)" in said[0]
+        assert str(out) in said[0] and "--resume" in said[0]
