@@ -192,3 +192,39 @@ def test_a_draft_whose_training_did_not_finish_is_said_to_be_one_when_loaded(sta
     else:
         assert len(said) == 1 and "not a finished draft" in said[0] and "(step 40)" in said[0]
         assert str(out) in said[0] and "--resume" in said[0]
+
+
+# ------------------------------------------------------------------ calibrate
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A 2-layer target and a 1-layer draft sharing one tokenizer."""
+    from tests.test_hf_models import hf_dir
+
+    root = tmp_path_factory.mktemp("pair")
+    return hf_dir(root / "target", seed=0), hf_dir(root / "draft", seed=1, num_hidden_layers=1)
+
+
+def test_calibrate_shows_progress_prompt_by_prompt(pair, tmp_path, capsys):
+    """The bar counted domains: `calibrate --workload code --limit 8` (one domain) sat at 0/1 with no ETA until
+    the end. It counts prompts now, naming the domain in progress."""
+    from app.cli import main
+
+    target, draft = pair
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"id": f"p{i}", "domain": "code", "prompt": f"hello {i}"}) + "\n"
+                                for i in range(3)))
+    assert main(["calibrate", "--target", str(target), "--draft", str(draft), "--workload", str(workload),
+                 "--max-new-tokens", "3", "--dtype", "float32", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["domains"][0]["prompts"] == 3
+    bar = captured.err.replace("\r", "\n")
+    assert "3/3" in bar and "prompt" in bar and "code" in bar and "1/3" in bar
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_calibrate_names_its_max_new_tokens_option(value, capsys):
+    """Was 'max_new_tokens must be an integer >= 1' (the engine's field, not the option), after loading."""
+    from app.cli import main
+
+    assert main(["calibrate", "--max-new-tokens", value]) == 2
+    assert _one_error_line(capsys) == f"specfinops calibrate: error: --max-new-tokens must be >= 1, got {value}"

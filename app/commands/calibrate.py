@@ -39,10 +39,11 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def _interleaved(loaded, prompts, encoded, params):
+def _interleaved(loaded, prompts, encoded, params, done=lambda: None):
     """AR and spec on the same prompts, alternating prompt by prompt (AR first, then spec, on each), so
     that a change in the machine's speed during the run lands on both modes alike. One engine per mode
-    serves every prompt. Returns the two ModeResults with every request and the summed wall time."""
+    serves every prompt; `done()` is called as each prompt is through both. Returns the two ModeResults with
+    every request and the summed wall time."""
     from serving.worker import ModeRunner
 
     runners = {mode: ModeRunner(loaded, mode) for mode in ("ar", "spec")}
@@ -54,6 +55,7 @@ def _interleaved(loaded, prompts, encoded, params):
                 merged[mode].absorb(r)
             else:
                 merged[mode] = r
+        done()
     return merged["ar"], merged["spec"]
 
 
@@ -84,6 +86,8 @@ def _handle(args: argparse.Namespace) -> int:
         raise ValueError(f"--threshold must be in (0, 1], got {args.threshold}")
     if args.k < 1 or args.k_max < 1:
         raise ValueError(f"--k and --k-max must be >= 1, got {args.k} and {args.k_max}")
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     prompts = load_workload(args.workload)
     domains = sorted({p.domain for p in prompts})
@@ -108,10 +112,13 @@ def _handle(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     results = []
-    for d in tqdm(domains, desc="domains", file=sys.stderr):
+    # one step per prompt (AR and speculative on it), so a run of one domain shows its progress and ETA too
+    bar = tqdm(total=len(prompts), desc="calibrate", unit="prompt", file=sys.stderr)
+    for d in domains:
         idx = [i for i, p in enumerate(prompts) if p.domain == d]
         ps, enc = [prompts[i] for i in idx], [encoded[i] for i in idx]
-        ar, sp = _interleaved(loaded, ps, enc, params)
+        bar.set_postfix_str(d)
+        ar, sp = _interleaved(loaded, ps, enc, params, done=lambda: bar.update(1))
         spec_steps = [s for r in sp.results for s in r.record.steps if s.k > 0]
         ar_steps = [s for r in ar.results for s in r.record.steps]
         counts = StepCounts(
@@ -128,6 +135,7 @@ def _handle(args: argparse.Namespace) -> int:
         by_span = acceptance_by_span((_step_offsets(r.record.steps), repeated_tokens(e, r.output_ids))
                                      for r, e in zip(sp.results, enc, strict=True))
         results.append((cal, measured, len(ps), positions, by_prompt, by_span))
+    bar.close()
     if args.json:
         print(json.dumps({"target": str(loaded.target_dir), "drafter": loaded.drafter_label, "k_measured": args.k,
                           "domains": [{"domain": c.domain, "prompts": n, "alpha": c.alpha,
