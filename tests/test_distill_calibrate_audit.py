@@ -228,3 +228,29 @@ def test_calibrate_names_its_max_new_tokens_option(value, capsys):
 
     assert main(["calibrate", "--max-new-tokens", value]) == 2
     assert _one_error_line(capsys) == f"specfinops calibrate: error: --max-new-tokens must be >= 1, got {value}"
+
+
+# ------------------------------------------------------------------ the model card
+def test_the_card_of_a_run_without_evaluation_reruns_without_one_and_names_its_data_wholly(byo, tmp_path,
+                                                                                          monkeypatch):
+    """A --no-eval run's card recorded a command without --no-eval (its rerun made the evaluation data and
+    measured alpha: minutes this run never spent), and a relative --corpus as given ('corpus') under data_dirs,
+    which names nothing from another directory."""
+    import os
+    import shlex
+
+    from app.cli import build_parser, main
+    from serving.distill.pipeline import resume_command
+
+    target_dir, corpus = byo
+    monkeypatch.chdir(corpus.parent)
+    out = tmp_path / "d"
+    assert main(_distill(["--target", str(target_dir), "--corpus", os.path.relpath(corpus), "--out", str(out)],
+                         tmp_path)) == 0
+    card = json.loads((out / "model_card.json").read_text())
+    assert card["corpus"]["data_dirs"] == [str(corpus)]
+    argv = shlex.split(card["command"])
+    assert argv.count("--no-eval") == 1 and "--eval-max-new-tokens" not in argv
+    args = build_parser().parse_args(argv[1:])
+    assert args.no_eval and args.steps == "2"
+    assert shlex.split(resume_command(args)).count("--no-eval") == 1  # said once when resuming too

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 import shutil
 import time
@@ -82,7 +83,8 @@ def command_line(args) -> str:
         if name == "dtype" and v is not None:
             v = resolve_dtype(v)  # the precision this run used, not "auto"
         if name == "eval_max_new_tokens" and getattr(args, "no_eval", False):
-            continue  # no evaluation, no alpha to reproduce
+            parts.append("--no-eval")  # no evaluation: a rerun measures nothing either (nor makes its data)
+            continue
         if name in PATH_OPTIONS and v:
             v = [absolute(c, name) for c in v] if isinstance(v, list) else absolute(v, name)
         if v is None or v is False or v == [] or (v == 0 and name in ZERO_IS_UNSET):
@@ -434,16 +436,14 @@ def evaluation_overlap(preps, evaluated: set[tuple[int, ...]]) -> int:
 
 
 def resume_command(args) -> str:
-    """The command that continues an interrupted run: its card's command, with the options that say where its
-    data and checkpoint are, --no-eval and --save-every as given, and --resume."""
+    """The command that continues an interrupted run: its card's command (--no-eval included), with the options
+    that say where its data and checkpoint are, --save-every as given, and --resume."""
     import os
 
     extra = []
     for name in ("data_dir", "checkpoint"):
         if getattr(args, name, None):
             extra += ["--" + name.replace("_", "-"), os.path.abspath(Path(getattr(args, name)).expanduser())]
-    if getattr(args, "no_eval", False):
-        extra.append("--no-eval")
     if getattr(args, "save_every", 3.0) != 3.0:
         extra += ["--save-every", f"{args.save_every:g}"]
     return command_line(args) + " " + shlex.join([*extra, "--resume"])
@@ -688,7 +688,7 @@ def run(args) -> int:
                          "parameters": sum(p.numel() for p in draft.parameters()),
                          "init": "the target's last layer(s), final norm and head rows; fc = [0.1 I | I]",
                          "shares": "the target's token embedding (not stored)"},
-        "corpus": {"sources": described, "data_dirs": [str(c) for c in corpora],
+        "corpus": {"sources": described, "data_dirs": [os.path.abspath(c) for c in corpora],  # as the command's
                    "sequences": sum(len(p.seqs) for p in preps),
                    "prompts": sum(p.meta.get("prompts", len(p.seqs)) for p in preps),
                    "tokens": sum(p.meta["num_tokens"] for p in preps),
