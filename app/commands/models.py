@@ -49,8 +49,11 @@ def handle_list(args) -> int:
     from serving.models import list_models
 
     for m in list_models():
-        state = "present" if m.present else "missing"
-        print(f"{m.role:<7} {m.name:<24} {state:<8} {m.path}  ({m.note})")
+        state = "damaged" if m.damaged else "present" if m.present else "missing"
+        note = m.damaged or m.note
+        if m.damaged and m.role == "target" and "pull --force" not in note:
+            note += "; run `specfinops models pull --force`"
+        print(f"{m.role:<7} {m.name:<24} {state:<8} {m.path}  ({note})")
     return 0
 
 
