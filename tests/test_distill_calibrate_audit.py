@@ -293,3 +293,38 @@ def test_models_list_says_present_for_whole_files(tmp_path, monkeypatch, capsys)
     assert main(["models", "list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [x.split()[2] for x in lines] == ["present", "present"]  # the bundled draft too
+
+
+@pytest.mark.parametrize("json_out", [True, False])
+def test_calibrate_stopped_by_ctrl_c_reports_the_domains_it_measured(json_out, pair, tmp_path, capsys,
+                                                                   monkeypatch):
+    """Ctrl-C (or SIGTERM) in the last domain of a long calibrate threw away the domains already measured: only
+    'interrupted' was printed."""
+    import app.commands.calibrate as command
+    from app.cli import main
+
+    target, draft = pair
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"id": f"{d}{i}", "domain": d, "prompt": f"hello {i}"}) + "\n"
+                                for d in ("aa", "bb") for i in range(2)))
+    measured = command._interleaved
+
+    def second_domain_stopped(loaded, ps, *rest, **kw):
+        if ps[0].domain == "bb":
+            raise KeyboardInterrupt
+        return measured(loaded, ps, *rest, **kw)
+
+    monkeypatch.setattr(command, "_interleaved", second_domain_stopped)
+    argv = ["calibrate", "--target", str(target), "--draft", str(draft), "--workload", str(workload),
+            "--max-new-tokens", "3", "--dtype", "float32"]
+    assert main(argv + ["--json"] * json_out) == 130
+    captured = capsys.readouterr()
+    assert "reporting the 1 of 2 domain(s) measured" in captured.err and captured.err.strip().endswith("interrupted")
+    if json_out:
+        report = json.loads(captured.out)
+        assert report["interrupted"] is True and [d["domain"] for d in report["domains"]] == ["aa"]
+        assert report["domains"][0]["prompts"] == 2
+    else:
+        assert captured.out.startswith("interrupted: the 1 domain(s) measured")
+        rows = [line.split()[0] for line in captured.out.splitlines() if line.strip()]
+        assert "aa" in rows and "bb" not in rows

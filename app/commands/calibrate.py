@@ -72,13 +72,11 @@ def _handle(args: argparse.Namespace) -> int:
     from serving.worker import EngineSpec, load
     from serving.workloads import load_workload
     from telemetry.calibration import (
-        REPEAT_NGRAM,
         StepCounts,
         acceptance_by_position,
         acceptance_by_prompt,
         acceptance_by_span,
         calibrate,
-        calibration_warnings,
         repeated_tokens,
     )
 
@@ -114,30 +112,50 @@ def _handle(args: argparse.Namespace) -> int:
     results = []
     # one step per prompt (AR and speculative on it), so a run of one domain shows its progress and ETA too
     bar = tqdm(total=len(prompts), desc="calibrate", unit="prompt", file=sys.stderr)
-    for d in domains:
-        idx = [i for i, p in enumerate(prompts) if p.domain == d]
-        ps, enc = [prompts[i] for i in idx], [encoded[i] for i in idx]
-        bar.set_postfix_str(d)
-        ar, sp = _interleaved(loaded, ps, enc, params, done=lambda: bar.update(1))
-        spec_steps = [s for r in sp.results for s in r.record.steps if s.k > 0]
-        ar_steps = [s for r in ar.results for s in r.record.steps]
-        counts = StepCounts(
-            num_drafts=len(spec_steps), num_draft_tokens=sum(s.k for s in spec_steps),
-            num_accepted_tokens=sum(s.accepted for s in spec_steps),
-            num_full_accepts=sum(s.accepted >= s.k for s in spec_steps), draft_ms=sum(s.draft_ms for s in spec_steps),
-            ar_steps=len(ar_steps), ar_verify_ms=sum(s.verify_ms for s in ar_steps),
-            spec_verify_ms=sum(s.verify_ms for s in spec_steps),
-        )
-        cal = calibrate(d, counts, threshold=args.threshold, k_max=args.k_max)
-        measured = sp.tokens_per_s / ar.tokens_per_s if sp.tokens_per_s and ar.tokens_per_s else None
-        positions = acceptance_by_position((s.k, s.accepted) for s in spec_steps)
-        by_prompt = acceptance_by_prompt((r.prompt.id, s.k, s.accepted) for r in sp.results for s in r.record.steps)
-        by_span = acceptance_by_span((_step_offsets(r.record.steps), repeated_tokens(e, r.output_ids))
-                                     for r, e in zip(sp.results, enc, strict=True))
-        results.append((cal, measured, len(ps), positions, by_prompt, by_span))
-    bar.close()
+    interrupted = False  # Ctrl-C or SIGTERM: the domains measured are still reported
+    try:
+        for d in domains:
+            idx = [i for i, p in enumerate(prompts) if p.domain == d]
+            ps, enc = [prompts[i] for i in idx], [encoded[i] for i in idx]
+            bar.set_postfix_str(d)
+            ar, sp = _interleaved(loaded, ps, enc, params, done=lambda: bar.update(1))
+            spec_steps = [s for r in sp.results for s in r.record.steps if s.k > 0]
+            ar_steps = [s for r in ar.results for s in r.record.steps]
+            counts = StepCounts(
+                num_drafts=len(spec_steps), num_draft_tokens=sum(s.k for s in spec_steps),
+                num_accepted_tokens=sum(s.accepted for s in spec_steps),
+                num_full_accepts=sum(s.accepted >= s.k for s in spec_steps), draft_ms=sum(s.draft_ms for s in spec_steps),
+                ar_steps=len(ar_steps), ar_verify_ms=sum(s.verify_ms for s in ar_steps),
+                spec_verify_ms=sum(s.verify_ms for s in spec_steps),
+            )
+            cal = calibrate(d, counts, threshold=args.threshold, k_max=args.k_max)
+            measured = sp.tokens_per_s / ar.tokens_per_s if sp.tokens_per_s and ar.tokens_per_s else None
+            positions = acceptance_by_position((s.k, s.accepted) for s in spec_steps)
+            by_prompt = acceptance_by_prompt((r.prompt.id, s.k, s.accepted) for r in sp.results for s in r.record.steps)
+            by_span = acceptance_by_span((_step_offsets(r.record.steps), repeated_tokens(e, r.output_ids))
+                                         for r, e in zip(sp.results, enc, strict=True))
+            results.append((cal, measured, len(ps), positions, by_prompt, by_span))
+    except KeyboardInterrupt:
+        if not results:
+            raise
+        interrupted = True
+        print(f"calibrate: interrupted: reporting the {len(results)} of {len(domains)} domain(s) measured (the one "
+              "in progress is left out)", file=sys.stderr)
+    finally:
+        bar.close()
+    _report(args, loaded, results, interrupted)
+    if interrupted:
+        raise KeyboardInterrupt
+    return 0
+
+
+def _report(args: argparse.Namespace, loaded, results: list, interrupted: bool = False) -> None:
+    """The table (or --json) of the domains measured; `interrupted`: a Ctrl-C ended the run before the rest."""
+    from telemetry.calibration import REPEAT_NGRAM, calibration_warnings
+
     if args.json:
         print(json.dumps({"target": str(loaded.target_dir), "drafter": loaded.drafter_label, "k_measured": args.k,
+                          "interrupted": interrupted,
                           "domains": [{"domain": c.domain, "prompts": n, "alpha": c.alpha,
                                        "acceptance_rate": c.acceptance_rate,
                                        "mean_acceptance_length": c.mean_acceptance_length, "c": c.c,
@@ -159,7 +177,9 @@ def _handle(args: argparse.Namespace) -> int:
                                                                "alpha": r.alpha, "repeated": r.repeated}
                                                               for r in spans]}
                                       for c, m, n, pos, by, spans in results]}, indent=1))
-        return 0
+        return
+    if interrupted:
+        print(f"interrupted: the {len(results)} domain(s) measured before the run was stopped")
     print(f"target {loaded.target_dir}\ndrafter {loaded.drafter_label}, measured at K={args.k}")
     print(f"{'domain':<10} {'prompts':>7} {'alpha':>6} {'acc rate':>8} {'mean acc len':>12} {'c':>6} {'best K':>6} "
           f"{'bound':>6} {'v':>5} {'bound v':>7} {'measured':>8}  verdict (alpha >= {args.threshold})")
@@ -194,7 +214,6 @@ def _handle(args: argparse.Namespace) -> int:
         print(f"  {c.domain:<10} {cells or '—'}")
     print("where alpha climbs with rep, the gain is repeated text (copies of the prompt, or a target looping),\n"
           "which prompt lookup accepts whatever the draft: longer answers then measure a higher alpha")
-    return 0
 
 
 def _step_offsets(steps) -> list[tuple[int, int, int]]:
