@@ -682,6 +682,14 @@ SPEEDUP_COLUMNS = (
 )
 
 
+def speedup_columns(speedups: Sequence[queries.Speedup]) -> tuple[Column, ...]:
+    """The speedup table's columns on the page: the answer length cap only where the rows differ in it (as group
+    texts name it), so that the table keeps to its box; the CSV has it always."""
+    if len({s.max_new_tokens for s in speedups}) > 1:
+        return SPEEDUP_COLUMNS
+    return tuple(c for c in SPEEDUP_COLUMNS if c.source != "max new tokens")
+
+
 def report_tables(data: ReportData, engine: Engine) -> list[Table]:
     from telemetry.export import ExportWindow, cost_rows
 
@@ -727,7 +735,7 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
                      s.k_policy, s.dtype, s.device, s.target, s.temperature, s.top_p, s.top_k, s.max_new_tokens,
                      s.kind, s.prompts,
                      costing.ids_text(list(s.spec_run_ids)), costing.ids_text(list(s.ar_run_ids)))
-                    for s in data.speedups), SPEEDUP_COLUMNS),
+                    for s in data.speedups), speedup_columns(data.speedups)),
         Table("runs_cost", "Cost per run", tuple(header), tuple(tuple(r) for r in rows),
               RUNS_COST_COLUMNS if set(header) == {c.source for c in RUNS_COST_COLUMNS} else ()),
         Table("change", "Change against the previous period (a cost compares totals only where both periods "

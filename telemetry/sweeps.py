@@ -40,6 +40,11 @@ def crossover(points: list[SweepPoint]) -> int | None:
     return None
 
 
+def _by_value(key: tuple) -> tuple:
+    """A group key's sort order: numbers by number (64 before 256), text by text, None (unknown) last."""
+    return tuple((v is None, v if isinstance(v, int | float) else str(v)) for v in key)
+
+
 def sweep_points(engine: Engine, run_ids: list[int]) -> list[SweepPoint]:
     """One point per concurrency level; a mode measured as several runs at a level (a benchmark that
     alternated AR and spec in turns) is pooled: its tokens over their summed wall time, percentiles over
@@ -48,7 +53,7 @@ def sweep_points(engine: Engine, run_ids: list[int]) -> list[SweepPoint]:
     ... (queries.COMPARED_FIELDS), or two spec configurations at one level."""
     configs = config_summaries(engine, Filters(run_ids=tuple(run_ids)))
     groups = [dict(zip(COMPARED_FIELDS, g, strict=True))
-              for g in sorted({key_of(c, COMPARED_FIELDS) for c in configs}, key=str)]
+              for g in sorted({key_of(c, COMPARED_FIELDS) for c in configs}, key=_by_value)]
     if len(groups) > 1:  # spec at one temperature against AR at another would be no crossover of either
         varying = varying_fields(groups)
         named = "; ".join(", ".join(field_text(f, g[f]) for f in varying
