@@ -127,7 +127,7 @@ class EngineSpec:
             raise ValueError(f"unknown dtype {self.dtype!r}: use bfloat16 or float32")
         parse_policy(self.k)
         if self.early_exit_layers < 1:
-            raise ValueError(f"early-exit layers must be >= 1, got {self.early_exit_layers}")
+            raise ValueError(f"--early-exit-layers must be >= 1, got {self.early_exit_layers}")
         if self.max_batch < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.max_batch}")
         if self.tree is not None:
@@ -222,7 +222,7 @@ def load(spec: EngineSpec) -> Loaded:
     elif spec.drafter == "early-exit":
         n = spec.early_exit_layers
         if n >= target.cfg.num_layers:
-            raise ValueError(f"early-exit layers must be < the target's {target.cfg.num_layers} layers, got {n}")
+            raise ValueError(f"--early-exit-layers must be < the target's {target.cfg.num_layers} layers, got {n}")
         label = f"early-exit:{n}"
 
         def factory(slots: int, max_len: int):

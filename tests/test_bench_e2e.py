@@ -178,6 +178,8 @@ def bad_workloads(tmp_path):
     (["--tree", "8", "--k", "3"], "--tree sets the lookahead itself"),
     (["--tree", "8", "--drafter", "early-exit"], "not early-exit drafting"),
     (["--tree", "8", "--backend", "vllm"], "--tree runs on the torch engine"),
+    (["--drafter", "early-exit", "--early-exit-layers", "0"], "--early-exit-layers must be >= 1"),
+    (["--drafter", "early-exit", "--early-exit-layers", "30"], "--early-exit-layers must be below the target's 30 layers"),
 ])
 def test_bad_input_one_line_exit_2(argv, expected, bad_workloads, target_dir, capsys, tmp_path):
     argv = [a.format(**bad_workloads) for a in argv]

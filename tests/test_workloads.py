@@ -67,6 +67,18 @@ def test_good_lines_parse(tmp_path):
     assert load_workload(str(path)) == [a, b]
 
 
+def test_a_byte_order_mark_at_the_start_is_read_past_and_nowhere_else(tmp_path):
+    """Editors on Windows save UTF-8 with a BOM; it is not part of the first JSON object. One later in the
+    file is no BOM but text where JSON was expected, and is named where it is."""
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join([json.dumps(GOOD_PROMPT), json.dumps(GOOD_MESSAGES)]).encode())
+    assert [p.id for p in load_workload(path)] == ["x-001", "x-002"]
+    path.write_bytes("\n".join([json.dumps(GOOD_PROMPT), "\ufeff" + json.dumps(GOOD_MESSAGES)]).encode())
+    with pytest.raises(ValueError, match="malformed JSON") as err:
+        load_workload(path)
+    assert f"{path}:2:" in str(err.value)
+
+
 def test_limit_and_domain_filters(tmp_path):
     assert len(load_workload("code", limit=5)) == 5
     assert [p.id for p in load_workload("code", limit=2)] == ["code-001", "code-002"]

@@ -95,7 +95,8 @@ def _parse_file(path: Path) -> list[Prompt]:
         for lineno, raw in enumerate(fh, 1):
             where = f"{path}:{lineno}"
             try:
-                line = raw.decode("utf-8")
+                # a BOM that editors on Windows write at the start is not part of the first object
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as exc:
                 raise ValueError(f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
                                  "a workload is a UTF-8 JSONL file, one JSON object a line") from None
