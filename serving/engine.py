@@ -166,11 +166,22 @@ class Engine:
             draft_probs = None
             confs = None
             if max(ks) > 0:
-                rules = self.policy.stop_rules(seqs, ks, batch)
-                d = self.drafter.propose(seqs, ks, stop_below=self.policy.stop_below, stop_rules=rules)
-                drafts, draft_probs, confs = d.tokens, d.probs, d.conf
-                for b, stopped in enumerate(d.stopped or ()):
-                    if stopped:
+                # only the sequences that draft this step reach the drafter (as in a tree step): one that opted
+                # out never feeds it (a feature draft keeps no features for it), and no draft is sampled from
+                # the random stream of a sequence that decodes this step as AR would
+                drafting = [b for b, k in enumerate(ks) if k > 0]
+                sub, sub_ks = [seqs[b] for b in drafting], [ks[b] for b in drafting]
+                rules = self.policy.stop_rules(sub, sub_ks, batch)
+                d = self.drafter.propose(sub, sub_ks, stop_below=self.policy.stop_below, stop_rules=rules)
+                if d.probs is not None:
+                    draft_probs = d.probs.new_zeros(batch, *d.probs.shape[1:])
+                    draft_probs[drafting] = d.probs
+                confs = None if d.conf is None else [[] for _ in seqs]
+                for i, b in enumerate(drafting):
+                    drafts[b] = d.tokens[i]
+                    if confs is not None:
+                        confs[b] = d.conf[i]
+                    if d.stopped is not None and d.stopped[i]:
                         reasons[b] += "+stop"  # the draft stopped itself (entropy / cost gating)
             t1 = time.perf_counter()
             # 2) verify: the pending token plus the drafts, one target forward for the whole batch
