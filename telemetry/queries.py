@@ -132,20 +132,16 @@ class Filters:
             if isinstance(p, bool) or not isinstance(p, int | float) or not (0 < p <= 1):  # NaN fails too
                 raise ValueError(f"top_p must be a number in (0, 1], got {p!r}")
             object.__setattr__(self, "top_p", float(p))
-        if self.top_k is not None:
-            k = self.top_k
-            if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
-                raise ValueError(f"top_k must be a whole number >= 0, got {k!r}")
-            if k > MAX_TOP_K:  # runs.top_k is an INTEGER: no run records more
-                raise ValueError(f"top_k must be at most {MAX_TOP_K}, got {k!r}")
-            object.__setattr__(self, "top_k", int(k))
-        if self.max_new_tokens is not None:
-            n = self.max_new_tokens
-            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-                raise ValueError(f"max_new_tokens must be a whole number >= 1, got {n!r}")
-            if n > MAX_NEW_TOKENS:  # runs.max_new_tokens is an INTEGER: no run records more
-                raise ValueError(f"max_new_tokens must be at most {MAX_NEW_TOKENS}, got {n!r}")
-            object.__setattr__(self, "max_new_tokens", int(n))
+        # whole numbers that an INTEGER column holds: no run records more
+        for name, minimum, maximum in (("top_k", 0, MAX_TOP_K), ("max_new_tokens", 1, MAX_NEW_TOKENS)):
+            n = getattr(self, name)
+            if n is None:
+                continue
+            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < minimum:
+                raise ValueError(f"{name} must be a whole number >= {minimum}, got {n!r}")
+            if n > maximum:
+                raise ValueError(f"{name} must be at most {maximum}, got {n!r}")
+            object.__setattr__(self, name, int(n))
         if self.prompt_ids is not None:
             object.__setattr__(self, "prompt_ids", tuple(sorted(str(p) for p in self.prompt_ids)))
         if self.since is not None and self.until is not None and self.since >= self.until:

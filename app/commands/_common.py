@@ -88,19 +88,24 @@ def top_p_filter(text: str | None) -> float | None:
     return value
 
 
-def top_k_filter(text: str | None) -> int | None:
-    """--top-k of a run filter: a whole number >= 0 (None: not given)."""
+def _whole_filter(text: str | None, option: str, minimum: int) -> int | None:
+    """A whole-number run filter option (a 32-bit INTEGER column): None when not given."""
     if text is None:
         return None
     try:
         value = int(text)
     except ValueError:
-        raise UsageError(f"--top-k must be a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise UsageError(f"--top-k must be a whole number >= 0, got {text!r}")
-    if value >= 2**31:  # runs.top_k is a 32-bit INTEGER: no run records more
-        raise UsageError(f"--top-k must be at most {2**31 - 1}, got {text!r}")
+        raise UsageError(f"{option} must be a whole number >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise UsageError(f"{option} must be a whole number >= {minimum}, got {text!r}")
+    if value >= 2**31:  # the column is a 32-bit INTEGER: no run records more
+        raise UsageError(f"{option} must be at most {2**31 - 1}, got {text!r}")
     return value
+
+
+def top_k_filter(text: str | None) -> int | None:
+    """--top-k of a run filter: a whole number >= 0 (None: not given)."""
+    return _whole_filter(text, "--top-k", 0)
 
 
 # The run filter --max-new-tokens of cost, project, report and scheduler (telemetry.queries.Filters): the runs
@@ -112,17 +117,7 @@ MAX_NEW_TOKENS_FILTER_HELP = ("only runs recorded with this answer length cap (b
 
 def max_new_tokens_filter(text: str | None) -> int | None:
     """--max-new-tokens of a run filter: a whole number >= 1 (None: not given)."""
-    if text is None:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise UsageError(f"--max-new-tokens must be a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise UsageError(f"--max-new-tokens must be a whole number >= 1, got {text!r}")
-    if value >= 2**31:  # runs.max_new_tokens is a 32-bit INTEGER: no run records more
-        raise UsageError(f"--max-new-tokens must be at most {2**31 - 1}, got {text!r}")
-    return value
+    return _whole_filter(text, "--max-new-tokens", 1)
 
 
 def check_power_options(power: str, tdp_w: float | None) -> None:
