@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Callable
 from typing import TextIO
 
-from app.commands._common import add_command, add_db_option, run_id
+from app.commands._common import add_command, add_db_option, run_id, sigterm_as_ctrl_c
 from app.errors import UsageError
 
 EXAMPLES = """  specfinops export --what requests --out requests.csv
@@ -108,11 +108,15 @@ def run(args) -> int:
 
         if not run_exists(engine, args.run):
             raise UsageError(f"no run {args.run} in the store (`specfinops cost` lists the runs)")
-    if args.out == "-":
-        header, rows = export_rows(engine, args.what, window)
-        n = write_csv(sys.stdout, header, rows, progress=_progress)
-    else:
-        n = _write_file(args.out, lambda out: write_csv(out, *export_rows(engine, args.what, window), progress=_progress))
+    # SIGTERM (`timeout`, `docker stop`, `kill`) stops the export as Ctrl-C does: the temporary file beside --out
+    # is removed and the file left as it was (SIGTERM's default exit left the half-written temporary file behind)
+    with sigterm_as_ctrl_c("export: SIGTERM: stopping as on Ctrl-C"):
+        if args.out == "-":
+            header, rows = export_rows(engine, args.what, window)
+            n = write_csv(sys.stdout, header, rows, progress=_progress)
+        else:
+            n = _write_file(args.out,
+                            lambda out: write_csv(out, *export_rows(engine, args.what, window), progress=_progress))
     if args.out != "-" or n >= 250_000:
         print(f"export: wrote {n:,} {args.what} rows to {args.out}", file=sys.stderr)
     return 0
