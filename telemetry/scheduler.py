@@ -40,6 +40,7 @@ import logging
 import re
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from pathlib import Path
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.job import Job
@@ -66,6 +67,27 @@ logger = logging.getLogger(__name__)
 JOBS_TABLE = "apscheduler_jobs"  # excluded from Alembic in migrations/env.py (FOREIGN_TABLES)
 JOB_FUNC = "telemetry.scheduler:run_report_job"
 DEFAULT_MISFIRE_GRACE_S = 3600
+
+
+def absolute_db_url(url: str) -> str:
+    """`url` (resolved, see telemetry.db.resolve_db_url) with a relative SQLite file made absolute. A job stores
+    its database URL and may run in a scheduler started from another folder (--keep-other-jobs): a relative
+    path would name another file there (a new, empty store). A server's URL and an absolute path are unchanged."""
+    from sqlalchemy import make_url
+
+    from telemetry.db import sqlite_file
+
+    path = sqlite_file(url)
+    if path is None or path.is_absolute():
+        return url
+    u = make_url(url)
+    database = u.database or ""
+    if Path(database.removeprefix("file:")).is_absolute():
+        return url
+    _, sep, query = url.partition("?")  # the query (?timeout=5, ?mode=ro&uri=true) as written
+    file = f"file:{Path(database.removeprefix('file:')).resolve()}" if database.startswith("file:") else (
+        str(Path(database).resolve()))  # fmt: skip
+    return f"{u.drivername}:///{file}{sep}{query}"
 
 
 def _clock() -> datetime:
@@ -390,7 +412,9 @@ def run_report_job(
                         smtp=smtp, delivery_attempts=delivery_attempts, delivery_backoff_s=delivery_backoff_s,
                         webhook_env=webhook_env, temperature=temperature, kind=kind, top_p=top_p,
                         top_k=top_k, max_new_tokens=max_new_tokens)  # fmt: skip
-        engine = open_store(db_url)
+        # an existing store only: a store gone (or a relative path stored by an earlier version, resolved from
+        # another folder) is one ERROR line, never a new, empty store reported on every period
+        engine = open_store(db_url, must_exist=True)
         try:
             recover_reports(engine, job)
             window = job.runs_of(period_window(period, now=_clock()))

@@ -64,3 +64,61 @@ def test_sigterm_during_an_export_leaves_no_partial_file(sqlite_url, tmp_path):
     assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
     assert sorted(p.name for p in out.iterdir()) == ["requests.csv"]
     assert target.read_text() == "the previous export\n"
+
+
+def _persisted_kwargs(url: str, cwd: Path, monkeypatch, *args: str) -> dict:
+    """Run `specfinops scheduler` from `cwd` (started paused and stopped at once); the job's stored kwargs."""
+    from apscheduler.schedulers.base import BaseScheduler
+    from apscheduler.schedulers.blocking import BlockingScheduler
+
+    from app.cli import main
+    from telemetry.scheduler import persisted_jobs
+
+    monkeypatch.setattr(BlockingScheduler, "start", lambda self, *a, **kw: (BaseScheduler.start(self, paused=True),
+                                                                           BaseScheduler.shutdown(self, wait=False)))
+    monkeypatch.chdir(cwd)
+    assert main(["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", "reports", *args]) == 0
+    engine = open_store(str(cwd / url) if "://" not in url else url)
+    try:
+        return {job.id: job.kwargs for job in persisted_jobs(engine)}
+    finally:
+        engine.dispose()
+
+
+def test_a_scheduled_job_stores_its_sqlite_store_as_an_absolute_path(tmp_path, monkeypatch, capsys):
+    """`--db store.db` (relative) was stored as is: a scheduler started later from another folder (with
+    --keep-other-jobs) ran that job against a NEW empty store it created there, and wrote "no traffic" reports
+    into it every period; the same store named by its absolute path 'replaced' the job (its next run reset)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    _fill(f"sqlite:///{home / 'store.db'}")
+    for url in ("store.db", "sqlite:///store.db"):
+        stored = _persisted_kwargs(url, home, monkeypatch)["report-daily"]
+        assert stored["db_url"] == f"sqlite:///{home / 'store.db'}"
+    capsys.readouterr()
+    _persisted_kwargs(str(home / "store.db"), home, monkeypatch)
+    assert "job report-daily kept" in capsys.readouterr().out  # one store, one job: not 'replaced'
+
+
+def test_a_scheduled_run_never_creates_a_store(tmp_path, caplog):
+    """A job whose store is gone (or a relative path stored by an earlier version, resolved from another
+    folder) fails with one ERROR line naming the store, instead of creating an empty store and reporting on it."""
+    from telemetry.scheduler import run_report_job
+
+    missing = tmp_path / "elsewhere" / "store.db"
+    assert run_report_job(db_url=f"sqlite:///{missing}", out_dir=str(tmp_path / "r"), period="daily",
+                          job_id="report-daily") is None  # fmt: skip
+    assert not missing.exists() and not missing.parent.exists()
+    assert any("no store at" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+
+
+def test_absolute_db_url_keeps_queries_servers_and_memory(tmp_path, monkeypatch):
+    from telemetry.scheduler import absolute_db_url
+
+    monkeypatch.chdir(tmp_path)
+    assert absolute_db_url("sqlite:///sub/x.db?timeout=5") == f"sqlite:///{tmp_path}/sub/x.db?timeout=5"
+    assert absolute_db_url("sqlite:///file:x.db?mode=ro&uri=true") == f"sqlite:///file:{tmp_path}/x.db?mode=ro&uri=true"
+    assert absolute_db_url("sqlite+pysqlite:///y.db") == f"sqlite+pysqlite:///{tmp_path}/y.db"
+    for same in ("sqlite:////abs/x.db", "postgresql+psycopg://u:p@h/db", "sqlite://", "sqlite:///:memory:",
+                 "sqlite:///file:m?mode=memory&uri=true"):  # fmt: skip
+        assert absolute_db_url(same) == same

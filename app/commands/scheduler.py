@@ -100,6 +100,7 @@ def run(args) -> int:
     from telemetry.report_writer import check_out_dir
     from telemetry.scheduler import (
         ReportJob,
+        absolute_db_url,
         describe_job,
         make_scheduler,
         parse_cron,
@@ -130,7 +131,7 @@ def run(args) -> int:
         webhook_from_env(args.webhook_env)
     if args.smtp:
         SmtpSettings.from_env()
-    db_url = resolve_db_url(args.db)
+    db_url = absolute_db_url(resolve_db_url(args.db))  # stored in the job: the same file from any folder
     # every option checked (--job-id, --misfire-grace-s: ReportJob's own checks) before the store is opened and
     # --out is made: bad input leaves no empty folder
     job = ReportJob(job_id=f"report-{args.period}" if args.job_id is None else args.job_id, db_url=db_url,
