@@ -122,3 +122,31 @@ def test_absolute_db_url_keeps_queries_servers_and_memory(tmp_path, monkeypatch)
     for same in ("sqlite:////abs/x.db", "postgresql+psycopg://u:p@h/db", "sqlite://", "sqlite:///:memory:",
                  "sqlite:///file:m?mode=memory&uri=true"):  # fmt: skip
         assert absolute_db_url(same) == same
+
+
+def test_db_downgrade_base_drops_the_scheduler_jobs_too(empty_store, tmp_path, capsys):
+    """'base' drops everything: the scheduler's job table stayed, so `scheduler --list` then called the store
+    "not specfinops's" (its table apscheduler_jobs), and after `db upgrade` the dropped store's jobs came back
+    and ran (with their old output folders and webhooks)."""
+    from sqlalchemy import inspect
+
+    from app.cli import main
+    from telemetry.scheduler import JOBS_TABLE, ReportJob, make_scheduler, parse_cron, schedule_report_job
+
+    engine = open_store(empty_store)
+    scheduler = make_scheduler(engine)
+    schedule_report_job(scheduler, engine, ReportJob(job_id="old", db_url=empty_store, out_dir=str(tmp_path)),
+                        parse_cron("0 6 * * *"))  # fmt: skip
+    scheduler.start(paused=True)
+    scheduler.shutdown(wait=False)
+    engine.dispose()
+    assert main(["db", "downgrade", "base", "--db", empty_store]) == 0
+    assert "scheduler's job table" in capsys.readouterr().out
+    engine = open_store(empty_store)  # upgraded again, as `db upgrade` does
+    try:
+        assert JOBS_TABLE not in inspect(engine).get_table_names()
+    finally:
+        engine.dispose()
+    capsys.readouterr()
+    assert main(["scheduler", "--db", empty_store, "--list"]) == 0
+    assert "no jobs in the store" in capsys.readouterr().out

@@ -156,7 +156,29 @@ def _downgrade(args: argparse.Namespace) -> int:
     _db_option(args)
     _refuse_missing_file(args, "downgrade")
     _run_alembic(args, "downgrade", args.revision)
+    if args.revision == "base":
+        _drop_scheduler_jobs(args)
     return _current(args)
+
+
+def _drop_scheduler_jobs(args: argparse.Namespace) -> None:
+    """'base' drops everything, the scheduler's job table too (APScheduler's, which Alembic leaves alone): kept,
+    it made the emptied database "not a store" to every command, and `db upgrade` brought its jobs back to run."""
+    from sqlalchemy import inspect, text
+
+    from telemetry.db import make_engine, resolve_db_url
+    from telemetry.scheduler import JOBS_TABLE
+
+    engine = make_engine(resolve_db_url(args.db))
+    try:
+        with engine.begin() as c:
+            if JOBS_TABLE not in inspect(c).get_table_names():
+                return
+            n = c.execute(text(f"SELECT COUNT(*) FROM {JOBS_TABLE}")).scalar() or 0
+            c.execute(text(f"DROP TABLE {JOBS_TABLE}"))
+    finally:
+        engine.dispose()
+    print(f"dropped the scheduler's job table ({n} job{'' if n == 1 else 's'})")
 
 
 def _current(args: argparse.Namespace) -> int:
