@@ -107,6 +107,19 @@ def test_db_check_of_a_database_behind_head_names_the_upgrade_on_both_stores(db_
     assert f"is at revision 0001, behind head {head_revision()}; `specfinops db upgrade --db " in err, err
 
 
+@pytest.mark.postgres
+def test_db_check_suggests_an_upgrade_that_runs_and_never_prints_a_password(pg_url, capsys):
+    """The masked form of a URL with a password ('postgres:***@') is no --db that runs: the command says URL."""
+    secret = pg_url.replace("://postgres@", "://postgres:s3cret@", 1)  # trust auth takes any password
+    assert secret != pg_url
+    make_engine(secret).connect().close()
+    assert cli_main(["db", "check", "--db", secret]) == 2
+    err = capsys.readouterr().err
+    assert "`specfinops db upgrade --db URL`" in err and "s3cret" not in err and "***" in err, err
+    assert cli_main(["db", "check", "--db", pg_url]) == 2  # no password: the URL itself, ready to paste
+    assert f"`specfinops db upgrade --db {pg_url}`" in capsys.readouterr().err
+
+
 def test_db_command_errors_are_one_line(empty_store, capsys):
     assert cli_main(["db", "downgrade", "nosuchrev", "--db", empty_store]) == 2
     assert "Can't locate revision identified by 'nosuchrev'" in capsys.readouterr().err

@@ -111,7 +111,7 @@ def _refuse_behind_head(args: argparse.Namespace, action: str) -> None:
     if rev == head or (rev and rev not in known_revisions()):  # a newer specfinops's revision: Alembic says so
         return
     path = sqlite_file(url)
-    upgrade = "specfinops db upgrade" + ("" if args.db is None else f" --db {path or _safe_url(url)}")
+    upgrade = "specfinops db upgrade" + ("" if args.db is None else f" --db {path or _runnable_url(url)}")
     where = "has no schema yet" if not rev else f"is at revision {rev}, behind head {head}"
     raise UsageError(f"{action} on {_safe_url(url)}: the database {where}; `{upgrade}` brings it up to date")
 
@@ -219,3 +219,11 @@ def _safe_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
+
+
+def _runnable_url(url: str) -> str:
+    """A server URL as a suggested command's --db: as given where it has no password; 'URL' where it has one,
+    whose masked form ('postgres:***@') would not run as written, and which is never printed."""
+    from sqlalchemy.engine import make_url
+
+    return "URL" if make_url(url).password else _safe_url(url)
