@@ -120,6 +120,26 @@ def test_db_check_suggests_an_upgrade_that_runs_and_never_prints_a_password(pg_u
     assert f"`specfinops db upgrade --db {pg_url}`" in capsys.readouterr().err
 
 
+def test_db_downgrade_of_a_database_without_schema_says_so(db_url, capsys):
+    make_engine(db_url).connect().close()  # the database exists (a SQLite file too), with no schema
+    assert cli_main(["db", "downgrade", "0003", "--db", db_url]) == 2
+    err = capsys.readouterr().err
+    assert "the database has no schema, so there is nothing to downgrade to 0003" in err, err
+    assert "not a valid downgrade target" not in err and len(err.strip().splitlines()) == 1
+    assert cli_main(["db", "downgrade", "base", "--db", db_url]) == 0  # already there: nothing to do
+    assert "(no schema)" in capsys.readouterr().out
+
+
+@pytest.mark.postgres
+def test_db_upgrade_backwards_suggests_a_downgrade_that_runs(pg_url, capsys):
+    secret = pg_url.replace("://postgres@", "://postgres:s3cret@", 1)
+    assert cli_main(["db", "upgrade", "--db", secret]) == 0
+    capsys.readouterr()
+    assert cli_main(["db", "upgrade", "0001", "--db", secret]) == 2
+    err = capsys.readouterr().err
+    assert "`specfinops db downgrade 0001 --db URL`" in err and "s3cret" not in err, err
+
+
 def test_db_command_errors_are_one_line(empty_store, capsys):
     assert cli_main(["db", "downgrade", "nosuchrev", "--db", empty_store]) == 2
     assert "Can't locate revision identified by 'nosuchrev'" in capsys.readouterr().err

@@ -140,7 +140,7 @@ def _refuse_upgrade_backwards(args: argparse.Namespace) -> None:
     if target is None or target.revision == rev:
         return
     if target.revision in {r.revision for r in script.iterate_revisions(rev, "base")}:
-        where = "" if args.db is None else f" --db {path or _safe_url(url)}"
+        where = "" if args.db is None else f" --db {path or _runnable_url(url)}"
         raise UsageError(f"upgrade on {_safe_url(url)}: the database is at revision {rev}, already past "
                          f"{target.revision}; `specfinops db downgrade {target.revision}{where}` goes back to it")
 
@@ -152,9 +152,22 @@ def _upgrade(args: argparse.Namespace) -> int:
     return _current(args)
 
 
+def _refuse_downgrade_without_schema(args: argparse.Namespace) -> None:
+    """`db downgrade REV` of a database with no schema: nothing to go back from (Alembic says only "Destination
+    REV is not a valid downgrade target from current head(s)"). 'base' is already where it is: a no-op."""
+    from app.errors import UsageError
+    from telemetry.db import resolve_db_url
+
+    url = resolve_db_url(args.db)
+    if args.revision != "base" and _revision_of(url) is None:
+        raise UsageError(f"downgrade on {_safe_url(url)}: the database has no schema, so there is nothing to "
+                         f"downgrade to {args.revision}; `specfinops db current` says where a store is")
+
+
 def _downgrade(args: argparse.Namespace) -> int:
     _db_option(args)
     _refuse_missing_file(args, "downgrade")
+    _refuse_downgrade_without_schema(args)
     _run_alembic(args, "downgrade", args.revision)
     if args.revision == "base":
         _drop_scheduler_jobs(args)
