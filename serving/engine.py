@@ -173,7 +173,9 @@ class Engine:
                 sub, sub_ks = [seqs[b] for b in drafting], [ks[b] for b in drafting]
                 rules = self.policy.stop_rules(sub, sub_ks, batch)
                 d = self.drafter.propose(sub, sub_ks, stop_below=self.policy.stop_below, stop_rules=rules)
-                if d.probs is not None:
+                if d.probs is not None and len(drafting) == batch:
+                    draft_probs = d.probs  # every sequence drafts (a bench run, most steps): rows already in order
+                elif d.probs is not None:
                     draft_probs = d.probs.new_zeros(batch, *d.probs.shape[1:])
                     draft_probs[drafting] = d.probs
                 confs = None if d.conf is None else [[] for _ in seqs]
