@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.engine import Engine
 
 from telemetry.db import PowerSample, Request, Run, Step, TokenEvent
@@ -28,11 +28,51 @@ YIELD_PER = 10_000
 
 @dataclass(frozen=True, slots=True)
 class ExportWindow:
-    """Which rows to export: request/sample time in [since, until), optionally one run."""
+    """Which rows to export: request/sample time in [since, until), optionally one run, and optionally only the
+    runs of one workload, target, node, mode or run kind, or only the rows sampled one way.
+
+    The sampling selectors (temperature, top_p, top_k, max_new_tokens) read each request's own values where
+    it recorded them (a server's requests each choose theirs) and else its run's, so a requests, steps or
+    tokens export holds exactly the rows whose requests CSV columns show the value asked for. Power samples and
+    the cost rows are per run: they read the run's values (a server's run records none, so matches no value).
+    At temperature 0 top_p and top_k are off whatever was recorded: greedy rows match top_p 1 and top_k 0 only.
+    An unknown value (NULL) matches nothing."""
 
     since: datetime | None = None
     until: datetime | None = None
     run_id: int | None = None
+    workload: str | None = None
+    target: str | None = None
+    node_id: str | None = None
+    mode: str | None = None
+    kind: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_new_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        # the run filters' checks (mode and kind names, sampling ranges, since < until), and their normalised values
+        f = self.run_filters()
+        for name in ("temperature", "top_p", "top_k", "max_new_tokens"):
+            object.__setattr__(self, name, getattr(f, name))
+
+    def run_filters(self):
+        """The same selection as `queries.Filters`, read at the run level (the cost rows, power samples)."""
+        from telemetry.queries import Filters
+
+        return Filters(since=self.since, until=self.until, run_ids=None if self.run_id is None else (self.run_id,),
+                       workload=self.workload, target=self.target, node_id=self.node_id, mode=self.mode,
+                       kind=self.kind, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                       max_new_tokens=self.max_new_tokens)
+
+    def selects_runs(self) -> bool:
+        """Whether any selector beyond the time window and the run id is set."""
+        return any(getattr(self, name) is not None for name in RUN_SELECTORS + SAMPLING_SELECTORS)
+
+
+RUN_SELECTORS = ("workload", "target", "node_id", "mode", "kind")
+SAMPLING_SELECTORS = ("temperature", "top_p", "top_k", "max_new_tokens")
 
 
 def parse_when(value: str | None, name: str) -> datetime | None:
@@ -74,13 +114,41 @@ def _tpot_ms():
     return (Request.e2e_ms - Request.ttft_ms) / func.nullif(Request.output_tokens - 1, 0)
 
 
+def _cutoff(temperature, column, value: float | int, off: float | int):
+    """SQL: a cut-off (top_p, top_k) acts as `value`: greedy (temperature 0) counts as off whatever was recorded."""
+    greedy = temperature == 0
+    if value == off:
+        return or_(greedy, column == value)
+    return and_(column == value, or_(temperature.is_(None), ~greedy))
+
+
+def _run_selectors(stmt: Select, window: ExportWindow) -> Select:
+    for name, column in zip(RUN_SELECTORS, (Run.workload, Run.target, Run.node_id, Run.mode, Run.kind), strict=True):
+        value = getattr(window, name)
+        if value is not None:
+            stmt = stmt.where(column == value)
+    return stmt
+
+
 def _request_window(stmt: Select, window: ExportWindow) -> Select:
+    """The window on a statement over requests (joined to runs): its time, run, run selectors and sampling, the
+    sampling read per request (its own value, else its run's: the requests CSV's columns)."""
     if window.since is not None:
         stmt = stmt.where(Request.started_at >= window.since)
     if window.until is not None:
         stmt = stmt.where(Request.started_at < window.until)
     if window.run_id is not None:
         stmt = stmt.where(Request.run_id == window.run_id)
+    stmt = _run_selectors(stmt, window)
+    temperature = func.coalesce(Request.temperature, Run.temperature)
+    if window.temperature is not None:
+        stmt = stmt.where(temperature == window.temperature)
+    if window.top_p is not None:
+        stmt = stmt.where(_cutoff(temperature, func.coalesce(Request.top_p, Run.top_p), window.top_p, 1.0))
+    if window.top_k is not None:
+        stmt = stmt.where(_cutoff(temperature, func.coalesce(Request.top_k, Run.top_k), window.top_k, 0))
+    if window.max_new_tokens is not None:
+        stmt = stmt.where(func.coalesce(Request.max_new_tokens, Run.max_new_tokens) == window.max_new_tokens)
     return stmt
 
 
@@ -141,6 +209,7 @@ def steps_query(window: ExportWindow) -> Select:
             Step.t_offset_ms,
         )
         .join(Request, Request.id == Step.request_id)
+        .join(Run, Run.id == Request.run_id)
         .order_by(Step.id)
     )
     return _request_window(stmt, window)
@@ -158,6 +227,7 @@ def tokens_query(window: ExportWindow) -> Select:
             TokenEvent.source,
         )
         .join(Request, Request.id == TokenEvent.request_id)
+        .join(Run, Run.id == Request.run_id)
         .order_by(TokenEvent.id)
     )
     return _request_window(stmt, window)
@@ -180,6 +250,17 @@ def power_query(window: ExportWindow) -> Select:
         stmt = stmt.where(PowerSample.t < window.until)
     if window.run_id is not None:
         stmt = stmt.where(PowerSample.run_id == window.run_id)
+    if window.selects_runs():  # a sample belongs to a run, not a request: the run's own values
+        from telemetry.queries import cutoff_matches
+
+        stmt = _run_selectors(stmt.join(Run, Run.id == PowerSample.run_id), window)
+        for column, value in ((Run.temperature, window.temperature), (Run.max_new_tokens, window.max_new_tokens)):
+            if value is not None:
+                stmt = stmt.where(column == value)
+        if window.top_p is not None:
+            stmt = stmt.where(cutoff_matches(Run.top_p, window.top_p, off=1.0))
+        if window.top_k is not None:
+            stmt = stmt.where(cutoff_matches(Run.top_k, window.top_k, off=0))
     return stmt
 
 
@@ -217,11 +298,7 @@ def cost_rows(engine: Engine, window: ExportWindow, *, filters=None) -> tuple[li
     from telemetry import costing, queries  # lazy: only the cost export needs the FinOps aggregations
 
     if filters is None:
-        filters = queries.Filters(
-            since=window.since,
-            until=window.until,
-            run_ids=(window.run_id,) if window.run_id is not None else None,
-        )
+        filters = window.run_filters()
     run_costs, _ = costing.costs(engine, filters)
 
     def rows() -> Iterator[Sequence[Any]]:

@@ -7,17 +7,32 @@ import os
 import stat
 import sys
 import tempfile
+import textwrap
 from collections.abc import Callable
 from typing import TextIO
 
-from app.commands._common import add_command, add_db_option, run_id, sigterm_as_ctrl_c
+from app.commands._common import (
+    add_command,
+    add_db_option,
+    max_new_tokens_filter,
+    number_option,
+    run_id,
+    sigterm_as_ctrl_c,
+    top_k_filter,
+    top_p_filter,
+)
 from app.errors import UsageError
 
 EXAMPLES = """  specfinops export --what requests --out requests.csv
   specfinops export --what tokens --run 3 --out - | head
   specfinops export --what cost --since 2025-01-01 --until 2025-02-01 --out cost-january.csv
   specfinops export --db postgresql://user@db/specfinops --what power --out power.csv
+  specfinops export --what requests --workload code --mode spec --out spec-code.csv
+  specfinops export --what steps --temperature 0.8 --top-k 40 --max-new-tokens 128 --out sampled-steps.csv
 """
+
+SAMPLING_NOTE = ("requests, steps and tokens: each request's own sampling where it recorded one (a server's "
+                 "requests choose theirs), else its run's; power and cost: the run's")
 
 
 def register(sub) -> None:
@@ -30,6 +45,20 @@ def register(sub) -> None:
     p.add_argument("--since", metavar="ISO", help="only rows at or after this time (UTC unless an offset is given)")
     p.add_argument("--until", metavar="ISO", help="only rows before this time")
     p.add_argument("--run", type=run_id, metavar="ID", help="only this run")
+    runs = p.add_argument_group("run selection (every option narrows; default: every run)")
+    runs.add_argument("--workload", help="only runs of this workload")
+    runs.add_argument("--target", help="only runs of this target model")
+    runs.add_argument("--node", help="only runs of this node id")
+    runs.add_argument("--mode", choices=("spec", "ar"), help="only speculative or only autoregressive runs")
+    runs.add_argument("--run-kind", choices=("bench", "loadtest", "serve"), help="only runs of this kind")
+    sampling = p.add_argument_group("sampling selection", textwrap.fill(
+        f"{SAMPLING_NOTE}. At temperature 0 top_p and top_k are off whatever was recorded (greedy rows match top_p "
+        "1 and top_k 0 only); a value that was not recorded matches nothing.", 78))
+    sampling.add_argument("--temperature", metavar="T", help="only rows sampled at this temperature (e.g. 0)")
+    sampling.add_argument("--top-p", metavar="P", help="only rows sampled with this top_p, in (0, 1]")
+    sampling.add_argument("--top-k", metavar="K", help="only rows sampled with this top_k, a whole number >= 0")
+    sampling.add_argument("--max-new-tokens", metavar="N",
+                          help="only rows with this answer length cap, a whole number >= 1")
 
 
 def _progress(n: int) -> None:
@@ -96,9 +125,16 @@ def run(args) -> int:
 
     if args.what not in EXPORT_KINDS:
         raise UsageError(f"--what must be one of {', '.join(EXPORT_KINDS)}, got {args.what!r}")
-    window = ExportWindow(since=parse_when(args.since, "--since"), until=parse_when(args.until, "--until"), run_id=args.run)
-    if window.since and window.until and window.since >= window.until:
+    since, until = parse_when(args.since, "--since"), parse_when(args.until, "--until")
+    if since and until and since >= until:
         raise UsageError(f"--since ({args.since}) must be before --until ({args.until})")
+    window = ExportWindow(
+        since=since, until=until, run_id=args.run, workload=args.workload, target=args.target, node_id=args.node,
+        mode=args.mode, kind=args.run_kind,
+        temperature=number_option("--temperature", args.temperature, minimum=0, strict=False),
+        top_p=top_p_filter(args.top_p), top_k=top_k_filter(args.top_k),
+        max_new_tokens=max_new_tokens_filter(args.max_new_tokens),
+    )
 
     if args.out != "-":
         _check_out(args.out)
@@ -119,4 +155,7 @@ def run(args) -> int:
                             lambda out: write_csv(out, *export_rows(engine, args.what, window), progress=_progress))
     if args.out != "-" or n >= 250_000:
         print(f"export: wrote {n:,} {args.what} rows to {args.out}", file=sys.stderr)
+    if n == 0 and window.selects_runs():
+        print(f"export: no {args.what} rows match the selection (`specfinops cost --json` lists the runs with "
+              "their workload, mode and sampling)", file=sys.stderr)
     return 0
