@@ -295,7 +295,7 @@ COST_HEADER = [
 def cost_rows(engine: Engine, window: ExportWindow, *, filters=None) -> tuple[list[str], Iterator[Sequence[Any]]]:
     """Per-run cost per 1M tokens, from the shared aggregations (one implementation of every figure).
     `filters` (queries.Filters), where given, choose the runs instead of `window` (a report's runs)."""
-    from telemetry import costing, queries  # lazy: only the cost export needs the FinOps aggregations
+    from telemetry import costing  # lazy: only the cost export needs the FinOps aggregations
 
     if filters is None:
         filters = window.run_filters()
