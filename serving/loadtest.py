@@ -596,11 +596,11 @@ def shared_store(engine, card: dict) -> SharedStore | None:
 
 
 def loadtest_run_info(card: dict, mode: str, level: int, workload: str, temperature: float, node_id: str,
-                      power_source: str = "none", *, max_tokens: int | None = None):
+                      power_source: str = "none", *, max_tokens: int | None = None, invocation_id: str | None = None):
     """A 'loadtest' run: this machine's device (loopback: the server runs here), the server's model, and the
     server's power source when its power samples give the requests their energy (`ServerPower`). Its sampling is
     what every request asks for: `temperature` and `max_tokens`; no top_p, top_k or seed is sent, so top_p 1 and
-    top_k 0 (off, the API's defaults) and no seed."""
+    top_k 0 (off, the API's defaults) and no seed. `invocation_id`: the load test's, shared by all its runs."""
     import socket
 
     from serving.worker import device_name, software_version
@@ -613,7 +613,7 @@ def loadtest_run_info(card: dict, mode: str, level: int, workload: str, temperat
         target=str(card.get("root") or card["id"]), drafter=extra.get("drafter") if mode == "spec" else None,
         k_policy=extra.get("k_policy", "unknown") if mode == "spec" else "none", temperature=temperature,
         workload=workload, power_source=power_source, software_version=software_version(), concurrency=level,
-        kind="loadtest", top_p=1.0, top_k=0, seed=None, max_new_tokens=max_tokens,
+        kind="loadtest", top_p=1.0, top_k=0, seed=None, max_new_tokens=max_tokens, invocation_id=invocation_id,
     )
 
 
@@ -621,7 +621,7 @@ async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, 
                        shared: SharedStore | None = None, card: dict | None = None, node_id: str = "",
                        say: Callable[[str], None] = lambda m: None,
                        progress: Callable[[str, int], Callable[[float, int, int, bool], None]] | None = None,
-                       results: list[LevelResult] | None = None) -> list[LevelResult]:
+                       results: list[LevelResult] | None = None, invocation_id: str | None = None) -> list[LevelResult]:
     """Every level x mode in turn; each stored as a run when `recorder` is given. `shared` (the server
     records into the recorder's store too, `shared_store`): its key goes with every request, so the server
     leaves these requests to the load test's runs, and they carry the energy its power samples give them.
@@ -629,10 +629,15 @@ async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, 
     (its run 'failed'); Ctrl-C ends the level's run 'cancelled'. `progress(mode, level)`, when given,
     returns the level's `on_progress` (see run_level); without it each level is announced through `say`.
     `results`, when given, is the list returned, filled as each level ends: what ran when Ctrl-C stops the
-    load test (the level it stopped is there too, `interrupted`, with its requests until then)."""
+    load test (the level it stopped is there too, `interrupted`, with its requests until then).
+    `invocation_id` (a fresh uuid4 hex when None) goes on every run: speedups pair this load test's spec and AR
+    levels, measured against the same server under the same conditions."""
+    import uuid
+
     from serving.server_telemetry import RECORDED_IN_HEADER
 
     spec.validate()
+    invocation_id = invocation_id or uuid.uuid4().hex
     if recorder is None:
         shared = None
     client = _client(spec, headers={RECORDED_IN_HEADER: shared.key} if shared is not None else None)
@@ -649,7 +654,8 @@ async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, 
                 if recorder is not None:
                     run_id = recorder.start_run(loadtest_run_info(
                         card, mode, level, workload, spec.temperature, node_id,
-                        shared.power_source if measured else "none", max_tokens=spec.max_tokens))
+                        shared.power_source if measured else "none", max_tokens=spec.max_tokens,
+                        invocation_id=invocation_id))
                 seen: list[ClientResult] = []  # every request the level records, whatever way it ends
 
                 def sink(r: ClientResult, rid: int | None = run_id, seen: list[ClientResult] = seen) -> None:

@@ -410,14 +410,15 @@ def device_name(config: VllmConfig) -> str:
 
 
 def run_info(engine: VllmEngine, *, workload: str, params: SamplingParams, node_id: str, power_source: str,
-             concurrency: int, kind: str = "bench") -> RunInfo:
+             concurrency: int, kind: str = "bench", invocation_id: str | None = None) -> RunInfo:
+    """The run row of one (mode, level); `invocation_id` is the bench invocation's, shared by all its runs."""
     cfg = engine.config
     return RunInfo(
         mode=engine.mode, node_id=node_id, hostname=socket.gethostname(), device=device_name(cfg), backend="vllm",
         dtype=cfg.dtype, target=cfg.target, drafter=cfg.drafter_label, k_policy=engine.k_policy,
         temperature=params.temperature, workload=workload, power_source=power_source,
         software_version=software_version(engine.vllm), top_p=params.top_p, concurrency=concurrency, kind=kind,
-        top_k=params.top_k, seed=params.seed, max_new_tokens=params.max_new_tokens,
+        top_k=params.top_k, seed=params.seed, max_new_tokens=params.max_new_tokens, invocation_id=invocation_id,
     )
 
 
@@ -474,9 +475,12 @@ class ReportView:
 def run_bench(config: VllmConfig, prompts: list[Prompt], params: SamplingParams, modes: list[str],
               levels: list[int], *, workload: str, node_id: str, power: str = "auto", tdp_w: float | None = None,
               db_url: str | None = None, record: bool = True, modules: tuple[ModuleType, ModuleType] | None = None,
-              nvml: Any | None = None) -> tuple[list[tuple[int, VllmModeResult]], ReportView]:
+              nvml: Any | None = None, invocation_id: str | None = None,
+              ) -> tuple[list[tuple[int, VllmModeResult]], ReportView]:
     """Each mode on its own engine (built, warmed up, run at every concurrency level, shut down), each
-    (mode, level) recorded as one run with its power samples; returns the results for bench's report."""
+    (mode, level) recorded as one run with its power samples; returns the results for bench's report. Every
+    run carries `invocation_id` (a fresh uuid4 hex when None): speedups pair the spec and AR runs of one call."""
+    import uuid
     from dataclasses import replace
 
     from telemetry.power import detect_power_source
@@ -490,6 +494,7 @@ def run_bench(config: VllmConfig, prompts: list[Prompt], params: SamplingParams,
 
         recorder = Recorder(open_store(db_url))
     source = detect_power_source(power, tdp_w=tdp_w, nvml=nvml)
+    invocation_id = invocation_id or uuid.uuid4().hex
     results: list[tuple[int, VllmModeResult]] = []
     try:
         for mode in modes:
@@ -503,7 +508,7 @@ def run_bench(config: VllmConfig, prompts: list[Prompt], params: SamplingParams,
                 warm_up(engine, encoded)
                 for level in levels:
                     info = run_info(engine, workload=workload, params=params, node_id=node_id,
-                                    power_source=source.source, concurrency=level)
+                                    power_source=source.source, concurrency=level, invocation_id=invocation_id)
                     with recorded_run(recorder, source, info) as (run_id, sampler):
                         on_request = (lambda res, rid=run_id: recorder.record_request(rid, res.record)) if recorder else None
                         res = run_prompts(engine, prompts, encoded, params, concurrency=level, sampler=sampler,

@@ -443,9 +443,12 @@ def default_node_id() -> str:
 
 
 def run_info(loaded: Loaded, mode: str, *, workload: str, params: SamplingParams | None, node_id: str,
-             power_source: str, concurrency: int, kind: str = "bench", k_policy: str) -> RunInfo:
+             power_source: str, concurrency: int, kind: str = "bench", k_policy: str,
+             invocation_id: str | None = None) -> RunInfo:
     """The run row of one mode. `params` None: each request brings its own sampling (a server), so the run
-    records none and its requests record theirs."""
+    records none and its requests record theirs. `invocation_id`: the command invocation's id, the same on every
+    run it records (a bench's modes, turns and concurrency levels), so speedups pair its spec and AR runs; None
+    for a server's run (one run per server lifetime, nothing to pair it with)."""
     return RunInfo(
         mode=mode, node_id=node_id, hostname=socket.gethostname(), device=device_name(), backend="torch",
         dtype=loaded.spec.dtype, target=str(loaded.target_dir), drafter=loaded.drafter_label if mode == "spec" else None,
@@ -453,5 +456,5 @@ def run_info(loaded: Loaded, mode: str, *, workload: str, params: SamplingParams
         power_source=power_source, software_version=software_version(loaded.spec.dtype),
         top_p=params.top_p if params else None, concurrency=concurrency, kind=kind,
         top_k=params.top_k if params else None, seed=params.seed if params else None,
-        max_new_tokens=params.max_new_tokens if params else None,
+        max_new_tokens=params.max_new_tokens if params else None, invocation_id=invocation_id,
     )

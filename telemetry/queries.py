@@ -24,7 +24,8 @@ Public API:
     mode_summaries(engine, filters=None) -> list[ModeSummary]
     config_summaries(engine, filters=None) -> list[ConfigSummary]  (runs pooled per configuration)
     acceptance_by_domain(engine, filters=None) -> list[DomainAcceptance]
-    speedups(engine, filters=None) -> list[Speedup]
+    speedups(engine, filters=None) -> list[Speedup]  (pooled, and paired per invocation: `invocation_speedups`)
+    paired_text(speedup) -> str  (the paired figures in words, flagging a pooled figure outside them)
     percentile(values, q) -> float | None
 
 Costs and node projections over these figures live in telemetry.costing (run_cost, costs,
@@ -240,6 +241,7 @@ class RunSummary:
     top_k: int | None = None  # 0 = off
     seed: int | None = None
     max_new_tokens: int | None = None
+    invocation_id: str | None = None  # the command invocation that recorded it; None: before 0011, or a server's
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,6 +344,21 @@ class Speedup:
     top_p: float | None = None  # None: unknown (runs recorded before it was, server runs)
     top_k: int | None = None
     max_new_tokens: int | None = None  # the answer length cap; None: unknown (as top_p)
+    # the paired figures: per command invocation (a bench, a load test) that recorded both this spec configuration
+    # and its AR baseline, its own spec tokens/s / AR tokens/s over the prompts both its modes ran, oldest
+    # invocation first; () where none did (runs recorded before invocations were, server runs, modes measured by
+    # separate commands). `speedup` pools every invocation's runs; these do not (`paired_text`)
+    invocation_speedups: tuple[float, ...] = ()
+    invocation_ids: tuple[str, ...] = ()  # the invocations of invocation_speedups, in the same order
+
+    @property
+    def pooled_outside_paired(self) -> bool:
+        """The pooled speedup lies outside the range of the paired ones, at the two decimals shown (False where
+        there is no paired figure)."""
+        if self.speedup is None or not self.invocation_speedups:
+            return False
+        lo, hi = (round(x, 2) for x in (min(self.invocation_speedups), max(self.invocation_speedups)))
+        return not lo <= round(self.speedup, 2) <= hi
 
     @property
     def label(self) -> str:
@@ -350,6 +367,47 @@ class Speedup:
         shown together differ in it (the Overview's range; the tables' max new tokens column)."""
         t = "per-request temperatures" if self.temperature is None else f"temperature {self.temperature:g}"
         return f"{t}{cutoffs_text(self.top_p, self.top_k, self.temperature)}, {self.kind} runs, {self.prompts}"
+
+
+PAIRED_NONE = "no paired invocation"
+PAIRED_DISTRUST = "the modes ran under different conditions in different invocations"
+
+
+def paired_text(s: Speedup, *, flag: bool = True) -> str:
+    """The paired speedups in words: '1.93x in 1 paired invocation', '1.88x / 1.93x / 2.00x over 3 paired
+    invocations', 'median 1.93x (1.88-2.00x) over 5 paired invocations'; with `flag`, followed by
+    `pooled_outside_text` where the pooled figure lies outside them. Where no invocation recorded both modes it
+    says so and why (never a 0)."""
+    xs = s.invocation_speedups
+    if not xs:
+        if not s.ar_run_ids:
+            return f"{PAIRED_NONE} (no AR runs)"
+        if s.kind == "serve":
+            return f"{PAIRED_NONE}: a server's runs are not paired (each mode serves the requests sent to it)"
+        return (f"{PAIRED_NONE}: no one bench or load test recorded both this configuration and its AR baseline "
+                "(runs recorded before specfinops kept invocations, or the modes measured by separate commands), "
+                "so the speedup compares runs made at different times")
+    n = len(xs)
+    if n == 1:
+        text = f"{xs[0]:.2f}x in 1 paired invocation"
+    elif n <= 3:
+        text = f"{' / '.join(f'{x:.2f}x' for x in xs)} over {n} paired invocations"
+    else:
+        text = f"median {percentile(list(xs), 50):.2f}x ({min(xs):.2f}-{max(xs):.2f}x) over {n} paired invocations"
+    if flag and s.pooled_outside_paired:
+        text += f"; {pooled_outside_text(s)}"
+    return text
+
+
+def pooled_outside_text(s: Speedup) -> str:
+    """'pooled 2.36x lies outside the paired range: ...' where `s.pooled_outside_paired`, else ''."""
+    if not s.pooled_outside_paired:
+        return ""
+    xs = s.invocation_speedups
+    where = (f"differs from the paired {xs[0]:.2f}x" if len(xs) == 1
+             else f"lies outside the paired range ({min(xs):.2f}-{max(xs):.2f}x)")
+    trust = "figure" if len(xs) == 1 else "figures"
+    return f"pooled {s.speedup:.2f}x {where}: {PAIRED_DISTRUST}; trust the paired {trust}"
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -594,6 +652,7 @@ def run_summaries(engine: Engine, filters: Filters | None = None) -> list[RunSum
                 top_k=run.top_k,
                 seed=run.seed,
                 max_new_tokens=run.max_new_tokens,
+                invocation_id=run.invocation_id,
             )
         )
     return out
@@ -807,12 +866,22 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
     over all their requests; where the sets differ, both modes are restricted to the prompts both ran (each
     run's wall time then is the time those requests were in flight, as under a domain filter); where no
     prompt is shared, or the runs recorded none (a server's runs), it is over all requests and `prompts` says
-    the prompts were not matched."""
+    the prompts were not matched.
+
+    Paired figures (`invocation_speedups`): the same ratio within each command invocation that recorded both
+    the spec configuration and its AR baseline (runs.invocation_id), with the same prompt rule within it. One
+    `bench --mode both` interleaves the modes so both see the same machine conditions; the pooled figure also
+    mixes invocations made under different ones (an AR-only bench on a loaded machine pooled with an idle
+    one's spec runs read 2.36x where every paired invocation measured about 1.9x)."""
     filters = filters or Filters()
     runs = run_summaries(engine, filters)
     totals: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
     ids: dict[tuple, list[int]] = defaultdict(list)
+    runs_of: dict[tuple, list[RunSummary]] = defaultdict(list)
+    first_start: dict[str, datetime] = {}  # invocation -> its first run's start (runs come oldest first)
     for r in runs:
+        if r.invocation_id is not None:
+            first_start.setdefault(r.invocation_id, r.started_at)
         if r.stats.wall_s is None or not r.stats.output_tokens:
             continue
         base = _SpeedupBase(r.workload, r.target, r.device, r.dtype, r.concurrency, r.temperature,
@@ -821,6 +890,7 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
         totals[key][0] += r.stats.output_tokens
         totals[key][1] += r.stats.wall_s
         ids[key].append(r.run_id)
+        runs_of[key].append(r)
 
     def order(k: tuple) -> tuple:  # numbers by number (1, 2, 16, not 1, 16, 2), None first; the rest by name
         b = k[0]
@@ -829,6 +899,7 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
                 *(str(x) for x in k[1:]))
 
     prompt_ids = _prompt_ids(engine, filters) if any(k[1] == "spec" for k in totals) else {}
+    paired = _paired(engine, filters, runs_of, prompt_ids, first_start)
     out = []
     for key in sorted((k for k in totals if k[1] == "spec"), key=order):
         base = key[0]
@@ -867,8 +938,82 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
                 top_p=base.top_p,
                 top_k=base.top_k,
                 max_new_tokens=base.max_new_tokens,
+                invocation_speedups=tuple(x for _, x in paired.get(key, ())),
+                invocation_ids=tuple(i for i, _ in paired.get(key, ())),
             )
         )
+    return out
+
+
+def _paired(engine: Engine, filters: Filters, runs_of: dict[tuple, list[RunSummary]],
+            prompt_ids: dict[int, set[str | None]], first_start: dict[str, datetime]) -> dict[tuple, list[tuple[str, float]]]:
+    """Per spec key of `speedups` (its runs in `runs_of`, the AR baseline's under (base, 'ar')): (invocation,
+    spec tokens/s / AR tokens/s) for each invocation that recorded runs of both, by its first run's start.
+    From the run summaries already read; where an invocation's two modes ran different prompts, both are
+    restricted to the prompts both ran, read for every such invocation with one SELECT (`_over_prompts`)."""
+    def tps(parts: list[tuple[int, float | None]]) -> float | None:
+        parts = [(n, w) for n, w in parts if w is not None and n]
+        return _ratio(sum(n for n, _ in parts), sum(w for _, w in parts))
+
+    pairs: dict[tuple, list[tuple[str, list[RunSummary], list[RunSummary]]]] = {}
+    restrict: dict[tuple[tuple, str], frozenset[str]] = {}  # (key, invocation) -> the prompts both modes ran
+    for key, spec_runs in runs_of.items():
+        if key[1] != "spec":
+            continue
+        sides: dict[str, tuple[list[RunSummary], list[RunSummary]]] = defaultdict(lambda: ([], []))
+        for side, rs in enumerate((spec_runs, runs_of.get((key[0], "ar"), []))):
+            for r in rs:
+                if r.invocation_id is not None:
+                    sides[r.invocation_id][side].append(r)
+        both = sorted(((inv, sp, ar) for inv, (sp, ar) in sides.items() if sp and ar),
+                      key=lambda p: (first_start[p[0]], p[0]))
+        pairs[key] = both
+        for inv, sp, ar in both:
+            spec_ids, ar_ids = [r.run_id for r in sp], [r.run_id for r in ar]
+            if _compare_prompts(prompt_ids, spec_ids, ar_ids, key[0].kind)[0].startswith(PROMPTS_MATCHED):
+                restrict[(key, inv)] = frozenset.intersection(
+                    *(frozenset(p for i in side for p in prompt_ids[i]) for side in (spec_ids, ar_ids)))
+    wanted = {(r.run_id, restrict[(key, inv)]) for key, both in pairs.items() for inv, sp, ar in both
+              if (key, inv) in restrict for r in (*sp, *ar)}
+    over = _over_prompts(engine, filters, wanted) if wanted else {}
+    out: dict[tuple, list[tuple[str, float]]] = {}
+    for key, both in pairs.items():
+        figures = []
+        for inv, sp, ar in both:
+            common = restrict.get((key, inv))
+            if common is None:
+                ratio = _ratio(tps([(r.stats.output_tokens, r.stats.wall_s) for r in sp]),
+                               tps([(r.stats.output_tokens, r.stats.wall_s) for r in ar]))
+            else:
+                ratio = _ratio(tps([over[(r.run_id, common)] for r in sp]), tps([over[(r.run_id, common)] for r in ar]))
+            if ratio is not None:
+                figures.append((inv, ratio))
+        out[key] = figures
+    return out
+
+
+def _over_prompts(engine: Engine, filters: Filters,
+                  wanted: set[tuple[int, frozenset[str]]]) -> dict[tuple[int, frozenset[str]], tuple[int, float | None]]:
+    """Per (run id, prompt ids): the output tokens of the run's ok requests of those prompts and the seconds those
+    requests (any status) were in flight, as `run_summaries` gives them under a prompt_ids filter, for many runs
+    and prompt sets from one SELECT of the runs' requests."""
+    sub = replace(filters, run_ids=tuple(sorted({run_id for run_id, _ in wanted})), prompt_ids=None)
+    q = (select(Request.run_id, Request.external_id, Request.status, Request.started_at, Request.e2e_ms,
+                Request.output_tokens)
+         .join(Run, Request.run_id == Run.id).where(*sub.where()))
+    rows: dict[int, list] = defaultdict(list)
+    with engine.connect() as c:
+        for row in c.execute(q):
+            rows[row[0]].append(row)
+    out = {}
+    for run_id, prompts in wanted:
+        acc, tokens = _Acc(busy=True), 0
+        for _, prompt_id, status, started, e2e, n in rows[run_id]:
+            if prompt_id in prompts:
+                acc.add(status, started, None, e2e, n or 0)
+                tokens += (n or 0) if status == "ok" else 0
+        span = acc.span_s()
+        out[(run_id, prompts)] = (tokens, span if span is not None and span > 0 else None)
     return out
 
 

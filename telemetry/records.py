@@ -33,6 +33,9 @@ class RunInfo:
     top_k: int | None = None  # 0 = off
     seed: int | None = None
     max_new_tokens: int | None = None  # the answer length cap per request
+    # the command invocation that recorded the run (a uuid4 hex shared by all runs of one bench or load test);
+    # None for a server's run: one run per server lifetime, nothing to pair within
+    invocation_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,7 +64,7 @@ def test_indexes_and_constraint_names_follow_the_models(db_url):
 
 
 def test_single_head():
-    assert head_revision() == "0010"
+    assert head_revision() == "0011"
 
 
 def test_downgrading_0005_drops_only_the_covering_index(db_url):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import uuid
 from pathlib import Path
 
 from app.commands._common import (
@@ -279,10 +280,12 @@ def run_bench_vllm(args, prompts, params, modes, levels) -> dict:
                                  k=args.k or VLLM_DEFAULT_K,
                                  dtype=args.dtype, max_len=args.max_len, seed=args.seed, engine_args=args.vllm_args)
     print(f"loading {config.target} on vLLM ({args.dtype}) ...", file=sys.stderr)
+    invocation_id = uuid.uuid4().hex  # every run of this command: speedups pair its spec and AR runs
     results, view = run_bench(config, prompts, params, modes, levels, workload=args.workload,
                               node_id=args.node_id or default_node_id(), power=args.power, tdp_w=args.tdp_w,
-                              db_url=args.db, record=not args.no_telemetry)
+                              db_url=args.db, record=not args.no_telemetry, invocation_id=invocation_id)
     report = build_report(results, view, params)
+    report["invocation_id"] = None if args.no_telemetry else invocation_id
     for run, (_, res) in zip(report["runs"], results, strict=True):
         run["backend"], run["accepted_per_pos"] = "vllm", list(res.accepted_per_pos)
     print_table(report, not args.no_telemetry)
@@ -312,6 +315,9 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
         recorder = Recorder(open_store(args.db))
     source = detect_power_source(args.power, tdp_w=args.tdp_w)
     node_id = args.node_id or default_node_id()
+    # one id on every run this command records (modes, turns, concurrency levels): speedups pair its spec and
+    # AR runs, measured under the same machine conditions, instead of pooling them with other invocations' runs
+    invocation_id = uuid.uuid4().hex
     results = []
     try:
         for mode in modes:
@@ -326,7 +332,7 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
                 for mode, ix in plan:
                     bar.set_postfix(mode=mode)
                     res = _run_turn(args, loaded, runners[mode], recorder, source, node_id, params, level,
-                                    [prompts[i] for i in ix], [encoded[i] for i in ix], bar)
+                                    [prompts[i] for i in ix], [encoded[i] for i in ix], bar, invocation_id)
                     if mode in merged:
                         merged[mode].absorb(res)
                     else:
@@ -340,6 +346,7 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
         source.close()
     report = build_report(results, loaded, params)
     report["interleave"] = args.interleave if len(modes) == 2 and 1 in levels else 0
+    report["invocation_id"] = invocation_id if recorder is not None else None
     if recorder is not None and len(levels) > 1 and len(modes) == 2:
         from telemetry.store import open_store
         from telemetry.sweeps import record_sweep
@@ -355,7 +362,8 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
     return report
 
 
-def _run_turn(args, loaded, runner, recorder, source, node_id, params, level, prompts, encoded, bar):
+def _run_turn(args, loaded, runner, recorder, source, node_id, params, level, prompts, encoded, bar,
+              invocation_id: str | None = None):
     """One recorded run: `prompts` through `runner`'s mode, its power sampled while it runs."""
     from serving.worker import run_info
     from telemetry.recorder import recorded_run
@@ -365,7 +373,7 @@ def _run_turn(args, loaded, runner, recorder, source, node_id, params, level, pr
     if mode == "spec" and loaded.spec.spec_max_batch is not None:
         k_policy += f"|batch<={loaded.spec.spec_max_batch}"
     info = run_info(loaded, mode, workload=args.workload, params=params, node_id=node_id,
-                    power_source=source.source, concurrency=level, k_policy=k_policy)
+                    power_source=source.source, concurrency=level, k_policy=k_policy, invocation_id=invocation_id)
     with recorded_run(recorder, source, info) as (run_id, sampler):
 
         def energy_for(windows):
