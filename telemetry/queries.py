@@ -384,9 +384,9 @@ def paired_text(s: Speedup, *, flag: bool = True) -> str:
             return f"{PAIRED_NONE} (no AR runs)"
         if s.kind == "serve":
             return f"{PAIRED_NONE}: a server's runs are not paired (each mode serves the requests sent to it)"
-        return (f"{PAIRED_NONE}: no one bench or load test recorded both this configuration and its AR baseline "
-                "(runs recorded before specfinops kept invocations, or the modes measured by separate commands), "
-                "so the speedup compares runs made at different times")
+        return (f"{PAIRED_NONE}: no one bench or load test recorded both modes of this configuration (runs from "
+                "before invocations were recorded, or the modes benched by separate commands); the pooled figure "
+                "compares runs made at different times")
     n = len(xs)
     if n == 1:
         text = f"{xs[0]:.2f}x in 1 paired invocation"

@@ -594,7 +594,10 @@ def summary_dict(data: ReportData) -> dict:
              "drafter": s.drafter, "k_policy": s.k_policy, "speedup": s.speedup,
              "spec_tokens_per_s": s.spec_tokens_per_s, "ar_tokens_per_s": s.ar_tokens_per_s,
              "prompts": s.prompts, "num_prompts": s.num_prompts,
-             "spec_run_ids": list(s.spec_run_ids), "ar_run_ids": list(s.ar_run_ids)}
+             "spec_run_ids": list(s.spec_run_ids), "ar_run_ids": list(s.ar_run_ids),
+             # paired: each invocation that recorded both modes, its own ratio (oldest first); `speedup` pools them
+             "invocation_speedups": list(s.invocation_speedups), "invocation_ids": list(s.invocation_ids),
+             "pooled_outside_paired": s.pooled_outside_paired, "paired": queries.paired_text(s)}
             for s in data.speedups
         ],  # fmt: skip
         "acceptance_by_domain": [
@@ -673,7 +676,8 @@ RUNS_COST_COLUMNS = (
     Column("target", "target", short_model),
 )
 SPEEDUP_COLUMNS = (
-    Column("speedup", "speedup"), Column("spec tokens/s", "spec tokens/s"), Column("AR tokens/s", "AR tokens/s"),
+    Column("speedup", "speedup"), Column("paired invocations", "paired invocations"),
+    Column("spec tokens/s", "spec tokens/s"), Column("AR tokens/s", "AR tokens/s"),
     Column("temperature", "temperature"), Column("top_p", "top_p"), Column("top_k", "top_k"),
     Column("max new tokens", "max new tokens"), Column("run kind", "run kind"), Column("prompts", "prompts"),
     Column("workload", "workload"), Column("concurrency", "concurrency"),
@@ -727,14 +731,17 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
         Table("speedups", "Speedup (spec tokens/s / AR tokens/s, same workload, target, device, precision, "
               "concurrency, sampling (temperature, top_p, top_k), answer length cap (max new tokens) and run kind; "
               "over the prompts both modes ran where the runs recorded prompt ids: 'prompts' says how they compare; "
-              "an empty top_p, top_k or max new tokens: not recorded)",
+              "an empty top_p, top_k or max new tokens: not recorded; 'speedup' pools every run of the "
+              "configuration, 'paired invocations' gives each bench or load test that ran both modes its own ratio, "
+              "measured under one machine's conditions)",
               ("speedup", "spec tokens/s", "AR tokens/s", "workload", "concurrency", "drafter", "K policy",
                "dtype", "device", "target", "temperature", "top_p", "top_k", "max new tokens", "run kind", "prompts",
-               "spec runs", "AR runs"),
+               "spec runs", "AR runs", "paired invocations", "paired speedups"),
               tuple((s.speedup, s.spec_tokens_per_s, s.ar_tokens_per_s, s.workload, s.concurrency, s.drafter,
                      s.k_policy, s.dtype, s.device, s.target, s.temperature, s.top_p, s.top_k, s.max_new_tokens,
                      s.kind, s.prompts,
-                     costing.ids_text(list(s.spec_run_ids)), costing.ids_text(list(s.ar_run_ids)))
+                     costing.ids_text(list(s.spec_run_ids)), costing.ids_text(list(s.ar_run_ids)),
+                     queries.paired_text(s), " ".join(f"{x:.4g}" for x in s.invocation_speedups))
                     for s in data.speedups), speedup_columns(data.speedups)),
         Table("runs_cost", "Cost per run", tuple(header), tuple(tuple(r) for r in rows),
               RUNS_COST_COLUMNS if set(header) == {c.source for c in RUNS_COST_COLUMNS} else ()),

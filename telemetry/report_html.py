@@ -25,6 +25,7 @@ from telemetry.costing import (
 )
 from telemetry.finops import ENERGY_NOT_MEASURED, sla_steps, step_starts
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
+from telemetry.queries import paired_text
 from telemetry.report import (
     ALPHA_GO,
     REPORT_CHOOSE,
@@ -244,11 +245,14 @@ def cards_html(data: ReportData) -> str:
     spec_cost, spec_sub = _cost_text(data, "spec")
     ar_cost, ar_sub = _cost_text(data, "ar")
     if len(data.speedups) == 1:
-        speedup, speedup_sub = (fmt(data.speedups[0].speedup, ".2f") + "x",
-                                f"spec tokens/s / AR tokens/s at {data.speedups[0].label}")
+        (s,) = data.speedups
+        speedup, speedup_sub = (fmt(s.speedup, ".2f") + "x",
+                                f"spec tokens/s / AR tokens/s at {s.label}; paired: {paired_text(s)}")
     else:
+        outside = sum(s.pooled_outside_paired for s in data.speedups)
         speedup, speedup_sub = (MISSING, "no spec/AR pair") if not data.speedups else (
-            f"{len(data.speedups)} configurations", "see the speedup table")
+            f"{len(data.speedups)} configurations", "see the speedup table" + (
+                f"; {outside} pooled outside the range of their paired invocations" if outside else ""))
     alpha = cur.stat("spec", "acceptance_rate")
     pr = data.projection
     savings = usd(pr.projection.projection.annual_savings_usd) if pr.projection else MISSING

@@ -31,7 +31,7 @@ from telemetry.costing import (
     run_groups,
     temperature_text,
 )
-from telemetry.queries import cutoffs_text, max_new_tokens_text
+from telemetry.queries import cutoffs_text, max_new_tokens_text, paired_text, pooled_outside_text
 
 
 def _speedup_text(speedups) -> tuple[str, str]:
@@ -46,7 +46,8 @@ def _speedup_text(speedups) -> tuple[str, str]:
     if len(rows) == 1:
         (s,) = rows
         return (f"{s.speedup:.2f}x", f"Spec tokens/s / AR tokens/s at {s.label}; same workload, hardware, "
-                                     "precision and concurrency.")
+                                     f"precision and concurrency, every run in view pooled. Paired (each "
+                                     f"invocation's own): {paired_text(s)}.")
     values = [s.speedup for s in rows]
     caps = len({s.max_new_tokens for s in rows}) > 1  # the cap named where the rows differ in it
     temps = sorted({temperature_text(s.temperature) + cutoffs_text(s.top_p, s.top_k, s.temperature)
@@ -56,7 +57,16 @@ def _speedup_text(speedups) -> tuple[str, str]:
             f"{len(rows)} configurations (range), each spec against AR at one sampling (temperature, top_p, top_k), "
             f"answer length cap and run kind: not pooled across temperatures or run kinds ({'; '.join(temps)}; "
             f"{', '.join(kinds)} runs), nor across top_p, top_k or max new tokens. See the "
-            "table below for each row's prompts. Spec tokens/s / AR tokens/s.")
+            "table below for each row's prompts and paired invocations. Spec tokens/s / AR tokens/s.")
+
+
+def _paired_warnings(speedups) -> list[str]:
+    """One line per speedup whose pooled figure lies outside the range of its paired invocations' own: the
+    tiles and the table show the pooled figure, which then mixes runs made under different conditions."""
+    several = len(speedups) > 1
+    return [(f"{s.workload}, concurrency {s.concurrency}, {s.drafter} ({s.k_policy}), {s.label}: " if several else "")
+            + f"{pooled_outside_text(s)} ({paired_text(s, flag=False)})."
+            for s in speedups if s.pooled_outside_paired]
 
 
 def _tokens_vs_ar(speedups) -> tuple[dict, str]:
@@ -131,6 +141,8 @@ def body(ctx: Context) -> None:
     spec = modes.get("spec")
     top = st.columns(3)
     top[0].metric("Speedup", speed_value, help=speed_help)
+    for line in _paired_warnings(speedups):
+        st.warning(f"Speedup: {line}")
     top[1].metric("Acceptance rate", fmt(spec.acceptance_rate if spec else None, ".1%"),
                   help="Accepted draft tokens / drafted tokens over the speculative runs in view. The "
                        "Speculation page shows it per domain beside alpha (accepted / tested), the per-token "
@@ -240,10 +252,15 @@ def body(ctx: Context) -> None:
             if len(speedups) > 1:
                 st.caption("One row per configuration: spec against AR at one sampling, answer length cap and run "
                            "kind, over the prompts both ran where they recorded prompt ids; rows are not pooled.")
+            st.caption("speedup pools every run of the row's configuration in view; paired invocations: the ratio "
+                       "within each bench or load test that ran both modes (one machine's conditions for both).")
             table = pd.DataFrame([{
                 "workload": s.workload, "temperature": temperature_text(s.temperature).removeprefix("temperature "),
                 "top_p": s.top_p, "top_k": s.top_k, "max new tokens": s.max_new_tokens,
-                "run kind": s.kind, "concurrency": s.concurrency, "speedup": s.speedup, "prompts": s.prompts,
+                "run kind": s.kind, "concurrency": s.concurrency, "speedup": s.speedup,
+                # each invocation that ran both modes, its own ratio: the pooled speedup mixes invocations
+                "paired invocations": paired_text(s, flag=False),
+                "pooled outside paired": s.pooled_outside_paired, "prompts": s.prompts,
                 "spec tokens/s": s.spec_tokens_per_s, "AR tokens/s": s.ar_tokens_per_s,
                 "drafter": s.drafter, "K policy": s.k_policy, "dtype": s.dtype, "device": s.device,
                 "target": short_model(s.target),
