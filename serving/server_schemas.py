@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, ValidatorFunctionWr
 from serving.sampling import SamplingParams
 
 MAX_TEMPERATURE = 2.0  # OpenAI's documented range is [0, 2]
+MIN_TOP_P = 1e-30  # a smaller top_p is applied as this one: both keep the most likely token alone
 MAX_STOP_STRINGS = 4
 DEFAULT_MAX_TOKENS = 256  # when the client sends none (capped by the room left in the context window)
 # what torch.Generator.manual_seed takes (a negative seed wraps to its unsigned 64-bit value)
@@ -298,10 +299,16 @@ def check(req: _Common, kind: Kind, *, model_id: str, max_len: int, vocab_size: 
     top_p = 1.0 if req.top_p is None else req.top_p
     if not 0 < top_p <= 1:
         raise bad(f"top_p must be within (0, 1], got {top_p}", param="top_p", code="invalid_value")
+    # a top_p that tiny keeps the most likely token alone, as any top_p below the likeliest token's probability
+    # does; below float32's range it rounded to 0 in the sampler, which then kept nothing (a 500, NaN probabilities)
+    top_p = max(top_p, MIN_TOP_P)
     top_k = 0 if req.top_k in (None, -1) else req.top_k
     if top_k < 0:
         raise bad(f"top_k must be -1, 0 (off) or a positive integer, got {req.top_k}", param="top_k",
                   code="invalid_value")
+    # keeping the whole vocabulary is top-k off, and is recorded so (a top_k beyond the store's integer column
+    # had the request's record rejected by the database: a 200 to the client and no row)
+    top_k = 0 if top_k >= vocab_size else top_k
     stop = _stops(req.stop)
     opts = req.stream_options or {}
     if opts and not req.stream:

@@ -1,0 +1,93 @@
+"""Edges of the HTTP API found by probing a live server with real clients (raw sockets, httpx): what a client
+sends that the other server tests do not, and what each must get back (a 4xx naming what was wrong, a row in
+the store for every request answered 200, no traceback in the log)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import httpx
+import pytest
+from serve_live import AUTH, shared_live
+from sqlalchemy import create_engine, text
+
+pytestmark = pytest.mark.slow
+
+CHAT, COMP = "/v1/chat/completions", "/v1/completions"
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def live(request):
+    return shared_live(request.config)
+
+
+def _row(live, external_id: str):
+    live.flush()
+    with create_engine(live.db_url).connect() as c:
+        return c.execute(text("select status, top_k, top_p, output_tokens from requests where external_id = :e"),
+                         {"e": external_id}).all()
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def log_records():
+    """WARNING and ERROR records of the server's and uvicorn's loggers (uvicorn's do not propagate)."""
+    handler = _Records()
+    loggers = [logging.getLogger(), logging.getLogger("uvicorn"), logging.getLogger("uvicorn.error")]
+    for lg in loggers:
+        lg.addHandler(handler)
+    yield handler.records
+    for lg in loggers:
+        lg.removeHandler(handler)
+
+
+def _wait_for(condition, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting: {what}"
+        time.sleep(0.02)
+
+
+# ---------------------------------------------------------------------------------------------- sampling values
+
+
+def test_a_top_k_beyond_the_vocabulary_is_served_recorded_and_recorded_as_off(live):
+    """top_k 2**70 was answered 200 but its record was rejected by the database (an integer column) and dropped:
+    a request served and missing from the store. Keeping at least the whole vocabulary is top-k off: 0."""
+    for top_k in (2**70, live.state.vocab_size):
+        body = {"model": live.model, "prompt": "hello", "max_tokens": 2, "temperature": 1.0, "top_k": top_k}
+        r = httpx.post(live.url + COMP, json=body, headers=AUTH, timeout=120)
+        assert r.status_code == 200, r.text
+        rows = _row(live, r.json()["id"])
+        assert [(status, k) for status, k, *_ in rows] == [("ok", 0)], (top_k, rows)
+
+
+def test_a_top_p_too_small_for_float32_keeps_the_likeliest_token(live):
+    """top_p 1e-300 is within (0, 1] but rounded to 0 in the sampler's float32, which then kept no token at all:
+    a 500 'probability tensor contains either inf, nan' and an error row. Any top_p that small keeps the most
+    likely token alone; it is applied (and recorded) as the smallest the sampler holds."""
+    for stream in (False, True):
+        body = {"model": live.model, "prompt": "1, 2, 3, 4,", "max_tokens": 3, "temperature": 1.0, "top_p": 1e-300,
+                "stream": stream}
+        r = httpx.post(live.url + COMP, json=body, headers=AUTH, timeout=120)
+        assert r.status_code == 200, r.text
+        if stream:
+            events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+            assert events and not any("error" in e for e in events), events[-1]
+            request_id = events[0]["id"]
+        else:
+            request_id = r.json()["id"]
+        rows = _row(live, request_id)
+        assert len(rows) == 1 and rows[0][0] == "ok" and 0 < rows[0][2] < 1e-6, rows
+        assert rows[0][3] == 3
