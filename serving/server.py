@@ -80,7 +80,8 @@ class ServerState:
     def encode_chat(self, messages: list[dict]) -> list[int]:
         tok = self.tokenizer
         if not getattr(tok, "chat_template", None):
-            raise APIError(400, "this model has no chat template: use /v1/completions", param="messages")
+            raise APIError(400, "this model has no chat template: use /v1/completions", param="messages",
+                           code="unsupported_value")
         return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                             return_dict=False))
 

@@ -161,7 +161,7 @@ def parse_body(raw: bytes, model: type[_Common], *, max_len: int | None = None) 
     except ValueError as exc:  # e.g. an integer literal beyond Python's int-to-str digit limit
         raise bad(f"the request body is not valid JSON for this server: {exc}") from None
     if not isinstance(data, dict):
-        raise bad(f"the request body must be a JSON object, got {type(data).__name__}")
+        raise bad(f"the request body must be a JSON object, got {_json_type(data)}")
     if max_len is not None:
         _check_list_lengths(data, model, max_len)
     _check_unicode(raw, data)
@@ -169,6 +169,17 @@ def parse_body(raw: bytes, model: type[_Common], *, max_len: int | None = None) 
         return model.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc.errors()) from None
+
+
+def _json_type(x: object) -> str:
+    """The JSON name of a parsed value's type (what the client sent, not Python's 'NoneType' or 'list')."""
+    if x is None:
+        return "null"
+    if isinstance(x, bool):
+        return "a boolean"
+    if isinstance(x, int | float):
+        return "a number"
+    return {str: "a string", list: "an array"}.get(type(x), type(x).__name__)
 
 
 def _check_list_lengths(data: dict, model: type[_Common], max_len: int) -> None:
@@ -312,10 +323,11 @@ def check(req: _Common, kind: Kind, *, model_id: str, max_len: int, vocab_size: 
     stop = _stops(req.stop)
     opts = req.stream_options or {}
     if opts and not req.stream:
-        raise bad("stream_options is only allowed with stream = true", param="stream_options")
+        raise bad("stream_options is only allowed with stream = true", param="stream_options", code="invalid_value")
     include_usage = opts.get("include_usage", False)
     if not isinstance(include_usage, bool):
-        raise bad("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
+        raise bad("stream_options.include_usage must be a boolean", param="stream_options.include_usage",
+                  code="invalid_value")
     # the cheap checks are done: only now tokenize (the dear part for a long prompt)
     prompt_ids = _prompt_ids(req, encode_chat, encode_text, max_len, max_chars)
     if any(not 0 <= t < vocab_size for t in prompt_ids):
@@ -389,9 +401,9 @@ def _unsupported(req: _Common) -> None:
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if len(stops) > MAX_STOP_STRINGS:
-        raise bad(f"at most {MAX_STOP_STRINGS} stop sequences, got {len(stops)}", param="stop")
+        raise bad(f"at most {MAX_STOP_STRINGS} stop sequences, got {len(stops)}", param="stop", code="invalid_value")
     if any(not s for s in stops):
-        raise bad("stop sequences must be non-empty strings", param="stop")
+        raise bad("stop sequences must be non-empty strings", param="stop", code="invalid_value")
     return tuple(stops)
 
 
@@ -411,7 +423,7 @@ def _prompt_ids(req: _Common, encode_chat, encode_text, max_len: int, max_chars:
             try:
                 msgs.append({"role": m.role, "content": m.text()})
             except ValueError as exc:
-                raise bad(str(exc), param=f"messages.{i}.content") from None
+                raise bad(str(exc), param=f"messages.{i}.content", code="unsupported_value") from None
         # the contents as sent: a template that trims them is not assumed (the bundled one keeps every space,
         # and tokenizing megabytes of them is what this bound spares the tokenizer thread)
         _too_many_chars(sum(len(m["content"]) for m in msgs), max_len, max_chars, "messages")

@@ -91,3 +91,35 @@ def test_a_top_p_too_small_for_float32_keeps_the_likeliest_token(live):
         rows = _row(live, request_id)
         assert len(rows) == 1 and rows[0][0] == "ok" and 0 < rows[0][2] < 1e-6, rows
         assert rows[0][3] == 3
+
+
+# ---------------------------------------------------------------------------------------------- error shapes
+
+
+@pytest.mark.parametrize("body,got", [(b"null", "null"), (b'"hello"', "a string"), (b"[1, 2]", "an array"),
+                                      (b"5", "a number"), (b"true", "a boolean")])
+def test_a_body_that_is_not_an_object_is_named_in_json_terms(live, body, got):
+    """It said 'got NoneType', 'got str', 'got list': Python's names, not what the client sent."""
+    r = httpx.post(live.url + COMP, content=body, headers={**AUTH, "content-type": "application/json"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["message"] == f"the request body must be a JSON object, got {got}", err
+
+
+@pytest.mark.parametrize("path,fields,param,code", [
+    (COMP, {"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
+    (COMP, {"stop": ""}, "stop", "invalid_value"),
+    (COMP, {"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
+    (COMP, {"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage",
+     "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.0.content", "unsupported_value"),
+])
+def test_an_error_naming_a_parameter_carries_a_code_like_the_others(live, path, fields, param, code):
+    """These few had "code": null where every other refusal of a parameter says invalid_value or
+    unsupported_value; a client that branches on the code could not tell them apart from a malformed body."""
+    base = {"model": live.model, "max_tokens": 2, **({"messages": USER} if path == CHAT else {"prompt": "hi"})}
+    r = httpx.post(live.url + path, json={**base, **fields}, headers=AUTH)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["param"], err["code"], err["type"]) == (param, code, "invalid_request_error"), err
