@@ -115,7 +115,8 @@ def create_app(state: ServerState) -> FastAPI:
                 "waiting": state.loop_engine.num_waiting}
         return JSONResponse(body, status_code=200 if ok else 503)
 
-    @app.get("/metrics")
+    # HEAD wherever GET is served (RFC 9110: uptime probes and link checkers ask so); it was a 405
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics():
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
 
@@ -123,12 +124,12 @@ def create_app(state: ServerState) -> FastAPI:
         return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "specfinops",
                 "root": state.root, "max_model_len": state.max_len, "specfinops": state.card or {}}
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models(request: Request):
         _authorize(request, state)
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model_id:path}")  # openai's models.retrieve(); a served name may hold a '/'
+    @app.api_route("/v1/models/{model_id:path}", methods=["GET", "HEAD"])  # openai's models.retrieve(); a served name may hold a '/'
     async def model(model_id: str, request: Request):
         _authorize(request, state)
         if model_id != state.model_id:

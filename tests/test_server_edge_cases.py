@@ -123,3 +123,19 @@ def test_an_error_naming_a_parameter_carries_a_code_like_the_others(live, path, 
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert (err["param"], err["code"], err["type"]) == (param, code, "invalid_request_error"), err
+
+
+# ---------------------------------------------------------------------------------------------- HTTP
+
+
+def test_head_is_answered_wherever_get_is(live):
+    """HEAD /metrics and HEAD /v1/models were 405 (only /health took HEAD): a HEAD is a GET without its body."""
+    with httpx.Client(base_url=live.url, headers=AUTH) as http:
+        for path in ("/metrics", "/v1/models", f"/v1/models/{live.model}"):
+            get, head = http.get(path), http.head(path)
+            assert head.status_code == get.status_code == 200, (path, head.status_code, head.text)
+            assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"], path
+        missing = http.head("/v1/models/no-such-model")
+        assert missing.status_code == 404 and missing.content == b""
+        # and the methods that are not served stay 405
+        assert http.request("DELETE", "/metrics").status_code == 405
