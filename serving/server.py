@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from serving.server_engine import EngineLoop, Finished, Job
 from serving.server_metrics import CONTENT_TYPE, ServeMetrics
@@ -129,7 +130,8 @@ def create_app(state: ServerState) -> FastAPI:
         _authorize(request, state)
         return {"object": "list", "data": [model_card()]}
 
-    @app.api_route("/v1/models/{model_id:path}", methods=["GET", "HEAD"])  # openai's models.retrieve(); a served name may hold a '/'
+    # openai's models.retrieve(); a served name may hold a '/'
+    @app.api_route("/v1/models/{model_id:path}", methods=["GET", "HEAD"])
     async def model(model_id: str, request: Request):
         _authorize(request, state)
         if model_id != state.model_id:
@@ -236,6 +238,9 @@ async def _generate(request: Request, state: ServerState, kind: str):
         raw = await _read_body(request)
         checked = await asyncio.get_running_loop().run_in_executor(state.checker, _parse_and_check, raw, kind,
                                                                    state)
+    except ClientDisconnect:  # the client left before its body was whole: nobody to answer, nothing to record
+        logger.debug("client went away while sending the body of %s %s", request.method, request.url.path)
+        return Response(status_code=499)  # (it was logged as an unexpected error, a traceback, and a 500)
     except asyncio.CancelledError:  # uvicorn's graceful shutdown ran out before the request reached the engine
         task.uncancel()
         raise APIError(503, "the server is shutting down", code="shutting_down") from None

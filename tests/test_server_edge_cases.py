@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import time
+from urllib.parse import urlparse
 
 import httpx
 import pytest
@@ -139,3 +141,23 @@ def test_head_is_answered_wherever_get_is(live):
         assert missing.status_code == 404 and missing.content == b""
         # and the methods that are not served stay 405
         assert http.request("DELETE", "/metrics").status_code == 405
+
+
+def test_a_client_that_leaves_mid_body_is_no_server_error(live, log_records):
+    """A client that closed its connection before sending the whole body (Content-Length promised more) was
+    logged as an unexpected error, with a traceback (starlette's ClientDisconnect), and answered a 500 that
+    nobody read. Nothing reached the engine or the store: there is nothing to log above debug."""
+    url = urlparse(live.url)
+    body = json.dumps({"model": live.model, "prompt": "hello", "max_tokens": 2}).encode()
+    head = (f"POST {COMP} HTTP/1.1\r\nHost: {url.hostname}\r\nAuthorization: {AUTH['Authorization']}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body) + 100}\r\n\r\n").encode()
+    handlers = live.state.handlers
+    with socket.create_connection((url.hostname, url.port)) as s:
+        s.sendall(head + body)  # 100 bytes short
+        _wait_for(lambda: len(handlers) == 1, "the handler to start reading the body")
+    _wait_for(lambda: not handlers, "the handler to end")
+    noisy = [r for r in log_records if r.levelno >= logging.WARNING]
+    assert not noisy, [(r.name, r.getMessage()) for r in noisy]
+    r = httpx.post(live.url + COMP, json={"model": live.model, "prompt": "hello", "max_tokens": 2}, headers=AUTH,
+                   timeout=120)
+    assert r.status_code == 200, r.text
