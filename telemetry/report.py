@@ -675,9 +675,18 @@ RUNS_COST_COLUMNS = (
     Column("drafter", "drafter", short_model), Column("device", "device", short_device),
     Column("target", "target", short_model),
 )
+def paired_cell(text: str) -> str:
+    """The page's cell of `queries.paired_text`: the paired figures and, where the pooled one lies outside them,
+    that comparison, without the explanation (the full text is the cell's title and the CSV's); 'no paired
+    invocation' without its reason."""
+    if text.startswith(queries.PAIRED_NONE):
+        return text.split(": ", 1)[0]
+    return text.split(f": {queries.PAIRED_DISTRUST}", 1)[0]
+
+
 SPEEDUP_COLUMNS = (
-    Column("speedup", "speedup"), Column("paired invocations", "paired invocations"),
-    Column("spec tokens/s", "spec tokens/s"), Column("AR tokens/s", "AR tokens/s"),
+    Column("speedup", "speedup"), Column("spec tokens/s", "spec tokens/s"), Column("AR tokens/s", "AR tokens/s"),
+    Column("paired invocations", "paired invocations", paired_cell),
     Column("temperature", "temperature"), Column("top_p", "top_p"), Column("top_k", "top_k"),
     Column("max new tokens", "max new tokens"), Column("run kind", "run kind"), Column("prompts", "prompts"),
     Column("workload", "workload"), Column("concurrency", "concurrency"),
@@ -688,10 +697,14 @@ SPEEDUP_COLUMNS = (
 
 def speedup_columns(speedups: Sequence[queries.Speedup]) -> tuple[Column, ...]:
     """The speedup table's columns on the page: the answer length cap only where the rows differ in it (as group
-    texts name it), so that the table keeps to its box; the CSV has it always."""
-    if len({s.max_new_tokens for s in speedups}) > 1:
-        return SPEEDUP_COLUMNS
-    return tuple(c for c in SPEEDUP_COLUMNS if c.source != "max new tokens")
+    texts name it), top_p and top_k only where a row samples (at temperature 0 no cut-off changes a token, and
+    every greedy row reads top_p 1, top_k 0), so that the table keeps to its box; the CSV has them always."""
+    hidden = set()
+    if len({s.max_new_tokens for s in speedups}) <= 1:
+        hidden.add("max new tokens")
+    if all(s.temperature == 0 for s in speedups):
+        hidden.update(("top_p", "top_k"))
+    return tuple(c for c in SPEEDUP_COLUMNS if c.source not in hidden)
 
 
 def report_tables(data: ReportData, engine: Engine) -> list[Table]:
