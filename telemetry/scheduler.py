@@ -36,8 +36,11 @@ Public API:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+import threading
+import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -405,31 +408,63 @@ def run_report_job(
     with its traceback."""
     from telemetry.store import open_store
 
-    expected = _run_errors()
-    try:
-        job = ReportJob(job_id=job_id, db_url=db_url, out_dir=out_dir, period=period, sla_ms=sla_ms,
-                        history=history, daily_tokens=daily_tokens, peak_factor=peak_factor, webhook_url=webhook_url,
-                        smtp=smtp, delivery_attempts=delivery_attempts, delivery_backoff_s=delivery_backoff_s,
-                        webhook_env=webhook_env, temperature=temperature, kind=kind, top_p=top_p,
-                        top_k=top_k, max_new_tokens=max_new_tokens)  # fmt: skip
-        # an existing store only: a store gone (or a relative path stored by an earlier version, resolved from
-        # another folder) is one ERROR line, never a new, empty store reported on every period
-        engine = open_store(db_url, must_exist=True)
+    with _counted_run():  # counted: a stopping scheduler waits for it
+        expected = _run_errors()
         try:
-            recover_reports(engine, job)
-            window = job.runs_of(period_window(period, now=_clock()))
-            result = _write(engine, job, window)
-            if result is None:
-                return None
-            logger.info("report job %s: wrote report #%d (%s)", job_id, result.report_id, window.label())
-            if job.delivering:
-                _deliver(engine, job, result.report_id, result.summary)
-            return result.report_id
-        finally:
-            engine.dispose()
-    except expected as exc:
-        logger.error("report job %s: run failed: %s", job_id, run_problem(exc))
-        return None
+            job = ReportJob(job_id=job_id, db_url=db_url, out_dir=out_dir, period=period, sla_ms=sla_ms,
+                            history=history, daily_tokens=daily_tokens, peak_factor=peak_factor,
+                            webhook_url=webhook_url, smtp=smtp, delivery_attempts=delivery_attempts,
+                            delivery_backoff_s=delivery_backoff_s, webhook_env=webhook_env, temperature=temperature,
+                            kind=kind, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)  # fmt: skip
+            # an existing store only: a store gone (or a relative path stored by an earlier version, resolved
+            # from another folder) is one ERROR line, never a new, empty store reported on every period
+            engine = open_store(db_url, must_exist=True)
+            try:
+                recover_reports(engine, job)
+                window = job.runs_of(period_window(period, now=_clock()))
+                result = _write(engine, job, window)
+                if result is None:
+                    return None
+                logger.info("report job %s: wrote report #%d (%s)", job_id, result.report_id, window.label())
+                if job.delivering:
+                    _deliver(engine, job, result.report_id, result.summary)
+                return result.report_id
+            finally:
+                engine.dispose()
+        except expected as exc:
+            logger.error("report job %s: run failed: %s", job_id, run_problem(exc))
+            return None
+
+
+# Report runs in progress in this process (the executor's threads): a scheduler stopped by Ctrl-C or SIGTERM
+# waits for them to finish (report written, delivery made and recorded) before it exits
+_runs_lock = threading.Lock()
+_runs_in_progress = 0
+
+
+@contextlib.contextmanager
+def _counted_run():
+    global _runs_in_progress
+    with _runs_lock:
+        _runs_in_progress += 1
+    try:
+        yield
+    finally:
+        with _runs_lock:
+            _runs_in_progress -= 1
+
+
+def runs_in_progress() -> int:
+    """How many report runs this process is running now."""
+    with _runs_lock:
+        return _runs_in_progress
+
+
+def wait_for_runs(poll_s: float = 0.1) -> None:
+    """Return once no report run is in progress in this process. In the main thread, so Ctrl-C reaches the
+    caller (KeyboardInterrupt) while it waits."""
+    while runs_in_progress():
+        time.sleep(poll_s)
 
 
 def _run_errors() -> tuple[type[BaseException], ...]:

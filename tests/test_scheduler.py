@@ -511,6 +511,37 @@ def test_a_second_sigterm_neither_interrupts_the_stopping_nor_kills_the_run(stor
     assert row.delivery_status == "delivered"
 
 
+def test_ctrl_c_waits_for_the_run_in_progress_and_says_so(store, failing_hook, no_blocking):
+    url, engine, out = store
+    proc, _ = _killed_between_retries(store, failing_hook, no_blocking, signal.SIGINT)
+    _, err = proc.communicate()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert "waiting for the report run in progress to finish" in err
+    [row] = reports(engine)
+    assert row.delivery_status == "delivered"
+
+
+@pytest.mark.parametrize("first", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_ctrl_c_stops_at_once_without_a_traceback_and_a_restart_delivers(store, failing_hook, no_blocking,
+                                                                                  capsys, first):
+    """Ctrl-C while the scheduler waits for its run in progress stops it at once: one line, exit 130 (Python
+    printed a KeyboardInterrupt traceback from joining the run's thread at exit); the report it wrote stays
+    'pending' and the next start of the job delivers it."""
+    url, engine, out = store
+    proc, args = _killed_between_retries(store, failing_hook, no_blocking, first, signal.SIGINT)
+    _, err = proc.communicate()
+    assert proc.returncode == 130 and "Traceback" not in err and "Exception ignored" not in err, err
+    assert "stopped without waiting" in err
+    [row] = reports(engine)
+    assert row.delivery_status == "pending"
+    with engine.begin() as c:  # as if the restart came later than sched_mod.STALE_AFTER_S
+        c.execute(text("UPDATE reports SET created_at = :t"), {"t": datetime.now(UTC) - timedelta(hours=1)})
+    capsys.readouterr()
+    assert main(args) == 0
+    assert f"report #{row.id} left undelivered, delivering it now (delivered)" in capsys.readouterr().out
+    assert reports(engine)[0].delivery_status == "delivered"
+
+
 def test_the_sigterm_handler_disarms_after_the_first_signal(capsys):
     import os
 

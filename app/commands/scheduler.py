@@ -12,6 +12,8 @@ each) unless --keep-other-jobs; --list shows the persisted jobs.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
 from app.commands._common import add_command, add_db_option, sigterm_as_ctrl_c
 from app.commands.report import add_report_options, report_options
@@ -89,6 +91,27 @@ def _list_jobs(args) -> int:
     return 0
 
 
+def _finish_runs_in_progress() -> None:
+    """After Ctrl-C or SIGTERM: wait, in the main thread, for a report run in progress to finish (its report
+    written, its delivery made and recorded). A second Ctrl-C stops at once: the process exits without waiting
+    (a normal exit would join the run's thread again, and Python printed a traceback when that was interrupted);
+    what the run leaves, a claimed period or a pending delivery, the next start of this job finishes."""
+    from telemetry.scheduler import runs_in_progress, wait_for_runs
+
+    if not runs_in_progress():
+        return
+    print("scheduler: waiting for the report run in progress to finish (Ctrl-C again stops now; the next start "
+          "of this job finishes what it leaves)", file=sys.stderr, flush=True)
+    try:
+        wait_for_runs()
+    except KeyboardInterrupt:
+        print("scheduler: stopped without waiting; the next `specfinops scheduler` of this job finishes the "
+              "report and delivery it left", file=sys.stderr, flush=True)
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(130)
+
+
 def run(args) -> int:
     from dataclasses import replace
 
@@ -164,6 +187,11 @@ def run(args) -> int:
             for line in recover_reports(engine, job):  # what a killed run of this job left behind
                 print(f"scheduler: {line}", flush=True)
             scheduler.start()
+        except KeyboardInterrupt:
+            if scheduler.running:
+                scheduler.shutdown(wait=False)  # no new run starts
+            _finish_runs_in_progress()
+            raise
         finally:
             if scheduler.running:
                 scheduler.shutdown(wait=False)
