@@ -448,7 +448,8 @@ def run_info(loaded: Loaded, mode: str, *, workload: str, params: SamplingParams
     """The run row of one mode. `params` None: each request brings its own sampling (a server), so the run
     records none and its requests record theirs. `invocation_id`: the command invocation's id, the same on every
     run it records (a bench's modes, turns and concurrency levels), so speedups pair its spec and AR runs; None
-    for a server's run (one run per server lifetime, nothing to pair it with)."""
+    for a server's runs (one per mode for the server's lifetime, each serving whatever requests arrive, not the
+    same prompts in turns: nothing pairs them)."""
     return RunInfo(
         mode=mode, node_id=node_id, hostname=socket.gethostname(), device=device_name(), backend="torch",
         dtype=loaded.spec.dtype, target=str(loaded.target_dir), drafter=loaded.drafter_label if mode == "spec" else None,

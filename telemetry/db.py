@@ -102,7 +102,8 @@ class Run(Base):
     dropped_records: Mapped[int] = mapped_column(Integer, default=0)
     # the command invocation that recorded the run (migration 0011): every run of one bench (all modes, turns,
     # concurrency and sweep levels) or load test shares one uuid4 hex, so its spec and AR runs can be compared
-    # as a pair. None: recorded before 0011, or a server's run (one run per server lifetime, no pair)
+    # as a pair. None: recorded before 0011, or a server's run (one per mode for the server's lifetime, each
+    # serving whatever requests arrive: nothing pairs them)
     invocation_id: Mapped[str | None] = mapped_column(String(36))
 
     __table_args__ = (Index("ix_runs_started_at", "started_at"), Index("ix_runs_node_id", "node_id"),

@@ -34,7 +34,8 @@ class RunInfo:
     seed: int | None = None
     max_new_tokens: int | None = None  # the answer length cap per request
     # the command invocation that recorded the run (a uuid4 hex shared by all runs of one bench or load test);
-    # None for a server's run: one run per server lifetime, nothing to pair within
+    # None for a server's run: one per mode for the server's lifetime, each serving whatever requests arrive,
+    # so nothing pairs them
     invocation_id: str | None = None
 
 

@@ -492,4 +492,5 @@ def print_table(report: dict, recorded: bool) -> None:
               else "speculation paid at every measured concurrency"))
     print("times in ms; TPOT = (E2E - TTFT) / (output tokens - 1); acceptance = accepted / drafted tokens")
     if recorded:
-        print("recorded in the store: see `specfinops cost` and `specfinops dashboard`")
+        print(f"recorded in the store as invocation {report.get('invocation_id')}: see `specfinops cost` and "
+              "`specfinops dashboard` (speedups per invocation beside the pooled figure)")

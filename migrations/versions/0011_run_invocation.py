@@ -7,9 +7,9 @@ bench made while the machine was loaded, pooled with the spec runs of an idle on
 invocation measured about 1.9x. Every run a bench, vLLM bench or load-test invocation records now carries that
 invocation's id (a fresh uuid4, 32 hex digits), and telemetry.queries.speedups reports each invocation's own
 spec/AR ratio beside the pooled figure. Nullable: a run recorded before this revision keeps NULL (unknown, no
-invocation is guessed from start times), and so does a server's run (`specfinops serve`), which is one run for
-its lifetime, not one of the runs of an invocation that compared the modes. String(36) holds a uuid in either
-form (hex or hyphenated). ix_runs_invocation_id: the runs of one invocation are found without a scan.
+invocation is guessed from start times), and so does a server's run (`specfinops serve` records one run per
+mode for its lifetime, each serving whatever requests clients send it: not the same prompts in turns, so
+nothing pairs them). String(36) holds a uuid in either form (hex or hyphenated). ix_runs_invocation_id: the runs of one invocation are found without a scan.
 
 Upgrade adds the column in place (ALTER TABLE ADD COLUMN, no table rebuild on SQLite) and builds the index.
 Downgrade drops both (the ids recorded since are lost); on SQLite dropping the column rebuilds runs, so it checks
