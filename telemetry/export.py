@@ -185,6 +185,7 @@ def requests_query(window: ExportWindow) -> Select:
             func.coalesce(Request.max_new_tokens, Run.max_new_tokens).label("max_new_tokens"),
             Request.status,
             Request.error,
+            Run.invocation_id,  # the bench or load test that recorded it (empty: a server's, or before 0011)
         )
         .join(Run, Run.id == Request.run_id)
         .order_by(Request.id)
@@ -288,7 +289,7 @@ def iter_query_rows(engine: Engine, stmt: Select) -> tuple[list[str], Iterator[S
 COST_HEADER = [
     "run_id", "mode", "node_id", "device", "target", "drafter", "workload", "started_at", "output_tokens",
     "wall_s", "tokens_per_s", "priced_as", "node_usd_per_hour", "usd_per_kwh", "pue", "hardware_usd_per_1m",
-    "energy_usd_per_1m", "total_usd_per_1m", "energy_included", "energy_estimated", "note",
+    "energy_usd_per_1m", "total_usd_per_1m", "energy_included", "energy_estimated", "note", "invocation_id",
 ]
 
 
@@ -308,7 +309,7 @@ def cost_rows(engine: Engine, window: ExportWindow, *, filters=None) -> tuple[li
                 r.run_id, r.mode, r.node_id, r.device, r.target, r.drafter, r.workload, r.started_at,
                 r.stats.output_tokens, r.stats.wall_s, r.stats.tokens_per_s, rc.node_price.priced_as,
                 rc.node_price.usd_per_hour, rc.usd_per_kwh, rc.pue, c.hardware_usd_per_1m, c.energy_usd_per_1m,
-                c.total_usd_per_1m, c.energy_included, c.energy_estimated, c.reason,
+                c.total_usd_per_1m, c.energy_included, c.energy_estimated, c.reason, r.invocation_id,
             )
 
     return list(COST_HEADER), rows()

@@ -48,11 +48,11 @@ def store(db_url):
     (which recorded top_k 50: off at temperature 0), one like the sampled bench."""
     engine = open_store(db_url)
     with Recorder(engine, flush_interval_s=0.02) as rec:
-        greedy = rec.start_run(_run("spec"))
+        greedy = rec.start_run(_run("spec", invocation_id="inv-1"))
         rec.record_request(greedy, _request("g1", 0))
         rec.record_request(greedy, _request("g2", 1))
         rec.record_power(greedy, [_sample(T0, 100.0)])
-        sampled = rec.start_run(_run("ar", node_id="node-b", workload="chat", temperature=0.8, top_p=0.9, top_k=40,
+        sampled = rec.start_run(_run("ar", invocation_id="inv-1", node_id="node-b", workload="chat", temperature=0.8, top_p=0.9, top_k=40,
                                      max_new_tokens=64))
         rec.record_request(sampled, _request("s1", 2))
         rec.record_power(sampled, [_sample(T0, 90.0),
@@ -144,3 +144,14 @@ def test_the_cli_selects_and_says_when_nothing_matches(store, db_url, capsys):
         assert main(["export", "--db", db_url, "--what", "requests", "--out", "-", *argv]) == 2
         _, err = capsys.readouterr()
         assert named in err and "Traceback" not in err
+
+
+def test_requests_and_cost_rows_name_the_invocation_that_recorded_them(store):
+    """The bench or load test behind each row (runs.invocation_id, 0011): empty for a server's run."""
+    engine, ids = store
+    header, rows = export_rows(engine, "requests", ExportWindow())
+    col = {row[header.index("external_id")]: row[header.index("invocation_id")] for row in rows}
+    assert col == {"g1": "inv-1", "g2": "inv-1", "s1": "inv-1", "req-greedy": None, "req-sampled": None}
+    header, rows = export_rows(engine, "cost", ExportWindow())
+    col = {row[header.index("run_id")]: row[header.index("invocation_id")] for row in rows}
+    assert col == {ids["greedy"]: "inv-1", ids["sampled"]: "inv-1", ids["served"]: None}
