@@ -73,6 +73,8 @@ class ServerState:
     checker: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
         1, thread_name_prefix="specfinops-tokenize"))
     handlers: set[asyncio.Task] = field(default_factory=set)  # generation requests in flight (their tasks)
+    # those of them still reading or checking their body (no job submitted yet): the grace's end cancels them
+    reading: set[asyncio.Task] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if self.max_chars is None:
@@ -234,6 +236,7 @@ async def _generate(request: Request, state: ServerState, kind: str):
     state.handlers.add(task)  # the app's shutdown waits for it to answer
     task.add_done_callback(state.handlers.discard)
     _authorize(request, state)
+    state.reading.add(task)
     try:
         raw = await _read_body(request)
         checked = await asyncio.get_running_loop().run_in_executor(state.checker, _parse_and_check, raw, kind,
@@ -241,9 +244,11 @@ async def _generate(request: Request, state: ServerState, kind: str):
     except ClientDisconnect:  # the client left before its body was whole: nobody to answer, nothing to record
         logger.debug("client went away while sending the body of %s %s", request.method, request.url.path)
         return Response(status_code=499)  # (it was logged as an unexpected error, a traceback, and a 500)
-    except asyncio.CancelledError:  # uvicorn's graceful shutdown ran out before the request reached the engine
+    except asyncio.CancelledError:  # the grace ran out before the request reached the engine
         task.uncancel()
         raise APIError(503, "the server is shutting down", code="shutting_down") from None
+    finally:
+        state.reading.discard(task)  # (no await from here to the submit: the grace's end cannot slip between)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     job = Job(f"{prefix}-{uuid.uuid4().hex[:24]}", checked, t_start, wall_start, asyncio.get_running_loop())
     recorded_in = request.headers.get(RECORDED_IN_HEADER)

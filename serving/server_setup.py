@@ -169,10 +169,18 @@ def serve(opts: ServeOptions, *, log_level: str = "info") -> None:
 
 async def _cancel_after_grace(state: ServerState, graceful_s: float) -> None:
     """After `graceful_s`, cancel every request still running or waiting (each is recorded as cancelled and
-    its client answered: 503 `cancelled`, or an error event and [DONE])."""
+    its client answered: 503 `cancelled`, or an error event and [DONE]), and every request still reading or
+    checking its body (answered 503 `shutting_down`; it never reached the engine: nothing to record). A client
+    that stalled mid-body held the shutdown until uvicorn's own deadline, which cancelled it with an ERROR."""
     await asyncio.sleep(graceful_s)
     busy = state.loop_engine.num_running + state.loop_engine.num_waiting
     if busy:
         logger.warning("graceful shutdown: %d request(s) still in flight after --graceful-s %g: cancelling them",
                        busy, graceful_s)
+    reading = [t for t in state.reading if not t.done()]
+    if reading:
+        logger.warning("graceful shutdown: %d request(s) still sending or checking their body after --graceful-s "
+                       "%g: refusing them", len(reading), graceful_s)
+    for task in reading:
+        task.cancel()
     await asyncio.to_thread(state.loop_engine.stop)

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 from urllib.parse import urlparse
 
@@ -161,3 +165,62 @@ def test_a_client_that_leaves_mid_body_is_no_server_error(live, log_records):
     r = httpx.post(live.url + COMP, json={"model": live.model, "prompt": "hello", "max_tokens": 2}, headers=AUTH,
                    timeout=120)
     assert r.status_code == 200, r.text
+
+
+# ---------------------------------------------------------------------------------------------- shutdown
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_refuses_a_request_still_sending_its_body_when_the_grace_ends(tmp_path):
+    """A client that stalled mid-body held `specfinops serve` past --graceful-s until uvicorn's own deadline
+    (10 s later), which cancelled its handler and logged 'ERROR: Cancel 1 running task(s), timeout graceful
+    shutdown exceeded'. The end of the grace now refuses such a request itself: a 503 `shutting_down`, no
+    ERROR, nothing recorded, the runs ended 'completed'."""
+    db_url = f"sqlite:///{tmp_path / 'store.db'}"
+    port = _free_port()
+    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--db", db_url, "--max-batch", "1",
+           "--max-len", "512", "--power", "none", "--graceful-s", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                return httpx.get(url + "/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        _wait_for(up, "the server to come up", 180)
+        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        body = json.dumps({"model": model, "prompt": "hello", "max_tokens": 2}).encode()
+        with socket.create_connection(("127.0.0.1", port)) as stalled:
+            stalled.sendall((f"POST {COMP} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(body)}\r\n\r\n").encode() + body[:10])
+            # a whole request served after it: the stalled one's headers have been read, its handler waits
+            assert httpx.post(url + COMP, json={"model": model, "prompt": "hi", "max_tokens": 1},
+                              timeout=120).status_code == 200
+            proc.send_signal(signal.SIGTERM)
+            stalled.settimeout(120)
+            answer = b""
+            while chunk := stalled.recv(65536):
+                answer += chunk
+        assert proc.wait(120) in (0, -signal.SIGTERM)
+        log = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503"), answer[:300]
+    assert json.loads(payload)["error"]["code"] == "shutting_down", payload
+    assert "ERROR" not in log and "Traceback" not in log and "timeout graceful shutdown exceeded" not in log, log
+    with create_engine(db_url).connect() as c:
+        assert [tuple(r) for r in c.execute(text("select mode, status from runs order by id"))] == [
+            ("spec", "completed"), ("ar", "completed")]
+        assert c.execute(text("select count(*) from requests")).scalar_one() == 1  # the request served
