@@ -85,8 +85,18 @@ class ServerState:
         if not getattr(tok, "chat_template", None):
             raise APIError(400, "this model has no chat template: use /v1/completions", param="messages",
                            code="unsupported_value")
-        return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                            return_dict=False))
+        # what chat templates are rendered with
+        from jinja2.exceptions import TemplateError, TemplateSyntaxError
+
+        try:
+            return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                return_dict=False))
+        except TemplateSyntaxError:  # the model's template is broken: the server's problem (a 500, logged)
+            raise
+        except TemplateError as exc:  # the template refuses these messages (its raise_exception, e.g. roles that
+            # do not alternate, or a system message it has no place for): the client's to fix, not a 500
+            raise APIError(400, f"this model's chat template refuses these messages: {exc}", param="messages",
+                           code="invalid_value") from None
 
     def encode_text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))

@@ -131,6 +131,29 @@ def test_an_error_naming_a_parameter_carries_a_code_like_the_others(live, path, 
     assert (err["param"], err["code"], err["type"]) == (param, code, "invalid_request_error"), err
 
 
+# as Llama 2's, Mistral's and Gemma's templates do: raise_exception on messages they have no place for
+STRICT_TEMPLATE = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                   "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+                   "{% endif %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+                   "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+def test_messages_a_strict_chat_template_refuses_are_a_400_naming_them(live, log_records, monkeypatch):
+    """A target whose chat template raises (roles that do not alternate, a system message) answered a 500
+    'internal server error' and logged the jinja2 TemplateError's traceback: the client's messages were wrong,
+    and nothing said so."""
+    monkeypatch.setattr(live.state.tokenizer, "chat_template", STRICT_TEMPLATE)
+    body = {"model": live.model, "max_tokens": 2, "messages": [{"role": "system", "content": "Be brief."}, *USER]}
+    r = httpx.post(live.url + CHAT, json=body, headers=AUTH, timeout=120)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["param"], err["code"], err["type"]) == ("messages", "invalid_value", "invalid_request_error"), err
+    assert "Conversation roles must alternate" in err["message"], err
+    assert not log_records, [(rec.name, rec.getMessage()) for rec in log_records]
+    ok = httpx.post(live.url + CHAT, json={**body, "messages": USER}, headers=AUTH, timeout=120)
+    assert ok.status_code == 200, ok.text  # the template's accepted messages are served
+
+
 # ---------------------------------------------------------------------------------------------- HTTP
 
 
