@@ -31,10 +31,7 @@ class TextStream:
             safe = len(text.rstrip(REPLACEMENT))
         limit = safe
         for stop in self._stop:  # hold back a tail that may still grow into a stop string
-            for n in range(min(len(stop) - 1, safe), 0, -1):
-                if text[safe - n: safe] == stop[:n]:
-                    limit = min(limit, safe - n)
-                    break
+            limit = min(limit, _growing_into(text, safe, stop))
         return self._take(text, limit)
 
     def flush(self) -> str:
@@ -48,6 +45,21 @@ class TextStream:
         piece = text[self._sent: upto]
         self._sent = upto
         return piece
+
+
+def _growing_into(text: str, end: int, stop: str) -> int:
+    """Where the longest tail of text[:end] that is a proper prefix of `stop` begins (`end` when none does).
+
+    Only the positions holding stop's first character are tried (str.find, in C), and of those only where the
+    tail's last character matches too is the tail compared: this runs on the event loop once per decode step of
+    every stream, and trying every prefix length of a long stop string (one slice and comparison each) took time
+    quadratic in its length, every step."""
+    i = text.find(stop[0], max(end - len(stop) + 1, 0), end)
+    while i != -1:
+        if text[end - 1] == stop[end - 1 - i] and stop.startswith(text[i:end]):
+            return i
+        i = text.find(stop[0], i + 1, end)
+    return end
 
 
 def _cut(text: str, stops: tuple[str, ...]) -> str:

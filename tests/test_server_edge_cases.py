@@ -154,6 +154,28 @@ def test_messages_a_strict_chat_template_refuses_are_a_400_naming_them(live, log
     assert ok.status_code == 200, ok.text  # the template's accepted messages are served
 
 
+def test_holding_back_a_long_stop_string_does_not_try_each_of_its_prefix_lengths():
+    """Each decode step of each stream, on the event loop, the text that may still grow into a stop string is
+    held back. It was found by slicing and comparing the text's tail with every prefix of the stop string: for
+    stop strings of thousands of characters, quadratic work per step that stalled every stream. Counted here
+    without timing: the slices the stream takes of the decoded text."""
+    from serving.server_text import TextStream
+
+    class Counted(str):
+        slices = 0
+
+        def __getitem__(self, key):
+            if isinstance(key, slice):
+                Counted.slices += 1
+            return Counted(str.__getitem__(self, key))
+
+    stops = ("x" * 2000, "ab" + "z" * 2000, "\n\nUser: " * 300)
+    ts = TextStream(lambda ids: Counted("abcd" * len(ids)), stops)
+    sent = "".join(ts.add([1, 1]) for _ in range(200)) + ts.flush()
+    assert sent == "abcd" * 400  # no stop string occurs: all of it, in the end
+    assert Counted.slices <= 3 * 201, Counted.slices  # the decoded text's cut and the piece sent, per step
+
+
 # ---------------------------------------------------------------------------------------------- HTTP
 
 
