@@ -298,7 +298,11 @@ async def _complete(request: Request, job: Job, state: ServerState):
     collect = asyncio.ensure_future(_collect(job))
     if not await _until_done_or_gone(collect, request.receive, job, state):
         return Response(status_code=499)
-    if not collect.done():  # cancelled by uvicorn and the engine did not answer in time
+    if not collect.done() or collect.cancelled():
+        # cancelled by uvicorn and the engine did not answer in time; or the collecting task itself was cancelled
+        # (a forced quit, a second Ctrl-C: asyncio.run cancels every task): its result() raised CancelledError
+        # through the app, a traceback in the log and a bare 500 text/plain to the client
+        state.loop_engine.cancel(job)  # nobody collects its tokens any more: recorded as cancelled, as answered
         raise APIError(503, "the request was cancelled (server shutting down)", code="cancelled")
     ids, fin = collect.result()
     if fin.finish_reason == "error":

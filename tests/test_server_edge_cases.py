@@ -212,6 +212,37 @@ def test_a_client_that_leaves_mid_body_is_no_server_error(live, log_records):
     assert r.status_code == 200, r.text
 
 
+def test_a_request_whose_collecting_task_is_cancelled_is_answered_503_and_recorded_cancelled(live, monkeypatch,
+                                                                                           log_records):
+    """The task collecting a plain request's tokens is cancelled from outside when asyncio.run tears the loop down
+    (a forced quit): its result() raised CancelledError through the app, logged as 'Exception in ASGI
+    application' with a traceback, a bare 500 text/plain to the client, and the request decoded on to the end,
+    recorded 'ok'. Here the collecting coroutine cancels itself at once."""
+    import asyncio
+
+    import serving.server as server
+
+    async def cancelled(job):
+        raise asyncio.CancelledError
+
+    def rows():
+        live.flush()
+        with create_engine(live.db_url).connect() as c:
+            return c.execute(text("select status, output_tokens from requests order by id desc")).all()
+
+    before = len(rows())
+    monkeypatch.setattr(server, "_collect", cancelled)
+    r = httpx.post(live.url + COMP, json={"model": live.model, "prompt": "1, 2, 3,", "max_tokens": 200,
+                                          "temperature": 0}, headers=AUTH, timeout=120)
+    monkeypatch.undo()
+    assert r.status_code == 503 and r.headers["content-type"] == "application/json", (r.status_code, r.text)
+    assert r.json()["error"]["code"] == "cancelled"
+    _wait_for(lambda: len(rows()) > before, "the request's record")  # the engine ends it after the answer
+    status, output_tokens = rows()[0]
+    assert status == "cancelled" and output_tokens < 200, (status, output_tokens)
+    assert not log_records, [(rec.name, rec.getMessage()) for rec in log_records]
+
+
 # ---------------------------------------------------------------------------------------------- shutdown
 
 
