@@ -111,6 +111,7 @@ def create_app(state: ServerState) -> FastAPI:
         # so), let those handlers send their answers (503 `cancelled`, or an error event and [DONE]) before
         # the process exits, then end the runs and flush the recorder.
         await asyncio.to_thread(state.loop_engine.stop)
+        refuse_readers(state)  # (a forced quit skips the grace, whose end refuses them otherwise)
         pending = [t for t in state.handlers if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=ANSWER_AFTER_CANCEL_S)
@@ -160,6 +161,15 @@ def create_app(state: ServerState) -> FastAPI:
         return await _generate(request, state, "completion")
 
     return app
+
+
+def refuse_readers(state: ServerState) -> int:
+    """Cancel the requests still reading or checking their body (each answers 503 `shutting_down`; none reached
+    the engine); how many. On the event loop."""
+    reading = [t for t in state.reading if not t.done()]
+    for task in reading:
+        task.cancel()
+    return len(reading)
 
 
 def shutdown(state: ServerState, status: str = "completed") -> None:

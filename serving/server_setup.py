@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from serving.sampling import SamplingParams
-from serving.server import ANSWER_AFTER_CANCEL_S, ServerState, create_app, shutdown
+from serving.server import ANSWER_AFTER_CANCEL_S, ServerState, create_app, refuse_readers, shutdown
 from serving.server_engine import EngineLoop
 from serving.server_metrics import ServeMetrics
 from serving.server_telemetry import MODES, ServeTelemetry, client_key_id, publish_client_key
@@ -140,6 +140,24 @@ def _warm_up(loaded: Loaded) -> None:
 
 def serve(opts: ServeOptions, *, log_level: str = "info") -> None:
     """Run the server in the foreground until SIGTERM / SIGINT."""
+    state = build_state(opts)
+    run(graceful_server(state, opts, log_level=log_level), state)
+
+
+def run(server, state: ServerState) -> None:
+    """Run `server` (`graceful_server`) until it stops, then end the runs (idempotent: the app's shutdown
+    did, unless the start failed, e.g. port in use)."""
+    status = "failed"
+    try:
+        server.run()
+        status = "completed" if server.started else "failed"
+    finally:
+        shutdown(state, status)
+
+
+def graceful_server(state: ServerState, opts: ServeOptions, *, log_level: str = "info"):
+    """uvicorn serving `state`'s app on opts.host:opts.port, whose grace the app ends itself (`--graceful-s`).
+    In the main thread SIGTERM / SIGINT stop it; elsewhere (tests) `handle_exit(signal, None)` does."""
     import uvicorn
 
     class GracefulServer(uvicorn.Server):
@@ -151,20 +169,18 @@ def serve(opts: ServeOptions, *, log_level: str = "info") -> None:
             deadline = asyncio.ensure_future(_cancel_after_grace(state, opts.graceful_s))
             try:
                 await super().shutdown(sockets)
+                if self.force_exit:
+                    # a second Ctrl-C (force quit): uvicorn stops waiting for the requests in flight and skips the
+                    # app's shutdown, so asyncio.run cancelled every task: a bare 500 or a cut stream per client,
+                    # and the lifespan's traceback in the log. Run the app's shutdown all the same; it does not
+                    # wait for the requests, it cancels them at once (one decode step), and each is answered.
+                    await self.lifespan.shutdown()
             finally:
                 deadline.cancel()
 
-    state = build_state(opts)
-    app = create_app(state)
-    config = uvicorn.Config(app, host=opts.host, port=opts.port, log_level=log_level,
+    config = uvicorn.Config(create_app(state), host=opts.host, port=opts.port, log_level=log_level,
                             timeout_graceful_shutdown=opts.graceful_s + ANSWER_AFTER_CANCEL_S, access_log=False)
-    server = GracefulServer(config)
-    status = "failed"
-    try:
-        server.run()
-        status = "completed" if server.started else "failed"
-    finally:
-        shutdown(state, status)  # idempotent: also covers a failed start (port in use)
+    return GracefulServer(config)
 
 
 async def _cancel_after_grace(state: ServerState, graceful_s: float) -> None:
@@ -177,10 +193,8 @@ async def _cancel_after_grace(state: ServerState, graceful_s: float) -> None:
     if busy:
         logger.warning("graceful shutdown: %d request(s) still in flight after --graceful-s %g: cancelling them",
                        busy, graceful_s)
-    reading = [t for t in state.reading if not t.done()]
-    if reading:
+    refused = refuse_readers(state)
+    if refused:
         logger.warning("graceful shutdown: %d request(s) still sending or checking their body after --graceful-s "
-                       "%g: refusing them", len(reading), graceful_s)
-    for task in reading:
-        task.cancel()
+                       "%g: refused them", refused, graceful_s)
     await asyncio.to_thread(state.loop_engine.stop)

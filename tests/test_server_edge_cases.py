@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import socket
-import subprocess
-import sys
+import threading
 import time
+from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import httpx
@@ -244,59 +243,169 @@ def test_a_request_whose_collecting_task_is_cancelled_is_answered_503_and_record
 
 
 # ---------------------------------------------------------------------------------------------- shutdown
+# `specfinops serve`'s own uvicorn (serving.server_setup.graceful_server and run, as `serve` runs them) in a thread,
+# on the bundled model loaded once for these tests; SIGTERM / SIGINT as its signal handler takes them
+# (`handle_exit`: off the main thread uvicorn installs none).
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(scope="module")
+def loaded(live):  # after the shared server: its model is in the cache
+    from serving.worker import EngineSpec, load
+
+    return load(EngineSpec(dtype="bfloat16", k="4", max_batch=2, max_len=1024))
 
 
-def test_sigterm_refuses_a_request_still_sending_its_body_when_the_grace_ends(tmp_path):
+@dataclass
+class Serving:
+    state: object
+    server: object
+    thread: threading.Thread
+    url: str
+    port: int
+    db_url: str
+    errors: list[logging.LogRecord]
+    warnings: list[str]
+
+
+def _serve(loaded, tmp_path, **options) -> Serving:
+    from serving.server_setup import ServeOptions, build_state, graceful_server, run
+    from serving.worker import EngineSpec
+
+    db_url = f"sqlite:///{tmp_path / 'store.db'}"
+    opts = ServeOptions(spec=EngineSpec(dtype="bfloat16", k="4", max_batch=2, max_len=1024), db=db_url,
+                        power="none", port=0, **options)
+    state = build_state(opts, loaded)
+    server = graceful_server(state, opts, log_level="warning")
+    records = _Records()  # after uvicorn configured its loggers (which drops their handlers)
+    for name in ("", "uvicorn", "uvicorn.error"):
+        logging.getLogger(name).addHandler(records)
+    thread = threading.Thread(target=run, args=(server, state), name="test-graceful-uvicorn", daemon=True)
+    thread.start()
+    _wait_for(lambda: server.started or not thread.is_alive(), "the server to start")
+    assert server.started
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return Serving(state, server, thread, f"http://127.0.0.1:{port}", port, db_url, records.records, [])
+
+
+def _stopped(s: Serving) -> None:
+    s.thread.join(120)
+    for name in ("", "uvicorn", "uvicorn.error"):
+        for h in [h for h in logging.getLogger(name).handlers if isinstance(h, _Records)]:
+            logging.getLogger(name).removeHandler(h)
+    s.warnings[:] = [r.getMessage() for r in s.errors if r.levelno == logging.WARNING]
+    s.errors[:] = [r for r in s.errors if r.levelno >= logging.ERROR or r.exc_info]
+    assert not s.thread.is_alive(), "the server did not stop"
+
+
+def _runs_and_requests(s: Serving):
+    with create_engine(s.db_url).connect() as c:
+        runs = [tuple(r) for r in c.execute(text("select mode, status from runs order by id"))]
+        statuses = [st for (st,) in c.execute(text("select status from requests order by id"))]
+    return runs, statuses
+
+
+def _stall(s: Serving, model: str) -> socket.socket:
+    """A request whose client sends its headers and 10 bytes of its body, then nothing more."""
+    body = json.dumps({"model": model, "prompt": "hello", "max_tokens": 2}).encode()
+    stalled = socket.create_connection(("127.0.0.1", s.port))
+    stalled.sendall((f"POST {COMP} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n").encode() + body[:10])
+    return stalled
+
+
+def _answer(sock: socket.socket) -> tuple[bytes, bytes]:
+    sock.settimeout(120)
+    answer = b""
+    while chunk := sock.recv(65536):
+        answer += chunk
+    sock.close()
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    return head, payload
+
+
+def test_sigterm_refuses_a_request_still_sending_its_body_when_the_grace_ends(loaded, tmp_path):
     """A client that stalled mid-body held `specfinops serve` past --graceful-s until uvicorn's own deadline
     (10 s later), which cancelled its handler and logged 'ERROR: Cancel 1 running task(s), timeout graceful
     shutdown exceeded'. The end of the grace now refuses such a request itself: a 503 `shutting_down`, no
     ERROR, nothing recorded, the runs ended 'completed'."""
-    db_url = f"sqlite:///{tmp_path / 'store.db'}"
-    port = _free_port()
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--db", db_url, "--max-batch", "1",
-           "--max-len", "512", "--power", "none", "--graceful-s", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
+    s = _serve(loaded, tmp_path, graceful_s=1.0)
     try:
-        def up() -> bool:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                return httpx.get(url + "/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        _wait_for(up, "the server to come up", 180)
-        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
-        body = json.dumps({"model": model, "prompt": "hello", "max_tokens": 2}).encode()
-        with socket.create_connection(("127.0.0.1", port)) as stalled:
-            stalled.sendall((f"POST {COMP} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                             f"Content-Length: {len(body)}\r\n\r\n").encode() + body[:10])
-            # a whole request served after it: the stalled one's headers have been read, its handler waits
-            assert httpx.post(url + COMP, json={"model": model, "prompt": "hi", "max_tokens": 1},
-                              timeout=120).status_code == 200
-            proc.send_signal(signal.SIGTERM)
-            stalled.settimeout(120)
-            answer = b""
-            while chunk := stalled.recv(65536):
-                answer += chunk
-        assert proc.wait(120) in (0, -signal.SIGTERM)
-        log = proc.stdout.read()
+        stalled = _stall(s, s.state.model_id)
+        _wait_for(lambda: len(s.state.handlers) == 1, "the stalled request's handler to read its body")
+        s.server.handle_exit(signal.SIGTERM, None)
+        head, payload = _answer(stalled)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    head, _, payload = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 503"), answer[:300]
+        s.server.should_exit = True
+        _stopped(s)
+    assert head.startswith(b"HTTP/1.1 503"), head
     assert json.loads(payload)["error"]["code"] == "shutting_down", payload
-    assert "ERROR" not in log and "Traceback" not in log and "timeout graceful shutdown exceeded" not in log, log
-    with create_engine(db_url).connect() as c:
-        assert [tuple(r) for r in c.execute(text("select mode, status from runs order by id"))] == [
-            ("spec", "completed"), ("ar", "completed")]
-        assert c.execute(text("select count(*) from requests")).scalar_one() == 1  # the request served
+    assert not s.errors, [(r.name, r.getMessage()) for r in s.errors]
+    assert any("still sending or checking their body" in w for w in s.warnings), s.warnings
+    assert _runs_and_requests(s) == ([("spec", "completed"), ("ar", "completed")], [])
+
+
+def test_a_forced_quit_still_answers_every_client_and_ends_the_runs(loaded, tmp_path):
+    """A second Ctrl-C while requests are in flight makes uvicorn stop waiting and skip the app's shutdown:
+    asyncio.run then cancelled every task, so the plain client got a bare 500 text/plain, the stream was cut
+    mid-body, the log had tracebacks (the handler's CancelledError, the lifespan's) and both runs ended 'failed'.
+    The app's shutdown now runs all the same: what runs is cancelled at once and each client gets its
+    documented answer, a client still sending its body too."""
+    s = _serve(loaded, tmp_path)  # the default grace, 30 s: the second Ctrl-C cuts it short
+    model = s.state.model_id
+    body = {"model": model, "prompt": "1, 2, 3,", "max_tokens": 900, "temperature": 0}
+    results: dict[str, object] = {}
+    streaming = threading.Event()
+
+    def stream() -> None:
+        lines: list[str] = []
+        try:
+            with httpx.stream("POST", s.url + COMP, json={**body, "stream": True}, timeout=120) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        lines.append(line[6:])
+                        streaming.set()
+            results["stream"] = (r.status_code, lines)
+        except httpx.HTTPError as exc:
+            results["stream"] = (repr(exc), lines)
+
+    def plain() -> None:
+        try:
+            results["plain"] = httpx.post(s.url + COMP, json=body, timeout=120)
+        except httpx.HTTPError as exc:
+            results["plain"] = exc
+
+    threads = [threading.Thread(target=stream), threading.Thread(target=plain)]
+    try:
+        for t in threads:
+            t.start()
+        assert streaming.wait(120), results
+        _wait_for(lambda: s.state.loop_engine.num_running == 2, "both requests to run")
+        stalled = _stall(s, model)
+        _wait_for(lambda: len(s.state.handlers) == 3, "the stalled request's handler to read its body")
+        s.server.handle_exit(signal.SIGINT, None)
+
+        def closed() -> bool:  # uvicorn closed its listening socket: it waits for the requests in flight
+            try:
+                socket.create_connection(("127.0.0.1", s.port), timeout=1).close()
+                return False
+            except OSError:
+                return True
+
+        _wait_for(closed, "the first Ctrl-C to be taken")
+        s.server.handle_exit(signal.SIGINT, None)  # force quit
+        head, payload = _answer(stalled)
+        for t in threads:
+            t.join(120)
+    finally:
+        s.server.should_exit = s.server.force_exit = True
+        _stopped(s)
+    r = results["plain"]
+    assert isinstance(r, httpx.Response), r
+    assert r.status_code == 503 and r.headers["content-type"] == "application/json", (r.status_code, r.text)
+    assert r.json()["error"]["code"] == "cancelled"
+    status, lines = results["stream"]
+    assert status == 200 and lines[-1] == "[DONE]", (status, lines[-3:])
+    assert json.loads(lines[-2])["error"]["code"] == "cancelled", lines[-3:]
+    assert head.startswith(b"HTTP/1.1 503") and json.loads(payload)["error"]["code"] == "shutting_down", head
+    assert not s.errors, [(rec.name, rec.getMessage()) for rec in s.errors]
+    assert _runs_and_requests(s) == ([("spec", "completed"), ("ar", "completed")], ["cancelled", "cancelled"])
