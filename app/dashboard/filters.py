@@ -91,6 +91,31 @@ def _cutoff_choices(values: pd.Series, valid) -> list:
     return known if known and (len(known) > 1 or values.isna().any()) else []
 
 
+TIME_KEY = "f_time"
+TIME_BOUNDS_KEY = "_f_time_bounds"  # the store's first and last request day when the range was last drawn
+
+
+def _follow_store_days(lo: date, hi: date) -> None:
+    """Keep the time range in step with the store's days [lo, hi] before its widget is drawn. A range left
+    whole follows the store: runs recorded on a later day while the page stays open are in view (the widget
+    kept the old last day, and that range then counted as narrowed: the new runs were left out, silently). A
+    narrowed range is kept, cut to the days the store still holds."""
+    state = st.session_state
+    before, picked = state.get(TIME_BOUNDS_KEY), state.get(TIME_KEY)
+    state[TIME_BOUNDS_KEY] = (lo, hi)
+    if picked is None or before is None:
+        state[TIME_KEY] = (lo, hi)
+        return
+    if before == (lo, hi):
+        return
+    picked = tuple(picked)
+    if len(picked) != 2 or picked == tuple(before):
+        state[TIME_KEY] = (lo, hi)
+        return
+    start, end = max(picked[0], lo), min(picked[1], hi)
+    state[TIME_KEY] = (start, end) if start <= end else (lo, hi)
+
+
 def sidebar(options: dict) -> Selection:
     """Render the filters in the sidebar and return the selection."""
     runs: pd.DataFrame = options["runs"]
@@ -101,7 +126,8 @@ def sidebar(options: dict) -> Selection:
     lasts = [d for d in (_day(v) for v in runs["last_request"]) if d is not None]
     today = datetime.now(UTC).date()
     lo, hi = (min(firsts), max(lasts)) if firsts and lasts else (today, today)
-    picked = sb.date_input("Time range (UTC)", value=(lo, hi), min_value=lo, max_value=hi, key="f_time")
+    _follow_store_days(lo, hi)
+    picked = sb.date_input("Time range (UTC)", min_value=lo, max_value=hi, key=TIME_KEY)
     since = until = None
     if isinstance(picked, tuple | list) and len(picked) == 2:
         since = datetime.combine(picked[0], time.min, tzinfo=UTC)

@@ -1,0 +1,80 @@
+"""The dashboard on the stores and inputs a demanding user brings: a store that grows while the page is open,
+prices typed far out of range, and the like (AppTest; small synthetic stores from tests/synthetic.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session
+from streamlit.testing.v1 import AppTest
+from synthetic import BASE_TIME, Req, make_run, spec_req
+
+from telemetry.store import open_store
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = ROOT / "app" / "dashboard" / "main.py"
+
+
+def add_pair(url: str, *, started_at=BASE_TIME, **kw) -> None:
+    """A spec and an AR run of the same workload, target and device (tests/synthetic.py)."""
+    engine = open_store(url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(33, 100, 900), Req(33, 200, 1800, start_s=1.0)], started_at=started_at, **kw)
+        make_run(s, "spec", requests=[spec_req(33, k=4, accepted=24, ttft_ms=100, e2e_ms=500),
+                                      spec_req(17, k=4, accepted=10, ttft_ms=100, e2e_ms=420, start_s=0.2)],
+                 started_at=started_at, **kw)
+        s.commit()
+    engine.dispose()
+
+
+def app_for(url: str, monkeypatch) -> AppTest:
+    monkeypatch.setenv("SPECFINOPS_DB_URL", url)
+    monkeypatch.syspath_prepend(str(ROOT))
+    return AppTest.from_file(str(MAIN), default_timeout=120)
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def forget_cached_store_reads() -> None:
+    """What the dashboard's 60 s cache expiry does: the next run reads the store again."""
+    from app.dashboard import data
+
+    for cached in (data.count_runs, data.filter_options, data.run_summaries, data.mode_summaries, data.costs,
+                   data.speedups, data.projection):
+        cached.clear()
+
+
+def test_a_whole_time_range_follows_runs_recorded_on_a_later_day(sqlite_url, monkeypatch):
+    add_pair(sqlite_url)
+    at = app_for(sqlite_url, monkeypatch).run()
+    at.switch_page("views/runs.py").run()
+    assert [s.value for s in at.subheader][0] == "Runs (2)"
+    # a bench two days later, while the page stays open
+    add_pair(sqlite_url, started_at=BASE_TIME + timedelta(days=2))
+    forget_cached_store_reads()
+    at.run()
+    assert_clean(at)
+    day = BASE_TIME.date()
+    assert at.sidebar.date_input(key="f_time").value == (day, day + timedelta(days=2))
+    assert [s.value for s in at.subheader][0] == "Runs (4)"  # the old last day had left the new runs out
+
+
+def test_a_narrowed_time_range_stays_narrowed_as_the_store_grows(sqlite_url, monkeypatch):
+    add_pair(sqlite_url)
+    add_pair(sqlite_url, started_at=BASE_TIME + timedelta(days=1))
+    at = app_for(sqlite_url, monkeypatch).run()
+    day = BASE_TIME.date()
+    at.sidebar.date_input(key="f_time").set_value((day, day)).run()
+    at.switch_page("views/runs.py").run()
+    assert [s.value for s in at.subheader][0] == "Runs (2)"
+    add_pair(sqlite_url, started_at=BASE_TIME + timedelta(days=3))
+    forget_cached_store_reads()
+    at.run()
+    assert_clean(at)
+    assert at.sidebar.date_input(key="f_time").value == (day, day)
+    assert [s.value for s in at.subheader][0] == "Runs (2)"
