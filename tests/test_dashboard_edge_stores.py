@@ -15,15 +15,23 @@ from telemetry.store import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "app" / "dashboard" / "main.py"
+BROWSER_MAX = 1.7976931348623157e308  # JavaScript's Number.MAX_VALUE: the largest a number input can be typed
 
 
-def add_pair(url: str, *, started_at=BASE_TIME, **kw) -> None:
-    """A spec and an AR run of the same workload, target and device (tests/synthetic.py)."""
+def add_pair(url: str, *, started_at=BASE_TIME, energy: bool = False, **kw) -> None:
+    """A spec and an AR run of the same workload, target and device (tests/synthetic.py); with `energy`, 50 J an
+    AR request and 30 J / 20 J a spec one, from an estimated power source."""
     engine = open_store(url)
+    e = (lambda j: j) if energy else (lambda j: None)
+    if energy:
+        kw.setdefault("power_source", "estimate")
     with Session(engine) as s:
-        make_run(s, "ar", requests=[Req(33, 100, 900), Req(33, 200, 1800, start_s=1.0)], started_at=started_at, **kw)
-        make_run(s, "spec", requests=[spec_req(33, k=4, accepted=24, ttft_ms=100, e2e_ms=500),
-                                      spec_req(17, k=4, accepted=10, ttft_ms=100, e2e_ms=420, start_s=0.2)],
+        make_run(s, "ar", requests=[Req(33, 100, 900, energy_j=e(50.0)), Req(33, 200, 1800, start_s=1.0,
+                                                                            energy_j=e(50.0))],
+                 started_at=started_at, **kw)
+        make_run(s, "spec", requests=[spec_req(33, k=4, accepted=24, ttft_ms=100, e2e_ms=500, energy_j=e(30.0)),
+                                      spec_req(17, k=4, accepted=10, ttft_ms=100, e2e_ms=420, start_s=0.2,
+                                               energy_j=e(20.0))],
                  started_at=started_at, **kw)
         s.commit()
     engine.dispose()
@@ -78,3 +86,24 @@ def test_a_narrowed_time_range_stays_narrowed_as_the_store_grows(sqlite_url, mon
     assert_clean(at)
     assert at.sidebar.date_input(key="f_time").value == (day, day)
     assert [s.value for s in at.subheader][0] == "Runs (2)"
+
+
+@pytest.mark.parametrize("key", ["w_daily", "w_node_usd", "w_kwh", "w_pue"])
+def test_a_price_or_traffic_input_at_its_largest_keeps_both_pages_readable(sqlite_url, monkeypatch, key):
+    """Each input of the Cost & capacity page typed as large as it takes: both pages still draw their figures,
+    finite and short enough for a tile (a node at $1e308/h made every cost infinite: "$inf" tiles and an error
+    line in place of both pages; $1e308/kWh a cost per 1M tokens 300 digits long)."""
+    add_pair(sqlite_url, energy=True)
+    at = app_for(sqlite_url, monkeypatch).run()
+    at.switch_page("views/cost.py").run()
+    if key == "w_node_usd":
+        at.selectbox(key="w_price").set_value("custom $/h per node").run()
+    widget = at.number_input(key=key)
+    # an input without a bound takes whatever a browser's number holds
+    widget.set_value(BROWSER_MAX if widget.max is None else widget.max).run()
+    for page in ("views/cost.py", "views/overview.py"):
+        at.switch_page(page).run()
+        assert_clean(at)
+        shown = {m.label: m.value for m in at.metric}
+        assert shown, page
+        assert not [v for v in shown.values() if "inf" in v or "nan" in v or len(v) > 24], shown

@@ -25,6 +25,12 @@ from telemetry.costing import FLEET_COST_LABEL, partial_energy_text, runs_text
 
 SNAPSHOT = "runs' recorded price"
 CUSTOM = "custom $/h per node"
+# the inputs' upper bounds: far above any real service or price, yet finite figures that fit their tiles (left
+# unbounded, a node at $1e308/h made every cost infinite and both this page and the Overview an error line)
+MAX_DAILY_M = 100_000_000.0  # 1e14 output tokens a day
+MAX_NODE_USD = 10_000.0  # $/h per node
+MAX_USD_PER_KWH = 10.0
+MAX_PUE = 5.0
 
 
 def _cost_section(ctx: Context, values: dict) -> None:
@@ -65,8 +71,9 @@ def _inputs(ctx: Context) -> dict:
     catalog = data.price_catalog(ctx.url)
     gpus = [p.name for p in catalog if p.unit == "usd_per_hour"]
     c = st.columns(4)
-    daily_m = c[0].number_input("Daily output tokens (millions)", min_value=0.001, value=a["daily_tokens"] / 1e6,
-                                step=50.0, format="%.3f", key="w_daily")
+    daily_m = c[0].number_input("Daily output tokens (millions)", min_value=0.001, max_value=MAX_DAILY_M,
+                                value=min(a["daily_tokens"] / 1e6, MAX_DAILY_M), step=50.0, format="%.3f",
+                                key="w_daily")
     peak = c[1].number_input("Peak-to-average factor", min_value=1.0, max_value=20.0, value=float(a["peak_factor"]),
                              step=0.5, key="w_peak")
     sla = c[2].number_input("p95 TPOT SLA (ms)", min_value=0.1, value=float(a["sla_ms"]), step=5.0, key="w_sla")
@@ -78,19 +85,22 @@ def _inputs(ctx: Context) -> dict:
     c = st.columns(4)
     gpus_per_node = int(c[0].number_input("GPUs per node", min_value=1, max_value=64, value=int(a["gpus_per_node"]),
                                           key="w_gpus", disabled=price in (SNAPSHOT, CUSTOM)))
-    node_usd = c[1].number_input("Custom node $/h", min_value=0.01, value=float(a["node_hourly_usd"] or 10.0),
+    node_usd = c[1].number_input("Custom node $/h", min_value=0.01, max_value=MAX_NODE_USD,
+                                 value=min(float(a["node_hourly_usd"] or 10.0), MAX_NODE_USD),
                                  key="w_node_usd", disabled=price != CUSTOM)
     kwh_cat = next((p.value for p in catalog if p.kind == "electricity"), None)
     pue_cat = next((p.value for p in catalog if p.kind == "pue"), None)
     kwh = c[2].number_input(f"Electricity $/kWh (0: {fmt(kwh_cat, 'g', prefix='$')})", min_value=0.0,
-                            value=float(a["usd_per_kwh"] or 0.0), step=0.01, format="%.3f", key="w_kwh",
+                            max_value=MAX_USD_PER_KWH, value=min(float(a["usd_per_kwh"] or 0.0), MAX_USD_PER_KWH),
+                            step=0.01, format="%.3f", key="w_kwh",
                             help="Prices the measured energy (kWh x PUE x $/kWh) of the runs at the top of the "
                                  "page and of the fleet; 0 keeps each run's recorded price (else the catalog's, "
                                  "which `specfinops prices set electricity ...` changes) and the catalog's for "
                                  "the fleet.")
-    pue = c[3].number_input(f"PUE (0: {fmt(pue_cat, 'g')})", min_value=0.0, value=float(a["pue"] or 0.0),
-                            step=0.05, key="w_pue", help="0 keeps each run's recorded PUE (else the catalog's) "
-                                                         "and the catalog's for the fleet.")
+    pue = c[3].number_input(f"PUE (0: {fmt(pue_cat, 'g')})", min_value=0.0, max_value=MAX_PUE,
+                            value=min(float(a["pue"] or 0.0), MAX_PUE), step=0.05, key="w_pue",
+                            help="0 keeps each run's recorded PUE (else the catalog's) and the catalog's for the "
+                                 "fleet.")
     if 0 < pue < 1:
         st.warning("PUE is at least 1; using the catalog PUE.")
         pue = 0.0
