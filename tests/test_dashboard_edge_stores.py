@@ -107,3 +107,15 @@ def test_a_price_or_traffic_input_at_its_largest_keeps_both_pages_readable(sqlit
         shown = {m.label: m.value for m in at.metric}
         assert shown, page
         assert not [v for v in shown.values() if "inf" in v or "nan" in v or len(v) > 24], shown
+
+
+def test_speedups_of_several_configurations_that_read_alike_are_one_figure(sqlite_url, monkeypatch):
+    """Two answer length caps with the same measured speedup: the tile says 3.42x, not "3.42–3.42x"; its help
+    still says it covers two configurations."""
+    add_pair(sqlite_url, max_new_tokens=32)
+    add_pair(sqlite_url, max_new_tokens=64, started_at=BASE_TIME + timedelta(hours=1))
+    at = app_for(sqlite_url, monkeypatch).run()
+    assert_clean(at)
+    (tile,) = [m for m in at.metric if m.label == "Speedup"]
+    assert tile.value.endswith("x") and "–" not in tile.value, tile.value
+    assert tile.proto.help.startswith("2 configurations"), tile.proto.help

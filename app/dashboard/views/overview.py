@@ -53,7 +53,8 @@ def _speedup_text(speedups) -> tuple[str, str]:
     temps = sorted({temperature_text(s.temperature) + cutoffs_text(s.top_p, s.top_k, s.temperature)
                     + (f", {max_new_tokens_text(s.max_new_tokens)}" if caps else "") for s in rows})
     kinds = sorted({s.kind for s in rows})
-    return (f"{min(values):.2f}–{max(values):.2f}x",
+    lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"  # a range whose ends read alike is one figure ("3.42–3.42x")
+    return (f"{lo}x" if lo == hi else f"{lo}–{hi}x",
             f"{len(rows)} configurations (range), each spec against AR at one sampling (temperature, top_p, top_k), "
             f"answer length cap and run kind: not pooled across temperatures or run kinds ({'; '.join(temps)}; "
             f"{', '.join(kinds)} runs), nor across top_p, top_k or max new tokens. See the "
