@@ -747,7 +747,13 @@ def project_from_store(
     if not configs:
         raise ValueError(no_runs_reason(engine, filters))
     if not any(c.stats.output_tokens for c in configs):
-        raise ValueError(f"no measured runs with output tokens in the store; {empty_store_hint(engine)}")
+        # the runs are there: say what became of their requests, not only how to measure new ones
+        failed = sum(c.stats.num_requests_failed for c in configs)
+        ok = sum(c.stats.num_requests_ok for c in configs)
+        which = f"all {failed:,} of their requests" if not ok else f"{failed:,} of their {ok + failed:,} requests"
+        said = (f": {which} failed or were cancelled (`specfinops export --what requests` shows their errors)"
+                if failed else " in the store")
+        raise ValueError(f"no measured runs with output tokens{said}; {empty_store_hint(engine)}")
     comparison, configs = comparable_group(configs)
     devices = tuple(sorted({c.device for c in configs}))
     run_ids = [i for c in configs for i in c.run_ids]

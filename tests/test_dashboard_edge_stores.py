@@ -119,3 +119,26 @@ def test_speedups_of_several_configurations_that_read_alike_are_one_figure(sqlit
     (tile,) = [m for m in at.metric if m.label == "Speedup"]
     assert tile.value.endswith("x") and "–" not in tile.value, tile.value
     assert tile.proto.help.startswith("2 configurations"), tile.proto.help
+
+
+def test_a_store_whose_requests_all_failed_says_so_not_that_it_is_empty(sqlite_url, monkeypatch):
+    """Only failed and cancelled requests: every figure is missing, the projection says what became of the
+    requests (not only "run a bench"), and a cost that is not there is not called "hardware only"."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(0, None, None, status="error"),
+                                    Req(0, None, None, status="cancelled", start_s=1.0)])
+        make_run(s, "spec", requests=[Req(0, None, None, status="error")], status="failed")
+        s.commit()
+    engine.dispose()
+    at = app_for(sqlite_url, monkeypatch).run()
+    assert_clean(at)
+    assert {m.value for m in at.metric} == {"—"}
+    captions = [c.value for c in at.caption]
+    assert any(c.startswith("Projection: no measured runs with output tokens: all 3 of their requests failed or "
+                            "were cancelled") for c in captions), captions
+    ar, spec = (c for c in captions if " requests ok, " in c)
+    assert "hardware only" not in ar + spec, (ar, spec)
+    assert ar.endswith("· no cost (no output tokens)"), ar
+    cost_help = [m.proto.help for m in at.metric if m.label.startswith("Cost per 1M tokens")]
+    assert cost_help and not [h for h in cost_help if "Hardware only" in h], cost_help

@@ -202,7 +202,8 @@ def body(ctx: Context) -> None:
                          **cost_delta,
                          delta_color="inverse",
                          help="(node $/h x node hours + kWh x PUE x $/kWh) / output tokens x 1e6"
-                              + ("" if not c or c.energy_included else f". Hardware only: {no_energy}.")
+                              + ("" if total is None or c.energy_included else f". Hardware only: {no_energy}.")
+                              + (f". No cost: {c.reason}." if total is None and c and c.reason else "")
                               + (" Energy part is an estimate." if c and c.energy_included and c.energy_estimated
                                  else "")
                               + f" Prices: {prices_text([rc for rc in run_costs if rc.run.mode == mode], a)}."
@@ -244,7 +245,8 @@ def body(ctx: Context) -> None:
                             else "J/token is an estimate")
             st.caption(f"{s.num_requests_ok:,} requests ok, {s.num_requests_failed:,} failed, "
                        f"{s.output_tokens:,} output tokens"
-                       + (f" · cost is hardware only ({no_energy})" if c and not c.energy_included else "")
+                       + (f" · cost is hardware only ({no_energy})" if total is not None and not c.energy_included
+                          else f" · no cost ({c.reason})" if total is None and c and c.reason else "")
                        + "".join(f" · {x}" for x in said))
 
     if speedups:
