@@ -54,6 +54,9 @@ class ServeOptions:
             raise ValueError(f"--port must be within 0..65535, got {self.port}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("--api-key must not be empty")
+        # an empty name fell back to the target's name unsaid: clients sending the name given were refused (404)
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ValueError("--served-model-name must not be empty (leave it out to serve the target's name)")
         if self.max_waiting < 1:
             raise ValueError(f"--max-waiting must be >= 1, got {self.max_waiting}")
         # NaN passed `< 0` and meant no grace at all (asyncio.sleep(nan) returns at once); inf, none ever

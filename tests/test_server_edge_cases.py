@@ -242,6 +242,25 @@ def test_a_request_whose_collecting_task_is_cancelled_is_answered_503_and_record
     assert not log_records, [(rec.name, rec.getMessage()) for rec in log_records]
 
 
+@pytest.mark.parametrize("name", ["", "   "])
+def test_an_empty_served_model_name_is_refused_before_loading(name, monkeypatch, capsys):
+    """`serve --served-model-name ''` served under the target's name, saying nothing: the clients sending the
+    name they were given were refused 404 model_not_found."""
+    import serving.server_setup
+    import serving.worker
+    from app.cli import main
+
+    def no_load(*a, **kw):
+        raise AssertionError("a model was loaded before the options were checked")
+
+    monkeypatch.setattr(serving.worker, "load", no_load)
+    monkeypatch.setattr(serving.server_setup, "load", no_load)
+    assert main(["serve", "--no-telemetry", "--port", "0", "--served-model-name", name]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["specfinops serve: error: --served-model-name must not be empty (leave it out to serve the "
+                   "target's name)"], err
+
+
 # ---------------------------------------------------------------------------------------------- shutdown
 # `specfinops serve`'s own uvicorn (serving.server_setup.graceful_server and run, as `serve` runs them) in a thread,
 # on the bundled model loaded once for these tests; SIGTERM / SIGINT as its signal handler takes them
