@@ -98,28 +98,34 @@ def energy_source(runs: Iterable[RunSummary]) -> str | None:
     return PARTLY_ESTIMATED if len(estimated) == 2 else ESTIMATED if True in estimated else MEASURED
 
 
-def ids_text(ids: list[int]) -> str:
-    """'run 3', 'runs 1, 4-6': consecutive ids as ranges."""
+def ids_text(ids: list[int], shown: int | None = None) -> str:
+    """'run 3', 'runs 1, 4-6': consecutive ids as ranges. With `shown`, at most that many ranges, then the count:
+    '100 runs (1, 3, 5, ...)' (a page's line is not a list of a hundred ids)."""
     spans: list[list[int]] = []
     for i in sorted(ids):
         if spans and i == spans[-1][1] + 1:
             spans[-1][1] = i
         else:
             spans.append([i, i])
-    return ("run " if len(ids) == 1 else "runs ") + ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    listed = [str(a) if a == b else f"{a}-{b}" for a, b in spans]
+    if shown is not None and len(listed) > shown:
+        return f"{len(ids):,} runs ({', '.join(listed[:shown])}, ...)"
+    return ("run " if len(ids) == 1 else "runs ") + ", ".join(listed)
 
 
-def energy_sources_text(runs: Iterable[RunSummary]) -> str:
+def energy_sources_text(runs: Iterable[RunSummary], shown: int | None = None) -> str:
     """Which runs' energy was estimated and which metered, as 'run 1 estimated, run 3 measured by nvml': what
-    a figure pooled over both says beside 'partly estimated'. Runs without an energy figure are left out."""
+    a figure pooled over both says beside 'partly estimated'. Runs without an energy figure are left out.
+    `shown`: at most that many id ranges per source (`ids_text`)."""
     by_source: dict[str, list[int]] = defaultdict(list)
     for r in runs:
         if r.stats.energy_j is not None:
             by_source[ESTIMATED if r.stats.energy_estimated else f"{MEASURED} by {r.power_source}"].append(r.run_id)
-    return ", ".join(f"{ids_text(ids)} {source}" for source, ids in sorted(by_source.items(), key=lambda kv: min(kv[1])))
+    return ", ".join(f"{ids_text(ids, shown)} {source}"
+                     for source, ids in sorted(by_source.items(), key=lambda kv: min(kv[1])))
 
 
-def incomplete_runs_text(runs: Iterable[RunSummary]) -> str:
+def incomplete_runs_text(runs: Iterable[RunSummary], shown: int | None = None) -> str:
     """One line on the runs in view that did not end 'completed': an interrupted bench (cancelled), one that
     raised (failed), or one still 'running' (in progress, such as a live server, or its process was killed
     before it could end the run). Their finished requests count like any others. '' when every run completed."""
@@ -129,7 +135,7 @@ def incomplete_runs_text(runs: Iterable[RunSummary]) -> str:
             by_status[r.status].append(r.run_id)
     if not by_status:
         return ""
-    parts = [f"{ids_text(ids)} {status}" + (" (in progress, or its process was killed)" if status == "running" else "")
+    parts = [f"{ids_text(ids, shown)} {status}" + (" (in progress, or its process was killed)" if status == "running" else "")
              for status, ids in sorted(by_status.items())]
     return (f"not every run completed: {'; '.join(parts)}. Their finished requests are counted; a run cut short "
             f"measured fewer prompts than its command asked for.")

@@ -142,3 +142,33 @@ def test_a_store_whose_requests_all_failed_says_so_not_that_it_is_empty(sqlite_u
     assert ar.endswith("· no cost (no output tokens)"), ar
     cost_help = [m.proto.help for m in at.metric if m.label.startswith("Cost per 1M tokens")]
     assert cost_help and not [h for h in cost_help if "Hardware only" in h], cost_help
+
+
+def test_many_runs_are_counted_not_listed_one_by_one(sqlite_url, monkeypatch):
+    """Forty runs of each mode, every other one's power metered and the rest estimated, a few cancelled: the
+    Overview's lines name a few runs and the count, not eighty run ids (a caption of a hundred ids on a store
+    of hundreds of runs)."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for i in range(40):
+            for mode in ("ar", "spec"):
+                req = Req(33, 100, 900, energy_j=40.0) if mode == "ar" else spec_req(33, k=4, accepted=24,
+                                                                                     ttft_ms=100, e2e_ms=500,
+                                                                                     energy_j=30.0)
+                make_run(s, mode, requests=[req], power_source="estimate" if i % 2 else "nvml",
+                         status="cancelled" if i % 3 == 0 else "completed",
+                         started_at=BASE_TIME + timedelta(minutes=i))
+        s.commit()
+    engine.dispose()
+    at = app_for(sqlite_url, monkeypatch).run()
+    assert_clean(at)
+    lines = [c.value for c in at.caption if "partly estimated" in c.value or "not every run completed" in c.value]
+    assert len(lines) == 3, [c.value for c in at.caption]
+    for line in lines:
+        assert line.count(",") < 20, line
+    (incomplete,) = [x for x in lines if "not every run completed" in x]
+    assert "28 runs (1-2, 7-8, " in incomplete, incomplete  # runs 1, 2, 7, 8, ... (i = 0, 3, 6, ...: 14 of each mode)
+    at.switch_page("views/energy.py").run()
+    assert_clean(at)
+    helps = [m.proto.help for m in at.metric if "partly estimated" in m.label]
+    assert len(helps) == 2 and all(h.count(",") < 20 for h in helps), helps

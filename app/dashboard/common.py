@@ -21,6 +21,7 @@ from telemetry.prices import snapshot_energy  # the one rule for a valid recorde
 logger = logging.getLogger(__name__)
 
 MISSING = "—"
+SHOWN_RUN_IDS = 6  # a line names at most this many ranges of run ids, then their count (the Runs page: all)
 FILL_COMMAND = "specfinops bench --workload code --mode both --limit 4"
 CTX_KEY = "_specfinops_ctx"
 PREPARED_KEY = "_specfinops_prepared"  # set by the entry file's run, taken by the page of the same run

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app.dashboard import charts, data
-from app.dashboard.common import Context, download_csv, fmt, run_page
+from app.dashboard.common import SHOWN_RUN_IDS, Context, download_csv, fmt, run_page
 from telemetry.costing import PARTLY_ESTIMATED, energy_source, energy_sources_text
 
 
@@ -24,7 +24,7 @@ def body(ctx: Context) -> None:
                    + (" (partly estimated)" if partly else " (estimate)" if est else ""),
                    fmt(s.j_per_token if s else None, ".3f"),
                    help="Energy attributed to requests / their output tokens."
-                        + (f" Power partly estimated: {energy_sources_text(mine)}." if partly
+                        + (f" Power partly estimated: {energy_sources_text(mine, SHOWN_RUN_IDS)}." if partly
                            else " Estimated from a power model, not a meter." if est else ""))
         if s and s.energy_j is not None and not s.energy_complete:
             col.caption("Some requests have no energy figure; J/token covers those that do.")

@@ -9,6 +9,7 @@ from app.dashboard import assumptions, data
 from app.dashboard.charts import MODE_NAMES
 from app.dashboard.common import (
     MISSING,
+    SHOWN_RUN_IDS,
     Context,
     comparison_text,
     cost_pricing,
@@ -162,7 +163,7 @@ def body(ctx: Context) -> None:
     disagree = cost_vs_savings_note(cost.get("spec"), cost.get("ar"), proj.projection if proj else None)
     if disagree:
         st.caption(disagree)
-    incomplete = incomplete_runs_text(rc.run for rc in run_costs)
+    incomplete = incomplete_runs_text((rc.run for rc in run_costs), SHOWN_RUN_IDS)
     if incomplete:
         st.caption(f"Note: {incomplete} The Runs page shows each run's status.")
 
@@ -235,7 +236,8 @@ def body(ctx: Context) -> None:
             length_tile.metric("Accept. length", fmt(s.mean_acceptance_length, ".2f") if mode == "spec" else MISSING,
                          help="1 + accepted / drafts: tokens per target forward (bonus included).")
             # the tiles' labels are cut short in a narrow column: the estimate is said where it shows in full
-            runs_text = energy_sources_text(rc.run for rc in run_costs if rc.run.mode == mode) if partly else ""
+            runs_text = (energy_sources_text((rc.run for rc in run_costs if rc.run.mode == mode), SHOWN_RUN_IDS)
+                         if partly else "")
             said = []
             if estimated:
                 said.append(f"cost includes partly estimated energy ({runs_text})" if partly
