@@ -47,6 +47,9 @@ def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, to
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop_sorted = cum - sorted_logits.softmax(-1) >= top_p  # keep the smallest prefix reaching top_p
+        # the likeliest token always stays: a top_p below float32's smallest number compares as 0, which would
+        # drop every token (NaN probabilities)
+        drop_sorted[..., 0] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(-1)

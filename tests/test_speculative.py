@@ -95,6 +95,14 @@ def test_top_k_and_top_p():
     assert p.tolist() == [1.0, 0.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("top_p", [1e-30, 1e-46, 1e-300])
+def test_a_top_p_below_float32s_range_keeps_the_top_token(top_p):
+    """A top_p that float32 holds only as 0 (1e-46, 1e-300) dropped every token: NaN probabilities."""
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 5.0, 1.0, 0.0]])
+    p = logits_to_probs(logits, 0.7, top_p=top_p)
+    assert p.tolist() == [[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"temperature": -0.1}, "temperature"),
     ({"top_p": 0.0}, "top_p"),
