@@ -3,6 +3,10 @@ prices typed far out of range, and the like (AppTest; small synthetic stores fro
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -172,3 +176,61 @@ def test_many_runs_are_counted_not_listed_one_by_one(sqlite_url, monkeypatch):
     assert_clean(at)
     helps = [m.proto.help for m in at.metric if "partly estimated" in m.label]
     assert len(helps) == 2 and all(h.count(",") < 20 for h in helps), helps
+
+
+@contextmanager
+def dashboard_in_chromium(url: str, tmp_path: Path, width: int):
+    """`specfinops dashboard --db URL` as a subprocess and a headless Chromium page `width` px wide; yields
+    (page, base URL). Skipped where Chromium or playwright is missing (as tests/test_dashboard_browser.py)."""
+    from test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, _skip_reason, _wait_healthy
+
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    port, log = _free_port(), tmp_path / "dashboard.log"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env.pop("SPECFINOPS_DB_URL", None)
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "dashboard", "--db", url, "--port", str(port)],
+                                cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(base, proc, log)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                yield browser.new_page(viewport={"width": width, "height": 1400}), base
+            finally:
+                browser.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+CUT_TILES = """() => [...document.querySelectorAll('[data-testid="stMetricValue"], [data-testid="stMetricLabel"]')]
+  .filter(m => [m, ...m.querySelectorAll('*')].some(e => e.scrollWidth > e.clientWidth + 1)).map(m => m.innerText)"""
+
+
+@pytest.mark.browser
+def test_tiles_are_not_cut_short_in_a_1024_px_window(sqlite_url, tmp_path):
+    """At 1024 px beside the sidebar, the Overview's half-page tiles and the Cost & capacity page's quarter-page
+    ones showed "16.2 ..." for 16.2 ms, "$0.0832/..." for the node price and "Cost per 1M t..." for a cost that
+    includes estimated energy: every figure and label is whole now."""
+    add_pair(sqlite_url, energy=True)
+    with dashboard_in_chromium(sqlite_url, tmp_path, 1024) as (page, base):
+        for path in ("", "cost"):
+            page.goto(f"{base}/{path}")
+            page.wait_for_selector('[data-testid="stMetric"]', timeout=60_000)
+            page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')",
+                                   timeout=60_000)
+            page.wait_for_timeout(500)
+            assert page.locator('[data-testid="stException"]').count() == 0
+            labels = page.locator('[data-testid="stMetricLabel"]').all_inner_texts()
+            assert "Cost per 1M tokens (incl. estimated energy)" in labels or path, labels
+            assert page.evaluate(CUT_TILES) == [], path or "overview"

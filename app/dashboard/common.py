@@ -152,8 +152,20 @@ def _error(what: str, exc: Exception) -> None:
              "Details are in the dashboard's log.")
 
 
+# Tiles in a narrow column (half the page split in two, a 1024 px window beside the sidebar) cut their figures
+# short ("16.2 ..." for 16.2 ms, "$0.0832/..." for a node price) and their labels mid-word ("Cost per 1M tokens
+# (incl. est..."): the figures shrink with the window (down to 24 px; 36 px, Streamlit's own, from 1333 px up) and a
+# long label wraps onto a second line instead.
+TILE_STYLE = """<style>
+[data-testid="stMetricValue"] { font-size: clamp(1.5rem, 2.7vw, 2.25rem); }
+[data-testid="stMetricLabel"], [data-testid="stMetricLabel"] * {
+  white-space: normal !important; overflow: visible !important; text-overflow: clip !important; height: auto; }
+</style>"""
+
+
 def prepare() -> None:
     """Entry-file step: find the store, render the sidebar filters, keep the context for the page."""
+    st.html(TILE_STYLE)
     st.session_state[CTX_KEY] = None
     st.session_state[PREPARED_KEY] = True
     try:
