@@ -213,6 +213,7 @@ def dashboard_in_chromium(url: str, tmp_path: Path, width: int):
             proc.wait()
 
 
+RUN_DONE = """() => !document.querySelector('[data-testid="stStatusWidget"]')"""  # the script run has ended
 CUT_TILES = """() => [...document.querySelectorAll('[data-testid="stMetricValue"], [data-testid="stMetricLabel"]')]
   .filter(m => [m, ...m.querySelectorAll('*')].some(e => e.scrollWidth > e.clientWidth + 1)).map(m => m.innerText)"""
 
@@ -227,10 +228,33 @@ def test_tiles_are_not_cut_short_in_a_1024_px_window(sqlite_url, tmp_path):
         for path in ("", "cost"):
             page.goto(f"{base}/{path}")
             page.wait_for_selector('[data-testid="stMetric"]', timeout=60_000)
-            page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')",
-                                   timeout=60_000)
+            page.wait_for_function(RUN_DONE, timeout=60_000)
             page.wait_for_timeout(500)
             assert page.locator('[data-testid="stException"]').count() == 0
             labels = page.locator('[data-testid="stMetricLabel"]').all_inner_texts()
             assert "Cost per 1M tokens (incl. estimated energy)" in labels or path, labels
             assert page.evaluate(CUT_TILES) == [], path or "overview"
+
+
+@pytest.mark.browser
+def test_recorded_names_are_shown_letter_for_letter_not_as_markdown(sqlite_url, tmp_path):
+    """A workload, node and domain whose names hold asterisks and underscores: the lines that name them show
+    them as recorded (Streamlit's markdown made 'prompts/*star*_v2_' read 'prompts/starv2' in italics)."""
+    workload, domain = "prompts/*star*_v2_", "_chat_ *b*"
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", workload=workload, requests=[Req(33, 100, 900, domain=domain)])
+        make_run(s, "spec", workload=workload,
+                 requests=[spec_req(17, k=4, accepted=10, ttft_ms=100, e2e_ms=420, domain=domain)],
+                 with_events=True)
+        s.commit()
+    engine.dispose()
+    with dashboard_in_chromium(sqlite_url, tmp_path, 1400) as (page, base):
+        for path, name in (("", workload), ("speculation", domain), ("cost", workload)):
+            page.goto(f"{base}/{path}")
+            page.wait_for_selector('[data-testid="stMetric"]', timeout=60_000)
+            page.wait_for_function(RUN_DONE, timeout=60_000)
+            page.wait_for_timeout(500)
+            captions = page.locator('[data-testid="stCaptionContainer"]').all_inner_texts()
+            assert any(name in c for c in captions), (path, captions)
+            assert page.locator('[data-testid="stCaptionContainer"] em').count() == 0, path or "overview"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,20 @@ PREPARED_KEY = "_specfinops_prepared"  # set by the entry file's run, taken by t
 class Context:
     url: str
     sel: Selection
+
+
+# emphasis, links, strikethrough and a backslash; an underscore inside a word (top_p, x_y.db) never emphasises
+_MARKDOWN = re.compile(r"[\\*\[\]~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+
+
+def md_safe(text: str) -> str:
+    """`text` as Streamlit's markdown shows it letter for letter: a recorded name (a workload 'prompts/*_v2_*', a
+    node, a domain, a path, an error) lost its asterisks and underscores to italics. Code spans (`specfinops ...`,
+    the commands a line suggests) are kept as code."""
+    parts = text.split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick: no code span
+        return _MARKDOWN.sub(r"\\\g<0>", text).replace("`", "\\`")
+    return "`".join(p if i % 2 else _MARKDOWN.sub(r"\\\g<0>", p) for i, p in enumerate(parts))
 
 
 def fmt(value: float | int | None, spec: str = ",.2f", prefix: str = "", suffix: str = "") -> str:
@@ -148,7 +163,7 @@ def cost_vs_savings_note(spec_cost, ar_cost, projection) -> str | None:
 def _error(what: str, exc: Exception) -> None:
     logger.exception("dashboard: %s failed", what)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    st.error(f"{what} could not be shown: {type(exc).__name__}{': ' + first if first else ''}. "
+    st.error(f"{what} could not be shown: {type(exc).__name__}{': ' + md_safe(first) if first else ''}. "
              "Details are in the dashboard's log.")
 
 

@@ -12,6 +12,7 @@ from app.dashboard.common import (
     cost_pricing,
     download_csv,
     fmt,
+    md_safe,
     prices_text,
     projection_notes,
     run_page,
@@ -43,15 +44,15 @@ def _cost_section(ctx: Context, values: dict) -> None:
     st.plotly_chart(charts.cost_split([m.mode for m in mode_costs], [m.cost.hardware_usd_per_1m for m in mode_costs],
                                       [m.cost.energy_usd_per_1m for m in mode_costs],
                                       [m.cost.energy_estimated for m in mode_costs]), width="stretch")
-    st.caption(f"Prices: {prices_text(run_costs, values)}. The inputs under Node projection price this part "
-               "too; one left at 0 (node price: the runs' recorded price) keeps each run's own.")
+    st.caption(f"Prices: {md_safe(prices_text(run_costs, values))}. The inputs under Node projection price this "
+               "part too; one left at 0 (node price: the runs' recorded price) keeps each run's own.")
     for m in mode_costs:
         # only some runs with energy: say how many, in the CLI's words (the total is hardware only)
         partial = partial_energy_text(m, run_costs)
         if partial:
-            st.caption(f"{charts.MODE_NAMES[m.mode]}: {partial}: hardware only.")
+            st.caption(f"{charts.MODE_NAMES[m.mode]}: {md_safe(partial)}: hardware only.")
         elif m.cost.reason:
-            st.caption(f"{charts.MODE_NAMES[m.mode]}: {m.cost.reason}.")
+            st.caption(f"{charts.MODE_NAMES[m.mode]}: {md_safe(m.cost.reason)}.")
     table = pd.DataFrame([{
         "run": rc.run.run_id, "mode": rc.run.mode, "workload": rc.run.workload, "node": rc.run.node_id,
         "measured on": rc.measured_on, "priced as": rc.node_price.priced_as, "node $/h": rc.node_price.usd_per_hour,
@@ -119,18 +120,19 @@ def _projection_section(ctx: Context, values: dict) -> None:
     try:
         sp = data.projection(ctx.url, ctx.sel.filters, values)
     except ValueError as exc:
-        st.warning(f"No projection: {exc}")
+        st.warning(f"No projection: {md_safe(str(exc))}")
         return
     p = sp.projection
     compared = comparison_text(sp)
     if compared:
-        st.caption(f"{compared[0].upper()}{compared[1:]}.")
+        st.caption(md_safe(f"{compared[0].upper()}{compared[1:]}."))
     m = st.columns(4)
     m[0].metric("Nodes (AR baseline)", fmt(p.nodes_ar, ",d"))
     m[1].metric("Nodes (speculative)", fmt(p.nodes_spec, ",d"))
     m[2].metric("Projected annual savings", usd(p.annual_savings_usd, ",.0f"),
                 help="(nodes AR - nodes spec) x node $/h x 8,760")
-    m[3].metric("Node price", usd_rate(p.node_hourly_usd) + "/h", help=f"priced as {sp.node_price.priced_as}")
+    m[3].metric("Node price", usd_rate(p.node_hourly_usd) + "/h",
+                help=md_safe(f"priced as {sp.node_price.priced_as}"))
     m = st.columns(4)
     # 3.02 tokens/s, not "3": the node count comes from the unrounded figure
     for col, mode, cap, cap_runs, p95 in (
@@ -175,7 +177,7 @@ def _projection_section(ctx: Context, values: dict) -> None:
     if energy:
         notes.append(energy)
     for note in notes:
-        st.caption(f"Note: {note}.")
+        st.caption(f"Note: {md_safe(note)}.")
     proj_table = pd.DataFrame([
         {"figure": FLEET_COST_LABEL, "AR": p.cost_per_1m_tokens_ar_usd,
          "spec": p.cost_per_1m_tokens_spec_usd},

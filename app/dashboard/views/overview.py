@@ -15,6 +15,7 @@ from app.dashboard.common import (
     cost_pricing,
     cost_vs_savings_note,
     fmt,
+    md_safe,
     prices_text,
     projection_notes,
     run_page,
@@ -136,7 +137,7 @@ def body(ctx: Context) -> None:
     groups = run_groups(rc.run for rc in run_costs)
     mixed = len(groups) > 1
     mixed_help = (f" No change against AR shown: the runs in view span {len(groups)} comparable groups "
-                  f"({'; '.join(groups)}), and each mode's figure pools them; pick one with the sidebar "
+                  f"({md_safe('; '.join(groups))}), and each mode's figure pools them; pick one with the sidebar "
                   "(Workload, Temperature, top_p, top_k, Max new tokens, Run kind, Model pair, Node)." if mixed else "")
 
     speed_value, speed_help = _speedup_text(speedups)
@@ -144,28 +145,28 @@ def body(ctx: Context) -> None:
     top = st.columns(3)
     top[0].metric("Speedup", speed_value, help=speed_help)
     for line in _paired_warnings(speedups):
-        st.warning(f"Speedup: {line}")
+        st.warning(f"Speedup: {md_safe(line)}")
     top[1].metric("Acceptance rate", fmt(spec.acceptance_rate if spec else None, ".1%"),
                   help="Accepted draft tokens / drafted tokens over the speculative runs in view. The "
                        "Speculation page shows it per domain beside alpha (accepted / tested), the per-token "
                        "figure `specfinops calibrate` reports, which the 0.65 go/no-go line judges.")
     savings = proj.projection.annual_savings_usd if proj else None
     top[2].metric("Projected annual savings", usd(savings, ",.0f"),
-                  help=f"(nodes AR - nodes spec) x node $/h x 8,760 at {assumptions.describe(a)}. "
+                  help=f"(nodes AR - nodes spec) x node $/h x 8,760 at {md_safe(assumptions.describe(a))}. "
                        "Change the assumptions on the Cost & capacity page.")
     if proj_error:
-        st.caption(f"Projection: {proj_error}")
+        st.caption(f"Projection: {md_safe(proj_error)}")
     elif proj:
         priced = f"priced as {proj.node_price.priced_as} ({usd_rate(proj.projection.node_hourly_usd)}/h)"
         compared = comparison_text(proj)
-        st.caption("Projection: " + "; ".join([*([compared] if compared else []), priced, *projection_notes(proj)])
-                   + ".")
+        said = [*([compared] if compared else []), priced, *projection_notes(proj)]
+        st.caption(md_safe("Projection: " + "; ".join(said) + "."))
     disagree = cost_vs_savings_note(cost.get("spec"), cost.get("ar"), proj.projection if proj else None)
     if disagree:
         st.caption(disagree)
     incomplete = incomplete_runs_text((rc.run for rc in run_costs), SHOWN_RUN_IDS)
     if incomplete:
-        st.caption(f"Note: {incomplete} The Runs page shows each run's status.")
+        st.caption(f"Note: {md_safe(incomplete)} The Runs page shows each run's status.")
 
     columns = st.columns(2, border=True)
     for col, mode in zip(columns, ("spec", "ar"), strict=True):
@@ -203,11 +204,12 @@ def body(ctx: Context) -> None:
                          **cost_delta,
                          delta_color="inverse",
                          help="(node $/h x node hours + kWh x PUE x $/kWh) / output tokens x 1e6"
-                              + ("" if total is None or c.energy_included else f". Hardware only: {no_energy}.")
+                              + ("" if total is None or c.energy_included
+                                 else f". Hardware only: {md_safe(no_energy)}.")
                               + (f". No cost: {c.reason}." if total is None and c and c.reason else "")
                               + (" Energy part is an estimate." if c and c.energy_included and c.energy_estimated
                                  else "")
-                              + f" Prices: {prices_text([rc for rc in run_costs if rc.run.mode == mode], a)}."
+                              + f" Prices: {md_safe(prices_text([rc for rc in run_costs if rc.run.mode == mode], a))}."
                               + (" Against AR: the hardware parts, as the two totals' energy is not on one basis "
                                  "(estimated in one, metered or absent in the other)." if on_hardware else "")
                               + said_mixed)
@@ -247,9 +249,10 @@ def body(ctx: Context) -> None:
                             else "J/token is an estimate")
             st.caption(f"{s.num_requests_ok:,} requests ok, {s.num_requests_failed:,} failed, "
                        f"{s.output_tokens:,} output tokens"
-                       + (f" · cost is hardware only ({no_energy})" if total is not None and not c.energy_included
-                          else f" · no cost ({c.reason})" if total is None and c and c.reason else "")
-                       + "".join(f" · {x}" for x in said))
+                       + (f" · cost is hardware only ({md_safe(no_energy)})"
+                          if total is not None and not c.energy_included
+                          else f" · no cost ({md_safe(c.reason)})" if total is None and c and c.reason else "")
+                       + "".join(f" · {md_safe(x)}" for x in said))
 
     if speedups:
         with st.expander("Speedup by configuration", expanded=len(speedups) > 1):

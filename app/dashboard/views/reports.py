@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from app.dashboard import data
-from app.dashboard.common import Context, run_page, show_table
+from app.dashboard.common import Context, md_safe, run_page, show_table
 
 REPORT_COMMAND = "specfinops report --period daily --out reports/"
 SCHEDULE_COMMAND = 'specfinops scheduler --cron "0 6 * * *" --period daily --out reports/'
@@ -50,7 +50,8 @@ def _downloads(r: dict) -> None:
     does not hide the others)."""
     html = Path(r["html_path"]) if r["html_path"] else None
     if html is None or not html.is_file():
-        st.warning(f"The report page is not on this machine: {r['html_path'] or '(still being written)'}")
+        where = r["html_path"] or "(still being written)"
+        st.warning(md_safe(f"The report page is not on this machine: {where}"))
     else:
         st.download_button("Download report (HTML, opens offline)", data=lambda: html.read_bytes(),
                            file_name=f"specfinops-report-{r['id']}.html", mime="text/html",
@@ -58,7 +59,8 @@ def _downloads(r: dict) -> None:
     csv_dir = Path(r["csv_dir"]) if r["csv_dir"] else None
     csvs = sorted(csv_dir.glob("*.csv")) if csv_dir is not None and csv_dir.is_dir() else []
     if not csvs:
-        st.warning(f"The report's CSV files are not on this machine: {r['csv_dir'] or '(none recorded)'}")
+        where = r["csv_dir"] or "(none recorded)"
+        st.warning(md_safe(f"The report's CSV files are not on this machine: {where}"))
         return
     cols = st.columns(4)
     for i, path in enumerate(csvs):
@@ -82,7 +84,7 @@ def body(ctx: Context) -> None:
                        format_func=lambda i: f"#{i} {by_id[i]['period']} from {by_id[i]['since']:%Y-%m-%d %H:%M}")  # fmt: skip
     r = by_id[rid]
     if r["delivery"] in ("failed", "partially delivered"):
-        st.error(f"Delivery {r['delivery']}: {r['delivery error']}")
+        st.error(md_safe(f"Delivery {r['delivery']}: {r['delivery error']}"))
     _downloads(r)
     st.caption("Reports are written by `specfinops report` and `specfinops scheduler`; their figures come from the "
                "same queries as this dashboard and `specfinops cost`.")  # fmt: skip

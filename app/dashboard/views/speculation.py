@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from app.dashboard import charts, data
-from app.dashboard.common import Context, download_csv, fmt, run_page
+from app.dashboard.common import Context, download_csv, fmt, md_safe, run_page
 from app.dashboard.page_queries import with_rates
 from telemetry.calibration import ANSWER_SPAN
 
@@ -34,8 +34,8 @@ def body(ctx: Context) -> None:
     below = [f"{n} ({d.go_figure_name} {charts.go_text(d.go_figure)})" for n, d in zip(names, domains, strict=True)
              if d.meets_go_line(charts.GO_NO_GO_ALPHA) is False]
     if below:
-        st.caption(f"Below the {charts.GO_NO_GO_ALPHA} go/no-go line: {', '.join(below)}. The line judges alpha "
-                   "where steps were recorded, as `specfinops calibrate` does; it is the usual rule of thumb for "
+        st.caption(f"Below the {charts.GO_NO_GO_ALPHA} go/no-go line: {md_safe(', '.join(below))}. The line judges "
+                   "alpha where steps were recorded, as `specfinops calibrate` does; it is the usual rule of thumb for "
                    "choosing a draft. Whether speculation pays here is the measured speedup on the Overview, "
                    "which the cost figures use.")
     if any(d.alpha is not None for d in domains):
