@@ -258,3 +258,17 @@ def test_recorded_names_are_shown_letter_for_letter_not_as_markdown(sqlite_url, 
             captions = page.locator('[data-testid="stCaptionContainer"]').all_inner_texts()
             assert any(name in c for c in captions), (path, captions)
             assert page.locator('[data-testid="stCaptionContainer"] em').count() == 0, path or "overview"
+
+
+@pytest.mark.browser
+def test_one_device_of_estimated_power_is_labelled_an_estimate_on_the_chart(sqlite_url, tmp_path):
+    """The Energy page's power chart with a single line (one device, its power a TDP estimate): plotly hid the
+    legend of a lone trace, so the line named 'estimate' was drawn with no label at all."""
+    add_pair(sqlite_url, energy=True, power_w=[100.0, 120.0, 110.0])
+    with dashboard_in_chromium(sqlite_url, tmp_path, 1400) as (page, base):
+        page.goto(f"{base}/energy")
+        page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+        page.wait_for_function(RUN_DONE, timeout=60_000)
+        page.wait_for_timeout(500)
+        legend = page.locator(".js-plotly-plot .legendtext").all_text_contents()
+        assert legend == ["node-a · device 0 · estimate"], legend

@@ -202,7 +202,9 @@ def power(frame: pd.DataFrame, bucket_s: float | None = None) -> go.Figure:
                         marker=dict(symbol="circle-open" if estimated else "circle", size=7),
                         opacity=0.8 if estimated else 1.0)
     _layout(fig, "Power per device (mean per time bucket)", "time (UTC)", "power (W)")
-    fig.update_layout(height=HEIGHT + 80, legend=dict(orientation="h", yanchor="top", y=-0.25, xanchor="left", x=0))
+    # the legend even for one line (plotly hides a lone trace's): it is where an estimate says it is one
+    fig.update_layout(height=HEIGHT + 80, legend=dict(orientation="h", yanchor="top", y=-0.25, xanchor="left", x=0),
+                      showlegend=True)
     return fig
 
 
