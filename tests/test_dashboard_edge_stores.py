@@ -272,3 +272,24 @@ def test_one_device_of_estimated_power_is_labelled_an_estimate_on_the_chart(sqli
         page.wait_for_timeout(500)
         legend = page.locator(".js-plotly-plot .legendtext").all_text_contents()
         assert legend == ["node-a · device 0 · estimate"], legend
+
+
+def test_a_node_price_from_the_catalog_is_one_node_whatever_gpus_per_node_said(sqlite_url, monkeypatch):
+    """GPUs per node set to 4 for a GPU's price, then a node's price (cpu-2core) picked: the projection prices one
+    node (the input is off for it) instead of refusing it in the CLI's words ("--gpus-per-node applies to GPU
+    prices"), which left no projection on this page or the Overview."""
+    add_pair(sqlite_url)
+    at = app_for(sqlite_url, monkeypatch).run()
+    at.switch_page("views/cost.py").run()
+    at.selectbox(key="w_price").set_value("H100").run()
+    at.number_input(key="w_gpus").set_value(4).run()
+    at.selectbox(key="w_price").set_value("cpu-2core").run()
+    assert_clean(at)
+    assert not at.warning, [w.value for w in at.warning]
+    assert at.number_input(key="w_gpus").proto.disabled
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["Node price"] == "$0.0832/h" and shown["Nodes (speculative)"] != "—", shown
+    at.switch_page("views/overview.py").run()
+    assert_clean(at)
+    (projection,) = [c.value for c in at.caption if c.value.startswith("Projection")]
+    assert "priced as cpu-2core ($0.0832/h)" in projection and "--gpus-per-node" not in projection, projection

@@ -84,8 +84,13 @@ def _inputs(ctx: Context) -> dict:
                            help="The runs' recorded price (else the catalog price of the measured device), a "
                                 "catalog GPU x GPUs per node, or your own $/h.")
     c = st.columns(4)
+    # a GPU's price is per GPU: a node holds N of them; a node's price (cpu-2core) is a whole node already, and N
+    # of it was refused by the projection ("applies to GPU prices"), which then left this page and the Overview
+    per_node = price in (SNAPSHOT, CUSTOM) or price in {p.name for p in catalog if p.kind != "gpu"}
     gpus_per_node = int(c[0].number_input("GPUs per node", min_value=1, max_value=64, value=int(a["gpus_per_node"]),
-                                          key="w_gpus", disabled=price in (SNAPSHOT, CUSTOM)))
+                                          key="w_gpus", disabled=per_node,
+                                          help="For a catalog GPU's price (per GPU): how many a node holds. A "
+                                               "node's price covers the whole node."))
     node_usd = c[1].number_input("Custom node $/h", min_value=0.01, max_value=MAX_NODE_USD,
                                  value=min(float(a["node_hourly_usd"] or 10.0), MAX_NODE_USD),
                                  key="w_node_usd", disabled=price != CUSTOM)
@@ -108,7 +113,7 @@ def _inputs(ctx: Context) -> dict:
     values = {
         "daily_tokens": daily_m * 1e6, "peak_factor": peak, "sla_ms": sla,
         "gpu": price if price not in (SNAPSHOT, CUSTOM) else None,
-        "gpus_per_node": gpus_per_node if price not in (SNAPSHOT, CUSTOM) else 1,
+        "gpus_per_node": 1 if per_node else gpus_per_node,
         "node_hourly_usd": node_usd if price == CUSTOM else None,
         "usd_per_kwh": kwh or None, "pue": pue or None,
     }
