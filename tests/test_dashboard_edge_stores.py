@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from streamlit.testing.v1 import AppTest
 from synthetic import BASE_TIME, Req, make_run, spec_req
 
+from telemetry import costing
 from telemetry.store import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -293,3 +294,31 @@ def test_a_node_price_from_the_catalog_is_one_node_whatever_gpus_per_node_said(s
     assert_clean(at)
     (projection,) = [c.value for c in at.caption if c.value.startswith("Projection")]
     assert "priced as cpu-2core ($0.0832/h)" in projection and "--gpus-per-node" not in projection, projection
+
+
+def test_a_device_the_catalog_does_not_know_leaves_every_figure_but_the_cost(sqlite_url, monkeypatch):
+    """Runs measured on a device the price catalog does not know, with no price recorded: the Overview and the
+    Cost & capacity page were one error line each ("no catalog price matches device ...; pass --gpu NAME or
+    --node-hourly-usd X"). Now every other figure shows, the cost is missing and says how to price it here; a
+    custom node price prices it."""
+    add_pair(sqlite_url, device="Mystery Accelerator 9000")
+    at = app_for(sqlite_url, monkeypatch).run()
+    assert_clean(at)
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["Speedup"] != "—" and shown["Acceptance rate"] != "—" and shown["Cost per 1M tokens"] == "—", shown
+    (warning,) = [w.value for w in at.warning]
+    assert "'Mystery Accelerator 9000'" in warning and "Node price on the Cost & capacity page" in warning, warning
+    assert not [t for t in [warning, *(c.value for c in at.caption)] if "--gpu" in t or "--node-hourly-usd" in t]
+    at.switch_page("views/cost.py").run()
+    assert_clean(at)
+    assert len(at.warning) == 2 and all("Node price" in w.value for w in at.warning), [w.value for w in at.warning]
+    at.selectbox(key="w_price").set_value("custom $/h per node").run()
+    at.number_input(key="w_node_usd").set_value(5.0).run()
+    assert_clean(at)
+    assert not at.warning, [w.value for w in at.warning]
+    assert {m.label: m.value for m in at.metric}["Node price"] == "$5/h"
+    at.switch_page("views/overview.py").run()
+    assert_clean(at)
+    _, priced = costing.costs(open_store(sqlite_url), node_hourly_usd=5.0)
+    by_mode = {m.mode: f"${m.cost.total_usd_per_1m:,.2f}" for m in priced}
+    assert [m.value for m in at.metric if m.label == "Cost per 1M tokens"] == [by_mode["spec"], by_mode["ar"]]

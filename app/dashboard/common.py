@@ -112,6 +112,32 @@ def cost_pricing(a: dict) -> dict:
     return {k: a.get(k) for k in ("gpu", "node_hourly_usd", "usd_per_kwh", "pue")}
 
 
+# what a missing node price says in the CLI, and what to do about it here
+_PRICE_HINTS = ("; give --gpu NAME [--gpus-per-node N] or --node-hourly-usd X",
+                "; pass --gpu NAME or --node-hourly-usd X")
+PRICE_IT_HERE = ("; pick a catalog GPU or a custom $/h as the Node price on the Cost & capacity page, or record "
+                 "the device's price with `specfinops prices set`")
+
+
+def in_page_words(message: str) -> str:
+    """A costing message in the dashboard's words: how to price a device the catalog does not know is the Node
+    price input, not a CLI flag."""
+    for hint in _PRICE_HINTS:
+        message = message.replace(hint, PRICE_IT_HERE)
+    return message
+
+
+def priced_costs(url: str, f, a: dict) -> tuple[list, list, str | None]:
+    """`data.costs` at the assumptions' prices (`cost_pricing`), and None; or no costs and why, in the page's
+    words, where a run cannot be priced (a device the catalog does not know, no price recorded with the run):
+    the page still shows every figure but the cost (that ValueError took the Overview and this page whole)."""
+    try:
+        run_costs, mode_costs = data.costs(url, f, **cost_pricing(a))
+    except ValueError as exc:
+        return [], [], in_page_words(str(exc))
+    return run_costs, mode_costs, None
+
+
 def _recorded(run_costs, key: str) -> str:
     """Where the runs' own `key` price came from: their price snapshots, the catalog, or some of each
     (costing prices a run from its snapshot where it holds a valid one: $/kWh >= 0, a recorded $0 being a real

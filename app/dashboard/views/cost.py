@@ -9,10 +9,11 @@ from app.dashboard import assumptions, charts, data, filters
 from app.dashboard.common import (
     Context,
     comparison_text,
-    cost_pricing,
     download_csv,
     fmt,
+    in_page_words,
     md_safe,
+    priced_costs,
     prices_text,
     projection_notes,
     run_page,
@@ -37,7 +38,10 @@ MAX_PUE = 5.0
 def _cost_section(ctx: Context, values: dict) -> None:
     """Priced with the page's inputs (`values`, as the projection below): an input left at its default keeps
     each run's recorded price (else the catalog's)."""
-    run_costs, mode_costs = data.costs(ctx.url, ctx.sel.filters, **cost_pricing(values))
+    run_costs, mode_costs, unpriced = priced_costs(ctx.url, ctx.sel.filters, values)
+    if unpriced:
+        st.warning(f"No cost per 1M tokens: {md_safe(unpriced)}.")
+        return
     if not mode_costs:
         st.info("No runs with output tokens in view.")
         return
@@ -125,7 +129,7 @@ def _projection_section(ctx: Context, values: dict) -> None:
     try:
         sp = data.projection(ctx.url, ctx.sel.filters, values)
     except ValueError as exc:
-        st.warning(f"No projection: {md_safe(str(exc))}")
+        st.warning(f"No projection: {md_safe(in_page_words(str(exc)))}")
         return
     p = sp.projection
     compared = comparison_text(sp)

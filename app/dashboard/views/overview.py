@@ -12,10 +12,11 @@ from app.dashboard.common import (
     SHOWN_RUN_IDS,
     Context,
     comparison_text,
-    cost_pricing,
     cost_vs_savings_note,
     fmt,
+    in_page_words,
     md_safe,
+    priced_costs,
     prices_text,
     projection_notes,
     run_page,
@@ -94,7 +95,7 @@ def _projection(ctx: Context):
     try:
         return data.projection(ctx.url, ctx.sel.filters, a), a, None
     except ValueError as exc:  # nothing to project from, or no price for the device
-        return None, a, str(exc)
+        return None, a, in_page_words(str(exc))
 
 
 def _vs_ar(spec: float | None, ar: float | None, compare: bool = True, what: str = "") -> dict:
@@ -126,15 +127,17 @@ def body(ctx: Context) -> None:
     f = ctx.sel.filters
     modes = {m.mode: m.stats for m in data.mode_summaries(ctx.url, f)}
     # priced as the Cost & capacity page prices them: its inputs where set, else the runs' own prices
-    run_costs, mode_costs = data.costs(ctx.url, f, **cost_pricing(assumptions.get()))
+    run_costs, mode_costs, unpriced = priced_costs(ctx.url, f, assumptions.get())
+    # the runs in view (as costed, or as summarised where they could not be priced)
+    runs = [rc.run for rc in run_costs] if not unpriced else data.run_summaries(ctx.url, f)
     cost = {m.mode: m.cost for m in mode_costs}
     by_mode = {m.mode: m for m in mode_costs}
     # where each mode's energy comes from: measured | estimated | partly estimated (runs of both pooled)
-    source = {m: energy_source(rc.run for rc in run_costs if rc.run.mode == m) for m in modes}
+    source = {m: energy_source(r for r in runs if r.mode == m) for m in modes}
     speedups = data.speedups(ctx.url, f)
     proj, a, proj_error = _projection(ctx)
     # the mode tiles pool every run in view: against AR only where those runs are one comparable group
-    groups = run_groups(rc.run for rc in run_costs)
+    groups = run_groups(runs)
     mixed = len(groups) > 1
     mixed_help = (f" No change against AR shown: the runs in view span {len(groups)} comparable groups "
                   f"({md_safe('; '.join(groups))}), and each mode's figure pools them; pick one with the sidebar "
@@ -164,7 +167,9 @@ def body(ctx: Context) -> None:
     disagree = cost_vs_savings_note(cost.get("spec"), cost.get("ar"), proj.projection if proj else None)
     if disagree:
         st.caption(disagree)
-    incomplete = incomplete_runs_text((rc.run for rc in run_costs), SHOWN_RUN_IDS)
+    if unpriced:
+        st.warning(f"Cost per 1M tokens: {md_safe(unpriced)}.")
+    incomplete = incomplete_runs_text(runs, SHOWN_RUN_IDS)
     if incomplete:
         st.caption(f"Note: {md_safe(incomplete)} The Runs page shows each run's status.")
 
@@ -209,7 +214,8 @@ def body(ctx: Context) -> None:
                               + (f". No cost: {c.reason}." if total is None and c and c.reason else "")
                               + (" Energy part is an estimate." if c and c.energy_included and c.energy_estimated
                                  else "")
-                              + f" Prices: {md_safe(prices_text([rc for rc in run_costs if rc.run.mode == mode], a))}."
+                              + (f" Prices: {md_safe(prices_text([rc for rc in run_costs if rc.run.mode == mode], a))}."
+                                 if c else f" No cost: {md_safe(unpriced)}." if unpriced else "")
                               + (" Against AR: the hardware parts, as the two totals' energy is not on one basis "
                                  "(estimated in one, metered or absent in the other)." if on_hardware else "")
                               + said_mixed)
@@ -238,7 +244,7 @@ def body(ctx: Context) -> None:
             length_tile.metric("Accept. length", fmt(s.mean_acceptance_length, ".2f") if mode == "spec" else MISSING,
                          help="1 + accepted / drafts: tokens per target forward (bonus included).")
             # the tiles' labels are cut short in a narrow column: the estimate is said where it shows in full
-            runs_text = (energy_sources_text((rc.run for rc in run_costs if rc.run.mode == mode), SHOWN_RUN_IDS)
+            runs_text = (energy_sources_text((r for r in runs if r.mode == mode), SHOWN_RUN_IDS)
                          if partly else "")
             said = []
             if estimated:
