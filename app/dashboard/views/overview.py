@@ -176,6 +176,7 @@ def body(ctx: Context) -> None:
     columns = st.columns(2, border=True)
     for col, mode in zip(columns, ("spec", "ar"), strict=True):
         s, c = modes.get(mode), cost.get(mode)
+        mine = [rc for rc in run_costs if rc.run.mode == mode]  # this mode's runs as priced
         other_s, other_c = modes.get("ar"), cost.get("ar")
         with col:
             st.subheader(MODE_NAMES[mode])
@@ -214,8 +215,8 @@ def body(ctx: Context) -> None:
                               + (f". No cost: {c.reason}." if total is None and c and c.reason else "")
                               + (" Energy part is an estimate." if c and c.energy_included and c.energy_estimated
                                  else "")
-                              + (f" Prices: {md_safe(prices_text([rc for rc in run_costs if rc.run.mode == mode], a))}."
-                                 if c else f" No cost: {md_safe(unpriced)}." if unpriced else "")
+                              + (f" Prices: {md_safe(prices_text(mine, a))}." if c
+                                 else f" No cost: {md_safe(unpriced)}." if unpriced else "")
                               + (" Against AR: the hardware parts, as the two totals' energy is not on one basis "
                                  "(estimated in one, metered or absent in the other)." if on_hardware else "")
                               + said_mixed)
