@@ -699,7 +699,8 @@ def summarize(res: LevelResult) -> dict:
     row = {"mode": res.mode, "concurrency": res.level, "run_id": res.run_id, "wall_s": res.wall_s,
            "requests_ok": len(ok), "requests_error": sum(r.record.status == "error" for r in res.results),
            "requests_cancelled": sum(r.record.status == "cancelled" for r in res.results),
-           "output_tokens": tokens, "tokens_per_s": tokens / res.wall_s if res.wall_s > 0 else None,
+           # no request finished ok: nothing was measured (None, shown '—'), not 0 tokens/s
+           "output_tokens": tokens, "tokens_per_s": tokens / res.wall_s if ok and res.wall_s > 0 else None,
            "interrupted": res.interrupted}
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl)):
         for q in (50, 95, 99):
@@ -724,6 +725,9 @@ def format_table(rows: list[dict]) -> str:
             f"{_fmt(r['itl_p50_ms']):>8} {_fmt(r['itl_p95_ms']):>8} {_fmt(r['run_id'], 'd'):>5}")
     lines.append("times in ms, client's view; TPOT = (E2E - TTFT) / (tokens - 1); ITL between stream chunks")
     for r in rows:
+        if not r["requests_ok"] and not r.get("interrupted"):
+            lines.append(f"{r['mode']} c={r['concurrency']}: no request succeeded ({r['requests_error']} failed, "
+                         f"{r['requests_cancelled']} cancelled): nothing measured")
         if r.get("interrupted"):
             lines.append(f"{r['mode']} c={r['concurrency']} was interrupted (Ctrl-C or SIGTERM): its row counts "
                          "the requests until then")

@@ -368,8 +368,11 @@ class ModeRunner:
         *,
         on_request: Callable[[RequestResult], None] | None = None,
         energy_for: EnergyFor | None = None,
+        on_abandoned: Callable[[RequestRecord], None] | None = None,
     ) -> ModeResult:
         """Every prompt, up to `concurrency` in flight (closed loop); the result holds these prompts only.
+        `on_abandoned(record)`: a request in flight when the run stops (Ctrl-C: 'cancelled'; an error: 'error');
+        the runner's engine is not to be used after that.
 
         `energy_for(windows)` gives the joules of the first wall-clock window when the devices' energy is
         shared by all of them (requests in flight together split it, as the server's do): a finishing
@@ -410,26 +413,57 @@ class ModeRunner:
             if on_request is not None:
                 on_request(res)
 
-        while queue or engine.running:
-            while queue and len(engine.running) < concurrency:
-                idx = queue.pop(0)
-                key = f"{mode}:{idx}"
-                wall_start = datetime.now(UTC)
-                t_start = time.perf_counter()
-                p = prompts[idx]
-                collector.begin(key, RequestRecord(started_at=wall_start, domain=p.domain, external_id=p.id,
-                                                   prompt_tokens=len(encoded[idx]), temperature=params.temperature,
-                                                   top_p=params.top_p, top_k=params.top_k, seed=params.seed,
-                                                   max_new_tokens=params.max_new_tokens), t_start)
-                seq = engine.add(encoded[idx], params, request_id=key, t_start=t_start, domain=p.domain)
-                live[seq.seq_id] = (idx, wall_start)
-                if seq.done:
+        try:
+            while queue or engine.running:
+                while queue and len(engine.running) < concurrency:
+                    idx = queue.pop(0)
+                    key = f"{mode}:{idx}"
+                    wall_start = datetime.now(UTC)
+                    t_start = time.perf_counter()
+                    p = prompts[idx]
+                    collector.begin(key, RequestRecord(started_at=wall_start, domain=p.domain, external_id=p.id,
+                                                       prompt_tokens=len(encoded[idx]),
+                                                       temperature=params.temperature, top_p=params.top_p,
+                                                       top_k=params.top_k, seed=params.seed,
+                                                       max_new_tokens=params.max_new_tokens), t_start)
+                    seq = engine.add(encoded[idx], params, request_id=key, t_start=t_start, domain=p.domain)
+                    live[seq.seq_id] = (idx, wall_start)
+                    if seq.done:
+                        finish(seq)
+                for seq in engine.step():
                     finish(seq)
-            for seq in engine.step():
-                finish(seq)
+        except BaseException as exc:
+            # Ctrl-C / SIGTERM (or a failure) mid-step: the requests in flight are recorded with their status
+            if on_abandoned is not None:
+                interrupted = isinstance(exc, KeyboardInterrupt)
+                status = "cancelled" if interrupted else "error"
+                error = ("cancelled: the benchmark was interrupted (Ctrl-C or SIGTERM)" if interrupted
+                         else f"{type(exc).__name__}: {exc}"[:500])
+                for rec in abandoned(collector, status, error):
+                    on_abandoned(rec)
+            raise
         result.wall_s = time.perf_counter() - t_begin
         result.results.sort(key=lambda r: prompts.index(r.prompt))
         return result
+
+
+def abandoned(collector: _Collector, status: str, error: str) -> list[RequestRecord]:
+    """The records of the requests still in flight, ended with `status` (as a server records a request it
+    cancels): the tokens emitted until then, no energy (never attributed)."""
+    out = []
+    now = time.perf_counter()
+    for key, rec in list(collector.open.items()):
+        t0 = collector.t0.pop(key)
+        rec.status, rec.error = status, error
+        rec.output_tokens = len(rec.tokens)
+        if rec.tokens:
+            rec.ttft_ms = rec.tokens[0].emit_offset_ms
+            rec.e2e_ms = rec.tokens[-1].emit_offset_ms
+        else:
+            rec.e2e_ms = (now - t0) * 1000.0
+        out.append(rec)
+    collector.open.clear()
+    return out
 
 
 def warm_up(loaded: Loaded, mode: str, encoded: Iterable[list[int]]) -> None:

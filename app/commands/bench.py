@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -25,6 +28,7 @@ DEFAULT_INTERLEAVE = 4  # prompts per turn: short enough that a drift of the mac
 EXAMPLES = """  specfinops bench --workload code --mode both --limit 4
   specfinops bench --workload chat --drafter early-exit --early-exit-layers 12 --k 3
   specfinops bench --workload code --mode both --dtype float32 --temperature 0 --json out.json
+  specfinops bench --workload code --limit 8 --json - | jq '.runs[] | {mode, tokens_per_s}'
   specfinops bench --workload code --mode both --tree 16:6:4:0.25
   specfinops bench --workload mixed --mode both --concurrency 1,4,16 --max-new-tokens 64
   specfinops bench --workload prompts.jsonl --target ~/models/my-llama --drafter draft --draft-model ~/models/my-draft
@@ -75,7 +79,8 @@ def register(sub) -> None:
                    help="target layers used by --drafter early-exit (default: 8, or half the layers of a target "
                         "with 8 or fewer)")
     p.add_argument("--max-len", type=context_len, default=2048, help="context window used by the engine (tokens)")
-    p.add_argument("--json", metavar="PATH", default=None, help="write the results as JSON")
+    p.add_argument("--json", metavar="PATH", default=None,
+                   help="write the results as JSON to PATH; '-': to stdout (the table then goes to stderr)")
     add_db_option(p)
     p.add_argument("--node-id", type=node_id, default=None,
                    help="node id recorded with the runs, up to 128 characters (default: hostname)")
@@ -101,13 +106,48 @@ def node_id(text: str) -> str:
 
 
 def parse_concurrency(text: str) -> list[int]:
+    """--concurrency: levels like 1,2,4 (a space after a comma allowed). An empty item ('1,,2', '4,') or a
+    level given twice ('1,1', which ran twice and recorded a sweep of one level) is a typo: refused."""
+    items = [x.strip() for x in str(text).split(",")]
     try:
-        levels = [int(x) for x in str(text).split(",") if x.strip()]
+        levels = [int(x) for x in items]
     except ValueError:
         raise ValueError(f"--concurrency must be integers like 1,2,4, got {text!r}") from None
     if not levels or any(n < 1 for n in levels):
         raise ValueError(f"--concurrency levels must be >= 1, got {text!r}")
+    if len(set(levels)) < len(levels):
+        twice = sorted({n for n in levels if levels.count(n) > 1})
+        raise ValueError(f"--concurrency gives level {', '.join(map(str, twice))} more than once: {text!r}")
     return levels
+
+
+# what torch.Generator.manual_seed takes (a negative seed wraps to its unsigned 64-bit value), as the server
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+INT_COLUMN_MAX = 2**31 - 1  # runs.top_k and runs.max_new_tokens are 32-bit INTEGERs (PostgreSQL refuses more)
+
+
+def check_sampling_options(args: argparse.Namespace) -> None:
+    """What the engine or the store would refuse only after the model loaded, without naming the option: a seed
+    torch cannot take (failed at the first sampled token), a --top-k or --max-new-tokens past the 32-bit
+    columns that record them (PostgreSQL: 'integer out of range' when the first run was recorded)."""
+    if not SEED_MIN <= args.seed <= SEED_MAX:
+        raise UsageError(f"--seed must be within [{SEED_MIN}, {SEED_MAX}] (a 64-bit seed), got {args.seed}")
+    for flag, value in (("--top-k", args.top_k), ("--max-new-tokens", args.max_new_tokens)):
+        if value > INT_COLUMN_MAX:
+            raise UsageError(f"{flag} must be at most {INT_COLUMN_MAX}, got {value}")
+
+
+def check_k(k: str | None, max_len: int) -> None:
+    """--k: a policy `parse_policy` takes, whose number (K, or a policy's K_max) fits the context window: more
+    draft tokens than --max-len can never be verified (and `fixed:<30 digits>` overflowed runs.k_policy)."""
+    from serving.lookahead import parse_policy
+
+    if k is None:
+        return
+    parse_policy(k)
+    number = str(k).strip().rpartition(":")[2]
+    if number.isdigit() and int(number) > max_len:
+        raise UsageError(f"--k {k}: at most --max-len ({max_len}) draft tokens can be verified at once")
 
 
 MODEL_FREE_DRAFTERS = ("ngram", "early-exit")  # drafters that read no draft model
@@ -151,8 +191,30 @@ def early_exit_layers(given: int | None, target: str | None, drafter: str) -> in
 
 
 def handle(args: argparse.Namespace) -> int:
-    with sigterm_as_ctrl_c("bench: SIGTERM: stopping as on Ctrl-C"):
+    with ctrl_c_once(), sigterm_as_ctrl_c("bench: SIGTERM: stopping as on Ctrl-C"):
         return _handle(args)
+
+
+@contextlib.contextmanager
+def ctrl_c_once():
+    """Within the block, the first Ctrl-C stops the bench (KeyboardInterrupt: its run ends 'cancelled', the
+    requests in flight recorded so) and further ones are ignored until the block ends: a second Ctrl-C pressed
+    while the first is being handled interrupted the cleanup (the recorder's flush, the run's end) and printed a
+    traceback. Off the main thread, or where SIGINT is not Python's default handler, nothing is installed."""
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+
+    def interrupt(_signum, _frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # first: a second Ctrl-C must not interrupt the stopping
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _handle(args: argparse.Namespace) -> int:
@@ -160,10 +222,13 @@ def _handle(args: argparse.Namespace) -> int:
     from serving.workloads import load_workload
 
     # validate everything cheap before loading a model
-    check_writable(args.json, "--json")
+    if args.json != "-":
+        check_writable(args.json, "--json")
     check_power_options(args.power, args.tdp_w)
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, seed=args.seed)
+    check_sampling_options(args)
+    check_k(args.k, args.max_len)
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
     if args.interleave < 0:
@@ -262,8 +327,16 @@ def resolve_spec_max_batch(gate: str, db_url: str | None, loaded) -> int | None:
     return limit
 
 
+def table_file(args: argparse.Namespace):
+    """Where the table goes: stdout, unless the JSON goes there (`--json -`): then stderr, beside the progress."""
+    return sys.stderr if args.json == "-" else sys.stdout
+
+
 def _write_json(args: argparse.Namespace, report: dict) -> int:
-    if args.json:
+    if args.json == "-":
+        sys.stdout.write(json.dumps(report, indent=1) + "\n")
+        sys.stdout.flush()
+    elif args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
@@ -288,8 +361,30 @@ def run_bench_vllm(args, prompts, params, modes, levels) -> dict:
     report["invocation_id"] = None if args.no_telemetry else invocation_id
     for run, (_, res) in zip(report["runs"], results, strict=True):
         run["backend"], run["accepted_per_pos"] = "vllm", list(res.accepted_per_pos)
-    print_table(report, not args.no_telemetry)
+    print_table(report, not args.no_telemetry, file=table_file(args))
     return report
+
+
+PIPE_REFRESH_S = 10.0  # progress into a pipe or a log file: an update every this many seconds, not every request
+
+
+def progress_refresh_s() -> float:
+    """How often progress on stderr is redrawn: live on a terminal; into a pipe or a log file (where every
+    redraw is kept, a bench at concurrency 32 wrote ten a second) every PIPE_REFRESH_S."""
+    try:
+        tty = sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed
+        tty = False
+    return 0.1 if tty else PIPE_REFRESH_S
+
+
+def progress_bar(total: int, desc: str):
+    """A bench level's progress on stderr (requests done), redrawn at most every `progress_refresh_s`."""
+    from tqdm import tqdm
+
+    every = progress_refresh_s()
+    return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, leave=False, mininterval=every,
+                maxinterval=max(every, 10.0))
 
 
 def turns(n_prompts: int, modes: list[str], level: int, interleave: int) -> list[tuple[str, range]]:
@@ -302,8 +397,6 @@ def turns(n_prompts: int, modes: list[str], level: int, interleave: int) -> list
 
 def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
     """Run each concurrency level in each mode, record it, print the table; return the JSON report."""
-    from tqdm import tqdm
-
     from serving.worker import ModeResult, ModeRunner, default_node_id, run_info, warm_up
     from telemetry.power import detect_power_source
 
@@ -313,7 +406,8 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
         from telemetry.store import open_store
 
         recorder = Recorder(open_store(args.db))
-    source = detect_power_source(args.power, tdp_w=args.tdp_w)
+    # --no-telemetry: no energy is recorded, so no meter is opened (nor a warning given that none can be)
+    source = detect_power_source("none") if recorder is None else detect_power_source(args.power, tdp_w=args.tdp_w)
     node_id = args.node_id or default_node_id()
     # one id on every run this command records (modes, turns, concurrency levels): speedups pair its spec and
     # AR runs, measured under the same machine conditions, instead of pooling them with other invocations' runs
@@ -326,11 +420,10 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
             runners = {mode: ModeRunner(loaded, mode, level) for mode in modes}  # one engine per mode and level
             merged: dict[str, ModeResult] = {}
             plan = turns(len(prompts), modes, level, args.interleave)
-            bar = tqdm(total=sum(len(ix) for _, ix in plan), desc=f"{'+'.join(modes)} c={level}", unit="req",
-                       file=sys.stderr, leave=False)
+            bar = progress_bar(sum(len(ix) for _, ix in plan), f"{'+'.join(modes)} c={level}")
             try:
                 for mode, ix in plan:
-                    bar.set_postfix(mode=mode)
+                    bar.set_postfix(mode=mode, refresh=False)
                     res = _run_turn(args, loaded, runners[mode], recorder, source, node_id, params, level,
                                     [prompts[i] for i in ix], [encoded[i] for i in ix], bar, invocation_id)
                     if mode in merged:
@@ -358,7 +451,7 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
             drafter=info.drafter, k_policy=info.k_policy, workload=args.workload, dtype=info.dtype,
             run_ids=[rid for _, res in results for rid in res.run_ids])
         report["sweep_id"], report["crossover_concurrency"] = sweep_id, cross
-    print_table(report, recorder is not None)
+    print_table(report, recorder is not None, file=table_file(args))
     return report
 
 
@@ -385,7 +478,12 @@ def _run_turn(args, loaded, runner, recorder, source, node_id, params, level, pr
                 recorder.record_request(run_id, res.record)
             bar.update(1)
 
-        res = runner.run(prompts, encoded, params, on_request=on_request, energy_for=energy_for)
+        def on_abandoned(rec):  # in flight when Ctrl-C / SIGTERM stopped the run: recorded 'cancelled'
+            if recorder:
+                recorder.record_request(run_id, rec)
+
+        res = runner.run(prompts, encoded, params, on_request=on_request, energy_for=energy_for,
+                         on_abandoned=on_abandoned)
     res.run_ids = [run_id] if run_id is not None else []
     return res
 
@@ -481,16 +579,17 @@ def table_lines(runs: list[dict]) -> list[str]:
     return [head, "-" * len(head), *(line(row) for row in cells)]
 
 
-def print_table(report: dict, recorded: bool) -> None:
+def print_table(report: dict, recorded: bool, file=None) -> None:
+    out = file or sys.stdout
     for text in table_lines(report["runs"]):
-        print(text)
+        print(text, file=out)
     for level, sp in report["speedup_by_concurrency"].items():
-        print(f"speedup spec vs AR at concurrency {level}: {_fmt(sp, '.2f')}x")
+        print(f"speedup spec vs AR at concurrency {level}: {_fmt(sp, '.2f')}x", file=out)
     if "crossover_concurrency" in report:
         cross = report["crossover_concurrency"]
         print(f"sweep {report['sweep_id']}: " + (f"speculation stops paying at concurrency {cross}" if cross
-              else "speculation paid at every measured concurrency"))
-    print("times in ms; TPOT = (E2E - TTFT) / (output tokens - 1); acceptance = accepted / drafted tokens")
+              else "speculation paid at every measured concurrency"), file=out)
+    print("times in ms; TPOT = (E2E - TTFT) / (output tokens - 1); acceptance = accepted / drafted tokens", file=out)
     if recorded:
         print(f"recorded in the store as invocation {report.get('invocation_id')}: see `specfinops cost` and "
-              "`specfinops dashboard` (speedups per invocation beside the pooled figure)")
+              "`specfinops dashboard` (speedups per invocation beside the pooled figure)", file=out)

@@ -13,6 +13,7 @@ from app.commands.bench import node_id
 EXAMPLES = """  specfinops loadtest --url http://127.0.0.1:8000 --concurrency 1,2,4,8 --duration 30
   specfinops loadtest --url http://127.0.0.1:8000 --concurrency 32 --duration 60 --mode spec --max-tokens 128
   specfinops loadtest --url http://127.0.0.1:8000 --workload chat --api-key secret --json bench-results/load.json
+  specfinops loadtest --url http://127.0.0.1:8000 --concurrency 4 --duration 10 --json - | jq '.levels[].tokens_per_s'
 """
 
 
@@ -32,7 +33,8 @@ def register(sub) -> None:
     add_db_option(p)
     p.add_argument("--node-id", default=None, type=node_id, help="node id recorded with the runs (default: hostname)")
     p.add_argument("--no-telemetry", action="store_true", help="print only; record nothing")
-    p.add_argument("--json", metavar="PATH", default=None, help="write the per-level summary as JSON")
+    p.add_argument("--json", metavar="PATH", default=None,
+                   help="write the per-level summary as JSON to PATH; '-': to stdout (the table then goes to stderr)")
 
 
 def level_bars(duration_s: float):
@@ -40,9 +42,14 @@ def level_bars(duration_s: float):
     requests done and the output tokens/s so far; it closes (and stays on screen) when the level ends."""
     from tqdm import tqdm
 
+    from app.commands.bench import progress_refresh_s
+
+    every = progress_refresh_s()  # into a pipe or a log file: not two redraws a second, each kept
+
     def start(mode: str, level: int):
-        bar = tqdm(total=duration_s, desc=f"{mode} c={level}", file=sys.stderr,
+        bar = tqdm(total=duration_s, desc=f"{mode} c={level}", file=sys.stderr, mininterval=every,
                    bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s{postfix}")  # ", N req, ..."
+        shown = [0.0]  # elapsed seconds at the last redraw
 
         def tick(elapsed_s: float, requests_ok: int, tokens: int, final: bool) -> None:
             bar.n = min(elapsed_s, duration_s)
@@ -50,7 +57,8 @@ def level_bars(duration_s: float):
             bar.set_postfix_str(f"{requests_ok} req, {rate:.1f} tok/s", refresh=False)
             if final:  # a level stopped early (its requests failing) shows where it stopped
                 bar.close()
-            else:
+            elif elapsed_s - shown[0] >= every:
+                shown[0] = elapsed_s
                 bar.refresh()
 
         return tick
@@ -90,7 +98,8 @@ def _handle(args: argparse.Namespace) -> int:
                     modes=modes, max_tokens=args.max_tokens, temperature=args.temperature, api_key=args.api_key,
                     model=args.model)
     spec.validate()
-    check_writable(args.json, "--json")
+    if args.json != "-":
+        check_writable(args.json, "--json")
     prompts = load_workload(args.workload)
     try:
         import openai  # noqa: F401
@@ -128,14 +137,19 @@ def _handle(args: argparse.Namespace) -> int:
         if recorder is not None:
             recorder.close()
     rows = [summarize(r) for r in results]
-    print(format_table(rows))
+    table = sys.stderr if args.json == "-" else sys.stdout  # stdout holds the JSON alone then
+    print(format_table(rows), file=table)
     if recorder is not None:
-        print(_stored_note(shared))
+        print(_stored_note(shared), file=table)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         doc = {"url": args.url, "levels": rows, **({"error": str(failed)} if failed else {}),
                **({"interrupted": True} if interrupted else {})}
-        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+        if args.json == "-":
+            sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+            sys.stdout.flush()
+        else:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     if interrupted:
         raise KeyboardInterrupt
     if failed is not None:
