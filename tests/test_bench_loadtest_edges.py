@@ -208,3 +208,22 @@ def test_a_level_whose_requests_all_fail_measures_nothing_not_0_tokens_per_s(stu
     with create_engine(db).connect() as c:
         assert c.execute(text("select status from runs")).scalars().all() == ["failed"]
         assert c.execute(text("select count(*) from requests where status = 'ok'")).scalar() == 0
+
+
+# ------------------------------------------------------------------ a prompt longer than the context
+
+
+def test_a_prompt_past_the_targets_positions_names_the_workload_and_the_window(tmp_path, capsys):
+    """--max-len above the target's max_position_embeddings: the engine keeps the lesser, but bench checked the
+    prompts against --max-len, so a prompt past the target's positions failed inside the warm-up ('prompt is 100
+    tokens, longer than the context window (64 tokens)': which prompt, which file?) and left a new empty store."""
+    small = hf_dir(tmp_path / "small", max_position_embeddings=64)
+    work = tmp_path / "long.jsonl"
+    work.write_text(json.dumps({"id": "long-one", "domain": "d", "prompt": " ".join(["w5"] * 100)}) + "\n")
+    db = tmp_path / "s.db"
+    rc = main(["bench", "--target", str(small), "--drafter", "ngram", "--workload", str(work), "--dtype", "float32",
+               "--power", "none", "--max-len", "512", "--max-new-tokens", "4", "--db", str(db), "--mode", "ar"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2
+    assert f"--workload {work}: prompt long-one is 100 tokens" in err and "max_position_embeddings" in err, err
+    assert not db.exists()

@@ -293,15 +293,20 @@ def _load_and_check(args, spec, prompts, params, gate, chosen: bool, levels: lis
     if gate is not None:
         loaded.spec.spec_max_batch = resolve_spec_max_batch(gate, args.db, loaded)
     encoded = [loaded.encode(p) for p in prompts]
+    # the engine's context: --max-len, or the target's positions where it has fewer (the engine keeps the lesser)
+    ctx = min(spec.max_len, loaded.target.cfg.max_position)
+    window = (f"--max-len {ctx}" if ctx == spec.max_len
+              else f"the target's {ctx} positions (max_position_embeddings; --max-len {spec.max_len} is more)")
     for p, ids in zip(prompts, encoded, strict=True):
-        if len(ids) >= spec.max_len - 1:
-            raise ValueError(f"prompt {p.id} is {len(ids)} tokens, longer than the context window ({spec.max_len})")
-    # the prompt and its answer share max_len - 1 positions: a longer answer is cut there, finish reason 'length'
-    capped = [len(ids) for ids in encoded if len(ids) + params.max_new_tokens > spec.max_len - 1]
+        if len(ids) >= ctx - 1:
+            raise ValueError(f"--workload {args.workload}: prompt {p.id} is {len(ids)} tokens, longer than the "
+                             f"context window ({window}); drop it or raise --max-len")
+    # the prompt and its answer share ctx - 1 positions: a longer answer is cut there, finish reason 'length'
+    capped = [len(ids) for ids in encoded if len(ids) + params.max_new_tokens > ctx - 1]
     if capped:
-        print(f"note: --max-new-tokens {params.max_new_tokens} does not fit --max-len {spec.max_len} after "
+        print(f"note: --max-new-tokens {params.max_new_tokens} does not fit {window} after "
               f"{len(capped)} of {len(encoded)} prompts (the longest {max(capped)} tokens): their answers stop at "
-              f"{spec.max_len - 1} tokens of prompt and answer, finish reason 'length'", file=sys.stderr)
+              f"{ctx - 1} tokens of prompt and answer, finish reason 'length'", file=sys.stderr)
     return loaded, encoded
 
 
