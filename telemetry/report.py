@@ -675,6 +675,9 @@ RUNS_COST_COLUMNS = (
     Column("drafter", "drafter", short_model), Column("device", "device", short_device),
     Column("target", "target", short_model),
 )
+RUNS_COST_CSV_ONLY = frozenset({"invocation_id"})  # in the CSV, not on the page: a 32-digit id widens the table
+
+
 def paired_cell(text: str) -> str:
     """The page's cell of `queries.paired_text`: the paired figures and, where the pooled one lies outside them,
     that comparison, without the explanation (the full text is the cell's title and the CSV's); 'no paired
@@ -757,7 +760,7 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
                      queries.paired_text(s), " ".join(f"{x:.4g}" for x in s.invocation_speedups))
                     for s in data.speedups), speedup_columns(data.speedups)),
         Table("runs_cost", "Cost per run", tuple(header), tuple(tuple(r) for r in rows),
-              RUNS_COST_COLUMNS if set(header) == {c.source for c in RUNS_COST_COLUMNS} else ()),
+              RUNS_COST_COLUMNS if set(header) - RUNS_COST_CSV_ONLY == {c.source for c in RUNS_COST_COLUMNS} else ()),
         Table("change", "Change against the previous period (a cost compares totals only where both periods "
               "have the same energy basis: no energy, or energy from the same kind of source; else the hardware "
               "parts. 'estimated' names the periods whose figure rests on estimated power)",
