@@ -63,6 +63,10 @@ def no_model(monkeypatch):
     (["--concurrency", "1,,2"], "--concurrency must be integers"),
     (["--concurrency", "2,"], "--concurrency must be integers"),
     (["--concurrency", "1,2,1"], "--concurrency gives level 1 more than once"),
+    # options the run silently ignored
+    (["--mode", "ar", "--k", "4"], "--k shapes speculative decoding, which --mode ar does not run"),
+    (["--mode", "ar", "--tree", "8:3", "--spec-max-batch", "2"], "--tree, --spec-max-batch shape speculative"),
+    (["--vllm-args", "{"], "--vllm-args applies to --backend vllm"),
 ])
 def test_bad_options_are_one_line_exit_2_before_the_model_loads(extra, said, target, no_model, tmp_path, capsys):
     db = tmp_path / "s.db"
@@ -227,3 +231,20 @@ def test_a_prompt_past_the_targets_positions_names_the_workload_and_the_window(t
     assert rc == 2
     assert f"--workload {work}: prompt long-one is 100 tokens" in err and "max_position_embeddings" in err, err
     assert not db.exists()
+
+
+def test_a_store_path_that_cannot_be_made_is_named_under_db(target, no_model, capsys):
+    """'[Errno 2] No such file or directory: '/proc/x'' did not say which option named it."""
+    assert main(_tiny_bench(target, "--db", "/proc/no-such-dir/s.db")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specfinops bench: error: --db /proc/no-such-dir/s.db: cannot create the store"), err
+
+
+@pytest.mark.parametrize("command", ["bench", "loadtest"])
+def test_an_empty_node_id_is_refused(command, target, no_model, capsys):
+    """--node-id '' fell back to the hostname unsaid."""
+    argv = _tiny_bench(target) if command == "bench" else ["loadtest", "--duration", "1"]
+    with pytest.raises(SystemExit) as stop:
+        main([*argv, "--node-id", " "])
+    assert stop.value.code == 2
+    assert "argument --node-id: must not be empty" in capsys.readouterr().err

@@ -99,6 +99,8 @@ def node_id(text: str) -> str:
     from telemetry.db import Run
 
     limit = Run.__table__.c.node_id.type.length
+    if not text.strip():  # fell back to the hostname unsaid
+        raise argparse.ArgumentTypeError("must not be empty (leave --node-id out for the hostname)")
     if len(text) > limit:
         raise argparse.ArgumentTypeError(f"must be at most {limit} characters (the store's runs.node_id), "
                                          f"got {len(text)}: {text[:20]!r}...")
@@ -167,6 +169,37 @@ def drafter_for(drafter: str | None, draft_model: str | None, flag: str, otherwi
     return drafter
 
 
+# dest, flag: how speculative decoding runs (None: not given). --drafter / --draft-model name the model pair, which
+# a script comparing modes passes alike, so an AR run takes them (and records no drafter)
+SPEC_ONLY_OPTIONS = (("k", "--k"), ("tree", "--tree"), ("spec_max_batch", "--spec-max-batch"))
+
+
+def check_combinations(args: argparse.Namespace) -> None:
+    """Options that the run would silently ignore: speculation's with --mode ar, vLLM's on the torch engine."""
+    if args.mode == "ar":
+        given = [flag for dest, flag in SPEC_ONLY_OPTIONS if getattr(args, dest, None) is not None]
+        if given:
+            one = len(given) == 1
+            raise UsageError(f"{', '.join(given)} shape{'s' if one else ''} speculative decoding, which --mode ar "
+                             f"does not run: drop {'it' if one else 'them'}, or use --mode spec or both")
+    if args.vllm_args is not None and args.backend != "vllm":
+        raise UsageError("--vllm-args applies to --backend vllm; the torch engine (the default --backend) takes none")
+
+
+def open_db_option(url: str | None) -> None:
+    """Open (create or upgrade) the store --db names now, not after the benchmark; what is wrong with it named
+    under --db ('[Errno 2] No such file or directory: /proc/x' did not say which option)."""
+    from telemetry.store import StoreError, open_store
+
+    try:
+        open_store(url).dispose()
+    except (StoreError, UsageError, ValueError):
+        raise  # these name the database already
+    except OSError as exc:
+        raise UsageError(f"--db {url}: cannot create the store: {exc.strerror or exc}"
+                         + (f": {exc.filename}" if exc.filename else "")) from None
+
+
 def early_exit_layers(given: int | None, target: str | None, drafter: str) -> int:
     """--early-exit-layers, checked against the target before it loads; by default 8 (DEFAULT_EARLY_EXIT_LAYERS),
     or half the layers of a target that has no more than that (an early exit must stop before the last layer)."""
@@ -224,6 +257,7 @@ def _handle(args: argparse.Namespace) -> int:
     # validate everything cheap before loading a model
     if args.json != "-":
         check_writable(args.json, "--json")
+    check_combinations(args)
     check_power_options(args.power, args.tdp_w)
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, seed=args.seed)
@@ -260,11 +294,10 @@ def _handle(args: argparse.Namespace) -> int:
     made = None  # a store file this command creates: removed again if the command is refused before it runs
     if not args.no_telemetry:
         from telemetry.db import resolve_db_url, sqlite_file
-        from telemetry.store import open_store
 
         path = sqlite_file(resolve_db_url(args.db))
         made = path if path is not None and not path.exists() else None
-        open_store(args.db).dispose()  # an unusable --db now, not after the benchmark
+        open_db_option(args.db)  # an unusable --db now, not after the benchmark
     try:
         loaded, encoded = _load_and_check(args, spec, prompts, params, gate, chosen, levels)
     except BaseException:
