@@ -153,8 +153,11 @@ def test_every_page_loads_in_chromium(dashboard, tmp_path):
             str(tmp_path / "chromium-profile"),  # a fresh user-data-dir
             executable_path=CHROMIUM, args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 2800},
         )
+        outside: set[str] = set()  # the dashboard must work offline (an air-gapped cluster): nothing fetched elsewhere
         try:
             page = browser.new_page()
+            page.on("request", lambda r: None if r.url.startswith((dashboard, "data:", "blob:"))
+                    else outside.add(r.url.split("?")[0]))
             # a deep link first, on the server's first session: before any session has run the entry file
             # Streamlit navigates by what it finds on disk (a `pages/` folder would list its file names)
             for path, title in sorted(PAGES.items(), key=lambda item: item[0] == ""):
@@ -188,6 +191,8 @@ def test_every_page_loads_in_chromium(dashboard, tmp_path):
                     problems.append(f"/{path}: no chart rendered")
         finally:
             browser.close()
+    if outside:  # the page favicon ':material/...:' came from fonts.gstatic.com
+        problems.append(f"requests outside the dashboard's server: {sorted(outside)}")
     keep = ROOT / "var" / "screenshots"
     if keep.is_dir():
         for png in shots.glob("*.png"):

@@ -30,7 +30,7 @@ PAGES = [
     st.Page("views/reports.py", title="Reports", icon=":material/description:"),
 ]
 
-st.set_page_config(page_title="specfinops", page_icon=":material/speed:", layout="wide")
+st.set_page_config(page_title="specfinops", page_icon="⚡", layout="wide")
 page = st.navigation(PAGES)
 common.prepare()
 with reuse_collections():  # the page's summaries over one filter read the requests once
