@@ -254,8 +254,9 @@ def body(ctx: Context) -> None:
             if s.energy_estimated and s.j_per_token is not None:
                 said.append("J/token partly estimated" + ("" if estimated else f" ({runs_text})") if partly
                             else "J/token is an estimate")
-            st.caption(f"{s.num_requests_ok:,} requests ok, {s.num_requests_failed:,} failed, "
-                       f"{s.output_tokens:,} output tokens"
+            st.caption(f"{s.num_requests_ok:,} request{'' if s.num_requests_ok == 1 else 's'} ok, "
+                       f"{s.num_requests_failed:,} failed, {s.output_tokens:,} output "
+                       f"token{'' if s.output_tokens == 1 else 's'}"
                        + (f" · cost is hardware only ({md_safe(no_energy)})"
                           if total is not None and not c.energy_included
                           else f" · no cost ({md_safe(c.reason)})" if total is None and c and c.reason else "")
