@@ -248,3 +248,49 @@ def test_an_empty_node_id_is_refused(command, target, no_model, capsys):
         main([*argv, "--node-id", " "])
     assert stop.value.code == 2
     assert "argument --node-id: must not be empty" in capsys.readouterr().err
+
+
+def test_a_second_ctrl_c_during_a_load_tests_stopping_still_prints_and_records(stub_factory, tmp_path,  # noqa: F811
+                                                                               monkeypatch, capsys):
+    """Two Ctrl-Cs in quick succession: the second raised KeyboardInterrupt inside the stopping (the recorder's
+    flush), so the requests still queued were lost and the table and the --json file of what ran never written."""
+    import asyncio
+    import os
+
+    import serving.loadtest as lt
+
+    stub = stub_factory(chunks=50, chunk_s=0.02)
+    real_run_level = lt.run_level
+
+    async def run_level(client, model, prompts, spec, level, mode, **kwargs):
+        task = asyncio.ensure_future(real_run_level(client, model, prompts, spec, level, mode, **kwargs))
+        while stub.num_chat < 2:
+            await asyncio.sleep(0.01)
+        sent.append(1)
+        os.kill(os.getpid(), signal.SIGINT)  # the first: cancels the main task, the level stops
+        return await task
+
+    def close(self):  # the stopping flushes the recorder: the second Ctrl-C lands there
+        if sent == [1]:
+            sent.append(2)
+            os.kill(os.getpid(), signal.SIGINT)
+        real_close(self)
+
+    sent: list[int] = []
+
+    from telemetry.recorder import Recorder
+
+    real_close = Recorder.close
+    monkeypatch.setattr(lt, "run_level", run_level)
+    monkeypatch.setattr(Recorder, "close", close)
+    db = f"sqlite:///{tmp_path / 'twice.db'}"
+    out_json = tmp_path / "twice.json"
+    rc = main(["loadtest", "--url", stub.url, "--concurrency", "2", "--duration", "5", "--mode", "spec",
+               "--max-tokens", "8", "--workload", "code", "--db", db, "--json", str(out_json)])
+    out = capsys.readouterr()
+    assert rc == 130, out.err
+    assert "spec c=2 was interrupted" in out.out, out.out
+    assert json.loads(out_json.read_text())["interrupted"] is True
+    with create_engine(db).connect() as c:
+        assert c.execute(text("select status from runs")).scalars().all() == ["cancelled"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

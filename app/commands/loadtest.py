@@ -80,10 +80,39 @@ def _stored_note(shared) -> str:
 
 
 def handle(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
     from app.commands._common import sigterm_as_ctrl_c
 
-    with sigterm_as_ctrl_c("loadtest: SIGTERM: stopping as on Ctrl-C"):
-        return _handle(args)
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGINT) if main_thread else None
+    try:
+        with sigterm_as_ctrl_c("loadtest: SIGTERM: stopping as on Ctrl-C"):
+            return _handle(args)
+    finally:
+        if main_thread and signal.getsignal(signal.SIGINT) is not before:  # ctrl_c_once's, or ignored after it fired
+            signal.signal(signal.SIGINT, before)
+
+
+async def ctrl_c_once(coro):
+    """Await `coro` with asyncio.run's Ctrl-C handler (the first Ctrl-C cancels the main task: the level records
+    its requests in flight 'cancelled' and ends its run) made to ignore further Ctrl-Cs until `handle` ends: a
+    second one raised KeyboardInterrupt in the middle of that cleanup, and the table and --json of what ran were
+    never written. `handle` puts Python's default handler back."""
+    import signal
+    import threading
+
+    on_int = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is threading.main_thread() and callable(on_int) \
+            and on_int is not signal.default_int_handler:
+
+        def once(signum, frame):
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # first: the next one must not interrupt the stopping
+            on_int(signum, frame)
+
+        signal.signal(signal.SIGINT, once)
+    return await coro
 
 
 def _handle(args: argparse.Namespace) -> int:
@@ -125,10 +154,10 @@ def _handle(args: argparse.Namespace) -> int:
             raise
     failed, interrupted, results = None, False, []
     try:
-        asyncio.run(run_loadtest(spec, prompts, workload=args.workload, recorder=recorder, shared=shared, card=card,
-                                 node_id=args.node_id or (default_node_id() if recorder else ""),
-                                 say=lambda m: print(m, file=sys.stderr), progress=level_bars(spec.duration_s),
-                                 results=results))
+        asyncio.run(ctrl_c_once(run_loadtest(
+            spec, prompts, workload=args.workload, recorder=recorder, shared=shared, card=card,
+            node_id=args.node_id or (default_node_id() if recorder else ""), say=lambda m: print(m, file=sys.stderr),
+            progress=level_bars(spec.duration_s), results=results)))
     except LoadTestFailed as exc:  # what ran is still shown (and recorded), then the reason
         failed, results = exc, exc.results
     except KeyboardInterrupt:  # Ctrl-C / SIGTERM: likewise, then the exit status 130 (app.cli)
