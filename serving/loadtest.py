@@ -506,7 +506,7 @@ async def server_model(client, wanted: str | None) -> dict:
     for card in cards:
         if card["id"] == wanted:
             return card
-    raise ValueError(f"the server does not serve {wanted!r}; it serves {', '.join(c['id'] for c in cards)}")
+    raise ValueError(f"--model: the server does not serve {wanted!r}; it serves {', '.join(c['id'] for c in cards)}")
 
 
 def _server_said(exc) -> str:

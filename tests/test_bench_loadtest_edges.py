@@ -294,3 +294,20 @@ def test_a_second_ctrl_c_during_a_load_tests_stopping_still_prints_and_records(s
     with create_engine(db).connect() as c:
         assert c.execute(text("select status from runs")).scalars().all() == ["cancelled"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize("extra,said", [
+    (["--top-p", "2"], "--top-p: top_p must be in (0, 1]"),
+    (["--temperature", "nan"], "--temperature: temperature must be a finite number"),
+    (["--max-new-tokens", "0"], "--max-new-tokens: max_new_tokens must be an integer >= 1"),
+    (["--k", "abc"], "--k: unknown k policy 'abc'"),
+])
+def test_sampling_and_k_errors_name_the_option(extra, said, target, no_model, capsys):
+    assert main(_tiny_bench(target, "--no-telemetry", *extra)) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_an_unknown_model_is_named_under_model(stub_factory, tmp_path, capsys):  # noqa: F811
+    stub = stub_factory()
+    assert main(["loadtest", "--url", stub.url, "--model", "nope", "--duration", "1", "--no-telemetry"]) == 2
+    assert "error: --model: the server does not serve 'nope'; it serves stub-model" in capsys.readouterr().err

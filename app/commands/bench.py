@@ -146,7 +146,10 @@ def check_k(k: str | None, max_len: int) -> None:
 
     if k is None:
         return
-    parse_policy(k)
+    try:
+        parse_policy(k)
+    except ValueError as exc:  # "k must be >= 0, got -1" / "unknown k policy 'abc'": said under --k
+        raise UsageError(f"--k: {exc}") from None
     number = str(k).strip().rpartition(":")[2]
     if number.isdigit() and int(number) > max_len:
         raise UsageError(f"--k {k}: at most --max-len ({max_len}) draft tokens can be verified at once")
@@ -259,8 +262,12 @@ def _handle(args: argparse.Namespace) -> int:
         check_writable(args.json, "--json")
     check_combinations(args)
     check_power_options(args.power, args.tdp_w)
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            max_new_tokens=args.max_new_tokens, seed=args.seed)
+    try:
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                max_new_tokens=args.max_new_tokens, seed=args.seed)
+    except ValueError as exc:  # "top_p must be in (0, 1], got 2.0": said under the option's name
+        name = str(exc).split(" ", 1)[0]
+        raise UsageError(f"--{name.replace('_', '-')}: {exc}") from None
     check_sampling_options(args)
     check_k(args.k, args.max_len)
     if args.limit is not None and args.limit < 1:
