@@ -311,3 +311,13 @@ def test_an_unknown_model_is_named_under_model(stub_factory, tmp_path, capsys): 
     stub = stub_factory()
     assert main(["loadtest", "--url", stub.url, "--model", "nope", "--duration", "1", "--no-telemetry"]) == 2
     assert "error: --model: the server does not serve 'nope'; it serves stub-model" in capsys.readouterr().err
+
+
+def test_spec_max_batch_auto_without_telemetry_creates_no_store(target, tmp_path, capsys):
+    """`--no-telemetry --spec-max-batch auto` on a store that does not exist created an empty one."""
+    db = tmp_path / "none.db"
+    rc = main(_tiny_bench(target, "--limit", "1", "--max-new-tokens", "3", "--no-telemetry",
+                          "--spec-max-batch", "auto", "--db", str(db)))
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2 and "--spec-max-batch auto reads the latest recorded sweep: no store at" in err, err
+    assert not db.exists()

@@ -354,10 +354,14 @@ def resolve_spec_max_batch(gate: str, db_url: str | None, loaded) -> int | None:
     """An explicit N, or from the latest recorded sweep: speculate below its crossover."""
     if gate != "auto":
         return int(gate)
-    from telemetry.store import open_store
+    from telemetry.store import NoStoreError, open_store
     from telemetry.sweeps import latest_sweep
 
-    sweep = latest_sweep(open_store(db_url), target=str(loaded.target_dir), drafter=loaded.drafter_label)
+    try:  # only read: with --no-telemetry a missing store was created (empty) just to find no sweep in it
+        store = open_store(db_url, must_exist=True)
+    except NoStoreError as exc:
+        raise UsageError(f"--spec-max-batch auto reads the latest recorded sweep: {exc}") from None
+    sweep = latest_sweep(store, target=str(loaded.target_dir), drafter=loaded.drafter_label)
     if sweep is None:
         raise ValueError(
             f"--spec-max-batch auto: no concurrency sweep recorded for {loaded.drafter_label} on this target; "
