@@ -566,6 +566,25 @@ def test_the_sigterm_handler_disarms_after_the_first_signal(capsys):
     assert capsys.readouterr().err.count("SIGTERM: stopping") == 1
 
 
+def test_a_sigterm_after_ctrl_c_does_not_interrupt_the_stopping(capsys):
+    """A command that ignores SIGINT while it stops (bench, loadtest after a first Ctrl-C) must not be interrupted
+    by a SIGTERM then (`docker stop` after Ctrl-C): it raised KeyboardInterrupt inside the cleanup."""
+    import os
+
+    from app.commands._common import sigterm_as_ctrl_c
+
+    original_term, original_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        with sigterm_as_ctrl_c("stopping"):
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # what the command's stopping does after the first Ctrl-C
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # the handler runs in here: it must neither raise nor exit
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # fired once: ignored until the process exits
+    finally:
+        signal.signal(signal.SIGTERM, original_term)
+        signal.signal(signal.SIGINT, original_int)
+
+
 def test_a_scheduled_run_releases_a_killed_manual_reports_claim(store, tmp_path):
     """A `specfinops report` killed outright left its claim 'generating' (no job id): a scheduled run releases it
     once stale and removes its temporary folder, where the claim recorded it."""

@@ -297,6 +297,8 @@ def sigterm_as_ctrl_c(say: str | None = None):
         if say:
             print(say, file=sys.stderr, flush=True)
         on_int = signal.getsignal(signal.SIGINT)
+        if on_int is signal.SIG_IGN:  # a first Ctrl-C already started the stopping, which ignores SIGINT now
+            return
         if callable(on_int) and on_int is not signal.default_int_handler:
             on_int(signal.SIGINT, frame)
         else:
