@@ -103,7 +103,9 @@ class _Common(_Strict):
     logprobs: bool | int | None = None
     logit_bias: dict[str, Any] | None = None  # empty only
     user: str | None = None
-    speculative: bool = True  # extension: false decodes this request autoregressively (recorded as AR)
+    # extension: false decodes this request autoregressively (recorded as AR); null is the default, as for every
+    # other optional field (it was a 400)
+    speculative: bool | None = True
 
     @field_validator("stop", mode="wrap")
     @classmethod
@@ -350,7 +352,7 @@ def check(req: _Common, kind: Kind, *, model_id: str, max_len: int, vocab_size: 
                                 max_new_tokens=max_new, stop=stop, seed=req.seed)
     except ValueError as exc:
         raise bad(str(exc), code="invalid_value") from None
-    return Checked(kind, prompt_ids, params, req.speculative, bool(req.stream), include_usage)
+    return Checked(kind, prompt_ids, params, req.speculative is not False, bool(req.stream), include_usage)
 
 
 def _refuse(name: str, what: str, detail: str = "") -> APIError:

@@ -78,6 +78,21 @@ def test_a_top_k_beyond_the_vocabulary_is_served_recorded_and_recorded_as_off(li
         assert [(status, k) for status, k, *_ in rows] == [("ok", 0)], (top_k, rows)
 
 
+def test_speculative_null_is_the_default_like_any_other_optional_field(live):
+    """`"speculative": null` was a 400 ('Input should be a valid boolean') where every other optional field takes
+    null as its default; null speculates, false does not."""
+    modes = {}
+    for value in (None, False):
+        body = {"model": live.model, "prompt": "hello", "max_tokens": 2, "temperature": 0, "speculative": value}
+        r = httpx.post(live.url + COMP, json=body, headers=AUTH, timeout=120)
+        assert r.status_code == 200, r.text
+        live.flush()
+        with create_engine(live.db_url).connect() as c:
+            modes[value] = c.execute(text("select runs.mode from requests join runs on runs.id = requests.run_id "
+                                          "where requests.external_id = :e"), {"e": r.json()["id"]}).scalar_one()
+    assert modes == {None: "spec", False: "ar"}
+
+
 def test_a_top_p_too_small_for_float32_keeps_the_likeliest_token(live):
     """top_p 1e-300 is within (0, 1] but rounded to 0 in the sampler's float32, which then kept no token at all:
     a 500 'probability tensor contains either inf, nan' and an error row. Any top_p that small keeps the most
