@@ -12,11 +12,11 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from sqlalchemy import Select, and_, func, or_, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.engine import Engine
 
 from telemetry.db import PowerSample, Request, Run, Step, TokenEvent
@@ -66,13 +66,19 @@ class ExportWindow:
                        kind=self.kind, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                        max_new_tokens=self.max_new_tokens)
 
+    def run_selectors(self):
+        """`queries.Filters` of the run selectors alone (workload, target, node, mode, kind): Run columns only."""
+        from telemetry.queries import Filters
+
+        return Filters(workload=self.workload, target=self.target, node_id=self.node_id, mode=self.mode,
+                       kind=self.kind)
+
     def selects_runs(self) -> bool:
         """Whether any selector beyond the time window and the run id is set."""
-        return any(getattr(self, name) is not None for name in RUN_SELECTORS + SAMPLING_SELECTORS)
+        return any(getattr(self, name) is not None for name in SELECTORS)
 
 
-RUN_SELECTORS = ("workload", "target", "node_id", "mode", "kind")
-SAMPLING_SELECTORS = ("temperature", "top_p", "top_k", "max_new_tokens")
+SELECTORS = ("workload", "target", "node_id", "mode", "kind", "temperature", "top_p", "top_k", "max_new_tokens")
 
 
 def parse_when(value: str | None, name: str) -> datetime | None:
@@ -114,39 +120,27 @@ def _tpot_ms():
     return (Request.e2e_ms - Request.ttft_ms) / func.nullif(Request.output_tokens - 1, 0)
 
 
-def _cutoff(temperature, column, value: float | int, off: float | int):
-    """SQL: a cut-off (top_p, top_k) acts as `value`: greedy (temperature 0) counts as off whatever was recorded."""
-    greedy = temperature == 0
-    if value == off:
-        return or_(greedy, column == value)
-    return and_(column == value, or_(temperature.is_(None), ~greedy))
-
-
-def _run_selectors(stmt: Select, window: ExportWindow) -> Select:
-    for name, column in zip(RUN_SELECTORS, (Run.workload, Run.target, Run.node_id, Run.mode, Run.kind), strict=True):
-        value = getattr(window, name)
-        if value is not None:
-            stmt = stmt.where(column == value)
-    return stmt
-
-
 def _request_window(stmt: Select, window: ExportWindow) -> Select:
     """The window on a statement over requests (joined to runs): its time, run, run selectors and sampling, the
     sampling read per request (its own value, else its run's: the requests CSV's columns)."""
+    from telemetry.queries import cutoff_matches
+
     if window.since is not None:
         stmt = stmt.where(Request.started_at >= window.since)
     if window.until is not None:
         stmt = stmt.where(Request.started_at < window.until)
     if window.run_id is not None:
         stmt = stmt.where(Request.run_id == window.run_id)
-    stmt = _run_selectors(stmt, window)
+    stmt = stmt.where(*window.run_selectors().where())
     temperature = func.coalesce(Request.temperature, Run.temperature)
     if window.temperature is not None:
         stmt = stmt.where(temperature == window.temperature)
     if window.top_p is not None:
-        stmt = stmt.where(_cutoff(temperature, func.coalesce(Request.top_p, Run.top_p), window.top_p, 1.0))
+        stmt = stmt.where(cutoff_matches(func.coalesce(Request.top_p, Run.top_p), window.top_p, off=1.0,
+                                         temperature=temperature))
     if window.top_k is not None:
-        stmt = stmt.where(_cutoff(temperature, func.coalesce(Request.top_k, Run.top_k), window.top_k, 0))
+        stmt = stmt.where(cutoff_matches(func.coalesce(Request.top_k, Run.top_k), window.top_k, off=0,
+                                         temperature=temperature))
     if window.max_new_tokens is not None:
         stmt = stmt.where(func.coalesce(Request.max_new_tokens, Run.max_new_tokens) == window.max_new_tokens)
     return stmt
@@ -252,16 +246,8 @@ def power_query(window: ExportWindow) -> Select:
     if window.run_id is not None:
         stmt = stmt.where(PowerSample.run_id == window.run_id)
     if window.selects_runs():  # a sample belongs to a run, not a request: the run's own values
-        from telemetry.queries import cutoff_matches
-
-        stmt = _run_selectors(stmt.join(Run, Run.id == PowerSample.run_id), window)
-        for column, value in ((Run.temperature, window.temperature), (Run.max_new_tokens, window.max_new_tokens)):
-            if value is not None:
-                stmt = stmt.where(column == value)
-        if window.top_p is not None:
-            stmt = stmt.where(cutoff_matches(Run.top_p, window.top_p, off=1.0))
-        if window.top_k is not None:
-            stmt = stmt.where(cutoff_matches(Run.top_k, window.top_k, off=0))
+        runs = replace(window.run_filters(), since=None, until=None, run_ids=None)  # Run columns only
+        stmt = stmt.join(Run, Run.id == PowerSample.run_id).where(*runs.where())
     return stmt
 
 

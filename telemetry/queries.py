@@ -182,15 +182,17 @@ class Filters:
         return conds
 
 
-def cutoff_matches(column, value: float | int, *, off: float | int):
+def cutoff_matches(column, value: float | int, *, off: float | int, temperature=None):
     """SQL: the run's cut-off (Run.top_p or Run.top_k) acts as `value`, as `effective_cutoffs` reads it: at
     temperature 0 it is off (`off`: top_p 1, top_k 0) whatever was recorded, so a greedy run matches the off
     value only; any other run (sampled, or a server's, temperature NULL) matches its recorded value, and a NULL
-    one (unknown) matches nothing."""
-    greedy = Run.temperature == 0
+    one (unknown) matches nothing. `temperature`: the temperature expression that goes with `column` (default
+    Run.temperature; export passes a request's own, else its run's)."""
+    temperature = Run.temperature if temperature is None else temperature
+    greedy = temperature == 0
     if value == off:
         return or_(greedy, column == value)
-    return and_(column == value, or_(Run.temperature.is_(None), ~greedy))
+    return and_(column == value, or_(temperature.is_(None), ~greedy))
 
 
 @dataclass(frozen=True, slots=True)

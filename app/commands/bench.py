@@ -123,20 +123,20 @@ def parse_concurrency(text: str) -> list[int]:
     return levels
 
 
-# what torch.Generator.manual_seed takes (a negative seed wraps to its unsigned 64-bit value), as the server
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
-INT_COLUMN_MAX = 2**31 - 1  # runs.top_k and runs.max_new_tokens are 32-bit INTEGERs (PostgreSQL refuses more)
-
-
 def check_sampling_options(args: argparse.Namespace) -> None:
     """What the engine or the store would refuse only after the model loaded, without naming the option: a seed
     torch cannot take (failed at the first sampled token), a --top-k or --max-new-tokens past the 32-bit
     columns that record them (PostgreSQL: 'integer out of range' when the first run was recorded)."""
+    # the seeds torch's generator takes (as the server checks them) and the store's 32-bit columns
+    from serving.server_schemas import SEED_MAX, SEED_MIN
+    from telemetry.queries import MAX_NEW_TOKENS, MAX_TOP_K
+
     if not SEED_MIN <= args.seed <= SEED_MAX:
         raise UsageError(f"--seed must be within [{SEED_MIN}, {SEED_MAX}] (a 64-bit seed), got {args.seed}")
-    for flag, value in (("--top-k", args.top_k), ("--max-new-tokens", args.max_new_tokens)):
-        if value > INT_COLUMN_MAX:
-            raise UsageError(f"{flag} must be at most {INT_COLUMN_MAX}, got {value}")
+    for flag, value, limit in (("--top-k", args.top_k, MAX_TOP_K), ("--max-new-tokens", args.max_new_tokens,
+                                                                    MAX_NEW_TOKENS)):
+        if value > limit:
+            raise UsageError(f"{flag} must be at most {limit}, got {value}")
 
 
 def check_k(k: str | None, max_len: int) -> None:
