@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "app.commands.bench",
     "app.commands.db",
     "app.commands.cost",
+    "app.commands.invocations",
     "app.commands.dashboard",
     "app.commands.export",
     "app.commands.serve",
@@ -72,7 +73,7 @@ def _say_defaults(parser: argparse.ArgumentParser) -> None:
 
 
 # commands that read the store once and end; not the scheduler, server or dashboard, which keep reading it
-ONE_SHOT_REPORTS = frozenset({"cost", "project", "report", "export"})
+ONE_SHOT_REPORTS = frozenset({"cost", "project", "report", "export", "invocations"})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -304,6 +304,7 @@ _RUN_FILTERS = (
     ("top_k", "top_k", "top_k values", Run.top_k),
     ("max_new_tokens", "max_new_tokens", "max_new_tokens values", Run.max_new_tokens),
     ("kind", "run kind", "run kinds", Run.kind),
+    ("invocation_id", "invocation", "invocations", Run.invocation_id),
 )
 _CUTOFF_OFF = {"top_p": 1.0, "top_k": 0}  # a cut-off's value as a greedy run counts it (effective_cutoffs)
 

@@ -50,6 +50,7 @@ class ExportWindow:
     top_p: float | None = None
     top_k: int | None = None
     max_new_tokens: int | None = None
+    invocation_id: str | None = None  # one bench's or load test's runs
 
     def __post_init__(self) -> None:
         # the run filters' checks (mode and kind names, sampling ranges, since < until), and their normalised values
@@ -64,21 +65,23 @@ class ExportWindow:
         return Filters(since=self.since, until=self.until, run_ids=None if self.run_id is None else (self.run_id,),
                        workload=self.workload, target=self.target, node_id=self.node_id, mode=self.mode,
                        kind=self.kind, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                       max_new_tokens=self.max_new_tokens)
+                       max_new_tokens=self.max_new_tokens, invocation_id=self.invocation_id)
 
     def run_selectors(self):
-        """`queries.Filters` of the run selectors alone (workload, target, node, mode, kind): Run columns only."""
+        """`queries.Filters` of the run selectors alone (workload, target, node, mode, kind, invocation): Run
+        columns only."""
         from telemetry.queries import Filters
 
         return Filters(workload=self.workload, target=self.target, node_id=self.node_id, mode=self.mode,
-                       kind=self.kind)
+                       kind=self.kind, invocation_id=self.invocation_id)
 
     def selects_runs(self) -> bool:
         """Whether any selector beyond the time window and the run id is set."""
         return any(getattr(self, name) is not None for name in SELECTORS)
 
 
-SELECTORS = ("workload", "target", "node_id", "mode", "kind", "temperature", "top_p", "top_k", "max_new_tokens")
+SELECTORS = ("workload", "target", "node_id", "mode", "kind", "temperature", "top_p", "top_k", "max_new_tokens",
+             "invocation_id")
 
 
 def parse_when(value: str | None, name: str) -> datetime | None:

@@ -21,7 +21,7 @@ Definitions (DESIGN.md): only requests with status 'ok' count towards tokens, la
 
 Public API:
     Filters(since, until, node_id, run_ids, target, drafter, workload, domain, mode, temperature, kind,
-            prompt_ids, top_p, top_k, max_new_tokens)
+            prompt_ids, top_p, top_k, max_new_tokens, invocation_id)
     run_summaries(engine, filters=None) -> list[RunSummary]
     mode_summaries(engine, filters=None) -> list[ModeSummary]
     config_summaries(engine, filters=None) -> list[ConfigSummary]  (runs pooled per configuration)
@@ -102,7 +102,8 @@ class Filters:
     runs whose cut-off acts as that value (`effective_cutoffs`, as speedups and groups key them): a greedy run
     (temperature 0) counts as top_p 1 and top_k 0 whatever it recorded; an unknown one (NULL) matches none.
     max_new_tokens keeps the runs recorded with that answer length cap (a server's run, or one recorded before
-    the store kept it, NULL: unknown, matches none). None means no filter."""
+    the store kept it, NULL: unknown, matches none). invocation_id keeps one bench's or load test's runs
+    (telemetry.invocations). None means no filter."""
 
     since: datetime | None = None
     until: datetime | None = None
@@ -119,6 +120,7 @@ class Filters:
     top_p: float | None = None  # 1 = off
     top_k: int | None = None  # 0 = off
     max_new_tokens: int | None = None  # the answer length cap per request
+    invocation_id: str | None = None  # one bench or load test's runs (telemetry.invocations resolves a prefix)
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
@@ -145,6 +147,10 @@ class Filters:
             if n > maximum:
                 raise ValueError(f"{name} must be at most {maximum}, got {n!r}")
             object.__setattr__(self, name, int(n))
+        if self.invocation_id is not None:
+            i = self.invocation_id
+            if not isinstance(i, str) or not i or len(i) > 36:
+                raise ValueError(f"invocation_id must be an invocation's id (1 to 36 characters), got {i!r}")
         if self.prompt_ids is not None:
             object.__setattr__(self, "prompt_ids", tuple(sorted(str(p) for p in self.prompt_ids)))
         if self.since is not None and self.until is not None and self.since >= self.until:
@@ -163,6 +169,7 @@ class Filters:
             (Run.temperature, self.temperature),
             (Run.kind, self.kind),
             (Run.max_new_tokens, self.max_new_tokens),  # NULL (unknown) equals nothing
+            (Run.invocation_id, self.invocation_id),  # NULL (a server's run, or before 0011) equals nothing
             (Request.domain, self.domain),
         ):
             if value is not None:

@@ -120,6 +120,28 @@ def max_new_tokens_filter(text: str | None) -> int | None:
     return _whole_filter(text, "--max-new-tokens", 1)
 
 
+# The run filter --invocation of cost, project and export: one bench's or load test's runs (runs.invocation_id),
+# named as bench and loadtest print it, by its first characters, or 'latest'.
+INVOCATION_FILTER_HELP = ("only the runs of one bench or load test: 'latest', its invocation id as bench / loadtest "
+                          "print it, or the id's first 4+ characters (`specfinops invocations` lists them)")
+
+
+def invocation_filter(engine, text: str | None) -> str | None:
+    """--invocation of a run filter, resolved in the store to one whole id (None: not given). With engine None
+    only its form is checked (before the store is opened), and None returned."""
+    if text is None:
+        return None
+    from telemetry.invocations import invocation_text, resolve_invocation
+
+    try:
+        if engine is None:
+            invocation_text(text)
+            return None
+        return resolve_invocation(engine, text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def check_power_options(power: str, tdp_w: float | None) -> None:
     """--power and --tdp-w, before any model loads: what `detect_power_source` and its TDP estimate would
     refuse only once the run starts, and a --tdp-w that the chosen source would silently ignore."""

@@ -10,11 +10,13 @@ import json
 import sys
 
 from app.commands._common import (
+    INVOCATION_FILTER_HELP,
     MAX_NEW_TOKENS_FILTER_HELP,
     TOP_K_FILTER_HELP,
     TOP_P_FILTER_HELP,
     add_command,
     add_db_option,
+    invocation_filter,
     max_new_tokens_filter,
     number_option,
     run_id,
@@ -30,6 +32,7 @@ COST_EXAMPLES = """  specfinops cost
   specfinops cost --node-hourly-usd 8.806 --workload code
   specfinops cost --temperature 0.8 --top-k 40  # only the runs sampled at temperature 0.8 with top_k 40
   specfinops cost --max-new-tokens 128          # only the runs whose answers were capped at 128 new tokens
+  specfinops cost --invocation latest           # only the last bench's (or load test's) runs
 """
 
 PROJECT_EXAMPLES = """  specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50
@@ -37,6 +40,7 @@ PROJECT_EXAMPLES = """  specfinops project --daily-tokens 5e8 --peak-factor 2 --
   specfinops project --daily-tokens 1e9 --peak-factor 1.5 --p95-tpot-sla-ms 40 --node-hourly-usd 8.806 --json
   specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --temperature 0.8 --top-p 0.9 --top-k 40
   specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --max-new-tokens 256
+  specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --invocation edea09ae  # one bench
 
 node price: --node-hourly-usd X, else --gpu NAME [--gpus-per-node N], else the runs' recorded price (when
 they all recorded the same one), else the catalog price of the measured device, as `specfinops cost` and
@@ -51,7 +55,7 @@ one comparable group (same workload, temperature, top_p, top_k, max new tokens, 
 backend, precision): where the runs in view hold several, the one whose less-measured mode has the most ok
 requests, and the output says which and names the others.
 Choose another with --temperature, --top-p, --top-k, --max-new-tokens, --run-kind, --workload, --target or
---node.
+--node. Capacity pools the runs of every bench in view: --invocation ID keeps one bench's (or load test's).
 
 fleet cost per 1M served tokens: the fleet sized for peak traffic in whole nodes, per token it serves in a
 day (nodes x node $/h x 24 / daily tokens x 1e6, plus energy where measured). It is not `specfinops cost`'s
@@ -94,6 +98,7 @@ def _add_filters(p) -> None:
     p.add_argument("--max-new-tokens", metavar="N", help=MAX_NEW_TOKENS_FILTER_HELP)
     p.add_argument("--run-kind", choices=("bench", "loadtest", "serve"),
                    help="only runs of this kind (a bench times the engine, a load test its HTTP clients)")
+    p.add_argument("--invocation", metavar="ID", help=INVOCATION_FILTER_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -183,10 +188,11 @@ def _check_gpu_entry(engine, args) -> None:
                          "(a whole node already): drop --gpus-per-node")
 
 
-def _filters(args, run_id: int | None = None):
+def _filters(args, engine, run_id: int | None = None):
     from telemetry.queries import Filters
 
     return Filters(
+        invocation_id=invocation_filter(engine, args.invocation),
         workload=args.workload,
         target=args.target,
         node_id=args.node,
@@ -260,8 +266,9 @@ def run_cost_command(args) -> int:
     from telemetry.store import open_store
 
     pricing = _pricing(args)
-    filters = _filters(args, args.run)
+    _filters(args, None, args.run)  # every option checked before the store is opened
     engine = open_store(args.db, must_exist=True)
+    filters = _filters(args, engine, args.run)
     run_costs, mode_costs = costs(engine, filters, **pricing)
     if not run_costs:
         reason = no_runs_reason(engine, filters)
@@ -393,8 +400,9 @@ def run_project_command(args) -> int:
     peak = number_option("--peak-factor", args.peak_factor, minimum=1, strict=False)
     sla = number_option("--p95-tpot-sla-ms", args.p95_tpot_sla_ms, minimum=0)
     pricing = _pricing(args)
-    filters = _filters(args)
+    _filters(args, None)  # every option checked before the store is opened
     engine = open_store(args.db, must_exist=True)
+    filters = _filters(args, engine)
     _check_gpu_entry(engine, args)
     sp = project_from_store(engine, filters, daily_tokens=daily, peak_factor=peak, sla_ms=sla, **pricing)
     if args.json:

@@ -9,11 +9,14 @@ import sys
 import tempfile
 import textwrap
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TextIO
 
 from app.commands._common import (
+    INVOCATION_FILTER_HELP,
     add_command,
     add_db_option,
+    invocation_filter,
     max_new_tokens_filter,
     number_option,
     run_id,
@@ -29,6 +32,7 @@ EXAMPLES = """  specfinops export --what requests --out requests.csv
   specfinops export --db postgresql://user@db/specfinops --what power --out power.csv
   specfinops export --what requests --workload code --mode spec --out spec-code.csv
   specfinops export --what steps --temperature 0.8 --top-k 40 --max-new-tokens 128 --out sampled-steps.csv
+  specfinops export --what requests --invocation latest --out last-bench.csv   # the last bench's requests
 """
 
 SAMPLING_NOTE = ("requests, steps and tokens: each request's own sampling where it recorded one (a server's "
@@ -51,6 +55,7 @@ def register(sub) -> None:
     runs.add_argument("--node", help="only runs of this node id")
     runs.add_argument("--mode", choices=("spec", "ar"), help="only speculative or only autoregressive runs")
     runs.add_argument("--run-kind", choices=("bench", "loadtest", "serve"), help="only runs of this kind")
+    runs.add_argument("--invocation", metavar="ID", help=INVOCATION_FILTER_HELP)
     sampling = p.add_argument_group("sampling selection", textwrap.fill(
         f"{SAMPLING_NOTE}. At temperature 0 top_p and top_k are off whatever was recorded (greedy rows match top_p "
         "1 and top_k 0 only); a value that was not recorded matches nothing.", 78))
@@ -136,9 +141,12 @@ def run(args) -> int:
         max_new_tokens=max_new_tokens_filter(args.max_new_tokens),
     )
 
+    invocation_filter(None, args.invocation)  # its form, before the store is opened
     if args.out != "-":
         _check_out(args.out)
     engine = open_store(args.db, must_exist=True)  # before --out is opened: a bad store must not truncate an existing file
+    if args.invocation is not None:
+        window = replace(window, invocation_id=invocation_filter(engine, args.invocation))
     if args.run is not None:
         from telemetry.queries import run_exists
 

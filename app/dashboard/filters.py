@@ -1,7 +1,8 @@
 """Sidebar filters, rendered once in the entry file so their values hold across pages.
 
 Time range, node, model pair (target <- drafter), workload, temperature, top_p, top_k, max new tokens (the answer
-length cap), run kind, domain and runs become one `telemetry.queries.Filters`. A model pair keeps the AR baseline runs of the same target (they have no
+length cap), run kind, domain, concurrency, invocation (one bench or load test) and runs become one
+`telemetry.queries.Filters`. A model pair keeps the AR baseline runs of the same target (they have no
 drafter), so spec and AR stay side by side; it is resolved to run ids here.
 """
 
@@ -91,6 +92,21 @@ def _cutoff_choices(values: pd.Series, valid) -> list:
     return known if known and (len(known) > 1 or values.isna().any()) else []
 
 
+def invocation_choices(runs: pd.DataFrame) -> dict[str, str]:
+    """The runs' invocations, newest first (by their first run's start): id -> '1a2b3c4d · 2026-12-06 01:23 ·
+    bench · code · 14 runs'."""
+    have = runs[runs["invocation_id"].notna()]
+    if have.empty:
+        return {}
+    out = {}
+    for inv, group in sorted(have.groupby("invocation_id"), key=lambda kv: as_utc(kv[1]["started_at"].min()),
+                             reverse=True):
+        start = as_utc(group["started_at"].min())
+        what = " · ".join(",".join(sorted(group[c].dropna().unique())) for c in ("kind", "workload"))
+        out[str(inv)] = f"{str(inv)[:8]} · {start:%Y-%m-%d %H:%M} · {what} · {len(group)} runs"
+    return out
+
+
 TIME_KEY = "f_time"
 TIME_BOUNDS_KEY = "_f_time_bounds"  # the store's first and last request day when the range was last drawn
 
@@ -177,6 +193,15 @@ def sidebar(options: dict) -> Selection:
         "Concurrency", [ALL, *levels], key="f_concurrency",
         help="Sequences in flight when the runs were measured. Latency and throughput depend on it: a sweep "
              "(bench --concurrency 1,2,4,...) pools every level unless one is picked.") if len(levels) > 1 else ALL
+    # one bench or load test: its spec and AR runs ran under the same machine conditions (offered where the runs
+    # hold several invocations, or one beside runs of none: a server's)
+    invocations = invocation_choices(runs)
+    invocation = sb.selectbox(
+        "Invocation", [ALL, *invocations], format_func=lambda i: invocations.get(i, i), key="f_invocation",
+        help="One bench or load test (newest first; `specfinops invocations` lists them with their speedups). "
+             "All pools every invocation in view; the Overview gives each one's paired speedup beside the "
+             "pooled figure.") if len(invocations) > 1 or (invocations and runs["invocation_id"].isna().any()) \
+        else ALL
 
     chosen = runs
     if since is not None and (picked[0], picked[1]) != (lo, hi):  # a narrowed range: only the runs it overlaps
@@ -200,6 +225,8 @@ def sidebar(options: dict) -> Selection:
         chosen = chosen[(chosen["target"] == target) & ((chosen["drafter"] == drafter) | (chosen["mode"] == "ar"))]
     if concurrency != ALL:
         chosen = chosen[chosen["concurrency"] == concurrency]
+    if invocation != ALL:
+        chosen = chosen[chosen["invocation_id"] == invocation]
 
     run_label = {int(r.run_id): f"#{r.run_id} {r.mode} · {r.workload} · c={r.concurrency} · {r.node_id}"
                  for r in chosen.itertuples()}
@@ -219,11 +246,12 @@ def sidebar(options: dict) -> Selection:
         top_p=None if top_p == ALL else float(top_p),
         top_k=None if top_k == ALL else int(top_k),
         max_new_tokens=None if max_new_tokens == ALL else int(max_new_tokens),
+        invocation_id=None if invocation == ALL else invocation,
         # resolved to run ids where a filter the queries cannot express is set; a temperature, cut-off, answer
         # length cap or run kind too, so that the recorded sweeps (kept by their runs) follow it
         run_ids=tuple(int(i) for i in chosen["run_id"])
         if (pair != ALL or concurrency != ALL or run_pick or temperature != ALL or kind != ALL or top_p != ALL
-            or top_k != ALL or max_new_tokens != ALL) else None,
+            or top_k != ALL or max_new_tokens != ALL or invocation != ALL) else None,
     )
     span_s = data_span_s(chosen, since, until)
     synthetic = bool(((chosen["workload"] == SYNTHETIC_WORKLOAD) | (chosen["hostname"] == SYNTHETIC_HOSTNAME)).any())

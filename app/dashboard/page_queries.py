@@ -433,7 +433,7 @@ def filter_options(engine: Engine) -> dict:
     runs_q = (
         select(Run.id, Run.mode, Run.node_id, Run.hostname, Run.target, Run.drafter, Run.k_policy, Run.workload,
                Run.device, Run.concurrency, Run.temperature, Run.kind, Run.started_at, Run.status,
-               Run.top_p, Run.top_k, Run.max_new_tokens, func.min(Request.started_at),
+               Run.top_p, Run.top_k, Run.max_new_tokens, Run.invocation_id, func.min(Request.started_at),
                func.max(Request.started_at), func.count(Request.id))
         .select_from(Run)
         .outerjoin(Request, Request.run_id == Run.id)
@@ -442,7 +442,7 @@ def filter_options(engine: Engine) -> dict:
     )
     cols = ["run_id", "mode", "node_id", "hostname", "target", "drafter", "k_policy", "workload", "device",
             "concurrency", "temperature", "kind", "started_at", "status", "top_p", "top_k", "max_new_tokens",
-            "first_request", "last_request", "requests"]
+            "invocation_id", "first_request", "last_request", "requests"]
     runs = _frame(engine, runs_q, cols)
     with engine.connect() as c:
         domains = sorted(d for (d,) in c.execute(select(Request.domain).distinct()) if d is not None)

@@ -1,0 +1,89 @@
+"""`specfinops invocations`: the benches and load tests the store holds, newest first, each with its own speedup."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC
+
+from app.commands._common import add_command, add_db_option, positive_int
+
+EXAMPLES = """  specfinops invocations                      # the 20 newest benches and load tests
+  specfinops invocations --limit 100 --json
+  specfinops cost --invocation latest         # then one invocation's costs, by 'latest' or the id shown
+  specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --invocation edea09ae
+  specfinops export --what requests --invocation edea09ae --out one-bench.csv
+
+Every run a bench or load test records carries that command's invocation id: its spec and AR runs ran under the
+same machine conditions, so their ratio (the speedup column) is the paired figure; `cost` and the dashboard pool
+every invocation in view. Runs a server records belong to no invocation.
+"""
+
+
+def register(sub) -> None:
+    p = add_command(sub, "invocations", "List the benches and load tests in the store, newest first, with "
+                    "their runs, requests and speedups.", EXAMPLES, run)
+    add_db_option(p)
+    p.add_argument("--limit", type=positive_int, default=20, metavar="N", help="how many, newest first")
+    p.add_argument("--json", action="store_true", help="machine-readable output (whole ids)")
+
+
+def _speedups(engine, invocation_id: str) -> list:
+    """The invocation's speedups, one per spec configuration that has an AR baseline in it."""
+    from telemetry.queries import Filters, speedups
+
+    return [s for s in speedups(engine, Filters(invocation_id=invocation_id)) if s.speedup is not None]
+
+
+def _speedup_text(found: list) -> str:
+    if not found:
+        return "-"
+    xs = sorted(s.speedup for s in found)
+    if len(xs) == 1:
+        return f"{xs[0]:.2f}x"
+    return f"{xs[0]:.2f}-{xs[-1]:.2f}x ({len(xs)} configs)"
+
+
+def _when(t) -> str:
+    return f"{(t.astimezone(UTC) if t.tzinfo is not None else t):%Y-%m-%d %H:%M}"
+
+
+def run(args) -> int:
+    from telemetry.invocations import list_invocations
+    from telemetry.labels import short_model
+    from telemetry.queries import empty_store_hint
+    from telemetry.store import open_store
+
+    engine = open_store(args.db, must_exist=True)
+    found = list_invocations(engine, limit=args.limit)
+    per = {i.invocation_id: _speedups(engine, i.invocation_id) for i in found}
+    if args.json:
+        print(json.dumps({"invocations": [
+            {"invocation_id": i.invocation_id, "started_at": i.started_at.isoformat(),
+             "last_run_started_at": i.last_started_at.isoformat(), "kinds": list(i.kinds),
+             "workloads": list(i.workloads), "targets": list(i.targets), "nodes": list(i.nodes),
+             "runs": i.num_runs, "spec_runs": i.num_spec_runs, "ar_runs": i.num_ar_runs, "requests": i.num_requests,
+             "speedups": [{"drafter": s.drafter, "k_policy": s.k_policy, "concurrency": s.concurrency,
+                           "temperature": s.temperature, "speedup": s.speedup,
+                           "spec_tokens_per_s": s.spec_tokens_per_s, "ar_tokens_per_s": s.ar_tokens_per_s,
+                           "spec_run_ids": list(s.spec_run_ids), "ar_run_ids": list(s.ar_run_ids)}
+                          for s in per[i.invocation_id]]}
+            for i in found]}, indent=2))
+        return 0
+    if not found:
+        print(f"no bench or load-test invocations in the store (a server's runs belong to none); "
+              f"{empty_store_hint(engine)}")
+        return 0
+    rows = [(i.short_id, _when(i.started_at) + " UTC", ",".join(i.kinds), ",".join(i.workloads),
+             ",".join(str(short_model(t)) for t in i.targets), ",".join(i.nodes),
+             f"{i.num_spec_runs}/{i.num_ar_runs}", f"{i.num_requests:,}", _speedup_text(per[i.invocation_id]))
+            for i in found]
+    head = ("invocation", "started", "kind", "workload", "target", "node", "spec/ar runs", "requests", "speedup")
+    widths = [max(len(h), *(len(r[n]) for r in rows)) for n, h in enumerate(head)]
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip())
+    print("-" * (sum(widths) + 2 * (len(widths) - 1)))
+    for r in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+    more = "" if len(found) < args.limit else f" (the newest {args.limit}; --limit N for more)"
+    print(f"\nspeedup: spec tokens/s / AR tokens/s within the invocation, per spec configuration{more}")
+    print("one invocation's costs and projection: specfinops cost --invocation ID (or latest)")
+    return 0

@@ -1,0 +1,130 @@
+"""Command invocations in the store: one bench or load test each (runs.invocation_id, migration 0011).
+
+Every run a bench or load test records carries that command's uuid4 hex, so its spec and AR runs, measured
+under the same machine conditions, can be read together. This module lists the invocations and resolves what a
+user types (`--invocation latest`, an id, or its first characters as bench printed them) to one id; the figures
+themselves come from `telemetry.queries` with `Filters(invocation_id=...)`.
+
+Public API:
+    list_invocations(engine, limit=20) -> list[Invocation]  (newest first)
+    invocation_text(text) -> str  (checked before the store is read)
+    resolve_invocation(engine, text) -> str
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import case, func, select
+from sqlalchemy.engine import Engine
+
+from telemetry.db import Request, Run
+
+LATEST = "latest"
+MIN_PREFIX = 4  # characters of an id that a prefix must give (git's habit: short, still unambiguous in practice)
+_HEX = re.compile(r"[0-9a-f]+")
+
+
+@dataclass(frozen=True, slots=True)
+class Invocation:
+    """One command invocation's runs, summarised: when, what and how much it measured."""
+
+    invocation_id: str
+    started_at: datetime  # its first run's start
+    last_started_at: datetime  # its last run's start
+    num_runs: int
+    num_spec_runs: int
+    num_ar_runs: int
+    num_requests: int
+    kinds: tuple[str, ...]  # bench | loadtest (one, in practice)
+    workloads: tuple[str, ...]
+    targets: tuple[str, ...]
+    nodes: tuple[str, ...]
+
+    @property
+    def short_id(self) -> str:
+        return self.invocation_id[:8]
+
+
+def list_invocations(engine: Engine, limit: int | None = 20) -> list[Invocation]:
+    """The store's invocations, newest first (by their first run's start); at most `limit` (None: all). Runs with
+    no invocation (a server's; recorded before 0011) are in none. Two SELECTs: the invocations' run counts, then
+    the listed ones' distinct labels and request counts."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit!r}")
+    first = func.min(Run.started_at)
+    q = (select(Run.invocation_id, first, func.max(Run.started_at), func.count(Run.id),
+                func.sum(case((Run.mode == "spec", 1), else_=0)), func.sum(case((Run.mode == "ar", 1), else_=0)))
+         .where(Run.invocation_id.is_not(None))
+         .group_by(Run.invocation_id)
+         .order_by(first.desc(), Run.invocation_id))
+    if limit is not None:
+        q = q.limit(limit)
+    with engine.connect() as c:
+        heads = c.execute(q).all()
+        ids = [h[0] for h in heads]
+        labels: dict[str, dict[str, set]] = {i: {"kind": set(), "workload": set(), "target": set(), "node_id": set()}
+                                             for i in ids}
+        requests: dict[str, int] = dict.fromkeys(ids, 0)
+        if ids:
+            for inv, kind, workload, target, node in c.execute(
+                    select(Run.invocation_id, Run.kind, Run.workload, Run.target, Run.node_id).distinct()
+                    .where(Run.invocation_id.in_(ids))):
+                for name, value in (("kind", kind), ("workload", workload), ("target", target), ("node_id", node)):
+                    if value is not None:
+                        labels[inv][name].add(value)
+            for inv, n in c.execute(select(Run.invocation_id, func.count(Request.id))
+                                    .join(Request, Request.run_id == Run.id)
+                                    .where(Run.invocation_id.in_(ids)).group_by(Run.invocation_id)):
+                requests[inv] = int(n)
+    return [
+        Invocation(invocation_id=inv, started_at=start, last_started_at=last, num_runs=int(n),
+                   num_spec_runs=int(spec or 0), num_ar_runs=int(ar or 0), num_requests=requests[inv],
+                   kinds=tuple(sorted(labels[inv]["kind"])), workloads=tuple(sorted(labels[inv]["workload"])),
+                   targets=tuple(sorted(labels[inv]["target"])), nodes=tuple(sorted(labels[inv]["node_id"])))
+        for inv, start, last, n, spec, ar in heads
+    ]
+
+
+def invocation_text(text: str) -> str:
+    """What `--invocation` gave, normalised ('latest', or lower-case hex without dashes), before the store is
+    read: ValueError naming `text` where it can name no invocation."""
+    norm = text.strip().lower().replace("-", "")  # str(uuid) with dashes reads as its hex
+    if norm == LATEST:
+        return norm
+    if not norm or not _HEX.fullmatch(norm):
+        raise ValueError(f"--invocation must be 'latest' or an invocation id (hexadecimal, as bench and loadtest "
+                         f"print it), got {text!r}")
+    if len(norm) < MIN_PREFIX:
+        raise ValueError(f"--invocation {text}: give at least {MIN_PREFIX} characters of the id")
+    if len(norm) > 32:
+        raise ValueError(f"--invocation {text}: an invocation id has 32 hexadecimal digits, this has {len(norm)}")
+    return norm
+
+
+def resolve_invocation(engine: Engine, text: str) -> str:
+    """The one invocation id that `text` names: 'latest' (the invocation whose first run started last), a whole
+    id, or its first characters (at least MIN_PREFIX, as bench prints it). ValueError naming `text` otherwise:
+    empty, not hexadecimal, too short, matching none (with the newest ids) or several (with them)."""
+    norm = invocation_text(text)
+    if norm == LATEST:
+        newest = list_invocations(engine, limit=1)
+        if not newest:
+            raise ValueError(f"--invocation {text}: the store has no bench or load-test invocations (runs recorded "
+                             "by a server, or before the store kept invocations, belong to none)")
+        return newest[0].invocation_id
+    with engine.connect() as c:
+        found = list(c.execute(select(Run.invocation_id).distinct()
+                               .where(Run.invocation_id.like(norm + "%")).limit(6)).scalars())
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        newest = [i.short_id for i in list_invocations(engine, limit=5)]
+        have = (f"the newest: {', '.join(newest)}; `specfinops invocations` lists them" if newest
+                else "the store has none")
+        raise ValueError(f"--invocation {text}: no invocation id starts with {norm!r} ({have})")
+    shown = ", ".join(sorted(found)[:5]) + (", ..." if len(found) > 5 else "")
+    raise ValueError(f"--invocation {text}: {'more than 5' if len(found) > 5 else len(found)} invocations start "
+                     f"with {norm!r} ({shown}): give more characters")

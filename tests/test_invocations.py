@@ -1,0 +1,245 @@
+"""One bench or load test at a time (runs.invocation_id): `specfinops invocations` lists them, `--invocation`
+(latest, an id, or its first characters) narrows cost, project and export to one, and the dashboard's sidebar
+offers them. `project` pooled every bench's runs into its capacity; an invocation's own runs are its own."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import timedelta
+
+import pytest
+from sqlalchemy.orm import Session
+from synthetic import BASE_TIME, Req, make_run, spec_req
+
+from app.cli import main
+from telemetry.invocations import invocation_text, list_invocations, resolve_invocation
+from telemetry.queries import Filters, run_summaries, speedups
+from telemetry.store import open_store
+
+HOUR = timedelta(hours=1)
+IDLE = "1111aaaa" + "0" * 24  # AR 50 tokens/s, spec 100 tokens/s: 2.0x
+LOADED = "2222bbbb" + "0" * 24  # an hour later, a loaded machine: AR 25 tokens/s, spec 37.5 tokens/s: 1.5x
+TWIN = "1111aaab" + "0" * 24  # shares IDLE's first 7 characters
+
+
+def _run(s, invocation, mode, start, e2e_ms, *, n=1, **kw):
+    if mode == "ar":
+        reqs = [Req(100, ttft_ms=50, e2e_ms=e2e_ms, external_id=f"p{i}", start_s=i * e2e_ms / 1000) for i in range(n)]
+    else:
+        reqs = [spec_req(100, 4, 60, ttft_ms=50, e2e_ms=e2e_ms, external_id=f"p{i}", start_s=i * e2e_ms / 1000)
+                for i in range(n)]
+    run = make_run(s, mode, started_at=start, requests=reqs, **kw)
+    run.invocation_id = invocation
+    s.flush()
+    return run
+
+
+def fill(url: str, *, twin: bool = False) -> None:
+    engine = open_store(url)
+    with Session(engine) as s:
+        _run(s, IDLE, "ar", BASE_TIME, 2000, n=2)
+        _run(s, IDLE, "spec", BASE_TIME + timedelta(minutes=1), 1000, n=2)
+        _run(s, LOADED, "ar", BASE_TIME + HOUR, 4000)
+        _run(s, LOADED, "spec", BASE_TIME + HOUR + timedelta(minutes=1), 4000 / 1.5, workload="code")
+        _run(s, None, "spec", BASE_TIME + 2 * HOUR, 500, kind="serve")  # a server's run: no invocation
+        if twin:
+            _run(s, TWIN, "ar", BASE_TIME - HOUR, 2000, workload="chat")
+        s.commit()
+    engine.dispose()
+
+
+def test_list_is_newest_first_with_counts_and_labels_and_a_servers_run_is_in_none(db_url):
+    fill(db_url)
+    engine = open_store(db_url)
+    try:
+        found = list_invocations(engine)
+        assert [i.invocation_id for i in found] == [LOADED, IDLE]
+        loaded, idle = found
+        assert (idle.num_runs, idle.num_spec_runs, idle.num_ar_runs, idle.num_requests) == (2, 1, 1, 4)
+        assert (loaded.num_runs, loaded.num_requests) == (2, 2)
+        assert idle.kinds == ("bench",) and idle.workloads == ("code",) and idle.short_id == "1111aaaa"
+        assert [i.invocation_id for i in list_invocations(engine, limit=1)] == [LOADED]
+        with pytest.raises(ValueError, match="limit must be >= 1"):
+            list_invocations(engine, limit=0)
+    finally:
+        engine.dispose()
+
+
+def test_resolve_latest_whole_prefix_dashed_and_upper_case(db_url):
+    fill(db_url, twin=True)
+    engine = open_store(db_url)
+    try:
+        assert resolve_invocation(engine, "latest") == LOADED  # the twin started first, though recorded last
+        assert resolve_invocation(engine, " LATEST ") == LOADED
+        assert resolve_invocation(engine, IDLE) == IDLE
+        assert resolve_invocation(engine, "2222") == LOADED
+        assert resolve_invocation(engine, "1111AAAA") == IDLE
+        dashed = f"{IDLE[:8]}-{IDLE[8:12]}-{IDLE[12:16]}-{IDLE[16:20]}-{IDLE[20:]}"  # str(uuid.UUID(...))
+        assert resolve_invocation(engine, dashed) == IDLE
+        with pytest.raises(ValueError, match=r"2 invocations start with '1111aaa' \(1111aaaa0.*, 1111aaab0.*\): "
+                                             r"give more characters"):
+            resolve_invocation(engine, "1111aaa")
+        with pytest.raises(ValueError, match=r"no invocation id starts with 'abcd' \(the newest: 2222bbbb, "
+                                             r"1111aaaa, 1111aaab;"):
+            resolve_invocation(engine, "abcd")
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("", "must be 'latest' or an invocation id"),
+    ("last", "must be 'latest' or an invocation id"),
+    ("12 34", "must be 'latest' or an invocation id"),
+    ("abc", "give at least 4 characters"),
+    ("a" * 33, "has 32 hexadecimal digits, this has 33"),
+])
+def test_a_text_that_names_no_invocation_is_refused_before_the_store_is_read(text, says):
+    with pytest.raises(ValueError, match=says):
+        invocation_text(text)
+
+
+def test_latest_in_a_store_without_invocations_says_why(empty_store):
+    engine = open_store(empty_store)
+    try:
+        with pytest.raises(ValueError, match="the store has no bench or load-test invocations"):
+            resolve_invocation(engine, "latest")
+        with pytest.raises(ValueError, match=r"no invocation id starts with 'abcd' \(the store has none\)"):
+            resolve_invocation(engine, "abcd")
+    finally:
+        engine.dispose()
+
+
+def test_the_filter_keeps_one_invocations_runs_and_its_speedup_is_its_own(db_url):
+    fill(db_url)
+    engine = open_store(db_url)
+    try:
+        assert {r.invocation_id for r in run_summaries(engine, Filters(invocation_id=LOADED))} == {LOADED}
+        (pooled,) = [s for s in speedups(engine) if s.kind == "bench"]
+        (loaded,) = speedups(engine, Filters(invocation_id=LOADED))
+        (idle,) = speedups(engine, Filters(invocation_id=IDLE))
+        assert idle.speedup == pytest.approx(2.0) and loaded.speedup == pytest.approx(1.5)
+        assert pooled.invocation_speedups == pytest.approx((2.0, 1.5))
+        with pytest.raises(ValueError, match="invocation_id must be"):
+            Filters(invocation_id="")
+    finally:
+        engine.dispose()
+
+
+def test_invocations_command_text_and_json(db_url, capsys):
+    fill(db_url)
+    assert main(["invocations", "--db", db_url]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["invocation", "started", "kind"]
+    assert lines[2].startswith("2222bbbb") and lines[3].startswith("1111aaaa")  # newest first
+    assert lines[2].split()[-1] == "1.50x" and lines[3].split()[-1] == "2.00x"
+    assert "1/1" in lines[3] and lines[3].split()[-2] == "4"  # spec/ar runs, requests
+    assert main(["invocations", "--db", db_url, "--json", "--limit", "1"]) == 0
+    (one,) = json.loads(capsys.readouterr().out)["invocations"]
+    assert one["invocation_id"] == LOADED and one["runs"] == 2 and one["kinds"] == ["bench"]
+    (sp,) = one["speedups"]
+    assert sp["speedup"] == pytest.approx(1.5) and sp["ar_tokens_per_s"] == pytest.approx(25.0)
+
+
+def test_invocations_command_on_a_store_with_none(empty_store, capsys):
+    assert main(["invocations", "--db", empty_store]) == 0
+    assert "no bench or load-test invocations in the store" in capsys.readouterr().out
+    assert main(["invocations", "--db", empty_store, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"invocations": []}
+
+
+def test_cost_narrows_to_one_invocation_and_refuses_a_bad_one(db_url, capsys):
+    fill(db_url)
+    assert main(["cost", "--db", db_url, "--invocation", "latest", "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert len(runs) == 2 and {r["mode"] for r in runs} == {"spec", "ar"}
+    assert main(["cost", "--db", db_url, "--invocation", "1111", "--json"]) == 0
+    assert sorted(r["tokens_per_s"] for r in json.loads(capsys.readouterr().out)["runs"]) == pytest.approx([50, 100])
+    assert main(["cost", "--db", db_url, "--invocation", "ffff"]) == 2
+    err = capsys.readouterr().err
+    assert "specfinops cost: error: --invocation ffff: no invocation id starts with 'ffff'" in err
+    assert "Traceback" not in err
+    assert main(["cost", "--db", db_url, "--invocation", "1111", "--workload", "chat"]) == 2
+    assert "no runs with workload 'chat'" in capsys.readouterr().err
+
+
+def test_a_bad_invocation_is_refused_before_a_missing_store_is_named(tmp_path, capsys):
+    assert main(["cost", "--db", f"sqlite:///{tmp_path / 'none.db'}", "--invocation", "x"]) == 2
+    assert "--invocation must be 'latest' or an invocation id" in capsys.readouterr().err
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_project_compares_one_invocations_runs(db_url, capsys):
+    fill(db_url)
+    args = ["project", "--db", db_url, "--daily-tokens", "1e6", "--peak-factor", "1", "--p95-tpot-sla-ms", "1000",
+            "--node-hourly-usd", "1", "--json"]
+    assert main([*args, "--invocation", "latest"]) == 0
+    loaded = json.loads(capsys.readouterr().out)
+    assert main([*args, "--invocation", "1111aaaa"]) == 0
+    idle = json.loads(capsys.readouterr().out)
+    assert main(args) == 0
+    pooled = json.loads(capsys.readouterr().out)
+
+    def tokens_per_s(result, mode):
+        return result[f"capacity_tokens_per_s_{mode}"]
+
+    assert tokens_per_s(loaded, "ar") == pytest.approx(25.0) and tokens_per_s(idle, "ar") == pytest.approx(50.0)
+    assert tokens_per_s(loaded, "spec") == pytest.approx(37.5) and tokens_per_s(idle, "spec") == pytest.approx(100.0)
+    assert tokens_per_s(pooled, "ar") not in (pytest.approx(25.0), pytest.approx(50.0))  # both benches pooled
+
+
+def test_export_selects_one_invocations_rows(sqlite_url, capsys):
+    fill(sqlite_url)
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--invocation", "1111", "--out", "-"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(rows) == 4 and {r["invocation_id"] for r in rows} == {IDLE}
+    assert main(["export", "--db", sqlite_url, "--what", "cost", "--invocation", "latest", "--out", "-"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(rows) == 2 and {r["invocation_id"] for r in rows} == {LOADED}
+    out = tmp = sqlite_url.removeprefix("sqlite:///") + ".csv"
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--invocation", "9999", "--out", out]) == 2
+    assert "no invocation id starts with '9999'" in capsys.readouterr().err
+    import os
+
+    assert not os.path.exists(tmp)  # refused before the file was opened
+
+
+# ---- the dashboard's sidebar ----------------------------------------------------------------------------
+
+
+def test_the_sidebar_offers_the_invocations_newest_first_and_one_narrows_every_figure(sqlite_url, monkeypatch):
+    from tests.test_dashboard_apptest import PAGES, app_for, assert_clean, metrics, open_page
+
+    fill(sqlite_url)
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    box = at.sidebar.selectbox(key="f_invocation")
+    assert box.options[0] == "All"
+    assert [o.split(" · ")[0] for o in box.options[1:]] == ["2222bbbb", "1111aaaa"]  # newest first
+    assert box.options[1].endswith("bench · code · 2 runs")
+    box.set_value(LOADED).run()
+    assert_clean(at)
+    assert metrics(at)["Speedup"][0].startswith("1.50")
+    assert [o.split()[0] for o in at.multiselect(key="f_runs").options] == ["#3", "#4"]
+    at.sidebar.selectbox(key="f_invocation").set_value(IDLE).run()
+    assert_clean(at)
+    assert metrics(at)["Speedup"][0].startswith("2.00")
+    for title in PAGES:  # every page renders one invocation
+        at.switch_page(PAGES[title]).run()
+        assert_clean(at)
+
+
+def test_one_invocation_and_no_server_runs_offers_no_filter(sqlite_url, monkeypatch):
+    from tests.test_dashboard_apptest import PAGES, app_for, assert_clean, open_page
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        _run(s, IDLE, "ar", BASE_TIME, 2000)
+        _run(s, IDLE, "spec", BASE_TIME + timedelta(minutes=1), 1000)
+        s.commit()
+    engine.dispose()
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    assert not [sb for sb in at.selectbox if sb.key == "f_invocation"]
