@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import signal
 import sys
-import threading
+import time
 import uuid
-from pathlib import Path
 
 from app.commands._common import (
     DTYPE_HELP,
@@ -20,6 +17,8 @@ from app.commands._common import (
     context_len,
     sigterm_as_ctrl_c,
 )
+from app.commands._interrupt import ctrl_c_once, interrupted_line, write_json
+from app.commands._interrupt import table_file as _table_file
 from app.errors import UsageError
 from serving.lookahead import DEFAULT_K, VLLM_DEFAULT_K
 
@@ -227,30 +226,10 @@ def early_exit_layers(given: int | None, target: str | None, drafter: str) -> in
 
 
 def handle(args: argparse.Namespace) -> int:
+    """The first Ctrl-C (or SIGTERM) stops the bench (`ctrl_c_once`): its run ends 'cancelled', the requests in
+    flight recorded so, the table and --json of what ran are written, marked interrupted; exit status 130."""
     with ctrl_c_once(), sigterm_as_ctrl_c("bench: SIGTERM: stopping as on Ctrl-C"):
         return _handle(args)
-
-
-@contextlib.contextmanager
-def ctrl_c_once():
-    """Within the block, the first Ctrl-C stops the bench (KeyboardInterrupt: its run ends 'cancelled', the
-    requests in flight recorded so) and further ones are ignored until the block ends: a second Ctrl-C pressed
-    while the first is being handled interrupted the cleanup (the recorder's flush, the run's end) and printed a
-    traceback. Off the main thread, or where SIGINT is not Python's default handler, nothing is installed."""
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-
-    def interrupt(_signum, _frame):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # first: a second Ctrl-C must not interrupt the stopping
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _handle(args: argparse.Namespace) -> int:
@@ -378,17 +357,15 @@ def resolve_spec_max_batch(gate: str, db_url: str | None, loaded) -> int | None:
 
 def table_file(args: argparse.Namespace):
     """Where the table goes: stdout, unless the JSON goes there (`--json -`): then stderr, beside the progress."""
-    return sys.stderr if args.json == "-" else sys.stdout
+    return _table_file(args.json)
 
 
 def _write_json(args: argparse.Namespace, report: dict) -> int:
-    if args.json == "-":
-        sys.stdout.write(json.dumps(report, indent=1) + "\n")
-        sys.stdout.flush()
-    elif args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
-        print(f"wrote {args.json}", file=sys.stderr)
+    """--json; then, where the bench was interrupted (the table and JSON hold what ran), KeyboardInterrupt again:
+    the exit status stays 130 (app.cli)."""
+    write_json(args.json, report, say_wrote=True)
+    if report.get("interrupted"):
+        raise KeyboardInterrupt
     return 0
 
 
@@ -444,8 +421,18 @@ def turns(n_prompts: int, modes: list[str], level: int, interleave: int) -> list
     return [(m, range(n_prompts)) for m in modes]
 
 
+class TurnInterrupted(KeyboardInterrupt):
+    """Ctrl-C / SIGTERM stopped a turn: `partial` holds the requests it finished until then (its run, ended
+    'cancelled' in the store, holds them too, beside those in flight, recorded 'cancelled')."""
+
+    def __init__(self, partial):
+        super().__init__()
+        self.partial = partial
+
+
 def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
-    """Run each concurrency level in each mode, record it, print the table; return the JSON report."""
+    """Run each concurrency level in each mode, record it, print the table; return the JSON report. Ctrl-C /
+    SIGTERM: the levels that ran, and what the stopped one finished, are reported, marked interrupted."""
     from serving.worker import ModeResult, ModeRunner, default_node_id, run_info, warm_up
     from telemetry.power import detect_power_source
 
@@ -462,6 +449,9 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
     # AR runs, measured under the same machine conditions, instead of pooling them with other invocations' runs
     invocation_id = uuid.uuid4().hex
     results = []
+    cut: ModeResult | None = None  # the turn Ctrl-C stopped (None: stopped between turns, or not stopped)
+    cut_level = None  # the level it stopped, whose turns did not all run
+    interrupted = False
     try:
         for mode in modes:
             warm_up(loaded, mode, encoded)
@@ -473,41 +463,66 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
             try:
                 for mode, ix in plan:
                     bar.set_postfix(mode=mode, refresh=False)
-                    res = _run_turn(args, loaded, runners[mode], recorder, source, node_id, params, level,
-                                    [prompts[i] for i in ix], [encoded[i] for i in ix], bar, invocation_id)
+                    try:
+                        res = _run_turn(args, loaded, runners[mode], recorder, source, node_id, params, level,
+                                        [prompts[i] for i in ix], [encoded[i] for i in ix], bar, invocation_id)
+                    except TurnInterrupted as exc:
+                        res, cut, cut_level, interrupted = exc.partial, exc.partial, level, True
                     if mode in merged:
                         merged[mode].absorb(res)
                     else:
                         merged[mode] = res
+                    if interrupted:
+                        break
+            except KeyboardInterrupt:  # between turns
+                cut_level, interrupted = level, True
             finally:
                 bar.close()
-            results.extend((level, merged[mode]) for mode in modes)
+            results.extend((level, merged[mode]) for mode in modes if mode in merged)
+            if interrupted:
+                break
+    except KeyboardInterrupt:  # in the warm-up, or making a level's engines
+        interrupted = True
     finally:
         if recorder:
             recorder.close()
         source.close()
-    report = build_report(results, loaded, params)
+    report = build_report(results, loaded, params, cut_level=cut_level)
     report["interleave"] = args.interleave if len(modes) == 2 and 1 in levels else 0
     report["invocation_id"] = invocation_id if recorder is not None else None
-    if recorder is not None and len(levels) > 1 and len(modes) == 2:
+    sweep = recorder is not None and len(levels) > 1 and len(modes) == 2
+    if sweep and not interrupted:
         from telemetry.store import open_store
         from telemetry.sweeps import record_sweep
 
         info = run_info(loaded, "spec", workload=args.workload, params=params, node_id=node_id,
                         power_source=source.source, concurrency=1, k_policy=loaded.spec.k_policy("spec"))
-        sweep_id, cross, _ = record_sweep(
-            open_store(args.db), node_id=node_id, device=info.device, target=info.target,
-            drafter=info.drafter, k_policy=info.k_policy, workload=args.workload, dtype=info.dtype,
-            run_ids=[rid for _, res in results for rid in res.run_ids])
-        report["sweep_id"], report["crossover_concurrency"] = sweep_id, cross
+        try:  # one transaction: stopped, it records nothing
+            sweep_id, cross, _ = record_sweep(
+                open_store(args.db), node_id=node_id, device=info.device, target=info.target,
+                drafter=info.drafter, k_policy=info.k_policy, workload=args.workload, dtype=info.dtype,
+                run_ids=[rid for _, res in results for rid in res.run_ids])
+            report["sweep_id"], report["crossover_concurrency"] = sweep_id, cross
+        except KeyboardInterrupt:
+            interrupted = True
+    if interrupted:
+        report["interrupted"] = True
+        report["requests_done"] = sum(len(res.results) for _, res in results)
+        report["requests_planned"] = len(prompts) * len(modes) * len(levels)
+        report["cancelled_run_ids"] = list(cut.run_ids) if cut is not None else []
+        if sweep:
+            report["sweep_id"] = None  # not recorded: its levels did not all run
+        for run in report["runs"]:
+            run["interrupted"] = cut is not None and run["concurrency"] == cut_level and run["mode"] == cut.mode
     print_table(report, recorder is not None, file=table_file(args))
     return report
 
 
 def _run_turn(args, loaded, runner, recorder, source, node_id, params, level, prompts, encoded, bar,
               invocation_id: str | None = None):
-    """One recorded run: `prompts` through `runner`'s mode, its power sampled while it runs."""
-    from serving.worker import run_info
+    """One recorded run: `prompts` through `runner`'s mode, its power sampled while it runs. Ctrl-C / SIGTERM:
+    TurnInterrupted, with the requests finished until then, timed until the last of them finished."""
+    from serving.worker import ModeResult, run_info
     from telemetry.recorder import recorded_run
 
     mode = runner.mode
@@ -516,28 +531,42 @@ def _run_turn(args, loaded, runner, recorder, source, node_id, params, level, pr
         k_policy += f"|batch<={loaded.spec.spec_max_batch}"
     info = run_info(loaded, mode, workload=args.workload, params=params, node_id=node_id,
                     power_source=source.source, concurrency=level, k_policy=k_policy, invocation_id=invocation_id)
-    with recorded_run(recorder, source, info) as (run_id, sampler):
+    partial = ModeResult(mode, loaded.drafter_label if mode == "spec" else None, k_policy)
+    t_begin = t_last = time.perf_counter()
+    try:
+        with recorded_run(recorder, source, info) as (run_id, sampler):
+            partial.run_ids = [run_id] if run_id is not None else []
 
-        def energy_for(windows):
-            sampler.sample_now()  # cover the request's end: a request shorter than the interval
-            return sampler.energy_share_j(windows)  # would otherwise have no reading after it
+            def energy_for(windows):
+                sampler.sample_now()  # cover the request's end: a request shorter than the interval
+                return sampler.energy_share_j(windows)  # would otherwise have no reading after it
 
-        def on_request(res):
-            if recorder:
-                recorder.record_request(run_id, res.record)
-            bar.update(1)
+            def on_request(res):
+                nonlocal t_last
+                if recorder:
+                    recorder.record_request(run_id, res.record)
+                partial.results.append(res)  # recorded: what a stopped turn reports
+                t_last = time.perf_counter()
+                bar.update(1)
 
-        def on_abandoned(rec):  # in flight when Ctrl-C / SIGTERM stopped the run: recorded 'cancelled'
-            if recorder:
-                recorder.record_request(run_id, rec)
+            def on_abandoned(rec):  # in flight when Ctrl-C / SIGTERM stopped the run: recorded 'cancelled'
+                if recorder:
+                    recorder.record_request(run_id, rec)
 
-        res = runner.run(prompts, encoded, params, on_request=on_request, energy_for=energy_for,
-                         on_abandoned=on_abandoned)
-    res.run_ids = [run_id] if run_id is not None else []
+            t_begin = t_last = time.perf_counter()
+            res = runner.run(prompts, encoded, params, on_request=on_request, energy_for=energy_for,
+                             on_abandoned=on_abandoned)
+    except KeyboardInterrupt:
+        partial.results.sort(key=lambda r: prompts.index(r.prompt))
+        partial.wall_s = t_last - t_begin
+        raise TurnInterrupted(partial) from None
+    res.run_ids = list(partial.run_ids)
     return res
 
 
-def build_report(results, loaded, params) -> dict:
+def build_report(results, loaded, params, cut_level: int | None = None) -> dict:
+    """The JSON report of `results` ((level, ModeResult) pairs). `cut_level`: the level Ctrl-C stopped, whose
+    modes may have run different prompts: no speedup there, and the identical rate over the prompts both ran."""
     from telemetry.queries import percentile
 
     runs = []
@@ -568,10 +597,16 @@ def build_report(results, loaded, params) -> dict:
     for level, modes in by_level.items():
         ar, sp = modes.get("ar"), modes.get("spec")
         if ar and sp:
-            entry = {"speedup": (sp.tokens_per_s / ar.tokens_per_s) if ar.tokens_per_s and sp.tokens_per_s else None}
+            cut = level == cut_level
+            entry = {"speedup": (sp.tokens_per_s / ar.tokens_per_s)
+                     if ar.tokens_per_s and sp.tokens_per_s and not cut else None}
             if params.greedy:
-                same = sum(a.output_ids == s.output_ids for a, s in zip(ar.results, sp.results, strict=True))
-                entry["token_identical_rate"] = same / len(ar.results)
+                if cut:  # the prompts both modes finished
+                    spec_ids = {r.prompt: r.output_ids for r in sp.results}
+                    pairs = [(a.output_ids, spec_ids[a.prompt]) for a in ar.results if a.prompt in spec_ids]
+                else:
+                    pairs = [(a.output_ids, s.output_ids) for a, s in zip(ar.results, sp.results, strict=True)]
+                entry["token_identical_rate"] = sum(a == s for a, s in pairs) / len(pairs) if pairs else None
             speedups[level] = entry
     for run in runs:
         extra = speedups.get(run["concurrency"], {})
@@ -630,10 +665,19 @@ def table_lines(runs: list[dict]) -> list[str]:
 
 def print_table(report: dict, recorded: bool, file=None) -> None:
     out = file or sys.stdout
+    stopped = report.get("interrupted", False)
+    if stopped:
+        print(interrupted_line(report["requests_done"], report["requests_planned"], "requests"), file=out)
     for text in table_lines(report["runs"]):
         print(text, file=out)
     for level, sp in report["speedup_by_concurrency"].items():
-        print(f"speedup spec vs AR at concurrency {level}: {_fmt(sp, '.2f')}x", file=out)
+        cut = stopped and any(r.get("interrupted") for r in report["runs"] if str(r["concurrency"]) == level)
+        print(f"speedup spec vs AR at concurrency {level}: "
+              + ("— (interrupted: the modes did not finish the same prompts)" if cut else f"{_fmt(sp, '.2f')}x"),
+              file=out)
+    if stopped:
+        for note in interrupted_notes(report, recorded):
+            print(note, file=out)
     if "crossover_concurrency" in report:
         cross = report["crossover_concurrency"]
         print(f"sweep {report['sweep_id']}: " + (f"speculation stops paying at concurrency {cross}" if cross
@@ -642,3 +686,20 @@ def print_table(report: dict, recorded: bool, file=None) -> None:
     if recorded:
         print(f"recorded in the store as invocation {report.get('invocation_id')}: see `specfinops cost` and "
               "`specfinops dashboard` (speedups per invocation beside the pooled figure)", file=out)
+
+
+def interrupted_notes(report: dict, recorded: bool) -> list[str]:
+    """What an interrupted table holds, and what the store holds of it."""
+    notes = []
+    for run in report["runs"]:
+        if run.get("interrupted"):
+            notes.append(f"{run['mode']} c={run['concurrency']} was interrupted (Ctrl-C or SIGTERM): its row counts "
+                         f"the {len(run['requests'])} request(s) finished until then")
+    if recorded:
+        cancelled = report.get("cancelled_run_ids") or []
+        notes.append("in the store: "
+                     + (f"run {', '.join(map(str, cancelled))} ended 'cancelled', with these requests and those in "
+                        "flight (recorded 'cancelled'); the others 'completed'" if cancelled
+                        else "the runs above 'completed'")
+                     + ("; no sweep recorded" if "sweep_id" in report and report["sweep_id"] is None else ""))
+    return notes

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 from app.commands._common import add_command, add_db_option, check_writable
+from app.commands._interrupt import (
+    ctrl_c_once_async,
+    interrupted_line,
+    sigint_restored,
+    table_file,
+    write_json,
+)
 from app.commands.bench import node_id
 
 EXAMPLES = """  specfinops loadtest --url http://127.0.0.1:8000 --concurrency 1,2,4,8 --duration 30
@@ -80,39 +85,12 @@ def _stored_note(shared) -> str:
 
 
 def handle(args: argparse.Namespace) -> int:
-    import signal
-    import threading
-
+    """The first Ctrl-C (or SIGTERM) stops the load test (`ctrl_c_once_async`): the level's run ends 'cancelled', the
+    table and --json of what ran are written, marked interrupted; exit status 130. SIGINT's handler is put back."""
     from app.commands._common import sigterm_as_ctrl_c
 
-    main_thread = threading.current_thread() is threading.main_thread()
-    before = signal.getsignal(signal.SIGINT) if main_thread else None
-    try:
-        with sigterm_as_ctrl_c("loadtest: SIGTERM: stopping as on Ctrl-C"):
-            return _handle(args)
-    finally:
-        if main_thread and signal.getsignal(signal.SIGINT) is not before:  # ctrl_c_once's, or ignored after it fired
-            signal.signal(signal.SIGINT, before)
-
-
-async def ctrl_c_once(coro):
-    """Await `coro` with asyncio.run's Ctrl-C handler (the first Ctrl-C cancels the main task: the level records
-    its requests in flight 'cancelled' and ends its run) made to ignore further Ctrl-Cs until `handle` ends: a
-    second one raised KeyboardInterrupt in the middle of that cleanup, and the table and --json of what ran were
-    never written. `handle` puts Python's default handler back."""
-    import signal
-    import threading
-
-    on_int = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is threading.main_thread() and callable(on_int) \
-            and on_int is not signal.default_int_handler:
-
-        def once(signum, frame):
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # first: the next one must not interrupt the stopping
-            on_int(signum, frame)
-
-        signal.signal(signal.SIGINT, once)
-    return await coro
+    with sigint_restored(), sigterm_as_ctrl_c("loadtest: SIGTERM: stopping as on Ctrl-C"):
+        return _handle(args)
 
 
 def _handle(args: argparse.Namespace) -> int:
@@ -154,7 +132,7 @@ def _handle(args: argparse.Namespace) -> int:
             raise
     failed, interrupted, results = None, False, []
     try:
-        asyncio.run(ctrl_c_once(run_loadtest(
+        asyncio.run(ctrl_c_once_async(run_loadtest(
             spec, prompts, workload=args.workload, recorder=recorder, shared=shared, card=card,
             node_id=args.node_id or (default_node_id() if recorder else ""), say=lambda m: print(m, file=sys.stderr),
             progress=level_bars(spec.duration_s), results=results)))
@@ -166,19 +144,16 @@ def _handle(args: argparse.Namespace) -> int:
         if recorder is not None:
             recorder.close()
     rows = [summarize(r) for r in results]
-    table = sys.stderr if args.json == "-" else sys.stdout  # stdout holds the JSON alone then
+    table = table_file(args.json)  # `--json -`: stdout holds the JSON alone
+    if interrupted:
+        done = sum(not r["interrupted"] for r in rows)
+        print(interrupted_line(done, len(spec.levels) * len(spec.modes), "level runs"), file=table)
     print(format_table(rows), file=table)
     if recorder is not None:
         print(_stored_note(shared), file=table)
     if args.json:
-        doc = {"url": args.url, "levels": rows, **({"error": str(failed)} if failed else {}),
-               **({"interrupted": True} if interrupted else {})}
-        if args.json == "-":
-            sys.stdout.write(json.dumps(doc, indent=1) + "\n")
-            sys.stdout.flush()
-        else:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+        write_json(args.json, {"url": args.url, "levels": rows, **({"error": str(failed)} if failed else {}),
+                               **({"interrupted": True} if interrupted else {})})
     if interrupted:
         raise KeyboardInterrupt
     if failed is not None:
