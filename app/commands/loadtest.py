@@ -85,8 +85,8 @@ def _stored_note(shared) -> str:
 
 
 def handle(args: argparse.Namespace) -> int:
-    """The first Ctrl-C (or SIGTERM) stops the load test (`ctrl_c_once_async`): the level's run ends 'cancelled', the
-    table and --json of what ran are written, marked interrupted; exit status 130. SIGINT's handler is put back."""
+    """The first Ctrl-C (or SIGTERM) stops the load test (`ctrl_c_once_async`): the level's run ends 'cancelled',
+    the table and --json of what ran are written, marked interrupted; exit 130. SIGINT's handler is put back."""
     from app.commands._common import sigterm_as_ctrl_c
 
     with sigint_restored(), sigterm_as_ctrl_c("loadtest: SIGTERM: stopping as on Ctrl-C"):
