@@ -645,6 +645,9 @@ class Table:
     rows: tuple[tuple, ...]
     # the HTML page's columns, in its order (the CSV keeps `header`); empty: the CSV columns as they are
     html_columns: tuple[Column, ...] = ()
+    # page columns (by header) that may leave the table for one line under it, "in every row: ...", where every
+    # row of two or more holds the same value in them (`lift_common`): the figures stay in view
+    liftable: frozenset[str] = frozenset()
 
 
 def to_the_second(value: Any) -> Any:
@@ -710,6 +713,29 @@ def speedup_columns(speedups: Sequence[queries.Speedup]) -> tuple[Column, ...]:
     return tuple(c for c in SPEEDUP_COLUMNS if c.source not in hidden)
 
 
+# what the rows of a speedup table are compared at: where every row shares it, it is said once under the table
+SPEEDUP_LIFTABLE = frozenset({"temperature", "top_p", "top_k", "max new tokens", "run kind", "prompts", "workload",
+                              "concurrency", "drafter", "K policy", "dtype", "device", "target"})
+
+
+def lift_common(t: Table) -> tuple[Table, list[tuple[str, Any]]]:
+    """The table as the page shows it, less its `liftable` columns whose shown value is the same in every row
+    (two rows or more; an empty value stays in the table), and those (header, value) pairs in column order: a
+    sampled store's speedup table, one row per configuration, ran 170 px past its box with the same workload,
+    drafter, K policy, dtype, device, target and prompt text repeated in every row."""
+    if len(t.rows) < 2 or not t.liftable or not t.html_columns:
+        return t, []
+    at = {name: i for i, name in enumerate(t.header)}
+    keep, common = [], []
+    for c in t.html_columns:
+        shown = {(v if c.show is None else c.show(v)) for v in (row[at[c.source]] for row in t.rows)}
+        if c.header in t.liftable and len(shown) == 1 and (value := next(iter(shown))) not in (None, ""):
+            common.append((c.header, value))
+        else:
+            keep.append(c)
+    return replace(t, html_columns=tuple(keep)), common
+
+
 def report_tables(data: ReportData, engine: Engine) -> list[Table]:
     from telemetry.export import ExportWindow, cost_rows
 
@@ -758,7 +784,7 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
                      s.kind, s.prompts,
                      costing.ids_text(list(s.spec_run_ids)), costing.ids_text(list(s.ar_run_ids)),
                      queries.paired_text(s), " ".join(f"{x:.4g}" for x in s.invocation_speedups))
-                    for s in data.speedups), speedup_columns(data.speedups)),
+                    for s in data.speedups), speedup_columns(data.speedups), SPEEDUP_LIFTABLE),
         Table("runs_cost", "Cost per run", tuple(header), tuple(tuple(r) for r in rows),
               RUNS_COST_COLUMNS if set(header) - RUNS_COST_CSV_ONLY == {c.source for c in RUNS_COST_COLUMNS} else ()),
         Table("change", "Change against the previous period (a cost compares totals only where both periods "

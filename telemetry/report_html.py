@@ -36,6 +36,7 @@ from telemetry.report import (
     comparable_costs,
     cost_note,
     estimate_sources,
+    lift_common,
     meets_sla,
     partial_energy,
     projection_tpot,
@@ -144,11 +145,16 @@ def _html_view(t: Table) -> tuple[tuple[str, ...], list[tuple], list[tuple]]:
 def table_html(t: Table) -> str:
     if not t.rows:
         return f"<h3>{html.escape(t.title)}</h3><p class='muted'>No rows in this period.</p>"
+    t, common = lift_common(t)
     header, rows, titles = _html_view(t)
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(_row_html(header, row, title) for row, title in zip(rows, titles, strict=True))
     # a table wider than the page (cost per run has ~20 columns) scrolls in its own box, not the whole page
-    return f"<h3>{html.escape(t.title)}</h3><div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
+    out = f"<h3>{html.escape(t.title)}</h3><div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
+    if common:  # the columns every row shares, said once (the CSV keeps them in every row)
+        said = "; ".join(f"{name}: {fmt(value)}" for name, value in common)
+        out += f"<p class='muted common'>In every row: {html.escape(said)}.</p>"
+    return out
 
 
 def _card(key: str, value: str, sub: str = "") -> str:

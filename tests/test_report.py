@@ -748,3 +748,21 @@ def test_a_part_of_a_period_says_its_projection_spreads_that_part_over_the_whole
         "part's output tokens by the whole period; generated again after the period ends, the report will give "
         "other numbers")
     assert report_writer.write_report(engine, window, tmp_path, now=D0 + DAY).summary["period_complete"] is True
+
+
+def test_lift_common_moves_only_liftable_columns_every_row_shares():
+    from dataclasses import replace
+
+    from telemetry.report import Column, Table, lift_common
+
+    cols = (Column("figure", "x"), Column("where", "w", str.upper), Column("note", "n"), Column("fixed", "f"))
+    t = Table("t", "T", ("x", "w", "n", "f"), ((1, "a", "", "k"), (2, "a", "", "k")), cols,
+              frozenset({"where", "note"}))
+    shown, common = lift_common(t)
+    # 'where' is the same in both rows (as shown); 'note' is empty (stays); 'fixed' is not liftable
+    assert [c.header for c in shown.html_columns] == ["figure", "note", "fixed"] and common == [("where", "A")]
+    assert shown.rows == t.rows and shown.header == t.header  # the CSV's view is untouched
+    one = replace(t, rows=t.rows[:1])
+    assert lift_common(one) == (one, [])  # one row: its columns stay where they are
+    differ = replace(t, rows=((1, "a", "", "k"), (2, "b", "", "k")))
+    assert lift_common(differ) == (differ, [])

@@ -69,3 +69,45 @@ def test_report_tables_show_their_figures_first_and_print_whole(sqlite_url, tmp_
     # the speedup table fits its box (it overflowed by a wrapped device name and the model path)
     assert speedups["width"] <= speedups["box"], speedups
     assert printed and set(printed) == {"visible"}
+
+
+def test_a_sampled_stores_speedup_table_keeps_to_its_box_and_names_what_every_row_shares(sqlite_url, tmp_path):
+    """Three sampling configurations (two sampled, one greedy; two answer caps): the speedup table has three
+    rows with top_p, top_k and max new tokens shown, and ran 170 px past its box with the workload, drafter,
+    K policy, dtype, device, target and prompt text repeated in every row; those are said once under it."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+
+    engine = open_store(sqlite_url)
+    start = D0.replace(hour=9)
+    with Session(engine) as s:
+        for t, p, k, cap in ((0.8, 0.9, 40, 128), (0.0, 1.0, 0, 128), (0.7, 0.95, 50, 256)):
+            kw = dict(started_at=start, target=TARGET, drafter=DRAFTER, device=DEVICE, temperature=t, top_p=p,
+                      top_k=k, max_new_tokens=cap)
+            make_run(s, "ar", requests=[Req(250, ttft_ms=100, e2e_ms=6400)], **kw)
+            make_run(s, "spec", requests=[spec_req(250, 4, 150, ttft_ms=100, e2e_ms=3700)], **kw)
+        s.commit()
+    out = tmp_path / "reports"
+    assert main(["report", "--db", sqlite_url, "--out", str(out), "--period", "daily",
+                 "--since", D0.date().isoformat()]) == 0
+    [page_file] = out.glob("*/report.html")
+    measure = """() => {
+        const h = [...document.querySelectorAll('h3')].find(e => e.textContent.startsWith('Speedup'));
+        const box = h.nextElementSibling, table = box.querySelector('table');
+        return {heads: [...table.rows[0].cells].map(c => c.textContent), rows: table.rows.length - 1,
+                width: table.scrollWidth, box: box.clientWidth, note: box.nextElementSibling.textContent};
+    }"""
+    with report_page(page_file) as page:
+        speedups = page.evaluate(measure)
+    assert speedups["width"] <= speedups["box"], speedups
+    assert speedups["rows"] == 3
+    assert speedups["heads"] == ["speedup", "spec tokens/s", "AR tokens/s", "paired invocations", "temperature",
+                                 "top_p", "top_k", "max new tokens"]
+    assert speedups["note"] == (
+        "In every row: run kind: bench; prompts: prompts not matched (the runs recorded no prompt ids); workload: "
+        "code; concurrency: 1; drafter: smollm2-135m-instruct-draft; K policy: fixed:4; dtype: float32; device: "
+        "cpu: Intel Xeon (2 threads); target: smollm2-135m-instruct.")
+    with open(next(out.glob("*/speedups.csv")), encoding="utf-8") as fh:
+        header = fh.readline()
+    assert "workload" in header and "device" in header and "target" in header  # the CSV keeps every column
