@@ -416,3 +416,23 @@ def test_server_power_shares_the_serve_runs_samples_among_the_requests_in_flight
     assert settled == [a, b] and a.record.energy_j == pytest.approx(150.0) and b.record.energy_j == pytest.approx(150.0)
     assert late.record.energy_j is None  # its end is beyond the samples: it waits
     assert asyncio.run(power.settle(final=True)) == [late] and late.record.energy_j is None  # never guessed
+
+
+def test_the_load_tests_invocation_is_in_its_json_on_every_run_and_named_for_cost(stub_factory, tmp_path, capsys):
+    stub = stub_factory(chunks=2, chunk_s=0.01)
+    db_url = f"sqlite:///{tmp_path / 'inv.db'}"
+    out_json = tmp_path / "inv.json"
+    assert main(["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "0.5", "--mode", "both",
+                 "--max-tokens", "8", "--workload", "code", "--db", db_url, "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    inv = json.loads(out_json.read_text())["invocation_id"]
+    assert isinstance(inv, str) and len(inv) == 32
+    with create_engine(db_url).connect() as c:
+        assert c.execute(text("select distinct invocation_id from runs")).scalars().all() == [inv]
+    assert f"runs of invocation {inv}: see `specfinops project --invocation {inv[:8]}`" in out
+    assert main(["invocations", "--db", db_url, "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)["invocations"]
+    assert listed["invocation_id"] == inv and listed["kinds"] == ["loadtest"] and listed["runs"] == 2
+    assert main(["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "0.5", "--mode", "spec",
+                 "--max-tokens", "8", "--no-telemetry", "--json", str(out_json)]) == 0
+    assert json.loads(out_json.read_text())["invocation_id"] is None  # nothing recorded: no invocation to name

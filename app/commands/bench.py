@@ -684,8 +684,9 @@ def print_table(report: dict, recorded: bool, file=None) -> None:
               else "speculation paid at every measured concurrency"), file=out)
     print("times in ms; TPOT = (E2E - TTFT) / (output tokens - 1); acceptance = accepted / drafted tokens", file=out)
     if recorded:
-        print(f"recorded in the store as invocation {report.get('invocation_id')}: see `specfinops cost` and "
-              "`specfinops dashboard` (speedups per invocation beside the pooled figure)", file=out)
+        inv = report.get("invocation_id") or ""
+        print(f"recorded in the store as invocation {inv}: its costs with `specfinops cost --invocation {inv[:8]}`; "
+              "every bench with `specfinops invocations` and `specfinops dashboard`", file=out)
 
 
 def interrupted_notes(report: dict, recorded: bool) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import uuid
 
 from app.commands._common import add_command, add_db_option, check_writable
 from app.commands._interrupt import (
@@ -71,9 +72,10 @@ def level_bars(duration_s: float):
     return start
 
 
-def _stored_note(shared) -> str:
+def _stored_note(shared, invocation_id: str) -> str:
     """Where the requests went, and whether the server left them to the load test (`SharedStore`)."""
-    note = "recorded in the store as 'loadtest' runs: see `specfinops project` (capacity at SLA); "
+    note = (f"recorded in the store as 'loadtest' runs of invocation {invocation_id}: see `specfinops project "
+            f"--invocation {invocation_id[:8]}` (capacity at SLA); ")
     if shared is None:
         return note + "the server records into another store, or none: it keeps its own record of them"
     note += "the server records into this store too and left these requests to the load test's runs"
@@ -131,11 +133,12 @@ def _handle(args: argparse.Namespace) -> int:
             recorder.close()
             raise
     failed, interrupted, results = None, False, []
+    invocation_id = uuid.uuid4().hex  # on every run of this load test: its spec and AR levels are compared as a pair
     try:
         asyncio.run(ctrl_c_once_async(run_loadtest(
             spec, prompts, workload=args.workload, recorder=recorder, shared=shared, card=card,
             node_id=args.node_id or (default_node_id() if recorder else ""), say=lambda m: print(m, file=sys.stderr),
-            progress=level_bars(spec.duration_s), results=results)))
+            progress=level_bars(spec.duration_s), results=results, invocation_id=invocation_id)))
     except LoadTestFailed as exc:  # what ran is still shown (and recorded), then the reason
         failed, results = exc, exc.results
     except KeyboardInterrupt:  # Ctrl-C / SIGTERM: likewise, then the exit status 130 (app.cli)
@@ -150,9 +153,11 @@ def _handle(args: argparse.Namespace) -> int:
         print(interrupted_line(done, len(spec.levels) * len(spec.modes), "level runs"), file=table)
     print(format_table(rows), file=table)
     if recorder is not None:
-        print(_stored_note(shared), file=table)
+        print(_stored_note(shared, invocation_id), file=table)
     if args.json:
-        write_json(args.json, {"url": args.url, "levels": rows, **({"error": str(failed)} if failed else {}),
+        write_json(args.json, {"url": args.url, "levels": rows,
+                               "invocation_id": invocation_id if recorder is not None else None,
+                               **({"error": str(failed)} if failed else {}),
                                **({"interrupted": True} if interrupted else {})})
     if interrupted:
         raise KeyboardInterrupt
