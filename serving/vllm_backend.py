@@ -279,10 +279,14 @@ def run_prompts(
     concurrency: int = 1,
     sampler: Any | None = None,
     on_request: Callable[[RequestResult], None] | None = None,
+    on_abandoned: Callable[[RequestRecord], None] | None = None,
 ) -> VllmModeResult:
     """Every prompt through `engine` with up to `concurrency` requests in flight (closed loop), like
     `serving.worker.run_prompts`. `sampler` (a PowerSampler) is sampled when each request ends and its
-    readings give each request its energy; `on_request` is called per request once energy is known."""
+    readings give each request its energy; `on_request` is called per request once energy is known.
+    Ctrl-C / SIGTERM (KeyboardInterrupt) while requests run: `on_request` is called for the requests finished
+    until then, `on_abandoned` with the record of each one in flight (status 'cancelled': the tokens emitted
+    until then, no energy), and the KeyboardInterrupt goes on; the engine is not to be used after that."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     core = engine.llm.llm_engine
@@ -314,49 +318,64 @@ def run_prompts(
             r.interval_decode_tokens = 0
 
     t_begin = time.perf_counter()
-    while queue or live:
-        if queue and len(live) < concurrency:
-            close_interval()
-            while queue and len(live) < concurrency:
-                idx = queue.pop(0)
-                key, p = engine.new_request_id(), prompts[idx]
-                rec = RequestRecord(started_at=datetime.now(UTC), domain=p.domain, external_id=p.id,
-                                    prompt_tokens=len(encoded[idx]), temperature=params.temperature,
-                                    top_p=params.top_p, top_k=params.top_k, seed=params.seed,
-                                    max_new_tokens=params.max_new_tokens)
-                live[key] = _Live(idx, rec, time.perf_counter())
-                core.add_request(key, {"prompt_token_ids": encoded[idx]}, sp)
-        outputs = core.step()
-        t = time.perf_counter()
-        finished = []
-        for out in outputs:
-            r = live[out.request_id]
-            comp = out.outputs[0]
-            new = list(comp.token_ids)
-            if new:
-                first = not r.ids
-                step = -1 if first else r.num_steps
-                r.num_steps += 0 if first else 1
-                offset_ms = (t - r.t_start) * 1000.0
-                for i, src in enumerate(_sources(len(new), first, spec, k)):
-                    r.rec.tokens.append(TokenRow(len(r.ids) + i, offset_ms, step, src))
-                r.interval_decode_tokens += len(new) - (1 if first else 0)
-                r.ids += new
-                r.text.append(comp.text)
-                r.emit_times.append(t)
-            if out.finished:
-                r.finish_reason = comp.finish_reason
-                finished.append(out.request_id)
-        if finished:
-            close_interval()
-            for key in finished:
-                done.append(live.pop(key))
-            if sampler is not None:
-                sampler.sample_now()  # so the window of every finished request is covered
+    try:
+        while queue or live:
+            if queue and len(live) < concurrency:
+                close_interval()
+                while queue and len(live) < concurrency:
+                    idx = queue.pop(0)
+                    key, p = engine.new_request_id(), prompts[idx]
+                    rec = RequestRecord(started_at=datetime.now(UTC), domain=p.domain, external_id=p.id,
+                                        prompt_tokens=len(encoded[idx]), temperature=params.temperature,
+                                        top_p=params.top_p, top_k=params.top_k, seed=params.seed,
+                                        max_new_tokens=params.max_new_tokens)
+                    live[key] = _Live(idx, rec, time.perf_counter())
+                    core.add_request(key, {"prompt_token_ids": encoded[idx]}, sp)
+            outputs = core.step()
+            t = time.perf_counter()
+            finished = []
+            for out in outputs:
+                r = live[out.request_id]
+                comp = out.outputs[0]
+                new = list(comp.token_ids)
+                if new:
+                    first = not r.ids
+                    step = -1 if first else r.num_steps
+                    r.num_steps += 0 if first else 1
+                    offset_ms = (t - r.t_start) * 1000.0
+                    for i, src in enumerate(_sources(len(new), first, spec, k)):
+                        r.rec.tokens.append(TokenRow(len(r.ids) + i, offset_ms, step, src))
+                    r.interval_decode_tokens += len(new) - (1 if first else 0)
+                    r.ids += new
+                    r.text.append(comp.text)
+                    r.emit_times.append(t)
+                if out.finished:
+                    r.finish_reason = comp.finish_reason
+                    finished.append(out.request_id)
+            if finished:
+                close_interval()
+                for key in finished:
+                    done.append(live.pop(key))
+                if sampler is not None:
+                    sampler.sample_now()  # so the window of every finished request is covered
+    except KeyboardInterrupt:
+        _report_finished(done, prompts, sampler, on_request)
+        if on_abandoned is not None:
+            for r in live.values():
+                on_abandoned(_abandoned_record(r))
+        raise
     result.wall_s = time.perf_counter() - t_begin
     run_delta = engine.counts() - start_counts
     result.accepted_per_pos, result.unattributed = run_delta.accepted_per_pos, unattributed
+    result.results.extend(_report_finished(done, prompts, sampler, on_request))
+    result.results.sort(key=lambda res: prompts.index(res.prompt))
+    return result
 
+
+def _report_finished(done: list[_Live], prompts: list[Prompt], sampler: Any | None,
+                     on_request: Callable[[RequestResult], None] | None) -> list[RequestResult]:
+    """The finished requests' results: times from their emitted tokens, energy from the sampler's readings
+    (attributed over their windows), each passed to `on_request`."""
     for r in done:
         r.rec.output_tokens = len(r.ids)
         if r.emit_times:
@@ -364,14 +383,28 @@ def run_prompts(
             r.rec.e2e_ms = (r.emit_times[-1] - r.t_start) * 1000.0
     windows = [(r.rec.started_at, r.rec.started_at + timedelta(milliseconds=r.rec.e2e_ms or 0.0)) for r in done]
     energies = attribute_energy(sampler.readings(), windows) if sampler is not None else [None] * len(done)
+    out = []
     for r, energy_j in zip(done, energies, strict=True):
         r.rec.energy_j = energy_j if r.rec.e2e_ms is not None else None
         res = RequestResult(prompts[r.idx], r.ids, "".join(r.text), r.rec, r.finish_reason)
-        result.results.append(res)
+        out.append(res)
         if on_request is not None:
             on_request(res)
-    result.results.sort(key=lambda res: prompts.index(res.prompt))
-    return result
+    return out
+
+
+def _abandoned_record(r: _Live) -> RequestRecord:
+    """The record of a request in flight when Ctrl-C / SIGTERM stopped the run, as the torch engine's
+    (`serving.worker.abandoned`): 'cancelled', the tokens emitted until then, no energy."""
+    rec = r.rec
+    rec.status, rec.error = "cancelled", "cancelled: the benchmark was interrupted (Ctrl-C or SIGTERM)"
+    rec.output_tokens = len(r.ids)
+    if r.emit_times:
+        rec.ttft_ms = (r.emit_times[0] - r.t_start) * 1000.0
+        rec.e2e_ms = (r.emit_times[-1] - r.t_start) * 1000.0
+    else:
+        rec.e2e_ms = (time.perf_counter() - r.t_start) * 1000.0
+    return rec
 
 
 def warm_up(engine: VllmEngine, encoded: list[list[int]]) -> None:
@@ -472,6 +505,48 @@ class ReportView:
     target_dir: str
 
 
+@dataclass(frozen=True, slots=True)
+class StoppedRun:
+    """The (mode, level) run Ctrl-C / SIGTERM stopped: its id in the store (None: not recorded), ended
+    'cancelled' there with the `requests_done` requests it finished until then (and those in flight, recorded
+    'cancelled'). Its result is not reported: vLLM's run gives its result only at its end."""
+
+    mode: str
+    concurrency: int
+    run_id: int | None
+    requests_done: int
+
+
+class BenchInterrupted(KeyboardInterrupt):
+    """Ctrl-C / SIGTERM stopped `run_bench`, whose engine, recorder and power source are closed: `results`
+    holds the (level, result) of the runs that completed, `view` what bench's report reads, `stopped` the run
+    it stopped (None: stopped between runs, building an engine or warming it up)."""
+
+    def __init__(self, results: list[tuple[int, VllmModeResult]], view: ReportView, stopped: StoppedRun | None):
+        super().__init__()
+        self.results, self.view, self.stopped = results, view, stopped
+
+    @property
+    def cancelled_run_ids(self) -> list[int]:
+        stopped = self.stopped
+        return [stopped.run_id] if stopped is not None and stopped.run_id is not None else []
+
+
+def _recording(recorder: Any | None, run_id: int | None, finished: list[RequestResult]):
+    """`run_prompts`' callbacks for one run: (on_request: a finished request recorded and kept in `finished`;
+    on_abandoned: one in flight when Ctrl-C / SIGTERM stopped the run recorded 'cancelled', None unrecorded)."""
+
+    def on_request(res: RequestResult) -> None:
+        if recorder:
+            recorder.record_request(run_id, res.record)
+        finished.append(res)
+
+    def on_abandoned(rec: RequestRecord) -> None:
+        recorder.record_request(run_id, rec)
+
+    return on_request, (on_abandoned if recorder else None)
+
+
 def run_bench(config: VllmConfig, prompts: list[Prompt], params: SamplingParams, modes: list[str],
               levels: list[int], *, workload: str, node_id: str, power: str = "auto", tdp_w: float | None = None,
               db_url: str | None = None, record: bool = True, modules: tuple[ModuleType, ModuleType] | None = None,
@@ -479,7 +554,9 @@ def run_bench(config: VllmConfig, prompts: list[Prompt], params: SamplingParams,
               ) -> tuple[list[tuple[int, VllmModeResult]], ReportView]:
     """Each mode on its own engine (built, warmed up, run at every concurrency level, shut down), each
     (mode, level) recorded as one run with its power samples; returns the results for bench's report. Every
-    run carries `invocation_id` (a fresh uuid4 hex when None): speedups pair the spec and AR runs of one call."""
+    run carries `invocation_id` (a fresh uuid4 hex when None): speedups pair the spec and AR runs of one call.
+    Ctrl-C / SIGTERM (KeyboardInterrupt): the engine, recorder and power source are closed, the stopped run
+    ends 'cancelled' in the store, and BenchInterrupted carries the runs that completed."""
     import uuid
     from dataclasses import replace
 
@@ -493,9 +570,16 @@ def run_bench(config: VllmConfig, prompts: list[Prompt], params: SamplingParams,
         from telemetry.store import open_store
 
         recorder = Recorder(open_store(db_url))
-    source = detect_power_source(power, tdp_w=tdp_w, nvml=nvml)
-    invocation_id = invocation_id or uuid.uuid4().hex
+    view = ReportView(_SpecView(str(config.num_speculative_tokens), config.dtype), config.target)
     results: list[tuple[int, VllmModeResult]] = []
+    stopped: StoppedRun | None = None
+    try:
+        source = detect_power_source(power, tdp_w=tdp_w, nvml=nvml)
+    except BaseException:
+        if recorder:
+            recorder.close()
+        raise
+    invocation_id = invocation_id or uuid.uuid4().hex
     try:
         for mode in modes:
             engine = VllmEngine(config if mode == "spec" else replace(config, method=None), modules=modules)
@@ -509,10 +593,15 @@ def run_bench(config: VllmConfig, prompts: list[Prompt], params: SamplingParams,
                 for level in levels:
                     info = run_info(engine, workload=workload, params=params, node_id=node_id,
                                     power_source=source.source, concurrency=level, invocation_id=invocation_id)
-                    with recorded_run(recorder, source, info) as (run_id, sampler):
-                        on_request = (lambda res, rid=run_id: recorder.record_request(rid, res.record)) if recorder else None
-                        res = run_prompts(engine, prompts, encoded, params, concurrency=level, sampler=sampler,
-                                          on_request=on_request)
+                    run_id, finished = None, []  # the requests the run finished, recorded one by one
+                    try:
+                        with recorded_run(recorder, source, info) as (run_id, sampler):
+                            on_request, on_abandoned = _recording(recorder, run_id, finished)
+                            res = run_prompts(engine, prompts, encoded, params, concurrency=level, sampler=sampler,
+                                              on_request=on_request, on_abandoned=on_abandoned)
+                    except KeyboardInterrupt:
+                        stopped = StoppedRun(mode, level, run_id, len(finished))
+                        raise
                     res.run_ids = [run_id] if run_id is not None else []
                     if res.unattributed.num_draft_tokens:
                         logger.warning("vLLM counted %d draft tokens while no request was in flight (run %s)",
@@ -520,9 +609,14 @@ def run_bench(config: VllmConfig, prompts: list[Prompt], params: SamplingParams,
                     results.append((level, res))
             finally:
                 engine.close()
+    except KeyboardInterrupt:
+        interrupted = True
+    else:
+        interrupted = False
     finally:
         if recorder:
             recorder.close()
         source.close()
-    k = str(config.num_speculative_tokens)
-    return results, ReportView(_SpecView(k, config.dtype), config.target)
+    if interrupted:
+        raise BenchInterrupted(results, view, stopped)
+    return results, view

@@ -370,8 +370,10 @@ def _write_json(args: argparse.Namespace, report: dict) -> int:
 
 
 def run_bench_vllm(args, prompts, params, modes, levels) -> dict:
-    """--backend vllm: serving.vllm_backend runs and records; the report and table are the same as torch's."""
-    from serving.vllm_backend import config_from_options, import_vllm, run_bench
+    """--backend vllm: serving.vllm_backend runs and records; the report and table are the same as torch's.
+    Ctrl-C / SIGTERM: the (mode, level) runs that completed are reported, marked interrupted; the stopped one,
+    whose result vLLM gives only at its end, is named in the notes (and `stopped_run` of the JSON)."""
+    from serving.vllm_backend import BenchInterrupted, config_from_options, import_vllm, run_bench
     from serving.worker import default_node_id
 
     import_vllm()  # says what to install before anything else is checked
@@ -380,13 +382,32 @@ def run_bench_vllm(args, prompts, params, modes, levels) -> dict:
                                  dtype=args.dtype, max_len=args.max_len, seed=args.seed, engine_args=args.vllm_args)
     print(f"loading {config.target} on vLLM ({args.dtype}) ...", file=sys.stderr)
     invocation_id = uuid.uuid4().hex  # every run of this command: speedups pair its spec and AR runs
-    results, view = run_bench(config, prompts, params, modes, levels, workload=args.workload,
-                              node_id=args.node_id or default_node_id(), power=args.power, tdp_w=args.tdp_w,
-                              db_url=args.db, record=not args.no_telemetry, invocation_id=invocation_id)
+    try:
+        results, view = run_bench(config, prompts, params, modes, levels, workload=args.workload,
+                                  node_id=args.node_id or default_node_id(), power=args.power, tdp_w=args.tdp_w,
+                                  db_url=args.db, record=not args.no_telemetry, invocation_id=invocation_id)
+        stop = None
+    except BenchInterrupted as exc:
+        results, view, stop = exc.results, exc.view, exc
     report = build_report(results, view, params)
     report["invocation_id"] = None if args.no_telemetry else invocation_id
     for run, (_, res) in zip(report["runs"], results, strict=True):
         run["backend"], run["accepted_per_pos"] = "vllm", list(res.accepted_per_pos)
+    if stop is not None:
+        report["interrupted"] = True
+        report["requests_done"] = sum(len(res.results) for _, res in results)
+        report["requests_planned"] = len(prompts) * len(modes) * len(levels)
+        report["cancelled_run_ids"] = stop.cancelled_run_ids
+        cut = stop.stopped
+        report["stopped_run"] = None if cut is None else {
+            "mode": cut.mode, "concurrency": cut.concurrency, "run_id": cut.run_id, "requests_done": cut.requests_done}
+        for run in report["runs"]:
+            run["interrupted"] = False  # every row is a run that completed
+        if len(modes) == 2:  # a level that ran in one mode only: no speedup ('—'), as a cut level of torch's
+            by_level = report["speedup_by_concurrency"]
+            for level in dict.fromkeys(level for level, _ in results):
+                by_level.setdefault(str(level), None)
+            report["speedup_by_concurrency"] = dict(sorted(by_level.items(), key=lambda kv: int(kv[0])))
     print_table(report, not args.no_telemetry, file=table_file(args))
     return report
 
@@ -671,9 +692,13 @@ def print_table(report: dict, recorded: bool, file=None) -> None:
     for text in table_lines(report["runs"]):
         print(text, file=out)
     for level, sp in report["speedup_by_concurrency"].items():
-        cut = stopped and any(r.get("interrupted") for r in report["runs"] if str(r["concurrency"]) == level)
+        rows = [r for r in report["runs"] if str(r["concurrency"]) == level]
+        cut = stopped and any(r.get("interrupted") for r in rows)
+        alone = stopped and len(rows) == 1  # --backend vllm: the other mode's run at this level did not complete
         print(f"speedup spec vs AR at concurrency {level}: "
-              + ("— (interrupted: the modes did not finish the same prompts)" if cut else f"{_fmt(sp, '.2f')}x"),
+              + ("— (interrupted: the modes did not finish the same prompts)" if cut
+                 else f"— (interrupted: only {rows[0]['mode']} completed this level)" if alone
+                 else f"{_fmt(sp, '.2f')}x"),
               file=out)
     if stopped:
         for note in interrupted_notes(report, recorded):
@@ -691,6 +716,8 @@ def print_table(report: dict, recorded: bool, file=None) -> None:
 
 def interrupted_notes(report: dict, recorded: bool) -> list[str]:
     """What an interrupted table holds, and what the store holds of it."""
+    if "stopped_run" in report:
+        return _vllm_interrupted_notes(report, recorded)
     notes = []
     for run in report["runs"]:
         if run.get("interrupted"):
@@ -703,4 +730,23 @@ def interrupted_notes(report: dict, recorded: bool) -> list[str]:
                         "flight (recorded 'cancelled'); the others 'completed'" if cancelled
                         else "the runs above 'completed'")
                      + ("; no sweep recorded" if "sweep_id" in report and report["sweep_id"] is None else ""))
+    return notes
+
+
+def _vllm_interrupted_notes(report: dict, recorded: bool) -> list[str]:
+    """--backend vllm: every row is a run that completed; the stopped run, whose result vLLM gives only at its
+    end, is not in the table, but the store holds what it finished."""
+    stopped = report["stopped_run"]
+    if stopped is None:
+        notes = ["stopped between runs (Ctrl-C or SIGTERM): the table holds the runs that completed"]
+    else:
+        notes = [f"{stopped['mode']} c={stopped['concurrency']} was interrupted (Ctrl-C or SIGTERM): not in the "
+                 "table (a vLLM run reports at its end); the rows above are the runs that completed"]
+    if recorded:
+        if stopped is not None and stopped["run_id"] is not None:
+            notes.append(f"in the store: run {stopped['run_id']} ({stopped['mode']} c={stopped['concurrency']}) "
+                         f"ended 'cancelled', with the {stopped['requests_done']} request(s) it finished until then "
+                         "and those in flight (recorded 'cancelled'); the runs above 'completed'")
+        else:
+            notes.append("in the store: the runs above 'completed'")
     return notes
