@@ -21,24 +21,27 @@ DRAFTER = "/root/.cache/specfinops/models/smollm2-135m-instruct-draft"
 DEVICE = "cpu: Intel(R) Xeon(R) Processor (2 threads)"
 
 
+def _report_of(url: str, out, configs: list[dict]):
+    """An AR and a spec run (what a real CPU bench records: 250 tokens, 1.73x) per entry of `configs` (extra
+    make_run keywords), then a daily report of their day into `out`."""
+    engine = open_store(url)
+    with Session(engine) as s:
+        for kw in configs:
+            kw = dict(started_at=D0.replace(hour=9), target=TARGET, drafter=DRAFTER, device=DEVICE, **kw)
+            make_run(s, "ar", requests=[Req(250, ttft_ms=100, e2e_ms=6400)], **kw)
+            make_run(s, "spec", requests=[spec_req(250, 4, 150, ttft_ms=100, e2e_ms=3700)], **kw)
+        s.commit()
+    engine.dispose()
+    assert main(["report", "--db", url, "--out", str(out), "--period", "daily", "--since", D0.date().isoformat()]) == 0
+    return out
+
+
 def test_report_tables_show_their_figures_first_and_print_whole(sqlite_url, tmp_path):
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
 
-    engine = open_store(sqlite_url)
-    start = D0.replace(hour=9)
-    with Session(engine) as s:
-        for _ in range(2):
-            make_run(s, "ar", started_at=start, target=TARGET, drafter=DRAFTER, device=DEVICE,
-                     requests=[Req(250, ttft_ms=100, e2e_ms=6400)])
-            make_run(s, "spec", started_at=start, target=TARGET, drafter=DRAFTER, device=DEVICE,
-                     requests=[spec_req(250, 4, 150, ttft_ms=100, e2e_ms=3700)])
-        s.commit()
-    out = tmp_path / "reports"
-    assert main(["report", "--db", sqlite_url, "--out", str(out), "--period", "daily",
-                 "--since", D0.date().isoformat()]) == 0
-    [page_file] = out.glob("*/report.html")
+    [page_file] = _report_of(sqlite_url, tmp_path / "reports", [{}, {}]).glob("*/report.html")
     measure = """title => {
         const h = [...document.querySelectorAll('h3')].find(e => e.textContent.startsWith(title));
         const box = h.nextElementSibling, table = box.querySelector('table');
@@ -79,18 +82,9 @@ def test_a_sampled_stores_speedup_table_keeps_to_its_box_and_names_what_every_ro
     if reason:
         pytest.skip(reason)
 
-    engine = open_store(sqlite_url)
-    start = D0.replace(hour=9)
-    with Session(engine) as s:
-        for t, p, k, cap in ((0.8, 0.9, 40, 128), (0.0, 1.0, 0, 128), (0.7, 0.95, 50, 256)):
-            kw = dict(started_at=start, target=TARGET, drafter=DRAFTER, device=DEVICE, temperature=t, top_p=p,
-                      top_k=k, max_new_tokens=cap)
-            make_run(s, "ar", requests=[Req(250, ttft_ms=100, e2e_ms=6400)], **kw)
-            make_run(s, "spec", requests=[spec_req(250, 4, 150, ttft_ms=100, e2e_ms=3700)], **kw)
-        s.commit()
-    out = tmp_path / "reports"
-    assert main(["report", "--db", sqlite_url, "--out", str(out), "--period", "daily",
-                 "--since", D0.date().isoformat()]) == 0
+    out = _report_of(sqlite_url, tmp_path / "reports", [
+        dict(temperature=t, top_p=p, top_k=k, max_new_tokens=cap)
+        for t, p, k, cap in ((0.8, 0.9, 40, 128), (0.0, 1.0, 0, 128), (0.7, 0.95, 50, 256))])
     [page_file] = out.glob("*/report.html")
     measure = """() => {
         const h = [...document.querySelectorAll('h3')].find(e => e.textContent.startsWith('Speedup'));
