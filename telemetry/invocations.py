@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import case, func, select
 from sqlalchemy.engine import Engine
@@ -38,6 +38,7 @@ class Invocation:
     num_spec_runs: int
     num_ar_runs: int
     num_requests: int
+    num_running: int  # runs still 'running': the command is under way (or was killed without ending them)
     kinds: tuple[str, ...]  # bench | loadtest (one, in practice)
     workloads: tuple[str, ...]
     targets: tuple[str, ...]
@@ -48,18 +49,23 @@ class Invocation:
         return self.invocation_id[:8]
 
 
-def list_invocations(engine: Engine, limit: int | None = 20) -> list[Invocation]:
-    """The store's invocations, newest first (by their first run's start); at most `limit` (None: all). Runs with
-    no invocation (a server's; recorded before 0011) are in none. Two SELECTs: the invocations' run counts, then
-    the listed ones' distinct labels and request counts."""
+def list_invocations(engine: Engine, limit: int | None = 20, *, finished: bool = False) -> list[Invocation]:
+    """The store's invocations, newest first (by their first run's start); at most `limit` (None: all); with
+    `finished`, only those none of whose runs is still 'running'. Runs with no invocation (a server's; recorded
+    before 0011) are in none. Two SELECTs: the invocations' run counts, then the listed ones' distinct labels and
+    request counts."""
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit!r}")
     first = func.min(Run.started_at)
+    running = func.sum(case((Run.status == "running", 1), else_=0))
     q = (select(Run.invocation_id, first, func.max(Run.started_at), func.count(Run.id),
-                func.sum(case((Run.mode == "spec", 1), else_=0)), func.sum(case((Run.mode == "ar", 1), else_=0)))
+                func.sum(case((Run.mode == "spec", 1), else_=0)), func.sum(case((Run.mode == "ar", 1), else_=0)),
+                running)
          .where(Run.invocation_id.is_not(None))
          .group_by(Run.invocation_id)
          .order_by(first.desc(), Run.invocation_id))
+    if finished:
+        q = q.having(running == 0)
     if limit is not None:
         q = q.limit(limit)
     with engine.connect() as c:
@@ -80,12 +86,18 @@ def list_invocations(engine: Engine, limit: int | None = 20) -> list[Invocation]
                                     .where(Run.invocation_id.in_(ids)).group_by(Run.invocation_id)):
                 requests[inv] = int(n)
     return [
-        Invocation(invocation_id=inv, started_at=start, last_started_at=last, num_runs=int(n),
+        Invocation(invocation_id=inv, started_at=_utc(start), last_started_at=_utc(last), num_runs=int(n),
                    num_spec_runs=int(spec or 0), num_ar_runs=int(ar or 0), num_requests=requests[inv],
+                   num_running=int(busy or 0),
                    kinds=tuple(sorted(labels[inv]["kind"])), workloads=tuple(sorted(labels[inv]["workload"])),
                    targets=tuple(sorted(labels[inv]["target"])), nodes=tuple(sorted(labels[inv]["node_id"])))
-        for inv, start, last, n, spec, ar in heads
+        for inv, start, last, n, spec, ar, busy in heads
     ]
+
+
+def _utc(when: datetime) -> datetime:
+    """A store time as an aware UTC time (SQLite hands back naive UTC; PostgreSQL the session's zone)."""
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
 
 
 def invocation_text(text: str) -> str:
@@ -105,15 +117,20 @@ def invocation_text(text: str) -> str:
 
 
 def resolve_invocation(engine: Engine, text: str) -> str:
-    """The one invocation id that `text` names: 'latest' (the invocation whose first run started last), a whole
-    id, or its first characters (at least MIN_PREFIX, as bench prints it). ValueError naming `text` otherwise:
-    empty, not hexadecimal, too short, matching none (with the newest ids) or several (with them)."""
+    """The one invocation id that `text` names: 'latest' (of the invocations whose runs have all ended, the one
+    whose first run started last: a bench still under way has no figures to read yet), a whole id, or its first
+    characters (at least MIN_PREFIX, as bench prints it). ValueError naming `text` otherwise: empty, not
+    hexadecimal, too short, matching none (with the newest ids) or several (with them)."""
     norm = invocation_text(text)
     if norm == LATEST:
-        newest = list_invocations(engine, limit=1)
+        newest = list_invocations(engine, limit=1, finished=True)
         if not newest:
-            raise ValueError(f"--invocation {text}: the store has no bench or load-test invocations (runs recorded "
-                             "by a server, or before the store kept invocations, belong to none)")
+            busy = list_invocations(engine, limit=1)
+            raise ValueError(f"--invocation {text}: " + (
+                f"the store's only invocations are still running ({busy[0].short_id}: its runs have not ended); "
+                "give its id to read what it recorded so far" if busy else
+                "the store has no bench or load-test invocations (runs recorded by a server, or before the store "
+                "kept invocations, belong to none)"))
         return newest[0].invocation_id
     with engine.connect() as c:
         found = list(c.execute(select(Run.invocation_id).distinct()

@@ -243,3 +243,38 @@ def test_one_invocation_and_no_server_runs_offers_no_filter(sqlite_url, monkeypa
     at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Overview"])
     assert_clean(at)
     assert not [sb for sb in at.selectbox if sb.key == "f_invocation"]
+
+
+def test_latest_skips_a_bench_still_running_and_the_list_marks_it(db_url, capsys):
+    fill(db_url)
+    engine = open_store(db_url)
+    with Session(engine) as s:  # a bench under way: one run started, not ended, no request yet
+        run = make_run(s, "ar", started_at=BASE_TIME + 3 * HOUR, requests=[])
+        run.invocation_id, run.status, run.ended_at = "3333cccc" + "0" * 24, "running", None
+        s.commit()
+    try:
+        assert resolve_invocation(engine, "latest") == LOADED
+        assert resolve_invocation(engine, "3333") == "3333cccc" + "0" * 24  # named, it is read as it is
+        newest = list_invocations(engine, limit=1)[0]
+        assert newest.short_id == "3333cccc" and newest.num_running == 1 and newest.num_requests == 0
+    finally:
+        engine.dispose()
+    assert main(["invocations", "--db", db_url]) == 0
+    out = capsys.readouterr().out
+    assert "1/0 (running)" not in out and "0/1 (running)" in out and "(running): runs not ended yet" in out
+    assert main(["invocations", "--db", db_url, "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)["invocations"][0]
+    assert first["running_runs"] == 1 and first["started_at"].endswith("+00:00")
+
+
+def test_latest_when_every_invocation_is_running_says_so(sqlite_url):
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        run = make_run(s, "ar", requests=[])
+        run.invocation_id, run.status = "4444dddd" + "0" * 24, "running"
+        s.commit()
+    try:
+        with pytest.raises(ValueError, match=r"the store's only invocations are still running \(4444dddd"):
+            resolve_invocation(engine, "latest")
+    finally:
+        engine.dispose()

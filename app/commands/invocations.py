@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC
 
 from app.commands._common import add_command, add_db_option, positive_int
 
@@ -44,7 +43,7 @@ def _speedup_text(found: list) -> str:
 
 
 def _when(t) -> str:
-    return f"{(t.astimezone(UTC) if t.tzinfo is not None else t):%Y-%m-%d %H:%M}"
+    return f"{t:%Y-%m-%d %H:%M}"
 
 
 def run(args) -> int:
@@ -62,6 +61,7 @@ def run(args) -> int:
              "last_run_started_at": i.last_started_at.isoformat(), "kinds": list(i.kinds),
              "workloads": list(i.workloads), "targets": list(i.targets), "nodes": list(i.nodes),
              "runs": i.num_runs, "spec_runs": i.num_spec_runs, "ar_runs": i.num_ar_runs, "requests": i.num_requests,
+             "running_runs": i.num_running,
              "speedups": [{"drafter": s.drafter, "k_policy": s.k_policy, "concurrency": s.concurrency,
                            "temperature": s.temperature, "speedup": s.speedup,
                            "spec_tokens_per_s": s.spec_tokens_per_s, "ar_tokens_per_s": s.ar_tokens_per_s,
@@ -75,7 +75,8 @@ def run(args) -> int:
         return 0
     rows = [(i.short_id, _when(i.started_at) + " UTC", ",".join(i.kinds), ",".join(i.workloads),
              ",".join(str(short_model(t)) for t in i.targets), ",".join(i.nodes),
-             f"{i.num_spec_runs}/{i.num_ar_runs}", f"{i.num_requests:,}", _speedup_text(per[i.invocation_id]))
+             f"{i.num_spec_runs}/{i.num_ar_runs}" + (" (running)" if i.num_running else ""), f"{i.num_requests:,}",
+             _speedup_text(per[i.invocation_id]))
             for i in found]
     head = ("invocation", "started", "kind", "workload", "target", "node", "spec/ar runs", "requests", "speedup")
     widths = [max(len(h), *(len(r[n]) for r in rows)) for n, h in enumerate(head)]
@@ -85,5 +86,9 @@ def run(args) -> int:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
     more = "" if len(found) < args.limit else f" (the newest {args.limit}; --limit N for more)"
     print(f"\nspeedup: spec tokens/s / AR tokens/s within the invocation, per spec configuration{more}")
-    print("one invocation's costs and projection: specfinops cost --invocation ID (or latest)")
+    print("one invocation's costs and projection: specfinops cost --invocation ID (or latest: the newest whose "
+          "runs have all ended)")
+    if any(i.num_running for i in found):
+        print("(running): runs not ended yet, a bench or load test under way (or one killed before it could end "
+              "them); its figures are what it recorded so far")
     return 0
