@@ -229,6 +229,10 @@ def test_the_sidebar_offers_the_invocations_newest_first_and_one_narrows_every_f
     for title in PAGES:  # every page renders one invocation
         at.switch_page(PAGES[title]).run()
         assert_clean(at)
+    at.switch_page(PAGES["Runs"]).run()
+    table = at.dataframe[0].value
+    table = getattr(table, "data", table)  # a Styler's frame
+    assert list(table["invocation"]) == ["1111aaaa", "1111aaaa"]  # as bench prints it for --invocation
 
 
 def test_one_invocation_and_no_server_runs_offers_no_filter(sqlite_url, monkeypatch):

@@ -21,7 +21,8 @@ SAMPLING_INTS = {"top_k": "top_k", "seed": "seed", "max new tokens": "max_new_to
 
 def run_table(runs) -> pd.DataFrame:
     table = pd.DataFrame([{
-        "run": r.run_id, "mode": r.mode, "kind": r.kind, "started (UTC)": as_utc(r.started_at), "status": r.status,
+        "run": r.run_id, "mode": r.mode, "kind": r.kind, "invocation": r.invocation_id,
+        "started (UTC)": as_utc(r.started_at), "status": r.status,
         "node": r.node_id, "device": r.device, "target": r.target, "drafter": r.drafter, "K policy": r.k_policy,
         "workload": r.workload, "concurrency": r.concurrency, "temperature": r.temperature, "top_p": r.top_p,
         "top_k": r.top_k, "seed": r.seed, "max new tokens": r.max_new_tokens, "power source": r.power_source,
@@ -41,7 +42,8 @@ def _whole(value) -> str:
 
 
 COMPARE_ROWS = [
-    ("mode", lambda r: r.mode), ("workload", lambda r: r.workload), ("node", lambda r: r.node_id),
+    ("mode", lambda r: r.mode), ("invocation", lambda r: (r.invocation_id or MISSING)[:8]),
+    ("workload", lambda r: r.workload), ("node", lambda r: r.node_id),
     ("device", lambda r: r.device), ("target", lambda r: short_model(r.target)), ("drafter", lambda r: r.drafter or MISSING),
     ("K policy", lambda r: r.k_policy), ("concurrency", lambda r: str(r.concurrency)),
     ("temperature", lambda r: fmt(r.temperature, "g")), ("top_p", lambda r: fmt(r.top_p, "g")),
@@ -76,8 +78,10 @@ def body(ctx: Context) -> None:
     st.subheader(f"Runs ({len(runs)})")
     # the model by its directory's name on the page (the whole path in the CSV); every row without an
     # inner scrollbar up to 25 runs
-    # a seed is an identifier: shown without thousands separators (the CSV keeps the number)
-    show_table(table.assign(target=table["target"].map(short_model), seed=table["seed"].astype("string")),
+    # a seed is an identifier: shown without thousands separators (the CSV keeps the number); an invocation by
+    # its first 8 digits, as bench prints it for `--invocation` (the CSV keeps the whole id)
+    show_table(table.assign(target=table["target"].map(short_model), seed=table["seed"].astype("string"),
+                            invocation=table["invocation"].str[:8]),
                table_height(min(len(table), 25)))
     download_csv("Download run table (CSV)", table, "runs.csv", "dl_runs")
 
