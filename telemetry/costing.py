@@ -39,6 +39,7 @@ from telemetry.prices import (
 )
 from telemetry.queries import (
     COMPARED_FIELDS,
+    CONFIG_FIELDS,
     MODES,
     ConfigSummary,
     Filters,
@@ -139,6 +140,71 @@ def incomplete_runs_text(runs: Iterable[RunSummary], shown: int | None = None) -
              for status, ids in sorted(by_status.items())]
     return (f"not every run completed: {'; '.join(parts)}. Their finished requests are counted; a run cut short "
             f"measured fewer prompts than its command asked for.")
+
+
+# Below this many ok requests in a mode, its p95 TPOT is set by its one or two slowest requests and its tokens/s
+# by a handful of prompts: a capacity, node count or cost read from them moves with the next run.
+MIN_STABLE_REQUESTS = 20
+# How to measure enough of them (bench's --limit is what cuts a run short of its workload's prompts).
+MEASURE_MORE = "measure more (bench without --limit)"
+
+
+def small_sample_text(requests: dict[str, int], what: str = "a p95 and a capacity figure") -> str | None:
+    """'based on 2 spec and 2 AR requests: too few for a p95 and a capacity figure to be stable; ...' where a mode
+    measured (some ok requests, `requests`: mode -> count) has fewer than MIN_STABLE_REQUESTS; None otherwise. A
+    mode with none is not a small sample: the figures say it was not measured."""
+    measured = {m: n for m, n in requests.items() if n}
+    if not measured or min(measured.values()) >= MIN_STABLE_REQUESTS:
+        return None
+    counts = " and ".join(f"{requests[m]:,} {'AR' if m == 'ar' else m}" for m in MODES if m in requests)
+    return (f"based on {counts} requests: too few for {what} to be stable (under {MIN_STABLE_REQUESTS} per "
+            f"mode); {MEASURE_MORE}")
+
+
+# What a configuration field is called where a pooled figure names what its runs differ in.
+_CONFIG_FIELD_NAMES = {"kind": "run kind", "dtype": "precision", "max_new_tokens": "max new tokens",
+                       "k_policy": "K policy"}
+# The filter flags of `cost` and `project` that keep one value of a configuration field.
+_CONFIG_FIELD_FLAGS = {"workload": "--workload", "target": "--target", "temperature": "--temperature",
+                       "top_p": "--top-p", "top_k": "--top-k", "max_new_tokens": "--max-new-tokens",
+                       "kind": "--run-kind", "device": "--node"}
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSpread:
+    """The configurations (queries.CONFIG_FIELDS, as `speedups` and `project` group runs) that some runs of one
+    mode span, and the fields in which they differ (top_p and top_k among sampled runs only: at temperature 0
+    they change nothing)."""
+
+    num_configurations: int
+    differs_in: tuple[str, ...]  # CONFIG_FIELDS names
+
+    def text(self) -> str | None:
+        """'pools 3 configurations that differ in concurrency, run kind: narrow with --run-kind, ... or
+        --invocation ID'; None for one configuration."""
+        if self.num_configurations < 2:
+            return None
+        names = ", ".join(_CONFIG_FIELD_NAMES.get(f, f) for f in self.differs_in)
+        flags = [_CONFIG_FIELD_FLAGS[f] for f in self.differs_in if f in _CONFIG_FIELD_FLAGS]
+        return (f"pools {self.num_configurations} configurations that differ in {names}: narrow with "
+                f"{', '.join(flags) + ', ' if flags else ''}--invocation ID or --run ID")
+
+
+def config_spread(runs: Iterable[RunSummary]) -> ConfigSpread:
+    """How many configurations `runs` span and what they differ in (ConfigSpread)."""
+    keys = [dict(zip(CONFIG_FIELDS, k, strict=True)) for k in dict.fromkeys(key_of(r, CONFIG_FIELDS) for r in runs)]
+
+    def matters(key: dict, f: str) -> bool:
+        return f not in ("top_p", "top_k") or key["temperature"] != 0
+
+    differs = tuple(f for f in CONFIG_FIELDS if len({k[f] for k in keys if matters(k, f)}) > 1)
+    return ConfigSpread(len(keys), differs)
+
+
+# Said where server runs are costed: their hardware is priced over what queries calls wall_s.
+SERVE_PRICED_OVER = "requests' span"
+SERVE_SPAN_NOTE = ("hardware priced over the requests' span (first request start to last request end): the "
+                   "cost covers the server's busy span, not its idle time")
 
 
 def _energy_prices(engine: Engine, snapshot: dict | None, usd_per_kwh: float | None, pue: float | None,
@@ -578,6 +644,9 @@ class StoreProjection:
     # p95 TPOT (ms) of each mode's capacity configuration: what meets the SLA in the projection
     capacity_tpot_p95_ms_ar: float | None = None
     capacity_tpot_p95_ms_spec: float | None = None
+    # what the figures do not say by themselves (a small sample, priced as other hardware than measured): the
+    # CLI prints each as a warning, --json adds them to assumptions.notes
+    caveats: tuple[str, ...] = ()
 
     @property
     def replica_note(self) -> str | None:
@@ -641,9 +710,26 @@ class StoreProjection:
                 "cost_per_1m_tokens_basis": COST_PER_1M_BASIS,
                 "hours_per_year": HOURS_PER_YEAR,
                 "hours_per_month": HOURS_PER_MONTH,
-                "notes": list(p.notes),  # why a figure is null (e.g. SLA not attainable)
+                # why a figure is null (e.g. SLA not attainable), then the caveats (small sample, other hardware)
+                "notes": list(p.notes) + list(self.caveats),
             },
         }
+
+
+def projection_caveats(comparison: Comparison, cap_configs: dict[str, ConfigSummary | None], price: NodePrice,
+                       devices: tuple[str, ...], differs: bool) -> tuple[str, ...]:
+    """What a projection's figures do not say by themselves: that a mode's capacity comes from too few requests
+    (those of its capacity configuration, else of the compared group: MIN_STABLE_REQUESTS), and that the
+    capacity is the measured device's throughput priced as other hardware (NodePrice.differs_from)."""
+    requests = {"spec": comparison.requests_spec, "ar": comparison.requests_ar}
+    requests |= {m: c.stats.num_requests_ok for m, c in cap_configs.items() if c is not None}
+    small = small_sample_text(requests)
+    out = [small] if small else []
+    if differs:
+        other = price.catalog_name or price.priced_as
+        out.append(f"the capacity is the throughput measured on {', '.join(devices)}, priced as {price.priced_as}: "
+                   f"these node counts and costs are not {other}'s; to project {other}, measure on it")
+    return tuple(out)
 
 
 def runs_text(run_ids: tuple[int, ...], shown: int = 4) -> str:
@@ -800,6 +886,7 @@ def project_from_store(
     }
     estimated = any(estimated_by_mode.values())
     return StoreProjection(
+        caveats=projection_caveats(comparison, cap_configs, price, devices, differs),
         projection=projection,
         node_price=price,
         measured_on=devices,

@@ -261,8 +261,33 @@ def _cost_dict(c) -> dict:
     }
 
 
+def _cost_caveats(run_costs, mode_costs) -> tuple[dict, list[str], list[str]]:
+    """Per mode, the configurations its pooled figure spans (costing.ConfigSpread); the notes on the runs in
+    view (server runs priced over their requests' span) and the warnings (too few requests for stable figures)."""
+    from telemetry.costing import SERVE_SPAN_NOTE, config_spread, ids_text, small_sample_text
+
+    spreads = {mc.mode: config_spread(_mode_runs(mc, run_costs)) for mc in mode_costs}
+    serve = [rc.run.run_id for rc in run_costs if rc.run.kind == "serve"]
+    notes = [f"{ids_text(serve)} (server): {SERVE_SPAN_NOTE}"] if serve else []
+    small = small_sample_text({mc.mode: _requests_ok(mc, run_costs) for mc in mode_costs},
+                              what="a tokens/s and a cost per 1M tokens")
+    return spreads, notes, [small] if small else []
+
+
+def _requests_ok(mc, run_costs) -> int:
+    return sum(rc.run.stats.num_requests_ok for rc in run_costs if rc.run.run_id in mc.run_ids)
+
+
 def run_cost_command(args) -> int:
-    from telemetry.costing import costs, energy_source, ids_text, incomplete_runs_text, no_runs_reason
+    from telemetry.costing import (
+        MIN_STABLE_REQUESTS,
+        SERVE_PRICED_OVER,
+        costs,
+        energy_source,
+        ids_text,
+        incomplete_runs_text,
+        no_runs_reason,
+    )
     from telemetry.store import open_store
 
     pricing = _pricing(args)
@@ -273,6 +298,7 @@ def run_cost_command(args) -> int:
     if not run_costs:
         reason = no_runs_reason(engine, filters)
         raise UsageError(f"--run {args.run}: {reason}" if args.run is not None else reason)
+    spreads, notes, warnings = _cost_caveats(run_costs, mode_costs)
     if args.json:
         print(
             json.dumps(
@@ -281,11 +307,15 @@ def run_cost_command(args) -> int:
                         {
                             "run_id": rc.run.run_id,
                             "mode": rc.run.mode,
+                            "kind": rc.run.kind,  # bench | loadtest | serve
                             "status": rc.run.status,  # completed | failed | cancelled | running
                             "workload": rc.run.workload,
                             "concurrency": rc.run.concurrency,
                             "output_tokens": rc.run.stats.output_tokens,
                             "wall_s": rc.run.stats.wall_s,
+                            # what the hardware is priced over (wall_s): first request start to last request
+                            # end; for a server, its busy span, not its idle time
+                            "priced_over": SERVE_PRICED_OVER,
                             "tokens_per_s": rc.run.stats.tokens_per_s,
                             "node_hourly_usd": rc.node_price.usd_per_hour,
                             "priced_as": rc.node_price.priced_as,
@@ -302,6 +332,12 @@ def run_cost_command(args) -> int:
                             "mode": mc.mode,
                             "run_ids": list(mc.run_ids),
                             "incomplete_run_ids": _incomplete(mc.run_ids, run_costs),
+                            # configurations (queries.CONFIG_FIELDS) the pooled figure spans, and the fields
+                            # in which they differ ([] for one)
+                            "configurations": spreads[mc.mode].num_configurations,
+                            "differs_in": list(spreads[mc.mode].differs_in),
+                            "num_requests_ok": _requests_ok(mc, run_costs),
+                            "small_sample": 0 < _requests_ok(mc, run_costs) < MIN_STABLE_REQUESTS,
                             "output_tokens": mc.output_tokens,
                             "wall_s": mc.wall_s,
                             "tokens_per_s": mc.tokens_per_s,
@@ -314,6 +350,7 @@ def run_cost_command(args) -> int:
                         }
                         for mc in mode_costs
                     ],
+                    "notes": notes + warnings,  # server runs' priced span, too few requests for stable figures
                 },
                 indent=2,
             )
@@ -336,6 +373,9 @@ def run_cost_command(args) -> int:
     print()
     for mc in mode_costs:
         print(f"{mc.mode:<5} {ids_text(list(mc.run_ids))}: {_mode_cost_text(mc, run_costs)}")
+        pooled = spreads[mc.mode].text()
+        if pooled:
+            print(f"      {pooled}")
     differing: dict[tuple[str, str], list] = {}
     for rc in run_costs:
         if rc.priced_differs:
@@ -349,6 +389,10 @@ def run_cost_command(args) -> int:
     incomplete = incomplete_runs_text(rc.run for rc in run_costs)
     if incomplete:
         print(f"note: {incomplete}")
+    for note in notes:
+        print(f"note: {note}")
+    for warning in warnings:
+        print(f"warning: {warning}")
     return 0
 
 
@@ -444,6 +488,8 @@ def run_project_command(args) -> int:
         if sp.energy_left_out:
             line += OTHER_HARDWARE_ENERGY.replace("hardware only", "node price only")
     print(line + f"; PUE {sp.pue:g}, ${sp.usd_per_kwh:g}/kWh ({sp.energy_prices_from})")
+    for caveat in sp.caveats:  # small sample, other hardware than measured
+        print(f"warning: {caveat}")
     if sp.node_price.origin == "flag":
         print(f"note: {CUSTOM_PRICE_NOTE}")
     for note in p.notes:

@@ -1,0 +1,197 @@
+"""The caveats of `specfinops cost` and `project`: a mode's pooled cost spanning several configurations, server
+runs priced over their requests' span, figures from too few requests, and capacity priced as other hardware than
+it was measured on. Each fires where it should and is absent where it should not."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+from sqlalchemy.orm import Session
+from synthetic import BASE_TIME, Req, make_run, spec_req
+
+from app.cli import main
+from telemetry.costing import MIN_STABLE_REQUESTS
+from telemetry.store import open_store
+
+
+def _ar(n: int) -> list[Req]:
+    """n AR requests, one a second: TPOT 25 ms."""
+    return [Req(33, ttft_ms=100, e2e_ms=900, start_s=float(i)) for i in range(n)]
+
+
+def _spec(n: int) -> list[Req]:
+    """n spec requests, one a second: TPOT 12.5 ms."""
+    return [spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500, start_s=float(i)) for i in range(n)]
+
+
+def _project(url: str, *extra: str) -> list[str]:
+    return ["project", "--db", url, "--daily-tokens", "8.64e6", "--peak-factor", "1.5", "--p95-tpot-sla-ms", "50",
+            *extra]
+
+
+def _cost_json(url: str, capsys, *extra: str) -> dict:
+    assert main(["cost", "--db", url, "--json", *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _text(argv: list[str], capsys) -> str:
+    assert main(argv) == 0
+    return capsys.readouterr().out
+
+
+# ---- a mode's pooled cost over several configurations ----------------------------------------------------
+
+
+def test_cost_mode_line_says_it_pools_configurations_and_what_differs(db_url, capsys):
+    """Spec: a server run and load-test runs at concurrency 1 and 2 (three configurations); AR: one bench run."""
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        make_run(s, "spec", kind="serve", temperature=None, top_p=None, top_k=None, requests=_spec(3))
+        make_run(s, "spec", kind="loadtest", concurrency=1, requests=_spec(3))
+        make_run(s, "spec", kind="loadtest", concurrency=2, requests=_spec(3))
+        make_run(s, "ar", requests=_ar(3))
+        s.commit()
+    modes = {m["mode"]: m for m in _cost_json(db_url, capsys)["modes"]}
+    assert modes["spec"]["configurations"] == 3
+    assert {"concurrency", "kind", "temperature"} <= set(modes["spec"]["differs_in"])
+    assert "workload" not in modes["spec"]["differs_in"]
+    assert (modes["ar"]["configurations"], modes["ar"]["differs_in"]) == (1, [])
+    assert modes["spec"]["run_ids"] == [1, 2, 3]  # existing fields kept
+    lines = _text(["cost", "--db", db_url], capsys).splitlines()
+    pooled = [i for i, line in enumerate(lines) if "pools " in line]
+    assert len(pooled) == 1  # the spec line only: AR is one configuration
+    assert lines[pooled[0] - 1].startswith("spec  runs 1-3:")
+    assert "pools 3 configurations that differ in" in lines[pooled[0]]
+    assert "concurrency" in lines[pooled[0]] and "run kind" in lines[pooled[0]]
+    assert "--run-kind" in lines[pooled[0]] and "--invocation ID" in lines[pooled[0]]
+
+
+def test_cost_names_answer_length_cap_and_workload_where_they_differ(sqlite_url, capsys):
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "spec", workload="code", max_new_tokens=32, requests=_spec(3))
+        make_run(s, "spec", workload="mixed", max_new_tokens=16, requests=_spec(3))
+        s.commit()
+    (spec,) = _cost_json(sqlite_url, capsys)["modes"]
+    assert spec["configurations"] == 2 and set(spec["differs_in"]) == {"workload", "max_new_tokens"}
+    out = _text(["cost", "--db", sqlite_url], capsys)
+    assert "pools 2 configurations that differ in workload, max new tokens: narrow with --workload, " \
+           "--max-new-tokens, --invocation ID or --run ID" in out
+
+
+def test_cost_repeats_of_one_configuration_are_not_called_pooled(db_url, capsys):
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        for _ in range(2):  # two runs of one command: one configuration per mode
+            make_run(s, "spec", requests=_spec(3))
+            make_run(s, "ar", requests=_ar(3))
+        s.commit()
+    modes = _cost_json(db_url, capsys)["modes"]
+    assert [(m["configurations"], m["differs_in"]) for m in modes] == [(1, []), (1, [])]
+    assert "pools " not in _text(["cost", "--db", db_url], capsys)
+
+
+# ---- server runs: priced over their requests' span ---------------------------------------------------------
+
+
+def test_cost_says_a_server_run_is_priced_over_its_requests_span(db_url, capsys):
+    """A server up for an hour that served two requests over 2.5 s is priced over 2.5 s, and says so."""
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        make_run(s, "spec", kind="serve", temperature=None, top_p=None, top_k=None,
+                 ended_at=BASE_TIME + timedelta(hours=1),
+                 requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500, start_s=s_) for s_ in (0.0, 2.0)])
+        make_run(s, "ar", requests=_ar(2))
+        s.commit()
+    out = _cost_json(db_url, capsys)
+    serve = next(r for r in out["runs"] if r["kind"] == "serve")
+    assert serve["wall_s"] == 2.5  # the arithmetic is unchanged: not the server's hour
+    assert serve["priced_over"] == "requests' span"
+    assert any("run 1 (server)" in n and "not its idle time" in n for n in out["notes"])
+    text = _text(["cost", "--db", db_url], capsys)
+    assert "note: run 1 (server): hardware priced over the requests' span" in text and "not its idle time" in text
+
+
+def test_cost_without_server_runs_has_no_idle_time_note(sqlite_url, capsys):
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "spec", kind="loadtest", requests=_spec(2))
+        s.commit()
+    out = _cost_json(sqlite_url, capsys)
+    assert not any("idle" in n for n in out["notes"])
+    assert "idle" not in _text(["cost", "--db", sqlite_url], capsys)
+
+
+# ---- too few requests ------------------------------------------------------------------------------------
+
+
+def _both(url: str, n_spec: int, n_ar: int) -> None:
+    engine = open_store(url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=_ar(n_ar))
+        make_run(s, "spec", requests=_spec(n_spec))
+        s.commit()
+
+
+def test_project_from_two_requests_per_mode_says_they_are_too_few(db_url, capsys):
+    _both(db_url, 2, 2)
+    assert main([*_project(db_url, "--gpu", "cpu-2core"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["annual_savings_usd"] is not None  # the figure is still given, with its caveat
+    notes = out["assumptions"]["notes"]
+    assert any(n.startswith("based on 2 spec and 2 AR requests: too few for a p95 and a capacity figure")
+               and "bench without --limit" in n for n in notes)
+    text = _text(_project(db_url, "--gpu", "cpu-2core"), capsys)
+    assert "warning: based on 2 spec and 2 AR requests: too few" in text
+
+
+def test_project_and_cost_from_enough_requests_have_no_small_sample_caveat(db_url, capsys):
+    _both(db_url, 30, 30)
+    assert main([*_project(db_url, "--gpu", "cpu-2core"), "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["assumptions"]["notes"]
+    assert not any("too few" in n for n in notes)
+    assert "too few" not in _text(_project(db_url, "--gpu", "cpu-2core"), capsys)
+    out = _cost_json(db_url, capsys)
+    assert [m["small_sample"] for m in out["modes"]] == [False, False]
+    assert [m["num_requests_ok"] for m in out["modes"]] == [30, 30]
+    assert not any("too few" in n for n in out["notes"])
+    assert "too few" not in _text(["cost", "--db", db_url], capsys)
+
+
+def test_one_mode_short_of_the_threshold_is_enough_for_the_caveat(sqlite_url, capsys):
+    _both(sqlite_url, 30, MIN_STABLE_REQUESTS - 1)
+    text = _text(_project(sqlite_url, "--gpu", "cpu-2core"), capsys)
+    assert f"based on 30 spec and {MIN_STABLE_REQUESTS - 1} AR requests: too few" in text
+    out = _cost_json(sqlite_url, capsys)
+    assert {m["mode"]: m["small_sample"] for m in out["modes"]} == {"spec": False, "ar": True}
+    assert any(n.startswith(f"based on 30 spec and {MIN_STABLE_REQUESTS - 1} AR requests: too few for a "
+                            "tokens/s and a cost per 1M tokens") for n in out["notes"])
+    assert "warning: based on 30 spec" in _text(["cost", "--db", sqlite_url], capsys)
+
+
+# ---- capacity priced as other hardware than measured -------------------------------------------------------
+
+
+def test_project_priced_as_h100_from_cpu_runs_warns_it_does_not_project_h100(db_url, capsys):
+    _both(db_url, 30, 30)
+    args = _project(db_url, "--gpu", "H100", "--gpus-per-node", "8")
+    assert main([*args, "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)["assumptions"]
+    assert a["priced_differs_from_measured"] is True
+    warning = [n for n in a["notes"] if "measure on it" in n]
+    assert warning and "measured on cpu (2 cores)" in warning[0] and "to project H100, measure on it" in warning[0]
+    text = _text(args, capsys)
+    assert "warning: the capacity is the throughput measured on cpu (2 cores), priced as" in text
+    assert "to project H100, measure on it" in text
+
+
+def test_project_priced_as_the_measured_device_has_no_device_warning(db_url, capsys):
+    _both(db_url, 30, 30)
+    for extra in ((), ("--gpu", "cpu-2core")):
+        assert main([*_project(db_url, *extra), "--json"]) == 0
+        a = json.loads(capsys.readouterr().out)["assumptions"]
+        assert a["priced_differs_from_measured"] is False
+        assert not any("measure on it" in n for n in a["notes"])
+        text = _text(_project(db_url, *extra), capsys)
+        assert "measure on it" not in text and "warning:" not in text
