@@ -11,6 +11,11 @@ from telemetry.finops import speedup_bound
 
 DEFAULT_THRESHOLD = 0.65
 MIN_TESTED_TOKENS = 20  # fewer tested draft tokens than this and alpha (so the verdict and bound) is mostly noise
+# timings no machine can produce, said beside the figures (never clamped): a verify forward over K + 1 tokens costs
+# at least about one one-token forward (v >= 1), and a speculative step, emitting the mean acceptance length in
+# tokens for at least one target forward, cannot beat AR by more than that length; the margins allow for noise
+MIN_VERIFY_RATIO = 0.8
+MAX_SPEEDUP_OVER_ACCEPTANCE_LENGTH = 1.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +78,10 @@ def calibrate(domain: str, counts: StepCounts, *, threshold: float = DEFAULT_THR
 def calibration_warnings(cal: Calibration, measured_speedup: float | None = None) -> list[str]:
     """What the verdict does not say: it is defined on alpha alone (alpha >= threshold), so a GO can come with a
     bound or a measured speedup below 1 (the draft too slow for its acceptance), and a verdict on a handful of
-    tested tokens is noise. One sentence each, empty when nothing needs saying."""
+    tested tokens is noise; and where the timings are impossible (v below MIN_VERIFY_RATIO, a measured speedup
+    above MAX_SPEEDUP_OVER_ACCEPTANCE_LENGTH times the mean acceptance length), that c, the bounds and the
+    measured speedup cannot be trusted while the verdict (alpha, timing-free) stands. One sentence each, empty
+    when nothing needs saying."""
     out = []
     if cal.tested is not None and 0 < cal.tested < MIN_TESTED_TOKENS:
         out.append(f"alpha rests on only {cal.tested} tested draft tokens (fewer than {MIN_TESTED_TOKENS}): too few "
@@ -83,6 +91,19 @@ def calibration_warnings(cal: Calibration, measured_speedup: float | None = None
                    "speculation would be slower than AR")
     if measured_speedup is not None and measured_speedup < 1:
         out.append(f"measured {measured_speedup:.2f}x: speculation was slower than AR here")
+    rerun = ("c, bound, v, bound v and measured are unreliable (the verdict, on alpha alone, stands); rerun with "
+             "more prompts (--limit) on an idle machine")
+    if cal.verify_ratio is not None and cal.verify_ratio < MIN_VERIFY_RATIO:
+        tokens = "K + 1" if cal.k_measured is None else f"K + 1 = {cal.k_measured + 1:.3g}"
+        out.append(f"v = {cal.verify_ratio:.2f} is below {MIN_VERIFY_RATIO:g}: a verify forward over {tokens} tokens "
+                   "cannot cost much less than a one-token forward, so the timings are wrong (likely a loaded "
+                   f"machine or too few prompts): {rerun}")
+    mal = cal.mean_acceptance_length
+    if measured_speedup is not None and mal is not None and measured_speedup > MAX_SPEEDUP_OVER_ACCEPTANCE_LENGTH * mal:
+        out.append(f"measured {measured_speedup:.2f}x is above the mean acceptance length {mal:.2f} (by more than "
+                   f"{MAX_SPEEDUP_OVER_ACCEPTANCE_LENGTH - 1:.0%}): a speculative step emits {mal:.2f} tokens on "
+                   "average for at least one target forward, so it cannot beat AR by more than that; the AR timing "
+                   f"was inflated (likely a loaded machine or too few prompts): {rerun}")
     return out
 
 
