@@ -70,17 +70,33 @@ def _k_policy(loaded: Loaded, mode: str) -> str:
     return loaded.spec.k_policy(mode)
 
 
+def power_source(opts: ServeOptions):
+    """The power source --power names. With --no-telemetry nothing is recorded, so `--power auto` falling back
+    to no meter (or the estimate) is not warned about, as bench does not warn then; a meter that opens (NVML,
+    RAPL) still feeds /metrics' power gauges."""
+    from telemetry import power
+
+    if opts.telemetry or opts.power != "auto":
+        return power.detect_power_source(opts.power, tdp_w=opts.tdp_w)
+    said, level = set(power._said), power.logger.level
+    power.logger.setLevel(logging.ERROR)  # the fallback's 'energy not measured' warning
+    try:
+        return power.detect_power_source(opts.power, tdp_w=opts.tdp_w)
+    finally:
+        power.logger.setLevel(level)
+        power._said.intersection_update(said)  # not said: an opener that records says it still
+
+
 def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState:
     """Load (unless given), warm up, open the store, start the runs, the telemetry and the engine thread."""
     from serving.kernels import in_passing_thread
-    from telemetry.power import detect_power_source
 
     opts.validate()
     # torch work off this thread, so the engine thread's OpenMP pool is the only one (`in_passing_thread`)
     loaded, engine = in_passing_thread(_prepare, opts, loaded)
     model_id = opts.served_model_name or loaded.target_dir.name
     recorder, infos, store, client_key = None, None, None, None
-    source = detect_power_source(opts.power, tdp_w=opts.tdp_w)
+    source = power_source(opts)
     try:
         if opts.telemetry:
             from telemetry.recorder import Recorder

@@ -322,6 +322,32 @@ def export_rows(engine: Engine, what: str, window: ExportWindow) -> tuple[list[s
     return iter_query_rows(engine, QUERIES[what](window))
 
 
+def empty_export_reason(engine: Engine, what: str, window: ExportWindow) -> str | None:
+    """Why an export that wrote no rows selected none, where a particular reason holds: `--run` names a run the
+    other run selectors (workload, target, node, mode, kind, invocation) leave out, or a power export's selected
+    runs all measured no power (power_source 'none'). None when neither holds (the caller's general line)."""
+    from telemetry.costing import no_runs_reason
+
+    selectors = window.run_selectors()
+    if window.run_id is not None and selectors.where():
+        with engine.connect() as c:
+            kept = c.execute(select(func.count(Run.id)).where(Run.id == window.run_id, *selectors.where())).scalar()
+        if not kept:
+            why = no_runs_reason(engine, replace(selectors, run_ids=(window.run_id,)))
+            return f"run {window.run_id} does not match the selection ({why})"
+    if what == "power":
+        runs = replace(window.run_filters(), since=None, until=None)  # Run columns only, as power_query reads them
+        with engine.connect() as c:
+            sources = c.execute(select(Run.power_source, func.count(Run.id)).where(*runs.where())
+                                .group_by(Run.power_source)).all()
+        if sources and all(source == "none" for source, _ in sources):
+            n = sum(count for _, count in sources)
+            which = "the run selected" if n == 1 else f"the {n} runs selected"
+            return (f"{which} measured no power (power_source 'none': recorded with no power source); runs "
+                    "recorded with --power nvml, rapl or estimate have power samples")
+    return None
+
+
 def write_csv(
     out: TextIO,
     header: Sequence[str],

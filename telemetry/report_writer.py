@@ -66,6 +66,12 @@ class ReportResult:
 def check_out_dir(out_dir: str | os.PathLike) -> Path:
     """Create `out_dir` if needed and prove a file can be written there; ValueError naming it otherwise."""
     path = Path(out_dir).expanduser()
+    if path.exists() and not path.is_dir():  # mkdir said only 'File exists'
+        raise ValueError(f"--out {out_dir} is a file, not a directory: give a folder, made if missing (a file is "
+                         "not a writable directory)")
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:  # mkdir said only 'Not a directory'
+        raise ValueError(f"--out {out_dir} is not a writable directory: {blocker} is a file, not a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".specfinops-write-test-"):

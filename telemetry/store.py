@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import os
+import sqlite3
 from pathlib import Path
 
 from alembic import command
@@ -22,6 +24,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from telemetry.db import (
+    ENV_DB_URL,
     Base,
     folder_error,
     make_engine,
@@ -203,6 +206,41 @@ def _refuse_unless_a_store(engine: Engine, url: str) -> None:
     raise NotAStoreError(_shown(url), sorted(tables - {VERSION_TABLE}), server=sqlite_file(url) is None)
 
 
+def _named(url: str | None, path: Path) -> str:
+    """The SQLite store as the user gave it: `--db X` (what a command passed), SPECFINOPS_DB_URL, or the default."""
+    if url:
+        return f"--db {url}"
+    if os.environ.get(ENV_DB_URL):
+        return f"{ENV_DB_URL} {os.environ[ENV_DB_URL]}"
+    return f"the default store {path}"
+
+
+def refuse_unusable_sqlite_file(url: str | None = None) -> None:
+    """A SQLite store (`url` as given to --db; None: SPECFINOPS_DB_URL or the default) that names a directory, or a
+    file that is not a SQLite database: a StoreError naming it (SQLite says only 'unable to open database file' and
+    'file is not a database', naming neither the file nor the option). The file is read through SQLite, read-only:
+    a plain open() and close() of it would drop the locks this process's connections hold on it. A missing file,
+    or one SQLite cannot open for another reason (busy, a folder it cannot write), is left to the caller."""
+    path = sqlite_file(resolve_db_url(url))
+    if path is None:
+        return
+    if path.is_dir():
+        raise StoreError(f"{_named(url, path)} is a directory: give a SQLite file path or a database URL")
+    if not path.is_file():
+        return
+    try:
+        probe = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=1.0)
+    except sqlite3.Error:
+        return
+    try:
+        probe.execute("PRAGMA schema_version").fetchone()  # reads the header: 'file is not a database' if it is not
+    except sqlite3.DatabaseError as exc:
+        if "file is not a database" in str(exc):
+            raise StoreError(f"{_named(url, path)}: not a SQLite database (cannot use the database: {exc})") from None
+    finally:
+        probe.close()
+
+
 def open_store(url: str | None = None, *, must_exist: bool = False) -> Engine:
     """Engine for `url` (see `telemetry.db.resolve_db_url`), schema upgraded to head on open.
 
@@ -210,7 +248,9 @@ def open_store(url: str | None = None, *, must_exist: bool = False) -> Engine:
     read (cost, project, export, report, scheduler, dashboard) pass it, so a mistyped `--db` is named as such instead of
     turning into a new, empty store that has "no runs". With `must_exist` a database that holds no specfinops
     tables (an empty one, another application's) is refused too (NotAStoreError), not given the schema; a store
-    at an older revision is upgraded as always."""
+    at an older revision is upgraded as always. A SQLite path that is a directory, or a file that is not a SQLite
+    database, is refused naming it (refuse_unusable_sqlite_file)."""
+    refuse_unusable_sqlite_file(url)
     url = resolve_db_url(url)
     path = sqlite_file(url)
     if must_exist and path is not None:

@@ -333,3 +333,18 @@ def sigterm_as_ctrl_c(say: str | None = None):
     finally:
         if signal.getsignal(signal.SIGTERM) is interrupt:  # not fired: put back (fired: ignored from now on)
             signal.signal(signal.SIGTERM, previous)
+
+
+def model_option(flag: str, value: str | None, role: str):
+    """The model directory a model option (--target, --draft-model, --draft) names, resolved before any model
+    loads: a path that does not exist, or a directory without config.json, refused under `flag` (loading the
+    target first took half a minute, then said only "unknown model '/no/such/dir'"). None: the option not
+    given (the command's default model)."""
+    if value is None:
+        return None
+    from serving.models import resolve_model
+
+    try:
+        return resolve_model(value, role)
+    except ValueError as exc:
+        raise UsageError(f"{flag} {value}: {exc}") from None

@@ -15,6 +15,7 @@ from app.commands._common import (
     check_power_options,
     check_writable,
     context_len,
+    model_option,
     sigterm_as_ctrl_c,
 )
 from app.commands._interrupt import ctrl_c_once, interrupted_line, write_json
@@ -35,13 +36,18 @@ EXAMPLES = """  specfinops bench --workload code --mode both --limit 4
   specfinops bench --backend vllm --workload code --mode both --power nvml --vllm-args '{"tensor_parallel_size": 2}'
 """
 
+WORKLOAD_HELP = "builtin name (code, chat, rewrite, mixed) or a .jsonl path"
+WORKLOAD_ALL = "all = mixed (every builtin domain, round-robin)"
+
 
 def register(sub) -> None:
     p = add_command(sub, "bench", "Run spec vs AR decoding on a workload, print a table, record telemetry.",
                     EXAMPLES, handle)
-    p.add_argument("--workload", default="code", help="builtin name (code, chat, rewrite, mixed) or a .jsonl path")
+    p.add_argument("--workload", default="code", help=f"{WORKLOAD_HELP} (default: code); {WORKLOAD_ALL}")
     p.add_argument("--mode", choices=("spec", "ar", "both"), default="both",
-                   help="speculative decoding, autoregressive, or both (AR then spec, compared)")
+                   help="speculative decoding, autoregressive, or both, compared: at concurrency 1 AR and spec take "
+                        f"turns every {DEFAULT_INTERLEAVE} prompts (--interleave); at higher concurrency, or on "
+                        "--backend vllm, all of AR, then all of spec")
     p.add_argument("--backend", choices=("torch", "vllm"), default="torch",
                    help="torch: the built-in engine (default); vllm: vLLM on GPUs (pip install 'specfinops[gpu]')")
     p.add_argument("--vllm-args", metavar="JSON", default=None,
@@ -268,12 +274,15 @@ def _handle(args: argparse.Namespace) -> int:
 
     from serving.worker import EngineSpec, default_drafter
 
+    target_dir = model_option("--target", args.target, "target")  # before any model loads, named by option
     drafter = drafter_for(args.drafter, args.draft_model, "--draft-model", lambda: default_drafter(args.target))
+    model_option("--draft-model", args.draft_model, "draft")
     spec = EngineSpec(target=args.target, drafter=drafter, draft_model=args.draft_model,
                       early_exit_layers=early_exit_layers(args.early_exit_layers, args.target, drafter),
                       k=args.k or DEFAULT_K, dtype=args.dtype,
                       max_batch=max(levels), max_len=args.max_len, tree=args.tree)
     spec.validate()
+    check_prompts_fit(args, target_dir, prompts)
     gate = args.spec_max_batch
     if gate is not None and gate != "auto" and (not str(gate).isdigit() or int(gate) < 1):
         raise ValueError(f"--spec-max-batch must be an integer >= 1 or 'auto', got {gate!r}")
@@ -293,6 +302,24 @@ def _handle(args: argparse.Namespace) -> int:
         raise
     report = run_bench(args, loaded, prompts, encoded, params, modes, levels)
     return _write_json(args, report)
+
+
+def check_prompts_fit(args, target_dir, prompts) -> None:
+    """Every prompt fits --max-len, checked with the target's tokenizer alone (it loads in a moment) before the
+    models load: a prompt longer than the window was said only after the target had loaded. The target's own
+    positions (max_position_embeddings), which may be fewer, are checked once it has loaded."""
+    from types import SimpleNamespace
+
+    from serving.models import load_tokenizer, resolve_model
+    from serving.worker import Loaded
+
+    shim = SimpleNamespace(tokenizer=load_tokenizer(target_dir or resolve_model(None, "target")))
+    for p in prompts:
+        n = len(Loaded.encode(shim, p))  # as the engine encodes it (its chat template, if any)
+        if n >= args.max_len - 1:
+            raise UsageError(f"--max-len {args.max_len}: prompt {p.id} of --workload {args.workload} is {n} tokens, "
+                             f"longer than the context window ({args.max_len} tokens); "
+                             "drop it or raise --max-len")
 
 
 def _load_and_check(args, spec, prompts, params, gate, chosen: bool, levels: list[int]):

@@ -7,7 +7,7 @@ import json
 import statistics
 import sys
 
-from app.commands._common import DTYPE_HELP, add_command
+from app.commands._common import DTYPE_HELP, add_command, model_option
 
 EXAMPLES = """  specfinops calibrate                                   # bundled pair, all builtin domains
   specfinops calibrate --workload code --limit 8 --json
@@ -95,6 +95,8 @@ def _handle(args: argparse.Namespace) -> int:
         prompts = [p for d in domains for p in [q for q in prompts if q.domain == d][: args.limit]]
     from serving.kernels import resolve_dtype
 
+    model_option("--target", args.target, "target")  # a path that is no model directory: named, before any load
+    model_option("--draft", args.draft, "draft")
     drafter = drafter_for(args.drafter, args.draft, "--draft", lambda: "draft", model_drafter="draft")
     if drafter in ("draft", "draft+ngram") and args.draft is None:
         from serving.models import model_path

@@ -39,13 +39,17 @@ def _missing_action(args: argparse.Namespace) -> int:
 
 
 def _db_option(args: argparse.Namespace) -> None:
-    """--db given before the action (`db --db X current`) or after it (`db current --db X`): args.db."""
+    """--db given before the action (`db --db X current`) or after it (`db current --db X`): args.db. A SQLite
+    path that is a directory or a file that is not a SQLite database is refused here, naming it, as every
+    command that opens the store does (telemetry.store.refuse_unusable_sqlite_file)."""
     from app.errors import UsageError
+    from telemetry.store import refuse_unusable_sqlite_file
 
     before = getattr(args, "db_before_action", None)
     if before is not None and args.db is not None and before != args.db:
         raise UsageError(f"--db given twice, before and after the action ({before} and {args.db}): give it once")
     args.db = args.db or before
+    refuse_unusable_sqlite_file(args.db)
 
 
 def _run_alembic(args: argparse.Namespace, name: str, *rest: str) -> None:

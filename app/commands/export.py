@@ -125,7 +125,14 @@ def _umask() -> int:
 
 
 def run(args) -> int:
-    from telemetry.export import EXPORT_KINDS, ExportWindow, export_rows, parse_when, write_csv
+    from telemetry.export import (
+        EXPORT_KINDS,
+        ExportWindow,
+        empty_export_reason,
+        export_rows,
+        parse_when,
+        write_csv,
+    )
     from telemetry.store import open_store
 
     if args.what not in EXPORT_KINDS:
@@ -163,7 +170,10 @@ def run(args) -> int:
                             lambda out: write_csv(out, *export_rows(engine, args.what, window), progress=_progress))
     if args.out != "-" or n >= 250_000:
         print(f"export: wrote {n:,} {args.what} rows to {args.out}", file=sys.stderr)
-    if n == 0 and window.selects_runs():
+    reason = empty_export_reason(engine, args.what, window) if n == 0 else None
+    if reason is not None:  # --run outside the other selectors, or power from runs that measured none
+        print(f"export: no {args.what} rows: {reason}", file=sys.stderr)
+    elif n == 0 and window.selects_runs():
         print(f"export: no {args.what} rows match the selection (`specfinops cost --json` lists the runs with "
               "their workload, mode and sampling)", file=sys.stderr)
     return 0

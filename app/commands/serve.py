@@ -12,6 +12,7 @@ from app.commands._common import (
     bindable_port,
     check_power_options,
     context_len,
+    model_option,
     positive_int,
 )
 from app.commands.bench import node_id
@@ -40,7 +41,9 @@ def register(sub) -> None:
     p.add_argument("--max-len", type=context_len, default=2048, help="context window (tokens)")
     p.add_argument("--target", default=None, help="target model name or local HF directory (default: bundled)")
     p.add_argument("--draft-model", default=None, help="draft model directory (alone: --drafter draft+ngram with it; refused beside ngram or early-exit)")
-    p.add_argument("--early-exit-layers", type=int, default=8, help="target layers used by --drafter early-exit")
+    p.add_argument("--early-exit-layers", type=int, default=None,
+                   help="target layers used by --drafter early-exit (default: 8, or half the layers of a target "
+                        "with 8 or fewer)")
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: the target's name)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     add_db_option(p)
@@ -56,17 +59,21 @@ def register(sub) -> None:
 def handle(args: argparse.Namespace) -> int:
     import logging
 
-    from app.commands.bench import drafter_for
+    from app.commands.bench import drafter_for, early_exit_layers
     from serving.kernels import resolve_dtype
     from serving.server_setup import ServeOptions, serve
     from serving.worker import EngineSpec, default_drafter
 
     check_power_options(args.power, args.tdp_w)
     args.dtype = resolve_dtype(args.dtype, max_batch=args.max_batch)
+    model_option("--target", args.target, "target")  # a path that is no model directory: named, before any load
+    model_option("--draft-model", args.draft_model, "draft")
     # a draft model named alone runs as the bundled pair does (draft+ngram); beside ngram or early-exit, refused
     drafter = drafter_for(args.drafter, args.draft_model, "--draft-model", lambda: default_drafter(args.target))
+    # as bench and calibrate: checked against the target's layers before it loads, 8 or half a small target's
+    layers = early_exit_layers(args.early_exit_layers, args.target, drafter)
     spec = EngineSpec(target=args.target, drafter=drafter, draft_model=args.draft_model,
-                      early_exit_layers=args.early_exit_layers, k=args.k, dtype=args.dtype,
+                      early_exit_layers=layers, k=args.k, dtype=args.dtype,
                       max_batch=args.max_batch, max_len=args.max_len, tree=args.tree)
     opts = ServeOptions(spec=spec, db=args.db, host=args.host, port=args.port, api_key=args.api_key,
                         telemetry=not args.no_telemetry, node_id=args.node_id, power=args.power, tdp_w=args.tdp_w,

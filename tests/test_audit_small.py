@@ -1,0 +1,232 @@
+"""Small problems a user audit found: errors that name what was wrong, help that matches behaviour."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy.orm import Session
+from synthetic import BASE_TIME, Req, make_run
+
+from app.cli import main
+from telemetry.store import open_store
+
+INV_A = "a1b2c3d4" + "0" * 24
+INV_B = "b1b2c3d4" + "0" * 24
+
+
+def _err(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    return err
+
+
+# ---- 1. a --db that is a directory, or a file that is not a SQLite database, is named ----------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["cost"],
+    ["invocations"],
+    ["export", "--what", "requests", "--out", "-"],
+    ["report", "--period", "weekly", "--out", "{tmp}/report"],
+    ["db", "upgrade"],
+    ["db", "current"],
+    ["db", "check"],
+])
+def test_a_directory_or_a_non_database_is_named_by_every_command(argv, tmp_path, capsys):
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    folder = tmp_path / "adir"
+    folder.mkdir()
+    assert main([*argv, "--db", str(folder)]) == 2
+    err = _err(capsys)
+    assert f"--db {folder} is a directory: give a SQLite file path" in err and len(err.splitlines()) == 1
+    junk = tmp_path / "junk.db"
+    junk.write_text("hello, not a database\n")
+    assert main([*argv, "--db", str(junk)]) == 2
+    err = _err(capsys)
+    assert f"--db {junk}: not a SQLite database (cannot use the database: file is not a database)" in err
+    assert junk.read_text() == "hello, not a database\n"  # left as it was
+
+
+def test_the_store_check_leaves_good_and_missing_and_empty_files_alone(tmp_path, monkeypatch):
+    from telemetry.store import StoreError, refuse_unusable_sqlite_file
+
+    refuse_unusable_sqlite_file(str(tmp_path / "missing.db"))
+    (tmp_path / "empty.db").touch()  # SQLite takes an empty file as an empty database
+    refuse_unusable_sqlite_file(str(tmp_path / "empty.db"))
+    open_store(str(tmp_path / "good.db")).dispose()
+    refuse_unusable_sqlite_file(str(tmp_path / "good.db"))
+    refuse_unusable_sqlite_file("postgresql://u@h/db")  # a server: nothing to look at
+    monkeypatch.setenv("SPECFINOPS_DB_URL", str(tmp_path))
+    with pytest.raises(StoreError, match=f"SPECFINOPS_DB_URL {tmp_path} is a directory"):
+        open_store()
+
+
+# ---- 2. export says why nothing matched: no power measured, a --run outside the selection -------------
+
+
+@pytest.fixture
+def runs_store(sqlite_url) -> str:
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        one = make_run(s, "ar", requests=[Req(output_tokens=5, ttft_ms=10, e2e_ms=50)])
+        two = make_run(s, "spec", requests=[Req(output_tokens=5, ttft_ms=10, e2e_ms=50)],
+                       started_at=BASE_TIME.replace(day=3))
+        one.invocation_id, two.invocation_id = INV_A, INV_B
+        s.commit()
+    engine.dispose()
+    return sqlite_url
+
+
+def test_export_power_of_runs_that_measured_none_says_so(runs_store, capsys):
+    assert main(["export", "--db", runs_store, "--what", "power", "--out", "-"]) == 0
+    err = _err(capsys)
+    assert "no power rows: the 2 runs selected measured no power (power_source 'none'" in err
+    assert main(["export", "--db", runs_store, "--what", "power", "--mode", "ar", "--out", "-"]) == 0
+    err = _err(capsys)
+    assert "the run selected measured no power" in err and "match the selection" not in err
+
+
+def test_export_power_where_some_run_measured_power_keeps_the_general_line(sqlite_url, capsys):
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(output_tokens=5, ttft_ms=10, e2e_ms=50)], power_source="nvml",
+                 power_w=[100.0, 110.0])
+        s.commit()
+    engine.dispose()
+    assert main(["export", "--db", sqlite_url, "--what", "power", "--workload", "chat", "--out", "-"]) == 0
+    err = _err(capsys)
+    assert "measured no power" not in err and "no power rows match the selection" in err
+
+
+def test_export_a_run_outside_the_other_selectors_is_named(runs_store, tmp_path, capsys):
+    out = tmp_path / "out.csv"
+    assert main(["export", "--db", runs_store, "--what", "requests", "--run", "1", "--invocation", INV_B[:8],
+                 "--out", str(out)]) == 0
+    err = _err(capsys)
+    assert "wrote 0 requests rows" in err
+    assert f"no requests rows: run 1 does not match the selection (run 1 has invocation '{INV_A}', not '{INV_B}')" \
+        in err
+    assert main(["export", "--db", runs_store, "--what", "requests", "--run", "1", "--mode", "spec",
+                 "--out", "-"]) == 0
+    assert "run 1 does not match the selection (run 1 has mode 'ar', not 'spec')" in _err(capsys)
+    # the run within the selection: its rows, no such line
+    assert main(["export", "--db", runs_store, "--what", "requests", "--run", "1", "--invocation", INV_A[:8],
+                 "--out", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.strip().splitlines()) == 2 and "does not match" not in err
+
+
+# ---- 3. help that matches behaviour -------------------------------------------------------------------
+
+
+def _help(capsys, *command: str) -> str:
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    return " ".join(capsys.readouterr().out.split())  # argparse's wrapping undone
+
+
+def test_bench_help_says_both_interleaves_and_workload_all(capsys):
+    text = _help(capsys, "bench")
+    assert "both (AR then spec, compared)" not in text
+    assert "AR and spec take turns every 4 prompts (--interleave)" in text
+    assert "--workload WORKLOAD builtin name (code, chat, rewrite, mixed) or a .jsonl path (default: code); " \
+           "all = mixed (every builtin domain, round-robin)" in text
+    assert "all of AR, then all of spec (default: both)" in text
+
+
+def test_serve_early_exit_layers_default_is_what_serve_does(tmp_path, monkeypatch, capsys):
+    import json
+
+    import serving.server_setup as setup
+
+    assert "--early-exit-layers EARLY_EXIT_LAYERS target layers used by --drafter early-exit (default: 8, or half " \
+           "the layers of a target with 8 or fewer)" in _help(capsys, "serve")
+    served = []
+    monkeypatch.setattr(setup, "serve", lambda opts, **_: served.append(opts.spec.early_exit_layers))
+    small = tmp_path / "small"
+    small.mkdir()
+    (small / "config.json").write_text(json.dumps({"num_hidden_layers": 4}))
+    common = ["serve", "--drafter", "early-exit", "--no-telemetry", "--port", "0", "--power", "none"]
+    assert main([*common, "--target", str(small)]) == 0
+    assert main(common) == 0  # the bundled target: 30 layers
+    assert served == [2, 8]
+    # checked before the target loads, as bench does
+    assert main([*common, "--early-exit-layers", "30"]) == 2
+    assert "--early-exit-layers must be below the target's 30 layers" in _err(capsys)
+    assert served == [2, 8]
+
+
+def test_readme_points_at_definitions_in_the_repository():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    assert "DESIGN.md" not in readme and not (root / "DESIGN.md").exists()
+    assert "[metric definitions](#metric-definitions)" in readme and "\n## Metric definitions\n" in readme
+
+
+# ---- 4. a model option that names no model, a --max-len too small: said before any model loads --------
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    import serving.worker as worker
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(worker, "load", refuse)
+    monkeypatch.setattr(worker, "load_causal_lm", refuse)
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["bench", "--draft-model", "/no/such/dir"], "--draft-model /no/such/dir: unknown model '/no/such/dir'"),
+    (["bench", "--draft-model", "{tmp}"], "--draft-model {tmp}: {tmp} is not a Hugging Face model directory"),
+    (["bench", "--target", "/no/such/dir"], "--target /no/such/dir: unknown model"),
+    (["bench", "--max-len", "4"], "--max-len 4: prompt code-001 of --workload code is "),
+    (["calibrate", "--draft", "/no/such/dir"], "--draft /no/such/dir: unknown model '/no/such/dir'"),
+    (["serve", "--draft-model", "/no/such/dir"], "--draft-model /no/such/dir: unknown model '/no/such/dir'"),
+])
+def test_model_options_and_max_len_are_checked_before_loading(argv, needle, no_load, tmp_path, capsys):
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    extra = {"bench": ["--limit", "1", "--no-telemetry"], "calibrate": ["--limit", "1"],
+             "serve": ["--no-telemetry", "--port", "0"]}[argv[0]]
+    assert main([*argv, *extra]) == 2
+    err = _err(capsys)
+    assert needle.format(tmp=tmp_path) in err and len(err.splitlines()) == 1, err
+    if "--max-len" in argv:
+        assert "longer than the context window (4 tokens)" in err
+
+
+# ---- 5. serve --no-telemetry: no warning that energy is not measured ----------------------------------
+
+
+def test_serve_without_telemetry_does_not_warn_of_no_power_meter(monkeypatch, caplog):
+    import telemetry.power as power
+    from serving.server_setup import ServeOptions, power_source
+
+    def no_meter(*_a, **_k):
+        raise power.PowerSourceError("not here")
+
+    monkeypatch.setattr(power, "NvmlPowerSource", no_meter)
+    monkeypatch.setattr(power, "RaplPowerSource", no_meter)
+    monkeypatch.setattr(power, "_said", set())
+    with caplog.at_level("WARNING", logger="telemetry.power"):
+        assert power_source(ServeOptions(telemetry=False)).source == "none"
+    assert not [r for r in caplog.records if r.name == "telemetry.power"]
+    with caplog.at_level("WARNING", logger="telemetry.power"):
+        assert power_source(ServeOptions(telemetry=True)).source == "none"
+    assert any("energy not measured" in r.getMessage() for r in caplog.records)  # recorded: still said
+
+
+# ---- 6. report --out that is a file -------------------------------------------------------------------
+
+
+def test_report_out_that_is_a_file_says_so(runs_store, tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main(["report", "--db", runs_store, "--period", "weekly", "--out", str(afile)]) == 2
+    err = _err(capsys)
+    assert f"--out {afile} is a file, not a directory" in err and "File exists" not in err
+    assert main(["report", "--db", runs_store, "--period", "weekly", "--out", str(afile / "sub")]) == 2
+    err = _err(capsys)
+    assert f"--out {afile / 'sub'} is not a writable directory: {afile} is a file, not a directory" in err
