@@ -1,4 +1,4 @@
-"""FinOps math: pure functions, no SQL, no I/O. Every formula is the one in DESIGN.md.
+"""FinOps math: pure functions, no SQL, no I/O. Every formula is the one the README's "Metric definitions" states.
 
     cost per 1M output tokens = (node $/h x node hours + energy kWh x PUE x $/kWh) / tokens x 1e6
     capacity at SLA           = highest measured tokens/s whose p95 TPOT <= SLA

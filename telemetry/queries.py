@@ -3,7 +3,7 @@
 Sums and counts run in SQL (GROUP BY); token_events are never loaded. Percentiles (TTFT, TPOT) are computed
 in Python from one SELECT of the filtered per-request values (requests, not tokens).
 
-Definitions (DESIGN.md): only requests with status 'ok' count towards tokens, latency and acceptance.
+Definitions (README, "Metric definitions"): only requests with status 'ok' count towards tokens, latency and acceptance.
     TPOT              = (e2e_ms - ttft_ms) / (output_tokens - 1), for output_tokens > 1
     wall_s            = first request start -> last request end (start + e2e) of the run's filtered
                         requests; the run's ended_at - started_at when no request has an e2e time
@@ -54,7 +54,7 @@ from telemetry.db import Request, Run, Step
 
 MODES = ("spec", "ar")
 RUN_KINDS = ("bench", "serve", "loadtest")  # runs.kind: a bench times the engine, a load test its HTTP clients
-GO_LINE = 0.65  # the usual go/no-go for a draft (DESIGN.md, phase 1); calibrate's --threshold defaults to it
+GO_LINE = 0.65  # the usual go/no-go for a draft (the alignment phase's line); calibrate's --threshold defaults to it
 MAX_TOP_K = 2**31 - 1  # runs.top_k is a 32-bit INTEGER
 MAX_NEW_TOKENS = 2**31 - 1  # runs.max_new_tokens is a 32-bit INTEGER
 EMPTY_STORE_HINT = "run `specfinops bench --workload code --mode both` to measure spec and AR runs"

@@ -230,3 +230,14 @@ def test_report_out_that_is_a_file_says_so(runs_store, tmp_path, capsys):
     assert main(["report", "--db", runs_store, "--period", "weekly", "--out", str(afile / "sub")]) == 2
     err = _err(capsys)
     assert f"--out {afile / 'sub'} is not a writable directory: {afile} is a file, not a directory" in err
+
+
+def test_dashboard_names_a_store_that_is_not_sqlite_once(tmp_path, capsys):
+    from app.cli import main
+
+    junk = tmp_path / "junk.db"
+    junk.write_text("not a database\n" * 20)
+    assert main(["dashboard", "--db", str(junk), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "not a SQLite database" in err and "cannot open the store" not in err, err
+    assert err.count("junk.db") == 1, err

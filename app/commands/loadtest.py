@@ -33,7 +33,9 @@ def register(sub) -> None:
                    help="speculative or not, per request (the 'speculative' extension field)")
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each request (answer length cap)")
     p.add_argument("--temperature", type=float, default=0.0, help="temperature of each request (0 = greedy)")
-    p.add_argument("--workload", default="mixed", help="builtin name (code, chat, rewrite, mixed) or a .jsonl path")
+    p.add_argument("--workload", default="mixed",
+                   help="builtin name (code, chat, rewrite, mixed) or a .jsonl path; all = mixed (every builtin "
+                        "domain, round-robin)")
     p.add_argument("--model", default=None, help="model id (default: the first the server lists)")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     add_db_option(p)
