@@ -239,5 +239,5 @@ def test_dashboard_names_a_store_that_is_not_sqlite_once(tmp_path, capsys):
     junk.write_text("not a database\n" * 20)
     assert main(["dashboard", "--db", str(junk), "--port", "0"]) == 2
     err = capsys.readouterr().err
-    assert "not a SQLite database" in err and "cannot open the store" not in err, err
+    assert "cannot open the store: --db " in err and "not a SQLite database" in err, err
     assert err.count("junk.db") == 1, err

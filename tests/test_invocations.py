@@ -282,3 +282,43 @@ def test_latest_when_every_invocation_is_running_says_so(sqlite_url):
             resolve_invocation(engine, "latest")
     finally:
         engine.dispose()
+
+
+def test_the_overview_draws_each_invocations_own_speedup_over_time(sqlite_url, monkeypatch):
+    import json as _json
+
+    from tests.test_dashboard_apptest import PAGES, app_for, assert_clean, open_page
+
+    fill(sqlite_url)
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    charts = [_json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    (fig,) = [c for c in charts if "Speedup per invocation" in str(c["layout"].get("title"))]
+    (line,) = fig["data"]
+    assert _values(line["y"]) == pytest.approx([2.0, 1.5])  # oldest first: the idle bench, then the loaded one
+    assert list(line["customdata"]) == ["1111aaaa", "2222bbbb"]
+    levels = sorted(round(shape["y0"], 4) for shape in fig["layout"]["shapes"])
+    assert levels == [1.0, round(pooled_speedup(sqlite_url), 4)]  # break-even and the pooled figure
+    at.sidebar.selectbox(key="f_invocation").set_value(IDLE).run()  # one invocation: one point, no chart
+    assert_clean(at)
+    assert not [c for c in at.get("plotly_chart") if "Speedup per invocation" in c.proto.spec]
+
+
+def _values(array) -> list[float]:
+    """A plotly array as the figure's JSON holds it: a list, or (plotly 6) base64 bytes with their dtype."""
+    if isinstance(array, dict):
+        import base64
+
+        import numpy as np
+
+        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=array["dtype"]).tolist()
+    return list(array)
+
+
+def pooled_speedup(url: str) -> float:
+    engine = open_store(url)
+    try:
+        (s,) = [s for s in speedups(engine) if s.kind == "bench"]
+        return s.speedup
+    finally:
+        engine.dispose()

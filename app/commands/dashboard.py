@@ -46,15 +46,17 @@ def streamlit_argv(script: Path, host: str, port: int, headless: bool) -> list[s
 
 def run(args) -> int:
     from telemetry.db import resolve_db_url
-    from telemetry.store import StoreError, open_store
+    from telemetry.store import NoStoreError, StoreError, open_store
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0..65535, got {args.port}")
     url = resolve_db_url(args.db)
     try:
         open_store(url, must_exist=True).dispose()  # fail here, in one line, rather than inside the browser
-    except StoreError as exc:  # no store there, a directory, not a SQLite file: its message names the path
+    except NoStoreError as exc:
         raise UsageError(str(exc)) from None
+    except StoreError as exc:  # a directory, not a SQLite file: its message names the path
+        raise UsageError(f"cannot open the store: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - any driver error means the URL is unusable
         raise UsageError(f"cannot open the store {args.db or url}: {str(exc).splitlines()[0]}") from None
     port = bindable_port(args.host, args.port)

@@ -126,6 +126,30 @@ def lines_by(frame: pd.DataFrame, y: str, group: str, title: str, y_title: str, 
     return _layout(fig, title, "time (UTC)", y_title)
 
 
+def paired_speedups(frame: pd.DataFrame) -> go.Figure:
+    """Each bench's or load test's own speedup (spec tokens/s / AR tokens/s within it) at its start, one line per
+    configuration (`frame`: started_at, speedup, configuration, invocation), with the configuration's pooled
+    figure dashed in the same colour and break-even (1x) dotted: drift, or a slow invocation, shows where the
+    pooled figure alone would hide it."""
+    fig = go.Figure()
+    palette = ["#2563eb", "#059669", "#d97706", "#7c3aed", "#db2777", "#0891b2", "#65a30d", "#475569"]
+    for i, (config, part) in enumerate(frame.sort_values("started_at").groupby("configuration", sort=True)):
+        colour = palette[i % len(palette)]
+        fig.add_scatter(x=part["started_at"], y=part["speedup"], mode="lines+markers", name=str(config),
+                        line=dict(color=colour), customdata=part["invocation"],
+                        hovertemplate="invocation %{customdata}<br>%{x|%Y-%m-%d %H:%M} UTC<br>%{y:.2f}x"
+                                      "<extra></extra>")
+        pooled = part["pooled"].iloc[0]
+        if pooled == pooled and pooled is not None:  # the pooled figure of every run of the configuration in view
+            fig.add_hline(y=pooled, line_dash="dash", line_color=colour, opacity=0.5,
+                          annotation_text=f"pooled {pooled:.2f}x", annotation_position="top left")
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#6b7280", annotation_text="break-even",
+                  annotation_position="bottom right")
+    fig.update_yaxes(rangemode="tozero", ticksuffix="x")
+    return _layout(fig, "Speedup per invocation (each bench or load test's own)", "invocation start (UTC)",
+                   "spec / AR tokens/s")
+
+
 def acceptance_by_position(frame: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     # labels above the bars, so a position where nothing was accepted still reads 0% (inside a bar of height

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app.dashboard import assumptions, data
+from app.dashboard import assumptions, charts, data
 from app.dashboard.charts import MODE_NAMES
 from app.dashboard.common import (
     MISSING,
@@ -25,6 +25,7 @@ from app.dashboard.common import (
     usd_rate,
 )
 from app.dashboard.filters import short_model
+from app.dashboard.page_queries import as_utc
 from telemetry.costing import (
     PARTLY_ESTIMATED,
     energy_source,
@@ -62,6 +63,26 @@ def _speedup_text(speedups) -> tuple[str, str]:
             f"answer length cap and run kind: not pooled across temperatures or run kinds ({'; '.join(temps)}; "
             f"{', '.join(kinds)} runs), nor across top_p, top_k or max new tokens. See the "
             "table below for each row's prompts and paired invocations. Spec tokens/s / AR tokens/s.")
+
+
+def paired_over_time(speedups, runs: pd.DataFrame) -> pd.DataFrame | None:
+    """The paired speedups as points in time (each invocation's first run's start, from the sidebar's `runs`),
+    one configuration label per speedup row; None where no configuration has two paired invocations (a single
+    point is the figure the table already gives)."""
+    if not any(len(s.invocation_speedups) >= 2 for s in speedups):
+        return None
+    have = runs[runs["invocation_id"].notna()]
+    starts = {str(k): as_utc(v) for k, v in have.groupby("invocation_id")["started_at"].min().items()}
+    many = len(speedups) > 1
+    rows = []
+    for s in speedups:
+        label = (f"{s.workload} · c={s.concurrency} · {temperature_text(s.temperature)}"
+                 + cutoffs_text(s.top_p, s.top_k, s.temperature) + f" · {s.kind} · {s.drafter}") if many else (
+                 f"{s.workload} · {s.drafter}")
+        rows += [{"started_at": starts[i], "speedup": x, "configuration": label, "invocation": i[:8],
+                  "pooled": s.speedup}
+                 for i, x in zip(s.invocation_ids, s.invocation_speedups, strict=True) if i in starts]
+    return pd.DataFrame(rows) if rows else None
 
 
 def _paired_warnings(speedups) -> list[str]:
@@ -284,6 +305,12 @@ def body(ctx: Context) -> None:
             # a cap is a whole number; a missing one (unknown) an empty cell, not NaN beside floats
             table["max new tokens"] = pd.array([s.max_new_tokens for s in speedups], dtype="Int64")
             show_table(table)
+        over = paired_over_time(speedups, ctx.sel.runs)
+        if over is not None:
+            st.plotly_chart(charts.paired_speedups(over), width="stretch")
+            st.caption("Each point is one bench or load test that ran both modes: its own spec / AR tokens/s, "
+                       "measured under one machine's conditions. The dashed line is the configuration's pooled "
+                       "figure over every run in view; the sidebar's Invocation picks one.")
 
 
 run_page("Overview", body, "What speculative decoding buys on your runs: spec vs the AR baseline, same prompts and hardware.")
