@@ -310,17 +310,23 @@ def sigterm_as_ctrl_c(say: str | None = None):
     removes its claim and temporary folder) and the exit status is 130, where SIGTERM's default exit left a
     run 'running' for good. Once: the handler disarms itself and further SIGTERMs are ignored until the
     process exits (`timeout` signals the process and then its group; the second must not interrupt the
-    cleanup). Not fired: the previous handler is put back. Off the main thread nothing is installed."""
+    cleanup). Where SIGINT was ignored before the block (a background job of a script inherits that), SIGTERM
+    raises KeyboardInterrupt all the same: it printed "stopping" and did nothing, and only SIGKILL ended the
+    command, leaving its run 'running'. Not fired: the previous handler is put back. Off the main thread
+    nothing is installed."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    # SIGINT ignored from the start: inherited (a job started with `&` by a script, nohup), not a first Ctrl-C
+    # handled; no Ctrl-C can reach the command then, and SIGTERM is what stops it
+    ignored_from_start = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
     def interrupt(_signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # first: a second one must not interrupt the stopping
         if say:
             print(say, file=sys.stderr, flush=True)
         on_int = signal.getsignal(signal.SIGINT)
-        if on_int is signal.SIG_IGN:  # a first Ctrl-C already started the stopping, which ignores SIGINT now
+        if on_int is signal.SIG_IGN and not ignored_from_start:  # a first Ctrl-C already started the stopping
             return
         if callable(on_int) and on_int is not signal.default_int_handler:
             on_int(signal.SIGINT, frame)

@@ -176,13 +176,14 @@ def run(args) -> int:
             print(f"scheduler: removed job {describe_job(other)} (--keep-other-jobs keeps such jobs)", flush=True)
     logging.getLogger("apscheduler").setLevel(logging.INFO)
     logging.getLogger("telemetry").setLevel(logging.INFO)
-    print(f"scheduler: job {job.job_id} {how}: cron {args.cron!r} (UTC), {job.period} reports into {out}; "
-          "Ctrl-C or SIGTERM to stop", flush=True)  # fmt: skip
     scheduler.add_listener(lambda _event: _say_next_run(scheduler), EVENT_SCHEDULER_STARTED)
     # SIGTERM stops the scheduler as Ctrl-C does: KeyboardInterrupt in the main thread, so a run in progress
     # finishes in its worker thread (report written, delivery made and recorded) before the process exits with
     # status 130; further SIGTERMs are ignored meanwhile
     with sigterm_as_ctrl_c("scheduler: SIGTERM: stopping (a run in progress finishes first)"):
+        # said once SIGTERM is handled: a SIGTERM sent on reading this line met the default action (exit -15)
+        print(f"scheduler: job {job.job_id} {how}: cron {args.cron!r} (UTC), {job.period} reports into {out}; "
+              "Ctrl-C or SIGTERM to stop", flush=True)  # fmt: skip
         try:
             for line in recover_reports(engine, job):  # what a killed run of this job left behind
                 print(f"scheduler: {line}", flush=True)
