@@ -241,3 +241,25 @@ def test_dashboard_names_a_store_that_is_not_sqlite_once(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "cannot open the store: --db " in err and "not a SQLite database" in err, err
     assert err.count("junk.db") == 1, err
+
+
+def test_bench_says_when_a_speedup_rests_on_too_few_requests():
+    from app.commands.bench import small_sample_note
+    from telemetry.costing import MIN_STABLE_REQUESTS
+
+    def report(n_ar: int, n_spec: int, levels=("1",)) -> dict:
+        runs = [{"concurrency": int(level), "mode": mode, "requests": [{}] * n}
+                for level in levels for mode, n in (("ar", n_ar), ("spec", n_spec))]
+        return {"runs": runs, "speedup_by_concurrency": {level: 1.5 for level in levels}}
+
+    note = small_sample_note(report(2, 2))
+    assert note is not None and note.startswith("note: a speedup above rests on 2 requests per mode")
+    assert f"under {MIN_STABLE_REQUESTS}" in note and "without --limit" in note
+    assert small_sample_note(report(28, 28)) is None
+    assert "rests on 19 requests" in small_sample_note(report(28, 19))  # the fewer of the two modes
+    assert small_sample_note({"runs": report(2, 2)["runs"], "speedup_by_concurrency": {}}) is None  # nothing compared
+    # a sweep: a level is its own comparison; turns of one level add up (interleaved turns are runs of one row)
+    sweep = report(20, 20, levels=("1", "4"))
+    assert small_sample_note(sweep) is None
+    sweep["runs"].append({"concurrency": 8, "mode": "ar", "requests": [{}]})  # a level with no spec: not compared
+    assert small_sample_note(sweep) is None

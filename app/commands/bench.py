@@ -727,6 +727,9 @@ def print_table(report: dict, recorded: bool, file=None) -> None:
                  else f"— (interrupted: only {rows[0]['mode']} completed this level)" if alone
                  else f"{_fmt(sp, '.2f')}x"),
               file=out)
+    small = small_sample_note(report)
+    if small:
+        print(small, file=out)
     if stopped:
         for note in interrupted_notes(report, recorded):
             print(note, file=out)
@@ -739,6 +742,25 @@ def print_table(report: dict, recorded: bool, file=None) -> None:
         inv = report.get("invocation_id") or ""
         print(f"recorded in the store as invocation {inv}: its costs with `specfinops cost --invocation {inv[:8]}`; "
               "every bench with `specfinops invocations` and `specfinops dashboard`", file=out)
+
+
+def small_sample_note(report: dict) -> str | None:
+    """Where a level's speedup rests on fewer requests per mode than costing.MIN_STABLE_REQUESTS (a --limit of
+    2 read 4.72x and then 0.80x on a loaded machine), one line saying so; None where every compared level has
+    enough, or nothing was compared."""
+    from telemetry.costing import MIN_STABLE_REQUESTS
+
+    counts = {}
+    for level in report["speedup_by_concurrency"]:
+        for run in report["runs"]:
+            if str(run["concurrency"]) == level:
+                counts[(level, run["mode"])] = counts.get((level, run["mode"]), 0) + len(run["requests"])
+    fewest = min(counts.values(), default=None)
+    if fewest is None or fewest >= MIN_STABLE_REQUESTS:
+        return None
+    return (f"note: a speedup above rests on {fewest} request{'' if fewest == 1 else 's'} per mode: too few to be "
+            f"stable (under {MIN_STABLE_REQUESTS}; one slow request, or another process on the machine, moves it); "
+            "a run without --limit measures every prompt of the workload")
 
 
 def interrupted_notes(report: dict, recorded: bool) -> list[str]:
