@@ -13,12 +13,20 @@ which are not written again (the person who ran the command saw it killed). A cl
 `csv_dir` from the start, so its temporary folder is found wherever it was written.
 
 Layout: OUT/report-<id>-<period>-<since>/report.html plus one CSV per table (formula-safe, telemetry.export).
+Report ids are numbered per store, so two stores writing into one folder (staging and prod, a store rebuilt
+after a reset) reach the same name: a name already taken in OUT (its folder, or its temporary folder) gets a
+short random suffix (report-<id>-<period>-<since>-<6 hex>), chosen when the claim is made and recorded in it;
+the other folder is left as it is. Cleanup only ever removes folders the claim created: its temporary folder,
+and a final folder only while it still carries the claim's marker file (CLAIM_MARKER, naming the claim's store,
+id and folder), written into the temporary folder and removed once the record points at the finished folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -48,6 +56,9 @@ GENERATING = "generating"
 NOT_REQUESTED = "not requested"
 PENDING = "pending"
 HTML_NAME = "report.html"
+# In a folder being written: which claim made it (store, report id, folder); a folder without it (or with
+# another claim's) is never removed by cleanup. Removed once the record points at the finished folder.
+CLAIM_MARKER = ".specfinops-claim"
 # A claim older than this has no live process behind it: claims record no owner, but a live run writes its
 # report in seconds (and a scheduled one delivers it within attempts x 10 s timeouts plus the backoff).
 STALE_AFTER_S = 900
@@ -61,6 +72,7 @@ class ReportResult:
     csv_files: tuple[Path, ...]
     summary: dict
     incomplete_period: str | None = None  # why the figures are partial: the period had not ended (None: it had)
+    name_taken: str | None = None  # the usual folder name, already taken in --out (written under csv_dir instead)
 
 
 def check_out_dir(out_dir: str | os.PathLike) -> Path:
@@ -86,14 +98,36 @@ def count_runs(engine: Engine) -> int:
         return int(c.execute(select(func.count(Run.id))).scalar() or 0)
 
 
+def _claim_token(engine: Engine, report_id: int, folder: Path) -> str:
+    """What CLAIM_MARKER holds for one claim: its store (password hidden), its id and its folder. The marker is
+    removed once the record points at the folder, so a marked folder is always an unrecorded one."""
+    return f"{engine.url.render_as_string(hide_password=True)} report {report_id} {folder}"
+
+
+def _name_taken(out: Path, name: str) -> bool:
+    return os.path.lexists(out / name) or os.path.lexists(out / f".{name}.tmp")
+
+
+def free_dir_name(out: Path, report_id: int, window: Window) -> str:
+    """report_dir_name, or that name with a short random suffix when `out` already holds a folder (or a
+    temporary folder) of that name: another store's report (ids are per store) or one from before a reset."""
+    name = report_dir_name(report_id, window)
+    candidate = name
+    while _name_taken(out, candidate):
+        candidate = f"{name}-{secrets.token_hex(3)}"
+    return candidate
+
+
 def _claim(engine: Engine, window: Window, job_id: str | None, out: Path) -> int | None:
+    """Insert the report's record ("generating"), its folder (a free name in `out`) recorded from the start;
+    its id, None when the job already has a report of this period."""
     with Session(engine) as s:
         row = Report(period=window.period, since=window.since, until=window.until, html_path="", csv_dir="",
                      delivery_status=GENERATING, job_id=job_id)  # fmt: skip
         s.add(row)
         try:
             s.flush()  # the id names the folder, recorded with the claim: a killed run's leftovers can be found
-            row.csv_dir = str(out / report_dir_name(row.id, window))
+            row.csv_dir = str(out / free_dir_name(out, row.id, window))
             s.commit()
         except IntegrityError:
             s.rollback()
@@ -110,18 +144,49 @@ def report_dir_name(report_id: int, window: Window) -> str:
     return f"report-{report_id}-{window.period}-{window.since:%Y%m%dT%H%MZ}"
 
 
+def _claimed_by(folder: Path, token: str | None) -> bool:
+    """Whether `folder` carries the marker of the claim `token`."""
+    if token is None:
+        return False
+    try:
+        return (folder / CLAIM_MARKER).read_text(encoding="utf-8").strip() == token
+    except OSError:
+        return False
+
+
+def _remove_claimed(folder: Path, token: str | None, *, unmarked_too: bool = False) -> bool:
+    """Remove `folder` if it carries the claim's marker (a temporary folder: also when it has no marker at all,
+    `unmarked_too`: an older version's, or one killed before its marker was written); never anyone else's."""
+    if not folder.is_dir() or folder.is_symlink():
+        return False
+    if _claimed_by(folder, token) or (unmarked_too and not os.path.lexists(folder / CLAIM_MARKER)):
+        shutil.rmtree(folder, ignore_errors=True)
+        return True
+    return False
+
+
 def release_claim(engine: Engine, report_id: int, window: Window, out_dir: str | os.PathLike) -> bool:
     """Remove a claim left "generating" by a process that died while writing (SIGKILL, a crash: write_report's
     own cleanup never ran) and its half-written folders, so the period can be reported again. Only a record
-    still "generating" is removed; False when there was none (another process finished or released it)."""
+    still "generating" is removed; False when there was none (another process finished or released it).
+
+    The folders are the ones the claim recorded (csv_dir; report_dir_name in `out_dir` for a claim recorded
+    without one): its temporary folder, and the final folder only if it still carries this claim's marker (the
+    process died between renaming it into place and recording it). A folder of the same name written by another
+    store, or before a reset, is never touched."""
+    with Session(engine) as s:
+        row = s.get(Report, report_id)
+        if row is None or row.delivery_status != GENERATING:
+            return False
+        recorded = row.csv_dir
     with engine.begin() as c:
         gone = c.execute(delete(Report).where(Report.id == report_id, Report.delivery_status == GENERATING))
     if gone.rowcount != 1:
         return False
-    out = Path(out_dir).expanduser()
-    name = report_dir_name(report_id, window)
-    shutil.rmtree(out / f".{name}.tmp", ignore_errors=True)
-    shutil.rmtree(out / name, ignore_errors=True)
+    final = Path(recorded) if recorded else Path(out_dir).expanduser() / report_dir_name(report_id, window)
+    token = _claim_token(engine, report_id, final)
+    _remove_claimed(final.parent / f".{final.name}.tmp", token, unmarked_too=True)
+    _remove_claimed(final, token)
     return True
 
 
@@ -176,9 +241,9 @@ def release_stale_claims(engine: Engine, out_dir: str | os.PathLike | None = Non
             with engine.begin() as c:
                 gone = c.execute(delete(Report).where(Report.id == report_id, Report.delivery_status == GENERATING))
             released = gone.rowcount == 1
-            if released and out_dir is not None:
-                shutil.rmtree(Path(out_dir).expanduser() / f".{report_dir_name(report_id, window)}.tmp",
-                              ignore_errors=True)  # fmt: skip
+            if released and out_dir is not None:  # an unmarked one only: a marked one is another claim's
+                _remove_claimed(Path(out_dir).expanduser() / f".{report_dir_name(report_id, window)}.tmp", None,
+                                unmarked_too=True)  # fmt: skip
         if released:
             line = (f"report #{report_id} ({window.label()}) was left '{GENERATING}' by a `specfinops report` that "
                     "was killed; its record and temporary folder are removed")
@@ -209,20 +274,26 @@ def write_report(
         logger.info("report job %s: %s already reported (another scheduler or an earlier run)", job_id,
                     window.label())
         return None
-    final = out / report_dir_name(report_id, window)
-    tmp = out / f".{final.name}.tmp"
+    usual = report_dir_name(report_id, window)
+    final = out / usual
+    made: list[Path] = []  # the folders this call created: the only ones its cleanup removes
     try:
+        final = _make_tmp(engine, report_id, window, out, made)
+        tmp = made[0]
         data = build_report(engine, window, sla_ms=sla_ms, history=history, daily_tokens=daily_tokens,
                             peak_factor=peak_factor, now=now)  # fmt: skip
         tables = report_tables(data, engine)
-        tmp.mkdir()
         names = [f"{t.name}.csv" for t in tables]
         for t, name in zip(tables, names, strict=True):
             with (tmp / name).open("w", encoding="utf-8", newline="") as fh:
                 write_csv(fh, t.header, t.rows)
         (tmp / HTML_NAME).write_text(render_html(data, tables, report_id=report_id, csv_names=names),
                                      encoding="utf-8")  # fmt: skip
-        os.replace(tmp, final)
+        if os.path.lexists(final):  # taken since the claim chose it (not by specfinops: it avoids our .tmp)
+            raise FileExistsError(f"report folder {final} appeared while report #{report_id} was being written "
+                                  "(it is left as it is); run the report again")  # fmt: skip
+        os.replace(tmp, final)  # onto no existing path: checked just above
+        made[0] = final
         summary = {
             "report_id": report_id,
             **summary_dict(data),
@@ -239,12 +310,43 @@ def write_report(
                         delivery_status=PENDING if delivery_requested else NOT_REQUESTED)  # fmt: skip
             )
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(final, ignore_errors=True)
+        for folder in made:  # this call's folder only (temporary, or renamed into place): never another's
+            shutil.rmtree(folder, ignore_errors=True)
         _drop_claim(engine, report_id)
         raise
+    with contextlib.suppress(OSError):  # recorded: the folder is the record's now, not a claim's
+        (final / CLAIM_MARKER).unlink()
+    name_taken = usual if final.name != usual else None
+    if name_taken:
+        logger.warning("report #%d: %s already holds a folder %s (another store's report, or one from before a "
+                       "reset; left as it is): written to %s", report_id, out, usual, final.name)  # fmt: skip
     return ReportResult(report_id, final / HTML_NAME, final, tuple(final / n for n in names), summary,
-                        incomplete_period_text(data))
+                        incomplete_period_text(data), name_taken)
+
+
+def _make_tmp(engine: Engine, report_id: int, window: Window, out: Path, made: list[Path]) -> Path:
+    """Create the claim's temporary folder (exclusively: never one that exists) with its marker, appended to
+    `made`; the final folder it becomes. When another writer took the recorded name meanwhile, a new free name
+    is chosen and recorded in the claim."""
+    with engine.connect() as c:
+        recorded = c.execute(select(Report.csv_dir).where(Report.id == report_id)).scalar()
+    final = Path(recorded) if recorded else out / free_dir_name(out, report_id, window)
+    for _ in range(20):
+        tmp = final.parent / f".{final.name}.tmp"
+        if not os.path.lexists(final):
+            try:
+                tmp.mkdir()
+            except FileExistsError:
+                pass
+            else:
+                made.append(tmp)
+                (tmp / CLAIM_MARKER).write_text(_claim_token(engine, report_id, final) + "\n", encoding="utf-8")
+                if str(final) != recorded:
+                    with engine.begin() as c:
+                        c.execute(update(Report).where(Report.id == report_id).values(csv_dir=str(final)))
+                return final
+        final = out / free_dir_name(out, report_id, window)
+    raise FileExistsError(f"no free folder name for report #{report_id} in {out}")
 
 
 def list_reports(engine: Engine, limit: int = 200) -> list[Report]:
