@@ -99,6 +99,15 @@ def energy_source(runs: Iterable[RunSummary]) -> str | None:
     return PARTLY_ESTIMATED if len(estimated) == 2 else ESTIMATED if True in estimated else MEASURED
 
 
+def run_energy_estimated(run: RunSummary) -> bool:
+    """Whether the run's energy figure rests on estimated power (power_source 'estimate', as the mode-level
+    `energy_estimated` says): True wherever the run has an energy figure from a TDP model, whether or not that
+    energy is in its cost (`CostBreakdown.energy_included` says that; its own `energy_estimated` flags an
+    estimated energy part *in the total* only, so is False where the energy is left out, e.g. priced as other
+    hardware). The per-run "energy estimated" column of `export --what cost` and the report says this."""
+    return run.stats.energy_j is not None and bool(run.stats.energy_estimated)
+
+
 def ids_text(ids: list[int], shown: int | None = None) -> str:
     """'run 3', 'runs 1, 4-6': consecutive ids as ranges. With `shown`, at most that many ranges, then the count:
     '100 runs (1, 3, 5, ...)' (a page's line is not a list of a hundred ids)."""

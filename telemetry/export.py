@@ -298,7 +298,7 @@ def cost_rows(engine: Engine, window: ExportWindow, *, filters=None) -> tuple[li
                 r.run_id, r.mode, r.node_id, r.device, r.target, r.drafter, r.workload, r.started_at,
                 r.stats.output_tokens, r.stats.wall_s, r.stats.tokens_per_s, rc.node_price.priced_as,
                 rc.node_price.usd_per_hour, rc.usd_per_kwh, rc.pue, c.hardware_usd_per_1m, c.energy_usd_per_1m,
-                c.total_usd_per_1m, c.energy_included, c.energy_estimated, c.reason, r.invocation_id,
+                c.total_usd_per_1m, c.energy_included, costing.run_energy_estimated(r), c.reason, r.invocation_id,
             )
 
     return list(COST_HEADER), rows()
