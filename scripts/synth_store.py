@@ -21,6 +21,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.engine import Connection, Engine
 
 from telemetry.db import PowerSample, Request, Run, Step, TokenEvent
+from telemetry.prices import load_catalog, price_snapshot
 from telemetry.store import open_store
 
 SYNTHETIC_WORKLOAD = "synthetic"
@@ -28,6 +29,10 @@ SYNTHETIC_HOSTNAME = "synthetic-generator"
 DOMAINS = {"code": 0.82, "chat": 0.63, "math": 0.72, "summarization": 0.55}  # domain -> synthetic alpha
 MODEL_PAIRS = [("synthetic/target-8b", "synthetic/draft-1b"), ("synthetic/target-70b", "synthetic/draft-8b")]
 NODES = ["synthetic-node-a", "synthetic-node-b"]
+# One GPU per synthetic node: each run records this device and the price snapshot the recorder would take for it
+# (the catalog's one-GPU entry, `prices.price_snapshot`), so costs price what was "measured" and keep its energy
+# (a whole-node price such as "H100 x8" on a one-GPU device is other hardware: its energy is left out).
+DEVICE = "NVIDIA H100 80GB HBM3"
 CHUNK = 200_000
 
 
@@ -119,6 +124,7 @@ def generate(engine: Engine, token_events: int, seed: int = 7, days: int = 14, l
             "power": int(c.scalar(select(func.max(PowerSample.id))) or 0),
         }
     have = count_token_events(engine)
+    catalog = load_catalog(engine)
     runs_planned = 48  # 24 spec/AR pairs spread over `days`
     per_run = max(1, (token_events - have) // runs_planned)
     made = {"runs": 0, "requests": 0, "token_events": 0}
@@ -136,12 +142,12 @@ def generate(engine: Engine, token_events: int, seed: int = 7, days: int = 14, l
                 k = 4 if pair % 2 == 0 else 0  # fixed:4, or "auto" (K varies per step)
                 conn.execute(insert(Run.__table__), [{
                     "id": run_id, "kind": "bench", "mode": mode, "node_id": node, "hostname": SYNTHETIC_HOSTNAME,
-                    "device": "NVIDIA H100 80GB HBM3", "backend": "torch", "dtype": "bfloat16", "target": target,
+                    "device": DEVICE, "backend": "torch", "dtype": "bfloat16", "target": target,
                     "drafter": drafter if mode == "spec" else None,
                     "k_policy": ("fixed:4" if k else "auto") if mode == "spec" else "none",
                     "temperature": 0.0, "top_p": 1.0, "concurrency": 8, "workload": SYNTHETIC_WORKLOAD,
                     "power_source": power_source, "software_version": "synthetic",
-                    "price_snapshot": {"node_hourly_usd": 55.04, "name": "H100 x8"},
+                    "price_snapshot": price_snapshot(catalog, DEVICE, taken_at=run_start),
                     "started_at": run_start, "ended_at": None, "status": "completed", "dropped_records": 0,
                 }])
                 tokens = 0
@@ -158,12 +164,11 @@ def generate(engine: Engine, token_events: int, seed: int = 7, days: int = 14, l
                 power = []
                 t = run_start
                 while t <= clock:
-                    for dev in range(2):
-                        ids["power"] += 1
-                        watts = rng.gauss(620.0 if mode == "spec" else 580.0, 25.0)
-                        power.append({"id": ids["power"], "run_id": run_id, "t": t, "device_index": dev,
-                                      "power_w": watts, "energy_mj": None, "utilization_pct": rng.uniform(70, 99),
-                                      "source": power_source if power_source != "none" else "estimate"})
+                    ids["power"] += 1  # the one GPU of DEVICE
+                    watts = rng.gauss(620.0 if mode == "spec" else 580.0, 25.0)
+                    power.append({"id": ids["power"], "run_id": run_id, "t": t, "device_index": 0,
+                                  "power_w": watts, "energy_mj": None, "utilization_pct": rng.uniform(70, 99),
+                                  "source": power_source if power_source != "none" else "estimate"})
                     t += timedelta(seconds=5)
                 buf.flush()
                 conn.execute(insert(PowerSample.__table__), power)
