@@ -33,7 +33,7 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from importlib import resources
 
 from sqlalchemy import func, select
@@ -47,6 +47,15 @@ ELECTRICITY = "electricity"
 PUE = "pue"
 CPU_NODE = "cpu-2core"
 KIND_UNITS = {"gpu": "usd_per_hour", "node": "usd_per_hour", "electricity": "usd_per_kwh", "pue": "ratio"}
+
+# Upper bounds of a price, wherever one enters (`prices set`, the --node-hourly-usd / --usd-per-kwh / --pue options
+# of cost and project; the dashboard's inputs stop at the same figures): a larger value is a typo or a unit slip,
+# and near the float limit it turns costs into inf. Far beyond any real price, so no real one is refused.
+MAX_USD_PER_HOUR = 10_000.0  # $/h of a GPU or a node: ~100x the dearest 8-GPU cloud node (about $100/h)
+MAX_USD_PER_KWH = 10.0  # $/kWh: retail electricity costs well under $1/kWh nearly everywhere
+MAX_PUE = 5.0  # real data centres run at 1.1-2.5; a PUE of 5 would spend 4 W on cooling per watt of compute
+MAXIMUM_BY_UNIT = {"usd_per_hour": (MAX_USD_PER_HOUR, "$/h"), "usd_per_kwh": (MAX_USD_PER_KWH, "$/kWh"),
+                   "ratio": (MAX_PUE, "")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,19 +180,48 @@ def check_price(
         raise ValueError(f"value must be a number >= 0, got {value!r}")
     if kind is not None:
         _check_value_for_kind(kind, value)
+    # a default name's kind is fixed (set_price refuses another): bound its value before any store is opened;
+    # another name's kind only the store knows, so it gets the widest bound here and its own in set_price
+    known = kind or next((e.kind for e in default_entries() if e.name.lower() == name.strip().lower()), None)
+    _check_maximum(known, value, name)
     if as_of is not None:
         try:
-            as_of = date.fromisoformat(as_of.strip()).isoformat()
+            day = date.fromisoformat(as_of.strip())
         except ValueError:
             raise ValueError(f"--as-of must be a date YYYY-MM-DD, got {as_of!r}") from None
+        if day > latest_today():
+            raise ValueError(f"--as-of {as_of.strip()} is in the future: it is the date the price was quoted or "
+                             "seen (default today), so today at the latest")
+        as_of = day.isoformat()
     return value, as_of
 
 
-def _check_value_for_kind(kind: str, value: float) -> None:
+def latest_today() -> date:
+    """Today's date where it is latest on Earth (UTC+14): a price quoted 'today' in any time zone passes."""
+    return (datetime.now(UTC) + timedelta(hours=14)).date()
+
+
+def _check_maximum(kind: str | None, value: float, name: str | None = None) -> None:
+    """ValueError where `value` is above the bound of its kind's unit (MAXIMUM_BY_UNIT); an unknown kind (None)
+    is held to the widest bound."""
+    if kind is None:
+        maximum, unit = max(MAXIMUM_BY_UNIT.values())
+        what = "a price"
+    else:
+        maximum, unit = MAXIMUM_BY_UNIT[KIND_UNITS[kind]]
+        what = "a PUE" if kind == PUE else "an electricity price" if kind == ELECTRICITY else f"a {kind} price"
+    if value > maximum:
+        named = f" ({name.strip()})" if name else ""
+        raise ValueError(f"value of {what}{named} must be at most {maximum:g}{' ' + unit if unit else ''} (far beyond any "
+                         f"real one: a typo or a unit slip?), got {value:g}")
+
+
+def _check_value_for_kind(kind: str, value: float, name: str | None = None) -> None:
     if kind == "pue" and value < 1:
         raise ValueError(f"value of a PUE must be >= 1, got {value!r}")
     if kind != ELECTRICITY and not value > 0:
         raise ValueError(f"value of a {kind} price must be > 0 (only electricity may cost 0), got {value!r}")
+    _check_maximum(kind, value, name)
 
 
 def set_price(
@@ -224,7 +262,7 @@ def _set_price(engine: Engine, name: str, value: float, *, source: str, kind: st
             s.add(row)
         elif kind is not None and kind != row.kind:
             raise ValueError(f"kind of {row.name!r} is {row.kind!r}, cannot change it to {kind!r}")
-        _check_value_for_kind(row.kind, value)
+        _check_value_for_kind(row.kind, value, row.name)
         row.value = value
         row.source = source.strip()
         row.as_of = as_of or utcnow().strftime("%Y-%m-%d")

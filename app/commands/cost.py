@@ -155,11 +155,17 @@ def register(sub) -> None:
 def _pricing(args) -> dict:
     if args.gpu is not None and args.node_hourly_usd is not None:
         raise UsageError("give either --gpu NAME or --node-hourly-usd X, not both")
+    from telemetry.prices import MAX_PUE, MAX_USD_PER_HOUR, MAX_USD_PER_KWH
+
     out = {
         "gpu": args.gpu,
-        "node_hourly_usd": number_option("--node-hourly-usd", args.node_hourly_usd, minimum=0),
-        "usd_per_kwh": number_option("--usd-per-kwh", args.usd_per_kwh, minimum=0, strict=False),
-        "pue": number_option("--pue", args.pue, minimum=1, strict=False),
+        "node_hourly_usd": _at_most("--node-hourly-usd", args.node_hourly_usd,
+                                    number_option("--node-hourly-usd", args.node_hourly_usd, minimum=0),
+                                    MAX_USD_PER_HOUR, "$/h"),
+        "usd_per_kwh": _at_most("--usd-per-kwh", args.usd_per_kwh,
+                                number_option("--usd-per-kwh", args.usd_per_kwh, minimum=0, strict=False),
+                                MAX_USD_PER_KWH, "$/kWh"),
+        "pue": _at_most("--pue", args.pue, number_option("--pue", args.pue, minimum=1, strict=False), MAX_PUE, ""),
     }
     if hasattr(args, "gpus_per_node"):
         n = number_option("--gpus-per-node", args.gpus_per_node, minimum=1, strict=False)
@@ -174,6 +180,15 @@ def _pricing(args) -> dict:
 
 
 MAX_GPUS_PER_NODE = 64
+
+
+def _at_most(flag: str, text: str | None, value: float | None, maximum: float, unit: str) -> float | None:
+    """`value` (of `flag`, given as `text`) where it is at most `maximum` (telemetry.prices' bound of that price:
+    far beyond any real one); else a UsageError naming the flag and the value."""
+    if value is not None and value > maximum:
+        raise UsageError(f"{flag} must be at most {maximum:g}{' ' + unit if unit else ''} (far beyond any real "
+                         f"price: a typo or a unit slip?), got {text!r}")
+    return value
 
 
 def _check_gpu_entry(engine, args) -> None:
