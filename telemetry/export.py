@@ -322,6 +322,23 @@ def export_rows(engine: Engine, what: str, window: ExportWindow) -> tuple[list[s
     return iter_query_rows(engine, QUERIES[what](window))
 
 
+def unmatched_selection_reason(engine: Engine, window: ExportWindow) -> str | None:
+    """Why no run at all in the store matches the run selectors (workload, target, node, mode, kind, invocation),
+    in `costing.no_runs_reason`'s words ("no runs with workload 'x' (workloads in the store: ...)"), as `cost`
+    says it; None where some run matches them or none is given. The time window, --run and the sampling
+    selectors are left out: they select rows of matching runs (an empty result is then a note, not an error)."""
+    from telemetry.costing import no_runs_reason
+
+    selectors = window.run_selectors()
+    conditions = selectors.where()
+    if not conditions:
+        return None
+    with engine.connect() as c:
+        if c.execute(select(Run.id).where(*conditions).limit(1)).first() is not None:
+            return None
+    return no_runs_reason(engine, selectors)
+
+
 def empty_export_reason(engine: Engine, what: str, window: ExportWindow) -> str | None:
     """Why an export that wrote no rows selected none, where a particular reason holds: `--run` names a run the
     other run selectors (workload, target, node, mode, kind, invocation) leave out, or a power export's selected

@@ -131,6 +131,7 @@ def run(args) -> int:
         empty_export_reason,
         export_rows,
         parse_when,
+        unmatched_selection_reason,
         write_csv,
     )
     from telemetry.store import open_store
@@ -159,6 +160,12 @@ def run(args) -> int:
 
         if not run_exists(engine, args.run):
             raise UsageError(f"no run {args.run} in the store (`specfinops cost` lists the runs)")
+    # a run selector that no run in the store has (a typo, a workload never run) fails as `cost` does, before
+    # --out is opened; one that matches runs but no rows (the time window, power of runs that measured none) is
+    # a note below
+    unmatched = unmatched_selection_reason(engine, window)
+    if unmatched is not None:
+        raise UsageError(unmatched)
     # SIGTERM (`timeout`, `docker stop`, `kill`) stops the export as Ctrl-C does: the temporary file beside --out
     # is removed and the file left as it was (SIGTERM's default exit left the half-written temporary file behind)
     with sigterm_as_ctrl_c("export: SIGTERM: stopping as on Ctrl-C"):
