@@ -166,3 +166,9 @@ def test_export_of_matching_runs_without_rows_stays_a_note(synth, tmp_path, caps
     assert len(out.read_text().splitlines()) == 1
     assert main(["export", "--db", url, "--what", "cost", "--since", "2000-01-01", "--until", "2000-01-02",
                  "--workload", "synthetic", "--out", "-"]) == 0
+
+
+def test_the_dashboard_inputs_stop_at_the_same_bounds():
+    from app.dashboard.views import cost as view  # noqa: PLC0415 - streamlit only for this test
+
+    assert (view.MAX_NODE_USD, view.MAX_USD_PER_KWH, view.MAX_PUE) == (MAX_USD_PER_HOUR, MAX_USD_PER_KWH, MAX_PUE)
