@@ -19,6 +19,11 @@
   on start and before each run, once it is older than STALE_AFTER_S (claims record no owner; age tells). The
   claims of reports made by hand that a killed `specfinops report` left are released by every write_report
   (report_writer.release_stale_claims), the scheduler's runs included.
+- A delivery that failed (every channel, after its attempts: "failed") is made again by the job's later runs
+  (after the run's own report and delivery, skipped while that delivery fails too) and at the scheduler's
+  start, while the report is younger than REDELIVER_FAILED_FOR_S; the report is not written again, only its
+  summary re-sent. `--list` shows the reports whose delivery failed. "partially delivered" is not retried (the
+  channel that succeeded would get it twice).
 - One scheduler runs every job in its job table, so on start `specfinops scheduler` removes the persisted jobs
   other than the one on its command line (unless --keep-other-jobs); `--list` shows them. Each job's name
   carries its id ("specfinops daily report report-daily"), so the log lines say which job ran.
@@ -31,6 +36,8 @@ Public API:
     persisted_jobs(engine) -> list[Job]; describe_job(job) -> str  # `scheduler --list`
     remove_other_jobs(engine, keep_id) -> list[Job]       # on start, unless --keep-other-jobs
     recover_reports(engine, job) -> list[str]             # on start and each run: a killed run's leftovers
+    redeliver_failed(engine, job) -> list[str]            # on start and each run: failed deliveries, again
+    failed_deliveries(engine) -> list[str]                # `scheduler --list`: reports whose delivery failed
     run_report_job(**ReportJob.kwargs()) -> int | None    # the job: report id, None when already reported or failed
 """
 
@@ -42,7 +49,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from apscheduler.executors.pool import ThreadPoolExecutor
@@ -70,6 +77,11 @@ logger = logging.getLogger(__name__)
 JOBS_TABLE = "apscheduler_jobs"  # excluded from Alembic in migrations/env.py (FOREIGN_TABLES)
 JOB_FUNC = "telemetry.scheduler:run_report_job"
 DEFAULT_MISFIRE_GRACE_S = 3600
+# A scheduled report whose delivery failed is delivered again by its job's later runs (and at the scheduler's
+# start) while it is younger than this: 8 days covers a weekly job's next run (7 days on) and a daily job's next
+# seven. By then newer reports have superseded its summary, and a receiver down for over a week needs a person
+# (`scheduler --list` names the report, retried or not); each retry makes the job's --attempts tries again.
+REDELIVER_FAILED_FOR_S = 8 * 24 * 3600
 
 
 def absolute_db_url(url: str) -> str:
@@ -377,6 +389,81 @@ def recover_reports(engine: Engine, job: ReportJob, *, stale_after_s: float | No
     return done
 
 
+def redeliver_failed(engine: Engine, job: ReportJob, *, now: datetime | None = None) -> list[str]:
+    """Deliver again the summaries of `job`'s reports whose delivery failed, younger than REDELIVER_FAILED_FOR_S,
+    oldest first; one line per report. Nothing is written again. Each is taken by turning "failed" into
+    "pending" in one UPDATE, so of two schedulers on one store only one re-sends it; a run killed meanwhile
+    leaves it "pending", which recover_reports delivers. (That record is older than STALE_AFTER_S, so another
+    scheduler's recover_reports starting while it is being sent could send it too: at worst it arrives twice.)"""
+    from sqlalchemy import select, update
+    from sqlalchemy.orm import Session
+
+    from telemetry.db import Report
+    from telemetry.delivery import FAILED
+    from telemetry.report_writer import PENDING, age_s
+
+    if not job.delivering:
+        return []
+    now = now or datetime.now(UTC)
+    with Session(engine) as s:
+        rows = list(s.scalars(select(Report).where(Report.job_id == job.job_id,
+                                                   Report.delivery_status == FAILED).order_by(Report.id)))
+        s.expunge_all()
+    done: list[str] = []
+    for r in rows:
+        if r.summary is None or age_s(r.created_at, now) >= REDELIVER_FAILED_FOR_S:
+            continue
+        with engine.begin() as c:
+            taken = c.execute(update(Report).where(Report.id == r.id, Report.delivery_status == FAILED)
+                              .values(delivery_status=PENDING))  # fmt: skip
+        if taken.rowcount != 1:  # another scheduler took it
+            continue
+        status = _deliver(engine, job, r.id, r.summary)
+        line = (f"report job {job.job_id}: report #{r.id} ({_label(r)}): its failed delivery made again "
+                f"({status})")  # fmt: skip
+        logger.info("%s", line)
+        done.append(line)
+    return done
+
+
+def _label(r) -> str:
+    since, until = r.since, r.until
+    if since.tzinfo is None:
+        since, until = since.replace(tzinfo=UTC), until.replace(tzinfo=UTC)
+    return Window(r.period, since, until).label()
+
+
+def failed_deliveries(engine: Engine, *, now: datetime | None = None, limit: int = 50) -> list[str]:
+    """One line per scheduled report whose delivery failed (or partly failed), newest first: whether a later
+    run of its job retries it, and the recorded error's first line."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from telemetry.db import Report
+    from telemetry.delivery import FAILED, PARTIAL
+    from telemetry.report_writer import age_s
+
+    now = now or datetime.now(UTC)
+    with Session(engine) as s:
+        rows = list(s.scalars(select(Report).where(Report.job_id.is_not(None),
+                                                   Report.delivery_status.in_((FAILED, PARTIAL)))
+                              .order_by(Report.created_at.desc(), Report.id.desc()).limit(limit)))  # fmt: skip
+    lines = []
+    for r in rows:
+        error = (r.delivery_error or "").splitlines()[0] if r.delivery_error else "no error recorded"
+        if r.delivery_status == PARTIAL:
+            retry = "not retried (a channel that succeeded would get it twice)"
+        elif age_s(r.created_at, now) < REDELIVER_FAILED_FOR_S:
+            created = r.created_at if r.created_at.tzinfo else r.created_at.replace(tzinfo=UTC)
+            until = created + timedelta(seconds=REDELIVER_FAILED_FOR_S)
+            retry = f"retried by the job's next run (until {until:%Y-%m-%d %H:%M} UTC)"
+        else:
+            retry = f"no longer retried (older than {REDELIVER_FAILED_FOR_S // 86400} days)"
+        lines.append(f"report #{r.id} ({_label(r)}), job {r.job_id}: delivery {r.delivery_status}, {retry}: "
+                     f"{error}; report: {r.html_path}")  # fmt: skip
+    return lines
+
+
 def run_report_job(
     *,
     db_url: str,
@@ -406,6 +493,7 @@ def run_report_job(
     problem, leaves nothing half-written (write_report's cleanup) and returns None: APScheduler prints no
     traceback and the next run tries again. Any other exception is a bug and goes to APScheduler, which logs it
     with its traceback."""
+    from telemetry.delivery import FAILED
     from telemetry.store import open_store
 
     with _counted_run():  # counted: a stopping scheduler waits for it
@@ -423,12 +511,17 @@ def run_report_job(
                 recover_reports(engine, job)
                 window = job.runs_of(period_window(period, now=_clock()))
                 result = _write(engine, job, window)
-                if result is None:
-                    return None
-                logger.info("report job %s: wrote report #%d (%s)", job_id, result.report_id, window.label())
-                if job.delivering:
-                    _deliver(engine, job, result.report_id, result.summary)
-                return result.report_id
+                status = None
+                if result is not None:
+                    logger.info("report job %s: wrote report #%d (%s)", job_id, result.report_id, window.label())
+                    if job.delivering:
+                        status = _deliver(engine, job, result.report_id, result.summary)
+                if status == FAILED:  # the receiver is still down: the earlier ones wait for the next run
+                    logger.info("report job %s: delivery failed again; earlier failed deliveries are retried by "
+                                "the next run", job_id)  # fmt: skip
+                else:
+                    redeliver_failed(engine, job)
+                return None if result is None else result.report_id
             finally:
                 engine.dispose()
         except expected as exc:

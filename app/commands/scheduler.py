@@ -6,7 +6,8 @@ Restarting with the same options continues the persisted
 job (runs missed while it was down follow the misfire policy: coalesced into one, skipped beyond the grace
 time). Two schedulers on one database never write the same report twice (see telemetry/scheduler.py).
 A scheduler runs every job in its store, so the store's other persisted jobs are removed on start (one line
-each) unless --keep-other-jobs; --list shows the persisted jobs.
+each) unless --keep-other-jobs; --list shows the persisted jobs and the reports whose delivery failed (each
+later run, and the start, delivers those again for telemetry.scheduler.REDELIVER_FAILED_FOR_S).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def register(sub) -> None:
                    help="a run later than this is skipped (default 3600)")  # fmt: skip
     p.add_argument("--keep-other-jobs", action="store_true",
                    help="keep (and run) the store's other persisted jobs; by default they are removed on start")  # fmt: skip
-    p.add_argument("--list", action="store_true", help="list the jobs persisted in the store, then exit")
+    p.add_argument("--list", action="store_true",
+                   help="list the jobs persisted in the store and the reports whose delivery failed, then exit")  # fmt: skip
 
 
 def _say_next_run(scheduler) -> None:
@@ -76,18 +78,23 @@ def _say_next_run(scheduler) -> None:
 
 
 def _list_jobs(args) -> int:
-    from telemetry.scheduler import describe_job, persisted_jobs
+    from telemetry.scheduler import describe_job, failed_deliveries, persisted_jobs
     from telemetry.store import open_store
 
     engine = open_store(args.db, must_exist=True)
     try:
         jobs = persisted_jobs(engine)
+        failed = failed_deliveries(engine)
     finally:
         engine.dispose()
     if not jobs:
         print("scheduler: no jobs in the store")
     for job in jobs:
         print(describe_job(job))
+    if failed:
+        print("scheduled reports whose delivery failed:")
+    for line in failed:
+        print(f"  {line}")
     return 0
 
 
@@ -128,6 +135,7 @@ def run(args) -> int:
         make_scheduler,
         parse_cron,
         recover_reports,
+        redeliver_failed,
         remove_other_jobs,
         schedule_report_job,
     )
@@ -186,6 +194,8 @@ def run(args) -> int:
               "Ctrl-C or SIGTERM to stop", flush=True)  # fmt: skip
         try:
             for line in recover_reports(engine, job):  # what a killed run of this job left behind
+                print(f"scheduler: {line}", flush=True)
+            for line in redeliver_failed(engine, job):  # deliveries that failed (a receiver that was down)
                 print(f"scheduler: {line}", flush=True)
             scheduler.start()
         except KeyboardInterrupt:

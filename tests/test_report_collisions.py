@@ -1,0 +1,219 @@
+"""Report folders of two stores in one --out (ids are per store, so names collide), cleanup that removes only
+what it created, and a scheduled report whose delivery failed being delivered by the next run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+from test_delivery import Hook
+from test_report import D0, add_day
+
+from app.cli import main
+from telemetry import report_writer
+from telemetry import scheduler as sched_mod
+from telemetry.db import Report
+from telemetry.report import period_window
+from telemetry.store import open_store
+
+DAY_ARGS = ("--period", "daily", "--since", D0.isoformat())
+
+
+def _store(path: Path):
+    url = f"sqlite:///{path}"
+    engine = open_store(url)
+    add_day(engine, D0)
+    return url, engine
+
+
+@pytest.fixture
+def two_stores(tmp_path):
+    (a_url, a), (b_url, b) = _store(tmp_path / "staging.db"), _store(tmp_path / "prod.db")
+    yield (a_url, a), (b_url, b), tmp_path / "shared"
+    a.dispose()
+    b.dispose()
+
+
+def _rows(engine) -> list[Report]:
+    with Session(engine) as s:
+        return list(s.scalars(select(Report).order_by(Report.id)))
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (hidden ones too) with the hash of its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
+
+
+def _report(url: str, out: Path) -> int:
+    return main(["report", "--db", url, "--out", str(out), *DAY_ARGS])
+
+
+def test_two_stores_into_one_out_keep_both_reports(two_stores, capsys):
+    (a_url, a), (b_url, b), out = two_stores
+    assert _report(a_url, out) == 0
+    [ra] = _rows(a)
+    first = Path(ra.csv_dir)
+    assert first.name == report_writer.report_dir_name(ra.id, period_window("daily", since=D0))
+    before = _tree(first)
+    capsys.readouterr()
+
+    assert _report(b_url, out) == 0  # the same id (1) and period: the same usual name
+    err = capsys.readouterr().err
+    [rb] = _rows(b)
+    second = Path(rb.csv_dir)
+    assert rb.id == ra.id and second != first and second.parent == first.parent
+    assert second.name.startswith(first.name + "-") and f"already holds a folder {first.name}" in err
+    assert _tree(first) == before  # the other store's report untouched
+    assert Path(rb.html_path) == second / "report.html" and Path(rb.html_path).is_file()
+    assert rb.summary["html_path"] == rb.html_path and all(Path(f).parent == second for f in rb.summary["csv_files"])
+    assert Path(ra.html_path).is_file() and _rows(a)[0].csv_dir == str(first)
+    assert sorted(p.name for p in out.iterdir()) == sorted([first.name, second.name])  # nothing else, no .tmp
+    assert not any((p / report_writer.CLAIM_MARKER).exists() for p in (first, second))
+
+
+def test_a_failing_write_leaves_the_folders_there_and_nothing_of_its_own(two_stores, monkeypatch):
+    (a_url, a), (b_url, b), out = two_stores
+    assert _report(a_url, out) == 0
+    before = {p.name: _tree(p) for p in out.iterdir()}
+
+    def broken(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report_writer, "write_csv", broken)
+    with pytest.raises(OSError, match="No space left"):
+        report_writer.write_report(b, period_window("daily", since=D0), out)
+    assert {p.name: _tree(p) for p in out.iterdir()} == before  # no temporary folder, the other report intact
+    assert _rows(b) == []  # no claim left behind
+
+
+def test_a_folder_appearing_at_the_chosen_name_is_left_alone(two_stores, monkeypatch):
+    """The old failure: renaming onto a folder that is there failed, and the cleanup removed that folder."""
+    (a_url, a), _, out = two_stores
+    real = report_writer.render_html
+    squatter = {}
+
+    def render_and_squat(*args, **kw):
+        [row] = _rows(a)
+        final = Path(row.csv_dir)
+        final.mkdir()
+        (final / "theirs.txt").write_text("not ours", encoding="utf-8")
+        squatter["path"] = final
+        return real(*args, **kw)
+
+    monkeypatch.setattr(report_writer, "render_html", render_and_squat)
+    with pytest.raises(FileExistsError, match="appeared while report #1 was being written"):
+        report_writer.write_report(a, period_window("daily", since=D0), out)
+    assert [p.name for p in out.iterdir()] == [squatter["path"].name]
+    assert (squatter["path"] / "theirs.txt").read_text(encoding="utf-8") == "not ours"
+    assert _rows(a) == []
+
+
+def test_releasing_a_stale_claim_never_removes_another_stores_folder(two_stores):
+    """A claim recorded by an older version names the usual folder, which may be another store's report."""
+    (a_url, a), (b_url, b), out = two_stores
+    assert _report(a_url, out) == 0
+    [ra] = _rows(a)
+    theirs = Path(ra.csv_dir)
+    before = _tree(theirs)
+    window = period_window("daily", since=D0)
+    old = datetime.now(UTC) - timedelta(seconds=report_writer.STALE_AFTER_S + 60)
+    with Session(b) as s:  # store B's killed claim, recorded with the same (usual) folder
+        s.add(Report(period="daily", since=window.since, until=window.until, html_path="", csv_dir=str(theirs),
+                     delivery_status="generating", created_at=old))  # fmt: skip
+        s.commit()
+    assert len(report_writer.release_stale_claims(b, out)) == 1
+    assert _rows(b) == [] and _tree(theirs) == before
+
+
+def test_a_killed_claims_own_unrecorded_folder_is_released(two_stores):
+    """Killed between renaming its folder into place and recording it: the folder carries the claim's marker."""
+    (a_url, a), _, out = two_stores
+    window = period_window("daily", since=D0)
+    old = datetime.now(UTC) - timedelta(seconds=report_writer.STALE_AFTER_S + 60)
+    with Session(a) as s:
+        row = Report(period="daily", since=window.since, until=window.until, html_path="", csv_dir="",
+                     delivery_status="generating", created_at=old)
+        s.add(row)
+        s.flush()
+        final = out / report_writer.report_dir_name(row.id, window)
+        row.csv_dir = str(final)
+        s.commit()
+        rid = row.id
+    final.mkdir(parents=True)
+    (final / report_writer.CLAIM_MARKER).write_text(report_writer._claim_token(a, rid, final), encoding="utf-8")
+    assert len(report_writer.release_stale_claims(a, out)) == 1
+    assert not final.exists()
+
+
+# ---- a failed delivery is delivered by the next scheduled run -------------------------------------------
+
+
+def test_a_failed_delivery_is_retried_by_the_next_scheduled_run(tmp_path, monkeypatch, capsys):
+    url, engine = _store(tmp_path / "store.db")
+    out = tmp_path / "reports"
+    clock = iter([D0 + timedelta(days=1, hours=6), D0 + timedelta(days=2, hours=6), D0 + timedelta(days=2, hours=7)])
+    monkeypatch.setattr(sched_mod, "_clock", lambda: next(clock))
+    hook = Hook(500)  # down at the first run
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    job = sched_mod.ReportJob(job_id="report-daily", db_url=url, out_dir=str(out), webhook_url=hook.url,
+                              delivery_backoff_s=0.01)  # fmt: skip
+    try:
+        first = sched_mod.run_report_job(**job.kwargs())
+        [row] = _rows(engine)
+        assert row.id == first and row.delivery_status == "failed" and len(hook.bodies) == 3
+
+        assert main(["scheduler", "--db", url, "--list"]) == 0  # the failed delivery is listed
+        listed = capsys.readouterr().out
+        assert f"report #{first}" in listed and "delivery failed" in listed and "retried" in listed
+
+        hook.status = 200  # back up: the next run writes its own report and re-sends the failed one's summary
+        second = sched_mod.run_report_job(**job.kwargs())
+        rows = {r.id: r for r in _rows(engine)}
+        assert second != first and set(rows) == {first, second}  # the failed one is not regenerated
+        assert rows[first].delivery_status == "delivered" and rows[first].delivery_error is None
+        assert rows[second].delivery_status == "delivered"
+        posted = [json.loads(b)["report_id"] for _, b in hook.bodies[3:]]
+        assert sorted(posted) == sorted([first, second])
+
+        n = len(hook.bodies)  # a run of a period already reported re-sends nothing delivered
+        assert sched_mod.run_report_job(**job.kwargs()) is None and len(hook.bodies) == n
+        assert main(["scheduler", "--db", url, "--list"]) == 0
+        assert "delivery failed" not in capsys.readouterr().out
+    finally:
+        hook.shutdown()
+        hook.server_close()
+        engine.dispose()
+
+
+def test_a_failed_delivery_is_retried_within_the_limit_only(tmp_path, monkeypatch):
+    url, engine = _store(tmp_path / "store.db")
+    out = tmp_path / "reports"
+    hook = Hook(200)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    monkeypatch.setattr(sched_mod, "_clock", lambda: D0 + timedelta(days=1, hours=6))
+    job = sched_mod.ReportJob(job_id="report-daily", db_url=url, out_dir=str(out), webhook_url=hook.url,
+                              delivery_backoff_s=0.01)  # fmt: skip
+    try:
+        first = sched_mod.run_report_job(**job.kwargs())
+        too_old = datetime.now(UTC) - timedelta(seconds=sched_mod.REDELIVER_FAILED_FOR_S + 60)
+        with engine.begin() as c:  # as if it failed long ago
+            c.execute(update(Report).where(Report.id == first).values(delivery_status="failed", delivery_error="x",
+                                                                      created_at=too_old))  # fmt: skip
+        n = len(hook.bodies)
+        assert sched_mod.redeliver_failed(engine, job) == []
+        assert len(hook.bodies) == n and _rows(engine)[0].delivery_status == "failed"
+        with engine.begin() as c:
+            c.execute(update(Report).where(Report.id == first).values(created_at=datetime.now(UTC)))
+        [line] = sched_mod.redeliver_failed(engine, job)
+        assert f"report #{first}" in line and _rows(engine)[0].delivery_status == "delivered"
+    finally:
+        hook.shutdown()
+        hook.server_close()
+        engine.dispose()
