@@ -134,10 +134,16 @@ def test_the_cli_selects_and_says_when_nothing_matches(store, db_url, capsys):
     assert [(r["external_id"], r["temperature"], r["top_k"]) for r in rows] == [("req-sampled", "0.8", "40")]
     assert "no requests rows" not in err
 
-    assert main(["export", "--db", db_url, "--what", "steps", "--workload", "nothing-here", "--out", "-"]) == 0
+    # runs selected, none of their rows in the window: the header alone, and a note
+    assert main(["export", "--db", db_url, "--what", "steps", "--run-kind", "serve", "--since", "2099-01-01",
+                 "--out", "-"]) == 0
     out, err = capsys.readouterr()
     assert out.strip().startswith("step_id") and len(out.strip().splitlines()) == 1
     assert "no steps rows match the selection" in err
+    # a selector no run in the store matches: refused as `cost` refuses it, nothing written
+    assert main(["export", "--db", db_url, "--what", "steps", "--workload", "nothing-here", "--out", "-"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "no runs with workload 'nothing-here'" in err
 
     for argv, named in ((["--top-k", "-1"], "--top-k"), (["--top-p", "0"], "--top-p"),
                         (["--temperature", "hot"], "--temperature"), (["--max-new-tokens", "0"], "--max-new-tokens")):
