@@ -94,7 +94,9 @@ def calibration_warnings(cal: Calibration, measured_speedup: float | None = None
     rerun = ("c, bound, v, bound v and measured are unreliable (the verdict, on alpha alone, stands); rerun with "
              "more prompts (--limit) on an idle machine")
     if cal.verify_ratio is not None and cal.verify_ratio < MIN_VERIFY_RATIO:
-        tokens = "K + 1" if cal.k_measured is None else f"K + 1 = {cal.k_measured + 1:.3g}"
+        k = cal.k_measured  # the mean K of the measured steps (an adaptive drafter's vary): said as a mean then
+        tokens = ("K + 1" if k is None else f"K + 1 = {k + 1:g}" if float(k).is_integer()
+                  else f"the mean K + 1 = {k + 1:.3g}")
         out.append(f"v = {cal.verify_ratio:.2f} is below {MIN_VERIFY_RATIO:g}: a verify forward over {tokens} tokens "
                    "cannot cost much less than a one-token forward, so the timings are wrong (likely a loaded "
                    f"machine or too few prompts): {rerun}")

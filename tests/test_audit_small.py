@@ -265,3 +265,27 @@ def test_bench_says_when_a_speedup_rests_on_too_few_requests():
     assert small_sample_note(sweep) is None
     sweep["runs"].append({"concurrency": 8, "mode": "ar", "requests": [{}]})  # a level with no spec: not compared
     assert small_sample_note(sweep) is None
+
+
+def test_calibrate_on_another_target_without_a_draft_runs_what_bench_runs(tmp_path, capsys):
+    """`calibrate --target OWN` with no --draft judged the bundled draft, which no one named, and failed on its
+    hidden size; it judges what bench and serve run on that target (prompt lookup), as their default does."""
+    import json
+
+    from app.cli import main
+    from tests.test_hf_models import hf_dir
+
+    target = hf_dir(tmp_path / "target")
+    assert main(["calibrate", "--target", str(target), "--workload", "code", "--limit", "1", "--max-new-tokens",
+                 "6", "--dtype", "float32", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["drafter"].startswith("ngram")
+
+
+def test_a_mean_k_is_said_as_a_mean_in_the_verify_warning():
+    from telemetry.calibration import StepCounts, calibrate, calibration_warnings
+
+    # 10 drafting steps of K 3 and 4 alike (35 drafted): the mean K 3.5; v = (4.4 / 10) / 20 = 0.022
+    cal = calibrate("code", StepCounts(10, 35, 20, 2, 35.0, 50, 1000.0, spec_verify_ms=4.4))
+    (v_line,) = [w for w in calibration_warnings(cal, None) if w.startswith("v = ")]
+    assert "a verify forward over the mean K + 1 = 4.5 tokens" in v_line

@@ -9,7 +9,7 @@ import sys
 
 from app.commands._common import DTYPE_HELP, add_command, model_option
 
-EXAMPLES = """  specfinops calibrate                                   # bundled pair, all builtin domains
+EXAMPLES = """  specfinops calibrate                                   # bundled pair (draft+ngram), all builtin domains
   specfinops calibrate --workload code --limit 8 --json
   specfinops calibrate --target ~/models/llama --draft ~/models/llama-draft --workload prompts.jsonl
   specfinops calibrate --drafter ngram --threshold 0.5
@@ -23,7 +23,9 @@ def register(sub) -> None:
                     EXAMPLES, handle)
     p.add_argument("--target", default=None, help="target model name or directory (default: bundled)")
     p.add_argument("--draft", default=None, help="draft model directory (default: the bundled draft)")
-    p.add_argument("--drafter", default=None, help="draft | draft+ngram | early-exit | ngram (default: draft)")
+    p.add_argument("--drafter", default=None,
+                   help="draft | draft+ngram | early-exit | ngram (default: what bench and serve run, draft+ngram "
+                        "with the bundled target and ngram with any other; with --draft DIR: draft)")
     p.add_argument("--early-exit-layers", type=int, default=None,
                    help="target layers used by --drafter early-exit (default: 8, or half the layers of a target "
                         "with 8 or fewer)")
@@ -69,7 +71,7 @@ def handle(args: argparse.Namespace) -> int:
 def _handle(args: argparse.Namespace) -> int:
     from app.commands.bench import drafter_for, early_exit_layers
     from serving.sampling import SamplingParams
-    from serving.worker import EngineSpec, load, warm_up
+    from serving.worker import EngineSpec, default_drafter, load, warm_up
     from serving.workloads import load_workload
     from telemetry.calibration import (
         StepCounts,
@@ -97,7 +99,10 @@ def _handle(args: argparse.Namespace) -> int:
 
     model_option("--target", args.target, "target")  # a path that is no model directory: named, before any load
     model_option("--draft", args.draft, "draft")
-    drafter = drafter_for(args.drafter, args.draft, "--draft", lambda: "draft", model_drafter="draft")
+    # judged as bench and serve would run it: the bundled draft with prompt lookup only beside the bundled target
+    # (another target, no --draft: the bundled draft was refused for its hidden size, a draft nobody named)
+    drafter = drafter_for(args.drafter, args.draft, "--draft", lambda: default_drafter(args.target),
+                          model_drafter="draft")
     if drafter in ("draft", "draft+ngram") and args.draft is None:
         from serving.models import model_path
 
