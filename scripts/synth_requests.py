@@ -19,22 +19,25 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, insert, select
 
-from scripts.synth_store import DOMAINS, MODEL_PAIRS, NODES, SYNTHETIC_HOSTNAME, SYNTHETIC_WORKLOAD
+from scripts.synth_store import DEVICE, DOMAINS, MODEL_PAIRS, NODES, SYNTHETIC_HOSTNAME, SYNTHETIC_WORKLOAD
 from telemetry.db import Request, Run
+from telemetry.prices import load_catalog, price_snapshot
 from telemetry.store import open_store
 
 CHUNK = 50_000
 
 
-def _run_row(run_id: int, pair: int, mode: str, started: datetime) -> dict:
+def _run_row(run_id: int, pair: int, mode: str, started: datetime, snapshot: dict | None) -> dict:
     target, drafter = MODEL_PAIRS[pair % len(MODEL_PAIRS)]
     return {
         "id": run_id, "kind": "bench", "mode": mode, "node_id": NODES[pair % len(NODES)],
-        "hostname": SYNTHETIC_HOSTNAME, "device": "NVIDIA H100 80GB HBM3", "backend": "torch", "dtype": "bfloat16",
+        "hostname": SYNTHETIC_HOSTNAME, "device": DEVICE, "backend": "torch", "dtype": "bfloat16",
         "target": target, "drafter": drafter if mode == "spec" else None,
         "k_policy": "fixed:4" if mode == "spec" else "none", "temperature": 0.0, "top_p": 1.0,
         "concurrency": 8, "workload": SYNTHETIC_WORKLOAD, "power_source": "estimate" if pair % 3 == 2 else "nvml",
-        "software_version": "synthetic", "price_snapshot": {"node_hourly_usd": 55.04, "name": "H100 x8"},
+        # what the recorder takes for the device (synth_store's rule): a whole-node "H100 x8" price on a one-GPU
+        # device is other hardware, and every run's energy was left out of its cost
+        "software_version": "synthetic", "price_snapshot": snapshot,
         "started_at": started, "ended_at": None, "status": "completed", "dropped_records": 0,
     }
 
@@ -49,12 +52,14 @@ def generate(url: str, num_requests: int, num_runs: int = 48, seed: int = 11, lo
     per_run = num_requests // num_runs
     rid, t0 = 0, time.perf_counter()
     domains = list(DOMAINS)
+    catalog = load_catalog(engine)
     with engine.begin() as conn:
         rows: list[dict] = []
         for run_id in range(1, num_runs + 1):
             pair, mode = (run_id - 1) // 2, ("spec", "ar")[(run_id - 1) % 2]
             run_start = start + timedelta(hours=run_id * 6, microseconds=rng.randint(0, 999_999))
-            conn.execute(insert(Run.__table__), [_run_row(run_id, pair, mode, run_start)])
+            conn.execute(insert(Run.__table__),
+                         [_run_row(run_id, pair, mode, run_start, price_snapshot(catalog, DEVICE, taken_at=run_start))])
             clock, last_end = run_start, run_start
             for _ in range(per_run):
                 rid += 1
