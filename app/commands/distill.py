@@ -12,6 +12,8 @@ EXAMPLES = r"""  # the bundled draft (the command its model card records): data 
   specfinops distill --corpus ~/.cache/specfinops/distill/DATA --out /tmp/draft --steps 200 --no-eval
   # continue an interrupted run (same arguments plus --resume)
   specfinops distill --generate-prompts 1784 --out /tmp/draft --minutes 45 --resume
+  # or start its training over (the same arguments plus --fresh; the data made is reused)
+  specfinops distill --generate-prompts 1784 --out /tmp/draft --minutes 45 --fresh
   # a fused-feature draft (EAGLE-3): reads the outputs of target blocks 1, 14 and 29 (of 30)
   specfinops distill --generate-prompts 1784 --feature-layers 1 14 29 --out /tmp/draft3 --minutes 45
   # twice the bundled recipe's data on a CUDA GPU (an H200 made it in 6.4 minutes), training gets the rest
@@ -100,9 +102,17 @@ def register(sub) -> None:
                    help="where the target generates the data and the draft trains: cpu (default) or a CUDA GPU "
                         "(cuda, cuda:1); alpha and c are measured on the CPU either way, where the draft serves. "
                         "On a GPU, --dtype auto is bfloat16 where the GPU has bf16 arithmetic (Ampere and later)")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint of the same --out")
-    p.add_argument("--checkpoint", default=None, help="checkpoint file training saves to and --resume continues from (default: under distill/checkpoints in $SPECFINOPS_CACHE, "
-                        "~/.cache/specfinops by default)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the checkpoint of the same --out (a run without --resume or --fresh is "
+                        "refused where an unfinished run's checkpoint exists, so its steps are not lost)")
+    p.add_argument("--fresh", action="store_true",
+                   help="start training over from step 0, removing the unfinished run's checkpoint of this --out "
+                        "(the data already made is still reused)")
+    p.add_argument("--checkpoint", default=None,
+                   help="checkpoint file training saves to and --resume continues from (default: "
+                        "distill/checkpoints/<hash of --out>.pt in $SPECFINOPS_CACHE, ~/.cache/specfinops by "
+                        "default; a run that finishes removes its default checkpoint and keeps it when interrupted "
+                        "or failed; one given here is kept, so a later --resume can train it further)")
     p.add_argument("--save-every", type=float, default=3.0, help="minutes between checkpoints (also refreshes --out)")
     p.add_argument("--no-eval", action="store_true", help="skip measuring alpha and c")
     p.add_argument("--eval-max-new-tokens", type=int, default=128,
@@ -143,6 +153,8 @@ def handle(args) -> int:
     args.minutes = _positive("--minutes", args.minutes, float)
     args.steps = _positive("--steps", args.steps, int)
     args.total_minutes = _positive("--total-minutes", args.total_minutes, float)
+    if args.resume and args.fresh:
+        raise UsageError("give --resume (continue the checkpoint) or --fresh (start over), not both")
     if args.minutes is not None and args.steps is not None:
         raise UsageError("give --minutes or --steps, not both")
     if args.total_minutes is not None and args.steps is not None:

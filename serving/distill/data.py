@@ -273,14 +273,23 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
         progress_path.write_text(json.dumps({"seconds": round(prior_s + time.perf_counter() - t0, 1)}))
         offset += L
         ntok += L - st["num_prompt"]
-        bar.update(1)
-        bar.set_postfix(tok_s=f"{ntok / (time.perf_counter() - t0):.0f}")
+        ended[0] += 1
+
+    # the bar advances once a forward, by the prompts it finished (a batch often ends together): advanced one
+    # by one, tqdm timed the first prompt alone and showed a batch's time per prompt (an ETA many times too long)
+    ended, shown = [0], [0]  # prompts finished or skipped so far; those the bar counts
+
+    def advance() -> None:
+        if ended[0] > shown[0]:
+            bar.update(ended[0] - shown[0])
+            shown[0] = ended[0]
+            bar.set_postfix(tok_s=f"{ntok / (time.perf_counter() - t0):.0f}")
 
     try:
         def skip() -> None:
             nonlocal skipped
             skipped += 1
-            bar.update(1)
+            ended[0] += 1
 
         while queue or live:
             for slots, group in admit(queue, free, live, batch, prefill_tokens, lambda ids: 0 < len(ids) <= max_prompt,
@@ -293,6 +302,7 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
                 hidden, tp, ti = to_host(logits, hidden, topk)  # (n, P, .)
                 for r, (slot, (_, ids)) in enumerate(zip(slots, group, strict=True)):
                     record(slot, hidden[r, : len(ids)], tp[r, : len(ids)], ti[r, : len(ids)])
+            advance()
             if not live:
                 break
             slots = sorted(live)
@@ -302,7 +312,9 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
             hidden, tp, ti = to_host(logits, hidden, topk)  # (B, 1, .), once for the batch
             for r, s in enumerate(slots):
                 record(s, hidden[r], tp[r], ti[r])
+            advance()
     finally:
+        advance()
         bar.close()
         for f in files.values():
             f.close()

@@ -125,6 +125,13 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def save_draft(draft, out: Path, extra: dict) -> None:
     """The EagleDraft file format (config.json + model.safetensors), weights cast to bf16 on the way out.
     Written in place: `write_output` writes a whole draft folder and swaps it in."""
@@ -136,6 +143,9 @@ def save_draft(draft, out: Path, extra: dict) -> None:
     state = {k: (v.detach().to(torch.bfloat16) if v.is_floating_point() else v.detach()).cpu().contiguous()
              for k, v in draft.state_dict().items()}
     save_file(state, str(out / "model.safetensors.tmp"))
+    # safetensors writes through a private (0600) temporary file: give the weights the mode the other files get
+    # under the umask, so a server running as another user can read them as it reads config.json
+    os.chmod(out / "model.safetensors.tmp", 0o666 & ~_umask())
     (out / "model.safetensors.tmp").replace(out / "model.safetensors")
     cfg = {"model_type": MODEL_TYPE, **asdict(draft.cfg), "torch_dtype": "bfloat16", **extra}
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -367,10 +377,37 @@ def resume_refusal(ckpt: Path, saved: dict, name: str, was, now) -> str:
 
     if name not in CLI_TRAINING_OPTIONS + DATA_OPTIONS:  # a setting without an option (another version's default)
         return (f"--resume: the checkpoint {ckpt} was trained with {name} = {shown(was)}, this version of distill "
-                f"trains with {shown(now)}: drop --resume to start again")
+                f"trains with {shown(now)}: give --fresh in place of --resume to start again")
     flag = "--" + name.replace("_", "-")
     return (f"--resume: the checkpoint {ckpt} was made with {flag} {shown(was)}, this run has {flag} {shown(now)}: "
-            "resume with the options it was made with, or drop --resume to start again")
+            "resume with the options it was made with, or give --fresh in place of --resume to start again")
+
+
+def rerun_refusal(ckpt: Path, cfg) -> str | None:
+    """The line refusing a run without --resume or --fresh whose checkpoint file holds an unfinished run's
+    training (interrupted, or killed): starting from step 0 would replace it at the first save. None where
+    nothing would be lost: a checkpoint of a finished run (its draft is in --out), none, or one unreadable."""
+    from serving.distill.train import resume_mismatch
+
+    try:
+        state = torch.load(ckpt, weights_only=False, mmap=True, map_location="cpu")
+    except Exception:  # noqa: BLE001 - damaged or not a checkpoint: nothing a rerun could continue from
+        return None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or state.get("finished"):
+        return None
+    step, saved = state["step"], state.get("config") or {}
+    if step < 1:
+        return None
+    differs = resume_mismatch(saved, cfg)
+    del state
+    if differs:
+        name, was, now = differs
+        what = "target" if name == "target_fingerprint" else "--" + name.replace("_", "-")
+        return (f"a checkpoint at step {step} of an unfinished run exists for this --out ({ckpt}), made with "
+                f"another {what} ({was} there, {now} here), so --resume cannot continue it: add --fresh (or remove "
+                "it) to start over, or give another --checkpoint")
+    return (f"a checkpoint at step {step} exists for this command ({ckpt}): add --resume to continue from it, "
+            "or --fresh (or remove it) to start over")
 
 
 def _dtype_tag(dtype: torch.dtype) -> str:
@@ -456,6 +493,20 @@ def interrupted_note(args, step: int, ckpt: Path, out: Path) -> str:
                 "command starts training again without making it")
     return (f"interrupted: checkpoint at step {step} saved to {ckpt} (the draft so far in {out}); continue with:\n"
             f"  {resume_command(args)}")
+
+
+def _made_so_far(d: Path, items: list[dict]) -> str:
+    """' (192 already made, 108 to go)' where an interrupted generation into `d` finished some of `items`."""
+    from serving.distill.data import read_jsonl
+
+    index = d / "sequences.jsonl"
+    if not index.is_file():
+        return ""
+    try:
+        made = len({r.get("id") for r in read_jsonl(index)} & {i["id"] for i in items})
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return f" ({made} already made, {len(items) - made} to go)" if made else ""
 
 
 @contextmanager
@@ -562,6 +613,10 @@ def run(args) -> int:
         del resumed
     elif args.resume:
         _say(f"--resume: no checkpoint {ckpt} to resume for --out {out}; starting from scratch")
+    elif ckpt.is_file() and not getattr(args, "fresh", False):
+        refused = rerun_refusal(ckpt, cfg)  # before anything is made: the steps it trained would be lost
+        if refused:
+            raise UsageError(refused)
     # ---- what can fail in setting up fails now, not after the data is made: the target, its tokenizer, a draft
     # started from it
     target = load_causal_lm(target_dir, torch.float32)
@@ -597,7 +652,7 @@ def run(args) -> int:
             prompts = interleave(interleave(make_prompts(n_t, seed=args.seed) if n_t else [],
                                             stdlib_prompts(n_s, seed=args.seed) if n_s else []),
                                  package_prompts(n_p, seed=args.seed) if n_p else [])
-            _say(f"generating the target's greedy answers to {len(prompts)} prompts -> {d}")
+            _say(f"generating the target's greedy answers to {len(prompts)} prompts{_made_so_far(d, prompts)} -> {d}")
             prepare(target_dir, prompts, d, max_new_tokens=args.max_new_tokens, batch=args.gen_batch, say=_say,
                     dtype=dtype, feature_layers=data_layers, device=device,
                     extra_meta={"corpus": "templated prompts and standard-library code prompts "
@@ -621,7 +676,7 @@ def run(args) -> int:
 
             _say(f"the target writes {n_q} code questions of its own (seed {args.seed})")
             asked = self_prompts(target_dir, n_q, seed=args.seed, dtype=dtype, batch=args.gen_batch, device=device)
-            _say(f"generating the target's greedy answers to its {len(asked)} questions -> {d}")
+            _say(f"generating the target's greedy answers to its {len(asked)} questions{_made_so_far(d, asked)} -> {d}")
             prepare(target_dir, asked, d, max_new_tokens=args.max_new_tokens, batch=args.gen_batch, say=_say,
                     dtype=dtype, feature_layers=data_layers, device=device,
                     extra_meta={"corpus": "code questions the target wrote itself "
@@ -712,7 +767,9 @@ def run(args) -> int:
 
     def on_checkpoint(d, info) -> None:
         card["rerun"] = rerun_note(cfg, info["step"])
-        write_draft(d, {"status": "training (intermediate checkpoint)",
+        status = (f"interrupted at step {info['step']} (Ctrl-C; the same command with --resume continues it)"
+                  if info.get("interrupted") else "training (intermediate checkpoint)")
+        write_draft(d, {"status": status,
                         "results": {"steps": info["step"], "train_minutes": round(info["elapsed"] / 60, 2),
                                     "curve": info["curve"][-50:]}})
 
@@ -720,6 +777,9 @@ def run(args) -> int:
          f"answer tokens); corpus {card['corpus']['tokens']} tokens in {card['corpus']['sequences']} sequences")
     target.to(device)  # the draft reads the target's token embedding (shared, not copied)
     draft.to(device)
+    if getattr(args, "fresh", False) and ckpt.is_file():
+        ckpt.unlink()  # --fresh: an unfinished run's checkpoint is not continued, nor resumed later by mistake
+        _say(f"--fresh: removed the checkpoint {ckpt}; training starts from step 0")
     try:
         summary = train(draft, preps, cfg, checkpoint=ckpt, resume=args.resume, on_checkpoint=on_checkpoint,
                         say=_say, device=device)
@@ -756,4 +816,7 @@ def run(args) -> int:
     results["total_minutes"] = round((time.perf_counter() - t_start) / 60, 2)
     write_card_only(out, {**card, "status": "trained", "results": results})
     _say(f"wrote {out}")
+    if not args.checkpoint:  # the default one, under the cache: the run is done, its draft is in --out
+        ckpt.unlink(missing_ok=True)
+        _say(f"removed this run's checkpoint {ckpt} (the run finished)")
     return 0

@@ -152,7 +152,7 @@ def self_prompts(target_dir: str | Path, n: int, *, seed: int = 0, dtype: torch.
             seen.add(text)
             items.append({"id": f"self-s{seed}-{len(items):05d}", "domain": "code", "prompt": text})
             got += 1
-            bar.update(1)
+        bar.update(got)  # the round's questions at once: the rate is per question, the ETA right
         if not got and rounds >= 3:
             bar.close()
             raise ValueError(f"the target wrote no usable request in {rounds} rounds of {want} (none ended within "

@@ -745,14 +745,16 @@ def _train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, device
             return elapsed / total_s
         return step / cfg.steps
 
-    def save_ckpt() -> None:
+    def save_ckpt(finished: bool = False) -> None:
+        """`finished`: training ran to its budget (a rerun without --resume may then replace the checkpoint)."""
         if checkpoint is None:
             return
         checkpoint.parent.mkdir(parents=True, exist_ok=True)
         tmp = checkpoint.with_suffix(".tmp")
         torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
                     "curve": curve, "rng": batches.rng.getstate(), "config": asdict(cfg),
-                    "batches": batches.state(), "torch_rng": rng_state(device), "ema": ema}, tmp)
+                    "batches": batches.state(), "torch_rng": rng_state(device), "ema": ema,
+                    "finished": finished}, tmp)
         tmp.replace(checkpoint)
 
     draft.train()
@@ -799,10 +801,10 @@ def _train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, device
         stop.restore()
     bar.close()
     draft.eval()
-    save_ckpt()
+    save_ckpt(finished=not stop.asked)
     if stop.asked:  # Ctrl-C: stopped between steps, the checkpoint just saved is whole
         if on_checkpoint is not None:
-            on_checkpoint(draft, {"step": step, "elapsed": elapsed, "curve": curve})
+            on_checkpoint(draft, {"step": step, "elapsed": elapsed, "curve": curve, "interrupted": True})
         raise TrainingInterrupted(step if checkpoint is not None else 0, checkpoint)
     return {"steps": step, "train_minutes": round(elapsed / 60, 2), "feat_scale": round(feat_scale, 4),
             "curve": curve, "final": {k: round(v, 4) for k, v in (ema or {}).items()}}

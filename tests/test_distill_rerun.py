@@ -1,0 +1,185 @@
+"""`specfinops distill` run again: an unfinished run's checkpoint is not overwritten without --resume or --fresh,
+a finished run removes its checkpoint, the weights' file mode follows the umask, progress bars count prompts."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from serving.distill.data import teacher_pass
+from tests.test_distill import _tiny_target_dir
+from tests.tiny import tiny_model
+
+
+def _answers(n: int) -> list[dict]:
+    rng = random.Random(0)
+    return [{"id": f"t{i}", "domain": "code", "prompt_ids": [rng.randrange(3, 96) for _ in range(5)],
+             "output_ids": [rng.randrange(3, 20) for _ in range(12)]} for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny Llama target directory and data prepared from it."""
+    root = tmp_path_factory.mktemp("rerun")
+    target = tiny_model(1)
+    target_dir = Path(_tiny_target_dir(root / "target", target))
+    corpus = root / "corpus"
+    with torch.inference_mode():
+        teacher_pass(target, _answers(8), corpus, topk=4, token_budget=256, progress=False)
+    return target_dir, corpus
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    import serving.distill.pipeline  # noqa: F401 - imported before the variable is set
+
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "distill"
+
+
+def _argv(tiny, out: Path, steps: int = 2, *extra: str) -> list[str]:
+    target_dir, corpus = tiny
+    return ["distill", "--target", str(target_dir), "--corpus", str(corpus), "--out", str(out), "--steps", str(steps),
+            "--head-vocab", "32", "--batch-tokens", "128", "--dtype", "float32", "--no-eval", *extra]
+
+
+def _ctrl_c_at(monkeypatch, call: int) -> None:
+    """Ctrl-C (SIGINT to this process) during the `call`-th training step's loss."""
+    import signal
+
+    import serving.distill.train as tr
+
+    loss, calls = tr.distill_loss, []
+
+    def interrupted(*args, **kw):
+        calls.append(1)
+        if len(calls) == call:
+            os.kill(os.getpid(), signal.SIGINT)
+        return loss(*args, **kw)
+
+    monkeypatch.setattr(tr, "distill_loss", interrupted)
+
+
+def _checkpoints(cache: Path) -> list[Path]:
+    return sorted((cache / "checkpoints").glob("*.pt")) if (cache / "checkpoints").is_dir() else []
+
+
+def test_a_rerun_after_an_interrupted_run_is_refused_and_fresh_starts_over(tiny, tmp_path, cache, monkeypatch,
+                                                                            capsys):
+    from app.cli import main
+
+    out = tmp_path / "draft"
+    _ctrl_c_at(monkeypatch, 3)
+    assert main(_argv(tiny, out, 20)) == 130
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    (ckpt,) = _checkpoints(cache)
+    assert torch.load(ckpt, weights_only=False)["step"] == 3
+    card = json.loads((out / "model_card.json").read_text())
+    assert card["status"].startswith("interrupted at step 3") and "--resume" in card["status"]
+    before = ckpt.read_bytes()
+    capsys.readouterr()
+    # the same command without --resume: refused before anything is done, the checkpoint untouched
+    assert main(_argv(tiny, out, 20)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "checkpoint at step 3" in err[0] and str(ckpt) in err[0] and "--resume" in err[0] and "--fresh" in err[0]
+    assert ckpt.read_bytes() == before
+    # with other options it is refused too (a --resume could not continue it)
+    assert main(_argv(tiny, out, 20, "--lr", "0.01")) == 2
+    assert "--fresh" in capsys.readouterr().err and ckpt.read_bytes() == before
+    assert main(_argv(tiny, out, 4, "--resume", "--fresh")) == 2
+    # --fresh starts over from step 0: 4 steps trained in this run, and the finished run removes its checkpoint
+    assert main(_argv(tiny, out, 4, "--fresh")) == 0
+    assert "resumed from" not in capsys.readouterr().err
+    card = json.loads((out / "model_card.json").read_text())
+    assert card["status"] == "trained" and card["results"]["steps"] == 4
+    assert card["results"]["curve"][0]["step"] == 1
+    assert _checkpoints(cache) == []
+
+
+def test_resume_continues_the_interrupted_run_and_then_removes_its_checkpoint(tiny, tmp_path, cache, monkeypatch,
+                                                                              capsys):
+    from app.cli import main
+
+    out = tmp_path / "draft"
+    _ctrl_c_at(monkeypatch, 2)
+    assert main(_argv(tiny, out, 5)) == 130
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    assert len(_checkpoints(cache)) == 1  # interrupted: kept for --resume
+    capsys.readouterr()
+    assert main(_argv(tiny, out, 5, "--resume")) == 0
+    assert "resumed from" in capsys.readouterr().err
+    assert json.loads((out / "model_card.json").read_text())["results"]["steps"] == 5
+    assert _checkpoints(cache) == []
+
+
+def test_a_finished_run_leaves_no_checkpoint_and_a_rerun_is_not_refused(tiny, tmp_path, cache):
+    from app.cli import main
+
+    out = tmp_path / "draft"
+    assert main(_argv(tiny, out)) == 0
+    assert _checkpoints(cache) == [] and not list((cache / "checkpoints").iterdir())
+    assert main(_argv(tiny, out)) == 0
+
+
+def test_a_checkpoint_given_with_checkpoint_is_kept_finished_and_not_refused(tiny, tmp_path, cache):
+    from app.cli import main
+
+    out, ckpt = tmp_path / "draft", tmp_path / "mine.pt"
+    assert main(_argv(tiny, out, 2, "--checkpoint", str(ckpt))) == 0
+    assert torch.load(ckpt, weights_only=False)["finished"] is True
+    assert main(_argv(tiny, out, 2, "--checkpoint", str(ckpt))) == 0  # nothing unfinished to lose
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_the_weights_file_gets_the_mode_the_umask_gives(tiny, tmp_path, cache, umask):
+    from app.cli import main
+
+    out = tmp_path / "draft"
+    previous = os.umask(umask)
+    try:
+        assert main(_argv(tiny, out)) == 0
+    finally:
+        os.umask(previous)
+    want = 0o666 & ~umask
+    for name in ("model.safetensors", "config.json", "model_card.json"):
+        assert (out / name).stat().st_mode & 0o777 == want, name
+
+
+def test_the_generation_bar_advances_by_the_prompts_each_forward_finished(tmp_path, monkeypatch):
+    import tqdm
+
+    from serving.distill.data import record_generation
+
+    updates: list[int] = []
+
+    class Spy(tqdm.tqdm):
+        def update(self, n=1):
+            updates.append(n)
+            return super().update(n)
+
+    monkeypatch.setattr(tqdm, "tqdm", Spy)
+    torch.manual_seed(0)
+    target = tiny_model(3)
+    encoded = [({"id": f"g{i}", "domain": "chat"}, [5 + i, 7, 9, 11]) for i in range(8)]
+    record_generation(target, encoded, tmp_path / "g", eos=None, max_new_tokens=4, batch=4, topk=4, progress=False)
+    assert sum(updates) == 8
+    assert updates == [4, 4]  # a batch of four ends together: one update of four, not four of one
+
+
+def test_resumed_generation_says_how_many_answers_were_already_made(tmp_path):
+    from serving.distill.pipeline import _made_so_far
+
+    d = tmp_path / "d"
+    items = [{"id": f"p{i}"} for i in range(300)]
+    assert _made_so_far(d, items) == ""
+    d.mkdir()
+    (d / "sequences.jsonl").write_text("".join(json.dumps({"id": f"p{i}"}) + "\n" for i in range(192)))
+    assert _made_so_far(d, items) == " (192 already made, 108 to go)"
