@@ -19,8 +19,7 @@ from sqlalchemy import create_engine, text
 
 import serving.worker as worker
 from app.cli import main
-from tests.test_bench_loadtest_edges import KERNEL_SWITCHES, _tiny_bench
-from tests.test_hf_models import hf_dir
+from tests.test_bench_loadtest_edges import KERNEL_SWITCHES, _tiny_bench, tiny_target
 from tests.test_loadtest_stub import stub_factory  # noqa: F401 (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +34,7 @@ def no_kernel_races(monkeypatch):
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    return hf_dir(tmp_path_factory.mktemp("interrupt") / "target", max_position_embeddings=1024)
+    return tiny_target(tmp_path_factory.mktemp("interrupt"))
 
 
 def _store(db_url: str) -> tuple[list[tuple], dict[int, dict[str, int]], int]:

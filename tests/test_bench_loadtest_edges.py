@@ -27,9 +27,14 @@ def no_kernel_races(monkeypatch):
         monkeypatch.setenv(name, "off")
 
 
+def tiny_target(root):
+    """A tiny Hugging Face target under `root` with room for the builtin prompts and a few new tokens."""
+    return hf_dir(root / "target", max_position_embeddings=1024)
+
+
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    return hf_dir(tmp_path_factory.mktemp("edges") / "target", max_position_embeddings=1024)
+    return tiny_target(tmp_path_factory.mktemp("edges"))
 
 
 def _tiny_bench(target, *extra) -> list[str]:

@@ -21,16 +21,19 @@ def _answers(n: int) -> list[dict]:
              "output_ids": [rng.randrange(3, 20) for _ in range(12)]} for i in range(n)]
 
 
-@pytest.fixture(scope="module")
-def byo(tmp_path_factory):
-    """A tiny Llama target directory and data prepared from it."""
-    root = tmp_path_factory.mktemp("byo")
+def target_and_corpus(root: Path) -> tuple[Path, Path]:
+    """A tiny Llama target directory under `root` and data prepared from it."""
     target = tiny_model(1)
     target_dir = Path(_tiny_target_dir(root / "target", target))
     corpus = root / "corpus"
     with torch.inference_mode():
         teacher_pass(target, _answers(8), corpus, topk=4, token_budget=256, progress=False)
     return target_dir, corpus
+
+
+@pytest.fixture(scope="module")
+def byo(tmp_path_factory):
+    return target_and_corpus(tmp_path_factory.mktemp("byo"))
 
 
 def _target(path: Path, seed: int) -> Path:

@@ -5,33 +5,19 @@ from __future__ import annotations
 
 import json
 import os
-import random
 from pathlib import Path
 
 import pytest
 import torch
 
-from serving.distill.data import teacher_pass
-from tests.test_distill import _tiny_target_dir
+from tests.test_distill_byo import _ctrl_c_at, target_and_corpus
 from tests.tiny import tiny_model
-
-
-def _answers(n: int) -> list[dict]:
-    rng = random.Random(0)
-    return [{"id": f"t{i}", "domain": "code", "prompt_ids": [rng.randrange(3, 96) for _ in range(5)],
-             "output_ids": [rng.randrange(3, 20) for _ in range(12)]} for i in range(n)]
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny Llama target directory and data prepared from it."""
-    root = tmp_path_factory.mktemp("rerun")
-    target = tiny_model(1)
-    target_dir = Path(_tiny_target_dir(root / "target", target))
-    corpus = root / "corpus"
-    with torch.inference_mode():
-        teacher_pass(target, _answers(8), corpus, topk=4, token_budget=256, progress=False)
-    return target_dir, corpus
+    return target_and_corpus(tmp_path_factory.mktemp("rerun"))
 
 
 @pytest.fixture
@@ -46,23 +32,6 @@ def _argv(tiny, out: Path, steps: int = 2, *extra: str) -> list[str]:
     target_dir, corpus = tiny
     return ["distill", "--target", str(target_dir), "--corpus", str(corpus), "--out", str(out), "--steps", str(steps),
             "--head-vocab", "32", "--batch-tokens", "128", "--dtype", "float32", "--no-eval", *extra]
-
-
-def _ctrl_c_at(monkeypatch, call: int) -> None:
-    """Ctrl-C (SIGINT to this process) during the `call`-th training step's loss."""
-    import signal
-
-    import serving.distill.train as tr
-
-    loss, calls = tr.distill_loss, []
-
-    def interrupted(*args, **kw):
-        calls.append(1)
-        if len(calls) == call:
-            os.kill(os.getpid(), signal.SIGINT)
-        return loss(*args, **kw)
-
-    monkeypatch.setattr(tr, "distill_loss", interrupted)
 
 
 def _checkpoints(cache: Path) -> list[Path]:
