@@ -179,14 +179,18 @@ class Loaded:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def encode(self, prompt: Prompt) -> list[int]:
-        tok = self.tokenizer
-        if getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template(prompt.as_messages(), add_generation_prompt=True, tokenize=True,
-                                          return_dict=False)
-            return list(ids)
-        if prompt.prompt is None:
-            raise ValueError(f"prompt {prompt.id}: chat messages need a model with a chat template")
-        return tok.encode(prompt.prompt)
+        return encode_prompt(self.tokenizer, prompt)
+
+
+def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
+    """The prompt's token ids as the engine feeds them: through the chat template where the tokenizer has one."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(prompt.as_messages(), add_generation_prompt=True, tokenize=True,
+                                            return_dict=False)
+        return list(ids)
+    if prompt.prompt is None:
+        raise ValueError(f"prompt {prompt.id}: chat messages need a model with a chat template")
+    return tokenizer.encode(prompt.prompt)
 
 
 def load(spec: EngineSpec) -> Loaded:

@@ -282,7 +282,7 @@ def _handle(args: argparse.Namespace) -> int:
                       k=args.k or DEFAULT_K, dtype=args.dtype,
                       max_batch=max(levels), max_len=args.max_len, tree=args.tree)
     spec.validate()
-    check_prompts_fit(args, target_dir, prompts)
+    encoded = check_prompts_fit(args, target_dir, prompts)
     gate = args.spec_max_batch
     if gate is not None and gate != "auto" and (not str(gate).isdigit() or int(gate) < 1):
         raise ValueError(f"--spec-max-batch must be an integer >= 1 or 'auto', got {gate!r}")
@@ -294,7 +294,7 @@ def _handle(args: argparse.Namespace) -> int:
         made = path if path is not None and not path.exists() else None
         open_db_option(args.db)  # an unusable --db now, not after the benchmark
     try:
-        loaded, encoded = _load_and_check(args, spec, prompts, params, gate, chosen, levels)
+        loaded = _load_and_check(args, spec, prompts, encoded, params, gate, chosen, levels)
     except BaseException:
         if made is not None:
             for leftover in (made, made.with_name(made.name + "-wal"), made.with_name(made.name + "-shm")):
@@ -304,26 +304,28 @@ def _handle(args: argparse.Namespace) -> int:
     return _write_json(args, report)
 
 
-def check_prompts_fit(args, target_dir, prompts) -> None:
+def check_prompts_fit(args, target_dir, prompts) -> list[list[int]]:
     """Every prompt fits --max-len, checked with the target's tokenizer alone (it loads in a moment) before the
-    models load: a prompt longer than the window was said only after the target had loaded. The target's own
-    positions (max_position_embeddings), which may be fewer, are checked once it has loaded."""
-    from types import SimpleNamespace
-
+    models load: a prompt longer than the window was said only after the target had loaded. Returns the prompts'
+    token ids, which the run then uses. The target's own positions (max_position_embeddings), which may be fewer,
+    are checked once it has loaded."""
     from serving.models import load_tokenizer, resolve_model
-    from serving.worker import Loaded
+    from serving.worker import encode_prompt
 
-    shim = SimpleNamespace(tokenizer=load_tokenizer(target_dir or resolve_model(None, "target")))
-    for p in prompts:
-        n = len(Loaded.encode(shim, p))  # as the engine encodes it (its chat template, if any)
+    tokenizer = load_tokenizer(target_dir or resolve_model(None, "target"))
+    encoded = [encode_prompt(tokenizer, p) for p in prompts]  # as the engine encodes them (its chat template)
+    for p, ids in zip(prompts, encoded, strict=True):
+        n = len(ids)
         if n >= args.max_len - 1:
             raise UsageError(f"--max-len {args.max_len}: prompt {p.id} of --workload {args.workload} is {n} tokens, "
                              f"longer than the context window ({args.max_len} tokens); "
                              "drop it or raise --max-len")
+    return encoded
 
 
-def _load_and_check(args, spec, prompts, params, gate, chosen: bool, levels: list[int]):
-    """Load the models and check what needs them (the prompts' lengths, a gate read from a sweep)."""
+def _load_and_check(args, spec, prompts, encoded, params, gate, chosen: bool, levels: list[int]):
+    """Load the models and check what needs them (the prompts' lengths against the target's positions, a gate
+    read from a sweep); `encoded`: the prompts' token ids (check_prompts_fit)."""
     from serving.worker import load
 
     if chosen and args.dtype == "float32" and args.backend == "torch" and 1 in levels:
@@ -338,7 +340,6 @@ def _load_and_check(args, spec, prompts, params, gate, chosen: bool, levels: lis
     loaded = load(spec)
     if gate is not None:
         loaded.spec.spec_max_batch = resolve_spec_max_batch(gate, args.db, loaded)
-    encoded = [loaded.encode(p) for p in prompts]
     # the engine's context: --max-len, or the target's positions where it has fewer (the engine keeps the lesser)
     ctx = min(spec.max_len, loaded.target.cfg.max_position)
     window = (f"--max-len {ctx}" if ctx == spec.max_len
@@ -353,7 +354,7 @@ def _load_and_check(args, spec, prompts, params, gate, chosen: bool, levels: lis
         print(f"note: --max-new-tokens {params.max_new_tokens} does not fit {window} after "
               f"{len(capped)} of {len(encoded)} prompts (the longest {max(capped)} tokens): their answers stop at "
               f"{ctx - 1} tokens of prompt and answer, finish reason 'length'", file=sys.stderr)
-    return loaded, encoded
+    return loaded
 
 
 def resolve_spec_max_batch(gate: str, db_url: str | None, loaded) -> int | None:
