@@ -49,9 +49,9 @@ BAND_SD = 3.0
 @dataclass(frozen=True, slots=True)
 class Window:
     """A report's period, and the runs it covers: those recorded at `temperature`, of run `kind`, sampled with
-    `top_p` / `top_k` and capped at `max_new_tokens` new tokens where set (None: every run), as `specfinops cost
-    --temperature --run-kind --top-p --top-k --max-new-tokens` filter them (a greedy run counts as top_p 1, top_k
-    0: queries.Filters)."""
+    `top_p` / `top_k`, capped at `max_new_tokens` new tokens, of `workload` and of `target` where set (None: every
+    run), as `specfinops cost --temperature --run-kind --top-p --top-k --max-new-tokens --workload --target`
+    filter them (a greedy run counts as top_p 1, top_k 0: queries.Filters)."""
 
     period: str
     since: datetime
@@ -61,6 +61,8 @@ class Window:
     top_p: float | None = None
     top_k: int | None = None
     max_new_tokens: int | None = None
+    workload: str | None = None
+    target: str | None = None
 
     @property
     def length(self) -> timedelta:
@@ -72,11 +74,13 @@ class Window:
 
     def filters(self) -> Filters:
         return Filters(since=self.since, until=self.until, temperature=self.temperature, kind=self.kind,
-                       top_p=self.top_p, top_k=self.top_k, max_new_tokens=self.max_new_tokens)
+                       top_p=self.top_p, top_k=self.top_k, max_new_tokens=self.max_new_tokens,
+                       workload=self.workload, target=self.target)  # fmt: skip
 
     def runs_text(self) -> str:
         """Which runs the window covers, in words ("" for every run)."""
-        return runs_covered_text(self.temperature, self.kind, self.top_p, self.top_k, self.max_new_tokens)
+        return runs_covered_text(self.temperature, self.kind, self.top_p, self.top_k, self.max_new_tokens,
+                                 self.workload, self.target)  # fmt: skip
 
     def label(self) -> str:
         fmt = "%Y-%m-%d %H:%M"
@@ -86,11 +90,13 @@ class Window:
 
 
 def runs_covered_text(temperature: float | None, kind: str | None, top_p: float | None = None,
-                      top_k: int | None = None, max_new_tokens: int | None = None) -> str:
-    """Which runs a report covers, in words ("" for every run): 'temperature 0.8, top_k 40, 128 new tokens, bench
-    runs'. A cut-off chosen is said even where it is off ('top_k 0': the runs not cut by top_k, greedy ones
-    included)."""
-    said = [costing.temperature_text(temperature)] if temperature is not None else []
+                      top_k: int | None = None, max_new_tokens: int | None = None, workload: str | None = None,
+                      target: str | None = None) -> str:
+    """Which runs a report covers, in words ("" for every run): "workload 'code', target 'm', temperature 0.8,
+    top_k 40, 128 new tokens, bench runs". A cut-off chosen is said even where it is off ('top_k 0': the runs not
+    cut by top_k, greedy ones included)."""
+    said = [f"{name} {value!r}" for name, value in (("workload", workload), ("target", target)) if value is not None]
+    said += [costing.temperature_text(temperature)] if temperature is not None else []
     said += [f"{name} {value:g}" for name, value in (("top_p", top_p), ("top_k", top_k)) if value is not None]
     said += [queries.max_new_tokens_text(max_new_tokens)] if max_new_tokens is not None else []
     return ", ".join(said + ([f"{kind} runs"] if kind else []))
@@ -571,12 +577,15 @@ def summary_dict(data: ReportData) -> dict:
         "period": data.window.period,
         "since": _iso(data.window.since),
         "until": _iso(data.window.until),
-        # the runs covered: None for every temperature / run kind / top_p / top_k / answer length cap
+        # the runs covered: None for every temperature / run kind / top_p / top_k / answer length cap / workload /
+        # target
         "temperature": data.window.temperature,
         "run_kind": data.window.kind,
         "top_p": data.window.top_p,
         "top_k": data.window.top_k,
         "max_new_tokens": data.window.max_new_tokens,
+        "workload": data.window.workload,
+        "target": data.window.target,
         "generated_at": _iso(data.generated_at),
         "traffic": data.has_traffic,
         "output_tokens": data.current.output_tokens(),

@@ -195,6 +195,8 @@ class ReportJob:
     top_p: float | None = None  # only runs sampled with this top_p / top_k (None: every run; queries.Filters)
     top_k: int | None = None
     max_new_tokens: int | None = None  # only runs capped at this many new tokens (None: every run)
+    workload: str | None = None  # only runs of this workload / target model (None: every run)
+    target: str | None = None
 
     def __post_init__(self) -> None:
         if self.period not in SCHEDULED_PERIODS:
@@ -206,9 +208,10 @@ class ReportJob:
             raise ValueError(f"--misfire-grace-s must be a whole number >= 1, got {self.misfire_grace_s!r}")
 
     def runs_of(self, window: Window) -> Window:
-        """`window` narrowed to the job's runs (--temperature, --run-kind, --top-p, --top-k, --max-new-tokens)."""
+        """`window` narrowed to the job's runs (--temperature, --run-kind, --top-p, --top-k, --max-new-tokens,
+        --workload, --target)."""
         return replace(window, temperature=self.temperature, kind=self.kind, top_p=self.top_p, top_k=self.top_k,
-                       max_new_tokens=self.max_new_tokens)
+                       max_new_tokens=self.max_new_tokens, workload=self.workload, target=self.target)  # fmt: skip
 
     @property
     def delivering(self) -> bool:
@@ -222,12 +225,15 @@ class ReportJob:
             "delivery_attempts": self.delivery_attempts, "delivery_backoff_s": self.delivery_backoff_s,
             # only when set: a job stored before --webhook-env existed compares equal and is kept
             **({"webhook_env": self.webhook_env} if self.webhook_env else {}),
-            # the same for the runs' filters (--temperature, --run-kind, --top-p, --top-k, --max-new-tokens)
+            # the same for the runs' filters (--temperature, --run-kind, --top-p, --top-k, --max-new-tokens,
+            # --workload, --target)
             **({"temperature": self.temperature} if self.temperature is not None else {}),
             **({"kind": self.kind} if self.kind is not None else {}),
             **({"top_p": self.top_p} if self.top_p is not None else {}),
             **({"top_k": self.top_k} if self.top_k is not None else {}),
             **({"max_new_tokens": self.max_new_tokens} if self.max_new_tokens is not None else {}),
+            **({"workload": self.workload} if self.workload is not None else {}),
+            **({"target": self.target} if self.target is not None else {}),
         }  # fmt: skip
 
 
@@ -305,7 +311,7 @@ def describe_job(job: Job) -> str:
         targets.append("smtp")
     delivery = " + ".join(targets) or "none"
     runs = runs_covered_text(kw.get("temperature"), kw.get("kind"), kw.get("top_p"), kw.get("top_k"),
-                             kw.get("max_new_tokens"))
+                             kw.get("max_new_tokens"), kw.get("workload"), kw.get("target"))
     return (f"{job.id}: cron {cron_text(job.trigger)!r} (UTC), {kw.get('period')} reports"
             f"{f' of {runs} only' if runs else ''} into {kw.get('out_dir')}, delivery {delivery}, {next_run}")  # fmt: skip
 
@@ -484,6 +490,8 @@ def run_report_job(
     top_p: float | None = None,
     top_k: int | None = None,
     max_new_tokens: int | None = None,
+    workload: str | None = None,
+    target: str | None = None,
 ) -> int | None:
     """One scheduled run: report the last full period (empty periods too), then deliver the summary. The
     keywords are ReportJob.kwargs(), as the job store holds them.
@@ -503,7 +511,8 @@ def run_report_job(
                             history=history, daily_tokens=daily_tokens, peak_factor=peak_factor,
                             webhook_url=webhook_url, smtp=smtp, delivery_attempts=delivery_attempts,
                             delivery_backoff_s=delivery_backoff_s, webhook_env=webhook_env, temperature=temperature,
-                            kind=kind, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)  # fmt: skip
+                            kind=kind, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, workload=workload,
+                            target=target)  # fmt: skip
             # an existing store only: a store gone (or a relative path stored by an earlier version, resolved
             # from another folder) is one ERROR line, never a new, empty store reported on every period
             engine = open_store(db_url, must_exist=True)

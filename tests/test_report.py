@@ -673,6 +673,50 @@ def test_a_report_of_one_temperature_and_run_kind_has_the_figures_cost_gives_for
     assert len(_reports(engine)) == 1
 
 
+def test_a_report_of_one_workload_and_target_has_the_figures_cost_gives_for_them(sqlite_url, tmp_path, capsys):
+    """--workload / --target narrow the report's runs as they narrow `specfinops cost`; the label, the page and
+    the summary say so. A name no run ever recorded (a typo: every period would say 'no traffic') is refused with
+    the names the store has, and nothing is written."""
+    engine = open_store(sqlite_url)
+    start = D0.replace(hour=9)
+    with Session(engine) as s:  # the same workload on two targets, and a second workload on the first
+        for target, workload, spec_ms in (("m/big", "code", 400), ("m/small", "code", 2500), ("m/big", "chat", 900)):
+            make_run(s, "ar", started_at=start, target=target, workload=workload,
+                     requests=[Req(33, ttft_ms=100, e2e_ms=1500)])
+            make_run(s, "spec", started_at=start, target=target, workload=workload,
+                     requests=[spec_req(33, 4, 24, ttft_ms=100, e2e_ms=spec_ms)])
+        s.commit()
+    assert main(["cost", "--db", sqlite_url, "--json", "--workload", "code", "--target", "m/big"]) == 0
+    narrowed = {m["mode"]: m for m in json.loads(capsys.readouterr().out)["modes"]}
+    assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--workload", "code",
+                        "--target", "m/big")) == 0
+    said = capsys.readouterr().out
+    assert "daily 2026-11-02 00:00 to 2026-11-03 00:00 UTC (workload 'code', target 'm/big' only)" in said, said
+    rec = _only_report(engine)
+    assert rec.summary["workload"] == "code" and rec.summary["target"] == "m/big"
+    assert rec.summary["output_tokens"] == 66 and rec.summary["requests"] == 2  # not the other four runs'
+    for mode, got in rec.summary["modes"].items():
+        assert got["total_usd_per_1m"] == narrowed[mode]["total_usd_per_1m"], mode
+    assert [(s["workload"], s["target"]) for s in rec.summary["speedups"]] == [("code", "m/big")]
+    page = open(rec.html_path, encoding="utf-8").read()
+    assert "(workload &#x27;code&#x27;, target &#x27;m/big&#x27; only)" in page
+    with open(f"{rec.csv_dir}/runs_cost.csv", encoding="utf-8", newline="") as fh:
+        assert sorted(int(r["run_id"]) for r in csv.DictReader(fh)) == [1, 2]
+    # a workload alone keeps both targets' runs
+    assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--workload", "code")) == 0
+    capsys.readouterr()
+    assert max(_reports(engine), key=lambda r: r.id).summary["requests"] == 4
+    # names no run recorded, and an empty one, are refused before anything is written
+    assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--target", "big")) == 2
+    assert "no runs with target 'big' (targets in the store: m/big, m/small)" in capsys.readouterr().err
+    assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--workload", "chat",
+                        "--target", "m/small")) == 2
+    assert "no run has workload 'chat' and target 'm/small' together" in capsys.readouterr().err
+    assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--workload", "")) == 2
+    assert "--workload must name a workload, got ''" in capsys.readouterr().err
+    assert len(_reports(engine)) == 2
+
+
 def test_the_reports_page_says_which_runs_a_report_covers(store, tmp_path, monkeypatch):
     import streamlit
 

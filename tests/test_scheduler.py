@@ -702,6 +702,31 @@ def test_a_job_of_one_temperature_and_run_kind_keeps_them_and_reports_only_those
     assert "--temperature must be a number, got 'warm'" in capsys.readouterr().err
 
 
+def test_a_job_of_one_workload_and_target_keeps_them_and_warns_of_names_no_run_recorded(store, no_blocking, capsys):
+    url, engine, out = store  # D0's runs: workload code, target demo/target-tiny
+    base = ["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out)]
+    assert main([*base, "--workload", "code", "--target", "demo/target-tiny"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert main(["scheduler", "--db", url, "--list"]) == 0
+    assert "daily reports of workload 'code', target 'demo/target-tiny' only into" in capsys.readouterr().out
+    [job] = no_blocking[-1]
+    assert job.kwargs["workload"] == "code" and job.kwargs["target"] == "demo/target-tiny"
+    assert sched_mod.run_report_job(**job.kwargs) is not None
+    [row] = reports(engine)
+    assert (row.summary["workload"], row.summary["target"], row.summary["traffic"]) == ("code", "demo/target-tiny",
+                                                                                        True)
+    # a model not measured yet is scheduled, with a warning naming what the store has
+    assert main([*base, "--target", "m/next"]) == 0
+    err = capsys.readouterr().err
+    assert "scheduler: warning: no runs with target 'm/next' (targets in the store: demo/target-tiny)" in err
+    [job] = no_blocking[-1]
+    assert job.kwargs["target"] == "m/next" and "workload" not in job.kwargs
+    # a job without them stores neither (a job stored before they existed compares equal)
+    assert main(base) == 0
+    [job] = no_blocking[-1]
+    assert "workload" not in job.kwargs and "target" not in job.kwargs
+
+
 def test_a_stored_webhook_with_a_bad_port_records_a_failed_delivery_and_the_cli_refuses_it(store, no_blocking, capsys):
     url, engine, out = store
     # a job stored before the URL was checked where it entered: the run writes its report and records the failure

@@ -24,7 +24,8 @@ from app.commands._common import (
 from app.errors import UsageError
 
 RUN_KINDS = ("bench", "loadtest", "serve")  # telemetry.queries.RUN_KINDS (not imported: --help loads no SQL)
-RUN_FILTERS = ("temperature", "kind", "top_p", "top_k", "max_new_tokens")  # report_options that choose the runs (report.Window's)
+# report_options that choose the runs (report.Window's)
+RUN_FILTERS = ("temperature", "kind", "top_p", "top_k", "max_new_tokens", "workload", "target")
 
 EXAMPLES = """  specfinops report --period daily --out reports/             # yesterday (UTC)
   specfinops report --period weekly --until 2026-11-09 --out reports/
@@ -33,6 +34,7 @@ EXAMPLES = """  specfinops report --period daily --out reports/             # ye
   specfinops report --period weekly --out reports/ --temperature 0 --run-kind bench   # only these runs
   specfinops report --period weekly --out reports/ --temperature 0.8 --top-k 40       # only these runs
   specfinops report --period weekly --out reports/ --max-new-tokens 128               # answers capped at 128
+  specfinops report --period weekly --out reports/ --workload code --target ~/models/llama-3.1-8b   # one model
 """
 
 
@@ -52,6 +54,11 @@ def add_report_options(p) -> None:
     p.add_argument("--max-new-tokens", metavar="N", default=None, help=MAX_NEW_TOKENS_FILTER_HELP)
     p.add_argument("--run-kind", choices=RUN_KINDS, default=None,
                    help="only runs of this kind (a bench times the engine, a load test its HTTP clients)")  # fmt: skip
+    p.add_argument("--workload", metavar="NAME", default=None,
+                   help="only runs of this workload (as `specfinops cost --workload`; default: every workload)")  # fmt: skip
+    p.add_argument("--target", metavar="MODEL", default=None,
+                   help="only runs of this target model, as the runs recorded it (`specfinops cost --target`; "
+                        "a name the store has never recorded is refused with the ones it has)")  # fmt: skip
 
 
 def register(sub) -> None:
@@ -86,7 +93,38 @@ def report_options(args) -> dict:
         "top_p": top_p_filter(args.top_p),
         "top_k": top_k_filter(args.top_k),
         "max_new_tokens": max_new_tokens_filter(args.max_new_tokens),
+        "workload": name_filter("--workload", args.workload),
+        "target": name_filter("--target", args.target),
     }
+
+
+def name_filter(flag: str, value: str | None) -> str | None:
+    """--workload / --target: a name as the runs record it (None: every run)."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise UsageError(f"{flag} must name a {flag[2:]}, got {value!r}")
+    if len(value) > 512:  # runs.target is VARCHAR(512), runs.workload shorter: no run records a longer one
+        raise UsageError(f"{flag} is {len(value)} characters; no run records one longer than 512")
+    return value
+
+
+def unrecorded_names(engine, options: dict) -> str | None:
+    """Why --workload / --target name nothing the store has ever recorded (most likely a typo: a report on such
+    runs would say 'no traffic' for every period), with the names it has; None where runs of them exist."""
+    from sqlalchemy import func, select
+
+    from telemetry.costing import no_runs_reason
+    from telemetry.db import Run
+    from telemetry.queries import Filters
+
+    chosen = Filters(workload=options.get("workload"), target=options.get("target"))
+    if chosen.workload is None and chosen.target is None:
+        return None
+    with engine.connect() as c:
+        if c.execute(select(func.count(Run.id)).where(*chosen.where())).scalar():
+            return None
+    return no_runs_reason(engine, chosen)
 
 
 def run(args) -> int:
@@ -110,6 +148,9 @@ def run(args) -> int:
     engine = open_store(args.db, must_exist=True)  # before --out is made: a bad store leaves no empty folder
     if count_runs(engine) == 0:
         raise UsageError(f"the store has no runs to report on; {empty_store_hint(engine)}")
+    unknown = unrecorded_names(engine, runs)
+    if unknown is not None:
+        raise UsageError(unknown)
     out = check_out_dir(args.out)
     with sigterm_as_ctrl_c():  # killed by SIGTERM, write_report removes its claim and folder as on Ctrl-C
         result = write_report(engine, window, out, **options)

@@ -17,7 +17,7 @@ import os
 import sys
 
 from app.commands._common import add_command, add_db_option, sigterm_as_ctrl_c
-from app.commands.report import add_report_options, report_options
+from app.commands.report import add_report_options, report_options, unrecorded_names
 from app.errors import UsageError
 
 EXAMPLES = """  specfinops scheduler --cron "0 6 * * *" --period daily --out reports/          # every day, 06:00 UTC
@@ -27,6 +27,7 @@ EXAMPLES = """  specfinops scheduler --cron "0 6 * * *" --period daily --out rep
   specfinops scheduler --list                                                      # the jobs in the store
   specfinops scheduler --cron "0 6 * * *" --out reports/ --temperature 0.8 --top-k 40   # only the runs sampled so
   specfinops scheduler --cron "0 6 * * *" --out reports/ --max-new-tokens 128     # only answers capped at 128
+  specfinops scheduler --cron "0 6 * * 1" --period weekly --out reports/code --workload code --job-id code-weekly
   SPECFINOPS_SMTP_HOST=smtp.example SPECFINOPS_SMTP_FROM=finops@example SPECFINOPS_SMTP_TO=cfo@example \\
     specfinops scheduler --cron "0 6 * * *" --out reports/ --smtp
 """
@@ -172,6 +173,10 @@ def run(args) -> int:
     # would get a "no traffic" report every period. Opened before --out is made: a bad store leaves no folder.
     engine = open_store(db_url, must_exist=True)
     try:
+        unknown = unrecorded_names(engine, options)
+        if unknown is not None:  # said, not refused: a job may be set up before its model's first runs
+            print(f"scheduler: warning: {unknown}; until such runs are recorded its reports say 'no traffic'",
+                  file=sys.stderr, flush=True)  # fmt: skip
         out = check_out_dir(args.out)
         job = replace(job, out_dir=str(out))
     except BaseException:
