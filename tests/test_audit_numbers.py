@@ -55,6 +55,19 @@ def test_energy_left_out_of_the_cost_is_still_said_to_be_estimated(synth, capsys
     assert {5, 6, 11, 12} <= estimated
 
 
+def test_cost_json_says_per_run_what_export_says(synth, capsys):
+    """`cost --json` gave a run's energy_estimated from its cost (False where the energy is left out), export
+    and the report from the run's power: the same runs now get the same answer everywhere."""
+    engine, url = synth
+    with engine.begin() as c:
+        c.execute(update(Run).values(price_snapshot=OLD_SNAPSHOT))
+    exported = {int(r["run_id"]): r["energy_estimated"] == "True" for r in _export_cost(url, capsys)}
+    assert main(["cost", "--db", url, "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert {r["run_id"]: r["energy_estimated"] for r in runs} == exported
+    assert any(exported.values()) and not any(r["energy_included"] for r in runs)
+
+
 def test_run_energy_estimated_follows_the_power_source_not_the_cost(synth):
     engine, _ = synth
     run_costs, _ = costing.costs(engine)

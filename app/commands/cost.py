@@ -302,6 +302,7 @@ def run_cost_command(args) -> int:
         ids_text,
         incomplete_runs_text,
         no_runs_reason,
+        run_energy_estimated,
     )
     from telemetry.store import open_store
 
@@ -339,6 +340,9 @@ def run_cost_command(args) -> int:
                             "usd_per_kwh": rc.usd_per_kwh,
                             "pue": rc.pue,
                             **_cost_dict(rc.cost),
+                            # whether the run's energy rests on estimated power, in its cost or not (as export
+                            # and a report's Cost per run say it; energy_included says whether it is in the cost)
+                            "energy_estimated": run_energy_estimated(rc.run),
                         }
                         for rc in run_costs
                     ],
