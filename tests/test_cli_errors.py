@@ -387,6 +387,8 @@ def test_an_unknown_option_is_named_under_its_commands_usage(argv, usage, capsys
     ["prices", "set", "newgpu", "3", "--source", "x"],
     ["prices", "set", "H100", "3", "--source", "x", "--as-of", "someday"],
     ["prices", "set", "H100", "0", "--source", "x"],
+    ["prices", "set", "H100", "3", "--source", "x", "--kind", "node"],  # a default's kind cannot change
+    ["prices", "set", "L4", "3", "--source", "x", "--kind", "pue"],
 ])
 def test_a_failed_prices_set_creates_no_store(argv, tmp_path, capsys):
     assert main([*argv, "--db", f"sqlite:///{tmp_path / 'new.db'}"]) == 2

@@ -553,8 +553,11 @@ def run_prices_command(args) -> int:
     value, as_of = check_price(args.name, value, source=args.source, kind=args.kind, as_of=args.as_of)
     try:  # everything checked before a new store is created
         engine = open_store(args.db, must_exist=True)
-    except NoStoreError:  # a new store holds the defaults only: judge the name and value against those
-        kind = args.kind or {e.name.lower(): e.kind for e in default_entries()}.get(args.name.strip().lower())
+    except NoStoreError:  # a new store holds the defaults only: judge the name, kind and value against those
+        default = {e.name.lower(): e for e in default_entries()}.get(args.name.strip().lower())
+        if default is not None and args.kind is not None and args.kind != default.kind:  # as set_price refuses it
+            raise UsageError(f"kind of {default.name!r} is {default.kind!r}, cannot change it to {args.kind!r}")
+        kind = default.kind if default is not None else args.kind
         if kind is None:
             raise UsageError(f"--kind is required for a new price name {args.name!r} "
                              f"(one of {', '.join(KIND_UNITS)})") from None
