@@ -127,9 +127,19 @@ def capacity_at_sla(points: Iterable[tuple[float, float | None]], sla_ms: float)
     return best
 
 
+# Traffic far beyond any service's (the largest report ~1e13 tokens a day) and peaks far beyond any plan's: a
+# value past these is a typo, and past them the node counts and dollars stop being numbers anyone reads
+MAX_DAILY_TOKENS = 1e14
+MAX_PEAK_FACTOR = 100.0
+
+
 def _validate_traffic(daily_tokens: float, peak_factor: float) -> None:
     _finite("daily_tokens", daily_tokens, minimum=0, strict=True)
     _finite("peak_factor", peak_factor, minimum=1)
+    for name, value, maximum in (("daily_tokens", daily_tokens, MAX_DAILY_TOKENS),
+                                 ("peak_factor", peak_factor, MAX_PEAK_FACTOR)):  # fmt: skip
+        if value > maximum:
+            raise ValueError(f"{name} must be at most {maximum:g}, got {value!r}")
 
 
 def nodes_needed(daily_tokens: float, peak_factor: float, capacity_tokens_per_s: float | None) -> int | None:
@@ -140,8 +150,9 @@ def nodes_needed(daily_tokens: float, peak_factor: float, capacity_tokens_per_s:
     _finite("capacity_tokens_per_s", capacity_tokens_per_s, minimum=0)
     if capacity_tokens_per_s == 0:
         return None
-    # round() guards against float noise turning an exact 16.0 into 16.000000000000004 -> 17.
-    return math.ceil(round(daily_tokens / SECONDS_PER_DAY * peak_factor / capacity_tokens_per_s, 9))
+    # round() guards against float noise turning an exact 16.0 into 16.000000000000004 -> 17; any traffic at all
+    # needs a node, however small a share of one it fills (round() took 1e-10 of a node to 0)
+    return max(1, math.ceil(round(daily_tokens / SECONDS_PER_DAY * peak_factor / capacity_tokens_per_s, 9)))
 
 
 def annual_savings(nodes_ar: int | None, nodes_spec: int | None, node_hourly_usd: float) -> float | None:

@@ -209,6 +209,15 @@ def test_export_of_an_unknown_run_fails_and_a_bad_store_keeps_the_old_file(store
       "--out", "{tmp}/r"], "outside the range of dates"),
     (["report", "--period", "weekly", "--since", "9999-12-30", "--out", "{tmp}/r"], "outside the range of dates"),
     (["export", "--what", "requests", "--out", "-", "--until", "9999-12-31T23:59:59-05:00"], "out of the range"),
+    # past any real traffic: an OverflowError that named no option, or node counts 300 digits long
+    (["project", "--daily-tokens", "5e8", "--peak-factor", "1e308", "--p95-tpot-sla-ms", "50"],
+     "--peak-factor must be at most 100, got '1e308'"),
+    (["project", "--daily-tokens", "1e300", "--peak-factor", "2", "--p95-tpot-sla-ms", "50"],
+     "--daily-tokens must be at most 1e+14"),
+    (["project", "--daily-tokens", "5e8", "--peak-factor", "2", "--p95-tpot-sla-ms", "1e400"],
+     "--p95-tpot-sla-ms must be a finite number, got '1e400'"),
+    (["report", "--period", "daily", "--out", "{tmp}/r", "--daily-tokens", "1e15"], "--daily-tokens must be at most"),
+    (["invocations", "--limit", "99999999999999999999"], "must be at most 2147483647"),  # no SQL INTEGER holds it
 ])
 def test_bad_input_is_one_line(argv, needle, empty_store, tmp_path, capsys):
     argv = [a.format(tmp=tmp_path) for a in argv]

@@ -102,6 +102,8 @@ def test_nodes_needed_hand_computed():
     assert nodes_needed(16 * 1000 * 86_400, 1.0, 1000.0) == 16
     assert nodes_needed(16 * 1000 * 86_400, 1.0, 1800.0) == 9  # 8.89 -> 9
     assert nodes_needed(1, 1.0, 1000.0) == 1
+    # a billionth of a node's capacity is still a node (rounding to 9 places took it to 0 nodes and $0)
+    assert nodes_needed(1e-4, 1.0, 1000.0) == 1
 
 
 def test_nodes_needed_zero_or_unknown_capacity_is_not_attainable():
@@ -116,6 +118,8 @@ def test_nodes_needed_zero_or_unknown_capacity_is_not_attainable():
         (-5, 1.0, 10.0, "daily_tokens"),
         (100, 0.5, 10.0, "peak_factor"),
         (100, 1.0, -1.0, "capacity_tokens_per_s"),
+        (1e15, 1.0, 10.0, "daily_tokens must be at most 1e\\+14"),  # past them, figures no one reads (or inf)
+        (100, 1e308, 10.0, "peak_factor must be at most 100"),
     ],
 )
 def test_nodes_needed_rejects_bad_input(daily, peak, cap, name):

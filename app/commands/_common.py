@@ -35,7 +35,12 @@ def _int_at_least(text: str, minimum: int, not_int: str, too_small: str) -> int:
         raise argparse.ArgumentTypeError(f"{not_int}, got {text!r}") from None
     if value < minimum:
         raise argparse.ArgumentTypeError(f"{too_small}, got {text!r}")
+    if value > MAX_COUNT:  # a count no SQL INTEGER (LIMIT, a column) or thread pool takes
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_COUNT}, got {text!r}")
     return value
+
+
+MAX_COUNT = 2**31 - 1
 
 
 def positive_int(text: str) -> int:
@@ -50,8 +55,9 @@ def context_len(text: str) -> int:
 
 
 def number_option(flag: str, text: str | None, default: float | None = None, *, minimum: float,
-                  strict: bool = True) -> float | None:
-    """A numeric option: a finite number above `minimum` (`strict`) or at least it; `default` where not given."""
+                  strict: bool = True, maximum: float | None = None) -> float | None:
+    """A numeric option: a finite number above `minimum` (`strict`) or at least it, and at most `maximum` where
+    given; `default` where not given."""
     import math
 
     if text is None:
@@ -60,8 +66,12 @@ def number_option(flag: str, text: str | None, default: float | None = None, *, 
         value = float(text)
     except ValueError:
         raise UsageError(f"{flag} must be a number, got {text!r}") from None
-    if not math.isfinite(value) or (value <= minimum if strict else value < minimum):
+    if not math.isfinite(value):
+        raise UsageError(f"{flag} must be a finite number, got {text!r}")
+    if value <= minimum if strict else value < minimum:
         raise UsageError(f"{flag} must be {'>' if strict else '>='} {minimum:g}, got {text!r}")
+    if maximum is not None and value > maximum:
+        raise UsageError(f"{flag} must be at most {maximum:g}, got {text!r}")
     return value
 
 

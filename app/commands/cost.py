@@ -446,6 +446,7 @@ def _mode_cost_text(mc, run_costs) -> str:
 
 def run_project_command(args) -> int:
     from telemetry.costing import FLEET_COST_LABEL, project_from_store, runs_text
+    from telemetry.finops import MAX_DAILY_TOKENS, MAX_PEAK_FACTOR
     from telemetry.store import open_store
 
     missing = [
@@ -459,8 +460,8 @@ def run_project_command(args) -> int:
     ]
     if missing:
         raise UsageError(f"missing {', '.join(missing)}")
-    daily = number_option("--daily-tokens", args.daily_tokens, minimum=0)
-    peak = number_option("--peak-factor", args.peak_factor, minimum=1, strict=False)
+    daily = number_option("--daily-tokens", args.daily_tokens, minimum=0, maximum=MAX_DAILY_TOKENS)
+    peak = number_option("--peak-factor", args.peak_factor, minimum=1, strict=False, maximum=MAX_PEAK_FACTOR)
     sla = number_option("--p95-tpot-sla-ms", args.p95_tpot_sla_ms, minimum=0)
     pricing = _pricing(args)
     _filters(args, None)  # every option checked before the store is opened
@@ -481,7 +482,8 @@ def run_project_command(args) -> int:
             return "node price only"
         return "incl. energy (estimated)" if estimated else "incl. energy"
 
-    print(f"traffic: {daily:,.0f} output tokens/day, peak factor {peak:g}, p95 TPOT SLA {sla:g} ms")
+    tokens = f"{daily:,.0f}" if daily >= 1 else f"{daily:g}"  # 1e-4 a day is not "0"
+    print(f"traffic: {tokens} output tokens/day, peak factor {peak:g}, p95 TPOT SLA {sla:g} ms")
     if sp.comparison is not None:
         print(sp.comparison.text())
     print(
@@ -556,7 +558,8 @@ def run_prices_command(args) -> int:
     except NoStoreError:  # a new store holds the defaults only: judge the name, kind and value against those
         default = {e.name.lower(): e for e in default_entries()}.get(args.name.strip().lower())
         if default is not None and args.kind is not None and args.kind != default.kind:  # as set_price refuses it
-            raise UsageError(f"kind of {default.name!r} is {default.kind!r}, cannot change it to {args.kind!r}")
+            raise UsageError(f"kind of {default.name!r} is {default.kind!r}, cannot change it to {args.kind!r}"
+                             ) from None
         kind = default.kind if default is not None else args.kind
         if kind is None:
             raise UsageError(f"--kind is required for a new price name {args.name!r} "

@@ -78,6 +78,7 @@ def register(sub) -> None:
 
 def report_options(args) -> dict:
     """Validated keyword arguments of telemetry.report_writer.write_report (and the scheduled job)."""
+    from telemetry.finops import MAX_DAILY_TOKENS, MAX_PEAK_FACTOR
     from telemetry.report import DEFAULT_HISTORY, DEFAULT_SLA_MS
 
     history = number_option("--history", args.history, DEFAULT_HISTORY, minimum=1, strict=False)
@@ -86,8 +87,10 @@ def report_options(args) -> dict:
     return {
         "sla_ms": number_option("--sla-ms", args.sla_ms, DEFAULT_SLA_MS, minimum=0, strict=True),
         "history": int(history),
-        "daily_tokens": number_option("--daily-tokens", args.daily_tokens, None, minimum=0, strict=True),
-        "peak_factor": number_option("--peak-factor", args.peak_factor, 1.0, minimum=1, strict=False),
+        "daily_tokens": number_option("--daily-tokens", args.daily_tokens, None, minimum=0, strict=True,
+                                      maximum=MAX_DAILY_TOKENS),
+        "peak_factor": number_option("--peak-factor", args.peak_factor, 1.0, minimum=1, strict=False,
+                                     maximum=MAX_PEAK_FACTOR),
         "temperature": number_option("--temperature", args.temperature, None, minimum=0, strict=False),
         "kind": args.run_kind,
         "top_p": top_p_filter(args.top_p),

@@ -29,7 +29,7 @@ SNAPSHOT = "runs' recorded price"
 CUSTOM = "custom $/h per node"
 # the inputs' upper bounds: far above any real service or price, yet finite figures that fit their tiles (left
 # unbounded, a node at $1e308/h made every cost infinite and both this page and the Overview an error line)
-MAX_DAILY_M = 100_000_000.0  # 1e14 output tokens a day
+MAX_DAILY_M = finops.MAX_DAILY_TOKENS / 1e6  # 1e14 output tokens a day
 MAX_NODE_USD = 10_000.0  # $/h per node
 MAX_USD_PER_KWH = 10.0
 MAX_PUE = 5.0
