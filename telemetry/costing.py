@@ -525,13 +525,14 @@ class Comparison:
     top_p: float | None = None  # None: unknown (runs recorded before it was, server runs)
     top_k: int | None = None  # 0 = off
     max_new_tokens: int | None = None  # the answer length cap; None: unknown (as top_p)
-    # another group in view differs in max_new_tokens: the label names this one's (_group_text leaves it out)
-    cap_named: bool = False
+    # the fields _group_text leaves out (target, backend, device, precision, answer length cap) in which another
+    # group in view differs: the label names this group's value of each, as each other group's label names its own
+    named: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
-        return _group_text(self.workload, self.temperature, self.kind, self.top_p, self.top_k) + (
-            f", {field_text('max_new_tokens', self.max_new_tokens)}" if self.cap_named else "")
+        return _group_text(self.workload, self.temperature, self.kind, self.top_p, self.top_k) + "".join(
+            f", {field_text(f, getattr(self, f))}" for f in self.named)
 
     def text(self, choose: str = CHOOSE_GROUP) -> str:
         """One line: what is compared, and why this group where there were others (`choose`: how to pick another
@@ -620,10 +621,10 @@ def comparable_group(configs: list[ConfigSummary]) -> tuple[Comparison, list[Con
     chosen = groups[best]
     others = tuple(_group_label(k, cs, best) for k, cs in groups.items() if k != best)
     fields = dict(zip(COMPARED_FIELDS, best, strict=True))
-    cap_named = any(dict(zip(COMPARED_FIELDS, k, strict=True))["max_new_tokens"] != fields["max_new_tokens"]
-                    for k in groups)
+    named = tuple(f for f in COMPARED_FIELDS if not _in_group_text(f, fields[f], fields["temperature"])
+                  and any(dict(zip(COMPARED_FIELDS, k, strict=True))[f] != fields[f] for k in groups))
     comparison = Comparison(**fields, requests_ar=requests(chosen, "ar"), requests_spec=requests(chosen, "spec"),
-                            others=others, cap_named=cap_named)
+                            others=others, named=named)
     return comparison, chosen
 
 

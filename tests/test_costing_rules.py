@@ -80,6 +80,24 @@ def two_temperatures(sqlite_url) -> str:
 PROJECT = ["--daily-tokens", "8.64e6", "--peak-factor", "1", "--p95-tpot-sla-ms", "50"]
 
 
+def test_project_names_the_target_it_compared_where_another_group_has_another(sqlite_url, capsys):
+    """Two groups that differ only in the target model: the chosen group's label named neither target, so the
+    line read as if the other group's target were the one projected."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for target, n in (("m/big", 3), ("m/small", 2)):  # m/big: more requests, chosen by the rule
+            for mode in ("ar", "spec"):
+                make_run(s, mode, target=target, requests=[_tpot_req(mode, 20, i) for i in range(n)])
+        s.commit()
+    assert main(["project", "--db", sqlite_url, *PROJECT]) == 0
+    text = capsys.readouterr().out
+    assert "spec and AR compared at workload code, temperature 0, bench runs, target m/big (" in text, text
+    assert "1 other comparable group in view (workload code, temperature 0, bench runs, target m/small)" in text
+    assert main(["project", "--db", sqlite_url, *PROJECT, "--target", "m/small"]) == 0
+    text = capsys.readouterr().out  # one group in view: nothing to tell it from
+    assert "spec and AR compared at workload code, temperature 0, bench runs (" in text, text
+
+
 def test_project_compares_modes_at_one_temperature_and_says_which(two_temperatures, capsys):
     """AR's capacity came from its temperature-0.8 runs and spec's from its temperature-0 runs: savings from two
     measurements that compare nothing, with no word on the temperatures. Now both modes are sized within one
