@@ -88,6 +88,8 @@ MEASURED, ESTIMATED, PARTLY_ESTIMATED = "measured", "estimated", "partly estimat
 # Why a cost holds no energy although the runs measured some: they are priced as other hardware than they
 # ran on (NodePrice.differs_from), and energy measured on one device is not the energy of another.
 ENERGY_OTHER_HARDWARE = "measured energy left out: priced as other hardware than measured"
+# Why a run's cost holds no energy although it has some: only some of its requests have an energy figure.
+SOME_REQUESTS = "energy for only some requests"
 
 
 def energy_source(runs: Iterable[RunSummary]) -> str | None:
@@ -255,18 +257,26 @@ def _price_run(engine: Engine, run: RunSummary, gpu, node_hourly_usd, usd_per_kw
             kwh_price,
             st.output_tokens,
             energy_estimated=st.energy_estimated,
-            no_energy_reason=f"{energy_source([run])} energy for only some requests: hardware only" if partial
+            no_energy_reason=f"{energy_source([run])} {SOME_REQUESTS}: hardware only" if partial
             else ENERGY_NOT_MEASURED,
         )
     return RunCost(run, price, run.device, differs, kwh_price, pue_value, cost)
 
 
-def partial_energy_reason(with_energy: list[RunCost], runs_with_tokens: int, left_out: int = 0) -> str:
+def partial_energy_reason(with_energy: list[RunCost], runs_with_tokens: int, left_out: int = 0,
+                          some_requests: list[RunCost] | None = None) -> str:
     """Why a mode's total is hardware only: 'estimated energy for 3 of 5 runs: hardware only' (measured,
-    partly estimated) where some of its runs with tokens have an energy figure in the cost, else 'energy not
-    measured', or ENERGY_OTHER_HARDWARE where the `left_out` runs' energy was left out for that reason."""
+    partly estimated) where some of its runs with tokens have an energy figure in the cost, else
+    ENERGY_OTHER_HARDWARE where the `left_out` runs' energy was left out for that reason, else 'measured energy for
+    only some requests (2 of 5 runs): hardware only' where the `some_requests` runs measured some of their requests,
+    else 'energy not measured'."""
     if not with_energy:
-        return ENERGY_OTHER_HARDWARE if left_out else ENERGY_NOT_MEASURED
+        if left_out:
+            return ENERGY_OTHER_HARDWARE
+        if some_requests:
+            return (f"{energy_source(rc.run for rc in some_requests)} {SOME_REQUESTS} ({len(some_requests)} of "
+                    f"{runs_with_tokens} runs): hardware only")  # fmt: skip
+        return ENERGY_NOT_MEASURED
     text = f"{_energy_share_text(with_energy, runs_with_tokens)}: hardware only"
     return text + (f" ({left_out} more left out: priced as other hardware than measured)" if left_out else "")
 
@@ -293,6 +303,8 @@ def _mode_cost(mode: str, items: list[RunCost]) -> ModeCost:
     wall_s = None if not walls or any(w is None for w in walls) else sum(walls)
     with_energy = [rc for rc in with_tokens if rc.cost.energy_included]
     left_out = sum(1 for rc in with_tokens if rc.cost.reason == ENERGY_OTHER_HARDWARE)
+    some_requests = [rc for rc in with_tokens if rc.run.stats.energy_j is not None and not rc.run.stats.energy_complete
+                     and rc.cost.reason != ENERGY_OTHER_HARDWARE]  # fmt: skip
     if wall_s is None:
         cost = CostBreakdown(
             tokens,
@@ -315,7 +327,8 @@ def _mode_cost(mode: str, items: list[RunCost]) -> ModeCost:
         # estimated only where estimated energy is in the total; the reason in the words `cost` prints
         estimated = energy_known and any(rc.run.stats.energy_estimated for rc in with_tokens)
         cost = cost_per_1m_from_totals(hardware_usd, energy_usd, 1.0, 1.0, tokens, energy_estimated=estimated,
-                                       no_energy_reason=partial_energy_reason(with_energy, len(with_tokens), left_out))
+                                       no_energy_reason=partial_energy_reason(with_energy, len(with_tokens), left_out,
+                                                                              some_requests))  # fmt: skip
     return ModeCost(
         mode=mode,
         run_ids=tuple(rc.run.run_id for rc in items),

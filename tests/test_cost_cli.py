@@ -584,6 +584,25 @@ def test_cost_json_mode_reason_says_how_many_runs_have_energy_and_is_not_estimat
     assert run1["reason"] == "energy not measured" and run1["energy_estimated"] is False
 
 
+def test_energy_of_only_some_requests_is_said_so_not_said_unmeasured(sqlite_url, capsys):
+    """A run whose meter read some of its requests only: the run's JSON said so, while its row, its mode's line and
+    the mode's JSON said "not measured"."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "spec", power_source="nvml", requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500, energy_j=30.0),
+                                                            spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500)])
+        s.commit()
+    assert main(["cost", "--db", sqlite_url]) == 0
+    out = capsys.readouterr().out
+    assert "partial (some requests)" in out and "not measured" not in out, out
+    assert main(["cost", "--db", sqlite_url, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["runs"][0]["reason"] == "measured energy for only some requests: hardware only"
+    [spec] = got["modes"]
+    assert spec["reason"] == "measured energy for only some requests (1 of 1 runs): hardware only"
+    assert spec["energy_included"] is False and spec["energy_usd_per_1m"] is None
+
+
 def test_cost_and_project_agree_on_energy_under_another_price(filled, capsys):
     """One rule for both: --gpu NAME of other hardware leaves the energy measured on this device out (cost added
     it, project dropped it), and says so; a custom --node-hourly-usd is the measured hardware's price, so the

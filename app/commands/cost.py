@@ -236,10 +236,18 @@ def _num(x: float | None, fmt: str = ",.1f") -> str:
 
 def _energy_text(c, runs=None) -> str:
     """The energy part; `runs` (a mode's): where it pools estimated and metered energy, it says which is which."""
-    from telemetry.costing import ENERGY_OTHER_HARDWARE, PARTLY_ESTIMATED, energy_source, energy_sources_text
+    from telemetry.costing import (
+        ENERGY_OTHER_HARDWARE,
+        PARTLY_ESTIMATED,
+        SOME_REQUESTS,
+        energy_source,
+        energy_sources_text,
+    )
 
     if c.energy_usd_per_1m is None:
-        return "left out (other hw)" if c.reason == ENERGY_OTHER_HARDWARE else "not measured"
+        if c.reason == ENERGY_OTHER_HARDWARE:
+            return "left out (other hw)"
+        return "partial (some requests)" if c.reason and SOME_REQUESTS in c.reason else "not measured"
     if runs is not None and energy_source(runs) == PARTLY_ESTIMATED:
         return f"{_usd(c.energy_usd_per_1m)} ({PARTLY_ESTIMATED}: {energy_sources_text(runs)})"
     return _usd(c.energy_usd_per_1m) + (" (estimated)" if c.energy_estimated else "")
