@@ -11,6 +11,7 @@ Public API:
     check_price(name, value, *, source, kind=None, as_of=None) -> (value, as_of)   # before opening a store
     set_price(engine, name, value, *, source, kind=None, as_of=None) -> PriceEntry
     catalog_name_for_device(device) -> str | None    # "NVIDIA H100 80GB HBM3" -> "H100", "cpu (2 cores)" -> "cpu-2core"
+    hardware_family(device_or_entry_name) -> str | None   # "H100-SXM", "NVIDIA H100 80GB HBM3" -> "H100"
     resolve_node_price(engine, *, device, price_snapshot=None, gpu=None, gpus_per_node=1,
                        node_hourly_usd=None, catalog=None) -> NodePrice
     energy_prices(engine, catalog=None) -> tuple[float, float]     # (usd_per_kwh, pue)
@@ -86,8 +87,8 @@ class NodePrice:
         for it), so it does not differ and the measured energy stays in."""
         if self.catalog_name is None:
             return False
-        measured = catalog_name_for_device(device)
-        return measured is None or self.catalog_name.lower() != measured.lower()
+        measured, priced = hardware_family(device), hardware_family(self.catalog_name)
+        return measured is None or priced is None or measured != priced
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +286,25 @@ _DEVICE_PATTERNS = [
     (re.compile(r"\bl4\b", re.I), "L4"),
     (re.compile(r"^\s*cpu\b", re.I), CPU_NODE),
 ]
+
+
+# The hardware a recorded device string, or a price entry's name, describes: entries of one family price the same
+# chip (H100 on AWS, H100-SXM on Lambda, a user's "my-h100-reserved"), so its measured energy is that chip's too
+_FAMILIES = [
+    (re.compile(r"h100", re.I), "H100"),
+    (re.compile(r"a100", re.I), "A100"),
+    (re.compile(r"\bl4\b", re.I), "L4"),
+    (re.compile(r"^\s*cpu\b", re.I), "CPU"),
+]
+
+
+def hardware_family(text: str) -> str | None:
+    """'H100' for "NVIDIA H100 80GB HBM3", "H100-SXM" or "my-h100-reserved"; 'A100', 'L4', 'CPU' ("cpu (2 cores)",
+    "cpu-2core"); None where the text names none of them (a price entry of unknown hardware)."""
+    for pattern, family in _FAMILIES:
+        if pattern.search(text or ""):
+            return family
+    return None
 
 
 def catalog_name_for_device(device: str) -> str | None:

@@ -603,6 +603,30 @@ def test_energy_of_only_some_requests_is_said_so_not_said_unmeasured(sqlite_url,
     assert spec["energy_included"] is False and spec["energy_usd_per_1m"] is None
 
 
+def test_a_price_of_the_same_chip_elsewhere_keeps_the_measured_energy(sqlite_url, capsys):
+    """Runs measured on an H100 priced at Lambda's H100-SXM, or at a user's own H100 contract: the same chip, so
+    its measured energy stays in the cost and no 'other hardware' is said. Only the device's own catalog entry
+    (H100) counted as that hardware; an L4 price still does not."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for mode in ("ar", "spec"):
+            make_run(s, mode, device="NVIDIA H100 80GB HBM3", power_source="nvml",
+                     requests=[Req(33, ttft_ms=100, e2e_ms=900, energy_j=50.0)])
+        s.commit()
+    assert main(["prices", "set", "my-h100-reserved", "4.1", "--kind", "gpu", "--source", "contract",
+                 "--db", sqlite_url]) == 0
+    capsys.readouterr()
+    for gpu in ("H100-SXM", "my-h100-reserved"):
+        assert main(["cost", "--db", sqlite_url, "--gpu", gpu, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert all(r["energy_included"] and not r["priced_differs_from_measured"] for r in out["runs"]), gpu
+        assert main(_project(sqlite_url, "--gpu", gpu)) == 0
+        assert "not that hardware's" not in capsys.readouterr().out
+    assert main(["cost", "--db", sqlite_url, "--gpu", "L4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert all(not r["energy_included"] and r["priced_differs_from_measured"] for r in out["runs"])
+
+
 def test_cost_and_project_agree_on_energy_under_another_price(filled, capsys):
     """One rule for both: --gpu NAME of other hardware leaves the energy measured on this device out (cost added
     it, project dropped it), and says so; a custom --node-hourly-usd is the measured hardware's price, so the
