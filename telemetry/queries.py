@@ -6,7 +6,10 @@ in Python from one SELECT of the filtered per-request values (requests, not toke
 Definitions (README, "Metric definitions"): only requests with status 'ok' count towards tokens, latency and acceptance.
     TPOT              = (e2e_ms - ttft_ms) / (output_tokens - 1), for output_tokens > 1
     wall_s            = first request start -> last request end (start + e2e) of the run's filtered
-                        requests; the run's ended_at - started_at when no request has an e2e time
+                        requests; the run's ended_at - started_at when no request has an e2e time. Under a
+                        time window (since/until) that cuts a run, its share of that span: from `since` where
+                        the run has requests started before it, to `until` where it has requests started at or
+                        after it, so the windows of one run add up to its span
     tokens_per_s      = output tokens / wall_s  (aggregate throughput: concurrent requests overlap)
     acceptance_rate   = accepted / drafted;  mean_acceptance_length = 1 + accepted / drafts
     alpha             = accepted / tested over the steps (a step tests its accepted drafts and the first
@@ -43,10 +46,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
-from sqlalchemy import and_, case, func, or_, select
+from sqlalchemy import and_, case, exists, func, or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -452,6 +455,10 @@ class _Acc:
     last_end: datetime | None = None
     busy: bool = False
     intervals: list[tuple[datetime, datetime]] = field(default_factory=list)
+    # a time window's edges where it cuts the run (it has requests before `since` / from `until` on): the span
+    # starts and ends there, so the windows of one run share its span without counting the cut twice
+    cut_start: datetime | None = None
+    cut_end: datetime | None = None
 
     def add(self, status: str, started: datetime, ttft: float | None, e2e: float | None, out: int) -> None:
         if e2e is not None:
@@ -472,7 +479,9 @@ class _Acc:
             return None
         if self.busy:
             return _union_s(self.intervals)
-        return (self.last_end - self.first_start).total_seconds()
+        start = self.first_start if self.cut_start is None else self.cut_start
+        end = self.last_end if self.cut_end is None else self.cut_end
+        return (end - start).total_seconds()
 
 
 def _union_s(intervals: list[tuple[datetime, datetime]]) -> float:
@@ -608,12 +617,40 @@ def _collect_now(engine: Engine, filters: Filters) -> list[tuple[Run, dict, _Acc
         accs: dict[int, _Acc] = defaultdict(lambda: _Acc(busy=busy))
         for run_id, status, started, ttft, e2e, out in c.execute(values_q):
             accs[run_id].add(status, started, ttft, e2e, out or 0)
+        if sums and not busy:
+            _cut_at_window(c, filters, accs)
     if not sums:
         return []
     with Session(engine) as s:
         run_rows = list(s.scalars(select(Run).where(Run.id.in_(sums)).order_by(Run.started_at, Run.id)))
         s.expunge_all()
     return [(r, sums[r.id], accs[r.id]) for r in run_rows]
+
+
+def _cut_at_window(c, filters: Filters, accs: dict[int, _Acc]) -> None:
+    """Where the time window cuts a run (it has requests started before `since`, or at or after `until`), its
+    span in the window starts at `since` / ends at `until` (`_Acc.cut_start` / `cut_end`): the part of the span
+    on the other side belongs to the window there. One EXISTS per edge and run (ix_requests_run_id_started_at)."""
+    ids = [i for i, a in accs.items() if a.first_start is not None]
+    for edge, attr, outside in (
+        (filters.since, "cut_start", lambda: Request.started_at < filters.since),
+        (filters.until, "cut_end", lambda: Request.started_at >= filters.until),
+    ):
+        if edge is None or not ids:
+            continue
+        # requests with an end only, as the span counts them
+        beyond = exists().where(Request.run_id == Run.id, Request.e2e_ms.is_not(None), outside())
+        for (run_id,) in c.execute(select(Run.id).where(Run.id.in_(ids), beyond)):
+            setattr(accs[run_id], attr, _as_stored(edge, accs[run_id].first_start))
+
+
+def _as_stored(edge: datetime, like: datetime) -> datetime:
+    """`edge` comparable with the stored times (SQLite returns them naive, in UTC; PostgreSQL aware)."""
+    if like.tzinfo is None and edge.tzinfo is not None:
+        return edge.astimezone(UTC).replace(tzinfo=None)
+    if like.tzinfo is not None and edge.tzinfo is None:
+        return edge.replace(tzinfo=UTC)
+    return edge
 
 
 def _run_wall_s(run: Run, acc: _Acc) -> float | None:

@@ -483,3 +483,31 @@ def test_costs_read_the_price_catalog_once_not_per_run(store):
         event.remove(engine, "before_cursor_execute", count)
     assert len(run_costs) == 3
     assert len(reads) == 1, reads
+
+
+def test_time_windows_that_cut_a_run_share_its_span_and_its_cost(db_url):
+    """Two windows cutting a concurrent run each took the span of their own requests, so both counted the
+    requests in flight at the cut: the halves of a 10 s run were charged 17 s. A window now starts at `since`
+    where the run had requests before it and ends at `until` where it has requests from it on."""
+    engine = open_store(db_url)
+    with Session(engine) as s:  # two streams: 0-4 s and 1-6 s, then 5-9 s and 6-10 s
+        make_run(s, "ar", concurrency=2, requests=[Req(40, e2e_ms=ms, start_s=t)
+                                                   for t, ms in ((0, 4000), (1, 5000), (5, 4000), (6, 4000))])
+        s.commit()
+    cut = BASE_TIME + timedelta(seconds=3)
+    whole, = run_summaries(engine)
+    before, = run_summaries(engine, Filters(until=cut))
+    after, = run_summaries(engine, Filters(since=cut))
+    assert whole.stats.wall_s == pytest.approx(10.0)
+    assert before.stats.wall_s == pytest.approx(3.0)  # 0 s to the cut (old: 0-6 s, its requests' own span)
+    assert after.stats.wall_s == pytest.approx(7.0)  # the cut to 10 s (old: 5-10 s)
+    assert (before.stats.output_tokens, after.stats.output_tokens) == (80, 80)  # by the request's start
+    parts = [costs(engine, Filters(until=cut))[0][0], costs(engine, Filters(since=cut))[0][0]]
+    total = costs(engine)[0][0]
+    usd = [rc.cost.hardware_usd_per_1m * rc.run.stats.output_tokens for rc in (*parts, total)]
+    assert usd[0] + usd[1] == pytest.approx(usd[2])  # the windows' dollars add up to the run's
+    # a window holding the whole run is not cut; one past its end neither (no requests after it)
+    inside, = run_summaries(engine, Filters(since=BASE_TIME - timedelta(hours=1), until=cut + timedelta(hours=1)))
+    assert inside.stats.wall_s == pytest.approx(10.0)
+    tail, = run_summaries(engine, Filters(since=BASE_TIME + timedelta(seconds=5.5)))
+    assert tail.stats.wall_s == pytest.approx(10.0 - 5.5)  # from the cut: a request ran from 1 s to 6 s
