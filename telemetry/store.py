@@ -175,11 +175,13 @@ class NotAStoreError(NoStoreError):
     another application's): it is refused, not given the specfinops tables. `path` is the database as shown
     (a SQLite file, or the URL with its password masked)."""
 
-    def __init__(self, shown: str, other_tables: list[str], *, server: bool = False):
+    def __init__(self, shown: str, other_tables: list[str], *, server: bool = False, emptied: bool = False):
         n = len(other_tables)
         names = ", ".join(other_tables[:5]) + (", ..." if n > 5 else "")
+        none = ("it has no specfinops tables (only an empty version table, as `specfinops db downgrade base` "
+                "leaves)" if emptied else "it has no tables")  # fmt: skip
         others = (f"its table {names} is not specfinops's" if n == 1 else
-                  f"its {n} tables ({names}) are not specfinops's" if n else "it has no tables")  # fmt: skip
+                  f"its {n} tables ({names}) are not specfinops's" if n else none)  # fmt: skip
         db = "URL" if server else shown  # a server's URL is named once, its password masked
         StoreError.__init__(
             self,
@@ -203,7 +205,8 @@ def _refuse_unless_a_store(engine: Engine, url: str) -> None:
         tables = set(inspect(conn).get_table_names())
         if tables & set(Base.metadata.tables) or (VERSION_TABLE in tables and current_revision(conn) is not None):
             return
-    raise NotAStoreError(_shown(url), sorted(tables - {VERSION_TABLE}), server=sqlite_file(url) is None)
+    raise NotAStoreError(_shown(url), sorted(tables - {VERSION_TABLE}), server=sqlite_file(url) is None,
+                         emptied=VERSION_TABLE in tables)  # fmt: skip
 
 
 def _named(url: str | None, path: Path) -> str:

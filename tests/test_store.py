@@ -204,6 +204,19 @@ def _tables(url: str) -> set[str]:
         engine.dispose()
 
 
+def test_a_store_downgraded_to_base_is_said_to_hold_only_its_empty_version_table(db_url):
+    """`db downgrade base` leaves an empty alembic_version table: 'it has no tables' was not what the user saw."""
+    from telemetry.store import NotAStoreError
+
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL PRIMARY KEY)"))
+    engine.dispose()
+    with pytest.raises(NotAStoreError, match=r"it has no specfinops tables \(only an empty version table, as "
+                                             r"`specfinops db downgrade base` leaves\)"):
+        open_store(db_url, must_exist=True)
+
+
 @pytest.mark.parametrize("foreign", [True, False], ids=["another-apps-tables", "empty"])
 def test_a_reader_refuses_a_database_without_a_store_and_creates_nothing(db_url, foreign):
     from telemetry.store import NotAStoreError
