@@ -127,6 +127,18 @@ class LevelResult:
     interrupted: bool = False  # stopped by Ctrl-C / SIGTERM: `results` are the requests until then
 
 
+def requests_span_s(results: list[ClientResult]) -> float | None:
+    """First request start -> last request end (start + E2E) of a level's requests: its wall time as the store
+    computes a run's (telemetry.queries: wall_s), so the tokens/s a load test prints are the ones `cost` shows;
+    None where no request has an end."""
+    ends = [(r.record.started_at, r.record.started_at + timedelta(milliseconds=r.record.e2e_ms))
+            for r in results if r.record.e2e_ms is not None]
+    if not ends:
+        return None
+    span = (max(e for _, e in ends) - min(s for s, _ in ends)).total_seconds()
+    return span if span > 0 else None
+
+
 class LevelFailed(RuntimeError):
     """A level stopped because its requests fail (`run_level`); `result` holds what it did."""
 
@@ -373,12 +385,13 @@ async def run_level(client, model: str, prompts: list[Prompt], spec: LoadSpec, l
             res.record.output_tokens, res.record.tokens = 0, []
             done(res)
         inflight.clear()
+        t_end = time.perf_counter()  # the load ends here: waiting for power samples below is not its time
         if power is not None:
             for res in await power.settle(final=True, wait_s=0.0 if interrupted else SETTLE_S):
                 record(res)
     if on_progress is not None:
-        on_progress(time.perf_counter() - t_begin, ok[0], ok[1], True)
-    result = LevelResult(level, mode, results, time.perf_counter() - t_begin)
+        on_progress(t_end - t_begin, ok[0], ok[1], True)
+    result = LevelResult(level, mode, results, requests_span_s(results) or (t_end - t_begin))
     if stopped is not None:
         raise LevelFailed(stopped, result)
     if ok[0] == 0 and results:
