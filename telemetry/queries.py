@@ -9,7 +9,9 @@ Definitions (README, "Metric definitions"): only requests with status 'ok' count
                         requests; the run's ended_at - started_at when no request has an e2e time. Under a
                         time window (since/until) that cuts a run, its share of that span: from `since` where
                         the run has requests started before it, to `until` where it has requests started at or
-                        after it, so the windows of one run add up to its span
+                        after it, so the windows of one run add up to its span. Under a domain or prompt
+                        filter, the selected requests' share of the run's serving time: while n requests are in
+                        flight, k of them selected, k / n of that time (the domains of a run add up to it)
     tokens_per_s      = output tokens / wall_s  (aggregate throughput: concurrent requests overlap)
     acceptance_rate   = accepted / drafted;  mean_acceptance_length = 1 + accepted / drafts
     alpha             = accepted / tested over the steps (a step tests its accepted drafts and the first
@@ -444,10 +446,14 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 class _Acc:
     """Per-request values of one run or mode, collected in Python for percentiles and the wall time.
 
-    The wall time is the span from the first request's start to the last one's end, unless `busy`: then
-    it is the time at least one of the collected requests was in flight (the union of their intervals).
-    A filter that keeps some of a run's requests (a domain, prompt ids) needs the latter: the span would count the
-    time the run spent on the requests filtered out, and every rate would shrink by their share."""
+    The wall time is the span from the first request's start to the last one's end, unless `busy`: then it is
+    the collected requests' share of the time the run was serving (`_shared_s`): while n requests are in flight,
+    k of them collected, k / n of that time. A filter that keeps some of a run's requests (a domain, prompt ids)
+    needs it: the span would count the time the run spent on the requests filtered out, and so would the time the
+    collected ones were in flight where the run served others beside them (at concurrency 8, a domain with a
+    quarter of the tokens was in flight nearly all the time, and its tokens/s read a quarter of the run's).
+    `others` are the run's requests filtered out; None where they are not known (the union of the collected
+    requests' intervals then, which is exact where the run served one request at a time)."""
 
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
@@ -455,6 +461,7 @@ class _Acc:
     last_end: datetime | None = None
     busy: bool = False
     intervals: list[tuple[datetime, datetime]] = field(default_factory=list)
+    others: list[tuple[datetime, datetime]] | None = None
     # a time window's edges where it cuts the run (it has requests before `since` / from `until` on): the span
     # starts and ends there, so the windows of one run share its span without counting the cut twice
     cut_start: datetime | None = None
@@ -474,14 +481,35 @@ class _Acc:
         if ttft is not None and e2e is not None and out > 1:
             self.tpot.append((e2e - ttft) / (out - 1))
 
+    def add_other(self, started: datetime, e2e: float | None) -> None:
+        """A request of the run that the filter leaves out: it shares the run's time with the collected ones."""
+        if e2e is not None:
+            if self.others is None:
+                self.others = []
+            self.others.append((started, started + timedelta(milliseconds=e2e)))
+
     def span_s(self) -> float | None:
         if self.first_start is None or self.last_end is None:
             return None
         if self.busy:
-            return _union_s(self.intervals)
+            return _union_s(self.intervals) if not self.others else _shared_s(self.intervals, self.others)
         start = self.first_start if self.cut_start is None else self.cut_start
         end = self.last_end if self.cut_end is None else self.cut_end
         return (end - start).total_seconds()
+
+
+def _shared_s(mine: list[tuple[datetime, datetime]], others: list[tuple[datetime, datetime]]) -> float:
+    """Seconds of the run's serving time that belong to the requests `mine`: while n requests are in flight, k of
+    them mine, k / n of each second (processor sharing). Over a run's requests the shares add up to the union of
+    all their intervals; with no `others` it is the union of `mine`."""
+    events = sorted([(s, 1, 1) for s, _ in mine] + [(e, -1, -1) for _, e in mine]
+                    + [(s, 1, 0) for s, _ in others] + [(e, -1, 0) for _, e in others])  # fmt: skip
+    total, n, k, prev = 0.0, 0, 0, None
+    for t, dn, dk in events:
+        if n > 0:
+            total += (t - prev).total_seconds() * k / n
+        n, k, prev = n + dn, k + dk, t
+    return total
 
 
 def _union_s(intervals: list[tuple[datetime, datetime]]) -> float:
@@ -581,7 +609,7 @@ def reuse_collections() -> Iterator[None]:
 
 def _collect(engine: Engine, filters: Filters | None) -> list[tuple[Run, dict, _Acc]]:
     """One GROUP BY query for the per-run sums, one SELECT of per-request latency values. With a domain
-    filter, a run's wall time is the time its selected requests were in flight (`_Acc.busy`). Inside
+    filter, a run's wall time is its selected requests' share of its serving time (`_Acc.busy`). Inside
     `reuse_collections` a second call with the same engine and filters returns the first one's result
     (callers only read it)."""
     filters = filters or Filters()
@@ -619,12 +647,28 @@ def _collect_now(engine: Engine, filters: Filters) -> list[tuple[Run, dict, _Acc
             accs[run_id].add(status, started, ttft, e2e, out or 0)
         if sums and not busy:
             _cut_at_window(c, filters, accs)
+        if sums and busy:
+            _add_others(c, filters, accs, list(sums))
     if not sums:
         return []
     with Session(engine) as s:
         run_rows = list(s.scalars(select(Run).where(Run.id.in_(sums)).order_by(Run.started_at, Run.id)))
         s.expunge_all()
     return [(r, sums[r.id], accs[r.id]) for r in run_rows]
+
+
+def _add_others(c, filters: Filters, accs: dict[int, _Acc], run_ids: list[int]) -> None:
+    """Under a domain or prompt filter: the requests of the runs in view that it leaves out (in the same time
+    window), as each run's `_Acc.others`, so the selected requests get their share of the run's time."""
+    everyone = replace(filters, domain=None, prompt_ids=None)
+    prompts = set(filters.prompt_ids) if filters.prompt_ids is not None else None
+    q = (select(Request.run_id, Request.domain, Request.external_id, Request.started_at, Request.e2e_ms)
+         .join(Run, Request.run_id == Run.id).where(*everyone.where(), Run.id.in_(run_ids), Request.e2e_ms.is_not(None)))
+    for run_id, domain, prompt_id, started, e2e in c.execute(q):
+        kept = ((filters.domain is None or domain == filters.domain)
+                and (prompts is None or prompt_id in prompts))  # fmt: skip
+        if not kept:
+            accs[run_id].add_other(started, e2e)
 
 
 def _cut_at_window(c, filters: Filters, accs: dict[int, _Acc]) -> None:
@@ -912,7 +956,7 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
 
     Prompts: where both modes' runs recorded prompt ids (bench, load test) and ran the same set, the speedup is
     over all their requests; where the sets differ, both modes are restricted to the prompts both ran (each
-    run's wall time then is the time those requests were in flight, as under a domain filter); where no
+    run's wall time then is those requests' share of its serving time, as under a domain filter); where no
     prompt is shared, or the runs recorded none (a server's runs), it is over all requests and `prompts` says
     the prompts were not matched.
 
@@ -1042,8 +1086,8 @@ def _paired(engine: Engine, filters: Filters, runs_of: dict[tuple, list[RunSumma
 
 def _over_prompts(engine: Engine, filters: Filters,
                   wanted: set[tuple[int, frozenset[str]]]) -> dict[tuple[int, frozenset[str]], tuple[int, float | None]]:
-    """Per (run id, prompt ids): the output tokens of the run's ok requests of those prompts and the seconds those
-    requests (any status) were in flight, as `run_summaries` gives them under a prompt_ids filter, for many runs
+    """Per (run id, prompt ids): the output tokens of the run's ok requests of those prompts and those requests'
+    share of the run's serving time in seconds, as `run_summaries` gives them under a prompt_ids filter, for many runs
     and prompt sets from one SELECT of the runs' requests."""
     sub = replace(filters, run_ids=tuple(sorted({run_id for run_id, _ in wanted})), prompt_ids=None)
     q = (select(Request.run_id, Request.external_id, Request.status, Request.started_at, Request.e2e_ms,
@@ -1060,6 +1104,8 @@ def _over_prompts(engine: Engine, filters: Filters,
             if prompt_id in prompts:
                 acc.add(status, started, None, e2e, n or 0)
                 tokens += (n or 0) if status == "ok" else 0
+            else:  # the run's other requests share its time (`_Acc.busy`)
+                acc.add_other(started, e2e)
         span = acc.span_s()
         out[(run_id, prompts)] = (tokens, span if span is not None and span > 0 else None)
     return out

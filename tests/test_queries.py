@@ -511,3 +511,27 @@ def test_time_windows_that_cut_a_run_share_its_span_and_its_cost(db_url):
     assert inside.stats.wall_s == pytest.approx(10.0)
     tail, = run_summaries(engine, Filters(since=BASE_TIME + timedelta(seconds=5.5)))
     assert tail.stats.wall_s == pytest.approx(10.0 - 5.5)  # from the cut: a request ran from 1 s to 6 s
+
+
+def test_a_domain_of_a_concurrent_run_gets_its_share_of_the_runs_time(db_url):
+    """Under a domain filter a run's wall time was the time the domain's requests were in flight: at concurrency
+    2, a domain with half the requests was in flight all the time, and its tokens/s read half the run's. Each
+    request now gets 1/n of the time n requests are in flight: the domains' times add up to the run's."""
+    engine = open_store(db_url)
+    with Session(engine) as s:  # two streams, 0-10 s each: a code and a chat request at a time
+        make_run(s, "ar", concurrency=2, requests=[Req(100, e2e_ms=5000, start_s=t, domain=d)
+                                                   for t in (0, 5) for d in ("code", "chat")])
+        s.commit()
+    whole, = run_summaries(engine)
+    code, = run_summaries(engine, Filters(domain="code"))
+    chat, = run_summaries(engine, Filters(domain="chat"))
+    assert whole.stats.wall_s == pytest.approx(10.0) and whole.stats.tokens_per_s == pytest.approx(40.0)
+    assert code.stats.wall_s == pytest.approx(5.0) and chat.stats.wall_s == pytest.approx(5.0)  # was 10 s each
+    assert code.stats.tokens_per_s == pytest.approx(40.0)  # the run's pace, not half of it
+    # one request at a time: the domain's own time, as before
+    with Session(engine) as s:
+        make_run(s, "spec", requests=[Req(50, e2e_ms=2000, start_s=t, domain=d)
+                                      for t, d in ((0, "code"), (2, "chat"), (4, "code"))])
+        s.commit()
+    spec = next(r for r in run_summaries(engine, Filters(domain="code")) if r.mode == "spec")
+    assert spec.stats.wall_s == pytest.approx(4.0)
