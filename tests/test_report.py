@@ -727,6 +727,27 @@ def test_the_reports_page_says_which_runs_a_report_covers(store, tmp_path, monke
     assert frame.value.iloc[0]["runs"] == "loadtest runs"
 
 
+def test_the_reports_page_stays_when_the_sidebar_filters_match_no_run(store, tmp_path, monkeypatch):
+    """The page says the sidebar filters do not apply to it, yet a choice matching no run replaced its table and
+    downloads with 'No runs match these filters'."""
+    import streamlit
+
+    url, engine = store
+    with Session(engine) as s:  # a sampled load test beside the day's greedy bench runs
+        make_run(s, "spec", started_at=D0.replace(hour=10), temperature=0.8, kind="loadtest",
+                 requests=[spec_req(33, 4, 24, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+    assert main(_report(url, tmp_path, "--period", "daily", "--since", "2026-11-02")) == 0
+    streamlit.cache_data.clear()
+    at = _reports_page(url, monkeypatch)
+    at.sidebar.selectbox(key="f_temperature").set_value(0.8).run()
+    at.sidebar.selectbox(key="f_kind").set_value("bench").run()  # no bench run at 0.8
+    assert not at.exception, [e.value for e in at.exception]
+    assert not any("No runs match" in i.value for i in at.info), [i.value for i in at.info]
+    [frame] = at.dataframe
+    assert len(frame.value) == 1
+
+
 @pytest.mark.parametrize("power", ["nvml", "estimate"])
 def test_cost_card_gives_the_costs_own_reason_as_the_table_does(sqlite_url, tmp_path, power):
     """Runs measured on a CPU but priced (their snapshot) as an H100: their energy is left out of the cost. The

@@ -243,8 +243,10 @@ def empty_store_message(url: str) -> None:
     st.caption("Then reload this page. `specfinops dashboard --db URL` points the dashboard at another store.")
 
 
-def run_page(title: str, body: Callable[[Context], None], caption: str | None = None) -> None:
-    """Title, the empty-store / synthetic-data notices, then `body(ctx)` guarded against exceptions."""
+def run_page(title: str, body: Callable[[Context], None], caption: str | None = None, *,
+             filtered: bool = True) -> None:
+    """Title, the empty-store / synthetic-data notices, then `body(ctx)` guarded against exceptions. A page that
+    the sidebar filters do not apply to (`filtered` False: the Reports page) is shown whatever they match."""
     st.title(title)
     if caption:
         st.caption(caption)
@@ -260,10 +262,10 @@ def run_page(title: str, body: Callable[[Context], None], caption: str | None = 
     if ctx.sel.synthetic:
         st.warning("Synthetic data: some runs in view were made by the benchmark generator "
                    "(workload 'synthetic', host 'synthetic-generator'). They are not measurements.")
-    if ctx.sel.runs.empty:
-        st.info("No runs match these filters (none has requests in the selected time range, or none has "
-                "this node, pair, workload, temperature, top_p, top_k, max new tokens, run kind or concurrency). "
-                "Widen the time range or reset the filters in the sidebar.")
+    if ctx.sel.runs.empty and filtered:
+        st.info("No runs match these filters (none has requests in the selected time range or domain, or none "
+                "has this invocation, node, pair, workload, temperature, top_p, top_k, max new tokens, run kind or "
+                "concurrency). Widen the time range or reset the filters in the sidebar.")
         return
     try:
         body(ctx)

@@ -92,4 +92,5 @@ def body(ctx: Context) -> None:
 
 
 run_page("Reports", body, "Cost reports (HTML + CSV) of past periods, with their delivery status. The sidebar "
-                          "filters do not apply here: each report holds the figures of its own period.")
+                          "filters do not apply here: each report holds the figures of its own period.",
+         filtered=False)
