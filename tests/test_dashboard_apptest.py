@@ -242,6 +242,9 @@ def test_speculation_page_shows_acceptance_and_go_no_go(filled, monkeypatch):
     assert over_time["layout"]["title"]["text"] == "Acceptance rate"
     assert over_time["layout"]["yaxis"]["title"]["text"] == "accepted / drafted"
     assert over_time["layout"]["yaxis"]["tickformat"] == ".0%"  # a share, as the metric above it
+    # no 0.65 line over accepted / drafted: the line judges alpha, and code's 0.75 alpha passes it while its
+    # acceptance rate reads lower wherever steps stop at a rejection
+    assert not over_time["layout"].get("shapes") and not over_time["layout"].get("annotations")
     from telemetry.palette import MODE_COLOURS
 
     assert over_time["data"][0]["line"]["color"] == MODE_COLOURS["spec"]  # spec's colour on every page

@@ -54,9 +54,10 @@ def body(ctx: Context) -> None:
     st.subheader("Over time")
     pooled = with_rates(over.groupby("t", as_index=False)[["drafts", "drafted", "accepted"]].sum())
     c1, c2 = st.columns(2)
+    # no go/no-go line here: it judges alpha (accepted / tested, the chart per domain above), and accepted /
+    # drafted sits below alpha wherever a step stops at a rejection before K: every point read "NO-GO"
     c1.plotly_chart(charts.lines_by(pooled.assign(series="acceptance rate"), "acceptance_rate", "series",
-                                    "Acceptance rate", "accepted / drafted", hline=charts.GO_NO_GO_ALPHA,
-                                    hline_label="0.65", bucket_s=ctx.sel.bucket_s,
+                                    "Acceptance rate", "accepted / drafted", bucket_s=ctx.sel.bucket_s,
                                     colour=charts.MODE_COLOURS["spec"], percent=True),
                     width="stretch")
     c2.plotly_chart(charts.lines_by(pooled.assign(series="mean acceptance length"), "mean_acceptance_length",
