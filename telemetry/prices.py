@@ -298,12 +298,18 @@ _FAMILIES = [
 ]
 
 
+_COUNT = re.compile(r"\sx\s*(\d+)\s*$", re.I)  # "H100 x8": a node of 8 of them (a price snapshot's name)
+
+
 def hardware_family(text: str) -> str | None:
     """'H100' for "NVIDIA H100 80GB HBM3", "H100-SXM" or "my-h100-reserved"; 'A100', 'L4', 'CPU' ("cpu (2 cores)",
-    "cpu-2core"); None where the text names none of them (a price entry of unknown hardware)."""
+    "cpu-2core"); 'H100 x8' for "H100 x8" (eight of them: not the hardware of one measured device); None where the
+    text names none of them (a price entry of unknown hardware)."""
+    text = text or ""
+    count = _COUNT.search(text)
     for pattern, family in _FAMILIES:
-        if pattern.search(text or ""):
-            return family
+        if pattern.search(text):
+            return family if count is None or int(count.group(1)) == 1 else f"{family} x{int(count.group(1))}"
     return None
 
 

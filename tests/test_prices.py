@@ -153,3 +153,15 @@ def test_set_price_returns_what_it_wrote_not_a_concurrent_writers_value(sqlite_u
         event.remove(Session, "after_commit", another_writer)
     assert done
     assert (e.value, e.source) == (0.2, "mine")
+
+
+@pytest.mark.parametrize(("text", "family"), [
+    ("NVIDIA H100 80GB HBM3", "H100"), ("H100-SXM", "H100"), ("my-h100-reserved", "H100"), ("H100", "H100"),
+    ("H100 x8", "H100 x8"),  # a node of eight: not the hardware of the one device a run measured
+    ("NVIDIA A100-SXM4-80GB", "A100"), ("A100-80GB-lambda", "A100"), ("NVIDIA L4", "L4"),
+    ("cpu (2 cores)", "CPU"), ("cpu-2core", "CPU"), ("reserved-node-7", None), ("", None),
+])
+def test_hardware_family_names_the_chip_of_a_device_or_a_price_entry(text, family):
+    from telemetry.prices import hardware_family
+
+    assert hardware_family(text) == family
