@@ -8,6 +8,7 @@ Stores are written through tests/synthetic.py; the pages run in Streamlit's AppT
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from sqlalchemy.orm import Session
@@ -54,6 +55,19 @@ def test_cost_page_prices_the_measured_runs_with_its_electricity_inputs(sqlite_u
     assert f"electricity ${kwh_cat:g}/kWh (the catalog's); PUE {pue_cat:g} (the catalog's)" in prices, prices
     [fleet] = [c.value for c in at.caption if c.value.startswith("Fleet cost per 1M")]
     assert "energy at $1/kWh (your input) x PUE 1.5 (your input)" in fleet, fleet
+
+
+def test_fleet_cost_of_any_size_reads_as_dollars_and_says_what_the_monthly_figures_hold(sqlite_url, monkeypatch):
+    """At $10,000 a node-hour the fleet cost per 1M read "$1.622e+05"; it reads as `cost` writes dollars. Where
+    energy is in it, the caption says the monthly costs and savings are node-hours only."""
+    url = fill_store(sqlite_url)
+    at = open_page(app_for(url, monkeypatch), PAGES["Cost & capacity"])
+    at.selectbox(key="w_price").set_value("custom $/h per node").run()
+    at.number_input(key="w_node_usd").set_value(10_000.0).run()
+    assert_clean(at)
+    [fleet] = [c.value for c in at.caption if c.value.startswith("Fleet cost per 1M")]
+    assert "e+" not in fleet and re.search(r"AR \$\d{1,3}(,\d{3})+, spec \$\d{1,3}(,\d{3})+ ", fleet), fleet
+    assert "The monthly costs and the annual savings above are node-hours only" in fleet
 
 
 def test_cost_page_shows_capacity_with_its_significant_digits(sqlite_url, monkeypatch):

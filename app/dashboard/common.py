@@ -94,6 +94,14 @@ def comparison_text(sp) -> str | None:
     return None if comparison is None else comparison.text(choose=CHOOSE_GROUP)
 
 
+def usd_amount(value: float | None) -> str:
+    """A dollar figure of any size as `specfinops cost` writes it: whole dollars from $1,000 ("$162,240", not
+    "$1.622e+05"), cents from $1, four significant digits below ($0.3412)."""
+    if value is None or value != value:
+        return MISSING
+    return usd(value, ",.0f" if abs(value) >= 1000 else ",.2f" if abs(value) >= 1 else ",.4g")
+
+
 def usd_rate(value: float | None) -> str:
     """A price per hour or per kWh: cents are not enough ($0.0832/h read "$0.08")."""
     return usd(value, ",.2f" if value is not None and value == value and abs(value) >= 10 else ",.4g")

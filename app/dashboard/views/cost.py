@@ -20,6 +20,7 @@ from app.dashboard.common import (
     show_table,
     throughput,
     usd,
+    usd_amount,
     usd_rate,
 )
 from telemetry import finops
@@ -139,7 +140,8 @@ def _projection_section(ctx: Context, values: dict) -> None:
     m[0].metric("Nodes (AR baseline)", fmt(p.nodes_ar, ",d"))
     m[1].metric("Nodes (speculative)", fmt(p.nodes_spec, ",d"))
     m[2].metric("Projected annual savings", usd(p.annual_savings_usd, ",.0f"),
-                help="(nodes AR - nodes spec) x node $/h x 8,760")
+                help="(nodes AR - nodes spec) x node $/h x 8,760: node-hours only, the energy not in it (the "
+                     "fleet cost per 1M tokens below includes it)")
     m[3].metric("Node price", usd_rate(p.node_hourly_usd) + "/h",
                 help=md_safe(f"priced as {sp.node_price.priced_as}"))
     m = st.columns(4)
@@ -150,8 +152,9 @@ def _projection_section(ctx: Context, values: dict) -> None:
         col.metric(f"Capacity {mode} (tokens/s per node)", throughput(cap),
                    help=f"best configuration meeting the SLA: {runs_text(cap_runs)}, p95 TPOT "
                         f"{fmt(p95, '.1f', suffix=' ms')} (SLA {p.sla_ms:g} ms)" if cap_runs else None)
-    m[2].metric("Monthly cost AR", usd(p.monthly_cost_ar_usd, ",.0f"))
-    m[3].metric("Monthly cost spec", usd(p.monthly_cost_spec_usd, ",.0f"))
+    monthly = "nodes x node $/h x 730: node-hours only, the energy not in it"
+    m[2].metric("Monthly cost AR", usd(p.monthly_cost_ar_usd, ",.0f"), help=monthly)
+    m[3].metric("Monthly cost spec", usd(p.monthly_cost_spec_usd, ",.0f"), help=monthly)
     m = st.columns(4)
     # the p95 of the configuration each mode is sized on, not of every request in view pooled
     m[0].metric("p95 TPOT at capacity (AR)", fmt(sp.capacity_tpot_p95_ms_ar, ".1f", suffix=" ms"),
@@ -174,10 +177,12 @@ def _projection_section(ctx: Context, values: dict) -> None:
             energy = (f", energy at {usd_rate(sp.usd_per_kwh)}/kWh ({whose('usd_per_kwh', '$/kWh')}) x PUE "
                       f"{sp.pue:g} ({whose('pue', 'PUE')})")
         st.caption(f"{FLEET_COST_LABEL[0].upper()}{FLEET_COST_LABEL[1:]}: AR "
-                   f"{usd(p.cost_per_1m_tokens_ar_usd, ',.4g')}, spec {usd(p.cost_per_1m_tokens_spec_usd, ',.4g')} "
+                   f"{usd_amount(p.cost_per_1m_tokens_ar_usd)}, spec {usd_amount(p.cost_per_1m_tokens_spec_usd)} "
                    f"(node {usd_rate(p.node_hourly_usd)}/h{energy}). "
                    "Above the measured cost per 1M at the top of the page: the fleet is sized for the peak, in "
-                   "whole nodes, and paid for around the clock.")
+                   "whole nodes, and paid for around the clock."
+                   + (" The monthly costs and the annual savings above are node-hours only; the energy is in this "
+                      "figure." if energy else ""))
     in_view = set(ctx.sel.runs["mode"])
     st.plotly_chart(charts.nodes_bar(p.nodes_ar, p.nodes_spec, in_view), width="stretch")
     _sla_section(sp)
