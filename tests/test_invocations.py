@@ -299,6 +299,11 @@ def test_the_overview_draws_each_invocations_own_speedup_over_time(sqlite_url, m
     assert list(line["customdata"]) == ["1111aaaa", "2222bbbb"]
     levels = sorted(round(shape["y0"], 4) for shape in fig["layout"]["shapes"])
     assert levels == [1.0, round(pooled_speedup(sqlite_url), 4)]  # break-even and the pooled figure
+    # the pooled figure named in the legend, which sits under the chart (it covered the title; labels on the
+    # dashed lines of two configurations overlapped)
+    assert line["name"].endswith(f"(pooled {pooled_speedup(sqlite_url):.2f}x)")
+    assert [a["text"] for a in fig["layout"].get("annotations", [])] == ["break-even"]
+    assert fig["layout"]["legend"]["y"] < 0
     at.sidebar.selectbox(key="f_invocation").set_value(IDLE).run()  # one invocation: one point, no chart
     assert_clean(at)
     assert not [c for c in at.get("plotly_chart") if "Speedup per invocation" in c.proto.spec]

@@ -135,19 +135,27 @@ def paired_speedups(frame: pd.DataFrame) -> go.Figure:
     palette = ["#2563eb", "#059669", "#d97706", "#7c3aed", "#db2777", "#0891b2", "#65a30d", "#475569"]
     for i, (config, part) in enumerate(frame.sort_values("started_at").groupby("configuration", sort=True)):
         colour = palette[i % len(palette)]
-        fig.add_scatter(x=part["started_at"], y=part["speedup"], mode="lines+markers", name=str(config),
+        pooled = part["pooled"].iloc[0]
+        known = pooled is not None and pooled == pooled
+        # the pooled figure in the legend, not as a label on its line: two configurations' labels at 2.07x and
+        # 2.04x were drawn over each other
+        fig.add_scatter(x=part["started_at"], y=part["speedup"], mode="lines+markers",
+                        name=f"{config} (pooled {pooled:.2f}x)" if known else str(config),
                         line=dict(color=colour), customdata=part["invocation"],
                         hovertemplate="invocation %{customdata}<br>%{x|%Y-%m-%d %H:%M} UTC<br>%{y:.2f}x"
                                       "<extra></extra>")
-        pooled = part["pooled"].iloc[0]
-        if pooled == pooled and pooled is not None:  # the pooled figure of every run of the configuration in view
-            fig.add_hline(y=pooled, line_dash="dash", line_color=colour, opacity=0.5,
-                          annotation_text=f"pooled {pooled:.2f}x", annotation_position="top left")
+        if known:  # the pooled figure of every run of the configuration in view
+            fig.add_hline(y=pooled, line_dash="dash", line_color=colour, opacity=0.5)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#6b7280", annotation_text="break-even",
                   annotation_position="bottom right")
     fig.update_yaxes(rangemode="tozero", ticksuffix="x")
-    return _layout(fig, "Speedup per invocation (each bench or load test's own)", "invocation start (UTC)",
-                   "spec / AR tokens/s")
+    _layout(fig, "Speedup per invocation (each bench or load test's own; dashed: pooled)", "invocation start (UTC)",
+            "spec / AR tokens/s")
+    # configurations' names are long: the legend goes under the chart, where it covers neither the title nor
+    # the lines, one entry a row
+    fig.update_layout(legend=dict(orientation="v", yanchor="top", y=-0.25, xanchor="left", x=0.0),
+                      height=HEIGHT + 40 * frame["configuration"].nunique(), margin=dict(b=40))
+    return fig
 
 
 def acceptance_by_position(frame: pd.DataFrame) -> go.Figure:
