@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from sqlalchemy.orm import Session
 from streamlit.testing.v1 import AppTest
@@ -259,6 +260,26 @@ def test_runs_page_compares_two_runs(filled, monkeypatch):
     assert list(compare.columns)[1:] == ["run #2", "run #1"]  # latest spec vs latest AR
     row = compare.set_index("figure").loc["mode"]
     assert list(row) == ["spec", "ar"]
+
+
+def test_the_runs_comparison_csv_holds_numbers_not_the_pages_text(filled, monkeypatch):
+    """The comparison's CSV was the page's table: "36.9%", "58.0", "—". It now holds the run table's values."""
+    import app.dashboard.common as common
+    from telemetry.queries import run_summaries
+    from telemetry.store import open_store
+
+    frames = {}
+    monkeypatch.setattr(common, "download_csv", lambda label, frame, name, key: frames.__setitem__(key, frame))
+    at = open_page(app_for(filled, monkeypatch), PAGES["Runs"])
+    assert_clean(at)
+    raw = frames["dl_compare"].set_index("figure")
+    assert list(raw.columns) == ["run #2", "run #1"]
+    runs = {r.run_id: r for r in run_summaries(open_store(filled))}
+    assert raw.loc["tokens/s", "run #2"] == pytest.approx(runs[2].stats.tokens_per_s)
+    assert raw.loc["acceptance rate", "run #2"] == pytest.approx(runs[2].stats.acceptance_rate)
+    assert raw.loc["mean acceptance length", "run #2"] == pytest.approx(runs[2].stats.mean_acceptance_length)
+    assert pd.isna(raw.loc["acceptance rate", "run #1"])  # AR: missing, not "—" or 0
+    assert raw.loc["mode"].tolist() == ["spec", "ar"]
 
 
 def test_dashboard_never_imports_torch(filled):

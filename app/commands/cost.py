@@ -454,7 +454,7 @@ def _mode_cost_text(mc, run_costs) -> str:
 
 def run_project_command(args) -> int:
     from telemetry.costing import FLEET_COST_LABEL, project_from_store, runs_text
-    from telemetry.finops import MAX_DAILY_TOKENS, MAX_PEAK_FACTOR
+    from telemetry.finops import MAX_DAILY_TOKENS, MAX_PEAK_FACTOR, MAX_SLA_MS
     from telemetry.store import open_store
 
     missing = [
@@ -470,7 +470,7 @@ def run_project_command(args) -> int:
         raise UsageError(f"missing {', '.join(missing)}")
     daily = number_option("--daily-tokens", args.daily_tokens, minimum=0, maximum=MAX_DAILY_TOKENS)
     peak = number_option("--peak-factor", args.peak_factor, minimum=1, strict=False, maximum=MAX_PEAK_FACTOR)
-    sla = number_option("--p95-tpot-sla-ms", args.p95_tpot_sla_ms, minimum=0)
+    sla = number_option("--p95-tpot-sla-ms", args.p95_tpot_sla_ms, minimum=0, maximum=MAX_SLA_MS)
     pricing = _pricing(args)
     _filters(args, None)  # every option checked before the store is opened
     engine = open_store(args.db, must_exist=True)

@@ -78,14 +78,14 @@ def register(sub) -> None:
 
 def report_options(args) -> dict:
     """Validated keyword arguments of telemetry.report_writer.write_report (and the scheduled job)."""
-    from telemetry.finops import MAX_DAILY_TOKENS, MAX_PEAK_FACTOR
+    from telemetry.finops import MAX_DAILY_TOKENS, MAX_PEAK_FACTOR, MAX_SLA_MS
     from telemetry.report import DEFAULT_HISTORY, DEFAULT_SLA_MS
 
     history = number_option("--history", args.history, DEFAULT_HISTORY, minimum=1, strict=False)
     if history != int(history) or history > 366:
         raise UsageError(f"--history must be a whole number of periods in 1..366, got {args.history!r}")
     return {
-        "sla_ms": number_option("--sla-ms", args.sla_ms, DEFAULT_SLA_MS, minimum=0, strict=True),
+        "sla_ms": number_option("--sla-ms", args.sla_ms, DEFAULT_SLA_MS, minimum=0, strict=True, maximum=MAX_SLA_MS),
         "history": int(history),
         "daily_tokens": number_option("--daily-tokens", args.daily_tokens, None, minimum=0, strict=True,
                                       maximum=MAX_DAILY_TOKENS),

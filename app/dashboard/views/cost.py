@@ -82,7 +82,8 @@ def _inputs(ctx: Context) -> dict:
                                 key="w_daily")
     peak = c[1].number_input("Peak-to-average factor", min_value=1.0, max_value=20.0, value=float(a["peak_factor"]),
                              step=0.5, key="w_peak")
-    sla = c[2].number_input("p95 TPOT SLA (ms)", min_value=0.1, value=float(a["sla_ms"]), step=5.0, key="w_sla")
+    sla = c[2].number_input("p95 TPOT SLA (ms)", min_value=0.1, max_value=finops.MAX_SLA_MS,
+                            value=min(float(a["sla_ms"]), finops.MAX_SLA_MS), step=5.0, key="w_sla")
     choices = [SNAPSHOT, *gpus, CUSTOM]
     current = CUSTOM if a["node_hourly_usd"] else (a["gpu"] if a["gpu"] in gpus else SNAPSHOT)
     price = c[3].selectbox("Node price", choices, index=choices.index(current), key="w_price",
@@ -249,6 +250,8 @@ def _sla_section(sp) -> None:
     table = pd.DataFrame([{"p95 TPOT SLA (ms)": c.sla_ms, "AR tokens/s per node": c.capacity_ar,
                            "spec tokens/s per node": c.capacity_spec, "nodes AR": c.nodes_ar,
                            "nodes spec": c.nodes_spec, "annual savings (USD)": c.annual_savings_usd} for c in curve])
+    for column in ("nodes AR", "nodes spec"):  # whole nodes, empty where not attainable (not "338.0")
+        table[column] = pd.array(table[column], dtype="Int64")
     download_csv("Download nodes by SLA (CSV)", table, "nodes_by_sla.csv", "dl_sla")
 
 
