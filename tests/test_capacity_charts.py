@@ -103,6 +103,11 @@ def test_cost_chart_names_the_hardware_part_when_energy_was_not_measured():
     assert fig.layout.showlegend is True  # a lone trace's legend is hidden unless asked for
     with_energy = charts.cost_split(["spec", "ar"], [0.31, 0.57], [0.02, None], [True, False])
     assert [t.name for t in with_energy.data] == ["hardware (node $/h x hours)", "energy (estimate)"]
+    # a mode pooling metered and estimated runs is named as the Overview's tiles name it (it read "estimate")
+    mixed = charts.cost_split(["spec", "ar"], [0.31, 0.57], [0.02, 0.03], [True, False], [True, False])
+    assert [(t.name, list(t.y)) for t in mixed.data[1:]] == [("energy (measured)", [None, 0.03]),
+                                                              ("energy (partly estimated)", [0.02, None])]
+    assert mixed.data[2].marker.pattern.shape == "/"
 
 
 def test_report_cost_chart_keeps_mode_colours_for_modes():

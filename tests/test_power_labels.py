@@ -315,6 +315,13 @@ def test_overview_labels_a_pooled_estimate_as_partly_estimated(sqlite_url, monke
     captions = [c.value for c in at.caption]
     assert any(c.endswith(" · cost includes partly estimated energy (run 1 estimated, run 3 measured by nvml) · "
                           "J/token partly estimated") for c in captions), captions
+    # the Cost & capacity page's stacked bars name that energy as the tiles do (their legend read "estimate")
+    import json
+
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Cost & capacity"])
+    assert_clean(at)
+    bars = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert [t["name"] for t in bars["data"]][1:] == ["energy (partly estimated)"]
 
 
 # ---- F: --tdp-w where it cannot take effect is refused, not ignored ---------------------------------------

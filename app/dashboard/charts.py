@@ -241,18 +241,22 @@ def power(frame: pd.DataFrame, bucket_s: float | None = None) -> go.Figure:
 
 
 def cost_split(modes: list[str], hardware: list[float | None], energy: list[float | None],
-               energy_estimated: list[bool]) -> go.Figure:
-    """Cost per 1M tokens stacked: hardware, then energy (hatched and labelled when estimated)."""
+               energy_estimated: list[bool], partly: list[bool] | None = None) -> go.Figure:
+    """Cost per 1M tokens stacked: hardware, then energy (hatched and labelled when estimated; `partly`: a mode
+    whose energy pools estimated and metered runs, labelled so, as the Overview's tiles say it)."""
     names = [MODE_NAMES.get(m, m) for m in modes]
+    partly = partly or [False] * len(modes)
+    kinds = ["estimate" if est and not part else "partly estimated" if est else "measured"
+             for est, part in zip(energy_estimated, partly, strict=True)]
     fig = go.Figure()
     fig.add_bar(x=names, y=hardware, name="hardware (node $/h x hours)", marker_color=HARDWARE_COLOUR,
                 text=["—" if h is None else f"${h:,.2f}" for h in hardware])
-    for est in (False, True):
-        ys = [e if (e is not None and bool(x) == est) else None for e, x in zip(energy, energy_estimated, strict=True)]
+    for kind in ("measured", "partly estimated", "estimate"):
+        ys = [e if (e is not None and k == kind) else None for e, k in zip(energy, kinds, strict=True)]
         if all(y is None for y in ys):
             continue
-        fig.add_bar(x=names, y=ys, name="energy (estimate)" if est else "energy (measured)",
-                    marker=dict(color=ENERGY_COLOUR, pattern_shape="/" if est else ""),
+        fig.add_bar(x=names, y=ys, name=f"energy ({kind})",
+                    marker=dict(color=ENERGY_COLOUR, pattern_shape="" if kind == "measured" else "/"),
                     text=[None if y is None else f"${y:,.3f}" for y in ys])
     # the legend names the parts even when hardware is the only one (plotly hides a lone trace's legend)
     fig.update_layout(barmode="stack", showlegend=True)
