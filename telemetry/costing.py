@@ -659,6 +659,9 @@ class StoreProjection:
     points_spec: tuple[tuple[float | None, float | None], ...] = ()
     energy_estimated_ar: bool = False  # the energy part of that mode's figure is (partly) estimated
     energy_estimated_spec: bool = False
+    # ... and partly: its capacity configuration pools runs of an estimated and a metered power source
+    energy_partly_estimated_ar: bool = False
+    energy_partly_estimated_spec: bool = False
     gpus_per_node: int = 1  # a node holds this many replicas of the measured device (capacity x this)
     # priced as other hardware than measured while the runs measured energy: that energy is left out
     energy_left_out: bool = False
@@ -714,6 +717,8 @@ class StoreProjection:
                 "energy_estimated": self.energy_estimated,
                 "energy_estimated_ar": self.energy_estimated_ar,
                 "energy_estimated_spec": self.energy_estimated_spec,
+                "energy_partly_estimated_ar": self.energy_partly_estimated_ar,
+                "energy_partly_estimated_spec": self.energy_partly_estimated_spec,
                 # the runs' measured energy is not in the fleet cost: priced as other hardware than measured
                 "energy_left_out_other_hardware": self.energy_left_out,
                 "capacity_basis": "highest measured tokens/s of one configuration (its runs pooled: tokens "
@@ -776,6 +781,12 @@ def _capacity_config(configs: list[ConfigSummary], sla_ms: float) -> ConfigSumma
 
 
 PRICING_HINT = "give --gpu NAME [--gpus-per-node N] or --node-hourly-usd X"
+
+
+def _power_sources(engine: Engine, run_ids: tuple[int, ...]) -> set[str]:
+    """The power sources of the runs (runs.power_source: nvml, rapl, estimate, none), one query."""
+    with engine.connect() as c:
+        return set(c.execute(select(Run.power_source).where(Run.id.in_(run_ids))).scalars())
 
 
 def _run_snapshots(engine: Engine, run_ids: list[int]) -> list[dict | None]:
@@ -908,6 +919,7 @@ def project_from_store(
         m: c is not None and c.stats.energy_estimated and j_per_token(m) is not None for m, c in cap_configs.items()
     }
     estimated = any(estimated_by_mode.values())
+    partly = {m: estimated_by_mode[m] and len(_power_sources(engine, cap_configs[m].run_ids)) > 1 for m in MODES}
     return StoreProjection(
         caveats=projection_caveats(comparison, cap_configs, price, devices, differs),
         projection=projection,
@@ -919,6 +931,8 @@ def project_from_store(
         energy_estimated=estimated,
         energy_estimated_ar=estimated_by_mode["ar"],
         energy_estimated_spec=estimated_by_mode["spec"],
+        energy_partly_estimated_ar=partly["ar"],
+        energy_partly_estimated_spec=partly["spec"],
         capacity_run_ar=cap_configs["ar"].run_ids[0] if cap_configs["ar"] else None,
         capacity_run_spec=cap_configs["spec"].run_ids[0] if cap_configs["spec"] else None,
         capacity_runs_ar=cap_configs["ar"].run_ids if cap_configs["ar"] else (),

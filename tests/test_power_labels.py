@@ -269,6 +269,24 @@ def test_cost_mode_pooling_estimated_and_metered_energy_says_partly_estimated(sq
     assert modes["ar"]["energy_source"] == "partly estimated" and modes["ar"]["energy_estimated"] is True
 
 
+def test_project_labels_a_pooled_estimate_as_partly_estimated(sqlite_url, capsys):
+    """`cost` said "partly estimated" where `project` said "incl. energy (estimated)" for the same runs."""
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "estimate")
+    add_day(engine, D0, "nvml")
+    argv = ["project", "--db", sqlite_url, "--daily-tokens", "1e6", "--peak-factor", "1", "--p95-tpot-sla-ms", "1e4"]
+    assert main(argv) == 0
+    assert "AR $" in (out := capsys.readouterr().out) and "(incl. energy (partly estimated))" in out, out
+    assert main([*argv, "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)["assumptions"]
+    assert a["energy_estimated_ar"] is True and a["energy_partly_estimated_ar"] is True
+    engine = open_store(sqlite_url.replace("store.db", "one.db"))
+    add_day(engine, D0, "estimate")  # every run estimated: "estimated", not "partly"
+    assert main([*argv[:2], sqlite_url.replace("store.db", "one.db"), *argv[3:]]) == 0
+    out = capsys.readouterr().out
+    assert "(incl. energy (estimated))" in out and "partly" not in out, out
+
+
 def test_cost_json_energy_source_of_one_kind(sqlite_url, capsys):
     engine = open_store(sqlite_url)
     add_day(engine, D0, "nvml")

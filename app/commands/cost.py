@@ -485,10 +485,10 @@ def run_project_command(args) -> int:
     def nodes(n):
         return "not attainable" if n is None else f"{n:,}"
 
-    def energy_label(included: bool, estimated: bool) -> str:
+    def energy_label(included: bool, estimated: bool, partly: bool) -> str:
         if not included:
             return "node price only"
-        return "incl. energy (estimated)" if estimated else "incl. energy"
+        return f"incl. energy ({'partly estimated' if partly else 'estimated'})" if estimated else "incl. energy"
 
     tokens = f"{daily:,.0f}" if daily >= 1 else f"{daily:g}"  # 1e-4 a day is not "0"
     print(f"traffic: {tokens} output tokens/day, peak factor {peak:g}, p95 TPOT SLA {sla:g} ms")
@@ -507,9 +507,9 @@ def run_project_command(args) -> int:
     print(f"annual savings: {_usd(p.annual_savings_usd)}")
     print(
         f"{FLEET_COST_LABEL}: AR {_usd(p.cost_per_1m_tokens_ar_usd)} "
-        f"({energy_label(p.energy_included_ar, sp.energy_estimated_ar)}), "
+        f"({energy_label(p.energy_included_ar, sp.energy_estimated_ar, sp.energy_partly_estimated_ar)}), "
         f"spec {_usd(p.cost_per_1m_tokens_spec_usd)} "
-        f"({energy_label(p.energy_included_spec, sp.energy_estimated_spec)})"
+        f"({energy_label(p.energy_included_spec, sp.energy_estimated_spec, sp.energy_partly_estimated_spec)})"
     )
     line = f"priced as {sp.node_price.priced_as} (${sp.node_price.usd_per_hour:g}/node-hour)"
     if sp.priced_differs:
