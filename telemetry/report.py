@@ -854,7 +854,9 @@ PROJECTION_LABELS = {
 # shown in the traffic rows above them (daily tokens, peak factor, SLA), by mode (energy estimated), or in
 # the list of runs (the first capacity run)
 PROJECTION_SKIP = frozenset({"daily_tokens", "peak_factor", "p95_tpot_sla_ms", "energy_estimated",
-                             "capacity_run_ar", "capacity_run_spec"})
+                             "capacity_run_ar", "capacity_run_spec",
+                             # said in the "energy estimated" row of the mode ("partly")
+                             "energy_partly_estimated_ar", "energy_partly_estimated_spec"})
 
 
 def projection_rows(pr: ProjectionResult) -> list[tuple[str, Any]]:
@@ -874,6 +876,9 @@ def projection_rows(pr: ProjectionResult) -> list[tuple[str, Any]]:
             continue
         if key == "compared":
             value = None if pr.projection.comparison is None else pr.projection.comparison.text(REPORT_CHOOSE)
+        if key in ("energy_estimated_ar", "energy_estimated_spec") and d["assumptions"].get(
+                key.replace("energy_estimated", "energy_partly_estimated")):
+            value = "partly (metered and estimated runs pooled)"
         if isinstance(value, list):
             value = "; ".join(map(str, value)) if key == "notes" else ", ".join(map(str, value))
         rows.append((PROJECTION_LABELS.get(key, key), value))
