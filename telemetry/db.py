@@ -141,7 +141,6 @@ class Request(Base):
         Index("ix_requests_run_id", "run_id"),
         Index("ix_requests_started_at", "started_at"),
         Index("ix_requests_domain", "domain"),
-        Index("ix_requests_run_id_started_at", "run_id", "started_at"),  # 0012: a run's edges around a window
     )
 
 

@@ -6,12 +6,12 @@ in Python from one SELECT of the filtered per-request values (requests, not toke
 Definitions (README, "Metric definitions"): only requests with status 'ok' count towards tokens, latency and acceptance.
     TPOT              = (e2e_ms - ttft_ms) / (output_tokens - 1), for output_tokens > 1
     wall_s            = first request start -> last request end (start + e2e) of the run's filtered
-                        requests; the run's ended_at - started_at when no request has an e2e time. Under a
-                        time window (since/until) that cuts a run, its share of that span: from `since` where
-                        the run has requests started before it, to `until` where it has requests started at or
-                        after it, so the windows of one run add up to its span. Under a domain or prompt
-                        filter, the selected requests' share of the run's serving time: while n requests are in
-                        flight, k of them selected, k / n of that time (the domains of a run add up to it)
+                        requests; the run's ended_at - started_at when no request has an e2e time and no time
+                        window or domain narrows the run (else unknown). Under a time window, the span of the
+                        run's requests that started inside it. Under a prompt filter, the selected requests' share
+                        of the time the run served: while n requests are in flight, k of them selected, k / n of
+                        that time; under a domain filter, that share of the span, idle time shared in the same
+                        proportion (the domains of a run add up to its span)
     tokens_per_s      = output tokens / wall_s  (aggregate throughput: concurrent requests overlap)
     acceptance_rate   = accepted / drafted;  mean_acceptance_length = 1 + accepted / drafts
     alpha             = accepted / tested over the steps (a step tests its accepted drafts and the first
@@ -48,10 +48,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from sqlalchemy import and_, case, exists, func, or_, select
+from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -452,8 +452,10 @@ class _Acc:
     needs it: the span would count the time the run spent on the requests filtered out, and so would the time the
     collected ones were in flight where the run served others beside them (at concurrency 8, a domain with a
     quarter of the tokens was in flight nearly all the time, and its tokens/s read a quarter of the run's).
-    `others` are the run's requests filtered out; None where they are not known (the union of the collected
-    requests' intervals then, which is exact where the run served one request at a time)."""
+    Under a domain filter (`share_idle`) the run's idle time inside its span (between requests) is shared in the
+    same proportion, so the shares of a run's domains add up to the span it is priced on; a restriction to some
+    prompts (speedups over the prompts both modes ran) keeps the time they were served. `others` are the run's
+    requests filtered out (None or empty: none was, and the span is the run's own)."""
 
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
@@ -462,10 +464,10 @@ class _Acc:
     busy: bool = False
     intervals: list[tuple[datetime, datetime]] = field(default_factory=list)
     others: list[tuple[datetime, datetime]] | None = None
-    # a time window's edges where it cuts the run (it has requests before `since` / from `until` on): the span
-    # starts and ends there, so the windows of one run share its span without counting the cut twice
-    cut_start: datetime | None = None
-    cut_end: datetime | None = None
+    share_idle: bool = False  # a domain filter: the run's idle time is shared too (see above)
+    # a time window narrows the requests: a run with none finished inside it has no wall time there (its own
+    # start and end would price the whole run in every window it touched)
+    windowed: bool = False
 
     def add(self, status: str, started: datetime, ttft: float | None, e2e: float | None, out: int) -> None:
         if e2e is not None:
@@ -492,10 +494,18 @@ class _Acc:
         if self.first_start is None or self.last_end is None:
             return None
         if self.busy:
-            return _union_s(self.intervals) if not self.others else _shared_s(self.intervals, self.others)
-        start = self.first_start if self.cut_start is None else self.cut_start
-        end = self.last_end if self.cut_end is None else self.cut_end
-        return (end - start).total_seconds()
+            if not self.others:  # the filter left none of the run's requests out: the run's own span
+                return (self.last_end - self.first_start).total_seconds()
+            shared = _shared_s(self.intervals, self.others)
+            if not self.share_idle:  # the time these requests were being served: a restriction to some prompts
+                return shared
+            # a domain: the run's span (its requests in view, the others included), shared: its busy time by who
+            # was in flight, its idle time in the same proportion, so the domains add up to the run's span
+            every = self.intervals + self.others
+            busy = _union_s(every)
+            span = (max(e for _, e in every) - min(s for s, _ in every)).total_seconds()
+            return shared * (span / busy) if busy > 0 else None
+        return (self.last_end - self.first_start).total_seconds()
 
 
 def _shared_s(mine: list[tuple[datetime, datetime]], others: list[tuple[datetime, datetime]]) -> float:
@@ -642,11 +652,11 @@ def _collect_now(engine: Engine, filters: Filters) -> list[tuple[Run, dict, _Acc
     with engine.connect() as c:
         sums = {row.id: dict(row._mapping) for row in c.execute(sums_q)}
         busy = filters.domain is not None or filters.prompt_ids is not None
-        accs: dict[int, _Acc] = defaultdict(lambda: _Acc(busy=busy))
+        windowed = filters.since is not None or filters.until is not None
+        accs: dict[int, _Acc] = defaultdict(lambda: _Acc(busy=busy, windowed=windowed,
+                                                         share_idle=filters.domain is not None))
         for run_id, status, started, ttft, e2e, out in c.execute(values_q):
             accs[run_id].add(status, started, ttft, e2e, out or 0)
-        if sums and not busy:
-            _cut_at_window(c, filters, accs)
         if sums and busy:
             _add_others(c, filters, accs, list(sums))
     if not sums:
@@ -671,38 +681,12 @@ def _add_others(c, filters: Filters, accs: dict[int, _Acc], run_ids: list[int]) 
             accs[run_id].add_other(started, e2e)
 
 
-def _cut_at_window(c, filters: Filters, accs: dict[int, _Acc]) -> None:
-    """Where the time window cuts a run (it has requests started before `since`, or at or after `until`), its
-    span in the window starts at `since` / ends at `until` (`_Acc.cut_start` / `cut_end`): the part of the span
-    on the other side belongs to the window there. One EXISTS per edge and run (ix_requests_run_id_started_at)."""
-    ids = [i for i, a in accs.items() if a.first_start is not None]
-    for edge, attr, outside in (
-        (filters.since, "cut_start", lambda: Request.started_at < filters.since),
-        (filters.until, "cut_end", lambda: Request.started_at >= filters.until),
-    ):
-        if edge is None or not ids:
-            continue
-        # requests with an end only, as the span counts them
-        beyond = exists().where(Request.run_id == Run.id, Request.e2e_ms.is_not(None), outside())
-        for (run_id,) in c.execute(select(Run.id).where(Run.id.in_(ids), beyond)):
-            setattr(accs[run_id], attr, _as_stored(edge, accs[run_id].first_start))
-
-
-def _as_stored(edge: datetime, like: datetime) -> datetime:
-    """`edge` comparable with the stored times (SQLite returns them naive, in UTC; PostgreSQL aware)."""
-    if like.tzinfo is None and edge.tzinfo is not None:
-        return edge.astimezone(UTC).replace(tzinfo=None)
-    if like.tzinfo is not None and edge.tzinfo is None:
-        return edge.replace(tzinfo=UTC)
-    return edge
-
-
 def _run_wall_s(run: Run, acc: _Acc) -> float | None:
     span = acc.span_s()
     if span is not None and span > 0:
         return span
-    if acc.busy:
-        return None  # the run's own start and end would count its other requests' time
+    if acc.busy or acc.windowed:
+        return None  # the run's own start and end would count its other requests' time, or other periods
     if run.ended_at is not None and run.started_at is not None:
         wall = (run.ended_at - run.started_at).total_seconds()
         return wall if wall > 0 else None

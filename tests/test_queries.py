@@ -172,14 +172,16 @@ def test_domain_filter_counts_only_the_domains_own_time(sqlite_url):
     assert chat.tokens_per_s == pytest.approx(10.0)
     code = mode_summaries(engine, Filters(domain="code"))[0].stats
     assert code.wall_s == pytest.approx(2.0) and code.tokens_per_s == pytest.approx(20.0)
-    # overlapping requests count their shared time once
+    # overlapping requests count their shared time once; a run wholly of the domain is the run's own span, idle
+    # time included (1.5 s to 3 s), as its unfiltered figure: its only domain runs at its pace
     with Session(engine) as s:
         make_run(s, "ar", requests=[Req(10, ttft_ms=50, e2e_ms=1000, start_s=0.0, domain="chat"),
                                     Req(10, ttft_ms=50, e2e_ms=1000, start_s=0.5, domain="chat"),
                                     Req(10, ttft_ms=50, e2e_ms=500, start_s=3.0, domain="chat")])
         s.commit()
     walls = {r.run_id: r.stats.wall_s for r in run_summaries(engine, Filters(domain="chat"))}
-    assert walls[run_id] == pytest.approx(2.0) and walls[run_id + 1] == pytest.approx(1.5 + 0.5)
+    assert walls[run_id] == pytest.approx(2.0) and walls[run_id + 1] == pytest.approx(3.5)
+    assert run_summaries(engine)[1].stats.wall_s == pytest.approx(3.5)
 
 
 def test_filters_validate():
@@ -485,32 +487,26 @@ def test_costs_read_the_price_catalog_once_not_per_run(store):
     assert len(reads) == 1, reads
 
 
-def test_time_windows_that_cut_a_run_share_its_span_and_its_cost(db_url):
-    """Two windows cutting a concurrent run each took the span of their own requests, so both counted the
-    requests in flight at the cut: the halves of a 10 s run were charged 17 s. A window now starts at `since`
-    where the run had requests before it and ends at `until` where it has requests from it on."""
+def test_a_time_window_prices_a_run_over_its_requests_inside_it_never_the_whole_run(db_url):
+    """A window where a run has only a request that never ended (no E2E) fell back to the run's own start and
+    end: a 2000 s report period was charged a server run's 10,000 s, and its mode's tokens/s fell 30-fold."""
     engine = open_store(db_url)
-    with Session(engine) as s:  # two streams: 0-4 s and 1-6 s, then 5-9 s and 6-10 s
-        make_run(s, "ar", concurrency=2, requests=[Req(40, e2e_ms=ms, start_s=t)
-                                                   for t, ms in ((0, 4000), (1, 5000), (5, 4000), (6, 4000))])
+    with Session(engine) as s:  # a server-like run: ok at 0 s, a failed request at 5,000 s, ok at 9,990 s
+        make_run(s, "ar", ended_at=BASE_TIME + timedelta(seconds=10_000),
+                 requests=[Req(40, e2e_ms=5000, start_s=0), Req(0, ttft_ms=None, e2e_ms=None, start_s=5000,
+                                                             status="error"), Req(40, e2e_ms=5000, start_s=9990)])
+        make_run(s, "ar", requests=[Req(40, e2e_ms=1000, start_s=4000 + i) for i in range(30)])  # a bench
         s.commit()
-    cut = BASE_TIME + timedelta(seconds=3)
-    whole, = run_summaries(engine)
-    before, = run_summaries(engine, Filters(until=cut))
-    after, = run_summaries(engine, Filters(since=cut))
-    assert whole.stats.wall_s == pytest.approx(10.0)
-    assert before.stats.wall_s == pytest.approx(3.0)  # 0 s to the cut (old: 0-6 s, its requests' own span)
-    assert after.stats.wall_s == pytest.approx(7.0)  # the cut to 10 s (old: 5-10 s)
-    assert (before.stats.output_tokens, after.stats.output_tokens) == (80, 80)  # by the request's start
-    parts = [costs(engine, Filters(until=cut))[0][0], costs(engine, Filters(since=cut))[0][0]]
-    total = costs(engine)[0][0]
-    usd = [rc.cost.hardware_usd_per_1m * rc.run.stats.output_tokens for rc in (*parts, total)]
-    assert usd[0] + usd[1] == pytest.approx(usd[2])  # the windows' dollars add up to the run's
-    # a window holding the whole run is not cut; one past its end neither (no requests after it)
-    inside, = run_summaries(engine, Filters(since=BASE_TIME - timedelta(hours=1), until=cut + timedelta(hours=1)))
-    assert inside.stats.wall_s == pytest.approx(10.0)
-    tail, = run_summaries(engine, Filters(since=BASE_TIME + timedelta(seconds=5.5)))
-    assert tail.stats.wall_s == pytest.approx(10.0 - 5.5)  # from the cut: a request ran from 1 s to 6 s
+    window = Filters(since=BASE_TIME + timedelta(seconds=3000), until=BASE_TIME + timedelta(seconds=6000))
+    server, bench = run_summaries(engine, window)
+    assert server.stats.wall_s is None  # no finished request inside: no time, not the run's 10,000 s
+    assert bench.stats.wall_s == pytest.approx(30.0)
+    [ar] = mode_summaries(engine, window)
+    assert ar.stats.tokens_per_s == pytest.approx(1200 / 30.0)  # the bench's pace, not diluted by the server
+    whole, _ = run_summaries(engine)
+    assert whole.stats.wall_s == pytest.approx(10_000 - 10 + 5)  # unwindowed: its requests' span, as before
+    early = Filters(until=BASE_TIME + timedelta(seconds=3000))
+    assert run_summaries(engine, early)[0].stats.wall_s == pytest.approx(5.0)  # its request inside the window
 
 
 def test_a_domain_of_a_concurrent_run_gets_its_share_of_the_runs_time(db_url):
@@ -535,3 +531,23 @@ def test_a_domain_of_a_concurrent_run_gets_its_share_of_the_runs_time(db_url):
         s.commit()
     spec = next(r for r in run_summaries(engine, Filters(domain="code")) if r.mode == "spec")
     assert spec.stats.wall_s == pytest.approx(4.0)
+
+
+def test_the_domains_of_a_run_with_idle_gaps_add_up_to_its_span(db_url):
+    """A server run idle for 490 s between bursts is priced over its span; its domains' shares summed to its
+    busy time only (27 s of 512 s), so each domain read 19 times the run's pace."""
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        make_run(s, "ar", kind="serve", concurrency=2, requests=[
+            Req(100, e2e_ms=10_000, start_s=0, domain="code"), Req(50, e2e_ms=10_000, start_s=0, domain="chat"),
+            Req(100, e2e_ms=10_000, start_s=500, domain="code")])  # idle from 10 s to 500 s
+        s.commit()
+    whole, = run_summaries(engine)
+    parts = [run_summaries(engine, Filters(domain=d))[0] for d in ("code", "chat")]
+    assert whole.stats.wall_s == pytest.approx(510.0)
+    assert sum(p.stats.wall_s for p in parts) == pytest.approx(510.0)
+    # busy: code 5 + 10 s, chat 5 s of 20 s; the span 510 s shared so: code 3/4, chat 1/4
+    assert [p.stats.wall_s for p in parts] == pytest.approx([382.5, 127.5])
+    # the whole run in one domain: the run's own span, not the union of its busy intervals
+    assert run_summaries(engine, Filters(domain="code", since=BASE_TIME + timedelta(seconds=100)))[0].stats.wall_s \
+        == pytest.approx(10.0)
