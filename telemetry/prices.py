@@ -11,7 +11,7 @@ Public API:
     check_price(name, value, *, source, kind=None, as_of=None) -> (value, as_of)   # before opening a store
     set_price(engine, name, value, *, source, kind=None, as_of=None) -> PriceEntry
     catalog_name_for_device(device) -> str | None    # "NVIDIA H100 80GB HBM3" -> "H100", "cpu (2 cores)" -> "cpu-2core"
-    hardware_family(device_or_entry_name) -> str | None   # "H100-SXM", "NVIDIA H100 80GB HBM3" -> "H100"
+    gpu_chip(device_or_entry_name) -> str | None   # "H100-SXM", "NVIDIA H100 80GB HBM3" -> "H100"; "H100 x8" -> None
     resolve_node_price(engine, *, device, price_snapshot=None, gpu=None, gpus_per_node=1,
                        node_hourly_usd=None, catalog=None) -> NodePrice
     energy_prices(engine, catalog=None) -> tuple[float, float]     # (usd_per_kwh, pue)
@@ -87,8 +87,11 @@ class NodePrice:
         for it), so it does not differ and the measured energy stays in."""
         if self.catalog_name is None:
             return False
-        measured, priced = hardware_family(device), hardware_family(self.catalog_name)
-        return measured is None or priced is None or measured != priced
+        measured = catalog_name_for_device(device)
+        if measured is not None and self.catalog_name.lower() == measured.lower():
+            return False  # the device's own catalog entry
+        chip = gpu_chip(device)  # another price of the same one GPU (H100-SXM, my-h100-reserved for an H100)
+        return chip is None or chip != gpu_chip(self.catalog_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,29 +291,26 @@ _DEVICE_PATTERNS = [
 ]
 
 
-# The hardware a recorded device string, or a price entry's name, describes: entries of one family price the same
-# chip (H100 on AWS, H100-SXM on Lambda, a user's "my-h100-reserved"), so its measured energy is that chip's too
-_FAMILIES = [
-    (re.compile(r"h100", re.I), "H100"),
-    (re.compile(r"a100", re.I), "A100"),
+# The one GPU a recorded device string, or a price entry's name, describes: entries of one chip price the same
+# hardware (H100 on AWS, H100-SXM on Lambda, a user's "my-h100-reserved"), so its measured energy is that chip's
+# too. Only these chips are told apart; a CPU node's price stands for its own size (cpu-2core is not cpu-64core),
+# and a name or device that counts several devices ("H100 x8", "8x H100", "h100-8gpu", a vLLM device
+# "... x 8 (tp 8)") is not one GPU.
+_CHIPS = [
+    (re.compile(r"\bh100\b", re.I), "H100"),
+    (re.compile(r"\ba100\b", re.I), "A100"),
     (re.compile(r"\bl4\b", re.I), "L4"),
-    (re.compile(r"^\s*cpu\b", re.I), "CPU"),
 ]
+_COUNTED = re.compile(r"(?:\d+\s*[x×*]\s*[a-z]|[x×*]\s*\d+\b|\d+\s*-?\s*gpus?\b|\btp\s*\d+)", re.I)
 
 
-_COUNT = re.compile(r"\sx\s*(\d+)\s*$", re.I)  # "H100 x8": a node of 8 of them (a price snapshot's name)
-
-
-def hardware_family(text: str) -> str | None:
-    """'H100' for "NVIDIA H100 80GB HBM3", "H100-SXM" or "my-h100-reserved"; 'A100', 'L4', 'CPU' ("cpu (2 cores)",
-    "cpu-2core"); 'H100 x8' for "H100 x8" (eight of them: not the hardware of one measured device); None where the
-    text names none of them (a price entry of unknown hardware)."""
+def gpu_chip(text: str) -> str | None:
+    """'H100' for "NVIDIA H100 80GB HBM3", "H100-SXM" or "my-h100-reserved"; 'A100' ("A100-80GB-lambda"), 'L4';
+    None for anything else: other chips, CPUs, and names or devices that count several GPUs ("H100 x8")."""
     text = text or ""
-    count = _COUNT.search(text)
-    for pattern, family in _FAMILIES:
-        if pattern.search(text):
-            return family if count is None or int(count.group(1)) == 1 else f"{family} x{int(count.group(1))}"
-    return None
+    if _COUNTED.search(text):
+        return None
+    return next((chip for pattern, chip in _CHIPS if pattern.search(text)), None)
 
 
 def catalog_name_for_device(device: str) -> str | None:

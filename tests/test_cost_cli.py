@@ -623,9 +623,30 @@ def test_a_price_of_the_same_chip_elsewhere_keeps_the_measured_energy(sqlite_url
         assert all(r["energy_included"] and not r["priced_differs_from_measured"] for r in out["runs"]), gpu
         assert main(_project(sqlite_url, "--gpu", gpu)) == 0
         assert "not that hardware's" not in capsys.readouterr().out
-    assert main(["cost", "--db", sqlite_url, "--gpu", "L4", "--json"]) == 0
+    for other in ("L4", "H100 x8"):  # another chip; eight of them
+        if other == "H100 x8":
+            assert main(["prices", "set", other, "55.04", "--kind", "node", "--source", "p5", "--db", sqlite_url]) == 0
+            capsys.readouterr()
+        assert main(["cost", "--db", sqlite_url, "--gpu", other, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert all(not r["energy_included"] and r["priced_differs_from_measured"] for r in out["runs"]), other
+
+
+def test_a_cpu_node_of_another_size_is_other_hardware(sqlite_url, capsys):
+    """cpu-64core priced runs measured on a 2-core CPU as that CPU: energy kept, no warning (a family match)."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for mode in ("ar", "spec"):
+            make_run(s, mode, power_source="rapl", requests=[Req(33, ttft_ms=100, e2e_ms=900, energy_j=5.0)])
+        s.commit()
+    assert main(["prices", "set", "cpu-64core", "2.448", "--kind", "node", "--source", "t", "--db", sqlite_url]) == 0
+    capsys.readouterr()
+    assert main(["cost", "--db", sqlite_url, "--gpu", "cpu-64core", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert all(not r["energy_included"] and r["priced_differs_from_measured"] for r in out["runs"])
+    assert main(["cost", "--db", sqlite_url, "--gpu", "cpu-2core", "--json"]) == 0  # its own entry: the same
+    out = json.loads(capsys.readouterr().out)
+    assert all(r["energy_included"] and not r["priced_differs_from_measured"] for r in out["runs"])
 
 
 def test_cost_and_project_agree_on_energy_under_another_price(filled, capsys):

@@ -155,13 +155,17 @@ def test_set_price_returns_what_it_wrote_not_a_concurrent_writers_value(sqlite_u
     assert (e.value, e.source) == (0.2, "mine")
 
 
-@pytest.mark.parametrize(("text", "family"), [
+@pytest.mark.parametrize(("text", "chip"), [
     ("NVIDIA H100 80GB HBM3", "H100"), ("H100-SXM", "H100"), ("my-h100-reserved", "H100"), ("H100", "H100"),
-    ("H100 x8", "H100 x8"),  # a node of eight: not the hardware of the one device a run measured
     ("NVIDIA A100-SXM4-80GB", "A100"), ("A100-80GB-lambda", "A100"), ("NVIDIA L4", "L4"),
-    ("cpu (2 cores)", "CPU"), ("cpu-2core", "CPU"), ("reserved-node-7", None), ("", None),
+    # several GPUs, however the count is written: not the hardware of the one device a run measured
+    ("H100 x8", None), ("H100x8", None), ("8x H100", None), ("p5.48xlarge (8x H100)", None), ("h100-8gpu", None),
+    ("H100 x8 reserved", None), ("H100×8", None), ("cuda: NVIDIA H100 80GB HBM3 x 8 (tp 8)", None),
+    # other chips, and CPUs (a CPU node's price stands for its own size)
+    ("RTX A1000", None), ("NVIDIA L40S", None), ("GH200", None), ("cpu (2 cores)", None), ("cpu-64core", None),
+    ("reserved-node-7", None), ("", None),
 ])
-def test_hardware_family_names_the_chip_of_a_device_or_a_price_entry(text, family):
-    from telemetry.prices import hardware_family
+def test_gpu_chip_names_the_one_gpu_of_a_device_or_a_price_entry(text, chip):
+    from telemetry.prices import gpu_chip
 
-    assert hardware_family(text) == family
+    assert gpu_chip(text) == chip
