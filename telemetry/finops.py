@@ -134,8 +134,11 @@ MAX_PEAK_FACTOR = 100.0
 MAX_SLA_MS = 1e6  # a p95 TPOT SLA of 1,000 s per token: "no SLA" (1e6 is how one says it); past it, a typo
 
 
+MIN_DAILY_TOKENS = 1.0  # a token a day: below it, cost per token of a whole node runs to infinity
+
+
 def _validate_traffic(daily_tokens: float, peak_factor: float) -> None:
-    _finite("daily_tokens", daily_tokens, minimum=0, strict=True)
+    _finite("daily_tokens", daily_tokens, minimum=MIN_DAILY_TOKENS)
     _finite("peak_factor", peak_factor, minimum=1)
     for name, value, maximum in (("daily_tokens", daily_tokens, MAX_DAILY_TOKENS),
                                  ("peak_factor", peak_factor, MAX_PEAK_FACTOR)):  # fmt: skip

@@ -412,6 +412,10 @@ def _projection(
         daily, basis = float(daily_tokens), "given (--daily-tokens)"
     if daily is None:
         return ProjectionResult(None, "no output tokens in this period", None, basis, peak_factor, sla_ms, measured)
+    if daily < finops.MIN_DAILY_TOKENS:  # a whole node's cost over a fraction of a token a day
+        return ProjectionResult(None, f"under {finops.MIN_DAILY_TOKENS:g} output token a day in this period: too "
+                                "little traffic to size a fleet on (give --daily-tokens)", daily, basis, peak_factor,
+                                sla_ms, measured)  # fmt: skip
     try:
         sp = costing.project_from_store(
             engine, current.window.filters(), daily_tokens=daily, peak_factor=peak_factor, sla_ms=sla_ms
@@ -436,8 +440,8 @@ def build_report(
         raise ValueError(f"--sla-ms must be a number > 0, got {sla_ms!r}")
     if isinstance(history, bool) or not isinstance(history, int) or not 1 <= history <= 366:
         raise ValueError(f"--history must be a whole number of periods in 1..366, got {history!r}")
-    if daily_tokens is not None and not (math.isfinite(daily_tokens) and daily_tokens > 0):
-        raise ValueError(f"--daily-tokens must be a number > 0, got {daily_tokens!r}")
+    if daily_tokens is not None and not (math.isfinite(daily_tokens) and daily_tokens >= finops.MIN_DAILY_TOKENS):
+        raise ValueError(f"--daily-tokens must be a number >= {finops.MIN_DAILY_TOKENS:g}, got {daily_tokens!r}")
     if not (math.isfinite(peak_factor) and peak_factor >= 1):
         raise ValueError(f"--peak-factor must be a number >= 1, got {peak_factor!r}")
     current = period_figures(engine, window)

@@ -220,6 +220,10 @@ def test_export_of_an_unknown_run_fails_and_a_bad_store_keeps_the_old_file(store
     (["project", "--daily-tokens", "5e8", "--peak-factor", "2", "--p95-tpot-sla-ms", "1e300"],
      "--p95-tpot-sla-ms must be at most 1e+06"),  # the dashboard's SLA chart ran its axis to 1e300
     (["invocations", "--limit", "99999999999999999999"], "must be at most 2147483647"),  # no SQL INTEGER holds it
+    # a whole node's cost over a fraction of a token a day: "$inf" and JSON Infinity
+    (["project", "--daily-tokens", "1e-305", "--peak-factor", "1", "--p95-tpot-sla-ms", "100"],
+     "--daily-tokens must be >= 1, got '1e-305'"),
+    (["report", "--period", "daily", "--out", "{tmp}/r", "--daily-tokens", "0.5"], "--daily-tokens must be >= 1"),
 ])
 def test_bad_input_is_one_line(argv, needle, empty_store, tmp_path, capsys):
     argv = [a.format(tmp=tmp_path) for a in argv]

@@ -103,7 +103,7 @@ def test_nodes_needed_hand_computed():
     assert nodes_needed(16 * 1000 * 86_400, 1.0, 1800.0) == 9  # 8.89 -> 9
     assert nodes_needed(1, 1.0, 1000.0) == 1
     # a billionth of a node's capacity is still a node (rounding to 9 places took it to 0 nodes and $0)
-    assert nodes_needed(1e-4, 1.0, 1000.0) == 1
+    assert nodes_needed(1, 1.0, 1e9) == 1
 
 
 def test_nodes_needed_zero_or_unknown_capacity_is_not_attainable():
@@ -115,6 +115,7 @@ def test_nodes_needed_zero_or_unknown_capacity_is_not_attainable():
     ("daily", "peak", "cap", "name"),
     [
         (0, 1.0, 10.0, "daily_tokens"),
+        (1e-305, 1.0, 10.0, "daily_tokens must be >= 1"),  # a whole node's cost over it: $inf per 1M
         (-5, 1.0, 10.0, "daily_tokens"),
         (100, 0.5, 10.0, "peak_factor"),
         (100, 1.0, -1.0, "capacity_tokens_per_s"),

@@ -454,7 +454,7 @@ def _mode_cost_text(mc, run_costs) -> str:
 
 def run_project_command(args) -> int:
     from telemetry.costing import FLEET_COST_LABEL, project_from_store, runs_text
-    from telemetry.finops import MAX_DAILY_TOKENS, MAX_PEAK_FACTOR, MAX_SLA_MS
+    from telemetry.finops import MAX_DAILY_TOKENS, MAX_PEAK_FACTOR, MAX_SLA_MS, MIN_DAILY_TOKENS
     from telemetry.store import open_store
 
     missing = [
@@ -468,7 +468,8 @@ def run_project_command(args) -> int:
     ]
     if missing:
         raise UsageError(f"missing {', '.join(missing)}")
-    daily = number_option("--daily-tokens", args.daily_tokens, minimum=0, maximum=MAX_DAILY_TOKENS)
+    daily = number_option("--daily-tokens", args.daily_tokens, minimum=MIN_DAILY_TOKENS, strict=False,
+                          maximum=MAX_DAILY_TOKENS)
     peak = number_option("--peak-factor", args.peak_factor, minimum=1, strict=False, maximum=MAX_PEAK_FACTOR)
     sla = number_option("--p95-tpot-sla-ms", args.p95_tpot_sla_ms, minimum=0, maximum=MAX_SLA_MS)
     pricing = _pricing(args)
@@ -490,8 +491,7 @@ def run_project_command(args) -> int:
             return "node price only"
         return f"incl. energy ({'partly estimated' if partly else 'estimated'})" if estimated else "incl. energy"
 
-    tokens = f"{daily:,.0f}" if daily >= 1 else f"{daily:g}"  # 1e-4 a day is not "0"
-    print(f"traffic: {tokens} output tokens/day, peak factor {peak:g}, p95 TPOT SLA {sla:g} ms")
+    print(f"traffic: {daily:,.0f} output tokens/day, peak factor {peak:g}, p95 TPOT SLA {sla:g} ms")
     if sp.comparison is not None:
         print(sp.comparison.text())
     print(

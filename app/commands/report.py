@@ -57,8 +57,9 @@ def add_report_options(p) -> None:
     p.add_argument("--workload", metavar="NAME", default=None,
                    help="only runs of this workload (as `specfinops cost --workload`; default: every workload)")  # fmt: skip
     p.add_argument("--target", metavar="MODEL", default=None,
-                   help="only runs of this target model, as the runs recorded it (`specfinops cost --target`; "
-                        "a name the store has never recorded is refused with the ones it has)")  # fmt: skip
+                   help="only runs of this target model, as the runs recorded it (`specfinops cost --target`); "
+                        "a name the store has never recorded is named with the ones it has: `report` refuses it, "
+                        "`scheduler` warns and keeps it")  # fmt: skip
 
 
 def register(sub) -> None:
@@ -78,7 +79,7 @@ def register(sub) -> None:
 
 def report_options(args) -> dict:
     """Validated keyword arguments of telemetry.report_writer.write_report (and the scheduled job)."""
-    from telemetry.finops import MAX_DAILY_TOKENS, MAX_PEAK_FACTOR, MAX_SLA_MS
+    from telemetry.finops import MAX_DAILY_TOKENS, MAX_PEAK_FACTOR, MAX_SLA_MS, MIN_DAILY_TOKENS
     from telemetry.report import DEFAULT_HISTORY, DEFAULT_SLA_MS
 
     history = number_option("--history", args.history, DEFAULT_HISTORY, minimum=1, strict=False)
@@ -87,8 +88,8 @@ def report_options(args) -> dict:
     return {
         "sla_ms": number_option("--sla-ms", args.sla_ms, DEFAULT_SLA_MS, minimum=0, strict=True, maximum=MAX_SLA_MS),
         "history": int(history),
-        "daily_tokens": number_option("--daily-tokens", args.daily_tokens, None, minimum=0, strict=True,
-                                      maximum=MAX_DAILY_TOKENS),
+        "daily_tokens": number_option("--daily-tokens", args.daily_tokens, None, minimum=MIN_DAILY_TOKENS,
+                                      strict=False, maximum=MAX_DAILY_TOKENS),
         "peak_factor": number_option("--peak-factor", args.peak_factor, 1.0, minimum=1, strict=False,
                                      maximum=MAX_PEAK_FACTOR),
         "temperature": number_option("--temperature", args.temperature, None, minimum=0, strict=False),
