@@ -637,6 +637,21 @@ def test_tpot_card_judges_the_configurations_the_projection_sizes(sqlite_url, tm
     assert rec.summary["speedups"][0]["temperature"] == 0.0 and rec.summary["speedups"][0]["run_kind"] == "bench"
 
 
+def _narrowed_like_cost(url: str, engine, tmp_path, capsys, chosen: list[str], said_as: str) -> Report:
+    """A daily report of D0 narrowed by the run filters `chosen`: its label says `said_as`, it holds the 2 requests
+    (66 tokens) the test's chosen runs have, and each mode costs what `specfinops cost` gives for those filters."""
+    assert main(["cost", "--db", url, "--json", *chosen]) == 0
+    narrowed = {m["mode"]: m for m in json.loads(capsys.readouterr().out)["modes"]}
+    assert main(_report(url, tmp_path, "--period", "daily", "--since", "2026-11-02", *chosen)) == 0
+    said = capsys.readouterr().out
+    assert f"daily 2026-11-02 00:00 to 2026-11-03 00:00 UTC ({said_as} only)" in said, said
+    rec = _only_report(engine)
+    assert rec.summary["output_tokens"] == 66 and rec.summary["requests"] == 2  # not the other runs'
+    for mode, got in rec.summary["modes"].items():
+        assert got["total_usd_per_1m"] == narrowed[mode]["total_usd_per_1m"], mode
+    return rec
+
+
 def test_a_report_of_one_temperature_and_run_kind_has_the_figures_cost_gives_for_them(sqlite_url, tmp_path, capsys):
     """--temperature / --run-kind narrow every figure of the report (and its previous periods, cost table and
     projection) to those runs, as they narrow `specfinops cost`; the label, the page and the summary say so."""
@@ -650,17 +665,9 @@ def test_a_report_of_one_temperature_and_run_kind_has_the_figures_cost_gives_for
         make_run(s, "spec", started_at=start, temperature=0.0, kind="loadtest",
                  requests=[spec_req(33, 4, 24, ttft_ms=100, e2e_ms=900)])
         s.commit()
-    assert main(["cost", "--db", sqlite_url, "--json", "--temperature", "0", "--run-kind", "bench"]) == 0
-    narrowed = {m["mode"]: m for m in json.loads(capsys.readouterr().out)["modes"]}
-    assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--temperature", "0",
-                        "--run-kind", "bench")) == 0
-    said = capsys.readouterr().out
-    assert "daily 2026-11-02 00:00 to 2026-11-03 00:00 UTC (temperature 0, bench runs only)" in said, said
-    rec = _only_report(engine)
+    rec = _narrowed_like_cost(sqlite_url, engine, tmp_path, capsys, ["--temperature", "0", "--run-kind", "bench"],
+                              "temperature 0, bench runs")
     assert rec.summary["temperature"] == 0.0 and rec.summary["run_kind"] == "bench"
-    assert rec.summary["output_tokens"] == 66 and rec.summary["requests"] == 2  # not the other three runs'
-    for mode, got in rec.summary["modes"].items():
-        assert got["total_usd_per_1m"] == narrowed[mode]["total_usd_per_1m"], mode
     assert [(s["temperature"], s["run_kind"]) for s in rec.summary["speedups"]] == [(0.0, "bench")]
     page = open(rec.html_path, encoding="utf-8").read()
     assert "(temperature 0, bench runs only)" in page
@@ -686,17 +693,9 @@ def test_a_report_of_one_workload_and_target_has_the_figures_cost_gives_for_them
             make_run(s, "spec", started_at=start, target=target, workload=workload,
                      requests=[spec_req(33, 4, 24, ttft_ms=100, e2e_ms=spec_ms)])
         s.commit()
-    assert main(["cost", "--db", sqlite_url, "--json", "--workload", "code", "--target", "m/big"]) == 0
-    narrowed = {m["mode"]: m for m in json.loads(capsys.readouterr().out)["modes"]}
-    assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--workload", "code",
-                        "--target", "m/big")) == 0
-    said = capsys.readouterr().out
-    assert "daily 2026-11-02 00:00 to 2026-11-03 00:00 UTC (workload 'code', target 'm/big' only)" in said, said
-    rec = _only_report(engine)
+    rec = _narrowed_like_cost(sqlite_url, engine, tmp_path, capsys, ["--workload", "code", "--target", "m/big"],
+                              "workload 'code', target 'm/big'")
     assert rec.summary["workload"] == "code" and rec.summary["target"] == "m/big"
-    assert rec.summary["output_tokens"] == 66 and rec.summary["requests"] == 2  # not the other four runs'
-    for mode, got in rec.summary["modes"].items():
-        assert got["total_usd_per_1m"] == narrowed[mode]["total_usd_per_1m"], mode
     assert [(s["workload"], s["target"]) for s in rec.summary["speedups"]] == [("code", "m/big")]
     page = open(rec.html_path, encoding="utf-8").read()
     assert "(workload &#x27;code&#x27;, target &#x27;m/big&#x27; only)" in page
