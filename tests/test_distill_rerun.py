@@ -38,15 +38,23 @@ def _checkpoints(cache: Path) -> list[Path]:
     return sorted((cache / "checkpoints").glob("*.pt")) if (cache / "checkpoints").is_dir() else []
 
 
+def _interrupted(tiny, out: Path, tmp_path: Path, monkeypatch, *, at: int, steps: int) -> None:
+    """A distill run of `steps` stopped by Ctrl-C at step `at` (exit 130); the Ctrl-C patch undone after it and
+    the cache the `cache` fixture set kept."""
+    from app.cli import main
+
+    _ctrl_c_at(monkeypatch, at)
+    assert main(_argv(tiny, out, steps)) == 130
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+
+
 def test_a_rerun_after_an_interrupted_run_is_refused_and_fresh_starts_over(tiny, tmp_path, cache, monkeypatch,
                                                                             capsys):
     from app.cli import main
 
     out = tmp_path / "draft"
-    _ctrl_c_at(monkeypatch, 3)
-    assert main(_argv(tiny, out, 20)) == 130
-    monkeypatch.undo()
-    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    _interrupted(tiny, out, tmp_path, monkeypatch, at=3, steps=20)
     (ckpt,) = _checkpoints(cache)
     assert torch.load(ckpt, weights_only=False)["step"] == 3
     card = json.loads((out / "model_card.json").read_text())
@@ -77,10 +85,7 @@ def test_resume_continues_the_interrupted_run_and_then_removes_its_checkpoint(ti
     from app.cli import main
 
     out = tmp_path / "draft"
-    _ctrl_c_at(monkeypatch, 2)
-    assert main(_argv(tiny, out, 5)) == 130
-    monkeypatch.undo()
-    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    _interrupted(tiny, out, tmp_path, monkeypatch, at=2, steps=5)
     assert len(_checkpoints(cache)) == 1  # interrupted: kept for --resume
     capsys.readouterr()
     assert main(_argv(tiny, out, 5, "--resume")) == 0
