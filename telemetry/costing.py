@@ -285,6 +285,11 @@ def _energy_share_text(with_energy: list[RunCost], runs_with_tokens: int) -> str
     return f"{energy_source(rc.run for rc in with_energy)} energy for {len(with_energy)} of {runs_with_tokens} runs"
 
 
+def mode_runs(mc: ModeCost, run_costs: list[RunCost]) -> list[RunSummary]:
+    """The runs whose tokens (and energy) a mode's cost pools: its runs with output tokens."""
+    return [rc.run for rc in run_costs if rc.run.run_id in mc.run_ids and rc.run.stats.output_tokens]
+
+
 def partial_energy_text(mc: ModeCost, run_costs: list[RunCost]) -> str | None:
     """'estimated energy for 3 of 5 runs' ('measured ...', 'partly estimated ...'): where only some of a mode's
     runs with output tokens have an energy figure, so its total is hardware only (`_mode_cost`); None where
@@ -783,10 +788,12 @@ def _capacity_config(configs: list[ConfigSummary], sla_ms: float) -> ConfigSumma
 PRICING_HINT = "give --gpu NAME [--gpus-per-node N] or --node-hourly-usd X"
 
 
-def _power_sources(engine: Engine, run_ids: tuple[int, ...]) -> set[str]:
-    """The power sources of the runs (runs.power_source: nvml, rapl, estimate, none), one query."""
+def _power_sources(engine: Engine, run_ids: list[int]) -> dict[int, str]:
+    """Each run's power source (runs.power_source: nvml, rapl, estimate, none), one query (none for no runs)."""
+    if not run_ids:
+        return {}
     with engine.connect() as c:
-        return set(c.execute(select(Run.power_source).where(Run.id.in_(run_ids))).scalars())
+        return dict(c.execute(select(Run.id, Run.power_source).where(Run.id.in_(run_ids))).all())
 
 
 def _run_snapshots(engine: Engine, run_ids: list[int]) -> list[dict | None]:
@@ -919,7 +926,8 @@ def project_from_store(
         m: c is not None and c.stats.energy_estimated and j_per_token(m) is not None for m, c in cap_configs.items()
     }
     estimated = any(estimated_by_mode.values())
-    partly = {m: estimated_by_mode[m] and len(_power_sources(engine, cap_configs[m].run_ids)) > 1 for m in MODES}
+    sources = _power_sources(engine, [i for m in MODES if estimated_by_mode[m] for i in cap_configs[m].run_ids])
+    partly = {m: estimated_by_mode[m] and len({sources[i] for i in cap_configs[m].run_ids}) > 1 for m in MODES}
     return StoreProjection(
         caveats=projection_caveats(comparison, cap_configs, price, devices, differs),
         projection=projection,

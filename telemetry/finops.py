@@ -132,8 +132,6 @@ def capacity_at_sla(points: Iterable[tuple[float, float | None]], sla_ms: float)
 MAX_DAILY_TOKENS = 1e14
 MAX_PEAK_FACTOR = 100.0
 MAX_SLA_MS = 1e6  # a p95 TPOT SLA of 1,000 s per token: "no SLA" (1e6 is how one says it); past it, a typo
-
-
 MIN_DAILY_TOKENS = 1.0  # a token a day: below it, cost per token of a whole node runs to infinity
 
 

@@ -268,11 +268,6 @@ def _total_text(c, runs=None) -> str:
     return _usd(c.total_usd_per_1m) + ("" if c.tokens == 0 else " (hardware only)")
 
 
-def _mode_runs(mc, run_costs) -> list:
-    """The runs whose tokens (and energy) a mode's cost pools."""
-    return [rc.run for rc in run_costs if rc.run.run_id in mc.run_ids and rc.run.stats.output_tokens]
-
-
 def _cost_dict(c) -> dict:
     return {
         "hardware_usd_per_1m": c.hardware_usd_per_1m,
@@ -287,9 +282,9 @@ def _cost_dict(c) -> dict:
 def _cost_caveats(run_costs, mode_costs) -> tuple[dict, list[str], list[str]]:
     """Per mode, the configurations its pooled figure spans (costing.ConfigSpread); the notes on the runs in
     view (server runs priced over their requests' span) and the warnings (too few requests for stable figures)."""
-    from telemetry.costing import SERVE_SPAN_NOTE, config_spread, ids_text, small_sample_text
+    from telemetry.costing import SERVE_SPAN_NOTE, config_spread, ids_text, mode_runs, small_sample_text
 
-    spreads = {mc.mode: config_spread(_mode_runs(mc, run_costs)) for mc in mode_costs}
+    spreads = {mc.mode: config_spread(mode_runs(mc, run_costs)) for mc in mode_costs}
     serve = [rc.run.run_id for rc in run_costs if rc.run.kind == "serve"]
     notes = [f"{ids_text(serve)} (server): {SERVE_SPAN_NOTE}"] if serve else []
     small = small_sample_text({mc.mode: _requests_ok(mc, run_costs) for mc in mode_costs},
@@ -309,6 +304,7 @@ def run_cost_command(args) -> int:
         energy_source,
         ids_text,
         incomplete_runs_text,
+        mode_runs,
         no_runs_reason,
         run_energy_estimated,
     )
@@ -372,7 +368,7 @@ def run_cost_command(args) -> int:
                             "measured_on": list(mc.measured_on),
                             **_cost_dict(mc.cost),
                             # measured | estimated | partly estimated (runs of both pooled); null: no energy
-                            "energy_source": energy_source(_mode_runs(mc, run_costs))
+                            "energy_source": energy_source(mode_runs(mc, run_costs))
                             if mc.cost.energy_included else None,
                         }
                         for mc in mode_costs
@@ -438,14 +434,14 @@ def _incomplete(run_ids, run_costs) -> list[int]:
 def _mode_cost_text(mc, run_costs) -> str:
     """A mode's tokens, tokens/s and cost per 1M tokens. Its total adds energy only when every run with
     output tokens has an energy figure (costing._mode_cost): where only some have, it says how many."""
-    from telemetry.costing import partial_energy_text
+    from telemetry.costing import mode_runs, partial_energy_text
 
     c = mc.cost
     head = f"{mc.output_tokens:,} tokens, {_num(mc.tokens_per_s)} tokens/s, hardware {_usd(c.hardware_usd_per_1m)}"
     partial = partial_energy_text(mc, run_costs)
     if partial:
         return f"{head}; {partial}: hardware only, {_usd(c.total_usd_per_1m)} per 1M tokens"
-    runs = _mode_runs(mc, run_costs)
+    runs = mode_runs(mc, run_costs)
     return f"{head} + energy {_energy_text(c, runs)} = {_total_text(c, runs)} per 1M tokens"
 
 

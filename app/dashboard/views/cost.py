@@ -28,6 +28,7 @@ from telemetry.costing import (
     FLEET_COST_LABEL,
     PARTLY_ESTIMATED,
     energy_source,
+    mode_runs,
     partial_energy_text,
     runs_text,
 )
@@ -40,11 +41,6 @@ MAX_DAILY_M = finops.MAX_DAILY_TOKENS / 1e6  # 1e14 output tokens a day
 MAX_NODE_USD = 10_000.0  # $/h per node
 MAX_USD_PER_KWH = 10.0
 MAX_PUE = 5.0
-
-
-def _runs_of(mc, run_costs) -> list:
-    """The runs whose tokens (and energy) a mode's cost pools (as `specfinops cost` says which)."""
-    return [rc.run for rc in run_costs if rc.run.run_id in mc.run_ids and rc.run.stats.output_tokens]
 
 
 def _cost_section(ctx: Context, values: dict) -> None:
@@ -60,7 +56,7 @@ def _cost_section(ctx: Context, values: dict) -> None:
     st.plotly_chart(charts.cost_split([m.mode for m in mode_costs], [m.cost.hardware_usd_per_1m for m in mode_costs],
                                       [m.cost.energy_usd_per_1m for m in mode_costs],
                                       [m.cost.energy_estimated for m in mode_costs],
-                                      [energy_source(_runs_of(m, run_costs)) == PARTLY_ESTIMATED for m in mode_costs]),
+                                      [energy_source(mode_runs(m, run_costs)) == PARTLY_ESTIMATED for m in mode_costs]),
                     width="stretch")
     st.caption(f"Prices: {md_safe(prices_text(run_costs, values))}. The inputs under Node projection price this "
                "part too; one left at 0 (node price: the runs' recorded price) keeps each run's own.")
