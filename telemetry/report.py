@@ -49,9 +49,10 @@ BAND_SD = 3.0
 @dataclass(frozen=True, slots=True)
 class Window:
     """A report's period, and the runs it covers: those recorded at `temperature`, of run `kind`, sampled with
-    `top_p` / `top_k`, capped at `max_new_tokens` new tokens, of `workload` and of `target` where set (None: every
-    run), as `specfinops cost --temperature --run-kind --top-p --top-k --max-new-tokens --workload --target`
-    filter them (a greedy run counts as top_p 1, top_k 0: queries.Filters)."""
+    `top_p` / `top_k`, capped at `max_new_tokens` new tokens, of `workload`, of `target` and of one bench or load
+    test (`invocation_id`) where set (None: every run), as `specfinops cost --temperature --run-kind --top-p --top-k
+    --max-new-tokens --workload --target --invocation` filter them (a greedy run counts as top_p 1, top_k 0:
+    queries.Filters)."""
 
     period: str
     since: datetime
@@ -63,6 +64,7 @@ class Window:
     max_new_tokens: int | None = None
     workload: str | None = None
     target: str | None = None
+    invocation_id: str | None = None  # `report --invocation` (whole id); scheduled reports have none
 
     @property
     def length(self) -> timedelta:
@@ -75,15 +77,16 @@ class Window:
     def filters(self) -> Filters:
         return Filters(since=self.since, until=self.until, temperature=self.temperature, kind=self.kind,
                        top_p=self.top_p, top_k=self.top_k, max_new_tokens=self.max_new_tokens,
-                       workload=self.workload, target=self.target)  # fmt: skip
+                       workload=self.workload, target=self.target, invocation_id=self.invocation_id)  # fmt: skip
 
     def runs_text(self) -> str:
         """Which runs the window covers, in words ("" for every run)."""
         return runs_covered_text(self.temperature, self.kind, self.top_p, self.top_k, self.max_new_tokens,
-                                 self.workload, self.target)  # fmt: skip
+                                 self.workload, self.target, self.invocation_id)  # fmt: skip
 
     def label(self) -> str:
-        fmt = "%Y-%m-%d %H:%M"
+        # to the second where a bound has seconds (a bench's own span, `report --invocation`), else to the minute
+        fmt = "%Y-%m-%d %H:%M:%S" if self.since.second or self.until.second else "%Y-%m-%d %H:%M"
         runs = self.runs_text()
         return (f"{self.period} {self.since.strftime(fmt)} to {self.until.strftime(fmt)} UTC"
                 + (f" ({runs} only)" if runs else ""))
@@ -91,11 +94,12 @@ class Window:
 
 def runs_covered_text(temperature: float | None, kind: str | None, top_p: float | None = None,
                       top_k: int | None = None, max_new_tokens: int | None = None, workload: str | None = None,
-                      target: str | None = None) -> str:
-    """Which runs a report covers, in words ("" for every run): "workload 'code', target 'm', temperature 0.8,
-    top_k 40, 128 new tokens, bench runs". A cut-off chosen is said even where it is off ('top_k 0': the runs not
-    cut by top_k, greedy ones included)."""
-    said = [f"{name} {value!r}" for name, value in (("workload", workload), ("target", target)) if value is not None]
+                      target: str | None = None, invocation_id: str | None = None) -> str:
+    """Which runs a report covers, in words ("" for every run): "invocation 1f3a9c2e, workload 'code', target 'm',
+    temperature 0.8, top_k 40, 128 new tokens, bench runs". A cut-off chosen is said even where it is off ('top_k
+    0': the runs not cut by top_k, greedy ones included); an invocation by the 8 characters bench prints."""
+    said = [f"invocation {invocation_id[:8]}"] if invocation_id is not None else []
+    said += [f"{name} {value!r}" for name, value in (("workload", workload), ("target", target)) if value is not None]
     said += [costing.temperature_text(temperature)] if temperature is not None else []
     said += [f"{name} {value:g}" for name, value in (("top_p", top_p), ("top_k", top_k)) if value is not None]
     said += [queries.max_new_tokens_text(max_new_tokens)] if max_new_tokens is not None else []
@@ -590,6 +594,7 @@ def summary_dict(data: ReportData) -> dict:
         "max_new_tokens": data.window.max_new_tokens,
         "workload": data.window.workload,
         "target": data.window.target,
+        "invocation_id": data.window.invocation_id,  # `report --invocation`: one bench's or load test's runs
         "generated_at": _iso(data.generated_at),
         "traffic": data.has_traffic,
         "output_tokens": data.current.output_tokens(),

@@ -716,6 +716,47 @@ def test_a_report_of_one_workload_and_target_has_the_figures_cost_gives_for_them
     assert len(_reports(engine)) == 2
 
 
+def test_a_report_of_one_invocation_covers_its_runs_over_its_own_span(sqlite_url, tmp_path, capsys):
+    """--invocation narrows a report to one bench's runs as it narrows `specfinops cost`; with --period custom and
+    no dates the period is that bench's own span, to the second (first run's start to last run's end). An
+    invocation no run has, or one whose runs lack the other filters' names, is refused and nothing is written."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:  # two benches of one day: a fast spec one in the morning, a slow one at 15:10
+        for inv, hour, spec_ms in (("a" * 32, 9, 400), ("b" * 32, 15, 2500)):
+            start = D0.replace(hour=hour, minute=10, second=30)
+            make_run(s, "ar", started_at=start, requests=[Req(33, ttft_ms=100, e2e_ms=1500)]).invocation_id = inv
+            make_run(s, "spec", started_at=start, requests=[spec_req(33, 4, 24, ttft_ms=100, e2e_ms=spec_ms)],
+                     ).invocation_id = inv
+        s.commit()
+    rec = _narrowed_like_cost(sqlite_url, engine, tmp_path, capsys, ["--invocation", "bbbb"], "invocation bbbbbbbb")
+    assert rec.summary["invocation_id"] == "b" * 32
+    assert [s["invocation_ids"] for s in rec.summary["speedups"]] == [["b" * 32]]
+    with open(f"{rec.csv_dir}/runs_cost.csv", encoding="utf-8", newline="") as fh:
+        assert sorted(int(r["run_id"]) for r in csv.DictReader(fh)) == [3, 4]
+    # the bench's own span: its runs started 09:10:30 and the last ended 1.5 s later
+    assert main(_report(sqlite_url, tmp_path, "--period", "custom", "--invocation", "aaaa")) == 0
+    assert "custom 2026-11-02 09:10:30 to 2026-11-02 09:10:32 UTC (invocation aaaaaaaa only)" in capsys.readouterr().out
+    rec = max(_reports(engine), key=lambda r: r.id)
+    assert (rec.since.replace(tzinfo=UTC), rec.until.replace(tzinfo=UTC)) == (
+        D0.replace(hour=9, minute=10, second=30), D0.replace(hour=9, minute=10, second=32))
+    assert rec.summary["requests"] == 2 and rec.summary["output_tokens"] == 66
+    # a --since given is kept; the end is still the bench's
+    assert main(_report(sqlite_url, tmp_path, "--period", "custom", "--invocation", "a" * 32, "--since",
+                        "2026-11-02T09:00")) == 0
+    assert "custom 2026-11-02 09:00:00 to 2026-11-02 09:10:32 UTC" in capsys.readouterr().out
+    # refused before anything is written: an id no run has, a malformed one, and a workload the bench never ran
+    for extra, said in ((["--invocation", "cccc"], "no invocation id starts with 'cccc'"),
+                        (["--invocation", "zz"], "--invocation must be 'latest' or an invocation id"),
+                        (["--invocation", "aaaa", "--workload", "chat"], "no runs with workload 'chat'")):
+        assert main(_report(sqlite_url, tmp_path, "--period", "custom", *extra)) == 2, extra
+        assert said in capsys.readouterr().err, extra
+    assert len(_reports(engine)) == 3
+    # a schedule reports the periods to come: it takes no --invocation
+    with pytest.raises(SystemExit):
+        main(["scheduler", "--db", sqlite_url, "--cron", "0 6 * * *", "--out", str(tmp_path), "--invocation", "aaaa"])
+    assert "unrecognized arguments: --invocation aaaa" in capsys.readouterr().err
+
+
 def test_the_reports_page_says_which_runs_a_report_covers(store, tmp_path, monkeypatch):
     import streamlit
 

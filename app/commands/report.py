@@ -10,11 +10,13 @@ import sys
 from dataclasses import replace
 
 from app.commands._common import (
+    INVOCATION_FILTER_HELP,
     MAX_NEW_TOKENS_FILTER_HELP,
     TOP_K_FILTER_HELP,
     TOP_P_FILTER_HELP,
     add_command,
     add_db_option,
+    invocation_filter,
     max_new_tokens_filter,
     number_option,
     sigterm_as_ctrl_c,
@@ -35,6 +37,7 @@ EXAMPLES = """  specfinops report --period daily --out reports/             # ye
   specfinops report --period weekly --out reports/ --temperature 0.8 --top-k 40       # only these runs
   specfinops report --period weekly --out reports/ --max-new-tokens 128               # answers capped at 128
   specfinops report --period weekly --out reports/ --workload code --target ~/models/llama-3.1-8b   # one model
+  specfinops report --period custom --invocation latest --out reports/   # the last bench, over its own span
 """
 
 
@@ -74,6 +77,10 @@ def register(sub) -> None:
     p.add_argument("--period", required=True, metavar="daily|weekly|custom", help="the period to report on")
     p.add_argument("--since", metavar="ISO", help="period start (custom; or anchors daily/weekly)")
     p.add_argument("--until", metavar="ISO", help="period end, exclusive (custom; or anchors daily/weekly)")
+    p.add_argument("--invocation", metavar="ID",
+                   help=INVOCATION_FILTER_HELP + "; with --period custom, a --since / --until not given is the "
+                        "bench's own: from its first run's start to its last run's end (report only: a schedule "
+                        "reports the periods to come)")  # fmt: skip
     add_report_options(p)
 
 
@@ -114,16 +121,18 @@ def name_filter(flag: str, value: str | None) -> str | None:
 
 
 def unrecorded_names(engine, options: dict) -> str | None:
-    """Why --workload / --target name nothing the store has ever recorded (most likely a typo: a report on such
-    runs would say 'no traffic' for every period), with the names it has; None where runs of them exist."""
+    """Why --workload / --target (and `report --invocation`: its invocation_id) name nothing the store has ever
+    recorded together (most likely a typo: a report on such runs would say 'no traffic' for every period), with
+    the names it has; None where runs of them exist."""
     from sqlalchemy import func, select
 
     from telemetry.costing import no_runs_reason
     from telemetry.db import Run
     from telemetry.queries import Filters
 
-    chosen = Filters(workload=options.get("workload"), target=options.get("target"))
-    if chosen.workload is None and chosen.target is None:
+    chosen = Filters(workload=options.get("workload"), target=options.get("target"),
+                     invocation_id=options.get("invocation_id"))
+    if chosen.workload is None and chosen.target is None and chosen.invocation_id is None:
         return None
     with engine.connect() as c:
         if c.execute(select(func.count(Run.id)).where(*chosen.where())).scalar():
@@ -133,8 +142,9 @@ def unrecorded_names(engine, options: dict) -> str | None:
 
 def run(args) -> int:
     from telemetry.export import parse_when
+    from telemetry.invocations import invocation_span
     from telemetry.queries import empty_store_hint
-    from telemetry.report import PERIODS, period_window
+    from telemetry.report import PERIODS
     from telemetry.report_writer import check_out_dir, count_runs, write_report
     from telemetry.store import open_store
 
@@ -142,16 +152,19 @@ def run(args) -> int:
         raise UsageError(f"--period must be one of {', '.join(PERIODS)}, got {args.period!r}")
     options = report_options(args)
     runs = {k: options.pop(k) for k in RUN_FILTERS}  # the window's runs
-    try:
-        window = replace(period_window(args.period, since=parse_when(args.since, "--since"),
-                                       until=parse_when(args.until, "--until")), **runs)  # fmt: skip
-        window.shifted(options["history"])  # the oldest period the trend compares with
-    except OverflowError:
-        raise UsageError(f"--since/--until with --history {options['history']} reach outside the range of dates "
-                         f"(years 1-9999)") from None
+    since, until = parse_when(args.since, "--since"), parse_when(args.until, "--until")
+    invocation_filter(None, args.invocation)  # its form, before the store is read
+    # --period custom --invocation ID: what --since / --until leave open is the invocation's own span
+    from_invocation = args.invocation is not None and args.period == "custom" and None in (since, until)
+    window = None if from_invocation else _window(args.period, since, until, runs, options["history"])
     engine = open_store(args.db, must_exist=True)  # before --out is made: a bad store leaves no empty folder
     if count_runs(engine) == 0:
         raise UsageError(f"the store has no runs to report on; {empty_store_hint(engine)}")
+    runs["invocation_id"] = invocation_filter(engine, args.invocation)
+    if from_invocation:
+        first, last = invocation_span(engine, runs["invocation_id"])
+        window = _window(args.period, since or first, until or last, runs, options["history"])
+    window = replace(window, invocation_id=runs["invocation_id"])
     unknown = unrecorded_names(engine, runs)
     if unknown is not None:
         raise UsageError(unknown)
@@ -175,3 +188,17 @@ def run(args) -> int:
     if not s["period_complete"]:  # written, not refused: said once here, and on the page and in the summary
         print(f"note: {result.incomplete_period}", file=sys.stderr)
     return 0
+
+
+def _window(period: str, since, until, runs: dict, history: int):
+    """The report's Window of `runs` (ValueError where the dates make none), checked to leave room for the
+    `history` periods before it."""
+    from telemetry.report import period_window
+
+    try:
+        window = replace(period_window(period, since=since, until=until), **runs)
+        window.shifted(history)  # the oldest period the trend compares with
+    except OverflowError:
+        raise UsageError(f"--since/--until with --history {history} reach outside the range of dates "
+                         f"(years 1-9999)") from None
+    return window

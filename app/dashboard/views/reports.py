@@ -31,10 +31,11 @@ def reports(url: str) -> list[dict]:
         flagged = [a["metric"] for a in anomalies or [] if a.get("status") == "anomaly"]
         out.append({
             "id": r.id, "created": r.created_at, "period": r.period, "since": r.since, "until": r.until,
-            # `report --temperature / --run-kind / --top-p / --top-k / --max-new-tokens / --workload / --target`:
-            # the runs the figures cover
+            # `report --temperature / --run-kind / --top-p / --top-k / --max-new-tokens / --workload / --target /
+            # --invocation`: the runs the figures cover
             "runs": runs_covered_text(s.get("temperature"), s.get("run_kind"), s.get("top_p"), s.get("top_k"),
-                                      s.get("max_new_tokens"), s.get("workload"), s.get("target")) or "all",
+                                      s.get("max_new_tokens"), s.get("workload"), s.get("target"),
+                                      s.get("invocation_id")) or "all",
             "output tokens": s.get("output_tokens"), "spec $/1M": modes.get("spec", {}).get("total_usd_per_1m"),
             "AR $/1M": modes.get("ar", {}).get("total_usd_per_1m"),
             # none found is a finding ("none"); a summary without the check is missing (None -> "—")
