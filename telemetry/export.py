@@ -341,8 +341,9 @@ def unmatched_selection_reason(engine: Engine, window: ExportWindow) -> str | No
 
 def empty_export_reason(engine: Engine, what: str, window: ExportWindow) -> str | None:
     """Why an export that wrote no rows selected none, where a particular reason holds: `--run` names a run the
-    other run selectors (workload, target, node, mode, kind, invocation) leave out, or a power export's selected
-    runs all measured no power (power_source 'none'). None when neither holds (the caller's general line)."""
+    other run selectors (workload, target, node, mode, kind, invocation) leave out, a power export's selected
+    runs all measured no power (power_source 'none'), or the selection has rows outside --since / --until only.
+    None when none of these holds (the caller's general line)."""
     from telemetry.costing import no_runs_reason
 
     selectors = window.run_selectors()
@@ -362,7 +363,35 @@ def empty_export_reason(engine: Engine, what: str, window: ExportWindow) -> str 
             which = "the run selected" if n == 1 else f"the {n} runs selected"
             return (f"{which} measured no power (power_source 'none': recorded with no power source); runs "
                     "recorded with --power nvml, rapl or estimate have power samples")
+    if window.since is not None or window.until is not None:
+        return _outside_window_reason(engine, what, window)
     return None
+
+
+def _outside_window_reason(engine: Engine, what: str, window: ExportWindow) -> str | None:
+    """Where the selection has rows outside the time window only: when they lie (the window is what left them
+    out); None where it has none at all either."""
+    everywhere = replace(window, since=None, until=None)
+    if what == "power":
+        rows = power_query(everywhere).subquery()
+        span = select(func.min(rows.c.t), func.max(rows.c.t))
+        noun = "power samples were taken"
+    else:  # requests, steps, tokens and cost rows are chosen by their requests' start
+        span = _request_window(select(func.min(Request.started_at), func.max(Request.started_at))
+                               .select_from(Request).join(Run, Run.id == Request.run_id), everywhere)
+        noun = "requests started"
+    with engine.connect() as c:
+        first, last = c.execute(span).one()
+    if first is None:
+        return None
+
+    def when(t: datetime | None) -> str:
+        return "" if t is None else f"{_cell(t)[:19].replace('T', ' ')} UTC"
+
+    bounds = (f"at or after {when(window.since)}" if window.until is None else f"before {when(window.until)}"
+              if window.since is None else f"from {when(window.since)} to {when(window.until)}")
+    return (f"none in the time window ({bounds}); the selection's {noun} from {when(first)} to {when(last)}"
+            if first != last else f"none in the time window ({bounds}); the selection's {noun} at {when(first)}")
 
 
 def write_csv(

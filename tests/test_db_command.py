@@ -105,3 +105,41 @@ def test_upgrading_to_a_revision_the_store_is_past_says_so(db_url, capsys):
     assert cli_main(["db", "downgrade", "0003", "--db", db_url]) == 0
     assert cli_main(["db", "upgrade", "0004", "--db", db_url]) == 0  # forwards, as before
     assert _revision(db_url) == "0004"
+
+
+def test_upgrading_to_base_or_to_no_revision_is_refused(db_url, capsys):
+    """`db upgrade base` of a store at head did nothing and exited 0; `db upgrade ""` failed with a bare
+    AssertionError from Alembic."""
+    open_store(db_url).dispose()
+    assert cli_main(["db", "upgrade", "base", "--db", db_url]) == 2
+    assert (f"the database is at revision {head_revision()}, past base; `specfinops db downgrade base --db "
+            in _err_line(capsys))
+    for action in (["upgrade", ""], ["downgrade", " "]):
+        assert cli_main(["db", *action, "--db", db_url]) == 2, action
+        assert f"{action[0]} REV must name a revision: 'head', 'base' or one `specfinops db current` prints" \
+               in _err_line(capsys)
+    assert _revision(db_url) == head_revision()
+
+
+def test_current_and_check_only_read_another_applications_file(tmp_path, capsys):
+    """They switched any SQLite file they were pointed at to WAL (another application's, or an empty one),
+    rewriting a file that a command which only looks must leave as it is, and `check` called another
+    application's database one "with no schema yet" to be upgraded."""
+    import sqlite3
+
+    foreign, empty = tmp_path / "app.db", tmp_path / "empty.db"
+    with sqlite3.connect(foreign) as c:
+        c.execute("CREATE TABLE invoices (x)")
+    empty.write_bytes(b"")
+    before = foreign.read_bytes()
+    assert cli_main(["db", "current", "--db", str(foreign)]) == 0
+    assert "revision (none), head" in capsys.readouterr().out
+    assert cli_main(["db", "check", "--db", str(foreign)]) == 2
+    assert "not a specfinops store: its table invoices is not specfinops's" in _err_line(capsys)
+    assert cli_main(["db", "current", "--db", str(empty)]) == 0
+    assert "(no schema)" in capsys.readouterr().out
+    assert cli_main(["db", "check", "--db", str(empty)]) == 2
+    assert "the database has no schema yet; `specfinops db upgrade --db" in _err_line(capsys)
+    assert foreign.read_bytes() == before and empty.read_bytes() == b""
+    with sqlite3.connect(foreign) as c:
+        assert c.execute("PRAGMA journal_mode").fetchone()[0] == "delete"

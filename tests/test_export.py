@@ -223,3 +223,70 @@ def test_export_refuses_an_empty_or_directory_out_before_writing(empty_store, tm
     err = capsys.readouterr().err.strip()
     assert "--out" in err and len(err.splitlines()) == 1 and "PosixPath" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_export_refuses_to_write_over_the_store_itself(sqlite_url, tmp_path, capsys):
+    """`--out store.db --db store.db` (or a link to it) renamed the CSV over the store: every run was gone."""
+    import os
+
+    _fill(sqlite_url, ["code"])
+    store = tmp_path / "store.db"
+    os.symlink(store, tmp_path / "link.db")
+    for out in (store, tmp_path / "link.db", tmp_path / "store.db-wal"):
+        assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(out)]) == 2
+        assert f"--out {out} is the store's own file" in capsys.readouterr().err
+    assert store.read_bytes().startswith(b"SQLite format 3")
+    assert main(["cost", "--db", sqlite_url, "--json"]) == 0
+
+
+def test_out_dev_stdout_appends_where_the_shell_redirects_stdout(sqlite_url, tmp_path):
+    """`export --out /dev/stdout >> log.csv` replaced log.csv (the CSV written beside it and renamed over it):
+    what the shell had appended before was lost, where `--out -` keeps it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _fill(sqlite_url, ["code"])
+    log = tmp_path / "log.csv"
+    log.write_text("EARLIER LINE\n")
+    repo = Path(__file__).resolve().parents[1]
+    with open(log, "a") as fh:
+        proc = subprocess.run([sys.executable, "-m", "app.cli", "export", "--db", sqlite_url, "--what", "requests",
+                               "--out", "/dev/stdout"], stdout=fh, stderr=subprocess.PIPE, text=True, cwd=repo,
+                              env={**os.environ, "PYTHONPATH": str(repo)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = log.read_text().splitlines()
+    assert lines[0] == "EARLIER LINE" and lines[1].startswith("request_id,") and len(lines) == 4  # + header + 2
+
+
+def test_an_export_empty_in_its_time_window_says_when_the_selection_has_rows(sqlite_url, capsys):
+    _fill(sqlite_url, ["code"])
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", "-", "--since", "2030-01-01"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("request_id,") and len(out.splitlines()) == 1
+    assert ("export: no requests rows: none in the time window (at or after 2030-01-01 00:00:00 UTC); the "
+            "selection's requests started from 2026-11-02 09:00:00 UTC to 2026-11-03 09:00:00 UTC") in err, err
+    with Session(engine := open_store(sqlite_url)) as s:
+        make_run(s, "ar", power_source="estimate", power_w=[90.0, 95.0], started_at=BASE_TIME.replace(day=4),
+                 requests=[Req(output_tokens=5, ttft_ms=10, e2e_ms=50)])
+        s.commit()
+    engine.dispose()
+    assert main(["export", "--db", sqlite_url, "--what", "power", "--out", "-", "--until", "2026-11-01"]) == 0
+    assert ("none in the time window (before 2026-11-01 00:00:00 UTC); the selection's power samples were taken "
+            "from 2026-11-02 09:00:00 UTC to 2026-11-04 09:00:00 UTC") in capsys.readouterr().err
+    # a selection with no rows anywhere keeps the general line
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", "-", "--mode", "spec",
+                 "--workload", "code", "--since", "2030-01-01", "--temperature", "0.5"]) == 0
+    assert "none in the time window" not in capsys.readouterr().err
+
+
+def test_a_write_error_names_the_out_file(sqlite_url, capsys):
+    import os
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    _fill(sqlite_url, ["code"])
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", "/dev/full"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("cannot write --out /dev/full: No space left on device") and len(err.splitlines()) == 1, err

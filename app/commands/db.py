@@ -91,15 +91,42 @@ def _refuse_missing_file(args: argparse.Namespace, action: str) -> None:
 
 def _revision_of(url: str) -> str | None:
     """The store's Alembic revision (None: no schema), on a connection closed afterwards."""
-    from telemetry.db import make_engine
-    from telemetry.store import current_revision
+    return _schema_of(url)[0]
 
-    engine = make_engine(url)
+
+def _schema_of(url: str) -> tuple[str | None, list[str]]:
+    """(the Alembic revision or None, the tables that are not specfinops's), read only. A SQLite file is read
+    without make_engine's pragmas: they would switch another application's file (or an empty one) to WAL,
+    rewriting it, for a command that only looks."""
+    from sqlalchemy import create_engine, inspect
+    from sqlalchemy.exc import DBAPIError
+
+    from telemetry.db import Base, folder_error, make_engine, sqlite_file
+    from telemetry.scheduler import JOBS_TABLE
+    from telemetry.store import VERSION_TABLE, current_revision
+
+    path = sqlite_file(url)
+    if path is not None and not path.exists():
+        return None, []  # no file, no schema (connecting would create the file)
+    engine = create_engine(url) if path is not None else make_engine(url)
     try:
         with engine.connect() as conn:
-            return current_revision(conn)
+            ours = {*Base.metadata.tables, VERSION_TABLE, JOBS_TABLE}
+            return current_revision(conn), sorted(set(inspect(conn).get_table_names()) - ours)
+    except DBAPIError as exc:  # a WAL store in a folder it cannot write its -shm file to: name the folder
+        clear = folder_error(path, exc.orig) if path is not None else None
+        if clear is None:
+            raise
+        raise clear from None
     finally:
         engine.dispose()
+
+
+def _foreign_text(tables: list[str]) -> str:
+    """'its table foo is not specfinops's' / 'its 3 tables (a, b, c) are not specfinops's'."""
+    names = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+    return (f"its table {names} is not specfinops's" if len(tables) == 1
+            else f"its {len(tables)} tables ({names}) are not specfinops's")
 
 
 def _refuse_behind_head(args: argparse.Namespace, action: str) -> None:
@@ -110,10 +137,13 @@ def _refuse_behind_head(args: argparse.Namespace, action: str) -> None:
     from telemetry.store import head_revision, known_revisions
 
     url = resolve_db_url(args.db)
-    rev = _revision_of(url)
+    rev, foreign = _schema_of(url)
     head = head_revision()
     if rev == head or (rev and rev not in known_revisions()):  # a newer specfinops's revision: Alembic says so
         return
+    if not rev and foreign:  # another application's database: not one to bring up to date
+        raise UsageError(f"{action} on {_safe_url(url)}: not a specfinops store: {_foreign_text(foreign)}; "
+                         "check --db / SPECFINOPS_DB_URL")
     path = sqlite_file(url)
     upgrade = "specfinops db upgrade" + ("" if args.db is None else f" --db {path or _runnable_url(url)}")
     where = "has no schema yet" if not rev else f"is at revision {rev}, behind head {head}"
@@ -136,6 +166,10 @@ def _refuse_upgrade_backwards(args: argparse.Namespace) -> None:
     rev = _revision_of(url)
     if rev is None or rev not in known_revisions() or args.revision == rev:
         return
+    if args.revision == "base":  # Alembic upgrades to base by doing nothing, exit 0
+        where = "" if args.db is None else f" --db {path or _runnable_url(url)}"
+        raise UsageError(f"upgrade on {_safe_url(url)}: the database is at revision {rev}, past base; "
+                         f"`specfinops db downgrade base{where}` drops every table")
     script = ScriptDirectory.from_config(alembic_config(url))
     try:
         target = script.get_revision(args.revision)
@@ -149,7 +183,17 @@ def _refuse_upgrade_backwards(args: argparse.Namespace) -> None:
                          f"{target.revision}; `specfinops db downgrade {target.revision}{where}` goes back to it")
 
 
+def _check_revision(args: argparse.Namespace, action: str) -> None:
+    """An empty or blank REV names no revision (Alembic fails on '' with a bare AssertionError)."""
+    from app.errors import UsageError
+
+    if not args.revision.strip():
+        raise UsageError(f"{action} REV must name a revision: 'head', 'base' or one `specfinops db current` "
+                         f"prints, got {args.revision!r}")
+
+
 def _upgrade(args: argparse.Namespace) -> int:
+    _check_revision(args, "upgrade")
     _db_option(args)
     _refuse_upgrade_backwards(args)
     _run_alembic(args, "upgrade", args.revision)
@@ -169,6 +213,7 @@ def _refuse_downgrade_without_schema(args: argparse.Namespace) -> None:
 
 
 def _downgrade(args: argparse.Namespace) -> int:
+    _check_revision(args, "downgrade")
     _db_option(args)
     _refuse_missing_file(args, "downgrade")
     _refuse_downgrade_without_schema(args)
@@ -209,9 +254,10 @@ def _current(args: argparse.Namespace) -> int:
     if path is not None and not path.exists():  # say so; connecting would create an empty file
         print(f"{_safe_url(url)}: no such file (no store yet), head {head_revision()}")
         return 0
-    rev = _revision_of(url)
+    rev, foreign = _schema_of(url)
     head = head_revision()
-    state = ("no schema" if not rev else "at head" if rev == head else "behind head" if rev in known_revisions()
+    state = (f"no schema; not a specfinops store: {_foreign_text(foreign)}" if not rev and foreign
+             else "no schema" if not rev else "at head" if rev == head else "behind head" if rev in known_revisions()
              else "unknown revision: written by a newer specfinops?")
     print(f"{_safe_url(url)}: revision {rev or '(none)'}, head {head} ({state})")
     return 0

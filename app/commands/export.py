@@ -78,15 +78,43 @@ def _check_out(out: str) -> None:
         raise UsageError(f"--out {out} is a directory: give a file name")
 
 
+def _refuse_the_store(out: str, db: str | None) -> None:
+    """An --out that is the SQLite store itself (or its -wal / -shm / -journal file), by any path or link to it:
+    renaming the CSV over it would replace the store with the export."""
+    from telemetry.db import resolve_db_url, sqlite_file
+
+    path = sqlite_file(resolve_db_url(db))
+    if path is None:
+        return
+    store = os.path.realpath(path)
+    if os.path.realpath(out) in {store, *(store + end for end in ("-wal", "-shm", "-journal"))}:
+        raise UsageError(f"--out {out} is the store's own file ({path}): give another file name")
+
+
+def _same_file_as(out: str, stream: TextIO | None) -> bool:
+    """Whether --out names the file `stream` writes to (/dev/stdout, /proc/self/fd/1, or the file itself)."""
+    try:
+        mine, theirs = os.stat(out), os.fstat(stream.fileno())
+    except (OSError, AttributeError, ValueError):  # no such file; no stream (closed); a stream with no descriptor
+        return False
+    return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
+
+
 def _write_file(out: str, write: Callable[[TextIO], int]) -> int:
     """Run `write` on --out, returning its row count.
 
     A regular file (or a new one) is written to a fresh temporary file beside it and renamed over it once
     every row is in: an export that fails part-way (the store gone, the disk full, Ctrl-C) leaves the file as
     it was, never a CSV that silently stops short. A symlink is followed, so the file it points at is
-    replaced and the link stays. Anything else (a FIFO, /dev/stdout, a terminal) is written straight
-    through: renaming over it would replace the device or pipe with a regular file.
+    replaced and the link stays. Anything else (a FIFO, a device, a terminal) is written straight
+    through: renaming over it would replace the device or pipe with a regular file. The file this process's
+    stdout or stderr goes to (--out /dev/stdout with stdout redirected to a file) is written through that
+    stream, as `--out -` is: reopened, or renamed over, it would lose what the shell appended before.
     """
+    for stream in (sys.stdout, sys.stderr):
+        if _same_file_as(out, stream):
+            stream.flush()
+            return write(stream)
     try:
         st = os.stat(out)
     except FileNotFoundError:
@@ -152,6 +180,9 @@ def run(args) -> int:
     invocation_filter(None, args.invocation)  # its form, before the store is opened
     if args.out != "-":
         _check_out(args.out)
+        _refuse_the_store(args.out, args.db)
+    elif sys.stdout is None:  # started with stdout closed (`>&-`)
+        raise UsageError("--out -: stdout is closed; give a file name")
     engine = open_store(args.db, must_exist=True)  # before --out is opened: a bad store must not truncate an existing file
     if args.invocation is not None:
         window = replace(window, invocation_id=invocation_filter(engine, args.invocation))
@@ -169,12 +200,18 @@ def run(args) -> int:
     # SIGTERM (`timeout`, `docker stop`, `kill`) stops the export as Ctrl-C does: the temporary file beside --out
     # is removed and the file left as it was (SIGTERM's default exit left the half-written temporary file behind)
     with sigterm_as_ctrl_c("export: SIGTERM: stopping as on Ctrl-C"):
-        if args.out == "-":
-            header, rows = export_rows(engine, args.what, window)
-            n = write_csv(sys.stdout, header, rows, progress=_progress)
-        else:
-            n = _write_file(args.out,
-                            lambda out: write_csv(out, *export_rows(engine, args.what, window), progress=_progress))
+        try:
+            if args.out == "-":
+                header, rows = export_rows(engine, args.what, window)
+                n = write_csv(sys.stdout, header, rows, progress=_progress)
+            else:
+                n = _write_file(args.out,
+                                lambda out: write_csv(out, *export_rows(engine, args.what, window), progress=_progress))
+        except BrokenPipeError:
+            raise  # `| head`: the CLI's own quiet exit
+        except OSError as exc:  # the disk full, the device gone: written part-way (a file is left as it was)
+            where = "stdout" if args.out == "-" else args.out
+            raise UsageError(f"cannot write --out {where}: {exc.strerror or exc}") from None
     if args.out != "-" or n >= 250_000:
         print(f"export: wrote {n:,} {args.what} rows to {args.out}", file=sys.stderr)
     reason = empty_export_reason(engine, args.what, window) if n == 0 else None
