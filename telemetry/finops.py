@@ -274,7 +274,10 @@ def step_starts(curve: list[SlaPoint], mode: str) -> list[bool]:
 
 
 def spec_pays_below(curve: list[SlaPoint]) -> str | None:
-    """One line on where speculation needs fewer nodes than AR along `curve`, or None when it never does."""
+    """One line on where speculation needs fewer nodes than AR along `curve`, or None when it never does, or
+    when one mode has no measured configuration at all (nothing to compare: `sla_verdict` says so)."""
+    if _unmeasured_mode(curve) is not None:
+        return None
     wins = [(p.sla_ms, nxt.sla_ms if nxt else None) for p, nxt in zip(curve, [*curve[1:], None], strict=True)
             if p.nodes_spec is not None and (p.nodes_ar is None or p.nodes_spec < p.nodes_ar)]
     if not wins:
@@ -289,8 +292,22 @@ def spec_pays_below(curve: list[SlaPoint]) -> str | None:
     return f"speculation needs fewer nodes than AR at p95 TPOT SLAs of {text}"
 
 
+def _unmeasured_mode(curve: list[SlaPoint]) -> str | None:
+    """'AR' or 'spec' where that mode meets no SLA of `curve` (it has no measured configuration: each measured
+    p95 is a point of the curve, where its own configuration meets it); 'AR and spec' for an empty curve."""
+    ar = any(p.nodes_ar is not None for p in curve)
+    spec = any(p.nodes_spec is not None for p in curve)
+    return None if ar and spec else "AR and spec" if not (ar or spec) else "spec" if ar else "AR"
+
+
 def sla_verdict(curve: list[SlaPoint]) -> str:
-    """spec_pays_below's line, or that speculation never needs fewer nodes along `curve`."""
+    """spec_pays_below's line, or that speculation never needs fewer nodes along `curve`, or that the modes
+    were not compared (one has no measured configuration: no runs, or none that measured a p95 TPOT)."""
+    missing = _unmeasured_mode(curve)
+    if missing == "AR and spec":
+        return "not compared: neither mode has a configuration with a measured p95 TPOT"
+    if missing is not None:
+        return f"not compared: no {missing} configuration with a measured p95 TPOT"
     return spec_pays_below(curve) or "speculation needs no fewer nodes than AR at any measured SLA"
 
 

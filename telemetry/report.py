@@ -84,12 +84,19 @@ class Window:
         return runs_covered_text(self.temperature, self.kind, self.top_p, self.top_k, self.max_new_tokens,
                                  self.workload, self.target, self.invocation_id)  # fmt: skip
 
+    @property
+    def time_format(self) -> str:
+        """To the second where a bound has seconds (a bench's own span, `report --invocation`), else to the minute;
+        the same for every period of a report (they are shifted by whole lengths)."""
+        return "%Y-%m-%d %H:%M:%S" if self.since.second or self.until.second else "%Y-%m-%d %H:%M"
+
+    def span_text(self) -> str:
+        """'2026-11-02 00:00 to 2026-11-03 00:00 UTC'."""
+        return f"{self.since.strftime(self.time_format)} to {self.until.strftime(self.time_format)} UTC"
+
     def label(self) -> str:
-        # to the second where a bound has seconds (a bench's own span, `report --invocation`), else to the minute
-        fmt = "%Y-%m-%d %H:%M:%S" if self.since.second or self.until.second else "%Y-%m-%d %H:%M"
         runs = self.runs_text()
-        return (f"{self.period} {self.since.strftime(fmt)} to {self.until.strftime(fmt)} UTC"
-                + (f" ({runs} only)" if runs else ""))
+        return f"{self.period} {self.span_text()}" + (f" ({runs} only)" if runs else "")
 
 
 def runs_covered_text(temperature: float | None, kind: str | None, top_p: float | None = None,
@@ -800,7 +807,7 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
               tuple((s.speedup, s.spec_tokens_per_s, s.ar_tokens_per_s, s.workload, s.concurrency, s.drafter,
                      s.k_policy, s.dtype, s.device, s.target, s.temperature, s.top_p, s.top_k, s.max_new_tokens,
                      s.kind, s.prompts,
-                     costing.ids_text(list(s.spec_run_ids)), costing.ids_text(list(s.ar_run_ids)),
+                     *(costing.ids_text(list(ids)) if ids else None for ids in (s.spec_run_ids, s.ar_run_ids)),
                      queries.paired_text(s), " ".join(f"{x:.4g}" for x in s.invocation_speedups))
                     for s in data.speedups), speedup_columns(data.speedups), SPEEDUP_LIFTABLE),
         Table("runs_cost", "Cost per run", tuple(header), tuple(tuple(r) for r in rows),

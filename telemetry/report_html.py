@@ -196,13 +196,18 @@ def _j_text(data: ReportData, mode: str) -> str:
     return f"{_name(mode)} {j:.3g} J" + (f" ({', '.join(labels)})" if labels else "")
 
 
+def _ms(value: float | None) -> str:
+    """'12.3 ms', or the missing mark alone (not '— ms')."""
+    return MISSING if value is None else f"{value:.1f} ms"
+
+
 def _tpot_text(data: ReportData, mode: str) -> str:
     """The p95 TPOT the projection judged against the SLA (its capacity configuration's, or the best of the
     compared group's where none meets it), as the savings beside it use; the pooled p95 without a projection."""
     if data.projection.projection is None:
         p95 = data.current.stat(mode, "tpot_p95_ms")
         verdict = {None: "", True: " (meets)", False: " (misses)"}[meets_sla(p95, data.sla_ms)]
-        return f"{_name(mode)} {fmt(p95, '.1f')} ms{verdict}"
+        return f"{_name(mode)} {_ms(p95)}{verdict}"
     t = projection_tpot(data, mode)
     if t["projection_tpot_p95_ms"] is None:
         return f"{_name(mode)} {MISSING}"
@@ -214,7 +219,7 @@ def _tpot_text(data: ReportData, mode: str) -> str:
 def _tpot_sub(data: ReportData) -> str:
     """What the p95 TPOT card judges: the configurations the projection sizes (and which), with the p95 of all
     of each mode's requests pooled beside them where that is what the card shows otherwise."""
-    pooled = " / ".join(f"{_name(m)} {fmt(data.current.stat(m, 'tpot_p95_ms'), '.1f')} ms" for m in ("spec", "ar"))
+    pooled = " / ".join(f"{_name(m)} {_ms(data.current.stat(m, 'tpot_p95_ms'))}" for m in ("spec", "ar"))
     sp = data.projection.projection
     if sp is None:
         return "p95 over all of each mode's requests in the period"
@@ -252,7 +257,7 @@ def cards_html(data: ReportData) -> str:
     ar_cost, ar_sub = _cost_text(data, "ar")
     if len(data.speedups) == 1:
         (s,) = data.speedups
-        speedup, speedup_sub = (fmt(s.speedup, ".2f") + "x",
+        speedup, speedup_sub = (MISSING if s.speedup is None else f"{s.speedup:.2f}x",
                                 f"spec tokens/s / AR tokens/s at {s.label}; paired: {paired_text(s)}")
     else:
         outside = sum(s.pooled_outside_paired for s in data.speedups)
@@ -304,7 +309,8 @@ def energy_sources_html(data: ReportData) -> str:
 def assumptions_html(data: ReportData) -> str:
     pr = data.projection
     items = [
-        f"traffic: {fmt(pr.daily_tokens, ',.0f')} output tokens per day ({pr.daily_tokens_basis})",
+        (f"traffic: {pr.daily_tokens:,.0f} output tokens per day" if pr.daily_tokens is not None else "traffic: none")
+        + f" ({pr.daily_tokens_basis})",
         f"peak-to-average factor {pr.peak_factor:g}",
         f"p95 TPOT SLA {pr.sla_ms:g} ms",
     ]
@@ -389,7 +395,7 @@ def tpot_chart(data: ReportData) -> go.Figure:
 
 def trend_chart(data: ReportData) -> go.Figure:
     periods = [*reversed(data.history), data.current]
-    x = [p.window.since.strftime("%Y-%m-%d %H:%M") for p in periods]
+    x = [p.window.since.strftime(p.window.time_format) for p in periods]
     fig = go.Figure()
     hardware_only = []
     for mode, colour in (("spec", SPEC_COLOUR), ("ar", AR_COLOUR)):
@@ -480,7 +486,7 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
         f"<style>{CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         f"<p class='muted'>generated {data.generated_at:%Y-%m-%d %H:%M:%S} UTC; previous period "
-        f"{data.previous.window.since:%Y-%m-%d %H:%M} to {data.previous.window.until:%Y-%m-%d %H:%M} UTC; "
+        f"{data.previous.window.span_text()}; "
         "figures from the same queries as <code>specfinops cost</code> and the dashboard.</p>",
     ]
     unfinished = incomplete_period_text(data)

@@ -562,10 +562,11 @@ def test_a_time_window_that_matches_nothing_is_named_in_utc(filled):
                            "2030-01-02 00:00 UTC"), reason
 
 
-def test_cost_json_mode_reason_says_how_many_runs_have_energy_and_is_not_estimated(sqlite_url, capsys):
-    """The mode's JSON said "energy not measured" with energy_estimated true when only some runs had (estimated)
-    energy: it now gives the CLI's words, and energy_estimated is true only where estimated energy is in the
-    total. A run without energy is not 'estimated' either."""
+def test_cost_json_mode_reason_says_how_many_runs_have_energy_and_where_it_comes_from(sqlite_url, capsys):
+    """The mode's JSON said "energy not measured" when only some runs had (estimated) energy: it now gives the
+    CLI's words. energy_estimated and energy_source say where the mode's energy figures come from, in its total
+    or not (energy_included says which), as its runs' fields and a report's modes say it: the mode's said false
+    and null where a report of the same runs said true and 'estimated'. A run without energy is not 'estimated'."""
     engine = open_store(sqlite_url)
     with Session(engine) as s:
         make_run(s, "spec", power_source="estimate", requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500)])
@@ -578,9 +579,11 @@ def test_cost_json_mode_reason_says_how_many_runs_have_energy_and_is_not_estimat
     modes = {m["mode"]: m for m in out["modes"]}
     spec = modes["spec"]
     assert spec["reason"] == "estimated energy for 1 of 2 runs: hardware only"
-    assert spec["energy_included"] is False and spec["energy_estimated"] is False
+    assert spec["energy_included"] is False and spec["total_usd_per_1m"] == spec["hardware_usd_per_1m"]
+    assert spec["energy_estimated"] is True and spec["energy_source"] == "estimated"  # the 1 run's energy figure
     ar = modes["ar"]  # estimated energy in the total: still labelled so
     assert ar["energy_included"] is True and ar["energy_estimated"] is True and ar["reason"] is None
+    assert ar["energy_source"] == "estimated"
     run1 = next(r for r in out["runs"] if r["run_id"] == 1)
     assert run1["reason"] == "energy not measured" and run1["energy_estimated"] is False
 

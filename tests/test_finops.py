@@ -16,6 +16,7 @@ from telemetry.finops import (
     project,
     sla_curve,
     sla_steps,
+    sla_verdict,
     spec_pays_below,
     speedup_bound,
 )
@@ -281,6 +282,19 @@ def test_spec_pays_below_names_separate_ranges_and_an_open_end():
     # AR never worse: nothing to say
     curve = sla_curve([(100.0, 10.0)], [(50.0, 20.0)], daily_tokens=8_640_000, peak_factor=1.0, node_hourly_usd=1.0)
     assert spec_pays_below(curve) is None
+
+
+def test_the_verdict_compares_nothing_where_one_mode_has_no_measured_configuration():
+    """A store of spec runs only read "speculation needs fewer nodes than AR at p95 TPOT SLAs of 13.1 ms and
+    looser" (AR meeting no SLA counted as a spec win at every one), one of AR runs only "no fewer nodes"."""
+    spec_only = sla_curve([], [(50.0, 13.1)], daily_tokens=8_640_000, peak_factor=1.0, node_hourly_usd=1.0)
+    assert spec_pays_below(spec_only) is None
+    assert sla_verdict(spec_only) == "not compared: no AR configuration with a measured p95 TPOT"
+    ar_only = sla_curve([(50.0, 13.1)], [(None, 20.0)], daily_tokens=8_640_000, peak_factor=1.0, node_hourly_usd=1.0)
+    assert sla_verdict(ar_only) == "not compared: no spec configuration with a measured p95 TPOT"
+    assert sla_verdict([]) == "not compared: neither mode has a configuration with a measured p95 TPOT"
+    both = sla_curve([(100.0, 10.0)], [(50.0, 20.0)], daily_tokens=8_640_000, peak_factor=1.0, node_hourly_usd=1.0)
+    assert sla_verdict(both) == "speculation needs no fewer nodes than AR at any measured SLA"
 
 
 def test_sla_curve_skips_points_without_a_p95_or_throughput_and_checks_inputs():

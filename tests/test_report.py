@@ -493,6 +493,26 @@ def test_html_tables_show_money_and_counts_in_digits_and_speedup_first(store, tm
     assert float(row["speedup"]) == pytest.approx(44.0 / (66 / 1.9)) and row["workload"] == "code"
 
 
+def test_a_period_with_one_mode_only_compares_nothing(sqlite_url, tmp_path, capsys):
+    """A period of spec runs only read "speculation needs fewer nodes than AR at p95 TPOT SLAs of ... and looser"
+    (no AR run to need any), its Speedup tile '—x' and its speedups.csv 'runs ' for the AR runs it has none of."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "spec", started_at=D0.replace(hour=9), requests=[spec_req(33, 4, 24, ttft_ms=100, e2e_ms=400)])
+        s.commit()
+    assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", "2026-11-02")) == 0
+    capsys.readouterr()
+    rec = _only_report(engine)
+    with open(f"{rec.csv_dir}/projection.csv", encoding="utf-8", newline="") as fh:
+        values = {r["figure"]: r["value"] for r in csv.DictReader(fh)}
+    assert values["where the SLA matters"] == "not compared: no AR configuration with a measured p95 TPOT"
+    with open(f"{rec.csv_dir}/speedups.csv", encoding="utf-8", newline="") as fh:
+        row = next(csv.DictReader(fh))
+    assert (row["speedup"], row["spec runs"], row["AR runs"]) == ("", "run 1", "")
+    page = open(rec.html_path, encoding="utf-8").read()
+    assert "—x" not in page and "— ms" not in page and "fewer nodes than AR" not in page
+
+
 def test_html_number_formats():
     from telemetry.report_html import number, usd
 
@@ -740,6 +760,7 @@ def test_a_report_of_one_invocation_covers_its_runs_over_its_own_span(sqlite_url
     assert (rec.since.replace(tzinfo=UTC), rec.until.replace(tzinfo=UTC)) == (
         D0.replace(hour=9, minute=10, second=30), D0.replace(hour=9, minute=10, second=32))
     assert rec.summary["requests"] == 2 and rec.summary["output_tokens"] == 66
+    assert "previous period 2026-11-02 09:10:28 to 2026-11-02 09:10:30 UTC" in open(rec.html_path).read()
     # a --since given is kept; the end is still the bench's
     assert main(_report(sqlite_url, tmp_path, "--period", "custom", "--invocation", "a" * 32, "--since",
                         "2026-11-02T09:00")) == 0

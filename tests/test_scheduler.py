@@ -8,6 +8,7 @@ asserts how long anything took.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -149,6 +150,32 @@ def test_missed_run_beyond_grace_is_skipped(store):
     finally:
         s.shutdown(wait=True)
     assert reports(engine) == []
+
+
+def test_the_start_up_line_says_whether_missed_runs_run_or_are_skipped(store, capsys):
+    """It said "runs now (missed ...)" of a job whose missed runs APScheduler then skipped (it judges the latest
+    missed time against the grace), and nothing of the earlier missed periods a coalesced run does not report."""
+    from app.commands.scheduler import _say_next_run
+
+    url, engine, out = store
+    hourly = parse_cron("0 * * * *")
+    s, _ = _started(engine, _job(url, out, misfire_grace_s=7200), hourly, paused=True)
+    try:
+        s.modify_job("report-daily", next_run_time=datetime.now(UTC) - timedelta(hours=3, minutes=1))
+        _say_next_run(s)  # 4 missed hourly runs, the latest within 2 h: one run now
+        line = capsys.readouterr().out
+        # 3 or 4 hour marks lie in the last 3 h 01 min, after the first missed time
+        assert "scheduler: job report-daily runs now (missed " in line, line
+        assert re.search(r"; [34] earlier missed runs \(from ", line), line
+        assert "coalesced into it, their periods not reported: `specfinops report --period daily --until DATE`" \
+               in line, line
+        s.modify_job("report-daily", misfire_grace_time=60)  # the latest is over a minute late: skipped
+        _say_next_run(s)
+        line = capsys.readouterr().out
+        assert re.search(r"scheduler: job report-daily missed [45] runs while stopped \(the last ", line), line
+        assert "later than --misfire-grace-s 60: skipped, not reported; next runs " in line and "runs now" not in line
+    finally:
+        s.shutdown(wait=False)
 
 
 def test_missed_runs_within_grace_are_coalesced_into_one(store):

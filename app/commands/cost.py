@@ -298,7 +298,9 @@ def _requests_ok(mc, run_costs) -> int:
 
 def run_cost_command(args) -> int:
     from telemetry.costing import (
+        ESTIMATED,
         MIN_STABLE_REQUESTS,
+        PARTLY_ESTIMATED,
         SERVE_PRICED_OVER,
         costs,
         energy_source,
@@ -367,9 +369,11 @@ def run_cost_command(args) -> int:
                             "priced_as": list(mc.priced_as),
                             "measured_on": list(mc.measured_on),
                             **_cost_dict(mc.cost),
-                            # measured | estimated | partly estimated (runs of both pooled); null: no energy
-                            "energy_source": energy_source(mode_runs(mc, run_costs))
-                            if mc.cost.energy_included else None,
+                            # where the mode's energy figures come from, in its cost or not (energy_included says
+                            # whether they are), as its runs' energy_estimated and a report's modes say it:
+                            # measured | estimated | partly estimated (runs of both pooled); null: no energy figure
+                            "energy_source": (source := energy_source(mode_runs(mc, run_costs))),
+                            "energy_estimated": source in (ESTIMATED, PARTLY_ESTIMATED),
                         }
                         for mc in mode_costs
                     ],

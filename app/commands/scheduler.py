@@ -63,19 +63,37 @@ def register(sub) -> None:
 
 
 def _say_next_run(scheduler) -> None:
-    """Once the scheduler has started: when each job runs next (a kept job's may be a run missed while down)."""
+    """Once the scheduler has started: when each job runs next. A kept job's may be runs missed while the
+    scheduler was down: coalesced into one run at once where the latest missed time is within the job's
+    --misfire-grace-s, else skipped (APScheduler's rule, which judges the latest); said either way, with the
+    periods that are then not reported and the command that writes one."""
     from datetime import UTC, datetime
 
     now = datetime.now(UTC)
+    fmt = "%a %Y-%m-%d %H:%M"
     for job in scheduler.get_jobs():
         when = job.next_run_time
         if when is None:
             print(f"scheduler: job {job.id} is paused", flush=True)
-        elif when <= now:
-            print(f"scheduler: job {job.id} runs now (missed {when:%a %Y-%m-%d %H:%M} UTC while stopped; "
-                  "a run later than --misfire-grace-s is skipped)", flush=True)  # fmt: skip
+            continue
+        if when > now:
+            print(f"scheduler: job {job.id} next runs {when:{fmt}} UTC", flush=True)
+            continue
+        missed = job._get_run_times(now) or [when]  # every missed run time, oldest first (APScheduler 3.x)
+        latest, n = missed[-1], len(missed)
+        grace = job.misfire_grace_time
+        period = job.kwargs.get("period", "daily")
+        catch_up = f"`specfinops report --period {period} --until DATE` writes the report of the period before DATE"
+        if grace is not None and (now - latest).total_seconds() > grace:
+            nxt = job.trigger.get_next_fire_time(latest, now)
+            print(f"scheduler: job {job.id} missed {n} run{'s' if n > 1 else ''} while stopped (the last "
+                  f"{latest:{fmt}} UTC), later than --misfire-grace-s {grace:g}: skipped, not reported"
+                  + (f"; next runs {nxt:{fmt}} UTC" if nxt else "") + f"; {catch_up}", flush=True)
         else:
-            print(f"scheduler: job {job.id} next runs {when:%a %Y-%m-%d %H:%M} UTC", flush=True)
+            earlier = (f"; {n - 1} earlier missed run{'s' if n > 2 else ''} (from {missed[0]:{fmt}} UTC) "
+                       f"coalesced into it, their periods not reported: {catch_up}" if n > 1 else "")
+            print(f"scheduler: job {job.id} runs now (missed {latest:{fmt}} UTC while stopped{earlier})",
+                  flush=True)
 
 
 def _list_jobs(args) -> int:
