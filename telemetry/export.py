@@ -279,6 +279,9 @@ COST_HEADER = [
     "run_id", "mode", "node_id", "device", "target", "drafter", "workload", "started_at", "output_tokens",
     "wall_s", "tokens_per_s", "priced_as", "node_usd_per_hour", "usd_per_kwh", "pue", "hardware_usd_per_1m",
     "energy_usd_per_1m", "total_usd_per_1m", "energy_included", "energy_estimated", "note", "invocation_id",
+    # as `cost --json` has them: a run still running, cancelled or failed, and a server's or load test's, are not
+    # a completed bench (appended: the columns before keep their places)
+    "kind", "status", "concurrency",
 ]
 
 
@@ -299,6 +302,7 @@ def cost_rows(engine: Engine, window: ExportWindow, *, filters=None) -> tuple[li
                 r.stats.output_tokens, r.stats.wall_s, r.stats.tokens_per_s, rc.node_price.priced_as,
                 rc.node_price.usd_per_hour, rc.usd_per_kwh, rc.pue, c.hardware_usd_per_1m, c.energy_usd_per_1m,
                 c.total_usd_per_1m, c.energy_included, costing.run_energy_estimated(r), c.reason, r.invocation_id,
+                r.kind, r.status, r.concurrency,
             )
 
     return list(COST_HEADER), rows()

@@ -109,6 +109,15 @@ def test_power_and_cost_exports(sqlite_url, tmp_path):
     cost = _read(out)
     assert [r["mode"] for r in cost] == ["ar", "spec"]
     assert all(float(r["total_usd_per_1m"]) > 0 for r in cost)
+    # a finance sheet tells a run still going, or a load test's, from a completed bench, as `cost --json` does
+    with Session(engine := open_store(sqlite_url)) as s:
+        make_run(s, "spec", kind="loadtest", status="running", concurrency=8,
+                 requests=[spec_req(9, k=4, accepted=4, ttft_ms=10, e2e_ms=40)])
+        s.commit()
+    engine.dispose()
+    assert main(["export", "--db", sqlite_url, "--what", "cost", "--out", str(out)]) == 0
+    assert {r["run_id"]: (r["kind"], r["status"], r["concurrency"]) for r in _read(out)} == {
+        "1": ("bench", "completed", "1"), "2": ("bench", "completed", "1"), "3": ("loadtest", "running", "8")}
 
 
 def test_stdout_export(sqlite_url, capsys):
