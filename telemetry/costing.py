@@ -53,6 +53,8 @@ from telemetry.queries import (
     field_text,
     key_of,
     run_summaries,
+    target_is,
+    target_matches,
     varying_fields,
 )
 
@@ -403,7 +405,9 @@ _CUTOFF_OFF = {"top_p": 1.0, "top_k": 0}  # a cut-off's value as a greedy run co
 
 
 def _run_matches(field: str, col, want):
-    """SQL: the run filter `field` keeps a run (a cut-off as it acts: Filters.where)."""
+    """SQL: the run filter `field` keeps a run (a cut-off as it acts, a target by its name too: Filters.where)."""
+    if field == "target":
+        return target_matches(col, want)
     return cutoff_matches(col, want, off=_CUTOFF_OFF[field]) if field in _CUTOFF_OFF else col == want
 
 
@@ -461,7 +465,7 @@ def no_runs_reason(engine: Engine, filters: Filters | None = None) -> str:
             for run in found.values():
                 for field, name, _, col in _RUN_FILTERS:
                     want, have = getattr(f, field), _run_value(run, field, col)
-                    if want is not None and have != want:
+                    if want is not None and not (target_is(have, want) if field == "target" else have == want):
                         return f"run {run.id} has {name} {_value_text(run, field, col)}, not {want!r}"
         conds = []
         for field, name, plural, col in _RUN_FILTERS:

@@ -108,7 +108,8 @@ class Filters:
     (temperature 0) counts as top_p 1 and top_k 0 whatever it recorded; an unknown one (NULL) matches none.
     max_new_tokens keeps the runs recorded with that answer length cap (a server's run, or one recorded before
     the store kept it, NULL: unknown, matches none). invocation_id keeps one bench's or load test's runs
-    (telemetry.invocations). None means no filter."""
+    (telemetry.invocations). target keeps the runs of that model as they recorded it, and a bare name (no '/')
+    the runs of any model directory of that name (`target_matches`). None means no filter."""
 
     since: datetime | None = None
     until: datetime | None = None
@@ -167,7 +168,6 @@ class Filters:
         conds = []
         for col, value in (
             (Run.node_id, self.node_id),
-            (Run.target, self.target),
             (Run.drafter, self.drafter),
             (Run.workload, self.workload),
             (Run.mode, self.mode),
@@ -179,6 +179,8 @@ class Filters:
         ):
             if value is not None:
                 conds.append(col == value)
+        if self.target is not None:
+            conds.append(target_matches(Run.target, self.target))
         if self.top_p is not None:
             conds.append(cutoff_matches(Run.top_p, self.top_p, off=1.0))
         if self.top_k is not None:
@@ -192,6 +194,28 @@ class Filters:
         if self.until is not None:
             conds.append(Request.started_at < self.until)
         return conds
+
+
+def target_matches(column, value: str):
+    """SQL: the run's target (`column`) is `value` as recorded, or, for a bare name (no '/': what `models list`,
+    `invocations` and the pages show), any model directory of that name: a path ending in '/' + name. Runs
+    record the target's path on their own machine, so nodes that keep one model in different folders
+    (~/.cache/specfinops/models/x on one, /models/x on another) record it under different paths; the name
+    selects them all, a path only itself."""
+    name = value.rstrip("/") or value
+    if "/" in name:
+        return or_(column == value, column == name)
+    return or_(column == name, column.endswith("/" + name, autoescape=True))
+
+
+def target_is(recorded: str | None, value: str) -> bool:
+    """`target_matches` in Python: whether a run that recorded `recorded` is one of target `value`'s."""
+    name = value.rstrip("/") or value
+    if recorded is None:
+        return False
+    if "/" in name:
+        return recorded in (value, name)
+    return recorded == name or recorded.endswith("/" + name)
 
 
 def cutoff_matches(column, value: float | int, *, off: float | int, temperature=None):

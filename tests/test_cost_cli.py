@@ -689,3 +689,29 @@ def test_cost_and_project_agree_on_energy_under_another_price(filled, capsys):
     text = capsys.readouterr().out
     assert "measured on" not in text and "incl. energy (estimated)" in text
     assert "a custom price is taken as the measured hardware's price per node-hour" in text
+
+
+def test_target_by_its_name_selects_every_folder_of_that_model(db_url, capsys):
+    """Runs record the target's path on their own node (~/.cache/specfinops/models/x here, /models/x there), while
+    `models list`, `invocations` and the pages show the name: `--target x` found no runs. A bare name now selects
+    every folder of that name (and only that name: not m10, not a LIKE wildcard); a path only itself."""
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        for target in ("/root/.cache/specfinops/models/m_1", "/models/m_1", "/models/m_10", "/models/mx1"):
+            make_run(s, "spec", target=target, requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500)])
+        s.commit()
+    engine.dispose()
+
+    def runs(*argv: str) -> list[int]:
+        assert main(["cost", "--db", db_url, "--json", *argv]) == 0
+        return sorted(r["run_id"] for r in json.loads(capsys.readouterr().out)["runs"])
+
+    assert runs("--target", "m_1") == [1, 2]
+    assert runs("--target", "/models/m_1") == [2]
+    assert runs("--target", "/models/m_1/") == [2]
+    assert main(["cost", "--db", db_url, "--target", "m"]) == 2
+    assert "no runs with target 'm' (targets in the store: /models/m_1, /models/m_10," in capsys.readouterr().err
+    assert main(["export", "--db", db_url, "--what", "cost", "--out", "-", "--target", "m_1", "--run", "2"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 2  # header + run 2
+    assert main(["export", "--db", db_url, "--what", "cost", "--out", "-", "--target", "m_1", "--run", "3"]) == 0
+    assert "run 3 does not match the selection" in capsys.readouterr().err

@@ -137,6 +137,12 @@ INVOCATION_FILTER_HELP = ("only the runs of one bench or load test: 'latest' (th
                           "(`specfinops invocations` lists them)")
 
 
+# The run filter --target of cost, project and export (report's says the same, and how it refuses): a name
+# selects every folder of that model (queries.target_matches)
+TARGET_FILTER_HELP = ("only runs of this target model: its folder's name (every folder of that name, on any node) "
+                      "or its path as the runs recorded it")
+
+
 def invocation_filter(engine, text: str | None) -> str | None:
     """--invocation of a run filter, resolved in the store to one whole id (None: not given). With engine None
     only its form is checked (before the store is opened), and None returned."""

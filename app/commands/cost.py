@@ -12,6 +12,7 @@ import sys
 from app.commands._common import (
     INVOCATION_FILTER_HELP,
     MAX_NEW_TOKENS_FILTER_HELP,
+    TARGET_FILTER_HELP,
     TOP_K_FILTER_HELP,
     TOP_P_FILTER_HELP,
     add_command,
@@ -90,7 +91,7 @@ def _add_pricing(p, *, gpus_per_node: bool) -> None:
 
 def _add_filters(p) -> None:
     p.add_argument("--workload", help="only runs of this workload")
-    p.add_argument("--target", help="only runs of this target model")
+    p.add_argument("--target", help=TARGET_FILTER_HELP)
     p.add_argument("--node", help="only runs of this node id")
     p.add_argument("--temperature", metavar="T", help="only runs recorded at this sampling temperature (e.g. 0)")
     p.add_argument("--top-p", metavar="P", help=TOP_P_FILTER_HELP)

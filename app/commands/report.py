@@ -60,7 +60,8 @@ def add_report_options(p) -> None:
     p.add_argument("--workload", metavar="NAME", default=None,
                    help="only runs of this workload (as `specfinops cost --workload`; default: every workload)")  # fmt: skip
     p.add_argument("--target", metavar="MODEL", default=None,
-                   help="only runs of this target model, as the runs recorded it (`specfinops cost --target`); "
+                   help="only runs of this target model: its folder's name or its path as the runs recorded it "
+                        "(`specfinops cost --target`); "
                         "a name the store has never recorded is named with the ones it has: `report` refuses it, "
                         "`scheduler` warns and keeps it")  # fmt: skip
 
