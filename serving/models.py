@@ -103,6 +103,13 @@ def pull(force: bool = False, verify: bool = True, say=print) -> Path:
     out = bundled_target_dir()
     with _pull_lock(out, say) as waited:
         if is_pulled(out) and (not force or waited):
+            # what `models list` calls damaged (config.json, the manifest, the weights' header), even with
+            # --no-verify: "ready" was said of a folder no command could load
+            read_manifest(out)  # its own line first: a pull cut short is named as such
+            why = damage(out)
+            if why is not None:
+                raise ValueError(why if "--force" in why else
+                                 f"{why}; run `specfinops models pull --force` to convert the model again")
             if verify:
                 manifest = read_manifest(out)
                 say(f"[1/1] verifying checksum of {out / 'model.safetensors'}")
@@ -151,10 +158,21 @@ def _fetch_and_convert(out: Path, say) -> None:
                 "license": "Apache-2.0",
             }
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            _modes_as_umask(staging)  # mkdtemp made the folder 0700: others sharing the cache could not read it
             shutil.rmtree(out, ignore_errors=True)
             staging.rename(out)  # a directory appears whole or not at all
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # gone once renamed; what a failure left otherwise
+
+
+def _modes_as_umask(folder: Path) -> None:
+    """Give `folder` and the files in it the modes a new folder and file get here (0777 / 0666 less the umask),
+    as a model directory written in place would have, not mkdtemp's / mkstemp's owner-only ones."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    folder.chmod(0o777 & ~mask)
+    for f in folder.rglob("*"):
+        f.chmod((0o777 if f.is_dir() else 0o666) & ~mask)
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:

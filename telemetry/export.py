@@ -394,8 +394,8 @@ def _outside_window_reason(engine: Engine, what: str, window: ExportWindow) -> s
 
     bounds = (f"at or after {when(window.since)}" if window.until is None else f"before {when(window.until)}"
               if window.since is None else f"from {when(window.since)} to {when(window.until)}")
-    return (f"none in the time window ({bounds}); the selection's {noun} from {when(first)} to {when(last)}"
-            if first != last else f"none in the time window ({bounds}); the selection's {noun} at {when(first)}")
+    span = f"from {when(first)} to {when(last)}" if when(first) != when(last) else f"at {when(first)}"
+    return f"none in the time window ({bounds}); the selection's {noun} {span}"
 
 
 def write_csv(

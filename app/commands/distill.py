@@ -178,21 +178,33 @@ def handle(args) -> int:
             or args.stdlib_code):
         raise UsageError("no training data: give --corpus DIR, --generate-prompts N, --stdlib-prompts N, "
                          "--package-prompts N, --self-prompts N or --stdlib-code N")
+    if getattr(args, "data_dir", None):  # checked now, not once the target has loaded and data is being written
+        d = Path(args.data_dir).expanduser()
+        if d.exists() and not d.is_dir():
+            raise UsageError(f"--data-dir {args.data_dir} is a file: give a folder (new, empty, or one distill made)")
+        if d.is_dir() and any(d.iterdir()) and not (d / "sequences.jsonl").is_file():
+            raise UsageError(f"--data-dir {args.data_dir} holds other files, not distillation data (no "
+                             "sequences.jsonl): give a new or empty folder, or one distill made")
     if args.batch_pool < 0:
         raise UsageError(f"--batch-pool must be 0 (random batches) or a number of sequences, got {args.batch_pool}")
     at_least_one = ("head_vocab", "layers", "unroll", "batch_tokens", "gen_batch", "max_new_tokens",
                     "eval_max_new_tokens")
     for name in ("generate_prompts", "stdlib_prompts", "package_prompts", "self_prompts", "stdlib_code", *at_least_one):
         if getattr(args, name) < 0 or (name in at_least_one and getattr(args, name) < 1):
-            raise UsageError(f"--{name.replace('_', '-')} must be positive")
+            raise UsageError(f"--{name.replace('_', '-')} must be " + ("a whole number >= 1" if name in at_least_one
+                             else "a whole number >= 0 (0: none)") + f", got {getattr(args, name)}")
     for name in ("feature_layers", "data_feature_layers"):
         layers = getattr(args, name)
         if layers is not None and (len(layers) < 2 and name == "feature_layers" or min(layers) < 0
                                    or layers != sorted(set(layers))):
             raise UsageError(f"--{name.replace('_', '-')} must be distinct block indices >= 0 in increasing order"
                              + (", two or more" if name == "feature_layers" else "") + f", got {layers}")
+    from app.commands._common import sigterm_as_ctrl_c
     from serving.distill.pipeline import run
     from serving.kernels import resolve_dtype
 
     args.dtype = resolve_dtype(args.dtype, device=args.device)  # the model card's command names the precision used
-    return run(args)
+    # SIGTERM (`docker stop`, a preempted job, `timeout`) stops it as Ctrl-C does: the steps trained so far are saved
+    # in the checkpoint and the line that resumes them is printed (it was killed outright, losing them)
+    with sigterm_as_ctrl_c("distill: SIGTERM: stopping as on Ctrl-C"):
+        return run(args)

@@ -445,7 +445,18 @@ def rerun_note(cfg, steps_trained: int) -> dict:
     """What rerunning a card's command gives (the card's "rerun"): with --steps the same steps on the same
     learning-rate schedule; with a time budget (--minutes, --total-minutes) as many steps as the machine trains
     in the time, on a schedule that follows the elapsed time, so the same options but not the same steps (and
-    no --steps N gives that schedule back)."""
+    no --steps N gives that schedule back). A run resumed with another budget than it started with matches in
+    options only: its first steps followed the old budget's schedule, which the command no longer says."""
+    from serving.distill.train import BUDGET_CHANGED
+
+    changed = cfg.extra.get(BUDGET_CHANGED)
+    if changed:
+        was = (f"--steps {changed['steps']}" if changed.get("steps") is not None
+               else f"--minutes {changed.get('minutes')}")
+        return {"matches": "options", "steps_trained": steps_trained,
+                "why": f"resumed from a checkpoint trained toward {was}: the steps before the resume followed that "
+                       "budget's learning-rate schedule, so a rerun of this command (one budget from step 0) "
+                       "matches this run in options, not in weights"}
     if cfg.steps is not None:
         return {"matches": "options and steps", "steps_trained": steps_trained,
                 "why": f"--steps {cfg.steps}: a rerun trains the same {cfg.steps} steps on the same learning-rate "
@@ -532,6 +543,7 @@ def run(args) -> int:
         stdlib_prompts,
     )
     from serving.distill.train import (
+        BUDGET_CHANGED,
         TrainConfig,
         TrainingInterrupted,
         measure_c,
@@ -606,11 +618,29 @@ def run(args) -> int:
     trained_s = 0.0  # what the resumed checkpoint trained
     if args.resume and ckpt.is_file():  # memory-mapped: only its config and "elapsed" are read here
         resumed = read_checkpoint(ckpt)
-        differs = resume_mismatch(resumed.get("config") or {}, cfg)
+        saved = resumed.get("config") or {}
+        differs = resume_mismatch(saved, cfg)
         if differs:
-            raise UsageError(resume_refusal(ckpt, resumed.get("config") or {}, *differs))
+            raise UsageError(resume_refusal(ckpt, saved, *differs))
         trained_s = float(resumed.get("elapsed", 0.0))
         del resumed
+        # a budget changed on resume: the steps trained so far followed the old one's learning-rate schedule
+        # (kept through later resumes: the card's "rerun" must not promise the command reproduces the weights)
+        changed = (saved.get("extra") or {}).get(BUDGET_CHANGED) or (
+            {"steps": saved.get("steps"), "minutes": saved.get("minutes")}
+            if any(k in saved and saved[k] != getattr(cfg, k) for k in ("steps", "minutes")) else None)
+        if changed:
+            cfg.extra[BUDGET_CHANGED] = changed
+    elif args.resume and (out / "model_card.json").is_file():
+        try:
+            status = str(json.loads((out / "model_card.json").read_text()).get("status", ""))
+        except (ValueError, AttributeError):
+            status = ""
+        held = ("a finished draft (a finished run keeps no checkpoint)" if status == "trained"
+                else "a draft" + (f" ({status})" if status else ""))
+        raise UsageError(f"--resume: no checkpoint {ckpt} to resume for --out {out}, which holds {held}: starting "
+                         "from scratch would replace it. Drop --resume to train it again from step 0, or give --out "
+                         "another folder")
     elif args.resume:
         _say(f"--resume: no checkpoint {ckpt} to resume for --out {out}; starting from scratch")
     elif ckpt.is_file() and not getattr(args, "fresh", False):
@@ -811,7 +841,8 @@ def run(args) -> int:
                                        "target's greedy tokens in the draft's top-k; by_target_confidence: draft "
                                        "top-1 agreement by the target's own top-1 probability")
         results["cost"] = measure_c(d16, target16)
-        _say("alpha " + ", ".join(f"{k} {v['alpha']:.3f}" for k, v in alpha.items()) +
+        _say("alpha " + ", ".join(f"{k} {'— (nothing drafted)' if v['alpha'] is None else format(v['alpha'], '.3f')}"
+                                  for k, v in alpha.items()) +
              f"; c {results['cost']['c']:.3f} ({results['cost']['draft_ms']} ms / {results['cost']['target_ms']} ms)")
     results["total_minutes"] = round((time.perf_counter() - t_start) / 60, 2)
     write_card_only(out, {**card, "status": "trained", "results": results})

@@ -58,7 +58,8 @@ class TrainConfig:
 
 # what a resumed run may change: its budget and how often it saves; "target" says where the target was (its
 # fingerprint, in `extra` beside it, is what must match)
-RESUMABLE_CHANGES = ("minutes", "steps", "save_every_s", "target")
+RESUMABLE_CHANGES = ("minutes", "steps", "save_every_s", "target", "budget_changed")
+BUDGET_CHANGED = "budget_changed"  # TrainConfig.extra: the budget a resumed run started with, where it differed
 
 
 def resume_mismatch(saved: dict, cfg: TrainConfig) -> tuple[str, object, object] | None:
@@ -493,10 +494,17 @@ def simulate_alpha(draft: EagleDraft, prep: Prepared, k: int = 4, domains: tuple
         r["accepted"] += accepted
         r["drafts"] += steps
     for r in res.values():
-        r["alpha"] = round(r["accepted"] / max(r["accepted"] + r["rejections"], 1), 4)
-        r["acceptance_rate"] = round(r["accepted"] / max(r["drafted"], 1), 4)
-        r["mean_accept_len"] = round(1 + r["accepted"] / max(r["drafts"], 1), 3)
+        r.update(acceptance_figures(r))
     return res
+
+
+def acceptance_figures(counts: dict) -> dict:
+    """alpha (accepted / tested), acceptance_rate (accepted / drafted) and mean_accept_len (1 + accepted / steps)
+    of simulate_alpha's counts; None where nothing was drafted: unmeasured, not 0 (as calibrate says it)."""
+    tested = counts["accepted"] + counts["rejections"]
+    return {"alpha": round(counts["accepted"] / tested, 4) if tested else None,
+            "acceptance_rate": round(counts["accepted"] / counts["drafted"], 4) if counts["drafted"] else None,
+            "mean_accept_len": round(1 + counts["accepted"] / counts["drafts"], 3) if counts["drafts"] else None}
 
 
 CONFIDENCE_EDGES = (0.0, 0.5, 0.8, 0.95, 1.0)
