@@ -396,3 +396,23 @@ def test_distill_evaluation_leaves_alpha_missing_where_nothing_was_drafted():
     # 10 drafted in 4 steps, 6 accepted, 3 rejections: 6 / 9 tested, 6 / 10 drafted, 1 + 6 / 4
     some = {"drafted": 10, "accepted": 6, "drafts": 4, "rejections": 3}
     assert acceptance_figures(some) == {"alpha": 0.6667, "acceptance_rate": 0.6, "mean_accept_len": 2.5}
+
+
+@pytest.mark.parametrize("command", ["calibrate", "bench"])
+def test_a_draft_given_as_the_target_is_named_as_a_draft(command, capsys):
+    """It loaded as a target, printed transformers' warnings about an unknown model type, then failed on its
+    tokenizer without saying the folder is a draft."""
+    from app.cli import main
+    from serving.models import BUNDLED_DRAFT_DIR
+
+    assert main([command, "--target", str(BUNDLED_DRAFT_DIR), "--workload", "code", "--limit", "1"]) == 2
+    assert "a draft made by `specfinops distill` (a feature draft), not a target model: give it as the draft " \
+           "(--draft-model; calibrate's --draft)" in _one_error_line(capsys)
+
+
+def test_a_workload_path_that_is_a_directory_is_named_as_one(tmp_path):
+    from serving.workloads import load_workload
+
+    (tmp_path / "prompts.jsonl").mkdir()
+    with pytest.raises(ValueError, match="is a directory, not a .jsonl file"):
+        load_workload(tmp_path / "prompts.jsonl")

@@ -150,6 +150,22 @@ def test_invocations_command_on_a_store_with_none(empty_store, capsys):
     assert json.loads(capsys.readouterr().out) == {"invocations": []}
 
 
+def test_invocations_says_why_a_store_with_runs_lists_none(empty_store, capsys):
+    """A store whose runs predate invocations (or a server's) was told to run a bench 'to measure spec and AR runs',
+    as if it held none."""
+    engine = open_store(empty_store)
+    with Session(engine) as s:
+        make_run(s, "spec", requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500)])  # no invocation id
+        make_run(s, "spec", kind="serve", requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500)])
+        s.commit()
+    engine.dispose()
+    assert main(["invocations", "--db", empty_store]) == 0
+    out = capsys.readouterr().out
+    assert ("the store's runs: 1 run of a server (a server's runs belong to none); 1 bench or load-test run recorded "
+            "before the store kept invocations (store revision 0011)") in out, out
+    assert "specfinops bench" not in out
+
+
 def test_cost_narrows_to_one_invocation_and_refuses_a_bad_one(db_url, capsys):
     fill(db_url)
     assert main(["cost", "--db", db_url, "--invocation", "latest", "--json"]) == 0

@@ -367,6 +367,27 @@ def model_option(flag: str, value: str | None, role: str):
     from serving.models import resolve_model
 
     try:
-        return resolve_model(value, role)
+        path = resolve_model(value, role)
     except ValueError as exc:
         raise UsageError(f"{flag} {value}: {exc}") from None
+    if role == "target" and path is not None and _is_feature_draft(path):
+        # it would load as a target only to fail with transformers' warnings and a tokenizer error
+        raise UsageError(f"{flag} {value}: a draft made by `specfinops distill` (a feature draft), not a target "
+                         "model: give it as the draft (--draft-model; calibrate's --draft), with the model it was "
+                         "distilled for as --target")
+    return path
+
+
+def _is_feature_draft(path) -> bool:
+    """Whether a model directory holds a specfinops feature draft (config.json's model_type)."""
+    from serving.models import read_config
+
+    try:
+        kind = read_config(path).get("model_type")
+    except ValueError:  # loading names what is wrong with it
+        return False
+    if not isinstance(kind, str) or not kind.startswith("specfinops"):
+        return False
+    from serving.eagle import MODEL_TYPE
+
+    return kind == MODEL_TYPE

@@ -70,8 +70,7 @@ def run(args) -> int:
             for i in found]}, indent=2))
         return 0
     if not found:
-        print(f"no bench or load-test invocations in the store (a server's runs belong to none); "
-              f"{empty_store_hint(engine)}")
+        print(f"no bench or load-test invocations in the store; {_why_none(engine)}")
         return 0
     rows = [(i.short_id, _when(i.started_at) + " UTC", ",".join(i.kinds), ",".join(i.workloads),
              ",".join(str(short_model(t)) for t in i.targets), ",".join(i.nodes),
@@ -92,3 +91,24 @@ def run(args) -> int:
         print("(running): runs not ended yet, a bench or load test under way (or one killed before it could end "
               "them); its figures are what it recorded so far")
     return 0
+
+
+def _why_none(engine) -> str:
+    """Why a store lists no invocation: it has no runs (and how to record some), or its runs belong to none (a
+    server's; recorded before the store kept invocations, revision 0011)."""
+    from sqlalchemy import func, select
+
+    from telemetry.db import Run
+    from telemetry.queries import empty_store_hint
+
+    with engine.connect() as c:
+        kinds = dict(c.execute(select(Run.kind, func.count(Run.id)).group_by(Run.kind)).all())
+    if not kinds:
+        return empty_store_hint(engine)
+    served = kinds.pop("serve", 0)
+    said = [f"{served} run{'s' if served != 1 else ''} of a server (a server's runs belong to none)"] if served else []
+    other = sum(kinds.values())
+    if other:
+        said.append(f"{other} bench or load-test run{'s' if other != 1 else ''} recorded before the store kept "
+                    "invocations (store revision 0011)")
+    return "the store's runs: " + "; ".join(said) + ". `specfinops cost` reads them all"

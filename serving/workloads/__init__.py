@@ -61,7 +61,8 @@ def workload_path(name_or_path: str | Path) -> Path:
     if path.suffix == ".jsonl" and path.is_file():
         return path
     if path.suffix == ".jsonl":
-        raise ValueError(f"workload file not found: {path}")
+        raise ValueError(f"workload {path} is a directory, not a .jsonl file" if path.is_dir()
+                         else f"workload file not found: {path}")
     raise ValueError(f"unknown workload {name!r}: expected one of {', '.join(BUILTIN_WORKLOADS)} "
                      "or a path to a .jsonl file")
 
