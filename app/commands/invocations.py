@@ -49,7 +49,6 @@ def _when(t) -> str:
 def run(args) -> int:
     from telemetry.invocations import list_invocations
     from telemetry.labels import short_model
-    from telemetry.queries import empty_store_hint
     from telemetry.store import open_store
 
     engine = open_store(args.db, must_exist=True)
