@@ -221,6 +221,20 @@ def test_calibrate_shows_progress_prompt_by_prompt(pair, tmp_path, capsys):
     assert "3/3" in bar and "prompt" in bar and "code" in bar  # (tqdm may skip redrawing 1/3 and 2/3 on a fast run)
 
 
+def test_calibrate_measures_no_speedup_where_no_step_drafted(pair, tmp_path, capsys):
+    """One-token answers run no speculative step (the modes ran the same prefills), yet `measured` read 1.02 beside
+    a row of missing figures."""
+    from app.cli import main
+
+    target, draft = pair
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"id": "p0", "domain": "code", "prompt": "hello"}) + "\n")
+    assert main(["calibrate", "--target", str(target), "--draft", str(draft), "--workload", str(workload),
+                 "--max-new-tokens", "1", "--dtype", "float32", "--json"]) == 0
+    (dom,) = json.loads(capsys.readouterr().out)["domains"]
+    assert dom["alpha"] is None and dom["measured_speedup_at_k"] is None, dom
+
+
 @pytest.mark.parametrize("value", ["0", "-5"])
 def test_calibrate_names_its_max_new_tokens_option(value, capsys):
     """Was 'max_new_tokens must be an integer >= 1' (the engine's field, not the option), after loading."""

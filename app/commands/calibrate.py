@@ -146,7 +146,9 @@ def _handle(args: argparse.Namespace) -> int:
                 spec_verify_ms=sum(s.verify_ms for s in spec_steps),
             )
             cal = calibrate(d, counts, threshold=args.threshold, k_max=args.k_max)
-            measured = sp.tokens_per_s / ar.tokens_per_s if sp.tokens_per_s and ar.tokens_per_s else None
+            # no speculative step (answers of one token): the two modes ran the same prefills, nothing to compare
+            measured = (sp.tokens_per_s / ar.tokens_per_s if spec_steps and sp.tokens_per_s and ar.tokens_per_s
+                        else None)
             positions = acceptance_by_position((s.k, s.accepted) for s in spec_steps)
             by_prompt = acceptance_by_prompt((r.prompt.id, s.k, s.accepted) for r in sp.results for s in r.record.steps)
             by_span = acceptance_by_span((_step_offsets(r.record.steps), repeated_tokens(e, r.output_ids))
