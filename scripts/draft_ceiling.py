@@ -45,6 +45,13 @@ RULE_HELP = {
 }
 
 
+
+def _f(value, spec: str) -> str:
+    """A simulate_alpha figure, or '—' where nothing was drafted (None)."""
+    width = spec.split(".")[0]  # '>6' of '>6.3f': the column keeps its width
+    return format("—", width) if value is None else format(value, spec)
+
+
 def _accepted(props: list[int], toks, n: int) -> int:
     a = 0
     while a < len(props) and props[a] == int(toks[n + 1 + a]):
@@ -141,7 +148,8 @@ def sure(draft, prep, args, lookup, copy_bias: float, kind_of) -> list[dict]:
                          "mean_accept_len": r["mean_accept_len"]})
             what = ("the engine as it is" if min_p is None else
                     f"the target's token where it is >= {min_p:g} sure" + (f" ({', '.join(sorted(kinds))})" if kinds else ""))
-            print(f"{rows[-1]['alpha']:>6.3f} {rows[-1]['acceptance_rate']:>9.3f} {rows[-1]['mean_accept_len']:>8.2f}   {what}",
+            r = rows[-1]  # None where nothing was drafted (simulate_alpha)
+            print(f"{_f(r['alpha'], '>6.3f')} {_f(r['acceptance_rate'], '>9.3f')} {_f(r['mean_accept_len'], '>8.2f')}   {what}",
                   flush=True)
     return rows
 

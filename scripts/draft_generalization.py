@@ -28,6 +28,12 @@ from pathlib import Path
 from app.commands._common import DTYPE_HELP
 
 
+def _f(value, spec: str) -> str:
+    """A simulate_alpha figure, or '—' where nothing was drafted (None)."""
+    width = spec.split(".")[0]  # '>6' of '>6.3f': the column keeps its width
+    return format("—", width) if value is None else format(value, spec)
+
+
 def heldout_sets(n: int, train_seed: int, heldout_seed: int, packages: tuple[str, ...] | None = None) -> dict[str, list[dict]]:
     """Code prompts the generators make with `heldout_seed` but not with `train_seed` (exact texts), and
     package prompts (from `packages`, default serving.distill.prompts.PACKAGES)."""
@@ -125,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         r["prompts"] = sum(s["domain"] == "code" for s in prep.seqs)
         results[name] = r
-        print(f"{name:<10} {r['prompts']:>7} {r['alpha']:>6.3f} {r['acceptance_rate']:>8.3f} {r['mean_accept_len']:>12.2f}")
+        print(f"{name:<10} {r['prompts']:>7} {_f(r['alpha'], '>6.3f')} {_f(r['acceptance_rate'], '>8.3f')} "
+              f"{_f(r['mean_accept_len'], '>12.2f')}")
     if args.json:
         Path(args.json).write_text(json.dumps({"draft": str(draft_dir), "k": args.k, "copy_bias": bias,
                                                "dtype": args.dtype, "sets": results}, indent=1))

@@ -22,6 +22,12 @@ from pathlib import Path
 from app.commands._common import DTYPE_HELP
 
 
+def _f(value, spec: str) -> str:
+    """A simulate_alpha figure, or '—' where nothing was drafted (None)."""
+    width = spec.split(".")[0]  # '>6' of '>6.3f': the column keeps its width
+    return format("—", width) if value is None else format(value, spec)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", action="append", default=[], help="prepared data directory whose answers make the store")
@@ -74,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             r = simulate_alpha(draft, ev, k=args.k, domains=domains, lookup=lookup)
         for dom in domains:
             rows.append({"drafter": label, "domain": dom, **r[dom]})
-            print(f"{label:32s} {dom:8s} alpha {r[dom]['alpha']:.3f}  mean acc. len {r[dom]['mean_accept_len']:.3f}",
+            print(f"{label:32s} {dom:8s} alpha {_f(r[dom]['alpha'], '.3f')}  mean acc. len "
+                  f"{_f(r[dom]['mean_accept_len'], '.3f')}",
                   flush=True)
 
     run("draft+ngram", lambda ctx, k: ngram.lookup(ctx, k))

@@ -383,7 +383,10 @@ def _outside_window_reason(engine: Engine, what: str, window: ExportWindow) -> s
     else:  # requests, steps, tokens and cost rows are chosen by their requests' start
         span = _request_window(select(func.min(Request.started_at), func.max(Request.started_at))
                                .select_from(Request).join(Run, Run.id == Request.run_id), everywhere)
-        noun = "requests started"
+        rows = {"steps": Step, "tokens": TokenEvent}.get(what)
+        if rows is not None:  # only the requests that have such rows: others inside the window explain nothing
+            span = span.where(select(rows.id).where(rows.request_id == Request.id).exists())
+        noun = f"requests with {what} started" if rows is not None else "requests started"
     with engine.connect() as c:
         first, last = c.execute(span).one()
     if first is None:

@@ -9,7 +9,7 @@ Public API:
     list_invocations(engine, limit=20) -> list[Invocation]  (newest first)
     invocation_text(text) -> str  (checked before the store is read)
     resolve_invocation(engine, text) -> str
-    invocation_span(engine, invocation_id, now=None) -> (since, until)  (whole seconds around its requests)
+    invocation_span(engine, invocation_id) -> (since, until)  (whole seconds around its requests)
 """
 
 from __future__ import annotations
@@ -148,22 +148,19 @@ def resolve_invocation(engine: Engine, text: str) -> str:
                      f"with {norm!r} ({shown}): give more characters")
 
 
-def invocation_span(engine: Engine, invocation_id: str, now: datetime | None = None) -> tuple[datetime, datetime]:
-    """[since, until) in whole UTC seconds that holds every request of one invocation (filters bound
-    requests.started_at): from its first run's start to past its last run's end (`now` for a run still
-    running) or its last request's start, whichever is later. ValueError where no run has that id."""
+def invocation_span(engine: Engine, invocation_id: str) -> tuple[datetime, datetime]:
+    """[since, until) in whole UTC seconds that holds every request one invocation recorded (filters bound
+    requests.started_at): from its first run's start to past its last run's end or its last request's start,
+    whichever is later. A run that never ended (a bench still going, or killed before it could end it) adds
+    only its requests: not the time since. ValueError where no run has that id."""
     last_request = (select(func.max(Request.started_at)).join(Run, Request.run_id == Run.id)
                     .where(Run.invocation_id == invocation_id).scalar_subquery())
     with engine.connect() as c:
-        first, ended, running, requested = c.execute(
-            select(func.min(Run.started_at), func.max(Run.ended_at),
-                   func.sum(case((Run.ended_at.is_(None), 1), else_=0)), last_request)
+        first, ended, requested = c.execute(
+            select(func.min(Run.started_at), func.max(Run.ended_at), last_request)
             .where(Run.invocation_id == invocation_id)).one()
     if first is None:
         raise ValueError(f"no run has invocation id {invocation_id!r}")
-    ends = [_utc(x) for x in (ended, requested) if x is not None]
-    if running:
-        ends.append(now or datetime.now(UTC))
     since = _utc(first).replace(microsecond=0)
-    until = max([since, *ends]).replace(microsecond=0) + timedelta(seconds=1)
-    return since, until
+    until = max([since, *(_utc(x) for x in (ended, requested) if x is not None)]).replace(microsecond=0)
+    return since, until + timedelta(seconds=1)

@@ -205,7 +205,11 @@ def target_matches(column, value: str):
     name = value.rstrip("/") or value
     if "/" in name:
         return or_(column == value, column == name)
-    return or_(column == name, column.endswith("/" + name, autoescape=True))
+    suffix = "/" + name
+    # LIKE finds the candidates (SQLite's ignores ASCII case, PostgreSQL's does not); the exact tail decides,
+    # so both databases (and target_is) select the same runs
+    tail = func.substr(column, func.length(column) - len(suffix) + 1)
+    return or_(column == name, and_(column.endswith(suffix, autoescape=True), tail == suffix))
 
 
 def target_is(recorded: str | None, value: str) -> bool:

@@ -697,7 +697,8 @@ def test_target_by_its_name_selects_every_folder_of_that_model(db_url, capsys):
     every folder of that name (and only that name: not m10, not a LIKE wildcard); a path only itself."""
     engine = open_store(db_url)
     with Session(engine) as s:
-        for target in ("/root/.cache/specfinops/models/m_1", "/models/m_1", "/models/m_10", "/models/mx1"):
+        for target in ("/root/.cache/specfinops/models/m_1", "/models/m_1", "/models/m_10", "/models/mx1",
+                       "/models/M_1"):  # another model on a case-sensitive file system: not m_1 (SQLite's LIKE)
             make_run(s, "spec", target=target, requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500)])
         s.commit()
     engine.dispose()
@@ -707,10 +708,12 @@ def test_target_by_its_name_selects_every_folder_of_that_model(db_url, capsys):
         return sorted(r["run_id"] for r in json.loads(capsys.readouterr().out)["runs"])
 
     assert runs("--target", "m_1") == [1, 2]
+    assert runs("--target", "M_1") == [5]
     assert runs("--target", "/models/m_1") == [2]
     assert runs("--target", "/models/m_1/") == [2]
     assert main(["cost", "--db", db_url, "--target", "m"]) == 2
-    assert "no runs with target 'm' (targets in the store: /models/m_1, /models/m_10," in capsys.readouterr().err
+    assert "no runs with target 'm' (targets in the store: /models/M_1, /models/m_1, /models/m_10," \
+        in capsys.readouterr().err
     assert main(["export", "--db", db_url, "--what", "cost", "--out", "-", "--target", "m_1", "--run", "2"]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) == 2  # header + run 2
     assert main(["export", "--db", db_url, "--what", "cost", "--out", "-", "--target", "m_1", "--run", "3"]) == 0

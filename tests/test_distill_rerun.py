@@ -190,3 +190,24 @@ def test_a_resume_with_another_budget_says_a_rerun_matches_options_only(tiny, tm
     _interrupted(tiny, out2, tmp_path, monkeypatch, at=2, steps=5)
     assert main(_argv(tiny, out2, 5, "--resume")) == 0
     assert json.loads((out2 / "model_card.json").read_text())["rerun"]["matches"] == "options and steps"
+
+
+def test_a_time_budget_resumed_as_given_is_not_said_to_have_changed(tiny, tmp_path, cache, monkeypatch):
+    """The checkpoint holds the training minutes a --total-minutes budget leaves (cfg.minutes), which the resumed
+    run's options (no --minutes) never equal: every such resume was said to have changed its budget, naming a
+    --minutes nobody gave."""
+    from app.cli import main
+    from tests.test_distill_byo import _ctrl_c_at
+
+    out = tmp_path / "draft"
+    target_dir, corpus = tiny
+    argv = ["distill", "--target", str(target_dir), "--corpus", str(corpus), "--out", str(out), "--total-minutes",
+            "5", "--head-vocab", "32", "--batch-tokens", "128", "--dtype", "float32", "--no-eval"]
+    for again in ([], ["--resume"]):  # stopped twice (a 5-minute budget would train on): the card says its rerun
+        _ctrl_c_at(monkeypatch, 2)
+        assert main([*argv, *again]) == 130
+        monkeypatch.undo()
+        monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    rerun = json.loads((out / "model_card.json").read_text())["rerun"]
+    assert rerun["matches"] == "options" and "trained toward" not in rerun["why"], rerun
+    assert rerun["why"].startswith("a time budget trains as many steps")

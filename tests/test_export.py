@@ -299,3 +299,21 @@ def test_a_write_error_names_the_out_file(sqlite_url, capsys):
     assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", "/dev/full"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.endswith("cannot write --out /dev/full: No space left on device") and len(err.splitlines()) == 1, err
+
+
+def test_an_empty_steps_export_blames_the_window_only_where_steps_lie_outside_it(sqlite_url, capsys):
+    """Requests inside the window that recorded no steps read "none in the time window; the selection's requests
+    started at <a time inside it>"."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(output_tokens=5, ttft_ms=10, e2e_ms=50)])  # no step or token rows
+        s.commit()
+    engine.dispose()
+    for what in ("steps", "tokens"):
+        assert main(["export", "--db", sqlite_url, "--what", what, "--out", "-", "--since", "2026-11-02T08:00",
+                     "--until", "2026-11-02T10:00"]) == 0
+        assert "none in the time window" not in capsys.readouterr().err, what
+    _fill(sqlite_url, ["code"])  # a run with steps, at 09:00 on the 2nd and the 3rd
+    assert main(["export", "--db", sqlite_url, "--what", "steps", "--out", "-", "--since", "2026-11-05"]) == 0
+    assert "the selection's requests with steps started from 2026-11-02 09:00:00 UTC to 2026-11-03 09:00:00 UTC" \
+        in capsys.readouterr().err

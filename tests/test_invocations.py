@@ -343,3 +343,19 @@ def pooled_speedup(url: str) -> float:
         return s.speedup
     finally:
         engine.dispose()
+
+
+def test_the_span_of_an_invocation_whose_run_never_ended_stops_at_its_last_request(empty_store):
+    """A bench killed before it could end its run: its span ran to now (a report of it over a year-long period,
+    its traffic per day near zero)."""
+    from telemetry.invocations import invocation_span
+
+    engine = open_store(empty_store)
+    with Session(engine) as s:
+        run = make_run(s, "spec", requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500),
+                                            Req(33, ttft_ms=100, e2e_ms=900, start_s=7.4)], status="running")
+        run.ended_at, run.invocation_id = None, "c" * 32
+        s.commit()
+    assert invocation_span(engine, "c" * 32) == (BASE_TIME, BASE_TIME + timedelta(seconds=8))
+    with pytest.raises(ValueError, match="no run has invocation id"):
+        invocation_span(engine, "d" * 32)

@@ -766,12 +766,19 @@ def test_a_report_of_one_invocation_covers_its_runs_over_its_own_span(sqlite_url
     assert main(_report(sqlite_url, tmp_path, "--period", "custom", "--invocation", "a" * 32, "--since",
                         "2026-11-02T09:00")) == 0
     assert "custom 2026-11-02 09:00:00 to 2026-11-02 09:10:32 UTC" in capsys.readouterr().out
-    # refused before anything is written: an id no run has, a malformed one, and a workload the bench never ran
+    # refused before anything is written: an id no run has, a malformed one, a workload the bench never ran, and
+    # a period that holds none of it (it wrote a report of 'no traffic')
     for extra, said in ((["--invocation", "cccc"], "no invocation id starts with 'cccc'"),
                         (["--invocation", "zz"], "--invocation must be 'latest' or an invocation id"),
-                        (["--invocation", "aaaa", "--workload", "chat"], "no runs with workload 'chat'")):
+                        (["--invocation", "aaaa", "--workload", "chat"], "no runs with workload 'chat'"),
+                        (["--invocation", "aaaa", "--since", "2026-11-02T10:00"],
+                         "--invocation aaaa: it ran from 2026-11-02 09:10:30 to 2026-11-02 09:10:32 UTC; --since "
+                         "2026-11-02T10:00 leaves no time of it to report")):
         assert main(_report(sqlite_url, tmp_path, "--period", "custom", *extra)) == 2, extra
         assert said in capsys.readouterr().err, extra
+    assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", "2026-11-03", "--invocation", "aaaa")) == 2
+    assert ("it ran from 2026-11-02 09:10:30 to 2026-11-02 09:10:32 UTC, outside the period (daily 2026-11-03 00:00 "
+            "to 2026-11-04 00:00 UTC") in capsys.readouterr().err
     assert len(_reports(engine)) == 3
     # a schedule reports the periods to come: it takes no --invocation
     with pytest.raises(SystemExit):

@@ -8,7 +8,6 @@ asserts how long anything took.
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import sys
@@ -154,26 +153,33 @@ def test_missed_run_beyond_grace_is_skipped(store):
 
 def test_the_start_up_line_says_whether_missed_runs_run_or_are_skipped(store, capsys):
     """It said "runs now (missed ...)" of a job whose missed runs APScheduler then skipped (it judges the latest
-    missed time against the grace), and nothing of the earlier missed periods a coalesced run does not report."""
+    missed time against the grace), and nothing of the periods the missed runs would have reported that no run
+    now reports, nor how to write them."""
     from app.commands.scheduler import _say_next_run
 
     url, engine, out = store
-    hourly = parse_cron("0 * * * *")
-    s, _ = _started(engine, _job(url, out, misfire_grace_s=7200), hourly, paused=True)
+    now = datetime(2026, 12, 6, 12, 30, tzinfo=UTC)
+    s, _ = _started(engine, _job(url, out, misfire_grace_s=86_400), parse_cron("0 6 * * *"), paused=True)
     try:
-        s.modify_job("report-daily", next_run_time=datetime.now(UTC) - timedelta(hours=3, minutes=1))
-        _say_next_run(s)  # 4 missed hourly runs, the latest within 2 h: one run now
+        # daily at 06:00, stopped since before Thu Dec 3's run: Dec 3, 4, 5 and 6 missed
+        s.modify_job("report-daily", next_run_time=datetime(2026, 12, 3, 6, 0, tzinfo=UTC))
+        _say_next_run(s, now=now)  # the last, 6.5 h ago, is within a day: one run now, reporting Dec 5
         line = capsys.readouterr().out
-        # 3 or 4 hour marks lie in the last 3 h 01 min, after the first missed time
-        assert "scheduler: job report-daily runs now (missed " in line, line
-        assert re.search(r"; [34] earlier missed runs \(from ", line), line
-        assert "coalesced into it, their periods not reported: `specfinops report --period daily --until DATE`" \
-               in line, line
-        s.modify_job("report-daily", misfire_grace_time=60)  # the latest is over a minute late: skipped
-        _say_next_run(s)
+        assert "scheduler: job report-daily runs now, for 4 runs (from Thu 2026-12-03 06:00 UTC) missed while " \
+               "stopped (the last Sun 2026-12-06 06:00 UTC); no run reports 3 periods from Wed 2026-12-02 00:00 " \
+               f"UTC: `specfinops report --db {url} --period daily --since 2026-12-02T00:00 --out {out}" in line, line
+        assert "writes the first (the others: --since of each)" in line
+        s.modify_job("report-daily", misfire_grace_time=3600)  # the last is over an hour late: skipped
+        _say_next_run(s, now=now)
         line = capsys.readouterr().out
-        assert re.search(r"scheduler: job report-daily missed [45] runs while stopped \(the last ", line), line
-        assert "later than --misfire-grace-s 60: skipped, not reported; next runs " in line and "runs now" not in line
+        assert "scheduler: job report-daily missed 4 runs (from Thu 2026-12-03 06:00 UTC) while stopped, the last " \
+               "(Sun 2026-12-06 06:00 UTC) later than --misfire-grace-s 3600: skipped; next runs Mon 2026-12-07 " \
+               "06:00 UTC; no run reports 4 periods from Wed 2026-12-02 00:00 UTC" in line, line
+        assert "runs now" not in line
+        s.modify_job("report-daily", next_run_time=datetime(2026, 12, 6, 6, 0, tzinfo=UTC), misfire_grace_time=86_400)
+        _say_next_run(s, now=now)  # one missed run, within the grace: it reports its own period, nothing lost
+        assert capsys.readouterr().out.strip() == ("scheduler: job report-daily runs now, for 1 run missed while "
+                                                   "stopped (the last Sun 2026-12-06 06:00 UTC)")
     finally:
         s.shutdown(wait=False)
 

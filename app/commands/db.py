@@ -95,7 +95,7 @@ def _revision_of(url: str) -> str | None:
 
 
 def _schema_of(url: str) -> tuple[str | None, list[str]]:
-    """(the Alembic revision or None, the tables that are not specfinops's), read only. A SQLite file is read
+    """(the Alembic revision or None, a SQLite file's tables that are not specfinops's), read only. A SQLite file is read
     without make_engine's pragmas: they would switch another application's file (or an empty one) to WAL,
     rewriting it, for a command that only looks."""
     from sqlalchemy import create_engine, inspect
@@ -112,7 +112,10 @@ def _schema_of(url: str) -> tuple[str | None, list[str]]:
     try:
         with engine.connect() as conn:
             ours = {*Base.metadata.tables, VERSION_TABLE, JOBS_TABLE}
-            return current_revision(conn), sorted(set(inspect(conn).get_table_names()) - ours)
+            # a server's database may well hold other applications' tables beside a store's: only a SQLite file
+            # of foreign tables is another application's (a store is a file of its own)
+            foreign = sorted(set(inspect(conn).get_table_names()) - ours) if path is not None else []
+            return current_revision(conn), foreign
     except DBAPIError as exc:  # a WAL store in a folder it cannot write its -shm file to: name the folder
         clear = folder_error(path, exc.orig) if path is not None else None
         if clear is None:

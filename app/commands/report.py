@@ -162,9 +162,17 @@ def run(args) -> int:
     if count_runs(engine) == 0:
         raise UsageError(f"the store has no runs to report on; {empty_store_hint(engine)}")
     runs["invocation_id"] = invocation_filter(engine, args.invocation)
-    if from_invocation:
+    if runs["invocation_id"] is not None:
         first, last = invocation_span(engine, runs["invocation_id"])
-        window = _window(args.period, since or first, until or last, runs, options["history"])
+        spans = f"it ran from {first:%Y-%m-%d %H:%M:%S} to {last:%Y-%m-%d %H:%M:%S} UTC"
+        if from_invocation and (since or first) >= (until or last):
+            raise UsageError(f"--invocation {args.invocation}: {spans}; --{'since' if since else 'until'} "
+                             f"{args.since or args.until} leaves no time of it to report")
+        if from_invocation:
+            window = _window(args.period, since or first, until or last, runs, options["history"])
+        elif window.until <= first or window.since >= last:  # a report of nothing it recorded
+            raise UsageError(f"--invocation {args.invocation}: {spans}, outside the period ({window.label()}); "
+                             f"`--period custom --invocation {args.invocation}` reports it over its own span")
     window = replace(window, invocation_id=runs["invocation_id"])
     unknown = unrecorded_names(engine, runs)
     if unknown is not None:

@@ -62,14 +62,16 @@ def register(sub) -> None:
                    help="list the jobs persisted in the store and the reports whose delivery failed, then exit")  # fmt: skip
 
 
-def _say_next_run(scheduler) -> None:
+def _say_next_run(scheduler, now=None) -> None:
     """Once the scheduler has started: when each job runs next. A kept job's may be runs missed while the
     scheduler was down: coalesced into one run at once where the latest missed time is within the job's
     --misfire-grace-s, else skipped (APScheduler's rule, which judges the latest); said either way, with the
-    periods that are then not reported and the command that writes one."""
+    periods the missed times would have reported that no run now reports, and the command that writes one."""
     from datetime import UTC, datetime
 
-    now = datetime.now(UTC)
+    from telemetry.report import period_window
+
+    now = now or datetime.now(UTC)
     fmt = "%a %Y-%m-%d %H:%M"
     for job in scheduler.get_jobs():
         when = job.next_run_time
@@ -83,17 +85,42 @@ def _say_next_run(scheduler) -> None:
         latest, n = missed[-1], len(missed)
         grace = job.misfire_grace_time
         period = job.kwargs.get("period", "daily")
-        catch_up = f"`specfinops report --period {period} --until DATE` writes the report of the period before DATE"
-        if grace is not None and (now - latest).total_seconds() > grace:
-            nxt = job.trigger.get_next_fire_time(latest, now)
-            print(f"scheduler: job {job.id} missed {n} run{'s' if n > 1 else ''} while stopped (the last "
-                  f"{latest:{fmt}} UTC), later than --misfire-grace-s {grace:g}: skipped, not reported"
-                  + (f"; next runs {nxt:{fmt}} UTC" if nxt else "") + f"; {catch_up}", flush=True)
+        skipped = grace is not None and (now - latest).total_seconds() > grace
+        nxt = job.trigger.get_next_fire_time(latest, now) if skipped else None
+        # a run reports the last full period before it runs: the coalesced one now's, a skip leaves it to the next
+        reported = period_window(period, now=now if not skipped else nxt) if (nxt or not skipped) else None
+        lost = sorted({w.since: w for w in (period_window(period, now=t) for t in missed)
+                       if reported is None or w.since != reported.since}.values(), key=lambda w: w.since)
+        times = f"{n} run{'s' if n > 1 else ''}" + (f" (from {missed[0]:{fmt}} UTC)" if n > 1 else "")
+        if skipped:
+            head = (f"scheduler: job {job.id} missed {times} while stopped, the last ({latest:{fmt}} UTC) later "
+                    f"than --misfire-grace-s {grace:g}: skipped" + (f"; next runs {nxt:{fmt}} UTC" if nxt else ""))
         else:
-            earlier = (f"; {n - 1} earlier missed run{'s' if n > 2 else ''} (from {missed[0]:{fmt}} UTC) "
-                       f"coalesced into it, their periods not reported: {catch_up}" if n > 1 else "")
-            print(f"scheduler: job {job.id} runs now (missed {latest:{fmt}} UTC while stopped{earlier})",
-                  flush=True)
+            head = f"scheduler: job {job.id} runs now, for {times} missed while stopped (the last {latest:{fmt}} UTC)"
+        print(head + _unreported_text(lost, job.kwargs), flush=True)
+
+
+def _unreported_text(lost: list, kwargs: dict) -> str:
+    """'; 2 periods no run reports (daily from Wed 2026-12-02 00:00 UTC): `specfinops report ...` writes the
+    first' for the periods missed runs would have reported, with the job's own store, folder and run filters."""
+    import shlex
+
+    if not lost:
+        return ""
+    first = lost[0]
+    argv = ["specfinops", "report", "--db", kwargs.get("db_url"), "--period", first.period, "--since",
+            f"{first.since:%Y-%m-%dT%H:%M}", "--out", kwargs.get("out_dir")]
+    for flag, key in (("--sla-ms", "sla_ms"), ("--history", "history"), ("--daily-tokens", "daily_tokens"),
+                      ("--peak-factor", "peak_factor"), ("--temperature", "temperature"), ("--run-kind", "kind"),
+                      ("--top-p", "top_p"), ("--top-k", "top_k"), ("--max-new-tokens", "max_new_tokens"),
+                      ("--workload", "workload"), ("--target", "target")):
+        value = kwargs.get(key)
+        if value is not None:
+            argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    what = (f"the period {first.span_text()}" if len(lost) == 1
+            else f"{len(lost)} periods from {first.since:%a %Y-%m-%d %H:%M} UTC")
+    return (f"; no run reports {what}: `{shlex.join(str(a) for a in argv)}` writes "
+            + ("it" if len(lost) == 1 else "the first (the others: --since of each)"))
 
 
 def _list_jobs(args) -> int:

@@ -339,13 +339,19 @@ DATA_OPTIONS = ("corpus", "generate_prompts", "stdlib_prompts", "package_prompts
 def resume_record(args, target_dir: Path) -> dict:
     """`TrainConfig.extra` of a run: the target (where it is, and its fingerprint, which a resume must match)
     and the options that choose the data (`DATA_OPTIONS`; --max-new-tokens only where answers are generated)."""
+    from serving.distill.train import BUDGET_GIVEN
+
     generating = any(getattr(args, n, 0) for n in ("generate_prompts", "stdlib_prompts", "package_prompts",
                                                    "self_prompts"))
     data = {n: getattr(args, n, None) for n in DATA_OPTIONS}
     data["corpus"] = [str(Path(c).expanduser().resolve()) for c in args.corpus]
     data["max_new_tokens"] = args.max_new_tokens if generating else None
     data["data_feature_layers"] = list(data["data_feature_layers"] or [])
-    return {"target": str(target_dir.resolve()), "target_fingerprint": target_fingerprint(target_dir), **data}
+    # the budget as given (cfg.minutes becomes the training minutes a --total-minutes budget leaves): what a resume
+    # with another one changes (BUDGET_CHANGED); not compared on resume (train.RESUMABLE_CHANGES)
+    given = {"steps": args.steps, "minutes": args.minutes, "total_minutes": getattr(args, "total_minutes", None)}
+    return {"target": str(target_dir.resolve()), "target_fingerprint": target_fingerprint(target_dir), **data,
+            BUDGET_GIVEN: given}
 
 
 def read_checkpoint(ckpt: Path) -> dict:
@@ -451,8 +457,7 @@ def rerun_note(cfg, steps_trained: int) -> dict:
 
     changed = cfg.extra.get(BUDGET_CHANGED)
     if changed:
-        was = (f"--steps {changed['steps']}" if changed.get("steps") is not None
-               else f"--minutes {changed.get('minutes')}")
+        was = " ".join(f"--{k.replace('_', '-')} {v:g}" for k, v in changed.items() if v is not None) or "its budget"
         return {"matches": "options", "steps_trained": steps_trained,
                 "why": f"resumed from a checkpoint trained toward {was}: the steps before the resume followed that "
                        "budget's learning-rate schedule, so a rerun of this command (one budget from step 0) "
@@ -544,6 +549,7 @@ def run(args) -> int:
     )
     from serving.distill.train import (
         BUDGET_CHANGED,
+        BUDGET_GIVEN,
         TrainConfig,
         TrainingInterrupted,
         measure_c,
@@ -626,9 +632,10 @@ def run(args) -> int:
         del resumed
         # a budget changed on resume: the steps trained so far followed the old one's learning-rate schedule
         # (kept through later resumes: the card's "rerun" must not promise the command reproduces the weights)
-        changed = (saved.get("extra") or {}).get(BUDGET_CHANGED) or (
-            {"steps": saved.get("steps"), "minutes": saved.get("minutes")}
-            if any(k in saved and saved[k] != getattr(cfg, k) for k in ("steps", "minutes")) else None)
+        saved_extra = saved.get("extra") or {}
+        was = saved_extra.get(BUDGET_GIVEN)  # None: a checkpoint from before the budget was recorded as given
+        changed = saved_extra.get(BUDGET_CHANGED) or (was if was is not None and was != cfg.extra[BUDGET_GIVEN]
+                                                      else None)
         if changed:
             cfg.extra[BUDGET_CHANGED] = changed
     elif args.resume and (out / "model_card.json").is_file():

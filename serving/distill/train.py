@@ -58,7 +58,8 @@ class TrainConfig:
 
 # what a resumed run may change: its budget and how often it saves; "target" says where the target was (its
 # fingerprint, in `extra` beside it, is what must match)
-RESUMABLE_CHANGES = ("minutes", "steps", "save_every_s", "target", "budget_changed")
+RESUMABLE_CHANGES = ("minutes", "steps", "save_every_s", "target", "budget_given", "budget_changed")
+BUDGET_GIVEN = "budget_given"  # TrainConfig.extra: --steps / --minutes / --total-minutes as given
 BUDGET_CHANGED = "budget_changed"  # TrainConfig.extra: the budget a resumed run started with, where it differed
 
 
