@@ -397,11 +397,12 @@ class CostK:
 
 
 class BatchGatedK:
-    """Speculate with `inner` only while the running batch is small (vLLM's disable_by_batch_size)."""
+    """Speculate with `inner` only while the running batch is small (vLLM's disable_by_batch_size); 0: never
+    (a sweep where speculation lost at every measured level)."""
 
     def __init__(self, inner: LookaheadPolicy, max_batch_size: int):
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_batch_size < 0:
+            raise ValueError(f"max_batch_size must be >= 0, got {max_batch_size}")
         self.inner, self.max_batch_size = inner, max_batch_size
         self.stop_below = inner.stop_below
         self.name = f"{inner.name}|batch<={max_batch_size}"

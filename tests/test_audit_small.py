@@ -261,6 +261,8 @@ def test_bench_says_when_a_speedup_rests_on_too_few_requests():
     assert small_sample_note(report(28, 28)) is None
     assert "rests on 19 requests" in small_sample_note(report(28, 19))  # the fewer of the two modes
     assert small_sample_note({"runs": report(2, 2)["runs"], "speedup_by_concurrency": {}}) is None  # nothing compared
+    # an interrupted bench's level shows no speedup ('—'): nothing rests on its few requests
+    assert small_sample_note({"runs": report(0, 0)["runs"], "speedup_by_concurrency": {"1": None}}) is None
     # a sweep: a level is its own comparison; turns of one level add up (interleaved turns are runs of one row)
     sweep = report(20, 20, levels=("1", "4"))
     assert small_sample_note(sweep) is None

@@ -115,6 +115,39 @@ def test_spec_max_batch_gates_speculation_in_step_records():
     assert any(e.k == 3 and e.k_reason == "fixed" for e in steps if e.batch_size <= 2)
 
 
+def test_spec_max_batch_auto_does_not_speculate_where_the_sweep_lost_at_every_level(sqlite_url, capsys):
+    """A sweep that lost from concurrency 1 read "crossover at concurrency 1; speculating while <= 1 sequences run":
+    the run speculated exactly where the sweep measured speculation losing."""
+    from types import SimpleNamespace
+
+    from app.commands.bench import resolve_spec_max_batch
+    from serving.drafters import ModelDrafter
+    from serving.engine import Engine
+    from serving.lookahead import BatchGatedK, FixedK
+    from serving.sampling import SamplingParams
+    from tests.tiny import tiny_model
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        ids = [make_run(s, mode, concurrency=conc, requests=[
+            Req(output_tokens=40, e2e_ms=ms) if mode == "ar" else spec_req(40, k=4, accepted=20, e2e_ms=ms)]).id
+               for conc, mode, ms in ((1, "ar", 500.0), (1, "spec", 800.0), (2, "ar", 300.0), (2, "spec", 900.0))]
+        s.commit()
+    record_sweep(engine, node_id="n", device="cpu", target="demo/target-tiny", drafter="demo/draft-tiny",
+                 k_policy="fixed:4", workload="code", dtype="float32", run_ids=ids)
+    loaded = SimpleNamespace(target_dir="demo/target-tiny", drafter_label="demo/draft-tiny")
+    assert resolve_spec_max_batch("auto", sqlite_url, loaded) == 0
+    assert "speculation paid at no measured level (it lost from concurrency 1); not speculating" \
+        in capsys.readouterr().err
+    target, events = tiny_model(0), []
+    gen = Engine(target, drafter=ModelDrafter(target, "self", slots=1, max_len=100),
+                 policy=BatchGatedK(FixedK(3), max_batch_size=0), max_batch=1, max_len=80, on_step=events.append)
+    gen.add([1, 2, 3], SamplingParams(max_new_tokens=8))
+    while gen.running:
+        gen.step()
+    assert {(e.k, e.k_reason) for e in events if e.step_index >= 0} == {(0, "batch-gated")}
+
+
 def test_sweep_points_refuse_runs_of_two_temperatures(sqlite_url):
     """AR at temperature 0 and spec at 0.8 at one level used to make one point (a 'speedup' of neither); so did
     a load test's runs with a bench's. A sweep's runs must share temperature and run kind."""

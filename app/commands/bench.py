@@ -380,7 +380,11 @@ def resolve_spec_max_batch(gate: str, db_url: str | None, loaded) -> int | None:
     if sweep.crossover_concurrency is None:
         print(f"sweep {sweep.id}: speculation paid at every measured level; not gated", file=sys.stderr)
         return None
-    limit = max(1, sweep.crossover_concurrency - 1)
+    limit = sweep.crossover_concurrency - 1
+    if limit < 1:  # it lost at the lowest level measured: speculating there is what the sweep measured losing
+        print(f"sweep {sweep.id}: speculation paid at no measured level (it lost from concurrency "
+              f"{sweep.crossover_concurrency}); not speculating: every step decodes as AR", file=sys.stderr)
+        return 0
     print(f"sweep {sweep.id}: crossover at concurrency {sweep.crossover_concurrency}; "
           f"speculating while <= {limit} sequences run", file=sys.stderr)
     return limit
@@ -755,7 +759,9 @@ def small_sample_note(report: dict) -> str | None:
     from telemetry.costing import MIN_STABLE_REQUESTS
 
     counts = {}
-    for level in report["speedup_by_concurrency"]:
+    for level, speedup in report["speedup_by_concurrency"].items():
+        if speedup is None:  # no speedup shown at this level (interrupted, a mode missing): nothing rests on it
+            continue
         for run in report["runs"]:
             if str(run["concurrency"]) == level:
                 counts[(level, run["mode"])] = counts.get((level, run["mode"]), 0) + len(run["requests"])
