@@ -140,7 +140,7 @@ def test_the_cli_selects_and_says_when_nothing_matches(store, db_url, capsys):
     out, err = capsys.readouterr()
     assert out.strip().startswith("step_id") and len(out.strip().splitlines()) == 1
     assert "no steps rows: none in the time window (at or after 2099-01-01 00:00:00 UTC); the selection's " \
-           "requests started from" in err, err
+           "requests with steps started from" in err, err
     # a selector no run in the store matches: refused as `cost` refuses it, nothing written
     assert main(["export", "--db", db_url, "--what", "steps", "--workload", "nothing-here", "--out", "-"]) == 2
     out, err = capsys.readouterr()
