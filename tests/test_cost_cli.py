@@ -718,3 +718,18 @@ def test_target_by_its_name_selects_every_folder_of_that_model(db_url, capsys):
     assert len(capsys.readouterr().out.strip().splitlines()) == 2  # header + run 2
     assert main(["export", "--db", db_url, "--what", "cost", "--out", "-", "--target", "m_1", "--run", "3"]) == 0
     assert "run 3 does not match the selection" in capsys.readouterr().err
+
+
+def test_a_run_without_output_tokens_has_no_energy_figure_not_an_unmeasured_one(sqlite_url, capsys):
+    """A spec run cancelled before its first token, recorded with estimated power, read 'energy not measured':
+    its power was measured (estimated); there are no tokens to spread it over."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        make_run(s, "spec", power_source="estimate", status="cancelled", power_w=[50.0, 50.0],
+                 requests=[Req(0, ttft_ms=None, e2e_ms=None, status="cancelled")])
+        s.commit()
+    assert main(["cost", "--db", sqlite_url]) == 0
+    out = capsys.readouterr().out
+    assert "spec  run 2: 0 tokens, n/a tokens/s, hardware n/a + energy n/a = n/a (no output tokens)" in out, out
+    assert "energy not measured = $" in out  # the AR run, which measured no power, still says so

@@ -246,6 +246,8 @@ def _energy_text(c, runs=None) -> str:
     )
 
     if c.energy_usd_per_1m is None:
+        if c.tokens == 0:  # nothing to spread energy over (a run cancelled before its first token): not unmeasured
+            return "n/a"
         if c.reason == ENERGY_OTHER_HARDWARE:
             return "left out (other hw)"
         return "partial (some requests)" if c.reason and SOME_REQUESTS in c.reason else "not measured"
