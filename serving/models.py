@@ -165,11 +165,17 @@ def _fetch_and_convert(out: Path, say) -> None:
             shutil.rmtree(staging, ignore_errors=True)  # gone once renamed; what a failure left otherwise
 
 
+def current_umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _modes_as_umask(folder: Path) -> None:
     """Give `folder` and the files in it the modes a new folder and file get here (0777 / 0666 less the umask),
     as a model directory written in place would have, not mkdtemp's / mkstemp's owner-only ones."""
-    mask = os.umask(0o022)
-    os.umask(mask)
+    mask = current_umask()
     folder.chmod(0o777 & ~mask)
     for f in folder.rglob("*"):
         f.chmod((0o777 if f.is_dir() else 0o666) & ~mask)

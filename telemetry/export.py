@@ -397,8 +397,8 @@ def _outside_window_reason(engine: Engine, what: str, window: ExportWindow) -> s
 
     bounds = (f"at or after {when(window.since)}" if window.until is None else f"before {when(window.until)}"
               if window.since is None else f"from {when(window.since)} to {when(window.until)}")
-    span = f"from {when(first)} to {when(last)}" if when(first) != when(last) else f"at {when(first)}"
-    return f"none in the time window ({bounds}); the selection's {noun} {span}"
+    lies = f"from {when(first)} to {when(last)}" if when(first) != when(last) else f"at {when(first)}"
+    return f"none in the time window ({bounds}); the selection's {noun} {lies}"
 
 
 def write_csv(

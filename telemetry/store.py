@@ -170,18 +170,22 @@ class NoStoreError(StoreError):
         self.path = path
 
 
+def foreign_tables_text(tables: list[str]) -> str:
+    """'its table foo is not specfinops's' / 'its 3 tables (a, b, c) are not specfinops's' (five named at most)."""
+    names = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+    return (f"its table {names} is not specfinops's" if len(tables) == 1
+            else f"its {len(tables)} tables ({names}) are not specfinops's")
+
+
 class NotAStoreError(NoStoreError):
     """A command that only reads was pointed at a database that holds no specfinops store (an empty database, or
     another application's): it is refused, not given the specfinops tables. `path` is the database as shown
     (a SQLite file, or the URL with its password masked)."""
 
     def __init__(self, shown: str, other_tables: list[str], *, server: bool = False, emptied: bool = False):
-        n = len(other_tables)
-        names = ", ".join(other_tables[:5]) + (", ..." if n > 5 else "")
         none = ("it has no specfinops tables (only an empty version table, as `specfinops db downgrade base` "
                 "leaves)" if emptied else "it has no tables")  # fmt: skip
-        others = (f"its table {names} is not specfinops's" if n == 1 else
-                  f"its {n} tables ({names}) are not specfinops's" if n else none)  # fmt: skip
+        others = foreign_tables_text(other_tables) if other_tables else none
         db = "URL" if server else shown  # a server's URL is named once, its password masked
         StoreError.__init__(
             self,

@@ -379,15 +379,11 @@ def model_option(flag: str, value: str | None, role: str):
 
 
 def _is_feature_draft(path) -> bool:
-    """Whether a model directory holds a specfinops feature draft (config.json's model_type)."""
-    from serving.models import read_config
+    """Whether a model directory holds a specfinops feature draft; a config.json that does not read is left to
+    loading, which names what is wrong with it."""
+    from serving.eagle import is_eagle_dir
 
     try:
-        kind = read_config(path).get("model_type")
-    except ValueError:  # loading names what is wrong with it
+        return is_eagle_dir(path)
+    except ValueError:
         return False
-    if not isinstance(kind, str) or not kind.startswith("specfinops"):
-        return False
-    from serving.eagle import MODEL_TYPE
-
-    return kind == MODEL_TYPE

@@ -125,19 +125,12 @@ def _schema_of(url: str) -> tuple[str | None, list[str]]:
         engine.dispose()
 
 
-def _foreign_text(tables: list[str]) -> str:
-    """'its table foo is not specfinops's' / 'its 3 tables (a, b, c) are not specfinops's'."""
-    names = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
-    return (f"its table {names} is not specfinops's" if len(tables) == 1
-            else f"its {len(tables)} tables ({names}) are not specfinops's")
-
-
 def _refuse_behind_head(args: argparse.Namespace, action: str) -> None:
     """`check` of a database without the newest schema (none at all, or an older revision): say so and name the
     upgrade, on SQLite and PostgreSQL alike (Alembic says only "Target database is not up to date.")."""
     from app.errors import UsageError
     from telemetry.db import resolve_db_url, sqlite_file
-    from telemetry.store import head_revision, known_revisions
+    from telemetry.store import foreign_tables_text, head_revision, known_revisions
 
     url = resolve_db_url(args.db)
     rev, foreign = _schema_of(url)
@@ -145,7 +138,7 @@ def _refuse_behind_head(args: argparse.Namespace, action: str) -> None:
     if rev == head or (rev and rev not in known_revisions()):  # a newer specfinops's revision: Alembic says so
         return
     if not rev and foreign:  # another application's database: not one to bring up to date
-        raise UsageError(f"{action} on {_safe_url(url)}: not a specfinops store: {_foreign_text(foreign)}; "
+        raise UsageError(f"{action} on {_safe_url(url)}: not a specfinops store: {foreign_tables_text(foreign)}; "
                          "check --db / SPECFINOPS_DB_URL")
     path = sqlite_file(url)
     upgrade = "specfinops db upgrade" + ("" if args.db is None else f" --db {path or _runnable_url(url)}")
@@ -250,7 +243,7 @@ def _current(args: argparse.Namespace) -> int:
     from telemetry.db import resolve_db_url, sqlite_file
 
     _db_option(args)
-    from telemetry.store import head_revision, known_revisions
+    from telemetry.store import foreign_tables_text, head_revision, known_revisions
 
     url = resolve_db_url(args.db)
     path = sqlite_file(url)
@@ -259,7 +252,7 @@ def _current(args: argparse.Namespace) -> int:
         return 0
     rev, foreign = _schema_of(url)
     head = head_revision()
-    state = (f"no schema; not a specfinops store: {_foreign_text(foreign)}" if not rev and foreign
+    state = (f"no schema; not a specfinops store: {foreign_tables_text(foreign)}" if not rev and foreign
              else "no schema" if not rev else "at head" if rev == head else "behind head" if rev in known_revisions()
              else "unknown revision: written by a newer specfinops?")
     print(f"{_safe_url(url)}: revision {rev or '(none)'}, head {head} ({state})")

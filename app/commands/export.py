@@ -148,9 +148,9 @@ def _write_file(out: str, write: Callable[[TextIO], int]) -> int:
 
 
 def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+    from serving.models import current_umask
+
+    return current_umask()
 
 
 def run(args) -> int:

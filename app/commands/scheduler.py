@@ -88,7 +88,8 @@ def _say_next_run(scheduler, now=None) -> None:
         skipped = grace is not None and (now - latest).total_seconds() > grace
         nxt = job.trigger.get_next_fire_time(latest, now) if skipped else None
         # a run reports the last full period before it runs: the coalesced one now's, a skip leaves it to the next
-        reported = period_window(period, now=now if not skipped else nxt) if (nxt or not skipped) else None
+        runs_at = nxt if skipped else now
+        reported = period_window(period, now=runs_at) if runs_at is not None else None
         lost = sorted({w.since: w for w in (period_window(period, now=t) for t in missed)
                        if reported is None or w.since != reported.since}.values(), key=lambda w: w.since)
         times = f"{n} run{'s' if n > 1 else ''}" + (f" (from {missed[0]:{fmt}} UTC)" if n > 1 else "")

@@ -126,10 +126,9 @@ def _say(msg: str) -> None:
 
 
 def _umask() -> int:
-    """The process's umask (read by setting it and putting it back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+    from serving.models import current_umask
+
+    return current_umask()
 
 
 def save_draft(draft, out: Path, extra: dict) -> None:
