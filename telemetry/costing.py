@@ -31,6 +31,7 @@ from telemetry.prices import (
     NodePrice,
     PriceCatalog,
     _snapshot_price,
+    device_gpus,
     energy_prices,
     get_price,
     load_catalog,
@@ -236,9 +237,9 @@ def _energy_prices(engine: Engine, snapshot: dict | None, usd_per_kwh: float | N
 
 def _price_run(engine: Engine, run: RunSummary, gpu, node_hourly_usd, usd_per_kwh, pue,
                catalog: PriceCatalog | None = None) -> RunCost:
-    price = resolve_node_price(
+    price = resolve_node_price(  # a GPU price (--gpu) counts each GPU the run's device spans
         engine, device=run.device, price_snapshot=run.price_snapshot, gpu=gpu, node_hourly_usd=node_hourly_usd,
-        catalog=catalog,
+        gpus_per_node=device_gpus(run.device), catalog=catalog,
     )
     kwh_price, pue_value = _energy_prices(engine, run.price_snapshot, usd_per_kwh, pue, catalog)
     st = run.stats
@@ -359,8 +360,9 @@ def costs(
     usd_per_kwh: float | None = None,
     pue: float | None = None,
 ) -> tuple[list[RunCost], list[ModeCost]]:
-    """Cost per 1M output tokens per run and per mode. Node price: `node_hourly_usd` > `gpu` (one GPU per
-    run) > the run's price snapshot > the catalog entry of the run's device."""
+    """Cost per 1M output tokens per run and per mode. Node price: `node_hourly_usd` > `gpu` (times the GPUs
+    of the run's device) > the run's price snapshot > the catalog entry of the run's device (times its units:
+    prices.device_units)."""
     runs = run_summaries(engine, filters)
     catalog = load_catalog(engine) if runs else None  # the price table read once, not a few queries per run
     run_costs = [_price_run(engine, r, gpu, node_hourly_usd, usd_per_kwh, pue, catalog) for r in runs]
@@ -671,7 +673,9 @@ class StoreProjection:
     # ... and partly: its capacity configuration pools runs of an estimated and a metered power source
     energy_partly_estimated_ar: bool = False
     energy_partly_estimated_spec: bool = False
-    gpus_per_node: int = 1  # a node holds this many replicas of the measured device (capacity x this)
+    gpus_per_node: int = 1  # the GPUs of a node (priced as this many x the GPU price)
+    replicas_per_node: int = 1  # a node holds this many replicas of the measured device (capacity x this)
+    device_gpus: int = 1  # the GPUs the measured device spans (a vLLM run with tensor parallelism: several)
     # priced as other hardware than measured while the runs measured energy: that energy is left out
     energy_left_out: bool = False
     energy_prices_from: str = ""  # where usd_per_kwh and pue come from, in words
@@ -686,11 +690,12 @@ class StoreProjection:
     @property
     def replica_note(self) -> str | None:
         """What a node of several GPUs means here; None for one."""
-        n = self.gpus_per_node
-        if n == 1:
+        n, r = self.gpus_per_node, self.replicas_per_node
+        if r == 1:
             return None
-        return (f"capacity per node = {n} x the measured device (a node of {n} GPUs holds {n} replicas of it; "
-                "the measured tokens/s are per device)")
+        each = "GPU" if self.device_gpus == 1 else f"{self.device_gpus} GPUs"
+        return (f"capacity per node = {r} x the measured device (a node of {n} GPUs holds {r} replicas of it; "
+                f"the measured tokens/s are per device, {each})")
 
     def sla_curve(self) -> list[SlaPoint]:
         """This projection's traffic and node price at every SLA where the answer can change."""
@@ -733,10 +738,11 @@ class StoreProjection:
                 "capacity_basis": "highest measured tokens/s of one configuration (its runs pooled: tokens "
                 "over their summed wall time, p95 TPOT over all of their requests; aggregate over its "
                 "concurrency) whose p95 TPOT meets the SLA, "
-                + ("taken as one node" if self.gpus_per_node == 1 else
-                   f"times {self.gpus_per_node}: a node of {self.gpus_per_node} GPUs holds "
-                   f"{self.gpus_per_node} replicas of the measured device"),
+                + ("taken as one node" if self.replicas_per_node == 1 else
+                   f"times {self.replicas_per_node}: a node of {self.gpus_per_node} GPUs holds "
+                   f"{self.replicas_per_node} replicas of the measured device"),
                 "gpus_per_node": self.gpus_per_node,
+                "replicas_per_node": self.replicas_per_node,
                 "capacity_run_ar": self.capacity_run_ar,
                 "capacity_run_spec": self.capacity_run_spec,
                 "capacity_runs_ar": list(self.capacity_runs_ar),
@@ -806,6 +812,20 @@ def _run_snapshots(engine: Engine, run_ids: list[int]) -> list[dict | None]:
         return list(c.execute(select(Run.price_snapshot).where(Run.id.in_(run_ids))).scalars())
 
 
+def _node_gpus(device: str, gpus_per_node: int, gpu: str | None) -> tuple[int, int]:
+    """(GPUs of a node, replicas of the measured device it holds). The measured device may span several GPUs (a
+    vLLM run with tensor parallelism: prices.device_gpus); a node holds whole replicas of it, so GPUs per node
+    is a multiple of the device's GPUs, and left at 1 (or without a GPU price) the node is the device itself.
+    ValueError naming --gpus-per-node when a node cannot hold a whole replica."""
+    spans = device_gpus(device)
+    if gpu is None or gpus_per_node == 1:
+        return spans, 1
+    if gpus_per_node % spans:
+        raise ValueError(f"GPUs per node (--gpus-per-node {gpus_per_node}) must be a multiple of the {spans} GPUs "
+                         f"the measured device spans ({device!r}): a node holds whole replicas of it")
+    return gpus_per_node, gpus_per_node // spans
+
+
 def _projection_price(engine: Engine, snapshots: list[dict | None], device: str, gpu: str | None,
                       gpus_per_node: int, node_hourly_usd: float | None) -> NodePrice:
     """The node price of a projection: `node_hourly_usd` > `gpu` x `gpus_per_node` > the runs' recorded price
@@ -813,7 +833,7 @@ def _projection_price(engine: Engine, snapshots: list[dict | None], device: str,
     each run. ValueError with the flags to give when nothing prices it."""
     snapshot = None
     if gpu is None and node_hourly_usd is None:
-        recorded = {_snapshot_price(snap) for snap in snapshots}
+        recorded = {_snapshot_price(snap, device) for snap in snapshots}
         if len(recorded) == 1 and None not in recorded:
             snapshot = snapshots[0]
     try:
@@ -894,6 +914,7 @@ def project_from_store(
         raise ValueError(f"no measured runs with output tokens{said}; {empty_store_hint(engine)}")
     comparison, configs = comparable_group(configs)
     devices = tuple(sorted({c.device for c in configs}))
+    gpus_per_node, replicas = _node_gpus(devices[0], gpus_per_node, gpu)
     run_ids = [i for c in configs for i in c.run_ids]
     snapshots = _run_snapshots(engine, run_ids)
     price = _projection_price(engine, snapshots, devices[0], gpu, gpus_per_node, node_hourly_usd)
@@ -901,8 +922,8 @@ def project_from_store(
     differs = any(price.differs_from(d) for d in devices)
     by_mode = {m: [c for c in configs if c.mode == m] for m in MODES}
     cap_configs = {m: _capacity_config(by_mode[m], sla_ms) for m in MODES}
-    # per node: gpus_per_node replicas of the measured device, each at its measured tokens/s and p95 TPOT
-    points = {m: tuple((None if c.stats.tokens_per_s is None else c.stats.tokens_per_s * gpus_per_node,
+    # per node: `replicas` of the measured device, each at its measured tokens/s and p95 TPOT
+    points = {m: tuple((None if c.stats.tokens_per_s is None else c.stats.tokens_per_s * replicas,
                         c.stats.tpot_p95_ms) for c in by_mode[m]) for m in MODES}
 
     def j_per_token(m: str) -> float | None:
@@ -952,6 +973,8 @@ def project_from_store(
         points_ar=points["ar"],
         points_spec=points["spec"],
         gpus_per_node=gpus_per_node,
+        replicas_per_node=replicas,
+        device_gpus=device_gpus(devices[0]),
         energy_left_out=differs and any(c.stats.energy_j is not None for c in configs),
         energy_prices_from=energy_prices_from,
         comparison=comparison,

@@ -11,6 +11,8 @@ Public API:
     check_price(name, value, *, source, kind=None, as_of=None) -> (value, as_of)   # before opening a store
     set_price(engine, name, value, *, source, kind=None, as_of=None) -> PriceEntry
     catalog_name_for_device(device) -> str | None    # "NVIDIA H100 80GB HBM3" -> "H100", "cpu (2 cores)" -> "cpu-2core"
+    device_units(device) -> int   # the entry's units a device is: "... x 8 (tp 8)" -> 8 GPUs, "cpu (16 threads)" -> 8
+    device_gpus(device) -> int    # the GPUs a device spans: "... x 8 (tp 8)" -> 8, else 1
     gpu_chip(device_or_entry_name) -> str | None   # "H100-SXM", "NVIDIA H100 80GB HBM3" -> "H100"; "H100 x8" -> None
     resolve_node_price(engine, *, device, price_snapshot=None, gpu=None, gpus_per_node=1,
                        node_hourly_usd=None, catalog=None) -> NodePrice
@@ -90,7 +92,8 @@ class NodePrice:
         measured = catalog_name_for_device(device)
         if measured is not None and self.catalog_name.lower() == measured.lower():
             return False  # the device's own catalog entry
-        chip = gpu_chip(device)  # another price of the same one GPU (H100-SXM, my-h100-reserved for an H100)
+        # another price of the same GPU (H100-SXM, my-h100-reserved for an H100; each GPU of a vLLM "x 8 (tp 8)")
+        chip = gpu_chip(_DEVICE_GPUS.sub("", device or ""))
         return chip is None or chip != gpu_chip(self.catalog_name)
 
 
@@ -321,6 +324,34 @@ def catalog_name_for_device(device: str) -> str | None:
     return None
 
 
+# How much hardware one recorded device is. A vLLM run over several GPUs records "cuda: NVIDIA H100 80GB HBM3 x 8
+# (tp 8)": 8 GPUs, each priced by the per-GPU entry. A CPU run records its threads, "cpu: AMD EPYC (16 threads)":
+# the cpu-2core entry prices 2 of them (a 2-vCPU node; cloud CPU prices scale with vCPUs), so 16 threads are 8 of
+# its nodes. A CPU device without a count ("cpu") is one such node.
+_DEVICE_GPUS = re.compile(r"\sx\s*(\d+)\s*\(tp\s*\d+\)\s*$", re.I)
+_CPU_THREADS = re.compile(r"^\s*cpu\b.*\((\d+)\s*(?:threads?|cores?)\)", re.I)
+CPU_NODE_THREADS = 2  # the threads the cpu-2core entry prices
+
+
+def device_gpus(device: str) -> int:
+    """The GPUs one recorded device spans: 8 for a vLLM "... x 8 (tp 8)", else 1."""
+    m = _DEVICE_GPUS.search(device or "")
+    return max(1, int(m.group(1))) if m else 1
+
+
+def device_units(device: str) -> int:
+    """How many of its catalog entry's units a recorded device is (the entry's price is per unit): its GPUs
+    (device_gpus), or for a CPU its threads in CPU_NODE_THREADS-thread nodes, rounded up."""
+    m = _CPU_THREADS.search(device or "")
+    if m:
+        return max(1, -(-int(m.group(1)) // CPU_NODE_THREADS))
+    return device_gpus(device)
+
+
+def _times(name: str, units: int) -> str:
+    return name if units == 1 else f"{name} x{units}"
+
+
 def price_snapshot(catalog: PriceCatalog, device: str, taken_at: datetime | None = None) -> dict:
     """The prices in force for a run on `device`, as the run records them as it starts (runs.price_snapshot):
     {"name": catalog entry pricing the device, "node_hourly_usd": its value, "usd_per_kwh", "pue",
@@ -334,7 +365,8 @@ def price_snapshot(catalog: PriceCatalog, device: str, taken_at: datetime | None
         except ValueError:
             entry = None
         if entry is not None and entry.unit == "usd_per_hour" and entry.value > 0:
-            snap.update(name=entry.name, node_hourly_usd=entry.value)
+            units = device_units(device)  # node_hourly_usd prices the whole device: `units` x the entry
+            snap.update(name=entry.name, units=units, node_hourly_usd=entry.value * units)
     usd_per_kwh, pue = catalog.energy_prices()
     when = (taken_at or datetime.now(UTC)).astimezone(UTC)
     snap.update(usd_per_kwh=usd_per_kwh, pue=pue, taken_at=when.isoformat())
@@ -350,15 +382,23 @@ def snapshot_energy(snapshot: dict | None, key: str) -> float | None:
     return float(v) if v >= (1 if key == "pue" else 0) else None
 
 
-def _snapshot_price(snapshot: dict | None) -> NodePrice | None:
-    """A run's recorded price snapshot: {"node_hourly_usd": x, "name": ...} (or "usd_per_hour")."""
+def _snapshot_price(snapshot: dict | None, device: str = "") -> NodePrice | None:
+    """A run's recorded price snapshot: {"node_hourly_usd": x, "name": ..., "units": n} (or "usd_per_hour").
+    node_hourly_usd prices the whole device, `units` of the entry `name`. A snapshot without "units" (taken
+    before they were counted) holds one unit's price: where it is the price of the device's own entry, it is
+    scaled to the device's units (device_units), as a snapshot taken now would be."""
     if not isinstance(snapshot, dict):
         return None
     value = snapshot.get("node_hourly_usd", snapshot.get("usd_per_hour"))
     if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
         return None
     name = snapshot.get("name") or snapshot.get("priced_as")
-    label = f"run price snapshot ({name})" if name else "run price snapshot"
+    units = snapshot.get("units")
+    if isinstance(units, bool) or not isinstance(units, int) or units < 1:
+        own = name is not None and str(name).lower() == (catalog_name_for_device(device) or "").lower()
+        units = device_units(device) if own else 1
+        value = value * units
+    label = f"run price snapshot ({_times(str(name), units)})" if name else "run price snapshot"
     return NodePrice(float(value), label, "snapshot", str(name) if name else None)
 
 
@@ -386,9 +426,9 @@ def resolve_node_price(
         if entry.unit != "usd_per_hour":
             raise ValueError(f"--gpu {gpu!r} names the {entry.kind} price ({entry.unit}), not an hourly GPU "
                              "or node price")  # fmt: skip
-        label = entry.name if gpus_per_node == 1 else f"{entry.name} x{gpus_per_node}"
-        return NodePrice(entry.value * gpus_per_node, label, "gpu", entry.name)
-    snap = _snapshot_price(price_snapshot)
+        n = gpus_per_node if entry.kind == "gpu" else 1  # a node entry prices a whole node already
+        return NodePrice(entry.value * n, _times(entry.name, n), "gpu", entry.name)
+    snap = _snapshot_price(price_snapshot, device)
     if snap is not None:
         return snap
     name = catalog_name_for_device(device)
@@ -397,7 +437,8 @@ def resolve_node_price(
             f"no catalog price matches device {device!r}; pass --gpu NAME or --node-hourly-usd X"
         )
     entry = _lookup(engine, catalog, name)
-    return NodePrice(entry.value, entry.name, "catalog", entry.name)
+    units = device_units(device)
+    return NodePrice(entry.value * units, _times(entry.name, units), "catalog", entry.name)
 
 
 def energy_prices(engine: Engine, catalog: PriceCatalog | None = None) -> tuple[float, float]:

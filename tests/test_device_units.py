@@ -1,0 +1,113 @@
+"""A recorded device is priced as the hardware it is: a vLLM run over 8 GPUs (tensor parallel) as 8 GPUs, a CPU
+run of 16 threads as 8 of the 2-vCPU catalog nodes, in its price snapshot, in `cost` and in `project` (where a
+node holds whole replicas of the measured device)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy.orm import Session
+from synthetic import Req, make_run, spec_req
+
+from app.cli import main
+from telemetry.costing import costs, project_from_store
+from telemetry.prices import (
+    device_gpus,
+    device_units,
+    load_catalog,
+    price_snapshot,
+    resolve_node_price,
+)
+from telemetry.store import open_store
+
+TP8 = "cuda: NVIDIA H100 80GB HBM3 x 8 (tp 8)"
+CPU16 = "cpu: AMD EPYC (16 threads)"
+
+
+@pytest.mark.parametrize(
+    ("device", "gpus", "units"),
+    [
+        (TP8, 8, 8),
+        ("cuda: NVIDIA H100 80GB HBM3 x 1 (tp 1)", 1, 1),
+        ("NVIDIA H100 80GB HBM3", 1, 1),
+        (CPU16, 1, 8),
+        ("cpu: AMD EPYC (2 threads)", 1, 1),
+        ("cpu: AMD EPYC (1 threads)", 1, 1),
+        ("cpu: Intel Xeon (3 threads)", 1, 2),
+        ("cpu (2 cores)", 1, 1),
+        ("cpu", 1, 1),
+        ("vllm: device unknown (4 workers)", 1, 1),
+    ],
+)
+def test_device_units_count_the_hardware_a_device_string_names(device, gpus, units):
+    assert device_gpus(device) == gpus
+    assert device_units(device) == units
+
+
+def test_the_snapshot_and_the_catalog_price_the_whole_device(sqlite_url):
+    engine = open_store(sqlite_url)
+    catalog = load_catalog(engine)
+    h100 = catalog.get("H100").value
+    cpu = catalog.get("cpu-2core").value
+    snap = price_snapshot(catalog, TP8)
+    assert (snap["name"], snap["units"]) == ("H100", 8) and snap["node_hourly_usd"] == pytest.approx(8 * h100)
+    assert price_snapshot(catalog, CPU16)["node_hourly_usd"] == pytest.approx(8 * cpu)
+    assert price_snapshot(catalog, "cpu (2 cores)")["node_hourly_usd"] == pytest.approx(cpu)
+    for price in (resolve_node_price(engine, device=TP8, price_snapshot=snap),
+                  resolve_node_price(engine, device=TP8, catalog=catalog)):
+        assert price.usd_per_hour == pytest.approx(8 * h100) and "H100 x8" in price.priced_as
+        assert not price.differs_from(TP8)  # its own hardware: the measured energy stays in
+    # a snapshot taken before units were recorded held one GPU's price: scaled to the device's GPUs
+    old = {"name": "H100", "node_hourly_usd": h100, "usd_per_kwh": 0.13, "pue": 1.2}
+    assert resolve_node_price(engine, device=TP8, price_snapshot=old).usd_per_hour == pytest.approx(8 * h100)
+    # ... but not a price the device's own entry does not name (a user's whole-node quote)
+    quote = {"name": "my-8gpu-node", "node_hourly_usd": 40.0}
+    assert resolve_node_price(engine, device=TP8, price_snapshot=quote).usd_per_hour == 40.0
+    # --gpu prices each GPU of the device; a node entry is a whole node already
+    assert resolve_node_price(engine, device=TP8, gpu="H100-SXM", gpus_per_node=8).usd_per_hour == pytest.approx(
+        8 * catalog.get("H100-SXM").value)
+    assert not resolve_node_price(engine, device=TP8, gpu="H100-SXM", gpus_per_node=8).differs_from(TP8)
+    assert resolve_node_price(engine, device=TP8, gpu="cpu-2core", gpus_per_node=8).usd_per_hour == cpu
+
+
+def _tp8_store(url: str) -> None:
+    engine = open_store(url)
+    with Session(engine) as s:  # AR 10 tokens/s, spec 20 tokens/s, each over 10 s, on one 8-GPU replica
+        make_run(s, "ar", device=TP8, backend="vllm", requests=[Req(100, ttft_ms=100, e2e_ms=10_000)])
+        make_run(s, "spec", device=TP8, backend="vllm",
+                 requests=[spec_req(200, 4, 150, ttft_ms=100, e2e_ms=10_000)])
+        s.commit()
+
+
+def test_cost_prices_a_tensor_parallel_run_as_all_its_gpus(sqlite_url, capsys):
+    _tp8_store(sqlite_url)
+    engine = open_store(sqlite_url)
+    h100 = load_catalog(engine).get("H100").value
+    run_costs, _ = costs(engine)
+    assert [rc.node_price.usd_per_hour for rc in run_costs] == pytest.approx([8 * h100] * 2)
+    # AR: 100 tokens in 10 s on 8 GPUs
+    ar = next(rc for rc in run_costs if rc.run.mode == "ar")
+    assert ar.cost.hardware_usd_per_1m == pytest.approx(8 * h100 * 10 / 3600 / 100 * 1e6)
+    assert main(["cost", "--db", sqlite_url, "--gpu", "H100", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["node_hourly_usd"] for r in out["runs"]] == pytest.approx([8 * h100] * 2)
+
+
+def test_project_holds_whole_replicas_of_a_multi_gpu_device(sqlite_url, capsys):
+    _tp8_store(sqlite_url)
+    engine = open_store(sqlite_url)
+    h100 = load_catalog(engine).get("H100").value
+    kw = {"daily_tokens": 8.64e6, "peak_factor": 1.6, "sla_ms": 200.0}  # 160 tokens/s at peak
+    for given, gpus, replicas, nodes_ar in ((None, 8, 1, 16), (1, 8, 1, 16), (8, 8, 1, 16), (16, 16, 2, 8)):
+        extra = {} if given is None else {"gpu": "H100", "gpus_per_node": given}
+        sp = project_from_store(engine, **kw, **extra)
+        assert (sp.gpus_per_node, sp.replicas_per_node) == (gpus, replicas)
+        assert sp.projection.node_hourly_usd == pytest.approx(gpus * h100)
+        assert sp.projection.nodes_ar == nodes_ar
+    with pytest.raises(ValueError, match="multiple of the 8 GPUs"):
+        project_from_store(engine, gpu="H100", gpus_per_node=4, **kw)
+    assert main(["project", "--db", sqlite_url, "--daily-tokens", "8.64e6", "--peak-factor", "1.6",
+                 "--p95-tpot-sla-ms", "200", "--gpu", "H100", "--gpus-per-node", "12"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpus-per-node 12" in err and "multiple of the 8 GPUs" in err
