@@ -30,6 +30,7 @@ from telemetry.finops import (
 from telemetry.prices import (
     NodePrice,
     PriceCatalog,
+    NoPriceError,
     _snapshot_price,
     device_gpus,
     energy_prices,
@@ -365,11 +366,31 @@ def costs(
     prices.device_units)."""
     runs = run_summaries(engine, filters)
     catalog = load_catalog(engine) if runs else None  # the price table read once, not a few queries per run
-    run_costs = [_price_run(engine, r, gpu, node_hourly_usd, usd_per_kwh, pue, catalog) for r in runs]
+    run_costs, unpriced = [], defaultdict(list)
+    for r in runs:
+        try:
+            run_costs.append(_price_run(engine, r, gpu, node_hourly_usd, usd_per_kwh, pue, catalog))
+        except NoPriceError:
+            unpriced[r.device].append(r.run_id)
+    if unpriced:
+        raise NoPriceError(unpriced_text(unpriced))
     by_mode: dict[str, list[RunCost]] = defaultdict(list)
     for rc in run_costs:
         by_mode[rc.run.mode].append(rc)
     return run_costs, [_mode_cost(m, by_mode[m]) for m in MODES if by_mode.get(m)]
+
+
+def unpriced_text(unpriced: dict[str, list[int]]) -> str:
+    """Why `costs` cannot price the runs in view: the runs no price covers, by device, and the ways to price
+    them (ends with the flags hint the dashboard puts in its own words)."""
+    parts = []
+    for device, ids in sorted(unpriced.items()):
+        shown = ", ".join(str(i) for i in ids[:5]) + (f" and {len(ids) - 5:,} more" if len(ids) > 5 else "")
+        parts.append(f"{'run' if len(ids) == 1 else 'runs'} {shown} (device {device!r})")
+    return (f"no price for {'; '.join(parts)}: no catalog entry matches the device and the runs recorded none; "
+            "add an entry named as the device string names the hardware (`specfinops prices set NAME X --kind "
+            "gpu|node --source ...`), leave these runs out with a filter (--invocation, --node, --run), or price "
+            "every run in view as one device; pass --gpu NAME or --node-hourly-usd X")
 
 
 def run_cost(

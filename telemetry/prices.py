@@ -13,6 +13,7 @@ Public API:
     catalog_name_for_device(device) -> str | None    # "NVIDIA H100 80GB HBM3" -> "H100", "cpu (2 cores)" -> "cpu-2core"
     device_units(device) -> int   # the entry's units a device is: "... x 8 (tp 8)" -> 8 GPUs, "cpu (16 threads)" -> 8
     device_gpus(device) -> int    # the GPUs a device spans: "... x 8 (tp 8)" -> 8, else 1
+    catalog_entry_for_device(catalog, device) -> PriceEntry | None   # the built-in match, else an entry named in it
     gpu_chip(device_or_entry_name) -> str | None   # "H100-SXM", "NVIDIA H100 80GB HBM3" -> "H100"; "H100 x8" -> None
     resolve_node_price(engine, *, device, price_snapshot=None, gpu=None, gpus_per_node=1,
                        node_hourly_usd=None, catalog=None) -> NodePrice
@@ -61,6 +62,10 @@ MAXIMUM_BY_UNIT = {"usd_per_hour": (MAX_USD_PER_HOUR, "$/h"), "usd_per_kwh": (MA
                    "ratio": (MAX_PUE, "")}
 
 
+class NoPriceError(ValueError):
+    """No price covers a device: no catalog entry matches it and nothing else (a flag, a snapshot) priced it."""
+
+
 @dataclass(frozen=True, slots=True)
 class PriceEntry:
     name: str
@@ -92,6 +97,8 @@ class NodePrice:
         measured = catalog_name_for_device(device)
         if measured is not None and self.catalog_name.lower() == measured.lower():
             return False  # the device's own catalog entry
+        if measured is None and names_device(self.catalog_name, device):
+            return False  # an entry named after the device (a user's "TPU v5e" for "Google TPU v5e")
         # another price of the same GPU (H100-SXM, my-h100-reserved for an H100; each GPU of a vLLM "x 8 (tp 8)")
         chip = gpu_chip(_DEVICE_GPUS.sub("", device or ""))
         return chip is None or chip != gpu_chip(self.catalog_name)
@@ -348,6 +355,36 @@ def device_units(device: str) -> int:
     return device_gpus(device)
 
 
+def names_device(name: str, device: str) -> bool:
+    """True when a catalog entry's name stands in a recorded device string as a whole word, any case
+    ("TPU v5e" in "Google TPU v5e"; "L4" not in "L40S"): how an entry a user adds prices a device that
+    catalog_name_for_device does not know."""
+    name = (name or "").strip()
+    return bool(name) and re.search(rf"(?<![a-z0-9]){re.escape(name)}(?![a-z0-9])", device or "", re.I) is not None
+
+
+def catalog_entry_for_device(catalog: PriceCatalog, device: str) -> PriceEntry | None:
+    """The catalog entry that prices `device` per unit: the one catalog_name_for_device names, else the longest
+    hourly entry whose name stands in the device string (names_device); None when none does."""
+    name = catalog_name_for_device(device)
+    if name is not None:
+        try:
+            entry = catalog.get(name)
+        except ValueError:
+            return None
+        return entry if entry.unit == "usd_per_hour" else None
+    named = [e for e in catalog.entries if e.unit == "usd_per_hour" and names_device(e.name, device)]
+    return max(named, key=lambda e: len(e.name), default=None)
+
+
+def entry_units(entry: PriceEntry, device: str) -> int:
+    """How many of `entry` one recorded device is: a GPU entry's GPUs (device_gpus), the CPU node entry's
+    CPU_NODE_THREADS-thread nodes (device_units); a node entry prices a whole node."""
+    if entry.kind == "gpu":
+        return device_gpus(device)
+    return device_units(device) if entry.name.lower() == CPU_NODE else 1
+
+
 def _times(name: str, units: int) -> str:
     return name if units == 1 else f"{name} x{units}"
 
@@ -358,15 +395,10 @@ def price_snapshot(catalog: PriceCatalog, device: str, taken_at: datetime | None
     "taken_at": UTC ISO time}. name and node_hourly_usd only when a catalog entry prices the device (as
     resolve_node_price would price it from the catalog); the energy prices always."""
     snap: dict = {}
-    name = catalog_name_for_device(device)
-    if name is not None:
-        try:
-            entry = catalog.get(name)
-        except ValueError:
-            entry = None
-        if entry is not None and entry.unit == "usd_per_hour" and entry.value > 0:
-            units = device_units(device)  # node_hourly_usd prices the whole device: `units` x the entry
-            snap.update(name=entry.name, units=units, node_hourly_usd=entry.value * units)
+    entry = catalog_entry_for_device(catalog, device)
+    if entry is not None and entry.value > 0:
+        units = entry_units(entry, device)  # node_hourly_usd prices the whole device: `units` x the entry
+        snap.update(name=entry.name, units=units, node_hourly_usd=entry.value * units)
     usd_per_kwh, pue = catalog.energy_prices()
     when = (taken_at or datetime.now(UTC)).astimezone(UTC)
     snap.update(usd_per_kwh=usd_per_kwh, pue=pue, taken_at=when.isoformat())
@@ -431,13 +463,10 @@ def resolve_node_price(
     snap = _snapshot_price(price_snapshot, device)
     if snap is not None:
         return snap
-    name = catalog_name_for_device(device)
-    if name is None:
-        raise ValueError(
-            f"no catalog price matches device {device!r}; pass --gpu NAME or --node-hourly-usd X"
-        )
-    entry = _lookup(engine, catalog, name)
-    units = device_units(device)
+    entry = catalog_entry_for_device(catalog if catalog is not None else load_catalog(engine), device)
+    if entry is None:
+        raise NoPriceError(f"no catalog price matches device {device!r}; pass --gpu NAME or --node-hourly-usd X")
+    units = entry_units(entry, device)
     return NodePrice(entry.value * units, _times(entry.name, units), "catalog", entry.name)
 
 

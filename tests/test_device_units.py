@@ -111,3 +111,28 @@ def test_project_holds_whole_replicas_of_a_multi_gpu_device(sqlite_url, capsys):
                  "--p95-tpot-sla-ms", "200", "--gpu", "H100", "--gpus-per-node", "12"]) == 2
     err = capsys.readouterr().err
     assert "--gpus-per-node 12" in err and "multiple of the 8 GPUs" in err
+
+
+def test_an_entry_named_after_an_unknown_device_prices_it_and_the_error_names_the_runs(sqlite_url, capsys):
+    """A device no built-in rule knows: `cost` named neither the runs nor a way to price only them (its hint,
+    --node-hourly-usd, reprices every run in view); an entry named as the device string names the chip prices it."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", device="cpu (2 cores)", requests=[Req(100, ttft_ms=100, e2e_ms=10_000)])
+        tpu = [make_run(s, "ar", device="Google TPU v5e", requests=[Req(100, ttft_ms=100, e2e_ms=10_000)]).id
+               for _ in range(2)]
+        s.commit()
+    assert main(["cost", "--db", sqlite_url]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"no price for runs {tpu[0]}, {tpu[1]} (device 'Google TPU v5e')" in err and "prices set" in err, err
+    assert main(["prices", "set", "TPU v5e", "1.2", "--kind", "gpu", "--source", "quote", "--db", sqlite_url]) == 0
+    capsys.readouterr()
+    assert main(["cost", "--db", sqlite_url, "--json"]) == 0
+    by_run = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
+    assert by_run[tpu[0]]["node_hourly_usd"] == 1.2 and by_run[tpu[0]]["priced_as"] == "TPU v5e"
+    # "L4" is a word of "NVIDIA L4", not of "NVIDIA L40S"
+    catalog = load_catalog(engine)
+    assert price_snapshot(catalog, "NVIDIA L40S").get("name") is None
+    assert price_snapshot(catalog, "NVIDIA L4")["name"] == "L4"
+    price = resolve_node_price(engine, device="Google TPU v5e", catalog=catalog)
+    assert price.usd_per_hour == 1.2 and not price.differs_from("Google TPU v5e")
