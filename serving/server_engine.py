@@ -175,6 +175,8 @@ class EngineLoop:
                 self._cancel(job)
             for job in admit:
                 self._admit(job)
+            if admit:  # the first tokens, sampled at prefill, go out now, not after the batch's next step
+                self._deliver()
             if self.engine.running and not stopping:
                 self._step()
             self._deliver()

@@ -29,8 +29,8 @@ from telemetry.finops import (
 )
 from telemetry.prices import (
     NodePrice,
-    PriceCatalog,
     NoPriceError,
+    PriceCatalog,
     _snapshot_price,
     device_gpus,
     energy_prices,

@@ -254,3 +254,35 @@ def test_text_stream_holds_back_stop_prefixes_and_partial_characters():
     assert ts.final([1, 2, 3, 4, 5]) == "Hello world "
     ts2 = TextStream(decode)
     assert ts2.add([1, 6]) == "Hello" and ts2.add([7]) == "é"
+
+
+def test_the_first_token_goes_out_at_prefill_not_after_the_next_step():
+    """The token sampled at prefill reached the client only after the batch's next decode step: every client's
+    TTFT held one step too many, and its first inter-token gap was ~0 (a load test's TPOT and ITL were off)."""
+    records = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        el = _engine_loop(records)
+        stepping, release, real_step = threading.Event(), threading.Event(), el.engine.step
+
+        def held_step():
+            stepping.set()
+            release.wait(60)
+            return real_step()
+
+        el.engine.step = held_step
+        job = _job(loop, 0, 8)
+        el.submit(job)
+        assert await asyncio.to_thread(stepping.wait, 60)  # the engine thread sits in the first decode step
+        try:
+            first = await asyncio.wait_for(job.out.get(), 10)  # ... and the first token is already here
+        finally:
+            release.set()
+        rest, fin = await _drain(job)
+        el.stop()
+        return first, rest, fin
+
+    first, rest, fin = asyncio.run(main())
+    assert isinstance(first, list) and len(first) == 1
+    assert fin.num_output == 1 + len(rest)
