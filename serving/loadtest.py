@@ -221,6 +221,9 @@ async def one_request(client, model: str, res: ClientResult, spec: LoadSpec, mod
                             rec.ttft_ms = chunks[0][0]
         if usage is None:
             raise RuntimeError("the stream ended without usage (stream_options.include_usage)")
+        if not chunks and usage.completion_tokens:  # tokens without text (the usage counts them): at the end
+            chunks.append(((time.perf_counter() - t0) * 1000.0, 0))
+            rec.ttft_ms = chunks[0][0]
         rec.prompt_tokens = usage.prompt_tokens
         rec.tokens = token_rows(chunks, usage.completion_tokens)
         rec.output_tokens = len(rec.tokens)  # one token row per counted token
@@ -397,6 +400,8 @@ async def run_level(client, model: str, prompts: list[Prompt], spec: LoadSpec, l
     if ok[0] == 0 and results:
         raise LevelFailed(f"no request of the level succeeded ({len(results)} requests): "
                           f"{_distinct_errors(results) or 'all cancelled'}", result)
+    if not results:  # the duration ended before a request was sent: nothing was measured
+        raise LevelFailed(f"the level sent no request in its {spec.duration_s:g} s (--duration too short?)", result)
     return result
 
 
@@ -684,8 +689,8 @@ async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, 
                     status = "completed"
                 except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C / SIGTERM: stopped, not failed
                     status = "cancelled"
-                    out.append(LevelResult(level, mode, seen, time.perf_counter() - t_level, run_id,
-                                           interrupted=True))
+                    out.append(LevelResult(level, mode, seen, requests_span_s(seen) or (time.perf_counter() - t_level),
+                                           run_id, interrupted=True))  # the store's wall time, as run_level's
                     raise
                 except LevelFailed as exc:
                     exc.result.run_id = run_id

@@ -967,7 +967,9 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
     length; None, unknown, only with None) and the run kind (a load test's client-side HTTP times are not a bench's engine times).
 
     Prompts: where both modes' runs recorded prompt ids (bench, load test) and ran the same set, the speedup is
-    over all their requests; where the sets differ, both modes are restricted to the prompts both ran (each
+    over all their requests; where a load test's differ, over all their requests too (PROMPTS_LOADTEST: it
+    measures throughput over a fixed time, not the same work); where a bench's differ, both modes are
+    restricted to the prompts both ran (each
     run's wall time then is those requests' share of its serving time, as under a domain filter); where no
     prompt is shared, or the runs recorded none (a server's runs), it is over all requests and `prompts` says
     the prompts were not matched.
@@ -1129,6 +1131,9 @@ PROMPTS_NONE_SHARED = "different prompts (none shared): not matched"
 PROMPTS_UNKNOWN = "prompts not matched (the runs recorded no prompt ids)"
 PROMPTS_SERVER = "prompts not matched (server runs record request ids, not prompt ids)"
 PROMPTS_NO_AR = "no AR runs"
+# a load test sends its prompts round-robin for a fixed time, so the faster mode gets further round the list:
+# restricting both to the prompts both reached would drop the slower mode's long tail and misread throughput
+PROMPTS_LOADTEST = "all requests (a load test's modes send the prompts round-robin for a fixed time: not matched)"
 
 
 def _compare_prompts(prompt_ids: dict[int, set[str | None]], spec_ids: list[int], ar_ids: list[int],
@@ -1144,6 +1149,8 @@ def _compare_prompts(prompt_ids: dict[int, set[str | None]], spec_ids: list[int]
         return PROMPTS_UNKNOWN, None
     if spec == ar:
         return f"{PROMPTS_SAME} {len(spec)} prompt{'s' if len(spec) != 1 else ''}", len(spec)
+    if kind == "loadtest":
+        return PROMPTS_LOADTEST, None
     common = spec & ar
     if not common:
         return PROMPTS_NONE_SHARED, None

@@ -26,7 +26,7 @@ class Stub:
     card's "specfinops"."""
 
     def __init__(self, *, chunks: int = 3, chunk_s: float = 0.02, refuse: bool = False, api_key: str | None = None,
-                 max_model_len: int = 512, card_extra: dict | None = None):
+                 max_model_len: int = 512, card_extra: dict | None = None, content: str = "ab"):
         import uvicorn
         from starlette.applications import Starlette
         from starlette.responses import JSONResponse, StreamingResponse
@@ -63,7 +63,8 @@ class Stub:
                 base = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": 0, "model": MODEL}
                 for _ in range(chunks):
                     await asyncio.sleep(chunk_s)
-                    yield sse({**base, "choices": [{"index": 0, "delta": {"content": "ab"}, "finish_reason": None}]})
+                    yield sse({**base, "choices": [{"index": 0, "delta": {"content": content},
+                                                    "finish_reason": None}]})
                 yield sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
                 yield sse({**base, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": chunks,
                                                             "total_tokens": 5 + chunks}})
@@ -201,6 +202,11 @@ def test_ctrl_c_prints_and_writes_what_ran_marked_interrupted(stub_factory, tmp_
         stored = dict(c.execute(text("select run_id, count(*) from requests group by run_id")).all())
     for row in (first, second):  # each row counts what its run recorded
         assert row["requests_ok"] + row["requests_error"] + row["requests_cancelled"] == stored[row["run_id"]], row
+    # the interrupted level's tokens/s is the store's (its requests' span), as a finished level's: it was the
+    # time since the level began, which `cost` does not use
+    assert main(["cost", "--db", db_url, "--run", str(second["run_id"]), "--json"]) == 0
+    (costed,) = json.loads(capsys.readouterr().out)["runs"]
+    assert second["wall_s"] == pytest.approx(costed["wall_s"], rel=1e-6), (second, costed)
     assert "spec     1" in out.out and "spec     2" in out.out, out.out
     assert "spec c=2 was interrupted (Ctrl-C or SIGTERM)" in out.out, out.out
 
@@ -429,10 +435,48 @@ def test_the_load_tests_invocation_is_in_its_json_on_every_run_and_named_for_cos
     assert isinstance(inv, str) and len(inv) == 32
     with create_engine(db_url).connect() as c:
         assert c.execute(text("select distinct invocation_id from runs")).scalars().all() == [inv]
-    assert f"runs of invocation {inv}: see `specfinops project --invocation {inv[:8]}`" in out
+    hint = f"`specfinops project --invocation {inv[:8]} --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50`"
+    assert f"runs of invocation {inv}: its costs with `specfinops cost --invocation {inv[:8]}`" in out and hint in out
+    # the command it names runs as printed (it used to lack the options project requires)
+    assert main(hint.strip("`").split()[1:] + ["--db", db_url]) == 0, capsys.readouterr().err
+    assert "nodes needed" in capsys.readouterr().out
     assert main(["invocations", "--db", db_url, "--json"]) == 0
     (listed,) = json.loads(capsys.readouterr().out)["invocations"]
     assert listed["invocation_id"] == inv and listed["kinds"] == ["loadtest"] and listed["runs"] == 2
     assert main(["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "0.5", "--mode", "spec",
                  "--max-tokens", "8", "--no-telemetry", "--json", str(out_json)]) == 0
     assert json.loads(out_json.read_text())["invocation_id"] is None  # nothing recorded: no invocation to name
+
+
+def test_a_level_that_sends_nothing_fails_and_a_refused_run_leaves_no_folder(stub_factory, tmp_path, capsys):
+    """--duration 1e-9 ended before a request went out: the level was 'completed' with 0 requests and the load
+    test exited 0; and a --json path's folders, made to check it, stayed behind when the run was refused."""
+    stub = stub_factory(chunks=2, chunk_s=0.01)
+    db_url = f"sqlite:///{tmp_path / 'none-sent.db'}"
+    rc = main(["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "1e-9", "--mode", "spec",
+               "--max-tokens", "8", "--workload", "code", "--db", db_url])
+    err = capsys.readouterr().err
+    assert rc == 1 and "sent no request" in err, err
+    assert _runs(db_url) == [("loadtest", "failed", "none")]
+    import socket
+
+    with socket.socket() as sock:  # a free port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "a" / "b" / "load.json"
+    assert main(["loadtest", "--url", f"http://127.0.0.1:{port}", "--duration", "1", "--no-telemetry",
+                 "--json", str(out)]) == 2
+    assert "cannot reach" in capsys.readouterr().err and not (tmp_path / "a").exists()
+
+
+def test_tokens_without_text_count_and_all_is_recorded_as_mixed(stub_factory, tmp_path, capsys):
+    """A stream whose chunks carry no text while its usage counts tokens was stored ok with 0 tokens; and
+    --workload all (the same prompts as mixed) was recorded as a workload of its own, never pooled with mixed."""
+    stub = stub_factory(chunks=3, chunk_s=0.01, content="")
+    db_url = f"sqlite:///{tmp_path / 'no-text.db'}"
+    assert main(["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "0.3", "--mode", "spec",
+                 "--max-tokens", "8", "--workload", "all", "--db", db_url]) == 0, capsys.readouterr().err
+    with create_engine(db_url).connect() as c:
+        assert c.execute(text("select distinct workload from runs")).scalars().all() == ["mixed"]
+        rows = c.execute(text("select status, output_tokens, ttft_ms from requests where status = 'ok'")).all()
+    assert rows and all(n == 3 and ttft is not None for _, n, ttft in rows), rows

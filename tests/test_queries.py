@@ -303,6 +303,26 @@ def test_speedups_compare_the_prompts_both_modes_ran(sqlite_url):
     assert rows["chat"].prompts == "the same 1 prompt" and rows["chat"].speedup == pytest.approx(2.0)
 
 
+def test_a_load_tests_speedup_is_its_throughput_over_all_requests(sqlite_url):
+    """A load test sends the prompts round-robin for a fixed time: the faster mode gets further round the list.
+    Restricted to the prompts both reached, the slower mode's long tail fell out (12.45x where the load test's
+    own table said 3.4x); its speedup is over all requests, as the table's."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:  # in 4 s: AR served p1 (slow) and p2; spec p1, p2, p3, p4
+        ar = make_run(s, "ar", kind="loadtest",
+                      requests=[Req(30, ttft_ms=100, e2e_ms=3000, start_s=0.0, external_id="p1"),
+                                Req(30, ttft_ms=100, e2e_ms=1000, start_s=3.0, external_id="p2")])
+        spec = make_run(s, "spec", kind="loadtest", requests=[  # p1, p2 quick; p3, p4 long (AR never got there)
+            spec_req(30, 4, 20, ttft_ms=50, e2e_ms=ms, start_s=t0, external_id=f"p{i + 1}")
+            for i, (t0, ms) in enumerate(((0.0, 500), (0.5, 500), (1.0, 1500), (2.5, 1500)))])
+        ar.invocation_id = spec.invocation_id = "lt1"
+        s.commit()
+    (sp,) = speedups(engine)
+    assert sp.speedup == pytest.approx((120 / 4.0) / (60 / 4.0))  # 2x, as the load test's table (p1, p2 alone: 4x)
+    assert sp.prompts.startswith("all requests") and sp.num_prompts is None
+    assert sp.invocation_speedups == (pytest.approx(2.0),)
+
+
 def test_speedups_order_concurrency_by_number(store):
     """A sweep's configurations read 1, 2, 4, 16, not 1, 16, 2, 4 (the Overview's table lists them in
     this order)."""

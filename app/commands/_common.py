@@ -179,7 +179,9 @@ def check_power_options(power: str, tdp_w: float | None) -> None:
 
 def check_writable(path: str | None, flag: str) -> None:
     """Refuse an output path that cannot be written, before the work whose result it is to hold: a
-    directory, or a parent that cannot be made (it is made now; the file itself is written at the end)."""
+    directory, or a parent that cannot be made. Tried as the end will write it (its folders made, the file
+    opened), then left as it was: no file and no folder stays behind from a command refused later (the
+    writer makes them again)."""
     if not path:
         return
     import os
@@ -188,21 +190,29 @@ def check_writable(path: str | None, flag: str) -> None:
     p = Path(path).expanduser()
     if p.is_dir():
         raise UsageError(f"{flag} {path} is a directory: give a file name")
+    made = [d for d in (p.parent, *p.parent.parents) if not d.exists()]  # deepest first
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"{flag} {path}: cannot make its directory: {exc.strerror or exc}") from None
-    if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise UsageError(f"{flag} {path}: not writable")
-    # os.access answers yes to root almost everywhere (/proc too): open it as the end will, and leave no file
-    existed = p.exists()
     try:
-        with p.open("a"):
-            pass
-    except OSError as exc:
-        raise UsageError(f"{flag} {path}: not writable: {exc.strerror or exc}") from None
-    if not existed:
-        p.unlink(missing_ok=True)
+        if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+            raise UsageError(f"{flag} {path}: not writable")
+        # os.access answers yes to root almost everywhere (/proc too): open it as the end will, leave no file
+        existed = p.exists()
+        try:
+            with p.open("a"):
+                pass
+        except OSError as exc:
+            raise UsageError(f"{flag} {path}: not writable: {exc.strerror or exc}") from None
+        if not existed:
+            p.unlink(missing_ok=True)
+    finally:
+        for d in made:
+            try:
+                d.rmdir()
+            except OSError:
+                break  # something else put a file there meanwhile: keep it
 
 
 def bindable_port(host: str, port: int) -> int:

@@ -263,6 +263,9 @@ def _handle(args: argparse.Namespace) -> int:
     if args.interleave < 0:
         raise ValueError(f"--interleave must be >= 0 (0 = the modes one after the other), got {args.interleave}")
     levels = parse_concurrency(args.concurrency)
+    from serving.workloads import canonical_workload
+
+    args.workload = canonical_workload(args.workload)  # 'all' is recorded as 'mixed': the same prompts
     prompts = load_workload(args.workload, limit=args.limit, domain=args.domain)
     modes = ["ar", "spec"] if args.mode == "both" else [args.mode]
     from serving.kernels import resolve_dtype

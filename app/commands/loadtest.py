@@ -76,8 +76,9 @@ def level_bars(duration_s: float):
 
 def _stored_note(shared, invocation_id: str) -> str:
     """Where the requests went, and whether the server left them to the load test (`SharedStore`)."""
-    note = (f"recorded in the store as 'loadtest' runs of invocation {invocation_id}: see `specfinops project "
-            f"--invocation {invocation_id[:8]}` (capacity at SLA); ")
+    note = (f"recorded in the store as 'loadtest' runs of invocation {invocation_id}: its costs with `specfinops "
+            f"cost --invocation {invocation_id[:8]}`, its capacity at an SLA with `specfinops project --invocation "
+            f"{invocation_id[:8]} --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50` (your traffic); ")
     if shared is None:
         return note + "the server records into another store, or none: it keeps its own record of them"
     note += "the server records into this store too and left these requests to the load test's runs"
@@ -111,6 +112,9 @@ def _handle(args: argparse.Namespace) -> int:
     spec.validate()
     if args.json != "-":
         check_writable(args.json, "--json")
+    from serving.workloads import canonical_workload
+
+    args.workload = canonical_workload(args.workload)  # 'all' is recorded as 'mixed': the same prompts
     prompts = load_workload(args.workload)
     try:
         import openai  # noqa: F401

@@ -19,6 +19,7 @@ __all__ = [
     "BUILTIN_WORKLOADS",
     "MIXED_NAMES",
     "Prompt",
+    "canonical_workload",
     "load_workload",
     "workload_path",
 ]
@@ -44,6 +45,12 @@ class Prompt:
         if self.messages is not None:
             return [dict(m) for m in self.messages]
         return [{"role": "user", "content": self.prompt}]
+
+
+def canonical_workload(name: str) -> str:
+    """The name a workload is recorded under: 'mixed' for either of MIXED_NAMES ('all' is the same prompts, so
+    its runs pool and pair with 'mixed' ones), any other name or path as given."""
+    return MIXED_NAMES[0] if name in MIXED_NAMES else name
 
 
 def workload_path(name_or_path: str | Path) -> Path:
