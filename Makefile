@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 DB      ?= sqlite:///var/specfinops.db
 PORT    ?= 8501
 
-.PHONY: install demo test bench lint dashboard clean
+.PHONY: install demo test bench lint clean
 
 install: $(STAMP)
 
