@@ -182,7 +182,7 @@ _CONFIG_FIELD_NAMES = {"kind": "run kind", "dtype": "precision", "max_new_tokens
 # The filter flags of `cost` and `project` that keep one value of a configuration field.
 _CONFIG_FIELD_FLAGS = {"workload": "--workload", "target": "--target", "temperature": "--temperature",
                        "top_p": "--top-p", "top_k": "--top-k", "max_new_tokens": "--max-new-tokens",
-                       "kind": "--run-kind", "device": "--node"}
+                       "kind": "--run-kind"}  # no flag keeps one device (a node may hold several): --invocation
 
 
 @dataclass(frozen=True, slots=True)
@@ -867,6 +867,23 @@ def _projection_price(engine: Engine, snapshots: list[dict | None], device: str,
                          f"measured device {device!r}; {PRICING_HINT}") from exc
 
 
+def _recorded_prices_caveat(snapshots: list[dict | None], device: str, price: NodePrice, gpu: str | None,
+                            node_hourly_usd: float | None) -> tuple[str, ...]:
+    """Why a projection's node price is the catalog's when its runs recorded prices of their own (they differ,
+    or some recorded none): said, not switched silently. () where the runs' price or a flag priced it."""
+    if gpu is not None or node_hourly_usd is not None or price.origin != "catalog":
+        return ()
+    recorded = {_snapshot_price(snap, device) for snap in snapshots}
+    known = sorted({p.usd_per_hour for p in recorded if p is not None})
+    if not known:
+        return ()
+    what = ("the runs recorded different node prices (" + ", ".join(f"${v:g}/h" for v in known) + ")"
+            if len(known) > 1 else f"only some runs recorded a node price (${known[0]:g}/h)")
+    return (f"{what}: priced at the catalog's current {price.priced_as} (${price.usd_per_hour:g}/h) instead; "
+            "give --node-hourly-usd X (or --gpu NAME) to price them otherwise, or narrow to runs of one price "
+            "(--invocation ID)",)
+
+
 def _projection_energy_prices(engine: Engine, snapshots: list[dict | None], usd_per_kwh: float | None,
                               pue: float | None) -> tuple[float, float, str]:
     """($/kWh, PUE) of a projection and where they come from, in words: each is the flag > the value every run
@@ -975,7 +992,8 @@ def project_from_store(
     sources = _power_sources(engine, [i for m in MODES if estimated_by_mode[m] for i in cap_configs[m].run_ids])
     partly = {m: estimated_by_mode[m] and len({sources[i] for i in cap_configs[m].run_ids}) > 1 for m in MODES}
     return StoreProjection(
-        caveats=projection_caveats(comparison, cap_configs, price, devices, differs),
+        caveats=projection_caveats(comparison, cap_configs, price, devices, differs)
+        + _recorded_prices_caveat(snapshots, devices[0], price, gpu, node_hourly_usd),
         projection=projection,
         node_price=price,
         measured_on=devices,

@@ -292,6 +292,16 @@ def spec_pays_below(curve: list[SlaPoint]) -> str | None:
     return f"speculation needs fewer nodes than AR at p95 TPOT SLAs of {text}"
 
 
+def _ms_apart(value: float, other: float) -> str:
+    """`value` in ms to one decimal, or to as many (up to 4) as tell it from `other` ("38.83", not the "38.8"
+    that reads as an SLA of 38.8 ms met)."""
+    for places in range(1, 5):
+        text = f"{value:.{places}f}"
+        if float(text) != other:
+            return text
+    return f"{value:.4f}"
+
+
 def _unmeasured_mode(curve: list[SlaPoint]) -> str | None:
     """'AR' or 'spec' where that mode meets no SLA of `curve` (it has no measured configuration: each measured
     p95 is a point of the curve, where its own configuration meets it); 'AR and spec' for an empty curve."""
@@ -351,7 +361,7 @@ def project(
             notes.append(f"{mode}: {NOT_ATTAINABLE}: no {mode} runs measured")
         elif caps[mode] is None:
             best = min((p for _, p in points if p is not None), default=None)
-            why = "no run has a p95 TPOT" if best is None else f"best measured p95 TPOT is {best:.1f} ms"
+            why = "no run has a p95 TPOT" if best is None else f"best measured p95 TPOT is {_ms_apart(best, sla_ms)} ms"
             notes.append(f"{mode}: {NOT_ATTAINABLE}: no run meets p95 TPOT <= {sla_ms:g} ms ({why})")
     n_ar = nodes_needed(daily_tokens, peak_factor, caps["ar"])
     n_spec = nodes_needed(daily_tokens, peak_factor, caps["spec"])

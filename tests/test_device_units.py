@@ -136,3 +136,46 @@ def test_an_entry_named_after_an_unknown_device_prices_it_and_the_error_names_th
     assert price_snapshot(catalog, "NVIDIA L4")["name"] == "L4"
     price = resolve_node_price(engine, device="Google TPU v5e", catalog=catalog)
     assert price.usd_per_hour == 1.2 and not price.differs_from("Google TPU v5e")
+
+
+def test_project_says_why_it_prices_at_the_catalog_when_the_runs_recorded_other_prices(sqlite_url, capsys):
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for usd, mode in ((4.0, "ar"), (5.0, "spec")):
+            req = Req(100, ttft_ms=100, e2e_ms=10_000) if mode == "ar" else spec_req(200, 4, 150, ttft_ms=100,
+                                                                                    e2e_ms=10_000)
+            make_run(s, mode, device="NVIDIA H100 80GB HBM3", price_snapshot={"name": "H100", "units": 1,
+                                                                              "node_hourly_usd": usd}, requests=[req])
+        s.commit()
+    assert main(["project", "--db", sqlite_url, "--daily-tokens", "8.64e6", "--peak-factor", "1.6",
+                 "--p95-tpot-sla-ms", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: the runs recorded different node prices ($4/h, $5/h): priced at the catalog's current H100" \
+        in out, out
+    assert main(["project", "--db", sqlite_url, "--daily-tokens", "8.64e6", "--peak-factor", "1.6",
+                 "--p95-tpot-sla-ms", "200", "--node-hourly-usd", "4.5"]) == 0
+    assert "recorded different node prices" not in capsys.readouterr().out
+
+
+def test_a_cut_option_is_not_read_as_a_longer_one_and_the_sla_note_tells_its_figures_apart(filled_pair, capsys):
+    """`project --run 3` was read as `--run-kind 3` (argparse's prefix matching), its error naming an option
+    the user never gave; a p95 TPOT of 38.83 ms read "best measured 38.8 ms" beside an SLA of 38.8 ms."""
+    base = ["project", "--db", filled_pair, "--daily-tokens", "1e6", "--peak-factor", "1"]
+    with pytest.raises(SystemExit) as exc:
+        main([*base, "--p95-tpot-sla-ms", "50", "--run", "3"])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert exc.value.code == 2 and "unrecognized arguments: --run 3" in err and "--run-kind" not in err, err
+    assert main([*base, "--p95-tpot-sla-ms", "38.8", "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["assumptions"]["notes"]
+    assert any("best measured p95 TPOT is 38.83 ms" in n for n in notes), notes
+
+
+@pytest.fixture
+def filled_pair(sqlite_url) -> str:
+    """AR whose one request's TPOT is 38.83 ms ((3983 - 100) / 100 tokens), and a spec run."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(101, ttft_ms=100, e2e_ms=3983)])
+        make_run(s, "spec", requests=[spec_req(101, 4, 60, ttft_ms=100, e2e_ms=1000)])
+        s.commit()
+    return sqlite_url

@@ -270,6 +270,7 @@ def add_command(sub, name: str, help_: str, examples: str, handler) -> argparse.
         description=help_,
         epilog="examples:\n" + examples,
         formatter_class=HelpFormatter,
+        allow_abbrev=False,  # `project --run 3` is not `--run-kind 3`: an option is named in full
     )
     p.set_defaults(handler=handler, command_parser=p)  # app.cli names unknown options under this usage
     return p

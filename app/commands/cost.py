@@ -75,6 +75,8 @@ prices the runs started after it. To cost recorded runs at other prices, give `c
 --node-hourly-usd X, --usd-per-kwh X or --pue X.
 """
 
+IDS_SHOWN = 8  # run id ranges a summary line lists before it counts the rest (the table lists every run)
+
 
 def _add_pricing(p, *, gpus_per_node: bool) -> None:
     p.add_argument("--gpu", metavar="NAME", help="price at this catalog entry (see `specfinops prices`)")
@@ -402,7 +404,7 @@ def run_cost_command(args) -> int:
         )
     print()
     for mc in mode_costs:
-        print(f"{mc.mode:<5} {ids_text(list(mc.run_ids))}: {_mode_cost_text(mc, run_costs)}")
+        print(f"{mc.mode:<5} {ids_text(list(mc.run_ids), shown=IDS_SHOWN)}: {_mode_cost_text(mc, run_costs)}")
         pooled = spreads[mc.mode].text()
         if pooled:
             print(f"      {pooled}")
@@ -411,7 +413,8 @@ def run_cost_command(args) -> int:
         if rc.priced_differs:
             differing.setdefault((rc.node_price.priced_as, rc.measured_on), []).append(rc)
     for (priced_as, measured_on), rcs in differing.items():  # one line per pair, not one per run
-        print(f"{ids_text([rc.run.run_id for rc in rcs])}: priced as {priced_as}, measured on {measured_on}"
+        print(f"{ids_text([rc.run.run_id for rc in rcs], shown=IDS_SHOWN)}: priced as {priced_as}, measured on "
+              f"{measured_on}"
               + (OTHER_HARDWARE_ENERGY if any(rc.run.stats.energy_j is not None for rc in rcs) else ""))
     custom = sorted({rc.node_price.priced_as for rc in run_costs if rc.node_price.origin == "flag"})
     if custom:
