@@ -36,7 +36,9 @@ def db_url() -> str:
 
 @st.cache_resource(show_spinner=False)
 def engine(url: str) -> Engine:
-    return open_store(url)
+    # must_exist: however the dashboard was started (`specfinops dashboard` checks at launch, `streamlit run` does
+    # not), a mistyped path or another application's database is named, not given the store's tables
+    return open_store(url, must_exist=True)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

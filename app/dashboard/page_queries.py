@@ -176,7 +176,9 @@ def latency_histograms(engine: Engine, f: Filters) -> pd.DataFrame:
         part = _frame(engine, stmt, ["mode", "b", "count"])
         part.insert(0, "metric", metric)
         parts.append(part)
-    frame = pd.concat(parts, ignore_index=True)
+    # typed: a metric no request has (one-token answers have no TPOT) is an empty part, and concat with it
+    # leaves object columns that numpy's rounding refuses
+    frame = pd.concat(parts, ignore_index=True).astype({"b": "int64", "count": "int64"})
     frame["value_ms"] = frame.pop("b") / BUCKETS_PER_MS
     return frame[["metric", "mode", "value_ms", "count"]]
 

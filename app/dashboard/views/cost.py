@@ -236,7 +236,9 @@ def energy_note(sp, runs) -> str | None:
         if included:
             continue
         if nodes is None:
-            reasons.append(f"no {mode} configuration meets the {p.sla_ms:g} ms SLA")
+            measured = sp.points_ar if mode == "AR" else sp.points_spec
+            reasons.append(f"no {mode} configuration meets the {p.sla_ms:g} ms SLA" if measured
+                           else f"no {mode} runs in view")
             continue
         cap = [by_id[i] for i in cap_runs if i in by_id]
         some = any(r.stats.energy_j is not None for r in cap)

@@ -37,7 +37,8 @@ def reports(url: str) -> list[dict]:
                                       s.get("max_new_tokens"), s.get("workload"), s.get("target"),
                                       s.get("invocation_id")) or "all",
             "output tokens": s.get("output_tokens"), "spec $/1M": modes.get("spec", {}).get("total_usd_per_1m"),
-            "AR $/1M": modes.get("ar", {}).get("total_usd_per_1m"),
+            "spec energy": energy_basis(modes.get("spec")),
+            "AR $/1M": modes.get("ar", {}).get("total_usd_per_1m"), "AR energy": energy_basis(modes.get("ar")),
             # none found is a finding ("none"); a summary without the check is missing (None -> "—")
             "anomalies": ", ".join(flagged) or ("none" if anomalies is not None else None),
             "job": "manual" if r.job_id is None else f"job {r.job_id}",  # `specfinops report` has no job
@@ -45,6 +46,17 @@ def reports(url: str) -> list[dict]:
             "html_path": r.html_path, "csv_dir": r.csv_dir,
         })  # fmt: skip
     return out
+
+
+def energy_basis(mode: dict | None) -> str | None:
+    """What a report's $/1M of one mode holds of energy, beside the figure (an estimate is said wherever it
+    shows): 'measured', 'estimated', 'partly estimated', or 'hardware only' (no energy in it); None where the
+    summary does not say (a mode without runs, a summary written before it did)."""
+    if not mode or mode.get("total_usd_per_1m") is None or "energy_included" not in mode:
+        return None
+    if not mode["energy_included"]:
+        return "hardware only"
+    return mode.get("energy_source") or ("estimated" if mode.get("energy_estimated") else "measured")
 
 
 def _downloads(r: dict) -> None:

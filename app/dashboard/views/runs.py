@@ -89,8 +89,10 @@ def body(ctx: Context) -> None:
     st.subheader("Compare two runs")
     by_id = {r.run_id: r for r in runs}
     ids = list(by_id)
-    spec = [r.run_id for r in runs if r.mode == "spec"]
-    ar = [r.run_id for r in runs if r.mode == "ar"]
+    # the newest run of each mode that produced tokens (a failed or empty run compares as nothing), else any
+    spec = [r.run_id for r in runs if r.mode == "spec" and r.stats.output_tokens] or \
+        [r.run_id for r in runs if r.mode == "spec"]
+    ar = [r.run_id for r in runs if r.mode == "ar" and r.stats.output_tokens] or [r.run_id for r in runs if r.mode == "ar"]
     default_a = spec[-1] if spec else ids[0]
     default_b = ar[-1] if ar else ids[-1]
     label = {i: f"#{i} {by_id[i].mode} · {by_id[i].workload} · {by_id[i].node_id}" for i in ids}

@@ -1,0 +1,96 @@
+"""The dashboard on small and odd stores (AppTest): answers of one token (no TPOT anywhere), another
+application's database, a report's estimated energy, a store of one mode, a failed run beside a good one, and
+throughputs under 1 token/s."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import streamlit
+from sqlalchemy.orm import Session
+from synthetic import Req, make_run, spec_req
+from test_dashboard_edge_stores import add_pair, app_for, assert_clean
+
+from telemetry.store import open_store
+
+
+def _open(url: str, monkeypatch, page: str):
+    streamlit.cache_data.clear()
+    streamlit.cache_resource.clear()
+    return app_for(url, monkeypatch).run().switch_page(page).run()
+
+
+def test_one_token_answers_leave_the_latency_page_its_ttft(sqlite_url, monkeypatch):
+    """No request has a TPOT: the empty TPOT part turned the histogram's columns into objects and the whole
+    Latency page into one error line ("loop of ufunc does not support argument 0 ... rint")."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(1, ttft_ms=120, e2e_ms=120), Req(1, ttft_ms=140, e2e_ms=140, start_s=1)])
+        make_run(s, "spec", requests=[Req(1, ttft_ms=110, e2e_ms=110)])
+        s.commit()
+    at = _open(sqlite_url, monkeypatch, "views/latency.py")
+    assert_clean(at)
+    text = " ".join(str(e.value) for e in [*at.markdown, *at.caption, *at.dataframe] if hasattr(e, "value"))
+    assert "TTFT" in text or any("TTFT" in str(m.label) for m in at.metric), text
+
+
+def test_another_applications_database_is_named_and_left_alone(tmp_path, monkeypatch):
+    """Started with `streamlit run` (no launch check), the dashboard gave any database it was pointed at the
+    store's tables and said the store had no runs."""
+    path = tmp_path / "invoices.db"
+    with sqlite3.connect(path) as c:
+        c.execute("create table invoices (id integer primary key, total real)")
+    at = _open(f"sqlite:///{path}", monkeypatch, "views/overview.py")
+    assert not at.exception
+    assert any("is not specfinops" in e.value for e in at.error), [e.value for e in at.error]
+    with sqlite3.connect(path) as c:
+        assert [r[0] for r in c.execute("select name from sqlite_master where type = 'table'")] == ["invoices"]
+    missing = tmp_path / "nope" / "x.db"
+    at = _open(f"sqlite:///{missing}", monkeypatch, "views/overview.py")
+    assert at.error and not (tmp_path / "nope").exists()
+
+
+def test_the_reports_page_says_where_each_costs_energy_comes_from(sqlite_url, tmp_path, monkeypatch):
+    from app.cli import main
+
+    add_pair(sqlite_url, energy=True)  # estimated power
+    assert main(["report", "--db", sqlite_url, "--out", str(tmp_path / "out"), "--period", "daily",
+                 "--since", "2026-11-02"]) == 0
+    at = _open(sqlite_url, monkeypatch, "views/reports.py")
+    assert_clean(at)
+    (table,) = at.dataframe
+    row = table.value.iloc[0]
+    assert row["spec energy"] == "estimated" and row["AR energy"] == "estimated", row.to_dict()
+
+
+def test_one_mode_is_not_blamed_on_the_sla_and_the_compare_skips_a_failed_run(sqlite_url, monkeypatch):
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", power_source="estimate",
+                 requests=[Req(33, ttft_ms=100, e2e_ms=900, energy_j=40.0), Req(33, ttft_ms=100, e2e_ms=950)])
+        s.commit()
+    at = _open(sqlite_url, monkeypatch, "views/cost.py")
+    assert_clean(at)
+    notes = [c.value for c in at.caption if c.value.startswith("Note: energy")]
+    assert notes and all("no speculative runs in view" in n and "meets" not in n.split("speculative")[1][:40]
+                         for n in notes), notes
+    with Session(engine) as s:  # a good spec run, then a failed one with nothing recorded
+        good = make_run(s, "spec", requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500)]).id
+        make_run(s, "spec", status="failed", requests=[Req(0, ttft_ms=None, e2e_ms=None, status="error")])
+        s.commit()
+    at = _open(sqlite_url, monkeypatch, "views/runs.py")
+    assert_clean(at)
+    assert at.selectbox(key="cmp_a").value == good
+
+
+def test_the_tokens_tile_keeps_three_significant_digits(sqlite_url, monkeypatch):
+    """1.0297 and 0.4714 tokens/s read "1.0" and "0.5" beside a +118% delta."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:  # AR 33 tokens in 70 s, spec 33 in 32 s
+        make_run(s, "ar", requests=[Req(33, ttft_ms=2000, e2e_ms=70_000)])
+        make_run(s, "spec", requests=[spec_req(33, 4, 20, ttft_ms=2000, e2e_ms=32_000)])
+        s.commit()
+    at = _open(sqlite_url, monkeypatch, "views/overview.py")
+    assert_clean(at)
+    shown = [m.value for m in at.metric if m.label == "Tokens/s"]
+    assert sorted(shown) == ["0.471", "1.03"], shown
