@@ -54,6 +54,12 @@ class ServeOptions:
             raise ValueError(f"--port must be within 0..65535, got {self.port}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("--api-key must not be empty")
+        # an HTTP header carries ASCII (clients refuse to send other characters; a server reads the bytes as
+        # Latin-1), and a client's token is read stripped: such a key could never be matched
+        if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable()
+                                             and self.api_key == self.api_key.strip()):
+            raise ValueError("--api-key must be printable ASCII without spaces around it (HTTP headers carry "
+                             "ASCII: no client could send this key)")
         # an empty name fell back to the target's name unsaid: clients sending the name given were refused (404)
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise ValueError("--served-model-name must not be empty (leave it out to serve the target's name)")
@@ -92,11 +98,15 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState
     from serving.kernels import in_passing_thread
 
     opts.validate()
+    source = power_source(opts)  # a meter that cannot be read is said now, not after minutes of loading
     # torch work off this thread, so the engine thread's OpenMP pool is the only one (`in_passing_thread`)
     loaded, engine = in_passing_thread(_prepare, opts, loaded)
+    positions = loaded.target.cfg.max_position
+    if opts.spec.max_len > positions:  # the engine keeps the lesser: said, as the model card's max_model_len shows
+        logger.warning("context window: the target's %d positions (max_position_embeddings; --max-len %d is more)",
+                       positions, opts.spec.max_len)
     model_id = opts.served_model_name or loaded.target_dir.name
     recorder, infos, store, client_key = None, None, None, None
-    source = power_source(opts)
     try:
         if opts.telemetry:
             from telemetry.recorder import Recorder

@@ -167,7 +167,10 @@ class Loaded:
         tree = self.spec.tree_shape if mode == "spec" else None
         # a drafter's tree takes (depth - 1) * width cache entries past the sequence while it grows
         room = 16 + ((tree.depth - 1) * tree.width if tree else 0)
-        drafter = self.drafter_factory(batch, self.spec.max_len + room) if mode == "spec" else None
+        # the engine's window: --max-len, or the target's positions where it has fewer (Engine keeps the lesser),
+        # so a drafter's caches are not sized to a --max-len the target cannot reach
+        window = min(self.spec.max_len, self.target.cfg.max_position)
+        drafter = self.drafter_factory(batch, window + room) if mode == "spec" else None
         k = (tree.depth if tree else self.spec.k) if mode == "spec" else 0
         policy = parse_policy(k)
         if mode == "spec" and self.spec.spec_max_batch is not None:

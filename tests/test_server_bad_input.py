@@ -201,7 +201,9 @@ def test_a_mistyped_union_field_is_named_with_what_it_accepts(live, path, body, 
 def test_an_unhonoured_field_is_refused_as_not_supported_by_this_engine(live):
     for path, body, param in [(CHAT, chat(response_format={"type": "json_object"}), "response_format"),
                               (CHAT, chat(presence_penalty=0.5), "presence_penalty"),
-                              (COMP, comp(logprobs=2), "logprobs")]:
+                              (COMP, comp(logprobs=2), "logprobs"),
+                              # 0 still asks for the chosen tokens' logprobs (it was answered "logprobs": null)
+                              (COMP, comp(logprobs=0), "logprobs")]:
         err = httpx.post(live.url + path, json=body, headers=AUTH).json()["error"]
         assert err["param"] == param and err["code"] == "unsupported_value", err
         assert f"{param} is not supported by this engine" in err["message"], err

@@ -276,6 +276,36 @@ def test_an_empty_served_model_name_is_refused_before_loading(name, monkeypatch,
                    "target's name)"], err
 
 
+@pytest.mark.parametrize(("extra", "said"), [
+    (["--power", "nvml"], "nvidia-ml-py"),
+    (["--api-key", "s\u00e9cret"], "--api-key must be printable ASCII"),
+    (["--api-key", " key "], "--api-key must be printable ASCII"),
+])
+def test_a_meter_that_cannot_be_read_or_a_key_no_client_can_send_is_refused_before_loading(
+        extra, said, monkeypatch, capsys, tmp_path):
+    """`serve --power nvml` (or rapl) where that meter cannot be read failed only after the model had loaded
+    (46 s here), leaving an empty store; an --api-key with a non-ASCII character could never be matched (a
+    server reads header bytes as Latin-1; clients refuse to send such a header)."""
+    import importlib.util
+
+    import serving.server_setup
+    import serving.worker
+    from app.cli import main
+
+    if extra[0] == "--power" and importlib.util.find_spec("pynvml") is not None:
+        pytest.skip("NVML's Python binding is installed here: the meter may open")
+
+    def no_load(*a, **kw):
+        raise AssertionError("a model was loaded before the options were checked")
+
+    monkeypatch.setattr(serving.worker, "load", no_load)
+    monkeypatch.setattr(serving.server_setup, "load", no_load)
+    db = tmp_path / "s.db"
+    assert main(["serve", "--port", "0", "--db", str(db), *extra]) == 2
+    err = capsys.readouterr().err
+    assert said in err and not db.exists(), err
+
+
 # ---------------------------------------------------------------------------------------------- shutdown
 # `specfinops serve`'s own uvicorn (serving.server_setup.graceful_server and run, as `serve` runs them) in a thread,
 # on the bundled model loaded once for these tests; SIGTERM / SIGINT as its signal handler takes them

@@ -81,6 +81,9 @@ def handle(args: argparse.Namespace) -> int:
                         graceful_s=args.graceful_s)
     opts.validate()  # cheap checks before loading a model
     bindable_port(args.host, args.port)  # a busy port or a bad --host now, not after minutes of loading
+    from serving.server_setup import power_source
+
+    power_source(opts)  # likewise a meter that cannot be read (--power nvml / rapl here), before a store is made
     if not args.no_telemetry:
         from telemetry.store import open_store
 
