@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure whether speculative decoding pays on your models, traffic and hardware.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # an option is named in full, as every command's (`--verb` is not `--verbose`)
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

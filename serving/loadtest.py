@@ -221,12 +221,11 @@ async def one_request(client, model: str, res: ClientResult, spec: LoadSpec, mod
                             rec.ttft_ms = chunks[0][0]
         if usage is None:
             raise RuntimeError("the stream ended without usage (stream_options.include_usage)")
-        if not chunks and usage.completion_tokens:  # tokens without text (the usage counts them): at the end
-            chunks.append(((time.perf_counter() - t0) * 1000.0, 0))
-            rec.ttft_ms = chunks[0][0]
         rec.prompt_tokens = usage.prompt_tokens
         rec.tokens = token_rows(chunks, usage.completion_tokens)
-        rec.output_tokens = len(rec.tokens)  # one token row per counted token
+        # one token row per counted token; tokens that came without any text (the usage counts them) count, with
+        # no first-token time or token rows: when they were generated the client cannot tell
+        rec.output_tokens = len(rec.tokens) if chunks else usage.completion_tokens
         _take_speculation_counts(rec, usage)
     except asyncio.CancelledError:
         rec.status, rec.error = "cancelled", "cancelled by the load test"  # run_level says why

@@ -173,9 +173,11 @@ class EngineLoop:
                         admit.append(job)
             for job in cancels:
                 self._cancel(job)
+            if cancels:  # a cancelled request's end goes out now, not after the next step
+                self._deliver()
             for job in admit:
                 self._admit(job)
-            if admit:  # the first tokens, sampled at prefill, go out now, not after the batch's next step
+                # its first token, sampled at prefill, goes out now: not after the next prefill or decode step
                 self._deliver()
             if self.engine.running and not stopping:
                 self._step()

@@ -366,10 +366,10 @@ def _unsupported(req: _Common) -> None:
         if value not in (None, 0, 0.0):
             raise _refuse(name, name, f" (only 0), got {value}")
     # chat's logprobs is a boolean (false, or 0, asks for none); a completion's is a count, and 0 still asks for
-    # the chosen tokens' own logprobs: only its absence (null, false) asks for none
-    asks_none = (None, False, 0) if isinstance(req, ChatRequest) else (None,)
-    if (req.logprobs not in asks_none and req.logprobs is not False) or isinstance(req.logprobs, int) \
-            and req.logprobs < 0:
+    # the chosen tokens' own logprobs: there only null and false ask for none
+    lp = req.logprobs
+    asks_none = lp is None or lp is False or (isinstance(req, ChatRequest) and lp == 0)
+    if not asks_none:
         raise _refuse("logprobs", "logprobs")
     if req.logit_bias:
         raise _refuse("logit_bias", "logit_bias", " (only an empty object)")

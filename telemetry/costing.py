@@ -58,6 +58,8 @@ from telemetry.queries import (
     target_is,
     target_matches,
     varying_fields,
+    workload_is,
+    workload_matches,
 )
 
 
@@ -383,10 +385,7 @@ def costs(
 def unpriced_text(unpriced: dict[str, list[int]]) -> str:
     """Why `costs` cannot price the runs in view: the runs no price covers, by device, and the ways to price
     them (ends with the flags hint the dashboard puts in its own words)."""
-    parts = []
-    for device, ids in sorted(unpriced.items()):
-        shown = ", ".join(str(i) for i in ids[:5]) + (f" and {len(ids) - 5:,} more" if len(ids) > 5 else "")
-        parts.append(f"{'run' if len(ids) == 1 else 'runs'} {shown} (device {device!r})")
+    parts = [f"{ids_text(ids, shown=5)} (device {device!r})" for device, ids in sorted(unpriced.items())]
     return (f"no price for {'; '.join(parts)}: no catalog entry matches the device and the runs recorded none; "
             "add an entry named as the device string names the hardware (`specfinops prices set NAME X --kind "
             "gpu|node --source ...`), leave these runs out with a filter (--invocation, --node, --run), or price "
@@ -431,6 +430,8 @@ def _run_matches(field: str, col, want):
     """SQL: the run filter `field` keeps a run (a cut-off as it acts, a target by its name too: Filters.where)."""
     if field == "target":
         return target_matches(col, want)
+    if field == "workload":
+        return workload_matches(col, want)
     return cutoff_matches(col, want, off=_CUTOFF_OFF[field]) if field in _CUTOFF_OFF else col == want
 
 
@@ -488,7 +489,9 @@ def no_runs_reason(engine: Engine, filters: Filters | None = None) -> str:
             for run in found.values():
                 for field, name, _, col in _RUN_FILTERS:
                     want, have = getattr(f, field), _run_value(run, field, col)
-                    if want is not None and not (target_is(have, want) if field == "target" else have == want):
+                    same = (target_is(have, want) if field == "target" else workload_is(have, want)
+                            if field == "workload" else have == want)
+                    if want is not None and not same:
                         return f"run {run.id} has {name} {_value_text(run, field, col)}, not {want!r}"
         conds = []
         for field, name, plural, col in _RUN_FILTERS:
@@ -854,7 +857,8 @@ def _projection_price(engine: Engine, snapshots: list[dict | None], device: str,
     each run. ValueError with the flags to give when nothing prices it."""
     snapshot = None
     if gpu is None and node_hourly_usd is None:
-        recorded = {_snapshot_price(snap, device) for snap in snapshots}
+        # one price, whatever names the runs recorded it under (a renamed entry, an older snapshot's)
+        recorded = {None if p is None else p.usd_per_hour for p in (_snapshot_price(s, device) for s in snapshots)}
         if len(recorded) == 1 and None not in recorded:
             snapshot = snapshots[0]
     try:
@@ -873,12 +877,13 @@ def _recorded_prices_caveat(snapshots: list[dict | None], device: str, price: No
     or some recorded none): said, not switched silently. () where the runs' price or a flag priced it."""
     if gpu is not None or node_hourly_usd is not None or price.origin != "catalog":
         return ()
-    recorded = {_snapshot_price(snap, device) for snap in snapshots}
+    recorded = [_snapshot_price(snap, device) for snap in snapshots]
     known = sorted({p.usd_per_hour for p in recorded if p is not None})
     if not known:
         return ()
     what = ("the runs recorded different node prices (" + ", ".join(f"${v:g}/h" for v in known) + ")"
-            if len(known) > 1 else f"only some runs recorded a node price (${known[0]:g}/h)")
+            if len(known) > 1 else f"only some runs recorded a node price (${known[0]:g}/h)"
+            if None in recorded else f"the runs recorded ${known[0]:g}/h under different names")
     return (f"{what}: priced at the catalog's current {price.priced_as} (${price.usd_per_hour:g}/h) instead; "
             "give --node-hourly-usd X (or --gpu NAME) to price them otherwise, or narrow to runs of one price "
             "(--invocation ID)",)

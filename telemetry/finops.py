@@ -293,13 +293,13 @@ def spec_pays_below(curve: list[SlaPoint]) -> str | None:
 
 
 def _ms_apart(value: float, other: float) -> str:
-    """`value` in ms to one decimal, or to as many (up to 4) as tell it from `other` ("38.83", not the "38.8"
-    that reads as an SLA of 38.8 ms met)."""
+    """`value` in ms to one decimal, or to as many (up to 4) as keep it on its side of `other` ("38.83", not the
+    "38.8" that reads as an SLA of 38.8 ms met; "50.04" beside 50.03, not "50.0"); else as Python writes it."""
     for places in range(1, 5):
         text = f"{value:.{places}f}"
-        if float(text) != other:
+        if (float(text) > other) == (value > other) and float(text) != other:
             return text
-    return f"{value:.4f}"
+    return repr(value)
 
 
 def _unmeasured_mode(curve: list[SlaPoint]) -> str | None:

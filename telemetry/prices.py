@@ -293,11 +293,11 @@ def _set_price(engine: Engine, name: str, value: float, *, source: str, kind: st
 
 # Device strings as the worker records them -> catalog names. Order matters: most specific first.
 _DEVICE_PATTERNS = [
+    (re.compile(r"^\s*cpu\b", re.I), CPU_NODE),  # first: a CPU model name may hold "a100"-like letters
     (re.compile(r"h100.*sxm|sxm.*h100", re.I), "H100"),
     (re.compile(r"h100", re.I), "H100"),
     (re.compile(r"a100", re.I), "A100-80GB"),
     (re.compile(r"\bl4\b", re.I), "L4"),
-    (re.compile(r"^\s*cpu\b", re.I), CPU_NODE),
 ]
 
 
@@ -346,13 +346,17 @@ def device_gpus(device: str) -> int:
     return max(1, int(m.group(1))) if m else 1
 
 
+def _cpu_nodes(device: str) -> int | None:
+    """A CPU device's threads in CPU_NODE_THREADS-thread nodes, rounded up; None for a device that counts none."""
+    m = _CPU_THREADS.search(device or "")
+    return max(1, -(-int(m.group(1)) // CPU_NODE_THREADS)) if m else None
+
+
 def device_units(device: str) -> int:
     """How many of its catalog entry's units a recorded device is (the entry's price is per unit): its GPUs
     (device_gpus), or for a CPU its threads in CPU_NODE_THREADS-thread nodes, rounded up."""
-    m = _CPU_THREADS.search(device or "")
-    if m:
-        return max(1, -(-int(m.group(1)) // CPU_NODE_THREADS))
-    return device_gpus(device)
+    nodes = _cpu_nodes(device)
+    return nodes if nodes is not None else device_gpus(device)
 
 
 def names_device(name: str, device: str) -> bool:
@@ -382,7 +386,7 @@ def entry_units(entry: PriceEntry, device: str) -> int:
     CPU_NODE_THREADS-thread nodes (device_units); a node entry prices a whole node."""
     if entry.kind == "gpu":
         return device_gpus(device)
-    return device_units(device) if entry.name.lower() == CPU_NODE else 1
+    return (_cpu_nodes(device) or 1) if entry.name.lower() == CPU_NODE else 1
 
 
 def _times(name: str, units: int) -> str:
@@ -426,6 +430,8 @@ def _snapshot_price(snapshot: dict | None, device: str = "") -> NodePrice | None
         return None
     name = snapshot.get("name") or snapshot.get("priced_as")
     units = snapshot.get("units")
+    if isinstance(units, float) and units.is_integer():  # 8.0 after a JSON round trip through another tool
+        units = int(units)
     if isinstance(units, bool) or not isinstance(units, int) or units < 1:
         own = name is not None and str(name).lower() == (catalog_name_for_device(device) or "").lower()
         units = device_units(device) if own else 1
@@ -458,7 +464,9 @@ def resolve_node_price(
         if entry.unit != "usd_per_hour":
             raise ValueError(f"--gpu {gpu!r} names the {entry.kind} price ({entry.unit}), not an hourly GPU "
                              "or node price")  # fmt: skip
-        n = gpus_per_node if entry.kind == "gpu" else 1  # a node entry prices a whole node already
+        # a GPU entry times the GPUs asked for; a node entry times the device's units of it (a 16-thread CPU run
+        # given --gpu cpu-2core is 8 of those 2-vCPU nodes, as the run's own catalog price counts it)
+        n = gpus_per_node if entry.kind == "gpu" else entry_units(entry, device)
         return NodePrice(entry.value * n, _times(entry.name, n), "gpu", entry.name)
     snap = _snapshot_price(price_snapshot, device)
     if snap is not None:

@@ -99,6 +99,21 @@ def _db_option(url) -> str | None:
     return shlex.quote(url.render_as_string(hide_password=True))
 
 
+# The builtin workload of every domain has two names (serving.workloads.MIXED_NAMES): runs record 'mixed' now,
+# 'all' before; a filter naming either keeps both.
+MIXED_WORKLOADS = ("mixed", "all")
+
+
+def workload_matches(col, want: str):
+    """SQL: a run's workload is `want`, either name of the mixed workload counting as the other."""
+    return col.in_(MIXED_WORKLOADS) if want in MIXED_WORKLOADS else col == want
+
+
+def workload_is(have: str | None, want: str) -> bool:
+    """workload_matches for a value in hand."""
+    return have in MIXED_WORKLOADS if want in MIXED_WORKLOADS else have == want
+
+
 @dataclass(frozen=True, slots=True)
 class Filters:
     """Which runs and requests to aggregate. since/until bound requests.started_at; domain and prompt_ids
@@ -169,7 +184,6 @@ class Filters:
         for col, value in (
             (Run.node_id, self.node_id),
             (Run.drafter, self.drafter),
-            (Run.workload, self.workload),
             (Run.mode, self.mode),
             (Run.temperature, self.temperature),
             (Run.kind, self.kind),
@@ -179,6 +193,8 @@ class Filters:
         ):
             if value is not None:
                 conds.append(col == value)
+        if self.workload is not None:
+            conds.append(workload_matches(Run.workload, self.workload))
         if self.target is not None:
             conds.append(target_matches(Run.target, self.target))
         if self.top_p is not None:

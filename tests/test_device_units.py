@@ -124,7 +124,7 @@ def test_an_entry_named_after_an_unknown_device_prices_it_and_the_error_names_th
         s.commit()
     assert main(["cost", "--db", sqlite_url]) == 2
     err = capsys.readouterr().err.strip()
-    assert f"no price for runs {tpu[0]}, {tpu[1]} (device 'Google TPU v5e')" in err and "prices set" in err, err
+    assert f"no price for runs {tpu[0]}-{tpu[1]} (device 'Google TPU v5e')" in err and "prices set" in err, err
     assert main(["prices", "set", "TPU v5e", "1.2", "--kind", "gpu", "--source", "quote", "--db", sqlite_url]) == 0
     capsys.readouterr()
     assert main(["cost", "--db", sqlite_url, "--json"]) == 0
@@ -179,3 +179,52 @@ def filled_pair(sqlite_url) -> str:
         make_run(s, "spec", requests=[spec_req(101, 4, 60, ttft_ms=100, e2e_ms=1000)])
         s.commit()
     return sqlite_url
+
+
+def test_a_cpu_node_price_counts_the_threads_however_it_is_given(sqlite_url):
+    """`--gpu cpu-2core` priced a 16-thread run as one 2-vCPU node while no flag priced it as 8 (and kept its
+    energy as the same hardware's); a snapshot recorded before units were counted, or with units as 8.0, is
+    the device's units too; a pipeline-parallel device spans tp x pp GPUs."""
+    engine = open_store(sqlite_url)
+    catalog = load_catalog(engine)
+    cpu = catalog.get("cpu-2core").value
+    flagged = resolve_node_price(engine, device=CPU16, gpu="cpu-2core", catalog=catalog)
+    unflagged = resolve_node_price(engine, device=CPU16, catalog=catalog)
+    assert flagged.usd_per_hour == unflagged.usd_per_hour == pytest.approx(8 * cpu)
+    assert not flagged.differs_from(CPU16)
+    legacy = {"name": "cpu-2core", "node_hourly_usd": cpu}
+    assert resolve_node_price(engine, device=CPU16, price_snapshot=legacy).usd_per_hour == pytest.approx(8 * cpu)
+    floated = {"name": "H100", "units": 8.0, "node_hourly_usd": 55.04}
+    assert resolve_node_price(engine, device=TP8, price_snapshot=floated).usd_per_hour == pytest.approx(55.04)
+    pp = "cuda: NVIDIA H100 80GB HBM3 x 8 (tp 4)"
+    assert device_gpus(pp) == 8 and not resolve_node_price(engine, device=pp, gpu="H100", gpus_per_node=8) \
+        .differs_from(pp)
+    # a CPU model name with GPU-like letters is a CPU
+    assert device_units("cpu: Fancy H100-ish Xeon (4 threads)") == 2
+    assert price_snapshot(catalog, "cpu: Fancy H100-ish Xeon (4 threads)")["name"] == "cpu-2core"
+
+
+def test_project_names_runs_that_recorded_a_price_beside_runs_that_did_not(sqlite_url, capsys):
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", device="NVIDIA H100 80GB HBM3", price_snapshot={"name": "H100", "node_hourly_usd": 4.0},
+                 requests=[Req(100, ttft_ms=100, e2e_ms=10_000)])
+        make_run(s, "spec", device="NVIDIA H100 80GB HBM3", requests=[spec_req(200, 4, 150, ttft_ms=100,
+                                                                              e2e_ms=10_000)])
+        s.commit()
+    assert main(["project", "--db", sqlite_url, "--daily-tokens", "8.64e6", "--peak-factor", "1.6",
+                 "--p95-tpot-sla-ms", "200"]) == 0
+    assert "warning: only some runs recorded a node price ($4/h): priced at the catalog's" in capsys.readouterr().out
+
+
+def test_the_mixed_workloads_two_names_filter_as_one(sqlite_url, capsys):
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        old = make_run(s, "ar", workload="all", requests=[Req(100, ttft_ms=100, e2e_ms=10_000)]).id
+        new = make_run(s, "ar", workload="mixed", requests=[Req(100, ttft_ms=100, e2e_ms=10_000)]).id
+        make_run(s, "ar", workload="code", requests=[Req(100, ttft_ms=100, e2e_ms=10_000)])
+        s.commit()
+    for name in ("all", "mixed"):
+        assert main(["cost", "--db", sqlite_url, "--workload", name, "--json"]) == 0
+        assert {r["run_id"] for r in json.loads(capsys.readouterr().out)["runs"]} == {old, new}
+    assert main(["cost", "--db", sqlite_url, "--run", str(old), "--workload", "mixed", "--json"]) == 0

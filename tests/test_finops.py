@@ -316,3 +316,15 @@ def test_sla_steps_hold_the_last_step_out_to_a_looser_sla():
     assert sla_steps([], 50.0) == []
     with pytest.raises(ValueError, match="through_ms"):
         sla_steps(curve, float("nan"))
+
+
+def test_the_sla_note_keeps_the_best_p95_on_its_side_of_the_sla():
+    """"no run meets p95 TPOT <= 38.8 ms (best measured p95 TPOT is 38.8 ms)": the best, 38.83, rounded onto
+    the SLA; likewise 50.04 beside an SLA of 50.03."""
+    from telemetry.finops import _ms_apart
+
+    assert _ms_apart(38.83, 38.8) == "38.83"
+    assert _ms_apart(50.04, 50.03) == "50.04"
+    assert _ms_apart(38.84, 38.83) == "38.84"
+    assert _ms_apart(12.3, 50.0) == "12.3"
+    assert float(_ms_apart(38.80001, 38.8)) == 38.80001

@@ -479,4 +479,4 @@ def test_tokens_without_text_count_and_all_is_recorded_as_mixed(stub_factory, tm
     with create_engine(db_url).connect() as c:
         assert c.execute(text("select distinct workload from runs")).scalars().all() == ["mixed"]
         rows = c.execute(text("select status, output_tokens, ttft_ms from requests where status = 'ok'")).all()
-    assert rows and all(n == 3 and ttft is not None for _, n, ttft in rows), rows
+    assert rows and all(n == 3 and ttft is None for _, n, ttft in rows), rows  # no text: no first-token time

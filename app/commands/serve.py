@@ -83,7 +83,10 @@ def handle(args: argparse.Namespace) -> int:
     bindable_port(args.host, args.port)  # a busy port or a bad --host now, not after minutes of loading
     from serving.server_setup import power_source
 
-    power_source(opts)  # likewise a meter that cannot be read (--power nvml / rapl here), before a store is made
+    probe = power_source(opts)  # likewise a meter that cannot be read (--power nvml / rapl), before a store is made
+    close = getattr(probe, "close", None)
+    if close is not None:
+        close()  # the server opens its own
     if not args.no_telemetry:
         from telemetry.store import open_store
 
