@@ -614,7 +614,8 @@ def shared_store(engine, card: dict) -> SharedStore | None:
 
 def loadtest_run_info(card: dict, mode: str, level: int, workload: str, temperature: float, node_id: str,
                       power_source: str = "none", *, max_tokens: int | None = None, invocation_id: str | None = None):
-    """A 'loadtest' run: this machine's device (loopback: the server runs here), the server's model, and the
+    """A 'loadtest' run: the server's device where its model card says it (`specfinops serve` does: its process's
+    threads, which the run is priced by), else this machine's (loopback: the server runs here), its model, and the
     server's power source when its power samples give the requests their energy (`ServerPower`). Its sampling is
     what every request asks for: `temperature` and `max_tokens`; no top_p, top_k or seed is sent, so top_p 1 and
     top_k 0 (off, the API's defaults) and no seed. `invocation_id`: the load test's, shared by all its runs."""
@@ -625,7 +626,7 @@ def loadtest_run_info(card: dict, mode: str, level: int, workload: str, temperat
 
     extra = card.get("specfinops") or {}
     return RunInfo(
-        mode=mode, node_id=node_id, hostname=socket.gethostname(), device=device_name(),
+        mode=mode, node_id=node_id, hostname=socket.gethostname(), device=str(extra.get("device") or device_name()),
         backend=extra.get("backend", "unknown"), dtype=extra.get("dtype", "unknown"),
         target=str(card.get("root") or card["id"]), drafter=extra.get("drafter") if mode == "spec" else None,
         k_policy=extra.get("k_policy", "unknown") if mode == "spec" else "none", temperature=temperature,

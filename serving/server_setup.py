@@ -22,6 +22,7 @@ from serving.server_engine import EngineLoop
 from serving.server_metrics import ServeMetrics
 from serving.server_telemetry import MODES, ServeTelemetry, client_key_id, publish_client_key
 from serving.worker import EngineSpec, Loaded, default_node_id, load, run_info
+from serving.worker import device_name as run_device
 
 if TYPE_CHECKING:
     from serving.engine import Engine
@@ -134,7 +135,8 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState
         except BaseException:
             telemetry.close("failed")
             raise
-    card = {"backend": "torch", "dtype": loaded.spec.dtype, "drafter": loaded.drafter_label,
+    # "device": what the server runs on, as its own runs record it: a load test's runs are priced by it
+    card = {"backend": "torch", "device": run_device(), "dtype": loaded.spec.dtype, "drafter": loaded.drafter_label,
             "k_policy": _k_policy(loaded, "spec"), "max_batch": opts.spec.max_batch}
     if client_key is not None:  # where its requests and power samples are; the key itself only in the store
         card["telemetry"] = {"run_id": telemetry.run_ids["spec"], "key_id": client_key_id(client_key)}

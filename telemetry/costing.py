@@ -699,7 +699,7 @@ class StoreProjection:
     energy_partly_estimated_spec: bool = False
     gpus_per_node: int = 1  # the GPUs of a node (priced as this many x the GPU price)
     replicas_per_node: int = 1  # a node holds this many replicas of the measured device (capacity x this)
-    device_gpus: int = 1  # the GPUs the measured device spans (a vLLM run with tensor parallelism: several)
+    device_gpus: int = 1  # the GPUs the measured device spans (a vLLM run's tensor x pipeline parallel size)
     # priced as other hardware than measured while the runs measured energy: that energy is left out
     energy_left_out: bool = False
     energy_prices_from: str = ""  # where usd_per_kwh and pue come from, in words
@@ -717,9 +717,9 @@ class StoreProjection:
         n, r = self.gpus_per_node, self.replicas_per_node
         if r == 1:
             return None
-        each = "GPU" if self.device_gpus == 1 else f"{self.device_gpus} GPUs"
+        each = "" if self.device_gpus == 1 else f", {self.device_gpus} GPUs"
         return (f"capacity per node = {r} x the measured device (a node of {n} GPUs holds {r} replicas of it; "
-                f"the measured tokens/s are per device, {each})")
+                f"the measured tokens/s are per device{each})")
 
     def sla_curve(self) -> list[SlaPoint]:
         """This projection's traffic and node price at every SLA where the answer can change."""
@@ -931,8 +931,9 @@ def project_from_store(
     (`comparable_group`: same workload, sampling (temperature, top_p, top_k), run kind, target, device, backend,
     precision; where the
     runs in view hold several, the one COMPARISON_RULE picks, named in `comparison`). With `gpu` and `gpus_per_node` N (1..64, GPU
-    entries only), a node is N replicas of the measured device: N x its price and N x its measured
-    tokens/s (so the node count shrinks by N, the cost per token stays that of one GPU). The energy part
+    entries only), a node holds N / g replicas of the measured device, which spans g GPUs (1, or a vLLM run's
+    tp x pp; N a multiple of g, `_node_gpus`): N x the GPU price and N / g x its measured tokens/s (so the node
+    count shrinks by N / g, the cost per token stays that of one replica). The energy part
     is added only when the priced hardware is the measured one (per GPU: J/token is the same for N
     replicas). ValueError on an empty store or a filter that matches nothing (`no_runs_reason`)."""
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or not 1 <= gpus_per_node <= 64:

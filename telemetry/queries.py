@@ -20,7 +20,7 @@ Definitions (README, "Metric definitions"): only requests with status 'ok' count
                         that have one; energy_estimated when the run's power source is 'estimate'
     speedup           = spec tokens/s / AR tokens/s, same workload, target, device, precision, concurrency,
                         sampling (temperature, top_p, top_k), answer length cap (max_new_tokens) and run kind,
-                        over the prompts both modes ran (`speedups`); pooled over every run in view
+                        over the prompts both modes ran (a load test's: all its requests) (`speedups`); pooled over every run in view
     paired speedups   = the same ratio within each invocation (runs.invocation_id: one bench or load test) that
                         recorded both modes, with the same prompt rule (`Speedup.invocation_speedups`)
 

@@ -799,7 +799,8 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
         # the figures first: the long model paths and device names would push them out of view
         Table("speedups", "Speedup (spec tokens/s / AR tokens/s, same workload, target, device, precision, "
               "concurrency, sampling (temperature, top_p, top_k), answer length cap (max new tokens) and run kind; "
-              "over the prompts both modes ran where the runs recorded prompt ids: 'prompts' says how they compare; "
+              "over the prompts both modes ran where the runs recorded prompt ids (a load test's over all its requests: "
+              "it sends the prompts round-robin for a fixed time): 'prompts' says how they compare; "
               "an empty top_p, top_k or max new tokens: not recorded; 'speedup' pools every run of the "
               "configuration, 'paired invocations' gives each bench or load test that ran both modes its own ratio, "
               "measured under one machine's conditions)",

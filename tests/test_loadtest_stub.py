@@ -480,3 +480,15 @@ def test_tokens_without_text_count_and_all_is_recorded_as_mixed(stub_factory, tm
         assert c.execute(text("select distinct workload from runs")).scalars().all() == ["mixed"]
         rows = c.execute(text("select status, output_tokens, ttft_ms from requests where status = 'ok'")).all()
     assert rows and all(n == 3 and ttft is None for _, n, ttft in rows), rows  # no text: no first-token time
+
+
+def test_the_runs_record_the_device_the_servers_card_names(stub_factory, tmp_path, capsys):
+    """A load test's runs recorded the client's CPU whatever served them, and were priced as it: the device
+    the server's model card names (`specfinops serve` names its own) is theirs."""
+    device = "cuda: NVIDIA H100 80GB HBM3 x 8 (tp 8)"
+    stub = stub_factory(chunks=2, chunk_s=0.01, card_extra={"device": device})
+    db_url = f"sqlite:///{tmp_path / 'device.db'}"
+    assert main(["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "0.3", "--mode", "spec",
+                 "--max-tokens", "8", "--workload", "code", "--db", db_url]) == 0, capsys.readouterr().err
+    with create_engine(db_url).connect() as c:
+        assert c.execute(text("select distinct device from runs")).scalars().all() == [device]

@@ -29,7 +29,7 @@ from app.errors import UsageError
 
 COST_EXAMPLES = """  specfinops cost
   specfinops cost --run 3 --json
-  specfinops cost --gpu H100                  # price every run at one H100 GPU-hour
+  specfinops cost --gpu H100                  # price every run at H100 GPU-hours, one per GPU it ran on
   specfinops cost --node-hourly-usd 8.806 --workload code
   specfinops cost --temperature 0.8 --top-k 40  # only the runs sampled at temperature 0.8 with top_k 40
   specfinops cost --max-new-tokens 128          # only the runs whose answers were capped at 128 new tokens
@@ -83,8 +83,9 @@ def _add_pricing(p, *, gpus_per_node: bool) -> None:
     if gpus_per_node:
         p.add_argument(
             "--gpus-per-node", metavar="N", default=None,
-            help="GPUs per node with --gpu NAME of kind gpu, 1..64 (default 1): a node is N replicas of the "
-            "measured device, N x its price and N x its measured tokens/s",
+            help="GPUs per node with --gpu NAME of kind gpu, 1..64 (default 1: the node is the measured device, "
+            "all the GPUs it spans): a node holds N / g replicas of a device spanning g GPUs (a vLLM run's tp x pp; "
+            "N a multiple of g), N x the GPU price and N / g x its measured tokens/s",
         )
     p.add_argument("--node-hourly-usd", metavar="X", help="price at X dollars per node-hour")
     p.add_argument("--usd-per-kwh", metavar="X", help="electricity price (default: the runs' recorded price, else catalog 'electricity')")

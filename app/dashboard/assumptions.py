@@ -32,6 +32,7 @@ def put(values: dict) -> None:
 
 def describe(a: dict) -> str:
     price = (f"${a['node_hourly_usd']:g}/h per node" if a.get("node_hourly_usd")
-             else f"{a['gpu']} x{a['gpus_per_node']}" if a.get("gpu") else "the runs' recorded node price")
+             else f"{a['gpu']} x{a['gpus_per_node']}" if a.get("gpu") and a["gpus_per_node"] > 1
+             else f"{a['gpu']} per GPU of the measured device" if a.get("gpu") else "the runs' recorded node price")
     return (f"{a['daily_tokens'] / 1e6:,.0f}M tokens/day, peak x{a['peak_factor']:g}, "
             f"p95 TPOT SLA {a['sla_ms']:g} ms, {price}")

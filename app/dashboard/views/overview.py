@@ -290,7 +290,8 @@ def body(ctx: Context) -> None:
             # what differs first (workload, concurrency) and the result; then what the rows share
             if len(speedups) > 1:
                 st.caption("One row per configuration: spec against AR at one sampling, answer length cap and run "
-                           "kind, over the prompts both ran where they recorded prompt ids; rows are not pooled.")
+                           "kind, over the prompts both ran where they recorded prompt ids (a load test's over all "
+                           "its requests: it sends the prompts round-robin for a fixed time); rows are not pooled.")
             st.caption("speedup pools every run of the row's configuration in view; paired invocations: the ratio "
                        "within each bench or load test that ran both modes (one machine's conditions for both).")
             table = pd.DataFrame([{
