@@ -67,11 +67,16 @@ class VllmNotInstalled(ValueError):
 
 
 def import_vllm() -> tuple[ModuleType, ModuleType]:
-    """(vllm, vllm.sampling_params), or VllmNotInstalled saying what to install."""
+    """(vllm, vllm.sampling_params), or VllmNotInstalled saying what to install, or, where vllm is there but
+    fails to import (a CUDA or torch mismatch: "undefined symbol ..."), what failed."""
     try:
         return importlib.import_module("vllm"), importlib.import_module("vllm.sampling_params")
-    except ImportError as exc:
-        raise VllmNotInstalled(MISSING_VLLM) from exc
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] == "vllm":
+            raise VllmNotInstalled(MISSING_VLLM) from exc
+        raise VllmNotInstalled(f"vllm is installed but cannot be imported: {type(exc).__name__}: {exc}") from exc
+    except (ImportError, OSError, RuntimeError) as exc:
+        raise VllmNotInstalled(f"vllm is installed but cannot be imported: {type(exc).__name__}: {exc}") from exc
 
 
 # ------------------------------------------------------------------------------------------ config
@@ -101,6 +106,13 @@ class VllmConfig:
         clash = {"model", "speculative_config", "disable_log_stats"} & set(self.engine_args)
         if clash:
             raise ValueError(f"engine args {sorted(clash)} are set by specfinops; remove them")
+        # what the runs record (precision, context window, seed) is what the engine gets: given here, the record
+        # would say one thing and the engine do another
+        recorded = {k: flag for k, flag in (("dtype", "--dtype"), ("max_model_len", "--max-len"), ("seed", "--seed"))
+                    if k in self.engine_args}
+        if recorded:
+            raise ValueError("engine args " + ", ".join(f"{k!r} (give {flag})" for k, flag in recorded.items())
+                             + " are recorded with the runs: set them with bench's own options")
 
     def speculative_config(self) -> dict[str, Any] | None:
         if self.method is None:
@@ -111,6 +123,12 @@ class VllmConfig:
         if self.method == "ngram":
             cfg.update(prompt_lookup_max=NGRAM_MAX, prompt_lookup_min=NGRAM_MIN)
         return cfg
+
+    @property
+    def gpus(self) -> int:
+        """The GPUs the engine spans: tensor x pipeline parallel size (its device string says so, its price and
+        its power source count them)."""
+        return self.tensor_parallel_size * int(self.engine_args.get("pipeline_parallel_size", 1))
 
     def llm_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {
@@ -430,8 +448,8 @@ def software_version(vllm: ModuleType) -> str:
 
 
 def device_name(config: VllmConfig) -> str:
-    """'cuda: NVIDIA H200 x 8 (tp 8)'; 'unknown' when torch sees no CUDA device here."""
-    parallel = config.tensor_parallel_size * int(config.engine_args.get("pipeline_parallel_size", 1))
+    """'cuda: NVIDIA H200 x 8 (tp 8)'; 'vllm: device unknown x 8 (tp 8)' when torch sees no CUDA device here."""
+    parallel = config.gpus
     try:
         import torch
 
@@ -439,7 +457,7 @@ def device_name(config: VllmConfig) -> str:
             return f"cuda: {torch.cuda.get_device_name(0)} x {parallel} (tp {config.tensor_parallel_size})"
     except ImportError:
         pass
-    return f"vllm: device unknown ({parallel} workers)"
+    return f"vllm: device unknown x {parallel} (tp {config.tensor_parallel_size})"  # priced per GPU it spans
 
 
 def run_info(engine: VllmEngine, *, workload: str, params: SamplingParams, node_id: str, power_source: str,
@@ -574,7 +592,8 @@ def run_bench(config: VllmConfig, prompts: list[Prompt], params: SamplingParams,
     results: list[tuple[int, VllmModeResult]] = []
     stopped: StoppedRun | None = None
     try:
-        source = detect_power_source(power, tdp_w=tdp_w, nvml=nvml)
+        # the GPUs this run spans: NVML reads those, an estimate counts each, and no CPU meter stands in for them
+        source = detect_power_source(power, tdp_w=tdp_w, nvml=nvml, gpus=config.gpus)
     except BaseException:
         if recorder:
             recorder.close()

@@ -78,6 +78,22 @@ def _import_pynvml() -> ModuleType:
     return pynvml
 
 
+def visible_gpu_indices(gpus: int) -> list[int] | None:
+    """NVML indices of the `gpus` GPUs a run's workers take: the first `gpus` of CUDA_VISIBLE_DEVICES (numbers),
+    or 0..gpus-1 where it is unset. None where it names GPUs otherwise (UUIDs, MIG slices): NVML then reads
+    every GPU it sees, and says so."""
+    import os
+
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None or not env.strip():
+        return list(range(gpus))
+    entries = [e.strip() for e in env.split(",") if e.strip()]
+    if not all(e.isdigit() for e in entries):
+        _say_once(f"CUDA_VISIBLE_DEVICES={env} names GPUs NVML cannot index: reading every GPU NVML sees")
+        return None
+    return [int(e) for e in entries[:gpus]]
+
+
 class NvmlPowerSource:
     """NVIDIA GPUs through NVML: the total-energy counter (mJ) when supported, else power usage (mW).
 
@@ -234,24 +250,30 @@ class EstimatePowerSource:
     source = "estimate"
 
     def __init__(
-        self, tdp_w: float, *, utilization_fn: Callable[[], float] | None = None, idle_fraction: float = 0.3
+        self, tdp_w: float, *, utilization_fn: Callable[[], float] | None = None, idle_fraction: float = 0.3,
+        devices: int = 1,
     ) -> None:
         if not tdp_w > 0:
             raise ValueError(f"tdp_w must be > 0 watts, got {tdp_w}")
+        if not isinstance(devices, int) or devices < 1:
+            raise ValueError(f"devices must be a whole number >= 1, got {devices!r}")
+        self.devices = devices  # one reading each: a run over 4 GPUs draws 4 x the TDP of one
         if not 0 <= idle_fraction <= 1:
             raise ValueError(f"idle_fraction must be within [0, 1], got {idle_fraction}")
         self.tdp_w = float(tdp_w)
         self._util = utilization_fn
         self._idle_w = idle_fraction * self.tdp_w
         how = "utilization-scaled" if utilization_fn else "constant"
-        self.description = f"estimate: {how} TDP {self.tdp_w:g} W (not measured)"
+        each = "" if devices == 1 else f" x {devices} devices"
+        self.description = f"estimate: {how} TDP {self.tdp_w:g} W{each} (not measured)"
 
     def read(self) -> list[PowerReading]:
+        now = datetime.now(UTC)
         if self._util is None:
-            return [PowerReading(datetime.now(UTC), 0, self.tdp_w, None, None, self.source)]
+            return [PowerReading(now, i, self.tdp_w, None, None, self.source) for i in range(self.devices)]
         util = min(max(float(self._util()), 0.0), 100.0)
         power_w = self._idle_w + (self.tdp_w - self._idle_w) * util / 100.0
-        return [PowerReading(datetime.now(UTC), 0, power_w, None, util, self.source)]
+        return [PowerReading(now, i, power_w, None, util, self.source) for i in range(self.devices)]
 
     def close(self) -> None:
         pass
@@ -276,29 +298,40 @@ def detect_power_source(
     tdp_w: float | None = None,
     nvml: ModuleType | Any | None = None,
     rapl_root: Path = RAPL_ROOT,
+    gpus: int | None = None,
 ) -> PowerSource:
     """The power source to use. 'auto' tries NVML, then RAPL, then the TDP estimate (when `tdp_w` is
     given), then none, and says once what it fell back to and why. An explicit choice that cannot be
-    opened raises PowerSourceError."""
+    opened raises PowerSourceError.
+
+    `gpus`: a run on that many GPUs (vLLM's tensor x pipeline parallel size). NVML then reads those GPUs only
+    (the first `gpus` of CUDA_VISIBLE_DEVICES, as the run's workers take them; NVML itself sees every GPU of the
+    machine), the estimate is `gpus` x the TDP, and 'auto' never falls back to RAPL (the CPU's energy is not
+    the GPUs')."""
     if preference not in PREFERENCES:
         raise ValueError(f"power source preference must be one of {PREFERENCES}, got {preference!r}")
+
+    def nvml_source() -> NvmlPowerSource:
+        return NvmlPowerSource(None if gpus is None else visible_gpu_indices(gpus), nvml=nvml)
+
     if preference == "nvml":
-        return NvmlPowerSource(nvml=nvml)
+        return nvml_source()
     if preference == "rapl":
         return RaplPowerSource(rapl_root)
     if preference == "estimate":
         if tdp_w is None:
             raise ValueError("power source 'estimate' needs tdp_w (the device's TDP in watts)")
-        return EstimatePowerSource(tdp_w)
+        return EstimatePowerSource(tdp_w, devices=gpus or 1)
     if preference == "none":
         return NoPowerSource()
     reasons = []
-    for name, opener in (("NVML", lambda: NvmlPowerSource(nvml=nvml)), ("RAPL", lambda: RaplPowerSource(rapl_root))):
+    openers = [("NVML", nvml_source)] + ([("RAPL", lambda: RaplPowerSource(rapl_root))] if gpus is None else [])
+    for name, opener in openers:
         try:
             return opener()
         except PowerSourceError as exc:
             reasons.append(f"{name}: {exc}")
-    chosen: PowerSource = EstimatePowerSource(tdp_w) if tdp_w is not None else NoPowerSource()
+    chosen: PowerSource = EstimatePowerSource(tdp_w, devices=gpus or 1) if tdp_w is not None else NoPowerSource()
     _say_once(f"power: using {chosen.description}; " + "; ".join(reasons))
     return chosen
 

@@ -37,7 +37,8 @@ CPU16 = "cpu: AMD EPYC (16 threads)"
         ("cpu: Intel Xeon (3 threads)", 1, 2),
         ("cpu (2 cores)", 1, 1),
         ("cpu", 1, 1),
-        ("vllm: device unknown (4 workers)", 1, 1),
+        ("vllm: device unknown (4 workers)", 1, 1),  # as recorded before the count was in the device's form
+        ("vllm: device unknown x 4 (tp 2)", 4, 4),
     ],
 )
 def test_device_units_count_the_hardware_a_device_string_names(device, gpus, units):

@@ -253,3 +253,25 @@ def test_sampler_collects_labelled_readings_and_hands_them_on():
     assert sampler.energy_j(*span) == pytest.approx(200.0 * (span[1] - span[0]).total_seconds(), rel=1e-6)
     with pytest.raises(ValueError, match="interval_s"):
         PowerSampler(NoPowerSource(), interval_s=0)
+
+
+def test_a_run_on_some_gpus_reads_those_and_no_cpu_meter_stands_in(tmp_path, monkeypatch):
+    """NVML sees every GPU of the machine: a vLLM run on 2 of 8 was charged all 8's power; the TDP estimate
+    counted one GPU whatever the run spanned; and 'auto' fell back to RAPL, the CPU's energy, for a GPU run."""
+    monkeypatch.setattr(power, "_said", set())
+    gpus = [FakeGpu(100.0 + i) for i in range(8)]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    src = detect_power_source("nvml", nvml=FakeNvml(gpus), gpus=2)
+    assert [r.device_index for r in src.read()] == [0, 1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    src = detect_power_source("nvml", nvml=FakeNvml(gpus), gpus=2)
+    assert [r.device_index for r in src.read()] == [4, 5]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-0a1b,GPU-2c3d")  # by UUID: every GPU, said
+    assert len(detect_power_source("nvml", nvml=FakeNvml(gpus), gpus=2).read()) == 8
+    est = detect_power_source("estimate", tdp_w=700.0, gpus=4)
+    assert [r.power_w for r in est.read()] == [700.0] * 4 and "x 4 devices" in est.description
+    _rapl_zone(tmp_path, "intel-rapl:0", 10)
+    broken = FakeNvml([], init_error="Driver Not Loaded")
+    assert isinstance(detect_power_source(nvml=broken, rapl_root=tmp_path), RaplPowerSource)  # a CPU run
+    assert isinstance(detect_power_source(nvml=broken, rapl_root=tmp_path, gpus=1), NoPowerSource)
+    assert isinstance(detect_power_source(tdp_w=700.0, nvml=broken, rapl_root=tmp_path, gpus=2), EstimatePowerSource)

@@ -87,7 +87,9 @@ def test_models_retrieve_gives_the_listed_model_and_404_for_another(live):
     listed = client.models.list().data
     got = client.models.retrieve(live.model)
     assert [got.model_dump()] == [m.model_dump() for m in listed] and got.id == live.model
-    from serving.worker import device_name  # the server's device, as its runs record it: a load test's are priced by it
+    from serving.worker import (
+        device_name,  # the server's device, as its runs record it: a load test's are priced by it
+    )
 
     assert got.model_dump()["specfinops"]["device"] == device_name()
     with pytest.raises(NotFoundError) as exc:

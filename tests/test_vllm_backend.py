@@ -76,6 +76,9 @@ def test_llm_is_built_with_speculative_config_and_stats_on(vllm):
     (VllmConfig(target="t", method="draft_model"), "needs a draft model"),
     (VllmConfig(target="t", method="ngram", num_speculative_tokens=0), "num_speculative_tokens"),
     (VllmConfig(target="t", engine_args={"disable_log_stats": True}), "set by specfinops"),
+    # the runs record precision, window and seed: given here the engine would run another than recorded
+    (VllmConfig(target="t", engine_args={"dtype": "half"}), r"'dtype' \(give --dtype\)"),
+    (VllmConfig(target="t", engine_args={"max_model_len": 8192, "seed": 7}), "'max_model_len' .give --max-len.*'seed'"),
 ])
 def test_bad_config_is_refused_naming_the_value(cfg, match):
     with pytest.raises(ValueError, match=match):
@@ -197,6 +200,24 @@ def test_missing_vllm_says_what_to_install(monkeypatch, capsys):
         _engine()
     assert main(["bench", "--backend", "vllm", "--limit", "1", "--no-telemetry"]) == 2
     assert MISSING_VLLM in capsys.readouterr().err
+
+
+def test_a_vllm_that_fails_to_import_says_why_not_that_it_is_missing(monkeypatch):
+    """A broken install ("undefined symbol": a CUDA or torch mismatch) read "vllm is not installed"."""
+    import importlib
+
+    from serving.vllm_backend import import_vllm
+
+    real = importlib.import_module
+
+    def broken(name, *a, **kw):
+        if name == "vllm":
+            raise ImportError("/x/_C.abi3.so: undefined symbol: _ZN3c10")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    with pytest.raises(VllmNotInstalled, match="vllm is installed but cannot be imported: ImportError: .*undefined symbol"):
+        import_vllm()
 
 
 # ------------------------------------------------------------------------------------------ bench end to end

@@ -94,7 +94,8 @@ def register(sub) -> None:
                    help="speculate only while at most N sequences run together (AR above); 'auto' = below the "
                         "crossover of the latest recorded sweep for this target and drafter")
     p.add_argument("--power", default="auto", help="auto | nvml | rapl | estimate | none")
-    p.add_argument("--tdp-w", type=float, default=None, help="TDP in watts for --power estimate (labelled estimate)")
+    p.add_argument("--tdp-w", type=float, default=None, help="TDP in watts of one device for --power estimate "
+                   "(labelled estimate; a --backend vllm run counts it once per GPU it spans)")
 
 
 def node_id(text: str) -> str:
