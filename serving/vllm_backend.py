@@ -135,6 +135,9 @@ class VllmConfig:
             "model": self.target, "dtype": self.dtype, "tensor_parallel_size": self.tensor_parallel_size,
             "seed": self.seed, "speculative_config": self.speculative_config(),
             "disable_log_stats": False,  # without stat loggers get_metrics() has no spec-decode counters
+            # a bench replays its prompts (warm-up, each concurrency level): cached prefixes would time prefills
+            # that never ran; `--vllm-args '{"enable_prefix_caching": true}'` measures with the cache
+            "enable_prefix_caching": False,
         }
         if self.max_model_len is not None:
             kw["max_model_len"] = self.max_model_len

@@ -62,6 +62,9 @@ def test_llm_is_built_with_speculative_config_and_stats_on(vllm):
     assert kw["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 3,
                                         "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     assert kw["disable_log_stats"] is False and kw["tensor_parallel_size"] == 1 and kw["model"] == "/models/target"
+    assert kw["enable_prefix_caching"] is False  # a replayed prompt's prefill is timed, not served from the cache
+    cached = VllmConfig(target="t", engine_args={"enable_prefix_caching": True})
+    assert cached.llm_kwargs()["enable_prefix_caching"] is True  # asked for: measured with the cache
     ar = _engine(None)
     assert ar.llm.kwargs["speculative_config"] is None and ar.mode == "ar" and ar.k_policy == "none"
     eagle = VllmConfig(target="t", method="eagle3", draft_model="/m/eagle3-head", num_speculative_tokens=2,
