@@ -195,10 +195,14 @@ def test_projection_notes_say_a_node_holds_n_replicas():
     from app.dashboard.common import projection_notes
     from telemetry.costing import StoreProjection
 
-    def replica_note(n):  # the property itself, on a stand-in that has only gpus_per_node
-        return StoreProjection.replica_note.fget(NS(gpus_per_node=n))
+    def replica_note(n, spans=1):  # the property itself, on a stand-in with what it reads
+        return StoreProjection.replica_note.fget(NS(gpus_per_node=n, replicas_per_node=n // spans, device_gpus=spans))
 
     sp = NS(projection=NS(notes=()), priced_differs=False, energy_estimated=False, replica_note=replica_note(8))
     assert projection_notes(sp) == ["capacity per node = 8 x the measured device (a node of 8 GPUs holds 8 "
                                     "replicas of it; the measured tokens/s are per device)"]
     assert projection_notes(NS(**{**vars(sp), "replica_note": replica_note(1)})) == []
+    # a device over 8 GPUs (vLLM, tensor parallel): a node of 16 holds 2 of it
+    assert replica_note(16, spans=8) == ("capacity per node = 2 x the measured device (a node of 16 GPUs holds 2 "
+                                         "replicas of it; the measured tokens/s are per device, 8 GPUs)")
+    assert replica_note(8, spans=8) is None  # the node is the device itself
