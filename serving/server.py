@@ -185,7 +185,8 @@ def shutdown(state: ServerState, status: str = "completed") -> None:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def fastapi_validation(request: Request, exc: RequestValidationError):

@@ -109,8 +109,8 @@ class EngineLoop:
                 raise APIError(503, "the server is shutting down", code="shutting_down")
             queued = len(self._waiting) - max(self.engine.max_batch - self._num_holding, 0)
             if queued >= self._max_waiting:
-                raise APIError(503, f"the server is overloaded ({queued} requests waiting for a batch slot); "
-                               "retry later", code="overloaded")
+                raise APIError(503, f"the server is overloaded ({queued} request{'s' if queued != 1 else ''} "
+                               "waiting for a batch slot); retry later", code="overloaded", retry_after_s=1)
             self._waiting.append(job)
             self._cv.notify()
 

@@ -29,9 +29,10 @@ class APIError(Exception):
     """An error answered to the client as {"error": {"message", "type", "param", "code"}}."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type_: str | None = None):
+                 type_: str | None = None, retry_after_s: int | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.retry_after_s = retry_after_s  # sent as Retry-After: when to try again (clients back off by it)
         self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
 
     def body(self) -> dict:

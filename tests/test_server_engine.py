@@ -160,7 +160,7 @@ def test_a_job_cancelled_while_it_waits_leaves_the_queue_at_once():
         assert el.num_waiting == 3
         with pytest.raises(APIError) as full:
             el.submit(_job(loop, 9, 4))
-        assert full.value.status == 503 and full.value.code == "overloaded"
+        assert full.value.status == 503 and full.value.code == "overloaded" and full.value.retry_after_s == 1
         for j in queued:
             el.cancel(j)
         waiting_after_cancel = el.num_waiting
