@@ -379,7 +379,12 @@ class PowerSampler:
             return []
         if readings:
             with self._lock:
+                full = len(self._kept) + len(readings) > (self._kept.maxlen or 0) > 0
                 self._kept.extend(readings)
+            if full:
+                _say_once(f"power: keeping only the last {self._kept.maxlen:,} readings of this run; requests "
+                          "attributed energy after their readings are dropped get no energy figure (missing, "
+                          "not 0): shorter runs, or fewer devices per run, keep them all")
             if self._sink is not None:
                 self._sink(readings)
         return readings

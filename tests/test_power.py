@@ -275,3 +275,16 @@ def test_a_run_on_some_gpus_reads_those_and_no_cpu_meter_stands_in(tmp_path, mon
     assert isinstance(detect_power_source(nvml=broken, rapl_root=tmp_path), RaplPowerSource)  # a CPU run
     assert isinstance(detect_power_source(nvml=broken, rapl_root=tmp_path, gpus=1), NoPowerSource)
     assert isinstance(detect_power_source(tdp_w=700.0, nvml=broken, rapl_root=tmp_path, gpus=2), EstimatePowerSource)
+
+
+def test_a_sampler_that_drops_old_readings_says_so(monkeypatch, caplog):
+    """A long multi-GPU run outgrew the kept readings: early requests got no energy, and nothing said why."""
+    monkeypatch.setattr(power, "_said", set())
+    sampler = power.PowerSampler(EstimatePowerSource(100.0, devices=4), max_kept=10)
+    with caplog.at_level(logging.WARNING, logger="telemetry.power"):
+        for _ in range(2):
+            sampler.sample_now()
+        assert not caplog.records  # 8 of 10 kept
+        sampler.sample_now()
+    assert len(sampler.readings()) == 10
+    assert any("keeping only the last 10 readings" in r.getMessage() for r in caplog.records)
