@@ -96,6 +96,7 @@ MEASURED, ESTIMATED, PARTLY_ESTIMATED = "measured", "estimated", "partly estimat
 ENERGY_OTHER_HARDWARE = "measured energy left out: priced as other hardware than measured"
 # Why a run's cost holds no energy although it has some: only some of its requests have an energy figure.
 SOME_REQUESTS = "energy for only some requests"
+WALL_UNKNOWN = "wall time unknown"  # a run with tokens but no request span: nothing prices its hours
 
 
 def energy_source(runs: Iterable[RunSummary]) -> str | None:
@@ -248,7 +249,7 @@ def _price_run(engine: Engine, run: RunSummary, gpu, node_hourly_usd, usd_per_kw
     st = run.stats
     differs = price.differs_from(run.device)
     if st.output_tokens and st.wall_s is None:
-        cost = CostBreakdown(st.output_tokens, None, None, None, False, False, "wall time unknown")
+        cost = CostBreakdown(st.output_tokens, None, None, None, False, False, WALL_UNKNOWN)
     elif differs and st.energy_j is not None:  # energy measured here is not the priced hardware's
         cost = cost_per_1m_tokens(price.usd_per_hour, (st.wall_s or 0.0) / 3600, None, pue_value, kwh_price,
                                   st.output_tokens, no_energy_reason=ENERGY_OTHER_HARDWARE)
@@ -324,7 +325,7 @@ def _mode_cost(mode: str, items: list[RunCost]) -> ModeCost:
             None,
             False,
             False,
-            "no output tokens" if not tokens else "wall time unknown",
+            "no output tokens" if not tokens else WALL_UNKNOWN,
         )
     else:
         hardware_usd = sum(rc.node_price.usd_per_hour * rc.run.stats.wall_s / 3600 for rc in with_tokens)

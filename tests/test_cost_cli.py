@@ -733,3 +733,15 @@ def test_a_run_without_output_tokens_has_no_energy_figure_not_an_unmeasured_one(
     out = capsys.readouterr().out
     assert "spec  run 2: 0 tokens, n/a tokens/s, hardware n/a + energy n/a = n/a (no output tokens)" in out, out
     assert "energy not measured = $" in out  # the AR run, which measured no power, still says so
+
+
+def test_a_run_without_a_span_reads_its_energy_na_not_unmeasured(sqlite_url, capsys):
+    """A metered run whose one request has no duration: its energy was measured (1 J), only its hours cannot
+    be priced; the table said "not measured"."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", power_source="nvml", requests=[Req(5, ttft_ms=0, e2e_ms=0, energy_j=1.0)])
+        s.commit()
+    assert main(["cost", "--db", sqlite_url]) == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("1 ")]
+    assert row and "n/a (wall unknown)" in row[0] and "not measured" not in row[0], row

@@ -244,6 +244,7 @@ def _energy_text(c, runs=None) -> str:
         ENERGY_OTHER_HARDWARE,
         PARTLY_ESTIMATED,
         SOME_REQUESTS,
+        WALL_UNKNOWN,
         energy_source,
         energy_sources_text,
     )
@@ -253,6 +254,8 @@ def _energy_text(c, runs=None) -> str:
             return "n/a"
         if c.reason == ENERGY_OTHER_HARDWARE:
             return "left out (other hw)"
+        if c.reason == WALL_UNKNOWN:  # energy may be measured: the run's figure is n/a as a whole
+            return "n/a (wall unknown)"
         return "partial (some requests)" if c.reason and SOME_REQUESTS in c.reason else "not measured"
     if runs is not None and energy_source(runs) == PARTLY_ESTIMATED:
         return f"{_usd(c.energy_usd_per_1m)} ({PARTLY_ESTIMATED}: {energy_sources_text(runs)})"
