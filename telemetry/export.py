@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, case, func, select
 from sqlalchemy.engine import Engine
 
 from telemetry.db import PowerSample, Request, Run, Step, TokenEvent
@@ -85,9 +85,13 @@ SELECTORS = ("workload", "target", "node_id", "mode", "kind", "temperature", "to
 
 
 def parse_when(value: str | None, name: str) -> datetime | None:
-    """ISO-8601 date or datetime -> aware UTC datetime (naive input is taken as UTC)."""
-    if value is None or value == "":
+    """ISO-8601 date or datetime -> aware UTC datetime (naive input is taken as UTC). None -> None; an empty
+    value is refused (an unset shell variable would otherwise widen the window to the whole store)."""
+    if value is None:
         return None
+    if not value.strip():
+        raise ValueError(f"{name} is empty: give an ISO date or time (e.g. 2026-11-02 or 2026-11-02T06:00), "
+                         "or leave the option out")
     try:
         when = datetime.fromisoformat(value)
     except ValueError:
@@ -120,7 +124,10 @@ def _cell(value: Any) -> Any:
 
 
 def _tpot_ms():
-    return (Request.e2e_ms - Request.ttft_ms) / func.nullif(Request.output_tokens - 1, 0)
+    """(E2E - TTFT) / (tokens - 1) where a request has two tokens or more (TPOT is undefined below: a failed
+    or cancelled request keeps its times with 0 tokens, which read -200 ms)."""
+    return case((Request.output_tokens > 1,
+                 (Request.e2e_ms - Request.ttft_ms) / func.nullif(Request.output_tokens - 1, 0)), else_=None)
 
 
 def _request_window(stmt: Select, window: ExportWindow) -> Select:

@@ -146,20 +146,17 @@ _NUMERIC_WEEKDAYS = re.compile(r"(?P<base>\*|(?P<first>\d+)(?:-(?P<last>\d+))?)(
 def crontab_weekdays(field: str) -> str:
     """Crontab's day-of-week field with every number as a day name, which APScheduler reads as crontab does.
 
-    Numbers, lists, ranges and steps (`1`, `1,3`, `1-5`, `*/2`, `1-5/2`, `7`) become a list of names;
-    names (`MON`, `mon-fri`) and a bare `*` pass through for APScheduler to read.
+    Numbers, names, lists, ranges and steps (`1`, `MON`, `1,3`, `1-5`, `sun-thu`, `fri-sun`, `*/2`, `1-5/2`, `7`)
+    become a list of names, read as crontab reads them (Sunday 0 or 7: APScheduler's own ranges start at Monday,
+    so it refused `sun-thu`); a bare `*` passes through.
     """
     if field == "*":
         return field
     days: set[int] = set()
-    names: list[str] = []
     for item in field.split(","):
-        m = _NUMERIC_WEEKDAYS.fullmatch(item)
+        m = _NUMERIC_WEEKDAYS.fullmatch(_weekday_numbers(item))
         if m is None:
-            if any(c.isdigit() for c in item):
-                raise ValueError(f"day of week {item!r} is not a number 0-7, a range or a step")
-            names.append(item)
-            continue
+            raise ValueError(f"day of week {item!r} is not a number 0-7 or a day name (sun-sat), a range or a step")
         step = int(m["step"]) if m["step"] else 1
         if m["base"] == "*":
             first, last = 0, 6
@@ -169,7 +166,20 @@ def crontab_weekdays(field: str) -> str:
         if not (0 <= first <= last <= 7) or step < 1:
             raise ValueError(f"day of week {item!r} must be within 0-7 (0 and 7 = Sunday), low to high, step >= 1")
         days.update(d % 7 for d in range(first, last + 1, step))
-    return ",".join([CRONTAB_WEEKDAYS[d] for d in sorted(days)] + names)
+    return ",".join(CRONTAB_WEEKDAYS[d] for d in sorted(days))
+
+
+def _weekday_numbers(item: str) -> str:
+    """A day-of-week item with its day names as crontab's numbers (`sun-thu` -> `0-4`); a range ending at Sunday
+    ends at 7 (`fri-sun` -> `5-7`). Anything else is left as it is (refused by the caller)."""
+    def number(m: re.Match) -> str:
+        name = m.group(0).lower()
+        if name not in CRONTAB_WEEKDAYS:
+            return m.group(0)
+        ends_range = m.start() > 0 and item[m.start() - 1] == "-"
+        return "7" if name == "sun" and ends_range else str(CRONTAB_WEEKDAYS.index(name))
+
+    return re.sub(r"[A-Za-z]+", number, item)
 
 
 @dataclass(frozen=True, slots=True)

@@ -317,3 +317,28 @@ def test_an_empty_steps_export_blames_the_window_only_where_steps_lie_outside_it
     assert main(["export", "--db", sqlite_url, "--what", "steps", "--out", "-", "--since", "2026-11-05"]) == 0
     assert "the selection's requests with steps started from 2026-11-02 09:00:00 UTC to 2026-11-03 09:00:00 UTC" \
         in capsys.readouterr().err
+
+
+def test_a_request_without_two_tokens_has_no_tpot_and_an_empty_since_is_refused(sqlite_url, tmp_path, capsys):
+    """A cancelled request keeps its times with 0 tokens: its exported tpot_ms read -200; and `--since ""` (an
+    unset shell variable) exported the whole store."""
+    import csv
+
+    from sqlalchemy.orm import Session
+    from synthetic import Req, make_run
+
+    from app.cli import main
+    from telemetry.store import open_store
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(0, ttft_ms=100, e2e_ms=300, status="cancelled"),
+                                    Req(11, ttft_ms=100, e2e_ms=1100, start_s=1.0)])
+        s.commit()
+    out = tmp_path / "requests.csv"
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert sorted(r["tpot_ms"] for r in rows) == ["", "100.0"], rows
+    for flag in ("--since", "--until"):
+        assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(out), flag, ""]) == 2
+        assert f"{flag} is empty" in capsys.readouterr().err

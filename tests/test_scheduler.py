@@ -326,6 +326,11 @@ def _fire_days(expr: str, n: int = 14) -> list[str]:
         ("0 7 * * sun", {"Sun"}),
         ("0 7 * * mon-fri", {"Mon", "Tue", "Wed", "Thu", "Fri"}),
         ("0 7 * * 1,sat", {"Mon", "Sat"}),
+        # named ranges from Sunday: APScheduler numbers Sunday 6 and refused them ("sun-thu" is 0-4 in crontab)
+        ("0 6 * * sun-thu", {"Sun", "Mon", "Tue", "Wed", "Thu"}),
+        ("0 6 * * SUN-SAT", {"Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"}),
+        ("0 6 * * fri-sun", {"Fri", "Sat", "Sun"}),
+        ("0 6 * * mon-fri/2", {"Mon", "Wed", "Fri"}),
         ("0 7 * * *", {"Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"}),
     ],
 )
@@ -843,3 +848,17 @@ def test_cli_bad_input_leaves_no_out_folder(store, tmp_path, capsys, extra, need
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err
     assert not out.exists()
+
+
+def test_the_missed_periods_command_masks_the_password_and_keeps_every_digit():
+    """It printed the store's password to the log and rounded the job's options (`--daily-tokens 1.23457e+08`
+    for 123456789, a temperature of 0.123457 that matches no run)."""
+    from types import SimpleNamespace
+
+    from app.commands.scheduler import _unreported_text
+
+    lost = [SimpleNamespace(period="daily", since=datetime(2026, 12, 2, tzinfo=UTC), span_text=lambda: "Dec 2")]
+    text = _unreported_text(lost, {"db_url": "postgresql+psycopg://ops:hunter2@db:5432/specfinops",
+                                   "out_dir": "/reports", "daily_tokens": 123456789.0, "temperature": 0.123456789})
+    assert "hunter2" not in text and "postgresql+psycopg://ops:***@db:5432/specfinops" in text, text
+    assert "--daily-tokens 123456789.0" in text and "--temperature 0.123456789" in text, text

@@ -109,7 +109,13 @@ def _unreported_text(lost: list, kwargs: dict) -> str:
     if not lost:
         return ""
     first = lost[0]
-    argv = ["specfinops", "report", "--db", kwargs.get("db_url"), "--period", first.period, "--since",
+    from sqlalchemy.engine import make_url
+
+    try:  # the command goes to the log: the store's password masked, as the dashboard shows a URL
+        db = make_url(kwargs.get("db_url")).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - a plain file path, not a URL
+        db = kwargs.get("db_url")
+    argv = ["specfinops", "report", "--db", db, "--period", first.period, "--since",
             f"{first.since:%Y-%m-%dT%H:%M}", "--out", kwargs.get("out_dir")]
     for flag, key in (("--sla-ms", "sla_ms"), ("--history", "history"), ("--daily-tokens", "daily_tokens"),
                       ("--peak-factor", "peak_factor"), ("--temperature", "temperature"), ("--run-kind", "kind"),
@@ -117,7 +123,7 @@ def _unreported_text(lost: list, kwargs: dict) -> str:
                       ("--workload", "workload"), ("--target", "target")):
         value = kwargs.get(key)
         if value is not None:
-            argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+            argv += [flag, repr(value) if isinstance(value, float) else str(value)]  # every digit the job has
     what = (f"the period {first.span_text()}" if len(lost) == 1
             else f"{len(lost)} periods from {first.since:%a %Y-%m-%d %H:%M} UTC")
     return (f"; no run reports {what}: `{shlex.join(str(a) for a in argv)}` writes "
