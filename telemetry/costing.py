@@ -97,6 +97,9 @@ ENERGY_OTHER_HARDWARE = "measured energy left out: priced as other hardware than
 # Why a run's cost holds no energy although it has some: only some of its requests have an energy figure.
 SOME_REQUESTS = "energy for only some requests"
 WALL_UNKNOWN = "wall time unknown"  # a run with tokens but no request span: nothing prices its hours
+# How `cost` and `project` price runs no catalog entry covers (`unpriced_text`; other callers give their own)
+UNPRICED_FLAGS = ("leave these runs out with a filter (--invocation, --node, --run), or price every run in view as "
+                  "one device; pass --gpu NAME or --node-hourly-usd X")
 
 
 def energy_source(runs: Iterable[RunSummary]) -> str | None:
@@ -363,6 +366,7 @@ def costs(
     node_hourly_usd: float | None = None,
     usd_per_kwh: float | None = None,
     pue: float | None = None,
+    unpriced_ways: str | None = UNPRICED_FLAGS,
 ) -> tuple[list[RunCost], list[ModeCost]]:
     """Cost per 1M output tokens per run and per mode. Node price: `node_hourly_usd` > `gpu` (times the GPUs
     of the run's device) > the run's price snapshot > the catalog entry of the run's device (times its units:
@@ -376,21 +380,21 @@ def costs(
         except NoPriceError:
             unpriced[r.device].append(r.run_id)
     if unpriced:
-        raise NoPriceError(unpriced_text(unpriced))
+        raise NoPriceError(unpriced_text(unpriced, unpriced_ways), unpriced=dict(unpriced))
     by_mode: dict[str, list[RunCost]] = defaultdict(list)
     for rc in run_costs:
         by_mode[rc.run.mode].append(rc)
     return run_costs, [_mode_cost(m, by_mode[m]) for m in MODES if by_mode.get(m)]
 
 
-def unpriced_text(unpriced: dict[str, list[int]]) -> str:
+def unpriced_text(unpriced: dict[str, list[int]], ways: str | None = UNPRICED_FLAGS) -> str:
     """Why `costs` cannot price the runs in view: the runs no price covers, by device, and the ways to price
-    them (ends with the flags hint the dashboard puts in its own words)."""
+    them: a catalog entry, then `ways` (the caller's own: `cost`'s flags by default, which the dashboard puts
+    in its own words)."""
     parts = [f"{ids_text(ids, shown=5)} (device {device!r})" for device, ids in sorted(unpriced.items())]
     return (f"no price for {'; '.join(parts)}: no catalog entry matches the device and the runs recorded none; "
             "add an entry named as the device string names the hardware (`specfinops prices set NAME X --kind "
-            "gpu|node --source ...`), leave these runs out with a filter (--invocation, --node, --run), or price "
-            "every run in view as one device; pass --gpu NAME or --node-hourly-usd X")
+            "gpu|node --source ...`)" + (f", {ways}" if ways else ""))
 
 
 def run_cost(

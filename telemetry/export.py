@@ -299,7 +299,8 @@ def cost_rows(engine: Engine, window: ExportWindow, *, filters=None) -> tuple[li
 
     if filters is None:
         filters = window.run_filters()
-    run_costs, _ = costing.costs(engine, filters)
+    run_costs, _ = costing.costs(engine, filters, unpriced_ways="or leave these runs out with a filter (--invocation, "
+                                 "--node, --run, --since/--until)")  # export has no price flags
 
     def rows() -> Iterator[Sequence[Any]]:
         for rc in run_costs:

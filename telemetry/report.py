@@ -31,6 +31,7 @@ from sqlalchemy.engine import Engine
 
 from telemetry import costing, finops, queries
 from telemetry.labels import short_device, short_model
+from telemetry.prices import NoPriceError
 from telemetry.queries import Filters
 
 PERIODS = ("daily", "weekly", "custom")
@@ -158,6 +159,7 @@ class PeriodFigures:
     modes: dict[str, queries.ModeSummary]
     mode_costs: dict[str, costing.ModeCost]
     run_costs: tuple[costing.RunCost, ...] = ()
+    unpriced: str | None = None  # why the period has no cost: runs no price covers (costing.unpriced_text)
 
     @property
     def has_traffic(self) -> bool:
@@ -206,13 +208,21 @@ class PeriodFigures:
 
 
 def period_figures(engine: Engine, window: Window) -> PeriodFigures:
+    """One window's figures. Where some of its runs have no price (a device no catalog entry covers), the period
+    has no cost, and says why: every other figure stands (that error failed the report, and every scheduled run
+    whose history held such a period)."""
     f = window.filters()
-    run_costs, mode_costs = costing.costs(engine, f)
+    unpriced = None
+    try:
+        run_costs, mode_costs = costing.costs(engine, f, unpriced_ways=None)
+    except NoPriceError as exc:
+        run_costs, mode_costs, unpriced = [], [], f"cost n/a: {exc}"
     return PeriodFigures(
         window,
         {m.mode: m for m in queries.mode_summaries(engine, f)},
         {mc.mode: mc for mc in mode_costs},
         tuple(run_costs),
+        unpriced,
     )
 
 
@@ -577,7 +587,7 @@ def cost_note(f: PeriodFigures, mode: str) -> str | None:
     have energy it says that, not "energy not measured" beside a J/token."""
     mc = f.mode_costs.get(mode)
     if mc is None:
-        return "no runs of this mode"
+        return f.unpriced if f.unpriced and mode in f.modes else "no runs of this mode"
     c = mc.cost
     if c.total_usd_per_1m is None or c.energy_included or not partial_energy(f, mode):
         return c.reason
@@ -764,7 +774,7 @@ def lift_common(t: Table) -> tuple[Table, list[tuple[str, Any]]]:
 
 
 def report_tables(data: ReportData, engine: Engine) -> list[Table]:
-    from telemetry.export import ExportWindow, cost_rows
+    from telemetry.export import COST_HEADER, ExportWindow, cost_rows
 
     modes = [
         (mode, *(_mode_dict(data, mode)[k] for k in (
@@ -775,8 +785,11 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
         for mode in queries.MODES
         if mode in data.current.modes
     ]  # fmt: skip
-    header, rows = cost_rows(engine, ExportWindow(since=data.window.since, until=data.window.until),
-                             filters=data.window.filters())
+    if data.current.unpriced:  # no run is costed (the modes table's cost note says why): the table is empty
+        header, rows = list(COST_HEADER), iter(())
+    else:
+        header, rows = cost_rows(engine, ExportWindow(since=data.window.since, until=data.window.until),
+                                 filters=data.window.filters())
     pr = data.projection
     curve = pr.sla_curve
     return [

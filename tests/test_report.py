@@ -900,3 +900,26 @@ def test_lift_common_moves_only_liftable_columns_every_row_shares():
     assert lift_common(one) == (one, [])  # one row: its columns stay where they are
     differ = replace(t, rows=((1, "a", "", "k"), (2, "b", "", "k")))
     assert lift_common(differ) == (differ, [])
+
+
+def test_a_period_whose_runs_have_no_price_has_no_cost_and_says_why(store, tmp_path, capsys):
+    """Runs on a device no catalog entry prices, the day before the report's: the whole report failed (and so
+    did every scheduled run whose history held that day), naming flags `report` does not have."""
+    url, engine = store
+    with Session(engine) as s:
+        make_run(s, "ar", device="Google TPU v5e", started_at=D0 - timedelta(days=1),
+                 requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+    assert main(_report(url, tmp_path / "a", "--period", "daily", "--since", f"{D0:%Y-%m-%d}")) == 0, \
+        capsys.readouterr().err
+    summary = _only_report(engine).summary
+    assert summary["modes"]["ar"]["total_usd_per_1m"] is not None  # this day's runs are priced
+    # the report of the unpriced day: written, its cost missing and why, every other figure there
+    assert main(_report(url, tmp_path / "b", "--period", "daily", "--since",
+                        f"{D0 - timedelta(days=1):%Y-%m-%d}")) == 0, capsys.readouterr().err
+    with Session(engine) as s:
+        latest = s.scalars(select(Report).order_by(Report.id.desc())).first().summary
+    ar = latest["modes"]["ar"]
+    assert ar["total_usd_per_1m"] is None and ar["output_tokens"] == 33
+    assert ar["cost_note"].startswith("cost n/a: no price for run") and "'Google TPU v5e'" in ar["cost_note"]
+    assert "--gpu" not in ar["cost_note"] and "prices set" in ar["cost_note"]
