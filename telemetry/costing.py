@@ -440,6 +440,14 @@ def _run_matches(field: str, col, want):
     return cutoff_matches(col, want, off=_CUTOFF_OFF[field]) if field in _CUTOFF_OFF else col == want
 
 
+def _same_value(field: str, have, want) -> bool:
+    """A run's value `have` of the filter `field` is the `want` it keeps (a target by its name too, either name of
+    the mixed workload), as _run_matches says in SQL."""
+    if field == "target":
+        return target_is(have, want)
+    return workload_is(have, want) if field == "workload" else have == want
+
+
 def _run_value(run, field: str, col):
     """A run's value of the filter `field`, a cut-off as it acts (a greedy run's is off)."""
     if field in _CUTOFF_OFF:
@@ -494,9 +502,7 @@ def no_runs_reason(engine: Engine, filters: Filters | None = None) -> str:
             for run in found.values():
                 for field, name, _, col in _RUN_FILTERS:
                     want, have = getattr(f, field), _run_value(run, field, col)
-                    same = (target_is(have, want) if field == "target" else workload_is(have, want)
-                            if field == "workload" else have == want)
-                    if want is not None and not same:
+                    if want is not None and not _same_value(field, have, want):
                         return f"run {run.id} has {name} {_value_text(run, field, col)}, not {want!r}"
         conds = []
         for field, name, plural, col in _RUN_FILTERS:
