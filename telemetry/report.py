@@ -431,6 +431,10 @@ def _projection(
         basis = f"this period's measured output tokens ({tokens:,}) per day"
     else:
         daily, basis = float(daily_tokens), "given (--daily-tokens)"
+    if measured and current.window.invocation_id is not None:  # 132 tokens in 2 s read as 5.7M tokens a day
+        return ProjectionResult(None, "a bench's or load test's own output tokens are not daily traffic: give "
+                                "--daily-tokens to size a fleet on its runs", None, "not measured (one invocation)",
+                                peak_factor, sla_ms, measured)
     if daily is None:
         return ProjectionResult(None, "no output tokens in this period", None, basis, peak_factor, sla_ms, measured)
     if daily < finops.MIN_DAILY_TOKENS:  # a whole node's cost over a fraction of a token a day
