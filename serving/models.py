@@ -267,7 +267,7 @@ def resolve_model(name_or_path: str | None, role: str = "target") -> Path:
     reads like a name ('target', 'draft', 'default' in the working directory) is that directory: the user gave
     its path, and the bundled model in its place would be another model, silently."""
     if name_or_path in ("default", role) and (Path(name_or_path) / "config.json").is_file():
-        return Path(name_or_path)
+        return Path(name_or_path).resolve()
     if name_or_path in (None, "", "default", role):
         return model_path(role)
     if name_or_path == BUNDLED_TARGET:
@@ -276,7 +276,9 @@ def resolve_model(name_or_path: str | None, role: str = "target") -> Path:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ValueError(f"{path} is not a Hugging Face model directory (no config.json)")
-        return path
+        # absolute: the runs and sweeps record it, and `tiny`, `./tiny/` and `../x/tiny` are one model (and one
+        # relative path from two folders two models)
+        return path.resolve()
     raise ValueError(f"unknown model {name_or_path!r}: not a directory and not a known name ({BUNDLED_TARGET})")
 
 

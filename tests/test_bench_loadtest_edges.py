@@ -68,6 +68,8 @@ def no_model(monkeypatch):
     (["--concurrency", "1,,2"], "--concurrency must be integers"),
     (["--concurrency", "2,"], "--concurrency must be integers"),
     (["--concurrency", "1,2,1"], "--concurrency gives level 1 more than once"),
+    # one prompt at "concurrency 16" ran one sequence and was recorded (and costed) as c=16
+    (["--limit", "1", "--concurrency", "1,16"], "--concurrency 16: the bench has 1 prompt (--workload code --limit 1)"),
     # options the run silently ignored
     (["--mode", "ar", "--k", "4"], "--k shapes speculative decoding, which --mode ar does not run"),
     (["--mode", "ar", "--tree", "8:3", "--spec-max-batch", "2"], "--tree, --spec-max-batch shape speculative"),

@@ -295,6 +295,8 @@ def test_the_model_card_command_keeps_the_total_budget(tmp_path, monkeypatch):
     (["distill", "--out", "X", "--corpus", ".", "--total-minutes", "0"], "--total-minutes"),
     (["distill", "--out", "X", "--corpus", ".", "--steps", "2.5"], "--steps must be a positive whole number, got '2.5'"),
     (["distill", "--out", "X", "--corpus", ".", "--total-minutes", "inf"], "--total-minutes"),
+    # a budget that can never train was refused only after the target loaded and the data was made
+    (["distill", "--out", "X", "--corpus", ".", "--total-minutes", "0.6"], "--total-minutes 0.6 leaves no time to train"),
     (["distill", "--out", "X", "--corpus", ".", "--total-minutes", "90", "--steps", "10"], "not both"),
     (["distill", "--out", "X", "--corpus", "/etc/hostname"], "is not a directory"),
     (["distill", "--out", "X", "--corpus", ".", "--feature-layers", "29"], "two or more"),

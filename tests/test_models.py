@@ -27,6 +27,16 @@ def test_same_tokenizer_passes_and_different_one_is_refused(tmp_path):
         check_same_vocab(target, other)
 
 
+def test_a_model_directory_is_named_by_its_absolute_path(tmp_path, monkeypatch):
+    """`tiny`, `./tiny/` and `../x/tiny` were three names of one model in the runs and sweeps (a sweep recorded
+    under one was not found under another), and one relative path from two folders one name of two models."""
+    (tmp_path / "x" / "tiny").mkdir(parents=True)
+    (tmp_path / "x" / "tiny" / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path / "x")
+    names = {resolve_model(p) for p in ("tiny", "./tiny/", "../x/tiny", str(tmp_path / "x" / "tiny"))}
+    assert names == {(tmp_path / "x" / "tiny").resolve()}
+
+
 def test_unknown_model_and_non_model_dir(tmp_path):
     with pytest.raises(ValueError, match="unknown model"):
         resolve_model("no/such/model")

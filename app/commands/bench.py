@@ -67,7 +67,9 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=int, default=0, help="sample among the K most likely tokens only (0 = off)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="answer length cap per prompt (tokens)")
     p.add_argument("--dtype", default="auto", help=DTYPE_HELP)
-    p.add_argument("--seed", type=int, default=0, help="random seed of the sampling")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the sampling (a sampled spec run repeats "
+                   "with a fixed --k: the auto policy picks K by the step times it measures, and each K draws "
+                   "its own random numbers)")
     p.add_argument("--limit", type=int, default=None, help="first N prompts of the workload")
     p.add_argument("--domain", default=None, help="only prompts of this domain")
     p.add_argument("--concurrency", default="1", help="sequences in flight; a list like 1,2,4,8 runs a sweep")
@@ -268,6 +270,12 @@ def _handle(args: argparse.Namespace) -> int:
 
     args.workload = canonical_workload(args.workload)  # 'all' is recorded as 'mixed': the same prompts
     prompts = load_workload(args.workload, limit=args.limit, domain=args.domain)
+    if max(levels) > len(prompts):  # a level is recorded as its concurrency: one no prompt set could reach is not
+        raise UsageError(f"--concurrency {max(levels)}: the bench has {len(prompts)} prompt"
+                         f"{'s' if len(prompts) != 1 else ''} (--workload {args.workload}"
+                         f"{f' --limit {args.limit}' if args.limit else ''}), so at most {len(prompts)} run at once "
+                         "and the level would be recorded as a concurrency it never reached; lower it, or give "
+                         "more prompts")
     modes = ["ar", "spec"] if args.mode == "both" else [args.mode]
     from serving.kernels import resolve_dtype
 

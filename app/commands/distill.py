@@ -153,6 +153,13 @@ def handle(args) -> int:
     args.minutes = _positive("--minutes", args.minutes, float)
     args.steps = _positive("--steps", args.steps, int)
     args.total_minutes = _positive("--total-minutes", args.total_minutes, float)
+    from serving.distill.pipeline import BUDGET_MARGIN_MINUTES, MIN_TRAIN_MINUTES
+
+    least = BUDGET_MARGIN_MINUTES + MIN_TRAIN_MINUTES
+    if args.total_minutes is not None and args.total_minutes <= least:  # said now, not after the data is made
+        raise UsageError(f"--total-minutes {args.total_minutes:g} leaves no time to train: {BUDGET_MARGIN_MINUTES:g} "
+                         f"are kept for saving the draft and training needs {MIN_TRAIN_MINUTES:g} more, besides "
+                         f"making the data; give more than {least:g} (the bundled recipe takes 88)")
     if args.resume and args.fresh:
         raise UsageError("give --resume (continue the checkpoint) or --fresh (start over), not both")
     if args.minutes is not None and args.steps is not None:

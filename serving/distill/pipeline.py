@@ -103,6 +103,7 @@ def command_line(args) -> str:
 
 # what --total-minutes keeps back from training for the last checkpoint, the weights and the model card
 BUDGET_MARGIN_MINUTES = 0.5
+MIN_TRAIN_MINUTES = 0.1  # the least training a budget must leave
 
 
 def training_minutes(total_minutes: float, spent_minutes: float, minutes: float | None = None,
@@ -111,7 +112,7 @@ def training_minutes(total_minutes: float, spent_minutes: float, minutes: float 
     under a wall-clock budget of `total_minutes` of which `spent_minutes` went to data and set-up: the time
     left after `margin`, capped by an explicit `minutes`. Raises ValueError when nothing is left."""
     left = total_minutes - spent_minutes - margin
-    if left < 0.1:
+    if left < MIN_TRAIN_MINUTES:
         raise ValueError(f"--total-minutes {total_minutes:g}: preparing the data took {spent_minutes:.1f} minutes "
                          f"and {margin:g} are kept for saving the draft, which leaves no time to train; raise --total-minutes, or train on the data now cached "
                          "(the same data options reuse it) with --minutes")
