@@ -308,7 +308,8 @@ def test_a_device_the_catalog_does_not_know_leaves_every_figure_but_the_cost(sql
     assert shown["Speedup"] != "—" and shown["Acceptance rate"] != "—" and shown["Cost per 1M tokens"] == "—", shown
     (warning,) = [w.value for w in at.warning]
     assert "'Mystery Accelerator 9000'" in warning and "Node price on the Cost & capacity page" in warning, warning
-    assert not [t for t in [warning, *(c.value for c in at.caption)] if "--gpu" in t or "--node-hourly-usd" in t]
+    assert not [t for t in [warning, *(c.value for c in at.caption)]
+                if "--gpu" in t or "--node-hourly-usd" in t or "--invocation" in t]
     at.switch_page("views/cost.py").run()
     assert_clean(at)
     assert len(at.warning) == 2 and all("Node price" in w.value for w in at.warning), [w.value for w in at.warning]

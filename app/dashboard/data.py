@@ -77,7 +77,12 @@ def costs(url: str, f: Filters, gpu: str | None = None, node_hourly_usd: float |
           ) -> tuple[list[costing.RunCost], list[costing.ModeCost]]:
     """`costing.costs` at these prices; one left None keeps each run's recorded price (else the catalog's)."""
     return costing.costs(engine(url), f, gpu=gpu, node_hourly_usd=node_hourly_usd, usd_per_kwh=usd_per_kwh,
-                         pue=pue)
+                         pue=pue, unpriced_ways=UNPRICED_HERE)
+
+
+# how the dashboard prices runs no catalog entry covers: its own inputs, not `cost`'s flags
+UNPRICED_HERE = ("or leave them out with the sidebar's filters, or price every run in view as one device: pick a "
+                 "catalog GPU or a custom $/h as the Node price on the Cost & capacity page")
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
