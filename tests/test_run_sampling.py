@@ -252,7 +252,7 @@ def test_loadtest_and_vllm_run_infos_record_their_sampling():
     # the load test sends temperature and max_tokens only: top_p and top_k off, no seed
     assert (info.temperature, info.top_p, info.top_k, info.seed, info.max_new_tokens) == (0.5, 1.0, 0, None, 48)
 
-    cfg = SimpleNamespace(tensor_parallel_size=1, engine_args={}, dtype="bfloat16", target="t", drafter_label=None)
+    cfg = SimpleNamespace(tensor_parallel_size=1, gpus=1, engine_args={}, dtype="bfloat16", target="t", drafter_label=None)
     engine = SimpleNamespace(config=cfg, mode="ar", k_policy="none", vllm=SimpleNamespace(__version__="0"))
     info = vllm_run_info(engine, workload="code", params=SamplingParams(top_k=5, max_new_tokens=32, seed=9),
                          node_id="n", power_source="none", concurrency=2)
