@@ -22,7 +22,7 @@ from serving.server_engine import EngineLoop
 from serving.server_metrics import ServeMetrics
 from serving.server_telemetry import MODES, ServeTelemetry, client_key_id, publish_client_key
 from serving.worker import EngineSpec, Loaded, default_node_id, load, run_info
-from serving.worker import device_name as run_device
+from serving.worker import device_name as run_device  # the server's own device, named on its model card
 
 if TYPE_CHECKING:
     from serving.engine import Engine
@@ -94,14 +94,20 @@ def power_source(opts: ServeOptions):
         power._said.intersection_update(said)  # not said: an opener that records says it still
 
 
-def build_state(opts: ServeOptions, loaded: Loaded | None = None) -> ServerState:
-    """Load (unless given), warm up, open the store, start the runs, the telemetry and the engine thread."""
+def build_state(opts: ServeOptions, loaded: Loaded | None = None, source=None) -> ServerState:
+    """Load (unless given), warm up, open the store, start the runs, the telemetry and the engine thread.
+    `source`: the power source already opened (`serve` opens it before anything else), else opened here."""
     from serving.kernels import in_passing_thread
 
     opts.validate()
-    source = power_source(opts)  # a meter that cannot be read is said now, not after minutes of loading
+    if source is None:
+        source = power_source(opts)  # a meter that cannot be read is said now, not after minutes of loading
     # torch work off this thread, so the engine thread's OpenMP pool is the only one (`in_passing_thread`)
-    loaded, engine = in_passing_thread(_prepare, opts, loaded)
+    try:
+        loaded, engine = in_passing_thread(_prepare, opts, loaded)
+    except BaseException:
+        source.close()
+        raise
     positions = loaded.target.cfg.max_position
     if opts.spec.max_len > positions:  # the engine keeps the lesser: said, as the model card's max_model_len shows
         logger.warning("context window: the target's %d positions (max_position_embeddings; --max-len %d is more)",
@@ -169,9 +175,9 @@ def _warm_up(loaded: Loaded) -> None:
     loaded.engine("spec", max_batch=1).generate(ids, SamplingParams(max_new_tokens=4))
 
 
-def serve(opts: ServeOptions, *, log_level: str = "info") -> None:
-    """Run the server in the foreground until SIGTERM / SIGINT."""
-    state = build_state(opts)
+def serve(opts: ServeOptions, *, log_level: str = "info", source=None) -> None:
+    """Run the server in the foreground until SIGTERM / SIGINT (`source`: as build_state takes it)."""
+    state = build_state(opts, source=source)
     run(graceful_server(state, opts, log_level=log_level), state)
 
 

@@ -380,7 +380,7 @@ def costs(
         except NoPriceError:
             unpriced[r.device].append(r.run_id)
     if unpriced:
-        raise NoPriceError(unpriced_text(unpriced, unpriced_ways), unpriced=dict(unpriced))
+        raise NoPriceError(unpriced_text(unpriced, unpriced_ways))
     by_mode: dict[str, list[RunCost]] = defaultdict(list)
     for rc in run_costs:
         by_mode[rc.run.mode].append(rc)
@@ -861,16 +861,16 @@ def _node_gpus(device: str, gpus_per_node: int, gpu: str | None) -> tuple[int, i
     return gpus_per_node, gpus_per_node // spans
 
 
-def _projection_price(engine: Engine, snapshots: list[dict | None], device: str, gpu: str | None,
-                      gpus_per_node: int, node_hourly_usd: float | None) -> NodePrice:
+def _projection_price(engine: Engine, snapshots: list[dict | None], recorded: list[NodePrice | None], device: str,
+                      gpu: str | None, gpus_per_node: int, node_hourly_usd: float | None) -> NodePrice:
     """The node price of a projection: `node_hourly_usd` > `gpu` x `gpus_per_node` > the runs' recorded price
-    (when they all recorded the same one) > the catalog price of the measured device, as `costs()` prices
-    each run. ValueError with the flags to give when nothing prices it."""
+    (`recorded`, read from `snapshots`: when they all recorded the same $/h, whatever names they recorded it
+    under) > the catalog price of the measured device, as `costs()` prices each run. ValueError with the flags
+    to give when nothing prices it."""
     snapshot = None
     if gpu is None and node_hourly_usd is None:
-        # one price, whatever names the runs recorded it under (a renamed entry, an older snapshot's)
-        recorded = {None if p is None else p.usd_per_hour for p in (_snapshot_price(s, device) for s in snapshots)}
-        if len(recorded) == 1 and None not in recorded:
+        rates = {None if p is None else p.usd_per_hour for p in recorded}
+        if len(rates) == 1 and None not in rates:
             snapshot = snapshots[0]
     try:
         return resolve_node_price(engine, device=device, price_snapshot=snapshot, gpu=gpu,
@@ -882,19 +882,15 @@ def _projection_price(engine: Engine, snapshots: list[dict | None], device: str,
                          f"measured device {device!r}; {PRICING_HINT}") from exc
 
 
-def _recorded_prices_caveat(snapshots: list[dict | None], device: str, price: NodePrice, gpu: str | None,
-                            node_hourly_usd: float | None) -> tuple[str, ...]:
+def _recorded_prices_caveat(recorded: list[NodePrice | None], price: NodePrice) -> tuple[str, ...]:
     """Why a projection's node price is the catalog's when its runs recorded prices of their own (they differ,
-    or some recorded none): said, not switched silently. () where the runs' price or a flag priced it."""
-    if gpu is not None or node_hourly_usd is not None or price.origin != "catalog":
-        return ()
-    recorded = [_snapshot_price(snap, device) for snap in snapshots]
+    or some recorded none): said, not switched silently. () where the runs' price or a flag priced it (a flag's
+    price has another origin than the catalog)."""
     known = sorted({p.usd_per_hour for p in recorded if p is not None})
-    if not known:
+    if price.origin != "catalog" or not known:
         return ()
     what = ("the runs recorded different node prices (" + ", ".join(f"${v:g}/h" for v in known) + ")"
-            if len(known) > 1 else f"only some runs recorded a node price (${known[0]:g}/h)"
-            if None in recorded else f"the runs recorded ${known[0]:g}/h under different names")
+            if len(known) > 1 else f"only some runs recorded a node price (${known[0]:g}/h)")
     return (f"{what}: priced at the catalog's current {price.priced_as} (${price.usd_per_hour:g}/h) instead; "
             "give --node-hourly-usd X (or --gpu NAME) to price them otherwise, or narrow to runs of one price "
             "(--invocation ID)",)
@@ -972,7 +968,8 @@ def project_from_store(
     gpus_per_node, replicas = _node_gpus(devices[0], gpus_per_node, gpu)
     run_ids = [i for c in configs for i in c.run_ids]
     snapshots = _run_snapshots(engine, run_ids)
-    price = _projection_price(engine, snapshots, devices[0], gpu, gpus_per_node, node_hourly_usd)
+    recorded = [_snapshot_price(snap, devices[0]) for snap in snapshots]
+    price = _projection_price(engine, snapshots, recorded, devices[0], gpu, gpus_per_node, node_hourly_usd)
     kwh_price, pue_value, energy_prices_from = _projection_energy_prices(engine, snapshots, usd_per_kwh, pue)
     differs = any(price.differs_from(d) for d in devices)
     by_mode = {m: [c for c in configs if c.mode == m] for m in MODES}
@@ -1010,7 +1007,7 @@ def project_from_store(
     partly = {m: estimated_by_mode[m] and len({sources[i] for i in cap_configs[m].run_ids}) > 1 for m in MODES}
     return StoreProjection(
         caveats=projection_caveats(comparison, cap_configs, price, devices, differs)
-        + _recorded_prices_caveat(snapshots, devices[0], price, gpu, node_hourly_usd),
+        + _recorded_prices_caveat(recorded, price),
         projection=projection,
         node_price=price,
         measured_on=devices,

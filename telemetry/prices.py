@@ -63,12 +63,7 @@ MAXIMUM_BY_UNIT = {"usd_per_hour": (MAX_USD_PER_HOUR, "$/h"), "usd_per_kwh": (MA
 
 
 class NoPriceError(ValueError):
-    """No price covers a device: no catalog entry matches it and nothing else (a flag, a snapshot) priced it.
-    `unpriced`: {device: run ids} where `costs` raised it for the runs in view."""
-
-    def __init__(self, message: str, unpriced: dict[str, list[int]] | None = None) -> None:
-        super().__init__(message)
-        self.unpriced = unpriced or {}
+    """No price covers a device: no catalog entry matches it and nothing else (a flag, a snapshot) priced it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,15 +83,16 @@ def handle(args: argparse.Namespace) -> int:
     bindable_port(args.host, args.port)  # a busy port or a bad --host now, not after minutes of loading
     from serving.server_setup import power_source
 
-    probe = power_source(opts)  # likewise a meter that cannot be read (--power nvml / rapl), before a store is made
-    close = getattr(probe, "close", None)
-    if close is not None:
-        close()  # the server opens its own
-    if not args.no_telemetry:
-        from telemetry.store import open_store
+    source = power_source(opts)  # likewise a meter that cannot be read (--power nvml / rapl), before a store is made
+    try:
+        if not args.no_telemetry:
+            from telemetry.store import open_store
 
-        open_store(args.db).dispose()  # likewise an unusable --db
+            open_store(args.db).dispose()  # likewise an unusable --db
+    except BaseException:
+        source.close()
+        raise
     logging.getLogger("serving").setLevel(logging.INFO)
     print(f"loading target ({args.dtype}) ...", file=sys.stderr)
-    serve(opts, log_level="debug" if args.verbose else "info")
+    serve(opts, log_level="debug" if args.verbose else "info", source=source)  # the meter opened once
     return 0
