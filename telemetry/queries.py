@@ -17,7 +17,8 @@ Definitions (README, "Metric definitions"): only requests with status 'ok' count
     alpha             = accepted / tested over the steps (a step tests its accepted drafts and the first
                         rejected one): the per-token acceptance of `specfinops calibrate` and the bound
     energy_j          = sum of requests.energy_j (None when no request has one); J/token over the requests
-                        that have one; energy_estimated when the run's power source is 'estimate'
+                        that have one; energy_estimated when a run with energy in the figure had the
+                        'estimate' power source
     speedup           = spec tokens/s / AR tokens/s, same workload, target, device, precision, concurrency,
                         sampling (temperature, top_p, top_k), answer length cap (max_new_tokens) and run kind,
                         over the prompts both modes ran (a load test's: all its requests) (`speedups`); pooled over every run in view
@@ -742,11 +743,17 @@ def run_exists(engine: Engine, run_id: int) -> bool:
         return session.get(Run, run_id) is not None
 
 
+def _estimated(run: Run, sums: dict) -> bool:
+    """Whether the run puts estimated energy into a figure: its power source is the estimate and some request of it
+    has energy (a run whose requests have none adds nothing, so it makes no pooled figure an estimate)."""
+    return run.power_source == "estimate" and bool(sums["n_energy"])
+
+
 def run_summaries(engine: Engine, filters: Filters | None = None) -> list[RunSummary]:
     """One summary per run with at least one request matching `filters`, oldest first."""
     out = []
     for run, sums, acc in _collect(engine, filters):
-        stats = _aggregate(sums, acc, _run_wall_s(run, acc), run.power_source == "estimate")
+        stats = _aggregate(sums, acc, _run_wall_s(run, acc), _estimated(run, sums))
         out.append(
             RunSummary(
                 run_id=run.id,
@@ -789,8 +796,7 @@ def _pool(items: list[tuple[Run, dict, _Acc]]) -> Aggregate:
         acc.tpot += a.tpot
         walls.append(_run_wall_s(run, a))
     known = [w for w in walls if w is not None]
-    estimated = any(r.power_source == "estimate" for r, _, _ in items)
-    return _aggregate(sums, acc, sum(known) if known else None, estimated)
+    return _aggregate(sums, acc, sum(known) if known else None, any(_estimated(r, s) for r, s, _ in items))
 
 
 def mode_summaries(engine: Engine, filters: Filters | None = None) -> list[ModeSummary]:

@@ -207,6 +207,25 @@ def test_mode_summaries_pool_runs(store):
     assert [m.mode for m in mode_summaries(engine, Filters(mode="ar"))] == ["ar"]
 
 
+def test_a_pooled_figure_is_an_estimate_only_where_estimated_energy_is_in_it(sqlite_url):
+    """A metered run pooled with an estimate-power run whose requests have no energy: the J/token is all
+    metered, so it is not labelled an estimate; once the estimate run has energy, it is."""
+    engine = open_store(sqlite_url)
+    for estimated_j, expect in ((None, False), (20.0, True)):
+        with Session(engine) as s:
+            metered = make_run(s, "spec", power_source="nvml",
+                               requests=[spec_req(output_tokens=33, k=4, accepted=24, energy_j=50.0)])
+            guessed = make_run(s, "spec", power_source="estimate",
+                               requests=[spec_req(output_tokens=33, k=4, accepted=24, energy_j=estimated_j)])
+            s.commit()
+            ids = (metered.id, guessed.id)
+        pooled = mode_summaries(engine, Filters(run_ids=ids))[0].stats
+        assert pooled.energy_estimated is expect
+        assert pooled.j_per_token == pytest.approx((50.0 + (estimated_j or 0)) / (66 if estimated_j else 33))
+        runs = {r.run_id: r.stats for r in run_summaries(engine, Filters(run_ids=ids))}
+        assert runs[guessed.id].energy_estimated is expect and not runs[metered.id].energy_estimated
+
+
 def test_acceptance_by_domain(store):
     engine, _ = store
     rows = {d.domain: d for d in acceptance_by_domain(engine)}
