@@ -10,6 +10,7 @@ Public API:
     invocation_text(text) -> str  (checked before the store is read)
     resolve_invocation(engine, text) -> str
     invocation_span(engine, invocation_id) -> (since, until)  (whole seconds around its requests)
+    dropped_records(engine, invocation_id) -> int  (records its runs lost: runs.dropped_records summed)
 """
 
 from __future__ import annotations
@@ -164,3 +165,11 @@ def invocation_span(engine: Engine, invocation_id: str) -> tuple[datetime, datet
     since = _utc(first).replace(microsecond=0)
     until = max([since, *(_utc(x) for x in (ended, requested) if x is not None)]).replace(microsecond=0)
     return since, until + timedelta(seconds=1)
+
+
+def dropped_records(engine: Engine, invocation_id: str) -> int:
+    """The records the invocation's runs could not write (a full recorder buffer, or rows the database refused),
+    as the runs' ends counted them (runs.dropped_records): 0 where every record reached the store."""
+    with engine.connect() as c:
+        total = c.execute(select(func.sum(Run.dropped_records)).where(Run.invocation_id == invocation_id)).scalar()
+    return int(total or 0)

@@ -133,6 +133,32 @@ def test_bench_alternates_ar_and_spec_in_recorded_turns(tmp_path, target_dir):
     _check_store(url, report, modes=["ar", "spec", "ar", "spec"])
 
 
+def test_records_the_store_refuses_are_said_and_fail_the_bench(tmp_path, target_dir, capsys):
+    """A request row the database refuses is dropped by the recorder (counted in runs.dropped_records): the bench
+    says so on its last line, reports the count in its JSON and exits 1, instead of 'recorded' and 0."""
+    url = f"sqlite:///{tmp_path / 'refuses.db'}"
+    assert main(["db", "upgrade", "--db", url]) == 0
+    engine = create_engine(url)
+    with engine.begin() as c:  # a real refusal by the database, as PostgreSQL refused a too-long id
+        c.execute(text("create trigger refuse_one before insert on requests when new.external_id = 'code-002' "
+                       "begin select raise(abort, 'refused by the test'); end"))
+    engine.dispose()
+    out = tmp_path / "bench.json"
+    capsys.readouterr()
+    rc = main(["bench", "--workload", "code", "--mode", "ar", "--limit", "2", "--max-new-tokens", "8",
+               "--db", url, "--json", str(out), "--power", "none"])
+    err = capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert rc == 1
+    assert report["dropped_records"] >= 1
+    assert f"of invocation {report['invocation_id'][:8]} could not be written to the store" in err
+    engine = create_engine(url)
+    with engine.connect() as c:
+        assert c.execute(text("select external_id from requests")).scalars().all() == ["code-001"]
+        assert c.execute(text("select sum(dropped_records) from runs")).scalar() == report["dropped_records"]
+    engine.dispose()
+
+
 @pytest.mark.postgres
 def test_bench_records_into_postgres(tmp_path, target_dir, pg_url):
     report = _bench(pg_url, tmp_path)

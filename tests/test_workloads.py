@@ -131,6 +131,12 @@ MALFORMED = {
                  "role 'bot'"),
     "content_not_str": (json.dumps({"id": "a", "domain": "chat", "messages": [{"role": "user", "content": 1}]}),
                         "content must be a non-empty string"),
+    # recorded with each request: PostgreSQL refused these, and the bench dropped the requests' records
+    "id_too_long": (json.dumps({"id": "i" * 129, "domain": "code", "prompt": "x"}),
+                    r"'id' is 129 characters; the store keeps at most 128 \(requests.external_id\)"),
+    "domain_too_long": (json.dumps({"id": "a", "domain": "d" * 65, "prompt": "x"}),
+                        r"'domain' is 65 characters; the store keeps at most 64 \(requests.domain\)"),
+    "nul_in_id": (json.dumps({"id": "a\u0000b", "domain": "code", "prompt": "x"}), "'id' holds a NUL character"),
     "ends_with_assistant": (json.dumps({"id": "a", "domain": "chat",
                                         "messages": [_MSG_USER, {"role": "assistant", "content": "yo"}]}),
                             "last message"),
@@ -144,6 +150,19 @@ def test_malformed_line_names_file_and_line(tmp_path, kind):
     with pytest.raises(ValueError, match=problem) as err:
         load_workload(path)
     assert f"{path}:2:" in str(err.value)
+
+
+def test_the_longest_id_and_domain_the_store_keeps_load(tmp_path):
+    path = _write(tmp_path, [json.dumps({"id": "i" * 128, "domain": "d" * 64, "prompt": "x"})])
+    assert [(len(p.id), len(p.domain)) for p in load_workload(path)] == [(128, 64)]
+
+
+def test_a_workload_path_the_store_cannot_record_is_refused():
+    from serving.workloads import canonical_workload
+
+    assert canonical_workload("all") == "mixed"
+    with pytest.raises(ValueError, match=r"is 300 characters; the store records at most 255 \(runs.workload\)"):
+        canonical_workload("/tmp/" + "w" * 295)
 
 
 def test_duplicate_id_names_both_lines(tmp_path):

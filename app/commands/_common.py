@@ -159,6 +159,24 @@ def invocation_filter(engine, text: str | None) -> str | None:
         raise UsageError(str(exc)) from None
 
 
+def lost_records(db: str | None, invocation_id: str | None) -> int:
+    """The records a recording command's runs could not write to the store `db` (runs.dropped_records: a full
+    recorder buffer, or rows the database refused); 0 where nothing was lost or recorded (`invocation_id` None)."""
+    if invocation_id is None:
+        return 0
+    from telemetry.invocations import dropped_records
+    from telemetry.store import open_store
+
+    return dropped_records(open_store(db), invocation_id)
+
+
+def lost_records_warning(lost: int, invocation_id: str) -> str:
+    """The last line of a command whose runs lost `lost` records: the store holds fewer than its table shows."""
+    return (f"warning: {lost} record{'' if lost == 1 else 's'} of invocation {invocation_id[:8]} could not be written "
+            "to the store (the log above says why): its runs' figures there fall short of this table's "
+            "(runs.dropped_records counts them per run)")
+
+
 def check_power_options(power: str, tdp_w: float | None) -> None:
     """--power and --tdp-w, before any model loads: what `detect_power_source` and its TDP estimate would
     refuse only once the run starts, and a --tdp-w that the chosen source would silently ignore."""

@@ -15,6 +15,8 @@ from app.commands._common import (
     check_power_options,
     check_writable,
     context_len,
+    lost_records,
+    lost_records_warning,
     model_option,
     sigterm_as_ctrl_c,
 )
@@ -408,12 +410,19 @@ def table_file(args: argparse.Namespace):
 
 
 def _write_json(args: argparse.Namespace, report: dict) -> int:
-    """--json; then, where the bench was interrupted (the table and JSON hold what ran), KeyboardInterrupt again:
-    the exit status stays 130 (app.cli)."""
+    """--json (with the records the runs lost, `dropped_records`); a warning and exit status 1 where they lost any;
+    then, where the bench was interrupted (the table and JSON hold what ran), KeyboardInterrupt again: the exit
+    status stays 130 (app.cli)."""
+    inv = report.get("invocation_id")
+    lost = lost_records(args.db, inv)
+    if inv is not None:
+        report["dropped_records"] = lost
     write_json(args.json, report, say_wrote=True)
+    if lost:  # never silent: the store holds less than the table
+        print(lost_records_warning(lost, inv), file=sys.stderr)
     if report.get("interrupted"):
         raise KeyboardInterrupt
-    return 0
+    return 1 if lost else 0
 
 
 def run_bench_vllm(args, prompts, params, modes, levels) -> dict:

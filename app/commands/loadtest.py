@@ -6,7 +6,13 @@ import argparse
 import sys
 import uuid
 
-from app.commands._common import add_command, add_db_option, check_writable
+from app.commands._common import (
+    add_command,
+    add_db_option,
+    check_writable,
+    lost_records,
+    lost_records_warning,
+)
 from app.commands._interrupt import (
     ctrl_c_once_async,
     interrupted_line,
@@ -160,14 +166,18 @@ def _handle(args: argparse.Namespace) -> int:
     print(format_table(rows), file=table)
     if recorder is not None:
         print(_stored_note(shared, invocation_id), file=table)
+    lost = lost_records(args.db, invocation_id) if recorder is not None else 0
     if args.json:
         write_json(args.json, {"url": args.url, "levels": rows,
                                "invocation_id": invocation_id if recorder is not None else None,
+                               **({"dropped_records": lost} if recorder is not None else {}),
                                **({"error": str(failed)} if failed else {}),
                                **({"interrupted": True} if interrupted else {})})
+    if lost:  # never silent: the store holds less than the table
+        print(lost_records_warning(lost, invocation_id), file=sys.stderr)
     if interrupted:
         raise KeyboardInterrupt
     if failed is not None:
         print(f"specfinops loadtest: error: the load test stopped at {failed}", file=sys.stderr)
         return 1
-    return 0
+    return 1 if lost else 0

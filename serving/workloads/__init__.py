@@ -49,7 +49,14 @@ class Prompt:
 
 def canonical_workload(name: str) -> str:
     """The name a workload is recorded under: 'mixed' for either of MIXED_NAMES ('all' is the same prompts, so
-    its runs pool and pair with 'mixed' ones), any other name or path as given."""
+    its runs pool and pair with 'mixed' ones), any other name or path as given. ValueError where the store could not
+    record it (runs.workload): PostgreSQL refused a longer path only when the first run was recorded."""
+    from telemetry.db import Run
+
+    limit = Run.__table__.c.workload.type.length
+    if len(name) > limit:
+        raise ValueError(f"workload {name[:40]!r}... is {len(name)} characters; the store records at most {limit} "
+                         "(runs.workload): give a shorter path (a relative one, or a link to the file)")
     return MIXED_NAMES[0] if name in MIXED_NAMES else name
 
 
@@ -125,10 +132,18 @@ def _parse_line(line: str, where: str) -> Prompt:
         raise ValueError(f"{where}: malformed JSON: {exc.msg} (column {exc.colno})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    for key in ("id", "domain"):
+    for key, column in (("id", "external_id"), ("domain", "domain")):
         value = obj.get(key)
         if not isinstance(value, str) or not value.strip():
             raise ValueError(f"{where}: missing or empty {key!r} (a non-empty string)")
+        # recorded with every request: PostgreSQL refuses a longer one or a NUL (SQLite kept them), and the
+        # recorder could then only drop the request's record, after the model had run it
+        limit = _stored_length(column)
+        if len(value) > limit:
+            raise ValueError(f"{where}: {key!r} is {len(value)} characters; the store keeps at most {limit} "
+                             f"(requests.{column}): {value[:20]!r}...")
+        if "\x00" in value:
+            raise ValueError(f"{where}: {key!r} holds a NUL character (\\u0000), which the store cannot keep")
     has_prompt, has_messages = "prompt" in obj, "messages" in obj
     if has_prompt == has_messages:
         which = "both" if has_prompt else "neither"
@@ -140,6 +155,13 @@ def _parse_line(line: str, where: str) -> Prompt:
         return Prompt(id=obj["id"], domain=obj["domain"], prompt=prompt, messages=None)
     return Prompt(id=obj["id"], domain=obj["domain"], prompt=None,
                   messages=_parse_messages(obj["messages"], where))
+
+
+def _stored_length(column: str) -> int:
+    """The length of the requests column that records a prompt's id or domain (telemetry.db)."""
+    from telemetry.db import Request
+
+    return Request.__table__.c[column].type.length
 
 
 def _parse_messages(messages: object, where: str) -> tuple[dict, ...]:
