@@ -78,7 +78,7 @@ class ModelDrafter:
         pending = [s.tokens[s.draft_len :] for s in seqs]
         width = max(len(p) for p in pending)
         feed = torch.tensor([p + [0] * (width - len(p)) for p in pending])  # (B, T)
-        fb = self._batch(seqs, [s.draft_len for s in seqs], width)
+        fb = self._batch(seqs, [s.draft_len for s in seqs], width, self.cache.max_len)
         last = torch.tensor([len(p) - 1 for p in pending])
         logits = self.model(feed, fb, self.cache, num_layers=self.num_layers, at=last)[:, 0]  # (B, V)
         # 2) K draft tokens, feeding each one back (the K-th needs no forward)
@@ -88,7 +88,7 @@ class ModelDrafter:
             loop.pick(j, logits, None)
             if not loop.wants(j + 1):
                 break
-            fb = self._batch(seqs, [len(s.tokens) + j for s in seqs], 1)
+            fb = self._batch(seqs, [len(s.tokens) + j for s in seqs], 1, self.cache.max_len)
             logits = self.model(loop.tokens[:, j : j + 1], fb, self.cache, num_layers=self.num_layers)[:, 0]
             fed += 1
         for s in seqs:
@@ -100,10 +100,13 @@ class ModelDrafter:
         seq.draft_len = min(seq.draft_len, num_before + accepted)
 
     @staticmethod
-    def _batch(seqs: list[Sequence], starts: list[int], width: int):
+    def _batch(seqs: list[Sequence], starts: list[int], width: int, limit: int):
+        """One sequence feeds its own tokens; several are ragged, each padded to `width` and the padding kept
+        inside the cache of length `limit` (a sequence drafting fewer tokens than the batch's largest K is fed
+        the padding positions past its own, which near the window's end lie past the cache)."""
         if len(seqs) == 1:
             return contiguous_batch(seqs[0].slot, 1, starts[0], width)
-        return ragged_batch([s.slot for s in seqs], starts, width)
+        return ragged_batch([s.slot for s in seqs], starts, width, limit)
 
 
 class NgramDrafter:
@@ -317,7 +320,7 @@ class FeatureDrafter:
             loop.pick(j, self.with_copy_prior(seqs, logits, current), self.draft)
             if not loop.wants(j + 1):
                 break
-            fb = ModelDrafter._batch(seqs, [s.draft_len + j for s in seqs], 1)
+            fb = ModelDrafter._batch(seqs, [s.draft_len + j for s in seqs], 1, self.cache.max_len)
             h, logits = self.draft(loop.tokens[:, j : j + 1], h[:, None], fb, self.cache)
             h, logits = h[:, 0], logits[:, 0]
         return loop.result()
@@ -334,7 +337,7 @@ class FeatureDrafter:
             n = widths[b]
             feats[b, :n] = s.draft_feats
             nxt[b, :n] = torch.tensor(s.tokens[s.draft_len + 1 : s.draft_len + 1 + n])
-        fb = ModelDrafter._batch(seqs, [s.draft_len for s in seqs], width)
+        fb = ModelDrafter._batch(seqs, [s.draft_len for s in seqs], width, self.cache.max_len)
         h, logits = self.draft(nxt, feats, fb, self.cache)  # (B, T, C), (B, T, Vh)
         last = torch.tensor([n - 1 for n in widths])
         rows = torch.arange(len(seqs))

@@ -193,7 +193,7 @@ class Engine:
             if batch == 1:
                 fb = contiguous_batch(seqs[0].slot, 1, starts[0], width)
             else:
-                fb = ragged_batch([s.slot for s in seqs], starts, width)
+                fb = ragged_batch([s.slot for s in seqs], starts, width, limit=self.cache.max_len)
             logits, hidden = self.target(feed, fb, self.cache, return_hidden=True,  # (B, 1+Kmax, V), (B, 1+Kmax, F)
                                          feature_layers=self.feature_layers)
             # 3) accept / reject per sequence

@@ -441,10 +441,18 @@ def contiguous_batch(slot0: int, batch: int, start: int, num_tokens: int) -> For
     )
 
 
-def ragged_batch(slots: list[int], starts: list[int], num_tokens: int) -> ForwardBatch:
-    """Sequences at different lengths: each feeds `num_tokens` tokens from its own start position."""
+def ragged_batch(slots: list[int], starts: list[int], num_tokens: int, limit: int | None = None) -> ForwardBatch:
+    """Sequences at different lengths: each feeds `num_tokens` tokens from its own start position.
+
+    A row with fewer real tokens than `num_tokens` is padded, and near the end of the window its padding runs
+    past the cache (and the rope table) that its real tokens fit: with `limit` (the cache's length) positions
+    are clamped to limit - 1. Callers keep every real token below that last index (the engine's window leaves
+    positions spare), so only padding lands there: its key is garbage no real query sees (the mask shows a
+    query the keys up to its own position) and the next real token written there replaces it."""
     starts_t = torch.tensor(starts)
     positions = starts_t[:, None] + torch.arange(num_tokens)  # (B, T)
+    if limit is not None:
+        positions = positions.clamp(max=limit - 1)
     kv_len = int(positions.max()) + 1
     keys = torch.arange(kv_len)
     mask = (keys[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # (B, 1, T, L)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -106,6 +108,30 @@ def test_batched_sequences_joining_and_leaving_equal_solo(mode):
         steps += 1
     for i, seq in seqs:
         assert seq.output == solo[i], f"sequence {i} differs when batched"
+
+
+SHORT = tiny_model(0, replace(TINY, max_position=48))  # TARGET's weights, 48 positions
+
+
+@pytest.mark.parametrize("drafter", ["self-draft", "feature", "ngram"])
+@pytest.mark.parametrize("window,k", [(48, 6), (40, 20)])
+def test_a_sequence_at_the_window_end_batched_with_one_drafting_more_equals_solo(drafter, window, k):
+    """One sequence near the end of the window, drafting little, beside one drafting K: the batch pads the
+    first to the second's width, and its padding reached past the cache and the rope table (IndexError at
+    the context's end: with --max-len the target's positions, or a K past the cache's spare room)."""
+    make = {"self-draft": lambda: ModelDrafter(SHORT, "self", slots=2, max_len=window + 16),
+            "feature": lambda: FeatureDrafter(EagleDraft.init_from_target(SHORT, torch.arange(64)).eval(), "f",
+                                              slots=2, max_len=window + 16),
+            "ngram": lambda: NgramDrafter()}[drafter]
+    prompts = [[1, 2, 1, 2, 1, 2], [(i * 7) % 90 + 1 for i in range(window - 6)]]
+    params = SamplingParams(max_new_tokens=40)
+    solo = [Engine(SHORT, max_len=window).generate(p, params).output for p in prompts]
+    engine = Engine(SHORT, drafter=make(), policy=FixedK(k), max_batch=2, max_len=window)
+    seqs = [engine.add(p, params) for p in prompts]
+    while engine.running:
+        engine.step()
+    assert [s.output for s in seqs] == solo
+    assert seqs[1].finish_reason == "length" and len(seqs[1].tokens) == window - 1
 
 
 def test_a_feature_draft_reads_the_prompt_at_prefill_so_a_join_pads_no_one():
@@ -223,6 +249,13 @@ def test_bad_requests_are_refused_and_engine_keeps_working():
         engine.add(list(range(70)), GREEDY)
     assert len(engine.free_slots) == 2
     assert engine.generate(PROMPTS[1], SamplingParams(max_new_tokens=5)).output == ar_outputs([PROMPTS[1]])[0][:5]
+
+
+def test_an_adaptive_policy_bound_of_zero_is_refused_not_read_as_its_default():
+    for spec in ("heuristic:0", "entropy:0", "cost:0", "auto:0"):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            parse_policy(spec)
+    assert parse_policy("0").name == "fixed:0" and parse_policy("auto:3").name == "auto:3"
 
 
 def test_tiny_config_matches():
