@@ -106,9 +106,11 @@ def latest_sweep(engine: Engine, *, target: str | None = None, drafter: str | No
         return row
 
 
-def list_sweeps(engine: Engine, limit: int = 50) -> list[Sweep]:
+def list_sweeps(engine: Engine, limit: int | None = 50) -> list[Sweep]:
+    """The recorded sweeps, newest first; at most `limit` (None: all: one row per sweep, a small table)."""
+    q = select(Sweep).order_by(Sweep.id.desc())
     with Session(engine) as s:
-        rows = list(s.scalars(select(Sweep).order_by(Sweep.id.desc()).limit(limit)))
+        rows = list(s.scalars(q if limit is None else q.limit(limit)))
         for r in rows:
             s.expunge(r)
         return rows

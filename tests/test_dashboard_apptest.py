@@ -168,6 +168,34 @@ def test_concurrency_filter_narrows_a_sweep_to_one_level(filled, monkeypatch):
     assert metrics(at)["Acceptance rate"] == ["60.7%"]
 
 
+def test_the_sweep_picker_chooses_among_every_sweep_the_filters_keep(filled, monkeypatch):
+    """25 sweeps, the 5 oldest on node-b: picking node-b shows those 5 (the page read only the newest 20
+    sweeps, then filtered them, and said none of the 20 recorded sweeps matched); all nodes: the newest 20."""
+    from telemetry.sweeps import record_sweep
+
+    engine = open_store(filled)
+    with Session(engine) as s:
+        ids = {}
+        for node in ("node-b", "node-a"):
+            runs = [make_run(s, mode, node_id=node, concurrency=c, requests=[Req(output_tokens=9, e2e_ms=300)])
+                    for c in (1, 2) for mode in ("ar", "spec")]
+            s.commit()
+            ids[node] = [r.id for r in runs]
+    for node, count in (("node-b", 5), ("node-a", 20)):
+        for _ in range(count):
+            record_sweep(engine, node_id=node, device="cpu (2 cores)", target="demo/target-tiny",
+                         drafter="demo/draft-tiny", k_policy="fixed:4", workload="code", dtype="float32",
+                         run_ids=ids[node])
+    engine.dispose()
+    at = open_page(app_for(filled, monkeypatch), PAGES["Cost & capacity"])
+    assert_clean(at)
+    assert [o.split()[0] for o in at.selectbox(key="w_sweep").options] == [f"#{i}" for i in range(25, 5, -1)]
+    at.selectbox(key="f_node").set_value("node-b").run()
+    assert_clean(at)
+    assert [o.split()[0] for o in at.selectbox(key="w_sweep").options] == [f"#{i}" for i in range(5, 0, -1)]
+    assert at.get("plotly_chart")  # the picked sweep's points are drawn
+
+
 def test_one_concurrency_level_offers_no_filter(filled, monkeypatch):
     at = open_page(app_for(filled, monkeypatch), PAGES["Overview"])
     assert not [sb for sb in at.selectbox if sb.key == "f_concurrency"]

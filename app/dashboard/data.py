@@ -138,15 +138,20 @@ def power_over_time(url: str, f: Filters, bucket_s: int):
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def sweeps(url: str) -> list[dict]:
-    """Recorded concurrency sweeps, newest first, each with its per-level throughput (from SQL summaries)."""
-    from telemetry.sweeps import list_sweeps, sweep_points
+    """Every recorded concurrency sweep, newest first, without its points (`sweep_points`): the sidebar's filters
+    pick among all of them (a page that read only the newest 20 said none of them matched a node whose sweeps
+    were older)."""
+    from telemetry.sweeps import list_sweeps
 
-    eng = engine(url)
-    out = []
-    for sw in list_sweeps(eng, limit=20):
-        points = sweep_points(eng, list(sw.run_ids))
-        out.append({"id": sw.id, "created_at": sw.created_at, "drafter": sw.drafter, "workload": sw.workload,
-                    "node": sw.node_id, "crossover": sw.crossover_concurrency, "run_ids": tuple(sw.run_ids),
-                    "points": [(p.concurrency, p.ar_tokens_per_s, p.spec_tokens_per_s, p.ar_tpot_p95_ms,
-                                p.spec_tpot_p95_ms) for p in points]})
-    return out
+    return [{"id": sw.id, "created_at": sw.created_at, "drafter": sw.drafter, "workload": sw.workload,
+             "node": sw.node_id, "crossover": sw.crossover_concurrency, "run_ids": tuple(sw.run_ids)}
+            for sw in list_sweeps(engine(url), limit=None)]
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def sweep_points(url: str, run_ids: tuple[int, ...]) -> list[tuple]:
+    """One sweep's per-level throughput and p95 TPOT, AR and spec (from SQL summaries of its runs)."""
+    from telemetry.sweeps import sweep_points as points_of
+
+    return [(p.concurrency, p.ar_tokens_per_s, p.spec_tokens_per_s, p.ar_tpot_p95_ms, p.spec_tpot_p95_ms)
+            for p in points_of(engine(url), list(run_ids))]

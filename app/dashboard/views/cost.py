@@ -266,9 +266,13 @@ def _sla_section(sp) -> None:
     download_csv("Download nodes by SLA (CSV)", table, "nodes_by_sla.csv", "dl_sla")
 
 
+SWEEPS_SHOWN = 20  # in the sweep picker: the newest of those the sidebar's filters keep
+
+
 def _sweep_section(ctx: Context) -> None:
     recorded = data.sweeps(ctx.url)
-    sweeps = filters.sweeps_in_view(recorded, ctx.sel.filters)
+    matching = filters.sweeps_in_view(recorded, ctx.sel.filters)
+    sweeps = matching[:SWEEPS_SHOWN]
     if recorded and not sweeps:
         st.info(f"None of the {len(recorded)} recorded concurrency sweeps matches the sidebar's node, workload "
                 "or run filters.")
@@ -279,7 +283,10 @@ def _sweep_section(ctx: Context) -> None:
         return
     labels = {f"#{s['id']} {s['drafter']} on {s['workload']} ({s['node']}, {s['created_at']:%Y-%m-%d %H:%M})": s
               for s in sweeps}
-    sw = labels[st.selectbox("Sweep", list(labels), key="w_sweep")]
+    sw = labels[st.selectbox("Sweep", list(labels), key="w_sweep",
+                             help=None if len(matching) <= SWEEPS_SHOWN else
+                             f"the newest {SWEEPS_SHOWN} of the {len(matching)} sweeps the sidebar's filters keep")]
+    sw = {**sw, "points": data.sweep_points(ctx.url, sw["run_ids"])}
     cross = sw["crossover"]
     st.metric("Crossover concurrency", fmt(cross, "d") if cross else "none measured",
               help="smallest measured concurrency at which speculative tokens/s no longer beats AR; "
