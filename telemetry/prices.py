@@ -49,6 +49,7 @@ from telemetry.db import Price, utcnow
 
 ELECTRICITY = "electricity"
 PUE = "pue"
+MAX_SOURCE_CHARS = 500  # a price's source: a URL or a quote reference, one line
 CPU_NODE = "cpu-2core"
 KIND_UNITS = {"gpu": "usd_per_hour", "node": "usd_per_hour", "electricity": "usd_per_kwh", "pue": "ratio"}
 
@@ -185,10 +186,21 @@ def check_price(
     """
     if not name or not name.strip() or len(name.strip()) > 64:
         raise ValueError(f"name must be 1-64 characters, got {name!r}")
+    # names match in any case: SQLite's lower() folds ASCII letters only, so 'ÄBC' and 'äbc' were two entries
+    # there (one never read) where PostgreSQL kept one; hardware names are ASCII
+    if not (name.isascii() and name.isprintable()):
+        raise ValueError(f"name must be printable ASCII (letters, digits, spaces, - _ . and the like), got {name!r}")
     if kind is not None and kind not in KIND_UNITS:
         raise ValueError(f"kind must be one of {sorted(KIND_UNITS)}, got {kind!r}")
+    for used in (ELECTRICITY, PUE):  # energy is priced at these two entries only: another of their kind is never read
+        if kind == used and name.strip().lower() != used:
+            raise ValueError(f"a price of kind {used} named {name.strip()!r} would never be used: energy is priced "
+                             f"at the catalog's entry named {used!r} (`specfinops prices set {used} X --source ...`)")
     if not source or not source.strip():
         raise ValueError(f"source must say where the price comes from, got {source!r}")
+    if not source.isprintable() or len(source) > MAX_SOURCE_CHARS:  # a newline broke `prices`' table into rows
+        raise ValueError(f"source must be one line of at most {MAX_SOURCE_CHARS} printable characters, got "
+                         f"{len(source)} characters: {source[:40]!r}")
     value = float(value)
     if not value >= 0 or value == float("inf"):
         raise ValueError(f"value must be a number >= 0, got {value!r}")

@@ -57,6 +57,23 @@ def test_cost_page_prices_the_measured_runs_with_its_electricity_inputs(sqlite_u
     assert "energy at $1/kWh (your input) x PUE 1.5 (your input)" in fleet, fleet
 
 
+def test_the_electricity_input_names_the_price_the_costs_use(sqlite_url, monkeypatch):
+    """A store holding another entry of kind electricity (recorded before `prices set` refused one): the input's
+    label showed its $0.02 while every cost used the entry named 'electricity'."""
+    from telemetry.db import Price
+
+    fill_store(sqlite_url)
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        s.add(Price(name="cheap-solar", kind="electricity", value=0.02, unit="usd_per_kwh", source="x", as_of=""))
+        s.commit()
+    kwh = energy_prices(engine)[0]
+    engine.dispose()
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Cost & capacity"])
+    assert_clean(at)
+    assert at.number_input(key="w_kwh").label == f"Electricity $/kWh (0: ${kwh:g})" and kwh != 0.02
+
+
 def test_fleet_cost_of_any_size_reads_as_dollars_and_says_what_the_monthly_figures_hold(sqlite_url, monkeypatch):
     """At $10,000 a node-hour the fleet cost per 1M read "$1.622e+05"; it reads as `cost` writes dollars. Where
     energy is in it, the caption says the monthly costs and savings are node-hours only."""

@@ -37,6 +37,14 @@ def test_electricity_may_cost_nothing_but_hardware_may_not(empty_store):
     ({"kind": "spaceship"}, "kind must be one of"),
     ({"source": " "}, "source must say where"),
     ({"value": float("nan")}, "value must be a number >= 0"),
+    # SQLite folds ASCII letters only: 'ÄBC' and 'äbc' were two entries there, one of them never read
+    ({"name": "ÄBC"}, "name must be printable ASCII"),
+    ({"name": "a\tb"}, "name must be printable ASCII"),
+    # energy is priced at the entries named electricity and pue: another of their kind was never read
+    ({"name": "cheap-solar", "kind": "electricity", "value": 0.02}, "'cheap-solar' would never be used"),
+    ({"name": "site-pue", "kind": "pue", "value": 1.3}, "'site-pue' would never be used"),
+    ({"source": "line one\nline two"}, "source must be one line"),  # it broke `prices`' table into rows
+    ({"source": "q" * 501}, "of at most 500 printable characters"),
 ])
 def test_check_price_needs_no_store(kwargs, needle):
     args = {"name": "X", "value": 1.0, "source": "quote"} | kwargs

@@ -23,7 +23,7 @@ from app.dashboard.common import (
     usd_amount,
     usd_rate,
 )
-from telemetry import finops
+from telemetry import finops, prices
 from telemetry.costing import (
     FLEET_COST_LABEL,
     PARTLY_ESTIMATED,
@@ -109,8 +109,9 @@ def _inputs(ctx: Context) -> dict:
     node_usd = c[1].number_input("Custom node $/h", min_value=0.01, max_value=MAX_NODE_USD,
                                  value=min(float(a["node_hourly_usd"] or 10.0), MAX_NODE_USD),
                                  key="w_node_usd", disabled=price != CUSTOM)
-    kwh_cat = next((p.value for p in catalog if p.kind == "electricity"), None)
-    pue_cat = next((p.value for p in catalog if p.kind == "pue"), None)
+    # the entries energy is priced at (prices.energy_prices): by name, not the first of their kind
+    kwh_cat = next((p.value for p in catalog if p.name.lower() == prices.ELECTRICITY), None)
+    pue_cat = next((p.value for p in catalog if p.name.lower() == prices.PUE), None)
     kwh = c[2].number_input(f"Electricity $/kWh (0: {fmt(kwh_cat, 'g', prefix='$')})", min_value=0.0,
                             max_value=MAX_USD_PER_KWH, value=min(float(a["usd_per_kwh"] or 0.0), MAX_USD_PER_KWH),
                             step=0.01, format="%.3f", key="w_kwh",
