@@ -58,10 +58,10 @@ def check_webhook_url(url: str, flag: str = "--webhook") -> str:
         parts = urlsplit(text)
     except ValueError as exc:  # "Invalid IPv6 URL": an unclosed [
         raise ValueError(f"{flag} is not a valid URL: {exc}") from None
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    if parts.scheme not in ("http", "https") or not parts.netloc and not text.startswith(f"{parts.scheme}://"):
         got = f"scheme {parts.scheme!r}" if parts.scheme else "no scheme"
         raise ValueError(f"{flag} must be an http:// or https:// URL, got {got}")
-    if not parts.hostname:
+    if not parts.hostname:  # 'http://' read as a wrong scheme
         raise ValueError(f"{flag} must name a host: http(s)://HOST[:PORT]/...")
     if any(c.isspace() or not c.isprintable() for c in text):
         raise ValueError(f"{flag} must not contain spaces or control characters")

@@ -77,6 +77,8 @@ class ReportResult:
 
 def check_out_dir(out_dir: str | os.PathLike) -> Path:
     """Create `out_dir` if needed and prove a file can be written there; ValueError naming it otherwise."""
+    if not str(out_dir).strip():  # Path('') is '.': a job would write into whatever folder it was started from
+        raise ValueError(f"--out must name a folder, got {str(out_dir)!r}")
     path = Path(out_dir).expanduser()
     if path.exists() and not path.is_dir():  # mkdir said only 'File exists'
         raise ValueError(f"--out {out_dir} is a file, not a directory: give a folder, made if missing (a file is "

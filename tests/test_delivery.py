@@ -264,6 +264,8 @@ BAD_URLS = [
     ("http://h:0/s3cr3t", "has a bad port"),
     ("http://[::1", "is not a valid URL: Invalid IPv6 URL"),
     ("http://:80/s3cr3t", "must name a host"),
+    ("http://", "must name a host"),  # was 'must be an http:// or https:// URL, got scheme 'http''
+    ("https:///s3cr3t", "must name a host"),
     ("http://a b/s3cr3t", "must not contain spaces"),
 ]
 

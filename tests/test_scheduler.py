@@ -461,6 +461,24 @@ def test_cli_list_needs_no_cron_and_an_empty_store_says_so(store, capsys):
     assert exc.value.code == 2 and "--cron, --out (or --list)" in capsys.readouterr().err
 
 
+def test_list_takes_no_schedule_options_and_out_must_name_a_folder(store, tmp_path, capsys, monkeypatch):
+    """--list beside --cron/--out dropped them unsaid; --out '' was the current folder (a job persisted to write
+    wherever the scheduler happened to be started)."""
+    url, _, _ = store
+    assert main(["scheduler", "--db", url, "--list", "--cron", "0 6 * * *", "--out", "rs"]) == 2
+    assert "--list lists the persisted jobs and takes no --cron, --out" in capsys.readouterr().err
+    here = tmp_path / "started-here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main(["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", ""]) == 2
+    assert main(["report", "--db", url, "--period", "daily", "--out", " "]) == 2
+    err = capsys.readouterr().err
+    assert "scheduler: error: --out must name a folder, got ''" in err and "--out must name a folder, got ' '" in err
+    assert list(here.iterdir()) == []
+    assert main(["scheduler", "--db", url, "--list"]) == 0
+    assert capsys.readouterr().out.strip() == "scheduler: no jobs in the store"
+
+
 def test_a_kept_job_stored_under_the_old_name_is_renamed(store):
     url, engine, out = store
     job = _job(url, out)

@@ -195,6 +195,12 @@ def run(args) -> int:
     from telemetry.store import open_store
 
     if args.list:
+        # --list schedules nothing: a --cron or --out beside it was dropped unsaid
+        given = [a.option_strings[-1] for a in args.command_parser._actions
+                 if a.option_strings and a.dest not in ("help", "db", "list") and getattr(args, a.dest) != a.default]
+        if given:
+            raise UsageError(f"--list lists the persisted jobs and takes no {', '.join(given)} (drop --list to "
+                             "schedule a job)")
         return _list_jobs(args)
     missing = [flag for flag, value in (("--cron", args.cron), ("--out", args.out)) if value is None]
     if missing:
