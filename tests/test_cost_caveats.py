@@ -195,3 +195,18 @@ def test_project_priced_as_the_measured_device_has_no_device_warning(db_url, cap
         assert not any("measure on it" in n for n in a["notes"])
         text = _text(_project(db_url, *extra), capsys)
         assert "measure on it" not in text and "warning:" not in text
+
+
+def test_the_notes_on_many_runs_list_a_few_id_ranges_and_count_the_rest(sqlite_url, capsys):
+    """Hundreds of interrupted runs made one note thousands of characters long: it lists the first ranges, then
+    the count, as the summary lines do."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for i in range(24):  # every other run cancelled: 12 ranges of one id each
+            make_run(s, "ar", status="cancelled" if i % 2 else "completed",
+                     started_at=BASE_TIME + timedelta(minutes=i), requests=_ar(1))
+        s.commit()
+    engine.dispose()
+    out = _text(["cost", "--db", sqlite_url], capsys)
+    line = next(x for x in out.splitlines() if "not every run completed" in x)
+    assert "12 runs (2, 4, 6, 8, 10, 12, 14, 16, ...) cancelled" in line and "24" not in line

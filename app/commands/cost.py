@@ -258,7 +258,7 @@ def _energy_text(c, runs=None) -> str:
             return "n/a (wall unknown)"
         return "partial (some requests)" if c.reason and SOME_REQUESTS in c.reason else "not measured"
     if runs is not None and energy_source(runs) == PARTLY_ESTIMATED:
-        return f"{_usd(c.energy_usd_per_1m)} ({PARTLY_ESTIMATED}: {energy_sources_text(runs)})"
+        return f"{_usd(c.energy_usd_per_1m)} ({PARTLY_ESTIMATED}: {energy_sources_text(runs, shown=IDS_SHOWN)})"
     return _usd(c.energy_usd_per_1m) + (" (estimated)" if c.energy_estimated else "")
 
 
@@ -295,7 +295,7 @@ def _cost_caveats(run_costs, mode_costs) -> tuple[dict, list[str], list[str]]:
 
     spreads = {mc.mode: config_spread(mode_runs(mc, run_costs)) for mc in mode_costs}
     serve = [rc.run.run_id for rc in run_costs if rc.run.kind == "serve"]
-    notes = [f"{ids_text(serve)} (server): {SERVE_SPAN_NOTE}"] if serve else []
+    notes = [f"{ids_text(serve, shown=IDS_SHOWN)} (server): {SERVE_SPAN_NOTE}"] if serve else []
     small = small_sample_text({mc.mode: _requests_ok(mc, run_costs) for mc in mode_costs},
                               what="a tokens/s and a cost per 1M tokens")
     return spreads, notes, [small] if small else []
@@ -423,7 +423,7 @@ def run_cost_command(args) -> int:
     custom = sorted({rc.node_price.priced_as for rc in run_costs if rc.node_price.origin == "flag"})
     if custom:
         print(f"{', '.join(custom)}: {CUSTOM_PRICE_NOTE}")
-    incomplete = incomplete_runs_text(rc.run for rc in run_costs)
+    incomplete = incomplete_runs_text((rc.run for rc in run_costs), shown=IDS_SHOWN)
     if incomplete:
         print(f"note: {incomplete}")
     for note in notes:
