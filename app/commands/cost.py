@@ -41,7 +41,7 @@ PROJECT_EXAMPLES = """  specfinops project --daily-tokens 5e8 --peak-factor 2 --
   specfinops project --daily-tokens 1e9 --peak-factor 1.5 --p95-tpot-sla-ms 40 --node-hourly-usd 8.806 --json
   specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --temperature 0.8 --top-p 0.9 --top-k 40
   specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --max-new-tokens 256
-  specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --invocation edea09ae  # one bench
+  specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --invocation latest  # the newest bench alone
 
 node price: --node-hourly-usd X, else --gpu NAME [--gpus-per-node N], else the runs' recorded price (when
 they all recorded the same one), else the catalog price of the measured device, as `specfinops cost` and

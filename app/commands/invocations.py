@@ -9,8 +9,8 @@ from app.commands._common import add_command, add_db_option, positive_int
 EXAMPLES = """  specfinops invocations                      # the 20 newest benches and load tests
   specfinops invocations --limit 100 --json
   specfinops cost --invocation latest         # then one invocation's costs, by 'latest' or the id shown
-  specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --invocation edea09ae
-  specfinops export --what requests --invocation edea09ae --out one-bench.csv
+  specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --invocation ID  # ID as `invocations` shows it
+  specfinops export --what requests --invocation latest --out one-bench.csv
 
 Every run a bench or load test records carries that command's invocation id: its spec and AR runs ran under the
 same machine conditions, so their ratio (the speedup column) is the paired figure; `cost` and the dashboard pool
