@@ -320,8 +320,8 @@ def write_report(
         (final / CLAIM_MARKER).unlink()
     name_taken = usual if final.name != usual else None
     if name_taken:
-        logger.warning("report #%d: %s already holds a folder %s (another store's report, or one from before a "
-                       "reset; left as it is): written to %s", report_id, out, usual, final.name)  # fmt: skip
+        logger.warning("report #%d: %s already holds %s (another store's report, one from before a reset, or "
+                       "another file; left as it is): written to %s", report_id, out, usual, final.name)  # fmt: skip
     return ReportResult(report_id, final / HTML_NAME, final, tuple(final / n for n in names), summary,
                         incomplete_period_text(data), name_taken)
 

@@ -69,7 +69,7 @@ def test_two_stores_into_one_out_keep_both_reports(two_stores, capsys):
     [rb] = _rows(b)
     second = Path(rb.csv_dir)
     assert rb.id == ra.id and second != first and second.parent == first.parent
-    assert second.name.startswith(first.name + "-") and f"already holds a folder {first.name}" in err
+    assert second.name.startswith(first.name + "-") and f"already holds {first.name}" in err
     assert _tree(first) == before  # the other store's report untouched
     assert Path(rb.html_path) == second / "report.html" and Path(rb.html_path).is_file()
     assert rb.summary["html_path"] == rb.html_path and all(Path(f).parent == second for f in rb.summary["csv_files"])

@@ -188,8 +188,8 @@ def run(args) -> int:
     print(f"  html: {result.html_path}")
     print(f"  csv:  {result.csv_dir} ({len(result.csv_files)} files)")
     if result.name_taken:  # another store's report (ids are per store) or one from before a reset: kept
-        print(f"note: {out} already holds a folder {result.name_taken} (another store's report, or one written "
-              f"before the store was reset; left as it is): this report is in {result.csv_dir.name}",
+        print(f"note: {out} already holds {result.name_taken} (another store's report, one written before the "
+              f"store was reset, or another file; left as it is): this report is in {result.csv_dir.name}",
               file=sys.stderr)  # fmt: skip
     flagged = [a["metric"] for a in s["anomalies"] if a["status"] == "anomaly"]
     if flagged:
