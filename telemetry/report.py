@@ -501,6 +501,9 @@ CHANGE_METRICS: tuple[tuple[str, Callable[[PeriodFigures], float | None]], ...] 
 )
 
 
+ONE_INVOCATION = "not compared: one invocation's runs (the period before holds none of them)"
+
+
 def change_rows(
     data: ReportData,
 ) -> list[tuple[str, float | None, float | None, float | None, float | None, str, str]]:
@@ -508,9 +511,16 @@ def change_rows(
     is missing. A cost compares totals where both periods have the same energy basis, else the hardware parts;
     `compared` says which ("total" or "hardware part only: ...", empty for the other figures). `estimated`
     names the periods whose value rests on estimated power ("this period", "previous period (partly)", ...;
-    empty where neither does)."""
+    empty where neither does). A report on one invocation (`report --invocation`) compares nothing: the period
+    before it holds none of the invocation's runs (or the first part of the same bench), so each change would
+    read as everything against nothing; the previous-period columns are empty and `compared` says why."""
     out = []
     periods = [data.current, data.previous]
+    if data.current.window.invocation_id is not None:
+        for name, get in CHANGE_METRICS:
+            (cur, _), _ = compared_values(get, periods)
+            out.append((name, cur, None, None, None, ONE_INVOCATION, ""))
+        return out
     for name, get in CHANGE_METRICS:
         (cur, prev), basis = compared_values(get, periods)
         delta = None if cur is None or prev is None else cur - prev

@@ -762,6 +762,11 @@ def test_a_report_of_one_invocation_covers_its_runs_over_its_own_span(sqlite_url
         D0.replace(hour=9, minute=10, second=30), D0.replace(hour=9, minute=10, second=32))
     assert rec.summary["requests"] == 2 and rec.summary["output_tokens"] == 66
     assert "previous period 2026-11-02 09:10:28 to 2026-11-02 09:10:30 UTC" in open(rec.html_path).read()
+    # the period before one bench holds none of its runs: no change reads as 66 tokens against 0
+    changes = {c["figure"]: c for c in rec.summary["change"]}
+    assert changes["output tokens"]["this_period"] == 66
+    assert all(c["previous_period"] is None and c["change"] is None and "one invocation" in c["compared"]
+               for c in changes.values())
     # a bench's own 66 tokens in 2 s are not 2.9M tokens of daily traffic: no fleet is sized on them unless given
     assert rec.summary["projection"] is None and "give --daily-tokens" in rec.summary["projection_note"]
     # a --since given is kept; the end is still the bench's
