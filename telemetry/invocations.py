@@ -45,6 +45,8 @@ class Invocation:
     workloads: tuple[str, ...]
     targets: tuple[str, ...]
     nodes: tuple[str, ...]
+    num_cancelled: int = 0  # runs ended 'cancelled': the command was stopped (Ctrl-C, SIGTERM) while they ran
+    num_failed: int = 0  # runs ended 'failed': the command raised while they ran
 
     @property
     def short_id(self) -> str:
@@ -62,7 +64,8 @@ def list_invocations(engine: Engine, limit: int | None = 20, *, finished: bool =
     running = func.sum(case((Run.status == "running", 1), else_=0))
     q = (select(Run.invocation_id, first, func.max(Run.started_at), func.count(Run.id),
                 func.sum(case((Run.mode == "spec", 1), else_=0)), func.sum(case((Run.mode == "ar", 1), else_=0)),
-                running)
+                running, func.sum(case((Run.status == "cancelled", 1), else_=0)),
+                func.sum(case((Run.status == "failed", 1), else_=0)))
          .where(Run.invocation_id.is_not(None))
          .group_by(Run.invocation_id)
          .order_by(first.desc(), Run.invocation_id))
@@ -90,10 +93,10 @@ def list_invocations(engine: Engine, limit: int | None = 20, *, finished: bool =
     return [
         Invocation(invocation_id=inv, started_at=_utc(start), last_started_at=_utc(last), num_runs=int(n),
                    num_spec_runs=int(spec or 0), num_ar_runs=int(ar or 0), num_requests=requests[inv],
-                   num_running=int(busy or 0),
+                   num_running=int(busy or 0), num_cancelled=int(cancelled or 0), num_failed=int(failed or 0),
                    kinds=tuple(sorted(labels[inv]["kind"])), workloads=tuple(sorted(labels[inv]["workload"])),
                    targets=tuple(sorted(labels[inv]["target"])), nodes=tuple(sorted(labels[inv]["node_id"])))
-        for inv, start, last, n, spec, ar, busy in heads
+        for inv, start, last, n, spec, ar, busy, cancelled, failed in heads
     ]
 
 

@@ -143,6 +143,25 @@ def test_invocations_command_text_and_json(db_url, capsys):
     assert sp["speedup"] == pytest.approx(1.5) and sp["ar_tokens_per_s"] == pytest.approx(25.0)
 
 
+def test_an_interrupted_or_failed_invocation_is_marked_so(db_url, capsys):
+    """A Ctrl-C'd bench ends its run 'cancelled': the list said nothing of it, and read like a whole bench."""
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        _run(s, IDLE, "ar", BASE_TIME, 2000, n=2)
+        _run(s, IDLE, "spec", BASE_TIME + timedelta(minutes=1), 1000, status="cancelled")
+        _run(s, LOADED, "ar", BASE_TIME + HOUR, 4000, status="failed")
+        s.commit()
+    engine.dispose()
+    assert main(["invocations", "--db", db_url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "1/1 (interrupted)" in lines[3] and "0/1 (failed)" in lines[2]
+    assert any(x.startswith("(interrupted): stopped by Ctrl-C or SIGTERM") for x in lines)
+    assert main(["invocations", "--db", db_url, "--json"]) == 0
+    listed = {i["invocation_id"]: i for i in json.loads(capsys.readouterr().out)["invocations"]}
+    assert (listed[IDLE]["cancelled_runs"], listed[IDLE]["failed_runs"]) == (1, 0)
+    assert (listed[LOADED]["cancelled_runs"], listed[LOADED]["failed_runs"]) == (0, 1)
+
+
 def test_invocations_command_on_a_store_with_none(empty_store, capsys):
     assert main(["invocations", "--db", empty_store]) == 0
     assert "no bench or load-test invocations in the store" in capsys.readouterr().out

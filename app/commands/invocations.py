@@ -42,6 +42,12 @@ def _speedup_text(found: list) -> str:
     return f"{xs[0]:.2f}-{xs[-1]:.2f}x ({len(xs)} configs)"
 
 
+def _ended_text(i) -> str:
+    """' (running)', ' (interrupted)', ' (failed)': how the invocation's runs that did not complete stand."""
+    marks = [m for m, n in (("running", i.num_running), ("interrupted", i.num_cancelled), ("failed", i.num_failed)) if n]
+    return f" ({', '.join(marks)})" if marks else ""
+
+
 def _when(t) -> str:
     return f"{t:%Y-%m-%d %H:%M}"
 
@@ -60,7 +66,7 @@ def run(args) -> int:
              "last_run_started_at": i.last_started_at.isoformat(), "kinds": list(i.kinds),
              "workloads": list(i.workloads), "targets": list(i.targets), "nodes": list(i.nodes),
              "runs": i.num_runs, "spec_runs": i.num_spec_runs, "ar_runs": i.num_ar_runs, "requests": i.num_requests,
-             "running_runs": i.num_running,
+             "running_runs": i.num_running, "cancelled_runs": i.num_cancelled, "failed_runs": i.num_failed,
              "speedups": [{"drafter": s.drafter, "k_policy": s.k_policy, "concurrency": s.concurrency,
                            "temperature": s.temperature, "speedup": s.speedup,
                            "spec_tokens_per_s": s.spec_tokens_per_s, "ar_tokens_per_s": s.ar_tokens_per_s,
@@ -73,7 +79,7 @@ def run(args) -> int:
         return 0
     rows = [(i.short_id, _when(i.started_at) + " UTC", ",".join(i.kinds), ",".join(i.workloads),
              ",".join(str(short_model(t)) for t in i.targets), ",".join(i.nodes),
-             f"{i.num_spec_runs}/{i.num_ar_runs}" + (" (running)" if i.num_running else ""), f"{i.num_requests:,}",
+             f"{i.num_spec_runs}/{i.num_ar_runs}" + _ended_text(i), f"{i.num_requests:,}",
              _speedup_text(per[i.invocation_id]))
             for i in found]
     head = ("invocation", "started", "kind", "workload", "target", "node", "spec/ar runs", "requests", "speedup")
@@ -86,6 +92,9 @@ def run(args) -> int:
     print(f"\nspeedup: spec tokens/s / AR tokens/s within the invocation, per spec configuration{more}")
     print("one invocation's costs and projection: specfinops cost --invocation ID (or latest: the newest whose "
           "runs have all ended)")
+    if any(i.num_cancelled or i.num_failed for i in found):
+        print("(interrupted): stopped by Ctrl-C or SIGTERM, or (failed): stopped by an error, while those runs ran: "
+              "they measured fewer prompts than the command asked for (the requests they finished count)")
     if any(i.num_running for i in found):
         print("(running): runs not ended yet, a bench or load test under way (or one killed before it could end "
               "them); its figures are what it recorded so far")
