@@ -143,3 +143,18 @@ def test_current_and_check_only_read_another_applications_file(tmp_path, capsys)
     assert foreign.read_bytes() == before and empty.read_bytes() == b""
     with sqlite3.connect(foreign) as c:
         assert c.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+
+
+@pytest.mark.parametrize("revision", ["nonsense", "nonsense+1"])
+def test_a_failed_upgrade_leaves_no_store_file_and_no_folder_behind(tmp_path, revision, capsys):
+    """`db upgrade nonsense --db new/dir/d.db` failed ("Can't locate revision") after making the folders and an
+    empty store file, which every later command then took for a store. An unknown REV is refused before anything
+    is made; an upgrade failing later (a relative REV Alembic cannot resolve) removes what it made."""
+    store = tmp_path / "new" / "dir" / "d.db"
+    assert cli_main(["db", "upgrade", revision, "--db", f"sqlite:///{store}"]) == 2
+    assert f"Can't locate revision identified by '{revision.split('+')[0]}'" in _err_line(capsys)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "new").mkdir()  # a folder that was there before stays
+    assert cli_main(["db", "upgrade", revision, "--db", f"sqlite:///{store}"]) == 2
+    capsys.readouterr()
+    assert [p.name for p in tmp_path.iterdir()] == ["new"] and list((tmp_path / "new").iterdir()) == []

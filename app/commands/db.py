@@ -188,11 +188,69 @@ def _check_revision(args: argparse.Namespace, action: str) -> None:
                          f"prints, got {args.revision!r}")
 
 
+def _refuse_unknown_revision(args: argparse.Namespace) -> None:
+    """`db upgrade REV` of a new SQLite store naming no revision of this specfinops: refused before anything is
+    made (the upgrade created the store file, and its folders, before Alembic said "Can't locate revision"). A relative REV
+    ('+1', '0003+1', '-1') needs the store's revision to resolve: Alembic resolves or refuses it itself."""
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    from app.errors import UsageError
+    from telemetry.db import resolve_db_url
+    from telemetry.store import alembic_config
+
+    if "+" in args.revision or "-" in args.revision:
+        return
+    url = resolve_db_url(args.db)
+    try:
+        ScriptDirectory.from_config(alembic_config(url)).get_revisions(args.revision)
+    except CommandError as exc:
+        raise UsageError(f"upgrade on {_safe_url(url)}: {exc}") from exc
+
+
+def _created_paths(args: argparse.Namespace) -> list:
+    """What an upgrade of a SQLite store that does not exist yet creates: the folders missing above it (the
+    outermost first), then the file. Empty for a server's database or a file already there."""
+    from telemetry.db import resolve_db_url, sqlite_file
+
+    path = sqlite_file(resolve_db_url(args.db))
+    if path is None or path.exists() or path.is_symlink():
+        return []
+    folders = []
+    folder = path.absolute().parent
+    while not folder.exists() and not folder.is_symlink() and folder != folder.parent:
+        folders.append(folder)
+        folder = folder.parent
+    return [*reversed(folders), path]
+
+
+def _remove_created(created: list) -> None:
+    """Undo _created_paths after a failed upgrade: the file (with SQLite's -wal, -shm and -journal files), then
+    the folders it made, innermost first, each only while empty."""
+    if not created:
+        return
+    path = created[-1]
+    for leftover in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
+        leftover.unlink(missing_ok=True)
+    for folder in reversed(created[:-1]):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (something else wrote there meanwhile) or already gone: leave it
+            break
+
+
 def _upgrade(args: argparse.Namespace) -> int:
     _check_revision(args, "upgrade")
     _db_option(args)
     _refuse_upgrade_backwards(args)
-    _run_alembic(args, "upgrade", args.revision)
+    created = _created_paths(args)
+    if created:  # a store there already: Alembic names an unknown REV itself, after a newer version's revision
+        _refuse_unknown_revision(args)
+    try:
+        _run_alembic(args, "upgrade", args.revision)
+    except BaseException:  # nothing half-made stays: a failed upgrade of a new store leaves no file, no folder
+        _remove_created(created)
+        raise
     return _current(args)
 
 
