@@ -158,3 +158,25 @@ def test_a_failed_upgrade_leaves_no_store_file_and_no_folder_behind(tmp_path, re
     assert cli_main(["db", "upgrade", revision, "--db", f"sqlite:///{store}"]) == 2
     capsys.readouterr()
     assert [p.name for p in tmp_path.iterdir()] == ["new"] and list((tmp_path / "new").iterdir()) == []
+
+
+def test_upgrade_stamps_a_store_made_without_alembic(db_url, capsys):
+    """A store whose tables `create_all` made (no alembic_version) is one every command opens, stamping it; but
+    `db current` said "(no schema)", `db check` "no schema yet; db upgrade brings it up to date", and `db upgrade`
+    then failed: "table prices already exists"."""
+    from telemetry.db import Base, make_engine
+
+    engine = make_engine(db_url)
+    Base.metadata.create_all(engine)
+    engine.dispose()
+    assert cli_main(["db", "current", "--db", db_url]) == 0
+    out = capsys.readouterr().out
+    assert "revision (none)" in out and "(has the tables but no Alembic version)" in out and "no schema" not in out
+    assert cli_main(["db", "check", "--db", db_url]) == 2
+    line = _err_line(capsys)
+    assert "the database has the tables but no Alembic version (alembic_version); `specfinops db upgrade --db " \
+           in line and "stamps it, where its tables match the models, and brings it up to date" in line, line
+    assert cli_main(["db", "upgrade", "--db", db_url]) == 0
+    assert "(at head)" in capsys.readouterr().out
+    assert _revision(db_url) == head_revision()
+    assert cli_main(["db", "check", "--db", db_url]) == 0
