@@ -382,7 +382,11 @@ def make_engine(url: str | None = None) -> Engine:
         if path is not None:
             if path.is_dir():
                 raise ValueError(f"database {url!r} is a directory: give a SQLite file path or a database URL")
-            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):  # a file where a folder of the path should be
+                file = next((p for p in reversed(path.absolute().parents) if p.exists() and not p.is_dir()), path.parent)
+                raise ValueError(f"database {url!r}: {file} is a file, not a directory") from None
         engine = create_engine(url, connect_args={"check_same_thread": False})
         event.listen(engine, "connect", functools.partial(_sqlite_pragmas, path=path))
         return engine

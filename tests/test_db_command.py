@@ -180,3 +180,23 @@ def test_upgrade_stamps_a_store_made_without_alembic(db_url, capsys):
     assert "(at head)" in capsys.readouterr().out
     assert _revision(db_url) == head_revision()
     assert cli_main(["db", "check", "--db", db_url]) == 0
+
+
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["db", "current"], ["cost"], ["prices"]])
+def test_a_store_path_through_a_file_names_that_file(tmp_path, command, capsys):
+    """`--db /tmp/x/file.db/x.db`, file.db a regular file, said only "File exists: /tmp/x/file.db"."""
+    (tmp_path / "file.db").write_bytes(b"")
+    for store in (tmp_path / "file.db" / "x.db", tmp_path / "file.db" / "a" / "b" / "x.db"):
+        assert cli_main([*command, "--db", str(store)]) == 2
+        line = _err_line(capsys)
+        assert f"--db {store}: {tmp_path / 'file.db'} is a file, not a directory" in line, line
+        assert "File exists" not in line
+    assert (tmp_path / "file.db").read_bytes() == b""
+
+
+def test_make_engine_names_the_file_in_the_way(tmp_path):
+    from telemetry.db import make_engine
+
+    (tmp_path / "file.db").write_bytes(b"")
+    with pytest.raises(ValueError, match=f"{tmp_path / 'file.db'} is a file, not a directory"):
+        make_engine(f"sqlite:///{tmp_path / 'file.db' / 'a' / 'x.db'}")
