@@ -299,9 +299,39 @@ def open_store(url: str | None = None, *, must_exist: bool = False) -> Engine:
     except NotAStoreError:
         engine.dispose()
         raise
-    except Exception:
+    except Exception as exc:
         if _at_head(engine):  # SQLite: a concurrent opener created the schema first
             return engine
-        engine.dispose()
+        try:
+            if _is_read_only_error(exc):
+                raise _read_only_behind_head(engine, url) from None
+        finally:
+            engine.dispose()
         raise
     return engine
+
+
+def _is_read_only_error(exc: BaseException) -> bool:
+    """Whether `exc` says the database refused a write because it is open read-only: a SQLite file opened with
+    mode=ro (or one this user cannot write), a PostgreSQL session or server whose transactions are read-only."""
+    orig = getattr(exc, "orig", None) or exc
+    name = getattr(orig, "sqlite_errorname", "") or ""
+    if name.startswith("SQLITE_READONLY") and name != "SQLITE_READONLY_DIRECTORY":  # a folder: folder_error's
+        return True
+    return getattr(orig, "sqlstate", None) == "25006" or "read-only transaction" in str(orig)
+
+
+def _read_only_behind_head(engine: Engine, url: str) -> StoreError:
+    """A store that needs an upgrade but is open read-only: which revision it is at and which one is needed (the
+    upgrade said only 'attempt to write a readonly database')."""
+    try:
+        with engine.connect() as conn:
+            rev = current_revision(conn)
+    except DBAPIError:
+        rev = None
+    at = f"at revision {rev}" if rev else "without a schema"
+    return StoreError(
+        f"the store {_shown(url)} is {at} and this specfinops needs revision {head_revision()}, but it is open "
+        "read-only, so it cannot be upgraded: run `specfinops db upgrade --db COPY` on a writable copy of it (or "
+        "open it writable) and use that"
+    )

@@ -267,3 +267,23 @@ def test_read_only_commands_refuse_another_apps_database_in_one_line(pg_url, tmp
     assert "no store in postgresql+psycopg://postgres:***@127.0.0.1" in err and "s3cr3t" not in err
     assert "its table customers is not specfinops's" in err and "specfinops db upgrade --db URL" in err
     assert _tables(pg_url) == {"customers"} and not (tmp_path / "reports").exists()
+
+
+@pytest.mark.parametrize("command", [["cost"], ["prices"]])
+def test_a_read_only_store_behind_head_names_its_revision(db_url, command, capsys):
+    """A store at an older schema opened read-only (a SQLite URI with mode=ro, a PostgreSQL session whose
+    transactions are read-only) failed 'cannot use the database: attempt to write a readonly database': every
+    command upgrades the store it opens, which a read-only one cannot be."""
+    assert cli_main(["db", "upgrade", "0003", "--db", db_url]) == 0
+    capsys.readouterr()
+    if db_url.startswith("sqlite"):
+        ro_url = f"sqlite:///file:{db_url.removeprefix('sqlite:///')}?mode=ro&uri=true"
+    else:
+        ro_url = db_url + "?options=-c%20default_transaction_read_only%3Don"
+    assert cli_main([*command, "--db", ro_url]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"is at revision 0003 and this specfinops needs revision {head_revision()}, but it is open read-only, " \
+           "so it cannot be upgraded: run `specfinops db upgrade --db COPY` on a writable copy" in err, err
+    assert "readonly database" not in err and "read-only transaction" not in err
+    assert _revision(db_url) == "0003"
