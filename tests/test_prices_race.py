@@ -106,3 +106,31 @@ def test_migration_0007_merges_names_that_differ_only_in_case(db_url, caplog):
     engine.dispose()
     command.upgrade(cfg, "head")  # and merges again
     assert [r[0] for r in _rows(db_url, "other")] == ["OTHER"]
+
+
+def test_migration_0007_offline_emits_the_merge(db_url):
+    """`alembic upgrade --sql` (offline: no database to read) crashed in 0007: 'NoneType' object has no attribute
+    'scalars'. It emits the merge as one DELETE, which keeps what the online merge keeps."""
+    import io
+
+    cfg = alembic_config(db_url)
+    command.upgrade(cfg, "0006")
+    engine = create_engine(db_url)
+    rows = [("mynode3", 1.0, "2026-12-01 10:00:00"), ("MyNode3", 2.0, "2026-12-03 10:00:00"),
+            ("MYNODE3", 3.0, "2026-12-02 10:00:00"), ("other", 4.0, "2026-12-01 10:00:00"),
+            ("h100", 5.0, "2026-12-01 10:00:00"), ("H100", 6.0, "2026-12-01 10:00:00")]  # fmt: skip
+    with engine.begin() as c:
+        for name, value, updated in rows:
+            c.execute(text("INSERT INTO prices (name, kind, value, unit, source, as_of, updated_at) VALUES "
+                           "(:n, 'node', :v, 'usd_per_hour', 's', '2026-12-01', :u)"), {"n": name, "v": value, "u": updated})
+    offline = alembic_config(db_url)
+    offline.output_buffer = io.StringIO()
+    command.upgrade(offline, "0006:0007", sql=True)
+    script = offline.output_buffer.getvalue()
+    merge = [line.rstrip(";") for line in script.splitlines() if line.startswith("DELETE FROM prices")]
+    assert len(merge) == 1 and "CREATE UNIQUE INDEX uq_prices_name_lower" in script, script
+    with engine.begin() as c:
+        c.execute(text(merge[0]))
+        left = c.execute(text("SELECT name, value FROM prices ORDER BY name")).all()
+    engine.dispose()
+    assert left == [("H100", 6.0), ("MyNode3", 2.0), ("other", 4.0)]  # as the online merge keeps

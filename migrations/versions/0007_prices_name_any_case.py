@@ -21,7 +21,7 @@ import logging
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from alembic import op
+from alembic import context, op
 
 revision: str = "0007"
 down_revision: str | Sequence[str] | None = "0006"
@@ -32,7 +32,19 @@ NAME = "uq_prices_name_lower"
 logger = logging.getLogger("migrations.versions.0007")  # the file is loaded by path: no module name
 
 
+# The merge as one statement, for offline mode (`alembic upgrade --sql`), which has no database to read the
+# duplicates from: a row goes where another of its lower(name) was set later (a later updated_at, or the same
+# one and a higher id), the rows _merge_case_duplicates removes. It cannot name them: no warning is logged.
+MERGE_SQL = (
+    "DELETE FROM prices WHERE EXISTS (SELECT 1 FROM prices later WHERE lower(later.name) = lower(prices.name) "
+    "AND (later.updated_at > prices.updated_at OR (later.updated_at = prices.updated_at AND later.id > prices.id)))"
+)
+
+
 def _merge_case_duplicates() -> None:
+    if context.is_offline_mode():  # op.get_bind() is None: emit the merge as SQL instead of running it
+        op.execute(MERGE_SQL)
+        return
     bind = op.get_bind()
     keys = bind.execute(sa.text("SELECT lower(name) FROM prices GROUP BY lower(name) HAVING COUNT(*) > 1")).scalars()
     for key in list(keys):
