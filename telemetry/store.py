@@ -97,7 +97,7 @@ def _at_head(engine: Engine) -> bool:
         return False  # no version table yet (or no server: the upgrade then reports the real error)
 
 
-def _stamp_if_created_without_alembic(conn: Connection, cfg: Config) -> bool:
+def stamp_if_created_without_alembic(conn: Connection, cfg: Config) -> bool:
     """A store made by `create_all` before migrations existed: stamp it when it matches the models."""
     ours = set(Base.metadata.tables)
     present = ours & set(inspect(conn).get_table_names())
@@ -153,7 +153,7 @@ def _upgrade(engine: Engine, conn: Connection, head: str) -> None:
     if current is not None and current not in known_revisions():
         raise newer_revision_error(current)
     cfg = alembic_config(engine.url.render_as_string(hide_password=False), connection=conn)
-    if current is None and _stamp_if_created_without_alembic(conn, cfg):
+    if current is None and stamp_if_created_without_alembic(conn, cfg):
         return
     logger.info("upgrading store from %s to %s", current or "empty", head)
     command.upgrade(cfg, "head")

@@ -88,14 +88,14 @@ def _stamp_then_upgrade(url: str, revision: str) -> None:
     from alembic import command
 
     from telemetry.db import make_engine, migration_transaction
-    from telemetry.store import _stamp_if_created_without_alembic, alembic_config, current_revision
+    from telemetry.store import alembic_config, current_revision, stamp_if_created_without_alembic
 
     engine = make_engine(url)
     try:
         with migration_transaction(engine) as conn:
             cfg = alembic_config(url, connection=conn)
             if current_revision(conn) is None:  # another process may have stamped or upgraded it meanwhile
-                _stamp_if_created_without_alembic(conn, cfg)
+                stamp_if_created_without_alembic(conn, cfg)
             command.upgrade(cfg, revision)
     finally:
         engine.dispose()
