@@ -3,8 +3,10 @@
 Per device, a cumulative energy function E(t) is built from the samples, valid between the first and
 the last sample: with a hardware energy counter (NVML total energy, RAPL) it interpolates the counter
 linearly; without one it integrates the linearly interpolated power exactly (trapezoids). Energy in a
-window is the sum over devices of E(end) - E(start), clipped to what the samples cover. Nothing is
-extrapolated: a window no sample pair covers is None (unknown), never 0.
+window is the sum over devices of E(end) - E(start). Nothing is extrapolated: a window the samples of
+every device do not cover from its start to its end (samples dropped, a device that stopped reporting, a
+window before the first or after the last sample) is None (unknown), never 0 and never the covered part
+counted as the whole.
 
 Millijoules become joules here and nowhere else.
 """
@@ -18,6 +20,10 @@ from datetime import UTC, datetime, timedelta
 from telemetry.records import PowerReading
 
 J_PER_MJ = 1e-3
+# How far a window's edge may lie outside the samples and still count as covered: timestamps are whole
+# microseconds, and a window's end is its wall-clock start plus a perf_counter duration, so an end sampled
+# right after it can land a few microseconds before it. The uncovered sliver is not counted.
+EDGE_TOLERANCE_S = 1e-3
 
 
 _EPOCH = datetime(2024, 1, 1, tzinfo=UTC)  # a near epoch keeps microseconds exact in a float
@@ -51,10 +57,16 @@ class _DeviceEnergy:
             self.cum_j.append(self.cum_j[-1] + step_j)
 
     def covers(self, a: float, b: float) -> tuple[float, float] | None:
+        """The part of [a, b] the samples cover; None where they cover none of it."""
         if len(self.ts) < 2:
             return None
         lo, hi = max(a, self.ts[0]), min(b, self.ts[-1])
         return (lo, hi) if hi > lo else None
+
+    def covers_all(self, a: float, b: float) -> bool:
+        """Whether the samples cover all of [a, b] (up to EDGE_TOLERANCE_S at either edge)."""
+        span = self.covers(a, b)
+        return span is not None and span[0] <= a + EDGE_TOLERANCE_S and span[1] >= b - EDGE_TOLERANCE_S
 
     def at(self, t: float) -> float:
         """E(t) for t within [ts[0], ts[-1]]."""
@@ -75,24 +87,28 @@ def _by_device(readings: Iterable[PowerReading]) -> list[_DeviceEnergy]:
 
 
 def energy_for_window(readings: Iterable[PowerReading], start: datetime, end: datetime) -> float | None:
-    """Joules the devices used between `start` and `end`; None when no samples cover any of it."""
+    """Joules the devices used between `start` and `end`; None (unknown) unless the samples of every device
+    cover all of it."""
     if end < start:
         raise ValueError(f"end ({end}) is before start ({start})")
     a, b = _seconds(start), _seconds(end)
-    total, measured = 0.0, False
-    for dev in _by_device(readings):
-        span = dev.covers(a, b)
-        if span is not None:
-            total += dev.at(span[1]) - dev.at(span[0])
-            measured = True
-    return total if measured else None
+    devices = _by_device(readings)
+    if not devices or not all(dev.covers_all(a, b) for dev in devices):
+        return None
+    total = 0.0
+    for dev in devices:
+        lo, hi = dev.covers(a, b)  # type: ignore[misc]  # not None: covers_all
+        total += dev.at(hi) - dev.at(lo)
+    return total
 
 
 def attribute_energy(
     readings: Iterable[PowerReading], windows: Sequence[tuple[datetime, datetime]]
 ) -> list[float | None]:
     """Joules per window when windows overlap (concurrent requests): at every instant the devices' energy
-    is shared equally by the windows active then. Idle time belongs to no window. None: not measured."""
+    is shared equally by the windows active then. Idle time belongs to no window. None: not measured, or not
+    all of the window on every device (as `energy_for_window`); a window only partly covered still takes its
+    part of the time it shares with the others, so theirs are not overstated."""
     devices = _by_device(readings)
     spans = [(_seconds(s), _seconds(e)) for s, e in windows]
     for (a, b), (s, _) in zip(spans, windows, strict=True):
@@ -100,6 +116,7 @@ def attribute_energy(
             raise ValueError(f"window starting {s} ends before it starts")
     points = sorted({p for span in spans for p in span})
     result: list[float | None] = [None] * len(spans)
+    covered = [bool(devices) and all(dev.covers_all(a, b) for dev in devices) for a, b in spans]
     for dev in devices:
         for lo, hi in zip(points, points[1:], strict=False):
             span = dev.covers(lo, hi)
@@ -110,5 +127,6 @@ def attribute_energy(
                 continue
             share = (dev.at(span[1]) - dev.at(span[0])) / len(active)
             for i in active:
-                result[i] = (result[i] or 0.0) + share
+                if covered[i]:
+                    result[i] = (result[i] or 0.0) + share
     return result

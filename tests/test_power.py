@@ -212,7 +212,8 @@ def test_energy_for_window_by_counter_difference_hand_checked():
     readings = [PowerReading(at(i), 0, None, e, None, "nvml") for i, e in enumerate(counter_mj)]
     # 0.5..2.5 s: half of second 0 (50) + all of second 1 (150) + half of second 2 (25) = 225 J
     assert energy_for_window(readings, at(0.5), at(2.5)) == pytest.approx(225.0)
-    assert energy_for_window(readings, at(-5), at(10)) == pytest.approx(300.0)  # clipped to what was measured
+    assert energy_for_window(readings, at(0), at(3)) == pytest.approx(300.0)
+    assert energy_for_window(readings, at(-5), at(10)) is None  # samples cover 3 s of 15: unknown, not 300 J
 
 
 def test_energy_for_window_by_power_trapezoid_hand_checked():
@@ -236,6 +237,32 @@ def test_concurrent_requests_share_energy_by_overlap_hand_checked():
     a, b, c = (at(0), at(2)), (at(1), at(3)), (at(10), at(11))
     # [0,1]: A alone 100 J; [1,2]: shared 50/50; [2,3]: B alone 100 J; [3,4]: idle, nobody's
     assert attribute_energy(readings, [a, b, c]) == [pytest.approx(150.0), pytest.approx(150.0), None]
+
+
+def test_a_window_the_samples_cover_only_in_part_has_no_energy_figure():
+    """A 10 s window with samples over 5 s of it got 500 J, counted as its whole energy; so did a window on two
+    devices one of which stopped reporting halfway. Missing, not the covered part."""
+    readings = [PowerReading(at(i), 0, 100.0, None, None, "estimate") for i in range(11)]  # 100 W over 0..10 s
+    assert energy_for_window(readings, at(0), at(10)) == pytest.approx(1000.0)
+    assert energy_for_window(readings, at(-5), at(5)) is None
+    assert energy_for_window(readings, at(5), at(15)) is None
+    two = readings + [PowerReading(at(i), 1, 100.0, None, None, "estimate") for i in range(6)]  # device 1: 0..5 s
+    assert energy_for_window(two, at(0), at(10)) is None
+    assert energy_for_window(two, at(1), at(4)) == pytest.approx(600.0)
+    # timestamps in whole microseconds: an edge a sliver (< 1 ms) past the samples still counts as covered
+    assert energy_for_window(readings, at(-0.0005), at(10.0005)) == pytest.approx(1000.0)
+    # shared: the part-covered window gets None, and still takes its half of the time it overlaps the other
+    assert attribute_energy(readings, [(at(0), at(6)), (at(4), at(12))]) == [pytest.approx(500.0), None]
+
+
+def test_a_request_older_than_the_kept_readings_gets_no_energy_not_a_part():
+    """With max_kept=10 a 1.5 s window at 100 W got 42 J (the last 10 readings' span) instead of missing."""
+    sampler = PowerSampler(EstimatePowerSource(100.0), interval_s=0.05, max_kept=10)
+    for i in range(30):  # 30 readings 0.05 s apart: only the last 10 (1.0..1.45 s) are kept
+        sampler._kept.append(PowerReading(at(i * 0.05), 0, 100.0, None, None, "estimate"))
+    assert sampler.energy_share_j([(at(0), at(1.45))]) is None
+    assert sampler.energy_j(at(0), at(1.45)) is None
+    assert sampler.energy_j(at(1.0), at(1.45)) == pytest.approx(45.0)
 
 
 def test_sampler_collects_labelled_readings_and_hands_them_on():
