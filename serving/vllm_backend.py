@@ -380,7 +380,8 @@ def run_prompts(
                 if sampler is not None:
                     sampler.sample_now()  # so the window of every finished request is covered
     except KeyboardInterrupt:
-        _report_finished(done, prompts, sampler, on_request)
+        now = datetime.now(UTC)  # the requests still in flight shared the devices with the finished ones
+        _report_finished(done, prompts, sampler, on_request, in_flight=[(r.rec.started_at, now) for r in live.values()])
         if on_abandoned is not None:
             for r in live.values():
                 on_abandoned(_abandoned_record(r))
@@ -394,16 +395,21 @@ def run_prompts(
 
 
 def _report_finished(done: list[_Live], prompts: list[Prompt], sampler: Any | None,
-                     on_request: Callable[[RequestResult], None] | None) -> list[RequestResult]:
+                     on_request: Callable[[RequestResult], None] | None, *,
+                     in_flight: Iterable[tuple[datetime, datetime]] = ()) -> list[RequestResult]:
     """The finished requests' results: times from their emitted tokens, energy from the sampler's readings
-    (attributed over their windows), each passed to `on_request`."""
+    (attributed over their windows), each passed to `on_request`. `in_flight`: the windows (start to now) of
+    the requests still running when the run was stopped; they share the devices' energy of the time they
+    overlap the finished ones (as `serving.worker`'s requests in flight do), their own shares are dropped."""
     for r in done:
         r.rec.output_tokens = len(r.ids)
         if r.emit_times:
             r.rec.ttft_ms = (r.emit_times[0] - r.t_start) * 1000.0
             r.rec.e2e_ms = (r.emit_times[-1] - r.t_start) * 1000.0
     windows = [(r.rec.started_at, r.rec.started_at + timedelta(milliseconds=r.rec.e2e_ms or 0.0)) for r in done]
-    energies = attribute_energy(sampler.readings(), windows) if sampler is not None else [None] * len(done)
+    sharers = list(in_flight)
+    energies = (attribute_energy(sampler.readings(), [*windows, *sharers])[: len(done)] if sampler is not None
+                else [None] * len(done))
     out = []
     for r, energy_j in zip(done, energies, strict=True):
         r.rec.energy_j = energy_j if r.rec.e2e_ms is not None else None

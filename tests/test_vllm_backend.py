@@ -4,6 +4,7 @@ deltas, energy from an NVML counter, the message when vllm is missing, and bench
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 
@@ -184,6 +185,43 @@ def test_concurrent_requests_share_counters_and_energy_with_exact_sums(vllm):
     last = max(r.record.started_at.timestamp() + r.record.e2e_ms / 1000 for r in res.results)
     covered_s = last - first.timestamp()
     assert sum(r.record.energy_j for r in res.results) == pytest.approx(FakeNvml.POWER_W * covered_s, rel=0.15)
+
+
+def test_a_stopped_run_shares_the_energy_of_finished_requests_with_those_still_in_flight(vllm):
+    """Ctrl-C with one request finished and one in flight beside it all along: the finished one was charged all
+    of the devices' energy over its window, the in-flight one none (the torch worker shares it)."""
+    engine = _engine(None)
+    core = engine.llm.llm_engine
+    real_add, real_step, finished = core.add_request, core.step, []
+
+    def add_request(request_id, prompt, params):  # the second request runs 40 tokens, the first 6
+        if core.running:
+            params = copy.copy(params)
+            params.max_tokens = 40
+        real_add(request_id, prompt, params)
+
+    def step():
+        if len(finished) >= 3:  # three steps after the first request finished, the second still running
+            raise KeyboardInterrupt
+        outs = real_step()
+        if finished or any(o.finished for o in outs):
+            finished.append(1)
+        return outs
+
+    core.add_request, core.step = add_request, step
+    prompts = load_workload("code", limit=2)
+    sampler = PowerSampler(NvmlPowerSource(nvml=FakeNvml()), interval_s=0.05).start()
+    seen, abandoned = [], []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_prompts(engine, prompts, [engine.encode(p) for p in prompts], SamplingParams(max_new_tokens=6),
+                        concurrency=2, sampler=sampler, on_request=seen.append, on_abandoned=abandoned.append)
+    finally:
+        sampler.stop()
+    (done,), (cancelled,) = seen, abandoned
+    assert done.record.output_tokens == 6 and cancelled.status == "cancelled" and cancelled.energy_j is None
+    # its whole window shared with the one in flight: half of 300 W x its length
+    assert done.record.energy_j == pytest.approx(FakeNvml.POWER_W * done.record.e2e_ms / 1000 / 2, rel=0.15)
 
 
 def test_ar_engine_has_no_speculation_and_no_energy_without_a_sampler(vllm):
