@@ -280,6 +280,16 @@ def comparable_costs(periods: Sequence[PeriodFigures], mode: str) -> tuple[list[
     return values, f"hardware part only: energy {counts} of the {len(known)} periods with a cost"
 
 
+def j_per_token_mismatch(periods: Sequence[PeriodFigures], mode: str) -> str | None:
+    """Why the mode's J/token is not compared across two periods: their energy comes from different kinds of
+    source (metered in one, estimated or partly estimated in the other), so the change would show the estimate's
+    error as one (as `comparable_costs` says of costs); None where they are comparable or a side has none."""
+    sources = [p.j_source(mode) for p in periods]
+    if None in sources or len(set(sources)) <= 1:
+        return None
+    return f"not compared: energy {sources[0]} in this period, {sources[1]} in the previous one"
+
+
 def estimate_sources(get: Callable[[PeriodFigures], float | None], periods: Sequence[PeriodFigures],
                      basis: str | None) -> list[str | None]:
     """Per period, whether its compared figure rests on estimated power: 'estimated' or 'partly estimated',
@@ -509,22 +519,29 @@ def change_rows(
 ) -> list[tuple[str, float | None, float | None, float | None, float | None, str, str]]:
     """(figure, this period, previous period, change, change %, compared, estimated) — None where either side
     is missing. A cost compares totals where both periods have the same energy basis, else the hardware parts;
-    `compared` says which ("total" or "hardware part only: ...", empty for the other figures). `estimated`
-    names the periods whose value rests on estimated power ("this period", "previous period (partly)", ...;
-    empty where neither does). A report on one invocation (`report --invocation`) compares nothing: the period
-    before it holds none of the invocation's runs (or the first part of the same bench), so each change would
-    read as everything against nothing; the previous-period columns are empty and `compared` says why."""
+    `compared` says which ("total" or "hardware part only: ...", empty for the other figures). A J/token
+    metered in one period and estimated in the other has no change, and `compared` says why ("not compared:
+    energy estimated in this period, measured in the previous one"). `estimated` names the periods whose value
+    rests on estimated power ("this period", "previous period (partly)", ...; empty where neither does). A
+    report on one invocation (`report --invocation`) compares nothing: the period before it holds none of the
+    invocation's runs (or the first part of the same bench), so each change would read as everything against
+    nothing; the previous-period columns are empty and `compared` says why."""
     out = []
     periods = [data.current, data.previous]
     if data.current.window.invocation_id is not None:
         for name, get in CHANGE_METRICS:
-            (cur, _), _ = compared_values(get, periods)
-            out.append((name, cur, None, None, None, ONE_INVOCATION, ""))
+            (cur, _), basis = compared_values(get, periods)
+            source = estimate_sources(get, periods, basis)[0] if cur is not None else None
+            out.append((name, cur, None, None, None, ONE_INVOCATION,
+                        estimated_text([source, None], ["this period", "previous period"])))
         return out
     for name, get in CHANGE_METRICS:
         (cur, prev), basis = compared_values(get, periods)
         delta = None if cur is None or prev is None else cur - prev
         pct = None if delta is None or not prev else delta / prev * 100
+        mismatch = j_per_token_mismatch(periods, get.mode) if isinstance(get, JPerTokenMetric) else None
+        if mismatch is not None:  # both values shown, no change: the estimate's error is no change in J/token
+            delta, pct, basis = None, None, mismatch
         sources = [s if v is not None else None
                    for s, v in zip(estimate_sources(get, periods, basis), (cur, prev), strict=True)]
         estimated = estimated_text(sources, ["this period", "previous period"])
@@ -844,7 +861,8 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
               RUNS_COST_COLUMNS if set(header) - RUNS_COST_CSV_ONLY == {c.source for c in RUNS_COST_COLUMNS} else ()),
         Table("change", "Change against the previous period (a cost compares totals only where both periods "
               "have the same energy basis: no energy, or energy from the same kind of source; else the hardware "
-              "parts. 'estimated' names the periods whose figure rests on estimated power)",
+              "parts; a J/token metered in one period and estimated in the other has no change. 'estimated' "
+              "names the periods whose figure rests on estimated power)",
               ("figure", "this period", "previous period", "change", "change %", "compared", "estimated"),
               tuple(change_rows(data))),
         Table("anomalies", "Anomalies (band = mean +- 3 sd of previous periods; 'estimated' names the values "

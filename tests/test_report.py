@@ -26,11 +26,11 @@ D0 = BASE_TIME.replace(hour=0)  # 2026-11-02 00:00 UTC, a Monday
 
 
 def add_day(engine, day: datetime, *, spec_e2e_ms: float = 500, workload: str = "code",
-            energy: bool = True) -> None:
-    """One AR and one spec run starting at 09:00 of `day` (estimated power; `energy=False`: no power source,
-    no energy figures)."""
+            energy: bool = True, power_source: str = "estimate") -> None:
+    """One AR and one spec run starting at 09:00 of `day` (estimated power, or `power_source`; `energy=False`:
+    no power source, no energy figures)."""
     start = day.replace(hour=9)
-    power = "estimate" if energy else "none"
+    power = power_source if energy else "none"
     ar_j, spec_j = (50.0, 30.0) if energy else (None, None)
     with Session(engine) as s:
         make_run(s, "ar", started_at=start, power_source=power, workload=workload, requests=[
@@ -222,6 +222,35 @@ def test_costs_compared_on_one_energy_basis(store, tmp_path):
     assert rows["spec cost per 1M tokens (USD)"]["compared"].startswith("hardware part only")
     page = open(rec.html_path, encoding="utf-8").read()
     assert "spec (hardware part)" in page and "hardware part only: energy included in this period only" in page
+
+
+def test_j_per_token_metered_before_and_estimated_now_is_not_compared(store, tmp_path):
+    """The change table set an estimated J/token against a metered one (spec J/token 15.24 vs 1.58, +867%): the
+    estimate's error shown as a change. Both values stand, the change is blank and says why, as for costs."""
+    url, engine = store  # D0: estimated power; the day before: metered (NVML)
+    add_day(engine, D0 - DAY, power_source="nvml")
+    assert main(_report(url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--history", "1")) == 0
+    rec = _only_report(engine)
+    change = {c["figure"]: c for c in rec.summary["change"]}
+    for figure in ("spec J/token", "AR J/token"):
+        row = change[figure]
+        assert row["this_period"] is not None and row["previous_period"] is not None
+        assert row["change"] is None and row["change_pct"] is None
+        assert row["compared"] == "not compared: energy estimated in this period, measured in the previous one"
+        assert row["estimated"] == "this period"
+    with open(f"{rec.csv_dir}/change.csv", encoding="utf-8", newline="") as fh:
+        rows = {r["figure"]: r for r in csv.DictReader(fh)}
+    assert rows["spec J/token"]["change"] == "" and rows["spec J/token"]["compared"].startswith("not compared")
+    assert "not compared: energy estimated in this period, measured in the previous one" in open(
+        rec.html_path, encoding="utf-8").read()
+
+
+def test_j_per_token_on_the_same_kind_of_source_is_compared(store, tmp_path):
+    url, engine = store  # D0 and the day before: estimated power, the same runs
+    add_day(engine, D0 - DAY)
+    assert main(_report(url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--history", "1")) == 0
+    row = {c["figure"]: c for c in _only_report(engine).summary["change"]}["spec J/token"]
+    assert row["change"] == pytest.approx(0) and row["compared"] is None and row["estimated"]
 
 
 def test_empty_period_is_a_report_saying_no_traffic(store, tmp_path, capsys):
