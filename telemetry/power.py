@@ -189,7 +189,8 @@ _RAPL_PACKAGE = re.compile(r"intel-rapl:\d+$")  # packages only; subzones (intel
 
 
 class RaplPowerSource:
-    """CPU packages through Linux powercap RAPL (energy_uj counters, wraparound at max_energy_range_uj)."""
+    """CPU packages through Linux powercap RAPL (energy_uj counters, wraparound at max_energy_range_uj). Every
+    package must be readable: some of them is not the CPU's energy (PowerSourceError, as with none)."""
 
     source = "rapl"
 
@@ -206,6 +207,10 @@ class RaplPowerSource:
         if not self._zones:
             why = "; ".join(problems) if problems else "no intel-rapl package zone"
             raise PowerSourceError(f"RAPL not readable under {root} ({why})")
+        if problems:  # the packages read are part of the CPU: their energy, labelled measured, would be short
+            raise PowerSourceError(
+                f"RAPL reads only {len(self._zones)} of {len(zones)} CPU packages under {root} "
+                f"({'; '.join(problems)}): the CPU's energy would be only theirs, so RAPL is not used")
         self._last_uj: list[int | None] = [None] * len(self._zones)
         self._total_uj = [0] * len(self._zones)
         self._last_t: list[datetime | None] = [None] * len(self._zones)

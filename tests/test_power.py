@@ -165,6 +165,24 @@ def test_rapl_without_readable_zone_says_why(tmp_path):
         RaplPowerSource(tmp_path)
 
 
+def test_rapl_with_an_unreadable_package_is_refused_not_half_the_cpu(tmp_path, monkeypatch, caplog):
+    """Two packages, one energy_uj unreadable: 'RAPL: 1 CPU package(s)', nothing said, and half the CPU's energy
+    stored as measured. Refused, saying why; 'auto' falls back (to the estimate here) and says so."""
+    _rapl_zone(tmp_path, "intel-rapl:0", 10)
+    (_rapl_zone(tmp_path, "intel-rapl:1", 10) / "energy_uj").unlink()  # as unreadable: an OSError on read
+    with pytest.raises(PowerSourceError, match=r"RAPL reads only 1 of 2 CPU packages .*intel-rapl:1: "
+                                               r"FileNotFoundError.* so RAPL is not used"):
+        RaplPowerSource(tmp_path)
+    monkeypatch.setattr(power, "_said", set())
+    broken = FakeNvml([], init_error="Driver Not Loaded")
+    with caplog.at_level(logging.WARNING, logger="telemetry.power"):
+        src = detect_power_source(tdp_w=65.0, nvml=broken, rapl_root=tmp_path)
+    assert isinstance(src, EstimatePowerSource)
+    assert any("RAPL reads only 1 of 2 CPU packages" in r.getMessage() for r in caplog.records)
+    (tmp_path / "intel-rapl:1" / "energy_uj").write_text("10\n")
+    assert RaplPowerSource(tmp_path).description == "RAPL: 2 CPU package(s) (energy counter)"
+
+
 # ------------------------------------------------------------------------------ estimate, detection
 
 
