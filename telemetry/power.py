@@ -188,6 +188,16 @@ class NvmlPowerSource:
 _RAPL_PACKAGE = re.compile(r"intel-rapl:\d+$")  # packages only; subzones (intel-rapl:0:0) are inside them
 
 
+def _is_package(zone: Path) -> bool:
+    """A top-level zone is a CPU package unless its `name` says otherwise: on some Intel client machines one is
+    'psys' (the whole platform, packages included), which counted beside them would count the CPU twice."""
+    try:
+        name = (zone / "name").read_text().strip()
+    except OSError:
+        return True  # no name to read: taken for the package its place says it is
+    return name.startswith("package")
+
+
 class RaplPowerSource:
     """CPU packages through Linux powercap RAPL (energy_uj counters, wraparound at max_energy_range_uj). Every
     package must be readable: some of them is not the CPU's energy (PowerSourceError, as with none)."""
@@ -195,7 +205,7 @@ class RaplPowerSource:
     source = "rapl"
 
     def __init__(self, root: Path = RAPL_ROOT) -> None:
-        zones = sorted(p for p in Path(root).glob("intel-rapl:*") if _RAPL_PACKAGE.fullmatch(p.name))
+        zones = sorted(p for p in Path(root).glob("intel-rapl:*") if _RAPL_PACKAGE.fullmatch(p.name) and _is_package(p))
         self._zones: list[tuple[Path, int]] = []
         problems = []
         for z in zones:

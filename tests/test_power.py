@@ -140,6 +140,16 @@ def test_energy_from_fake_nvml_samples_is_the_counter_difference():
 # ---------------------------------------------------------------------------------------------- RAPL
 
 
+def test_a_psys_zone_beside_the_packages_is_not_counted_as_one(tmp_path):
+    """Some Intel client machines list the platform ('psys', packages included) as intel-rapl:1: counted as a
+    package it counted the CPU twice, and unreadable it refused RAPL."""
+    for zone, name in (("intel-rapl:0", "package-0"), ("intel-rapl:1", "psys")):
+        (_rapl_zone(tmp_path, zone, 10) / "name").write_text(f"{name}\n")
+    (tmp_path / "intel-rapl:1" / "energy_uj").unlink()
+    source = RaplPowerSource(root=tmp_path)
+    assert source.description == "RAPL: 1 CPU package(s) (energy counter)" and len(source.read()) == 1
+
+
 def _rapl_zone(root, name: str, energy_uj: int, max_uj: int = 1_000_000):
     zone = root / name
     zone.mkdir()
