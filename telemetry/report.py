@@ -529,9 +529,9 @@ def change_rows(
     out = []
     periods = [data.current, data.previous]
     if data.current.window.invocation_id is not None:
-        for name, get in CHANGE_METRICS:
-            (cur, _), basis = compared_values(get, periods)
-            source = estimate_sources(get, periods, basis)[0] if cur is not None else None
+        for name, get in CHANGE_METRICS:  # this period's own figure: a cost's total, on no basis shared with another
+            cur = get(data.current)
+            source = estimate_sources(get, [data.current], TOTAL_BASIS)[0] if cur is not None else None
             out.append((name, cur, None, None, None, ONE_INVOCATION,
                         estimated_text([source, None], ["this period", "previous period"])))
         return out

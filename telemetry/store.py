@@ -324,12 +324,21 @@ def _is_read_only_error(exc: BaseException) -> bool:
 def _read_only_behind_head(engine: Engine, url: str) -> StoreError:
     """A store that needs an upgrade but is open read-only: which revision it is at and which one is needed (the
     upgrade said only 'attempt to write a readonly database')."""
+    rev, tables = None, False
+    # read without the store engine's pragmas: switching a file that is not WAL yet to WAL is itself a write
+    reader = create_engine(engine.url) if engine.url.get_backend_name() == "sqlite" else engine
     try:
-        with engine.connect() as conn:
+        with reader.connect() as conn:
             rev = current_revision(conn)
+            tables = bool(set(inspect(conn).get_table_names()) & set(Base.metadata.tables))
     except DBAPIError:
-        rev = None
-    at = f"at revision {rev}" if rev else "without a schema"
+        pass
+    finally:
+        if reader is not engine:
+            reader.dispose()
+    # tables without a version: made by create_all, they need only a stamp (which writes too)
+    at = (f"at revision {rev}" if rev else "without an Alembic version (its tables were made without Alembic)"
+          if tables else "without a schema")
     return StoreError(
         f"the store {_shown(url)} is {at} and this specfinops needs revision {head_revision()}, but it is open "
         "read-only, so it cannot be upgraded: run `specfinops db upgrade --db COPY` on a writable copy of it (or "

@@ -287,3 +287,15 @@ def test_a_read_only_store_behind_head_names_its_revision(db_url, command, capsy
            "so it cannot be upgraded: run `specfinops db upgrade --db COPY` on a writable copy" in err, err
     assert "readonly database" not in err and "read-only transaction" not in err
     assert _revision(db_url) == "0003"
+
+
+def test_a_read_only_store_made_without_alembic_is_not_said_to_have_no_schema(tmp_path, capsys):
+    from telemetry.db import Base
+
+    path = tmp_path / "made.db"
+    engine = create_engine(f"sqlite:///{path}")
+    Base.metadata.create_all(engine)
+    engine.dispose()
+    assert cli_main(["cost", "--db", f"sqlite:///file:{path}?mode=ro&uri=true"]) == 2
+    err = capsys.readouterr().err
+    assert "is without an Alembic version (its tables were made without Alembic)" in err and "schema" not in err
