@@ -159,6 +159,17 @@ def test_records_the_store_refuses_are_said_and_fail_the_bench(tmp_path, target_
     engine.dispose()
 
 
+def test_a_store_that_cannot_be_read_at_the_end_is_said_not_raised(tmp_path):
+    """Counting lost records reads the store again; where it is gone by then (a database down, often why records
+    were lost) the command must still write its table and JSON: the count is unknown, said, and the exit 1."""
+    from app.commands._common import lost_records
+
+    lost, warning = lost_records(f"sqlite:///{tmp_path / 'gone.db'}", "ab" * 16)
+    assert lost is None and warning.startswith("warning: could not read the store to check that invocation abababab")
+    assert not (tmp_path / "gone.db").exists()  # not made again by looking
+    assert lost_records(None, None) == (0, None)
+
+
 @pytest.mark.postgres
 def test_bench_records_into_postgres(tmp_path, target_dir, pg_url):
     report = _bench(pg_url, tmp_path)

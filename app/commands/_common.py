@@ -159,22 +159,33 @@ def invocation_filter(engine, text: str | None) -> str | None:
         raise UsageError(str(exc)) from None
 
 
-def lost_records(db: str | None, invocation_id: str | None) -> int:
+def lost_records(db: str | None, invocation_id: str | None) -> tuple[int | None, str | None]:
     """The records a recording command's runs could not write to the store `db` (runs.dropped_records: a full
-    recorder buffer, or rows the database refused); 0 where nothing was lost or recorded (`invocation_id` None)."""
+    recorder buffer, or rows the database refused), and the warning its last line gives: (0, None) where nothing
+    was lost or nothing recorded (`invocation_id` None). The store is read again for the count, which the runs'
+    ends wrote; where it cannot be read now (the database gone, often why records were lost), (None, a warning
+    saying so): the command still writes its table and JSON, and fails."""
     if invocation_id is None:
-        return 0
+        return 0, None
     from telemetry.invocations import dropped_records
     from telemetry.store import open_store
 
-    return dropped_records(open_store(db), invocation_id)
-
-
-def lost_records_warning(lost: int, invocation_id: str) -> str:
-    """The last line of a command whose runs lost `lost` records: the store holds fewer than its table shows."""
-    return (f"warning: {lost} record{'' if lost == 1 else 's'} of invocation {invocation_id[:8]} could not be written "
-            "to the store (the log above says why): its runs' figures there fall short of this table's "
-            "(runs.dropped_records counts them per run)")
+    engine = None
+    try:
+        engine = open_store(db, must_exist=True)
+        lost = dropped_records(engine, invocation_id)
+    except Exception as exc:  # noqa: BLE001 - said, not raised: what ran must still be reported
+        return None, (f"warning: could not read the store to check that invocation {invocation_id[:8]}'s records "
+                      f"were all written ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}): "
+                      "`specfinops invocations` shows what it holds once it can be read")
+    finally:
+        if engine is not None:
+            engine.dispose()
+    if not lost:
+        return 0, None
+    return lost, (f"warning: {lost} record{'' if lost == 1 else 's'} of invocation {invocation_id[:8]} could not be "
+                  "written to the store (the log above says why): its runs' figures there fall short of this "
+                  "table's (runs.dropped_records counts them per run)")
 
 
 def check_power_options(power: str, tdp_w: float | None) -> None:

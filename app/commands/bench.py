@@ -16,7 +16,6 @@ from app.commands._common import (
     check_writable,
     context_len,
     lost_records,
-    lost_records_warning,
     model_option,
     sigterm_as_ctrl_c,
 )
@@ -414,15 +413,15 @@ def _write_json(args: argparse.Namespace, report: dict) -> int:
     then, where the bench was interrupted (the table and JSON hold what ran), KeyboardInterrupt again: the exit
     status stays 130 (app.cli)."""
     inv = report.get("invocation_id")
-    lost = lost_records(args.db, inv)
+    lost, warning = lost_records(args.db, inv)
     if inv is not None:
-        report["dropped_records"] = lost
+        report["dropped_records"] = lost  # None: the store could not be read to count them
     write_json(args.json, report, say_wrote=True)
-    if lost:  # never silent: the store holds less than the table
-        print(lost_records_warning(lost, inv), file=sys.stderr)
+    if warning:  # never silent: the store holds less than the table, or cannot be read to tell
+        print(warning, file=sys.stderr)
     if report.get("interrupted"):
         raise KeyboardInterrupt
-    return 1 if lost else 0
+    return 1 if warning else 0
 
 
 def run_bench_vllm(args, prompts, params, modes, levels) -> dict:
