@@ -447,7 +447,8 @@ def ragged_batch(slots: list[int], starts: list[int], num_tokens: int, limit: in
     A row with fewer real tokens than `num_tokens` is padded, and near the end of the window its padding runs
     past the cache (and the rope table) that its real tokens fit: with `limit` (the cache's length) positions
     are clamped to limit - 1. Callers keep every real token below that last index (the engine's window leaves
-    positions spare), so only padding lands there: its key is garbage no real query sees (the mask shows a
+    positions spare, and a draft model has at least the window's positions: serving.worker.load refuses one
+    with fewer), so only padding lands there: its key is garbage no real query sees (the mask shows a
     query the keys up to its own position) and the next real token written there replaces it."""
     starts_t = torch.tensor(starts)
     positions = starts_t[:, None] + torch.arange(num_tokens)  # (B, T)

@@ -221,6 +221,11 @@ def load(spec: EngineSpec) -> Loaded:
                 raise ValueError(f"--tree needs a feature draft (specfinops distill makes one); {draft_dir} is a "
                                  "plain causal LM")
             draft = load_causal_lm(draft_dir, dtype)
+            window = min(spec.max_len, target.cfg.max_position)
+            if draft.cfg.max_position < window:  # its cache and rope table end there: later drafts would be garbage
+                raise ValueError(f"the draft {draft_dir.name} holds {draft.cfg.max_position} positions, fewer than the "
+                                 f"context window ({window}: --max-len, or the target's positions): give --max-len "
+                                 f"{draft.cfg.max_position} or less, or a draft with as many positions as the target")
             pack_for_inference(draft)
             label = f"draft:{draft_dir.name}{'@int8' if quantize_draft(draft) else ''}"
 

@@ -39,6 +39,22 @@ def test_bench_with_a_draft_model_and_no_drafter_runs_that_draft(pair, tmp_path)
     assert run["drafter"].startswith("draft:draft") and "+ngram" in run["drafter"]  # draft+ngram, as the bundled pair
 
 
+def test_a_draft_with_fewer_positions_than_the_window_is_refused_naming_max_len(pair, tmp_path, capsys):
+    """Its cache and rope table end at its positions: past them a batch of drafts was written to its last slot
+    with the wrong rotation (acceptance collapsed unsaid), and one sequence alone raised IndexError."""
+    target, _ = pair
+    short = hf_dir(tmp_path / "short-draft", seed=1, num_hidden_layers=1, max_position_embeddings=64)
+    argv = ["bench", "--target", str(target), "--draft-model", str(short), "--workload", "code", "--limit", "1",
+            "--max-new-tokens", "4", "--mode", "spec", "--dtype", "float32", "--no-telemetry", "--power", "none"]
+    capsys.readouterr()
+    assert main([*argv, "--max-len", "256"]) == 2  # the window: the target's 128 positions
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("specfinops bench: error: the draft short-draft holds 64 positions, fewer than the "
+                          "context window (128: --max-len, or the target's positions)")
+    assert "give --max-len 64 or less" in err
+    assert main([*argv, "--max-len", "64"]) == 0
+
+
 @pytest.mark.parametrize("drafter", ["ngram", "early-exit"])
 def test_bench_refuses_a_draft_model_its_drafter_would_not_use(drafter, pair, tmp_path, capsys):
     target, draft = pair
