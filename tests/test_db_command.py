@@ -200,3 +200,23 @@ def test_make_engine_names_the_file_in_the_way(tmp_path):
     (tmp_path / "file.db").write_bytes(b"")
     with pytest.raises(ValueError, match=f"{tmp_path / 'file.db'} is a file, not a directory"):
         make_engine(f"sqlite:///{tmp_path / 'file.db' / 'a' / 'x.db'}")
+
+
+def test_a_failed_upgrade_leaves_a_store_another_process_made_meanwhile(tmp_path):
+    """The clean-up of a failed upgrade of a new store removes only an empty file: a bench that made a store
+    at the same path while the upgrade waited for its lock keeps it."""
+    import sqlite3
+
+    from app.commands.db import _remove_created
+
+    path = tmp_path / "new" / "store.db"
+    path.parent.mkdir()
+    with sqlite3.connect(path) as conn:
+        conn.execute("create table runs (id integer)")
+    _remove_created([path.parent, path])
+    assert path.is_file()
+    empty = tmp_path / "other" / "store.db"
+    empty.parent.mkdir()
+    sqlite3.connect(empty).close()
+    _remove_created([empty.parent, empty])
+    assert not empty.parent.exists()

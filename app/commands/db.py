@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from app.commands._common import DB_HELP, add_command, add_db_option, db_url
 
@@ -264,13 +265,31 @@ def _remove_created(created: list) -> None:
     if not created:
         return
     path = created[-1]
+    if _holds_tables(path):  # another process made a store there meanwhile (a bench): its file, not ours
+        return
     for leftover in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
-        leftover.unlink(missing_ok=True)
+        try:
+            leftover.unlink(missing_ok=True)
+        except OSError:  # left as it is: the upgrade's own error is the one to say
+            pass
     for folder in reversed(created[:-1]):
         try:
             folder.rmdir()
         except OSError:  # not empty (something else wrote there meanwhile) or already gone: leave it
             break
+
+
+def _holds_tables(path) -> bool:
+    """Whether the SQLite file at `path` holds any table (read only; unreadable or not there: no)."""
+    import sqlite3
+
+    if not path.is_file():
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+            return conn.execute("select count(*) from sqlite_master where type = 'table'").fetchone()[0] > 0
+    except sqlite3.Error:
+        return False
 
 
 def _upgrade(args: argparse.Namespace) -> int:
