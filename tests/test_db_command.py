@@ -220,3 +220,15 @@ def test_a_failed_upgrade_leaves_a_store_another_process_made_meanwhile(tmp_path
     sqlite3.connect(empty).close()
     _remove_created([empty.parent, empty])
     assert not empty.parent.exists()
+
+
+def test_an_upgrade_to_an_earlier_revision_of_a_store_made_without_alembic_says_where_it_left_it(tmp_path, capsys):
+    from telemetry.db import Base, make_engine
+
+    url = f"sqlite:///{tmp_path / 'made.db'}"
+    engine = make_engine(url)
+    Base.metadata.create_all(engine)
+    engine.dispose()
+    assert cli_main(["db", "upgrade", "0005", "--db", url]) == 0
+    assert "it was stamped there, past 0005" in capsys.readouterr().err
+    assert _revision(url) == head_revision()

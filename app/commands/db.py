@@ -95,11 +95,18 @@ def _stamp_then_upgrade(url: str, revision: str) -> None:
     try:
         with migration_transaction(engine) as conn:
             cfg = alembic_config(url, connection=conn)
-            if current_revision(conn) is None:  # another process may have stamped or upgraded it meanwhile
-                stamp_if_created_without_alembic(conn, cfg)
-            command.upgrade(cfg, revision)
+            stamped = current_revision(conn) is None and stamp_if_created_without_alembic(conn, cfg)
+            command.upgrade(cfg, revision)  # (another process may have stamped or upgraded it meanwhile)
     finally:
         engine.dispose()
+    if stamped and revision != "head":  # its tables are head's: an upgrade to an earlier REV left it there
+        import sys
+
+        from telemetry.store import head_revision
+
+        if revision != head_revision():
+            print(f"note: the store's tables, made without Alembic, are revision {head_revision()}'s: it was "
+                  f"stamped there, past {revision}", file=sys.stderr)
 
 
 def _has_store_tables(url: str) -> bool:
