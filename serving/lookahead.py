@@ -438,7 +438,7 @@ def parse_policy(spec: str | int) -> LookaheadPolicy:
         raise ValueError(f"k policy {spec!r}: the part after ':' must be an integer")
     n = int(arg) if arg else None
     if n == 0 and name in ("heuristic", "entropy", "cost", "auto"):  # `n or 8` read an explicit 0 as not given
-        raise ValueError(f"k policy {spec!r}: the bound after ':' must be >= 1 (K 0 is plain AR: --k 0)")
+        raise ValueError(f"k policy {spec!r}: the number after ':' must be >= 1 (K 0 is plain AR: --k 0)")
     if name == "heuristic":
         return HeuristicK(n or 4)
     if name == "entropy":

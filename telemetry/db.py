@@ -374,6 +374,17 @@ def sqlite_file(url: str) -> Path | None:
     return Path(path) if path and path != ":memory:" else None
 
 
+def file_in_path(path: Path) -> Path | None:
+    """The first of the store's folders (`/tmp/x/file.db` of `/tmp/x/file.db/store.db`) that is not a folder but
+    a file; None when every one that exists is a folder."""
+    for folder in reversed(path.absolute().parents):
+        if folder.exists() and not folder.is_dir():
+            return folder
+        if not folder.exists():
+            return None
+    return None
+
+
 def make_engine(url: str | None = None) -> Engine:
     """An Engine for the URL; SQLite gets WAL, foreign keys and a busy timeout, PostgreSQL sessions in UTC."""
     url = resolve_db_url(url)
@@ -385,7 +396,7 @@ def make_engine(url: str | None = None) -> Engine:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except (FileExistsError, NotADirectoryError):  # a file where a folder of the path should be
-                file = next((p for p in reversed(path.absolute().parents) if p.exists() and not p.is_dir()), path.parent)
+                file = file_in_path(path) or path.parent
                 raise ValueError(f"database {url!r}: {file} is a file, not a directory") from None
         engine = create_engine(url, connect_args={"check_same_thread": False})
         event.listen(engine, "connect", functools.partial(_sqlite_pragmas, path=path))

@@ -26,6 +26,7 @@ from sqlalchemy.exc import DBAPIError
 from telemetry.db import (
     ENV_DB_URL,
     Base,
+    file_in_path,
     folder_error,
     make_engine,
     migration_transaction,
@@ -222,17 +223,6 @@ def _named(url: str | None, path: Path) -> str:
     return f"the default store {path}"
 
 
-def _file_in_path(path: Path) -> Path | None:
-    """The first of the store's folders (`/tmp/x/file.db` of `/tmp/x/file.db/store.db`) that is not a folder but
-    a file; None when every one that exists is a folder."""
-    for folder in reversed(path.absolute().parents):
-        if folder.exists() and not folder.is_dir():
-            return folder
-        if not folder.exists():
-            return None
-    return None
-
-
 def refuse_unusable_sqlite_file(url: str | None = None) -> None:
     """A SQLite store (`url` as given to --db; None: SPECFINOPS_DB_URL or the default) that names a directory, or a
     file that is not a SQLite database: a StoreError naming it (SQLite says only 'unable to open database file' and
@@ -244,7 +234,7 @@ def refuse_unusable_sqlite_file(url: str | None = None) -> None:
         return
     if path.is_dir():
         raise StoreError(f"{_named(url, path)} is a directory: give a SQLite file path or a database URL")
-    file_on_the_way = _file_in_path(path)
+    file_on_the_way = file_in_path(path)
     if file_on_the_way is not None:  # making the store's folder failed with "File exists: ...", nothing more
         raise StoreError(f"{_named(url, path)}: {file_on_the_way} is a file, not a directory, so the store cannot "
                          "be in it: give a SQLite file path or a database URL")
