@@ -75,9 +75,8 @@ def test_a_lost_insert_is_retried_as_an_update(empty_store, monkeypatch):
     engine.dispose()
 
 
-def test_migration_0007_merges_names_that_differ_only_in_case(db_url, caplog):
-    """A store that got such duplicates keeps, per name, the row set last (latest updated_at, then highest
-    id) and says which it removed; then the database refuses another one. Downgrade drops the index only."""
+def _store_at_0006_with_case_duplicates(db_url: str):
+    """A store at 0006 whose prices hold names that differ only in case (0007 merges them): its config, engine."""
     cfg = alembic_config(db_url)
     command.upgrade(cfg, "0006")
     engine = create_engine(db_url)
@@ -88,6 +87,13 @@ def test_migration_0007_merges_names_that_differ_only_in_case(db_url, caplog):
         for name, value, updated in rows:
             c.execute(text("INSERT INTO prices (name, kind, value, unit, source, as_of, updated_at) VALUES "
                            "(:n, 'node', :v, 'usd_per_hour', 's', '2026-12-01', :u)"), {"n": name, "v": value, "u": updated})
+    return cfg, engine
+
+
+def test_migration_0007_merges_names_that_differ_only_in_case(db_url, caplog):
+    """A store that got such duplicates keeps, per name, the row set last (latest updated_at, then highest
+    id) and says which it removed; then the database refuses another one. Downgrade drops the index only."""
+    cfg, engine = _store_at_0006_with_case_duplicates(db_url)
     with caplog.at_level(logging.WARNING):
         command.upgrade(cfg, "0007")
     with engine.connect() as c:
@@ -113,16 +119,7 @@ def test_migration_0007_offline_emits_the_merge(db_url):
     'scalars'. It emits the merge as one DELETE, which keeps what the online merge keeps."""
     import io
 
-    cfg = alembic_config(db_url)
-    command.upgrade(cfg, "0006")
-    engine = create_engine(db_url)
-    rows = [("mynode3", 1.0, "2026-12-01 10:00:00"), ("MyNode3", 2.0, "2026-12-03 10:00:00"),
-            ("MYNODE3", 3.0, "2026-12-02 10:00:00"), ("other", 4.0, "2026-12-01 10:00:00"),
-            ("h100", 5.0, "2026-12-01 10:00:00"), ("H100", 6.0, "2026-12-01 10:00:00")]  # fmt: skip
-    with engine.begin() as c:
-        for name, value, updated in rows:
-            c.execute(text("INSERT INTO prices (name, kind, value, unit, source, as_of, updated_at) VALUES "
-                           "(:n, 'node', :v, 'usd_per_hour', 's', '2026-12-01', :u)"), {"n": name, "v": value, "u": updated})
+    cfg, engine = _store_at_0006_with_case_duplicates(db_url)
     offline = alembic_config(db_url)
     offline.output_buffer = io.StringIO()
     command.upgrade(offline, "0006:0007", sql=True)
