@@ -371,7 +371,7 @@ def costs(
     """Cost per 1M output tokens per run and per mode. Node price: `node_hourly_usd` > `gpu` (times the GPUs
     of the run's device) > the run's price snapshot > the catalog entry of the run's device (times its units:
     prices.device_units)."""
-    runs = run_summaries(engine, filters)
+    runs = run_summaries(engine, filters, latency=False)  # a price reads no percentile
     catalog = load_catalog(engine) if runs else None  # the price table read once, not a few queries per run
     run_costs, unpriced = [], defaultdict(list)
     for r in runs:
@@ -407,7 +407,7 @@ def run_cost(
     pue: float | None = None,
 ) -> RunCost:
     """Cost of one run; ValueError naming `run_id` when the store has no requests for it."""
-    found = run_summaries(engine, Filters(run_ids=(run_id,)))
+    found = run_summaries(engine, Filters(run_ids=(run_id,)), latency=False)
     if not found:
         raise ValueError(f"run_id {run_id!r} not found (or it has no requests)")
     return _price_run(engine, found[0], gpu, node_hourly_usd, usd_per_kwh, pue)

@@ -1,7 +1,10 @@
 """SQL aggregations over the store: THE one implementation of every figure the CLI, dashboard and reports show.
 
-Sums and counts run in SQL (GROUP BY); token_events are never loaded. Percentiles (TTFT, TPOT) are computed
-in Python from one SELECT of the filtered per-request values (requests, not tokens).
+Sums and counts run in SQL (GROUP BY); token_events are never loaded. So does a run's wall span (`_spans`), but
+under a domain or prompt filter, where the selected requests' share of the run's serving time walks its requests'
+times in order in Python. Percentiles (TTFT, TPOT) are computed in Python from one SELECT of the filtered
+per-request values, two numbers a request (`_latency_values` says why not in SQL), and only where a figure shows
+them: `costs` and `speedups` read none (`run_summaries(latency=False)`).
 
 Definitions (README, "Metric definitions"): only requests with status 'ok' count towards tokens, latency and acceptance.
     TPOT              = (e2e_ms - ttft_ms) / (output_tokens - 1), for output_tokens > 1
@@ -44,15 +47,16 @@ from __future__ import annotations
 
 import math
 import numbers
+from array import array
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from sqlalchemy import and_, case, func, or_, select
+from sqlalchemy import Float, and_, case, cast, func, or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -471,7 +475,7 @@ def pooled_outside_text(s: Speedup) -> str:
     return f"pooled {s.speedup:.2f}x {where}: {PAIRED_DISTRUST}; trust the paired {trust}"
 
 
-def percentile(values: list[float], q: float) -> float | None:
+def percentile(values: Sequence[float], q: float) -> float | None:
     """Linear-interpolated percentile (numpy's default) of `values`, q in [0, 100]; None when empty."""
     if not 0 <= q <= 100:
         raise ValueError(f"q must be in [0, 100], got {q!r}")
@@ -487,49 +491,106 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return None if num is None or not den else num / den
 
 
+def _latency_values(engine: Engine, filters: Filters) -> dict[int, tuple[array, array]]:
+    """Per run in view: the TTFT and the TPOT values of its requests as the README defines them: ok requests
+    only, TTFT where known, TPOT = (e2e - ttft) / (output_tokens - 1) where both times are known and more than
+    one token came out, computed by the database in doubles as Python computes it (the same numbers).
+
+    One SELECT of two numbers a request, no timestamps: the wall spans are SQL's (`_spans`), and only the
+    percentiles need each group's values in order. Ordering them in SQL instead (ROW_NUMBER over each run, mode
+    or configuration, interpolating the two order statistics around each percentile) was exact on SQLite and
+    PostgreSQL, but at 1M requests SQLite 3.40 spent 3-4x the CPU of this read on it, slower than reading every
+    request with its timestamps had been (docs/benchmarks.md, "The store at scale"). Kept as arrays of doubles,
+    8 bytes a value, not 32 as floats in a list: a million requests' values are what a page holds."""
+    has_tpot = and_(Request.e2e_ms.is_not(None), Request.output_tokens > 1)
+    tpot = case((has_tpot, (Request.e2e_ms - Request.ttft_ms) / (Request.output_tokens - 1)))
+    q = (select(Request.run_id, Request.ttft_ms, tpot).join(Run, Request.run_id == Run.id)
+         .where(*filters.where(), Request.status == "ok", Request.ttft_ms.is_not(None)))
+    out: dict[int, tuple[array, array]] = {}
+    with engine.connect() as c:
+        for run_id, ttft, tpot_ms in c.execute(q):
+            ttfts, tpots = out.setdefault(run_id, (array("d"), array("d")))
+            ttfts.append(ttft)
+            if tpot_ms is not None:
+                tpots.append(tpot_ms)
+    return out
+
+
+def _latency(ttft: Sequence[float], tpot: Sequence[float]) -> dict[str, float | None]:
+    """The Aggregate's percentiles of these TTFT and TPOT values."""
+    return {"ttft_p50_ms": percentile(ttft, 50), "ttft_p95_ms": percentile(ttft, 95),
+            "tpot_p50_ms": percentile(tpot, 50), "tpot_p95_ms": percentile(tpot, 95)}
+
+
+# How far SQL's reckoning of a request's end may be from Python's (`_end_ms`), with room to spare
+END_SLACK_MS = 10.0
+
+
+def _end_ms(engine: Engine):
+    """SQL: a request's end (start + e2e) in milliseconds on some fixed scale, roughly: SQLite's julianday keeps
+    milliseconds and its days in a double round them to tens of microseconds. Good to tell which requests may
+    end last, not which one does (`_spans`)."""
+    if engine.dialect.name == "sqlite":
+        return func.julianday(Request.started_at) * 86_400_000.0 + Request.e2e_ms
+    return cast(func.extract("epoch", Request.started_at), Float) * 1000.0 + Request.e2e_ms
+
+
+def _spans(c, engine: Engine, filters: Filters) -> dict[int, float]:
+    """Per run in view: seconds from its first request's start to its last one's end (start + e2e), over its
+    requests in view (any status) that have an e2e time. Exactly Python's datetime arithmetic (the e2e as a
+    timedelta, rounded to the microsecond), which SQL's own does not reproduce: the store finds each run's first
+    start and the requests that may end last (within END_SLACK_MS of its latest end as SQL reckons it: usually
+    one), and only those come back to decide the end."""
+    end = _end_ms(engine)
+    timed = (*filters.where(), Request.e2e_ms.is_not(None))
+    per_run = (
+        select(Request.run_id, func.min(Request.started_at).label("first"), func.max(end).label("last_ms"))
+        .join(Run, Request.run_id == Run.id).where(*timed).group_by(Request.run_id)
+        .subquery()
+    )
+    q = (
+        select(Request.run_id, per_run.c.first, Request.started_at, Request.e2e_ms)
+        .join(Run, Request.run_id == Run.id).join(per_run, per_run.c.run_id == Request.run_id)
+        .where(*timed, end >= per_run.c.last_ms - END_SLACK_MS)
+    )
+    first: dict[int, datetime] = {}
+    last: dict[int, datetime] = {}
+    for run_id, first_start, started, e2e in c.execute(q):
+        end_at = started + timedelta(milliseconds=e2e)
+        first[run_id] = first_start
+        last[run_id] = max(end_at, last.get(run_id, end_at))
+    return {run_id: (last[run_id] - start).total_seconds() for run_id, start in first.items()}
+
+
 @dataclass(slots=True)
-class _Acc:
-    """Per-request values of one run or mode, collected in Python for percentiles and the wall time.
+class _Share:
+    """The requests of one run that a filter keeps (a domain, prompt ids), collected in Python for their wall time:
+    their share of the time the run was serving (`_shared_s`): while n requests are in flight, k of them kept,
+    k / n of that time. The span of the kept requests would count the time the run spent on the requests filtered
+    out, and so would the time the kept ones were in flight where the run served others beside them (at
+    concurrency 8, a domain with a quarter of the tokens was in flight nearly all the time, and its tokens/s read a
+    quarter of the run's). Under a domain filter (`share_idle`) the run's idle time inside its span (between
+    requests) is shared in the same proportion, so the shares of a run's domains add up to the span it is priced
+    on; a restriction to some prompts (speedups over the prompts both modes ran) keeps the time they were served.
+    `others` are the run's requests filtered out (None or empty: none was, and the span is the run's own).
+    Unfiltered runs and time windows need none of this: their span comes from SQL (`_spans`)."""
 
-    The wall time is the span from the first request's start to the last one's end, unless `busy`: then it is
-    the collected requests' share of the time the run was serving (`_shared_s`): while n requests are in flight,
-    k of them collected, k / n of that time. A filter that keeps some of a run's requests (a domain, prompt ids)
-    needs it: the span would count the time the run spent on the requests filtered out, and so would the time the
-    collected ones were in flight where the run served others beside them (at concurrency 8, a domain with a
-    quarter of the tokens was in flight nearly all the time, and its tokens/s read a quarter of the run's).
-    Under a domain filter (`share_idle`) the run's idle time inside its span (between requests) is shared in the
-    same proportion, so the shares of a run's domains add up to the span it is priced on; a restriction to some
-    prompts (speedups over the prompts both modes ran) keeps the time they were served. `others` are the run's
-    requests filtered out (None or empty: none was, and the span is the run's own)."""
-
-    ttft: list[float] = field(default_factory=list)
-    tpot: list[float] = field(default_factory=list)
     first_start: datetime | None = None
     last_end: datetime | None = None
-    busy: bool = False
     intervals: list[tuple[datetime, datetime]] = field(default_factory=list)
     others: list[tuple[datetime, datetime]] | None = None
     share_idle: bool = False  # a domain filter: the run's idle time is shared too (see above)
-    # a time window narrows the requests: a run with none finished inside it has no wall time there (its own
-    # start and end would price the whole run in every window it touched)
-    windowed: bool = False
 
-    def add(self, status: str, started: datetime, ttft: float | None, e2e: float | None, out: int) -> None:
+    def add(self, started: datetime, e2e: float | None) -> None:
+        """A request the filter keeps (one without an e2e time takes no time)."""
         if e2e is not None:
             end = started + timedelta(milliseconds=e2e)
             self.first_start = started if self.first_start is None else min(self.first_start, started)
             self.last_end = end if self.last_end is None else max(self.last_end, end)
-            if self.busy:
-                self.intervals.append((started, end))
-        if status != "ok":
-            return
-        if ttft is not None:
-            self.ttft.append(ttft)
-        if ttft is not None and e2e is not None and out > 1:
-            self.tpot.append((e2e - ttft) / (out - 1))
+            self.intervals.append((started, end))
 
     def add_other(self, started: datetime, e2e: float | None) -> None:
-        """A request of the run that the filter leaves out: it shares the run's time with the collected ones."""
+        """A request of the run that the filter leaves out: it shares the run's time with the kept ones."""
         if e2e is not None:
             if self.others is None:
                 self.others = []
@@ -538,19 +599,17 @@ class _Acc:
     def span_s(self) -> float | None:
         if self.first_start is None or self.last_end is None:
             return None
-        if self.busy:
-            if not self.others:  # the filter left none of the run's requests out: the run's own span
-                return (self.last_end - self.first_start).total_seconds()
-            shared = _shared_s(self.intervals, self.others)
-            if not self.share_idle:  # the time these requests were being served: a restriction to some prompts
-                return shared
-            # a domain: the run's span (its requests in view, the others included), shared: its busy time by who
-            # was in flight, its idle time in the same proportion, so the domains add up to the run's span
-            every = self.intervals + self.others
-            busy = _union_s(every)
-            span = (max(e for _, e in every) - min(s for s, _ in every)).total_seconds()
-            return shared * (span / busy) if busy > 0 else None
-        return (self.last_end - self.first_start).total_seconds()
+        if not self.others:  # the filter left none of the run's requests out: the run's own span
+            return (self.last_end - self.first_start).total_seconds()
+        shared = _shared_s(self.intervals, self.others)
+        if not self.share_idle:  # the time these requests were being served: a restriction to some prompts
+            return shared
+        # a domain: the run's span (its requests in view, the others included), shared: its busy time by who
+        # was in flight, its idle time in the same proportion, so the domains add up to the run's span
+        every = self.intervals + self.others
+        busy = _union_s(every)
+        span = (max(e for _, e in every) - min(s for s, _ in every)).total_seconds()
+        return shared * (span / busy) if busy > 0 else None
 
 
 def _shared_s(mine: list[tuple[datetime, datetime]], others: list[tuple[datetime, datetime]]) -> float:
@@ -582,7 +641,9 @@ def _union_s(intervals: list[tuple[datetime, datetime]]) -> float:
     return total
 
 
-def _aggregate(sums: dict, acc: _Acc, wall_s: float | None, estimated: bool) -> Aggregate:
+def _aggregate(sums: dict, latency: dict[str, float], wall_s: float | None, estimated: bool) -> Aggregate:
+    """The figures from a run's or group's `sums` (_SUM_KEYS), `latency` (`_latency`; {}: none read) and wall
+    seconds."""
     n_ok, tokens = int(sums["n_ok"] or 0), int(sums["tokens"] or 0)
     drafts, drafted, accepted = (int(sums[k] or 0) for k in ("drafts", "drafted", "accepted"))
     n_energy = int(sums["n_energy"] or 0)
@@ -598,10 +659,10 @@ def _aggregate(sums: dict, acc: _Acc, wall_s: float | None, estimated: bool) -> 
         num_accepted_tokens=accepted,
         acceptance_rate=_ratio(accepted, drafted),
         mean_acceptance_length=None if not drafts else 1 + accepted / drafts,
-        ttft_p50_ms=percentile(acc.ttft, 50),
-        ttft_p95_ms=percentile(acc.ttft, 95),
-        tpot_p50_ms=percentile(acc.tpot, 50),
-        tpot_p95_ms=percentile(acc.tpot, 95),
+        ttft_p50_ms=latency.get("ttft_p50_ms"),
+        ttft_p95_ms=latency.get("ttft_p95_ms"),
+        tpot_p50_ms=latency.get("tpot_p50_ms"),
+        tpot_p95_ms=latency.get("tpot_p95_ms"),
         energy_j=energy,
         energy_complete=n_ok > 0 and n_energy == n_ok,
         j_per_token=_ratio(energy, int(sums["energy_tokens"] or 0)),
@@ -649,9 +710,10 @@ _COLLECTED: ContextVar[dict | None] = ContextVar("specfinops_collected", default
 @contextmanager
 def reuse_collections() -> Iterator[None]:
     """Within the block, the run, mode, configuration and speedup summaries of one store and filter read
-    its requests once. A dashboard page or a report asks for several of them over the same filter; each
-    used to walk every request again (four passes for the Overview). Use it around one unit of work (a
-    page render, a command), not around a long-lived process: what is read inside is not refreshed."""
+    the store once per kind of figure (the per-run sums and wall times; the percentiles per run, per mode, per
+    configuration). A dashboard page or a report asks for several of them over the same filter; each used to
+    read every request again (four passes for the Overview). Use it around one unit of work (a page render, a
+    command), not around a long-lived process: what is read inside is not refreshed."""
     if _COLLECTED.get() is not None:  # already inside one: share it
         yield
         return
@@ -662,75 +724,65 @@ def reuse_collections() -> Iterator[None]:
         _COLLECTED.reset(token)
 
 
-def _collect(engine: Engine, filters: Filters | None) -> list[tuple[Run, dict, _Acc]]:
-    """One GROUP BY query for the per-run sums, one SELECT of per-request latency values. With a domain
-    filter, a run's wall time is its selected requests' share of its serving time (`_Acc.busy`). Inside
-    `reuse_collections` a second call with the same engine and filters returns the first one's result
-    (callers only read it)."""
-    filters = filters or Filters()
+def _reused(read: Callable, engine: Engine, filters: Filters, *args):
+    """read(engine, filters, *args); inside `reuse_collections`, a second call with the same arguments returns
+    the first one's result (callers only read it)."""
     memo = _COLLECTED.get()
     if memo is None:
-        return _collect_now(engine, filters)
-    key = (id(engine), filters)
+        return read(engine, filters, *args)
+    key = (read, id(engine), filters, args)
     if key not in memo:
-        memo[key] = (engine, _collect_now(engine, filters))  # the engine is kept so its id is not reused
+        memo[key] = (engine, read(engine, filters, *args))  # the engine is kept so its id is not reused
     return memo[key][1]
 
 
-def _collect_now(engine: Engine, filters: Filters) -> list[tuple[Run, dict, _Acc]]:
-    conds = filters.where()
+def _collect(engine: Engine, filters: Filters) -> list[tuple[Run, dict, float | None]]:
+    """Per run in view, oldest first: the run, its sums (one GROUP BY query) and its wall seconds. A run's wall
+    time is its requests' span in SQL (`_spans`), except under a domain or prompt filter: then it is the selected
+    requests' share of its serving time (`_shared_spans`). The latency values are read apart (`_latency_values`):
+    not every caller needs them."""
     sums_q = (
-        select(Run.id, *_sum_columns()).join(Request, Request.run_id == Run.id).where(*conds).group_by(Run.id)
+        select(Run.id, *_sum_columns()).join(Request, Request.run_id == Run.id).where(*filters.where())
+        .group_by(Run.id)
     )
-    values_q = (
-        select(
-            Request.run_id,
-            Request.status,
-            Request.started_at,
-            Request.ttft_ms,
-            Request.e2e_ms,
-            Request.output_tokens,
-        )
-        .join(Run, Request.run_id == Run.id)
-        .where(*conds)
-    )
+    shared = filters.domain is not None or filters.prompt_ids is not None
     with engine.connect() as c:
         sums = {row.id: dict(row._mapping) for row in c.execute(sums_q)}
-        busy = filters.domain is not None or filters.prompt_ids is not None
-        windowed = filters.since is not None or filters.until is not None
-        accs: dict[int, _Acc] = defaultdict(lambda: _Acc(busy=busy, windowed=windowed,
-                                                         share_idle=filters.domain is not None))
-        for run_id, status, started, ttft, e2e, out in c.execute(values_q):
-            accs[run_id].add(status, started, ttft, e2e, out or 0)
-        if sums and busy:
-            _add_others(c, filters, accs, list(sums))
-    if not sums:
-        return []
+        if not sums:
+            return []
+        spans = _shared_spans(c, filters, list(sums)) if shared else _spans(c, engine, filters)
     with Session(engine) as s:
         run_rows = list(s.scalars(select(Run).where(Run.id.in_(sums)).order_by(Run.started_at, Run.id)))
         s.expunge_all()
-    return [(r, sums[r.id], accs[r.id]) for r in run_rows]
+    narrowed = shared or filters.since is not None or filters.until is not None
+    return [(r, sums[r.id], _run_wall_s(r, spans.get(r.id), narrowed)) for r in run_rows]
 
 
-def _add_others(c, filters: Filters, accs: dict[int, _Acc], run_ids: list[int]) -> None:
-    """Under a domain or prompt filter: the requests of the runs in view that it leaves out (in the same time
-    window), as each run's `_Acc.others`, so the selected requests get their share of the run's time."""
+def _shared_spans(c, filters: Filters, run_ids: list[int]) -> dict[int, float | None]:
+    """Under a domain or prompt filter: per run in view, the selected requests' share of its serving time
+    (`_Share`), from the times of all its requests in the same time window, the ones the filter leaves out
+    included. Read into Python: the sharing walks each run's requests in time order."""
     everyone = replace(filters, domain=None, prompt_ids=None)
     prompts = set(filters.prompt_ids) if filters.prompt_ids is not None else None
     q = (select(Request.run_id, Request.domain, Request.external_id, Request.started_at, Request.e2e_ms)
          .join(Run, Request.run_id == Run.id).where(*everyone.where(), Run.id.in_(run_ids), Request.e2e_ms.is_not(None)))
+    shares: dict[int, _Share] = defaultdict(lambda: _Share(share_idle=filters.domain is not None))
     for run_id, domain, prompt_id, started, e2e in c.execute(q):
         kept = ((filters.domain is None or domain == filters.domain)
                 and (prompts is None or prompt_id in prompts))  # fmt: skip
-        if not kept:
-            accs[run_id].add_other(started, e2e)
+        if kept:
+            shares[run_id].add(started, e2e)
+        else:
+            shares[run_id].add_other(started, e2e)
+    return {run_id: share.span_s() for run_id, share in shares.items()}
 
 
-def _run_wall_s(run: Run, acc: _Acc) -> float | None:
-    span = acc.span_s()
+def _run_wall_s(run: Run, span: float | None, narrowed: bool) -> float | None:
+    """The run's wall seconds: its requests' `span` where known and positive; else, unless a filter narrows the
+    run to some of its requests (`narrowed`: a domain, prompts, a time window), its own start to end."""
     if span is not None and span > 0:
         return span
-    if acc.busy or acc.windowed:
+    if narrowed:
         return None  # the run's own start and end would count its other requests' time, or other periods
     if run.ended_at is not None and run.started_at is not None:
         wall = (run.ended_at - run.started_at).total_seconds()
@@ -749,11 +801,17 @@ def _estimated(run: Run, sums: dict) -> bool:
     return run.power_source == "estimate" and bool(sums["n_energy"])
 
 
-def run_summaries(engine: Engine, filters: Filters | None = None) -> list[RunSummary]:
-    """One summary per run with at least one request matching `filters`, oldest first."""
+def run_summaries(engine: Engine, filters: Filters | None = None, *, latency: bool = True) -> list[RunSummary]:
+    """One summary per run with at least one request matching `filters`, oldest first. With `latency=False`
+    the TTFT and TPOT percentiles are None: they put every request's values in order, a cost a caller that reads
+    only counts and wall times (`costs`, `speedups`) need not pay."""
+    filters = filters or Filters()
+    items = _reused(_collect, engine, filters)
+    values = _reused(_latency_values, engine, filters) if items and latency else {}
     out = []
-    for run, sums, acc in _collect(engine, filters):
-        stats = _aggregate(sums, acc, _run_wall_s(run, acc), _estimated(run, sums))
+    for run, sums, wall_s in items:
+        stats = _aggregate(sums, _latency(*values.get(run.id, ((), ()))) if latency else {}, wall_s,
+                           _estimated(run, sums))
         out.append(
             RunSummary(
                 run_id=run.id,
@@ -785,41 +843,42 @@ def run_summaries(engine: Engine, filters: Filters | None = None) -> list[RunSum
     return out
 
 
-def _pool(items: list[tuple[Run, dict, _Acc]]) -> Aggregate:
+def _pool(items: list[tuple[Run, dict, float | None]], values: dict[int, tuple[array, array]]) -> Aggregate:
     """Several runs' figures as one: counts summed, wall seconds summed over the runs (each run's own
-    span, so the gaps between them are not counted), percentiles over all of their requests."""
+    span, so the gaps between them are not counted), percentiles over all of their requests (`values`:
+    `_latency_values`)."""
     sums = {k: sum((s[k] or 0) for _, s, _ in items) for k in _SUM_KEYS}
-    acc = _Acc()
-    walls = []
-    for run, _, a in items:
-        acc.ttft += a.ttft
-        acc.tpot += a.tpot
-        walls.append(_run_wall_s(run, a))
-    known = [w for w in walls if w is not None]
-    return _aggregate(sums, acc, sum(known) if known else None, any(_estimated(r, s) for r, s, _ in items))
+    known = [w for _, _, w in items if w is not None]
+    ttft, tpot = array("d"), array("d")
+    for run, _, _ in items:
+        mine = values.get(run.id, ((), ()))
+        ttft.extend(mine[0])
+        tpot.extend(mine[1])
+    latency = _latency(ttft, tpot)
+    return _aggregate(sums, latency, sum(known) if known else None, any(_estimated(r, s) for r, s, _ in items))
+
+
+def _pooled(engine: Engine, filters: Filters | None, fields: tuple[str, ...]) -> dict[tuple, tuple[list[Run], Aggregate]]:
+    """The runs in view grouped by `key_of(run, fields)`, each group in the order it was first measured: its runs
+    (oldest first) and their figures pooled (`_pool`), the percentiles over all the group's requests."""
+    filters = filters or Filters()
+    groups: dict[tuple, list[tuple[Run, dict, float | None]]] = defaultdict(list)
+    for item in _reused(_collect, engine, filters):
+        groups[key_of(item[0], fields)].append(item)
+    values = _reused(_latency_values, engine, filters) if groups else {}
+    return {key: ([r for r, _, _ in items], _pool(items, values)) for key, items in groups.items()}
 
 
 def mode_summaries(engine: Engine, filters: Filters | None = None) -> list[ModeSummary]:
     """The run figures pooled per mode: counts summed, wall seconds summed over runs, percentiles over all
     the mode's requests. Spec first, then AR; a mode without runs is absent."""
-    pooled: dict[str, list[tuple[Run, dict, _Acc]]] = defaultdict(list)
-    for item in _collect(engine, filters):
-        pooled[item[0].mode].append(item)
-    out = []
-    for mode in MODES:
-        items = pooled.get(mode)
-        if not items:
-            continue
-        out.append(
-            ModeSummary(
-                mode=mode,
-                num_runs=len(items),
-                run_ids=tuple(r.id for r, _, _ in items),
-                devices=tuple(sorted({r.device for r, _, _ in items})),
-                stats=_pool(items),
-            )
-        )
-    return out
+    pooled = _pooled(engine, filters, ("mode",))
+    return [
+        ModeSummary(mode=mode, num_runs=len(runs), run_ids=tuple(r.id for r in runs),
+                    devices=tuple(sorted({r.device for r in runs})), stats=stats)
+        for mode in MODES if (mode,) in pooled
+        for runs, stats in (pooled[(mode,)],)
+    ]
 
 
 CONFIG_FIELDS = ("mode", "workload", "target", "device", "backend", "dtype", "concurrency", "temperature",
@@ -893,13 +952,9 @@ def config_summaries(engine: Engine, filters: Filters | None = None) -> list[Con
     """The runs in view pooled per configuration (CONFIG_FIELDS), in the order each configuration was
     first measured. Capacity at an SLA is read from these, not from single runs: the fastest of a
     configuration's short turns is its luckiest slice, not its throughput."""
-    groups: dict[tuple, list[tuple[Run, dict, _Acc]]] = defaultdict(list)
-    for item in _collect(engine, filters):
-        groups[key_of(item[0], CONFIG_FIELDS)].append(item)
     return [
-        ConfigSummary(**dict(zip(CONFIG_FIELDS, key, strict=True)), run_ids=tuple(r.id for r, _, _ in items),
-                      stats=_pool(items))
-        for key, items in groups.items()
+        ConfigSummary(**dict(zip(CONFIG_FIELDS, key, strict=True)), run_ids=tuple(r.id for r in runs), stats=stats)
+        for key, (runs, stats) in _pooled(engine, filters, CONFIG_FIELDS).items()
     ]
 
 
@@ -1002,7 +1057,7 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
     mixes invocations made under different ones (an AR-only bench on a loaded machine pooled with an idle
     one's spec runs read 2.36x where every paired invocation measured about 1.9x)."""
     filters = filters or Filters()
-    runs = run_summaries(engine, filters)
+    runs = run_summaries(engine, filters, latency=False)
     totals: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
     ids: dict[tuple, list[int]] = defaultdict(list)
     runs_of: dict[tuple, list[RunSummary]] = defaultdict(list)
@@ -1040,7 +1095,7 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
             common = set.intersection(*({p for i in side for p in prompt_ids[i]} for side in (spec_ids, ar_ids)))
             sub = replace(filters, run_ids=tuple(spec_ids + ar_ids), prompt_ids=tuple(common))
             part: dict[str, list[float]] = {"spec": [0.0, 0.0], "ar": [0.0, 0.0]}
-            for r in run_summaries(engine, sub):
+            for r in run_summaries(engine, sub, latency=False):
                 if r.stats.wall_s is not None and r.stats.output_tokens:
                     part[r.mode][0] += r.stats.output_tokens
                     part[r.mode][1] += r.stats.wall_s
@@ -1135,14 +1190,14 @@ def _over_prompts(engine: Engine, filters: Filters,
             rows[row[0]].append(row)
     out = {}
     for run_id, prompts in wanted:
-        acc, tokens = _Acc(busy=True), 0
+        share, tokens = _Share(), 0
         for _, prompt_id, status, started, e2e, n in rows[run_id]:
             if prompt_id in prompts:
-                acc.add(status, started, None, e2e, n or 0)
+                share.add(started, e2e)
                 tokens += (n or 0) if status == "ok" else 0
-            else:  # the run's other requests share its time (`_Acc.busy`)
-                acc.add_other(started, e2e)
-        span = acc.span_s()
+            else:  # the run's other requests share its time (`_Share`)
+                share.add_other(started, e2e)
+        span = share.span_s()
         out[(run_id, prompts)] = (tokens, span if span is not None and span > 0 else None)
     return out
 

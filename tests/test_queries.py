@@ -472,8 +472,8 @@ def test_project_from_empty_store_says_how_to_fill_it(sqlite_url):
 
 def test_reuse_collections_reads_the_requests_once_per_filter_and_only_inside_the_block(store):
     """A page asks for mode summaries, speedups and run summaries over one filter: inside
-    `reuse_collections` the per-request SELECT runs once per distinct filter; outside, every call reads
-    the store again, so a request recorded after the block is seen."""
+    `reuse_collections` the requests' latency values and the runs' wall spans are read once per distinct filter;
+    outside, every call reads the store again, so a request recorded after the block is seen."""
     from sqlalchemy import event
 
     from telemetry.queries import reuse_collections
@@ -483,24 +483,27 @@ def test_reuse_collections_reads_the_requests_once_per_filter_and_only_inside_th
 
     def count(conn, cursor, statement, params, context, executemany):
         if "requests.ttft_ms" in statement:  # the per-request latency values
-            reads.append(statement)
+            reads.append("values")
+        elif "requests.e2e_ms" in statement:  # the wall spans
+            reads.append("spans")
 
     event.listen(engine, "before_cursor_execute", count)
     try:
         with reuse_collections():
             modes = mode_summaries(engine)
-            speedups(engine)
+            speedups(engine)  # reads no percentile
             run_summaries(engine)
             config_summaries(engine)
-            assert len(reads) == 1
+            run_summaries(engine)
+            assert sorted(reads) == ["spans", "values"]
             mode_summaries(engine, Filters(domain="code"))
-            assert len(reads) == 2  # another filter is another read
+            assert len(reads) == 4  # another filter is another read
             with reuse_collections():  # nested: shares the outer block's
                 assert mode_summaries(engine) == modes
-            assert len(reads) == 2
+            assert len(reads) == 4
         mode_summaries(engine)
         mode_summaries(engine)
-        assert len(reads) == 4  # outside the block nothing is kept
+        assert len(reads) == 8  # outside the block nothing is kept
     finally:
         event.remove(engine, "before_cursor_execute", count)
 
