@@ -501,14 +501,15 @@ def _latency_values(engine: Engine, filters: Filters) -> dict[int, tuple[array, 
     or configuration, interpolating the two order statistics around each percentile) was exact on SQLite and
     PostgreSQL, but at 1M requests SQLite 3.40 spent 3-4x the CPU of this read on it, slower than reading every
     request with its timestamps had been (docs/benchmarks.md, "The store at scale"). Kept as arrays of doubles,
-    8 bytes a value, not 32 as floats in a list: a million requests' values are what a page holds."""
+    8 bytes a value, not 32 as floats in a list: a million requests' values are what a page holds; read from a
+    server-side cursor, so PostgreSQL's driver does not hold the whole result besides (as exports read)."""
     has_tpot = and_(Request.e2e_ms.is_not(None), Request.output_tokens > 1)
     tpot = case((has_tpot, (Request.e2e_ms - Request.ttft_ms) / (Request.output_tokens - 1)))
     q = (select(Request.run_id, Request.ttft_ms, tpot).join(Run, Request.run_id == Run.id)
          .where(*filters.where(), Request.status == "ok", Request.ttft_ms.is_not(None)))
     out: dict[int, tuple[array, array]] = {}
     with engine.connect() as c:
-        for run_id, ttft, tpot_ms in c.execute(q):
+        for run_id, ttft, tpot_ms in c.execution_options(stream_results=True, yield_per=10_000).execute(q):
             ttfts, tpots = out.setdefault(run_id, (array("d"), array("d")))
             ttfts.append(ttft)
             if tpot_ms is not None:
