@@ -370,8 +370,9 @@ def costs(
 ) -> tuple[list[RunCost], list[ModeCost]]:
     """Cost per 1M output tokens per run and per mode. Node price: `node_hourly_usd` > `gpu` (times the GPUs
     of the run's device) > the run's price snapshot > the catalog entry of the run's device (times its units:
-    prices.device_units)."""
-    runs = run_summaries(engine, filters, latency=False)  # a price reads no percentile
+    prices.device_units). The RunCosts' run summaries carry no TTFT/TPOT percentiles (None): a price reads
+    none, and ordering every request's latencies was most of a cost call's time at 1M requests."""
+    runs = run_summaries(engine, filters, latency=False)
     catalog = load_catalog(engine) if runs else None  # the price table read once, not a few queries per run
     run_costs, unpriced = [], defaultdict(list)
     for r in runs:
