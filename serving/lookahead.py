@@ -344,9 +344,12 @@ class CostK:
         t = verify_s  # drafting is costed per drafted token (draft_token_s): a copied token drafts for free
         old = self.step_s.get(key)
         speed = self._speed.get(key[0], 1.0)
+        stall = old is not None and t > 3 * old * speed  # beyond 3x what the K costs at the machine's speed
         if old is not None:
             speed += self.speed_weight * (min(max(t / old, speed / 3), speed * 3) - speed)
             self._speed[key[0]] = speed
+        if stall:  # says nothing of the K's shape: counted even at 3x, one stall kept a K dear for a whole
+            return  # run (a K the gate then shuns is retimed only as a probe); the speed follows it above
         self._follow(self.step_s, key, t / speed)
 
     def _follow(self, table: dict, key, x: float) -> None:
