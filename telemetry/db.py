@@ -374,6 +374,14 @@ def sqlite_file(url: str) -> Path | None:
     return Path(path) if path and path != ":memory:" else None
 
 
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")  # what SQLite writes beside a store file, named after it
+
+
+def sqlite_files(path: Path) -> tuple[Path, ...]:
+    """A SQLite store file and the files SQLite keeps beside it (SQLITE_SIDE_FILES), whether there or not."""
+    return (path, *(path.with_name(path.name + end) for end in SQLITE_SIDE_FILES))
+
+
 def file_in_path(path: Path) -> Path | None:
     """The first of the store's folders (`/tmp/x/file.db` of `/tmp/x/file.db/store.db`) that is not a folder but
     a file; None when every one that exists is a folder."""

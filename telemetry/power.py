@@ -205,7 +205,8 @@ class RaplPowerSource:
     source = "rapl"
 
     def __init__(self, root: Path = RAPL_ROOT) -> None:
-        zones = sorted(p for p in Path(root).glob("intel-rapl:*") if _RAPL_PACKAGE.fullmatch(p.name) and _is_package(p))
+        zones = sorted(p for p in Path(root).glob("intel-rapl:*")
+                       if _RAPL_PACKAGE.fullmatch(p.name) and _is_package(p))
         self._zones: list[tuple[Path, int]] = []
         problems = []
         for z in zones:

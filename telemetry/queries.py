@@ -859,7 +859,8 @@ def _pool(items: list[tuple[Run, dict, float | None]], values: dict[int, tuple[a
     return _aggregate(sums, latency, sum(known) if known else None, any(_estimated(r, s) for r, s, _ in items))
 
 
-def _pooled(engine: Engine, filters: Filters | None, fields: tuple[str, ...]) -> dict[tuple, tuple[list[Run], Aggregate]]:
+def _pooled(engine: Engine, filters: Filters | None,
+            fields: tuple[str, ...]) -> dict[tuple, tuple[list[Run], Aggregate]]:
     """The runs in view grouped by `key_of(run, fields)`, each group in the order it was first measured: its runs
     (oldest first) and their figures pooled (`_pool`), the percentiles over all the group's requests."""
     filters = filters or Filters()
@@ -874,12 +875,13 @@ def mode_summaries(engine: Engine, filters: Filters | None = None) -> list[ModeS
     """The run figures pooled per mode: counts summed, wall seconds summed over runs, percentiles over all
     the mode's requests. Spec first, then AR; a mode without runs is absent."""
     pooled = _pooled(engine, filters, ("mode",))
-    return [
-        ModeSummary(mode=mode, num_runs=len(runs), run_ids=tuple(r.id for r in runs),
-                    devices=tuple(sorted({r.device for r in runs})), stats=stats)
-        for mode in MODES if (mode,) in pooled
-        for runs, stats in (pooled[(mode,)],)
-    ]
+    out = []
+    for mode in MODES:
+        if (mode,) in pooled:
+            runs, stats = pooled[(mode,)]
+            out.append(ModeSummary(mode=mode, num_runs=len(runs), run_ids=tuple(r.id for r in runs),
+                                   devices=tuple(sorted({r.device for r in runs})), stats=stats))
+    return out
 
 
 CONFIG_FIELDS = ("mode", "workload", "target", "device", "backend", "dtype", "concurrency", "temperature",

@@ -304,7 +304,7 @@ def _handle(args: argparse.Namespace) -> int:
         raise ValueError(f"--spec-max-batch must be an integer >= 1 or 'auto', got {gate!r}")
     made = None  # a store file this command creates: removed again if the command is refused before it runs
     if not args.no_telemetry:
-        from telemetry.db import resolve_db_url, sqlite_file
+        from telemetry.db import resolve_db_url, sqlite_file, sqlite_files
 
         path = sqlite_file(resolve_db_url(args.db))
         made = path if path is not None and not path.exists() else None
@@ -313,7 +313,7 @@ def _handle(args: argparse.Namespace) -> int:
         loaded = _load_and_check(args, spec, prompts, encoded, params, gate, chosen, levels)
     except BaseException:
         if made is not None:
-            for leftover in (made, made.with_name(made.name + "-wal"), made.with_name(made.name + "-shm")):
+            for leftover in sqlite_files(made):
                 leftover.unlink(missing_ok=True)
         raise
     report = run_bench(args, loaded, prompts, encoded, params, modes, levels)

@@ -232,8 +232,8 @@ def _check_revision(args: argparse.Namespace, action: str) -> None:
 
 def _refuse_unknown_revision(args: argparse.Namespace) -> None:
     """`db upgrade REV` of a new SQLite store naming no revision of this specfinops: refused before anything is
-    made (the upgrade created the store file, and its folders, before Alembic said "Can't locate revision"). A relative REV
-    ('+1', '0003+1', '-1') needs the store's revision to resolve: Alembic resolves or refuses it itself."""
+    made (the upgrade created the store file, and its folders, before Alembic said "Can't locate revision"). A
+    relative REV ('+1', '0003+1', '-1') needs the store's revision to resolve: Alembic resolves or refuses it."""
     from alembic.script import ScriptDirectory
     from alembic.util import CommandError
 
@@ -269,12 +269,14 @@ def _created_paths(args: argparse.Namespace) -> list:
 def _remove_created(created: list) -> None:
     """Undo _created_paths after a failed upgrade: the file (with SQLite's -wal, -shm and -journal files), then
     the folders it made, innermost first, each only while empty."""
+    from telemetry.db import sqlite_files
+
     if not created:
         return
     path = created[-1]
     if _holds_tables(path):  # another process made a store there meanwhile (a bench): its file, not ours
         return
-    for leftover in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
+    for leftover in sqlite_files(path):
         try:
             leftover.unlink(missing_ok=True)
         except OSError:  # left as it is: the upgrade's own error is the one to say

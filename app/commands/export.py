@@ -82,13 +82,12 @@ def _check_out(out: str) -> None:
 def _refuse_the_store(out: str, db: str | None) -> None:
     """An --out that is the SQLite store itself (or its -wal / -shm / -journal file), by any path or link to it:
     renaming the CSV over it would replace the store with the export."""
-    from telemetry.db import resolve_db_url, sqlite_file
+    from telemetry.db import resolve_db_url, sqlite_file, sqlite_files
 
     path = sqlite_file(resolve_db_url(db))
     if path is None:
         return
-    store = os.path.realpath(path)
-    if os.path.realpath(out) in {store, *(store + end for end in ("-wal", "-shm", "-journal"))}:
+    if os.path.realpath(out) in {str(f) for f in sqlite_files(path.resolve())}:
         raise UsageError(f"--out {out} is the store's own file ({path}): give another file name")
 
 

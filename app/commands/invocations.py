@@ -44,7 +44,8 @@ def _speedup_text(found: list) -> str:
 
 def _ended_text(i) -> str:
     """' (running)', ' (interrupted)', ' (failed)': how the invocation's runs that did not complete stand."""
-    marks = [m for m, n in (("running", i.num_running), ("interrupted", i.num_cancelled), ("failed", i.num_failed)) if n]
+    marks = [mark for mark, n in (("running", i.num_running), ("interrupted", i.num_cancelled),
+                                  ("failed", i.num_failed)) if n]
     return f" ({', '.join(marks)})" if marks else ""
 
 

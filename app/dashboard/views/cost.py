@@ -287,15 +287,15 @@ def _sweep_section(ctx: Context) -> None:
     sw = labels[st.selectbox("Sweep", list(labels), key="w_sweep",
                              help=None if len(matching) <= SWEEPS_SHOWN else
                              f"the newest {SWEEPS_SHOWN} of the {len(matching)} sweeps the sidebar's filters keep")]
-    sw = {**sw, "points": data.sweep_points(ctx.url, sw["run_ids"])}
+    points = data.sweep_points(ctx.url, sw["run_ids"])  # the picked sweep's only
     cross = sw["crossover"]
     st.metric("Crossover concurrency", fmt(cross, "d") if cross else "none measured",
               help="smallest measured concurrency at which speculative tokens/s no longer beats AR; "
                    "`bench --spec-max-batch auto` speculates only below it")
-    st.plotly_chart(charts.sweep(sw["points"], cross, "Throughput by concurrency"), width="stretch")
+    st.plotly_chart(charts.sweep(points, cross, "Throughput by concurrency"), width="stretch")
     table = pd.DataFrame([{"concurrency": c, "AR tokens/s": a, "spec tokens/s": s_, "AR p95 TPOT ms": ta,
                            "spec p95 TPOT ms": ts, "speedup": (s_ / a) if a and s_ is not None else None}
-                          for c, a, s_, ta, ts in sw["points"]])
+                          for c, a, s_, ta, ts in points])
     show_table(table)
     download_csv("Download sweep (CSV)", table, f"sweep-{sw['id']}.csv", "dl_sweep")
 
