@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -899,3 +900,24 @@ def test_head_log_probs_go_by_chunks_of_rows(monkeypatch):
         got.append((lq.detach(), top, torch.autograd.grad((lq * w).sum(), z)[0]))
     (a, ta, ga), (b, tb, gb) = got
     assert torch.allclose(a, b) and torch.equal(ta, tb) and torch.allclose(ga, gb)
+
+
+def test_the_bundled_card_command_parses_to_the_options_it_trained_with_and_says_what_a_rerun_matches():
+    """The bundled draft's card: its command is one `distill` accepts, with the options its training record
+    holds, and its "rerun" says a time budget reproduces the options, not the steps it trained."""
+    import shlex
+
+    from app.cli import build_parser
+    from serving.models import BUNDLED_DRAFT_DIR
+
+    card = json.loads((BUNDLED_DRAFT_DIR / "model_card.json").read_text())
+    words = shlex.split(card["command"])
+    assert words[:2] == ["specfinops", "distill"]
+    args = build_parser().parse_args(words[1:])
+    training = card["training"]
+    for option in ("head_vocab", "layers", "lr", "batch_tokens", "batch_pool", "unroll", "w_feat", "w_hard",
+                   "feat_noise", "seed", "dtype"):
+        assert getattr(args, option) == training[option], option
+    assert float(args.total_minutes) == training["budget"]["total_minutes"] and args.steps is None
+    rerun = card["rerun"]
+    assert rerun["matches"] == "options" and rerun["steps_trained"] == card["results"]["steps"]
