@@ -53,6 +53,14 @@ def assert_clean(at: AppTest) -> None:
     assert not at.error, [e.value for e in at.error]
 
 
+SMALL_SAMPLE = "Projection: based on 2 spec and 2 AR requests: too few"  # add_pair's runs, as `project` warns
+
+
+def refusals(at: AppTest) -> list[str]:
+    """The page's warnings but the projection's caveats (`add_pair`'s two requests a mode are a small sample)."""
+    return [w.value for w in at.warning if not w.value.startswith("Projection:")]
+
+
 def forget_cached_store_reads() -> None:
     """What the dashboard's 60 s cache expiry does: the next run reads the store again."""
     from app.dashboard import data
@@ -286,7 +294,7 @@ def test_a_node_price_from_the_catalog_is_one_node_whatever_gpus_per_node_said(s
     at.number_input(key="w_gpus").set_value(4).run()
     at.selectbox(key="w_price").set_value("cpu-2core").run()
     assert_clean(at)
-    assert not at.warning, [w.value for w in at.warning]
+    assert not refusals(at) and [w.value for w in at.warning if w.value.startswith(SMALL_SAMPLE)]
     assert at.number_input(key="w_gpus").proto.disabled
     shown = {m.label: m.value for m in at.metric}
     assert shown["Node price"] == "$0.0832/h" and shown["Nodes (speculative)"] != "—", shown
@@ -316,10 +324,54 @@ def test_a_device_the_catalog_does_not_know_leaves_every_figure_but_the_cost(sql
     at.selectbox(key="w_price").set_value("custom $/h per node").run()
     at.number_input(key="w_node_usd").set_value(5.0).run()
     assert_clean(at)
-    assert not at.warning, [w.value for w in at.warning]
+    assert not refusals(at) and [w.value for w in at.warning if w.value.startswith(SMALL_SAMPLE)]
     assert {m.label: m.value for m in at.metric}["Node price"] == "$5/h"
     at.switch_page("views/overview.py").run()
     assert_clean(at)
     _, priced = costing.costs(open_store(sqlite_url), node_hourly_usd=5.0)
     by_mode = {m.mode: f"${m.cost.total_usd_per_1m:,.2f}" for m in priced}
     assert [m.value for m in at.metric if m.label == "Cost per 1M tokens"] == [by_mode["spec"], by_mode["ar"]]
+
+
+def test_the_projection_warns_of_a_small_sample_and_of_other_hardware_as_project_does(sqlite_url, monkeypatch):
+    """`project` warns that two requests a mode make no stable capacity, and that a CPU's throughput priced as an
+    H100 is no H100's node count; both pages showed the same projection (and $ savings) without a word of it."""
+    from app.dashboard.assumptions import DEFAULTS
+
+    add_pair(sqlite_url)
+    engine = open_store(sqlite_url)
+    at = app_for(sqlite_url, monkeypatch).run()
+    assert_clean(at)
+    small = costing.project_from_store(engine, **DEFAULTS).caveats
+    assert len(small) == 1 and small[0].startswith(SMALL_SAMPLE.removeprefix("Projection: "))
+    assert [w.value for w in at.warning] == [f"Projection: {small[0]}."]
+    at.switch_page("views/cost.py").run()
+    at.selectbox(key="w_price").set_value("H100").run()
+    assert_clean(at)
+    caveats = costing.project_from_store(engine, **{**DEFAULTS, "gpu": "H100"}).caveats
+    assert len(caveats) == 2 and "not H100's" in caveats[1], caveats
+    assert [w.value for w in at.warning] == [f"Projection: {c}." for c in caveats]
+    at.switch_page("views/overview.py").run()
+    assert [w.value for w in at.warning] == [f"Projection: {c}." for c in caveats]
+
+
+def test_the_whole_time_range_sizes_capacity_as_project_does(sqlite_url, monkeypatch):
+    """A spec run whose one request failed before its first token has no request span: over the whole store its
+    own start to end is its wall time, as `project` counts it. The dashboard's untouched time range was a window
+    all the same, which left that run's 30 s out of the pooled capacity (a larger figure than `project`'s)."""
+    from app.dashboard.assumptions import DEFAULTS
+    from app.dashboard.common import throughput
+
+    add_pair(sqlite_url)
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "spec", requests=[Req(0, None, None, status="error")], started_at=BASE_TIME + timedelta(minutes=5),
+                 ended_at=BASE_TIME + timedelta(minutes=5, seconds=30))
+        s.commit()
+    whole = costing.project_from_store(engine, **DEFAULTS).projection
+    at = app_for(sqlite_url, monkeypatch).run()
+    at.switch_page("views/cost.py").run()
+    assert_clean(at)
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["Capacity spec (tokens/s per node)"] == throughput(whole.capacity_tokens_per_s_spec), shown
+    assert shown["Nodes (speculative)"] == f"{whole.nodes_spec:,}", shown

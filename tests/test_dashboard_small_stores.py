@@ -94,3 +94,7 @@ def test_the_tokens_tile_keeps_three_significant_digits(sqlite_url, monkeypatch)
     assert_clean(at)
     shown = [m.value for m in at.metric if m.label == "Tokens/s"]
     assert sorted(shown) == ["0.471", "1.03"], shown
+    at.switch_page("views/runs.py").run()  # the two runs side by side read the same figures
+    assert_clean(at)
+    (compare,) = [d.value for d in at.dataframe if "figure" in d.value.columns and len(d.value.columns) == 3]
+    assert sorted(compare.set_index("figure").loc["tokens/s"]) == ["0.471", "1.03"], compare

@@ -72,6 +72,14 @@ def projection_notes(sp) -> list[str]:
     return notes
 
 
+def show_projection_caveats(sp) -> None:
+    """What the projection's figures do not say by themselves (`StoreProjection.caveats`: too few requests for a
+    stable p95 and capacity, the measured throughput priced as other hardware), as warnings: `project` prints
+    them as warnings too."""
+    for caveat in sp.caveats:
+        st.warning(md_safe(f"Projection: {caveat}."))
+
+
 # costing says where a projection's energy prices came from in the CLI's words; the dashboard's inputs instead
 _PRICE_FLAGS = {"$/kWh given (--usd-per-kwh)": "$/kWh your input", "PUE given (--pue)": "PUE your input"}
 # and how the Comparison says another group is chosen

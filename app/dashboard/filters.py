@@ -206,6 +206,8 @@ def sidebar(options: dict) -> Selection:
     chosen = runs
     if since is not None and (picked[0], picked[1]) != (lo, hi):  # a narrowed range: only the runs it overlaps
         chosen = chosen[in_range(chosen, since, until)]
+    else:  # the whole store's days: no time filter, so the queries read the store as `cost` and `project` do
+        since = until = None  # (a window would cut a run's wall time to its requests' span, or drop it)
     if node != ALL:
         chosen = chosen[chosen["node_id"] == node]
     if workload != ALL:

@@ -17,6 +17,7 @@ from app.dashboard.common import (
     prices_text,
     projection_notes,
     run_page,
+    show_projection_caveats,
     show_table,
     throughput,
     usd,
@@ -203,6 +204,7 @@ def _projection_section(ctx: Context, values: dict) -> None:
         notes.append(energy)
     for note in notes:
         st.caption(f"Note: {md_safe(note)}.")
+    show_projection_caveats(sp)
     proj_table = pd.DataFrame([
         {"figure": FLEET_COST_LABEL, "AR": p.cost_per_1m_tokens_ar_usd,
          "spec": p.cost_per_1m_tokens_spec_usd},

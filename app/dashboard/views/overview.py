@@ -20,6 +20,7 @@ from app.dashboard.common import (
     prices_text,
     projection_notes,
     run_page,
+    show_projection_caveats,
     show_table,
     throughput,
     usd,
@@ -186,6 +187,7 @@ def body(ctx: Context) -> None:
         compared = comparison_text(proj)
         said = [*([compared] if compared else []), priced, *projection_notes(proj)]
         st.caption(md_safe("Projection: " + "; ".join(said) + "."))
+        show_projection_caveats(proj)
     disagree = cost_vs_savings_note(cost.get("spec"), cost.get("ar"), proj.projection if proj else None)
     if disagree:
         st.caption(disagree)

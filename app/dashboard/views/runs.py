@@ -6,7 +6,16 @@ import pandas as pd
 import streamlit as st
 
 from app.dashboard import data
-from app.dashboard.common import MISSING, Context, download_csv, fmt, run_page, show_table, table_height
+from app.dashboard.common import (
+    MISSING,
+    Context,
+    download_csv,
+    fmt,
+    run_page,
+    show_table,
+    table_height,
+    throughput,
+)
 from app.dashboard.filters import short_model
 from app.dashboard.page_queries import as_utc
 
@@ -52,7 +61,7 @@ COMPARE_ROWS = [
     ("max new tokens", lambda r: _whole(r.max_new_tokens)),
     ("requests ok", lambda r: f"{r.stats.num_requests_ok:,}"),
     ("output tokens", lambda r: f"{r.stats.output_tokens:,}"),
-    ("tokens/s", lambda r: fmt(r.stats.tokens_per_s, ",.1f")),
+    ("tokens/s", lambda r: throughput(r.stats.tokens_per_s)),
     ("acceptance rate", lambda r: fmt(r.stats.acceptance_rate, ".1%")),
     ("mean acceptance length", lambda r: fmt(r.stats.mean_acceptance_length, ".2f")),
     ("TTFT p50 / p95 (ms)", lambda r: f"{fmt(r.stats.ttft_p50_ms, '.1f')} / {fmt(r.stats.ttft_p95_ms, '.1f')}"),
