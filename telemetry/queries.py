@@ -600,11 +600,13 @@ class _Share:
     def span_s(self) -> float | None:
         if self.first_start is None or self.last_end is None:
             return None
+        if not self.share_idle:  # the time these requests were being served: a restriction to some prompts, on
+            # one basis whether or not the run served others (its own span would add its idle gaps, which the
+            # run of the other mode, restricted to the same prompts, does not count: 0.67x for equal speeds)
+            return _shared_s(self.intervals, self.others or [])
         if not self.others:  # the filter left none of the run's requests out: the run's own span
             return (self.last_end - self.first_start).total_seconds()
         shared = _shared_s(self.intervals, self.others)
-        if not self.share_idle:  # the time these requests were being served: a restriction to some prompts
-            return shared
         # a domain: the run's span (its requests in view, the others included), shared: its busy time by who
         # was in flight, its idle time in the same proportion, so the domains add up to the run's span
         every = self.intervals + self.others
@@ -845,11 +847,13 @@ def run_summaries(engine: Engine, filters: Filters | None = None, *, latency: bo
 
 
 def _pool(items: list[tuple[Run, dict, float | None]], values: dict[int, tuple[array, array]]) -> Aggregate:
-    """Several runs' figures as one: counts summed, wall seconds summed over the runs (each run's own
-    span, so the gaps between them are not counted), percentiles over all of their requests (`values`:
-    `_latency_values`)."""
+    """Several runs' figures as one: counts summed, wall seconds summed over the runs that produced tokens
+    (each run's own span, so the gaps between them are not counted), percentiles over all of their requests
+    (`values`: `_latency_values`). A run without output tokens (a turn stopped before its first token) adds no
+    wall time, as it adds none to the mode's cost per 1M tokens (`costing`) or to a speedup (`speedups`): one
+    pooled tokens/s for the capacity, the cost and the speedup of the same runs."""
     sums = {k: sum((s[k] or 0) for _, s, _ in items) for k in _SUM_KEYS}
-    known = [w for _, _, w in items if w is not None]
+    known = [w for _, s, w in items if w is not None and s["tokens"]] or [w for _, _, w in items if w is not None]
     ttft, tpot = array("d"), array("d")
     for run, _, _ in items:
         mine = values.get(run.id, ((), ()))

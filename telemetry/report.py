@@ -622,8 +622,10 @@ def cost_note(f: PeriodFigures, mode: str) -> str | None:
     c = mc.cost
     if c.total_usd_per_1m is None or c.energy_included or not partial_energy(f, mode):
         return c.reason
-    return (f"{f.j_source(mode)} energy for only some requests: hardware only (J/token covers the requests that "
-            "have an energy figure)")
+    source = costing.energy_source(f._runs(mode))  # whether or not a J/token came of it (energy over 0 tokens)
+    covers = (" (J/token covers the requests that have an energy figure)"
+              if f.stat(mode, "j_per_token") is not None else "")
+    return f"{source + ' ' if source else ''}energy for only some requests: hardware only{covers}"
 
 
 def summary_dict(data: ReportData) -> dict:

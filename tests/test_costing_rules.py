@@ -160,3 +160,28 @@ def test_another_comparable_group_is_named_by_what_differs(sqlite_url):
     sp = project_from_store(engine, daily_tokens=1e6, peak_factor=1.0, sla_ms=1000.0)
     assert sp.comparison.target == "demo/small"
     assert sp.comparison.others == ("workload code, temperature 0, bench runs, target demo/large",)
+
+
+def test_a_turn_stopped_before_its_first_token_is_timed_alike_by_capacity_cost_and_speedup(sqlite_url):
+    """A bench interrupted at the start of a spec turn leaves a cancelled run: one request, 5 s, no token. The
+    mode's cost and the speedup left its 5 s out (no tokens to price or compare), the pooled tokens/s behind
+    `project`'s capacity, the report's modes table and the dashboard counted it: 10.4 against 6.9 tokens/s for
+    the same runs, a 2.00x speedup beside a 1.33x capacity ratio."""
+    from telemetry.queries import config_summaries, mode_summaries, speedups
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(26, ttft_ms=100, e2e_ms=5000, start_s=5.0 * i) for i in range(4)])
+        make_run(s, "spec", requests=[spec_req(26, 4, 12, ttft_ms=100, e2e_ms=2500, start_s=2.5 * i)
+                                      for i in range(4)])
+        make_run(s, "spec", status="cancelled", requests=[Req(0, ttft_ms=None, e2e_ms=5000, status="cancelled")])
+        s.commit()
+    _, modes = costs(engine, node_hourly_usd=1.0)
+    cost_tps = {m.mode: m.tokens_per_s for m in modes}
+    assert cost_tps["spec"] == pytest.approx(104 / 10.0) and cost_tps["ar"] == pytest.approx(104 / 20.0)
+    assert {m.mode: m.stats.tokens_per_s for m in mode_summaries(engine)} == pytest.approx(cost_tps)
+    assert {c.mode: c.stats.tokens_per_s for c in config_summaries(engine)} == pytest.approx(cost_tps)
+    (speedup,) = speedups(engine)
+    assert speedup.speedup == pytest.approx(2.0)
+    p = project_from_store(engine, daily_tokens=1e6, peak_factor=1.0, sla_ms=5000.0, node_hourly_usd=1.0)
+    assert p.projection.capacity_tokens_per_s_spec == pytest.approx(cost_tps["spec"])

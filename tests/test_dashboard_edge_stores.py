@@ -356,16 +356,17 @@ def test_the_projection_warns_of_a_small_sample_and_of_other_hardware_as_project
 
 
 def test_the_whole_time_range_sizes_capacity_as_project_does(sqlite_url, monkeypatch):
-    """A spec run whose one request failed before its first token has no request span: over the whole store its
+    """A spec run whose requests have tokens but no end-to-end time has no request span: over the whole store its
     own start to end is its wall time, as `project` counts it. The dashboard's untouched time range was a window
-    all the same, which left that run's 30 s out of the pooled capacity (a larger figure than `project`'s)."""
+    all the same, which left that run's 30 s out of the pooled capacity and kept its tokens (a larger figure
+    than `project`'s)."""
     from app.dashboard.assumptions import DEFAULTS
     from app.dashboard.common import throughput
 
     add_pair(sqlite_url)
     engine = open_store(sqlite_url)
     with Session(engine) as s:
-        make_run(s, "spec", requests=[Req(0, None, None, status="error")], started_at=BASE_TIME + timedelta(minutes=5),
+        make_run(s, "spec", requests=[Req(33, None, None)], started_at=BASE_TIME + timedelta(minutes=5),
                  ended_at=BASE_TIME + timedelta(minutes=5, seconds=30))
         s.commit()
     whole = costing.project_from_store(engine, **DEFAULTS).projection

@@ -71,7 +71,7 @@ def _fill(url: str, seed: int):
 def _reference(engine, filters: Filters) -> tuple[dict, dict]:
     """From every request in view: per run its latency values and (first start, last end) of those with an e2e
     time; the runs."""
-    values: dict[int, dict] = defaultdict(lambda: {"ttft": [], "tpot": [], "span": []})
+    values: dict[int, dict] = defaultdict(lambda: {"ttft": [], "tpot": [], "span": [], "tokens": 0})
     with Session(engine) as s:
         rows = s.execute(select(Request, Run).join(Run, Request.run_id == Run.id).where(*filters.where())).all()
         runs = {run.id: run for _, run in rows}
@@ -79,6 +79,8 @@ def _reference(engine, filters: Filters) -> tuple[dict, dict]:
             v = values[run.id]
             if req.e2e_ms is not None:
                 v["span"].append((req.started_at, req.started_at + timedelta(milliseconds=req.e2e_ms)))
+            if req.status == "ok":
+                v["tokens"] += req.output_tokens or 0
             if req.status != "ok" or req.ttft_ms is None:
                 continue
             v["ttft"].append(req.ttft_ms)
@@ -124,8 +126,10 @@ def _check(engine, filters: Filters, *, walls: bool = True) -> None:
             want = _figures([t for v in pooled for t in v["ttft"]], [t for v in pooled for t in v["tpot"]])
             assert {f: getattr(x.stats, f) for f in FIGURES} == want, key_of(x, fields)
             if walls:
-                known = [w for w in (_wall_s(runs[i], values[i]["span"], narrowed) for i in x.run_ids)
-                         if w is not None]
+                # pooled over the runs that produced tokens (a run without any adds no time), else over all
+                run_walls = {i: _wall_s(runs[i], values[i]["span"], narrowed) for i in x.run_ids}
+                known = ([w for i, w in run_walls.items() if w is not None and values[i]["tokens"]]
+                         or [w for w in run_walls.values() if w is not None])
                 assert x.stats.wall_s == (sum(known) if known else None)
 
 

@@ -208,6 +208,23 @@ def test_within_an_invocation_both_modes_are_restricted_to_the_prompts_both_ran(
     assert sp.invocation_speedups == pytest.approx((4.0, 2.0))
 
 
+def test_a_restriction_to_the_prompts_both_ran_times_both_modes_on_one_basis(db_url):
+    """Every request takes 1 s for 10 tokens in both modes; spec ran p1 and p2 a second apart, AR p1, p2 and p3.
+    Restricted to p1 and p2, AR was timed on the 2 s it served them and spec on its 3 s span, its idle second
+    included: 0.67x for equal speeds. Both are the time they served the prompts: 1.00x."""
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        _run(s, "gap", "spec", BASE_TIME, [Req(10, ttft_ms=100, e2e_ms=1000, external_id="p1"),
+                                          Req(10, ttft_ms=100, e2e_ms=1000, start_s=2.0, external_id="p2")])
+        _run(s, "gap", "ar", BASE_TIME + timedelta(seconds=10), [
+            Req(10, ttft_ms=100, e2e_ms=1000, start_s=2.0 * i, external_id=f"p{i + 1}") for i in range(3)])
+        s.commit()
+    (sp,) = speedups(engine)
+    engine.dispose()
+    assert sp.prompts.startswith("restricted to the 2 prompts both modes ran")
+    assert sp.invocation_speedups == pytest.approx((1.0,)) and sp.speedup == pytest.approx(1.0)
+
+
 def test_paired_figures_cost_no_query_per_invocation(sqlite_url):
     """Read from the run summaries already read; the invocations whose modes ran different prompts share one
     SELECT: 12 such invocations take as many statements as 1."""

@@ -225,6 +225,23 @@ def test_report_says_j_per_token_covers_only_the_requests_with_energy(sqlite_url
     assert "Some spec and AR requests have no energy figure; J/token covers those that do" in page
 
 
+def test_a_cost_note_of_energy_only_on_requests_without_tokens_names_no_none(sqlite_url, tmp_path):
+    """The only spec energy is a metered request that answered nothing: no J/token (energy over 0 tokens), and the
+    modes table's cost note read "None energy for only some requests: ... (J/token covers ...)"."""
+    engine = open_store(sqlite_url)
+    add_day(engine, D0, "none", ar_j=None, spec_j=None)
+    with Session(engine) as s:
+        make_run(s, "spec", started_at=D0.replace(hour=10), power_source="nvml",
+                 requests=[Req(0, ttft_ms=None, e2e_ms=100, energy_j=5.0)])
+        s.commit()
+    summary, csv_dir, page = report(sqlite_url, tmp_path)
+    spec = summary["modes"]["spec"]
+    assert spec["j_per_token"] is None
+    assert spec["cost_note"] == "measured energy for only some requests: hardware only", spec["cost_note"]
+    assert read_csv(csv_dir, "modes")["spec"]["cost note"] == spec["cost_note"]
+    assert "None energy" not in page
+
+
 def test_report_with_energy_for_every_request_says_it_is_complete(sqlite_url, tmp_path):
     engine = open_store(sqlite_url)
     add_day(engine, D0, "nvml")
