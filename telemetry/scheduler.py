@@ -9,7 +9,10 @@
 - Two schedulers on one database: APScheduler 3 does not coordinate them, so both may fire a due job. The job
   claims its report by inserting the record first; `reports` has a unique (job_id, since) constraint
   (migration 0002), so exactly one INSERT per job and period succeeds, on SQLite and PostgreSQL alike. The
-  other run logs "already reported" and does nothing: no second file, record or delivery.
+  other run logs "already reported" and does nothing: no second file, record or delivery. A report left
+  undelivered, or whose delivery failed, is taken for its (re)delivery the same way (`take_delivery`: a lease in
+  one UPDATE), so it is sent once. A scheduler whose job another start removed (no --keep-other-jobs) stops
+  and says so (`app.commands.scheduler._watch_own_job`).
 - The job is the module-level `run_report_job`, called with serialisable keyword arguments only (the store
   pickles a reference to it and its arguments, including the database URL; SMTP settings, and the webhook URL
   with --webhook-env NAME, are read from the environment at run time, never stored).
@@ -82,6 +85,13 @@ DEFAULT_MISFIRE_GRACE_S = 3600
 # seven. By then newer reports have superseded its summary, and a receiver down for over a week needs a person
 # (`scheduler --list` names the report, retried or not); each retry makes the job's --attempts tries again.
 REDELIVER_FAILED_FOR_S = 8 * 24 * 3600
+# A "pending" report a scheduler is delivering (again) carries this lease in delivery_error until the outcome is
+# recorded: taken in one UPDATE that expects the column as read, so of two schedulers only one sends it; a lease
+# older than STALE_AFTER_S (its process was killed) may be taken over.
+DELIVERY_LEASE = "delivery under way since "
+# --misfire-grace-s at most a year: APScheduler adds it to the run time as a timedelta at every firing (a larger
+# one overflowed there and failed every run, the job kept as accepted)
+MAX_MISFIRE_GRACE_S = 366 * 24 * 3600
 
 
 def absolute_db_url(url: str) -> str:
@@ -214,8 +224,9 @@ class ReportJob:
                              f"got {self.period!r}")  # fmt: skip
         if not self.job_id or len(self.job_id) > 128:
             raise ValueError(f"--job-id must be 1-128 characters, got {self.job_id!r}")
-        if not isinstance(self.misfire_grace_s, int) or self.misfire_grace_s < 1:
-            raise ValueError(f"--misfire-grace-s must be a whole number >= 1, got {self.misfire_grace_s!r}")
+        if not isinstance(self.misfire_grace_s, int) or not 1 <= self.misfire_grace_s <= MAX_MISFIRE_GRACE_S:
+            raise ValueError(f"--misfire-grace-s must be a whole number of seconds from 1 to {MAX_MISFIRE_GRACE_S} "
+                             f"(366 days), got {self.misfire_grace_s!r}")
 
     def runs_of(self, window: Window) -> Window:
         """`window` narrowed to the job's runs (--temperature, --run-kind, --top-p, --top-k, --max-new-tokens,
@@ -269,13 +280,29 @@ def _job_store(engine: Engine) -> SQLAlchemyJobStore:
     return store
 
 
+def _jobs_table_exists(engine: Engine) -> bool:
+    from sqlalchemy import inspect
+
+    return inspect(engine).has_table(JOBS_TABLE)
+
+
 def _persisted(engine: Engine, job_id: str):
     return _job_store(engine).lookup_job(job_id)
 
 
+def job_in_store(engine: Engine, job_id: str) -> bool:
+    """Whether the store's job table holds `job_id` (a running scheduler looks: another started on the store
+    without --keep-other-jobs removes it)."""
+    return _jobs_table_exists(engine) and SQLAlchemyJobStore(engine=engine, tablename=JOBS_TABLE).lookup_job(
+        job_id) is not None
+
+
 def persisted_jobs(engine: Engine) -> list[Job]:
-    """Every job in the store's job table, soonest next run first (paused ones last)."""
-    return _job_store(engine).get_all_jobs()
+    """Every job in the store's job table, soonest next run first (paused ones last); none where no scheduler
+    made the table yet (a listing writes nothing: a read-only store lists too)."""
+    if not _jobs_table_exists(engine):
+        return []
+    return SQLAlchemyJobStore(engine=engine, tablename=JOBS_TABLE).get_all_jobs()
 
 
 def remove_other_jobs(engine: Engine, keep_id: str) -> list[Job]:
@@ -393,6 +420,8 @@ def recover_reports(engine: Engine, job: ReportJob, *, stale_after_s: float | No
             report_id, summary = result.report_id, result.summary
             line = f"report job {job_id}: {window.label()}: an interrupted run's claim released, rewritten as #{report_id}"
         elif job.delivering:
+            if not take_delivery(engine, report_id, now=now):  # another scheduler is delivering it
+                continue
             line = f"report job {job_id}: {window.label()}: report #{report_id} left undelivered, delivering it now"
         else:
             logger.warning("report job %s: report #%d (%s) was never delivered and no delivery is configured now",
@@ -405,12 +434,42 @@ def recover_reports(engine: Engine, job: ReportJob, *, stale_after_s: float | No
     return done
 
 
+def take_delivery(engine: Engine, report_id: int, *, now: datetime | None = None) -> bool:
+    """Take a "pending" report's delivery for this process: its delivery_error becomes a DELIVERY_LEASE in one
+    UPDATE that expects the value read, so of two schedulers recovering it only one gets True. A lease younger
+    than STALE_AFTER_S is another process's delivery under way; an older one, a killed process's, is taken over.
+    `record_delivery` replaces the lease with the outcome."""
+    from sqlalchemy import select, update
+
+    from telemetry.db import Report
+    from telemetry.report_writer import PENDING, STALE_AFTER_S, age_s
+
+    now = now or datetime.now(UTC)
+    with engine.begin() as c:
+        row = c.execute(select(Report.delivery_error).where(Report.id == report_id,
+                                                            Report.delivery_status == PENDING)).first()
+        if row is None:
+            return False
+        held = row[0]
+        if held and held.startswith(DELIVERY_LEASE):
+            try:
+                since = datetime.fromisoformat(held.removeprefix(DELIVERY_LEASE))
+            except ValueError:
+                since = None
+            if since is not None and age_s(since, now) < STALE_AFTER_S:
+                return False
+        same = Report.delivery_error.is_(None) if held is None else Report.delivery_error == held
+        taken = c.execute(update(Report).where(Report.id == report_id, Report.delivery_status == PENDING, same)
+                          .values(delivery_error=f"{DELIVERY_LEASE}{now.isoformat()}"))  # fmt: skip
+    return taken.rowcount == 1
+
+
 def redeliver_failed(engine: Engine, job: ReportJob, *, now: datetime | None = None) -> list[str]:
     """Deliver again the summaries of `job`'s reports whose delivery failed, younger than REDELIVER_FAILED_FOR_S,
     oldest first; one line per report. Nothing is written again. Each is taken by turning "failed" into
-    "pending" in one UPDATE, so of two schedulers on one store only one re-sends it; a run killed meanwhile
-    leaves it "pending", which recover_reports delivers. (That record is older than STALE_AFTER_S, so another
-    scheduler's recover_reports starting while it is being sent could send it too: at worst it arrives twice.)"""
+    "pending" with a DELIVERY_LEASE in one UPDATE, so of two schedulers on one store only one re-sends it, and
+    another's recover_reports leaves it to this one; a run killed meanwhile leaves it "pending", which
+    recover_reports delivers once the lease is older than STALE_AFTER_S."""
     from sqlalchemy import select, update
     from sqlalchemy.orm import Session
 
@@ -431,7 +490,8 @@ def redeliver_failed(engine: Engine, job: ReportJob, *, now: datetime | None = N
             continue
         with engine.begin() as c:
             taken = c.execute(update(Report).where(Report.id == r.id, Report.delivery_status == FAILED)
-                              .values(delivery_status=PENDING))  # fmt: skip
+                              .values(delivery_status=PENDING,
+                                      delivery_error=f"{DELIVERY_LEASE}{now.isoformat()}"))  # fmt: skip
         if taken.rowcount != 1:  # another scheduler took it
             continue
         status = _deliver(engine, job, r.id, r.summary)

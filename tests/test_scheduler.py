@@ -8,6 +8,7 @@ asserts how long anything took.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -279,6 +280,8 @@ def test_cli_persists_the_cron_job_and_keeps_it_on_restart(store, monkeypatch, c
         (["--cron", "0 6 * * *", "--webhook", "http://[::1"], "--webhook is not a valid URL: Invalid IPv6 URL"),
         (["--cron", "0 6 * * *", "--smtp"], "--smtp needs the environment variables SPECFINOPS_SMTP_HOST"),
         (["--cron", "0 6 * * *", "--misfire-grace-s", "soon"], "--misfire-grace-s must be a whole number"),
+        # accepted, it overflowed APScheduler's timedelta at every firing: each run failed with a traceback
+        (["--cron", "0 6 * * *", "--misfire-grace-s", "100000000000000"], "from 1 to 31622400 (366 days)"),
         (["--cron", "0 6 * * *", "--job-id", ""], "--job-id must be 1-128 characters, got ''"),
     ],
 )
@@ -850,7 +853,8 @@ def test_a_bug_in_a_run_still_reaches_apscheduler_with_its_traceback(store, monk
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        (["--misfire-grace-s", "0"], "--misfire-grace-s must be a whole number >= 1, got 0"),
+        (["--misfire-grace-s", "0"],
+         "--misfire-grace-s must be a whole number of seconds from 1 to 31622400 (366 days), got 0"),
         (["--job-id", "j" * 200], "--job-id must be 1-128 characters"),
         (["--job-id", ""], "--job-id must be 1-128 characters"),
         (["--webhook", "http://127.0.0.1:99999/hook"], "--webhook has a bad port"),
@@ -880,3 +884,76 @@ def test_the_missed_periods_command_masks_the_password_and_keeps_every_digit():
                                    "out_dir": "/reports", "daily_tokens": 123456789.0, "temperature": 0.123456789})
     assert "hunter2" not in text and "postgresql+psycopg://ops:***@db:5432/specfinops" in text, text
     assert "--daily-tokens 123456789.0" in text and "--temperature 0.123456789" in text, text
+
+
+def test_of_two_schedulers_recovering_one_undelivered_report_only_one_sends_it(store, failing_hook, monkeypatch):
+    """Two schedulers started together on one store both found the report a killed run left "pending" and both
+    sent it (the receiver got report #3 twice). Each now takes it in one UPDATE first: both read the stale
+    record before either has sent it, and one sends it."""
+    from telemetry import report_writer
+
+    url, engine, out = store
+    hook = failing_hook
+    hook.status = 200
+    job = _job(url, out, webhook_url=hook.url)
+    written = sched_mod._write(engine, job, report_writer_window(job))
+    with engine.begin() as c:  # written, never delivered, an hour ago: what a scheduler killed outright leaves
+        c.execute(text("UPDATE reports SET created_at = :t"), {"t": datetime.now(UTC) - timedelta(hours=1)})
+    seen = report_writer.stale_reports(engine, Report.job_id == job.job_id, (report_writer.PENDING,))
+    assert [r.report_id for r in seen] == [written.report_id]
+    monkeypatch.setattr(report_writer, "stale_reports", lambda *a, **k: seen)  # both read it before either sends
+    first, second = sched_mod.recover_reports(engine, job), sched_mod.recover_reports(engine, job)
+    assert len(first) == 1 and "(delivered)" in first[0] and second == []
+    assert len(hook.bodies) == 1 and json.loads(hook.bodies[0][1])["report_id"] == written.report_id
+    [row] = reports(engine)
+    assert row.delivery_status == "delivered" and row.delivery_error is None
+
+
+def test_a_delivery_under_way_is_left_to_its_scheduler_until_its_lease_is_stale(store):
+    url, engine, out = store
+    job = _job(url, out, webhook_url="http://127.0.0.1:9/hook")
+    written = sched_mod._write(engine, job, report_writer_window(job))
+    now = datetime.now(UTC)
+    assert sched_mod.take_delivery(engine, written.report_id, now=now)
+    assert not sched_mod.take_delivery(engine, written.report_id, now=now + timedelta(minutes=14))  # under way
+    assert sched_mod.take_delivery(engine, written.report_id, now=now + timedelta(minutes=16))  # its process died
+    [row] = reports(engine)
+    assert row.delivery_status == "pending" and row.delivery_error.startswith(sched_mod.DELIVERY_LEASE)
+
+
+def report_writer_window(job):
+    from telemetry.report import period_window
+
+    return period_window(job.period, now=D0 + timedelta(days=1, hours=6))
+
+
+def test_a_scheduler_whose_job_another_removed_stops_and_says_so(store, monkeypatch, capsys):
+    """A second `scheduler` started on the store without --keep-other-jobs removed the first one's job: the first
+    went on running, the second's job in place of its own, and said nothing."""
+    url, engine, out = store
+    monkeypatch.setattr("app.commands.scheduler.WATCH_S", 0.1)
+
+    def second_scheduler_starts():
+        time.sleep(1.0)
+        sched_mod.remove_other_jobs(engine, "report-weekly")
+
+    threading.Thread(target=second_scheduler_starts, daemon=True).start()
+    give_up = threading.Timer(DEADLINE_S, os.kill, (os.getpid(), signal.SIGINT))  # not noticed: Ctrl-C, exit 130
+    give_up.start()
+    try:
+        assert main(["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out), "--job-id", "mine"]) == 1
+    finally:
+        give_up.cancel()
+    err = capsys.readouterr().err
+    assert "job mine is gone from the store's job table" in err and "--keep-other-jobs" in err
+
+
+def test_listing_writes_nothing_and_reads_a_read_only_store(store, capsys):
+    """--list made the job table it read (on a read-only store: "attempt to write a readonly database")."""
+    url, engine, _ = store
+    path = url.removeprefix("sqlite:///")
+    assert main(["scheduler", "--db", f"sqlite:///file:{path}?mode=ro&uri=true", "--list"]) == 0
+    assert capsys.readouterr().out.strip() == "scheduler: no jobs in the store"
+    assert main(["scheduler", "--db", url, "--list"]) == 0
+    with engine.connect() as c:
+        assert not c.execute(text("SELECT name FROM sqlite_master WHERE name = :t"), {"t": JOBS_TABLE}).all()

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 
 from app.commands._common import add_command, add_db_option, sigterm_as_ctrl_c
 from app.commands.report import add_report_options, report_options, unrecorded_names
@@ -55,7 +58,7 @@ def register(sub) -> None:
     p.add_argument("--smtp", action="store_true", help="e-mail each summary (settings: SPECFINOPS_SMTP_* env)")
     p.add_argument("--job-id", metavar="ID", help="job id in the job store (default report-PERIOD)")
     p.add_argument("--misfire-grace-s", metavar="S", default="3600",
-                   help="a run later than this is skipped (default 3600)")  # fmt: skip
+                   help="a run later than this is skipped (1 s to 366 days; default 3600)")  # fmt: skip
     p.add_argument("--keep-other-jobs", action="store_true",
                    help="keep (and run) the store's other persisted jobs; by default they are removed on start")  # fmt: skip
     p.add_argument("--list", action="store_true",
@@ -149,6 +152,43 @@ def _list_jobs(args) -> int:
     for line in failed:
         print(f"  {line}")
     return 0
+
+
+# How often a running scheduler looks that its job is still in the store's job table (`_watch_own_job`)
+WATCH_S = 30.0
+
+
+def _watch_own_job(scheduler, engine, job_id: str, stop: threading.Event, lost: threading.Event) -> None:
+    """Every WATCH_S, until `stop`: is the job still stored? Another `specfinops scheduler` started on the store
+    without --keep-other-jobs removes it, and this one then ran that one's job, none of its own, looking healthy.
+    Gone: `lost` is set and the scheduler stopped (`run` says why and exits 1)."""
+    from telemetry.scheduler import job_in_store
+
+    while not stop.wait(WATCH_S):
+        try:
+            if job_in_store(engine, job_id):
+                continue
+        except Exception:  # noqa: BLE001 - the store out of reach a moment: its runs say so; looked at again later
+            continue
+        lost.set()
+        if scheduler.running:
+            scheduler.shutdown(wait=False)
+        return
+
+
+@contextmanager
+def _signals_held():
+    """Ctrl-C and SIGTERM ignored for the block: the store's connections closing as the scheduler stops (a second
+    Ctrl-C there printed SQLAlchemy's traceback of a KeyboardInterrupt inside a connection's close)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def _finish_runs_in_progress() -> None:
@@ -255,19 +295,31 @@ def run(args) -> int:
         # said once SIGTERM is handled: a SIGTERM sent on reading this line met the default action (exit -15)
         print(f"scheduler: job {job.job_id} {how}: cron {args.cron!r} (UTC), {job.period} reports into {out}; "
               "Ctrl-C or SIGTERM to stop", flush=True)  # fmt: skip
+        stop, lost = threading.Event(), threading.Event()
         try:
             for line in recover_reports(engine, job):  # what a killed run of this job left behind
                 print(f"scheduler: {line}", flush=True)
             for line in redeliver_failed(engine, job):  # deliveries that failed (a receiver that was down)
                 print(f"scheduler: {line}", flush=True)
+            threading.Thread(target=_watch_own_job, args=(scheduler, engine, job.job_id, stop, lost), daemon=True,
+                             name="specfinops-scheduler-watch").start()
             scheduler.start()
+            if lost.is_set():  # another scheduler removed this one's job (`_watch_own_job`)
+                _finish_runs_in_progress()
+                print(f"scheduler: error: job {job.job_id} is gone from the store's job table: another "
+                      "`specfinops scheduler` started on this store without --keep-other-jobs removed it (a "
+                      "scheduler runs every job in its store). Stopped. Run each job with --keep-other-jobs, or "
+                      "each in its own store", file=sys.stderr, flush=True)
+                return 1
         except KeyboardInterrupt:
             if scheduler.running:
                 scheduler.shutdown(wait=False)  # no new run starts
             _finish_runs_in_progress()
             raise
         finally:
+            stop.set()
             if scheduler.running:
                 scheduler.shutdown(wait=False)
-            engine.dispose()
+            with _signals_held():
+                engine.dispose()
     return 0
