@@ -60,9 +60,30 @@ class ModelDrafter:
     needs_features = False
     feature_layers = None
 
-    def __init__(self, model: CausalLM, name: str, *, slots: int, max_len: int, num_layers: int | None = None):
+    def __init__(self, model: CausalLM, name: str, *, slots: int, max_len: int, num_layers: int | None = None,
+                 vocab: int | None = None):
         self.model, self.name, self.num_layers = model, name, num_layers
         self.cache = model.new_cache(slots, max_len, num_layers)
+        self.vocab = vocab  # the target's vocabulary size, where the draft's table is padded to another
+
+    def fit(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft's logits over the target's vocabulary: rows past the target's cut (padding of the draft's
+        larger table), rows past the draft's given no probability. q is then the distribution the drafts are
+        sampled from and the one verification divides by, so the output stays exactly the target's."""
+        have = logits.shape[-1]
+        if self.vocab is None or have == self.vocab:
+            return logits
+        if have > self.vocab:
+            return logits[..., : self.vocab]
+        return torch.nn.functional.pad(logits, (0, self.vocab - have), value=float("-inf"))
+
+    def known(self, tokens: torch.Tensor) -> torch.Tensor:
+        """`tokens` as the draft can read them: an id past its table (a padding row of the target's larger one,
+        which sampling can still emit) is read as id 0; only the draft's guesses after it suffer."""
+        rows = self.model.cfg.vocab_size
+        if self.vocab is None or self.vocab <= rows:
+            return tokens
+        return torch.where(tokens < rows, tokens, torch.zeros_like(tokens))
 
     def prefill(self, seq: Sequence, features: torch.Tensor | None = None) -> None:
         prompt = seq.tokens[: seq.num_prompt]
@@ -80,7 +101,7 @@ class ModelDrafter:
         feed = torch.tensor([p + [0] * (width - len(p)) for p in pending])  # (B, T)
         fb = self._batch(seqs, [s.draft_len for s in seqs], width, self.cache.max_len)
         last = torch.tensor([len(p) - 1 for p in pending])
-        logits = self.model(feed, fb, self.cache, num_layers=self.num_layers, at=last)[:, 0]  # (B, V)
+        logits = self.fit(self.model(self.known(feed), fb, self.cache, num_layers=self.num_layers, at=last)[:, 0])
         # 2) K draft tokens, feeding each one back (the K-th needs no forward)
         loop = _DraftLoop(seqs, ks, greedy, logits.shape[-1], stop_below, stop_rules)
         fed = 0
@@ -89,7 +110,7 @@ class ModelDrafter:
             if not loop.wants(j + 1):
                 break
             fb = self._batch(seqs, [len(s.tokens) + j for s in seqs], 1, self.cache.max_len)
-            logits = self.model(loop.tokens[:, j : j + 1], fb, self.cache, num_layers=self.num_layers)[:, 0]
+            logits = self.fit(self.model(loop.tokens[:, j : j + 1], fb, self.cache, num_layers=self.num_layers)[:, 0])
             fed += 1
         for s in seqs:
             s.draft_len = len(s.tokens) + fed  # what the cache now holds

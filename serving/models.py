@@ -332,14 +332,25 @@ def read_config(model_dir: str | Path) -> dict:
 
 
 def check_same_vocab(target_dir: Path, draft_dir: Path, target_tok=None, draft_tok=None) -> None:
-    """Refuse a target/draft pair whose tokenizers or vocabulary sizes differ."""
+    """Refuse a target/draft pair whose tokenizers differ. Vocabulary sizes may differ where the tokenizer is the
+    same and fits both tables: the larger table's extra rows are padding no token maps to (Qwen2.5-7B's 152,064
+    rows against Qwen2.5-0.5B's 151,936 over one 151,665-token tokenizer), and the draft's distribution is fitted
+    to the target's vocabulary (`ModelDrafter`)."""
     t_cfg = read_config(target_dir)
     d_cfg = read_config(draft_dir)
-    if t_cfg.get("vocab_size") != d_cfg.get("vocab_size"):
-        raise ValueError(
-            f"vocabulary mismatch: target {target_dir} has {t_cfg.get('vocab_size')} tokens, "
-            f"draft {draft_dir} has {d_cfg.get('vocab_size')}; a draft must share the target's tokenizer"
-        )
+    t_size, d_size = t_cfg.get("vocab_size"), d_cfg.get("vocab_size")
+    if t_size != d_size:
+        try:
+            same = model_vocab(target_dir, target_tok) == model_vocab(draft_dir, draft_tok)
+        except Exception:  # noqa: BLE001 - no tokenizer to compare: the sizes decide
+            same = False
+        tokens = max(model_vocab(target_dir, target_tok).values(), default=-1) + 1 if same else None
+        if not same or not all(isinstance(n, int) and n >= tokens for n in (t_size, d_size)):
+            raise ValueError(
+                f"vocabulary mismatch: target {target_dir} has {t_size} tokens, "
+                f"draft {draft_dir} has {d_size}; a draft must share the target's tokenizer"
+            )
+        return
     if model_vocab(target_dir, target_tok) != model_vocab(draft_dir, draft_tok):
         raise ValueError(
             f"vocabulary mismatch: the tokenizers of target {target_dir} and draft {draft_dir} differ; "

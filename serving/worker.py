@@ -230,7 +230,7 @@ def load(spec: EngineSpec) -> Loaded:
             label = f"draft:{draft_dir.name}{'@int8' if quantize_draft(draft) else ''}"
 
             def factory(slots: int, max_len: int):
-                return ModelDrafter(draft, label, slots=slots, max_len=max_len)
+                return ModelDrafter(draft, label, slots=slots, max_len=max_len, vocab=target.cfg.vocab_size)
     elif spec.drafter == "early-exit":
         n = spec.early_exit_layers
         if n >= target.cfg.num_layers:

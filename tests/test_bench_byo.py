@@ -7,7 +7,7 @@ import json
 import pytest
 
 from app.cli import main
-from tests.test_hf_models import hf_dir
+from tests.test_hf_models import VOCAB, hf_dir
 
 
 @pytest.fixture(autouse=True)
@@ -37,6 +37,22 @@ def test_bench_with_a_draft_model_and_no_drafter_runs_that_draft(pair, tmp_path)
     target, draft = pair
     run = _bench_json(tmp_path, "--target", str(target), "--draft-model", str(draft))["runs"][0]
     assert run["drafter"].startswith("draft:draft") and "+ngram" in run["drafter"]  # draft+ngram, as the bundled pair
+
+
+@pytest.mark.parametrize("draft_rows", [VOCAB - 16, VOCAB + 32])
+def test_a_draft_whose_table_is_padded_to_another_size_drafts_exactly(pair, tmp_path, draft_rows):
+    """One tokenizer of 80 tokens over a target table of 96 rows and a draft table of 80 or 128 (padding, as
+    Qwen2.5-7B's and -0.5B's): refused as a vocabulary mismatch. Now the draft's distribution is fitted to the
+    target's vocabulary: greedy spec output is AR's token for token, and sampling runs."""
+    target = hf_dir(tmp_path / "target", seed=0, tokenizer=VOCAB - 16)
+    draft = hf_dir(tmp_path / "draft", seed=1, num_hidden_layers=1, tokenizer=VOCAB - 16, vocab_size=draft_rows)
+    common = ("--target", str(target), "--draft-model", str(draft), "--drafter", "draft", "--k", "3")
+    greedy = _bench_json(tmp_path, *common, "--mode", "both", "--max-new-tokens", "12")
+    spec = [r for r in greedy["runs"] if r["mode"] == "spec"]
+    assert spec and all(r["drafter"].startswith("draft:draft") for r in spec)
+    assert [r["token_identical_rate"] for r in spec] == [1.0] * len(spec), spec
+    sampled = _bench_json(tmp_path, *common, "--temperature", "0.8", "--seed", "3", "--max-new-tokens", "16")
+    assert sampled["runs"][0]["output_tokens"] > 0
 
 
 def test_a_draft_with_fewer_positions_than_the_window_is_refused_naming_max_len(pair, tmp_path, capsys):

@@ -11,9 +11,9 @@ from tokenizers.models import WordLevel
 from serving.models import check_same_vocab, resolve_model
 
 
-def _model_dir(path, vocab: dict[str, int]):
+def _model_dir(path, vocab: dict[str, int], vocab_size: int = 8):
     path.mkdir()
-    (path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 8}))
+    (path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": vocab_size}))
     Tokenizer(WordLevel(vocab, unk_token="<unk>")).save(str(path / "tokenizer.json"))
     return path
 
@@ -25,6 +25,21 @@ def test_same_tokenizer_passes_and_different_one_is_refused(tmp_path):
     other = _model_dir(tmp_path / "other", {"<unk>": 0, "a": 1, "b": 2, "d": 3})
     with pytest.raises(ValueError, match="tokenizers of target .* differ"):
         check_same_vocab(target, other)
+
+
+def test_one_tokenizer_over_tables_padded_to_other_sizes_is_one_vocabulary(tmp_path):
+    """Qwen2.5-7B (152,064 rows) drafted by Qwen2.5-0.5B (151,936) over one tokenizer: refused as a vocabulary
+    mismatch, although the rows past the tokenizer's are padding no token maps to."""
+    words = {"<unk>": 0, "a": 1, "b": 2, "c": 3}
+    target = _model_dir(tmp_path / "t", words, vocab_size=8)
+    check_same_vocab(target, _model_dir(tmp_path / "smaller", dict(words), vocab_size=4))
+    check_same_vocab(target, _model_dir(tmp_path / "larger", dict(words), vocab_size=16))
+    other = _model_dir(tmp_path / "other", {"<unk>": 0, "a": 1, "b": 2, "d": 3}, vocab_size=16)
+    with pytest.raises(ValueError, match="vocabulary mismatch: target .* has 8 tokens, draft .* has 16"):
+        check_same_vocab(target, other)
+    too_small = _model_dir(tmp_path / "too-small", dict(words), vocab_size=3)  # token 'c' has no row
+    with pytest.raises(ValueError, match="vocabulary mismatch: target .* has 8 tokens, draft .* has 3"):
+        check_same_vocab(target, too_small)
 
 
 def test_a_model_directory_is_named_by_its_absolute_path(tmp_path, monkeypatch):
