@@ -11,7 +11,8 @@ the FinOps capacity at SLA can use it. Loopback only: the device recorded is thi
 A worker pauses after a failed request (doubling up to BACKOFF_MAX_S); a level whose requests all fail
 for FAIL_FAST_S (the server gone, or refusing everything) or by its end stops the load test
 (`LoadTestFailed`, the run 'failed'). Stopped by Ctrl-C / SIGTERM, a level cancels its workers before
-the client closes: requests in flight are recorded 'cancelled', none as an error of our own making.
+the client closes: requests in flight are recorded 'cancelled', none as an error of our own making. A request
+that ends cancelled or failed keeps the tokens it made (`_take_counts`): the server counted them in /metrics.
 When the server records into the same store (`SharedStore`), the requests carry the energy its power
 samples give them, shared among the requests in flight at each instant (`ServerPower`).
 """
@@ -221,12 +222,8 @@ async def one_request(client, model: str, res: ClientResult, spec: LoadSpec, mod
                             rec.ttft_ms = chunks[0][0]
         if usage is None:
             raise RuntimeError("the stream ended without usage (stream_options.include_usage)")
-        rec.prompt_tokens = usage.prompt_tokens
-        rec.tokens = token_rows(chunks, usage.completion_tokens)
-        # one token row per counted token; tokens that came without any text (the usage counts them) count, with
-        # no first-token time or token rows: when they were generated the client cannot tell
-        rec.output_tokens = len(rec.tokens) if chunks else usage.completion_tokens
-        _take_speculation_counts(rec, usage)
+        if _usage_counts(usage) is None:
+            raise RuntimeError(f"the stream's usage has no token counts: {usage}")
     except asyncio.CancelledError:
         rec.status, rec.error = "cancelled", "cancelled by the load test"  # run_level says why
         raise
@@ -238,8 +235,31 @@ async def one_request(client, model: str, res: ClientResult, spec: LoadSpec, mod
         res.chunk_times_ms = [t for t, _ in chunks]
         if chunks:
             rec.ttft_ms, rec.e2e_ms = chunks[0][0], chunks[-1][0]
-        if rec.status != "ok":
-            rec.output_tokens, rec.tokens = 0, []
+        _take_counts(rec, chunks, usage)
+
+
+def _take_counts(rec: RequestRecord, chunks: list[tuple[float, int]], usage) -> None:
+    """The request's tokens, whatever way it ended: the usage's counts where the server sent them (`specfinops
+    serve` sends them before the error event of a stream that failed or that it cancelled), else what the client
+    received, one token per content chunk (each carries one at least; a step's tokens come in one chunk). The
+    server generated those tokens whether the request ended ok or not: kept, the store's sums follow /metrics.
+    Without usage (a stream the load test cut, a lost connection) the prompt tokens, the tokens the server made
+    but the client did not receive and the speculation counts cannot be known here: they stay 0."""
+    counts = _usage_counts(usage)
+    num_prompt, num_output = counts if counts is not None else (0, len(chunks))
+    rec.tokens = token_rows(chunks, num_output)
+    # one token row per counted token; tokens that came without any text (the usage counts them) count, with
+    # no first-token time or token rows: when they were generated the client cannot tell
+    rec.output_tokens = len(rec.tokens) if chunks else num_output
+    if counts is not None:
+        rec.prompt_tokens = num_prompt
+        _take_speculation_counts(rec, usage)
+
+
+def _usage_counts(usage) -> tuple[int, int] | None:
+    """(prompt tokens, completion tokens) of a usage object; None without usage, or where they are not counts."""
+    counts = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
+    return counts if all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts) else None
 
 
 def _take_speculation_counts(rec, usage) -> None:
@@ -383,8 +403,7 @@ async def run_level(client, model: str, prompts: list[Prompt], spec: LoadSpec, l
             task.cancel()
         await asyncio.gather(*workers, *helpers, return_exceptions=True)
         for res in list(inflight.values()):  # cancelled above, or by the interrupt: recorded so, by us
-            res.record.status, res.record.error = "cancelled", why
-            res.record.output_tokens, res.record.tokens = 0, []
+            res.record.status, res.record.error = "cancelled", why  # with the tokens it received (one_request)
             done(res)
         inflight.clear()
         t_end = time.perf_counter()  # the load ends here: waiting for power samples below is not its time

@@ -423,10 +423,14 @@ async def _stream(job: Job, state: ServerState) -> AsyncIterator[str]:
             if piece:
                 yield chunk(piece)
         fin = item
+        usage = _sse({"id": job.id, "object": obj, "created": created, "model": state.model_id,
+                      "choices": [], "usage": _usage(fin)})
         if fin.finish_reason in ("error", "cancelled"):
             why = (APIError(500, f"generation failed: {fin.error}", code="generation_failed")
                    if fin.finish_reason == "error" else
                    APIError(503, "the request was cancelled (server shutting down)", code="cancelled"))
+            if job.checked.include_usage:  # what it made before it failed: the error event ends a client's read
+                yield usage
             yield _sse(why.body())
         else:
             tail = text.flush()
@@ -434,8 +438,7 @@ async def _stream(job: Job, state: ServerState) -> AsyncIterator[str]:
                 yield chunk(tail)
             yield chunk(None, _reason(fin))
             if job.checked.include_usage:
-                yield _sse({"id": job.id, "object": obj, "created": created, "model": state.model_id,
-                            "choices": [], "usage": _usage(fin)})
+                yield usage
         yield "data: [DONE]\n\n"
     except Exception as exc:  # noqa: BLE001 - headers are sent: report in the stream, never a traceback
         logger.exception("stream %s failed", job.id)

@@ -164,3 +164,66 @@ def test_a_level_stopped_by_ctrl_c_ends_its_run_cancelled(stop, tmp_path, monkey
     recorder.close()
     with create_engine(db_url).connect() as c:
         assert c.execute(text("select status from runs")).scalars().all() == ["cancelled"]
+
+
+def _metric_sums(url: str) -> dict[str, float]:
+    """The server's /metrics, each sample name summed over its labels (the `*_created` samples left out)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text):
+        for s in family.samples:
+            if not s.name.endswith("_created"):
+                sums[s.name] = sums.get(s.name, 0.0) + s.value
+    return sums
+
+
+@pytest.mark.slow
+def test_a_shared_stores_failed_requests_keep_the_tokens_metrics_counts(tmp_path):
+    """A decode step fails under a load test that shares the server's store: the requests of that batch end
+    'error' after streaming tokens. They were stored with 0 prompt and output tokens and 0 drafts, so the store
+    no longer matched the server's /metrics (docs/serving.md: its sums equal the store's, the store holds each
+    request once). Now the server sends a failed stream's usage before its error event and the load test keeps
+    it; throughput still counts ok requests only."""
+    from serving.server_setup import ServeOptions
+    from serving.worker import EngineSpec
+
+    db_url = f"sqlite:///{tmp_path / 'shared.db'}"
+    live = start_server(ServeOptions(spec=EngineSpec(dtype="bfloat16", k="4", max_batch=2, max_len=512),
+                                     db=db_url, power="none"))
+    try:
+        engine, steps = live.state.loop_engine.engine, [0]
+        real_step = engine.step
+
+        def failing_once():
+            steps[0] += 1
+            if steps[0] == 1:  # the first batch: its requests streamed the token of their prefill
+                raise RuntimeError("injected step failure")
+            return real_step()
+
+        engine.step = failing_once
+        before = _metric_sums(live.url)
+        assert main(["loadtest", "--url", live.url, "--concurrency", "2", "--duration", "3", "--mode", "spec",
+                     "--max-tokens", "8", "--workload", "code", "--db", str(tmp_path / "shared.db")]) == 0
+        live.flush()
+        after = _metric_sums(live.url)
+    finally:
+        stop_server(live)
+    grew = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
+    with create_engine(db_url).connect() as c:
+        rows = c.execute(text(
+            "select r.status, r.prompt_tokens, r.output_tokens, r.num_drafts, r.num_draft_tokens, "
+            "r.num_accepted_tokens, (select count(*) from token_events t where t.request_id = r.id) "
+            "from requests r join runs u on u.id = r.run_id where u.kind = 'loadtest'")).all()
+        serve_requests = c.execute(text("select count(*) from requests r join runs u on u.id = r.run_id "
+                                        "where u.kind = 'serve'")).scalar_one()
+    failed = [r for r in rows if r.status == "error"]
+    assert failed and all(r[2] >= 1 and r[6] == r[2] for r in failed), failed  # streamed tokens, kept
+    assert serve_requests == 0 and grew["specfinops:requests_total"] == len(rows)
+    total = [sum(r[i] for r in rows) for i in range(1, 6)]
+    assert [grew["vllm:prompt_tokens_total"], grew["vllm:generation_tokens_total"],
+            grew["vllm:spec_decode_num_drafts_total"], grew["vllm:spec_decode_num_draft_tokens_total"],
+            grew["vllm:spec_decode_num_accepted_tokens_total"]] == total, (grew, rows)
+    [run] = [s for s in run_summaries(create_engine(db_url)) if s.kind == "loadtest"]
+    assert run.stats.output_tokens == sum(r[2] for r in rows if r.status == "ok")  # ok requests' tokens only

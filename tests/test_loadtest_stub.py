@@ -23,10 +23,12 @@ KEY = "stub-key"
 class Stub:
     """An OpenAI-compatible server on a free loopback port (uvicorn in a thread) whose chat completions
     stream `chunks` chunks `chunk_s` apart, or answer 400 (`refuse`); `card_extra` goes under the model
-    card's "specfinops"."""
+    card's "specfinops". `fail_usage`: the stream fails after its chunks as `specfinops serve`'s does, this
+    usage chunk and then an error event."""
 
     def __init__(self, *, chunks: int = 3, chunk_s: float = 0.02, refuse: bool = False, api_key: str | None = None,
-                 max_model_len: int = 512, card_extra: dict | None = None, content: str = "ab"):
+                 max_model_len: int = 512, card_extra: dict | None = None, content: str = "ab",
+                 fail_usage: dict | None = None):
         import uvicorn
         from starlette.applications import Starlette
         from starlette.responses import JSONResponse, StreamingResponse
@@ -65,6 +67,12 @@ class Stub:
                     await asyncio.sleep(chunk_s)
                     yield sse({**base, "choices": [{"index": 0, "delta": {"content": content},
                                                     "finish_reason": None}]})
+                if fail_usage is not None:
+                    yield sse({**base, "choices": [], "usage": fail_usage})
+                    yield sse({"error": {"message": "generation failed: decode step failed", "param": None,
+                                         "type": "server_error", "code": "generation_failed"}})
+                    yield "data: [DONE]\n\n"
+                    return
                 yield sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
                 yield sse({**base, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": chunks,
                                                             "total_tokens": 5 + chunks}})
@@ -159,7 +167,13 @@ def test_an_interrupted_level_cancels_its_workers_and_records_the_requests_in_fl
     assert took < 3 and left == []  # no worker outlives the load test
     assert rec.runs == {1: "cancelled"}
     assert [r.status for r in rec.requests] == ["cancelled", "cancelled"], [r.error for r in rec.requests]
-    assert all("interrupted" in r.error and r.output_tokens == 0 for r in rec.requests)
+    assert all("interrupted" in r.error for r in rec.requests)
+    # the tokens the server streamed before the cut are kept, one a chunk: they were 0, with no token rows
+    for r in rec.requests:
+        assert r.ttft_ms is not None and r.output_tokens >= 1, r
+        assert [t.position for t in r.tokens] == list(range(r.output_tokens))
+        assert r.tokens[-1].emit_offset_ms == r.e2e_ms
+        assert (r.prompt_tokens, r.num_drafts) == (0, 0)  # no usage came: not known to the client
 
 
 def test_ctrl_c_prints_and_writes_what_ran_marked_interrupted(stub_factory, tmp_path, capsys, monkeypatch):
@@ -492,3 +506,21 @@ def test_the_runs_record_the_device_the_servers_card_names(stub_factory, tmp_pat
                  "--max-tokens", "8", "--workload", "code", "--db", db_url]) == 0, capsys.readouterr().err
     with create_engine(db_url).connect() as c:
         assert c.execute(text("select distinct device from runs")).scalars().all() == [device]
+
+
+def test_a_stream_that_fails_keeps_the_tokens_its_usage_counts(stub_factory, tmp_path, capsys):
+    """A stream that fails after its tokens (the server's usage chunk, then its error event) was stored with 0
+    prompt and output tokens, 0 drafts and no token events, though the server made and counted them (/metrics
+    sums then exceeded the shared store's): the usage's counts and the chunks' token events are kept."""
+    usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12,
+             "specfinops": {"num_drafts": 2, "num_draft_tokens": 8, "num_accepted_tokens": 5}}
+    stub = stub_factory(chunks=3, chunk_s=0.01, fail_usage=usage)
+    db_url = f"sqlite:///{tmp_path / 'failed.db'}"
+    assert main(["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "0.3", "--mode", "spec",
+                 "--max-tokens", "8", "--workload", "code", "--db", db_url]) == 1  # no request ok: the level failed
+    assert "APIError: generation failed" in capsys.readouterr().err
+    with create_engine(db_url).connect() as c:
+        rows = c.execute(text("select r.id, r.status, r.prompt_tokens, r.output_tokens, r.num_drafts, "
+                              "r.num_draft_tokens, r.num_accepted_tokens, count(t.id) from requests r "
+                              "left join token_events t on t.request_id = r.id group by r.id")).all()
+    assert rows and all(tuple(r[1:]) == ("error", 5, 7, 2, 8, 5, 7) for r in rows), rows

@@ -286,3 +286,33 @@ def test_the_first_token_goes_out_at_prefill_not_after_the_next_step():
     first, rest, fin = asyncio.run(main())
     assert isinstance(first, list) and len(first) == 1
     assert fin.num_output == 1 + len(rest)
+
+
+@pytest.mark.parametrize("reason", ["error", "cancelled"])
+def test_a_stream_that_fails_sends_its_usage_before_the_error_event(reason):
+    """A streamed request that failed, or that the server cancelled, ended with the error event alone: a client
+    asking for usage (a load test recording into the server's store) never learnt the tokens the server had made
+    and counted in /metrics. Its usage chunk, with the speculation counts, now comes before the error event."""
+    import json
+    from types import SimpleNamespace
+
+    from serving.server import _stream
+
+    async def events(include_usage: bool) -> list:
+        loop = asyncio.get_running_loop()
+        c = Checked("chat", [1, 5, 7, 9], SamplingParams(max_new_tokens=8), True, True, include_usage)
+        job = Job("job-0", c, 0.0, datetime.now(UTC), loop)
+        for item in ([3, 4], [5], Finished(reason, 4, 3, "decode step failed: boom", 1, 3, 2)):
+            job.out.put_nowait(item)
+        state = SimpleNamespace(decode=lambda ids: "x" * len(ids), model_id="m", loop_engine=None)
+        return [line[6:] async for line in _stream(job, state) for line in line.splitlines() if line]
+
+    with_usage = asyncio.run(events(True))
+    assert with_usage[-1] == "[DONE]" and "error" in json.loads(with_usage[-2]), with_usage
+    usage = json.loads(with_usage[-3])
+    assert usage["choices"] == [] and usage["usage"] == {
+        "prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7,
+        "specfinops": {"num_drafts": 1, "num_draft_tokens": 3, "num_accepted_tokens": 2}}, with_usage
+    without = asyncio.run(events(False))  # none asked for: none sent, as for a stream that ends well
+    assert without[-1] == "[DONE]" and "error" in json.loads(without[-2])
+    assert not any('"usage"' in e for e in without), without
