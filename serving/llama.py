@@ -58,6 +58,9 @@ class ModelConfig:
     rms_eps: float = 1e-5
     rope_theta: float = 10_000.0
     max_position: int = 2048
+    # the config.json field that set max_position: errors about the context name it, since a sliding_window
+    # shorter than max_position_embeddings is the limit then and no other setting lifts it
+    max_position_source: str = "max_position_embeddings"
     tie_embeddings: bool = False
     attention_bias: bool = False  # Qwen2 has biases on q, k, v
     model_type: str = "llama"
@@ -92,13 +95,13 @@ class ModelConfig:
         if act not in SUPPORTED_ACTIVATIONS:
             raise ValueError(f"{where}hidden_act {act!r} in config.json is not supported by the torch engine "
                              "(its MLP is SiLU-gated: hidden_act 'silu')")
-        max_position = cfg.get("max_position_embeddings", 2048)
+        max_position, source = cfg.get("max_position_embeddings", 2048), "max_position_embeddings"
         window = sliding_window(cfg)
         if window is not None and window < max_position:
             # The torch engine attends to the whole context. Up to `window` tokens that is exactly what sliding
             # attention computes (no key is yet out of the window), so the usable context is capped there:
             # prompts longer are refused and answers end at it, rather than run differently past it.
-            max_position = window
+            max_position, source = window, "sliding_window"
         theta = rope.get("rope_theta", cfg.get("rope_theta", 10_000.0))
         missing = [k for k in REQUIRED_FIELDS if cfg.get(k) is None]
         if missing:
@@ -115,6 +118,7 @@ class ModelConfig:
             rms_eps=cfg.get("rms_norm_eps", 1e-5),
             rope_theta=float(theta),
             max_position=max_position,
+            max_position_source=source,
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
             model_type=model_type,

@@ -110,8 +110,8 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None, source=None) -
         raise
     positions = loaded.target.cfg.max_position
     if opts.spec.max_len > positions:  # the engine keeps the lesser: said, as the model card's max_model_len shows
-        logger.warning("context window: the target's %d positions (max_position_embeddings; --max-len %d is more)",
-                       positions, opts.spec.max_len)
+        logger.warning("context window: the target's %d positions (%s; --max-len %d is more)",
+                       positions, loaded.target.cfg.max_position_source, opts.spec.max_len)
     model_id = opts.served_model_name or loaded.target_dir.name
     recorder, infos, store, client_key = None, None, None, None
     try:

@@ -240,6 +240,21 @@ def test_a_prompt_past_the_targets_positions_names_the_workload_and_the_window(t
     assert not db.exists()
 
 
+def test_a_prompt_past_the_targets_sliding_window_names_the_window_not_max_len(tmp_path, capsys):
+    """A sliding_window shorter than max_position_embeddings sets the target's context: the error said
+    'max_position_embeddings' and 'raise --max-len', though --max-len was already larger and cannot lift it."""
+    windowed = hf_dir(tmp_path / "windowed", "mistral", sliding_window=24)
+    work = tmp_path / "long.jsonl"
+    work.write_text(json.dumps({"id": "long-one", "domain": "d", "prompt": " ".join(["w5"] * 30)}) + "\n")
+    rc = main(["bench", "--target", str(windowed), "--drafter", "ngram", "--workload", str(work), "--dtype",
+               "float32", "--power", "none", "--max-len", "512", "--max-new-tokens", "4", "--no-telemetry",
+               "--mode", "ar"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2
+    assert "prompt long-one is 30 tokens" in err and "the target's 24 positions (sliding_window; --max-len 512" in err, err
+    assert "max_position_embeddings" not in err and "raise --max-len" not in err, err
+
+
 def test_a_store_path_that_cannot_be_made_is_named_under_db(target, no_model, capsys):
     """'[Errno 2] No such file or directory: '/proc/x'' did not say which option named it."""
     assert main(_tiny_bench(target, "--db", "/proc/no-such-dir/s.db")) == 2

@@ -100,6 +100,20 @@ def test_a_window_shorter_than_the_context_caps_the_context_at_the_window(kind, 
     assert len(seq.tokens) <= 24
 
 
+@pytest.mark.parametrize(("overrides", "positions", "source"), [
+    ({"sliding_window": 24}, 24, "sliding_window"),
+    ({"sliding_window": 4096}, 128, "max_position_embeddings"),  # a window past the positions limits nothing
+    ({"sliding_window": None}, 128, "max_position_embeddings"),
+])
+def test_the_config_records_which_field_sets_the_context(overrides, positions, source):
+    """Errors about the context name the field that limits it: a sliding_window shorter than
+    max_position_embeddings is the limit (and no --max-len lifts it)."""
+    from serving.llama import ModelConfig
+
+    cfg = ModelConfig.from_hf({**TINY_HF, "model_type": "mistral", "hidden_act": "silu", **overrides})
+    assert (cfg.max_position, cfg.max_position_source) == (positions, source)
+
+
 def test_an_unsupported_model_type_names_the_directory(tmp_path):
     path = hf_dir(tmp_path / "model", tokenizer=False)
     cfg = json.loads((path / "config.json").read_text())

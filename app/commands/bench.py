@@ -323,8 +323,8 @@ def _handle(args: argparse.Namespace) -> int:
 def check_prompts_fit(args, target_dir, prompts) -> list[list[int]]:
     """Every prompt fits --max-len, checked with the target's tokenizer alone (it loads in a moment) before the
     models load: a prompt longer than the window was said only after the target had loaded. Returns the prompts'
-    token ids, which the run then uses. The target's own positions (max_position_embeddings), which may be fewer,
-    are checked once it has loaded."""
+    token ids, which the run then uses. The target's own positions (max_position_embeddings, or a shorter
+    sliding_window), which may be fewer, are checked once it has loaded."""
     from serving.models import load_tokenizer, resolve_model
     from serving.worker import encode_prompt
 
@@ -337,6 +337,16 @@ def check_prompts_fit(args, target_dir, prompts) -> list[list[int]]:
                              f"longer than the context window ({args.max_len} tokens); "
                              "drop it or raise --max-len")
     return encoded
+
+
+def context_window(max_len: int, cfg) -> tuple[int, str]:
+    """The engine's context (the lesser of --max-len and the target's positions) and what sets it, in words: the
+    config.json field that limits the target (max_position_embeddings, or a shorter sliding_window) where that
+    is the lesser."""
+    if max_len < cfg.max_position:
+        return max_len, f"--max-len {max_len}"
+    more = f"; --max-len {max_len} is more" if max_len > cfg.max_position else ""
+    return cfg.max_position, f"the target's {cfg.max_position} positions ({cfg.max_position_source}{more})"
 
 
 def _load_and_check(args, spec, prompts, encoded, params, gate, chosen: bool, levels: list[int]):
@@ -357,13 +367,13 @@ def _load_and_check(args, spec, prompts, encoded, params, gate, chosen: bool, le
     if gate is not None:
         loaded.spec.spec_max_batch = resolve_spec_max_batch(gate, args.db, loaded)
     # the engine's context: --max-len, or the target's positions where it has fewer (the engine keeps the lesser)
-    ctx = min(spec.max_len, loaded.target.cfg.max_position)
-    window = (f"--max-len {ctx}" if ctx == spec.max_len
-              else f"the target's {ctx} positions (max_position_embeddings; --max-len {spec.max_len} is more)")
+    ctx, window = context_window(spec.max_len, loaded.target.cfg)
+    advice = ("drop it or raise --max-len" if ctx < loaded.target.cfg.max_position
+              else "drop it (the target holds no more positions, whatever --max-len)")
     for p, ids in zip(prompts, encoded, strict=True):
         if len(ids) >= ctx - 1:
             raise ValueError(f"--workload {args.workload}: prompt {p.id} is {len(ids)} tokens, longer than the "
-                             f"context window ({window}); drop it or raise --max-len")
+                             f"context window ({window}); {advice}")
     # the prompt and its answer share ctx - 1 positions: a longer answer is cut there, finish reason 'length'
     capped = [len(ids) for ids in encoded if len(ids) + params.max_new_tokens > ctx - 1]
     if capped:
