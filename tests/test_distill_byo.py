@@ -286,6 +286,9 @@ def _damaged(corpus: Path, dest: Path, how: str) -> tuple[Path, str]:
     if how == "meta binary":
         (dest / "meta.json").write_bytes(bytes(range(128, 256)))
         return dest, "meta.json"
+    if how == "sequences binary":
+        (dest / "sequences.jsonl").write_bytes(bytes(range(248, 256)) * 4)
+        return dest, "sequences.jsonl"
     if how == "sequences not json":
         (dest / "sequences.jsonl").write_text('{"id": "t0", "offset": 0, "len\n')
         return dest, "sequences.jsonl"
@@ -296,7 +299,7 @@ def _damaged(corpus: Path, dest: Path, how: str) -> tuple[Path, str]:
 
 
 @pytest.mark.parametrize("how", ["meta not json", "meta empty object", "meta binary", "sequences not json",
-                                 "truncated feats.bin", "truncated tokens.bin", "truncated topk_probs.bin"])
+                                 "sequences binary", "truncated feats.bin", "truncated tokens.bin", "truncated topk_probs.bin"])
 def test_damaged_prepared_data_is_one_line_naming_the_file_and_how_to_make_it_again(how, byo, tmp_path, capsys):
     from app.cli import main
     from serving.distill.data import load_prepared
@@ -310,6 +313,22 @@ def test_damaged_prepared_data_is_one_line_naming_the_file_and_how_to_make_it_ag
     line = _one_error_line(capsys)
     assert str(data / name) in line and "damaged" in line and "prepare it again" in line
     assert not (tmp_path / "d").exists()
+
+
+def test_unfinished_data_whose_index_is_not_text_is_one_line_naming_it(tmp_path, cache, capsys):
+    """Generation goes on from the sequences an interrupted run listed in sequences.jsonl: one that is not UTF-8
+    text gave "'utf-8' codec can't decode byte 0xf8", naming neither the file nor what to do."""
+    from app.cli import main
+
+    target_dir = _target(tmp_path / "target", 1)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "sequences.jsonl").write_bytes(bytes(range(248, 256)) * 4)  # no meta.json: unfinished
+    assert main(_distill(["--target", str(target_dir), "--generate-prompts", "2", "--max-new-tokens", "3",
+                          "--data-dir", str(data), "--out", str(tmp_path / "d")], tmp_path)) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]  # after the line saying what is being made
+    assert line.startswith("specfinops distill: error: ")
+    assert str(data / "sequences.jsonl") in line and "damaged" in line and "prepare it again" in line, line
 
 
 def test_the_card_says_whether_training_saw_the_evaluation_prompts(byo, tmp_path, capsys):

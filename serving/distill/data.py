@@ -346,10 +346,12 @@ def written_answers(target_dir: str | Path, items: list[dict]) -> list[dict]:
 
 
 def read_jsonl(path: Path) -> list[dict]:
+    """The records of a sequences.jsonl being written (lines cut by an interruption left out). ValueError naming
+    the file when it is not text (another file in its place)."""
     if not path.is_file():
         return []
     out = []
-    for line in path.read_text().splitlines():
+    for line in _read_text(path).splitlines():
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
@@ -465,11 +467,21 @@ def read_meta(path: str | Path) -> dict:
     return meta
 
 
+def _read_text(f: Path) -> str:
+    """A prepared directory's text file; ValueError naming it (and how to make the data again) when it is not
+    UTF-8 text."""
+    try:
+        return f.read_text()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{f} is not UTF-8 text ({exc.reason} at byte {exc.start}): the prepared data in {f.parent} "
+                         f"is damaged; {REPREPARE}") from None
+
+
 def _read_sequences(path: Path, num_tokens: int) -> list[dict]:
     """sequences.jsonl, each line checked to lie within the arrays' `num_tokens` rows."""
     f = path / "sequences.jsonl"
     seqs = []
-    for n, line in enumerate(f.read_text().splitlines(), 1):
+    for n, line in enumerate(_read_text(f).splitlines(), 1):
         if not line.strip():
             continue
         try:
