@@ -728,3 +728,97 @@ def test_a_draft_of_a_target_with_rope_scaling_rotates_as_its_target_does(tmp_pa
     plain = load_eagle(tmp_path / "draft", target, torch.float32)
     assert plain.cfg.rope_scaling is None
     assert (plain.rope_cos - target.rope_cos).abs().max() > 0.1
+
+
+# ------------------------------------------------------------------ a target with a short context
+def _words(n: int) -> str:
+    return " ".join(f"w{3 + i % 90}" for i in range(n))  # n tokens with the tiny word-level tokenizer
+
+
+def _short_target(root: Path, **config) -> Path:
+    """A tiny transformers-made target of 16 positions (or as `config` says) with a whitespace word tokenizer."""
+    from tests.test_hf_models import hf_dir
+
+    return hf_dir(root / "short", **{"max_position_embeddings": 16, **config})
+
+
+def test_generated_data_leaves_out_prompts_past_the_context_and_ends_answers_there(tmp_path):
+    """A prompt plus --max-new-tokens longer than the target's positions crashed with a raw IndexError (the
+    rope table's end) and left an empty data folder: a prompt that leaves no room for an answer is left out
+    and counted, and an answer that reaches the context ends there, as serving ends it."""
+    from serving.distill.data import load_prepared, prepare
+
+    target = _short_target(tmp_path)
+    prompts = [{"id": i, "domain": "code", "prompt": _words(n)} for i, n in (("a", 5), ("b", 12), ("c", 20))]
+    said: list[str] = []
+    prepare(target, prompts, tmp_path / "data", max_new_tokens=8, batch=2, topk=4, progress=False,
+            say=said.append)
+    prep = load_prepared(tmp_path / "data")
+    assert sorted(s["id"] for s in prep.seqs) == ["a", "b"]
+    assert (prep.meta["prompts"], prep.meta["prompts_past_context"]) == (2, 1)
+    assert any("left out 1 of 3 prompts" in line and "(16 positions, its max_position_embeddings)" in line
+               for line in said), said
+    for s in prep.seqs:
+        assert s["length"] <= 16 and s["length"] > s["num_prompt"], s
+        ended_by_eos = int(prep.tokens[s["offset"] + s["length"] - 1]) == 1
+        assert ended_by_eos or s["length"] == min(16, s["num_prompt"] + 8), s
+
+
+def test_written_answers_past_the_context_are_cut_there(tmp_path):
+    """The teacher pass (--stdlib-code) read prompt and answer whole, past the target's positions."""
+    from serving.distill.data import load_prepared, prepare
+
+    target = _short_target(tmp_path)
+    items = [{"id": "fits", "domain": "code", "prompt": _words(5), "answer": _words(20)},
+             {"id": "too-long", "domain": "code", "prompt": _words(16), "answer": _words(3)}]
+    said: list[str] = []
+    prepare(target, items, tmp_path / "data", topk=4, progress=False, say=said.append)
+    prep = load_prepared(tmp_path / "data")
+    assert [(s["id"], s["num_prompt"], s["length"]) for s in prep.seqs] == [("fits", 5, 16)]
+    assert (prep.meta["prompts"], prep.meta["prompts_past_context"]) == (1, 1)
+    assert any("left out 1 of 2 prompts" in line for line in said), said
+
+
+@pytest.mark.parametrize(("config", "source"), [({}, "max_position_embeddings"),
+                                                ({"sliding_window": 16, "max_position_embeddings": 128},
+                                                 "sliding_window")])
+def test_data_none_of_whose_prompts_fit_is_refused_before_a_folder_is_made(config, source, tmp_path):
+    from serving.distill.data import prepare
+    from tests.test_hf_models import hf_dir
+
+    target = hf_dir(tmp_path / "short", "mistral", **{"max_position_embeddings": 16, **config})
+    for items in ([{"id": "p", "domain": "code", "prompt": _words(16)}],
+                  [{"id": "p", "domain": "code", "prompt": _words(20), "answer": _words(3)}]):
+        with pytest.raises(ValueError, match=f"none of the 1 prompts fits the target's context \\(16 positions, its "
+                                             f"{source}\\)"):
+            prepare(target, items, tmp_path / "data", max_new_tokens=4, topk=4, progress=False)
+        assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("data", [["--generate-prompts", "2"], ["--stdlib-code", "2"]])
+def test_distill_on_a_target_too_short_for_its_prompts_is_one_line_and_leaves_no_data_folder(data, tmp_path, cache,
+                                                                                              capsys):
+    from app.cli import main
+
+    target = _short_target(tmp_path, max_position_embeddings=5)  # the templated and code prompts are longer
+    assert main(_distill(["--target", str(target), *data, "--max-new-tokens", "8", "--out", str(tmp_path / "d")],
+                         tmp_path)) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("specfinops distill: error: none of the 2 prompts fits the target's context (5 positions"), line
+    assert not list(cache.glob("*")) and not (tmp_path / "d").exists()
+
+
+def test_distill_with_evaluation_on_a_target_too_short_for_every_evaluation_prompt_refuses_before_any_work(
+        tmp_path, cache, capsys):
+    """Alpha is measured after training: a target too short for every evaluation prompt failed only then."""
+    from app.cli import main
+
+    target = _short_target(tmp_path, max_position_embeddings=5)  # the shortest evaluation prompt is 5 tokens
+    capsys.readouterr()  # what making it printed
+    argv = [a for a in _distill(["--target", str(target), "--generate-prompts", "2", "--out", str(tmp_path / "d")],
+                                tmp_path) if a != "--no-eval"]
+    assert main(argv) == 2
+    line = _one_error_line(capsys)
+    assert "none of the builtin evaluation prompts fits the target's context (5 positions" in line, line
+    assert "add --no-eval" in line
+    assert not cache.exists() or not list(cache.glob("*"))

@@ -112,3 +112,19 @@ def test_distill_records_and_checks_self_prompts(tmp_path, capsys):
     assert "--self-prompts 40" in command_line(args)
     assert main(["distill", "--out", str(tmp_path), "--self-prompts", "-2"]) == 2
     assert "--self-prompts" in capsys.readouterr().err
+
+
+def test_a_target_too_short_for_a_question_after_the_prefix_is_refused_before_it_loads(tmp_path):
+    """The questions were sampled past the target's positions: a raw IndexError at the rope table's end."""
+    import json
+
+    from serving.distill.selfprompts import self_prompts
+    from tests.test_hf_models import hf_dir
+
+    target_dir = hf_dir(tmp_path / "short", max_position_embeddings=8)
+    config = json.loads((target_dir / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} |{% endfor %}"
+    (target_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"the target's context \(8 positions, its max_position_embeddings\) leaves "
+                                         r"no room for a question after the \d+-token chat prefix"):
+        self_prompts(target_dir, 2, progress=False)

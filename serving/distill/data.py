@@ -148,6 +148,36 @@ def encode_prompt(tokenizer, item: dict) -> list[int]:
     return tokenizer.encode(messages[-1]["content"])
 
 
+def target_context(target_dir: str | Path) -> tuple[int, str]:
+    """The positions a target holds and the config.json field that sets them (max_position_embeddings, or a
+    shorter sliding_window), read from its config alone."""
+    from serving.llama import ModelConfig
+    from serving.models import read_config
+
+    cfg = ModelConfig.from_hf(read_config(Path(target_dir)), source=target_dir)
+    return cfg.max_position, cfg.max_position_source
+
+
+def fitting(encoded: list[tuple[dict, list[int]]], context: tuple[int, str],
+            say: Callable[[str], None] = _say_nothing) -> list[tuple[dict, list[int]]]:
+    """The (item, prompt ids) pairs whose prompt leaves room for an answer in the target's `context` (positions,
+    the field that sets them); the others are left out and counted in a line to `say`. A draft serves only
+    prompts that fit the target, so the rest teach it nothing, and answers running past the context end there,
+    as serving ends them. ValueError when no prompt fits (nothing to distill from)."""
+    positions, source = context
+    kept = [(item, ids) for item, ids in encoded if len(ids) < positions]
+    if encoded and not kept:
+        shortest = min(len(ids) for _, ids in encoded)
+        raise ValueError(f"none of the {len(encoded)} prompts fits the target's context ({positions} positions, its "
+                         f"{source}): the shortest is {shortest} tokens and leaves no room for an answer; give prompts "
+                         f"of fewer than {positions} tokens (--corpus data made from them) or a target with a longer "
+                         "context")
+    if len(kept) < len(encoded):
+        say(f"left out {len(encoded) - len(kept)} of {len(encoded)} prompts of {positions} tokens or more: they leave "
+            f"no room for an answer in the target's context ({positions} positions, its {source})")
+    return kept
+
+
 def _row_bytes(hidden: int, topk: int) -> dict[str, int]:
     return {"tokens.bin": 4, "feats.bin": 2 * hidden, "topk_ids.bin": 4 * topk, "topk_probs.bin": 2 * topk}
 
@@ -190,8 +220,11 @@ def generate_prepared(target_dir: str | Path, prompts: list[dict], out_dir: Path
 
     device = torch.device(device)
     tok = load_tokenizer(Path(target_dir))
-    target = load_target_on(target_dir, dtype, device)
     encoded = [(item, encode_prompt(tok, item)) for item in prompts]
+    encoded = fitting(encoded, target_context(target_dir), say)  # refused before the target loads or a file is made
+    if len(encoded) < len(prompts):  # meta.json's "prompts" counts those generated from
+        extra_meta = {**(extra_meta or {}), "prompts_past_context": len(prompts) - len(encoded)}
+    target = load_target_on(target_dir, dtype, device)
     with torch.device(device):  # the caches, feeds and batch indices are made where the target runs
         return record_generation(target, encoded, out_dir, eos=tok.eos_token_id, max_new_tokens=max_new_tokens,
                                  batch=batch, topk=topk, max_prompt=max_prompt, progress=progress, say=say,
@@ -236,7 +269,11 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
     queue = deque(shortest_first([(item, ids) for item, ids in encoded if item["id"] not in done]))
     progress_path = out_dir / "progress.json"  # generation seconds spent so far, across resumed runs
     prior_s = json.loads(progress_path.read_text())["seconds"] if progress_path.is_file() and index else 0.0
-    skipped = 0
+    skipped, capped = 0, 0
+    # a sequence's every position is fed to the target, the last answer token too: it ends at the target's context
+    # (an answer cut there, as serving cuts it), and a prompt must leave room for one answer token
+    positions = target.cfg.max_position
+    longest_prompt = min(max_prompt, positions - 1)
     cache = target.new_cache(batch, max_prompt + max_new_tokens + 1)
     free = list(range(batch - 1, -1, -1))
     live: dict[int, dict] = {}
@@ -247,6 +284,7 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
 
     def record(slot: int, hidden: torch.Tensor, tp: torch.Tensor, ti: torch.Tensor) -> None:
         """Keep one forward's rows (T, .) of a sequence; append its next (greedy) token or finish it."""
+        nonlocal capped
         st = live[slot]
         st["feats"].append(hidden)  # bf16, on the host (to_host)
         st["ti"].append(ti)
@@ -257,6 +295,9 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
         nxt = int(ti[-1, 0])
         st["tokens"].append(nxt)  # the pending token: fed (and given its feature) by the next step
         st["ending"] = nxt == eos or len(st["tokens"]) - st["num_prompt"] >= max_new_tokens
+        if not st["ending"] and len(st["tokens"]) >= positions:
+            st["ending"] = True
+            capped += 1
 
     def finish(slot: int) -> None:
         nonlocal offset, ntok
@@ -292,7 +333,7 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
             ended[0] += 1
 
         while queue or live:
-            for slots, group in admit(queue, free, live, batch, prefill_tokens, lambda ids: 0 < len(ids) <= max_prompt,
+            for slots, group in admit(queue, free, live, batch, prefill_tokens, lambda ids: 0 < len(ids) <= longest_prompt,
                                       skip):
                 for slot, (item, ids) in zip(slots, group, strict=True):
                     live[slot] = {"item": item, "tokens": list(ids), "num_prompt": len(ids), "feats": [], "ti": [],
@@ -321,7 +362,8 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
         idx_fh.close()
     elapsed = time.perf_counter() - t0
     say(f"generated {ntok} answer tokens for {len(encoded) - len(done) - skipped} prompts in {elapsed:.0f} s"
-        + (f" ({skipped} prompts longer than {max_prompt} tokens skipped)" if skipped else ""))
+        + (f" ({skipped} prompts longer than {longest_prompt} tokens skipped)" if skipped else "")
+        + (f"; {capped} answers stopped at the target's context ({positions} positions)" if capped else ""))
     return _write_meta(out_dir, target, topk, read_jsonl(index_path), {
         "prompts": len(encoded), "max_new_tokens": max_new_tokens,
         "compute_dtype": str(target.lm_head.weight.dtype).replace("torch.", ""),
@@ -567,9 +609,18 @@ def prepare(target_dir: str | Path, prompts: list[dict], out_dir: str | Path, *,
                                  topk=topk, progress=progress, say=say, extra_meta=extra_meta, dtype=dtype,
                                  feature_layers=feature_layers, device=device)
     answers = written_answers(target_dir, written)
+    positions, _ = context = target_context(target_dir)
+    kept = {item["id"] for item, _ in fitting([(a, a["prompt_ids"]) for a in answers], context, say)}
+    if len(kept) < len(answers):
+        extra_meta = {**(extra_meta or {}), "prompts_past_context": len(answers) - len(kept)}
+    answers = [a for a in answers if a["id"] in kept]
+    cut = sum(len(a["prompt_ids"]) + len(a["output_ids"]) > positions for a in answers)
+    if cut:  # teacher-forced up to the context, as far as the target reads
+        answers = [{**a, "output_ids": a["output_ids"][: positions - len(a["prompt_ids"])]} for a in answers]
+        say(f"{cut} answers cut at the target's context ({positions} positions)")
     device = torch.device(device)
     with torch.inference_mode(), torch.device(device):
         target = load_target_on(target_dir, dtype, device)
         return teacher_pass(target, answers, out_dir, topk=topk, progress=progress, feature_layers=feature_layers,
-                            extra_meta={"prompts": len(prompts), "compute_dtype": str(dtype).replace("torch.", ""),
+                            extra_meta={"prompts": len(answers), "compute_dtype": str(dtype).replace("torch.", ""),
                                         **(extra_meta or {})})

@@ -663,6 +663,13 @@ def run(args) -> int:
                                     num_layers=args.layers, feature_layers=draft_layers)
     except RuntimeError as exc:  # the target's blocks do not load into the draft's
         raise ValueError(f"cannot start a draft from target {target_dir}: {str(exc).strip().splitlines()[-1]}") from None
+    if not args.no_eval:  # measured after training: a target too short for every evaluation prompt is said now
+        positions = target.cfg.max_position
+        shortest = min(map(len, evaluation_prompt_ids(tok)))
+        if shortest >= positions:
+            raise UsageError(f"none of the builtin evaluation prompts fits the target's context ({positions} positions, "
+                             f"its {target.cfg.max_position_source}; the shortest is {shortest} tokens): alpha cannot "
+                             "be measured on this target; add --no-eval")
     if any(getattr(args, n, 0) for n in ("generate_prompts", "stdlib_prompts", "package_prompts", "self_prompts",
                                          "stdlib_code")):
         target = None  # generating loads its own copy (in --dtype); this one is loaded again for training

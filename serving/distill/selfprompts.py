@@ -118,7 +118,7 @@ def self_prompts(target_dir: str | Path, n: int, *, seed: int = 0, dtype: torch.
 
     from serving.models import load_tokenizer
 
-    from .data import load_target_on, prefill_budget
+    from .data import load_target_on, prefill_budget, target_context
     from .prompts import _evaluation_texts
 
     if n < 1:
@@ -126,6 +126,16 @@ def self_prompts(target_dir: str | Path, n: int, *, seed: int = 0, dtype: torch.
     tok = load_tokenizer(Path(target_dir))
     before, after = pre_query(tok, system)
     stops = stop_ids(tok, after)
+    # a question is sampled after its prefix, within the target's positions (its rope table ends there)
+    positions, source = target_context(target_dir)
+    longest = max(len(tok.encode(before + o, add_special_tokens=False)) for o in openers)
+    if longest >= positions:
+        raise ValueError(f"the target's context ({positions} positions, its {source}) leaves no room for a question "
+                         f"after the {longest}-token chat prefix the target writes it after; give prompts of your own "
+                         "(--generate-prompts, --stdlib-prompts, --corpus) instead of --self-prompts")
+    room = (f", all the target's context ({positions} positions, its {source}) leaves after the prefix"
+            if positions - longest < max_tokens else "")
+    max_tokens = min(max_tokens, positions - longest)
     device = torch.device(device)
     target = load_target_on(target_dir, dtype, device)  # sampling only: no gradients
     rng = random.Random(seed)
@@ -156,6 +166,6 @@ def self_prompts(target_dir: str | Path, n: int, *, seed: int = 0, dtype: torch.
         if not got and rounds >= 3:
             bar.close()
             raise ValueError(f"the target wrote no usable request in {rounds} rounds of {want} (none ended within "
-                             f"{max_tokens} tokens): it may not follow its chat template")
+                             f"{max_tokens} tokens{room}): it may not follow its chat template")
     bar.close()
     return items
