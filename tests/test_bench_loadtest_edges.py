@@ -251,7 +251,8 @@ def test_a_prompt_past_the_targets_sliding_window_names_the_window_not_max_len(t
                "--mode", "ar"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert rc == 2
-    assert "prompt long-one is 30 tokens" in err and "the target's 24 positions (sliding_window; --max-len 512" in err, err
+    assert "prompt long-one is 30 tokens" in err, err
+    assert "the target's 24 positions (sliding_window; --max-len 512" in err, err
     assert "max_position_embeddings" not in err and "raise --max-len" not in err, err
 
 

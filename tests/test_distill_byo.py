@@ -299,7 +299,8 @@ def _damaged(corpus: Path, dest: Path, how: str) -> tuple[Path, str]:
 
 
 @pytest.mark.parametrize("how", ["meta not json", "meta empty object", "meta binary", "sequences not json",
-                                 "sequences binary", "truncated feats.bin", "truncated tokens.bin", "truncated topk_probs.bin"])
+                                 "sequences binary", "truncated feats.bin", "truncated tokens.bin",
+                                 "truncated topk_probs.bin"])
 def test_damaged_prepared_data_is_one_line_naming_the_file_and_how_to_make_it_again(how, byo, tmp_path, capsys):
     from app.cli import main
     from serving.distill.data import load_prepared
@@ -804,7 +805,8 @@ def test_distill_on_a_target_too_short_for_its_prompts_is_one_line_and_leaves_no
     assert main(_distill(["--target", str(target), *data, "--max-new-tokens", "8", "--out", str(tmp_path / "d")],
                          tmp_path)) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith("specfinops distill: error: none of the 2 prompts fits the target's context (5 positions"), line
+    assert line.startswith("specfinops distill: error: none of the 2 prompts fits the target's context "
+                           "(5 positions"), line
     assert not list(cache.glob("*")) and not (tmp_path / "d").exists()
 
 

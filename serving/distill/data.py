@@ -333,8 +333,8 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
             ended[0] += 1
 
         while queue or live:
-            for slots, group in admit(queue, free, live, batch, prefill_tokens, lambda ids: 0 < len(ids) <= longest_prompt,
-                                      skip):
+            fits = lambda ids: 0 < len(ids) <= longest_prompt  # noqa: E731 - admit's filter
+            for slots, group in admit(queue, free, live, batch, prefill_tokens, fits, skip):
                 for slot, (item, ids) in zip(slots, group, strict=True):
                     live[slot] = {"item": item, "tokens": list(ids), "num_prompt": len(ids), "feats": [], "ti": [],
                                   "tp": [], "ending": False}

@@ -667,9 +667,9 @@ def run(args) -> int:
         positions = target.cfg.max_position
         shortest = min(map(len, evaluation_prompt_ids(tok)))
         if shortest >= positions:
-            raise UsageError(f"none of the builtin evaluation prompts fits the target's context ({positions} positions, "
-                             f"its {target.cfg.max_position_source}; the shortest is {shortest} tokens): alpha cannot "
-                             "be measured on this target; add --no-eval")
+            raise UsageError(f"none of the builtin evaluation prompts fits the target's context ({positions} "
+                             f"positions, its {target.cfg.max_position_source}; the shortest is {shortest} tokens): "
+                             "alpha cannot be measured on this target; add --no-eval")
     if any(getattr(args, n, 0) for n in ("generate_prompts", "stdlib_prompts", "package_prompts", "self_prompts",
                                          "stdlib_code")):
         target = None  # generating loads its own copy (in --dtype); this one is loaded again for training
