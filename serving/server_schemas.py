@@ -293,7 +293,7 @@ def check(req: _Common, kind: Kind, *, model_id: str, max_len: int, vocab_size: 
     if req.n is not None and req.n < 1:
         raise bad(f"n must be >= 1, got {req.n}", param="n", code="invalid_value")
     if req.n is not None and req.n > 1:
-        raise bad(f"n = {req.n} is not supported: this server returns one choice (n = 1)", param="n",
+        raise bad(f"n = {req.n} is not supported by this engine: it returns one choice (n = 1)", param="n",
                   code="unsupported_value")
     _unsupported(req)
     if req.seed is not None and not SEED_MIN <= req.seed <= SEED_MAX:

@@ -510,6 +510,13 @@ def config_from_options(*, target: str | None, drafter: str | None, draft_model:
     extra = parse_engine_args(engine_args)
     tp = tensor_parallel_size or int(extra.pop("tensor_parallel_size", 1))
     draft = _model_ref(draft_model, "draft") if method in NEEDS_MODEL or (method == "mtp" and draft_model) else None
+    if draft is not None:
+        from serving.eagle import is_eagle_dir
+
+        if Path(draft).is_dir() and is_eagle_dir(draft):  # vLLM reads a draft's config through transformers
+            raise ValueError(f"the draft {draft} is a specfinops feature draft (model_type specfinops-eagle), which "
+                             "vLLM cannot load: on --backend vllm give a Hugging Face draft model or an EAGLE "
+                             "checkpoint made for vLLM, or --drafter ngram")
     config = VllmConfig(target=_model_ref(target, "target"), method=method, draft_model=draft,
                         num_speculative_tokens=int(k), tensor_parallel_size=tp, dtype=dtype,
                         max_model_len=max_len, seed=seed, engine_args=extra)

@@ -105,6 +105,17 @@ def test_bench_options_map_to_vllm_methods(tmp_path):
                             max_len=None, seed=0, engine_args="[1]")
 
 
+def test_a_specfinops_feature_draft_is_refused_naming_it(tmp_path):
+    """scripts/gpu_check.sh gave vLLM the bundled draft, whose config transformers cannot read: the check stopped
+    at its bench on any GPU machine."""
+    from serving.models import BUNDLED_DRAFT_DIR
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="is a specfinops feature draft .*vLLM cannot load.*--drafter ngram"):
+        config_from_options(target=str(tmp_path), drafter="draft", draft_model=str(BUNDLED_DRAFT_DIR), k="4",
+                            dtype="bfloat16", max_len=None, seed=0, engine_args=None)
+
+
 def test_split_count_is_whole_and_exact():
     assert split_count(10, [1, 1, 2]) == [2, 3, 5] or split_count(10, [1, 1, 2]) == [3, 2, 5]
     assert sum(split_count(7, [3, 0, 5])) == 7 and split_count(7, [3, 0, 5])[1] == 0

@@ -119,10 +119,11 @@ def top_k_filter(text: str | None) -> int | None:
 
 
 # The run filter --max-new-tokens of cost, project, report and scheduler (telemetry.queries.Filters): the runs
-# recorded with this answer length cap (bench and loadtest --max-new-tokens); a server's runs record none.
-MAX_NEW_TOKENS_FILTER_HELP = ("only runs recorded with this answer length cap (bench / loadtest --max-new-tokens), "
-                              "a whole number >= 1; runs that recorded none (a server's, or recorded before the "
-                              "store kept it) match no value (default: every run)")
+# recorded with this answer length cap (bench --max-new-tokens, loadtest --max-tokens); a server's runs record
+# none.
+MAX_NEW_TOKENS_FILTER_HELP = ("only runs recorded with this answer length cap (bench --max-new-tokens, loadtest "
+                              "--max-tokens), a whole number >= 1; runs that recorded none (a server's, or recorded "
+                              "before the store kept it) match no value (default: every run)")
 
 
 def max_new_tokens_filter(text: str | None) -> int | None:

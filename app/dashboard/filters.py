@@ -179,9 +179,9 @@ def sidebar(options: dict) -> Selection:
     caps = _cutoff_choices(runs["max_new_tokens"].astype("Int64"), lambda n: 1 <= n <= MAX_NEW_TOKENS)
     max_new_tokens = sb.selectbox(
         "Max new tokens", [ALL, *caps], format_func=lambda v: v if v == ALL else str(v), key="f_max_new_tokens",
-        help="Answer length cap the runs were recorded with (bench / loadtest --max-new-tokens). Per-token latency "
-             "and acceptance change along an answer: speedups are per cap; the projection compares one and says "
-             "which.") if caps else ALL
+        help="Answer length cap the runs were recorded with (bench --max-new-tokens, loadtest --max-tokens). "
+             "Per-token latency and acceptance change along an answer: speedups are per cap; the projection "
+             "compares one and says which.") if caps else ALL
     kinds = sorted(runs["kind"].dropna().unique())
     kind = sb.selectbox(
         "Run kind", [ALL, *kinds], key="f_kind",
