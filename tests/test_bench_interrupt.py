@@ -223,3 +223,16 @@ def test_an_interrupted_loadtest_says_how_many_level_runs_it_did(stub_factory, t
     assert json.loads(out.out)["interrupted"] is True
     assert "interrupted (Ctrl-C or SIGTERM): 1 of 3 level runs done; partial results" in out.err, out.err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_bench_stopped_before_its_first_run_says_nothing_was_recorded(capsys):
+    """Stopped while the models loaded: the table said "in the store: the runs above 'completed'" and named an
+    invocation whose `specfinops cost --invocation` then found nothing."""
+    from app.commands.bench import print_table
+
+    report = {"interrupted": True, "requests_done": 0, "requests_planned": 16, "runs": [],
+              "speedup_by_concurrency": {}, "cancelled_run_ids": [], "invocation_id": "01ebb302" + "0" * 24}
+    print_table(report, recorded=True)
+    out = capsys.readouterr().out
+    assert "stopped before its first run: nothing recorded in the store" in out
+    assert "in the store:" not in out and "--invocation" not in out, out

@@ -752,6 +752,9 @@ def table_lines(runs: list[dict]) -> list[str]:
 def print_table(report: dict, recorded: bool, file=None) -> None:
     out = file or sys.stdout
     stopped = report.get("interrupted", False)
+    if stopped and recorded and not _any_run_recorded(report):  # stopped while loading: no run was opened
+        recorded = False
+        print("stopped before its first run: nothing recorded in the store", file=out)
     if stopped:
         print(interrupted_line(report["requests_done"], report["requests_planned"], "requests"), file=out)
     for text in table_lines(report["runs"]):
@@ -780,6 +783,13 @@ def print_table(report: dict, recorded: bool, file=None) -> None:
         inv = report.get("invocation_id") or ""
         print(f"recorded in the store as invocation {inv}: its costs with `specfinops cost --invocation {inv[:8]}`; "
               "every bench with `specfinops invocations` and `specfinops dashboard`", file=out)
+
+
+def _any_run_recorded(report: dict) -> bool:
+    """Whether an interrupted bench recorded a run: one in its table, one it ended 'cancelled', or the run vLLM was
+    stopped in."""
+    stopped = report.get("stopped_run") or {}
+    return bool(report["runs"] or report.get("cancelled_run_ids") or stopped.get("run_id") is not None)
 
 
 def small_sample_note(report: dict) -> str | None:
