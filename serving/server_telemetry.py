@@ -8,6 +8,7 @@ sampling, ends the runs and flushes the recorder, so a shutdown leaves nothing h
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import queue
@@ -60,6 +61,8 @@ def read_client_key(engine, run_id: int, key_id: str) -> str | None:
 
 
 class ServeTelemetry:
+    close_wait_s = 60.0  # how long a stopping server waits for a busy store to take its last records
+
     def __init__(self, metrics: ServeMetrics, source: PowerSource, *, recorder=None,
                  run_infos: dict[str, RunInfo] | None = None):
         self.metrics = metrics
@@ -139,8 +142,14 @@ class ServeTelemetry:
         self.sampler.stop()
         try:
             if self.recorder is not None:
-                for run_id in self.run_ids.values():
-                    self.recorder.end_run(run_id, status)
-                self.recorder.close()
+                from telemetry.recorder import RecorderError
+
+                for run_id in self.run_ids.values():  # every run's end queued before any wait for the store
+                    with contextlib.suppress(RecorderError):
+                        self.recorder.end_run(run_id, status, timeout_s=0)
+                try:
+                    self.recorder.close(self.close_wait_s)  # waits for the store, then gives up on what is left
+                except RecorderError as exc:  # a store locked or gone at shutdown: one line, no traceback
+                    logger.error("serve: %s", exc)
         finally:
             self.source.close()

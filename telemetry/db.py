@@ -425,6 +425,34 @@ def make_engine(url: str | None = None) -> Engine:
 
 
 @contextmanager
+def read_snapshot(engine: Engine) -> Iterator[Connection]:
+    """A connection whose reads all see one state of the store, whatever other processes commit meanwhile: a run
+    read as completed is read with every request it recorded (its totals read first, then its status, showed a run
+    'completed' over some of its requests while a writer ended it between the two).
+
+    PostgreSQL: one REPEATABLE READ transaction. SQLite (WAL): one deferred transaction opened by hand (the driver
+    opens none before a SELECT, so each statement read the store as it was then); it takes no write lock, so
+    writers go on meanwhile. Nothing is written: the transaction is rolled back at the end."""
+    with engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        if conn.dialect.name != "sqlite":
+            with conn.begin() as tx:
+                yield conn
+                tx.rollback()
+            return
+        dbapi = conn.connection.driver_connection
+        dbapi.isolation_level = None  # the driver issues no BEGIN/COMMIT of its own: ours below
+        try:
+            dbapi.execute("BEGIN")
+            yield conn
+        finally:
+            if dbapi.in_transaction:
+                dbapi.execute("ROLLBACK")
+            dbapi.isolation_level = ""  # the driver's default again, for whoever gets this pooled connection
+
+
+@contextmanager
 def migration_transaction(engine: Engine) -> Iterator[Connection]:
     """A connection inside the one transaction a schema change runs in: committed when the block ends, rolled
     back on an error, and a killed process leaves the schema it found (nothing half-migrated).

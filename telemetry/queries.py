@@ -60,7 +60,7 @@ from sqlalchemy import Float, and_, case, cast, func, or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from telemetry.db import Request, Run, Step
+from telemetry.db import Request, Run, Step, read_snapshot
 
 MODES = ("spec", "ar")
 RUN_KINDS = ("bench", "serve", "loadtest")  # runs.kind: a bench times the engine, a load test its HTTP clients
@@ -749,14 +749,14 @@ def _collect(engine: Engine, filters: Filters) -> list[tuple[Run, dict, float | 
         .group_by(Run.id)
     )
     shared = filters.domain is not None or filters.prompt_ids is not None
-    with engine.connect() as c:
+    with read_snapshot(engine) as c:  # totals, spans and statuses of one moment (`read_snapshot`)
         sums = {row.id: dict(row._mapping) for row in c.execute(sums_q)}
         if not sums:
             return []
         spans = _shared_spans(c, filters, list(sums)) if shared else _spans(c, engine, filters)
-    with Session(engine) as s:
-        run_rows = list(s.scalars(select(Run).where(Run.id.in_(sums)).order_by(Run.started_at, Run.id)))
-        s.expunge_all()
+        with Session(bind=c) as s:
+            run_rows = list(s.scalars(select(Run).where(Run.id.in_(sums)).order_by(Run.started_at, Run.id)))
+            s.expunge_all()
     narrowed = shared or filters.since is not None or filters.until is not None
     return [(r, sums[r.id], _run_wall_s(r, spans.get(r.id), narrowed)) for r in run_rows]
 

@@ -142,6 +142,7 @@ class Recorder:
         self._num_buffered = 0  # queued + taken by the writer but not yet committed
         self._dropped: dict[int, int] = {}
         self._dropped_written: dict[int, int] = {}
+        self._ends_pending: set[int] = set()  # runs whose end is enqueued but not committed yet
         self._rejections_said: set[tuple[int, str]] = set()
         self._closed = False
 
@@ -209,6 +210,7 @@ class Recorder:
                 raise RuntimeError(f"Recorder is closed: cannot end run {run_id}")
             self._queue.append((_END, run_id, (status, datetime.now(UTC))))
             self._num_buffered += 1
+            self._ends_pending.add(run_id)
         if not self.flush(timeout_s):
             raise RecorderError(
                 f"run {run_id}: {self.buffered()} records still unwritten after {timeout_s} s "
@@ -262,8 +264,12 @@ class Recorder:
         self._thread.join(timeout=10.0)
         lost = self.buffered()
         if lost:
+            with self._lock:
+                ended = sorted(self._ends_pending)
+            left = (f"; the end of run{'s' if len(ended) > 1 else ''} {', '.join(map(str, ended))} among them: "
+                    f"{'they stay' if len(ended) > 1 else 'it stays'} 'running' in the store" if ended else "")
             raise RecorderError(
-                f"{lost} records were not written before close (last database error: {self._last_error})"
+                f"{lost} records were not written before close{left} (last database error: {self._last_error})"
             )
 
     # Close it (or use `with`): the writer is a daemon thread, so records still buffered when the
@@ -312,6 +318,7 @@ class Recorder:
     def _done(self, batch: list[tuple], counts: tuple[int, int, int]) -> None:
         with self._drained:
             self._num_buffered -= len(batch)
+            self._ends_pending.difference_update(item[1] for item in batch if item[0] == _END)
             self._num_requests += counts[0]
             self._num_tokens += counts[1]
             self._num_power += counts[2]

@@ -593,3 +593,42 @@ def test_the_domains_of_a_run_with_idle_gaps_add_up_to_its_span(db_url):
     # the whole run in one domain: the run's own span, not the union of its busy intervals
     assert run_summaries(engine, Filters(domain="code", since=BASE_TIME + timedelta(seconds=100)))[0].stats.wall_s \
         == pytest.approx(10.0)
+
+
+def test_a_run_ending_while_it_is_read_is_read_whole_or_as_running(db_url, monkeypatch):
+    """A writer ended a run (its last request, then its end) between the reader's request totals and its read of
+    the run's status: `cost` showed the run 'completed' over 2 of its 3 requests, with no note (SQLite and
+    PostgreSQL alike). The reads now see one moment of the store: the run is running over 2, or completed over 3."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import update
+
+    import telemetry.queries as q
+    from telemetry.db import Run
+
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        run = make_run(s, "ar", status="running", requests=[Req(10, start_s=0.0), Req(10, start_s=1.0)])
+        run.ended_at = None
+        s.commit()
+        run_id = run.id
+    writer = open_store(db_url)
+    spans = q._spans
+
+    def a_writer_ends_the_run_meanwhile(c, engine_, filters):
+        with Session(writer) as s:
+            s.add(Request(run_id=run_id, external_id="p3", domain="code", status="ok", prompt_tokens=16,
+                          output_tokens=10, ttft_ms=50.0, e2e_ms=500.0, started_at=BASE_TIME + timedelta(seconds=2),
+                          num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0))
+            s.execute(update(Run).where(Run.id == run_id).values(status="completed", ended_at=datetime.now(UTC)))
+            s.commit()
+        return spans(c, engine_, filters)
+
+    monkeypatch.setattr(q, "_spans", a_writer_ends_the_run_meanwhile)
+    (seen,) = q.run_summaries(engine, latency=False)
+    assert (seen.status, seen.stats.output_tokens) == ("running", 20), (seen.status, seen.stats.output_tokens)
+    monkeypatch.setattr(q, "_spans", spans)
+    (later,) = q.run_summaries(engine, latency=False)
+    assert (later.status, later.stats.output_tokens) == ("completed", 30)
+    writer.dispose()
+    engine.dispose()

@@ -141,6 +141,55 @@ def test_end_run_times_out_with_a_clear_error_while_locked(sqlite_url, tmp_path)
     engine.dispose()
 
 
+def test_a_close_the_store_never_answers_names_the_runs_it_leaves_running(sqlite_url, tmp_path):
+    """The store locked past close (a long VACUUM, a backup): the error said how many records were lost, not that
+    a run's end was among them, so the run left 'running' could not be found from it."""
+    engine = open_store(sqlite_url)
+    rec = Recorder(engine, flush_interval_s=0.02, sqlite_busy_timeout_ms=20, retry_max_s=0.05)
+    run_id = rec.start_run(run_info())
+    lock = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    try:
+        rec.record_request(run_id, synthetic_request(random.Random(0), 3))
+        with pytest.raises(RecorderError):
+            rec.end_run(run_id, timeout_s=0.2)
+        with pytest.raises(RecorderError, match=rf"2 records were not written before close; the end of run {run_id} "
+                                                r"among them: it stays 'running' in the store .*locked"):
+            rec.close(timeout_s=0.5)
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    assert _scalar(engine, f"SELECT status FROM runs WHERE id = {run_id}") == "running"
+    engine.dispose()
+
+
+def test_a_server_stopping_on_a_locked_store_queues_both_run_ends_and_says_so_in_one_line(sqlite_url, tmp_path,
+                                                                                            caplog):
+    """`serve` stopped while another process held the store's write lock past its wait: the first run's end timed
+    out with a traceback ("Application shutdown failed"), the second run's end was never queued, the recorder was
+    never closed; both runs stayed 'running'."""
+    from serving.server_metrics import ServeMetrics
+    from serving.server_telemetry import ServeTelemetry
+    from telemetry.power import NoPowerSource
+
+    engine = open_store(sqlite_url)
+    rec = Recorder(engine, flush_interval_s=0.02, sqlite_busy_timeout_ms=20, retry_max_s=0.05)
+    telemetry = ServeTelemetry(ServeMetrics("m"), NoPowerSource(), recorder=rec,
+                               run_infos={"spec": run_info(), "ar": run_info(mode="ar")}).start()
+    telemetry.close_wait_s = 0.5
+    lock = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    try:
+        telemetry.close()  # no exception: one line in the log
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    spec, ar = telemetry.run_ids["spec"], telemetry.run_ids["ar"]
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("serve: ")]
+    assert f"the end of runs {min(spec, ar)}, {max(spec, ar)} among them: they stay 'running'" in line, line
+    engine.dispose()
+
+
 def test_a_record_the_database_rejects_is_counted_and_the_rest_is_written(sqlite_url):
     engine = open_store(sqlite_url)
     rng = random.Random(9)
