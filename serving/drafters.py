@@ -88,7 +88,7 @@ class ModelDrafter:
     def prefill(self, seq: Sequence, features: torch.Tensor | None = None) -> None:
         prompt = seq.tokens[: seq.num_prompt]
         fb = contiguous_batch(seq.slot, 1, 0, len(prompt))
-        self.model(torch.tensor([prompt]), fb, self.cache, num_layers=self.num_layers, last_only=True)
+        self.model(self.known(torch.tensor([prompt])), fb, self.cache, num_layers=self.num_layers, last_only=True)
         seq.draft_len = len(prompt)
 
     def propose(self, seqs: list[Sequence], ks: list[int], stop_below: float | None = None,

@@ -573,7 +573,8 @@ class _Share:
     quarter of the run's). Under a domain filter (`share_idle`) the run's idle time inside its span (between
     requests) is shared in the same proportion, so the shares of a run's domains add up to the span it is priced
     on; a restriction to some prompts (speedups over the prompts both modes ran) keeps the time they were served.
-    `others` are the run's requests filtered out (None or empty: none was, and the span is the run's own).
+    `others` are the run's requests filtered out (None or empty: none was; under a domain filter the span is then
+    the run's own, under a restriction to prompts still the time they were served, as for the other mode's run).
     Unfiltered runs and time windows need none of this: their span comes from SQL (`_spans`)."""
 
     first_start: datetime | None = None
@@ -853,7 +854,8 @@ def _pool(items: list[tuple[Run, dict, float | None]], values: dict[int, tuple[a
     wall time, as it adds none to the mode's cost per 1M tokens (`costing`) or to a speedup (`speedups`): one
     pooled tokens/s for the capacity, the cost and the speedup of the same runs."""
     sums = {k: sum((s[k] or 0) for _, s, _ in items) for k in _SUM_KEYS}
-    known = [w for _, s, w in items if w is not None and s["tokens"]] or [w for _, _, w in items if w is not None]
+    timed = [(s, w) for _, s, w in items if s["tokens"]] or [(s, w) for _, s, w in items]  # none with tokens: all
+    known = [w for _, w in timed if w is not None]
     ttft, tpot = array("d"), array("d")
     for run, _, _ in items:
         mine = values.get(run.id, ((), ()))

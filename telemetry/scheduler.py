@@ -421,6 +421,8 @@ def recover_reports(engine: Engine, job: ReportJob, *, stale_after_s: float | No
             line = f"report job {job_id}: {window.label()}: an interrupted run's claim released, rewritten as #{report_id}"
         elif job.delivering:
             if not take_delivery(engine, report_id, now=now):  # another scheduler is delivering it
+                logger.info("report job %s: report #%d (%s) is being delivered by another process; left to it",
+                            job_id, report_id, window.label())  # fmt: skip
                 continue
             line = f"report job {job_id}: {window.label()}: report #{report_id} left undelivered, delivering it now"
         else:
@@ -490,8 +492,8 @@ def redeliver_failed(engine: Engine, job: ReportJob, *, now: datetime | None = N
             continue
         with engine.begin() as c:
             taken = c.execute(update(Report).where(Report.id == r.id, Report.delivery_status == FAILED)
-                              .values(delivery_status=PENDING,
-                                      delivery_error=f"{DELIVERY_LEASE}{now.isoformat()}"))  # fmt: skip
+                              .values(delivery_status=PENDING,  # the lease from now: deliveries before took time
+                                      delivery_error=f"{DELIVERY_LEASE}{datetime.now(UTC).isoformat()}"))  # fmt: skip
         if taken.rowcount != 1:  # another scheduler took it
             continue
         status = _deliver(engine, job, r.id, r.summary)

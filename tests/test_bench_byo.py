@@ -42,7 +42,7 @@ def test_bench_with_a_draft_model_and_no_drafter_runs_that_draft(pair, tmp_path)
 @pytest.mark.parametrize("draft_rows", [VOCAB - 16, VOCAB + 32])
 def test_a_draft_whose_table_is_padded_to_another_size_drafts_exactly(pair, tmp_path, draft_rows):
     """One tokenizer of 80 tokens over a target table of 96 rows and a draft table of 80 or 128 (padding, as
-    Qwen2.5-7B's and -0.5B's): refused as a vocabulary mismatch. Now the draft's distribution is fitted to the
+    Qwen2.5-7B's and -0.5B's) was refused as a vocabulary mismatch; the draft's distribution is fitted to the
     target's vocabulary: greedy spec output is AR's token for token, and sampling runs."""
     target = hf_dir(tmp_path / "target", seed=0, tokenizer=VOCAB - 16)
     draft = hf_dir(tmp_path / "draft", seed=1, num_hidden_layers=1, tokenizer=VOCAB - 16, vocab_size=draft_rows)
@@ -53,6 +53,23 @@ def test_a_draft_whose_table_is_padded_to_another_size_drafts_exactly(pair, tmp_
     assert [r["token_identical_rate"] for r in spec] == [1.0] * len(spec), spec
     sampled = _bench_json(tmp_path, *common, "--temperature", "0.8", "--seed", "3", "--max-new-tokens", "16")
     assert sampled["runs"][0]["output_tokens"] > 0
+
+
+def test_a_prompt_id_past_the_drafts_table_is_read_by_the_draft_not_an_index_error(tmp_path):
+    """A prompt given as token ids (the server's /v1/completions takes them, checked against the target's table)
+    with an id in the target's padding rows, past the draft's smaller table: the draft's prefill read it raw
+    ("IndexError: index out of range in self"; on a GPU a device-side assert)."""
+    from serving.sampling import SamplingParams
+    from serving.worker import EngineSpec, load
+
+    target = hf_dir(tmp_path / "target", seed=0, tokenizer=VOCAB - 16)
+    draft = hf_dir(tmp_path / "draft", seed=1, num_hidden_layers=1, tokenizer=VOCAB - 16, vocab_size=VOCAB - 16)
+    loaded = load(EngineSpec(target=str(target), draft_model=str(draft), drafter="draft", dtype="float32", k="3",
+                             max_len=128))
+    prompt = [2, 3, VOCAB - 6]  # a row of the target's table only
+    params = SamplingParams(max_new_tokens=8)
+    spec, ar = (loaded.engine(mode).generate(prompt, params) for mode in ("spec", "ar"))
+    assert spec.tokens == ar.tokens and len(spec.tokens) > len(prompt)
 
 
 def test_a_draft_with_fewer_positions_than_the_window_is_refused_naming_max_len(pair, tmp_path, capsys):

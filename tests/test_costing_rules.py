@@ -4,10 +4,11 @@ that compare spec and AR only within comparable configurations, speedups keyed o
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 from sqlalchemy.orm import Session
-from synthetic import Req, make_run, spec_req
+from synthetic import BASE_TIME, Req, make_run, spec_req
 
 from app.cli import main
 from telemetry.costing import costs, project_from_store
@@ -185,3 +186,18 @@ def test_a_turn_stopped_before_its_first_token_is_timed_alike_by_capacity_cost_a
     assert speedup.speedup == pytest.approx(2.0)
     p = project_from_store(engine, daily_tokens=1e6, peak_factor=1.0, sla_ms=5000.0, node_hourly_usd=1.0)
     assert p.projection.capacity_tokens_per_s_spec == pytest.approx(cost_tps["spec"])
+
+
+def test_tokens_whose_runs_have_no_wall_time_are_not_timed_by_a_run_without_tokens(sqlite_url):
+    """The only spec run with tokens has no wall time (no request span; its start is its end); a cancelled one
+    without tokens has 5 s: the pooled tokens/s was those tokens over the other run's 5 s, not unknown."""
+    from telemetry.queries import mode_summaries
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "spec", requests=[Req(26, ttft_ms=None, e2e_ms=None)], ended_at=BASE_TIME)
+        make_run(s, "spec", status="cancelled", requests=[Req(0, ttft_ms=None, e2e_ms=5000, status="cancelled")],
+                 started_at=BASE_TIME + timedelta(minutes=1))
+        s.commit()
+    (spec,) = mode_summaries(engine)
+    assert spec.stats.output_tokens == 26 and spec.stats.tokens_per_s is None, spec.stats

@@ -128,8 +128,8 @@ def _check(engine, filters: Filters, *, walls: bool = True) -> None:
             if walls:
                 # pooled over the runs that produced tokens (a run without any adds no time), else over all
                 run_walls = {i: _wall_s(runs[i], values[i]["span"], narrowed) for i in x.run_ids}
-                known = ([w for i, w in run_walls.items() if w is not None and values[i]["tokens"]]
-                         or [w for w in run_walls.values() if w is not None])
+                timed = [i for i in run_walls if values[i]["tokens"]] or list(run_walls)
+                known = [run_walls[i] for i in timed if run_walls[i] is not None]
                 assert x.stats.wall_s == (sum(known) if known else None)
 
 

@@ -28,8 +28,8 @@ def test_same_tokenizer_passes_and_different_one_is_refused(tmp_path):
 
 
 def test_one_tokenizer_over_tables_padded_to_other_sizes_is_one_vocabulary(tmp_path):
-    """Qwen2.5-7B (152,064 rows) drafted by Qwen2.5-0.5B (151,936) over one tokenizer: refused as a vocabulary
-    mismatch, although the rows past the tokenizer's are padding no token maps to."""
+    """Qwen2.5-7B (152,064 rows) drafted by Qwen2.5-0.5B (151,936) over one tokenizer was refused as a vocabulary
+    mismatch, although the rows past the tokenizer's are padding no token maps to: now one vocabulary."""
     words = {"<unk>": 0, "a": 1, "b": 2, "c": 3}
     target = _model_dir(tmp_path / "t", words, vocab_size=8)
     check_same_vocab(target, _model_dir(tmp_path / "smaller", dict(words), vocab_size=4))

@@ -927,11 +927,20 @@ def report_writer_window(job):
     return period_window(job.period, now=D0 + timedelta(days=1, hours=6))
 
 
-def test_a_scheduler_whose_job_another_removed_stops_and_says_so(store, monkeypatch, capsys):
+@pytest.mark.parametrize("start_s", [0.0, 0.3])
+def test_a_scheduler_whose_job_another_removed_stops_and_says_so(store, monkeypatch, capsys, start_s):
     """A second `scheduler` started on the store without --keep-other-jobs removed the first one's job: the first
-    went on running, the second's job in place of its own, and said nothing."""
+    went on running, the second's job in place of its own, and said nothing. A start slower than the first look
+    (the new job is written to the store as the scheduler starts) is not taken for a removal."""
     url, engine, out = store
     monkeypatch.setattr("app.commands.scheduler.WATCH_S", 0.1)
+    start = BlockingScheduler.start
+
+    def slow_start(self, *args, **kwargs):
+        time.sleep(start_s)
+        return start(self, *args, **kwargs)
+
+    monkeypatch.setattr(BlockingScheduler, "start", slow_start)
 
     def second_scheduler_starts():
         time.sleep(1.0)
@@ -957,3 +966,25 @@ def test_listing_writes_nothing_and_reads_a_read_only_store(store, capsys):
     assert main(["scheduler", "--db", url, "--list"]) == 0
     with engine.connect() as c:
         assert not c.execute(text("SELECT name FROM sqlite_master WHERE name = :t"), {"t": JOBS_TABLE}).all()
+
+
+def test_a_lease_is_stamped_when_it_is_taken_not_when_the_redelivery_began(store, monkeypatch):
+    """Failed deliveries re-sent one after another (each up to its attempts x 10 s): every lease carried the time
+    the loop began, so one taken after 15 minutes of others was stale at once and another scheduler sent the same
+    report while this one did."""
+    url, engine, out = store
+    job = _job(url, out, webhook_url="http://127.0.0.1:9/hook")
+    written = sched_mod._write(engine, job, report_writer_window(job))
+    with engine.begin() as c:
+        c.execute(text("UPDATE reports SET delivery_status = 'failed', delivery_error = 'HTTP 500'"))
+    taken_meanwhile = []
+
+    def deliver(engine_, job_, report_id, summary):
+        taken_meanwhile.append(sched_mod.take_delivery(engine_, report_id))  # another scheduler, now
+        return "delivered"
+
+    monkeypatch.setattr(sched_mod, "_deliver", deliver)
+    began = datetime.now(UTC) - timedelta(minutes=16)  # the loop began 16 minutes before this report's turn
+    assert len(sched_mod.redeliver_failed(engine, job, now=began)) == 1
+    assert taken_meanwhile == [False]
+    assert written.report_id == reports(engine)[0].id

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from app.commands._common import add_command, add_db_option, sigterm_as_ctrl_c
 from app.commands.report import add_report_options, report_options, unrecorded_names
@@ -165,15 +165,25 @@ def _watch_own_job(scheduler, engine, job_id: str, stop: threading.Event, lost: 
     from telemetry.scheduler import job_in_store
 
     while not stop.wait(WATCH_S):
+        if not scheduler.running:  # a job just added is written to the store as the scheduler starts
+            continue
         try:
             if job_in_store(engine, job_id):
                 continue
         except Exception:  # noqa: BLE001 - the store out of reach a moment: its runs say so; looked at again later
             continue
         lost.set()
-        if scheduler.running:
-            scheduler.shutdown(wait=False)
+        _stop(scheduler)
         return
+
+
+def _stop(scheduler) -> None:
+    """Shut the scheduler down without waiting for a run in progress, if it still runs (the watcher and a Ctrl-C
+    may both stop it: the second found it stopped between its check and its call)."""
+    from apscheduler.schedulers import SchedulerNotRunningError
+
+    with suppress(SchedulerNotRunningError):
+        scheduler.shutdown(wait=False)
 
 
 @contextmanager
@@ -312,14 +322,12 @@ def run(args) -> int:
                       "each in its own store", file=sys.stderr, flush=True)
                 return 1
         except KeyboardInterrupt:
-            if scheduler.running:
-                scheduler.shutdown(wait=False)  # no new run starts
+            _stop(scheduler)  # no new run starts
             _finish_runs_in_progress()
             raise
         finally:
             stop.set()
-            if scheduler.running:
-                scheduler.shutdown(wait=False)
+            _stop(scheduler)
             with _signals_held():
                 engine.dispose()
     return 0
