@@ -17,7 +17,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, insert, select, text
 from sqlalchemy.engine import Connection, Engine
 
 from telemetry.db import PowerSample, Request, Run, Step, TokenEvent
@@ -176,7 +176,18 @@ def generate(engine: Engine, token_events: int, seed: int = 7, days: int = 14, l
                 log(f"synthetic run {run_id} ({mode}, {node}): {tokens:,} token events, "
                     f"{made['token_events']:,} in total, {time.perf_counter() - t0:.0f} s")
         buf.flush()
+        _advance_sequences(conn)
     return made
+
+
+def _advance_sequences(conn: Connection) -> None:
+    """PostgreSQL: each table's id sequence past the ids inserted by hand, so the next bench, load test or server
+    on the store gets a free id (it failed with a duplicate key on pk_runs, id 1). SQLite needs nothing."""
+    if conn.dialect.name != "postgresql":
+        return
+    for table in (Run.__table__, Request.__table__, Step.__table__, TokenEvent.__table__, PowerSample.__table__):
+        conn.execute(text(f"SELECT setval(pg_get_serial_sequence('{table.name}', 'id'), "
+                          f"GREATEST((SELECT max(id) FROM {table.name}), 1))"))
 
 
 def ensure_synthetic_store(url: str, token_events: int, log=print) -> Engine:

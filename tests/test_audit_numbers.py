@@ -9,7 +9,7 @@ import json
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 
 from app.cli import main
 from scripts.synth_store import generate
@@ -185,3 +185,19 @@ def test_the_dashboard_inputs_stop_at_the_same_bounds():
     from app.dashboard.views import cost as view  # noqa: PLC0415 - streamlit only for this test
 
     assert (view.MAX_NODE_USD, view.MAX_USD_PER_KWH, view.MAX_PUE) == (MAX_USD_PER_HOUR, MAX_USD_PER_KWH, MAX_PUE)
+
+
+def test_a_bench_can_record_into_a_synthetic_store(db_url):
+    """The synthetic store inserts its ids by hand: on PostgreSQL the id sequences stayed at 1, and the next run
+    recorded there failed with a duplicate key on pk_runs."""
+    from telemetry.recorder import Recorder
+    from tests.recorder_child import run_info
+
+    engine = open_store(db_url)
+    generate(engine, 2_000, log=lambda *_: None)
+    with Recorder(engine) as rec:
+        run_id = rec.start_run(run_info())
+        rec.end_run(run_id)
+    with engine.connect() as c:
+        assert c.scalar(select(func.max(Run.id))) == run_id == 49
+    engine.dispose()
