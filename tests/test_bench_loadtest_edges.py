@@ -344,3 +344,16 @@ def test_spec_max_batch_auto_without_telemetry_creates_no_store(target, tmp_path
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert rc == 2 and "--spec-max-batch auto reads the latest recorded sweep: no store at" in err, err
     assert not db.exists()
+
+
+def test_calibrate_names_the_prompt_and_the_window_past_which_it_runs(tmp_path, capsys):
+    """calibrate said only the engine's "prompt is 30 tokens, longer than the context window (24 tokens)": which
+    prompt, and what sets 24?"""
+    windowed = hf_dir(tmp_path / "windowed", "mistral", sliding_window=24)
+    work = tmp_path / "long.jsonl"
+    work.write_text(json.dumps({"id": "long-one", "domain": "d", "prompt": " ".join(["w5"] * 30)}) + "\n")
+    rc = main(["calibrate", "--target", str(windowed), "--drafter", "ngram", "--workload", str(work), "--dtype",
+               "float32", "--max-new-tokens", "4"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2, err
+    assert "prompt long-one is 30 tokens" in err and "the target's 24 positions (sliding_window" in err, err
