@@ -201,7 +201,7 @@ def _signals_held():
             signal.signal(sig, handler)
 
 
-def _finish_runs_in_progress() -> None:
+def _finish_runs_in_progress(again: str = "again") -> None:
     """After Ctrl-C or SIGTERM: wait, in the main thread, for a report run in progress to finish (its report
     written, its delivery made and recorded). A second Ctrl-C stops at once: the process exits without waiting
     (a normal exit would join the run's thread again, and Python printed a traceback when that was interrupted);
@@ -210,8 +210,8 @@ def _finish_runs_in_progress() -> None:
 
     if not runs_in_progress():
         return
-    print("scheduler: waiting for the report run in progress to finish (Ctrl-C again stops now; the next start "
-          "of this job finishes what it leaves)", file=sys.stderr, flush=True)
+    print(f"scheduler: waiting for the report run in progress to finish (Ctrl-C{' ' + again if again else ''} stops "
+          "now; the next start of this job finishes what it leaves)", file=sys.stderr, flush=True)
     try:
         wait_for_runs()
     except KeyboardInterrupt:
@@ -315,7 +315,7 @@ def run(args) -> int:
                              name="specfinops-scheduler-watch").start()
             scheduler.start()
             if lost.is_set():  # another scheduler removed this one's job (`_watch_own_job`)
-                _finish_runs_in_progress()
+                _finish_runs_in_progress(again="")
                 print(f"scheduler: error: job {job.job_id} is gone from the store's job table: another "
                       "`specfinops scheduler` started on this store without --keep-other-jobs removed it (a "
                       "scheduler runs every job in its store). Stopped. Run each job with --keep-other-jobs, or "
