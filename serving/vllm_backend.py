@@ -379,12 +379,19 @@ def run_prompts(
                     done.append(live.pop(key))
                 if sampler is not None:
                     sampler.sample_now()  # so the window of every finished request is covered
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        # Ctrl-C / SIGTERM, or vLLM failing mid-run (an engine-core error, CUDA out of memory): the requests that
+        # finished are reported (they were reported only at the run's end, so a failure lost them all) and those
+        # in flight recorded with their status, as the torch engine's (`serving.worker`)
         now = datetime.now(UTC)  # the requests still in flight shared the devices with the finished ones
         _report_finished(done, prompts, sampler, on_request, in_flight=[(r.rec.started_at, now) for r in live.values()])
         if on_abandoned is not None:
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            status = "cancelled" if interrupted else "error"
+            error = ("cancelled: the benchmark was interrupted (Ctrl-C or SIGTERM)" if interrupted
+                     else f"{type(exc).__name__}: {exc}"[:500])
             for r in live.values():
-                on_abandoned(_abandoned_record(r))
+                on_abandoned(_abandoned_record(r, status, error))
         raise
     result.wall_s = time.perf_counter() - t_begin
     run_delta = engine.counts() - start_counts
@@ -420,11 +427,11 @@ def _report_finished(done: list[_Live], prompts: list[Prompt], sampler: Any | No
     return out
 
 
-def _abandoned_record(r: _Live) -> RequestRecord:
-    """The record of a request in flight when Ctrl-C / SIGTERM stopped the run, as the torch engine's
-    (`serving.worker.abandoned`): 'cancelled', the tokens emitted until then, no energy."""
+def _abandoned_record(r: _Live, status: str, error: str) -> RequestRecord:
+    """The record of a request in flight when the run stopped (Ctrl-C / SIGTERM: 'cancelled'; a failure:
+    'error'), as the torch engine's (`serving.worker.abandoned`): the tokens emitted until then, no energy."""
     rec = r.rec
-    rec.status, rec.error = "cancelled", "cancelled: the benchmark was interrupted (Ctrl-C or SIGTERM)"
+    rec.status, rec.error = status, error
     rec.output_tokens = len(r.ids)
     if r.emit_times:
         rec.ttft_ms = (r.emit_times[0] - r.t_start) * 1000.0

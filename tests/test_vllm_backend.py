@@ -235,6 +235,40 @@ def test_a_stopped_run_shares_the_energy_of_finished_requests_with_those_still_i
     assert done.record.energy_j == pytest.approx(FakeNvml.POWER_W * done.record.e2e_ms / 1000 / 2, rel=0.15)
 
 
+def test_vllm_failing_mid_run_keeps_the_finished_requests_and_records_those_in_flight_as_errors(vllm):
+    """An engine-core error (a CUDA out-of-memory, an illegal memory access) after one request finished: the
+    finished requests were reported only at the run's end, so the run was stored 'failed' with no request at
+    all, and the one in flight was not recorded either."""
+    engine = _engine(None)
+    core = engine.llm.llm_engine
+    real_add, real_step, finished = core.add_request, core.step, []
+
+    def add_request(request_id, prompt, params):  # the second request runs 40 tokens, the first 6
+        if core.running:
+            params = copy.copy(params)
+            params.max_tokens = 40
+        real_add(request_id, prompt, params)
+
+    def step():
+        if len(finished) >= 3:
+            raise RuntimeError("EngineCore encountered an issue")
+        outs = real_step()
+        if finished or any(o.finished for o in outs):
+            finished.append(1)
+        return outs
+
+    core.add_request, core.step = add_request, step
+    prompts = load_workload("code", limit=2)
+    seen, abandoned = [], []
+    with pytest.raises(RuntimeError, match="EngineCore"):
+        run_prompts(engine, prompts, [engine.encode(p) for p in prompts], SamplingParams(max_new_tokens=6),
+                    concurrency=2, on_request=seen.append, on_abandoned=abandoned.append)
+    (done,), (failed,) = seen, abandoned
+    assert done.record.output_tokens == 6 and done.record.status == "ok"
+    assert failed.status == "error" and failed.error == "RuntimeError: EngineCore encountered an issue"
+    assert failed.output_tokens > 0 and failed.energy_j is None
+
+
 def test_ar_engine_has_no_speculation_and_no_energy_without_a_sampler(vllm):
     res, _, _ = _run(_engine(None), load_workload("chat", limit=2), 6, 2, power=False)
     for r in res.results:
