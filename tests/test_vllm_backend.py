@@ -198,28 +198,35 @@ def test_concurrent_requests_share_counters_and_energy_with_exact_sums(vllm):
     assert sum(r.record.energy_j for r in res.results) == pytest.approx(FakeNvml.POWER_W * covered_s, rel=0.15)
 
 
-def test_a_stopped_run_shares_the_energy_of_finished_requests_with_those_still_in_flight(vllm):
-    """Ctrl-C with one request finished and one in flight beside it all along: the finished one was charged all
-    of the devices' energy over its window, the in-flight one none (the torch worker shares it)."""
+def _stopped_beside_a_finished_request(exc: BaseException):
+    """An engine whose first request runs 6 tokens and second 40; three steps after the first finished, the
+    second still running, its step raises `exc`."""
     engine = _engine(None)
     core = engine.llm.llm_engine
     real_add, real_step, finished = core.add_request, core.step, []
 
-    def add_request(request_id, prompt, params):  # the second request runs 40 tokens, the first 6
+    def add_request(request_id, prompt, params):
         if core.running:
             params = copy.copy(params)
             params.max_tokens = 40
         real_add(request_id, prompt, params)
 
     def step():
-        if len(finished) >= 3:  # three steps after the first request finished, the second still running
-            raise KeyboardInterrupt
+        if len(finished) >= 3:
+            raise exc
         outs = real_step()
         if finished or any(o.finished for o in outs):
             finished.append(1)
         return outs
 
     core.add_request, core.step = add_request, step
+    return engine
+
+
+def test_a_stopped_run_shares_the_energy_of_finished_requests_with_those_still_in_flight(vllm):
+    """Ctrl-C with one request finished and one in flight beside it all along: the finished one was charged all
+    of the devices' energy over its window, the in-flight one none (the torch worker shares it)."""
+    engine = _stopped_beside_a_finished_request(KeyboardInterrupt())
     prompts = load_workload("code", limit=2)
     sampler = PowerSampler(NvmlPowerSource(nvml=FakeNvml()), interval_s=0.05).start()
     seen, abandoned = [], []
@@ -239,25 +246,7 @@ def test_vllm_failing_mid_run_keeps_the_finished_requests_and_records_those_in_f
     """An engine-core error (a CUDA out-of-memory, an illegal memory access) after one request finished: the
     finished requests were reported only at the run's end, so the run was stored 'failed' with no request at
     all, and the one in flight was not recorded either."""
-    engine = _engine(None)
-    core = engine.llm.llm_engine
-    real_add, real_step, finished = core.add_request, core.step, []
-
-    def add_request(request_id, prompt, params):  # the second request runs 40 tokens, the first 6
-        if core.running:
-            params = copy.copy(params)
-            params.max_tokens = 40
-        real_add(request_id, prompt, params)
-
-    def step():
-        if len(finished) >= 3:
-            raise RuntimeError("EngineCore encountered an issue")
-        outs = real_step()
-        if finished or any(o.finished for o in outs):
-            finished.append(1)
-        return outs
-
-    core.add_request, core.step = add_request, step
+    engine = _stopped_beside_a_finished_request(RuntimeError("EngineCore encountered an issue"))
     prompts = load_workload("code", limit=2)
     seen, abandoned = [], []
     with pytest.raises(RuntimeError, match="EngineCore"):
