@@ -349,6 +349,15 @@ def context_window(max_len: int, cfg) -> tuple[int, str]:
     return cfg.max_position, f"the target's {cfg.max_position} positions ({cfg.max_position_source}{more})"
 
 
+def check_context(workload: str, prompts, encoded, ctx: int, window: str, advice: str) -> None:
+    """Every prompt leaves room for an answer in the engine's context `ctx` (`window`: what sets it, in words);
+    else a ValueError naming the prompt, the window and `advice` (what the command can do about it)."""
+    for p, ids in zip(prompts, encoded, strict=True):
+        if len(ids) >= ctx - 1:
+            raise ValueError(f"--workload {workload}: prompt {p.id} is {len(ids)} tokens, longer than the context "
+                             f"window ({window}); {advice}")
+
+
 def _load_and_check(args, spec, prompts, encoded, params, gate, chosen: bool, levels: list[int]):
     """Load the models and check what needs them (the prompts' lengths against the target's positions, a gate
     read from a sweep); `encoded`: the prompts' token ids (check_prompts_fit)."""
@@ -368,12 +377,9 @@ def _load_and_check(args, spec, prompts, encoded, params, gate, chosen: bool, le
         loaded.spec.spec_max_batch = resolve_spec_max_batch(gate, args.db, loaded)
     # the engine's context: --max-len, or the target's positions where it has fewer (the engine keeps the lesser)
     ctx, window = context_window(spec.max_len, loaded.target.cfg)
-    advice = ("drop it or raise --max-len" if ctx < loaded.target.cfg.max_position
-              else "drop it (the target holds no more positions, whatever --max-len)")
-    for p, ids in zip(prompts, encoded, strict=True):
-        if len(ids) >= ctx - 1:
-            raise ValueError(f"--workload {args.workload}: prompt {p.id} is {len(ids)} tokens, longer than the "
-                             f"context window ({window}); {advice}")
+    check_context(args.workload, prompts, encoded, ctx, window,
+                  "drop it or raise --max-len" if ctx < loaded.target.cfg.max_position
+                  else "drop it (the target holds no more positions, whatever --max-len)")
     # the prompt and its answer share ctx - 1 positions: a longer answer is cut there, finish reason 'length'
     capped = [len(ids) for ids in encoded if len(ids) + params.max_new_tokens > ctx - 1]
     if capped:

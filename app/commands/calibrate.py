@@ -45,19 +45,6 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def _check_prompts_fit(workload: str, prompts, encoded, max_len: int, cfg) -> None:
-    """Every prompt leaves room for an answer in the engine's context, said with the prompt and what sets the
-    context (the engine said only "prompt is 75 tokens, longer than the context window (24 tokens)")."""
-    from app.commands.bench import context_window
-
-    ctx, window = context_window(max_len, cfg)
-    for p, ids in zip(prompts, encoded, strict=True):
-        if len(ids) >= ctx - 1:
-            raise ValueError(f"--workload {workload}: prompt {p.id} is {len(ids)} tokens, longer than the context "
-                             f"window ({window}); drop it from the workload, or calibrate a target with more "
-                             "positions")
-
-
 def _interleaved(loaded, prompts, encoded, params, done=lambda: None):
     """AR and spec on the same prompts, alternating prompt by prompt (AR first, then spec, on each), so
     that a change in the machine's speed during the run lands on both modes alike. One engine per mode
@@ -133,7 +120,11 @@ def _handle(args: argparse.Namespace) -> int:
     print("loading models ...", file=sys.stderr)
     loaded = load(spec)
     encoded = [loaded.encode(p) for p in prompts]
-    _check_prompts_fit(args.workload, prompts, encoded, spec.max_len, loaded.target.cfg)
+    from app.commands.bench import check_context, context_window
+
+    # said with the prompt and what sets the context (the engine's own error names neither)
+    check_context(args.workload, prompts, encoded, *context_window(spec.max_len, loaded.target.cfg),
+                  "drop it from the workload, or calibrate a target with more positions")
     # untimed, as bench does: a first call's costs (kernel choices, allocations, lazy init) in AR, which runs first
     # on the first prompt, inflated the one-token forward time that c, v and the measured speedup divide by
     for mode in ("ar", "spec"):
