@@ -13,6 +13,8 @@ for FAIL_FAST_S (the server gone, or refusing everything) or by its end stops th
 (`LoadTestFailed`, the run 'failed'). Stopped by Ctrl-C / SIGTERM, a level cancels its workers before
 the client closes: requests in flight are recorded 'cancelled', none as an error of our own making. A request
 that ends cancelled or failed keeps the tokens it made (`_take_counts`): the server counted them in /metrics.
+What the client cannot know (the prompt tokens of a stream that ended without the server's usage, a speculative
+request's drafts where the server sent no counts) is stored unknown (NULL, revision 0012), not 0.
 When the server records into the same store (`SharedStore`), the requests carry the energy its power
 samples give them, shared among the requests in flight at each instant (`ServerPower`).
 """
@@ -235,25 +237,31 @@ async def one_request(client, model: str, res: ClientResult, spec: LoadSpec, mod
         res.chunk_times_ms = [t for t, _ in chunks]
         if chunks:
             rec.ttft_ms, rec.e2e_ms = chunks[0][0], chunks[-1][0]
-        _take_counts(rec, chunks, usage)
+        _take_counts(rec, chunks, usage, spec=mode == "spec")
 
 
-def _take_counts(rec: RequestRecord, chunks: list[tuple[float, int]], usage) -> None:
+def _take_counts(rec: RequestRecord, chunks: list[tuple[float, int]], usage, *, spec: bool) -> None:
     """The request's tokens, whatever way it ended: the usage's counts where the server sent them (`specfinops
     serve` sends them before the error event of a stream that failed or that it cancelled), else what the client
     received, one token per content chunk (each carries one at least; a step's tokens come in one chunk). The
     server generated those tokens whether the request ended ok or not: kept, the store's sums follow /metrics.
     Without usage (a stream the load test cut, a lost connection) the prompt tokens, the tokens the server made
-    but the client did not receive and the speculation counts cannot be known here: they stay 0."""
+    but the client did not receive and a speculative request's speculation counts cannot be known here: the
+    prompt tokens and those counts are recorded as unknown (None, NULL in the store), not 0 (an AR request drafts
+    nothing: its 0 drafts are known)."""
     counts = _usage_counts(usage)
-    num_prompt, num_output = counts if counts is not None else (0, len(chunks))
+    num_output = counts[1] if counts is not None else len(chunks)
     rec.tokens = token_rows(chunks, num_output)
     # one token row per counted token; tokens that came without any text (the usage counts them) count, with
     # no first-token time or token rows: when they were generated the client cannot tell
     rec.output_tokens = len(rec.tokens) if chunks else num_output
-    if counts is not None:
-        rec.prompt_tokens = num_prompt
-        _take_speculation_counts(rec, usage)
+    if counts is None:
+        rec.prompt_tokens = None
+        if spec:
+            rec.num_drafts = rec.num_draft_tokens = rec.num_accepted_tokens = None
+        return
+    rec.prompt_tokens = counts[0]
+    _take_speculation_counts(rec, usage, spec=spec)
 
 
 def _usage_counts(usage) -> tuple[int, int] | None:
@@ -262,15 +270,17 @@ def _usage_counts(usage) -> tuple[int, int] | None:
     return counts if all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts) else None
 
 
-def _take_speculation_counts(rec, usage) -> None:
+def _take_speculation_counts(rec, usage, *, spec: bool) -> None:
     """The server's speculation counts for the request (usage's "specfinops" extension), when it sent them:
-    the load test's runs then carry acceptance, though not the steps only the server sees."""
+    the load test's runs then carry acceptance, though not the steps only the server sees. A speculative request
+    whose server sent none (another OpenAI-compatible server) has unknown counts (None), not 0."""
     counts = (getattr(usage, "model_extra", None) or {}).get("specfinops")
-    if not isinstance(counts, dict):
-        return
-    values = [counts.get(k) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")]
-    if all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+    values = [counts.get(k) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")] \
+        if isinstance(counts, dict) else []
+    if values and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
         rec.num_drafts, rec.num_draft_tokens, rec.num_accepted_tokens = values
+    elif spec:
+        rec.num_drafts = rec.num_draft_tokens = rec.num_accepted_tokens = None
 
 
 PROGRESS_EVERY_S = 0.5  # how often a level reports its progress (`on_progress`)

@@ -120,11 +120,12 @@ class Request(Base):
     external_id: Mapped[str | None] = mapped_column(String(128))  # workload prompt id / API request id
     domain: Mapped[str] = mapped_column(String(64), default="")
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    # None (migration 0012): unknown, a load-test stream that ended without the server's usage
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer, default=0)
     output_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    num_drafts: Mapped[int] = mapped_column(Integer, default=0)
-    num_draft_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    num_accepted_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    num_drafts: Mapped[int | None] = mapped_column(Integer, default=0)
+    num_draft_tokens: Mapped[int | None] = mapped_column(Integer, default=0)
+    num_accepted_tokens: Mapped[int | None] = mapped_column(Integer, default=0)
     ttft_ms: Mapped[float | None] = mapped_column(Float)
     e2e_ms: Mapped[float | None] = mapped_column(Float)
     energy_j: Mapped[float | None] = mapped_column(Float)  # None when no power source measured it

@@ -65,11 +65,11 @@ class RequestRecord:
     started_at: datetime
     domain: str = ""
     external_id: str | None = None
-    prompt_tokens: int = 0
+    prompt_tokens: int | None = 0  # None: unknown (a load-test stream that ended without the server's usage)
     output_tokens: int = 0
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
+    num_drafts: int | None = 0  # likewise
+    num_draft_tokens: int | None = 0
+    num_accepted_tokens: int | None = 0
     ttft_ms: float | None = None
     e2e_ms: float | None = None
     energy_j: float | None = None

@@ -173,7 +173,8 @@ def test_an_interrupted_level_cancels_its_workers_and_records_the_requests_in_fl
         assert r.ttft_ms is not None and r.output_tokens >= 1, r
         assert [t.position for t in r.tokens] == list(range(r.output_tokens))
         assert r.tokens[-1].emit_offset_ms == r.e2e_ms
-        assert (r.prompt_tokens, r.num_drafts) == (0, 0)  # no usage came: not known to the client
+        # no usage came: not known to the client, so unknown (None, NULL in the store), not 0 (they were 0)
+        assert (r.prompt_tokens, r.num_drafts, r.num_draft_tokens, r.num_accepted_tokens) == (None,) * 4
 
 
 def test_ctrl_c_prints_and_writes_what_ran_marked_interrupted(stub_factory, tmp_path, capsys, monkeypatch):
@@ -524,3 +525,21 @@ def test_a_stream_that_fails_keeps_the_tokens_its_usage_counts(stub_factory, tmp
                               "r.num_draft_tokens, r.num_accepted_tokens, count(t.id) from requests r "
                               "left join token_events t on t.request_id = r.id group by r.id")).all()
     assert rows and all(tuple(r[1:]) == ("error", 5, 7, 2, 8, 5, 7) for r in rows), rows
+
+
+def test_counts_a_server_did_not_send_are_stored_unknown_not_zero(stub_factory, tmp_path, capsys):
+    """A server whose usage carries no "specfinops" speculation counts (another OpenAI-compatible server): a spec
+    request's drafts were stored 0, read as "drafted nothing" in the requests CSV; they are unknown (empty), while
+    an AR request's 0 drafts are known and its usage's prompt tokens are kept."""
+    import csv
+
+    stub = stub_factory(chunks=3, chunk_s=0.01)  # usage: prompt and completion tokens, no "specfinops"
+    db_url = f"sqlite:///{tmp_path / 'other.db'}"
+    assert main(["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "0.3", "--mode", "both",
+                 "--max-tokens", "8", "--workload", "code", "--db", db_url]) == 0, capsys.readouterr().err
+    out = tmp_path / "requests.csv"
+    assert main(["export", "--db", db_url, "--what", "requests", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    cols = ("prompt_tokens", "output_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens")
+    by_mode = {m: {tuple(r[c] for c in cols) for r in rows if r["mode"] == m} for m in ("spec", "ar")}
+    assert by_mode == {"spec": {("5", "3", "", "", "")}, "ar": {("5", "3", "0", "0", "0")}}, by_mode

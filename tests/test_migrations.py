@@ -65,7 +65,7 @@ def test_indexes_and_constraint_names_follow_the_models(db_url):
 
 
 def test_single_head():
-    assert head_revision() == "0011"
+    assert head_revision() == "0012"
 
 
 def test_downgrading_0005_drops_only_the_covering_index(db_url):
@@ -197,3 +197,27 @@ def test_0009_software_version_holds_a_full_kernel_label(db_url):
     finally:
         engine.dispose()
     assert len(software_version("bfloat16")) <= 255
+
+
+def test_0012_request_counts_may_be_unknown(db_url):
+    """A load-test request whose stream ended without the server's usage has unknown prompt tokens and
+    speculation counts: NULL since 0012 (they were NOT NULL, stored 0); downgrading writes 0 back, as before."""
+    from sqlalchemy import text
+
+    cfg = alembic_config(db_url)
+    command.upgrade(cfg, "head")
+    cols = ("prompt_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens")
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.begin() as conn:
+            conn.execute(OLD_RUN, {"v": "v"})
+            conn.execute(text("INSERT INTO requests (id, run_id, domain, started_at, output_tokens, status) VALUES "
+                              "(1, 1, 'code', '2026-12-02 00:00:00', 3, 'cancelled')"))
+            conn.execute(text(f"UPDATE requests SET {', '.join(f'{c} = NULL' for c in cols)}"))
+            assert conn.execute(text(f"SELECT {', '.join(cols)} FROM requests")).one() == (None,) * 4
+        command.downgrade(cfg, "0011")
+        with engine.connect() as conn:
+            assert conn.execute(text(f"SELECT {', '.join(cols)}, output_tokens FROM requests")).one() == (0,) * 4 + (3,)
+        command.upgrade(cfg, "head")
+    finally:
+        engine.dispose()
