@@ -275,7 +275,11 @@ async def _generate(request: Request, state: ServerState, kind: str):
     recorded_in = request.headers.get(RECORDED_IN_HEADER)
     job.recorded_by_client = bool(recorded_in and state.store_key) and hmac.compare_digest(
         recorded_in.encode(), state.store_key.encode())
-    state.loop_engine.submit(job)
+    try:
+        state.loop_engine.submit(job)
+    except APIError as exc:  # 503 overloaded / shutting_down: refused before the engine, counted on /metrics only
+        state.metrics.observe_rejected(exc.code or "error")
+        raise
     if checked.stream:
         return _EventStream(job, state)
     return await _complete(request, job, state)

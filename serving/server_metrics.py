@@ -45,6 +45,10 @@ class ServeMetrics:
                              buckets=_LATENCY_BUCKETS_S, registry=r)
         self.requests = Counter("specfinops:requests", "Finished requests by status (ok | error | cancelled) "
                                 "and mode (spec | ar).", [*base, "status", "mode"], registry=r)
+        self.rejected = Counter("specfinops:requests_rejected", "Requests refused before they reached the engine "
+                                "(reason: overloaded | shutting_down): neither in specfinops:requests nor in the "
+                                "store.", [*base, "reason"], registry=r)
+        self.rejected.labels(*self._base, "overloaded")  # at 0 from the start: a rate of refusals reads 0, no gap
         self.generation_tokens = Counter("vllm:generation_tokens", "Output tokens emitted.", base, registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens prefilled (requests that reached the "
                                      "engine and emitted a first token).", base, registry=r)
@@ -85,6 +89,9 @@ class ServeMetrics:
             self.e2e.labels(*b).observe(rec.e2e_ms / 1000.0)
         if rec.ttft_ms is not None and rec.e2e_ms is not None and rec.output_tokens > 1:
             self.tpot.labels(*b).observe((rec.e2e_ms - rec.ttft_ms) / (rec.output_tokens - 1) / 1000.0)
+
+    def observe_rejected(self, reason: str) -> None:
+        self.rejected.labels(*self._base, reason).inc()
 
     def prepare_positions(self, k_max: int) -> None:
         """Expose positions 0..k_max-1 from the start (at 0), as vLLM does for its configured K."""

@@ -323,3 +323,36 @@ def test_sigterm_past_the_grace_answers_every_client_as_cancelled_and_ends_the_r
     assert len(rows) == 3 and all(status == "cancelled" for _, status, *_ in rows), rows
     by_id = {e: (out, events) for e, _, out, events in rows}
     assert all(by_id[i][0] == by_id[i][1] >= 1 for i in ids), rows  # what was streamed, recorded
+
+
+def test_requests_refused_as_overloaded_are_counted_on_metrics(tmp_path):
+    """A request refused 503 `overloaded` (--max-waiting full) reached no engine, so neither the store nor
+    specfinops:requests_total held it: /metrics showed no sign of the refusals a saturated server made.
+    specfinops:requests_rejected_total{reason} counts them (0 from the start)."""
+    from serving.server_setup import ServeOptions
+    from serving.worker import EngineSpec
+
+    live = start_server(ServeOptions(spec=EngineSpec(dtype="bfloat16", k="4", max_batch=1, max_len=1024),
+                                     db=f"sqlite:///{tmp_path / 'store.db'}", max_waiting=1, power="none"))
+    try:
+        url = live.url + "/v1/completions"
+        assert _metric(httpx.get(live.url + "/metrics").text, "specfinops:requests_rejected_total",
+                       reason="overloaded") == 0
+        with httpx.Client(timeout=120) as http:
+            body = {"model": live.model, "prompt": COUNT_PROMPT, "max_tokens": 400, "temperature": 0,
+                    "stream": True}
+            with http.stream("POST", url, json=body) as first:  # holds the only batch slot
+                next(first.iter_lines())
+                deadline = time.monotonic() + 30
+                while live.state.loop_engine.num_running < 1:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.02)
+                with http.stream("POST", url, json=body) as second:  # waits: --max-waiting 1
+                    codes = [http.post(url, json={**body, "stream": False}).status_code for _ in range(2)]
+                    exp = http.get(live.url + "/metrics").text
+                    assert second.status_code == 200
+        assert codes == [503, 503]
+        assert _metric(exp, "specfinops:requests_rejected_total", reason="overloaded") == 2
+        assert "status=\"error\"" not in exp  # refused requests are not finished ones
+    finally:
+        stop_server(live)
