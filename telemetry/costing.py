@@ -111,6 +111,26 @@ def energy_source(runs: Iterable[RunSummary]) -> str | None:
     return PARTLY_ESTIMATED if len(estimated) == 2 else ESTIMATED if True in estimated else MEASURED
 
 
+def cost_basis_text(total: float | None, *, energy_included: bool, source: str | None, partial: bool,
+                    note: str | None) -> str:
+    """What a mode's measured cost per 1M tokens holds, in the words every surface writes beside it (the report's
+    tiles, its e-mail): 'incl. energy', 'incl. energy (estimated)' or '(partly estimated)', 'hardware only (...)'
+    with why. A total without energy must not read as the full cost, nor one with estimated energy as measured.
+
+    `source`: where the energy in the total comes from (`energy_source`: measured, estimated, partly estimated);
+    `partial`: some of the mode's requests have an energy figure and some do not; `note`: why the total is missing
+    or hardware only (the report's `cost_note`: 'energy not measured', 'measured energy left out: priced as other
+    hardware than measured', 'estimated energy for 1 of 2 runs: hardware only', ...)."""
+    if total is None:
+        return note or ""
+    if not energy_included:
+        if partial:
+            return f"hardware only ({SOME_REQUESTS})"
+        note = note or ENERGY_NOT_MEASURED
+        return note if "hardware only" in note else f"hardware only ({note})"
+    return f"incl. energy ({source})" if source in (ESTIMATED, PARTLY_ESTIMATED) else "incl. energy"
+
+
 def run_energy_estimated(run: RunSummary) -> bool:
     """Whether the run's energy figure rests on estimated power (power_source 'estimate', as the mode-level
     `energy_estimated` says): True wherever the run has an energy figure from a TDP model, whether or not that
@@ -548,6 +568,26 @@ FLEET_COST_FORMULA = (
     "has no peak headroom and no rounding up to whole nodes"
 )
 COST_PER_1M_BASIS = f"{FLEET_COST_LABEL}: {FLEET_COST_FORMULA}"
+
+
+def fleet_energy_text(sp: StoreProjection, mode: str) -> str:
+    """What the mode's fleet cost per 1M served tokens holds, as `project` and the report print beside it: 'node
+    price only', 'incl. energy', or 'incl. energy (estimated)' / '(partly estimated)' where its capacity
+    configuration's energy rests (partly) on estimated power."""
+    if not getattr(sp.projection, f"energy_included_{mode}"):
+        return "node price only"
+    if not getattr(sp, f"energy_estimated_{mode}"):
+        return "incl. energy"
+    return f"incl. energy ({PARTLY_ESTIMATED if getattr(sp, f'energy_partly_estimated_{mode}') else ESTIMATED})"
+
+
+def estimated_energy_modes(sp: StoreProjection) -> str:
+    """The modes whose projected energy rests on estimated power, in words ('spec', 'AR (partly) and spec'); ''
+    where neither's does. What a line saying "the energy part is an estimate" names: one mode's estimate is not
+    the other's."""
+    return " and ".join(("AR" if m == "ar" else "spec") + (" (partly)" if getattr(sp, f"energy_partly_estimated_{m}")
+                                                          else "")
+                        for m in ("ar", "spec") if getattr(sp, f"energy_estimated_{m}"))
 
 
 COMPARISON_RULE = (

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import update
 from sqlalchemy.engine import Engine
 
+from telemetry.costing import cost_basis_text
 from telemetry.db import Report
 
 logger = logging.getLogger(__name__)
@@ -220,7 +221,10 @@ class DeliveryOutcome:
 
 
 def email_text(summary: dict) -> tuple[str, str]:
-    """Subject and plain-text body of the e-mail: the headline figures and where the files are."""
+    """Subject and plain-text body of the e-mail: the headline figures and where the files are. Each cost per 1M
+    tokens says what it holds in the words of the report's tiles (costing.cost_basis_text, from the summary's
+    energy_included / energy_source / energy_complete / cost_note): a hardware-only total must not read as the
+    full cost, nor a partly estimated one as wholly estimated or measured."""
 
     def num(v, spec=",.4g"):
         return "—" if v is None else format(v, spec)
@@ -233,8 +237,13 @@ def email_text(summary: dict) -> tuple[str, str]:
     lines.append(f"Output tokens: {summary.get('output_tokens', 0):,}; requests: {summary.get('requests', 0):,}")
     for mode, label in (("spec", "spec"), ("ar", "AR")):
         m = modes.get(mode, {})
-        est = " (energy estimated)" if m.get("energy_estimated") and m.get("energy_included") else ""
-        lines.append(f"Cost per 1M tokens, {label}: ${num(m.get('total_usd_per_1m'))}{est}")
+        total = m.get("total_usd_per_1m")
+        # what the total holds, in the report's words: a hardware-only total must not read as the full cost
+        basis = cost_basis_text(total, energy_included=bool(m.get("energy_included")),
+                                source=m.get("energy_source"), note=m.get("cost_note"),
+                                partial=m.get("energy_complete") is False and m.get("energy_source") is not None)
+        value = "—" if total is None else f"${num(total)}"
+        lines.append(f"Cost per 1M tokens, {label}: {value}" + (f", {basis}" if basis else ""))
     proj = summary.get("projection") or {}
     lines.append(f"Projected annual savings: ${num(proj.get('annual_savings_usd'), ',.0f')}")
     flagged = [a["metric"] for a in summary.get("anomalies", []) if a.get("status") == "anomaly"]

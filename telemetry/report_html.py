@@ -19,11 +19,14 @@ from telemetry.costing import (
     FLEET_COST_LABEL,
     MEASURED,
     PARTLY_ESTIMATED,
+    cost_basis_text,
     energy_sources_text,
+    estimated_energy_modes,
+    fleet_energy_text,
     incomplete_runs_text,
     runs_text,
 )
-from telemetry.finops import ENERGY_NOT_MEASURED, sla_steps, step_starts
+from telemetry.finops import sla_steps, step_starts
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.queries import paired_text
 from telemetry.report import (
@@ -167,22 +170,16 @@ def _name(mode: str) -> str:
 
 
 def _cost_text(data: ReportData, mode: str) -> tuple[str, str]:
+    """The mode's cost per 1M tokens and what it holds (costing.cost_basis_text, which the e-mail writes too)."""
     mc = data.current.mode_costs.get(mode)
     if mc is None:
         return MISSING, "no runs"
     c = mc.cost
-    if c.total_usd_per_1m is None:
-        return MISSING, c.reason or ""
-    if not c.energy_included:
-        if partial_energy(data.current, mode):
-            return usd(c.total_usd_per_1m), "hardware only (energy for only some requests)"
-        # the cost's own reason, in the words of the Spec vs AR table and its CSV ("measured energy left out:
-        # priced as other hardware than measured", "estimated energy for 1 of 2 runs: hardware only", ...)
-        note = cost_note(data.current, mode) or ENERGY_NOT_MEASURED
-        return usd(c.total_usd_per_1m), note if "hardware only" in note else f"hardware only ({note})"
-    if not c.energy_estimated:
-        return usd(c.total_usd_per_1m), "incl. energy"
-    return usd(c.total_usd_per_1m), f"incl. energy ({data.current.energy_source(mode)})"
+    # the note is the cost's own reason, in the words of the Spec vs AR table and its CSV ("measured energy left
+    # out: priced as other hardware than measured", "estimated energy for 1 of 2 runs: hardware only", ...)
+    return usd(c.total_usd_per_1m), cost_basis_text(
+        c.total_usd_per_1m, energy_included=c.energy_included, source=data.current.energy_source(mode),
+        partial=partial_energy(data.current, mode), note=cost_note(data.current, mode))
 
 
 def _j_text(data: ReportData, mode: str) -> str:
@@ -251,6 +248,14 @@ def _savings_text(pr) -> str:
             "--daily-tokens for your traffic")
 
 
+def _previous_text(data: ReportData, value: int) -> str:
+    """A count tile's previous-period subtitle. A report on one invocation compares nothing (change_rows): the
+    period before it holds none of its runs, so its count is missing there, not 0."""
+    if data.current.window.invocation_id is not None:
+        return f"previous period {MISSING} (not compared: one invocation's runs)"
+    return f"previous period {value:,}"
+
+
 def cards_html(data: ReportData) -> str:
     cur = data.current
     spec_cost, spec_sub = _cost_text(data, "spec")
@@ -269,8 +274,8 @@ def cards_html(data: ReportData) -> str:
     savings = usd(pr.projection.projection.annual_savings_usd) if pr.projection else MISSING
     savings_sub = _savings_text(pr) if pr.projection else (pr.reason or "")
     cards = [
-        _card("Output tokens", f"{cur.output_tokens():,}", f"previous period {data.previous.output_tokens():,}"),
-        _card("Requests", f"{cur.requests():,}", f"previous period {data.previous.requests():,}"),
+        _card("Output tokens", f"{cur.output_tokens():,}", _previous_text(data, data.previous.output_tokens())),
+        _card("Requests", f"{cur.requests():,}", _previous_text(data, data.previous.requests())),
         _card("Cost per 1M tokens, spec (measured runs)", spec_cost, spec_sub),
         _card("Cost per 1M tokens, AR (measured runs)", ar_cost, ar_sub),
         _card("Speedup", speedup, speedup_sub),
@@ -324,11 +329,12 @@ def assumptions_html(data: ReportData) -> str:
             + (f", measured on {', '.join(a['measured_on'])}" if a["priced_differs_from_measured"] else ""),
             *([pr.projection.comparison.text(REPORT_CHOOSE)] if pr.projection.comparison is not None else []),
             f"capacity per node: {a['capacity_basis']}",
-            f"{FLEET_COST_LABEL}: AR {usd(p.cost_per_1m_tokens_ar_usd)}, spec {usd(p.cost_per_1m_tokens_spec_usd)} "
+            f"{FLEET_COST_LABEL}: AR {usd(p.cost_per_1m_tokens_ar_usd)} ({fleet_energy_text(pr.projection, 'ar')}), "
+            f"spec {usd(p.cost_per_1m_tokens_spec_usd)} ({fleet_energy_text(pr.projection, 'spec')}) "
             f"({FLEET_COST_FORMULA}); the cost per 1M tokens of the tiles and the Spec vs AR table is the "
             "measured one",
             f"energy: PUE {a['pue']:g}, ${a['usd_per_kwh']:g}/kWh ({a['energy_prices_from']})"
-            + (" (estimated power)" if a["energy_estimated"] else ""),
+            + (f" (estimated power: {estimated})" if (estimated := estimated_energy_modes(pr.projection)) else ""),
             f"{a['hours_per_year']:,} hours a year",
             *a["notes"],
         ]

@@ -158,10 +158,13 @@ def test_projection_notes_name_the_price_and_the_estimate_on_every_page():
 
     sp = NS(projection=NS(notes=("spec: best of 2 configurations",)), priced_differs=True,
             node_price=NS(priced_as="H100 x8"), measured_on=("cpu (2 cores)",), energy_estimated=True,
+            energy_estimated_ar=False, energy_estimated_spec=True, energy_partly_estimated_spec=True,
             replica_note=None)
     notes = projection_notes(sp)
     assert notes[0] == "spec: best of 2 configurations"
-    assert "priced as H100 x8, measured on cpu (2 cores)" in notes[1] and "estimate" in notes[2]
+    assert "priced as H100 x8, measured on cpu (2 cores)" in notes[1]
+    # whose energy is the estimate: spec's (pooled with metered runs), not AR's
+    assert notes[2] == "the energy part of the projected cost is an estimate for spec (partly)"
     assert projection_notes(NS(**{**vars(sp), "priced_differs": False, "energy_estimated": False})) == notes[:1]
     assert (usd_rate(0.0832), usd_rate(98.32), usd_rate(None)) == ("$0.0832", "$98.32", "—")
 

@@ -32,8 +32,11 @@ from telemetry.store import open_store
 SUMMARY = {
     "report_id": 7, "period": "daily", "since": "2026-11-02T00:00:00+00:00", "until": "2026-11-03T00:00:00+00:00",
     "traffic": True, "output_tokens": 132, "requests": 4,
-    "modes": {"spec": {"total_usd_per_1m": 0.5646, "energy_estimated": True, "energy_included": True},
-              "ar": {"total_usd_per_1m": 0.7310, "energy_estimated": True, "energy_included": True}},
+    "modes": {"spec": {"total_usd_per_1m": 0.5646, "energy_estimated": True, "energy_included": True,
+                       "energy_source": "estimated", "energy_complete": True, "cost_note": None},
+              "ar": {"total_usd_per_1m": 0.7310, "energy_estimated": True, "energy_included": False,
+                     "energy_source": "estimated", "energy_complete": False,
+                     "cost_note": "estimated energy for only some requests: hardware only"}},
     "projection": {"annual_savings_usd": 0.0},
     "anomalies": [{"metric": "spec cost per 1M tokens (USD)", "status": "anomaly"}],
     "html_path": "/reports/report-7/report.html",
@@ -192,7 +195,9 @@ def test_email_reaches_a_local_smtp_server(smtp_factory):
     assert msg["Subject"] == "specfinops daily cost report 2026-11-02"
     assert msg["From"] == "finops@example.test" and "cfo@example.test" in msg["To"]
     body = msg.get_content()
-    assert "Cost per 1M tokens, spec: $0.5646 (energy estimated)" in body
+    assert "Cost per 1M tokens, spec: $0.5646, incl. energy (estimated)" in body
+    # a total without energy in it does not read as the full cost (the report's tile words)
+    assert "Cost per 1M tokens, AR: $0.731, hardware only (energy for only some requests)" in body
     assert "Anomalies: spec cost per 1M tokens (USD)" in body and SUMMARY["html_path"] in body
     assert len(srv.rcpts) == 2
 

@@ -518,3 +518,78 @@ def test_overview_cost_delta_on_one_energy_basis_compares_totals(sqlite_url, mon
     change = (c["spec"].total_usd_per_1m - c["ar"].total_usd_per_1m) / c["ar"].total_usd_per_1m
     deltas = _cost_deltas(sqlite_url, monkeypatch)
     assert deltas["Cost per 1M tokens"] == f"{change:+.0%} vs AR"
+
+
+# ---- I: the report's e-mail and its fleet cost say what each figure holds, mode by mode -------------------
+
+
+def _email_costs(summary: dict) -> dict[str, str]:
+    """The e-mail's 'Cost per 1M tokens, <mode>: ...' lines, by mode."""
+    from telemetry.delivery import email_text
+
+    lines = email_text(summary)[1].splitlines()
+    return {mode: next(line.split(": ", 1)[1] for line in lines if line.startswith(f"Cost per 1M tokens, {mode}:"))
+            for mode in ("spec", "AR")}
+
+
+def test_email_labels_each_cost_as_the_report_tiles_do(sqlite_url, tmp_path):
+    """The e-mail said "(energy estimated)" only beside a total with energy in it: a hardware-only total (no
+    power measured, energy for only some requests) read as the full cost, and a pooled estimate as a whole one."""
+    for name, fill, said in (
+        ("none", lambda e: add_day(e, D0, "none", ar_j=None, spec_j=None),
+         {"spec": "hardware only (energy not measured)", "AR": "hardware only (energy not measured)"}),
+        ("partial", lambda e: add_partial_day(e, D0),  # per mode one run estimated, one without energy
+         {"spec": "hardware only (energy for only some requests)", "AR": "hardware only (energy for only some "
+          "requests)"}),
+        ("pooled", lambda e: (add_day(e, D0, "estimate"), add_day(e, D0, "nvml")),
+         {"spec": "incl. energy (partly estimated)", "AR": "incl. energy (partly estimated)"}),
+        ("metered", lambda e: add_day(e, D0, "nvml"), {"spec": "incl. energy", "AR": "incl. energy"}),
+    ):
+        url = sqlite_url.replace("store.db", f"{name}.db")
+        fill(open_store(url))
+        summary, _, page = report(url, tmp_path / name)
+        costs = _email_costs(summary)
+        for mode, label in said.items():
+            value = summary["modes"][mode.lower()]["total_usd_per_1m"]
+            assert costs[mode] == f"${value:,.4g}, {label}", (name, costs)
+            assert f'<div class="s">{label}</div>' in page, (name, label)  # the tile's words
+    # a mode with no runs: no figure, and why
+    assert _email_costs({"modes": {"spec": {"total_usd_per_1m": None, "cost_note": "no runs of this mode"}}}) == {
+        "spec": "—, no runs of this mode", "AR": "—"}
+
+
+def test_report_fleet_cost_labels_each_mode_as_project_does(sqlite_url, tmp_path, capsys):
+    """The assumptions list gave both fleet costs bare, then "(estimated power)" without saying whose: with AR
+    metered and spec estimated, or with no energy at all (node price only), each figure now says what it holds."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:  # AR metered, spec estimated
+        start = D0.replace(hour=9)
+        make_run(s, "ar", started_at=start, power_source="nvml", requests=[
+            Req(33, ttft_ms=100, e2e_ms=900, energy_j=50.0), Req(33, ttft_ms=100, e2e_ms=1700, start_s=0.2,
+                                                                 energy_j=50.0)])  # fmt: skip
+        make_run(s, "spec", started_at=start, power_source="estimate", requests=[
+            spec_req(33, 4, 24, ttft_ms=100, e2e_ms=500, energy_j=30.0),
+            spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500, start_s=1.0, energy_j=30.0)])  # fmt: skip
+        s.commit()
+    opts = ("--daily-tokens", "1e6", "--sla-ms", "1e4")
+    summary, _, page = report(sqlite_url, tmp_path / "mixed", *opts)
+    p = summary["projection"]
+    assert (f"AR {_usd(p['cost_per_1m_tokens_ar_usd'])} (incl. energy), spec "
+            f"{_usd(p['cost_per_1m_tokens_spec_usd'])} (incl. energy (estimated)) (") in page
+    assert "(estimated power: spec)</li>" in page  # not AR's
+    assert main(["project", "--db", sqlite_url, "--daily-tokens", "1e6", "--peak-factor", "1",
+                 "--p95-tpot-sla-ms", "1e4"]) == 0
+    assert "(incl. energy), spec $" in (out := capsys.readouterr().out) and "(incl. energy (estimated))" in out, out
+    url = sqlite_url.replace("store.db", "none.db")
+    add_day(open_store(url), D0, "none", ar_j=None, spec_j=None)
+    summary, _, page = report(url, tmp_path / "none", *opts)
+    p = summary["projection"]
+    assert (f"AR {_usd(p['cost_per_1m_tokens_ar_usd'])} (node price only), spec "
+            f"{_usd(p['cost_per_1m_tokens_spec_usd'])} (node price only)") in page
+    assert "(estimated power" not in page
+
+
+def _usd(value: float) -> str:
+    from telemetry.report_html import usd
+
+    return usd(value)

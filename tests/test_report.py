@@ -796,6 +796,9 @@ def test_a_report_of_one_invocation_covers_its_runs_over_its_own_span(sqlite_url
     assert changes["output tokens"]["this_period"] == 66
     assert all(c["previous_period"] is None and c["change"] is None and "one invocation" in c["compared"]
                for c in changes.values())
+    # ... nor do the tiles: the previous period's count is missing there, not 0
+    page = open(rec.html_path, encoding="utf-8").read()
+    assert page.count("previous period — (not compared: one invocation") == 2 and "previous period 0" not in page
     # a bench's own 66 tokens in 2 s are not 2.9M tokens of daily traffic: no fleet is sized on them unless given
     assert rec.summary["projection"] is None and "give --daily-tokens" in rec.summary["projection_note"]
     # a --since given is kept; the end is still the bench's

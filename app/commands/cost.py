@@ -463,7 +463,7 @@ def _mode_cost_text(mc, run_costs) -> str:
 
 
 def run_project_command(args) -> int:
-    from telemetry.costing import FLEET_COST_LABEL, project_from_store, runs_text
+    from telemetry.costing import FLEET_COST_LABEL, fleet_energy_text, project_from_store, runs_text
     from telemetry.finops import MAX_DAILY_TOKENS, MAX_PEAK_FACTOR, MAX_SLA_MS, MIN_DAILY_TOKENS
     from telemetry.store import open_store
 
@@ -496,11 +496,6 @@ def run_project_command(args) -> int:
     def nodes(n):
         return "not attainable" if n is None else f"{n:,}"
 
-    def energy_label(included: bool, estimated: bool, partly: bool) -> str:
-        if not included:
-            return "node price only"
-        return f"incl. energy ({'partly estimated' if partly else 'estimated'})" if estimated else "incl. energy"
-
     print(f"traffic: {daily:,.0f} output tokens/day, peak factor {peak:g}, p95 TPOT SLA {sla:g} ms")
     if sp.comparison is not None:
         print(sp.comparison.text())
@@ -516,10 +511,8 @@ def run_project_command(args) -> int:
     print(f"monthly cost: AR {_usd(p.monthly_cost_ar_usd)}, spec {_usd(p.monthly_cost_spec_usd)}")
     print(f"annual savings: {_usd(p.annual_savings_usd)}")
     print(
-        f"{FLEET_COST_LABEL}: AR {_usd(p.cost_per_1m_tokens_ar_usd)} "
-        f"({energy_label(p.energy_included_ar, sp.energy_estimated_ar, sp.energy_partly_estimated_ar)}), "
-        f"spec {_usd(p.cost_per_1m_tokens_spec_usd)} "
-        f"({energy_label(p.energy_included_spec, sp.energy_estimated_spec, sp.energy_partly_estimated_spec)})"
+        f"{FLEET_COST_LABEL}: AR {_usd(p.cost_per_1m_tokens_ar_usd)} ({fleet_energy_text(sp, 'ar')}), "
+        f"spec {_usd(p.cost_per_1m_tokens_spec_usd)} ({fleet_energy_text(sp, 'spec')})"
     )
     line = f"priced as {sp.node_price.priced_as} (${sp.node_price.usd_per_hour:g}/node-hour)"
     if sp.priced_differs:

@@ -17,6 +17,7 @@ import streamlit as st
 
 from app.dashboard import data
 from app.dashboard.filters import Selection, sidebar
+from telemetry.costing import estimated_energy_modes
 from telemetry.prices import snapshot_energy  # the one rule for a valid recorded $/kWh or PUE
 
 logger = logging.getLogger(__name__)
@@ -64,8 +65,8 @@ def projection_notes(sp) -> list[str]:
     if sp.priced_differs:
         notes.append(f"priced as {sp.node_price.priced_as}, measured on {', '.join(sp.measured_on)}: "
                      "the energy part is left out of the projected cost")
-    if sp.energy_estimated:
-        notes.append("the energy part of the projected cost is an estimate")
+    if sp.energy_estimated:  # one mode's estimate is not the other's: the note names whose it is
+        notes.append(f"the energy part of the projected cost is an estimate for {estimated_energy_modes(sp)}")
     if getattr(sp, "energy_prices_from", "") and (sp.projection.energy_included_ar
                                                   or sp.projection.energy_included_spec):
         notes.append(f"energy prices: {energy_prices_from(sp)}")
