@@ -13,6 +13,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 
 from telemetry.db import (
+    JOBS_TABLE,
     Base,
     make_engine,
     migration_transaction,
@@ -26,7 +27,7 @@ if config.config_file_name is not None and config.attributes.get("configure_logg
 target_metadata = Base.metadata
 # Tables that live in the store but are not ours: APScheduler's job store (telemetry/scheduler.py) creates
 # and owns its table; `alembic check` and autogenerate must not propose to drop it.
-FOREIGN_TABLES = frozenset({"apscheduler_jobs"})
+FOREIGN_TABLES = frozenset({JOBS_TABLE})
 
 
 def _include_name(name, type_, _parent_names) -> bool:

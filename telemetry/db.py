@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_DB_PATH = Path("var") / "specfinops.db"
 SUPPORTED_BACKENDS = ("sqlite", "postgresql")
 ENV_DB_URL = "SPECFINOPS_DB_URL"
+# APScheduler's job store (telemetry/scheduler.py): a table in the store that Alembic leaves alone
+# (migrations/env.py) and that does not make a database another application's (telemetry/store.py)
+JOBS_TABLE = "apscheduler_jobs"
 
 # Stable constraint names, so Alembic migrations (and batch mode on SQLite) can refer to them.
 NAMING_CONVENTION = {

@@ -66,6 +66,7 @@ from apscheduler.triggers.combining import OrTrigger
 from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy.engine import Engine
 
+from telemetry.db import JOBS_TABLE
 from telemetry.report import (
     DEFAULT_HISTORY,
     DEFAULT_SLA_MS,
@@ -77,7 +78,6 @@ from telemetry.report import (
 
 logger = logging.getLogger(__name__)
 
-JOBS_TABLE = "apscheduler_jobs"  # excluded from Alembic in migrations/env.py (FOREIGN_TABLES)
 JOB_FUNC = "telemetry.scheduler:run_report_job"
 DEFAULT_MISFIRE_GRACE_S = 3600
 # A scheduled report whose delivery failed is delivered again by its job's later runs (and at the scheduler's

@@ -1,7 +1,9 @@
 """Opening the store: an Engine whose schema is at the newest Alembic revision.
 
-`open_store` upgrades an empty or older database automatically. When the database is already at head it
-costs one `SELECT version_num FROM alembic_version`; Alembic itself is loaded only when there is work.
+`open_store` upgrades an empty or older database automatically; another application's it refuses. When the
+database is already at head it costs one `SELECT version_num FROM alembic_version` (a SQLite file's table names
+are read before, without the store's pragmas, which would switch another application's file to WAL); Alembic
+itself is loaded only when there is work.
 The migrations directory is found through the installed `migrations` package, never the working directory.
 """
 
@@ -25,6 +27,7 @@ from sqlalchemy.exc import DBAPIError
 
 from telemetry.db import (
     ENV_DB_URL,
+    JOBS_TABLE,
     Base,
     file_in_path,
     folder_error,
@@ -100,8 +103,18 @@ def _at_head(engine: Engine) -> bool:
 
 def stamp_if_created_without_alembic(conn: Connection, cfg: Config) -> bool:
     """A store made by `create_all` before migrations existed: stamp it when it matches the models."""
-    ours = set(Base.metadata.tables)
-    present = ours & set(inspect(conn).get_table_names())
+    if not refuse_unless_models_match(conn):
+        return False
+    command.stamp(cfg, "head")
+    logger.warning("store had the current schema without an Alembic version; stamped it at %s", head_revision())
+    return True
+
+
+def refuse_unless_models_match(conn: Connection) -> bool:
+    """Whether a database without an Alembic revision has specfinops tables; a StoreError naming the tables that
+    differ where their schema is not the models' (another application's `prices`, a hand-made store). Only reads:
+    open_store runs it before a SQLite file is switched to WAL, so a file it refuses is left as it was."""
+    present = set(Base.metadata.tables) & set(inspect(conn).get_table_names())
     if not present:
         return False
     with quiet_expression_index_warnings():
@@ -112,8 +125,6 @@ def stamp_if_created_without_alembic(conn: Connection, cfg: Config) -> bool:
             f"differs from the models ({len(diffs)} differences: {_diff_tables(diffs)}); "
             "migrate it by hand or start from an empty database"
         )
-    command.stamp(cfg, "head")
-    logger.warning("store had the current schema without an Alembic version; stamped it at %s", head_revision())
     return True
 
 
@@ -179,21 +190,26 @@ def foreign_tables_text(tables: list[str]) -> str:
 
 
 class NotAStoreError(NoStoreError):
-    """A command that only reads was pointed at a database that holds no specfinops store (an empty database, or
-    another application's): it is refused, not given the specfinops tables. `path` is the database as shown
-    (a SQLite file, or the URL with its password masked)."""
+    """A database that holds no specfinops store: refused, not given the specfinops tables. Every command refuses
+    another application's (its tables, none of specfinops's; open_store); a command that only reads refuses an
+    empty one too. `path` is the database as shown (a SQLite file, or the URL with its password masked).
+    `stamped`: the revision in its version table, another Alembic-managed application's."""
 
-    def __init__(self, shown: str, other_tables: list[str], *, server: bool = False, emptied: bool = False):
+    def __init__(self, shown: str, other_tables: list[str], *, server: bool = False, emptied: bool = False,
+                 stamped: str | None = None):  # fmt: skip
         none = ("it has no specfinops tables (only an empty version table, as `specfinops db downgrade base` "
                 "leaves)" if emptied else "it has no tables")  # fmt: skip
         others = foreign_tables_text(other_tables) if other_tables else none
         db = "URL" if server else shown  # a server's URL is named once, its password masked
-        StoreError.__init__(
-            self,
-            f"no store in {shown}: {others}. Check --db / SPECFINOPS_DB_URL; to make it a store: "
-            f"specfinops db upgrade --db {db}, or record runs into it: specfinops bench --workload code "
-            f"--mode both --db {db}",
-        )
+        if stamped is not None:  # its version table is the other application's: no store can go beside it
+            then = (f", and its {VERSION_TABLE} table (at revision {stamped!r}) is another Alembic-managed "
+                    "application's. Check --db / SPECFINOPS_DB_URL: a store needs a database of its own")
+        elif other_tables:  # `db upgrade` adds the store beside them, where that is really wanted
+            then = f". Check --db / SPECFINOPS_DB_URL; to add a store to it anyway: specfinops db upgrade --db {db}"
+        else:
+            then = (f". Check --db / SPECFINOPS_DB_URL; to make it a store: specfinops db upgrade --db {db}, or "
+                    f"record runs into it: specfinops bench --workload code --mode both --db {db}")
+        StoreError.__init__(self, f"no store in {shown}: {others}{then}")
         self.path = shown
 
 
@@ -202,16 +218,27 @@ def _shown(url: str) -> str:
     return str(path) if path is not None else make_url(url).render_as_string(hide_password=True)
 
 
-def _refuse_unless_a_store(engine: Engine, url: str) -> None:
-    """NotAStoreError when the database has none of the specfinops tables and no revision stamped (a version
-    table that names a revision is left to the upgrade: a known one is upgraded, an unknown one was written by
-    a newer version; an empty one, as `db downgrade base` leaves, holds nothing). Only reads: nothing is created."""
+def _refuse_unless_a_store(engine: Engine, url: str, *, must_exist: bool) -> None:
+    """NotAStoreError for another application's database: tables, none of them specfinops's (beside, maybe, a
+    version table: another Alembic-managed application's, whatever revision it names); with `must_exist` (a
+    command that only reads), for one without any table but a version table that names no revision too (empty,
+    or as `db downgrade base` leaves). A version table alone that names a revision is left to the upgrade (a
+    known one is upgraded, an unknown one was written by a newer version). Specfinops tables without a revision
+    whose schema is not the models' are refused here too (refuse_unless_models_match). Only reads: nothing is
+    created, and a SQLite file is read without make_engine's pragmas (the caller's `engine`)."""
     with engine.connect() as conn:
         tables = set(inspect(conn).get_table_names())
-        if tables & set(Base.metadata.tables) or (VERSION_TABLE in tables and current_revision(conn) is not None):
+        revision = current_revision(conn) if VERSION_TABLE in tables else None
+        if tables & set(Base.metadata.tables):
+            if revision is None:
+                refuse_unless_models_match(conn)
             return
-    raise NotAStoreError(_shown(url), sorted(tables - {VERSION_TABLE}), server=sqlite_file(url) is None,
-                         emptied=VERSION_TABLE in tables)  # fmt: skip
+    others = sorted(tables - {VERSION_TABLE})
+    foreign = set(others) - {JOBS_TABLE}  # the scheduler's jobs alone (an older `db downgrade base` kept them)
+    if not foreign and (revision is not None or not must_exist):
+        return
+    raise NotAStoreError(_shown(url), others, server=sqlite_file(url) is None, emptied=VERSION_TABLE in tables,
+                         stamped=revision if foreign else None)  # fmt: skip
 
 
 def _named(url: str | None, path: Path) -> str:
@@ -258,20 +285,21 @@ def open_store(url: str | None = None, *, must_exist: bool = False) -> Engine:
 
     A SQLite file that does not exist is created, with its directory, unless `must_exist`: commands that only
     read (cost, project, export, report, scheduler, dashboard) pass it, so a mistyped `--db` is named as such instead of
-    turning into a new, empty store that has "no runs". With `must_exist` a database that holds no specfinops
-    tables (an empty one, another application's) is refused too (NotAStoreError), not given the schema; a store
+    turning into a new, empty store that has "no runs". Another application's database (tables, none of them
+    specfinops's) is refused (NotAStoreError) by every command, not given the schema beside its tables
+    (`specfinops db upgrade` does that, where it is wanted); with `must_exist` an empty one is refused too. A
+    SQLite file is checked before make_engine's engine connects: its pragmas would switch the file to WAL. A store
     at an older revision is upgraded as always. A SQLite path that is a directory, or a file that is not a SQLite
     database, is refused naming it (refuse_unusable_sqlite_file)."""
     refuse_unusable_sqlite_file(url)
     url = resolve_db_url(url)
     path = sqlite_file(url)
-    if must_exist and path is not None:
+    if path is not None and (must_exist or path.exists()):
         if not path.exists():
             raise NoStoreError(path)
-        # checked before make_engine's engine connects: its pragmas would switch a foreign file to WAL
         probe = create_engine(url)
         try:
-            _refuse_unless_a_store(probe, url)
+            _refuse_unless_a_store(probe, url, must_exist=must_exist)
         except DBAPIError as exc:
             clear = folder_error(path, exc.orig)
             if clear is None:
@@ -283,8 +311,8 @@ def open_store(url: str | None = None, *, must_exist: bool = False) -> Engine:
     if _at_head(engine):
         return engine
     try:
-        if must_exist and not url.startswith("sqlite"):
-            _refuse_unless_a_store(engine, url)
+        if not url.startswith("sqlite"):  # a server's database: no WAL to keep off, so its engine reads it
+            _refuse_unless_a_store(engine, url, must_exist=must_exist)
         upgrade_to_head(engine)
     except NotAStoreError:
         engine.dispose()

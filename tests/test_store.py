@@ -299,3 +299,92 @@ def test_a_read_only_store_made_without_alembic_is_not_said_to_have_no_schema(tm
     assert cli_main(["cost", "--db", f"sqlite:///file:{path}?mode=ro&uri=true"]) == 2
     err = capsys.readouterr().err
     assert "is without an Alembic version (its tables were made without Alembic)" in err and "schema" not in err
+
+
+# ---- a command that records, pointed at another application's database ---------------------------------
+
+
+def _journal_mode(path) -> str:
+    import contextlib
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return conn.execute("PRAGMA journal_mode").fetchone()[0]
+
+
+def test_a_writer_refuses_another_apps_database_and_leaves_it_as_it_was(db_url, capsys):
+    """`prices set` (bench, loadtest and serve likewise: they open the store as it does) turned another
+    application's SQLite file into a store, its tables beside the other's, and switched it to WAL; `db upgrade`
+    stays the way to do that on purpose."""
+    from telemetry.store import NotAStoreError
+
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)"))
+    engine.dispose()
+    path = store.sqlite_file(db_url)
+    before = path.read_bytes() if path is not None else None
+    with pytest.raises(NotAStoreError, match="its table customers is not specfinops's") as exc:
+        open_store(db_url)
+    assert "to add a store to it anyway: specfinops db upgrade --db" in str(exc.value)
+    assert "specfinops bench" not in str(exc.value)  # it would refuse the database as well
+    assert cli_main(["prices", "set", "mynode", "1.5", "--kind", "node", "--source", "t", "--db", db_url]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "no store in " in err and "its table customers is not specfinops's" in err
+    assert _tables(db_url) == {"customers"}
+    if path is not None:
+        assert path.read_bytes() == before and _journal_mode(path) == "delete"
+        assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no -wal, no -shm
+    assert cli_main(["db", "upgrade", "--db", db_url]) == 0  # on purpose: the store goes beside its tables
+    open_store(db_url).dispose()
+    assert _tables(db_url) >= {"customers", *Base.metadata.tables}
+
+
+@pytest.mark.parametrize("must_exist", [False, True], ids=["writer", "reader"])
+def test_a_file_whose_tables_differ_from_the_models_is_refused_before_it_is_switched_to_wal(tmp_path, must_exist):
+    """Another application's `prices` table was refused ("schema differs from the models") only after the file
+    had been switched to WAL."""
+    path = tmp_path / "other.db"
+    engine = create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE prices (sku TEXT PRIMARY KEY, cents INTEGER)"))
+    engine.dispose()
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match=r"no alembic_version table and its schema differs from the models"):
+        open_store(f"sqlite:///{path}", must_exist=must_exist)
+    assert path.read_bytes() == before and _journal_mode(path) == "delete"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+
+
+def test_another_alembic_managed_apps_database_is_not_said_to_be_a_newer_store(db_url, capsys):
+    """Its own alembic_version, at a revision of its own, read as "written by a newer version" of specfinops to
+    every command, `db upgrade` included: none of specfinops's tables is there, so it is no store at all."""
+    from telemetry.store import NotAStoreError
+
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL PRIMARY KEY)"))
+        conn.execute(text("INSERT INTO alembic_version VALUES ('3f2a9c1b7d4e')"))
+        conn.execute(text("CREATE TABLE users (id INTEGER)"))
+    engine.dispose()
+    said = ("its table users is not specfinops's, and its alembic_version table (at revision '3f2a9c1b7d4e') is "
+            "another Alembic-managed application's. Check --db / SPECFINOPS_DB_URL: a store needs a database of "
+            "its own")
+    for must_exist in (False, True):
+        with pytest.raises(NotAStoreError, match="^no store in ") as exc:
+            open_store(db_url, must_exist=must_exist)
+        assert said in str(exc.value)
+    for argv in (["cost"], ["db", "upgrade"], ["prices", "set", "mynode", "1.5", "--kind", "node", "--source", "t"]):
+        assert cli_main([*argv, "--db", db_url]) == 2, argv
+        err = capsys.readouterr().err
+        assert said in err and "newer" not in err and len(err.strip().splitlines()) == 1, (argv, err)
+    assert cli_main(["db", "current", "--db", db_url]) == 0
+    assert "revision 3f2a9c1b7d4e, head" in (out := capsys.readouterr().out)
+    assert "(not a specfinops store: its table users is not specfinops's)" in out, out
+    assert cli_main(["db", "check", "--db", db_url]) == 2
+    assert "not a specfinops store: its table users is not specfinops's" in capsys.readouterr().err
+    path = store.sqlite_file(db_url)
+    assert path is None or _journal_mode(path) == "delete"
+    assert _tables(db_url) == {"alembic_version", "users"} and _revision(db_url) == "3f2a9c1b7d4e"
+
