@@ -321,44 +321,60 @@ def open_store(url: str | None = None, *, must_exist: bool = False) -> Engine:
         if _at_head(engine):  # SQLite: a concurrent opener created the schema first
             return engine
         try:
-            if _is_read_only_error(exc):
-                raise _read_only_behind_head(engine, url) from None
+            refused = _why_not_upgraded(exc)
+            said = _cannot_upgrade(engine, url, refused) if refused else None
         finally:
             engine.dispose()
+        if said is not None:
+            raise said from None
         raise
     return engine
 
 
-def _is_read_only_error(exc: BaseException) -> bool:
-    """Whether `exc` says the database refused a write because it is open read-only: a SQLite file opened with
-    mode=ro (or one this user cannot write), a PostgreSQL session or server whose transactions are read-only."""
+def _why_not_upgraded(exc: BaseException) -> str | None:
+    """Why the database refused the upgrade's writes, where that is a state of the database or of the role and no
+    fault: "read-only" (a SQLite file opened with mode=ro or one this user cannot write, a PostgreSQL session or
+    server whose transactions are read-only), "privilege" (a PostgreSQL role that may read the store but not
+    change its schema: "must be owner of table runs", SQLSTATE 42501), or None."""
     orig = getattr(exc, "orig", None) or exc
     name = getattr(orig, "sqlite_errorname", "") or ""
     if name.startswith("SQLITE_READONLY") and name != "SQLITE_READONLY_DIRECTORY":  # a folder: folder_error's
-        return True
-    return getattr(orig, "sqlstate", None) == "25006" or "read-only transaction" in str(orig)
+        return "read-only"
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate == "25006" or "read-only transaction" in str(orig):
+        return "read-only"
+    return "privilege" if sqlstate == "42501" else None
 
 
-def _read_only_behind_head(engine: Engine, url: str) -> StoreError:
-    """A store that needs an upgrade but is open read-only: which revision it is at and which one is needed (the
-    upgrade said only 'attempt to write a readonly database')."""
-    rev, tables = None, False
+def _cannot_upgrade(engine: Engine, url: str, why: str) -> StoreError | None:
+    """A store that needs an upgrade that `why` (_why_not_upgraded) forbids: which revision it is at and which one
+    is needed (the upgrade said only 'attempt to write a readonly database' or 'must be owner of table runs').
+    None where the store cannot even be read (a role without SELECT on it): its own error says that."""
+    rev, tables, unread = None, False, False
     # read without the store engine's pragmas: switching a file that is not WAL yet to WAL is itself a write
     reader = create_engine(engine.url) if engine.url.get_backend_name() == "sqlite" else engine
     try:
         with reader.connect() as conn:
-            rev = current_revision(conn)
             tables = bool(set(inspect(conn).get_table_names()) & set(Base.metadata.tables))
+            rev = current_revision(conn)
     except DBAPIError:
-        pass
+        unread = True
     finally:
         if reader is not engine:
             reader.dispose()
+    if unread and why == "privilege":
+        return None
     # tables without a version: made by create_all, they need only a stamp (which writes too)
     at = (f"at revision {rev}" if rev else "without an Alembic version (its tables were made without Alembic)"
           if tables else "without a schema")
+    needs = f"the store {_shown(url)} is {at} and this specfinops needs revision {head_revision()}"
+    if why == "privilege":
+        role = f"the role {engine.url.username}" if engine.url.username else "this role"
+        return StoreError(
+            f"{needs}, but {role} may not change its schema, so it cannot be upgraded: run `specfinops db upgrade "
+            "--db URL` as a role that may (the owner of its tables), then use it again"
+        )
     return StoreError(
-        f"the store {_shown(url)} is {at} and this specfinops needs revision {head_revision()}, but it is open "
-        "read-only, so it cannot be upgraded: run `specfinops db upgrade --db COPY` on a writable copy of it (or "
-        "open it writable) and use that"
+        f"{needs}, but it is open read-only, so it cannot be upgraded: run `specfinops db upgrade --db COPY` on a "
+        "writable copy of it (or open it writable) and use that"
     )
