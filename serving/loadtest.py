@@ -273,11 +273,14 @@ def _usage_counts(usage) -> tuple[int, int] | None:
 def _take_speculation_counts(rec, usage, *, spec: bool) -> None:
     """The server's speculation counts for the request (usage's "specfinops" extension), when it sent them:
     the load test's runs then carry acceptance, though not the steps only the server sees. A speculative request
-    whose server sent none (another OpenAI-compatible server) has unknown counts (None), not 0."""
+    whose server sent none (another OpenAI-compatible server), or counts no engine makes (more accepted than
+    drafted tokens), has unknown counts (None), not 0."""
     counts = (getattr(usage, "model_extra", None) or {}).get("specfinops")
     values = [counts.get(k) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")] \
         if isinstance(counts, dict) else []
-    if values and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+    drafts, drafted, accepted = values or (None, None, None)
+    if values and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values) \
+            and accepted <= drafted and drafts <= drafted:  # counts no engine makes stay unknown, not stored
         rec.num_drafts, rec.num_draft_tokens, rec.num_accepted_tokens = values
     elif spec:
         rec.num_drafts = rec.num_draft_tokens = rec.num_accepted_tokens = None

@@ -29,7 +29,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from telemetry.db import PowerSample, Request, Run, Step, TokenEvent
 from telemetry.power import PowerSampler, PowerSource
 from telemetry.prices import load_catalog, price_snapshot
-from telemetry.records import PowerReading, RequestRecord, RunInfo
+from telemetry.records import BadRecord, PowerReading, RequestRecord, RunInfo, request_problem
 
 logger = logging.getLogger(__name__)
 
@@ -352,7 +352,8 @@ class Recorder:
         key = (run_id, type(exc).__name__)
         if key not in self._rejections_said:  # said once per run and kind of error; all are counted
             self._rejections_said.add(key)
-            logger.error("run %s: record rejected by the database, counted as dropped: %s", run_id, exc)
+            by = "" if isinstance(exc, BadRecord) else " by the database"
+            logger.error("run %s: record rejected%s, counted as dropped: %s", run_id, by, exc)
         with self._lock:
             if item[0] != _END:
                 self._dropped[run_id] = self._dropped.get(run_id, 0) + 1
@@ -423,6 +424,9 @@ class Recorder:
 
     @staticmethod
     def _insert_requests(conn: Connection, reqs: list[tuple[int, RequestRecord]]) -> int:
+        for run_id, r in reqs:  # a bad record fails its batch; the writer then writes the others one by one
+            if (problem := request_problem(r)) is not None:
+                raise BadRecord(f"request {r.external_id or '(no id)'} of run {run_id}: {problem}")
         rows = [
             {
                 "run_id": run_id,

@@ -6,8 +6,11 @@ when it writes a request together with its steps and token events in one transac
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
+
+REQUEST_STATUSES = ("ok", "error", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,3 +95,37 @@ class PowerReading:
     energy_mj: float | None
     utilization_pct: float | None
     source: str  # nvml | rapl | estimate
+
+
+class BadRecord(ValueError):
+    """A record no measurement can give (a negative count, more accepted than drafted tokens): the recorder drops
+    it and counts it for its run, as it does a record the database rejects, instead of storing nonsense that
+    every aggregate over the run would then carry (an acceptance rate of 4.5, a negative TTFT)."""
+
+
+def request_problem(rec: RequestRecord) -> str | None:
+    """What makes `rec` impossible, or None. Unknown counts (None) are allowed: they are missing, not wrong."""
+    counts = {"prompt_tokens": rec.prompt_tokens, "output_tokens": rec.output_tokens, "num_drafts": rec.num_drafts,
+              "num_draft_tokens": rec.num_draft_tokens, "num_accepted_tokens": rec.num_accepted_tokens}
+    for name, n in counts.items():
+        if n is not None and n < 0:
+            return f"{name} is {n}, below 0"
+    if rec.output_tokens is None:
+        return "output_tokens is unknown"
+    drafted = rec.num_draft_tokens
+    if drafted is not None and rec.num_accepted_tokens is not None and rec.num_accepted_tokens > drafted:
+        return f"num_accepted_tokens {rec.num_accepted_tokens} exceeds num_draft_tokens {drafted}"
+    if drafted is not None and rec.num_drafts is not None and rec.num_drafts > drafted:
+        return f"num_drafts {rec.num_drafts} exceeds num_draft_tokens {drafted} (a draft proposes 1 token at least)"
+    for name in ("ttft_ms", "e2e_ms", "energy_j"):
+        v = getattr(rec, name)
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            return f"{name} is {v}, not a finite value >= 0"
+    if rec.status not in REQUEST_STATUSES:
+        return f"status {rec.status!r} is not one of {', '.join(REQUEST_STATUSES)}"
+    for s in rec.steps:
+        if not 0 <= s.accepted <= s.k or s.num_emitted < 0:
+            return f"step {s.step_index}: k {s.k}, accepted {s.accepted}, emitted {s.num_emitted}"
+        if not all(math.isfinite(v) and v >= 0 for v in (s.draft_ms, s.verify_ms)):
+            return f"step {s.step_index}: draft_ms {s.draft_ms}, verify_ms {s.verify_ms}: not finite values >= 0"
+    return None

@@ -543,3 +543,19 @@ def test_counts_a_server_did_not_send_are_stored_unknown_not_zero(stub_factory, 
     cols = ("prompt_tokens", "output_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens")
     by_mode = {m: {tuple(r[c] for c in cols) for r in rows if r["mode"] == m} for m in ("spec", "ar")}
     assert by_mode == {"spec": {("5", "3", "", "", "")}, "ar": {("5", "3", "0", "0", "0")}}, by_mode
+
+
+def test_speculation_counts_no_engine_makes_are_stored_unknown(stub_factory, tmp_path, capsys):
+    """A server's usage whose counts no engine makes (more accepted than drafted tokens) was stored as sent, and the
+    run's acceptance rate read above 1: such counts are unknown (NULL), the request's tokens kept."""
+    usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12,
+             "specfinops": {"num_drafts": 2, "num_draft_tokens": 3, "num_accepted_tokens": 9}}
+    stub = stub_factory(chunks=3, chunk_s=0.01, fail_usage=usage)
+    db_url = f"sqlite:///{tmp_path / 'odd.db'}"
+    assert main(["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "0.3", "--mode", "spec",
+                 "--max-tokens", "8", "--workload", "code", "--db", db_url]) == 1
+    capsys.readouterr()
+    with create_engine(db_url).connect() as c:
+        rows = c.execute(text("select prompt_tokens, output_tokens, num_drafts, num_draft_tokens, "
+                              "num_accepted_tokens from requests")).all()
+    assert rows and {tuple(r) for r in rows} == {(5, 7, None, None, None)}, rows

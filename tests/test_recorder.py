@@ -206,6 +206,40 @@ def test_a_record_the_database_rejects_is_counted_and_the_rest_is_written(sqlite
     engine.dispose()
 
 
+def test_a_record_no_measurement_can_give_is_dropped_counted_and_named(db_url, caplog):
+    """Impossible values were stored as they came (more accepted than drafted tokens, a negative count, a
+    step accepting more than it drafted, an unknown status) and every aggregate over the run carried them: an
+    acceptance rate of 4.5, negative tokens. Such a record is dropped and counted for its run, the log names the
+    field, and the good records of its batch are written."""
+    import dataclasses
+
+    from telemetry.records import StepRow
+
+    engine = open_store(db_url)
+    rng = random.Random(3)
+    good = synthetic_request(rng, 4)
+    step = StepRow(step_index=0, k=2, accepted=7, num_emitted=8, draft_ms=1.0, verify_ms=2.0, t_offset_ms=3.0)
+    bad = [dataclasses.replace(synthetic_request(rng, 4), **change) for change in (
+        {"num_draft_tokens": 2, "num_accepted_tokens": 9}, {"output_tokens": -5}, {"ttft_ms": float("nan")},
+        {"status": "bogus"}, {"steps": [step]})]
+    with Recorder(engine, flush_interval_s=10) as rec:  # one batch: good and bad records together
+        run_id = rec.start_run(run_info())
+        for r in (good, *bad):
+            rec.record_request(run_id, r)
+        rec.end_run(run_id)
+    assert _scalar(engine, "SELECT count(*) FROM requests") == 1
+    assert _scalar(engine, f"SELECT dropped_records FROM runs WHERE id = {run_id}") == len(bad)
+    (said,) = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]  # once per run and kind
+    assert "num_accepted_tokens 9 exceeds num_draft_tokens 2" in said and "by the database" not in said, said
+    from telemetry.records import request_problem
+
+    assert [request_problem(r) for r in bad][1:] == [
+        "output_tokens is -5, below 0", "ttft_ms is nan, not a finite value >= 0",
+        "status 'bogus' is not one of ok, error, cancelled", "step 0: k 2, accepted 7, emitted 8"]
+    assert request_problem(dataclasses.replace(good, prompt_tokens=None, num_drafts=None)) is None  # unknown
+    engine.dispose()
+
+
 def test_invalid_use_is_refused(sqlite_url):
     engine = open_store(sqlite_url)
     with pytest.raises(ValueError, match="max_buffered_requests"):
