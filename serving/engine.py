@@ -80,8 +80,11 @@ class Engine:
         self.max_batch = max_batch
         self.decode = decode  # token ids -> text, needed only for stop strings
         self.on_step = on_step
-        # a tree's nodes take cache indices past the sequence until the accepted path is compacted
-        self.cache = target.new_cache(max_batch, self.max_len + 16 + (tree.nodes if tree else 0))
+        # a tree's nodes take cache indices past the sequence until the accepted path is compacted, and a sequence
+        # near the window's end is padded to the batch's widest tree: spare indices, not positions, so they are
+        # not clamped to the target's max_position (a tree holds at most `nodes`, a copied chain `depth`)
+        self.tree_room = max(tree.nodes, tree.depth) if tree else 0
+        self.cache = target.new_cache(max_batch, self.max_len + 16, spare=self.tree_room)
         self.free_slots = list(range(max_batch - 1, -1, -1))
         self.running: list[Sequence] = []
         self._next_id = 0
@@ -193,7 +196,7 @@ class Engine:
             if batch == 1:
                 fb = contiguous_batch(seqs[0].slot, 1, starts[0], width)
             else:
-                fb = ragged_batch([s.slot for s in seqs], starts, width, limit=self.cache.max_len)
+                fb = ragged_batch([s.slot for s in seqs], starts, width, limit=self.cache.positions)
             logits, hidden = self.target(feed, fb, self.cache, return_hidden=True,  # (B, 1+Kmax, V), (B, 1+Kmax, F)
                                          feature_layers=self.feature_layers)
             # 3) accept / reject per sequence
@@ -223,8 +226,11 @@ class Engine:
             grown = self.drafter.propose_tree([seqs[b] for b in drafting], self.tree)
             trees = [TokenTree([], [])] * len(seqs)
             for b, tree in zip(drafting, grown, strict=True):
-                # no deeper than the sequence may still grow, no more nodes than its cache row holds
-                trees[b] = tree.truncate(ks[b]).head(self.cache.max_len - seqs[b].kv_len - 1)
+                # no deeper than the sequence may still grow (no node sits past the window's positions), no more
+                # nodes than the cache's spare indices hold: a running sequence's kv_len is below max_len and the
+                # cache has max_len + tree_room indices, so every row's nodes, and a row's padding to the widest
+                # tree, stay inside it however near its end a sequence is
+                trees[b] = tree.truncate(ks[b]).head(self.tree_room)
             t1 = time.perf_counter()
             width = 1 + max(len(t) for t in trees)
             feed = torch.zeros(len(seqs), width, dtype=torch.long)

@@ -200,14 +200,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class KVCache:
-    """Per-layer K and V buffers of shape (slots, kv_heads, max_len, head_dim), allocated once."""
+    """Per-layer K and V buffers of shape (slots, kv_heads, max_len, head_dim), allocated once.
 
-    def __init__(self, cfg: ModelConfig, num_layers: int, slots: int, max_len: int, dtype: torch.dtype):
+    `positions` (max_len unless given) is how many of the max_len indices are positions a token may sit at (and
+    the rope table holds); the indices past them are spare room for a token tree's nodes, which take indices
+    past the sequence until the accepted path is compacted but sit at their depths' positions."""
+
+    def __init__(self, cfg: ModelConfig, num_layers: int, slots: int, max_len: int, dtype: torch.dtype,
+                 positions: int | None = None):
         shape = (slots, cfg.num_kv_heads, max_len, cfg.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
         self.slots = slots
         self.max_len = max_len
+        self.positions = max_len if positions is None else positions
 
 
 @dataclass(slots=True)
@@ -395,9 +401,13 @@ class CausalLM(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def new_cache(self, slots: int, max_len: int, num_layers: int | None = None) -> KVCache:
+    def new_cache(self, slots: int, max_len: int, num_layers: int | None = None, spare: int = 0) -> KVCache:
+        """A cache of `max_len` positions (at most the model's max_position: no token sits past the rope
+        table) and `spare` indices past them, not clamped: a token tree's nodes (see `tree_batch`), and the
+        padding columns of the batch's widest tree, take indices past the sequence that are not positions."""
         n = num_layers or self.cfg.num_layers
-        return KVCache(self.cfg, n, slots, min(max_len, self.cfg.max_position), self.lm_head.weight.dtype)
+        positions = min(max_len, self.cfg.max_position)
+        return KVCache(self.cfg, n, slots, positions + spare, self.lm_head.weight.dtype, positions=positions)
 
     def forward(
         self,
@@ -473,7 +483,12 @@ def tree_batch(slots: list[int], starts: list[int], depths: torch.Tensor, visibl
     (visible is (B, T, S)). Node t sits at position starts[b] + depths[b, t] (siblings share a position) but
     its key is written at its own index, so no two nodes collide. It sees every cached key before starts[b]
     and, among the S nodes, those with visible[b, t, j] True (its ancestors and itself). After verification
-    the accepted path is moved to consecutive indices (`compact_path`)."""
+    the accepted path is moved to consecutive indices (`compact_path`).
+
+    A row whose tree is smaller than the batch's widest is padded, and its padding columns are written at
+    starts[b] + their index like its nodes: the cache needs S - 1 indices past any sequence's last position,
+    however near the window's end it is (`CausalLM.new_cache`'s `spare`). Their positions are starts[b] +
+    depths[b, t] (0 for padding), so the rope table is never read past a real node's position."""
     B, T, S = visible.shape
     starts_t = torch.tensor(starts)
     kv_len = int(starts_t.max()) + S

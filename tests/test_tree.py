@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from serving.drafters import FeatureDrafter, HybridDrafter, ModelDrafter, NgramDrafter, TreeShape, select_tree
+from serving.eagle import EagleDraft
 from serving.engine import Engine, EngineError
 from serving.llama import KVCache, compact_path, contiguous_batch, tree_batch
 from serving.lookahead import FixedK
 from serving.sampling import SamplingParams
 from serving.speculative import TokenTree, tree_greedy_verify, tree_rejection_sample
-from tests.test_engine import DRAFT, FEATURE, GREEDY, PROMPTS, TARGET, ar_outputs
+from tests.test_engine import DRAFT, FEATURE, GREEDY, PROMPTS, SHORT, TARGET, ar_outputs
 from tests.tiny import TINY
 
 torch.set_num_threads(1)
@@ -219,7 +220,7 @@ def test_tree_needs_a_drafter_that_can_grow_trees():
 
 
 def test_a_tree_never_outgrows_the_cache_or_the_token_budget():
-    # a context window this close to the model's positions leaves the cache only the engine's 16 spare rows
+    # a context window of the model's positions: the cache's rows past them are the tree's spare indices only
     cfg_max = TINY.max_position
     engine = Engine(TARGET, drafter=tree_drafters()["feature"](1), policy=FixedK(6), max_len=cfg_max,
                     tree=TreeShape(40, 6, 4))
@@ -228,6 +229,40 @@ def test_a_tree_never_outgrows_the_cache_or_the_token_budget():
     assert seq.finish_reason == "length" and len(seq.tokens) <= cfg_max
     ref = Engine(TARGET, max_len=cfg_max).generate(prompt, SamplingParams(max_new_tokens=100))
     assert seq.output == ref.output
+
+
+@pytest.mark.parametrize("drafter", ["feature", "ngram"])
+@pytest.mark.parametrize("shape", ["8:4:2", "12:5:3"])
+def test_a_sequence_at_the_window_end_batched_with_a_wider_tree_equals_solo(drafter, shape, monkeypatch):
+    """A sequence near the end of a window as long as the target's positions, its tree cut to what it may
+    still grow, beside one verifying a full tree: the batch pads the first to the widest tree and writes its
+    padding at its start + column, past its last position. A cache clamped to the target's positions had no
+    room there (IndexError, and the whole step failed: every running sequence with it); the tree's indices
+    are spare cache rows, not positions, and no position fed to the rope table reaches the window's end."""
+    window = SHORT.cfg.max_position
+    tree = TreeShape.parse(shape)
+    make = {"feature": lambda: FeatureDrafter(EagleDraft.init_from_target(SHORT, torch.arange(64)).eval(), "f",
+                                              slots=2, max_len=window + 16),
+            "ngram": lambda: NgramDrafter()}[drafter]
+    prompts = [[5, 6, 7, 8, 9] * 4, [(i * 7) % 90 + 1 for i in range(window - 8)]]
+    params = SamplingParams(max_new_tokens=40)
+    solo = [Engine(SHORT, max_len=window).generate(p, params).output for p in prompts]
+    fed = []
+    forward = SHORT.forward
+
+    def recording(tokens, fb, cache, **kw):
+        fed.append((int(fb.positions.max()), fb.positions.shape[1]))
+        return forward(tokens, fb, cache, **kw)
+
+    monkeypatch.setattr(SHORT, "forward", recording)
+    engine = Engine(SHORT, drafter=make(), policy=FixedK(tree.depth), max_batch=2, max_len=window, tree=tree)
+    seqs = [engine.add(p, params) for p in prompts]
+    while engine.running:
+        engine.step()
+    assert [s.output for s in seqs] == solo
+    assert seqs[1].finish_reason == "length" and len(seqs[1].tokens) == window - 1
+    assert max(p for p, _ in fed) < window - 1  # a real token's position: the context holds window - 1
+    assert any(width > 1 for _, width in fed[2:])  # tree steps verified drafts beside the long sequence
 
 
 def test_a_sequence_that_opts_out_decodes_ar_inside_a_tree_batch():
@@ -277,3 +312,4 @@ def test_tree_step_events_label_bonus_and_correction_tokens():
     assert len(steps) >= 10
     # the path ended at a leaf: its last token is a bonus although only 2 of the 3 nodes were accepted
     assert all(e.k == 3 and e.accepted == 2 and e.sources == ("accepted", "accepted", "bonus") for e in steps)
+
