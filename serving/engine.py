@@ -38,7 +38,7 @@ class StepEvent:
     request_id: str | None
     step_index: int
     k: int  # draft tokens proposed
-    accepted: int
+    accepted: int  # verified drafts still emitted after an EOS / stop string / length cut (Engine._commit)
     tokens: tuple[int, ...]  # emitted (after stop/length truncation)
     sources: tuple[str, ...]
     draft_s: float
@@ -269,6 +269,10 @@ class Engine:
         batch = len(seqs)
         finished = []
         for b, s in enumerate(seqs):
+            # drafts the target verified; those an EOS or a stop string then cut are not counted as accepted
+            # (`_commit`), but the drafter and the policy see them all: the drafter's cache holds them, and to the
+            # policy's acceptance estimates a cut is no rejection (the draft agreed with the target that far), so
+            # counting only the kept ones would read every cut as a rejection right after the last kept token
             k, accepted = ks[b], len(emitted[b]) - 1
             num_before = len(s.tokens)
             self._commit(s, emitted[b], accepted=accepted, k=k, draft_s=t1 - t0, verify_s=t2 - t1,
@@ -298,11 +302,12 @@ class Engine:
     def _commit(self, seq: Sequence, new: list[int], *, accepted: int, k: int, draft_s: float,
                 verify_s: float, step_index: int, batch_size: int, k_reason: str, bonus: bool | None = None) -> None:
         """Append emitted tokens, apply EOS / max tokens / stop strings, report the step. The last token is a
-        bonus (every draft accepted) or a correction; `bonus` says which where counting cannot (a tree)."""
-        if k:
-            seq.num_drafts += 1
-            seq.num_draft_tokens += k
-            seq.num_accepted += accepted
+        bonus (every draft accepted) or a correction; `bonus` says which where counting cannot (a tree).
+
+        `accepted` is the drafts the target verified; the sequence's count and the step's report take only the
+        verified drafts still emitted after the cut (the first min(accepted, kept) tokens): a draft after an EOS
+        or a stop string was never output, and counting it made the acceptance rate and the mean acceptance
+        length read more tokens than the request produced."""
         if k == 0:
             sources = [SOURCE_AR]
         else:
@@ -324,6 +329,11 @@ class Engine:
         if seq.params.stop:
             self._apply_stop_strings(seq, keep)
         new = seq.tokens[before:]
+        accepted = min(accepted, len(new))
+        if k:
+            seq.num_drafts += 1
+            seq.num_draft_tokens += k
+            seq.num_accepted += accepted
         if len(seq.tokens) >= self.max_len - 1 and not seq.done:
             seq.finish_reason = "length"
         t_end = time.perf_counter()

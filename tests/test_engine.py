@@ -238,7 +238,50 @@ def test_step_events_account_for_every_token():
     assert events[0].step_index == -1 and events[0].sources == ("ar",)
     for e in events[1:]:
         assert e.sources[-1] in ("bonus", "correction", "ar")
-        assert e.sources.count("accepted") == min(e.accepted, len(e.tokens))
+        assert e.sources.count("accepted") == e.accepted
+
+
+class _Watching(FixedK):
+    """FixedK that keeps what the engine tells it after each step: (k, accepted)."""
+
+    def __init__(self, k: int):
+        super().__init__(k)
+        self.seen: list[tuple[int, int]] = []
+
+    def observe(self, seq, k, accepted, draft_s, verify_s, batch_size=1, conf=None):
+        self.seen.append((k, accepted))
+
+
+def _letters(ids):
+    return "".join(chr(65 + (t % 26)) for t in ids)
+
+
+@pytest.mark.parametrize("cut", ["eos", "stop string"])
+def test_drafts_cut_after_an_eos_or_a_stop_string_are_not_counted_as_accepted(cut):
+    """The target drafting for itself accepts all 6 drafts of every step; an EOS (or a stop string) among the
+    second step's drafts ends the request there. The drafts after it were verified but never output: the
+    step, the request's count and so the acceptance rate and mean acceptance length count only the kept ones
+    (they read 6 accepted for 1 token emitted), while the policy hears of all 6 (the draft agreed that far)."""
+    ref = ar_outputs([PROMPTS[0]])[0]
+    # step 0 emits output tokens 1..7 (6 drafts and the bonus), step 1 drafts tokens 8..13: one first seen there
+    text = _letters(ref)
+    i = next(i for i in range(8, 14) if (ref.index(ref[i]) if cut == "eos" else text.index(text[i])) == i)
+    events: list[StepEvent] = []
+    policy = _Watching(6)
+    kw = {"eos_ids": [ref[i]]} if cut == "eos" else {"decode": _letters}
+    params = GREEDY if cut == "eos" else replace(GREEDY, stop=(text[i],))
+    engine = Engine(TARGET, drafter=ModelDrafter(TARGET, "self", slots=1, max_len=220), policy=policy, max_len=200,
+                    on_step=events.append, **kw)
+    seq = engine.generate(PROMPTS[0], params)
+    assert seq.output == ref[: i + 1] and seq.finish_reason == "stop"
+    last = events[-1]
+    assert (last.step_index, last.k, last.accepted, last.tokens) == (1, 6, i - 7, tuple(ref[8 : i + 1]))
+    assert last.sources == ("accepted",) * (i - 7)
+    assert seq.num_drafts == 2 and seq.num_draft_tokens == 12 and seq.num_accepted == 6 + i - 7
+    assert seq.num_accepted == sum(e.accepted for e in events) == sum(e.sources.count("accepted") for e in events)
+    # tokens from drafts, plus one bonus or correction per step that emitted one, plus the prefill's token
+    assert len(seq.output) == 1 + seq.num_accepted + sum(e.sources[-1] in ("bonus", "correction") for e in events)
+    assert policy.seen == [(6, 6), (6, 6)]
 
 
 def test_bad_requests_are_refused_and_engine_keeps_working():

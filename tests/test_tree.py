@@ -313,3 +313,18 @@ def test_tree_step_events_label_bonus_and_correction_tokens():
     # the path ended at a leaf: its last token is a bonus although only 2 of the 3 nodes were accepted
     assert all(e.k == 3 and e.accepted == 2 and e.sources == ("accepted", "accepted", "bonus") for e in steps)
 
+
+def test_a_tree_step_cut_by_an_eos_counts_only_the_drafts_it_kept():
+    """The oracle's steps accept two drafts and emit a bonus; an EOS at a step's first accepted draft ends the
+    request there: that step counts one accepted draft, not the two the target verified."""
+    reference = ar_outputs()[2]
+    # the prefill emits token 0, each step tokens 3j+1, 3j+2 (accepted) and 3j+3 (bonus)
+    i = next(i for i in range(4, len(reference)) if i % 3 == 1 and reference.index(reference[i]) == i)
+    events = []
+    engine = Engine(TARGET, drafter=_OracleTree(reference + [0, 0]), policy=FixedK(3), max_len=200,
+                    tree=TreeShape(6, 3, 2), eos_ids=[reference[i]], on_step=events.append)
+    seq = engine.generate(PROMPTS[2], GREEDY)
+    assert seq.output == reference[: i + 1] and seq.finish_reason == "stop"
+    last = events[-1]
+    assert (last.k, last.accepted, last.tokens, last.sources) == (3, 1, (reference[i],), ("accepted",))
+    assert seq.num_accepted == sum(e.accepted for e in events) == 2 * (len(events) - 2) + 1
