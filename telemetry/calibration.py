@@ -25,7 +25,9 @@ class StepCounts:
     num_drafts: int  # steps that proposed at least one token
     num_draft_tokens: int
     num_accepted_tokens: int
-    num_full_accepts: int  # steps whose every drafted token was accepted (the others ended in a rejection)
+    # steps that ended in no rejection: every drafted token accepted, or cut by an EOS / stop string inside the
+    # accepted drafts (alpha_k); the others ended in a rejection
+    num_full_accepts: int
     draft_ms: float  # total drafting time of those steps
     ar_steps: int  # AR (K = 0) decode steps of the same prompts
     ar_verify_ms: float  # their total target forward time
@@ -160,6 +162,14 @@ class PromptAcceptance:
     accepted: int
     alpha: float | None  # accepted / tested, the domain's alpha restricted to this prompt
     mean_acceptance_length: float | None  # tokens each of its steps emitted (accepted + the target's own)
+
+
+def alpha_k(k: int, accepted: int, num_emitted: int) -> int:
+    """The k a step's alpha counts: k, unless an EOS or a stop string cut the step inside its accepted drafts
+    (num_emitted <= accepted: no bonus or correction token followed them). The engine counts only the drafts it
+    kept as accepted, so such a step ended in no rejection: it counts as a step that drafted its kept drafts and
+    accepted them all (counting k would add a rejection that never happened, one per request that stops so)."""
+    return k if num_emitted > accepted else accepted
 
 
 def _tested(k: int, a: int) -> int:

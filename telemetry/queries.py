@@ -967,6 +967,13 @@ def config_summaries(engine: Engine, filters: Filters | None = None) -> list[Con
     ]
 
 
+def step_rejected(steps=Step.__table__.c):
+    """SQL: the step ended in a rejection: it accepted fewer than it drafted and a correction token followed.
+    A step cut by an EOS or a stop string inside its accepted drafts emitted no more than it accepted: no
+    rejection (telemetry.calibration.alpha_k)."""
+    return and_(steps.accepted < steps.k, steps.num_emitted > steps.accepted)
+
+
 def acceptance_by_domain(engine: Engine, filters: Filters | None = None) -> list[DomainAcceptance]:
     """Acceptance per request domain over the ok requests of speculative runs, sorted by domain: the
     acceptance rate from the requests' counts, alpha (accepted / tested) from their steps."""
@@ -985,7 +992,7 @@ def acceptance_by_domain(engine: Engine, filters: Filters | None = None) -> list
         .order_by(Request.domain)
     )
     tested_q = (
-        select(Request.domain, func.sum(Step.accepted), func.sum(case((Step.accepted < Step.k, 1), else_=0)))
+        select(Request.domain, func.sum(Step.accepted), func.sum(case((step_rejected(), 1), else_=0)))
         .select_from(Step)
         .join(Request, Request.id == Step.request_id)
         .join(Run, Run.id == Request.run_id)

@@ -37,6 +37,20 @@ def test_alpha_is_per_token_not_per_drafted():
         calibrate("x", StepCounts(5, 20, 20, 6, 10.0, 10, 100.0))
 
 
+def test_a_step_cut_inside_its_accepted_drafts_ended_in_no_rejection():
+    """An EOS or a stop string that cuts a step inside its accepted drafts: the engine counts the drafts it kept
+    (here 1 of 3 drafted), no correction token follows. Counted with its k, alpha invented a rejection (1 of 2
+    tested); it is a step that drafted and accepted its kept drafts."""
+    from telemetry.calibration import acceptance_by_position, alpha_k
+
+    assert [alpha_k(3, 1, 1), alpha_k(3, 1, 2), alpha_k(3, 3, 4), alpha_k(3, 0, 1)] == [1, 3, 3, 3]
+    steps = [(4, 2, 3), (4, 1, 1)]  # (k, accepted, emitted): a rejection at position 3; a cut after position 1
+    pos = acceptance_by_position((alpha_k(k, a, e), a) for k, a, e in steps)
+    assert [(p.tested, p.accepted) for p in pos] == [(2, 2), (1, 1), (1, 0), (0, 0)]  # the cut step: position 1 only
+    full = sum(a >= alpha_k(k, a, e) for k, a, e in steps)
+    assert calibrate("x", StepCounts(2, 8, 3, full, 1.0, 1, 10.0)).alpha == pytest.approx(3 / 4)
+
+
 def test_measured_verify_cost_by_hand():
     # same steps; the 10 verify forwards (5 tokens each) took 600 ms = 60 ms, 3x the 20 ms one-token forward
     cal = calibrate("code", StepCounts(10, 40, 28, 5, 40.0, 50, 1000.0, spec_verify_ms=600.0))

@@ -248,6 +248,13 @@ def test_acceptance_by_domain(store):
         s.commit()
     summaries = {d.domain: d for d in acceptance_by_domain(engine)}["summaries"]
     assert summaries.acceptance_rate == pytest.approx(3 / 4) and summaries.alpha is None
+    with Session(engine) as s:  # K = 2, steps accepting 2 and 1; an EOS then cuts the second inside its drafts
+        run = make_run(s, "spec", k=2, with_events=True, requests=[spec_req(6, 2, 3, domain="cut")])
+        step = s.scalars(select(Step).join(Request).where(Request.run_id == run.id, Step.step_index == 1)).one()
+        step.num_emitted = step.accepted  # no correction token followed: the cut ended it, not a rejection
+        s.commit()
+    cut = {d.domain: d for d in acceptance_by_domain(engine)}["cut"]
+    assert (cut.num_tested_tokens, cut.alpha) == (3, pytest.approx(1.0))  # was (4, 3 / 4): a rejection invented
 
 
 def test_speedup_same_workload_only(store):

@@ -82,6 +82,7 @@ def _handle(args: argparse.Namespace) -> int:
         acceptance_by_position,
         acceptance_by_prompt,
         acceptance_by_span,
+        alpha_k,
         calibrate,
         repeated_tokens,
     )
@@ -146,7 +147,8 @@ def _handle(args: argparse.Namespace) -> int:
             counts = StepCounts(
                 num_drafts=len(spec_steps), num_draft_tokens=sum(s.k for s in spec_steps),
                 num_accepted_tokens=sum(s.accepted for s in spec_steps),
-                num_full_accepts=sum(s.accepted >= s.k for s in spec_steps), draft_ms=sum(s.draft_ms for s in spec_steps),
+                num_full_accepts=sum(s.accepted >= alpha_k(s.k, s.accepted, s.num_emitted) for s in spec_steps),
+                draft_ms=sum(s.draft_ms for s in spec_steps),
                 ar_steps=len(ar_steps), ar_verify_ms=sum(s.verify_ms for s in ar_steps),
                 spec_verify_ms=sum(s.verify_ms for s in spec_steps),
             )
@@ -154,8 +156,10 @@ def _handle(args: argparse.Namespace) -> int:
             # no speculative step (answers of one token): the two modes ran the same prefills, nothing to compare
             measured = (sp.tokens_per_s / ar.tokens_per_s if spec_steps and sp.tokens_per_s and ar.tokens_per_s
                         else None)
-            positions = acceptance_by_position((s.k, s.accepted) for s in spec_steps)
-            by_prompt = acceptance_by_prompt((r.prompt.id, s.k, s.accepted) for r in sp.results for s in r.record.steps)
+            positions = acceptance_by_position((alpha_k(s.k, s.accepted, s.num_emitted), s.accepted)
+                                               for s in spec_steps)
+            by_prompt = acceptance_by_prompt((r.prompt.id, alpha_k(s.k, s.accepted, s.num_emitted), s.accepted)
+                                             for r in sp.results for s in r.record.steps)
             by_span = acceptance_by_span((_step_offsets(r.record.steps), repeated_tokens(e, r.output_ids))
                                          for r, e in zip(sp.results, enc, strict=True))
             results.append((cal, measured, len(ps), positions, by_prompt, by_span))
@@ -241,10 +245,13 @@ def _report(args: argparse.Namespace, loaded, results: list, interrupted: bool =
 
 
 def _step_offsets(steps) -> list[tuple[int, int, int]]:
-    """(output tokens emitted before the step, k, accepted) per step; the prefill emitted the first token."""
+    """(output tokens emitted before the step, its alpha k, accepted) per step; the prefill emitted the first
+    token."""
+    from telemetry.calibration import alpha_k
+
     out, before = [], 1
     for s in steps:
-        out.append((before, s.k, s.accepted))
+        out.append((before, alpha_k(s.k, s.accepted, s.num_emitted), s.accepted))
         before += s.num_emitted
     return out
 

@@ -27,7 +27,7 @@ from sqlalchemy.engine import Engine
 
 from telemetry.calibration import ANSWER_SPAN
 from telemetry.db import PowerSample, Request, Run, Step, TokenEvent
-from telemetry.queries import Filters
+from telemetry.queries import Filters, step_rejected
 
 BUCKETS_PER_MS = 10  # histogram resolution: 0.1 ms
 NICE_BUCKETS_S = (1, 5, 10, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86_400, 7 * 86_400)
@@ -376,14 +376,15 @@ def acceptance_along_answer(engine: Engine, f: Filters, width: int = ANSWER_SPAN
     emitted_before = func.coalesce(func.sum(Step.num_emitted).over(
         partition_by=Step.request_id, order_by=Step.step_index, rows=(None, -1)), 0)
     steps = (
-        select(Step.k.label("k"), Step.accepted.label("accepted"), (1 + emitted_before).label("before"))
+        select(Step.k.label("k"), Step.accepted.label("accepted"), Step.num_emitted.label("num_emitted"),
+               (1 + emitted_before).label("before"))
         .where(Step.request_id.in_(picked))
         .subquery()
     )
     span = cast(steps.c.before // width, Integer)
     stmt = (
         select(span, func.count(), func.sum(steps.c.k), func.sum(steps.c.accepted),
-               func.sum(case((steps.c.accepted < steps.c.k, 1), else_=0)))
+               func.sum(case((step_rejected(steps.c), 1), else_=0)))
         .where(steps.c.k > 0)
         .group_by(span)
         .order_by(span)
