@@ -38,7 +38,7 @@ RESULTS = Path("bench-results") / "dashboard.json"
 # Indexes the page queries rely on (table -> index names from telemetry/db.py).
 REQUIRED_INDEXES = {
     "requests": {"ix_requests_run_id", "ix_requests_started_at"},
-    "steps": {"ix_steps_request_id"},
+    "steps": {"ix_steps_request_id_step_index"},
     "token_events": {"ix_token_events_request_id"},
     "power_samples": {"ix_power_samples_run_id_t"},
 }

@@ -166,9 +166,9 @@ class Step(Base):
     t_offset_ms: Mapped[float] = mapped_column(Float)  # step end, from request start
 
     __table_args__ = (
-        Index("ix_steps_request_id", "request_id"),
         # covers the acceptance queries (by position, by domain, along the answer) in step order: no table
-        # lookup per step, no sort per request (migration 0005)
+        # lookup per step, no sort per request (migration 0005); its first column serves every lookup by request
+        # (joins, exports, the cascade from requests), so no index on request_id alone (dropped in 0013)
         Index("ix_steps_request_id_step_index", "request_id", "step_index", "k", "accepted", "num_emitted"),
     )
 
