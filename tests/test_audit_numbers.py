@@ -201,3 +201,20 @@ def test_a_bench_can_record_into_a_synthetic_store(db_url):
     with engine.connect() as c:
         assert c.scalar(select(func.max(Run.id))) == run_id == 49
     engine.dispose()
+
+
+def test_a_synthetic_postgresql_store_is_analysed(pg_url):
+    """The synthetic store is bulk-loaded: without ANALYZE PostgreSQL planned its first queries for empty tables
+    (an export of one run's token events, read through a cursor, took 21 s instead of 1.8 s on 1.5M rows)."""
+    engine = open_store(pg_url)
+    generate(engine, 2_000, log=lambda *_: None)
+    with engine.connect() as c:  # reltuples: -1 for a table never analysed (or vacuumed), else its row estimate
+        planned = dict(c.exec_driver_sql(
+            "SELECT relname, reltuples FROM pg_class WHERE relname IN "
+            "('runs', 'requests', 'steps', 'token_events', 'power_samples')").all())
+        analysed = dict(c.exec_driver_sql(
+            "SELECT tablename, count(*) FROM pg_stats WHERE tablename IN ('requests', 'token_events') GROUP BY 1").all())
+    assert len(planned) == 5 and min(planned.values()) > 0, planned
+    assert planned["token_events"] >= 2_000, planned
+    assert set(analysed) == {"requests", "token_events"}, analysed  # column statistics: started_at, request_id
+    engine.dispose()
