@@ -357,6 +357,21 @@ def export_rows(engine: Engine, what: str, window: ExportWindow) -> tuple[list[s
     return iter_query_rows(engine, QUERIES[what](window))
 
 
+ROW_IDS = {"requests": Request.id, "steps": Step.id, "tokens": TokenEvent.id, "power": PowerSample.id}
+
+
+def count_rows(engine: Engine, what: str, window: ExportWindow, *, at_most: int | None = None) -> int:
+    """How many rows an export of `what` (not cost) would write, counted in SQL over each row's id alone (read
+    from the indexes that select them, no table row). With `at_most` counting stops past it: a result above
+    `at_most` means "more than at_most", whatever the selection's size (the dashboard's cap on a download it
+    builds in memory)."""
+    ids = QUERIES[what](window).order_by(None).with_only_columns(ROW_IDS[what], maintain_column_froms=True)
+    if at_most is not None:
+        ids = ids.limit(at_most + 1)
+    with engine.connect() as c:
+        return int(c.scalar(select(func.count()).select_from(ids.subquery())) or 0)
+
+
 def unmatched_selection_reason(engine: Engine, window: ExportWindow) -> str | None:
     """Why no run at all in the store matches the run selectors (workload, target, node, mode, kind, invocation),
     in `costing.no_runs_reason`'s words ("no runs with workload 'x' (workloads in the store: ...)"), as `cost`

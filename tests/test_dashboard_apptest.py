@@ -310,6 +310,32 @@ def test_the_runs_comparison_csv_holds_numbers_not_the_pages_text(filled, monkey
     assert raw.loc["mode"].tolist() == ["spec", "ar"]
 
 
+def test_a_raw_download_past_the_cap_shows_the_export_command_instead(filled, monkeypatch):
+    """The raw records of one run were built whole in memory on a click (752k token events: 15 s and +112 MB;
+    a weeks-long server's run would need about 750 MB). Past the cap the button is off and the page gives the
+    `specfinops export` command, which streams; the count stops past the cap."""
+    import app.dashboard.data as data
+
+    monkeypatch.setattr(data, "RAW_DOWNLOAD_MAX_ROWS", 20)  # run 1: 2 requests, 66 token events
+    at = open_page(app_for(filled, monkeypatch), PAGES["Runs"])
+    assert_clean(at)
+    assert at.selectbox(key="raw_run").value == 1
+
+    def raw_button():
+        (button,) = [b.proto for b in at.get("download_button") if "of run #" in b.proto.label]
+        return button
+
+    assert raw_button().label == "Download requests of run #1 (CSV)" and not raw_button().disabled
+    assert not at.info
+    at.selectbox(key="raw_what").select("tokens").run()
+    assert_clean(at)
+    assert raw_button().label == "Download tokens of run #1 (CSV)" and raw_button().disabled
+    (note,) = [i.value for i in at.info]
+    assert "more than 20 rows" in note
+    assert "`specfinops export --what tokens --run 1 --out run-1-tokens.csv`" in note
+    assert data.raw_rows(filled, "tokens", 1, 20) == 21 and data.raw_rows(filled, "tokens", 1, 100) == 66
+
+
 def test_dashboard_never_imports_torch(filled):
     code = (
         "import sys, os\n"

@@ -155,3 +155,18 @@ def sweep_points(url: str, run_ids: tuple[int, ...]) -> list[tuple]:
 
     return [(p.concurrency, p.ar_tokens_per_s, p.spec_tokens_per_s, p.ar_tpot_p95_ms, p.spec_tpot_p95_ms)
             for p in points_of(engine(url), list(run_ids))]
+
+
+# The Runs page builds a raw-records download in memory (Streamlit serves a download as one bytes object): about
+# 150 bytes of CSV a token event, and a multiple of that while it is built (752k token events: 15 s and +112 MB
+# per click; a weeks-long server's run of 5M would need about 750 MB). Past this many rows the page shows the
+# `specfinops export` command instead, which streams in constant memory.
+RAW_DOWNLOAD_MAX_ROWS = 200_000
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def raw_rows(url: str, what: str, run_id: int, at_most: int) -> int:
+    """How many `what` records run `run_id` has, counted no further than at_most + 1 (`export.count_rows`)."""
+    from telemetry.export import ExportWindow, count_rows
+
+    return count_rows(engine(url), what, ExportWindow(run_id=run_id), at_most=at_most)

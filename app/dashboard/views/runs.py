@@ -121,9 +121,17 @@ def body(ctx: Context) -> None:
     c1, c2, c3 = st.columns([2, 2, 3])
     rid = c1.selectbox("Run", ids, format_func=label.get, key="raw_run")
     what = c2.selectbox("Records", RAW_KINDS, key="raw_what")
+    # the download is built in memory when clicked: past the cap, the command that streams it instead
+    cap = data.RAW_DOWNLOAD_MAX_ROWS
+    too_many = data.raw_rows(ctx.url, what, rid, cap) > cap
+    file_name = f"run-{rid}-{what}.csv"
     with c3:
         st.download_button(f"Download {what} of run #{rid} (CSV)", data=lambda: _raw_csv(ctx.url, what, rid),
-                           file_name=f"run-{rid}-{what}.csv", mime="text/csv", key="dl_raw", on_click="ignore")
+                           file_name=file_name, mime="text/csv", key="dl_raw", on_click="ignore", disabled=too_many)
+    if too_many:
+        st.info(f"Run #{rid}'s {what} CSV would have more than {cap:,} rows: too many to build in the dashboard. "
+                f"Export it with `specfinops export --what {what} --run {rid} --out {file_name}` (add `--db URL` "
+                "where the store is not the default), which streams in constant memory.")
     st.caption("Large exports: `specfinops export --what tokens --run ID --out FILE` streams in constant memory. "
                "Text cells that a spreadsheet would run as formulas are escaped.")
 
