@@ -210,6 +210,17 @@ def split_count(total: int, weights: list[int]) -> list[int]:
     return out
 
 
+def split_spec_counts(delta: SpecCounts, weights: list[int]) -> list[SpecCounts]:
+    """An interval's counter change split over the requests in flight: drafted tokens by `weights` (the tokens
+    each decoded), then drafts and accepted tokens by those drafted shares, so no request gets more of either than
+    it drafted. (Three splits by the same weights could: largest remainder may give one request the smaller share
+    of the larger total, e.g. 3 accepted of 2 drafted, a record the recorder refuses as impossible.)"""
+    drafted = split_count(delta.num_draft_tokens, weights)
+    drafts = split_count(delta.num_drafts, drafted)
+    accepted = split_count(delta.num_accepted_tokens, drafted)
+    return [SpecCounts(*c) for c in zip(drafts, drafted, accepted, strict=True)]
+
+
 # ------------------------------------------------------------------------------------------ engine
 
 
@@ -331,10 +342,10 @@ def run_prompts(
                                       unattributed.num_draft_tokens + delta.num_draft_tokens,
                                       unattributed.num_accepted_tokens + delta.num_accepted_tokens)
             return
-        weights = [r.interval_decode_tokens for r in reqs]
-        for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
-            for r, n in zip(reqs, split_count(getattr(delta, name), weights), strict=True):
-                setattr(r.rec, name, getattr(r.rec, name) + n)
+        for r, share in zip(reqs, split_spec_counts(delta, [r.interval_decode_tokens for r in reqs]), strict=True):
+            r.rec.num_drafts += share.num_drafts
+            r.rec.num_draft_tokens += share.num_draft_tokens
+            r.rec.num_accepted_tokens += share.num_accepted_tokens
         for r in reqs:
             r.interval_decode_tokens = 0
 

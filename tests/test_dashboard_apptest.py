@@ -451,6 +451,19 @@ def test_page_queries_on_both_stores(db_url):
     ttft = hists[(hists["metric"] == "ttft") & (hists["mode"] == "ar")]
     assert dict(zip(ttft["value_ms"], ttft["count"], strict=True)) == {100.0: 1, 200.0: 1}
 
+    # an EOS cuts chat's last step inside its accepted draft (1 kept, no correction after it): the request ended
+    # there, no rejection; positions 2-4 of that step are not offered, and its span tests 1 token, not 2
+    from sqlalchemy import text
+
+    with engine.begin() as c:
+        last = c.execute(text("SELECT max(s.id) FROM steps s JOIN requests q ON q.id = s.request_id "
+                              "WHERE q.domain = 'chat' AND s.k > 0")).scalar_one()
+        c.execute(text("UPDATE steps SET num_emitted = accepted WHERE id = :i"), {"i": last})
+    pos = pq.acceptance_by_position(engine, f)
+    assert list(pos["offered"]) == [14, 13, 13, 13] and list(pos["accepted"]) == [14, 12, 8, 0]
+    along = pq.acceptance_along_answer(engine, f, width=8).frame
+    assert list(along["tested"]) == [12 + 5, 10 + 4, 8, 8]
+
 
 def test_dashboard_command_is_local_and_headless(tmp_path, capsys):
     from app.cli import main

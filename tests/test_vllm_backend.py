@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 import sys
 
 import pytest
@@ -114,6 +115,27 @@ def test_a_specfinops_feature_draft_is_refused_naming_it(tmp_path):
     with pytest.raises(ValueError, match="is a specfinops feature draft .*vLLM cannot load.*--drafter ngram"):
         config_from_options(target=str(tmp_path), drafter="draft", draft_model=str(BUNDLED_DRAFT_DIR), k="4",
                             dtype="bfloat16", max_len=None, seed=0, engine_args=None)
+
+
+def test_an_intervals_speculation_counts_split_into_possible_records():
+    """Three separate splits by the decoded tokens gave one request 3 accepted of 2 drafted tokens (weights 1, 3, 3;
+    6 drafts, 18 drafted, 17 accepted), a record the recorder drops as impossible: accepted and drafts now follow
+    each request's drafted share."""
+    from serving.vllm_backend import SpecCounts, split_spec_counts
+
+    assert [split_count(n, [1, 3, 3]) for n in (6, 18, 17)] == [[1, 3, 2], [2, 8, 8], [3, 7, 7]]  # the old way
+    rng = random.Random(5)
+    for _ in range(2000):
+        weights = [rng.randint(0, 9) for _ in range(rng.randint(1, 8))]
+        k = rng.randint(1, 8)
+        drafts = rng.randint(0, 40)
+        drafted = rng.randint(drafts, drafts * k)
+        delta = SpecCounts(drafts, drafted, rng.randint(0, drafted))
+        shares = split_spec_counts(delta, weights)
+        assert all(s.num_accepted_tokens <= s.num_draft_tokens and s.num_drafts <= s.num_draft_tokens
+                   for s in shares), (weights, delta, shares)
+        assert [sum(getattr(s, f) for s in shares) for f in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")] \
+            == [delta.num_drafts, delta.num_draft_tokens, delta.num_accepted_tokens]
 
 
 def test_split_count_is_whole_and_exact():

@@ -317,15 +317,18 @@ def acceptance_by_position(engine: Engine, f: Filters) -> pd.DataFrame:
     """Position i (0-based) of a draft is accepted when accepted > i, among steps with K > i.
 
     SQL groups steps by (K, accepted) — a few dozen rows — and the per-position rates follow from those
-    counts. Columns: position (1-based, as users count draft tokens), offered, accepted, rate.
+    counts. Columns: position (1-based, as users count draft tokens), offered, accepted, rate. A step an EOS or
+    a stop string cut inside its accepted drafts counts with its kept drafts as its K (telemetry.calibration.
+    alpha_k): the positions after the cut were not left unaccepted, the request ended there.
     """
+    k = case((Step.num_emitted > Step.accepted, Step.k), else_=Step.accepted)
     stmt = (
-        select(Step.k, Step.accepted, func.count())
+        select(k, Step.accepted, func.count())
         .select_from(Step)
         .join(Request, Request.id == Step.request_id)
         .join(Run, Run.id == Request.run_id)
         .where(*_conds(f), Step.k > 0)
-        .group_by(Step.k, Step.accepted)
+        .group_by(k, Step.accepted)
     )
     counts = _frame(engine, stmt, ["k", "accepted", "n"])
     if counts.empty:
