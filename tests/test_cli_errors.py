@@ -389,6 +389,10 @@ def test_verbose_keeps_an_expected_error_one_line_and_exit_2(tmp_path, capsys):
 @pytest.mark.parametrize(("argv", "usage"), [
     (["cost", "--db", "X", "--bogus-flag"], "usage: specfinops cost "),
     (["db", "upgrade", "--bogus-flag"], "usage: specfinops db upgrade "),
+    (["models", "list", "--bogus-flag"], "usage: specfinops models list "),  # was under `specfinops models`
+    (["models", "pull", "--bogus-flag"], "usage: specfinops models pull "),
+    (["models", "path", "--bogus-flag"], "usage: specfinops models path "),
+    (["models", "--bogus-flag"], "usage: specfinops models "),
     (["--bogus-flag", "cost"], "usage: specfinops [-h]"),
 ])
 def test_an_unknown_option_is_named_under_its_commands_usage(argv, usage, capsys):
@@ -396,6 +400,25 @@ def test_an_unknown_option_is_named_under_its_commands_usage(argv, usage, capsys
         main(argv)
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.startswith(usage) and "unrecognized arguments: --bogus-flag" in err, err
+
+
+def test_every_command_and_action_names_unknown_options_under_its_own_usage():
+    """app.cli names an unknown option under the usage of the parser it followed (args.command_parser); an action
+    added without it (`models list`) fell back to its parent's usage. Every parser that runs something sets it."""
+    import argparse
+
+    from app.cli import build_parser
+
+    def parsers(p: argparse.ArgumentParser):
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    yield child
+                    yield from parsers(child)
+
+    found = list(parsers(build_parser()))
+    assert any(p.prog == "specfinops models list" for p in found)
+    assert [p.prog for p in found if p.get_default("command_parser") is not p] == []
 
 
 @pytest.mark.parametrize("argv", [
@@ -453,3 +476,4 @@ def test_serve_and_loadtest_refuse_a_node_id_longer_than_the_column(command, cap
         main([*command, "--node-id", "n" * 200])
     assert exc.value.code == 2
     assert "argument --node-id: must be at most 128 characters" in capsys.readouterr().err
+

@@ -23,17 +23,17 @@ def register(sub) -> None:
                            allow_abbrev=False)
     pull.add_argument("--force", action="store_true", help="convert again even if present")
     pull.add_argument("--no-verify", action="store_true", help="skip the checksum check of a present model")
-    pull.set_defaults(handler=handle_pull)
+    pull.set_defaults(handler=handle_pull, command_parser=pull)  # app.cli names unknown options under its usage
     lst = msub.add_parser("list", help="models known to specfinops and where they are",
                           epilog="examples:\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
                           allow_abbrev=False)
-    lst.set_defaults(handler=handle_list)
+    lst.set_defaults(handler=handle_list, command_parser=lst)
     path = msub.add_parser("path", help="print the directory of the default target or draft (one line)",
                            epilog="examples:\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
                            allow_abbrev=False)
     path.add_argument("--role", choices=("target", "draft"), default="target",
                       help="target: the bundled target's directory (once pulled); draft: the bundled draft's")
-    path.set_defaults(handler=handle_path)
+    path.set_defaults(handler=handle_path, command_parser=path)
 
 
 def _usage(args) -> int:
