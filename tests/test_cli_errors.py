@@ -342,6 +342,9 @@ def test_bench_and_serve_check_power_and_max_len_before_loading_a_model(command,
     ("", "argument --db: must be a database URL or a SQLite file path, got ''"),
     ("postgresql://postgres@127.0.0.1:notaport/x", "argument --db: the port must be a number 1-65535, got 'notaport'"),
     ("postgresql://u:secret@[::1]:70000/x", "argument --db: the port must be a number 1-65535, got '70000'"),
+    # argparse said only "argument --db: invalid db_url value: '...'" (urlsplit's ValueError), the password too
+    ("postgresql://u:secret@[::1/x", "argument --db: malformed URL: a '[' without its ']' or a ']' without its '['"),
+    ("postgresql://u:secret@::1]:5432/x", "argument --db: malformed URL: a '[' without its ']'"),
 ])
 def test_a_db_option_that_names_no_store_is_refused_as_given(db, needle, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # an empty --db used to fall back to ./var/specfinops.db

@@ -332,7 +332,8 @@ def usage_shows_required(p: argparse.ArgumentParser, *dests: str) -> None:
 
 def db_url(text: str) -> str:
     """argparse type of --db: refuse what names no store before anything opens one (an empty value would
-    silently mean the default store), name a port that is no number, and take libpq's `postgres://`."""
+    silently mean the default store), name a port that is no number or a host in brackets that does not parse,
+    and take libpq's `postgres://`."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"must be a database URL or a SQLite file path, got {text!r}")
     if text.startswith("postgres://"):  # libpq's spelling (psql, Heroku): SQLAlchemy knows only postgresql
@@ -344,7 +345,13 @@ def db_url(text: str) -> str:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
-    hostport = urlsplit(text).netloc.rpartition("@")[2]
+    try:
+        hostport = urlsplit(text).netloc.rpartition("@")[2]
+    except ValueError as exc:  # urlsplit's: "Invalid IPv6 URL" (a bracket left open or never opened), a [host]
+        # that is no address; argparse said only "invalid db_url value" (the URL not repeated: it may hold a password)
+        why = ("a '[' without its ']' or a ']' without its '[' around the host (an IPv6 host is written "
+               "[::1], a port after it: [::1]:5432)" if "Invalid IPv6 URL" in str(exc) else str(exc))
+        raise argparse.ArgumentTypeError(f"malformed URL: {why}") from None
     port = hostport.rpartition(":")[2] if ":" in hostport.rpartition("]")[2] else None
     try:
         url = make_url(text)
