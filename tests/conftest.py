@@ -59,3 +59,17 @@ def db_url(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'store.db'}"
     return request.getfixturevalue("pg_url")
+
+
+def _read_only(url: str) -> str:
+    if url.startswith("sqlite:///"):
+        return f"sqlite:///file:{url.removeprefix('sqlite:///')}?mode=ro&uri=true"  # SQLite opens the file read-only
+    return url + "?options=-c%20default_transaction_read_only%3Don"  # every transaction of the session read-only
+
+
+@pytest.fixture
+def read_only_url():
+    """URL -> the same store opened read-only (as a file this user may not write, or a read-only server, is): a
+    SQLite URI with mode=ro, a PostgreSQL session whose transactions are read-only. Tests run as root, to whom
+    file permissions mean nothing."""
+    return _read_only

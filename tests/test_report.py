@@ -268,6 +268,24 @@ def test_empty_period_is_a_report_saying_no_traffic(store, tmp_path, capsys):
     assert "Nothing to check: no traffic in this period." in page
 
 
+def test_a_read_only_store_leaves_no_empty_out_folder(db_url, read_only_url, tmp_path, capsys):
+    """A read-only store opens (its runs are read) and refuses only the report's record, after --out was made:
+    the folders made for it were left behind, empty. They go again; a folder that was there stays."""
+    engine = open_store(db_url)
+    add_day(engine, D0)
+    engine.dispose()
+    period = ["--period", "custom", "--since", "2026-11-01", "--until", "2026-11-08"]
+    (tmp_path / "kept").mkdir()
+    for out in (tmp_path / "rep2" / "a" / "b", tmp_path / "kept" / "a"):
+        assert main(_report(read_only_url(db_url), out, *period)) == 2
+        err = capsys.readouterr().err
+        assert "readonly database" in err or "read-only transaction" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("store.db")) == ["kept"]
+    assert list((tmp_path / "kept").iterdir()) == []
+    assert main(_report(db_url, tmp_path / "rep2" / "a" / "b", *period)) == 0  # writable: written there
+    assert len(list((tmp_path / "rep2" / "a" / "b").iterdir())) == 1
+
+
 def test_empty_store_is_exit_2_with_the_fill_command(empty_store, tmp_path, capsys):
     assert main(_report(empty_store, tmp_path / "r", "--period", "daily")) == 2
     err = capsys.readouterr().err.strip()
@@ -380,7 +398,8 @@ def test_sigterm_while_writing_cleans_up_as_ctrl_c(store, tmp_path):
     out = tmp_path / "out"
     rc, err = _stopped_while_writing(url, out, signal.SIGTERM)
     assert rc == 130 and "interrupted" in err and "Traceback" not in err, err
-    assert _reports(engine) == [] and list(out.iterdir()) == []  # no claim left 'generating', no hidden folder
+    # no claim left 'generating', no hidden folder, and not the --out made for the report either
+    assert _reports(engine) == [] and not out.exists()
 
 
 def test_a_killed_reports_claim_and_folder_are_released_by_the_next_report(store, tmp_path, caplog):

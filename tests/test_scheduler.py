@@ -415,6 +415,21 @@ def test_cli_refuses_a_store_that_does_not_exist(tmp_path, monkeypatch, capsys):
     assert not missing.exists() and not out.exists()  # no empty store, no empty folder
 
 
+def test_cli_on_a_read_only_store_leaves_no_empty_out_folder(db_url, read_only_url, tmp_path, monkeypatch,
+                                                                capsys):
+    """A read-only store opens and refuses only the job (its table, its row), after --out was made: the folders
+    made for it were left behind, empty. They go again."""
+    monkeypatch.setattr(BlockingScheduler, "start", lambda self, *a, **kw: None)  # never block
+    engine = open_store(db_url)
+    add_day(engine, D0)
+    engine.dispose()
+    out = tmp_path / "s2" / "x"
+    assert main(["scheduler", "--db", read_only_url(db_url), "--cron", "0 6 * * *", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "readonly database" in err or "read-only transaction" in err, err
+    assert not (tmp_path / "s2").exists()
+
+
 @pytest.fixture
 def no_blocking(monkeypatch):
     """`scheduler` starts paused, notes the jobs it would run, and stops instead of blocking."""

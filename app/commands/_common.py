@@ -207,6 +207,40 @@ def check_power_options(power: str, tdp_w: float | None) -> None:
                          f"can be read); --power {power} does not use it: drop --tdp-w or change --power")
 
 
+def _exists(path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name too long to look up: not there (mkdir says why it cannot be made)
+        return False
+
+
+@contextlib.contextmanager
+def removing_made_folders(folder, *, always: bool = False):
+    """Within the block, `folder` and the folders above it that do not exist yet are noted; those of them the
+    block made are removed again, deepest first, when it raises (`always`: however it ends): an output folder
+    made for a command that then failed (a read-only store refusing the report's record, Ctrl-C) is not left
+    behind, empty. Only empty folders go: one something else put a file in meanwhile is kept, with those above
+    it. A folder that was there before the block is never touched."""
+    import os
+    from pathlib import Path
+
+    path = Path(os.path.abspath(Path(folder).expanduser()))  # ".." folded: each folder made is one to remove
+    made = [d for d in (path, *path.parents) if not _exists(d)]  # deepest first
+    done = False
+    try:
+        yield
+        done = True
+    finally:
+        if always or not done:
+            for d in made:  # those a failed mkdir made too
+                if not _exists(d):
+                    continue
+                try:
+                    d.rmdir()
+                except OSError:
+                    break  # something else put a file there meanwhile: keep it
+
+
 def check_writable(path: str | None, flag: str) -> None:
     """Refuse an output path that cannot be written, before the work whose result it is to hold: a
     directory, or a parent that cannot be made. Tried as the end will write it (its folders made, the file
@@ -217,25 +251,18 @@ def check_writable(path: str | None, flag: str) -> None:
     import os
     from pathlib import Path
 
-    def exists(q: Path) -> bool:
-        try:
-            return q.exists()
-        except OSError:  # a name too long to look up: not there (mkdir says why it cannot be made)
-            return False
-
-    p = Path(os.path.abspath(Path(path).expanduser()))  # ".." folded: each folder made is one to remove
-    if exists(p) and p.is_dir():
+    p = Path(os.path.abspath(Path(path).expanduser()))
+    if _exists(p) and p.is_dir():
         raise UsageError(f"{flag} {path} is a directory: give a file name")
-    made = [d for d in (p.parent, *p.parent.parents) if not exists(d)]  # deepest first
-    try:
+    with removing_made_folders(p.parent, always=True):
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"{flag} {path}: cannot make its directory: {exc.strerror or exc}") from None
-        if not os.access(p.parent, os.W_OK) or (exists(p) and not os.access(p, os.W_OK)):
+        if not os.access(p.parent, os.W_OK) or (_exists(p) and not os.access(p, os.W_OK)):
             raise UsageError(f"{flag} {path}: not writable")
         # os.access answers yes to root almost everywhere (/proc too): open it as the end will, leave no file
-        existed = exists(p)
+        existed = _exists(p)
         try:
             with p.open("a"):
                 pass
@@ -243,14 +270,6 @@ def check_writable(path: str | None, flag: str) -> None:
             raise UsageError(f"{flag} {path}: not writable: {exc.strerror or exc}") from None
         if not existed:
             p.unlink(missing_ok=True)
-    finally:
-        for d in made:  # those a failed mkdir made too
-            if not exists(d):
-                continue
-            try:
-                d.rmdir()
-            except OSError:
-                break  # something else put a file there meanwhile: keep it
 
 
 def bindable_port(host: str, port: int) -> int:

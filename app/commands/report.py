@@ -19,6 +19,7 @@ from app.commands._common import (
     invocation_filter,
     max_new_tokens_filter,
     number_option,
+    removing_made_folders,
     sigterm_as_ctrl_c,
     top_k_filter,
     top_p_filter,
@@ -158,7 +159,7 @@ def run(args) -> int:
     # --period custom --invocation ID: what --since / --until leave open is the invocation's own span
     from_invocation = args.invocation is not None and args.period == "custom" and None in (since, until)
     window = None if from_invocation else _window(args.period, since, until, runs, options["history"])
-    engine = open_store(args.db, must_exist=True)  # before --out is made: a bad store leaves no empty folder
+    engine = open_store(args.db, must_exist=True)  # before --out is made: a store that fails to open makes none
     if count_runs(engine) == 0:
         raise UsageError(f"the store has no runs to report on; {empty_store_hint(engine)}")
     runs["invocation_id"] = invocation_filter(engine, args.invocation)
@@ -177,9 +178,12 @@ def run(args) -> int:
     unknown = unrecorded_names(engine, runs)
     if unknown is not None:
         raise UsageError(unknown)
-    out = check_out_dir(args.out)
-    with sigterm_as_ctrl_c():  # killed by SIGTERM, write_report removes its claim and folder as on Ctrl-C
-        result = write_report(engine, window, out, **options)
+    # a store that opens but refuses the report's record (read-only), or a report that fails or is stopped, leaves
+    # no empty --out either: write_report removes its own folder, and the folders made here go with it
+    with removing_made_folders(args.out):
+        out = check_out_dir(args.out)
+        with sigterm_as_ctrl_c():  # killed by SIGTERM, write_report removes its claim and folder as on Ctrl-C
+            result = write_report(engine, window, out, **options)
     if result is None:  # only scheduled reports (with a job id) can be refused as duplicates
         raise RuntimeError("report was refused as a duplicate without a job id")
     s = result.summary

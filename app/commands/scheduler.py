@@ -19,7 +19,7 @@ import sys
 import threading
 from contextlib import contextmanager, suppress
 
-from app.commands._common import add_command, add_db_option, sigterm_as_ctrl_c
+from app.commands._common import add_command, add_db_option, removing_made_folders, sigterm_as_ctrl_c
 from app.commands.report import add_report_options, report_options, unrecorded_names
 from app.errors import UsageError
 
@@ -285,13 +285,16 @@ def run(args) -> int:
         if unknown is not None:  # said, not refused: a job may be set up before its model's first runs
             print(f"scheduler: warning: {unknown}; until such runs are recorded its reports say 'no traffic'",
                   file=sys.stderr, flush=True)  # fmt: skip
-        out = check_out_dir(args.out)
-        job = replace(job, out_dir=str(out))
+        # a store that opens but refuses the job (read-only) leaves no empty --out either: the folders made
+        # here are removed unless the job is saved
+        with removing_made_folders(args.out):
+            out = check_out_dir(args.out)
+            job = replace(job, out_dir=str(out))
+            scheduler = make_scheduler(engine, blocking=True)
+            how = schedule_report_job(scheduler, engine, job, trigger)
     except BaseException:
         engine.dispose()
         raise
-    scheduler = make_scheduler(engine, blocking=True)
-    how = schedule_report_job(scheduler, engine, job, trigger)
     if not args.keep_other_jobs:  # a scheduler runs every job in its store: only this one is meant to run
         for other in remove_other_jobs(engine, job.job_id):
             print(f"scheduler: removed job {describe_job(other)} (--keep-other-jobs keeps such jobs)", flush=True)
