@@ -621,7 +621,7 @@ def run_bench(config: VllmConfig, prompts: list[Prompt], params: SamplingParams,
         from telemetry.recorder import Recorder
         from telemetry.store import open_store
 
-        recorder = Recorder(open_store(db_url))
+        recorder = Recorder(open_store(db_url, to_write=True))  # a read-only store refused before vLLM loads
     view = ReportView(_SpecView(str(config.num_speculative_tokens), config.dtype), config.target)
     results: list[tuple[int, VllmModeResult]] = []
     stopped: StoppedRun | None = None

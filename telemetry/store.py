@@ -280,8 +280,13 @@ def refuse_unusable_sqlite_file(url: str | None = None) -> None:
         probe.close()
 
 
-def open_store(url: str | None = None, *, must_exist: bool = False) -> Engine:
+def open_store(url: str | None = None, *, must_exist: bool = False, to_write: bool = False) -> Engine:
     """Engine for `url` (see `telemetry.db.resolve_db_url`), schema upgraded to head on open.
+
+    `to_write`: a command that records into the store (bench, loadtest, serve) learns now, before any model loads
+    or load starts, that the store refuses writes (NotWritableError): a read-only store already at head opens
+    fine, and its first insert failed only after the work whose records it was to hold (refuse_unless_writable).
+    Commands that only read leave it off: a read-only store serves them.
 
     A SQLite file that does not exist is created, with its directory, unless `must_exist`: commands that only
     read (cost, project, export, report, scheduler, dashboard) pass it, so a mistyped `--db` is named as such instead of
@@ -291,6 +296,17 @@ def open_store(url: str | None = None, *, must_exist: bool = False) -> Engine:
     SQLite file is checked before make_engine's engine connects: its pragmas would switch the file to WAL. A store
     at an older revision is upgraded as always. A SQLite path that is a directory, or a file that is not a SQLite
     database, is refused naming it (refuse_unusable_sqlite_file)."""
+    engine = _open_store(url, must_exist=must_exist)
+    if to_write:
+        try:
+            refuse_unless_writable(engine, url)
+        except BaseException:
+            engine.dispose()
+            raise
+    return engine
+
+
+def _open_store(url: str | None, *, must_exist: bool) -> Engine:
     refuse_unusable_sqlite_file(url)
     url = resolve_db_url(url)
     path = sqlite_file(url)
@@ -329,6 +345,58 @@ def open_store(url: str | None = None, *, must_exist: bool = False) -> Engine:
             raise said from None
         raise
     return engine
+
+
+class NotWritableError(StoreError):
+    """A store that opens but refuses writes (a SQLite file opened with mode=ro or one this user cannot write, a
+    PostgreSQL session or server whose transactions are read-only, a role without INSERT on it), found before a
+    command that records into it does its work."""
+
+    def __init__(self, named: str, reason: str):
+        super().__init__(f"{named}: not writable: {reason}; this command records its runs there: give a store it "
+                         "may write, or --no-telemetry to record nothing")
+        self.reason = reason
+
+
+# One write of the kind a recording command makes first (a run's row), of no row: the database checks it as any
+# other (a read-only transaction or file, the role's INSERT privilege) and it changes nothing; rolled back all
+# the same
+_WRITE_PROBE = text("INSERT INTO runs (kind) SELECT kind FROM runs WHERE 1 = 0")
+
+
+def refuse_unless_writable(engine: Engine, url: str | None = None) -> None:
+    """NotWritableError, naming the store as `url` was given (--db, SPECFINOPS_DB_URL or the default), where it
+    refuses a write; the database's own words say why ('attempt to write a readonly database', 'cannot execute
+    INSERT in a read-only transaction', 'permission denied for table runs'). A SQLite store another process is
+    writing just now (still locked after the busy timeout) is writable: its lock is not refusal. Any other
+    failure is raised as it is."""
+    try:
+        with engine.connect() as conn:
+            try:
+                conn.execute(_WRITE_PROBE)
+            finally:
+                conn.rollback()
+    except DBAPIError as exc:
+        orig = exc.orig or exc
+        if _why_not_upgraded(exc) is None:
+            if getattr(orig, "sqlite_errorname", "").startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) \
+                    or "database is locked" in str(orig):
+                return
+            raise
+        raise NotWritableError(_given(url), (str(orig).strip().splitlines() or [type(orig).__name__])[0]) from None
+
+
+def _given(url: str | None) -> str:
+    """The store as the user named it: `--db X` (a server's password hidden), SPECFINOPS_DB_URL, or the default."""
+    def hidden(given: str) -> str:
+        return given if sqlite_file(resolve_db_url(given)) is not None \
+            else make_url(given).render_as_string(hide_password=True)
+
+    if url:
+        return f"--db {hidden(url)}"
+    if os.environ.get(ENV_DB_URL):
+        return f"{ENV_DB_URL} {hidden(os.environ[ENV_DB_URL])}"
+    return f"the default store {_shown(resolve_db_url(None))}"
 
 
 def _why_not_upgraded(exc: BaseException) -> str | None:

@@ -480,3 +480,101 @@ def test_serve_and_loadtest_refuse_a_node_id_longer_than_the_column(command, cap
     assert exc.value.code == 2
     assert "argument --node-id: must be at most 128 characters" in capsys.readouterr().err
 
+
+def _no_model_or_load(monkeypatch):
+    """A model load or a load test's first level fails the test: the store is to be refused before either."""
+    import serving.loadtest
+    import serving.server_setup
+    import serving.worker
+
+    def no_load(*a, **kw):
+        raise AssertionError("the work began before the store was found read-only")
+
+    async def server_up(spec):
+        return {"id": spec.model or "m"}
+
+    monkeypatch.setattr(serving.worker, "load", no_load)
+    monkeypatch.setattr(serving.server_setup, "load", no_load)
+    monkeypatch.setattr(serving.loadtest, "probe_server", server_up)  # a server that answers
+    monkeypatch.setattr(serving.loadtest, "run_loadtest", no_load)
+
+
+RECORDING_COMMANDS = {"bench": ["bench", "--limit", "1", "--max-new-tokens", "2", "--mode", "ar"],
+                      "serve": ["serve", "--port", "0"],
+                      "loadtest": ["loadtest", "--url", "http://127.0.0.1:9", "--duration", "1"]}
+
+
+@pytest.mark.parametrize("command", list(RECORDING_COMMANDS))
+def test_a_recording_command_refuses_a_read_only_store_before_its_work(command, db_url, read_only_url, tmp_path,
+                                                                        monkeypatch, capsys):
+    """A read-only store at head opens fine: bench loaded its model (minutes for a real target) and only then
+    failed 'cannot use the database: attempt to write a readonly database'; a load test ran its first level
+    first, a server loaded its model. The store is now made to take one write (rolled back) when opened, and
+    refused under --db before any of that; a command that only reads it still does."""
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(400, ttft_ms=100, e2e_ms=9000, start_s=0.0)])
+        s.commit()
+    engine.dispose()
+    ro = read_only_url(db_url)
+    _no_model_or_load(monkeypatch)
+    json_out = tmp_path / "out.json"
+    extra = [] if command == "serve" else ["--json", str(json_out)]
+    assert main([*RECORDING_COMMANDS[command], *extra, "--db", ro]) == 2
+    line = _one_line(capsys)
+    assert f"specfinops {command}: error: --db " in line and ": not writable: " in line, line
+    assert "attempt to write a readonly database" in line or "read-only transaction" in line, line
+    assert "--no-telemetry" in line and not json_out.exists()
+    assert main(["cost", "--db", ro]) == 0  # reading is what a read-only store is for
+    capsys.readouterr()
+
+
+@pytest.mark.postgres
+def test_a_role_that_may_only_read_the_store_is_refused_before_a_model_loads(pg_url, monkeypatch, capsys):
+    """The write a recording command checks for is one the role must be granted too: a role with SELECT only
+    is told so under --db before bench loads anything."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    open_store(pg_url).dispose()
+    role = f"specfinops_reader_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE ROLE "{role}" LOGIN'))
+            conn.execute(text(f'GRANT SELECT ON ALL TABLES IN SCHEMA public TO "{role}"'))
+        reader_url = pg_url.replace("://postgres@", f"://{role}@", 1)
+        _no_model_or_load(monkeypatch)
+        assert main([*RECORDING_COMMANDS["bench"], "--db", reader_url]) == 2
+        line = _one_line(capsys)
+        assert ": not writable: permission denied for table runs" in line, line
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP OWNED BY "{role}"'))
+            conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
+        admin.dispose()
+
+
+def test_the_write_check_changes_nothing_and_takes_a_store_another_process_is_writing(sqlite_url):
+    """The check inserts no row and rolls back; a SQLite store locked by another writer past the busy timeout is
+    writable (its lock is no refusal), not refused as read-only."""
+    from sqlalchemy import create_engine, func, select
+
+    from telemetry.db import Run
+    from telemetry.store import refuse_unless_writable
+
+    engine = open_store(sqlite_url, to_write=True)
+    with engine.connect() as c:
+        assert c.execute(select(func.count(Run.id))).scalar() == 0
+    engine.dispose()
+    path = sqlite_url.removeprefix("sqlite:///")
+    writer = sqlite3.connect(path)
+    impatient = create_engine(sqlite_url, connect_args={"timeout": 0.05})
+    try:
+        writer.execute("BEGIN IMMEDIATE")  # holds the write lock
+        refuse_unless_writable(impatient, sqlite_url)  # 'database is locked': not refused
+    finally:
+        writer.rollback()
+        writer.close()
+        impatient.dispose()

@@ -272,6 +272,23 @@ def check_writable(path: str | None, flag: str) -> None:
             p.unlink(missing_ok=True)
 
 
+def open_db_option(url: str | None):
+    """The store --db names, opened (created or upgraded) for a command that records into it (bench, loadtest,
+    serve), now rather than after its model loads or its load starts: what is wrong with it named under --db
+    ('[Errno 2] No such file or directory: /proc/x' did not say which option), a store that refuses writes
+    (read-only, or a role without INSERT) included: it opens fine, and its first insert failed only after the
+    work (telemetry.store.NotWritableError). The caller disposes of the Engine."""
+    from telemetry.store import StoreError, open_store
+
+    try:
+        return open_store(url, to_write=True)
+    except (StoreError, UsageError, ValueError):
+        raise  # these name the database already
+    except OSError as exc:
+        raise UsageError(f"--db {url}: cannot create the store: {exc.strerror or exc}"
+                         + (f": {exc.filename}" if exc.filename else "")) from None
+
+
 def bindable_port(host: str, port: int) -> int:
     """`port` (0: a free one) if this process could listen on host:port now; a clear error otherwise."""
     try:

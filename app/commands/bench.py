@@ -17,6 +17,7 @@ from app.commands._common import (
     context_len,
     lost_records,
     model_option,
+    open_db_option,
     sigterm_as_ctrl_c,
 )
 from app.commands._interrupt import ctrl_c_once, interrupted_line, write_json
@@ -198,20 +199,6 @@ def check_combinations(args: argparse.Namespace) -> None:
         raise UsageError("--vllm-args applies to --backend vllm; the torch engine (the default --backend) takes none")
 
 
-def open_db_option(url: str | None) -> None:
-    """Open (create or upgrade) the store --db names now, not after the benchmark; what is wrong with it named
-    under --db ('[Errno 2] No such file or directory: /proc/x' did not say which option)."""
-    from telemetry.store import StoreError, open_store
-
-    try:
-        open_store(url).dispose()
-    except (StoreError, UsageError, ValueError):
-        raise  # these name the database already
-    except OSError as exc:
-        raise UsageError(f"--db {url}: cannot create the store: {exc.strerror or exc}"
-                         + (f": {exc.filename}" if exc.filename else "")) from None
-
-
 def early_exit_layers(given: int | None, target: str | None, drafter: str) -> int:
     """--early-exit-layers, checked against the target before it loads; by default 8 (DEFAULT_EARLY_EXIT_LAYERS),
     or half the layers of a target that has no more than that (an early exit must stop before the last layer)."""
@@ -308,7 +295,7 @@ def _handle(args: argparse.Namespace) -> int:
 
         path = sqlite_file(resolve_db_url(args.db))
         made = path if path is not None and not path.exists() else None
-        open_db_option(args.db)  # an unusable --db now, not after the benchmark
+        open_db_option(args.db).dispose()  # an unusable or read-only --db now, not after the benchmark
     try:
         loaded = _load_and_check(args, spec, prompts, encoded, params, gate, chosen, levels)
     except BaseException:

@@ -11,6 +11,7 @@ from app.commands._common import (
     add_db_option,
     check_writable,
     lost_records,
+    open_db_option,
 )
 from app.commands._interrupt import (
     ctrl_c_once_async,
@@ -134,9 +135,8 @@ def _handle(args: argparse.Namespace) -> int:
     if not args.no_telemetry:
         from serving.worker import default_node_id
         from telemetry.recorder import Recorder
-        from telemetry.store import open_store
 
-        store = open_store(args.db)
+        store = open_db_option(args.db)  # a read-only store refused now, not once the first level has run
         recorder = Recorder(store)
         try:
             shared = shared_store(store, card)

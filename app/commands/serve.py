@@ -13,6 +13,7 @@ from app.commands._common import (
     check_power_options,
     context_len,
     model_option,
+    open_db_option,
     positive_int,
 )
 from app.commands.bench import node_id
@@ -86,9 +87,7 @@ def handle(args: argparse.Namespace) -> int:
     source = power_source(opts)  # likewise a meter that cannot be read (--power nvml / rapl), before a store is made
     try:
         if not args.no_telemetry:
-            from telemetry.store import open_store
-
-            open_store(args.db).dispose()  # likewise an unusable --db
+            open_db_option(args.db).dispose()  # likewise an unusable or read-only --db
     except BaseException:
         source.close()
         raise
