@@ -322,9 +322,10 @@ class ModeSummary:
 class DomainAcceptance:
     domain: str
     num_requests: int
-    num_drafts: int
-    num_draft_tokens: int
-    num_accepted_tokens: int
+    # None: unknown, the domain's requests all ended without the server's counts (a load test, revision 0012)
+    num_drafts: int | None
+    num_draft_tokens: int | None
+    num_accepted_tokens: int | None
     acceptance_rate: float | None
     mean_acceptance_length: float | None
     # from the recorded steps (a step tests its accepted drafts and the first rejected one): alpha =
@@ -1004,7 +1005,8 @@ def acceptance_by_domain(engine: Engine, filters: Filters | None = None) -> list
         tested = {d: (int(acc or 0), int(acc or 0) + int(rej or 0)) for d, acc, rej in c.execute(tested_q)}
     out = []
     for domain, n, drafts, drafted, accepted in rows:
-        drafts, drafted, accepted = int(drafts or 0), int(drafted or 0), int(accepted or 0)
+        # None: no request of the domain knows its counts (a load test against a server that sends none)
+        drafts, drafted, accepted = (None if v is None else int(v) for v in (drafts, drafted, accepted))
         step_accepted, n_tested = tested.get(domain, (None, None))
         out.append(
             DomainAcceptance(

@@ -543,6 +543,13 @@ def test_counts_a_server_did_not_send_are_stored_unknown_not_zero(stub_factory, 
     cols = ("prompt_tokens", "output_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens")
     by_mode = {m: {tuple(r[c] for c in cols) for r in rows if r["mode"] == m} for m in ("spec", "ar")}
     assert by_mode == {"spec": {("5", "3", "", "", "")}, "ar": {("5", "3", "0", "0", "0")}}, by_mode
+    from telemetry.queries import acceptance_by_domain
+    from telemetry.store import open_store
+
+    store = open_store(db_url)
+    (code,) = acceptance_by_domain(store)  # the Speculation page's and the report's table: unknown, not 0
+    store.dispose()
+    assert (code.num_drafts, code.num_draft_tokens, code.num_accepted_tokens, code.acceptance_rate) == (None,) * 4
 
 
 def test_speculation_counts_no_engine_makes_are_stored_unknown(stub_factory, tmp_path, capsys):
