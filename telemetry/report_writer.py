@@ -30,7 +30,7 @@ import secrets
 import shutil
 import tempfile
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import delete, func, select, update
@@ -190,6 +190,29 @@ def release_claim(engine: Engine, report_id: int, window: Window, out_dir: str |
     _remove_claimed(final.parent / f".{final.name}.tmp", token, unmarked_too=True)
     _remove_claimed(final, token)
     return True
+
+
+# A "pending" report a scheduler is delivering (again) carries this lease in delivery_error until the outcome is
+# recorded: taken in one UPDATE that expects the column as read, so of two schedulers only one sends it; a lease
+# older than STALE_AFTER_S (its process was killed) may be taken over (telemetry.scheduler.take_delivery).
+DELIVERY_LEASE = "delivery under way since "
+
+
+def delivery_note(status: str | None, error: str | None, now: datetime) -> str | None:
+    """A report's delivery_error as a person reads it. A scheduler's lease says when its delivery began; one
+    older than STALE_AFTER_S is a delivery whose scheduler stopped mid-way (the raw lease read as if it were
+    still under way, hours later): the next scheduler start or run of its job delivers it."""
+    if status != PENDING or not error or not error.startswith(DELIVERY_LEASE):
+        return error
+    try:
+        since = datetime.fromisoformat(error.removeprefix(DELIVERY_LEASE))
+    except ValueError:
+        return error
+    shown = f"{since:%Y-%m-%d %H:%M:%S} UTC" if since.utcoffset() in (None, timedelta(0)) else since.isoformat()
+    if age_s(since, now) < STALE_AFTER_S:
+        return f"delivery under way since {shown}"
+    return (f"delivery stopped mid-way (began {shown}; its scheduler was stopped): the next scheduler start or "
+            "run of its job delivers it")
 
 
 def age_s(created_at: datetime, now: datetime) -> float:

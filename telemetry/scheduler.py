@@ -75,6 +75,7 @@ from telemetry.report import (
     period_window,
     runs_covered_text,
 )
+from telemetry.report_writer import DELIVERY_LEASE
 
 logger = logging.getLogger(__name__)
 
@@ -85,10 +86,6 @@ DEFAULT_MISFIRE_GRACE_S = 3600
 # seven. By then newer reports have superseded its summary, and a receiver down for over a week needs a person
 # (`scheduler --list` names the report, retried or not); each retry makes the job's --attempts tries again.
 REDELIVER_FAILED_FOR_S = 8 * 24 * 3600
-# A "pending" report a scheduler is delivering (again) carries this lease in delivery_error until the outcome is
-# recorded: taken in one UPDATE that expects the column as read, so of two schedulers only one sends it; a lease
-# older than STALE_AFTER_S (its process was killed) may be taken over.
-DELIVERY_LEASE = "delivery under way since "
 # --misfire-grace-s at most a year: APScheduler adds it to the run time as a timedelta at every firing (a larger
 # one overflowed there and failed every run, the job kept as accepted)
 MAX_MISFIRE_GRACE_S = 366 * 24 * 3600

@@ -642,6 +642,32 @@ def test_reports_page_offers_the_csv_files_when_the_page_is_gone(filled, tmp_pat
     assert "modes.csv" in labels and not any(lbl.startswith("Download report (HTML") for lbl in labels)
 
 
+def test_reports_page_says_a_delivery_whose_scheduler_stopped_is_not_under_way(filled, tmp_path, monkeypatch):
+    """A scheduler stopped mid-delivery leaves its lease in delivery_error: the page showed "delivery under way
+    since ..." days later. A lease past STALE_AFTER_S reads as stopped mid-way, a fresh one as under way."""
+    from datetime import UTC, datetime, timedelta
+
+    import streamlit
+    from sqlalchemy import text
+
+    from app.cli import main
+    from telemetry.report_writer import DELIVERY_LEASE, STALE_AFTER_S
+
+    assert main(["report", "--db", filled, "--out", str(tmp_path / "out"), "--period", "daily",
+                 "--since", "2026-11-02"]) == 0
+    engine = open_store(filled)
+    for age_s, says in ((STALE_AFTER_S + 60, "delivery stopped mid-way (began "), (30, "delivery under way since ")):
+        lease = f"{DELIVERY_LEASE}{(datetime.now(UTC) - timedelta(seconds=age_s)).isoformat()}"
+        with engine.begin() as c:
+            c.execute(text("UPDATE reports SET delivery_status = 'pending', delivery_error = :e"), {"e": lease})
+        streamlit.cache_data.clear()  # the page caches the list for a minute
+        at = open_page(app_for(filled, monkeypatch), "views/reports.py")
+        assert_clean(at)
+        [shown] = list(at.dataframe[0].value["delivery error"])
+        assert shown.startswith(says) and "+00:00" not in shown, shown
+    engine.dispose()
+
+
 def test_cost_page_names_the_catalog_energy_prices_and_when_they_do_not_count(sqlite_url, monkeypatch):
     at = open_page(app_for(fill_store(sqlite_url, energy=False), monkeypatch), PAGES["Cost & capacity"])
     assert_clean(at)

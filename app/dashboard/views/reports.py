@@ -20,10 +20,12 @@ SCHEDULE_COMMAND = 'specfinops scheduler --cron "0 6 * * *" --period daily --out
 
 @st.cache_data(ttl=data.TTL_S, show_spinner=False)
 def reports(url: str) -> list[dict]:
-    from telemetry.report import runs_covered_text
-    from telemetry.report_writer import list_reports
+    from datetime import UTC, datetime
 
-    out = []
+    from telemetry.report import runs_covered_text
+    from telemetry.report_writer import delivery_note, list_reports
+
+    out, now = [], datetime.now(UTC)
     for r in list_reports(data.engine(url)):
         s = r.summary or {}
         modes = s.get("modes", {})
@@ -42,7 +44,7 @@ def reports(url: str) -> list[dict]:
             # none found is a finding ("none"); a summary without the check is missing (None -> "—")
             "anomalies": ", ".join(flagged) or ("none" if anomalies is not None else None),
             "job": "manual" if r.job_id is None else f"job {r.job_id}",  # `specfinops report` has no job
-            "delivery": r.delivery_status, "delivery error": r.delivery_error,
+            "delivery": r.delivery_status, "delivery error": delivery_note(r.delivery_status, r.delivery_error, now),
             "html_path": r.html_path, "csv_dir": r.csv_dir,
         })  # fmt: skip
     return out
