@@ -316,6 +316,38 @@ def test_damaged_prepared_data_is_one_line_naming_the_file_and_how_to_make_it_ag
     assert not (tmp_path / "d").exists()
 
 
+def test_a_corpus_without_the_drafts_features_is_refused_before_other_data_is_made(byo, tmp_path, cache, capsys):
+    """A --corpus holding the last block's features, a draft reading block 0: refused only after --generate-prompts
+    had made its data (minutes to hours for a real target); now before anything is made."""
+    from app.cli import main
+
+    target_dir, corpus = byo
+    argv = ["--target", str(target_dir), "--corpus", str(corpus), "--generate-prompts", "2", "--max-new-tokens", "3",
+            "--feature-layers", "0", "1", "--out", str(tmp_path / "d")]
+    assert main(_distill(argv, tmp_path)) == 2
+    line = _one_error_line(capsys)
+    assert f"{corpus} holds the features of target blocks [2], not of [0, 1]" in line, line
+    assert not cache.exists() or not list(cache.glob("*")), list(cache.glob("*"))
+    assert not (tmp_path / "d").exists()
+
+
+def test_self_prompts_a_target_cannot_write_are_refused_before_other_data_is_made(tmp_path, cache, capsys):
+    """A target that cannot write questions of its own (no chat template; or too short a context for one after its
+    chat prefix): --self-prompts was refused only after --stdlib-code had made its data; now before anything is."""
+    from app.cli import main
+    from serving.distill.selfprompts import question_room
+
+    target = _short_target(tmp_path, max_position_embeddings=512)  # a word tokenizer without a chat template
+    with pytest.raises(ValueError, match="no chat template"):
+        question_room(target)
+    argv = ["--target", str(target), "--stdlib-code", "2", "--self-prompts", "2", "--out", str(tmp_path / "d")]
+    capsys.readouterr()  # what making the target printed
+    assert main(_distill(argv, tmp_path)) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith("specfinops distill: error: the target's tokenizer has no chat template"), line
+    assert not cache.exists() or not list(cache.glob("*")), list(cache.glob("*"))
+
+
 def test_unfinished_data_whose_index_is_not_text_is_one_line_naming_it(tmp_path, cache, capsys):
     """Generation goes on from the sequences an interrupted run listed in sequences.jsonl: one that is not UTF-8
     text gave "'utf-8' codec can't decode byte 0xf8", naming neither the file nor what to do."""

@@ -539,7 +539,10 @@ def _read_sequences(path: Path, num_tokens: int) -> list[dict]:
     return seqs
 
 
-def load_prepared(path: str | Path) -> Prepared:
+def check_prepared(path: str | Path, layers: tuple[int, ...] | None = None, num_layers: int | None = None) -> dict:
+    """Prepared data's meta.json, once its files hold the rows it says (and, given `layers` and `num_layers`, the
+    features of those target blocks): ValueError naming what is wrong. Reads sizes and meta only, so distill
+    checks a --corpus before it makes (or waits for) any other data."""
     path = Path(path)
     if not is_prepared(path):
         raise FileNotFoundError(f"{path} is not a prepared distillation data directory (no meta.json)")
@@ -553,6 +556,20 @@ def load_prepared(path: str | Path) -> Prepared:
             held = "is missing" if size is None else f"holds {size} bytes"
             raise ValueError(f"{f} {held}, meta.json's {n} positions need {n * nbytes}: the prepared data in "
                              f"{path} is incomplete or damaged; {REPREPARE}")
+    if num_layers is not None:
+        have = tuple(meta.get("feature_layers") or ()) or (num_layers - 1,)
+        missing = [i for i in (tuple(layers or ()) or (num_layers - 1,)) if i not in have]
+        if missing:
+            raise ValueError(f"{path} holds the features of target blocks {list(have)}, not of {missing} "
+                             "(generate the data with those --feature-layers)")
+    return meta
+
+
+def load_prepared(path: str | Path) -> Prepared:
+    path = Path(path)
+    meta = check_prepared(path)
+    k, C = meta["topk"], feature_width(meta["hidden_size"], meta.get("feature_layers"))
+    n = meta["num_tokens"]
     seqs = _read_sequences(path, n)
     tokens = torch.from_numpy(np.fromfile(path / "tokens.bin", dtype=np.int32)).long()
     feats = torch.from_numpy(np.fromfile(path / "feats.bin", dtype=np.int16)).view(torch.bfloat16).view(-1, C)

@@ -537,7 +537,7 @@ def _note_interrupt(note: str):
 
 def run(args) -> int:
     from app.errors import UsageError
-    from serving.distill.data import is_prepared, load_prepared, read_meta, select_features
+    from serving.distill.data import check_prepared, is_prepared, load_prepared, read_meta, select_features
     from serving.distill.data import prepare as prepare_data
     from serving.distill.prompts import (
         interleave,
@@ -611,6 +611,17 @@ def run(args) -> int:
         refusal = foreign_data("--corpus", c, read_meta(c), target_dir, target_cfg)
         if refusal:
             raise UsageError(refusal)
+        try:  # whole, with the features the draft reads: found now, not after the other sources' data is made
+            check_prepared(c, draft_layers, num_blocks)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if getattr(args, "self_prompts", 0):
+        from serving.distill.selfprompts import question_room
+
+        try:  # a target too short for a question of its own: said before any data is made
+            question_room(target_dir)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     # ---- what training will be, and the checkpoint a --resume continues (checked before any work)
     cfg = TrainConfig(head_vocab=args.head_vocab, layers=args.layers, lr=args.lr, batch_tokens=args.batch_tokens,
                       batch_pool=args.batch_pool,

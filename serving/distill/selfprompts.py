@@ -109,6 +109,26 @@ def sample_continuations(target, prefixes: list[list[int]], stops: set[int], *, 
     return out
 
 
+def question_room(target_dir: str | Path, tok=None, *, openers: tuple[str, ...] = CODE_OPENERS,
+                  system: str = SYSTEM) -> tuple[int, str, int]:
+    """(the target's positions, the config field that sets them, the longest chat prefix a question is written
+    after, in tokens); ValueError where no question fits after the prefix. Distill asks before it makes any data,
+    so a short-context target's --self-prompts is refused before other sources' data is generated."""
+    from serving.models import load_tokenizer
+
+    from .data import target_context
+
+    tok = tok if tok is not None else load_tokenizer(Path(target_dir))
+    before, _ = pre_query(tok, system)
+    positions, source = target_context(target_dir)
+    longest = max(len(tok.encode(before + o, add_special_tokens=False)) for o in openers)
+    if longest >= positions:
+        raise ValueError(f"the target's context ({positions} positions, its {source}) leaves no room for a question "
+                         f"after the {longest}-token chat prefix the target writes it after; give prompts of your own "
+                         "(--generate-prompts, --stdlib-prompts, --corpus) instead of --self-prompts")
+    return positions, source, longest
+
+
 def self_prompts(target_dir: str | Path, n: int, *, seed: int = 0, dtype: torch.dtype = torch.float32,
                  openers: tuple[str, ...] = CODE_OPENERS, system: str = SYSTEM, max_tokens: int = 96,
                  batch: int = 16, progress: bool = True, device: torch.device | str = "cpu") -> list[dict]:
@@ -118,7 +138,7 @@ def self_prompts(target_dir: str | Path, n: int, *, seed: int = 0, dtype: torch.
 
     from serving.models import load_tokenizer
 
-    from .data import load_target_on, prefill_budget, target_context
+    from .data import load_target_on, prefill_budget
     from .prompts import _evaluation_texts
 
     if n < 1:
@@ -127,12 +147,7 @@ def self_prompts(target_dir: str | Path, n: int, *, seed: int = 0, dtype: torch.
     before, after = pre_query(tok, system)
     stops = stop_ids(tok, after)
     # a question is sampled after its prefix, within the target's positions (its rope table ends there)
-    positions, source = target_context(target_dir)
-    longest = max(len(tok.encode(before + o, add_special_tokens=False)) for o in openers)
-    if longest >= positions:
-        raise ValueError(f"the target's context ({positions} positions, its {source}) leaves no room for a question "
-                         f"after the {longest}-token chat prefix the target writes it after; give prompts of your own "
-                         "(--generate-prompts, --stdlib-prompts, --corpus) instead of --self-prompts")
+    positions, source, longest = question_room(target_dir, tok, openers=openers, system=system)
     room = (f", all the target's context ({positions} positions, its {source}) leaves after the prefix"
             if positions - longest < max_tokens else "")
     max_tokens = min(max_tokens, positions - longest)
