@@ -568,10 +568,15 @@ def _server_said(exc) -> str:
 
 
 def _client(spec: LoadSpec, *, headers: dict | None = None, timeout_s: float | None = None):
-    from openai import AsyncOpenAI
+    """The load test's client, which reaches the loopback URL it was given and nothing else: it follows no redirect
+    and takes no proxy from the environment (HTTP_PROXY, ALL_PROXY). The SDK's own client did both, so a server
+    answering 307 to another host, or a proxy variable, sent the workload, the API key and the store's client key
+    off this machine."""
+    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
     return AsyncOpenAI(base_url=base_url(spec.url), api_key=spec.api_key or "none", max_retries=0,
-                       timeout=timeout_s or spec.duration_s + DRAIN_GRACE_S, default_headers=headers)
+                       timeout=timeout_s or spec.duration_s + DRAIN_GRACE_S, default_headers=headers,
+                       http_client=DefaultAsyncHttpxClient(follow_redirects=False, trust_env=False))
 
 
 async def check_server(client, spec: LoadSpec) -> dict:
@@ -589,6 +594,11 @@ async def check_server(client, spec: LoadSpec) -> dict:
         cause = f": {exc.__cause__}" if exc.__cause__ is not None and str(exc.__cause__) else ""
         raise ValueError(f"cannot reach {spec.url}: {exc.message}{cause}") from None
     except openai.APIStatusError as exc:
+        if 300 <= exc.status_code < 400:
+            to = exc.response.headers.get("location") or "another address"
+            raise ValueError(f"the server at {spec.url} redirects GET /v1/models ({exc.status_code}) to {to}: the "
+                             "load test follows no redirect, it reaches only the loopback URL it is given; give "
+                             "--url the address the server answers on") from None
         raise ValueError(f"the server at {spec.url} answered GET /v1/models with {_server_said(exc)}") from None
     except NotOpenAIServer as exc:
         raise ValueError(f"the server at {spec.url} is not an OpenAI-compatible server ({exc})") from None

@@ -213,9 +213,14 @@ class NotAStoreError(NoStoreError):
         self.path = shown
 
 
-def _shown(url: str) -> str:
-    path = sqlite_file(url)
-    return str(path) if path is not None else make_url(url).render_as_string(hide_password=True)
+def shown_url(url: str) -> str:
+    """A store URL as it may be printed: a SQLite file's path, a server's URL with its password masked; a URL
+    SQLAlchemy cannot parse shows as "(the configured store)", nothing of it (it may hold a password)."""
+    try:
+        path = sqlite_file(url)
+        return str(path) if path is not None else make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - any parse error: show nothing of it
+        return "(the configured store)"
 
 
 def _refuse_unless_a_store(engine: Engine, url: str, *, must_exist: bool) -> None:
@@ -237,7 +242,7 @@ def _refuse_unless_a_store(engine: Engine, url: str, *, must_exist: bool) -> Non
     foreign = set(others) - {JOBS_TABLE}  # the scheduler's jobs alone (an older `db downgrade base` kept them)
     if not foreign and (revision is not None or not must_exist):
         return
-    raise NotAStoreError(_shown(url), others, server=sqlite_file(url) is None, emptied=VERSION_TABLE in tables,
+    raise NotAStoreError(shown_url(url), others, server=sqlite_file(url) is None, emptied=VERSION_TABLE in tables,
                          stamped=revision if foreign else None)  # fmt: skip
 
 
@@ -396,7 +401,7 @@ def _given(url: str | None) -> str:
         return f"--db {hidden(url)}"
     if os.environ.get(ENV_DB_URL):
         return f"{ENV_DB_URL} {hidden(os.environ[ENV_DB_URL])}"
-    return f"the default store {_shown(resolve_db_url(None))}"
+    return f"the default store {shown_url(resolve_db_url(None))}"
 
 
 def _why_not_upgraded(exc: BaseException) -> str | None:
@@ -435,7 +440,7 @@ def _cannot_upgrade(engine: Engine, url: str, why: str) -> StoreError | None:
     # tables without a version: made by create_all, they need only a stamp (which writes too)
     at = (f"at revision {rev}" if rev else "without an Alembic version (its tables were made without Alembic)"
           if tables else "without a schema")
-    needs = f"the store {_shown(url)} is {at} and this specfinops needs revision {head_revision()}"
+    needs = f"the store {shown_url(url)} is {at} and this specfinops needs revision {head_revision()}"
     if why == "privilege":
         role = f"the role {engine.url.username}" if engine.url.username else "this role"
         return StoreError(

@@ -28,7 +28,7 @@ class Stub:
 
     def __init__(self, *, chunks: int = 3, chunk_s: float = 0.02, refuse: bool = False, api_key: str | None = None,
                  max_model_len: int = 512, card_extra: dict | None = None, content: str = "ab",
-                 fail_usage: dict | None = None):
+                 fail_usage: dict | None = None, redirect_to: str | None = None):
         import uvicorn
         from starlette.applications import Starlette
         from starlette.responses import JSONResponse, StreamingResponse
@@ -80,6 +80,13 @@ class Stub:
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
+        if redirect_to is not None:  # every request answered 307 to the same path on `redirect_to`
+            from starlette.responses import RedirectResponse
+
+            async def models(request):  # noqa: F811 - the redirecting stub's routes
+                return RedirectResponse(redirect_to + request.url.path, status_code=307)
+
+            chat = models
         app = Starlette(routes=[Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"])])
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error",
                                                     timeout_graceful_shutdown=1))
@@ -566,3 +573,23 @@ def test_speculation_counts_no_engine_makes_are_stored_unknown(stub_factory, tmp
         rows = c.execute(text("select prompt_tokens, output_tokens, num_drafts, num_draft_tokens, "
                               "num_accepted_tokens from requests")).all()
     assert rows and {tuple(r) for r in rows} == {(5, 7, None, None, None)}, rows
+
+
+def test_the_load_test_follows_no_redirect_and_takes_no_proxy(stub_factory, tmp_path, capsys, monkeypatch):
+    """The SDK's client followed a server's 307 to another host and took HTTP_PROXY from the environment, so the
+    workload, the API key and a shared store's client key left the loopback address the load test checks. Neither
+    now: a redirecting server is refused naming where it points, and a proxy variable is not used."""
+    real = stub_factory(chunks=2, chunk_s=0.01)
+    hop = stub_factory(redirect_to=real.url)
+    argv = ["loadtest", "--concurrency", "1", "--duration", "0.3", "--mode", "ar", "--max-tokens", "8",
+            "--workload", "code", "--no-telemetry"]
+    assert main([*argv, "--url", hop.url]) == 2
+    err = capsys.readouterr().err
+    assert f"redirects GET /v1/models (307) to {real.url}/v1/models" in err and "follows no redirect" in err, err
+    assert real.num_chat == 0
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there: a used proxy fails every request
+    monkeypatch.setenv("ALL_PROXY", "http://127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert main([*argv, "--url", real.url]) == 0, capsys.readouterr().err
+    assert real.num_chat > 0

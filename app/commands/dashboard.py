@@ -46,7 +46,7 @@ def streamlit_argv(script: Path, host: str, port: int, headless: bool) -> list[s
 
 def run(args) -> int:
     from telemetry.db import resolve_db_url
-    from telemetry.store import NoStoreError, StoreError, open_store
+    from telemetry.store import NoStoreError, StoreError, open_store, shown_url
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0..65535, got {args.port}")
@@ -58,7 +58,8 @@ def run(args) -> int:
     except StoreError as exc:  # a directory, not a SQLite file: its message names the path
         raise UsageError(f"cannot open the store: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - any driver error means the URL is unusable
-        raise UsageError(f"cannot open the store {args.db or url}: {str(exc).splitlines()[0]}") from None
+        # the URL as given may hold a password: shown masked, as every other command shows it
+        raise UsageError(f"cannot open the store {shown_url(url)}: {str(exc).splitlines()[0]}") from None
     port = bindable_port(args.host, args.port)
     headless = not sys.stdin.isatty()
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
