@@ -55,6 +55,7 @@ from telemetry.queries import (
     field_text,
     key_of,
     run_summaries,
+    serve_node_shares,
     target_is,
     target_matches,
     varying_fields,
@@ -72,6 +73,9 @@ class RunCost:
     usd_per_kwh: float
     pue: float
     cost: CostBreakdown
+    # the part of the run's wall seconds its hardware is priced over: a server run that shared its node with the
+    # other mode's run is priced over its share of the node's time (queries.serve_node_shares); 1 otherwise
+    node_share: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +267,9 @@ def _energy_prices(engine: Engine, snapshot: dict | None, usd_per_kwh: float | N
 
 
 def _price_run(engine: Engine, run: RunSummary, gpu, node_hourly_usd, usd_per_kwh, pue,
-               catalog: PriceCatalog | None = None) -> RunCost:
+               catalog: PriceCatalog | None = None, node_share: float = 1.0) -> RunCost:
+    """The run's cost: its hardware over its wall seconds times `node_share` (its share of a node that other
+    server runs shared: queries.serve_node_shares)."""
     price = resolve_node_price(  # a GPU price (--gpu) counts each GPU the run's device spans
         engine, device=run.device, price_snapshot=run.price_snapshot, gpu=gpu, node_hourly_usd=node_hourly_usd,
         gpus_per_node=device_gpus(run.device), catalog=catalog,
@@ -274,14 +280,14 @@ def _price_run(engine: Engine, run: RunSummary, gpu, node_hourly_usd, usd_per_kw
     if st.output_tokens and st.wall_s is None:
         cost = CostBreakdown(st.output_tokens, None, None, None, False, False, WALL_UNKNOWN)
     elif differs and st.energy_j is not None:  # energy measured here is not the priced hardware's
-        cost = cost_per_1m_tokens(price.usd_per_hour, (st.wall_s or 0.0) / 3600, None, pue_value, kwh_price,
+        cost = cost_per_1m_tokens(price.usd_per_hour, (st.wall_s or 0.0) * node_share / 3600, None, pue_value, kwh_price,
                                   st.output_tokens, no_energy_reason=ENERGY_OTHER_HARDWARE)
     else:
         energy_kwh = st.energy_j / J_PER_KWH if st.energy_complete and st.energy_j is not None else None
         partial = st.energy_j is not None and not st.energy_complete
         cost = cost_per_1m_tokens(
             price.usd_per_hour,
-            (st.wall_s or 0.0) / 3600,
+            (st.wall_s or 0.0) * node_share / 3600,
             energy_kwh,
             pue_value,
             kwh_price,
@@ -290,7 +296,7 @@ def _price_run(engine: Engine, run: RunSummary, gpu, node_hourly_usd, usd_per_kw
             no_energy_reason=f"{energy_source([run])} {SOME_REQUESTS}: hardware only" if partial
             else ENERGY_NOT_MEASURED,
         )
-    return RunCost(run, price, run.device, differs, kwh_price, pue_value, cost)
+    return RunCost(run, price, run.device, differs, kwh_price, pue_value, cost, node_share)
 
 
 def partial_energy_reason(with_energy: list[RunCost], runs_with_tokens: int, left_out: int = 0,
@@ -351,7 +357,8 @@ def _mode_cost(mode: str, items: list[RunCost]) -> ModeCost:
             "no output tokens" if not tokens else WALL_UNKNOWN,
         )
     else:
-        hardware_usd = sum(rc.node_price.usd_per_hour * rc.run.stats.wall_s / 3600 for rc in with_tokens)
+        hardware_usd = sum(rc.node_price.usd_per_hour * rc.run.stats.wall_s * rc.node_share / 3600
+                           for rc in with_tokens)
         energy_known = len(with_energy) == len(with_tokens)
         # energy $ summed run by run (each at its own PUE and $/kWh), expressed as kWh at PUE 1, $1/kWh
         energy_usd = (
@@ -394,10 +401,12 @@ def costs(
     none, and ordering every request's latencies was most of a cost call's time at 1M requests."""
     runs = run_summaries(engine, filters, latency=False)
     catalog = load_catalog(engine) if runs else None  # the price table read once, not a few queries per run
+    shares = serve_node_shares(engine, filters or Filters(), runs)  # a server's runs share its node's time
     run_costs, unpriced = [], defaultdict(list)
     for r in runs:
         try:
-            run_costs.append(_price_run(engine, r, gpu, node_hourly_usd, usd_per_kwh, pue, catalog))
+            run_costs.append(_price_run(engine, r, gpu, node_hourly_usd, usd_per_kwh, pue, catalog,
+                                        shares.get(r.run_id, 1.0)))
         except NoPriceError:
             unpriced[r.device].append(r.run_id)
     if unpriced:
@@ -428,10 +437,12 @@ def run_cost(
     pue: float | None = None,
 ) -> RunCost:
     """Cost of one run; ValueError naming `run_id` when the store has no requests for it."""
-    found = run_summaries(engine, Filters(run_ids=(run_id,)), latency=False)
+    filters = Filters(run_ids=(run_id,))
+    found = run_summaries(engine, filters, latency=False)
     if not found:
         raise ValueError(f"run_id {run_id!r} not found (or it has no requests)")
-    return _price_run(engine, found[0], gpu, node_hourly_usd, usd_per_kwh, pue)
+    share = serve_node_shares(engine, filters, found).get(run_id, 1.0)
+    return _price_run(engine, found[0], gpu, node_hourly_usd, usd_per_kwh, pue, node_share=share)
 
 
 

@@ -564,6 +564,102 @@ def _spans(c, engine: Engine, filters: Filters) -> dict[int, float]:
     return {run_id: (last[run_id] - start).total_seconds() for run_id, start in first.items()}
 
 
+def serve_node_shares(engine: Engine, filters: Filters, runs: Sequence[RunSummary]) -> dict[int, float]:
+    """Per server run in `runs` that shared its node with another server run: the fraction of its own span (first
+    request start to last end, in the time window) that is its share of the node's time. `specfinops serve` keeps
+    one run per mode open on one node for its lifetime, the two modes' requests interleaved: each run priced over
+    its own span would charge the node's time twice. The server runs of a node whose spans overlap (a cluster)
+    share the cluster's span: while n requests are in flight, k of them a run's, k / n of each second is that run's
+    (time where only one run has requests goes to it); the time inside the span with none in flight (a gap between
+    requests, priced to a lone server run too) is shared in the same proportion, so the runs' shares add up to
+    the node's span, as `_Share` shares a run's span among its domains. A run's priced time is its wall seconds
+    times this fraction (under a domain filter, the domain's part of the run's share). Runs absent: 1 (no other
+    server run overlapped it on its node). The other runs count whatever the filters keep besides the time
+    window (the other mode's run under --mode spec too): the node's time is what is shared. One GROUP BY finds the
+    spans; only the requests of runs that overlap another on their node are read (their times, no tokens)."""
+    nodes = {r.node_id for r in runs if r.kind == "serve" and r.node_id is not None}
+    if not nodes:
+        return {}
+    window = Filters(since=filters.since, until=filters.until)
+    timed = (*window.where(), Run.kind == "serve", Run.node_id.in_(nodes), Request.e2e_ms.is_not(None))
+    end = _end_ms(engine)
+    spans_q = (select(Request.run_id, Run.node_id, func.min(end - Request.e2e_ms), func.max(end))
+               .join(Run, Request.run_id == Run.id).where(*timed).group_by(Request.run_id, Run.node_id))
+    in_view = {r.run_id for r in runs}
+    with read_snapshot(engine) as c:
+        by_node: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
+        for run_id, node, first_ms, last_ms in c.execute(spans_q):
+            by_node[node].append((first_ms, last_ms, run_id))
+        shared: set[int] = set()
+        for found in by_node.values():  # clusters of runs whose spans overlap (SQL's ends: a few ms off is fine)
+            found.sort()
+            cluster: list[int] = []
+            cluster_end = None
+            for first_ms, last_ms, run_id in found:
+                if cluster and first_ms <= cluster_end + END_SLACK_MS:
+                    cluster.append(run_id)
+                    cluster_end = max(cluster_end, last_ms)
+                    continue
+                if len(cluster) > 1 and in_view.intersection(cluster):
+                    shared.update(cluster)
+                cluster, cluster_end = [run_id], last_ms
+            if len(cluster) > 1 and in_view.intersection(cluster):
+                shared.update(cluster)
+        if not shared:
+            return {}
+        q = (select(Request.run_id, Run.node_id, Request.started_at, Request.e2e_ms)
+             .join(Run, Request.run_id == Run.id).where(*timed, Run.id.in_(shared)))
+        requests: dict[str, list[tuple[datetime, datetime, int]]] = defaultdict(list)
+        for run_id, node, started, e2e in c.execute(q):
+            requests[node].append((started, started + timedelta(milliseconds=e2e), run_id))
+    out: dict[int, float] = {}
+    for reqs in requests.values():
+        out.update(_node_fractions(reqs))
+    return {run_id: f for run_id, f in out.items() if run_id in in_view}
+
+
+def _node_fractions(reqs: list[tuple[datetime, datetime, int]]) -> dict[int, float]:
+    """`serve_node_shares` for one node's requests (start, end, run): the runs' spans merged into clusters where
+    they overlap; in a cluster of two or more runs, each run's share of the cluster's span over its own span."""
+    spans: dict[int, tuple[datetime, datetime]] = {}
+    for s, e, run_id in reqs:
+        lo, hi = spans.get(run_id, (s, e))
+        spans[run_id] = (min(lo, s), max(hi, e))
+    out: dict[int, float] = {}
+    clusters: list[list[int]] = []
+    cluster_end = None
+    for run_id, (lo, hi) in sorted(spans.items(), key=lambda kv: kv[1]):
+        if clusters and lo <= cluster_end:
+            clusters[-1].append(run_id)
+            cluster_end = max(cluster_end, hi)
+        else:
+            clusters.append([run_id])
+            cluster_end = hi
+    for members in clusters:
+        if len(members) < 2:
+            continue
+        mine = set(members)
+        events = sorted(ev for s, e, r in reqs if r in mine for ev in ((s, 1, r), (e, -1, r)))
+        busy: dict[int, float] = dict.fromkeys(members, 0.0)
+        in_flight: dict[int, int] = dict.fromkeys(members, 0)
+        n, prev = 0, None
+        for t, dn, run_id in events:
+            if n > 0:
+                dt = (t - prev).total_seconds()
+                for r, k in in_flight.items():
+                    if k:
+                        busy[r] += dt * k / n
+            n, prev = n + dn, t
+            in_flight[run_id] += dn
+        span = (max(spans[r][1] for r in members) - min(spans[r][0] for r in members)).total_seconds()
+        total_busy = sum(busy.values())
+        for r in members:
+            own = (spans[r][1] - spans[r][0]).total_seconds()
+            if own > 0 and total_busy > 0:
+                out[r] = busy[r] * span / total_busy / own
+    return out
+
+
 @dataclass(slots=True)
 class _Share:
     """The requests of one run that a filter keeps (a domain, prompt ids), collected in Python for their wall time:

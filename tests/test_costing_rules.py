@@ -11,7 +11,8 @@ from sqlalchemy.orm import Session
 from synthetic import BASE_TIME, Req, make_run, spec_req
 
 from app.cli import main
-from telemetry.costing import costs, project_from_store
+from telemetry.costing import costs, project_from_store, run_cost
+from telemetry.queries import Filters
 from telemetry.store import open_store
 
 
@@ -201,3 +202,42 @@ def test_tokens_whose_runs_have_no_wall_time_are_not_timed_by_a_run_without_toke
         s.commit()
     (spec,) = mode_summaries(engine)
     assert spec.stats.output_tokens == 26 and spec.stats.tokens_per_s is None, spec.stats
+
+
+def test_a_servers_spec_and_ar_runs_share_its_nodes_time(db_url, capsys):
+    """`specfinops serve` keeps one run per mode open on one node, their requests interleaved: each was priced over
+    its own span, so one node-hour at $0.0832 was charged $0.1636. The node's time is shared (while n requests are
+    in flight, k of a run's, k / n of it; idle gaps inside the span in the same proportion): the two runs'
+    hardware adds up to the node's span x its price, under --mode spec too. A server run on another node, or one
+    whose span overlaps no other, keeps its own span."""
+    engine = open_store(db_url)
+    snap = {"name": "cpu-2core", "node_hourly_usd": 0.0832, "usd_per_kwh": 0.1, "pue": 1.5}
+    serve = {"kind": "serve", "workload": "serve", "temperature": None, "price_snapshot": snap}
+    with Session(engine) as s:
+        # 60 s requests alternating between the modes every 60 s, over one hour (0 .. 3600 s)
+        make_run(s, "spec", **serve, requests=[spec_req(101, 4, 60, e2e_ms=60000, start_s=t)
+                                               for t in range(0, 3600, 120)])
+        make_run(s, "ar", **serve, requests=[Req(100, e2e_ms=60000, start_s=t) for t in range(60, 3600, 120)])
+        # the same server on another node: alone there, it is priced over its own span (600 s)
+        make_run(s, "ar", **serve, node_id="node-b", requests=[Req(100, e2e_ms=60000, start_s=t)
+                                                               for t in range(0, 600, 120)])
+        s.commit()
+
+    def hardware_usd(rc) -> float:
+        return rc.cost.hardware_usd_per_1m * rc.run.stats.output_tokens / 1e6
+
+    run_costs, modes = costs(engine)
+    by_id = {rc.run.run_id: rc for rc in run_costs}
+    assert by_id[1].run.stats.wall_s == by_id[2].run.stats.wall_s == 3540.0  # throughput keeps each run's span
+    assert hardware_usd(by_id[1]) + hardware_usd(by_id[2]) == pytest.approx(0.0832)  # one node-hour, not two
+    assert hardware_usd(by_id[1]) == pytest.approx(0.0832 / 2)  # as busy as the other: half of it
+    assert hardware_usd(by_id[3]) == pytest.approx(0.0832 * 540 / 3600)  # node-b: its own span
+    mode_usd = {mc.mode: mc.cost.hardware_usd_per_1m * mc.output_tokens / 1e6 for mc in modes}
+    assert sum(mode_usd.values()) == pytest.approx(0.0832 * (3600 + 540) / 3600)
+    spec_alone, = costs(engine, Filters(mode="spec"))[0]  # the other mode's run still holds its share
+    assert hardware_usd(spec_alone) == pytest.approx(0.0832 / 2)
+    assert run_cost(engine, 2).cost.hardware_usd_per_1m == pytest.approx(by_id[2].cost.hardware_usd_per_1m)
+    assert main(["cost", "--db", db_url, "--json"]) == 0
+    runs = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
+    assert sum(r["hardware_usd_per_1m"] * r["output_tokens"] / 1e6 for i, r in runs.items() if i != 3) \
+        == pytest.approx(0.0832)

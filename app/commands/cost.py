@@ -347,6 +347,9 @@ def run_cost_command(args) -> int:
                             # what the hardware is priced over (wall_s): first request start to last request
                             # end; for a server, its busy span, not its idle time
                             "priced_over": SERVE_PRICED_OVER,
+                            # the part of wall_s the hardware is priced over: a server's spec and AR runs on one
+                            # node share its time (each its share of the node's span); 1 for any other run
+                            "node_share": rc.node_share,
                             "tokens_per_s": rc.run.stats.tokens_per_s,
                             "node_hourly_usd": rc.node_price.usd_per_hour,
                             "priced_as": rc.node_price.priced_as,
