@@ -248,8 +248,9 @@ def config_spread(runs: Iterable[RunSummary]) -> ConfigSpread:
 
 # Said where server runs are costed: their hardware is priced over what queries calls wall_s.
 SERVE_PRICED_OVER = "requests' span"
-SERVE_SPAN_NOTE = ("hardware priced over the requests' span (first request start to last request end): the "
-                   "cost covers the server's busy span, not its idle time")
+SERVE_SPAN_NOTE = ("hardware priced over the requests' span (first request start to last request end): idle "
+                   "time before the first and after the last request is not priced; gaps between requests are; "
+                   "a server's spec and AR runs share its node's time")
 
 
 def _energy_prices(engine: Engine, snapshot: dict | None, usd_per_kwh: float | None, pue: float | None,

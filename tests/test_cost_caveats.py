@@ -108,9 +108,11 @@ def test_cost_says_a_server_run_is_priced_over_its_requests_span(db_url, capsys)
     serve = next(r for r in out["runs"] if r["kind"] == "serve")
     assert serve["wall_s"] == 2.5  # the arithmetic is unchanged: not the server's hour
     assert serve["priced_over"] == "requests' span"
-    assert any("run 1 (server)" in n and "not its idle time" in n for n in out["notes"])
+    # only the idle time outside the requests' span is left out: the gap between the two requests is priced
+    idle = "idle time before the first and after the last request is not priced; gaps between requests are"
+    assert any("run 1 (server)" in n and idle in n for n in out["notes"])
     text = _text(["cost", "--db", db_url], capsys)
-    assert "note: run 1 (server): hardware priced over the requests' span" in text and "not its idle time" in text
+    assert "note: run 1 (server): hardware priced over the requests' span" in text and idle in text
 
 
 def test_cost_without_server_runs_has_no_idle_time_note(sqlite_url, capsys):

@@ -345,7 +345,8 @@ def run_cost_command(args) -> int:
                             "output_tokens": rc.run.stats.output_tokens,
                             "wall_s": rc.run.stats.wall_s,
                             # what the hardware is priced over (wall_s): first request start to last request
-                            # end; for a server, its busy span, not its idle time
+                            # end; for a server, idle time before its first and after its last request is left
+                            # out, gaps between requests are priced
                             "priced_over": SERVE_PRICED_OVER,
                             # the part of wall_s the hardware is priced over: a server's spec and AR runs on one
                             # node share its time (each its share of the node's span); 1 for any other run
