@@ -935,6 +935,11 @@ def _projection_price(engine: Engine, snapshots: list[dict | None], recorded: li
                          f"measured device {device!r}; {PRICING_HINT}") from exc
 
 
+# How `project` says runs of several recorded prices can be priced otherwise (the dashboard puts it in its words)
+RECORDED_PRICES_WAYS = ("give --node-hourly-usd X (or --gpu NAME) to price them otherwise, or narrow to runs of one "
+                        "price (--invocation ID)")
+
+
 def _recorded_prices_caveat(recorded: list[NodePrice | None], price: NodePrice) -> tuple[str, ...]:
     """Why a projection's node price is the catalog's when its runs recorded prices of their own (they differ,
     or some recorded none): said, not switched silently. () where the runs' price or a flag priced it (a flag's
@@ -945,8 +950,7 @@ def _recorded_prices_caveat(recorded: list[NodePrice | None], price: NodePrice) 
     what = ("the runs recorded different node prices (" + ", ".join(f"${v:g}/h" for v in known) + ")"
             if len(known) > 1 else f"only some runs recorded a node price (${known[0]:g}/h)")
     return (f"{what}: priced at the catalog's current {price.priced_as} (${price.usd_per_hour:g}/h) instead; "
-            "give --node-hourly-usd X (or --gpu NAME) to price them otherwise, or narrow to runs of one price "
-            "(--invocation ID)",)
+            f"{RECORDED_PRICES_WAYS}",)
 
 
 def _projection_energy_prices(engine: Engine, snapshots: list[dict | None], usd_per_kwh: float | None,

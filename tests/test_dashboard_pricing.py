@@ -209,3 +209,28 @@ def test_energy_page_names_a_partly_estimated_j_per_token_as_the_overview_does(s
     at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Energy"])
     said = " ".join(c.value for c in at.caption)
     assert "drawn dashed with hollow markers" in said and "Dashed lines are estimates" not in said
+
+
+def test_projection_over_runs_of_several_recorded_prices_says_how_to_price_them_in_the_pages_words(
+        sqlite_url, monkeypatch):
+    """Runs that recorded different node prices are projected at the catalog's, and `project` says so with its
+    flags (--node-hourly-usd, --invocation); the Cost & capacity page and the Overview showed those flags: they
+    name the Node price input and the sidebar's Invocation instead."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for usd, mode in ((4.0, "ar"), (5.0, "spec")):
+            req = Req(100, ttft_ms=100, e2e_ms=10_000) if mode == "ar" else spec_req(200, 4, 150, ttft_ms=100,
+                                                                                    e2e_ms=10_000)
+            make_run(s, mode, device="NVIDIA H100 80GB HBM3", price_snapshot={"name": "H100", "units": 1,
+                                                                              "node_hourly_usd": usd}, requests=[req])
+        s.commit()
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Cost & capacity"])
+    assert_clean(at)
+    for page in ("Cost & capacity", "Overview"):
+        if page != "Cost & capacity":
+            at.switch_page(PAGES[page]).run()
+            assert_clean(at)
+        warnings = " ".join(w.value for w in at.warning)
+        assert "the runs recorded different node prices" in warnings, (page, warnings)
+        assert "Node price on the Cost & capacity page" in warnings and "sidebar's Invocation" in warnings, warnings
+        assert "--node-hourly-usd" not in warnings and "--invocation" not in warnings, (page, warnings)

@@ -17,7 +17,7 @@ import streamlit as st
 
 from app.dashboard import data
 from app.dashboard.filters import Selection, sidebar
-from telemetry.costing import estimated_energy_modes
+from telemetry.costing import RECORDED_PRICES_WAYS, estimated_energy_modes
 from telemetry.prices import snapshot_energy  # the one rule for a valid recorded $/kWh or PUE
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def show_projection_caveats(sp) -> None:
     stable p95 and capacity, the measured throughput priced as other hardware), as warnings: `project` prints
     them as warnings too."""
     for caveat in sp.caveats:
-        st.warning(md_safe(f"Projection: {caveat}."))
+        st.warning(md_safe(f"Projection: {in_page_words(caveat)}."))
 
 
 # costing says where a projection's energy prices came from in the CLI's words; the dashboard's inputs instead
@@ -136,12 +136,17 @@ PRICE_IT_HERE = ("; pick a catalog GPU or a custom $/h as the Node price on the 
                  "the device's price with `specfinops prices set`")
 
 
+# and how a projection over runs of several recorded prices is priced otherwise: the page's own controls
+RECORDED_PRICES_HERE = ("pick a catalog GPU or a custom $/h as the Node price on the Cost & capacity page to price "
+                        "them otherwise, or narrow to runs of one price (the sidebar's Invocation)")
+
+
 def in_page_words(message: str) -> str:
-    """A costing message in the dashboard's words: how to price a device the catalog does not know is the Node
-    price input, not a CLI flag."""
+    """A costing message in the dashboard's words: how to price a device the catalog does not know, or runs that
+    recorded different prices, is the Node price input and the sidebar, not CLI flags."""
     for hint in _PRICE_HINTS:
         message = message.replace(hint, PRICE_IT_HERE)
-    return message
+    return message.replace(RECORDED_PRICES_WAYS, RECORDED_PRICES_HERE)
 
 
 def priced_costs(url: str, f, a: dict) -> tuple[list, list, str | None]:
