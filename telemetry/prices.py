@@ -45,7 +45,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from telemetry.db import Price, utcnow
+from telemetry.db import Price, Run, utcnow
 
 ELECTRICITY = "electricity"
 PUE = "pue"
@@ -450,6 +450,23 @@ def _snapshot_price(snapshot: dict | None, device: str = "") -> NodePrice | None
         value = value * units
     label = f"run price snapshot ({_times(str(name), units)})" if name else "run price snapshot"
     return NodePrice(float(value), label, "snapshot", str(name) if name else None)
+
+
+def runs_priced_by_entry(engine: Engine, name: str) -> dict[str, int]:
+    """Per device: how many stored runs recorded no node price (no snapshot, one taken before snapshots, or one
+    taken while no entry priced their device) and are priced by the catalog entry `name` as it now stands: its
+    edits change their cost, unlike that of runs that recorded one. Reads each run's device and snapshot (runs,
+    not requests); writes nothing."""
+    catalog = load_catalog(engine)
+    found: dict[str, int] = {}
+    with Session(engine) as s:
+        for device, snapshot in s.execute(select(Run.device, Run.price_snapshot)):
+            if _snapshot_price(snapshot, device) is not None:
+                continue
+            entry = catalog_entry_for_device(catalog, device)
+            if entry is not None and entry.name.lower() == name.lower():
+                found[device] = found.get(device, 0) + 1
+    return found
 
 
 def resolve_node_price(

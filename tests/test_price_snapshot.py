@@ -123,3 +123,32 @@ def test_a_device_the_catalog_does_not_price_records_the_energy_prices_only(empt
     price = resolve_node_price(engine, device="NVIDIA H100 80GB HBM3", price_snapshot=h100, catalog=catalog)
     assert price.origin == "snapshot" and not price.differs_from("NVIDIA H100 80GB HBM3")
     engine.dispose()
+
+
+def test_prices_set_counts_the_recorded_runs_it_prices_because_they_recorded_no_node_price(sqlite_url, capsys):
+    """A run on a device no entry priced when it started recorded no node price (only $/kWh and PUE): the entry
+    added later prices it, and each edit of that entry re-prices it. `prices set` said every recorded run keeps
+    its price; it now counts those it prices. Runs that recorded a node price are not counted."""
+    from sqlalchemy.orm import Session
+    from synthetic import Req, make_run
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for _ in range(2):
+            make_run(s, "ar", device="Google TPU v5e", price_snapshot={"usd_per_kwh": 0.1, "pue": 1.5},
+                     requests=[Req(100, e2e_ms=10_000)])
+        make_run(s, "ar", device="Google TPU v5e", price_snapshot={"name": "TPU v5e", "node_hourly_usd": 1.0},
+                 requests=[Req(100, e2e_ms=10_000)])
+        s.commit()
+    said = "note: 2 runs recorded without a node price for Google TPU v5e are priced by this entry"
+    assert main(["prices", "set", "TPU v5e", "1.2", "--kind", "gpu", "--source", "list", "--db", sqlite_url]) == 0
+    assert said in capsys.readouterr().out
+    first = _run_costs(sqlite_url, capsys)
+    assert main(["prices", "set", "TPU v5e", "2.4", "--source", "list", "--db", sqlite_url]) == 0
+    out = capsys.readouterr().out
+    assert said + " (and by later edits of it)" in out, out
+    then = _run_costs(sqlite_url, capsys)
+    assert then[1]["hardware_usd_per_1m"] == pytest.approx(2 * first[1]["hardware_usd_per_1m"])  # as it says
+    assert then[3]["hardware_usd_per_1m"] == first[3]["hardware_usd_per_1m"]  # recorded its own: kept
+    assert main(["prices", "set", "electricity", "0.2", "--source", "list", "--db", sqlite_url]) == 0
+    assert "recorded without a node price" not in capsys.readouterr().out  # not a node price

@@ -71,8 +71,9 @@ PRICES_EXAMPLES = """  specfinops prices                      # list the catalog
   specfinops prices set electricity 0.09 --source "utility contract 2026"
 
 A run records the prices in force when it starts (its price snapshot) and is costed at those: an edit here
-prices the runs started after it. To cost recorded runs at other prices, give `cost` or `project` --gpu NAME,
---node-hourly-usd X, --usd-per-kwh X or --pue X.
+prices the runs started after it, and the runs that recorded no price (recorded before snapshots, or while no
+entry priced their device), which `prices set` counts. To cost recorded runs at other prices, give `cost` or
+`project` --gpu NAME, --node-hourly-usd X, --usd-per-kwh X or --pue X.
 """
 
 IDS_SHOWN = 8  # run id ranges a summary line lists before it counts the rest (the table lists every run)
@@ -584,13 +585,20 @@ def run_prices_command(args) -> int:
     e = set_price(engine, args.name, value, source=args.source, kind=args.kind, as_of=as_of)
     print(f"{e.name} ({e.kind}) = {e.value:g} {e.unit}; source: {e.source}; as of {e.as_of}")
     print(PRICES_SET_NOTE)
+    if e.unit == "usd_per_hour":  # runs that recorded no node price are priced by the entry as it stands
+        from telemetry.prices import runs_priced_by_entry
+
+        for device, n in sorted(runs_priced_by_entry(engine, e.name).items()):
+            print(f"note: {n} run{'s' if n != 1 else ''} recorded without a node price for {device} "
+                  f"{'are' if n != 1 else 'is'} priced by this entry (and by later edits of it)")
     return 0
 
 
 PRICES_SET_NOTE = (
     "note: applies to runs started from now on; runs already recorded keep the prices they recorded (their "
-    "price snapshot). To cost them at other prices: `specfinops cost` or `specfinops project` with --gpu NAME, "
-    "--node-hourly-usd X, --usd-per-kwh X or --pue X"
+    "price snapshot), and those that recorded none are priced by the catalog as it stands. To cost them at other "
+    "prices: `specfinops cost` or `specfinops project` with --gpu NAME, --node-hourly-usd X, --usd-per-kwh X or "
+    "--pue X"
 )
 
 
