@@ -171,7 +171,22 @@ def post_webhook(url: str, payload: dict, *, timeout_s: float = TIMEOUT_S) -> No
         # InvalidURL and StreamError are not HTTPErrors: a URL httpx cannot parse fails the delivery too
         raise DeliveryError(one_line(f"{type(exc).__name__}: {exc}")) from None
     if not 200 <= response.status_code < 300:
-        raise DeliveryError(one_line(f"HTTP {response.status_code}: {response.text[:200]}"))
+        raise DeliveryError(one_line(f"HTTP {response.status_code}: {scrub_url(response.text, url)[:200]}"))
+
+
+def scrub_url(text: str, url: str) -> str:
+    """`text` with the secret parts of webhook `url` (its path, query and user info: Slack-style URLs carry their
+    secret in the path) replaced by ***. A receiver's error page may echo the path ("Cannot POST /services/T0/
+    SECRET"), and the answer is kept in the store, the log and `scheduler --list`, which show the URL masked."""
+    try:
+        parts = urlsplit(url)
+        secrets = [url, parts.path + ("?" + parts.query if parts.query else ""), parts.path, parts.query,
+                   parts.username, parts.password]
+    except ValueError:
+        secrets = [url]
+    for secret in sorted({s for s in secrets if s and len(s) > 1}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def send_email(settings: SmtpSettings, subject: str, body: str) -> None:

@@ -62,7 +62,8 @@ class HookHandler(BaseHTTPRequestHandler):
         self.server.bodies.append((self.headers["content-type"], body))
         self.send_response(self.server.status)
         self.end_headers()
-        self.wfile.write(b"nope" if self.server.status >= 400 else b"ok")
+        # a failure echoes the path, as Express's default "Cannot POST <path>" page does
+        self.wfile.write(f"Cannot POST {self.path}".encode() if self.server.status >= 400 else b"ok")
 
     def log_message(self, *_args):
         pass
@@ -178,6 +179,17 @@ def test_failing_webhook_is_retried_with_backoff_and_recorded(hook_factory, sqli
         assert row.delivery_status == "failed" and "HTTP 500" in row.delivery_error
         # named by scheme and host only: a Slack-style URL carries its secret in the path
         assert hook.url not in row.delivery_error and f"webhook {mask_url(hook.url)}:" in row.delivery_error
+
+
+def test_a_receiver_echoing_the_secret_path_is_recorded_masked(hook_factory, caplog):
+    """A receiver's error page that echoes the request path ("Cannot POST /services/T0/SECRET?token=...") was kept
+    as it came: the webhook's secret reached the store's delivery_error, the log and `scheduler --list`."""
+    hook = hook_factory(404)
+    url = hook.url.replace("/hook", "/services/T0/HOOKSECRETPATH?token=QTOKEN").replace("://", "://u:PW@")
+    outcome = deliver(SUMMARY, webhook_url=url, attempts=1, backoff_s=0)
+    assert outcome.status == FAILED and "HTTP 404: Cannot POST ***" in outcome.error, outcome.error
+    said = outcome.error + " ".join(r.getMessage() for r in caplog.records)
+    assert not any(secret in said for secret in ("HOOKSECRETPATH", "QTOKEN", "PW@")), said
 
 
 def test_unreachable_webhook_fails_after_the_bounded_attempts():
