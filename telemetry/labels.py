@@ -3,6 +3,7 @@ a CPU's brand string without its trademark marks."""
 
 from __future__ import annotations
 
+import html
 import re
 from typing import Any
 
@@ -24,3 +25,10 @@ def short_device(name: Any) -> Any:
     if not isinstance(name, str):
         return name
     return " ".join(_DEVICE_NOISE.sub(" ", name).split()) or name
+
+
+def chart_text(name: Any) -> str:
+    """Store text (a domain, a node id, a configuration) as Plotly may draw it: Plotly renders a subset of HTML in
+    tick labels, trace names and text, so a workload's domain `<a href="https://elsewhere">Admin</a>` became a link
+    with other visible text in the dashboard and the HTML report. Escaped, it shows as written."""
+    return html.escape(str(name), quote=False)

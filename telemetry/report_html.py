@@ -27,6 +27,7 @@ from telemetry.costing import (
     runs_text,
 )
 from telemetry.finops import sla_steps, step_starts
+from telemetry.labels import chart_text
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.queries import paired_text
 from telemetry.report import (
@@ -369,7 +370,7 @@ def cost_chart(data: ReportData) -> go.Figure:
 
 def acceptance_chart(data: ReportData) -> go.Figure:
     fig = go.Figure()
-    names = [d.domain or "(none)" for d in data.domains]
+    names = [chart_text(d.domain or "(none)") for d in data.domains]
     fig.add_bar(x=names, y=[d.acceptance_rate for d in data.domains], marker_color=SPEC_COLOUR,
                 name="acceptance rate (accepted / drafted)")
     alphas = [d.alpha for d in data.domains]

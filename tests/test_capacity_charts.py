@@ -143,6 +143,26 @@ def test_go_no_go_colours_judge_alpha_where_the_domain_has_it():
     assert list(charts.alpha_by_domain(["code"], [0.47], [10]).data[0].marker.color) == ["#dc2626"]
 
 
+def test_store_text_is_drawn_as_written_not_as_html():
+    """Plotly renders a subset of HTML in ticks, trace names and text: a workload's domain or a node id holding
+    `<a href=...>Admin</a>` became a link with other visible text on the dashboard and in the HTML report."""
+    import pandas as pd
+
+    evil = 'Z<a href="https://evil.example/dm">Adm</a>'
+    fig = charts.alpha_by_domain([evil], [0.5], [3], [0.6])
+    assert list(fig.data[0].x) == list(fig.data[1].x) == ['Z&lt;a href="https://evil.example/dm"&gt;Adm&lt;/a&gt;']
+    frame = pd.DataFrame({"t": pd.to_datetime(["2026-12-02"]), "node_id": [evil], "device_index": [0],
+                          "source": ["nvml"], "power_w": [100.0], "samples": [1]})
+    (trace,) = charts.power(frame).data
+    assert "<a" not in trace.name and trace.name.startswith("Z&lt;a href")
+    from types import SimpleNamespace as NS
+
+    from telemetry.report_html import acceptance_chart
+
+    report = NS(domains=[NS(domain=evil, acceptance_rate=0.5, alpha=None)])
+    assert list(acceptance_chart(report).data[0].x) == [list(fig.data[0].x)[0]]
+
+
 def test_nodes_bar_says_why_a_mode_has_no_bar():
     """AR filtered out is not AR failing the SLA."""
     filtered = charts.nodes_bar(None, 5, {"spec"})

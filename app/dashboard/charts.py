@@ -12,6 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from telemetry.finops import sla_steps, step_starts
+from telemetry.labels import chart_text
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.queries import GO_LINE
 
@@ -117,7 +118,7 @@ def lines_by(frame: pd.DataFrame, y: str, group: str, title: str, y_title: str, 
     fig = go.Figure()
     for key, part in frame.groupby(group, sort=True):
         xs, ys = broken_at_gaps(part, y, bucket_s)
-        fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=str(key),
+        fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=chart_text(key),
                         line={"color": colour} if colour else None)
     if hline is not None:
         fig.add_hline(y=hline, line_dash="dot", line_color="#dc2626", annotation_text=hline_label)
@@ -140,7 +141,7 @@ def paired_speedups(frame: pd.DataFrame) -> go.Figure:
         # the pooled figure in the legend, not as a label on its line: two configurations' labels at 2.07x and
         # 2.04x were drawn over each other
         fig.add_scatter(x=part["started_at"], y=part["speedup"], mode="lines+markers",
-                        name=f"{config} (pooled {pooled:.2f}x)" if known else str(config),
+                        name=f"{chart_text(config)} (pooled {pooled:.2f}x)" if known else chart_text(config),
                         line=dict(color=colour), customdata=part["invocation"],
                         hovertemplate="invocation %{customdata}<br>%{x|%Y-%m-%d %H:%M} UTC<br>%{y:.2f}x"
                                       "<extra></extra>")
@@ -194,6 +195,7 @@ def alpha_by_domain(domains: list[str], rates: list[float | None], requests: lis
     """Acceptance rate bars per domain against the 0.65 go/no-go line (a domain without drafts is shown as
     missing), with alpha (accepted / tested, calibrate's per-token figure) as a marker where steps exist.
     A bar is green or red by what the line judges: the domain's alpha where it has one, as calibrate."""
+    domains = [chart_text(d) for d in domains]
     judged = [r if alphas is None or alphas[i] is None else alphas[i] for i, r in enumerate(rates)]
     colors = ["#9ca3af" if a is None else ("#16a34a" if a >= GO_NO_GO_ALPHA else "#dc2626") for a in judged]
     fig = go.Figure()
@@ -227,7 +229,7 @@ def power(frame: pd.DataFrame, bucket_s: float | None = None) -> go.Figure:
     fig = go.Figure()
     for (node, dev, source), part in frame.groupby(["node_id", "device_index", "source"], sort=True):
         estimated = source == "estimate"
-        name = f"{node} · device {dev} · {'estimate' if estimated else source}"
+        name = f"{chart_text(node)} · device {dev} · {'estimate' if estimated else chart_text(source)}"
         xs, ys = broken_at_gaps(part, "power_w", bucket_s)
         fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=name,
                         line=dict(dash="dash" if estimated else "solid", width=2 if estimated else 1.5),
