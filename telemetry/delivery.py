@@ -180,8 +180,12 @@ def scrub_url(text: str, url: str) -> str:
     SECRET"), and the answer is kept in the store, the log and `scheduler --list`, which show the URL masked."""
     try:
         parts = urlsplit(url)
+        user, password = parts.username, parts.password
+        # the user info as it stands in a URL ("user:pw@", "user@"), a password alone where it is not a fragment
+        # of ordinary words (4 characters or more); a user name alone is no secret and may be a common word
         secrets = [url, parts.path + ("?" + parts.query if parts.query else ""), parts.path, parts.query,
-                   parts.username, parts.password]
+                   f"{user}:{password}@" if user and password else None, f"{user}@" if user else None,
+                   password if password and len(password) >= 4 else None]
     except ValueError:
         secrets = [url]
     for secret in sorted({s for s in secrets if s and len(s) > 1}, key=len, reverse=True):

@@ -312,6 +312,9 @@ COST_HEADER = [
     # as `cost --json` has them: a run still running, cancelled or failed, and a server's or load test's, are not
     # a completed bench (appended: the columns before keep their places)
     "kind", "status", "concurrency",
+    # the share of wall_s the run is priced over: below 1 where a server's spec and AR runs shared one node's time
+    # (queries.serve_node_shares), so wall_s x node_usd_per_hour is not its hardware cost there
+    "node_share",
 ]
 
 
@@ -333,7 +336,7 @@ def cost_rows(engine: Engine, window: ExportWindow, *, filters=None) -> tuple[li
                 r.stats.output_tokens, r.stats.wall_s, r.stats.tokens_per_s, rc.node_price.priced_as,
                 rc.node_price.usd_per_hour, rc.usd_per_kwh, rc.pue, c.hardware_usd_per_1m, c.energy_usd_per_1m,
                 c.total_usd_per_1m, c.energy_included, costing.run_energy_estimated(r), c.reason, r.invocation_id,
-                r.kind, r.status, r.concurrency,
+                r.kind, r.status, r.concurrency, rc.node_share,
             )
 
     return list(COST_HEADER), rows()

@@ -571,8 +571,9 @@ def serve_node_shares(engine: Engine, filters: Filters, runs: Sequence[RunSummar
     its own span would charge the node's time twice. The server runs of a node whose spans overlap (a cluster)
     share the cluster's span: while n requests are in flight, k of them a run's, k / n of each second is that run's
     (time where only one run has requests goes to it); the time inside the span with none in flight (a gap between
-    requests, priced to a lone server run too) is shared in the same proportion, so the runs' shares add up to
-    the node's span, as `_Share` shares a run's span among its domains. A run's priced time is its wall seconds
+    requests, priced to a lone server run too) goes to the runs whose own span covers it, by the time each was
+    busy, so the runs' shares add up to the node's span, as `_Share` shares a run's span among its domains, and
+    no run is priced past its own span. A run's priced time is its wall seconds
     times this fraction (under a domain filter, the domain's part of the run's share). Runs absent: 1 (no other
     server run overlapped it on its node). The other runs count whatever the filters keep besides the time
     window (the other mode's run under --mode spec too): the node's time is what is shared. One GROUP BY finds the
@@ -620,11 +621,14 @@ def serve_node_shares(engine: Engine, filters: Filters, runs: Sequence[RunSummar
 
 def _node_fractions(reqs: list[tuple[datetime, datetime, int]]) -> dict[int, float]:
     """`serve_node_shares` for one node's requests (start, end, run): the runs' spans merged into clusters where
-    they overlap; in a cluster of two or more runs, each run's share of the cluster's span over its own span."""
-    spans: dict[int, tuple[datetime, datetime]] = {}
+    they overlap; in a cluster of two or more runs, each run's share of the cluster's span over its own span.
+    While requests are in flight a run takes k / n of each second; a gap with none in flight goes to the runs whose
+    own span covers it, by the time each was busy, so no run is priced past its own span (a run that served one
+    hour of a ten-hour cluster was charged for most of the nine idle hours after it ended)."""
+    by_run: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
     for s, e, run_id in reqs:
-        lo, hi = spans.get(run_id, (s, e))
-        spans[run_id] = (min(lo, s), max(hi, e))
+        by_run[run_id].append((s, e))
+    spans = {r: (min(s for s, _ in iv), max(e for _, e in iv)) for r, iv in by_run.items()}
     out: dict[int, float] = {}
     clusters: list[list[int]] = []
     cluster_end = None
@@ -638,25 +642,33 @@ def _node_fractions(reqs: list[tuple[datetime, datetime, int]]) -> dict[int, flo
     for members in clusters:
         if len(members) < 2:
             continue
-        mine = set(members)
-        events = sorted(ev for s, e, r in reqs if r in mine for ev in ((s, 1, r), (e, -1, r)))
+        events = sorted((t, dn, r) for r in members for s, e in by_run[r] for t, dn in ((s, 1), (e, -1)))
         busy: dict[int, float] = dict.fromkeys(members, 0.0)
         in_flight: dict[int, int] = dict.fromkeys(members, 0)
+        gaps: list[tuple[datetime, datetime]] = []
         n, prev = 0, None
         for t, dn, run_id in events:
-            if n > 0:
+            if prev is not None and t > prev:
                 dt = (t - prev).total_seconds()
-                for r, k in in_flight.items():
-                    if k:
-                        busy[r] += dt * k / n
+                if n > 0:
+                    for r, k in in_flight.items():
+                        if k:
+                            busy[r] += dt * k / n
+                else:
+                    gaps.append((prev, t))
             n, prev = n + dn, t
             in_flight[run_id] += dn
-        span = (max(spans[r][1] for r in members) - min(spans[r][0] for r in members)).total_seconds()
-        total_busy = sum(busy.values())
+        priced = dict(busy)
+        for lo, hi in gaps:  # no span boundary lies inside a gap (each is a request's start or end)
+            covering = [r for r in members if spans[r][0] <= lo and spans[r][1] >= hi]
+            weight = sum(busy[r] for r in covering)
+            dt = (hi - lo).total_seconds()
+            for r in covering:
+                priced[r] += dt * (busy[r] / weight if weight > 0 else 1 / len(covering))
         for r in members:
             own = (spans[r][1] - spans[r][0]).total_seconds()
-            if own > 0 and total_busy > 0:
-                out[r] = busy[r] * span / total_busy / own
+            if own > 0:
+                out[r] = min(priced[r] / own, 1.0)  # (rounding only: priced time lies inside the run's span)
     return out
 
 

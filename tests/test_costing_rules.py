@@ -204,10 +204,35 @@ def test_tokens_whose_runs_have_no_wall_time_are_not_timed_by_a_run_without_toke
     assert spec.stats.output_tokens == 26 and spec.stats.tokens_per_s is None, spec.stats
 
 
+def test_a_servers_idle_time_goes_to_the_runs_whose_span_covers_it(db_url):
+    """An A/B hour on a server (AR busy from 0 to 1 h, spec's first request at 0), then spec alone until its
+    request at 9 h 59 min: the nine idle hours were shared by busy time across both runs, and AR, which ended after
+    one hour, was charged $9.75 of the node's $10. Idle time goes to the runs whose own span covers it: AR pays
+    its busy hour (less the 30 s it shared), spec the rest; together the node's ten hours."""
+    engine = open_store(db_url)
+    snap = {"name": "cpu-2core", "node_hourly_usd": 1.0, "usd_per_kwh": 0.1, "pue": 1.5}
+    serve = {"kind": "serve", "workload": "serve", "temperature": None, "price_snapshot": snap}
+    with Session(engine) as s:
+        make_run(s, "ar", **serve, requests=[Req(100, e2e_ms=60000, start_s=t) for t in range(0, 3600, 60)])
+        make_run(s, "spec", **serve, requests=[spec_req(101, 4, 60, e2e_ms=60000, start_s=t) for t in (0, 35940)])
+        s.commit()
+    by_id = {rc.run.run_id: rc for rc in costs(engine)[0]}
+    usd = {i: rc.cost.hardware_usd_per_1m * rc.run.stats.output_tokens / 1e6 for i, rc in by_id.items()}
+    assert usd[1] == pytest.approx((3600 - 30) / 3600)  # AR: its hour, half of the first minute shared
+    assert usd[2] == pytest.approx((30 + 60 + 32340) / 3600)  # spec: its two minutes' share and the idle hours
+    assert sum(usd.values()) == pytest.approx(10.0)
+    # the cost CSV says what share of its wall time each run is priced over (wall_s x $/h is not its cost here)
+    from telemetry.export import ExportWindow, cost_rows
+
+    header, rows = cost_rows(engine, ExportWindow())
+    share = {row[header.index("run_id")]: row[header.index("node_share")] for row in rows}
+    assert share[1] == pytest.approx((3600 - 30) / 3600) and share[2] == pytest.approx(32430 / 36000)
+
+
 def test_a_servers_spec_and_ar_runs_share_its_nodes_time(db_url, capsys):
     """`specfinops serve` keeps one run per mode open on one node, their requests interleaved: each was priced over
     its own span, so one node-hour at $0.0832 was charged $0.1636. The node's time is shared (while n requests are
-    in flight, k of a run's, k / n of it; idle gaps inside the span in the same proportion): the two runs'
+    in flight, k of a run's, k / n of it; idle gaps to the runs whose span covers them): the two runs'
     hardware adds up to the node's span x its price, under --mode spec too. A server run on another node, or one
     whose span overlaps no other, keeps its own span."""
     engine = open_store(db_url)

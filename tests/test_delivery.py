@@ -190,6 +190,11 @@ def test_a_receiver_echoing_the_secret_path_is_recorded_masked(hook_factory, cap
     assert outcome.status == FAILED and "HTTP 404: Cannot POST ***" in outcome.error, outcome.error
     said = outcome.error + " ".join(r.getMessage() for r in caplog.records)
     assert not any(secret in said for secret in ("HOOKSECRETPATH", "QTOKEN", "PW@")), said
+    from telemetry.delivery import scrub_url
+
+    # a short user name or password is not masked inside ordinary words
+    assert scrub_url("some message from me: Cannot POST /hook", "https://me:pw@h.example/hook") \
+        == "some message from me: Cannot POST ***"
 
 
 def test_unreachable_webhook_fails_after_the_bounded_attempts():

@@ -557,12 +557,20 @@ def check_prepared(path: str | Path, layers: tuple[int, ...] | None = None, num_
             raise ValueError(f"{f} {held}, meta.json's {n} positions need {n * nbytes}: the prepared data in "
                              f"{path} is incomplete or damaged; {REPREPARE}")
     if num_layers is not None:
-        have = tuple(meta.get("feature_layers") or ()) or (num_layers - 1,)
-        missing = [i for i in (tuple(layers or ()) or (num_layers - 1,)) if i not in have]
-        if missing:
-            raise ValueError(f"{path} holds the features of target blocks {list(have)}, not of {missing} "
-                             "(generate the data with those --feature-layers)")
+        _feature_blocks(path, meta.get("feature_layers"), layers, num_layers)
     return meta
+
+
+def _feature_blocks(path: Path, held, layers, num_layers: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the target blocks prepared data at `path` holds features of, the blocks `layers` asks for; () = the last
+    block only); ValueError naming the blocks it lacks."""
+    have = tuple(held or ()) or (num_layers - 1,)
+    want = tuple(layers or ()) or (num_layers - 1,)
+    missing = [i for i in want if i not in have]
+    if missing:
+        raise ValueError(f"{path} holds the features of target blocks {list(have)}, not of {missing} "
+                         "(generate the data with those --feature-layers)")
+    return have, want
 
 
 def load_prepared(path: str | Path) -> Prepared:
@@ -583,14 +591,9 @@ def load_prepared(path: str | Path) -> Prepared:
 def select_features(prep: Prepared, layers: tuple[int, ...], num_layers: int) -> Prepared:
     """`prep` with only the features of target blocks `layers` (() = the last block only), taken from the
     blocks it holds, so one generation with several blocks' features can train drafts that read fewer."""
-    have = prep.feature_layers or (num_layers - 1,)
-    want = tuple(layers) or (num_layers - 1,)
+    have, want = _feature_blocks(prep.path, prep.feature_layers, layers, num_layers)
     if have == want:
         return prep
-    missing = [i for i in want if i not in have]
-    if missing:
-        raise ValueError(f"{prep.path} holds the features of target blocks {list(have)}, not of {missing} "
-                         "(generate the data with those --feature-layers)")
     n = prep.feats.shape[0]
     per_block = prep.feats.view(n, len(have), -1)
     feats = per_block[:, [have.index(i) for i in want]].reshape(n, -1).contiguous()
