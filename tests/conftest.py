@@ -53,6 +53,33 @@ def pg_url():
     admin.dispose()
 
 
+@pytest.fixture
+def pg_reader(pg_url):
+    """(a login role granted SELECT only on pg_url's tables as they stand, a URL connecting as it); call it once
+    the tables are made. The role is dropped after the test."""
+    from sqlalchemy import create_engine, text
+
+    made: list[str] = []
+    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+
+    def make() -> tuple[str, str]:
+        role = f"specfinops_reader_{uuid.uuid4().hex[:10]}"
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE ROLE "{role}" LOGIN'))
+            made.append(role)
+            conn.execute(text(f'GRANT SELECT ON ALL TABLES IN SCHEMA public TO "{role}"'))
+        reader_url = pg_url.replace("://postgres@", f"://{role}@", 1)
+        assert reader_url != pg_url
+        return role, reader_url
+
+    yield make
+    with admin.connect() as conn:
+        for role in made:
+            conn.execute(text(f'DROP OWNED BY "{role}"'))
+            conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
+    admin.dispose()
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request, tmp_path):
     """Run a test on both stores."""

@@ -530,30 +530,16 @@ def test_a_recording_command_refuses_a_read_only_store_before_its_work(command, 
 
 
 @pytest.mark.postgres
-def test_a_role_that_may_only_read_the_store_is_refused_before_a_model_loads(pg_url, monkeypatch, capsys):
+def test_a_role_that_may_only_read_the_store_is_refused_before_a_model_loads(pg_url, pg_reader, monkeypatch,
+                                                                              capsys):
     """The write a recording command checks for is one the role must be granted too: a role with SELECT only
     is told so under --db before bench loads anything."""
-    import uuid
-
-    from sqlalchemy import create_engine, text
-
     open_store(pg_url).dispose()
-    role = f"specfinops_reader_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE ROLE "{role}" LOGIN'))
-            conn.execute(text(f'GRANT SELECT ON ALL TABLES IN SCHEMA public TO "{role}"'))
-        reader_url = pg_url.replace("://postgres@", f"://{role}@", 1)
-        _no_model_or_load(monkeypatch)
-        assert main([*RECORDING_COMMANDS["bench"], "--db", reader_url]) == 2
-        line = _one_line(capsys)
-        assert ": not writable: permission denied for table runs" in line, line
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP OWNED BY "{role}"'))
-            conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
-        admin.dispose()
+    _, reader_url = pg_reader()
+    _no_model_or_load(monkeypatch)
+    assert main([*RECORDING_COMMANDS["bench"], "--db", reader_url]) == 2
+    line = _one_line(capsys)
+    assert ": not writable: permission denied for table runs" in line, line
 
 
 def test_the_write_check_changes_nothing_and_takes_a_store_another_process_is_writing(sqlite_url):

@@ -390,33 +390,19 @@ def test_another_alembic_managed_apps_database_is_not_said_to_be_a_newer_store(d
 
 
 @pytest.mark.postgres
-def test_a_role_that_may_not_change_the_schema_is_told_the_revision_it_needs(pg_url, capsys):
+def test_a_role_that_may_not_change_the_schema_is_told_the_revision_it_needs(pg_url, pg_reader, capsys):
     """A store behind head opened by a role that may read it but not alter its tables failed "cannot use the
     database: must be owner of table runs"; it is told, as for a read-only store, what revision it is at and that
     the upgrade needs a role that may."""
-    import uuid
-
     assert cli_main(["db", "upgrade", "0003", "--db", pg_url]) == 0
     capsys.readouterr()
-    role = f"specfinops_reader_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE ROLE "{role}" LOGIN'))
-            conn.execute(text(f'GRANT SELECT ON ALL TABLES IN SCHEMA public TO "{role}"'))
-        reader_url = pg_url.replace("://postgres@", f"://{role}@", 1)
-        assert reader_url != pg_url
-        for argv in (["cost"], ["prices", "set", "mynode", "1.5", "--kind", "node", "--source", "t"]):
-            assert cli_main([*argv, "--db", reader_url]) == 2, argv
-            err = capsys.readouterr().err
-            assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-            assert (f"is at revision 0003 and this specfinops needs revision {head_revision()}, but the role {role} "
-                    "may not change its schema, so it cannot be upgraded: run `specfinops db upgrade --db URL` as "
-                    "a role that may (the owner of its tables)") in err, err
-            assert "must be owner" not in err and "read-only" not in err
-        assert _revision(pg_url) == "0003"  # the failed upgrade was rolled back whole
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP OWNED BY "{role}"'))
-            conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
-        admin.dispose()
+    role, reader_url = pg_reader()
+    for argv in (["cost"], ["prices", "set", "mynode", "1.5", "--kind", "node", "--source", "t"]):
+        assert cli_main([*argv, "--db", reader_url]) == 2, argv
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert (f"is at revision 0003 and this specfinops needs revision {head_revision()}, but the role {role} "
+                "may not change its schema, so it cannot be upgraded: run `specfinops db upgrade --db URL` as "
+                "a role that may (the owner of its tables)") in err, err
+        assert "must be owner" not in err and "read-only" not in err
+    assert _revision(pg_url) == "0003"  # the failed upgrade was rolled back whole
