@@ -32,9 +32,11 @@ from telemetry.prices import (
     NoPriceError,
     PriceCatalog,
     _snapshot_price,
+    catalog_name_for_device,
     device_gpus,
     energy_prices,
     get_price,
+    gpu_chip,
     load_catalog,
     resolve_node_price,
     snapshot_energy,
@@ -860,6 +862,14 @@ def projection_caveats(comparison: Comparison, cap_configs: dict[str, ConfigSumm
         other = price.catalog_name or price.priced_as
         out.append(f"the capacity is the throughput measured on {', '.join(devices)}, priced as {price.priced_as}: "
                    f"these node counts and costs are not {other}'s; to project {other}, measure on it")
+    elif price.catalog_kind == "node" and any(gpu_chip(d) is not None and
+                                              (catalog_name_for_device(d) or "").lower() != price.catalog_name.lower()
+                                              for d in devices):
+        # a node entry of the measured GPU's chip (my-h100-node for runs on an H100) is the same hardware, but how
+        # many GPUs its price covers the catalog does not say: each projected node is one measured device
+        out.append(f"each projected node is one measured device ({', '.join(devices)}) priced at {price.priced_as}'s "
+                   f"${price.usd_per_hour:g}/h, a node entry: if that price covers a node of several GPUs, price the "
+                   "GPU instead (--gpu with a GPU entry and --gpus-per-node N)")
     return tuple(out)
 
 

@@ -85,6 +85,7 @@ class NodePrice:
     priced_as: str  # e.g. "H100 x8", "cpu-2core", "custom $8.806/h", "run price snapshot (H100)"
     origin: str  # flag | gpu | snapshot | catalog
     catalog_name: str | None = None  # the catalog entry behind the price; None for a custom price
+    catalog_kind: str | None = None  # that entry's kind (gpu | node) where it was read from the catalog
 
     def differs_from(self, device: str) -> bool:
         """True when this price is that of other hardware than the measured `device`: a catalog entry that is
@@ -496,7 +497,7 @@ def resolve_node_price(
         # a GPU entry times the GPUs asked for; a node entry times the device's units of it (a 16-thread CPU run
         # given --gpu cpu-2core is 8 of those 2-vCPU nodes, as the run's own catalog price counts it)
         n = gpus_per_node if entry.kind == "gpu" else entry_units(entry, device)
-        return NodePrice(entry.value * n, _times(entry.name, n), "gpu", entry.name)
+        return NodePrice(entry.value * n, _times(entry.name, n), "gpu", entry.name, entry.kind)
     snap = _snapshot_price(price_snapshot, device)
     if snap is not None:
         return snap
@@ -504,7 +505,7 @@ def resolve_node_price(
     if entry is None:
         raise NoPriceError(f"no catalog price matches device {device!r}; pass --gpu NAME or --node-hourly-usd X")
     units = entry_units(entry, device)
-    return NodePrice(entry.value * units, _times(entry.name, units), "catalog", entry.name)
+    return NodePrice(entry.value * units, _times(entry.name, units), "catalog", entry.name, entry.kind)
 
 
 def energy_prices(engine: Engine, catalog: PriceCatalog | None = None) -> tuple[float, float]:

@@ -188,6 +188,30 @@ def test_project_priced_as_h100_from_cpu_runs_warns_it_does_not_project_h100(db_
     assert "to project H100, measure on it" in text
 
 
+def test_a_node_entry_of_the_measured_gpus_chip_says_each_node_is_one_measured_device(sqlite_url, capsys):
+    """`prices set my-h100-node 55.04 --kind node`, then `project --gpu my-h100-node` on runs of one H100: the
+    fleet was sized on one GPU's throughput per "node" at the whole node's $55.04/h (an 8-GPU node's price, 8x the
+    cost), with nothing said, and --gpus-per-node is refused for a node entry. The projection now says each node is
+    one measured device priced at that entry, and how to price the GPU instead; a GPU entry says nothing."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for mode, reqs in (("ar", _ar(30)), ("spec", _spec(30))):
+            make_run(s, mode, device="NVIDIA H100 80GB HBM3", requests=reqs)
+        s.commit()
+    engine.dispose()
+    assert main(["prices", "set", "my-h100-node", "55.04", "--kind", "node", "--source", "8x H100 node",
+                 "--db", sqlite_url]) == 0
+    capsys.readouterr()
+    args = _project(sqlite_url, "--gpu", "my-h100-node")
+    assert main([*args, "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["assumptions"]["notes"]
+    said = [n for n in notes if n.startswith("each projected node is one measured device")]
+    assert said and "my-h100-node's $55.04/h, a node entry" in said[0] and "--gpus-per-node N" in said[0], notes
+    assert "warning: each projected node is one measured device" in _text(args, capsys)
+    assert main([*_project(sqlite_url, "--gpu", "H100"), "--json"]) == 0  # a GPU entry: nothing to say
+    assert not any("each projected node" in n for n in json.loads(capsys.readouterr().out)["assumptions"]["notes"])
+
+
 def test_project_priced_as_the_measured_device_has_no_device_warning(db_url, capsys):
     _both(db_url, 30, 30)
     for extra in ((), ("--gpu", "cpu-2core")):
