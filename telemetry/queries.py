@@ -54,6 +54,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from itertools import pairwise
 from typing import NamedTuple
 
 from sqlalchemy import Float, and_, case, cast, func, or_, select
@@ -642,22 +643,10 @@ def _node_fractions(reqs: list[tuple[datetime, datetime, int]]) -> dict[int, flo
     for members in clusters:
         if len(members) < 2:
             continue
-        events = sorted((t, dn, r) for r in members for s, e in by_run[r] for t, dn in ((s, 1), (e, -1)))
-        busy: dict[int, float] = dict.fromkeys(members, 0.0)
-        in_flight: dict[int, int] = dict.fromkeys(members, 0)
-        gaps: list[tuple[datetime, datetime]] = []
-        n, prev = 0, None
-        for t, dn, run_id in events:
-            if prev is not None and t > prev:
-                dt = (t - prev).total_seconds()
-                if n > 0:
-                    for r, k in in_flight.items():
-                        if k:
-                            busy[r] += dt * k / n
-                else:
-                    gaps.append((prev, t))
-            n, prev = n + dn, t
-            in_flight[run_id] += dn
+        # in flight: k / n of each second (processor sharing, as `_Share`); the gaps: the holes in the union
+        busy = {r: _shared_s(by_run[r], [iv for o in members if o != r for iv in by_run[o]]) for r in members}
+        merged = _merged([iv for r in members for iv in by_run[r]])
+        gaps = [(end, start) for (_, end), (start, _) in pairwise(merged)]
         priced = dict(busy)
         for lo, hi in gaps:  # no span boundary lies inside a gap (each is a request's start or end)
             covering = [r for r in members if spans[r][0] <= lo and spans[r][1] >= hi]
@@ -739,19 +728,20 @@ def _shared_s(mine: list[tuple[datetime, datetime]], others: list[tuple[datetime
     return total
 
 
+def _merged(intervals: list[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
+    """The union of the intervals as disjoint intervals, in order (touching ones merged)."""
+    out: list[tuple[datetime, datetime]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
 def _union_s(intervals: list[tuple[datetime, datetime]]) -> float:
     """Seconds covered by at least one of the intervals."""
-    total, cur_start, cur_end = 0.0, None, None
-    for start, end in sorted(intervals):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += (cur_end - cur_start).total_seconds()
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_end is not None:
-        total += (cur_end - cur_start).total_seconds()
-    return total
+    return sum((end - start).total_seconds() for start, end in _merged(intervals))
 
 
 def _aggregate(sums: dict, latency: dict[str, float], wall_s: float | None, estimated: bool) -> Aggregate:

@@ -393,9 +393,8 @@ def refuse_unless_writable(engine: Engine, url: str | None = None) -> None:
 
 def _given(url: str | None) -> str:
     """The store as the user named it: `--db X` (a server's password hidden), SPECFINOPS_DB_URL, or the default."""
-    def hidden(given: str) -> str:
-        return given if sqlite_file(resolve_db_url(given)) is not None \
-            else make_url(given).render_as_string(hide_password=True)
+    def hidden(given: str) -> str:  # a SQLite file as it was given, a server's URL as shown_url masks it
+        return given if sqlite_file(resolve_db_url(given)) is not None else shown_url(given)
 
     if url:
         return f"--db {hidden(url)}"

@@ -23,6 +23,18 @@ OLD_RUN = text(
 MODEL_TABLES = set(Base.metadata.tables)
 
 
+def _requests_with_a_step(conn, n: int) -> None:
+    """Requests 1..n of run 1 (OLD_RUN), a step each, in the columns every revision has."""
+    for i in range(1, n + 1):
+        conn.execute(text(
+            "INSERT INTO requests (id, run_id, domain, started_at, prompt_tokens, output_tokens, num_drafts, "
+            "num_draft_tokens, num_accepted_tokens, status) VALUES (:i, 1, 'code', :t, 5, 9, 2, 8, 6, 'ok')"),
+            {"i": i, "t": f"2026-12-02 00:00:0{i - 1}"})
+        conn.execute(text(
+            "INSERT INTO steps (id, request_id, step_index, k, accepted, num_emitted, draft_ms, verify_ms, "
+            "batch_size, t_offset_ms) VALUES (:i, :i, 0, 4, 3, 4, 1.0, 20.0, 1, 21.0)"), {"i": i})
+
+
 def _tables(url: str) -> set[str]:
     engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
     try:
@@ -77,14 +89,7 @@ def test_steps_are_found_by_request_through_the_covering_index(db_url):
     try:
         with engine.begin() as conn:
             conn.execute(OLD_RUN, {"v": "v"})
-            conn.execute(text(
-                "INSERT INTO requests (id, run_id, domain, started_at, prompt_tokens, output_tokens, num_drafts, "
-                "num_draft_tokens, num_accepted_tokens, status) VALUES (1, 1, 'code', '2026-12-02 00:00:00', 5, 9, 2, "
-                "8, 6, 'ok'), (2, 1, 'code', '2026-12-02 00:00:01', 5, 9, 2, 8, 6, 'ok')"))
-            conn.execute(text(
-                "INSERT INTO steps (id, request_id, step_index, k, accepted, num_emitted, draft_ms, verify_ms, "
-                "batch_size, t_offset_ms) VALUES (1, 1, 0, 4, 3, 4, 1.0, 20.0, 1, 21.0), "
-                "(2, 2, 0, 4, 3, 4, 1.0, 20.0, 1, 21.0)"))
+            _requests_with_a_step(conn, 2)
         sqlite = engine.dialect.name == "sqlite"
         with engine.begin() as conn:
             if not sqlite:  # a table this small is read whole by choice: ask whether the index can serve
@@ -117,13 +122,7 @@ def test_downgrading_0005_drops_only_the_covering_index(db_url):
     try:
         with engine.begin() as conn:
             conn.execute(OLD_RUN, {"v": "v"})
-            conn.execute(text(
-                "INSERT INTO requests (id, run_id, domain, started_at, prompt_tokens, output_tokens, num_drafts, "
-                "num_draft_tokens, num_accepted_tokens, status) VALUES (1, 1, 'code', '2026-12-02 00:00:00', 5, 9, 2, "
-                "8, 6, 'ok')"))
-            conn.execute(text(
-                "INSERT INTO steps (id, request_id, step_index, k, accepted, num_emitted, draft_ms, verify_ms, "
-                "batch_size, t_offset_ms) VALUES (1, 1, 0, 4, 3, 4, 1.0, 20.0, 1, 21.0)"))
+            _requests_with_a_step(conn, 1)
         for rev, want in (("0005", {"ix_steps_request_id", "ix_steps_request_id_step_index"}),
                           ("0004", {"ix_steps_request_id"})):
             (command.upgrade if rev == "0005" else command.downgrade)(cfg, rev)
