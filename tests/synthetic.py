@@ -206,3 +206,13 @@ def make_run(
             )
     session.flush()
     return run
+
+
+def h100_runs_of_two_recorded_prices(session: Session) -> None:
+    """An AR run and a spec run on one H100 that recorded different node prices ($4/h and $5/h); committed."""
+    for usd, mode in ((4.0, "ar"), (5.0, "spec")):
+        req = Req(100, ttft_ms=100, e2e_ms=10_000) if mode == "ar" else spec_req(200, 4, 150, ttft_ms=100,
+                                                                                e2e_ms=10_000)
+        make_run(session, mode, device="NVIDIA H100 80GB HBM3",
+                 price_snapshot={"name": "H100", "units": 1, "node_hourly_usd": usd}, requests=[req])
+    session.commit()

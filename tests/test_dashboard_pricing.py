@@ -12,7 +12,7 @@ import re
 
 import pytest
 from sqlalchemy.orm import Session
-from synthetic import Req, make_run, spec_req
+from synthetic import Req, h100_runs_of_two_recorded_prices, make_run, spec_req
 from test_dashboard_apptest import PAGES, app_for, assert_clean, fill_store, metrics, open_page
 
 from app.dashboard.charts import go_text
@@ -218,12 +218,7 @@ def test_projection_over_runs_of_several_recorded_prices_says_how_to_price_them_
     name the Node price input and the sidebar's Invocation instead."""
     engine = open_store(sqlite_url)
     with Session(engine) as s:
-        for usd, mode in ((4.0, "ar"), (5.0, "spec")):
-            req = Req(100, ttft_ms=100, e2e_ms=10_000) if mode == "ar" else spec_req(200, 4, 150, ttft_ms=100,
-                                                                                    e2e_ms=10_000)
-            make_run(s, mode, device="NVIDIA H100 80GB HBM3", price_snapshot={"name": "H100", "units": 1,
-                                                                              "node_hourly_usd": usd}, requests=[req])
-        s.commit()
+        h100_runs_of_two_recorded_prices(s)
     at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Cost & capacity"])
     assert_clean(at)
     for page in ("Cost & capacity", "Overview"):

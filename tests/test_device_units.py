@@ -8,7 +8,7 @@ import json
 
 import pytest
 from sqlalchemy.orm import Session
-from synthetic import Req, make_run, spec_req
+from synthetic import Req, h100_runs_of_two_recorded_prices, make_run, spec_req
 
 from app.cli import main
 from telemetry.costing import costs, project_from_store
@@ -142,12 +142,7 @@ def test_an_entry_named_after_an_unknown_device_prices_it_and_the_error_names_th
 def test_project_says_why_it_prices_at_the_catalog_when_the_runs_recorded_other_prices(sqlite_url, capsys):
     engine = open_store(sqlite_url)
     with Session(engine) as s:
-        for usd, mode in ((4.0, "ar"), (5.0, "spec")):
-            req = Req(100, ttft_ms=100, e2e_ms=10_000) if mode == "ar" else spec_req(200, 4, 150, ttft_ms=100,
-                                                                                    e2e_ms=10_000)
-            make_run(s, mode, device="NVIDIA H100 80GB HBM3", price_snapshot={"name": "H100", "units": 1,
-                                                                              "node_hourly_usd": usd}, requests=[req])
-        s.commit()
+        h100_runs_of_two_recorded_prices(s)
     assert main(["project", "--db", sqlite_url, "--daily-tokens", "8.64e6", "--peak-factor", "1.6",
                  "--p95-tpot-sla-ms", "200"]) == 0
     out = capsys.readouterr().out
