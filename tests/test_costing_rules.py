@@ -229,6 +229,38 @@ def test_a_servers_idle_time_goes_to_the_runs_whose_span_covers_it(db_url):
     assert share[1] == pytest.approx((3600 - 30) / 3600) and share[2] == pytest.approx(32430 / 36000)
 
 
+def test_a_servers_domains_split_each_runs_node_share_and_add_up_to_the_node(db_url):
+    """A server's two runs share its node (each its half of the hour) and each run served two domains: under a
+    domain filter a run is priced over the domain's part of its node share, so the two domains of a run add up
+    to the run's unfiltered hardware cost, and all four to the node's one hour, not more."""
+    engine = open_store(db_url)
+    snap = {"name": "cpu-2core", "node_hourly_usd": 1.0, "usd_per_kwh": 0.1, "pue": 1.5}
+    serve = {"kind": "serve", "workload": "serve", "temperature": None, "price_snapshot": snap}
+    # 60 s requests alternating between the modes; in each mode code takes two turns out of three
+    spec_starts, ar_starts = range(0, 3600, 120), range(60, 3600, 120)
+
+    def domain(i: int) -> str:
+        return "chat" if i % 3 == 2 else "code"
+
+    with Session(engine) as s:
+        make_run(s, "spec", **serve, requests=[spec_req(101, 4, 60, e2e_ms=60000, start_s=t, domain=domain(i))
+                                               for i, t in enumerate(spec_starts)])
+        make_run(s, "ar", **serve, requests=[Req(100, e2e_ms=60000, start_s=t, domain=domain(i))
+                                             for i, t in enumerate(ar_starts)])
+        s.commit()
+
+    def hardware_usd(filters: Filters | None = None) -> dict[int, float]:
+        return {rc.run.run_id: rc.cost.hardware_usd_per_1m * rc.run.stats.output_tokens / 1e6
+                for rc in costs(engine, filters)[0]}
+
+    whole, code, chat = hardware_usd(), hardware_usd(Filters(domain="code")), hardware_usd(Filters(domain="chat"))
+    assert whole[1] == pytest.approx(0.5) and whole[2] == pytest.approx(0.5)
+    for run_id in (1, 2):
+        assert code[run_id] + chat[run_id] == pytest.approx(whole[run_id])
+        assert code[run_id] == pytest.approx(2 * chat[run_id])  # two of its three turns, as busy as each other
+    assert sum(code.values()) + sum(chat.values()) == pytest.approx(1.0)
+
+
 def test_a_servers_spec_and_ar_runs_share_its_nodes_time(db_url, capsys):
     """`specfinops serve` keeps one run per mode open on one node, their requests interleaved: each was priced over
     its own span, so one node-hour at $0.0832 was charged $0.1636. The node's time is shared (while n requests are
