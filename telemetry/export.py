@@ -20,6 +20,7 @@ from sqlalchemy import Select, case, func, select
 from sqlalchemy.engine import Engine
 
 from telemetry.db import PowerSample, Request, Run, Step, TokenEvent
+from telemetry.queries import as_utc
 
 EXPORT_KINDS = ("requests", "steps", "tokens", "power", "cost")
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
@@ -55,7 +56,7 @@ class ExportWindow:
     def __post_init__(self) -> None:
         # the run filters' checks (mode and kind names, sampling ranges, since < until), and their normalised values
         f = self.run_filters()
-        for name in ("temperature", "top_p", "top_k", "max_new_tokens"):
+        for name in ("since", "until", "temperature", "top_p", "top_k", "max_new_tokens"):
             object.__setattr__(self, name, getattr(f, name))
 
     def run_filters(self):
@@ -96,11 +97,9 @@ def parse_when(value: str | None, name: str) -> datetime | None:
         when = datetime.fromisoformat(value)
     except ValueError:
         raise ValueError(f"{name} must be an ISO date or datetime like 2025-01-31 or 2025-01-31T12:00, got {value!r}") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
     try:
-        return when.astimezone(UTC)
-    except OverflowError:
+        return as_utc(when, name)
+    except ValueError:
         raise ValueError(f"{name} {value!r} is out of the range of dates") from None
 
 

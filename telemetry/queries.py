@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from typing import NamedTuple
 
@@ -120,6 +120,18 @@ def workload_is(have: str | None, want: str) -> bool:
     return have in MIXED_WORKLOADS if want in MIXED_WORKLOADS else have == want
 
 
+def as_utc(when: datetime, name: str) -> datetime:
+    """A window bound as the aware UTC instant the store compares (naive: taken as UTC, as `parse_when` reads a
+    time without an offset). SQLite keeps times as text without their offset: a bound at another offset was
+    compared as if its wall time were UTC there, and PostgreSQL gave other rows for the same instant."""
+    if not isinstance(when, datetime):
+        raise ValueError(f"{name} must be a datetime, got {when!r}")
+    try:
+        return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"{name} {when.isoformat()} is out of the range of dates") from None
+
+
 @dataclass(frozen=True, slots=True)
 class Filters:
     """Which runs and requests to aggregate. since/until bound requests.started_at; domain and prompt_ids
@@ -180,6 +192,9 @@ class Filters:
                 raise ValueError(f"invocation_id must be an invocation's id (1 to 36 characters), got {i!r}")
         if self.prompt_ids is not None:
             object.__setattr__(self, "prompt_ids", tuple(sorted(str(p) for p in self.prompt_ids)))
+        for name in ("since", "until"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, as_utc(getattr(self, name), name))
         if self.since is not None and self.until is not None and self.since >= self.until:
             raise ValueError(f"since must be before until, got since={self.since} until={self.until}")
         if self.run_ids is not None:

@@ -67,6 +67,11 @@ class Window:
     target: str | None = None
     invocation_id: str | None = None  # `report --invocation` (whole id); scheduled reports have none
 
+    def __post_init__(self) -> None:
+        # the instants the store compares and the labels say ('... UTC'), whatever offset they were given at
+        object.__setattr__(self, "since", queries.as_utc(self.since, "since"))
+        object.__setattr__(self, "until", queries.as_utc(self.until, "until"))
+
     @property
     def length(self) -> timedelta:
         return self.until - self.since
@@ -114,12 +119,6 @@ def runs_covered_text(temperature: float | None, kind: str | None, top_p: float 
     return ", ".join(said + ([f"{kind} runs"] if kind else []))
 
 
-def _utc(value: datetime, name: str) -> datetime:
-    if not isinstance(value, datetime):
-        raise ValueError(f"{name} must be a datetime, got {value!r}")
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
 def period_window(
     period: str, *, now: datetime | None = None, since: datetime | None = None, until: datetime | None = None
 ) -> Window:
@@ -127,8 +126,8 @@ def period_window(
     `since` / ending at `until`; custom: [since, until), both required."""
     if period not in PERIODS:
         raise ValueError(f"--period must be one of {', '.join(PERIODS)}, got {period!r}")
-    since = None if since is None else _utc(since, "--since")
-    until = None if until is None else _utc(until, "--until")
+    since = None if since is None else queries.as_utc(since, "--since")
+    until = None if until is None else queries.as_utc(until, "--until")
     if period == "custom":
         if since is None or until is None:
             raise ValueError("--period custom needs both --since and --until")
@@ -141,7 +140,7 @@ def period_window(
     if since is not None:
         return Window(period, since, since + length)
     if until is None:
-        now = _utc(now or datetime.now(UTC), "now")
+        now = queries.as_utc(now or datetime.now(UTC), "now")
         until = now.replace(hour=0, minute=0, second=0, microsecond=0)
         if period == "weekly":
             until -= timedelta(days=until.weekday())  # Monday 00:00
@@ -485,7 +484,7 @@ def build_report(
     bands = tuple(_band(name, get, current, past) for name, get in BAND_METRICS)
     return ReportData(
         window=window,
-        generated_at=_utc(now or datetime.now(UTC), "now"),
+        generated_at=queries.as_utc(now or datetime.now(UTC), "now"),
         sla_ms=float(sla_ms),
         current=current,
         previous=past[0],
@@ -557,7 +556,7 @@ def meets_sla(p95_ms: float | None, sla_ms: float) -> bool | None:
 
 
 def _iso(d: datetime | None) -> str | None:
-    return None if d is None else _utc(d, "datetime").isoformat()
+    return None if d is None else queries.as_utc(d, "datetime").isoformat()
 
 
 def _mode_dict(data: ReportData, mode: str) -> dict:

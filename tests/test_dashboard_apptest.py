@@ -706,3 +706,34 @@ def test_overview_notes_the_runs_that_did_not_complete(sqlite_url, monkeypatch):
 def test_overview_of_completed_runs_has_no_incomplete_note(filled, monkeypatch):
     at = open_page(app_for(filled, monkeypatch), PAGES["Overview"])
     assert not [c.value for c in at.caption if "not every run completed" in c.value]
+
+
+def test_weekly_chart_points_are_the_weeks_of_the_weekly_reports(db_url):
+    """With 7-day buckets the over-time charts' weeks start on Mondays 00:00 UTC, as `report --period weekly`'s do:
+    floored from the epoch (a Thursday) they ran Thursday to Thursday, and no point matched a weekly report."""
+    from datetime import UTC, datetime
+
+    from app.dashboard import page_queries as pq
+
+    engine = open_store(db_url)
+    sunday = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
+    # Sun 1 Nov 09:00 | Mon 2 Nov 00:00, Wed 4 Nov, Sun 8 Nov 23:59 | Mon 9 Nov 09:00
+    starts_h = [0, 15, 3 * 24, 7 * 24 + 14.98, 8 * 24]
+    with Session(engine) as s:
+        make_run(s, "ar", started_at=sunday, requests=[Req(5, e2e_ms=50, start_s=h * 3600) for h in starts_h])
+        make_run(s, "spec", started_at=sunday, requests=[spec_req(9, 4, 4, e2e_ms=50, start_s=h * 3600)
+                                                         for h in starts_h])
+        s.commit()
+    f = queries.Filters()
+    lat = pq.latency_over_time(engine, f, pq.WEEK_S)
+    ar = lat[lat["mode"] == "ar"]
+    assert [t.strftime("%a %Y-%m-%d %H:%M") for t in ar["t"]] == [
+        "Mon 2026-10-26 00:00", "Mon 2026-11-02 00:00", "Mon 2026-11-09 00:00"]
+    assert list(ar["requests"]) == [1, 3, 1]
+    over = pq.acceptance_over_time(engine, f, pq.WEEK_S)
+    per_request = over["drafts"].iloc[0]  # the one request of the first week's
+    assert [t.day for t in over["t"]] == [26, 2, 9] and list(over["drafts"]) == [per_request, 3 * per_request,
+                                                                                 per_request]
+    daily = pq.latency_over_time(engine, f, 86_400)  # days still start at midnight UTC
+    assert [t.strftime("%d %H:%M") for t in daily[daily["mode"] == "ar"]["t"]] == [
+        "01 00:00", "02 00:00", "04 00:00", "08 00:00", "09 00:00"]

@@ -440,3 +440,33 @@ def test_a_postgresql_export_plans_its_cursor_for_every_row(pg_url):
     with engine.connect() as c:
         assert c.exec_driver_sql("SHOW cursor_tuple_fraction").scalar() == "0.1"  # the pool's connection as before
     engine.dispose()
+
+
+def test_a_window_given_at_another_offset_selects_the_same_instants_on_every_store(db_url):
+    """The library's windows (queries.Filters, ExportWindow, report.Window) given a time at +05:30 or a naive one
+    (UTC) select the rows of that instant: SQLite keeps times as text without an offset and compared 05:30+05:30
+    as 05:30 UTC (5 requests of 7 where PostgreSQL counted 7), and a report labelled the wall time 'UTC'."""
+    from datetime import UTC, timedelta, timezone
+
+    from telemetry.export import count_rows
+    from telemetry.queries import Filters, mode_summaries
+    from telemetry.report import Window
+
+    engine = open_store(db_url)
+    with Session(engine) as s:  # one request an hour from BASE_TIME
+        make_run(s, "ar", requests=[Req(5, ttft_ms=10, e2e_ms=50, start_s=3600 * i) for i in range(8)])
+        s.commit()
+    ist = timezone(timedelta(hours=5, minutes=30))
+    since_utc = BASE_TIME.replace(tzinfo=UTC) + timedelta(hours=1)
+    since_ist = since_utc.astimezone(ist)
+    for since in (since_ist, since_utc, since_utc.replace(tzinfo=None)):
+        (ar,) = mode_summaries(engine, Filters(since=since))
+        assert ar.stats.num_requests_ok == 7, since
+        assert count_rows(engine, "requests", ExportWindow(since=since)) == 7, since
+    # a naive bound beside an aware one is the UTC instant too (it was a TypeError comparing them)
+    until = since_utc.replace(tzinfo=None) + timedelta(hours=2)
+    assert Filters(since=since_ist, until=until).until == until.replace(tzinfo=UTC)
+    window = Window("custom", since_ist, since_ist + timedelta(days=1))
+    assert window.since == since_utc and window.since.utcoffset() == timedelta(0)
+    with pytest.raises(ValueError, match="since must be a datetime"):
+        Filters(since="2026-11-02")

@@ -150,7 +150,7 @@ def register(sub) -> None:
     p.add_argument("value", nargs="?", help="new value for `set`")
     p.add_argument("--source", help="where the price comes from (required for `set`)")
     p.add_argument("--kind", help="gpu | node | electricity | pue (required for a new name)")
-    p.add_argument("--as-of", help="date of the price (default today)")
+    p.add_argument("--as-of", help="date of the price, YYYY-MM-DD (default: today in UTC)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 

@@ -61,8 +61,16 @@ def _epoch_s(engine: Engine, col):
     return func.extract("epoch", col)
 
 
+WEEK_S = 7 * 86_400
+MONDAY_S = 4 * 86_400  # the epoch's first Monday, 1970-01-05 00:00 UTC (the epoch began on a Thursday)
+
+
 def _time_bucket(engine: Engine, col, bucket_s: int):
-    return _floor_int(engine, _epoch_s(engine, col) / bucket_s) * bucket_s
+    """The start (epoch seconds) of the bucket holding `col`: whole multiples of `bucket_s` from the epoch, except
+    that weeks start on Mondays 00:00 UTC, as the weekly reports' periods do (from the epoch they ran Thursday to
+    Thursday, and no weekly point matched a weekly report)."""
+    origin = MONDAY_S if bucket_s % WEEK_S == 0 else 0
+    return _floor_int(engine, (_epoch_s(engine, col) - origin) / bucket_s) * bucket_s + origin
 
 
 def _to_time(frame: pd.DataFrame, col: str = "t") -> pd.DataFrame:
