@@ -314,6 +314,9 @@ COST_HEADER = [
     # the share of wall_s the run is priced over: below 1 where a server's spec and AR runs shared one node's time
     # (queries.serve_node_shares), so wall_s x node_usd_per_hour is not its hardware cost there
     "node_share",
+    # the time window the row's figures cover (requests started in [window_since, window_until), UTC; empty: no
+    # bound): a run cut by midnight is a row in each day's export with the same started_at, each its own part
+    "window_since", "window_until",
 ]
 
 
@@ -335,7 +338,7 @@ def cost_rows(engine: Engine, window: ExportWindow, *, filters=None) -> tuple[li
                 r.stats.output_tokens, r.stats.wall_s, r.stats.tokens_per_s, rc.node_price.priced_as,
                 rc.node_price.usd_per_hour, rc.usd_per_kwh, rc.pue, c.hardware_usd_per_1m, c.energy_usd_per_1m,
                 c.total_usd_per_1m, c.energy_included, costing.run_energy_estimated(r), c.reason, r.invocation_id,
-                r.kind, r.status, r.concurrency, rc.node_share,
+                r.kind, r.status, r.concurrency, rc.node_share, filters.since, filters.until,
             )
 
     return list(COST_HEADER), rows()

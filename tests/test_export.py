@@ -470,3 +470,26 @@ def test_a_window_given_at_another_offset_selects_the_same_instants_on_every_sto
     assert window.since == since_utc and window.since.utcoffset() == timedelta(0)
     with pytest.raises(ValueError, match="since must be a datetime"):
         Filters(since="2026-11-02")
+
+
+def test_a_windowed_cost_csv_says_which_window_each_row_covers(sqlite_url, tmp_path):
+    """A run cut by midnight is a row in each day's cost export, both with the run's started_at: each row says the
+    window its figures cover (window_since, window_until; empty where unbounded), so joined daily exports keep
+    each day's part on its day."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:  # BASE_TIME 09:00; requests at 23:00 and 01:00 the next day
+        make_run(s, "ar", requests=[Req(5, ttft_ms=10, e2e_ms=50, start_s=3600 * h) for h in (14, 16)])
+        s.commit()
+    engine.dispose()
+    out = tmp_path / "cost.csv"
+    day = {}
+    for since, until in (("2026-11-02", "2026-11-03"), ("2026-11-03", "2026-11-04")):
+        assert main(["export", "--db", sqlite_url, "--what", "cost", "--since", since, "--until", until,
+                     "--out", str(out)]) == 0
+        (row,) = _read(out)
+        day[since] = row
+        assert (row["window_since"], row["window_until"]) == (f"{since}T00:00:00+00:00", f"{until}T00:00:00+00:00")
+    assert day["2026-11-02"]["started_at"] == day["2026-11-03"]["started_at"]
+    assert main(["export", "--db", sqlite_url, "--what", "cost", "--until", "2026-11-03", "--out", str(out)]) == 0
+    (row,) = _read(out)
+    assert (row["window_since"], row["window_until"]) == ("", "2026-11-03T00:00:00+00:00")
