@@ -249,8 +249,10 @@ def email_text(summary: dict) -> tuple[str, str]:
         return "—" if v is None else format(v, spec)
 
     modes = summary.get("modes", {})
-    subject = f"specfinops {summary.get('period')} cost report {str(summary.get('since'))[:10]}"
-    lines = [f"Period: {summary.get('since')} to {summary.get('until')} (UTC)"]
+    # a month by its name ('monthly cost report October 2026'), not by the date of its 1st
+    subject = f"specfinops {summary.get('period')} cost report {summary.get('month') or str(summary.get('since'))[:10]}"
+    lines = [f"Period: {summary.get('month') + ', ' if summary.get('month') else ''}{summary.get('since')} to "
+             f"{summary.get('until')} (UTC)"]
     if not summary.get("traffic"):
         lines.append("No traffic in this period.")
     lines.append(f"Output tokens: {summary.get('output_tokens', 0):,}; requests: {summary.get('requests', 0):,}")

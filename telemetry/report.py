@@ -5,9 +5,11 @@ project_from_store): the report shows the numbers `specfinops cost` and the dash
 computation of them. This module only picks the window, lines periods up and checks bands.
 
 Periods (UTC): daily = the previous full day (midnight to midnight), weekly = the previous full ISO week
-(Monday to Monday), custom = [since, until). `--since` or `--until` anchors a daily/weekly period.
+(Monday to Monday), monthly = the previous full calendar month (the 1st 00:00 to the next 1st 00:00),
+custom = [since, until). `--since` or `--until` anchors a daily/weekly/monthly period (a month's: a 1st, 00:00).
 Anomaly band: mean +- 3 sample standard deviations of the same figure over the previous `history` periods of
-the same length; fewer than MIN_HISTORY periods with a value -> "not enough history", said as such.
+the same length (a month's: the calendar months before it, 28 to 31 days each); fewer than MIN_HISTORY periods
+with a value -> "not enough history", said as such.
 
 Public API:
     period_window(period, *, now=None, since=None, until=None) -> Window
@@ -34,9 +36,11 @@ from telemetry.labels import short_device, short_model
 from telemetry.prices import NoPriceError
 from telemetry.queries import Filters
 
-PERIODS = ("daily", "weekly", "custom")
-SCHEDULED_PERIODS = ("daily", "weekly")
-PERIOD_LENGTH = {"daily": timedelta(days=1), "weekly": timedelta(days=7)}
+PERIODS = ("daily", "weekly", "custom", "monthly")
+SCHEDULED_PERIODS = ("daily", "weekly", "monthly")
+PERIOD_LENGTH = {"daily": timedelta(days=1), "weekly": timedelta(days=7)}  # a month has none: add_months
+MONTH_NAMES = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+               "November", "December")  # not %B: that follows the process's locale
 ALPHA_GO = queries.GO_LINE  # the go/no-go line, judged on alpha where steps exist (as calibrate)
 DEFAULT_SLA_MS = 50.0
 DEFAULT_HISTORY = 7
@@ -74,10 +78,15 @@ class Window:
 
     @property
     def length(self) -> timedelta:
+        """The window's own length: a monthly one's is its month's (28 to 31 days)."""
         return self.until - self.since
 
     def shifted(self, n: int) -> Window:
-        """The window n lengths earlier (n=1: the previous period), of the same runs."""
+        """The window n periods earlier (n=1: the previous period), of the same runs: n lengths earlier, and for
+        a monthly window the n calendar months before it (moved by its own length, October's previous period
+        began on Aug 31 and its history periods were all 31 days long)."""
+        if self.period == "monthly":
+            return replace(self, since=add_months(self.since, -n), until=add_months(self.until, -n))
         return replace(self, since=self.since - n * self.length, until=self.until - n * self.length)
 
     def filters(self) -> Filters:
@@ -100,9 +109,25 @@ class Window:
         """'2026-11-02 00:00 to 2026-11-03 00:00 UTC'."""
         return f"{self.since.strftime(self.time_format)} to {self.until.strftime(self.time_format)} UTC"
 
+    def month_text(self) -> str | None:
+        """'October 2026' for a monthly window (one whole calendar month), else None."""
+        if self.period != "monthly" or not is_month_start(self.since) or self.until != add_months(self.since, 1):
+            return None
+        return f"{MONTH_NAMES[self.since.month - 1]} {self.since.year}"
+
+    def period_text(self) -> str:
+        """The span in words: 'October 2026 (2026-10-01 00:00 to 2026-11-01 00:00 UTC)' for a month, else
+        span_text."""
+        month = self.month_text()
+        return self.span_text() if month is None else f"{month} ({self.span_text()})"
+
+    def point_text(self) -> str:
+        """The period as a point of a trend: '2026-10' for a month, else its start."""
+        return self.since.strftime("%Y-%m" if self.month_text() else self.time_format)
+
     def label(self) -> str:
         runs = self.runs_text()
-        return f"{self.period} {self.span_text()}" + (f" ({runs} only)" if runs else "")
+        return f"{self.period} {self.period_text()}" + (f" ({runs} only)" if runs else "")
 
 
 def runs_covered_text(temperature: float | None, kind: str | None, top_p: float | None = None,
@@ -119,11 +144,41 @@ def runs_covered_text(temperature: float | None, kind: str | None, top_p: float 
     return ", ".join(said + ([f"{kind} runs"] if kind else []))
 
 
+def is_month_start(d: datetime) -> bool:
+    return d.day == 1 and (d.hour, d.minute, d.second, d.microsecond) == (0, 0, 0, 0)
+
+
+def add_months(d: datetime, n: int) -> datetime:
+    """`d` moved n calendar months (n < 0: back), its day and time kept: meant for a 1st, which every month has.
+    OverflowError outside years 1-9999, as a timedelta's sum there."""
+    months = d.year * 12 + d.month - 1 + n
+    if not 1 <= months // 12 <= 9999:
+        raise OverflowError(f"{n} months from {d:%Y-%m} is outside years 1-9999")
+    return d.replace(year=months // 12, month=months % 12 + 1)
+
+
+def _month_window(now: datetime | None, since: datetime | None, until: datetime | None) -> Window:
+    """monthly: the last full calendar month before `now`, the month starting at `since` or the one ending at
+    `until`; an anchor must be a 1st at 00:00 UTC (a date in mid-month would make a 'month' of two halves)."""
+    if since is not None and until is not None:
+        raise ValueError("--period monthly is one calendar month: give --since or --until, not both")
+    for flag, at in (("--since", since), ("--until", until)):
+        if at is not None and not is_month_start(at):
+            raise ValueError(f"{flag} of --period monthly must be the first of a month at 00:00 UTC (e.g. "
+                             f"{flag} 2026-10-01), got {at:%Y-%m-%d %H:%M:%S} UTC")
+    if since is not None:
+        return Window("monthly", since, add_months(since, 1))
+    if until is None:
+        now = queries.as_utc(now or datetime.now(UTC), "now")
+        until = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return Window("monthly", add_months(until, -1), until)
+
+
 def period_window(
     period: str, *, now: datetime | None = None, since: datetime | None = None, until: datetime | None = None
 ) -> Window:
-    """The report window. daily/weekly: the last full period before `now` (UTC), or the period starting at
-    `since` / ending at `until`; custom: [since, until), both required."""
+    """The report window. daily/weekly/monthly: the last full period before `now` (UTC), or the period starting
+    at `since` / ending at `until`; custom: [since, until), both required."""
     if period not in PERIODS:
         raise ValueError(f"--period must be one of {', '.join(PERIODS)}, got {period!r}")
     since = None if since is None else queries.as_utc(since, "--since")
@@ -134,6 +189,8 @@ def period_window(
         if since >= until:
             raise ValueError(f"--since ({since.isoformat()}) must be before --until ({until.isoformat()})")
         return Window(period, since, until)
+    if period == "monthly":
+        return _month_window(now, since, until)
     length = PERIOD_LENGTH[period]
     if since is not None and until is not None:
         raise ValueError(f"--period {period} is {length.days} day(s) long: give --since or --until, not both")
@@ -434,7 +491,7 @@ def _projection(
 ) -> ProjectionResult:
     measured = daily_tokens is None
     if measured:
-        days = current.window.length.total_seconds() / 86_400
+        days = current.window.length.total_seconds() / 86_400  # a month's own 28 to 31 days
         tokens = current.output_tokens()
         daily = tokens / days if tokens else None
         basis = f"this period's measured output tokens ({tokens:,}) per day"
@@ -632,6 +689,7 @@ def summary_dict(data: ReportData) -> dict:
     pr = data.projection
     return {
         "period": data.window.period,
+        "month": data.window.month_text(),  # a monthly report's month, 'October 2026' (None for other periods)
         "since": _iso(data.window.since),
         "until": _iso(data.window.until),
         # the runs covered: None for every temperature / run kind / top_p / top_k / answer length cap / workload /

@@ -402,7 +402,7 @@ def tpot_chart(data: ReportData) -> go.Figure:
 
 def trend_chart(data: ReportData) -> go.Figure:
     periods = [*reversed(data.history), data.current]
-    x = [p.window.since.strftime(p.window.time_format) for p in periods]
+    x = [p.window.point_text() for p in periods]
     fig = go.Figure()
     hardware_only = []
     for mode, colour in (("spec", SPEC_COLOUR), ("ar", AR_COLOUR)):
@@ -493,7 +493,7 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
         f"<style>{CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         f"<p class='muted'>generated {data.generated_at:%Y-%m-%d %H:%M:%S} UTC; previous period "
-        f"{data.previous.window.span_text()}; "
+        f"{data.previous.window.period_text()}; "
         "figures from the same queries as <code>specfinops cost</code> and the dashboard.</p>",
     ]
     unfinished = incomplete_period_text(data)

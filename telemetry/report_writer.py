@@ -12,7 +12,8 @@ than any report takes to write (STALE_AFTER_S): the scheduler for its job's clai
 which are not written again (the person who ran the command saw it killed). A claim records its folder in
 `csv_dir` from the start, so its temporary folder is found wherever it was written.
 
-Layout: OUT/report-<id>-<period>-<since>/report.html plus one CSV per table (formula-safe, telemetry.export).
+Layout: OUT/report-<id>-<period>-<since>/report.html plus one CSV per table (formula-safe, telemetry.export);
+a calendar month's <since> is its month (report-9-monthly-2026-10).
 Report ids are numbered per store, so two stores writing into one folder (staging and prod, a store rebuilt
 after a reset) reach the same name: a name already taken in OUT (its folder, or its temporary folder) gets a
 short random suffix (report-<id>-<period>-<since>-<6 hex>), chosen when the claim is made and recorded in it;
@@ -143,7 +144,9 @@ def _drop_claim(engine: Engine, report_id: int) -> None:
 
 
 def report_dir_name(report_id: int, window: Window) -> str:
-    return f"report-{report_id}-{window.period}-{window.since:%Y%m%dT%H%MZ}"
+    """'report-7-daily-20261102T0000Z'; a calendar month's by its month, 'report-9-monthly-2026-10'."""
+    when = f"{window.since:%Y-%m}" if window.month_text() else f"{window.since:%Y%m%dT%H%MZ}"
+    return f"report-{report_id}-{window.period}-{when}"
 
 
 def _claimed_by(folder: Path, token: str | None) -> bool:

@@ -24,8 +24,8 @@
   (report_writer.release_stale_claims), the scheduler's runs included.
 - A delivery that failed (every channel, after its attempts: "failed") is made again by the job's later runs
   (after the run's own report and delivery, skipped while that delivery fails too) and at the scheduler's
-  start, while the report is younger than REDELIVER_FAILED_FOR_S; the report is not written again, only its
-  summary re-sent. `--list` shows the reports whose delivery failed. "partially delivered" is not retried (the
+  start, while the report is younger than REDELIVER_FAILED_FOR_S (a monthly job's: REDELIVER_FAILED_MONTHLY_S);
+  the report is not written again, only its summary re-sent. `--list` shows the reports whose delivery failed. "partially delivered" is not retried (the
   channel that succeeded would get it twice).
 - One scheduler runs every job in its job table, so on start `specfinops scheduler` removes the persisted jobs
   other than the one on its command line (unless --keep-other-jobs); `--list` shows them. Each job's name
@@ -86,6 +86,17 @@ DEFAULT_MISFIRE_GRACE_S = 3600
 # seven. By then newer reports have superseded its summary, and a receiver down for over a week needs a person
 # (`scheduler --list` names the report, retried or not); each retry makes the job's --attempts tries again.
 REDELIVER_FAILED_FOR_S = 8 * 24 * 3600
+# A monthly job's next run is 28 to 31 days on: within 8 days no later run of it ever came, so its failed
+# delivery was retried only by a restart. 32 days covers the next run after the longest month, and a day late.
+REDELIVER_FAILED_MONTHLY_S = 32 * 24 * 3600
+
+
+def redeliver_failed_for_s(period: str | None) -> int:
+    """How long a scheduled report of `period` whose delivery failed is retried (REDELIVER_FAILED_FOR_S; a
+    month's REDELIVER_FAILED_MONTHLY_S, so that the job's next run is within it)."""
+    return REDELIVER_FAILED_MONTHLY_S if period == "monthly" else REDELIVER_FAILED_FOR_S
+
+
 # --misfire-grace-s at most a year: APScheduler adds it to the run time as a timedelta at every firing (a larger
 # one overflowed there and failed every run, the job kept as accepted)
 MAX_MISFIRE_GRACE_S = 366 * 24 * 3600
@@ -485,7 +496,7 @@ def redeliver_failed(engine: Engine, job: ReportJob, *, now: datetime | None = N
         s.expunge_all()
     done: list[str] = []
     for r in rows:
-        if r.summary is None or age_s(r.created_at, now) >= REDELIVER_FAILED_FOR_S:
+        if r.summary is None or age_s(r.created_at, now) >= redeliver_failed_for_s(r.period):
             continue
         with engine.begin() as c:
             taken = c.execute(update(Report).where(Report.id == r.id, Report.delivery_status == FAILED)
@@ -528,12 +539,12 @@ def failed_deliveries(engine: Engine, *, now: datetime | None = None, limit: int
         error = (r.delivery_error or "").splitlines()[0] if r.delivery_error else "no error recorded"
         if r.delivery_status == PARTIAL:
             retry = "not retried (a channel that succeeded would get it twice)"
-        elif age_s(r.created_at, now) < REDELIVER_FAILED_FOR_S:
+        elif age_s(r.created_at, now) < (retried_s := redeliver_failed_for_s(r.period)):
             created = r.created_at if r.created_at.tzinfo else r.created_at.replace(tzinfo=UTC)
-            until = created + timedelta(seconds=REDELIVER_FAILED_FOR_S)
+            until = created + timedelta(seconds=retried_s)
             retry = f"retried by the job's next run (until {until:%Y-%m-%d %H:%M} UTC)"
         else:
-            retry = f"no longer retried (older than {REDELIVER_FAILED_FOR_S // 86400} days)"
+            retry = f"no longer retried (older than {redeliver_failed_for_s(r.period) // 86400} days)"
         lines.append(f"report #{r.id} ({_label(r)}), job {r.job_id}: delivery {r.delivery_status}, {retry}: "
                      f"{error}; report: {r.html_path}")  # fmt: skip
     return lines

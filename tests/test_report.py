@@ -78,9 +78,31 @@ def test_period_windows():
     assert period_window("custom", since=D0, until=D0 + 2 * DAY).shifted(1).since == D0 - 2 * DAY
 
 
+def test_monthly_periods_are_calendar_months():
+    """`--period monthly` is the previous calendar month in UTC, and its history the calendar months before it,
+    each of its own length (a custom month moved back by its own 31 days began on Aug 31)."""
+    w = period_window("monthly", now=datetime(2026, 11, 15, 13, 30, tzinfo=UTC))
+    assert (w.since, w.until) == (datetime(2026, 10, 1, tzinfo=UTC), datetime(2026, 11, 1, tzinfo=UTC))
+    assert w.label() == "monthly October 2026 (2026-10-01 00:00 to 2026-11-01 00:00 UTC)"
+    assert w.shifted(1).since == datetime(2026, 9, 1, tzinfo=UTC) and w.shifted(1).month_text() == "September 2026"
+    assert period_window("monthly", since=datetime(2026, 10, 1)) == w  # a 1st anchors its month
+    assert period_window("monthly", now=datetime(2026, 1, 1, tzinfo=UTC)).since == datetime(2025, 12, 1, tzinfo=UTC)
+    april = period_window("monthly", until=datetime(2026, 4, 1, tzinfo=UTC))  # March, then Feb and Jan before it
+    months = [april.shifted(n) for n in range(3)]
+    assert [(m.since.month, m.length.days) for m in months] == [(3, 31), (2, 28), (1, 31)]
+    assert [m.until for m in months[1:]] == [m.since for m in months[:-1]]  # no gap, no overlap
+    assert period_window("monthly", until=datetime(2024, 3, 1)).length.days == 29  # a leap year's February
+    # daily / weekly / custom move by their own length, as before
+    assert period_window("custom", since=datetime(2026, 10, 1), until=datetime(2026, 11, 1)).shifted(1).since == \
+        datetime(2026, 8, 31, tzinfo=UTC)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
+        ({"period": "monthly", "since": datetime(2026, 10, 15)}, "--since of --period monthly must be the first"),
+        ({"period": "monthly", "until": datetime(2026, 11, 1, 0, 30)}, "--until of --period monthly must be"),
+        ({"period": "monthly", "since": datetime(2026, 10, 1), "until": datetime(2026, 11, 1)}, "not both"),
         ({"period": "hourly"}, "--period must be one of daily, weekly, custom"),
         ({"period": "custom", "since": D0}, "--period custom needs both --since and --until"),
         ({"period": "custom", "since": D0, "until": D0}, "must be before --until"),
@@ -296,7 +318,11 @@ def test_empty_store_is_exit_2_with_the_fill_command(empty_store, tmp_path, caps
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        (["--period", "monthly"], "--period must be one of daily, weekly, custom"),
+        (["--period", "yearly"], "--period must be one of daily, weekly, custom, monthly"),
+        (["--period", "monthly", "--since", "2026-10-15"],
+         "--since of --period monthly must be the first of a month at 00:00 UTC (e.g. --since 2026-10-01), got "
+         "2026-10-15 00:00:00 UTC"),
+        (["--period", "monthly", "--until", "2026-11-01T06:00"], "--until of --period monthly must be the first"),
         (["--period", "custom", "--since", "2026-11-01"], "--period custom needs both --since and --until"),
         (["--period", "custom", "--since", "soon", "--until", "2026-11-01"], "--since must be an ISO date"),
         (["--period", "daily", "--sla-ms", "0"], "--sla-ms must be > 0"),
@@ -474,6 +500,44 @@ def test_dashboard_reports_page_lists_reports_with_downloads(store, tmp_path, mo
     labels = [b.proto.label for b in at.get("download_button")]
     # the HTML and one CSV per table
     assert labels[0].startswith("Download report (HTML") and "modes.csv" in labels and len(labels) == 9
+
+
+def test_a_monthly_report_compares_calendar_months(sqlite_url, tmp_path, capsys):
+    """October against September 1-30, not against Aug 31 -> Oct 1 (the window moved back by its own 31 days):
+    Aug 31's traffic is August's; the projection's traffic per day is October's tokens over its 31 days."""
+    from telemetry.delivery import email_text
+
+    engine = open_store(sqlite_url)
+    for day in (datetime(2026, 8, 31, tzinfo=UTC), datetime(2026, 9, 15, tzinfo=UTC), datetime(2026, 10, 10, tzinfo=UTC),
+                datetime(2026, 10, 20, tzinfo=UTC)):
+        add_day(engine, day)
+    try:
+        assert main(_report(sqlite_url, tmp_path / "out", "--period", "monthly", "--since", "2026-10-01")) == 0
+        assert "monthly October 2026 (2026-10-01 00:00 to 2026-11-01 00:00 UTC)" in capsys.readouterr().out
+        r = _only_report(engine)
+        s = r.summary
+        assert (s["month"], s["since"], s["until"]) == ("October 2026", "2026-10-01T00:00:00+00:00",
+                                                       "2026-11-01T00:00:00+00:00")
+        assert s["previous_period"] == {"since": "2026-09-01T00:00:00+00:00", "until": "2026-10-01T00:00:00+00:00"}
+        change = {c["figure"]: c for c in s["change"]}
+        assert (change["output tokens"]["this_period"], change["output tokens"]["previous_period"]) == (8 * 33, 4 * 33)
+        assert s["projection"]["assumptions"]["daily_tokens"] == pytest.approx(8 * 33 / 31)
+        assert r.csv_dir.endswith(f"report-{r.id}-monthly-2026-10")
+        page = open(r.html_path, encoding="utf-8").read()
+        assert "previous period September 2026 (2026-09-01 00:00 to 2026-10-01 00:00 UTC)" in page
+        assert email_text({**s, "html_path": r.html_path})[0] == "specfinops monthly cost report October 2026"
+    finally:
+        engine.dispose()
+
+
+def test_the_reports_page_names_a_monthly_reports_month():
+    from app.dashboard.views.reports import _pick_text, period_name
+
+    oct1, nov1 = datetime(2026, 10, 1), datetime(2026, 11, 1)  # naive, as SQLite hands them back
+    assert period_name("monthly", oct1, nov1) == "monthly October 2026"
+    assert period_name("daily", D0, D0 + DAY) == "daily"
+    assert _pick_text({"id": 9, "period": "monthly October 2026", "since": oct1}) == "#9 monthly October 2026"
+    assert _pick_text({"id": 3, "period": "daily", "since": D0}) == "#3 daily from 2026-11-02 00:00"
 
 
 # ---- the projection's figures: named for what they are, each once ---------------------------------------

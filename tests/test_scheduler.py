@@ -1003,3 +1003,56 @@ def test_a_lease_is_stamped_when_it_is_taken_not_when_the_redelivery_began(store
     assert len(sched_mod.redeliver_failed(engine, job, now=began)) == 1
     assert taken_meanwhile == [False]
     assert written.report_id == reports(engine)[0].id
+
+
+def test_a_monthly_job_runs_on_the_1st_and_reports_the_month_before(store, monkeypatch):
+    """`--period monthly` is a schedule's period: cron "0 6 1 * *" runs on the 1st, and a run reports the
+    calendar month before it, into a folder named by that month."""
+    url, engine, out = store
+    assert parse_cron("0 6 1 * *").get_next_fire_time(None, datetime(2026, 11, 15, 12, tzinfo=UTC)) == datetime(
+        2026, 12, 1, 6, tzinfo=UTC)
+    monkeypatch.setattr(sched_mod, "_clock", lambda: datetime(2026, 12, 1, 6, tzinfo=UTC))
+    job = ReportJob(job_id="report-monthly", db_url=url, out_dir=str(out), period="monthly")
+    report_id = sched_mod.run_report_job(**job.kwargs())
+    [r] = reports(engine)
+    assert r.id == report_id and r.summary["month"] == "November 2026" and r.summary["traffic"]
+    assert r.summary["since"] == "2026-11-01T00:00:00+00:00" and r.summary["until"] == "2026-12-01T00:00:00+00:00"
+    assert Path(r.csv_dir).name == f"report-{report_id}-monthly-2026-11"
+
+
+def test_cli_schedules_a_monthly_job(store, no_blocking, capsys):
+    url, engine, out = store
+    assert main(["scheduler", "--db", url, "--cron", "0 6 1 * *", "--period", "monthly", "--out", str(out)]) == 0
+    assert "job report-monthly added: cron '0 6 1 * *' (UTC), monthly reports" in capsys.readouterr().out
+    [job] = sched_mod.persisted_jobs(engine)
+    assert job.kwargs["period"] == "monthly" and job.next_run_time.day == 1 and job.next_run_time.hour == 6
+
+
+def test_a_monthly_jobs_failed_delivery_is_retried_by_its_next_run():
+    """8 days covers a weekly job's next run, not a monthly one's (28 to 31 days on): its failed delivery was
+    never retried by the job."""
+    assert sched_mod.redeliver_failed_for_s("monthly") >= (31 + 1) * 86_400
+    assert sched_mod.redeliver_failed_for_s("daily") == sched_mod.redeliver_failed_for_s("weekly") == 8 * 86_400
+
+
+def test_missed_monthly_runs_name_the_months_no_run_reports(store, capsys):
+    from app.commands.scheduler import _say_next_run
+
+    url, engine, out = store
+    now = datetime(2026, 12, 6, 12, 30, tzinfo=UTC)
+    job = ReportJob(job_id="report-monthly", db_url=url, out_dir=str(out), period="monthly", misfire_grace_s=3600)
+    s, _ = _started(engine, job, parse_cron("0 6 1 * *"), paused=True)
+    try:  # stopped since before Oct 1's run: Oct 1, Nov 1 and Dec 1 missed, the last days late: skipped
+        s.modify_job("report-monthly", next_run_time=datetime(2026, 10, 1, 6, tzinfo=UTC))
+        _say_next_run(s, now=now)
+        line = capsys.readouterr().out
+        assert "missed 3 runs (from Thu 2026-10-01 06:00 UTC) while stopped" in line, line
+        assert "next runs Fri 2027-01-01 06:00 UTC; no run reports 3 months from September 2026: " \
+               f"`specfinops report --db {url} --period monthly --since 2026-09-01T00:00 --out {out} " in line, line
+        s.modify_job("report-monthly", next_run_time=datetime(2026, 11, 1, 6, tzinfo=UTC),
+                     misfire_grace_time=7 * 86_400)
+        _say_next_run(s, now=now)  # Nov 1 and Dec 1 missed, the last within the grace: November reported now
+        line = capsys.readouterr().out
+        assert "no run reports the month October 2026 (2026-10-01 00:00 to 2026-11-01 00:00 UTC)" in line, line
+    finally:
+        s.shutdown(wait=False)

@@ -32,6 +32,8 @@ RUN_FILTERS = ("temperature", "kind", "top_p", "top_k", "max_new_tokens", "workl
 
 EXAMPLES = """  specfinops report --period daily --out reports/             # yesterday (UTC)
   specfinops report --period weekly --until 2026-11-09 --out reports/
+  specfinops report --period monthly --out reports/           # last calendar month (UTC), against the months before
+  specfinops report --period monthly --since 2026-10-01 --out reports/   # October 2026
   specfinops report --period custom --since 2026-11-01 --until 2026-11-08T12:00 --out reports/ --sla-ms 40
   specfinops report --period daily --out reports/ --daily-tokens 5e8 --peak-factor 2   # project at this traffic
   specfinops report --period weekly --out reports/ --temperature 0 --run-kind bench   # only these runs
@@ -76,9 +78,11 @@ def register(sub) -> None:
         run,
     )
     add_db_option(p)
-    p.add_argument("--period", required=True, metavar="daily|weekly|custom", help="the period to report on")
-    p.add_argument("--since", metavar="ISO", help="period start (custom; or anchors daily/weekly)")
-    p.add_argument("--until", metavar="ISO", help="period end, exclusive (custom; or anchors daily/weekly)")
+    p.add_argument("--period", required=True, metavar="daily|weekly|monthly|custom",
+                   help="the period to report on (monthly: a calendar month in UTC)")
+    p.add_argument("--since", metavar="ISO", help="period start (custom; or anchors daily/weekly/monthly: a 1st)")
+    p.add_argument("--until", metavar="ISO",
+                   help="period end, exclusive (custom; or anchors daily/weekly/monthly: a 1st)")
     p.add_argument("--invocation", metavar="ID",
                    help=INVOCATION_FILTER_HELP + "; with --period custom, a --since / --until not given is the "
                         "bench's own: from its first run's start to its last run's end (report only: a schedule "

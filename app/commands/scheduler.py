@@ -7,7 +7,8 @@ job (runs missed while it was down follow the misfire policy: coalesced into one
 time). Two schedulers on one database never write the same report twice (see telemetry/scheduler.py).
 A scheduler runs every job in its store, so the store's other persisted jobs are removed on start (one line
 each) unless --keep-other-jobs; --list shows the persisted jobs and the reports whose delivery failed (each
-later run, and the start, delivers those again for telemetry.scheduler.REDELIVER_FAILED_FOR_S).
+later run, and the start, delivers those again for telemetry.scheduler.REDELIVER_FAILED_FOR_S, a monthly job's
+for REDELIVER_FAILED_MONTHLY_S).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from app.errors import UsageError
 
 EXAMPLES = """  specfinops scheduler --cron "0 6 * * *" --period daily --out reports/          # every day, 06:00 UTC
   specfinops scheduler --cron "0 7 * * 1" --period weekly --out reports/ --webhook https://hooks.example/finops
+  specfinops scheduler --cron "0 6 1 * *" --period monthly --out reports/   # the 1st, 06:00 UTC: last month
   SPECFINOPS_WEBHOOK_URL=https://hooks.slack.com/services/... \\
     specfinops scheduler --cron "0 6 * * *" --out reports/ --webhook-env SPECFINOPS_WEBHOOK_URL   # URL not stored
   specfinops scheduler --list                                                      # the jobs in the store
@@ -46,7 +48,8 @@ def register(sub) -> None:
     )
     add_db_option(p)
     p.add_argument("--cron", metavar="EXPR", help="5-field crontab expression, in UTC (required unless --list)")
-    p.add_argument("--period", default="daily", metavar="daily|weekly", help="period each run reports on")
+    p.add_argument("--period", default="daily", metavar="daily|weekly|monthly",
+                   help="period each run reports on (the last full one; monthly: the calendar month before)")
     add_report_options(p)
     for action in p._actions:  # --out is required to schedule, not to --list
         if action.dest == "out":
@@ -127,8 +130,12 @@ def _unreported_text(lost: list, kwargs: dict) -> str:
         value = kwargs.get(key)
         if value is not None:
             argv += [flag, repr(value) if isinstance(value, float) else str(value)]  # every digit the job has
-    what = (f"the period {first.span_text()}" if len(lost) == 1
-            else f"{len(lost)} periods from {first.since:%a %Y-%m-%d %H:%M} UTC")
+    if first.period == "monthly":  # '2 months from September 2026', not from 'Tue 2026-09-01 00:00 UTC'
+        what = (f"the month {first.period_text()}" if len(lost) == 1
+                else f"{len(lost)} months from {first.month_text() or first.span_text()}")
+    else:
+        what = (f"the period {first.span_text()}" if len(lost) == 1
+                else f"{len(lost)} periods from {first.since:%a %Y-%m-%d %H:%M} UTC")
     return (f"; no run reports {what}: `{shlex.join(str(a) for a in argv)}` writes "
             + ("it" if len(lost) == 1 else "the first (the others: --since of each)"))
 

@@ -32,7 +32,8 @@ def reports(url: str) -> list[dict]:
         anomalies = s.get("anomalies")
         flagged = [a["metric"] for a in anomalies or [] if a.get("status") == "anomaly"]
         out.append({
-            "id": r.id, "created": r.created_at, "period": r.period, "since": r.since, "until": r.until,
+            "id": r.id, "created": r.created_at, "period": period_name(r.period, r.since, r.until),
+            "since": r.since, "until": r.until,
             # `report --temperature / --run-kind / --top-p / --top-k / --max-new-tokens / --workload / --target /
             # --invocation`: the runs the figures cover
             "runs": runs_covered_text(s.get("temperature"), s.get("run_kind"), s.get("top_p"), s.get("top_k"),
@@ -48,6 +49,17 @@ def reports(url: str) -> list[dict]:
             "html_path": r.html_path, "csv_dir": r.csv_dir,
         })  # fmt: skip
     return out
+
+
+def period_name(period: str, since, until) -> str:
+    """The report's period as the list shows it: 'monthly October 2026' for a calendar month, else its name."""
+    from datetime import UTC
+
+    from telemetry.report import Window
+
+    aware = [t if t.tzinfo else t.replace(tzinfo=UTC) for t in (since, until)]  # SQLite hands them back naive
+    month = Window(period, *aware).month_text() if period == "monthly" else None
+    return period if month is None else f"{period} {month}"
 
 
 def energy_basis(mode: dict | None) -> str | None:
@@ -86,6 +98,12 @@ def _downloads(r: dict) -> None:
                                on_click="ignore")  # fmt: skip
 
 
+def _pick_text(r: dict) -> str:
+    """'#3 daily from 2026-11-02 00:00'; a month by its name alone, '#9 monthly October 2026'."""
+    month = r["period"].startswith("monthly ")
+    return f"#{r['id']} {r['period']}" + ("" if month else f" from {r['since']:%Y-%m-%d %H:%M}")
+
+
 def body(ctx: Context) -> None:
     rows = reports(ctx.url)
     if not rows:
@@ -97,7 +115,7 @@ def body(ctx: Context) -> None:
     show_table(table)
     by_id = {r["id"]: r for r in rows}
     rid = st.selectbox("Report", list(by_id), key="report_pick",
-                       format_func=lambda i: f"#{i} {by_id[i]['period']} from {by_id[i]['since']:%Y-%m-%d %H:%M}")  # fmt: skip
+                       format_func=lambda i: _pick_text(by_id[i]))
     r = by_id[rid]
     if r["delivery"] in ("failed", "partially delivered"):
         st.error(md_safe(f"Delivery {r['delivery']}: {r['delivery error']}"))
