@@ -25,8 +25,8 @@
 - A delivery that failed (every channel, after its attempts: "failed") is made again by the job's later runs
   (after the run's own report and delivery, skipped while that delivery fails too) and at the scheduler's
   start, while the report is younger than REDELIVER_FAILED_FOR_S (a monthly job's: REDELIVER_FAILED_MONTHLY_S);
-  the report is not written again, only its summary re-sent. `--list` shows the reports whose delivery failed. "partially delivered" is not retried (the
-  channel that succeeded would get it twice).
+  the report is not written again, only its summary re-sent. `--list` shows the reports whose delivery failed.
+  "partially delivered" is not retried (the channel that succeeded would get it twice).
 - One scheduler runs every job in its job table, so on start `specfinops scheduler` removes the persisted jobs
   other than the one on its command line (unless --keep-other-jobs); `--list` shows them. Each job's name
   carries its id ("specfinops daily report report-daily"), so the log lines say which job ran.

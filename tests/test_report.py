@@ -508,9 +508,8 @@ def test_a_monthly_report_compares_calendar_months(sqlite_url, tmp_path, capsys)
     from telemetry.delivery import email_text
 
     engine = open_store(sqlite_url)
-    for day in (datetime(2026, 8, 31, tzinfo=UTC), datetime(2026, 9, 15, tzinfo=UTC), datetime(2026, 10, 10, tzinfo=UTC),
-                datetime(2026, 10, 20, tzinfo=UTC)):
-        add_day(engine, day)
+    for month, day in ((8, 31), (9, 15), (10, 10), (10, 20)):
+        add_day(engine, datetime(2026, month, day, tzinfo=UTC))
     try:
         assert main(_report(sqlite_url, tmp_path / "out", "--period", "monthly", "--since", "2026-10-01")) == 0
         assert "monthly October 2026 (2026-10-01 00:00 to 2026-11-01 00:00 UTC)" in capsys.readouterr().out
