@@ -146,7 +146,12 @@ def load_catalog(bind: Engine | Connection) -> PriceCatalog:
             rows = _read_entries(conn)
     have = {e.name.lower() for e in rows}
     rows += [e for e in default_entries() if e.name.lower() not in have]
-    return PriceCatalog(tuple(sorted(rows, key=lambda e: (e.kind, e.name))))
+    return PriceCatalog(listed(rows))
+
+
+def listed(entries: list[PriceEntry]) -> tuple[PriceEntry, ...]:
+    """Entries in the order the catalog lists them: by kind, then name."""
+    return tuple(sorted(entries, key=lambda e: (e.kind, e.name)))
 
 
 def _read_entries(conn: Connection) -> list[PriceEntry]:

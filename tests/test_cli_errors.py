@@ -87,7 +87,10 @@ def test_listing_prices_of_a_missing_store_shows_the_defaults_and_creates_nothin
     capsys.readouterr()
     assert main(["prices", "list", "--json", "--db", str(missing)]) == 0
     captured = capsys.readouterr()
-    assert {e["name"]: e["value"] for e in json.loads(captured.out)}["H100"] == 2.5 and "no store" not in captured.err
+    stored = json.loads(captured.out)
+    assert {e["name"]: e["value"] for e in stored}["H100"] == 2.5 and "no store" not in captured.err
+    # listed in one order with or without a store (the defaults came in the file's order: electricity last)
+    assert [e["name"] for e in stored] == list(shown)
 
 
 def test_a_reader_on_the_default_store_before_any_run_creates_nothing(tmp_path, monkeypatch, capsys):

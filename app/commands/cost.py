@@ -543,7 +543,7 @@ def run_project_command(args) -> int:
 
 
 def run_prices_command(args) -> int:
-    from telemetry.prices import KIND_UNITS, check_price, default_entries, list_prices, set_price
+    from telemetry.prices import KIND_UNITS, check_price, default_entries, list_prices, listed, set_price
     from telemetry.store import NoStoreError, open_store
 
     if args.action not in ("list", "set"):
@@ -561,7 +561,7 @@ def run_prices_command(args) -> int:
         except NoStoreError as e:  # listing creates no store: show what a new one starts with
             print(f"note: no store at {e.path} yet; these are the default prices it will start with "
                   "(`prices set` or a recording command creates it)", file=sys.stderr)
-            entries = default_entries()
+            entries = listed(default_entries())  # in the order a store lists them
         return _print_prices([e for e in entries if args.kind in (None, e.kind)], args.json)
     if args.name is None or args.value is None:
         raise UsageError("usage: specfinops prices set NAME VALUE --source TEXT [--kind KIND]")

@@ -11,7 +11,8 @@ EXAMPLES = """  specfinops db upgrade                                  # default
   specfinops db upgrade --db postgresql://postgres@127.0.0.1:5432/specfinops
   specfinops db current --db sqlite:///var/specfinops.db
   specfinops db check                                    # do models and migrations agree?
-  specfinops db downgrade base --db sqlite:///scratch.db # drops every table
+  specfinops db upgrade --db sqlite:///scratch.db        # a scratch store, then:
+  specfinops db downgrade base --db sqlite:///scratch.db # drops its tables (Alembic's version table stays, empty)
 """
 
 

@@ -23,6 +23,7 @@ EXAMPLES = """  specfinops serve --db sqlite:///var/specfinops.db --port 8000
   specfinops serve --drafter early-exit --early-exit-layers 12 --k 3 --max-batch 16
   specfinops serve --api-key secret --host 127.0.0.1 --port 8000 --no-telemetry
   curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \\
+       -H 'Authorization: Bearer secret' \\
        -d '{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "speculative": false}'
 """
 
