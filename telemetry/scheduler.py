@@ -338,6 +338,13 @@ def cron_text(trigger: BaseTrigger) -> str:
     return str(trigger)
 
 
+def job_runs_text(kwargs: dict) -> str:
+    """Which runs a job's reports cover, in words, from its stored arguments (ReportJob.kwargs()); "" for every
+    run."""
+    return runs_covered_text(kwargs.get("temperature"), kwargs.get("kind"), kwargs.get("top_p"), kwargs.get("top_k"),
+                             kwargs.get("max_new_tokens"), kwargs.get("workload"), kwargs.get("target"))
+
+
 def describe_job(job: Job) -> str:
     """One line: id, cron, period, output folder, delivery targets (webhook URL masked), next run."""
     from telemetry.delivery import mask_url
@@ -355,8 +362,7 @@ def describe_job(job: Job) -> str:
     if kw.get("smtp"):
         targets.append("smtp")
     delivery = " + ".join(targets) or "none"
-    runs = runs_covered_text(kw.get("temperature"), kw.get("kind"), kw.get("top_p"), kw.get("top_k"),
-                             kw.get("max_new_tokens"), kw.get("workload"), kw.get("target"))
+    runs = job_runs_text(kw)
     return (f"{job.id}: cron {cron_text(job.trigger)!r} (UTC), {kw.get('period')} reports"
             f"{f' of {runs} only' if runs else ''} into {kw.get('out_dir')}, delivery {delivery}, {next_run}")  # fmt: skip
 

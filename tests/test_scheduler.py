@@ -377,6 +377,19 @@ def test_day_of_month_and_day_of_week_are_ored_as_crontab_does(expr, dates):
     assert _fire_dates(expr, len(dates)) == dates
 
 
+def test_the_job_line_says_which_runs_its_reports_cover(store, no_blocking, capsys):
+    """Adding a job says the runs its reports cover, as --list and a later removal say them: the line ended at
+    'daily reports into OUT' whatever --workload, --temperature or --max-new-tokens was just given."""
+    url, engine, out = store
+    args = ["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out), "--workload", "code",
+            "--max-new-tokens", "128"]
+    assert main(args) == 0
+    added = [ln for ln in capsys.readouterr().out.splitlines() if "job report-daily added" in ln]
+    assert len(added) == 1 and "daily reports of workload 'code', 128 new tokens only into" in added[0], added
+    assert main(["scheduler", "--db", url, "--list"]) == 0
+    assert "daily reports of workload 'code', 128 new tokens only into" in capsys.readouterr().out
+
+
 def test_an_ored_cron_is_listed_as_written_and_kept_on_restart(store, no_blocking, capsys):
     assert sched_mod.cron_text(parse_cron("0 6 1 * 1")) == "0 6 1 * mon"
     assert sched_mod.cron_text(parse_cron("0 6 */2 * 1")) == "0 6 */2 * mon"

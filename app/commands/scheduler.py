@@ -242,6 +242,7 @@ def run(args) -> int:
         ReportJob,
         absolute_db_url,
         describe_job,
+        job_runs_text,
         make_scheduler,
         parse_cron,
         recover_reports,
@@ -313,8 +314,9 @@ def run(args) -> int:
     # status 130; further SIGTERMs are ignored meanwhile
     with sigterm_as_ctrl_c("scheduler: SIGTERM: stopping (a run in progress finishes first)"):
         # said once SIGTERM is handled: a SIGTERM sent on reading this line met the default action (exit -15)
-        print(f"scheduler: job {job.job_id} {how}: cron {args.cron!r} (UTC), {job.period} reports into {out}; "
-              "Ctrl-C or SIGTERM to stop", flush=True)  # fmt: skip
+        runs = job_runs_text(job.kwargs())  # the runs it covers, as --list and a removal say them
+        print(f"scheduler: job {job.job_id} {how}: cron {args.cron!r} (UTC), {job.period} reports"
+              f"{f' of {runs} only' if runs else ''} into {out}; Ctrl-C or SIGTERM to stop", flush=True)  # fmt: skip
         stop, lost = threading.Event(), threading.Event()
         try:
             for line in recover_reports(engine, job):  # what a killed run of this job left behind
