@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import sqlite3
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -314,6 +315,7 @@ SQLITE_BUSY_TIMEOUT_MS = 5000
 # How long a schema change waits for the write lock another process holds (another opener creating or
 # upgrading the same store): an upgrade of a big store rebuilds tables for minutes.
 SQLITE_MIGRATION_WAIT_MS = 30 * 60 * 1000
+MIGRATION_TRY_MS = 250  # ... in waits this long, so that a Ctrl-C between them stops it (`_begin_immediate`)
 PG_MIGRATION_LOCK_KEY = 0x5EC_F1A0  # pg_advisory_xact_lock key: one process changes the schema at a time
 
 
@@ -489,18 +491,24 @@ def migration_transaction(engine: Engine) -> Iterator[Connection]:
 
 
 def _begin_immediate(dbapi: sqlite3.Connection, path: str) -> None:
-    """BEGIN IMMEDIATE; when another process holds the write lock for more than a second, say so and wait."""
+    """BEGIN IMMEDIATE; when another process holds the write lock for more than a second, say so and wait, up
+    to SQLITE_MIGRATION_WAIT_MS, in tries of MIGRATION_TRY_MS: Python runs a signal handler only between C calls,
+    and one wait of 30 minutes inside SQLite's busy handler left Ctrl-C dead until the other writer let go."""
+    deadline = time.monotonic() + SQLITE_MIGRATION_WAIT_MS / 1000
+    said = False
     try:
         dbapi.execute("PRAGMA busy_timeout=1000")
-        try:
-            dbapi.execute("BEGIN IMMEDIATE")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc):
-                raise
-        logger.warning("%s is being written by another process (creating or upgrading the store?): waiting for "
-                       "it to finish", path or "the store")
-        dbapi.execute(f"PRAGMA busy_timeout={SQLITE_MIGRATION_WAIT_MS}")
-        dbapi.execute("BEGIN IMMEDIATE")
+        while True:
+            try:
+                dbapi.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() >= deadline:
+                    raise
+            if not said:
+                logger.warning("%s is being written by another process (creating or upgrading the store?): waiting "
+                               "for it to finish", path or "the store")
+                dbapi.execute(f"PRAGMA busy_timeout={MIGRATION_TRY_MS}")
+                said = True
     finally:
         dbapi.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")

@@ -232,3 +232,37 @@ def test_an_upgrade_to_an_earlier_revision_of_a_store_made_without_alembic_says_
     assert cli_main(["db", "upgrade", "0005", "--db", url]) == 0
     assert "it was stamped there, past 0005" in capsys.readouterr().err
     assert _revision(url) == head_revision()
+
+
+@pytest.mark.parametrize("sig", ["INT", "TERM"])
+def test_an_upgrade_waiting_for_another_writers_lock_stops_on_ctrl_c_or_sigterm(tmp_path, sig):
+    """`db upgrade` waits up to 30 minutes for the write lock another process holds: the wait is made of short
+    tries, so Ctrl-C stops it while the lock is still held (one wait inside SQLite's busy handler left Ctrl-C dead
+    until the other writer let go), and SIGTERM as Ctrl-C does, saying so (it exited 143 saying nothing)."""
+    import signal
+    import sqlite3
+    import time
+
+    store = tmp_path / "store.db"
+    open_store(f"sqlite:///{store}").dispose()
+    holder = sqlite3.connect(store, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another writer, for as long as this test holds it
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "db", "upgrade", "--db", f"sqlite:///{store}"],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                                                  signal.SIG_DFL))
+    try:
+        waiting = proc.stderr.readline()  # the first line it says: that it waits for the other writer
+        assert "is being written by another process" in waiting, waiting
+        time.sleep(0.5)
+        proc.send_signal(getattr(signal, f"SIG{sig}"))
+        out, err = proc.communicate(timeout=60)  # stuck in the lock's wait, it would outlast the test's hold
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert "interrupted" in err and "Traceback" not in err
+    assert ("db upgrade: SIGTERM: stopping as on Ctrl-C" in err) == (sig == "TERM")
+    assert _revision(f"sqlite:///{store}") == head_revision()

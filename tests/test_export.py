@@ -493,3 +493,29 @@ def test_a_windowed_cost_csv_says_which_window_each_row_covers(sqlite_url, tmp_p
     assert main(["export", "--db", sqlite_url, "--what", "cost", "--until", "2026-11-03", "--out", str(out)]) == 0
     (row,) = _read(out)
     assert (row["window_since"], row["window_until"]) == ("", "2026-11-03T00:00:00+00:00")
+
+
+def test_an_export_removes_the_temporary_files_of_killed_exports_to_its_out(sqlite_url, tmp_path, capsys):
+    """A killed export (SIGKILL, the OOM killer) left its hidden '.<out>.*.tmp' file for good, however many GB:
+    the next export to that --out removes those whose writer, on this host, no longer runs; a live writer's and
+    another host's stay."""
+    import os
+    import subprocess
+    import sys
+
+    from app.commands.export import _temporary_prefix
+
+    _fill(sqlite_url, ["code"])
+    out = tmp_path / "req.csv"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    mine = _temporary_prefix(str(out))
+    stale = tmp_path / (mine.replace(f".{os.getpid()}.", f".{dead_pid}.") + "k1ll3d.tmp")
+    live = tmp_path / (mine + "runn1n.tmp")
+    elsewhere = tmp_path / (f".req.csv.another-host.{dead_pid}." + "sh4red.tmp")
+    for f in (stale, live, elsewhere):
+        f.write_text("partial")
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(out)]) == 0
+    assert not stale.exists() and live.exists() and elsewhere.exists()
+    assert f"removed {stale}" in capsys.readouterr().err
+    assert len(_read(out)) == 2  # the export itself as ever

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import copy
 import errno
+import functools
 import re
 import signal
 import socket
@@ -408,6 +409,18 @@ DTYPE_HELP = ("auto (the default: bfloat16 where the CPU multiplies bf16 in hard
               "a GPU; on a CPU that emulates bf16, bfloat16 up to 8 sequences at a time, where the C bf16 kernel "
               "streams half the bytes, else float32, whose packed kernels are faster there), bfloat16 or float32 "
               "(the exactness reference). Records keep the precision chosen")
+
+
+def stopped_as_on_ctrl_c(name: str, handler):
+    """`handler` run within `sigterm_as_ctrl_c`, saying '<name>: SIGTERM: stopping as on Ctrl-C' (a command
+    whose work is one transaction: SIGTERM's default exit said nothing, with status 143)."""
+
+    @functools.wraps(handler)
+    def run(args):
+        with sigterm_as_ctrl_c(f"{name}: SIGTERM: stopping as on Ctrl-C"):
+            return handler(args)
+
+    return run
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from app.commands._common import (
     max_new_tokens_filter,
     number_option,
     run_id,
+    stopped_as_on_ctrl_c,
     top_k_filter,
     top_p_filter,
     usage_shows_required,
@@ -142,7 +143,7 @@ def register(sub) -> None:
         "prices",
         "List or edit the price catalog ($/GPU-hour, $/node-hour, $/kWh, PUE).",
         PRICES_EXAMPLES,
-        run_prices_command,
+        stopped_as_on_ctrl_c("prices", run_prices_command),
     )
     add_db_option(p)
     p.add_argument("action", nargs="?", default="list", metavar="list|set")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from app.commands._common import DB_HELP, add_command, add_db_option, db_url
+from app.commands._common import DB_HELP, add_command, add_db_option, db_url, stopped_as_on_ctrl_c
 
 EXAMPLES = """  specfinops db upgrade                                  # default store, or $SPECFINOPS_DB_URL
   specfinops db upgrade --db postgresql://postgres@127.0.0.1:5432/specfinops
@@ -22,10 +22,12 @@ def register(sub) -> None:
     p.add_argument("--db", dest="db_before_action", metavar="URL", type=db_url, default=None,
                    help=DB_HELP + "; may come before or after ACTION")
     actions = p.add_subparsers(dest="db_action", metavar="ACTION")
-    up = add_command(actions, "upgrade", "Upgrade the schema to REV (default: head).", EXAMPLES, _upgrade)
+    up = add_command(actions, "upgrade", "Upgrade the schema to REV (default: head).", EXAMPLES,
+                       stopped_as_on_ctrl_c("db upgrade", _upgrade))
     up.add_argument("revision", nargs="?", default="head", metavar="REV")
     add_db_option(up)
-    down = add_command(actions, "downgrade", "Downgrade the schema to REV ('base' drops everything).", EXAMPLES, _downgrade)
+    down = add_command(actions, "downgrade", "Downgrade the schema to REV ('base' drops everything).", EXAMPLES,
+                         stopped_as_on_ctrl_c("db downgrade", _downgrade))
     down.add_argument("revision", metavar="REV")
     add_db_option(down)
     cur = add_command(actions, "current", "Print the database's revision and the newest one.", EXAMPLES, _current)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import stat
 import sys
 import tempfile
@@ -129,8 +130,9 @@ def _write_file(out: str, write: Callable[[TextIO], int]) -> int:
         with fh:
             return write(fh)
     target = os.path.realpath(out)
+    remove_stale_temporaries(target)
     try:
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=_temporary_prefix(target), suffix=".tmp")
     except OSError as exc:
         raise UsageError(f"cannot write --out {out}: {exc.strerror or exc}") from None
     try:
@@ -144,6 +146,47 @@ def _write_file(out: str, write: Callable[[TextIO], int]) -> int:
             os.unlink(tmp)
         raise
     return n
+
+
+def _temporary_prefix(target: str) -> str:
+    """The hidden name the CSV is written under before it is renamed over `target`: '.<name>.<host>.<pid>.',
+    so that a later export can tell one whose writer is gone (`remove_stale_temporaries`)."""
+    return f".{os.path.basename(target)}.{socket.gethostname()}.{os.getpid()}."
+
+
+def remove_stale_temporaries(target: str) -> list[str]:
+    """Remove the temporary files of exports to `target` that were killed (SIGKILL, the OOM killer, `docker kill`
+    leave no chance to clean up): those written on this host by a process that no longer runs. Another host's
+    (a shared folder) and a live writer's are kept. Said on stderr; returns the paths removed."""
+    folder, base = os.path.dirname(target), os.path.basename(target)
+    host = socket.gethostname()
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed  # the write that follows says what is wrong with the folder
+    for name in names:
+        if not (name.startswith(f".{base}.") and name.endswith(".tmp")):
+            continue
+        parts = name[len(base) + 2:].rsplit(".", 3)  # host (may hold dots), pid, mkstemp's letters, 'tmp'
+        if len(parts) != 4 or parts[0] != host or not parts[1].isdigit() or _alive(int(parts[1])):
+            continue
+        path = os.path.join(folder, name)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            removed.append(path)
+            print(f"export: removed {path}, left by an export to {target} that was killed", file=sys.stderr)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: it runs
+        return True
+    return True
 
 
 def _umask() -> int:
