@@ -470,7 +470,8 @@ def test_dashboard_command_is_local_and_headless(tmp_path, capsys):
     from app.commands.dashboard import main_script, streamlit_argv
 
     argv = streamlit_argv(main_script(), "127.0.0.1", 8601, headless=True)
-    pairs = dict(zip(argv[5::2], argv[6::2], strict=True))
+    options = argv[argv.index(str(main_script())) + 1:]
+    pairs = dict(zip(options[::2], options[1::2], strict=True))
     assert pairs["--server.address"] == "127.0.0.1" and pairs["--server.headless"] == "true"
     assert pairs["--browser.gatherUsageStats"] == "false" and main_script() == MAIN
     bad = tmp_path / "garbage.db"
@@ -737,3 +738,27 @@ def test_weekly_chart_points_are_the_weeks_of_the_weekly_reports(db_url):
     daily = pq.latency_over_time(engine, f, 86_400)  # days still start at midnight UTC
     assert [t.strftime("%d %H:%M") for t in daily[daily["mode"] == "ar"]["t"]] == [
         "01 00:00", "02 00:00", "04 00:00", "08 00:00", "09 00:00"]
+
+
+def test_the_dashboard_imports_its_own_app_package_from_a_folder_holding_another(tmp_path):
+    """Started from a project with an `app/` package of its own, the dashboard's interpreter must import
+    specfinops's `app`: `python -m` puts the working folder first on the import path, and an installed specfinops
+    (its folder on the path after it) imported the project's `app` and showed a blank page. The interpreter
+    options of the dashboard's command line, run from such a folder with specfinops on PYTHONPATH as an install
+    puts it, import specfinops's."""
+    import os
+    import subprocess
+    import sys
+
+    from app.commands.dashboard import main_script, streamlit_argv
+
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__init__.py").write_text("# a web project's own app package\n")
+    argv = streamlit_argv(main_script(), "127.0.0.1", 8601, headless=True)
+    interpreter = argv[:argv.index("-m")]  # the python and its options, before `-m streamlit`
+    root = Path(__file__).resolve().parents[1]
+    # -S: without site's editable-install finder, specfinops is found on a path entry, as a wheel's install is
+    found = subprocess.run([*interpreter, "-S", "-c", "import app; print(app.__file__)"], cwd=tmp_path,
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    assert found.returncode == 0 and found.stdout.strip() == str(root / "app" / "__init__.py"), found
+    assert interpreter[0] == sys.executable

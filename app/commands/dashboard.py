@@ -32,8 +32,11 @@ def main_script() -> Path:
 
 
 def streamlit_argv(script: Path, host: str, port: int, headless: bool) -> list[str]:
+    """`python -P -m streamlit run ...`: -P keeps the working folder off the import path, where `-m` puts it
+    first: started from a project with its own `app/` package (a FastAPI or Flask one), an installed specfinops's
+    dashboard imported that `app` and showed a blank page (ModuleNotFoundError: app.dashboard)."""
     return [
-        sys.executable, "-m", "streamlit", "run", str(script),
+        sys.executable, "-P", "-m", "streamlit", "run", str(script),
         "--server.address", host,
         "--server.port", str(port),
         "--server.headless", "true" if headless else "false",
