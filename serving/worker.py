@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from serving import package_version
 from serving.drafters import FeatureDrafter, HybridDrafter, ModelDrafter, NgramDrafter, TreeShape
 from serving.eagle import is_eagle_dir, load_eagle
 from serving.engine import Engine, StepEvent
@@ -85,12 +86,7 @@ def copy_bias_for(drafter: str) -> float:
 def software_version(dtype: str | None = None) -> str:
     """Package and torch versions plus, for a run of this engine in `dtype`, the CPU kernels measured
     fastest here (serving/kernels.py): a run's speed depends on all three."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        own = f"specfinops {version('specfinops')}"
-    except PackageNotFoundError:
-        own = "specfinops (source)"
+    own = package_version()
     kernels = f", {kernels_label(DTYPES[dtype])}" if dtype in DTYPES else ""  # e.g. packed+fused>=2/mask-matmul
     return f"{own}, torch {torch.__version__}{kernels}"[:255]  # the column holds 255 (store 0009)
 

@@ -175,9 +175,12 @@ class NoStoreError(StoreError):
     """A command that only reads was pointed at a SQLite file (`path`) that does not exist."""
 
     def __init__(self, path: Path):
+        # a relative path (the default var/specfinops.db) is named as found from the working folder too: that
+        # folder decides which store a command reads, and a `cost` run in another folder than the bench's found none
+        where = "" if path.is_absolute() else f" ({path.absolute()}, from the working folder)"
         super().__init__(
-            f"no store at {path}: the file does not exist. Check --db / SPECFINOPS_DB_URL, or record runs into it "
-            f"first: specfinops bench --workload code --mode both --db {path}"
+            f"no store at {path}{where}: the file does not exist. Check --db / SPECFINOPS_DB_URL, or record runs "
+            f"into it first: specfinops bench --workload code --mode both --db {path}"
         )
         self.path = path
 

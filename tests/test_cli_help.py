@@ -87,3 +87,15 @@ def test_project_missing_the_traffic_profile_is_still_one_line(empty_store, caps
     assert main(["project", "--db", empty_store, "--peak-factor", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["specfinops project: error: missing --daily-tokens, --p95-tpot-sla-ms"]
+
+
+def test_version_prints_the_installed_version(capsys):
+    """`specfinops --version` / `-V` (a wheel's user had only pip to ask): the installed distribution's version."""
+    from importlib.metadata import version
+
+    from app.cli import main
+
+    for flag in ("--version", "-V"):
+        with pytest.raises(SystemExit) as stop:
+            main([flag])
+        assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"specfinops {version('specfinops')}"
