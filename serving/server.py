@@ -69,6 +69,7 @@ class ServerState:
     card: dict | None = None  # extension on /v1/models: backend, dtype, drafter, k_policy, max_batch
     store_key: str | None = None  # the client key (server_telemetry.publish_client_key) RECORDED_IN_HEADER must carry
     max_chars: int | None = None  # the longest prompt (characters) that can fit; from the tokenizer if None
+    default_max_tokens: int | None = None  # a request's cap without max_tokens (--default-max-tokens); None: the room
     # one thread that validates and tokenizes requests, off the event loop (a long prompt takes seconds)
     checker: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
         1, thread_name_prefix="specfinops-tokenize"))
@@ -290,7 +291,8 @@ def _parse_and_check(raw: bytes, kind: str, state: ServerState) -> Checked:
     megabytes each step takes seconds, which the event loop (/health, the streams in flight) must not wait."""
     req = parse_body(raw, ChatRequest if kind == "chat" else CompletionRequest, max_len=state.max_len)
     return check(req, kind, model_id=state.model_id, max_len=state.max_len, vocab_size=state.vocab_size,
-                 encode_chat=state.encode_chat, encode_text=state.encode_text, max_chars=state.max_chars)
+                 encode_chat=state.encode_chat, encode_text=state.encode_text, max_chars=state.max_chars,
+                 default_max_tokens=state.default_max_tokens)
 
 
 async def _read_body(request: Request) -> bytes:

@@ -19,7 +19,6 @@ from serving.sampling import SamplingParams
 MAX_TEMPERATURE = 2.0  # OpenAI's documented range is [0, 2]
 MIN_TOP_P = 1e-30  # a smaller top_p is applied as this one: both keep the most likely token alone
 MAX_STOP_STRINGS = 4
-DEFAULT_MAX_TOKENS = 256  # when the client sends none (capped by the room left in the context window)
 # what torch.Generator.manual_seed takes (a negative seed wraps to its unsigned 64-bit value)
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -128,6 +127,13 @@ class ChatRequest(_Common):
     function_call: str | dict[str, Any] | None = None  # "none" only
     response_format: dict[str, Any] | None = None  # {"type": "text"} only
     top_logprobs: int | None = None  # 0 only
+    # output this engine cannot give, or a different way to answer: refused unless null (they were ignored,
+    # a 200 with text only where OpenAI answers a model without them with a 400)
+    modalities: list[Any] | None = None  # ["text"] only
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    reasoning_effort: str | None = None  # "none" only: no reasoning here (OpenAI's models without it refuse it too)
 
     @field_validator("tool_choice", "function_call", mode="wrap")
     @classmethod
@@ -281,8 +287,11 @@ class Checked:
 
 def check(req: _Common, kind: Kind, *, model_id: str, max_len: int, vocab_size: int,
           encode_chat: Callable[[list[dict]], list[int]], encode_text: Callable[[str], list[int]],
-          max_chars: int | None = None) -> Checked:
+          max_chars: int | None = None, default_max_tokens: int | None = None) -> Checked:
     """Semantic checks (the types are already right): APIError(4xx) naming the parameter on failure.
+
+    `default_max_tokens` (`serve --default-max-tokens`): the answer's cap when the client sends no max_tokens;
+    None (the default) is the room left in the context window, as OpenAI and vLLM do.
 
     `max_chars`: the most characters a prompt that fits the window can have (`server_text.max_prompt_chars`);
     a longer one is refused before it is tokenized. Tokenizing is the slow part: the server runs this off
@@ -311,10 +320,11 @@ def check(req: _Common, kind: Kind, *, model_id: str, max_len: int, vocab_size: 
         raise bad(f"temperature must be within [0, {MAX_TEMPERATURE:g}], got {temperature}", param="temperature",
                   code="invalid_value")
     top_p = 1.0 if req.top_p is None else req.top_p
-    if not 0 < top_p <= 1:
-        raise bad(f"top_p must be within (0, 1], got {top_p}", param="top_p", code="invalid_value")
-    # a top_p that tiny keeps the most likely token alone, as any top_p below the likeliest token's probability
-    # does; below float32's range it rounded to 0 in the sampler, which then kept nothing (a 500, NaN probabilities)
+    if not 0 <= top_p <= 1:
+        raise bad(f"top_p must be within [0, 1], got {top_p}", param="top_p", code="invalid_value")
+    # a top_p that tiny (or 0, which OpenAI accepts: 'be deterministic') keeps the most likely token alone, as any
+    # top_p below the likeliest token's probability does; below float32's range it rounded to 0 in the sampler,
+    # which then kept nothing (a 500, NaN probabilities)
     top_p = max(top_p, MIN_TOP_P)
     top_k = 0 if req.top_k in (None, -1) else req.top_k
     if top_k < 0:
@@ -327,7 +337,8 @@ def check(req: _Common, kind: Kind, *, model_id: str, max_len: int, vocab_size: 
     opts = req.stream_options or {}
     if opts and not req.stream:
         raise bad("stream_options is only allowed with stream = true", param="stream_options", code="invalid_value")
-    include_usage = opts.get("include_usage", False)
+    include_usage = opts.get("include_usage")
+    include_usage = False if include_usage is None else include_usage  # null is false, as OpenAI reads it (was a 400)
     if not isinstance(include_usage, bool):
         raise bad("stream_options.include_usage must be a boolean", param="stream_options.include_usage",
                   code="invalid_value")
@@ -347,7 +358,9 @@ def check(req: _Common, kind: Kind, *, model_id: str, max_len: int, vocab_size: 
         raise bad(f"{param} = {max_tokens} is too large: the prompt is {len(prompt_ids)} tokens and the context "
                   f"window {max_len}, so at most {room} tokens can be generated", param=param,
                   code="context_length_exceeded")
-    max_new = max_tokens if max_tokens is not None else min(DEFAULT_MAX_TOKENS, room)
+    # no max_tokens: until a stop, EOS or the window's end, as OpenAI and vLLM (a silent cap of 256 tokens cut long
+    # answers short with finish_reason 'length'); an operator's --default-max-tokens caps it
+    max_new = max_tokens if max_tokens is not None else min(room, default_max_tokens or room)
     try:
         params = SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p),
                                 max_new_tokens=max_new, stop=stop, seed=req.seed)
@@ -389,6 +402,14 @@ def _unsupported(req: _Common) -> None:
         if fmt is not None and fmt != {"type": "text"}:
             raise _refuse("response_format", "response_format", f" (only {{\"type\": \"text\"}}), got "
                           f"{json.dumps(fmt)[:80]}")
+        if req.modalities is not None and req.modalities != ["text"]:
+            raise _refuse("modalities", "modalities", f" (only [\"text\"]), got {json.dumps(req.modalities)[:80]}")
+        for name in ("audio", "prediction", "web_search_options"):
+            if getattr(req, name) is not None:
+                raise _refuse(name, name)
+        if req.reasoning_effort not in (None, "none"):
+            raise _refuse("reasoning_effort", "reasoning_effort", f" (only \"none\": this model does not reason), "
+                          f"got {json.dumps(req.reasoning_effort)[:80]}")
     if isinstance(req, CompletionRequest):
         if req.echo:
             raise _refuse("echo", "echo")

@@ -46,6 +46,7 @@ class ServeOptions:
     served_model_name: str | None = None
     max_waiting: int = 1024
     graceful_s: float = 30.0
+    default_max_tokens: int | None = None  # a request without max_tokens: None = the room left in the window
 
     def validate(self) -> None:
         if self.spec.max_batch < 1:  # before the spec's own check, which calls it "concurrency"
@@ -64,6 +65,8 @@ class ServeOptions:
         # an empty name fell back to the target's name unsaid: clients sending the name given were refused (404)
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise ValueError("--served-model-name must not be empty (leave it out to serve the target's name)")
+        if self.default_max_tokens is not None and self.default_max_tokens < 1:
+            raise ValueError(f"--default-max-tokens must be >= 1, got {self.default_max_tokens}")
         if self.max_waiting < 1:
             raise ValueError(f"--max-waiting must be >= 1, got {self.max_waiting}")
         # NaN passed `< 0` and meant no grace at all (asyncio.sleep(nan) returns at once); inf, none ever
@@ -159,7 +162,8 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None, source=None) -
                        max_len=engine.max_len, vocab_size=loaded.target.cfg.vocab_size,
                        tokenizer=loaded.tokenizer, decode=loaded.decode, api_key=opts.api_key,
                        created=int(time.time()), root=str(loaded.target_dir), card=card,
-                       store_key=client_key)  # what RECORDED_IN_HEADER must carry: the key, not the store's name
+                       store_key=client_key,  # what RECORDED_IN_HEADER must carry: the key, not the store's name
+                       default_max_tokens=opts.default_max_tokens)
 
 
 def _prepare(opts: ServeOptions, loaded: Loaded | None) -> tuple[Loaded, Engine]:

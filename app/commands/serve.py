@@ -41,6 +41,9 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     p.add_argument("--max-batch", type=positive_int, default=8, help="sequences decoded together (continuous batching)")
     p.add_argument("--max-len", type=context_len, default=2048, help="context window (tokens)")
+    p.add_argument("--default-max-tokens", type=positive_int, default=None, metavar="N",
+                   help="cap on the answer of a request that sends no max_tokens / max_completion_tokens (default: "
+                        "none, as OpenAI and vLLM: the room left in the context window)")
     p.add_argument("--target", default=None, help="target model name or local HF directory (default: bundled)")
     p.add_argument("--draft-model", default=None, help="draft model directory (alone: --drafter draft+ngram with it; refused beside ngram or early-exit)")
     p.add_argument("--early-exit-layers", type=int, default=None,
@@ -80,7 +83,7 @@ def handle(args: argparse.Namespace) -> int:
     opts = ServeOptions(spec=spec, db=args.db, host=args.host, port=args.port, api_key=args.api_key,
                         telemetry=not args.no_telemetry, node_id=args.node_id, power=args.power, tdp_w=args.tdp_w,
                         served_model_name=args.served_model_name, max_waiting=args.max_waiting,
-                        graceful_s=args.graceful_s)
+                        graceful_s=args.graceful_s, default_max_tokens=args.default_max_tokens)
     opts.validate()  # cheap checks before loading a model
     bindable_port(args.host, args.port)  # a busy port or a bad --host now, not after minutes of loading
     from serving.server_setup import power_source

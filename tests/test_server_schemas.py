@@ -1,0 +1,127 @@
+"""Request checks of the OpenAI API against what OpenAI does (an audit's findings), on the schema alone: no model
+but for one tiny random one, to see `serve --default-max-tokens` reach the checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from serving.server_schemas import (
+    MIN_TOP_P,
+    APIError,
+    ChatRequest,
+    Checked,
+    CompletionRequest,
+    check,
+    parse_body,
+)
+
+MODEL, MAX_LEN, VOCAB = "m", 400, 50  # a window with room for more than the old cap of 256
+PROMPT_IDS = list(range(10))  # what the fake tokenizer makes of any text
+
+
+def _check(body: dict, *, chat: bool = False, **kw) -> Checked:
+    model = ChatRequest if chat else CompletionRequest
+    req = parse_body(json.dumps({"model": MODEL, **body}).encode(), model, max_len=MAX_LEN)
+    return check(req, "chat" if chat else "completion", model_id=MODEL, max_len=MAX_LEN, vocab_size=VOCAB,
+                 encode_chat=lambda msgs: PROMPT_IDS, encode_text=lambda text: PROMPT_IDS, **kw)
+
+
+def _refused(body: dict, *, chat: bool = False) -> APIError:
+    with pytest.raises(APIError) as exc:
+        _check(body, chat=chat)
+    return exc.value
+
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+ROOM = MAX_LEN - 1 - len(PROMPT_IDS)  # what the prompt leaves for the answer
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_without_max_tokens_the_answer_may_fill_the_window_as_openai_and_vllm(chat):
+    """It was capped at 256 tokens unsaid (finish_reason 'length' where the window had room for far more)."""
+    body = CHAT if chat else {"prompt": "hi"}
+    assert _check(body, chat=chat).params.max_new_tokens == ROOM
+    assert _check(body, chat=chat, default_max_tokens=7).params.max_new_tokens == 7  # the operator's cap
+    assert _check(body, chat=chat, default_max_tokens=ROOM + 50).params.max_new_tokens == ROOM  # the window's end
+    # the client's own max_tokens is what counts, beyond the operator's default too
+    assert _check({**body, "max_tokens": 20}, chat=chat, default_max_tokens=7).params.max_new_tokens == 20
+
+
+HARMLESS = {"store": True, "metadata": {"k": "v"}, "user": "u-1", "service_tier": "auto", "parallel_tool_calls": False}
+
+
+@pytest.mark.parametrize("field,value,do_nothing", [
+    ("modalities", ["text", "audio"], ["text"]), ("modalities", ["audio"], None), ("modalities", [], ["text"]),
+    ("audio", {"voice": "alloy", "format": "wav"}, None), ("audio", {}, None),
+    ("prediction", {"type": "content", "content": "x = 1"}, None), ("web_search_options", {}, None),
+    ("reasoning_effort", "high", "none"), ("reasoning_effort", "minimal", None),
+])
+def test_fields_that_change_the_answer_are_refused_not_ignored(field, value, do_nothing):
+    """They were ignored (a 200 with text only, no audio, no search) where OpenAI refuses them for such a model;
+    their do-nothing values pass, and so does metadata that changes no answer."""
+    err = _refused({**CHAT, **HARMLESS, field: value}, chat=True)
+    assert (err.status, err.param, err.code) == (400, field, "unsupported_value"), err.message
+    assert "is not supported by this engine" in err.message
+    _check({**CHAT, **HARMLESS, field: do_nothing}, chat=True)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_include_usage_null_is_false_as_openai_reads_it(chat):
+    """It was a 400 'stream_options.include_usage must be a boolean'."""
+    body = {**(CHAT if chat else {"prompt": "hi"}), "stream": True, "stream_options": {"include_usage": None}}
+    checked = _check(body, chat=chat)
+    assert checked.stream and checked.include_usage is False
+    err = _refused({**body, "stream_options": {"include_usage": "yes"}}, chat=chat)  # still a boolean or null
+    assert err.param == "stream_options.include_usage"
+
+
+def test_top_p_zero_keeps_the_likeliest_token_as_a_tiny_top_p_does():
+    """OpenAI takes top_p within [0, 1]; 0 ('be deterministic') was a 400 here."""
+    assert _check({"prompt": "hi", "top_p": 0}).params.top_p == MIN_TOP_P
+    assert _check({**CHAT, "top_p": 0.0}, chat=True).params.top_p == MIN_TOP_P
+    for bad in (-0.1, 1.5):
+        err = _refused({"prompt": "hi", "top_p": bad})
+        assert err.param == "top_p" and "within [0, 1]" in err.message, err.message
+
+
+# ------------------------------------------------------------------------- serve --default-max-tokens
+
+
+def test_default_max_tokens_is_refused_below_one_before_anything(tmp_path, capsys):
+    from app.cli import main
+    from serving.server_setup import ServeOptions
+
+    with pytest.raises(ValueError, match="^--default-max-tokens must be >= 1, got 0"):
+        ServeOptions(default_max_tokens=0).validate()
+    db = tmp_path / "serve.db"
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--default-max-tokens", "0", "--db", str(db)])
+    assert exc.value.code == 2 and not db.exists()
+    assert "--default-max-tokens" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--default-max-tokens N cap on the answer of a request that sends no max_tokens" in out
+
+
+@pytest.mark.parametrize("cap", [None, 5])
+def test_the_servers_default_max_tokens_reaches_the_checks(cap, tmp_path, monkeypatch):
+    """build_state -> ServerState -> check(): a tiny random target, no telemetry, no HTTP."""
+    from serving.server import _parse_and_check, shutdown
+    from serving.server_setup import ServeOptions, build_state
+    from serving.worker import EngineSpec
+    from tests.test_hf_models import hf_dir
+
+    for name in ("SPECFINOPS_PACKED_LINEAR", "SPECFINOPS_BF16_KERNEL", "SPECFINOPS_DECODE_ATTENTION",
+                 "SPECFINOPS_ATTENTION_FLOAT32", "SPECFINOPS_DRAFT_INT8"):
+        monkeypatch.setenv(name, "off")  # a tiny model needs no CPU kernel measurement
+    target = hf_dir(tmp_path / "target", max_position_embeddings=512)
+    spec = EngineSpec(target=str(target), drafter="ngram", k="2", dtype="float32", max_batch=1, max_len=400)
+    state = build_state(ServeOptions(spec=spec, telemetry=False, power="none", default_max_tokens=cap))
+    try:
+        raw = json.dumps({"model": state.model_id, "prompt": [2, 3, 4]}).encode()
+        assert _parse_and_check(raw, "completion", state).params.max_new_tokens == (cap or 400 - 1 - 3)
+    finally:
+        shutdown(state)
