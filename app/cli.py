@@ -81,6 +81,11 @@ ONE_SHOT_REPORTS = frozenset({"cost", "project", "report", "export", "invocation
 
 
 def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a path or name the terminal's encoding cannot show (LC_ALL=C, a
+        # non-ASCII --out): escaped, as stderr's are by default; `report` wrote its report, then failed on the line
+        # naming it, and a rerun recorded it twice
+        if stream is not None and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # named under the usage of the command they follow, not the top level's (argparse's default)

@@ -326,16 +326,17 @@ class StoreFolderError(PermissionError):
 
 def folder_error(path: Path | None, exc: BaseException) -> StoreFolderError | None:
     """The clear error for a sqlite3 error `exc` on the store at `path` when its folder is what is not writable
-    ('attempt to write a readonly database' says only that the database is), else None."""
-    if path is None or "readonly" not in str(exc):
+    ('attempt to write a readonly database' says only that the database is; on a read-only file system, a
+    container's :ro volume, SQLite says only 'unable to open database file'), else None."""
+    if path is None or ("readonly" not in str(exc) and "unable to open database file" not in str(exc)):
         return None
     folder = path.absolute().parent
     if getattr(exc, "sqlite_errorname", "") != "SQLITE_READONLY_DIRECTORY" and os.access(folder, os.W_OK):
         return None
     return StoreFolderError(
-        f"cannot use the store {path}: its folder {folder} is not writable, and SQLite must create {path.name}-wal "
-        f"and {path.name}-shm there to open a store in WAL mode, even to read it: make {folder} writable for this "
-        "user, or copy the store into a folder that is"
+        f"cannot use the store {path}: its folder {folder} is not writable (permissions, or a read-only file "
+        f"system), and SQLite must create {path.name}-wal and {path.name}-shm there to open a store in WAL mode, "
+        f"even to read it: make {folder} writable for this user, or copy the store into a folder that is"
     )
 
 

@@ -260,11 +260,17 @@ def _named(url: str | None, path: Path) -> str:
 
 def refuse_unusable_sqlite_file(url: str | None = None) -> None:
     """A SQLite store (`url` as given to --db; None: SPECFINOPS_DB_URL or the default) that names a directory, or a
-    file that is not a SQLite database: a StoreError naming it (SQLite says only 'unable to open database file' and
+    file that is not a SQLite database, or is held in memory: a StoreError naming it (SQLite says only 'unable to open database file' and
     'file is not a database', naming neither the file nor the option). The file is read through SQLite, read-only:
     a plain open() and close() of it would drop the locks this process's connections hold on it. A missing file,
     or one SQLite cannot open for another reason (busy, a folder it cannot write), is left to the caller."""
-    path = sqlite_file(resolve_db_url(url))
+    resolved = resolve_db_url(url)
+    path = sqlite_file(resolved)
+    if path is None and make_url(resolved).get_backend_name() == "sqlite":
+        # `sqlite://`, `sqlite:///` (a template's unset variable), `:memory:`: `prices set` said it saved a price
+        # and kept none, a bench ran to its end and then lost every record
+        raise StoreError(f"{resolved} is an in-memory SQLite database: nothing written there outlives the command, "
+                         "and no other command sees it; give a file, e.g. --db sqlite:///var/specfinops.db")
     if path is None:
         return
     if path.is_dir():
@@ -288,13 +294,14 @@ def refuse_unusable_sqlite_file(url: str | None = None) -> None:
         probe.close()
 
 
-def open_store(url: str | None = None, *, must_exist: bool = False, to_write: bool = False) -> Engine:
+def open_store(url: str | None = None, *, must_exist: bool = False, to_write: bool | str = False) -> Engine:
     """Engine for `url` (see `telemetry.db.resolve_db_url`), schema upgraded to head on open.
 
     `to_write`: a command that records into the store (bench, loadtest, serve) learns now, before any model loads
     or load starts, that the store refuses writes (NotWritableError): a read-only store already at head opens
     fine, and its first insert failed only after the work whose records it was to hold (refuse_unless_writable).
-    Commands that only read leave it off: a read-only store serves them.
+    Commands that only read leave it off: a read-only store serves them. A text is what the command writes and
+    what to do instead, said in the error in place of a recording command's ('records its runs there: ...').
 
     A SQLite file that does not exist is created, with its directory, unless `must_exist`: commands that only
     read (cost, project, export, report, scheduler, dashboard) pass it, so a mistyped `--db` is named as such instead of
@@ -307,7 +314,7 @@ def open_store(url: str | None = None, *, must_exist: bool = False, to_write: bo
     engine = _open_store(url, must_exist=must_exist)
     if to_write:
         try:
-            refuse_unless_writable(engine, url)
+            refuse_unless_writable(engine, url, **({"why": to_write} if isinstance(to_write, str) else {}))
         except BaseException:
             engine.dispose()
             raise
@@ -360,9 +367,10 @@ class NotWritableError(StoreError):
     PostgreSQL session or server whose transactions are read-only, a role without INSERT on it), found before a
     command that records into it does its work."""
 
-    def __init__(self, named: str, reason: str):
-        super().__init__(f"{named}: not writable: {reason}; this command records its runs there: give a store it "
-                         "may write, or --no-telemetry to record nothing")
+    RECORDS_RUNS = "records its runs there: give a store it may write, or --no-telemetry to record nothing"
+
+    def __init__(self, named: str, reason: str, why: str = RECORDS_RUNS):
+        super().__init__(f"{named}: not writable: {reason}; this command {why}")
         self.reason = reason
 
 
@@ -372,7 +380,7 @@ class NotWritableError(StoreError):
 _WRITE_PROBE = text("INSERT INTO runs (kind) SELECT kind FROM runs WHERE 1 = 0")
 
 
-def refuse_unless_writable(engine: Engine, url: str | None = None) -> None:
+def refuse_unless_writable(engine: Engine, url: str | None = None, why: str = NotWritableError.RECORDS_RUNS) -> None:
     """NotWritableError, naming the store as `url` was given (--db, SPECFINOPS_DB_URL or the default), where it
     refuses a write; the database's own words say why ('attempt to write a readonly database', 'cannot execute
     INSERT in a read-only transaction', 'permission denied for table runs'). A SQLite store another process is
@@ -391,7 +399,8 @@ def refuse_unless_writable(engine: Engine, url: str | None = None) -> None:
                     or "database is locked" in str(orig):
                 return
             raise
-        raise NotWritableError(_given(url), (str(orig).strip().splitlines() or [type(orig).__name__])[0]) from None
+        raise NotWritableError(_given(url), (str(orig).strip().splitlines() or [type(orig).__name__])[0],
+                               why) from None
 
 
 def _given(url: str | None) -> str:

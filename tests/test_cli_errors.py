@@ -534,6 +534,27 @@ def test_a_recording_command_refuses_a_read_only_store_before_its_work(command, 
     capsys.readouterr()
 
 
+@pytest.mark.parametrize(("argv", "says"), [
+    (["report", "--period", "daily", "--since", "2026-11-02"], "records each report there"),
+    (["prices", "set", "L4", "0.9", "--source", "quote"], "keeps the price catalog there"),
+])
+def test_a_command_that_writes_a_record_names_a_read_only_store_before_its_work(argv, says, db_url, read_only_url,
+                                                                               tmp_path, capsys):
+    """`report` (it records each report) and `prices set` gave the database's bare 'attempt to write a readonly
+    database' (report after writing its files); they are refused when the store is opened, saying what they
+    write there, and no report folder is made."""
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(400, ttft_ms=100, e2e_ms=9000, start_s=0.0)])
+        s.commit()
+    engine.dispose()
+    out = ["--out", str(tmp_path / "reports")] if argv[0] == "report" else []
+    assert main([*argv, *out, "--db", read_only_url(db_url)]) == 2
+    line = _one_line(capsys)
+    assert ": not writable: " in line and f"this command {says}" in line and "--no-telemetry" not in line, line
+    assert not (tmp_path / "reports").exists()
+
+
 @pytest.mark.postgres
 def test_a_role_that_may_only_read_the_store_is_refused_before_a_model_loads(pg_url, pg_reader, monkeypatch,
                                                                               capsys):

@@ -519,3 +519,16 @@ def test_an_export_removes_the_temporary_files_of_killed_exports_to_its_out(sqli
     assert not stale.exists() and live.exists() and elsewhere.exists()
     assert f"removed {stale}" in capsys.readouterr().err
     assert len(_read(out)) == 2  # the export itself as ever
+
+
+def test_out_after_an_equals_sign_expands_the_home_folder(sqlite_url, tmp_path, monkeypatch):
+    """`--out=~/x.csv`: the shell expands no ~ after '=', and export wrote to a folder named '~' in the working
+    folder, or failed; --db and report --out expand it."""
+    _fill(sqlite_url, ["code"])
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--out=~/req.csv"]) == 0
+    assert len(_read(home / "req.csv")) == 2 and list(work.iterdir()) == []

@@ -1044,3 +1044,24 @@ def test_a_period_whose_runs_have_no_price_has_no_cost_and_says_why(store, tmp_p
     assert ar["total_usd_per_1m"] is None and ar["output_tokens"] == 33
     assert ar["cost_note"].startswith("cost n/a: no price for run") and "'Google TPU v5e'" in ar["cost_note"]
     assert "--gpu" not in ar["cost_note"] and "prices set" in ar["cost_note"]
+
+
+def test_a_report_into_a_folder_the_terminal_cannot_spell_is_written_and_said_once(store, tmp_path):
+    """With an ASCII-only stdout (LC_ALL=C, PYTHONIOENCODING=ascii) and a non-ASCII --out, `report` wrote its
+    report and record, then failed (exit 2) printing the path: the user ran it again and got it twice. The
+    line is printed with the path's characters escaped."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    url, engine = store
+    out = tmp_path / "rép"
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "app.cli", *_report(url, out, "--period", "daily", "--since",
+                                                                      "2026-11-02")],
+                          cwd=root, capture_output=True, env={**os.environ, "PYTHONPATH": str(root),
+                                                              "PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == 0, proc.stderr.decode()[-400:]
+    assert b"r\\xe9p" in proc.stdout and len(list(out.iterdir())) == 1
+    assert len(_reports(engine)) == 1

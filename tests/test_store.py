@@ -174,7 +174,6 @@ def test_open_store_must_exist_refuses_a_missing_sqlite_file_only(tmp_path, sqli
     assert list(tmp_path.iterdir()) == []
     open_store(sqlite_url).dispose()  # a recorder creates it
     open_store(sqlite_url, must_exist=True).dispose()  # then a reader opens it
-    open_store("sqlite://", must_exist=True).dispose()  # in memory: nothing to find
 
 
 @pytest.mark.parametrize(("db", "needle"), [
@@ -406,3 +405,37 @@ def test_a_role_that_may_not_change_the_schema_is_told_the_revision_it_needs(pg_
                 "a role that may (the owner of its tables)") in err, err
         assert "must be owner" not in err and "read-only" not in err
     assert _revision(pg_url) == "0003"  # the failed upgrade was rolled back whole
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite:///:memory:", "sqlite:///file:m?mode=memory&uri=true"])
+def test_an_in_memory_store_is_refused_before_any_work(url, monkeypatch, capsys):
+    """`prices set --db sqlite://` said it saved the price and kept nothing; a bench into `sqlite://` (an unset
+    variable in `sqlite:///$DB` is `sqlite:///`) ran to its end, then lost every record. Refused, naming the URL."""
+    from app.cli import main
+    from telemetry.store import StoreError
+
+    with pytest.raises(StoreError, match="is an in-memory SQLite database"):
+        open_store(url)
+    assert main(["prices", "set", "L4", "0.9", "--source", "x", "--db", url]) == 2
+    assert "in-memory SQLite database: nothing written there outlives the command" in capsys.readouterr().err
+    monkeypatch.setenv("SPECFINOPS_DB_URL", url)
+    for argv in (["cost"], ["db", "upgrade"]):
+        assert main(argv) == 2
+        assert "in-memory SQLite database" in capsys.readouterr().err
+
+
+def test_a_store_on_a_read_only_file_system_names_its_folder(tmp_path, monkeypatch):
+    """On a read-only mount (a container's :ro volume) SQLite says only 'unable to open database file' where a
+    folder without write permission gives 'readonly': both are named as the folder SQLite cannot write."""
+    import os
+    import sqlite3
+
+    import telemetry.db as db
+
+    store = tmp_path / "store.db"
+    cantopen = sqlite3.OperationalError("unable to open database file")
+    assert db.folder_error(store, cantopen) is None  # a writable folder: another cause, left as it is
+    monkeypatch.setattr(db.os, "access", lambda p, mode: not (mode == os.W_OK and str(p) == str(tmp_path)))
+    clear = db.folder_error(store, cantopen)
+    assert clear is not None and f"its folder {tmp_path} is not writable (permissions, or a read-only file " \
+        "system)" in str(clear)

@@ -570,8 +570,9 @@ def run_prices_command(args) -> int:
         raise UsageError("--source is required: say where the price comes from")
     value = number_option("VALUE", args.value, minimum=0, strict=False)  # > 0 but electricity: check_price says
     value, as_of = check_price(args.name, value, source=args.source, kind=args.kind, as_of=args.as_of)
-    try:  # everything checked before a new store is created
-        engine = open_store(args.db, must_exist=True)
+    try:  # everything checked before a new store is created; a read-only one is named as such
+        engine = open_store(args.db, must_exist=True, to_write="keeps the price catalog there: give a store it may "
+                            "write (or price runs with cost --gpu / --node-hourly-usd)")
     except NoStoreError:  # a new store holds the defaults only: judge the name, kind and value against those
         default = {e.name.lower(): e for e in default_entries()}.get(args.name.strip().lower())
         if default is not None and args.kind is not None and args.kind != default.kind:  # as set_price refuses it

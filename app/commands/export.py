@@ -221,7 +221,8 @@ def run(args) -> int:
     )
 
     invocation_filter(None, args.invocation)  # its form, before the store is opened
-    if args.out != "-":
+    if args.out != "-":  # `--out=~/x.csv`: the shell expands no ~ after '=' (--db and report --out expand it too)
+        args.out = os.path.expanduser(args.out)
         _check_out(args.out)
         _refuse_the_store(args.out, args.db)
     elif sys.stdout is None:  # started with stdout closed (`>&-`)

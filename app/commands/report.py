@@ -163,7 +163,9 @@ def run(args) -> int:
     # --period custom --invocation ID: what --since / --until leave open is the invocation's own span
     from_invocation = args.invocation is not None and args.period == "custom" and None in (since, until)
     window = None if from_invocation else _window(args.period, since, until, runs, options["history"])
-    engine = open_store(args.db, must_exist=True)  # before --out is made: a store that fails to open makes none
+    # before --out is made: a store that fails to open makes none; a report is recorded in it, so a read-only
+    # store is named as such now (it said SQLite's 'attempt to write a readonly database' after the work)
+    engine = open_store(args.db, must_exist=True, to_write="records each report there: give a store it may write")
     if count_runs(engine) == 0:
         raise UsageError(f"the store has no runs to report on; {empty_store_hint(engine)}")
     runs["invocation_id"] = invocation_filter(engine, args.invocation)
