@@ -8,8 +8,8 @@ does: the same numbers up to summation order, at a cost that stays near the one-
 
 It is compiled once per source version with the system C compiler (`cc -O3 -mavx2 -mfma -fopenmp`,
 about a second) into the cache (`$SPECFINOPS_CACHE/kernels`) and loaded with ctypes: no torch or Python
-headers. Where there is no compiler, no AVX2/FMA, or the build fails, `available()` says why and the
-engine keeps torch's kernels. Whether it runs, and for how many rows, is measured per process in
+headers. Where there is no compiler, no AVX2/FMA, no writable cache, or the build fails, `available()` says
+why and the engine keeps torch's kernels. Whether it runs, and for how many rows, is measured per process in
 `serving.kernels` (`SPECFINOPS_BF16_KERNEL` = auto | on | off overrides).
 """
 
@@ -65,13 +65,20 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     tag = hashlib.sha256(src + " ".join(FLAGS).encode()).hexdigest()[:16]
     lib_path = cache_dir() / "kernels" / f"bf16_linear-{tag}.so"
     if not lib_path.is_file():
-        lib_path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=lib_path.parent) as tmp:
-            out = Path(tmp) / lib_path.name
+        try:  # a read-only cache (a mounted volume, another user's HOME) is no kernel, as no compiler is
+            lib_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=lib_path.parent))
+        except OSError as exc:
+            return None, (f"cannot build into {lib_path.parent} ({exc.strerror or exc}): set SPECFINOPS_CACHE "
+                          "to a writable folder")
+        try:
+            out = tmp / lib_path.name
             proc = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out)], capture_output=True, text=True)
             if proc.returncode != 0:
                 return None, f"{cc} could not build {SOURCE.name}: {proc.stderr.strip()[-300:]}"
             out.replace(lib_path)  # atomic: a concurrent process sees the whole library or none
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     try:
         lib = ctypes.CDLL(str(lib_path))
     except OSError as exc:

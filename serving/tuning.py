@@ -19,7 +19,7 @@ measures afresh.
 - `refresh`: measure now and replace the remembered value.
 
 A file that cannot be read is measured over; one that cannot be written only loses the memory (a
-warning), never the run. Delete the file to forget every choice.
+warning, once per process), never the run. Delete the file to forget every choice.
 """
 
 from __future__ import annotations
@@ -101,8 +101,13 @@ def _read(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+_unwritable: set[Path] = set()  # files a warning has been said of in this process
+
+
 def _write(path: Path, data: dict) -> None:
-    """Whole-file replace (write a temporary file, then rename), so a reader never sees half a file."""
+    """Whole-file replace (write a temporary file, then rename), so a reader never sees half a file. A file that
+    cannot be written is said once per process, with how to avoid it: a bench on a read-only cache said it for
+    every choice measured (16 times)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
@@ -111,7 +116,11 @@ def _write(path: Path, data: dict) -> None:
             f.write("\n")
         os.replace(tmp, path)
     except OSError as exc:
-        log.warning("tuning: could not remember the measurement in %s (%s)", path, exc)
+        if path not in _unwritable:
+            _unwritable.add(path)
+            log.warning("tuning: could not remember the measurement in %s (%s); every process measures again: set "
+                        "SPECFINOPS_CACHE to a writable folder, or SPECFINOPS_TUNING=measure to not try (said once)",
+                        path, exc)
 
 
 def remembered(name: str, measure: Callable[[], int]) -> int:

@@ -29,6 +29,7 @@ from serving.models import (
     bundled_target_dir,
     check_same_vocab,
     load_tokenizer,
+    pull_again_hint,
     resolve_model,
 )
 from serving.sampling import SamplingParams
@@ -197,7 +198,8 @@ def load(spec: EngineSpec) -> Loaded:
     target_dir = resolve_model(spec.target, "target")
     dtype = DTYPES[spec.dtype]
     tokenizer = load_tokenizer(target_dir)
-    target = load_causal_lm(target_dir, dtype)
+    with pull_again_hint(target_dir):  # the bundled target's weights cut short: how to make them again
+        target = load_causal_lm(target_dir, dtype)
     pack_for_inference(target)
     kernels_label(dtype)  # every kernel choice measured now rather than inside the first request
     if spec.drafter in ("draft", "draft+ngram"):

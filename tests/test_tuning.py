@@ -106,6 +106,21 @@ def test_an_unwritable_cache_only_loses_the_memory(tmp_path, monkeypatch, caplog
     assert "could not remember" in caplog.text
 
 
+def test_a_read_only_cache_warns_once_saying_how_to_avoid_it(cache, monkeypatch, caplog):
+    """A bench on a read-only cache logged 'could not remember the measurement' for every choice it measured (16
+    lines): once per file per process now, with what to set."""
+    from tests.readonly import read_only
+
+    monkeypatch.setattr(tuning, "_unwritable", set(), raising=False)
+    read_only(monkeypatch, cache)
+    with caplog.at_level(logging.WARNING, logger="serving.tuning"):
+        assert [tuning.remembered(f"choice{i}", Measure(i)) for i in range(4)] == [0, 1, 2, 3]
+    warned = [r.getMessage() for r in caplog.records if "could not remember" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert str(cache / tuning.FILE_NAME) in warned[0] and "set SPECFINOPS_CACHE to a writable folder" in warned[0]
+    assert not (cache / tuning.FILE_NAME).exists()
+
+
 def test_int8_rows_are_raced_once_per_machine(cache, monkeypatch):
     races = []
 
