@@ -183,7 +183,7 @@ def _check_pulled(out: Path, verify: bool, say) -> None:
         raise ValueError(why if "--force" in why else f"{why}; {AGAIN}")
     if verify:
         sums = checksums(out)
-        say(f"[1/1] verifying the checksums of {len(sums)} files in {out}")
+        say(f"[1/1] verifying the checksums of {len(sums)} file{'s' * (len(sums) != 1)} in {out}")
         for name, want in sums.items():
             if _sha256(out / name) != want:
                 raise ValueError(f"{out}: {name} does not match its recorded checksum; {AGAIN}")

@@ -292,7 +292,7 @@ def test_a_pulled_model_with_a_broken_tokenizer_is_damaged_and_every_file_is_che
     (model / MANIFEST).write_text(json.dumps(manifest))
     said = []
     pull(say=said.append)
-    assert said == [f"[1/1] verifying the checksums of 1 files in {model}",
+    assert said == [f"[1/1] verifying the checksums of 1 file in {model}",
                     f"smollm2-135m-instruct is ready: {model}"]
 
 
