@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import sqlite3
 import sys
 
 from app.errors import UsageError
@@ -123,14 +124,38 @@ def main(argv: list[str] | None = None) -> int:
             raise  # a bug: its traceback
         if args.verbose and not _is_our_own_error(exc):
             logging.getLogger(__name__).debug("what failed underneath:", exc_info=exc)
-        print(f"specfinops {args.command}: error: {describe_failure(exc)}", file=sys.stderr)
+        print(f"specfinops {args.command}: error: {describe_failure(exc, _store_file(args))}", file=sys.stderr)
         return 2 if expected else 1
 
 
-def describe_failure(exc: BaseException) -> str:
-    """One line for an exception that escaped a command: what it was about, never a traceback."""
+def _store_file(args: argparse.Namespace):
+    """The SQLite store file a command's --db (or SPECFINOPS_DB_URL, or the default) names; None for a command
+    without --db, a server's database, or a URL that does not resolve."""
+    if "db" not in vars(args):
+        return None
+    from telemetry.db import resolve_db_url, sqlite_file
+
+    try:
+        return sqlite_file(resolve_db_url(args.db))
+    except Exception:  # noqa: BLE001 - its own error is the one being described
+        return None
+
+
+def describe_failure(exc: BaseException, store=None) -> str:
+    """One line for an exception that escaped a command: what it was about, never a traceback. `store`: the
+    SQLite file the command used, named where its device is full (SQLite's words name no file)."""
+    import errno
+
     from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 
+    from telemetry.db import store_full_error
+
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:  # not a bug: no traceback to offer
+        return (f"no space left on the device holding {exc.filename}: free some space there" if exc.filename
+                is not None else "no space left on device: a disk this command writes to is full")
+    full = store_full_error(store, exc) if isinstance(exc, DBAPIError | sqlite3.Error) else None
+    if full is not None:
+        return str(full)
     if isinstance(exc, DBAPIError):
         text = str(exc.orig or exc).strip()
         return f"cannot use the database: {text.splitlines()[0] if text else type(exc).__name__}"

@@ -4,10 +4,12 @@ events into telemetry records. This is where serving meets the store; the engine
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import platform
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -102,6 +104,40 @@ def device_name() -> str:
     except OSError:
         pass
     return f"cpu: {model} ({torch.get_num_threads()} threads)"
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what caps torch's threads from the environment
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's or taskset's cpuset), else all of them."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity call on this system
+        return os.cpu_count() or 1
+
+
+def thread_cap_warning() -> str | None:
+    """A warning where torch runs on fewer threads than the usable CPUs while OMP_NUM_THREADS or MKL_NUM_THREADS
+    is set (a junk MKL_NUM_THREADS=abc gives one thread, libgomp at most its own 'Invalid value' line): a run's
+    tokens/s is then part of the machine's, priced as the whole node, and its device reads "(1 threads)" with
+    nothing said. None otherwise: a count below the CPUs without these set is torch's own choice. The threads
+    used are left as they are."""
+    given = [f"{name}={os.environ[name]!r}" for name in THREAD_VARIABLES if name in os.environ]
+    threads, cpus = torch.get_num_threads(), usable_cpus()
+    if not given or threads >= cpus:
+        return None
+    return (f"warning: torch runs {threads} thread{'s' if threads != 1 else ''} on the {cpus} CPUs this process may "
+            f"use, with {' and '.join(given)} set: its runs' tokens/s and costs are those of part of the machine, "
+            "priced as the whole node; unset it (or give the CPU count) unless that is what you mean to measure")
+
+
+@functools.cache
+def say_thread_cap() -> None:
+    """thread_cap_warning on stderr, once per process (bench and serve call it before their model loads)."""
+    text = thread_cap_warning()
+    if text is not None:
+        print(text, file=sys.stderr, flush=True)
 
 
 @dataclass

@@ -8,6 +8,7 @@ Tables: runs, requests, steps, token_events, power_samples, prices, reports, swe
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -15,7 +16,7 @@ import sqlite3
 import time
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import unquote
@@ -340,6 +341,44 @@ def folder_error(path: Path | None, exc: BaseException) -> StoreFolderError | No
     )
 
 
+class DeviceFullError(OSError):
+    """A write that failed because the device holding `path` has no space left. What the system said (ENOSPC,
+    SQLite's 'database or disk is full' or 'disk I/O error') names neither the file nor the cause."""
+
+    def __init__(self, what: str, path: Path | str):
+        super().__init__(f"no space left on the device holding {what} {path}: free some space there, or use "
+                         "another device")
+        self.path = path
+
+
+def device_full(path: Path) -> bool:
+    """Whether the filesystem holding `path` (or the nearest folder above it that exists) has no block left that
+    this user may write (statvfs's f_bavail); no where it cannot be asked."""
+    for where in (path.absolute(), *path.absolute().parents):
+        if where.exists():
+            try:
+                return os.statvfs(where).f_bavail == 0
+            except OSError:
+                return False
+    return False
+
+
+def store_full_error(path: Path | None, exc: BaseException) -> DeviceFullError | None:
+    """The clear error for `exc` on the SQLite store at `path` (a DBAPIError, its sqlite3 error, or an OSError of
+    making its folder) when its device is full: SQLITE_FULL ('database or disk is full'), ENOSPC, or a 'disk I/O
+    error' (what SQLite says where its -shm file cannot grow) while statvfs finds no free space there. Else
+    None; None for a server's store (`path` None), whose own error names its disk."""
+    if path is None:
+        return None
+    orig = getattr(exc, "orig", None) or exc
+    name = getattr(orig, "sqlite_errorname", "") or ""
+    if isinstance(orig, OSError) and orig.errno == errno.ENOSPC \
+            or name == "SQLITE_FULL" or "database or disk is full" in str(orig) \
+            or (name.startswith("SQLITE_IOERR") or "disk I/O error" in str(orig)) and device_full(path):
+        return DeviceFullError("the store", path)
+    return None
+
+
 def _sqlite_pragmas(dbapi_conn, _record, path: Path | None = None) -> None:
     cur = dbapi_conn.cursor()
     try:
@@ -387,6 +426,54 @@ SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")  # what SQLite writes beside a 
 def sqlite_files(path: Path) -> tuple[Path, ...]:
     """A SQLite store file and the files SQLite keeps beside it (SQLITE_SIDE_FILES), whether there or not."""
     return (path, *(path.with_name(path.name + end) for end in SQLITE_SIDE_FILES))
+
+
+def new_store_paths(path: Path | None) -> list[Path]:
+    """What opening a SQLite store at `path` that does not exist yet creates: the folders missing above it (the
+    outermost first), then the file. Empty for a server's database (None) or a file already there."""
+    if path is None or path.exists() or path.is_symlink():
+        return []
+    folders = []
+    folder = path.absolute().parent
+    while not folder.exists() and not folder.is_symlink() and folder != folder.parent:
+        folders.append(folder)
+        folder = folder.parent
+    return [*reversed(folders), path]
+
+
+def remove_new_store(created: list[Path]) -> None:
+    """Undo new_store_paths after its store could not be made (a disk full while the schema was created, a failed
+    upgrade): the file with SQLite's -wal, -shm and -journal files, then the folders made, innermost first, each
+    only while empty. A file that holds tables by now is another process's store (a bench that opened it
+    meanwhile) and stays."""
+    if not created:
+        return
+    path = created[-1]
+    if _holds_tables(path):
+        return
+    for leftover in sqlite_files(path):
+        try:
+            leftover.unlink(missing_ok=True)
+        except OSError:  # left as it is: the error that made the store fail is the one to say
+            pass
+    for folder in reversed(created[:-1]):
+        try:
+            folder.rmdir()
+        except FileNotFoundError:  # never made (its mkdir failed): those above may have been
+            continue
+        except OSError:  # not empty (something else wrote there meanwhile): leave it and those above
+            break
+
+
+def _holds_tables(path: Path) -> bool:
+    """Whether the SQLite file at `path` holds any table (read only; unreadable or not there: no)."""
+    if not path.is_file():
+        return False
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+            return conn.execute("select count(*) from sqlite_master where type = 'table'").fetchone()[0] > 0
+    except sqlite3.Error:
+        return False
 
 
 def file_in_path(path: Path) -> Path | None:

@@ -11,6 +11,7 @@ Public API:
     resolve_invocation(engine, text) -> str
     invocation_span(engine, invocation_id) -> (since, until)  (whole seconds around its requests)
     dropped_records(engine, invocation_id) -> int  (records its runs lost: runs.dropped_records summed)
+    one_mode_text(engine, invocation_id) -> str | None  (said where it holds runs of one mode only)
 """
 
 from __future__ import annotations
@@ -176,3 +177,19 @@ def dropped_records(engine: Engine, invocation_id: str) -> int:
     with engine.connect() as c:
         total = c.execute(select(func.sum(Run.dropped_records)).where(Run.invocation_id == invocation_id)).scalar()
     return int(total or 0)
+
+
+def one_mode_text(engine: Engine, invocation_id: str) -> str | None:
+    """What `cost --invocation` says of an invocation whose runs are all of one mode: a bench or load test of one
+    --mode, or one of both that stopped before the second (a disk that filled, a crash: its first mode's runs
+    read 'completed', and the store holds nothing of the rest), so no speedup is read from it. None where it
+    holds both (or none)."""
+    with engine.connect() as c:
+        modes = set(c.execute(select(Run.mode).distinct().where(Run.invocation_id == invocation_id)).scalars())
+    if len(modes) != 1:
+        return None
+    (mode,) = modes
+    other = "spec" if mode == "ar" else "AR"
+    return (f"invocation {invocation_id[:8]} holds {'AR' if mode == 'ar' else mode} runs only, no {other} run: "
+            f"a bench or load test of one --mode, or one that stopped before its {other} runs (the store has "
+            "nothing of them); no speedup to read from it")

@@ -25,6 +25,7 @@ id and folder), written into the temporary folder and removed once the record po
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import secrets
@@ -39,7 +40,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from telemetry.db import Report, Run
+from telemetry.db import DeviceFullError, Report, Run
 from telemetry.export import write_csv
 from telemetry.report import (
     DEFAULT_HISTORY,
@@ -92,6 +93,8 @@ def check_out_dir(out_dir: str | os.PathLike) -> Path:
         with tempfile.NamedTemporaryFile(dir=path, prefix=".specfinops-write-test-"):
             pass
     except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise DeviceFullError("the --out folder", path) from None
         raise ValueError(f"--out {str(out_dir)!r} is not a writable directory: {exc.strerror or exc}") from None
     return path.resolve()
 
@@ -337,10 +340,12 @@ def write_report(
                 .values(html_path=str(final / HTML_NAME), csv_dir=str(final), summary=summary,
                         delivery_status=PENDING if delivery_requested else NOT_REQUESTED)  # fmt: skip
             )
-    except BaseException:
+    except BaseException as exc:
         for folder in made:  # this call's folder only (temporary, or renamed into place): never another's
             shutil.rmtree(folder, ignore_errors=True)
         _drop_claim(engine, report_id)
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:  # a write said only "No space left on device"
+            raise DeviceFullError("the --out folder", out) from exc
         raise
     with contextlib.suppress(OSError):  # recorded: the folder is the record's now, not a claim's
         (final / CLAIM_MARKER).unlink()

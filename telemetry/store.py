@@ -33,9 +33,12 @@ from telemetry.db import (
     folder_error,
     make_engine,
     migration_transaction,
+    new_store_paths,
     quiet_expression_index_warnings,
+    remove_new_store,
     resolve_db_url,
     sqlite_file,
+    store_full_error,
 )
 
 logger = logging.getLogger(__name__)
@@ -322,9 +325,24 @@ def open_store(url: str | None = None, *, must_exist: bool = False, to_write: bo
 
 
 def _open_store(url: str | None, *, must_exist: bool) -> Engine:
+    """open_store's work. A new SQLite file (and the folders made for it) that could not be given its schema (the
+    disk full meanwhile, Ctrl-C) is removed again, not left behind as a 0-byte store; a full device is named
+    with the store's path (SQLite says 'database or disk is full' or 'disk I/O error', naming neither)."""
     refuse_unusable_sqlite_file(url)
     url = resolve_db_url(url)
     path = sqlite_file(url)
+    created = [] if must_exist else new_store_paths(path)
+    try:
+        return _open_existing_or_new(url, path, must_exist=must_exist)
+    except BaseException as exc:
+        remove_new_store(created)
+        full = store_full_error(path, exc)
+        if full is not None:
+            raise full from None
+        raise
+
+
+def _open_existing_or_new(url: str, path: Path | None, *, must_exist: bool) -> Engine:
     if path is not None and (must_exist or path.exists()):
         if not path.exists():
             raise NoStoreError(path)

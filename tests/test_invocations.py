@@ -378,3 +378,17 @@ def test_the_span_of_an_invocation_whose_run_never_ended_stops_at_its_last_reque
     assert invocation_span(engine, "c" * 32) == (BASE_TIME, BASE_TIME + timedelta(seconds=8))
     with pytest.raises(ValueError, match="no run has invocation id"):
         invocation_span(engine, "d" * 32)
+
+
+def test_cost_of_an_invocation_with_one_modes_runs_says_so(db_url, capsys):
+    """A bench --mode both whose disk filled after its AR run: that run reads 'completed' and the store holds no
+    spec run; `cost --invocation` priced it as any other. The note says it holds one mode's runs (an invocation
+    with both says nothing)."""
+    fill(db_url, twin=True)
+    assert main(["cost", "--db", db_url, "--invocation", TWIN[:8]]) == 0
+    out = capsys.readouterr().out
+    assert f"note: invocation {TWIN[:8]} holds AR runs only, no spec run" in out
+    assert main(["cost", "--db", db_url, "--invocation", TWIN[:8], "--json"]) == 0
+    assert any("holds AR runs only" in n for n in json.loads(capsys.readouterr().out)["notes"])
+    assert main(["cost", "--db", db_url, "--invocation", IDLE[:8]]) == 0
+    assert "runs only" not in capsys.readouterr().out

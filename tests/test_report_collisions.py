@@ -87,7 +87,7 @@ def test_a_failing_write_leaves_the_folders_there_and_nothing_of_its_own(two_sto
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(report_writer, "write_csv", broken)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OSError, match="no space left on the device holding the --out folder"):
         report_writer.write_report(b, period_window("daily", since=D0), out)
     assert {p.name: _tree(p) for p in out.iterdir()} == before  # no temporary folder, the other report intact
     assert _rows(b) == []  # no claim left behind

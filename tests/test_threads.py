@@ -82,3 +82,54 @@ def test_build_state_runs_its_torch_work_off_the_calling_thread(monkeypatch):
         assert caller not in seen["load"] | seen["engine"]
     finally:
         shutdown(state, "completed")
+
+
+@pytest.mark.parametrize("env, threads, cpus, warned", [
+    ({"MKL_NUM_THREADS": "abc"}, 1, 2, True),  # junk: torch falls back to one thread, nothing said
+    ({"OMP_NUM_THREADS": "-3"}, 1, 4, True),
+    ({}, 1, 2, False),  # torch's own choice (physical cores): no variable to name
+    ({"OMP_NUM_THREADS": "4"}, 4, 4, False),  # every usable CPU: nothing to say
+])  # fmt: skip
+def test_a_thread_variable_that_caps_torch_below_the_cpus_is_warned_of(env, threads, cpus, warned, monkeypatch):
+    import serving.worker as worker
+
+    for name in worker.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(worker, "usable_cpus", lambda: cpus)
+    text = worker.thread_cap_warning()
+    assert (text is not None) == warned
+    if warned:
+        (name, value), = env.items()
+        assert f"{name}={value!r}" in text and f"{threads} thread" in text and f"the {cpus} CPUs" in text
+
+
+@pytest.mark.parametrize("command", [["bench", "--limit", "1", "--no-telemetry"], ["serve", "--no-telemetry"]])
+def test_bench_and_serve_warn_once_of_capped_threads_before_loading(command, monkeypatch, capsys):
+    """Said on stderr before the model loads (the load is stopped here), once per process."""
+    import serving.worker as worker
+    from app.cli import main
+
+    monkeypatch.setenv("MKL_NUM_THREADS", "abc")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(worker, "usable_cpus", lambda: 2)
+    worker.say_thread_cap.cache_clear()
+
+    def stop(*args, **kwargs):
+        raise ValueError("stopped before loading")
+
+    monkeypatch.setattr(worker, "load", stop)
+    import serving.server_setup
+
+    monkeypatch.setattr(serving.server_setup, "serve", stop)
+    monkeypatch.setattr("app.commands.serve.bindable_port", lambda host, port: port)
+    try:
+        assert main(command) == 2
+        assert main(command) == 2
+    finally:
+        worker.say_thread_cap.cache_clear()
+    err = capsys.readouterr().err
+    assert err.count("MKL_NUM_THREADS='abc'") == 1, err
+    assert err.index("MKL_NUM_THREADS") < err.index("stopped before loading")

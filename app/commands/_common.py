@@ -279,11 +279,12 @@ def open_db_option(url: str | None):
     ('[Errno 2] No such file or directory: /proc/x' did not say which option), a store that refuses writes
     (read-only, or a role without INSERT) included: it opens fine, and its first insert failed only after the
     work (telemetry.store.NotWritableError). The caller disposes of the Engine."""
+    from telemetry.db import DeviceFullError
     from telemetry.store import StoreError, open_store
 
     try:
         return open_store(url, to_write=True)
-    except (StoreError, UsageError, ValueError):
+    except (StoreError, UsageError, ValueError, DeviceFullError):
         raise  # these name the database already
     except OSError as exc:
         raise UsageError(f"--db {url}: cannot create the store: {exc.strerror or exc}"

@@ -275,8 +275,9 @@ def _handle(args: argparse.Namespace) -> int:
         args.drafter = drafter_for(args.drafter, args.draft_model, "--draft-model", lambda: "ngram", model_drafter="draft")
         return _write_json(args, run_bench_vllm(args, prompts, params, modes, levels))
 
-    from serving.worker import EngineSpec, default_drafter
+    from serving.worker import EngineSpec, default_drafter, say_thread_cap
 
+    say_thread_cap()  # a junk MKL_NUM_THREADS / OMP_NUM_THREADS: a part of the machine measured, said before it
     target_dir = model_option("--target", args.target, "target")  # before any model loads, named by option
     drafter = drafter_for(args.drafter, args.draft_model, "--draft-model", lambda: default_drafter(args.target))
     model_option("--draft-model", args.draft_model, "draft")

@@ -332,6 +332,10 @@ def run_cost_command(args) -> int:
         reason = no_runs_reason(engine, filters)
         raise UsageError(f"--run {args.run}: {reason}" if args.run is not None else reason)
     spreads, notes, warnings = _cost_caveats(run_costs, mode_costs)
+    if filters.invocation_id is not None:
+        from telemetry.invocations import one_mode_text
+
+        notes += [one] if (one := one_mode_text(engine, filters.invocation_id)) else []
     if args.json:
         print(
             json.dumps(

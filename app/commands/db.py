@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 
 from app.commands._common import DB_HELP, add_command, add_db_option, db_url, stopped_as_on_ctrl_c
 
@@ -253,54 +252,17 @@ def _refuse_unknown_revision(args: argparse.Namespace) -> None:
 
 
 def _created_paths(args: argparse.Namespace) -> list:
-    """What an upgrade of a SQLite store that does not exist yet creates: the folders missing above it (the
-    outermost first), then the file. Empty for a server's database or a file already there."""
-    from telemetry.db import resolve_db_url, sqlite_file
+    """What an upgrade of a SQLite store that does not exist yet creates (telemetry.db.new_store_paths)."""
+    from telemetry.db import new_store_paths, resolve_db_url, sqlite_file
 
-    path = sqlite_file(resolve_db_url(args.db))
-    if path is None or path.exists() or path.is_symlink():
-        return []
-    folders = []
-    folder = path.absolute().parent
-    while not folder.exists() and not folder.is_symlink() and folder != folder.parent:
-        folders.append(folder)
-        folder = folder.parent
-    return [*reversed(folders), path]
+    return new_store_paths(sqlite_file(resolve_db_url(args.db)))
 
 
 def _remove_created(created: list) -> None:
-    """Undo _created_paths after a failed upgrade: the file (with SQLite's -wal, -shm and -journal files), then
-    the folders it made, innermost first, each only while empty."""
-    from telemetry.db import sqlite_files
+    """Undo _created_paths after a failed upgrade (telemetry.db.remove_new_store)."""
+    from telemetry.db import remove_new_store
 
-    if not created:
-        return
-    path = created[-1]
-    if _holds_tables(path):  # another process made a store there meanwhile (a bench): its file, not ours
-        return
-    for leftover in sqlite_files(path):
-        try:
-            leftover.unlink(missing_ok=True)
-        except OSError:  # left as it is: the upgrade's own error is the one to say
-            pass
-    for folder in reversed(created[:-1]):
-        try:
-            folder.rmdir()
-        except OSError:  # not empty (something else wrote there meanwhile) or already gone: leave it
-            break
-
-
-def _holds_tables(path) -> bool:
-    """Whether the SQLite file at `path` holds any table (read only; unreadable or not there: no)."""
-    import sqlite3
-
-    if not path.is_file():
-        return False
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
-            return conn.execute("select count(*) from sqlite_master where type = 'table'").fetchone()[0] > 0
-    except sqlite3.Error:
-        return False
+    remove_new_store(created)
 
 
 def _upgrade(args: argparse.Namespace) -> int:

@@ -1,0 +1,137 @@
+"""A full disk is named as such, with the file it holds: SQLite says only 'database or disk is full' or 'disk I/O
+error', and a write into a report's folder 'No space left on device' (as if a bug: "run with --verbose for the
+traceback"). A store the command was creating is not left behind as a 0-byte file. The failures are faked where
+they happen (a real full device needs a mount)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+from synthetic import Req, make_run
+
+from app.cli import describe_failure, main
+from telemetry.store import open_store
+
+
+def _sqlite_error(text: str) -> OperationalError:
+    return OperationalError("INSERT INTO runs ...", {}, sqlite3.OperationalError(text))
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "--verbose" not in err, err
+    return err.strip().splitlines()[-1]
+
+
+def test_a_store_that_fills_its_disk_while_created_is_named_and_removed(tmp_path, monkeypatch, capsys):
+    import telemetry.store
+
+    def full(engine):
+        with engine.connect():  # the file exists by now, as after SQLite opened it
+            pass
+        raise _sqlite_error("database or disk is full")
+
+    monkeypatch.setattr(telemetry.store, "upgrade_to_head", full)
+    path = tmp_path / "new" / "store.db"
+    assert main(["prices", "set", "H100", "2.5", "--source", "quote", "--db", str(path)]) == 2
+    assert _error_line(capsys) == (f"specfinops prices: error: no space left on the device holding the store {path}: "
+                                   "free some space there, or use another device")
+    assert not path.exists() and not path.parent.exists()  # neither the 0-byte file nor the folder made for it
+
+
+def test_a_store_there_before_is_kept_when_its_disk_is_full(tmp_path, monkeypatch, capsys):
+    import telemetry.store
+
+    path = tmp_path / "old.db"
+    sqlite3.connect(path).close()  # an empty file the user made: not this command's to remove
+    monkeypatch.setattr(telemetry.store, "upgrade_to_head", lambda engine: (_ for _ in ()).throw(
+        _sqlite_error("database or disk is full")))
+    assert main(["prices", "set", "H100", "2.5", "--source", "quote", "--db", str(path)]) == 2
+    assert "no space left on the device holding the store" in _error_line(capsys)
+    assert path.is_file()
+
+
+@pytest.fixture
+def store(sqlite_url) -> str:
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(400, ttft_ms=100, e2e_ms=9000, start_s=0.0)])
+        s.commit()
+    engine.dispose()
+    return sqlite_url
+
+
+@pytest.mark.parametrize("text, free_blocks, full", [
+    ("database or disk is full", 10, True),
+    ("disk I/O error", 0, True),  # the -shm file could not grow: said so where the store's device has no space
+    ("disk I/O error", 10, False),  # another I/O error: SQLite's words, as before
+])  # fmt: skip
+def test_a_store_error_of_a_full_disk_names_the_store(text, free_blocks, full, store, monkeypatch, capsys):
+    import telemetry.costing
+
+    class Stat:
+        f_bavail = free_blocks
+
+    def fail(*args, **kwargs):
+        raise _sqlite_error(text)
+
+    monkeypatch.setattr(telemetry.costing, "costs", fail)  # fails after the store opened, as a write mid-run does
+    monkeypatch.setattr(os, "statvfs", lambda path: Stat())
+    assert main(["cost", "--db", store]) == 2
+    path = Path(store.removeprefix("sqlite:///"))
+    line = _error_line(capsys)
+    assert line == (f"specfinops cost: error: no space left on the device holding the store {path}: free some space "
+                    "there, or use another device" if full else f"specfinops cost: error: cannot use the database: "
+                    f"{text}")
+
+
+def test_no_space_left_without_a_file_name_is_no_bug():
+    assert describe_failure(OSError(errno.ENOSPC, "No space left on device", "/data/x.csv")) == (
+        "no space left on the device holding /data/x.csv: free some space there")
+    said = describe_failure(OSError(errno.ENOSPC, "No space left on device"))
+    assert said == "no space left on device: a disk this command writes to is full"
+
+
+def test_a_report_whose_folder_fills_names_it_and_leaves_nothing(store, tmp_path, monkeypatch, capsys):
+    import telemetry.report_writer
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")  # a write, naming no file
+
+    monkeypatch.setattr(telemetry.report_writer, "render_html", full)
+    out = tmp_path / "reports"
+    assert main(["report", "--db", store, "--out", str(out), "--period", "custom", "--since", "2000-01-01",
+                 "--until", "2100-01-01"]) == 2
+    assert _error_line(capsys) == (f"specfinops report: error: no space left on the device holding the --out folder "
+                                   f"{out.resolve()}: free some space there, or use another device")
+    assert not out.exists()  # the folder made for it removed again
+
+
+def test_an_out_folder_on_a_full_disk_is_named_before_the_report(store, tmp_path, monkeypatch, capsys):
+    import telemetry.report_writer
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")  # the write test: a file SQLite never named
+
+    monkeypatch.setattr(telemetry.report_writer.tempfile, "NamedTemporaryFile", full)
+    out = tmp_path / "reports"
+    assert main(["report", "--db", store, "--out", str(out), "--period", "daily"]) == 2
+    assert f"no space left on the device holding the --out folder {out}" in _error_line(capsys)
+
+
+def test_folders_a_failed_mkdir_never_made_do_not_keep_those_above(tmp_path):
+    """mkdir -p that ran out of space part-way: the outer folder it made is removed all the same."""
+    from telemetry.db import new_store_paths, remove_new_store
+
+    path = tmp_path / "a" / "b" / "store.db"
+    created = new_store_paths(path)
+    assert created == [tmp_path / "a", tmp_path / "a" / "b", path]
+    (tmp_path / "a").mkdir()  # 'b' failed: no space
+    remove_new_store(created)
+    assert not (tmp_path / "a").exists()
