@@ -13,7 +13,6 @@ import sqlite3
 import sys
 
 from app.errors import UsageError
-from serving import package_version
 
 COMMAND_MODULES = [
     "app.commands.models",
@@ -49,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,  # an option is named in full, as every command's (`--verb` is not `--verbose`)
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    from serving import package_version  # serving's package alone, no torch: app imports serving lazily
+
     parser.add_argument("-V", "--version", action="version", version=package_version(),
                         help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -587,12 +587,15 @@ def _begin_immediate(dbapi: sqlite3.Connection, path: str) -> None:
     try:
         dbapi.execute("PRAGMA busy_timeout=1000")
         while True:
+            tried = time.monotonic()
             try:
                 dbapi.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
                 if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() >= deadline:
                     raise
+            # an error back at once, without SQLite's busy wait (a table lock, a busy snapshot), must not spin
+            time.sleep(max(0.0, MIGRATION_TRY_MS / 1000 - (time.monotonic() - tried)))
             if not said:
                 logger.warning("%s is being written by another process (creating or upgrading the store?): waiting "
                                "for it to finish", path or "the store")

@@ -250,10 +250,7 @@ def stale_reports(engine: Engine, owner, statuses: tuple[str, ...], *, stale_aft
     for r in rows:
         if age_s(r.created_at, now) < stale_after_s:
             continue
-        since, until = r.since, r.until
-        if since.tzinfo is None:
-            since, until = since.replace(tzinfo=UTC), until.replace(tzinfo=UTC)
-        out.append(StaleReport(r.id, Window(r.period, since, until), r.delivery_status, r.summary, r.csv_dir))
+        out.append(StaleReport(r.id, Window(r.period, r.since, r.until), r.delivery_status, r.summary, r.csv_dir))
     return out
 
 

@@ -519,10 +519,7 @@ def redeliver_failed(engine: Engine, job: ReportJob, *, now: datetime | None = N
 
 
 def _label(r) -> str:
-    since, until = r.since, r.until
-    if since.tzinfo is None:
-        since, until = since.replace(tzinfo=UTC), until.replace(tzinfo=UTC)
-    return Window(r.period, since, until).label()
+    return Window(r.period, r.since, r.until).label()  # naive (SQLite's) times are UTC to Window
 
 
 def failed_deliveries(engine: Engine, *, now: datetime | None = None, limit: int = 50) -> list[str]:

@@ -14,6 +14,7 @@ import importlib.util
 import logging
 import os
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
 
 from alembic import command
@@ -297,14 +298,14 @@ def refuse_unusable_sqlite_file(url: str | None = None) -> None:
         probe.close()
 
 
-def open_store(url: str | None = None, *, must_exist: bool = False, to_write: bool | str = False) -> Engine:
+def open_store(url: str | None = None, *, must_exist: bool = False, to_write: bool | Writes = False) -> Engine:
     """Engine for `url` (see `telemetry.db.resolve_db_url`), schema upgraded to head on open.
 
     `to_write`: a command that records into the store (bench, loadtest, serve) learns now, before any model loads
     or load starts, that the store refuses writes (NotWritableError): a read-only store already at head opens
     fine, and its first insert failed only after the work whose records it was to hold (refuse_unless_writable).
-    Commands that only read leave it off: a read-only store serves them. A text is what the command writes and
-    what to do instead, said in the error in place of a recording command's ('records its runs there: ...').
+    Commands that only read leave it off: a read-only store serves them. True: a recording command's runs; a
+    `Writes` names what another command writes (RECORDS_REPORTS, KEEPS_PRICES).
 
     A SQLite file that does not exist is created, with its directory, unless `must_exist`: commands that only
     read (cost, project, export, report, scheduler, dashboard) pass it, so a mistyped `--db` is named as such instead of
@@ -317,7 +318,7 @@ def open_store(url: str | None = None, *, must_exist: bool = False, to_write: bo
     engine = _open_store(url, must_exist=must_exist)
     if to_write:
         try:
-            refuse_unless_writable(engine, url, **({"why": to_write} if isinstance(to_write, str) else {}))
+            refuse_unless_writable(engine, url, RECORDS_RUNS if to_write is True else to_write)
         except BaseException:
             engine.dispose()
             raise
@@ -385,29 +386,44 @@ class NotWritableError(StoreError):
     PostgreSQL session or server whose transactions are read-only, a role without INSERT on it), found before a
     command that records into it does its work."""
 
-    RECORDS_RUNS = "records its runs there: give a store it may write, or --no-telemetry to record nothing"
-
-    def __init__(self, named: str, reason: str, why: str = RECORDS_RUNS):
+    def __init__(self, named: str, reason: str, why: str):
         super().__init__(f"{named}: not writable: {reason}; this command {why}")
         self.reason = reason
 
 
-# One write of the kind a recording command makes first (a run's row), of no row: the database checks it as any
-# other (a read-only transaction or file, the role's INSERT privilege) and it changes nothing; rolled back all
-# the same
-_WRITE_PROBE = text("INSERT INTO runs (kind) SELECT kind FROM runs WHERE 1 = 0")
+@dataclass(frozen=True)
+class Writes:
+    """What a command writes first (a table and a column it fills) and what it is told to do instead where the
+    store refuses that write: the probe is an insert of no row into that table, so a role granted only the table
+    it writes (a reporting account: reports; a FinOps editor: prices) passes, and one without it does not."""
+
+    table: str
+    column: str
+    why: str
+
+    def probe(self):
+        return text(f"INSERT INTO {self.table} ({self.column}) SELECT {self.column} FROM {self.table} WHERE 1 = 0")
 
 
-def refuse_unless_writable(engine: Engine, url: str | None = None, why: str = NotWritableError.RECORDS_RUNS) -> None:
+RECORDS_RUNS = Writes("runs", "kind", "records its runs there: give a store it may write, or --no-telemetry to "
+                      "record nothing")  # bench, loadtest, serve: a run's row first
+RECORDS_REPORTS = Writes("reports", "period", "records each report there: give a store it may write")
+KEEPS_PRICES = Writes("prices", "name", "keeps the price catalog there: give a store it may write (or price runs "
+                      "with cost --gpu / --node-hourly-usd)")
+
+
+def refuse_unless_writable(engine: Engine, url: str | None = None, writes: Writes = RECORDS_RUNS) -> None:
     """NotWritableError, naming the store as `url` was given (--db, SPECFINOPS_DB_URL or the default), where it
     refuses a write; the database's own words say why ('attempt to write a readonly database', 'cannot execute
     INSERT in a read-only transaction', 'permission denied for table runs'). A SQLite store another process is
     writing just now (still locked after the busy timeout) is writable: its lock is not refusal. Any other
-    failure is raised as it is."""
+    failure is raised as it is. The write tried is `writes`'s first one, of no row (Writes.probe): the database
+    checks it as any other (a read-only transaction or file, the role's INSERT privilege) and it changes nothing;
+    rolled back all the same."""
     try:
         with engine.connect() as conn:
             try:
-                conn.execute(_WRITE_PROBE)
+                conn.execute(writes.probe())
             finally:
                 conn.rollback()
     except DBAPIError as exc:
@@ -418,7 +434,7 @@ def refuse_unless_writable(engine: Engine, url: str | None = None, why: str = No
                 return
             raise
         raise NotWritableError(_given(url), (str(orig).strip().splitlines() or [type(orig).__name__])[0],
-                               why) from None
+                               writes.why) from None
 
 
 def _given(url: str | None) -> str:

@@ -556,6 +556,36 @@ def test_a_command_that_writes_a_record_names_a_read_only_store_before_its_work(
 
 
 @pytest.mark.postgres
+def test_a_role_granted_the_table_its_command_writes_passes_the_write_check(pg_url, pg_reader, tmp_path, capsys):
+    """The write check tries the table the command writes: a reporting role (SELECT, and writes on reports) may
+    run `report`, a price editor (writes on prices) `prices set`; each was refused as 'permission denied for table
+    runs', which neither writes. A role without its table is refused naming it."""
+    from sqlalchemy import create_engine, text
+
+    engine = open_store(pg_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(400, ttft_ms=100, e2e_ms=9000, start_s=0.0)])
+        s.commit()
+    engine.dispose()
+    report = ["report", "--period", "daily", "--since", "2026-11-02", "--out", str(tmp_path / "r")]
+    prices = ["prices", "set", "L4", "0.9", "--source", "quote"]
+    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    try:
+        for argv, table, other in ((report, "reports", prices), (prices, "prices", report)):
+            role, url = pg_reader()
+            with admin.connect() as c:
+                c.execute(text(f'GRANT INSERT, UPDATE, DELETE ON {table} TO "{role}"'))
+                c.execute(text(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO "{role}"'))
+            assert main([*argv, "--db", url]) == 0, capsys.readouterr().err
+            capsys.readouterr()
+            assert main([*other, "--db", url]) == 2
+            line = _one_line(capsys)
+            assert "not writable: permission denied for table" in line and f"table {table}" not in line, line
+    finally:
+        admin.dispose()
+
+
+@pytest.mark.postgres
 def test_a_role_that_may_only_read_the_store_is_refused_before_a_model_loads(pg_url, pg_reader, monkeypatch,
                                                                               capsys):
     """The write a recording command checks for is one the role must be granted too: a role with SELECT only

@@ -762,3 +762,28 @@ def test_the_dashboard_imports_its_own_app_package_from_a_folder_holding_another
                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)})
     assert found.returncode == 0 and found.stdout.strip() == str(root / "app" / "__init__.py"), found
     assert interpreter[0] == sys.executable
+
+
+def test_the_dashboard_of_a_checkout_finds_its_app_package_by_name(tmp_path, monkeypatch):
+    """Streamlit runs with -P (the working folder off the path): a checkout run as `python -m app.cli dashboard`
+    from its own folder had `app` there only, so the child is given the checkout's folder on PYTHONPATH (an
+    installed wheel's package is on the path already, and is left so)."""
+    import os
+
+    from app.cli import main
+
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    open_store(store).dispose()
+    started = {}
+
+    def execve(path, argv, env):
+        started.update(argv=argv, env=env)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execve", execve)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    with pytest.raises(SystemExit):
+        main(["dashboard", "--db", store, "--port", "0"])
+    root = str(Path(__file__).resolve().parents[1])
+    assert started["env"]["PYTHONPATH"].split(os.pathsep) == [root, "/elsewhere"]
+    assert "-P" in started["argv"]

@@ -497,8 +497,8 @@ def test_a_windowed_cost_csv_says_which_window_each_row_covers(sqlite_url, tmp_p
 
 def test_an_export_removes_the_temporary_files_of_killed_exports_to_its_out(sqlite_url, tmp_path, capsys):
     """A killed export (SIGKILL, the OOM killer) left its hidden '.<out>.*.tmp' file for good, however many GB:
-    the next export to that --out removes those whose writer, on this host, no longer runs; a live writer's and
-    another host's stay."""
+    the next export to that --out removes those whose writer, on this host, no longer runs and that no one has
+    written to for ten minutes; a live writer's, another host's and a recent one stay."""
     import os
     import subprocess
     import sys
@@ -513,10 +513,15 @@ def test_an_export_removes_the_temporary_files_of_killed_exports_to_its_out(sqli
     stale = tmp_path / (mine.replace(f".{os.getpid()}.", f".{dead_pid}.") + "k1ll3d.tmp")
     live = tmp_path / (mine + "runn1n.tmp")
     elsewhere = tmp_path / (f".req.csv.another-host.{dead_pid}." + "sh4red.tmp")
-    for f in (stale, live, elsewhere):
+    recent = tmp_path / (mine.replace(f".{os.getpid()}.", f".{dead_pid}.") + "r3cent.tmp")
+    for f in (stale, live, elsewhere, recent):
         f.write_text("partial")
+    hour_ago = os.stat(recent).st_mtime - 3600
+    for f in (stale, live, elsewhere):
+        os.utime(f, (hour_ago, hour_ago))
     assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(out)]) == 0
     assert not stale.exists() and live.exists() and elsewhere.exists()
+    assert recent.exists()  # its pid gone here, but written to minutes ago: another pid namespace's, maybe
     assert f"removed {stale}" in capsys.readouterr().err
     assert len(_read(out)) == 2  # the export itself as ever
 
@@ -532,3 +537,24 @@ def test_out_after_an_equals_sign_expands_the_home_folder(sqlite_url, tmp_path, 
     monkeypatch.chdir(work)
     assert main(["export", "--db", sqlite_url, "--what", "requests", "--out=~/req.csv"]) == 0
     assert len(_read(home / "req.csv")) == 2 and list(work.iterdir()) == []
+
+
+def test_rows_to_a_stdout_that_cannot_hold_them_fail_instead_of_being_escaped(sqlite_url):
+    """With an ASCII stdout, `export --out -` of a value it cannot hold fails naming the character, as it did
+    before the CLI escaped what it prints for people: the CSV's node_id must not silently read 'n\\u0153ud'."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", node_id="nœud-é", requests=[Req(5, ttft_ms=10, e2e_ms=50)])
+        s.commit()
+    engine.dispose()
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "app.cli", "export", "--db", sqlite_url, "--what", "requests",
+                           "--out", "-"], cwd=root, capture_output=True,
+                          env={**os.environ, "PYTHONPATH": str(root), "PYTHONIOENCODING": "ascii"})
+    assert proc.returncode != 0 and b"\\u0153" not in proc.stdout, proc.stdout[-300:]
+    assert b"can't encode character" in proc.stderr

@@ -549,7 +549,7 @@ def run_project_command(args) -> int:
 
 def run_prices_command(args) -> int:
     from telemetry.prices import KIND_UNITS, check_price, default_entries, list_prices, listed, set_price
-    from telemetry.store import NoStoreError, open_store
+    from telemetry.store import KEEPS_PRICES, NoStoreError, open_store
 
     if args.action not in ("list", "set"):
         raise UsageError(f"action must be 'list' or 'set', got {args.action!r}")
@@ -575,8 +575,7 @@ def run_prices_command(args) -> int:
     value = number_option("VALUE", args.value, minimum=0, strict=False)  # > 0 but electricity: check_price says
     value, as_of = check_price(args.name, value, source=args.source, kind=args.kind, as_of=args.as_of)
     try:  # everything checked before a new store is created; a read-only one is named as such
-        engine = open_store(args.db, must_exist=True, to_write="keeps the price catalog there: give a store it may "
-                            "write (or price runs with cost --gpu / --node-hourly-usd)")
+        engine = open_store(args.db, must_exist=True, to_write=KEEPS_PRICES)
     except NoStoreError:  # a new store holds the defaults only: judge the name, kind and value against those
         default = {e.name.lower(): e for e in default_entries()}.get(args.name.strip().lower())
         if default is not None and args.kind is not None and args.kind != default.kind:  # as set_price refuses it

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 from pathlib import Path
 
 from app.commands._common import add_command, add_db_option, bindable_port
@@ -68,6 +69,10 @@ def run(args) -> int:
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     print(f"Dashboard: http://{shown_host}:{port}", flush=True)
     env = dict(os.environ, **{ENV_DB_URL: url})
+    root = str(main_script().parents[2])  # the folder holding this `app` package
+    if root != sysconfig.get_paths()["purelib"]:  # a checkout (run from it, or installed editable): on the path
+        # of the -P child by name, as the working folder it was run from is not; an install's is there already
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     argv = streamlit_argv(main_script(), args.host, port, headless)
     os.execve(sys.executable, argv, env)  # the dashboard replaces this process: Ctrl-C and kill reach it
     return 0  # not reached

@@ -9,6 +9,7 @@ import stat
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TextIO
@@ -151,15 +152,27 @@ def _write_file(out: str, write: Callable[[TextIO], int]) -> int:
 def _temporary_prefix(target: str) -> str:
     """The hidden name the CSV is written under before it is renamed over `target`: '.<name>.<host>.<pid>.',
     so that a later export can tell one whose writer is gone (`remove_stale_temporaries`)."""
-    return f".{os.path.basename(target)}.{socket.gethostname()}.{os.getpid()}."
+    return f".{os.path.basename(target)}.{_host()}.{os.getpid()}."
+
+
+def _host() -> str:
+    """This host's name as temporary names carry it: at most 32 characters (a long --out name still fits), no
+    dots (the name's fields are split on them)."""
+    return socket.gethostname().replace(".", "-")[:32]
+
+
+# A temporary file untouched this long (a live export writes to it all along) whose writer's pid is gone: a
+# container sharing this host's name has pids of its own, and one of its live exports must not be taken for dead
+STALE_TEMPORARY_S = 600
 
 
 def remove_stale_temporaries(target: str) -> list[str]:
     """Remove the temporary files of exports to `target` that were killed (SIGKILL, the OOM killer, `docker kill`
-    leave no chance to clean up): those written on this host by a process that no longer runs. Another host's
-    (a shared folder) and a live writer's are kept. Said on stderr; returns the paths removed."""
+    leave no chance to clean up): those written on this host by a process that no longer runs, untouched for
+    STALE_TEMPORARY_S. Another host's (a shared folder), a live writer's and a recent one are kept. Said on
+    stderr; returns the paths removed."""
     folder, base = os.path.dirname(target), os.path.basename(target)
-    host = socket.gethostname()
+    host, now = _host(), time.time()
     removed = []
     try:
         names = os.listdir(folder)
@@ -168,11 +181,13 @@ def remove_stale_temporaries(target: str) -> list[str]:
     for name in names:
         if not (name.startswith(f".{base}.") and name.endswith(".tmp")):
             continue
-        parts = name[len(base) + 2:].rsplit(".", 3)  # host (may hold dots), pid, mkstemp's letters, 'tmp'
+        parts = name[len(base) + 2:].rsplit(".", 3)  # host, pid, mkstemp's letters, 'tmp'
         if len(parts) != 4 or parts[0] != host or not parts[1].isdigit() or _alive(int(parts[1])):
             continue
         path = os.path.join(folder, name)
         with contextlib.suppress(OSError):
+            if now - os.stat(path).st_mtime < STALE_TEMPORARY_S:
+                continue
             os.unlink(path)
             removed.append(path)
             print(f"export: removed {path}, left by an export to {target} that was killed", file=sys.stderr)
@@ -221,6 +236,10 @@ def run(args) -> int:
     )
 
     invocation_filter(None, args.invocation)  # its form, before the store is opened
+    if sys.stdout is not None and hasattr(sys.stdout, "reconfigure"):
+        # rows written to stdout are data: a value its encoding cannot hold fails the export, as ever, and is never
+        # written escaped (app.cli.main escapes what other commands print there, for people to read)
+        sys.stdout.reconfigure(errors="strict")
     if args.out != "-":  # `--out=~/x.csv`: the shell expands no ~ after '=' (--db and report --out expand it too)
         args.out = os.path.expanduser(args.out)
         _check_out(args.out)

@@ -152,7 +152,7 @@ def run(args) -> int:
     from telemetry.queries import empty_store_hint
     from telemetry.report import PERIODS
     from telemetry.report_writer import check_out_dir, count_runs, write_report
-    from telemetry.store import open_store
+    from telemetry.store import RECORDS_REPORTS, open_store
 
     if args.period not in PERIODS:
         raise UsageError(f"--period must be one of {', '.join(PERIODS)}, got {args.period!r}")
@@ -165,7 +165,7 @@ def run(args) -> int:
     window = None if from_invocation else _window(args.period, since, until, runs, options["history"])
     # before --out is made: a store that fails to open makes none; a report is recorded in it, so a read-only
     # store is named as such now (it said SQLite's 'attempt to write a readonly database' after the work)
-    engine = open_store(args.db, must_exist=True, to_write="records each report there: give a store it may write")
+    engine = open_store(args.db, must_exist=True, to_write=RECORDS_REPORTS)
     if count_runs(engine) == 0:
         raise UsageError(f"the store has no runs to report on; {empty_store_hint(engine)}")
     runs["invocation_id"] = invocation_filter(engine, args.invocation)

@@ -53,12 +53,9 @@ def reports(url: str) -> list[dict]:
 
 def period_name(period: str, since, until) -> str:
     """The report's period as the list shows it: 'monthly October 2026' for a calendar month, else its name."""
-    from datetime import UTC
-
     from telemetry.report import Window
 
-    aware = [t if t.tzinfo else t.replace(tzinfo=UTC) for t in (since, until)]  # SQLite hands them back naive
-    month = Window(period, *aware).month_text() if period == "monthly" else None
+    month = Window(period, since, until).month_text() if period == "monthly" else None  # naive times: UTC
     return period if month is None else f"{period} {month}"
 
 
