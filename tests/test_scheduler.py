@@ -1041,11 +1041,33 @@ def test_cli_schedules_a_monthly_job(store, no_blocking, capsys):
     assert job.kwargs["period"] == "monthly" and job.next_run_time.day == 1 and job.next_run_time.hour == 6
 
 
-def test_a_monthly_jobs_failed_delivery_is_retried_by_its_next_run():
+def test_a_monthly_jobs_failed_delivery_is_retried_by_its_next_run(store, monkeypatch):
     """8 days covers a weekly job's next run, not a monthly one's (28 to 31 days on): its failed delivery was
-    never retried by the job."""
+    never retried by the job. A monthly report whose delivery failed is re-sent by the run a month on, and
+    --list says until when; a daily one that old is not."""
     assert sched_mod.redeliver_failed_for_s("monthly") >= (31 + 1) * 86_400
     assert sched_mod.redeliver_failed_for_s("daily") == sched_mod.redeliver_failed_for_s("weekly") == 8 * 86_400
+    url, engine, out = store
+    monkeypatch.setattr(sched_mod, "_clock", lambda: datetime(2026, 12, 1, 6, tzinfo=UTC))
+    job = ReportJob(job_id="report-monthly", db_url=url, out_dir=str(out), period="monthly",
+                    webhook_url="http://127.0.0.1:9/hook")
+    sched_mod.run_report_job(**{**job.kwargs(), "webhook_url": None})
+    [r] = reports(engine)
+    with engine.begin() as c:
+        c.execute(text("UPDATE reports SET delivery_status = 'failed', delivery_error = 'HTTP 500'"))
+    created = r.created_at if r.created_at.tzinfo else r.created_at.replace(tzinfo=UTC)
+    sent = []
+    monkeypatch.setattr(sched_mod, "_deliver", lambda engine_, job_, report_id, summary: sent.append(report_id)
+                        or "delivered")
+    month_on = created + timedelta(days=30)
+    listed = "\n".join(sched_mod.failed_deliveries(engine, now=month_on))
+    assert f"retried by the job's next run (until {created + timedelta(days=32):%Y-%m-%d %H:%M} UTC)" in listed
+    with engine.begin() as c:  # the same report as a daily one: 30 days on, no longer retried
+        c.execute(text("UPDATE reports SET period = 'daily'"))
+    assert sched_mod.redeliver_failed(engine, job, now=month_on) == [] and sent == []
+    with engine.begin() as c:
+        c.execute(text("UPDATE reports SET period = 'monthly'"))
+    assert len(sched_mod.redeliver_failed(engine, job, now=month_on)) == 1 and sent == [r.id]
 
 
 def test_missed_monthly_runs_name_the_months_no_run_reports(store, capsys):
