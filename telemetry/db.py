@@ -470,7 +470,7 @@ def _holds_tables(path: Path) -> bool:
     if not path.is_file():
         return False
     try:
-        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        with closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)) as conn:  # ? or # in a name
             return conn.execute("select count(*) from sqlite_master where type = 'table'").fetchone()[0] > 0
     except sqlite3.Error:
         return False

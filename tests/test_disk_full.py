@@ -135,3 +135,19 @@ def test_folders_a_failed_mkdir_never_made_do_not_keep_those_above(tmp_path):
     (tmp_path / "a").mkdir()  # 'b' failed: no space
     remove_new_store(created)
     assert not (tmp_path / "a").exists()
+
+
+def test_a_store_whose_path_holds_uri_characters_is_kept_when_it_holds_tables(tmp_path):
+    """remove_new_store keeps a file that holds tables by now (another process's store): it read the file through
+    a SQLite URI built by hand, which a '?' or '#' in a folder's name broke, so such a store counted as empty."""
+    import sqlite3
+
+    from telemetry.db import remove_new_store
+
+    folder = tmp_path / "odd?name#1"
+    folder.mkdir()
+    store = folder / "store.db"
+    with sqlite3.connect(store) as conn:
+        conn.execute("CREATE TABLE runs (id INTEGER)")
+    remove_new_store([folder, store])
+    assert store.exists() and folder.exists()
