@@ -25,6 +25,22 @@ def empty_store(sqlite_url) -> str:
     return sqlite_url
 
 
+@pytest.fixture
+def one_run_store(sqlite_url) -> str:
+    """An existing SQLite store holding one AR run of one request (400 tokens in 9 s)."""
+    from sqlalchemy.orm import Session
+    from synthetic import Req, make_run
+
+    from telemetry.store import open_store
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(400, ttft_ms=100, e2e_ms=9000, start_s=0.0)])
+        s.commit()
+    engine.dispose()
+    return sqlite_url
+
+
 def _pg_admin():
     from sqlalchemy import create_engine, text
 

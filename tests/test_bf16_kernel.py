@@ -3,6 +3,8 @@ it is chosen for, and a clear fallback where it cannot be built."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -72,21 +74,29 @@ def test_bf16_linear_refuses_what_it_cannot_multiply():
         bf16_kernel.bf16_linear(torch.randn(2, 8).to(torch.bfloat16), w)
 
 
-def test_without_a_compiler_the_kernel_is_unavailable_and_torch_kernels_stay(monkeypatch):
-    monkeypatch.setattr(bf16_kernel, "_compiler", lambda: None)
+@contextmanager
+def _an_avx2_cpu_compiling_with(monkeypatch, compiler: str | None):
+    """A CPU with AVX2 and no native bf16 (where the kernel is wanted), `compiler` its C compiler (None: none);
+    the kernel's and the kernel choice's cached answers cleared before and after."""
+    monkeypatch.setattr(bf16_kernel, "_compiler", lambda: compiler)
     monkeypatch.setattr(bf16_kernel, "_cpu_flags", lambda: {"avx2", "fma"})
     monkeypatch.setattr(kernels, "native_bf16", lambda: False)
     bf16_kernel._load.cache_clear()
     kernels.bf16_kernel_rows.cache_clear()
     try:
+        yield
+    finally:
+        bf16_kernel._load.cache_clear()
+        kernels.bf16_kernel_rows.cache_clear()
+
+
+def test_without_a_compiler_the_kernel_is_unavailable_and_torch_kernels_stay(monkeypatch):
+    with _an_avx2_cpu_compiling_with(monkeypatch, None):
         assert not bf16_kernel.available()
         assert bf16_kernel.unavailable_reason() == "no C compiler (cc, gcc or clang) on PATH"
         assert kernels.bf16_kernel_rows(torch.bfloat16) is None
         with pytest.raises(RuntimeError, match="unavailable: no C compiler"):
             bf16_kernel.bf16_linear(torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(8, 8, dtype=torch.bfloat16))
-    finally:
-        bf16_kernel._load.cache_clear()
-        kernels.bf16_kernel_rows.cache_clear()
 
 
 @pytest.mark.parametrize("made", [False, True])
@@ -100,19 +110,11 @@ def test_a_read_only_cache_is_no_kernel_and_torch_kernels_stay(made, tmp_path, m
     (cache / "kernels" if made else cache).mkdir(parents=True)
     read_only(monkeypatch, cache)
     monkeypatch.setenv("SPECFINOPS_CACHE", str(cache))
-    monkeypatch.setattr(bf16_kernel, "_compiler", lambda: "/no/cc")  # never run: nothing can be built there
-    monkeypatch.setattr(bf16_kernel, "_cpu_flags", lambda: {"avx2", "fma"})
-    monkeypatch.setattr(kernels, "native_bf16", lambda: False)
-    bf16_kernel._load.cache_clear()
-    kernels.bf16_kernel_rows.cache_clear()
-    try:
+    with _an_avx2_cpu_compiling_with(monkeypatch, "/no/cc"):  # never run: nothing can be built there
         assert not bf16_kernel.available()
         why = bf16_kernel.unavailable_reason()
         assert why.startswith(f"cannot build into {cache / 'kernels'} (") and "set SPECFINOPS_CACHE" in why, why
         assert kernels.bf16_kernel_rows(torch.bfloat16) is None
-    finally:
-        bf16_kernel._load.cache_clear()
-        kernels.bf16_kernel_rows.cache_clear()
 
 
 def test_a_cpu_without_avx2_gets_no_kernel(monkeypatch):

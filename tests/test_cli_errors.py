@@ -26,13 +26,8 @@ def _one_line(capsys) -> str:
 
 
 @pytest.fixture
-def store(sqlite_url) -> str:
-    engine = open_store(sqlite_url)
-    with Session(engine) as s:
-        make_run(s, "ar", requests=[Req(400, ttft_ms=100, e2e_ms=9000, start_s=0.0)])
-        s.commit()
-    engine.dispose()
-    return sqlite_url
+def store(one_run_store) -> str:
+    return one_run_store
 
 
 def test_a_closed_pipe_ends_the_export_quietly(store):

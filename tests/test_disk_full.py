@@ -12,11 +12,8 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session
-from synthetic import Req, make_run
 
 from app.cli import describe_failure, main
-from telemetry.store import open_store
 
 
 def _sqlite_error(text: str) -> OperationalError:
@@ -58,13 +55,8 @@ def test_a_store_there_before_is_kept_when_its_disk_is_full(tmp_path, monkeypatc
 
 
 @pytest.fixture
-def store(sqlite_url) -> str:
-    engine = open_store(sqlite_url)
-    with Session(engine) as s:
-        make_run(s, "ar", requests=[Req(400, ttft_ms=100, e2e_ms=9000, start_s=0.0)])
-        s.commit()
-    engine.dispose()
-    return sqlite_url
+def store(one_run_store) -> str:
+    return one_run_store
 
 
 @pytest.mark.parametrize("text, free_blocks, full", [
