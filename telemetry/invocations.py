@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import case, func, select
 from sqlalchemy.engine import Engine
 
 from telemetry.db import Request, Run
+from telemetry.queries import as_utc
 
 LATEST = "latest"
 MIN_PREFIX = 4  # characters of an id that a prefix must give (git's habit: short, still unambiguous in practice)
@@ -103,7 +104,7 @@ def list_invocations(engine: Engine, limit: int | None = 20, *, finished: bool =
 
 def _utc(when: datetime) -> datetime:
     """A store time as an aware UTC time (SQLite hands back naive UTC; PostgreSQL the session's zone)."""
-    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+    return as_utc(when, "a store time")
 
 
 def invocation_text(text: str) -> str:

@@ -207,18 +207,18 @@ def test_a_failed_upgrade_leaves_a_store_another_process_made_meanwhile(tmp_path
     at the same path while the upgrade waited for its lock keeps it."""
     import sqlite3
 
-    from app.commands.db import _remove_created
+    from telemetry.db import remove_new_store
 
     path = tmp_path / "new" / "store.db"
     path.parent.mkdir()
     with sqlite3.connect(path) as conn:
         conn.execute("create table runs (id integer)")
-    _remove_created([path.parent, path])
+    remove_new_store([path.parent, path])
     assert path.is_file()
     empty = tmp_path / "other" / "store.db"
     empty.parent.mkdir()
     sqlite3.connect(empty).close()
-    _remove_created([empty.parent, empty])
+    remove_new_store([empty.parent, empty])
     assert not empty.parent.exists()
 
 

@@ -251,31 +251,19 @@ def _refuse_unknown_revision(args: argparse.Namespace) -> None:
         raise UsageError(f"upgrade on {_safe_url(url)}: {exc}") from exc
 
 
-def _created_paths(args: argparse.Namespace) -> list:
-    """What an upgrade of a SQLite store that does not exist yet creates (telemetry.db.new_store_paths)."""
-    from telemetry.db import new_store_paths, resolve_db_url, sqlite_file
-
-    return new_store_paths(sqlite_file(resolve_db_url(args.db)))
-
-
-def _remove_created(created: list) -> None:
-    """Undo _created_paths after a failed upgrade (telemetry.db.remove_new_store)."""
-    from telemetry.db import remove_new_store
-
-    remove_new_store(created)
-
-
 def _upgrade(args: argparse.Namespace) -> int:
+    from telemetry.db import new_store_paths, remove_new_store, resolve_db_url, sqlite_file
+
     _check_revision(args, "upgrade")
     _db_option(args)
     _refuse_upgrade_backwards(args)
-    created = _created_paths(args)
+    created = new_store_paths(sqlite_file(resolve_db_url(args.db)))
     if created:  # a store there already: Alembic names an unknown REV itself, after a newer version's revision
         _refuse_unknown_revision(args)
     try:
         _run_alembic(args, "upgrade", args.revision)
     except BaseException:  # nothing half-made stays: a failed upgrade of a new store leaves no file, no folder
-        _remove_created(created)
+        remove_new_store(created)
         raise
     return _current(args)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 import numpy as np
 import pandas as pd
@@ -28,6 +28,7 @@ from sqlalchemy.engine import Engine
 from telemetry.calibration import ANSWER_SPAN
 from telemetry.db import PowerSample, Request, Run, Step, TokenEvent
 from telemetry.queries import Filters, step_rejected
+from telemetry.queries import as_utc as queries_as_utc
 
 BUCKETS_PER_MS = 10  # histogram resolution: 0.1 ms
 NICE_BUCKETS_S = (1, 5, 10, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86_400, 7 * 86_400)
@@ -467,8 +468,7 @@ def as_utc(value) -> datetime | None:
     """A datetime from the store (naive on SQLite) as an aware UTC datetime; None for missing."""
     if value is None or value is pd.NaT:
         return None
-    when = pd.Timestamp(value).to_pydatetime()
-    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+    return queries_as_utc(pd.Timestamp(value).to_pydatetime(), "a store time")
 
 
 def count_runs(engine: Engine) -> int:
