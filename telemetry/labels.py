@@ -32,3 +32,15 @@ def chart_text(name: Any) -> str:
     tick labels, trace names and text, so a workload's domain `<a href="https://elsewhere">Admin</a>` became a link
     with other visible text in the dashboard and the HTML report. Escaped, it shows as written."""
     return html.escape(str(name), quote=False)
+
+
+def usd_amount(value: float | None, missing: str = "—") -> str:
+    """A dollar figure of any size, written the one way `cost`, the dashboard and the reports all show it:
+    whole dollars from $1,000 ("$162,240", not "$1.622e+05"), cents from $1 ("$12.50", not "$12.5"), four
+    significant digits below ($0.3412), and the sign before the dollar (-$17,492, not $-17,492)."""
+    if value is None or value != value:
+        return missing
+    a = abs(value)
+    # decided on the rounded figure: 999.999 is "$1,000", not "$1,000.00"; 0.99996 is "$1.00", not "$1"
+    spec = ",.0f" if round(a, 2) >= 1000 else ",.2f" if float(f"{a:.4g}") >= 1 else ",.4g"
+    return ("-" if value < 0 else "") + f"${a:{spec}}"

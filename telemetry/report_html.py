@@ -27,7 +27,7 @@ from telemetry.costing import (
     runs_text,
 )
 from telemetry.finops import sla_steps, step_starts
-from telemetry.labels import chart_text
+from telemetry.labels import chart_text, usd_amount
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.queries import paired_text
 from telemetry.report import (
@@ -76,10 +76,7 @@ def fmt(value, spec: str = ",.3g") -> str:
 
 
 def usd(value: float | None) -> str:
-    if value is None or value != value:
-        return MISSING
-    sign, a = ("-" if value < 0 else ""), abs(value)  # -$17,492, not $-17,492
-    return sign + (f"${a:,.0f}" if a >= 1000 else f"${a:,.4g}")
+    return usd_amount(value, MISSING)
 
 
 def number(value: int | float) -> str:

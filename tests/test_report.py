@@ -628,8 +628,20 @@ def test_html_number_formats():
     from telemetry.report_html import number, usd
 
     assert (usd(93290.4), usd(-17492.4), usd(0.5948), usd(None)) == ("$93,290", "-$17,492", "$0.5948", "—")
+    assert (usd(12.5), usd(8.546), usd(108.3), usd(0.0)) == ("$12.50", "$8.55", "$108.30", "$0")
+    assert (usd(999.999), usd(0.99996)) == ("$1,000", "$1.00")
     assert (number(500_000_000.0), number(12345), number(38.864), number(2.0)) == (
         "500,000,000", "12,345", "38.86", "2")
+
+
+def test_money_reads_the_same_in_the_report_the_cost_command_and_the_dashboard():
+    """The report wrote $12.5 where `cost` and the dashboard wrote $12.50 (each had its own formatter)."""
+    from app.commands.cost import _usd
+    from app.dashboard.common import usd_amount
+    from telemetry.report_html import usd
+
+    for value in (162240.4, 1000.0, 999.999, 12.5, 1.0, 0.99996, 0.3412, 0.0006, -17492.4, -3.5):
+        assert usd(value) == _usd(value) == usd_amount(value), value
 
 
 def _card_sub(page: str, key: str) -> str:

@@ -27,6 +27,7 @@ from app.commands._common import (
     usage_shows_required,
 )
 from app.errors import UsageError
+from telemetry.labels import usd_amount
 
 COST_EXAMPLES = """  specfinops cost
   specfinops cost --run 3 --json
@@ -227,10 +228,7 @@ def _filters(args, engine, run_id: int | None = None):
 
 
 def _usd(x: float | None) -> str:
-    if x is None:
-        return "n/a"
-    sign, a = ("-" if x < 0 else ""), abs(x)  # -$17,492, not $-17,492
-    return sign + (f"${a:,.0f}" if a >= 1000 else f"${a:,.4g}" if a < 1 else f"${a:,.2f}")
+    return usd_amount(x, "n/a")
 
 
 def _num(x: float | None, fmt: str = ",.1f") -> str:

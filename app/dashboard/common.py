@@ -17,6 +17,7 @@ import streamlit as st
 
 from app.dashboard import data
 from app.dashboard.filters import Selection, sidebar
+from telemetry import labels
 from telemetry.costing import RECORDED_PRICES_WAYS, estimated_energy_modes
 from telemetry.prices import snapshot_energy  # the one rule for a valid recorded $/kWh or PUE
 
@@ -104,11 +105,8 @@ def comparison_text(sp) -> str | None:
 
 
 def usd_amount(value: float | None) -> str:
-    """A dollar figure of any size as `specfinops cost` writes it: whole dollars from $1,000 ("$162,240", not
-    "$1.622e+05"), cents from $1, four significant digits below ($0.3412)."""
-    if value is None or value != value:
-        return MISSING
-    return usd(value, ",.0f" if abs(value) >= 1000 else ",.2f" if abs(value) >= 1 else ",.4g")
+    """A dollar figure of any size as `specfinops cost` and the reports write it (telemetry.labels.usd_amount)."""
+    return labels.usd_amount(value, MISSING)
 
 
 def usd_rate(value: float | None) -> str:
