@@ -14,6 +14,7 @@ lookahead) measures the same policies with real wall-clock time.
 Examples:
   python -m scripts.sim_lookahead
   python -m scripts.sim_lookahead --max-new-tokens 128 --policies 1,2,3,4,heuristic,cost,auto
+  python -m scripts.sim_lookahead --policies 3,4,auto --noise 0.05,0.02,40   # timing noise as on a shared VM
 """
 
 from __future__ import annotations
@@ -62,8 +63,26 @@ def record_chains(draft, prep, k_max: int = K_MAX) -> list[dict]:
     return out
 
 
-def replay(policy, chains: list[dict], step_ms, draft_ms: float = 0.0) -> dict:
-    """Run `policy` over every recorded sequence; returns tokens, ms and tokens/s."""
+def noisy_clock(seed: int, sigma: float = 0.05, stall_p: float = 0.02, drift: float = 0.01):
+    """A machine as a shared 2-core VM is: each step's time times a speed that wanders (a random walk
+    within 0.8-1.3x), a lognormal jitter of `sigma`, and now and then (`stall_p`) a stall of 1.2-2.8x,
+    under the 3x beyond which the policy ignores a step. Returns ms -> the ms the policy is told."""
+    import random
+
+    rng, speed = random.Random(seed), [1.0]
+
+    def clock(ms: float) -> float:
+        speed[0] = min(1.3, max(0.8, speed[0] * (1 + rng.gauss(0, drift))))
+        out = ms * speed[0] * rng.lognormvariate(0, sigma)
+        return out * rng.uniform(1.2, 2.8) if rng.random() < stall_p else out
+
+    return clock
+
+
+def replay(policy, chains: list[dict], step_ms, draft_ms: float = 0.0, clock=None) -> dict:
+    """Run `policy` over every recorded sequence; returns tokens, ms and tokens/s. With `clock` (see
+    `noisy_clock`) the policy is told noisy step times, while ms and tokens/s stay the steps' true cost:
+    what is scored is the policy's choices, not the noise's luck."""
     tokens = 0
     ms = 0.0
     for sid, c in enumerate(chains):
@@ -84,7 +103,9 @@ def replay(policy, chains: list[dict], step_ms, draft_ms: float = 0.0) -> dict:
             a = min(c["m"][n], k)
             t = step_ms(k)
             d = draft_ms * k
-            policy.observe(seq, k, a, d / 1000.0, (t - d) / 1000.0, 1, conf=c["conf"][n][:k])
+            told = clock(t) if clock else t
+            policy.observe(seq, k, a, d * told / t / 1000.0, (told - d * told / t) / 1000.0, 1,
+                           conf=c["conf"][n][:k])
             tokens += a + 1
             ms += t
             n += a + 1
@@ -101,6 +122,9 @@ def main() -> int:
                     help="comma list of the target's forward ms for 1..9 tokens (default: measure)")
     ap.add_argument("--draft-ms", type=float, default=None, help="draft ms per token (default: measure)")
     ap.add_argument("--chains", default="bench-results/sim_chains.json", help="cache of the recorded chains")
+    ap.add_argument("--noise", default=None, metavar="SIGMA,STALL,SEEDS",
+                    help="also replay under a noisy clock (noisy_clock: jitter SIGMA, stall chance STALL) with "
+                         "SEEDS seeds, and print each policy's worst and median tokens/s, e.g. 0.05,0.02,40")
     ap.add_argument("--json", default="bench-results/sim_lookahead.json")
     args = ap.parse_args()
 
@@ -155,6 +179,16 @@ def main() -> int:
             line += f"   auto/best {row['auto'] / best:.3f}  auto/median {row['auto'] / med:.3f}"
         print(f"{dom:<8} {line}")
         out["domains"][dom] = row
+        if args.noise:
+            sigma, stall, seeds = (float(x) for x in args.noise.split(","))
+            noisy = {}
+            for p in args.policies.split(","):
+                got = [replay(parse_policy(p), cs, step_ms, draft_ms, noisy_clock(seed, sigma, stall))["tokens_per_s"]
+                       for seed in range(int(seeds))]
+                noisy[p] = {"worst": round(min(got), 2), "median": round(statistics.median(got), 2)}
+            print(f"{'':<8} noisy clock (jitter {sigma:g}, stalls {stall:g}, {int(seeds)} seeds), worst/median: "
+                  + "  ".join(f"{p}:{v['worst']:.1f}/{v['median']:.1f}" for p, v in noisy.items()))
+            out["domains"][dom + ":noisy"] = noisy
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0

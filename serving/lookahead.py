@@ -346,16 +346,26 @@ class CostK:
         speed = self._speed.get(key[0], 1.0)
         stall = old is not None and t > 3 * old * speed  # beyond 3x what the K costs at the machine's speed
         if old is not None:
-            speed += self.speed_weight * (min(max(t / old, speed / 3), speed * 3) - speed)
+            # The speed is read against the curve every K shares (its line), not against this K's own point:
+            # read against its own point, a K timed high once (a stall under 3x) or low made the speed
+            # take up the error, so the K the policy kept choosing never corrected its point while the
+            # speed carried the error onto the Ks it rarely timed: the curve's shape locked in
+            # (K=1 in 954 of 1,569 steps of a bench on a CPU where verifying 5 rows costs what 1 does).
+            line = self._line(key[0])
+            ref = max(line[0] + line[1] * k, 1e-9) if line is not None else old
+            speed += self.speed_weight * (min(max(t / ref, speed / 3), speed * 3) - speed)
             self._speed[key[0]] = speed
         if stall:  # says nothing of the K's shape: counted even at 3x, one stall kept a K dear for a whole
             return  # run (a K the gate then shuns is retimed only as a probe); the speed follows it above
-        self._follow(self.step_s, key, t / speed)
+        self._follow(self.step_s, key, t / speed, self._timed[key])
 
-    def _follow(self, table: dict, key, x: float) -> None:
-        """Exponentially weighted estimate of `x`, an outlier counting as at most 3x the estimate."""
+    def _follow(self, table: dict, key, x: float, n: int = 0) -> None:
+        """Exponentially weighted estimate of `x`, an outlier counting as at most 3x the estimate. With `n`
+        (the estimate's observations, this one included) the first 1 / weight of them are averaged plainly:
+        the plain exponential average kept 90% of a first reading taken during a stall for ten more."""
         old = table.get(key)
-        table[key] = x if old is None else old + self.weight * (min(x, 3 * old) - old)
+        w = max(self.weight, 1.0 / n) if n else self.weight
+        table[key] = x if old is None else old + w * (min(x, 3 * old) - old)
 
     def _count(self, table: dict, key, hit: bool) -> None:
         """Exponentially weighted (hits, observations)."""
