@@ -4,6 +4,7 @@
     capacity at SLA           = highest measured tokens/s whose p95 TPOT <= SLA
     nodes needed              = ceil(daily tokens / 86,400 x peak factor / capacity)
     annual savings            = (nodes AR - nodes spec) x node $/h x 8,760
+    monthly cost              = nodes x node $/h x 730 (hours a month: 8,760 / 12)
     speedup bound             = (1 - a^(K+1)) / ((1 - a)(K c + 1))     (Leviathan et al. 2023)
 
 A figure that cannot be computed (no tokens, no energy measurement, no capacity) is None, with a reason
@@ -19,6 +20,8 @@ from dataclasses import dataclass, replace
 SECONDS_PER_DAY = 86_400
 HOURS_PER_YEAR = 8_760
 HOURS_PER_MONTH = HOURS_PER_YEAR / 12  # 730
+# what a monthly cost is, where one is shown (`project`, the dashboard): a month is a twelfth of a year
+MONTHLY_COST_FORMULA = f"nodes x node $/h x {HOURS_PER_MONTH:g} hours a month ({HOURS_PER_YEAR:,} a year / 12)"
 J_PER_KWH = 3.6e6
 NOT_ATTAINABLE = "not attainable"
 ENERGY_NOT_MEASURED = "energy not measured"
@@ -166,7 +169,7 @@ def annual_savings(nodes_ar: int | None, nodes_spec: int | None, node_hourly_usd
 
 
 def monthly_cost(nodes: int | None, node_hourly_usd: float) -> float | None:
-    """nodes x node $/h x 730 h; None when the node count is unknown."""
+    """nodes x node $/h x 730 h (MONTHLY_COST_FORMULA); None when the node count is unknown."""
     _finite("node_hourly_usd", node_hourly_usd, minimum=0)
     return None if nodes is None else nodes * node_hourly_usd * HOURS_PER_MONTH
 

@@ -1,5 +1,5 @@
 """Short labels for long names, shared by the dashboard and the reports: a model directory by its last part,
-a CPU's brand string without its trademark marks."""
+a CPU's brand string without its trademark marks; and where the charts of both put their labels."""
 
 from __future__ import annotations
 
@@ -44,3 +44,19 @@ def usd_amount(value: float | None, missing: str = "—") -> str:
     # decided on the rounded figure: 999.999 is "$1,000", not "$1,000.00"; 0.99996 is "$1.00", not "$1"
     spec = ",.0f" if round(a, 2) >= 1000 else ",.2f" if float(f"{a:.4g}") >= 1 else ",.4g"
     return ("-" if value < 0 else "") + f"${a:{spec}}"
+
+
+def clear_of_line(values: list[float | None], line: float, band: float = 0.1) -> list[str]:
+    """Plotly text positions for markers plotted against a horizontal line (alpha against the go/no-go line), so
+    the line never strikes through a label (alpha 0.63 and 0.64 read through the dashes of a line at 0.65): a
+    label goes above its marker, but below one that sits just under the line (within `band`, in the axis's
+    units), which has the line right above it."""
+    return ["bottom right" if v is not None and line - band <= v < line else "top right" for v in values]
+
+
+def line_in_legend(fig: Any, y: float, name: str, colour: str) -> None:
+    """A dashed horizontal line at `y` on a Plotly figure, named in the legend rather than by a label on the plot
+    (where it lay on the markers and labels next to the line)."""
+    fig.add_hline(y=y, line_dash="dash", line_color=colour)
+    fig.add_scatter(x=[None], y=[None], mode="lines", name=name, line={"dash": "dash", "color": colour},
+                    hoverinfo="skip")

@@ -27,7 +27,7 @@ from telemetry.costing import (
     runs_text,
 )
 from telemetry.finops import sla_steps, step_starts
-from telemetry.labels import chart_text, usd_amount
+from telemetry.labels import chart_text, clear_of_line, line_in_legend, usd_amount
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.queries import paired_text
 from telemetry.report import (
@@ -371,12 +371,13 @@ def acceptance_chart(data: ReportData) -> go.Figure:
     fig.add_bar(x=names, y=[d.acceptance_rate for d in data.domains], marker_color=SPEC_COLOUR,
                 name="acceptance rate (accepted / drafted)")
     alphas = [d.alpha for d in data.domains]
-    if any(a is not None for a in alphas):
+    if any(a is not None for a in alphas):  # each label away from the line, which the legend names (as the dashboard)
         fig.add_scatter(x=names, y=alphas, mode="markers+text", name="alpha (accepted / tested; the go/no-go)",
-                        marker={"symbol": "diamond", "size": 12, "color": "#111827"}, textposition="middle right",
+                        marker={"symbol": "diamond", "size": 12, "color": "#111827"},
+                        textposition=clear_of_line(alphas, ALPHA_GO), cliponaxis=False,
                         text=["" if a is None else f"{a:.2f}" for a in alphas])
-    fig.add_hline(y=ALPHA_GO, line_dash="dash", line_color="#b91c1c", annotation_text=f"go/no-go {ALPHA_GO}")
-    fig.update_yaxes(range=[0, 1])
+    line_in_legend(fig, ALPHA_GO, f"go/no-go {ALPHA_GO}", "#b91c1c")
+    fig.update_yaxes(range=[0, 1.1], tickvals=[0, 0.2, 0.4, 0.6, 0.8, 1])  # headroom: a label over 1
     fig.update_layout(showlegend=True)
     return _layout(fig, "Acceptance per domain", "share of draft tokens")
 
@@ -417,7 +418,7 @@ def trend_chart(data: ReportData) -> go.Figure:
     if hardware_only:
         title += (f"<br><sub>hardware part only, the periods' energy is not on one basis ("
                   f"{'; '.join(hardware_only)})</sub>")
-    return _layout(fig, title, "USD")
+    return _layout(fig, title, "USD per 1M output tokens")
 
 
 def sla_chart(data: ReportData, curve: Sequence) -> go.Figure:

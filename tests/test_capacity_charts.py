@@ -171,6 +171,73 @@ def test_nodes_bar_says_why_a_mode_has_no_bar():
     assert [a.text for a in failing.layout.annotations] == ["— not attainable at this SLA"]
 
 
+def test_nodes_bar_with_no_node_count_says_the_sla_is_not_attainable_on_a_whole_node_axis():
+    """Neither mode meeting the SLA drew an empty chart on an axis from -1 to 1 in steps of 0.5: the chart says
+    the SLA is not attainable across it, on an axis of whole nodes from 0. A node count keeps whole ticks."""
+    fig = charts.nodes_bar(None, None, {"spec", "ar"}, 50.0)
+    said = [a.text for a in fig.layout.annotations]
+    assert said.count("— not attainable at this SLA") == 2
+    [plain] = [t for t in said if "SLA is not attainable" in t]
+    assert plain == "The 50 ms p95 TPOT SLA is not attainable:<br>no measured configuration of either mode meets it"
+    axis = fig.layout.yaxis
+    assert axis.range[0] == 0 and axis.range[1] >= 1 and axis.dtick == 1 and axis.tickformat == ",d"
+    # one mode filtered out: the other's SLA is what is not attainable, named
+    only_spec = charts.nodes_bar(None, None, {"spec"}, 50.0)
+    assert any(a.text.endswith("no measured speculative configuration meets it") for a in only_spec.layout.annotations)
+    few = charts.nodes_bar(3, 1, {"spec", "ar"}, 50.0)
+    assert few.layout.yaxis.range[0] == 0 and few.layout.yaxis.dtick == 1  # 0, 1, 2, 3: no 0.5 between
+    assert not few.layout.annotations
+    assert charts.nodes_bar(None, 5, {"spec", "ar"}).layout.yaxis.range[0] == 0
+    many = charts.nodes_bar(233, 120, {"spec", "ar"})
+    assert many.layout.yaxis.tickformat == ",d" and many.layout.yaxis.rangemode == "nonnegative"
+
+
+def _alpha_labels(fig):
+    [alpha] = [t for t in fig.data if t.name.startswith("alpha")]
+    return alpha
+
+
+@pytest.mark.parametrize("which", ["dashboard", "report"])
+def test_alpha_labels_stay_clear_of_the_go_no_go_line(which):
+    """Alpha at 0.63 and 0.64, labelled beside its diamond and the line's own label on the line, read struck
+    through by the dashed line at 0.65: a label just under the line goes below its diamond, the others above;
+    the line is named in the legend, not on the plot; the acceptance rate sits at the foot of its bar."""
+    from types import SimpleNamespace as NS
+
+    from telemetry.report_html import acceptance_chart
+
+    names, rates, alphas = ["chat", "code", "rewrite", "qa"], [0.43, 0.44, 0.7, 0.1], [0.63, 0.64, 0.72, 0.12]
+    if which == "dashboard":
+        fig = charts.alpha_by_domain(names, rates, [3] * 4, alphas)
+    else:
+        fig = acceptance_chart(NS(domains=[NS(domain=n, acceptance_rate=r, alpha=a)
+                                           for n, r, a in zip(names, rates, alphas, strict=True)]))
+    alpha = _alpha_labels(fig)
+    assert list(alpha.textposition) == ["bottom right", "bottom right", "top right", "top right"]
+    assert alpha.cliponaxis is False and fig.layout.yaxis.range[1] > 1  # room for a label above 1
+    assert not [a for a in fig.layout.annotations if "go/no-go" in (a.text or "")]
+    [line] = fig.layout.shapes
+    assert line.y0 == line.y1 == 0.65 and line.line.dash == "dash"
+    [legend] = [t for t in fig.data if t.name.startswith("go/no-go")]
+    assert legend.mode == "lines" and legend.line.dash == "dash" and legend.line.color == line.line.color
+    if which == "dashboard":
+        assert fig.data[0].insidetextanchor == "start"  # the rate at the bar's foot, far from the line
+
+
+def test_report_cost_by_period_is_titled_per_1m_tokens(sqlite_url):
+    from datetime import timedelta
+
+    from telemetry.report import Window, build_report
+    from telemetry.report_html import trend_chart
+    from telemetry.store import open_store
+    from tests.test_report import D0, add_day
+
+    engine = open_store(sqlite_url)
+    add_day(engine, D0)
+    data = build_report(engine, Window("daily", D0, D0 + timedelta(days=1)), history=1)
+    assert trend_chart(data).layout.yaxis.title.text == "USD per 1M output tokens"
+
+
 def test_projection_notes_name_the_price_and_the_estimate_on_every_page():
     from types import SimpleNamespace as NS
 

@@ -169,6 +169,13 @@ def test_project_says_where_the_sla_matters_and_signs_dollars_before_the_symbol(
     assert (_usd(-17492.4), _usd(-0.25), _usd(-12.5), _usd(3.0)) == ("-$17,492", "-$0.25", "-$12.50", "$3.00")
 
 
+def test_project_says_what_a_month_of_its_monthly_cost_is(filled, capsys):
+    """The monthly cost is node-hours x 730; the line says so (nowhere a user read it was it defined)."""
+    assert main(_project(filled, "--node-hourly-usd", "2")) == 0
+    [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("monthly cost:")]
+    assert line.endswith("(nodes x node $/h x 730 hours a month (8,760 a year / 12); node-hours only)"), line
+
+
 def test_project_unreachable_sla_is_null_with_message(filled, capsys):
     args = [
         "project",

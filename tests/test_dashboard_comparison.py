@@ -211,3 +211,52 @@ def test_a_recorded_zero_per_kwh_is_the_runs_price(sqlite_url, monkeypatch):
     captions = [c.value for c in at.caption]
     assert any("energy at $0/kWh (recorded with the runs) x PUE 1.5 (recorded with the runs)" in c
                for c in captions), captions
+
+
+@pytest.fixture
+def two_workloads(sqlite_url) -> str:
+    """Spec and AR of `code` capped at 16 new tokens (spec 40 ms TPOT, AR 10 ms: spec dearer) and of `chat` capped
+    at 12 (spec 10 ms, AR 40 ms: spec cheaper): two comparable groups that point opposite ways."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for workload, cap, ar_ms, spec_ms in (("code", 16, 10, 40), ("chat", 12, 40, 10)):
+            for mode, ms in (("ar", ar_ms), ("spec", spec_ms)):
+                make_run(s, mode, workload=workload, max_new_tokens=cap,
+                         requests=[_tpot_req(mode, ms, i) for i in range(2)])
+        s.commit()
+    engine.dispose()
+    return sqlite_url
+
+
+POOLED = ("pool 2 comparable groups (workload code, temperature 0, bench runs, 16 new tokens; workload chat, "
+          "temperature 0, bench runs, 12 new tokens)")
+
+
+def _pooled_warnings(at) -> list[str]:
+    return [w.value.replace("\\", "") for w in at.warning if "comparable groups" in w.value]
+
+
+@pytest.mark.parametrize(("page", "figures"), [("Overview", "The speculative and AR tiles below"),
+                                               ("Cost & capacity", "The speculative and AR bars below")])
+def test_side_by_side_figures_say_they_pool_unlike_groups(two_workloads, monkeypatch, page, figures):
+    """Spec and AR side by side, each pooled over `code` at 16 new tokens and `chat` at 12, where spec is dearer on
+    one and cheaper on the other: the pooled pair says one thing for both. A warning above the figures names the
+    groups and how to pick one (in the tiles' help alone it went unseen); one group in view: none."""
+    at = open_page(app_for(two_workloads, monkeypatch), PAGES[page])
+    assert_clean(at)
+    [warning] = _pooled_warnings(at)
+    assert warning.startswith(f"{figures} {POOLED}: each mode's figure mixes them"), warning
+    assert "pick one with the sidebar (Workload, Temperature, top_p, top_k, Max new tokens" in warning
+    assert "The projection compares within one of them" in warning
+
+    at.sidebar.selectbox(key="f_workload").set_value("chat").run()
+    assert_clean(at)
+    assert not _pooled_warnings(at)
+
+
+def test_the_monthly_cost_says_its_hours(two_workloads, monkeypatch):
+    """A monthly cost is node-hours x 730: the tile says it is 730 hours a month (a year's 8,760 / 12)."""
+    at = open_page(app_for(two_workloads, monkeypatch), PAGES["Cost & capacity"])
+    assert_clean(at)
+    for label in ("Monthly cost AR", "Monthly cost spec"):
+        assert "x 730 hours a month (8,760 a year / 12)" in _metric(at, label).help

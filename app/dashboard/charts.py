@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from telemetry.finops import sla_steps, step_starts
-from telemetry.labels import chart_text
+from telemetry.labels import chart_text, clear_of_line, line_in_legend
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.queries import GO_LINE
 
@@ -199,19 +199,21 @@ def alpha_by_domain(domains: list[str], rates: list[float | None], requests: lis
     judged = [r if alphas is None or alphas[i] is None else alphas[i] for i, r in enumerate(rates)]
     colors = ["#9ca3af" if a is None else ("#16a34a" if a >= GO_NO_GO_ALPHA else "#dc2626") for a in judged]
     fig = go.Figure()
+    # the rate at the foot of its bar, the alpha above or below its diamond away from the line, and the line
+    # named in the legend: at the top of a bar, beside a diamond or on the line they were struck through by it
     fig.add_bar(x=domains, y=rates, marker_color=colors, name="acceptance rate (accepted / drafted)",
-                text=[go_text(a) for a in rates], customdata=requests,
+                text=[go_text(a) for a in rates], insidetextanchor="start", customdata=requests,
                 hovertemplate="%{x}: acceptance rate %{text} over %{customdata:,} requests<extra></extra>")
     if alphas is not None and any(a is not None for a in alphas):
         fig.add_scatter(x=domains, y=alphas, mode="markers+text", name="alpha (accepted / tested)",
                         marker=dict(symbol="diamond", size=13, color="#111827"),
-                        text=["" if a is None else go_text(a) for a in alphas], textposition="middle right",
+                        text=["" if a is None else go_text(a) for a in alphas],
+                        textposition=clear_of_line(alphas, GO_NO_GO_ALPHA), cliponaxis=False,
                         customdata=["" if a is None else go_text(a, decimals=3) for a in alphas],
                         hovertemplate="%{x}: alpha %{customdata} (accepted / tested, as calibrate)<extra></extra>")
-    fig.add_hline(y=GO_NO_GO_ALPHA, line_dash="dash", line_color="#111827",
-                  annotation_text=f"go/no-go line {GO_NO_GO_ALPHA}", annotation_position="top left")
+    line_in_legend(fig, GO_NO_GO_ALPHA, f"go/no-go line {GO_NO_GO_ALPHA}", "#111827")
     _mark_missing(fig, domains, rates, "— no drafts")
-    fig.update_yaxes(range=[0, 1])
+    fig.update_yaxes(range=[0, 1.1], tickvals=[0, 0.2, 0.4, 0.6, 0.8, 1])  # headroom: a label over 1
     return _layout(fig, "Acceptance per domain", "domain", "share of drafted tokens accepted")
 
 
@@ -266,15 +268,32 @@ def cost_split(modes: list[str], hardware: list[float | None], energy: list[floa
     return _layout(fig, "Cost per 1M output tokens", "", "USD per 1M tokens")
 
 
-def nodes_bar(nodes_ar: int | None, nodes_spec: int | None, modes_in_view: set[str] | None = None) -> go.Figure:
-    """Nodes per mode. A missing bar says why: no run of that mode in view, or none meets the SLA."""
+def nodes_bar(nodes_ar: int | None, nodes_spec: int | None, modes_in_view: set[str] | None = None,
+              sla_ms: float | None = None) -> go.Figure:
+    """Nodes per mode. A missing bar says why: no run of that mode in view, or none meets the SLA (`sla_ms`);
+    where no mode has a node count, the chart says so across it. The axis counts whole nodes from 0 (with no
+    bar at all plotly ran it from -1 to 1 in steps of 0.5)."""
     fig = go.Figure()
+    unattainable = []
     for mode, n in (("ar", nodes_ar), ("spec", nodes_spec)):
         fig.add_bar(x=[MODE_NAMES[mode]], y=[n], name=MODE_NAMES[mode], marker_color=MODE_COLOURS[mode],
                     text=[None if n is None else str(n)])
         measured = modes_in_view is None or mode in modes_in_view
+        if n is None and measured:
+            unattainable.append(MODE_NAMES[mode])
         _mark_missing(fig, [MODE_NAMES[mode]], [n], "— not attainable at this SLA" if measured
                       else "— no runs of this mode in view")
+    known = [n for n in (nodes_ar, nodes_spec) if n is not None]
+    if not known and unattainable:
+        sla = "the SLA" if sla_ms is None else f"the {sla_ms:g} ms p95 TPOT SLA"
+        which = "configuration of either mode" if len(unattainable) > 1 else f"{unattainable[0]} configuration"
+        fig.add_annotation(text=f"{sla[0].upper()}{sla[1:]} is not attainable:<br>no measured {which} meets it",
+                           x=0.5, y=0.6, xref="paper", yref="paper", showarrow=False,
+                           font=dict(size=14, color="#b91c1c"))
+    top = max(known, default=0)
+    fig.update_yaxes(rangemode="nonnegative", tickformat=",d")  # whole nodes: no 0.5 tick
+    if top <= 5:  # plotly's own ticks on a short axis fall on halves
+        fig.update_yaxes(range=[0, max(top, 1) * 1.15], dtick=1)
     return _layout(fig, "Nodes needed at peak", "", "nodes")
 
 

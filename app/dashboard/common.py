@@ -18,7 +18,7 @@ import streamlit as st
 from app.dashboard import data
 from app.dashboard.filters import Selection, sidebar
 from telemetry import labels
-from telemetry.costing import RECORDED_PRICES_WAYS, estimated_energy_modes
+from telemetry.costing import RECORDED_PRICES_WAYS, estimated_energy_modes, run_groups
 from telemetry.prices import snapshot_energy  # the one rule for a valid recorded $/kWh or PUE
 
 logger = logging.getLogger(__name__)
@@ -87,6 +87,27 @@ _PRICE_FLAGS = {"$/kWh given (--usd-per-kwh)": "$/kWh your input", "PUE given (-
 # and how the Comparison says another group is chosen
 CHOOSE_GROUP = ("pick another with the sidebar's Temperature, top_p, top_k, Max new tokens, Run kind, Workload or "
                 "Model pair")
+
+
+# and how a page's figures pooled over several comparable groups are narrowed to one
+PICK_ONE_GROUP = ("pick one with the sidebar (Workload, Temperature, top_p, top_k, Max new tokens, Run kind, Model pair, "
+                  "Node)")
+
+
+def warn_pooled(runs, figures: str) -> list[str]:
+    """A warning above `figures` (spec and AR side by side, each mode's pooled over every run in view) where
+    `runs` span several comparable groups (costing.run_groups: workload, temperature, max new tokens, ...): the
+    two sides then compare unlike runs, and spec can be dearer in one group and cheaper in another while the
+    pooled figures say one thing. The projection compares within one group only (its caption names which).
+    Returns the groups, each in words."""
+    groups = run_groups(runs)
+    if len(groups) < 2:
+        return groups
+    st.warning(md_safe(f"{figures[0].upper()}{figures[1:]} pool {len(groups)} comparable groups "
+                       f"({'; '.join(groups)}): each mode's figure mixes them, so spec against AR here is not "
+                       f"like for like, and within each group it can go the other way. To compare, "
+                       f"{PICK_ONE_GROUP}. The projection compares within one of them (its caption names which)."))
+    return groups
 
 
 def energy_prices_from(sp) -> str:

@@ -23,6 +23,7 @@ from app.dashboard.common import (
     usd,
     usd_amount,
     usd_rate,
+    warn_pooled,
 )
 from telemetry import finops, prices
 from telemetry.costing import (
@@ -54,6 +55,7 @@ def _cost_section(ctx: Context, values: dict) -> None:
     if not mode_costs:
         st.info("No runs with output tokens in view.")
         return
+    warn_pooled([rc.run for rc in run_costs], "the speculative and AR bars below")
     st.plotly_chart(charts.cost_split([m.mode for m in mode_costs], [m.cost.hardware_usd_per_1m for m in mode_costs],
                                       [m.cost.energy_usd_per_1m for m in mode_costs],
                                       [m.cost.energy_estimated for m in mode_costs],
@@ -164,7 +166,7 @@ def _projection_section(ctx: Context, values: dict) -> None:
         col.metric(f"Capacity {mode} (tokens/s per node)", throughput(cap),
                    help=f"best configuration meeting the SLA: {runs_text(cap_runs)}, p95 TPOT "
                         f"{fmt(p95, '.1f', suffix=' ms')} (SLA {p.sla_ms:g} ms)" if cap_runs else None)
-    monthly = "nodes x node $/h x 730: node-hours only, the energy not in it"
+    monthly = f"{finops.MONTHLY_COST_FORMULA}: node-hours only, the energy not in it"
     m[2].metric("Monthly cost AR", usd(p.monthly_cost_ar_usd, ",.0f"), help=monthly)
     m[3].metric("Monthly cost spec", usd(p.monthly_cost_spec_usd, ",.0f"), help=monthly)
     m = st.columns(4)
@@ -196,7 +198,7 @@ def _projection_section(ctx: Context, values: dict) -> None:
                    + (" The monthly costs and the annual savings above are node-hours only; the energy is in this "
                       "figure." if energy else ""))
     in_view = set(ctx.sel.runs["mode"])
-    st.plotly_chart(charts.nodes_bar(p.nodes_ar, p.nodes_spec, in_view), width="stretch")
+    st.plotly_chart(charts.nodes_bar(p.nodes_ar, p.nodes_spec, in_view, p.sla_ms), width="stretch")
     _sla_section(sp)
     notes = projection_notes(sp)
     energy = energy_note(sp, data.run_summaries(ctx.url, ctx.sel.filters))

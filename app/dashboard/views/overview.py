@@ -9,6 +9,7 @@ from app.dashboard import assumptions, charts, data
 from app.dashboard.charts import MODE_NAMES
 from app.dashboard.common import (
     MISSING,
+    PICK_ONE_GROUP,
     SHOWN_RUN_IDS,
     Context,
     comparison_text,
@@ -25,6 +26,7 @@ from app.dashboard.common import (
     throughput,
     usd,
     usd_rate,
+    warn_pooled,
 )
 from app.dashboard.filters import short_model
 from app.dashboard.page_queries import as_utc
@@ -34,7 +36,6 @@ from telemetry.costing import (
     energy_sources_text,
     incomplete_runs_text,
     partial_energy_text,
-    run_groups,
     temperature_text,
 )
 from telemetry.queries import cutoffs_text, max_new_tokens_text, paired_text, pooled_outside_text
@@ -159,12 +160,6 @@ def body(ctx: Context) -> None:
     source = {m: energy_source(r for r in runs if r.mode == m) for m in modes}
     speedups = data.speedups(ctx.url, f)
     proj, a, proj_error = _projection(ctx)
-    # the mode tiles pool every run in view: against AR only where those runs are one comparable group
-    groups = run_groups(runs)
-    mixed = len(groups) > 1
-    mixed_help = (f" No change against AR shown: the runs in view span {len(groups)} comparable groups "
-                  f"({md_safe('; '.join(groups))}), and each mode's figure pools them; pick one with the sidebar "
-                  "(Workload, Temperature, top_p, top_k, Max new tokens, Run kind, Model pair, Node)." if mixed else "")
 
     speed_value, speed_help = _speedup_text(speedups)
     spec = modes.get("spec")
@@ -197,6 +192,13 @@ def body(ctx: Context) -> None:
     if incomplete:
         st.caption(f"Note: {md_safe(incomplete)} The Runs page shows each run's status.")
 
+    # the mode tiles pool every run in view: against AR only where those runs are one comparable group, and
+    # said above them where they are not (in a tile's help alone it went unseen)
+    groups = warn_pooled(runs, "the speculative and AR tiles below")
+    mixed = len(groups) > 1
+    mixed_help = (f" No change against AR shown: the runs in view span {len(groups)} comparable groups "
+                  f"({md_safe('; '.join(groups))}), and each mode's figure pools them; {PICK_ONE_GROUP}."
+                  if mixed else "")
     columns = st.columns(2, border=True)
     for col, mode in zip(columns, ("spec", "ar"), strict=True):
         s, c = modes.get(mode), cost.get(mode)
