@@ -1,5 +1,5 @@
-"""Short labels for long names, shared by the dashboard and the reports: a model directory by its last part,
-a CPU's brand string without its trademark marks; and where the charts of both put their labels."""
+"""Short labels for long names, shared by the dashboard and the reports: a model directory or a workload file by
+its last part, a CPU's brand string without its trademark marks; and where the charts of both put their labels."""
 
 from __future__ import annotations
 
@@ -14,6 +14,12 @@ def short_model(name: Any) -> Any:
     if not isinstance(name, str) or not name.startswith(("/", "./", "../", "~")):
         return name
     return name.rstrip("/").rsplit("/", 1)[-1] or name
+
+
+def short_workload(name: Any) -> Any:
+    """A workload as a label: a workload file by its file name (runs record its absolute path, which ran past the
+    column it was shown in: `cost` showed '/home/me/pro'); a builtin name (code, mixed) as it is."""
+    return short_model(name)
 
 
 _DEVICE_NOISE = re.compile(r"\((?:R|TM|tm|r)\)|\bProcessor\b|\bCPU\b(?=.*@)")

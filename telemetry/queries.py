@@ -55,6 +55,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
+from pathlib import Path
 from typing import NamedTuple
 
 from sqlalchemy import Float, and_, case, cast, func, or_, select
@@ -85,7 +86,6 @@ def _db_option(url) -> str | None:
     """--db's value naming the store at `url` (a SQLite file by its path); None where it is the default store
     or no store a bench could record into (an in-memory SQLite database)."""
     import shlex
-    from pathlib import Path
 
     from sqlalchemy.engine import make_url
 
@@ -110,14 +110,32 @@ def _db_option(url) -> str | None:
 MIXED_WORKLOADS = ("mixed", "all")
 
 
+def workload_file(path: str) -> str:
+    """A workload file as runs record it (serving.workloads.canonical_workload): its absolute path, links resolved,
+    so `my.jsonl`, `./my.jsonl`, `../x/my.jsonl` and `~/x/my.jsonl` are one workload wherever bench ran."""
+    return str(Path(path).expanduser().resolve())
+
+
+def workload_names(want: str) -> tuple[str, ...]:
+    """The recorded workloads a filter naming `want` keeps: both names of the mixed workload; a name with no path
+    in it (code, chat) itself; a path, any spelling of the file, as runs record it now (`workload_file`) and as
+    they recorded it before, the path as it was typed."""
+    if want in MIXED_WORKLOADS:
+        return MIXED_WORKLOADS
+    if not any(c in want for c in "/.~"):
+        return (want,)
+    return tuple(dict.fromkeys((want, workload_file(want))))
+
+
 def workload_matches(col, want: str):
-    """SQL: a run's workload is `want`, either name of the mixed workload counting as the other."""
-    return col.in_(MIXED_WORKLOADS) if want in MIXED_WORKLOADS else col == want
+    """SQL: a run's workload is `want` (`workload_names`: either name of the mixed workload, any path of a file)."""
+    names = workload_names(want)
+    return col.in_(names) if len(names) > 1 else col == want
 
 
 def workload_is(have: str | None, want: str) -> bool:
     """workload_matches for a value in hand."""
-    return have in MIXED_WORKLOADS if want in MIXED_WORKLOADS else have == want
+    return have in workload_names(want)
 
 
 def as_utc(when: datetime, name: str) -> datetime:

@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from telemetry import costing, finops, queries
-from telemetry.labels import short_device, short_model
+from telemetry.labels import short_device, short_model, short_workload
 from telemetry.prices import NoPriceError
 from telemetry.queries import Filters
 
@@ -797,7 +797,7 @@ RUNS_COST_COLUMNS = (
     Column("tokens/s", "tokens_per_s"), Column("hardware $/1M", "hardware_usd_per_1m"),
     Column("energy $/1M", "energy_usd_per_1m"), Column("total $/1M", "total_usd_per_1m"),
     Column("energy included", "energy_included"), Column("energy estimated", "energy_estimated"),
-    Column("note", "note"), Column("status", "status"), Column("workload", "workload"),
+    Column("note", "note"), Column("status", "status"), Column("workload", "workload", short_workload),
     Column("run kind", "kind"), Column("concurrency", "concurrency"),
     Column("started (UTC)", "started_at", to_the_second),
     Column("wall time (s)", "wall_s"), Column("node share", "node_share"), Column("priced as", "priced_as"),
@@ -824,7 +824,7 @@ SPEEDUP_COLUMNS = (
     Column("paired invocations", "paired invocations", paired_cell),
     Column("temperature", "temperature"), Column("top_p", "top_p"), Column("top_k", "top_k"),
     Column("max new tokens", "max new tokens"), Column("run kind", "run kind"), Column("prompts", "prompts"),
-    Column("workload", "workload"), Column("concurrency", "concurrency"),
+    Column("workload", "workload", short_workload), Column("concurrency", "concurrency"),
     Column("drafter", "drafter", short_model), Column("K policy", "K policy"), Column("dtype", "dtype"),
     Column("device", "device", short_device), Column("target", "target", short_model),
 )

@@ -48,7 +48,8 @@ def test_every_option_with_a_default_says_it(name, parser):
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["bench"], ["--workload WORKLOAD builtin name (code, chat, rewrite, mixed) or a .jsonl path (default: code)",
+    (["bench"], ["--workload WORKLOAD builtin name (code, chat, rewrite, mixed) or a .jsonl path (or .txt: a prompt "
+                 "a line; format below) (default: code)",
                  "(default: both)", "(default: 128)", "(default: 2048)", "(default: auto)", "(default: 1)"]),
     (["serve"], ["(default: 8000)", "(default: 8)", "(default: 1024)", "(default: 30)", "default 127.0.0.1"]),
     (["loadtest"], ["(default: http://127.0.0.1:8000)", "(default: 1,2,4,8)", "(default: 30)", "(default: both)",
@@ -61,6 +62,19 @@ def test_help_states_the_defaults(argv, says, capsys):
     assert "(default: None)" not in out and "(default: False)" not in out
     for text in says:
         assert text in out
+
+
+@pytest.mark.parametrize("command", ["bench", "calibrate", "loadtest"])
+def test_every_command_reading_a_workload_says_what_a_workload_file_holds(command, capsys):
+    """--help said only "a .jsonl path": the fields of a line were in a docstring of serving/workloads."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for said in ("workload files (--workload PATH):", 'exactly one of "prompt" (a user prompt) or "messages"',
+                 'optionally "id" (default: the file\'s name and line, prompts.jsonl:3) and "domain" (default: custom)',
+                 '{"prompt": "Write a haiku about tea."}', "PATH.txt one prompt a line",
+                 "A file is recorded by its absolute path"):
+        assert said in out, (command, said)
 
 
 def test_a_help_that_states_its_default_is_not_given_a_second(capsys):

@@ -593,3 +593,54 @@ def test_the_load_test_follows_no_redirect_and_takes_no_proxy(stub_factory, tmp_
     monkeypatch.delenv("no_proxy", raising=False)
     assert main([*argv, "--url", real.url]) == 0, capsys.readouterr().err
     assert real.num_chat > 0
+
+
+def test_a_workload_file_is_one_workload_whatever_path_named_it(stub_factory, tmp_path, monkeypatch, capsys):
+    """A file of `{"prompt": ...}` lines was refused (no id, no domain); run as `../my2.jsonl` it was recorded
+    under that string, so `cost --workload my2.jsonl` (or its absolute path) found no runs, and the same file run
+    from another folder was another workload. Its runs record its absolute path; any path to it selects them, and
+    a run recorded before under a path as typed is still found by that spelling."""
+    from sqlalchemy.orm import Session
+    from synthetic import Req, make_run
+
+    from telemetry.store import open_store
+
+    stub = stub_factory(chunks=2, chunk_s=0.01)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "my2.jsonl").write_text(json.dumps({"prompt": "Write a haiku about tea."}) + "\n")
+    db_url = f"sqlite:///{tmp_path / 'store.db'}"
+    for folder, spelling in ((tmp_path / "a", "../my2.jsonl"), (tmp_path, "my2.jsonl")):
+        monkeypatch.chdir(folder)
+        assert main(["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "0.3", "--mode", "spec",
+                     "--max-tokens", "8", "--workload", spelling, "--db", db_url]) == 0, capsys.readouterr().err
+    absolute = str((tmp_path / "my2.jsonl").resolve())
+    with create_engine(db_url).connect() as c:
+        assert c.execute(text("select distinct workload from runs")).scalars().all() == [absolute]
+        assert set(c.execute(text("select external_id, domain from requests")).all()) == {("my2.jsonl:1", "custom")}
+    engine = open_store(db_url)
+    with Session(engine) as s:  # recorded before runs kept the absolute path: the string as typed, elsewhere
+        old = make_run(s, "ar", workload="../my2.jsonl", requests=[Req(100, ttft_ms=100, e2e_ms=10_000)]).id
+        s.commit()
+    engine.dispose()
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path / "a")
+    for spelling in ("../my2.jsonl", absolute, "~/my2.jsonl"):
+        monkeypatch.setenv("HOME", str(tmp_path))
+        assert main(["cost", "--db", db_url, "--workload", spelling, "--json"]) == 0, capsys.readouterr().err
+        runs = json.loads(capsys.readouterr().out)["runs"]
+        assert {r["workload"] for r in runs} == ({absolute, "../my2.jsonl"} if spelling == "../my2.jsonl"
+                                                 else {absolute}), spelling
+    monkeypatch.chdir(tmp_path)
+    assert main(["cost", "--db", db_url, "--workload", "my2.jsonl", "--json"]) == 0, capsys.readouterr().err
+    assert old not in {r["run_id"] for r in json.loads(capsys.readouterr().out)["runs"]}  # another file from here
+    out = tmp_path / "requests.csv"
+    assert main(["export", "--db", db_url, "--what", "requests", "--workload", "./my2.jsonl",
+                 "--out", str(out)]) == 0
+    assert len(out.read_text().splitlines()) > 1
+    capsys.readouterr()
+    assert main(["cost", "--db", db_url, "--workload", absolute]) == 0  # the table shows the file by its name
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.split()[:1] == ["1"]]
+    assert rows and rows[0][2] == "my2.jsonl", rows  # it showed the path's first 12 characters, '/tmp/pytest-'
+    assert main(["cost", "--db", db_url, "--workload", "other.jsonl"]) != 0
+    err = capsys.readouterr().err
+    assert "no runs with workload 'other.jsonl' (workloads in the store: " in err and absolute in err, err

@@ -11,6 +11,7 @@ import pytest
 from serving.workloads import (
     BUILTIN_DOMAINS,
     BUILTIN_WORKLOADS,
+    DEFAULT_DOMAIN,
     Prompt,
     load_workload,
     workload_path,
@@ -114,9 +115,12 @@ _MSG_USER = {"role": "user", "content": "hi"}
 MALFORMED = {
     "json": ('{"id": "a", "domain": "code", "prompt": "x"', "malformed JSON"),
     "not_object": ('["a", "b"]', "expected a JSON object"),
-    "missing_id": (json.dumps({"domain": "code", "prompt": "x"}), "'id'"),
+    # left out, an id and a domain have defaults (test_a_line_of_only_a_prompt_loads); given, they must be text
+    "id_not_str": (json.dumps({"id": 3, "domain": "code", "prompt": "x"}), "'id' must be a non-empty string"),
+    "id_null": (json.dumps({"id": None, "domain": "code", "prompt": "x"}), "'id' must be a non-empty string"),
     "empty_id": (json.dumps({"id": " ", "domain": "code", "prompt": "x"}), "'id'"),
-    "missing_domain": (json.dumps({"id": "a", "prompt": "x"}), "'domain'"),
+    "empty_domain": (json.dumps({"id": "a", "domain": "", "prompt": "x"}), "'domain' must be a non-empty string"),
+    "domain_not_str": (json.dumps({"id": "a", "domain": ["code"], "prompt": "x"}), "'domain'"),
     "neither": (json.dumps({"id": "a", "domain": "code"}), "found neither"),
     "both": (json.dumps({"id": "a", "domain": "code", "prompt": "x", "messages": [_MSG_USER]}), "found both"),
     "empty_prompt": (json.dumps({"id": "a", "domain": "code", "prompt": "  "}), "non-empty string"),
@@ -170,3 +174,94 @@ def test_duplicate_id_names_both_lines(tmp_path):
     with pytest.raises(ValueError, match=r"duplicate id 'x-001' \(first on line 1\)") as err:
         load_workload(path)
     assert f"{path}:3:" in str(err.value)
+
+
+def test_a_line_of_only_a_prompt_loads(tmp_path):
+    """`{"prompt": "..."}` is a whole line: it was refused for its missing id, then its missing domain, a format
+    said only in a docstring. The id defaults to the file's name and line (stable while the lines stay), the
+    domain to 'custom'; a line that names them keeps its own."""
+    path = tmp_path / "my1.jsonl"
+    path.write_text("\n".join([json.dumps({"prompt": "Write a haiku."}), "",
+                               json.dumps({"messages": [{"role": "user", "content": "Hi"}]}),
+                               json.dumps(GOOD_PROMPT), json.dumps({"domain": "chat", "prompt": "Hello"})]) + "\n")
+    prompts = load_workload(path)
+    assert [(p.id, p.domain) for p in prompts] == [
+        ("my1.jsonl:1", DEFAULT_DOMAIN), ("my1.jsonl:3", DEFAULT_DOMAIN), ("x-001", "code"), ("my1.jsonl:5", "chat")]
+    assert DEFAULT_DOMAIN == "custom" and prompts[0].prompt == "Write a haiku."
+    assert prompts[1].as_messages() == [{"role": "user", "content": "Hi"}]
+    assert [p.id for p in load_workload(path, domain="custom")] == ["my1.jsonl:1", "my1.jsonl:3"]
+
+
+def test_a_given_id_that_repeats_a_default_one_is_a_duplicate(tmp_path):
+    path = tmp_path / "w.jsonl"
+    path.write_text(json.dumps({"prompt": "a"}) + "\n" + json.dumps({"id": "w.jsonl:1", "prompt": "b"}) + "\n")
+    with pytest.raises(ValueError, match=r"w.jsonl:2: duplicate id 'w.jsonl:1' \(first on line 1\)"):
+        load_workload(path)
+
+
+def test_a_text_file_is_one_prompt_a_line(tmp_path):
+    """A .txt workload was 'unknown workload': each non-blank line is now a prompt, with the same defaults."""
+    path = tmp_path / "asks.txt"
+    path.write_bytes(b"\xef\xbb\xbfWrite a haiku about tea.\r\n\n  \nSummarise {\"json\": \"as text\"}\n")
+    prompts = load_workload(str(path))
+    assert prompts == [Prompt(id="asks.txt:1", domain="custom", prompt="Write a haiku about tea.", messages=None),
+                       Prompt(id="asks.txt:4", domain="custom", prompt='Summarise {"json": "as text"}', messages=None)]
+    path.write_bytes(b"ok\n\xff\n")
+    with pytest.raises(ValueError, match=r"asks.txt:2: not UTF-8 text .* a UTF-8 text file, one prompt a line"):
+        load_workload(path)
+
+
+def test_a_file_of_another_kind_is_told_what_a_workload_is(tmp_path):
+    """A .csv (or any other) file said 'unknown workload', as a typo of a builtin name did, without the formats."""
+    path = tmp_path / "asks.csv"
+    path.write_text("prompt\nWrite a haiku.\n")
+    with pytest.raises(ValueError) as err:
+        load_workload(path)
+    said = str(err.value)
+    assert f"workload file '{path}' is neither .jsonl nor .txt" in said
+    assert all(name in said for name in BUILTIN_WORKLOADS) and "one prompt a line" in said
+    with pytest.raises(ValueError, match=r"unknown workload 'poetry': expected a builtin name \(code, .*\.txt file"):
+        load_workload("poetry")
+    (tmp_path / "d.txt").mkdir()
+    with pytest.raises(ValueError, match="is a directory, not a .txt file"):
+        load_workload(tmp_path / "d.txt")
+
+
+def test_a_workload_file_is_recorded_by_its_absolute_path(tmp_path, monkeypatch):
+    """Runs recorded the path as typed: the file benched as `../my2.jsonl` and as `my2.jsonl` was two workloads
+    that never pooled, and `cost --workload` matched only the spelling bench was given."""
+    from serving.workloads import canonical_workload
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "my2.jsonl").write_text(json.dumps({"prompt": "x"}) + "\n")
+    want = str((tmp_path / "my2.jsonl").resolve())
+    monkeypatch.chdir(tmp_path / "sub")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for spelling in ("../my2.jsonl", "./../my2.jsonl", str(tmp_path / "my2.jsonl"), "~/my2.jsonl",
+                     "../sub/../my2.jsonl"):
+        assert canonical_workload(spelling) == want, spelling
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "my2.jsonl")
+    assert canonical_workload("../link.jsonl") == want  # links resolved, as a model directory's path is
+    assert canonical_workload("../asks.txt") == str((tmp_path / "asks.txt").resolve())
+    for name in ("code", "chat", "rewrite", "mixed"):
+        assert canonical_workload(name) == name
+
+
+def test_the_workload_filter_takes_any_path_of_a_file(tmp_path, monkeypatch):
+    from telemetry.queries import workload_is, workload_names
+
+    monkeypatch.chdir(tmp_path)
+    absolute = str(tmp_path.resolve() / "my2.jsonl")
+    for spelling in ("my2.jsonl", "./my2.jsonl", absolute):
+        assert workload_is(absolute, spelling), spelling
+    assert workload_is("my2.jsonl", "my2.jsonl")  # a run recorded before: by the path as it was typed
+    assert not workload_is("../my2.jsonl", "my2.jsonl") and not workload_is(absolute, "other.jsonl")
+    assert workload_names("code") == ("code",) and workload_names("all") == ("mixed", "all")
+
+
+def test_a_workload_file_is_labelled_by_its_name():
+    """The pages, the report and `cost` / `invocations` tables show a recorded absolute path by its file name."""
+    from telemetry.labels import short_workload
+
+    assert short_workload("/home/me/projects/prompts/my2.jsonl") == "my2.jsonl"
+    assert [short_workload(w) for w in ("code", "mixed", "my2.jsonl", None)] == ["code", "mixed", "my2.jsonl", None]

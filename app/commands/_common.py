@@ -145,6 +145,12 @@ TARGET_FILTER_HELP = ("only runs of this target model: its folder's name (every 
                       "or its path as the runs recorded it")
 
 
+# The run filter --workload of cost, project and export (report's says the same): a workload file by any path to it
+# (queries.workload_names)
+WORKLOAD_FILTER_HELP = ("only runs of this workload: a builtin name (code, chat, rewrite, mixed) or a workload file by "
+                        "any path to it (relative or absolute, as bench ran it or not)")
+
+
 def invocation_filter(engine, text: str | None) -> str | None:
     """--invocation of a run filter, resolved in the store to one whole id (None: not given). With engine None
     only its form is checked (before the store is opened), and None returned."""

@@ -24,6 +24,7 @@ from app.commands._interrupt import ctrl_c_once, interrupted_line, write_json
 from app.commands._interrupt import table_file as _table_file
 from app.errors import UsageError
 from serving.lookahead import DEFAULT_K, VLLM_DEFAULT_K
+from serving.workloads import FILE_FORMAT
 
 DEFAULT_INTERLEAVE = 4  # prompts per turn: short enough that a drift of the machine's speed hits both modes
 
@@ -38,13 +39,15 @@ EXAMPLES = """  specfinops bench --workload code --mode both --limit 4
   specfinops bench --backend vllm --workload code --mode both --power nvml --vllm-args '{"tensor_parallel_size": 2}'
 """
 
-WORKLOAD_HELP = "builtin name (code, chat, rewrite, mixed) or a .jsonl path"
+WORKLOAD_HELP = "builtin name (code, chat, rewrite, mixed) or a .jsonl path (or .txt: a prompt a line; format below)"
 WORKLOAD_ALL = "all = mixed (every builtin domain, round-robin)"
+# the epilog of the commands that read a workload: their examples, then what a workload file holds
+WORKLOAD_EPILOG = "\n" + FILE_FORMAT
 
 
 def register(sub) -> None:
     p = add_command(sub, "bench", "Run spec vs AR decoding on a workload, print a table, record telemetry.",
-                    EXAMPLES, handle)
+                    EXAMPLES + WORKLOAD_EPILOG, handle)
     p.add_argument("--workload", default="code", help=f"{WORKLOAD_HELP} (default: code); {WORKLOAD_ALL}")
     p.add_argument("--mode", choices=("spec", "ar", "both"), default="both",
                    help="speculative decoding, autoregressive, or both, compared: at concurrency 1 AR and spec take "

@@ -8,6 +8,7 @@ import statistics
 import sys
 
 from app.commands._common import DTYPE_HELP, add_command, model_option
+from app.commands.bench import WORKLOAD_ALL, WORKLOAD_EPILOG, WORKLOAD_HELP
 
 # the largest K calibrate measures or bounds: far past where any draft's bound peaks (a larger --k-max only spins)
 MAX_K = 64
@@ -23,7 +24,7 @@ EXAMPLES = """  specfinops calibrate                                   # bundled
 
 def register(sub) -> None:
     p = add_command(sub, "calibrate", "Measure alpha, mean acceptance length and c per domain; pick K; GO / NO-GO.",
-                    EXAMPLES, handle)
+                    EXAMPLES + WORKLOAD_EPILOG, handle)
     p.add_argument("--target", default=None, help="target model name or directory (default: bundled)")
     p.add_argument("--draft", default=None, help="draft model directory (default: the bundled draft)")
     p.add_argument("--drafter", default=None,
@@ -32,7 +33,7 @@ def register(sub) -> None:
     p.add_argument("--early-exit-layers", type=int, default=None,
                    help="target layers used by --drafter early-exit (default: 8, or half the layers of a target "
                         "with 8 or fewer)")
-    p.add_argument("--workload", default="mixed", help="builtin name or .jsonl path (default: mixed)")
+    p.add_argument("--workload", default="mixed", help=f"{WORKLOAD_HELP} (default: mixed); {WORKLOAD_ALL}")
     p.add_argument("--limit", type=int, default=None, help="prompts per domain (default: all)")
     p.add_argument("--k", type=int, default=4, help=f"K used while measuring (default 4; at most {MAX_K})")
     p.add_argument("--k-max", type=int, default=8,

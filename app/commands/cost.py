@@ -15,6 +15,7 @@ from app.commands._common import (
     TARGET_FILTER_HELP,
     TOP_K_FILTER_HELP,
     TOP_P_FILTER_HELP,
+    WORKLOAD_FILTER_HELP,
     add_command,
     add_db_option,
     invocation_filter,
@@ -28,7 +29,7 @@ from app.commands._common import (
 )
 from app.errors import UsageError
 from telemetry.finops import MONTHLY_COST_FORMULA
-from telemetry.labels import usd_amount
+from telemetry.labels import short_workload, usd_amount
 
 COST_EXAMPLES = """  specfinops cost
   specfinops cost --run 3 --json
@@ -97,7 +98,7 @@ def _add_pricing(p, *, gpus_per_node: bool) -> None:
 
 
 def _add_filters(p) -> None:
-    p.add_argument("--workload", help="only runs of this workload")
+    p.add_argument("--workload", help=WORKLOAD_FILTER_HELP)
     p.add_argument("--target", help=TARGET_FILTER_HELP)
     p.add_argument("--node", help="only runs of this node id")
     p.add_argument("--temperature", metavar="T", help="only runs recorded at this sampling temperature (e.g. 0)")
@@ -410,7 +411,7 @@ def run_cost_command(args) -> int:
     for rc in run_costs:
         st, c = rc.run.stats, rc.cost
         print(
-            f"{rc.run.run_id:>5} {rc.run.mode:<5} {rc.run.workload[:12]:<12} {rc.run.concurrency:>4} "
+            f"{rc.run.run_id:>5} {rc.run.mode:<5} {short_workload(rc.run.workload)[:12]:<12} {rc.run.concurrency:>4} "
             f"{st.output_tokens:>9,} {_num(st.tokens_per_s):>9} {_usd(c.hardware_usd_per_1m):>10} "
             f"{_energy_text(c):>22} {_total_text(c):>32}  {rc.node_price.priced_as} "
             f"(${rc.node_price.usd_per_hour:g}/h)"

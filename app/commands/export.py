@@ -17,6 +17,7 @@ from typing import TextIO
 from app.commands._common import (
     INVOCATION_FILTER_HELP,
     TARGET_FILTER_HELP,
+    WORKLOAD_FILTER_HELP,
     add_command,
     add_db_option,
     invocation_filter,
@@ -53,7 +54,7 @@ def register(sub) -> None:
     p.add_argument("--until", metavar="ISO", help="only rows before this time")
     p.add_argument("--run", type=run_id, metavar="ID", help="only this run")
     runs = p.add_argument_group("run selection (every option narrows; default: every run)")
-    runs.add_argument("--workload", help="only runs of this workload")
+    runs.add_argument("--workload", help=WORKLOAD_FILTER_HELP)
     runs.add_argument("--target", help=TARGET_FILTER_HELP)
     runs.add_argument("--node", help="only runs of this node id")
     runs.add_argument("--mode", choices=("spec", "ar"), help="only speculative or only autoregressive runs")

@@ -55,7 +55,7 @@ def _when(t) -> str:
 
 def run(args) -> int:
     from telemetry.invocations import list_invocations
-    from telemetry.labels import short_model
+    from telemetry.labels import short_model, short_workload
     from telemetry.store import open_store
 
     engine = open_store(args.db, must_exist=True)
@@ -78,7 +78,8 @@ def run(args) -> int:
     if not found:
         print(f"no bench or load-test invocations in the store; {_why_none(engine)}")
         return 0
-    rows = [(i.short_id, _when(i.started_at) + " UTC", ",".join(i.kinds), ",".join(i.workloads),
+    rows = [(i.short_id, _when(i.started_at) + " UTC", ",".join(i.kinds),
+             ",".join(str(short_workload(w)) for w in i.workloads),
              ",".join(str(short_model(t)) for t in i.targets), ",".join(i.nodes),
              f"{i.num_spec_runs}/{i.num_ar_runs}" + _ended_text(i), f"{i.num_requests:,}",
              _speedup_text(per[i.invocation_id]))

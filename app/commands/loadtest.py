@@ -20,7 +20,7 @@ from app.commands._interrupt import (
     table_file,
     write_json,
 )
-from app.commands.bench import node_id
+from app.commands.bench import WORKLOAD_ALL, WORKLOAD_EPILOG, WORKLOAD_HELP, node_id
 
 EXAMPLES = """  specfinops loadtest --url http://127.0.0.1:8000 --concurrency 1,2,4,8 --duration 30
   specfinops loadtest --url http://127.0.0.1:8000 --concurrency 32 --duration 60 --mode spec --max-tokens 128
@@ -31,7 +31,8 @@ EXAMPLES = """  specfinops loadtest --url http://127.0.0.1:8000 --concurrency 1,
 
 def register(sub) -> None:
     p = add_command(sub, "loadtest", "Bounded streaming load test (loopback only): TTFT / TPOT / ITL and "
-                    "throughput per concurrency level, spec vs AR, recorded as runs.", EXAMPLES, handle)
+                    "throughput per concurrency level, spec vs AR, recorded as runs.", EXAMPLES + WORKLOAD_EPILOG,
+                    handle)
     p.add_argument("--url", default="http://127.0.0.1:8000", help="server on this machine (loopback only)")
     p.add_argument("--concurrency", default="1,2,4,8", help="clients in flight; a list runs one level after another")
     p.add_argument("--duration", type=float, default=30.0, help="seconds per level and mode")
@@ -39,9 +40,7 @@ def register(sub) -> None:
                    help="speculative or not, per request (the 'speculative' extension field)")
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each request (answer length cap)")
     p.add_argument("--temperature", type=float, default=0.0, help="temperature of each request (0 = greedy)")
-    p.add_argument("--workload", default="mixed",
-                   help="builtin name (code, chat, rewrite, mixed) or a .jsonl path; all = mixed (every builtin "
-                        "domain, round-robin)")
+    p.add_argument("--workload", default="mixed", help=f"{WORKLOAD_HELP}; {WORKLOAD_ALL}")
     p.add_argument("--model", default=None, help="model id (default: the first the server lists)")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     add_db_option(p)

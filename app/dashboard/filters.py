@@ -15,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from app.dashboard.page_queries import as_utc, nice_bucket_s
-from telemetry.labels import short_model
+from telemetry.labels import short_model, short_workload
 from telemetry.queries import MAX_NEW_TOKENS, MAX_TOP_K, Filters
 
 ALL = "All"
@@ -156,7 +156,11 @@ def sidebar(options: dict) -> Selection:
     if len(set(pair_labels)) < len(pair_labels):  # two targets in directories of the same name: whole paths
         pair_labels = [f"{t} ← {d}" for t, d in pairs]
     pair = sb.selectbox("Model pair (target ← drafter)", [ALL, *pair_labels], key="f_pair")
-    workload = sb.selectbox("Workload", [ALL, *sorted(runs["workload"].dropna().unique())], key="f_workload")
+    workloads = sorted(runs["workload"].dropna().unique())
+    # a workload file by its name (runs record its absolute path); whole paths where two files share a name
+    names = {w: short_workload(w) for w in workloads}
+    shown = names if len(set(names.values())) == len(names) else {}
+    workload = sb.selectbox("Workload", [ALL, *workloads], format_func=lambda w: shown.get(w, w), key="f_workload")
     # spec and AR compare only at one temperature and run kind: offered where the runs hold several
     temps = sorted({float(t) for t in runs["temperature"].dropna()})
     temperature = sb.selectbox(
@@ -230,7 +234,7 @@ def sidebar(options: dict) -> Selection:
     if invocation != ALL:
         chosen = chosen[chosen["invocation_id"] == invocation]
 
-    run_label = {int(r.run_id): f"#{r.run_id} {r.mode} · {r.workload} · c={r.concurrency} · {r.node_id}"
+    run_label = {int(r.run_id): f"#{r.run_id} {r.mode} · {short_workload(r.workload)} · c={r.concurrency} · {r.node_id}"
                  for r in chosen.itertuples()}
     run_pick = sb.multiselect("Runs", list(run_label), format_func=lambda i: run_label.get(i, f"#{i}"), key="f_runs",
                               help="Empty: every run matching the filters above.")

@@ -28,7 +28,7 @@ from app.dashboard.common import (
     usd_rate,
     warn_pooled,
 )
-from app.dashboard.filters import short_model
+from app.dashboard.filters import short_model, short_workload
 from app.dashboard.page_queries import as_utc
 from telemetry.costing import (
     PARTLY_ESTIMATED,
@@ -299,7 +299,8 @@ def body(ctx: Context) -> None:
             st.caption("speedup pools every run of the row's configuration in view; paired invocations: the ratio "
                        "within each bench or load test that ran both modes (one machine's conditions for both).")
             table = pd.DataFrame([{
-                "workload": s.workload, "temperature": temperature_text(s.temperature).removeprefix("temperature "),
+                "workload": short_workload(s.workload),
+                "temperature": temperature_text(s.temperature).removeprefix("temperature "),
                 "top_p": s.top_p, "top_k": s.top_k, "max new tokens": s.max_new_tokens,
                 "run kind": s.kind, "concurrency": s.concurrency, "speedup": s.speedup,
                 # each invocation that ran both modes, its own ratio: the pooled speedup mixes invocations

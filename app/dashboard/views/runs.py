@@ -16,7 +16,7 @@ from app.dashboard.common import (
     table_height,
     throughput,
 )
-from app.dashboard.filters import short_model
+from app.dashboard.filters import short_model, short_workload
 from app.dashboard.page_queries import as_utc
 
 RAW_KINDS = ("requests", "steps", "tokens", "power")
@@ -53,7 +53,7 @@ def _whole(value) -> str:
 
 COMPARE_ROWS = [
     ("mode", lambda r: r.mode), ("invocation", lambda r: (r.invocation_id or MISSING)[:8]),
-    ("workload", lambda r: r.workload), ("node", lambda r: r.node_id),
+    ("workload", lambda r: short_workload(r.workload)), ("node", lambda r: r.node_id),
     ("device", lambda r: r.device), ("target", lambda r: short_model(r.target)), ("drafter", lambda r: r.drafter or MISSING),
     ("K policy", lambda r: r.k_policy), ("concurrency", lambda r: str(r.concurrency)),
     ("temperature", lambda r: fmt(r.temperature, "g")), ("top_p", lambda r: fmt(r.top_p, "g")),
@@ -86,11 +86,12 @@ def body(ctx: Context) -> None:
         return
     table = run_table(runs)
     st.subheader(f"Runs ({len(runs)})")
-    # the model by its directory's name on the page (the whole path in the CSV); every row without an
+    # the model and a workload file by their names on the page (the whole paths in the CSV); every row without an
     # inner scrollbar up to 25 runs
     # a seed is an identifier: shown without thousands separators (the CSV keeps the number); an invocation by
     # its first 8 digits, as bench prints it for `--invocation` (the CSV keeps the whole id)
-    show_table(table.assign(target=table["target"].map(short_model), seed=table["seed"].astype("string"),
+    show_table(table.assign(target=table["target"].map(short_model), workload=table["workload"].map(short_workload),
+                            seed=table["seed"].astype("string"),
                             invocation=table["invocation"].str[:8]),
                table_height(min(len(table), 25)))
     download_csv("Download run table (CSV)", table, "runs.csv", "dl_runs")
