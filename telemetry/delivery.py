@@ -265,6 +265,8 @@ def email_text(summary: dict) -> tuple[str, str]:
                                 partial=m.get("energy_complete") is False and m.get("energy_source") is not None)
         value = "—" if total is None else f"${num(total)}"
         lines.append(f"Cost per 1M tokens, {label}: {value}" + (f", {basis}" if basis else ""))
+    if summary.get("priced_at"):  # given prices, not the runs' recorded ones
+        lines.append(f"Priced at: {summary['priced_at']}")
     proj = summary.get("projection") or {}
     lines.append(f"Projected annual savings: ${num(proj.get('annual_savings_usd'), ',.0f')}")
     flagged = [a["metric"] for a in summary.get("anomalies", []) if a.get("status") == "anomaly"]

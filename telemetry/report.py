@@ -13,7 +13,8 @@ with a value -> "not enough history", said as such.
 
 Public API:
     period_window(period, *, now=None, since=None, until=None) -> Window
-    build_report(engine, window, *, sla_ms, history, daily_tokens=None, peak_factor=1.0) -> ReportData
+    build_report(engine, window, *, sla_ms, history, daily_tokens=None, peak_factor=1.0, pricing=Pricing())
+        -> ReportData
     band_check(metric, value, history, *, min_history=MIN_HISTORY, k=BAND_SD) -> BandCheck
     summary_dict(data) -> dict      # JSON-safe: reports.summary, the webhook payload
     report_tables(data, engine) -> list[Table]   # the tables of the HTML page and its CSV files
@@ -204,6 +205,50 @@ def period_window(
     return Window(period, until - length, until)
 
 
+# ---- prices ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Pricing:
+    """The prices a report costs its runs at where given, as `specfinops project` takes them (--gpu,
+    --gpus-per-node, --node-hourly-usd, --usd-per-kwh, --pue); None (and 1 GPU per node): each run's recorded
+    price, else the catalog's. Every run's cost takes them as `specfinops cost` does (--gpu x the GPUs of the
+    run's device); the projection as `specfinops project` does (--gpu x --gpus-per-node)."""
+
+    gpu: str | None = None
+    gpus_per_node: int = 1
+    node_hourly_usd: float | None = None
+    usd_per_kwh: float | None = None
+    pue: float | None = None
+
+    def cost_prices(self) -> dict:
+        """costing.costs' keywords (a run is priced per GPU it ran on: no GPUs per node)."""
+        return {"gpu": self.gpu, "node_hourly_usd": self.node_hourly_usd, "usd_per_kwh": self.usd_per_kwh,
+                "pue": self.pue}
+
+    def projection_prices(self) -> dict:
+        """costing.project_from_store's keywords."""
+        return {**self.cost_prices(), "gpus_per_node": self.gpus_per_node}
+
+    def flags(self) -> list[str]:
+        """The options that give these prices (`specfinops report` and `project` take them); [] for none."""
+        out: list[str] = []
+        for flag, value, unset in (("--gpu", self.gpu, None), ("--gpus-per-node", self.gpus_per_node, 1),
+                                   ("--node-hourly-usd", self.node_hourly_usd, None),
+                                   ("--usd-per-kwh", self.usd_per_kwh, None), ("--pue", self.pue, None)):
+            if value != unset:
+                out += [flag, repr(value) if isinstance(value, float) else str(value)]  # every digit given
+        return out
+
+    def text(self) -> str | None:
+        """'--gpu H100 --gpus-per-node 8'; None where no price was given."""
+        return " ".join(self.flags()) or None
+
+    def as_dict(self) -> dict:
+        return {"gpu": self.gpu, "gpus_per_node": self.gpus_per_node, "node_hourly_usd": self.node_hourly_usd,
+                "usd_per_kwh": self.usd_per_kwh, "pue": self.pue}
+
+
 # ---- figures of one period ------------------------------------------------------------------------------
 
 
@@ -263,14 +308,14 @@ class PeriodFigures:
         return costing.energy_source(self._runs(mode))
 
 
-def period_figures(engine: Engine, window: Window) -> PeriodFigures:
-    """One window's figures. Where some of its runs have no price (a device no catalog entry covers), the period
-    has no cost, and says why: every other figure stands (that error failed the report, and every scheduled run
-    whose history held such a period)."""
+def period_figures(engine: Engine, window: Window, pricing: Pricing = Pricing()) -> PeriodFigures:
+    """One window's figures, its runs costed at `pricing`. Where some of its runs have no price (a device no
+    catalog entry covers), the period has no cost, and says why: every other figure stands (that error failed the
+    report, and every scheduled run whose history held such a period)."""
     f = window.filters()
     unpriced = None
     try:
-        run_costs, mode_costs = costing.costs(engine, f, unpriced_ways=None)
+        run_costs, mode_costs = costing.costs(engine, f, unpriced_ways=None, **pricing.cost_prices())
     except NoPriceError as exc:
         run_costs, mode_costs, unpriced = [], [], f"cost n/a: {exc}"
     return PeriodFigures(
@@ -473,6 +518,7 @@ class ReportData:
     window: Window
     generated_at: datetime
     sla_ms: float
+    pricing: Pricing
     current: PeriodFigures
     previous: PeriodFigures
     history: tuple[PeriodFigures, ...]  # previous periods, most recent first (history[0] is `previous`)
@@ -487,7 +533,8 @@ class ReportData:
 
 
 def _projection(
-    engine: Engine, current: PeriodFigures, sla_ms: float, daily_tokens: float | None, peak_factor: float
+    engine: Engine, current: PeriodFigures, sla_ms: float, daily_tokens: float | None, peak_factor: float,
+    pricing: Pricing,
 ) -> ProjectionResult:
     measured = daily_tokens is None
     if measured:
@@ -509,9 +556,10 @@ def _projection(
                                 sla_ms, measured)  # fmt: skip
     try:
         sp = costing.project_from_store(
-            engine, current.window.filters(), daily_tokens=daily, peak_factor=peak_factor, sla_ms=sla_ms
+            engine, current.window.filters(), daily_tokens=daily, peak_factor=peak_factor, sla_ms=sla_ms,
+            **pricing.projection_prices(),
         )
-    except ValueError as exc:  # e.g. no catalog price for the measured device
+    except ValueError as exc:  # e.g. no catalog price for the measured device, 8 GPUs per node of a 3-GPU device
         return ProjectionResult(None, str(exc), daily, basis, peak_factor, sla_ms, measured)
     return ProjectionResult(sp, None, daily, basis, peak_factor, sla_ms, measured)
 
@@ -524,9 +572,11 @@ def build_report(
     history: int = DEFAULT_HISTORY,
     daily_tokens: float | None = None,
     peak_factor: float = 1.0,
+    pricing: Pricing = Pricing(),
     now: datetime | None = None,
 ) -> ReportData:
-    """All the figures of one report. `history` previous periods (>= 1) feed the change and the bands."""
+    """All the figures of one report, every period's runs costed at `pricing`. `history` previous periods (>= 1)
+    feed the change and the bands."""
     if isinstance(sla_ms, bool) or not isinstance(sla_ms, int | float) or not math.isfinite(sla_ms) or sla_ms <= 0:
         raise ValueError(f"--sla-ms must be a number > 0, got {sla_ms!r}")
     if isinstance(history, bool) or not isinstance(history, int) or not 1 <= history <= 366:
@@ -535,20 +585,21 @@ def build_report(
         raise ValueError(f"--daily-tokens must be a number >= {finops.MIN_DAILY_TOKENS:g}, got {daily_tokens!r}")
     if not (math.isfinite(peak_factor) and peak_factor >= 1):
         raise ValueError(f"--peak-factor must be a number >= 1, got {peak_factor!r}")
-    current = period_figures(engine, window)
-    past = tuple(period_figures(engine, window.shifted(n)) for n in range(1, history + 1))
+    current = period_figures(engine, window, pricing)
+    past = tuple(period_figures(engine, window.shifted(n), pricing) for n in range(1, history + 1))
     f = window.filters()
     bands = tuple(_band(name, get, current, past) for name, get in BAND_METRICS)
     return ReportData(
         window=window,
         generated_at=queries.as_utc(now or datetime.now(UTC), "now"),
         sla_ms=float(sla_ms),
+        pricing=pricing,
         current=current,
         previous=past[0],
         history=past,
         domains=tuple(queries.acceptance_by_domain(engine, f)),
         speedups=tuple(queries.speedups(engine, f)),
-        projection=_projection(engine, current, float(sla_ms), daily_tokens, float(peak_factor)),
+        projection=_projection(engine, current, float(sla_ms), daily_tokens, float(peak_factor), pricing),
         bands=bands,
     )
 
@@ -707,6 +758,11 @@ def summary_dict(data: ReportData) -> dict:
         "output_tokens": data.current.output_tokens(),
         "requests": data.current.requests(),
         "p95_tpot_sla_ms": data.sla_ms,
+        # the prices given (report / scheduler --gpu, --gpus-per-node, --node-hourly-usd, --usd-per-kwh, --pue),
+        # which every run's cost and the projection are at; None (1 GPU per node): not given, each run's recorded
+        # price, else the catalog's (the runs' and the projection's "priced as" say which)
+        "pricing": data.pricing.as_dict(),
+        "priced_at": data.pricing.text(),  # those options as given ('--gpu H100 --gpus-per-node 8'), or None
         "modes": {mode: _mode_dict(data, mode) for mode in queries.MODES},
         # runs in the period that did not end 'completed' (cancelled, failed, or 'running': live or killed);
         # their finished requests are in the figures

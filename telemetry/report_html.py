@@ -309,6 +309,21 @@ def energy_sources_html(data: ReportData) -> str:
             + ". A partly estimated figure pools estimated and metered energy.</p>")
 
 
+def pricing_html(data: ReportData) -> str:
+    """What the report is priced at where prices were given (as `specfinops project` takes them), not the prices
+    the runs recorded: said once at the top, as the figures of every section rest on them."""
+    given = data.pricing.text()
+    if given is None:
+        return ""
+    node = (" (--node-hourly-usd: the measured hardware's price per node-hour, its measured energy kept)"
+            if data.pricing.node_hourly_usd is not None else "")
+    per_node = (f"; the projection's node holds {data.pricing.gpus_per_node} GPUs, a run's cost is priced per GPU "
+                "it ran on" if data.pricing.gpus_per_node != 1 else "")
+    return (f"<p class='notice' id='priced-at'>Priced at <code>{html.escape(given)}</code>, not at the prices the "
+            "runs recorded: every run's cost (this period's and those it is compared with) and the projection"
+            f"{html.escape(node + per_node)}.</p>")
+
+
 def assumptions_html(data: ReportData) -> str:
     pr = data.projection
     items = [
@@ -324,7 +339,9 @@ def assumptions_html(data: ReportData) -> str:
         p = pr.projection.projection
         items += [
             f"priced as {a['priced_as']} at ${a['node_hourly_usd']:g}/node-hour"
+            + (f" (given: {data.pricing.text()})" if data.pricing.text() else "")
             + (f", measured on {', '.join(a['measured_on'])}" if a["priced_differs_from_measured"] else ""),
+            *([pr.projection.replica_note] if pr.projection.replica_note else []),
             *([pr.projection.comparison.text(REPORT_CHOOSE)] if pr.projection.comparison is not None else []),
             f"capacity per node: {a['capacity_basis']}",
             f"{FLEET_COST_LABEL}: AR {usd(p.cost_per_1m_tokens_ar_usd)} ({fleet_energy_text(pr.projection, 'ar')}), "
@@ -494,6 +511,7 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
         f"{data.previous.window.period_text()}; "
         "figures from the same queries as <code>specfinops cost</code> and the dashboard.</p>",
     ]
+    parts.append(pricing_html(data))
     unfinished = incomplete_period_text(data)
     if unfinished is not None:
         parts.append(f"<p class='notice' id='period-incomplete'>{html.escape(unfinished[0].upper() + unfinished[1:])}"

@@ -45,6 +45,7 @@ from telemetry.export import write_csv
 from telemetry.report import (
     DEFAULT_HISTORY,
     DEFAULT_SLA_MS,
+    Pricing,
     Window,
     build_report,
     report_tables,
@@ -289,12 +290,13 @@ def write_report(
     history: int = DEFAULT_HISTORY,
     daily_tokens: float | None = None,
     peak_factor: float = 1.0,
+    pricing: Pricing = Pricing(),
     job_id: str | None = None,
     delivery_requested: bool = False,
     now: datetime | None = None,
 ) -> ReportResult | None:
-    """Build, write and record one report of `window` (its period, and its runs: Window.temperature / kind).
-    None when `job_id` already has a report for this period."""
+    """Build, write and record one report of `window` (its period, and its runs: Window.temperature / kind),
+    costed at `pricing`. None when `job_id` already has a report for this period."""
     out = check_out_dir(out_dir)
     release_stale_claims(engine, out)  # what a killed `specfinops report` left (by the real clock, not `now`)
     report_id = _claim(engine, window, job_id, out)
@@ -309,7 +311,7 @@ def write_report(
         final = _make_tmp(engine, report_id, window, out, made)
         tmp = made[0]
         data = build_report(engine, window, sla_ms=sla_ms, history=history, daily_tokens=daily_tokens,
-                            peak_factor=peak_factor, now=now)  # fmt: skip
+                            peak_factor=peak_factor, pricing=pricing, now=now)  # fmt: skip
         tables = report_tables(data, engine)
         names = [f"{t.name}.csv" for t in tables]
         for t, name in zip(tables, names, strict=True):

@@ -71,6 +71,7 @@ from telemetry.report import (
     DEFAULT_HISTORY,
     DEFAULT_SLA_MS,
     SCHEDULED_PERIODS,
+    Pricing,
     Window,
     period_window,
     runs_covered_text,
@@ -225,6 +226,12 @@ class ReportJob:
     max_new_tokens: int | None = None  # only runs capped at this many new tokens (None: every run)
     workload: str | None = None  # only runs of this workload / target model (None: every run)
     target: str | None = None
+    # the prices every run's cost and the projection are at (report.Pricing; None, 1: each run's recorded price)
+    gpu: str | None = None
+    gpus_per_node: int = 1
+    node_hourly_usd: float | None = None
+    usd_per_kwh: float | None = None
+    pue: float | None = None
 
     def __post_init__(self) -> None:
         if self.period not in SCHEDULED_PERIODS:
@@ -241,6 +248,11 @@ class ReportJob:
         --workload, --target)."""
         return replace(window, temperature=self.temperature, kind=self.kind, top_p=self.top_p, top_k=self.top_k,
                        max_new_tokens=self.max_new_tokens, workload=self.workload, target=self.target)  # fmt: skip
+
+    def pricing(self) -> Pricing:
+        """The prices the job's reports are at (--gpu, --gpus-per-node, --node-hourly-usd, --usd-per-kwh, --pue)."""
+        return Pricing(gpu=self.gpu, gpus_per_node=self.gpus_per_node, node_hourly_usd=self.node_hourly_usd,
+                       usd_per_kwh=self.usd_per_kwh, pue=self.pue)
 
     @property
     def delivering(self) -> bool:
@@ -263,7 +275,14 @@ class ReportJob:
             **({"max_new_tokens": self.max_new_tokens} if self.max_new_tokens is not None else {}),
             **({"workload": self.workload} if self.workload is not None else {}),
             **({"target": self.target} if self.target is not None else {}),
+            # and for its prices (--gpu, --gpus-per-node, --node-hourly-usd, --usd-per-kwh, --pue): a job stored
+            # without them is kept as it is; stored in the job's kwargs, they need no column of their own
+            **{k: v for k, v in self.pricing().as_dict().items() if v != PRICING_UNSET[k]},
         }  # fmt: skip
+
+
+# A job's prices as a job stored without them reads (ReportJob.kwargs leaves these out)
+PRICING_UNSET = Pricing().as_dict()
 
 
 def make_scheduler(engine: Engine, *, blocking: bool = False) -> BaseScheduler:
@@ -345,6 +364,11 @@ def job_runs_text(kwargs: dict) -> str:
                              kwargs.get("max_new_tokens"), kwargs.get("workload"), kwargs.get("target"))
 
 
+def job_pricing(kwargs: dict) -> Pricing:
+    """The prices of a job's reports, from its stored arguments (ReportJob.kwargs())."""
+    return Pricing(**{k: kwargs.get(k, unset) for k, unset in PRICING_UNSET.items()})
+
+
 def describe_job(job: Job) -> str:
     """One line: id, cron, period, output folder, delivery targets (webhook URL masked), next run."""
     from telemetry.delivery import mask_url
@@ -363,8 +387,10 @@ def describe_job(job: Job) -> str:
         targets.append("smtp")
     delivery = " + ".join(targets) or "none"
     runs = job_runs_text(kw)
+    priced = job_pricing(kw).text()
     return (f"{job.id}: cron {cron_text(job.trigger)!r} (UTC), {kw.get('period')} reports"
-            f"{f' of {runs} only' if runs else ''} into {kw.get('out_dir')}, delivery {delivery}, {next_run}")  # fmt: skip
+            f"{f' of {runs} only' if runs else ''}{f' priced at {priced}' if priced else ''} into "
+            f"{kw.get('out_dir')}, delivery {delivery}, {next_run}")  # fmt: skip
 
 
 def _same(stored, job: ReportJob, trigger: BaseTrigger) -> bool:
@@ -575,6 +601,11 @@ def run_report_job(
     max_new_tokens: int | None = None,
     workload: str | None = None,
     target: str | None = None,
+    gpu: str | None = None,
+    gpus_per_node: int = 1,
+    node_hourly_usd: float | None = None,
+    usd_per_kwh: float | None = None,
+    pue: float | None = None,
 ) -> int | None:
     """One scheduled run: report the last full period (empty periods too), then deliver the summary. The
     keywords are ReportJob.kwargs(), as the job store holds them.
@@ -595,7 +626,8 @@ def run_report_job(
                             webhook_url=webhook_url, smtp=smtp, delivery_attempts=delivery_attempts,
                             delivery_backoff_s=delivery_backoff_s, webhook_env=webhook_env, temperature=temperature,
                             kind=kind, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, workload=workload,
-                            target=target)  # fmt: skip
+                            target=target, gpu=gpu, gpus_per_node=gpus_per_node, node_hourly_usd=node_hourly_usd,
+                            usd_per_kwh=usd_per_kwh, pue=pue)  # fmt: skip
             # an existing store only: a store gone (or a relative path stored by an earlier version, resolved
             # from another folder) is one ERROR line, never a new, empty store reported on every period
             engine = open_store(db_url, must_exist=True)
@@ -681,8 +713,8 @@ def _write(engine: Engine, job: ReportJob, window):
     from telemetry.report_writer import write_report
 
     return write_report(engine, job.runs_of(window), job.out_dir, sla_ms=job.sla_ms, history=job.history,
-                        daily_tokens=job.daily_tokens, peak_factor=job.peak_factor, job_id=job.job_id,
-                        delivery_requested=job.delivering)  # fmt: skip
+                        daily_tokens=job.daily_tokens, peak_factor=job.peak_factor, pricing=job.pricing(),
+                        job_id=job.job_id, delivery_requested=job.delivering)  # fmt: skip
 
 
 def _deliver(engine: Engine, job: ReportJob, report_id: int, summary: dict) -> str:

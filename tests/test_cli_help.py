@@ -113,3 +113,52 @@ def test_version_prints_the_installed_version(capsys):
         with pytest.raises(SystemExit) as stop:
             main([flag])
         assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"specfinops {version('specfinops')}"
+
+
+@pytest.mark.parametrize(("argv", "dest"), [
+    (["report", "--period", "daily", "--out", "r"], "sla_ms"),
+    (["scheduler"], "sla_ms"),
+    (["project"], "p95_tpot_sla_ms"),
+])
+@pytest.mark.parametrize("name", ["--sla-ms", "--p95-tpot-sla-ms"])
+def test_the_sla_takes_either_name_on_each_command(argv, dest, name):
+    """project named it --p95-tpot-sla-ms, report and scheduler --sla-ms: each takes both, into one option."""
+    args = build_parser().parse_args([*argv, name, "40"])
+    assert getattr(args, dest) == "40"
+
+
+@pytest.mark.parametrize(("command", "dest"), [("calibrate", "draft"), ("bench", "draft_model"),
+                                               ("serve", "draft_model")])
+@pytest.mark.parametrize("name", ["--draft", "--draft-model"])
+def test_the_draft_model_takes_either_name_on_each_command(command, dest, name):
+    """bench and serve named it --draft-model, calibrate --draft: each takes both, into one option."""
+    args = build_parser().parse_args([command, name, "/models/d"])
+    assert getattr(args, dest) == "/models/d"
+
+
+@pytest.mark.parametrize(("command", "says"), [
+    ("report", "--sla-ms, --p95-tpot-sla-ms X p95 TPOT SLA"),
+    ("scheduler", "--sla-ms, --p95-tpot-sla-ms X p95 TPOT SLA"),
+    ("project", "--p95-tpot-sla-ms, --sla-ms X p95 time per output token"),
+    ("calibrate", "--draft, --draft-model DRAFT draft model directory"),
+    ("bench", "--draft-model, --draft DRAFT_MODEL draft model directory"),
+    ("serve", "--draft-model, --draft DRAFT_MODEL draft model directory"),
+])
+def test_help_names_an_alias_beside_its_option_and_the_value_once(command, says, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert says in out
+
+
+def test_report_and_scheduler_take_the_prices_project_takes():
+    """`report --gpu H100` was 'unrecognized arguments': report and scheduler take project's pricing options."""
+    parser = build_parser()
+    project = {a.dest for a in parser.parse_args(["project"]).command_parser._actions}
+    pricing = {"gpu", "gpus_per_node", "node_hourly_usd", "usd_per_kwh", "pue"}
+    assert pricing <= project
+    for argv in (["report", "--period", "daily", "--out", "r"], ["scheduler"]):
+        args = parser.parse_args([*argv, "--gpu", "H100", "--gpus-per-node", "8", "--usd-per-kwh", "0.1",
+                                  "--pue", "1.3"])
+        assert (args.gpu, args.gpus_per_node, args.usd_per_kwh, args.pue) == ("H100", "8", "0.1", "1.3")
+        assert parser.parse_args([*argv, "--node-hourly-usd", "44"]).node_hourly_usd == "44"

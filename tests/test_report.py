@@ -327,6 +327,14 @@ def test_empty_store_is_exit_2_with_the_fill_command(empty_store, tmp_path, caps
         (["--period", "custom", "--since", "soon", "--until", "2026-11-01"], "--since must be an ISO date"),
         (["--period", "daily", "--sla-ms", "0"], "--sla-ms must be > 0"),
         (["--period", "daily", "--history", "2.5"], "--history"),
+        (["--period", "daily", "--p95-tpot-sla-ms", "0"], "--sla-ms must be > 0"),  # project's name of it
+        # the prices of `project`, checked as it checks them (a --gpu typo is named, not 'cost n/a' in the report)
+        (["--period", "daily", "--gpu", "H1000"], "--gpu: unknown price name 'H1000'; known: A100-80GB"),
+        (["--period", "daily", "--gpus-per-node", "8"], "--gpus-per-node needs --gpu NAME"),
+        (["--period", "daily", "--gpu", "H100", "--gpus-per-node", "65"], "--gpus-per-node must be a whole number"),
+        (["--period", "daily", "--gpu", "cpu-2core", "--gpus-per-node", "2"], "'cpu-2core' is a node price"),
+        (["--period", "daily", "--gpu", "H100", "--node-hourly-usd", "44"], "either --gpu NAME or --node-hourly-usd"),
+        (["--period", "daily", "--pue", "0.9"], "--pue must be >= 1"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(store, tmp_path, capsys, extra, needle):
@@ -336,6 +344,71 @@ def test_bad_input_is_one_line_exit_2(store, tmp_path, capsys, extra, needle):
     assert len(err.splitlines()) == 1 and needle in err
     with Session(engine) as s:
         assert s.scalars(select(Report)).first() is None
+
+
+PROJECT_TRAFFIC = ["--daily-tokens", "5e8", "--peak-factor", "2"]
+
+
+@pytest.mark.parametrize("prices", [["--gpu", "H100", "--gpus-per-node", "8"],
+                                    ["--node-hourly-usd", "44", "--usd-per-kwh", "0.2", "--pue", "1.5"]])
+def test_a_report_priced_at_the_users_gpu_or_node_shows_what_project_and_cost_give(store, tmp_path, capsys, prices):
+    """`report` took no --gpu / --gpus-per-node / --node-hourly-usd: its projection could not be the one
+    `project` gives at the user's own hardware, short of editing the global catalog. Now it takes project's
+    prices, and says in its page, its summary and its output what it priced at."""
+    url, engine = store
+    assert main(["project", "--db", url, *PROJECT_TRAFFIC, "--p95-tpot-sla-ms", "50", *prices, "--json"]) == 0
+    projected = json.loads(capsys.readouterr().out)
+    cost_prices = [a for a in prices if a not in ("--gpus-per-node", "8")]  # `cost` prices per GPU of a run
+    assert main(["cost", "--db", url, *cost_prices, "--json"]) == 0
+    costed = {m["mode"]: m for m in json.loads(capsys.readouterr().out)["modes"]}
+    assert main(_report(url, tmp_path, "--period", "daily", "--since", "2026-11-02", *PROJECT_TRAFFIC,
+                        "--sla-ms", "50", *prices)) == 0  # fmt: skip
+    given = " ".join(prices).replace(" 44 ", " 44.0 ")  # every digit of a price given, as a float reads
+    assert f"  priced at: {given} (every run's cost and the projection)" in capsys.readouterr().out
+    rec = _only_report(engine)
+    s = rec.summary
+    assert s["priced_at"] == given
+    assert s["pricing"] == {"gpu": "H100" if "--gpu" in prices else None,
+                            "gpus_per_node": 8 if "--gpus-per-node" in prices else 1,
+                            "node_hourly_usd": 44.0 if "--node-hourly-usd" in prices else None,
+                            "usd_per_kwh": 0.2 if "--usd-per-kwh" in prices else None,
+                            "pue": 1.5 if "--pue" in prices else None}
+    for key in ("nodes_ar", "nodes_spec", "annual_savings_usd", "cost_per_1m_tokens_ar_usd",
+                "cost_per_1m_tokens_spec_usd", "capacity_tokens_per_s_ar", "capacity_tokens_per_s_spec"):
+        assert s["projection"][key] == projected[key], key
+    for key in ("priced_as", "node_hourly_usd", "gpus_per_node", "replicas_per_node", "usd_per_kwh", "pue"):
+        assert s["projection"]["assumptions"][key] == projected["assumptions"][key], key
+    for mode, figures in s["modes"].items():
+        for key in ("hardware_usd_per_1m", "energy_usd_per_1m", "total_usd_per_1m"):
+            assert figures[key] == costed[mode][key], (mode, key)
+    page = open(rec.html_path, encoding="utf-8").read()
+    assert f"Priced at <code>{given}</code>, not at the prices the runs recorded" in page
+    a = projected["assumptions"]
+    assert f"priced as {a['priced_as']} at ${a['node_hourly_usd']:g}/node-hour (given: {given})" in page
+    if "--gpus-per-node" in prices:
+        assert a["priced_as"] == "H100 x8" and "a node of 8 GPUs holds 8 replicas" in page
+
+
+def test_a_report_without_prices_says_none_were_given(store, tmp_path, capsys):
+    url, engine = store
+    assert main(_report(url, tmp_path, "--period", "daily", "--since", "2026-11-02")) == 0
+    assert "priced at" not in capsys.readouterr().out
+    s = _only_report(engine).summary
+    assert s["priced_at"] is None and s["pricing"]["gpu"] is None and s["pricing"]["gpus_per_node"] == 1
+    assert "id='priced-at'" not in open(_only_report(engine).html_path, encoding="utf-8").read()
+
+
+def test_report_and_project_take_either_name_of_the_sla(store, tmp_path, capsys):
+    """The SLA was `project --p95-tpot-sla-ms` but `report --sla-ms`: each takes both now."""
+    url, engine = store
+    assert main(_report(url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--p95-tpot-sla-ms", "40")) == 0
+    assert _only_report(engine).summary["p95_tpot_sla_ms"] == 40
+    capsys.readouterr()
+    outs = []
+    for name in ("--p95-tpot-sla-ms", "--sla-ms"):
+        assert main(["project", "--db", url, *PROJECT_TRAFFIC, name, "40", "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[0] == outs[1] and outs[0]["assumptions"]["p95_tpot_sla_ms"] == 40
 
 
 def test_unwritable_out_dir_is_exit_2(store, tmp_path, capsys):

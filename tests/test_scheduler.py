@@ -814,6 +814,42 @@ def test_a_job_of_one_workload_and_target_keeps_them_and_warns_of_names_no_run_r
     assert "workload" not in job.kwargs and "target" not in job.kwargs
 
 
+def test_a_job_priced_at_the_users_gpu_keeps_its_prices_and_every_run_reports_at_them(store, no_blocking, capsys):
+    """`scheduler` took no --gpu / --gpus-per-node / --node-hourly-usd: a scheduled report could only price at
+    the catalog. The job stores project's prices with its other options and each run's report is at them."""
+    url, engine, out = store
+    traffic = ["--daily-tokens", "5e8", "--peak-factor", "2", "--p95-tpot-sla-ms", "50"]
+    base = ["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out), *traffic]
+    prices = ["--gpu", "H100", "--gpus-per-node", "8"]
+    assert main([*base, *prices]) == 0
+    assert "daily reports priced at --gpu H100 --gpus-per-node 8 into" in capsys.readouterr().out
+    assert main(["scheduler", "--db", url, "--list"]) == 0
+    assert "daily reports priced at --gpu H100 --gpus-per-node 8 into" in capsys.readouterr().out
+    [job] = no_blocking[-1]  # as the job store holds it
+    assert (job.kwargs["gpu"], job.kwargs["gpus_per_node"], job.kwargs["sla_ms"]) == ("H100", 8, 50.0)
+    assert main(["project", "--db", url, *traffic, *prices, "--json"]) == 0
+    projected = json.loads(capsys.readouterr().out)
+    for _ in range(2):  # every run: D0, then the day after (no traffic: no projection, the prices still said)
+        assert sched_mod.run_report_job(**job.kwargs) is not None
+    first, second = reports(engine)
+    for row in (first, second):
+        assert row.summary["priced_at"] == "--gpu H100 --gpus-per-node 8"
+        assert row.summary["pricing"]["gpu"] == "H100" and row.summary["pricing"]["gpus_per_node"] == 8
+        assert "Priced at <code>--gpu H100 --gpus-per-node 8</code>" in Path(row.html_path).read_text("utf-8")
+    p = first.summary["projection"]
+    assert p["assumptions"]["priced_as"] == "H100 x8" and p["assumptions"]["gpus_per_node"] == 8
+    assert (p["nodes_ar"], p["nodes_spec"], p["annual_savings_usd"]) == (
+        projected["nodes_ar"], projected["nodes_spec"], projected["annual_savings_usd"])
+    # the same options again: the job is kept; without prices it stores none (a job stored before they existed
+    # compares equal) and is replaced
+    assert main([*base, *prices]) == 0
+    assert "job report-daily kept" in capsys.readouterr().out
+    assert main([*base, "--sla-ms", "50"]) == 0
+    assert "job report-daily replaced" in capsys.readouterr().out
+    [job] = no_blocking[-1]
+    assert not {"gpu", "gpus_per_node", "node_hourly_usd", "usd_per_kwh", "pue"} & set(job.kwargs)
+
+
 def test_a_stored_webhook_with_a_bad_port_records_a_failed_delivery_and_the_cli_refuses_it(store, no_blocking, capsys):
     url, engine, out = store
     # a job stored before the URL was checked where it entered: the run writes its report and records the failure
@@ -887,6 +923,12 @@ def test_a_bug_in_a_run_still_reaches_apscheduler_with_its_traceback(store, monk
         (["--job-id", ""], "--job-id must be 1-128 characters"),
         (["--webhook", "http://127.0.0.1:99999/hook"], "--webhook has a bad port"),
         (["--sla-ms", "0"], "--sla-ms must be > 0"),
+        (["--p95-tpot-sla-ms", "0"], "--sla-ms must be > 0"),  # project's name of it
+        # a price no run could be costed at: refused before the job is stored, not 'cost n/a' at every run
+        (["--gpu", "H1000"], "--gpu: unknown price name 'H1000'"),
+        (["--gpu", "cpu-2core", "--gpus-per-node", "2"], "'cpu-2core' is a node price"),
+        (["--gpus-per-node", "2"], "--gpus-per-node needs --gpu NAME"),
+        (["--node-hourly-usd", "-1"], "--node-hourly-usd must be > 0"),
     ],
 )
 def test_cli_bad_input_leaves_no_out_folder(store, tmp_path, capsys, extra, needle):
@@ -912,6 +954,8 @@ def test_the_missed_periods_command_masks_the_password_and_keeps_every_digit():
                                    "out_dir": "/reports", "daily_tokens": 123456789.0, "temperature": 0.123456789})
     assert "hunter2" not in text and "postgresql+psycopg://ops:***@db:5432/specfinops" in text, text
     assert "--daily-tokens 123456789.0" in text and "--temperature 0.123456789" in text, text
+    priced = _unreported_text(lost, {"db_url": "/s.db", "out_dir": "/reports", "gpu": "H100", "gpus_per_node": 8})
+    assert "--gpu H100 --gpus-per-node 8` writes it" in priced, priced  # the report at the job's own prices
 
 
 def test_of_two_schedulers_recovering_one_undelivered_report_only_one_sends_it(store, failing_hook, monkeypatch):

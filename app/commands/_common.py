@@ -343,6 +343,14 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             action.help = f"{action.help} {said}" if action.help else said
         return super()._format_action(action)
 
+    def _format_action_invocation(self, action):
+        """An option with an alias (`report --sla-ms` and `project --p95-tpot-sla-ms` name one thing) names its
+        value once, `--sla-ms, --p95-tpot-sla-ms X` (Python 3.13's form), not after each spelling."""
+        if len(action.option_strings) < 2 or action.nargs == 0:
+            return super()._format_action_invocation(action)
+        value = self._format_args(action, self._get_default_metavar_for_optional(action))
+        return f"{', '.join(action.option_strings)} {value}"
+
 
 def add_command(sub, name: str, help_: str, examples: str, handler) -> argparse.ArgumentParser:
     """Add a sub-command whose --help ends with examples and states every option's default."""

@@ -26,7 +26,8 @@ def register(sub) -> None:
     p = add_command(sub, "calibrate", "Measure alpha, mean acceptance length and c per domain; pick K; GO / NO-GO.",
                     EXAMPLES + WORKLOAD_EPILOG, handle)
     p.add_argument("--target", default=None, help="target model name or directory (default: bundled)")
-    p.add_argument("--draft", default=None, help="draft model directory (default: the bundled draft)")
+    p.add_argument("--draft", "--draft-model", dest="draft", default=None,
+                   help="draft model directory (default: the bundled draft; --draft-model: as bench and serve name it)")
     p.add_argument("--drafter", default=None,
                    help="draft | draft+ngram | early-exit | ngram (default: what bench and serve run, draft+ngram "
                         "with the bundled target and ngram with any other; with --draft DIR: draft)")

@@ -83,7 +83,9 @@ entry priced their device), which `prices set` counts. To cost recorded runs at 
 IDS_SHOWN = 8  # run id ranges a summary line lists before it counts the rest (the table lists every run)
 
 
-def _add_pricing(p, *, gpus_per_node: bool) -> None:
+def add_pricing_options(p, *, gpus_per_node: bool) -> None:
+    """The options that price the runs in view at other prices than they recorded (`cost`; with
+    `gpus_per_node`, `project`, `report` and `scheduler`, whose node is projected); read by `pricing_options`."""
     p.add_argument("--gpu", metavar="NAME", help="price at this catalog entry (see `specfinops prices`)")
     if gpus_per_node:
         p.add_argument(
@@ -121,7 +123,7 @@ def register(sub) -> None:
     )
     add_db_option(p)
     p.add_argument("--run", type=run_id, metavar="ID", help="only this run")
-    _add_pricing(p, gpus_per_node=False)
+    add_pricing_options(p, gpus_per_node=False)
     _add_filters(p)
 
     p = add_command(
@@ -136,8 +138,9 @@ def register(sub) -> None:
     traffic = p.add_argument_group("required options (the traffic profile)")
     traffic.add_argument("--daily-tokens", metavar="N", help="output tokens per day (e.g. 5e8)")
     traffic.add_argument("--peak-factor", metavar="F", help="peak-to-average traffic ratio, >= 1")
-    traffic.add_argument("--p95-tpot-sla-ms", metavar="X", help="p95 time per output token the service must meet")
-    _add_pricing(p, gpus_per_node=True)
+    traffic.add_argument("--p95-tpot-sla-ms", "--sla-ms", dest="p95_tpot_sla_ms", metavar="X",
+                         help="p95 time per output token the service must meet (--sla-ms: as `report` names it)")
+    add_pricing_options(p, gpus_per_node=True)
     _add_filters(p)
     usage_shows_required(p, "daily_tokens", "peak_factor", "p95_tpot_sla_ms")  # checked by run_project_command
 
@@ -161,7 +164,8 @@ def register(sub) -> None:
 # ---- parsing -------------------------------------------------------------------------------------------
 
 
-def _pricing(args) -> dict:
+def pricing_options(args) -> dict:
+    """The pricing options (`add_pricing_options`) checked, as costing.costs / project_from_store take them."""
     if args.gpu is not None and args.node_hourly_usd is not None:
         raise UsageError("give either --gpu NAME or --node-hourly-usd X, not both")
     from telemetry.prices import MAX_PUE, MAX_USD_PER_HOUR, MAX_USD_PER_KWH
@@ -200,14 +204,19 @@ def _at_most(flag: str, text: str | None, value: float | None, maximum: float, u
     return value
 
 
-def _check_gpu_entry(engine, args) -> None:
-    """--gpus-per-node multiplies a GPU price: a node entry is a whole node already."""
-    if getattr(args, "gpus_per_node", None) is None or args.gpu is None:
+def check_gpu_entry(engine, args) -> None:
+    """--gpu NAME names an entry of the store's catalog (a report or a scheduled job priced at a typo would say
+    'cost n/a' for every period: refused before anything is written); --gpus-per-node multiplies a GPU price: a
+    node entry is a whole node already."""
+    if args.gpu is None:
         return
     from telemetry.prices import get_price
 
-    entry = get_price(engine, args.gpu)
-    if entry.kind == "node":
+    try:
+        entry = get_price(engine, args.gpu)
+    except ValueError as exc:  # it names the known entries
+        raise UsageError(f"--gpu: {exc}") from None
+    if getattr(args, "gpus_per_node", None) is not None and entry.kind == "node":
         raise UsageError(f"--gpus-per-node applies to GPU prices; {entry.name!r} is a {entry.kind} price "
                          "(a whole node already): drop --gpus-per-node")
 
@@ -323,7 +332,7 @@ def run_cost_command(args) -> int:
     )
     from telemetry.store import open_store
 
-    pricing = _pricing(args)
+    pricing = pricing_options(args)
     _filters(args, None, args.run)  # every option checked before the store is opened
     engine = open_store(args.db, must_exist=True)
     filters = _filters(args, engine, args.run)
@@ -492,11 +501,11 @@ def run_project_command(args) -> int:
                           maximum=MAX_DAILY_TOKENS)
     peak = number_option("--peak-factor", args.peak_factor, minimum=1, strict=False, maximum=MAX_PEAK_FACTOR)
     sla = number_option("--p95-tpot-sla-ms", args.p95_tpot_sla_ms, minimum=0, maximum=MAX_SLA_MS)
-    pricing = _pricing(args)
+    pricing = pricing_options(args)
     _filters(args, None)  # every option checked before the store is opened
     engine = open_store(args.db, must_exist=True)
     filters = _filters(args, engine)
-    _check_gpu_entry(engine, args)
+    check_gpu_entry(engine, args)
     sp = project_from_store(engine, filters, daily_tokens=daily, peak_factor=peak, sla_ms=sla, **pricing)
     if args.json:
         print(json.dumps(sp.as_dict(), indent=2))

@@ -24,11 +24,14 @@ from app.commands._common import (
     top_k_filter,
     top_p_filter,
 )
+from app.commands.cost import add_pricing_options, check_gpu_entry, pricing_options
 from app.errors import UsageError
 
 RUN_KINDS = ("bench", "loadtest", "serve")  # telemetry.queries.RUN_KINDS (not imported: --help loads no SQL)
 # report_options that choose the runs (report.Window's)
 RUN_FILTERS = ("temperature", "kind", "top_p", "top_k", "max_new_tokens", "workload", "target")
+# report_options that price the runs (report.Pricing's, as `specfinops project` takes them)
+PRICING_OPTIONS = ("gpu", "gpus_per_node", "node_hourly_usd", "usd_per_kwh", "pue")
 
 EXAMPLES = """  specfinops report --period daily --out reports/             # yesterday (UTC)
   specfinops report --period weekly --until 2026-11-09 --out reports/
@@ -41,13 +44,16 @@ EXAMPLES = """  specfinops report --period daily --out reports/             # ye
   specfinops report --period weekly --out reports/ --max-new-tokens 128               # answers capped at 128
   specfinops report --period weekly --out reports/ --workload code --target ~/models/llama-3.1-8b   # one model
   specfinops report --period custom --invocation latest --out reports/   # the last bench, over its own span
+  specfinops report --period weekly --out reports/ --daily-tokens 5e8 --gpu H100 --gpus-per-node 8   # as project
+  specfinops report --period weekly --out reports/ --node-hourly-usd 8.806   # our own node's price
 """
 
 
 def add_report_options(p) -> None:
     """Options shared with `specfinops scheduler`."""
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the report files (created if missing)")
-    p.add_argument("--sla-ms", metavar="X", default=None, help="p95 TPOT SLA in ms (default 50)")
+    p.add_argument("--sla-ms", "--p95-tpot-sla-ms", dest="sla_ms", metavar="X", default=None,
+                   help="p95 TPOT SLA in ms (default 50; --p95-tpot-sla-ms: as `project` names it)")
     p.add_argument("--history", metavar="N", default=None,
                    help="previous periods for the anomaly bands (default 7; 3 with a value are needed)")  # fmt: skip
     p.add_argument("--daily-tokens", metavar="N", default=None,
@@ -67,6 +73,8 @@ def add_report_options(p) -> None:
                         "(`specfinops cost --target`); "
                         "a name the store has never recorded is named with the ones it has: `report` refuses it, "
                         "`scheduler` warns and keeps it")  # fmt: skip
+    # the prices of `specfinops project` (and `cost`): every run's cost and the projection at them
+    add_pricing_options(p, gpus_per_node=True)
 
 
 def register(sub) -> None:
@@ -112,6 +120,7 @@ def report_options(args) -> dict:
         "max_new_tokens": max_new_tokens_filter(args.max_new_tokens),
         "workload": name_filter("--workload", args.workload),
         "target": name_filter("--target", args.target),
+        **pricing_options(args),  # PRICING_OPTIONS
     }
 
 
@@ -150,7 +159,7 @@ def run(args) -> int:
     from telemetry.export import parse_when
     from telemetry.invocations import invocation_span
     from telemetry.queries import empty_store_hint
-    from telemetry.report import PERIODS
+    from telemetry.report import PERIODS, Pricing
     from telemetry.report_writer import check_out_dir, count_runs, write_report
     from telemetry.store import RECORDS_REPORTS, open_store
 
@@ -158,6 +167,7 @@ def run(args) -> int:
         raise UsageError(f"--period must be one of {', '.join(PERIODS)}, got {args.period!r}")
     options = report_options(args)
     runs = {k: options.pop(k) for k in RUN_FILTERS}  # the window's runs
+    pricing = Pricing(**{k: options.pop(k) for k in PRICING_OPTIONS})
     since, until = parse_when(args.since, "--since"), parse_when(args.until, "--until")
     invocation_filter(None, args.invocation)  # its form, before the store is read
     # --period custom --invocation ID: what --since / --until leave open is the invocation's own span
@@ -168,6 +178,7 @@ def run(args) -> int:
     engine = open_store(args.db, must_exist=True, to_write=RECORDS_REPORTS)
     if count_runs(engine) == 0:
         raise UsageError(f"the store has no runs to report on; {empty_store_hint(engine)}")
+    check_gpu_entry(engine, args)
     runs["invocation_id"] = invocation_filter(engine, args.invocation)
     if runs["invocation_id"] is not None:
         first, last = invocation_span(engine, runs["invocation_id"])
@@ -189,7 +200,7 @@ def run(args) -> int:
     with removing_made_folders(args.out):
         out = check_out_dir(args.out)
         with sigterm_as_ctrl_c():  # killed by SIGTERM, write_report removes its claim and folder as on Ctrl-C
-            result = write_report(engine, window, out, **options)
+            result = write_report(engine, window, out, pricing=pricing, **options)
     if result is None:  # only scheduled reports (with a job id) can be refused as duplicates
         raise RuntimeError("report was refused as a duplicate without a job id")
     s = result.summary
@@ -197,6 +208,8 @@ def run(args) -> int:
     print(f"report #{result.report_id}: {window.label()}{traffic}")
     print(f"  html: {result.html_path}")
     print(f"  csv:  {result.csv_dir} ({len(result.csv_files)} files)")
+    if s["priced_at"]:
+        print(f"  priced at: {s['priced_at']} (every run's cost and the projection)")
     if result.name_taken:  # another store's report (ids are per store) or one from before a reset: kept
         print(f"note: {out} already holds {result.name_taken} (another store's report, one written before the "
               f"store was reset, or another file; left as it is): this report is in {result.csv_dir.name}",

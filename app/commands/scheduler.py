@@ -21,6 +21,7 @@ import threading
 from contextlib import contextmanager, suppress
 
 from app.commands._common import add_command, add_db_option, removing_made_folders, sigterm_as_ctrl_c
+from app.commands.cost import check_gpu_entry
 from app.commands.report import add_report_options, report_options, unrecorded_names
 from app.errors import UsageError
 
@@ -109,8 +110,11 @@ def _say_next_run(scheduler, now=None) -> None:
 
 def _unreported_text(lost: list, kwargs: dict) -> str:
     """'; 2 periods no run reports (daily from Wed 2026-12-02 00:00 UTC): `specfinops report ...` writes the
-    first' for the periods missed runs would have reported, with the job's own store, folder and run filters."""
+    first' for the periods missed runs would have reported, with the job's own store, folder, run filters and
+    prices."""
     import shlex
+
+    from telemetry.scheduler import job_pricing
 
     if not lost:
         return ""
@@ -130,6 +134,7 @@ def _unreported_text(lost: list, kwargs: dict) -> str:
         value = kwargs.get(key)
         if value is not None:
             argv += [flag, repr(value) if isinstance(value, float) else str(value)]  # every digit the job has
+    argv += job_pricing(kwargs).flags()
     if first.period == "monthly":  # '2 months from September 2026', not from 'Tue 2026-09-01 00:00 UTC'
         what = (f"the month {first.period_text()}" if len(lost) == 1
                 else f"{len(lost)} months from {first.month_text() or first.span_text()}")
@@ -254,7 +259,7 @@ def run(args) -> int:
 
     if args.list:
         # --list schedules nothing: a --cron or --out beside it was dropped unsaid
-        given = [a.option_strings[-1] for a in args.command_parser._actions
+        given = [a.option_strings[0] for a in args.command_parser._actions
                  if a.option_strings and a.dest not in ("help", "db", "list") and getattr(args, a.dest) != a.default]
         if given:
             raise UsageError(f"--list lists the persisted jobs and takes no {', '.join(given)} (drop --list to "
@@ -289,6 +294,7 @@ def run(args) -> int:
     # would get a "no traffic" report every period. Opened before --out is made: a bad store leaves no folder.
     engine = open_store(db_url, must_exist=True)
     try:
+        check_gpu_entry(engine, args)  # a --gpu typo is refused now, not said as 'cost n/a' by every run
         unknown = unrecorded_names(engine, options)
         if unknown is not None:  # said, not refused: a job may be set up before its model's first runs
             print(f"scheduler: warning: {unknown}; until such runs are recorded its reports say 'no traffic'",
@@ -315,8 +321,10 @@ def run(args) -> int:
     with sigterm_as_ctrl_c("scheduler: SIGTERM: stopping (a run in progress finishes first)"):
         # said once SIGTERM is handled: a SIGTERM sent on reading this line met the default action (exit -15)
         runs = job_runs_text(job.kwargs())  # the runs it covers, as --list and a removal say them
+        priced = job.pricing().text()
         print(f"scheduler: job {job.job_id} {how}: cron {args.cron!r} (UTC), {job.period} reports"
-              f"{f' of {runs} only' if runs else ''} into {out}; Ctrl-C or SIGTERM to stop", flush=True)  # fmt: skip
+              f"{f' of {runs} only' if runs else ''}{f' priced at {priced}' if priced else ''} into {out}; Ctrl-C "
+              "or SIGTERM to stop", flush=True)  # fmt: skip
         stop, lost = threading.Event(), threading.Event()
         try:
             for line in recover_reports(engine, job):  # what a killed run of this job left behind

@@ -45,7 +45,9 @@ def register(sub) -> None:
                    help="cap on the answer of a request that sends no max_tokens / max_completion_tokens (default: "
                         "none, as OpenAI and vLLM: the room left in the context window)")
     p.add_argument("--target", default=None, help="target model name or local HF directory (default: bundled)")
-    p.add_argument("--draft-model", default=None, help="draft model directory (alone: --drafter draft+ngram with it; refused beside ngram or early-exit)")
+    p.add_argument("--draft-model", "--draft", dest="draft_model", default=None,
+                   help="draft model directory (alone: --drafter draft+ngram with it; refused beside ngram or "
+                        "early-exit; --draft: as calibrate names it)")
     p.add_argument("--early-exit-layers", type=int, default=None,
                    help="target layers used by --drafter early-exit (default: 8, or half the layers of a target "
                         "with 8 or fewer)")
