@@ -7,15 +7,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from telemetry.finops import speedup_bound
+from telemetry.finops import speedup_bound, speedup_exceeds_acceptance, speedup_over_acceptance_text
 
 DEFAULT_THRESHOLD = 0.65
 MIN_TESTED_TOKENS = 20  # fewer tested draft tokens than this and alpha (so the verdict and bound) is mostly noise
 # timings no machine can produce, said beside the figures (never clamped): a verify forward over K + 1 tokens costs
 # at least about one one-token forward (v >= 1), and a speculative step, emitting the mean acceptance length in
-# tokens for at least one target forward, cannot beat AR by more than that length; the margins allow for noise
+# tokens for at least one target forward, cannot beat AR by more than that length (finops'
+# MAX_SPEEDUP_OVER_ACCEPTANCE_LENGTH, the rule every speedup shown beside money applies); the margins allow for noise
 MIN_VERIFY_RATIO = 0.8
-MAX_SPEEDUP_OVER_ACCEPTANCE_LENGTH = 1.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +79,12 @@ def calibrate(domain: str, counts: StepCounts, *, threshold: float = DEFAULT_THR
 
 def calibration_warnings(cal: Calibration, measured_speedup: float | None = None) -> list[str]:
     """What the verdict does not say: it is defined on alpha alone (alpha >= threshold), so a GO can come with a
-    bound or a measured speedup below 1 (the draft too slow for its acceptance), and a verdict on a handful of
-    tested tokens is noise; and where the timings are impossible (v below MIN_VERIFY_RATIO, a measured speedup
-    above MAX_SPEEDUP_OVER_ACCEPTANCE_LENGTH times the mean acceptance length), that c, the bounds and the
-    measured speedup cannot be trusted while the verdict (alpha, timing-free) stands. One sentence each, empty
-    when nothing needs saying."""
+    bound or a measured speedup below 1 (the draft too slow for its acceptance), a NO-GO with a measured speedup
+    above 1 (a draft cheap enough to pay at that alpha; not said where that speedup is itself impossible, below),
+    and a verdict on a handful of tested tokens is noise; and where the timings are impossible (v below
+    MIN_VERIFY_RATIO, a measured speedup above what the mean acceptance length allows: finops'
+    speedup_exceeds_acceptance), that c, the bounds and the measured speedup cannot be trusted while the verdict
+    (alpha, timing-free) stands. One sentence each, empty when nothing needs saying."""
     out = []
     if cal.tested is not None and 0 < cal.tested < MIN_TESTED_TOKENS:
         out.append(f"alpha rests on only {cal.tested} tested draft tokens (fewer than {MIN_TESTED_TOKENS}): too few "
@@ -93,6 +94,11 @@ def calibration_warnings(cal: Calibration, measured_speedup: float | None = None
                    "speculation would be slower than AR")
     if measured_speedup is not None and measured_speedup < 1:
         out.append(f"measured {measured_speedup:.2f}x: speculation was slower than AR here")
+    if (cal.verdict == "NO-GO" and measured_speedup is not None and round(measured_speedup, 2) > 1
+            and not speedup_exceeds_acceptance(measured_speedup, cal.mean_acceptance_length)):
+        out.append(f"NO-GO by alpha < {cal.threshold:g}, yet the pair measured {measured_speedup:.2f}x AR here: the "
+                   "verdict judges alpha alone, and a draft cheap enough (c) pays at a lower alpha; weigh the "
+                   "measured speedup (on an idle machine, over more prompts) before dropping the pair")
     rerun = ("c, bound, v, bound v and measured are unreliable (the verdict, on alpha alone, stands); rerun with "
              "more prompts (--limit) on an idle machine")
     if cal.verify_ratio is not None and cal.verify_ratio < MIN_VERIFY_RATIO:
@@ -102,12 +108,9 @@ def calibration_warnings(cal: Calibration, measured_speedup: float | None = None
         out.append(f"v = {cal.verify_ratio:.2f} is below {MIN_VERIFY_RATIO:g}: a verify forward over {tokens} tokens "
                    "cannot cost much less than a one-token forward, so the timings are wrong (likely a loaded "
                    f"machine or too few prompts): {rerun}")
-    mal = cal.mean_acceptance_length
-    if measured_speedup is not None and mal is not None and measured_speedup > MAX_SPEEDUP_OVER_ACCEPTANCE_LENGTH * mal:
-        out.append(f"measured {measured_speedup:.2f}x is above the mean acceptance length {mal:.2f} (by more than "
-                   f"{MAX_SPEEDUP_OVER_ACCEPTANCE_LENGTH - 1:.0%}): a speculative step emits {mal:.2f} tokens on "
-                   "average for at least one target forward, so it cannot beat AR by more than that; the AR timing "
-                   f"was inflated (likely a loaded machine or too few prompts): {rerun}")
+    above = speedup_over_acceptance_text(measured_speedup, cal.mean_acceptance_length, rerun)
+    if above:
+        out.append(above)
     return out
 
 

@@ -6,6 +6,7 @@
     annual savings            = (nodes AR - nodes spec) x node $/h x 8,760
     monthly cost              = nodes x node $/h x 730 (hours a month: 8,760 / 12)
     speedup bound             = (1 - a^(K+1)) / ((1 - a)(K c + 1))     (Leviathan et al. 2023)
+    measured speedup          <= mean acceptance length (x a margin for noise), else the AR timing was inflated
 
 A figure that cannot be computed (no tokens, no energy measurement, no capacity) is None, with a reason
 where the caller shows one; never 0 and never a ZeroDivisionError.
@@ -188,6 +189,36 @@ def speedup_bound(alpha: float, k: int, c: float) -> float:
     _finite("c", c, minimum=0)
     tokens_per_step = (k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
     return tokens_per_step / (k * c + 1)
+
+
+# A speculative step emits the mean acceptance length in tokens on average (the bonus token included) for at least
+# one target forward (a verify over K + 1 tokens costs no less than a one-token forward; drafting only adds), so
+# speculation cannot beat AR at the same concurrency by more than that length. A measured speedup above it, past
+# this margin for noise, says the AR timing was inflated: the rule `calibrate` and every speedup shown beside money
+# apply (`speedup_over_acceptance_text`).
+MAX_SPEEDUP_OVER_ACCEPTANCE_LENGTH = 1.1
+# what to do about such a speedup, where a bench or load test measured it
+RERUN_QUIET = ("rerun on a quiet machine (bench --mode both takes AR and spec in turns at concurrency 1: a smaller "
+               "--interleave has both modes share the load)")
+
+
+def speedup_exceeds_acceptance(speedup: float | None, mean_acceptance_length: float | None) -> bool:
+    """The measured `speedup` is more than MAX_SPEEDUP_OVER_ACCEPTANCE_LENGTH times the mean acceptance length of
+    the spec runs it was measured on; False where either is unknown (nothing drafted, or no AR to compare)."""
+    return (speedup is not None and mean_acceptance_length is not None
+            and speedup > MAX_SPEEDUP_OVER_ACCEPTANCE_LENGTH * mean_acceptance_length)
+
+
+def speedup_over_acceptance_text(speedup: float | None, mean_acceptance_length: float | None,
+                                 advice: str = RERUN_QUIET) -> str | None:
+    """Where `speedup_exceeds_acceptance`, why it cannot be, with both figures and `advice`; None where it can."""
+    if not speedup_exceeds_acceptance(speedup, mean_acceptance_length):
+        return None
+    mal = mean_acceptance_length
+    return (f"measured {speedup:.2f}x is above the mean acceptance length {mal:.2f} (by more than "
+            f"{MAX_SPEEDUP_OVER_ACCEPTANCE_LENGTH - 1:.0%}): a speculative step emits {mal:.2f} tokens on average "
+            "for at least one target forward, so it cannot beat AR by more than that; the AR timing was inflated "
+            f"(likely a loaded machine or too few prompts): {advice}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,45 @@ def test_the_json_keeps_the_figures_and_carries_the_warnings(capsys):
     assert [w.split(" is ")[0] for w in d["warnings"]] == ["v = 0.22", "measured 10.11x"]
 
 
+def _no_go():
+    # 20 steps of K=4: 12 accepted, none all accepted -> alpha 12/32 = 0.375 (NO-GO), mean acceptance length 1.6;
+    # drafting 8 ms for 80 tokens against a 20 ms one-token forward: c = 0.005, a draft cheap enough to pay
+    return calibrate("chat", StepCounts(20, 80, 12, 0, 8.0, 50, 1000.0, spec_verify_ms=440.0))
+
+
+def test_a_no_go_pair_measured_faster_than_ar_is_said_beside_the_verdict():
+    """The verdict is alpha's alone (it stays NO-GO); a measured 1.37x beside it was left unsaid, where a GO slower
+    than AR was warned."""
+    cal = _no_go()
+    assert cal.verdict == "NO-GO" and cal.mean_acceptance_length == pytest.approx(1.6)
+    (line,) = calibration_warnings(cal, 1.37)
+    assert line.startswith("NO-GO by alpha < 0.65, yet the pair measured 1.37x AR here: the verdict judges alpha "
+                           "alone")
+    assert calibration_warnings(cal, 1.0) == [] and calibration_warnings(cal, 0.9)[0].startswith("measured 0.90x")
+    assert calibration_warnings(cal, None) == []
+    # a measured speedup no machine can give (above the 1.6 tokens a step) is said as that, not as a NO-GO that pays
+    assert [w.split(" is ")[0] for w in calibration_warnings(cal, 2.5)] == ["measured 2.50x"]
+
+
+def test_the_no_go_note_is_in_the_table_and_the_json(capsys):
+    from app.commands.calibrate import _report
+
+    args = argparse.Namespace(json=True, k=4, threshold=0.65)
+    loaded = argparse.Namespace(target_dir="t", drafter_label="draft:d")
+    _report(args, loaded, [(_no_go(), 1.37, 1, [], [], [])])
+    (d,) = json.loads(capsys.readouterr().out)["domains"]
+    assert d["verdict"] == "NO-GO" and d["warnings"][0].startswith("NO-GO by alpha < 0.65, yet the pair measured 1.37x")
+    _report(argparse.Namespace(json=False, k=4, threshold=0.65), loaded, [(_no_go(), 1.37, 1, [], [], [])])
+    assert "warning: chat: NO-GO by alpha < 0.65, yet the pair measured 1.37x AR here" in capsys.readouterr().out
+
+
+def test_the_legend_says_what_the_measured_column_is(capsys):
+    """The table's legend explained every column but `measured`."""
+    out = _report(False, capsys)
+    legend = out[out.index("alpha = "):]
+    assert "measured = spec tokens/s / AR tokens/s at the measured K" in legend
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """A 2-layer target and a 1-layer draft sharing one tokenizer."""

@@ -226,6 +226,8 @@ def _report(args: argparse.Namespace, loaded, results: list, interrupted: bool =
     print("bound = (1 - a^(K+1)) / ((1 - a)(K c + 1)); c = draft time per proposed token / target one-token forward")
     print("v = the target's verify forward at the measured K / its one-token forward (the bound assumes 1);\n"
           "bound v = mean acceptance length / (K c + v) at the measured K: what this machine allows")
+    print("measured = spec tokens/s / AR tokens/s at the measured K, the modes taking turns prompt by prompt over\n"
+          "the domain's prompts: the speedup this machine gave (at most about the mean acc len)")
     print("\nacceptance by draft position, given the positions before it were accepted (tested steps):")
     for c, _, _, pos, *_ in results:
         cells = "  ".join(f"{r.position}: " + ("—" if r.rate is None else f"{r.rate:.3f}") + f" ({r.tested})"
