@@ -48,7 +48,9 @@ from telemetry.queries import (
     ConfigSummary,
     Filters,
     RunSummary,
+    Speedup,
     _ratio,
+    above_acceptance_text,
     config_summaries,
     cutoff_matches,
     cutoffs_text,
@@ -58,6 +60,7 @@ from telemetry.queries import (
     key_of,
     run_summaries,
     serve_node_shares,
+    speedups,
     target_is,
     target_matches,
     varying_fields,
@@ -773,9 +776,12 @@ class StoreProjection:
     # p95 TPOT (ms) of each mode's capacity configuration: what meets the SLA in the projection
     capacity_tpot_p95_ms_ar: float | None = None
     capacity_tpot_p95_ms_spec: float | None = None
-    # what the figures do not say by themselves (a small sample, priced as other hardware than measured): the
-    # CLI prints each as a warning, --json adds them to assumptions.notes
+    # what the figures do not say by themselves (a small sample, priced as other hardware than measured, a speedup
+    # above its mean acceptance length): the CLI prints each as a warning, --json adds them to assumptions.notes
     caveats: tuple[str, ...] = ()
+    # a speedup of the compared group is above what its spec runs' mean acceptance length allows: the AR timing
+    # was inflated, so AR's capacity reads low and the savings high (`above_acceptance_caveats`, among the caveats)
+    speedup_above_acceptance: bool = False
 
     @property
     def replica_note(self) -> str | None:
@@ -825,6 +831,9 @@ class StoreProjection:
                 "energy_partly_estimated_spec": self.energy_partly_estimated_spec,
                 # the runs' measured energy is not in the fleet cost: priced as other hardware than measured
                 "energy_left_out_other_hardware": self.energy_left_out,
+                # a speedup of the compared group above its spec runs' mean acceptance length: the AR timing was
+                # inflated and the savings overstated (why: among the notes)
+                "speedup_above_acceptance_length": self.speedup_above_acceptance,
                 "capacity_basis": "highest measured tokens/s of one configuration (its runs pooled: tokens "
                 "over their summed wall time, p95 TPOT over all of their requests; aggregate over its "
                 "concurrency) whose p95 TPOT meets the SLA, "
@@ -871,6 +880,23 @@ def projection_caveats(comparison: Comparison, cap_configs: dict[str, ConfigSumm
                    f"${price.usd_per_hour:g}/h, a node entry: if that price covers a node of several GPUs, price the "
                    "GPU instead (--gpu with a GPU entry and --gpus-per-node N)")
     return tuple(out)
+
+
+# what rests on a speedup above its mean acceptance length, as `project` and `cost` say it
+SAVINGS_ON_IMPOSSIBLE = "the node counts and savings rest on a speedup no machine can produce"
+COSTS_ON_IMPOSSIBLE = ("these runs measured a speedup no machine can produce, so the AR cost per 1M tokens reads "
+                       "high against spec's")
+
+
+def above_acceptance_caveats(found: list[Speedup], run_ids: Iterable[int],
+                             lead: str = SAVINGS_ON_IMPOSSIBLE) -> tuple[str, ...]:
+    """One line per speedup among `found` that compares some of `run_ids` and is above what its spec runs' mean
+    acceptance length allows (`queries.above_acceptance_text`): the AR timing was inflated, so AR reads slower
+    than it is and the figures `lead` names overstate speculation. () where none is."""
+    ids = set(run_ids)
+    return tuple(f"{lead} (drafter {s.drafter}, {s.k_policy}, concurrency {s.concurrency}): "
+                 f"{above_acceptance_text(s)}"
+                 for s in found if s.above_acceptance and ids & {*s.spec_run_ids, *s.ar_run_ids})
 
 
 def runs_text(run_ids: tuple[int, ...], shown: int = 4) -> str:
@@ -1072,9 +1098,12 @@ def project_from_store(
     estimated = any(estimated_by_mode.values())
     sources = _power_sources(engine, [i for m in MODES if estimated_by_mode[m] for i in cap_configs[m].run_ids])
     partly = {m: estimated_by_mode[m] and len({sources[i] for i in cap_configs[m].run_ids}) > 1 for m in MODES}
+    # the speedups of the compared group's runs: where one is impossible, AR's capacity was measured slow
+    above = above_acceptance_caveats(speedups(engine, filters), run_ids)
     return StoreProjection(
         caveats=projection_caveats(comparison, cap_configs, price, devices, differs)
-        + _recorded_prices_caveat(recorded, price),
+        + _recorded_prices_caveat(recorded, price) + above,
+        speedup_above_acceptance=bool(above),
         projection=projection,
         node_price=price,
         measured_on=devices,

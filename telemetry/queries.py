@@ -27,6 +27,9 @@ Definitions (README, "Metric definitions"): only requests with status 'ok' count
                         over the prompts both modes ran (a load test's: all its requests) (`speedups`); pooled over every run in view
     paired speedups   = the same ratio within each invocation (runs.invocation_id: one bench or load test) that
                         recorded both modes, with the same prompt rule (`Speedup.invocation_speedups`)
+    speedup above the mean acceptance length (of the spec runs over the same requests, x finops'
+                        MAX_SPEEDUP_OVER_ACCEPTANCE_LENGTH): impossible, the AR timing was inflated
+                        (`Speedup.above_acceptance`, said beside the figure and the money resting on it)
 
 Public API:
     Filters(since, until, node_id, run_ids, target, drafter, workload, domain, mode, temperature, kind,
@@ -37,6 +40,8 @@ Public API:
     acceptance_by_domain(engine, filters=None) -> list[DomainAcceptance]
     speedups(engine, filters=None) -> list[Speedup]  (pooled, and paired per invocation: `invocation_speedups`)
     paired_text(speedup) -> str  (the paired figures in words, flagging a pooled figure outside them)
+    above_acceptance_text(speedup) -> str | None  (a figure above its mean acceptance length, in words)
+    above_acceptance_lines(speedups) -> list[str]  (those texts, each naming its configuration among several)
     percentile(values, q) -> float | None
 
 Costs and node projections over these figures live in telemetry.costing (run_cost, costs,
@@ -63,6 +68,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from telemetry.db import Request, Run, Step, read_snapshot
+from telemetry.finops import speedup_exceeds_acceptance, speedup_over_acceptance_text
 
 MODES = ("spec", "ar")
 RUN_KINDS = ("bench", "serve", "loadtest")  # runs.kind: a bench times the engine, a load test its HTTP clients
@@ -450,6 +456,23 @@ class Speedup:
     # separate commands). `speedup` pools every invocation's runs; these do not (`paired_text`)
     invocation_speedups: tuple[float, ...] = ()
     invocation_ids: tuple[str, ...] = ()  # the invocations of invocation_speedups, in the same order
+    # 1 + accepted / drafts of the spec runs over the requests `speedup` is over (None: nothing drafted, or not
+    # recorded), and of each paired invocation's as invocation_speedups: what each figure may not exceed
+    # (finops.speedup_exceeds_acceptance)
+    mean_acceptance_length: float | None = None
+    invocation_acceptance_lengths: tuple[float | None, ...] = ()
+
+    @property
+    def above_acceptance(self) -> tuple[tuple[str | None, float, float], ...]:
+        """(invocation, or None for the pooled figure; speedup; mean acceptance length) of each figure above what
+        its spec runs' mean acceptance length allows: the AR timing was inflated. Paired first, oldest first; the
+        pooled figure left out where it is the one paired figure (one invocation in view: the same runs)."""
+        # strict=False: a Speedup built without the paired acceptance lengths has none to check them against
+        figures = list(zip(self.invocation_ids, self.invocation_speedups, self.invocation_acceptance_lengths,
+                           strict=False))
+        if len(figures) != 1 or self.pooled_outside_paired:
+            figures.append((None, self.speedup, self.mean_acceptance_length))
+        return tuple((inv, x, mal) for inv, x, mal in figures if speedup_exceeds_acceptance(x, mal))
 
     @property
     def pooled_outside_paired(self) -> bool:
@@ -508,6 +531,28 @@ def pooled_outside_text(s: Speedup) -> str:
              else f"lies outside the paired range ({min(xs):.2f}-{max(xs):.2f}x)")
     trust = "figure" if len(xs) == 1 else "figures"
     return f"pooled {s.speedup:.2f}x {where}: {PAIRED_DISTRUST}; trust the paired {trust}"
+
+
+def above_acceptance_text(s: Speedup) -> str | None:
+    """Where a figure of `s` (`Speedup.above_acceptance`) is above its spec runs' mean acceptance length, the one
+    furthest above in words (which figure: the pooled one, or a paired invocation's), and how many others are;
+    None where none is. Said beside the speedup and the money resting on it, never instead of them."""
+    found = s.above_acceptance
+    if not found:
+        return None
+    inv, x, mal = max(found, key=lambda f: f[1] / f[2])  # the first of equals: a paired figure, over the pooled
+    which = "pooled over every invocation in view" if inv is None else f"invocation {inv[:8]}"
+    more = len(found) - 1
+    return (f"speedup {which}: {speedup_over_acceptance_text(x, mal)}"
+            + (f" ({more} other figure{'s' if more > 1 else ''} of this configuration above it too)" if more else ""))
+
+
+def above_acceptance_lines(found: Sequence[Speedup]) -> list[str]:
+    """`above_acceptance_text` of each speedup that has one, naming its configuration where there are several:
+    what the report and the dashboard say beside a speedup tile and the savings resting on it."""
+    several = len(found) > 1
+    return [(f"{s.workload}, concurrency {s.concurrency}, {s.drafter} ({s.k_policy}), {s.label}: " if several else "")
+            + text for s in found if (text := above_acceptance_text(s))]
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -794,7 +839,7 @@ def _aggregate(sums: dict, latency: dict[str, float], wall_s: float | None, esti
         num_draft_tokens=drafted,
         num_accepted_tokens=accepted,
         acceptance_rate=_ratio(accepted, drafted),
-        mean_acceptance_length=None if not drafts else 1 + accepted / drafts,
+        mean_acceptance_length=_acceptance_length(drafts, accepted),
         ttft_p50_ms=latency.get("ttft_p50_ms"),
         ttft_p95_ms=latency.get("ttft_p95_ms"),
         tpot_p50_ms=latency.get("tpot_p50_ms"),
@@ -1147,7 +1192,7 @@ def acceptance_by_domain(engine: Engine, filters: Filters | None = None) -> list
                 num_draft_tokens=drafted,
                 num_accepted_tokens=accepted,
                 acceptance_rate=_ratio(accepted, drafted),
-                mean_acceptance_length=None if not drafts else 1 + accepted / drafts,
+                mean_acceptance_length=_acceptance_length(drafts, accepted),
                 num_tested_tokens=n_tested,
                 alpha=_ratio(step_accepted, n_tested),
             )
@@ -1208,6 +1253,7 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
     filters = filters or Filters()
     runs = run_summaries(engine, filters, latency=False)
     totals: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    drafts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])  # drafts, accepted tokens (spec keys)
     ids: dict[tuple, list[int]] = defaultdict(list)
     runs_of: dict[tuple, list[RunSummary]] = defaultdict(list)
     first_start: dict[str, datetime] = {}  # invocation -> its first run's start (runs come oldest first)
@@ -1221,6 +1267,8 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
         key = (base, "spec", r.drafter, r.k_policy) if r.mode == "spec" else (base, "ar")
         totals[key][0] += r.stats.output_tokens
         totals[key][1] += r.stats.wall_s
+        drafts[key][0] += r.stats.num_drafts
+        drafts[key][1] += r.stats.num_accepted_tokens
         ids[key].append(r.run_id)
         runs_of[key].append(r)
 
@@ -1239,16 +1287,22 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
         spec_ids, ar_ids = ids[key], ids.get(ar_key, [])
         spec_tps = _ratio(*totals[key])
         ar_tps = _ratio(*totals[ar_key]) if ar_key in totals else None
+        mal = _acceptance_length(*drafts[key])
         prompts, n_prompts = _compare_prompts(prompt_ids, spec_ids, ar_ids, base.kind)
         if prompts.startswith(PROMPTS_MATCHED):  # both modes over the prompts both ran only
             common = set.intersection(*({p for i in side for p in prompt_ids[i]} for side in (spec_ids, ar_ids)))
             sub = replace(filters, run_ids=tuple(spec_ids + ar_ids), prompt_ids=tuple(common))
             part: dict[str, list[float]] = {"spec": [0.0, 0.0], "ar": [0.0, 0.0]}
+            spec_drafts = [0, 0]  # the spec runs' drafts and accepted tokens over those prompts
             for r in run_summaries(engine, sub, latency=False):
                 if r.stats.wall_s is not None and r.stats.output_tokens:
                     part[r.mode][0] += r.stats.output_tokens
                     part[r.mode][1] += r.stats.wall_s
+                    if r.mode == "spec":
+                        spec_drafts[0] += r.stats.num_drafts
+                        spec_drafts[1] += r.stats.num_accepted_tokens
             spec_tps, ar_tps = _ratio(*part["spec"]), _ratio(*part["ar"])
+            mal = _acceptance_length(*spec_drafts)
         out.append(
             Speedup(
                 workload=base.workload,
@@ -1270,22 +1324,38 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
                 top_p=base.top_p,
                 top_k=base.top_k,
                 max_new_tokens=base.max_new_tokens,
-                invocation_speedups=tuple(x for _, x in paired.get(key, ())),
-                invocation_ids=tuple(i for i, _ in paired.get(key, ())),
+                invocation_speedups=tuple(x for _, x, _ in paired.get(key, ())),
+                invocation_ids=tuple(i for i, _, _ in paired.get(key, ())),
+                mean_acceptance_length=mal,
+                invocation_acceptance_lengths=tuple(m for _, _, m in paired.get(key, ())),
             )
         )
     return out
 
 
+def _acceptance_length(drafts: int | None, accepted: int | None) -> float | None:
+    """1 + accepted / drafts (the bonus token included); None where nothing was drafted."""
+    return 1 + accepted / drafts if drafts else None
+
+
 def _paired(engine: Engine, filters: Filters, runs_of: dict[tuple, list[RunSummary]],
-            prompt_ids: dict[int, set[str | None]], first_start: dict[str, datetime]) -> dict[tuple, list[tuple[str, float]]]:
+            prompt_ids: dict[int, set[str | None]],
+            first_start: dict[str, datetime]) -> dict[tuple, list[tuple[str, float, float | None]]]:
     """Per spec key of `speedups` (its runs in `runs_of`, the AR baseline's under (base, 'ar')): (invocation,
-    spec tokens/s / AR tokens/s) for each invocation that recorded runs of both, by its first run's start.
-    From the run summaries already read; where an invocation's two modes ran different prompts, both are
-    restricted to the prompts both ran, read for every such invocation with one SELECT (`_over_prompts`)."""
-    def tps(parts: list[tuple[int, float | None]]) -> float | None:
-        parts = [(n, w) for n, w in parts if w is not None and n]
+    spec tokens/s / AR tokens/s, its spec runs' mean acceptance length over the same requests) for each invocation
+    that recorded runs of both, by its first run's start. From the run summaries already read; where an
+    invocation's two modes ran different prompts, both are restricted to the prompts both ran, read for every such
+    invocation with one SELECT (`_over_prompts`)."""
+    def tps(parts: list[tuple[int, float | None, int, int]]) -> float | None:
+        parts = [(n, w) for n, w, *_ in parts if w is not None and n]
         return _ratio(sum(n for n, _ in parts), sum(w for _, w in parts))
+
+    def mal(parts: list[tuple[int, float | None, int, int]]) -> float | None:  # of the runs tps counts
+        kept = [(d, a) for n, w, d, a in parts if w is not None and n]
+        return _acceptance_length(sum(d for d, _ in kept), sum(a for _, a in kept))
+
+    def whole(r: RunSummary) -> tuple[int, float | None, int, int]:
+        return r.stats.output_tokens, r.stats.wall_s, r.stats.num_drafts, r.stats.num_accepted_tokens
 
     pairs: dict[tuple, list[tuple[str, list[RunSummary], list[RunSummary]]]] = {}
     restrict: dict[tuple[tuple, str], frozenset[str]] = {}  # (key, invocation) -> the prompts both modes ran
@@ -1308,30 +1378,28 @@ def _paired(engine: Engine, filters: Filters, runs_of: dict[tuple, list[RunSumma
     wanted = {(r.run_id, restrict[(key, inv)]) for key, both in pairs.items() for inv, sp, ar in both
               if (key, inv) in restrict for r in (*sp, *ar)}
     over = _over_prompts(engine, filters, wanted) if wanted else {}
-    out: dict[tuple, list[tuple[str, float]]] = {}
+    out: dict[tuple, list[tuple[str, float, float | None]]] = {}
     for key, both in pairs.items():
         figures = []
         for inv, sp, ar in both:
             common = restrict.get((key, inv))
-            if common is None:
-                ratio = _ratio(tps([(r.stats.output_tokens, r.stats.wall_s) for r in sp]),
-                               tps([(r.stats.output_tokens, r.stats.wall_s) for r in ar]))
-            else:
-                ratio = _ratio(tps([over[(r.run_id, common)] for r in sp]), tps([over[(r.run_id, common)] for r in ar]))
+            spec_parts, ar_parts = ([whole(r) if common is None else over[(r.run_id, common)] for r in side]
+                                    for side in (sp, ar))
+            ratio = _ratio(tps(spec_parts), tps(ar_parts))
             if ratio is not None:
-                figures.append((inv, ratio))
+                figures.append((inv, ratio, mal(spec_parts)))
         out[key] = figures
     return out
 
 
-def _over_prompts(engine: Engine, filters: Filters,
-                  wanted: set[tuple[int, frozenset[str]]]) -> dict[tuple[int, frozenset[str]], tuple[int, float | None]]:
-    """Per (run id, prompt ids): the output tokens of the run's ok requests of those prompts and those requests'
-    share of the run's serving time in seconds, as `run_summaries` gives them under a prompt_ids filter, for many runs
-    and prompt sets from one SELECT of the runs' requests."""
+def _over_prompts(engine: Engine, filters: Filters, wanted: set[tuple[int, frozenset[str]]]
+                  ) -> dict[tuple[int, frozenset[str]], tuple[int, float | None, int, int]]:
+    """Per (run id, prompt ids): the output tokens of the run's ok requests of those prompts, those requests'
+    share of the run's serving time in seconds, and their drafts and accepted tokens, as `run_summaries` gives them
+    under a prompt_ids filter, for many runs and prompt sets from one SELECT of the runs' requests."""
     sub = replace(filters, run_ids=tuple(sorted({run_id for run_id, _ in wanted})), prompt_ids=None)
     q = (select(Request.run_id, Request.external_id, Request.status, Request.started_at, Request.e2e_ms,
-                Request.output_tokens)
+                Request.output_tokens, Request.num_drafts, Request.num_accepted_tokens)
          .join(Run, Request.run_id == Run.id).where(*sub.where()))
     rows: dict[int, list] = defaultdict(list)
     with engine.connect() as c:
@@ -1339,15 +1407,16 @@ def _over_prompts(engine: Engine, filters: Filters,
             rows[row[0]].append(row)
     out = {}
     for run_id, prompts in wanted:
-        share, tokens = _Share(), 0
-        for _, prompt_id, status, started, e2e, n in rows[run_id]:
+        share, tokens, drafts, accepted = _Share(), 0, 0, 0
+        for _, prompt_id, status, started, e2e, n, d, a in rows[run_id]:
             if prompt_id in prompts:
                 share.add(started, e2e)
-                tokens += (n or 0) if status == "ok" else 0
+                if status == "ok":
+                    tokens, drafts, accepted = tokens + (n or 0), drafts + (d or 0), accepted + (a or 0)
             else:  # the run's other requests share its time (`_Share`)
                 share.add_other(started, e2e)
         span = share.span_s()
-        out[(run_id, prompts)] = (tokens, span if span is not None and span > 0 else None)
+        out[(run_id, prompts)] = (tokens, span if span is not None and span > 0 else None, drafts, accepted)
     return out
 
 

@@ -778,7 +778,12 @@ def summary_dict(data: ReportData) -> dict:
              "spec_run_ids": list(s.spec_run_ids), "ar_run_ids": list(s.ar_run_ids),
              # paired: each invocation that recorded both modes, its own ratio (oldest first); `speedup` pools them
              "invocation_speedups": list(s.invocation_speedups), "invocation_ids": list(s.invocation_ids),
-             "pooled_outside_paired": s.pooled_outside_paired, "paired": queries.paired_text(s)}
+             "pooled_outside_paired": s.pooled_outside_paired, "paired": queries.paired_text(s),
+             # the spec runs' 1 + accepted / drafts over the same requests (and each paired invocation's): no figure
+             # can exceed it; where one does, why (the AR timing was inflated), else null
+             "mean_acceptance_length": s.mean_acceptance_length,
+             "invocation_acceptance_lengths": list(s.invocation_acceptance_lengths),
+             "above_acceptance_length": bool(s.above_acceptance), "speedup_warning": queries.above_acceptance_text(s)}
             for s in data.speedups
         ],  # fmt: skip
         "acceptance_by_domain": [

@@ -29,7 +29,7 @@ from telemetry.costing import (
 from telemetry.finops import sla_steps, step_starts
 from telemetry.labels import chart_text, clear_of_line, line_in_legend, usd_amount
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
-from telemetry.queries import paired_text
+from telemetry.queries import above_acceptance_lines, paired_text
 from telemetry.report import (
     ALPHA_GO,
     REPORT_CHOOSE,
@@ -267,10 +267,18 @@ def cards_html(data: ReportData) -> str:
         speedup, speedup_sub = (MISSING, "no spec/AR pair") if not data.speedups else (
             f"{len(data.speedups)} configurations", "see the speedup table" + (
                 f"; {outside} pooled outside the range of their paired invocations" if outside else ""))
+    above = sum(bool(s.above_acceptance) for s in data.speedups)
+    if above:
+        speedup_sub = (f"{'above' if len(data.speedups) == 1 else f'{above} above'} the mean acceptance length of "
+                       f"the spec runs, which no speedup can exceed: the AR timing was inflated (see the warning "
+                       f"above); {speedup_sub}")
     alpha = cur.stat("spec", "acceptance_rate")
     pr = data.projection
     savings = usd(pr.projection.projection.annual_savings_usd) if pr.projection else MISSING
     savings_sub = _savings_text(pr) if pr.projection else (pr.reason or "")
+    if pr.projection is not None and pr.projection.speedup_above_acceptance:
+        savings_sub = ("overstated: rests on a speedup above the mean acceptance length (the AR timing was "
+                       f"inflated; see the assumptions); {savings_sub}")
     cards = [
         _card("Output tokens", f"{cur.output_tokens():,}", _previous_text(data, data.previous.output_tokens())),
         _card("Requests", f"{cur.requests():,}", _previous_text(data, data.previous.requests())),
@@ -522,6 +530,9 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
                      f"{w.since:%Y-%m-%d %H:%M} and {w.until:%Y-%m-%d %H:%M} UTC"
                      f"{html.escape(f' from {runs} only') if runs else ''}. Figures that need traffic "
                      "are shown as —.</p>")  # fmt: skip
+    # a speedup above its mean acceptance length: said above the tiles, whose speedup and savings rest on it
+    parts.extend(f"<p class='notice'>{html.escape(text[0].upper() + text[1:])}</p>"
+                 for text in above_acceptance_lines(data.speedups))
     parts.append(cards_html(data))
     parts.append(energy_sources_html(data))
     partial = [_name(m) for m in ("spec", "ar") if partial_energy(data.current, m)]

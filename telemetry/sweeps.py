@@ -23,6 +23,7 @@ class SweepPoint:
     spec_tokens_per_s: float | None
     ar_tpot_p95_ms: float | None
     spec_tpot_p95_ms: float | None
+    spec_mean_acceptance_length: float | None = None  # what the speedup cannot exceed (None: nothing drafted)
 
     @property
     def speedup(self) -> float | None:
@@ -74,6 +75,7 @@ def sweep_points(engine: Engine, run_ids: list[int]) -> list[SweepPoint]:
             level,
             ar.tokens_per_s if ar else None, spec.tokens_per_s if spec else None,
             ar.tpot_p95_ms if ar else None, spec.tpot_p95_ms if spec else None,
+            spec.mean_acceptance_length if spec else None,
         ))
     return points
 

@@ -225,6 +225,77 @@ def test_a_restriction_to_the_prompts_both_ran_times_both_modes_on_one_basis(db_
     assert sp.invocation_speedups == pytest.approx((1.0,)) and sp.speedup == pytest.approx(1.0)
 
 
+def inflated_ar(url: str, invocation: str = "inflated") -> None:
+    """One bench whose AR ran on a loaded machine: AR 100 tokens in 4 s, spec 100 tokens in 1 s (4.00x) with a mean
+    acceptance length of 1 + 60 / 39 = 2.54 tokens a step: no spec run can beat AR by more than that."""
+    engine = open_store(url)
+    with Session(engine) as s:
+        _ar(s, invocation, BASE_TIME, 4000)
+        _spec(s, invocation, BASE_TIME + timedelta(seconds=5), 1000)
+        s.commit()
+    engine.dispose()
+
+
+def test_a_speedup_above_its_mean_acceptance_length_is_flagged_with_both_figures(db_url):
+    from telemetry.queries import above_acceptance_text
+
+    inflated_ar(db_url)
+    engine = open_store(db_url)
+    (sp,) = speedups(engine)
+    engine.dispose()
+    assert sp.speedup == pytest.approx(4.0) and sp.mean_acceptance_length == pytest.approx(1 + 60 / 39)
+    assert sp.invocation_acceptance_lengths == pytest.approx((1 + 60 / 39,))
+    # the pooled figure is the one paired figure (the same runs): said once
+    ((inv, x, mal),) = sp.above_acceptance
+    assert inv == "inflated" and (x, mal) == pytest.approx((4.0, 1 + 60 / 39))
+    assert above_acceptance_text(sp) == (
+        "speedup invocation inflated: measured 4.00x is above the mean acceptance length 2.54 (by more than 10%): "
+        "a speculative step emits 2.54 tokens on average for at least one target forward, so it cannot beat AR by "
+        "more than that; the AR timing was inflated (likely a loaded machine or too few prompts): rerun on a quiet "
+        "machine (bench --mode both takes AR and spec in turns at concurrency 1: a smaller --interleave has both "
+        "modes share the load)")
+
+
+def test_a_plausible_speedup_and_one_with_nothing_drafted_are_not_flagged(db_url):
+    from telemetry.queries import above_acceptance_text
+
+    two_invocations(db_url)  # paired 2.00x; pooled 3.00x over 2.54 tokens a step (1.1 x 2.54 = 2.79): flagged
+    engine = open_store(db_url)
+    with Session(engine) as s:  # a spec run that drafted nothing (a server's counts missing): nothing to judge
+        _ar(s, "none", BASE_TIME + 2 * HOUR, 4000, workload="chat")
+        _run(s, "none", "spec", BASE_TIME + 2 * HOUR, [Req(100, ttft_ms=50, e2e_ms=1000, external_id="p1")],
+             workload="chat")
+        s.commit()
+    rows = {sp.workload: sp for sp in speedups(engine)}
+    engine.dispose()
+    code, chat = rows["code"], rows["chat"]
+    ((inv, x, mal),) = code.above_acceptance
+    assert inv is None and (x, mal) == pytest.approx((3.0, 1 + 60 / 39))
+    assert above_acceptance_text(code).startswith("speedup pooled over every invocation in view: measured 3.00x is "
+                                                  "above the mean acceptance length 2.54")
+    assert chat.speedup == pytest.approx(4.0) and chat.mean_acceptance_length is None
+    assert chat.above_acceptance == () and above_acceptance_text(chat) is None
+
+
+def test_the_acceptance_length_is_over_the_prompts_the_speedup_is_over(db_url):
+    """Spec ran p1 (30 accepted in 19 drafts) and p2 (36 in 13); AR ran p1 only: the speedup is over p1, and so is
+    the mean acceptance length it is judged against (2.58, not 3.06 over both prompts), pooled and paired."""
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        _run(s, "one", "ar", BASE_TIME, [Req(50, ttft_ms=50, e2e_ms=1000, external_id="p1")])
+        _run(s, "one", "spec", BASE_TIME + timedelta(seconds=3), [
+            spec_req(50, 4, 30, ttft_ms=50, e2e_ms=250, external_id="p1"),
+            spec_req(50, 4, 36, ttft_ms=50, e2e_ms=250, start_s=0.5, external_id="p2")])
+        s.commit()
+    (sp,) = speedups(engine)
+    engine.dispose()
+    assert sp.prompts.startswith("restricted to the 1 prompt both modes ran")
+    assert sp.mean_acceptance_length == pytest.approx(1 + 30 / 19)
+    assert sp.invocation_acceptance_lengths == pytest.approx((1 + 30 / 19,))
+    ((inv, x, mal),) = sp.above_acceptance
+    assert inv == "one" and (x, mal) == pytest.approx((4.0, 1 + 30 / 19))
+
+
 def test_paired_figures_cost_no_query_per_invocation(sqlite_url):
     """Read from the run summaries already read; the invocations whose modes ran different prompts share one
     SELECT: 12 such invocations take as many statements as 1."""
@@ -356,9 +427,13 @@ def test_overview_shows_the_paired_figures_and_flags_the_pooled_one(sqlite_url, 
     (speed,) = [m for m in at.metric if m.label == "Speedup"]
     assert "Paired (each invocation's own): 2.00x in 1 paired invocation" in speed.help
     # (the projection's warnings, of a small sample here, are test_dashboard_edge_stores' part)
-    assert [w.value for w in at.warning if not w.value.startswith("Projection:")] == [
+    paired, above = [w.value for w in at.warning if not w.value.startswith("Projection:")]
+    assert paired == (
         "Speedup: pooled 3.00x differs from the paired 2.00x: the modes ran under different conditions in different "
-        "invocations; trust the paired figure (2.00x in 1 paired invocation)."]
+        "invocations; trust the paired figure (2.00x in 1 paired invocation).")
+    # and 3.00x is more than 2.54 tokens a step allow: the loaded AR-only invocation inflated it
+    assert above.startswith("Speedup: speedup pooled over every invocation in view: measured 3.00x is above the mean "
+                            "acceptance length 2.54")
     table = at.dataframe[0].value
     assert list(table["paired invocations"]) == ["2.00x in 1 paired invocation"]
     assert list(table["pooled outside paired"]) == [True]

@@ -651,6 +651,7 @@ def _run_turn(args, loaded, runner, recorder, source, node_id, params, level, pr
 def build_report(results, loaded, params, cut_level: int | None = None) -> dict:
     """The JSON report of `results` ((level, ModeResult) pairs). `cut_level`: the level Ctrl-C stopped, whose
     modes may have run different prompts: no speedup there, and the identical rate over the prompts both ran."""
+    from telemetry.finops import speedup_over_acceptance_text
     from telemetry.queries import percentile
 
     runs = []
@@ -700,6 +701,11 @@ def build_report(results, loaded, params, cut_level: int | None = None) -> dict:
         "runs": runs,
         "speedup": first["speedup"] if first else None,
         "speedup_by_concurrency": {str(k): v["speedup"] for k, v in speedups.items()},
+        # per level whose speedup is above its spec run's mean acceptance length: why it cannot be (the table's
+        # warning); {} where none is
+        "speedup_warnings": {str(k): text for k, v in speedups.items()
+                             if (text := speedup_over_acceptance_text(v["speedup"],
+                                                                      by_level[k]["spec"].mean_acceptance_length))},
         "target": str(loaded.target_dir),
     }
 
@@ -766,6 +772,9 @@ def print_table(report: dict, recorded: bool, file=None) -> None:
                  else f"— (interrupted: only {rows[0]['mode']} completed this level)" if alone
                  else f"{_fmt(sp, '.2f')}x"),
               file=out)
+        above = report.get("speedup_warnings", {}).get(level)
+        if above and not cut and not alone:
+            print(f"warning: concurrency {level}: {above}", file=out)
     small = small_sample_note(report)
     if small:
         print(small, file=out)

@@ -318,10 +318,12 @@ def _requests_ok(mc, run_costs) -> int:
 
 def run_cost_command(args) -> int:
     from telemetry.costing import (
+        COSTS_ON_IMPOSSIBLE,
         ESTIMATED,
         MIN_STABLE_REQUESTS,
         PARTLY_ESTIMATED,
         SERVE_PRICED_OVER,
+        above_acceptance_caveats,
         costs,
         energy_source,
         ids_text,
@@ -330,6 +332,7 @@ def run_cost_command(args) -> int:
         no_runs_reason,
         run_energy_estimated,
     )
+    from telemetry.queries import speedups
     from telemetry.store import open_store
 
     pricing = pricing_options(args)
@@ -341,6 +344,8 @@ def run_cost_command(args) -> int:
         reason = no_runs_reason(engine, filters)
         raise UsageError(f"--run {args.run}: {reason}" if args.run is not None else reason)
     spreads, notes, warnings = _cost_caveats(run_costs, mode_costs)
+    warnings += above_acceptance_caveats(speedups(engine, filters), [rc.run.run_id for rc in run_costs],
+                                         COSTS_ON_IMPOSSIBLE)
     if filters.invocation_id is not None:
         from telemetry.invocations import one_mode_text
 
@@ -405,7 +410,9 @@ def run_cost_command(args) -> int:
                         }
                         for mc in mode_costs
                     ],
-                    "notes": notes + warnings,  # server runs' priced span, too few requests for stable figures
+                    # server runs' priced span, too few requests for stable figures, a speedup above its mean
+                    # acceptance length (the AR timing inflated)
+                    "notes": notes + warnings,
                 },
                 indent=2,
             )

@@ -33,13 +33,31 @@ def _speedups(engine, invocation_id: str) -> list:
     return [s for s in speedups(engine, Filters(invocation_id=invocation_id)) if s.speedup is not None]
 
 
+ABOVE_MARK = "!"  # beside a speedup above its spec runs' mean acceptance length (said in full under the table)
+
+
 def _speedup_text(found: list) -> str:
     if not found:
         return "-"
     xs = sorted(s.speedup for s in found)
+    mark = ABOVE_MARK if any(_above_text(s) for s in found) else ""
     if len(xs) == 1:
-        return f"{xs[0]:.2f}x"
-    return f"{xs[0]:.2f}-{xs[-1]:.2f}x ({len(xs)} configs)"
+        return f"{xs[0]:.2f}x{mark}"
+    return f"{xs[0]:.2f}-{xs[-1]:.2f}x{mark} ({len(xs)} configs)"
+
+
+def _above_text(s) -> str | None:
+    """Why the invocation's speedup `s` cannot be, where it is above its spec runs' mean acceptance length (over
+    one invocation's runs the pooled figure is the invocation's own); None where it can."""
+    from telemetry.finops import speedup_over_acceptance_text
+
+    return speedup_over_acceptance_text(s.speedup, s.mean_acceptance_length)
+
+
+def _above_lines(found: list, per: dict) -> list[str]:
+    """One warning per speedup above what its spec runs' mean acceptance length allows, naming its invocation."""
+    return [f"warning: {i.short_id} {s.drafter} ({s.k_policy}), concurrency {s.concurrency}: {text}"
+            for i in found for s in per[i.invocation_id] if (text := _above_text(s))]
 
 
 def _ended_text(i) -> str:
@@ -71,7 +89,11 @@ def run(args) -> int:
              "speedups": [{"drafter": s.drafter, "k_policy": s.k_policy, "concurrency": s.concurrency,
                            "temperature": s.temperature, "speedup": s.speedup,
                            "spec_tokens_per_s": s.spec_tokens_per_s, "ar_tokens_per_s": s.ar_tokens_per_s,
-                           "spec_run_ids": list(s.spec_run_ids), "ar_run_ids": list(s.ar_run_ids)}
+                           "spec_run_ids": list(s.spec_run_ids), "ar_run_ids": list(s.ar_run_ids),
+                           # the spec runs' 1 + accepted / drafts (null: nothing drafted); the speedup cannot
+                           # exceed it, and where it does, why (the AR timing was inflated), else null
+                           "mean_acceptance_length": s.mean_acceptance_length,
+                           "speedup_warning": _above_text(s)}
                           for s in per[i.invocation_id]]}
             for i in found]}, indent=2))
         return 0
@@ -92,6 +114,11 @@ def run(args) -> int:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
     more = "" if len(found) < args.limit else f" (the newest {args.limit}; --limit N for more)"
     print(f"\nspeedup: spec tokens/s / AR tokens/s within the invocation, per spec configuration{more}")
+    above = _above_lines(found, per)
+    if above:
+        print(f"{ABOVE_MARK}: above the spec runs' mean acceptance length, which no speedup can exceed:")
+        for line in above:
+            print(line)
     print("one invocation's costs and projection: specfinops cost --invocation ID (or latest: the newest whose "
           "runs have all ended)")
     if any(i.num_cancelled or i.num_failed for i in found):

@@ -217,6 +217,10 @@ def run(args) -> int:
     flagged = [a["metric"] for a in s["anomalies"] if a["status"] == "anomaly"]
     if flagged:
         print(f"  anomalies: {', '.join(flagged)}")
+    for sp in s["speedups"]:  # a speedup no machine can produce, and the savings on it: said as the page says it
+        if sp["speedup_warning"]:
+            print(f"warning: {sp['workload']}, concurrency {sp['concurrency']}, {sp['drafter']}: "
+                  f"{sp['speedup_warning']}")
     if not s["period_complete"]:  # written, not refused: said once here, and on the page and in the summary
         print(f"note: {result.incomplete_period}", file=sys.stderr)
     return 0

@@ -150,10 +150,12 @@ def sweeps(url: str) -> list[dict]:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def sweep_points(url: str, run_ids: tuple[int, ...]) -> list[tuple]:
-    """One sweep's per-level throughput and p95 TPOT, AR and spec (from SQL summaries of its runs)."""
+    """One sweep's per-level throughput and p95 TPOT, AR and spec, and spec's mean acceptance length (from SQL
+    summaries of its runs)."""
     from telemetry.sweeps import sweep_points as points_of
 
-    return [(p.concurrency, p.ar_tokens_per_s, p.spec_tokens_per_s, p.ar_tpot_p95_ms, p.spec_tpot_p95_ms)
+    return [(p.concurrency, p.ar_tokens_per_s, p.spec_tokens_per_s, p.ar_tpot_p95_ms, p.spec_tpot_p95_ms,
+             p.spec_mean_acceptance_length)
             for p in points_of(engine(url), list(run_ids))]
 
 

@@ -298,8 +298,13 @@ def _sweep_section(ctx: Context) -> None:
                    "`bench --spec-max-batch auto` speculates only below it")
     st.plotly_chart(charts.sweep(points, cross, "Throughput by concurrency"), width="stretch")
     table = pd.DataFrame([{"concurrency": c, "AR tokens/s": a, "spec tokens/s": s_, "AR p95 TPOT ms": ta,
-                           "spec p95 TPOT ms": ts, "speedup": (s_ / a) if a and s_ is not None else None}
-                          for c, a, s_, ta, ts in points])
+                           "spec p95 TPOT ms": ts, "speedup": (s_ / a) if a and s_ is not None else None,
+                           "spec mean acc len": mal}
+                          for c, a, s_, ta, ts, mal in points])
+    for c, x, mal in zip(table["concurrency"], table["speedup"], table["spec mean acc len"], strict=True):
+        above = finops.speedup_over_acceptance_text(None if pd.isna(x) else x, None if pd.isna(mal) else mal)
+        if above:
+            st.warning(md_safe(f"Sweep, concurrency {c}: {above}."))
     show_table(table)
     download_csv("Download sweep (CSV)", table, f"sweep-{sw['id']}.csv", "dl_sweep")
 

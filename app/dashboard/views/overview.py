@@ -38,7 +38,13 @@ from telemetry.costing import (
     partial_energy_text,
     temperature_text,
 )
-from telemetry.queries import cutoffs_text, max_new_tokens_text, paired_text, pooled_outside_text
+from telemetry.queries import (
+    above_acceptance_lines,
+    cutoffs_text,
+    max_new_tokens_text,
+    paired_text,
+    pooled_outside_text,
+)
 
 
 def _speedup_text(speedups) -> tuple[str, str]:
@@ -167,6 +173,8 @@ def body(ctx: Context) -> None:
     top[0].metric("Speedup", speed_value, help=speed_help)
     for line in _paired_warnings(speedups):
         st.warning(f"Speedup: {md_safe(line)}")
+    for line in above_acceptance_lines(speedups):  # the AR timing inflated: the tile and the savings rest on it
+        st.warning(f"Speedup: {md_safe(line)}.")
     top[1].metric("Acceptance rate", fmt(spec.acceptance_rate if spec else None, ".1%"),
                   help="Accepted draft tokens / drafted tokens over the speculative runs in view. The "
                        "Speculation page shows it per domain beside alpha (accepted / tested), the per-token "
@@ -174,7 +182,9 @@ def body(ctx: Context) -> None:
     savings = proj.projection.annual_savings_usd if proj else None
     top[2].metric("Projected annual savings", usd(savings, ",.0f"),
                   help=f"(nodes AR - nodes spec) x node $/h x 8,760 at {md_safe(assumptions.describe(a))}. "
-                       "Change the assumptions on the Cost & capacity page.")
+                       "Change the assumptions on the Cost & capacity page."
+                       + (" Overstated: it rests on a speedup above the mean acceptance length, where the AR timing "
+                          "was inflated (see the warnings)." if proj and proj.speedup_above_acceptance else ""))
     if proj_error:
         st.caption(f"Projection: {md_safe(proj_error)}")
     elif proj:
@@ -305,7 +315,10 @@ def body(ctx: Context) -> None:
                 "run kind": s.kind, "concurrency": s.concurrency, "speedup": s.speedup,
                 # each invocation that ran both modes, its own ratio: the pooled speedup mixes invocations
                 "paired invocations": paired_text(s, flag=False),
-                "pooled outside paired": s.pooled_outside_paired, "prompts": s.prompts,
+                "pooled outside paired": s.pooled_outside_paired,
+                # what no figure of the row can exceed, and whether one does (the warnings above say why)
+                "spec mean acc len": s.mean_acceptance_length, "above acc len": bool(s.above_acceptance),
+                "prompts": s.prompts,
                 "spec tokens/s": s.spec_tokens_per_s, "AR tokens/s": s.ar_tokens_per_s,
                 "drafter": s.drafter, "K policy": s.k_policy, "dtype": s.dtype, "device": s.device,
                 "target": short_model(s.target),
