@@ -131,8 +131,8 @@ def test_bench_help_says_both_interleaves_and_workload_all(capsys):
     text = _help(capsys, "bench")
     assert "both (AR then spec, compared)" not in text
     assert "AR and spec take turns every 4 prompts (--interleave)" in text
-    assert "--workload WORKLOAD builtin name (code, chat, rewrite, mixed) or a .jsonl path (or .txt: a prompt a line; " \
-           "format below) (default: code); all = mixed (every builtin domain, round-robin)" in text
+    assert ("--workload WORKLOAD builtin name (code, chat, rewrite, mixed) or a .jsonl path (or .txt: a prompt a "
+            "line; format below) (default: code); all = mixed (every builtin domain, round-robin)") in text
     assert "all of AR, then all of spec (default: both)" in text
 
 

@@ -90,8 +90,8 @@ CHOOSE_GROUP = ("pick another with the sidebar's Temperature, top_p, top_k, Max 
 
 
 # and how a page's figures pooled over several comparable groups are narrowed to one
-PICK_ONE_GROUP = ("pick one with the sidebar (Workload, Temperature, top_p, top_k, Max new tokens, Run kind, Model pair, "
-                  "Node)")
+PICK_ONE_GROUP = ("pick one with the sidebar (Workload, Temperature, top_p, top_k, Max new tokens, Run kind, "
+                  "Model pair, Node)")
 
 
 def warn_pooled(runs, figures: str) -> list[str]:
