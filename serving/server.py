@@ -46,9 +46,53 @@ from serving.server_text import TextStream, max_prompt_chars
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a request body beyond this is refused (413) without reading the rest
+LOG_EVERY_S = 10.0  # a flood of rejections or cancellations: one log line per kind this often, with the count
 # A handler cancelled by uvicorn (its graceful-shutdown timeout ran out) cancels its job and waits this long for
 # the engine's answer (one decode step at most) before it sends the documented 503 / error event itself.
 ANSWER_AFTER_CANCEL_S = 10.0
+
+
+class RequestLog:
+    """What became of requests that the log would not show otherwise (uvicorn's access log is off unless
+    `serve --access-log`): refused (503 overloaded, shutting down) or cancelled (the client went away). The
+    first of a kind is said at once, with its detail; those that follow within LOG_EVERY_S are counted and said
+    in one line at its end ("rejected 192 more requests (overloaded) in the last 10 s"), so a flood of them
+    takes a line every 10 s, not one each. On the event loop."""
+
+    def __init__(self, every_s: float = LOG_EVERY_S) -> None:
+        self.every_s = every_s
+        self._counts: dict[tuple[int, str, str], int] = {}  # (level, verb, why) -> not said yet
+        self._windows: dict[tuple[int, str, str], tuple[float, asyncio.TimerHandle]] = {}  # opened at, its end
+
+    def note(self, level: int, verb: str, why: str, detail: str) -> None:
+        key = (level, verb, why)
+        if key in self._windows:  # said within the last every_s: counted, said at the window's end
+            self._counts[key] = self._counts.get(key, 0) + 1
+            return
+        logger.log(level, "%s a request (%s): %s", verb, why, detail)
+        self._open(key)
+
+    def _open(self, key: tuple[int, str, str]) -> None:
+        loop = asyncio.get_running_loop()
+        self._windows[key] = loop.time(), loop.call_later(self.every_s, self._say, key)
+
+    def _say(self, key: tuple[int, str, str], reopen: bool = True) -> None:
+        """Say the count of `key` since its last line; while there is one, keep counting for another every_s."""
+        opened, _ = self._windows.pop(key)
+        count = self._counts.pop(key, 0)
+        if not count:
+            return
+        level, verb, why = key
+        logger.log(level, "%s %d more request%s (%s) in the last %.0f s", verb, count, "s" if count != 1 else "",
+                   why, asyncio.get_running_loop().time() - opened)
+        if reopen:
+            self._open(key)
+
+    def close(self) -> None:
+        """Say what is counted and not said yet (the server is stopping)."""
+        for key, (_, timer) in list(self._windows.items()):
+            timer.cancel()
+            self._say(key, reopen=False)
 
 
 @dataclass
@@ -76,6 +120,7 @@ class ServerState:
     handlers: set[asyncio.Task] = field(default_factory=set)  # generation requests in flight (their tasks)
     # those of them still reading or checking their body (no job submitted yet): the grace's end cancels them
     reading: set[asyncio.Task] = field(default_factory=set)
+    said: RequestLog = field(default_factory=RequestLog)  # rejections and cancellations, in the log
 
     def __post_init__(self) -> None:
         if self.max_chars is None:
@@ -116,6 +161,7 @@ def create_app(state: ServerState) -> FastAPI:
         pending = [t for t in state.handlers if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=ANSWER_AFTER_CANCEL_S)
+        state.said.close()  # the counts not said yet
         await asyncio.to_thread(shutdown, state)
 
     app = FastAPI(title="specfinops", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -144,10 +190,13 @@ def create_app(state: ServerState) -> FastAPI:
         _authorize(request, state)
         return {"object": "list", "data": [model_card()]}
 
-    # openai's models.retrieve(); a served name may hold a '/'
+    # openai's models.retrieve(); a served name may hold a '/'. "/v1/models/" (no id) is the list, as without
+    # the slash: it answered "the model '' does not exist"
     @app.api_route("/v1/models/{model_id:path}", methods=["GET", "HEAD"])
     async def model(model_id: str, request: Request):
         _authorize(request, state)
+        if not model_id:
+            return await models(request)
         if model_id != state.model_id:
             raise APIError(404, f"the model {model_id!r} does not exist: this server serves {state.model_id!r}",
                            param="model", code="model_not_found")
@@ -278,8 +327,9 @@ async def _generate(request: Request, state: ServerState, kind: str):
         recorded_in.encode(), state.store_key.encode())
     try:
         state.loop_engine.submit(job)
-    except APIError as exc:  # 503 overloaded / shutting_down: refused before the engine, counted on /metrics only
+    except APIError as exc:  # 503 overloaded / shutting_down: refused before the engine (not recorded)
         state.metrics.observe_rejected(exc.code or "error")
+        state.said.note(logging.WARNING, "rejected", (exc.code or "error").replace("_", " "), exc.message)
         raise
     if checked.stream:
         return _EventStream(job, state)
@@ -378,6 +428,7 @@ async def _until_done_or_gone(work: asyncio.Future, receive, job: Job, state: Se
         return True
     state.loop_engine.cancel(job)
     work.cancel()
+    state.said.note(logging.INFO, "cancelled", "the client went away", job.id)
     return False
 
 

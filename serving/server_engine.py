@@ -6,6 +6,10 @@ run one `engine.step()` for every running sequence together, then hand the token
 the event loop in ONE `call_soon_threadsafe` (one wake-up per step, not per token). A finished,
 cancelled or failed job gets a `Finished` on its queue and its telemetry record goes to `on_finish`.
 The thread never awaits anything and never touches the database.
+
+A request's energy window (`Job.ran`) runs from its admission to its end: the queue does no compute, so the
+time a request waits for a batch slot takes no share of the node's energy from the requests that run then
+(it did: requests cancelled while queued took joules that J/token, summed over completed requests, lost).
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ class Job:
     finished: bool = False
     holds_slot: bool = False  # taken from the queue for a batch slot, not finished yet
     recorded_by_client: bool = False  # a load test records it in this server's own store: not twice
+    admitted_at: datetime | None = None  # when the engine took it into a batch slot (None: it never ran)
+    ran: Window | None = None  # once finished: admission to end, its energy window; None if it never ran
 
     @property
     def mode(self) -> str:
@@ -64,7 +70,8 @@ class Job:
 
 
 class EngineLoop:
-    """Owns `engine`; `on_finish(job, record, overlapping_windows)` is called on this thread."""
+    """Owns `engine`; `on_finish(job, record, overlapping_windows)` is called on this thread: the windows of
+    the requests that ran beside the job's own window `job.ran` (none when that is None)."""
 
     def __init__(self, engine: Engine, on_finish: Callable[[Job, RequestRecord, list[Window]], None], *,
                  max_waiting: int = 1024):
@@ -79,7 +86,7 @@ class EngineLoop:
         self._cancels: deque[Job] = deque()
         self._jobs: dict[str, Job] = {}  # admitted and not finished, by request id
         self._outbox: list[tuple[Job, tuple[int, ...]]] = []
-        self._recent: deque[Window] = deque(maxlen=512)  # finished requests, for energy sharing
+        self._recent: deque[Window] = deque(maxlen=512)  # finished requests' `ran`, for energy sharing
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="specfinops-engine", daemon=True)
         self.num_step_errors = 0
@@ -194,6 +201,7 @@ class EngineLoop:
         if job.cancelled:
             self._finish(job, "cancelled")
             return
+        job.admitted_at = datetime.now(UTC)
         self._jobs[job.id] = job
         try:
             job.seq = self.engine.add(c.prompt_ids, c.params, request_id=job.id, t_start=job.t_start,
@@ -265,11 +273,14 @@ class EngineLoop:
             rec.steps.clear()
         if rec.e2e_ms is None:
             rec.e2e_ms = (time.perf_counter() - job.t_start) * 1000.0
-        end = job.wall_start + timedelta(milliseconds=rec.e2e_ms)
-        now = datetime.now(UTC)
-        others = [w for w in self._recent if w[1] > job.wall_start]
-        others += [(j.wall_start, now) for j in self._jobs.values()]
-        self._recent.append((job.wall_start, end))
+        others = []
+        if job.admitted_at is not None:  # it ran: it shares the energy of its time in the batch
+            end = max(job.wall_start + timedelta(milliseconds=rec.e2e_ms), job.admitted_at)
+            now = datetime.now(UTC)
+            job.ran = (job.admitted_at, end)
+            others = [w for w in self._recent if w[1] > job.admitted_at]
+            others += [(j.admitted_at, now) for j in self._jobs.values()]
+            self._recent.append(job.ran)
         self._outbox.append((job, Finished(reason, rec.prompt_tokens, rec.output_tokens, error, rec.num_drafts,
                                            rec.num_draft_tokens, rec.num_accepted_tokens)))
         try:

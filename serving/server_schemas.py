@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,6 +23,15 @@ MAX_STOP_STRINGS = 4
 # what torch.Generator.manual_seed takes (a negative seed wraps to its unsigned 64-bit value)
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# What a request that fits a context window of max_len tokens holds at most, in JSON values (strings, numbers,
+# arrays, objects) and in arrays and objects alone: a prompt of token ids holds one value per token; a message
+# (one token at least) an object, its role, its content (perhaps an array) and a few keys more, and a content part
+# an object, its type and its text; the rest (the top-level fields, stop strings, metadata) fits the fixed part.
+# json.loads holds the GIL from start to end, and a value costs it about a microsecond, an array or object several,
+# where a megabyte of string costs it a few milliseconds: a 12 MB body of small arrays froze the event loop
+# (/health, every stream in flight) for seconds from the tokenizer thread.
+VALUES_PER_TOKEN, VALUES_FIXED = 32, 4096
+CONTAINERS_PER_TOKEN, CONTAINERS_FIXED = 3, 256
 
 
 class APIError(Exception):
@@ -153,21 +163,32 @@ class CompletionRequest(_Common):
         return _one_of(v, handler, "a string, a list of one string, or a list of token ids (integers)")
 
 
+def max_json_values(max_len: int) -> tuple[int, int]:
+    """The most JSON values, and arrays and objects, a request body may hold with a context window of `max_len`
+    tokens."""
+    return VALUES_PER_TOKEN * max_len + VALUES_FIXED, CONTAINERS_PER_TOKEN * max_len + CONTAINERS_FIXED
+
+
 def parse_body(raw: bytes, model: type[_Common], *, max_len: int | None = None) -> _Common:
     """Raw body -> request model, or APIError(400) saying what is wrong and where.
 
-    `max_len` (the context window, tokens): a `messages`, content-parts or `prompt` list longer than that
-    cannot fit and is refused before the (slow) validation of its items. Slow for a big body: the server
-    runs this off its event loop."""
+    `max_len` (the context window, tokens): a body holding more JSON values than a request that fits can
+    (`max_json_values`) is refused (413) before it is parsed, and a `messages`, content-parts or `prompt` list
+    longer than the window before the (slow) validation of its items. Slow for a big body: the server runs this
+    off its event loop."""
     if not raw.strip():
         raise bad("the request body is empty: send a JSON object")
+    if max_len is not None:
+        _check_structure(raw, max_len)
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise bad(f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise bad("the request body is not valid JSON for this server: it is nested too deeply") from None
-    except ValueError as exc:  # e.g. an integer literal beyond Python's int-to-str digit limit
+    except ValueError as exc:
+        if _TOO_MANY_DIGITS in str(exc):
+            raise _too_many_digits(raw) from None
         raise bad(f"the request body is not valid JSON for this server: {exc}") from None
     if not isinstance(data, dict):
         raise bad(f"the request body must be a JSON object, got {_json_type(data)}")
@@ -178,6 +199,87 @@ def parse_body(raw: bytes, model: type[_Common], *, max_len: int | None = None) 
         return model.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc.errors()) from None
+
+
+def _check_structure(raw: bytes, max_len: int) -> None:
+    """APIError(413) when the body holds more JSON values, or arrays and objects, than a request that fits
+    `max_len` tokens (`max_json_values`), counted without parsing it: strings by their quotes, the other values
+    by the commas and brackets outside the strings. Each count is one pass in C over the bytes, and the strings
+    are split out only once there are few enough. (An invalid body's values count alike up to its first error:
+    json.loads reads no further.)"""
+    max_values, max_containers = max_json_values(max_len)
+    encoding = json.detect_encoding(raw)
+    if not encoding.startswith("utf-8"):  # UTF-16 / 32, as json.loads takes it
+        try:
+            raw = raw.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
+        except UnicodeError:
+            return  # json.loads says what is wrong with it
+    # an escaped backslash, then an escaped quote, is no string's end: what is left of the quotes pairs up
+    # (`in` first: a search is quicker than a replace that finds nothing)
+    text = raw
+    for escape in (b"\\\\", b'\\"'):
+        if escape in text:
+            text = text.replace(escape, b"")
+    values = text.count(b'"') // 2
+    containers = 0
+    if values <= max_values:
+        outside = b"".join(text.split(b'"')[::2])
+        containers = outside.count(b"[") + outside.count(b"{")
+        values += outside.count(b",") + containers + 1
+    window = f"any request that fits this model's context window of {max_len} tokens"
+    if values > max_values:
+        raise APIError(413, f"the request body holds more than {max_values:,} JSON values (strings, numbers, arrays, "
+                       f"objects), more than {window} needs (the limit grows with the server's --max-len)",
+                       code="request_too_large")
+    if containers > max_containers:
+        raise APIError(413, f"the request body holds {containers:,} JSON arrays and objects, more than the "
+                       f"{max_containers:,} {window} needs (the limit grows with the server's --max-len)",
+                       code="request_too_large")
+
+
+# json.loads' ValueError for an integer literal beyond Python's int-to-str digit limit (sys.int_info)
+_TOO_MANY_DIGITS = "for integer string conversion"
+
+
+@dataclass(frozen=True, slots=True)
+class _LongInteger:
+    """An integer literal too long to read, in place of its value: where it was is found after parsing."""
+
+    digits: int
+
+
+def _too_many_digits(raw: bytes) -> APIError:
+    """The 400 for a body holding an integer literal too long for Python to read, naming where it is (json.loads
+    said only that it 'exceeds the limit', with advice to raise it meant for the server's own code)."""
+    limit = sys.get_int_max_str_digits()
+
+    def read(literal: str) -> int | _LongInteger:
+        digits = len(literal.lstrip("-"))
+        return _LongInteger(digits) if digits > limit else int(literal)
+
+    try:
+        data = json.loads(raw, parse_int=read)
+    except (ValueError, RecursionError):  # invalid further on: where the integer is goes unsaid
+        data = None
+    path, found = next(((path, x) for path, x in _walk(data) if isinstance(x, _LongInteger)), ((), None))
+    param = ".".join(path) or None
+    if found is None or param is None:
+        return bad(f"the request body holds an integer of more than {limit} digits, more than this server reads (no "
+                   "parameter takes a number that large)", code="invalid_value")
+    return bad(f"invalid value for {param!r}: an integer of {found.digits} digits, more than this server reads "
+               f"({limit} at most; no parameter takes a number that large)", param=param, code="invalid_value")
+
+
+def _walk(data: object) -> Iterator[tuple[tuple[str, ...], object]]:
+    """Every value of parsed JSON with its path (object keys, list indices), depth first in the body's order."""
+    stack: list[tuple[tuple[str, ...], Any]] = [((), data)]
+    while stack:
+        path, x = stack.pop()
+        yield path, x
+        if isinstance(x, dict):
+            stack.extend(((*path, str(k)), v) for k, v in reversed(x.items()))
+        elif isinstance(x, list):
+            stack.extend(((*path, str(i)), v) for i, v in reversed(list(enumerate(x))))
 
 
 def _json_type(x: object) -> str:
@@ -224,18 +326,12 @@ def _check_unicode(raw: bytes, data: dict) -> None:
     A UTF-8 body without a surrogate escape (nearly all) is passed without looking at its strings."""
     if json.detect_encoding(raw).startswith("utf-8") and not _SURROGATE_ESCAPE.search(raw):
         return
-    stack: list[tuple[tuple[str, ...], Any]] = [((), data)]
-    while stack:
-        path, x = stack.pop()
+    for path, x in _walk(data):
         param = ".".join(path) or None
         if isinstance(x, str):
             found = _SURROGATE.search(x)
         elif isinstance(x, dict):
             found = next((m for k in x if (m := _SURROGATE.search(k))), None)
-            stack.extend(((*path, str(k)), v) for k, v in reversed(x.items()))
-        elif isinstance(x, list):
-            found = None
-            stack.extend(((*path, str(i)), v) for i, v in reversed(list(enumerate(x))))
         else:
             continue
         if found is not None:

@@ -47,6 +47,7 @@ class ServeOptions:
     max_waiting: int = 1024
     graceful_s: float = 30.0
     default_max_tokens: int | None = None  # a request without max_tokens: None = the room left in the window
+    access_log: bool = False  # uvicorn's access log: one line per HTTP request (client, method, path, status)
 
     def validate(self) -> None:
         if self.spec.max_batch < 1:  # before the spec's own check, which calls it "concurrency"
@@ -153,7 +154,7 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None, source=None) -
     if str(k).isdigit():
         metrics.prepare_positions(int(k))
     loop = EngineLoop(engine, lambda job, rec, others: telemetry.finish(job.mode if engine.drafter else "ar",
-                                                                        rec, others,
+                                                                        rec, others, window=job.ran,
                                                                         store=not job.recorded_by_client),
                       max_waiting=opts.max_waiting)
     holder["loop"] = loop
@@ -220,7 +221,8 @@ def graceful_server(state: ServerState, opts: ServeOptions, *, log_level: str = 
                 deadline.cancel()
 
     config = uvicorn.Config(create_app(state), host=opts.host, port=opts.port, log_level=log_level,
-                            timeout_graceful_shutdown=opts.graceful_s + ANSWER_AFTER_CANCEL_S, access_log=False)
+                            timeout_graceful_shutdown=opts.graceful_s + ANSWER_AFTER_CANCEL_S,
+                            access_log=opts.access_log)
     return GracefulServer(config)
 
 

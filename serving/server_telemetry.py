@@ -90,10 +90,16 @@ class ServeTelemetry:
             for run_id in self.run_ids.values():  # both runs span the same node and period
                 self.recorder.record_power(run_id, readings)
 
-    def finish(self, mode: str, rec: RequestRecord, others, *, store: bool = True) -> None:
+    def finish(self, mode: str, rec: RequestRecord, others, *, window=None, store: bool = True) -> None:
         """Engine thread: hand over a finished request (no I/O here); `store=False` counts it in the
-        metrics only (a client records it in this store already)."""
-        self._queue.put((mode, rec, others, store))
+        metrics only (a client records it in this store already).
+
+        `window` (start, end): the request's time in the batch, sharing the node's energy with the `others`;
+        None for a request that never ran (cancelled while it waited): it is recorded without energy, as a
+        request a benchmark abandons is. It did no compute, so no joule of the node is its own, and 0 J would
+        read as a measured figure where the power source may measure nothing; left out, it takes nothing from
+        the requests that ran (a share of their time, counted before from its arrival, was lost to J/token)."""
+        self._queue.put((mode, rec, others, window, store))
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every request handed over so far is in the store; False on timeout."""
@@ -116,14 +122,13 @@ class ServeTelemetry:
             except Exception:  # noqa: BLE001 - one bad record must not stop the others
                 logger.exception("could not record a request")
 
-    def _record(self, mode: str, rec: RequestRecord, others, store: bool = True) -> None:
-        if rec.e2e_ms is not None and self.source.source != "none":
+    def _record(self, mode: str, rec: RequestRecord, others, window, store: bool = True) -> None:
+        if window is not None and self.source.source != "none":
             self.sampler.sample_now()  # cover the request's end
-            start = rec.started_at
-            end = start + timedelta(milliseconds=rec.e2e_ms)
+            start = window[0]
             readings = [r for r in self.sampler.readings() if start - timedelta(seconds=5) <= r.t]
             if readings:
-                rec.energy_j = attribute_energy(readings, [(start, end), *others])[0]
+                rec.energy_j = attribute_energy(readings, [window, *others])[0]
         self.metrics.observe_request(mode, rec)
         if not store:
             self.num_left_to_client += 1

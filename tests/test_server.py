@@ -5,6 +5,7 @@ store, and SIGTERM -> graceful shutdown with the runs ended."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -161,7 +162,11 @@ def test_concurrent_streams_are_batched_and_all_complete(live, client):
     assert sizes[0][0] > 1, "concurrent requests should share decode steps"
 
 
-def test_client_disconnect_mid_stream_cancels_the_sequence(live):
+def test_client_disconnect_mid_stream_cancels_the_sequence(live, caplog):
+    from serving.server import RequestLog
+
+    caplog.set_level(logging.INFO, logger="serving.server")
+    live.state.said = RequestLog()  # no window of earlier tests' cancellations open: this one is said at once
     body = {"model": live.model, "prompt": COUNT_PROMPT, "max_tokens": 400, "temperature": 0, "stream": True}
     with httpx.Client(timeout=60) as http, http.stream("POST", live.url + "/v1/completions", json=body,
                                                         headers=AUTH) as resp:
@@ -179,6 +184,9 @@ def test_client_disconnect_mid_stream_cancels_the_sequence(live):
     assert row.status == "cancelled"
     assert 1 <= row.output_tokens < 400 and row.events == row.output_tokens
     assert httpx.get(live.url + "/health").json()["status"] == "ok"
+    # the log says so (it said nothing of what became of requests): the first at once, later ones counted
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "serving.server"]
+    assert said == [(logging.INFO, f"cancelled a request (the client went away): {request_id}")], said
 
 
 def _metric(exposition: str, name: str, **labels) -> float:
@@ -325,13 +333,14 @@ def test_sigterm_past_the_grace_answers_every_client_as_cancelled_and_ends_the_r
     assert all(by_id[i][0] == by_id[i][1] >= 1 for i in ids), rows  # what was streamed, recorded
 
 
-def test_requests_refused_as_overloaded_are_counted_on_metrics(tmp_path):
+def test_requests_refused_as_overloaded_are_counted_on_metrics(tmp_path, caplog):
     """A request refused 503 `overloaded` (--max-waiting full) reached no engine, so neither the store nor
     specfinops:requests_total held it: /metrics showed no sign of the refusals a saturated server made.
     specfinops:requests_rejected_total{reason} counts them (0 from the start)."""
     from serving.server_setup import ServeOptions
     from serving.worker import EngineSpec
 
+    caplog.set_level(logging.INFO, logger="serving.server")
     live = start_server(ServeOptions(spec=EngineSpec(dtype="bfloat16", k="4", max_batch=1, max_len=1024),
                                      db=f"sqlite:///{tmp_path / 'store.db'}", max_waiting=1, power="none"))
     try:
@@ -356,3 +365,10 @@ def test_requests_refused_as_overloaded_are_counted_on_metrics(tmp_path):
         assert "status=\"error\"" not in exp  # refused requests are not finished ones
     finally:
         stop_server(live)
+    # and in the log (there was no line for them): the first at once, the second counted, said as the server stopped
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "serving.server"]
+    rejected = [(level, m) for level, m in said if m.startswith("rejected")]
+    assert rejected == [(logging.WARNING, "rejected a request (overloaded): the server is overloaded (1 request "
+                         "waiting for a batch slot); retry later"),
+                        (logging.WARNING, rejected[1][1])], said
+    assert rejected[1][1].startswith("rejected 1 more request (overloaded) in the last "), said

@@ -206,6 +206,16 @@ def test_head_is_answered_wherever_get_is(live):
         assert http.request("DELETE", "/metrics").status_code == 405
 
 
+def test_the_models_list_with_a_trailing_slash_is_the_list(live):
+    """GET /v1/models/ answered 404 "the model '' does not exist": the route of one model read an empty id."""
+    with httpx.Client(base_url=live.url, headers=AUTH) as http:
+        listed, slashed = http.get("/v1/models"), http.get("/v1/models/")
+        assert slashed.status_code == 200, slashed.text
+        assert slashed.json() == listed.json() and slashed.json()["data"][0]["id"] == live.model
+        assert http.head("/v1/models/").status_code == 200
+        assert httpx.get(live.url + "/v1/models/").status_code == 401  # the API key guards it too
+
+
 def test_a_client_that_leaves_mid_body_is_no_server_error(live, log_records):
     """A client that closed its connection before sending the whole body (Content-Length promised more) was
     logged as an unexpected error, with a traceback (starlette's ClientDisconnect), and answered a 500 that

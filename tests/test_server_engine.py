@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -25,7 +26,7 @@ TARGET = tiny_model(0)
 
 def _job(loop, i: int, max_new: int, speculate: bool = True) -> Job:
     c = Checked("completion", [1 + i, 5, 7, 9], SamplingParams(max_new_tokens=max_new), speculate, True, False)
-    return Job(f"job-{i}", c, 0.0, datetime.now(UTC), loop)
+    return Job(f"job-{i}", c, time.perf_counter(), datetime.now(UTC), loop)
 
 
 async def _drain(job: Job) -> tuple[list[int], Finished]:
@@ -177,6 +178,56 @@ def test_a_job_cancelled_while_it_waits_leaves_the_queue_at_once():
     assert out[5][1].finish_reason in ("length", "stop")
     recs = {r.external_id: r for _, r in records}
     assert all(recs[f"job-{i}"].status == "cancelled" and recs[f"job-{i}"].output_tokens == 0 for i in (2, 3, 4))
+
+
+def test_energy_is_shared_from_admission_and_a_request_that_never_ran_takes_none():
+    """A request's energy window began at its arrival, so its time in the queue took a share of the node's energy
+    from the requests running then: one cancelled while queued kept joules (37.6 J beside 91 J in an audit) that
+    J/token, summed over the completed requests, lost. Now the window begins at admission; a request that never
+    ran is recorded without energy, and the running ones' shares add up to the node's energy of their time."""
+    from serving.server_telemetry import ServeTelemetry
+    from telemetry.power import EstimatePowerSource
+
+    telemetry = ServeTelemetry(ServeMetrics("m"), EstimatePowerSource(100.0)).start()
+    records, jobs = [], {}
+
+    def on_finish(job, rec, others):
+        jobs[job.id] = job
+        records.append((job.mode, rec))
+        telemetry.finish(job.mode, rec, others, window=job.ran)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        engine = Engine(TARGET, drafter=NgramDrafter(n_max=3), policy=FixedK(3), max_batch=2, max_len=200)
+        el = EngineLoop(engine, on_finish).start()
+        running, release = await _full_and_held(el, loop)
+        gives_up, waits = _job(loop, 2, 4), _job(loop, 3, 4)
+        el.submit(gives_up)
+        el.submit(waits)
+        el.cancel(gives_up)
+        released = datetime.now(UTC)
+        release.set()
+        await asyncio.gather(*(_drain(j) for j in [*running, gives_up, waits]))
+        el.stop()
+        return released
+
+    try:
+        released = asyncio.run(main())
+        assert telemetry.flush(30)
+    finally:
+        telemetry.close()
+    recs = {r.external_id: r for _, r in records}
+    assert recs["job-2"].status == "cancelled" and jobs["job-2"].ran is None and recs["job-2"].energy_j is None
+    waited = jobs["job-3"]
+    assert waited.wall_start < released <= waited.ran[0]  # its window opens when it took a slot, not on arrival
+    ran = sorted(jobs[f"job-{i}"].ran for i in (0, 1, 3))
+    assert all(recs[f"job-{i}"].energy_j is not None for i in (0, 1, 3))
+    # 100 W over the time any of them ran: all of it theirs (none to the request that never ran), none twice
+    busy_s, reach = 0.0, ran[0][0]
+    for start, end in ran:
+        busy_s += max((end - max(start, reach)).total_seconds(), 0.0)
+        reach = max(reach, end)
+    assert sum(recs[f"job-{i}"].energy_j for i in (0, 1, 3)) == pytest.approx(100.0 * busy_s, rel=1e-6)
 
 
 def test_a_burst_fills_the_free_slots_before_the_waiting_limit_counts():

@@ -125,3 +125,61 @@ def test_the_servers_default_max_tokens_reaches_the_checks(cap, tmp_path, monkey
         assert _parse_and_check(raw, "completion", state).params.max_new_tokens == (cap or 400 - 1 - 3)
     finally:
         shutdown(state)
+
+
+# ------------------------------------------------------------------------- what a body may hold
+
+
+def _parsed(raw: bytes, *, chat: bool = False):
+    return parse_body(raw, ChatRequest if chat else CompletionRequest, max_len=MAX_LEN)
+
+
+def _refused_raw(raw: bytes, *, chat: bool = False) -> APIError:
+    with pytest.raises(APIError) as exc:
+        _parsed(raw, chat=chat)
+    return exc.value
+
+
+@pytest.mark.parametrize("junk,what", [
+    ([{"a": [1, 2]}] * 20_000, "JSON values"),  # the audit's body, smaller: 12 MB of it froze /health for 2 s
+    ([0] * 20_000, "JSON values"),
+    ([[]] * 2_000, "arrays and objects"),  # few values, but each a container (the dearest to parse)
+])
+def test_a_body_holding_more_values_than_a_request_can_is_refused_before_parsing(junk, what, monkeypatch):
+    """json.loads holds the GIL for all of a body's parse, however many threads: a 12 MB body (under the 16 MiB
+    cap) of small arrays stalled /health for 2.2 s and a stream in flight for 9.6 s. A body holding more values than
+    a request that fits the window can is refused with 413, naming the limit, without being parsed."""
+    parsed = []
+    monkeypatch.setattr(json, "loads", lambda *a, **kw: parsed.append(1))
+    err = _refused_raw(json.dumps({"model": MODEL, "prompt": "hi", "zzz": junk}).encode())
+    assert (err.status, err.code, err.type) == (413, "request_too_large", "invalid_request_error")
+    assert what in err.message and f"context window of {MAX_LEN} tokens" in err.message, err.message
+    assert "--max-len" in err.message  # how the limit grows
+    assert not parsed
+
+
+def test_what_a_request_that_fits_may_hold_passes_the_count():
+    """The legitimate extremes: a message per token, each with a content part and a name; a prompt of token ids
+    filling the window; and strings full of commas, brackets and escaped quotes (they hold no values)."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": "x"}], "name": "n"}] * (MAX_LEN - 1)
+    body = {"model": MODEL, "messages": messages, "stop": ["a", "b", "c", "d"], "metadata": {str(i): "v" for i in
+                                                                                             range(16)}}
+    assert len(_parsed(json.dumps(body).encode(), chat=True).messages) == MAX_LEN - 1
+    assert len(_parsed(json.dumps({"model": MODEL, "prompt": [1] * MAX_LEN}).encode()).prompt) == MAX_LEN
+    text = 'a,[{"}]\\' * 50_000
+    for raw in (json.dumps({"model": MODEL, "prompt": text}).encode(),
+                json.dumps({"model": MODEL, "prompt": text}).encode("utf-16")):  # as json.loads reads it too
+        assert _parsed(raw).prompt == text
+
+
+def test_an_integer_too_long_to_read_is_named_in_the_servers_words():
+    """json.loads' error went to the client as it was: '... use sys.set_int_max_str_digits() to increase the
+    limit', advice for the server's code, naming no parameter."""
+    err = _refused_raw(b'{"model": "m", "prompt": "hi", "seed": ' + b"9" * 5000 + b"}")
+    assert (err.status, err.param, err.code) == (400, "seed", "invalid_value")
+    assert "invalid value for 'seed': an integer of 5000 digits, more than this server reads" in err.message
+    assert "sys." not in err.message
+    err = _refused_raw(b'{"model": "m", "prompt": [1, -' + b"1" * 4400 + b"]}")
+    assert err.param == "prompt.1" and "4400 digits" in err.message, err.message
+    err = _refused_raw(b'{"model": "m", "prompt": [1, ' + b"1" * 4400 + b"], oops")  # invalid after it: unnamed
+    assert err.param is None and "holds an integer of more than 4300 digits" in err.message, err.message

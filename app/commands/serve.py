@@ -61,6 +61,10 @@ def register(sub) -> None:
     p.add_argument("--max-waiting", type=int, default=1024, help="queued requests before 503 (overloaded)")
     p.add_argument("--graceful-s", type=float, default=30.0,
                    help="on SIGTERM, seconds in-flight requests get to finish before they are cancelled")
+    p.add_argument("--access-log", action="store_true",
+                   help="log every HTTP request (uvicorn's access log: client, method, path, status); without it the "
+                        "log says only what was refused (503) or cancelled, at most one line per kind each "
+                        "10 s")
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -85,7 +89,8 @@ def handle(args: argparse.Namespace) -> int:
     opts = ServeOptions(spec=spec, db=args.db, host=args.host, port=args.port, api_key=args.api_key,
                         telemetry=not args.no_telemetry, node_id=args.node_id, power=args.power, tdp_w=args.tdp_w,
                         served_model_name=args.served_model_name, max_waiting=args.max_waiting,
-                        graceful_s=args.graceful_s, default_max_tokens=args.default_max_tokens)
+                        graceful_s=args.graceful_s, default_max_tokens=args.default_max_tokens,
+                        access_log=args.access_log)
     opts.validate()  # cheap checks before loading a model
     bindable_port(args.host, args.port)  # a busy port or a bad --host now, not after minutes of loading
     from serving.server_setup import power_source
