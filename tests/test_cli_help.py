@@ -162,3 +162,33 @@ def test_report_and_scheduler_take_the_prices_project_takes():
                                   "--pue", "1.3"])
         assert (args.gpu, args.gpus_per_node, args.usd_per_kwh, args.pue) == ("H100", "8", "0.1", "1.3")
         assert parser.parse_args([*argv, "--node-hourly-usd", "44"]).node_hourly_usd == "44"
+
+
+def _readme_command_lines() -> list[str]:
+    """Every `specfinops ...` line of the README's bash blocks, a comment and a pipe cut off."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", readme, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" | ")[0].strip()
+            if line.startswith("specfinops "):
+                lines.append(line)
+    return lines
+
+
+@pytest.mark.parametrize("line", _readme_command_lines())
+def test_every_readme_command_parses(line):
+    """A README line a user copies must at least be a command line specfinops takes (options, choices and
+    values of the right kind): run as written, a renamed or misspelt option would stop them at once."""
+    import shlex
+
+    from app.cli import build_parser
+
+    argv = [a for a in shlex.split(line, comments=True)[1:] if a != "..."]
+    try:
+        build_parser().parse_args(argv)
+    except SystemExit as e:
+        raise AssertionError(f"README: {line!r} does not parse") from e
