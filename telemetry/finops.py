@@ -344,6 +344,19 @@ def _unmeasured_mode(curve: list[SlaPoint]) -> str | None:
     return None if ar and spec else "AR and spec" if not (ar or spec) else "spec" if ar else "AR"
 
 
+def nodes_verdict(nodes_ar: int | None, nodes_spec: int | None) -> str | None:
+    """The savings in words: which mode needs fewer nodes at the SLA, and by how many (a negative dollar
+    figure alone left a reader to work out that speculation costs more); None where a mode has no count."""
+    if nodes_ar is None or nodes_spec is None:
+        return None
+    if nodes_ar == nodes_spec:
+        return f"both modes need {nodes_ar:,} node{'s' * (nodes_ar != 1)}: speculation saves no node"
+    fewer = nodes_spec < nodes_ar
+    n = abs(nodes_ar - nodes_spec)
+    return (f"speculation needs {n:,} {'fewer' if fewer else 'more'} node{'s' * (n != 1)} than AR"
+            + ("" if fewer else ": it costs more than it saves here"))
+
+
 def sla_verdict(curve: list[SlaPoint]) -> str:
     """spec_pays_below's line, or that speculation never needs fewer nodes along `curve`, or that the modes
     were not compared (one has no measured configuration: no runs, or none that measured a p95 TPOT)."""

@@ -176,6 +176,20 @@ def test_project_says_what_a_month_of_its_monthly_cost_is(filled, capsys):
     assert line.endswith("(nodes x node $/h x 730 hours a month (8,760 a year / 12); node-hours only)"), line
 
 
+def test_project_says_the_savings_in_nodes(filled, capsys):
+    """A negative dollar figure alone left a reader to work out that speculation costs more: the savings line
+    says which mode needs fewer nodes and by how many."""
+    assert main(_project(filled, "--node-hourly-usd", "2")) == 0
+    [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("annual savings:")]
+    assert line.endswith("fewer nodes than AR)") or line.endswith("fewer node than AR)"), line
+    from telemetry.finops import nodes_verdict
+
+    assert nodes_verdict(10, 12) == "speculation needs 2 more nodes than AR: it costs more than it saves here"
+    assert nodes_verdict(399, 251) == "speculation needs 148 fewer nodes than AR"
+    assert nodes_verdict(1, 1) == "both modes need 1 node: speculation saves no node"
+    assert nodes_verdict(None, 3) is None and nodes_verdict(3, None) is None
+
+
 def test_project_unreachable_sla_is_null_with_message(filled, capsys):
     args = [
         "project",

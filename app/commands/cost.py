@@ -28,7 +28,7 @@ from app.commands._common import (
     usage_shows_required,
 )
 from app.errors import UsageError
-from telemetry.finops import MONTHLY_COST_FORMULA
+from telemetry.finops import MONTHLY_COST_FORMULA, nodes_verdict
 from telemetry.labels import short_workload, usd_amount
 
 COST_EXAMPLES = """  specfinops cost
@@ -536,7 +536,8 @@ def run_project_command(args) -> int:
     print(f"nodes needed: AR {nodes(p.nodes_ar)}, spec {nodes(p.nodes_spec)}")
     print(f"monthly cost: AR {_usd(p.monthly_cost_ar_usd)}, spec {_usd(p.monthly_cost_spec_usd)} "
           f"({MONTHLY_COST_FORMULA}; node-hours only)")
-    print(f"annual savings: {_usd(p.annual_savings_usd)}")
+    verdict = nodes_verdict(p.nodes_ar, p.nodes_spec)
+    print(f"annual savings: {_usd(p.annual_savings_usd)}{f' ({verdict})' if verdict else ''}")
     print(
         f"{FLEET_COST_LABEL}: AR {_usd(p.cost_per_1m_tokens_ar_usd)} ({fleet_energy_text(sp, 'ar')}), "
         f"spec {_usd(p.cost_per_1m_tokens_spec_usd)} ({fleet_energy_text(sp, 'spec')})"
