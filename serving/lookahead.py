@@ -334,8 +334,6 @@ class CostK:
         if n <= self.settle:
             return  # an engine's first steps run on cold caches
         self._last[key] = n
-        self._timed[key] = self._timed.get(key, 0) + 1
-        self._lines.pop(key[0], None)
         if k > 0:
             self._follow(self.draft_token_s, key[0], draft_s / k)
         # The machine's speed drifts (other tenants, clocks): a step time is read as speed x shape(K).
@@ -346,25 +344,25 @@ class CostK:
         speed = self._speed.get(key[0], 1.0)
         stall = old is not None and t > 3 * old * speed  # beyond 3x what the K costs at the machine's speed
         if old is not None:
-            # The speed is read against the curve every K shares (its line), not against this K's own point:
-            # read against its own point, a K timed high once (a stall under 3x) or low made the speed
-            # take up the error, so the K the policy kept choosing never corrected its point while the
-            # speed carried the error onto the Ks it rarely timed: the curve's shape locked in
-            # (K=1 in 954 of 1,569 steps of a bench on a CPU where verifying 5 rows costs what 1 does).
-            line = self._line(key[0])
-            ref = max(line[0] + line[1] * k, 1e-9) if line is not None else old
-            speed += self.speed_weight * (min(max(t / ref, speed / 3), speed * 3) - speed)
+            speed += self.speed_weight * (min(max(t / old, speed / 3), speed * 3) - speed)
             self._speed[key[0]] = speed
         if stall:  # says nothing of the K's shape: counted even at 3x, one stall kept a K dear for a whole
             return  # run (a K the gate then shuns is retimed only as a probe); the speed follows it above
+        self._timed[key] = self._timed.get(key, 0) + 1  # a stall is no evidence of the K's cost
         self._follow(self.step_s, key, t / speed, self._timed[key])
+        self._lines.pop(key[0], None)  # refitted through the point as it now stands
 
     def _follow(self, table: dict, key, x: float, n: int = 0) -> None:
-        """Exponentially weighted estimate of `x`, an outlier counting as at most 3x the estimate. With `n`
-        (the estimate's observations, this one included) the first 1 / weight of them are averaged plainly:
-        the plain exponential average kept 90% of a first reading taken during a stall for ten more."""
+        """Exponentially weighted estimate of `x`, an outlier counting as at most 3x the estimate.
+
+        With `n` (the estimate's readings, this one included), a reading below the estimate among its first
+        1 / weight is averaged in plainly: timing noise only adds, so a lower reading says the estimate was
+        taken high, and a K's first reading has no estimate to be judged an outlier against (the exponential
+        average kept 90% of a first reading taken during a stall through the next, 35% through ten more,
+        while the gate shunned the K and retimed it only every few dozen steps). A reading above it keeps
+        the slow weight: the machine may be slowing down, which the speed factor takes up."""
         old = table.get(key)
-        w = max(self.weight, 1.0 / n) if n else self.weight
+        w = max(self.weight, 1.0 / n) if n and old is not None and x < old else self.weight
         table[key] = x if old is None else old + w * (min(x, 3 * old) - old)
 
     def _count(self, table: dict, key, hit: bool) -> None:
