@@ -4,7 +4,18 @@ prometheus-client appends `_total` to a counter's name when it exposes it, exact
 `/metrics` does (vLLM also registers `vllm:spec_decode_num_drafts` and serves
 `vllm:spec_decode_num_drafts_total{engine="0",model_name=...}`), so dashboards built for vLLM read these
 unchanged. Counters are updated when a request finishes (not per step): the hot path only appends to
-the request record, and /metrics then agrees with the store request by request.
+the request record.
+
+What they count. vLLM's counters count all the work done, the tokens and drafts of requests that were cancelled
+(a client that disconnected) or failed included, and dashboards built for vLLM read them so; ours keep that
+meaning: they equal the store's sums over all the requests the server recorded (`requests.num_draft_tokens`
+summed, any status; docs/serving.md says which requests a server leaves to a load test's runs). The store's
+figures (`queries.mode_summaries`: the dashboard, `cost`, the reports) count ok requests only, as the latency
+histograms here do, so the acceptance rate and tokens read from the vLLM counters are not theirs once a request
+ends otherwise. The `specfinops:` twins (`specfinops:generation_tokens_total{status,mode}`,
+`specfinops:spec_decode_num_drafts_total{status}`, `..._num_draft_tokens_total{status}`,
+`..._num_accepted_tokens_total{status}`) split the same counts by the request's status: their `status="ok"` series
+are the store's ok-only figures, and summed over status they equal the vLLM counters.
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from telemetry.records import PowerReading, RequestRecord
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+MODES = ("spec", "ar")  # a server's modes: one run each in the store, one `mode` label each here
 MEASURED_POWER_SOURCES = ("nvml", "rapl")  # an estimate is not a measurement: no power gauges for it
 
 _LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -50,6 +62,19 @@ class ServeMetrics:
                                 "store.", [*base, "reason"], registry=r)
         self.rejected.labels(*self._base, "overloaded")  # at 0 from the start: a rate of refusals reads 0, no gap
         self.generation_tokens = Counter("vllm:generation_tokens", "Output tokens emitted.", base, registry=r)
+        # the same counts by the request's status (module docstring): status="ok" is what the store's figures count
+        by_status = [*base, "status"]
+        self.generation_tokens_by_status = Counter(
+            "specfinops:generation_tokens", "Output tokens emitted, by the request's status (ok | error | "
+            "cancelled) and mode; status=\"ok\" is what the store's figures count.", [*by_status, "mode"], registry=r)
+        self.drafts_by_status = Counter("specfinops:spec_decode_num_drafts", "vllm:spec_decode_num_drafts by the "
+                                        "request's status (ok | error | cancelled).", by_status, registry=r)
+        self.draft_tokens_by_status = Counter("specfinops:spec_decode_num_draft_tokens",
+                                              "vllm:spec_decode_num_draft_tokens by the request's status.", by_status,
+                                              registry=r)
+        self.accepted_by_status = Counter("specfinops:spec_decode_num_accepted_tokens",
+                                          "vllm:spec_decode_num_accepted_tokens by the request's status.", by_status,
+                                          registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens prefilled (requests that reached the "
                                      "engine and emitted a first token).", base, registry=r)
         if running is not None:
@@ -71,10 +96,13 @@ class ServeMetrics:
         if rec.ttft_ms is not None:
             self.prompt_tokens.labels(*b).inc(rec.prompt_tokens)
         self.generation_tokens.labels(*b).inc(rec.output_tokens)
+        self.generation_tokens_by_status.labels(*b, rec.status, mode).inc(rec.output_tokens)
         if rec.num_drafts:
-            self.drafts.labels(*b).inc(rec.num_drafts)
-            self.draft_tokens.labels(*b).inc(rec.num_draft_tokens)
-            self.accepted.labels(*b).inc(rec.num_accepted_tokens)
+            for total, by_status, n in ((self.drafts, self.drafts_by_status, rec.num_drafts),
+                                        (self.draft_tokens, self.draft_tokens_by_status, rec.num_draft_tokens),
+                                        (self.accepted, self.accepted_by_status, rec.num_accepted_tokens)):
+                total.labels(*b).inc(n)
+                by_status.labels(*b, rec.status).inc(n)
             per_pos: dict[int, int] = {}
             for s in rec.steps:
                 for i in range(s.accepted):
@@ -99,6 +127,10 @@ class ServeMetrics:
             self.accepted_per_pos.labels(*self._base, str(i))
         for c in (self.drafts, self.draft_tokens, self.accepted, self.generation_tokens, self.prompt_tokens):
             c.labels(*self._base)
+        for c in (self.drafts_by_status, self.draft_tokens_by_status, self.accepted_by_status):
+            c.labels(*self._base, "ok")  # the ok-only figure reads 0 from the start, like its vLLM twin
+        for mode in MODES:
+            self.generation_tokens_by_status.labels(*self._base, "ok", mode)
 
     def observe_power(self, readings: list[PowerReading]) -> None:
         for p in readings:

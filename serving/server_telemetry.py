@@ -16,14 +16,13 @@ import secrets
 import threading
 from datetime import timedelta
 
-from serving.server_metrics import ServeMetrics
+from serving.server_metrics import MODES, ServeMetrics
 from telemetry.energy import attribute_energy
 from telemetry.power import PowerSampler, PowerSource
 from telemetry.records import RequestRecord, RunInfo
 
 logger = logging.getLogger(__name__)
 
-MODES = ("spec", "ar")
 # A client that records its own view of a request in the server's store sends the server's client key here
 # (`specfinops loadtest` does); the server then leaves the request out of its own 'serve' runs, so a shared
 # store holds each request once (metrics still count it). The key is random per server start and kept in

@@ -367,3 +367,50 @@ def test_a_stream_that_fails_sends_its_usage_before_the_error_event(reason):
     without = asyncio.run(events(False))  # none asked for: none sent, as for a stream that ends well
     assert without[-1] == "[DONE]" and "error" in json.loads(without[-2])
     assert not any('"usage"' in e for e in without), without
+
+
+def test_vllm_counters_count_a_cancelled_request_and_the_ok_series_equal_the_stores_figures(sqlite_url):
+    """A stream its client cut, with drafts: the vllm: counters count its work, as vLLM's count aborted requests
+    (15 drafted, 3 accepted: 20%, where the store's figures read 11 and 3: 27.3%), and the server_metrics docstring
+    claimed /metrics agreed with the store. The specfinops: twins split the counts by status: their status="ok"
+    series are what `queries.mode_summaries` (the dashboard, cost, the reports) gives per mode."""
+    import random
+    from dataclasses import replace
+
+    from telemetry.queries import mode_summaries
+    from telemetry.recorder import Recorder
+    from telemetry.store import open_store
+    from tests.recorder_child import run_info, synthetic_request
+
+    rng = random.Random(3)
+    spec_ok, spec_cut = synthetic_request(rng, 9), replace(synthetic_request(rng, 7), status="cancelled")
+    ar_ok = replace(synthetic_request(rng, 5), num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0, steps=[])
+    assert spec_cut.num_draft_tokens > 0
+    engine = open_store(sqlite_url)
+    metrics = ServeMetrics("m")
+    with Recorder(engine) as recorder:
+        runs = {mode: recorder.start_run(run_info(mode)) for mode in ("spec", "ar")}
+        for mode, rec in (("spec", spec_ok), ("ar", ar_ok), ("spec", spec_cut)):
+            recorder.record_request(runs[mode], rec)
+            metrics.observe_request(mode, rec)
+    summaries = {m.mode: m.stats for m in mode_summaries(engine)}
+    engine.dispose()
+
+    def value(name: str, **labels) -> float | None:
+        return metrics.registry.get_sample_value(name, {"model_name": "m", "engine": "0", **labels})
+
+    spec = summaries["spec"]
+    for vllm_name, ours, attr in (("drafts", "drafts", "num_drafts"),
+                                  ("draft_tokens", "draft_tokens", "num_draft_tokens"),
+                                  ("accepted_tokens", "accepted_tokens", "num_accepted_tokens")):
+        everything = getattr(spec_ok, attr) + getattr(spec_cut, attr)
+        assert value(f"vllm:spec_decode_num_{vllm_name}_total") == everything  # vLLM's meaning: all work done
+        assert value(f"specfinops:spec_decode_num_{ours}_total", status="ok") == getattr(spec, attr)
+        assert value(f"specfinops:spec_decode_num_{ours}_total", status="cancelled") == getattr(spec_cut, attr)
+    ok_rate = (value("specfinops:spec_decode_num_accepted_tokens_total", status="ok")
+               / value("specfinops:spec_decode_num_draft_tokens_total", status="ok"))
+    assert ok_rate == spec.acceptance_rate
+    assert value("vllm:generation_tokens_total") == 9 + 5 + 7
+    for mode, stats in summaries.items():
+        assert value("specfinops:generation_tokens_total", status="ok", mode=mode) == stats.output_tokens
+    assert value("specfinops:generation_tokens_total", status="cancelled", mode="spec") == 7
