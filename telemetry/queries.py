@@ -301,7 +301,7 @@ class Aggregate:
     """Figures shared by a run and a mode summary (raw counts and the rates computed from them)."""
 
     num_requests_ok: int
-    num_requests_failed: int
+    num_requests_failed: int  # every request not ok: ended 'error' or 'cancelled' (num_requests_cancelled of them)
     output_tokens: int
     wall_s: float | None
     tokens_per_s: float | None
@@ -318,6 +318,13 @@ class Aggregate:
     energy_complete: bool  # every ok request has an energy figure
     j_per_token: float | None
     energy_estimated: bool
+    # of num_requests_failed, those cancelled (a client that disconnected, a stopped command): not failures
+    num_requests_cancelled: int = 0
+
+    @property
+    def num_requests_errored(self) -> int:
+        """The requests that ended 'error': num_requests_failed without the cancelled ones."""
+        return self.num_requests_failed - self.num_requests_cancelled
 
 
 @dataclass(frozen=True, slots=True)
@@ -832,6 +839,7 @@ def _aggregate(sums: dict, latency: dict[str, float], wall_s: float | None, esti
     return Aggregate(
         num_requests_ok=n_ok,
         num_requests_failed=int(sums["n_failed"] or 0),
+        num_requests_cancelled=int(sums["n_cancelled"] or 0),
         output_tokens=tokens,
         wall_s=wall_s,
         tokens_per_s=_ratio(tokens, wall_s) if tokens else None,
@@ -854,6 +862,7 @@ def _aggregate(sums: dict, latency: dict[str, float], wall_s: float | None, esti
 _SUM_KEYS = (
     "n_ok",
     "n_failed",
+    "n_cancelled",
     "tokens",
     "drafts",
     "drafted",
@@ -873,6 +882,7 @@ def _sum_columns() -> list:
     return [
         func.sum(case((ok, 1), else_=0)).label("n_ok"),
         func.sum(case((ok, 0), else_=1)).label("n_failed"),
+        func.sum(case((Request.status == "cancelled", 1), else_=0)).label("n_cancelled"),
         ok_sum(Request.output_tokens).label("tokens"),
         ok_sum(Request.num_drafts).label("drafts"),
         ok_sum(Request.num_draft_tokens).label("drafted"),

@@ -151,10 +151,18 @@ def test_a_store_whose_requests_all_failed_says_so_not_that_it_is_empty(sqlite_u
     assert any(c.startswith("Projection: no measured runs with output tokens: all 3 of their requests failed or "
                             "were cancelled") for c in captions), captions
     ar, spec = (c for c in captions if " requests ok, " in c)
+    # a cancelled request (a client that disconnected) is said apart, not counted as a failure
+    said = sorted(c.split(" · ")[0] for c in (ar, spec))  # AR: an error and a cancel; spec: an error
+    assert said == ["0 requests ok, 1 failed, 0 output tokens",
+                    "0 requests ok, 1 failed, 1 cancelled, 0 output tokens"], said
     assert "hardware only" not in ar + spec, (ar, spec)
     assert ar.endswith("· no cost (no output tokens)"), ar
     cost_help = [m.proto.help for m in at.metric if m.label.startswith("Cost per 1M tokens")]
     assert cost_help and not [h for h in cost_help if "Hardware only" in h], cost_help
+    at.switch_page("views/runs.py").run()  # the run table says them apart too
+    assert_clean(at)
+    (table,) = [d.value for d in at.dataframe if "cancelled" in d.value.columns]
+    assert sorted(zip(table["mode"], table["failed"], table["cancelled"], strict=True)) == [("ar", 1, 1), ("spec", 1, 0)]
 
 
 def test_many_runs_are_counted_not_listed_one_by_one(sqlite_url, monkeypatch):

@@ -291,8 +291,11 @@ def body(ctx: Context) -> None:
             if s.energy_estimated and s.j_per_token is not None:
                 said.append("J/token partly estimated" + ("" if estimated else f" ({runs_text})") if partly
                             else "J/token is an estimate")
+            # a client that disconnected is no failure: cancelled requests are said apart
             st.caption(f"{s.num_requests_ok:,} request{'' if s.num_requests_ok == 1 else 's'} ok, "
-                       f"{s.num_requests_failed:,} failed, {s.output_tokens:,} output "
+                       f"{s.num_requests_errored:,} failed, "
+                       + (f"{s.num_requests_cancelled:,} cancelled, " if s.num_requests_cancelled else "")
+                       + f"{s.output_tokens:,} output "
                        f"token{'' if s.output_tokens == 1 else 's'}"
                        + (f" · cost is hardware only ({md_safe(no_energy)})"
                           if total is not None and not c.energy_included
