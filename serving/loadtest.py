@@ -33,7 +33,7 @@ from urllib.parse import urlparse
 
 from serving.workloads import Prompt
 from telemetry.energy import attribute_energy
-from telemetry.records import PowerReading, RequestRecord, TokenRow
+from telemetry.records import PowerReading, RequestRecord, TokenRow, requests_span_s
 
 logger = logging.getLogger(__name__)
 
@@ -128,18 +128,6 @@ class LevelResult:
     wall_s: float
     run_id: int | None = None
     interrupted: bool = False  # stopped by Ctrl-C / SIGTERM: `results` are the requests until then
-
-
-def requests_span_s(results: list[ClientResult]) -> float | None:
-    """First request start -> last request end (start + E2E) of a level's requests: its wall time as the store
-    computes a run's (telemetry.queries: wall_s), so the tokens/s a load test prints are the ones `cost` shows;
-    None where no request has an end."""
-    ends = [(r.record.started_at, r.record.started_at + timedelta(milliseconds=r.record.e2e_ms))
-            for r in results if r.record.e2e_ms is not None]
-    if not ends:
-        return None
-    span = (max(e for _, e in ends) - min(s for s, _ in ends)).total_seconds()
-    return span if span > 0 else None
 
 
 class LevelFailed(RuntimeError):
@@ -425,7 +413,7 @@ async def run_level(client, model: str, prompts: list[Prompt], spec: LoadSpec, l
                 record(res)
     if on_progress is not None:
         on_progress(t_end - t_begin, ok[0], ok[1], True)
-    result = LevelResult(level, mode, results, requests_span_s(results) or (t_end - t_begin))
+    result = LevelResult(level, mode, results, requests_span_s(r.record for r in results) or (t_end - t_begin))
     if stopped is not None:
         raise LevelFailed(stopped, result)
     if ok[0] == 0 and results:
@@ -731,8 +719,9 @@ async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, 
                     status = "completed"
                 except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C / SIGTERM: stopped, not failed
                     status = "cancelled"
-                    out.append(LevelResult(level, mode, seen, requests_span_s(seen) or (time.perf_counter() - t_level),
-                                           run_id, interrupted=True))  # the store's wall time, as run_level's
+                    wall = requests_span_s(r.record for r in seen) or (time.perf_counter() - t_level)
+                    out.append(LevelResult(level, mode, seen, wall, run_id,
+                                           interrupted=True))  # the store's wall time, as run_level's
                     raise
                 except LevelFailed as exc:
                     exc.result.run_id = run_id

@@ -7,8 +7,9 @@ when it writes a request together with its steps and token events in one transac
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 REQUEST_STATUSES = ("ok", "error", "cancelled")
 
@@ -129,3 +130,15 @@ def request_problem(rec: RequestRecord) -> str | None:
         if not all(math.isfinite(v) and v >= 0 for v in (s.draft_ms, s.verify_ms)):
             return f"step {s.step_index}: draft_ms {s.draft_ms}, verify_ms {s.verify_ms}: not finite values >= 0"
     return None
+
+
+def requests_span_s(records: Iterable[RequestRecord]) -> float | None:
+    """First request start -> last request end (start + E2E) of the records that have an end, any status: a run's
+    wall time as the store computes it (`telemetry.queries._spans`, the same datetime arithmetic), so the tokens/s
+    a bench or load test prints is the one `cost` and `invocations` show; None where no record has an end or the
+    span is not positive."""
+    ends = [(r.started_at, r.started_at + timedelta(milliseconds=r.e2e_ms)) for r in records if r.e2e_ms is not None]
+    if not ends:
+        return None
+    span = (max(e for _, e in ends) - min(s for s, _ in ends)).total_seconds()
+    return span if span > 0 else None

@@ -255,9 +255,14 @@ def test_bench_says_when_a_speedup_rests_on_too_few_requests():
                 for level in levels for mode, n in (("ar", n_ar), ("spec", n_spec))]
         return {"runs": runs, "speedup_by_concurrency": {level: 1.5 for level in levels}}
 
-    note = small_sample_note(report(2, 2))
+    note = small_sample_note(report(2, 2), left_out=26)
     assert note is not None and note.startswith("note: a speedup above rests on 2 requests per mode")
-    assert f"under {MIN_STABLE_REQUESTS}" in note and "without --limit" in note
+    assert f"under {MIN_STABLE_REQUESTS}" in note
+    assert note.endswith("a run without --limit also measures the 26 prompts of the workload it left out")
+    # no --limit (or one the workload did not exceed): the bench ran every prompt; running without it adds none
+    note = small_sample_note(report(2, 2))
+    assert "without --limit" not in note, note
+    assert note.endswith("no --limit left a prompt out: a workload of more prompts steadies it"), note
     assert small_sample_note(report(28, 28)) is None
     assert "rests on 19 requests" in small_sample_note(report(28, 19))  # the fewer of the two modes
     assert small_sample_note({"runs": report(2, 2)["runs"], "speedup_by_concurrency": {}}) is None  # nothing compared
@@ -292,3 +297,32 @@ def test_a_mean_k_is_said_as_a_mean_in_the_verify_warning():
     cal = calibrate("code", StepCounts(10, 35, 20, 2, 35.0, 50, 1000.0, spec_verify_ms=4.4))
     (v_line,) = [w for w in calibration_warnings(cal, None) if w.startswith("v = ")]
     assert "a verify forward over the mean K + 1 = 4.5 tokens" in v_line
+
+
+def test_bench_times_a_run_as_the_store_does_without_a_store_too(tmp_path):
+    """--no-telemetry: a run's wall time is its first request's start to its last one's end (the store's rule),
+    not the turn's own clock, which also counted the time before the first request; and a store that cannot be
+    read back leaves the bench's figures, said in a warning."""
+    from datetime import UTC, datetime, timedelta
+
+    from app.commands.bench import span_wall, store_figures
+    from serving.worker import ModeResult, RequestResult
+    from telemetry.records import RequestRecord
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    res = ModeResult("ar", None, "none", wall_s=9.0)
+    for start_s, e2e_ms in ((1.0, 500.0), (1.5, 1500.0)):
+        rec = RequestRecord(started_at=t0 + timedelta(seconds=start_s), output_tokens=4, e2e_ms=e2e_ms)
+        res.results.append(RequestResult(None, [1, 2, 3, 4], "", rec, "length"))
+    span_wall(res)
+    assert res.wall_s == 2.0 and res.tokens_per_s == 4.0  # 1.0 s -> 3.0 s, 8 tokens
+    empty = ModeResult("ar", None, "none", wall_s=0.25)
+    span_wall(empty)
+    assert empty.wall_s == 0.25  # no request ended: its own clock stays
+
+    report = {"invocation_id": "ab" * 16, "speedup": 1.5, "speedup_by_concurrency": {"1": 1.5},
+              "runs": [{"mode": "ar", "run_ids": [1], "tokens_per_s": 4.0, "wall_s": 2.0}]}
+    warning = store_figures(report, f"sqlite:///{tmp_path / 'gone.db'}")
+    assert warning.startswith("warning: could not read invocation abababab back from the store"), warning
+    assert report["speedup"] == 1.5 and report["runs"][0]["tokens_per_s"] == 4.0
+    assert store_figures({"invocation_id": None, "runs": []}, None) is None  # --no-telemetry: nothing to read

@@ -133,6 +133,36 @@ def test_bench_alternates_ar_and_spec_in_recorded_turns(tmp_path, target_dir):
     _check_store(url, report, modes=["ar", "spec", "ar", "spec"])
 
 
+def test_the_speedup_bench_prints_is_the_one_the_store_gives_its_invocation(tmp_path, target_dir, capsys,
+                                                                           monkeypatch):
+    """--interleave 1 on a workload of two prompts, no --limit: bench printed each turn's own clock (1.33x where
+    `invocations`, `cost --invocation`, the dashboard and the report read 1.32x from its requests' spans), and said
+    that "a run without --limit measures every prompt of the workload" where no --limit had left one out."""
+    for name in ("SPECFINOPS_PACKED_LINEAR", "SPECFINOPS_BF16_KERNEL", "SPECFINOPS_DECODE_ATTENTION",
+                 "SPECFINOPS_ATTENTION_FLOAT32", "SPECFINOPS_DRAFT_INT8"):
+        monkeypatch.setenv(name, "off")  # no kernel races: what is tested is arithmetic, not speed
+    workload = tmp_path / "my2.jsonl"
+    workload.write_text("".join(json.dumps({"id": f"p{i}", "domain": "code", "prompt": text}) + "\n"
+                                for i, text in enumerate(["Write a Python hello world.", "Count from 1 to 5."])))
+    url = f"sqlite:///{tmp_path / 'agree.db'}"
+    out = tmp_path / "bench.json"
+    capsys.readouterr()
+    assert main(["bench", "--workload", str(workload), "--mode", "both", "--interleave", "1", "--max-new-tokens", "6",
+                 "--drafter", "ngram", "--dtype", "float32", "--db", url, "--json", str(out), "--power", "none"]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert "without --limit" not in printed and "no --limit left a prompt out" in printed, printed
+    assert main(["invocations", "--db", url, "--json"]) == 0
+    (inv,) = json.loads(capsys.readouterr().out)["invocations"]
+    assert inv["invocation_id"] == report["invocation_id"]
+    (stored,) = inv["speedups"]
+    assert report["speedup"] == stored["speedup"] and report["speedup_by_concurrency"] == {"1": stored["speedup"]}
+    assert f"speedup spec vs AR at concurrency 1: {stored['speedup']:.2f}x" in printed
+    rows = {r["mode"]: r for r in report["runs"]}
+    assert (rows["spec"]["tokens_per_s"], rows["ar"]["tokens_per_s"]) == (stored["spec_tokens_per_s"],
+                                                                         stored["ar_tokens_per_s"])
+
+
 def test_records_the_store_refuses_are_said_and_fail_the_bench(tmp_path, target_dir, capsys):
     """A request row the database refuses is dropped by the recorder (counted in runs.dropped_records): the bench
     says so on its last line, reports the count in its JSON and exits 1, instead of 'recorded' and 0."""

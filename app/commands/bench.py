@@ -261,7 +261,9 @@ def _handle(args: argparse.Namespace) -> int:
     from serving.workloads import canonical_workload
 
     args.workload = canonical_workload(args.workload)  # 'all' is recorded as 'mixed': the same prompts
-    prompts = load_workload(args.workload, limit=args.limit, domain=args.domain)
+    every = load_workload(args.workload, domain=args.domain)
+    prompts = every[:args.limit] if args.limit is not None else every
+    args.prompts_left_out = len(every) - len(prompts)  # what --limit left out (`small_sample_note`)
     if max(levels) > len(prompts):  # a level is recorded as its concurrency: one no prompt set could reach is not
         raise UsageError(f"--concurrency {max(levels)}: the bench has {len(prompts)} prompt"
                          f"{'s' if len(prompts) != 1 else ''} (--workload {args.workload}"
@@ -452,6 +454,8 @@ def run_bench_vllm(args, prompts, params, modes, levels) -> dict:
         stop = None
     except BenchInterrupted as exc:
         results, view, stop = exc.results, exc.view, exc
+    for _, res in results:
+        span_wall(res)
     report = build_report(results, view, params)
     report["invocation_id"] = None if args.no_telemetry else invocation_id
     for run, (_, res) in zip(report["runs"], results, strict=True):
@@ -471,7 +475,10 @@ def run_bench_vllm(args, prompts, params, modes, levels) -> dict:
             for level in dict.fromkeys(level for level, _ in results):
                 by_level.setdefault(str(level), None)
             report["speedup_by_concurrency"] = dict(sorted(by_level.items(), key=lambda kv: int(kv[0])))
-    print_table(report, not args.no_telemetry, file=table_file(args))
+    unread = store_figures(report, args.db)
+    print_table(report, not args.no_telemetry, file=table_file(args), left_out=args.prompts_left_out)
+    if unread:
+        print(unread, file=sys.stderr)
     return report
 
 
@@ -574,6 +581,12 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
     report = build_report(results, loaded, params, cut_level=cut_level)
     report["interleave"] = args.interleave if len(modes) == 2 and 1 in levels else 0
     report["invocation_id"] = invocation_id if recorder is not None else None
+    unread = None
+    if recorder is not None:
+        try:  # the figures the store gives the runs just recorded (`store_figures`)
+            unread = store_figures(report, args.db)
+        except KeyboardInterrupt:  # stopped while it was read: the bench's own figures, no sweep
+            interrupted = True
     sweep = recorder is not None and len(levels) > 1 and len(modes) == 2
     if sweep and not interrupted:
         from telemetry.store import open_store
@@ -598,7 +611,9 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
             report["sweep_id"] = None  # not recorded: its levels did not all run
         for run in report["runs"]:
             run["interrupted"] = cut is not None and run["concurrency"] == cut_level and run["mode"] == cut.mode
-    print_table(report, recorder is not None, file=table_file(args))
+    print_table(report, recorder is not None, file=table_file(args), left_out=args.prompts_left_out)
+    if unread:
+        print(unread, file=sys.stderr)
     return report
 
 
@@ -643,9 +658,66 @@ def _run_turn(args, loaded, runner, recorder, source, node_id, params, level, pr
     except KeyboardInterrupt:
         partial.results.sort(key=lambda r: prompts.index(r.prompt))
         partial.wall_s = t_last - t_begin
+        span_wall(partial)
         raise TurnInterrupted(partial) from None
     res.run_ids = list(partial.run_ids)
+    span_wall(res)
     return res
+
+
+def span_wall(res) -> None:
+    """The run's wall seconds by the store's rule (`telemetry.records.requests_span_s`): its first request's start
+    to its last one's end. The bench's own clock (the turn from its start to its end) also counted the time before
+    its first request began, in every turn of an interleaved bench, so its tokens/s and speedup were not the ones
+    the store gives the same runs (1.33x printed, 1.32x in `invocations`). Kept where no request has an end."""
+    from telemetry.records import requests_span_s
+
+    res.wall_s = requests_span_s(r.record for r in res.results) or res.wall_s
+
+
+def store_figures(report: dict, db: str | None) -> str | None:
+    """A recorded bench's tokens/s and wall seconds per row and its speedup per level, read back from the store for
+    its invocation: those of `queries.mode_summaries` over the row's runs and of `queries.speedups` over the
+    invocation, what `invocations`, `cost --invocation`, the dashboard and the reports show for it, to the last
+    digit (the records the store lost, and those of requests a Ctrl-C cut, count there as everywhere else). A
+    level without a speedup (interrupted: the modes ran different prompts) stays without. Where the store cannot be
+    read, the figures stay the bench's own, by the same span rule (`span_wall`), and the warning returned says so."""
+    inv = report.get("invocation_id")
+    if inv is None:
+        return None
+    from telemetry.queries import Filters, mode_summaries, speedups
+    from telemetry.store import open_store
+
+    engine = None
+    try:
+        engine = open_store(db, must_exist=True)
+        rows = [mode_summaries(engine, Filters(run_ids=tuple(run["run_ids"]))) if run["run_ids"] else []
+                for run in report["runs"]]
+        by_level = {s.concurrency: s for s in speedups(engine, Filters(invocation_id=inv))}
+    except Exception as exc:  # noqa: BLE001 - said, not raised: what ran must still be reported
+        return (f"warning: could not read invocation {inv[:8]} back from the store ({type(exc).__name__}); the "
+                "tokens/s and speedups above are the bench's own and may differ from `invocations` in the last digit")
+    finally:
+        if engine is not None:
+            engine.dispose()
+    for run, found in zip(report["runs"], rows, strict=True):
+        stats = found[0].stats if found else None
+        run["tokens_per_s"], run["wall_s"] = (stats.tokens_per_s, stats.wall_s) if stats else (None, None)
+    levels = report["speedup_by_concurrency"]
+    compared = [level for level, speedup in levels.items() if speedup is not None]
+    from telemetry.finops import speedup_over_acceptance_text
+
+    warnings = {}
+    for level in compared:
+        found = by_level.get(int(level))
+        levels[level] = found.speedup if found else None
+        text = found and speedup_over_acceptance_text(found.speedup, found.mean_acceptance_length)
+        if text:  # judged on the store's figures, as `invocations` judges them
+            warnings[level] = text
+    report["speedup_warnings"] = warnings
+    if report.get("speedup") is not None:  # the lowest level's, as build_report gives it
+        report["speedup"] = levels[min(compared, key=int)]
+    return None
 
 
 def build_report(results, loaded, params, cut_level: int | None = None) -> dict:
@@ -753,7 +825,8 @@ def table_lines(runs: list[dict]) -> list[str]:
     return [head, "-" * len(head), *(line(row) for row in cells)]
 
 
-def print_table(report: dict, recorded: bool, file=None) -> None:
+def print_table(report: dict, recorded: bool, file=None, left_out: int = 0) -> None:
+    """The bench's table and notes. `left_out`: the workload's prompts --limit left out (`small_sample_note`)."""
     out = file or sys.stdout
     stopped = report.get("interrupted", False)
     if stopped and recorded and not _any_run_recorded(report):  # stopped while loading: no run was opened
@@ -775,7 +848,7 @@ def print_table(report: dict, recorded: bool, file=None) -> None:
         above = report.get("speedup_warnings", {}).get(level)
         if above and not cut and not alone:
             print(f"warning: concurrency {level}: {above}", file=out)
-    small = small_sample_note(report)
+    small = small_sample_note(report, left_out)
     if small:
         print(small, file=out)
     if stopped:
@@ -799,10 +872,11 @@ def _any_run_recorded(report: dict) -> bool:
     return bool(report["runs"] or report.get("cancelled_run_ids") or stopped.get("run_id") is not None)
 
 
-def small_sample_note(report: dict) -> str | None:
+def small_sample_note(report: dict, left_out: int = 0) -> str | None:
     """Where a level's speedup rests on fewer requests per mode than costing.MIN_STABLE_REQUESTS (a --limit of
     2 read 4.72x and then 0.80x on a loaded machine), one line saying so; None where every compared level has
-    enough, or nothing was compared."""
+    enough, or nothing was compared. Its remedy: the `left_out` prompts of the workload that --limit left out,
+    where it left some out; else (no --limit, or one the workload did not exceed) a workload of more prompts."""
     from telemetry.costing import MIN_STABLE_REQUESTS
 
     counts = {}
@@ -815,9 +889,12 @@ def small_sample_note(report: dict) -> str | None:
     fewest = min(counts.values(), default=None)
     if fewest is None or fewest >= MIN_STABLE_REQUESTS:
         return None
+    remedy = (f"a run without --limit also measures the {left_out} prompt{'' if left_out == 1 else 's'} of the "
+              "workload it left out" if left_out > 0
+              else "no --limit left a prompt out: a workload of more prompts steadies it")
     return (f"note: a speedup above rests on {fewest} request{'' if fewest == 1 else 's'} per mode: too few to be "
             f"stable (under {MIN_STABLE_REQUESTS}; one slow request, or another process on the machine, moves it); "
-            "a run without --limit measures every prompt of the workload")
+            + remedy)
 
 
 def interrupted_notes(report: dict, recorded: bool) -> list[str]:
