@@ -4,6 +4,7 @@ CLI, the dashboard and the reports all price runs here, so every figure has one 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -1098,8 +1099,11 @@ def project_from_store(
     estimated = any(estimated_by_mode.values())
     sources = _power_sources(engine, [i for m in MODES if estimated_by_mode[m] for i in cap_configs[m].run_ids])
     partly = {m: estimated_by_mode[m] and len({sources[i] for i in cap_configs[m].run_ids}) > 1 for m in MODES}
-    # the speedups of the compared group's runs: where one is impossible, AR's capacity was measured slow
-    above = above_acceptance_caveats(speedups(engine, filters), run_ids)
+    # the speedups the capacity configurations' runs were paired in (the group's other concurrencies are not
+    # what the nodes rest on): where one is impossible, AR's capacity was measured slow
+    cap_ids = [i for c in cap_configs.values() if c is not None for i in c.run_ids]
+    found = speedups(engine, dataclasses.replace(filters, run_ids=tuple(run_ids))) if cap_ids else []
+    above = above_acceptance_caveats(found, cap_ids)
     return StoreProjection(
         caveats=projection_caveats(comparison, cap_configs, price, devices, differs)
         + _recorded_prices_caveat(recorded, price) + above,

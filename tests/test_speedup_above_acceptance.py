@@ -126,6 +126,36 @@ def test_project_of_a_plausible_speedup_says_nothing_of_it(db_url, capsys):
     assert a["speedup_above_acceptance_length"] is False and not any("acceptance length" in n for n in a["notes"])
 
 
+def test_project_sized_on_a_plausible_concurrency_says_nothing_of_an_impossible_one(db_url, capsys):
+    """One bench: AR timed on a loaded machine at concurrency 1 (4.00x beside 2.54 tokens a step), a plausible
+    1.25x at concurrency 8, where both modes' capacity at the SLA comes from: the nodes and savings do not rest
+    on the impossible figure (the caveat once took every run of the compared group, at every concurrency)."""
+    from sqlalchemy.orm import Session
+
+    from synthetic import Req, spec_req
+    from tests.test_paired_speedups import _run
+
+    engine = open_store(db_url)
+    inv = "c0ffee00" + "0" * 24
+    with Session(engine) as s:
+        _run(s, inv, "ar", BASE_TIME, [Req(100, ttft_ms=50, e2e_ms=4000, external_id=f"p{i}", start_s=4.1 * i)
+                                       for i in range(25)])
+        _run(s, inv, "spec", BASE_TIME + timedelta(minutes=5),
+             [spec_req(100, 4, 60, ttft_ms=50, e2e_ms=1000, external_id=f"p{i}", start_s=1.1 * i) for i in range(25)])
+        _run(s, inv, "ar", BASE_TIME + timedelta(minutes=10),
+             [Req(100, ttft_ms=50, e2e_ms=2000, external_id=f"p{i}", start_s=2.0 * (i // 8)) for i in range(24)],
+             concurrency=8)
+        _run(s, inv, "spec", BASE_TIME + timedelta(minutes=15),
+             [spec_req(100, 4, 60, ttft_ms=50, e2e_ms=1600, external_id=f"p{i}", start_s=1.6 * (i // 8))
+              for i in range(24)], concurrency=8)
+        s.commit()
+    engine.dispose()
+    assert main(["project", "--db", db_url, "--daily-tokens", "1e8", "--peak-factor", "2", "--sla-ms", "1000",
+                 "--node-hourly-usd", "2", "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)["assumptions"]
+    assert a["speedup_above_acceptance_length"] is False, a["notes"]
+
+
 def test_report_page_summary_and_command_say_it_beside_the_speedup_and_the_savings(db_url, tmp_path, capsys):
     inflated_ar(db_url)
     engine = open_store(db_url)
