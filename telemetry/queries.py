@@ -118,8 +118,12 @@ MIXED_WORKLOADS = ("mixed", "all")
 
 def workload_file(path: str) -> str:
     """A workload file as runs record it (serving.workloads.canonical_workload): its absolute path, links resolved,
-    so `my.jsonl`, `./my.jsonl`, `../x/my.jsonl` and `~/x/my.jsonl` are one workload wherever bench ran."""
-    return str(Path(path).expanduser().resolve())
+    so `my.jsonl`, `./my.jsonl`, `../x/my.jsonl` and `~/x/my.jsonl` are one workload wherever bench ran. A path that
+    cannot be resolved (`~nosuchuser/...`, a link loop) stays as typed: a filter then matches that spelling only."""
+    try:
+        return str(Path(path).expanduser().resolve())
+    except (RuntimeError, OSError):
+        return path
 
 
 def workload_names(want: str) -> tuple[str, ...]:

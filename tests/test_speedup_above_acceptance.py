@@ -131,8 +131,8 @@ def test_project_sized_on_a_plausible_concurrency_says_nothing_of_an_impossible_
     1.25x at concurrency 8, where both modes' capacity at the SLA comes from: the nodes and savings do not rest
     on the impossible figure (the caveat once took every run of the compared group, at every concurrency)."""
     from sqlalchemy.orm import Session
-
     from synthetic import Req, spec_req
+
     from tests.test_paired_speedups import _run
 
     engine = open_store(db_url)

@@ -257,6 +257,8 @@ def test_the_workload_filter_takes_any_path_of_a_file(tmp_path, monkeypatch):
     assert workload_is("my2.jsonl", "my2.jsonl")  # a run recorded before: by the path as it was typed
     assert not workload_is("../my2.jsonl", "my2.jsonl") and not workload_is(absolute, "other.jsonl")
     assert workload_names("code") == ("code",) and workload_names("all") == ("mixed", "all")
+    # a home that cannot be found is not a crash (RuntimeError: Could not determine home directory): as typed
+    assert workload_names("~nosuchuser-xyz/p.jsonl") == ("~nosuchuser-xyz/p.jsonl",)
 
 
 def test_a_workload_file_is_labelled_by_its_name():
