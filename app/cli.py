@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             raise  # a bug: its traceback
         if args.verbose and not _is_our_own_error(exc):
             logging.getLogger(__name__).debug("what failed underneath:", exc_info=exc)
-        print(f"specfinops {args.command}: error: {describe_failure(exc, _store_file(args))}", file=sys.stderr)
+        print(f"specfinops {args.command}: error: {describe_failure(exc, _store_file(args), args.command)}", file=sys.stderr)
         return 2 if expected else 1
 
 
@@ -142,9 +142,11 @@ def _store_file(args: argparse.Namespace):
         return None
 
 
-def describe_failure(exc: BaseException, store=None) -> str:
+def describe_failure(exc: BaseException, store=None, command: str = "COMMAND") -> str:
     """One line for an exception that escaped a command: what it was about, never a traceback. `store`: the
-    SQLite file the command used, named where its device is full (SQLite's words name no file)."""
+    SQLite file the command used, named where its device is full (SQLite's words name no file). `command`: the
+    command that failed, shown in the hint, since --verbose goes before it (`specfinops bench ... --verbose` is
+    an unrecognized argument)."""
     import errno
 
     from sqlalchemy.exc import DBAPIError, NoSuchModuleError
@@ -169,7 +171,7 @@ def describe_failure(exc: BaseException, store=None) -> str:
         return f"{exc.strerror or first}: {exc.filename}"
     if type(exc).__module__.startswith(("telemetry", "serving", "app")):
         return first or type(exc).__name__  # our own errors say what was wrong in their message
-    return f"{type(exc).__name__}: {first}" + " (run with --verbose for the traceback)"
+    return f"{type(exc).__name__}: {first}" + f" (run `specfinops --verbose {command} ...` for the traceback)"
 
 
 def _is_environment_problem(exc: BaseException) -> bool:

@@ -91,6 +91,9 @@ class ModelConfig:
         if model_type == "llama" and cfg.get("attention_bias"):
             raise ValueError(f"{where}attention_bias true is not supported by the torch engine for llama models: "
                              "its o_proj has no bias (biases on q, k, v alone, as Qwen2 has, are)")
+        if model_type == "llama" and cfg.get("mlp_bias"):  # transformers' other families have no such setting
+            raise ValueError(f"{where}mlp_bias true is not supported by the torch engine: its MLP's gate, up and "
+                             "down projections have no bias")
         act = cfg.get("hidden_act", "silu")
         if act not in SUPPORTED_ACTIVATIONS:
             raise ValueError(f"{where}hidden_act {act!r} in config.json is not supported by the torch engine "
@@ -519,11 +522,11 @@ def load_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> CausalLM:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from serving.models import read_config
+    from serving.models import read_config, weight_files
 
     model_dir = Path(model_dir)
     cfg = ModelConfig.from_hf(read_config(model_dir), source=model_dir)
-    files = sorted(model_dir.glob("*.safetensors"))
+    files = weight_files(model_dir)
     if not files:
         raise ValueError(f"{model_dir} has no *.safetensors weights")
     with torch.device("meta"):
@@ -539,6 +542,7 @@ def load_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> CausalLM:
         if not cfg.tie_embeddings:
             raise ValueError(f"{model_dir}: weights have no lm_head.weight and embeddings are not tied")
         state["lm_head.weight"] = state["embed_tokens.weight"]
+    check_shapes(model, state, model_dir)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     missing = [m for m in missing if not m.startswith("rope_")]
     unexpected = [u for u in unexpected if "rotary_emb" not in u]
@@ -550,6 +554,20 @@ def load_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> CausalLM:
         model.lm_head.weight = model.embed_tokens.weight
     model.eval()
     return model
+
+
+def check_shapes(model: CausalLM, state: dict[str, torch.Tensor], model_dir: Path) -> None:
+    """Refuse weights whose shapes are not those the config implies (a config.json of another size than its
+    weights: vocab_size 50000 over a [49152, 64] embed_tokens.weight), naming the first such tensor. Left to
+    load_state_dict, it was a multi-line RuntimeError that the CLI cut to 'Error(s) in loading state_dict'."""
+    want = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    wrong = [(name, tuple(state[name].shape), shape) for name, shape in want.items()  # in the model's order
+             if name in state and tuple(state[name].shape) != shape]
+    if wrong:
+        name, got, implied = wrong[0]
+        more = f"; {len(wrong) - 1} more {'differs' if len(wrong) == 2 else 'differ'}" if len(wrong) > 1 else ""
+        raise ValueError(f"{model_dir}: weights do not match the config ({name} is {list(got)} in the weights, "
+                         f"the config implies {list(implied)}{more})")
 
 
 def param_count(model: nn.Module) -> int:

@@ -437,6 +437,32 @@ def read_config(model_dir: str | Path) -> dict:
     return cfg
 
 
+WEIGHTS_INDEX = "model.safetensors.index.json"
+
+
+def weight_files(model_dir: str | Path) -> list[Path]:
+    """The safetensors files holding a model directory's weights. With a model.safetensors.index.json, exactly
+    those its weight_map names, as transformers reads them: a folder can hold a model's shards and a Mistral-format
+    consolidated.safetensors of the same weights too, and every *.safetensors loaded both (twice the memory) to
+    refuse them. Without an index, every *.safetensors in the folder. ValueError naming the index when it is not
+    one or names a file that is not there."""
+    model_dir = Path(model_dir)
+    index = model_dir / WEIGHTS_INDEX
+    if not index.is_file():
+        return sorted(model_dir.glob("*.safetensors"))
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError):  # not JSON, not an object, no weight_map
+        raise ValueError(f"{index} is not a safetensors index (a JSON object with a weight_map)") from None
+    if not names or not all(isinstance(n, str) and n and Path(n).name == n for n in names):
+        raise ValueError(f"{index}: its weight_map names no weight files in this folder")
+    missing = [n for n in names if not (model_dir / n).is_file()]
+    if missing:
+        raise ValueError(f"{index} names weight files that are not in {model_dir}: {', '.join(missing[:3])}")
+    return [model_dir / n for n in names]
+
+
 def check_same_vocab(target_dir: Path, draft_dir: Path, target_tok=None, draft_tok=None) -> None:
     """Refuse a target/draft pair whose tokenizers differ. Vocabulary sizes may differ where the tokenizer is the
     same and fits both tables: the larger table's extra rows are padding no token maps to (Qwen2.5-7B's 152,064

@@ -23,6 +23,7 @@ from serving.server_metrics import ServeMetrics
 from serving.server_telemetry import MODES, ServeTelemetry, client_key_id, publish_client_key
 from serving.worker import EngineSpec, Loaded, default_node_id, load, run_info
 from serving.worker import device_name as run_device  # the server's own device, named on its model card
+from telemetry.labels import hub_id
 
 if TYPE_CHECKING:
     from serving.engine import Engine
@@ -116,7 +117,7 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None, source=None) -
     if opts.spec.max_len > positions:  # the engine keeps the lesser: said, as the model card's max_model_len shows
         logger.warning("context window: the target's %d positions (%s; --max-len %d is more)",
                        positions, loaded.target.cfg.max_position_source, opts.spec.max_len)
-    model_id = opts.served_model_name or loaded.target_dir.name
+    model_id = opts.served_model_name or hub_id(loaded.target_dir) or loaded.target_dir.name
     recorder, infos, store, client_key = None, None, None, None
     try:
         if opts.telemetry:

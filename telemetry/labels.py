@@ -10,10 +10,21 @@ from typing import Any
 
 def short_model(name: Any) -> Any:
     """A model as a label: a local directory by its last path component (the cache path of a bundled model
-    ran past every box and column it was shown in); a hub-style id or a name as it is."""
+    ran past every box and column it was shown in), a Hugging Face cache snapshot by its hub id (`hub_id`); a
+    hub-style id or a name as it is."""
     if not isinstance(name, str) or not name.startswith(("/", "./", "../", "~")):
         return name
-    return name.rstrip("/").rsplit("/", 1)[-1] or name
+    return hub_id(name) or name.rstrip("/").rsplit("/", 1)[-1] or name
+
+
+def hub_id(path: Any) -> str | None:
+    """The hub id ORG/NAME of a directory in a Hugging Face cache (.../models--ORG--NAME/snapshots/<commit>),
+    whose last component, the commit hash, named no model; None for any other path."""
+    parts = str(path).rstrip("/").split("/")
+    if len(parts) < 3 or parts[-2] != "snapshots" or not parts[-3].startswith("models--"):
+        return None
+    org, sep, model = parts[-3].removeprefix("models--").partition("--")
+    return f"{org}/{model}" if sep and org and model else parts[-3].removeprefix("models--") or None
 
 
 def short_workload(name: Any) -> Any:

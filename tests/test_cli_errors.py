@@ -255,6 +255,8 @@ def test_an_unforeseen_error_is_one_line_and_verbose_shows_the_traceback(monkeyp
     assert main(argv) == 1
     line = _one_line(capsys)
     assert "KeyError" in line and "surprise" in line and "--verbose" in line
+    # where --verbose goes: before the command (`specfinops cost ... --verbose` is an unrecognized argument)
+    assert line.endswith("(run `specfinops --verbose cost ...` for the traceback)"), line
     with pytest.raises(KeyError):
         main(["--verbose", *argv])
 

@@ -229,3 +229,74 @@ def test_llama_attention_bias_is_refused_up_front_naming_it(tmp_path):
         load_causal_lm(path, torch.float32)
     assert str(err.value).startswith(f"{path}: attention_bias true is not supported by the torch engine for llama")
     assert "o_proj" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_llama_mlp_bias_is_refused_up_front_naming_it(tmp_path):
+    """mlp_bias true puts biases on a Llama's MLP projections, which the engine's MLP has not: it was refused as
+    'weights do not match the config (... unexpected ...gate_proj.bias)'."""
+    path = hf_dir(tmp_path / "model", tokenizer=False, mlp_bias=True)
+    with pytest.raises(ValueError) as err:
+        load_causal_lm(path, torch.float32)
+    assert str(err.value).startswith(f"{path}: mlp_bias true is not supported by the torch engine")
+    assert "\n" not in str(err.value)
+
+
+def test_weights_of_another_shape_than_the_config_are_one_line_naming_the_tensor(tmp_path):
+    """A config.json whose vocab_size is not its weights' was a RuntimeError the CLI cut to 'Error(s) in loading
+    state_dict for CausalLM'."""
+    path = hf_dir(tmp_path / "model", tokenizer=False)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "vocab_size": VOCAB + 4}))
+    with pytest.raises(ValueError) as err:
+        load_causal_lm(path, torch.float32)
+    assert str(err.value).startswith(f"{path}: weights do not match the config (embed_tokens.weight is "
+                                     f"[{VOCAB}, 32] in the weights, the config implies [{VOCAB + 4}, 32]")
+    assert "\n" not in str(err.value)
+
+
+def sharded_with_consolidated(path):
+    """A Hugging Face directory of shards and their index that also holds a Mistral-format consolidated.safetensors
+    (other tensor names, as Mistral's repositories ship both)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(LlamaConfig(**TINY_HF)).save_pretrained(path, max_shard_size="20KB")
+    state = {}
+    for f in sorted(path.glob("model-*.safetensors")):
+        state.update(load_file(str(f)))
+    save_file({k.replace("model.embed_tokens", "tok_embeddings"): v for k, v in state.items()},
+              str(path / "consolidated.safetensors"))
+    return path
+
+
+def test_an_index_names_the_weight_files_read_and_fingerprinted(tmp_path):
+    """With a model.safetensors.index.json the loader reads the files its weight_map names, as transformers does:
+    every *.safetensors loaded a consolidated.safetensors beside the shards too, and refused the pair
+    ('unexpected [tok_embeddings.weight]') after holding both. The fingerprint of cached distill data reads the
+    same files (the consolidated copy is no part of the model)."""
+    from serving.distill.pipeline import target_fingerprint
+    from serving.models import WEIGHTS_INDEX, weight_files
+
+    path = sharded_with_consolidated(tmp_path / "model")
+    assert (path / WEIGHTS_INDEX).is_file() and len(weight_files(path)) > 1
+    assert (path / "consolidated.safetensors") not in weight_files(path)
+    assert max_logit_difference(path) < 1e-4
+    before = target_fingerprint(path)
+    (path / "consolidated.safetensors").write_bytes(b"another file")
+    assert target_fingerprint(path) == before
+
+
+def test_an_index_naming_a_missing_shard_or_damaged_is_one_line_naming_it(tmp_path):
+    from serving.models import WEIGHTS_INDEX
+
+    path = sharded_with_consolidated(tmp_path / "model")
+    index = json.loads((path / WEIGHTS_INDEX).read_text())
+    shard = sorted(set(index["weight_map"].values()))[-1]
+    (path / shard).unlink()
+    with pytest.raises(ValueError) as err:
+        load_causal_lm(path, torch.float32)
+    assert str(err.value) == f"{path / WEIGHTS_INDEX} names weight files that are not in {path}: {shard}"
+    (path / WEIGHTS_INDEX).write_text("{not json")
+    with pytest.raises(ValueError, match="is not a safetensors index"):
+        load_causal_lm(path, torch.float32)

@@ -749,6 +749,11 @@ def test_html_view_of_the_cost_per_run_table(store, tmp_path):
 
     assert short_model("/root/.cache/specfinops/models/smollm2-135m-instruct/") == "smollm2-135m-instruct"
     assert short_model("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"
+    # a Hugging Face cache snapshot by its hub id, not its commit hash
+    hub = "/root/.cache/huggingface/hub/models--HuggingFaceTB--SmolLM2-135M/snapshots/9f8e7d6c5b4a3928"
+    assert short_model(hub) == short_model(hub + "/") == "HuggingFaceTB/SmolLM2-135M"
+    assert short_model("/hf/models--gpt2/snapshots/9f8e7d6c") == "gpt2"
+    assert short_model("/data/snapshots/9f8e7d6c") == "9f8e7d6c"  # a folder named snapshots elsewhere: as it is
     assert short_device("cpu: Intel(R) Xeon(R) Processor (2 threads)") == "cpu: Intel Xeon (2 threads)"
     assert short_device("NVIDIA H200") == "NVIDIA H200"
     assert to_the_second(datetime(2026, 12, 5, 1, 6, 52, 256879)) == "2026-12-05 01:06:52"

@@ -127,6 +127,26 @@ def test_the_servers_default_max_tokens_reaches_the_checks(cap, tmp_path, monkey
         shutdown(state)
 
 
+def test_a_hugging_face_cache_snapshot_is_served_by_its_hub_id(tmp_path, monkeypatch):
+    """A target in a Hugging Face cache (.../models--ORG--NAME/snapshots/<commit>) was served as its commit hash:
+    clients had to send the hash as the model."""
+    from serving.server import shutdown
+    from serving.server_setup import ServeOptions, build_state
+    from serving.worker import EngineSpec
+    from tests.test_hf_models import hf_dir
+
+    for name in ("SPECFINOPS_PACKED_LINEAR", "SPECFINOPS_BF16_KERNEL", "SPECFINOPS_DECODE_ATTENTION",
+                 "SPECFINOPS_ATTENTION_FLOAT32", "SPECFINOPS_DRAFT_INT8"):
+        monkeypatch.setenv(name, "off")  # a tiny model needs no CPU kernel measurement
+    target = hf_dir(tmp_path / "models--me--tiny-llama" / "snapshots" / "9f8e7d6c5b4a3928")
+    spec = EngineSpec(target=str(target), drafter="ngram", k="2", dtype="float32", max_batch=1, max_len=64)
+    state = build_state(ServeOptions(spec=spec, telemetry=False, power="none"))
+    try:
+        assert state.model_id == "me/tiny-llama"
+    finally:
+        shutdown(state)
+
+
 # ------------------------------------------------------------------------- what a body may hold
 
 

@@ -292,8 +292,10 @@ def target_fingerprint(target_dir: Path) -> str:
     """A short name for a target's exact weights, cheap to take: a hash of its config.json and of each weight
     file's name, size and modification time (no weights are read). Another model under the same directory
     name, or the same one retrained in place, gets another; a copy made without keeping the times too."""
+    from serving.models import weight_files
+
     h = hashlib.sha1((target_dir / "config.json").read_bytes())
-    for f in sorted(target_dir.glob("*.safetensors")):
+    for f in weight_files(target_dir):
         st = f.stat()
         h.update(f"\0{f.name}\0{st.st_size}\0{st.st_mtime_ns}".encode())
     return h.hexdigest()[:10]
