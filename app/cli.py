@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             raise  # a bug: its traceback
         if args.verbose and not _is_our_own_error(exc):
             logging.getLogger(__name__).debug("what failed underneath:", exc_info=exc)
-        print(f"specfinops {args.command}: error: {describe_failure(exc, _store_file(args), args.command)}", file=sys.stderr)
+        said = describe_failure(exc, _store_file(args), args.command)
+        print(f"specfinops {args.command}: error: {said}", file=sys.stderr)
         return 2 if expected else 1
 
 
