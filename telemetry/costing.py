@@ -1102,7 +1102,7 @@ def project_from_store(
     # the speedups the capacity configurations' runs were paired in (the group's other concurrencies are not
     # what the nodes rest on): where one is impossible, AR's capacity was measured slow
     cap_ids = [i for c in cap_configs.values() if c is not None for i in c.run_ids]
-    found = speedups(engine, dataclasses.replace(filters, run_ids=tuple(run_ids))) if cap_ids else []
+    found = speedups(engine, dataclasses.replace(filters or Filters(), run_ids=tuple(run_ids))) if cap_ids else []
     above = above_acceptance_caveats(found, cap_ids)
     return StoreProjection(
         caveats=projection_caveats(comparison, cap_configs, price, devices, differs)
