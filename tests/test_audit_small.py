@@ -285,7 +285,7 @@ def test_calibrate_on_another_target_without_a_draft_runs_what_bench_runs(tmp_pa
 
     target = hf_dir(tmp_path / "target")
     assert main(["calibrate", "--target", str(target), "--workload", "code", "--limit", "1", "--max-new-tokens",
-                 "6", "--dtype", "float32", "--json"]) == 0
+                 "6", "--dtype", "float32", "--json", "--no-telemetry"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["drafter"].startswith("ngram")
 

@@ -108,7 +108,7 @@ def test_calibrate_early_exit_on_a_small_target_defaults_to_half_its_layers(pair
     """The default of 8 layers left no early exit on a target of 8 layers or fewer, and calibrate had no option."""
     target, _ = pair  # 2 layers
     assert main(["calibrate", "--target", str(target), "--drafter", "early-exit", "--workload", "code", "--limit",
-                 "1", "--max-new-tokens", "6", "--dtype", "float32", "--json"]) == 0
+                 "1", "--max-new-tokens", "6", "--dtype", "float32", "--json", "--no-telemetry"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["drafter"] == "early-exit:1"
     domain = report["domains"][0]  # one prompt of 6 tokens: too few tested tokens to judge, and calibrate says so

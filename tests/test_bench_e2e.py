@@ -271,7 +271,7 @@ def test_calibrate_json_on_the_bundled_pair(target_dir, capsys):
     """`calibrate --json` end to end: the per-domain figures and the acceptance curve by draft position,
     whose counts add up to the alpha it reports (accepted / tested)."""
     assert main(["calibrate", "--workload", "code", "--limit", "1", "--max-new-tokens", "24", "--k", "3",
-                 "--dtype", "float32", "--drafter", "draft+ngram", "--json"]) == 0
+                 "--dtype", "float32", "--drafter", "draft+ngram", "--json", "--no-telemetry"]) == 0
     out = json.loads(capsys.readouterr().out)
     (dom,) = out["domains"]
     assert dom["domain"] == "code" and dom["prompts"] == 1 and dom["verdict"] in ("GO", "NO-GO")

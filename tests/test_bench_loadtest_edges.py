@@ -353,7 +353,7 @@ def test_calibrate_names_the_prompt_and_the_window_past_which_it_runs(tmp_path, 
     work = tmp_path / "long.jsonl"
     work.write_text(json.dumps({"id": "long-one", "domain": "d", "prompt": " ".join(["w5"] * 30)}) + "\n")
     rc = main(["calibrate", "--target", str(windowed), "--drafter", "ngram", "--workload", str(work), "--dtype",
-               "float32", "--max-new-tokens", "4"])
+               "float32", "--max-new-tokens", "4", "--no-telemetry"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert rc == 2, err
     assert "prompt long-one is 30 tokens" in err and "the target's 24 positions (sliding_window" in err, err

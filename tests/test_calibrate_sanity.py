@@ -164,7 +164,7 @@ def test_both_modes_are_warmed_up_before_the_first_timed_prompt(pair, tmp_path, 
     workload.write_text("".join(json.dumps({"id": f"p{i}", "domain": "code", "prompt": f"hello {i}"}) + "\n"
                                 for i in range(2)))
     assert main(["calibrate", "--target", str(target), "--draft", str(draft), "--workload", str(workload),
-                 "--max-new-tokens", "3", "--dtype", "float32", "--json"]) == 0
+                 "--max-new-tokens", "3", "--dtype", "float32", "--json", "--no-telemetry"]) == 0
     assert json.loads(capsys.readouterr().out)["domains"][0]["prompts"] == 2
     first_timed = events.index(("timed", "ar"))
     warm = [e for e in events[:first_timed] if e[0] == "warm"]

@@ -214,7 +214,7 @@ def test_calibrate_shows_progress_prompt_by_prompt(pair, tmp_path, capsys):
     workload.write_text("".join(json.dumps({"id": f"p{i}", "domain": "code", "prompt": f"hello {i}"}) + "\n"
                                 for i in range(3)))
     assert main(["calibrate", "--target", str(target), "--draft", str(draft), "--workload", str(workload),
-                 "--max-new-tokens", "3", "--dtype", "float32", "--json"]) == 0
+                 "--max-new-tokens", "3", "--dtype", "float32", "--json", "--no-telemetry"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["domains"][0]["prompts"] == 3
     bar = captured.err.replace("\r", "\n")
@@ -230,7 +230,7 @@ def test_calibrate_measures_no_speedup_where_no_step_drafted(pair, tmp_path, cap
     workload = tmp_path / "w.jsonl"
     workload.write_text(json.dumps({"id": "p0", "domain": "code", "prompt": "hello"}) + "\n")
     assert main(["calibrate", "--target", str(target), "--draft", str(draft), "--workload", str(workload),
-                 "--max-new-tokens", "1", "--dtype", "float32", "--json"]) == 0
+                 "--max-new-tokens", "1", "--dtype", "float32", "--json", "--no-telemetry"]) == 0
     (dom,) = json.loads(capsys.readouterr().out)["domains"]
     assert dom["alpha"] is None and dom["measured_speedup_at_k"] is None, dom
 
@@ -330,7 +330,7 @@ def test_calibrate_stopped_by_ctrl_c_reports_the_domains_it_measured(json_out, p
 
     monkeypatch.setattr(command, "_interleaved", second_domain_stopped)
     argv = ["calibrate", "--target", str(target), "--draft", str(draft), "--workload", str(workload),
-            "--max-new-tokens", "3", "--dtype", "float32"]
+            "--max-new-tokens", "3", "--dtype", "float32", "--no-telemetry"]
     assert main(argv + ["--json"] * json_out) == 130
     captured = capsys.readouterr()
     assert "reporting the 1 of 2 domain(s) measured" in captured.err and captured.err.strip().endswith("interrupted")

@@ -102,6 +102,6 @@ def test_calibrate_says_which_file_is_damaged(pair, tmp_path, capsys):
     d = _copy(draft, tmp_path / "d")
     (d / "model.safetensors").write_bytes(b"\x00" * 100)
     assert main(["calibrate", "--target", str(target_dir), "--draft", str(d), "--workload", "code", "--limit", "1",
-                 "--max-new-tokens", "2", "--dtype", "float32"]) == 2
+                 "--max-new-tokens", "2", "--dtype", "float32", "--no-telemetry"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(err) == 1 and f"{d / 'model.safetensors'}: not a readable safetensors file" in err[0]

@@ -7,7 +7,7 @@ import json
 import statistics
 import sys
 
-from app.commands._common import DTYPE_HELP, add_command, model_option
+from app.commands._common import DTYPE_HELP, add_command, add_db_option, model_option
 from app.commands.bench import WORKLOAD_ALL, WORKLOAD_EPILOG, WORKLOAD_HELP
 
 # the largest K calibrate measures or bounds: far past where any draft's bound peaks (a larger --k-max only spins)
@@ -19,6 +19,9 @@ EXAMPLES = """  specfinops calibrate                                   # bundled
   specfinops calibrate --drafter ngram --threshold 0.5
   specfinops calibrate --drafter early-exit --early-exit-layers 12 --workload code
   specfinops calibrate --workload code --drafter draft+ngram --max-new-tokens 256   # alpha along longer answers
+  specfinops calibrate --workload chat --temperature 0.7 --seed 1   # alpha at the temperature you serve
+  specfinops calibrate --workload code --limit 4 --db postgresql://postgres@127.0.0.1/test   # recorded there
+  specfinops calibrate --workload code --limit 4 --no-telemetry   # print only, record nothing
 """
 
 
@@ -43,22 +46,32 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=96,
                    help="answer length per prompt (default 96); alpha grows with it where the answers repeat "
                         "text, as the table's alpha by answer span shows")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default); above 0 a drafted token is accepted with probability min(1, p/q) "
+                        "(modified rejection sampling), so alpha depends on it: calibrate at the one you serve")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the sampling (default 0): a sampled "
+                   "calibration repeats with the same seed")
     p.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_db_option(p)
+    p.add_argument("--no-telemetry", action="store_true",
+                   help="do not record anything in the store (by default, as bench, the AR and spec runs are "
+                        "recorded as one invocation: `specfinops invocations`, `cost` and the dashboard show it)")
 
 
-def _interleaved(loaded, prompts, encoded, params, done=lambda: None):
+def _interleaved(loaded, prompts, encoded, params, done=lambda: None, turn=None):
     """AR and spec on the same prompts, alternating prompt by prompt (AR first, then spec, on each), so
     that a change in the machine's speed during the run lands on both modes alike. One engine per mode
-    serves every prompt; `done()` is called as each prompt is through both. Returns the two ModeResults with
-    every request and the summed wall time."""
+    serves every prompt; `done()` is called as each prompt is through both. `turn(runner, prompts, encoded)`
+    runs one mode on one prompt (a recorded run, as bench's turns); None: unrecorded. Returns the two ModeResults
+    with every request and the summed wall time."""
     from serving.worker import ModeRunner
 
     runners = {mode: ModeRunner(loaded, mode) for mode in ("ar", "spec")}
     merged = {}
     for p, e in zip(prompts, encoded, strict=True):
         for mode, runner in runners.items():
-            r = runner.run([p], [e], params)
+            r = runner.run([p], [e], params) if turn is None else turn(runner, [p], [e])
             if mode in merged:
                 merged[mode].absorb(r)
             else:
@@ -68,26 +81,54 @@ def _interleaved(loaded, prompts, encoded, params, done=lambda: None):
 
 
 def handle(args: argparse.Namespace) -> int:
+    """As bench: the first Ctrl-C (or SIGTERM) stops the calibration, further ones are ignored while the runs
+    recorded so far are ended ('cancelled' the one stopped) and the domains measured are reported; status 130."""
     from app.commands._common import sigterm_as_ctrl_c
+    from app.commands._interrupt import ctrl_c_once
 
-    with sigterm_as_ctrl_c("calibrate: SIGTERM: stopping as on Ctrl-C"):
+    with ctrl_c_once(), sigterm_as_ctrl_c("calibrate: SIGTERM: stopping as on Ctrl-C"):
         return _handle(args)
+
+
+def _sampling(args: argparse.Namespace):
+    """--temperature, --seed and --max-new-tokens as bench checks them, before any model loads: said under the
+    option's name, and within what the store's columns hold (the runs are recorded)."""
+    from app.errors import UsageError
+    from serving.sampling import SamplingParams
+    from serving.server_schemas import SEED_MAX, SEED_MIN
+    from telemetry.queries import MAX_NEW_TOKENS
+
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.max_new_tokens > MAX_NEW_TOKENS:
+        raise UsageError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS}, got {args.max_new_tokens}")
+    if not SEED_MIN <= args.seed <= SEED_MAX:
+        raise UsageError(f"--seed must be within [{SEED_MIN}, {SEED_MAX}] (a 64-bit seed), got {args.seed}")
+    try:
+        return SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    except ValueError as exc:  # "temperature must be >= 0, got -1.0": said under the option's name
+        raise UsageError(f"--{str(exc).split(' ', 1)[0].replace('_', '-')}: {exc}") from None
+
+
+def _open_store_option(args: argparse.Namespace):
+    """Unless --no-telemetry: the --db store opened (created or upgraded) now, an unusable one refused before any
+    model loads, as bench does. Returns the SQLite file this created (None: none), which the caller removes
+    again if the calibration is refused before it measures anything."""
+    if args.no_telemetry:
+        return None
+    from app.commands._common import open_db_option
+    from telemetry.db import resolve_db_url, sqlite_file
+
+    path = sqlite_file(resolve_db_url(args.db))
+    made = path if path is not None and not path.exists() else None
+    open_db_option(args.db).dispose()
+    return made
 
 
 def _handle(args: argparse.Namespace) -> int:
     from app.commands.bench import drafter_for, early_exit_layers
-    from serving.sampling import SamplingParams
     from serving.worker import EngineSpec, default_drafter, load, warm_up
-    from serving.workloads import load_workload
-    from telemetry.calibration import (
-        StepCounts,
-        acceptance_by_position,
-        acceptance_by_prompt,
-        acceptance_by_span,
-        alpha_k,
-        calibrate,
-        repeated_tokens,
-    )
+    from serving.workloads import canonical_workload, load_workload
 
     if not 0 < args.threshold <= 1:
         raise ValueError(f"--threshold must be in (0, 1], got {args.threshold}")
@@ -95,9 +136,8 @@ def _handle(args: argparse.Namespace) -> int:
         raise ValueError(f"--k and --k-max must be >= 1, got {args.k} and {args.k_max}")
     if args.k > MAX_K or args.k_max > MAX_K:  # a K beyond any draft's reach (--k-max 1e8 spun for minutes)
         raise ValueError(f"--k and --k-max must be at most {MAX_K}, got {args.k} and {args.k_max}")
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    params = _sampling(args)
+    args.workload = canonical_workload(args.workload)  # 'all' is recorded as 'mixed', as bench records it
     prompts = load_workload(args.workload)
     domains = sorted({p.domain for p in prompts})
     if args.limit is not None:
@@ -120,14 +160,23 @@ def _handle(args: argparse.Namespace) -> int:
                       early_exit_layers=early_exit_layers(args.early_exit_layers, args.target, drafter),
                       dtype=resolve_dtype(args.dtype, max_batch=1))  # one sequence at a time
     spec.validate()
-    print("loading models ...", file=sys.stderr)
-    loaded = load(spec)
-    encoded = [loaded.encode(p) for p in prompts]
-    from app.commands.bench import check_context, context_window
+    made = _open_store_option(args)
+    try:
+        print("loading models ...", file=sys.stderr)
+        loaded = load(spec)
+        encoded = [loaded.encode(p) for p in prompts]
+        from app.commands.bench import check_context, context_window
 
-    # said with the prompt and what sets the context (the engine's own error names neither)
-    check_context(args.workload, prompts, encoded, *context_window(spec.max_len, loaded.target.cfg),
-                  "drop it from the workload, or calibrate a target with more positions")
+        # said with the prompt and what sets the context (the engine's own error names neither)
+        check_context(args.workload, prompts, encoded, *context_window(spec.max_len, loaded.target.cfg),
+                      "drop it from the workload, or calibrate a target with more positions")
+    except BaseException:  # refused or stopped before measuring: no store file left behind that this made
+        if made is not None:
+            from telemetry.db import sqlite_files
+
+            for leftover in sqlite_files(made):
+                leftover.unlink(missing_ok=True)
+        raise
     # untimed, as bench does: a first call's costs (kernel choices, allocations, lazy init) in AR, which runs first
     # on the first prompt, inflated the one-token forward time that c, v and the measured speedup divide by
     for mode in ("ar", "spec"):
@@ -138,53 +187,150 @@ def _handle(args: argparse.Namespace) -> int:
     # one step per prompt (AR and speculative on it), so a run of one domain shows its progress and ETA too
     bar = tqdm(total=len(prompts), desc="calibrate", unit="prompt", file=sys.stderr)
     interrupted = False  # Ctrl-C or SIGTERM: the domains measured are still reported
+    recorder, source, turn = _recording(args, loaded, params)
     try:
         for d in domains:
             idx = [i for i, p in enumerate(prompts) if p.domain == d]
             ps, enc = [prompts[i] for i in idx], [encoded[i] for i in idx]
             bar.set_postfix_str(d)
-            ar, sp = _interleaved(loaded, ps, enc, params, done=lambda: bar.update(1))
-            spec_steps = [s for r in sp.results for s in r.record.steps if s.k > 0]
-            ar_steps = [s for r in ar.results for s in r.record.steps]
-            counts = StepCounts(
-                num_drafts=len(spec_steps), num_draft_tokens=sum(s.k for s in spec_steps),
-                num_accepted_tokens=sum(s.accepted for s in spec_steps),
-                num_full_accepts=sum(s.accepted >= alpha_k(s.k, s.accepted, s.num_emitted) for s in spec_steps),
-                draft_ms=sum(s.draft_ms for s in spec_steps),
-                ar_steps=len(ar_steps), ar_verify_ms=sum(s.verify_ms for s in ar_steps),
-                spec_verify_ms=sum(s.verify_ms for s in spec_steps),
-            )
-            cal = calibrate(d, counts, threshold=args.threshold, k_max=args.k_max)
-            # no speculative step (answers of one token): the two modes ran the same prefills, nothing to compare
-            measured = (sp.tokens_per_s / ar.tokens_per_s if spec_steps and sp.tokens_per_s and ar.tokens_per_s
-                        else None)
-            positions = acceptance_by_position((alpha_k(s.k, s.accepted, s.num_emitted), s.accepted)
-                                               for s in spec_steps)
-            by_prompt = acceptance_by_prompt((r.prompt.id, alpha_k(s.k, s.accepted, s.num_emitted), s.accepted)
-                                             for r in sp.results for s in r.record.steps)
-            by_span = acceptance_by_span((_step_offsets(r.record.steps), repeated_tokens(e, r.output_ids))
-                                         for r, e in zip(sp.results, enc, strict=True))
-            results.append((cal, measured, len(ps), positions, by_prompt, by_span))
+            ar, sp = _interleaved(loaded, ps, enc, params, done=lambda: bar.update(1), turn=turn)
+            results.append(_measure(args, d, ar, sp, enc))
     except KeyboardInterrupt:
-        if not results:
-            raise
         interrupted = True
-        print(f"calibrate: interrupted: reporting the {len(results)} of {len(domains)} domain(s) measured (the one "
-              "in progress is left out)", file=sys.stderr)
     finally:
         bar.close()
-    _report(args, loaded, results, interrupted)
+        if recorder is not None:
+            recorder.close()  # every run recorded ended ('cancelled' the one Ctrl-C stopped): none left 'running'
+        source.close()
+    invocation_id = turn.invocation_id if turn.run_ids else None  # None: nothing recorded (or not recording)
+    if interrupted and not results:
+        if invocation_id is not None:
+            print(f"calibrate: interrupted before a domain was measured; in the store as invocation {invocation_id}: "
+                  "the turns that ran (the one stopped 'cancelled')", file=sys.stderr)
+        raise KeyboardInterrupt
+    if interrupted:
+        print(f"calibrate: interrupted: reporting the {len(results)} of {len(domains)} domain(s) measured (the one "
+              "in progress is left out)", file=sys.stderr)
+    _report(args, loaded, results, interrupted, temperature=params.temperature, seed=params.seed,
+            invocation_id=invocation_id)
+    from app.commands._common import lost_records
+
+    _, warning = lost_records(args.db, invocation_id)
+    if warning:  # never silent: the store holds less than the table, or cannot be read to tell
+        print(warning, file=sys.stderr)
     if interrupted:
         raise KeyboardInterrupt
-    return 0
+    return 1 if warning else 0
 
 
-def _report(args: argparse.Namespace, loaded, results: list, interrupted: bool = False) -> None:
-    """The table (or --json) of the domains measured; `interrupted`: a Ctrl-C ended the run before the rest."""
+def _measure(args: argparse.Namespace, domain: str, ar, sp, enc) -> tuple:
+    """One domain's row: (Calibration, measured speedup, prompts, by position, by prompt, by answer span)."""
+    from telemetry.calibration import (
+        StepCounts,
+        acceptance_by_position,
+        acceptance_by_prompt,
+        acceptance_by_span,
+        alpha_k,
+        calibrate,
+        repeated_tokens,
+    )
+
+    spec_steps = [s for r in sp.results for s in r.record.steps if s.k > 0]
+    ar_steps = [s for r in ar.results for s in r.record.steps]
+    counts = StepCounts(
+        num_drafts=len(spec_steps), num_draft_tokens=sum(s.k for s in spec_steps),
+        num_accepted_tokens=sum(s.accepted for s in spec_steps),
+        num_full_accepts=sum(s.accepted >= alpha_k(s.k, s.accepted, s.num_emitted) for s in spec_steps),
+        draft_ms=sum(s.draft_ms for s in spec_steps),
+        ar_steps=len(ar_steps), ar_verify_ms=sum(s.verify_ms for s in ar_steps),
+        spec_verify_ms=sum(s.verify_ms for s in spec_steps),
+    )
+    cal = calibrate(domain, counts, threshold=args.threshold, k_max=args.k_max)
+    # no speculative step (answers of one token): the two modes ran the same prefills, nothing to compare
+    measured = (sp.tokens_per_s / ar.tokens_per_s if spec_steps and sp.tokens_per_s and ar.tokens_per_s
+                else None)
+    positions = acceptance_by_position((alpha_k(s.k, s.accepted, s.num_emitted), s.accepted)
+                                       for s in spec_steps)
+    by_prompt = acceptance_by_prompt((r.prompt.id, alpha_k(s.k, s.accepted, s.num_emitted), s.accepted)
+                                     for r in sp.results for s in r.record.steps)
+    by_span = acceptance_by_span((_step_offsets(r.record.steps), repeated_tokens(e, r.output_ids))
+                                 for r, e in zip(sp.results, enc, strict=True))
+    return cal, measured, len(enc), positions, by_prompt, by_span
+
+
+class _Turns:
+    """Each mode on each prompt as one recorded run of one invocation (bench's turns at --interleave 1, kind
+    'bench': the same measurement, read by `invocations`, `cost` and the dashboard as any bench's)."""
+
+    class _NoBar:
+        def update(self, n: int = 1) -> None:  # calibrate's bar counts prompts, through both modes
+            pass
+
+    def __init__(self, args, loaded, recorder, source, params) -> None:
+        import uuid
+
+        from serving.worker import default_node_id
+
+        self.args, self.loaded, self.recorder, self.source, self.params = args, loaded, recorder, source, params
+        self.node_id = default_node_id()
+        self.invocation_id = uuid.uuid4().hex
+        self.run_ids: list[int] = []  # the runs recorded so far, the one Ctrl-C stopped included
+
+    def __call__(self, runner, prompts, encoded):
+        from app.commands.bench import TurnInterrupted, _run_turn
+
+        try:
+            res = _run_turn(self.args, self.loaded, runner, self.recorder, self.source, self.node_id, self.params,
+                            1, prompts, encoded, self._NoBar(), self.invocation_id)
+        except TurnInterrupted as exc:
+            self.run_ids += exc.partial.run_ids
+            raise
+        self.run_ids += res.run_ids
+        return res
+
+
+def _recording(args: argparse.Namespace, loaded, params):
+    """(recorder, power source, turn): with --no-telemetry no recorder and no meter (nothing recorded, so no
+    energy either), the turns still timed as the store times them (bench's span rule)."""
+    from telemetry.power import detect_power_source
+
+    if args.no_telemetry:
+        source = detect_power_source("none")
+        return None, source, _Turns(args, loaded, None, source, params)
+    from telemetry.recorder import Recorder
+    from telemetry.store import open_store
+
+    recorder = Recorder(open_store(args.db))
+    try:
+        source = detect_power_source("auto")  # bench's default meter: measured where one can be read
+    except BaseException:
+        recorder.close()
+        raise
+    return recorder, source, _Turns(args, loaded, recorder, source, params)
+
+
+def temperature_text(temperature: float) -> str:
+    """The sampling temperature alpha was measured at, in words: alpha (and so the verdict) depends on it."""
+    return "temperature 0 (greedy)" if temperature == 0 else f"temperature {temperature:g}"
+
+
+def recorded_line(invocation_id: str) -> str:
+    """The last line of a recorded calibration, as bench's: where its runs are and what reads them."""
+    return (f"recorded in the store as invocation {invocation_id} (its AR and spec runs, kind bench): its costs with "
+            f"`specfinops cost --invocation {invocation_id[:8]}`; every bench with `specfinops invocations` and "
+            "`specfinops dashboard`")
+
+
+def _report(args: argparse.Namespace, loaded, results: list, interrupted: bool = False, *,
+            temperature: float = 0.0, seed: int | None = None, invocation_id: str | None = None) -> None:
+    """The table (or --json) of the domains measured; `interrupted`: a Ctrl-C ended the run before the rest.
+    `temperature`, `seed`: the sampling measured; `invocation_id`: the invocation its runs were recorded as (None:
+    not recorded), named last (on stderr beside --json, whose stdout is the JSON alone)."""
     from telemetry.calibration import REPEAT_NGRAM, calibration_warnings
 
     if args.json:
         print(json.dumps({"target": str(loaded.target_dir), "drafter": loaded.drafter_label, "k_measured": args.k,
+                          "temperature": temperature, "seed": seed, "invocation_id": invocation_id,
                           "interrupted": interrupted,
                           "domains": [{"domain": c.domain, "prompts": n, "alpha": c.alpha,
                                        "acceptance_rate": c.acceptance_rate,
@@ -207,12 +353,19 @@ def _report(args: argparse.Namespace, loaded, results: list, interrupted: bool =
                                                                "alpha": r.alpha, "repeated": r.repeated}
                                                               for r in spans]}
                                       for c, m, n, pos, by, spans in results]}, indent=1))
+        if invocation_id is not None:
+            for line in _store_notes(interrupted):
+                print(line, file=sys.stderr)
+            print(recorded_line(invocation_id), file=sys.stderr)
         return
     if interrupted:
         print(f"interrupted: the {len(results)} domain(s) measured before the run was stopped")
-    print(f"target {loaded.target_dir}\ndrafter {loaded.drafter_label}, measured at K={args.k}")
+    sampled = "" if temperature == 0 else f", seed {seed}"
+    print(f"target {loaded.target_dir}\ndrafter {loaded.drafter_label}, measured at K={args.k}, "
+          f"{temperature_text(temperature)}{sampled}")
     print(f"{'domain':<10} {'prompts':>7} {'alpha':>6} {'acc rate':>8} {'mean acc len':>12} {'c':>6} {'best K':>6} "
-          f"{'bound':>6} {'v':>5} {'bound v':>7} {'measured':>8}  verdict (alpha >= {args.threshold})")
+          f"{'bound':>6} {'v':>5} {'bound v':>7} {'measured':>8}  verdict (alpha >= {args.threshold} at "
+          f"{temperature_text(temperature)})")
     for c, m, n, *_ in results:
         f = lambda x, s=".3f": "—" if x is None else format(x, s)  # noqa: E731
         print(f"{c.domain:<10} {n:>7} {f(c.alpha):>6} {f(c.acceptance_rate):>8} {f(c.mean_acceptance_length, '.2f'):>12} {f(c.c):>6} "
@@ -223,6 +376,10 @@ def _report(args: argparse.Namespace, loaded, results: list, interrupted: bool =
             print(f"warning: {c.domain}: {line}")
     print("alpha = per-token acceptance probability: accepted / tested (a step tests its accepted tokens and\n"
           "the first rejected one); acc rate = accepted / drafted at the measured K")
+    if temperature > 0:
+        print(f"at {temperature_text(temperature)} a drafted token is accepted with probability min(1, p/q) (modified "
+              "rejection sampling),\nso alpha holds for this temperature only; AR and spec sample different "
+              "answers, which measured compares by tokens/s")
     print("bound = (1 - a^(K+1)) / ((1 - a)(K c + 1)); c = draft time per proposed token / target one-token forward")
     print("v = the target's verify forward at the measured K / its one-token forward (the bound assumes 1);\n"
           "bound v = mean acceptance length / (K c + v) at the measured K: what this machine allows")
@@ -246,6 +403,19 @@ def _report(args: argparse.Namespace, loaded, results: list, interrupted: bool =
         print(f"  {c.domain:<10} {cells or '—'}")
     print("where alpha climbs with rep, the gain is repeated text (copies of the prompt, or a target looping),\n"
           "which prompt lookup accepts whatever the draft: longer answers then measure a higher alpha")
+    if invocation_id is not None:
+        for line in _store_notes(interrupted):
+            print(line)
+        print(recorded_line(invocation_id))
+
+
+def _store_notes(interrupted: bool) -> list[str]:
+    """What the store holds of an interrupted calibration: more than the table, which leaves out the domain in
+    progress."""
+    if not interrupted:
+        return []
+    return ["in the store: every turn that ran, the domain in progress's included (its runs 'completed', the one "
+            "Ctrl-C stopped 'cancelled' with the requests it finished)"]
 
 
 def _step_offsets(steps) -> list[tuple[int, int, int]]:

@@ -12,9 +12,9 @@ EXAMPLES = """  specfinops invocations                      # the 20 newest benc
   specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50 --invocation ID  # ID as `invocations` shows it
   specfinops export --what requests --invocation latest --out one-bench.csv
 
-Every run a bench or load test records carries that command's invocation id: its spec and AR runs ran under the
-same machine conditions, so their ratio (the speedup column) is the paired figure; `cost` and the dashboard pool
-every invocation in view. Runs a server records belong to no invocation.
+Every run a bench (calibrate's included) or load test records carries that command's invocation id: its spec and
+AR runs ran under the same machine conditions, so their ratio (the speedup column) is the paired figure; `cost`
+and the dashboard pool every invocation in view. Runs a server records belong to no invocation.
 """
 
 
