@@ -60,8 +60,9 @@ def test_help_shows_temperature_seed_and_db_with_examples(capsys):
     assert "specfinops calibrate --workload code --limit 4 --db postgresql://" in out
 
 
-def test_a_calibration_is_recorded_as_one_invocation_that_invocations_reads(pair, workload, tmp_path, capsys):
-    url = f"sqlite:///{tmp_path / 'store.db'}"
+@pytest.mark.parametrize("db_url", ["sqlite", "postgresql"], indirect=True)
+def test_a_calibration_is_recorded_as_one_invocation_that_invocations_reads(pair, workload, db_url, capsys):
+    url = db_url
     assert _calibrate(pair, workload, "--db", url) == 0
     out = capsys.readouterr().out.strip().splitlines()
     runs = _runs(url)
