@@ -12,7 +12,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -512,10 +512,13 @@ def abandoned(collector: _Collector, status: str, error: str) -> list[RequestRec
     return out
 
 
-def warm_up(loaded: Loaded, mode: str, encoded: Iterable[list[int]]) -> None:
-    """One short untimed generation so first-call costs do not land on the first measured request."""
+def warm_up(loaded: Loaded, mode: str, encoded: Iterable[list[int]], params: SamplingParams | None = None) -> None:
+    """One short untimed generation so first-call costs do not land on the first measured request. `params`: the
+    sampling then measured (None: greedy), so that a sampled run's first-call costs of sampling (and, in spec, of
+    rejection sampling) are paid here too; 8 tokens of it, without its stop strings."""
     first = next(iter(encoded))
-    loaded.engine(mode, max_batch=1).generate(first, SamplingParams(max_new_tokens=8))
+    warm = SamplingParams(max_new_tokens=8) if params is None else replace(params, max_new_tokens=8, stop=())
+    loaded.engine(mode, max_batch=1).generate(first, warm)
 
 
 def default_node_id() -> str:

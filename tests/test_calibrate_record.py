@@ -176,3 +176,19 @@ def test_a_read_only_store_is_refused_before_any_model_loads(pair, workload, emp
     assert _calibrate(pair, workload, "--db", read_only_url(empty_store)) == 2
     line = capsys.readouterr().err.strip()
     assert "\n" not in line and "specfinops calibrate: error: --db " in line and ": not writable: " in line, line
+
+
+def test_the_warm_up_samples_at_the_temperature_measured(pair, workload, monkeypatch, capsys):
+    """The untimed warm-up was greedy whatever the temperature: the first sampled prompt paid sampling's and
+    rejection sampling's first calls inside the times c, v and measured divide."""
+    from serving.engine import Engine
+
+    warmed, generate = [], Engine.generate
+
+    def recorded_generate(self, prompt_ids, params, *a, **kw):
+        warmed.append((params.temperature, params.seed, params.max_new_tokens))
+        return generate(self, prompt_ids, params, *a, **kw)
+
+    monkeypatch.setattr(Engine, "generate", recorded_generate)
+    assert _calibrate(pair, workload, "--temperature", "0.8", "--seed", "5", "--no-telemetry", "--json") == 0
+    assert warmed == [(0.8, 5, 8), (0.8, 5, 8)]  # AR, then spec

@@ -178,9 +178,10 @@ def _handle(args: argparse.Namespace) -> int:
                 leftover.unlink(missing_ok=True)
         raise
     # untimed, as bench does: a first call's costs (kernel choices, allocations, lazy init) in AR, which runs first
-    # on the first prompt, inflated the one-token forward time that c, v and the measured speedup divide by
+    # on the first prompt, inflated the one-token forward time that c, v and the measured speedup divide by; at the
+    # temperature measured, so that sampling's and rejection sampling's first calls are among them
     for mode in ("ar", "spec"):
-        warm_up(loaded, mode, encoded)
+        warm_up(loaded, mode, encoded, params)
     from tqdm import tqdm
 
     results = []
