@@ -814,6 +814,34 @@ def test_a_job_of_one_workload_and_target_keeps_them_and_warns_of_names_no_run_r
     assert "workload" not in job.kwargs and "target" not in job.kwargs
 
 
+def test_a_workload_file_is_stored_by_its_absolute_path_and_a_builtin_by_its_name(store, no_blocking, capsys,
+                                                                                 tmp_path, monkeypatch):
+    """`--workload my_prompts.jsonl` was stored as typed and resolved at each run, from wherever the scheduler ran
+    then: from another folder its runs (recorded by bench under the file's absolute path) were 'no traffic'."""
+    url, engine, out = store
+    here, elsewhere = tmp_path / "prompts-here", tmp_path / "started-elsewhere"
+    here.mkdir(), elsewhere.mkdir()
+    monkeypatch.chdir(here)
+    base = ["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out)]
+    assert main([*base, "--workload", "my_prompts.jsonl"]) == 0
+    capsys.readouterr()
+    [job] = no_blocking[-1]
+    recorded = str((here / "my_prompts.jsonl").resolve())
+    assert job.kwargs["workload"] == recorded
+    assert main(["scheduler", "--db", url, "--list"]) == 0
+    assert f"daily reports of workload {recorded!r} only into" in capsys.readouterr().out
+    with engine.begin() as c:  # D0's runs, as bench records a workload file: its absolute path
+        c.execute(text("UPDATE runs SET workload = :w"), {"w": recorded})
+    monkeypatch.chdir(elsewhere)
+    assert sched_mod.run_report_job(**job.kwargs) is not None
+    [row] = reports(engine)
+    assert (row.summary["workload"], row.summary["traffic"]) == (recorded, True)
+    for name in ("code", "chat", "all"):  # builtin workloads stay names
+        assert main([*base, "--workload", name]) == 0
+        [job] = no_blocking[-1]
+        assert job.kwargs["workload"] == name
+
+
 def test_a_job_priced_at_the_users_gpu_keeps_its_prices_and_every_run_reports_at_them(store, no_blocking, capsys):
     """`scheduler` took no --gpu / --gpus-per-node / --node-hourly-usd: a scheduled report could only price at
     the catalog. The job stores project's prices with its other options and each run's report is at them."""

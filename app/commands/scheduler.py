@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager, suppress
+from pathlib import Path
 
 from app.commands._common import add_command, add_db_option, removing_made_folders, sigterm_as_ctrl_c
 from app.commands.cost import check_gpu_entry
@@ -143,6 +144,20 @@ def _unreported_text(lost: list, kwargs: dict) -> str:
                 else f"{len(lost)} periods from {first.since:%a %Y-%m-%d %H:%M} UTC")
     return (f"; no run reports {what}: `{shlex.join(str(a) for a in argv)}` writes "
             + ("it" if len(lost) == 1 else "the first (the others: --since of each)"))
+
+
+def scheduled_workload(workload: str | None) -> str | None:
+    """--workload as the job stores it: a workload file by its absolute path, resolved now from the folder the
+    scheduler is started in (telemetry.queries.workload_file, as bench and loadtest record the file: its runs
+    match). Stored as typed, `my_prompts.jsonl` was resolved at each run, from wherever the scheduler ran then
+    (another folder after a restart, or another scheduler's with --keep-other-jobs): another file, or none.
+    A builtin workload's name (code, chat, mixed) stays a name."""
+    from serving.workloads import FILE_SUFFIXES
+    from telemetry.queries import workload_file
+
+    if workload is None or Path(workload).suffix not in FILE_SUFFIXES:
+        return workload
+    return workload_file(workload)
 
 
 def _list_jobs(args) -> int:
@@ -272,6 +287,7 @@ def run(args) -> int:
     if args.period not in SCHEDULED_PERIODS:
         raise UsageError(f"--period for a schedule must be one of {', '.join(SCHEDULED_PERIODS)}, got {args.period!r}")
     options = report_options(args)
+    options["workload"] = scheduled_workload(options["workload"])
     try:
         grace = int(args.misfire_grace_s)
     except ValueError:
