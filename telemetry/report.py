@@ -108,13 +108,13 @@ class Window:
 
     def span_text(self) -> str:
         """'2026-11-02 00:00 to 2026-11-03 00:00 UTC'."""
-        return f"{self.since.strftime(self.time_format)} to {self.until.strftime(self.time_format)} UTC"
+        return f"{time_text(self.since, self.time_format)} to {time_text(self.until, self.time_format)} UTC"
 
     def month_text(self) -> str | None:
         """'October 2026' for a monthly window (one whole calendar month), else None."""
         if self.period != "monthly" or not is_month_start(self.since) or self.until != add_months(self.since, 1):
             return None
-        return f"{MONTH_NAMES[self.since.month - 1]} {self.since.year}"
+        return f"{MONTH_NAMES[self.since.month - 1]} {self.since.year:04d}"
 
     def period_text(self) -> str:
         """The span in words: 'October 2026 (2026-10-01 00:00 to 2026-11-01 00:00 UTC)' for a month, else
@@ -124,7 +124,7 @@ class Window:
 
     def point_text(self) -> str:
         """The period as a point of a trend: '2026-10' for a month, else its start."""
-        return self.since.strftime("%Y-%m" if self.month_text() else self.time_format)
+        return time_text(self.since, "%Y-%m" if self.month_text() else self.time_format)
 
     def label(self) -> str:
         runs = self.runs_text()
@@ -145,6 +145,12 @@ def runs_covered_text(temperature: float | None, kind: str | None, top_p: float 
     return ", ".join(said + ([f"{kind} runs"] if kind else []))
 
 
+def time_text(when: datetime, fmt: str) -> str:
+    """`when.strftime(fmt)` with %Y as four digits: glibc's strftime writes the year as it is, so year 1 was
+    '1-01-08' (and a report folder 'report-3-daily-10108T0000Z'), not '0001-01-08' as ISO and the options read it."""
+    return when.strftime(fmt.replace("%Y", f"{when.year:04d}"))
+
+
 def is_month_start(d: datetime) -> bool:
     return d.day == 1 and (d.hour, d.minute, d.second, d.microsecond) == (0, 0, 0, 0)
 
@@ -154,7 +160,7 @@ def add_months(d: datetime, n: int) -> datetime:
     OverflowError outside years 1-9999, as a timedelta's sum there."""
     months = d.year * 12 + d.month - 1 + n
     if not 1 <= months // 12 <= 9999:
-        raise OverflowError(f"{n} months from {d:%Y-%m} is outside years 1-9999")
+        raise OverflowError(f"{n} months from {time_text(d, '%Y-%m')} is outside years 1-9999")
     return d.replace(year=months // 12, month=months % 12 + 1)
 
 
@@ -166,7 +172,7 @@ def _month_window(now: datetime | None, since: datetime | None, until: datetime 
     for flag, at in (("--since", since), ("--until", until)):
         if at is not None and not is_month_start(at):
             raise ValueError(f"{flag} of --period monthly must be the first of a month at 00:00 UTC (e.g. "
-                             f"{flag} 2026-10-01), got {at:%Y-%m-%d %H:%M:%S} UTC")
+                             f"{flag} 2026-10-01), got {time_text(at, '%Y-%m-%d %H:%M:%S')} UTC")
     if since is not None:
         return Window("monthly", since, add_months(since, 1))
     if until is None:
@@ -847,7 +853,7 @@ def to_the_second(value: Any) -> Any:
     if isinstance(value, datetime):
         if value.tzinfo is not None:
             value = value.astimezone(UTC)
-        return value.strftime("%Y-%m-%d %H:%M:%S")
+        return time_text(value, "%Y-%m-%d %H:%M:%S")
     return value
 
 

@@ -44,6 +44,7 @@ from telemetry.report import (
     meets_sla,
     partial_energy,
     projection_tpot,
+    time_text,
 )
 
 MISSING = "—"
@@ -499,7 +500,8 @@ def incomplete_period_text(data: ReportData) -> str | None:
     w, at = data.window, data.generated_at
     started = at > w.since
     text = (f"the period had not {'ended' if started else 'begun'} when this report was generated "
-            f"({at:%Y-%m-%d %H:%M} UTC; it ends {w.until:%Y-%m-%d %H:%M} UTC): its figures cover only "
+            f"({time_text(at, '%Y-%m-%d %H:%M')} UTC; it ends {time_text(w.until, '%Y-%m-%d %H:%M')} UTC): its "
+            "figures cover only "
             + ("the part that had passed" if started else "what was recorded for it before it began"))
     if data.projection.measured_traffic:
         text += ", and the projection's traffic per day divides that part's output tokens by the whole period"
@@ -527,7 +529,7 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
     if not data.has_traffic:
         runs = w.runs_text()
         parts.append("<p class='notice'>No traffic in this period: the store has no requests between "
-                     f"{w.since:%Y-%m-%d %H:%M} and {w.until:%Y-%m-%d %H:%M} UTC"
+                     f"{time_text(w.since, '%Y-%m-%d %H:%M')} and {time_text(w.until, '%Y-%m-%d %H:%M')} UTC"
                      f"{html.escape(f' from {runs} only') if runs else ''}. Figures that need traffic "
                      "are shown as —.</p>")  # fmt: skip
     # a speedup above its mean acceptance length: said above the tiles, whose speedup and savings rest on it

@@ -50,6 +50,7 @@ from telemetry.report import (
     build_report,
     report_tables,
     summary_dict,
+    time_text,
 )
 from telemetry.report_html import incomplete_period_text, period_complete, render_html
 
@@ -149,7 +150,7 @@ def _drop_claim(engine: Engine, report_id: int) -> None:
 
 def report_dir_name(report_id: int, window: Window) -> str:
     """'report-7-daily-20261102T0000Z'; a calendar month's by its month, 'report-9-monthly-2026-10'."""
-    when = f"{window.since:%Y-%m}" if window.month_text() else f"{window.since:%Y%m%dT%H%MZ}"
+    when = time_text(window.since, "%Y-%m" if window.month_text() else "%Y%m%dT%H%MZ")
     return f"report-{report_id}-{window.period}-{when}"
 
 

@@ -208,6 +208,16 @@ def test_export_of_an_unknown_run_fails_and_a_bad_store_keeps_the_old_file(store
     (["report", "--period", "custom", "--since", "1970-01-01", "--until", "2030-01-01", "--history", "366",
       "--out", "{tmp}/r"], "outside the range of dates"),
     (["report", "--period", "weekly", "--since", "9999-12-30", "--out", "{tmp}/r"], "outside the range of dates"),
+    # the option that reached outside years 1-9999 is named: the period of --since 9999-12-31 itself (it blamed
+    # --history, which was the default), the --history periods before a report near year 1
+    (["report", "--period", "daily", "--since", "9999-12-31", "--out", "{tmp}/r"],
+     "--since 9999-12-31 00:00 UTC: the daily period from it reaches outside the range of dates (years 1-9999)"),
+    (["report", "--period", "monthly", "--since", "9999-12-01", "--out", "{tmp}/r"],
+     "--since 9999-12-01 00:00 UTC: the monthly period from it reaches outside the range of dates"),
+    (["report", "--period", "daily", "--until", "0001-01-01", "--out", "{tmp}/r"],
+     "--until 0001-01-01 00:00 UTC: the daily period up to it reaches outside the range of dates"),
+    (["report", "--period", "daily", "--since", "0001-01-03", "--out", "{tmp}/r"],
+     "--history 7: the 7 daily periods before the report's (0001-01-03 00:00 to 0001-01-04 00:00 UTC) reach outside"),
     (["export", "--what", "requests", "--out", "-", "--until", "9999-12-31T23:59:59-05:00"], "out of the range"),
     # past any real traffic: an OverflowError that named no option, or node counts 300 digits long
     (["project", "--daily-tokens", "5e8", "--peak-factor", "1e308", "--p95-tpot-sla-ms", "50"],

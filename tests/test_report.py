@@ -1155,3 +1155,24 @@ def test_a_report_into_a_folder_the_terminal_cannot_spell_is_written_and_said_on
     assert proc.returncode == 0, proc.stderr.decode()[-400:]
     assert b"r\\xe9p" in proc.stdout and len(list(out.iterdir())) == 1
     assert len(_reports(engine)) == 1
+
+
+def test_year_1_dates_are_written_with_four_digit_years(store, tmp_path, capsys):
+    """glibc's strftime writes %Y as the year is: a report of year 1 said '1-01-08 00:00' and its folder was
+    'report-1-daily-10108T0000Z', not the ISO '0001-01-08' the options take."""
+    url, engine = store
+    daily = period_window("daily", since=datetime(1, 1, 8, tzinfo=UTC))
+    assert daily.span_text() == "0001-01-08 00:00 to 0001-01-09 00:00 UTC"
+    assert daily.point_text() == "0001-01-08 00:00"
+    assert report_writer.report_dir_name(3, daily) == "report-3-daily-00010108T0000Z"
+    month = period_window("monthly", since=datetime(1, 2, 1, tzinfo=UTC))
+    assert (month.month_text(), month.point_text()) == ("February 0001", "0001-02")
+    assert report_writer.report_dir_name(4, month) == "report-4-monthly-0001-02"
+    out = tmp_path / "r"
+    assert main(_report(url, out, "--period", "daily", "--since", "0001-01-08", "--history", "1")) == 0
+    said = capsys.readouterr().out
+    assert "0001-01-08 00:00 to 0001-01-09 00:00 UTC" in said and " 1-01-08" not in said
+    [folder] = out.iterdir()
+    assert folder.name.endswith("-daily-00010108T0000Z")
+    page = (folder / "report.html").read_text()
+    assert "0001-01-08 00:00 to 0001-01-09 00:00 UTC" in page and " 1-01-08" not in page

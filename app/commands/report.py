@@ -228,13 +228,22 @@ def run(args) -> int:
 
 def _window(period: str, since, until, runs: dict, history: int):
     """The report's Window of `runs` (ValueError where the dates make none), checked to leave room for the
-    `history` periods before it."""
-    from telemetry.report import period_window
+    `history` periods before it. Outside years 1-9999 the error names the option that went there: the period of
+    --since 9999-12-31 itself ends past them (it blamed --history, which the default 7 is), the --history
+    periods before the report's may start before year 1."""
+    from telemetry.report import period_window, time_text
 
     try:
         window = replace(period_window(period, since=since, until=until), **runs)
+    except OverflowError:
+        flag, at, way = ("--since", since, "from") if since is not None else ("--until", until, "up to")
+        raise UsageError(f"{flag} {time_text(at, '%Y-%m-%d %H:%M')} UTC: the {period} period {way} it reaches "
+                         "outside the range of dates (years 1-9999)") from None
+    try:
         window.shifted(history)  # the oldest period the trend compares with
     except OverflowError:
-        raise UsageError(f"--since/--until with --history {history} reach outside the range of dates "
-                         f"(years 1-9999)") from None
+        many = f"the {history} {period} periods" if history > 1 else f"the {period} period"
+        raise UsageError(f"--history {history}: {many} before the report's ({window.span_text()}) reach"
+                         f"{'' if history > 1 else 'es'} outside the range of dates (years 1-9999); "
+                         "give a smaller --history or a later --since / --until") from None
     return window
