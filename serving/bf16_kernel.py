@@ -7,7 +7,7 @@ in registers and reuses it for every row, accumulating in float32 and rounding t
 does: the same numbers up to summation order, at a cost that stays near the one-row cost for a few rows.
 
 It is compiled once per source version with the system C compiler (`cc -O3 -mavx2 -mfma -fopenmp`,
-about a second) into the cache (`$SPECFINOPS_CACHE/kernels`) and loaded with ctypes: no torch or Python
+about a second) into the cache (`kernels` in serving.models.cache_dir) and loaded with ctypes: no torch or Python
 headers. Where there is no compiler, no AVX2/FMA, no writable cache, or the build fails, `available()` says
 why and the engine keeps torch's kernels. Whether it runs, and for how many rows, is measured per process in
 `serving.kernels` (`SPECFINOPS_BF16_KERNEL` = auto | on | off overrides).

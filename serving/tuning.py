@@ -8,10 +8,10 @@ to 2, 1, 1, 1 and 0 rows, and the bench runs came out labelled `draft@int8` and 
 the dashboard and `project` pooled them as two configurations. Remembering the first measurement makes
 repeated runs comparable, as autotuning caches do.
 
-The choices live in `<cache>/tuning.json` (`SPECFINOPS_CACHE`, default ~/.cache/specfinops), keyed by
-the machine: the CPU model (with its family and model numbers), its vector-extension flags, the torch
-version and the thread count, so a different CPU (a VM moved to another host class) or another torch build
-measures afresh.
+The choices live in `<cache>/tuning.json` (serving.models.cache_dir: `SPECFINOPS_CACHE`, else
+$XDG_CACHE_HOME/specfinops, else ~/.cache/specfinops), keyed by the machine: the CPU model (with its family and
+model numbers), its vector-extension flags, the torch version and the thread count, so a different CPU (a VM
+moved to another host class) or another torch build measures afresh.
 `SPECFINOPS_TUNING` says what to do:
 
 - `remember` (default): use the remembered value, measure and remember it when there is none;

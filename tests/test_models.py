@@ -248,6 +248,32 @@ def test_the_cache_setting_is_expanded_and_absolute(tmp_path, monkeypatch):
     assert bundled_target_dir() == tmp_path / "rel" / "cache" / "models" / "smollm2-135m-instruct"
 
 
+def test_xdg_cache_home_is_the_caches_home_after_specfinops_cache(tmp_path, monkeypatch):
+    """XDG_CACHE_HOME was ignored: the cache was ~/.cache/specfinops whatever it said. The order is SPECFINOPS_CACHE,
+    then $XDG_CACHE_HOME/specfinops (an absolute one: the spec ignores a relative one), then ~/.cache/specfinops;
+    the models, distill's cache and tuning all live under the one cache_dir()."""
+    from serving.distill.pipeline import distill_cache
+    from serving.models import bundled_target_dir, cache_dir
+    from serving.tuning import tuning_file
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SPECFINOPS_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    xdg = tmp_path / "xdg" / "specfinops"
+    assert cache_dir() == xdg
+    assert bundled_target_dir() == xdg / "models" / "smollm2-135m-instruct"
+    assert distill_cache() == xdg / "distill" and tuning_file().parent == xdg
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "mine"))  # the project's own setting first
+    assert cache_dir() == tmp_path / "mine" and distill_cache() == tmp_path / "mine" / "distill"
+    monkeypatch.delenv("SPECFINOPS_CACHE")
+    for ignored in ("", "rel/xdg"):
+        monkeypatch.setenv("XDG_CACHE_HOME", ignored)
+        assert cache_dir() == tmp_path / "home" / ".cache" / "specfinops"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_dir() == tmp_path / "home" / ".cache" / "specfinops"
+
+
 def test_a_pulled_model_with_a_broken_tokenizer_is_damaged_and_every_file_is_checked(tmp_path, monkeypatch, capsys):
     """A tokenizer.json cut short was 'present' in `models list` and 'ready' after `pull`, then bench could not
     load it: the manifest had the weights' checksum alone and `damage()` never read the tokenizer."""

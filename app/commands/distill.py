@@ -47,8 +47,9 @@ def register(sub) -> None:
                         "real requests; any chat target can make them")
     p.add_argument("--stdlib-code", type=int, default=0, metavar="N",
                    help="add N Python standard-library functions as chat answers, teacher-forced")
-    p.add_argument("--data-dir", default=None, help="where --generate-prompts writes (default: under distill/ in $SPECFINOPS_CACHE, "
-                        "~/.cache/specfinops by default)")
+    p.add_argument("--data-dir", default=None,
+                   help="where --generate-prompts writes (default: under distill/ in $SPECFINOPS_CACHE, else "
+                        "$XDG_CACHE_HOME/specfinops, else ~/.cache/specfinops)")
     p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap when generating data (default: 192)")
     p.add_argument("--gen-batch", type=int, default=None,
                    help="sequences generated together (default: 32 on the CPU, 256 on a GPU)")
@@ -110,9 +111,9 @@ def register(sub) -> None:
                         "(the data already made is still reused)")
     p.add_argument("--checkpoint", default=None,
                    help="checkpoint file training saves to and --resume continues from (default: "
-                        "distill/checkpoints/<hash of --out>.pt in $SPECFINOPS_CACHE, ~/.cache/specfinops by "
-                        "default; a run that finishes removes its default checkpoint and keeps it when interrupted "
-                        "or failed; one given here is kept, so a later --resume can train it further)")
+                        "distill/checkpoints/<hash of --out>.pt in $SPECFINOPS_CACHE, else $XDG_CACHE_HOME/specfinops, "
+                        "else ~/.cache/specfinops; a run that finishes removes its default checkpoint and keeps it "
+                        "when interrupted or failed; one given here is kept, so a later --resume can train it further)")
     p.add_argument("--save-every", type=float, default=3.0, help="minutes between checkpoints (also refreshes --out)")
     p.add_argument("--no-eval", action="store_true", help="skip measuring alpha and c")
     p.add_argument("--eval-max-new-tokens", type=int, default=128,

@@ -17,7 +17,8 @@ import torch
 
 def distill_cache() -> Path:
     """Where distill caches data, evaluation answers and checkpoints: `distill` under the cache directory
-    (SPECFINOPS_CACHE, default ~/.cache/specfinops), read at each call so the variable set at any time counts."""
+    (serving.models.cache_dir: SPECFINOPS_CACHE, else $XDG_CACHE_HOME/specfinops, else ~/.cache/specfinops), read
+    at each call so the variable set at any time counts."""
     from serving.models import cache_dir
 
     return cache_dir() / "distill"
