@@ -16,7 +16,8 @@ that ends cancelled or failed keeps the tokens it made (`_take_counts`): the ser
 What the client cannot know (the prompt tokens of a stream that ended without the server's usage, a speculative
 request's drafts where the server sent no counts) is stored unknown (NULL, revision 0012), not 0.
 When the server records into the same store (`SharedStore`), the requests carry the energy its power
-samples give them, shared among the requests in flight at each instant (`ServerPower`).
+samples give them, shared among the requests in flight at each instant (`ServerPower`): each from its admission
+into a batch slot (the usage's `queue_ms`), as the server counts its own requests' energy, not from its send.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import ipaddress
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlparse
@@ -106,6 +107,14 @@ class ClientResult:
     chunk_times_ms: list[float] = field(default_factory=list)  # content chunks, from request start
     ended_at: datetime | None = None  # the client's end of the request: its window for energy shares
     unreachable: bool = False  # failed to connect, or the connection was lost (openai.APIConnectionError)
+    admitted_at: datetime | None = None  # when the server took it into a batch slot, where it said (`admission`)
+
+    @property
+    def energy_since(self) -> datetime:
+        """Where its energy window starts: its admission, as the server's own requests' (serving.server_engine:
+        the queue does no compute, and a request waiting for a slot took a share of the energy of those running);
+        its send where the server said nothing (another server, a stream cut without usage), queueing included."""
+        return self.admitted_at or self.record.started_at
 
     @property
     def tpot_ms(self) -> float | None:
@@ -226,6 +235,22 @@ async def one_request(client, model: str, res: ClientResult, spec: LoadSpec, mod
         if chunks:
             rec.ttft_ms, rec.e2e_ms = chunks[0][0], chunks[-1][0]
         _take_counts(rec, chunks, usage, spec=mode == "spec")
+        res.admitted_at = admission(rec.started_at, res.ended_at, usage)
+
+
+def admission(started_at: datetime, ended_at: datetime, usage) -> datetime | None:
+    """When the server admitted the request into a batch slot: its send plus the wait `specfinops serve` reports
+    in the usage's "specfinops" extension (`queue_ms`, arrival to admission), at most its end; None without it.
+    The server is on this machine (loopback only), so send and arrival are the same instant but for the
+    loopback's microseconds."""
+    ours = (getattr(usage, "model_extra", None) or {}).get("specfinops")
+    queue_ms = ours.get("queue_ms") if isinstance(ours, dict) else None
+    if isinstance(queue_ms, bool) or not isinstance(queue_ms, int | float) or not 0 <= queue_ms < math.inf:
+        return None
+    try:
+        return min(started_at + timedelta(milliseconds=queue_ms), ended_at)
+    except OverflowError:  # a wait no server reports: said nothing
+        return None
 
 
 def _take_counts(rec: RequestRecord, chunks: list[tuple[float, int]], usage, *, spec: bool) -> None:
@@ -342,10 +367,11 @@ async def run_level(client, model: str, prompts: list[Prompt], spec: LoadSpec, l
         if power is None:
             record(res)
             return
-        # who shared the devices with it: finished requests that overlapped it, and those still in flight
-        start, end = res.record.started_at, res.ended_at
-        alive = [(r.record.started_at, end) for r in inflight.values() if r is not res and r.record.started_at < end]
-        power.add(res, [w for w in ended if w[1] > start and w[0] < end] + alive)
+        # who shared the devices with it: finished requests that overlapped it, and those still in flight (their
+        # admission, so their windows, known once they finish: ServerPower waits for them)
+        start, end = res.energy_since, res.ended_at
+        alive = [r for r in inflight.values() if r is not res and r.record.started_at < end]
+        power.add(res, [w for w in ended if w[1] > start and w[0] < end], alive)
         oldest = min((r.record.started_at for r in inflight.values()), default=end)
         ended[:] = [w for w in ended if w[1] > oldest]  # no request still to finish can overlap the others
         ended.append((start, end))
@@ -438,20 +464,35 @@ def _aware(t: datetime) -> datetime:
 class ServerPower:
     """Energy for the load test's requests from the power samples a server records into the same store
     (with its 'serve' run `run_id`): at every instant the devices' energy is shared equally by the load
-    test's requests in flight then (`attribute_energy`, as the server shares it among its requests; other
-    clients' requests at the same time are not seen here). A request's share is known once samples cover
-    its end: it waits here until then; one they never cover (the server gone) is recorded without energy."""
+    test's requests running then (`attribute_energy`, as the server shares it among its requests; other
+    clients' requests at the same time are not seen here). A request runs from its admission to its end
+    (`ClientResult.energy_since`): its time queued at the server takes no share, as the server counts it. A
+    request's share is known once samples cover its end and the requests in flight beside it have finished
+    (their admission is in their usage): it waits here until then; one the samples never cover (the server gone)
+    is recorded without energy."""
 
     def __init__(self, engine, run_id: int) -> None:
         self._engine, self._run_id = engine, run_id
         self._readings: list[PowerReading] = []
-        self._pending: list[tuple[ClientResult, list[tuple[datetime, datetime]]]] = []
+        self._pending: list[tuple[ClientResult, list[tuple[datetime, datetime]], list[ClientResult]]] = []
         self._after = datetime.now(UTC) - timedelta(seconds=READINGS_KEPT_S)  # newest sample read
         self._broken = False
 
-    def add(self, res: ClientResult, sharers: list[tuple[datetime, datetime]]) -> None:
-        """A finished request and the windows of the requests in flight beside it."""
-        self._pending.append((res, sharers))
+    def add(self, res: ClientResult, sharers: list[tuple[datetime, datetime]],
+            alive: Sequence[ClientResult] = ()) -> None:
+        """A finished request, the windows of the finished requests beside it and the requests still in flight
+        at its end (their windows once they finish, up to its end)."""
+        self._pending.append((res, sharers, list(alive)))
+
+    @staticmethod
+    def _windows(res: ClientResult, sharers, alive) -> list[tuple[datetime, datetime]] | None:
+        """`res`'s energy window and those of the requests beside it, each from its admission; None while one in
+        flight beside it has not finished (its admission unknown yet)."""
+        if any(r.ended_at is None for r in alive):
+            return None
+        end = res.ended_at
+        beside = [*sharers, *((r.energy_since, end) for r in alive)]
+        return [(res.energy_since, end), *(w for w in beside if w[0] < min(w[1], end) and w[1] > res.energy_since)]
 
     def _read(self, after: datetime) -> list[PowerReading]:
         """The run's samples newer than `after` (database I/O: called in a thread)."""
@@ -484,22 +525,23 @@ class ServerPower:
                     self._readings.extend(new)
                     self._after = new[-1].t
             covered = self._readings[-1].t if self._readings else None
-            waiting = any(covered is None or covered < res.ended_at for res, _ in self._pending)
+            waiting = any(covered is None or covered < res.ended_at for res, _, _ in self._pending)
             if not waiting or self._broken or time.perf_counter() >= deadline:
                 break
             await asyncio.sleep(0.1)
         out, keep = [], []
-        for res, sharers in self._pending:
-            if covered is not None and covered >= res.ended_at:
-                window = (res.record.started_at, res.ended_at)
-                res.record.energy_j = attribute_energy(self._readings, [window, *sharers])[0]
+        for res, sharers, alive in self._pending:
+            windows = self._windows(res, sharers, alive)
+            if covered is not None and covered >= res.ended_at and windows is not None:
+                res.record.energy_j = attribute_energy(self._readings, windows)[0]
                 out.append(res)
             elif final:
                 out.append(res)
             else:
-                keep.append((res, sharers))
+                keep.append((res, sharers, alive))
         self._pending = keep
-        starts = [t for res, sharers in keep for t in (res.record.started_at, *(s for s, _ in sharers))]
+        starts = [t for res, sharers, alive in keep
+                  for t in (res.record.started_at, *(s for s, _ in sharers), *(r.record.started_at for r in alive))]
         if keep_from is not None:
             starts.append(keep_from)
         if starts:

@@ -512,11 +512,15 @@ def _sse(obj: dict) -> str:
 
 def _usage(fin: Finished) -> dict:
     """OpenAI's usage, plus the request's speculation counts under "specfinops" (clients ignore it;
-    `specfinops loadtest` records them with its client-side view of the request)."""
+    `specfinops loadtest` records them with its client-side view of the request), and, for a request that ran,
+    `queue_ms`: its wait from arrival to admission into a batch slot (the load test's energy window starts
+    after it, as the server's own does)."""
+    ours = {"num_drafts": fin.num_drafts, "num_draft_tokens": fin.num_draft_tokens,
+            "num_accepted_tokens": fin.num_accepted_tokens}
+    if fin.queue_ms is not None:
+        ours["queue_ms"] = round(fin.queue_ms, 3)
     return {"prompt_tokens": fin.num_prompt, "completion_tokens": fin.num_output,
-            "total_tokens": fin.num_prompt + fin.num_output,
-            "specfinops": {"num_drafts": fin.num_drafts, "num_draft_tokens": fin.num_draft_tokens,
-                           "num_accepted_tokens": fin.num_accepted_tokens}}
+            "total_tokens": fin.num_prompt + fin.num_output, "specfinops": ours}
 
 
 def _reason(fin: Finished) -> str:

@@ -45,6 +45,9 @@ class Finished:
     num_drafts: int = 0  # speculation counts, sent in the usage's "specfinops" extension
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    # arrival to admission into a batch slot, ms; None where it never ran. Sent in the usage's "specfinops"
+    # extension: a load test's energy window then starts at admission, as the server's (`Job.ran`) does
+    queue_ms: float | None = None
 
 
 @dataclass(eq=False)
@@ -273,8 +276,9 @@ class EngineLoop:
             rec.steps.clear()
         if rec.e2e_ms is None:
             rec.e2e_ms = (time.perf_counter() - job.t_start) * 1000.0
-        others = []
+        others, queue_ms = [], None
         if job.admitted_at is not None:  # it ran: it shares the energy of its time in the batch
+            queue_ms = max((job.admitted_at - job.wall_start).total_seconds() * 1000.0, 0.0)
             end = max(job.wall_start + timedelta(milliseconds=rec.e2e_ms), job.admitted_at)
             now = datetime.now(UTC)
             job.ran = (job.admitted_at, end)
@@ -282,7 +286,7 @@ class EngineLoop:
             others += [(j.admitted_at, now) for j in self._jobs.values()]
             self._recent.append(job.ran)
         self._outbox.append((job, Finished(reason, rec.prompt_tokens, rec.output_tokens, error, rec.num_drafts,
-                                           rec.num_draft_tokens, rec.num_accepted_tokens)))
+                                           rec.num_draft_tokens, rec.num_accepted_tokens, queue_ms)))
         try:
             self._on_finish(job, rec, others)
         except Exception:  # noqa: BLE001 - telemetry trouble must not stop serving

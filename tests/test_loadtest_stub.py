@@ -446,6 +446,57 @@ def test_server_power_shares_the_serve_runs_samples_among_the_requests_in_flight
     assert asyncio.run(power.settle(final=True)) == [late] and late.record.energy_j is None  # never guessed
 
 
+def test_a_requests_energy_window_starts_at_its_admission_as_the_servers_does(tmp_path):
+    """The load test shared the server's energy over send-to-end windows: a request queued at the server took a
+    share of what the running ones used, while the server counts a request's energy from its admission. 100 W
+    for 4 s; B runs 0-3 s; A, sent at 0 s, queued 1 s (the usage's queue_ms), runs 1-2 s: A 50 J, B 250 J (over
+    the send windows: 100 J and 200 J). A's share waits for B, in flight at its end, to finish: B's admission is
+    in its usage."""
+    from telemetry.recorder import Recorder
+    from telemetry.records import PowerReading
+    from telemetry.store import open_store
+
+    engine = open_store(f"sqlite:///{tmp_path / 'power.db'}")
+    run = _serve_run(engine)
+    t0 = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    a, b = _result(t0, 2), lt.new_result(_prompt())
+    a.admitted_at = lt.admission(a.record.started_at, a.ended_at, _usage({"queue_ms": 1000.0}))
+    assert a.admitted_at == t0 + timedelta(seconds=1) and a.energy_since == a.admitted_at
+    b.record.started_at = t0
+    power = lt.ServerPower(engine, run)
+    power.add(a, [], [b])  # B in flight when A ended
+    recorder = Recorder(engine)
+    recorder.record_power(run, [PowerReading(t0 + timedelta(seconds=i), 0, 100.0, None, None, "estimate")
+                                for i in range(5)])
+    recorder.close()
+    assert asyncio.run(power.settle()) == []  # B's admission unknown yet: A waits
+    b.ended_at = t0 + timedelta(seconds=3)
+    b.admitted_at = lt.admission(b.record.started_at, b.ended_at, _usage({"queue_ms": 0}))
+    power.add(b, [(a.energy_since, a.ended_at)])
+    assert asyncio.run(power.settle()) == [a, b]
+    assert (a.record.energy_j, b.record.energy_j) == (pytest.approx(50.0), pytest.approx(250.0))
+
+
+def _usage(specfinops: dict):
+    from openai.types import CompletionUsage
+
+    return CompletionUsage(prompt_tokens=4, completion_tokens=3, total_tokens=7, specfinops=specfinops)
+
+
+def test_a_server_that_says_no_admission_leaves_the_window_at_the_send():
+    """Another server (vLLM), a stream cut without usage, or a wait no server reports: the window starts at the
+    send, queueing included; a wait past the request's end ends there."""
+    start = datetime(2026, 11, 2, 9, tzinfo=UTC)
+    end = start + timedelta(seconds=2)
+    assert lt.admission(start, end, None) is None
+    for said in ({}, {"queue_ms": None}, {"queue_ms": True}, {"queue_ms": -1}, {"queue_ms": "5"},
+                 {"queue_ms": float("nan")}, {"queue_ms": float("inf")}, {"queue_ms": 1e300}):
+        assert lt.admission(start, end, _usage(said)) is None, said
+    assert lt.admission(start, end, _usage({"queue_ms": 5000})) == end
+    res = _result(start, 2)
+    assert res.admitted_at is None and res.energy_since == start
+
+
 def test_the_load_tests_invocation_is_in_its_json_on_every_run_and_named_for_cost(stub_factory, tmp_path, capsys):
     stub = stub_factory(chunks=2, chunk_s=0.01)
     db_url = f"sqlite:///{tmp_path / 'inv.db'}"

@@ -230,6 +230,39 @@ def test_energy_is_shared_from_admission_and_a_request_that_never_ran_takes_none
     assert sum(recs[f"job-{i}"].energy_j for i in (0, 1, 3)) == pytest.approx(100.0 * busy_s, rel=1e-6)
 
 
+def test_the_usage_says_how_long_a_request_queued_before_it_ran():
+    """A load test shared the server's energy over its requests' send-to-end windows, queueing included, while
+    the server counts a request's energy from its admission. The server now says each request's wait, arrival
+    to admission (`queue_ms` in the usage's "specfinops" extension), so the load test's window starts there too;
+    a request that never ran says none, and the OpenAI fields are unchanged."""
+    from serving.server import _usage
+
+    records: list = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        el = _engine_loop(records)
+        running, release = await _full_and_held(el, loop)
+        gives_up, waits = _job(loop, 2, 4), _job(loop, 3, 4)
+        el.submit(gives_up)
+        el.submit(waits)
+        el.cancel(gives_up)
+        await asyncio.sleep(0.05)  # queued behind the held batch
+        release.set()
+        done = await asyncio.gather(*(_drain(j) for j in [*running, gives_up, waits]))
+        el.stop()
+        return [fin for _, fin in done], waits
+
+    fins, waits = asyncio.run(main())
+    assert all(f.queue_ms is not None and f.queue_ms >= 0 for f in fins[:2]) and fins[2].queue_ms is None
+    assert fins[3].queue_ms == pytest.approx((waits.admitted_at - waits.wall_start).total_seconds() * 1000.0)
+    assert fins[3].queue_ms >= 50.0
+    usage = _usage(fins[3])
+    assert usage["specfinops"]["queue_ms"] == pytest.approx(fins[3].queue_ms, abs=1e-3)
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert "queue_ms" not in _usage(fins[2])["specfinops"]
+
+
 def test_a_burst_fills_the_free_slots_before_the_waiting_limit_counts():
     """--max-waiting bounds the requests beyond the free slots: a job the engine thread has not yet moved into
     a free slot does not count. Before, a burst of 4 at an idle server (batch 2, max waiting 2) got a 503 for
