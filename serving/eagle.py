@@ -208,10 +208,58 @@ def unfinished_note(path: str | Path) -> str | None:
             "it, so what it measures is not the finished draft's: resume that run (its command with --resume)")
 
 
-def load_eagle(path: str | Path, target: CausalLM, dtype: torch.dtype) -> EagleDraft:
+def _target_names(target_dir: Path) -> set[str]:
+    """What a model card may call the target in `target_dir` (lower case): its folder's name, its hub id and that
+    id's model part where it is a Hugging Face cache snapshot, the bundled target's name where it is that one."""
+    from serving.models import BUNDLED_TARGET, is_bundled_target
+    from telemetry.labels import hub_id
+
+    names = {target_dir.name}
+    hub = hub_id(target_dir)
+    if hub:
+        names |= {hub, hub.rsplit("/", 1)[-1]}
+    if is_bundled_target(target_dir):
+        names.add(BUNDLED_TARGET)
+    return {n.lower() for n in names}
+
+
+def foreign_target_note(path: str | Path, target_dir: str | Path) -> str | None:
+    """What to say of a feature draft distilled for another target than the one in `target_dir`, by its
+    model_card.json: the fingerprint of the target's weights distill records (`target_weights_fingerprint`),
+    compared with this target's; on a card from before it recorded one, the target's name. A draft of another
+    target of the same shape (SmolLM2-135M base for the instruct model) loads and runs, and only accepts less: a
+    warning, not a refusal (a draft may serve a fine-tune of its target on purpose). None where the card names
+    this target, or there is no card (a draft made otherwise) or no target in it."""
+    from serving.models import weights_fingerprint
+
+    path, target_dir = Path(path), Path(target_dir)
+    try:
+        card = json.loads((path / "model_card.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(card, dict):
+        return None
+    made_for, theirs = card.get("target"), card.get("target_weights_fingerprint")
+    made_for = made_for if isinstance(made_for, str) and made_for else None
+    tail = "; it loads, but its drafts were fitted to that model's outputs and acceptance will suffer"
+    if isinstance(theirs, str) and theirs:
+        ours = weights_fingerprint(target_dir)
+        if ours is None or ours == theirs:
+            return None
+        return (f"draft {path} was distilled for {made_for or 'another target'} (weights {theirs}), not this target "
+                f"{target_dir} (weights {ours}){tail}: distill a draft for this target")
+    if made_for is None or made_for.lower() in _target_names(target_dir):
+        return None
+    return (f"draft {path} was distilled for {made_for}, and this target is {target_dir}{tail} unless it is the "
+            "same model under another name")
+
+
+def load_eagle(path: str | Path, target: CausalLM, dtype: torch.dtype,
+               target_dir: str | Path | None = None) -> EagleDraft:
     """A feature draft directory (config.json + model.safetensors) for `target`. What is wrong with its files
     (not JSON, not safetensors, weights of another config) is a ValueError naming the file, as `load_causal_lm`
-    does for a model directory."""
+    does for a model directory. With `target_dir` (where `target` was loaded from), a draft whose model card
+    names another target is a warning (`foreign_target_note`)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -236,9 +284,9 @@ def load_eagle(path: str | Path, target: CausalLM, dtype: torch.dtype) -> EagleD
             f"draft {path} was trained for a target with vocabulary {cfg.vocab_size} and hidden size "
             f"{cfg.hidden_size}; this target has {target.cfg.vocab_size} and {target.cfg.hidden_size}"
         )
-    note = unfinished_note(path)
-    if note:
-        logger.warning(note)
+    for note in (unfinished_note(path), foreign_target_note(path, target_dir) if target_dir is not None else None):
+        if note:
+            logger.warning(note)
     draft = EagleDraft(cfg, target.embed_tokens)
     weights = path / "model.safetensors"
     if not weights.is_file():

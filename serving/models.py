@@ -471,6 +471,64 @@ def weight_files(model_dir: str | Path) -> list[Path]:
     return [model_dir / n for n in names]
 
 
+FINGERPRINT_WHOLE_BYTES = 64 << 20  # a weight file up to this size is hashed whole (the bundled draft: 18 MB)
+FINGERPRINT_BLOCK = 4096  # past it, this many bytes at the start, middle and end of each tensor
+
+
+def weights_fingerprint(model_dir: str | Path) -> str | None:
+    """A short name for a model's weights by their content (8 hex digits): the same weights give the same one
+    wherever they sit (a copy, another machine, another folder name) and other weights another, so it tells two
+    drafts in folders of one name apart (drafter labels) and a draft's target from another of the same shape
+    (the model card). Cheap for any size: a file up to FINGERPRINT_WHOLE_BYTES is hashed whole; a larger one by
+    its safetensors header (every tensor's name, dtype, shape) and a few blocks of every tensor, so a fine-tune
+    that changed any tensor changes it. None where the folder has no safetensors weights."""
+    files = weight_files(model_dir)
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"\0{f.stat().st_size}\0".encode())
+        if f.stat().st_size <= FINGERPRINT_WHOLE_BYTES:
+            h.update(_sha256(f).encode())
+        else:
+            _hash_sampled(f, h)
+    return h.hexdigest()[:8]
+
+
+def draft_name(draft_dir: str | Path) -> str:
+    """A draft as drafter labels name it: its folder's name and `weights_fingerprint` ('draft#547d12db'). The name
+    alone pooled every draft in a folder called `draft` (the bundled one, a retrained ~/exp2/draft) into one
+    drafter in the store, its alpha, speed and cost mixed; the fingerprint keeps them apart and one draft, copied
+    elsewhere, one drafter. A Hugging Face cache snapshot by its hub id, as `short_model` shows a target."""
+    from telemetry.labels import hub_id
+
+    draft_dir = Path(draft_dir)
+    name = hub_id(draft_dir) or draft_dir.name  # a Hugging Face cache snapshot's folder is a commit hash
+    fingerprint = weights_fingerprint(draft_dir)
+    return f"{name}#{fingerprint}" if fingerprint else name
+
+
+def _hash_sampled(path: Path, h) -> None:
+    """A large safetensors file into `h`: its header and blocks of every tensor's data (`weights_fingerprint`);
+    a file whose header does not read as safetensors, by blocks spread evenly over the whole file."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else 0
+        try:
+            header = json.loads(f.read(n)) if 0 < n < size else None
+            spans = sorted(tuple(v["data_offsets"]) for k, v in header.items() if k != "__metadata__")
+            spans = [(8 + n + b, 8 + n + e) for b, e in spans]
+            h.update(json.dumps(header, sort_keys=True).encode())
+        except (ValueError, TypeError, AttributeError, KeyError):  # not a safetensors header
+            step = max(size // 1024, 1)
+            spans = [(b, min(b + step, size)) for b in range(0, size, step)]
+        for b, e in spans:
+            for at in sorted({b, max(b, (b + e) // 2 - FINGERPRINT_BLOCK // 2), max(b, e - FINGERPRINT_BLOCK)}):
+                f.seek(at)
+                h.update(f.read(min(FINGERPRINT_BLOCK, e - at)))
+
+
 def check_same_vocab(target_dir: Path, draft_dir: Path, target_tok=None, draft_tok=None) -> None:
     """Refuse a target/draft pair whose tokenizers differ. Vocabulary sizes may differ where the tokenizer is the
     same and fits both tables: the larger table's extra rows are padding no token maps to (Qwen2.5-7B's 152,064

@@ -149,7 +149,24 @@ class VllmConfig:
             return None
         if self.method == "ngram":
             return f"vllm-ngram:{NGRAM_MAX}"
-        return f"vllm-{self.method}:{Path(self.draft_model).name}" if self.draft_model else f"vllm-{self.method}"
+        return f"vllm-{self.method}:{vllm_draft_name(self.draft_model)}" if self.draft_model else f"vllm-{self.method}"
+
+
+def vllm_draft_name(draft_model: str) -> str:
+    """A vLLM draft as its drafter label names it: a local model directory as the engine's labels name a draft
+    (`serving.models.draft_name`: folder name and weights fingerprint, so two drafts in folders of one name are
+    two drafters); a hub id whole (ORG/NAME: the organisation tells two heads of one name apart); a path that
+    is not a model directory here by its last part, as before."""
+    from serving.models import draft_name, weight_files
+
+    path = Path(draft_model).expanduser()
+    try:
+        if path.is_dir() and weight_files(path):
+            return draft_name(path)
+    except (OSError, ValueError):  # an index that does not read: vLLM says so when it loads the draft
+        pass
+    hub_like = draft_model.count("/") == 1 and not draft_model.startswith(("/", ".", "~")) and not path.exists()
+    return draft_model if hub_like else path.name
 
 
 def parse_engine_args(text: str | None) -> dict[str, Any]:

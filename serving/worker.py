@@ -30,6 +30,7 @@ from serving.models import (
     BUNDLED_DRAFT_DIR,
     bundled_target_dir,
     check_same_vocab,
+    draft_name,
     load_tokenizer,
     pull_again_hint,
     resolve_model,
@@ -242,10 +243,10 @@ def load(spec: EngineSpec) -> Loaded:
         draft_dir = resolve_model(spec.draft_model, "draft")
         check_same_vocab(target_dir, draft_dir, target_tok=tokenizer)
         if is_eagle_dir(draft_dir):
-            eagle = load_eagle(draft_dir, target, dtype)
+            eagle = load_eagle(draft_dir, target, dtype, target_dir=target_dir)
             pack_for_inference(eagle)
             bias = copy_bias_for(spec.drafter)
-            label = (f"feature:{draft_dir.name}{'@int8' if quantize_draft(eagle) else ''}"  # records say so
+            label = (f"feature:{draft_name(draft_dir)}{'@int8' if quantize_draft(eagle) else ''}"  # records say so
                      + (f"+copy{bias:g}" if bias else ""))
 
             def factory(slots: int, max_len: int):
@@ -261,7 +262,7 @@ def load(spec: EngineSpec) -> Loaded:
                                  f"context window ({window}: --max-len, or the target's positions): give --max-len "
                                  f"{draft.cfg.max_position} or less, or a draft with as many positions as the target")
             pack_for_inference(draft)
-            label = f"draft:{draft_dir.name}{'@int8' if quantize_draft(draft) else ''}"
+            label = f"draft:{draft_name(draft_dir)}{'@int8' if quantize_draft(draft) else ''}"
 
             def factory(slots: int, max_len: int):
                 return ModelDrafter(draft, label, slots=slots, max_len=max_len, vocab=target.cfg.vocab_size)

@@ -566,7 +566,7 @@ def run(args) -> int:
     from serving.int8 import quantize_draft
     from serving.kernels import pack_for_inference
     from serving.llama import load_causal_lm
-    from serving.models import load_tokenizer, read_config, resolve_model
+    from serving.models import load_tokenizer, read_config, resolve_model, weights_fingerprint
 
     def prepare(target_dir_: Path, items: list[dict], d: Path, **options) -> dict:
         """`prepare_data`, saying on Ctrl-C that the same command goes on from what was finished."""
@@ -794,6 +794,9 @@ def run(args) -> int:
         "model_type": "specfinops-eagle",
         "target": target_dir.name,
         "target_fingerprint": made_by["target_fingerprint"],
+        # the target's weights by content, as a load checks them (serving.eagle.foreign_target_note): the name and
+        # target_fingerprint above change with a copy of the same target, and stay for another in its place
+        "target_weights_fingerprint": weights_fingerprint(target_dir),
         "architecture": {"kind": "feature-level draft (EAGLE) with a reduced-vocabulary head (FR-Spec)"
                                  + (", fused features of several target blocks (EAGLE-3)" if draft_layers else ""),
                          "layers": cfg.layers, "hidden_size": draft.cfg.hidden_size, "head_vocab": cfg.head_vocab,

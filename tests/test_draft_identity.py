@@ -1,0 +1,213 @@
+"""Which draft a run used, and for which target a draft was made. A drafter label named a draft by its folder
+alone, so two drafts in folders called `draft` (the bundled one, a retrained ~/exp2/draft) pooled into one drafter
+in the store; it now names the draft's weights too, and a copy of one draft is still that draft. A feature draft
+distilled for another target of the same shape loaded without a word; its model card's target is checked now."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from serving.eagle import EagleDraft, foreign_target_note
+from serving.models import draft_name, weights_fingerprint
+from tests.test_distill import _tiny_target_dir
+from tests.test_hf_models import hf_dir
+from tests.tiny import tiny_model
+
+
+@pytest.fixture(autouse=True)
+def no_kernel_races(monkeypatch):
+    """Tiny models need no CPU kernel measurement (as tests/test_bench_byo.py)."""
+    for name in ("SPECFINOPS_PACKED_LINEAR", "SPECFINOPS_BF16_KERNEL", "SPECFINOPS_DECODE_ATTENTION",
+                 "SPECFINOPS_ATTENTION_FLOAT32", "SPECFINOPS_DRAFT_INT8"):
+        monkeypatch.setenv(name, "off")
+
+
+def _target(path: Path, seed: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Path(_tiny_target_dir(path, tiny_model(seed)))
+
+
+def _feature_draft(target_dir: Path, out: Path, first_token: int, card: dict | None = None) -> Path:
+    """A feature draft of `target_dir` as distill writes one; `first_token` picks its head's tokens (other weights)."""
+    from serving.distill.pipeline import copy_tokenizer, save_draft
+    from serving.llama import load_causal_lm
+
+    draft = EagleDraft.init_from_target(load_causal_lm(target_dir, torch.float32),
+                                        torch.arange(first_token, first_token + 32))
+    save_draft(draft, out, {})
+    copy_tokenizer(target_dir, out)
+    if card is not None:
+        (out / "model_card.json").write_text(json.dumps(card))
+    return out
+
+
+def _copy_without_times(src: Path, dest: Path) -> Path:
+    """A copy as `cp -r` makes one: new modification times (what the older, time-based fingerprint changed with)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copytree(src, dest, copy_function=shutil.copy))
+
+
+def _label(target_dir: Path, draft_dir: Path, drafter: str = "draft+ngram") -> str:
+    from serving.worker import EngineSpec, load
+
+    spec = EngineSpec(target=str(target_dir), drafter=drafter, draft_model=str(draft_dir), dtype="float32", k="2",
+                      max_len=64)
+    return load(spec).drafter_label
+
+
+@pytest.fixture(scope="module")
+def feature_drafts(tmp_path_factory):
+    """A target, two different feature drafts of it in folders both called `draft`, and a copy of the first."""
+    root = tmp_path_factory.mktemp("drafts")
+    target = _target(root / "target", 1)
+    a = _feature_draft(target, root / "bundled" / "draft", 0)
+    b = _feature_draft(target, root / "exp2" / "draft", 16)
+    return target, a, b, _copy_without_times(a, root / "elsewhere" / "draft-copy")
+
+
+def test_two_feature_drafts_in_folders_of_one_name_are_two_drafters_and_a_copy_is_the_same(feature_drafts):
+    target, a, b, copy = feature_drafts
+    label_a, label_b, label_copy = (_label(target, d) for d in (a, b, copy))
+    assert label_a != label_b  # were both 'feature:draft+copy2+ngram:3-2': one drafter in cost, project, reports
+    assert label_a.startswith("feature:draft#") and label_b.startswith("feature:draft#")  # the folder name first
+    assert label_a.endswith("+copy2+ngram:3-2")
+    assert label_copy == label_a.replace("feature:draft#", "feature:draft-copy#")  # the same weights, the same mark
+    assert label_a.split("#")[1].split("+")[0] == weights_fingerprint(a) == weights_fingerprint(copy)
+    assert _label(target, a, drafter="draft") == f"feature:{draft_name(a)}+copy4"
+
+
+def test_two_plain_drafts_in_folders_of_one_name_are_two_drafters_and_a_copy_is_the_same(tmp_path):
+    target = hf_dir(tmp_path / "target", seed=0)
+    a = hf_dir(tmp_path / "a" / "draft", seed=1, num_hidden_layers=1)
+    b = hf_dir(tmp_path / "b" / "draft", seed=2, num_hidden_layers=1)
+    copy = _copy_without_times(a, tmp_path / "c" / "draft")
+    label_a, label_b, label_copy = (_label(target, d, drafter="draft") for d in (a, b, copy))
+    assert label_a.startswith("draft:draft#") and label_a != label_b
+    assert label_copy == label_a
+
+
+def test_a_large_weight_file_is_fingerprinted_by_content_without_reading_it_whole(tmp_path, monkeypatch):
+    """Past FINGERPRINT_WHOLE_BYTES a file is sampled (every tensor's header entry and blocks of its data): a copy
+    keeps the mark, one changed value of any tensor changes it."""
+    from safetensors.torch import save_file
+
+    import serving.models as models
+
+    monkeypatch.setattr(models, "FINGERPRINT_WHOLE_BYTES", 1024)
+    tensors = {"a": torch.zeros(64, 64), "b": torch.ones(3000)}
+    (tmp_path / "m").mkdir()
+    save_file(tensors, str(tmp_path / "m" / "model.safetensors"))
+    first = weights_fingerprint(tmp_path / "m")
+    assert weights_fingerprint(_copy_without_times(tmp_path / "m", tmp_path / "copy")) == first
+    for name, at in (("a", (0, 0)), ("b", (-1,)), ("b", (0,))):
+        changed = {k: v.clone() for k, v in tensors.items()}
+        changed[name][at] = 5.0
+        d = tmp_path / f"{name}{at}"
+        d.mkdir()
+        save_file(changed, str(d / "model.safetensors"))
+        assert weights_fingerprint(d) != first, (name, at)
+    (tmp_path / "no-weights").mkdir()
+    assert weights_fingerprint(tmp_path / "no-weights") is None
+
+
+def test_the_labels_read_whole_in_the_tables_legends_and_reports():
+    """What shows a drafter label shows it as recorded: the bench table, the dashboard's pair label, the
+    report's drafter column (short_model leaves a label that is not a path as it is)."""
+    from app.commands.bench import table_lines
+    from app.dashboard.filters import pair_label
+    from telemetry.labels import short_model
+
+    label = "feature:draft#547d12db@int8+copy2+ngram:3-2"
+    assert short_model(label) == label
+    assert pair_label("/a/b/smollm2", label) == f"smollm2 ← {label}"
+    base = {"mode": "spec", "k": "4", "concurrency": 1, "tokens_per_s": 10.0, "ttft_p50_ms": 1.0,
+            "tpot_p50_ms": 1.0, "tpot_p95_ms": 1.0, "acceptance_rate": 0.5, "mean_acceptance_length": 2.0,
+            "token_identical_rate": 1.0, "run_ids": [1]}
+    lines = table_lines([{**base, "drafter": label}, {**base, "drafter": "ngram:3"}])
+    assert lines[2].split()[1] == label and lines[3].split()[1] == "ngram:3"
+
+
+def test_the_vllm_label_names_a_local_draft_by_its_weights_and_a_hub_draft_by_its_id(feature_drafts):
+    from serving.vllm_backend import VllmConfig
+
+    target, a, b, copy = feature_drafts
+
+    def label(draft: str) -> str:
+        return VllmConfig(target=str(target), method="eagle3", draft_model=draft).drafter_label
+
+    assert label(str(a)) == f"vllm-eagle3:{draft_name(a)}" != label(str(b))
+    assert label(str(copy)).split("#")[1] == label(str(a)).split("#")[1]
+    assert label("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B") == "vllm-eagle3:yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    assert label("/not/here/eagle3-head") == "vllm-eagle3:eagle3-head"  # not a model directory here: as before
+
+
+# ------------------------------------------------------------------ a draft of another target
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and "distilled for" in r.getMessage()]
+
+
+def test_a_draft_distilled_for_another_target_of_the_same_shape_warns_naming_both(tmp_path, caplog):
+    """SmolLM2-135M base and instruct: one shape, one vocabulary; a draft of one loaded for the other was silent
+    and accepted poorly. The card's fingerprint of its target's weights is compared with this target's."""
+    made_for = _target(tmp_path / "base" / "model", 1)
+    other = _target(tmp_path / "instruct" / "model", 2)
+    card = {"target": "model", "target_weights_fingerprint": weights_fingerprint(made_for)}
+    draft = _feature_draft(made_for, tmp_path / "draft", 0, card)
+    with caplog.at_level(logging.WARNING):
+        _label(other, draft)
+    (line,) = _warnings(caplog)
+    assert "\n" not in line and str(draft) in line and str(other) in line and "acceptance will suffer" in line
+    assert weights_fingerprint(made_for) in line and weights_fingerprint(other) in line
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _label(_copy_without_times(made_for, tmp_path / "copied" / "SmolLM2"), draft)  # its target, elsewhere
+    assert _warnings(caplog) == []
+
+
+def test_a_card_that_names_its_target_only_is_compared_by_name(tmp_path):
+    """Cards written before the weights fingerprint (the bundled draft's) name the target's folder."""
+    target = _target(tmp_path / "smollm2-135m-instruct", 1)
+    other = _target(tmp_path / "smollm2-135m", 2)
+    draft = _feature_draft(target, tmp_path / "draft", 0, {"target": "smollm2-135m-instruct"})
+    assert foreign_target_note(draft, target) is None
+    note = foreign_target_note(draft, other)
+    assert note and "smollm2-135m-instruct" in note and str(other) in note and "acceptance will suffer" in note
+    snapshot = _copy_without_times(target, tmp_path / "hub" / "models--HuggingFaceTB--SmolLM2-135M-Instruct"
+                                   / "snapshots" / "0123abcd")
+    assert foreign_target_note(draft, snapshot) is None  # a hub snapshot by its hub id's model name
+    (draft / "model_card.json").unlink()
+    assert foreign_target_note(draft, other) is None  # no card: a draft made otherwise, nothing to compare
+
+
+def test_the_bundled_draft_with_the_bundled_target_does_not_warn(caplog):
+    from serving.models import BUNDLED_DRAFT_DIR, bundled_target_dir, is_pulled
+
+    if not is_pulled() or not (BUNDLED_DRAFT_DIR / "config.json").is_file():
+        pytest.skip("the bundled target is not pulled here")
+    assert foreign_target_note(BUNDLED_DRAFT_DIR, bundled_target_dir()) is None
+    with caplog.at_level(logging.WARNING):
+        label = _label(bundled_target_dir(), BUNDLED_DRAFT_DIR)
+    assert _warnings(caplog) == [] and label.startswith(f"feature:draft#{weights_fingerprint(BUNDLED_DRAFT_DIR)}")
+
+
+def test_distill_records_its_targets_weights_on_the_card(tmp_path, monkeypatch):
+    """New cards hold the fingerprint a load compares; the draft loads silently with its target."""
+    from app.cli import main
+    from tests.test_distill_byo import _distill
+
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    target = _target(tmp_path / "target", 1)
+    out = tmp_path / "draft"
+    assert main(_distill(["--target", str(target), "--generate-prompts", "2", "--max-new-tokens", "3",
+                          "--gen-batch", "2", "--out", str(out)], tmp_path)) == 0
+    card = json.loads((out / "model_card.json").read_text())
+    assert card["target_weights_fingerprint"] == weights_fingerprint(target)
+    assert foreign_target_note(out, target) is None
+    assert foreign_target_note(out, _target(tmp_path / "other", 2)) is not None
