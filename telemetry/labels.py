@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import re
+from decimal import Decimal
 from typing import Any
 
 
@@ -53,14 +54,23 @@ def chart_text(name: Any) -> str:
 
 def usd_amount(value: float | None, missing: str = "—") -> str:
     """A dollar figure of any size, written the one way `cost`, the dashboard and the reports all show it:
-    whole dollars from $1,000 ("$162,240", not "$1.622e+05"), cents from $1 ("$12.50", not "$12.5"), four
-    significant digits below ($0.3412), and the sign before the dollar (-$17,492, not $-17,492)."""
+    whole dollars from $1,000 ("$162,240", not "$1.622e+05"), cents from $1 ("$12.50", not "$12.5"), and below $1
+    four significant digits written out, never in e-notation, and never fewer than two decimals, so that a whole
+    cent amount reads in cents as above $1 ($0.3412, $0.50 not $0.5, $0.00004123 not $4.123e-05: a cost per
+    token is tiny, and read as a number). An exact zero is "$0". The sign goes before the dollar (-$17,492, not
+    $-17,492)."""
     if value is None or value != value:
         return missing
     a = abs(value)
     # decided on the rounded figure: 999.999 is "$1,000", not "$1,000.00"; 0.99996 is "$1.00", not "$1"
-    spec = ",.0f" if round(a, 2) >= 1000 else ",.2f" if float(f"{a:.4g}") >= 1 else ",.4g"
-    return ("-" if value < 0 else "") + f"${a:{spec}}"
+    text = f"{a:,.0f}" if round(a, 2) >= 1000 else f"{a:,.2f}" if float(f"{a:.4g}") >= 1 else _below_a_dollar(a)
+    return ("-" if value < 0 else "") + f"${text}"
+
+
+def _below_a_dollar(a: float) -> str:
+    """`a` (0 <= a < 1) to four significant digits in positional notation, at least to the cent ("0.50")."""
+    whole, _, decimals = format(Decimal(f"{a:.4g}"), "f").partition(".")  # Decimal: 4e-05 -> 0.00004
+    return whole if not decimals and whole == "0" else f"{whole}.{decimals.ljust(2, '0')}"
 
 
 def clear_of_line(values: list[float | None], line: float, band: float = 0.1) -> list[str]:

@@ -717,6 +717,19 @@ def test_money_reads_the_same_in_the_report_the_cost_command_and_the_dashboard()
         assert usd(value) == _usd(value) == usd_amount(value), value
 
 
+def test_money_below_a_dollar_reads_as_a_number_in_cents_or_four_digits():
+    """usd_amount wrote $4e-05 for a cost per token and $0.5 beside $12.50: below $1 it is four significant digits
+    written out, never fewer than two decimals, in every place that shows money."""
+    from app.commands.cost import _usd
+    from app.dashboard.common import usd_amount
+    from telemetry.report_html import usd
+
+    cases = {4e-05: "$0.00004", 4.1234e-05: "$0.00004123", 1e-12: "$0.000000000001", 0.5: "$0.50", 0.1: "$0.10",
+             0.05: "$0.05", 0.123456: "$0.1235", 0.999949: "$0.9999", -0.5: "-$0.50", -4e-05: "-$0.00004"}
+    for value, shown in cases.items():
+        assert usd(value) == _usd(value) == usd_amount(value) == shown, value
+
+
 def _card_sub(page: str, key: str) -> str:
     m = re.search(r'<div class="k">' + re.escape(key) + r'</div><div class="v">[^<]*</div><div class="s">([^<]*)</div>',
                   page)
