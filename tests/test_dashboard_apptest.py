@@ -21,6 +21,7 @@ from streamlit.testing.v1 import AppTest
 from synthetic import Req, make_run, spec_req
 
 from telemetry import costing, queries
+from telemetry.labels import usd_amount
 from telemetry.store import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,8 +106,9 @@ def test_overview_shows_the_kpis_from_the_shared_queries(filled, monkeypatch):
     _, mode_costs = costing.costs(engine)
     by_mode = {c.mode: c.cost.total_usd_per_1m for c in mode_costs}
     # the spec run's power was estimated: its total includes estimated energy and says so; the AR run's was measured
-    assert m["Cost per 1M tokens (incl. estimated energy)"] == [f"${by_mode['spec']:,.2f}"]
-    assert m["Cost per 1M tokens"] == [f"${by_mode['ar']:,.2f}"]
+    # as `cost` and the report write it (usd_amount), not to the cent whatever its size ($0.00 for $0.0004)
+    assert m["Cost per 1M tokens (incl. estimated energy)"] == [usd_amount(by_mode['spec'])]
+    assert m["Cost per 1M tokens"] == [usd_amount(by_mode['ar'])]
     assert "J/token (estimate)" in m  # the spec run's power was estimated: labelled as such
     assert "J/token" in m  # the AR run's was measured
     assert all(v != "—" for v in m["Cost per 1M tokens"] + m["Cost per 1M tokens (incl. estimated energy)"]
@@ -241,6 +243,33 @@ def test_cost_page_recomputes_projection_from_widgets(filled, monkeypatch):
     # the Overview uses the same assumptions
     at.switch_page(PAGES["Overview"]).run()
     assert metrics(at)["Projected annual savings"] == ["—"]
+
+
+def test_money_tiles_read_as_the_cost_command_writes_them(filled, monkeypatch):
+    """The savings and monthly-cost tiles had their own format (",.0f": "$730" where `project` printed "$730.00",
+    "$0" for a saving of $0.40): every money figure of the dashboard goes through usd_amount."""
+    from app.dashboard import charts
+    from app.dashboard.common import table_style
+
+    at = open_page(app_for(filled, monkeypatch), PAGES["Cost & capacity"])
+    at.selectbox(key="w_price").set_value("custom $/h per node").run()
+    at.number_input(key="w_node_usd").set_value(0.05).run()
+    at.number_input(key="w_daily").set_value(1.0).run()  # 1M tokens a day: a fleet of a few $ a month
+    assert_clean(at)
+    m = metrics(at)
+    p = costing.project_from_store(open_store(filled), daily_tokens=1e6, peak_factor=2.0, sla_ms=50.0,
+                                   node_hourly_usd=0.05).projection
+    assert p.monthly_cost_ar_usd < 1000  # where ",.0f" and usd_amount differ
+    assert m["Monthly cost AR"] == [usd_amount(p.monthly_cost_ar_usd)]
+    assert m["Monthly cost spec"] == [usd_amount(p.monthly_cost_spec_usd)]
+    assert m["Projected annual savings"] == [usd_amount(p.annual_savings_usd)]
+    at.switch_page(PAGES["Overview"]).run()
+    assert metrics(at)["Projected annual savings"] == [usd_amount(p.annual_savings_usd)]
+    # the cost chart's labels and the tables' money columns: no "$0.000" for $0.000042, no "4.2e-05"
+    fig = charts.cost_split(["spec"], [0.3412], [0.000042], [False])
+    assert [list(t.text) for t in fig.data] == [["$0.3412"], ["$0.000042"]]
+    html = table_style(pd.DataFrame({"total $/1M": [0.000042, 12.5, None]}), money=["total $/1M"]).to_html()
+    assert all(f">{v}<" in html for v in ("$0.000042", "$12.50", "—")), html
 
 
 def test_cost_page_draws_nodes_by_sla_from_the_same_configurations(filled, monkeypatch):

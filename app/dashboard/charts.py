@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from telemetry.finops import sla_steps, step_starts
-from telemetry.labels import chart_text, clear_of_line, line_in_legend
+from telemetry.labels import chart_text, clear_of_line, line_in_legend, usd_amount
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.queries import GO_LINE
 
@@ -254,14 +254,14 @@ def cost_split(modes: list[str], hardware: list[float | None], energy: list[floa
              for est, part in zip(energy_estimated, partly, strict=True)]
     fig = go.Figure()
     fig.add_bar(x=names, y=hardware, name="hardware (node $/h x hours)", marker_color=HARDWARE_COLOUR,
-                text=["—" if h is None else f"${h:,.2f}" for h in hardware])
+                text=[usd_amount(h) for h in hardware])
     for kind in ("measured", "partly estimated", "estimate"):
         ys = [e if (e is not None and k == kind) else None for e, k in zip(energy, kinds, strict=True)]
         if all(y is None for y in ys):
             continue
         fig.add_bar(x=names, y=ys, name=f"energy ({kind})",
                     marker=dict(color=ENERGY_COLOUR, pattern_shape="" if kind == "measured" else "/"),
-                    text=[None if y is None else f"${y:,.3f}" for y in ys])
+                    text=[None if y is None else usd_amount(y) for y in ys])
     # the legend names the parts even when hardware is the only one (plotly hides a lone trace's legend)
     fig.update_layout(barmode="stack", showlegend=True)
     _mark_missing(fig, names, hardware, "— no cost (no tokens or wall time)")

@@ -10,7 +10,7 @@ import inspect
 import logging
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import streamlit as st
@@ -126,19 +126,18 @@ def comparison_text(sp) -> str | None:
 
 
 def usd_amount(value: float | None) -> str:
-    """A dollar figure of any size as `specfinops cost` and the reports write it (telemetry.labels.usd_amount)."""
+    """A dollar figure of any size as `specfinops cost` and the reports write it (telemetry.labels.usd_amount):
+    every money figure of the dashboard (tiles, captions, chart labels, table columns) goes through it, so that one
+    figure never reads two ways ($0.00 on a tile for $0.0004 in `cost`)."""
     return labels.usd_amount(value, MISSING)
 
 
 def usd_rate(value: float | None) -> str:
-    """A price per hour or per kWh: cents are not enough ($0.0832/h read "$0.08")."""
-    return usd(value, ",.2f" if value is not None and value == value and abs(value) >= 10 else ",.4g")
-
-
-def usd(value: float | None, spec: str = ",.2f") -> str:
-    if value is None or value != value:
-        return MISSING
-    return f"-${-value:{spec}}" if value < 0 else f"${value:{spec}}"
+    """A price per hour or per kWh: as usd_amount writes it ($0.0832/h, not "$0.08"; $6.88/h), except that a price
+    under $10 keeps its digits below the cent ($2.186/h, not "$2.19": the price is an input, shown as given)."""
+    if value is not None and value == value and 1 <= value < 10 and round(value, 2) != value:
+        return f"${value:.4g}"
+    return usd_amount(value)
 
 
 def cost_pricing(a: dict) -> dict:
@@ -334,16 +333,20 @@ def number(value) -> str:
     return f"{value:.4g}"
 
 
-def table_style(frame):
+def table_style(frame, money: Iterable[str] = ()):
     """How show_table renders `frame`: missing cells "—" (never blank, never "None" or 0), floats by
-    `number`, times to the second (a run's start read "23:41:27.786169")."""
+    `number`, the `money` columns (dollar amounts) by `usd_amount` as every other money figure ("4.2e-05" was an
+    energy cost per 1M tokens of $0.000042), times to the second (a run's start read "23:41:27.786169")."""
     import pandas as pd
 
     times = [c for c in frame.columns if pd.api.types.is_datetime64_any_dtype(frame[c])]
-    floats = [c for c in frame.columns if pd.api.types.is_float_dtype(frame[c])]
+    money = [c for c in money if c in frame.columns]
+    floats = [c for c in frame.columns if pd.api.types.is_float_dtype(frame[c]) and c not in money]
     styled = frame.style.format(na_rep=MISSING, precision=3, thousands=",")
     if floats:
         styled = styled.format(number, subset=floats)
+    if money:
+        styled = styled.format(lambda v: usd_amount(None if pd.isna(v) else v), subset=money)
     if times:
         styled = styled.format(lambda v: MISSING if pd.isna(v) else f"{v:%Y-%m-%d %H:%M:%S}", subset=times)
     return styled
@@ -353,10 +356,10 @@ def table_style(frame):
 _MISSING_PLACEHOLDER = {"placeholder": MISSING} if "placeholder" in inspect.signature(st.dataframe).parameters else {}
 
 
-def show_table(frame, height: int | None = None) -> None:
-    """`frame` as table_style renders it. A null cell reads "—" too: the grid draws nulls itself (as
-    "None") whatever the Styler says, unless given its `placeholder` (Streamlit >= 1.52)."""
-    st.dataframe(table_style(frame), hide_index=True, width="stretch", height=height if height else "auto",
+def show_table(frame, height: int | None = None, money: Iterable[str] = ()) -> None:
+    """`frame` as table_style renders it (`money`: its dollar-amount columns). A null cell reads "—" too: the grid
+    draws nulls itself (as "None") whatever the Styler says, unless given its `placeholder` (Streamlit >= 1.52)."""
+    st.dataframe(table_style(frame, money), hide_index=True, width="stretch", height=height if height else "auto",
                  **_MISSING_PLACEHOLDER)
 
 

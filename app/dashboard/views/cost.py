@@ -20,7 +20,6 @@ from app.dashboard.common import (
     show_projection_caveats,
     show_table,
     throughput,
-    usd,
     usd_amount,
     usd_rate,
     warn_pooled,
@@ -79,7 +78,7 @@ def _cost_section(ctx: Context, values: dict) -> None:
         "energy estimated": rc.cost.energy_estimated if rc.cost.energy_usd_per_1m is not None else None,
     } for rc in run_costs])
     with st.expander("Cost per run"):
-        show_table(table)
+        show_table(table, money=("hardware $/1M", "energy $/1M", "total $/1M"))
         download_csv("Download cost per run (CSV)", table, "cost-per-run.csv", "dl_cost_runs")
 
 
@@ -153,7 +152,7 @@ def _projection_section(ctx: Context, values: dict) -> None:
     m = st.columns(4)
     m[0].metric("Nodes (AR baseline)", fmt(p.nodes_ar, ",d"))
     m[1].metric("Nodes (speculative)", fmt(p.nodes_spec, ",d"))
-    m[2].metric("Projected annual savings", usd(p.annual_savings_usd, ",.0f"),
+    m[2].metric("Projected annual savings", usd_amount(p.annual_savings_usd),
                 help="(nodes AR - nodes spec) x node $/h x 8,760: node-hours only, the energy not in it (the "
                      "fleet cost per 1M tokens below includes it)")
     m[3].metric("Node price", usd_rate(p.node_hourly_usd) + "/h",
@@ -167,8 +166,8 @@ def _projection_section(ctx: Context, values: dict) -> None:
                    help=f"best configuration meeting the SLA: {runs_text(cap_runs)}, p95 TPOT "
                         f"{fmt(p95, '.1f', suffix=' ms')} (SLA {p.sla_ms:g} ms)" if cap_runs else None)
     monthly = f"{finops.MONTHLY_COST_FORMULA}: node-hours only, the energy not in it"
-    m[2].metric("Monthly cost AR", usd(p.monthly_cost_ar_usd, ",.0f"), help=monthly)
-    m[3].metric("Monthly cost spec", usd(p.monthly_cost_spec_usd, ",.0f"), help=monthly)
+    m[2].metric("Monthly cost AR", usd_amount(p.monthly_cost_ar_usd), help=monthly)
+    m[3].metric("Monthly cost spec", usd_amount(p.monthly_cost_spec_usd), help=monthly)
     m = st.columns(4)
     # the p95 of the configuration each mode is sized on, not of every request in view pooled
     m[0].metric("p95 TPOT at capacity (AR)", fmt(sp.capacity_tpot_p95_ms_ar, ".1f", suffix=" ms"),

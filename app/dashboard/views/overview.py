@@ -24,7 +24,7 @@ from app.dashboard.common import (
     show_projection_caveats,
     show_table,
     throughput,
-    usd,
+    usd_amount,
     usd_rate,
     warn_pooled,
 )
@@ -180,7 +180,7 @@ def body(ctx: Context) -> None:
                        "Speculation page shows it per domain beside alpha (accepted / tested), the per-token "
                        "figure `specfinops calibrate` reports, which the 0.65 go/no-go line judges.")
     savings = proj.projection.annual_savings_usd if proj else None
-    top[2].metric("Projected annual savings", usd(savings, ",.0f"),
+    top[2].metric("Projected annual savings", usd_amount(savings),
                   help=f"(nodes AR - nodes spec) x node $/h x 8,760 at {md_safe(assumptions.describe(a))}. "
                        "Change the assumptions on the Cost & capacity page."
                        + (" Overstated: it rests on a speedup above the mean acceptance length, where the AR timing "
@@ -242,7 +242,7 @@ def body(ctx: Context) -> None:
             cost_delta = _cost_vs_ar(c, other_c, source[mode], source.get("ar")) if compare else {}
             on_hardware = "(hardware parts)" in cost_delta.get("delta", "")
             cost_tile.metric("Cost per 1M tokens" + (f" (incl. {'partly ' if partly else ''}estimated energy)"
-                                                 if estimated else ""), usd(total),
+                                                 if estimated else ""), usd_amount(total),
                          **cost_delta,
                          delta_color="inverse",
                          help="(node $/h x node hours + kWh x PUE x $/kWh) / output tokens x 1e6"

@@ -109,7 +109,7 @@ def body(ctx: Context) -> None:
         return
     table = pd.DataFrame([{k: v for k, v in r.items() if k not in ("html_path", "csv_dir")} for r in rows])
     st.subheader(f"Reports ({len(rows)})")
-    show_table(table)
+    show_table(table, money=("spec $/1M", "AR $/1M"))
     by_id = {r["id"]: r for r in rows}
     rid = st.selectbox("Report", list(by_id), key="report_pick",
                        format_func=lambda i: _pick_text(by_id[i]))
