@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -1013,6 +1013,22 @@ def _projection_energy_prices(engine: Engine, snapshots: list[dict | None], usd_
     return picked[0], picked[1], "; ".join(said)
 
 
+def _capacity_speedups(engine: Engine, filters: Filters | None, run_ids: list[int], cap_ids: list[int],
+                       in_view: Sequence[Speedup] | None) -> list[Speedup]:
+    """The speedups of the compared group's runs (`run_ids`) that the capacity runs (`cap_ids`) were paired in.
+    Taken from `in_view` (the speedups of every run in view) where each of those compares the group's runs only:
+    a speedup pools the runs of one configuration, so it is then the one the group's runs alone give. Queried
+    where none was given, or where one pools runs of another group (the speedup key has no backend)."""
+    if not cap_ids:
+        return []
+    if in_view is not None:
+        group, caps = set(run_ids), set(cap_ids)
+        found = [s for s in in_view if caps & {*s.spec_run_ids, *s.ar_run_ids}]
+        if all({*s.spec_run_ids, *s.ar_run_ids} <= group for s in found):
+            return found
+    return speedups(engine, dataclasses.replace(filters or Filters(), run_ids=tuple(run_ids)))
+
+
 def project_from_store(
     engine: Engine,
     filters: Filters | None = None,
@@ -1025,6 +1041,7 @@ def project_from_store(
     node_hourly_usd: float | None = None,
     usd_per_kwh: float | None = None,
     pue: float | None = None,
+    speedups_in_view: Sequence[Speedup] | None = None,
 ) -> StoreProjection:
     """finops.project fed with the measured runs: capacity per mode = the best configuration's tokens/s
     meeting the SLA, each configuration's runs pooled (`queries.config_summaries`: the turns of an
@@ -1036,7 +1053,9 @@ def project_from_store(
     tp x pp; N a multiple of g, `_node_gpus`): N x the GPU price and N / g x its measured tokens/s (so the node
     count shrinks by N / g, the cost per token stays that of one replica). The energy part
     is added only when the priced hardware is the measured one (per GPU: J/token is the same for N
-    replicas). ValueError on an empty store or a filter that matches nothing (`no_runs_reason`)."""
+    replicas). ValueError on an empty store or a filter that matches nothing (`no_runs_reason`).
+    `speedups_in_view`: `queries.speedups(engine, filters)` where the caller has it already (the report shows
+    them), so that the impossible-speedup caveat does not query them again (`_capacity_speedups`)."""
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or not 1 <= gpus_per_node <= 64:
         raise ValueError(f"GPUs per node (--gpus-per-node) must be a whole number in 1..64, got {gpus_per_node!r}")
     if gpus_per_node != 1:
@@ -1102,8 +1121,8 @@ def project_from_store(
     # the speedups the capacity configurations' runs were paired in (the group's other concurrencies are not
     # what the nodes rest on): where one is impossible, AR's capacity was measured slow
     cap_ids = [i for c in cap_configs.values() if c is not None for i in c.run_ids]
-    found = speedups(engine, dataclasses.replace(filters or Filters(), run_ids=tuple(run_ids))) if cap_ids else []
-    above = above_acceptance_caveats(found, cap_ids)
+    above = above_acceptance_caveats(_capacity_speedups(engine, filters, run_ids, cap_ids, speedups_in_view),
+                                     cap_ids)
     return StoreProjection(
         caveats=projection_caveats(comparison, cap_configs, price, devices, differs)
         + _recorded_prices_caveat(recorded, price) + above,

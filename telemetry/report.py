@@ -540,8 +540,9 @@ class ReportData:
 
 def _projection(
     engine: Engine, current: PeriodFigures, sla_ms: float, daily_tokens: float | None, peak_factor: float,
-    pricing: Pricing,
+    pricing: Pricing, speedups: Sequence[queries.Speedup] | None = None,
 ) -> ProjectionResult:
+    """The report's projection; `speedups`: the period's (the report's own), not queried again for its caveat."""
     measured = daily_tokens is None
     if measured:
         days = current.window.length.total_seconds() / 86_400  # a month's own 28 to 31 days
@@ -563,7 +564,7 @@ def _projection(
     try:
         sp = costing.project_from_store(
             engine, current.window.filters(), daily_tokens=daily, peak_factor=peak_factor, sla_ms=sla_ms,
-            **pricing.projection_prices(),
+            **pricing.projection_prices(), speedups_in_view=speedups,
         )
     except ValueError as exc:  # e.g. no catalog price for the measured device, 8 GPUs per node of a 3-GPU device
         return ProjectionResult(None, str(exc), daily, basis, peak_factor, sla_ms, measured)
@@ -595,6 +596,7 @@ def build_report(
     past = tuple(period_figures(engine, window.shifted(n), pricing) for n in range(1, history + 1))
     f = window.filters()
     bands = tuple(_band(name, get, current, past) for name, get in BAND_METRICS)
+    speedups = tuple(queries.speedups(engine, f))  # once: the projection's caveat reads them too
     return ReportData(
         window=window,
         generated_at=queries.as_utc(now or datetime.now(UTC), "now"),
@@ -604,8 +606,8 @@ def build_report(
         previous=past[0],
         history=past,
         domains=tuple(queries.acceptance_by_domain(engine, f)),
-        speedups=tuple(queries.speedups(engine, f)),
-        projection=_projection(engine, current, float(sla_ms), daily_tokens, float(peak_factor), pricing),
+        speedups=speedups,
+        projection=_projection(engine, current, float(sla_ms), daily_tokens, float(peak_factor), pricing, speedups),
         bands=bands,
     )
 

@@ -178,6 +178,59 @@ def test_report_page_summary_and_command_say_it_beside_the_speedup_and_the_savin
     assert line.startswith("warning: code, concurrency 1, demo/draft-tiny: speedup invocation inflated: " + ABOVE)
 
 
+def _count_speedups(monkeypatch) -> list:
+    """Every call of queries.speedups from here on, wherever it is imported from."""
+    from telemetry import costing, queries
+
+    calls, real = [], queries.speedups
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(queries, "speedups", counted)
+    monkeypatch.setattr(costing, "speedups", counted)
+    return calls
+
+
+@pytest.mark.parametrize("command", [
+    ["report", "--period", "custom", "--invocation", "latest", "--daily-tokens", "1e9"],
+    ["project", "--daily-tokens", "1e9", "--peak-factor", "1", "--sla-ms", "1000", "--node-hourly-usd", "2"],
+    ["cost"],
+])
+def test_report_project_and_cost_query_the_speedups_once_and_still_flag_the_impossible_one(
+        command, db_url, tmp_path, monkeypatch, capsys):
+    """`report` ran the speedups query twice (once for its table, once inside project_from_store for the
+    projection's caveat): the projection takes the report's. The caveat is said all the same."""
+    inflated_ar(db_url)
+    calls = _count_speedups(monkeypatch)
+    out_dir = ["--out", str(tmp_path / "out")] if command[0] == "report" else []
+    assert main([command[0], "--db", db_url, *out_dir, *command[1:]]) == 0
+    assert len(calls) == 1, calls
+    assert ABOVE in capsys.readouterr().out
+
+
+def test_the_projection_queries_the_speedups_where_those_given_pool_another_group(db_url, monkeypatch):
+    """project_from_store takes the caller's speedups only where each it needs compares the compared group's runs
+    alone; one that pools other runs (the speedup key has no backend) is not the group's: queried again."""
+    from dataclasses import replace
+
+    from telemetry import costing, queries
+
+    inflated_ar(db_url)
+    engine = open_store(db_url)
+    kwargs = dict(daily_tokens=1e9, peak_factor=1.0, sla_ms=1000.0, node_hourly_usd=2.0)
+    own = costing.project_from_store(engine, **kwargs)
+    (s,) = queries.speedups(engine)
+    calls = _count_speedups(monkeypatch)
+    given = costing.project_from_store(engine, speedups_in_view=[s], **kwargs)
+    assert calls == [] and given.caveats == own.caveats and given.speedup_above_acceptance
+    pooled = replace(s, ar_run_ids=(*s.ar_run_ids, 999))  # a run of another group in it
+    assert costing.project_from_store(engine, speedups_in_view=[pooled], **kwargs).caveats == own.caveats
+    assert len(calls) == 1
+    engine.dispose()
+
+
 # ---- the dashboard ----------------------------------------------------------------------------------------
 
 
