@@ -4,6 +4,7 @@ its last part, a CPU's brand string without its trademark marks; and where the c
 from __future__ import annotations
 
 import html
+import math
 import re
 from decimal import Decimal
 from typing import Any
@@ -71,6 +72,23 @@ def _below_a_dollar(a: float) -> str:
     """`a` (0 <= a < 1) to four significant digits in positional notation, at least to the cent ("0.50")."""
     whole, _, decimals = format(Decimal(f"{a:.4g}"), "f").partition(".")  # Decimal: 4e-05 -> 0.00004
     return whole if not decimals and whole == "0" else f"{whole}.{decimals.ljust(2, '0')}"
+
+
+def go_text(value: float | None, line: float, decimals: int = 3) -> str:
+    """A figure the go/no-go `line` judges (alpha against 0.65), with as many decimals as it takes (`decimals` at
+    least: 3, as `calibrate` prints alpha) for the shown value to fall on the same side of the line as the value:
+    0.646 reads "0.646", never "0.65" beside a line of 0.65 it does not meet. "—" when missing."""
+    if value is None or value != value:
+        return "—"
+    meets = value >= line
+    for d in range(decimals, 7):
+        text = f"{value:.{d}f}"
+        if (float(text) >= line) == meets:
+            return text
+    # closer to the line than a millionth: cut toward the side of the verdict
+    scale = 10**6
+    cut = (math.ceil(value * scale) if meets else math.floor(value * scale)) / scale
+    return f"{cut:.6f}"
 
 
 def clear_of_line(values: list[float | None], line: float, band: float = 0.1) -> list[str]:

@@ -33,7 +33,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from telemetry import costing, finops, queries
-from telemetry.labels import short_device, short_model, short_workload
+from telemetry.labels import go_text, short_device, short_model, short_workload
 from telemetry.prices import NoPriceError
 from telemetry.queries import Filters
 
@@ -859,6 +859,16 @@ def to_the_second(value: Any) -> Any:
     return value
 
 
+ACCEPTANCE_HEADER = ("domain", "requests", "drafts", "drafted tokens", "accepted tokens", "acceptance rate",
+                     "tested tokens", "alpha (accepted / tested)", "mean acceptance length", "meets go line")
+
+
+def alpha_text(alpha: float | None) -> str | None:
+    """Alpha on the page beside the go/no-go line: to 3 decimals as calibrate prints it, more where 3 would put
+    it on the other side of the line (labels.go_text: 0.64999 is not "0.65"); None (missing) as it is."""
+    return None if alpha is None else go_text(alpha, ALPHA_GO)
+
+
 # The HTML view of the per-run cost table (its CSV is `export --what cost`'s): the figures first, the long
 # device and model names last and shortened.
 RUNS_COST_COLUMNS = (
@@ -965,11 +975,13 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
               tuple(modes)),
         Table("acceptance_by_domain", f"Acceptance per domain (go/no-go line {ALPHA_GO}, judged on alpha where "
               "steps were recorded, as calibrate; else on the acceptance rate)",
-              ("domain", "requests", "drafts", "drafted tokens", "accepted tokens", "acceptance rate",
-               "tested tokens", "alpha (accepted / tested)", "mean acceptance length", "meets go line"),
+              ACCEPTANCE_HEADER,
               tuple((d.domain, d.num_requests, d.num_drafts, d.num_draft_tokens, d.num_accepted_tokens,
                      d.acceptance_rate, d.num_tested_tokens, d.alpha, d.mean_acceptance_length,
-                     d.meets_go_line(ALPHA_GO)) for d in data.domains)),
+                     d.meets_go_line(ALPHA_GO)) for d in data.domains),
+              tuple(Column(h, h) for h in ACCEPTANCE_HEADER[:7]) + (Column(ACCEPTANCE_HEADER[7], ACCEPTANCE_HEADER[7],
+                                                                         alpha_text),)
+              + tuple(Column(h, h) for h in ACCEPTANCE_HEADER[8:])),
         # the figures first: the long model paths and device names would push them out of view
         Table("speedups", "Speedup (spec tokens/s / AR tokens/s, same workload, target, device, precision, "
               "concurrency, sampling (temperature, top_p, top_k), answer length cap (max new tokens) and run kind; "

@@ -27,7 +27,7 @@ from telemetry.costing import (
     runs_text,
 )
 from telemetry.finops import sla_steps, step_starts
-from telemetry.labels import chart_text, clear_of_line, line_in_legend, usd_amount
+from telemetry.labels import chart_text, clear_of_line, go_text, line_in_legend, usd_amount
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.queries import above_acceptance_lines, paired_text
 from telemetry.report import (
@@ -401,7 +401,7 @@ def acceptance_chart(data: ReportData) -> go.Figure:
         fig.add_scatter(x=names, y=alphas, mode="markers+text", name="alpha (accepted / tested; the go/no-go)",
                         marker={"symbol": "diamond", "size": 12, "color": "#111827"},
                         textposition=clear_of_line(alphas, ALPHA_GO), cliponaxis=False,
-                        text=["" if a is None else f"{a:.2f}" for a in alphas])
+                        text=["" if a is None else go_text(a, ALPHA_GO) for a in alphas])
     line_in_legend(fig, ALPHA_GO, f"go/no-go {ALPHA_GO}", "#b91c1c")
     fig.update_yaxes(range=[0, 1.1], tickvals=[0, 0.2, 0.4, 0.6, 0.8, 1])  # headroom: a label over 1
     fig.update_layout(showlegend=True)

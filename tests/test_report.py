@@ -730,6 +730,22 @@ def test_money_below_a_dollar_reads_as_a_number_in_cents_or_four_digits():
         assert usd(value) == _usd(value) == usd_amount(value) == shown, value
 
 
+def test_report_writes_alpha_beside_the_go_line_to_three_decimals():
+    """An alpha of 0.646 read "0.65" on the report's chart, beside the 0.65 line it does not meet (NO-GO): three
+    decimals, as calibrate prints alpha and the dashboard's hover, and more where three would cross the line."""
+    from types import SimpleNamespace as NS
+
+    from telemetry.report_html import acceptance_chart
+
+    domains = [NS(domain="chat", acceptance_rate=0.5, alpha=0.646), NS(domain="code", acceptance_rate=0.6, alpha=0.7),
+               NS(domain="math", acceptance_rate=0.6, alpha=0.64999), NS(domain="misc", acceptance_rate=None, alpha=None)]
+    (diamonds,) = [t for t in acceptance_chart(NS(domains=domains)).data if t.type == "scatter" and t.text]
+    assert list(diamonds.text) == ["0.646", "0.700", "0.64999", ""]
+    from telemetry.report import alpha_text
+
+    assert [alpha_text(d.alpha) for d in domains] == ["0.646", "0.700", "0.64999", None]  # the table's column
+
+
 def _card_sub(page: str, key: str) -> str:
     m = re.search(r'<div class="k">' + re.escape(key) + r'</div><div class="v">[^<]*</div><div class="s">([^<]*)</div>',
                   page)

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 
 from telemetry.finops import sla_steps, step_starts
 from telemetry.labels import chart_text, clear_of_line, line_in_legend, usd_amount
+from telemetry.labels import go_text as labels_go_text
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.queries import GO_LINE
 
@@ -22,20 +23,8 @@ HEIGHT = 340
 
 
 def go_text(value: float | None, line: float = GO_NO_GO_ALPHA, decimals: int = 2) -> str:
-    """A figure the go/no-go line judges, with as many decimals as it takes (`decimals` at least) for the
-    shown value to fall on the same side of the line as the value: 81/125 = 0.648 reads "0.648", not "0.65"
-    beside a line of 0.65 it does not meet. "—" when missing."""
-    if value is None or value != value:
-        return "—"
-    meets = value >= line
-    for d in range(decimals, 7):
-        text = f"{value:.{d}f}"
-        if (float(text) >= line) == meets:
-            return text
-    # closer to the line than a millionth: cut toward the side of the verdict
-    scale = 10**6
-    cut = (math.ceil(value * scale) if meets else math.floor(value * scale)) / scale
-    return f"{cut:.6f}"
+    """labels.go_text against the go/no-go line: 81/125 = 0.648 reads "0.648", not "0.65"."""
+    return labels_go_text(value, line, decimals)
 
 
 def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
