@@ -19,6 +19,7 @@ from telemetry.finops import (
     HOURS_PER_MONTH,
     HOURS_PER_YEAR,
     J_PER_KWH,
+    MONTHLY_COST_FORMULA,
     CostBreakdown,
     Projection,
     SlaPoint,
@@ -801,8 +802,9 @@ class StoreProjection:
                          peak_factor=p.peak_factor, node_hourly_usd=p.node_hourly_usd)
 
     def as_dict(self) -> dict:
-        """The `project --json` contract: exactly these eight top-level keys; monthly cost per mode is
-        nodes x node_hourly_usd x hours_per_month (also on `projection`)."""
+        """The `project --json` contract: these top-level keys, the first eight as they always were, then the
+        monthly cost per mode (nodes x node_hourly_usd x hours_per_month, node-hours only: the figure `project`
+        prints; assumptions.monthly_cost_basis says so), added after them."""
         p = self.projection
         return {
             "nodes_ar": p.nodes_ar,
@@ -812,6 +814,8 @@ class StoreProjection:
             "annual_savings_usd": p.annual_savings_usd,
             "capacity_tokens_per_s_ar": p.capacity_tokens_per_s_ar,
             "capacity_tokens_per_s_spec": p.capacity_tokens_per_s_spec,
+            "monthly_cost_ar_usd": p.monthly_cost_ar_usd,
+            "monthly_cost_spec_usd": p.monthly_cost_spec_usd,
             "assumptions": {
                 "node_hourly_usd": p.node_hourly_usd,
                 "daily_tokens": p.daily_tokens,
@@ -853,6 +857,7 @@ class StoreProjection:
                 "cost_per_1m_tokens_basis": COST_PER_1M_BASIS,
                 "hours_per_year": HOURS_PER_YEAR,
                 "hours_per_month": HOURS_PER_MONTH,
+                "monthly_cost_basis": f"{MONTHLY_COST_FORMULA}; node-hours only",
                 # why a figure is null (e.g. SLA not attainable), then the caveats (small sample, other hardware)
                 "notes": list(p.notes) + list(self.caveats),
             },

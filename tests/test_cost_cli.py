@@ -20,6 +20,8 @@ PROJECT_KEYS = {
     "annual_savings_usd",
     "capacity_tokens_per_s_ar",
     "capacity_tokens_per_s_spec",
+    "monthly_cost_ar_usd",  # added: the monthly cost the text prints
+    "monthly_cost_spec_usd",
     "assumptions",
 }
 
@@ -174,6 +176,22 @@ def test_project_says_what_a_month_of_its_monthly_cost_is(filled, capsys):
     assert main(_project(filled, "--node-hourly-usd", "2")) == 0
     [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("monthly cost:")]
     assert line.endswith("(nodes x node $/h x 730 hours a month (8,760 a year / 12); node-hours only)"), line
+
+
+def test_project_json_has_the_monthly_cost_the_text_prints(filled, capsys):
+    """`project` printed a monthly cost per mode that --json did not have."""
+    assert main(_project(filled, "--node-hourly-usd", "2")) == 0
+    [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("monthly cost:")]
+    assert main([*_project(filled, "--node-hourly-usd", "2"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    from app.commands.cost import _usd
+
+    # 5 and 4 nodes x $2/h x 730 h
+    assert (out["monthly_cost_ar_usd"], out["monthly_cost_spec_usd"]) == pytest.approx((5 * 2 * 730, 4 * 2 * 730))
+    assert line.startswith(f"monthly cost: AR {_usd(out['monthly_cost_ar_usd'])}, "
+                           f"spec {_usd(out['monthly_cost_spec_usd'])} (")
+    assert out["assumptions"]["monthly_cost_basis"] == (
+        "nodes x node $/h x 730 hours a month (8,760 a year / 12); node-hours only")
 
 
 def test_project_says_the_savings_in_nodes(filled, capsys):
