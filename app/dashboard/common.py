@@ -12,6 +12,7 @@ import re
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from decimal import Decimal
 
 import streamlit as st
 
@@ -133,11 +134,12 @@ def usd_amount(value: float | None) -> str:
 
 
 def usd_rate(value: float | None) -> str:
-    """A price per hour or per kWh: as usd_amount writes it ($0.0832/h, not "$0.08"; $6.88/h), except that a price
-    under $10 keeps its digits below the cent ($2.186/h, not "$2.19": the price is an input, shown as given)."""
-    if value is not None and value == value and 1 <= value < 10 and round(value, 2) != value:
-        return f"${value:.4g}"
-    return usd_amount(value)
+    """A price per hour or per kWh: from $10 as usd_amount writes it ($98.32/h), below to four significant digits
+    as given, written out: cents are not enough ($0.0832/h read "$0.08"), and a price is not an amount to pad to
+    the cent ($5/h and $1/kWh, as `cost` and the inputs write them, not "$5.00/h")."""
+    if value is None or value != value or abs(value) >= 10:
+        return usd_amount(value)
+    return ("-" if value < 0 else "") + "$" + format(Decimal(f"{abs(value):.4g}"), "f")
 
 
 def cost_pricing(a: dict) -> dict:
