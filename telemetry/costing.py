@@ -406,23 +406,50 @@ def costs(
     """Cost per 1M output tokens per run and per mode. Node price: `node_hourly_usd` > `gpu` (times the GPUs
     of the run's device) > the run's price snapshot > the catalog entry of the run's device (times its units:
     prices.device_units). The RunCosts' run summaries carry no TTFT/TPOT percentiles (None): a price reads
-    none, and ordering every request's latencies was most of a cost call's time at 1M requests."""
+    none, and ordering every request's latencies was most of a cost call's time at 1M requests. NoPriceError
+    (`unpriced_text`) where some run in view has no price: `costs_and_unpriced` costs the others."""
+    run_costs, mode_costs, unpriced = costs_and_unpriced(engine, filters, gpu=gpu, node_hourly_usd=node_hourly_usd,
+                                                         usd_per_kwh=usd_per_kwh, pue=pue)
+    if unpriced:
+        raise NoPriceError(unpriced_text(unpriced_by_device(unpriced), unpriced_ways))
+    return run_costs, mode_costs
+
+
+def costs_and_unpriced(
+    engine: Engine,
+    filters: Filters | None = None,
+    *,
+    gpu: str | None = None,
+    node_hourly_usd: float | None = None,
+    usd_per_kwh: float | None = None,
+    pue: float | None = None,
+) -> tuple[list[RunCost], list[ModeCost], list[RunSummary]]:
+    """`costs` of the runs in view that a price covers, and the runs none covers (a device no catalog entry
+    matches, and no price recorded with the run), where `costs` refuses them all: `specfinops cost` shows the
+    priced runs' costs and names the others. Each mode's figures are over its priced runs only."""
     runs = run_summaries(engine, filters, latency=False)
     catalog = load_catalog(engine) if runs else None  # the price table read once, not a few queries per run
     shares = serve_node_shares(engine, filters or Filters(), runs)  # a server's runs share its node's time
-    run_costs, unpriced = [], defaultdict(list)
+    run_costs, unpriced = [], []
     for r in runs:
         try:
             run_costs.append(_price_run(engine, r, gpu, node_hourly_usd, usd_per_kwh, pue, catalog,
                                         shares.get(r.run_id, 1.0)))
         except NoPriceError:
-            unpriced[r.device].append(r.run_id)
-    if unpriced:
-        raise NoPriceError(unpriced_text(unpriced, unpriced_ways))
+            unpriced.append(r)
     by_mode: dict[str, list[RunCost]] = defaultdict(list)
     for rc in run_costs:
         by_mode[rc.run.mode].append(rc)
-    return run_costs, [_mode_cost(m, by_mode[m]) for m in MODES if by_mode.get(m)]
+    return run_costs, [_mode_cost(m, by_mode[m]) for m in MODES if by_mode.get(m)], unpriced
+
+
+def unpriced_by_device(runs: Iterable[RunSummary]) -> dict[str, list[int]]:
+    """The run ids of `runs` (those `costs_and_unpriced` found no price for) by device, as `unpriced_text` takes
+    them."""
+    out: dict[str, list[int]] = defaultdict(list)
+    for r in runs:
+        out[r.device].append(r.run_id)
+    return dict(out)
 
 
 def unpriced_text(unpriced: dict[str, list[int]], ways: str | None = UNPRICED_FLAGS) -> str:

@@ -10,6 +10,7 @@ from synthetic import Req, make_run, spec_req
 
 from app.cli import main
 from telemetry.costing import costs
+from telemetry.queries import Filters
 from telemetry.store import open_store
 
 PROJECT_KEYS = {
@@ -192,6 +193,46 @@ def test_project_json_has_the_monthly_cost_the_text_prints(filled, capsys):
                            f"spec {_usd(out['monthly_cost_spec_usd'])} (")
     assert out["assumptions"]["monthly_cost_basis"] == (
         "nodes x node $/h x 730 hours a month (8,760 a year / 12); node-hours only")
+
+
+def test_cost_shows_the_priced_runs_and_names_the_unpriced_with_their_costs_missing(sqlite_url, capsys):
+    """One run on a device no price covers failed `cost` as a whole: the priced runs' costs are shown, the
+    others' are missing ("—", null in --json, never 0), and a warning names them and how to price them."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        cpu = make_run(s, "ar", device="cpu (2 cores)", requests=[Req(100, ttft_ms=100, e2e_ms=10_000)]).id
+        tpu_ar = make_run(s, "ar", device="Google TPU v5e", requests=[Req(100, ttft_ms=100, e2e_ms=10_000)]).id
+        tpu_spec = make_run(s, "spec", device="Google TPU v5e",
+                            requests=[spec_req(100, 4, 60, ttft_ms=100, e2e_ms=5_000)]).id
+        s.commit()
+    priced, _ = costs(engine, Filters(run_ids=(cpu,)))
+    assert main(["cost", "--db", sqlite_url]) == 0  # some runs priced: the figures are shown
+    out = capsys.readouterr().out
+    rows = {int(line.split()[0]): line for line in out.splitlines() if line.split() and line.split()[0].isdigit()}
+    assert set(rows) == {cpu, tpu_ar, tpu_spec}
+    assert priced[0].node_price.priced_as in rows[cpu] and "—" not in rows[cpu]
+    for run in (tpu_ar, tpu_spec):
+        assert rows[run].split()[6:9] == ["—", "—", "—"] and "$0" not in rows[run], rows[run]
+        assert rows[run].endswith("no price (device Google TPU v5e)"), rows[run]
+    [warning] = [x for x in out.splitlines() if x.startswith("warning: no price for")]
+    assert f"runs {tpu_ar}-{tpu_spec} (device 'Google TPU v5e')" in warning
+    assert "`specfinops prices set NAME X --kind gpu|node --source ...`" in warning and "--gpu NAME" in warning
+    assert f"spec  run {tpu_spec}: cost — (no price; see the warning)" in out
+    assert f"left out: run {tpu_ar} (no price; see the warning)" in out
+
+    assert main(["cost", "--db", sqlite_url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    by_run = {r["run_id"]: r for r in doc["runs"]}
+    assert by_run[cpu]["priced"] is True and by_run[cpu]["total_usd_per_1m"] == pytest.approx(
+        priced[0].cost.total_usd_per_1m)
+    for run in (tpu_ar, tpu_spec):
+        r = by_run[run]
+        assert r["priced"] is False and r["measured_on"] == "Google TPU v5e" and r["output_tokens"] == 100
+        assert all(r[k] is None for k in ("hardware_usd_per_1m", "energy_usd_per_1m", "total_usd_per_1m",
+                                           "node_hourly_usd", "priced_as")), r
+    assert doc["unpriced"] == [{"device": "Google TPU v5e", "run_ids": [tpu_ar, tpu_spec]}]
+    assert [m["mode"] for m in doc["modes"]] == ["ar"] and doc["modes"][0]["run_ids"] == [cpu]
+    assert any(n.startswith("no price for runs") and "prices set" in n for n in doc["notes"])
 
 
 def test_project_says_the_savings_in_nodes(filled, capsys):

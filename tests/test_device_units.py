@@ -123,9 +123,12 @@ def test_an_entry_named_after_an_unknown_device_prices_it_and_the_error_names_th
         tpu = [make_run(s, "ar", device="Google TPU v5e", requests=[Req(100, ttft_ms=100, e2e_ms=10_000)]).id
                for _ in range(2)]
         s.commit()
-    assert main(["cost", "--db", sqlite_url]) == 2
+    assert main(["cost", "--db", sqlite_url]) == 0  # the CPU run's cost is shown; the TPU runs are named
+    out = capsys.readouterr().out.strip()
+    assert f"no price for runs {tpu[0]}-{tpu[1]} (device 'Google TPU v5e')" in out and "prices set" in out, out
+    assert main(["cost", "--db", sqlite_url, "--run", str(tpu[0])]) == 2  # nothing in view has a price
     err = capsys.readouterr().err.strip()
-    assert f"no price for runs {tpu[0]}-{tpu[1]} (device 'Google TPU v5e')" in err and "prices set" in err, err
+    assert f"no price for run {tpu[0]} (device 'Google TPU v5e')" in err and "prices set" in err, err
     assert main(["prices", "set", "TPU v5e", "1.2", "--kind", "gpu", "--source", "quote", "--db", sqlite_url]) == 0
     capsys.readouterr()
     assert main(["cost", "--db", sqlite_url, "--json"]) == 0

@@ -38,6 +38,15 @@ COST_EXAMPLES = """  specfinops cost
   specfinops cost --temperature 0.8 --top-k 40  # only the runs sampled at temperature 0.8 with top_k 40
   specfinops cost --max-new-tokens 128          # only the runs whose answers were capped at 128 new tokens
   specfinops cost --invocation latest           # only the last bench's (or load test's) runs
+
+runs no price covers (a device no catalog entry matches, and no price recorded with the run) are listed with
+their costs missing ("—"; in --json: null, "priced": false, and the top-level "unpriced" list of devices and
+run ids), with a warning (a note in --json) naming them and how to price them: `specfinops prices set NAME X
+--kind gpu|node --source ...` named as the device string names the hardware, or --gpu / --node-hourly-usd.
+Each mode's figures are then over its priced runs only.
+
+exit status: 0 when the figures were shown, even with some runs unpriced (a script checks "unpriced" in
+--json, or the warning); 2 on a bad option, when no run matches, or when no run in view has a price at all.
 """
 
 PROJECT_EXAMPLES = """  specfinops project --daily-tokens 5e8 --peak-factor 2 --p95-tpot-sla-ms 50
@@ -324,14 +333,17 @@ def run_cost_command(args) -> int:
         PARTLY_ESTIMATED,
         SERVE_PRICED_OVER,
         above_acceptance_caveats,
-        costs,
+        costs_and_unpriced,
         energy_source,
         ids_text,
         incomplete_runs_text,
         mode_runs,
         no_runs_reason,
         run_energy_estimated,
+        unpriced_by_device,
+        unpriced_text,
     )
+    from telemetry.prices import NoPriceError
     from telemetry.queries import speedups
     from telemetry.store import open_store
 
@@ -339,11 +351,15 @@ def run_cost_command(args) -> int:
     _filters(args, None, args.run)  # every option checked before the store is opened
     engine = open_store(args.db, must_exist=True)
     filters = _filters(args, engine, args.run)
-    run_costs, mode_costs = costs(engine, filters, **pricing)
+    run_costs, mode_costs, unpriced = costs_and_unpriced(engine, filters, **pricing)
+    if not run_costs and unpriced:  # nothing to show a cost of: refused as a whole (exit 2), as before
+        raise NoPriceError(unpriced_text(unpriced_by_device(unpriced)))
     if not run_costs:
         reason = no_runs_reason(engine, filters)
         raise UsageError(f"--run {args.run}: {reason}" if args.run is not None else reason)
     spreads, notes, warnings = _cost_caveats(run_costs, mode_costs)
+    if unpriced:  # the priced runs' costs stand; these are named, with how to price them
+        warnings.insert(0, f"{unpriced_text(unpriced_by_device(unpriced))}. {UNPRICED_SHOWN}")
     warnings += above_acceptance_caveats(speedups(engine, filters), [rc.run.run_id for rc in run_costs],
                                          COSTS_ON_IMPOSSIBLE)
     if filters.invocation_id is not None:
@@ -382,9 +398,10 @@ def run_cost_command(args) -> int:
                             # whether the run's energy rests on estimated power, in its cost or not (as export
                             # and a report's Cost per run say it; energy_included says whether it is in the cost)
                             "energy_estimated": run_energy_estimated(rc.run),
+                            "priced": True,  # false: no price covers the run (`unpriced`), its costs null
                         }
                         for rc in run_costs
-                    ],
+                    ] + [_unpriced_dict(r, SERVE_PRICED_OVER, run_energy_estimated(r)) for r in unpriced],
                     "modes": [
                         {
                             "mode": mc.mode,
@@ -410,8 +427,11 @@ def run_cost_command(args) -> int:
                         }
                         for mc in mode_costs
                     ],
+                    # the runs no price covers, by device (their rows above: priced false, costs null); the
+                    # modes' figures leave them out, and the notes say how to price them
+                    "unpriced": [{"device": d, "run_ids": ids} for d, ids in unpriced_by_device(unpriced).items()],
                     # server runs' priced span, too few requests for stable figures, a speedup above its mean
-                    # acceptance length (the AR timing inflated)
+                    # acceptance length (the AR timing inflated), runs with no price
                     "notes": notes + warnings,
                 },
                 indent=2,
@@ -424,20 +444,30 @@ def run_cost_command(args) -> int:
         f"{'hardware':>10} {'energy':>22} {'total':>32}  priced as"
     )
     print(header)
-    for rc in run_costs:
-        st, c = rc.run.stats, rc.cost
-        print(
-            f"{rc.run.run_id:>5} {rc.run.mode:<5} {short_workload(rc.run.workload)[:12]:<12} {rc.run.concurrency:>4} "
-            f"{st.output_tokens:>9,} {_num(st.tokens_per_s):>9} {_usd(c.hardware_usd_per_1m):>10} "
-            f"{_energy_text(c):>22} {_total_text(c):>32}  {rc.node_price.priced_as} "
-            f"(${rc.node_price.usd_per_hour:g}/h)"
-        )
+    for row in sorted([*run_costs, *unpriced], key=lambda x: getattr(x, "run", x).run_id):
+        r = getattr(row, "run", row)  # a RunCost, or the RunSummary of a run no price covers
+        st = r.stats
+        if row is r:
+            cells = f"{MISSING:>10} {MISSING:>22} {MISSING:>32}  no price (device {r.device})"
+        else:
+            c = row.cost
+            cells = (f"{_usd(c.hardware_usd_per_1m):>10} {_energy_text(c):>22} {_total_text(c):>32}  "
+                     f"{row.node_price.priced_as} (${row.node_price.usd_per_hour:g}/h)")
+        print(f"{r.run_id:>5} {r.mode:<5} {short_workload(r.workload)[:12]:<12} {r.concurrency:>4} "
+              f"{st.output_tokens:>9,} {_num(st.tokens_per_s):>9} {cells}")
     print()
+    priced_modes = {mc.mode for mc in mode_costs}
     for mc in mode_costs:
         print(f"{mc.mode:<5} {ids_text(list(mc.run_ids), shown=IDS_SHOWN)}: {_mode_cost_text(mc, run_costs)}")
         pooled = spreads[mc.mode].text()
         if pooled:
             print(f"      {pooled}")
+        left_out = [r.run_id for r in unpriced if r.mode == mc.mode]
+        if left_out:
+            print(f"      left out: {ids_text(left_out, shown=IDS_SHOWN)} (no price; see the warning)")
+    for mode in dict.fromkeys(r.mode for r in unpriced if r.mode not in priced_modes):
+        ids = [r.run_id for r in unpriced if r.mode == mode]
+        print(f"{mode:<5} {ids_text(ids, shown=IDS_SHOWN)}: cost {MISSING} (no price; see the warning)")
     differing: dict[tuple[str, str], list] = {}
     for rc in run_costs:
         if rc.priced_differs:
@@ -457,6 +487,25 @@ def run_cost_command(args) -> int:
     for warning in warnings:
         print(f"warning: {warning}")
     return 0
+
+
+# What `cost` says of the runs no price covers, after how to price them (costing.unpriced_text)
+UNPRICED_SHOWN = ("Their costs are missing (—; null in --json), and each mode's figures are over its priced runs "
+                  "only")
+MISSING = "—"
+
+
+def _unpriced_dict(r, priced_over: str, energy_estimated: bool) -> dict:
+    """A `cost --json` run row of a run no price covers: the keys of a priced run's, its costs and prices null."""
+    return {
+        "run_id": r.run_id, "mode": r.mode, "kind": r.kind, "status": r.status, "workload": r.workload,
+        "concurrency": r.concurrency, "output_tokens": r.stats.output_tokens, "wall_s": r.stats.wall_s,
+        "priced_over": priced_over, "node_share": None, "tokens_per_s": r.stats.tokens_per_s,
+        "node_hourly_usd": None, "priced_as": None, "measured_on": r.device, "priced_differs_from_measured": None,
+        "usd_per_kwh": None, "pue": None, "hardware_usd_per_1m": None, "energy_usd_per_1m": None,
+        "total_usd_per_1m": None, "energy_included": None, "energy_estimated": energy_estimated,
+        "reason": f"no price for device {r.device!r}", "priced": False,
+    }
 
 
 # Said where runs are priced as other hardware than they ran on (`cost` and `project` alike): the energy
