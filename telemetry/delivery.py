@@ -31,6 +31,7 @@ from sqlalchemy.engine import Engine
 
 from telemetry.costing import cost_basis_text
 from telemetry.db import Report
+from telemetry.labels import usd_amount
 
 logger = logging.getLogger(__name__)
 
@@ -245,9 +246,6 @@ def email_text(summary: dict) -> tuple[str, str]:
     energy_included / energy_source / energy_complete / cost_note): a hardware-only total must not read as the
     full cost, nor a partly estimated one as wholly estimated or measured."""
 
-    def num(v, spec=",.4g"):
-        return "—" if v is None else format(v, spec)
-
     modes = summary.get("modes", {})
     # a month by its name ('monthly cost report October 2026'), not by the date of its 1st
     subject = f"specfinops {summary.get('period')} cost report {summary.get('month') or str(summary.get('since'))[:10]}"
@@ -263,12 +261,12 @@ def email_text(summary: dict) -> tuple[str, str]:
         basis = cost_basis_text(total, energy_included=bool(m.get("energy_included")),
                                 source=m.get("energy_source"), note=m.get("cost_note"),
                                 partial=m.get("energy_complete") is False and m.get("energy_source") is not None)
-        value = "—" if total is None else f"${num(total)}"
+        value = usd_amount(total)  # as the report and `cost` write money ($12.50, $0.00004), "—" where missing
         lines.append(f"Cost per 1M tokens, {label}: {value}" + (f", {basis}" if basis else ""))
     if summary.get("priced_at"):  # given prices, not the runs' recorded ones
         lines.append(f"Priced at: {summary['priced_at']}")
     proj = summary.get("projection") or {}
-    lines.append(f"Projected annual savings: ${num(proj.get('annual_savings_usd'), ',.0f')}")
+    lines.append(f"Projected annual savings: {usd_amount(proj.get('annual_savings_usd'))}")
     flagged = [a["metric"] for a in summary.get("anomalies", []) if a.get("status") == "anomaly"]
     lines.append("Anomalies: " + (", ".join(flagged) if flagged else "none"))
     lines.append(f"Report: {summary.get('html_path')}")

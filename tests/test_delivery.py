@@ -327,3 +327,22 @@ def test_a_url_httpx_cannot_parse_fails_the_post_as_a_delivery_error():
 
     with pytest.raises(DeliveryError, match="InvalidURL"):
         post_webhook("http://h:abc/", SUMMARY)
+
+
+def test_the_email_writes_money_as_the_report_does():
+    """The e-mail had its own formats: $4e-05 for a tiny cost, $1.235e+04 for a large one, "$-17,492" for a loss
+    and "$—" for no projection; it writes money as the report and `cost` do (labels.usd_amount)."""
+    from telemetry.delivery import email_text
+
+    def body(spec, ar, savings) -> str:
+        modes = {"spec": {"total_usd_per_1m": spec, "energy_included": True, "energy_source": "measured"},
+                 "ar": {"total_usd_per_1m": ar, "energy_included": True, "energy_source": "measured"}}
+        return email_text({**SUMMARY, "modes": modes, "projection": {"annual_savings_usd": savings}})[1]
+
+    text = body(4e-05, 12345.6, -17492.4)
+    assert "Cost per 1M tokens, spec: $0.00004" in text and "Cost per 1M tokens, AR: $12,346" in text
+    assert "Projected annual savings: -$17,492" in text
+    text = body(0.5, None, None)
+    assert "Cost per 1M tokens, spec: $0.50" in text and "Cost per 1M tokens, AR: —" in text
+    assert "Projected annual savings: —" in text
+
