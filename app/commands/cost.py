@@ -358,6 +358,9 @@ def run_cost_command(args) -> int:
         reason = no_runs_reason(engine, filters)
         raise UsageError(f"--run {args.run}: {reason}" if args.run is not None else reason)
     spreads, notes, warnings = _cost_caveats(run_costs, mode_costs)
+    # the priced runs and those no price covers in one list, oldest first (as queries.run_summaries)
+    everyone = sorted([rc.run for rc in run_costs] + unpriced, key=lambda r: (r.started_at, r.run_id))
+    order = {r.run_id: i for i, r in enumerate(everyone)}
     if unpriced:  # the priced runs' costs stand; these are named, with how to price them
         warnings.insert(0, f"{unpriced_text(unpriced_by_device(unpriced))}. {UNPRICED_SHOWN}")
     warnings += above_acceptance_caveats(speedups(engine, filters), [rc.run.run_id for rc in run_costs],
@@ -370,7 +373,7 @@ def run_cost_command(args) -> int:
         print(
             json.dumps(
                 {
-                    "runs": [
+                    "runs": sorted([
                         {
                             "run_id": rc.run.run_id,
                             "mode": rc.run.mode,
@@ -402,6 +405,7 @@ def run_cost_command(args) -> int:
                         }
                         for rc in run_costs
                     ] + [_unpriced_dict(r, SERVE_PRICED_OVER, run_energy_estimated(r)) for r in unpriced],
+                        key=lambda row: order[row["run_id"]]),  # oldest first, as the table
                     "modes": [
                         {
                             "mode": mc.mode,
@@ -444,7 +448,7 @@ def run_cost_command(args) -> int:
         f"{'hardware':>10} {'energy':>22} {'total':>32}  priced as"
     )
     print(header)
-    for row in sorted([*run_costs, *unpriced], key=lambda x: getattr(x, "run", x).run_id):
+    for row in sorted([*run_costs, *unpriced], key=lambda x: order[getattr(x, "run", x).run_id]):
         r = getattr(row, "run", row)  # a RunCost, or the RunSummary of a run no price covers
         st = r.stats
         if row is r:
