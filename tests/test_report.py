@@ -738,7 +738,8 @@ def test_report_writes_alpha_beside_the_go_line_to_three_decimals():
     from telemetry.report_html import acceptance_chart
 
     domains = [NS(domain="chat", acceptance_rate=0.5, alpha=0.646), NS(domain="code", acceptance_rate=0.6, alpha=0.7),
-               NS(domain="math", acceptance_rate=0.6, alpha=0.64999), NS(domain="misc", acceptance_rate=None, alpha=None)]
+               NS(domain="math", acceptance_rate=0.6, alpha=0.64999),
+               NS(domain="misc", acceptance_rate=None, alpha=None)]
     (diamonds,) = [t for t in acceptance_chart(NS(domains=domains)).data if t.type == "scatter" and t.text]
     assert list(diamonds.text) == ["0.646", "0.700", "0.64999", ""]
     from telemetry.report import alpha_text
