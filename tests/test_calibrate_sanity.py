@@ -172,3 +172,20 @@ def test_both_modes_are_warmed_up_before_the_first_timed_prompt(pair, tmp_path, 
     assert ("spec step", "") in events[:first_timed]  # the warm-up drafted and verified, not only prefilled
     assert [e for e in events[first_timed:] if e[0] != "spec step"] == [
         ("timed", "ar"), ("timed", "spec"), ("timed", "ar"), ("timed", "spec")]
+
+
+def test_an_alpha_just_under_the_line_is_not_written_as_meeting_it(capsys):
+    """alpha 12999 / 20000 = 0.64995 was printed "0.650" beside its NO-GO (3 decimals round it onto the line); it
+    now takes the decimals that keep it under, in the table and in the per-prompt line."""
+    from app.commands.calibrate import _prompt_spread, _report
+    from telemetry.calibration import PromptAcceptance
+
+    near = calibrate("code", StepCounts(7001, 28004, 12999, 0, 40.0, 50, 1000.0, spec_verify_ms=1000.0))
+    assert near.alpha == pytest.approx(0.64995) and near.verdict == "NO-GO"
+    args = argparse.Namespace(json=False, k=4, threshold=0.65)
+    _report(args, argparse.Namespace(target_dir="t", drafter_label="draft:d"), [(near, 1.2, 1, [], [], [])])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("code "))
+    assert row.split()[2] == "0.64995" and row.split()[-1] == "NO-GO"
+    rows = [PromptAcceptance("p1", 10, 20000, 12999, 12999 / 20000, 2.0), PromptAcceptance("p2", 10, 10, 7, 0.7, 1.7)]
+    spread = _prompt_spread(rows, 0.65)
+    assert spread.startswith("1/2 reach it; lowest p1 0.64995, p2 0.700;") and "highest p2 0.700" in spread

@@ -368,10 +368,7 @@ def _report(args: argparse.Namespace, loaded, results: list, interrupted: bool =
           f"{'bound':>6} {'v':>5} {'bound v':>7} {'measured':>8}  verdict (alpha >= {args.threshold} at "
           f"{temperature_text(temperature)})")
     for c, m, n, *_ in results:
-        f = lambda x, s=".3f": "—" if x is None else format(x, s)  # noqa: E731
-        print(f"{c.domain:<10} {n:>7} {f(c.alpha):>6} {f(c.acceptance_rate):>8} {f(c.mean_acceptance_length, '.2f'):>12} {f(c.c):>6} "
-              f"{f(c.best_k, 'd'):>6} {f(c.bound_at_best_k, '.2f'):>6} {f(c.verify_ratio, '.2f'):>5} "
-              f"{f(c.bound_with_measured_verify, '.2f'):>7} {f(m, '.2f'):>8}  {c.verdict}")
+        print(_row(c, m, n))
     for c, m, *_ in results:
         for line in calibration_warnings(c, m):
             print(f"warning: {c.domain}: {line}")
@@ -431,13 +428,28 @@ def _step_offsets(steps) -> list[tuple[int, int, int]]:
     return out
 
 
+def _row(c, measured: float | None, prompts: int) -> str:
+    """A domain's line of the table. Alpha is written with the decimals it takes to stay on its verdict's side
+    of the threshold (`go_text`): 0.64996 as "0.64996", not "0.650" beside NO-GO."""
+    from telemetry.labels import go_text
+
+    f = lambda x, s=".3f": "—" if x is None else format(x, s)  # noqa: E731
+    return (f"{c.domain:<10} {prompts:>7} {go_text(c.alpha, c.threshold):>6} {f(c.acceptance_rate):>8} "
+            f"{f(c.mean_acceptance_length, '.2f'):>12} {f(c.c):>6} {f(c.best_k, 'd'):>6} "
+            f"{f(c.bound_at_best_k, '.2f'):>6} {f(c.verify_ratio, '.2f'):>5} "
+            f"{f(c.bound_with_measured_verify, '.2f'):>7} {f(measured, '.2f'):>8}  {c.verdict}")
+
+
 def _prompt_spread(rows, threshold: float) -> str:
-    """One line: how many prompts reach the threshold, the three lowest, the median and the highest."""
+    """One line: how many prompts reach the threshold, the three lowest, the median and the highest (alphas on
+    their side of the threshold, as `_row` writes them)."""
+    from telemetry.labels import go_text
+
     rated = [r for r in rows if r.alpha is not None]  # acceptance_by_prompt sorts them lowest first
     if not rated:
         return "—"
-    cell = lambda r: f"{r.prompt_id} {r.alpha:.3f}"  # noqa: E731
+    cell = lambda r: f"{r.prompt_id} {go_text(r.alpha, threshold)}"  # noqa: E731
     reach = sum(r.alpha >= threshold for r in rated)
     median = statistics.median(r.alpha for r in rated)
     return (f"{reach}/{len(rated)} reach it; lowest {', '.join(cell(r) for r in rated[:3])}; "
-            f"median {median:.3f}; highest {cell(rated[-1])}")
+            f"median {go_text(median, threshold)}; highest {cell(rated[-1])}")
