@@ -11,6 +11,7 @@ Public API:
     resolve_invocation(engine, text) -> str
     invocation_span(engine, invocation_id) -> (since, until)  (whole seconds around its requests)
     dropped_records(engine, invocation_id) -> int  (records its runs lost: runs.dropped_records summed)
+    overlapping_runs(engine, invocation_id) -> list of rows (id, kind, node_id, started_at, ended_at, status)
     one_mode_text(engine, invocation_id) -> str | None  (said where it holds runs of one mode only)
 """
 
@@ -170,6 +171,42 @@ def invocation_span(engine: Engine, invocation_id: str) -> tuple[datetime, datet
     since = _utc(first).replace(microsecond=0)
     until = max([since, *(_utc(x) for x in (ended, requested) if x is not None)]).replace(microsecond=0)
     return since, until + timedelta(seconds=1)
+
+
+def overlapping_runs(engine: Engine, invocation_id: str) -> list:
+    """Runs that other commands recorded on the invocation's node (runs.node_id) while it measured, oldest first:
+    two measurements at once slow each other, and each is priced at the whole node. A run overlaps when it started
+    before the invocation's last run ended (or its last request started) and ended after its first run began; one
+    that never ended (still going, or its process killed) overlaps only where it started, or recorded a request,
+    inside that span, so a run killed long ago is not taken for a neighbour. [] where no run has that id."""
+    last_request = (select(func.max(Request.started_at)).join(Run, Request.run_id == Run.id)
+                    .where(Run.invocation_id == invocation_id).scalar_subquery())
+    with engine.connect() as c:  # the exact span: invocation_span's whole seconds took in a run ended just before
+        since, ended, requested = c.execute(select(func.min(Run.started_at), func.max(Run.ended_at), last_request)
+                                            .where(Run.invocation_id == invocation_id)).one()
+    if since is None:
+        return []
+    until = max(x for x in (since, ended, requested) if x is not None)
+    mine = select(Run.node_id).where(Run.invocation_id == invocation_id).distinct()
+    active = select(Request.id).where(Request.run_id == Run.id, Request.started_at >= since).exists()
+    q = (select(Run.id, Run.kind, Run.node_id, Run.started_at, Run.ended_at, Run.status)
+         .where(Run.node_id.in_(mine), Run.started_at < until,
+                (Run.invocation_id != invocation_id) | Run.invocation_id.is_(None),
+                (Run.ended_at > since) | (Run.ended_at.is_(None) & ((Run.started_at >= since) | active)))
+         .order_by(Run.started_at, Run.id))
+    with engine.connect() as c:
+        return list(c.execute(q))
+
+
+def overlap_text(runs: list) -> str | None:
+    """One line naming the runs `overlapping_runs` found, and what they cost the figures; None where none."""
+    if not runs:
+        return None
+    ids = ", ".join(str(r.id) for r in runs[:5]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
+    kinds = "/".join(sorted({r.kind for r in runs}))
+    return (f"run{'s' if len(runs) > 1 else ''} {ids} ({kinds}) recorded on this node ({runs[0].node_id}) while this "
+            "ran: measurements at once slow each other, and each is priced at the whole node; rerun alone for "
+            "timings and costs to trust")
 
 
 def dropped_records(engine: Engine, invocation_id: str) -> int:

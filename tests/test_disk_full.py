@@ -73,7 +73,8 @@ def test_a_store_error_of_a_full_disk_names_the_store(text, free_blocks, full, s
     def fail(*args, **kwargs):
         raise _sqlite_error(text)
 
-    monkeypatch.setattr(telemetry.costing, "costs", fail)  # fails after the store opened, as a write mid-run does
+    # fails after the store opened, as a write mid-run does (cost prices through costs_and_unpriced)
+    monkeypatch.setattr(telemetry.costing, "costs_and_unpriced", fail)
     monkeypatch.setattr(os, "statvfs", lambda path: Stat())
     assert main(["cost", "--db", store]) == 2
     path = Path(store.removeprefix("sqlite:///"))

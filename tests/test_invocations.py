@@ -392,3 +392,52 @@ def test_cost_of_an_invocation_with_one_modes_runs_says_so(db_url, capsys):
     assert any("holds AR runs only" in n for n in json.loads(capsys.readouterr().out)["notes"])
     assert main(["cost", "--db", db_url, "--invocation", IDLE[:8]]) == 0
     assert "runs only" not in capsys.readouterr().out
+
+
+MINE = "3333cccc" + "0" * 24
+OTHER = "4444dddd" + "0" * 24
+SEC = timedelta(seconds=1)
+
+
+def test_runs_recorded_on_the_same_node_while_a_bench_ran_are_found_and_no_others(db_url):
+    """Two measurements at once on one node slow each other and are each priced at the whole node: a bench now
+    names the runs other commands recorded on its node while it ran. Not a run on another node, one that ended
+    just before it (in the same second: whole-second spans took it in), nor one killed long ago that never ended."""
+    from telemetry.invocations import overlap_text, overlapping_runs
+
+    start = BASE_TIME + SEC / 2
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        _run(s, MINE, "ar", start, 2000)
+        mine_spec = _run(s, MINE, "spec", start + 10 * SEC, 1000).id
+        during = _run(s, OTHER, "ar", start + 5 * SEC, 8000).id  # another bench on this node, meanwhile
+        _run(s, OTHER, "spec", start + 5 * SEC, 2000, node_id="node-b")  # meanwhile, on another node
+        _run(s, None, "ar", BASE_TIME - 10 * SEC, 0, ended_at=BASE_TIME + SEC / 5)  # ended before it began
+        served = _run(s, None, "spec", start + 8 * SEC, 500, kind="serve").id  # a server on this node
+        killed_long_ago = _run(s, None, "ar", BASE_TIME - 24 * HOUR, 1000, status="running")
+        killed_long_ago.ended_at = None
+        going = make_run(s, "ar", started_at=BASE_TIME - HOUR, status="running", kind="loadtest",
+                         requests=[Req(10, ttft_ms=5, e2e_ms=100, start_s=3600 + 3)])  # a request meanwhile
+        going.ended_at = None
+        s.commit()
+        going_id = going.id
+    try:
+        found = overlapping_runs(engine, MINE)
+        assert [r.id for r in found] == [going_id, during, served]
+        text = overlap_text(found)
+        assert text.startswith(f"runs {going_id}, {during}, {served} (bench/loadtest/serve) recorded on this node "
+                               "(node-a) while this ran") and "priced at the whole node" in text
+        assert overlapping_runs(engine, "ffff" * 8) == [] and overlap_text([]) is None
+        # the other bench is told of this one's run that overlapped it, and of the server; the loadtest's request
+        # came before it began
+        assert [r.id for r in overlapping_runs(engine, OTHER)] == [served, mine_spec]
+    finally:
+        engine.dispose()
+
+
+def test_the_bench_table_says_which_runs_overlapped(capsys):
+    from app.commands.bench import print_table
+
+    report = {"runs": [], "speedup_by_concurrency": {}, "overlap_warning": "runs 7 (bench) recorded on this node"}
+    print_table(report, recorded=False)
+    assert "warning: runs 7 (bench) recorded on this node" in capsys.readouterr().out

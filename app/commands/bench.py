@@ -681,10 +681,12 @@ def store_figures(report: dict, db: str | None) -> str | None:
     invocation, what `invocations`, `cost --invocation`, the dashboard and the reports show for it, to the last
     digit (the records the store lost, and those of requests a Ctrl-C cut, count there as everywhere else). A
     level without a speedup (interrupted: the modes ran different prompts) stays without. Where the store cannot be
-    read, the figures stay the bench's own, by the same span rule (`span_wall`), and the warning returned says so."""
+    read, the figures stay the bench's own, by the same span rule (`span_wall`), and the warning returned says so.
+    Also the runs other commands recorded on this node meanwhile (`invocations.overlapping_runs`), warned of."""
     inv = report.get("invocation_id")
     if inv is None:
         return None
+    from telemetry.invocations import overlap_text, overlapping_runs
     from telemetry.queries import Filters, mode_summaries, speedups
     from telemetry.store import open_store
 
@@ -694,6 +696,7 @@ def store_figures(report: dict, db: str | None) -> str | None:
         rows = [mode_summaries(engine, Filters(run_ids=tuple(run["run_ids"]))) if run["run_ids"] else []
                 for run in report["runs"]]
         by_level = {s.concurrency: s for s in speedups(engine, Filters(invocation_id=inv))}
+        neighbours = overlapping_runs(engine, inv)
     except Exception as exc:  # noqa: BLE001 - said, not raised: what ran must still be reported
         return (f"warning: could not read invocation {inv[:8]} back from the store ({type(exc).__name__}); the "
                 "tokens/s and speedups above are the bench's own and may differ from `invocations` in the last digit")
@@ -715,6 +718,8 @@ def store_figures(report: dict, db: str | None) -> str | None:
         if text:  # judged on the store's figures, as `invocations` judges them
             warnings[level] = text
     report["speedup_warnings"] = warnings
+    report["overlapping_run_ids"] = [r.id for r in neighbours]
+    report["overlap_warning"] = overlap_text(neighbours)
     if report.get("speedup") is not None:  # the lowest level's, as build_report gives it
         report["speedup"] = levels[min(compared, key=int)]
     return None
@@ -848,6 +853,8 @@ def print_table(report: dict, recorded: bool, file=None, left_out: int = 0) -> N
         above = report.get("speedup_warnings", {}).get(level)
         if above and not cut and not alone:
             print(f"warning: concurrency {level}: {above}", file=out)
+    if report.get("overlap_warning"):
+        print(f"warning: {report['overlap_warning']}", file=out)
     small = small_sample_note(report, left_out)
     if small:
         print(small, file=out)
