@@ -123,7 +123,7 @@ def energy_source(runs: Iterable[RunSummary]) -> str | None:
 
 
 def cost_basis_text(total: float | None, *, energy_included: bool, source: str | None, partial: bool,
-                    note: str | None) -> str:
+                    note: str | None, priced_over: str | None = None) -> str:
     """What a mode's measured cost per 1M tokens holds, in the words every surface writes beside it (the report's
     tiles, its e-mail): 'incl. energy', 'incl. energy (estimated)' or '(partly estimated)', 'hardware only (...)'
     with why. A total without energy must not read as the full cost, nor one with estimated energy as measured.
@@ -131,15 +131,20 @@ def cost_basis_text(total: float | None, *, energy_included: bool, source: str |
     `source`: where the energy in the total comes from (`energy_source`: measured, estimated, partly estimated);
     `partial`: some of the mode's requests have an energy figure and some do not; `note`: why the total is missing
     or hardware only (the report's `cost_note`: 'energy not measured', 'measured energy left out: priced as other
-    hardware than measured', 'estimated energy for 1 of 2 runs: hardware only', ...)."""
+    hardware than measured', 'estimated energy for 1 of 2 runs: hardware only', ...); `priced_over`: where the
+    total leaves some of the mode's runs out, having no price ('over 1 of 2 runs; run 7 (device 'X') has no
+    price': `priced_share_text`), said after what it holds: a figure over part of the runs is not the whole's."""
     if total is None:
         return note or ""
     if not energy_included:
         if partial:
-            return f"hardware only ({SOME_REQUESTS})"
-        note = note or ENERGY_NOT_MEASURED
-        return note if "hardware only" in note else f"hardware only ({note})"
-    return f"incl. energy ({source})" if source in (ESTIMATED, PARTLY_ESTIMATED) else "incl. energy"
+            basis = f"hardware only ({SOME_REQUESTS})"
+        else:
+            note = note or ENERGY_NOT_MEASURED
+            basis = note if "hardware only" in note else f"hardware only ({note})"
+    else:
+        basis = f"incl. energy ({source})" if source in (ESTIMATED, PARTLY_ESTIMATED) else "incl. energy"
+    return f"{basis}; {priced_over}" if priced_over else basis
 
 
 def run_energy_estimated(run: RunSummary) -> bool:
@@ -452,14 +457,37 @@ def unpriced_by_device(runs: Iterable[RunSummary]) -> dict[str, list[int]]:
     return dict(out)
 
 
+# How to price a device no catalog entry covers, wherever the runs on it are named (`unpriced_text`)
+PRICE_A_DEVICE = ("add an entry named as the device string names the hardware (`specfinops prices set NAME X --kind "
+                  "gpu|node --source ...`)")
+
+
 def unpriced_text(unpriced: dict[str, list[int]], ways: str | None = UNPRICED_FLAGS) -> str:
     """Why `costs` cannot price the runs in view: the runs no price covers, by device, and the ways to price
     them: a catalog entry, then `ways` (the caller's own: `cost`'s flags by default, which the dashboard puts
     in its own words)."""
-    parts = [f"{ids_text(ids, shown=5)} (device {device!r})" for device, ids in sorted(unpriced.items())]
-    return (f"no price for {'; '.join(parts)}: no catalog entry matches the device and the runs recorded none; "
-            "add an entry named as the device string names the hardware (`specfinops prices set NAME X --kind "
-            "gpu|node --source ...`)" + (f", {ways}" if ways else ""))
+    return (f"no price for {_unpriced_runs_text(unpriced)}: no catalog entry matches the device and the runs "
+            f"recorded none; {PRICE_A_DEVICE}" + (f", {ways}" if ways else ""))
+
+
+def _unpriced_runs_text(unpriced: dict[str, list[int]], shown: int = 5) -> str:
+    """'run 7 (device 'X'); runs 8-9 (device 'Y')'."""
+    return "; ".join(f"{ids_text(ids, shown=shown)} (device {device!r})" for device, ids in sorted(unpriced.items()))
+
+
+def priced_share_text(mc: ModeCost | None, mode: str, unpriced: Iterable[RunSummary]) -> str | None:
+    """'over 3 of 4 runs; run 7 (device 'X') has no price': what a mode's cost figure (`costs_and_unpriced`'s
+    ModeCost, over its priced runs) says where some of the mode's runs in view have no price, so that a figure
+    over part of the mode's runs never reads as the whole's; 'no price for any of its 2 runs; ...' where none
+    of them has one (`mc` None). None where every run of the mode is priced."""
+    left = [r for r in unpriced if r.mode == mode]
+    if not left:
+        return None
+    named = _unpriced_runs_text(unpriced_by_device(left))
+    verb = "has" if len(left) == 1 else "have"
+    if mc is None:
+        return f"no price for any of its {len(left)} run{'s' if len(left) > 1 else ''}: {named} {verb} none"
+    return f"over {len(mc.run_ids)} of {len(mc.run_ids) + len(left)} runs; {named} {verb} no price"
 
 
 def run_cost(

@@ -260,6 +260,7 @@ def email_text(summary: dict) -> tuple[str, str]:
         # what the total holds, in the report's words: a hardware-only total must not read as the full cost
         basis = cost_basis_text(total, energy_included=bool(m.get("energy_included")),
                                 source=m.get("energy_source"), note=m.get("cost_note"),
+                                priced_over=m.get("cost_priced_over"),
                                 partial=m.get("energy_complete") is False and m.get("energy_source") is not None)
         value = usd_amount(total)  # as the report and `cost` write money ($12.50, $0.00004), "—" where missing
         lines.append(f"Cost per 1M tokens, {label}: {value}" + (f", {basis}" if basis else ""))

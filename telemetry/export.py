@@ -320,26 +320,40 @@ COST_HEADER = [
 ]
 
 
-def cost_rows(engine: Engine, window: ExportWindow, *, filters=None) -> tuple[list[str], Iterator[Sequence[Any]]]:
+def cost_rows(engine: Engine, window: ExportWindow, *, filters=None,
+              unpriced: bool = False) -> tuple[list[str], Iterator[Sequence[Any]]]:
     """Per-run cost per 1M tokens, from the shared aggregations (one implementation of every figure).
-    `filters` (queries.Filters), where given, choose the runs instead of `window` (a report's runs)."""
+    `filters` (queries.Filters), where given, choose the runs instead of `window` (a report's runs). A run no
+    price covers refuses the export (NoPriceError naming it and how to price it); with `unpriced` (a report's
+    table, which names them and how) it is a row whose prices and costs are missing (None, never 0)."""
     from telemetry import costing  # lazy: only the cost export needs the FinOps aggregations
 
     if filters is None:
         filters = window.run_filters()
-    run_costs, _ = costing.costs(engine, filters, unpriced_ways="or leave these runs out with a filter (--invocation, "
-                                 "--node, --run, --since/--until)")  # export has no price flags
+    if unpriced:
+        run_costs, _, left_out = costing.costs_and_unpriced(engine, filters)
+    else:
+        run_costs, _ = costing.costs(engine, filters, unpriced_ways="or leave these runs out with a filter "
+                                     "(--invocation, --node, --run, --since/--until)")  # export has no price flags
+        left_out = []
+
+    def row(r, rc) -> tuple:
+        c = rc.cost if rc is not None else None
+        return (
+            r.run_id, r.mode, r.node_id, r.device, r.target, r.drafter, r.workload, r.started_at,
+            r.stats.output_tokens, r.stats.wall_s, r.stats.tokens_per_s, *(
+                (rc.node_price.priced_as, rc.node_price.usd_per_hour, rc.usd_per_kwh, rc.pue, c.hardware_usd_per_1m,
+                 c.energy_usd_per_1m, c.total_usd_per_1m, c.energy_included) if rc is not None
+                else (None,) * 8),
+            costing.run_energy_estimated(r), c.reason if c is not None else f"no price for device {r.device!r}",
+            r.invocation_id, r.kind, r.status, r.concurrency, rc.node_share if rc is not None else None,
+            filters.since, filters.until,
+        )
 
     def rows() -> Iterator[Sequence[Any]]:
-        for rc in run_costs:
-            r, c = rc.run, rc.cost
-            yield (
-                r.run_id, r.mode, r.node_id, r.device, r.target, r.drafter, r.workload, r.started_at,
-                r.stats.output_tokens, r.stats.wall_s, r.stats.tokens_per_s, rc.node_price.priced_as,
-                rc.node_price.usd_per_hour, rc.usd_per_kwh, rc.pue, c.hardware_usd_per_1m, c.energy_usd_per_1m,
-                c.total_usd_per_1m, c.energy_included, costing.run_energy_estimated(r), c.reason, r.invocation_id,
-                r.kind, r.status, r.concurrency, rc.node_share, filters.since, filters.until,
-            )
+        found = [(rc.run, rc) for rc in run_costs] + [(r, None) for r in left_out]
+        for r, rc in sorted(found, key=lambda x: x[0].run_id) if left_out else found:
+            yield row(r, rc)
 
     return list(COST_HEADER), rows()
 

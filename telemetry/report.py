@@ -34,7 +34,6 @@ from sqlalchemy.engine import Engine
 
 from telemetry import costing, finops, queries
 from telemetry.labels import go_text, short_device, short_model, short_workload
-from telemetry.prices import NoPriceError
 from telemetry.queries import Filters
 
 PERIODS = ("daily", "weekly", "custom", "monthly")
@@ -266,7 +265,22 @@ class PeriodFigures:
     modes: dict[str, queries.ModeSummary]
     mode_costs: dict[str, costing.ModeCost]
     run_costs: tuple[costing.RunCost, ...] = ()
-    unpriced: str | None = None  # why the period has no cost: runs no price covers (costing.unpriced_text)
+    # the runs no price covers (a device no catalog entry matches, no price recorded with the run): their costs
+    # missing, each mode's cost over its priced runs only (`priced_over`)
+    unpriced_runs: tuple[queries.RunSummary, ...] = ()
+
+    @property
+    def unpriced(self) -> str | None:
+        """Why some of the period's runs have no cost: those runs, by device, and how to price them
+        (costing.unpriced_text); None where every run is priced."""
+        if not self.unpriced_runs:
+            return None
+        return costing.unpriced_text(costing.unpriced_by_device(self.unpriced_runs), None)
+
+    def priced_over(self, mode: str) -> str | None:
+        """'over 3 of 4 runs; run 7 (device 'X') has no price' where the mode's cost leaves some of its runs out
+        (costing.priced_share_text), so that its figure is never read as the whole mode's; None otherwise."""
+        return costing.priced_share_text(self.mode_costs.get(mode), mode, self.unpriced_runs)
 
     @property
     def has_traffic(self) -> bool:
@@ -316,20 +330,17 @@ class PeriodFigures:
 
 def period_figures(engine: Engine, window: Window, pricing: Pricing = Pricing()) -> PeriodFigures:
     """One window's figures, its runs costed at `pricing`. Where some of its runs have no price (a device no
-    catalog entry covers), the period has no cost, and says why: every other figure stands (that error failed the
-    report, and every scheduled run whose history held such a period)."""
+    catalog entry covers), the priced runs keep their costs, each mode's over its priced runs (and says so:
+    `priced_over`), and the others are named with how to price them: every other figure stands (that error
+    failed the report, and every scheduled run whose history held such a period; then it dropped every cost)."""
     f = window.filters()
-    unpriced = None
-    try:
-        run_costs, mode_costs = costing.costs(engine, f, unpriced_ways=None, **pricing.cost_prices())
-    except NoPriceError as exc:
-        run_costs, mode_costs, unpriced = [], [], f"cost n/a: {exc}"
+    run_costs, mode_costs, unpriced = costing.costs_and_unpriced(engine, f, **pricing.cost_prices())
     return PeriodFigures(
         window,
         {m.mode: m for m in queries.mode_summaries(engine, f)},
         {mc.mode: mc for mc in mode_costs},
         tuple(run_costs),
-        unpriced,
+        tuple(unpriced),
     )
 
 
@@ -385,6 +396,18 @@ def comparable_costs(periods: Sequence[PeriodFigures], mode: str) -> tuple[list[
     counts = ", ".join(f"{source} in {known.count(source)}" for source in
                        (costing.MEASURED, costing.ESTIMATED, costing.PARTLY_ESTIMATED) if source in known)
     return values, f"hardware part only: energy {counts} of the {len(known)} periods with a cost"
+
+
+def priced_over_text(get: Callable[[PeriodFigures], float | None], periods: Sequence[PeriodFigures],
+                     names: Sequence[str]) -> str:
+    """Where a compared cost is over only some of its mode's runs in a period (the others have no price): 'this
+    period's over 1 of 2 runs; run 7 (device 'X') has no price', per period named in `names` (a change against a
+    period priced over all of its runs is not like for like, and must say so); '' for other figures or where
+    every run is priced."""
+    if not isinstance(get, CostMetric):
+        return ""
+    return "; ".join(f"{name}'s over {share.removeprefix('over ')}" for name, p in zip(names, periods, strict=False)
+                     if (share := p.priced_over(get.mode)) and p.cost_per_1m(get.mode) is not None)
 
 
 def j_per_token_mismatch(periods: Sequence[PeriodFigures], mode: str) -> str | None:
@@ -492,7 +515,14 @@ def _band(name: str, get: Callable[[PeriodFigures], float | None], current: Peri
         parts.append(f"{sum(1 for src in before if src)} of the {len(before)} previous periods with a value")
     estimated = " and ".join(parts)
     b = replace(band_check(name, values[0], values[1:]), basis=basis, estimated=estimated)
-    return b if basis in (None, TOTAL_BASIS) else replace(b, note=f"{basis}; {b.note}")
+    # a cost over only some of its mode's runs (the others have no price), this period's or a previous one's
+    partly = priced_over_text(get, periods[:1], ["this period"])
+    before = sum(1 for p, v in zip(periods[1:], values[1:], strict=True)
+                 if v is not None and priced_over_text(get, [p], ["a period"]))
+    if before:
+        partly = "; ".join(filter(None, [partly, f"{before} of the previous periods' over their priced runs only"]))
+    note = b.note if basis in (None, TOTAL_BASIS) else f"{basis}; {b.note}"
+    return replace(b, note=f"{partly}; {note}" if partly else note)
 
 
 # How a report's reader projects another comparable group than the one the report's projection chose.
@@ -660,7 +690,10 @@ def change_rows(
         sources = [s if v is not None else None
                    for s, v in zip(estimate_sources(get, periods, basis), (cur, prev), strict=True)]
         estimated = estimated_text(sources, ["this period", "previous period"])
-        out.append((name, cur, prev, delta, pct, basis or "", estimated))
+        # a cost over only some of its runs (no price for the others) in either period: said where it is compared
+        partly = priced_over_text(get, periods, ["this period", "previous period"])
+        basis = "; ".join(filter(None, [basis, partly]))
+        out.append((name, cur, prev, delta, pct, basis, estimated))
     return out
 
 
@@ -702,6 +735,9 @@ def _mode_dict(data: ReportData, mode: str) -> dict:
         "total_usd_per_1m": c.total_usd_per_1m if c else None,
         "energy_included": c.energy_included if c else False,
         "cost_note": cost_note(data.current, mode),
+        # where some of the mode's runs have no price: the runs the total is over, and those it leaves out
+        # ('over 1 of 2 runs; run 7 (device 'X') has no price'); None where every run of the mode is priced
+        "cost_priced_over": data.current.priced_over(mode),
     }
 
 
@@ -730,10 +766,15 @@ def partial_energy(f: PeriodFigures, mode: str) -> bool:
 
 def cost_note(f: PeriodFigures, mode: str) -> str | None:
     """Why the mode's total is missing or hardware only ("energy not measured", ...); where only some requests
-    have energy it says that, not "energy not measured" beside a J/token."""
+    have energy it says that, not "energy not measured" beside a J/token. Where none of the mode's runs has a
+    price, those runs and how to price them ('cost n/a: no price for ...'); where only some have none, the
+    total stands and `cost_priced_over` (PeriodFigures.priced_over) says which runs it leaves out."""
     mc = f.mode_costs.get(mode)
     if mc is None:
-        return f.unpriced if f.unpriced and mode in f.modes else "no runs of this mode"
+        left = [r for r in f.unpriced_runs if r.mode == mode]
+        if left and mode in f.modes:
+            return f"cost n/a: {costing.unpriced_text(costing.unpriced_by_device(left), None)}"
+        return "no runs of this mode"
     c = mc.cost
     if c.total_usd_per_1m is None or c.energy_included or not partial_energy(f, mode):
         return c.reason
@@ -945,33 +986,34 @@ def lift_common(t: Table) -> tuple[Table, list[tuple[str, Any]]]:
 
 
 def report_tables(data: ReportData, engine: Engine) -> list[Table]:
-    from telemetry.export import COST_HEADER, ExportWindow, cost_rows
+    from telemetry.export import ExportWindow, cost_rows
 
     modes = [
         (mode, *(_mode_dict(data, mode)[k] for k in (
             "requests_ok", "requests_failed", "output_tokens", "tokens_per_s", "acceptance_rate", "tpot_p95_ms",
             "meets_sla", "j_per_token", "energy_estimated", "hardware_usd_per_1m", "energy_usd_per_1m",
             "total_usd_per_1m", "energy_included", "cost_note", "energy_complete", "energy_source",
-            "projection_tpot_p95_ms", "projection_meets_sla")))
+            "projection_tpot_p95_ms", "projection_meets_sla", "cost_priced_over")))
         for mode in queries.MODES
         if mode in data.current.modes
     ]  # fmt: skip
-    if data.current.unpriced:  # no run is costed (the modes table's cost note says why): the table is empty
-        header, rows = list(COST_HEADER), iter(())
-    else:
-        header, rows = cost_rows(engine, ExportWindow(since=data.window.since, until=data.window.until),
-                                 filters=data.window.filters())
+    # the runs no price covers are rows too, their costs missing (the modes table says how to price them)
+    header, rows = cost_rows(engine, ExportWindow(since=data.window.since, until=data.window.until),
+                             filters=data.window.filters(), unpriced=True)
     pr = data.projection
     curve = pr.sla_curve
     return [
         Table("modes", "Spec vs AR (cost per 1M tokens of the measured runs: node $/h x wall hours / tokens; "
               "energy complete: every request has an energy figure, else J/token covers those that do; p95 TPOT "
               "and meets SLA: over all of the mode's requests, every configuration pooled; projection p95 TPOT: "
-              "of the configuration the projected savings size the mode on)",
+              "of the configuration the projected savings size the mode on; cost priced over: where some of the "
+              "mode's runs have no price, the runs its cost is over and those it leaves out, named in the cost per "
+              "run table with their costs missing)",
               ("mode", "requests ok", "requests failed", "output tokens", "tokens/s",
                "acceptance rate", "p95 TPOT (ms)", "meets SLA", "J/token", "energy estimated",
                "hardware $/1M", "energy $/1M", "total $/1M", "energy included", "cost note",
-               "energy complete", "energy source", "projection p95 TPOT (ms)", "projection meets SLA"),
+               "energy complete", "energy source", "projection p95 TPOT (ms)", "projection meets SLA",
+               "cost priced over"),
               tuple(modes)),
         Table("acceptance_by_domain", f"Acceptance per domain (go/no-go line {ALPHA_GO}, judged on alpha where "
               "steps were recorded, as calibrate; else on the acceptance rate)",

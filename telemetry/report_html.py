@@ -171,14 +171,15 @@ def _name(mode: str) -> str:
 def _cost_text(data: ReportData, mode: str) -> tuple[str, str]:
     """The mode's cost per 1M tokens and what it holds (costing.cost_basis_text, which the e-mail writes too)."""
     mc = data.current.mode_costs.get(mode)
-    if mc is None:
-        return MISSING, "no runs"
+    if mc is None:  # no run of the mode, or none of its runs has a price (the note names them)
+        return MISSING, cost_note(data.current, mode) if mode in data.current.modes else "no runs"
     c = mc.cost
     # the note is the cost's own reason, in the words of the Spec vs AR table and its CSV ("measured energy left
     # out: priced as other hardware than measured", "estimated energy for 1 of 2 runs: hardware only", ...)
     return usd(c.total_usd_per_1m), cost_basis_text(
         c.total_usd_per_1m, energy_included=c.energy_included, source=data.current.energy_source(mode),
-        partial=partial_energy(data.current, mode), note=cost_note(data.current, mode))
+        partial=partial_energy(data.current, mode), note=cost_note(data.current, mode),
+        priced_over=data.current.priced_over(mode))
 
 
 def _j_text(data: ReportData, mode: str) -> str:
@@ -377,7 +378,9 @@ def _layout(fig: go.Figure, title: str, y: str) -> go.Figure:
 def cost_chart(data: ReportData) -> go.Figure:
     modes = [m for m in ("spec", "ar") if m in data.current.mode_costs]
     costs = [data.current.mode_costs[m].cost for m in modes]
-    names = [_name(m) for m in modes]
+    # a mode's bar over only some of its runs (the others have no price) says so: 'AR (over 1 of 2 runs)'
+    names = [_name(m) + (f" ({share.split(';')[0]})" if (share := data.current.priced_over(m)) else "")
+             for m in modes]
     fig = go.Figure()
     # the parts of a cost in their own colours (the modes' would say "spec" on the AR bar)
     fig.add_bar(x=names, y=[c.hardware_usd_per_1m for c in costs], name="hardware", marker_color=HARDWARE_COLOUR)

@@ -341,6 +341,51 @@ def test_a_device_the_catalog_does_not_know_leaves_every_figure_but_the_cost(sql
     assert [m.value for m in at.metric if m.label == "Cost per 1M tokens"] == [by_mode["spec"], by_mode["ar"]]
 
 
+def test_one_unpriced_run_leaves_the_priced_runs_costs_and_names_it_on_both_pages(sqlite_url, monkeypatch):
+    """A priced spec and AR pair beside one AR run no price covers (its device unknown to the catalog, no price
+    recorded with it): the Overview and the Cost & capacity page dropped every cost ("No cost per 1M tokens:
+    ..."). As `cost` does, the priced runs keep their costs, the unpriced run's are missing (—) and it is named
+    with how to price it here; the AR figure, over 1 of its 2 runs, says so, and the spec tile sets no change
+    against it."""
+    # the pair priced by the price it recorded; the third run, on the same device, recorded none: one
+    # comparable group, so only the partly priced AR figure keeps the spec tile from a change against it
+    add_pair(sqlite_url, device="Mystery Accelerator 9000",
+             price_snapshot={"name": "mystery", "units": 1, "node_hourly_usd": 3.0})
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        odd = make_run(s, "ar", device="Mystery Accelerator 9000", requests=[Req(33, 100, 900)])
+        s.commit()
+        odd = odd.id
+    priced, modes, unpriced = costing.costs_and_unpriced(engine)
+    engine.dispose()
+    assert [r.run_id for r in unpriced] == [odd] and {m.mode for m in modes} == {"spec", "ar"}
+    from app.dashboard.common import usd_amount
+
+    by_mode = {m.mode: usd_amount(m.cost.total_usd_per_1m) for m in modes}  # the priced runs' only
+    said = f"over 1 of 2 runs; run {odd} (device 'Mystery Accelerator 9000') has no price"
+    at = app_for(sqlite_url, monkeypatch).run()
+    assert_clean(at)
+    tiles = [m for m in at.metric if m.label == "Cost per 1M tokens"]
+    assert [m.value for m in tiles] == [by_mode["spec"], by_mode["ar"]]
+    assert not tiles[0].proto.delta  # spec over all its runs against AR over 1 of 2: no change shown
+    assert said in tiles[1].help and "AR " + said in tiles[0].help
+    (warning,) = refusals(at)
+    assert "'Mystery Accelerator 9000'" in warning and "Node price on the Cost & capacity page" in warning, warning
+    assert [c.value for c in at.caption if "cost " + said in c.value], [c.value for c in at.caption]
+    at.switch_page("views/cost.py").run()
+    assert_clean(at)
+    (warning,) = [w for w in refusals(at) if not w.startswith("No projection")]
+    assert warning.startswith("Cost per 1M tokens over the priced runs only: no price for run") and \
+        "Node price" in warning, warning
+    assert [c.value for c in at.caption if c.value.startswith("AR") and said in c.value], \
+        [c.value for c in at.caption]
+    table = at.dataframe[0].value  # Cost per run
+    rows = {r["run"]: r for r in table.to_dict("records")}
+    assert set(rows) == {rc.run.run_id for rc in priced} | {odd}
+    assert rows[odd]["priced as"] == "no price" and rows[odd]["total $/1M"] != rows[odd]["total $/1M"]  # NaN: —
+    assert all(rows[rc.run.run_id]["total $/1M"] == pytest.approx(rc.cost.total_usd_per_1m) for rc in priced)
+
+
 def test_the_projection_warns_of_a_small_sample_and_of_other_hardware_as_project_does(sqlite_url, monkeypatch):
     """`project` warns that two requests a mode make no stable capacity, and that a CPU's throughput priced as an
     H100 is no H100's node count; both pages showed the same projection (and $ savings) without a word of it."""

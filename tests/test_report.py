@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from synthetic import BASE_TIME, Req, make_run, spec_req
 
 from app.cli import main
-from telemetry import report_writer
+from telemetry import costing, report_writer
 from telemetry.costing import costs
 from telemetry.db import Report
 from telemetry.queries import Filters
@@ -1164,6 +1164,43 @@ def test_a_period_whose_runs_have_no_price_has_no_cost_and_says_why(store, tmp_p
     assert ar["total_usd_per_1m"] is None and ar["output_tokens"] == 33
     assert ar["cost_note"].startswith("cost n/a: no price for run") and "'Google TPU v5e'" in ar["cost_note"]
     assert "--gpu" not in ar["cost_note"] and "prices set" in ar["cost_note"]
+
+
+def test_a_period_with_one_unpriced_run_keeps_the_priced_runs_costs_and_says_which_it_leaves_out(store, tmp_path):
+    """A run on a device no price covers beside priced runs of the same day: the report dropped every cost of
+    the period ('cost n/a' in both modes, an empty cost per run table). As `cost` does, the priced runs keep
+    their costs, the AR figure says it is over 1 of its 2 runs and names the other, whose costs are missing."""
+    url, engine = store  # D0: an AR and a spec run on the CPU, priced
+    with Session(engine) as s:
+        tpu = make_run(s, "ar", device="Google TPU v5e", started_at=D0.replace(hour=10),
+                       requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+        tpu = tpu.id
+    assert main(_report(url, tmp_path, "--period", "daily", "--since", f"{D0:%Y-%m-%d}")) == 0
+    rec = _only_report(engine)
+    priced, modes, unpriced = costing.costs_and_unpriced(engine, Filters(since=D0, until=D0 + DAY))
+    assert [r.run_id for r in unpriced] == [tpu]
+    by_mode = {m.mode: m.cost for m in modes}
+    ar, spec = rec.summary["modes"]["ar"], rec.summary["modes"]["spec"]
+    assert ar["total_usd_per_1m"] == pytest.approx(by_mode["ar"].total_usd_per_1m)  # over the priced AR run
+    assert spec["total_usd_per_1m"] == pytest.approx(by_mode["spec"].total_usd_per_1m)
+    said = f"over 1 of 2 runs; run {tpu} (device 'Google TPU v5e') has no price"
+    assert ar["cost_priced_over"] == said and spec["cost_priced_over"] is None
+    assert ar["output_tokens"] == 99  # every figure but the cost counts the unpriced run
+    with open(f"{rec.csv_dir}/modes.csv", encoding="utf-8", newline="") as fh:
+        table = {r["mode"]: r for r in csv.DictReader(fh)}
+    assert table["ar"]["cost priced over"] == said and table["ar"]["total $/1M"] != ""
+    with open(f"{rec.csv_dir}/runs_cost.csv", encoding="utf-8", newline="") as fh:
+        runs = {int(r["run_id"]): r for r in csv.DictReader(fh)}
+    assert set(runs) == {rc.run.run_id for rc in priced} | {tpu}
+    assert runs[tpu]["total_usd_per_1m"] == "" and "no price" in runs[tpu]["note"]  # missing, never 0
+    assert all(runs[rc.run.run_id]["total_usd_per_1m"] != "" for rc in priced)
+    with open(f"{rec.csv_dir}/change.csv", encoding="utf-8", newline="") as fh:
+        change = {r["figure"]: r for r in csv.DictReader(fh)}
+    assert f"this period's {said}" in change["AR cost per 1M tokens (USD)"]["compared"]
+    assert "no price" not in change["spec cost per 1M tokens (USD)"]["compared"]
+    page = open(rec.html_path, encoding="utf-8").read()
+    assert said.replace("'", "&#x27;") in page
 
 
 def test_a_report_into_a_folder_the_terminal_cannot_spell_is_written_and_said_once(store, tmp_path):

@@ -19,7 +19,14 @@ import streamlit as st
 from app.dashboard import data
 from app.dashboard.filters import Selection, sidebar
 from telemetry import labels
-from telemetry.costing import RECORDED_PRICES_WAYS, estimated_energy_modes, run_groups
+from telemetry.costing import (
+    RECORDED_PRICES_WAYS,
+    estimated_energy_modes,
+    priced_share_text,
+    run_groups,
+    unpriced_by_device,
+    unpriced_text,
+)
 from telemetry.prices import snapshot_energy  # the one rule for a valid recorded $/kWh or PUE
 
 logger = logging.getLogger(__name__)
@@ -169,15 +176,48 @@ def in_page_words(message: str) -> str:
     return message.replace(RECORDED_PRICES_WAYS, RECORDED_PRICES_HERE)
 
 
-def priced_costs(url: str, f, a: dict) -> tuple[list, list, str | None]:
-    """`data.costs` at the assumptions' prices (`cost_pricing`), and None; or no costs and why, in the page's
-    words, where a run cannot be priced (a device the catalog does not know, no price recorded with the run):
-    the page still shows every figure but the cost (that ValueError took the Overview and this page whole)."""
+@dataclass(frozen=True, slots=True)
+class PricedCosts:
+    """The costs of the runs in view at the page's prices (`priced_costs`): the priced runs' (`run_costs`; each
+    mode's figure in `mode_costs` over its priced runs only), the runs no price covers (`unpriced`, their costs
+    missing), or no costs at all and why (`error`: a price input the costing refused)."""
+
+    run_costs: list
+    mode_costs: list
+    unpriced: list
+    error: str | None = None
+
+    @property
+    def note(self) -> str | None:
+        """Why some or all costs are missing, in the page's words: the runs no price covers and how to price
+        them here (`costing.unpriced_text` with UNPRICED_HERE), or the error; None where every run is priced."""
+        if self.error:
+            return self.error
+        if not self.unpriced:
+            return None
+        return in_page_words(unpriced_text(unpriced_by_device(self.unpriced), data.UNPRICED_HERE))
+
+    def share(self, mode: str) -> str | None:
+        """'over 1 of 2 runs; run 7 (device 'X') has no price' where the mode's figure leaves runs out
+        (costing.priced_share_text); None where all its runs are priced."""
+        by_mode = {m.mode: m for m in self.mode_costs}
+        return priced_share_text(by_mode.get(mode), mode, self.unpriced)
+
+    def runs(self) -> list:
+        """Every run in view costed or not (their summaries, without latency percentiles), oldest first."""
+        return sorted([*(rc.run for rc in self.run_costs), *self.unpriced], key=lambda r: r.run_id)
+
+
+def priced_costs(url: str, f, a: dict) -> PricedCosts:
+    """`data.costs` at the assumptions' prices (`cost_pricing`): the priced runs' costs stand where some runs
+    have no price (a device the catalog does not know, no price recorded with the run), those named with how to
+    price them here; a price the costing refuses leaves no costs and says why, in the page's words (that
+    ValueError took the Overview and this page whole)."""
     try:
-        run_costs, mode_costs = data.costs(url, f, **cost_pricing(a))
+        run_costs, mode_costs, unpriced = data.costs(url, f, **cost_pricing(a))
     except ValueError as exc:
-        return [], [], in_page_words(str(exc))
-    return run_costs, mode_costs, None
+        return PricedCosts([], [], [], in_page_words(str(exc)))
+    return PricedCosts(run_costs, mode_costs, unpriced)
 
 
 def _recorded(run_costs, key: str) -> str:

@@ -74,10 +74,11 @@ def acceptance_by_domain(url: str, f: Filters) -> list[queries.DomainAcceptance]
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def costs(url: str, f: Filters, gpu: str | None = None, node_hourly_usd: float | None = None,
           usd_per_kwh: float | None = None, pue: float | None = None,
-          ) -> tuple[list[costing.RunCost], list[costing.ModeCost]]:
-    """`costing.costs` at these prices; one left None keeps each run's recorded price (else the catalog's)."""
-    return costing.costs(engine(url), f, gpu=gpu, node_hourly_usd=node_hourly_usd, usd_per_kwh=usd_per_kwh,
-                         pue=pue, unpriced_ways=UNPRICED_HERE)
+          ) -> tuple[list[costing.RunCost], list[costing.ModeCost], list[queries.RunSummary]]:
+    """`costing.costs_and_unpriced` at these prices (one left None keeps each run's recorded price, else the
+    catalog's): the priced runs' costs, each mode's over its priced runs, and the runs no price covers."""
+    return costing.costs_and_unpriced(engine(url), f, gpu=gpu, node_hourly_usd=node_hourly_usd,
+                                      usd_per_kwh=usd_per_kwh, pue=pue)
 
 
 # how the dashboard prices runs no catalog entry covers: its own inputs, not `cost`'s flags

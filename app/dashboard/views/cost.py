@@ -47,14 +47,18 @@ MAX_PUE = 5.0
 def _cost_section(ctx: Context, values: dict) -> None:
     """Priced with the page's inputs (`values`, as the projection below): an input left at its default keeps
     each run's recorded price (else the catalog's)."""
-    run_costs, mode_costs, unpriced = priced_costs(ctx.url, ctx.sel.filters, values)
-    if unpriced:
-        st.warning(f"No cost per 1M tokens: {md_safe(unpriced)}.")
+    priced = priced_costs(ctx.url, ctx.sel.filters, values)
+    run_costs, mode_costs, unpriced = priced.run_costs, priced.mode_costs, priced.unpriced
+    if not run_costs and priced.note:  # nothing priced: no figure to show
+        st.warning(f"No cost per 1M tokens: {md_safe(priced.note)}.")
         return
+    if unpriced:  # the priced runs' costs stand; the others are named, with how to price them
+        st.warning(f"Cost per 1M tokens over the priced runs only: {md_safe(priced.note)}. Their costs are "
+                   "missing (—), and each mode's figure below is over its priced runs.")
     if not mode_costs:
         st.info("No runs with output tokens in view.")
         return
-    warn_pooled([rc.run for rc in run_costs], "the speculative and AR bars below")
+    warn_pooled(priced.runs(), "the speculative and AR bars below")
     st.plotly_chart(charts.cost_split([m.mode for m in mode_costs], [m.cost.hardware_usd_per_1m for m in mode_costs],
                                       [m.cost.energy_usd_per_1m for m in mode_costs],
                                       [m.cost.energy_estimated for m in mode_costs],
@@ -62,21 +66,35 @@ def _cost_section(ctx: Context, values: dict) -> None:
                     width="stretch")
     st.caption(f"Prices: {md_safe(prices_text(run_costs, values))}. The inputs under Node projection price this "
                "part too; one left at 0 (node price: the runs' recorded price) keeps each run's own.")
-    for m in mode_costs:
+    for mode in dict.fromkeys([*(m.mode for m in mode_costs), *(r.mode for r in unpriced)]):
+        m = next((x for x in mode_costs if x.mode == mode), None)
+        share = priced.share(mode)  # a figure over only some of the mode's runs says so
+        if share:
+            st.caption(f"{charts.MODE_NAMES[mode]}: " + (f"cost {md_safe(share)}." if m else
+                                                         f"no cost: {md_safe(share)}."))
+        if m is None:
+            continue
         # only some runs with energy: say how many, in the CLI's words (the total is hardware only)
         partial = partial_energy_text(m, run_costs)
         if partial:
             st.caption(f"{charts.MODE_NAMES[m.mode]}: {md_safe(partial)}: hardware only.")
         elif m.cost.reason:
             st.caption(f"{charts.MODE_NAMES[m.mode]}: {md_safe(m.cost.reason)}.")
-    table = pd.DataFrame([{
+    rows = [{
         "run": rc.run.run_id, "mode": rc.run.mode, "workload": rc.run.workload, "node": rc.run.node_id,
         "measured on": rc.measured_on, "priced as": rc.node_price.priced_as, "node $/h": rc.node_price.usd_per_hour,
         "output tokens": rc.run.stats.output_tokens, "tokens/s": rc.run.stats.tokens_per_s,
         "hardware $/1M": rc.cost.hardware_usd_per_1m, "energy $/1M": rc.cost.energy_usd_per_1m,
         "total $/1M": rc.cost.total_usd_per_1m,
         "energy estimated": rc.cost.energy_estimated if rc.cost.energy_usd_per_1m is not None else None,
-    } for rc in run_costs])
+    } for rc in run_costs]
+    rows += [{  # a run no price covers: its costs missing (—), never 0
+        "run": r.run_id, "mode": r.mode, "workload": r.workload, "node": r.node_id, "measured on": r.device,
+        "priced as": "no price", "node $/h": None, "output tokens": r.stats.output_tokens,
+        "tokens/s": r.stats.tokens_per_s, "hardware $/1M": None, "energy $/1M": None, "total $/1M": None,
+        "energy estimated": None,
+    } for r in unpriced]
+    table = pd.DataFrame(sorted(rows, key=lambda row: row["run"]))
     with st.expander("Cost per run"):
         show_table(table, money=("hardware $/1M", "energy $/1M", "total $/1M"))
         download_csv("Download cost per run (CSV)", table, "cost-per-run.csv", "dl_cost_runs")

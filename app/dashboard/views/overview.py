@@ -157,13 +157,18 @@ def body(ctx: Context) -> None:
     f = ctx.sel.filters
     modes = {m.mode: m.stats for m in data.mode_summaries(ctx.url, f)}
     # priced as the Cost & capacity page prices them: its inputs where set, else the runs' own prices
-    run_costs, mode_costs, unpriced = priced_costs(ctx.url, f, assumptions.get())
-    # the runs in view (as costed, or as summarised where they could not be priced)
-    runs = [rc.run for rc in run_costs] if not unpriced else data.run_summaries(ctx.url, f)
+    priced = priced_costs(ctx.url, f, assumptions.get())
+    run_costs, mode_costs, unpriced = priced.run_costs, priced.mode_costs, priced.note
+    # the runs in view (as costed or named unpriced, or as summarised where the prices were refused)
+    runs = priced.runs() if not priced.error else data.run_summaries(ctx.url, f)
+    # a mode's cost over only some of its runs (the others have no price) says so wherever it shows
+    share = {m: priced.share(m) for m in modes}
     cost = {m.mode: m.cost for m in mode_costs}
     by_mode = {m.mode: m for m in mode_costs}
     # where each mode's energy comes from: measured | estimated | partly estimated (runs of both pooled)
     source = {m: energy_source(r for r in runs if r.mode == m) for m in modes}
+    # and of the energy in each mode's cost: its priced runs' (an unpriced run's energy is in no cost)
+    cost_source = {m: energy_source(rc.run for rc in run_costs if rc.run.mode == m) for m in modes}
     speedups = data.speedups(ctx.url, f)
     proj, a, proj_error = _projection(ctx)
 
@@ -193,11 +198,15 @@ def body(ctx: Context) -> None:
         said = [*([compared] if compared else []), priced, *projection_notes(proj)]
         st.caption(md_safe("Projection: " + "; ".join(said) + "."))
         show_projection_caveats(proj)
-    disagree = cost_vs_savings_note(cost.get("spec"), cost.get("ar"), proj.projection if proj else None)
+    # the costs' disagreement with the savings: not where a mode's cost leaves runs out (no price)
+    disagree = None if any(share.values()) else cost_vs_savings_note(cost.get("spec"), cost.get("ar"),
+                                                                      proj.projection if proj else None)
     if disagree:
         st.caption(disagree)
     if unpriced:
-        st.warning(f"Cost per 1M tokens: {md_safe(unpriced)}.")
+        st.warning(f"Cost per 1M tokens: {md_safe(unpriced)}."
+                   + (" The priced runs' costs are shown, each mode's over its priced runs only (said beside it)."
+                      if run_costs else ""))
     incomplete = incomplete_runs_text(runs, SHOWN_RUN_IDS)
     if incomplete:
         st.caption(f"Note: {md_safe(incomplete)} The Runs page shows each run's status.")
@@ -221,6 +230,11 @@ def body(ctx: Context) -> None:
                 continue
             compare = mode == "spec" and not mixed
             said_mixed = mixed_help if mode == "spec" else ""
+            # against AR only where both costs are over all of their mode's runs: a mode priced over some of its
+            # runs against the other over all of them is no like-for-like change
+            partly_priced = [f"{'AR' if m == 'ar' else 'spec'} {share[m]}" for m in ("spec", "ar")
+                             if share.get(m) and m in cost]
+            cost_compare = compare and not partly_priced
             # some requests have energy and some not: J/token covers those that do, the cost holds no energy
             partial = s.energy_j is not None and not s.energy_complete
             # only some runs have energy: how many, in the CLI's words
@@ -239,9 +253,10 @@ def body(ctx: Context) -> None:
             # a total whose energy part was estimated is labelled on the tile, as the J/token beside it
             estimated = bool(c and c.energy_included and c.energy_estimated)
             partly = source[mode] == PARTLY_ESTIMATED
-            cost_delta = _cost_vs_ar(c, other_c, source[mode], source.get("ar")) if compare else {}
+            cost_delta = _cost_vs_ar(c, other_c, cost_source[mode], cost_source.get("ar")) if cost_compare else {}
             on_hardware = "(hardware parts)" in cost_delta.get("delta", "")
-            cost_tile.metric("Cost per 1M tokens" + (f" (incl. {'partly ' if partly else ''}estimated energy)"
+            cost_partly = cost_source[mode] == PARTLY_ESTIMATED
+            cost_tile.metric("Cost per 1M tokens" + (f" (incl. {'partly ' if cost_partly else ''}estimated energy)"
                                                  if estimated else ""), usd_amount(total),
                          **cost_delta,
                          delta_color="inverse",
@@ -253,6 +268,11 @@ def body(ctx: Context) -> None:
                                  else "")
                               + (f" Prices: {md_safe(prices_text(mine, a))}." if c
                                  else f" No cost: {md_safe(unpriced)}." if unpriced else "")
+                              + (f" Over the priced runs only: {md_safe(share[mode])}; {md_safe(unpriced)}."
+                                 if c and share.get(mode) else "")
+                              + (" No change against AR shown: "
+                                 f"{md_safe('; '.join(partly_priced))} (no like-for-like comparison)."
+                                 if compare and partly_priced else "")
                               + (" Against AR: the hardware parts, as the two totals' energy is not on one basis "
                                  "(estimated in one, metered or absent in the other)." if on_hardware else "")
                               + said_mixed)
@@ -300,6 +320,7 @@ def body(ctx: Context) -> None:
                        + (f" · cost is hardware only ({md_safe(no_energy)})"
                           if total is not None and not c.energy_included
                           else f" · no cost ({md_safe(c.reason)})" if total is None and c and c.reason else "")
+                       + (f" · cost {md_safe(share[mode])}" if c and share.get(mode) else "")
                        + "".join(f" · {md_safe(x)}" for x in said))
 
     if speedups:
