@@ -271,3 +271,16 @@ def test_a_sweeps_speedup_above_its_acceptance_length_is_warned_on_the_cost_page
     sweep = [w.value for w in at.warning if w.value.startswith("Sweep, ")]
     assert len(sweep) == 1 and sweep[0].startswith("Sweep, concurrency 1: measured 8.00x is above the mean "
                                                    "acceptance length 2.05"), sweep
+
+
+def test_the_overview_queries_the_speedups_once_and_still_flags_the_impossible_one(sqlite_url, monkeypatch):
+    """The Overview queried the speedups for its own tile and table, and again inside its projection
+    (project_from_store) for the same runs: the projection takes the page's (speedups_in_view). Its caveat is
+    said all the same."""
+    inflated_ar(sqlite_url)
+    calls = _count_speedups(monkeypatch)
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    assert len(calls) == 1, calls
+    assert any(w.value.startswith("Projection: the node counts and savings rest on a speedup no machine can produce")
+               for w in at.warning), [w.value for w in at.warning]

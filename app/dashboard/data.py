@@ -87,9 +87,13 @@ UNPRICED_HERE = ("or leave them out with the sidebar's filters, or price every r
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def projection(url: str, f: Filters, inputs: dict) -> costing.StoreProjection:
-    """`costing.project_from_store` (which runs `finops.project` on the measured capacities)."""
-    return costing.project_from_store(engine(url), f, **inputs)
+def projection(url: str, f: Filters, inputs: dict,
+               _speedups: tuple[queries.Speedup, ...] | None = None) -> costing.StoreProjection:
+    """`costing.project_from_store` (which runs `finops.project` on the measured capacities). `_speedups`: the
+    page's `speedups(url, f)` where it has them already (the Overview), taken for the projection's
+    impossible-speedup caveat instead of querying them again; not part of the cache key (Streamlit hashes no
+    argument named with a leading underscore): they are a function of `url` and `f`, which are."""
+    return costing.project_from_store(engine(url), f, **inputs, speedups_in_view=_speedups)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -120,10 +120,12 @@ def _tokens_vs_ar(speedups) -> tuple[dict, str]:
     return delta, (f"{pooled} Against AR: the Speedup's comparison ({s.label}), not these pooled figures.")
 
 
-def _projection(ctx: Context):
+def _projection(ctx: Context, speedups):
+    """The projection at the assumptions; `speedups`: the page's own (`data.speedups` of the same url and
+    filters), which the projection's impossible-speedup caveat takes instead of querying them again."""
     a = assumptions.get()
     try:
-        return data.projection(ctx.url, ctx.sel.filters, a), a, None
+        return data.projection(ctx.url, ctx.sel.filters, a, tuple(speedups)), a, None
     except ValueError as exc:  # nothing to project from, or no price for the device
         return None, a, in_page_words(str(exc))
 
@@ -170,7 +172,7 @@ def body(ctx: Context) -> None:
     # and of the energy in each mode's cost: its priced runs' (an unpriced run's energy is in no cost)
     cost_source = {m: energy_source(rc.run for rc in run_costs if rc.run.mode == m) for m in modes}
     speedups = data.speedups(ctx.url, f)
-    proj, a, proj_error = _projection(ctx)
+    proj, a, proj_error = _projection(ctx, speedups)
 
     speed_value, speed_help = _speedup_text(speedups)
     spec = modes.get("spec")
