@@ -1201,6 +1201,10 @@ def test_a_period_with_one_unpriced_run_keeps_the_priced_runs_costs_and_says_whi
     assert "no price" not in change["spec cost per 1M tokens (USD)"]["compared"]
     page = open(rec.html_path, encoding="utf-8").read()
     assert said.replace("'", "&#x27;") in page
+    from telemetry.delivery import email_text
+
+    (line,) = [x for x in email_text(rec.summary)[1].splitlines() if x.startswith("Cost per 1M tokens, AR: $")]
+    assert line.endswith(f"; {said}"), line  # the e-mail's figure says it leaves a run out too
 
 
 def test_a_report_into_a_folder_the_terminal_cannot_spell_is_written_and_said_once(store, tmp_path):
