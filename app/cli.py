@@ -152,7 +152,7 @@ def describe_failure(exc: BaseException, store=None, command: str = "COMMAND") -
 
     from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 
-    from telemetry.db import store_full_error
+    from telemetry.db import SQLITE_BUSY_TIMEOUT_MS, StoreLockedError, is_locked, store_full_error
 
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:  # not a bug: no traceback to offer
         return (f"no space left on the device holding {exc.filename}: free some space there" if exc.filename
@@ -160,6 +160,8 @@ def describe_failure(exc: BaseException, store=None, command: str = "COMMAND") -
     full = store_full_error(store, exc) if isinstance(exc, DBAPIError | sqlite3.Error) else None
     if full is not None:
         return str(full)
+    if isinstance(exc, DBAPIError) and is_locked(exc):  # a write no retry covers: name the file and the holder
+        return str(StoreLockedError(store, SQLITE_BUSY_TIMEOUT_MS / 1000))
     if isinstance(exc, DBAPIError):
         text = str(exc.orig or exc).strip()
         return f"cannot use the database: {text.splitlines()[0] if text else type(exc).__name__}"
@@ -179,20 +181,22 @@ def _is_environment_problem(exc: BaseException) -> bool:
     """Input or environment (a file, a database, a port, a missing extra) rather than a bug: exit 2."""
     from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 
+    from telemetry.db import StoreLockedError
     from telemetry.power import PowerSourceError
     from telemetry.store import StoreError
 
     return isinstance(exc, OSError | DBAPIError | NoSuchModuleError | ModuleNotFoundError | StoreError
-                      | PowerSourceError | OverflowError)
+                      | PowerSourceError | OverflowError | StoreLockedError)
 
 
 def _is_our_own_error(exc: BaseException) -> bool:
     """An error of ours that says in its message all there is to say (a missing store, an unusable power
     source): no traceback, even on --verbose."""
+    from telemetry.db import StoreLockedError
     from telemetry.power import PowerSourceError
     from telemetry.store import StoreError
 
-    return isinstance(exc, StoreError | PowerSourceError)
+    return isinstance(exc, StoreError | PowerSourceError | StoreLockedError)
 
 
 def _silence_stdout() -> None:

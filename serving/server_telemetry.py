@@ -32,11 +32,15 @@ RECORDED_IN_HEADER = "X-Specfinops-Recorded-In"
 
 def publish_client_key(engine, run_id: int) -> str:
     """A new random client key, stored with the server's run `run_id` (table serve_keys)."""
-    from telemetry.db import ServeKey
+    from telemetry.db import ServeKey, retry_while_locked
 
     key = secrets.token_hex(16)
-    with engine.begin() as conn:
-        conn.execute(ServeKey.__table__.insert().values(run_id=run_id, key=key))
+
+    def write() -> None:  # one transaction, waited for while another process holds the store locked
+        with engine.begin() as conn:
+            conn.execute(ServeKey.__table__.insert().values(run_id=run_id, key=key))
+
+    retry_while_locked(engine, write)
     return key
 
 

@@ -15,10 +15,11 @@ import os
 import sqlite3
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import unquote
 
 from sqlalchemy import (
@@ -39,7 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import text as sql_text
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 logger = logging.getLogger(__name__)
@@ -305,19 +306,76 @@ def resolve_db_url(url: str | None = None) -> str:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
     try:
-        make_url(url)
+        u = make_url(url)
     except ArgumentError as exc:
         raise ValueError(f"database URL {url!r} cannot be parsed (expected e.g. sqlite:///var/specfinops.db or "
                          "postgresql://user@host:5432/db)") from exc
+    uri_args = sorted(set(u.query) & SQLITE_URI_ARGS)
+    if u.get_backend_name() == "sqlite" and uri_args and str(u.query.get("uri", "")).lower() not in ("true", "1"):
+        # the driver ignores them (a warning at most): `?mode=ro` opened the store writable, and `prices set` wrote
+        raise ValueError(f"database URL {url!r}: SQLite takes {', '.join(uri_args)} only in a URI, and without it "
+                         "ignores them (mode=ro would not be read-only): write it as sqlite:///file:/path/store.db?"
+                         f"{'&'.join(f'{k}={u.query[k]}' for k in uri_args)}&uri=true")
     return url
 
 
+# SQLite's URI parameters: the driver takes them only with uri=true (sqlite:///file:/path.db?mode=ro&uri=true)
+SQLITE_URI_ARGS = frozenset({"mode", "cache", "immutable", "nolock", "psow", "vfs"})
 SQLITE_BUSY_TIMEOUT_MS = 5000
+# How long a command's own write (a run's start, `prices set`) waits, in tries of SQLITE_BUSY_TIMEOUT_MS, while
+# another process holds the store's write lock, before it says so and gives up (`retry_while_locked`).
+SQLITE_LOCK_WAIT_S = 60.0
+T = TypeVar("T")
 # How long a schema change waits for the write lock another process holds (another opener creating or
 # upgrading the same store): an upgrade of a big store rebuilds tables for minutes.
 SQLITE_MIGRATION_WAIT_MS = 30 * 60 * 1000
 MIGRATION_TRY_MS = 250  # ... in waits this long, so that a Ctrl-C between them stops it (`_begin_immediate`)
 PG_MIGRATION_LOCK_KEY = 0x5EC_F1A0  # pg_advisory_xact_lock key: one process changes the schema at a time
+
+
+class StoreLockedError(RuntimeError):
+    """A write to a SQLite store that another process kept its write lock on for longer than this one waited:
+    SQLite says only 'database is locked', naming neither the file nor who holds it."""
+
+    def __init__(self, path: Path | None, waited_s: float):
+        store = f"the store {path}" if path is not None else "the store"
+        super().__init__(f"{store} is locked: another process holds a write lock on it (still after {waited_s:.0f} "
+                         "s of waiting); nothing was written. Retry once it is done")
+        self.path = path
+
+
+def is_locked(exc: BaseException) -> bool:
+    """Whether `exc` (a DBAPIError or its sqlite3 error) is SQLite's 'database is locked': another process holds
+    the write lock longer than the busy timeout."""
+    orig = getattr(exc, "orig", None) or exc
+    name = getattr(orig, "sqlite_errorname", "") or ""
+    return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "database is locked" in str(orig)
+
+
+def retry_while_locked(engine: Engine, write: Callable[[], T]) -> T:
+    """`write()` (one whole transaction: a failed try leaves nothing written), tried again with backoff while a
+    SQLite store stays locked by another process, up to SQLITE_LOCK_WAIT_S; said once on stderr after the first
+    try (itself SQLITE_BUSY_TIMEOUT_MS long), then StoreLockedError naming the file. A bench that had loaded its
+    model died on the first 5 s lock another writer held. PostgreSQL waits for its row locks by itself."""
+    if engine.dialect.name != "sqlite":
+        return write()
+    started = time.monotonic()
+    delay, said = 0.1, False
+    while True:
+        try:
+            return write()
+        except DBAPIError as exc:
+            if not is_locked(exc):
+                raise
+            waited = time.monotonic() - started
+            if waited >= SQLITE_LOCK_WAIT_S:
+                raise StoreLockedError(sqlite_file(engine.url.render_as_string()), waited) from None
+        if not said:
+            logger.warning("the store %s is locked by another process (writing to it): waiting up to %.0f s for it",
+                           sqlite_file(engine.url.render_as_string()) or "", SQLITE_LOCK_WAIT_S)
+            said = True
+        time.sleep(min(delay, max(0.0, SQLITE_LOCK_WAIT_S - (time.monotonic() - started))))
+        delay = min(2 * delay, 2.0)
 
 
 class StoreFolderError(PermissionError):
@@ -409,8 +467,8 @@ def sqlite_file(url: str) -> Path | None:
     (`sqlite:///file:/path/store.db?mode=ro&uri=true`, read-only) names /path/store.db."""
     if not url.startswith("sqlite"):
         return None
-    path = url.split("///", 1)[-1] if "///" in url else ""
-    u = make_url(url)
+    u = make_url(url)  # the file as the driver opens it: without the query (`?timeout=30`, `?mode=ro`)
+    path = u.database or ""
     if str(u.query.get("uri", "")).lower() in ("true", "1") and (u.database or "").startswith("file:"):
         if u.query.get("mode") == "memory":
             return None

@@ -45,7 +45,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from telemetry.db import Price, Run, utcnow
+from telemetry.db import Price, Run, retry_while_locked, utcnow
 
 ELECTRICITY = "electricity"
 PUE = "pue"
@@ -265,10 +265,13 @@ def set_price(
     name (in any case) between this call's look-up and its insert, the insert fails and is retried once as an
     update of that row, as if this call had come second."""
     value, as_of = check_price(name, value, source=source, kind=kind, as_of=as_of)
+    def write() -> PriceEntry:  # one transaction: waited for while another process holds the store locked
+        return _set_price(engine, name, value, source=source, kind=kind, as_of=as_of)
+
     try:
-        return _set_price(engine, name, value, source=source, kind=kind, as_of=as_of)
+        return retry_while_locked(engine, write)
     except _LostRace:
-        return _set_price(engine, name, value, source=source, kind=kind, as_of=as_of)
+        return retry_while_locked(engine, write)
 
 
 class _LostRace(Exception):

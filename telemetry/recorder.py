@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from telemetry.db import PowerSample, Request, Run, Step, TokenEvent
+from telemetry.db import PowerSample, Request, Run, Step, TokenEvent, retry_while_locked
 from telemetry.power import PowerSampler, PowerSource
 from telemetry.prices import load_catalog, price_snapshot
 from telemetry.records import BadRecord, PowerReading, RequestRecord, RunInfo, request_problem
@@ -158,7 +158,8 @@ class Recorder:
     # ---------------------------------------------------------------- caller side
 
     def start_run(self, info: RunInfo) -> int:
-        """Insert the run row now (status 'running') and return its id; raises if the database is down.
+        """Insert the run row now (status 'running') and return its id; raises if the database is down. A SQLite
+        store another process holds locked is waited for (telemetry.db.retry_while_locked), then named.
 
         The row carries the prices in force now (prices.price_snapshot, read in the same transaction), so
         the run keeps its cost when the catalog is edited later; a RunInfo's own price_snapshot is kept."""
@@ -169,11 +170,15 @@ class Recorder:
             logger.warning("run seed %d does not fit runs.seed (a signed 64-bit integer): recorded as unknown",
                            row["seed"])
             row["seed"] = None
-        with self._engine.begin() as conn:
-            if row["price_snapshot"] is None:
-                row["price_snapshot"] = price_snapshot(load_catalog(conn), info.device, started_at)
-            run_id = conn.execute(insert(_runs).returning(_runs.c.id), row).scalar_one()
-        return int(run_id)
+        snapshot = row["price_snapshot"]
+
+        def insert_run() -> int:  # one transaction: a try that meets another writer's lock leaves nothing
+            with self._engine.begin() as conn:
+                row["price_snapshot"] = snapshot if snapshot is not None else price_snapshot(
+                    load_catalog(conn), info.device, started_at)
+                return int(conn.execute(insert(_runs).returning(_runs.c.id), row).scalar_one())
+
+        return retry_while_locked(self._engine, insert_run)
 
     def record_request(self, run_id: int, rec: RequestRecord) -> None:
         """Hot path: enqueue only. Dropped (and counted for the run) when the buffer is full."""

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from telemetry.db import Sweep
+from telemetry.db import Sweep, retry_while_locked
 from telemetry.queries import COMPARED_FIELDS, Filters, config_summaries, field_text, key_of, varying_fields
 
 
@@ -85,14 +85,17 @@ def record_sweep(engine: Engine, *, node_id: str, device: str, target: str, draf
     """Compute the crossover of these runs and store the sweep. Returns (sweep id, crossover, points)."""
     points = sweep_points(engine, run_ids)
     cross = crossover(points)
-    with Session(engine) as s, s.begin():
-        row = Sweep(node_id=node_id, device=device, target=target, drafter=drafter, k_policy=k_policy,
-                    workload=workload, dtype=dtype, levels=[p.concurrency for p in points],
-                    run_ids=list(run_ids), crossover_concurrency=cross)
-        s.add(row)
-        s.flush()
-        sweep_id = row.id
-    return sweep_id, cross, points
+
+    def write() -> int:  # one transaction, waited for while another process holds the store locked
+        with Session(engine) as s, s.begin():
+            row = Sweep(node_id=node_id, device=device, target=target, drafter=drafter, k_policy=k_policy,
+                        workload=workload, dtype=dtype, levels=[p.concurrency for p in points],
+                        run_ids=list(run_ids), crossover_concurrency=cross)
+            s.add(row)
+            s.flush()
+            return row.id
+
+    return retry_while_locked(engine, write), cross, points
 
 
 def latest_sweep(engine: Engine, *, target: str | None = None, drafter: str | None = None) -> Sweep | None:
