@@ -14,6 +14,7 @@ import importlib.util
 import logging
 import os
 import sqlite3
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,27 +153,36 @@ def _diff_tables(diffs: list) -> str:
     return "; ".join(parts)
 
 
-def upgrade_to_head(engine: Engine) -> None:
+def upgrade_to_head(engine: Engine) -> str | None:
     """Bring the schema to head in one transaction that a failure or a kill rolls back whole: SQLite under its
     write lock (BEGIN IMMEDIATE), PostgreSQL under an advisory lock (telemetry.db.migration_transaction). A
-    second process waits for the first, then finds the store at head."""
+    second process waits for the first, then finds the store at head. Returns the revision a store was upgraded
+    from; None where no older schema was upgraded (a new store given its schema, one already at head)."""
     head = head_revision()
     with migration_transaction(engine) as conn:
-        _upgrade(engine, conn, head)
+        return _upgrade(engine, conn, head)
 
 
-def _upgrade(engine: Engine, conn: Connection, head: str) -> None:
+def _upgrade(engine: Engine, conn: Connection, head: str) -> str | None:
     """The upgrade itself, inside the caller's transaction (its lock held)."""
     current = current_revision(conn)
     if current == head:
-        return  # another process upgraded while we waited
+        return None  # another process upgraded while we waited
     if current is not None and current not in known_revisions():
         raise newer_revision_error(current)
     cfg = alembic_config(engine.url.render_as_string(hide_password=False), connection=conn)
     if current is None and stamp_if_created_without_alembic(conn, cfg):
-        return
+        return None
     logger.info("upgrading store from %s to %s", current or "empty", head)
     command.upgrade(cfg, "head")
+    return current
+
+
+def say_upgraded(url: str, was: str) -> None:
+    """One line on stderr for a store a command upgraded as it opened it: every process of this version does
+    (README), and a store upgraded so is one older versions refuse, so it is said, not done silently."""
+    print(f"upgraded the store {shown_url(url)} from revision {was} to {head_revision()} (every process of this "
+          "version upgrades an older store; older specfinops versions will refuse it)", file=sys.stderr)
 
 
 class NoStoreError(StoreError):
@@ -363,7 +373,7 @@ def _open_existing_or_new(url: str, path: Path | None, *, must_exist: bool) -> E
     try:
         if not url.startswith("sqlite"):  # a server's database: no WAL to keep off, so its engine reads it
             _refuse_unless_a_store(engine, url, must_exist=must_exist)
-        upgrade_to_head(engine)
+        was = upgrade_to_head(engine)
     except NotAStoreError:
         engine.dispose()
         raise
@@ -378,6 +388,8 @@ def _open_existing_or_new(url: str, path: Path | None, *, must_exist: bool) -> E
         if said is not None:
             raise said from None
         raise
+    if was is not None:  # a new store given its schema is not said: nothing older was there to change
+        say_upgraded(url, was)
     return engine
 
 
@@ -491,6 +503,12 @@ def _cannot_upgrade(engine: Engine, url: str, why: str) -> StoreError | None:
         return StoreError(
             f"{needs}, but {role} may not change its schema, so it cannot be upgraded: run `specfinops db upgrade "
             "--db URL` as a role that may (the owner of its tables), then use it again"
+        )
+    if sqlite_file(url) is None:  # a server's database: no file to copy; a session or role that may write can
+        return StoreError(
+            f"{needs}, but it is open read-only (a read-only session, transaction or server), so it cannot be "
+            "upgraded: run `specfinops db upgrade --db URL` with a role and session that can write (without "
+            "default_transaction_read_only, on the primary), then use it again"
         )
     return StoreError(
         f"{needs}, but it is open read-only, so it cannot be upgraded: run `specfinops db upgrade --db COPY` on a "
