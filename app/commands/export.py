@@ -37,6 +37,9 @@ EXAMPLES = """  specfinops export --what requests --out requests.csv
   specfinops export --what requests --workload code --mode spec --out spec-code.csv
   specfinops export --what steps --temperature 0.8 --top-k 40 --max-new-tokens 128 --out sampled-steps.csv
   specfinops export --what requests --invocation latest --out last-bench.csv   # the last bench's requests
+
+columns: every column of each --what, with its unit and meaning (offsets such as emit_offset_ms are from the
+request's start; a missing value is an empty cell, never 0), is in docs/export.md
 """
 
 SAMPLING_NOTE = ("requests, steps and tokens: each request's own sampling where it recorded one (a server's "
@@ -48,7 +51,8 @@ def register(sub) -> None:
 
     p = add_command(sub, "export", "Export requests, steps, token events, power samples or cost to CSV.", EXAMPLES, run)
     add_db_option(p)
-    p.add_argument("--what", required=True, metavar="|".join(EXPORT_KINDS), help="which table to export")
+    p.add_argument("--what", required=True, metavar="|".join(EXPORT_KINDS),
+                   help="which table to export (its columns: docs/export.md)")
     p.add_argument("--out", required=True, metavar="FILE", help="output CSV file, '-' for stdout")
     p.add_argument("--since", metavar="ISO", help="only rows at or after this time (UTC unless an offset is given)")
     p.add_argument("--until", metavar="ISO", help="only rows before this time")

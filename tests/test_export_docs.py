@@ -1,0 +1,50 @@
+"""Every column `specfinops export` writes is named in docs/export.md, the page `export --help` points to."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from telemetry.export import COST_HEADER, EXPORT_KINDS, QUERIES, ExportWindow
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "export.md"
+
+
+def _header(what: str) -> list[str]:
+    """The header an export of `what` writes, read where export_rows takes it from."""
+    if what == "cost":
+        return list(COST_HEADER)
+    return [c.name for c in QUERIES[what](ExportWindow()).selected_columns]
+
+
+def _section(what: str) -> str:
+    text = DOC.read_text()
+    match = re.search(rf"^## `--what {what}`.*?(?=^## |\Z)", text, re.S | re.M)
+    assert match, f"docs/export.md has no section for --what {what}"
+    return match.group(0)
+
+
+@pytest.mark.parametrize("what", EXPORT_KINDS)
+def test_every_exported_column_is_documented_in_its_section(what):
+    section = _section(what)
+    documented = set(re.findall(r"^- `([a-z_0-9]+)`", section, re.M))
+    header = _header(what)
+    assert header, what
+    missing = [c for c in header if c not in documented]
+    assert not missing, f"docs/export.md's --what {what} section does not name {missing}"
+    assert not documented - set(header), f"docs/export.md names columns --what {what} does not write"
+
+
+def test_the_cost_section_names_where_cost_json_keys_differ():
+    section = _section("cost")
+    for column, key in (("node_usd_per_hour", "node_hourly_usd"), ("note", "reason"), ("device", "measured_on")):
+        assert f"| `{column}` | `{key}` |" in section
+
+
+def test_export_help_points_to_the_column_reference(capsys):
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    assert "docs/export.md" in capsys.readouterr().out
