@@ -83,6 +83,16 @@ ONE_SHOT_REPORTS = frozenset({"cost", "project", "report", "export", "invocation
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line's entry point. A Ctrl-C at any point, the parser's build (every command module imported)
+    and the options' parsing included, ends with the line "interrupted" and exit 130, never a traceback."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     for stream in (sys.stdout, sys.stderr):  # a path or name the terminal's encoding cannot show (LC_ALL=C, a
         # non-ASCII --out): escaped, as stderr's are by default; `report` wrote its report, then failed on the line
         # naming it, and a rerun recorded it twice
