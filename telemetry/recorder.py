@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from telemetry.db import PowerSample, Request, Run, Step, TokenEvent, retry_while_locked
+from telemetry.db import PowerSample, Request, Run, Step, TokenEvent, retry_while_locked, sqlite_file
 from telemetry.power import PowerSampler, PowerSource
 from telemetry.prices import load_catalog, price_snapshot
 from telemetry.records import BadRecord, PowerReading, RequestRecord, RunInfo, request_problem
@@ -219,8 +219,15 @@ class Recorder:
         if not self.flush(timeout_s):
             raise RecorderError(
                 f"run {run_id}: {self.buffered()} records still unwritten after {timeout_s} s "
-                f"(last database error: {self._last_error}); they stay buffered and are retried"
+                f"(last database error: {self._last_error}){self._locked_text()}; they stay buffered and are retried"
             )
+
+    def _locked_text(self) -> str:
+        """Where the last error was SQLite's 'database is locked': which file, and that another process holds it."""
+        if "database is locked" not in (self._last_error or ""):
+            return ""
+        path = sqlite_file(self._engine.url.render_as_string())
+        return f": the store {path or ''} is locked, another process holds a write lock on it"
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything enqueued so far is committed; False when `timeout` (s) ran out first."""

@@ -5,17 +5,19 @@ the file and the lock, writing nothing."""
 from __future__ import annotations
 
 import logging
+import random
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from recorder_child import run_info
+from recorder_child import run_info, synthetic_request
 from sqlalchemy import text
 
 from app.cli import main
 from telemetry import db
-from telemetry.recorder import Recorder
+from telemetry.recorder import Recorder, RecorderError
 from telemetry.store import open_store
 
 HOLD_LOCK = """
@@ -94,3 +96,21 @@ def test_a_recorder_start_gives_up_with_the_clear_error(empty_store, tmp_path, m
         rec.close()
         engine.dispose()
     assert _count(empty_store, "SELECT count(*) FROM runs") == 0
+
+
+def test_a_run_end_the_lock_kept_out_names_the_file_and_the_lock(empty_store, tmp_path):
+    engine = open_store(empty_store)
+    rec = Recorder(engine, flush_interval_s=0.02, sqlite_busy_timeout_ms=20, retry_max_s=0.05)
+    run_id = rec.start_run(run_info())
+    holder = _hold_lock(tmp_path / "store.db", 60)
+    try:
+        rec.record_request(run_id, synthetic_request(random.Random(0), 3))
+        store = re.escape(str(tmp_path / "store.db"))
+        with pytest.raises(RecorderError, match=rf"the store {store} is locked, another process holds a write lock"):
+            rec.end_run(run_id, timeout_s=0.5)
+    finally:
+        holder.kill()
+        holder.wait(30)
+    rec.close()  # the records were kept and are written once the lock is gone
+    assert _count(empty_store, f"SELECT count(*) FROM runs WHERE id = {run_id} AND status = 'completed'") == 1
+    engine.dispose()
