@@ -25,7 +25,9 @@ from datetime import UTC, datetime
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
 
 from serving.server_engine import EngineLoop, Finished, Job
@@ -95,6 +97,17 @@ class RequestLog:
             self._say(key, reopen=False)
 
 
+@dataclass(frozen=True)
+class CorsPolicy:
+    """Which web pages (origins) a browser lets call this API (`serve --allowed-origins`, as vLLM names them).
+    None on the state: no CORS header at all, so a page on another origin is blocked by its browser."""
+
+    origins: tuple[str, ...]
+    methods: tuple[str, ...] = ("*",)
+    headers: tuple[str, ...] = ("*",)
+    credentials: bool = False
+
+
 @dataclass
 class ServerState:
     """Everything the handlers share; built by `serving.server_setup.build_state`."""
@@ -121,6 +134,9 @@ class ServerState:
     # those of them still reading or checking their body (no job submitted yet): the grace's end cancels them
     reading: set[asyncio.Task] = field(default_factory=set)
     said: RequestLog = field(default_factory=RequestLog)  # rejections and cancellations, in the log
+    cors: CorsPolicy | None = None  # None: no CORS headers (`serve --allowed-origins` not given)
+    # SIGTERM received: /health answers 503 "stopping" and new requests are refused while those in flight finish
+    stopping: bool = False
 
     def __post_init__(self) -> None:
         if self.max_chars is None:
@@ -168,10 +184,13 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.serve = state
     _install_error_handlers(app)
     app.add_middleware(_UnexpectedErrors)
+    if state.cors is not None:  # outermost: a preflight is answered before routing, auth and telemetry
+        app.add_middleware(_Cors, allow_origins=state.cors.origins, allow_methods=state.cors.methods,
+                           allow_headers=state.cors.headers, allow_credentials=state.cors.credentials)
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' and uptime probes' check
     async def health():
-        ok = state.loop_engine.alive
+        ok = state.loop_engine.alive and not state.stopping  # draining (SIGTERM): out of the balancer's pool
         body = {"status": "ok" if ok else "stopping", "running": state.loop_engine.num_running,
                 "waiting": state.loop_engine.num_waiting}
         return JSONResponse(body, status_code=200 if ok else 503)
@@ -287,6 +306,28 @@ class _UnexpectedErrors:
             await answer(scope, receive, send)
 
 
+class _Cors(CORSMiddleware):
+    """Starlette's CORS, where an origin not allowed gets no CORS header at all (Starlette's sent it
+    Access-Control-Allow-Methods / -Credentials all the same): its preflight is refused (403, the API's error
+    shape) and its other requests pass untouched, so the browser blocks the page. A preflight never reaches
+    the routes: no API key asked (a browser sends none with it), nothing recorded or counted."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            headers = Headers(scope=scope)
+            origin = headers.get("origin")
+            if origin is not None and not self.is_allowed_origin(origin):
+                if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
+                    refused = JSONResponse(error_body(f"the origin {origin!r} is not allowed (serve "
+                                                      "--allowed-origins)", "invalid_request_error",
+                                                      code="origin_not_allowed"), status_code=403)
+                    await refused(scope, receive, send)
+                else:
+                    await self.app(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
 def _authorize(request: Request, state: ServerState) -> None:
     if state.api_key is None:
         return
@@ -307,6 +348,9 @@ async def _generate(request: Request, state: ServerState, kind: str):
     state.handlers.add(task)  # the app's shutdown waits for it to answer
     task.add_done_callback(state.handlers.discard)
     _authorize(request, state)
+    if state.stopping:  # draining after SIGTERM: the requests in flight finish, no new one starts here
+        _rejected(state, APIError(503, "the server is shutting down: it takes no new requests",
+                                  code="shutting_down"))
     state.reading.add(task)
     try:
         raw = await _read_body(request)
@@ -328,12 +372,17 @@ async def _generate(request: Request, state: ServerState, kind: str):
     try:
         state.loop_engine.submit(job)
     except APIError as exc:  # 503 overloaded / shutting_down: refused before the engine (not recorded)
-        state.metrics.observe_rejected(exc.code or "error")
-        state.said.note(logging.WARNING, "rejected", (exc.code or "error").replace("_", " "), exc.message)
-        raise
+        _rejected(state, exc)
     if checked.stream:
         return _EventStream(job, state)
     return await _complete(request, job, state)
+
+
+def _rejected(state: ServerState, exc: APIError) -> None:
+    """Raise `exc`, a request refused before the engine (503): counted on /metrics and said in the log."""
+    state.metrics.observe_rejected(exc.code or "error")
+    state.said.note(logging.WARNING, "rejected", (exc.code or "error").replace("_", " "), exc.message)
+    raise exc
 
 
 def _parse_and_check(raw: bytes, kind: str, state: ServerState) -> Checked:

@@ -12,12 +12,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from serving.sampling import SamplingParams
-from serving.server import ANSWER_AFTER_CANCEL_S, ServerState, create_app, refuse_readers, shutdown
+from serving.server import (
+    ANSWER_AFTER_CANCEL_S,
+    CorsPolicy,
+    ServerState,
+    create_app,
+    refuse_readers,
+    shutdown,
+)
 from serving.server_engine import EngineLoop
 from serving.server_metrics import ServeMetrics
 from serving.server_telemetry import MODES, ServeTelemetry, client_key_id, publish_client_key
@@ -31,6 +39,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH = 8
+DEFAULT_DRAIN_S = 5.0
+# what a browser sends as Origin: scheme://host[:port], nothing after it (a trailing '/' or a path never matches)
+_ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#]+")
 
 
 @dataclass
@@ -49,6 +60,13 @@ class ServeOptions:
     graceful_s: float = 30.0
     default_max_tokens: int | None = None  # a request without max_tokens: None = the room left in the window
     access_log: bool = False  # uvicorn's access log: one line per HTTP request (client, method, path, status)
+    # on SIGTERM, the listener stays open up to this long while requests are in flight: /health says "stopping"
+    drain_s: float = DEFAULT_DRAIN_S
+    # CORS (vLLM's option names): None = no CORS headers, a browser page on another origin is blocked
+    allowed_origins: list[str] | None = None
+    allowed_methods: list[str] | None = None  # None: every method ("*"), once origins are allowed
+    allowed_headers: list[str] | None = None  # None: every header ("*"), once origins are allowed
+    allow_credentials: bool = False
 
     def validate(self) -> None:
         if self.spec.max_batch < 1:  # before the spec's own check, which calls it "concurrency"
@@ -76,6 +94,38 @@ class ServeOptions:
             raise ValueError(f"--graceful-s must be a finite number of seconds >= 0, got {self.graceful_s:g}")
         if self.tdp_w is not None and not (math.isfinite(self.tdp_w) and self.tdp_w > 0):
             raise ValueError(f"--tdp-w must be a finite number of watts > 0, got {self.tdp_w:g}")
+        if not (math.isfinite(self.drain_s) and self.drain_s >= 0):
+            raise ValueError(f"--drain-s must be a finite number of seconds >= 0, got {self.drain_s:g}")
+        self._validate_cors()
+
+    def _validate_cors(self) -> None:
+        if self.allowed_origins is None:  # the CORS options alone would open nothing: said, not ignored
+            given = [name for name, value in (("--allowed-methods", self.allowed_methods),
+                                              ("--allowed-headers", self.allowed_headers),
+                                              ("--allow-credentials", self.allow_credentials or None))
+                     if value is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} without --allowed-origins: no origin is allowed (name the web "
+                                 "pages' origins, e.g. --allowed-origins http://localhost:3000)")
+            return
+        if not self.allowed_origins:
+            raise ValueError("--allowed-origins is empty (leave it out for no CORS at all)")
+        for origin in self.allowed_origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(f"--allowed-origins: {origin!r} is not an origin: scheme://host[:port] as a browser "
+                                 "sends it (no path, no trailing '/'), or '*'")
+        if self.allow_credentials and "*" in self.allowed_origins:
+            raise ValueError("--allow-credentials with --allowed-origins '*' would let every web page send its "
+                             "visitors' cookies: name the origins")
+        for name, values in (("--allowed-methods", self.allowed_methods), ("--allowed-headers", self.allowed_headers)):
+            if values is not None and (not values or not all(v.strip() for v in values)):
+                raise ValueError(f"{name} has an empty entry (leave it out for '*': every one)")
+
+    def cors(self) -> CorsPolicy | None:
+        if self.allowed_origins is None:
+            return None
+        return CorsPolicy(origins=tuple(self.allowed_origins), methods=tuple(self.allowed_methods or ["*"]),
+                          headers=tuple(self.allowed_headers or ["*"]), credentials=self.allow_credentials)
 
 
 def _k_policy(loaded: Loaded, mode: str) -> str:
@@ -165,7 +215,7 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None, source=None) -
                        tokenizer=loaded.tokenizer, decode=loaded.decode, api_key=opts.api_key,
                        created=int(time.time()), root=str(loaded.target_dir), card=card,
                        store_key=client_key,  # what RECORDED_IN_HEADER must carry: the key, not the store's name
-                       default_max_tokens=opts.default_max_tokens)
+                       default_max_tokens=opts.default_max_tokens, cors=opts.cors())
 
 
 def _prepare(opts: ServeOptions, loaded: Loaded | None) -> tuple[Loaded, Engine]:
@@ -211,6 +261,7 @@ def graceful_server(state: ServerState, opts: ServeOptions, *, log_level: str = 
         async def shutdown(self, sockets=None) -> None:
             deadline = asyncio.ensure_future(_cancel_after_grace(state, opts.graceful_s))
             try:
+                await _drain(state, opts.drain_s, lambda: self.force_exit)
                 await super().shutdown(sockets)
                 if self.force_exit:
                     # a second Ctrl-C (force quit): uvicorn stops waiting for the requests in flight and skips the
@@ -225,6 +276,30 @@ def graceful_server(state: ServerState, opts: ServeOptions, *, log_level: str = 
                             timeout_graceful_shutdown=opts.graceful_s + ANSWER_AFTER_CANCEL_S,
                             access_log=opts.access_log)
     return GracefulServer(config)
+
+
+def _in_flight(state: ServerState) -> int:
+    """Generation requests not answered yet: running, waiting, or still reading, checking or streaming."""
+    handlers = sum(not t.done() for t in state.handlers)
+    return max(handlers, state.loop_engine.num_running + state.loop_engine.num_waiting)
+
+
+async def _drain(state: ServerState, drain_s: float, forced) -> None:
+    """SIGTERM's first step: the server says it is stopping (/health 503 "stopping", new requests 503
+    `shutting_down`) on a listener that stays open, so a load balancer polling /health sees the node draining
+    and takes it out, up to `drain_s` while requests are in flight. uvicorn's own shutdown closed the listener at
+    once: a health check met a closed port and never a "stopping". An idle server goes straight on (nothing to
+    drain); so does a forced quit (a second Ctrl-C). The --graceful-s deadline counts from the signal."""
+    state.stopping = True
+    busy = _in_flight(state)
+    if not busy or drain_s <= 0:
+        return
+    logger.info("draining: /health answers 503 stopping and new requests are refused while %d request(s) in flight "
+                "finish (the listener closes after --drain-s %g at most)", busy, drain_s)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + drain_s
+    while _in_flight(state) and not forced() and loop.time() < end:
+        await asyncio.sleep(0.05)
 
 
 async def _cancel_after_grace(state: ServerState, graceful_s: float) -> None:

@@ -333,6 +333,90 @@ def test_sigterm_past_the_grace_answers_every_client_as_cancelled_and_ends_the_r
     assert all(by_id[i][0] == by_id[i][1] >= 1 for i in ids), rows  # what was streamed, recorded
 
 
+def _start_serve(*options: str) -> tuple[subprocess.Popen, str]:
+    """`specfinops serve` in a process of its own on a free port, once /health answers 200: (process, URL)."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--max-len", "1024", "--power", "none",
+           *options]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read())
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("server did not come up")
+        time.sleep(0.3)
+
+
+def test_sigterm_drains_health_says_stopping_while_the_stream_in_flight_finishes(tmp_path):
+    """A load balancer polling /health after SIGTERM saw nothing but a closed port: uvicorn closed the listener at
+    once and /health said "ok" until then. Now, while a request is in flight, the server keeps listening
+    (--drain-s): /health answers 503 {"status": "stopping"}, a new completion is refused 503 `shutting_down`,
+    the stream in flight runs to its end ([DONE], no error) and is recorded 'ok', and the process exits cleanly
+    (as before: by the SIGTERM uvicorn re-raises after its shutdown, or 0)."""
+    db_url = f"sqlite:///{tmp_path / 'store.db'}"
+    proc, url = _start_serve("--db", db_url, "--max-batch", "2", "--drain-s", "600", "--graceful-s", "600")
+    result: dict[str, object] = {}
+    streaming = threading.Event()
+
+    def stream(body: dict) -> None:
+        lines: list[str] = []
+        try:
+            with httpx.Client(timeout=600) as http, http.stream("POST", url + "/v1/completions", json=body) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        lines.append(line[6:])
+                        streaming.set()
+            result["stream"] = (r.status_code, lines)
+        except httpx.HTTPError as exc:
+            result["stream"] = (f"cut: {exc!r}", lines)
+
+    try:
+        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        body = {"model": model, "prompt": COUNT_PROMPT, "max_tokens": 200, "temperature": 0}
+        thread = threading.Thread(target=stream, args=({**body, "stream": True},))
+        thread.start()
+        assert streaming.wait(120), result
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while (health := httpx.get(url + "/health", timeout=5)).status_code == 200:  # until SIGTERM is seen
+            assert time.monotonic() < deadline, "/health never said stopping"
+            time.sleep(0.05)
+        refused = httpx.post(url + "/v1/completions", json={**body, "max_tokens": 4}, timeout=60)
+        assert thread.is_alive(), "the stream ended before the drain could be seen: make it longer"
+        thread.join(600)
+        rc = proc.wait(60)
+        log = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert health.status_code == 503 and health.json()["status"] == "stopping", (health.status_code, health.text)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down", refused.text
+    assert "shut" in refused.json()["error"]["message"]
+    status, lines = result["stream"]
+    assert status == 200 and lines[-1] == "[DONE]", (status, lines[-3:])
+    events = [json.loads(line) for line in lines[:-1]]
+    assert not any("error" in e for e in events), (lines[-3:], log)
+    assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length"), lines[-3:]
+    assert rc in (0, -signal.SIGTERM), log
+    assert "Traceback" not in log and "ERROR" not in log, log
+    with create_engine(db_url).connect() as c:
+        runs = c.execute(text("select mode, status from runs order by id")).all()
+        rows = c.execute(text("select external_id, status, output_tokens from requests")).all()
+    assert runs == [("spec", "completed"), ("ar", "completed")], runs
+    assert [(e, s) for e, s, _ in rows] == [(events[0]["id"], "ok")], rows  # the refused one: not recorded
+    assert rows[0][2] >= 1
+
+
 def test_requests_refused_as_overloaded_are_counted_on_metrics(tmp_path, caplog):
     """A request refused 503 `overloaded` (--max-waiting full) reached no engine, so neither the store nor
     specfinops:requests_total held it: /metrics showed no sign of the refusals a saturated server made.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from app.commands._common import (
@@ -19,9 +20,12 @@ from app.commands._common import (
 from app.commands.bench import node_id
 from serving.lookahead import DEFAULT_K
 
+DEFAULT_DRAIN_S = 5.0  # serving.server_setup.DEFAULT_DRAIN_S (not imported here: --help loads no server code)
+
 EXAMPLES = """  specfinops serve --db sqlite:///var/specfinops.db --port 8000
   specfinops serve --drafter early-exit --early-exit-layers 12 --k 3 --max-batch 16
   specfinops serve --api-key secret --host 127.0.0.1 --port 8000 --no-telemetry
+  specfinops serve --allowed-origins http://localhost:3000 --api-key secret   # a browser chat UI on :3000
   curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \\
        -H 'Authorization: Bearer secret' \\
        -d '{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "speculative": false}'
@@ -61,10 +65,43 @@ def register(sub) -> None:
     p.add_argument("--max-waiting", type=int, default=1024, help="queued requests before 503 (overloaded)")
     p.add_argument("--graceful-s", type=float, default=30.0,
                    help="on SIGTERM, seconds in-flight requests get to finish before they are cancelled")
+    p.add_argument("--drain-s", type=float, default=DEFAULT_DRAIN_S,
+                   help="on SIGTERM, while requests are in flight, keep listening up to this many seconds (within "
+                        "--graceful-s, which counts from the signal) with /health answering 503 "
+                        "{\"status\": \"stopping\"} and new requests refused (503 shutting_down), so a load "
+                        "balancer sees the node draining; an idle server stops at once; 0: close the listener at "
+                        f"once (default: {DEFAULT_DRAIN_S:g})")
+    p.add_argument("--allowed-origins", type=_names, default=None, metavar="ORIGINS",
+                   help="CORS: the web pages (origins, scheme://host[:port]) a browser may let call this API, "
+                        "comma-separated or a JSON list as vLLM takes it, e.g. http://localhost:3000; '*' for any. "
+                        "Default: none, no CORS headers at all (vLLM defaults to '*'; a server that records "
+                        "costs is not opened to every web page unless asked). Preflights need no API key and "
+                        "are not recorded")
+    p.add_argument("--allowed-methods", type=_names, default=None, metavar="METHODS",
+                   help="CORS: methods allowed to those origins (comma-separated or JSON list; default: '*')")
+    p.add_argument("--allowed-headers", type=_names, default=None, metavar="HEADERS",
+                   help="CORS: request headers allowed to those origins (comma-separated or JSON list; default: "
+                        "'*')")
+    p.add_argument("--allow-credentials", action="store_true",
+                   help="CORS: let those origins send cookies (refused beside --allowed-origins '*')")
     p.add_argument("--access-log", action="store_true",
                    help="log every HTTP request (uvicorn's access log: client, method, path, status); without it the "
                         "log says only what was refused (503) or cancelled, at most one line per kind each "
                         "10 s")
+
+
+def _names(value: str) -> list[str]:
+    """A CORS list: a JSON list of strings (vLLM's form, '["http://a:3000"]') or comma-separated names."""
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            names = json.loads(text)
+        except json.JSONDecodeError:
+            raise argparse.ArgumentTypeError(f"not a JSON list: {value!r}") from None
+        if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+            raise argparse.ArgumentTypeError(f"a JSON list of strings, got {value!r}")
+        return [n.strip() for n in names]
+    return [n.strip() for n in text.split(",")]
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -90,7 +127,9 @@ def handle(args: argparse.Namespace) -> int:
                         telemetry=not args.no_telemetry, node_id=args.node_id, power=args.power, tdp_w=args.tdp_w,
                         served_model_name=args.served_model_name, max_waiting=args.max_waiting,
                         graceful_s=args.graceful_s, default_max_tokens=args.default_max_tokens,
-                        access_log=args.access_log)
+                        access_log=args.access_log, drain_s=args.drain_s, allowed_origins=args.allowed_origins,
+                        allowed_methods=args.allowed_methods, allowed_headers=args.allowed_headers,
+                        allow_credentials=args.allow_credentials)
     opts.validate()  # cheap checks before loading a model
     bindable_port(args.host, args.port)  # a busy port or a bad --host now, not after minutes of loading
     from serving.server_setup import power_source
