@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import NoReturn
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -378,7 +379,7 @@ async def _generate(request: Request, state: ServerState, kind: str):
     return await _complete(request, job, state)
 
 
-def _rejected(state: ServerState, exc: APIError) -> None:
+def _rejected(state: ServerState, exc: APIError) -> NoReturn:
     """Raise `exc`, a request refused before the engine (503): counted on /metrics and said in the log."""
     state.metrics.observe_rejected(exc.code or "error")
     state.said.note(logging.WARNING, "rejected", (exc.code or "error").replace("_", " "), exc.message)

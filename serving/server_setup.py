@@ -124,7 +124,9 @@ class ServeOptions:
     def cors(self) -> CorsPolicy | None:
         if self.allowed_origins is None:
             return None
-        return CorsPolicy(origins=tuple(self.allowed_origins), methods=tuple(self.allowed_methods or ["*"]),
+        # a browser asks for the method in capitals ("POST"), which Starlette matches as written: "post" never did
+        methods = tuple(m.upper() for m in self.allowed_methods or ["*"])
+        return CorsPolicy(origins=tuple(self.allowed_origins), methods=methods,
                           headers=tuple(self.allowed_headers or ["*"]), credentials=self.allow_credentials)
 
 

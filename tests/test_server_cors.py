@@ -149,3 +149,10 @@ def test_the_drain_default_said_in_help_is_the_servers():
     from serving.server_setup import DEFAULT_DRAIN_S, ServeOptions
 
     assert said == DEFAULT_DRAIN_S == ServeOptions().drain_s
+
+
+def test_allowed_methods_match_as_browsers_send_them():
+    """A browser asks for "POST"; Starlette matches the list as written, so `--allowed-methods post` allowed none."""
+    from serving.server_setup import ServeOptions
+
+    assert ServeOptions(allowed_origins=[UI], allowed_methods=["post", "Get"]).cors().methods == ("POST", "GET")
