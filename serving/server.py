@@ -185,9 +185,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.serve = state
     _install_error_handlers(app)
     app.add_middleware(_UnexpectedErrors)
-    if state.cors is not None:  # outermost: a preflight is answered before routing, auth and telemetry
-        app.add_middleware(_Cors, allow_origins=state.cors.origins, allow_methods=state.cors.methods,
-                           allow_headers=state.cors.headers, allow_credentials=state.cors.credentials)
+    app.add_middleware(_CorsFromState, state=state)  # outermost: preflights answered before routing and auth
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' and uptime probes' check
     async def health():
@@ -327,6 +325,25 @@ class _Cors(CORSMiddleware):
                     await self.app(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
+
+
+class _CorsFromState:
+    """`state.cors` applied (`_Cors`), read on the first request as the handlers read the state (the app is
+    built before anything of the state is read); no CORS at all where it is None (the default)."""
+
+    def __init__(self, app, state: ServerState) -> None:
+        self.app, self.state = app, state
+        self._cors: _Cors | None = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        policy = self.state.cors
+        if policy is None:
+            await self.app(scope, receive, send)
+            return
+        if self._cors is None:
+            self._cors = _Cors(self.app, allow_origins=policy.origins, allow_methods=policy.methods,
+                               allow_headers=policy.headers, allow_credentials=policy.credentials)
+        await self._cors(scope, receive, send)
 
 
 def _authorize(request: Request, state: ServerState) -> None:
