@@ -295,6 +295,10 @@ def load_eagle(path: str | Path, target: CausalLM, dtype: torch.dtype,
         state = load_file(str(weights))
     except SafetensorError as exc:  # truncated, or not a safetensors file at all
         raise ValueError(f"{weights}: not a readable safetensors file ({exc})") from None
+    broken = next((k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())), None)
+    if broken is not None:  # a training run that diverged: every proposal would be noise, accepted never
+        raise ValueError(f"draft {path}: its weights hold NaN or infinite values ({broken} in {weights.name}), as a "
+                         "distill run that diverged leaves them: distill it again (a lower --lr)")
     try:
         draft.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}, strict=True)
     except RuntimeError as exc:  # "Error(s) in loading state_dict for EagleDraft:" and one line per difference

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shlex
 import shutil
@@ -225,6 +226,23 @@ def swap_in(new: Path, out: Path) -> None:
     shutil.rmtree(aside)
 
 
+def _finite(obj):
+    """`obj` (a model card, or part of one) with every float that is not a finite number (NaN, infinity) as None:
+    JSON has no such numbers, and strict parsers refuse the bare NaN json.dumps writes for them."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def card_json(card: dict) -> str:
+    """A model card as the file holds it: strict JSON (`_finite`), indented."""
+    return json.dumps(_finite(card), indent=2, allow_nan=False) + "\n"
+
+
 def write_output(out: Path, draft, extra: dict, target_dir: Path, card: dict) -> None:
     """The draft folder as one set: weights, config.json, the target's tokenizer files and model_card.json
     written into a sibling folder, then swapped in whole (`swap_in`), so a run killed at any moment leaves
@@ -235,7 +253,7 @@ def write_output(out: Path, draft, extra: dict, target_dir: Path, card: dict) ->
     try:
         save_draft(draft, new, extra)
         copy_tokenizer(target_dir, new)
-        (new / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
+        (new / "model_card.json").write_text(card_json(card))
         out.parent.mkdir(parents=True, exist_ok=True)
         swap_in(new, out)
     finally:
@@ -247,7 +265,7 @@ def write_card_only(out: Path, card: dict) -> None:
     import os
 
     tmp = out / f".model_card.json.partial-{os.getpid()}"
-    tmp.write_text(json.dumps(card, indent=2) + "\n")
+    tmp.write_text(card_json(card))
     tmp.replace(out / "model_card.json")
 
 
@@ -554,6 +572,7 @@ def run(args) -> int:
         BUDGET_CHANGED,
         BUDGET_GIVEN,
         TrainConfig,
+        TrainingDiverged,
         TrainingInterrupted,
         measure_c,
         new_draft,
@@ -847,6 +866,8 @@ def run(args) -> int:
     except TrainingInterrupted as exc:
         _say(interrupted_note(args, exc.step, ckpt, out))
         raise
+    except TrainingDiverged as exc:  # nothing is written as trained; an earlier checkpoint stays as it was
+        raise UsageError(str(exc)) from None
     results: dict = {**summary, "data_minutes": round(data_minutes, 2),
                      "data_made_minutes": round(data_made_minutes, 2)}
     card["rerun"] = rerun_note(cfg, summary["steps"])

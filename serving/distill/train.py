@@ -658,6 +658,22 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.step, self.checkpoint = step, checkpoint
 
 
+class TrainingDiverged(ValueError):
+    """The loss stopped being a finite number (a learning rate too high, or a target whose weights hold NaN):
+    every step after it would only spread the NaN through the weights, so training stops at the first one, before
+    its update (a finite loss whose gradient is not finite stops it too). `step`: the step whose loss (`what`) was
+    not finite (1-based); `saved`: the step of the last checkpoint written to `checkpoint` (0: none), all of whose
+    steps had finite losses."""
+
+    def __init__(self, step: int, what: str, value: float, saved: int, checkpoint: Path | None, lr: float):
+        kept = (f"the checkpoint at step {saved} ({checkpoint}) is the last good state" if saved and checkpoint
+                else "no checkpoint was saved before it")
+        super().__init__(f"training diverged: the {what} is {value} at step {step} (learning rate {lr:.3g}), so no "
+                         f"draft was written as trained; {kept}. Likely causes: --lr too high (the default is 5e-4), "
+                         "or damaged target weights (`specfinops models verify`, then `specfinops models pull --force`)")
+        self.step, self.saved, self.checkpoint = step, saved, checkpoint
+
+
 class StopBetweenSteps:
     """While training, a first Ctrl-C asks to stop once the step in progress is done (`asked`), so the
     checkpoint saved then is whole; a second one stops at once. Where signals cannot be caught (not the main
@@ -781,9 +797,15 @@ def _train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, device
             batch = {k: v.to(device) for k, v in batches.next().items()}
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
                 loss, stats = distill_loss(draft, batch, cfg, vocab_to_head, feat_scale)
+            if not math.isfinite(stats["loss"]):  # before its update: the weights stay those of the last good step
+                bar.close()
+                raise TrainingDiverged(step + 1, "loss", stats["loss"], saved, checkpoint, lr)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+            if not math.isfinite(norm):  # clipping would turn it into NaN weights
+                bar.close()
+                raise TrainingDiverged(step + 1, "gradient norm", norm, saved, checkpoint, lr)
             opt.step()
             step += 1
             dt = time.perf_counter() - t0

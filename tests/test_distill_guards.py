@@ -1,0 +1,99 @@
+"""`specfinops distill` guards: a training run that diverges is no finished draft (and a draft with NaN weights
+does not load), the model card is strict JSON, a finished draft at --out is not replaced without --overwrite,
+--data-dir data made with other settings is refused, an --out that cannot be written is refused before any work."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_distill_rerun import _argv, _checkpoints
+from tests.test_distill_rerun import cache  # noqa: F401 - the fixture, used by name
+from tests.test_distill_rerun import tiny  # noqa: F401 - the fixture, used by name
+
+
+def _strict(text: str):
+    """json.loads refusing NaN / Infinity, as strict parsers (JavaScript's JSON.parse, jq) do."""
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _nan_loss_at(monkeypatch, call: int) -> None:
+    """The `call`-th training step's loss (and every later one) is NaN."""
+    import serving.distill.train as tr
+
+    loss, calls = tr.distill_loss, []
+
+    def diverged(*args, **kw):
+        calls.append(1)
+        total, stats = loss(*args, **kw)
+        if len(calls) >= call:
+            total, stats = total * float("nan"), {**stats, "loss": float("nan")}
+        return total, stats
+
+    monkeypatch.setattr(tr, "distill_loss", diverged)
+
+
+def test_a_diverging_run_writes_no_trained_draft_and_says_why(tiny, tmp_path, cache, capsys):  # noqa: F811
+    """--lr 1e4 went to loss=nan at step 2 and still wrote a "trained" card (results all NaN) and exited 0."""
+    from app.cli import main
+
+    out = tmp_path / "draft"
+    assert main(_argv(tiny, out, 25, "--lr", "1e4")) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "diverged" in line and "--lr" in line and "models pull --force" in line
+    card = out / "model_card.json"
+    assert not card.is_file() or json.loads(card.read_text()).get("status") != "trained"
+
+
+def test_divergence_stops_at_the_first_nan_loss_and_keeps_the_last_good_checkpoint(tiny, tmp_path, cache,  # noqa: F811
+                                                                                    monkeypatch, capsys):
+    from app.cli import main
+
+    out = tmp_path / "draft"
+    _nan_loss_at(monkeypatch, 4)
+    # a checkpoint after every step: the last one before the NaN is at step 3
+    assert main(_argv(tiny, out, 10, "--save-every", "1e-9")) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "at step 4" in line and "checkpoint at step 3" in line
+    (ckpt,) = _checkpoints(cache)
+    state = torch.load(ckpt, weights_only=False)
+    assert state["step"] == 3 and not state["finished"]
+    assert all(bool(torch.isfinite(v).all()) for v in state["draft"].values() if v.is_floating_point())
+    card = _strict((out / "model_card.json").read_text())
+    assert card["status"] != "trained"
+
+
+def test_a_card_never_holds_nan(tmp_path):
+    from serving.distill.pipeline import card_json
+
+    text = card_json({"results": {"final": {"loss": float("nan"), "acc1": float("inf")}, "curve": [{"x": 1.5}]}})
+    assert _strict(text) == {"results": {"final": {"loss": None, "acc1": None}, "curve": [{"x": 1.5}]}}
+
+
+def test_a_draft_with_nan_weights_does_not_load(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from serving.distill.pipeline import save_draft
+    from serving.eagle import EagleDraft, load_eagle
+    from serving.llama import load_causal_lm
+    from tests.test_distill import _tiny_target_dir
+    from tests.tiny import tiny_model
+
+    target = tiny_model(1)
+    target_dir = _tiny_target_dir(tmp_path / "target", target)
+    d = tmp_path / "draft"
+    save_draft(EagleDraft.init_from_target(target, torch.arange(32)), d, {})
+    state = load_file(str(d / "model.safetensors"))
+    state["fc.weight"][0, 0] = math.nan
+    save_file(state, str(d / "model.safetensors"))
+    with pytest.raises(ValueError) as err:
+        load_eagle(d, load_causal_lm(target_dir, torch.float32), torch.float32)
+    msg = str(err.value)
+    assert "\n" not in msg and str(d) in msg and "NaN" in msg and "fc.weight" in msg
