@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.test_distill_rerun import _argv, _checkpoints
-from tests.test_distill_rerun import cache  # noqa: F401 - the fixture, used by name
-from tests.test_distill_rerun import tiny  # noqa: F401 - the fixture, used by name
+from tests.test_distill_rerun import (
+    _argv,
+    _checkpoints,
+    cache,  # noqa: F401 - the fixture, used by name
+    tiny,  # noqa: F401 - the fixture, used by name
+)
 
 
 def _strict(text: str):
