@@ -99,3 +99,47 @@ def test_a_draft_with_nan_weights_does_not_load(tmp_path):
         load_eagle(d, load_causal_lm(target_dir, torch.float32), torch.float32)
     msg = str(err.value)
     assert "\n" not in msg and str(d) in msg and "NaN" in msg and "fc.weight" in msg
+
+
+# ------------------------------------------------------------------ --data-dir made with other settings
+def _generating(tiny, data: Path, out: Path, *extra: str) -> list[str]:
+    target_dir, _ = tiny
+    return ["distill", "--target", str(target_dir), "--generate-prompts", "2", "--max-new-tokens", "3", "--gen-batch",
+            "2", "--data-dir", str(data), "--out", str(out), "--steps", "1", "--head-vocab", "32", "--batch-tokens",
+            "128", "--dtype", "float32", "--no-eval", *extra]
+
+
+def test_a_data_dir_made_with_other_settings_is_refused_naming_the_setting(tiny, tmp_path, cache, capsys):  # noqa: F811
+    """--data-dir data made with --max-new-tokens 3 was reused for a run asking 4 (or another seed, or more prompts),
+    and the card described it as the run's; the card's command left --data-dir out."""
+    from app.cli import main
+
+    data = tmp_path / "data"
+    assert main(_generating(tiny, data, tmp_path / "a")) == 0
+    card = json.loads((tmp_path / "a" / "model_card.json").read_text())
+    assert card["command"].split()[card["command"].split().index("--data-dir") + 1] == str(data.resolve())
+    capsys.readouterr()
+    meta = (data / "meta.json").read_bytes()
+    for extra, needle in [(["--max-new-tokens", "4"], "--max-new-tokens 3; this run has --max-new-tokens 4"),
+                          (["--seed", "1"], "--seed 0; this run has --seed 1"),
+                          (["--stdlib-prompts", "1"], "--stdlib-prompts 0; this run has --stdlib-prompts 1")]:
+        assert main(_generating(tiny, data, tmp_path / "b", *extra)) == 2, extra
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert str(data) in line and needle in line, line
+        assert (data / "meta.json").read_bytes() == meta and not (tmp_path / "b").exists()
+    assert main(_generating(tiny, data, tmp_path / "c")) == 0  # the same settings: reused
+
+
+def test_a_half_made_data_dir_made_with_other_settings_is_refused(tiny, tmp_path, cache, capsys):  # noqa: F811
+    """Resuming a half-made --data-dir matched its prompts by id alone: answers cut at another length, made in
+    another precision, went into the data."""
+    from app.cli import main
+
+    data = tmp_path / "data"
+    assert main(_generating(tiny, data, tmp_path / "a")) == 0
+    (data / "meta.json").unlink()  # as a run stopped before the last answers were written leaves it
+    capsys.readouterr()
+    assert main(_generating(tiny, data, tmp_path / "b", "--max-new-tokens", "5")) == 2
+    assert "--max-new-tokens 3; this run has --max-new-tokens 5" in capsys.readouterr().err
+    assert main(_generating(tiny, data, tmp_path / "c")) == 0  # the settings it was started with: finished
+    assert (data / "meta.json").is_file()

@@ -190,7 +190,7 @@ def handle(args) -> int:
         d = Path(args.data_dir).expanduser()
         if d.exists() and not d.is_dir():
             raise UsageError(f"--data-dir {args.data_dir} is a file: give a folder (new, empty, or one distill made)")
-        if d.is_dir() and any(d.iterdir()) and not (d / "sequences.jsonl").is_file():
+        if d.is_dir() and any(d.iterdir()) and not any((d / n).is_file() for n in ("sequences.jsonl", "settings.json")):
             raise UsageError(f"--data-dir {args.data_dir} holds other files, not distillation data (no "
                              "sequences.jsonl): give a new or empty folder, or one distill made")
     if args.batch_pool < 0:

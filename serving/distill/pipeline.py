@@ -37,12 +37,12 @@ EVAL_DOMAINS = ("code", "chat", "rewrite")
 
 
 REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "package_prompts", "self_prompts",
-                 "stdlib_code",
+                 "stdlib_code", "data_dir",
                  "max_new_tokens", "gen_batch",
                  "dtype", "out", "minutes", "total_minutes", "steps",
                  "head_vocab", "layers", "feature_layers", "data_feature_layers", "lr", "batch_tokens", "batch_pool", "unroll", "detach_unroll", "freeze_head", "w_feat", "w_hard",
                  "feat_noise", "seed", "k", "eval_max_new_tokens", "threads", "device")
-PATH_OPTIONS = ("target", "out", "corpus")  # recorded as absolute paths (a target may be a model's name instead)
+PATH_OPTIONS = ("target", "out", "corpus", "data_dir")  # recorded as absolute paths (a target may be a model's name instead)
 # the options whose 0 is their default and means "none of this data"; any other option's 0 is a choice the
 # command must record (--w-feat 0, --feat-noise 0 train other weights than the defaults do)
 ZERO_IS_UNSET = ("generate_prompts", "stdlib_prompts", "package_prompts", "self_prompts", "stdlib_code")
@@ -69,8 +69,9 @@ def resolve_device(spec: str) -> torch.device:
 
 
 def command_line(args) -> str:
-    """The command that reproduces a run, every training option spelled out (--resume and paths that
-    only say where things are cached are left out: they change how the run got there, not its result)."""
+    """The command that reproduces a run, every training option spelled out (--resume and --checkpoint are left
+    out: they change how the run got there, not its result). --data-dir is kept: the data in it is what the run
+    trained on (`data_settings_refusal` keeps it to data made with the command's settings)."""
     import os
 
     from serving.kernels import resolve_dtype
@@ -344,6 +345,62 @@ def foreign_data(flag: str, data_dir: Path, meta: dict, target_dir: Path, target
     return None
 
 
+DATA_SETTINGS = "settings.json"  # in a generated data folder: the settings it is made with (written before the data)
+SETTING_FLAGS = {"generate_prompts": "--generate-prompts", "stdlib_prompts": "--stdlib-prompts",
+                 "package_prompts": "--package-prompts", "seed": "--seed", "max_new_tokens": "--max-new-tokens",
+                 "dtype": "--dtype", "feature_layers": "--data-feature-layers (or --feature-layers)",
+                 "target_fingerprint": "target (fingerprint)"}
+
+
+def data_settings(args, dtype: torch.dtype, data_layers, fingerprint: str) -> dict:
+    """What generated data is made with (`SETTING_FLAGS`): data made otherwise is other data, whatever its folder."""
+    return {"generate_prompts": args.generate_prompts or 0, "stdlib_prompts": args.stdlib_prompts or 0,
+            "package_prompts": args.package_prompts or 0, "seed": args.seed, "max_new_tokens": args.max_new_tokens,
+            "dtype": str(dtype).replace("torch.", ""), "feature_layers": list(data_layers or []),
+            "target_fingerprint": fingerprint}
+
+
+def _recorded_settings(d: Path) -> dict:
+    """The settings a data folder records: its meta.json's "settings" (finished data) or settings.json (data being
+    made, or cut short); for finished data from before either was written, what its meta.json says of them."""
+    from serving.distill.data import META, read_meta
+
+    if (d / META).is_file():
+        meta = read_meta(d)
+        if isinstance(meta.get("settings"), dict):
+            return meta["settings"]
+        older = {"max_new_tokens": meta.get("max_new_tokens"), "dtype": meta.get("compute_dtype"),
+                 "feature_layers": meta.get("feature_layers") or [],
+                 "target_fingerprint": meta.get("target_fingerprint")}
+        return {k: v for k, v in older.items() if v is not None}
+    try:
+        recorded = json.loads((d / DATA_SETTINGS).read_text())
+    except (OSError, ValueError):  # none (cut short before this version wrote it): matched by prompt id only
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def data_settings_refusal(d: Path, want: dict) -> str | None:
+    """The one line refusing --data-dir `d` whose data (finished or half made) was made with other settings than
+    `want` (`data_settings`): reused, it would be trained on as this command's data, and the card would say so.
+    None where every setting it records is this run's."""
+    for name, was in _recorded_settings(d).items():
+        if name in want and was != want[name]:
+            def shown(v) -> str:
+                return " ".join(map(str, v)) if isinstance(v, list) else str(v)
+
+            flag = SETTING_FLAGS.get(name, name)
+            return (f"--data-dir {d} holds data made with {flag} {shown(was) or 'none'}; this run has {flag} "
+                    f"{shown(want[name]) or 'none'}: give another --data-dir, or the settings it was made with")
+    return None
+
+
+def write_data_settings(d: Path, settings: dict) -> None:
+    """settings.json in a data folder about to be made (or resumed): what a later --data-dir run is compared with."""
+    d.mkdir(parents=True, exist_ok=True)
+    (d / DATA_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
+
+
 def target_meta(target_dir: Path) -> dict:
     """What prepared data (meta.json) records of the target that made it."""
     return {"target": str(target_dir.resolve()), "target_fingerprint": target_fingerprint(target_dir)}
@@ -515,7 +572,7 @@ def resume_command(args) -> str:
     import os
 
     extra = []
-    for name in ("data_dir", "checkpoint"):
+    for name in ("checkpoint",):  # --data-dir is in the card's command already
         if getattr(args, name, None):
             extra += ["--" + name.replace("_", "-"), os.path.abspath(Path(getattr(args, name)).expanduser())]
     if getattr(args, "save_every", 3.0) != 3.0:
@@ -708,12 +765,16 @@ def run(args) -> int:
         target = None  # generating loads its own copy (in --dtype); this one is loaded again for training
     # ---- data (cached under the target's name and fingerprint; meta.json records which target made it)
     prefix, made_by = data_prefix(target_dir), target_meta(target_dir)
+    settings = data_settings(args, dtype, data_layers, made_by["target_fingerprint"])
     if getattr(args, "data_dir", None):
         given = Path(args.data_dir).expanduser()
         theirs = read_meta(given).get("target_fingerprint") if is_prepared(given) else None
         if theirs not in (None, made_by["target_fingerprint"]):
             raise UsageError(f"--data-dir {args.data_dir} holds data another target made (fingerprint {theirs}; "
                              f"this target's is {made_by['target_fingerprint']}): give another --data-dir")
+        refused = data_settings_refusal(given, settings) if given.is_dir() else None
+        if refused:
+            raise UsageError(refused)
     data_t0 = time.perf_counter()
     described = [f"prepared data {c}" for c in corpora]
     packages = {}
@@ -730,10 +791,12 @@ def run(args) -> int:
                                             stdlib_prompts(n_s, seed=args.seed) if n_s else []),
                                  package_prompts(n_p, seed=args.seed) if n_p else [])
             _say(f"generating the target's greedy answers to {len(prompts)} prompts{_made_so_far(d, prompts)} -> {d}")
+            write_data_settings(d, settings)
             prepare(target_dir, prompts, d, max_new_tokens=args.max_new_tokens, batch=args.gen_batch, say=_say,
                     dtype=dtype, feature_layers=data_layers, device=device,
                     extra_meta={"corpus": "templated prompts and standard-library code prompts "
-                                          "(serving/distill/prompts.py), the target's greedy answers", **made_by})
+                                          "(serving/distill/prompts.py), the target's greedy answers",
+                                "settings": settings, **made_by})
         corpora.append(d)
         if n_t:
             described.append(f"the target's greedy answers (max {args.max_new_tokens} tokens) to {n_t} templated "
