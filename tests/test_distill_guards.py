@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,8 +103,8 @@ def test_a_draft_with_nan_weights_does_not_load(tmp_path):
 
 
 # ------------------------------------------------------------------ --data-dir made with other settings
-def _generating(tiny, data: Path, out: Path, *extra: str) -> list[str]:
-    target_dir, _ = tiny
+def _generating(pair, data: Path, out: Path, *extra: str) -> list[str]:
+    target_dir, _ = pair
     return ["distill", "--target", str(target_dir), "--generate-prompts", "2", "--max-new-tokens", "3", "--gen-batch",
             "2", "--data-dir", str(data), "--out", str(out), "--steps", "1", "--head-vocab", "32", "--batch-tokens",
             "128", "--dtype", "float32", "--no-eval", *extra]

@@ -42,7 +42,8 @@ REPRO_OPTIONS = ("target", "corpus", "generate_prompts", "stdlib_prompts", "pack
                  "dtype", "out", "minutes", "total_minutes", "steps",
                  "head_vocab", "layers", "feature_layers", "data_feature_layers", "lr", "batch_tokens", "batch_pool", "unroll", "detach_unroll", "freeze_head", "w_feat", "w_hard",
                  "feat_noise", "seed", "k", "eval_max_new_tokens", "threads", "device")
-PATH_OPTIONS = ("target", "out", "corpus", "data_dir")  # recorded as absolute paths (a target may be a model's name instead)
+# recorded as absolute paths (a target may be a model's name instead)
+PATH_OPTIONS = ("target", "out", "corpus", "data_dir")
 # the options whose 0 is their default and means "none of this data"; any other option's 0 is a choice the
 # command must record (--w-feat 0, --feat-noise 0 train other weights than the defaults do)
 ZERO_IS_UNSET = ("generate_prompts", "stdlib_prompts", "package_prompts", "self_prompts", "stdlib_code")
