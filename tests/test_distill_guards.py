@@ -144,3 +144,30 @@ def test_a_half_made_data_dir_made_with_other_settings_is_refused(tiny, tmp_path
     assert "--max-new-tokens 3; this run has --max-new-tokens 5" in capsys.readouterr().err
     assert main(_generating(tiny, data, tmp_path / "c")) == 0  # the settings it was started with: finished
     assert (data / "meta.json").is_file()
+
+
+# ------------------------------------------------------------------ a finished draft at --out
+def test_a_finished_draft_at_out_is_replaced_only_with_overwrite(tiny, tmp_path, cache, monkeypatch,  # noqa: F811
+                                                                  capsys):
+    """A rerun (or a run for another target) replaced the finished draft at --out without asking, the bundled
+    draft's folder too; an unfinished run's --out stays replaceable."""
+    from app.cli import main
+    from tests.test_distill_byo import _ctrl_c_at
+
+    out = tmp_path / "draft"
+    assert main(_argv(tiny, out, 2)) == 0
+    card = (out / "model_card.json").read_bytes()
+    capsys.readouterr()
+    assert main(_argv(tiny, out, 3)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(out) in err[0] and "finished draft" in err[0] and "--overwrite" in err[0], err
+    assert (out / "model_card.json").read_bytes() == card
+    assert main(_argv(tiny, out, 3, "--overwrite")) == 0
+    assert json.loads((out / "model_card.json").read_text())["results"]["steps"] == 3
+    # an unfinished run's --out: replaced without --overwrite
+    unfinished = tmp_path / "unfinished"
+    _ctrl_c_at(monkeypatch, 2)
+    assert main(_argv(tiny, unfinished, 20)) == 130
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    assert main(_argv(tiny, unfinished, 2, "--fresh")) == 0

@@ -7,7 +7,10 @@ from app.commands._common import add_command, positive_int
 EXAMPLES = r"""  # the bundled draft (the command its model card records): data and training within 88 minutes,
   # training gets what the data left, and the evaluation after it ends the run within 90
   specfinops distill --generate-prompts 1784 --stdlib-prompts 2617 --max-new-tokens 128 --gen-batch 48 \
-      --out serving/bundled/draft --total-minutes 88
+      --out /tmp/draft88 --total-minutes 88
+  # the same, replacing the bundled draft (a finished draft at --out is replaced only with --overwrite)
+  specfinops distill --generate-prompts 1784 --stdlib-prompts 2617 --max-new-tokens 128 --gen-batch 48 \
+      --out serving/bundled/draft --total-minutes 88 --overwrite
   # a quick trial on data prepared earlier, 200 steps, no evaluation
   specfinops distill --corpus ~/.cache/specfinops/distill/DATA --out /tmp/draft --steps 200 --no-eval
   # continue an interrupted run (same arguments plus --resume)
@@ -106,6 +109,10 @@ def register(sub) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint of the same --out (a run without --resume or --fresh is "
                         "refused where an unfinished run's checkpoint exists, so its steps are not lost)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the finished draft --out holds (refused without it, so a finished draft, the bundled "
+                        "one or one made for another target, is not lost to a rerun; an unfinished run's --out is "
+                        "replaced either way)")
     p.add_argument("--fresh", action="store_true",
                    help="start training over from step 0, removing the unfinished run's checkpoint of this --out "
                         "(the data already made is still reused)")

@@ -285,11 +285,23 @@ def is_distill_output(path: Path) -> bool:
         return False
 
 
-def check_out(out: Path, target_dir: Path, data_dirs: list[Path]) -> None:
+def finished_status(out: Path) -> str | None:
+    """The status of the finished draft in `out` (its model card says "trained", with or without a note after
+    it such as an interrupted evaluation); None where `out` holds none (no card, an unfinished run's)."""
+    try:
+        card = json.loads((out / "model_card.json").read_text())
+    except (OSError, ValueError):
+        return None
+    status = card.get("status") if isinstance(card, dict) else None
+    return status if isinstance(status, str) and status.split(";")[0] == "trained" else None
+
+
+def check_out(out: Path, target_dir: Path, data_dirs: list[Path], overwrite: bool = True) -> None:
     """Refuse, before any work, an --out the run would damage or could not write: the target's own directory
-    (the draft's config.json and model.safetensors would replace the target's), a data directory, a file, or a
-    directory holding anything but an earlier distill output (which a rerun or --resume refreshes).
-    ValueError naming what is wrong."""
+    (the draft's config.json and model.safetensors would replace the target's), a data directory, a file, a
+    directory holding anything but an earlier distill output (which a rerun or --resume refreshes), or, without
+    `overwrite`, one holding a finished draft (an unfinished run's stays replaceable). ValueError naming what is
+    wrong."""
     import os
 
     existing = next(p for p in (out, *out.parents) if p.exists())
@@ -305,6 +317,14 @@ def check_out(out: Path, target_dir: Path, data_dirs: list[Path]) -> None:
     if out.is_dir() and any(out.iterdir()) and not is_distill_output(out):
         raise ValueError(f"--out {out} is a directory that holds other files (no model_card.json of an earlier "
                          "distill run): give a new or empty directory, or the --out of an earlier distill run")
+    status = finished_status(out) if not overwrite else None
+    if status is not None:
+        try:
+            made_for = json.loads((out / "model_card.json").read_text()).get("target")
+        except (OSError, ValueError, AttributeError):
+            made_for = None
+        raise ValueError(f"--out {out} holds a finished draft (status {status!r}" + (f", for {made_for}" if made_for
+                         else "") + "): give --overwrite to replace it, or another --out")
     if not os.access(existing, os.W_OK):
         raise ValueError(f"--out {out}: {existing} is not writable")
 
@@ -660,8 +680,10 @@ def run(args) -> int:
     target_dir = resolve_model(args.target, "target")
     out = Path(args.out).expanduser()
     recover_output(out)  # a previous draft folder a killed run left aside goes back first
+    # --resume continues the run that wrote --out (the refusals below say when it cannot)
     check_out(out, target_dir, [Path(c) for c in args.corpus]
-              + ([Path(args.data_dir)] if getattr(args, "data_dir", None) else []))
+              + ([Path(args.data_dir)] if getattr(args, "data_dir", None) else []),
+              overwrite=getattr(args, "overwrite", False) or args.resume)
     # ---- which target blocks the draft reads, and which the generated data records
     target_cfg = read_config(target_dir)  # not JSON, not an object: one line naming the file
     num_blocks = target_cfg.get("num_hidden_layers")
@@ -737,8 +759,8 @@ def run(args) -> int:
         held = ("a finished draft (a finished run keeps no checkpoint)" if status == "trained"
                 else "a draft" + (f" ({status})" if status else ""))
         raise UsageError(f"--resume: no checkpoint {ckpt} to resume for --out {out}, which holds {held}: starting "
-                         "from scratch would replace it. Drop --resume to train it again from step 0, or give --out "
-                         "another folder")
+                         "from scratch would replace it. Drop --resume (and give --overwrite) to train it again from "
+                         "step 0, or give --out another folder")
     elif args.resume:
         _say(f"--resume: no checkpoint {ckpt} to resume for --out {out}; starting from scratch")
     elif ckpt.is_file() and not getattr(args, "fresh", False):
