@@ -105,8 +105,9 @@ def test_an_earlier_distill_output_or_an_empty_directory_is_written_again(byo, t
     assert main(_distill(["--target", str(target_dir), "--corpus", str(corpus), "--out", str(out)], tmp_path)) == 0
     card = json.loads((out / "model_card.json").read_text())
     assert card["status"] == "trained"
-    # a rerun, and a resume, into the earlier output
-    assert main(_distill(["--target", str(target_dir), "--corpus", str(corpus), "--out", str(out)], tmp_path)) == 0
+    # a rerun (replacing a finished draft: --overwrite), and a resume, into the earlier output
+    assert main(_distill(["--target", str(target_dir), "--corpus", str(corpus), "--out", str(out), "--overwrite"],
+                         tmp_path)) == 0
     (out / "model_card.json").unlink()  # stopped before its first card: the draft's config.json says what it is
     assert main(_distill(["--target", str(target_dir), "--corpus", str(corpus), "--out", str(out), "--resume"],
                          tmp_path)) == 0
@@ -138,13 +139,13 @@ def test_a_run_killed_while_writing_its_draft_leaves_the_previous_draft_whole(by
 
     monkeypatch.setattr(pathlib.Path, "write_text", dies_at_the_config)
     with pytest.raises(SystemExit):
-        main(_distill(base, tmp_path, steps=3))  # other weights
+        main(_distill([*base, "--overwrite"], tmp_path, steps=3))  # other weights
     monkeypatch.undo()
     assert _digest(out) == before  # the previous set, untouched
     assert json.loads((out / "model_card.json").read_text())["results"]["steps"] == 2
     load_eagle(out, load_causal_lm(target_dir, torch.float32), torch.float32)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".draft")) == []  # nothing half-written
-    assert main(_distill(base, tmp_path, steps=3)) == 0  # the rerun replaces the set
+    assert main(_distill([*base, "--overwrite"], tmp_path, steps=3)) == 0  # the rerun replaces the set
     assert json.loads((out / "model_card.json").read_text())["results"]["steps"] == 3
     assert _digest(out)["model.safetensors"] != before["model.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".draft")) == []
@@ -384,8 +385,8 @@ def test_the_card_says_whether_training_saw_the_evaluation_prompts(byo, tmp_path
                                       "output_ids": [5, 6, 7, 5, 6, 7]}, *_answers(4)], seen, topk=4,
                      token_budget=256, progress=False)
     capsys.readouterr()
-    assert main(_distill(["--target", str(target_dir), "--corpus", str(corpus), str(seen), "--out", str(out)],
-                         tmp_path)) == 0
+    assert main(_distill(["--target", str(target_dir), "--corpus", str(corpus), str(seen), "--out", str(out),
+                          "--overwrite"], tmp_path)) == 0
     assert "alpha measured on them is not held out" in capsys.readouterr().err
     card = json.loads((out / "model_card.json").read_text())["corpus"]
     assert card["evaluation_prompts_excluded"] is False

@@ -171,3 +171,65 @@ def test_a_finished_draft_at_out_is_replaced_only_with_overwrite(tiny, tmp_path,
     monkeypatch.undo()
     monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
     assert main(_argv(tiny, unfinished, 2, "--fresh")) == 0
+
+
+# ------------------------------------------------------------------ Ctrl-C during the evaluation
+def test_ctrl_c_during_the_evaluation_says_so_on_the_card_and_resume_goes_straight_to_it(tiny, tmp_path,  # noqa: F811
+                                                                                        cache, monkeypatch, capsys):
+    """Ctrl-C while alpha was measured left a card saying "trained" with no alpha and no line to measure it."""
+    import serving.distill.train as tr
+    from app.cli import main
+
+    reached, losses = [], []
+
+    def interrupted(*args, **kw):
+        reached.append(1)
+        raise KeyboardInterrupt
+
+    loss = tr.distill_loss
+
+    def counted(*args, **kw):
+        losses.append(1)
+        return loss(*args, **kw)
+
+    monkeypatch.setattr("serving.eagle.load_eagle", interrupted)  # the evaluation's first step
+    monkeypatch.setattr(tr, "distill_loss", counted)
+    out = tmp_path / "draft"
+    argv = [a for a in _argv(tiny, out, 3) if a != "--no-eval"]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert reached == [1] and len(losses) == 3
+    card = _strict((out / "model_card.json").read_text())
+    assert card["status"].startswith("trained; evaluation interrupted") and "alpha" not in card["results"]
+    resume = [line.strip() for line in err.splitlines() if line.strip().startswith("specfinops distill")]
+    assert "interrupted during the evaluation" in err and resume and resume[-1].endswith("--resume")
+    # --resume: no step trained again, straight to the evaluation
+    assert main([*argv, "--resume"]) == 130
+    assert reached == [1, 1] and len(losses) == 3
+
+
+# ------------------------------------------------------------------ an --out that cannot be written
+def test_an_out_that_cannot_be_written_is_refused_before_any_work(tiny, tmp_path, cache, monkeypatch,  # noqa: F811
+                                                                   capsys):
+    """On a file system where the permission bits said writable and writing failed, distill made the data and
+    trained, and failed only when writing the draft."""
+    import errno
+    import pathlib
+
+    import serving.distill.train as tr
+    from app.cli import main
+
+    out = tmp_path / "draft"
+    mkdir, trained = pathlib.Path.mkdir, []
+
+    def read_only(self, *args, **kw):
+        if self.name.startswith(".draft.partial"):
+            raise OSError(errno.EROFS, "Read-only file system")
+        return mkdir(self, *args, **kw)
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", read_only)
+    monkeypatch.setattr(tr, "train", lambda *a, **kw: trained.append(1))
+    assert main(_argv(tiny, out, 2)) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert str(out) in line and "Read-only file system" in line and trained == []
+    assert not out.exists() and [p.name for p in tmp_path.iterdir() if "partial" in p.name] == []

@@ -100,7 +100,7 @@ def test_a_finished_run_leaves_no_checkpoint_and_a_rerun_is_not_refused(tiny, tm
     out = tmp_path / "draft"
     assert main(_argv(tiny, out)) == 0
     assert _checkpoints(cache) == [] and not list((cache / "checkpoints").iterdir())
-    assert main(_argv(tiny, out)) == 0
+    assert main(_argv(tiny, out, 2, "--overwrite")) == 0  # the finished draft replaced: nothing unfinished to lose
 
 
 def test_a_checkpoint_given_with_checkpoint_is_kept_finished_and_not_refused(tiny, tmp_path, cache):
@@ -109,7 +109,7 @@ def test_a_checkpoint_given_with_checkpoint_is_kept_finished_and_not_refused(tin
     out, ckpt = tmp_path / "draft", tmp_path / "mine.pt"
     assert main(_argv(tiny, out, 2, "--checkpoint", str(ckpt))) == 0
     assert torch.load(ckpt, weights_only=False)["finished"] is True
-    assert main(_argv(tiny, out, 2, "--checkpoint", str(ckpt))) == 0  # nothing unfinished to lose
+    assert main(_argv(tiny, out, 2, "--checkpoint", str(ckpt), "--overwrite")) == 0  # nothing unfinished to lose
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o027])

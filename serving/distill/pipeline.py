@@ -327,6 +327,23 @@ def check_out(out: Path, target_dir: Path, data_dirs: list[Path], overwrite: boo
                          else "") + "): give --overwrite to replace it, or another --out")
     if not os.access(existing, os.W_OK):
         raise ValueError(f"--out {out}: {existing} is not writable")
+    _probe_write(out, existing)
+
+
+def _probe_write(out: Path, existing: Path) -> None:
+    """Make (and remove) the folder `write_output` writes the draft into, with a file in it, before any work: a
+    file system where the permission bits say writable and writing fails (read-only mounts seen through some
+    network or FUSE file systems, a full disk, quotas) is said now, not after the data and the training. Where
+    --out's parent does not exist yet, in the nearest folder above it that does (`existing`)."""
+    probe = (_partial(out) if out.parent.is_dir() else existing / _partial(out).name)
+    try:
+        probe.mkdir(exist_ok=True)
+        (probe / "probe").write_bytes(b"\0")
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot write in {probe.parent} ({exc.strerror or exc}): give a folder this "
+                         "process can write") from None
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
 
 
 def target_fingerprint(target_dir: Path) -> str:
@@ -652,16 +669,11 @@ def run(args) -> int:
         TrainConfig,
         TrainingDiverged,
         TrainingInterrupted,
-        measure_c,
         new_draft,
         resume_mismatch,
-        simulate_alpha,
-        teacher_forced_agreement,
         train,
     )
-    from serving.eagle import EagleDraft, load_eagle
-    from serving.int8 import quantize_draft
-    from serving.kernels import pack_for_inference
+    from serving.eagle import EagleDraft
     from serving.llama import load_causal_lm
     from serving.models import load_tokenizer, read_config, resolve_model, weights_fingerprint
 
@@ -735,6 +747,7 @@ def run(args) -> int:
     ckpt = Path(args.checkpoint).expanduser() if args.checkpoint else \
         distill_cache() / "checkpoints" / (hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12] + ".pt")
     trained_s = 0.0  # what the resumed checkpoint trained
+    trained_out = False  # whether it trained to the end of this run's budget
     if args.resume and ckpt.is_file():  # memory-mapped: only its config and "elapsed" are read here
         resumed = read_checkpoint(ckpt)
         saved = resumed.get("config") or {}
@@ -742,6 +755,10 @@ def run(args) -> int:
         if differs:
             raise UsageError(resume_refusal(ckpt, saved, *differs))
         trained_s = float(resumed.get("elapsed", 0.0))
+        # a run whose training finished and whose evaluation was interrupted: resumed with the budget it was given,
+        # it goes straight to the evaluation (a --total-minutes budget would otherwise train its minutes again)
+        trained_out = bool(resumed.get("finished")) and (
+            (resumed.get("config") or {}).get("extra", {}).get(BUDGET_GIVEN) == cfg.extra[BUDGET_GIVEN])
         del resumed
         # a budget changed on resume: the steps trained so far followed the old one's learning-rate schedule
         # (kept through later resumes: the card's "rerun" must not promise the command reproduces the weights)
@@ -885,7 +902,7 @@ def run(args) -> int:
         spent = (time.perf_counter() - t_start) / 60
         trained = trained_s / 60
         try:
-            minutes = training_minutes(total, spent, args.minutes, trained)
+            minutes = trained if trained_out else training_minutes(total, spent, args.minutes, trained)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         this_run = minutes - trained
@@ -961,27 +978,13 @@ def run(args) -> int:
     # ---- measure
     if not args.no_eval:  # on the CPU whatever --device was: the draft serves there
         del target
-        target16 = load_causal_lm(target_dir, torch.bfloat16)
-        d16 = load_eagle(out, target16, torch.bfloat16)
-        pack_for_inference(target16)  # alpha and c as the engine will see them
-        pack_for_inference(d16)
-        results["draft_int8_layers"] = quantize_draft(d16)  # where int8 measured faster here (serving/int8.py)
-        ev = select_features(load_prepared(eval_data(target_dir, args.eval_max_new_tokens, _say, dtype, data_layers)),
-                             draft_layers, num_blocks)
-        alpha = simulate_alpha(d16, ev, k=args.k)
-        results["alpha"] = alpha
-        results["alpha_method"] = (f"simulated greedy drafting, K={args.k}, bf16: step 1 reads the target's real "
-                                   "feature, later steps the draft's own; verified against the target's greedy "
-                                   f"({args.dtype}) answers (max {args.eval_max_new_tokens} tokens) to the builtin workloads; alpha = "
-                                   "accepted / tested (per-token), acceptance_rate = accepted / drafted")
-        results["agreement"] = teacher_forced_agreement(d16, ev)
-        results["agreement_method"] = ("every answer position fed the target's real feature; top: share of the "
-                                       "target's greedy tokens in the draft's top-k; by_target_confidence: draft "
-                                       "top-1 agreement by the target's own top-1 probability")
-        results["cost"] = measure_c(d16, target16)
-        _say("alpha " + ", ".join(f"{k} {'— (nothing drafted)' if v['alpha'] is None else format(v['alpha'], '.3f')}"
-                                  for k, v in alpha.items()) +
-             f"; c {results['cost']['c']:.3f} ({results['cost']['draft_ms']} ms / {results['cost']['target_ms']} ms)")
+        try:
+            _evaluate(args, out, target_dir, dtype, data_layers, draft_layers, num_blocks, results)
+        except KeyboardInterrupt:  # the draft is whole; its card says what is missing and how to measure it
+            write_card_only(out, {**card, "status": EVALUATION_INTERRUPTED, "results": results})
+            _say(f"interrupted during the evaluation: the trained draft is in {out} (its card says the evaluation "
+                 f"was interrupted); measure it with (training is not repeated):\n  {resume_command(args)}")
+            raise
     results["total_minutes"] = round((time.perf_counter() - t_start) / 60, 2)
     write_card_only(out, {**card, "status": "trained", "results": results})
     _say(f"wrote {out}")
@@ -989,3 +992,40 @@ def run(args) -> int:
         ckpt.unlink(missing_ok=True)
         _say(f"removed this run's checkpoint {ckpt} (the run finished)")
     return 0
+
+
+EVALUATION_INTERRUPTED = "trained; evaluation interrupted (the same command with --resume measures it)"
+
+
+def _evaluate(args, out: Path, target_dir: Path, dtype, data_layers, draft_layers, num_blocks: int,
+              results: dict) -> None:
+    """alpha, agreement and c of the draft written to `out`, measured as the engine runs it (bf16, packed, int8
+    where faster), added to `results`."""
+    from serving.distill.data import load_prepared, select_features
+    from serving.distill.train import measure_c, simulate_alpha, teacher_forced_agreement
+    from serving.eagle import load_eagle
+    from serving.int8 import quantize_draft
+    from serving.kernels import pack_for_inference
+    from serving.llama import load_causal_lm
+
+    target16 = load_causal_lm(target_dir, torch.bfloat16)
+    d16 = load_eagle(out, target16, torch.bfloat16)
+    pack_for_inference(target16)  # alpha and c as the engine will see them
+    pack_for_inference(d16)
+    results["draft_int8_layers"] = quantize_draft(d16)  # where int8 measured faster here (serving/int8.py)
+    ev = select_features(load_prepared(eval_data(target_dir, args.eval_max_new_tokens, _say, dtype, data_layers)),
+                         draft_layers, num_blocks)
+    alpha = simulate_alpha(d16, ev, k=args.k)
+    results["alpha"] = alpha
+    results["alpha_method"] = (f"simulated greedy drafting, K={args.k}, bf16: step 1 reads the target's real "
+                               "feature, later steps the draft's own; verified against the target's greedy "
+                               f"({args.dtype}) answers (max {args.eval_max_new_tokens} tokens) to the builtin workloads; alpha = "
+                               "accepted / tested (per-token), acceptance_rate = accepted / drafted")
+    results["agreement"] = teacher_forced_agreement(d16, ev)
+    results["agreement_method"] = ("every answer position fed the target's real feature; top: share of the "
+                                   "target's greedy tokens in the draft's top-k; by_target_confidence: draft "
+                                   "top-1 agreement by the target's own top-1 probability")
+    results["cost"] = measure_c(d16, target16)
+    _say("alpha " + ", ".join(f"{k} {'— (nothing drafted)' if v['alpha'] is None else format(v['alpha'], '.3f')}"
+                              for k, v in alpha.items()) +
+         f"; c {results['cost']['c']:.3f} ({results['cost']['draft_ms']} ms / {results['cost']['target_ms']} ms)")
