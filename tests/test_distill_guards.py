@@ -1,7 +1,9 @@
 """`specfinops distill` guards: a training run that diverges is no finished draft (and a draft with NaN weights
 does not load), the model card is strict JSON, a finished draft at --out is not replaced without --overwrite,
---data-dir data made with other settings is refused, an --out that cannot be written is refused before any work."""
+--data-dir data made with other settings is refused, Ctrl-C during the evaluation says so on the card and how to
+measure it, an --out that cannot be written is refused before any work."""
 
+# ruff: noqa: F811 - the fixtures `tiny` and `cache` are imported from test_distill_rerun and used by name
 from __future__ import annotations
 
 import json
@@ -43,7 +45,7 @@ def _nan_loss_at(monkeypatch, call: int) -> None:
     monkeypatch.setattr(tr, "distill_loss", diverged)
 
 
-def test_a_diverging_run_writes_no_trained_draft_and_says_why(tiny, tmp_path, cache, capsys):  # noqa: F811
+def test_a_diverging_run_writes_no_trained_draft_and_says_why(tiny, tmp_path, cache, capsys):
     """--lr 1e4 went to loss=nan at step 2 and still wrote a "trained" card (results all NaN) and exited 0."""
     from app.cli import main
 
@@ -55,7 +57,7 @@ def test_a_diverging_run_writes_no_trained_draft_and_says_why(tiny, tmp_path, ca
     assert not card.is_file() or json.loads(card.read_text()).get("status") != "trained"
 
 
-def test_divergence_stops_at_the_first_nan_loss_and_keeps_the_last_good_checkpoint(tiny, tmp_path, cache,  # noqa: F811
+def test_divergence_stops_at_the_first_nan_loss_and_keeps_the_last_good_checkpoint(tiny, tmp_path, cache,
                                                                                     monkeypatch, capsys):
     from app.cli import main
 
@@ -110,7 +112,7 @@ def _generating(pair, data: Path, out: Path, *extra: str) -> list[str]:
             "128", "--dtype", "float32", "--no-eval", *extra]
 
 
-def test_a_data_dir_made_with_other_settings_is_refused_naming_the_setting(tiny, tmp_path, cache, capsys):  # noqa: F811
+def test_a_data_dir_made_with_other_settings_is_refused_naming_the_setting(tiny, tmp_path, cache, capsys):
     """--data-dir data made with --max-new-tokens 3 was reused for a run asking 4 (or another seed, or more prompts),
     and the card described it as the run's; the card's command left --data-dir out."""
     from app.cli import main
@@ -131,7 +133,7 @@ def test_a_data_dir_made_with_other_settings_is_refused_naming_the_setting(tiny,
     assert main(_generating(tiny, data, tmp_path / "c")) == 0  # the same settings: reused
 
 
-def test_a_half_made_data_dir_made_with_other_settings_is_refused(tiny, tmp_path, cache, capsys):  # noqa: F811
+def test_a_half_made_data_dir_made_with_other_settings_is_refused(tiny, tmp_path, cache, capsys):
     """Resuming a half-made --data-dir matched its prompts by id alone: answers cut at another length, made in
     another precision, went into the data."""
     from app.cli import main
@@ -147,7 +149,7 @@ def test_a_half_made_data_dir_made_with_other_settings_is_refused(tiny, tmp_path
 
 
 # ------------------------------------------------------------------ a finished draft at --out
-def test_a_finished_draft_at_out_is_replaced_only_with_overwrite(tiny, tmp_path, cache, monkeypatch,  # noqa: F811
+def test_a_finished_draft_at_out_is_replaced_only_with_overwrite(tiny, tmp_path, cache, monkeypatch,
                                                                   capsys):
     """A rerun (or a run for another target) replaced the finished draft at --out without asking, the bundled
     draft's folder too; an unfinished run's --out stays replaceable."""
@@ -174,7 +176,7 @@ def test_a_finished_draft_at_out_is_replaced_only_with_overwrite(tiny, tmp_path,
 
 
 # ------------------------------------------------------------------ Ctrl-C during the evaluation
-def test_ctrl_c_during_the_evaluation_says_so_on_the_card_and_resume_goes_straight_to_it(tiny, tmp_path,  # noqa: F811
+def test_ctrl_c_during_the_evaluation_says_so_on_the_card_and_resume_goes_straight_to_it(tiny, tmp_path,
                                                                                         cache, monkeypatch, capsys):
     """Ctrl-C while alpha was measured left a card saying "trained" with no alpha and no line to measure it."""
     import serving.distill.train as tr
@@ -209,7 +211,7 @@ def test_ctrl_c_during_the_evaluation_says_so_on_the_card_and_resume_goes_straig
 
 
 # ------------------------------------------------------------------ an --out that cannot be written
-def test_an_out_that_cannot_be_written_is_refused_before_any_work(tiny, tmp_path, cache, monkeypatch,  # noqa: F811
+def test_an_out_that_cannot_be_written_is_refused_before_any_work(tiny, tmp_path, cache, monkeypatch,
                                                                    capsys):
     """On a file system where the permission bits said writable and writing failed, distill made the data and
     trained, and failed only when writing the draft."""
