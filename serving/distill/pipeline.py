@@ -812,7 +812,8 @@ def run(args) -> int:
         if theirs not in (None, made_by["target_fingerprint"]):
             raise UsageError(f"--data-dir {args.data_dir} holds data another target made (fingerprint {theirs}; "
                              f"this target's is {made_by['target_fingerprint']}): give another --data-dir")
-        refused = data_settings_refusal(given, settings) if given.is_dir() else None
+        generating = args.generate_prompts or args.stdlib_prompts or args.package_prompts  # what --data-dir holds
+        refused = data_settings_refusal(given, settings) if generating and given.is_dir() else None
         if refused:
             raise UsageError(refused)
     data_t0 = time.perf_counter()
