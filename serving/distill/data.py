@@ -31,6 +31,9 @@ import torch
 from serving.kernels import pack_for_inference
 
 META = "meta.json"
+# the settings generated data is made with (extra_meta's "settings"), written before its first answer so that data
+# cut short says them too (serving/distill/pipeline.py `data_settings_refusal` compares them with a later run's)
+SETTINGS = "settings.json"
 
 
 # on a GPU a forward costs about the same for one prompt as for many: prompts waiting for free cache slots are
@@ -253,6 +256,8 @@ def record_generation(target, encoded: list[tuple[dict, list[int]]], out_dir: Pa
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if (extra_meta or {}).get("settings") is not None:
+        (out_dir / SETTINGS).write_text(json.dumps(extra_meta["settings"], indent=2) + "\n")
     C = feature_width(target.cfg.hidden_size, feature_layers)
     # ---- resume: keep the sequences recorded in full, cut the arrays back to them
     index_path = out_dir / "sequences.jsonl"

@@ -383,7 +383,6 @@ def foreign_data(flag: str, data_dir: Path, meta: dict, target_dir: Path, target
     return None
 
 
-DATA_SETTINGS = "settings.json"  # in a generated data folder: the settings it is made with (written before the data)
 SETTING_FLAGS = {"generate_prompts": "--generate-prompts", "stdlib_prompts": "--stdlib-prompts",
                  "package_prompts": "--package-prompts", "seed": "--seed", "max_new_tokens": "--max-new-tokens",
                  "dtype": "--dtype", "feature_layers": "--data-feature-layers (or --feature-layers)",
@@ -411,8 +410,10 @@ def _recorded_settings(d: Path) -> dict:
                  "feature_layers": meta.get("feature_layers") or [],
                  "target_fingerprint": meta.get("target_fingerprint")}
         return {k: v for k, v in older.items() if v is not None}
+    from serving.distill.data import SETTINGS
+
     try:
-        recorded = json.loads((d / DATA_SETTINGS).read_text())
+        recorded = json.loads((d / SETTINGS).read_text())
     except (OSError, ValueError):  # none (cut short before this version wrote it): matched by prompt id only
         return {}
     return recorded if isinstance(recorded, dict) else {}
@@ -431,12 +432,6 @@ def data_settings_refusal(d: Path, want: dict) -> str | None:
             return (f"--data-dir {d} holds data made with {flag} {shown(was) or 'none'}; this run has {flag} "
                     f"{shown(want[name]) or 'none'}: give another --data-dir, or the settings it was made with")
     return None
-
-
-def write_data_settings(d: Path, settings: dict) -> None:
-    """settings.json in a data folder about to be made (or resumed): what a later --data-dir run is compared with."""
-    d.mkdir(parents=True, exist_ok=True)
-    (d / DATA_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
 
 
 def target_meta(target_dir: Path) -> dict:
@@ -832,7 +827,6 @@ def run(args) -> int:
                                             stdlib_prompts(n_s, seed=args.seed) if n_s else []),
                                  package_prompts(n_p, seed=args.seed) if n_p else [])
             _say(f"generating the target's greedy answers to {len(prompts)} prompts{_made_so_far(d, prompts)} -> {d}")
-            write_data_settings(d, settings)
             prepare(target_dir, prompts, d, max_new_tokens=args.max_new_tokens, batch=args.gen_batch, say=_say,
                     dtype=dtype, feature_layers=data_layers, device=device,
                     extra_meta={"corpus": "templated prompts and standard-library code prompts "
