@@ -192,3 +192,22 @@ def test_the_warm_up_samples_at_the_temperature_measured(pair, workload, monkeyp
     monkeypatch.setattr(Engine, "generate", recorded_generate)
     assert _calibrate(pair, workload, "--temperature", "0.8", "--seed", "5", "--no-telemetry", "--json") == 0
     assert warmed == [(0.8, 5, 8), (0.8, 5, 8)]  # AR, then spec
+
+
+def test_the_bench_warm_up_samples_at_the_temperature_measured_too(pair, workload, monkeypatch, capsys):
+    """calibrate's warm-up was made to sample at the measured temperature; bench's stayed greedy, so a sampled
+    bench's first timed turn paid sampling's first calls in its tokens/s."""
+    from serving.engine import Engine
+
+    warmed, generate = [], Engine.generate
+
+    def recorded_generate(self, prompt_ids, params, *a, **kw):
+        warmed.append((params.temperature, params.seed, params.max_new_tokens))
+        return generate(self, prompt_ids, params, *a, **kw)
+
+    monkeypatch.setattr(Engine, "generate", recorded_generate)
+    target, draft = pair
+    assert main(["bench", "--target", str(target), "--draft", str(draft), "--workload", str(workload), "--mode",
+                 "both", "--max-new-tokens", "3", "--dtype", "float32", "--temperature", "0.8", "--seed", "5",
+                 "--no-telemetry"]) == 0
+    assert warmed[:2] == [(0.8, 5, 8), (0.8, 5, 8)]  # AR, then spec: the untimed warm-ups, at the run's sampling

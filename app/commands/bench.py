@@ -545,7 +545,7 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
     interrupted = False
     try:
         for mode in modes:
-            warm_up(loaded, mode, encoded)
+            warm_up(loaded, mode, encoded, params)
         for level in levels:
             runners = {mode: ModeRunner(loaded, mode, level) for mode in modes}  # one engine per mode and level
             merged: dict[str, ModeResult] = {}
