@@ -431,8 +431,8 @@ async def run_level(client, model: str, prompts: list[Prompt], spec: LoadSpec, l
         await asyncio.gather(*workers, *helpers, return_exceptions=True)
         for res in list(inflight.values()):  # cancelled above, or by the interrupt: recorded so, by us
             res.record.status, res.record.error = "cancelled", why  # with the tokens it received (one_request)
+            del inflight[id(res)]  # out of flight first, as a worker does: done() shares with it as one that ended
             done(res)
-        inflight.clear()
         t_end = time.perf_counter()  # the load ends here: waiting for power samples below is not its time
         if power is not None:
             for res in await power.settle(final=True, wait_s=0.0 if interrupted else SETTLE_S):
