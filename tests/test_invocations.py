@@ -402,7 +402,8 @@ SEC = timedelta(seconds=1)
 def test_runs_recorded_on_the_same_node_while_a_bench_ran_are_found_and_no_others(db_url):
     """Two measurements at once on one node slow each other and are each priced at the whole node: a bench now
     names the runs other commands recorded on its node while it ran. Not a run on another node, one that ended
-    just before it (in the same second: whole-second spans took it in), nor one killed long ago that never ended."""
+    just before it (in the same second: whole-second spans took it in), nor one killed long ago that never ended,
+    nor one that never ended whose requests all came after it."""
     from telemetry.invocations import overlap_text, overlapping_runs
 
     start = BASE_TIME + SEC / 2
@@ -419,6 +420,9 @@ def test_runs_recorded_on_the_same_node_while_a_bench_ran_are_found_and_no_other
         going = make_run(s, "ar", started_at=BASE_TIME - HOUR, status="running", kind="loadtest",
                          requests=[Req(10, ttft_ms=5, e2e_ms=100, start_s=3600 + 3)])  # a request meanwhile
         going.ended_at = None
+        later = make_run(s, "ar", started_at=BASE_TIME - HOUR, status="running", kind="serve",
+                         requests=[Req(10, ttft_ms=5, e2e_ms=100, start_s=2 * 3600)])  # its requests only after
+        later.ended_at = None
         s.commit()
         going_id = going.id
     try:
