@@ -45,13 +45,18 @@ def cache_dir() -> Path:
     absolute: a quoted '~/x' (a compose .env, systemd's Environment=) made a folder named '~' in the working
     folder, and a relative value one cache per working folder, each without the model pulled into the others.
     XDG_CACHE_HOME counts only as an absolute path, as the XDG Base Directory spec says (a relative one is
-    ignored there), so it never makes a cache per working folder either."""
+    ignored there), so it never makes a cache per working folder either. A cache made before XDG_CACHE_HOME was
+    honoured (~/.cache/specfinops) stays in use while $XDG_CACHE_HOME/specfinops does not exist: setting the
+    variable must not lose the pulled model, the tuning choices, or the data and checkpoints a --resume needs."""
     value = os.environ.get(ENV_CACHE)
     if value:
         return Path(os.path.abspath(Path(value).expanduser()))
+    legacy = Path(os.path.abspath(Path.home() / ".cache" / "specfinops"))
     xdg = os.environ.get(ENV_XDG_CACHE)
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return Path(os.path.abspath(base / "specfinops"))
+    if not (xdg and Path(xdg).is_absolute()):
+        return legacy
+    chosen = Path(os.path.abspath(Path(xdg) / "specfinops"))
+    return legacy if not chosen.exists() and legacy.is_dir() else chosen
 
 
 def bundled_target_dir() -> Path:

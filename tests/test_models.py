@@ -275,6 +275,21 @@ def test_xdg_cache_home_is_the_caches_home_after_specfinops_cache(tmp_path, monk
     assert cache_dir() == tmp_path / "home" / ".cache" / "specfinops"
 
 
+def test_a_cache_made_before_xdg_cache_home_counted_stays_in_use_until_the_xdg_one_exists(tmp_path, monkeypatch):
+    """Honouring XDG_CACHE_HOME moved the cache for everyone who had it set: the pulled model, the tuning choices
+    and the distill checkpoints a --resume needs were all left behind in ~/.cache/specfinops, unsaid."""
+    from serving.models import cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SPECFINOPS_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    legacy, xdg = tmp_path / "home" / ".cache" / "specfinops", tmp_path / "xdg" / "specfinops"
+    legacy.mkdir(parents=True)
+    assert cache_dir() == legacy  # the old cache, while there is no other
+    xdg.mkdir(parents=True)
+    assert cache_dir() == xdg  # once the XDG one exists, it is the cache
+
+
 def test_a_pulled_model_with_a_broken_tokenizer_is_damaged_and_every_file_is_checked(tmp_path, monkeypatch, capsys):
     """A tokenizer.json cut short was 'present' in `models list` and 'ready' after `pull`, then bench could not
     load it: the manifest had the weights' checksum alone and `damage()` never read the tokenizer."""
