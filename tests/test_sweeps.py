@@ -164,3 +164,27 @@ def test_sweep_points_refuse_runs_of_two_temperatures(sqlite_url):
         sweep_points(engine, [ids[0], ids[3]])
     (point,) = sweep_points(engine, [ids[0], ids[2]])
     assert point.speedup == pytest.approx(2.0, rel=0.05)
+
+
+def test_spec_max_batch_auto_finds_a_sweep_recorded_before_labels_named_the_drafts_weights(sqlite_url, capsys):
+    """Drafter labels gained the draft's weights (folder#fingerprint): a sweep recorded under the old label was no
+    longer found ("no concurrency sweep recorded"). It is used, saying it may be another draft of that name."""
+    from types import SimpleNamespace
+
+    from app.commands.bench import resolve_spec_max_batch
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        ids = [make_run(s, mode, concurrency=conc, drafter="feature:draft@int8+ngram:3-2", requests=[
+            Req(output_tokens=40, e2e_ms=ms) if mode == "ar" else spec_req(40, k=4, accepted=20, e2e_ms=ms)]).id
+               for conc, mode, ms in ((1, "ar", 800.0), (1, "spec", 500.0), (2, "ar", 300.0), (2, "spec", 900.0))]
+        s.commit()
+    record_sweep(engine, node_id="n", device="cpu", target="demo/target-tiny", drafter="feature:draft@int8+ngram:3-2",
+                 k_policy="fixed:4", workload="code", dtype="float32", run_ids=ids)
+    loaded = SimpleNamespace(target_dir="demo/target-tiny", drafter_label="feature:draft#547d12db@int8+ngram:3-2")
+    assert resolve_spec_max_batch("auto", sqlite_url, loaded) == 1  # it lost from concurrency 2
+    err = capsys.readouterr().err
+    assert "was recorded as feature:draft@int8+ngram:3-2, before drafter labels named the draft's weights" in err
+    other = SimpleNamespace(target_dir="demo/target-tiny", drafter_label="feature:other#547d12db@int8+ngram:3-2")
+    with pytest.raises(ValueError, match="no concurrency sweep recorded for feature:other#547d12db"):
+        resolve_spec_max_batch("auto", sqlite_url, other)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 import uuid
@@ -395,6 +396,12 @@ def resolve_spec_max_batch(gate: str, db_url: str | None, loaded) -> int | None:
     except NoStoreError as exc:
         raise UsageError(f"--spec-max-batch auto reads the latest recorded sweep: {exc}") from None
     sweep = latest_sweep(store, target=str(loaded.target_dir), drafter=loaded.drafter_label)
+    unmarked = re.sub(r"#[0-9a-f]{8}(?=[@+]|$)", "", loaded.drafter_label or "")
+    if sweep is None and unmarked != loaded.drafter_label:  # swept before labels named the draft's weights
+        sweep = latest_sweep(store, target=str(loaded.target_dir), drafter=unmarked)
+        if sweep is not None:
+            print(f"sweep {sweep.id} was recorded as {unmarked}, before drafter labels named the draft's weights: "
+                  "it may be another draft of that folder name; rerun the sweep to be sure", file=sys.stderr)
     if sweep is None:
         raise ValueError(
             f"--spec-max-batch auto: no concurrency sweep recorded for {loaded.drafter_label} on this target; "
