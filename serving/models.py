@@ -523,8 +523,9 @@ def weights_fingerprint(model_dir: str | Path) -> str | None:
     wherever they sit (a copy, another machine, another folder name) and other weights another, so it tells two
     drafts in folders of one name apart (drafter labels) and a draft's target from another of the same shape
     (the model card). Cheap for any size: a file up to FINGERPRINT_WHOLE_BYTES is hashed whole; a larger one by
-    its safetensors header (every tensor's name, dtype, shape) and a few blocks of every tensor, so a fine-tune
-    that changed any tensor changes it. None where the folder has no safetensors weights."""
+    its safetensors header (every tensor's name, dtype, shape) and a few blocks of every tensor: a fine-tune moves
+    every block it samples, but a change confined to rows between them (an edit of a few rows of one tensor) goes
+    unseen there. None where the folder has no safetensors weights."""
     files = weight_files(model_dir)
     if not files:
         return None

@@ -71,7 +71,7 @@ def feature_drafts(tmp_path_factory):
     return target, a, b, _copy_without_times(a, root / "elsewhere" / "draft-copy")
 
 
-def test_two_feature_drafts_in_folders_of_one_name_are_two_drafters_and_a_copy_is_the_same(feature_drafts):
+def test_two_feature_drafts_in_folders_of_one_name_are_two_drafters_and_a_copy_keeps_the_mark(feature_drafts):
     target, a, b, copy = feature_drafts
     label_a, label_b, label_copy = (_label(target, d) for d in (a, b, copy))
     assert label_a != label_b  # were both 'feature:draft+copy2+ngram:3-2': one drafter in cost, project, reports
