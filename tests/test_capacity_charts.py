@@ -120,8 +120,8 @@ def test_report_cost_chart_keeps_mode_colours_for_modes():
     from telemetry.report_html import cost_chart
 
     def data(**costs):
-        return SimpleNamespace(current=SimpleNamespace(mode_costs={m: SimpleNamespace(cost=c) for m, c in costs.items()},
-                                                       priced_over=lambda mode: None))  # every run priced
+        modes = {m: SimpleNamespace(cost=c) for m, c in costs.items()}
+        return SimpleNamespace(current=SimpleNamespace(mode_costs=modes, priced_over=lambda mode: None))  # all priced
 
     spec = cost_per_1m_tokens(3.0, 1.0, 0.5, 1.2, 0.13, 1_000_000, energy_estimated=True)
     ar = cost_per_1m_tokens(3.0, 2.0, 1.0, 1.2, 0.13, 1_000_000, energy_estimated=True)

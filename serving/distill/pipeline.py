@@ -1014,8 +1014,8 @@ def _evaluate(args, out: Path, target_dir: Path, dtype, data_layers, draft_layer
     results["alpha"] = alpha
     results["alpha_method"] = (f"simulated greedy drafting, K={args.k}, bf16: step 1 reads the target's real "
                                "feature, later steps the draft's own; verified against the target's greedy "
-                               f"({args.dtype}) answers (max {args.eval_max_new_tokens} tokens) to the builtin workloads; alpha = "
-                               "accepted / tested (per-token), acceptance_rate = accepted / drafted")
+                               f"({args.dtype}) answers (max {args.eval_max_new_tokens} tokens) to the builtin "
+                               "workloads; alpha = accepted / tested (per-token), acceptance_rate = accepted / drafted")
     results["agreement"] = teacher_forced_agreement(d16, ev)
     results["agreement_method"] = ("every answer position fed the target's real feature; top: share of the "
                                    "target's greedy tokens in the draft's top-k; by_target_confidence: draft "

@@ -670,7 +670,8 @@ class TrainingDiverged(ValueError):
                 else "no checkpoint was saved before it")
         super().__init__(f"training diverged: the {what} is {value} at step {step} (learning rate {lr:.3g}), so no "
                          f"draft was written as trained; {kept}. Likely causes: --lr too high (the default is 5e-4), "
-                         "or damaged target weights (`specfinops models verify`, then `specfinops models pull --force`)")
+                         "or damaged target weights (`specfinops models verify`, then "
+                         "`specfinops models pull --force`)")
         self.step, self.saved, self.checkpoint = step, saved, checkpoint
 
 
