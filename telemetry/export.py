@@ -320,18 +320,20 @@ COST_HEADER = [
 ]
 
 
-def cost_rows(engine: Engine, window: ExportWindow, *, filters=None,
-              unpriced: bool = False) -> tuple[list[str], Iterator[Sequence[Any]]]:
+def cost_rows(engine: Engine, window: ExportWindow, *, filters=None, unpriced: bool = False,
+              prices: dict | None = None) -> tuple[list[str], Iterator[Sequence[Any]]]:
     """Per-run cost per 1M tokens, from the shared aggregations (one implementation of every figure).
     `filters` (queries.Filters), where given, choose the runs instead of `window` (a report's runs). A run no
     price covers refuses the export (NoPriceError naming it and how to price it); with `unpriced` (a report's
-    table, which names them and how) it is a row whose prices and costs are missing (None, never 0)."""
+    table, which names them and how) it is a row whose prices and costs are missing (None, never 0). `prices`:
+    with `unpriced`, costs_and_unpriced's price keywords (a report's --gpu, --node-hourly-usd, --usd-per-kwh,
+    --pue: its per-run rows priced as its modes table is)."""
     from telemetry import costing  # lazy: only the cost export needs the FinOps aggregations
 
     if filters is None:
         filters = window.run_filters()
     if unpriced:
-        run_costs, _, left_out = costing.costs_and_unpriced(engine, filters)
+        run_costs, _, left_out = costing.costs_and_unpriced(engine, filters, **(prices or {}))
     else:
         run_costs, _ = costing.costs(engine, filters, unpriced_ways="or leave these runs out with a filter "
                                      "(--invocation, --node, --run, --since/--until)")  # export has no price flags

@@ -999,7 +999,7 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
     ]  # fmt: skip
     # the runs no price covers are rows too, their costs missing (the modes table says how to price them)
     header, rows = cost_rows(engine, ExportWindow(since=data.window.since, until=data.window.until),
-                             filters=data.window.filters(), unpriced=True)
+                             filters=data.window.filters(), unpriced=True, prices=data.pricing.cost_prices())
     pr = data.projection
     curve = pr.sla_curve
     return [

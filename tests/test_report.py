@@ -1247,3 +1247,23 @@ def test_year_1_dates_are_written_with_four_digit_years(store, tmp_path, capsys)
     assert folder.name.endswith("-daily-00010108T0000Z")
     page = (folder / "report.html").read_text()
     assert "0001-01-08 00:00 to 0001-01-09 00:00 UTC" in page and " 1-01-08" not in page
+
+
+def test_the_reports_cost_per_run_rows_are_priced_as_its_modes_table(store, tmp_path):
+    """`report --node-hourly-usd 8.8` priced its modes table at $8.8 a node-hour, while its cost per run table
+    used each run's catalog price, and named a run on a device the catalog does not know 'no price' though the
+    modes table had priced it."""
+    url, engine = store
+    with Session(engine) as s:
+        tpu = make_run(s, "ar", device="Google TPU v5e", started_at=D0.replace(hour=10),
+                       requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+        tpu = tpu.id
+    assert main(_report(url, tmp_path, "--period", "daily", "--since", f"{D0:%Y-%m-%d}",
+                        "--node-hourly-usd", "8.8")) == 0
+    rec = _only_report(engine)
+    with open(f"{rec.csv_dir}/runs_cost.csv", encoding="utf-8", newline="") as fh:
+        runs = {int(r["run_id"]): r for r in csv.DictReader(fh)}
+    assert tpu in runs and all(float(r["node_usd_per_hour"]) == 8.8 for r in runs.values()), runs
+    assert runs[tpu]["total_usd_per_1m"] != ""
+    assert rec.summary["modes"]["ar"]["cost_priced_over"] is None  # every run priced, by the flag
