@@ -436,8 +436,10 @@ def test_models_verify_of_a_folder_without_a_manifest_says_there_is_nothing_to_v
     d = tmp_path / "mine"
     d.mkdir()
     (d / "config.json").write_text("{}")
-    assert main(["models", "verify", str(d)]) == 0
-    assert "nothing to verify against" in capsys.readouterr().out
+    assert main(["models", "verify", str(d)]) == 2  # no verification is not a pass: exit 0 read as "all match"
+    assert "nothing to verify against" in capsys.readouterr().err
+    assert main(["models", "verify", "--role", "draft"]) == 2
+    assert "the bundled draft ships inside the package: reinstall specfinops" in capsys.readouterr().err
     assert main(["models", "verify", str(tmp_path / "nowhere")]) == 2
     assert "not a directory and not a known model" in capsys.readouterr().err
 

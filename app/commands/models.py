@@ -114,15 +114,20 @@ def _verify_dirs(args) -> list[Path]:
 
 
 def handle_verify(args) -> int:
-    """Exit 0 when every checked file matches its recorded checksum, 2 with one line per file that does not."""
-    from serving.models import MANIFEST, is_bundled_target, verify
+    """Exit 0 when every checked file matches its recorded checksum, 2 with one line per file that does not, or per
+    folder that has no checksums to check against (a script asking for a verification gets none: not a pass)."""
+    from serving.models import BUNDLED_DRAFT_DIR, MANIFEST, is_bundled_target, verify
 
     bad = 0
     for d in _verify_dirs(args):
         problems = verify(d)
         if problems is None:
-            print(f"{d}: no checksum manifest ({MANIFEST}): nothing to verify against (only `models pull` records "
-                  "one, for the bundled target)")
+            bad += 1
+            where = ("the bundled draft ships inside the package: reinstall specfinops to repair it"
+                     if Path(d).resolve() == Path(BUNDLED_DRAFT_DIR).resolve()
+                     else "only `models pull` records one, for the bundled target")
+            print(f"specfinops models verify: error: {d}: no checksum manifest ({MANIFEST}): nothing to verify "
+                  f"against ({where})", file=sys.stderr)
         elif not problems:
             print(f"{d}: every file matches its recorded checksum")
         else:
