@@ -66,7 +66,8 @@ def register(sub) -> None:
     p.add_argument("--graceful-s", type=float, default=30.0,
                    help="on SIGTERM, seconds in-flight requests get to finish before they are cancelled")
     p.add_argument("--drain-s", type=float, default=DEFAULT_DRAIN_S,
-                   help="on SIGTERM, while requests are in flight, keep listening up to this many seconds (within "
+                   help="on SIGTERM (or a first Ctrl-C), while requests are in flight, keep listening up to this "
+                        "many seconds (within "
                         "--graceful-s, which counts from the signal) with /health answering 503 "
                         "{\"status\": \"stopping\"} and new requests refused (503 shutting_down), so a load "
                         "balancer sees the node draining; an idle server stops at once; 0: close the listener at "
