@@ -160,6 +160,15 @@ def invocation_span(engine: Engine, invocation_id: str) -> tuple[datetime, datet
     requests.started_at): from its first run's start to past its last run's end or its last request's start,
     whichever is later. A run that never ended (a bench still going, or killed before it could end it) adds
     only its requests: not the time since. ValueError where no run has that id."""
+    first, last = _span(engine, invocation_id)
+    if first is None:
+        raise ValueError(f"no run has invocation id {invocation_id!r}")
+    return _utc(first).replace(microsecond=0), _utc(last).replace(microsecond=0) + timedelta(seconds=1)
+
+
+def _span(engine: Engine, invocation_id: str) -> tuple[datetime | None, datetime | None]:
+    """(its first run's start, the later of its last run's end and its last request's start), as the store holds
+    them; (None, None) where no run has that id. A run that never ended adds only its requests."""
     last_request = (select(func.max(Request.started_at)).join(Run, Request.run_id == Run.id)
                     .where(Run.invocation_id == invocation_id).scalar_subquery())
     with engine.connect() as c:
@@ -167,10 +176,8 @@ def invocation_span(engine: Engine, invocation_id: str) -> tuple[datetime, datet
             select(func.min(Run.started_at), func.max(Run.ended_at), last_request)
             .where(Run.invocation_id == invocation_id)).one()
     if first is None:
-        raise ValueError(f"no run has invocation id {invocation_id!r}")
-    since = _utc(first).replace(microsecond=0)
-    until = max([since, *(_utc(x) for x in (ended, requested) if x is not None)]).replace(microsecond=0)
-    return since, until + timedelta(seconds=1)
+        return None, None
+    return first, max(x for x in (first, ended, requested) if x is not None)
 
 
 def overlapping_runs(engine: Engine, invocation_id: str) -> list:
@@ -179,14 +186,9 @@ def overlapping_runs(engine: Engine, invocation_id: str) -> list:
     before the invocation's last run ended (or its last request started) and ended after its first run began; one
     that never ended (still going, or its process killed) overlaps only where it started, or recorded a request,
     inside that span, so a run killed long ago is not taken for a neighbour. [] where no run has that id."""
-    last_request = (select(func.max(Request.started_at)).join(Run, Request.run_id == Run.id)
-                    .where(Run.invocation_id == invocation_id).scalar_subquery())
-    with engine.connect() as c:  # the exact span: invocation_span's whole seconds took in a run ended just before
-        since, ended, requested = c.execute(select(func.min(Run.started_at), func.max(Run.ended_at), last_request)
-                                            .where(Run.invocation_id == invocation_id)).one()
+    since, until = _span(engine, invocation_id)  # exact: invocation_span's whole seconds took in a run just before
     if since is None:
         return []
-    until = max(x for x in (since, ended, requested) if x is not None)
     mine = select(Run.node_id).where(Run.invocation_id == invocation_id).distinct()
     # runs with a request inside the span, read off the requests' started_at index (a correlated EXISTS walked
     # every request of each never-ended run, a killed server's million included, after every bench)

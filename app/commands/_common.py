@@ -297,6 +297,29 @@ def open_db_option(url: str | None):
                          + (f": {exc.filename}" if exc.filename else "")) from None
 
 
+@contextlib.contextmanager
+def store_opened_for(db: str | None, no_telemetry: bool):
+    """With telemetry on, the --db store opened now (`open_db_option`: an unusable or read-only one refused before
+    any model loads), and a SQLite file this creates removed again where the block raises: a command refused or
+    stopped before it measured anything (bench, calibrate) leaves no store behind."""
+    made = None
+    if not no_telemetry:
+        from telemetry.db import resolve_db_url, sqlite_file
+
+        path = sqlite_file(resolve_db_url(db))
+        made = path if path is not None and not path.exists() else None
+        open_db_option(db).dispose()
+    try:
+        yield
+    except BaseException:
+        if made is not None:
+            from telemetry.db import sqlite_files
+
+            for leftover in sqlite_files(made):
+                leftover.unlink(missing_ok=True)
+        raise
+
+
 def bindable_port(host: str, port: int) -> int:
     """`port` (0: a free one) if this process could listen on host:port now; a clear error otherwise."""
     try:

@@ -18,8 +18,8 @@ from app.commands._common import (
     context_len,
     lost_records,
     model_option,
-    open_db_option,
     sigterm_as_ctrl_c,
+    store_opened_for,
 )
 from app.commands._interrupt import ctrl_c_once, interrupted_line, write_json
 from app.commands._interrupt import table_file as _table_file
@@ -148,8 +148,9 @@ def check_sampling_options(args: argparse.Namespace) -> None:
 
     if not SEED_MIN <= args.seed <= SEED_MAX:
         raise UsageError(f"--seed must be within [{SEED_MIN}, {SEED_MAX}] (a 64-bit seed), got {args.seed}")
-    for flag, value, limit in (("--top-k", args.top_k, MAX_TOP_K), ("--max-new-tokens", args.max_new_tokens,
-                                                                    MAX_NEW_TOKENS)):
+    top_k = getattr(args, "top_k", 0)  # calibrate has no --top-k
+    for flag, value, limit in (("--top-k", top_k, MAX_TOP_K), ("--max-new-tokens", args.max_new_tokens,
+                                                               MAX_NEW_TOKENS)):
         if value > limit:
             raise UsageError(f"{flag} must be at most {limit}, got {value}")
 
@@ -297,20 +298,8 @@ def _handle(args: argparse.Namespace) -> int:
     gate = args.spec_max_batch
     if gate is not None and gate != "auto" and (not str(gate).isdigit() or int(gate) < 1):
         raise ValueError(f"--spec-max-batch must be an integer >= 1 or 'auto', got {gate!r}")
-    made = None  # a store file this command creates: removed again if the command is refused before it runs
-    if not args.no_telemetry:
-        from telemetry.db import resolve_db_url, sqlite_file, sqlite_files
-
-        path = sqlite_file(resolve_db_url(args.db))
-        made = path if path is not None and not path.exists() else None
-        open_db_option(args.db).dispose()  # an unusable or read-only --db now, not after the benchmark
-    try:
+    with store_opened_for(args.db, args.no_telemetry):  # refused before the benchmark: no store file left
         loaded = _load_and_check(args, spec, prompts, encoded, params, gate, chosen, levels)
-    except BaseException:
-        if made is not None:
-            for leftover in sqlite_files(made):
-                leftover.unlink(missing_ok=True)
-        raise
     report = run_bench(args, loaded, prompts, encoded, params, modes, levels)
     return _write_json(args, report)
 

@@ -91,38 +91,19 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _sampling(args: argparse.Namespace):
-    """--temperature, --seed and --max-new-tokens as bench checks them, before any model loads: said under the
-    option's name, and within what the store's columns hold (the runs are recorded)."""
+    """--temperature, --seed and --max-new-tokens as bench checks them (`check_sampling_options`), before any
+    model loads: said under the option's name, and within what the store's columns hold (the runs are recorded)."""
+    from app.commands.bench import check_sampling_options
     from app.errors import UsageError
     from serving.sampling import SamplingParams
-    from serving.server_schemas import SEED_MAX, SEED_MIN
-    from telemetry.queries import MAX_NEW_TOKENS
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.max_new_tokens > MAX_NEW_TOKENS:
-        raise UsageError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS}, got {args.max_new_tokens}")
-    if not SEED_MIN <= args.seed <= SEED_MAX:
-        raise UsageError(f"--seed must be within [{SEED_MIN}, {SEED_MAX}] (a 64-bit seed), got {args.seed}")
+    check_sampling_options(args)
     try:
         return SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
     except ValueError as exc:  # "temperature must be >= 0, got -1.0": said under the option's name
         raise UsageError(f"--{str(exc).split(' ', 1)[0].replace('_', '-')}: {exc}") from None
-
-
-def _open_store_option(args: argparse.Namespace):
-    """Unless --no-telemetry: the --db store opened (created or upgraded) now, an unusable one refused before any
-    model loads, as bench does. Returns the SQLite file this created (None: none), which the caller removes
-    again if the calibration is refused before it measures anything."""
-    if args.no_telemetry:
-        return None
-    from app.commands._common import open_db_option
-    from telemetry.db import resolve_db_url, sqlite_file
-
-    path = sqlite_file(resolve_db_url(args.db))
-    made = path if path is not None and not path.exists() else None
-    open_db_option(args.db).dispose()
-    return made
 
 
 def _handle(args: argparse.Namespace) -> int:
@@ -160,8 +141,9 @@ def _handle(args: argparse.Namespace) -> int:
                       early_exit_layers=early_exit_layers(args.early_exit_layers, args.target, drafter),
                       dtype=resolve_dtype(args.dtype, max_batch=1))  # one sequence at a time
     spec.validate()
-    made = _open_store_option(args)
-    try:
+    from app.commands._common import store_opened_for
+
+    with store_opened_for(args.db, args.no_telemetry):  # refused before measuring: no store file left
         print("loading models ...", file=sys.stderr)
         loaded = load(spec)
         encoded = [loaded.encode(p) for p in prompts]
@@ -170,13 +152,6 @@ def _handle(args: argparse.Namespace) -> int:
         # said with the prompt and what sets the context (the engine's own error names neither)
         check_context(args.workload, prompts, encoded, *context_window(spec.max_len, loaded.target.cfg),
                       "drop it from the workload, or calibrate a target with more positions")
-    except BaseException:  # refused or stopped before measuring: no store file left behind that this made
-        if made is not None:
-            from telemetry.db import sqlite_files
-
-            for leftover in sqlite_files(made):
-                leftover.unlink(missing_ok=True)
-        raise
     # untimed, as bench does: a first call's costs (kernel choices, allocations, lazy init) in AR, which runs first
     # on the first prompt, inflated the one-token forward time that c, v and the measured speedup divide by; at the
     # temperature measured, so that sampling's and rejection sampling's first calls are among them
