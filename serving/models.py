@@ -63,11 +63,28 @@ def bundled_target_dir() -> Path:
     return cache_dir() / "models" / BUNDLED_TARGET
 
 
-def _sha256(path: Path) -> str:
+BIG_FILE = 64 << 20  # files from this size on show a progress bar while their checksum is taken (`verify`)
+
+
+def _sha256(path: Path, progress: bool = False) -> str:
+    """The file's sha256; with `progress`, a bar of the bytes read on stderr where the file is big (BIG_FILE: a
+    500 MB weights file takes seconds)."""
+    size = path.stat().st_size if progress else 0
+    bar = None
+    if size >= BIG_FILE:
+        from tqdm import tqdm
+
+        bar = tqdm(total=size, unit="B", unit_scale=True, desc=path.name, leave=False)
     h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    try:
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+                if bar is not None:
+                    bar.update(len(chunk))
+    finally:
+        if bar is not None:
+            bar.close()
     return h.hexdigest()
 
 
@@ -202,24 +219,6 @@ def _check_pulled(out: Path, verify: bool, say) -> None:
     say(f"{BUNDLED_TARGET} is ready: {out}")
 
 
-BIG_FILE = 64 << 20  # files from this size on show a progress bar while their checksum is taken
-
-
-def _sha256_with_progress(path: Path) -> str:
-    """`_sha256`, with a bar of the bytes read on stderr for a big file (a 500 MB weights file takes seconds)."""
-    size = path.stat().st_size
-    if size < BIG_FILE:
-        return _sha256(path)
-    from tqdm import tqdm
-
-    h = hashlib.sha256()
-    with path.open("rb") as f, tqdm(total=size, unit="B", unit_scale=True, desc=path.name, leave=False) as bar:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-            bar.update(len(chunk))
-    return h.hexdigest()
-
-
 def verify(model_dir: Path) -> list[str] | None:
     """Every file of `model_dir` against the checksum manifest `pull` recorded: one line per file that is missing
     or does not match (or one naming a damaged manifest); [] when all match. None where the folder has no
@@ -235,7 +234,7 @@ def verify(model_dir: Path) -> list[str] | None:
         path = model_dir / name
         if not path.is_file():
             bad.append(f"{path} is missing (recorded in {MANIFEST})")
-        elif _sha256_with_progress(path) != want:
+        elif _sha256(path, progress=True) != want:
             bad.append(f"{path} does not match its recorded checksum (changed or damaged since it was converted)")
     return bad
 
