@@ -115,6 +115,19 @@ def test_spec_max_batch_gates_speculation_in_step_records():
     assert any(e.k == 3 and e.k_reason == "fixed" for e in steps if e.batch_size <= 2)
 
 
+def _swept(url: str, drafter: str, timings) -> None:
+    """A sweep of `drafter` on demo/target-tiny recorded in the store at `url`: one run per (concurrency, mode,
+    e2e ms) of `timings`, 40 tokens each."""
+    engine = open_store(url)
+    with Session(engine) as s:
+        ids = [make_run(s, mode, concurrency=conc, drafter=drafter, requests=[
+            Req(output_tokens=40, e2e_ms=ms) if mode == "ar" else spec_req(40, k=4, accepted=20, e2e_ms=ms)]).id
+               for conc, mode, ms in timings]
+        s.commit()
+    record_sweep(engine, node_id="n", device="cpu", target="demo/target-tiny", drafter=drafter,
+                 k_policy="fixed:4", workload="code", dtype="float32", run_ids=ids)
+
+
 def test_spec_max_batch_auto_does_not_speculate_where_the_sweep_lost_at_every_level(sqlite_url, capsys):
     """A sweep that lost from concurrency 1 read "crossover at concurrency 1; speculating while <= 1 sequences run":
     the run speculated exactly where the sweep measured speculation losing."""
@@ -127,14 +140,7 @@ def test_spec_max_batch_auto_does_not_speculate_where_the_sweep_lost_at_every_le
     from serving.sampling import SamplingParams
     from tests.tiny import tiny_model
 
-    engine = open_store(sqlite_url)
-    with Session(engine) as s:
-        ids = [make_run(s, mode, concurrency=conc, requests=[
-            Req(output_tokens=40, e2e_ms=ms) if mode == "ar" else spec_req(40, k=4, accepted=20, e2e_ms=ms)]).id
-               for conc, mode, ms in ((1, "ar", 500.0), (1, "spec", 800.0), (2, "ar", 300.0), (2, "spec", 900.0))]
-        s.commit()
-    record_sweep(engine, node_id="n", device="cpu", target="demo/target-tiny", drafter="demo/draft-tiny",
-                 k_policy="fixed:4", workload="code", dtype="float32", run_ids=ids)
+    _swept(sqlite_url, "demo/draft-tiny", ((1, "ar", 500.0), (1, "spec", 800.0), (2, "ar", 300.0), (2, "spec", 900.0)))
     loaded = SimpleNamespace(target_dir="demo/target-tiny", drafter_label="demo/draft-tiny")
     assert resolve_spec_max_batch("auto", sqlite_url, loaded) == 0
     assert "speculation paid at no measured level (it lost from concurrency 1); not speculating" \
@@ -173,14 +179,8 @@ def test_spec_max_batch_auto_finds_a_sweep_recorded_before_labels_named_the_draf
 
     from app.commands.bench import resolve_spec_max_batch
 
-    engine = open_store(sqlite_url)
-    with Session(engine) as s:
-        ids = [make_run(s, mode, concurrency=conc, drafter="feature:draft@int8+ngram:3-2", requests=[
-            Req(output_tokens=40, e2e_ms=ms) if mode == "ar" else spec_req(40, k=4, accepted=20, e2e_ms=ms)]).id
-               for conc, mode, ms in ((1, "ar", 800.0), (1, "spec", 500.0), (2, "ar", 300.0), (2, "spec", 900.0))]
-        s.commit()
-    record_sweep(engine, node_id="n", device="cpu", target="demo/target-tiny", drafter="feature:draft@int8+ngram:3-2",
-                 k_policy="fixed:4", workload="code", dtype="float32", run_ids=ids)
+    _swept(sqlite_url, "feature:draft@int8+ngram:3-2",
+           ((1, "ar", 800.0), (1, "spec", 500.0), (2, "ar", 300.0), (2, "spec", 900.0)))
     loaded = SimpleNamespace(target_dir="demo/target-tiny", drafter_label="feature:draft#547d12db@int8+ngram:3-2")
     assert resolve_spec_max_batch("auto", sqlite_url, loaded) == 1  # it lost from concurrency 2
     err = capsys.readouterr().err
