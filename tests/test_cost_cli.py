@@ -231,8 +231,67 @@ def test_cost_shows_the_priced_runs_and_names_the_unpriced_with_their_costs_miss
         assert all(r[k] is None for k in ("hardware_usd_per_1m", "energy_usd_per_1m", "total_usd_per_1m",
                                            "node_hourly_usd", "priced_as")), r
     assert doc["unpriced"] == [{"device": "Google TPU v5e", "run_ids": [tpu_ar, tpu_spec]}]
-    assert [m["mode"] for m in doc["modes"]] == ["ar"] and doc["modes"][0]["run_ids"] == [cpu]
+    # spec has no priced run: it is listed with its figures null (test_cost_json_modes_say_how_many_runs_...)
+    assert [m["mode"] for m in doc["modes"]] == ["spec", "ar"] and doc["modes"][1]["run_ids"] == [cpu]
     assert any(n.startswith("no price for runs") and "prices set" in n for n in doc["notes"])
+
+
+COST_FIGURES = ("hardware_usd_per_1m", "energy_usd_per_1m", "total_usd_per_1m")
+
+
+def test_cost_json_modes_say_how_many_runs_their_cost_covers(sqlite_url, capsys):
+    """`cost` said "left out" of a mode's figure over only some of its runs, but --json's modes did not: a
+    consumer read AR's cost per 1M tokens as the whole mode's. Each mode says how many of its runs the figure
+    covers (num_priced_runs of num_runs) and which it leaves out; a mode none of whose runs is priced is listed
+    with its figures null, never 0 (it was missing from modes altogether)."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        cpu = make_run(s, "ar", device="cpu (2 cores)", requests=[Req(100, ttft_ms=100, e2e_ms=10_000)]).id
+        tpu_ar = make_run(s, "ar", device="Google TPU v5e", requests=[Req(300, ttft_ms=100, e2e_ms=10_000)]).id
+        tpu_spec = make_run(s, "spec", device="Google TPU v5e",
+                            requests=[spec_req(100, 4, 60, ttft_ms=100, e2e_ms=5_000)]).id
+        s.commit()
+    [priced], _ = costs(engine, Filters(run_ids=(cpu,)))
+    assert main(["cost", "--db", sqlite_url, "--json"]) == 0
+    modes = {m["mode"]: m for m in json.loads(capsys.readouterr().out)["modes"]}
+    ar, spec = modes["ar"], modes["spec"]
+    assert (ar["num_priced_runs"], ar["num_runs"]) == (1, 2)
+    assert ar["run_ids"] == [cpu] and ar["unpriced_run_ids"] == [tpu_ar]
+    assert ar["cost_priced_over"] == f"over 1 of 2 runs; run {tpu_ar} (device 'Google TPU v5e') has no price"
+    # the figure is the priced run's alone: the unpriced run's 300 tokens are not in it
+    assert ar["output_tokens"] == 100
+    assert ar["total_usd_per_1m"] == pytest.approx(priced.cost.total_usd_per_1m)
+
+    assert set(spec) == set(ar)  # the same keys as a priced mode's
+    assert (spec["num_priced_runs"], spec["num_runs"]) == (0, 1)
+    assert spec["run_ids"] == [] and spec["unpriced_run_ids"] == [tpu_spec]
+    assert spec["cost_priced_over"] == (f"no price for any of its 1 run: run {tpu_spec} (device 'Google TPU v5e') "
+                                        "has none")
+    assert all(spec[k] is None for k in (*COST_FIGURES, "tokens_per_s", "wall_s", "output_tokens")), spec
+    assert spec["reason"] == "no price for device 'Google TPU v5e'"
+
+
+def test_export_of_costs_refuses_runs_no_price_covers(sqlite_url, tmp_path, capsys):
+    """Unlike `cost`, `export --what cost` (one row per run, no per-mode figure) refuses a selection holding a
+    run no price covers, naming it, and writes no file: a CSV never holds a run with its costs missing."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", device="cpu (2 cores)", requests=[Req(100, ttft_ms=100, e2e_ms=10_000)])
+        tpu = make_run(s, "ar", device="Google TPU v5e", requests=[Req(100, ttft_ms=100, e2e_ms=10_000)]).id
+        s.commit()
+    out = tmp_path / "cost.csv"
+    assert main(["export", "--db", sqlite_url, "--what", "cost", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"run {tpu} (device 'Google TPU v5e')" in err and "prices set" in err
+    assert not out.exists()
+
+
+def test_cost_json_modes_of_only_priced_runs_cover_all_of_them(filled, capsys):
+    assert main(["cost", "--db", filled, "--json"]) == 0
+    modes = json.loads(capsys.readouterr().out)["modes"]
+    assert [(m["mode"], m["num_priced_runs"], m["num_runs"]) for m in modes] == [("spec", 1, 1), ("ar", 1, 1)]
+    assert all(m["unpriced_run_ids"] == [] and m["cost_priced_over"] is None for m in modes)
+    assert all(m[k] is not None for m in modes for k in COST_FIGURES)
 
 
 def test_project_says_the_savings_in_nodes(filled, capsys):

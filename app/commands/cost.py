@@ -43,7 +43,8 @@ runs no price covers (a device no catalog entry matches, and no price recorded w
 their costs missing ("—"; in --json: null, "priced": false, and the top-level "unpriced" list of devices and
 run ids), with a warning (a note in --json) naming them and how to price them: `specfinops prices set NAME X
 --kind gpu|node --source ...` named as the device string names the hardware, or --gpu / --node-hourly-usd.
-Each mode's figures are then over its priced runs only.
+Each mode's figures are then over its priced runs only (in --json: its "num_priced_runs" of its "num_runs", the
+others in "unpriced_run_ids"; a mode with no priced run has its figures null).
 
 exit status: 0 when the figures were shown, even with some runs unpriced (a script checks "unpriced" in
 --json, or the warning); 2 on a bad option, when no run matches, or when no run in view has a price at all.
@@ -328,16 +329,11 @@ def _requests_ok(mc, run_costs) -> int:
 def run_cost_command(args) -> int:
     from telemetry.costing import (
         COSTS_ON_IMPOSSIBLE,
-        ESTIMATED,
-        MIN_STABLE_REQUESTS,
-        PARTLY_ESTIMATED,
         SERVE_PRICED_OVER,
         above_acceptance_caveats,
         costs_and_unpriced,
-        energy_source,
         ids_text,
         incomplete_runs_text,
-        mode_runs,
         no_runs_reason,
         run_energy_estimated,
         unpriced_by_device,
@@ -406,31 +402,9 @@ def run_cost_command(args) -> int:
                         for rc in run_costs
                     ] + [_unpriced_dict(r, SERVE_PRICED_OVER, run_energy_estimated(r)) for r in unpriced],
                         key=lambda row: order[row["run_id"]]),  # oldest first, as the table
-                    "modes": [
-                        {
-                            "mode": mc.mode,
-                            "run_ids": list(mc.run_ids),
-                            "incomplete_run_ids": _incomplete(mc.run_ids, run_costs),
-                            # configurations (queries.CONFIG_FIELDS) the pooled figure spans, and the fields
-                            # in which they differ ([] for one)
-                            "configurations": spreads[mc.mode].num_configurations,
-                            "differs_in": list(spreads[mc.mode].differs_in),
-                            "num_requests_ok": _requests_ok(mc, run_costs),
-                            "small_sample": 0 < _requests_ok(mc, run_costs) < MIN_STABLE_REQUESTS,
-                            "output_tokens": mc.output_tokens,
-                            "wall_s": mc.wall_s,
-                            "tokens_per_s": mc.tokens_per_s,
-                            "priced_as": list(mc.priced_as),
-                            "measured_on": list(mc.measured_on),
-                            **_cost_dict(mc.cost),
-                            # where the mode's energy figures come from, in its cost or not (energy_included says
-                            # whether they are), as its runs' energy_estimated and a report's modes say it:
-                            # measured | estimated | partly estimated (runs of both pooled); null: no energy figure
-                            "energy_source": (source := energy_source(mode_runs(mc, run_costs))),
-                            "energy_estimated": source in (ESTIMATED, PARTLY_ESTIMATED),
-                        }
-                        for mc in mode_costs
-                    ],
+                    # every mode with a run in view, priced or not: a mode's figures are over its priced runs
+                    # (num_priced_runs of its num_runs); where none is priced, its figures are null
+                    "modes": _modes_json(run_costs, mode_costs, unpriced, spreads),
                     # the runs no price covers, by device (their rows above: priced false, costs null); the
                     # modes' figures leave them out, and the notes say how to price them
                     "unpriced": [{"device": d, "run_ids": ids} for d, ids in unpriced_by_device(unpriced).items()],
@@ -518,6 +492,79 @@ OTHER_HARDWARE_ENERGY = "; the energy measured there is not that hardware's: lef
 # What --node-hourly-usd means (`cost` and `project` alike): the measured hardware at this price.
 CUSTOM_PRICE_NOTE = ("a custom price is taken as the measured hardware's price per node-hour, so its measured "
                      "energy stays in (to price other hardware, name it: --gpu NAME)")
+
+
+def _modes_json(run_costs, mode_costs, unpriced, spreads) -> list[dict]:
+    """`cost --json`'s modes: one per mode with a run in view (queries.MODES order). A mode's figures are over its
+    priced runs; `num_priced_runs` of `num_runs` say how many of its runs those are, `unpriced_run_ids` which are
+    left out and `cost_priced_over` says so in words (as a report's summary does). A mode none of whose runs has
+    a price has the same keys, its figures null (never 0)."""
+    from telemetry.costing import (
+        ESTIMATED,
+        MIN_STABLE_REQUESTS,
+        PARTLY_ESTIMATED,
+        energy_source,
+        mode_runs,
+        priced_share_text,
+    )
+    from telemetry.queries import MODES
+
+    by_mode = {mc.mode: mc for mc in mode_costs}
+    out = []
+    for mode in MODES:
+        mc, left = by_mode.get(mode), [r.run_id for r in unpriced if r.mode == mode]
+        if mc is None and not left:
+            continue
+        counts = {
+            # the mode's runs in view, and those a price covers: its figures are over these only
+            "num_runs": (0 if mc is None else len(mc.run_ids)) + len(left),
+            "num_priced_runs": 0 if mc is None else len(mc.run_ids),
+            "unpriced_run_ids": left,
+            # 'over 1 of 2 runs; run 7 (device 'X') has no price' (as a report's summary says it); null where every
+            # run of the mode is priced
+            "cost_priced_over": priced_share_text(mc, mode, unpriced),
+        }
+        if mc is None:
+            devices = dict.fromkeys(r.device for r in unpriced if r.mode == mode)
+            out.append(_unpriced_mode_dict(mode, counts, ", ".join(map(repr, devices))))
+            continue
+        ok = _requests_ok(mc, run_costs)
+        out.append({
+            "mode": mc.mode,
+            "run_ids": list(mc.run_ids),
+            **counts,
+            "incomplete_run_ids": _incomplete(mc.run_ids, run_costs),
+            # configurations (queries.CONFIG_FIELDS) the pooled figure spans, and the fields in which they differ
+            # ([] for one)
+            "configurations": spreads[mc.mode].num_configurations,
+            "differs_in": list(spreads[mc.mode].differs_in),
+            "num_requests_ok": ok,
+            "small_sample": 0 < ok < MIN_STABLE_REQUESTS,
+            "output_tokens": mc.output_tokens,
+            "wall_s": mc.wall_s,
+            "tokens_per_s": mc.tokens_per_s,
+            "priced_as": list(mc.priced_as),
+            "measured_on": list(mc.measured_on),
+            **_cost_dict(mc.cost),
+            # where the mode's energy figures come from, in its cost or not (energy_included says whether they
+            # are), as its runs' energy_estimated and a report's modes say it: measured | estimated | partly
+            # estimated (runs of both pooled); null: no energy figure
+            "energy_source": (source := energy_source(mode_runs(mc, run_costs))),
+            "energy_estimated": source in (ESTIMATED, PARTLY_ESTIMATED),
+        })
+    return out
+
+
+def _unpriced_mode_dict(mode: str, counts: dict, devices: str) -> dict:
+    """A `cost --json` mode none of whose runs has a price (on `devices`, as a run row names them): the keys of a
+    priced mode's, its figures (over its priced runs: none) null, its run lists empty but `unpriced_run_ids`."""
+    return {
+        "mode": mode, "run_ids": [], **counts, "incomplete_run_ids": [], "configurations": None,
+        "differs_in": [], "num_requests_ok": None, "small_sample": False, "output_tokens": None, "wall_s": None,
+        "tokens_per_s": None, "priced_as": [], "measured_on": [], "hardware_usd_per_1m": None,
+        "energy_usd_per_1m": None, "total_usd_per_1m": None, "energy_included": None, "energy_estimated": False,
+        "reason": f"no price for device {devices}", "energy_source": None,
+    }
 
 
 def _incomplete(run_ids, run_costs) -> list[int]:
