@@ -1028,8 +1028,12 @@ def _projection_price(engine: Engine, snapshots: list[dict | None], recorded: li
     except ValueError as exc:
         if gpu is not None or node_hourly_usd is not None:
             raise
-        raise ValueError(f"node pricing missing: the runs recorded no price and no catalog price matches the "
-                         f"measured device {device!r}; {PRICING_HINT}") from exc
+        known = sorted({p.usd_per_hour for p in recorded if p is not None})
+        what = ("the runs recorded no price" if not known else  # the projection prices every run at one price
+                f"only some of the runs recorded a price (${known[0]:g}/h)" if len(known) == 1 else
+                "the runs recorded different prices (" + ", ".join(f"${v:g}/h" for v in known) + ")")
+        raise ValueError(f"node pricing missing: {what} and no catalog price matches the measured device "
+                         f"{device!r}; {PRICING_HINT}") from exc
 
 
 # How `project` says runs of several recorded prices can be priced otherwise (the dashboard puts it in its words)

@@ -294,6 +294,29 @@ def test_cost_json_modes_of_only_priced_runs_cover_all_of_them(filled, capsys):
     assert all(m[k] is not None for m in modes for k in COST_FIGURES)
 
 
+def test_project_prices_every_run_of_its_group_or_none(sqlite_url, capsys):
+    """`project` prices its whole comparable group at one node price: never over some of its runs, as `cost`'s
+    modes may be. Where one run recorded a price, another none and no catalog entry covers the device it
+    refuses, saying that only some recorded one (it said "the runs recorded no price"); a flag prices them all."""
+    engine = open_store(sqlite_url)
+    snap = {"node_hourly_usd": 3.0, "name": "our-node"}
+    with Session(engine) as s:
+        for priced in (snap, None):
+            make_run(s, "ar", device="mystery", price_snapshot=priced, requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        make_run(s, "spec", device="mystery", price_snapshot=snap,
+                 requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=500)])
+        s.commit()
+    assert main([*_project(sqlite_url), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    [err] = captured.err.strip().splitlines()
+    assert "only some of the runs recorded a price ($3/h)" in err and "'mystery'" in err
+    assert "--node-hourly-usd X" in err
+    assert main([*_project(sqlite_url, "--node-hourly-usd", "3"), "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)["assumptions"]
+    assert a["capacity_runs_ar"] == [1, 2] and a["node_hourly_usd"] == 3.0
+
+
 def test_project_says_the_savings_in_nodes(filled, capsys):
     """A negative dollar figure alone left a reader to work out that speculation costs more: the savings line
     says which mode needs fewer nodes and by how many."""
