@@ -504,11 +504,24 @@ def remove_new_store(created: list[Path]) -> None:
     upgrade): the file with SQLite's -wal, -shm and -journal files, then the folders made, innermost first, each
     only while empty. A file that holds tables by now is another process's store (a bench that opened it
     meanwhile) and stays."""
-    if not created:
-        return
+    if created and not _holds_tables(created[-1]):
+        _remove(created)
+
+
+def remove_unused_store(created: list[Path]) -> None:
+    """Undo new_store_paths for a store that a recording command (bench, calibrate) made and then recorded nothing
+    in: refused, failed or stopped (Ctrl-C, SIGTERM) before its first run, while the models loaded or warmed up.
+    Removed as remove_new_store removes a store that could not be made, its schema and all; a store that holds a
+    run by now (this command's, 'cancelled' where it was stopped, or another process's) stays, and so does one that
+    cannot be read to tell."""
+    if created and not _holds_runs(created[-1]):
+        _remove(created)
+
+
+def _remove(created: list[Path]) -> None:
+    """The store file of new_store_paths with SQLite's files beside it, then the folders made for it, innermost
+    first, each only while empty."""
     path = created[-1]
-    if _holds_tables(path):
-        return
     for leftover in sqlite_files(path):
         try:
             leftover.unlink(missing_ok=True)
@@ -532,6 +545,18 @@ def _holds_tables(path: Path) -> bool:
             return conn.execute("select count(*) from sqlite_master where type = 'table'").fetchone()[0] > 0
     except sqlite3.Error:
         return False
+
+
+def _holds_runs(path: Path) -> bool:
+    """Whether the SQLite store at `path` holds a run (read only; not there: no; unreadable, or no runs table to
+    read: yes, it is not to be removed on a guess)."""
+    if not path.is_file():
+        return False
+    try:
+        with closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)) as conn:  # ? or # in a name
+            return conn.execute("select exists (select 1 from runs)").fetchone()[0] == 1
+    except sqlite3.Error:
+        return True
 
 
 def file_in_path(path: Path) -> Path | None:

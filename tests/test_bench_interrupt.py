@@ -196,6 +196,54 @@ def test_an_uninterrupted_bench_reports_no_interruption(target, tmp_path, capsys
     assert "interrupted" not in doc and all("interrupted" not in r for r in doc["runs"])
 
 
+
+def _after_the_ar_warm_up(monkeypatch, then) -> None:
+    """`then()` once the AR warm-up has run, in place of the spec one."""
+    real_warm_up = worker.warm_up
+
+    def warm_up(loaded, mode, *a, **kw):
+        if mode == "spec":
+            return then()
+        return real_warm_up(loaded, mode, *a, **kw)
+
+    monkeypatch.setattr(worker, "warm_up", warm_up)
+
+
+def test_a_bench_stopped_in_its_warm_up_leaves_no_store_behind(target, tmp_path, monkeypatch, capsys):
+    """SIGINT in the warm-up, before any run was recorded: the store file (and the folder) bench made for --db are
+    removed again, as where it is stopped while the models load; they stayed, empty."""
+    _after_the_ar_warm_up(monkeypatch, lambda: os.kill(os.getpid(), signal.SIGINT))
+    db = tmp_path / "new" / "s.db"
+    rc = main(_tiny_bench(target, "--mode", "both", "--limit", "2", "--max-new-tokens", "3", "--db",
+                          f"sqlite:///{db}"))
+    out = capsys.readouterr()
+    assert rc == 130 and out.err.strip().endswith("interrupted"), out.err
+    assert "stopped before its first run: nothing recorded in the store" in out.out, out.out
+    assert not (tmp_path / "new").exists(), list((tmp_path / "new").iterdir())
+
+
+def test_a_bench_whose_database_refuses_its_first_run_leaves_no_store_behind(target, tmp_path, monkeypatch,
+                                                                               capsys):
+    """The database raises as the first run is inserted (a trigger: as a database that fails does): one line of
+    error, and the store bench made, with nothing recorded in it, removed."""
+    db = tmp_path / "s.db"
+
+    def refuse_runs():
+        with create_engine(f"sqlite:///{db}").begin() as c:
+            c.execute(text("create trigger refuse before insert on runs "
+                           "begin select raise(abort, 'the database refused the run'); end"))
+
+    _after_the_ar_warm_up(monkeypatch, refuse_runs)
+    rc = main(_tiny_bench(target, "--mode", "both", "--limit", "2", "--max-new-tokens", "3", "--db",
+                          f"sqlite:///{db}"))
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err
+    # the bar (leave=False) cleared: the cursor back at the line's start (\r), the error written from there
+    said = err.split("\n")[-2].split("\r")[-1]
+    assert said == "specfinops bench: error: cannot use the database: the database refused the run", err
+    assert not any(tmp_path.glob("s.db*"))
+
+
 # ------------------------------------------------------------------ loadtest: the same first line
 
 

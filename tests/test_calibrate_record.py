@@ -211,3 +211,87 @@ def test_the_bench_warm_up_samples_at_the_temperature_measured_too(pair, workloa
                  "both", "--max-new-tokens", "3", "--dtype", "float32", "--temperature", "0.8", "--seed", "5",
                  "--no-telemetry"]) == 0
     assert warmed[:2] == [(0.8, 5, 8), (0.8, 5, 8)]  # AR, then spec: the untimed warm-ups, at the run's sampling
+
+
+def _stop_in(stage: str, monkeypatch) -> None:
+    """Ctrl-C while the models load, in the spec warm-up (the AR one ran), or as the first turn's run opens in the
+    store (before its row is written)."""
+    import serving.worker as worker
+    from telemetry.recorder import Recorder
+
+    def stopped(*_a, **_kw):
+        raise KeyboardInterrupt
+
+    if stage == "loading":
+        monkeypatch.setattr(worker, "load", stopped)
+    elif stage == "warm-up":
+        real_warm_up = worker.warm_up
+        monkeypatch.setattr(worker, "warm_up", lambda loaded, mode, *a, **kw: stopped() if mode == "spec"
+                            else real_warm_up(loaded, mode, *a, **kw))
+    else:
+        monkeypatch.setattr(Recorder, "start_run", stopped)
+
+
+@pytest.mark.parametrize("stage", ["loading", "warm-up", "first run"])
+def test_stopped_before_its_first_run_leaves_no_store_behind(stage, pair, workload, tmp_path, monkeypatch,
+                                                             capsys):
+    """Ctrl-C before a run was recorded in the store file that calibrate created (in a folder it made): file and
+    folder are removed again, as bench removes them; it left an empty store once the models had loaded."""
+    _stop_in(stage, monkeypatch)
+    db = tmp_path / "new" / "store.db"
+    assert _calibrate(pair, workload, "--db", f"sqlite:///{db}") == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "interrupted"
+    assert not (tmp_path / "new").exists(), list((tmp_path / "new").iterdir())
+
+
+def test_stopped_in_its_first_run_keeps_the_store_with_the_run_cancelled(pair, workload, tmp_path, monkeypatch,
+                                                                         capsys):
+    """Once a run is recorded the store stays, whenever Ctrl-C comes: here in the first turn."""
+    from serving.worker import ModeRunner
+
+    def stopped(*_a, **_kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ModeRunner, "run", stopped)
+    url = f"sqlite:///{tmp_path / 'new' / 'store.db'}"
+    assert _calibrate(pair, workload, "--db", url) == 130
+    assert [(r["mode"], r["status"]) for r in _runs(url)] == [("ar", "cancelled")]
+    capsys.readouterr()
+
+
+def _refuse_runs_from(url: str, n: int) -> None:
+    """The store's database refuses to insert a run once it holds `n` (a trigger: SQLite raising as a database that
+    fails does)."""
+    with create_engine(url).begin() as c:
+        c.execute(text(f"create trigger refuse before insert on runs when (select count(*) from runs) >= {n} "
+                       "begin select raise(abort, 'the database refused the run'); end"))
+
+
+@pytest.mark.parametrize("refused_from", [0, 1])
+def test_a_database_failing_mid_run_ends_the_bar_before_one_line_of_error(refused_from, pair, workload, tmp_path,
+                                                                          monkeypatch, capsys):
+    """The database raises as the first run, or the second, is inserted: the error on a line of its own after the
+    progress bar, no traceback; the store kept where it holds the run before, removed where it holds none."""
+    import serving.worker as worker
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    real_warm_up = worker.warm_up
+
+    def warm_up(loaded, mode, *a, **kw):  # the store exists by now (calibrate made it): the database turns bad
+        real_warm_up(loaded, mode, *a, **kw)
+        if mode == "spec":
+            _refuse_runs_from(url, refused_from)
+
+    monkeypatch.setattr(worker, "warm_up", warm_up)
+    assert _calibrate(pair, workload, "--db", url) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert err.split("\n")[-2] == ("specfinops calibrate: error: cannot use the database: the database refused the "
+                                   "run"), err
+    assert "\rcalibrate:" in err  # the bar ran ...
+    assert err.split("\n")[-3].startswith("\rcalibrate:"), err  # ... and was closed: the error starts a line
+    if refused_from:
+        assert [(r["mode"], r["status"]) for r in _runs(url)] == [("ar", "completed")]
+    else:
+        assert not any(tmp_path.glob("store.db*"))
+

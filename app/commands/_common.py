@@ -300,23 +300,22 @@ def open_db_option(url: str | None):
 @contextlib.contextmanager
 def store_opened_for(db: str | None, no_telemetry: bool):
     """With telemetry on, the --db store opened now (`open_db_option`: an unusable or read-only one refused before
-    any model loads), and a SQLite file this creates removed again where the block raises: a command refused or
-    stopped before it measured anything (bench, calibrate) leaves no store behind."""
-    made = None
+    any model loads), and a SQLite file this creates (with the folders made for it) removed again where the block
+    raises before a run was recorded in it: a command refused, failed or stopped (Ctrl-C, SIGTERM) while its models
+    loaded or warmed up (bench, calibrate: the block holds the whole measurement) leaves no store behind. Once it
+    holds a run, it stays (the run stopped 'cancelled', or 'failed')."""
+    made = []
     if not no_telemetry:
-        from telemetry.db import resolve_db_url, sqlite_file
+        from telemetry.db import new_store_paths, resolve_db_url, sqlite_file
 
-        path = sqlite_file(resolve_db_url(db))
-        made = path if path is not None and not path.exists() else None
+        made = new_store_paths(sqlite_file(resolve_db_url(db)))
         open_db_option(db).dispose()
     try:
         yield
     except BaseException:
-        if made is not None:
-            from telemetry.db import sqlite_files
+        from telemetry.db import remove_unused_store
 
-            for leftover in sqlite_files(made):
-                leftover.unlink(missing_ok=True)
+        remove_unused_store(made)
         raise
 
 

@@ -298,10 +298,13 @@ def _handle(args: argparse.Namespace) -> int:
     gate = args.spec_max_batch
     if gate is not None and gate != "auto" and (not str(gate).isdigit() or int(gate) < 1):
         raise ValueError(f"--spec-max-batch must be an integer >= 1 or 'auto', got {gate!r}")
-    with store_opened_for(args.db, args.no_telemetry):  # refused before the benchmark: no store file left
+    # the whole bench in the block: a store file made for it is removed again where it is refused or stopped (Ctrl-C,
+    # SIGTERM) before its first run is recorded (loading, checking, warming up; `_write_json` raises the
+    # KeyboardInterrupt that run_bench reported), kept once it holds one
+    with store_opened_for(args.db, args.no_telemetry):
         loaded = _load_and_check(args, spec, prompts, encoded, params, gate, chosen, levels)
-    report = run_bench(args, loaded, prompts, encoded, params, modes, levels)
-    return _write_json(args, report)
+        report = run_bench(args, loaded, prompts, encoded, params, modes, levels)
+        return _write_json(args, report)
 
 
 def check_prompts_fit(args, target_dir, prompts) -> list[list[int]]:

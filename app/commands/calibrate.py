@@ -108,7 +108,7 @@ def _sampling(args: argparse.Namespace):
 
 def _handle(args: argparse.Namespace) -> int:
     from app.commands.bench import drafter_for, early_exit_layers
-    from serving.worker import EngineSpec, default_drafter, load, warm_up
+    from serving.worker import EngineSpec, default_drafter
     from serving.workloads import canonical_workload, load_workload
 
     if not 0 < args.threshold <= 1:
@@ -143,15 +143,24 @@ def _handle(args: argparse.Namespace) -> int:
     spec.validate()
     from app.commands._common import store_opened_for
 
-    with store_opened_for(args.db, args.no_telemetry):  # refused before measuring: no store file left
-        print("loading models ...", file=sys.stderr)
-        loaded = load(spec)
-        encoded = [loaded.encode(p) for p in prompts]
-        from app.commands.bench import check_context, context_window
+    # the whole calibration in the block: a store file made for it is removed again where it is refused or stopped
+    # (Ctrl-C, SIGTERM) before its first run is recorded (loading, checking, warming up), kept once it holds one
+    with store_opened_for(args.db, args.no_telemetry):
+        return _calibrate(args, spec, params, prompts, domains)
 
-        # said with the prompt and what sets the context (the engine's own error names neither)
-        check_context(args.workload, prompts, encoded, *context_window(spec.max_len, loaded.target.cfg),
-                      "drop it from the workload, or calibrate a target with more positions")
+
+def _calibrate(args: argparse.Namespace, spec, params, prompts: list, domains: list[str]) -> int:
+    """Load, check the prompts' context, warm up, measure each domain and report it (`_handle`'s work once the
+    options are checked and the store is open)."""
+    from app.commands.bench import check_context, context_window
+    from serving.worker import load, warm_up
+
+    print("loading models ...", file=sys.stderr)
+    loaded = load(spec)
+    encoded = [loaded.encode(p) for p in prompts]
+    # said with the prompt and what sets the context (the engine's own error names neither)
+    check_context(args.workload, prompts, encoded, *context_window(spec.max_len, loaded.target.cfg),
+                  "drop it from the workload, or calibrate a target with more positions")
     # untimed, as bench does: a first call's costs (kernel choices, allocations, lazy init) in AR, which runs first
     # on the first prompt, inflated the one-token forward time that c, v and the measured speedup divide by; at the
     # temperature measured, so that sampling's and rejection sampling's first calls are among them
