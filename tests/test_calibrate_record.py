@@ -295,3 +295,24 @@ def test_a_database_failing_mid_run_ends_the_bar_before_one_line_of_error(refuse
     else:
         assert not any(tmp_path.glob("store.db*"))
 
+
+def test_a_store_that_fails_as_the_recorder_opens_it_leaves_no_bar_open(pair, workload, tmp_path, monkeypatch,
+                                                                        capsys):
+    """The store turned unusable while the models loaded (here: another program wrote over the file): the bar was
+    drawn before the recorder opened it and never closed, so the error was written on the bar's line."""
+    import serving.worker as worker
+
+    db = tmp_path / "store.db"
+    real_warm_up = worker.warm_up
+
+    def warm_up(loaded, mode, *a, **kw):
+        real_warm_up(loaded, mode, *a, **kw)
+        if mode == "spec":
+            db.write_bytes(b"not a database" * 100)
+
+    monkeypatch.setattr(worker, "warm_up", warm_up)
+    assert _calibrate(pair, workload, "--db", f"sqlite:///{db}") == 2
+    err = capsys.readouterr().err
+    last = err.split("\n")[-2]
+    assert last.startswith("specfinops calibrate: error: ") and "not a SQLite database" in last, err
+    assert "calibrate:" not in err.replace("specfinops calibrate:", ""), err  # no bar was drawn

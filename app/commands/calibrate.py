@@ -169,24 +169,29 @@ def _calibrate(args: argparse.Namespace, spec, params, prompts: list, domains: l
     from tqdm import tqdm
 
     results = []
-    # one step per prompt (AR and speculative on it), so a run of one domain shows its progress and ETA too
-    bar = tqdm(total=len(prompts), desc="calibrate", unit="prompt", file=sys.stderr)
     interrupted = False  # Ctrl-C or SIGTERM: the domains measured are still reported
+    # before the bar: what opening the recorder or the power meter says (or the error it raises) is not written
+    # into the bar's line
     recorder, source, turn = _recording(args, loaded, params)
     try:
-        for d in domains:
-            idx = [i for i, p in enumerate(prompts) if p.domain == d]
-            ps, enc = [prompts[i] for i in idx], [encoded[i] for i in idx]
-            bar.set_postfix_str(d)
-            ar, sp = _interleaved(loaded, ps, enc, params, done=lambda: bar.update(1), turn=turn)
-            results.append(_measure(args, d, ar, sp, enc))
-    except KeyboardInterrupt:
-        interrupted = True
+        # one step per prompt (AR and speculative on it), so a run of one domain shows its progress and ETA too;
+        # closed however the measurement ends (a database that fails mid-run: its error on a line of its own)
+        with tqdm(total=len(prompts), desc="calibrate", unit="prompt", file=sys.stderr) as bar:
+            try:
+                for d in domains:
+                    idx = [i for i, p in enumerate(prompts) if p.domain == d]
+                    ps, enc = [prompts[i] for i in idx], [encoded[i] for i in idx]
+                    bar.set_postfix_str(d)
+                    ar, sp = _interleaved(loaded, ps, enc, params, done=lambda: bar.update(1), turn=turn)
+                    results.append(_measure(args, d, ar, sp, enc))
+            except KeyboardInterrupt:
+                interrupted = True
     finally:
-        bar.close()
-        if recorder is not None:
-            recorder.close()  # every run recorded ended ('cancelled' the one Ctrl-C stopped): none left 'running'
-        source.close()
+        try:
+            if recorder is not None:
+                recorder.close()  # every run recorded ended ('cancelled' the one Ctrl-C stopped): none 'running'
+        finally:
+            source.close()
     invocation_id = turn.invocation_id if turn.run_ids else None  # None: nothing recorded (or not recording)
     if interrupted and not results:
         if invocation_id is not None:
