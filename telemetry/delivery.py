@@ -30,7 +30,7 @@ from sqlalchemy import update
 from sqlalchemy.engine import Engine
 
 from telemetry.costing import cost_basis_text
-from telemetry.db import Report
+from telemetry.db import Report, retry_while_locked
 from telemetry.labels import usd_amount
 
 logger = logging.getLogger(__name__)
@@ -331,11 +331,16 @@ def deliver(
 
 
 def record_delivery(engine: Engine, report_id: int, outcome: DeliveryOutcome) -> None:
-    with engine.begin() as c:
-        c.execute(
-            update(Report)
-            .where(Report.id == report_id)
-            .values(delivery_status=outcome.status, delivery_error=outcome.error)
-        )
+    """Record a delivery's outcome on its report: one UPDATE, waited for while another process holds the store
+    locked (the delivery itself is not made again)."""
+    def write() -> None:
+        with engine.begin() as c:
+            c.execute(
+                update(Report)
+                .where(Report.id == report_id)
+                .values(delivery_status=outcome.status, delivery_error=outcome.error)
+            )
+
+    retry_while_locked(engine, write)
     if outcome.error:
         logger.error("report %d: delivery %s: %s", report_id, outcome.status, outcome.error)

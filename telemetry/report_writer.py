@@ -40,7 +40,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from telemetry.db import DeviceFullError, Report, Run
+from telemetry.db import DeviceFullError, Report, Run, retry_while_locked
 from telemetry.export import write_csv
 from telemetry.report import (
     DEFAULT_HISTORY,
@@ -128,24 +128,42 @@ def free_dir_name(out: Path, report_id: int, window: Window) -> str:
 
 def _claim(engine: Engine, window: Window, job_id: str | None, out: Path) -> int | None:
     """Insert the report's record ("generating"), its folder (a free name in `out`) recorded from the start;
-    its id, None when the job already has a report of this period."""
-    with Session(engine) as s:
-        row = Report(period=window.period, since=window.since, until=window.until, html_path="", csv_dir="",
-                     delivery_status=GENERATING, job_id=job_id)  # fmt: skip
-        s.add(row)
-        try:
-            s.flush()  # the id names the folder, recorded with the claim: a killed run's leftovers can be found
-            row.csv_dir = str(out / free_dir_name(out, row.id, window))
-            s.commit()
-        except IntegrityError:
-            s.rollback()
-            return None
-        return row.id
+    its id, None when the job already has a report of this period. One transaction, waited for while another
+    process holds the store locked: a try the lock kept out inserted nothing."""
+    def write() -> int | None:
+        with Session(engine) as s:
+            row = Report(period=window.period, since=window.since, until=window.until, html_path="", csv_dir="",
+                         delivery_status=GENERATING, job_id=job_id)  # fmt: skip
+            s.add(row)
+            try:
+                s.flush()  # the id names the folder, recorded with the claim: a killed run's leftovers can be found
+                row.csv_dir = str(out / free_dir_name(out, row.id, window))
+                s.commit()
+            except IntegrityError:
+                s.rollback()
+                return None
+            return row.id
+
+    return retry_while_locked(engine, write)
 
 
 def _drop_claim(engine: Engine, report_id: int) -> None:
-    with engine.begin() as c:
-        c.execute(delete(Report).where(Report.id == report_id))
+    def write() -> None:  # one transaction, waited for while another process holds the store locked
+        with engine.begin() as c:
+            c.execute(delete(Report).where(Report.id == report_id))
+
+    retry_while_locked(engine, write)
+
+
+def _delete_generating(engine: Engine, report_id: int) -> bool:
+    """Delete the record `report_id` if it is still "generating" (one transaction, waited for while another
+    process holds the store locked); whether it was."""
+    def write() -> bool:
+        with engine.begin() as c:
+            gone = c.execute(delete(Report).where(Report.id == report_id, Report.delivery_status == GENERATING))
+            return gone.rowcount == 1
+
+    return retry_while_locked(engine, write)
 
 
 def report_dir_name(report_id: int, window: Window) -> str:
@@ -189,9 +207,7 @@ def release_claim(engine: Engine, report_id: int, window: Window, out_dir: str |
         if row is None or row.delivery_status != GENERATING:
             return False
         recorded = row.csv_dir
-    with engine.begin() as c:
-        gone = c.execute(delete(Report).where(Report.id == report_id, Report.delivery_status == GENERATING))
-    if gone.rowcount != 1:
+    if not _delete_generating(engine, report_id):
         return False
     final = Path(recorded) if recorded else Path(out_dir).expanduser() / report_dir_name(report_id, window)
     token = _claim_token(engine, report_id, final)
@@ -268,9 +284,7 @@ def release_stale_claims(engine: Engine, out_dir: str | os.PathLike | None = Non
         if csv_dir:
             released = release_claim(engine, report_id, window, Path(csv_dir).parent)
         else:  # recorded by an older version: no folder known; only a temporary one in `out_dir` is safe to remove
-            with engine.begin() as c:
-                gone = c.execute(delete(Report).where(Report.id == report_id, Report.delivery_status == GENERATING))
-            released = gone.rowcount == 1
+            released = _delete_generating(engine, report_id)
             if released and out_dir is not None:  # an unmarked one only: a marked one is another claim's
                 _remove_claimed(Path(out_dir).expanduser() / f".{report_dir_name(report_id, window)}.tmp", None,
                                 unmarked_too=True)  # fmt: skip
@@ -333,13 +347,8 @@ def write_report(
             "html_path": str(final / HTML_NAME),
             "csv_files": [str(final / n) for n in names],
         }
-        with engine.begin() as c:
-            c.execute(
-                update(Report)
-                .where(Report.id == report_id)
-                .values(html_path=str(final / HTML_NAME), csv_dir=str(final), summary=summary,
-                        delivery_status=PENDING if delivery_requested else NOT_REQUESTED)  # fmt: skip
-            )
+        _set_report(engine, report_id, html_path=str(final / HTML_NAME), csv_dir=str(final), summary=summary,
+                    delivery_status=PENDING if delivery_requested else NOT_REQUESTED)  # fmt: skip
     except BaseException as exc:
         for folder in made:  # this call's folder only (temporary, or renamed into place): never another's
             shutil.rmtree(folder, ignore_errors=True)
@@ -355,6 +364,16 @@ def write_report(
                        "another file; left as it is): written to %s", report_id, out, usual, final.name)  # fmt: skip
     return ReportResult(report_id, final / HTML_NAME, final, tuple(final / n for n in names), summary,
                         incomplete_period_text(data), name_taken)
+
+
+def _set_report(engine: Engine, report_id: int, **values) -> None:
+    """Set columns of the record `report_id`: one UPDATE in its own transaction, waited for while another process
+    holds the store locked."""
+    def write() -> None:
+        with engine.begin() as c:
+            c.execute(update(Report).where(Report.id == report_id).values(**values))
+
+    retry_while_locked(engine, write)
 
 
 def _make_tmp(engine: Engine, report_id: int, window: Window, out: Path, made: list[Path]) -> Path:
@@ -375,8 +394,7 @@ def _make_tmp(engine: Engine, report_id: int, window: Window, out: Path, made: l
                 made.append(tmp)
                 (tmp / CLAIM_MARKER).write_text(_claim_token(engine, report_id, final) + "\n", encoding="utf-8")
                 if str(final) != recorded:
-                    with engine.begin() as c:
-                        c.execute(update(Report).where(Report.id == report_id).values(csv_dir=str(final)))
+                    _set_report(engine, report_id, csv_dir=str(final))
                 return final
         final = out / free_dir_name(out, report_id, window)
     raise FileExistsError(f"no free folder name for report #{report_id} in {out}")

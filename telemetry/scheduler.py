@@ -27,6 +27,9 @@
   start, while the report is younger than REDELIVER_FAILED_FOR_S (a monthly job's: REDELIVER_FAILED_MONTHLY_S);
   the report is not written again, only its summary re-sent. `--list` shows the reports whose delivery failed.
   "partially delivered" is not retried (the channel that succeeded would get it twice).
+- Every write to the store (the job table and its jobs: LockWaitingJobStore; report records, delivery leases and
+  outcomes) waits while another process holds a SQLite store's write lock (telemetry.db.retry_while_locked), then
+  fails with StoreLockedError, having written nothing: a run says so in one ERROR line, the command in one line.
 - One scheduler runs every job in its job table, so on start `specfinops scheduler` removes the persisted jobs
   other than the one on its command line (unless --keep-other-jobs); `--list` shows them. Each job's name
   carries its id ("specfinops daily report report-daily"), so the log lines say which job ran.
@@ -57,6 +60,7 @@ from pathlib import Path
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.job import Job
+from apscheduler.jobstores.base import BaseJobStore
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import BaseScheduler
@@ -66,7 +70,7 @@ from apscheduler.triggers.combining import OrTrigger
 from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy.engine import Engine
 
-from telemetry.db import JOBS_TABLE
+from telemetry.db import JOBS_TABLE, retry_while_locked
 from telemetry.report import (
     DEFAULT_HISTORY,
     DEFAULT_SLA_MS,
@@ -285,11 +289,50 @@ class ReportJob:
 PRICING_UNSET = Pricing().as_dict()
 
 
+class LockWaitingJobStore(SQLAlchemyJobStore):
+    """APScheduler's SQLAlchemy job store whose writes wait while another process holds a SQLite store's write
+    lock (telemetry.db.retry_while_locked), then say so (StoreLockedError): the job table's creation, a job added,
+    replaced, updated (its next run time, after each run) or removed. Each is one transaction of APScheduler's, so
+    a try the lock kept out wrote nothing. They failed on SQLite's first 'database is locked' (after its 5 s busy
+    timeout): the scheduler's loop died on a next run time it could not store."""
+
+    def start(self, scheduler, alias):
+        BaseJobStore.start(self, scheduler, alias)  # its own start's CREATE, waited for below
+        create_jobs_table(self)
+
+    def add_job(self, job):
+        write = super().add_job
+        retry_while_locked(self.engine, lambda: write(job))
+
+    def update_job(self, job):
+        write = super().update_job
+        retry_while_locked(self.engine, lambda: write(job))
+
+    def remove_job(self, job_id):
+        write = super().remove_job
+        retry_while_locked(self.engine, lambda: write(job_id))
+
+    def remove_all_jobs(self):
+        retry_while_locked(self.engine, super().remove_all_jobs)
+
+
+def create_jobs_table(store: SQLAlchemyJobStore) -> None:
+    """The job table and its index, where missing, waited for while another process holds the store locked. Each
+    is checked for on its own: SQLite commits each CREATE by itself, so a try the lock stopped between the two
+    leaves the table without its index, and the next try makes the index."""
+    def write() -> None:
+        store.jobs_t.create(store.engine, checkfirst=True)
+        for index in store.jobs_t.indexes:
+            index.create(store.engine, checkfirst=True)
+
+    retry_while_locked(store.engine, write)
+
+
 def make_scheduler(engine: Engine, *, blocking: bool = False) -> BaseScheduler:
     """A scheduler whose jobs persist in `engine`'s database; UTC; coalescing, one instance at a time."""
     cls = BlockingScheduler if blocking else BackgroundScheduler
     return cls(
-        jobstores={"default": SQLAlchemyJobStore(engine=engine, tablename=JOBS_TABLE)},
+        jobstores={"default": LockWaitingJobStore(engine=engine, tablename=JOBS_TABLE)},
         executors={"default": ThreadPoolExecutor(max_workers=2)},
         job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": DEFAULT_MISFIRE_GRACE_S},
         timezone=UTC,
@@ -302,8 +345,8 @@ def job_name(job: ReportJob) -> str:
 
 
 def _job_store(engine: Engine) -> SQLAlchemyJobStore:
-    store = SQLAlchemyJobStore(engine=engine, tablename=JOBS_TABLE)
-    store.jobs_t.create(engine, checkfirst=True)
+    store = LockWaitingJobStore(engine=engine, tablename=JOBS_TABLE)
+    create_jobs_table(store)
     return store
 
 
@@ -487,23 +530,27 @@ def take_delivery(engine: Engine, report_id: int, *, now: datetime | None = None
     from telemetry.report_writer import PENDING, STALE_AFTER_S, age_s
 
     now = now or datetime.now(UTC)
-    with engine.begin() as c:
-        row = c.execute(select(Report.delivery_error).where(Report.id == report_id,
-                                                            Report.delivery_status == PENDING)).first()
-        if row is None:
-            return False
-        held = row[0]
-        if held and held.startswith(DELIVERY_LEASE):
-            try:
-                since = datetime.fromisoformat(held.removeprefix(DELIVERY_LEASE))
-            except ValueError:
-                since = None
-            if since is not None and age_s(since, now) < STALE_AFTER_S:
+
+    def take() -> bool:  # one transaction, read again on each try: waited for while another process holds the lock
+        with engine.begin() as c:
+            row = c.execute(select(Report.delivery_error).where(Report.id == report_id,
+                                                                Report.delivery_status == PENDING)).first()
+            if row is None:
                 return False
-        same = Report.delivery_error.is_(None) if held is None else Report.delivery_error == held
-        taken = c.execute(update(Report).where(Report.id == report_id, Report.delivery_status == PENDING, same)
-                          .values(delivery_error=f"{DELIVERY_LEASE}{now.isoformat()}"))  # fmt: skip
-    return taken.rowcount == 1
+            held = row[0]
+            if held and held.startswith(DELIVERY_LEASE):
+                try:
+                    since = datetime.fromisoformat(held.removeprefix(DELIVERY_LEASE))
+                except ValueError:
+                    since = None
+                if since is not None and age_s(since, now) < STALE_AFTER_S:
+                    return False
+            same = Report.delivery_error.is_(None) if held is None else Report.delivery_error == held
+            taken = c.execute(update(Report).where(Report.id == report_id, Report.delivery_status == PENDING, same)
+                              .values(delivery_error=f"{DELIVERY_LEASE}{now.isoformat()}"))  # fmt: skip
+            return taken.rowcount == 1
+
+    return retry_while_locked(engine, take)
 
 
 def redeliver_failed(engine: Engine, job: ReportJob, *, now: datetime | None = None) -> list[str]:
@@ -526,15 +573,19 @@ def redeliver_failed(engine: Engine, job: ReportJob, *, now: datetime | None = N
         rows = list(s.scalars(select(Report).where(Report.job_id == job.job_id,
                                                    Report.delivery_status == FAILED).order_by(Report.id)))
         s.expunge_all()
+
+    def take(report_id: int) -> bool:  # one UPDATE, waited for while another process holds the store locked
+        with engine.begin() as c:
+            taken = c.execute(update(Report).where(Report.id == report_id, Report.delivery_status == FAILED)
+                              .values(delivery_status=PENDING,  # the lease from now: deliveries before took time
+                                      delivery_error=f"{DELIVERY_LEASE}{datetime.now(UTC).isoformat()}"))  # fmt: skip
+            return taken.rowcount == 1
+
     done: list[str] = []
     for r in rows:
         if r.summary is None or age_s(r.created_at, now) >= redeliver_failed_for_s(r.period):
             continue
-        with engine.begin() as c:
-            taken = c.execute(update(Report).where(Report.id == r.id, Report.delivery_status == FAILED)
-                              .values(delivery_status=PENDING,  # the lease from now: deliveries before took time
-                                      delivery_error=f"{DELIVERY_LEASE}{datetime.now(UTC).isoformat()}"))  # fmt: skip
-        if taken.rowcount != 1:  # another scheduler took it
+        if not retry_while_locked(engine, lambda rid=r.id: take(rid)):  # another scheduler took it
             continue
         status = _deliver(engine, job, r.id, r.summary)
         line = (f"report job {job.job_id}: report #{r.id} ({_label(r)}): its failed delivery made again "
@@ -688,9 +739,10 @@ def _run_errors() -> tuple[type[BaseException], ...]:
     """What a run's input or environment raises; anything else is a bug."""
     from sqlalchemy.exc import SQLAlchemyError
 
+    from telemetry.db import StoreLockedError
     from telemetry.store import StoreError
 
-    return (ValueError, OSError, OverflowError, SQLAlchemyError, StoreError)
+    return (ValueError, OSError, OverflowError, SQLAlchemyError, StoreError, StoreLockedError)
 
 
 def run_problem(exc: BaseException) -> str:

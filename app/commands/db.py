@@ -296,17 +296,23 @@ def _drop_scheduler_jobs(args: argparse.Namespace) -> None:
     it made the emptied database "not a store" to every command, and `db upgrade` brought its jobs back to run."""
     from sqlalchemy import inspect, text
 
-    from telemetry.db import JOBS_TABLE, make_engine, resolve_db_url
+    from telemetry.db import JOBS_TABLE, make_engine, resolve_db_url, retry_while_locked
+
+    def drop() -> int | None:  # one transaction, waited for while another process holds the store locked
+        with engine.begin() as c:
+            if JOBS_TABLE not in inspect(c).get_table_names():
+                return None
+            n = c.execute(text(f"SELECT COUNT(*) FROM {JOBS_TABLE}")).scalar() or 0
+            c.execute(text(f"DROP TABLE {JOBS_TABLE}"))
+            return n
 
     engine = make_engine(resolve_db_url(args.db))
     try:
-        with engine.begin() as c:
-            if JOBS_TABLE not in inspect(c).get_table_names():
-                return
-            n = c.execute(text(f"SELECT COUNT(*) FROM {JOBS_TABLE}")).scalar() or 0
-            c.execute(text(f"DROP TABLE {JOBS_TABLE}"))
+        n = retry_while_locked(engine, drop)
     finally:
         engine.dispose()
+    if n is None:
+        return
     print(f"dropped the scheduler's job table ({n} job{'' if n == 1 else 's'})")
 
 
