@@ -236,6 +236,81 @@ def test_a_data_dir_another_target_made_is_refused(tmp_path, cache, capsys):
     assert "another target made" in _one_error_line(capsys)
 
 
+def _copied(target_dir: Path, dest: Path) -> Path:
+    """A plain copy of a target (as cp without -p makes it): the same files, each with a new modification time."""
+    import os
+    import shutil
+
+    dest.mkdir(parents=True)
+    for f in target_dir.iterdir():
+        shutil.copyfile(f, dest / f.name)
+        st = (dest / f.name).stat()
+        os.utime(dest / f.name, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    return dest
+
+
+def test_data_made_for_a_target_is_its_copys_and_another_targets_data_is_refused(tmp_path, cache, capsys):
+    """Whose data it is goes by the target's weights (target_weights_fingerprint in meta.json, as model cards
+    record it), not by their files' modification times: a plain copy of the target (new times, another folder)
+    trains on the data made for the original, from --data-dir and --corpus alike; data of other weights is
+    refused as before, and data that records only the older fingerprint is compared by that one."""
+    from app.cli import main
+    from serving.distill.data import load_prepared
+    from serving.distill.pipeline import data_settings_refusal, target_fingerprint, target_meta
+    from serving.models import weights_fingerprint
+
+    a = _target(tmp_path / "a" / "model", 1)
+    copy = _copied(a, tmp_path / "copy" / "model")
+    assert target_fingerprint(copy) != target_fingerprint(a) and weights_fingerprint(copy) == weights_fingerprint(a)
+    data = tmp_path / "data"
+    generate = ["--generate-prompts", "2", "--max-new-tokens", "3", "--gen-batch", "2", "--data-dir", str(data)]
+    assert main(_distill(["--target", str(a), *generate, "--out", str(tmp_path / "da")], tmp_path)) == 0
+    made = _digest(data)
+    capsys.readouterr()
+    out = tmp_path / "dcopy"
+    assert main(_distill(["--target", str(copy), *generate, "--out", str(out)], tmp_path)) == 0, capsys.readouterr()
+    assert load_prepared(data).meta["target_weights_fingerprint"] == weights_fingerprint(a)
+    assert json.loads((out / "model_card.json").read_text())["corpus"]["data_dirs"] == [str(data)]
+    assert _digest(data) == made  # read as it was, not made again
+    # --corpus: data the original made trains the copy
+    corpus = tmp_path / "corpus-of-a"
+    with torch.inference_mode():
+        teacher_pass(tiny_model(1), _answers(8), corpus, topk=4, token_budget=256, progress=False,
+                     extra_meta=target_meta(a))
+    assert main(_distill(["--target", str(copy), "--corpus", str(corpus), "--out", str(tmp_path / "dc2")],
+                         tmp_path)) == 0
+    # other weights (the same shapes, names and folder name): refused, from --data-dir and --corpus
+    b = _target(tmp_path / "b" / "model", 2)
+    capsys.readouterr()
+    assert main(_distill(["--target", str(b), *generate, "--out", str(tmp_path / "db")], tmp_path)) == 2
+    line = _one_error_line(capsys)
+    assert f"--data-dir {data} holds data another target made (fingerprint {weights_fingerprint(a)}" in line
+    assert f"this target's is {weights_fingerprint(b)}" in line
+    assert main(_distill(["--target", str(b), "--corpus", str(corpus), "--out", str(tmp_path / "db")], tmp_path)) == 2
+    line = _one_error_line(capsys)
+    assert f"--corpus {corpus} holds data another target made ({a.resolve()}" in line and str(b) in line
+    assert not (tmp_path / "db").exists()
+    # data still being made (its settings.json only, as a run cut short leaves it): the copy goes on with it
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "settings.json").write_bytes((data / "settings.json").read_bytes())
+    recorded = json.loads((half / "settings.json").read_text())
+    for t in (copy, b):
+        made_by = target_meta(t)
+        want = {**recorded, **{k: made_by[k] for k in ("target_fingerprint", "target_weights_fingerprint")}}
+        refused = data_settings_refusal(half, want)
+        assert refused is None if t == copy else "made with target (weights fingerprint)" in refused, refused
+    # data made before the weights' fingerprint was recorded: compared by the one it records
+    old = tmp_path / "corpus-old"
+    with torch.inference_mode():
+        teacher_pass(tiny_model(1), _answers(8), old, topk=4, token_budget=256, progress=False,
+                     extra_meta={"target": str(a.resolve()), "target_fingerprint": target_fingerprint(a)})
+    assert main(_distill(["--target", str(copy), "--corpus", str(old), "--out", str(tmp_path / "dc3")],
+                         tmp_path)) == 2
+    assert "another target made" in _one_error_line(capsys)
+    assert main(_distill(["--target", str(a), "--corpus", str(old), "--out", str(tmp_path / "dc3")], tmp_path)) == 0
+
+
 def test_a_corpus_another_target_made_is_refused_naming_both_targets(byo, tmp_path, capsys):
     """--corpus data another target made trained silently (the same sizes) or crashed in a matmul (another hidden
     size): refused in one line naming the corpus and both targets, before anything is written."""

@@ -365,13 +365,30 @@ def data_prefix(target_dir: Path) -> str:
     return f"{target_dir.name}-{target_fingerprint(target_dir)}"
 
 
+def target_mismatch(meta: dict, target_dir: Path) -> tuple[str, str] | None:
+    """(theirs, ours) where prepared data's meta.json (`meta`) says another target made it, else None. By the
+    weights' content (`target_weights_fingerprint`, as model cards record it) where the data records it: a copy of
+    the target (new modification times, another folder) is the same target, other weights another. Data made
+    before that was recorded is compared by `target_fingerprint` (config.json and the weight files' names, sizes
+    and times), the only fingerprint it has."""
+    from serving.models import weights_fingerprint
+
+    theirs = meta.get("target_weights_fingerprint")
+    if theirs is not None:
+        ours = weights_fingerprint(target_dir)
+    else:
+        theirs, ours = meta.get("target_fingerprint"), target_fingerprint(target_dir)
+    return (str(theirs), str(ours)) if theirs is not None and theirs != ours else None
+
+
 def foreign_data(flag: str, data_dir: Path, meta: dict, target_dir: Path, target_cfg: dict) -> str | None:
-    """The one line refusing prepared data (`meta`, its meta.json) that another target made: its recorded
-    `target_fingerprint` is not this target's, or (data that records none) its hidden or vocabulary size is not
-    this target's. None when the data may be this target's."""
+    """The one line refusing prepared data (`meta`, its meta.json) that another target made: the target it records
+    is not this one (`target_mismatch`), or its hidden or vocabulary size is not this target's (what tells data
+    that records no target apart). None when the data may be this target's."""
     made_by = meta.get("target") or "a target it does not name"
-    theirs, ours = meta.get("target_fingerprint"), target_fingerprint(target_dir)
-    if theirs is not None and theirs != ours:
+    mismatch = target_mismatch(meta, target_dir)
+    if mismatch:
+        theirs, ours = mismatch
         return (f"{flag} {data_dir} holds data another target made ({made_by}, fingerprint {theirs}); this target "
                 f"is {target_dir} (fingerprint {ours}): give data this target made, or let distill make it "
                 "(--generate-prompts N, --stdlib-code N)")
@@ -386,15 +403,18 @@ def foreign_data(flag: str, data_dir: Path, meta: dict, target_dir: Path, target
 SETTING_FLAGS = {"generate_prompts": "--generate-prompts", "stdlib_prompts": "--stdlib-prompts",
                  "package_prompts": "--package-prompts", "seed": "--seed", "max_new_tokens": "--max-new-tokens",
                  "dtype": "--dtype", "feature_layers": "--data-feature-layers (or --feature-layers)",
-                 "target_fingerprint": "target (fingerprint)"}
+                 "target_fingerprint": "target (fingerprint)",
+                 "target_weights_fingerprint": "target (weights fingerprint)"}
 
 
-def data_settings(args, dtype: torch.dtype, data_layers, fingerprint: str) -> dict:
-    """What generated data is made with (`SETTING_FLAGS`): data made otherwise is other data, whatever its folder."""
+def data_settings(args, dtype: torch.dtype, data_layers, made_by: dict) -> dict:
+    """What generated data is made with (`SETTING_FLAGS`): data made otherwise is other data, whatever its folder.
+    The target as `made_by` (`target_meta`) records it."""
     return {"generate_prompts": args.generate_prompts or 0, "stdlib_prompts": args.stdlib_prompts or 0,
             "package_prompts": args.package_prompts or 0, "seed": args.seed, "max_new_tokens": args.max_new_tokens,
             "dtype": str(dtype).replace("torch.", ""), "feature_layers": list(data_layers or []),
-            "target_fingerprint": fingerprint}
+            "target_fingerprint": made_by["target_fingerprint"],
+            "target_weights_fingerprint": made_by["target_weights_fingerprint"]}
 
 
 def _recorded_settings(d: Path) -> dict:
@@ -422,8 +442,12 @@ def _recorded_settings(d: Path) -> dict:
 def data_settings_refusal(d: Path, want: dict) -> str | None:
     """The one line refusing --data-dir `d` whose data (finished or half made) was made with other settings than
     `want` (`data_settings`): reused, it would be trained on as this command's data, and the card would say so.
-    None where every setting it records is this run's."""
-    for name, was in _recorded_settings(d).items():
+    None where every setting it records is this run's. The target is compared by its weights' content where the
+    data records it (`target_mismatch`): a copy of the target made with new modification times is the same."""
+    recorded = _recorded_settings(d)
+    if recorded.get("target_weights_fingerprint") is not None:
+        recorded = {k: v for k, v in recorded.items() if k != "target_fingerprint"}
+    for name, was in recorded.items():
         if name in want and was != want[name]:
             def shown(v) -> str:
                 return " ".join(map(str, v)) if isinstance(v, list) else str(v)
@@ -435,8 +459,13 @@ def data_settings_refusal(d: Path, want: dict) -> str | None:
 
 
 def target_meta(target_dir: Path) -> dict:
-    """What prepared data (meta.json) records of the target that made it."""
-    return {"target": str(target_dir.resolve()), "target_fingerprint": target_fingerprint(target_dir)}
+    """What prepared data (meta.json) records of the target that made it: where it was, `target_fingerprint` (what
+    its cached data is named by) and its weights by content (`target_weights_fingerprint`, the name model cards
+    give it), which tells whether data is another target's (`target_mismatch`)."""
+    from serving.models import weights_fingerprint
+
+    return {"target": str(target_dir.resolve()), "target_fingerprint": target_fingerprint(target_dir),
+            "target_weights_fingerprint": weights_fingerprint(target_dir)}
 
 
 # TrainConfig's fields that are distill options of the same name
@@ -670,7 +699,7 @@ def run(args) -> int:
     )
     from serving.eagle import EagleDraft
     from serving.llama import load_causal_lm
-    from serving.models import load_tokenizer, read_config, resolve_model, weights_fingerprint
+    from serving.models import load_tokenizer, read_config, resolve_model
 
     def prepare(target_dir_: Path, items: list[dict], d: Path, **options) -> dict:
         """`prepare_data`, saying on Ctrl-C that the same command goes on from what was finished."""
@@ -800,13 +829,13 @@ def run(args) -> int:
         target = None  # generating loads its own copy (in --dtype); this one is loaded again for training
     # ---- data (cached under the target's name and fingerprint; meta.json records which target made it)
     prefix, made_by = data_prefix(target_dir), target_meta(target_dir)
-    settings = data_settings(args, dtype, data_layers, made_by["target_fingerprint"])
+    settings = data_settings(args, dtype, data_layers, made_by)
     if getattr(args, "data_dir", None):
         given = Path(args.data_dir).expanduser()
-        theirs = read_meta(given).get("target_fingerprint") if is_prepared(given) else None
-        if theirs not in (None, made_by["target_fingerprint"]):
-            raise UsageError(f"--data-dir {args.data_dir} holds data another target made (fingerprint {theirs}; "
-                             f"this target's is {made_by['target_fingerprint']}): give another --data-dir")
+        mismatch = target_mismatch(read_meta(given), target_dir) if is_prepared(given) else None
+        if mismatch:
+            raise UsageError(f"--data-dir {args.data_dir} holds data another target made (fingerprint {mismatch[0]}; "
+                             f"this target's is {mismatch[1]}): give another --data-dir")
         generating = args.generate_prompts or args.stdlib_prompts or args.package_prompts  # what --data-dir holds
         refused = data_settings_refusal(given, settings) if generating and given.is_dir() else None
         if refused:
@@ -913,7 +942,7 @@ def run(args) -> int:
         "target_fingerprint": made_by["target_fingerprint"],
         # the target's weights by content, as a load checks them (serving.eagle.foreign_target_note): the name and
         # target_fingerprint above change with a copy of the same target, and stay for another in its place
-        "target_weights_fingerprint": weights_fingerprint(target_dir),
+        "target_weights_fingerprint": made_by["target_weights_fingerprint"],
         "architecture": {"kind": "feature-level draft (EAGLE) with a reduced-vocabulary head (FR-Spec)"
                                  + (", fused features of several target blocks (EAGLE-3)" if draft_layers else ""),
                          "layers": cfg.layers, "hidden_size": draft.cfg.hidden_size, "head_vocab": cfg.head_vocab,
