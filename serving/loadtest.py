@@ -481,17 +481,19 @@ class ServerPower:
     def add(self, res: ClientResult, sharers: list[tuple[datetime, datetime]],
             alive: Sequence[ClientResult] = ()) -> None:
         """A finished request, the windows of the finished requests beside it and the requests still in flight
-        at its end (their windows once they finish, up to its end)."""
+        at its end (their windows once they finish)."""
         self._pending.append((res, sharers, list(alive)))
 
     @staticmethod
     def _windows(res: ClientResult, sharers, alive) -> list[tuple[datetime, datetime]] | None:
-        """`res`'s energy window and those of the requests beside it, each from its admission; None while one in
-        flight beside it has not finished (its admission unknown yet)."""
+        """`res`'s energy window and those of the requests beside it, each from its admission to its end; None
+        while one in flight beside it has not finished (its admission unknown yet). One in flight at `res`'s end
+        may have ended before it all the same: the requests a level cancels at its end are cut one by one, and
+        shared with one another in any order (`run_level`)."""
         if any(r.ended_at is None for r in alive):
             return None
         end = res.ended_at
-        beside = [*sharers, *((r.energy_since, end) for r in alive)]
+        beside = [*sharers, *((r.energy_since, min(r.ended_at, end)) for r in alive)]
         return [(res.energy_since, end), *(w for w in beside if w[0] < min(w[1], end) and w[1] > res.energy_since)]
 
     def _read(self, after: datetime) -> list[PowerReading]:

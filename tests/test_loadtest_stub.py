@@ -24,11 +24,12 @@ class Stub:
     """An OpenAI-compatible server on a free loopback port (uvicorn in a thread) whose chat completions
     stream `chunks` chunks `chunk_s` apart, or answer 400 (`refuse`); `card_extra` goes under the model
     card's "specfinops". `fail_usage`: the stream fails after its chunks as `specfinops serve`'s does, this
-    usage chunk and then an error event."""
+    usage chunk and then an error event. `endless_after`: the requests after that many stream chunks until the
+    client goes."""
 
     def __init__(self, *, chunks: int = 3, chunk_s: float = 0.02, refuse: bool = False, api_key: str | None = None,
                  max_model_len: int = 512, card_extra: dict | None = None, content: str = "ab",
-                 fail_usage: dict | None = None, redirect_to: str | None = None):
+                 fail_usage: dict | None = None, redirect_to: str | None = None, endless_after: int | None = None):
         import uvicorn
         from starlette.applications import Starlette
         from starlette.responses import JSONResponse, StreamingResponse
@@ -50,6 +51,7 @@ class Stub:
 
         async def chat(request):
             self.num_chat += 1
+            endless = endless_after is not None and self.num_chat > endless_after
             self.headers.append(dict(request.headers))
             if (no := refused(request)) is not None:
                 return no
@@ -63,7 +65,9 @@ class Stub:
                     return f"data: {json.dumps(obj)}\n\n"
 
                 base = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": 0, "model": MODEL}
-                for _ in range(chunks):
+                sent = 0
+                while endless or sent < chunks:
+                    sent += 1
                     await asyncio.sleep(chunk_s)
                     yield sse({**base, "choices": [{"index": 0, "delta": {"content": content},
                                                     "finish_reason": None}]})
@@ -182,6 +186,65 @@ def test_an_interrupted_level_cancels_its_workers_and_records_the_requests_in_fl
         assert r.tokens[-1].emit_offset_ms == r.e2e_ms
         # no usage came: not known to the client, so unknown (None, NULL in the store), not 0 (they were 0)
         assert (r.prompt_tokens, r.num_drafts, r.num_draft_tokens, r.num_accepted_tokens) == (None,) * 4
+
+
+def test_requests_still_in_flight_at_the_deadline_are_cancelled_and_share_the_energy_as_ended_ones(
+        stub_factory, tmp_path, monkeypatch):
+    """A level's duration over, its requests in flight get DRAIN_GRACE_S to finish; those still streaming then are
+    cancelled by the load test: recorded 'cancelled' (not errors, not ok: the level completes on its ok ones),
+    with the tokens they received and their prompt tokens unknown (no usage came), and with their energy share
+    from their send (no usage said their admission). Together the requests hold the energy of the time any of them
+    ran: the second of two cut together took the first's window twice (out of flight, still counted in flight),
+    and the first took the second's to run to its own end though it was cut before (`test_requests_cut_together_
+    share_only_while_both_ran`), so their energy fell short of what the server used."""
+    from telemetry.recorder import Recorder
+    from telemetry.records import PowerReading
+    from telemetry.store import open_store
+
+    monkeypatch.setattr(lt, "DRAIN_GRACE_S", 0.5)
+    stub = stub_factory(chunks=2, chunk_s=0.01, endless_after=2)  # two answers, then streams that never end
+    engine = open_store(f"sqlite:///{tmp_path / 'power.db'}")
+    run = _serve_run(engine)
+    t0 = datetime.now(UTC)
+    recorder = Recorder(engine)  # the server's samples: 100 W (estimated) from before the level to well after it
+    recorder.record_power(run, [PowerReading(t0 + timedelta(seconds=i / 10), 0, 100.0, None, None, "estimate")
+                                for i in range(-10, 600)])
+    recorder.close()
+    spec = lt.LoadSpec(url=stub.url, levels=(2,), duration_s=2.0, modes=("spec",), max_tokens=8)
+    recorded: list[lt.ClientResult] = []
+
+    async def level() -> lt.LevelResult:
+        client = lt._client(spec)
+        try:
+            return await lt.run_level(client, MODEL, [_prompt()], spec, 2, "spec", on_result=recorded.append,
+                                      power=lt.ServerPower(engine, run))
+        finally:
+            await client.close()
+
+    result = asyncio.run(level())  # not LevelFailed: the cancelled requests fail nothing
+    assert stub.num_chat == 4  # the two answered, then one endless request per worker
+    assert sorted(map(id, recorded)) == sorted(map(id, result.results))  # each recorded once
+    by_status = {s: [r for r in result.results if r.record.status == s] for s in ("ok", "cancelled", "error")}
+    assert (len(by_status["ok"]), len(by_status["cancelled"]), len(by_status["error"])) == (2, 2, 0)
+    for res in by_status["cancelled"]:
+        r = res.record
+        assert r.error == "cancelled at the load test's deadline"
+        assert r.ttft_ms is not None and r.output_tokens >= 1 and len(r.tokens) == r.output_tokens
+        assert (r.prompt_tokens, r.num_drafts) == (None, None)  # the stream was cut: no usage, unknown
+        assert res.admitted_at is None and res.energy_since == r.started_at  # no queue_ms: from the send
+    row = lt.summarize(result)
+    assert (row["requests_ok"], row["requests_error"], row["requests_cancelled"], row["errors"]) == (2, 0, 2, [])
+    assert row["output_tokens"] == sum(r.record.output_tokens for r in by_status["ok"])  # the cut ones: not output
+    # every request has its share; together they hold the energy of the time any of them ran (100 W), none twice
+    assert all(r.record.energy_j is not None and r.record.energy_j > 0 for r in result.results)
+    spans = sorted((r.energy_since, r.ended_at) for r in result.results)
+    busy, (lo, hi) = 0.0, spans[0]
+    for s, e in spans[1:]:
+        if s > hi:
+            busy, lo = busy + (hi - lo).total_seconds(), s
+        hi = max(hi, e)
+    busy += (hi - lo).total_seconds()
+    assert sum(r.record.energy_j for r in result.results) == pytest.approx(100.0 * busy, rel=1e-6)
 
 
 def test_ctrl_c_prints_and_writes_what_ran_marked_interrupted(stub_factory, tmp_path, capsys, monkeypatch):
@@ -475,6 +538,29 @@ def test_a_requests_energy_window_starts_at_its_admission_as_the_servers_does(tm
     power.add(b, [(a.energy_since, a.ended_at)])
     assert asyncio.run(power.settle()) == [a, b]
     assert (a.record.energy_j, b.record.energy_j) == (pytest.approx(50.0), pytest.approx(250.0))
+
+
+def test_requests_cut_together_share_only_while_both_ran(tmp_path):
+    """The requests a level cancels at its end are cut one by one, then shared with one another in any order: A
+    (0-3 s), shared first, had B beside it in flight though B was cut at 2 s, and B's window was taken to run to
+    A's end: A got 150 J of its 200 J (100 W: half of 0-2 s, all of 2-3 s), and 50 J went to no request."""
+    from telemetry.recorder import Recorder
+    from telemetry.records import PowerReading
+    from telemetry.store import open_store
+
+    engine = open_store(f"sqlite:///{tmp_path / 'power.db'}")
+    run = _serve_run(engine)
+    t0 = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    a, b = _result(t0, 3), _result(t0, 2)
+    power = lt.ServerPower(engine, run)
+    power.add(a, [], [b])  # B still in flight when A was shared (as run_level does with a level's last requests)
+    power.add(b, [(a.energy_since, a.ended_at)])
+    recorder = Recorder(engine)
+    recorder.record_power(run, [PowerReading(t0 + timedelta(seconds=i), 0, 100.0, None, None, "estimate")
+                                for i in range(5)])
+    recorder.close()
+    assert asyncio.run(power.settle()) == [a, b]
+    assert (a.record.energy_j, b.record.energy_j) == (pytest.approx(200.0), pytest.approx(100.0))
 
 
 def _usage(specfinops: dict):
