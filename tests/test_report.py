@@ -575,6 +575,25 @@ def test_dashboard_reports_page_lists_reports_with_downloads(store, tmp_path, mo
     assert labels[0].startswith("Download report (HTML") and "modes.csv" in labels and len(labels) == 9
 
 
+def test_the_no_reports_commands_write_to_the_store_in_view(tmp_path, monkeypatch):
+    """Copied from the page, `report` and `scheduler` write to the store viewed (--db, quoted for the shell),
+    not to the default one."""
+    import shlex
+
+    folder = tmp_path / "my stores"
+    folder.mkdir()
+    url = f"sqlite:///{folder / 'store.db'}"
+    engine = open_store(url)
+    add_day(engine, D0)
+    engine.dispose()
+    at = _reports_page(url, monkeypatch)
+    [code] = [c.value for c in at.code]
+    db = f"--db {shlex.quote(url)}"
+    assert code.splitlines() == [f"specfinops report --period daily --out reports/ {db}",
+                                 f'specfinops scheduler --cron "0 6 * * *" --period daily --out reports/ {db}']
+    assert f"'{url}'" in code  # the space in the path quoted
+
+
 def test_a_monthly_report_compares_calendar_months(sqlite_url, tmp_path, capsys):
     """October against September 1-30, not against Aug 31 -> Oct 1 (the window moved back by its own 31 days):
     Aug 31's traffic is August's; the projection's traffic per day is October's tokens over its 31 days."""

@@ -313,9 +313,15 @@ def shown_url(url: str) -> str:
         return "(the configured store)"
 
 
+def on_store(command: str, url: str) -> str:
+    """`command` pointed at this store: `--db URL`, quoted for the shell (without it, the command would use the
+    default store, not the one in view)."""
+    return f"{command} --db {shlex.quote(shown_url(url))}"
+
+
 def fill_command(url: str) -> str:
     """FILL_COMMAND writing to this store (without --db, bench would fill the default one)."""
-    return f"{FILL_COMMAND} --db {shlex.quote(shown_url(url))}"
+    return on_store(FILL_COMMAND, url)
 
 
 def empty_store_message(url: str) -> None:

@@ -12,8 +12,9 @@ import pandas as pd
 import streamlit as st
 
 from app.dashboard import data
-from app.dashboard.common import Context, md_safe, run_page, show_table
+from app.dashboard.common import Context, md_safe, on_store, run_page, show_table
 
+# shown with `--db <the store in view>` (on_store): without it they would write to the default store
 REPORT_COMMAND = "specfinops report --period daily --out reports/"
 SCHEDULE_COMMAND = 'specfinops scheduler --cron "0 6 * * *" --period daily --out reports/'
 
@@ -105,7 +106,7 @@ def body(ctx: Context) -> None:
     rows = reports(ctx.url)
     if not rows:
         st.info("No reports yet. Write one for yesterday, or schedule them (every day at 06:00 UTC here):")
-        st.code(f"{REPORT_COMMAND}\n{SCHEDULE_COMMAND}", language="bash")
+        st.code(f"{on_store(REPORT_COMMAND, ctx.url)}\n{on_store(SCHEDULE_COMMAND, ctx.url)}", language="bash")
         return
     table = pd.DataFrame([{k: v for k, v in r.items() if k not in ("html_path", "csv_dir")} for r in rows])
     st.subheader(f"Reports ({len(rows)})")
