@@ -110,6 +110,18 @@ def test_cost_chart_names_the_hardware_part_when_energy_was_not_measured():
     assert mixed.data[2].marker.pattern.shape == "/"
 
 
+def test_cost_chart_leaves_room_above_the_tallest_bar_for_its_label():
+    """The AR bar's thin energy part labels itself above the bar; with plotly's own range the axis ended at
+    the bar's top and the label was clipped by the plot edge and the legend."""
+    fig = charts.cost_split(["spec", "ar"], [0.31, 0.57], [0.02, 0.03], [False, False])
+    assert tuple(fig.layout.yaxis.range) == pytest.approx((0, charts.COST_HEADROOM * (0.57 + 0.03)))
+    assert charts.COST_HEADROOM >= 1.1
+    # only hardware: the room over its top; no cost at all: plotly's own axis (no range of 0 to 0)
+    assert tuple(charts.cost_split(["ar"], [0.5], [None], [False]).layout.yaxis.range) == pytest.approx(
+        (0, charts.COST_HEADROOM * 0.5))
+    assert charts.cost_split(["ar"], [None], [None], [False]).layout.yaxis.range is None
+
+
 def test_report_cost_chart_keeps_mode_colours_for_modes():
     """The report's stacked cost bars colour the parts of a cost, not the modes: the AR bar's hardware part
     was drawn in spec's blue. Estimated energy is hatched and named so; energy never measured draws nothing."""

@@ -20,6 +20,7 @@ from telemetry.queries import GO_LINE
 MODE_NAMES = {"spec": "speculative", "ar": "AR baseline"}
 GO_NO_GO_ALPHA = GO_LINE
 HEIGHT = 340
+COST_HEADROOM = 1.12  # the cost chart's y axis runs to this times its tallest bar: room for the labels above it
 
 
 def go_text(value: float | None, line: float = GO_NO_GO_ALPHA, decimals: int = 2) -> str:
@@ -253,6 +254,11 @@ def cost_split(modes: list[str], hardware: list[float | None], energy: list[floa
                     text=[None if y is None else usd_amount(y) for y in ys])
     # the legend names the parts even when hardware is the only one (plotly hides a lone trace's legend)
     fig.update_layout(barmode="stack", showlegend=True)
+    # headroom over the tallest bar: a thin energy part's label sits above its bar, and plotly's own range
+    # ends at the bar's top, where the plot edge and the legend clipped the label
+    tops = [(h or 0) + (e or 0) for h, e in zip(hardware, energy, strict=True)]
+    if max(tops, default=0) > 0:
+        fig.update_yaxes(range=[0, COST_HEADROOM * max(tops)])
     _mark_missing(fig, names, hardware, "— no cost (no tokens or wall time)")
     return _layout(fig, "Cost per 1M output tokens", "", "USD per 1M tokens")
 
