@@ -53,6 +53,7 @@ from telemetry.queries import (
     Speedup,
     _ratio,
     above_acceptance_text,
+    bench_command,
     config_summaries,
     cutoff_matches,
     cutoffs_text,
@@ -206,16 +207,44 @@ MIN_STABLE_REQUESTS = 20
 MEASURE_MORE = "measure more (bench without --limit)"
 
 
+def _mode_word(mode: str) -> str:
+    return "AR" if mode == "ar" else mode
+
+
+def _counts_text(requests: dict[str, int]) -> str:
+    """'2 spec and 1 AR requests' ('1 AR request' alone)."""
+    counts = " and ".join(f"{requests[m]:,} {_mode_word(m)}" for m in MODES if m in requests)
+    return f"{counts} request{'' if len(requests) == 1 and sum(requests.values()) == 1 else 's'}"
+
+
 def small_sample_text(requests: dict[str, int], what: str = "a p95 and a capacity figure") -> str | None:
     """'based on 2 spec and 2 AR requests: too few for a p95 and a capacity figure to be stable; ...' where a mode
     measured (some ok requests, `requests`: mode -> count) has fewer than MIN_STABLE_REQUESTS; None otherwise. A
-    mode with none is not a small sample: the figures say it was not measured."""
+    mode with none is not a small sample: the figures say it was not measured (missing_mode_text says how to
+    measure it)."""
     measured = {m: n for m, n in requests.items() if n}
     if not measured or min(measured.values()) >= MIN_STABLE_REQUESTS:
         return None
-    counts = " and ".join(f"{requests[m]:,} {'AR' if m == 'ar' else m}" for m in MODES if m in requests)
-    return (f"based on {counts} requests: too few for {what} to be stable (under {MIN_STABLE_REQUESTS} per "
+    return (f"based on {_counts_text(requests)}: too few for {what} to be stable (under {MIN_STABLE_REQUESTS} per "
             f"mode); {MEASURE_MORE}")
+
+
+def missing_mode_text(requests: dict[str, int], record: str) -> str | None:
+    """'based on 0 spec and 1 AR requests: the spec runs are missing (none in view), so AR is compared with nothing;
+    record both modes ...: `specfinops bench ... --mode both --db STORE`' where a mode of `requests` (mode -> ok
+    requests) has none and another has some; None otherwise. `record`: the bench command recording into the store
+    read (queries.bench_command). Not 'too few': more of the measured mode would not give the missing one."""
+    missing = [_mode_word(m) for m in MODES if m in requests and not requests[m]]
+    measured = [m for m in MODES if requests.get(m)]
+    if not missing or not measured:
+        return None
+    small = any(requests[m] < MIN_STABLE_REQUESTS for m in measured)
+    more = (f" (without --limit: a stable p95 and capacity take {MIN_STABLE_REQUESTS} or more requests per mode)"
+            if small else "")
+    return (f"based on {_counts_text(requests)}: the {' and '.join(missing)} runs are missing (none in view), so "
+            f"{' and '.join(map(_mode_word, measured))} is compared with nothing; record both modes on the same "
+            f"prompts and machine, with the {' and '.join(map(_mode_word, measured))} runs' target and settings: "
+            f"`{record}`{more}")
 
 
 # What a configuration field is called where a pooled figure names what its runs differ in.
@@ -920,13 +949,16 @@ class StoreProjection:
 
 
 def projection_caveats(comparison: Comparison, cap_configs: dict[str, ConfigSummary | None], price: NodePrice,
-                       devices: tuple[str, ...], differs: bool) -> tuple[str, ...]:
+                       devices: tuple[str, ...], differs: bool, record: str | None = None) -> tuple[str, ...]:
     """What a projection's figures do not say by themselves: that a mode's capacity comes from too few requests
-    (those of its capacity configuration, else of the compared group: MIN_STABLE_REQUESTS), and that the
-    capacity is the measured device's throughput priced as other hardware (NodePrice.differs_from)."""
+    (those of its capacity configuration, else of the compared group: MIN_STABLE_REQUESTS) or that a mode has
+    none (how to record it: `record`, the bench command, default bench_command() of the group's workload), and
+    that the capacity is the measured device's throughput priced as other hardware (NodePrice.differs_from)."""
+    record = record or bench_command(workload=comparison.workload)
     requests = {"spec": comparison.requests_spec, "ar": comparison.requests_ar}
     requests |= {m: c.stats.num_requests_ok for m, c in cap_configs.items() if c is not None}
-    small = small_sample_text(requests)
+    # a mode with no requests is missing, not measured too little: how to record it, in place of 'too few'
+    small = missing_mode_text(requests, record) or small_sample_text(requests)
     out = [small] if small else []
     if differs:
         other = price.catalog_name or price.priced_as
@@ -1106,6 +1138,7 @@ def project_from_store(
     usd_per_kwh: float | None = None,
     pue: float | None = None,
     speedups_in_view: Sequence[Speedup] | None = None,
+    name_store: bool = False,
 ) -> StoreProjection:
     """finops.project fed with the measured runs: capacity per mode = the best configuration's tokens/s
     meeting the SLA, each configuration's runs pooled (`queries.config_summaries`: the turns of an
@@ -1119,7 +1152,9 @@ def project_from_store(
     is added only when the priced hardware is the measured one (per GPU: J/token is the same for N
     replicas). ValueError on an empty store or a filter that matches nothing (`no_runs_reason`).
     `speedups_in_view`: `queries.speedups(engine, filters)` where the caller has it already (the report shows
-    them), so that the impossible-speedup caveat does not query them again (`_capacity_speedups`)."""
+    them), so that the impossible-speedup caveat does not query them again (`_capacity_speedups`). `name_store`:
+    the bench a caveat suggests names the store with --db even where it is this process's default (the
+    dashboard's, `queries.bench_command`'s `always_db`)."""
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or not 1 <= gpus_per_node <= 64:
         raise ValueError(f"GPUs per node (--gpus-per-node) must be a whole number in 1..64, got {gpus_per_node!r}")
     if gpus_per_node != 1:
@@ -1188,7 +1223,8 @@ def project_from_store(
     above = above_acceptance_caveats(_capacity_speedups(engine, filters, run_ids, cap_ids, speedups_in_view),
                                      cap_ids)
     return StoreProjection(
-        caveats=projection_caveats(comparison, cap_configs, price, devices, differs)
+        caveats=projection_caveats(comparison, cap_configs, price, devices, differs,
+                                   bench_command(engine, comparison.workload, always_db=name_store))
         + _recorded_prices_caveat(recorded, price) + above,
         speedup_above_acceptance=bool(above),
         projection=projection,

@@ -82,15 +82,24 @@ def empty_store_hint(engine: Engine | None = None) -> str:
     """EMPTY_STORE_HINT for the store `engine` reads: the bench records into it, so the command names it with
     `--db STORE` where a bench without --db would record elsewhere (a store other than $SPECFINOPS_DB_URL, else
     var/specfinops.db), its password masked, as the dashboard's empty-store page and `no store at PATH` do."""
-    store = None if engine is None else _db_option(engine.url)
-    if store is None:
-        return EMPTY_STORE_HINT
-    return f"run `specfinops bench --workload code --mode both --db {store}` to measure spec and AR runs"
+    return f"run `{bench_command(engine)}` to measure spec and AR runs"
 
 
-def _db_option(url) -> str | None:
+def bench_command(engine: Engine | None = None, workload: str = "code", *, always_db: bool = False) -> str:
+    """`specfinops bench --workload WORKLOAD --mode both`, recording into the store `engine` reads: with
+    `--db STORE` where a bench without --db would record elsewhere (_db_option), as empty_store_hint says it.
+    `always_db`: even where it is this process's default store (the dashboard's: `specfinops dashboard --db X`
+    makes X its $SPECFINOPS_DB_URL, which the shell the command is copied into does not have)."""
+    import shlex
+
+    store = None if engine is None else _db_option(engine.url, always=always_db)
+    command = f"specfinops bench --workload {shlex.quote(workload)} --mode both"
+    return command if store is None else f"{command} --db {store}"
+
+
+def _db_option(url, always: bool = False) -> str | None:
     """--db's value naming the store at `url` (a SQLite file by its path); None where it is the default store
-    or no store a bench could record into (an in-memory SQLite database)."""
+    (unless `always`) or no store a bench could record into (an in-memory SQLite database)."""
     import shlex
 
     from sqlalchemy.engine import make_url
@@ -102,11 +111,11 @@ def _db_option(url) -> str | None:
         if not url.database or url.database == ":memory:":
             return None
         path = Path(url.database).expanduser()
-        if default.get_backend_name() == "sqlite" and default.database \
+        if not always and default.get_backend_name() == "sqlite" and default.database \
                 and Path(default.database).expanduser().resolve() == path.resolve() and url.query == default.query:
             return None
         return shlex.quote(url.database if not url.query else url.render_as_string(hide_password=True))
-    if url.render_as_string(hide_password=False) == default.render_as_string(hide_password=False):
+    if not always and url.render_as_string(hide_password=False) == default.render_as_string(hide_password=False):
         return None
     return shlex.quote(url.render_as_string(hide_password=True))
 

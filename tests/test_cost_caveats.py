@@ -172,6 +172,29 @@ def test_one_mode_short_of_the_threshold_is_enough_for_the_caveat(sqlite_url, ca
     assert "warning: based on 30 spec" in _text(["cost", "--db", sqlite_url], capsys)
 
 
+def test_project_with_one_mode_missing_says_how_to_record_it_not_too_few(tmp_path, capsys):
+    """Only AR runs: 0 spec requests are missing runs, not a small sample; `measure more (bench without --limit)`
+    would record more AR. The warning names the bench of both modes into this store (quoted for the shell)."""
+    import shlex
+
+    folder = tmp_path / "my stores"
+    folder.mkdir()
+    url = f"sqlite:///{folder / 'store.db'}"
+    engine = open_store(url)
+    with Session(engine) as s:
+        make_run(s, "ar", workload="chat", requests=_ar(1))
+        s.commit()
+    record = f"`specfinops bench --workload chat --mode both --db {shlex.quote(str(folder / 'store.db'))}`"
+    text = _text(_project(url, "--gpu", "cpu-2core"), capsys)
+    [warning] = [line for line in text.splitlines() if line.startswith("warning: based on")]
+    assert warning.startswith("warning: based on 0 spec and 1 AR requests: the spec runs are missing"), warning
+    assert record in warning and "too few" not in warning and "bench without --limit" not in warning
+    assert f"take {MIN_STABLE_REQUESTS} or more requests per mode" in warning  # and more than the one AR request
+    assert main([*_project(url, "--gpu", "cpu-2core"), "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["assumptions"]["notes"]
+    assert f"warning: {notes[notes.index(warning[len('warning: '):])]}" == warning  # the same line in both
+
+
 # ---- capacity priced as other hardware than measured -------------------------------------------------------
 
 

@@ -83,6 +83,33 @@ def test_one_mode_is_not_blamed_on_the_sla_and_the_compare_skips_a_failed_run(sq
     assert at.selectbox(key="cmp_a").value == good
 
 
+def test_a_store_of_ar_runs_only_says_how_to_record_spec_not_too_few(tmp_path, monkeypatch):
+    """Only AR runs: the projection warned "based on 0 spec and 1 AR requests: too few ...; measure more (bench
+    without --limit)" (more AR would not give spec) and the spec column said only "No speculative runs in view.".
+    Both name the bench of both modes into the store viewed (--db, quoted), on the AR runs' workload."""
+    import shlex
+
+    folder = tmp_path / "my stores"
+    folder.mkdir()
+    url = f"sqlite:///{folder / 'store.db'}"
+    engine = open_store(url)
+    with Session(engine) as s:
+        make_run(s, "ar", workload="chat", requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+    # app_for sets $SPECFINOPS_DB_URL to it, as `specfinops dashboard --db URL` does: named all the same
+    record = f"specfinops bench --workload chat --mode both --db {shlex.quote(str(folder / 'store.db'))}"
+    at = _open(url, monkeypatch, "views/overview.py")
+    assert_clean(at)
+    [info] = [i.value for i in at.info if i.value.startswith("No speculative runs in view")]
+    assert "the store has none" in info and f"`{record}`" in info, info
+    for page in ("views/overview.py", "views/cost.py"):
+        at.switch_page(page).run()
+        assert_clean(at)
+        [caveat] = [w.value for w in at.warning if w.value.startswith("Projection: based on")]
+        assert caveat.startswith("Projection: based on 0 spec and 1 AR requests: the spec runs are missing"), caveat
+        assert f"`{record}`" in caveat and "too few" not in caveat and "bench without --limit" not in caveat
+
+
 def test_the_tokens_tile_keeps_three_significant_digits(sqlite_url, monkeypatch):
     """1.0297 and 0.4714 tokens/s read "1.0" and "0.5" beside a +118% delta."""
     engine = open_store(sqlite_url)

@@ -92,8 +92,9 @@ def projection(url: str, f: Filters, inputs: dict,
     """`costing.project_from_store` (which runs `finops.project` on the measured capacities). `_speedups`: the
     page's `speedups(url, f)` where it has them already (the Overview), taken for the projection's
     impossible-speedup caveat instead of querying them again; not part of the cache key (Streamlit hashes no
-    argument named with a leading underscore): they are a function of `url` and `f`, which are."""
-    return costing.project_from_store(engine(url), f, **inputs, speedups_in_view=_speedups)
+    argument named with a leading underscore): they are a function of `url` and `f`, which are. A bench its
+    caveats suggest names this store with --db (the default of this process is not the user's shell's)."""
+    return costing.project_from_store(engine(url), f, **inputs, speedups_in_view=_speedups, name_store=True)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

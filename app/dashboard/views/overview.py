@@ -40,6 +40,7 @@ from telemetry.costing import (
 )
 from telemetry.queries import (
     above_acceptance_lines,
+    bench_command,
     cutoffs_text,
     max_new_tokens_text,
     paired_text,
@@ -118,6 +119,25 @@ def _tokens_vs_ar(speedups) -> tuple[dict, str]:
     if "delta" in delta:
         delta["delta"] += f" ({temperature_text(s.temperature)}{cutoffs_text(s.top_p, s.top_k, s.temperature)}, {s.kind})"
     return delta, (f"{pooled} Against AR: the Speedup's comparison ({s.label}), not these pooled figures.")
+
+
+def _no_runs_text(ctx: Context, mode: str, proj) -> str:
+    """Why a mode's column is empty, and what to do: its runs in view completed no request (the Runs page shows
+    them), the sidebar's filters leave out the store's runs of it (widen them), or the store has none (record both
+    modes into this store, on the workload of the runs in view: `queries.bench_command`, as the projection's
+    caveat says it)."""
+    name = MODE_NAMES[mode]
+    if (ctx.sel.runs["mode"] == mode).any():
+        return f"No completed {name} requests in view: the Runs page shows the status of its runs."
+    stored = int((data.filter_options(ctx.url)["runs"]["mode"] == mode).sum())
+    if stored:
+        return (f"No {name} runs in view: the sidebar's filters leave out the store's {stored} {name} "
+                f"run{'s' if stored > 1 else ''}; widen them to compare.")
+    workloads = set(ctx.sel.runs["workload"].dropna())
+    workload = (next(iter(workloads)) if len(workloads) == 1
+                else proj.comparison.workload if proj is not None and proj.comparison is not None else "code")
+    return (f"No {name} runs in view: the store has none. Record both modes on the same prompts and machine, "
+            f"with the runs' target and settings: `{bench_command(data.engine(ctx.url), workload, always_db=True)}`.")
 
 
 def _projection(ctx: Context, speedups):
@@ -228,7 +248,7 @@ def body(ctx: Context) -> None:
         with col:
             st.subheader(MODE_NAMES[mode])
             if s is None:
-                st.info(f"No {MODE_NAMES[mode]} runs in view.")
+                st.info(md_safe(_no_runs_text(ctx, mode, proj)))
                 continue
             compare = mode == "spec" and not mixed
             said_mixed = mixed_help if mode == "spec" else ""
