@@ -72,6 +72,28 @@ def test_speedup_tile_names_its_temperature_run_kind_and_prompts(two_temperature
     assert "at temperature 0.8, bench runs, the same 2 prompts" in tile.help, tile.help
 
 
+def test_speedup_rows_lead_with_the_columns_they_differ_in(sqlite_url, monkeypatch):
+    """Two configurations differing only in their target read alike: the target was the table's last column,
+    off-screen, and two models of one directory name both read 'llama'. The columns that differ lead (before the
+    speedup), a short name two rows share is shown whole, and the tile's range names what they differ in."""
+    targets = ("/models/a/llama", "/models/b/llama")
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for target, spec_ms in zip(targets, (10, 15), strict=True):
+            make_run(s, "ar", target=target, requests=[_tpot_req("ar", 30, i) for i in range(2)])
+            make_run(s, "spec", target=target, requests=[_tpot_req("spec", spec_ms, i) for i in range(2)])
+        s.commit()
+    engine.dispose()
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    table = _table(at, "speedup")
+    assert list(table.columns[:2]) == ["target", "speedup"], list(table.columns)
+    assert list(table["target"]) == list(targets)
+    assert list(table.columns[2:]).index("workload") > list(table.columns[2:]).index("AR tokens/s")  # shared: last
+    tile = _metric(at, "Speedup")
+    assert "2 configurations (range), differing in target;" in tile.help, tile.help
+
+
 def test_tokens_per_s_delta_is_one_like_for_like_comparison(two_temperatures, monkeypatch):
     """Pooled over both temperatures spec and AR tokens/s compare 0 with 0.8 mixed: no delta, and the help says
     why; within one temperature the delta is that speedup's, named."""

@@ -47,6 +47,54 @@ from telemetry.queries import (
     pooled_outside_text,
 )
 
+# A speedup row's configuration: (Speedup field, table column), in the order the table shows those that differ
+SPEEDUP_CONFIG = (("workload", "workload"), ("target", "target"), ("drafter", "drafter"), ("k_policy", "K policy"),
+                  ("device", "device"), ("dtype", "dtype"), ("concurrency", "concurrency"),
+                  ("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
+                  ("max_new_tokens", "max new tokens"), ("kind", "run kind"))
+
+
+def differing_columns(speedups) -> list[str]:
+    """The table columns of SPEEDUP_CONFIG in which the rows of `speedups` differ, in that order: where the
+    rows that otherwise look alike differ (a target, a drafter, a device)."""
+    return [column for field, column in SPEEDUP_CONFIG if len({getattr(s, field) for s in speedups}) > 1]
+
+
+def speedup_table(speedups) -> pd.DataFrame:
+    """The Speedup by configuration table: the configuration columns in which the rows differ first (two rows
+    read alike where they differed in a column off-screen at the end), then the speedup and its figures, then
+    the configuration the rows share. A model or workload whose short name two rows share is shown whole."""
+    def label(short, values: list) -> list:
+        return [short(v) for v in values] if len({short(v) for v in values}) == len(set(values)) else values
+
+    config = {
+        "workload": label(short_workload, [s.workload for s in speedups]),
+        "target": label(short_model, [s.target for s in speedups]),
+        "drafter": [s.drafter for s in speedups], "K policy": [s.k_policy for s in speedups],
+        "device": [s.device for s in speedups], "dtype": [s.dtype for s in speedups],
+        "concurrency": [s.concurrency for s in speedups],
+        "temperature": [temperature_text(s.temperature).removeprefix("temperature ") for s in speedups],
+        "top_p": [s.top_p for s in speedups], "top_k": [s.top_k for s in speedups],
+        # a cap is a whole number; a missing one (unknown) an empty cell, not NaN beside floats
+        "max new tokens": pd.array([s.max_new_tokens for s in speedups], dtype="Int64"),
+        "run kind": [s.kind for s in speedups],
+    }
+    results = pd.DataFrame({
+        "speedup": [s.speedup for s in speedups],
+        # each invocation that ran both modes, its own ratio: the pooled speedup mixes invocations
+        "paired invocations": [paired_text(s, flag=False) for s in speedups],
+        "pooled outside paired": [s.pooled_outside_paired for s in speedups],
+        # what no figure of the row can exceed, and whether one does (the warnings above say why)
+        "spec mean acc len": [s.mean_acceptance_length for s in speedups],
+        "above acc len": [bool(s.above_acceptance) for s in speedups],
+        "prompts": [s.prompts for s in speedups],
+        "spec tokens/s": [s.spec_tokens_per_s for s in speedups], "AR tokens/s": [s.ar_tokens_per_s for s in speedups],
+    })
+    differ = differing_columns(speedups) or ["workload"]
+    lead = pd.DataFrame({c: config[c] for c in differ})
+    rest = pd.DataFrame({c: v for c, v in config.items() if c not in differ})
+    return pd.concat([lead, results, rest], axis=1)
+
 
 def _speedup_text(speedups) -> tuple[str, str]:
     """The Speedup tile's value and help: one row names its temperature, run kind and prompts; several rows
@@ -68,11 +116,12 @@ def _speedup_text(speedups) -> tuple[str, str]:
                     + (f", {max_new_tokens_text(s.max_new_tokens)}" if caps else "") for s in rows})
     kinds = sorted({s.kind for s in rows})
     lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"  # a range whose ends read alike is one figure ("3.42–3.42x")
+    differ = differing_columns(rows)
     return (f"{lo}x" if lo == hi else f"{lo}–{hi}x",
-            f"{len(rows)} configurations (range), each spec against AR at one sampling (temperature, top_p, top_k), "
-            f"answer length cap and run kind: not pooled across temperatures or run kinds ({'; '.join(temps)}; "
-            f"{', '.join(kinds)} runs), nor across top_p, top_k or max new tokens. See the "
-            "table below for each row's prompts and paired invocations. Spec tokens/s / AR tokens/s.")
+            f"{len(rows)} configurations (range), differing in {', '.join(differ)}; each spec against AR at one "
+            f"sampling (temperature, top_p, top_k), answer length cap and run kind: not pooled across temperatures "
+            f"or run kinds ({'; '.join(temps)}; {', '.join(kinds)} runs), nor across top_p, top_k or max new tokens. "
+            "See the table below for each row's prompts and paired invocations. Spec tokens/s / AR tokens/s.")
 
 
 def paired_over_time(speedups, runs: pd.DataFrame) -> pd.DataFrame | None:
@@ -347,31 +396,14 @@ def body(ctx: Context) -> None:
 
     if speedups:
         with st.expander("Speedup by configuration", expanded=len(speedups) > 1):
-            # what differs first (workload, concurrency) and the result; then what the rows share
+            # what differs first (a target, a drafter, a concurrency) and the result; then what the rows share
             if len(speedups) > 1:
                 st.caption("One row per configuration: spec against AR at one sampling, answer length cap and run "
                            "kind, over the prompts both ran where they recorded prompt ids (a load test's over all "
                            "its requests: it sends the prompts round-robin for a fixed time); rows are not pooled.")
             st.caption("speedup pools every run of the row's configuration in view; paired invocations: the ratio "
                        "within each bench or load test that ran both modes (one machine's conditions for both).")
-            table = pd.DataFrame([{
-                "workload": short_workload(s.workload),
-                "temperature": temperature_text(s.temperature).removeprefix("temperature "),
-                "top_p": s.top_p, "top_k": s.top_k, "max new tokens": s.max_new_tokens,
-                "run kind": s.kind, "concurrency": s.concurrency, "speedup": s.speedup,
-                # each invocation that ran both modes, its own ratio: the pooled speedup mixes invocations
-                "paired invocations": paired_text(s, flag=False),
-                "pooled outside paired": s.pooled_outside_paired,
-                # what no figure of the row can exceed, and whether one does (the warnings above say why)
-                "spec mean acc len": s.mean_acceptance_length, "above acc len": bool(s.above_acceptance),
-                "prompts": s.prompts,
-                "spec tokens/s": s.spec_tokens_per_s, "AR tokens/s": s.ar_tokens_per_s,
-                "drafter": s.drafter, "K policy": s.k_policy, "dtype": s.dtype, "device": s.device,
-                "target": short_model(s.target),
-            } for s in speedups])
-            # a cap is a whole number; a missing one (unknown) an empty cell, not NaN beside floats
-            table["max new tokens"] = pd.array([s.max_new_tokens for s in speedups], dtype="Int64")
-            show_table(table)
+            show_table(speedup_table(speedups))
         over = paired_over_time(speedups, ctx.sel.runs)
         if over is not None:
             st.plotly_chart(charts.paired_speedups(over), width="stretch")
