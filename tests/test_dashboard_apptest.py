@@ -708,7 +708,7 @@ def test_cost_page_names_the_catalog_energy_prices_and_when_they_do_not_count(sq
     from telemetry.prices import energy_prices
 
     kwh, pue = energy_prices(open_store(sqlite_url))
-    assert at.number_input(key="w_kwh").label == f"Electricity $/kWh (0: ${kwh:g})"
+    assert at.number_input(key="w_kwh").label == f"$/kWh (0: ${kwh:g})"
     assert at.number_input(key="w_pue").label == f"PUE (0: {pue:g})"
     assert any("no energy measured for these runs" in c.value for c in at.caption)
     # the projection's own cost per 1M is on the page too, named as the fleet's

@@ -71,7 +71,7 @@ def test_the_electricity_input_names_the_price_the_costs_use(sqlite_url, monkeyp
     engine.dispose()
     at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Cost & capacity"])
     assert_clean(at)
-    assert at.number_input(key="w_kwh").label == f"Electricity $/kWh (0: ${kwh:g})" and kwh != 0.02
+    assert at.number_input(key="w_kwh").label == f"$/kWh (0: ${kwh:g})" and kwh != 0.02
 
 
 def test_fleet_cost_of_any_size_reads_as_dollars_and_says_what_the_monthly_figures_hold(sqlite_url, monkeypatch):

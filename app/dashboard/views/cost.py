@@ -36,6 +36,7 @@ from telemetry.costing import (
 
 SNAPSHOT = "runs' recorded price"
 CUSTOM = "custom $/h per node"
+PRICE_SHOWN = {SNAPSHOT: "recorded", CUSTOM: "custom $/h"}  # as the Node price box shows them: ~12 letters fit
 # the inputs' upper bounds: far above any real service or price, yet finite figures that fit their tiles (left
 # unbounded, a node at $1e308/h made every cost infinite and both this page and the Overview an error line)
 MAX_DAILY_M = finops.MAX_DAILY_TOKENS / 1e6  # 1e14 output tokens a day
@@ -106,18 +107,23 @@ def _inputs(ctx: Context) -> dict:
     catalog = data.price_catalog(ctx.url)
     gpus = [p.name for p in catalog if p.unit == "usd_per_hour"]
     c = st.columns(4)
-    daily_m = c[0].number_input("Daily output tokens (millions)", min_value=0.001, max_value=MAX_DAILY_M,
-                                value=min(a["daily_tokens"] / 1e6, MAX_DAILY_M), step=50.0, format="%.3f",
-                                key="w_daily")
-    peak = c[1].number_input("Peak-to-average factor", min_value=1.0, max_value=20.0, value=float(a["peak_factor"]),
-                             step=0.5, key="w_peak")
+    # short labels, the detail in help: at 1024 px a column is ~130 px wide, and a label that wrapped put its
+    # input lower than its neighbours' (and "500.000" and "runs' recorded price" were cut off in their boxes)
+    daily_m = c[0].number_input("Tokens/day (M)", min_value=0.001, max_value=MAX_DAILY_M,
+                                value=min(a["daily_tokens"] / 1e6, MAX_DAILY_M), step=50.0, format="%g",
+                                key="w_daily", help="Daily output tokens the fleet serves, in millions (on average: "
+                                                    "the peak factor sizes it for the peak).")
+    peak = c[1].number_input("Peak factor", min_value=1.0, max_value=20.0, value=float(a["peak_factor"]),
+                             step=0.5, key="w_peak", help="Peak-to-average traffic: the fleet is sized for the "
+                                                          "average tokens/s times this.")
     sla = c[2].number_input("p95 TPOT SLA (ms)", min_value=0.1, max_value=finops.MAX_SLA_MS,
                             value=min(float(a["sla_ms"]), finops.MAX_SLA_MS), step=5.0, key="w_sla")
     choices = [SNAPSHOT, *gpus, CUSTOM]
     current = CUSTOM if a["node_hourly_usd"] else (a["gpu"] if a["gpu"] in gpus else SNAPSHOT)
     price = c[3].selectbox("Node price", choices, index=choices.index(current), key="w_price",
-                           help="The runs' recorded price (else the catalog price of the measured device), a "
-                                "catalog GPU x GPUs per node, or your own $/h.")
+                           format_func=lambda choice: PRICE_SHOWN.get(choice, choice),
+                           help="recorded: the runs' recorded price (else the catalog price of the measured "
+                                "device); a catalog GPU x GPUs per node; or custom: your own $/h per node.")
     c = st.columns(4)
     # a GPU's price is per GPU: a node holds N of them; a node's price (cpu-2core) is a whole node already, and N
     # of it was refused by the projection ("applies to GPU prices"), which then left this page and the Overview
@@ -132,13 +138,13 @@ def _inputs(ctx: Context) -> dict:
     # the entries energy is priced at (prices.energy_prices): by name, not the first of their kind
     kwh_cat = next((p.value for p in catalog if p.name.lower() == prices.ELECTRICITY), None)
     pue_cat = next((p.value for p in catalog if p.name.lower() == prices.PUE), None)
-    kwh = c[2].number_input(f"Electricity $/kWh (0: {fmt(kwh_cat, 'g', prefix='$')})", min_value=0.0,
+    kwh = c[2].number_input(f"$/kWh (0: {fmt(kwh_cat, 'g', prefix='$')})", min_value=0.0,
                             max_value=MAX_USD_PER_KWH, value=min(float(a["usd_per_kwh"] or 0.0), MAX_USD_PER_KWH),
                             step=0.01, format="%.3f", key="w_kwh",
-                            help="Prices the measured energy (kWh x PUE x $/kWh) of the runs at the top of the "
-                                 "page and of the fleet; 0 keeps each run's recorded price (else the catalog's, "
-                                 "which `specfinops prices set electricity ...` changes) and the catalog's for "
-                                 "the fleet.")
+                            help="Electricity price. Prices the measured energy (kWh x PUE x $/kWh) of the runs "
+                                 "at the top of the page and of the fleet; 0 keeps each run's recorded price (else "
+                                 "the catalog's, which `specfinops prices set electricity ...` changes) and the "
+                                 "catalog's for the fleet.")
     pue = c[3].number_input(f"PUE (0: {fmt(pue_cat, 'g')})", min_value=0.0, max_value=MAX_PUE,
                             value=min(float(a["pue"] or 0.0), MAX_PUE), step=0.05, key="w_pue",
                             help="0 keeps each run's recorded PUE (else the catalog's) and the catalog's for the "
