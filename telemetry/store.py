@@ -228,6 +228,9 @@ class NotAStoreError(NoStoreError):
                     f"record runs into it: specfinops bench --workload code --mode both --db {db}")
         StoreError.__init__(self, f"no store in {shown}: {others}{then}")
         self.path = shown
+        # another application's database (its tables, or its version table), not an empty one that a store could
+        # start in: `prices` lists the defaults a new store starts with for the latter only
+        self.foreign = stamped is not None or bool(set(other_tables) - {JOBS_TABLE})
 
 
 def shown_url(url: str) -> str:

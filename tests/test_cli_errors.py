@@ -88,6 +88,34 @@ def test_listing_prices_of_a_missing_store_shows_the_defaults_and_creates_nothin
     assert [e["name"] for e in stored] == list(shown)
 
 
+@pytest.mark.parametrize("argv", [["prices"], ["prices", "list", "--json"],
+                                  ["prices", "set", "NEWGPU", "5", "--source", "x"]],
+                         ids=["prices", "list", "set-new-name"])
+def test_prices_refuses_another_applications_database(argv, tmp_path, capsys):
+    """A SQLite file holding only another application's table is no store that `prices` could list the defaults of
+    (it said "no store at ... yet" and exit 0) nor one a new price name is judged against the defaults for (it
+    asked for --kind): refused as every other command refuses it, naming its table; nothing is written to it."""
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE foo (x INTEGER)")
+    conn.close()
+    assert main([*argv, "--db", str(other)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err, err
+    assert f"no store in {other}: its table foo is not specfinops's" in err and "default prices" not in err, err
+    with sqlite3.connect(other) as conn:
+        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["foo"]
+    conn.close()
+
+
+def test_listing_prices_of_an_empty_database_shows_the_defaults(tmp_path, capsys):
+    """An empty file (no tables) is where `prices set` starts a store: listing it still shows the defaults."""
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    assert main(["prices", "list", "--db", str(empty)]) == 0
+    assert f"no store at {empty} yet" in capsys.readouterr().err
+
+
 def test_a_reader_on_the_default_store_before_any_run_creates_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SPECFINOPS_DB_URL", raising=False)

@@ -667,7 +667,7 @@ def run_project_command(args) -> int:
 
 def run_prices_command(args) -> int:
     from telemetry.prices import KIND_UNITS, check_price, default_entries, list_prices, listed, set_price
-    from telemetry.store import KEEPS_PRICES, NoStoreError, open_store
+    from telemetry.store import KEEPS_PRICES, NoStoreError, NotAStoreError, open_store
 
     if args.action not in ("list", "set"):
         raise UsageError(f"action must be 'list' or 'set', got {args.action!r}")
@@ -682,6 +682,8 @@ def run_prices_command(args) -> int:
         try:
             entries = list_prices(open_store(args.db, must_exist=True))
         except NoStoreError as e:  # listing creates no store: show what a new one starts with
+            if isinstance(e, NotAStoreError) and e.foreign:  # another application's database: no store starts there
+                raise
             print(f"note: no store at {e.path} yet; these are the default prices it will start with "
                   "(`prices set` or a recording command creates it)", file=sys.stderr)
             entries = listed(default_entries())  # in the order a store lists them
@@ -694,7 +696,9 @@ def run_prices_command(args) -> int:
     value, as_of = check_price(args.name, value, source=args.source, kind=args.kind, as_of=args.as_of)
     try:  # everything checked before a new store is created; a read-only one is named as such
         engine = open_store(args.db, must_exist=True, to_write=KEEPS_PRICES)
-    except NoStoreError:  # a new store holds the defaults only: judge the name, kind and value against those
+    except NoStoreError as e:  # a new store holds the defaults only: judge the name, kind and value against those
+        if isinstance(e, NotAStoreError) and e.foreign:  # another application's database: refused as such
+            raise
         default = {e.name.lower(): e for e in default_entries()}.get(args.name.strip().lower())
         if default is not None and args.kind is not None and args.kind != default.kind:  # as set_price refuses it
             raise UsageError(f"kind of {default.name!r} is {default.kind!r}, cannot change it to {args.kind!r}"
