@@ -293,10 +293,58 @@ class ServeKey(Base):
     key: Mapped[str] = mapped_column(String(64))
 
 
+def checked_db_url(text: str) -> str:
+    """A store as given (--db, SPECFINOPS_DB_URL), checked before anything opens it: a ValueError saying what is
+    wrong, never repeating the URL (it may hold a password), where it is blank (it would silently mean the default
+    store, or a SQLite file named by its spaces), has a port that is no number 1-65535 (the driver said only
+    "invalid literal for int() with base 10"), or a host in brackets that does not parse. libpq's `postgres://` is
+    taken as `postgresql://`. A value without `://` is a SQLite file path, returned as it is."""
+    if not text.strip():
+        raise ValueError(f"must be a database URL or a SQLite file path, got {text!r}")
+    if text.startswith("postgres://"):  # libpq's spelling (psql, Heroku): SQLAlchemy knows only postgresql
+        text = "postgresql://" + text.removeprefix("postgres://")
+    if "://" not in text:
+        return text  # a SQLite file path
+    from urllib.parse import urlsplit
+
+    try:
+        hostport = urlsplit(text).netloc.rpartition("@")[2]
+    except ValueError as exc:  # urlsplit's: "Invalid IPv6 URL" (a bracket left open or never opened), a [host]
+        # that is no address
+        why = ("a '[' without its ']' or a ']' without its '[' around the host (an IPv6 host is written "
+               "[::1], a port after it: [::1]:5432)" if "Invalid IPv6 URL" in str(exc) else str(exc))
+        raise ValueError(f"malformed URL: {why}") from None
+    port = hostport.rpartition(":")[2] if ":" in hostport.rpartition("]")[2] else None
+    try:
+        url = make_url(text)
+    except ArgumentError:
+        return text  # resolving the URL says what is wrong with it
+    except ValueError:
+        raise ValueError(f"the port must be a number 1-65535, got {port!r}") from None
+    if url.port is not None and not 1 <= url.port <= 65535:
+        raise ValueError(f"the port must be a number 1-65535, got {port!r}")
+    return text
+
+
+def env_db_url() -> str | None:
+    """SPECFINOPS_DB_URL, checked as --db is (checked_db_url), a ValueError naming the variable where it names no
+    store; None where it is unset or empty."""
+    value = os.environ.get(ENV_DB_URL)
+    if not value:
+        return None
+    if not value.strip():
+        return value
+    try:
+        return checked_db_url(value)
+    except ValueError as exc:
+        raise ValueError(f"{ENV_DB_URL}: {exc}") from None
+
+
 def resolve_db_url(url: str | None = None) -> str:
-    """`--db` beats `SPECFINOPS_DB_URL` beats the default SQLite file `var/specfinops.db`. A value without
-    `://` is a SQLite file path (`--db runs.db`); anything else must be a URL SQLAlchemy can parse."""
-    url = url or os.environ.get(ENV_DB_URL)
+    """`--db` beats `SPECFINOPS_DB_URL` (where set and not empty; checked by env_db_url) beats the default SQLite
+    file `var/specfinops.db`. A value without `://` is a SQLite file path (`--db runs.db`); anything else must be
+    a URL SQLAlchemy can parse."""
+    url = url or env_db_url()
     if not url:  # its folder is made by make_engine, when a command opens the store
         url = f"sqlite:///{DEFAULT_DB_PATH}"
     elif "://" not in url:

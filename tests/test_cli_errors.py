@@ -396,6 +396,32 @@ def test_a_db_option_that_names_no_store_is_refused_as_given(db, needle, tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("env", "needle"), [
+    ("postgresql://u:secret@127.0.0.1:abc/y", "SPECFINOPS_DB_URL: the port must be a number 1-65535, got 'abc'"),
+    ("postgresql://u:secret@127.0.0.1:70000/y", "SPECFINOPS_DB_URL: the port must be a number 1-65535, got '70000'"),
+    ("postgresql://u:secret@[::1/y",
+     "SPECFINOPS_DB_URL: malformed URL: a '[' without its ']' or a ']' without its '['"),
+], ids=["port-abc", "port-70000", "bracket"])
+@pytest.mark.parametrize("argv", [["cost"], ["db", "current"], ["prices", "set", "H100", "2.5", "--source", "quote"]],
+                         ids=lambda a: a[0])
+def test_a_malformed_db_url_variable_is_refused_naming_it(env, needle, argv, tmp_path, monkeypatch, capsys):
+    """SPECFINOPS_DB_URL is checked as --db is: the same URLs said only "invalid literal for int() with base 10:
+    'abc'" (or ':1'), naming neither the variable nor what was wrong; the password is never repeated."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECFINOPS_DB_URL", env)
+    assert main(argv) == 2
+    line = _one_line(capsys)
+    assert needle in line and "secret" not in line and "int()" not in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_db_url_variable_takes_libpq_postgres_scheme(monkeypatch):
+    from telemetry.db import resolve_db_url
+
+    monkeypatch.setenv("SPECFINOPS_DB_URL", "postgres://u@h:5433/d")
+    assert resolve_db_url() == "postgresql+psycopg://u@h:5433/d"
+
+
 def test_libpq_postgres_scheme_is_taken_as_postgresql():
     from app.commands._common import db_url
     from telemetry.db import resolve_db_url

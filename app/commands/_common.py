@@ -15,7 +15,8 @@ import threading
 
 from app.errors import UsageError
 
-DB_HELP = "database URL or SQLite file path (default: $SPECFINOPS_DB_URL or sqlite:///var/specfinops.db)"
+DB_HELP = ("database URL or SQLite file path (default: $SPECFINOPS_DB_URL, checked as --db is; "
+           "else sqlite:///var/specfinops.db)")
 
 
 def run_id(text: str) -> int:
@@ -407,35 +408,13 @@ def usage_shows_required(p: argparse.ArgumentParser, *dests: str) -> None:
 def db_url(text: str) -> str:
     """argparse type of --db: refuse what names no store before anything opens one (an empty value would
     silently mean the default store), name a port that is no number or a host in brackets that does not parse,
-    and take libpq's `postgres://`."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(f"must be a database URL or a SQLite file path, got {text!r}")
-    if text.startswith("postgres://"):  # libpq's spelling (psql, Heroku): SQLAlchemy knows only postgresql
-        text = "postgresql://" + text.removeprefix("postgres://")
-    if "://" not in text:
-        return text  # a SQLite file path
-    from urllib.parse import urlsplit
-
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
+    and take libpq's `postgres://` (telemetry.db.checked_db_url, which SPECFINOPS_DB_URL passes too)."""
+    from telemetry.db import checked_db_url
 
     try:
-        hostport = urlsplit(text).netloc.rpartition("@")[2]
-    except ValueError as exc:  # urlsplit's: "Invalid IPv6 URL" (a bracket left open or never opened), a [host]
-        # that is no address; argparse said only "invalid db_url value" (the URL not repeated: it may hold a password)
-        why = ("a '[' without its ']' or a ']' without its '[' around the host (an IPv6 host is written "
-               "[::1], a port after it: [::1]:5432)" if "Invalid IPv6 URL" in str(exc) else str(exc))
-        raise argparse.ArgumentTypeError(f"malformed URL: {why}") from None
-    port = hostport.rpartition(":")[2] if ":" in hostport.rpartition("]")[2] else None
-    try:
-        url = make_url(text)
-    except ArgumentError:
-        return text  # resolving the URL says what is wrong with it
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"the port must be a number 1-65535, got {port!r}") from None
-    if url.port is not None and not 1 <= url.port <= 65535:
-        raise argparse.ArgumentTypeError(f"the port must be a number 1-65535, got {port!r}")
-    return text
+        return checked_db_url(text)
+    except ValueError as exc:  # argparse said only "invalid db_url value"; the URL is not repeated (a password)
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_db_option(p: argparse.ArgumentParser) -> None:
