@@ -328,16 +328,16 @@ def checked_db_url(text: str) -> str:
 
 def env_db_url() -> str | None:
     """SPECFINOPS_DB_URL, checked as --db is (checked_db_url), a ValueError naming the variable where it names no
-    store; None where it is unset or empty."""
+    store; None where it is unset or empty (an empty value counts as unset: a shell's `SPECFINOPS_DB_URL=` or a
+    compose file's `${SPECFINOPS_DB_URL:-}` means the default store)."""
     value = os.environ.get(ENV_DB_URL)
     if not value:
         return None
-    if not value.strip():
-        return value
     try:
         return checked_db_url(value)
     except ValueError as exc:
-        raise ValueError(f"{ENV_DB_URL}: {exc}") from None
+        blank = "" if value.strip() else f" (unset it, or set it empty, for the default store {DEFAULT_DB_PATH})"
+        raise ValueError(f"{ENV_DB_URL}: {exc}{blank}") from None
 
 
 def resolve_db_url(url: str | None = None) -> str:

@@ -415,6 +415,30 @@ def test_a_malformed_db_url_variable_is_refused_naming_it(env, needle, argv, tmp
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("argv", [["cost"], ["db", "current"], ["prices", "set", "H100", "2.5", "--source", "quote"],
+                                  ["db", "upgrade"]], ids=lambda a: " ".join(a[:2]))
+def test_a_blank_db_url_variable_is_refused_naming_it(argv, tmp_path, monkeypatch, capsys):
+    """SPECFINOPS_DB_URL of spaces names no store, as `--db "   "` does not: `prices set` made a SQLite file named
+    by the three spaces. Refused, naming the variable and what an empty one means; nothing is created."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECFINOPS_DB_URL", "   ")
+    assert main(argv) == 2
+    line = _one_line(capsys)
+    assert "SPECFINOPS_DB_URL: must be a database URL or a SQLite file path, got '   '" in line, line
+    assert "set it empty, for the default store var/specfinops.db" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_db_url_variable_counts_as_unset(tmp_path, monkeypatch, capsys):
+    """`SPECFINOPS_DB_URL=` (a shell's, a compose file's `${SPECFINOPS_DB_URL:-}`): the default store, as unset."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECFINOPS_DB_URL", "")
+    assert main(["db", "current"]) == 0
+    assert capsys.readouterr().out.startswith("sqlite:///var/specfinops.db: no such file (no store yet)")
+    assert main(["prices", "set", "H100", "2.5", "--source", "quote"]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["var"] and (tmp_path / "var" / "specfinops.db").is_file()
+
+
 def test_the_db_url_variable_takes_libpq_postgres_scheme(monkeypatch):
     from telemetry.db import resolve_db_url
 

@@ -15,8 +15,8 @@ import threading
 
 from app.errors import UsageError
 
-DB_HELP = ("database URL or SQLite file path (default: $SPECFINOPS_DB_URL, checked as --db is; "
-           "else sqlite:///var/specfinops.db)")
+DB_HELP = ("database URL or SQLite file path (default: $SPECFINOPS_DB_URL, checked as --db is, an empty one counting "
+           "as unset; else sqlite:///var/specfinops.db)")
 
 
 def run_id(text: str) -> int:
