@@ -266,6 +266,45 @@ def _refuse_unless_a_store(engine: Engine, url: str, *, must_exist: bool) -> Non
                          stamped=revision if foreign else None)  # fmt: skip
 
 
+class CannotCreateStoreError(StoreError):
+    """A new SQLite store that cannot be made where it was asked for: its folder takes no new file (permissions, a
+    read-only file system, /proc) or cannot itself be made. SQLite says only 'unable to open database file', and
+    a folder that cannot be made '[Errno 2] No such file or directory: /proc/sub', naming neither the store nor
+    the option that chose it."""
+
+
+def cannot_create_error(url: str | None, path: Path | None, exc: BaseException) -> CannotCreateStoreError | None:
+    """The clear error for `exc`, raised while the SQLite store at `path`, which did not exist, was being made
+    (`url` as the user gave it: --db, SPECFINOPS_DB_URL or the default): its folder, or the nearest folder above
+    it that exists, tried by creating a file in it and taking it away again. None where that works (`exc` then
+    has another cause, said as it is), for a server's database, or for an error that is not about opening the
+    file or making its folder."""
+    import errno
+    import tempfile
+
+    if path is None:
+        return None
+    orig = getattr(exc, "orig", None) or exc
+    cannot_open = getattr(orig, "sqlite_errorname", "") == "SQLITE_CANTOPEN" or "unable to open database file" \
+        in str(orig)
+    if not (cannot_open and isinstance(orig, sqlite3.Error) or isinstance(orig, OSError)):
+        return None
+    folder = path.absolute().parent
+    existing = next((f for f in (folder, *folder.parents) if f.is_dir()), None)
+    if existing is None:
+        return None
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=f".{path.name}."):
+            return None  # it takes a new file: something else is wrong, said as it is
+    except OSError as probe:
+        why = {errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+               errno.EROFS: "a read-only file system"}.get(probe.errno, "it takes no new files")
+    place = (f"its folder {folder} is not writable" if existing == folder
+             else f"its folder {folder} cannot be made: {existing} is not writable")
+    return CannotCreateStoreError(f"{_named(url, path)}: cannot create the store: {place} ({why}); give a store "
+                                  "in a folder this user can write")
+
+
 def _named(url: str | None, path: Path) -> str:
     """The SQLite store as the user gave it: `--db X` (what a command passed), SPECFINOPS_DB_URL, or the default."""
     if url:
@@ -343,16 +382,16 @@ def _open_store(url: str | None, *, must_exist: bool) -> Engine:
     disk full meanwhile, Ctrl-C) is removed again, not left behind as a 0-byte store; a full device is named
     with the store's path (SQLite says 'database or disk is full' or 'disk I/O error', naming neither)."""
     refuse_unusable_sqlite_file(url)
-    url = resolve_db_url(url)
+    given, url = url, resolve_db_url(url)
     path = sqlite_file(url)
     created = [] if must_exist else new_store_paths(path)
     try:
         return _open_existing_or_new(url, path, must_exist=must_exist)
     except BaseException as exc:
         remove_new_store(created)
-        full = store_full_error(path, exc)
-        if full is not None:
-            raise full from None
+        clear = store_full_error(path, exc) or (cannot_create_error(given, path, exc) if created else None)
+        if clear is not None:
+            raise clear from None
         raise
 
 

@@ -446,6 +446,37 @@ def test_the_db_url_variable_takes_libpq_postgres_scheme(monkeypatch):
     assert resolve_db_url() == "postgresql+psycopg://u@h:5433/d"
 
 
+@pytest.mark.parametrize("argv", [
+    ["prices", "set", "H100", "5", "--source", "x"], ["db", "upgrade"], ["calibrate"], ["serve", "--port", "0"],
+], ids=lambda a: a[0])
+@pytest.mark.parametrize(("db", "folder"), [("/proc/x.db", "its folder /proc is not writable"),
+                                            ("sqlite:////proc/x.db", "its folder /proc is not writable"),
+                                            ("/proc/sub/x.db", "its folder /proc/sub cannot be made: /proc is not "
+                                                               "writable")], ids=["path", "url", "sub"])
+def test_a_new_store_in_a_folder_that_takes_no_file_is_named_under_db(argv, db, folder, monkeypatch, capsys):
+    """SQLite says only 'unable to open database file' for a new store whose folder takes no file (an
+    OperationalError, not the OSError open_db_option named): the file, the option and the folder are named. /proc
+    takes no new file, for root too (a chmod 0555 folder does not stop root)."""
+    import serving.worker
+
+    def no_load(spec):
+        raise AssertionError("the model was loaded before the store was checked")
+
+    monkeypatch.setattr(serving.worker, "load", no_load)
+    monkeypatch.delenv("SPECFINOPS_DB_URL", raising=False)
+    assert main([*argv, "--db", db]) == 2
+    line = _one_line(capsys)
+    assert f"error: --db {db}: cannot create the store: {folder}" in line, line
+    assert "unable to open database file" not in line, line
+
+
+def test_a_new_store_in_an_unwritable_folder_from_the_variable_names_it(monkeypatch, capsys):
+    monkeypatch.setenv("SPECFINOPS_DB_URL", "/proc/x.db")
+    assert main(["prices", "set", "H100", "5", "--source", "x"]) == 2
+    line = _one_line(capsys)
+    assert "SPECFINOPS_DB_URL /proc/x.db: cannot create the store: its folder /proc is not writable" in line, line
+
+
 def test_libpq_postgres_scheme_is_taken_as_postgresql():
     from app.commands._common import db_url
     from telemetry.db import resolve_db_url

@@ -253,6 +253,7 @@ def _refuse_unknown_revision(args: argparse.Namespace) -> None:
 
 def _upgrade(args: argparse.Namespace) -> int:
     from telemetry.db import new_store_paths, remove_new_store, resolve_db_url, sqlite_file
+    from telemetry.store import cannot_create_error
 
     _check_revision(args, "upgrade")
     _db_option(args)
@@ -262,8 +263,12 @@ def _upgrade(args: argparse.Namespace) -> int:
         _refuse_unknown_revision(args)
     try:
         _run_alembic(args, "upgrade", args.revision)
-    except BaseException:  # nothing half-made stays: a failed upgrade of a new store leaves no file, no folder
+    except BaseException as exc:  # nothing half-made stays: a failed upgrade of a new store leaves no file, no folder
         remove_new_store(created)
+        # a folder that takes no new file: named, with --db, where SQLite said only "unable to open database file"
+        clear = cannot_create_error(args.db, sqlite_file(resolve_db_url(args.db)), exc) if created else None
+        if clear is not None:
+            raise clear from None
         raise
     return _current(args)
 
