@@ -266,3 +266,88 @@ def test_an_upgrade_waiting_for_another_writers_lock_stops_on_ctrl_c_or_sigterm(
     assert "interrupted" in err and "Traceback" not in err
     assert ("db upgrade: SIGTERM: stopping as on Ctrl-C" in err) == (sig == "TERM")
     assert _revision(f"sqlite:///{store}") == head_revision()
+
+
+def _store_with_runs(url: str) -> None:
+    """Two runs, three requests with steps and token events, a price, at head."""
+    from sqlalchemy.orm import Session
+    from synthetic import Req, make_run
+
+    from telemetry.prices import set_price
+
+    engine = open_store(url)
+    try:
+        with Session(engine) as s:
+            make_run(s, "ar", requests=[Req(40, ttft_ms=10, e2e_ms=900, start_s=0.0)], with_events=True)
+            make_run(s, "spec", requests=[Req(40, ttft_ms=10, e2e_ms=500, start_s=0.0),
+                                          Req(20, ttft_ms=10, e2e_ms=300, start_s=1.0)], with_events=True)
+            s.commit()
+        set_price(engine, "H100", 2.5, source="quote")
+    finally:
+        engine.dispose()
+
+
+def _count(url: str, table: str) -> int:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as c:
+            return c.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar()
+    finally:
+        engine.dispose()
+
+
+def test_a_downgrade_to_base_of_a_store_with_records_needs_yes(db_url, capsys):
+    """`db downgrade base` of a store holding runs dropped them all, saying nothing of it (exit 0): refused
+    without --yes, saying what it would drop, nothing changed; with --yes, done, saying what it dropped."""
+    _store_with_runs(db_url)
+    counts = {t: _count(db_url, t) for t in ("runs", "requests", "steps", "token_events", "prices")}
+    assert counts["runs"] == 2 and counts["requests"] == 3 and counts["steps"] and counts["token_events"]
+    assert cli_main(["db", "downgrade", "base", "--db", db_url]) == 2
+    line = _err_line(capsys)
+    assert f"going to base drops 2 runs, 3 requests, {counts['steps']} steps, {counts['token_events']} token " \
+           "events, 1 price: pass --yes to go ahead (nothing was changed)" in line, line
+    assert _revision(db_url) == head_revision()
+    assert {t: _count(db_url, t) for t in counts} == counts
+    assert cli_main(["db", "downgrade", "base", "--db", db_url, "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert f"dropped 2 runs, 3 requests, {counts['steps']} steps, {counts['token_events']} token events, 1 price\n" \
+           in out, out
+    assert "(no schema)" in out
+
+
+@pytest.mark.parametrize(("rev", "change", "said"), [
+    ("0010", "UPDATE runs SET invocation_id = 'abc'", "the invocation_id of 2 runs"),
+    ("0009", "UPDATE requests SET top_k = 40 WHERE id = (SELECT MIN(id) FROM requests)",
+     "the top_k, seed, max_new_tokens of 1 request"),
+    ("0008", "UPDATE runs SET software_version = 'v' || repeat('x', 80) WHERE id = (SELECT MIN(id) FROM runs)",
+     "the characters past 64 of software_version in 1 run"),
+    ("0011", "UPDATE requests SET prompt_tokens = NULL", "the unknown (NULL) prompt and speculation counts of 3 "
+     "requests, written as 0"),
+])
+def test_a_downgrade_that_drops_recorded_columns_needs_yes(db_url, rev, change, said, capsys):
+    """A downgrade to an intermediate revision that drops columns holding values (or rewrites values) is refused
+    without --yes too, naming them; the same downgrade of a store where they hold nothing needs none."""
+    _store_with_runs(db_url)
+    engine = create_engine(db_url)
+    with engine.begin() as c:
+        if c.dialect.name == "sqlite":
+            change = change.replace("repeat('x', 80)", "printf('%.80c', 'x')")
+        c.execute(text(change))
+    engine.dispose()
+    assert cli_main(["db", "downgrade", rev, "--db", db_url]) == 2
+    line = _err_line(capsys)
+    assert f"going to {rev} drops {said}: pass --yes to go ahead (nothing was changed)" in line, line
+    assert _revision(db_url) == head_revision()
+    assert cli_main(["db", "downgrade", rev, "--db", db_url, "--yes"]) == 0
+    assert f"dropped {said}\n" in capsys.readouterr().out
+    assert _revision(db_url) == rev and _count(db_url, "runs") == 2
+
+
+def test_a_downgrade_that_drops_nothing_recorded_needs_no_yes(db_url, capsys):
+    """Columns and tables that hold nothing: no --yes, nothing said of drops (0013's downgrade puts an index back;
+    make_run records no invocation, no serve key)."""
+    _store_with_runs(db_url)
+    assert cli_main(["db", "downgrade", "0010", "--db", db_url]) == 0
+    out = capsys.readouterr().out
+    assert "dropped" not in out and "revision 0010" in out, out
+    assert _count(db_url, "runs") == 2

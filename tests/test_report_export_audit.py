@@ -140,8 +140,10 @@ def test_db_downgrade_base_drops_the_scheduler_jobs_too(empty_store, tmp_path, c
     scheduler.start(paused=True)
     scheduler.shutdown(wait=False)
     engine.dispose()
-    assert main(["db", "downgrade", "base", "--db", empty_store]) == 0
-    assert "scheduler's job table" in capsys.readouterr().out
+    assert main(["db", "downgrade", "base", "--db", empty_store]) == 2  # a job is recorded data: --yes drops it
+    assert "going to base drops 1 scheduler job: pass --yes to go ahead" in capsys.readouterr().err
+    assert main(["db", "downgrade", "base", "--db", empty_store, "--yes"]) == 0
+    assert "dropped the scheduler's job table (1 job)" in capsys.readouterr().out
     engine = open_store(empty_store)  # upgraded again, as `db upgrade` does
     try:
         assert JOBS_TABLE not in inspect(engine).get_table_names()

@@ -4,7 +4,6 @@ saying so, and give up after a bound with an error that names the file and the l
 
 from __future__ import annotations
 
-import argparse
 import logging
 import random
 import re
@@ -49,15 +48,16 @@ def _hold_lock(path: Path, seconds: float) -> subprocess.Popen:
 
 
 @contextmanager
-def _locked_until_a_write_waits(path: Path) -> Iterator[threading.Event]:
+def _locked_until_a_write_waits(path: Path, says: str = "locked by another process") -> Iterator[threading.Event]:
     """A second connection holds the store's write lock (BEGIN IMMEDIATE) until a write in the block says it waits
-    for it (retry_while_locked's warning); a thread then releases it. Yields the event set once a write waited. A
-    write that does not wait but fails at SQLite's first 'database is locked' leaves the event unset."""
+    for it (retry_while_locked's warning; `says`: another one's, a migration's); a thread then releases it. Yields
+    the event set once a write waited. A write that does not wait but fails at SQLite's first 'database is locked'
+    leaves the event unset."""
     waited, said = threading.Event(), threading.Event()
 
     class Waits(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if "locked by another process" in record.getMessage():
+            if says in record.getMessage():
                 waited.set()
                 said.set()
 
@@ -382,13 +382,13 @@ def test_the_scheduler_command_the_lock_keeps_out_says_so_in_one_line(traffic, t
 
 
 def test_dropping_the_scheduler_job_table_waits_for_the_lock(traffic, tmp_path, capsys):
-    from app.commands.db import _drop_scheduler_jobs
+    """`db downgrade base` drops the scheduler's job table in its migration transaction, which waits for the lock."""
     from telemetry.scheduler import JOBS_TABLE, _job_store
 
     url, engine, path = traffic
     _job_store(engine)
-    with _locked_until_a_write_waits(path) as waited:
-        _drop_scheduler_jobs(argparse.Namespace(db=url))
+    with _locked_until_a_write_waits(path, says="is being written by another process") as waited:
+        assert main(["db", "downgrade", "base", "--db", url, "--yes"]) == 0
     assert waited.is_set() and "dropped the scheduler's job table (0 jobs)" in capsys.readouterr().out
     with engine.connect() as c:
         assert c.execute(text("SELECT count(*) FROM sqlite_master WHERE name = :t"), {"t": JOBS_TABLE}).scalar() == 0

@@ -17,6 +17,11 @@ down_revision: str | Sequence[str] | None = None
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+# What this revision's downgrade destroys of recorded data: `specfinops db downgrade` counts it and refuses
+# without --yes where there is any (tests/test_migrations.py checks the tables and columns against what it drops)
+DOWNGRADE_DROPS: dict = {"tables": ("runs", "requests", "steps", "token_events", "power_samples", "reports",
+                                    "prices")}
+
 
 def upgrade() -> None:
     op.create_table(

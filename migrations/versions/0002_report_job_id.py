@@ -17,6 +17,10 @@ down_revision: str | Sequence[str] | None = "0001"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+# What this revision's downgrade destroys of recorded data: `specfinops db downgrade` counts it and refuses
+# without --yes where there is any (tests/test_migrations.py checks the tables and columns against what it drops)
+DOWNGRADE_DROPS: dict = {"columns": {"reports": ("job_id",)}}
+
 
 def upgrade() -> None:
     with op.batch_alter_table("reports") as batch:

@@ -36,6 +36,10 @@ depends_on: str | Sequence[str] | None = None
 NAME = "ix_steps_request_id_step_index"
 COLUMNS = ["request_id", "step_index", "k", "accepted", "num_emitted"]
 
+# What this revision's downgrade destroys of recorded data: `specfinops db downgrade` counts it and refuses
+# without --yes where there is any (tests/test_migrations.py checks the tables and columns against what it drops)
+DOWNGRADE_DROPS: dict = {}  # an index only
+
 
 def upgrade() -> None:
     op.create_index(NAME, "steps", COLUMNS, unique=False)

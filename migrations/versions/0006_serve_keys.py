@@ -25,6 +25,10 @@ down_revision: str | Sequence[str] | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+# What this revision's downgrade destroys of recorded data: `specfinops db downgrade` counts it and refuses
+# without --yes where there is any (tests/test_migrations.py checks the tables and columns against what it drops)
+DOWNGRADE_DROPS: dict = {"tables": ("serve_keys",)}
+
 
 def upgrade() -> None:
     op.create_table(

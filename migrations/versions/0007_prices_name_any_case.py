@@ -40,6 +40,10 @@ MERGE_SQL = (
     "AND (later.updated_at > prices.updated_at OR (later.updated_at = prices.updated_at AND later.id > prices.id)))"
 )
 
+# What this revision's downgrade destroys of recorded data: `specfinops db downgrade` counts it and refuses
+# without --yes where there is any (tests/test_migrations.py checks the tables and columns against what it drops)
+DOWNGRADE_DROPS: dict = {}  # an index only
+
 
 def _merge_case_duplicates() -> None:
     if context.is_offline_mode():  # op.get_bind() is None: emit the merge as SQL instead of running it

@@ -27,6 +27,12 @@ down_revision: str | Sequence[str] | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+# What this revision's downgrade destroys of recorded data: `specfinops db downgrade` counts it and refuses
+# without --yes where there is any (tests/test_migrations.py checks the tables and columns against what it drops)
+# values: (what is lost, {rows} the rows it is lost of; the SQL condition that finds them)
+DOWNGRADE_DROPS: dict = {"values": {"runs": (("the characters past 64 of software_version in {rows}",
+                                                "length(software_version) > 64"),)}}
+
 
 def _no_cascade() -> None:
     """On SQLite the batch rebuild of runs drops the table; with foreign keys on, that deletes every request

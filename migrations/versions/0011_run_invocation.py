@@ -35,6 +35,10 @@ depends_on: str | Sequence[str] | None = None
 COLUMN = "invocation_id"
 INDEX = "ix_runs_invocation_id"
 
+# What this revision's downgrade destroys of recorded data: `specfinops db downgrade` counts it and refuses
+# without --yes where there is any (tests/test_migrations.py checks the tables and columns against what it drops)
+DOWNGRADE_DROPS: dict = {"columns": {"runs": (COLUMN,)}}
+
 
 def _no_cascade() -> None:
     """On SQLite the batch rebuild of runs drops the table; with foreign keys on, that deletes every request

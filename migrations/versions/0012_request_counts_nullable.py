@@ -30,6 +30,14 @@ depends_on: str | Sequence[str] | None = None
 
 COLUMNS = ("prompt_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
+# What this revision's downgrade destroys of recorded data: `specfinops db downgrade` counts it and refuses
+# without --yes where there is any (tests/test_migrations.py checks the tables and columns against what it drops)
+# values: (what is lost, {rows} the rows it is lost of; the SQL condition that finds them)
+DOWNGRADE_DROPS: dict = {"values": {"requests": (
+    ("the unknown (NULL) prompt and speculation counts of {rows}, written as 0",
+     " OR ".join(f"{c} IS NULL" for c in COLUMNS)),
+)}}
+
 
 def _no_cascade() -> None:
     """On SQLite the batch rebuild of requests drops the table; with foreign keys on, that deletes every step
