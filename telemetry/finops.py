@@ -25,6 +25,7 @@ HOURS_PER_MONTH = HOURS_PER_YEAR / 12  # 730
 MONTHLY_COST_FORMULA = f"nodes x node $/h x {HOURS_PER_MONTH:g} hours a month ({HOURS_PER_YEAR:,} a year / 12)"
 J_PER_KWH = 3.6e6
 NOT_ATTAINABLE = "not attainable"
+NOT_MEASURED = "not measured"  # a mode with no runs in view: no capacity to judge, not one short of the SLA
 ENERGY_NOT_MEASURED = "energy not measured"
 
 
@@ -245,6 +246,10 @@ class Projection:
     energy_included_ar: bool
     energy_included_spec: bool
     notes: tuple[str, ...]
+    # whether the mode had runs to measure a capacity from: a node count of None is then "not attainable" (no run
+    # meets the SLA), else "not measured" (no runs of the mode in view)
+    measured_ar: bool = True
+    measured_spec: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,7 +410,7 @@ def project(
     for mode, points in (("ar", points_ar), ("spec", points_spec)):
         caps[mode] = capacity_at_sla(points, sla_ms)
         if not points:
-            notes.append(f"{mode}: {NOT_ATTAINABLE}: no {mode} runs measured")
+            notes.append(f"{mode}: {NOT_MEASURED}: no {mode} runs in view")
         elif caps[mode] is None:
             best = min((p for _, p in points if p is not None), default=None)
             why = "no run has a p95 TPOT" if best is None else f"best measured p95 TPOT is {_ms_apart(best, sla_ms)} ms"
@@ -414,7 +419,9 @@ def project(
     n_spec = nodes_needed(daily_tokens, peak_factor, caps["spec"])
     savings = annual_savings(n_ar, n_spec, node_hourly_usd)
     if savings is None:
-        notes.append("annual savings: not computed (a node count is not attainable)")
+        missing = [m.upper() if m == "ar" else m for m, pts in (("ar", points_ar), ("spec", points_spec)) if not pts]
+        why = f"no {' or '.join(missing)} runs measured" if missing else "a node count is not attainable"
+        notes.append(f"annual savings: not computed ({why})")
     e_ar = energy_usd_per_1m(j_per_token_ar, pue, usd_per_kwh)
     e_spec = energy_usd_per_1m(j_per_token_spec, pue, usd_per_kwh)
     return Projection(
@@ -434,4 +441,6 @@ def project(
         energy_included_ar=e_ar is not None and n_ar is not None,
         energy_included_spec=e_spec is not None and n_spec is not None,
         notes=tuple(notes),
+        measured_ar=bool(points_ar),
+        measured_spec=bool(points_spec),
     )

@@ -190,6 +190,10 @@ def test_project_with_one_mode_missing_says_how_to_record_it_not_too_few(tmp_pat
     assert warning.startswith("warning: based on 0 spec and 1 AR requests: the spec runs are missing"), warning
     assert record in warning and "too few" not in warning and "bench without --limit" not in warning
     assert f"take {MIN_STABLE_REQUESTS} or more requests per mode" in warning  # and more than the one AR request
+    # no spec run is no spec capacity measured: "not attainable" said no spec run met the SLA
+    [nodes] = [line for line in text.splitlines() if line.startswith("nodes needed:")]
+    assert nodes.endswith(", spec not measured") and "attainable" not in nodes, nodes
+    assert "annual savings: not computed (no spec runs measured)" in text
     assert main([*_project(url, "--gpu", "cpu-2core"), "--json"]) == 0
     notes = json.loads(capsys.readouterr().out)["assumptions"]["notes"]
     assert f"warning: {notes[notes.index(warning[len('warning: '):])]}" == warning  # the same line in both

@@ -229,7 +229,8 @@ def test_project_unreachable_sla_and_missing_mode_are_explained():
     assert p.nodes_ar is None and p.nodes_spec is None and p.annual_savings_usd is None
     assert p.cost_per_1m_tokens_ar_usd is None
     assert any("ar: not attainable" in n and "25.0 ms" in n for n in p.notes)
-    assert any("spec: not attainable: no spec runs measured" in n for n in p.notes)
+    assert any("spec: not measured: no spec runs in view" in n for n in p.notes)
+    assert "annual savings: not computed (no spec runs measured)" in p.notes
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ from app.commands._common import (
     usage_shows_required,
 )
 from app.errors import UsageError
-from telemetry.finops import MONTHLY_COST_FORMULA, nodes_verdict
+from telemetry.finops import MONTHLY_COST_FORMULA, NOT_ATTAINABLE, NOT_MEASURED, nodes_verdict
 from telemetry.labels import short_workload, usd_amount
 
 COST_EXAMPLES = """  specfinops cost
@@ -619,8 +619,8 @@ def run_project_command(args) -> int:
         return 0
     p = sp.projection
 
-    def nodes(n):
-        return "not attainable" if n is None else f"{n:,}"
+    def nodes(n, measured):
+        return f"{n:,}" if n is not None else NOT_ATTAINABLE if measured else NOT_MEASURED
 
     print(f"traffic: {daily:,.0f} output tokens/day, peak factor {peak:g}, p95 TPOT SLA {sla:g} ms")
     if sp.comparison is not None:
@@ -633,7 +633,7 @@ def run_project_command(args) -> int:
     )
     if sp.replica_note:
         print(sp.replica_note)
-    print(f"nodes needed: AR {nodes(p.nodes_ar)}, spec {nodes(p.nodes_spec)}")
+    print(f"nodes needed: AR {nodes(p.nodes_ar, p.measured_ar)}, spec {nodes(p.nodes_spec, p.measured_spec)}")
     print(f"monthly cost: AR {_usd(p.monthly_cost_ar_usd)}, spec {_usd(p.monthly_cost_spec_usd)} "
           f"({MONTHLY_COST_FORMULA}; node-hours only)")
     verdict = nodes_verdict(p.nodes_ar, p.nodes_spec)
