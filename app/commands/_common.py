@@ -30,6 +30,20 @@ def run_id(text: str) -> int:
     return value
 
 
+def printable_name(text: str) -> str:
+    """argparse type of a name the store keeps and commands print back (--node-id, --job-id, --served-model-name,
+    --webhook-env): no control character (Unicode category C*: a newline, a tab, the ESC of a terminal escape
+    sequence, DEL, an invisible format character), which `cost --node` echoed into the terminal, CSV exports and
+    reports carried raw, and a table broke into rows on. Letters of any script stay allowed (a node named in
+    Unicode is a name), as price names are printable too (telemetry.prices.check_price)."""
+    import unicodedata
+
+    if any(unicodedata.category(c).startswith("C") for c in text):
+        raise argparse.ArgumentTypeError(f"must not contain control characters (a newline, a tab, a terminal "
+                                         f"escape sequence), got {text!r}")
+    return text
+
+
 def _int_at_least(text: str, minimum: int, not_int: str, too_small: str) -> int:
     try:
         value = int(text)

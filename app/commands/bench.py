@@ -18,6 +18,7 @@ from app.commands._common import (
     context_len,
     lost_records,
     model_option,
+    printable_name,
     sigterm_as_ctrl_c,
     store_opened_for,
 )
@@ -109,8 +110,8 @@ def register(sub) -> None:
 
 def node_id(text: str) -> str:
     """argparse type of --node-id: it is stored in runs.node_id (and sweeps.node_id), so no longer than that
-    column. SQLite stores a longer one anyway; PostgreSQL refused it only when the first run was recorded,
-    after the model had loaded, and without naming the option."""
+    column (SQLite stores a longer one anyway; PostgreSQL refused it only when the first run was recorded, after
+    the model had loaded, and without naming the option), and printable (`printable_name`)."""
     from telemetry.db import Run
 
     limit = Run.__table__.c.node_id.type.length
@@ -119,7 +120,7 @@ def node_id(text: str) -> str:
     if len(text) > limit:
         raise argparse.ArgumentTypeError(f"must be at most {limit} characters (the store's runs.node_id), "
                                          f"got {len(text)}: {text[:20]!r}...")
-    return text
+    return printable_name(text)  # `cost --node` printed it back raw: a newline, a terminal escape sequence
 
 
 def parse_concurrency(text: str) -> list[int]:

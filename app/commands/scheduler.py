@@ -21,7 +21,13 @@ import threading
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from app.commands._common import add_command, add_db_option, removing_made_folders, sigterm_as_ctrl_c
+from app.commands._common import (
+    add_command,
+    add_db_option,
+    printable_name,
+    removing_made_folders,
+    sigterm_as_ctrl_c,
+)
 from app.commands.cost import check_gpu_entry
 from app.commands.report import add_report_options, report_options, unrecorded_names
 from app.errors import UsageError
@@ -58,10 +64,11 @@ def register(sub) -> None:
             action.required = False
             action.help += " (required unless --list)"
     p.add_argument("--webhook", metavar="URL", help="POST each report's JSON summary to this URL (stored in the job)")
-    p.add_argument("--webhook-env", metavar="NAME",
+    p.add_argument("--webhook-env", metavar="NAME", type=printable_name,
                    help="as --webhook, the URL read from this environment variable at each run (not stored)")  # fmt: skip
     p.add_argument("--smtp", action="store_true", help="e-mail each summary (settings: SPECFINOPS_SMTP_* env)")
-    p.add_argument("--job-id", metavar="ID", help="job id in the job store (default report-PERIOD)")
+    p.add_argument("--job-id", metavar="ID", type=printable_name,
+                   help="job id in the job store (default report-PERIOD)")
     p.add_argument("--misfire-grace-s", metavar="S", default="3600",
                    help="a run later than this is skipped (1 s to 366 days; default 3600)")  # fmt: skip
     p.add_argument("--keep-other-jobs", action="store_true",

@@ -16,6 +16,7 @@ from app.commands._common import (
     model_option,
     open_db_option,
     positive_int,
+    printable_name,
 )
 from app.commands.bench import node_id
 from serving.lookahead import DEFAULT_K
@@ -55,7 +56,8 @@ def register(sub) -> None:
     p.add_argument("--early-exit-layers", type=int, default=None,
                    help="target layers used by --drafter early-exit (default: 8, or half the layers of a target "
                         "with 8 or fewer)")
-    p.add_argument("--served-model-name", default=None, help="model id clients send (default: the target's name)")
+    p.add_argument("--served-model-name", default=None, type=printable_name,
+                   help="model id clients send (default: the target's name)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     add_db_option(p)
     p.add_argument("--node-id", default=None, type=node_id, help="node id recorded with the runs (default: hostname)")
