@@ -94,9 +94,11 @@ def test_json_names_the_invocation_on_stderr_and_in_the_document(pair, workload,
     assert captured.err.strip().splitlines()[-1].startswith(f"recorded in the store as invocation {inv}")
 
 
-def test_no_telemetry_records_nothing(pair, workload, tmp_path, capsys):
+def test_no_telemetry_records_nothing(pair, workload, tmp_path, monkeypatch, capsys):
+    """Not in the environment's store either (--db beside --no-telemetry is refused: tests/test_cli_input.py)."""
     db = tmp_path / "store.db"
-    assert _calibrate(pair, workload, "--db", f"sqlite:///{db}", "--no-telemetry", "--json") == 0
+    monkeypatch.setenv("SPECFINOPS_DB_URL", f"sqlite:///{db}")
+    assert _calibrate(pair, workload, "--no-telemetry", "--json") == 0
     assert json.loads(capsys.readouterr().out)["invocation_id"] is None
     assert not db.exists()
 

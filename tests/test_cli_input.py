@@ -35,3 +35,70 @@ def test_a_stored_name_with_a_control_character_is_refused_naming_the_option(arg
 def test_a_stored_name_in_any_script_stays_allowed(argv, option):
     args = build_parser().parse_args([*argv, option, "nœud-東京 3"])
     assert getattr(args, option.removeprefix("--").replace("-", "_")) == "nœud-東京 3"
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """A model load (bench, calibrate, serve) or a load test's probe of its server fails the test."""
+    import serving.loadtest
+    import serving.server_setup
+    import serving.worker
+
+    def no_load(*a, **kw):
+        raise AssertionError("a model was loaded (or a server probed) before the options were checked")
+
+    for module, name in ((serving.worker, "load"), (serving.server_setup, "load"), (serving.server_setup, "serve"),
+                         (serving.loadtest, "probe_server")):
+        monkeypatch.setattr(module, name, no_load)
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and len(lines) == 1, err
+    return lines[0]
+
+
+UNRECORDED = [  # (command line, the options --no-telemetry would leave unused, as the error names them)
+    (["bench", "--db", "x.db"], "--db shapes"),
+    (["bench", "--node-id", "n1"], "--node-id shapes"),
+    (["bench", "--power", "nvml"], "--power nvml shapes"),
+    (["bench", "--power", "estimate", "--tdp-w", "300"], "--power estimate, --tdp-w shape"),
+    (["bench", "--tdp-w", "300"], "--tdp-w shapes"),
+    (["bench", "--backend", "vllm", "--db", "x.db", "--node-id", "n1"], "--db, --node-id shape"),
+    (["calibrate", "--db", "x.db"], "--db shapes"),
+    (["serve", "--db", "x.db"], "--db shapes"),
+    (["serve", "--node-id", "n1", "--db", "x.db"], "--db, --node-id shape"),
+    (["loadtest", "--db", "x.db"], "--db shapes"),
+    (["loadtest", "--node-id", "n1"], "--node-id shapes"),
+]
+
+
+@pytest.mark.parametrize(("argv", "named"), UNRECORDED)
+def test_no_telemetry_beside_an_option_that_only_shapes_the_record_is_refused(argv, named, no_model, tmp_path,
+                                                                             monkeypatch, capsys):
+    """A user who gave --db meant to record; with --no-telemetry the run recorded nothing, unsaid."""
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, "--no-telemetry"]) == 2
+    line = _error(capsys)
+    assert line.startswith(f"specfinops {argv[0]}: error: ") and named in line, line
+    assert "and --no-telemetry records nothing: drop " in line and "or drop --no-telemetry to record" in line, line
+    assert list(tmp_path.iterdir()) == []  # no store made
+
+
+@pytest.mark.parametrize(("argv", "then"), [  # each goes on past the check, to an error of its own further on
+    (["bench", "--limit", "0"], "--limit must be >= 1"),
+    (["bench", "--power", "none", "--limit", "0"], "--limit must be >= 1"),  # says what --no-telemetry does
+    (["bench", "--spec-max-batch", "auto", "--db", "x.db", "--limit", "0"], "--limit must be >= 1"),  # read there
+    (["calibrate", "--threshold", "2"], "--threshold must be in (0, 1]"),
+    (["serve", "--power", "none", "--max-waiting", "0"], "--max-waiting must be >= 1"),  # its meter feeds /metrics
+    (["loadtest", "--duration", "0"], "duration"),
+])
+def test_no_telemetry_beside_the_environments_store_or_an_option_it_uses_goes_on(argv, then, no_model, tmp_path,
+                                                                                  monkeypatch, capsys):
+    """SPECFINOPS_DB_URL is no option given: --no-telemetry beside it is no contradiction."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECFINOPS_DB_URL", f"sqlite:///{tmp_path / 'env.db'}")
+    assert main([*argv, "--no-telemetry"]) == 2
+    line = _error(capsys)
+    assert then in line and "--no-telemetry" not in line, line

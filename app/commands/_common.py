@@ -229,6 +229,17 @@ def check_power_options(power: str, tdp_w: float | None) -> None:
                          f"can be read); --power {power} does not use it: drop --tdp-w or change --power")
 
 
+def check_recording_options(no_telemetry: bool, given: list[str]) -> None:
+    """With --no-telemetry, the options `given` that only shape what is recorded (--db, --node-id, a power
+    meter's): refused, before any model loads, as `bench.check_combinations` refuses every other option a run
+    would silently ignore; a user who gave --db meant to record, and got nothing. SPECFINOPS_DB_URL is no
+    option given: --no-telemetry beside it records nothing, as asked."""
+    if no_telemetry and given:
+        one = len(given) == 1
+        raise UsageError(f"{', '.join(given)} {'shapes' if one else 'shape'} what is recorded, and --no-telemetry "
+                         f"records nothing: drop {'it' if one else 'them'}, or drop --no-telemetry to record")
+
+
 def _exists(path) -> bool:
     try:
         return path.exists()

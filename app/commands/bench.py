@@ -14,6 +14,7 @@ from app.commands._common import (
     add_command,
     add_db_option,
     check_power_options,
+    check_recording_options,
     check_writable,
     context_len,
     lost_records,
@@ -99,7 +100,10 @@ def register(sub) -> None:
     add_db_option(p)
     p.add_argument("--node-id", type=node_id, default=None,
                    help="node id recorded with the runs, up to 128 characters (default: hostname)")
-    p.add_argument("--no-telemetry", action="store_true", help="do not record anything in the store")
+    p.add_argument("--no-telemetry", action="store_true",
+                   help="do not record anything in the store (refused beside --db, --node-id, --power "
+                        "nvml|rapl|estimate or --tdp-w, which only shape the record; --spec-max-batch auto still "
+                        "reads --db)")
     p.add_argument("--spec-max-batch", default=None, metavar="N|auto",
                    help="speculate only while at most N sequences run together (AR above); 'auto' = below the "
                         "crossover of the latest recorded sweep for this target and drafter")
@@ -206,6 +210,17 @@ def check_combinations(args: argparse.Namespace) -> None:
         raise UsageError("--vllm-args applies to --backend vllm; the torch engine (the default --backend) takes none")
 
 
+def recording_options_given(args: argparse.Namespace) -> list[str]:
+    """The options given that only shape what the bench records (`check_recording_options`): --db (unless
+    --spec-max-batch auto reads its sweep there), --node-id, a power meter (--power nvml, rapl or estimate, and
+    --tdp-w: without a recorder no meter is opened); --power none says what --no-telemetry does."""
+    given = [flag for flag, on in (("--db", args.db is not None and args.spec_max_batch != "auto"),
+                                   ("--node-id", args.node_id is not None),
+                                   ("--power", args.power not in ("auto", "none")),
+                                   ("--tdp-w", args.tdp_w is not None)) if on]
+    return [f"--power {args.power}" if flag == "--power" else flag for flag in given]
+
+
 def early_exit_layers(given: int | None, target: str | None, drafter: str) -> int:
     """--early-exit-layers, checked against the target before it loads; by default 8 (DEFAULT_EARLY_EXIT_LAYERS),
     or half the layers of a target that has no more than that (an early exit must stop before the last layer)."""
@@ -248,6 +263,7 @@ def _handle(args: argparse.Namespace) -> int:
         check_writable(args.json, "--json")
     check_combinations(args)
     check_power_options(args.power, args.tdp_w)
+    check_recording_options(args.no_telemetry, recording_options_given(args))
     try:
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 max_new_tokens=args.max_new_tokens, seed=args.seed)

@@ -7,7 +7,7 @@ import json
 import statistics
 import sys
 
-from app.commands._common import DTYPE_HELP, add_command, add_db_option, model_option
+from app.commands._common import DTYPE_HELP, add_command, add_db_option, check_recording_options, model_option
 from app.commands.bench import WORKLOAD_ALL, WORKLOAD_EPILOG, WORKLOAD_HELP
 
 # the largest K calibrate measures or bounds: far past where any draft's bound peaks (a larger --k-max only spins)
@@ -56,7 +56,8 @@ def register(sub) -> None:
     add_db_option(p)
     p.add_argument("--no-telemetry", action="store_true",
                    help="do not record anything in the store (by default, as bench, the AR and spec runs are "
-                        "recorded as one invocation: `specfinops invocations`, `cost` and the dashboard show it)")
+                        "recorded as one invocation: `specfinops invocations`, `cost` and the dashboard show it); "
+                        "refused beside --db")
 
 
 def _interleaved(loaded, prompts, encoded, params, done=lambda: None, turn=None):
@@ -111,6 +112,7 @@ def _handle(args: argparse.Namespace) -> int:
     from serving.worker import EngineSpec, default_drafter
     from serving.workloads import canonical_workload, load_workload
 
+    check_recording_options(args.no_telemetry, ["--db"] if args.db is not None else [])
     if not 0 < args.threshold <= 1:
         raise ValueError(f"--threshold must be in (0, 1], got {args.threshold}")
     if args.k < 1 or args.k_max < 1:

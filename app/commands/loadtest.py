@@ -9,6 +9,7 @@ import uuid
 from app.commands._common import (
     add_command,
     add_db_option,
+    check_recording_options,
     check_writable,
     lost_records,
     open_db_option,
@@ -45,7 +46,8 @@ def register(sub) -> None:
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     add_db_option(p)
     p.add_argument("--node-id", default=None, type=node_id, help="node id recorded with the runs (default: hostname)")
-    p.add_argument("--no-telemetry", action="store_true", help="print only; record nothing")
+    p.add_argument("--no-telemetry", action="store_true",
+                   help="print only; record nothing (refused beside --db or --node-id, which only shape the record)")
     p.add_argument("--json", metavar="PATH", default=None,
                    help="write the per-level summary as JSON to PATH; '-': to stdout (the table then goes to stderr)")
 
@@ -110,6 +112,8 @@ def _handle(args: argparse.Namespace) -> int:
     from serving.loadtest import LoadSpec, format_table, run_loadtest, summarize
     from serving.workloads import load_workload
 
+    check_recording_options(args.no_telemetry, [flag for flag, value in (("--db", args.db), ("--node-id", args.node_id))
+                                                if value is not None])
     modes = ("ar", "spec") if args.mode == "both" else (args.mode,)
     spec = LoadSpec(url=args.url, levels=tuple(parse_concurrency(args.concurrency)), duration_s=args.duration,
                     modes=modes, max_tokens=args.max_tokens, temperature=args.temperature, api_key=args.api_key,

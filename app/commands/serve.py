@@ -12,6 +12,7 @@ from app.commands._common import (
     add_db_option,
     bindable_port,
     check_power_options,
+    check_recording_options,
     context_len,
     model_option,
     open_db_option,
@@ -61,7 +62,9 @@ def register(sub) -> None:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     add_db_option(p)
     p.add_argument("--node-id", default=None, type=node_id, help="node id recorded with the runs (default: hostname)")
-    p.add_argument("--no-telemetry", action="store_true", help="do not record anything in the store")
+    p.add_argument("--no-telemetry", action="store_true",
+                   help="do not record anything in the store (refused beside --db or --node-id, which only shape "
+                        "the record; --power still feeds /metrics)")
     p.add_argument("--power", default="auto", help="auto | nvml | rapl | estimate | none")
     p.add_argument("--tdp-w", type=float, default=None, help="TDP in watts for --power estimate")
     p.add_argument("--max-waiting", type=int, default=1024, help="queued requests before 503 (overloaded)")
@@ -115,6 +118,9 @@ def handle(args: argparse.Namespace) -> int:
     from serving.server_setup import ServeOptions, serve
     from serving.worker import EngineSpec, default_drafter, say_thread_cap
 
+    # the meter still feeds /metrics without a store: only the store's options go unused
+    check_recording_options(args.no_telemetry, [flag for flag, value in (("--db", args.db), ("--node-id", args.node_id))
+                                                if value is not None])
     check_power_options(args.power, args.tdp_w)
     args.dtype = resolve_dtype(args.dtype, max_batch=args.max_batch)
     model_option("--target", args.target, "target")  # a path that is no model directory: named, before any load
