@@ -102,3 +102,25 @@ def test_no_telemetry_beside_the_environments_store_or_an_option_it_uses_goes_on
     assert main([*argv, "--no-telemetry"]) == 2
     line = _error(capsys)
     assert then in line and "--no-telemetry" not in line, line
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["bench", "--k", "1000"], "--k must be at most 64, got 1000: a K beyond any draft's reach only spins"),
+    (["bench", "--k", "auto:65"], "--k must be at most 64, got auto:65: a K beyond any draft's reach only spins"),
+    (["bench", "--backend", "vllm", "--k", "100"], "--k must be at most 64, got 100"),
+    (["serve", "--k", "1000"], "--k must be at most 64, got 1000: a K beyond any draft's reach only spins"),
+    (["serve", "--k", "abc"], "--k: unknown k policy 'abc'"),
+    (["serve", "--k", "100", "--max-len", "50"], "--k 100: at most --max-len (50) draft tokens"),
+    (["calibrate", "--k", "1000"],
+     "--k and --k-max must be at most 64, got 1000 and 8: a K beyond any draft's reach only spins"),
+])
+def test_a_lookahead_beyond_any_drafts_reach_is_refused_before_a_model_loads(argv, said, no_model, capsys):
+    """bench --k 1000 was capped at --max-len only and loaded the model; calibrate's cap is shared."""
+    assert main([*argv, "--no-telemetry"]) == 2
+    line = _error(capsys)
+    assert said in line, line
+
+
+def test_the_largest_lookahead_goes_on(no_model, capsys):
+    assert main(["bench", "--k", "64", "--limit", "0", "--no-telemetry"]) == 2
+    assert "--limit must be >= 1" in _error(capsys)

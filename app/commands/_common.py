@@ -229,6 +229,20 @@ def check_power_options(power: str, tdp_w: float | None) -> None:
                          f"can be read); --power {power} does not use it: drop --tdp-w or change --power")
 
 
+# the largest lookahead K a command drafts, measures or bounds (bench, serve, calibrate): far past where any
+# draft's speedup bound peaks, so a larger one only spins (calibrate --k-max 1e8 spun for minutes; bench --k 1000
+# loaded the model to draft 1000 tokens a step)
+MAX_K = 64
+
+
+def check_max_k(flags: str, got: str, *ks: int) -> None:
+    """The lookahead options `flags` (as the error names them, e.g. '--k and --k-max'), given as `got`, whose
+    numbers `ks` must each be at most MAX_K: refused before any model loads."""
+    if any(k > MAX_K for k in ks):
+        raise UsageError(f"{flags} must be at most {MAX_K}, got {got}: a K beyond any draft's reach only spins "
+                         "(a draft's speedup bound peaks far below it)")
+
+
 def check_recording_options(no_telemetry: bool, given: list[str]) -> None:
     """With --no-telemetry, the options `given` that only shape what is recorded (--db, --node-id, a power
     meter's): refused, before any model loads, as `bench.check_combinations` refuses every other option a run

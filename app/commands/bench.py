@@ -11,8 +11,10 @@ import uuid
 
 from app.commands._common import (
     DTYPE_HELP,
+    MAX_K,
     add_command,
     add_db_option,
+    check_max_k,
     check_power_options,
     check_recording_options,
     check_writable,
@@ -61,9 +63,9 @@ def register(sub) -> None:
     p.add_argument("--vllm-args", metavar="JSON", default=None,
                    help="extra vllm.LLM(...) keywords for --backend vllm, e.g. '{\"gpu_memory_utilization\": 0.8}'")
     p.add_argument("--drafter", default=None, help="draft | draft+ngram (prompt lookup where the context matches, the draft elsewhere) | early-exit | ngram (default: draft+ngram with the bundled target or a --draft-model, measured fastest; ngram with any other target)")
-    p.add_argument("--k", default=None, help="lookahead: an integer K >= 0 (0 = no drafting), or heuristic | "
-                   f"entropy | cost | auto (default: {DEFAULT_K}; on --backend vllm, which runs a fixed K: "
-                   f"{VLLM_DEFAULT_K})")
+    p.add_argument("--k", default=None, help=f"lookahead: an integer K in 0..{MAX_K} (0 = no drafting), or "
+                   f"heuristic | entropy | cost | auto (default: {DEFAULT_K}; on --backend vllm, which runs a fixed "
+                   f"K: {VLLM_DEFAULT_K})")
     p.add_argument("--tree", default=None, metavar="NODES[:DEPTH[:WIDTH[:MIN_PROB]]]",
                    help="draft a token tree instead of one chain (EAGLE-2 style; feature draft or prompt lookup): "
                         "up to NODES nodes verified in one target forward, DEPTH levels (the lookahead; replaces --k), "
@@ -162,7 +164,8 @@ def check_sampling_options(args: argparse.Namespace) -> None:
 
 def check_k(k: str | None, max_len: int) -> None:
     """--k: a policy `parse_policy` takes, whose number (K, or a policy's K_max) fits the context window: more
-    draft tokens than --max-len can never be verified (and `fixed:<30 digits>` overflowed runs.k_policy)."""
+    draft tokens than --max-len can never be verified (and `fixed:<30 digits>` overflowed runs.k_policy); and at
+    most MAX_K, as calibrate's (bench and serve)."""
     from serving.lookahead import parse_policy
 
     if k is None:
@@ -174,6 +177,8 @@ def check_k(k: str | None, max_len: int) -> None:
     number = str(k).strip().rpartition(":")[2]
     if number.isdigit() and int(number) > max_len:
         raise UsageError(f"--k {k}: at most --max-len ({max_len}) draft tokens can be verified at once")
+    if number.isdigit():  # as calibrate's --k and --k-max: more only spins, after the model has loaded
+        check_max_k("--k", k, int(number))
 
 
 MODEL_FREE_DRAFTERS = ("ngram", "early-exit")  # drafters that read no draft model

@@ -7,11 +7,16 @@ import json
 import statistics
 import sys
 
-from app.commands._common import DTYPE_HELP, add_command, add_db_option, check_recording_options, model_option
+from app.commands._common import (
+    DTYPE_HELP,
+    MAX_K,
+    add_command,
+    add_db_option,
+    check_max_k,
+    check_recording_options,
+    model_option,
+)
 from app.commands.bench import WORKLOAD_ALL, WORKLOAD_EPILOG, WORKLOAD_HELP
-
-# the largest K calibrate measures or bounds: far past where any draft's bound peaks (a larger --k-max only spins)
-MAX_K = 64
 
 EXAMPLES = """  specfinops calibrate                                   # bundled pair (draft+ngram), all builtin domains
   specfinops calibrate --workload code --limit 8 --json
@@ -117,8 +122,7 @@ def _handle(args: argparse.Namespace) -> int:
         raise ValueError(f"--threshold must be in (0, 1], got {args.threshold}")
     if args.k < 1 or args.k_max < 1:
         raise ValueError(f"--k and --k-max must be >= 1, got {args.k} and {args.k_max}")
-    if args.k > MAX_K or args.k_max > MAX_K:  # a K beyond any draft's reach (--k-max 1e8 spun for minutes)
-        raise ValueError(f"--k and --k-max must be at most {MAX_K}, got {args.k} and {args.k_max}")
+    check_max_k("--k and --k-max", f"{args.k} and {args.k_max}", args.k, args.k_max)
     params = _sampling(args)
     args.workload = canonical_workload(args.workload)  # 'all' is recorded as 'mixed', as bench records it
     prompts = load_workload(args.workload)

@@ -8,6 +8,7 @@ import sys
 
 from app.commands._common import (
     DTYPE_HELP,
+    MAX_K,
     add_command,
     add_db_option,
     bindable_port,
@@ -40,8 +41,8 @@ def register(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port")
     p.add_argument("--drafter", default=None, help="draft | draft+ngram | early-exit | ngram (default: draft+ngram with the bundled target, ngram with any other)")
-    p.add_argument("--k", default=DEFAULT_K, help="lookahead: an integer K >= 0 (0 = no drafting), or heuristic | "
-                   f"entropy | cost | auto (default: {DEFAULT_K})")
+    p.add_argument("--k", default=DEFAULT_K, help=f"lookahead: an integer K in 0..{MAX_K} (0 = no drafting), or "
+                   f"heuristic | entropy | cost | auto (default: {DEFAULT_K})")
     p.add_argument("--tree", default=None, metavar="NODES[:DEPTH[:WIDTH[:MIN_PROB]]]",
                    help="draft token trees instead of one chain (see `specfinops bench --help`), e.g. 16:6:4:0.25")
     p.add_argument("--dtype", default="auto", help=DTYPE_HELP)
@@ -113,7 +114,7 @@ def _names(value: str) -> list[str]:
 def handle(args: argparse.Namespace) -> int:
     import logging
 
-    from app.commands.bench import drafter_for, early_exit_layers
+    from app.commands.bench import check_k, drafter_for, early_exit_layers
     from serving.kernels import resolve_dtype
     from serving.server_setup import ServeOptions, serve
     from serving.worker import EngineSpec, default_drafter, say_thread_cap
@@ -122,6 +123,7 @@ def handle(args: argparse.Namespace) -> int:
     check_recording_options(args.no_telemetry, [flag for flag, value in (("--db", args.db), ("--node-id", args.node_id))
                                                 if value is not None])
     check_power_options(args.power, args.tdp_w)
+    check_k(args.k, args.max_len)  # as bench: a K no draft reaches, or past the window, before the model loads
     args.dtype = resolve_dtype(args.dtype, max_batch=args.max_batch)
     model_option("--target", args.target, "target")  # a path that is no model directory: named, before any load
     model_option("--draft-model", args.draft_model, "draft")
