@@ -192,3 +192,24 @@ def test_every_readme_command_parses(line):
         build_parser().parse_args(argv)
     except SystemExit as e:
         raise AssertionError(f"README: {line!r} does not parse") from e
+
+
+@pytest.mark.parametrize(("name", "parser"), COMMANDS, ids=[n for n, _ in COMMANDS])
+def test_every_command_has_a_description(name, parser):
+    """`models list --help` and `models path --help` printed a usage line and the options, nothing of what the
+    command does."""
+    assert parser.description and parser.description.strip(), f"{name}: no description line in its --help"
+
+
+@pytest.mark.parametrize(("command", "option", "says"), [
+    ("bench", "--limit", "default: all prompts"),
+    ("bench", "--domain", "default: all domains"),
+    ("bench", "--tdp-w", "--power auto's fallback where neither NVML nor RAPL can be read"),
+    ("serve", "--tdp-w", "--power auto's fallback where neither NVML nor RAPL can be read"),
+])
+def test_an_option_whose_default_is_everything_says_so(command, option, says):
+    """What --limit and --domain do when not given (every prompt, every domain), and where --tdp-w is used:
+    telemetry.power.detect_power_source falls back to the estimate under 'auto' where no meter opens."""
+    parser = dict(COMMANDS)[f"specfinops {command}"]
+    (action,) = [a for a in parser._actions if option in a.option_strings]
+    assert says in _help_of(parser, action)

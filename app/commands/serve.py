@@ -67,7 +67,8 @@ def register(sub) -> None:
                    help="do not record anything in the store (refused beside --db or --node-id, which only shape "
                         "the record; --power still feeds /metrics)")
     p.add_argument("--power", default="auto", help="auto | nvml | rapl | estimate | none")
-    p.add_argument("--tdp-w", type=float, default=None, help="TDP in watts for --power estimate")
+    p.add_argument("--tdp-w", type=float, default=None, help="TDP in watts for --power estimate, and --power "
+                   "auto's fallback where neither NVML nor RAPL can be read (labelled estimate)")
     p.add_argument("--max-waiting", type=int, default=1024, help="queued requests before 503 (overloaded)")
     p.add_argument("--graceful-s", type=float, default=30.0,
                    help="on SIGTERM, seconds in-flight requests get to finish before they are cancelled")
