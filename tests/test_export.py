@@ -558,3 +558,26 @@ def test_rows_to_a_stdout_that_cannot_hold_them_fail_instead_of_being_escaped(sq
                           env={**os.environ, "PYTHONPATH": str(root), "PYTHONIOENCODING": "ascii"})
     assert proc.returncode != 0 and b"\\u0153" not in proc.stdout, proc.stdout[-300:]
     assert b"can't encode character" in proc.stderr
+
+
+@pytest.mark.parametrize("what", ["requests", "tokens"])
+def test_an_export_of_an_empty_store_says_so_and_exits_0(empty_store, tmp_path, what, capsys):
+    """It wrote a header-only CSV with no word, where cost, project and report say 'the store has no runs'.
+    Exit 0 (docs/export.md): an empty day of a scheduled export is no failure."""
+    out = tmp_path / "e.csv"
+    assert main(["export", "--db", empty_store, "--what", what, "--out", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 1  # the header
+    err = capsys.readouterr().err
+    assert f"export: no {what} rows in the store: the store has no runs; run `specfinops bench" in err, err
+    assert "the CSV holds the header row alone" in err
+
+
+def test_an_export_of_rows_no_run_recorded_says_so(sqlite_url, capsys):
+    with Session(engine := open_store(sqlite_url)) as s:
+        make_run(s, "ar", requests=[Req(output_tokens=5, ttft_ms=10, e2e_ms=50)])  # no step or token rows
+        s.commit()
+    engine.dispose()
+    assert main(["export", "--db", sqlite_url, "--what", "tokens", "--out", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1
+    assert "export: no tokens rows in the store: its runs recorded none; the CSV holds the header row alone" in err

@@ -288,4 +288,21 @@ def run(args) -> int:
     elif n == 0 and window.selects_runs():
         print(f"export: no {args.what} rows match the selection (`specfinops cost --json` lists the runs with "
               "their workload, mode and sampling)", file=sys.stderr)
+    elif n == 0:  # no selection: the store holds none at all (exit 0 all the same: docs/export.md)
+        print(f"export: no {args.what} rows in the store: {_none_recorded(engine)}; the CSV holds the header row "
+              "alone", file=sys.stderr)
     return 0
+
+
+def _none_recorded(engine) -> str:
+    """Why an export of every row wrote none: the store has no runs (and how to record some, as `cost` says it),
+    or its runs recorded none of these rows."""
+    from sqlalchemy import func, select
+
+    from telemetry.costing import no_runs_reason
+    from telemetry.db import Run
+
+    with engine.connect() as c:
+        if c.execute(select(func.count(Run.id))).scalar():
+            return "its runs recorded none"
+    return no_runs_reason(engine)
