@@ -133,7 +133,8 @@ def test_stdout_export(sqlite_url, capsys):
         (["--what", "bogus"], "--what must be one of"),
         (["--what", "requests", "--since", "yesterday"], "--since must be an ISO date"),
         (["--what", "requests", "--since", "2026-02-01", "--until", "2026-01-01"], "must be before --until"),
-        (["--what", "requests", "--out", "/nonexistent-dir/x.csv"], "cannot write --out"),
+        # a folder no one can make (a missing one is made: test_export_makes_the_folders_of_out...)
+        (["--what", "requests", "--out", "/dev/null/x.csv"], "--out /dev/null/x.csv: cannot make its directory"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(empty_store, capsys, args, needle):
@@ -581,3 +582,31 @@ def test_an_export_of_rows_no_run_recorded_says_so(sqlite_url, capsys):
     out, err = capsys.readouterr()
     assert len(out.splitlines()) == 1
     assert "export: no tokens rows in the store: its runs recorded none; the CSV holds the header row alone" in err
+
+
+def test_export_makes_the_folders_of_out_and_removes_them_if_it_fails(sqlite_url, tmp_path, monkeypatch, capsys):
+    """`--out missing/dir/e.csv` failed 'No such file or directory', where report --out and bench --json make
+    their folders. A failed export leaves none of the folders it made."""
+    import telemetry.export
+
+    _fill(sqlite_url, ["code"])
+    real = telemetry.export.export_rows
+
+    def failing(engine, what, window):
+        header, rows = real(engine, what, window)
+
+        def some_then_fail():
+            yield next(iter(rows))
+            raise OSError("the database went away")
+
+        return header, some_then_fail()
+
+    monkeypatch.setattr(telemetry.export, "export_rows", failing)
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(tmp_path / "new/dir/e.csv")]) != 0
+    assert "the database went away" in capsys.readouterr().err and _files(tmp_path) == []
+    monkeypatch.setattr(telemetry.export, "export_rows", real)
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(tmp_path / "new/dir/e.csv")]) == 0
+    assert len(_read(tmp_path / "new/dir/e.csv")) == 2
+    (tmp_path / "a_file").write_text("")
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(tmp_path / "a_file/e.csv")]) == 2
+    assert f"--out {tmp_path / 'a_file/e.csv'}: cannot make its directory: " in capsys.readouterr().err

@@ -23,6 +23,7 @@ from app.commands._common import (
     invocation_filter,
     max_new_tokens_filter,
     number_option,
+    removing_made_folders,
     run_id,
     sigterm_as_ctrl_c,
     top_k_filter,
@@ -53,7 +54,8 @@ def register(sub) -> None:
     add_db_option(p)
     p.add_argument("--what", required=True, metavar="|".join(EXPORT_KINDS),
                    help="which table to export (its columns: docs/export.md)")
-    p.add_argument("--out", required=True, metavar="FILE", help="output CSV file, '-' for stdout")
+    p.add_argument("--out", required=True, metavar="FILE",
+                   help="output CSV file (its folders are made), '-' for stdout")
     p.add_argument("--since", metavar="ISO", help="only rows at or after this time (UTC unless an offset is given)")
     p.add_argument("--until", metavar="ISO", help="only rows before this time")
     p.add_argument("--run", type=run_id, metavar="ID", help="only this run")
@@ -272,9 +274,16 @@ def run(args) -> int:
             if args.out == "-":
                 header, rows = export_rows(engine, args.what, window)
                 n = write_csv(sys.stdout, header, rows, progress=_progress)
-            else:
-                n = _write_file(args.out,
-                                lambda out: write_csv(out, *export_rows(engine, args.what, window), progress=_progress))
+            else:  # its folders made, as report --out and bench --json make theirs; removed again if it fails
+                folder = os.path.dirname(os.path.abspath(args.out))
+                with removing_made_folders(folder):
+                    try:
+                        os.makedirs(folder, exist_ok=True)
+                    except OSError as exc:
+                        raise UsageError(f"--out {args.out}: cannot make its directory: {exc.strerror or exc}"
+                                         ) from None
+                    n = _write_file(args.out, lambda out: write_csv(out, *export_rows(engine, args.what, window),
+                                                                    progress=_progress))
         except BrokenPipeError:
             raise  # `| head`: the CLI's own quiet exit
         except OSError as exc:  # the disk full, the device gone: written part-way (a file is left as it was)
