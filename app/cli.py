@@ -120,7 +120,7 @@ def _main(argv: list[str] | None) -> int:
                 return int(args.handler(args) or 0)
         return int(args.handler(args) or 0)
     except (UsageError, ValueError, FileNotFoundError) as exc:
-        print(f"specfinops {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{_prog(args)}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -136,8 +136,16 @@ def _main(argv: list[str] | None) -> int:
         if args.verbose and not _is_our_own_error(exc):
             logging.getLogger(__name__).debug("what failed underneath:", exc_info=exc)
         said = describe_failure(exc, _store_file(args), args.command)
-        print(f"specfinops {args.command}: error: {said}", file=sys.stderr)
+        print(f"{_prog(args)}: error: {said}", file=sys.stderr)
         return 2 if expected else 1
+
+
+def _prog(args: argparse.Namespace) -> str:
+    """The command as its errors name it: as argparse names it in its own ('specfinops models verify', 'specfinops
+    db upgrade'), where 'specfinops models' named a refused `models verify /nonexistent` and 'specfinops models
+    verify' the checksums it found wrong."""
+    parser = getattr(args, "command_parser", None)
+    return parser.prog if parser is not None else f"specfinops {args.command}"
 
 
 def _store_file(args: argparse.Namespace):

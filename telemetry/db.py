@@ -367,6 +367,22 @@ def resolve_db_url(url: str | None = None) -> str:
     return url
 
 
+def shown_db_url(url) -> str:
+    """A server's URL (a str or a SQLAlchemy URL) as the user writes it, its password masked: postgresql://...,
+    not the postgresql+psycopg:// driver `resolve_db_url` names for SQLAlchemy (which no user gave)."""
+    u = make_url(url) if isinstance(url, str) else url
+    if u.drivername == "postgresql+psycopg":
+        u = u.set(drivername="postgresql")
+    return u.render_as_string(hide_password=True)
+
+
+def masked_password_note(url) -> str:
+    """' (*** is its password)' after a suggested command whose --db is a URL shown with its password masked
+    (`shown_db_url`), which does not run as written; '' for one without a password."""
+    u = make_url(url) if isinstance(url, str) else url
+    return " (*** is its password)" if u.password else ""
+
+
 # SQLite's URI parameters: the driver takes them only with uri=true (sqlite:///file:/path.db?mode=ro&uri=true)
 SQLITE_URI_ARGS = frozenset({"mode", "cache", "immutable", "nolock", "psow", "vfs"})
 SQLITE_BUSY_TIMEOUT_MS = 5000

@@ -197,7 +197,7 @@ def check_price(
     if not (name.isascii() and name.isprintable()):
         raise ValueError(f"name must be printable ASCII (letters, digits, spaces, - _ . and the like), got {name!r}")
     if kind is not None and kind not in KIND_UNITS:
-        raise ValueError(f"kind must be one of {sorted(KIND_UNITS)}, got {kind!r}")
+        raise ValueError(f"kind must be one of {', '.join(KIND_UNITS)}, got {kind!r}")
     for used in (ELECTRICITY, PUE):  # energy is priced at these two entries only: another of their kind is never read
         if kind == used and name.strip().lower() != used:
             raise ValueError(f"a price of kind {used} named {name.strip()!r} would never be used: energy is priced "

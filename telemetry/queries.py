@@ -82,7 +82,12 @@ def empty_store_hint(engine: Engine | None = None) -> str:
     """EMPTY_STORE_HINT for the store `engine` reads: the bench records into it, so the command names it with
     `--db STORE` where a bench without --db would record elsewhere (a store other than $SPECFINOPS_DB_URL, else
     var/specfinops.db), its password masked, as the dashboard's empty-store page and `no store at PATH` do."""
-    return f"run `{bench_command(engine)}` to measure spec and AR runs"
+    command = bench_command(engine)
+    if engine is None or _db_option(engine.url) is None:
+        return f"run `{command}` to measure spec and AR runs"
+    from telemetry.db import masked_password_note
+
+    return f"run `{command}`{masked_password_note(engine.url)} to measure spec and AR runs"
 
 
 def bench_command(engine: Engine | None = None, workload: str = "code", *, always_db: bool = False) -> str:
@@ -117,7 +122,9 @@ def _db_option(url, always: bool = False) -> str | None:
         return shlex.quote(url.database if not url.query else url.render_as_string(hide_password=True))
     if not always and url.render_as_string(hide_password=False) == default.render_as_string(hide_password=False):
         return None
-    return shlex.quote(url.render_as_string(hide_password=True))
+    from telemetry.db import shown_db_url
+
+    return shlex.quote(shown_db_url(url))  # as the user writes it, its password masked
 
 
 # The builtin workload of every domain has two names (serving.workloads.MIXED_NAMES): runs record 'mixed' now,

@@ -36,7 +36,7 @@ from telemetry import costing, finops, queries
 from telemetry.labels import go_text, short_device, short_model, short_workload
 from telemetry.queries import Filters
 
-PERIODS = ("daily", "weekly", "custom", "monthly")
+PERIODS = ("daily", "weekly", "monthly", "custom")  # as report --period's help lists them
 SCHEDULED_PERIODS = ("daily", "weekly", "monthly")
 PERIOD_LENGTH = {"daily": timedelta(days=1), "weekly": timedelta(days=7)}  # a month has none: add_months
 MONTH_NAMES = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",

@@ -39,6 +39,7 @@ from telemetry.db import (
     quiet_expression_index_warnings,
     remove_new_store,
     resolve_db_url,
+    shown_db_url,
     sqlite_file,
     store_full_error,
 )
@@ -217,7 +218,8 @@ class NotAStoreError(NoStoreError):
         none = ("it has no specfinops tables (only an empty version table, as `specfinops db downgrade base` "
                 "leaves)" if emptied else "it has no tables")  # fmt: skip
         others = foreign_tables_text(other_tables) if other_tables else none
-        db = "URL" if server else shown  # a server's URL is named once, its password masked
+        # a server's URL as the user writes it, its password masked (`shown_db_url`): said so where it has one
+        db = shown + (" (*** is its password)" if server and ":***@" in shown else "")
         if stamped is not None:  # its version table is the other application's: no store can go beside it
             then = (f", and its {VERSION_TABLE} table (at revision {stamped!r}) is another Alembic-managed "
                     "application's. Check --db / SPECFINOPS_DB_URL: a store needs a database of its own")
@@ -238,7 +240,7 @@ def shown_url(url: str) -> str:
     SQLAlchemy cannot parse shows as "(the configured store)", nothing of it (it may hold a password)."""
     try:
         path = sqlite_file(url)
-        return str(path) if path is not None else make_url(url).render_as_string(hide_password=True)
+        return str(path) if path is not None else shown_db_url(url)
     except Exception:  # noqa: BLE001 - any parse error: show nothing of it
         return "(the configured store)"
 

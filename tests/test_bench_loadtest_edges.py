@@ -320,9 +320,10 @@ def test_a_second_ctrl_c_during_a_load_tests_stopping_still_prints_and_records(s
 
 
 @pytest.mark.parametrize("extra,said", [
-    (["--top-p", "2"], "--top-p: top_p must be in (0, 1]"),
-    (["--temperature", "nan"], "--temperature: temperature must be a finite number"),
-    (["--max-new-tokens", "0"], "--max-new-tokens: max_new_tokens must be an integer >= 1"),
+    (["--top-p", "2"], "error: --top-p must be in (0, 1]"),  # once: not "--top-p: top_p must be"
+    (["--temperature", "nan"], "error: --temperature must be a finite number"),
+    (["--max-new-tokens", "0"], "error: --max-new-tokens must be an integer >= 1, got 0"),
+    (["--top-k", "-1"], "error: --top-k must be an integer >= 0, got -1"),
     (["--k", "abc"], "--k: unknown k policy 'abc'"),
 ])
 def test_sampling_and_k_errors_name_the_option(extra, said, target, no_model, capsys):

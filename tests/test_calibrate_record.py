@@ -119,7 +119,7 @@ def test_at_a_temperature_alpha_is_measured_and_the_verdict_says_at_which(pair, 
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["--temperature", "-0.5"], "--temperature: temperature must be >= 0, got -0.5"),
+    (["--temperature", "-0.5"], "error: --temperature must be >= 0, got -0.5"),
     (["--seed", str(2**64)], "--seed must be within"),
 ])
 def test_bad_sampling_options_get_one_line_and_no_store(argv, says, pair, workload, tmp_path, capsys):

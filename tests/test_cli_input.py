@@ -124,3 +124,55 @@ def test_a_lookahead_beyond_any_drafts_reach_is_refused_before_a_model_loads(arg
 def test_the_largest_lookahead_goes_on(no_model, capsys):
     assert main(["bench", "--k", "64", "--limit", "0", "--no-telemetry"]) == 2
     assert "--limit must be >= 1" in _error(capsys)
+
+
+# ---- wording: one form for one thing ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [["prices", "set", "newthing", "5", "--source", "x", "--kind", "bogus"],
+                                  ["prices", "list", "--kind", "bogus"]])
+def test_prices_names_a_bad_kind_alike_under_its_option(argv, empty_store, capsys):
+    """`prices set` said "kind must be one of ['electricity', 'gpu', 'node', 'pue']" (a Python list, the option
+    not named), `prices list` "--kind must be one of gpu, node, electricity, pue"."""
+    assert main([*argv, "--db", empty_store]) == 2
+    assert _error(capsys) == ("specfinops prices: error: --kind must be one of gpu, node, electricity, pue, got "
+                              "'bogus'")
+
+
+@pytest.mark.parametrize("what", ["/nonexistent", "/tmp"])
+def test_models_verify_names_itself_alike_in_every_error(what, capsys):
+    """A refused name said 'specfinops models: error:', a folder without checksums 'specfinops models verify:'."""
+    assert main(["models", "verify", what]) == 2
+    assert _error(capsys).startswith(f"specfinops models verify: error: {what}: ")
+
+
+def test_report_lists_its_periods_in_the_order_its_help_does(capsys):
+    from telemetry.report import PERIODS
+
+    (action,) = [a for a in dict(_subparsers())["report"]._actions if "--period" in a.option_strings]
+    assert action.metavar == "|".join(PERIODS)
+    assert main(["report", "--period", "yearly", "--out", "r"]) == 2
+    assert "--period must be one of daily, weekly, monthly, custom, got 'yearly'" in _error(capsys)
+
+
+def _subparsers():
+    import argparse
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices.items()
+
+
+def test_a_servers_url_is_shown_as_the_user_writes_it_its_password_masked():
+    """Hints showed the driver's postgresql+psycopg:// (which no user typed) and `db upgrade --db URL`."""
+    from telemetry.db import masked_password_note, resolve_db_url, shown_db_url
+    from telemetry.store import NotAStoreError
+
+    url = resolve_db_url("postgresql://ops:s3cret@db.example:5432/finops")
+    assert shown_db_url(url) == "postgresql://ops:***@db.example:5432/finops"
+    assert masked_password_note(url) == " (*** is its password)"
+    assert masked_password_note(resolve_db_url("postgresql://ops@db.example/finops")) == ""
+    said = str(NotAStoreError(shown_db_url(url), ["customers"], server=True))
+    assert "no store in postgresql://ops:***@db.example:5432/finops" in said
+    assert "specfinops db upgrade --db postgresql://ops:***@db.example:5432/finops (*** is its password)" in said
+    said = str(NotAStoreError("postgresql://ops@db.example/finops", [], server=True))
+    assert "specfinops db upgrade --db postgresql://ops@db.example/finops, or" in said and "***" not in said

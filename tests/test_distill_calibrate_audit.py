@@ -241,7 +241,8 @@ def test_calibrate_names_its_max_new_tokens_option(value, capsys):
     from app.cli import main
 
     assert main(["calibrate", "--max-new-tokens", value]) == 2
-    assert _one_error_line(capsys) == f"specfinops calibrate: error: --max-new-tokens must be >= 1, got {value}"
+    said = _one_error_line(capsys)
+    assert said == f"specfinops calibrate: error: --max-new-tokens must be an integer >= 1, got {value}", said
 
 
 # ------------------------------------------------------------------ the model card

@@ -103,7 +103,7 @@ def test_monthly_periods_are_calendar_months():
         ({"period": "monthly", "since": datetime(2026, 10, 15)}, "--since of --period monthly must be the first"),
         ({"period": "monthly", "until": datetime(2026, 11, 1, 0, 30)}, "--until of --period monthly must be"),
         ({"period": "monthly", "since": datetime(2026, 10, 1), "until": datetime(2026, 11, 1)}, "not both"),
-        ({"period": "hourly"}, "--period must be one of daily, weekly, custom"),
+        ({"period": "hourly"}, "--period must be one of daily, weekly, monthly, custom"),
         ({"period": "custom", "since": D0}, "--period custom needs both --since and --until"),
         ({"period": "custom", "since": D0, "until": D0}, "must be before --until"),
         ({"period": "daily", "since": D0, "until": D0 + DAY}, "not both"),
@@ -318,7 +318,7 @@ def test_empty_store_is_exit_2_with_the_fill_command(empty_store, tmp_path, caps
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        (["--period", "yearly"], "--period must be one of daily, weekly, custom, monthly"),
+        (["--period", "yearly"], "--period must be one of daily, weekly, monthly, custom"),
         (["--period", "monthly", "--since", "2026-10-15"],
          "--since of --period monthly must be the first of a month at 00:00 UTC (e.g. --since 2026-10-01), got "
          "2026-10-15 00:00:00 UTC"),

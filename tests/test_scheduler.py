@@ -980,7 +980,8 @@ def test_the_missed_periods_command_masks_the_password_and_keeps_every_digit():
     lost = [SimpleNamespace(period="daily", since=datetime(2026, 12, 2, tzinfo=UTC), span_text=lambda: "Dec 2")]
     text = _unreported_text(lost, {"db_url": "postgresql+psycopg://ops:hunter2@db:5432/specfinops",
                                    "out_dir": "/reports", "daily_tokens": 123456789.0, "temperature": 0.123456789})
-    assert "hunter2" not in text and "postgresql+psycopg://ops:***@db:5432/specfinops" in text, text
+    assert "hunter2" not in text and "postgresql://ops:***@db:5432/specfinops" in text, text  # as the user writes it
+    assert "` (*** is its password) writes it" in text, text
     assert "--daily-tokens 123456789.0" in text and "--temperature 0.123456789" in text, text
     priced = _unreported_text(lost, {"db_url": "/s.db", "out_dir": "/reports", "gpu": "H100", "gpus_per_node": 8})
     assert "--gpu H100 --gpus-per-node 8` writes it" in priced, priced  # the report at the job's own prices

@@ -109,15 +109,19 @@ def test_db_check_of_a_database_behind_head_names_the_upgrade_on_both_stores(db_
 
 @pytest.mark.postgres
 def test_db_check_suggests_an_upgrade_that_runs_and_never_prints_a_password(pg_url, capsys):
-    """The masked form of a URL with a password ('postgres:***@') is no --db that runs: the command says URL."""
+    """The URL as the user writes it (postgresql://, not postgresql+psycopg://), its password masked, and said so
+    (the masked form is no --db that runs as written)."""
     secret = pg_url.replace("://postgres@", "://postgres:s3cret@", 1)  # trust auth takes any password
     assert secret != pg_url
     make_engine(secret).connect().close()
     assert cli_main(["db", "check", "--db", secret]) == 2
     err = capsys.readouterr().err
-    assert "`specfinops db upgrade --db URL`" in err and "s3cret" not in err and "***" in err, err
+    shown = secret.replace("postgresql+psycopg://", "postgresql://").replace(":s3cret@", ":***@")
+    assert f"`specfinops db upgrade --db {shown}` (*** is its password)" in err and "s3cret" not in err, err
+    assert "psycopg" not in err, err
     assert cli_main(["db", "check", "--db", pg_url]) == 2  # no password: the URL itself, ready to paste
-    assert f"`specfinops db upgrade --db {pg_url}`" in capsys.readouterr().err
+    plain = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    assert f"`specfinops db upgrade --db {plain}` brings" in capsys.readouterr().err
 
 
 def test_db_downgrade_of_a_database_without_schema_says_so(db_url, capsys):
@@ -137,7 +141,8 @@ def test_db_upgrade_backwards_suggests_a_downgrade_that_runs(pg_url, capsys):
     capsys.readouterr()
     assert cli_main(["db", "upgrade", "0001", "--db", secret]) == 2
     err = capsys.readouterr().err
-    assert "`specfinops db downgrade 0001 --db URL`" in err and "s3cret" not in err, err
+    shown = secret.replace("postgresql+psycopg://", "postgresql://").replace(":s3cret@", ":***@")
+    assert f"`specfinops db downgrade 0001 --db {shown}` (*** is its password)" in err and "s3cret" not in err, err
 
 
 def test_db_command_errors_are_one_line(empty_store, capsys):
@@ -263,8 +268,9 @@ def test_read_only_commands_refuse_another_apps_database_in_one_line(pg_url, tmp
     assert cli_main([argv[0], "--db", url, *argv[1:]]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert "no store in postgresql+psycopg://postgres:***@127.0.0.1" in err and "s3cr3t" not in err
-    assert "its table customers is not specfinops's" in err and "specfinops db upgrade --db URL" in err
+    assert "no store in postgresql://postgres:***@127.0.0.1" in err and "s3cr3t" not in err and "psycopg" not in err
+    assert "its table customers is not specfinops's" in err
+    assert "specfinops db upgrade --db postgresql://postgres:***@127.0.0.1" in err and "(*** is its password)" in err
     assert _tables(pg_url) == {"customers"} and not (tmp_path / "reports").exists()
 
 

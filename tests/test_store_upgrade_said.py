@@ -38,7 +38,7 @@ def test_the_upgrade_line_masks_a_password(pg_url, capsys):
     capsys.readouterr()
     assert main(["invocations", "--db", url]) == 0
     err = capsys.readouterr().err
-    assert "upgraded the store postgresql+psycopg://postgres:***@" in err and "s3cr3t" not in err
+    assert "upgraded the store postgresql://postgres:***@" in err and "s3cr3t" not in err
 
 
 def test_a_new_store_given_its_schema_is_not_said_to_be_upgraded(tmp_path, capsys):

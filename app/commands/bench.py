@@ -146,6 +146,20 @@ def parse_concurrency(text: str) -> list[int]:
     return levels
 
 
+def sampling_params(args: argparse.Namespace, **cutoffs):
+    """SamplingParams of --temperature, --max-new-tokens and --seed (and `cutoffs`: bench's --top-k, --top-p),
+    its refusal said under the option's name: "--top-p must be in (0, 1], got 2.0", where "top_p must be ..."
+    named the engine's field (and "--top-p: top_p must be ..." both)."""
+    from serving.sampling import SamplingParams
+
+    try:
+        return SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                              **cutoffs)
+    except ValueError as exc:
+        field, _, rest = str(exc).partition(" ")
+        raise UsageError(f"--{field.replace('_', '-')} {rest}") from None
+
+
 def check_sampling_options(args: argparse.Namespace) -> None:
     """What the engine or the store would refuse only after the model loaded, without naming the option: a seed
     torch cannot take (failed at the first sampled token), a --top-k or --max-new-tokens past the 32-bit
@@ -261,7 +275,6 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    from serving.sampling import SamplingParams
     from serving.workloads import load_workload
 
     # validate everything cheap before loading a model
@@ -270,12 +283,7 @@ def _handle(args: argparse.Namespace) -> int:
     check_combinations(args)
     check_power_options(args.power, args.tdp_w)
     check_recording_options(args.no_telemetry, recording_options_given(args))
-    try:
-        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                max_new_tokens=args.max_new_tokens, seed=args.seed)
-    except ValueError as exc:  # "top_p must be in (0, 1], got 2.0": said under the option's name
-        name = str(exc).split(" ", 1)[0]
-        raise UsageError(f"--{name.replace('_', '-')}: {exc}") from None
+    params = sampling_params(args, top_k=args.top_k, top_p=args.top_p)
     check_sampling_options(args)
     check_k(args.k, args.max_len)
     if args.limit is not None and args.limit < 1:

@@ -99,17 +99,11 @@ def handle(args: argparse.Namespace) -> int:
 def _sampling(args: argparse.Namespace):
     """--temperature, --seed and --max-new-tokens as bench checks them (`check_sampling_options`), before any
     model loads: said under the option's name, and within what the store's columns hold (the runs are recorded)."""
-    from app.commands.bench import check_sampling_options
-    from app.errors import UsageError
-    from serving.sampling import SamplingParams
+    from app.commands.bench import check_sampling_options, sampling_params
 
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    params = sampling_params(args)  # "--temperature must be >= 0, got -1.0", as bench says it
     check_sampling_options(args)
-    try:
-        return SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
-    except ValueError as exc:  # "temperature must be >= 0, got -1.0": said under the option's name
-        raise UsageError(f"--{str(exc).split(' ', 1)[0].replace('_', '-')}: {exc}") from None
+    return params
 
 
 def _handle(args: argparse.Namespace) -> int:

@@ -671,14 +671,14 @@ def run_prices_command(args) -> int:
 
     if args.action not in ("list", "set"):
         raise UsageError(f"action must be 'list' or 'set', got {args.action!r}")
+    if args.kind is not None and args.kind not in KIND_UNITS:  # said alike by list and set, under the option
+        raise UsageError(f"--kind must be one of {', '.join(KIND_UNITS)}, got {args.kind!r}")
     if args.action == "list":
         extra = [x for x in (args.name, args.value) if x is not None]
         if extra:
             raise UsageError(f"`prices list` takes no NAME or VALUE, got {' '.join(extra)!r} (to edit: prices set)")
         if args.source is not None or args.as_of is not None:
             raise UsageError("--source and --as-of apply to `prices set`, not `prices list`")
-        if args.kind is not None and args.kind not in KIND_UNITS:
-            raise UsageError(f"--kind must be one of {', '.join(KIND_UNITS)}, got {args.kind!r}")
         try:
             entries = list_prices(open_store(args.db, must_exist=True))
         except NoStoreError as e:  # listing creates no store: show what a new one starts with

@@ -194,7 +194,8 @@ def _refuse_behind_head(args: argparse.Namespace, action: str) -> None:
              else f"has the tables but no Alembic version ({VERSION_TABLE})" if tables else "has no schema yet")
     does = ("stamps it, where its tables match the models, and brings it up to date" if not rev and tables
             else "brings it up to date")
-    raise UsageError(f"{action} on {_safe_url(url)}: the database {where}; `{upgrade}` {does}")
+    note = "" if args.db is None else _password_note(url, path)
+    raise UsageError(f"{action} on {_safe_url(url)}: the database {where}; `{upgrade}`{note} {does}")
 
 
 def _refuse_upgrade_backwards(args: argparse.Namespace) -> None:
@@ -215,8 +216,9 @@ def _refuse_upgrade_backwards(args: argparse.Namespace) -> None:
         return
     if args.revision == "base":  # Alembic upgrades to base by doing nothing, exit 0
         where = "" if args.db is None else f" --db {path or _runnable_url(url)}"
+        note = "" if args.db is None else _password_note(url, path)
         raise UsageError(f"upgrade on {_safe_url(url)}: the database is at revision {rev}, past base; "
-                         f"`specfinops db downgrade base{where}` drops every table")
+                         f"`specfinops db downgrade base{where}`{note} drops every table")
     script = ScriptDirectory.from_config(alembic_config(url))
     try:
         target = script.get_revision(args.revision)
@@ -226,8 +228,9 @@ def _refuse_upgrade_backwards(args: argparse.Namespace) -> None:
         return
     if target.revision in {r.revision for r in script.iterate_revisions(rev, "base")}:
         where = "" if args.db is None else f" --db {path or _runnable_url(url)}"
+        note = "" if args.db is None else _password_note(url, path)
         raise UsageError(f"upgrade on {_safe_url(url)}: the database is at revision {rev}, already past "
-                         f"{target.revision}; `specfinops db downgrade {target.revision}{where}` goes back to it")
+                         f"{target.revision}; `specfinops db downgrade {target.revision}{where}`{note} goes back to it")
 
 
 def _check_revision(args: argparse.Namespace, action: str) -> None:
@@ -426,14 +429,21 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _safe_url(url: str) -> str:
-    from sqlalchemy.engine import make_url
+    """A server's URL as the user writes it (postgresql://, not the driver's postgresql+psycopg://), its password
+    masked."""
+    from telemetry.db import shown_db_url
 
-    return make_url(url).render_as_string(hide_password=True)
+    return shown_db_url(url)
 
 
 def _runnable_url(url: str) -> str:
-    """A server URL as a suggested command's --db: as given where it has no password; 'URL' where it has one,
-    whose masked form ('postgres:***@') would not run as written, and which is never printed."""
-    from sqlalchemy.engine import make_url
+    """A server URL as a suggested command's --db: as the user writes it, its password masked (never printed),
+    which `_password_note` says after the command."""
+    return _safe_url(url)
 
-    return "URL" if make_url(url).password else _safe_url(url)
+
+def _password_note(url: str, path) -> str:
+    """' (*** is its password)' after a suggested command whose --db is a server's URL with a password."""
+    from telemetry.db import masked_password_note
+
+    return "" if path is not None else masked_password_note(url)

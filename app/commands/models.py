@@ -111,7 +111,7 @@ def _verify_dirs(args) -> list[Path]:
         elif Path(m).expanduser().is_dir():
             dirs.append(Path(m).expanduser())
         else:
-            raise UsageError(f"models verify {m}: not a directory and not a known model ({BUNDLED_NAMES})")
+            raise UsageError(f"{m}: not a directory and not a known model ({BUNDLED_NAMES})")
     return dirs
 
 

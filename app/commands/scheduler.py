@@ -127,12 +127,12 @@ def _unreported_text(lost: list, kwargs: dict) -> str:
     if not lost:
         return ""
     first = lost[0]
-    from sqlalchemy.engine import make_url
+    from telemetry.db import masked_password_note, shown_db_url
 
     try:  # the command goes to the log: the store's password masked, as the dashboard shows a URL
-        db = make_url(kwargs.get("db_url")).render_as_string(hide_password=True)
+        db, note = shown_db_url(kwargs.get("db_url")), masked_password_note(kwargs.get("db_url"))
     except Exception:  # noqa: BLE001 - a plain file path, not a URL
-        db = kwargs.get("db_url")
+        db, note = kwargs.get("db_url"), ""
     argv = ["specfinops", "report", "--db", db, "--period", first.period, "--since",
             f"{first.since:%Y-%m-%dT%H:%M}", "--out", kwargs.get("out_dir")]
     for flag, key in (("--sla-ms", "sla_ms"), ("--history", "history"), ("--daily-tokens", "daily_tokens"),
@@ -149,7 +149,7 @@ def _unreported_text(lost: list, kwargs: dict) -> str:
     else:
         what = (f"the period {first.span_text()}" if len(lost) == 1
                 else f"{len(lost)} periods from {first.since:%a %Y-%m-%d %H:%M} UTC")
-    return (f"; no run reports {what}: `{shlex.join(str(a) for a in argv)}` writes "
+    return (f"; no run reports {what}: `{shlex.join(str(a) for a in argv)}`{note} writes "
             + ("it" if len(lost) == 1 else "the first (the others: --since of each)"))
 
 

@@ -304,11 +304,11 @@ def prepare() -> None:
 
 
 def shown_url(url: str) -> str:
-    """The store URL as the page may show it: a password masked."""
-    from sqlalchemy.engine import make_url
+    """The store URL as the page may show it: as the user writes it (postgresql://), a password masked."""
+    from telemetry.db import shown_db_url
 
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        return shown_db_url(url)
     except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses: show nothing of it
         return "(the configured store)"
 
