@@ -576,9 +576,10 @@ def remove_unused_store(created: list[Path]) -> None:
     """Undo new_store_paths for a store that a recording command (bench, calibrate) made and then recorded nothing
     in: refused, failed or stopped (Ctrl-C, SIGTERM) before its first run, while the models loaded or warmed up.
     Removed as remove_new_store removes a store that could not be made, its schema and all; a store that holds a
-    run by now (this command's, 'cancelled' where it was stopped, or another process's) stays, and so does one that
-    cannot be read to tell."""
-    if created and not _holds_runs(created[-1]):
+    row by now stays: a run (this command's, 'cancelled' where it was stopped, or another process's), or what
+    another process wrote there meanwhile (a `prices set --db` price, serve's keys, a report), as does one that
+    cannot be read to tell. A new store holds no row but its alembic_version (no migration inserts one)."""
+    if created and not _holds_rows(created[-1]):
         _remove(created)
 
 
@@ -611,14 +612,20 @@ def _holds_tables(path: Path) -> bool:
         return False
 
 
-def _holds_runs(path: Path) -> bool:
-    """Whether the SQLite store at `path` holds a run (read only; not there: no; unreadable, or no runs table to
-    read: yes, it is not to be removed on a guess)."""
+def _holds_rows(path: Path) -> bool:
+    """Whether the SQLite store at `path` holds a row in a table other than alembic_version (and SQLite's own) --
+    read only; not there: no; unreadable, or no runs table to read (not a specfinops store, or its schema not made
+    yet): yes, it is not to be removed on a guess."""
     if not path.is_file():
         return False
     try:
         with closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)) as conn:  # ? or # in a name
-            return conn.execute("select exists (select 1 from runs)").fetchone()[0] == 1
+            tables = [name for (name,) in conn.execute("select name from sqlite_master where type = 'table'")]
+            if "runs" not in tables:
+                return True
+            data = [name.replace('"', '""') for name in tables
+                    if name != "alembic_version" and not name.startswith("sqlite_")]  # sqlite_sequence: SQLite's
+            return any(conn.execute(f'select exists (select 1 from "{name}")').fetchone()[0] == 1 for name in data)
     except sqlite3.Error:
         return True
 

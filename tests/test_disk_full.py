@@ -144,3 +144,38 @@ def test_a_store_whose_path_holds_uri_characters_is_kept_when_it_holds_tables(tm
         conn.execute("CREATE TABLE runs (id INTEGER)")
     remove_new_store([folder, store])
     assert store.exists() and folder.exists()
+
+
+def test_a_new_store_another_process_wrote_into_is_kept_though_it_holds_no_run(tmp_path):
+    """bench stopped before its first run removed the store it made where it held no run, though another process
+    had written there meanwhile (here a `prices set --db` price): the file and the price were gone."""
+    from telemetry.db import new_store_paths, remove_unused_store, resolve_db_url, sqlite_file
+    from telemetry.prices import get_price, set_price
+    from telemetry.store import open_store
+
+    db = f"sqlite:///{tmp_path / 'new' / 'store.db'}"
+    made = new_store_paths(sqlite_file(resolve_db_url(db)))
+    open_store(db).dispose()
+    engine = open_store(db, must_exist=True)
+    try:
+        set_price(engine, "H100", 9.9, source="quote", kind="gpu")
+    finally:
+        engine.dispose()
+    remove_unused_store(made)
+    engine = open_store(db, must_exist=True)
+    try:
+        assert get_price(engine, "H100").value == 9.9
+    finally:
+        engine.dispose()
+
+
+def test_a_new_store_that_holds_only_its_schema_is_removed_with_its_folder(tmp_path):
+    """What a new store holds (no migration inserts a row) does not count as another process's rows."""
+    from telemetry.db import new_store_paths, remove_unused_store, resolve_db_url, sqlite_file
+    from telemetry.store import open_store
+
+    db = f"sqlite:///{tmp_path / 'new' / 'store.db'}"
+    made = new_store_paths(sqlite_file(resolve_db_url(db)))
+    open_store(db).dispose()
+    remove_unused_store(made)
+    assert not (tmp_path / "new").exists()

@@ -343,7 +343,8 @@ def store_opened_for(db: str | None, no_telemetry: bool):
     any model loads), and a SQLite file this creates (with the folders made for it) removed again where the block
     raises before a run was recorded in it: a command refused, failed or stopped (Ctrl-C, SIGTERM) while its models
     loaded or warmed up (bench, calibrate: the block holds the whole measurement) leaves no store behind. Once it
-    holds a run, it stays (the run stopped 'cancelled', or 'failed')."""
+    holds a run, it stays (the run stopped 'cancelled', or 'failed'), as it does where another process wrote a row
+    there meanwhile (remove_unused_store)."""
     made = []
     if not no_telemetry:
         from telemetry.db import new_store_paths, resolve_db_url, sqlite_file
