@@ -104,14 +104,20 @@ def bench_command(engine: Engine | None = None, workload: str = "code", *, alway
 
 def _db_option(url, always: bool = False) -> str | None:
     """--db's value naming the store at `url` (a SQLite file by its path); None where it is the default store
-    (unless `always`) or no store a bench could record into (an in-memory SQLite database)."""
+    (unless `always`) or no store a bench could record into (an in-memory SQLite database). A SPECFINOPS_DB_URL
+    that names no store leaves the default unknown, so --db is said: the command read `url` through --db, which
+    beats the variable, and is not to fail on it."""
     import shlex
 
     from sqlalchemy.engine import make_url
 
     from telemetry.db import resolve_db_url
 
-    default = make_url(resolve_db_url(None))
+    try:
+        default = make_url(resolve_db_url(None))
+    except ValueError:
+        default = None
+    always = always or default is None
     if url.get_backend_name() == "sqlite":
         if not url.database or url.database == ":memory:":
             return None

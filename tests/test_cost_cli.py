@@ -907,3 +907,12 @@ def test_a_run_without_a_span_reads_its_energy_na_not_unmeasured(sqlite_url, cap
     assert main(["cost", "--db", sqlite_url]) == 0
     row = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("1 ")]
     assert row and "n/a (wall unknown)" in row[0] and "not measured" not in row[0], row
+
+
+def test_project_with_db_ignores_a_malformed_database_variable(filled, monkeypatch, capsys):
+    """--db beats SPECFINOPS_DB_URL: a malformed variable failed `project --db X` all the same ("SPECFINOPS_DB_URL:
+    the port must be ..."), read while the projection's bench hint was written; that hint now names --db X."""
+    monkeypatch.setenv("SPECFINOPS_DB_URL", "postgresql://h:abc/x")
+    assert main(_project(filled, "--node-hourly-usd", "2.5")) == 0
+    out = capsys.readouterr()
+    assert "SPECFINOPS_DB_URL" not in out.err, out.err
