@@ -323,6 +323,8 @@ def test_a_downgrade_to_base_of_a_store_with_records_needs_yes(db_url, capsys):
      "the characters past 64 of software_version in 1 run"),
     ("0011", "UPDATE requests SET prompt_tokens = NULL", "the unknown (NULL) prompt and speculation counts of 3 "
      "requests, written as 0"),
+    ("0003", "UPDATE runs SET temperature = NULL, top_k = NULL, seed = NULL, max_new_tokens = NULL",
+     "the unknown (NULL) temperature, top_p of 2 runs, written as their requests' highest, else as greedy (0.0, 1.0)"),
 ])
 def test_a_downgrade_that_drops_recorded_columns_needs_yes(db_url, rev, change, said, capsys):
     """A downgrade to an intermediate revision that drops columns holding values (or rewrites values) is refused

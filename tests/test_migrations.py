@@ -264,7 +264,8 @@ def test_0012_request_counts_may_be_unknown(db_url):
 def test_each_downgrade_declares_the_tables_and_columns_it_drops(db_url):
     """`specfinops db downgrade` counts what a downgrade destroys from each revision's DOWNGRADE_DROPS (and refuses
     without --yes where there is any): checked here against what each revision's downgrade really drops, one
-    revision at a time from head to base, so a new revision cannot leave it out or get it wrong."""
+    revision at a time from head to base, so a new revision cannot leave it out or get it wrong. A column it makes
+    NOT NULL again or narrower (its NULL or longer values rewritten: 0004, 0009, 0012) is declared under values."""
     from alembic.script import ScriptDirectory
 
     cfg = alembic_config(db_url)
@@ -275,12 +276,17 @@ def test_each_downgrade_declares_the_tables_and_columns_it_drops(db_url):
         insp = inspect(engine)
         return {t: {c["name"] for c in insp.get_columns(t)} for t in insp.get_table_names() if t != "alembic_version"}
 
+    def shapes() -> dict[tuple[str, str], tuple[bool, int | None]]:  # (table, column): (nullable, its length)
+        insp = inspect(engine)
+        return {(t, c["name"]): (c["nullable"], getattr(c["type"], "length", None))
+                for t in insp.get_table_names() for c in insp.get_columns(t)}
+
     try:
         script = ScriptDirectory.from_config(cfg)
         for step in script.walk_revisions("base", "heads"):  # head first
             assert hasattr(step.module, "DOWNGRADE_DROPS"), f"revision {step.revision} declares no DOWNGRADE_DROPS"
             drops = step.module.DOWNGRADE_DROPS
-            before = schema()
+            before, shaped = schema(), shapes()
             with engine.connect() as conn:  # the values it rewrites: their conditions run on the schema it leaves
                 for table, values in drops.get("values", {}).items():
                     for what, where in values:
@@ -288,6 +294,16 @@ def test_each_downgrade_declares_the_tables_and_columns_it_drops(db_url):
                         conn.execute(text(f"SELECT COUNT(*) FROM {table} WHERE {where}"))
             command.downgrade(cfg, step.down_revision or "base")
             after = schema()
+            # a column made NOT NULL again, or narrower, had its NULL or longer values rewritten: declared as values
+            # (the condition that finds them naming the column)
+            for (table, column), (nullable, length) in shapes().items():
+                if (table, column) not in shaped:
+                    continue
+                was_nullable, was_length = shaped[(table, column)]
+                if (was_nullable and not nullable) or (was_length and length and length < was_length):
+                    wheres = [where for _, where in drops.get("values", {}).get(table, ())]
+                    assert any(column in where for where in wheres), \
+                        f"revision {step.revision} rewrites {table}.{column} but declares no values for it"
             assert set(drops.get("tables", ())) == set(before) - set(after), step.revision
             dropped_columns = {t: before[t] - after[t] for t in after if before[t] - after[t]}
             assert {t: set(c) for t, c in drops.get("columns", {}).items()} == dropped_columns, step.revision

@@ -27,7 +27,12 @@ depends_on: str | Sequence[str] | None = None
 
 # What this revision's downgrade destroys of recorded data: `specfinops db downgrade` counts it and refuses
 # without --yes where there is any (tests/test_migrations.py checks the tables and columns against what it drops)
-DOWNGRADE_DROPS: dict = {"columns": {"requests": ("temperature", "top_p")}}
+# values: (what is lost, {rows} the rows it is lost of; the SQL condition that finds them)
+DOWNGRADE_DROPS: dict = {
+    "columns": {"requests": ("temperature", "top_p")},
+    "values": {"runs": (("the unknown (NULL) temperature, top_p of {rows}, written as their requests' highest, "
+                         "else as greedy (0.0, 1.0)", "temperature IS NULL OR top_p IS NULL"),)},
+}
 
 
 def _no_cascade() -> None:
