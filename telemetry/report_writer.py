@@ -37,7 +37,7 @@ from pathlib import Path
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from telemetry.db import DeviceFullError, Report, Run, retry_while_locked
@@ -148,11 +148,13 @@ def _claim(engine: Engine, window: Window, job_id: str | None, out: Path) -> int
 
 
 def _drop_claim(engine: Engine, report_id: int) -> None:
-    def write() -> None:  # one transaction, waited for while another process holds the store locked
+    """Delete the claim of a report that failed or was stopped: one try (SQLite's busy timeout), not waited for
+    while another process holds the store locked, its error left unsaid. The report's own error (or Ctrl-C) is
+    the one to say, at once; a claim left "generating" is released later (release_stale_claims, the scheduler's
+    recover_reports)."""
+    with contextlib.suppress(DBAPIError):
         with engine.begin() as c:
             c.execute(delete(Report).where(Report.id == report_id))
-
-    retry_while_locked(engine, write)
 
 
 def _delete_generating(engine: Engine, report_id: int) -> bool:

@@ -233,6 +233,36 @@ def test_a_report_record_filled_in_while_another_process_holds_the_lock_waits_fo
     assert result.html_path.is_file() and not (result.csv_dir / report_writer.CLAIM_MARKER).exists()
 
 
+@pytest.mark.parametrize("stop", [ValueError("the report failed"), KeyboardInterrupt()])
+def test_a_report_stopped_while_another_process_holds_the_lock_says_its_own_error_at_once(traffic, tmp_path,
+                                                                                       monkeypatch, stop):
+    """A report that fails (or is stopped, Ctrl-C) while another process holds the store locked: its cleanup
+    tries once to drop the claim, and the report's own error is raised. The cleanup waited for the lock like a
+    write (SQLITE_LOCK_WAIT_S) and then raised a StoreLockedError of its own in place of the report's error;
+    the claim is left "generating", for release_stale_claims."""
+    from telemetry import report_writer
+    from telemetry.report import period_window
+
+    monkeypatch.setattr(db, "SQLITE_LOCK_WAIT_S", 1.0)
+    _, engine, path = traffic
+    holder = sqlite3.connect(path, isolation_level=None)
+
+    def lock_then_fail(*args, **kwargs):
+        holder.execute("BEGIN IMMEDIATE")
+        raise stop
+
+    monkeypatch.setattr(report_writer, "render_html", lock_then_fail)
+    out = tmp_path / "reports"
+    try:
+        with pytest.raises(type(stop)) as raised:
+            report_writer.write_report(engine, period_window("daily", since=D0), out)
+    finally:
+        holder.close()
+    assert raised.value is stop
+    [(_, status, _, _)] = _report_rows(engine)
+    assert status == report_writer.GENERATING and list(out.iterdir()) == []
+
+
 def test_a_killed_reports_claim_is_released_once_the_lock_is(traffic, tmp_path):
     from telemetry.report_writer import STALE_AFTER_S, release_stale_claims
 
