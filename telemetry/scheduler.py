@@ -29,7 +29,8 @@
   "partially delivered" is not retried (the channel that succeeded would get it twice).
 - Every write to the store (the job table and its jobs: LockWaitingJobStore; report records, delivery leases and
   outcomes) waits while another process holds a SQLite store's write lock (telemetry.db.retry_while_locked), then
-  fails with StoreLockedError, having written nothing: a run says so in one ERROR line, the command in one line.
+  fails with StoreLockedError, having written nothing: a run says so in one ERROR line, the command in one line
+  (as it starts); the scheduler's loop, storing a job's next run time, in one ERROR line, and it keeps running.
 - One scheduler runs every job in its job table, so on start `specfinops scheduler` removes the persisted jobs
   other than the one on its command line (unless --keep-other-jobs); `--list` shows them. Each job's name
   carries its id ("specfinops daily report report-daily"), so the log lines say which job ran.
@@ -70,7 +71,7 @@ from apscheduler.triggers.combining import OrTrigger
 from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy.engine import Engine
 
-from telemetry.db import JOBS_TABLE, retry_while_locked
+from telemetry.db import JOBS_TABLE, StoreLockedError, retry_while_locked
 from telemetry.report import (
     DEFAULT_HISTORY,
     DEFAULT_SLA_MS,
@@ -328,9 +329,38 @@ def create_jobs_table(store: SQLAlchemyJobStore) -> None:
     retry_while_locked(store.engine, write)
 
 
+class _KeepsRunningWhileLocked:
+    """A scheduler whose loop outlives a store kept locked past the wait of its job store's writes: APScheduler
+    stores a job's next run time (update_job) after submitting a run, or removes a finished job (remove_job), with
+    no try around them, so a StoreLockedError ended the loop (`specfinops scheduler` exited; a background
+    scheduler's thread died). Said in one ERROR line instead, and looked at again after jobstore_retry_interval:
+    the job table still holds the run time just submitted, so the job is due again; a run of it still going is
+    skipped (max_instances), one that ended runs again and finds its period already reported (its claim) or
+    reports it now (the lock kept the first one out too), within misfire_grace_time. Everything else that fails
+    in the loop ends it as before; a StoreLockedError of the writes made as it starts ends `start` (the command
+    says so in one line)."""
+
+    def _process_jobs(self):
+        try:
+            return super()._process_jobs()
+        except StoreLockedError as exc:
+            logger.error("scheduler: the job table was not updated: %s; looked at again in %s s", exc,
+                         self.jobstore_retry_interval)
+            return self.jobstore_retry_interval
+
+
+class _BlockingScheduler(_KeepsRunningWhileLocked, BlockingScheduler):
+    pass
+
+
+class _BackgroundScheduler(_KeepsRunningWhileLocked, BackgroundScheduler):
+    pass
+
+
 def make_scheduler(engine: Engine, *, blocking: bool = False) -> BaseScheduler:
-    """A scheduler whose jobs persist in `engine`'s database; UTC; coalescing, one instance at a time."""
-    cls = BlockingScheduler if blocking else BackgroundScheduler
+    """A scheduler whose jobs persist in `engine`'s database; UTC; coalescing, one instance at a time; its loop
+    kept going while the store stays locked (_KeepsRunningWhileLocked)."""
+    cls = _BlockingScheduler if blocking else _BackgroundScheduler
     return cls(
         jobstores={"default": LockWaitingJobStore(engine=engine, tablename=JOBS_TABLE)},
         executors={"default": ThreadPoolExecutor(max_workers=2)},

@@ -374,6 +374,50 @@ def test_the_scheduler_job_table_and_its_jobs_wait_for_the_lock(traffic, tmp_pat
     assert waited.is_set() and _count(url, f"SELECT count(*) FROM {JOBS_TABLE}") == 0
 
 
+def test_a_scheduler_whose_next_run_time_the_lock_keeps_out_says_so_and_keeps_running(traffic, tmp_path,
+                                                                                        monkeypatch):
+    """A run submitted while another process holds the store locked past the wait: APScheduler's loop stores the
+    job's next run time with no try around it, so the StoreLockedError ended the loop (the scheduler's thread
+    died; `specfinops scheduler` exited). It says so in one ERROR line, and stores it once the lock is gone."""
+    from test_scheduler import wait_for
+
+    from telemetry.scheduler import JOBS_TABLE, ReportJob, make_scheduler, parse_cron, schedule_report_job
+
+    monkeypatch.setattr(db, "SQLITE_LOCK_WAIT_S", 1.0)
+    died, said = threading.Event(), threading.Event()
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.set())
+
+    class Says(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("scheduler: the job table was not updated: the store "):
+                said.set()
+
+    url, engine, path = traffic
+    job = ReportJob(job_id="report-daily", db_url=url, out_dir=str(tmp_path / "reports"))
+    scheduler = make_scheduler(engine)
+    schedule_report_job(scheduler, engine, job, parse_cron("0 6 * * *"))
+    scheduler.start(paused=True)
+    log, handler = logging.getLogger("telemetry.scheduler"), Says(logging.ERROR)
+    log.addHandler(handler)
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        scheduler.modify_job("report-daily", next_run_time=datetime.now(UTC) - timedelta(minutes=1))
+        holder.execute("BEGIN IMMEDIATE")
+        scheduler.resume()
+        wait_for(lambda: said.is_set() or died.is_set(), "the loop to meet the lock")
+        holder.execute("ROLLBACK")
+        assert not died.is_set() and said.is_set()
+        scheduler.wakeup()  # not the retry interval's 10 s
+        now = datetime.now(UTC).timestamp()
+        wait_for(lambda: _count(url, f"SELECT count(*) FROM {JOBS_TABLE} WHERE next_run_time > {now}") == 1,
+                 "the next run time stored")
+    finally:
+        holder.close()
+        log.removeHandler(handler)
+        scheduler.shutdown(wait=True)
+    assert not died.is_set()
+
+
 def test_a_scheduled_run_the_lock_keeps_out_is_one_error_line(traffic, tmp_path, monkeypatch, caplog):
     from telemetry import scheduler as sched_mod
     from telemetry.scheduler import ReportJob
