@@ -559,9 +559,8 @@ def take_delivery(engine: Engine, report_id: int, *, now: datetime | None = None
     from telemetry.db import Report
     from telemetry.report_writer import PENDING, STALE_AFTER_S, age_s
 
-    now = now or datetime.now(UTC)
-
     def take() -> bool:  # one transaction, read again on each try: waited for while another process holds the lock
+        at = now or datetime.now(UTC)  # each try's own time: a lease taken after a wait for the lock is that young
         with engine.begin() as c:
             row = c.execute(select(Report.delivery_error).where(Report.id == report_id,
                                                                 Report.delivery_status == PENDING)).first()
@@ -573,11 +572,11 @@ def take_delivery(engine: Engine, report_id: int, *, now: datetime | None = None
                     since = datetime.fromisoformat(held.removeprefix(DELIVERY_LEASE))
                 except ValueError:
                     since = None
-                if since is not None and age_s(since, now) < STALE_AFTER_S:
+                if since is not None and age_s(since, at) < STALE_AFTER_S:
                     return False
             same = Report.delivery_error.is_(None) if held is None else Report.delivery_error == held
             taken = c.execute(update(Report).where(Report.id == report_id, Report.delivery_status == PENDING, same)
-                              .values(delivery_error=f"{DELIVERY_LEASE}{now.isoformat()}"))  # fmt: skip
+                              .values(delivery_error=f"{DELIVERY_LEASE}{at.isoformat()}"))  # fmt: skip
             return taken.rowcount == 1
 
     return retry_while_locked(engine, take)

@@ -305,17 +305,21 @@ def test_a_delivery_outcome_waits_for_the_lock(traffic):
     assert _report_rows(engine) == [(report_id, DELIVERED, None, "x")]
 
 
-def test_a_delivery_lease_waits_for_the_lock(traffic):
+def test_a_delivery_lease_waits_for_the_lock(traffic, caplog):
+    """The lease is dated when it is taken, after the wait: it was dated when take_delivery was called, so a long
+    wait for the lock left it that much older (taken over as stale sooner)."""
     from telemetry.report_writer import DELIVERY_LEASE
     from telemetry.scheduler import take_delivery
 
     _, engine, path = traffic
     report_id = _add_report(engine, "pending")
-    with _locked_until_a_write_waits(path) as waited:
+    with caplog.at_level(logging.WARNING, logger="telemetry.db"), _locked_until_a_write_waits(path) as waited:
         assert take_delivery(engine, report_id)
     assert waited.is_set()
     [(_, status, error, _)] = _report_rows(engine)
     assert status == "pending" and error.startswith(DELIVERY_LEASE)
+    [waiting] = [r for r in caplog.records if "locked by another process" in r.getMessage()]
+    assert datetime.fromisoformat(error.removeprefix(DELIVERY_LEASE)).timestamp() >= waiting.created
     assert not take_delivery(engine, report_id)  # taken once: its lease is young
 
 
