@@ -303,17 +303,8 @@ def cannot_create_error(url: str | None, path: Path | None, exc: BaseException) 
                errno.EROFS: "a read-only file system"}.get(probe.errno, "it takes no new files")
     place = (f"its folder {folder} is not writable" if existing == folder
              else f"its folder {folder} cannot be made: {existing} is not writable")
-    return CannotCreateStoreError(f"{_named(url, path)}: cannot create the store: {place} ({why}); give a store "
+    return CannotCreateStoreError(f"{_given(url)}: cannot create the store: {place} ({why}); give a store "
                                   "in a folder this user can write")
-
-
-def _named(url: str | None, path: Path) -> str:
-    """The SQLite store as the user gave it: `--db X` (what a command passed), SPECFINOPS_DB_URL, or the default."""
-    if url:
-        return f"--db {url}"
-    if os.environ.get(ENV_DB_URL):
-        return f"{ENV_DB_URL} {os.environ[ENV_DB_URL]}"
-    return f"the default store {path}"
 
 
 def refuse_unusable_sqlite_file(url: str | None = None) -> None:
@@ -332,10 +323,10 @@ def refuse_unusable_sqlite_file(url: str | None = None) -> None:
     if path is None:
         return
     if path.is_dir():
-        raise StoreError(f"{_named(url, path)} is a directory: give a SQLite file path or a database URL")
+        raise StoreError(f"{_given(url)} is a directory: give a SQLite file path or a database URL")
     file_on_the_way = file_in_path(path)
     if file_on_the_way is not None:  # making the store's folder failed with "File exists: ...", nothing more
-        raise StoreError(f"{_named(url, path)}: {file_on_the_way} is a file, not a directory, so the store cannot "
+        raise StoreError(f"{_given(url)}: {file_on_the_way} is a file, not a directory, so the store cannot "
                          "be in it: give a SQLite file path or a database URL")
     if not path.is_file():
         return
@@ -347,7 +338,7 @@ def refuse_unusable_sqlite_file(url: str | None = None) -> None:
         probe.execute("PRAGMA schema_version").fetchone()  # reads the header: 'file is not a database' if it is not
     except sqlite3.DatabaseError as exc:
         if "file is not a database" in str(exc):
-            raise StoreError(f"{_named(url, path)}: not a SQLite database (cannot use the database: {exc})") from None
+            raise StoreError(f"{_given(url)}: not a SQLite database (cannot use the database: {exc})") from None
     finally:
         probe.close()
 
