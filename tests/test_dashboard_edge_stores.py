@@ -429,3 +429,25 @@ def test_the_whole_time_range_sizes_capacity_as_project_does(sqlite_url, monkeyp
     shown = {m.label: m.value for m in at.metric}
     assert shown["Capacity spec (tokens/s per node)"] == throughput(whole.capacity_tokens_per_s_spec), shown
     assert shown["Nodes (speculative)"] == f"{whole.nodes_spec:,}", shown
+
+
+def test_the_dashboard_reads_the_url_it_was_started_with_and_checks_the_variable_as_commands_do(tmp_path,
+                                                                                               monkeypatch):
+    """The page reads the store from SPECFINOPS_DB_URL, set by `specfinops dashboard` to the URL it resolved: that
+    URL is read as it is. The variable was read as if it were --db, without the checks every command makes: a
+    malformed port said only "invalid literal for int()", a blank one named a SQLite file of spaces."""
+    from app.dashboard import data
+    from telemetry.db import resolve_db_url
+
+    monkeypatch.setattr(sys, "argv", [str(MAIN)])
+    for given in (str(tmp_path / "s.db"), "postgresql://u:p%40ss@db.example:5432/specfinops",
+                  f"sqlite:///file:{tmp_path / 's.db'}?mode=ro&uri=true"):
+        url = resolve_db_url(given)  # what `specfinops dashboard` passes the page
+        monkeypatch.setenv("SPECFINOPS_DB_URL", url)
+        assert data.db_url() == url
+    monkeypatch.setenv("SPECFINOPS_DB_URL", "postgresql://h:abc/x")
+    with pytest.raises(ValueError, match="^SPECFINOPS_DB_URL: the port must be a number 1-65535, got 'abc'"):
+        data.db_url()
+    monkeypatch.setenv("SPECFINOPS_DB_URL", "  ")
+    with pytest.raises(ValueError, match="^SPECFINOPS_DB_URL: must be a database URL or a SQLite file path"):
+        data.db_url()

@@ -8,7 +8,6 @@ benchmark calls directly.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import streamlit as st
@@ -20,18 +19,18 @@ from telemetry.queries import Filters
 from telemetry.store import open_store
 
 TTL_S = 60
-ENV_DB_URL = "SPECFINOPS_DB_URL"
 
 
 def db_url() -> str:
-    """The store URL: `--db URL` after `--` on the streamlit command line, else $SPECFINOPS_DB_URL, else the
-    default SQLite file (resolved by telemetry.db)."""
+    """The store URL: `--db URL` after `--` on the streamlit command line, else $SPECFINOPS_DB_URL (the URL
+    `specfinops dashboard` resolved; checked as every command checks it: a ValueError naming the variable where it
+    names no store), else the default SQLite file (resolved by telemetry.db)."""
     argv = sys.argv[1:]
     if "--db" in argv and argv.index("--db") + 1 < len(argv):
         return argv[argv.index("--db") + 1]
     from telemetry.db import resolve_db_url
 
-    return resolve_db_url(os.environ.get(ENV_DB_URL))
+    return resolve_db_url(None)
 
 
 @st.cache_resource(show_spinner=False)
