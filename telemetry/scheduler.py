@@ -3,7 +3,8 @@
 - Job store: table `apscheduler_jobs` in the same database (APScheduler creates and owns it; migrations/env.py
   keeps Alembic from touching it). The job survives restarts: on start, a persisted job with the same id and
   the same configuration is kept as stored (its next run time included, so runs missed while down follow the
-  misfire policy); a changed configuration replaces it.
+  misfire policy); a changed configuration replaces it, its next run time kept where it is past (the runs
+  missed while down follow the misfire policy too, with the new options).
 - Misfire policy: coalesce=True (a backlog of missed run times runs once), misfire_grace_time (a run later
   than this is skipped, not run), max_instances=1 (a run still going when the next is due: the next is skipped).
 - Two schedulers on one database: APScheduler 3 does not coordinate them, so both may fire a due job. The job
@@ -477,15 +478,23 @@ def _same(stored, job: ReportJob, trigger: BaseTrigger) -> bool:
     )
 
 
-def schedule_report_job(scheduler: BaseScheduler, engine: Engine, job: ReportJob, trigger: BaseTrigger) -> str:
+def schedule_report_job(scheduler: BaseScheduler, engine: Engine, job: ReportJob, trigger: BaseTrigger, *,
+                        now: datetime | None = None) -> str:
     """Before `scheduler.start()`: keep the persisted job when its configuration is unchanged ("kept"), else
-    add or replace it under the same id ("added" | "replaced")."""
+    add or replace it under the same id ("added" | "replaced").
+
+    A replaced job whose stored next run time is past (runs missed while the scheduler was stopped) keeps that
+    time, as a kept job does: its missed runs follow the misfire policy (with the new options: coalesced into one
+    run at start within --misfire-grace-s, else skipped, and said either way). Replaced from now on, the missed
+    period was never reported and nothing said so."""
     stored = _persisted(engine, job.job_id)
     if stored is not None and _same(stored, job, trigger):
         if stored.name != job_name(job):  # stored by an earlier version: renamed, its next run time kept
             stored._modify(name=job_name(job))
             _job_store(engine).update_job(stored)
         return "kept"
+    missed = stored.next_run_time if stored is not None else None
+    catch_up = {"next_run_time": missed} if missed is not None and missed <= (now or datetime.now(UTC)) else {}
     scheduler.add_job(
         JOB_FUNC,
         trigger,
@@ -496,6 +505,7 @@ def schedule_report_job(scheduler: BaseScheduler, engine: Engine, job: ReportJob
         coalesce=True,
         max_instances=1,
         misfire_grace_time=job.misfire_grace_s,
+        **catch_up,
     )
     return "added" if stored is None else "replaced"
 

@@ -1164,3 +1164,38 @@ def test_missed_monthly_runs_name_the_months_no_run_reports(store, capsys):
         assert "no run reports the month October 2026 (2026-10-01 00:00 to 2026-11-01 00:00 UTC)" in line, line
     finally:
         s.shutdown(wait=False)
+
+
+def test_a_job_replaced_on_restart_still_runs_the_run_it_missed_while_stopped(store, capsys):
+    """Restarted with an option changed (--out), the job was replaced with its next run time from now: the
+    period of the run missed while stopped was never reported, and nothing said so. It is caught up as a kept
+    job's is, with the new options."""
+    from app.commands.scheduler import _say_next_run
+
+    url, engine, out = store
+    daily = parse_cron("0 6 * * *")
+    missed_at = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+    s, _ = _started(engine, _job(url, out, misfire_grace_s=86_400), daily, paused=True)
+    s.shutdown(wait=False)
+    stored = sched_mod._persisted(engine, "report-daily")
+    stored.next_run_time = missed_at  # stopped before its run, restarted after it
+    sched_mod._job_store(engine).update_job(stored)
+    s2 = make_scheduler(engine)
+    how = schedule_report_job(s2, engine, _job(url, out / "b", misfire_grace_s=86_400), daily)
+    s2.start(paused=True)
+    try:
+        assert how == "replaced"
+        job = s2.get_job("report-daily")
+        assert job.next_run_time == missed_at and job.kwargs["out_dir"] == str(out / "b")
+        capsys.readouterr()
+        _say_next_run(s2)
+        assert "scheduler: job report-daily runs now, for" in capsys.readouterr().out
+    finally:
+        s2.shutdown(wait=False)
+    s3 = make_scheduler(engine)  # a job not due is replaced from now, as before
+    assert schedule_report_job(s3, engine, _job(url, out, misfire_grace_s=86_400), daily) == "replaced"
+    s3.start(paused=True)
+    try:
+        assert s3.get_job("report-daily").next_run_time > datetime.now(UTC)
+    finally:
+        s3.shutdown(wait=False)

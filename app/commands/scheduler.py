@@ -4,7 +4,8 @@ Runs in the foreground until interrupted (Ctrl-C, or SIGTERM, handled the same: 
 first). On start it finishes what a killed run of its job left (see telemetry/scheduler.py, recover_reports).
 Restarting with the same options continues the persisted
 job (runs missed while it was down follow the misfire policy: coalesced into one, skipped beyond the grace
-time). Two schedulers on one database never write the same report twice (see telemetry/scheduler.py).
+time); restarting with options changed replaces it, and the runs it missed follow the same policy. Two
+schedulers on one database never write the same report twice (see telemetry/scheduler.py).
 A scheduler runs every job in its store, so the store's other persisted jobs are removed on start (one line
 each) unless --keep-other-jobs; --list shows the persisted jobs and the reports whose delivery failed (each
 later run, and the start, delivers those again for telemetry.scheduler.REDELIVER_FAILED_FOR_S, a monthly job's
