@@ -26,7 +26,9 @@
 - A delivery that failed (every channel, after its attempts: "failed") is made again by the job's later runs
   (after the run's own report and delivery, skipped while that delivery fails too) and at the scheduler's
   start, while the report is younger than REDELIVER_FAILED_FOR_S (a monthly job's: REDELIVER_FAILED_MONTHLY_S);
-  the report is not written again, only its summary re-sent. `--list` shows the reports whose delivery failed.
+  the report is not written again, only its summary re-sent. `--list` shows the reports whose delivery failed,
+  and those left "generating" or "pending" with when their job takes them (`unfinished_deliveries`); a start
+  that leaves a too young one alone says so and when (`left_alone`).
   "partially delivered" is not retried (the channel that succeeded would get it twice).
 - Every write to the store (the job table and its jobs: LockWaitingJobStore; report records, delivery leases and
   outcomes) waits while another process holds a SQLite store's write lock (telemetry.db.retry_while_locked), then
@@ -46,6 +48,8 @@ Public API:
     recover_reports(engine, job) -> list[str]             # on start and each run: a killed run's leftovers
     redeliver_failed(engine, job) -> list[str]            # on start and each run: failed deliveries, again
     failed_deliveries(engine) -> list[str]                # `scheduler --list`: reports whose delivery failed
+    unfinished_deliveries(engine) -> list[str]            # `scheduler --list`: reports left generating / pending
+    left_alone(engine, job) -> list[str]                  # on start: those too young to recover yet, and when
     run_report_job(**ReportJob.kwargs()) -> int | None    # the job: report id, None when already reported or failed
 """
 
@@ -82,7 +86,7 @@ from telemetry.report import (
     period_window,
     runs_covered_text,
 )
-from telemetry.report_writer import DELIVERY_LEASE
+from telemetry.report_writer import DELIVERY_LEASE, STALE_AFTER_S
 
 logger = logging.getLogger(__name__)
 
@@ -557,6 +561,67 @@ def recover_reports(engine: Engine, job: ReportJob, *, stale_after_s: float | No
         logger.info("%s", line)
         done.append(line)
     return done
+
+
+def unfinished_reports(engine: Engine, job_id: str | None = None, *, now: datetime | None = None) -> list[tuple]:
+    """Scheduled reports (of `job_id`, else of every job) left "generating" or "pending", oldest first, each with
+    the time from which recover_reports takes it: STALE_AFTER_S after its claim, or after its delivery lease where
+    that is later (till then it may be another scheduler's, at work). A list of (Report, datetime)."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from telemetry.db import Report
+    from telemetry.report_writer import GENERATING, PENDING
+
+    owner = Report.job_id.is_not(None) if job_id is None else Report.job_id == job_id
+    with Session(engine) as s:
+        rows = list(s.scalars(select(Report).where(owner, Report.delivery_status.in_((GENERATING, PENDING)))
+                              .order_by(Report.id)))  # fmt: skip
+        s.expunge_all()
+    out = []
+    for r in rows:
+        began = r.created_at if r.created_at.tzinfo else r.created_at.replace(tzinfo=UTC)
+        held = r.delivery_error or ""
+        if r.delivery_status == PENDING and held.startswith(DELIVERY_LEASE):
+            with contextlib.suppress(ValueError):
+                lease = datetime.fromisoformat(held.removeprefix(DELIVERY_LEASE))
+                began = max(began, lease if lease.tzinfo else lease.replace(tzinfo=UTC))
+        out.append((r, began + timedelta(seconds=STALE_AFTER_S)))
+    return out
+
+
+def _unfinished_what(status: str) -> str:
+    from telemetry.report_writer import GENERATING
+
+    return "being written (its claim)" if status == GENERATING else "written, its delivery not made"
+
+
+def left_alone(engine: Engine, job: ReportJob, *, now: datetime | None = None) -> list[str]:
+    """At start, after recover_reports: one line per report of `job` left "generating" or "pending" that is too
+    young to recover yet (another scheduler may be at it), saying when the job finishes it. A second Ctrl-C
+    leaves such a record; the start right after it did nothing and said nothing."""
+    now = now or datetime.now(UTC)
+    lines = []
+    for r, ready in unfinished_reports(engine, job.job_id, now=now):
+        if ready <= now:  # recover_reports left it for another reason (and said so), or another process took it
+            continue
+        lines.append(f"report job {job.job_id}: report #{r.id} ({_label(r)}) is {_unfinished_what(r.delivery_status)}, "
+                     f"begun under {STALE_AFTER_S // 60} minutes ago: left alone (another scheduler may be at it); this "
+                     f"job's first run, or scheduler start, from {ready:%Y-%m-%d %H:%M} UTC finishes it")  # fmt: skip
+    return lines
+
+
+def unfinished_deliveries(engine: Engine, *, now: datetime | None = None) -> list[str]:
+    """`scheduler --list`: one line per scheduled report left "generating" or "pending" (a run in progress, or
+    one a stop or a kill left), with when its job finishes it."""
+    now = now or datetime.now(UTC)
+    lines = []
+    for r, ready in unfinished_reports(engine, now=now):
+        when = (f"finished by the job's first run, or scheduler start, from {ready:%Y-%m-%d %H:%M} UTC (till then "
+                "it may be a run at work)" if ready > now else "finished by the job's next run or scheduler start")
+        lines.append(f"report #{r.id} ({_label(r)}), job {r.job_id}: {r.delivery_status}, "
+                     f"{_unfinished_what(r.delivery_status)}; {when}")  # fmt: skip
+    return lines
 
 
 def take_delivery(engine: Engine, report_id: int, *, now: datetime | None = None) -> bool:

@@ -619,8 +619,20 @@ def test_a_second_ctrl_c_stops_at_once_without_a_traceback_and_a_restart_deliver
     _, err = proc.communicate()
     assert proc.returncode == 130 and "Traceback" not in err and "Exception ignored" not in err, err
     assert "stopped without waiting" in err
+    # it says when its leftovers are finished (a start right away left them alone, unsaid, and --list hid them)
+    assert "finished by this job's first run, or `specfinops scheduler` start, from " in err, err
     [row] = reports(engine)
     assert row.delivery_status == "pending"
+    capsys.readouterr()
+    assert main(["scheduler", "--db", url, "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert f"report #{row.id} (" in listed and "job report-daily: pending, written, its delivery not made; " \
+        "finished by the job's first run, or scheduler start, from " in listed, listed
+    assert main(args) == 0  # right away: too young to take (another scheduler may be at it), and said so
+    started = capsys.readouterr().out
+    assert f"report job report-daily: report #{row.id} (" in started and "left alone (another scheduler may be at " \
+        "it); this job's first run, or scheduler start, from " in started, started
+    assert reports(engine)[0].delivery_status == "pending"
     with engine.begin() as c:  # as if the restart came later than sched_mod.STALE_AFTER_S
         c.execute(text("UPDATE reports SET created_at = :t"), {"t": datetime.now(UTC) - timedelta(hours=1)})
     capsys.readouterr()

@@ -7,7 +7,9 @@ job (runs missed while it was down follow the misfire policy: coalesced into one
 time); restarting with options changed replaces it, and the runs it missed follow the same policy. Two
 schedulers on one database never write the same report twice (see telemetry/scheduler.py).
 A scheduler runs every job in its store, so the store's other persisted jobs are removed on start (one line
-each) unless --keep-other-jobs; --list shows the persisted jobs and the reports whose delivery failed (each
+each) unless --keep-other-jobs; --list shows the persisted jobs, the reports not finished (being written or
+delivered, or left so by a scheduler stopped mid-way: finished once STALE_AFTER_S old, when the start says it
+leaves a younger one alone) and the reports whose delivery failed (each
 later run, and the start, delivers those again for telemetry.scheduler.REDELIVER_FAILED_FOR_S, a monthly job's
 for REDELIVER_FAILED_MONTHLY_S).
 """
@@ -75,7 +77,8 @@ def register(sub) -> None:
     p.add_argument("--keep-other-jobs", action="store_true",
                    help="keep (and run) the store's other persisted jobs; by default they are removed on start")  # fmt: skip
     p.add_argument("--list", action="store_true",
-                   help="list the jobs persisted in the store and the reports whose delivery failed, then exit")  # fmt: skip
+                   help="list the jobs persisted in the store, the reports whose delivery failed and those not "
+                        "finished, then exit")  # fmt: skip
 
 
 def _say_next_run(scheduler, now=None) -> None:
@@ -169,13 +172,14 @@ def scheduled_workload(workload: str | None) -> str | None:
 
 
 def _list_jobs(args) -> int:
-    from telemetry.scheduler import describe_job, failed_deliveries, persisted_jobs
+    from telemetry.scheduler import describe_job, failed_deliveries, persisted_jobs, unfinished_deliveries
     from telemetry.store import open_store
 
     engine = open_store(args.db, must_exist=True)
     try:
         jobs = persisted_jobs(engine)
         failed = failed_deliveries(engine)
+        unfinished = unfinished_deliveries(engine)
     finally:
         engine.dispose()
     if not jobs:
@@ -185,6 +189,10 @@ def _list_jobs(args) -> int:
     if failed:
         print("scheduled reports whose delivery failed:")
     for line in failed:
+        print(f"  {line}")
+    if unfinished:
+        print("scheduled reports not finished (being written or delivered, or left so by a stopped scheduler):")
+    for line in unfinished:
         print(f"  {line}")
     return 0
 
@@ -240,18 +248,27 @@ def _finish_runs_in_progress(again: str = "again") -> None:
     """After Ctrl-C or SIGTERM: wait, in the main thread, for a report run in progress to finish (its report
     written, its delivery made and recorded). A second Ctrl-C stops at once: the process exits without waiting
     (a normal exit would join the run's thread again, and Python printed a traceback when that was interrupted);
-    what the run leaves, a claimed period or a pending delivery, the next start of this job finishes."""
+    what the run leaves, a claimed period or a pending delivery, this job's first run or start once it is older
+    than report_writer.STALE_AFTER_S finishes (a younger one may be another scheduler's at work: left alone)."""
+    from datetime import UTC, datetime, timedelta
+
+    from telemetry.report_writer import STALE_AFTER_S
     from telemetry.scheduler import runs_in_progress, wait_for_runs
 
     if not runs_in_progress():
         return
     print(f"scheduler: waiting for the report run in progress to finish (Ctrl-C{' ' + again if again else ''} stops "
-          "now; the next start of this job finishes what it leaves)", file=sys.stderr, flush=True)
+          f"now; what it leaves, this job's first run or start {STALE_AFTER_S // 60} minutes on finishes)",
+          file=sys.stderr, flush=True)  # fmt: skip
     try:
         wait_for_runs()
     except KeyboardInterrupt:
-        print("scheduler: stopped without waiting; the next `specfinops scheduler` of this job finishes the "
-              "report and delivery it left", file=sys.stderr, flush=True)
+        # a record this young may be another scheduler's at work: recover_reports leaves it STALE_AFTER_S
+        ready = datetime.now(UTC) + timedelta(seconds=STALE_AFTER_S)
+        print(f"scheduler: stopped without waiting; the report and delivery it left are finished by this job's first "
+              f"run, or `specfinops scheduler` start, from {ready:%Y-%m-%d %H:%M} UTC ({STALE_AFTER_S // 60} minutes "
+              "on: till then they are left to whoever may be at them); `specfinops scheduler --list` shows them",
+              file=sys.stderr, flush=True)  # fmt: skip
         logging.shutdown()
         sys.stdout.flush()
         os._exit(130)
@@ -271,6 +288,7 @@ def run(args) -> int:
         absolute_db_url,
         describe_job,
         job_runs_text,
+        left_alone,
         make_scheduler,
         parse_cron,
         recover_reports,
@@ -354,6 +372,8 @@ def run(args) -> int:
             for line in recover_reports(engine, job):  # what a killed run of this job left behind
                 print(f"scheduler: {line}", flush=True)
             for line in redeliver_failed(engine, job):  # deliveries that failed (a receiver that was down)
+                print(f"scheduler: {line}", flush=True)
+            for line in left_alone(engine, job):  # too young to recover: when they will be
                 print(f"scheduler: {line}", flush=True)
             threading.Thread(target=_watch_own_job, args=(scheduler, engine, job.job_id, stop, lost), daemon=True,
                              name="specfinops-scheduler-watch").start()
