@@ -310,8 +310,13 @@ class PeriodFigures:
         return None if m is None else getattr(m.stats, name)
 
     def _runs(self, mode: str, *, with_tokens: bool = False) -> list[queries.RunSummary]:
+        """The mode's priced runs (those its cost is over)."""
         return [rc.run for rc in self.run_costs
                 if rc.run.mode == mode and (rc.run.stats.output_tokens or not with_tokens)]
+
+    def all_runs(self, mode: str) -> list[queries.RunSummary]:
+        """Every run of the mode, priced or not (those its J/token and its other figures are over)."""
+        return self._runs(mode) + [r for r in self.unpriced_runs if r.mode == mode]
 
     def energy_source(self, mode: str) -> str | None:
         """The energy basis of the mode's total cost: NO_ENERGY where it is hardware only, else where its energy
@@ -322,10 +327,12 @@ class PeriodFigures:
         return costing.energy_source(self._runs(mode, with_tokens=True)) if included else NO_ENERGY
 
     def j_source(self, mode: str) -> str | None:
-        """Where the mode's J/token comes from (measured, estimated, partly estimated); None without one."""
+        """Where the mode's J/token comes from (measured, estimated, partly estimated); None without one. Over
+        every run of the mode, as the J/token is: over the priced runs only, a mode whose unpriced run had
+        estimated power lost its 'estimated' label."""
         if self.stat(mode, "j_per_token") is None:
             return None
-        return costing.energy_source(self._runs(mode))
+        return costing.energy_source(self.all_runs(mode))
 
 
 def period_figures(engine: Engine, window: Window, pricing: Pricing = Pricing()) -> PeriodFigures:

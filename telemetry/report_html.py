@@ -311,7 +311,7 @@ def energy_sources_html(data: ReportData) -> str:
     for mode, source in sources.items():
         if source is None:
             continue
-        runs = [rc.run for rc in data.current.run_costs if rc.run.mode == mode]
+        runs = data.current.all_runs(mode)  # the J/token's runs, priced or not
         text = {ESTIMATED: "estimated (a power model, not a power meter)", MEASURED: "measured by a power meter",
                 PARTLY_ESTIMATED: f"<b>partly estimated</b>: {html.escape(energy_sources_text(runs))}"}[source]
         by_mode.append(f"{_name(mode)} {text}")

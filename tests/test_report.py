@@ -1286,3 +1286,28 @@ def test_the_reports_cost_per_run_rows_are_priced_as_its_modes_table(store, tmp_
     assert tpu in runs and all(float(r["node_usd_per_hour"]) == 8.8 for r in runs.values()), runs
     assert runs[tpu]["total_usd_per_1m"] != ""
     assert rec.summary["modes"]["ar"]["cost_priced_over"] is None  # every run priced, by the flag
+
+
+def test_a_modes_j_per_token_label_covers_its_unpriced_runs_as_the_figure_does(sqlite_url, tmp_path):
+    """A spec run with estimated power on a device no price covers, beside a metered priced one: the J/token pools
+    both, but its label came from the priced runs only: 'measured' in the summary and modes.csv, no 'estimated'
+    on the J/token tile, while the mode's energy was flagged estimated."""
+    engine = open_store(sqlite_url)
+    try:
+        add_day(engine, D0, power_source="nvml")  # priced, metered
+        with Session(engine) as s:
+            make_run(s, "spec", device="Acme TPU X9", started_at=D0.replace(hour=11), power_source="estimate",
+                     requests=[spec_req(33, 4, 24, ttft_ms=100, e2e_ms=500, energy_j=30.0)])
+            s.commit()
+        assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", f"{D0:%Y-%m-%d}")) == 0
+        rec = _only_report(engine)
+    finally:
+        engine.dispose()
+    spec = rec.summary["modes"]["spec"]
+    assert spec["energy_estimated"] and spec["energy_source"] == "partly estimated"
+    assert rec.summary["modes"]["ar"]["energy_source"] == "measured"
+    with open(f"{rec.csv_dir}/modes.csv", encoding="utf-8", newline="") as fh:
+        table = {r["mode"]: r for r in csv.DictReader(fh)}
+    assert table["spec"]["energy source"] == "partly estimated", table["spec"]
+    page = open(rec.html_path, encoding="utf-8").read()
+    assert re.search(r"spec [0-9.]+ J \(partly estimated\)", page), page
