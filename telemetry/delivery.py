@@ -251,6 +251,9 @@ def email_text(summary: dict) -> tuple[str, str]:
     subject = f"specfinops {summary.get('period')} cost report {summary.get('month') or str(summary.get('since'))[:10]}"
     lines = [f"Period: {summary.get('month') + ', ' if summary.get('month') else ''}{summary.get('since')} to "
              f"{summary.get('until')} (UTC)"]
+    if summary.get("synthetic"):  # runs of the synthetic data generator: the figures are not measurements
+        lines.append(f"Synthetic data: {summary['synthetic']} of the period's runs were made by the benchmark "
+                     "generator; they are not measurements.")
     if not summary.get("traffic"):
         lines.append("No traffic in this period.")
     lines.append(f"Output tokens: {summary.get('output_tokens', 0):,}; requests: {summary.get('requests', 0):,}")

@@ -71,6 +71,10 @@ from telemetry.db import Request, Run, Step, read_snapshot
 from telemetry.finops import speedup_exceeds_acceptance, speedup_over_acceptance_text
 
 MODES = ("spec", "ar")
+# What the synthetic data generator (scripts.synth_store) marks its runs with: never measurements (the dashboard's
+# banner, the report's notice)
+SYNTHETIC_WORKLOAD = "synthetic"
+SYNTHETIC_HOSTNAME = "synthetic-generator"
 RUN_KINDS = ("bench", "serve", "loadtest")  # runs.kind: a bench times the engine, a load test its HTTP clients
 GO_LINE = 0.65  # the usual go/no-go for a draft (the alignment phase's line); calibrate's --threshold defaults to it
 MAX_TOP_K = 2**31 - 1  # runs.top_k is a 32-bit INTEGER
@@ -1185,6 +1189,16 @@ def step_rejected(steps=Step.__table__.c):
     A step cut by an EOS or a stop string inside its accepted drafts emitted no more than it accepted: no
     rejection (telemetry.calibration.alpha_k)."""
     return and_(steps.accepted < steps.k, steps.num_emitted > steps.accepted)
+
+
+def synthetic_runs(engine: Engine, filters: Filters | None = None) -> int:
+    """How many runs with requests in view the synthetic data generator made (workload SYNTHETIC_WORKLOAD or host
+    SYNTHETIC_HOSTNAME): their figures are not measurements."""
+    f = filters or Filters()
+    q = (select(func.count(func.distinct(Run.id))).join(Request, Request.run_id == Run.id)
+         .where(*f.where(), or_(Run.workload == SYNTHETIC_WORKLOAD, Run.hostname == SYNTHETIC_HOSTNAME)))  # fmt: skip
+    with engine.connect() as c:
+        return int(c.execute(q).scalar() or 0)
 
 
 def acceptance_by_domain(engine: Engine, filters: Filters | None = None) -> list[DomainAcceptance]:

@@ -569,10 +569,21 @@ class ReportData:
     speedups: tuple[queries.Speedup, ...]
     projection: ProjectionResult
     bands: tuple[BandCheck, ...]
+    synthetic_runs: int = 0  # runs in the period the synthetic data generator made (queries.synthetic_runs)
 
     @property
     def has_traffic(self) -> bool:
         return self.current.has_traffic
+
+    def synthetic_text(self) -> str | None:
+        """The dashboard's synthetic-data warning, for the period's runs; None where none is synthetic."""
+        n = self.synthetic_runs
+        if not n:
+            return None
+        total = len(self.current.run_costs) + len(self.current.unpriced_runs)
+        return (f"synthetic data: {n} of the {max(total, n)} runs in this period were made by the benchmark "
+                f"generator (workload '{queries.SYNTHETIC_WORKLOAD}', host '{queries.SYNTHETIC_HOSTNAME}'); their "
+                "figures are not measurements")
 
 
 def _projection(
@@ -646,6 +657,7 @@ def build_report(
         speedups=speedups,
         projection=_projection(engine, current, float(sla_ms), daily_tokens, float(peak_factor), pricing, speedups),
         bands=bands,
+        synthetic_runs=queries.synthetic_runs(engine, f),
     )
 
 
@@ -811,6 +823,8 @@ def summary_dict(data: ReportData) -> dict:
         "invocation_id": data.window.invocation_id,  # `report --invocation`: one bench's or load test's runs
         "generated_at": _iso(data.generated_at),
         "traffic": data.has_traffic,
+        # how many of the period's runs the synthetic data generator made (0: none): not measurements
+        "synthetic": data.synthetic_runs,
         "output_tokens": data.current.output_tokens(),
         "requests": data.current.requests(),
         "p95_tpot_sla_ms": data.sla_ms,

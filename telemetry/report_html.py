@@ -525,6 +525,9 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
         "figures from the same queries as <code>specfinops cost</code> and the dashboard.</p>",
     ]
     parts.append(pricing_html(data))
+    synthetic = data.synthetic_text()
+    if synthetic is not None:  # as the dashboard's banner says it
+        parts.append(f"<p class='notice' id='synthetic'>{html.escape(synthetic[0].upper() + synthetic[1:])}.</p>")
     unfinished = incomplete_period_text(data)
     if unfinished is not None:
         parts.append(f"<p class='notice' id='period-incomplete'>{html.escape(unfinished[0].upper() + unfinished[1:])}"

@@ -77,6 +77,7 @@ class ReportResult:
     summary: dict
     incomplete_period: str | None = None  # why the figures are partial: the period had not ended (None: it had)
     name_taken: str | None = None  # the usual folder name, already taken in --out (written under csv_dir instead)
+    synthetic: str | None = None  # some runs are the synthetic data generator's: not measurements (None: none is)
 
 
 def check_out_dir(out_dir: str | os.PathLike) -> Path:
@@ -365,7 +366,7 @@ def write_report(
         logger.warning("report #%d: %s already holds %s (another store's report, one from before a reset, or "
                        "another file; left as it is): written to %s", report_id, out, usual, final.name)  # fmt: skip
     return ReportResult(report_id, final / HTML_NAME, final, tuple(final / n for n in names), summary,
-                        incomplete_period_text(data), name_taken)
+                        incomplete_period_text(data), name_taken, data.synthetic_text())
 
 
 def _set_report(engine: Engine, report_id: int, **values) -> None:

@@ -4,6 +4,7 @@ files, the record, anomaly bands, empty periods and bad input."""
 from __future__ import annotations
 
 import csv
+import html
 import json
 import re
 from datetime import UTC, datetime, timedelta
@@ -1311,3 +1312,29 @@ def test_a_modes_j_per_token_label_covers_its_unpriced_runs_as_the_figure_does(s
     assert table["spec"]["energy source"] == "partly estimated", table["spec"]
     page = open(rec.html_path, encoding="utf-8").read()
     assert re.search(r"spec [0-9.]+ J \(partly estimated\)", page), page
+
+
+def test_a_report_of_synthetic_runs_says_so_as_the_dashboard_does(store, tmp_path, capsys):
+    """The dashboard warns 'Synthetic data ... not measurements'; the report of the same runs said nothing."""
+    from telemetry.delivery import email_text
+
+    url, engine = store
+    assert main(_report(url, tmp_path / "real", "--period", "daily", "--since", f"{D0:%Y-%m-%d}")) == 0
+    real = _only_report(engine)
+    assert real.summary["synthetic"] == 0 and "id='synthetic'" not in open(real.html_path, encoding="utf-8").read()
+    assert "synthetic" not in capsys.readouterr().err.lower()
+    with Session(engine) as s:
+        make_run(s, "ar", workload="synthetic", hostname="synthetic-generator", started_at=D0.replace(hour=12),
+                 requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+    assert main(_report(url, tmp_path / "synth", "--period", "daily", "--since", f"{D0:%Y-%m-%d}")) == 0
+    err = capsys.readouterr().err
+    with Session(engine) as s:
+        rec = s.scalars(select(Report).order_by(Report.id.desc())).first()
+    assert rec.summary["synthetic"] == 1
+    said = ("ynthetic data: 1 of the 3 runs in this period were made by the benchmark generator (workload "
+            "'synthetic', host 'synthetic-generator'); their figures are not measurements")
+    assert f"warning: s{said}" in err, err
+    page = open(rec.html_path, encoding="utf-8").read()
+    assert "<p class='notice' id='synthetic'>S" + html.escape(said) in page
+    assert "Synthetic data: 1 of the period's runs" in email_text(rec.summary)[1]

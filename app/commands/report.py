@@ -206,6 +206,8 @@ def run(args) -> int:
     s = result.summary
     traffic = "" if s["traffic"] else " (no traffic in this period)"
     print(f"report #{result.report_id}: {window.label()}{traffic}")
+    if result.synthetic is not None:  # said first, as the page and the dashboard say it
+        print(f"warning: {result.synthetic}", file=sys.stderr)
     print(f"  html: {result.html_path}")
     print(f"  csv:  {result.csv_dir} ({len(result.csv_files)} files)")
     if s["priced_at"]:

@@ -16,11 +16,9 @@ import streamlit as st
 
 from app.dashboard.page_queries import as_utc, nice_bucket_s
 from telemetry.labels import short_model, short_workload
-from telemetry.queries import MAX_NEW_TOKENS, MAX_TOP_K, Filters
+from telemetry.queries import MAX_NEW_TOKENS, MAX_TOP_K, SYNTHETIC_HOSTNAME, SYNTHETIC_WORKLOAD, Filters
 
 ALL = "All"
-SYNTHETIC_WORKLOAD = "synthetic"
-SYNTHETIC_HOSTNAME = "synthetic-generator"
 
 
 @dataclass(frozen=True, slots=True)
