@@ -575,6 +575,12 @@ class ReportData:
     def has_traffic(self) -> bool:
         return self.current.has_traffic
 
+    def small_sample_text(self) -> str | None:
+        """`cost`'s caveat where a mode measured in the period has too few ok requests for its figures to be stable
+        (costing.small_sample_text); None otherwise (a mode with none is not a small sample)."""
+        requests = {mode: self.current.stat(mode, "num_requests_ok") or 0 for mode in self.current.modes}
+        return costing.small_sample_text(requests, what="a tokens/s and a cost per 1M tokens")
+
     def synthetic_text(self) -> str | None:
         """The dashboard's synthetic-data warning, for the period's runs; None where none is synthetic."""
         n = self.synthetic_runs
@@ -825,6 +831,8 @@ def summary_dict(data: ReportData) -> dict:
         "traffic": data.has_traffic,
         # how many of the period's runs the synthetic data generator made (0: none): not measurements
         "synthetic": data.synthetic_runs,
+        # too few requests for stable figures, as `cost` warns (costing.small_sample_text); None where enough
+        "small_sample": data.small_sample_text(),
         "output_tokens": data.current.output_tokens(),
         "requests": data.current.requests(),
         "p95_tpot_sla_ms": data.sla_ms,

@@ -528,6 +528,9 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
     synthetic = data.synthetic_text()
     if synthetic is not None:  # as the dashboard's banner says it
         parts.append(f"<p class='notice' id='synthetic'>{html.escape(synthetic[0].upper() + synthetic[1:])}.</p>")
+    small = data.small_sample_text()
+    if small is not None:  # as `cost` warns; not only inside the projection's assumptions
+        parts.append(f"<p class='notice' id='small-sample'>{html.escape(small[0].upper() + small[1:])}.</p>")
     unfinished = incomplete_period_text(data)
     if unfinished is not None:
         parts.append(f"<p class='notice' id='period-incomplete'>{html.escape(unfinished[0].upper() + unfinished[1:])}"

@@ -1125,7 +1125,7 @@ def test_a_period_that_had_not_ended_is_written_with_a_note_a_notice_and_period_
 
     assert main(_report(url, tmp_path / "past", "--period", "daily", "--since", "2026-11-02")) == 0
     out, err = capsys.readouterr()
-    assert err == ""
+    assert "note:" not in err and "had not" not in err  # (2 requests a mode: warned of as too few, apart)
     with Session(engine) as s:
         last = s.scalars(select(Report).order_by(Report.id.desc())).first()
     assert last.summary["period_complete"] is True
@@ -1338,3 +1338,29 @@ def test_a_report_of_synthetic_runs_says_so_as_the_dashboard_does(store, tmp_pat
     page = open(rec.html_path, encoding="utf-8").read()
     assert "<p class='notice' id='synthetic'>S" + html.escape(said) in page
     assert "Synthetic data: 1 of the period's runs" in email_text(rec.summary)[1]
+
+
+def test_a_report_on_too_few_requests_warns_as_cost_does(store, tmp_path, capsys):
+    """`cost` warns that 2 spec and 2 AR requests are too few for stable figures; the report of the same runs
+    said so only inside its projection's assumptions (and not at all without a projection)."""
+    url, engine = store  # D0: 2 spec and 2 AR requests
+    assert main(_report(url, tmp_path / "few", "--period", "daily", "--since", f"{D0:%Y-%m-%d}")) == 0
+    err = capsys.readouterr().err
+    rec = _only_report(engine)
+    said = ("based on 2 spec and 2 AR requests: too few for a tokens/s and a cost per 1M tokens to be stable (under "
+            "20 per mode)")
+    assert rec.summary["small_sample"].startswith(said) and f"warning: {said}" in err, err
+    assert "<p class='notice' id='small-sample'>B" + html.escape(said[1:]) in open(rec.html_path, encoding="utf-8").read()
+    day = D0 + DAY  # a day with enough requests of each mode: no warning
+    with Session(engine) as s:
+        for mode in ("ar", "spec"):
+            reqs = [Req(33, ttft_ms=100, e2e_ms=900, start_s=i * 0.1) if mode == "ar" else
+                    spec_req(33, 4, 24, ttft_ms=100, e2e_ms=500, start_s=i * 0.1) for i in range(20)]
+            make_run(s, mode, started_at=day.replace(hour=9), requests=reqs)
+        s.commit()
+    assert main(_report(url, tmp_path / "enough", "--period", "daily", "--since", f"{day:%Y-%m-%d}")) == 0
+    assert "too few" not in capsys.readouterr().err
+    with Session(engine) as s:
+        rec = s.scalars(select(Report).order_by(Report.id.desc())).first()
+    assert rec.summary["small_sample"] is None
+    assert "id='small-sample'" not in open(rec.html_path, encoding="utf-8").read()

@@ -223,6 +223,8 @@ def run(args) -> int:
         if sp["speedup_warning"]:
             print(f"warning: {sp['workload']}, concurrency {sp['concurrency']}, {sp['drafter']}: "
                   f"{sp['speedup_warning']}")
+    if s["small_sample"]:  # as `cost` warns, and the page
+        print(f"warning: {s['small_sample']}", file=sys.stderr)
     if not s["period_complete"]:  # written, not refused: said once here, and on the page and in the summary
         print(f"note: {result.incomplete_period}", file=sys.stderr)
     return 0
