@@ -4,6 +4,11 @@ Each channel is tried up to `attempts` times with exponential backoff (backoff_s
 is written to reports.delivery_status ("delivered" | "partially delivered" | "failed") and delivery_error (one
 line per failed channel, with the attempts made and the last error): a failed delivery is never silent.
 
+Each webhook POST carries an `Idempotency-Key` header (`idempotency_key`: "specfinops-report-<report id>-<12 hex
+digits of the report page's path>"), the same on every attempt and every later re-delivery of that report and
+different for every other report (another store's included): a POST that timed out may have arrived, and its retry
+then reaches the receiver twice, which can drop the second by its key.
+
 The webhook URL may come from the environment too (--webhook-env NAME: only the variable's name is stored);
 it is printed and logged as scheme and host only (mask_url), since Slack-style URLs carry their secret.
 SMTP settings come from the environment (never from the job store, so no password is pickled into the
@@ -161,13 +166,34 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
+def idempotency_key(summary: Mapping) -> str | None:
+    """The key a receiver de-duplicates a report's POSTs by: 'specfinops-report-<report id>-<hash>', the hash
+    of its page's path (report ids are per store: two stores' report #7 differ by their folders). The summary is
+    stored and re-sent as it is, so every attempt and re-delivery of a report has the same key. None without a
+    report id."""
+    import hashlib
+
+    report_id = summary.get("report_id")
+    if report_id is None:
+        return None
+    where = hashlib.sha256(str(summary.get("html_path") or "").encode()).hexdigest()[:12]
+    return f"specfinops-report-{report_id}-{where}"
+
+
 def post_webhook(url: str, payload: dict, *, timeout_s: float = TIMEOUT_S) -> None:
-    """POST the payload as JSON; DeliveryError on a connection error or a non-2xx answer."""
+    """POST the payload as JSON, with its Idempotency-Key (`idempotency_key`); DeliveryError on a connection error
+    or a non-2xx answer."""
     import httpx
 
+    headers = {"content-type": "application/json"}
+    key = idempotency_key(payload)
+    if key is not None:
+        headers[IDEMPOTENCY_HEADER] = key
     try:
-        response = httpx.post(url, content=json.dumps(payload, default=str),
-                              headers={"content-type": "application/json"}, timeout=timeout_s)  # fmt: skip
+        response = httpx.post(url, content=json.dumps(payload, default=str), headers=headers, timeout=timeout_s)
     except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, OSError, ValueError) as exc:
         # InvalidURL and StreamError are not HTTPErrors: a URL httpx cannot parse fails the delivery too
         raise DeliveryError(one_line(f"{type(exc).__name__}: {exc}")) from None

@@ -699,6 +699,22 @@ def redeliver_failed(engine: Engine, job: ReportJob, *, now: datetime | None = N
     return done
 
 
+def _failed_before(engine: Engine, job: ReportJob, report_id: int, *, now: datetime | None = None) -> int:
+    """How many of the job's reports before `report_id` have a failed delivery its next runs retry (younger than
+    redeliver_failed_for_s)."""
+    from sqlalchemy import select
+
+    from telemetry.db import Report
+    from telemetry.delivery import FAILED
+    from telemetry.report_writer import age_s
+
+    now = now or datetime.now(UTC)
+    with engine.connect() as c:
+        rows = c.execute(select(Report.created_at, Report.period).where(
+            Report.job_id == job.job_id, Report.id < report_id, Report.delivery_status == FAILED)).all()
+    return sum(age_s(created, now) < redeliver_failed_for_s(period) for created, period in rows)
+
+
 def _label(r) -> str:
     return Window(r.period, r.since, r.until).label()  # naive (SQLite's) times are UTC to Window
 
@@ -796,8 +812,11 @@ def run_report_job(
                     if job.delivering:
                         status = _deliver(engine, job, result.report_id, result.summary)
                 if status == FAILED:  # the receiver is still down: the earlier ones wait for the next run
-                    logger.info("report job %s: delivery failed again; earlier failed deliveries are retried by "
-                                "the next run", job_id)  # fmt: skip
+                    # "failed again" only where earlier deliveries failed too: a first failure said so read as a retry
+                    earlier = _failed_before(engine, job, result.report_id)
+                    logger.info("report job %s: delivery of report #%d failed%s; the job's next run delivers %s again",
+                                job_id, result.report_id, f", as {earlier} earlier one{'s' if earlier > 1 else ''} did"
+                                if earlier else "", "them" if earlier else "it")  # fmt: skip
                 else:
                     redeliver_failed(engine, job)
                 return None if result is None else result.report_id

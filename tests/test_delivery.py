@@ -48,7 +48,7 @@ SUMMARY = {
 
 class Hook(ThreadingHTTPServer):
     def __init__(self, status: int):
-        self.status, self.bodies = status, []
+        self.status, self.bodies, self.keys = status, [], []
         super().__init__(("127.0.0.1", 0), HookHandler)
 
     @property
@@ -60,6 +60,7 @@ class HookHandler(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 - http.server's naming
         body = self.rfile.read(int(self.headers["content-length"]))
         self.server.bodies.append((self.headers["content-type"], body))
+        self.server.keys.append(self.headers.get("Idempotency-Key"))
         self.send_response(self.server.status)
         self.end_headers()
         # a failure echoes the path, as Express's default "Cannot POST <path>" page does
@@ -179,6 +180,22 @@ def test_failing_webhook_is_retried_with_backoff_and_recorded(hook_factory, sqli
         assert row.delivery_status == "failed" and "HTTP 500" in row.delivery_error
         # named by scheme and host only: a Slack-style URL carries its secret in the path
         assert hook.url not in row.delivery_error and f"webhook {mask_url(hook.url)}:" in row.delivery_error
+
+
+def test_every_attempt_of_a_reports_post_carries_its_idempotency_key(hook_factory):
+    """A POST that timed out may have arrived: its retry reached the receiver twice with nothing to tell them
+    apart by. Each attempt carries the report's key; another report (another store's #7 too) has another."""
+    from telemetry.delivery import idempotency_key
+
+    hook = hook_factory(500)
+    deliver(SUMMARY, webhook_url=hook.url, attempts=3, backoff_s=0, sleep=lambda _s: None)
+    key = idempotency_key(SUMMARY)
+    assert key is not None and key.startswith("specfinops-report-7-") and hook.keys == [key] * 3
+    hook.status = 200
+    deliver(dict(SUMMARY), webhook_url=hook.url, attempts=1)  # re-delivered later: the same key
+    assert hook.keys[-1] == key
+    other_store = {**SUMMARY, "html_path": "/staging/report-7/report.html"}
+    assert idempotency_key(other_store) != key and idempotency_key({**SUMMARY, "report_id": 8}) != key
 
 
 def test_a_receiver_echoing_the_secret_path_is_recorded_masked(hook_factory, caplog):

@@ -1211,3 +1211,22 @@ def test_a_job_replaced_on_restart_still_runs_the_run_it_missed_while_stopped(st
         assert s3.get_job("report-daily").next_run_time > datetime.now(UTC)
     finally:
         s3.shutdown(wait=False)
+
+
+def test_a_first_failed_delivery_is_said_as_failed_and_only_a_repeat_as_failed_again(store, failing_hook, caplog):
+    """The run's first failed delivery was logged 'delivery failed again; earlier failed deliveries are retried'."""
+    import logging
+
+    url, engine, out = store  # each run reports the next day (StepClock)
+    job = _job(url, out, webhook_url=failing_hook.url, delivery_attempts=1)
+    with caplog.at_level(logging.INFO, logger="telemetry.scheduler"):
+        first = sched_mod.run_report_job(**job.kwargs())
+        said = [r.getMessage() for r in caplog.records if "failed" in r.getMessage() and "report job" in r.getMessage()]
+        assert said == [f"report job report-daily: delivery of report #{first} failed; the job's next run delivers it "
+                        "again"], said
+        caplog.clear()
+        second = sched_mod.run_report_job(**job.kwargs())
+    said = [r.getMessage() for r in caplog.records if "failed" in r.getMessage() and "report job" in r.getMessage()]
+    assert said == [f"report job report-daily: delivery of report #{second} failed, as 1 earlier one did; the job's "
+                    "next run delivers them again"], said
+    assert [r.delivery_status for r in reports(engine)] == ["failed", "failed"]
