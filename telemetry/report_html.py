@@ -369,9 +369,28 @@ def assumptions_html(data: ReportData) -> str:
 # ---- charts ---------------------------------------------------------------------------------------------
 
 
-def _layout(fig: go.Figure, title: str, y: str) -> go.Figure:
-    fig.update_layout(title=title, yaxis_title=y, height=340, margin={"l": 50, "r": 20, "t": 50, "b": 40},
-                      template="plotly_white", legend={"orientation": "h", "y": -0.15})  # fmt: skip
+# Characters per line of a chart's title and subtitle: Plotly never wraps a title, and a chart is as narrow as
+# half a 820 px page (two per row): a longer line was cut at its edge
+TITLE_CHARS = 48
+SUBTITLE_CHARS = 64
+
+
+def chart_title(title: str, sub: str | None = None) -> tuple[str, int]:
+    """A chart's title with its subtitle under it in small type, each wrapped at TITLE_CHARS / SUBTITLE_CHARS
+    (<br>), and the top margin that holds its lines."""
+    import textwrap
+
+    head = textwrap.wrap(title, TITLE_CHARS) or [""]
+    small = textwrap.wrap(sub, SUBTITLE_CHARS) if sub else []
+    text = "<br>".join(head) + "".join(f"<br><sub>{line}</sub>" for line in small)
+    return text, 30 + 22 * len(head) + 16 * len(small)
+
+
+def _layout(fig: go.Figure, title: str, y: str, sub: str | None = None) -> go.Figure:
+    text, top = chart_title(title, sub)
+    fig.update_layout(title={"text": text, "x": 0, "xanchor": "left"}, yaxis_title=y, height=340 + top - 50,
+                      margin={"l": 50, "r": 20, "t": top, "b": 40}, template="plotly_white",
+                      legend={"orientation": "h", "y": -0.15})  # fmt: skip
     return fig
 
 
@@ -391,7 +410,7 @@ def cost_chart(data: ReportData) -> go.Figure:
             fig.add_bar(x=names, y=ys, name="energy (estimated)" if est else "energy (measured)",
                         marker={"color": ENERGY_COLOUR, "pattern_shape": "/" if est else ""})
     fig.update_layout(barmode="stack", showlegend=True)
-    return _layout(fig, "Cost per 1M tokens of the measured runs: spec vs AR", "USD per 1M output tokens")
+    return _layout(fig, "Cost per 1M tokens: spec vs AR", "USD per 1M output tokens", "the measured runs")
 
 
 def acceptance_chart(data: ReportData) -> go.Figure:
@@ -424,7 +443,7 @@ def tpot_chart(data: ReportData) -> go.Figure:
                                                                       "color": "#111827"})
     fig.add_hline(y=data.sla_ms, line_dash="dash", line_color="#b91c1c", annotation_text=f"SLA {data.sla_ms:g} ms")
     fig.update_layout(showlegend=True)
-    return _layout(fig, "p95 TPOT against the SLA (bars: all requests pooled)", "ms per output token")
+    return _layout(fig, "p95 TPOT against the SLA", "ms per output token", "bars: all requests pooled")
 
 
 def trend_chart(data: ReportData) -> go.Figure:
@@ -443,11 +462,10 @@ def trend_chart(data: ReportData) -> go.Figure:
         elif any(estimate_sources(CostMetric(mode), periods, basis)):
             name += " (incl. estimated energy)"
         fig.add_scatter(x=x, y=ys, mode="lines+markers", name=name, line_color=colour)
-    title = "Cost per 1M tokens by period (the last point is this one)"
+    sub = "the last point is this period"
     if hardware_only:
-        title += (f"<br><sub>hardware part only, the periods' energy is not on one basis ("
-                  f"{'; '.join(hardware_only)})</sub>")
-    return _layout(fig, title, "USD per 1M output tokens")
+        sub += f"; hardware part only, the periods' energy is not on one basis ({'; '.join(hardware_only)})"
+    return _layout(fig, "Cost per 1M tokens by period", "USD per 1M output tokens", sub)
 
 
 def sla_chart(data: ReportData, curve: Sequence) -> go.Figure:
@@ -467,9 +485,13 @@ def sla_chart(data: ReportData, curve: Sequence) -> go.Figure:
                   annotation_position="bottom left")
     fig.update_yaxes(rangemode="tozero")
     fig.update_xaxes(title="p95 TPOT SLA (ms)")
-    _layout(fig, "Nodes needed by SLA (the projection's traffic and node price)", "nodes at peak")
+    _layout(fig, "Nodes needed by SLA", "nodes at peak", "the projection's traffic and node price")
     # the only chart here with an x-axis title: the legend goes below it, not over it
     return fig.update_layout(legend_y=-0.32, margin_b=70)
+
+
+# No mode bar: drawn over the chart's title (a report's chart is read, not edited); no Plotly logo
+CHART_CONFIG = {"displaylogo": False, "displayModeBar": False}
 
 
 def charts_html(figures: Sequence[tuple[str, go.Figure]]) -> str:
@@ -477,7 +499,7 @@ def charts_html(figures: Sequence[tuple[str, go.Figure]]) -> str:
     parts = []
     for i, (name, fig) in enumerate(figures):
         parts.append(pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), div_id=f"chart-{name}",
-                                 config={"displaylogo": False}))  # fmt: skip
+                                 config=CHART_CONFIG))  # fmt: skip
     return '<div class="charts">' + "".join(f"<div>{p}</div>" for p in parts) + "</div>"
 
 

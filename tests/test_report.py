@@ -1364,3 +1364,35 @@ def test_a_report_on_too_few_requests_warns_as_cost_does(store, tmp_path, capsys
         rec = s.scalars(select(Report).order_by(Report.id.desc())).first()
     assert rec.summary["small_sample"] is None
     assert "id='small-sample'" not in open(rec.html_path, encoding="utf-8").read()
+
+
+def test_report_charts_have_no_mode_bar_and_titles_wrapped_within_their_width(store, tmp_path):
+    """Plotly's mode bar was drawn over the chart titles at 1280 px, and the long titles were cut at 820 px:
+    Plotly never wraps a title. No mode bar; each title short, its detail in a wrapped subtitle, the top
+    margin holding its lines."""
+    from telemetry.report import build_report
+    from telemetry.report_html import (
+        CHART_CONFIG,
+        SUBTITLE_CHARS,
+        TITLE_CHARS,
+        cost_chart,
+        sla_chart,
+        tpot_chart,
+        trend_chart,
+    )
+
+    url, engine = store
+    add_day(engine, D0 - DAY, power_source="nvml")  # the trend's periods on two energy bases: its longest subtitle
+    data = build_report(engine, period_window("daily", since=D0))
+    figures = [cost_chart(data), tpot_chart(data), trend_chart(data), sla_chart(data, data.projection.sla_curve)]
+    for fig in figures:
+        lines = fig.layout.title.text.split("<br>")
+        head = [x for x in lines if not x.startswith("<sub>")]
+        subs = [x.removeprefix("<sub>").removesuffix("</sub>") for x in lines if x.startswith("<sub>")]
+        assert subs and all(len(x) <= TITLE_CHARS for x in head) and all(len(x) <= SUBTITLE_CHARS for x in subs)
+        assert fig.layout.margin.t >= 30 + 22 * len(head) + 16 * len(subs), fig.layout.title.text
+    assert any(len(fig.layout.title.text.split("<br>")) > 2 for fig in figures)  # a long subtitle, wrapped
+    assert CHART_CONFIG["displayModeBar"] is False
+    assert main(_report(url, tmp_path, "--period", "daily", "--since", f"{D0:%Y-%m-%d}")) == 0
+    page = open(_only_report(engine).html_path, encoding="utf-8").read()
+    assert page.count('"displayModeBar": false') == page.count('class="plotly-graph-div"') > 0
