@@ -452,8 +452,8 @@ class Writes:
         return text(f"INSERT INTO {self.table} ({self.column}) SELECT {self.column} FROM {self.table} WHERE 1 = 0")
 
 
-RECORDS_RUNS = Writes("runs", "kind", "records its runs there: give a store it may write, or --no-telemetry to "
-                      "record nothing")  # bench, loadtest, serve: a run's row first
+RECORDS_RUNS = Writes("runs", "kind", "records its runs there: give a store it may write, or --no-telemetry "
+                      "(without --db) to record nothing")  # bench, loadtest, serve: a run's row first
 RECORDS_REPORTS = Writes("reports", "period", "records each report there: give a store it may write")
 KEEPS_PRICES = Writes("prices", "name", "keeps the price catalog there: give a store it may write (or price runs "
                       "with cost --gpu / --node-hourly-usd)")

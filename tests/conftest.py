@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 
 import pytest
+
+# A suite a script starts in the background (`nohup pytest ... &`) inherits SIGINT ignored, and so does every command
+# the tests start as a process: the Ctrl-C tests then signal processes that cannot hear it and fail for the launch's
+# sake. The suite runs as from a terminal; tests of an inherited SIG_IGN set it on their child themselves.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 PG_ADMIN_URL = os.environ.get("SPECFINOPS_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 

@@ -584,6 +584,23 @@ def test_an_export_of_rows_no_run_recorded_says_so(sqlite_url, capsys):
     assert "export: no tokens rows in the store: its runs recorded none; the CSV holds the header row alone" in err
 
 
+def test_an_export_of_one_run_that_recorded_no_rows_names_the_run_not_the_store(sqlite_url, capsys):
+    """`--run N` of a run with no step rows said "no steps rows in the store: its runs recorded none" while
+    another run had some: it is the run that recorded none."""
+    with Session(engine := open_store(sqlite_url)) as s:
+        empty = make_run(s, "ar", requests=[Req(output_tokens=5, ttft_ms=10, e2e_ms=50)]).id
+        make_run(s, "spec", requests=[spec_req(9, k=4, accepted=4, ttft_ms=10, e2e_ms=40)], with_events=True)
+        s.commit()
+    engine.dispose()
+    assert main(["export", "--db", sqlite_url, "--what", "steps", "--out", "-"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) > 1  # the store holds steps rows
+    assert main(["export", "--db", sqlite_url, "--what", "steps", "--run", str(empty), "--out", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1
+    assert f"export: run {empty} recorded no steps rows; the CSV holds the header row alone" in err
+    assert "in the store" not in err
+
+
 def test_export_makes_the_folders_of_out_and_removes_them_if_it_fails(sqlite_url, tmp_path, monkeypatch, capsys):
     """`--out missing/dir/e.csv` failed 'No such file or directory', where report --out and bench --json make
     their folders. A failed export leaves none of the folders it made."""

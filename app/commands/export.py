@@ -294,6 +294,9 @@ def run(args) -> int:
     reason = empty_export_reason(engine, args.what, window) if n == 0 else None
     if reason is not None:  # --run outside the other selectors, or power from runs that measured none
         print(f"export: no {args.what} rows: {reason}", file=sys.stderr)
+    elif n == 0 and window.run_id is not None:  # the run is in the store (a missing one is refused before)
+        print(f"export: run {window.run_id} recorded no {args.what} rows; the CSV holds the header row alone",
+              file=sys.stderr)
     elif n == 0 and window.selects_runs():
         print(f"export: no {args.what} rows match the selection (`specfinops cost --json` lists the runs with "
               "their workload, mode and sampling)", file=sys.stderr)
