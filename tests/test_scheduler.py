@@ -1187,11 +1187,15 @@ def test_a_job_replaced_on_restart_still_runs_the_run_it_missed_while_stopped(st
     url, engine, out = store
     daily = parse_cron("0 6 * * *")
     missed_at = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+
+    def stop_before_the_run(at: datetime) -> None:  # stopped before its run at `at`, restarted after it
+        stored = sched_mod._persisted(engine, "report-daily")
+        stored.next_run_time = at
+        sched_mod._job_store(engine).update_job(stored)
+
     s, _ = _started(engine, _job(url, out, misfire_grace_s=86_400), daily, paused=True)
     s.shutdown(wait=False)
-    stored = sched_mod._persisted(engine, "report-daily")
-    stored.next_run_time = missed_at  # stopped before its run, restarted after it
-    sched_mod._job_store(engine).update_job(stored)
+    stop_before_the_run(missed_at)
     s2 = make_scheduler(engine)
     how = schedule_report_job(s2, engine, _job(url, out / "b", misfire_grace_s=86_400), daily)
     s2.start(paused=True)
@@ -1204,13 +1208,32 @@ def test_a_job_replaced_on_restart_still_runs_the_run_it_missed_while_stopped(st
         assert "scheduler: job report-daily runs now, for" in capsys.readouterr().out
     finally:
         s2.shutdown(wait=False)
-    s3 = make_scheduler(engine)  # a job not due is replaced from now, as before
-    assert schedule_report_job(s3, engine, _job(url, out, misfire_grace_s=86_400), daily) == "replaced"
-    s3.start(paused=True)
+    # APScheduler 3.11's shutdown wakes the loop for one last pass (stopped, not paused) that stores the run time
+    # after the due one: a restart would find one to come, replaced from now or kept alike. The missed run again:
+    stop_before_the_run(missed_at)
+    s3 = make_scheduler(engine)  # replaced again (--out c) and started: the missed run is made, into the new --out
+    executed = threading.Event()
+    s3.add_listener(lambda _e: executed.set(), EVENT_JOB_EXECUTED)
+    assert schedule_report_job(s3, engine, _job(url, out / "c", misfire_grace_s=86_400), daily) == "replaced"
+    s3.start()
     try:
-        assert s3.get_job("report-daily").next_run_time > datetime.now(UTC)
+        wait_for(executed.is_set, "the missed run")
+        assert s3.get_job("report-daily").next_run_time > datetime.now(UTC)  # the missed run is consumed
     finally:
-        s3.shutdown(wait=False)
+        s3.shutdown(wait=True)
+    [row] = reports(engine)
+    assert row.job_id == "report-daily" and Path(row.csv_dir).parent == out / "c"
+    # a job not due is replaced from now, as before: its stored run time to come is the old schedule's
+    later = datetime.now(UTC).replace(microsecond=0) + timedelta(days=3)
+    stop_before_the_run(later)
+    s4 = make_scheduler(engine)
+    assert schedule_report_job(s4, engine, _job(url, out, misfire_grace_s=86_400), daily) == "replaced"
+    s4.start(paused=True)
+    try:
+        next_run = s4.get_job("report-daily").next_run_time
+        assert datetime.now(UTC) < next_run < later, next_run  # the daily run to come, not the stored one
+    finally:
+        s4.shutdown(wait=False)
 
 
 def test_a_first_failed_delivery_is_said_as_failed_and_only_a_repeat_as_failed_again(store, failing_hook, caplog):
