@@ -28,7 +28,9 @@
   start, while the report is younger than REDELIVER_FAILED_FOR_S (a monthly job's: REDELIVER_FAILED_MONTHLY_S);
   the report is not written again, only its summary re-sent. `--list` shows the reports whose delivery failed,
   and those left "generating" or "pending" with when their job takes them (`unfinished_deliveries`); a start
-  that leaves a too young one alone says so and when (`left_alone`).
+  that leaves a too young one alone says so and when (`left_alone`). A "pending" one of a job that delivers
+  nothing stays so (said as "left pending: no delivery configured"); one whose job is gone from the job table
+  is finished by nothing (said, with the `specfinops report` command that writes it again).
   "partially delivered" is not retried (the channel that succeeded would get it twice).
 - Every write to the store (the job table and its jobs: LockWaitingJobStore; report records, delivery leases and
   outcomes) waits while another process holds a SQLite store's write lock (telemetry.db.retry_while_locked), then
@@ -598,27 +600,73 @@ def _unfinished_what(status: str) -> str:
 
 def left_alone(engine: Engine, job: ReportJob, *, now: datetime | None = None) -> list[str]:
     """At start, after recover_reports: one line per report of `job` left "generating" or "pending" that is too
-    young to recover yet (another scheduler may be at it), saying when the job finishes it. A second Ctrl-C
-    leaves such a record; the start right after it did nothing and said nothing."""
+    young to recover yet (another scheduler may be at it), saying when the job finishes it, or that it stays
+    pending (a "pending" one of a job with no delivery configured: recover_reports never finishes it). A second
+    Ctrl-C leaves such a record; the start right after it did nothing and said nothing."""
     now = now or datetime.now(UTC)
     lines = []
     for r, ready in unfinished_reports(engine, job.job_id, now=now):
         if ready <= now:  # recover_reports left it for another reason (and said so), or another process took it
             continue
-        lines.append(f"report job {job.job_id}: report #{r.id} ({_label(r)}) is {_unfinished_what(r.delivery_status)}, "
-                     f"begun under {STALE_AFTER_S // 60} minutes ago: left alone (another scheduler may be at it); this "
-                     f"job's first run, or scheduler start, from {ready:%Y-%m-%d %H:%M} UTC finishes it")  # fmt: skip
+        said = f"report job {job.job_id}: report #{r.id} ({_label(r)}) is {_unfinished_what(r.delivery_status)}"
+        if _stays_pending(r, job.delivering):
+            lines.append(f"{said}: {NO_DELIVERY}")
+            continue
+        lines.append(f"{said}, begun under {STALE_AFTER_S // 60} minutes ago: left alone (another scheduler may be "
+                     f"at it); this job's first run, or scheduler start, from {ready:%Y-%m-%d %H:%M} UTC finishes "
+                     "it")  # fmt: skip
     return lines
 
 
-def unfinished_deliveries(engine: Engine, *, now: datetime | None = None) -> list[str]:
+# What a "pending" report of a job that delivers nothing stays (recover_reports delivers only with a delivery)
+NO_DELIVERY = "left pending: no delivery configured (the job has no --webhook, --webhook-env or --smtp)"
+
+
+def _stays_pending(r, delivering: bool) -> bool:
+    from telemetry.report_writer import PENDING
+
+    return r.delivery_status == PENDING and not delivering
+
+
+def _delivers(job: Job) -> bool:
+    """Whether a persisted report job delivers its reports (ReportJob.delivering, from its stored arguments)."""
+    kw = job.kwargs
+    return bool(kw.get("webhook_url") or kw.get("webhook_env") or kw.get("smtp"))
+
+
+def _write_again(engine: Engine, r) -> str:
+    """The `specfinops report` command that writes a scheduled report's period again, by hand (its job is gone:
+    nothing else finishes it), with the store's password masked; the job's run filters and prices went with it."""
+    import shlex
+
+    from telemetry.db import masked_password_note, shown_db_url
+
+    out = str(Path(r.csv_dir).parent) if r.csv_dir else "DIR"
+    argv = ["specfinops", "report", "--db", shown_db_url(engine.url), "--period", r.period, "--since",
+            f"{r.since:%Y-%m-%dT%H:%M}", "--out", out]  # fmt: skip
+    return f"`{shlex.join(argv)}`{masked_password_note(engine.url)}"
+
+
+def unfinished_deliveries(engine: Engine, *, now: datetime | None = None, jobs: list[Job] | None = None) -> list[str]:
     """`scheduler --list`: one line per scheduled report left "generating" or "pending" (a run in progress, or
-    one a stop or a kill left), with when its job finishes it."""
+    one a stop or a kill left), with when its job finishes it; or that nothing does: a "pending" one of a job that
+    delivers nothing stays so, and one whose job is gone from the job table (`jobs`: persisted_jobs) is finished
+    by nobody (the command that writes it again is said)."""
     now = now or datetime.now(UTC)
+    by_id = {j.id: j for j in (persisted_jobs(engine) if jobs is None else jobs) if j.func_ref == JOB_FUNC}
     lines = []
     for r, ready in unfinished_reports(engine, now=now):
-        when = (f"finished by the job's first run, or scheduler start, from {ready:%Y-%m-%d %H:%M} UTC (till then "
-                "it may be a run at work)" if ready > now else "finished by the job's next run or scheduler start")
+        job = by_id.get(r.job_id)
+        if job is None:
+            when = f"its job is gone ({_write_again(engine, r)} to write it again)" + (
+                f"; till {ready:%Y-%m-%d %H:%M} UTC it may be a run at work" if ready > now else "")
+        elif _stays_pending(r, _delivers(job)):
+            when = NO_DELIVERY
+        elif ready > now:
+            when = (f"finished by the job's first run, or scheduler start, from {ready:%Y-%m-%d %H:%M} UTC (till "
+                    "then it may be a run at work)")
+        else:
+            when = "finished by the job's next run or scheduler start"
         lines.append(f"report #{r.id} ({_label(r)}), job {r.job_id}: {r.delivery_status}, "
                      f"{_unfinished_what(r.delivery_status)}; {when}")  # fmt: skip
     return lines

@@ -641,6 +641,62 @@ def test_a_second_ctrl_c_stops_at_once_without_a_traceback_and_a_restart_deliver
     assert reports(engine)[0].delivery_status == "delivered"
 
 
+def _left_pending(engine, url: str, out) -> Report:
+    """A report of job report-daily written and left 'pending', as a run killed while delivering leaves it."""
+    sched_mod.run_report_job(**_job(url, out).kwargs())
+    with engine.begin() as c:
+        c.execute(text("UPDATE reports SET delivery_status = 'pending', delivery_error = NULL"))
+    [row] = reports(engine)
+    return row
+
+
+def test_a_pending_report_of_a_job_that_delivers_nothing_is_said_to_stay_pending(store, no_blocking, capsys):
+    """Restarted without its delivery, the job never finishes a report a killed run left 'pending'
+    (recover_reports only warns): the start and --list said the job's first run or start finishes it."""
+    url, engine, out = store
+    row = _left_pending(engine, url, out)
+    capsys.readouterr()
+    assert main(["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out)]) == 0  # no --webhook now
+    started = capsys.readouterr().out
+    assert f"report job report-daily: report #{row.id} (" in started and "is written, its delivery not made: left " \
+        "pending: no delivery configured (the job has no --webhook, --webhook-env or --smtp)" in started, started
+    assert "finishes it" not in started, started
+    for age in (timedelta(0), timedelta(hours=1)):  # too young to recover, and old enough: left pending alike
+        with engine.begin() as c:
+            c.execute(text("UPDATE reports SET created_at = :t"), {"t": datetime.now(UTC) - age})
+        assert main(["scheduler", "--db", url, "--list"]) == 0
+        listed = capsys.readouterr().out
+        assert f"report #{row.id} (" in listed and "job report-daily: pending, written, its delivery not made; left " \
+            "pending: no delivery configured" in listed, listed
+        assert "finished by" not in listed, listed
+    assert reports(engine)[0].delivery_status == "pending"
+
+
+def test_an_unfinished_report_whose_job_is_gone_is_listed_with_the_command_that_writes_it_again(store, no_blocking,
+                                                                                                 capsys):
+    """--list said 'finished by the job's next run or scheduler start' of a report whose job is no longer in the
+    job table (removed by another job's start): nothing finishes it. The command it names writes its period."""
+    import shlex
+
+    url, engine, out = store
+    args = ["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out), "--webhook", "http://127.0.0.1:9/h"]
+    assert main(args) == 0
+    row = _left_pending(engine, url, out)
+    assert main(["scheduler", "--db", url, "--cron", "0 7 * * *", "--out", str(out), "--job-id", "other"]) == 0
+    assert [j.id for j in sched_mod.persisted_jobs(engine)] == ["other"]  # report-daily removed
+    capsys.readouterr()
+    assert main(["scheduler", "--db", url, "--list"]) == 0
+    listed = capsys.readouterr().out
+    command = f"specfinops report --db {url} --period daily --since {row.since:%Y-%m-%dT%H:%M} --out {out}"
+    assert f"report #{row.id} (" in listed and "job report-daily: pending, written, its delivery not made; its job " \
+        f"is gone (`{command}` to write it again); till " in listed, listed  # young: it may be a run at work
+    assert "finished by" not in listed, listed
+    assert main(shlex.split(command)[1:]) == 0
+    again = reports(engine)[-1]
+    assert again.id != row.id and again.job_id is None and again.since == row.since
+    assert Path(again.csv_dir).parent == out
+
+
 def test_the_sigterm_handler_disarms_after_the_first_signal(capsys):
     import os
 

@@ -179,7 +179,7 @@ def _list_jobs(args) -> int:
     try:
         jobs = persisted_jobs(engine)
         failed = failed_deliveries(engine)
-        unfinished = unfinished_deliveries(engine)
+        unfinished = unfinished_deliveries(engine, jobs=jobs)
     finally:
         engine.dispose()
     if not jobs:
