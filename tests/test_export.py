@@ -154,14 +154,10 @@ def test_dashboard_table_download_is_escaped():
     assert text.splitlines() == ["domain,alpha", "'@SUM(A1),0.7", "code,"]
 
 
-def test_an_export_that_fails_part_way_leaves_the_file_as_it_was(sqlite_url, tmp_path, monkeypatch, capsys):
-    """Rows are written to FILE.part and renamed at the end: a failure after some rows leaves the earlier
-    FILE untouched and no partial file beside it."""
+def _export_fails_part_way(monkeypatch):
+    """export_rows made to yield one row and then fail as a database gone away does; returns the real one."""
     import telemetry.export
 
-    _fill(sqlite_url, ["code", "chat"])
-    out = tmp_path / "requests.csv"
-    out.write_text("the previous export\n")
     real = telemetry.export.export_rows
 
     def failing(engine, what, window):
@@ -174,6 +170,18 @@ def test_an_export_that_fails_part_way_leaves_the_file_as_it_was(sqlite_url, tmp
         return header, some_then_fail()
 
     monkeypatch.setattr(telemetry.export, "export_rows", failing)
+    return real
+
+
+def test_an_export_that_fails_part_way_leaves_the_file_as_it_was(sqlite_url, tmp_path, monkeypatch, capsys):
+    """Rows are written to FILE.part and renamed at the end: a failure after some rows leaves the earlier
+    FILE untouched and no partial file beside it."""
+    import telemetry.export
+
+    _fill(sqlite_url, ["code", "chat"])
+    out = tmp_path / "requests.csv"
+    out.write_text("the previous export\n")
+    real = _export_fails_part_way(monkeypatch)
     assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(out)]) != 0
     assert "the database went away" in capsys.readouterr().err
     assert out.read_text() == "the previous export\n" and _files(tmp_path) == ["requests.csv"]
@@ -607,18 +615,7 @@ def test_export_makes_the_folders_of_out_and_removes_them_if_it_fails(sqlite_url
     import telemetry.export
 
     _fill(sqlite_url, ["code"])
-    real = telemetry.export.export_rows
-
-    def failing(engine, what, window):
-        header, rows = real(engine, what, window)
-
-        def some_then_fail():
-            yield next(iter(rows))
-            raise OSError("the database went away")
-
-        return header, some_then_fail()
-
-    monkeypatch.setattr(telemetry.export, "export_rows", failing)
+    real = _export_fails_part_way(monkeypatch)
     assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(tmp_path / "new/dir/e.csv")]) != 0
     assert "the database went away" in capsys.readouterr().err and _files(tmp_path) == []
     monkeypatch.setattr(telemetry.export, "export_rows", real)

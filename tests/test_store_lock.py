@@ -48,6 +48,17 @@ def _hold_lock(path: Path, seconds: float) -> subprocess.Popen:
 
 
 @contextmanager
+def _lock_held(path: Path, seconds: float = 60) -> Iterator[None]:
+    """The store's write lock held by another process (`_hold_lock`) for the block, released at its end."""
+    holder = _hold_lock(path, seconds)
+    try:
+        yield
+    finally:
+        holder.kill()
+        holder.wait(30)
+
+
+@contextmanager
 def _locked_until_a_write_waits(path: Path, says: str = "locked by another process") -> Iterator[threading.Event]:
     """A second connection holds the store's write lock (BEGIN IMMEDIATE) until a write in the block says it waits
     for it (retry_while_locked's warning; `says`: another one's, a migration's); a thread then releases it. Yields
@@ -117,12 +128,8 @@ def test_a_write_that_waited_its_bound_names_the_file_and_the_lock_and_writes_no
     monkeypatch.setattr(db, "SQLITE_LOCK_WAIT_S", 1.0)
     path = tmp_path / "store.db"
     before = _count(empty_store, "SELECT count(*) FROM prices")
-    holder = _hold_lock(path, 60)
-    try:
+    with _lock_held(path):
         rc = main(["prices", "set", "my-node", "12", "--kind", "node", "--source", "test", "--db", empty_store])
-    finally:
-        holder.kill()
-        holder.wait(30)
     err = capsys.readouterr().err
     assert rc == 2
     assert f"the store {path} is locked: another process holds a write lock on it" in err
@@ -150,15 +157,11 @@ def test_a_run_end_the_lock_kept_out_names_the_file_and_the_lock(empty_store, tm
     engine = open_store(empty_store)
     rec = Recorder(engine, flush_interval_s=0.02, sqlite_busy_timeout_ms=20, retry_max_s=0.05)
     run_id = rec.start_run(run_info())
-    holder = _hold_lock(tmp_path / "store.db", 60)
-    try:
+    with _lock_held(tmp_path / "store.db"):
         rec.record_request(run_id, synthetic_request(random.Random(0), 3))
         store = re.escape(str(tmp_path / "store.db"))
         with pytest.raises(RecorderError, match=rf"the store {store} is locked, another process holds a write lock"):
             rec.end_run(run_id, timeout_s=0.5)
-    finally:
-        holder.kill()
-        holder.wait(30)
     rec.close()  # the records were kept and are written once the lock is gone
     assert _count(empty_store, f"SELECT count(*) FROM runs WHERE id = {run_id} AND status = 'completed'") == 1
     engine.dispose()
@@ -281,12 +284,8 @@ def test_a_report_the_lock_keeps_out_says_so_in_one_line_and_leaves_nothing(traf
     monkeypatch.setattr(db, "SQLITE_LOCK_WAIT_S", 1.0)
     url, engine, path = traffic
     out = tmp_path / "reports"
-    holder = _hold_lock(path, 60)
-    try:
+    with _lock_held(path):
         rc = main(["report", "--db", url, "--period", "daily", "--since", f"{D0:%Y-%m-%d}", "--out", str(out)])
-    finally:
-        holder.kill()
-        holder.wait(30)
     err = capsys.readouterr().err
     assert rc == 2
     assert f"the store {path} is locked: another process holds a write lock on it" in err
@@ -430,13 +429,9 @@ def test_a_scheduled_run_the_lock_keeps_out_is_one_error_line(traffic, tmp_path,
     monkeypatch.setattr(sched_mod, "_clock", lambda: D0 + timedelta(days=1, hours=6))
     url, engine, path = traffic
     job = ReportJob(job_id="report-daily", db_url=url, out_dir=str(tmp_path / "reports"))
-    holder = _hold_lock(path, 60)
-    try:
+    with _lock_held(path):
         with caplog.at_level(logging.ERROR, logger="telemetry.scheduler"):
             assert sched_mod.run_report_job(**job.kwargs()) is None  # no exception: APScheduler prints no traceback
-    finally:
-        holder.kill()
-        holder.wait(30)
     [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert line.startswith("report job report-daily: run failed: the store ")
     assert "is locked: another process holds a write lock on it" in line
@@ -447,12 +442,8 @@ def test_the_scheduler_command_the_lock_keeps_out_says_so_in_one_line(traffic, t
     monkeypatch.setattr(db, "SQLITE_LOCK_WAIT_S", 1.0)
     url, engine, path = traffic
     out = tmp_path / "reports"
-    holder = _hold_lock(path, 60)
-    try:
+    with _lock_held(path):
         rc = main(["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out)])
-    finally:
-        holder.kill()
-        holder.wait(30)
     err = capsys.readouterr().err
     assert rc == 2
     assert f"the store {path} is locked: another process holds a write lock on it" in err
