@@ -195,16 +195,23 @@ def test_project_json_has_the_monthly_cost_the_text_prints(filled, capsys):
         "nodes x node $/h x 730 hours a month (8,760 a year / 12); node-hours only")
 
 
-def test_cost_shows_the_priced_runs_and_names_the_unpriced_with_their_costs_missing(sqlite_url, capsys):
-    """One run on a device no price covers failed `cost` as a whole: the priced runs' costs are shown, the
-    others' are missing ("—", null in --json, never 0), and a warning names them and how to price them."""
+def _cpu_priced_tpu_unpriced(sqlite_url, tpu_ar_tokens: int = 100):
+    """(engine, (cpu AR run, TPU AR run, TPU spec run)): the CPU run priced by the catalog, the TPU ones by none."""
     engine = open_store(sqlite_url)
     with Session(engine) as s:
         cpu = make_run(s, "ar", device="cpu (2 cores)", requests=[Req(100, ttft_ms=100, e2e_ms=10_000)]).id
-        tpu_ar = make_run(s, "ar", device="Google TPU v5e", requests=[Req(100, ttft_ms=100, e2e_ms=10_000)]).id
+        tpu_ar = make_run(s, "ar", device="Google TPU v5e",
+                          requests=[Req(tpu_ar_tokens, ttft_ms=100, e2e_ms=10_000)]).id
         tpu_spec = make_run(s, "spec", device="Google TPU v5e",
                             requests=[spec_req(100, 4, 60, ttft_ms=100, e2e_ms=5_000)]).id
         s.commit()
+    return engine, (cpu, tpu_ar, tpu_spec)
+
+
+def test_cost_shows_the_priced_runs_and_names_the_unpriced_with_their_costs_missing(sqlite_url, capsys):
+    """One run on a device no price covers failed `cost` as a whole: the priced runs' costs are shown, the
+    others' are missing ("—", null in --json, never 0), and a warning names them and how to price them."""
+    engine, (cpu, tpu_ar, tpu_spec) = _cpu_priced_tpu_unpriced(sqlite_url)
     priced, _ = costs(engine, Filters(run_ids=(cpu,)))
     assert main(["cost", "--db", sqlite_url]) == 0  # some runs priced: the figures are shown
     out = capsys.readouterr().out
@@ -244,13 +251,7 @@ def test_cost_json_modes_say_how_many_runs_their_cost_covers(sqlite_url, capsys)
     consumer read AR's cost per 1M tokens as the whole mode's. Each mode says how many of its runs the figure
     covers (num_priced_runs of num_runs) and which it leaves out; a mode none of whose runs is priced is listed
     with its figures null, never 0 (it was missing from modes altogether)."""
-    engine = open_store(sqlite_url)
-    with Session(engine) as s:
-        cpu = make_run(s, "ar", device="cpu (2 cores)", requests=[Req(100, ttft_ms=100, e2e_ms=10_000)]).id
-        tpu_ar = make_run(s, "ar", device="Google TPU v5e", requests=[Req(300, ttft_ms=100, e2e_ms=10_000)]).id
-        tpu_spec = make_run(s, "spec", device="Google TPU v5e",
-                            requests=[spec_req(100, 4, 60, ttft_ms=100, e2e_ms=5_000)]).id
-        s.commit()
+    engine, (cpu, tpu_ar, tpu_spec) = _cpu_priced_tpu_unpriced(sqlite_url, tpu_ar_tokens=300)
     [priced], _ = costs(engine, Filters(run_ids=(cpu,)))
     assert main(["cost", "--db", sqlite_url, "--json"]) == 0
     modes = {m["mode"]: m for m in json.loads(capsys.readouterr().out)["modes"]}

@@ -299,6 +299,10 @@ def _total_text(c, runs=None) -> str:
 
 
 def _cost_dict(c) -> dict:
+    """A cost's figures as --json gives them; of None (a mode no price covers), the same keys, null."""
+    if c is None:
+        return dict.fromkeys(("hardware_usd_per_1m", "energy_usd_per_1m", "total_usd_per_1m", "energy_included",
+                              "energy_estimated", "reason"))
     return {
         "hardware_usd_per_1m": c.hardware_usd_per_1m,
         "energy_usd_per_1m": c.energy_usd_per_1m,
@@ -561,8 +565,7 @@ def _unpriced_mode_dict(mode: str, counts: dict, devices: str) -> dict:
     return {
         "mode": mode, "run_ids": [], **counts, "incomplete_run_ids": [], "configurations": None,
         "differs_in": [], "num_requests_ok": None, "small_sample": False, "output_tokens": None, "wall_s": None,
-        "tokens_per_s": None, "priced_as": [], "measured_on": [], "hardware_usd_per_1m": None,
-        "energy_usd_per_1m": None, "total_usd_per_1m": None, "energy_included": None, "energy_estimated": False,
+        "tokens_per_s": None, "priced_as": [], "measured_on": [], **_cost_dict(None), "energy_estimated": False,
         "reason": f"no price for device {devices}", "energy_source": None,
     }
 
