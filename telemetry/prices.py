@@ -13,7 +13,7 @@ Public API:
     catalog_name_for_device(device) -> str | None    # "NVIDIA H100 80GB HBM3" -> "H100", "cpu (2 cores)" -> "cpu-2core"
     device_units(device) -> int   # the entry's units a device is: "... x 8 (tp 8)" -> 8 GPUs, "cpu (16 threads)" -> 8
     device_gpus(device) -> int    # the GPUs a device spans: "... x 8 (tp 8)" -> 8, else 1
-    catalog_entry_for_device(catalog, device) -> PriceEntry | None   # the built-in match, else an entry named in it
+    catalog_entry_for_device(catalog, device) -> PriceEntry | None   # a user's entry named in it, else the built-in match
     gpu_chip(device_or_entry_name) -> str | None   # "H100-SXM", "NVIDIA H100 80GB HBM3" -> "H100"; "H100 x8" -> None
     resolve_node_price(engine, *, device, price_snapshot=None, gpu=None, gpus_per_node=1,
                        node_hourly_usd=None, catalog=None) -> NodePrice
@@ -32,6 +32,7 @@ which then query nothing (without it, each call reads the table again: a few sta
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -99,8 +100,8 @@ class NodePrice:
         measured = catalog_name_for_device(device)
         if measured is not None and self.catalog_name.lower() == measured.lower():
             return False  # the device's own catalog entry
-        if measured is None and names_device(self.catalog_name, device):
-            return False  # an entry named after the device (a user's "TPU v5e" for "Google TPU v5e")
+        if names_own_device(self.catalog_name, device):
+            return False  # an entry named after the device (a user's "TPU v5e" for "Google TPU v5e", "H100 PCIe")
         # another price of the same GPU (H100-SXM, my-h100-reserved for an H100; each GPU of a vLLM "x 8 (tp 8)")
         chip = gpu_chip(_DEVICE_GPUS.sub("", device or ""))
         return chip is None or chip != gpu_chip(self.catalog_name)
@@ -388,9 +389,30 @@ def names_device(name: str, device: str) -> bool:
     return bool(name) and re.search(rf"(?<![a-z0-9]){re.escape(name)}(?![a-z0-9])", device or "", re.I) is not None
 
 
+@functools.cache
+def _default_names() -> frozenset[str]:
+    """The shipped defaults' names, lower case (read once: the file ships with the package)."""
+    return frozenset(e.name.lower() for e in default_entries())
+
+
+def names_own_device(name: str, device: str) -> bool:
+    """True when an entry `name` describes the recorded `device` itself, as catalog_entry_for_device would price
+    it: a user's own entry (not a shipped default's name) named in the device string ("A100-SXM4-40GB" for
+    "NVIDIA A100-SXM4-40GB"), or any entry named in a device no built-in pattern knows ("TPU v5e"). A shipped
+    default named in a device the patterns do know ("H100" in "cpu: Fancy H100-ish Xeon") is not."""
+    if not names_device(name, device):
+        return False
+    return catalog_name_for_device(device) is None or (name or "").strip().lower() not in _default_names()
+
+
 def catalog_entry_for_device(catalog: PriceCatalog, device: str) -> PriceEntry | None:
-    """The catalog entry that prices `device` per unit: the one catalog_name_for_device names, else the longest
-    hourly entry whose name stands in the device string (names_device); None when none does."""
+    """The catalog entry that prices `device` per unit: the longest hourly entry whose name stands in the device
+    string as its own (names_own_device: a user's variant price, "H100 PCIe" for "NVIDIA H100 PCIe", over the
+    built-in H100; any entry for a device no pattern knows), else the one catalog_name_for_device names; None
+    when none does."""
+    named = [e for e in catalog.entries if e.unit == "usd_per_hour" and names_own_device(e.name, device)]
+    if named:
+        return max(named, key=lambda e: len(e.name))
     name = catalog_name_for_device(device)
     if name is not None:
         try:
@@ -398,8 +420,7 @@ def catalog_entry_for_device(catalog: PriceCatalog, device: str) -> PriceEntry |
         except ValueError:
             return None
         return entry if entry.unit == "usd_per_hour" else None
-    named = [e for e in catalog.entries if e.unit == "usd_per_hour" and names_device(e.name, device)]
-    return max(named, key=lambda e: len(e.name), default=None)
+    return None
 
 
 def entry_units(entry: PriceEntry, device: str) -> int:

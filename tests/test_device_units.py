@@ -227,3 +227,42 @@ def test_the_mixed_workloads_two_names_filter_as_one(sqlite_url, capsys):
         assert main(["cost", "--db", sqlite_url, "--workload", name, "--json"]) == 0
         assert {r["run_id"] for r in json.loads(capsys.readouterr().out)["runs"]} == {old, new}
     assert main(["cost", "--db", sqlite_url, "--run", str(old), "--workload", "mixed", "--json"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("device", "entry", "kind"),
+    [
+        ("NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB", "gpu"),  # the built-in pattern said A100-80GB ($3.43/h)
+        ("NVIDIA H100 PCIe", "H100 PCIe", "gpu"),  # ... and H100 ($6.88/h)
+        ("cpu: AMD EPYC 7763 (16 threads)", "AMD EPYC 7763", "node"),  # ... and 8 x cpu-2core
+    ],
+)
+def test_a_users_entry_named_in_the_device_prices_it_over_the_built_in_pattern(sqlite_url, capsys, device, entry,
+                                                                               kind):
+    """A user's catalog entry for a device variant was never used: the built-in patterns (a100 -> A100-80GB,
+    h100 -> H100, cpu -> cpu-2core) were tried first. The entry named in the device string prices it, in `cost`
+    and in the snapshot a new run records, as the same hardware (its measured energy stays in); without such an
+    entry the built-in pattern still prices it."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        run_id = make_run(s, "ar", device=device, power_source="nvml",
+                          requests=[Req(100, ttft_ms=100, e2e_ms=10_000, energy_j=50.0)]).id
+        s.commit()
+    builtin = resolve_node_price(engine, device=device)
+    assert builtin.catalog_name != entry and not builtin.differs_from(device)
+    assert main(["prices", "set", entry, "2.0", "--kind", kind, "--source", "test", "--db", sqlite_url]) == 0
+    capsys.readouterr()
+    assert main(["cost", "--db", sqlite_url, "--run", str(run_id), "--json"]) == 0
+    (run,) = json.loads(capsys.readouterr().out)["runs"]
+    assert (run["priced_as"], run["node_hourly_usd"]) == (entry, 2.0), run
+    assert run["energy_included"] and not run["priced_differs_from_measured"], run
+    assert main(["cost", "--db", sqlite_url, "--run", str(run_id)]) == 0
+    assert f"{entry} ($2/h)" in capsys.readouterr().out
+    catalog = load_catalog(engine)
+    assert (price_snapshot(catalog, device)["name"], price_snapshot(catalog, device)["node_hourly_usd"]) == (entry, 2.0)
+    assert not resolve_node_price(engine, device=device, gpu=entry).differs_from(device)
+    # another device the pattern matches still gets the built-in entry; the default's names do not override it
+    other = {"gpu": "NVIDIA A100-SXM4-80GB", "node": "cpu: Fancy H100-ish Xeon (4 threads)"}[kind]
+    assert price_snapshot(catalog, other)["name"] == resolve_node_price(engine, device=other).catalog_name \
+        == {"gpu": "A100-80GB", "node": "cpu-2core"}[kind]
+    engine.dispose()
