@@ -229,22 +229,35 @@ def small_sample_text(requests: dict[str, int], what: str = "a p95 and a capacit
             f"mode); {MEASURE_MORE}")
 
 
-def missing_mode_text(requests: dict[str, int], record: str) -> str | None:
+def missing_mode_text(requests: dict[str, int], record: str, elsewhere: dict[str, int] | None = None,
+                      choose: str | None = None) -> str | None:
     """'based on 0 spec and 1 AR requests: the spec runs are missing (none in view), so AR is compared with nothing;
     record both modes ...: `specfinops bench ... --mode both --db STORE`' where a mode of `requests` (mode -> ok
     requests) has none and another has some; None otherwise. `record`: the bench command recording into the store
-    read (queries.bench_command). Not 'too few': more of the measured mode would not give the missing one."""
-    missing = [_mode_word(m) for m in MODES if m in requests and not requests[m]]
+    read (queries.bench_command). Not 'too few': more of the measured mode would not give the missing one.
+    `elsewhere` (mode -> ok requests in the other comparable groups in view, `Comparison.elsewhere`): a missing mode
+    with some there is said to be in another group, not missing, with `choose` (how to pick a group:
+    Comparison.choose_text) to project that one."""
+    missing = [m for m in MODES if m in requests and not requests[m]]
     measured = [m for m in MODES if requests.get(m)]
     if not missing or not measured:
         return None
     small = any(requests[m] < MIN_STABLE_REQUESTS for m in measured)
     more = (f" (without --limit: a stable p95 and capacity take {MIN_STABLE_REQUESTS} or more requests per mode)"
             if small else "")
-    return (f"based on {_counts_text(requests)}: the {' and '.join(missing)} runs are missing (none in view), so "
-            f"{' and '.join(map(_mode_word, measured))} is compared with nothing; record both modes on the same "
-            f"prompts and machine, with the {' and '.join(map(_mode_word, measured))} runs' target and settings: "
-            f"`{record}`{more}")
+    words = " and ".join(map(_mode_word, measured))
+    record_both = (f"record both modes on the same prompts and machine, with the {words} runs' target and settings: "
+                   f"`{record}`{more}")
+    apart = [m for m in missing if (elsewhere or {}).get(m)]
+    if apart:  # measured, in another comparable group: not comparable with these, but not missing either
+        n = sum(elsewhere[m] for m in apart)
+        there = " and ".join(map(_mode_word, apart))
+        pick = f"to project that group, {choose}; " if choose else ""
+        return (f"based on {_counts_text(requests)}: the {there} runs in view ({n:,} request{'' if n == 1 else 's'}) "
+                f"are in another comparable group, so {words} is compared with nothing here; {pick}to compare the "
+                f"modes, {record_both}")
+    return (f"based on {_counts_text(requests)}: the {' and '.join(map(_mode_word, missing))} runs are missing "
+            f"(none in view), so {words} is compared with nothing; {record_both}")
 
 
 # What a configuration field is called where a pooled figure names what its runs differ in.
@@ -706,8 +719,13 @@ def temperature_text(t: float | None) -> str:
 
 
 # How a CLI user picks another comparable group than the one a projection chose (Comparison.text).
-CHOOSE_GROUP = ("choose with --temperature, --top-p, --top-k, --max-new-tokens, --run-kind, --workload, --target or "
-                "--node")
+# The filter flags of `project` that select one comparable group, per COMPARED_FIELDS field, in the order the
+# choice names them; device, backend and precision have none (a node may hold several devices): --invocation ID
+# selects one bench's runs, whatever the groups differ in.
+CHOOSE_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
+                "max_new_tokens": "--max-new-tokens", "kind": "--run-kind", "workload": "--workload",
+                "target": "--target"}
+CHOOSE_BY_INVOCATION = "--invocation ID"
 
 
 @dataclass(frozen=True, slots=True)
@@ -731,15 +749,35 @@ class Comparison:
     # the fields _group_text leaves out (target, backend, device, precision, answer length cap) in which another
     # group in view differs: the label names this group's value of each, as each other group's label names its own
     named: tuple[str, ...] = ()
+    # every COMPARED_FIELDS field in which another group in view differs from this one (choose_flags)
+    apart: tuple[str, ...] = ()
+    # ok requests per mode in the other groups in view: a mode this group lacks may be measured there
+    elsewhere_ar: int = 0
+    elsewhere_spec: int = 0
+
+    @property
+    def elsewhere(self) -> dict[str, int]:
+        return {"ar": self.elsewhere_ar, "spec": self.elsewhere_spec}
+
+    def choose_flags(self) -> tuple[str, ...]:
+        """The `project` filter flags that select another group than this one: those of the fields the groups
+        differ in (CHOOSE_FLAGS), then --invocation ID (one bench's runs), which selects any of them."""
+        return (*(flag for f, flag in CHOOSE_FLAGS.items() if f in self.apart), CHOOSE_BY_INVOCATION)
+
+    def choose_text(self) -> str:
+        """'choose with --temperature or --invocation ID': only flags that tell the groups in view apart."""
+        flags = self.choose_flags()
+        return "choose with " + (flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} or {flags[-1]}")
 
     @property
     def label(self) -> str:
         return _group_text(self.workload, self.temperature, self.kind, self.top_p, self.top_k) + "".join(
             f", {field_text(f, getattr(self, f))}" for f in self.named)
 
-    def text(self, choose: str = CHOOSE_GROUP) -> str:
+    def text(self, choose: str | None = None) -> str:
         """One line: what is compared, and why this group where there were others (`choose`: how to pick another
-        where the caller can)."""
+        where the caller can; by default the `project` flags that do, choose_text)."""
+        choose = self.choose_text() if choose is None else choose
         head = (f"spec and AR compared at {self.label} ({self.dtype} on {self.device}; {self.requests_spec:,} spec "
                 f"and {self.requests_ar:,} AR requests)")
         if not self.others:
@@ -824,10 +862,13 @@ def comparable_group(configs: list[ConfigSummary]) -> tuple[Comparison, list[Con
     chosen = groups[best]
     others = tuple(_group_label(k, cs, best) for k, cs in groups.items() if k != best)
     fields = dict(zip(COMPARED_FIELDS, best, strict=True))
-    named = tuple(f for f in COMPARED_FIELDS if not _in_group_text(f, fields[f], fields["temperature"])
-                  and any(dict(zip(COMPARED_FIELDS, k, strict=True))[f] != fields[f] for k in groups))
+    apart = tuple(f for f in COMPARED_FIELDS
+                  if any(dict(zip(COMPARED_FIELDS, k, strict=True))[f] != fields[f] for k in groups))
+    named = tuple(f for f in apart if not _in_group_text(f, fields[f], fields["temperature"]))
+    rest = [c for k, cs in groups.items() if k != best for c in cs]
     comparison = Comparison(**fields, requests_ar=requests(chosen, "ar"), requests_spec=requests(chosen, "spec"),
-                            others=others, named=named)
+                            others=others, named=named, apart=apart, elsewhere_ar=requests(rest, "ar"),
+                            elsewhere_spec=requests(rest, "spec"))
     return comparison, chosen
 
 
@@ -958,7 +999,8 @@ def projection_caveats(comparison: Comparison, cap_configs: dict[str, ConfigSumm
     requests = {"spec": comparison.requests_spec, "ar": comparison.requests_ar}
     requests |= {m: c.stats.num_requests_ok for m, c in cap_configs.items() if c is not None}
     # a mode with no requests is missing, not measured too little: how to record it, in place of 'too few'
-    small = missing_mode_text(requests, record) or small_sample_text(requests)
+    small = (missing_mode_text(requests, record, comparison.elsewhere, comparison.choose_text())
+             or small_sample_text(requests))
     out = [small] if small else []
     if differs:
         other = price.catalog_name or price.priced_as
@@ -1209,6 +1251,8 @@ def project_from_store(
         j_per_token_spec=j_per_token("spec"),
         pue=pue_value,
         usd_per_kwh=kwh_price,
+        unmeasured_why={m: "its runs in view are in another comparable group" for m in MODES
+                        if not points[m] and comparison.elsewhere[m]},
     )
     # energy from a configuration whose runs mix an estimated and a measured power source is labelled estimated
     estimated_by_mode = {

@@ -394,12 +394,14 @@ def project(
     j_per_token_spec: float | None = None,
     pue: float = 1.0,
     usd_per_kwh: float = 0.0,
+    unmeasured_why: dict[str, str] | None = None,
 ) -> Projection:
     """Capacity at SLA -> nodes -> monthly cost, annual savings and cost per 1M tokens, for AR and spec.
 
     points_*: (tokens_per_s, p95_tpot_ms) per measured run of that mode. j_per_token_*: measured J/token
     to add the energy part to the cost per 1M tokens (pass None when the priced hardware is not the
-    measured hardware: that figure would not apply).
+    measured hardware: that figure would not apply). unmeasured_why: mode -> why a mode without points has
+    none, where the caller knows better than "no {mode} runs in view" (its runs are in another group).
     """
     _validate_traffic(daily_tokens, peak_factor)
     _finite("sla_ms", sla_ms, minimum=0, strict=True)
@@ -410,7 +412,8 @@ def project(
     for mode, points in (("ar", points_ar), ("spec", points_spec)):
         caps[mode] = capacity_at_sla(points, sla_ms)
         if not points:
-            notes.append(f"{mode}: {NOT_MEASURED}: no {mode} runs in view")
+            why = (unmeasured_why or {}).get(mode) or f"no {mode} runs in view"
+            notes.append(f"{mode}: {NOT_MEASURED}: {why}")
         elif caps[mode] is None:
             best = min((p for _, p in points if p is not None), default=None)
             why = "no run has a p95 TPOT" if best is None else f"best measured p95 TPOT is {_ms_apart(best, sla_ms)} ms"
@@ -420,7 +423,8 @@ def project(
     savings = annual_savings(n_ar, n_spec, node_hourly_usd)
     if savings is None:
         missing = [m.upper() if m == "ar" else m for m, pts in (("ar", points_ar), ("spec", points_spec)) if not pts]
-        why = f"no {' or '.join(missing)} runs measured" if missing else "a node count is not attainable"
+        where = " in the compared group" if missing and all(m.lower() in (unmeasured_why or {}) for m in missing) else ""
+        why = f"no {' or '.join(missing)} runs measured{where}" if missing else "a node count is not attainable"
         notes.append(f"annual savings: not computed ({why})")
     e_ar = energy_usd_per_1m(j_per_token_ar, pue, usd_per_kwh)
     e_spec = energy_usd_per_1m(j_per_token_spec, pue, usd_per_kwh)

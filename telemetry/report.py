@@ -532,9 +532,18 @@ def _band(name: str, get: Callable[[PeriodFigures], float | None], current: Peri
     return replace(b, note=f"{partly}; {note}" if partly else note)
 
 
-# How a report's reader projects another comparable group than the one the report's projection chose.
-REPORT_CHOOSE = ("`specfinops project --temperature T --top-p P --top-k N --max-new-tokens N --run-kind KIND "
-                 "--workload W` projects another")
+# How a report's reader projects another comparable group than the one the report's projection chose: the
+# `project` filters that tell the groups in view apart (Comparison.choose_flags), each with what it takes.
+_CHOOSE_VALUES = {"--temperature": "T", "--top-p": "P", "--top-k": "N", "--max-new-tokens": "N", "--run-kind": "KIND",
+                  "--workload": "W", "--target": "MODEL"}
+
+
+def report_choose(comparison: costing.Comparison) -> str:
+    """'`specfinops project --temperature T` or `specfinops project --invocation ID` projects another'."""
+    flags = [f"{f} {_CHOOSE_VALUES[f]}" if f in _CHOOSE_VALUES else f for f in comparison.choose_flags()]
+    *by_field, by_invocation = flags
+    either = [f"`specfinops project {' '.join(by_field)}`"] if by_field else []
+    return f"{' or '.join([*either, f'`specfinops project {by_invocation}`'])} projects another"
 
 
 # ---- the report -----------------------------------------------------------------------------------------
@@ -1156,7 +1165,7 @@ def projection_rows(pr: ProjectionResult) -> list[tuple[str, Any]]:
         if key in PROJECTION_SKIP:
             continue
         if key == "compared":
-            value = None if pr.projection.comparison is None else pr.projection.comparison.text(REPORT_CHOOSE)
+            value = None if pr.projection.comparison is None else pr.projection.comparison.text(report_choose(pr.projection.comparison))
         if key in ("energy_estimated_ar", "energy_estimated_spec") and d["assumptions"].get(
                 key.replace("energy_estimated", "energy_partly_estimated")):
             value = "partly (metered and estimated runs pooled)"

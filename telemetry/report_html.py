@@ -32,7 +32,6 @@ from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.queries import above_acceptance_lines, paired_text
 from telemetry.report import (
     ALPHA_GO,
-    REPORT_CHOOSE,
     TOTAL_BASIS,
     CostMetric,
     ReportData,
@@ -44,6 +43,7 @@ from telemetry.report import (
     meets_sla,
     partial_energy,
     projection_tpot,
+    report_choose,
     time_text,
 )
 
@@ -352,7 +352,7 @@ def assumptions_html(data: ReportData) -> str:
             + (f" (given: {data.pricing.text()})" if data.pricing.text() else "")
             + (f", measured on {', '.join(a['measured_on'])}" if a["priced_differs_from_measured"] else ""),
             *([pr.projection.replica_note] if pr.projection.replica_note else []),
-            *([pr.projection.comparison.text(REPORT_CHOOSE)] if pr.projection.comparison is not None else []),
+            *([pr.projection.comparison.text(report_choose(pr.projection.comparison))] if pr.projection.comparison is not None else []),
             f"capacity per node: {a['capacity_basis']}",
             f"{FLEET_COST_LABEL}: AR {usd(p.cost_per_1m_tokens_ar_usd)} ({fleet_energy_text(pr.projection, 'ar')}), "
             f"spec {usd(p.cost_per_1m_tokens_spec_usd)} ({fleet_energy_text(pr.projection, 'spec')}) "

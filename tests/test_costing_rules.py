@@ -298,3 +298,35 @@ def test_a_servers_spec_and_ar_runs_share_its_nodes_time(db_url, capsys):
     runs = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
     assert sum(r["hardware_usd_per_1m"] * r["output_tokens"] / 1e6 for i, r in runs.items() if i != 3) \
         == pytest.approx(0.0832)
+
+
+def test_project_says_a_missing_modes_runs_are_in_another_group_and_how_to_choose_it(sqlite_url, capsys):
+    """AR recorded on one device string, spec on another of the same node: two comparable groups, one of each
+    mode. `project` said "the spec runs are missing (none in view)" and "no spec runs in view" though they were,
+    and told to choose with --temperature ... or --node, none of which selects either group. It now says where
+    the spec runs are and offers only --invocation, which does."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for _ in range(2):
+            make_run(s, "ar", device="cpu (2 cores)", requests=[_tpot_req("ar", 20, i) for i in range(3)])
+        make_run(s, "spec", device="cpu: AMD EPYC (2 threads)", requests=[_tpot_req("spec", 20, i) for i in range(2)])
+        s.commit()
+    assert main(["project", "--db", sqlite_url, *PROJECT]) == 0
+    text = capsys.readouterr().out
+    assert "none in view" not in text and "no spec runs in view" not in text, text
+    assert "the spec runs in view (2 requests) are in another comparable group" in text, text
+    assert "spec: not measured: its runs in view are in another comparable group" in text, text
+    assert "choose with --invocation ID" in text, text
+    said = text.replace("`specfinops bench --workload code", "")  # the bench command to record both modes
+    for flag in ("--temperature", "--node", "--top-p", "--workload", "--target", "--run-kind"):
+        assert flag not in said, (flag, text)
+    assert "annual savings: not computed (no spec runs measured in the compared group)" in text, text
+    # groups that a filter does tell apart: that filter is offered, with --invocation
+    with Session(engine) as s:
+        make_run(s, "ar", device="cpu (2 cores)", temperature=0.8, top_k=0,
+                 requests=[_tpot_req("ar", 20, i) for i in range(1)])
+        s.commit()
+    assert main(["project", "--db", sqlite_url, *PROJECT]) == 0
+    text = capsys.readouterr().out
+    assert "choose with --temperature or --invocation ID" in text, text
+    assert "--node" not in text and "--top-p" not in text, text

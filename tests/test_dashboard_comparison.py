@@ -284,3 +284,21 @@ def test_the_monthly_cost_says_its_hours(two_workloads, monkeypatch):
     assert_clean(at)
     for label in ("Monthly cost AR", "Monthly cost spec"):
         assert "x 730 hours a month (8,760 a year / 12)" in _metric(at, label).help
+
+
+def test_the_missing_mode_caveat_says_how_to_choose_its_group_in_the_dashboards_words(sqlite_url):
+    """AR and spec in two comparable groups (another device string): the projection's caveat says where the spec
+    runs are and how to choose that group; on a page it names the sidebar, not CLI flags."""
+    from app.dashboard.common import CHOOSE_HERE, in_page_words
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", device="cpu (2 cores)", requests=[_tpot_req("ar", 20, 0)])
+        make_run(s, "spec", device="cpu: AMD EPYC (2 threads)", requests=[_tpot_req("spec", 10, 0)])
+        s.commit()
+    sp = costing.project_from_store(engine, daily_tokens=1e6, peak_factor=1, sla_ms=50)
+    (caveat,) = [c for c in sp.caveats if "another comparable group" in c]
+    assert "choose with --invocation ID" in caveat, caveat
+    said = in_page_words(caveat)
+    assert CHOOSE_HERE in said and "--invocation" not in said, said
+    engine.dispose()

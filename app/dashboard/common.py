@@ -168,11 +168,18 @@ RECORDED_PRICES_HERE = ("pick a catalog GPU or a custom $/h as the Node price on
                         "them otherwise, or narrow to runs of one price (the sidebar's Invocation)")
 
 
+# and how a projection's caveat says to choose another comparable group (Comparison.choose_text): the sidebar
+_CHOOSE_FLAGS_TEXT = re.compile(r"choose with --[a-z-]+(?: [A-Z]+)?(?:(?:, | or )--[a-z-]+(?: [A-Z]+)?)*")
+CHOOSE_HERE = "pick it with the sidebar's Invocation (or the filter the groups differ in)"
+
+
 def in_page_words(message: str) -> str:
     """A costing message in the dashboard's words: how to price a device the catalog does not know, or runs that
-    recorded different prices, is the Node price input and the sidebar, not CLI flags."""
+    recorded different prices, or choose another comparable group, is the Node price input and the sidebar, not
+    CLI flags."""
     for hint in _PRICE_HINTS:
         message = message.replace(hint, PRICE_IT_HERE)
+    message = _CHOOSE_FLAGS_TEXT.sub(CHOOSE_HERE, message)
     return message.replace(RECORDED_PRICES_WAYS, RECORDED_PRICES_HERE)
 
 
