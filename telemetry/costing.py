@@ -103,9 +103,24 @@ class ModeCost:
 
 
 MEASURED, ESTIMATED, PARTLY_ESTIMATED = "measured", "estimated", "partly estimated"
-# Why a cost holds no energy although the runs measured some: they are priced as other hardware than they
-# ran on (NodePrice.differs_from), and energy measured on one device is not the energy of another.
-ENERGY_OTHER_HARDWARE = "measured energy left out: priced as other hardware than measured"
+# Why a cost holds no energy although the runs measured (or estimated) some: they are priced as other hardware
+# than they ran on (NodePrice.differs_from), and energy measured on one device is not the energy of another.
+_OTHER_HARDWARE = "energy left out: priced as other hardware than measured"
+
+
+def energy_other_hardware(source: str | None) -> str:
+    """'measured energy left out: priced as other hardware than measured' ('estimated ...', 'partly estimated
+    ...': `source`, energy_source of the runs whose energy is left out; measured where None)."""
+    return f"{source or MEASURED} {_OTHER_HARDWARE}"
+
+
+def is_energy_other_hardware(reason: str | None) -> bool:
+    """Whether a cost's reason is energy_other_hardware's, whatever the energy's source."""
+    return reason is not None and reason.endswith(_OTHER_HARDWARE) and \
+        reason.removesuffix(_OTHER_HARDWARE).strip() in (MEASURED, ESTIMATED, PARTLY_ESTIMATED)
+
+
+ENERGY_OTHER_HARDWARE = energy_other_hardware(MEASURED)
 # Why a run's cost holds no energy although it has some: only some of its requests have an energy figure.
 SOME_REQUESTS = "energy for only some requests"
 WALL_UNKNOWN = "wall time unknown"  # a run with tokens but no request span: nothing prices its hours
@@ -336,7 +351,7 @@ def _price_run(engine: Engine, run: RunSummary, gpu, node_hourly_usd, usd_per_kw
         cost = CostBreakdown(st.output_tokens, None, None, None, False, False, WALL_UNKNOWN)
     elif differs and st.energy_j is not None:  # energy measured here is not the priced hardware's
         cost = cost_per_1m_tokens(price.usd_per_hour, (st.wall_s or 0.0) * node_share / 3600, None, pue_value, kwh_price,
-                                  st.output_tokens, no_energy_reason=ENERGY_OTHER_HARDWARE)
+                                  st.output_tokens, no_energy_reason=energy_other_hardware(energy_source([run])))
     else:
         energy_kwh = st.energy_j / J_PER_KWH if st.energy_complete and st.energy_j is not None else None
         partial = st.energy_j is not None and not st.energy_complete
@@ -354,16 +369,25 @@ def _price_run(engine: Engine, run: RunSummary, gpu, node_hourly_usd, usd_per_kw
     return RunCost(run, price, run.device, differs, kwh_price, pue_value, cost, node_share)
 
 
+def _configs_energy_source(configs: Iterable[ConfigSummary]) -> str | None:
+    """energy_source of pooled configurations: measured, estimated, partly estimated; None without energy."""
+    estimated = {c.stats.energy_estimated for c in configs if c.stats.energy_j is not None}
+    if not estimated:
+        return None
+    return PARTLY_ESTIMATED if len(estimated) == 2 else ESTIMATED if True in estimated else MEASURED
+
+
 def partial_energy_reason(with_energy: list[RunCost], runs_with_tokens: int, left_out: int = 0,
-                          some_requests: list[RunCost] | None = None) -> str:
+                          some_requests: list[RunCost] | None = None, left_out_source: str | None = None) -> str:
     """Why a mode's total is hardware only: 'estimated energy for 3 of 5 runs: hardware only' (measured,
     partly estimated) where some of its runs with tokens have an energy figure in the cost, else
-    ENERGY_OTHER_HARDWARE where the `left_out` runs' energy was left out for that reason, else 'measured energy for
+    energy_other_hardware where the `left_out` runs' energy was left out for that reason (`left_out_source`: their
+    energy_source), else 'measured energy for
     only some requests (2 of 5 runs): hardware only' where the `some_requests` runs measured some of their requests,
     else 'energy not measured'."""
     if not with_energy:
         if left_out:
-            return ENERGY_OTHER_HARDWARE
+            return energy_other_hardware(left_out_source)
         if some_requests:
             return (f"{energy_source(rc.run for rc in some_requests)} {SOME_REQUESTS} ({len(some_requests)} of "
                     f"{runs_with_tokens} runs): hardware only")  # fmt: skip
@@ -398,9 +422,10 @@ def _mode_cost(mode: str, items: list[RunCost]) -> ModeCost:
     walls = [rc.run.stats.wall_s for rc in with_tokens]
     wall_s = None if not walls or any(w is None for w in walls) else sum(walls)
     with_energy = [rc for rc in with_tokens if rc.cost.energy_included]
-    left_out = sum(1 for rc in with_tokens if rc.cost.reason == ENERGY_OTHER_HARDWARE)
+    left = [rc for rc in with_tokens if is_energy_other_hardware(rc.cost.reason)]
+    left_out = len(left)
     some_requests = [rc for rc in with_tokens if rc.run.stats.energy_j is not None and not rc.run.stats.energy_complete
-                     and rc.cost.reason != ENERGY_OTHER_HARDWARE]  # fmt: skip
+                     and not is_energy_other_hardware(rc.cost.reason)]  # fmt: skip
     if wall_s is None:
         cost = CostBreakdown(
             tokens,
@@ -424,8 +449,9 @@ def _mode_cost(mode: str, items: list[RunCost]) -> ModeCost:
         # estimated only where estimated energy is in the total; the reason in the words `cost` prints
         estimated = energy_known and any(rc.run.stats.energy_estimated for rc in with_tokens)
         cost = cost_per_1m_from_totals(hardware_usd, energy_usd, 1.0, 1.0, tokens, energy_estimated=estimated,
-                                       no_energy_reason=partial_energy_reason(with_energy, len(with_tokens), left_out,
-                                                                              some_requests))  # fmt: skip
+                                       no_energy_reason=partial_energy_reason(
+                                           with_energy, len(with_tokens), left_out, some_requests,
+                                           energy_source(rc.run for rc in left)))  # fmt: skip
     return ModeCost(
         mode=mode,
         run_ids=tuple(rc.run.run_id for rc in items),
@@ -898,6 +924,8 @@ class StoreProjection:
     device_gpus: int = 1  # the GPUs the measured device spans (a vLLM run's tensor x pipeline parallel size)
     # priced as other hardware than measured while the runs measured energy: that energy is left out
     energy_left_out: bool = False
+    # where it is: whether that energy was measured or estimated (energy_source's words)
+    energy_left_out_source: str | None = None
     energy_prices_from: str = ""  # where usd_per_kwh and pue come from, in words
     comparison: Comparison | None = None  # the comparable group both modes were sized on
     # p95 TPOT (ms) of each mode's capacity configuration: what meets the SLA in the projection
@@ -1292,6 +1320,7 @@ def project_from_store(
         replicas_per_node=replicas,
         device_gpus=device_gpus(devices[0]),
         energy_left_out=differs and any(c.stats.energy_j is not None for c in configs),
+        energy_left_out_source=_configs_energy_source(configs) if differs else None,
         energy_prices_from=energy_prices_from,
         comparison=comparison,
         capacity_tpot_p95_ms_ar=cap_configs["ar"].stats.tpot_p95_ms if cap_configs["ar"] else None,

@@ -102,7 +102,7 @@ def test_synthetic_runs_are_priced_as_their_one_gpu_and_keep_their_energy(synth)
     for rc in run_costs:
         assert rc.run.price_snapshot["name"] == "H100" and rc.run.price_snapshot["node_hourly_usd"] == h100
         assert not rc.priced_differs and rc.cost.energy_included, rc.run.run_id
-        assert rc.cost.reason != costing.ENERGY_OTHER_HARDWARE
+        assert not costing.is_energy_other_hardware(rc.cost.reason)
 
 
 # ---- 3. price bounds ---------------------------------------------------------------------------------------------

@@ -568,7 +568,8 @@ def test_cost_priced_as_other_hardware_is_one_line_naming_the_runs(filled, capsy
         s.commit()
     assert main(["cost", "--db", filled, "--gpu", "H100"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if "measured on" in line]
-    assert lines == ["runs 1-5: priced as H100, measured on cpu (2 cores); the energy measured there is not that "
+    # runs 1-2 estimated their energy (the others have none): it is not called measured
+    assert lines == ["runs 1-5: priced as H100, measured on cpu (2 cores); the energy estimated there is not that "
                      "hardware's: left out (hardware only)"]
     from telemetry.costing import ids_text
 
@@ -823,14 +824,15 @@ def test_cost_and_project_agree_on_energy_under_another_price(filled, capsys):
     out = json.loads(capsys.readouterr().out)
     for item in out["runs"] + out["modes"]:
         assert item["energy_included"] is False and item["energy_usd_per_1m"] is None
-        assert item["reason"] == "measured energy left out: priced as other hardware than measured"
+        # the runs' power was estimated (`filled`): their energy is not called measured
+        assert item["reason"] == "estimated energy left out: priced as other hardware than measured"
     assert all(r["priced_differs_from_measured"] for r in out["runs"])
     assert main([*_project(filled, "--gpu", "H100"), "--json"]) == 0
     a = json.loads(capsys.readouterr().out)["assumptions"]
     assert a["priced_differs_from_measured"] and a["energy_left_out_other_hardware"]
     assert not a["energy_included_ar"] and not a["energy_included_spec"]
     assert main(_project(filled, "--gpu", "H100")) == 0
-    assert "measured on cpu (2 cores); the energy measured there is not that hardware's: left out (node price " \
+    assert "measured on cpu (2 cores); the energy estimated there is not that hardware's: left out (node price " \
            "only)" in capsys.readouterr().out
 
     # the catalog's own price given as a custom one: the same figures as the catalog price, energy included

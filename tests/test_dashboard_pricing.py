@@ -186,6 +186,8 @@ def test_overview_says_measured_energy_was_left_out_not_that_it_was_not_measured
     assert_clean(at)
     said = " ".join(c.value for c in at.caption)
     assert "cost is hardware only (measured energy left out: priced as other hardware than measured)" in said, said
+    # the spec run's power was estimated: its energy is not called measured
+    assert "cost is hardware only (estimated energy left out: priced as other hardware than measured)" in said, said
     assert "energy not measured" not in said, said
 
 

@@ -264,18 +264,18 @@ def _num(x: float | None, fmt: str = ",.1f") -> str:
 def _energy_text(c, runs=None) -> str:
     """The energy part; `runs` (a mode's): where it pools estimated and metered energy, it says which is which."""
     from telemetry.costing import (
-        ENERGY_OTHER_HARDWARE,
         PARTLY_ESTIMATED,
         SOME_REQUESTS,
         WALL_UNKNOWN,
         energy_source,
         energy_sources_text,
+        is_energy_other_hardware,
     )
 
     if c.energy_usd_per_1m is None:
         if c.tokens == 0:  # nothing to spread energy over (a run cancelled before its first token): not unmeasured
             return "n/a"
-        if c.reason == ENERGY_OTHER_HARDWARE:
+        if is_energy_other_hardware(c.reason):
             return "left out (other hw)"
         if c.reason == WALL_UNKNOWN:  # energy may be measured: the run's figure is n/a as a whole
             return "n/a (wall unknown)"
@@ -338,6 +338,7 @@ def run_cost_command(args) -> int:
         SERVE_PRICED_OVER,
         above_acceptance_caveats,
         costs_and_unpriced,
+        energy_source,
         ids_text,
         incomplete_runs_text,
         no_runs_reason,
@@ -459,7 +460,8 @@ def run_cost_command(args) -> int:
     for (priced_as, measured_on), rcs in differing.items():  # one line per pair, not one per run
         print(f"{ids_text([rc.run.run_id for rc in rcs], shown=IDS_SHOWN)}: priced as {priced_as}, measured on "
               f"{measured_on}"
-              + (OTHER_HARDWARE_ENERGY if any(rc.run.stats.energy_j is not None for rc in rcs) else ""))
+              + (other_hardware_energy(energy_source(rc.run for rc in rcs))
+                 if any(rc.run.stats.energy_j is not None for rc in rcs) else ""))
     custom = sorted({rc.node_price.priced_as for rc in run_costs if rc.node_price.origin == "flag"})
     if custom:
         print(f"{', '.join(custom)}: {CUSTOM_PRICE_NOTE}")
@@ -493,8 +495,13 @@ def _unpriced_dict(r, priced_over: str, energy_estimated: bool) -> dict:
 
 
 # Said where runs are priced as other hardware than they ran on (`cost` and `project` alike): the energy
-# measured on one device is not the energy of another, so it is left out of the figure.
-OTHER_HARDWARE_ENERGY = "; the energy measured there is not that hardware's: left out (hardware only)"
+# measured (or estimated) on one device is not the energy of another, so it is left out of the figure.
+def other_hardware_energy(source: str | None, only: str = "hardware only") -> str:
+    """'; the energy measured there is not that hardware's: left out (hardware only)' ('estimated there', 'measured
+    and estimated there': `source`, costing.energy_source of the runs whose energy is left out)."""
+    how = {"estimated": "estimated", "partly estimated": "measured and estimated"}.get(source or "", "measured")
+    return f"; the energy {how} there is not that hardware's: left out ({only})"
+
 # What --node-hourly-usd means (`cost` and `project` alike): the measured hardware at this price.
 CUSTOM_PRICE_NOTE = ("a custom price is taken as the measured hardware's price per node-hour, so its measured "
                      "energy stays in (to price other hardware, name it: --gpu NAME)")
@@ -651,7 +658,7 @@ def run_project_command(args) -> int:
     if sp.priced_differs:
         line += f", measured on {', '.join(sp.measured_on)}"
         if sp.energy_left_out:
-            line += OTHER_HARDWARE_ENERGY.replace("hardware only", "node price only")
+            line += other_hardware_energy(sp.energy_left_out_source, "node price only")
     print(line + f"; PUE {sp.pue:g}, ${sp.usd_per_kwh:g}/kWh ({sp.energy_prices_from})")
     for caveat in sp.caveats:  # small sample, other hardware than measured
         print(f"warning: {caveat}")
