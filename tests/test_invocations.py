@@ -445,3 +445,54 @@ def test_the_bench_table_says_which_runs_overlapped(capsys):
     report = {"runs": [], "speedup_by_concurrency": {}, "overlap_warning": "runs 7 (bench) recorded on this node"}
     print_table(report, recorded=False)
     assert "warning: runs 7 (bench) recorded on this node" in capsys.readouterr().out
+
+
+FAILED_EARLY = "5555eeee" + "0" * 24  # the newest bench: its only run failed before any request
+
+
+def test_latest_skips_a_bench_that_recorded_no_request(db_url, capsys, tmp_path):
+    """A bench whose only run failed before its first request was 'latest': `cost --invocation latest` refused
+    it ('have no requests') and `report --period custom --invocation latest` wrote an empty report. 'latest' is
+    the newest finished invocation that recorded a request; where none did, it says so."""
+    fill(db_url)
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        run = make_run(s, "ar", started_at=BASE_TIME + 3 * HOUR, requests=[], status="failed")
+        run.invocation_id = FAILED_EARLY
+        s.commit()
+    try:
+        assert list_invocations(engine, limit=1)[0].invocation_id == FAILED_EARLY  # newest, listed as it is
+        assert resolve_invocation(engine, "latest") == LOADED
+        assert resolve_invocation(engine, "5555") == FAILED_EARLY  # named, it is read as it is
+    finally:
+        engine.dispose()
+    assert main(["cost", "--db", db_url, "--invocation", "latest", "--json"]) == 0
+    assert {r["run_id"] for r in json.loads(capsys.readouterr().out)["runs"]} == {3, 4}  # LOADED's runs
+    out = tmp_path / "reports"
+    assert main(["report", "--db", db_url, "--period", "custom", "--invocation", "latest", "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "(invocation 2222bbbb only)" in said, said
+    (runs_csv,) = out.rglob("runs_cost.csv")
+    with open(runs_csv, encoding="utf-8") as fh:
+        assert len(list(csv.DictReader(fh))) == 2, said  # LOADED's two runs: not an empty report
+
+
+@pytest.mark.parametrize("command", ["cost", "project", "export", "report"])
+def test_the_help_says_what_latest_picks(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert "whose runs have all ended and that recorded a request" in " ".join(capsys.readouterr().out.split())
+
+
+def test_latest_where_no_finished_invocation_recorded_a_request_says_so(sqlite_url):
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        run = make_run(s, "ar", requests=[], status="failed")
+        run.invocation_id = FAILED_EARLY
+        s.commit()
+    try:
+        with pytest.raises(ValueError, match=r"--invocation latest: no finished bench or load test in the store "
+                                             r"recorded a request \(the newest, 5555eeee"):
+            resolve_invocation(engine, "latest")
+    finally:
+        engine.dispose()
