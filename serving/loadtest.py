@@ -9,8 +9,8 @@ Each (level, mode) is stored as a run (kind 'loadtest', concurrency = level) wit
 the FinOps capacity at SLA can use it. Loopback only: the device recorded is this machine's.
 
 A worker pauses after a failed request (doubling up to BACKOFF_MAX_S); a level whose requests all fail
-for FAIL_FAST_S (the server gone, or refusing everything) or by its end stops the load test
-(`LoadTestFailed`, the run 'failed'). Stopped by Ctrl-C / SIGTERM, a level cancels its workers before
+for FAIL_FAST_S (the server gone, or refusing everything: none it accepted still in flight) or by its end stops
+the load test (`LoadTestFailed`, the run 'failed'). Stopped by Ctrl-C / SIGTERM, a level cancels its workers before
 the client closes: requests in flight are recorded 'cancelled', none as an error of our own making. A request
 that ends cancelled or failed keeps the tokens it made (`_take_counts`): the server counted them in /metrics.
 What the client cannot know (the prompt tokens of a stream that ended without the server's usage, a speculative
@@ -42,7 +42,7 @@ LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 DRAIN_GRACE_S = 120.0  # after the duration, in-flight requests get this long before they are cancelled
 TOKEN_SOURCE = "client"  # token events seen from the client: which step made them is unknown here
 BACKOFF_S, BACKOFF_MAX_S = 0.05, 2.0  # a worker's pause after its 1st, 2nd, ... failure in a row: doubling
-FAIL_FAST_S = 5.0  # every request failing this long (3 at least), none streaming: the level stops
+FAIL_FAST_S = 5.0  # every request failing this long (3 at least), none accepted in flight: the level stops
 FAIL_FAST_MIN = 3
 
 
@@ -108,6 +108,7 @@ class ClientResult:
     ended_at: datetime | None = None  # the client's end of the request: its window for energy shares
     unreachable: bool = False  # failed to connect, or the connection was lost (openai.APIConnectionError)
     admitted_at: datetime | None = None  # when the server took it into a batch slot, where it said (`admission`)
+    accepted: bool = False  # the server answered it 200 (its stream open): it took the request, no refusal
 
     @property
     def energy_since(self) -> datetime:
@@ -196,8 +197,10 @@ def new_result(prompt: Prompt) -> ClientResult:
 
 
 async def one_request(client, model: str, res: ClientResult, spec: LoadSpec, mode: str) -> None:
-    """Send one streaming request and fill `res` (its record's start is when it was created). The record's
-    TTFT is set as soon as the first content chunk arrives: a request in flight shows that the server works."""
+    """Send one streaming request and fill `res` (its record's start is when it was created). `res.accepted` is
+    set as soon as the server answers 200 (its stream opens), the record's TTFT as soon as the first content
+    chunk arrives: a request in flight that the server accepted shows that the server works, its first token
+    however long it takes (queued behind others, a slow model)."""
     from openai import APIConnectionError
 
     rec, t0 = res.record, time.perf_counter()
@@ -209,6 +212,7 @@ async def one_request(client, model: str, res: ClientResult, spec: LoadSpec, mod
             model=model, messages=res.prompt.as_messages(), max_tokens=spec.max_tokens,
             temperature=spec.temperature, stream=True, stream_options={"include_usage": True},
             extra_body={"speculative": mode == "spec"})
+        res.accepted = True
         async with stream:  # closed when cancelled too: the server sees the client go and frees the slot
             async for chunk in stream:
                 if chunk.usage is not None:
@@ -312,7 +316,8 @@ class _Stop(Exception):
 
 
 class _Failing:
-    """The requests that failed since the level last saw the server work (a request ok, or one streaming)."""
+    """The requests that failed since the level last saw the server work (a request ok, or one it accepted
+    still in flight)."""
 
     def __init__(self) -> None:
         self.results: list[ClientResult] = []
@@ -390,8 +395,10 @@ async def run_level(client, model: str, prompts: list[Prompt], spec: LoadSpec, l
                 continue
             failures += 1
             now = time.perf_counter()
-            if any(r.record.ttft_ms is not None for r in inflight.values()):
-                failing.working()  # others stream: the server works, this failure is the request's own
+            if any(r.accepted for r in inflight.values()):
+                # others are accepted, streaming or waiting for their first token (an overloaded server answers the
+                # surplus 503 while it serves those it took): the server works, this failure is the request's own
+                failing.working()
             elif (reason := failing.failed(res, now)) is not None:
                 raise _Stop(reason)
             await asyncio.sleep(min(backoff_s(failures), max(deadline - now, 0.0)))

@@ -25,18 +25,22 @@ class Stub:
     stream `chunks` chunks `chunk_s` apart, or answer 400 (`refuse`); `card_extra` goes under the model
     card's "specfinops". `fail_usage`: the stream fails after its chunks as `specfinops serve`'s does, this
     usage chunk and then an error event. `endless_after`: the requests after that many stream chunks until the
-    client goes."""
+    client goes. `capacity`: at most that many requests stream at once, the others are answered 503 overloaded
+    (as `specfinops serve --max-batch --max-waiting`); `first_chunk_s`: the wait before a stream's first chunk."""
 
     def __init__(self, *, chunks: int = 3, chunk_s: float = 0.02, refuse: bool = False, api_key: str | None = None,
                  max_model_len: int = 512, card_extra: dict | None = None, content: str = "ab",
-                 fail_usage: dict | None = None, redirect_to: str | None = None, endless_after: int | None = None):
+                 fail_usage: dict | None = None, redirect_to: str | None = None, endless_after: int | None = None,
+                 capacity: int | None = None, first_chunk_s: float = 0.0):
         import uvicorn
         from starlette.applications import Starlette
         from starlette.responses import JSONResponse, StreamingResponse
         from starlette.routing import Route
 
         self.num_chat = 0
+        self.num_overloaded = 0
         self.headers: list[dict] = []
+        streaming = [0]
 
         def refused(request) -> JSONResponse | None:
             if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
@@ -59,8 +63,21 @@ class Stub:
                 return JSONResponse({"error": {"message": "max_tokens is too large for this stub", "code": None,
                                                "type": "invalid_request_error", "param": "max_tokens"}},
                                     status_code=400)
+            if capacity is not None and streaming[0] >= capacity:
+                self.num_overloaded += 1
+                return JSONResponse({"error": {"message": "the server is overloaded; retry later", "param": None,
+                                               "type": "server_error", "code": "overloaded"}}, status_code=503)
+            streaming[0] += 1
 
             async def events():
+                try:
+                    async for event in stream():
+                        yield event
+                finally:
+                    streaming[0] -= 1
+
+            async def stream():
+                await asyncio.sleep(first_chunk_s)
                 def sse(obj: dict) -> str:
                     return f"data: {json.dumps(obj)}\n\n"
 
@@ -342,6 +359,24 @@ def test_a_server_refusing_every_request_fails_the_level_with_its_reason(stub_fa
     assert _runs(db_url) == [("loadtest", "failed", "none")]  # the load test stopped at the first level
     assert 3 <= stub.num_chat <= 30, stub.num_chat  # backed off (the old loop sent hundreds a second)
     assert "ar       2      0" in out.out  # the table of what ran is still printed
+
+
+def test_an_overloaded_server_still_serving_its_accepted_requests_is_not_a_failed_level(stub_factory, fail_fast,
+                                                                                       tmp_path, capsys):
+    """`serve --max-batch 1 --max-waiting 1` under 4 clients: the surplus requests are answered 503 overloaded
+    while the request it took waits longer than FAIL_FAST_S for its first token. The server works: the level
+    ends, its ok requests beside the 503s, not 'every request failed'."""
+    stub = stub_factory(capacity=1, first_chunk_s=1.6, chunks=2, chunk_s=0.01)
+    db_url = f"sqlite:///{tmp_path / 'busy.db'}"
+    out = tmp_path / "busy.json"
+    rc = main(["loadtest", "--url", stub.url, "--concurrency", "4", "--duration", "2", "--mode", "spec",
+               "--max-tokens", "3", "--workload", "code", "--db", db_url, "--json", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "every request failed" not in err and stub.num_overloaded >= 3, (stub.num_overloaded, err)
+    level = json.loads(out.read_text())["levels"][0]
+    assert level["requests_ok"] >= 1 and level["requests_error"] >= 3, level
+    assert _runs(db_url) == [("loadtest", "completed", "none")]
 
 
 def test_max_tokens_beyond_the_servers_context_window_is_refused_before_anything_runs(stub_factory, tmp_path,
