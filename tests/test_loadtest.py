@@ -227,3 +227,36 @@ def test_a_shared_stores_failed_requests_keep_the_tokens_metrics_counts(tmp_path
             grew["vllm:spec_decode_num_accepted_tokens_total"]] == total, (grew, rows)
     [run] = [s for s in run_summaries(create_engine(db_url)) if s.kind == "loadtest"]
     assert run.stats.output_tokens == sum(r[2] for r in rows if r.status == "ok")  # ok requests' tokens only
+
+
+@pytest.mark.slow
+def test_requests_the_server_rejects_before_the_engine_are_error_rows_and_only_in_rejected_total(tmp_path):
+    """`serve --max-batch 1 --max-waiting 1` under 4 clients: the surplus requests get 503 overloaded before the
+    engine. The server counts them in specfinops:requests_rejected_total only (not requests_total, not its store);
+    the load test stores them as 'error' rows whose error names the rejection (docs/serving.md). The requests
+    that reached the engine match /metrics; the level is not failed for the 503s."""
+    from serving.server_setup import ServeOptions
+    from serving.worker import EngineSpec
+
+    db_url = f"sqlite:///{tmp_path / 'shared.db'}"
+    live = start_server(ServeOptions(spec=EngineSpec(dtype="bfloat16", k="4", max_batch=1, max_len=512),
+                                     db=db_url, power="none", max_waiting=1))
+    try:
+        before = _metric_sums(live.url)
+        assert main(["loadtest", "--url", live.url, "--concurrency", "4", "--duration", "2", "--mode", "spec",
+                     "--max-tokens", "3", "--workload", "code", "--db", str(tmp_path / "shared.db")]) == 0
+        live.flush()
+        after = _metric_sums(live.url)
+    finally:
+        stop_server(live)
+    grew = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
+    with create_engine(db_url).connect() as c:
+        rows = c.execute(text("select r.status, r.error, r.output_tokens from requests r join runs u "
+                              "on u.id = r.run_id where u.kind = 'loadtest'")).all()
+    rejected = [r for r in rows if r.status == "error"
+                and r.error.startswith("InternalServerError: Error code: 503 - the server is overloaded")]
+    engine_rows = [r for r in rows if r not in rejected]
+    assert rejected and all(r.output_tokens == 0 for r in rejected), rows
+    assert grew["specfinops:requests_rejected_total"] == len(rejected)
+    assert grew["specfinops:requests_total"] == len(engine_rows)
+    assert grew["vllm:generation_tokens_total"] == sum(r.output_tokens for r in engine_rows)
