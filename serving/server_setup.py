@@ -224,7 +224,15 @@ def _prepare(opts: ServeOptions, loaded: Loaded | None) -> tuple[Loaded, Engine]
     """Load (unless given) and warm up the model, and make the server's engine (its KV cache)."""
     loaded = loaded or load(opts.spec)
     _warm_up(loaded)
-    return loaded, loaded.engine("spec", max_batch=opts.spec.max_batch)
+    # a fixed K of 0 drafts nothing (plain AR, as parse_policy says): the AR engine, no drafter fed for nothing, so
+    # every request is recorded and counted on /metrics as AR, not as a speculative one with 0 drafts
+    mode = "ar" if drafts_nothing(opts.spec) else "spec"
+    return loaded, loaded.engine(mode, max_batch=opts.spec.max_batch)
+
+
+def drafts_nothing(spec) -> bool:
+    """A fixed lookahead of 0 (`--k 0`), no tree: speculative decoding that never drafts."""
+    return spec.tree is None and str(spec.k).strip().isdigit() and int(str(spec.k).strip()) == 0
 
 
 def _warm_up(loaded: Loaded) -> None:

@@ -135,6 +135,32 @@ def test_a_server_drafting_token_trees_answers_as_plain_decoding_does_and_record
         stop_server(live)
 
 
+def test_a_server_with_a_fixed_k_of_0_records_and_labels_its_requests_ar(tmp_path):
+    """`serve --k 0` drafts nothing (K 0 is plain AR): a request asking to speculate is recorded in the AR run and
+    counted as mode="ar" on /metrics, not as a speculative request with 0 drafts."""
+    from serving.server_setup import ServeOptions
+    from serving.worker import EngineSpec
+
+    db_url = f"sqlite:///{tmp_path / 'k0.db'}"
+    live = start_server(ServeOptions(spec=EngineSpec(dtype="bfloat16", k="0", max_batch=1, max_len=512), db=db_url,
+                                     power="none"))
+    try:
+        r = httpx.post(live.url + "/v1/completions", timeout=120, json={
+            "model": live.model, "prompt": COUNT_PROMPT, "max_tokens": 4, "temperature": 0, "speculative": True})
+        assert r.status_code == 200, r.text
+        metrics = httpx.get(live.url + "/metrics", timeout=30).text
+        live.flush()
+        with create_engine(db_url).connect() as c:
+            rows = c.execute(text("select runs.mode, r.num_drafts from requests r join runs on runs.id = r.run_id "
+                                  "where r.external_id = :e"), {"e": r.json()["id"]}).all()
+    finally:
+        stop_server(live)
+    assert [tuple(row) for row in rows] == [("ar", 0)]
+    done = [line for line in metrics.splitlines() if line.startswith("specfinops:requests_total{")]
+    assert any('mode="ar"' in line and line.endswith(" 1.0") for line in done), done
+    assert not any('mode="spec"' in line and not line.endswith(" 0.0") for line in done), done
+
+
 def test_stop_string_cuts_the_answer(live, client):
     r = client.completions.create(model=live.model, prompt=COUNT_PROMPT, max_tokens=24, temperature=0, stop=["18"])
     assert "18" not in r.choices[0].text and r.choices[0].finish_reason == "stop"

@@ -41,7 +41,8 @@ def register(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port")
     p.add_argument("--drafter", default=None, help="draft | draft+ngram | early-exit | ngram (default: draft+ngram with the bundled target, ngram with any other)")
-    p.add_argument("--k", default=DEFAULT_K, help=f"lookahead: an integer K in 0..{MAX_K} (0 = no drafting), or "
+    p.add_argument("--k", default=DEFAULT_K, help=f"lookahead: an integer K in 0..{MAX_K} (0 = no drafting: "
+                   "every request served and recorded as AR), or "
                    f"heuristic | entropy | cost | auto (default: {DEFAULT_K})")
     p.add_argument("--tree", default=None, metavar="NODES[:DEPTH[:WIDTH[:MIN_PROB]]]",
                    help="draft token trees instead of one chain (see `specfinops bench --help`), e.g. 16:6:4:0.25")
