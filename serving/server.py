@@ -181,7 +181,10 @@ def create_app(state: ServerState) -> FastAPI:
         state.said.close()  # the counts not said yet
         await asyncio.to_thread(shutdown, state)
 
-    app = FastAPI(title="specfinops", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # redirect_slashes off: "/v1/completions/" is an unknown path (404 in the API's error shape), not a bare 307 to
+    # a Location built from the client's Host header
+    app = FastAPI(title="specfinops", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)
     app.state.serve = state
     _install_error_handlers(app)
     app.add_middleware(_UnexpectedErrors)

@@ -120,6 +120,11 @@ CASES = [
     ("wrong-api-key", CHAT, chat(), {"Authorization": "Bearer nope"}, 401, None),
     ("wrong-api-key-models", "/v1/models", None, {"Authorization": "Bearer nope"}, 401, None),
     ("unknown-path", "/v1/embeddings", comp(), AUTH, 404, None),
+    # a trailing slash is an unknown path too, not a bare 307 to a Location built from the client's Host header
+    ("trailing-slash-completions", COMP + "/", comp(), AUTH, 404, None),
+    ("trailing-slash-chat", CHAT + "/", chat(), AUTH, 404, None),
+    ("trailing-slash-metrics", "/metrics/", None, {}, 404, None),
+    ("trailing-slash-health", "/health/", comp(), {}, 404, None),
     ("wrong-method", CHAT, "GET", AUTH, 405, None),
 ]
 
@@ -163,6 +168,8 @@ def test_malformed_request_gets_openai_error(live, rows_before, name, path, body
         assert err["param"] == param, err
     if status == 401:
         assert err["code"] == "invalid_api_key"
+    if name.startswith(("unknown-path", "trailing-slash")):
+        assert err["message"] == f"unknown path {path}", err
 
 
 def test_at_least_twenty_cases():
