@@ -627,8 +627,10 @@ async def check_server(client, spec: LoadSpec) -> dict:
     try:
         card = await server_model(client, spec.model)
     except openai.AuthenticationError as exc:
-        what = "wants an API key: pass --api-key" if spec.api_key is None else "refused the API key (--api-key)"
-        raise ValueError(f"the server at {spec.url} {what} ({_server_said(exc)})") from None
+        if spec.api_key is None:  # the client sent a placeholder key: the server's word on it ("incorrect") misleads
+            raise ValueError(f"the server at {spec.url} wants an API key: pass --api-key ({exc.status_code}; no key "
+                             "was given)") from None
+        raise ValueError(f"the server at {spec.url} refused the API key (--api-key) ({_server_said(exc)})") from None
     except openai.APIConnectionError as exc:
         cause = f": {exc.__cause__}" if exc.__cause__ is not None and str(exc.__cause__) else ""
         raise ValueError(f"cannot reach {spec.url}: {exc.message}{cause}") from None
