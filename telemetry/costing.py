@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -293,15 +293,20 @@ class ConfigSpread:
     num_configurations: int
     differs_in: tuple[str, ...]  # CONFIG_FIELDS names
 
-    def text(self) -> str | None:
+    def text(self, given: Collection[str] = ()) -> str | None:
         """'pools 3 configurations that differ in concurrency, run kind: narrow with --run-kind, ... or
-        --invocation ID'; None for one configuration."""
+        --run ID'; None for one configuration. `given`: the filter flags the command was given ('--invocation'),
+        not advised again."""
         if self.num_configurations < 2:
             return None
         names = ", ".join(_CONFIG_FIELD_NAMES.get(f, f) for f in self.differs_in)
         flags = [_CONFIG_FIELD_FLAGS[f] for f in self.differs_in if f in _CONFIG_FIELD_FLAGS]
-        return (f"pools {self.num_configurations} configurations that differ in {names}: narrow with "
-                f"{', '.join(flags) + ', ' if flags else ''}--invocation ID or --run ID")
+        options = [f"{flag} ID" if flag in ("--invocation", "--run") else flag
+                   for flag in [*flags, "--invocation", "--run"] if flag not in given]
+        if not options:  # (every one given: no several configurations are left to pool)
+            return f"pools {self.num_configurations} configurations that differ in {names}"
+        listed = options[0] if len(options) == 1 else f"{', '.join(options[:-1])} or {options[-1]}"
+        return f"pools {self.num_configurations} configurations that differ in {names}: narrow with {listed}"
 
 
 def config_spread(runs: Iterable[RunSummary]) -> ConfigSpread:

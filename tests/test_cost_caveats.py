@@ -80,6 +80,22 @@ def test_cost_names_answer_length_cap_and_workload_where_they_differ(sqlite_url,
            "--max-new-tokens, --invocation ID or --run ID" in out
 
 
+def test_cost_advises_only_the_narrowing_options_not_given_yet(db_url, capsys):
+    """`cost --invocation ID` on a load test of two concurrency levels: it said "narrow with --invocation ID or
+    --run ID", --invocation given already; it names --run only."""
+    invocation = "0123456789abcdef0123456789abcdef"
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        for level in (1, 2):
+            make_run(s, "spec", kind="loadtest", concurrency=level, requests=_spec(3)).invocation_id = invocation
+        s.commit()
+    out = _text(["cost", "--db", db_url, "--invocation", invocation[:8]], capsys)
+    assert "pools 2 configurations that differ in concurrency: narrow with --run ID" in out, out
+    assert "--invocation ID" not in out, out
+    out = _text(["cost", "--db", db_url, "--run-kind", "loadtest"], capsys)
+    assert "differ in concurrency: narrow with --invocation ID or --run ID" in out, out
+
+
 def test_cost_repeats_of_one_configuration_are_not_called_pooled(db_url, capsys):
     engine = open_store(db_url)
     with Session(engine) as s:

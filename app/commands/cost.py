@@ -315,6 +315,16 @@ def _cost_dict(c) -> dict:
     }
 
 
+# the filters of `cost` that narrow its runs, as dest -> flag: a pooled figure's hint advises only those not given
+_FILTER_FLAGS = {"workload": "--workload", "target": "--target", "temperature": "--temperature", "top_p": "--top-p",
+                 "top_k": "--top-k", "max_new_tokens": "--max-new-tokens", "run_kind": "--run-kind",
+                 "invocation": "--invocation", "run": "--run"}
+
+
+def _filter_flags_given(args) -> set[str]:
+    return {flag for dest, flag in _FILTER_FLAGS.items() if getattr(args, dest, None) is not None}
+
+
 def _cost_caveats(run_costs, mode_costs) -> tuple[dict, list[str], list[str]]:
     """Per mode, the configurations its pooled figure spans (costing.ConfigSpread); the notes on the runs in
     view (server runs priced over their requests' span) and the warnings (too few requests for stable figures)."""
@@ -444,7 +454,7 @@ def run_cost_command(args) -> int:
     priced_modes = {mc.mode for mc in mode_costs}
     for mc in mode_costs:
         print(f"{mc.mode:<5} {ids_text(list(mc.run_ids), shown=IDS_SHOWN)}: {_mode_cost_text(mc, run_costs)}")
-        pooled = spreads[mc.mode].text()
+        pooled = spreads[mc.mode].text(given=_filter_flags_given(args))
         if pooled:
             print(f"      {pooled}")
         left_out = [r.run_id for r in unpriced if r.mode == mc.mode]
