@@ -23,16 +23,17 @@ MAIN = ROOT / "app" / "dashboard" / "main.py"
 BROWSER_MAX = 1.7976931348623157e308  # JavaScript's Number.MAX_VALUE: the largest a number input can be typed
 
 
-def add_pair(url: str, *, started_at=BASE_TIME, energy: bool = False, **kw) -> None:
+def add_pair(url: str, *, started_at=BASE_TIME, energy: bool = False, ar_e2e_ms=(900, 1800), **kw) -> None:
     """A spec and an AR run of the same workload, target and device (tests/synthetic.py); with `energy`, 50 J an
-    AR request and 30 J / 20 J a spec one, from an estimated power source."""
+    AR request and 30 J / 20 J a spec one, from an estimated power source. `ar_e2e_ms`: the two AR requests'
+    end-to-end times (TTFT 100 and 200 ms, 33 tokens each)."""
     engine = open_store(url)
     e = (lambda j: j) if energy else (lambda j: None)
     if energy:
         kw.setdefault("power_source", "estimate")
     with Session(engine) as s:
-        make_run(s, "ar", requests=[Req(33, 100, 900, energy_j=e(50.0)), Req(33, 200, 1800, start_s=1.0,
-                                                                            energy_j=e(50.0))],
+        make_run(s, "ar", requests=[Req(33, 100, ar_e2e_ms[0], energy_j=e(50.0)),
+                                    Req(33, 200, ar_e2e_ms[1], start_s=1.0, energy_j=e(50.0))],
                  started_at=started_at, **kw)
         make_run(s, "spec", requests=[spec_req(33, k=4, accepted=24, ttft_ms=100, e2e_ms=500, energy_j=e(30.0)),
                                       spec_req(17, k=4, accepted=10, ttft_ms=100, e2e_ms=420, start_s=0.2,
@@ -231,17 +232,21 @@ def dashboard_in_chromium(url: str, tmp_path: Path, width: int):
 
 
 RUN_DONE = """() => !document.querySelector('[data-testid="stStatusWidget"]')"""  # the script run has ended
-CUT_TILES = """() => [...document.querySelectorAll('[data-testid="stMetricValue"], [data-testid="stMetricLabel"]')]
+CUT_TILES = """() => [...document.querySelectorAll(
+    '[data-testid="stMetricValue"], [data-testid="stMetricLabel"], [data-testid="stMetricDelta"]')]
   .filter(m => [m, ...m.querySelectorAll('*')].some(e => e.scrollWidth > e.clientWidth + 1)).map(m => m.innerText)"""
 
 
 @pytest.mark.browser
-def test_tiles_are_not_cut_short_in_a_1024_px_window(sqlite_url, tmp_path):
+@pytest.mark.parametrize("width", [1024, 1440])
+def test_tiles_are_not_cut_short_in_a_1024_px_window(sqlite_url, tmp_path, width):
     """At 1024 px beside the sidebar, the Overview's half-page tiles and the Cost & capacity page's quarter-page
     ones showed "16.2 ..." for 16.2 ms, "$0.0832/..." for the node price and "Cost per 1M t..." for a cost that
-    includes estimated energy: every figure and label is whole now."""
-    add_pair(sqlite_url, energy=True)
-    with dashboard_in_chromium(sqlite_url, tmp_path, 1024) as (page, base):
+    includes estimated energy; a four-digit TPOT read "1539.2 ..." and the change against AR "+100% vs AR
+    (temperature 0, b..." (at 1440 px too): every figure, label and change is whole now."""
+    # AR at 1,5xx ms a token: four-digit TPOT tiles
+    add_pair(sqlite_url, energy=True, ar_e2e_ms=(50_000, 51_000))
+    with dashboard_in_chromium(sqlite_url, tmp_path, width) as (page, base):
         for path in ("", "cost"):
             page.goto(f"{base}/{path}")
             page.wait_for_selector('[data-testid="stMetric"]', timeout=60_000)
@@ -250,6 +255,10 @@ def test_tiles_are_not_cut_short_in_a_1024_px_window(sqlite_url, tmp_path):
             assert page.locator('[data-testid="stException"]').count() == 0
             labels = page.locator('[data-testid="stMetricLabel"]').all_inner_texts()
             assert "Cost per 1M tokens (incl. estimated energy)" in labels or path, labels
+            if not path:
+                values = page.locator('[data-testid="stMetricValue"]').all_inner_texts()
+                assert [v for v in values if v.endswith(" ms") and len(v.split(".")[0]) == 4], values
+                assert page.locator('[data-testid="stMetricDelta"]').count(), "no change against AR shown"
             assert page.evaluate(CUT_TILES) == [], path or "overview"
 
 

@@ -283,13 +283,16 @@ def _error(what: str, exc: Exception) -> None:
 
 
 # Tiles in a narrow column (half the page split in two, a 1024 px window beside the sidebar) cut their figures
-# short ("16.2 ..." for 16.2 ms, "$0.0832/..." for a node price) and their labels mid-word ("Cost per 1M tokens
-# (incl. est..."): the figures shrink with the window (down to 24 px; 36 px, Streamlit's own, from 1333 px up) and a
-# long label wraps onto a second line instead.
-TILE_STYLE = """<style>
-[data-testid="stMetricValue"] { font-size: clamp(1.5rem, 2.7vw, 2.25rem); }
-[data-testid="stMetricLabel"], [data-testid="stMetricLabel"] * {
-  white-space: normal !important; overflow: visible !important; text-overflow: clip !important; height: auto; }
+# short ("16.2 ..." for 16.2 ms, "1539.2 ..." for a TPOT of four digits, "$0.0832/..." for a node price), their
+# labels mid-word ("Cost per 1M tokens (incl. est...") and their change against AR ("+100% vs AR (temperature 0,
+# b..." at 1440 px too): the figures shrink with the window (down to 21.6 px; 36 px, Streamlit's own, from 1500 px
+# up), and a figure still too wide, a long label or a long change wraps onto a second line instead of being cut.
+_WHOLE = "white-space: normal !important; overflow: visible !important; text-overflow: clip !important; height: auto;"
+TILE_STYLE = f"""<style>
+[data-testid="stMetricValue"] {{ font-size: clamp(1.35rem, 2.4vw, 2.25rem); }}
+[data-testid="stMetricValue"], [data-testid="stMetricValue"] *,
+[data-testid="stMetricLabel"], [data-testid="stMetricLabel"] *,
+[data-testid="stMetricDelta"], [data-testid="stMetricDelta"] * {{ {_WHOLE} }}
 </style>"""
 
 
