@@ -54,7 +54,7 @@ import math
 import numbers
 from array import array
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
@@ -94,15 +94,18 @@ def empty_store_hint(engine: Engine | None = None) -> str:
     return f"run `{command}`{masked_password_note(engine.url)} to measure spec and AR runs"
 
 
-def bench_command(engine: Engine | None = None, workload: str = "code", *, always_db: bool = False) -> str:
+def bench_command(engine: Engine | None = None, workload: str = "code", *, always_db: bool = False,
+                  options: Iterable[tuple[str, object]] = ()) -> str:
     """`specfinops bench --workload WORKLOAD --mode both`, recording into the store `engine` reads: with
     `--db STORE` where a bench without --db would record elsewhere (_db_option), as empty_store_hint says it.
     `always_db`: even where it is this process's default store (the dashboard's: `specfinops dashboard --db X`
-    makes X its $SPECFINOPS_DB_URL, which the shell the command is copied into does not have)."""
+    makes X its $SPECFINOPS_DB_URL, which the shell the command is copied into does not have). `options`: more
+    bench options as (flag, value) pairs, after --mode (`--concurrency 1,2,4`, a run's `--temperature 0.7`)."""
     import shlex
 
     store = None if engine is None else _db_option(engine.url, always=always_db)
     command = f"specfinops bench --workload {shlex.quote(workload)} --mode both"
+    command += "".join(f" {flag} {shlex.quote(str(value))}" for flag, value in options)
     return command if store is None else f"{command} --db {store}"
 
 

@@ -816,3 +816,27 @@ def test_the_dashboard_of_a_checkout_finds_its_app_package_by_name(tmp_path, mon
     root = str(Path(__file__).resolve().parents[1])
     assert started["env"]["PYTHONPATH"].split(os.pathsep) == [root, "/elsewhere"]
     assert "-P" in started["argv"]
+
+
+def test_the_sweep_hint_records_into_this_store_on_the_sidebars_workload(filled, monkeypatch):
+    """No sweep recorded: the hint's bench named no --db (it filled the default store, not the one in view) and
+    was `--workload mixed` whatever the sidebar's workload."""
+    engine = open_store(filled)
+    with Session(engine) as s:
+        make_run(s, "ar", workload="chat", requests=[Req(output_tokens=9, e2e_ms=300)])
+        s.commit()
+    engine.dispose()
+    store = filled.removeprefix("sqlite:///")  # --db names a SQLite store by its path
+    at = open_page(app_for(filled, monkeypatch), PAGES["Cost & capacity"])
+    assert_clean(at)
+
+    def hint() -> str:
+        (said,) = [i.value for i in at.info if i.value.startswith("Concurrency sweeps appear here")]
+        return said
+
+    assert f"`specfinops bench --workload mixed --mode both --concurrency 1,2,4,8,16,32 --db {store}`" in hint()
+    for workload in ("chat", "code"):
+        at.sidebar.selectbox(key="f_workload").set_value(workload).run()
+        assert_clean(at)
+        assert (f"`specfinops bench --workload {workload} --mode both --concurrency 1,2,4,8,16,32 --db {store}`"
+                in hint()), hint()

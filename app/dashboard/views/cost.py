@@ -33,6 +33,7 @@ from telemetry.costing import (
     partial_energy_text,
     runs_text,
 )
+from telemetry.queries import bench_command
 
 SNAPSHOT = "runs' recorded price"
 CUSTOM = "custom $/h per node"
@@ -297,6 +298,17 @@ def _sla_section(sp) -> None:
 SWEEPS_SHOWN = 20  # in the sweep picker: the newest of those the sidebar's filters keep
 
 
+SWEEP_LEVELS = "1,2,4,8,16,32"
+
+
+def _sweep_command(ctx: Context) -> str:
+    """The bench that records a concurrency sweep into this store, on the sidebar's workload (else the one
+    workload of the runs in view, else `mixed`): `queries.bench_command`, as the other pages' hints."""
+    workloads = set(ctx.sel.runs["workload"].dropna())
+    workload = ctx.sel.filters.workload or (next(iter(workloads)) if len(workloads) == 1 else "mixed")
+    return bench_command(data.engine(ctx.url), workload, always_db=True, options=[("--concurrency", SWEEP_LEVELS)])
+
+
 def _sweep_section(ctx: Context) -> None:
     recorded = data.sweeps(ctx.url)
     matching = filters.sweeps_in_view(recorded, ctx.sel.filters)
@@ -306,8 +318,7 @@ def _sweep_section(ctx: Context) -> None:
                 "or run filters.")
         return
     if not sweeps:
-        st.info("Concurrency sweeps appear here once measured: "
-                "`specfinops bench --workload mixed --mode both --concurrency 1,2,4,8,16,32`.")
+        st.info(f"Concurrency sweeps appear here once measured: `{_sweep_command(ctx)}`.")
         return
     labels = {f"#{s['id']} {s['drafter']} on {s['workload']} ({s['node']}, {s['created_at']:%Y-%m-%d %H:%M})": s
               for s in sweeps}
