@@ -840,3 +840,38 @@ def test_the_sweep_hint_records_into_this_store_on_the_sidebars_workload(filled,
         assert_clean(at)
         assert (f"`specfinops bench --workload {workload} --mode both --concurrency 1,2,4,8,16,32 --db {store}`"
                 in hint()), hint()
+
+
+def test_reports_page_marks_a_partial_period_synthetic_data_and_a_small_sample(filled, tmp_path, monkeypatch):
+    """A report written before its period ended, one over the generator's runs and one of two requests a mode:
+    the list showed each as final measurements, though their summaries say otherwise (period_complete False,
+    synthetic, small_sample), as the HTML report's notices do."""
+    from datetime import timedelta
+
+    import streamlit
+    from synthetic import BASE_TIME
+
+    from app.cli import main
+
+    engine = open_store(filled)
+    with Session(engine) as s:  # a generator's run two days after the measured pair
+        make_run(s, "ar", workload="synthetic", started_at=BASE_TIME + timedelta(days=2),
+                 requests=[Req(output_tokens=33, ttft_ms=100, e2e_ms=900) for _ in range(30)])
+        s.commit()
+    engine.dispose()
+    out = str(tmp_path / "out")
+    assert main(["report", "--db", filled, "--out", out, "--period", "daily", "--since", "2026-11-02"]) == 0
+    # a period that ends long after now: its report is partial
+    assert main(["report", "--db", filled, "--out", out, "--period", "custom", "--since", "2026-11-04",
+                 "--until", "2099-01-01"]) == 0
+    streamlit.cache_data.clear()  # the page caches the list for a minute
+    at = open_page(app_for(filled, monkeypatch), "views/reports.py")
+    assert_clean(at)
+    table = at.dataframe[0].value
+    marks = dict(zip(table["id"], table["caveats"], strict=True))
+    assert marks[1] == "small sample", marks
+    assert "partial period" in marks[2] and "synthetic data" in marks[2] and "small sample" not in marks[2], marks
+    at.selectbox(key="report_pick").set_value(2).run()
+    assert_clean(at)
+    said = [w.value for w in at.warning]
+    assert any(w.startswith("Report #2: partial period") for w in said), said

@@ -13,6 +13,7 @@ import streamlit as st
 
 from app.dashboard import data
 from app.dashboard.common import Context, md_safe, on_store, run_page, show_table
+from telemetry.queries import SYNTHETIC_HOSTNAME, SYNTHETIC_WORKLOAD
 
 # shown with `--db <the store in view>` (on_store): without it they would write to the default store
 REPORT_COMMAND = "specfinops report --period daily --out reports/"
@@ -32,8 +33,11 @@ def reports(url: str) -> list[dict]:
         modes = s.get("modes", {})
         anomalies = s.get("anomalies")
         flagged = [a["metric"] for a in anomalies or [] if a.get("status") == "anomaly"]
+        notes = report_notes(s)
         out.append({
             "id": r.id, "created": r.created_at, "period": period_name(r.period, r.since, r.until),
+            # what the HTML report's notices say of its figures: not final, not measurements, too few requests
+            "caveats": ", ".join(notes) or None, "notes": notes,
             "since": r.since, "until": r.until,
             # `report --temperature / --run-kind / --top-p / --top-k / --max-new-tokens / --workload / --target /
             # --invocation`: the runs the figures cover
@@ -50,6 +54,30 @@ def reports(url: str) -> list[dict]:
             "html_path": r.html_path, "csv_dir": r.csv_dir,
         })  # fmt: skip
     return out
+
+
+PARTIAL_PERIOD = "partial period"
+SYNTHETIC_DATA = "synthetic data"
+SMALL_SAMPLE = "small sample"
+
+
+def report_notes(summary: dict) -> dict[str, str]:
+    """The marks the report's summary calls for, each with what it means, as the HTML report's notices say them
+    (telemetry.report_html.render_html): its period had not ended when it was written (`period_complete` False:
+    its figures cover part of it), some of its runs are the synthetic data generator's (`synthetic`: not
+    measurements), too few requests for stable figures (`small_sample`, `cost`'s caveat). A summary without a
+    flag (written before it held it) is marked for none."""
+    notes = {}
+    if summary.get("period_complete") is False:
+        notes[PARTIAL_PERIOD] = ("written before its period ended: its figures cover only the part that had "
+                                 "passed; written again after the period ends, the report gives other numbers")
+    if summary.get("synthetic"):
+        notes[SYNTHETIC_DATA] = (f"{summary['synthetic']} of its runs were made by the benchmark generator "
+                                 f"(workload '{SYNTHETIC_WORKLOAD}', host '{SYNTHETIC_HOSTNAME}'); their figures "
+                                 "are not measurements")
+    if summary.get("small_sample"):
+        notes[SMALL_SAMPLE] = str(summary["small_sample"])
+    return notes
 
 
 def period_name(period: str, since, until) -> str:
@@ -108,13 +136,15 @@ def body(ctx: Context) -> None:
         st.info("No reports yet. Write one for yesterday, or schedule them (every day at 06:00 UTC here):")
         st.code(f"{on_store(REPORT_COMMAND, ctx.url)}\n{on_store(SCHEDULE_COMMAND, ctx.url)}", language="bash")
         return
-    table = pd.DataFrame([{k: v for k, v in r.items() if k not in ("html_path", "csv_dir")} for r in rows])
+    table = pd.DataFrame([{k: v for k, v in r.items() if k not in ("html_path", "csv_dir", "notes")} for r in rows])
     st.subheader(f"Reports ({len(rows)})")
     show_table(table, money=("spec $/1M", "AR $/1M"))
     by_id = {r["id"]: r for r in rows}
     rid = st.selectbox("Report", list(by_id), key="report_pick",
                        format_func=lambda i: _pick_text(by_id[i]))
     r = by_id[rid]
+    for mark, meaning in r["notes"].items():
+        st.warning(md_safe(f"Report #{r['id']}: {mark}: {meaning}."))
     if r["delivery"] in ("failed", "partially delivered"):
         st.error(md_safe(f"Delivery {r['delivery']}: {r['delivery error']}"))
     _downloads(r)
