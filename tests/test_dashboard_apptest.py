@@ -875,3 +875,34 @@ def test_reports_page_marks_a_partial_period_synthetic_data_and_a_small_sample(f
     assert_clean(at)
     said = [w.value for w in at.warning]
     assert any(w.startswith("Report #2: partial period") for w in said), said
+
+
+def test_runs_page_compares_a_comparable_completed_pair_by_default(sqlite_url, monkeypatch):
+    """The default pair was the newest run of each mode whatever they were: a spec code run at temperature 0.7
+    on node-b against a killed AR chat run still 'running'. It is now a pair of one comparable group (one bench's,
+    where there is one) whose runs completed, and the comparison says each run's status."""
+    from datetime import timedelta
+
+    from synthetic import BASE_TIME
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        pair = [make_run(s, mode, requests=[Req(33, 100, 900) if mode == "ar" else
+                                            spec_req(33, k=4, accepted=24, ttft_ms=100, e2e_ms=500)])
+                for mode in ("ar", "spec")]  # runs 1 and 2: one bench, code at temperature 0, completed
+        for run in pair:
+            run.invocation_id = "0f0f0f0f-0000-4000-8000-000000000001"
+        later = BASE_TIME + timedelta(hours=1)
+        make_run(s, "spec", node_id="node-b", temperature=0.7, started_at=later,
+                 requests=[spec_req(33, k=4, accepted=20, ttft_ms=100, e2e_ms=600)])  # run 3
+        make_run(s, "ar", workload="chat", status="running", started_at=later,
+                 requests=[Req(33, 100, 1000)])  # run 4: killed, never ended
+        s.commit()
+    engine.dispose()
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Runs"])
+    assert_clean(at)
+    compare = at.dataframe[1].value.set_index("figure")
+    assert list(compare.columns) == ["run #2", "run #1"], list(compare.columns)
+    assert list(compare.loc["status"]) == ["completed", "completed"]
+    at.selectbox(key="cmp_b").set_value(4).run()
+    assert list(at.dataframe[1].value.set_index("figure").loc["status"]) == ["completed", "running"]

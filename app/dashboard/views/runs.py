@@ -53,7 +53,7 @@ def _whole(value) -> str:
 
 
 COMPARE_ROWS = [
-    ("mode", lambda r: r.mode), ("invocation", lambda r: (r.invocation_id or MISSING)[:8]),
+    ("mode", lambda r: r.mode), ("status", lambda r: r.status), ("invocation", lambda r: (r.invocation_id or MISSING)[:8]),
     ("workload", lambda r: short_workload(r.workload)), ("node", lambda r: r.node_id),
     ("device", lambda r: r.device), ("target", lambda r: short_model(r.target)), ("drafter", lambda r: r.drafter or MISSING),
     ("K policy", lambda r: r.k_policy), ("concurrency", lambda r: str(r.concurrency)),
@@ -71,6 +71,49 @@ COMPARE_ROWS = [
     ("J/token", lambda r: fmt(r.stats.j_per_token, ".3f")
      + (" (estimate)" if r.stats.energy_estimated and r.stats.j_per_token is not None else "")),
 ]
+
+
+def _ready(r) -> tuple[bool, bool]:
+    """How fit a run is to compare: it produced tokens (a failed or empty run compares as nothing), it completed
+    (a cancelled, failed or killed one, still 'running', measured part of its prompts)."""
+    return bool(r.stats.output_tokens), r.status == "completed"
+
+
+def default_pair(runs) -> tuple[int, int] | None:
+    """The comparison's default (spec, AR) run ids: a spec and an AR run of one comparable group (COMPARED_FIELDS
+    and concurrency: the same workload, sampling, answer length cap, run kind, target and hardware), both with
+    tokens, then both completed, then of one invocation (one bench: one machine's conditions), then the newest.
+    None where no group holds both modes."""
+    from collections import defaultdict
+
+    from telemetry.queries import COMPARED_FIELDS, key_of
+
+    def best(rs):
+        return max(rs, key=lambda r: (_ready(r), r.run_id))
+
+    groups: dict[tuple, dict[str, list]] = defaultdict(lambda: {"spec": [], "ar": []})
+    for r in runs:
+        if r.mode in ("spec", "ar"):
+            groups[(*key_of(r, COMPARED_FIELDS), r.concurrency)][r.mode].append(r)
+    pairs = []
+    for g in groups.values():
+        if not g["spec"] or not g["ar"]:
+            continue
+        pairs.append((best(g["spec"]), best(g["ar"])))
+        for inv in {r.invocation_id for r in g["spec"]} & {r.invocation_id for r in g["ar"]} - {None}:
+            pairs.append((best([r for r in g["spec"] if r.invocation_id == inv]),
+                          best([r for r in g["ar"] if r.invocation_id == inv])))
+
+    def rank(pair) -> tuple:
+        spec, ar = pair
+        ready = tuple(x and y for x, y in zip(_ready(spec), _ready(ar), strict=True))
+        together = spec.invocation_id is not None and spec.invocation_id == ar.invocation_id
+        return (*ready, together, max(spec.run_id, ar.run_id), min(spec.run_id, ar.run_id))
+
+    if not pairs:
+        return None
+    spec, ar = max(pairs, key=rank)
+    return spec.run_id, ar.run_id
 
 
 def _raw_csv(url: str, what: str, run_id: int) -> bytes:
@@ -100,12 +143,14 @@ def body(ctx: Context) -> None:
     st.subheader("Compare two runs")
     by_id = {r.run_id: r for r in runs}
     ids = list(by_id)
-    # the newest run of each mode that produced tokens (a failed or empty run compares as nothing), else any
-    spec = [r.run_id for r in runs if r.mode == "spec" and r.stats.output_tokens] or \
-        [r.run_id for r in runs if r.mode == "spec"]
-    ar = [r.run_id for r in runs if r.mode == "ar" and r.stats.output_tokens] or [r.run_id for r in runs if r.mode == "ar"]
-    default_a = spec[-1] if spec else ids[0]
-    default_b = ar[-1] if ar else ids[-1]
+    # a comparable spec and AR pair (default_pair); where none, the fittest and newest run of each mode
+    # (_ready: a failed or empty run compares as nothing), else any
+    pair = default_pair(runs)
+    if pair is None:
+        spec = sorted((r for r in runs if r.mode == "spec"), key=lambda r: (_ready(r), r.run_id))
+        ar = sorted((r for r in runs if r.mode == "ar"), key=lambda r: (_ready(r), r.run_id))
+        pair = (spec[-1].run_id if spec else ids[0], ar[-1].run_id if ar else ids[-1])
+    default_a, default_b = pair
     label = {i: f"#{i} {by_id[i].mode} · {by_id[i].workload} · {by_id[i].node_id}" for i in ids}
     c1, c2 = st.columns(2)
     a = c1.selectbox("Run A", ids, index=ids.index(default_a), format_func=label.get, key="cmp_a")
