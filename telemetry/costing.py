@@ -54,6 +54,7 @@ from telemetry.queries import (
     _ratio,
     above_acceptance_text,
     bench_command,
+    bench_settings,
     config_summaries,
     cutoff_matches,
     cutoffs_text,
@@ -1028,7 +1029,7 @@ def projection_caveats(comparison: Comparison, cap_configs: dict[str, ConfigSumm
     (those of its capacity configuration, else of the compared group: MIN_STABLE_REQUESTS) or that a mode has
     none (how to record it: `record`, the bench command, default bench_command() of the group's workload), and
     that the capacity is the measured device's throughput priced as other hardware (NodePrice.differs_from)."""
-    record = record or bench_command(workload=comparison.workload)
+    record = record or bench_command(workload=comparison.workload, options=bench_settings(comparison))
     requests = {"spec": comparison.requests_spec, "ar": comparison.requests_ar}
     requests |= {m: c.stats.num_requests_ok for m, c in cap_configs.items() if c is not None}
     # a mode with no requests is missing, not measured too little: how to record it, in place of 'too few'
@@ -1301,7 +1302,8 @@ def project_from_store(
                                      cap_ids)
     return StoreProjection(
         caveats=projection_caveats(comparison, cap_configs, price, devices, differs,
-                                   bench_command(engine, comparison.workload, always_db=name_store))
+                                   bench_command(engine, comparison.workload, always_db=name_store,
+                                                 options=bench_settings(comparison)))
         + _recorded_prices_caveat(recorded, price) + above,
         speedup_above_acceptance=bool(above),
         projection=projection,

@@ -109,6 +109,44 @@ def bench_command(engine: Engine | None = None, workload: str = "code", *, alway
     return command if store is None else f"{command} --db {store}"
 
 
+# `specfinops bench`'s defaults of the settings runs are compared by (app/commands/bench.py; telemetry does not
+# import the app): bench_settings names a setting only where it differs from these
+BENCH_DEFAULTS = {"backend": "torch", "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 128}
+BENCH_DTYPES = ("bfloat16", "float32")  # the precisions `bench --dtype` takes besides auto
+
+
+def bench_settings(item) -> list[tuple[str, object]]:
+    """The `specfinops bench` options that record runs comparable with `item` (a run, a configuration, a
+    costing.Comparison: whatever has the COMPARED_FIELDS but the workload and the kind), as bench_command's
+    `options`: its target and precision (`auto` picks by the machine and the batch, the target by default the
+    bundled model), and its backend, sampling and answer length cap where they differ from BENCH_DEFAULTS. top_p
+    and top_k only where the run sampled (at temperature 0 they change nothing: `effective_cutoffs`); a setting
+    the runs did not record (None: a server's run, a store from before it was kept) is not named."""
+    def g(value) -> str:
+        return f"{value:g}"
+
+    out: list[tuple[str, object]] = []
+    target, backend, dtype = getattr(item, "target", None), getattr(item, "backend", None), getattr(item, "dtype", None)
+    if backend is not None and backend != BENCH_DEFAULTS["backend"]:
+        out.append(("--backend", backend))
+    if target:
+        out.append(("--target", target))
+    if dtype in BENCH_DTYPES:
+        out.append(("--dtype", dtype))
+    temperature = getattr(item, "temperature", None)
+    if temperature is not None and temperature != BENCH_DEFAULTS["temperature"]:
+        out.append(("--temperature", g(temperature)))
+        top_p, top_k = getattr(item, "top_p", None), getattr(item, "top_k", None)
+        if top_p is not None and top_p != BENCH_DEFAULTS["top_p"]:
+            out.append(("--top-p", g(top_p)))
+        if top_k is not None and top_k != BENCH_DEFAULTS["top_k"]:
+            out.append(("--top-k", top_k))
+    cap = getattr(item, "max_new_tokens", None)
+    if cap is not None and cap != BENCH_DEFAULTS["max_new_tokens"]:
+        out.append(("--max-new-tokens", cap))
+    return out
+
+
 def _db_option(url, always: bool = False) -> str | None:
     """--db's value naming the store at `url` (a SQLite file by its path); None where it is the default store
     (unless `always`) or no store a bench could record into (an in-memory SQLite database). A SPECFINOPS_DB_URL

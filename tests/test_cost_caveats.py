@@ -200,7 +200,8 @@ def test_project_with_one_mode_missing_says_how_to_record_it_not_too_few(tmp_pat
     with Session(engine) as s:
         make_run(s, "ar", workload="chat", requests=_ar(1))
         s.commit()
-    record = f"`specfinops bench --workload chat --mode both --db {shlex.quote(str(folder / 'store.db'))}`"
+    record = (f"`specfinops bench --workload chat --mode both --target demo/target-tiny --dtype float32 "
+              f"--db {shlex.quote(str(folder / 'store.db'))}`")  # with the runs' target and precision
     text = _text(_project(url, "--gpu", "cpu-2core"), capsys)
     [warning] = [line for line in text.splitlines() if line.startswith("warning: based on")]
     assert warning.startswith("warning: based on 0 spec and 1 AR requests: the spec runs are missing"), warning

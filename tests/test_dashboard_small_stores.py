@@ -96,8 +96,10 @@ def test_a_store_of_ar_runs_only_says_how_to_record_spec_not_too_few(tmp_path, m
     with Session(engine) as s:
         make_run(s, "ar", workload="chat", requests=[Req(33, ttft_ms=100, e2e_ms=900)])
         s.commit()
-    # app_for sets $SPECFINOPS_DB_URL to it, as `specfinops dashboard --db URL` does: named all the same
-    record = f"specfinops bench --workload chat --mode both --db {shlex.quote(str(folder / 'store.db'))}"
+    # app_for sets $SPECFINOPS_DB_URL to it, as `specfinops dashboard --db URL` does: named all the same; with the
+    # runs' target and precision (make_run's), their sampling and answer length cap being bench's defaults
+    record = (f"specfinops bench --workload chat --mode both --target demo/target-tiny --dtype float32 "
+              f"--db {shlex.quote(str(folder / 'store.db'))}")
     at = _open(url, monkeypatch, "views/overview.py")
     assert_clean(at)
     [info] = [i.value for i in at.info if i.value.startswith("No speculative runs in view")]
@@ -108,6 +110,48 @@ def test_a_store_of_ar_runs_only_says_how_to_record_spec_not_too_few(tmp_path, m
         [caveat] = [w.value for w in at.warning if w.value.startswith("Projection: based on")]
         assert caveat.startswith("Projection: based on 0 spec and 1 AR requests: the spec runs are missing"), caveat
         assert f"`{record}`" in caveat and "too few" not in caveat and "bench without --limit" not in caveat
+
+
+def test_the_bench_that_records_the_missing_mode_keeps_the_runs_settings(sqlite_url, monkeypatch):
+    """AR runs sampled at temperature 0.7, top_p 0.9, top_k 40, capped at 64 new tokens: the bench the Overview and
+    the projection's warning suggested for the missing spec runs was `--workload code --mode both --db ...`, whose
+    runs (greedy, 128 new tokens) would not compare with them. It carries their settings, in bench's own options."""
+    import shlex
+
+    from app.cli import build_parser
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", temperature=0.7, top_p=0.9, top_k=40, max_new_tokens=64,
+                 requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+    record = (f"specfinops bench --workload code --mode both --target demo/target-tiny --dtype float32 "
+              f"--temperature 0.7 --top-p 0.9 --top-k 40 --max-new-tokens 64 "
+              f"--db {shlex.quote(sqlite_url.removeprefix('sqlite:///'))}")
+    at = _open(sqlite_url, monkeypatch, "views/overview.py")
+    assert_clean(at)
+    [info] = [i.value for i in at.info if i.value.startswith("No speculative runs in view")]
+    assert f"`{record}`" in info, info
+    [caveat] = [w.value for w in at.warning if w.value.startswith("Projection: based on")]
+    assert f"`{record}`" in caveat, caveat
+    args = build_parser().parse_args(shlex.split(record)[1:])  # what bench reads of it: the runs' settings
+    assert (args.temperature, args.top_p, args.top_k, args.max_new_tokens, args.target, args.dtype) == \
+        (0.7, 0.9, 40, 64, "demo/target-tiny", "float32")
+
+
+def test_bench_settings_leaves_out_what_bench_does_by_default():
+    """queries.BENCH_DEFAULTS are bench's own: a greedy run of the default cap names only its target and
+    precision (and top_p / top_k of a greedy run change nothing)."""
+    from types import SimpleNamespace
+
+    from app.cli import build_parser
+    from telemetry.queries import BENCH_DEFAULTS, bench_settings
+
+    args = build_parser().parse_args(["bench"])
+    assert {k: getattr(args, k) for k in BENCH_DEFAULTS} == BENCH_DEFAULTS
+    greedy = SimpleNamespace(target="t", backend="torch", dtype="bfloat16", temperature=0.0, top_p=0.5, top_k=9,
+                             max_new_tokens=128)
+    assert bench_settings(greedy) == [("--target", "t"), ("--dtype", "bfloat16")]
 
 
 def test_the_tokens_tile_keeps_three_significant_digits(sqlite_url, monkeypatch):

@@ -39,9 +39,12 @@ from telemetry.costing import (
     temperature_text,
 )
 from telemetry.queries import (
+    COMPARED_FIELDS,
     above_acceptance_lines,
     bench_command,
+    bench_settings,
     cutoffs_text,
+    key_of,
     max_new_tokens_text,
     paired_text,
     pooled_outside_text,
@@ -170,11 +173,12 @@ def _tokens_vs_ar(speedups) -> tuple[dict, str]:
     return delta, (f"{pooled} Against AR: the Speedup's comparison ({s.label}), not these pooled figures.")
 
 
-def _no_runs_text(ctx: Context, mode: str, proj) -> str:
+def _no_runs_text(ctx: Context, mode: str, proj, runs) -> str:
     """Why a mode's column is empty, and what to do: its runs in view completed no request (the Runs page shows
     them), the sidebar's filters leave out the store's runs of it (widen them), or the store has none (record both
-    modes into this store, on the workload of the runs in view: `queries.bench_command`, as the projection's
-    caveat says it)."""
+    modes into this store, on the workload and with the settings of the runs in view, `runs`: the projection's
+    comparable group, else the one group they form; `queries.bench_command` with `bench_settings`, as the
+    projection's caveat says it)."""
     name = MODE_NAMES[mode]
     if (ctx.sel.runs["mode"] == mode).any():
         return f"No completed {name} requests in view: the Runs page shows the status of its runs."
@@ -182,11 +186,15 @@ def _no_runs_text(ctx: Context, mode: str, proj) -> str:
     if stored:
         return (f"No {name} runs in view: the sidebar's filters leave out the store's {stored} {name} "
                 f"run{'s' if stored > 1 else ''}; widen them to compare.")
+    group = proj.comparison if proj is not None and proj.comparison is not None else None
+    if group is None and len({key_of(r, COMPARED_FIELDS) for r in runs}) == 1:
+        group = runs[0]  # one comparable group in view: its settings are the runs'
     workloads = set(ctx.sel.runs["workload"].dropna())
-    workload = (next(iter(workloads)) if len(workloads) == 1
-                else proj.comparison.workload if proj is not None and proj.comparison is not None else "code")
+    workload = (group.workload if group is not None else next(iter(workloads)) if len(workloads) == 1 else "code")
+    command = bench_command(data.engine(ctx.url), workload, always_db=True,
+                            options=bench_settings(group) if group is not None else ())
     return (f"No {name} runs in view: the store has none. Record both modes on the same prompts and machine, "
-            f"with the runs' target and settings: `{bench_command(data.engine(ctx.url), workload, always_db=True)}`.")
+            f"with the runs' target and settings: `{command}`.")
 
 
 def _projection(ctx: Context, speedups):
@@ -297,7 +305,7 @@ def body(ctx: Context) -> None:
         with col:
             st.subheader(MODE_NAMES[mode])
             if s is None:
-                st.info(md_safe(_no_runs_text(ctx, mode, proj)))
+                st.info(md_safe(_no_runs_text(ctx, mode, proj, runs)))
                 continue
             compare = mode == "spec" and not mixed
             said_mixed = mixed_help if mode == "spec" else ""
