@@ -906,3 +906,19 @@ def test_runs_page_compares_a_comparable_completed_pair_by_default(sqlite_url, m
     assert list(compare.loc["status"]) == ["completed", "completed"]
     at.selectbox(key="cmp_b").set_value(4).run()
     assert list(at.dataframe[1].value.set_index("figure").loc["status"]) == ["completed", "running"]
+
+
+def test_the_reports_page_shows_no_banner_of_the_sidebars_runs(filled, monkeypatch):
+    """The sidebar's runs include a generator's: the pages they filter say so; the Reports page, which they do not
+    filter, said it too, of runs none of its reports need hold (each report's row marks its own)."""
+    engine = open_store(filled)
+    with Session(engine) as s:
+        make_run(s, "ar", workload="synthetic", requests=[Req(output_tokens=33, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+    engine.dispose()
+    at = open_page(app_for(filled, monkeypatch), PAGES["Overview"])
+    assert_clean(at)
+    assert [w for w in at.warning if w.value.startswith("Synthetic data:")]
+    at.switch_page("views/reports.py").run()
+    assert_clean(at)
+    assert not [w.value for w in at.warning if w.value.startswith("Synthetic data:")]

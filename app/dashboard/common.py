@@ -344,7 +344,8 @@ def empty_store_message(url: str) -> None:
 def run_page(title: str, body: Callable[[Context], None], caption: str | None = None, *,
              filtered: bool = True) -> None:
     """Title, the empty-store / synthetic-data notices, then `body(ctx)` guarded against exceptions. A page that
-    the sidebar filters do not apply to (`filtered` False: the Reports page) is shown whatever they match."""
+    the sidebar filters do not apply to (`filtered` False: the Reports page) is shown whatever they match, without
+    the notices of the runs they select (the synthetic-data banner: the page says what its own figures hold)."""
     st.title(title)
     if caption:
         st.caption(caption)
@@ -357,7 +358,7 @@ def run_page(title: str, body: Callable[[Context], None], caption: str | None = 
     if ctx is None:
         empty_store_message(data.db_url())
         return
-    if ctx.sel.synthetic:
+    if ctx.sel.synthetic and filtered:  # of the sidebar's runs: not what an unfiltered page shows
         st.warning("Synthetic data: some runs in view were made by the benchmark generator "
                    "(workload 'synthetic', host 'synthetic-generator'). They are not measurements.")
     if ctx.sel.runs.empty and filtered:
