@@ -193,19 +193,41 @@ def is_eagle_dir(path: str | Path) -> bool:
 def unfinished_note(path: str | Path) -> str | None:
     """What to say of a draft folder whose model_card.json says its training did not finish (`distill` writes
     the draft so far at each checkpoint, and a Ctrl-C leaves it so): whole files that load like a finished
-    draft, but not the draft the run was to make. None for a finished draft, or one without a card."""
+    draft, but not the draft the run was to make. None for a finished draft, or one without a card: a card saying
+    'trained; evaluation interrupted (...)' is a finished draft too (training wrote its final weights before the
+    evaluation began; only its alpha and c were not measured)."""
     try:
         card = json.loads((Path(path) / "model_card.json").read_text())
     except (OSError, ValueError):  # no card (a draft made otherwise), or not JSON: nothing said here
         return None
     status = card.get("status") if isinstance(card, dict) else None
-    if status in (None, "trained"):
+    if status is None or _trained(status):
         return None
     results = card.get("results")
     steps = results.get("steps") if isinstance(results, dict) else None
     return (f"draft {path} is not a finished draft: its model_card.json says {status!r}"
             + (f" (step {steps})" if steps is not None else "") + "; a distill run stopped or still running wrote "
             "it, so what it measures is not the finished draft's: resume that run (its command with --resume)")
+
+
+def _trained(status) -> bool:
+    """Whether a model card's status says the training finished: "trained", or "trained; ..." where only what
+    followed it (the evaluation) was interrupted."""
+    return isinstance(status, str) and (status == "trained" or status.startswith("trained;"))
+
+
+def unmeasured_note(path: str | Path) -> str | None:
+    """A note (not a warning) for a finished draft whose distill evaluation was interrupted: its card has no alpha
+    or c. None otherwise."""
+    try:
+        card = json.loads((Path(path) / "model_card.json").read_text())
+    except (OSError, ValueError):
+        return None
+    status = card.get("status") if isinstance(card, dict) else None
+    if not _trained(status) or status == "trained":
+        return None
+    return (f"draft {path}: its training finished but distill's evaluation was interrupted, so its model card "
+            "holds no measured alpha or c")
 
 
 def _target_names(target_dir: Path) -> set[str]:
@@ -284,6 +306,8 @@ def load_eagle(path: str | Path, target: CausalLM, dtype: torch.dtype,
             f"draft {path} was trained for a target with vocabulary {cfg.vocab_size} and hidden size "
             f"{cfg.hidden_size}; this target has {target.cfg.vocab_size} and {target.cfg.hidden_size}"
         )
+    if note := unmeasured_note(path):
+        logger.info(note)
     for note in (unfinished_note(path), foreign_target_note(path, target_dir) if target_dir is not None else None):
         if note:
             logger.warning(note)

@@ -194,6 +194,28 @@ def test_a_draft_whose_training_did_not_finish_is_said_to_be_one_when_loaded(sta
         assert str(out) in said[0] and "--resume" in said[0]
 
 
+def test_a_draft_whose_evaluation_alone_was_interrupted_is_a_finished_draft(tmp_path, caplog):
+    """A Ctrl-C during distill's evaluation leaves the final weights with a card saying 'trained; evaluation
+    interrupted (...)': bench and calibrate warned it was "not a finished draft ... resume that run"."""
+    import logging
+
+    import torch
+
+    from serving.distill.pipeline import EVALUATION_INTERRUPTED, save_draft
+    from serving.eagle import EagleDraft, load_eagle
+    from tests.tiny import tiny_model
+
+    target = tiny_model(1)
+    out = tmp_path / "draft"
+    save_draft(EagleDraft.init_from_target(target, torch.arange(32)), out, {})
+    (out / "model_card.json").write_text(json.dumps({"status": EVALUATION_INTERRUPTED, "results": {"steps": 40}}))
+    with caplog.at_level(logging.INFO, logger="serving.eagle"):
+        load_eagle(out, target, torch.float32)
+    said = [r.getMessage() for r in caplog.records if r.name == "serving.eagle"]
+    assert not any("not a finished draft" in s or "resume" in s for s in said), said
+    assert all(r.levelno < logging.WARNING for r in caplog.records if r.name == "serving.eagle"), said
+
+
 # ------------------------------------------------------------------ calibrate
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
