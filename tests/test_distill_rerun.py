@@ -211,3 +211,23 @@ def test_a_time_budget_resumed_as_given_is_not_said_to_have_changed(tiny, tmp_pa
     rerun = json.loads((out / "model_card.json").read_text())["rerun"]
     assert rerun["matches"] == "options" and "trained toward" not in rerun["why"], rerun
     assert rerun["why"].startswith("a time budget trains as many steps")
+
+
+def test_total_minutes_after_a_resume_counts_the_earlier_runs_as_train_minutes_does(tiny, tmp_path, cache,
+                                                                                     monkeypatch):
+    """train_minutes summed the training of every run a --resume continued; total_minutes timed only the last
+    invocation, so a card said train_minutes 0.92 beside total_minutes 0.11."""
+    import itertools
+    import time
+
+    from app.cli import main
+
+    out = tmp_path / "draft"
+    real, ticks = time.perf_counter, itertools.count()
+    # the first run is slow: every clock reading is 3 s after the one before (its training too)
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + 3.0 * next(ticks))
+    _interrupted(tiny, out, tmp_path, monkeypatch, at=3, steps=5)  # (undoes the clock after the run)
+    assert main(_argv(tiny, out, 5, "--resume")) == 0
+    results = json.loads((out / "model_card.json").read_text())["results"]
+    assert results["steps"] == 5 and results["train_minutes"] >= 0.1, results
+    assert results["total_minutes"] >= results["train_minutes"] + results["data_minutes"], results

@@ -771,6 +771,9 @@ def run(args) -> int:
     ckpt = Path(args.checkpoint).expanduser() if args.checkpoint else \
         distill_cache() / "checkpoints" / (hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12] + ".pt")
     trained_s = 0.0  # what the resumed checkpoint trained
+    # the wall-clock and data minutes of the runs the resumed checkpoint continues (their "run" record): summed
+    # with this run's, as train_minutes sums the training of every run
+    before = {"total_minutes": 0.0, "data_minutes": 0.0}
     trained_out = False  # whether it trained to the end of this run's budget
     if args.resume and ckpt.is_file():  # memory-mapped: only its config and "elapsed" are read here
         resumed = read_checkpoint(ckpt)
@@ -779,6 +782,11 @@ def run(args) -> int:
         if differs:
             raise UsageError(resume_refusal(ckpt, saved, *differs))
         trained_s = float(resumed.get("elapsed", 0.0))
+        run = resumed.get("run")
+        for k in before:  # a checkpoint from before the record: its training at least (total >= train_minutes)
+            v = run.get(k) if isinstance(run, dict) else None
+            before[k] = float(v) if isinstance(v, int | float) and not isinstance(v, bool) else \
+                (trained_s / 60 if k == "total_minutes" else 0.0)
         # a run whose training finished and whose evaluation was interrupted: resumed with the budget it was given,
         # it goes straight to the evaluation (a --total-minutes budget would otherwise train its minutes again)
         trained_out = bool(resumed.get("finished")) and (
@@ -989,13 +997,15 @@ def run(args) -> int:
         _say(f"--fresh: removed the checkpoint {ckpt}; training starts from step 0")
     try:
         summary = train(draft, preps, cfg, checkpoint=ckpt, resume=args.resume, on_checkpoint=on_checkpoint,
-                        say=_say, device=device)
+                        say=_say, device=device, run_record=lambda: {
+                            "total_minutes": before["total_minutes"] + (time.perf_counter() - t_start) / 60,
+                            "data_minutes": before["data_minutes"] + data_minutes})
     except TrainingInterrupted as exc:
         _say(interrupted_note(args, exc.step, ckpt, out))
         raise
     except TrainingDiverged as exc:  # nothing is written as trained; an earlier checkpoint stays as it was
         raise UsageError(str(exc)) from None
-    results: dict = {**summary, "data_minutes": round(data_minutes, 2),
+    results: dict = {**summary, "data_minutes": round(before["data_minutes"] + data_minutes, 2),
                      "data_made_minutes": round(data_made_minutes, 2)}
     card["rerun"] = rerun_note(cfg, summary["steps"])
     write_draft(draft, {"status": "trained", "results": results})
@@ -1009,7 +1019,7 @@ def run(args) -> int:
             _say(f"interrupted during the evaluation: the trained draft is in {out} (its card says the evaluation "
                  f"was interrupted); measure it with (training is not repeated):\n  {resume_command(args)}")
             raise
-    results["total_minutes"] = round((time.perf_counter() - t_start) / 60, 2)
+    results["total_minutes"] = round(before["total_minutes"] + (time.perf_counter() - t_start) / 60, 2)
     write_card_only(out, {**card, "status": "trained", "results": results})
     _say(f"wrote {out}")
     if not args.checkpoint:  # the default one, under the cache: the run is done, its draft is in --out

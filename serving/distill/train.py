@@ -733,7 +733,10 @@ def train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, device:
 def _train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, device: torch.device,
            checkpoint: Path | None = None, resume: bool = False, progress: bool = True,
            on_checkpoint: Callable[[EagleDraft, dict], None] | None = None,
-           say: Callable[[str], None] = lambda m: None) -> dict:
+           say: Callable[[str], None] = lambda m: None,
+           run_record: Callable[[], dict] | None = None) -> dict:
+    """`run_record`: what the caller keeps in each checkpoint (under "run", read back by its --resume), asked for
+    at each save: the wall-clock minutes of the runs so far, say."""
     from tqdm import tqdm
 
     torch.manual_seed(cfg.seed)
@@ -780,7 +783,7 @@ def _train(draft: EagleDraft, preps: list[Prepared], cfg: TrainConfig, *, device
         torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
                     "curve": curve, "rng": batches.rng.getstate(), "config": asdict(cfg),
                     "batches": batches.state(), "torch_rng": rng_state(device), "ema": ema,
-                    "finished": finished}, tmp)
+                    "finished": finished, **({"run": run_record()} if run_record is not None else {})}, tmp)
         tmp.replace(checkpoint)
 
     draft.train()
