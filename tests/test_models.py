@@ -60,6 +60,26 @@ def test_unknown_model_and_non_model_dir(tmp_path):
         resolve_model(str(tmp_path))
 
 
+def test_the_bundled_draft_name_resolves_wherever_a_model_is_given(tmp_path, monkeypatch):
+    """`models list` names the bundled draft 'specfinops-draft', and `models verify` took it, but bench
+    --draft-model and calibrate --draft said "unknown model 'specfinops-draft': ... not a known name
+    (smollm2-135m-instruct)"."""
+    from app.commands._common import model_option
+    from app.errors import UsageError
+    from serving.models import BUNDLED_DRAFT_DIR
+
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("specfinops-draft", "draft") == BUNDLED_DRAFT_DIR
+    assert model_option("--draft-model", "specfinops-draft", "draft") == BUNDLED_DRAFT_DIR
+    assert model_option("--draft", "specfinops-draft", "draft") == BUNDLED_DRAFT_DIR
+    with pytest.raises(UsageError, match="a draft made by `specfinops distill`"):  # given as a target
+        model_option("--target", "specfinops-draft", "target")
+    with pytest.raises(ValueError) as exc:
+        resolve_model("no-such-name", "draft")
+    assert "smollm2-135m-instruct" in str(exc.value) and "specfinops-draft" in str(exc.value)
+
+
 @pytest.mark.parametrize("manifest, needle", [
     ('{"name": "smollm2-135m-instruct",\n  "source": ', "not valid JSON"),
     ("{}", "no safetensors_sha256 checksum"),

@@ -96,7 +96,7 @@ def _verify_dirs(args) -> list[Path]:
     """The folders `models verify` checks: those named (a bundled model's name, or a directory), the --role's,
     or the bundled target."""
     from app.errors import UsageError
-    from serving.models import BUNDLED_DRAFT_DIR, BUNDLED_TARGET, model_path
+    from serving.models import BUNDLED_DRAFT, BUNDLED_DRAFT_DIR, BUNDLED_TARGET, model_path
 
     if args.role and args.models:
         raise UsageError("give model names / directories or --role, not both")
@@ -106,7 +106,7 @@ def _verify_dirs(args) -> list[Path]:
     for m in args.models:
         if m == BUNDLED_TARGET:
             dirs.append(model_path("target"))
-        elif m == "specfinops-draft":
+        elif m == BUNDLED_DRAFT:
             dirs.append(BUNDLED_DRAFT_DIR)
         elif Path(m).expanduser().is_dir():
             dirs.append(Path(m).expanduser())
