@@ -231,3 +231,20 @@ def test_total_minutes_after_a_resume_counts_the_earlier_runs_as_train_minutes_d
     results = json.loads((out / "model_card.json").read_text())["results"]
     assert results["steps"] == 5 and results["train_minutes"] >= 0.1, results
     assert results["total_minutes"] >= results["train_minutes"] + results["data_minutes"], results
+
+
+def test_a_resume_with_fewer_steps_than_the_checkpoint_trained_is_refused(tiny, tmp_path, cache, monkeypatch,
+                                                                           capsys):
+    """`--steps 3 --resume` from a checkpoint already at step 4 passed silently and wrote a card saying
+    training.steps 3 beside results.steps 4."""
+    from app.cli import main
+
+    out = tmp_path / "draft"
+    _interrupted(tiny, out, tmp_path, monkeypatch, at=4, steps=30)
+    (ckpt,) = _checkpoints(cache)
+    before = {p.name: p.read_bytes() for p in [ckpt, *out.iterdir()] if p.is_file()}
+    capsys.readouterr()
+    assert main(_argv(tiny, out, 3, "--resume")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "step 4" in err[0] and "--steps 3" in err[0] and str(ckpt) in err[0], err
+    assert {p.name: p.read_bytes() for p in [ckpt, *out.iterdir()] if p.is_file()} == before

@@ -781,6 +781,11 @@ def run(args) -> int:
         differs = resume_mismatch(saved, cfg)
         if differs:
             raise UsageError(resume_refusal(ckpt, saved, *differs))
+        at = resumed.get("step")
+        if cfg.steps is not None and isinstance(at, int) and at > cfg.steps:  # it cannot train back to fewer
+            raise UsageError(f"--resume: the checkpoint {ckpt} is already at step {at}, past --steps {cfg.steps}: "
+                             f"give --steps {at} or more to continue it (the steps it trained cannot be undone), or drop "
+                             "--resume and give --fresh to start again from step 0")
         trained_s = float(resumed.get("elapsed", 0.0))
         run = resumed.get("run")
         for k in before:  # a checkpoint from before the record: its training at least (total >= train_minutes)
