@@ -453,3 +453,19 @@ def test_a_workload_path_that_is_a_directory_is_named_as_one(tmp_path):
     (tmp_path / "prompts.jsonl").mkdir()
     with pytest.raises(ValueError, match="is a directory, not a .jsonl file"):
         load_workload(tmp_path / "prompts.jsonl")
+
+
+@pytest.mark.parametrize("given", ["folder", "name"])
+def test_a_draft_given_as_distills_target_is_named_as_a_draft(given, tmp_path, monkeypatch, capsys):
+    """distill said ".../config.json has no num_hidden_layers ... not the config of a causal LM" of the bundled
+    draft given as --target, where bench and calibrate say it is a feature draft."""
+    from app.cli import main
+    from serving.models import BUNDLED_DRAFT, BUNDLED_DRAFT_DIR
+
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    target = str(BUNDLED_DRAFT_DIR) if given == "folder" else BUNDLED_DRAFT
+    assert main(["distill", "--corpus", str(tmp_path), "--target", target, "--out", str(tmp_path / "d3"),
+                 "--steps", "1", "--no-eval"]) == 2
+    line = _one_error_line(capsys)
+    assert f"--target {target}: a draft made by `specfinops distill` (a feature draft), not a target model" in line
+    assert "num_hidden_layers" not in line and not (tmp_path / "d3").exists()

@@ -676,6 +676,7 @@ def _note_interrupt(note: str):
 
 
 def run(args) -> int:
+    from app.commands._common import model_option
     from app.errors import UsageError
     from serving.distill.data import check_prepared, is_prepared, load_prepared, read_meta, select_features
     from serving.distill.data import prepare as prepare_data
@@ -713,7 +714,9 @@ def run(args) -> int:
     # data made on a GPU is cached apart: its kernels round differently, and sampled questions differ
     tag = _dtype_tag(dtype) + ("" if device.type == "cpu" else "-cuda")
     t_start = time.perf_counter()
-    target_dir = resolve_model(args.target, "target")
+    # a name or folder given: checked as bench and calibrate check theirs (a feature draft is named as one)
+    target_dir = resolve_model(None, "target") if args.target is None else model_option("--target", args.target,
+                                                                                         "target")
     out = Path(args.out).expanduser()
     recover_output(out)  # a previous draft folder a killed run left aside goes back first
     # --resume continues the run that wrote --out (the refusals below say when it cannot)
