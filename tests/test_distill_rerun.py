@@ -248,3 +248,30 @@ def test_a_resume_with_fewer_steps_than_the_checkpoint_trained_is_refused(tiny, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "step 4" in err[0] and "--steps 3" in err[0] and str(ckpt) in err[0], err
     assert {p.name: p.read_bytes() for p in [ckpt, *out.iterdir()] if p.is_file()} == before
+
+
+def test_a_corpus_whose_generation_was_interrupted_is_named_as_one(tiny, tmp_path, cache, capsys):
+    """--corpus on a folder a Ctrl-C'd --generate-prompts left said it "is not a prepared distillation data
+    directory (make one with --generate-prompts N ...)", as of any folder: not that rerunning the command that made
+    it goes on from the answers it finished."""
+    from app.cli import main
+    from serving.distill.data import META, record_generation
+
+    torch.manual_seed(0)
+    unfinished = tmp_path / "gen"
+    encoded = [({"id": f"g{i}", "domain": "chat"}, [5 + i, 7, 9, 11]) for i in range(3)]
+    record_generation(tiny_model(3), encoded, unfinished, eos=None, max_new_tokens=2, batch=2, topk=4,
+                      progress=False)
+    (unfinished / META).unlink()  # written last: a generation stopped before it has every other file
+    target_dir, _ = tiny
+    argv = _argv((target_dir, unfinished), tmp_path / "draft")
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert f"corpus {unfinished} is an unfinished generation" in err[0] and "3 answers" in err[0], err
+    assert "--generate-prompts" in err[0] and "goes on from the answers finished so far" in err[0], err
+    # a folder that is no distillation data at all is still said to be none
+    other = tmp_path / "other"
+    other.mkdir()
+    assert main(_argv((target_dir, other), tmp_path / "draft")) == 2
+    assert "is not a prepared distillation data directory" in capsys.readouterr().err

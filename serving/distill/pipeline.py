@@ -665,6 +665,24 @@ def _made_so_far(d: Path, items: list[dict]) -> str:
     return f" ({made} already made, {len(items) - made} to go)" if made else ""
 
 
+def _unprepared_corpus(c: Path) -> str:
+    """Why --corpus `c` (a folder) is refused as not prepared: a generation stopped before its end (its answers
+    so far in sequences.jsonl, no meta.json, which is written last) is said to be one, with how to finish it."""
+    from serving.distill.data import META, read_jsonl
+
+    if (c / "sequences.jsonl").is_file() and not (c / META).is_file():
+        try:
+            made = f"{len(read_jsonl(c / 'sequences.jsonl'))} answers made so far"
+        except (OSError, ValueError):
+            made = "answers made so far"
+        return (f"corpus {c} is an unfinished generation ({made}, no {META}): rerun the command that generated it "
+                "(the same --generate-prompts, --stdlib-prompts, --package-prompts or --self-prompts, and its "
+                "--data-dir if it gave one), which goes on from the answers finished so far; then give the folder as "
+                "--corpus")
+    return (f"corpus {c} is not a prepared distillation data directory (make one with --generate-prompts N or "
+            "--stdlib-code N)")
+
+
 @contextmanager
 def _note_interrupt(note: str):
     """Say `note` when Ctrl-C stops what runs inside (the command line then says 'interrupted')."""
@@ -747,8 +765,7 @@ def run(args) -> int:
     corpora = [Path(c).expanduser() for c in args.corpus]
     for c in corpora:
         if not is_prepared(c):
-            raise UsageError(f"corpus {c} is not a prepared distillation data directory (make one with "
-                             "--generate-prompts N or --stdlib-code N)")
+            raise UsageError(_unprepared_corpus(c))
         refusal = foreign_data("--corpus", c, read_meta(c), target_dir, target_cfg)
         if refusal:
             raise UsageError(refusal)
