@@ -450,6 +450,20 @@ def test_models_verify_names_each_changed_file_and_the_fix(tmp_path, monkeypatch
         assert all("specfinops models pull --force" in line for line in err)
 
 
+def test_models_verify_of_a_damaged_manifest_says_the_fix_once(tmp_path, monkeypatch, capsys):
+    """"...; run `specfinops models pull --force` to convert the model again; run `specfinops models pull --force`
+    to convert it again": the manifest's own line ends with the fix, and verify added its own."""
+    from app.cli import main
+    from serving.models import MANIFEST
+
+    model = _scratch_target(tmp_path, monkeypatch)
+    (model / MANIFEST).write_text("{}")
+    assert main(["models", "verify"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is damaged" in err[0], err
+    assert err[0].count("models pull --force") == 1, err
+
+
 def test_models_verify_of_a_folder_without_a_manifest_says_there_is_nothing_to_verify(tmp_path, capsys):
     from app.cli import main
 

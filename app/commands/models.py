@@ -118,7 +118,7 @@ def _verify_dirs(args) -> list[Path]:
 def handle_verify(args) -> int:
     """Exit 0 when every checked file matches its recorded checksum, 2 with one line per file that does not, or per
     folder that has no checksums to check against (a script asking for a verification gets none: not a pass)."""
-    from serving.models import BUNDLED_DRAFT_DIR, MANIFEST, is_bundled_target, verify
+    from serving.models import AGAIN, BUNDLED_DRAFT_DIR, MANIFEST, is_bundled_target, verify
 
     bad = 0
     for d in _verify_dirs(args):
@@ -136,6 +136,7 @@ def handle_verify(args) -> int:
             bad += len(problems)
             fix = ("run `specfinops models pull --force` to convert it again" if is_bundled_target(d)
                    else "copy it again from a whole copy (for the bundled target: `specfinops models pull --force`)")
-            for line in problems:
-                print(f"specfinops models verify: error: {line}; {fix}", file=sys.stderr)
+            for line in problems:  # a damaged manifest's line already ends with the fix (serving.models.AGAIN)
+                print(f"specfinops models verify: error: {line}" + ("" if line.endswith(AGAIN) else f"; {fix}"),
+                      file=sys.stderr)
     return 2 if bad else 0
