@@ -275,3 +275,17 @@ def test_a_corpus_whose_generation_was_interrupted_is_named_as_one(tiny, tmp_pat
     other.mkdir()
     assert main(_argv((target_dir, other), tmp_path / "draft")) == 2
     assert "is not a prepared distillation data directory" in capsys.readouterr().err
+
+
+def test_the_card_records_the_feature_layers_training_used(tiny, tmp_path, cache):
+    """training.feature_layers read [] (the option's "the last block") beside architecture.feature_layers [29]."""
+    from app.cli import main
+    from serving.models import BUNDLED_DRAFT_DIR
+
+    out = tmp_path / "draft"
+    assert main(_argv(tiny, out)) == 0
+    card = json.loads((out / "model_card.json").read_text())
+    blocks = json.loads((tiny[0] / "config.json").read_text())["num_hidden_layers"]
+    assert card["training"]["feature_layers"] == card["architecture"]["feature_layers"] == [blocks - 1], card
+    bundled = json.loads((BUNDLED_DRAFT_DIR / "model_card.json").read_text())
+    assert bundled["training"]["feature_layers"] == bundled["architecture"]["feature_layers"] == [29]

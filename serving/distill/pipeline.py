@@ -996,7 +996,9 @@ def run(args) -> int:
                        "as their prompt" if overlap else
                        f"no training sequence has one of the {len(evaluated)} builtin evaluation prompts as its "
                        "prompt") + " (compared token by token in the target's chat format)"},
-        "training": {**{k: v for k, v in asdict(cfg).items() if k != "extra"}, **({"budget": budget} if budget else {}),
+        # feature_layers: the blocks the draft read (the option's () is the last one), as "architecture" says
+        "training": {**{k: v for k, v in asdict(cfg).items() if k != "extra"},
+                     "feature_layers": list(draft_layers) or [num_blocks - 1], **({"budget": budget} if budget else {}),
                      "device": str(device) if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})"},
         "command": command_line(args),
     }
