@@ -135,7 +135,7 @@ def _main(argv: list[str] | None) -> int:
             raise  # a bug: its traceback
         if args.verbose and not _is_our_own_error(exc):
             logging.getLogger(__name__).debug("what failed underneath:", exc_info=exc)
-        said = describe_failure(exc, _store_file(args), args.command)
+        said = describe_failure(exc, _store_file(args), args.command, server=_store_server(args))
         print(f"{_prog(args)}: error: {said}", file=sys.stderr)
         return 2 if expected else 1
 
@@ -146,6 +146,20 @@ def _prog(args: argparse.Namespace) -> str:
     verify' the checksums it found wrong."""
     parser = getattr(args, "command_parser", None)
     return parser.prog if parser is not None else f"specfinops {args.command}"
+
+
+def _store_server(args: argparse.Namespace) -> str | None:
+    """The server's store a command's --db (or SPECFINOPS_DB_URL) names, as shown (its password masked); None for
+    a command without --db, a SQLite store, or a URL that does not resolve."""
+    if "db" not in vars(args):
+        return None
+    from telemetry.db import resolve_db_url, shown_db_url
+
+    try:
+        url = resolve_db_url(args.db)
+        return None if url.startswith("sqlite") else shown_db_url(url)
+    except Exception:  # noqa: BLE001 - its own error is the one being described
+        return None
 
 
 def _store_file(args: argparse.Namespace):
@@ -161,16 +175,23 @@ def _store_file(args: argparse.Namespace):
         return None
 
 
-def describe_failure(exc: BaseException, store=None, command: str = "COMMAND") -> str:
+def describe_failure(exc: BaseException, store=None, command: str = "COMMAND", server: str | None = None) -> str:
     """One line for an exception that escaped a command: what it was about, never a traceback. `store`: the
     SQLite file the command used, named where its device is full (SQLite's words name no file). `command`: the
     command that failed, shown in the hint, since --verbose goes before it (`specfinops bench ... --verbose` is
-    an unrecognized argument)."""
+    an unrecognized argument). `server`: the server's store the command used, as shown (password masked), named
+    where another session held a lock it needed past the lock timeout."""
     import errno
 
     from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 
-    from telemetry.db import SQLITE_BUSY_TIMEOUT_MS, StoreLockedError, is_locked, store_full_error
+    from telemetry.db import (
+        PG_LOCK_TIMEOUT_MS,
+        SQLITE_BUSY_TIMEOUT_MS,
+        StoreLockedError,
+        is_locked,
+        store_full_error,
+    )
 
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:  # not a bug: no traceback to offer
         return (f"no space left on the device holding {exc.filename}: free some space there" if exc.filename
@@ -179,6 +200,8 @@ def describe_failure(exc: BaseException, store=None, command: str = "COMMAND") -
     if full is not None:
         return str(full)
     if isinstance(exc, DBAPIError) and is_locked(exc):  # a write no retry covers: name the file and the holder
+        if getattr(exc.orig, "sqlstate", None) is not None:  # PostgreSQL's lock_timeout ran out
+            return str(StoreLockedError(server, PG_LOCK_TIMEOUT_MS / 1000, server=True))
         return str(StoreLockedError(store, SQLITE_BUSY_TIMEOUT_MS / 1000))
     if isinstance(exc, DBAPIError):
         text = str(exc.orig or exc).strip()

@@ -395,34 +395,54 @@ T = TypeVar("T")
 SQLITE_MIGRATION_WAIT_MS = 30 * 60 * 1000
 MIGRATION_TRY_MS = 250  # ... in waits this long, so that a Ctrl-C between them stops it (`_begin_immediate`)
 PG_MIGRATION_LOCK_KEY = 0x5EC_F1A0  # pg_advisory_xact_lock key: one process changes the schema at a time
+# How long one PostgreSQL statement waits for a lock another session holds (lock_timeout, set on every session by
+# `make_engine`) before it fails with lock_not_available, which `retry_while_locked` waits on as on SQLite's busy
+# error; without it a row or table another session kept locked made any command wait forever, silently.
+PG_LOCK_TIMEOUT_MS = SQLITE_BUSY_TIMEOUT_MS
+PG_LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE lock_not_available
 
 
 class StoreLockedError(RuntimeError):
-    """A write to a SQLite store that another process kept its write lock on for longer than this one waited:
-    SQLite says only 'database is locked', naming neither the file nor who holds it."""
+    """A write to a store that another process (another session of a PostgreSQL server) kept locked for longer
+    than this one waited: SQLite says only 'database is locked', naming neither the file nor who holds it;
+    PostgreSQL, without a lock timeout, waited forever and said nothing. `path`: a SQLite file, or a server's URL
+    as shown (`shown_db_url`, its password masked) with `server` set."""
 
-    def __init__(self, path: Path | None, waited_s: float):
+    def __init__(self, path: Path | str | None, waited_s: float, *, server: bool = False):
         store = f"the store {path}" if path is not None else "the store"
-        super().__init__(f"{store} is locked: another process holds a write lock on it (still after {waited_s:.0f} "
-                         "s of waiting); nothing was written. Retry once it is done")
+        holder = "another session holds a lock on what this needs" if server else \
+            "another process holds a write lock on it"
+        super().__init__(f"{store} is locked: {holder} (still after {waited_s:.0f} s of waiting); nothing was "
+                         "written. Retry once it is done")
         self.path = path
 
 
 def is_locked(exc: BaseException) -> bool:
-    """Whether `exc` (a DBAPIError or its sqlite3 error) is SQLite's 'database is locked': another process holds
-    the write lock longer than the busy timeout."""
+    """Whether `exc` (a DBAPIError or its driver's error) says the store is locked by another writer: SQLite's
+    'database is locked' (another process holds the write lock longer than the busy timeout), PostgreSQL's
+    lock_not_available (SQLSTATE 55P03: a lock another session holds, waited for longer than lock_timeout)."""
     orig = getattr(exc, "orig", None) or exc
+    if getattr(orig, "sqlstate", None) == PG_LOCK_NOT_AVAILABLE:
+        return True
     name = getattr(orig, "sqlite_errorname", "") or ""
     return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "database is locked" in str(orig)
 
 
+def locked_store(engine: Engine) -> tuple[Path | str | None, bool]:
+    """(the store as a locked-store message names it, whether it is a server's): a SQLite file, or a server's URL
+    with its password masked."""
+    if engine.dialect.name == "sqlite":
+        return sqlite_file(engine.url.render_as_string()), False
+    return shown_db_url(engine.url), True
+
+
 def retry_while_locked(engine: Engine, write: Callable[[], T]) -> T:
-    """`write()` (one whole transaction: a failed try leaves nothing written), tried again with backoff while a
-    SQLite store stays locked by another process, up to SQLITE_LOCK_WAIT_S; said once on stderr after the first
-    try (itself SQLITE_BUSY_TIMEOUT_MS long), then StoreLockedError naming the file. A bench that had loaded its
-    model died on the first 5 s lock another writer held. PostgreSQL waits for its row locks by itself."""
-    if engine.dialect.name != "sqlite":
-        return write()
+    """`write()` (one whole transaction: a failed try leaves nothing written), tried again with backoff while the
+    store stays locked by another process (SQLite) or session (PostgreSQL, whose each wait for a lock ends after
+    PG_LOCK_TIMEOUT_MS: `make_engine` sets lock_timeout), up to SQLITE_LOCK_WAIT_S; said once on stderr after the
+    first try (itself SQLITE_BUSY_TIMEOUT_MS or PG_LOCK_TIMEOUT_MS long), then StoreLockedError naming the store.
+    A bench that had loaded its model died on the first 5 s lock another writer held; on PostgreSQL a row another
+    session held locked (`SELECT ... FOR UPDATE` left open) made `prices set` wait forever, silently."""
     started = time.monotonic()
     delay, said = 0.1, False
     while True:
@@ -433,10 +453,12 @@ def retry_while_locked(engine: Engine, write: Callable[[], T]) -> T:
                 raise
             waited = time.monotonic() - started
             if waited >= SQLITE_LOCK_WAIT_S:
-                raise StoreLockedError(sqlite_file(engine.url.render_as_string()), waited) from None
+                store, server = locked_store(engine)
+                raise StoreLockedError(store, waited, server=server) from None
         if not said:
-            logger.warning("the store %s is locked by another process (writing to it): waiting up to %.0f s for it",
-                           sqlite_file(engine.url.render_as_string()) or "", SQLITE_LOCK_WAIT_S)
+            store, server = locked_store(engine)
+            logger.warning("the store %s is locked by another %s: waiting up to %.0f s for it", store or "",
+                           "session" if server else "process (writing to it)", SQLITE_LOCK_WAIT_S)
             said = True
         time.sleep(min(delay, max(0.0, SQLITE_LOCK_WAIT_S - (time.monotonic() - started))))
         delay = min(2 * delay, 2.0)
@@ -522,6 +544,16 @@ def _session_in_utc(dbapi_conn, _record) -> None:
     (reports, the dashboard, exports) shows UTC, and SQL date functions cut days at UTC midnight."""
     cur = dbapi_conn.cursor()
     cur.execute("SET TIME ZONE 'UTC'")
+    cur.close()
+    dbapi_conn.commit()
+
+
+def _session_lock_timeout(dbapi_conn, _record) -> None:
+    """Every PostgreSQL session waits at most PG_LOCK_TIMEOUT_MS for a lock another session holds: the statement
+    then fails with lock_not_available (its transaction rolled back, nothing of it written), which
+    `retry_while_locked` waits on, saying so, and the command's error names (app.cli.describe_failure)."""
+    cur = dbapi_conn.cursor()
+    cur.execute(f"SET lock_timeout = {int(PG_LOCK_TIMEOUT_MS)}")
     cur.close()
     dbapi_conn.commit()
 
@@ -642,7 +674,8 @@ def file_in_path(path: Path) -> Path | None:
 
 
 def make_engine(url: str | None = None) -> Engine:
-    """An Engine for the URL; SQLite gets WAL, foreign keys and a busy timeout, PostgreSQL sessions in UTC."""
+    """An Engine for the URL; SQLite gets WAL, foreign keys and a busy timeout, PostgreSQL sessions in UTC with a
+    lock timeout (PG_LOCK_TIMEOUT_MS, where the URL's options set none)."""
     url = resolve_db_url(url)
     if url.startswith("sqlite"):
         path = sqlite_file(url)
@@ -669,6 +702,8 @@ def make_engine(url: str | None = None) -> Engine:
         raise unsupported from exc
     if engine.dialect.name == "postgresql":
         event.listen(engine, "connect", _session_in_utc)
+        if "lock_timeout" not in str(u.query.get("options", "")):  # one the URL sets (?options=-c lock_timeout=..)
+            event.listen(engine, "connect", _session_lock_timeout)
     return engine
 
 
@@ -717,7 +752,7 @@ def migration_transaction(engine: Engine) -> Iterator[Connection]:
         if conn.dialect.name != "sqlite":
             with conn.begin():
                 if conn.dialect.name == "postgresql":
-                    conn.execute(sql_text("SELECT pg_advisory_xact_lock(:k)"), {"k": PG_MIGRATION_LOCK_KEY})
+                    _pg_migration_lock(conn, engine)
                 yield conn
             return
         dbapi = conn.connection.driver_connection
@@ -730,6 +765,25 @@ def migration_transaction(engine: Engine) -> Iterator[Connection]:
         finally:
             dbapi.isolation_level = ""  # the driver's default again, for whoever gets this pooled connection
             dbapi.execute("PRAGMA foreign_keys=ON")
+
+
+def _pg_migration_lock(conn: Connection, engine: Engine) -> None:
+    """The advisory lock one PostgreSQL migrator holds at a time, as `_begin_immediate` takes SQLite's write lock:
+    when another session holds it for more than a second, say so and wait, up to SQLITE_MIGRATION_WAIT_MS, in tries
+    of MIGRATION_TRY_MS (a Ctrl-C stops it between them), then StoreLockedError (pg_advisory_xact_lock waited
+    forever, silently)."""
+    started = time.monotonic()
+    said = False
+    while not conn.execute(sql_text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": PG_MIGRATION_LOCK_KEY}).scalar():
+        waited = time.monotonic() - started
+        if waited >= SQLITE_MIGRATION_WAIT_MS / 1000:
+            raise StoreLockedError(shown_db_url(engine.url), waited, server=True)
+        if not said and waited >= 1.0:
+            logger.warning("the store %s is being written by another session (creating or upgrading the store?): "
+                           "waiting up to %.0f min for it to finish", shown_db_url(engine.url),
+                           SQLITE_MIGRATION_WAIT_MS / 60_000)
+            said = True
+        time.sleep(MIGRATION_TRY_MS / 1000)
 
 
 def _begin_immediate(dbapi: sqlite3.Connection, path: str) -> None:

@@ -1,0 +1,143 @@
+"""A PostgreSQL store another session holds locked (a row `SELECT ... FOR UPDATE` left open, a table LOCK'd, the
+migration lock of an upgrade): a command waits a bounded time, saying so where it retries, then fails with an error
+that names the store and the lock, writing nothing (it waited forever, silently). Two real connections."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from app.cli import main
+from telemetry import db
+from telemetry.store import open_store
+
+FALLBACK_S = 15  # a holder lets go after this long whatever happens, so that a command that waits forever ends
+
+
+@contextmanager
+def _held(pg_url: str, *sql: str, until: str | None = None) -> Iterator[threading.Event]:
+    """Another session runs `sql` in a transaction it keeps open (its locks held) until a line of telemetry.db's
+    log holds `until` (then rolls back; yields the event set then), or until the block ends, or FALLBACK_S."""
+    said, release = threading.Event(), threading.Event()
+
+    class Waits(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if until is not None and until in record.getMessage():
+                said.set()
+                release.set()
+
+    holder = create_engine(pg_url)  # a plain engine: no lock timeout of ours
+    conn = holder.connect()
+    tx = conn.begin()
+    for statement in sql:
+        conn.execute(text(statement))
+    releaser = threading.Thread(target=lambda: (release.wait(FALLBACK_S), tx.rollback()), daemon=True)
+    log, handler = logging.getLogger("telemetry.db"), Waits(logging.WARNING)
+    level = log.level
+    log.addHandler(handler)
+    if not log.isEnabledFor(logging.WARNING):
+        log.setLevel(logging.WARNING)
+    releaser.start()
+    try:
+        yield said
+    finally:
+        release.set()
+        releaser.join(30)
+        log.removeHandler(handler)
+        log.setLevel(level)
+        conn.close()
+        holder.dispose()
+
+
+def _price(pg_url: str, name: str) -> float | None:
+    engine = create_engine(pg_url)
+    try:
+        with engine.connect() as c:
+            return c.execute(text("SELECT value FROM prices WHERE name = :n"), {"n": name}).scalar()
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def pg_store(pg_url, monkeypatch):
+    """A PostgreSQL store at head whose catalog prices H100 at 5; each lock waited for at most 0.3 s."""
+    open_store(pg_url).dispose()
+    assert main(["prices", "set", "h100", "5", "--source", "t", "--db", pg_url]) == 0
+    monkeypatch.setattr(db, "PG_LOCK_TIMEOUT_MS", 300)
+    return pg_url
+
+
+def test_prices_set_waits_for_a_row_another_session_holds_saying_so(pg_store, capsys):
+    with _held(pg_store, "SELECT * FROM prices WHERE name = 'H100' FOR UPDATE", until="is locked by another session") \
+            as said:
+        rc = main(["prices", "set", "h100", "6", "--source", "t", "--db", pg_store])
+    err = capsys.readouterr().err
+    assert said.is_set() and rc == 0, err
+    assert _price(pg_store, "H100") == 6
+
+
+def test_prices_set_gives_up_after_its_bound_naming_the_store_and_writing_nothing(pg_store, monkeypatch, capsys):
+    monkeypatch.setattr(db, "SQLITE_LOCK_WAIT_S", 1.0)
+    started = time.monotonic()
+    with _held(pg_store, "SELECT * FROM prices WHERE name = 'H100' FOR UPDATE"):
+        rc = main(["prices", "set", "h100", "6", "--source", "t", "--db", pg_store])
+        waited = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert rc == 2 and waited < FALLBACK_S - 5, err
+    shown = db.shown_db_url(pg_store)
+    assert f"the store {shown} is locked: another session holds a lock on what this needs" in err, err
+    assert "nothing was written" in err and "Traceback" not in err
+    assert _price(pg_store, "H100") == 5
+
+
+def test_a_read_of_a_table_another_session_locked_ends_with_the_clear_error(pg_store, capsys):
+    started = time.monotonic()
+    with _held(pg_store, "LOCK TABLE runs IN ACCESS EXCLUSIVE MODE"):
+        rc = main(["cost", "--db", pg_store])
+        waited = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert rc == 2 and waited < FALLBACK_S - 5, err
+    assert f"the store {db.shown_db_url(pg_store)} is locked: another session holds a lock" in err, err
+
+
+def test_a_write_the_lock_timeout_stops_leaves_none_of_its_transaction(pg_store, monkeypatch):
+    """A transaction that wrote a row before it met the lock is rolled back whole, each try."""
+    monkeypatch.setattr(db, "SQLITE_LOCK_WAIT_S", 1.0)
+    engine = db.make_engine(pg_store)
+
+    def write() -> None:
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE prices SET value = 7 WHERE name = 'H100'"))
+            conn.execute(text("SELECT * FROM runs FOR UPDATE"))  # runs is locked: fails here
+
+    try:
+        with _held(pg_store, "LOCK TABLE runs IN ACCESS EXCLUSIVE MODE"):
+            with pytest.raises(db.StoreLockedError, match="another session holds a lock"):
+                db.retry_while_locked(engine, write)
+    finally:
+        engine.dispose()
+    assert _price(pg_store, "H100") == 5
+
+
+def test_an_upgrade_waits_for_the_migration_lock_another_session_holds_saying_so(pg_store, capsys):
+    with _held(pg_store, f"SELECT pg_advisory_xact_lock({db.PG_MIGRATION_LOCK_KEY})",
+               until="is being written by another session") as said:
+        rc = main(["db", "upgrade", "--db", pg_store])
+    assert said.is_set() and rc == 0, capsys.readouterr().err
+
+
+def test_an_upgrade_gives_up_on_the_migration_lock_after_its_bound(pg_store, monkeypatch, capsys):
+    monkeypatch.setattr(db, "SQLITE_MIGRATION_WAIT_MS", 1500)
+    started = time.monotonic()
+    with _held(pg_store, f"SELECT pg_advisory_xact_lock({db.PG_MIGRATION_LOCK_KEY})"):
+        rc = main(["db", "upgrade", "--db", pg_store])
+        waited = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert rc == 2 and waited < FALLBACK_S - 5, err
+    assert f"the store {db.shown_db_url(pg_store)} is locked" in err and "Traceback" not in err, err
