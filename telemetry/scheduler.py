@@ -487,7 +487,8 @@ def _same(stored, job: ReportJob, trigger: BaseTrigger) -> bool:
 def schedule_report_job(scheduler: BaseScheduler, engine: Engine, job: ReportJob, trigger: BaseTrigger, *,
                         now: datetime | None = None) -> str:
     """Before `scheduler.start()`: keep the persisted job when its configuration is unchanged ("kept"), else
-    add or replace it under the same id ("added" | "replaced").
+    add or replace it under the same id ("added" | "replaced"), written to the store now (`_store_pending_jobs`):
+    a store that refuses it fails here, not at the start, after the caller said the job was scheduled.
 
     A replaced job whose stored next run time is past (runs missed while the scheduler was stopped) keeps that
     time, as a kept job does: its missed runs follow the misfire policy (with the new options: coalesced into one
@@ -513,7 +514,27 @@ def schedule_report_job(scheduler: BaseScheduler, engine: Engine, job: ReportJob
         misfire_grace_time=job.misfire_grace_s,
         **catch_up,
     )
+    _store_pending_jobs(scheduler)
     return "added" if stored is None else "replaced"
+
+
+def _store_pending_jobs(scheduler: BaseScheduler) -> None:
+    """Write the jobs `add_job` queued on a scheduler not started yet into its job stores now, as its start would
+    (APScheduler's own steps: each store started, each queued job added, or replaced where its id is stored; the
+    start then finds none queued, and starting a store again is harmless). APScheduler writes them only at the
+    start: a store that refused the write (read-only, a role without the right) failed there, after `specfinops
+    scheduler` had said "job J1 replaced" and outside the block that removes the --out folder it made."""
+    from apscheduler.schedulers.base import STATE_STOPPED
+
+    if scheduler.state != STATE_STOPPED:  # a started scheduler's add_job wrote it already
+        return
+    with scheduler._jobstores_lock:
+        for alias, store in scheduler._jobstores.items():
+            store.start(scheduler, alias)
+        while scheduler._pending_jobs:
+            job, alias, replace_existing = scheduler._pending_jobs[0]
+            scheduler._real_add_job(job, alias, replace_existing)
+            del scheduler._pending_jobs[0]
 
 
 def recover_reports(engine: Engine, job: ReportJob, *, stale_after_s: float | None = None,

@@ -33,6 +33,7 @@ from telemetry.db import (
     Base,
     file_in_path,
     folder_error,
+    is_locked,
     make_engine,
     migration_transaction,
     new_store_paths,
@@ -455,6 +456,8 @@ class Writes:
 RECORDS_RUNS = Writes("runs", "kind", "records its runs there: give a store it may write, or --no-telemetry "
                       "(without --db) to record nothing")  # bench, loadtest, serve: a run's row first
 RECORDS_REPORTS = Writes("reports", "period", "records each report there: give a store it may write")
+SCHEDULES_REPORTS = Writes("reports", "period", "keeps its job and records each report there: give a store it may "
+                           "write")  # scheduler: its job, then a report's record each period
 KEEPS_PRICES = Writes("prices", "name", "keeps the price catalog there: give a store it may write (or price runs "
                       "with cost --gpu / --node-hourly-usd)")
 
@@ -474,14 +477,21 @@ def refuse_unless_writable(engine: Engine, url: str | None = None, writes: Write
             finally:
                 conn.rollback()
     except DBAPIError as exc:
-        orig = exc.orig or exc
-        if _why_not_upgraded(exc) is None:
-            if getattr(orig, "sqlite_errorname", "").startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) \
-                    or "database is locked" in str(orig):
+        clear = not_writable_error(exc, url, writes)
+        if clear is None:
+            if is_locked(exc):  # another writer's lock (SQLite's busy, PostgreSQL's lock_timeout): no refusal
                 return
             raise
-        raise NotWritableError(_given(url), (str(orig).strip().splitlines() or [type(orig).__name__])[0],
-                               writes.why) from None
+        raise clear from None
+
+
+def not_writable_error(exc: BaseException, url: str | None, writes: Writes) -> NotWritableError | None:
+    """The NotWritableError for a write the store refused (`exc`: read-only, no privilege; _why_not_upgraded),
+    naming the store as `url` was given and saying what to do (`writes.why`); None for any other failure."""
+    if _why_not_upgraded(exc) is None:
+        return None
+    orig = getattr(exc, "orig", None) or exc
+    return NotWritableError(_given(url), (str(orig).strip().splitlines() or [type(orig).__name__])[0], writes.why)
 
 
 def _given(url: str | None) -> str:

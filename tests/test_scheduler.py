@@ -1309,3 +1309,50 @@ def test_a_first_failed_delivery_is_said_as_failed_and_only_a_repeat_as_failed_a
     assert said == [f"report job report-daily: delivery of report #{second} failed, as 1 earlier one did; the job's "
                     "next run delivers them again"], said
     assert [r.delivery_status for r in reports(engine)] == ["failed", "failed"]
+
+
+def test_cli_on_a_read_only_store_holding_the_job_says_not_writable_and_leaves_no_folder(
+        db_url, read_only_url, tmp_path, no_blocking, capsys):
+    """A read-only store that holds the job already (replaced, as its options changed): APScheduler writes a job
+    added before it starts only at its start, after `removing_made_folders` and the "job J1 replaced" line, so the
+    command said it replaced the job, then failed on the write, and left its --out folder, empty. Refused as
+    `report` refuses such a store, before --out is made."""
+    engine = open_store(db_url)
+    add_day(engine, D0)
+    engine.dispose()
+    base = ["scheduler", "--cron", "0 6 * * *", "--job-id", "J1"]
+    assert main([*base, "--db", db_url, "--out", str(tmp_path / "first")]) == 0
+    capsys.readouterr()
+    out = tmp_path / "s2" / "x"
+    assert main([*base, "--db", read_only_url(db_url), "--out", str(out), "--sla-ms", "40"]) == 2
+    said = capsys.readouterr()
+    assert "replaced" not in said.out and "replaced" not in said.err, said
+    assert "scheduler: error: --db " in said.err and ": not writable: " in said.err, said.err
+    assert "give a store it may write" in said.err and len(said.err.strip().splitlines()) == 1, said.err
+    assert not (tmp_path / "s2").exists()
+
+
+def test_cli_whose_job_write_the_store_refuses_says_so_before_saying_it_scheduled_it(pg_url, pg_reader, tmp_path,
+                                                                                     no_blocking, capsys):
+    """A role that may record reports but not change the job table: the job's write fails inside the block that
+    removes the --out folder made for it, before the command says the job is scheduled (it said "job J1
+    replaced", then failed at the scheduler's start, and left the folder)."""
+    from sqlalchemy import create_engine
+
+    engine = open_store(pg_url)
+    add_day(engine, D0)
+    engine.dispose()
+    base = ["scheduler", "--cron", "0 6 * * *", "--job-id", "J1"]
+    assert main([*base, "--db", pg_url, "--out", str(tmp_path / "first")]) == 0
+    role, reader_url = pg_reader()
+    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'GRANT INSERT, UPDATE ON reports TO "{role}"'))
+    admin.dispose()
+    capsys.readouterr()
+    out = tmp_path / "s2" / "x"
+    assert main([*base, "--db", reader_url, "--out", str(out), "--sla-ms", "40"]) == 2
+    said = capsys.readouterr()
+    assert "replaced" not in said.out and "replaced" not in said.err, said
+    assert "not writable: " in said.err and JOBS_TABLE in said.err and "Traceback" not in said.err, said.err
+    assert not (tmp_path / "s2").exists()

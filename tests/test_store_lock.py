@@ -345,11 +345,12 @@ def test_a_failed_delivery_is_taken_again_once_the_lock_is_released_and_sent_onc
 
 
 def test_the_scheduler_job_table_and_its_jobs_wait_for_the_lock(traffic, tmp_path):
-    """The job table made, the job added as the scheduler starts, updated, removed: each meets the lock, waits, and
-    is written once it is released."""
+    """The job table made, the job added (written as it is scheduled, before the scheduler starts), updated,
+    removed: each meets the lock, waits, and is written once it is released."""
     from telemetry.scheduler import (
         JOBS_TABLE,
         ReportJob,
+        _job_store,
         make_scheduler,
         parse_cron,
         remove_other_jobs,
@@ -360,12 +361,14 @@ def test_the_scheduler_job_table_and_its_jobs_wait_for_the_lock(traffic, tmp_pat
     job = ReportJob(job_id="report-daily", db_url=url, out_dir=str(tmp_path / "reports"))
     scheduler = make_scheduler(engine)
     with _locked_until_a_write_waits(path) as waited:
-        assert schedule_report_job(scheduler, engine, job, parse_cron("0 6 * * *")) == "added"
+        _job_store(engine)  # the job table made
     assert waited.is_set()
     with _locked_until_a_write_waits(path) as waited:
-        scheduler.start(paused=True)
+        assert schedule_report_job(scheduler, engine, job, parse_cron("0 6 * * *")) == "added"
+    assert waited.is_set() and _count(url, f"SELECT count(*) FROM {JOBS_TABLE}") == 1
+    scheduler.start(paused=True)
     try:
-        assert waited.is_set() and _count(url, f"SELECT count(*) FROM {JOBS_TABLE}") == 1
+        assert _count(url, f"SELECT count(*) FROM {JOBS_TABLE}") == 1
         with _locked_until_a_write_waits(path) as waited:
             scheduler.pause_job("report-daily")
         assert waited.is_set()

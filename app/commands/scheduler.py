@@ -278,6 +278,7 @@ def run(args) -> int:
     from dataclasses import replace
 
     from apscheduler.events import EVENT_SCHEDULER_STARTED
+    from sqlalchemy.exc import DBAPIError
 
     from telemetry.db import resolve_db_url
     from telemetry.delivery import SmtpSettings, check_webhook_url, webhook_from_env
@@ -296,7 +297,7 @@ def run(args) -> int:
         remove_other_jobs,
         schedule_report_job,
     )
-    from telemetry.store import open_store
+    from telemetry.store import SCHEDULES_REPORTS, not_writable_error, open_store, refuse_unless_writable
 
     if args.list:
         # --list schedules nothing: a --cron or --out beside it was dropped unsaid
@@ -336,6 +337,9 @@ def run(args) -> int:
     # would get a "no traffic" report every period. Opened before --out is made: a bad store leaves no folder.
     engine = open_store(db_url, must_exist=True)
     try:
+        # a store it may not write is named as `report` names one (`--db X: not writable: ...`), before --out is
+        # made (it said SQLite's 'attempt to write a readonly database' after "job ... replaced")
+        refuse_unless_writable(engine, args.db, SCHEDULES_REPORTS)
         check_gpu_entry(engine, args)  # a --gpu typo is refused now, not said as 'cost n/a' by every run
         unknown = unrecorded_names(engine, options)
         if unknown is not None:  # said, not refused: a job may be set up before its model's first runs
@@ -347,7 +351,13 @@ def run(args) -> int:
             out = check_out_dir(args.out)
             job = replace(job, out_dir=str(out))
             scheduler = make_scheduler(engine, blocking=True)
-            how = schedule_report_job(scheduler, engine, job, trigger)
+            try:  # the job written here (not at the start): a refusal removes the folders made, says no "replaced"
+                how = schedule_report_job(scheduler, engine, job, trigger)
+            except DBAPIError as exc:  # the job table refused where the probe above passed (a role's grants)
+                clear = not_writable_error(exc, args.db, SCHEDULES_REPORTS)
+                if clear is None:
+                    raise
+                raise clear from None
     except BaseException:
         engine.dispose()
         raise
