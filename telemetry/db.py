@@ -297,8 +297,9 @@ def checked_db_url(text: str) -> str:
     """A store as given (--db, SPECFINOPS_DB_URL), checked before anything opens it: a ValueError saying what is
     wrong, never repeating the URL (it may hold a password), where it is blank (it would silently mean the default
     store, or a SQLite file named by its spaces), has a port that is no number 1-65535 (the driver said only
-    "invalid literal for int() with base 10"), or a host in brackets that does not parse. libpq's `postgres://` is
-    taken as `postgresql://`. A value without `://` is a SQLite file path, returned as it is."""
+    "invalid literal for int() with base 10"), a host in brackets that does not parse, or an '@' in the user name or
+    password not written %40 (the host was read from after it: the driver named a part of the password). libpq's
+    `postgres://` is taken as `postgresql://`. A value without `://` is a SQLite file path, returned as it is."""
     if not text.strip():
         raise ValueError(f"must be a database URL or a SQLite file path, got {text!r}")
     if text.startswith("postgres://"):  # libpq's spelling (psql, Heroku): SQLAlchemy knows only postgresql
@@ -308,12 +309,16 @@ def checked_db_url(text: str) -> str:
     from urllib.parse import urlsplit
 
     try:
-        hostport = urlsplit(text).netloc.rpartition("@")[2]
+        netloc = urlsplit(text).netloc
     except ValueError as exc:  # urlsplit's: "Invalid IPv6 URL" (a bracket left open or never opened), a [host]
         # that is no address
         why = ("a '[' without its ']' or a ']' without its '[' around the host (an IPv6 host is written "
                "[::1], a port after it: [::1]:5432)" if "Invalid IPv6 URL" in str(exc) else str(exc))
         raise ValueError(f"malformed URL: {why}") from None
+    if netloc.count("@") > 1:  # the host was taken from after the first: the driver named a part of the password
+        raise ValueError("the user name or password in the URL holds an '@': write each '@' in them as %40 "
+                         "(postgresql://user:p%40ss@host/db)")
+    hostport = netloc.rpartition("@")[2]
     port = hostport.rpartition(":")[2] if ":" in hostport.rpartition("]")[2] else None
     try:
         url = make_url(text)

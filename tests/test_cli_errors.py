@@ -737,3 +737,28 @@ def test_the_write_check_changes_nothing_and_takes_a_store_another_process_is_wr
         writer.rollback()
         writer.close()
         impatient.dispose()
+
+
+@pytest.mark.parametrize("url", ["postgresql://root:Pw0rd@xyz9@127.0.0.1:5432/db",
+                                 "postgres://root:Pw0rd@xyz9@127.0.0.1/db",
+                                 "postgresql+psycopg://root@corp:Pw0rd@xyz9@127.0.0.1:5432/db"])
+@pytest.mark.parametrize("given", ["--db", "env"])
+@pytest.mark.parametrize("argv", [["cost"], ["db", "current"], ["prices", "set", "H100", "2.5", "--source", "quote"]],
+                         ids=lambda a: a[0])
+def test_a_db_url_whose_password_holds_an_unescaped_at_is_refused_showing_none_of_it(url, given, argv, tmp_path,
+                                                                                      monkeypatch, capsys):
+    """An '@' in the password (or user name) must be written %40: the URL's host was taken from after the first
+    one, and the driver said `failed to resolve host 'xyz9@127.0.0.1'`, a part of the password."""
+    monkeypatch.chdir(tmp_path)
+    if given == "env":
+        monkeypatch.setenv("SPECFINOPS_DB_URL", url)
+        assert main(argv) == 2
+    else:
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, "--db", url])
+        assert exc.value.code == 2
+    line = _one_line(capsys)
+    assert "Pw0rd" not in line and "xyz9" not in line, line
+    assert "holds an '@'" in line and "%40" in line, line
+    assert ("SPECFINOPS_DB_URL: " if given == "env" else "argument --db: ") in line, line
+    assert list(tmp_path.iterdir()) == []
