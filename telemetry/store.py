@@ -119,14 +119,19 @@ def stamp_if_created_without_alembic(conn: Connection, cfg: Config) -> bool:
 
 def refuse_unless_models_match(conn: Connection) -> bool:
     """Whether a database without an Alembic revision has specfinops tables; a StoreError naming the tables that
-    differ where their schema is not the models' (another application's `prices`, a hand-made store). Only reads:
+    differ where their schema is not the models' (a hand-made store, one made without Alembic by an older version),
+    or saying it is no specfinops store where its only tables named like specfinops's are not as the models have
+    them and the others are missing (another application's `prices`: partial_tables_text). Only reads:
     open_store runs it before a SQLite file is switched to WAL, so a file it refuses is left as it was."""
     present = set(Base.metadata.tables) & set(inspect(conn).get_table_names())
     if not present:
         return False
-    with quiet_expression_index_warnings():
-        diffs = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+    diffs = _model_diffs(conn)
     if diffs:
+        partial = partial_tables_text(present, diffs)
+        if partial is not None:
+            raise StoreError(f"{shown_url(conn.engine.url.render_as_string(hide_password=False))}: not a "
+                             f"specfinops store: {partial}; {NOT_A_STORE_ADVICE}")
         raise StoreError(
             f"database has specfinops tables {sorted(present)} but no {VERSION_TABLE} table and its schema "
             f"differs from the models ({len(diffs)} differences: {_diff_tables(diffs)}); "
@@ -135,9 +140,59 @@ def refuse_unless_models_match(conn: Connection) -> bool:
     return True
 
 
+def _model_diffs(conn: Connection) -> list:
+    """Alembic's differences between the database's schema and the models'."""
+    with quiet_expression_index_warnings():
+        return compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+
+
+# what to do about a database that is no store (partial_tables_text), as each command says it
+NOT_A_STORE_ADVICE = "check --db / SPECFINOPS_DB_URL, or give specfinops a database of its own"
+
+
+def not_a_store_text(conn: Connection) -> str | None:
+    """partial_tables_text for the database `conn` reads (without an Alembic revision): `db current` and `db check`
+    say what opening it says."""
+    present = set(Base.metadata.tables) & set(inspect(conn).get_table_names())
+    if not present or present == set(Base.metadata.tables):
+        return None
+    return partial_tables_text(present, _model_diffs(conn))
+
+
+def partial_tables_text(present, diffs: list) -> str | None:
+    """For a database without an Alembic version that holds some tables named like specfinops's, each of them not
+    as the models have it, and none of its others (another application's `prices`): "only its table prices is
+    named like one of specfinops's, and not as specfinops makes it; its other 8 tables (power_samples, reports,
+    ...) are missing", said after "not a specfinops store: " by `db current`, `db check` and every command that
+    opens it. None where it holds none of them, all of them, or one as the models have it (a store made without
+    Alembic by an older version: its differences are named instead). `diffs`: Alembic's (_model_diffs)."""
+    ours = set(Base.metadata.tables)
+    have, missing = sorted(set(present) & ours), sorted(ours - set(present))
+    if not have or not missing or not set(have) <= _diff_sets(diffs)[2]:
+        return None
+
+    def names(tables: list[str]) -> str:
+        return ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+
+    has = (f"only its table {have[0]} is named like one of specfinops's, and not as specfinops makes it"
+           if len(have) == 1 else
+           f"only its {len(have)} tables ({names(have)}) are named like specfinops's, and not as specfinops makes "
+           "them")
+    return f"{has}; its other {len(missing)} tables ({names(missing)}) are missing"
+
+
 def _diff_tables(diffs: list) -> str:
     """Alembic's schema differences as the tables they are in ("missing tables: sweeps, serve_keys; tables that
     differ: runs"), not their reprs (a Table's runs to a thousand characters)."""
+    missing, extra, differ = _diff_sets(diffs)
+    parts = [f"{what}: {', '.join(sorted(names))}" for what, names in
+             (("missing tables", missing), ("tables not in the models", extra), ("tables that differ", differ))
+             if names]  # fmt: skip
+    return "; ".join(parts)
+
+
+def _diff_sets(diffs: list) -> tuple[set[str], set[str], set[str]]:
+    """Alembic's schema differences as (tables missing, tables not in the models, tables that differ)."""
     missing, extra, differ = set(), set(), set()
     for diff in diffs:
         op, *rest = diff[0] if isinstance(diff, list) else diff  # a column's modifications come as a list
@@ -149,10 +204,7 @@ def _diff_tables(diffs: list) -> str:
             item = rest[0]
             table = getattr(item, "table", None) if not op.endswith("_fk") else getattr(item, "parent", None)
             differ.add(getattr(table, "name", "?"))
-    parts = [f"{what}: {', '.join(sorted(names))}" for what, names in
-             (("missing tables", missing), ("tables not in the models", extra), ("tables that differ", differ))
-             if names]  # fmt: skip
-    return "; ".join(parts)
+    return missing, extra, differ
 
 
 def upgrade_to_head(engine: Engine) -> str | None:

@@ -68,7 +68,18 @@ def test_foreign_schema_without_version_is_refused(sqlite_url):
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE runs (id INTEGER PRIMARY KEY, something TEXT)"))
     engine.dispose()
-    with pytest.raises(StoreError, match="no alembic_version table"):
+    with pytest.raises(StoreError, match="not a specfinops store: only its table runs is named like one of"):
+        open_store(sqlite_url)
+
+
+def test_all_tables_without_version_whose_schema_differs_are_refused(sqlite_url):
+    """Every table of the models there (a store made without Alembic), one of them not as the models have it."""
+    engine = create_engine(sqlite_url)
+    Base.metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE prices ADD COLUMN extra TEXT"))
+    engine.dispose()
+    with pytest.raises(StoreError, match="no alembic_version table and its schema differs from the models"):
         open_store(sqlite_url)
 
 
@@ -353,18 +364,43 @@ def test_a_writer_refuses_another_apps_database_and_leaves_it_as_it_was(db_url, 
 
 @pytest.mark.parametrize("must_exist", [False, True], ids=["writer", "reader"])
 def test_a_file_whose_tables_differ_from_the_models_is_refused_before_it_is_switched_to_wal(tmp_path, must_exist):
-    """Another application's `prices` table was refused ("schema differs from the models") only after the file
-    had been switched to WAL."""
+    """Another application's `prices` table was refused (now: "not a specfinops store", its other tables missing)
+    only after the file had been switched to WAL."""
     path = tmp_path / "other.db"
     engine = create_engine(f"sqlite:///{path}")
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE prices (sku TEXT PRIMARY KEY, cents INTEGER)"))
     engine.dispose()
     before = path.read_bytes()
-    with pytest.raises(StoreError, match=r"no alembic_version table and its schema differs from the models"):
+    with pytest.raises(StoreError, match=r"not a specfinops store: only its table prices is named like one of"):
         open_store(f"sqlite:///{path}", must_exist=must_exist)
     assert path.read_bytes() == before and _journal_mode(path) == "delete"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+
+
+def test_a_database_with_only_another_apps_table_named_like_one_of_ours_is_said_alike_by_each_command(db_url,
+                                                                                                         capsys):
+    """Another application's `prices` alone: `db current` said "has the tables but no Alembic version", `db check`
+    that `db upgrade` "stamps it, where its tables match the models", and `db upgrade` then refused "database has
+    specfinops tables ['prices'] ... (28 differences ...)". Each says the same: only a table named like one of
+    specfinops's is there, the others are missing, so it is no specfinops store; and what to do."""
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE prices (sku VARCHAR(20) PRIMARY KEY, cents INTEGER)"))
+    engine.dispose()
+    said = ("not a specfinops store: only its table prices is named like one of specfinops's, and not as "
+            "specfinops makes it; its other ")
+    assert cli_main(["db", "current", "--db", db_url]) == 0
+    out = capsys.readouterr().out
+    assert "revision (none)" in out and said in out and "are missing" in out, out
+    assert "has the tables" not in out, out
+    for argv in (["db", "check"], ["db", "upgrade"], ["cost"]):
+        assert cli_main([*argv, "--db", db_url]) == 2, argv
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (argv, err)
+        assert said in err and "are missing" in err and "check --db / SPECFINOPS_DB_URL" in err, (argv, err)
+        assert "has the tables" not in err and "stamps it" not in err and "differences" not in err, (argv, err)
+    assert _tables(db_url) == {"prices"}
 
 
 def test_another_alembic_managed_apps_database_is_not_said_to_be_a_newer_store(db_url, capsys):

@@ -75,7 +75,7 @@ def _run_alembic(args: argparse.Namespace, name: str, *rest: str) -> None:
     from telemetry.store import NotAStoreError, alembic_config, known_revisions, newer_revision_error
 
     url = resolve_db_url(args.db)
-    rev, foreign, has_store_tables = _schema_of(url)
+    rev, foreign, has_store_tables, _partial = _schema_of(url)
     if rev is not None and foreign and not has_store_tables:
         path = sqlite_file(url)
         raise NotAStoreError(str(path) if path else _safe_url(url), foreign, server=path is None, stamped=rev)
@@ -142,9 +142,10 @@ def _revision_of(url: str) -> str | None:
     return _schema_of(url)[0]
 
 
-def _schema_of(url: str) -> tuple[str | None, list[str], bool]:
+def _schema_of(url: str) -> tuple[str | None, list[str], bool, str | None]:
     """(the Alembic revision or None, the database's tables that are not specfinops's, whether any of specfinops's
-    tables is there), read only. Tables that are not specfinops's and none that are: another application's
+    tables is there, why it is no specfinops store where without a revision its only tables named like
+    specfinops's are another application's: telemetry.store.not_a_store_text), read only. Tables that are not specfinops's and none that are: another application's
     database, as every command that opens the store says (telemetry.store.NotAStoreError). A SQLite file is read
     without make_engine's pragmas: they would switch another application's file (or an empty one) to WAL,
     rewriting it, for a command that only looks."""
@@ -152,18 +153,19 @@ def _schema_of(url: str) -> tuple[str | None, list[str], bool]:
     from sqlalchemy.exc import DBAPIError
 
     from telemetry.db import JOBS_TABLE, Base, folder_error, make_engine, sqlite_file
-    from telemetry.store import VERSION_TABLE, current_revision
+    from telemetry.store import VERSION_TABLE, current_revision, not_a_store_text
 
     path = sqlite_file(url)
     if path is not None and not path.exists():
-        return None, [], False  # no file, no schema (connecting would create the file)
+        return None, [], False, None  # no file, no schema (connecting would create the file)
     engine = create_engine(url) if path is not None else make_engine(url)
     try:
         with engine.connect() as conn:
             ours = {*Base.metadata.tables, VERSION_TABLE, JOBS_TABLE}
             tables = set(inspect(conn).get_table_names())
             foreign = sorted(tables - ours)
-            return current_revision(conn), foreign, bool(tables & set(Base.metadata.tables))
+            rev, ours_there = current_revision(conn), bool(tables & set(Base.metadata.tables))
+            return rev, foreign, ours_there, not_a_store_text(conn) if rev is None and ours_there else None
     except DBAPIError as exc:  # a WAL store in a folder it cannot write its -shm file to: name the folder
         clear = folder_error(path, exc.orig) if path is not None else None
         if clear is None:
@@ -178,16 +180,24 @@ def _refuse_behind_head(args: argparse.Namespace, action: str) -> None:
     upgrade, on SQLite and PostgreSQL alike (Alembic says only "Target database is not up to date.")."""
     from app.errors import UsageError
     from telemetry.db import resolve_db_url, sqlite_file
-    from telemetry.store import VERSION_TABLE, foreign_tables_text, head_revision, known_revisions
+    from telemetry.store import (
+        NOT_A_STORE_ADVICE,
+        VERSION_TABLE,
+        foreign_tables_text,
+        head_revision,
+        known_revisions,
+    )
 
     url = resolve_db_url(args.db)
-    rev, foreign, tables = _schema_of(url)
+    rev, foreign, tables, partial = _schema_of(url)
     head = head_revision()
     if foreign and not tables:  # another application's database (its version table too): not one to bring up to date
         raise UsageError(f"{action} on {_safe_url(url)}: not a specfinops store: {foreign_tables_text(foreign)}; "
                          "check --db / SPECFINOPS_DB_URL")
     if rev == head or (rev and rev not in known_revisions()):  # a newer specfinops's revision: Alembic says so
         return
+    if partial is not None:  # another application's `prices`: no store `db upgrade` would stamp
+        raise UsageError(f"{action} on {_safe_url(url)}: not a specfinops store: {partial}; {NOT_A_STORE_ADVICE}")
     path = sqlite_file(url)
     upgrade = "specfinops db upgrade" + ("" if args.db is None else f" --db {path or _runnable_url(url)}")
     where = (f"is at revision {rev}, behind head {head}" if rev
@@ -402,10 +412,11 @@ def _current(args: argparse.Namespace) -> int:
     if path is not None and not path.exists():  # say so; connecting would create an empty file
         print(f"{_safe_url(url)}: no such file (no store yet), head {head_revision()}")
         return 0
-    rev, foreign, tables = _schema_of(url)
+    rev, foreign, tables, partial = _schema_of(url)
     head = head_revision()
     state = (f"{'' if rev else 'no schema; '}not a specfinops store: {foreign_tables_text(foreign)}"
              if foreign and not tables  # its version table too is the other application's
+             else f"not a specfinops store: {partial}" if partial is not None  # another application's `prices`
              else "has the tables but no Alembic version" if not rev and tables
              else "no schema" if not rev else "at head" if rev == head else "behind head" if rev in known_revisions()
              else "unknown revision: written by a newer specfinops?")
