@@ -60,9 +60,10 @@ class Invocation:
 def list_invocations(engine: Engine, limit: int | None = 20, *, finished: bool = False,
                      with_requests: bool = False) -> list[Invocation]:
     """The store's invocations, newest first (by their first run's start); at most `limit` (None: all); with
-    `finished`, only those none of whose runs is still 'running'; with `with_requests`, only those that recorded a
-    request (not a bench whose runs failed before their first). Runs with no invocation (a server's; recorded
-    before 0011) are in none. Two SELECTs: the invocations' run counts, then the listed ones' distinct labels and
+    `finished`, only those none of whose runs is still 'running'; with `with_requests`, only those that completed a
+    request (status 'ok' with a token: what cost counts; not a bench whose runs failed or were stopped before
+    their first ended, which records that request 'error'/'cancelled' with no token). Runs with no invocation (a
+    server's; recorded before 0011) are in none. Two SELECTs: the invocations' run counts, then the listed ones' distinct labels and
     request counts."""
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit!r}")
@@ -77,10 +78,11 @@ def list_invocations(engine: Engine, limit: int | None = 20, *, finished: bool =
          .order_by(first.desc(), Run.invocation_id))
     if finished:
         q = q.having(running == 0)
-    if with_requests:  # an invocation one of whose runs has a request (ix_requests_run_id: one probe per run)
+    if with_requests:  # an invocation one of whose runs completed a request (ix_requests_run_id: one probe per run)
         asked = aliased(Run)
         q = q.where(Run.invocation_id.in_(
-            select(asked.invocation_id).where(exists().where(Request.run_id == asked.id))))
+            select(asked.invocation_id).where(exists().where(Request.run_id == asked.id, Request.status == "ok",
+                                                             Request.output_tokens > 0))))
     if limit is not None:
         q = q.limit(limit)
     with engine.connect() as c:
@@ -133,8 +135,8 @@ def invocation_text(text: str) -> str:
 
 def resolve_invocation(engine: Engine, text: str) -> str:
     """The one invocation id that `text` names: 'latest' (of the invocations whose runs have all ended and that
-    recorded a request, the one whose first run started last: a bench still under way has no figures to read yet,
-    nor has one whose runs failed before their first request), a whole id, or its first
+    completed a request, the one whose first run started last: a bench still under way has no figures to read yet,
+    nor has one whose runs failed or were stopped before their first request ended), a whole id, or its first
     characters (at least MIN_PREFIX, as bench prints it). ValueError naming `text` otherwise: empty, not
     hexadecimal, too short, matching none (with the newest ids) or several (with them)."""
     norm = invocation_text(text)
@@ -142,9 +144,13 @@ def resolve_invocation(engine: Engine, text: str) -> str:
         newest = list_invocations(engine, limit=1, finished=True, with_requests=True)
         empty = [] if newest else list_invocations(engine, limit=1, finished=True)
         if empty:
-            raise ValueError(f"--invocation {text}: no finished bench or load test in the store recorded a request "
-                             f"(the newest, {empty[0].short_id}, recorded none: its runs failed or were stopped "
-                             "before their first); `specfinops invocations` lists them")
+            # no finished one completed a request: a running one that did is the one to read (by its id)
+            busy = list_invocations(engine, limit=1, with_requests=True)
+            raise ValueError(
+                f"--invocation {text}: no finished bench or load test in the store completed a request (the newest "
+                f"finished, {empty[0].short_id}, completed none: its runs failed or were stopped before their first "
+                "request ended); " + (f"{busy[0].short_id} is still running: give its id to read what it recorded "
+                                      "so far; " if busy else "") + "`specfinops invocations` lists them")
         if not newest:
             busy = list_invocations(engine, limit=1)
             raise ValueError(f"--invocation {text}: " + (

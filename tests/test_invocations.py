@@ -447,17 +447,31 @@ def test_the_bench_table_says_which_runs_overlapped(capsys):
     assert "warning: runs 7 (bench) recorded on this node" in capsys.readouterr().out
 
 
-FAILED_EARLY = "5555eeee" + "0" * 24  # the newest bench: its only run failed before any request
+FAILED_EARLY = "5555eeee" + "0" * 24  # the newest bench: its only run failed before any request completed
+RUNNING = "3333cccc" + "0" * 24
 
 
-def test_latest_skips_a_bench_that_recorded_no_request(db_url, capsys, tmp_path):
+def _failed_early(status: str = "error") -> Req:
+    """What a bench that fails (or is stopped) during its first request leaves: that request, recorded with
+    its status, no token, no TTFT (serving.worker.abandoned)."""
+    return Req(0, ttft_ms=None, e2e_ms=1200, status=status)
+
+
+@pytest.mark.parametrize(("run_status", "requests"), [
+    ("failed", []),  # failed before its first request began
+    ("failed", [_failed_early("error")]),  # failed during it: the request is recorded 'error', 0 tokens
+    ("cancelled", [_failed_early("cancelled")]),  # stopped (Ctrl-C) during it
+])
+def test_latest_skips_a_bench_that_recorded_no_request(db_url, capsys, tmp_path, run_status, requests):
     """A bench whose only run failed before its first request was 'latest': `cost --invocation latest` refused
     it ('have no requests') and `report --period custom --invocation latest` wrote an empty report. 'latest' is
-    the newest finished invocation that recorded a request; where none did, it says so."""
+    the newest finished invocation that completed a request (status ok, tokens > 0: what cost counts); where
+    none did, it says so. A bench that failed or was stopped during its first request recorded that request
+    ('error'/'cancelled', no token): it has no figures either."""
     fill(db_url)
     engine = open_store(db_url)
     with Session(engine) as s:
-        run = make_run(s, "ar", started_at=BASE_TIME + 3 * HOUR, requests=[], status="failed")
+        run = make_run(s, "ar", started_at=BASE_TIME + 3 * HOUR, requests=requests, status=run_status)
         run.invocation_id = FAILED_EARLY
         s.commit()
     try:
@@ -481,18 +495,38 @@ def test_latest_skips_a_bench_that_recorded_no_request(db_url, capsys, tmp_path)
 def test_the_help_says_what_latest_picks(command, capsys):
     with pytest.raises(SystemExit):
         main([command, "--help"])
-    assert "whose runs have all ended and that recorded a request" in " ".join(capsys.readouterr().out.split())
+    assert "whose runs have all ended and that completed a request" in " ".join(capsys.readouterr().out.split())
 
 
 def test_latest_where_no_finished_invocation_recorded_a_request_says_so(sqlite_url):
     engine = open_store(sqlite_url)
     with Session(engine) as s:
-        run = make_run(s, "ar", requests=[], status="failed")
+        run = make_run(s, "ar", requests=[_failed_early()], status="failed")
         run.invocation_id = FAILED_EARLY
         s.commit()
     try:
         with pytest.raises(ValueError, match=r"--invocation latest: no finished bench or load test in the store "
-                                             r"recorded a request \(the newest, 5555eeee"):
+                                             r"completed a request \(the newest finished, 5555eeee, completed none"):
             resolve_invocation(engine, "latest")
     finally:
         engine.dispose()
+
+
+def test_latest_where_only_a_running_invocation_completed_a_request_names_it(sqlite_url):
+    """No finished invocation completed a request, a running one did: the error names the newest finished one as
+    such (not 'the newest': the running one is newer) and tells the user to give the running one's id."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        failed = make_run(s, "ar", requests=[_failed_early()], status="failed")
+        failed.invocation_id = FAILED_EARLY
+        busy = make_run(s, "ar", started_at=BASE_TIME + HOUR, requests=[Req(40)], status="running")
+        busy.invocation_id, busy.ended_at = RUNNING, None
+        s.commit()
+    try:
+        with pytest.raises(ValueError) as said:
+            resolve_invocation(engine, "latest")
+    finally:
+        engine.dispose()
+    text = str(said.value)
+    assert "(the newest finished, 5555eeee, completed none" in text, text
+    assert "3333cccc is still running" in text and "give its id to read what it recorded so far" in text, text

@@ -150,7 +150,7 @@ def max_new_tokens_filter(text: str | None) -> int | None:
 # The run filter --invocation of cost, project and export: one bench's or load test's runs (runs.invocation_id),
 # named as bench and loadtest print it, by its first characters, or 'latest'.
 INVOCATION_FILTER_HELP = ("only the runs of one bench or load test: 'latest' (the newest whose runs have all ended "
-                          "and that recorded a request), "
+                          "and that completed a request), "
                           "its invocation id as bench / loadtest print it, or the id's first 4+ characters "
                           "(`specfinops invocations` lists them)")
 

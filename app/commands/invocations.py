@@ -120,7 +120,7 @@ def run(args) -> int:
         for line in above:
             print(line)
     print("one invocation's costs and projection: specfinops cost --invocation ID (or latest: the newest whose "
-          "runs have all ended and that recorded a request)")
+          "runs have all ended and that completed a request)")
     if any(i.num_cancelled or i.num_failed for i in found):
         print("(interrupted): stopped by Ctrl-C or SIGTERM, or (failed): stopped by an error, while those runs ran: "
               "they measured fewer prompts than the command asked for (the requests they finished count)")
