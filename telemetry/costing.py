@@ -252,8 +252,8 @@ def missing_mode_text(requests: dict[str, int], record: str, elsewhere: dict[str
     requests) has none and another has some; None otherwise. `record`: the bench command recording into the store
     read (queries.bench_command). Not 'too few': more of the measured mode would not give the missing one.
     `elsewhere` (mode -> ok requests in the other comparable groups in view, `Comparison.elsewhere`): a missing mode
-    with some there is said to be in another group, not missing, with `choose` (how to pick a group:
-    Comparison.choose_text) to project that one."""
+    with some there is said to be in another group, not missing, with `choose` (a clause saying how to project
+    that group, or that no filter selects it: Comparison.pick_text)."""
     missing = [m for m in MODES if m in requests and not requests[m]]
     measured = [m for m in MODES if requests.get(m)]
     if not missing or not measured:
@@ -268,7 +268,7 @@ def missing_mode_text(requests: dict[str, int], record: str, elsewhere: dict[str
     if apart:  # measured, in another comparable group: not comparable with these, but not missing either
         n = sum(elsewhere[m] for m in apart)
         there = " and ".join(map(_mode_word, apart))
-        pick = f"to project that group, {choose}; " if choose else ""
+        pick = f"{choose}; " if choose else ""
         return (f"based on {_counts_text(requests)}: the {there} runs in view ({n:,} request{'' if n == 1 else 's'}) "
                 f"are in another comparable group, so {words} is compared with nothing here; {pick}to compare the "
                 f"modes, {record_both}")
@@ -752,12 +752,18 @@ def temperature_text(t: float | None) -> str:
 
 # How a CLI user picks another comparable group than the one a projection chose (Comparison.text).
 # The filter flags of `project` that select one comparable group, per COMPARED_FIELDS field, in the order the
-# choice names them; device, backend and precision have none (a node may hold several devices): --invocation ID
-# selects one bench's runs, whatever the groups differ in.
+# choice names them; device, backend and precision have none (a node may hold several devices): --node selects
+# the runs of a node the chosen group has none on, and --invocation ID one bench's runs, where the other groups'
+# runs are of benches (or load tests) the chosen group's are not (a server's runs are of none).
 CHOOSE_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
                 "max_new_tokens": "--max-new-tokens", "kind": "--run-kind", "workload": "--workload",
                 "target": "--target"}
+CHOOSE_BY_NODE = "--node NODE"
 CHOOSE_BY_INVOCATION = "--invocation ID"
+# where no `project` filter selects another group: they differ in a field with no filter, on the same nodes and
+# in the same invocations
+NO_CHOOSE = ("no `project` filter selects another alone (device, backend and precision have none, and the groups' "
+             "runs share nodes and invocations)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -786,6 +792,10 @@ class Comparison:
     # ok requests per mode in the other groups in view: a mode this group lacks may be measured there
     elsewhere_ar: int = 0
     elsewhere_spec: int = 0
+    # another group in view has runs on a node this one has none on (--node selects it), or of an invocation
+    # none of this one's runs is of (--invocation ID selects it): comparable_group's `runs`
+    by_node: bool = False
+    by_invocation: bool = False
 
     @property
     def elsewhere(self) -> dict[str, int]:
@@ -793,13 +803,22 @@ class Comparison:
 
     def choose_flags(self) -> tuple[str, ...]:
         """The `project` filter flags that select another group than this one: those of the fields the groups
-        differ in (CHOOSE_FLAGS), then --invocation ID (one bench's runs), which selects any of them."""
-        return (*(flag for f, flag in CHOOSE_FLAGS.items() if f in self.apart), CHOOSE_BY_INVOCATION)
+        differ in (CHOOSE_FLAGS), then --node NODE where another group's runs are on a node this one's are not,
+        then --invocation ID where they are of an invocation this one's are not; () where none does."""
+        return (*(flag for f, flag in CHOOSE_FLAGS.items() if f in self.apart),
+                *([CHOOSE_BY_NODE] if self.by_node else []), *([CHOOSE_BY_INVOCATION] if self.by_invocation else []))
 
     def choose_text(self) -> str:
-        """'choose with --temperature or --invocation ID': only flags that tell the groups in view apart."""
+        """'choose with --temperature or --invocation ID': only flags that tell the groups in view apart;
+        NO_CHOOSE where none does."""
         flags = self.choose_flags()
+        if not flags:
+            return NO_CHOOSE
         return "choose with " + (flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} or {flags[-1]}")
+
+    def pick_text(self) -> str:
+        """How to project another group, as a clause: 'to project that group, choose with ...', or NO_CHOOSE."""
+        return f"to project that group, {self.choose_text()}" if self.choose_flags() else NO_CHOOSE
 
     @property
     def label(self) -> str:
@@ -875,10 +894,13 @@ def run_groups(runs: Iterable[RunSummary]) -> list[str]:
             for k in keys]
 
 
-def comparable_group(configs: list[ConfigSummary]) -> tuple[Comparison, list[ConfigSummary]]:
+def comparable_group(configs: list[ConfigSummary], runs: dict[int, tuple[str | None, str | None]] | None = None
+                     ) -> tuple[Comparison, list[ConfigSummary]]:
     """The configurations a projection compares: those of one comparable group (COMPARED_FIELDS), chosen by
     COMPARISON_RULE among the groups in view (a group where both modes were measured over one where only one
-    was); with the Comparison that says which group it is and which others there were."""
+    was); with the Comparison that says which group it is and which others there were. `runs` (run id ->
+    (node id, invocation id), `_run_places`): whether --node or --invocation selects another group
+    (Comparison.by_node, by_invocation); without it, neither is offered."""
     groups: dict[tuple, list[ConfigSummary]] = defaultdict(list)
     for c in configs:  # in the order each group was first measured
         groups[key_of(c, COMPARED_FIELDS)].append(c)
@@ -898,9 +920,15 @@ def comparable_group(configs: list[ConfigSummary]) -> tuple[Comparison, list[Con
                   if any(dict(zip(COMPARED_FIELDS, k, strict=True))[f] != fields[f] for k in groups))
     named = tuple(f for f in apart if not _in_group_text(f, fields[f], fields["temperature"]))
     rest = [c for k, cs in groups.items() if k != best for c in cs]
+    places = runs or {}
+
+    def placed(cs: list[ConfigSummary], i: int) -> set:
+        return {places[r][i] for c in cs for r in c.run_ids if r in places} - {None}
+
     comparison = Comparison(**fields, requests_ar=requests(chosen, "ar"), requests_spec=requests(chosen, "spec"),
                             others=others, named=named, apart=apart, elsewhere_ar=requests(rest, "ar"),
-                            elsewhere_spec=requests(rest, "spec"))
+                            elsewhere_spec=requests(rest, "spec"), by_node=bool(placed(rest, 0) - placed(chosen, 0)),
+                            by_invocation=bool(placed(rest, 1) - placed(chosen, 1)))
     return comparison, chosen
 
 
@@ -1033,7 +1061,7 @@ def projection_caveats(comparison: Comparison, cap_configs: dict[str, ConfigSumm
     requests = {"spec": comparison.requests_spec, "ar": comparison.requests_ar}
     requests |= {m: c.stats.num_requests_ok for m, c in cap_configs.items() if c is not None}
     # a mode with no requests is missing, not measured too little: how to record it, in place of 'too few'
-    small = (missing_mode_text(requests, record, comparison.elsewhere, comparison.choose_text())
+    small = (missing_mode_text(requests, record, comparison.elsewhere, comparison.pick_text())
              or small_sample_text(requests))
     out = [small] if small else []
     if differs:
@@ -1097,6 +1125,13 @@ def _power_sources(engine: Engine, run_ids: list[int]) -> dict[int, str]:
         return {}
     with engine.connect() as c:
         return dict(c.execute(select(Run.id, Run.power_source).where(Run.id.in_(run_ids))).all())
+
+
+def _run_places(engine: Engine, run_ids: list[int]) -> dict[int, tuple[str | None, str | None]]:
+    """Run id -> (node id, invocation id) of the runs, one query: which filters tell comparable groups apart."""
+    with engine.connect() as c:
+        return {i: (node, inv) for i, node, inv in
+                c.execute(select(Run.id, Run.node_id, Run.invocation_id).where(Run.id.in_(run_ids)))}
 
 
 def _run_snapshots(engine: Engine, run_ids: list[int]) -> list[dict | None]:
@@ -1251,7 +1286,7 @@ def project_from_store(
         said = (f": {which} failed or were cancelled (`specfinops export --what requests` shows their errors)"
                 if failed else " in the store")
         raise ValueError(f"no measured runs with output tokens{said}; {empty_store_hint(engine)}")
-    comparison, configs = comparable_group(configs)
+    comparison, configs = comparable_group(configs, _run_places(engine, [i for c in configs for i in c.run_ids]))
     devices = tuple(sorted({c.device for c in configs}))
     gpus_per_node, replicas = _node_gpus(devices[0], gpus_per_node, gpu)
     run_ids = [i for c in configs for i in c.run_ids]

@@ -539,11 +539,15 @@ _CHOOSE_VALUES = {"--temperature": "T", "--top-p": "P", "--top-k": "N", "--max-n
 
 
 def report_choose(comparison: costing.Comparison) -> str:
-    """'`specfinops project --temperature T` or `specfinops project --invocation ID` projects another'."""
-    flags = [f"{f} {_CHOOSE_VALUES[f]}" if f in _CHOOSE_VALUES else f for f in comparison.choose_flags()]
-    *by_field, by_invocation = flags
-    either = [f"`specfinops project {' '.join(by_field)}`"] if by_field else []
-    return f"{' or '.join([*either, f'`specfinops project {by_invocation}`'])} projects another"
+    """'`specfinops project --temperature T` or `specfinops project --invocation ID` projects another': the
+    fields' filters together, --node NODE and --invocation ID each alone, only those that tell the groups apart;
+    costing.NO_CHOOSE where none does."""
+    flags = comparison.choose_flags()
+    by_field = [f"{f} {_CHOOSE_VALUES[f]}" for f in flags if f in _CHOOSE_VALUES]
+    ways = [*([" ".join(by_field)] if by_field else []), *(f for f in flags if f not in _CHOOSE_VALUES)]
+    if not ways:
+        return costing.NO_CHOOSE
+    return f"{' or '.join(f'`specfinops project {w}`' for w in ways)} projects another"
 
 
 # ---- the report -----------------------------------------------------------------------------------------

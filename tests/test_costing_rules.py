@@ -12,8 +12,9 @@ from sqlalchemy.orm import Session
 from synthetic import BASE_TIME, Req, make_run, spec_req
 
 from app.cli import main
-from telemetry.costing import costs, project_from_store, run_cost
+from telemetry.costing import NO_CHOOSE, costs, project_from_store, run_cost
 from telemetry.queries import Filters
+from telemetry.report import report_choose
 from telemetry.store import open_store
 
 
@@ -301,33 +302,94 @@ def test_a_servers_spec_and_ar_runs_share_its_nodes_time(db_url, capsys):
         == pytest.approx(0.0832)
 
 
+def _bench(s, mode: str, device: str, n: int, invocation: str | None, **kw):
+    run = make_run(s, mode, device=device, requests=[_tpot_req(mode, 20, i) for i in range(n)], **kw)
+    run.invocation_id = invocation
+    return run
+
+
+AR_BENCH, SPEC_BENCH, HOT_BENCH = ("a" * 32, "b" * 32, "c" * 32)
+
+
 def test_project_says_a_missing_modes_runs_are_in_another_group_and_how_to_choose_it(sqlite_url, capsys):
-    """AR recorded on one device string, spec on another of the same node: two comparable groups, one of each
-    mode. `project` said "the spec runs are missing (none in view)" and "no spec runs in view" though they were,
-    and told to choose with --temperature ... or --node, none of which selects either group. It now says where
-    the spec runs are and offers only --invocation, which does."""
+    """AR recorded by one bench on one device string, spec by another bench on another of the same node: two
+    comparable groups, one of each mode. `project` said "the spec runs are missing (none in view)" and "no spec
+    runs in view" though they were, and told to choose with --temperature ... or --node, none of which selects
+    either group. It now says where the spec runs are and offers only --invocation, which does."""
     engine = open_store(sqlite_url)
     with Session(engine) as s:
         for _ in range(2):
-            make_run(s, "ar", device="cpu (2 cores)", requests=[_tpot_req("ar", 20, i) for i in range(3)])
-        make_run(s, "spec", device="cpu: AMD EPYC (2 threads)", requests=[_tpot_req("spec", 20, i) for i in range(2)])
+            _bench(s, "ar", "cpu (2 cores)", 3, AR_BENCH)
+        _bench(s, "spec", "cpu: AMD EPYC (2 threads)", 2, SPEC_BENCH)
         s.commit()
     assert main(["project", "--db", sqlite_url, *PROJECT]) == 0
     text = capsys.readouterr().out
     assert "none in view" not in text and "no spec runs in view" not in text, text
     assert "the spec runs in view (2 requests) are in another comparable group" in text, text
     assert "spec: not measured: its runs in view are in another comparable group" in text, text
-    assert "choose with --invocation ID" in text, text
+    assert "to project that group, choose with --invocation ID" in text, text
+    assert "1 other comparable group in view" in text and "(choose with --invocation ID)" in text, text
     said = re.sub(r"`specfinops bench [^`]*`", "", text)  # the bench command to record both modes
     for flag in ("--temperature", "--node", "--top-p", "--workload", "--target", "--run-kind"):
         assert flag not in said, (flag, text)
     assert "annual savings: not computed (no spec runs measured in the compared group)" in text, text
     # groups that a filter does tell apart: that filter is offered, with --invocation
     with Session(engine) as s:
-        make_run(s, "ar", device="cpu (2 cores)", temperature=0.8, top_k=0,
-                 requests=[_tpot_req("ar", 20, i) for i in range(1)])
+        _bench(s, "ar", "cpu (2 cores)", 1, HOT_BENCH, temperature=0.8, top_k=0)
         s.commit()
     assert main(["project", "--db", sqlite_url, *PROJECT]) == 0
     text = capsys.readouterr().out
     assert "choose with --temperature or --invocation ID" in text, text
     assert "--node" not in text and "--top-p" not in text, text
+
+
+def test_project_offers_no_invocation_where_the_groups_runs_have_none(sqlite_url, capsys):
+    """Runs of no invocation (a server's; recorded before the store kept invocations) on one node, in two groups
+    that differ in the device string only: --invocation ID selects neither, nor does any other filter: it was
+    offered all the same. It says no filter selects one, and the dashboard names the sidebar's Runs."""
+    from app.dashboard.common import NO_CHOOSE_HERE, comparison_text, in_page_words
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for _ in range(2):
+            _bench(s, "ar", "cpu (2 cores)", 3, None)
+        _bench(s, "spec", "cpu: AMD EPYC (2 threads)", 2, None)
+        s.commit()
+    assert main(["project", "--db", sqlite_url, *PROJECT]) == 0
+    text = capsys.readouterr().out
+    assert "--invocation" not in text and "choose with" not in text, text
+    assert "no `project` filter selects another alone" in text, text
+    sp = project_from_store(engine, daily_tokens=1e6, peak_factor=1, sla_ms=50)
+    (caveat,) = [c for c in sp.caveats if "another comparable group" in c]
+    assert NO_CHOOSE_HERE in in_page_words(caveat) and "`project`" not in in_page_words(caveat), caveat
+    assert NO_CHOOSE_HERE in comparison_text(sp), comparison_text(sp)
+    assert report_choose(sp.comparison) == NO_CHOOSE
+    engine.dispose()
+
+
+def test_project_offers_node_where_server_runs_of_two_groups_are_on_two_nodes(sqlite_url, capsys):
+    """A server's AR runs on node-a and its spec runs on node-b, on two device strings: two comparable groups,
+    runs of no invocation. --node node-b selects the spec group: it is offered (it never was), --invocation ID
+    (which selects neither) is not; on the dashboard, the sidebar's Node."""
+    from app.dashboard.common import comparison_text, in_page_words
+
+    engine = open_store(sqlite_url)
+    kw = {"kind": "serve", "temperature": None, "top_p": None, "top_k": None}
+    with Session(engine) as s:
+        for _ in range(2):
+            _bench(s, "ar", "cpu (2 cores)", 3, None, node_id="node-a", **kw)
+        _bench(s, "spec", "cpu: AMD EPYC (2 threads)", 2, None, node_id="node-b", hostname="host-b", **kw)
+        s.commit()
+    assert main(["project", "--db", sqlite_url, *PROJECT]) == 0
+    text = capsys.readouterr().out
+    assert "to project that group, choose with --node NODE" in text, text
+    assert "(choose with --node NODE)" in text and "--invocation" not in text, text
+    sp = project_from_store(engine, daily_tokens=1e6, peak_factor=1, sla_ms=50)
+    (caveat,) = [c for c in sp.caveats if "another comparable group" in c]
+    assert "to project that group, pick it with the sidebar's Node;" in in_page_words(caveat), caveat
+    assert "(pick another with the sidebar's Node)" in comparison_text(sp), comparison_text(sp)
+    assert report_choose(sp.comparison) == "`specfinops project --node NODE` projects another"
+    engine.dispose()
+    assert main(["project", "--db", sqlite_url, *PROJECT, "--node", "node-b"]) == 0  # the flag does select it
+    text = capsys.readouterr().out
+    assert "on cpu: AMD EPYC (2 threads); 2 spec and 0 AR requests" in text, text

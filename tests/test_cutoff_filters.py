@@ -185,7 +185,8 @@ def test_project_without_a_cut_off_names_the_options_that_choose_another_group(t
     engine, _ = top_k_store
     assert main(["project", "--db", _url(engine), *PROJECT]) == 0
     out = capsys.readouterr().out
-    assert "1 other comparable group in view" in out and "choose with --top-k or --invocation ID" in out, out
+    assert "1 other comparable group in view" in out and "(choose with --top-k)" in out, out
+    assert "--invocation" not in out, out  # the runs are of no invocation: --invocation ID selects neither
     assert "--top-p" not in out, out  # the groups differ in top_k only: --top-p selects neither
 
 

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from synthetic import Req, make_run, spec_req
 from test_dashboard_apptest import PAGES, app_for, assert_clean, fill_store, metrics, open_page
 
-from app.dashboard.common import CHOOSE_GROUP, energy_prices_from, prices_text, projection_notes
+from app.dashboard.common import energy_prices_from, prices_text, projection_notes
 from telemetry import costing, queries
 from telemetry.store import open_store
 
@@ -162,7 +162,9 @@ def test_projection_names_the_compared_group_in_the_dashboards_words(two_tempera
         captions = [c.value for c in at.caption]
         said = [c for c in captions if "spec and ar compared at workload code, temperature" in c.lower()]
         assert len(said) == 1, captions
-        assert "1 other comparable group in view" in said[0] and CHOOSE_GROUP in said[0], said[0]
+        assert "1 other comparable group in view" in said[0], said[0]
+        # the sidebar boxes that tell the groups apart, and only those (no Invocation: the runs are of none)
+        assert "(pick another with the sidebar's Temperature)" in said[0], said[0]
         assert not any("--temperature" in c or "--run-kind" in c for c in captions), captions
     # the Cost page's p95 tiles are those of the configurations the projection sizes, not all requests pooled
     sp = costing.project_from_store(engine, daily_tokens=500e6, peak_factor=2.0, sla_ms=50.0)
@@ -287,18 +289,21 @@ def test_the_monthly_cost_says_its_hours(two_workloads, monkeypatch):
 
 
 def test_the_missing_mode_caveat_says_how_to_choose_its_group_in_the_dashboards_words(sqlite_url):
-    """AR and spec in two comparable groups (another device string): the projection's caveat says where the spec
-    runs are and how to choose that group; on a page it names the sidebar, not CLI flags."""
-    from app.dashboard.common import CHOOSE_HERE, in_page_words
+    """AR and spec in two comparable groups (another device string, recorded by two benches): the projection's
+    caveat says where the spec runs are and how to choose that group; on a page it names the sidebar's box that
+    tells them apart (Invocation), not CLI flags, and the comparison's caption names the same box."""
+    from app.dashboard.common import comparison_text, in_page_words
 
     engine = open_store(sqlite_url)
     with Session(engine) as s:
-        make_run(s, "ar", device="cpu (2 cores)", requests=[_tpot_req("ar", 20, 0)])
-        make_run(s, "spec", device="cpu: AMD EPYC (2 threads)", requests=[_tpot_req("spec", 10, 0)])
+        ar = make_run(s, "ar", device="cpu (2 cores)", requests=[_tpot_req("ar", 20, 0)])
+        spec = make_run(s, "spec", device="cpu: AMD EPYC (2 threads)", requests=[_tpot_req("spec", 10, 0)])
+        ar.invocation_id, spec.invocation_id = "a" * 32, "b" * 32
         s.commit()
     sp = costing.project_from_store(engine, daily_tokens=1e6, peak_factor=1, sla_ms=50)
     (caveat,) = [c for c in sp.caveats if "another comparable group" in c]
     assert "choose with --invocation ID" in caveat, caveat
     said = in_page_words(caveat)
-    assert CHOOSE_HERE in said and "--invocation" not in said, said
+    assert "to project that group, pick it with the sidebar's Invocation;" in said and "--invocation" not in said, said
+    assert "(pick another with the sidebar's Invocation)" in comparison_text(sp), comparison_text(sp)
     engine.dispose()

@@ -70,9 +70,10 @@ one comparable group (same workload, temperature, top_p, top_k, max new tokens, 
 backend, precision): where the runs in view hold several, the one whose less-measured mode has the most ok
 requests, and the output says which and names the others.
 Choose another with the filter of a field the groups differ in (--temperature, --top-p, --top-k,
---max-new-tokens, --run-kind, --workload, --target: the output names those that tell them apart) or with
---invocation ID; device, backend and precision have no filter of their own (--node only where the devices are on
-other nodes). Capacity pools the runs of every bench in view: --invocation ID keeps one bench's (or load test's).
+--max-new-tokens, --run-kind, --workload, --target), with --node where the groups' runs are on other nodes, or
+with --invocation ID where they were recorded by other benches or load tests: the output names only the filters
+that tell them apart. Device, backend and precision have no filter of their own. Capacity pools the runs of
+every bench in view: --invocation ID keeps one bench's (or load test's).
 
 fleet cost per 1M served tokens: the fleet sized for peak traffic in whole nodes, per token it serves in a
 day (nodes x node $/h x 24 / daily tokens x 1e6, plus energy where measured). It is not `specfinops cost`'s

@@ -20,6 +20,7 @@ from app.dashboard import data
 from app.dashboard.filters import Selection, sidebar
 from telemetry import labels
 from telemetry.costing import (
+    NO_CHOOSE,
     RECORDED_PRICES_WAYS,
     estimated_energy_modes,
     priced_share_text,
@@ -92,9 +93,22 @@ def show_projection_caveats(sp) -> None:
 
 # costing says where a projection's energy prices came from in the CLI's words; the dashboard's inputs instead
 _PRICE_FLAGS = {"$/kWh given (--usd-per-kwh)": "$/kWh your input", "PUE given (--pue)": "PUE your input"}
-# and how the Comparison says another group is chosen
-CHOOSE_GROUP = ("pick another with the sidebar's Temperature, top_p, top_k, Max new tokens, Run kind, Workload or "
-                "Model pair")
+# and how the Comparison says another group is chosen: the sidebar box of each `project` filter that tells the
+# groups apart (Comparison.choose_flags; each box is shown where the runs hold several values of its field)
+SIDEBAR_BOX = {"--temperature": "Temperature", "--top-p": "top_p", "--top-k": "top_k",
+               "--max-new-tokens": "Max new tokens", "--run-kind": "Run kind", "--workload": "Workload",
+               "--target": "Model pair", "--node": "Node", "--invocation": "Invocation"}
+# where none does: the sidebar's Runs box picks any runs
+NO_CHOOSE_HERE = "pick another group's runs in the sidebar's Runs (no other sidebar filter selects one alone)"
+
+
+def choose_here(flags: Iterable[str], pick: str = "pick another") -> str:
+    """'pick another with the sidebar's Temperature or Invocation': the sidebar boxes of `flags` (`project` flags,
+    'NODE'/'ID' placeholders allowed); NO_CHOOSE_HERE where there are none."""
+    boxes = list(dict.fromkeys(SIDEBAR_BOX[f.split()[0]] for f in flags))
+    if not boxes:
+        return NO_CHOOSE_HERE
+    return f"{pick} with the sidebar's " + (boxes[0] if len(boxes) == 1 else f"{', '.join(boxes[:-1])} or {boxes[-1]}")
 
 
 # and how a page's figures pooled over several comparable groups are narrowed to one
@@ -130,7 +144,7 @@ def comparison_text(sp) -> str | None:
     """Which comparable group (workload, temperature, run kind, ...) the projection sized both modes on and
     which others were in view, in the dashboard's words; None where the projection holds none."""
     comparison = getattr(sp, "comparison", None)
-    return None if comparison is None else comparison.text(choose=CHOOSE_GROUP)
+    return None if comparison is None else comparison.text(choose=choose_here(comparison.choose_flags()))
 
 
 def usd_amount(value: float | None) -> str:
@@ -168,9 +182,9 @@ RECORDED_PRICES_HERE = ("pick a catalog GPU or a custom $/h as the Node price on
                         "them otherwise, or narrow to runs of one price (the sidebar's Invocation)")
 
 
-# and how a projection's caveat says to choose another comparable group (Comparison.choose_text): the sidebar
-_CHOOSE_FLAGS_TEXT = re.compile(r"choose with --[a-z-]+(?: [A-Z]+)?(?:(?:, | or )--[a-z-]+(?: [A-Z]+)?)*")
-CHOOSE_HERE = "pick it with the sidebar's Invocation (or the filter the groups differ in)"
+# and how a projection's caveat says to choose another comparable group (Comparison.pick_text): the sidebar
+_CHOOSE_FLAGS_TEXT = re.compile(r"choose with (--[a-z-]+(?: [A-Z]+)?(?:(?:, | or )--[a-z-]+(?: [A-Z]+)?)*)")
+_FLAG = re.compile(r"--[a-z-]+")
 
 
 def in_page_words(message: str) -> str:
@@ -179,7 +193,8 @@ def in_page_words(message: str) -> str:
     CLI flags."""
     for hint in _PRICE_HINTS:
         message = message.replace(hint, PRICE_IT_HERE)
-    message = _CHOOSE_FLAGS_TEXT.sub(CHOOSE_HERE, message)
+    message = _CHOOSE_FLAGS_TEXT.sub(lambda m: choose_here(_FLAG.findall(m.group(1)), "pick it"), message)
+    message = message.replace(NO_CHOOSE, NO_CHOOSE_HERE)
     return message.replace(RECORDED_PRICES_WAYS, RECORDED_PRICES_HERE)
 
 
