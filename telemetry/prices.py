@@ -395,21 +395,57 @@ def _default_names() -> frozenset[str]:
     return frozenset(e.name.lower() for e in default_entries())
 
 
+# Words of a GPU device string that say nothing of which variant of a chip it is: an entry holding no other word
+# than these, the chip's and the built-in entry's is no more specific than the built-in entry.
+_GENERIC_GPU_WORDS = frozenset({"nvidia", "cuda", "gpu", "tesla"})
+_WORD = re.compile(r"[a-z0-9]+")
+# The CPU model a CPU device string names: "cpu: AMD EPYC 7763 (16 threads)" -> "AMD EPYC 7763"; "" for "cpu".
+_CPU_MODEL = re.compile(r"^\s*cpu\b\s*:?\s*(.*?)\s*(?:\(\s*\d+\s*(?:threads?|cores?)\s*\))?\s*$", re.I)
+
+
+def _words(text: str) -> set[str]:
+    return set(_WORD.findall((text or "").lower()))
+
+
+def cpu_model(device: str) -> str | None:
+    """The CPU model part of a CPU device string ("AMD EPYC" for "cpu: AMD EPYC (16 threads)"); None for a
+    device that is not a CPU's or names no model ("cpu (2 cores)")."""
+    m = _CPU_MODEL.match(device or "")
+    return (" ".join(m.group(1).split()) or None) if m else None
+
+
 def names_own_device(name: str, device: str) -> bool:
-    """True when an entry `name` describes the recorded `device` itself, as catalog_entry_for_device would price
-    it: a user's own entry (not a shipped default's name) named in the device string ("A100-SXM4-40GB" for
-    "NVIDIA A100-SXM4-40GB"), or any entry named in a device no built-in pattern knows ("TPU v5e"). A shipped
-    default named in a device the patterns do know ("H100" in "cpu: Fancy H100-ish Xeon") is not."""
+    """True when an entry `name` describes the recorded `device` itself, as catalog_entry_for_device prices it
+    over the built-in pattern: named in the device string as a whole word (names_device), and
+    - for a device no built-in pattern knows: any such entry ("TPU v5e" for "Google TPU v5e");
+    - for a GPU a pattern knows: a user's entry (not a shipped default's name) that names the chip the pattern
+      matched and more than the built-in entry it chose says ("A100-SXM4-40GB" or "A100 PCIe" over A100-80GB,
+      "H100 PCIe" over H100; not "A100", "A100 80GB", "NVIDIA A100", nor one without the chip: "PCIe", "80GB");
+    - for a CPU: a user's entry named as the whole CPU model the device string gives, any case ("AMD EPYC" for
+      "cpu: AMD EPYC (16 threads)"; not "EPYC", "cpu", "N1" for "cpu: ARM Neoverse-N1").
+    Generic words never take a device over from its built-in entry."""
+    name = (name or "").strip()
     if not names_device(name, device):
         return False
-    return catalog_name_for_device(device) is None or (name or "").strip().lower() not in _default_names()
+    builtin = catalog_name_for_device(device)
+    if builtin is None:
+        return True
+    if name.lower() in _default_names():
+        return False
+    if builtin == CPU_NODE:
+        model = cpu_model(device)
+        return model is not None and " ".join(name.split()).lower() == model.lower()
+    chip = gpu_chip(builtin)  # H100, A100 (A100-80GB), L4
+    if chip is None or not names_device(chip, name):
+        return False
+    return bool(_words(name) - _words(builtin) - {chip.lower()} - _GENERIC_GPU_WORDS)
 
 
 def catalog_entry_for_device(catalog: PriceCatalog, device: str) -> PriceEntry | None:
     """The catalog entry that prices `device` per unit: the longest hourly entry whose name stands in the device
     string as its own (names_own_device: a user's variant price, "H100 PCIe" for "NVIDIA H100 PCIe", over the
-    built-in H100; any entry for a device no pattern knows), else the one catalog_name_for_device names; None
-    when none does."""
+    built-in H100, a user's CPU model price; any entry for a device no pattern knows), else the one
+    catalog_name_for_device names; None when none does."""
     named = [e for e in catalog.entries if e.unit == "usd_per_hour" and names_own_device(e.name, device)]
     if named:
         return max(named, key=lambda e: len(e.name))

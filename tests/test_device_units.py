@@ -13,11 +13,15 @@ from synthetic import Req, h100_runs_of_two_recorded_prices, make_run, spec_req
 from app.cli import main
 from telemetry.costing import costs, project_from_store
 from telemetry.prices import (
+    catalog_entry_for_device,
     device_gpus,
     device_units,
+    entry_units,
     load_catalog,
+    names_own_device,
     price_snapshot,
     resolve_node_price,
+    set_price,
 )
 from telemetry.store import open_store
 
@@ -266,3 +270,59 @@ def test_a_users_entry_named_in_the_device_prices_it_over_the_built_in_pattern(s
     assert price_snapshot(catalog, other)["name"] == resolve_node_price(engine, device=other).catalog_name \
         == {"gpu": "A100-80GB", "node": "cpu-2core"}[kind]
     engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("device", "entry", "kind", "wins"),
+    [
+        # a GPU a built-in pattern knows: only an entry naming its chip and more than the built-in entry does
+        ("NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB", "gpu", True),
+        ("NVIDIA H100 PCIe", "H100 PCIe", "gpu", True),
+        ("NVIDIA H100 80GB HBM3", "H100 80GB", "gpu", True),  # the built-in H100 says nothing of its memory
+        ("NVIDIA A100-SXM4-80GB", "A100", "gpu", False),  # the chip alone: less than the built-in A100-80GB
+        ("NVIDIA A100 80GB PCIe", "A100 80GB", "gpu", False),  # what the built-in A100-80GB says already
+        ("NVIDIA A100-SXM4-80GB", "NVIDIA A100", "gpu", False),  # a vendor's name adds nothing
+        ("NVIDIA A100-SXM4-80GB", "80GB", "gpu", False),  # no chip
+        ("NVIDIA H100 PCIe", "PCIe", "gpu", False),
+        ("NVIDIA A100-SXM4-80GB", "NVIDIA", "gpu", False),
+        ("cuda: NVIDIA H100 80GB HBM3", "cuda", "gpu", False),
+        (TP8, "H100 80GB", "gpu", True),  # each of a tensor-parallel device's GPUs
+        # a CPU: only an entry named as the whole CPU model the device string gives
+        (CPU16, "AMD EPYC", "node", True),
+        (CPU16, "amd epyc", "node", True),
+        ("cpu: AMD EPYC 7763 (16 threads)", "AMD EPYC 7763", "node", True),
+        ("cpu: AMD EPYC 7763 (16 threads)", "AMD EPYC", "node", False),  # part of the model
+        (CPU16, "cpu", "node", False),
+        (CPU16, "EPYC", "node", False),
+        (CPU16, "16 threads", "node", False),
+        ("cpu: ARM Neoverse-N1 (4 threads)", "N1", "node", False),
+        # a device no built-in pattern knows: any entry named in it, as a whole word
+        ("Google TPU v5e", "TPU v5e", "gpu", True),
+        ("NVIDIA L40S", "L40", "gpu", False),  # not a word of "L40S"
+    ],
+)
+def test_which_users_entry_named_in_a_device_prices_it_over_the_built_in_pattern(sqlite_url, device, entry, kind,
+                                                                                 wins):
+    """A user's entry named anywhere in the device string took over from the built-in pattern, generic words
+    included ('A100', 'PCIe', 'NVIDIA', 'cuda', '80GB', 'cpu', 'N1'). For a GPU a pattern knows, the entry must
+    name its chip and say more than the built-in entry (the variant: 'A100-SXM4-40GB', 'H100 PCIe'); for a CPU,
+    be named as its model ('AMD EPYC' for 'cpu: AMD EPYC (16 threads)'); a device no pattern knows takes any
+    entry named in it as a whole word. The snapshot, cost's price and differs_from follow the same rule."""
+    engine = open_store(sqlite_url)
+    try:
+        builtin = price_snapshot(load_catalog(engine), device).get("name")
+        set_price(engine, name=entry, value=2.0, kind=kind, source="test")
+        catalog = load_catalog(engine)
+        found = catalog_entry_for_device(catalog, device)
+        snap = price_snapshot(catalog, device)
+        assert names_own_device(entry, device) is wins
+        if wins:
+            assert found is not None and found.name == entry and snap["name"] == entry
+            assert snap["node_hourly_usd"] == 2.0 * entry_units(found, device)
+            assert not resolve_node_price(engine, device=device, gpu=entry).differs_from(device)
+        else:
+            assert (found.name if found else None) == builtin and snap.get("name") == builtin, (found, snap)
+            if builtin is not None:
+                assert resolve_node_price(engine, device=device).catalog_name == builtin
+    finally:
+        engine.dispose()
