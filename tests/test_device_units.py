@@ -326,3 +326,16 @@ def test_which_users_entry_named_in_a_device_prices_it_over_the_built_in_pattern
                 assert resolve_node_price(engine, device=device).catalog_name == builtin
     finally:
         engine.dispose()
+
+
+def test_the_readme_says_which_users_entry_named_in_a_device_prices_it():
+    """The README said any entry named in the device string priced a device no built-in rule knows, and nothing
+    of a known one: it says the rule names_own_device keeps (the chip and more for a GPU, the CPU model)."""
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8").split())
+    assert "named as the device string names the hardware" not in text
+    for said in ('`"H100 PCIe"` over `H100`', 'not `"A100"`, `"PCIe"`, `"NVIDIA"`, `"80GB"`',
+                 '`"AMD EPYC"` for "cpu: AMD EPYC (16 threads)"'):
+        assert said in text, said
+    assert names_own_device("H100 PCIe", "NVIDIA H100 PCIe") and not names_own_device("PCIe", "NVIDIA H100 PCIe")
