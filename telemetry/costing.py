@@ -1023,6 +1023,8 @@ class StoreProjection:
                 "energy_partly_estimated_spec": self.energy_partly_estimated_spec,
                 # the runs' measured energy is not in the fleet cost: priced as other hardware than measured
                 "energy_left_out_other_hardware": self.energy_left_out,
+                # and whether that energy was measured, estimated or partly estimated; None where none is left out
+                "energy_left_out_source": self.energy_left_out_source if self.energy_left_out else None,
                 # a speedup of the compared group above its spec runs' mean acceptance length: the AR timing was
                 # inflated and the savings overstated (why: among the notes)
                 "speedup_above_acceptance_length": self.speedup_above_acceptance,

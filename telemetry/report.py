@@ -1134,6 +1134,7 @@ PROJECTION_LABELS = {
     "energy_estimated_ar": "AR energy estimated",
     "energy_estimated_spec": "spec energy estimated",
     "energy_left_out_other_hardware": "measured or estimated energy left out (priced as other hardware than measured)",
+    "energy_left_out_source": "energy left out was",
     "capacity_basis": "capacity per node",
     "capacity_runs_ar": "AR capacity run ids",
     "capacity_runs_spec": "spec capacity run ids",

@@ -811,6 +811,10 @@ def test_a_cpu_node_of_another_size_is_other_hardware(sqlite_url, capsys):
     assert main(["cost", "--db", sqlite_url, "--gpu", "cpu-64core", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert all(not r["energy_included"] and r["priced_differs_from_measured"] for r in out["runs"])
+    assert main(["project", "--db", sqlite_url, "--daily-tokens", "1e6", "--peak-factor", "1", "--p95-tpot-sla-ms",
+                 "5000", "--gpu", "cpu-64core", "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)["assumptions"]
+    assert a["energy_left_out_other_hardware"] and a["energy_left_out_source"] == "measured", a  # RAPL: measured
     assert main(["cost", "--db", sqlite_url, "--gpu", "cpu-2core", "--json"]) == 0  # its own entry: the same
     out = json.loads(capsys.readouterr().out)
     assert all(r["energy_included"] and not r["priced_differs_from_measured"] for r in out["runs"])
@@ -830,6 +834,7 @@ def test_cost_and_project_agree_on_energy_under_another_price(filled, capsys):
     assert main([*_project(filled, "--gpu", "H100"), "--json"]) == 0
     a = json.loads(capsys.readouterr().out)["assumptions"]
     assert a["priced_differs_from_measured"] and a["energy_left_out_other_hardware"]
+    assert a["energy_left_out_source"] == "estimated"  # where the energy left out came from (`filled`: estimated)
     assert not a["energy_included_ar"] and not a["energy_included_spec"]
     assert main(_project(filled, "--gpu", "H100")) == 0
     assert "measured on cpu (2 cores); the energy estimated there is not that hardware's: left out (node price " \
@@ -848,6 +853,7 @@ def test_cost_and_project_agree_on_energy_under_another_price(filled, capsys):
     assert main([*_project(filled), "--json"]) == 0
     want = json.loads(capsys.readouterr().out)
     assert got["assumptions"]["energy_included_ar"] and got["assumptions"]["energy_included_spec"]
+    assert got["assumptions"]["energy_left_out_source"] is None  # nothing left out
     assert not got["assumptions"]["priced_differs_from_measured"]
     assert got["cost_per_1m_tokens_ar_usd"] == pytest.approx(want["cost_per_1m_tokens_ar_usd"])
     assert main(_project(filled, "--node-hourly-usd", "0.0832")) == 0
