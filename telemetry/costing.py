@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -53,8 +53,6 @@ from telemetry.queries import (
     Speedup,
     _ratio,
     above_acceptance_text,
-    bench_command,
-    bench_settings,
     config_summaries,
     cutoff_matches,
     cutoffs_text,
@@ -62,6 +60,7 @@ from telemetry.queries import (
     empty_store_hint,
     field_text,
     key_of,
+    record_both,
     run_summaries,
     serve_node_shares,
     speedups,
@@ -245,12 +244,13 @@ def small_sample_text(requests: dict[str, int], what: str = "a p95 and a capacit
             f"mode); {MEASURE_MORE}")
 
 
-def missing_mode_text(requests: dict[str, int], record: str, elsewhere: dict[str, int] | None = None,
+def missing_mode_text(requests: dict[str, int], record: Callable[[str], str], elsewhere: dict[str, int] | None = None,
                       choose: str | None = None) -> str | None:
     """'based on 0 spec and 1 AR requests: the spec runs are missing (none in view), so AR is compared with nothing;
     record both modes ...: `specfinops bench ... --mode both --db STORE`' where a mode of `requests` (mode -> ok
-    requests) has none and another has some; None otherwise. `record`: the bench command recording into the store
-    read (queries.bench_command). Not 'too few': more of the measured mode would not give the missing one.
+    requests) has none and another has some; None otherwise. `record`: how to record both modes into the store
+    read, given which runs ("AR "): queries.record_both's text. Not 'too few': more of the measured mode would not
+    give the missing one.
     `elsewhere` (mode -> ok requests in the other comparable groups in view, `Comparison.elsewhere`): a missing mode
     with some there is said to be in another group, not missing, with `choose` (a clause saying how to project
     that group, or that no filter selects it: Comparison.pick_text)."""
@@ -262,8 +262,7 @@ def missing_mode_text(requests: dict[str, int], record: str, elsewhere: dict[str
     more = (f" (without --limit: a stable p95 and capacity take {MIN_STABLE_REQUESTS} or more requests per mode)"
             if small else "")
     words = " and ".join(map(_mode_word, measured))
-    record_both = (f"record both modes on the same prompts and machine, with the {words} runs' target and settings: "
-                   f"`{record}`{more}")
+    record_both = f"{record(words + ' ')}{more}"
     apart = [m for m in missing if (elsewhere or {}).get(m)]
     if apart:  # measured, in another comparable group: not comparable with these, but not missing either
         n = sum(elsewhere[m] for m in apart)
@@ -1054,12 +1053,16 @@ class StoreProjection:
 
 
 def projection_caveats(comparison: Comparison, cap_configs: dict[str, ConfigSummary | None], price: NodePrice,
-                       devices: tuple[str, ...], differs: bool, record: str | None = None) -> tuple[str, ...]:
+                       devices: tuple[str, ...], differs: bool, engine: Engine | None = None,
+                       always_db: bool = False) -> tuple[str, ...]:
     """What a projection's figures do not say by themselves: that a mode's capacity comes from too few requests
     (those of its capacity configuration, else of the compared group: MIN_STABLE_REQUESTS) or that a mode has
-    none (how to record it: `record`, the bench command, default bench_command() of the group's workload), and
-    that the capacity is the measured device's throughput priced as other hardware (NodePrice.differs_from)."""
-    record = record or bench_command(workload=comparison.workload, options=bench_settings(comparison))
+    none (how to record it into the store `engine` reads: queries.record_both of the group, `always_db` naming the
+    store as bench_command's), and that the capacity is the measured device's throughput priced as other hardware
+    (NodePrice.differs_from)."""
+    def record(words: str) -> str:
+        return record_both(engine, comparison, comparison.workload, always_db=always_db, words=words)[1]
+
     requests = {"spec": comparison.requests_spec, "ar": comparison.requests_ar}
     requests |= {m: c.stats.num_requests_ok for m, c in cap_configs.items() if c is not None}
     # a mode with no requests is missing, not measured too little: how to record it, in place of 'too few'
@@ -1338,9 +1341,7 @@ def project_from_store(
     above = above_acceptance_caveats(_capacity_speedups(engine, filters, run_ids, cap_ids, speedups_in_view),
                                      cap_ids)
     return StoreProjection(
-        caveats=projection_caveats(comparison, cap_configs, price, devices, differs,
-                                   bench_command(engine, comparison.workload, always_db=name_store,
-                                                 options=bench_settings(comparison)))
+        caveats=projection_caveats(comparison, cap_configs, price, devices, differs, engine, name_store)
         + _recorded_prices_caveat(recorded, price) + above,
         speedup_above_acceptance=bool(above),
         projection=projection,

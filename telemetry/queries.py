@@ -101,10 +101,16 @@ def bench_command(engine: Engine | None = None, workload: str = "code", *, alway
     `always_db`: even where it is this process's default store (the dashboard's: `specfinops dashboard --db X`
     makes X its $SPECFINOPS_DB_URL, which the shell the command is copied into does not have). `options`: more
     bench options as (flag, value) pairs, after --mode (`--concurrency 1,2,4`, a run's `--temperature 0.7`)."""
+    return _record_command("bench", engine, workload, always_db, options)
+
+
+def _record_command(verb: str, engine: Engine | None, workload: str, always_db: bool,
+                    options: Iterable[tuple[str, object]]) -> str:
+    """`specfinops VERB --workload WORKLOAD --mode both OPTIONS [--db STORE]` (bench_command)."""
     import shlex
 
     store = None if engine is None else _db_option(engine.url, always=always_db)
-    command = f"specfinops bench --workload {shlex.quote(workload)} --mode both"
+    command = f"specfinops {verb} --workload {shlex.quote(workload)} --mode both"
     command += "".join(f" {flag} {shlex.quote(str(value))}" for flag, value in options)
     return command if store is None else f"{command} --db {store}"
 
@@ -113,6 +119,9 @@ def bench_command(engine: Engine | None = None, workload: str = "code", *, alway
 # import the app): bench_settings names a setting only where it differs from these
 BENCH_DEFAULTS = {"backend": "torch", "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 128}
 BENCH_DTYPES = ("bfloat16", "float32")  # the precisions `bench --dtype` takes besides auto
+BENCH_BACKENDS = ("torch", "vllm")  # `bench --backend`'s choices (a server's run may record 'unknown')
+# `specfinops loadtest`'s defaults of the settings its runs record (app/commands/loadtest.py)
+LOADTEST_DEFAULTS = {"temperature": 0.0, "max_new_tokens": 64}
 
 
 def bench_settings(item) -> list[tuple[str, object]]:
@@ -121,13 +130,18 @@ def bench_settings(item) -> list[tuple[str, object]]:
     `options`: its target and precision (`auto` picks by the machine and the batch, the target by default the
     bundled model), and its backend, sampling and answer length cap where they differ from BENCH_DEFAULTS. top_p
     and top_k only where the run sampled (at temperature 0 they change nothing: `effective_cutoffs`); a setting
-    the runs did not record (None: a server's run, a store from before it was kept) is not named."""
+    the runs did not record (None: a server's run, a store from before it was kept), or records as bench takes no
+    value of (a backend or precision 'unknown': a server without specfinops' model card extras), is not named.
+    Only a bench's runs (kind 'bench') have settings a bench reproduces: a load test's or a server's give none
+    (their target is the served model's name or path; `record_both` says what records theirs)."""
     def g(value) -> str:
         return f"{value:g}"
 
+    if getattr(item, "kind", "bench") != "bench":
+        return []
     out: list[tuple[str, object]] = []
     target, backend, dtype = getattr(item, "target", None), getattr(item, "backend", None), getattr(item, "dtype", None)
-    if backend is not None and backend != BENCH_DEFAULTS["backend"]:
+    if backend in BENCH_BACKENDS and backend != BENCH_DEFAULTS["backend"]:
         out.append(("--backend", backend))
     if target:
         out.append(("--target", target))
@@ -145,6 +159,43 @@ def bench_settings(item) -> list[tuple[str, object]]:
     if cap is not None and cap != BENCH_DEFAULTS["max_new_tokens"]:
         out.append(("--max-new-tokens", cap))
     return out
+
+
+def loadtest_settings(item) -> list[tuple[str, object]]:
+    """The `specfinops loadtest` options that ask a server for requests like those of the load-test runs `item`
+    (bench_settings' kind of item): their temperature and answer length cap where they differ from
+    LOADTEST_DEFAULTS. Not their model: runs record the model card's root (a path), not the id a request names."""
+    out: list[tuple[str, object]] = []
+    temperature = getattr(item, "temperature", None)
+    if temperature is not None and temperature != LOADTEST_DEFAULTS["temperature"]:
+        out.append(("--temperature", str(float(temperature))))
+    cap = getattr(item, "max_new_tokens", None)
+    if cap is not None and cap != LOADTEST_DEFAULTS["max_new_tokens"]:
+        out.append(("--max-tokens", cap))
+    return out
+
+
+def record_both(engine: Engine | None, item, workload: str, *, always_db: bool = False,
+                words: str = "") -> tuple[str, str]:
+    """What records both modes comparable with the runs of `item` (a comparable group, as bench_settings takes;
+    None: no one group), as (command, text): the text says how, the command in backquotes at its end. A bench's
+    runs: bench_command with bench_settings, said to carry the runs' target and settings only where it carries
+    some. A load test's: a load test of both modes against the same server with loadtest_settings. A server's
+    runs record the mode each request asks for: requests of both modes, else a bench, whose runs are compared
+    among themselves, not with the server's. `words`: which runs ("AR " in "the AR runs' settings")."""
+    kind = getattr(item, "kind", "bench") if item is not None else None
+    if kind == "loadtest":
+        command = _record_command("loadtest", engine, workload, always_db, loadtest_settings(item))
+        return command, (f"record both modes with a load test against the same server (loadtest --url: default "
+                         f"http://127.0.0.1:8000), with the {words}runs' sampling and answer length cap: `{command}`")
+    options = bench_settings(item) if kind == "bench" else []
+    command = bench_command(engine, workload, always_db=always_db, options=options)
+    if kind not in (None, "bench"):
+        return command, ("a server records the mode each request asks for (the 'speculative' extension field): send "
+                         f"it requests of both modes, or record both with a bench on the same prompts and machine, "
+                         f"whose runs compare among themselves, not with the server's: `{command}`")
+    carried = f", with the {words}runs' target and settings" if options else ""
+    return command, f"record both modes on the same prompts and machine{carried}: `{command}`"
 
 
 def _db_option(url, always: bool = False) -> str | None:

@@ -154,6 +154,58 @@ def test_bench_settings_leaves_out_what_bench_does_by_default():
     assert bench_settings(greedy) == [("--target", "t"), ("--dtype", "bfloat16")]
 
 
+def test_bench_settings_names_only_what_bench_takes():
+    """A run of a server without specfinops' card extras records backend and precision 'unknown' and the served
+    model's name as its target: bench refused `--backend unknown`. Only a bench's runs (kind 'bench') have
+    settings a bench reproduces: a load test's or a server's carry none."""
+    from types import SimpleNamespace
+
+    from app.cli import build_parser
+    from telemetry.queries import BENCH_DTYPES, bench_settings
+
+    run = dict(kind="bench", target="t", backend="unknown", dtype="unknown", temperature=0.0, top_p=1.0, top_k=0,
+               max_new_tokens=128)
+    assert bench_settings(SimpleNamespace(**run)) == [("--target", "t")]
+    assert bench_settings(SimpleNamespace(**run | {"backend": "vllm", "dtype": "float32"})) == \
+        [("--backend", "vllm"), ("--target", "t"), ("--dtype", "float32")]
+    for kind in ("loadtest", "serve"):
+        assert bench_settings(SimpleNamespace(**run | {"kind": kind, "temperature": 0.7, "max_new_tokens": 64})) == []
+    # the precisions named are those bench's --dtype takes (besides auto)
+    for dtype in BENCH_DTYPES:
+        build_parser().parse_args(["bench", "--dtype", dtype])
+    from serving.kernels import DTYPE_CHOICES
+
+    assert set(BENCH_DTYPES) == set(DTYPE_CHOICES) - {"auto"}
+
+
+def test_a_load_tests_missing_mode_is_recorded_by_a_command_that_runs(sqlite_url, monkeypatch):
+    """AR load-test runs against a server without specfinops' card extras (backend and precision 'unknown', the
+    target the served model's name): the Overview and the projection suggested `specfinops bench ... --backend
+    unknown --target served-model`, which bench refuses, and said it had the runs' settings. Now a load test of both
+    modes against the same server at the runs' sampling and answer length cap, which the CLI's own parser accepts."""
+    import shlex
+
+    from app.cli import build_parser
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", kind="loadtest", backend="unknown", dtype="unknown", target="served-model",
+                 drafter=None, temperature=0.5, max_new_tokens=32, requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+    at = _open(sqlite_url, monkeypatch, "views/overview.py")
+    assert_clean(at)
+    [info] = [i.value for i in at.info if i.value.startswith("No speculative runs in view")]
+    [caveat] = [w.value for w in at.warning if w.value.startswith("Projection: based on")]
+    for text in (info, caveat):
+        commands = [c for c in text.split("`") if c.startswith("specfinops ")]
+        assert commands, text
+        for command in commands:
+            args = build_parser().parse_args(shlex.split(command)[1:])  # refused: SystemExit
+            assert args.command == "loadtest" and args.mode == "both", command
+            assert (args.temperature, args.max_tokens, args.workload) == (0.5, 32, "code"), command
+        assert "--backend" not in text and "served-model" not in text and "target and settings" not in text, text
+
+
 def test_the_tokens_tile_keeps_three_significant_digits(sqlite_url, monkeypatch):
     """1.0297 and 0.4714 tokens/s read "1.0" and "0.5" beside a +118% delta."""
     engine = open_store(sqlite_url)

@@ -41,13 +41,12 @@ from telemetry.costing import (
 from telemetry.queries import (
     COMPARED_FIELDS,
     above_acceptance_lines,
-    bench_command,
-    bench_settings,
     cutoffs_text,
     key_of,
     max_new_tokens_text,
     paired_text,
     pooled_outside_text,
+    record_both,
 )
 
 # A speedup row's configuration: (Speedup field, table column), in the order the table shows those that differ
@@ -177,8 +176,7 @@ def _no_runs_text(ctx: Context, mode: str, proj, runs) -> str:
     """Why a mode's column is empty, and what to do: its runs in view completed no request (the Runs page shows
     them), the sidebar's filters leave out the store's runs of it (widen them), or the store has none (record both
     modes into this store, on the workload and with the settings of the runs in view, `runs`: the projection's
-    comparable group, else the one group they form; `queries.bench_command` with `bench_settings`, as the
-    projection's caveat says it)."""
+    comparable group, else the one group they form; `queries.record_both`, as the projection's caveat says it)."""
     name = MODE_NAMES[mode]
     if (ctx.sel.runs["mode"] == mode).any():
         return f"No completed {name} requests in view: the Runs page shows the status of its runs."
@@ -191,10 +189,8 @@ def _no_runs_text(ctx: Context, mode: str, proj, runs) -> str:
         group = runs[0]  # one comparable group in view: its settings are the runs'
     workloads = set(ctx.sel.runs["workload"].dropna())
     workload = (group.workload if group is not None else next(iter(workloads)) if len(workloads) == 1 else "code")
-    command = bench_command(data.engine(ctx.url), workload, always_db=True,
-                            options=bench_settings(group) if group is not None else ())
-    return (f"No {name} runs in view: the store has none. Record both modes on the same prompts and machine, "
-            f"with the runs' target and settings: `{command}`.")
+    _, how = record_both(data.engine(ctx.url), group, workload, always_db=True)
+    return f"No {name} runs in view: the store has none. {how[0].upper()}{how[1:]}."
 
 
 def _projection(ctx: Context, speedups):
