@@ -922,3 +922,79 @@ def test_the_reports_page_shows_no_banner_of_the_sidebars_runs(filled, monkeypat
     at.switch_page("views/reports.py").run()
     assert_clean(at)
     assert not [w.value for w in at.warning if w.value.startswith("Synthetic data:")]
+
+
+def _default_pair_before(runs):
+    """default_pair as it was before it went linear: a group's runs filtered again for each of its invocations."""
+    from collections import defaultdict
+
+    from app.dashboard.views.runs import _ready
+    from telemetry.queries import COMPARED_FIELDS, key_of
+
+    def best(rs):
+        return max(rs, key=lambda r: (_ready(r), r.run_id))
+
+    groups: dict[tuple, dict[str, list]] = defaultdict(lambda: {"spec": [], "ar": []})
+    for r in runs:
+        if r.mode in ("spec", "ar"):
+            groups[(*key_of(r, COMPARED_FIELDS), r.concurrency)][r.mode].append(r)
+    pairs = []
+    for g in groups.values():
+        if g["spec"] and g["ar"]:
+            pairs.append((best(g["spec"]), best(g["ar"])))
+            for inv in {r.invocation_id for r in g["spec"]} & {r.invocation_id for r in g["ar"]} - {None}:
+                pairs.append((best([r for r in g["spec"] if r.invocation_id == inv]),
+                              best([r for r in g["ar"] if r.invocation_id == inv])))
+
+    def rank(pair) -> tuple:
+        spec, ar = pair
+        ready = tuple(x and y for x, y in zip(_ready(spec), _ready(ar), strict=True))
+        together = spec.invocation_id is not None and spec.invocation_id == ar.invocation_id
+        return (*ready, together, max(spec.run_id, ar.run_id), min(spec.run_id, ar.run_id))
+
+    return None if not pairs else tuple(r.run_id for r in max(pairs, key=rank))
+
+
+class _CountedRun:
+    """A run summary's fields default_pair reads, counting the reads of its invocation id."""
+
+    reads = 0
+
+    def __init__(self, invocation_id, **fields):
+        self._invocation_id = invocation_id
+        self.__dict__.update(fields)
+
+    @property
+    def invocation_id(self):
+        _CountedRun.reads += 1
+        return self._invocation_id
+
+
+def _synthetic_runs(n: int, seed: int) -> list:
+    import random
+    from types import SimpleNamespace
+
+    rnd = random.Random(seed)
+    return [_CountedRun(rnd.choice([None, *(f"inv-{i}" for i in range(max(1, n // 3)))]),
+                        run_id=i + 1, mode=rnd.choice(["spec", "ar", "spec", "ar", "other"]),
+                        status=rnd.choice(["completed", "completed", "running", "failed"]),
+                        stats=SimpleNamespace(output_tokens=rnd.choice([0, 33])), workload=rnd.choice(["code", "chat"]),
+                        temperature=rnd.choice([0.0, 0.7]), kind="bench", target="t", device="cpu",
+                        backend="torch", dtype="float32", top_p=1.0, top_k=0, max_new_tokens=128,
+                        concurrency=rnd.choice([1, 4]))
+            for i in range(n)]
+
+
+def test_the_runs_pages_default_pair_is_the_same_and_reads_each_run_a_few_times():
+    """default_pair filtered a comparable group's runs again for each of the group's invocations: a time quadratic
+    in the runs (12 s for 16,000 runs, on every rerun of the Runs page). Its pair is the same as before on random
+    stores, and it reads each run's invocation a bounded number of times (before: about n²/8 reads for n runs)."""
+    from app.dashboard.views.runs import default_pair
+
+    for n, seed in [(n, seed) for n in (0, 1, 2, 5, 12, 40) for seed in range(30)] + [(600, 1), (600, 2)]:
+        runs = _synthetic_runs(n, seed)
+        assert default_pair(runs) == _default_pair_before(runs), (n, seed)
+    runs = _synthetic_runs(2_000, 3)
+    _CountedRun.reads = 0
+    default_pair(runs)
+    assert _CountedRun.reads <= 3 * len(runs), _CountedRun.reads
