@@ -838,8 +838,46 @@ def test_the_sweep_hint_records_into_this_store_on_the_sidebars_workload(filled,
     for workload in ("chat", "code"):
         at.sidebar.selectbox(key="f_workload").set_value(workload).run()
         assert_clean(at)
-        assert (f"`specfinops bench --workload {workload} --mode both --concurrency 1,2,4,8,16,32 --db {store}`"
-                in hint()), hint()
+        # with the runs' settings between where they form one group (the next test)
+        [command] = [c for c in hint().split("`") if c.startswith("specfinops bench")]
+        assert command.startswith(f"specfinops bench --workload {workload} --mode both --concurrency 1,2,4,8,16,32 "), \
+            command
+        assert command.endswith(f" --db {store}"), command
+
+
+def test_the_sweep_hint_names_a_workload_bench_takes_and_the_runs_settings(sqlite_url, monkeypatch):
+    """The generator's runs (workload 'synthetic'), picked in the sidebar or alone in view: the hint said
+    `--workload synthetic`, which bench refuses (unknown workload), and none of the runs' settings, so the sweep
+    it recorded was not kept by the filters that kept them. Now a workload bench takes, and the settings of the
+    runs in view where they form one comparable group, checked by bench's own parser."""
+    import shlex
+
+    from app.cli import build_parser
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for mode in ("ar", "spec"):
+            make_run(s, mode, workload="synthetic", temperature=0.7, top_p=0.9, top_k=40, max_new_tokens=64,
+                     requests=[Req(output_tokens=9, e2e_ms=300) if mode == "ar" else
+                               spec_req(9, k=4, accepted=6, ttft_ms=50, e2e_ms=200)])
+        s.commit()
+    engine.dispose()
+    at = open_page(app_for(sqlite_url, monkeypatch), PAGES["Cost & capacity"])
+    assert_clean(at)
+
+    def hint() -> str:
+        (said,) = [i.value for i in at.info if i.value.startswith("Concurrency sweeps appear here")]
+        return said
+
+    for pick in (None, "synthetic"):
+        if pick is not None:
+            at.sidebar.selectbox(key="f_workload").set_value(pick).run()
+            assert_clean(at)
+        [command] = [c for c in hint().split("`") if c.startswith("specfinops bench")]
+        args = build_parser().parse_args(shlex.split(command)[1:])
+        assert args.workload == "mixed", command
+        assert (args.concurrency, args.temperature, args.top_p, args.top_k, args.max_new_tokens, args.target,
+                args.dtype) == ("1,2,4,8,16,32", 0.7, 0.9, 40, 64, "demo/target-tiny", "float32"), command
 
 
 def test_reports_page_marks_a_partial_period_synthetic_data_and_a_small_sample(filled, tmp_path, monkeypatch):

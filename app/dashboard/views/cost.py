@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import streamlit as st
 
@@ -33,7 +35,7 @@ from telemetry.costing import (
     partial_energy_text,
     runs_text,
 )
-from telemetry.queries import bench_command
+from telemetry.queries import COMPARED_FIELDS, bench_command, bench_settings, key_of
 
 SNAPSHOT = "runs' recorded price"
 CUSTOM = "custom $/h per node"
@@ -301,12 +303,30 @@ SWEEPS_SHOWN = 20  # in the sweep picker: the newest of those the sidebar's filt
 SWEEP_LEVELS = "1,2,4,8,16,32"
 
 
+def bench_workload(name: str) -> str:
+    """`name` where `bench --workload` takes it (a builtin workload, an existing workload file), else `mixed`: a
+    generator's 'synthetic' runs, or a file no longer there, named a workload bench refuses. serving.workloads
+    loads nothing heavy (the dashboard never imports torch)."""
+    from serving.workloads import BUILTIN_WORKLOADS, FILE_SUFFIXES
+
+    if name in BUILTIN_WORKLOADS:
+        return name
+    path = Path(name).expanduser()
+    return name if path.suffix in FILE_SUFFIXES and path.is_file() else "mixed"
+
+
 def _sweep_command(ctx: Context) -> str:
     """The bench that records a concurrency sweep into this store, on the sidebar's workload (else the one
-    workload of the runs in view, else `mixed`): `queries.bench_command`, as the other pages' hints."""
+    workload of the runs in view, else `mixed`; `mixed` too for one bench does not take: `bench_workload`), with
+    the settings of the runs in view where they form one comparable group (`queries.bench_settings`, as the
+    Overview's hint), so the sweep's runs are kept by the same filters: `queries.bench_command`."""
+    runs = data.run_summaries(ctx.url, ctx.sel.filters)
+    group = runs[0] if runs and len({key_of(r, COMPARED_FIELDS) for r in runs}) == 1 else None
     workloads = set(ctx.sel.runs["workload"].dropna())
-    workload = ctx.sel.filters.workload or (next(iter(workloads)) if len(workloads) == 1 else "mixed")
-    return bench_command(data.engine(ctx.url), workload, always_db=True, options=[("--concurrency", SWEEP_LEVELS)])
+    workload = (ctx.sel.filters.workload or (group.workload if group is not None else None)
+                or (next(iter(workloads)) if len(workloads) == 1 else "mixed"))
+    options = [("--concurrency", SWEEP_LEVELS), *(bench_settings(group) if group is not None else ())]
+    return bench_command(data.engine(ctx.url), bench_workload(workload), always_db=True, options=options)
 
 
 def _sweep_section(ctx: Context) -> None:
