@@ -134,8 +134,8 @@ def bench_settings(item) -> list[tuple[str, object]]:
     value of (a backend or precision 'unknown': a server without specfinops' model card extras), is not named.
     Only a bench's runs (kind 'bench') have settings a bench reproduces: a load test's or a server's give none
     (their target is the served model's name or path; `record_both` says what records theirs)."""
-    def g(value) -> str:
-        return f"{value:g}"
+    def g(value) -> str:  # every digit (runs group by exact values: 0.123457 is not 0.1234567891's group)
+        return str(float(value))
 
     if getattr(item, "kind", "bench") != "bench":
         return []

@@ -178,6 +178,21 @@ def test_bench_settings_names_only_what_bench_takes():
     assert set(BENCH_DTYPES) == set(DTYPE_CHOICES) - {"auto"}
 
 
+def test_bench_settings_keep_a_runs_sampling_exactly():
+    """Runs are grouped by their temperature and top_p compared exactly: 0.1234567891 was suggested as 0.123457
+    (six significant digits), whose runs landed in another group. bench reads back the very values."""
+    import shlex
+    from types import SimpleNamespace
+
+    from app.cli import build_parser
+    from telemetry.queries import bench_command, bench_settings
+
+    run = SimpleNamespace(kind="bench", target="t", backend="torch", dtype="float32", temperature=0.1234567891,
+                          top_p=0.987654321012, top_k=7, max_new_tokens=100)
+    args = build_parser().parse_args(shlex.split(bench_command(options=bench_settings(run)))[1:])
+    assert (args.temperature, args.top_p, args.top_k, args.max_new_tokens) == (0.1234567891, 0.987654321012, 7, 100)
+
+
 def test_a_load_tests_missing_mode_is_recorded_by_a_command_that_runs(sqlite_url, monkeypatch):
     """AR load-test runs against a server without specfinops' card extras (backend and precision 'unknown', the
     target the served model's name): the Overview and the projection suggested `specfinops bench ... --backend
