@@ -632,6 +632,26 @@ def test_the_reports_page_names_a_monthly_reports_month():
     assert _pick_text({"id": 3, "period": "daily", "since": D0}) == "#3 daily from 2026-11-02 00:00"
 
 
+def test_the_reports_page_marks_a_partial_period_by_its_times_and_as_the_report_says_it():
+    """A report written before its summary held `period_complete` was never marked, though it was written
+    before its period ended (created_at < until); and one written before its period began was said to cover
+    "the part that had passed", where the HTML report says what was recorded for it before it began."""
+    from app.dashboard.views.reports import PARTIAL_PERIOD, report_notes
+
+    naive = D0.replace(tzinfo=None)  # as SQLite hands the row's times back
+    since, until = naive, naive + DAY
+    old = report_notes({}, since=since, until=until, created_at=naive + DAY / 2)  # no flag: its times tell
+    assert "the part that had passed" in old[PARTIAL_PERIOD] and "before its period ended" in old[PARTIAL_PERIOD]
+    assert PARTIAL_PERIOD not in report_notes({}, since=since, until=until, created_at=naive + DAY)
+    early = report_notes({"period_complete": False, "generated_at": (D0 - DAY / 4).isoformat()}, since=since,
+                         until=until, created_at=naive - DAY / 4)
+    assert "before its period began" in early[PARTIAL_PERIOD], early
+    assert "what was recorded for it before it began" in early[PARTIAL_PERIOD], early
+    assert "the part that had passed" not in early[PARTIAL_PERIOD], early
+    assert PARTIAL_PERIOD not in report_notes({"period_complete": True}, since=since, until=until,
+                                              created_at=naive + DAY / 2)  # the flag, where held, decides
+
+
 # ---- the projection's figures: named for what they are, each once ---------------------------------------
 
 

@@ -6,6 +6,7 @@ A file that is not on this machine (the report was written elsewhere) is said so
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
@@ -33,7 +34,7 @@ def reports(url: str) -> list[dict]:
         modes = s.get("modes", {})
         anomalies = s.get("anomalies")
         flagged = [a["metric"] for a in anomalies or [] if a.get("status") == "anomaly"]
-        notes = report_notes(s)
+        notes = report_notes(s, r.since, r.until, r.created_at)
         out.append({
             "id": r.id, "created": r.created_at, "period": period_name(r.period, r.since, r.until),
             # what the HTML report's notices say of its figures: not final, not measurements, too few requests
@@ -61,16 +62,34 @@ SYNTHETIC_DATA = "synthetic data"
 SMALL_SAMPLE = "small sample"
 
 
-def report_notes(summary: dict) -> dict[str, str]:
+def report_notes(summary: dict, since=None, until=None, created_at=None) -> dict[str, str]:
     """The marks the report's summary calls for, each with what it means, as the HTML report's notices say them
-    (telemetry.report_html.render_html): its period had not ended when it was written (`period_complete` False:
-    its figures cover part of it), some of its runs are the synthetic data generator's (`synthetic`: not
-    measurements), too few requests for stable figures (`small_sample`, `cost`'s caveat). A summary without a
-    flag (written before it held it) is marked for none."""
+    (telemetry.report_html.render_html): its period had not ended when it was written (`period_complete` False,
+    or for a summary written before it held the flag, the report row's `created_at` before `until`: its figures
+    cover part of it, or, written before the period began (`since`), what was recorded for it before it began),
+    some of its runs are the synthetic data generator's (`synthetic`: not measurements), too few requests for
+    stable figures (`small_sample`, `cost`'s caveat); a summary without those two flags is marked for neither."""
+    from telemetry.queries import as_utc
+
+    def utc(value):  # the row's times: naive on SQLite (UTC); the summary's: ISO text with its offset
+        if isinstance(value, str):
+            try:
+                value = datetime.fromisoformat(value)
+            except ValueError:
+                return None
+        return as_utc(value, "time") if isinstance(value, datetime) else None
+
     notes = {}
-    if summary.get("period_complete") is False:
-        notes[PARTIAL_PERIOD] = ("written before its period ended: its figures cover only the part that had "
-                                 "passed; written again after the period ends, the report gives other numbers")
+    written = utc(summary.get("generated_at")) or utc(created_at)
+    complete = summary.get("period_complete")
+    if complete is None and written is not None and utc(until) is not None:
+        complete = utc(until) <= written  # as report_html.period_complete
+    if complete is False:
+        started = written is None or utc(since) is None or written > utc(since)
+        notes[PARTIAL_PERIOD] = (f"written before its period {'ended' if started else 'began'}: its figures cover "
+                                 + ("only the part that had passed" if started else
+                                    "only what was recorded for it before it began")
+                                 + "; written again after the period ends, the report gives other numbers")
     if summary.get("synthetic"):
         notes[SYNTHETIC_DATA] = (f"{summary['synthetic']} of its runs were made by the benchmark generator "
                                  f"(workload '{SYNTHETIC_WORKLOAD}', host '{SYNTHETIC_HOSTNAME}'); their figures "
