@@ -139,6 +139,22 @@ def test_the_bench_that_records_the_missing_mode_keeps_the_runs_settings(sqlite_
         (0.7, 0.9, 40, 64, "demo/target-tiny", "float32")
 
 
+def test_the_missing_mode_hint_claims_the_runs_settings_only_where_it_carries_them(sqlite_url, monkeypatch):
+    """AR runs of two comparable groups (two temperatures) on a device no price is known for (no projection to
+    pick a group): the Overview's bench carries no settings, but said "with the runs' target and settings"."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for temperature in (0.0, 0.7):
+            make_run(s, "ar", device="mystery accelerator", temperature=temperature,
+                     requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+    at = _open(sqlite_url, monkeypatch, "views/overview.py")
+    assert_clean(at)
+    [info] = [i.value for i in at.info if i.value.startswith("No speculative runs in view")]
+    assert "`specfinops bench --workload code --mode both --db " in info, info  # no settings carried
+    assert "target and settings" not in info, info
+
+
 def test_bench_settings_leaves_out_what_bench_does_by_default():
     """queries.BENCH_DEFAULTS are bench's own: a greedy run of the default cap names only its target and
     precision (and top_p / top_k of a greedy run change nothing)."""
