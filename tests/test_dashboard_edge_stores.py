@@ -239,7 +239,7 @@ CUT_TILES = """() => [...document.querySelectorAll(
 
 @pytest.mark.browser
 @pytest.mark.parametrize("width", [1024, 1440])
-def test_tiles_are_not_cut_short_in_a_1024_px_window(sqlite_url, tmp_path, width):
+def test_tiles_are_not_cut_short_in_1024_and_1440_px_windows(sqlite_url, tmp_path, width):
     """At 1024 px beside the sidebar, the Overview's half-page tiles and the Cost & capacity page's quarter-page
     ones showed "16.2 ..." for 16.2 ms, "$0.0832/..." for the node price and "Cost per 1M t..." for a cost that
     includes estimated energy; a four-digit TPOT read "1539.2 ..." and the change against AR "+100% vs AR
