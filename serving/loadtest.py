@@ -9,8 +9,10 @@ Each (level, mode) is stored as a run (kind 'loadtest', concurrency = level) wit
 the FinOps capacity at SLA can use it. Loopback only: the device recorded is this machine's.
 
 A worker pauses after a failed request (doubling up to BACKOFF_MAX_S); a level whose requests all fail
-for FAIL_FAST_S (the server gone, or refusing everything: none it accepted still in flight) or by its end stops
-the load test (`LoadTestFailed`, the run 'failed'). Stopped by Ctrl-C / SIGTERM, a level cancels its workers before
+for FAIL_FAST_S (the server gone, refusing everything, or failing the requests it accepted) or by its end stops
+the load test (`LoadTestFailed`, the run 'failed'). A refusal (no 200) while a request the server accepted is in
+flight and heard from within ACCEPTED_SILENT_S does not count: an overloaded server answers the surplus 503 while
+it serves those it took. Stopped by Ctrl-C / SIGTERM, a level cancels its workers before
 the client closes: requests in flight are recorded 'cancelled', none as an error of our own making. A request
 that ends cancelled or failed keeps the tokens it made (`_take_counts`): the server counted them in /metrics.
 What the client cannot know (the prompt tokens of a stream that ended without the server's usage, a speculative
@@ -42,8 +44,15 @@ LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 DRAIN_GRACE_S = 120.0  # after the duration, in-flight requests get this long before they are cancelled
 TOKEN_SOURCE = "client"  # token events seen from the client: which step made them is unknown here
 BACKOFF_S, BACKOFF_MAX_S = 0.05, 2.0  # a worker's pause after its 1st, 2nd, ... failure in a row: doubling
-FAIL_FAST_S = 5.0  # every request failing this long (3 at least), none accepted in flight: the level stops
+FAIL_FAST_S = 5.0  # every request failing this long (3 at least), refusals excused as below: the level stops
 FAIL_FAST_MIN = 3
+# An accepted request in flight (200, stream open) excuses the refusals beside it while the server was heard from
+# on it (its 200, its last token) within this long: 12 x FAIL_FAST_S. `specfinops serve` prefills one request at a
+# time, each sending its first token at its prefill, so a working server goes this long without a token to any
+# client only on one prefill this slow: a prompt of thousands of tokens on a CPU takes tens of seconds. A server
+# that took a request and hangs on it while it refuses the rest stops the level ACCEPTED_SILENT_S + FAIL_FAST_S
+# after its last word, not at the end of the duration and the drain grace.
+ACCEPTED_SILENT_S = 60.0
 
 
 def base_url(url: str) -> str:
@@ -109,6 +118,7 @@ class ClientResult:
     unreachable: bool = False  # failed to connect, or the connection was lost (openai.APIConnectionError)
     admitted_at: datetime | None = None  # when the server took it into a batch slot, where it said (`admission`)
     accepted: bool = False  # the server answered it 200 (its stream open): it took the request, no refusal
+    heard_at: float | None = None  # time.perf_counter() of the server's last word on it: its 200, its last token
 
     @property
     def energy_since(self) -> datetime:
@@ -198,9 +208,9 @@ def new_result(prompt: Prompt) -> ClientResult:
 
 async def one_request(client, model: str, res: ClientResult, spec: LoadSpec, mode: str) -> None:
     """Send one streaming request and fill `res` (its record's start is when it was created). `res.accepted` is
-    set as soon as the server answers 200 (its stream opens), the record's TTFT as soon as the first content
-    chunk arrives: a request in flight that the server accepted shows that the server works, its first token
-    however long it takes (queued behind others, a slow model)."""
+    set as soon as the server answers 200 (its stream opens), `res.heard_at` then and at each token, the record's
+    TTFT as soon as the first content chunk arrives: a request in flight that the server accepted shows that the
+    server works while it was heard from within ACCEPTED_SILENT_S (queued behind others, a slow prefill)."""
     from openai import APIConnectionError
 
     rec, t0 = res.record, time.perf_counter()
@@ -212,7 +222,7 @@ async def one_request(client, model: str, res: ClientResult, spec: LoadSpec, mod
             model=model, messages=res.prompt.as_messages(), max_tokens=spec.max_tokens,
             temperature=spec.temperature, stream=True, stream_options={"include_usage": True},
             extra_body={"speculative": mode == "spec"})
-        res.accepted = True
+        res.accepted, res.heard_at = True, time.perf_counter()
         async with stream:  # closed when cancelled too: the server sees the client go and frees the slot
             async for chunk in stream:
                 if chunk.usage is not None:
@@ -220,7 +230,8 @@ async def one_request(client, model: str, res: ClientResult, spec: LoadSpec, mod
                 for choice in chunk.choices:
                     text = choice.delta.content if choice.delta else None
                     if text:
-                        chunks.append(((time.perf_counter() - t0) * 1000.0, len(text)))
+                        res.heard_at = time.perf_counter()
+                        chunks.append(((res.heard_at - t0) * 1000.0, len(text)))
                         if rec.ttft_ms is None:
                             rec.ttft_ms = chunks[0][0]
         if usage is None:
@@ -316,8 +327,8 @@ class _Stop(Exception):
 
 
 class _Failing:
-    """The requests that failed since the level last saw the server work (a request ok, or one it accepted
-    still in flight)."""
+    """The requests that failed since the level last saw a request ok (refusals excused by `serving` not
+    counted)."""
 
     def __init__(self) -> None:
         self.results: list[ClientResult] = []
@@ -381,6 +392,11 @@ async def run_level(client, model: str, prompts: list[Prompt], spec: LoadSpec, l
         ended[:] = [w for w in ended if w[1] > oldest]  # no request still to finish can overlap the others
         ended.append((start, end))
 
+    def serving(now: float) -> bool:
+        """A request the server accepted is in flight, and the server was heard from on it within
+        ACCEPTED_SILENT_S: one it took and then hangs on shows it works for that long only."""
+        return any(r.accepted and now - r.heard_at < ACCEPTED_SILENT_S for r in inflight.values())
+
     async def worker() -> None:
         failures = 0
         while time.perf_counter() < deadline:
@@ -395,10 +411,11 @@ async def run_level(client, model: str, prompts: list[Prompt], spec: LoadSpec, l
                 continue
             failures += 1
             now = time.perf_counter()
-            if any(r.accepted for r in inflight.values()):
-                # others are accepted, streaming or waiting for their first token (an overloaded server answers the
-                # surplus 503 while it serves those it took): the server works, this failure is the request's own
-                failing.working()
+            if not res.accepted and serving(now):
+                # a refusal while the server serves those it took (an overloaded server answers the surplus 503):
+                # not counted. A request it accepted and then failed is the server's failure: counted, whatever
+                # else is in flight.
+                pass
             elif (reason := failing.failed(res, now)) is not None:
                 raise _Stop(reason)
             await asyncio.sleep(min(backoff_s(failures), max(deadline - now, 0.0)))

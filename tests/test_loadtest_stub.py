@@ -379,6 +379,42 @@ def test_an_overloaded_server_still_serving_its_accepted_requests_is_not_a_faile
     assert _runs(db_url) == [("loadtest", "completed", "none")]
 
 
+def test_a_server_whose_every_stream_opens_then_fails_stops_the_load_test(stub_factory, fail_fast, tmp_path, capsys):
+    """Every request is accepted (200, stream open) and then fails: those are the server's failures, not refusals
+    that another accepted request in flight excuses. With 4 clients one is always in flight: the level ran its
+    whole --duration, ending 'no request succeeded', instead of stopping after FAIL_FAST_S."""
+    usage = {"prompt_tokens": 5, "completion_tokens": 15, "total_tokens": 20}
+    stub = stub_factory(chunks=15, chunk_s=0.1, fail_usage=usage)  # 1.5 s a stream, then its error event
+    db_url = f"sqlite:///{tmp_path / 'broken.db'}"
+    t0 = time.perf_counter()
+    rc = main(["loadtest", "--url", stub.url, "--concurrency", "4", "--duration", "12", "--mode", "ar",
+               "--max-tokens", "8", "--workload", "code", "--db", db_url])
+    took = time.perf_counter() - t0
+    err = capsys.readouterr().err
+    assert rc == 1 and "every request failed for" in err and "decode step failed" in err, err
+    assert took < 8, took  # FAIL_FAST_S (1 s) after the second wave failed, not the 12 s duration
+    assert _runs(db_url) == [("loadtest", "failed", "none")]
+
+
+def test_a_server_hanging_on_the_request_it_took_and_refusing_the_rest_stops_the_load_test(
+        stub_factory, fail_fast, tmp_path, capsys, monkeypatch):
+    """The server answers one request 200 and never sends its first token, and 503s the others: an accepted
+    request without a token shows the server works for ACCEPTED_SILENT_S only, then the refusals count and the
+    level stops FAIL_FAST_S later; it ran until the duration and the drain grace were over."""
+    monkeypatch.setattr(lt, "ACCEPTED_SILENT_S", 1.5, raising=False)
+    monkeypatch.setattr(lt, "DRAIN_GRACE_S", 2.0)
+    stub = stub_factory(capacity=1, first_chunk_s=600, chunks=2)
+    db_url = f"sqlite:///{tmp_path / 'hung.db'}"
+    t0 = time.perf_counter()
+    rc = main(["loadtest", "--url", stub.url, "--concurrency", "4", "--duration", "10", "--mode", "ar",
+               "--max-tokens", "8", "--workload", "code", "--db", db_url])
+    took = time.perf_counter() - t0
+    err = capsys.readouterr().err
+    assert rc == 1 and "every request failed for" in err and "overloaded" in err, err
+    assert took < 7, took  # ~ACCEPTED_SILENT_S + FAIL_FAST_S, not the 10 s duration + the 2 s grace
+    assert _runs(db_url) == [("loadtest", "failed", "none")]
+
+
 def test_max_tokens_beyond_the_servers_context_window_is_refused_before_anything_runs(stub_factory, tmp_path,
                                                                                        capsys):
     stub = stub_factory(max_model_len=512)
