@@ -437,6 +437,13 @@ class BatchGatedK:
 POLICY_NAMES = ("N (an integer)", "heuristic", "entropy", "cost", "auto")
 
 
+def fixed_k_zero(spec: str | int) -> bool:
+    """A fixed lookahead of 0 (`--k 0`, as parse_policy reads it: FixedK(0)): speculative decoding that never
+    drafts, plain AR."""
+    text = str(spec).strip()
+    return text.isdigit() and int(text) == 0
+
+
 def parse_policy(spec: str | int) -> LookaheadPolicy:
     """`4` -> FixedK(4); `heuristic[:start]`, `entropy[:k_max]`, `cost[:k_max]`, `auto[:k_max]`."""
     text = str(spec).strip().lower()

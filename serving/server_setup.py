@@ -14,9 +14,10 @@ import logging
 import math
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from serving.lookahead import fixed_k_zero
 from serving.sampling import SamplingParams
 from serving.server import (
     ANSWER_AFTER_CANCEL_S,
@@ -170,6 +171,10 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None, source=None) -
         logger.warning("context window: the target's %d positions (%s; --max-len %d is more)",
                        positions, loaded.target.cfg.max_position_source, opts.spec.max_len)
     model_id = opts.served_model_name or hub_id(loaded.target_dir) or loaded.target_dir.name
+    # `--k 0` (a fixed K of 0, no tree) drafts nothing: a plain AR server throughout, its engine (`_prepare`), its
+    # one 'ar' run (no empty 'spec' run), the card (no drafter, the AR run's k_policy) and the client key on that run
+    main = "ar" if drafts_nothing(opts.spec) else "spec"
+    modes = MODES if main == "spec" else ("ar",)
     recorder, infos, store, client_key = None, None, None, None
     try:
         if opts.telemetry:
@@ -182,7 +187,7 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None, source=None) -
             # each request chooses its sampling: the run records none, its requests theirs
             infos = {m: run_info(loaded, m, workload="serve", params=None, node_id=node,
                                  power_source=source.source, concurrency=opts.spec.max_batch, kind="serve",
-                                 k_policy=_k_policy(loaded, m)) for m in MODES}
+                                 k_policy=_k_policy(loaded, m)) for m in modes}
         holder: dict = {}
         metrics = ServeMetrics(model_id, running=lambda: holder["loop"].num_running,
                                waiting=lambda: holder["loop"].num_waiting)
@@ -194,15 +199,16 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None, source=None) -
         raise
     if recorder is not None:  # the key a client recording into this store sends (RECORDED_IN_HEADER)
         try:
-            client_key = publish_client_key(store, telemetry.run_ids["spec"])
+            client_key = publish_client_key(store, telemetry.run_ids[main])
         except BaseException:
             telemetry.close("failed")
             raise
     # "device": what the server runs on, as its own runs record it: a load test's runs are priced by it
-    card = {"backend": "torch", "device": run_device(), "dtype": loaded.spec.dtype, "drafter": loaded.drafter_label,
-            "k_policy": _k_policy(loaded, "spec"), "max_batch": opts.spec.max_batch}
+    card = {"backend": "torch", "device": run_device(), "dtype": loaded.spec.dtype,
+            "drafter": loaded.drafter_label if main == "spec" else None, "k_policy": _k_policy(loaded, main),
+            "max_batch": opts.spec.max_batch}
     if client_key is not None:  # where its requests and power samples are; the key itself only in the store
-        card["telemetry"] = {"run_id": telemetry.run_ids["spec"], "key_id": client_key_id(client_key)}
+        card["telemetry"] = {"run_id": telemetry.run_ids[main], "key_id": client_key_id(client_key)}
     k = loaded.spec.k
     if str(k).isdigit():
         metrics.prepare_positions(int(k))
@@ -222,23 +228,25 @@ def build_state(opts: ServeOptions, loaded: Loaded | None = None, source=None) -
 
 def _prepare(opts: ServeOptions, loaded: Loaded | None) -> tuple[Loaded, Engine]:
     """Load (unless given) and warm up the model, and make the server's engine (its KV cache)."""
-    loaded = loaded or load(opts.spec)
-    _warm_up(loaded)
     # a fixed K of 0 drafts nothing (plain AR, as parse_policy says): the AR engine, no drafter fed for nothing, so
-    # every request is recorded and counted on /metrics as AR, not as a speculative one with 0 drafts
+    # every request is recorded and counted on /metrics as AR, not as a speculative one with 0 drafts; and no draft
+    # model loaded for it (prompt lookup, the drafter named then, reads no model; `serve --k 0` refuses any other)
     mode = "ar" if drafts_nothing(opts.spec) else "spec"
+    spec = opts.spec if mode == "spec" else replace(opts.spec, drafter="ngram", draft_model=None)
+    loaded = loaded or load(spec)
+    _warm_up(loaded, mode)
     return loaded, loaded.engine(mode, max_batch=opts.spec.max_batch)
 
 
 def drafts_nothing(spec) -> bool:
     """A fixed lookahead of 0 (`--k 0`), no tree: speculative decoding that never drafts."""
-    return spec.tree is None and str(spec.k).strip().isdigit() and int(str(spec.k).strip()) == 0
+    return spec.tree is None and fixed_k_zero(spec.k)
 
 
-def _warm_up(loaded: Loaded) -> None:
-    """One short untimed generation so first-call costs do not land on the first client."""
+def _warm_up(loaded: Loaded, mode: str = "spec") -> None:
+    """One short untimed generation in the server's mode, so first-call costs do not land on the first client."""
     ids = list(loaded.tokenizer.encode("Hello"))
-    loaded.engine("spec", max_batch=1).generate(ids, SamplingParams(max_new_tokens=4))
+    loaded.engine(mode, max_batch=1).generate(ids, SamplingParams(max_new_tokens=4))
 
 
 def serve(opts: ServeOptions, *, log_level: str = "info", source=None) -> None:

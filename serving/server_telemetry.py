@@ -73,8 +73,9 @@ class ServeTelemetry:
         self.source = source
         self.run_ids: dict[str, int] = {}
         if recorder is not None:
-            for mode in MODES:
-                self.run_ids[mode] = recorder.start_run(run_infos[mode])
+            for mode in MODES:  # a run each for the modes the server serves (`--k 0`: 'ar' only)
+                if mode in run_infos:
+                    self.run_ids[mode] = recorder.start_run(run_infos[mode])
         self.sampler = PowerSampler(source, self._on_power)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="specfinops-serve-telemetry", daemon=True)

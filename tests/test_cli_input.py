@@ -121,6 +121,20 @@ def test_a_lookahead_beyond_any_drafts_reach_is_refused_before_a_model_loads(arg
     assert said in line, line
 
 
+@pytest.mark.parametrize(("extra", "named"), [
+    (["--drafter", "draft"], "--drafter draft shapes"),
+    (["--draft-model", "some/draft"], "--draft-model some/draft shapes"),
+    (["--drafter", "early-exit", "--early-exit-layers", "3"], "--drafter early-exit, --early-exit-layers 3 shape"),
+])
+def test_serve_k_0_refuses_a_drafter_it_would_never_run(extra, named, no_model, capsys):
+    """`serve --k 0` is a plain AR server: a drafter named beside it was loaded (a draft model's weights) and never
+    drafted, unsaid."""
+    assert main(["serve", "--k", "0", *extra, "--no-telemetry"]) == 2
+    line = _error(capsys)
+    assert line.startswith("specfinops serve: error: ") and named in line, line
+    assert "--k 0 drafts nothing (every request decoded as AR)" in line, line
+
+
 def test_the_largest_lookahead_goes_on(no_model, capsys):
     assert main(["bench", "--k", "64", "--limit", "0", "--no-telemetry"]) == 2
     assert "--limit must be >= 1" in _error(capsys)

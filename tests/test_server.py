@@ -149,13 +149,23 @@ def test_a_server_with_a_fixed_k_of_0_records_and_labels_its_requests_ar(tmp_pat
             "model": live.model, "prompt": COUNT_PROMPT, "max_tokens": 4, "temperature": 0, "speculative": True})
         assert r.status_code == 200, r.text
         metrics = httpx.get(live.url + "/metrics", timeout=30).text
+        [card] = httpx.get(live.url + "/v1/models", timeout=30).json()["data"]
         live.flush()
         with create_engine(db_url).connect() as c:
             rows = c.execute(text("select runs.mode, r.num_drafts from requests r join runs on runs.id = r.run_id "
                                   "where r.external_id = :e"), {"e": r.json()["id"]}).all()
+            runs = c.execute(text("select id, mode, drafter, k_policy from runs order by id")).all()
+            keyed = c.execute(text("select run_id from serve_keys")).scalars().all()
     finally:
         stop_server(live)
     assert [tuple(row) for row in rows] == [("ar", 0)]
+    # a plain AR server throughout: one 'ar' run (no empty 'spec' run), which the card and the client key name;
+    # the card says no drafter and the AR run's k_policy, not 'ngram:3' and 'fixed:0'
+    [(run_id, *run)] = runs
+    assert run == ["ar", None, "none"], runs
+    ours = card["specfinops"]
+    assert (ours["drafter"], ours["k_policy"]) == (None, "none"), ours
+    assert ours["telemetry"]["run_id"] == run_id and keyed == [run_id], (ours, keyed)
     done = [line for line in metrics.splitlines() if line.startswith("specfinops:requests_total{")]
     assert any('mode="ar"' in line and line.endswith(" 1.0") for line in done), done
     assert not any('mode="spec"' in line and not line.endswith(" 0.0") for line in done), done

@@ -21,7 +21,8 @@ from app.commands._common import (
     printable_name,
 )
 from app.commands.bench import node_id
-from serving.lookahead import DEFAULT_K
+from app.errors import UsageError
+from serving.lookahead import DEFAULT_K, fixed_k_zero
 
 DEFAULT_DRAIN_S = 5.0  # serving.server_setup.DEFAULT_DRAIN_S (not imported here: --help loads no server code)
 
@@ -42,7 +43,7 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=8000, help="HTTP port")
     p.add_argument("--drafter", default=None, help="draft | draft+ngram | early-exit | ngram (default: draft+ngram with the bundled target, ngram with any other)")
     p.add_argument("--k", default=DEFAULT_K, help=f"lookahead: an integer K in 0..{MAX_K} (0 = no drafting: "
-                   "every request served and recorded as AR), or "
+                   "a plain AR server, every request served and recorded as AR, no drafter option taken), or "
                    f"heuristic | entropy | cost | auto (default: {DEFAULT_K})")
     p.add_argument("--tree", default=None, metavar="NODES[:DEPTH[:WIDTH[:MIN_PROB]]]",
                    help="draft token trees instead of one chain (see `specfinops bench --help`), e.g. 16:6:4:0.25")
@@ -113,6 +114,21 @@ def _names(value: str) -> list[str]:
     return [n.strip() for n in text.split(",")]
 
 
+def _check_k_0(args: argparse.Namespace) -> None:
+    """`--k 0` drafts nothing: the server is a plain AR one (no drafter loaded, no 'spec' run). A drafter named
+    beside it would be loaded for nothing: refused, as bench refuses speculation's options beside --mode ar."""
+    if not fixed_k_zero(args.k):
+        return
+    given = [f"{flag} {value}" for flag, value in (("--drafter", args.drafter), ("--draft-model", args.draft_model),
+                                                   ("--early-exit-layers", args.early_exit_layers))
+             if value is not None]
+    if given:
+        one = len(given) == 1
+        raise UsageError(f"{', '.join(given)} shape{'s' if one else ''} speculative decoding, which --k {args.k} does "
+                         f"not run: --k 0 drafts nothing (every request decoded as AR); drop {'it' if one else 'them'}, "
+                         "or give a K of 1 or more (or a policy)")
+
+
 def handle(args: argparse.Namespace) -> int:
     import logging
 
@@ -126,6 +142,7 @@ def handle(args: argparse.Namespace) -> int:
                                                 if value is not None])
     check_power_options(args.power, args.tdp_w)
     check_k(args.k, args.max_len)  # as bench: a K no draft reaches, or past the window, before the model loads
+    _check_k_0(args)
     args.dtype = resolve_dtype(args.dtype, max_batch=args.max_batch)
     model_option("--target", args.target, "target")  # a path that is no model directory: named, before any load
     model_option("--draft-model", args.draft_model, "draft")
