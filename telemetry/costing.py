@@ -295,14 +295,15 @@ class ConfigSpread:
 
     def text(self, given: Collection[str] = ()) -> str | None:
         """'pools 3 configurations that differ in concurrency, run kind: narrow with --run-kind, ... or
-        --run ID'; None for one configuration. `given`: the filter flags the command was given ('--invocation'),
-        not advised again."""
+        --run ID'; None for one configuration. `given`: the filter flags the command was given ('--invocation'):
+        --invocation and --run are not advised again; a field's flag is advised while that field still differs
+        among the pooled runs, given or not (`--target target-tiny` keeps that folder name on every node and path:
+        /models/a/target-tiny and /models/b/target-tiny are still pooled, and --target with a path narrows them)."""
         if self.num_configurations < 2:
             return None
         names = ", ".join(_CONFIG_FIELD_NAMES.get(f, f) for f in self.differs_in)
         flags = [_CONFIG_FIELD_FLAGS[f] for f in self.differs_in if f in _CONFIG_FIELD_FLAGS]
-        options = [f"{flag} ID" if flag in ("--invocation", "--run") else flag
-                   for flag in [*flags, "--invocation", "--run"] if flag not in given]
+        options = [*flags, *(f"{flag} ID" for flag in ("--invocation", "--run") if flag not in given)]
         if not options:  # (every one given: no several configurations are left to pool)
             return f"pools {self.num_configurations} configurations that differ in {names}"
         listed = options[0] if len(options) == 1 else f"{', '.join(options[:-1])} or {options[-1]}"

@@ -96,6 +96,19 @@ def test_cost_advises_only_the_narrowing_options_not_given_yet(db_url, capsys):
     assert "differ in concurrency: narrow with --invocation ID or --run ID" in out, out
 
 
+def test_cost_still_advises_a_given_filter_whose_field_still_differs(db_url, capsys):
+    """`--target target-tiny` keeps every folder of that name, on any node: two target paths are still pooled, so
+    --target (its path) still narrows them; it was left out of the hint as given already."""
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        for target in ("/models/a/target-tiny", "/models/b/target-tiny"):
+            make_run(s, "spec", target=target, requests=_spec(3))
+        s.commit()
+    out = _text(["cost", "--db", db_url, "--target", "target-tiny"], capsys)
+    assert "pools 2 configurations that differ in target: narrow with --target, --invocation ID or --run ID" in out, \
+        out
+
+
 def test_cost_repeats_of_one_configuration_are_not_called_pooled(db_url, capsys):
     engine = open_store(db_url)
     with Session(engine) as s:

@@ -316,7 +316,8 @@ def _cost_dict(c) -> dict:
     }
 
 
-# the filters of `cost` that narrow its runs, as dest -> flag: a pooled figure's hint advises only those not given
+# the filters of `cost` that narrow its runs, as dest -> flag: a pooled figure's hint does not advise --invocation or
+# --run again once given; a field's flag it advises while that field still differs (ConfigSpread.text)
 _FILTER_FLAGS = {"workload": "--workload", "target": "--target", "temperature": "--temperature", "top_p": "--top-p",
                  "top_k": "--top-k", "max_new_tokens": "--max-new-tokens", "run_kind": "--run-kind",
                  "invocation": "--invocation", "run": "--run"}
