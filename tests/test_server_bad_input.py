@@ -125,6 +125,7 @@ CASES = [
     ("trailing-slash-chat", CHAT + "/", chat(), AUTH, 404, None),
     ("trailing-slash-metrics", "/metrics/", None, {}, 404, None),
     ("trailing-slash-health", "/health/", comp(), {}, 404, None),
+    ("trailing-slash-health-get", "/health/", None, {}, 404, None),  # as a load balancer's health check asks
     ("wrong-method", CHAT, "GET", AUTH, 405, None),
 ]
 
@@ -170,6 +171,16 @@ def test_malformed_request_gets_openai_error(live, rows_before, name, path, body
         assert err["code"] == "invalid_api_key"
     if name.startswith(("unknown-path", "trailing-slash")):
         assert err["message"] == f"unknown path {path}", err
+
+
+def test_a_trailing_slash_on_a_model_id_is_no_model_served(live):
+    """`GET /v1/models/{id}/`: the id with its slash (a served name may hold a '/') names no model: 404
+    model_not_found, as docs/serving.md says, not 'unknown path'; `/v1/models/` is the list."""
+    r = httpx.get(f"{live.url}/v1/models/{live.model}/", headers=AUTH)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+    assert r.json()["error"]["param"] == "model", r.text
+    listed = httpx.get(f"{live.url}/v1/models/", headers=AUTH)
+    assert listed.status_code == 200 and [m["id"] for m in listed.json()["data"]] == [live.model], listed.text
 
 
 def test_at_least_twenty_cases():
