@@ -12,6 +12,7 @@ import errno
 import functools
 import logging
 import os
+import re
 import sqlite3
 import time
 import warnings
@@ -293,12 +294,19 @@ class ServeKey(Base):
     key: Mapped[str] = mapped_column(String(64))
 
 
+# The host and port of a URL as SQLAlchemy's make_url reads them (sqlalchemy.engine.url._parse_url): after an
+# optional "user[:password]@" whose user name holds no ':' or '/' and whose password runs to the first '@'.
+_MAKE_URL_HOSTPORT = re.compile(r"[\w+]+://(?:[^:/]*(?::[^@]*)?@)?([^/?]*)")
+
+
 def checked_db_url(text: str) -> str:
     """A store as given (--db, SPECFINOPS_DB_URL), checked before anything opens it: a ValueError saying what is
     wrong, never repeating the URL (it may hold a password), where it is blank (it would silently mean the default
     store, or a SQLite file named by its spaces), has a port that is no number 1-65535 (the driver said only
     "invalid literal for int() with base 10"), a host in brackets that does not parse, or an '@' in the user name or
-    password not written %40 (the host was read from after it: the driver named a part of the password). libpq's
+    password not written %40 (the host was read from after it: the driver named a part of the password; this
+    includes an '@' after a '/', '?' or '#' in the password, where urlsplit's netloc ends but make_url's password
+    does not). libpq's
     `postgres://` is taken as `postgresql://`. A value without `://` is a SQLite file path, returned as it is."""
     if not text.strip():
         raise ValueError(f"must be a database URL or a SQLite file path, got {text!r}")
@@ -315,10 +323,16 @@ def checked_db_url(text: str) -> str:
         why = ("a '[' without its ']' or a ']' without its '[' around the host (an IPv6 host is written "
                "[::1], a port after it: [::1]:5432)" if "Invalid IPv6 URL" in str(exc) else str(exc))
         raise ValueError(f"malformed URL: {why}") from None
+    at_in_userinfo = ValueError("the user name or password in the URL holds an '@': write each '@' in them as %40 "
+                                "(postgresql://user:p%40ss@host/db)")
     if netloc.count("@") > 1:  # the host was taken from after the first: the driver named a part of the password
-        raise ValueError("the user name or password in the URL holds an '@': write each '@' in them as %40 "
-                         "(postgresql://user:p%40ss@host/db)")
-    hostport = netloc.rpartition("@")[2]
+        raise at_in_userinfo
+    # The host and port as make_url reads them (its password runs to the first '@', where urlsplit's netloc ends at
+    # the first '/', '?' or '#'): a password holding one of those and an '@' leaves a part of it in this host.
+    hostport = _MAKE_URL_HOSTPORT.match(text)
+    hostport = hostport.group(1) if hostport else ""
+    if "@" in hostport:
+        raise at_in_userinfo
     port = hostport.rpartition(":")[2] if ":" in hostport.rpartition("]")[2] else None
     try:
         url = make_url(text)
@@ -326,6 +340,8 @@ def checked_db_url(text: str) -> str:
         return text  # resolving the URL says what is wrong with it
     except ValueError:
         raise ValueError(f"the port must be a number 1-65535, got {port!r}") from None
+    if url.host and "@" in url.host:  # as above, should make_url read the URL otherwise than the pattern
+        raise at_in_userinfo
     if url.port is not None and not 1 <= url.port <= 65535:
         raise ValueError(f"the port must be a number 1-65535, got {port!r}")
     return text

@@ -762,3 +762,41 @@ def test_a_db_url_whose_password_holds_an_unescaped_at_is_refused_showing_none_o
     assert "holds an '@'" in line and "%40" in line, line
     assert ("SPECFINOPS_DB_URL: " if given == "env" else "argument --db: ") in line, line
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("url, secret", [("postgresql://u:pa#ss@wordsecret@127.0.0.1/db", "wordsecret"),
+                                         ("postgresql://u:p?x@y@h/db", "y@h"),
+                                         ("postgresql://u:s3cr/et@x@h/db", "x@h"),
+                                         ("postgresql://u:p?x@y@h:abc/db", "y@h")])
+def test_an_at_in_a_password_after_a_hash_question_mark_or_slash_is_refused_showing_none_of_it(url, secret,
+                                                                                                tmp_path, monkeypatch,
+                                                                                                capsys):
+    """urlsplit's netloc ends at the first '#', '?' or '/', SQLAlchemy's password at the first '@': the host
+    make_url reads holds the rest of the password, which the driver then named as a host it could not resolve."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(["cost", "--db", url])
+    assert exc.value.code == 2
+    line = _one_line(capsys)
+    assert all(part not in line for part in (secret, "pa#", "p?x", "s3cr")), line
+    assert "holds an '@'" in line and "%40" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("url", ["postgresql://u:pa#ss@h:99999/db", "postgresql://u:pa?ss@h:abc/db"])
+def test_a_bad_port_after_a_password_holding_a_hash_or_question_mark_is_named_without_the_password(url, capsys):
+    """The port named in the message is the one make_url reads (after the '@'), not a part of the password."""
+    with pytest.raises(SystemExit) as exc:
+        main(["cost", "--db", url])
+    assert exc.value.code == 2
+    line = _one_line(capsys)
+    assert "pa" not in line.split("got", 1)[-1] and "the port must be a number 1-65535" in line, line
+
+
+@pytest.mark.parametrize("url", ["sqlite:////tmp/a@b/s.db", "/tmp/a@b/s.db", "sqlite:///rel@x.db",
+                                 "postgresql://u:p@h/db@x", "postgresql://u:p@h/db?host=/var/run@x",
+                                 "postgresql:///db?host=/var/run@x", "postgresql://u:p%40ss@h/db"])
+def test_an_at_outside_the_user_name_and_password_or_written_as_pct40_is_accepted(url):
+    from telemetry.db import checked_db_url
+
+    assert checked_db_url(url) == url
