@@ -792,7 +792,7 @@ def _pg_migration_lock(conn: Connection, engine: Engine) -> None:
     """The advisory lock one PostgreSQL migrator holds at a time, as `_begin_immediate` takes SQLite's write lock:
     when another session holds it for more than a second, say so and wait, up to SQLITE_MIGRATION_WAIT_MS, in tries
     of MIGRATION_TRY_MS (a Ctrl-C stops it between them), then StoreLockedError (pg_advisory_xact_lock waited
-    forever, silently)."""
+    forever, silently). The locks the migration then needs are waited for up to the rest of that bound."""
     started = time.monotonic()
     said = False
     while not conn.execute(sql_text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": PG_MIGRATION_LOCK_KEY}).scalar():
@@ -805,6 +805,16 @@ def _pg_migration_lock(conn: Connection, engine: Engine) -> None:
                            SQLITE_MIGRATION_WAIT_MS / 60_000)
             said = True
         time.sleep(MIGRATION_TRY_MS / 1000)
+    # The schema change itself waits for the locks it needs (ALTER TABLE's ACCESS EXCLUSIVE behind a reader's open
+    # transaction) for the rest of the migration's bound, not the session's PG_LOCK_TIMEOUT_MS: with that, an
+    # upgrade failed 'locked' after 5 s whenever a dashboard or report was reading. SET LOCAL: the pooled session
+    # gets its own lock_timeout back when this transaction ends. (Not retried in short tries instead, which would
+    # keep the readers that queue behind the waiting DDL from waiting long: the migration's body, Alembic's run and
+    # the counting and prompts of `db downgrade`, is its callers', run once inside this transaction; a failed try
+    # would have to run all of it again. Those readers wait at most their own lock_timeout, then say the store is
+    # locked; a write retries for up to SQLITE_LOCK_WAIT_S.)
+    left_ms = max(1, int(SQLITE_MIGRATION_WAIT_MS - (time.monotonic() - started) * 1000))
+    conn.execute(sql_text(f"SET LOCAL lock_timeout = {left_ms}"))
 
 
 def _begin_immediate(dbapi: sqlite3.Connection, path: str) -> None:

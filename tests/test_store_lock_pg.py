@@ -141,3 +141,53 @@ def test_an_upgrade_gives_up_on_the_migration_lock_after_its_bound(pg_store, mon
     err = capsys.readouterr().err
     assert rc == 2 and waited < FALLBACK_S - 5, err
     assert f"the store {db.shown_db_url(pg_store)} is locked" in err and "Traceback" not in err, err
+
+
+@contextmanager
+def _reading(pg_url: str, table: str, for_s: float) -> Iterator[None]:
+    """Another session reads `table` in a transaction it keeps open for `for_s` (its ACCESS SHARE lock held),
+    then ends it: a dashboard or report in the middle of its reads."""
+    holder = create_engine(pg_url)
+    conn = holder.connect()
+    tx = conn.begin()
+    conn.execute(text(f"SELECT 1 FROM {table}"))
+    ender = threading.Timer(for_s, tx.rollback)
+    ender.start()
+    try:
+        yield
+    finally:
+        ender.join(30)
+        conn.close()
+        holder.dispose()
+
+
+def _revision(pg_url: str) -> str:
+    engine = create_engine(pg_url)
+    try:
+        with engine.connect() as c:
+            return c.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("how", ["db upgrade", "opening it", "db downgrade"])
+def test_a_migration_waits_for_a_reader_past_the_lock_timeout_then_succeeds(pg_store, how, capsys):
+    """The sessions' lock timeout (PG_LOCK_TIMEOUT_MS) is not the migration's: an ALTER TABLE runs waits for a
+    reader of runs for as long as an upgrade is waited for (README: up to 30 min), not 5 s (it failed 'locked')."""
+    from telemetry.store import head_revision
+
+    if how != "db downgrade":
+        assert main(["db", "downgrade", "0010", "--yes", "--db", pg_store]) == 0  # 0011 adds runs.invocation
+    started = time.monotonic()
+    with _reading(pg_store, "runs", 2.0):
+        if how == "db upgrade":
+            rc = main(["db", "upgrade", "--db", pg_store])
+        elif how == "db downgrade":
+            rc = main(["db", "downgrade", "0010", "--yes", "--db", pg_store])
+        else:  # a command that opens an older store upgrades it
+            rc = main(["prices", "set", "h100", "6", "--source", "t", "--db", pg_store])
+        waited = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert rc == 0 and "Traceback" not in err and "is locked" not in err, err
+    assert 1.5 < waited < FALLBACK_S, waited
+    assert _revision(pg_store) == ("0010" if how == "db downgrade" else head_revision())
