@@ -570,11 +570,14 @@ def _session_in_utc(dbapi_conn, _record) -> None:
 
 
 def _session_lock_timeout(dbapi_conn, _record) -> None:
-    """Every PostgreSQL session waits at most PG_LOCK_TIMEOUT_MS for a lock another session holds: the statement
-    then fails with lock_not_available (its transaction rolled back, nothing of it written), which
-    `retry_while_locked` waits on, saying so, and the command's error names (app.cli.describe_failure)."""
+    """Every PostgreSQL session waits at most PG_LOCK_TIMEOUT_MS for a lock another session holds, where nothing
+    set its lock_timeout (0, PostgreSQL's default: wait forever): the statement then fails with lock_not_available
+    (its transaction rolled back, nothing of it written), which `retry_while_locked` waits on, saying so, and the
+    command's error names (app.cli.describe_failure). One set elsewhere is kept: the URL's `options`, PGOPTIONS,
+    the database's or the role's settings (ALTER DATABASE/ROLE ... SET lock_timeout)."""
     cur = dbapi_conn.cursor()
-    cur.execute(f"SET lock_timeout = {int(PG_LOCK_TIMEOUT_MS)}")
+    cur.execute(f"SELECT set_config('lock_timeout', '{int(PG_LOCK_TIMEOUT_MS)}', false) "
+                "WHERE current_setting('lock_timeout') = '0'")
     cur.close()
     dbapi_conn.commit()
 
@@ -696,7 +699,7 @@ def file_in_path(path: Path) -> Path | None:
 
 def make_engine(url: str | None = None) -> Engine:
     """An Engine for the URL; SQLite gets WAL, foreign keys and a busy timeout, PostgreSQL sessions in UTC with a
-    lock timeout (PG_LOCK_TIMEOUT_MS, where the URL's options set none)."""
+    lock timeout (PG_LOCK_TIMEOUT_MS, where nothing set one: `_session_lock_timeout`)."""
     url = resolve_db_url(url)
     if url.startswith("sqlite"):
         path = sqlite_file(url)
@@ -723,8 +726,7 @@ def make_engine(url: str | None = None) -> Engine:
         raise unsupported from exc
     if engine.dialect.name == "postgresql":
         event.listen(engine, "connect", _session_in_utc)
-        if "lock_timeout" not in str(u.query.get("options", "")):  # one the URL sets (?options=-c lock_timeout=..)
-            event.listen(engine, "connect", _session_lock_timeout)
+        event.listen(engine, "connect", _session_lock_timeout)
     return engine
 
 

@@ -191,3 +191,51 @@ def test_a_migration_waits_for_a_reader_past_the_lock_timeout_then_succeeds(pg_s
     assert rc == 0 and "Traceback" not in err and "is locked" not in err, err
     assert 1.5 < waited < FALLBACK_S, waited
     assert _revision(pg_store) == ("0010" if how == "db downgrade" else head_revision())
+
+
+def _session_lock_timeout_of(url: str) -> str:
+    engine = db.make_engine(url)
+    try:
+        with engine.connect() as c:
+            return c.execute(text("SELECT current_setting('lock_timeout')")).scalar()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("where", ["database", "role", "url", "none", "url of another setting"])
+def test_a_lock_timeout_set_outside_specfinops_is_kept_and_only_none_gets_the_default(pg_url, where, monkeypatch):
+    """The PG_LOCK_TIMEOUT_MS default goes only to a session whose lock_timeout nothing set (0): one the database's
+    or role's settings, PGOPTIONS or the URL's options give is kept (it was overridden with 5 s), and an options
+    that sets another *_timeout is no lock_timeout (it left 0: waiting forever)."""
+    monkeypatch.setattr(db, "PG_LOCK_TIMEOUT_MS", 4321)
+    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    name = pg_url.rsplit("/", 1)[1]
+    role = None
+    url = pg_url
+    try:
+        with admin.connect() as c:
+            if where == "database":
+                c.execute(text(f'ALTER DATABASE "{name}" SET lock_timeout = 1234'))
+            elif where == "role":
+                role = f"fix_pg2_role_{name[-10:]}"
+                c.execute(text(f'CREATE ROLE "{role}" LOGIN'))
+                c.execute(text(f'ALTER ROLE "{role}" SET lock_timeout = 1234'))
+                url = pg_url.replace("://postgres@", f"://{role}@", 1)
+                assert url != pg_url
+        if where == "url":
+            url = pg_url + "?options=-c%20lock_timeout%3D1234"
+        elif where == "url of another setting":
+            url = pg_url + "?options=-c%20deadlock_timeout%3D2s"
+        expected = "4321ms" if where in ("none", "url of another setting") else "1234ms"
+        assert _session_lock_timeout_of(url) == expected
+    finally:
+        with admin.connect() as c:
+            if role is not None:
+                c.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
+        admin.dispose()
+
+
+def test_a_lock_timeout_pgoptions_sets_is_kept(pg_url, monkeypatch):
+    monkeypatch.setattr(db, "PG_LOCK_TIMEOUT_MS", 4321)
+    monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=1234")
+    assert _session_lock_timeout_of(pg_url) == "1234ms"
