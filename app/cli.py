@@ -186,10 +186,10 @@ def describe_failure(exc: BaseException, store=None, command: str = "COMMAND", s
     from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 
     from telemetry.db import (
-        PG_LOCK_TIMEOUT_MS,
         SQLITE_BUSY_TIMEOUT_MS,
         StoreLockedError,
         is_locked,
+        session_lock_timeout,
         store_full_error,
     )
 
@@ -199,9 +199,9 @@ def describe_failure(exc: BaseException, store=None, command: str = "COMMAND", s
     full = store_full_error(store, exc) if isinstance(exc, DBAPIError | sqlite3.Error) else None
     if full is not None:
         return str(full)
-    if isinstance(exc, DBAPIError) and is_locked(exc):  # a write no retry covers: name the file and the holder
+    if isinstance(exc, DBAPIError) and is_locked(exc):  # a statement no retry covers: name the store and the holder
         if getattr(exc.orig, "sqlstate", None) is not None:  # PostgreSQL's lock_timeout ran out
-            return str(StoreLockedError(server, PG_LOCK_TIMEOUT_MS / 1000, server=True))
+            return str(StoreLockedError(server, None, server=True, lock_timeout=session_lock_timeout(server)))
         return str(StoreLockedError(store, SQLITE_BUSY_TIMEOUT_MS / 1000))
     if isinstance(exc, DBAPIError):
         text = str(exc.orig or exc).strip()

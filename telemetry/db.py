@@ -429,13 +429,33 @@ class StoreLockedError(RuntimeError):
     PostgreSQL, without a lock timeout, waited forever and said nothing. `path`: a SQLite file, or a server's URL
     as shown (`shown_db_url`, its password masked) with `server` set."""
 
-    def __init__(self, path: Path | str | None, waited_s: float, *, server: bool = False):
+    def __init__(self, path: Path | str | None, waited_s: float | None, *, server: bool = False,
+                 lock_timeout: str | None = None):
+        """`waited_s`: how long this waited, where it is known (a write retried, a migration's lock); None for a
+        PostgreSQL statement its session's lock_timeout ended (`lock_timeout`, as PostgreSQL shows it, where it
+        was read back): only that statement's transaction is known to be rolled back, a read's as well as a
+        write's, so no 'nothing was written' is said."""
         store = f"the store {path}" if path is not None else "the store"
         holder = "another session holds a lock on what this needs" if server else \
             "another process holds a write lock on it"
-        super().__init__(f"{store} is locked: {holder} (still after {waited_s:.0f} s of waiting); nothing was "
-                         "written. Retry once it is done")
+        if waited_s is not None:
+            waited, outcome = f"still after {waited_s:.0f} s of waiting", "nothing was written"
+        else:
+            waited = "still after waiting the session's lock_timeout" + (f", {lock_timeout}" if lock_timeout else "")
+            outcome = "the statement's transaction was rolled back"
+        super().__init__(f"{store} is locked: {holder} ({waited}); {outcome}. Retry once it is done")
         self.path = path
+
+
+# The lock_timeout each PostgreSQL store's sessions got (`_session_lock_timeout`), as PostgreSQL shows it ('5s',
+# '1234ms'), by the store's URL as shown (`shown_db_url`): what a command that failed on it waited.
+_PG_LOCK_TIMEOUTS: dict[str, str] = {}
+
+
+def session_lock_timeout(shown_url: str | None) -> str | None:
+    """The lock_timeout the sessions of the PostgreSQL store `shown_url` (as `shown_db_url` shows it) were found
+    with when this process connected to it; None where it has not."""
+    return _PG_LOCK_TIMEOUTS.get(shown_url) if shown_url is not None else None
 
 
 def is_locked(exc: BaseException) -> bool:
@@ -569,16 +589,20 @@ def _session_in_utc(dbapi_conn, _record) -> None:
     dbapi_conn.commit()
 
 
-def _session_lock_timeout(dbapi_conn, _record) -> None:
+def _session_lock_timeout(dbapi_conn, _record, shown: str | None = None) -> None:
     """Every PostgreSQL session waits at most PG_LOCK_TIMEOUT_MS for a lock another session holds, where nothing
     set its lock_timeout (0, PostgreSQL's default: wait forever): the statement then fails with lock_not_available
     (its transaction rolled back, nothing of it written), which `retry_while_locked` waits on, saying so, and the
     command's error names (app.cli.describe_failure). One set elsewhere is kept: the URL's `options`, PGOPTIONS,
     the database's or the role's settings (ALTER DATABASE/ROLE ... SET lock_timeout)."""
     cur = dbapi_conn.cursor()
-    cur.execute(f"SELECT set_config('lock_timeout', '{int(PG_LOCK_TIMEOUT_MS)}', false) "
-                "WHERE current_setting('lock_timeout') = '0'")
+    cur.execute("SELECT CASE WHEN current_setting('lock_timeout') = '0' "
+                f"THEN set_config('lock_timeout', '{int(PG_LOCK_TIMEOUT_MS)}', false) "
+                "ELSE current_setting('lock_timeout') END")
+    row = cur.fetchone()
     cur.close()
+    if shown is not None and row:
+        _PG_LOCK_TIMEOUTS[shown] = str(row[0])  # what a locked-store error names (app.cli.describe_failure)
     dbapi_conn.commit()
 
 
@@ -726,7 +750,7 @@ def make_engine(url: str | None = None) -> Engine:
         raise unsupported from exc
     if engine.dialect.name == "postgresql":
         event.listen(engine, "connect", _session_in_utc)
-        event.listen(engine, "connect", _session_lock_timeout)
+        event.listen(engine, "connect", functools.partial(_session_lock_timeout, shown=shown_db_url(engine.url)))
     return engine
 
 

@@ -239,3 +239,14 @@ def test_a_lock_timeout_pgoptions_sets_is_kept(pg_url, monkeypatch):
     monkeypatch.setattr(db, "PG_LOCK_TIMEOUT_MS", 4321)
     monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=1234")
     assert _session_lock_timeout_of(pg_url) == "1234ms"
+
+
+def test_the_locked_error_of_a_read_names_the_sessions_own_lock_timeout_and_no_write(pg_store, capsys):
+    """The session waited its lock_timeout (here 300 ms, not 5 s), and `cost` writes nothing: its error says no
+    'nothing was written' as though a write had been tried."""
+    with _held(pg_store, "LOCK TABLE runs IN ACCESS EXCLUSIVE MODE"):
+        rc = main(["cost", "--db", pg_store])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "lock_timeout, 300ms" in err and " s of waiting" not in err, err
+    assert "nothing was written" not in err and "rolled back" in err, err
