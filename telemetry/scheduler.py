@@ -71,7 +71,7 @@ from apscheduler.job import Job
 from apscheduler.jobstores.base import BaseJobStore
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
-from apscheduler.schedulers.base import BaseScheduler
+from apscheduler.schedulers.base import STATE_STOPPED, BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.combining import OrTrigger
@@ -514,27 +514,45 @@ def schedule_report_job(scheduler: BaseScheduler, engine: Engine, job: ReportJob
         misfire_grace_time=job.misfire_grace_s,
         **catch_up,
     )
-    _store_pending_jobs(scheduler)
+    _store_pending_jobs(scheduler, what=f"the job {job.job_id}")
+    written = _persisted(engine, job.job_id) if scheduler.state == STATE_STOPPED else None
+    if scheduler.state == STATE_STOPPED and (written is None or not _same(written, job, trigger)):
+        # APScheduler's private steps (_store_pending_jobs) did not write it: it would be written (or refused) only
+        # at the start, after the caller said it was scheduled
+        raise RuntimeError(f"the job {job.job_id} was not written to the store when scheduled: "
+                           f"{_apscheduler_changed()}")
     return "added" if stored is None else "replaced"
 
 
-def _store_pending_jobs(scheduler: BaseScheduler) -> None:
+def _apscheduler_changed() -> str:
+    import apscheduler
+
+    return (f"APScheduler {getattr(apscheduler, '__version__', '(version unknown)')}'s private job-store steps, "
+            "which telemetry.scheduler._store_pending_jobs uses, are not those of the 3.10-3.11 it was written "
+            "for: install one of those (pip install 'apscheduler>=3.10,<3.12') or report it")
+
+
+def _store_pending_jobs(scheduler: BaseScheduler, what: str = "the scheduled jobs") -> None:
     """Write the jobs `add_job` queued on a scheduler not started yet into its job stores now, as its start would
     (APScheduler's own steps: each store started, each queued job added, or replaced where its id is stored; the
     start then finds none queued, and starting a store again is harmless). APScheduler writes them only at the
     start: a store that refused the write (read-only, a role without the right) failed there, after `specfinops
     scheduler` had said "job J1 replaced" and outside the block that removes the --out folder it made."""
-    from apscheduler.schedulers.base import STATE_STOPPED
-
     if scheduler.state != STATE_STOPPED:  # a started scheduler's add_job wrote it already
         return
-    with scheduler._jobstores_lock:
-        for alias, store in scheduler._jobstores.items():
+    try:
+        lock, stores, pending, real_add_job = (scheduler._jobstores_lock, scheduler._jobstores,
+                                               scheduler._pending_jobs, scheduler._real_add_job)
+    except AttributeError as exc:  # APScheduler's private names changed: say so, not a traceback
+        raise RuntimeError(f"cannot write {what} to the store ({exc}): {_apscheduler_changed()}") \
+            from None
+    with lock:
+        for alias, store in stores.items():
             store.start(scheduler, alias)
-        while scheduler._pending_jobs:
-            job, alias, replace_existing = scheduler._pending_jobs[0]
-            scheduler._real_add_job(job, alias, replace_existing)
-            del scheduler._pending_jobs[0]
+        while pending:
+            job, alias, replace_existing = pending[0]
+            real_add_job(job, alias, replace_existing)
+            del pending[0]
 
 
 def recover_reports(engine: Engine, job: ReportJob, *, stale_after_s: float | None = None,

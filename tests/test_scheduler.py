@@ -1356,3 +1356,25 @@ def test_cli_whose_job_write_the_store_refuses_says_so_before_saying_it_schedule
     assert "replaced" not in said.out and "replaced" not in said.err, said
     assert "not writable: " in said.err and JOBS_TABLE in said.err and "Traceback" not in said.err, said.err
     assert not (tmp_path / "s2").exists()
+
+
+@pytest.mark.parametrize("changed", ["an attribute gone", "a job not written", "a replacement not written"])
+def test_apscheduler_internals_that_changed_are_a_clear_error_naming_its_version(store, changed, monkeypatch):
+    """`_store_pending_jobs` writes the queued job with APScheduler's private steps (its start's): where those
+    changed, the job is not silently left unwritten (scheduled, said so, then written or refused only at the
+    start), nor is it an AttributeError traceback: a RuntimeError naming the APScheduler version."""
+    import apscheduler
+
+    url, engine, out = store
+    if changed == "a replacement not written":  # the job is stored already, with other options
+        assert schedule_report_job(make_scheduler(engine), engine, _job(url, out, sla_ms=40.0), EVERY_SECOND) \
+            == "added"
+    s = make_scheduler(engine)
+    if changed == "an attribute gone":
+        monkeypatch.delattr(BaseScheduler, "_real_add_job")
+    else:
+        monkeypatch.setattr(type(s), "_real_add_job", lambda self, job, alias, replace_existing: None)
+    with pytest.raises(RuntimeError, match=f"APScheduler {apscheduler.__version__}") as exc:
+        schedule_report_job(s, engine, _job(url, out), EVERY_SECOND)
+    assert not isinstance(exc.value, AttributeError)
+    assert "report-daily" in str(exc.value)
