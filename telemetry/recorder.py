@@ -26,7 +26,16 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from telemetry.db import PowerSample, Request, Run, Step, TokenEvent, retry_while_locked, sqlite_file
+from telemetry.db import (
+    PowerSample,
+    Request,
+    Run,
+    Step,
+    TokenEvent,
+    is_locked,
+    locked_store,
+    retry_while_locked,
+)
 from telemetry.power import PowerSampler, PowerSource
 from telemetry.prices import load_catalog, price_snapshot
 from telemetry.records import BadRecord, PowerReading, RequestRecord, RunInfo, request_problem
@@ -152,6 +161,7 @@ class Recorder:
         self._conn: Connection | None = None
         self._num_requests = self._num_tokens = self._num_power = self._num_retries = 0
         self._last_error: str | None = None
+        self._last_locked = False  # whether that error said the store is locked (`is_locked`)
         self._thread = threading.Thread(target=self._run_writer, name="specfinops-recorder", daemon=True)
         self._thread.start()
 
@@ -223,11 +233,14 @@ class Recorder:
             )
 
     def _locked_text(self) -> str:
-        """Where the last error was SQLite's 'database is locked': which file, and that another process holds it."""
-        if "database is locked" not in (self._last_error or ""):
+        """Where the last error said the store is locked (`is_locked`: SQLite's 'database is locked', PostgreSQL's
+        lock timeout): which store, and that another process (session) holds it."""
+        if not self._last_locked:
             return ""
-        path = sqlite_file(self._engine.url.render_as_string())
-        return f": the store {path or ''} is locked, another process holds a write lock on it"
+        store, server = locked_store(self._engine)
+        holder = "another session holds a lock on what this writes" if server else \
+            "another process holds a write lock on it"
+        return f": the store {store or ''} is locked, {holder}"
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything enqueued so far is committed; False when `timeout` (s) ran out first."""
@@ -375,6 +388,7 @@ class Recorder:
         text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         with self._lock:
             self._last_error = text
+            self._last_locked = is_locked(exc)
 
     def _connection(self) -> Connection:
         if self._conn is None:

@@ -250,3 +250,27 @@ def test_the_locked_error_of_a_read_names_the_sessions_own_lock_timeout_and_no_w
     assert rc == 2, err
     assert "lock_timeout, 300ms" in err and " s of waiting" not in err, err
     assert "nothing was written" not in err and "rolled back" in err, err
+
+
+def test_a_run_end_that_times_out_on_a_locked_pg_store_names_the_store_and_the_lock(pg_store):
+    """The recorder's end_run error said 'locked' only for SQLite's 'database is locked': on PostgreSQL it showed
+    the raw 'canceling statement due to lock timeout' alone. The same is_locked test names the store and holder."""
+    import random
+
+    from recorder_child import run_info, synthetic_request
+
+    from telemetry.recorder import Recorder, RecorderError
+
+    engine = open_store(pg_store)
+    rec = Recorder(engine, flush_interval_s=0.02, retry_max_s=0.05)
+    try:
+        run_id = rec.start_run(run_info())
+        with _held(pg_store, "LOCK TABLE requests IN ACCESS EXCLUSIVE MODE"):
+            rec.record_request(run_id, synthetic_request(random.Random(0), 3))
+            with pytest.raises(RecorderError) as exc:
+                rec.end_run(run_id, timeout_s=1.5)
+        said = str(exc.value)
+        assert f"the store {db.shown_db_url(pg_store)} is locked, another session holds a lock" in said, said
+    finally:
+        rec.close()
+        engine.dispose()
