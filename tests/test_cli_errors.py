@@ -800,3 +800,14 @@ def test_an_at_outside_the_user_name_and_password_or_written_as_pct40_is_accepte
     from telemetry.db import checked_db_url
 
     assert checked_db_url(url) == url
+
+
+def test_the_readme_says_an_at_in_the_user_name_or_password_is_written_pct40(capsys):
+    from pathlib import Path
+
+    with pytest.raises(SystemExit):
+        main(["cost", "--db", "postgresql://u:p@ss@h/db"])
+    line = _one_line(capsys)
+    rule = line[line.index("the user name or password"):]
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8").split())
+    assert rule in readme, rule

@@ -486,3 +486,23 @@ def test_a_store_on_a_read_only_file_system_names_its_folder(tmp_path, monkeypat
     clear = db.folder_error(store, cantopen)
     assert clear is not None and f"its folder {tmp_path} is not writable (permissions, or a read-only file " \
         "system)" in str(clear)
+
+
+def _readme() -> str:
+    from pathlib import Path
+
+    return " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8").split())
+
+
+def test_the_readme_says_how_a_database_with_another_apps_table_named_like_ours_is_refused(sqlite_url, capsys):
+    """README said `db upgrade` adds a store beside another application's tables: where one of them takes a
+    specfinops table's name it is refused, as every command refuses it; the README quotes that line."""
+    engine = create_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE prices (sku VARCHAR(20) PRIMARY KEY, cents INTEGER)"))
+    engine.dispose()
+    assert cli_main(["db", "upgrade", "--db", sqlite_url]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    said = err[err.index("not a specfinops store: "):err.index("; its other ")]
+    readme = _readme()
+    assert said in readme and store.NOT_A_STORE_ADVICE in readme, said
