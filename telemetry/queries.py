@@ -115,6 +115,28 @@ def _record_command(verb: str, engine: Engine | None, workload: str, always_db: 
     return command if store is None else f"{command} --db {store}"
 
 
+# The workloads `bench --workload` and `loadtest --workload` take by name, and the suffixes of the workload files
+# they read (serving.workloads.BUILTIN_WORKLOADS and FILE_SUFFIXES: telemetry does not import serving)
+BUILTIN_WORKLOADS = ("code", "chat", "rewrite", "mixed", "all")
+WORKLOAD_FILE_SUFFIXES = (".jsonl", ".txt")
+
+
+def bench_workload(name: str | None) -> str:
+    """`name` where `bench --workload` (and loadtest's) takes it: a builtin workload or an existing workload file;
+    else `mixed`: a server's runs (workload 'serve'), the generator's ('synthetic'), a file no longer there, named
+    a workload bench refuses."""
+    if name in BUILTIN_WORKLOADS:
+        return name
+    if not name:
+        return "mixed"
+    path = Path(name).expanduser()
+    try:
+        exists = path.suffix in WORKLOAD_FILE_SUFFIXES and path.is_file()
+    except OSError:
+        exists = False
+    return name if exists else "mixed"
+
+
 # `specfinops bench`'s defaults of the settings runs are compared by (app/commands/bench.py; telemetry does not
 # import the app): bench_settings names a setting only where it differs from these
 BENCH_DEFAULTS = {"backend": "torch", "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 128}
@@ -182,8 +204,10 @@ def record_both(engine: Engine | None, item, workload: str, *, always_db: bool =
     runs: bench_command with bench_settings, said to carry the runs' target and settings only where it carries
     some. A load test's: a load test of both modes against the same server with loadtest_settings. A server's
     runs record the mode each request asks for: requests of both modes, else a bench, whose runs are compared
-    among themselves, not with the server's. `words`: which runs ("AR " in "the AR runs' settings")."""
+    among themselves, not with the server's. `workload`: the runs', where the command takes it (`bench_workload`:
+    else mixed). `words`: which runs ("AR " in "the AR runs' settings")."""
     kind = getattr(item, "kind", "bench") if item is not None else None
+    workload = bench_workload(workload)
     if kind == "loadtest":
         command = _record_command("loadtest", engine, workload, always_db, loadtest_settings(item))
         return command, (f"record both modes with a load test against the same server (loadtest --url: default "

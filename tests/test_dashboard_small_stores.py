@@ -252,3 +252,49 @@ def test_the_tokens_tile_keeps_three_significant_digits(sqlite_url, monkeypatch)
     assert_clean(at)
     (compare,) = [d.value for d in at.dataframe if "figure" in d.value.columns and len(d.value.columns) == 3]
     assert sorted(compare.set_index("figure").loc["tokens/s"]) == ["0.471", "1.03"], compare
+
+
+def test_the_missing_mode_is_recorded_on_a_workload_bench_takes(sqlite_url, monkeypatch):
+    """A store of a server's AR runs only (workload 'serve'), of the generator's only ('synthetic'), of a workload
+    file no longer there: the Overview and the projection suggested `bench --workload serve` (or synthetic, or the
+    gone file), which bench refuses. They name a workload bench takes: mixed (queries.bench_workload)."""
+    import shlex
+
+    from app.cli import build_parser
+    from serving.workloads import load_workload
+
+    for kind, workload in (("serve", "serve"), ("bench", "synthetic"), ("bench", "/no/such/dir/gone.jsonl")):
+        url = f"{sqlite_url.removesuffix('.db')}-{kind}-{len(workload)}.db"
+        engine = open_store(url)
+        with Session(engine) as s:
+            make_run(s, "ar", kind=kind, workload=workload, requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+            s.commit()
+        at = _open(url, monkeypatch, "views/overview.py")
+        assert_clean(at)
+        [info] = [i.value for i in at.info if i.value.startswith("No speculative runs in view")]
+        [caveat] = [w.value for w in at.warning if w.value.startswith("Projection: based on")]
+        for text in (info, caveat):
+            commands = [c for c in text.split("`") if c.startswith("specfinops ")]
+            assert commands, text
+            for command in commands:
+                args = build_parser().parse_args(shlex.split(command)[1:])
+                assert args.workload == "mixed", command
+                assert load_workload(args.workload), command  # bench reads it
+
+
+def test_bench_workload_knows_the_workloads_bench_takes(tmp_path):
+    """queries.BUILTIN_WORKLOADS and WORKLOAD_FILE_SUFFIXES are serving.workloads' own (telemetry does not import
+    serving): a builtin name or an existing file is kept, anything else is mixed."""
+    from serving import workloads
+    from telemetry.queries import BUILTIN_WORKLOADS, WORKLOAD_FILE_SUFFIXES, bench_workload
+
+    assert BUILTIN_WORKLOADS == workloads.BUILTIN_WORKLOADS
+    assert WORKLOAD_FILE_SUFFIXES == workloads.FILE_SUFFIXES
+    for name in BUILTIN_WORKLOADS:
+        assert bench_workload(name) == name
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text('{"prompt": "hi"}\n')
+    assert bench_workload(str(mine)) == str(mine)
+    (tmp_path / "dir.jsonl").mkdir()
+    for name in ("serve", "synthetic", str(tmp_path / "gone.jsonl"), str(tmp_path / "dir.jsonl"), None, ""):
+        assert bench_workload(name) == "mixed"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import streamlit as st
 
@@ -35,7 +33,7 @@ from telemetry.costing import (
     partial_energy_text,
     runs_text,
 )
-from telemetry.queries import COMPARED_FIELDS, bench_command, bench_settings, key_of
+from telemetry.queries import COMPARED_FIELDS, bench_command, bench_settings, bench_workload, key_of
 
 SNAPSHOT = "runs' recorded price"
 CUSTOM = "custom $/h per node"
@@ -301,18 +299,6 @@ SWEEPS_SHOWN = 20  # in the sweep picker: the newest of those the sidebar's filt
 
 
 SWEEP_LEVELS = "1,2,4,8,16,32"
-
-
-def bench_workload(name: str) -> str:
-    """`name` where `bench --workload` takes it (a builtin workload, an existing workload file), else `mixed`: a
-    generator's 'synthetic' runs, or a file no longer there, named a workload bench refuses. serving.workloads
-    loads nothing heavy (the dashboard never imports torch)."""
-    from serving.workloads import BUILTIN_WORKLOADS, FILE_SUFFIXES
-
-    if name in BUILTIN_WORKLOADS:
-        return name
-    path = Path(name).expanduser()
-    return name if path.suffix in FILE_SUFFIXES and path.is_file() else "mixed"
 
 
 def _sweep_command(ctx: Context) -> str:
