@@ -395,56 +395,54 @@ def _default_names() -> frozenset[str]:
     return frozenset(e.name.lower() for e in default_entries())
 
 
-# Words of a GPU device string that say nothing of which variant of a chip it is: an entry holding no other word
-# than these, the chip's and the built-in entry's is no more specific than the built-in entry.
-_GENERIC_GPU_WORDS = frozenset({"nvidia", "cuda", "gpu", "tesla"})
-_WORD = re.compile(r"[a-z0-9]+")
 # The CPU model a CPU device string names: "cpu: AMD EPYC 7763 (16 threads)" -> "AMD EPYC 7763"; "" for "cpu".
 _CPU_MODEL = re.compile(r"^\s*cpu\b\s*:?\s*(.*?)\s*(?:\(\s*\d+\s*(?:threads?|cores?)\s*\))?\s*$", re.I)
-
-
-def _words(text: str) -> set[str]:
-    return set(_WORD.findall((text or "").lower()))
+# The words of an entry's name (a version such as "1.5TB" is one word) and those holding a digit that still say
+# no model: a memory's size (80GB, 40G, 1TB, 16GiB) or kind (HBM3, HBM2e, GDDR6)
+_NAME_WORD = re.compile(r"[a-z0-9]+(?:\.[a-z0-9]+)*", re.I)
+_MEMORY_WORD = re.compile(r"\d+(?:\.\d+)?[kmgtp]i?b?|hbm\d\w*|g?ddr\d\w*", re.I)
 
 
 def cpu_model(device: str) -> str | None:
-    """The CPU model part of a CPU device string ("AMD EPYC" for "cpu: AMD EPYC (16 threads)"); None for a
-    device that is not a CPU's or names no model ("cpu (2 cores)")."""
+    """The CPU model part of a CPU device string ("AMD EPYC 7763" for "cpu: AMD EPYC 7763 (16 threads)"); None
+    for a device that is not a CPU's or names no model ("cpu (2 cores)", "cpu: cpu (16 threads)")."""
     m = _CPU_MODEL.match(device or "")
-    return (" ".join(m.group(1).split()) or None) if m else None
+    model = " ".join(m.group(1).split()) if m else ""
+    return model if model and model.lower() != "cpu" else None
+
+
+def names_a_model(name: str) -> bool:
+    """True when an entry's name holds a model: a word with a digit in it that is not a memory's size or kind
+    ("A100", "A100X", "GH100", "H100 PCIe", "A100-SXM4-40GB", "AMD EPYC 7763", "Neoverse-N1", "TPU v5e"; not
+    "PCIe", "NVIDIA", "cuda", "80GB", "HBM3", "cpu", "EPYC", "AMD EPYC")."""
+    return any(any(c.isdigit() for c in w) and not _MEMORY_WORD.fullmatch(w) for w in _NAME_WORD.findall(name or ""))
 
 
 def names_own_device(name: str, device: str) -> bool:
     """True when an entry `name` describes the recorded `device` itself, as catalog_entry_for_device prices it
-    over the built-in pattern: named in the device string as a whole word (names_device), and
+    over the built-in pattern (the longest of several): named in the device string as whole words, any case
+    (names_device), and
     - for a device no built-in pattern knows: any such entry ("TPU v5e" for "Google TPU v5e");
-    - for a GPU a pattern knows: a user's entry (not a shipped default's name) that names the chip the pattern
-      matched and more than the built-in entry it chose says ("A100-SXM4-40GB" or "A100 PCIe" over A100-80GB,
-      "H100 PCIe" over H100; not "A100", "A100 80GB", "NVIDIA A100", nor one without the chip: "PCIe", "80GB");
-    - for a CPU: a user's entry named as the whole CPU model the device string gives, any case ("AMD EPYC" for
-      "cpu: AMD EPYC (16 threads)"; not "EPYC", "cpu", "N1" for "cpu: ARM Neoverse-N1").
-    Generic words never take a device over from its built-in entry."""
+    - for a device a pattern knows (a GPU or a CPU alike): a user's entry (not a shipped default's name) that
+      holds a model (names_a_model): "A100-SXM4-40GB", "A100" or "H100 PCIe" for "NVIDIA A100-SXM4-40GB" and
+      "NVIDIA H100 PCIe", "GH100" for "NVIDIA GH100", "AMD EPYC 7763" for "cpu: AMD EPYC 7763 64-Core Processor
+      (16 threads)"; not "PCIe", "NVIDIA", "cuda", "80GB", "EPYC", "AMD EPYC". A CPU's is looked for in its
+      model ("cpu: cpu (16 threads)" names none, its thread count is not a model), a GPU's without the GPUs a
+      vLLM device counts (" x 8 (tp 8)")."""
     name = (name or "").strip()
-    if not names_device(name, device):
-        return False
     builtin = catalog_name_for_device(device)
     if builtin is None:
-        return True
-    if name.lower() in _default_names():
+        return names_device(name, device)
+    if name.lower() in _default_names() or not names_a_model(name):
         return False
-    if builtin == CPU_NODE:
-        model = cpu_model(device)
-        return model is not None and " ".join(name.split()).lower() == model.lower()
-    chip = gpu_chip(builtin)  # H100, A100 (A100-80GB), L4
-    if chip is None or not names_device(chip, name):
-        return False
-    return bool(_words(name) - _words(builtin) - {chip.lower()} - _GENERIC_GPU_WORDS)
+    text = cpu_model(device) if builtin == CPU_NODE else _DEVICE_GPUS.sub("", device or "")
+    return text is not None and names_device(name, text)
 
 
 def catalog_entry_for_device(catalog: PriceCatalog, device: str) -> PriceEntry | None:
     """The catalog entry that prices `device` per unit: the longest hourly entry whose name stands in the device
-    string as its own (names_own_device: a user's variant price, "H100 PCIe" for "NVIDIA H100 PCIe", over the
-    built-in H100, a user's CPU model price; any entry for a device no pattern knows), else the one
+    string as its own (names_own_device: a user's price of its model, "H100 PCIe" for "NVIDIA H100 PCIe", over
+    the built-in H100, "AMD EPYC 7763" over cpu-2core; any entry for a device no pattern knows), else the one
     catalog_name_for_device names; None when none does."""
     named = [e for e in catalog.entries if e.unit == "usd_per_hour" and names_own_device(e.name, device)]
     if named:

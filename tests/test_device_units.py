@@ -275,39 +275,58 @@ def test_a_users_entry_named_in_the_device_prices_it_over_the_built_in_pattern(s
 @pytest.mark.parametrize(
     ("device", "entry", "kind", "wins"),
     [
-        # a GPU a built-in pattern knows: only an entry naming its chip and more than the built-in entry does
+        # a device a built-in pattern knows, GPU or CPU: a user's entry named in it as whole words that holds a
+        # model (a word with a digit that is not a memory's size or kind)
         ("NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB", "gpu", True),
         ("NVIDIA H100 PCIe", "H100 PCIe", "gpu", True),
-        ("NVIDIA H100 80GB HBM3", "H100 80GB", "gpu", True),  # the built-in H100 says nothing of its memory
-        ("NVIDIA A100-SXM4-80GB", "A100", "gpu", False),  # the chip alone: less than the built-in A100-80GB
-        ("NVIDIA A100 80GB PCIe", "A100 80GB", "gpu", False),  # what the built-in A100-80GB says already
-        ("NVIDIA A100-SXM4-80GB", "NVIDIA A100", "gpu", False),  # a vendor's name adds nothing
-        ("NVIDIA A100-SXM4-80GB", "80GB", "gpu", False),  # no chip
+        ("NVIDIA H100 80GB HBM3", "H100 80GB", "gpu", True),
+        # these three lost to the built-in A100-80GB as "naming no more than it": "H100 80GB" won where "A100 80GB"
+        # did not; one rule now, the model A100 names the device
+        ("NVIDIA A100-SXM4-80GB", "A100", "gpu", True),
+        ("NVIDIA A100 80GB PCIe", "A100 80GB", "gpu", True),
+        ("NVIDIA A100-SXM4-80GB", "NVIDIA A100", "gpu", True),
+        # chips the built-in patterns match inside a word (h100, a100) but no "names the chip" check let win
+        ("NVIDIA A100X", "A100X", "gpu", True),
+        ("NVIDIA GH100 96GB", "GH100", "gpu", True),
+        ("NVIDIA A100-SXM4-80GB", "80GB", "gpu", False),  # a memory size is no model
+        ("NVIDIA A100-SXM4-40GB", "40G", "gpu", False),
+        ("NVIDIA H100 80GB HBM3", "HBM3", "gpu", False),  # nor a memory kind
         ("NVIDIA H100 PCIe", "PCIe", "gpu", False),
         ("NVIDIA A100-SXM4-80GB", "NVIDIA", "gpu", False),
         ("cuda: NVIDIA H100 80GB HBM3", "cuda", "gpu", False),
+        ("NVIDIA A100-SXM4-80GB", "A100-SXM4", "gpu", True),
+        ("NVIDIA A100-SXM4-80GB", "A10", "gpu", False),  # not a word of it
         (TP8, "H100 80GB", "gpu", True),  # each of a tensor-parallel device's GPUs
-        # a CPU: only an entry named as the whole CPU model the device string gives
-        (CPU16, "AMD EPYC", "node", True),
-        (CPU16, "amd epyc", "node", True),
+        (TP8, "tp 8", "gpu", False),  # the GPUs a vLLM device counts are no model
+        # a CPU: the same rule, in the model its device string gives
         ("cpu: AMD EPYC 7763 (16 threads)", "AMD EPYC 7763", "node", True),
-        ("cpu: AMD EPYC 7763 (16 threads)", "AMD EPYC", "node", False),  # part of the model
+        ("cpu: AMD EPYC 7763 (16 threads)", "amd epyc 7763", "node", True),
+        # had to be the whole model string: a real device's entry never won, and `project --gpu "AMD EPYC 7763"`
+        # left its measured energy out as other hardware's
+        ("cpu: AMD EPYC 7763 64-Core Processor (16 threads)", "AMD EPYC 7763", "node", True),
+        ("cpu: ARM Neoverse-N1 (4 threads)", "Neoverse-N1", "node", True),
+        ("cpu: ARM Neoverse-N1 (4 threads)", "N1", "node", True),  # was refused as part of the model; it is one
+        ("cpu: AMD EPYC 7763 (16 threads)", "AMD EPYC", "node", False),  # no model
+        (CPU16, "AMD EPYC", "node", False),  # won as the whole model string; a vendor and family are no model
+        (CPU16, "amd epyc", "node", False),
         (CPU16, "cpu", "node", False),
+        ("cpu: cpu (16 threads)", "cpu", "node", False),  # won as "the model" where none was recorded
         (CPU16, "EPYC", "node", False),
-        (CPU16, "16 threads", "node", False),
-        ("cpu: ARM Neoverse-N1 (4 threads)", "N1", "node", False),
+        (CPU16, "16 threads", "node", False),  # the thread count is no model
         # a device no built-in pattern knows: any entry named in it, as a whole word
         ("Google TPU v5e", "TPU v5e", "gpu", True),
+        ("Google TPU v5e", "Google", "gpu", True),
         ("NVIDIA L40S", "L40", "gpu", False),  # not a word of "L40S"
     ],
 )
 def test_which_users_entry_named_in_a_device_prices_it_over_the_built_in_pattern(sqlite_url, device, entry, kind,
                                                                                  wins):
     """A user's entry named anywhere in the device string took over from the built-in pattern, generic words
-    included ('A100', 'PCIe', 'NVIDIA', 'cuda', '80GB', 'cpu', 'N1'). For a GPU a pattern knows, the entry must
-    name its chip and say more than the built-in entry (the variant: 'A100-SXM4-40GB', 'H100 PCIe'); for a CPU,
-    be named as its model ('AMD EPYC' for 'cpu: AMD EPYC (16 threads)'); a device no pattern knows takes any
-    entry named in it as a whole word. The snapshot, cost's price and differs_from follow the same rule."""
+    included ('PCIe', 'NVIDIA', 'cuda', '80GB', 'cpu'). For a device a pattern knows, GPU or CPU, the entry must
+    be named in it as whole words and hold a model: a word with a digit that is not a memory's size or kind
+    ('A100', 'GH100', 'H100 PCIe', 'AMD EPYC 7763', 'Neoverse-N1'), a CPU's in the model its string gives; a
+    device no pattern knows takes any entry named in it as a whole word. The snapshot, cost's price and
+    differs_from (an explicit --gpu naming the device keeps its measured energy) follow the same rule."""
     engine = open_store(sqlite_url)
     try:
         builtin = price_snapshot(load_catalog(engine), device).get("name")
@@ -330,12 +349,32 @@ def test_which_users_entry_named_in_a_device_prices_it_over_the_built_in_pattern
 
 def test_the_readme_says_which_users_entry_named_in_a_device_prices_it():
     """The README said any entry named in the device string priced a device no built-in rule knows, and nothing
-    of a known one: it says the rule names_own_device keeps (the chip and more for a GPU, the CPU model)."""
+    of a known one; then a rule for GPUs (the chip and more) and one for CPUs (the whole model string) that let
+    "H100 80GB" win but not "A100 80GB", nor "AMD EPYC 7763" on a real CPU's string. It says the one rule
+    names_own_device keeps: whole words that hold a model."""
     from pathlib import Path
 
     text = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8").split())
     assert "named as the device string names the hardware" not in text
-    for said in ('`"H100 PCIe"` over `H100`', 'not `"A100"`, `"PCIe"`, `"NVIDIA"`, `"80GB"`',
-                 '`"AMD EPYC"` for "cpu: AMD EPYC (16 threads)"'):
+    assert "naming its chip and more than the built-in entry" not in text
+    for said in ('holds a model: a word with a digit that is not a memory\'s size or kind',
+                 '`"A100-SXM4-40GB"` or `"A100"` over `A100-80GB`', '`"H100 PCIe"` over `H100`',
+                 '`"AMD EPYC 7763"` over `cpu-2core` for "cpu: AMD EPYC 7763 64-Core Processor (16 threads)"',
+                 'not `"PCIe"`, `"NVIDIA"`, `"cuda"`, `"80GB"`, `"cpu"`, `"EPYC"` or `"AMD EPYC"`',
+                 'the longest of several such entries winning'):
         assert said in text, said
     assert names_own_device("H100 PCIe", "NVIDIA H100 PCIe") and not names_own_device("PCIe", "NVIDIA H100 PCIe")
+    device = "cpu: AMD EPYC 7763 64-Core Processor (16 threads)"
+    assert names_own_device("AMD EPYC 7763", device) and not names_own_device("AMD EPYC", device)
+
+
+def test_the_longest_users_entry_naming_a_device_prices_it(sqlite_url):
+    """Several of a user's entries name the device: the longest, the most specific, prices it."""
+    engine = open_store(sqlite_url)
+    try:
+        for name in ("A100", "A100-SXM4", "A100-SXM4-40GB", "NVIDIA"):
+            set_price(engine, name=name, value=2.0, kind="gpu", source="test")
+        assert catalog_entry_for_device(load_catalog(engine), "NVIDIA A100-SXM4-40GB").name == "A100-SXM4-40GB"
+        assert catalog_entry_for_device(load_catalog(engine), "NVIDIA A100 PCIe 40GB").name == "A100"
+    finally:
+        engine.dispose()
