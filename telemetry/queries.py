@@ -197,21 +197,29 @@ def loadtest_settings(item) -> list[tuple[str, object]]:
     return out
 
 
+LOADTEST_URL = "http://127.0.0.1:8000"  # `specfinops loadtest --url`'s default
+
+
 def record_both(engine: Engine | None, item, workload: str, *, always_db: bool = False,
-                words: str = "") -> tuple[str, str]:
+                words: str = "", kind: str | None = None) -> tuple[str, str]:
     """What records both modes comparable with the runs of `item` (a comparable group, as bench_settings takes;
     None: no one group), as (command, text): the text says how, the command in backquotes at its end. A bench's
     runs: bench_command with bench_settings, said to carry the runs' target and settings only where it carries
     some. A load test's: a load test of both modes against the same server with loadtest_settings. A server's
     runs record the mode each request asks for: requests of both modes, else a bench, whose runs are compared
     among themselves, not with the server's. `workload`: the runs', where the command takes it (`bench_workload`:
-    else mixed). `words`: which runs ("AR " in "the AR runs' settings")."""
-    kind = getattr(item, "kind", "bench") if item is not None else None
+    else mixed). `words`: which runs ("AR " in "the AR runs' settings"). `kind`: the kind of the runs where
+    `item` is None (runs of several groups, all of one kind: a load test's are recorded by a load test)."""
+    kind = getattr(item, "kind", "bench") if item is not None else kind
     workload = bench_workload(workload)
     if kind == "loadtest":
         command = _record_command("loadtest", engine, workload, always_db, loadtest_settings(item))
-        return command, (f"record both modes with a load test against the same server (loadtest --url: default "
-                         f"http://127.0.0.1:8000), with the {words}runs' sampling and answer length cap: `{command}`")
+        # what the command reproduces of the runs (their values, else loadtest's defaults): what they recorded
+        known = [said for field, said in (("temperature", "sampling"), ("max_new_tokens", "answer length cap"))
+                 if getattr(item, field, None) is not None]
+        carried = f", with the {words}runs' {' and '.join(known)}" if known else ""
+        return command, (f"record both modes with a load test against the same server{carried} (it asks the "
+                         f"default {LOADTEST_URL}: add --url URL for another): `{command}`")
     options = bench_settings(item) if kind == "bench" else []
     command = bench_command(engine, workload, always_db=always_db, options=options)
     if kind not in (None, "bench"):

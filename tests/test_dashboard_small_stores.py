@@ -298,3 +298,50 @@ def test_bench_workload_knows_the_workloads_bench_takes(tmp_path):
     (tmp_path / "dir.jsonl").mkdir()
     for name in ("serve", "synthetic", str(tmp_path / "gone.jsonl"), str(tmp_path / "dir.jsonl"), None, ""):
         assert bench_workload(name) == "mixed"
+
+
+def test_a_load_tests_hint_claims_only_the_settings_its_runs_recorded():
+    """Load-test runs that recorded no temperature and no answer length cap: the hint said the load test ran "with
+    the runs' sampling and answer length cap" all the same. It names what the runs recorded, and says which
+    server the command asks (loadtest's default URL), the command itself parsing as loadtest takes it."""
+    import shlex
+    from types import SimpleNamespace
+
+    from app.cli import build_parser
+    from telemetry.queries import LOADTEST_URL, record_both
+
+    assert build_parser().parse_args(["loadtest"]).url == LOADTEST_URL
+    run = dict(kind="loadtest", target="served-model", backend="unknown", dtype="unknown", top_p=None, top_k=None)
+    for temperature, cap, said in ((None, None, None), (0.5, None, "sampling"), (None, 32, "answer length cap"),
+                                   (0.0, 64, "sampling and answer length cap")):
+        command, text = record_both(None, SimpleNamespace(**run, temperature=temperature, max_new_tokens=cap),
+                                    "chat", words="AR ")
+        assert f"`{command}`" in text and f"default {LOADTEST_URL}: add --url URL for another" in text, text
+        assert (said is None) == ("runs'" not in text), text
+        if said is not None:
+            assert f"with the AR runs' {said} (" in text, text
+        args = build_parser().parse_args(shlex.split(command)[1:])
+        assert (args.command, args.mode, args.workload, args.url) == ("loadtest", "both", "chat", LOADTEST_URL)
+        assert (args.temperature, args.max_tokens) == (temperature or 0.0, cap or 64), command
+
+
+def test_load_tests_of_several_groups_are_recorded_by_a_load_test(sqlite_url, monkeypatch):
+    """AR load-test runs of two comparable groups (two temperatures) on a device no price is known for (no
+    projection to pick a group): the Overview suggested a bench, whose runs never compare with a load test's."""
+    import shlex
+
+    from app.cli import build_parser
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for temperature in (0.0, 0.7):
+            make_run(s, "ar", kind="loadtest", device="mystery accelerator", temperature=temperature,
+                     max_new_tokens=64, requests=[Req(33, ttft_ms=100, e2e_ms=900)])
+        s.commit()
+    at = _open(sqlite_url, monkeypatch, "views/overview.py")
+    assert_clean(at)
+    [info] = [i.value for i in at.info if i.value.startswith("No speculative runs in view")]
+    [command] = [c for c in info.split("`") if c.startswith("specfinops ")]
+    args = build_parser().parse_args(shlex.split(command)[1:])
+    assert (args.command, args.mode) == ("loadtest", "both"), info
+    assert "runs' sampling" not in info, info  # of two groups: none carried

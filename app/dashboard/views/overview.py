@@ -189,7 +189,9 @@ def _no_runs_text(ctx: Context, mode: str, proj, runs) -> str:
         group = runs[0]  # one comparable group in view: its settings are the runs'
     workloads = set(ctx.sel.runs["workload"].dropna())
     workload = (group.workload if group is not None else next(iter(workloads)) if len(workloads) == 1 else "code")
-    _, how = record_both(data.engine(ctx.url), group, workload, always_db=True)
+    kinds = {r.kind for r in runs}  # runs of several groups, all of one kind: recorded as that kind's are
+    _, how = record_both(data.engine(ctx.url), group, workload, always_db=True,
+                         kind=next(iter(kinds)) if len(kinds) == 1 else None)
     return f"No {name} runs in view: the store has none. {how[0].upper()}{how[1:]}."
 
 
