@@ -136,7 +136,8 @@ def invocation_text(text: str) -> str:
 def resolve_invocation(engine: Engine, text: str) -> str:
     """The one invocation id that `text` names: 'latest' (of the invocations whose runs have all ended and that
     completed a request, the one whose first run started last: a bench still under way has no figures to read yet,
-    nor has one whose runs failed or were stopped before their first request ended), a whole id, or its first
+    nor has one none of whose requests ended ok with output tokens: a bench that failed or was stopped during its
+    first, a load test whose requests all came back an error or empty), a whole id, or its first
     characters (at least MIN_PREFIX, as bench prints it). ValueError naming `text` otherwise: empty, not
     hexadecimal, too short, matching none (with the newest ids) or several (with them)."""
     norm = invocation_text(text)
@@ -146,11 +147,12 @@ def resolve_invocation(engine: Engine, text: str) -> str:
         if empty:
             # no finished one completed a request: a running one that did is the one to read (by its id)
             busy = list_invocations(engine, limit=1, with_requests=True)
+            running = f"{busy[0].short_id} is still running: give its id to read what it recorded so far; " if busy \
+                else ""
             raise ValueError(
                 f"--invocation {text}: no finished bench or load test in the store completed a request (the newest "
-                f"finished, {empty[0].short_id}, completed none: its runs failed or were stopped before their first "
-                "request ended); " + (f"{busy[0].short_id} is still running: give its id to read what it recorded "
-                                      "so far; " if busy else "") + "`specfinops invocations` lists them")
+                f"finished, {empty[0].short_id}, completed no request: none ended ok with output tokens); {running}"
+                "`specfinops invocations` lists them")
         if not newest:
             busy = list_invocations(engine, limit=1)
             raise ValueError(f"--invocation {text}: " + (

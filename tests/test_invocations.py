@@ -491,6 +491,28 @@ def test_latest_skips_a_bench_that_recorded_no_request(db_url, capsys, tmp_path,
         assert len(list(csv.DictReader(fh))) == 2, said  # LOADED's two runs: not an empty report
 
 
+@pytest.mark.parametrize("requests", [
+    [Req(40, status="error"), Req(40, status="error", start_s=1)],  # every request came back an error
+    [Req(0, ttft_ms=None, e2e_ms=300), Req(0, ttft_ms=None, e2e_ms=300, start_s=1)],  # ok, with no token
+])
+def test_latest_says_why_a_completed_load_test_completed_no_request(sqlite_url, requests):
+    """A load test that ran to its end ('completed') whose requests all came back an error, or ok with no token:
+    the error said its runs "failed or were stopped before their first request ended", which they were not."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        run = make_run(s, "ar", kind="loadtest", requests=requests, status="completed")
+        run.invocation_id = FAILED_EARLY
+        s.commit()
+    try:
+        with pytest.raises(ValueError) as said:
+            resolve_invocation(engine, "latest")
+    finally:
+        engine.dispose()
+    text = str(said.value)
+    assert "5555eeee, completed no request: none ended ok with output tokens)" in text, text
+    assert "failed or were stopped" not in text, text
+
+
 @pytest.mark.parametrize("command", ["cost", "project", "export", "report"])
 def test_the_help_says_what_latest_picks(command, capsys):
     with pytest.raises(SystemExit):
@@ -506,7 +528,8 @@ def test_latest_where_no_finished_invocation_recorded_a_request_says_so(sqlite_u
         s.commit()
     try:
         with pytest.raises(ValueError, match=r"--invocation latest: no finished bench or load test in the store "
-                                             r"completed a request \(the newest finished, 5555eeee, completed none"):
+                                             r"completed a request \(the newest finished, 5555eeee, completed no "
+                                             r"request: none ended ok with output tokens\)"):
             resolve_invocation(engine, "latest")
     finally:
         engine.dispose()
@@ -528,5 +551,5 @@ def test_latest_where_only_a_running_invocation_completed_a_request_names_it(sql
     finally:
         engine.dispose()
     text = str(said.value)
-    assert "(the newest finished, 5555eeee, completed none" in text, text
+    assert "(the newest finished, 5555eeee, completed no request: none ended ok with output tokens)" in text, text
     assert "3333cccc is still running" in text and "give its id to read what it recorded so far" in text, text
