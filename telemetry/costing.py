@@ -762,8 +762,8 @@ CHOOSE_BY_NODE = "--node NODE"
 CHOOSE_BY_INVOCATION = "--invocation ID"
 # where no `project` filter selects another group: they differ in a field with no filter, on the same nodes and
 # in the same invocations
-NO_CHOOSE = ("no `project` filter selects another alone (device, backend and precision have none, and the groups' "
-             "runs share nodes and invocations)")
+NO_CHOOSE = ("no `project` filter selects another alone: device, backend and precision have none, and the groups' "
+             "runs share nodes and invocations")  # no parentheses: Comparison.text puts it in its own
 
 
 @dataclass(frozen=True, slots=True)

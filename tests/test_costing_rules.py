@@ -364,6 +364,10 @@ def test_project_offers_no_invocation_where_the_groups_runs_have_none(sqlite_url
     assert NO_CHOOSE_HERE in in_page_words(caveat) and "`project`" not in in_page_words(caveat), caveat
     assert NO_CHOOSE_HERE in comparison_text(sp), comparison_text(sp)
     assert report_choose(sp.comparison) == NO_CHOOSE
+    # Comparison.text puts the way to choose in parentheses: NO_CHOOSE (and the dashboard's) had its own, "...))"
+    for said in (sp.comparison.text(), comparison_text(sp), sp.comparison.text(report_choose(sp.comparison))):
+        choose = re.search(r"has the most requests \((.*)\)$", said)
+        assert choose and "(" not in choose[1] and ")" not in choose[1], said
     engine.dispose()
 
 

@@ -99,7 +99,7 @@ SIDEBAR_BOX = {"--temperature": "Temperature", "--top-p": "top_p", "--top-k": "t
                "--max-new-tokens": "Max new tokens", "--run-kind": "Run kind", "--workload": "Workload",
                "--target": "Model pair", "--node": "Node", "--invocation": "Invocation"}
 # where none does: the sidebar's Runs box picks any runs
-NO_CHOOSE_HERE = "pick another group's runs in the sidebar's Runs (no other sidebar filter selects one alone)"
+NO_CHOOSE_HERE = "pick another group's runs in the sidebar's Runs: no other sidebar filter selects one alone"
 
 
 def choose_here(flags: Iterable[str], pick: str = "pick another") -> str:
