@@ -420,9 +420,10 @@ def model_path(role: str, flag: str = "--draft-model") -> Path:
 
 def resolve_model(name_or_path: str | None, role: str = "target") -> Path:
     """A known model name, 'default', or a local Hugging Face model directory. A model directory whose path
-    reads like a name ('target', 'draft', 'default' in the working directory) is that directory: the user gave
-    its path, and the bundled model in its place would be another model, silently."""
-    if name_or_path in ("default", role) and (Path(name_or_path) / "config.json").is_file():
+    reads like a name ('target', 'draft', 'default', a bundled model's name in the working directory) is that
+    directory: the user gave its path, and the bundled model in its place would be another model, silently."""
+    if (name_or_path in ("default", role, BUNDLED_TARGET, BUNDLED_DRAFT)
+            and (Path(name_or_path) / "config.json").is_file()):
         return Path(name_or_path).resolve()
     if name_or_path in (None, "", "default", role):
         return model_path(role)

@@ -80,6 +80,20 @@ def test_the_bundled_draft_name_resolves_wherever_a_model_is_given(tmp_path, mon
     assert "smollm2-135m-instruct" in str(exc.value) and "specfinops-draft" in str(exc.value)
 
 
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_a_model_folder_named_like_a_bundled_model_is_that_folder(role, tmp_path, monkeypatch):
+    """`distill --out specfinops-draft` then `bench --draft-model specfinops-draft` in that folder loaded the
+    bundled draft: a folder whose path reads like a name is the model the user gave (as 'target', 'default')."""
+    from serving.models import BUNDLED_DRAFT, BUNDLED_TARGET
+
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    for name in (BUNDLED_DRAFT, BUNDLED_TARGET):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+        assert resolve_model(name, role) == (tmp_path / name).resolve()
+
+
 @pytest.mark.parametrize("manifest, needle", [
     ('{"name": "smollm2-135m-instruct",\n  "source": ', "not valid JSON"),
     ("{}", "no safetensors_sha256 checksum"),
