@@ -360,3 +360,25 @@ def test_bench_backend_vllm_refuses_early_exit(vllm, tmp_path, capsys):
     (tmp_path / "config.json").write_text("{}")
     rc = main(["bench", "--backend", "vllm", "--drafter", "early-exit", "--target", str(tmp_path), "--no-telemetry"])
     assert rc == 2 and "not available on --backend vllm" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given", ["name", "folder"])
+def test_bench_backend_vllm_refuses_a_feature_draft_as_target(given, vllm, tmp_path, monkeypatch, capsys):
+    """`bench --backend vllm --target specfinops-draft` returned before the torch path's --target check, so the
+    bundled draft (or any feature draft folder) went to vLLM as the target model."""
+    from serving.models import BUNDLED_DRAFT, BUNDLED_DRAFT_DIR
+
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    target = BUNDLED_DRAFT if given == "name" else str(BUNDLED_DRAFT_DIR)
+    rc = main(["bench", "--backend", "vllm", "--limit", "1", "--target", target, "--no-telemetry"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--target {target}: a draft made by `specfinops distill` (a feature draft)" in err
+    assert not fake_vllm.LLM.instances  # refused before any engine was built
+
+
+def test_bench_backend_vllm_still_takes_a_hub_id_as_target(vllm, tmp_path, monkeypatch):
+    """The --target check on --backend vllm is a local folder check: a hub id is vLLM's to fetch."""
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    rc = main(["bench", "--backend", "vllm", "--limit", "1", "--max-new-tokens", "4", "--k", "2",
+               "--target", "meta-llama/Llama-3.1-8B-Instruct", "--no-telemetry"])
+    assert rc == 0 and fake_vllm.LLM.instances[-1].kwargs["model"] == "meta-llama/Llama-3.1-8B-Instruct"

@@ -532,12 +532,31 @@ def model_option(flag: str, value: str | None, role: str):
         path = resolve_model(value, role)
     except ValueError as exc:
         raise UsageError(f"{flag} {value}: {exc}") from None
-    if role == "target" and path is not None and _is_feature_draft(path):
+    if role == "target":
+        _refuse_draft_as_target(flag, value, path)
+    return path
+
+
+def local_target_option(flag: str, value: str | None) -> None:
+    """A --target a backend that also takes hub ids (vLLM) gets: a local folder or bundled name holding a feature
+    draft is refused as `model_option` refuses it; anything else (a hub id, a missing path) is the backend's."""
+    if value is None:
+        return
+    from serving.models import resolve_model
+
+    try:
+        path = resolve_model(value, "target")
+    except ValueError:
+        return
+    _refuse_draft_as_target(flag, value, path)
+
+
+def _refuse_draft_as_target(flag: str, value: str, path) -> None:
+    if path is not None and _is_feature_draft(path):
         # it would load as a target only to fail with transformers' warnings and a tokenizer error
         raise UsageError(f"{flag} {value}: a draft made by `specfinops distill` (a feature draft), not a target "
                          "model: give it as the draft (--draft-model; calibrate's --draft), with the model it was "
                          "distilled for as --target")
-    return path
 
 
 def _is_feature_draft(path) -> bool:

@@ -19,6 +19,7 @@ from app.commands._common import (
     check_recording_options,
     check_writable,
     context_len,
+    local_target_option,
     lost_records,
     model_option,
     printable_name,
@@ -309,6 +310,7 @@ def _handle(args: argparse.Namespace) -> int:
     chosen = args.dtype == "auto"
     args.dtype = resolve_dtype(args.dtype, args.backend, max_batch=max(levels))
     if args.backend == "vllm":
+        local_target_option("--target", args.target)  # a feature draft named as the target; hub ids are vLLM's
         if args.tree is not None:
             raise ValueError("--tree runs on the torch engine; vLLM's speculative config chooses its own proposals")
         args.drafter = drafter_for(args.drafter, args.draft_model, "--draft-model", lambda: "ngram", model_drafter="draft")
