@@ -289,3 +289,92 @@ def test_the_card_records_the_feature_layers_training_used(tiny, tmp_path, cache
     assert card["training"]["feature_layers"] == card["architecture"]["feature_layers"] == [blocks - 1], card
     bundled = json.loads((BUNDLED_DRAFT_DIR / "model_card.json").read_text())
     assert bundled["training"]["feature_layers"] == bundled["architecture"]["feature_layers"] == [29]
+
+
+def _budget_argv(tiny, out: Path, *budget: str) -> list[str]:
+    target_dir, corpus = tiny
+    return ["distill", "--target", str(target_dir), "--corpus", str(corpus), "--out", str(out), *budget,
+            "--head-vocab", "32", "--batch-tokens", "128", "--dtype", "float32", "--no-eval"]
+
+
+def test_a_total_minutes_resume_counts_the_earlier_runs_against_the_budget(tiny, tmp_path, cache, monkeypatch,
+                                                                           capsys):
+    """--total-minutes bounds the whole run (README): a --resume gave training what the budget left after its own
+    set-up only, so a 5-minute run stopped after 3 minutes trained up to 4.5 more and its card's total_minutes
+    passed training.budget.total_minutes."""
+    import serving.distill.train as tr
+    from app.cli import main
+    from serving.distill.pipeline import BUDGET_MARGIN_MINUTES
+    from tests.test_distill_byo import _ctrl_c_at
+
+    out = tmp_path / "draft"
+    argv = _budget_argv(tiny, out, "--total-minutes", "5")
+    _ctrl_c_at(monkeypatch, 2)
+    assert main(argv) == 130
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    (ckpt,) = _checkpoints(cache)
+    saved = torch.load(ckpt, weights_only=False)
+    trained = saved["elapsed"] / 60
+    saved["run"] = {"total_minutes": 3.0, "data_minutes": 1.0}  # the earlier run took 3 minutes of wall clock
+    torch.save(saved, ckpt)
+    seen = {}
+
+    def stop(draft, preps, cfg, **kw):  # what training was given, then stopped (not minutes of training here)
+        seen["minutes"] = cfg.minutes
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tr, "train", stop)
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 130
+    err = capsys.readouterr().err
+    assert 0 < seen["minutes"] - trained <= 5 - 3 - BUDGET_MARGIN_MINUTES, (seen, trained)
+    assert "the runs this --resume continues took 3.0 min" in err, err
+    # the earlier runs took nearly all of it: refused before anything is done, the checkpoint untouched
+    saved["run"]["total_minutes"] = 4.6
+    torch.save(saved, ckpt)
+    kept = ckpt.read_bytes()
+    assert main([*argv, "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--total-minutes 5" in err[0] and "took 4.6 minutes" in err[0], err
+    assert "no time to train" in err[0] and ckpt.read_bytes() == kept
+
+
+def test_a_resume_with_fewer_minutes_than_the_checkpoint_trained_is_refused(tiny, tmp_path, cache, monkeypatch,
+                                                                             capsys):
+    """`--minutes 1 --resume` from a checkpoint that trained 2 minutes is refused as fewer --steps are: the
+    minutes trained cannot be undone."""
+    from app.cli import main
+    from tests.test_distill_byo import _ctrl_c_at
+
+    out = tmp_path / "draft"
+    _ctrl_c_at(monkeypatch, 2)
+    assert main(_budget_argv(tiny, out, "--minutes", "5")) == 130
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    (ckpt,) = _checkpoints(cache)
+    saved = torch.load(ckpt, weights_only=False)
+    saved["elapsed"] = 120.0
+    torch.save(saved, ckpt)
+    before = {p.name: p.read_bytes() for p in [ckpt, *out.iterdir()] if p.is_file()}
+    capsys.readouterr()
+    assert main([*_budget_argv(tiny, out, "--minutes", "1"), "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "2.00 minutes" in err[0] and "--minutes 1" in err[0] and str(ckpt) in err[0], err
+    assert "--fresh" in err[0] and "--overwrite" not in err[0]  # an unfinished draft in --out: --fresh does it
+    assert {p.name: p.read_bytes() for p in [ckpt, *out.iterdir()] if p.is_file()} == before
+
+
+def test_a_finished_time_budget_resumed_as_given_is_not_refused_for_its_last_step(tiny, tmp_path, cache):
+    """A --minutes run stops after the step that passes its minutes: its finished checkpoint resumed with the same
+    --minutes (an evaluation to measure) has trained a little more than them, and is not refused for it."""
+    from app.cli import main
+
+    out, ckpt = tmp_path / "draft", tmp_path / "mine.pt"
+    argv = [*_budget_argv(tiny, out, "--minutes", "0.01"), "--checkpoint", str(ckpt)]
+    assert main(argv) == 0
+    saved = torch.load(ckpt, weights_only=False)
+    assert saved["finished"] is True
+    saved["elapsed"] = 0.9  # 0.015 minutes: past 0.01
+    torch.save(saved, ckpt)
+    assert main([*argv, "--resume"]) == 0

@@ -111,11 +111,18 @@ MIN_TRAIN_MINUTES = 0.1  # the least training a budget must leave
 
 
 def training_minutes(total_minutes: float, spent_minutes: float, minutes: float | None = None,
-                     trained_minutes: float = 0.0, margin: float = BUDGET_MARGIN_MINUTES) -> float:
+                     trained_minutes: float = 0.0, margin: float = BUDGET_MARGIN_MINUTES,
+                     earlier_minutes: float = 0.0) -> float:
     """The training budget (`TrainConfig.minutes`, which counts the minutes a resumed run already trained)
-    under a wall-clock budget of `total_minutes` of which `spent_minutes` went to data and set-up: the time
-    left after `margin`, capped by an explicit `minutes`. Raises ValueError when nothing is left."""
-    left = total_minutes - spent_minutes - margin
+    under a wall-clock budget of `total_minutes` for the whole run, of which the runs a --resume continues took
+    `earlier_minutes` (their training included) and this one's data and set-up `spent_minutes`: the time left
+    after `margin`, capped by an explicit `minutes`. Raises ValueError when nothing is left."""
+    left = total_minutes - earlier_minutes - spent_minutes - margin
+    if left < MIN_TRAIN_MINUTES and earlier_minutes:
+        raise ValueError(f"--total-minutes {total_minutes:g}: the runs this --resume continues took "
+                         f"{earlier_minutes:.1f} minutes (the budget bounds the whole run), this one's data and "
+                         f"set-up {spent_minutes:.1f} and {margin:g} are kept for saving the draft, which leaves no "
+                         "time to train; resume with a larger --total-minutes")
     if left < MIN_TRAIN_MINUTES:
         raise ValueError(f"--total-minutes {total_minutes:g}: preparing the data took {spent_minutes:.1f} minutes "
                          f"and {margin:g} are kept for saving the draft, which leaves no time to train; raise --total-minutes, or train on the data now cached "
@@ -807,15 +814,21 @@ def run(args) -> int:
                              f"give --steps {at} or more to continue it (the steps it trained cannot be undone), or drop "
                              "--resume and give --fresh to start again from step 0")
         trained_s = float(resumed.get("elapsed", 0.0))
+        # a run whose training finished and whose evaluation was interrupted: resumed with the budget it was given,
+        # it goes straight to the evaluation (a --total-minutes budget would otherwise train its minutes again)
+        trained_out = bool(resumed.get("finished")) and (
+            (resumed.get("config") or {}).get("extra", {}).get(BUDGET_GIVEN) == cfg.extra[BUDGET_GIVEN])
+        # as --steps: it cannot train back to fewer minutes (a finished run's last step passes its own --minutes)
+        if args.minutes is not None and trained_s > args.minutes * 60 and not trained_out:
+            raise UsageError(f"--resume: the checkpoint {ckpt} already trained {trained_s / 60:.2f} minutes, past "
+                             f"--minutes {args.minutes:g}: give --minutes {math.ceil(trained_s / 60 * 100) / 100:g} "
+                             "or more to continue it (the minutes it trained cannot be undone), or drop --resume "
+                             "and give --fresh to start again from step 0")
         run = resumed.get("run")
         for k in before:  # a checkpoint from before the record: its training at least (total >= train_minutes)
             v = run.get(k) if isinstance(run, dict) else None
             before[k] = float(v) if isinstance(v, int | float) and not isinstance(v, bool) else \
                 (trained_s / 60 if k == "total_minutes" else 0.0)
-        # a run whose training finished and whose evaluation was interrupted: resumed with the budget it was given,
-        # it goes straight to the evaluation (a --total-minutes budget would otherwise train its minutes again)
-        trained_out = bool(resumed.get("finished")) and (
-            (resumed.get("config") or {}).get("extra", {}).get(BUDGET_GIVEN) == cfg.extra[BUDGET_GIVEN])
         del resumed
         # a budget changed on resume: the steps trained so far followed the old one's learning-rate schedule
         # (kept through later resumes: the card's "rerun" must not promise the command reproduces the weights)
@@ -958,15 +971,20 @@ def run(args) -> int:
     if total is not None:
         spent = (time.perf_counter() - t_start) / 60
         trained = trained_s / 60
+        earlier = before["total_minutes"]  # the runs a --resume continues: the budget bounds the whole run
         try:
-            minutes = trained if trained_out else training_minutes(total, spent, args.minutes, trained)
+            minutes = trained if trained_out else training_minutes(total, spent, args.minutes, trained,
+                                                                   earlier_minutes=earlier)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         this_run = minutes - trained
         budget = {"total_minutes": total, "spent_before_training_minutes": round(spent, 2),
                   "training_minutes": round(this_run, 2),
-                  **({"trained_before_resume_minutes": round(trained, 2)} if trained else {})}
-        _say(f"--total-minutes {total:g}: data and set-up took {spent:.1f} min, training gets {this_run:.1f}")
+                  **({"trained_before_resume_minutes": round(trained, 2)} if trained else {}),
+                  **({"runs_before_resume_minutes": round(earlier, 2)} if earlier else {})}
+        _say(f"--total-minutes {total:g}: " + (f"the runs this --resume continues took {earlier:.1f} min, "
+                                                if earlier else "") +
+             f"data and set-up took {spent:.1f} min, training gets {this_run:.1f}")
     cfg.minutes = minutes
     draft, coverage = new_draft(target, preps, cfg, eos)
     card = {
