@@ -418,19 +418,23 @@ def model_path(role: str, flag: str = "--draft-model") -> Path:
     raise ValueError(f"unknown role {role!r}: use target or draft")
 
 
-def resolve_model(name_or_path: str | None, role: str = "target") -> Path:
+def resolve_model(name_or_path: str | None, role: str = "target", flag: str = "--draft-model") -> Path:
     """A known model name, 'default', or a local Hugging Face model directory. A model directory whose path
     reads like a name ('target', 'draft', 'default', a bundled model's name in the working directory) is that
-    directory: the user gave its path, and the bundled model in its place would be another model, silently."""
+    directory: the user gave its path, and the bundled model in its place would be another model, silently.
+    `flag`: the option that names a draft, in the error saying none is bundled."""
     if (name_or_path in ("default", role, BUNDLED_TARGET, BUNDLED_DRAFT)
             and (Path(name_or_path) / "config.json").is_file()):
         return Path(name_or_path).resolve()
     if name_or_path in (None, "", "default", role):
-        return model_path(role)
+        return model_path(role, flag)
     if name_or_path == BUNDLED_TARGET:
         return model_path("target")
-    if name_or_path == BUNDLED_DRAFT:  # whatever the role: a draft given as a target is refused by its caller
-        return model_path("draft")
+    if name_or_path == BUNDLED_DRAFT:
+        if role == "target" and not (BUNDLED_DRAFT_DIR / "config.json").is_file():  # not "no draft is bundled"
+            raise ValueError(f"{BUNDLED_DRAFT} names the bundled draft, not a target model: give a target model's "
+                             f"name ({BUNDLED_TARGET}) or directory")
+        return model_path("draft", flag)  # as a target: the installed draft is refused by its caller, as a draft
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -81,6 +81,34 @@ def test_the_bundled_draft_name_resolves_wherever_a_model_is_given(tmp_path, mon
     assert "smollm2-135m-instruct" in str(exc.value) and "specfinops-draft" in str(exc.value)
 
 
+def test_the_bundled_draft_name_without_a_bundled_draft_names_the_option_and_the_role(tmp_path, monkeypatch,
+                                                                                     capsys):
+    """With no bundled draft installed, `calibrate --draft specfinops-draft` advised `--draft-model DIR` (calibrate's
+    option is --draft), and `--target specfinops-draft` said "no draft model is bundled yet ... use --drafter
+    ngram", as if a draft had been asked for."""
+    import serving.models
+    from app.cli import main
+    from app.commands._common import model_option
+    from app.errors import UsageError
+
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(serving.models, "BUNDLED_DRAFT_DIR", tmp_path / "no-draft")
+    with pytest.raises(UsageError) as exc:
+        model_option("--draft", "specfinops-draft", "draft")
+    assert "no draft model is bundled" in str(exc.value) and "--draft DIR" in str(exc.value), exc.value
+    with pytest.raises(UsageError, match="with --draft-model DIR"):
+        model_option("--draft-model", "specfinops-draft", "draft")
+    with pytest.raises(UsageError) as exc:
+        model_option("--target", "specfinops-draft", "target")
+    assert str(exc.value).startswith("--target specfinops-draft: specfinops-draft names the bundled draft, not a "
+                                     "target model"), exc.value
+    assert "no draft model is bundled" not in str(exc.value) and "--drafter" not in str(exc.value)
+    assert main(["calibrate", "--draft", "specfinops-draft"]) == 2
+    err = capsys.readouterr().err
+    assert "--draft DIR" in err and "--draft-model" not in err, err
+
+
 @pytest.mark.parametrize("role", ["target", "draft"])
 def test_a_model_folder_named_like_a_bundled_model_is_that_folder(role, tmp_path, monkeypatch):
     """`distill --out specfinops-draft` then `bench --draft-model specfinops-draft` in that folder loaded the

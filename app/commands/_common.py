@@ -529,7 +529,7 @@ def model_option(flag: str, value: str | None, role: str):
     from serving.models import resolve_model
 
     try:
-        path = resolve_model(value, role)
+        path = resolve_model(value, role, flag)
     except ValueError as exc:
         raise UsageError(f"{flag} {value}: {exc}") from None
     if role == "target":
