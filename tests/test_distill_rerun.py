@@ -378,3 +378,34 @@ def test_a_finished_time_budget_resumed_as_given_is_not_refused_for_its_last_ste
     saved["elapsed"] = 0.9  # 0.015 minutes: past 0.01
     torch.save(saved, ckpt)
     assert main([*argv, "--resume"]) == 0
+
+
+def test_fewer_steps_on_a_finished_checkpoint_advises_overwrite_too(tiny, tmp_path, cache, capsys):
+    """The --steps refusal said "drop --resume and give --fresh", which is refused in turn where --out holds a
+    finished draft ("give --overwrite"): a kept (--checkpoint) finished run's."""
+    from app.cli import main
+
+    out, ckpt = tmp_path / "draft", tmp_path / "mine.pt"
+    assert main(_argv(tiny, out, 4, "--checkpoint", str(ckpt))) == 0
+    capsys.readouterr()
+    assert main(_argv(tiny, out, 3, "--checkpoint", str(ckpt), "--resume")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "step 4" in err[0] and "--fresh --overwrite" in err[0], err
+    assert main(_argv(tiny, out, 3, "--checkpoint", str(ckpt), "--fresh", "--overwrite")) == 0  # as it says
+
+
+def test_resume_without_a_checkpoint_of_a_draft_whose_evaluation_was_interrupted_says_finished(tiny, tmp_path,
+                                                                                              cache, capsys):
+    """The --resume refusal called only a card saying "trained" finished: one whose evaluation was interrupted
+    ("trained; evaluation interrupted ...") was "a draft (trained; ...)"."""
+    from app.cli import main
+    from serving.distill.pipeline import EVALUATION_INTERRUPTED
+
+    out = tmp_path / "draft"
+    assert main(_argv(tiny, out, 2)) == 0
+    card = json.loads((out / "model_card.json").read_text())
+    (out / "model_card.json").write_text(json.dumps({**card, "status": EVALUATION_INTERRUPTED}))
+    capsys.readouterr()
+    assert main(_argv(tiny, out, 2, "--resume")) == 2
+    err = capsys.readouterr().err
+    assert "which holds a finished draft" in err and "--overwrite" in err, err

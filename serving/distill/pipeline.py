@@ -723,7 +723,7 @@ def run(args) -> int:
         resume_mismatch,
         train,
     )
-    from serving.eagle import EagleDraft
+    from serving.eagle import EagleDraft, _trained
     from serving.llama import load_causal_lm
     from serving.models import load_tokenizer, read_config, resolve_model
 
@@ -802,6 +802,9 @@ def run(args) -> int:
     # with this run's, as train_minutes sums the training of every run
     before = {"total_minutes": 0.0, "data_minutes": 0.0}
     trained_out = False  # whether it trained to the end of this run's budget
+    # where --resume cannot continue the checkpoint: starting again, which an --out holding a finished draft
+    # takes only with --overwrite (check_out)
+    again = "drop --resume and give --fresh" + (" --overwrite" if finished_status(out) else "")
     if args.resume and ckpt.is_file():  # memory-mapped: only its config and "elapsed" are read here
         resumed = read_checkpoint(ckpt)
         saved = resumed.get("config") or {}
@@ -811,8 +814,8 @@ def run(args) -> int:
         at = resumed.get("step")
         if cfg.steps is not None and isinstance(at, int) and at > cfg.steps:  # it cannot train back to fewer
             raise UsageError(f"--resume: the checkpoint {ckpt} is already at step {at}, past --steps {cfg.steps}: "
-                             f"give --steps {at} or more to continue it (the steps it trained cannot be undone), or drop "
-                             "--resume and give --fresh to start again from step 0")
+                             f"give --steps {at} or more to continue it (the steps it trained cannot be undone), or "
+                             f"{again} to start again from step 0")
         trained_s = float(resumed.get("elapsed", 0.0))
         # a run whose training finished and whose evaluation was interrupted: resumed with the budget it was given,
         # it goes straight to the evaluation (a --total-minutes budget would otherwise train its minutes again)
@@ -822,8 +825,8 @@ def run(args) -> int:
         if args.minutes is not None and trained_s > args.minutes * 60 and not trained_out:
             raise UsageError(f"--resume: the checkpoint {ckpt} already trained {trained_s / 60:.2f} minutes, past "
                              f"--minutes {args.minutes:g}: give --minutes {math.ceil(trained_s / 60 * 100) / 100:g} "
-                             "or more to continue it (the minutes it trained cannot be undone), or drop --resume "
-                             "and give --fresh to start again from step 0")
+                             f"or more to continue it (the minutes it trained cannot be undone), or {again} to start "
+                             "again from step 0")
         run = resumed.get("run")
         for k in before:  # a checkpoint from before the record: its training at least (total >= train_minutes)
             v = run.get(k) if isinstance(run, dict) else None
@@ -844,6 +847,7 @@ def run(args) -> int:
         except (ValueError, AttributeError):
             status = ""
         held = ("a finished draft (a finished run keeps no checkpoint)" if status == "trained"
+                else f"a finished draft ({status})" if _trained(status)
                 else "a draft" + (f" ({status})" if status else ""))
         raise UsageError(f"--resume: no checkpoint {ckpt} to resume for --out {out}, which holds {held}: starting "
                          "from scratch would replace it. Drop --resume (and give --overwrite) to train it again from "
