@@ -442,7 +442,8 @@ def resolve_model(name_or_path: str | None, role: str = "target", flag: str = "-
         # absolute: the runs and sweeps record it, and `tiny`, `./tiny/` and `../x/tiny` are one model (and one
         # relative path from two folders two models)
         return path.resolve()
-    raise ValueError(f"unknown model {name_or_path!r}: not a directory and not a known name ({BUNDLED_TARGET}, {BUNDLED_DRAFT})")
+    known = BUNDLED_TARGET if role == "target" else f"{BUNDLED_TARGET}, {BUNDLED_DRAFT}"  # the names for the role
+    raise ValueError(f"unknown model {name_or_path!r}: not a directory and not a known name ({known})")
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")  # one of them makes a tokenizer

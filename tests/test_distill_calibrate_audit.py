@@ -435,8 +435,8 @@ def test_distill_evaluation_leaves_alpha_missing_where_nothing_was_drafted():
     assert acceptance_figures(some) == {"alpha": 0.6667, "acceptance_rate": 0.6, "mean_accept_len": 2.5}
 
 
-@pytest.mark.parametrize("command", ["calibrate", "bench"])
-def test_a_draft_given_as_the_target_is_named_as_a_draft(command, capsys):
+@pytest.mark.parametrize("command, option", [("calibrate", "--draft"), ("bench", "--draft-model")])
+def test_a_draft_given_as_the_target_is_named_as_a_draft(command, option, capsys):
     """It loaded as a target, printed transformers' warnings about an unknown model type, then failed on its
     tokenizer without saying the folder is a draft."""
     from app.cli import main
@@ -444,7 +444,7 @@ def test_a_draft_given_as_the_target_is_named_as_a_draft(command, capsys):
 
     assert main([command, "--target", str(BUNDLED_DRAFT_DIR), "--workload", "code", "--limit", "1"]) == 2
     assert "a draft made by `specfinops distill` (a feature draft), not a target model: give it as the draft " \
-           "(--draft-model; calibrate's --draft)" in _one_error_line(capsys)
+           f"({option}), with the model it was distilled for as --target" in _one_error_line(capsys)
 
 
 def test_a_workload_path_that_is_a_directory_is_named_as_one(tmp_path):
@@ -469,3 +469,5 @@ def test_a_draft_given_as_distills_target_is_named_as_a_draft(given, tmp_path, m
     line = _one_error_line(capsys)
     assert f"--target {target}: a draft made by `specfinops distill` (a feature draft), not a target model" in line
     assert "num_hidden_layers" not in line and not (tmp_path / "d3").exists()
+    # distill has no draft option: it is told to give the target model, not to give this as the draft
+    assert "--draft" not in line and "calibrate" not in line and "the target model it was distilled for" in line

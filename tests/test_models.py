@@ -79,6 +79,20 @@ def test_the_bundled_draft_name_resolves_wherever_a_model_is_given(tmp_path, mon
     with pytest.raises(ValueError) as exc:
         resolve_model("no-such-name", "draft")
     assert "smollm2-135m-instruct" in str(exc.value) and "specfinops-draft" in str(exc.value)
+    with pytest.raises(ValueError) as exc:  # as a target only the target's name is a known one
+        resolve_model("no-such-name", "target")
+    assert "(smollm2-135m-instruct)" in str(exc.value) and "specfinops-draft" not in str(exc.value)
+
+
+@pytest.mark.parametrize("command, option", [("bench", "--draft-model"), ("serve", "--draft-model"),
+                                             ("calibrate", "--draft")])
+def test_the_draft_options_help_names_the_bundled_draft(command, option, capsys):
+    from app.cli import main
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert option in text and "specfinops-draft (the bundled draft)" in text, text
 
 
 def test_the_bundled_draft_name_without_a_bundled_draft_names_the_option_and_the_role(tmp_path, monkeypatch,

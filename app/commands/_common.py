@@ -519,11 +519,12 @@ def sigterm_as_ctrl_c(say: str | None = None):
             signal.signal(signal.SIGTERM, previous)
 
 
-def model_option(flag: str, value: str | None, role: str):
+def model_option(flag: str, value: str | None, role: str, draft_flag: str | None = "--draft-model"):
     """The model directory a model option (--target, --draft-model, --draft) names, resolved before any model
     loads: a path that does not exist, or a directory without config.json, refused under `flag` (loading the
     target first took half a minute, then said only "unknown model '/no/such/dir'"). None: the option not
-    given (the command's default model)."""
+    given (the command's default model). `draft_flag`: the command's option for a draft, named where a draft is
+    given as the target (None: the command takes no draft, as distill)."""
     if value is None:
         return None
     from serving.models import resolve_model
@@ -533,7 +534,9 @@ def model_option(flag: str, value: str | None, role: str):
     except ValueError as exc:
         raise UsageError(f"{flag} {value}: {exc}") from None
     if role == "target":
-        _refuse_draft_as_target(flag, value, path)
+        _refuse_draft_as_target(flag, value, path, f"give it as the draft ({draft_flag}), with the model it was "
+                                "distilled for as --target" if draft_flag else "give the target model it was "
+                                "distilled for as --target")
     return path
 
 
@@ -548,15 +551,15 @@ def local_target_option(flag: str, value: str | None) -> None:
         path = resolve_model(value, "target")
     except ValueError:
         return
-    _refuse_draft_as_target(flag, value, path)
+    _refuse_draft_as_target(flag, value, path, "give the model it was distilled for as --target (vLLM cannot "
+                            "load a feature draft as the draft either)")
 
 
-def _refuse_draft_as_target(flag: str, value: str, path) -> None:
+def _refuse_draft_as_target(flag: str, value: str, path, fix: str) -> None:
     if path is not None and _is_feature_draft(path):
         # it would load as a target only to fail with transformers' warnings and a tokenizer error
         raise UsageError(f"{flag} {value}: a draft made by `specfinops distill` (a feature draft), not a target "
-                         "model: give it as the draft (--draft-model; calibrate's --draft), with the model it was "
-                         "distilled for as --target")
+                         f"model: {fix}")
 
 
 def _is_feature_draft(path) -> bool:

@@ -92,8 +92,8 @@ def register(sub) -> None:
                         "after the other: a block would have to drain, which a loaded server never does")
     p.add_argument("--target", default=None, help="target model name or local HF directory (default: bundled)")
     p.add_argument("--draft-model", "--draft", dest="draft_model", default=None,
-                   help="draft model directory for --drafter draft or draft+ngram (given alone: draft+ngram; "
-                        "--draft: as calibrate names it)")
+                   help="draft model directory, or specfinops-draft (the bundled draft), for --drafter draft or "
+                        "draft+ngram (given alone: draft+ngram; --draft: as calibrate names it)")
     p.add_argument("--early-exit-layers", type=int, default=None,
                    help="target layers used by --drafter early-exit (default: 8, or half the layers of a target "
                         "with 8 or fewer)")

@@ -35,7 +35,8 @@ def register(sub) -> None:
                     EXAMPLES + WORKLOAD_EPILOG, handle)
     p.add_argument("--target", default=None, help="target model name or directory (default: bundled)")
     p.add_argument("--draft", "--draft-model", dest="draft", default=None,
-                   help="draft model directory (default: the bundled draft; --draft-model: as bench and serve name it)")
+                   help="draft model directory, or specfinops-draft (the bundled draft) (default: the bundled "
+                        "draft; --draft-model: as bench and serve name it)")
     p.add_argument("--drafter", default=None,
                    help="draft | draft+ngram | early-exit | ngram (default: what bench and serve run, draft+ngram "
                         "with the bundled target and ngram with any other; with --draft DIR: draft)")
@@ -127,7 +128,7 @@ def _handle(args: argparse.Namespace) -> int:
         prompts = [p for d in domains for p in [q for q in prompts if q.domain == d][: args.limit]]
     from serving.kernels import resolve_dtype
 
-    model_option("--target", args.target, "target")  # a path that is no model directory: named, before any load
+    model_option("--target", args.target, "target", draft_flag="--draft")  # no model directory: named, before loading
     model_option("--draft", args.draft, "draft")
     # judged as bench and serve would run it: the bundled draft with prompt lookup only beside the bundled target
     # (another target, no --draft: the bundled draft was refused for its hidden size, a draft nobody named)

@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 from app.commands._common import add_command
+from serving.models import BUNDLED_DRAFT, BUNDLED_TARGET
 
-BUNDLED_NAMES = "smollm2-135m-instruct, specfinops-draft"
+BUNDLED_NAMES = f"{BUNDLED_TARGET}, {BUNDLED_DRAFT}"
 
 EXAMPLES = """  specfinops models pull              # fetch + convert the bundled target once (idempotent)
   specfinops models pull --force      # convert again

@@ -55,8 +55,8 @@ def register(sub) -> None:
                         "none, as OpenAI and vLLM: the room left in the context window)")
     p.add_argument("--target", default=None, help="target model name or local HF directory (default: bundled)")
     p.add_argument("--draft-model", "--draft", dest="draft_model", default=None,
-                   help="draft model directory (alone: --drafter draft+ngram with it; refused beside ngram or "
-                        "early-exit; --draft: as calibrate names it)")
+                   help="draft model directory, or specfinops-draft (the bundled draft) (alone: --drafter "
+                        "draft+ngram with it; refused beside ngram or early-exit; --draft: as calibrate names it)")
     p.add_argument("--early-exit-layers", type=int, default=None,
                    help="target layers used by --drafter early-exit (default: 8, or half the layers of a target "
                         "with 8 or fewer)")

@@ -741,7 +741,7 @@ def run(args) -> int:
     t_start = time.perf_counter()
     # a name or folder given: checked as bench and calibrate check theirs (a feature draft is named as one)
     target_dir = resolve_model(None, "target") if args.target is None else model_option("--target", args.target,
-                                                                                         "target")
+                                                                                         "target", draft_flag=None)
     out = Path(args.out).expanduser()
     recover_output(out)  # a previous draft folder a killed run left aside goes back first
     # --resume continues the run that wrote --out (the refusals below say when it cannot)
