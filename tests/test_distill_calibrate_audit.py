@@ -214,6 +214,10 @@ def test_a_draft_whose_evaluation_alone_was_interrupted_is_a_finished_draft(tmp_
     said = [r.getMessage() for r in caplog.records if r.name == "serving.eagle"]
     assert not any("not a finished draft" in s or "resume" in s for s in said), said
     assert all(r.levelno < logging.WARNING for r in caplog.records if r.name == "serving.eagle"), said
+    # what it is instead: a finished draft whose alpha and c were not measured, said at INFO
+    assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "serving.eagle"] == [
+        (logging.INFO, f"draft {out}: its training finished but distill's evaluation was interrupted, so its model "
+                       "card holds no measured alpha or c")], said
 
 
 # ------------------------------------------------------------------ calibrate

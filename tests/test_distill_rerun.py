@@ -213,10 +213,12 @@ def test_a_time_budget_resumed_as_given_is_not_said_to_have_changed(tiny, tmp_pa
     assert rerun["why"].startswith("a time budget trains as many steps")
 
 
-def test_total_minutes_after_a_resume_counts_the_earlier_runs_as_train_minutes_does(tiny, tmp_path, cache,
+@pytest.mark.parametrize("record", ["run", "none"])
+def test_total_minutes_after_a_resume_counts_the_earlier_runs_as_train_minutes_does(record, tiny, tmp_path, cache,
                                                                                      monkeypatch):
     """train_minutes summed the training of every run a --resume continued; total_minutes timed only the last
-    invocation, so a card said train_minutes 0.92 beside total_minutes 0.11."""
+    invocation, so a card said train_minutes 0.92 beside total_minutes 0.11. `none`: a checkpoint from before the
+    runs' minutes were kept (no "run" entry) counts its training at least, and no data minutes."""
     import itertools
     import time
 
@@ -224,13 +226,25 @@ def test_total_minutes_after_a_resume_counts_the_earlier_runs_as_train_minutes_d
 
     out = tmp_path / "draft"
     real, ticks = time.perf_counter, itertools.count()
-    # the first run is slow: every clock reading is 3 s after the one before (its training too)
+    # the first run is slow: every clock reading is 3 s after the one before (its training and data too)
     monkeypatch.setattr(time, "perf_counter", lambda: real() + 3.0 * next(ticks))
     _interrupted(tiny, out, tmp_path, monkeypatch, at=3, steps=5)  # (undoes the clock after the run)
+    (ckpt,) = _checkpoints(cache)
+    saved = torch.load(ckpt, weights_only=False)
+    first = saved["run"]  # the first run's wall-clock and data minutes, as its checkpoint keeps them
+    assert first["data_minutes"] >= 0.05 and first["total_minutes"] > first["data_minutes"], first
+    if record == "none":
+        del saved["run"]
+        torch.save(saved, ckpt)
     assert main(_argv(tiny, out, 5, "--resume")) == 0
     results = json.loads((out / "model_card.json").read_text())["results"]
     assert results["steps"] == 5 and results["train_minutes"] >= 0.1, results
     assert results["total_minutes"] >= results["train_minutes"] + results["data_minutes"], results
+    if record == "run":  # this run's data minutes are next to nothing (the real clock): the first run's are summed
+        assert results["data_minutes"] >= round(first["data_minutes"], 2), (results, first)
+        assert results["total_minutes"] >= round(first["total_minutes"], 2), (results, first)
+    else:  # the first run's data minutes are unknown: not counted
+        assert results["data_minutes"] < round(first["data_minutes"], 2), (results, first)
 
 
 def test_a_resume_with_fewer_steps_than_the_checkpoint_trained_is_refused(tiny, tmp_path, cache, monkeypatch,
