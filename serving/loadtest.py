@@ -665,7 +665,24 @@ async def check_server(client, spec: LoadSpec) -> dict:
         raise ValueError(f"--max-tokens {spec.max_tokens} cannot fit the server's context window: max_model_len "
                          f"{max_len}, shared by the prompt and the output (at most {max_len - 2} output tokens "
                          "after a one-token prompt)")
+    refuse_spec_without_drafter(card, spec)
     return card
+
+
+def refuse_spec_without_drafter(card: dict, spec: LoadSpec) -> None:
+    """ValueError when --mode spec or both targets a server whose model card says it drafts nothing (drafter
+    null, k_policy 'none': `specfinops serve --k 0`, a plain AR server): its 'spec' runs would be AR decoding
+    recorded as speculation, and `cost`/`invocations` would report a speedup that never happened. A card
+    that says nothing of its drafter (another OpenAI-compatible server) is not judged."""
+    extra = card.get("specfinops")
+    if "spec" not in spec.modes or not isinstance(extra, dict):
+        return
+    if "drafter" not in extra or extra["drafter"] is not None or extra.get("k_policy") != "none":
+        return
+    why = ("--mode both would compare AR decoding with AR decoding, a speedup that never happened"
+           if "ar" in spec.modes else "its 'spec' runs would be AR decoding recorded as speculation")
+    raise ValueError(f"the server at {spec.url} does not speculate (its card: drafter none): {why}; "
+                     "use --mode ar, or serve with a K of 1 or more")
 
 
 async def probe_server(spec: LoadSpec) -> dict:
@@ -762,6 +779,7 @@ async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, 
     out: list[LevelResult] = results if results is not None else []
     try:
         card = card or await check_server(client, spec)
+        refuse_spec_without_drafter(card, spec)  # a card probe_server got: checked there too, for other callers
         measured = shared is not None and shared.power_source != "none"
         for level in spec.levels:
             for mode in spec.modes:

@@ -733,6 +733,27 @@ def test_the_runs_record_the_device_the_servers_card_names(stub_factory, tmp_pat
         assert c.execute(text("select distinct device from runs")).scalars().all() == [device]
 
 
+@pytest.mark.parametrize("mode", ["spec", "both"])
+def test_spec_against_a_server_that_does_not_speculate_is_refused_before_any_run(mode, stub_factory, tmp_path,
+                                                                                   capsys):
+    """A `serve --k 0` server's card says it drafts nothing (drafter null, k_policy 'none'): a 'spec' level
+    against it would record an AR run as 'spec', and `cost`/`invocations` a speedup that never happened (with
+    --mode both: AR against AR). Refused before any store, and --mode ar still runs."""
+    stub = stub_factory(chunks=2, chunk_s=0.01, card_extra={"drafter": None, "k_policy": "none"})
+    db = tmp_path / "ar.db"
+    rc = main(["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "0.3", "--mode", mode,
+               "--max-tokens", "8", "--db", str(db)])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"the server at {stub.url} does not speculate (its card: drafter none)" in err, err
+    assert "use --mode ar, or serve with a K of 1 or more" in err, err
+    assert stub.num_chat == 0 and not db.exists()
+    rc = main(["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "0.3", "--mode", "ar",
+               "--max-tokens", "8", "--db", f"sqlite:///{db}"])
+    assert rc == 0, capsys.readouterr().err
+    with create_engine(f"sqlite:///{db}").connect() as c:
+        assert c.execute(text("select mode, drafter, k_policy from runs")).all() == [("ar", None, "none")]
+
+
 def test_a_stream_that_fails_keeps_the_tokens_its_usage_counts(stub_factory, tmp_path, capsys):
     """A stream that fails after its tokens (the server's usage chunk, then its error event) was stored with 0
     prompt and output tokens, 0 drafts and no token events, though the server made and counted them (/metrics
