@@ -230,7 +230,7 @@ def _prepare(opts: ServeOptions, loaded: Loaded | None) -> tuple[Loaded, Engine]
     """Load (unless given) and warm up the model, and make the server's engine (its KV cache)."""
     # a fixed K of 0 drafts nothing (plain AR, as parse_policy says): the AR engine, no drafter fed for nothing, so
     # every request is recorded and counted on /metrics as AR, not as a speculative one with 0 drafts; and no draft
-    # model loaded for it (prompt lookup, the drafter named then, reads no model; `serve --k 0` refuses any other)
+    # model loaded for it (prompt lookup, the drafter named then, reads no model; `serve --k 0` drops any other)
     mode = "ar" if drafts_nothing(opts.spec) else "spec"
     spec = opts.spec if mode == "spec" else replace(opts.spec, drafter="ngram", draft_model=None)
     loaded = loaded or load(spec)

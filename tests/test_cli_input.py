@@ -122,17 +122,31 @@ def test_a_lookahead_beyond_any_drafts_reach_is_refused_before_a_model_loads(arg
 
 
 @pytest.mark.parametrize(("extra", "named"), [
-    (["--drafter", "draft"], "--drafter draft shapes"),
-    (["--draft-model", "some/draft"], "--draft-model some/draft shapes"),
-    (["--drafter", "early-exit", "--early-exit-layers", "3"], "--drafter early-exit, --early-exit-layers 3 shape"),
+    (["--drafter", "draft"], "--drafter draft is"),
+    (["--draft-model", "some/draft"], "--draft-model some/draft is"),
+    (["--drafter", "early-exit", "--early-exit-layers", "3"], "--drafter early-exit, --early-exit-layers 3 are"),
 ])
-def test_serve_k_0_refuses_a_drafter_it_would_never_run(extra, named, no_model, capsys):
-    """`serve --k 0` is a plain AR server: a drafter named beside it was loaded (a draft model's weights) and never
-    drafted, unsaid."""
-    assert main(["serve", "--k", "0", *extra, "--no-telemetry"]) == 2
+def test_serve_k_0_notes_a_drafter_it_does_not_use_and_serves_ar(extra, named, no_model, monkeypatch, capsys):
+    """`serve --k 0` is a plain AR server: a drafter named beside it is taken, as bench takes --drafter and
+    --draft-model beside --mode ar (a script comparing K passes them alike), said once as unused, and neither
+    checked nor loaded: the server it starts drafts nothing."""
+    import serving.server_setup
+
+    started = []
+    monkeypatch.setattr(serving.server_setup, "serve", lambda opts, **kw: started.append(opts))
+    assert main(["serve", "--k", "0", *extra, "--port", "0", "--no-telemetry"]) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if "not used" in line]
+    assert notes == [f"note: --k 0: a plain AR server; {named} not used"], err
+    spec = started[0].spec
+    assert serving.server_setup.drafts_nothing(spec) and spec.draft_model is None and spec.drafter != "early-exit"
+
+
+def test_serve_k_0_beside_tree_says_the_tree_k_conflict_first(no_model, capsys):
+    """--tree sets the lookahead itself: `--k 0 --tree` is that conflict, not an AR server to note a drafter for."""
+    assert main(["serve", "--k", "0", "--tree", "16:6:4", "--drafter", "draft", "--no-telemetry"]) == 2
     line = _error(capsys)
-    assert line.startswith("specfinops serve: error: ") and named in line, line
-    assert "--k 0 drafts nothing (every request decoded as AR)" in line, line
+    assert "--tree sets the lookahead itself (its depth); drop --k 0" in line and "not used" not in line, line
 
 
 def test_the_largest_lookahead_goes_on(no_model, capsys):

@@ -21,7 +21,6 @@ from app.commands._common import (
     printable_name,
 )
 from app.commands.bench import node_id
-from app.errors import UsageError
 from serving.lookahead import DEFAULT_K, fixed_k_zero
 
 DEFAULT_DRAIN_S = 5.0  # serving.server_setup.DEFAULT_DRAIN_S (not imported here: --help loads no server code)
@@ -43,7 +42,8 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=8000, help="HTTP port")
     p.add_argument("--drafter", default=None, help="draft | draft+ngram | early-exit | ngram (default: draft+ngram with the bundled target, ngram with any other)")
     p.add_argument("--k", default=DEFAULT_K, help=f"lookahead: an integer K in 0..{MAX_K} (0 = no drafting: "
-                   "a plain AR server, every request served and recorded as AR, no drafter option taken), or "
+                   "a plain AR server, every request served and recorded as AR; a drafter option beside it is noted and "
+                   "left unused, no drafter loaded), or "
                    f"heuristic | entropy | cost | auto (default: {DEFAULT_K})")
     p.add_argument("--tree", default=None, metavar="NODES[:DEPTH[:WIDTH[:MIN_PROB]]]",
                    help="draft token trees instead of one chain (see `specfinops bench --help`), e.g. 16:6:4:0.25")
@@ -116,17 +116,18 @@ def _names(value: str) -> list[str]:
 
 def _check_k_0(args: argparse.Namespace) -> None:
     """`--k 0` drafts nothing: the server is a plain AR one (no drafter loaded, no 'spec' run). A drafter named
-    beside it would be loaded for nothing: refused, as bench refuses speculation's options beside --mode ar."""
-    if not fixed_k_zero(args.k):
+    beside it is taken and left unused, as bench takes --drafter and --draft-model beside --mode ar (a script
+    comparing K passes them alike): said once on stderr, then dropped, so it is neither checked nor loaded.
+    With --tree, --k 0 is no AR server but a conflict (--tree sets the lookahead), which the spec's check says."""
+    if args.tree is not None or not fixed_k_zero(args.k):
         return
     given = [f"{flag} {value}" for flag, value in (("--drafter", args.drafter), ("--draft-model", args.draft_model),
                                                    ("--early-exit-layers", args.early_exit_layers))
              if value is not None]
     if given:
-        one = len(given) == 1
-        raise UsageError(f"{', '.join(given)} shape{'s' if one else ''} speculative decoding, which --k {args.k} does "
-                         f"not run: --k 0 drafts nothing (every request decoded as AR); drop {'it' if one else 'them'}, "
-                         "or give a K of 1 or more (or a policy)")
+        print(f"note: --k {args.k}: a plain AR server; {', '.join(given)} {'is' if len(given) == 1 else 'are'} not "
+              "used", file=sys.stderr)
+        args.drafter = args.draft_model = args.early_exit_layers = None
 
 
 def handle(args: argparse.Namespace) -> int:
