@@ -91,7 +91,7 @@ class ServeTelemetry:
     def _on_power(self, readings) -> None:
         self.metrics.observe_power(readings)
         if self.recorder is not None:
-            for run_id in self.run_ids.values():  # both runs span the same node and period
+            for run_id in self.run_ids.values():  # each run (spec and ar; one, ar, at --k 0) spans the node and period
                 self.recorder.record_power(run_id, readings)
 
     def finish(self, mode: str, rec: RequestRecord, others, *, window=None, store: bool = True) -> None:
