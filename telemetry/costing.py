@@ -282,6 +282,7 @@ _CONFIG_FIELD_NAMES = {"kind": "run kind", "dtype": "precision", "max_new_tokens
 _CONFIG_FIELD_FLAGS = {"workload": "--workload", "target": "--target", "temperature": "--temperature",
                        "top_p": "--top-p", "top_k": "--top-k", "max_new_tokens": "--max-new-tokens",
                        "kind": "--run-kind"}  # no flag keeps one device (a node may hold several): --invocation
+_TARGET_PATH_HINT = "--target PATH (a full folder path narrows it)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,11 +299,14 @@ class ConfigSpread:
         --run ID'; None for one configuration. `given`: the filter flags the command was given ('--invocation'):
         --invocation and --run are not advised again; a field's flag is advised while that field still differs
         among the pooled runs, given or not (`--target target-tiny` keeps that folder name on every node and path:
-        /models/a/target-tiny and /models/b/target-tiny are still pooled, and --target with a path narrows them)."""
+        /models/a/target-tiny and /models/b/target-tiny are still pooled: advised then as --target PATH, a full
+        folder path narrowing them)."""
         if self.num_configurations < 2:
             return None
         names = ", ".join(_CONFIG_FIELD_NAMES.get(f, f) for f in self.differs_in)
         flags = [_CONFIG_FIELD_FLAGS[f] for f in self.differs_in if f in _CONFIG_FIELD_FLAGS]
+        # --target given and still pooling paths: it kept a folder name; a full path is what narrows it
+        flags = [_TARGET_PATH_HINT if f == "--target" and f in given else f for f in flags]
         options = [*flags, *(f"{flag} ID" for flag in ("--invocation", "--run") if flag not in given)]
         if not options:  # (every one given: no several configurations are left to pool)
             return f"pools {self.num_configurations} configurations that differ in {names}"

@@ -105,8 +105,11 @@ def test_cost_still_advises_a_given_filter_whose_field_still_differs(db_url, cap
             make_run(s, "spec", target=target, requests=_spec(3))
         s.commit()
     out = _text(["cost", "--db", db_url, "--target", "target-tiny"], capsys)
-    assert "pools 2 configurations that differ in target: narrow with --target, --invocation ID or --run ID" in out, \
-        out
+    assert ("pools 2 configurations that differ in target: narrow with --target PATH (a full folder path narrows "
+            "it), --invocation ID or --run ID") in out, out
+    # not given: --target as the other filters are advised
+    assert "differ in target: narrow with --target, --invocation ID or --run ID" in _text(["cost", "--db", db_url],
+                                                                                          capsys)
 
 
 def test_cost_repeats_of_one_configuration_are_not_called_pooled(db_url, capsys):
