@@ -591,14 +591,16 @@ def _session_in_utc(dbapi_conn, _record) -> None:
 
 def _session_lock_timeout(dbapi_conn, _record, shown: str | None = None) -> None:
     """Every PostgreSQL session waits at most PG_LOCK_TIMEOUT_MS for a lock another session holds, where nothing
-    set its lock_timeout (0, PostgreSQL's default: wait forever): the statement then fails with lock_not_available
-    (its transaction rolled back, nothing of it written), which `retry_while_locked` waits on, saying so, and the
-    command's error names (app.cli.describe_failure). One set elsewhere is kept: the URL's `options`, PGOPTIONS,
-    the database's or the role's settings (ALTER DATABASE/ROLE ... SET lock_timeout)."""
+    set its lock_timeout (pg_settings.source 'default': PostgreSQL's 0, wait forever): the statement then fails
+    with lock_not_available (its transaction rolled back, nothing of it written), which `retry_while_locked` waits
+    on, saying so, and the command's error names (app.cli.describe_failure). One set elsewhere is kept, 0 (wait
+    forever) too: the URL's `options`, PGOPTIONS, the database's or the role's settings (ALTER DATABASE/ROLE ...
+    SET lock_timeout), postgresql.conf. (Decided by the value's source, not by its being 0: a deliberate 0 got
+    the default.)"""
     cur = dbapi_conn.cursor()
-    cur.execute("SELECT CASE WHEN current_setting('lock_timeout') = '0' "
+    cur.execute("SELECT CASE WHEN source = 'default' "
                 f"THEN set_config('lock_timeout', '{int(PG_LOCK_TIMEOUT_MS)}', false) "
-                "ELSE current_setting('lock_timeout') END")
+                "ELSE current_setting('lock_timeout') END FROM pg_settings WHERE name = 'lock_timeout'")
     row = cur.fetchone()
     cur.close()
     if shown is not None and row:

@@ -235,6 +235,25 @@ def test_a_lock_timeout_set_outside_specfinops_is_kept_and_only_none_gets_the_de
         admin.dispose()
 
 
+@pytest.mark.parametrize("how", ["url", "PGOPTIONS", "database"])
+def test_a_lock_timeout_of_0_set_on_purpose_is_kept(pg_url, how, monkeypatch):
+    """0 (wait forever) set deliberately is kept as any other value: the default goes only where nothing set
+    lock_timeout (pg_settings.source 'default'), not wherever it reads 0 (a deliberate 0 got 5 s)."""
+    monkeypatch.setattr(db, "PG_LOCK_TIMEOUT_MS", 4321)
+    url = pg_url
+    if how == "url":
+        url = pg_url + "?options=-c%20lock_timeout%3D0"
+    elif how == "PGOPTIONS":
+        monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=0")
+    else:
+        admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as c:
+            c.execute(text(f'ALTER DATABASE "{pg_url.rsplit("/", 1)[1]}" SET lock_timeout = 0'))
+        admin.dispose()
+    assert _session_lock_timeout_of(url) == "0"
+    assert db.session_lock_timeout(db.shown_db_url(url)) == "0"
+
+
 def test_a_lock_timeout_pgoptions_sets_is_kept(pg_url, monkeypatch):
     monkeypatch.setattr(db, "PG_LOCK_TIMEOUT_MS", 4321)
     monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=1234")
