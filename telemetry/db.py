@@ -430,16 +430,20 @@ class StoreLockedError(RuntimeError):
     as shown (`shown_db_url`, its password masked) with `server` set."""
 
     def __init__(self, path: Path | str | None, waited_s: float | None, *, server: bool = False,
-                 lock_timeout: str | None = None):
+                 lock_timeout: str | None = None, migration_bound_s: float | None = None):
         """`waited_s`: how long this waited, where it is known (a write retried, a migration's lock); None for a
         PostgreSQL statement its session's lock_timeout ended (`lock_timeout`, as PostgreSQL shows it, where it
         was read back): only that statement's transaction is known to be rolled back, a read's as well as a
-        write's, so no 'nothing was written' is said."""
+        write's, so no 'nothing was written' is said. `migration_bound_s`: the most a schema change waits
+        (SQLITE_MIGRATION_WAIT_MS), said where a migration gave up: its own bound, not the session's."""
         store = f"the store {path}" if path is not None else "the store"
         holder = "another session holds a lock on what this needs" if server else \
             "another process holds a write lock on it"
         if waited_s is not None:
             waited, outcome = f"still after {waited_s:.0f} s of waiting", "nothing was written"
+            if migration_bound_s is not None:
+                bound = (f"{migration_bound_s / 60:g} min" if migration_bound_s >= 60 else f"{migration_bound_s:g} s")
+                waited += f"; a schema change waits up to {bound}"
         else:
             waited = "still after waiting the session's lock_timeout" + (f", {lock_timeout}" if lock_timeout else "")
             outcome = "the statement's transaction was rolled back"
@@ -798,10 +802,21 @@ def migration_transaction(engine: Engine) -> Iterator[Connection]:
     SQLite ignores the pragma), so a batch rebuild of a parent table (copy, DROP, rename) does not delete its
     children through ON DELETE CASCADE; the connection gets them back afterwards."""
     with engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            with conn.begin():
+                started = time.monotonic()
+                _pg_migration_lock(conn, engine)
+                try:
+                    yield conn
+                except DBAPIError as exc:  # a lock the schema change needed, waited for up to its own bound (the
+                    # SET LOCAL lock_timeout), not the session's that a plain statement's error names
+                    if not is_locked(exc):
+                        raise
+                    raise StoreLockedError(shown_db_url(engine.url), time.monotonic() - started, server=True,
+                                           migration_bound_s=SQLITE_MIGRATION_WAIT_MS / 1000) from None
+            return
         if conn.dialect.name != "sqlite":
             with conn.begin():
-                if conn.dialect.name == "postgresql":
-                    _pg_migration_lock(conn, engine)
                 yield conn
             return
         dbapi = conn.connection.driver_connection
@@ -826,7 +841,8 @@ def _pg_migration_lock(conn: Connection, engine: Engine) -> None:
     while not conn.execute(sql_text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": PG_MIGRATION_LOCK_KEY}).scalar():
         waited = time.monotonic() - started
         if waited >= SQLITE_MIGRATION_WAIT_MS / 1000:
-            raise StoreLockedError(shown_db_url(engine.url), waited, server=True)
+            raise StoreLockedError(shown_db_url(engine.url), waited, server=True,
+                                   migration_bound_s=SQLITE_MIGRATION_WAIT_MS / 1000)
         if not said and waited >= 1.0:
             logger.warning("the store %s is being written by another session (creating or upgrading the store?): "
                            "waiting up to %.0f min for it to finish", shown_db_url(engine.url),

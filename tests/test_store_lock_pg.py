@@ -193,6 +193,25 @@ def test_a_migration_waits_for_a_reader_past_the_lock_timeout_then_succeeds(pg_s
     assert _revision(pg_store) == ("0010" if how == "db downgrade" else head_revision())
 
 
+@pytest.mark.parametrize("how", ["db upgrade", "opening it"])
+def test_a_migration_that_times_out_on_a_reader_names_its_own_bound(pg_store, how, monkeypatch, capsys):
+    """The migration waited its own bound (SET LOCAL lock_timeout), not the session's lock_timeout (300 ms here):
+    its error says what it waited and that bound, not 'the session's lock_timeout, 300ms'."""
+    assert main(["db", "downgrade", "0010", "--yes", "--db", pg_store]) == 0  # 0011 adds runs.invocation
+    monkeypatch.setattr(db, "SQLITE_MIGRATION_WAIT_MS", 1500)
+    with _reading(pg_store, "runs", 4.0):
+        if how == "db upgrade":
+            rc = main(["db", "upgrade", "--db", pg_store])
+        else:
+            rc = main(["prices", "set", "h100", "6", "--source", "t", "--db", pg_store])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err
+    assert f"the store {db.shown_db_url(pg_store)} is locked: another session holds a lock" in err, err
+    assert "session's lock_timeout" not in err and "300ms" not in err, err
+    assert "s of waiting; a schema change waits up to 1.5 s)" in err, err
+    assert _revision(pg_store) == "0010"
+
+
 def _session_lock_timeout_of(url: str) -> str:
     engine = db.make_engine(url)
     try:
