@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import sqlite3
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -442,8 +443,7 @@ class StoreLockedError(RuntimeError):
         if waited_s is not None:
             waited, outcome = f"still after {waited_s:.0f} s of waiting", "nothing was written"
             if migration_bound_s is not None:
-                bound = (f"{migration_bound_s / 60:g} min" if migration_bound_s >= 60 else f"{migration_bound_s:g} s")
-                waited += f"; a schema change waits up to {bound}"
+                waited += f"; a schema change waits up to {_span(migration_bound_s)}"
         else:
             waited = "still after waiting the session's lock_timeout" + (f", {lock_timeout}" if lock_timeout else "")
             outcome = "the statement's transaction was rolled back"
@@ -805,9 +805,10 @@ def migration_transaction(engine: Engine) -> Iterator[Connection]:
         if conn.dialect.name == "postgresql":
             with conn.begin():
                 started = time.monotonic()
-                _pg_migration_lock(conn, engine)
+                left_s = _pg_migration_lock(conn, engine)
                 try:
-                    yield conn
+                    with _said_while_blocked(engine, conn, left_s):
+                        yield conn
                 except DBAPIError as exc:  # a lock the schema change needed, waited for up to its own bound (the
                     # SET LOCAL lock_timeout), not the session's that a plain statement's error names
                     if not is_locked(exc):
@@ -831,7 +832,7 @@ def migration_transaction(engine: Engine) -> Iterator[Connection]:
             dbapi.execute("PRAGMA foreign_keys=ON")
 
 
-def _pg_migration_lock(conn: Connection, engine: Engine) -> None:
+def _pg_migration_lock(conn: Connection, engine: Engine) -> float:
     """The advisory lock one PostgreSQL migrator holds at a time, as `_begin_immediate` takes SQLite's write lock:
     when another session holds it for more than a second, say so and wait, up to SQLITE_MIGRATION_WAIT_MS, in tries
     of MIGRATION_TRY_MS (a Ctrl-C stops it between them), then StoreLockedError (pg_advisory_xact_lock waited
@@ -859,6 +860,50 @@ def _pg_migration_lock(conn: Connection, engine: Engine) -> None:
     # locked; a write retries for up to SQLITE_LOCK_WAIT_S.)
     left_ms = max(1, int(SQLITE_MIGRATION_WAIT_MS - (time.monotonic() - started) * 1000))
     conn.execute(sql_text(f"SET LOCAL lock_timeout = {left_ms}"))
+    return left_ms / 1000
+
+
+def _span(seconds: float) -> str:
+    """A bound as a waiting line says it: '30 min', '1.5 s'."""
+    return f"{round(seconds / 60, 1):g} min" if seconds >= 60 else f"{round(seconds, 1):g} s"
+
+
+@contextmanager
+def _said_while_blocked(engine: Engine, conn: Connection, left_s: float) -> Iterator[None]:
+    """While the migration on `conn` runs: from a second after it starts, a look each second (from another
+    session of `engine`) whether its session waits for a lock another session holds (pg_blocking_pids: a reader
+    of a table its ALTER changes); the first time it does, say so once, as SQLite's and a retried write's waiting
+    lines are (the wait, up to `left_s`, was silent). A migration that waits for nothing, however long, says
+    nothing, and opens no second session where it ends within the second. (A watch, not a short lock_timeout
+    first: the failed statement would abort the transaction, and the migration's body is its callers', run once.)"""
+    pid = conn.execute(sql_text("SELECT pg_backend_pid()")).scalar()
+    done = threading.Event()
+
+    def watch() -> None:
+        if done.wait(1.0):
+            return
+        try:
+            with engine.connect() as probe:
+                while not done.is_set():
+                    blocked = probe.execute(sql_text("SELECT cardinality(pg_blocking_pids(:pid)) > 0"),
+                                            {"pid": pid}).scalar()
+                    probe.rollback()
+                    if blocked and not done.is_set():
+                        logger.warning("the store %s is locked by another session (reading or writing a table the "
+                                       "schema change alters): waiting up to %s for it; Ctrl-C stops it",
+                                       shown_db_url(engine.url), _span(left_s))
+                        return
+                    done.wait(1.0)
+        except Exception:  # noqa: BLE001 - a look that failed (no connection left) only leaves the wait unsaid
+            logger.debug("could not look whether the migration waits for a lock", exc_info=True)
+
+    watcher = threading.Thread(target=watch, name="migration-lock-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join(5)
 
 
 def _begin_immediate(dbapi: sqlite3.Connection, path: str) -> None:

@@ -171,7 +171,7 @@ def _revision(pg_url: str) -> str:
 
 
 @pytest.mark.parametrize("how", ["db upgrade", "opening it", "db downgrade"])
-def test_a_migration_waits_for_a_reader_past_the_lock_timeout_then_succeeds(pg_store, how, capsys):
+def test_a_migration_waits_for_a_reader_past_the_lock_timeout_then_succeeds(pg_store, how, capsys, caplog):
     """The sessions' lock timeout (PG_LOCK_TIMEOUT_MS) is not the migration's: an ALTER TABLE runs waits for a
     reader of runs for as long as an upgrade is waited for (README: up to 30 min), not 5 s (it failed 'locked')."""
     from telemetry.store import head_revision
@@ -179,7 +179,7 @@ def test_a_migration_waits_for_a_reader_past_the_lock_timeout_then_succeeds(pg_s
     if how != "db downgrade":
         assert main(["db", "downgrade", "0010", "--yes", "--db", pg_store]) == 0  # 0011 adds runs.invocation
     started = time.monotonic()
-    with _reading(pg_store, "runs", 2.0):
+    with _reading(pg_store, "runs", 2.0), caplog.at_level(logging.WARNING, logger="telemetry.db"):
         if how == "db upgrade":
             rc = main(["db", "upgrade", "--db", pg_store])
         elif how == "db downgrade":
@@ -188,9 +188,26 @@ def test_a_migration_waits_for_a_reader_past_the_lock_timeout_then_succeeds(pg_s
             rc = main(["prices", "set", "h100", "6", "--source", "t", "--db", pg_store])
         waited = time.monotonic() - started
     err = capsys.readouterr().err
-    assert rc == 0 and "Traceback" not in err and "is locked" not in err, err
+    assert rc == 0 and "Traceback" not in err and "is locked:" not in err, err
     assert 1.5 < waited < FALLBACK_S, waited
     assert _revision(pg_store) == ("0010" if how == "db downgrade" else head_revision())
+    # the wait is said, once, as SQLite's and a retried write's are (it was silent for up to 30 min)
+    line = (f"the store {db.shown_db_url(pg_store)} is locked by another session (reading or writing a table the "
+            "schema change alters): waiting up to 30 min for it; Ctrl-C stops it")
+    assert caplog.messages.count(line) == 1, caplog.messages
+
+
+def test_a_migration_that_waits_for_no_lock_says_no_waiting_line(pg_store, caplog):
+    """A schema change that runs longer than the watch's first look but waits for no lock says nothing."""
+    assert main(["db", "downgrade", "0010", "--yes", "--db", pg_store]) == 0
+    engine = db.make_engine(pg_store)
+    try:
+        with caplog.at_level(logging.WARNING, logger="telemetry.db"), db.migration_transaction(engine) as conn:
+            time.sleep(2.2)  # a long rebuild, blocked by nobody
+            conn.execute(text("SELECT 1"))
+    finally:
+        engine.dispose()
+    assert not [m for m in caplog.messages if "is locked by another session" in m], caplog.messages
 
 
 @pytest.mark.parametrize("how", ["db upgrade", "opening it"])
