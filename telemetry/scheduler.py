@@ -514,45 +514,79 @@ def schedule_report_job(scheduler: BaseScheduler, engine: Engine, job: ReportJob
         misfire_grace_time=job.misfire_grace_s,
         **catch_up,
     )
-    _store_pending_jobs(scheduler, what=f"the job {job.job_id}")
-    written = _persisted(engine, job.job_id) if scheduler.state == STATE_STOPPED else None
-    if scheduler.state == STATE_STOPPED and (written is None or not _same(written, job, trigger)):
-        # APScheduler's private steps (_store_pending_jobs) did not write it: it would be written (or refused) only
-        # at the start, after the caller said it was scheduled
-        raise RuntimeError(f"the job {job.job_id} was not written to the store when scheduled: "
-                           f"{_apscheduler_changed()}")
+    wrote = _store_pending_jobs(scheduler, what=f"the job {job.job_id}")
+    if scheduler.state == STATE_STOPPED:
+        if job.job_id not in wrote:
+            # APScheduler's private steps (_store_pending_jobs) did not write it: it would be written (or refused)
+            # only at the start, after the caller said it was scheduled
+            raise RuntimeError(f"the job {job.job_id} was not written to the store when scheduled: "
+                               f"{_apscheduler_changed()}")
+        written = _persisted(engine, job.job_id)
+        if written is None or not _same(written, job, trigger):
+            # written, then gone or other than this one's by the time it was read back: another process's doing
+            # (another `specfinops scheduler` on this store, scheduling the same id or removing the jobs not its own)
+            verb = "removed" if written is None else "changed"
+            raise RuntimeError(f"the job {job.job_id} was {verb} by another process while this one scheduled it "
+                               "(another `specfinops scheduler` on this store?): a store's scheduler runs every job "
+                               "in it, so run one scheduler per store, then schedule this job again")
     return "added" if stored is None else "replaced"
 
 
 def _apscheduler_changed() -> str:
     import apscheduler
 
-    return (f"APScheduler {getattr(apscheduler, '__version__', '(version unknown)')}'s private job-store steps, "
-            "which telemetry.scheduler._store_pending_jobs uses, are not those of the 3.10-3.11 it was written "
-            "for: install one of those (pip install 'apscheduler>=3.10,<3.12') or report it")
+    version = getattr(apscheduler, "__version__", "(version unknown)")
+    written_for = version.startswith(("3.10.", "3.11."))
+    return (f"APScheduler {version}'s private job-store steps, which telemetry.scheduler._store_pending_jobs uses, "
+            + ("did not write it: report it" if written_for else
+               "are not those of the 3.10-3.11 it was written for: install one of those "
+               "(pip install 'apscheduler>=3.10,<3.12') or report it"))
 
 
-def _store_pending_jobs(scheduler: BaseScheduler, what: str = "the scheduled jobs") -> None:
+def _store_pending_jobs(scheduler: BaseScheduler, what: str = "the scheduled jobs") -> set[str]:
     """Write the jobs `add_job` queued on a scheduler not started yet into its job stores now, as its start would
     (APScheduler's own steps: each store started, each queued job added, or replaced where its id is stored; the
     start then finds none queued, and starting a store again is harmless). APScheduler writes them only at the
     start: a store that refused the write (read-only, a role without the right) failed there, after `specfinops
-    scheduler` had said "job J1 replaced" and outside the block that removes the --out folder it made."""
+    scheduler` had said "job J1 replaced" and outside the block that removes the --out folder it made.
+
+    Returns the ids of the jobs a store's add_job or update_job was called with and returned from, seen in this
+    process: what APScheduler's steps did write, whatever another process did to the table since."""
     if scheduler.state != STATE_STOPPED:  # a started scheduler's add_job wrote it already
-        return
+        return set()
     try:
         lock, stores, pending, real_add_job = (scheduler._jobstores_lock, scheduler._jobstores,
                                                scheduler._pending_jobs, scheduler._real_add_job)
     except AttributeError as exc:  # APScheduler's private names changed: say so, not a traceback
         raise RuntimeError(f"cannot write {what} to the store ({exc}): {_apscheduler_changed()}") \
             from None
+    wrote: set[str] = set()
+
+    def seen(write):
+        def call(job):
+            write(job)
+            wrote.add(job.id)
+        return call
+
     with lock:
         for alias, store in stores.items():
             store.start(scheduler, alias)
-        while pending:
-            job, alias, replace_existing = pending[0]
-            real_add_job(job, alias, replace_existing)
-            del pending[0]
+        watched = [(store, name, vars(store).get(name)) for store in stores.values()
+                   for name in ("add_job", "update_job")]
+        for store, name, _ in watched:  # on the instance, for this call only
+            setattr(store, name, seen(getattr(store, name)))
+        try:
+            while pending:
+                job, alias, replace_existing = pending[0]
+                real_add_job(job, alias, replace_existing)
+                del pending[0]
+        finally:
+            for store, name, own in watched:
+                if own is None:
+                    delattr(store, name)
+                else:
+                    setattr(store, name, own)
+    return wrote
 
 
 def recover_reports(engine: Engine, job: ReportJob, *, stale_after_s: float | None = None,

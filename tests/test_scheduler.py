@@ -1378,3 +1378,33 @@ def test_apscheduler_internals_that_changed_are_a_clear_error_naming_its_version
         schedule_report_job(s, engine, _job(url, out), EVERY_SECOND)
     assert not isinstance(exc.value, AttributeError)
     assert "report-daily" in str(exc.value)
+
+
+@pytest.mark.parametrize("other", ["replaced it", "removed it"])
+def test_a_job_another_process_changes_while_this_one_schedules_it_is_not_blamed_on_apscheduler(store, other,
+                                                                                                 monkeypatch):
+    """Another scheduler process on the same store replacing the job (its own options) or removing it (its
+    remove_other_jobs) between this one's write and its check: APScheduler's steps did write it, so the error says
+    another process changed it, not that APScheduler's internals changed (a false blame, and advice to install the
+    version already installed)."""
+    url, engine, out = store
+    real_add = sched_mod.LockWaitingJobStore.add_job
+    busy = []
+
+    def add_then_another_process(self, job):
+        real_add(self, job)
+        if busy:
+            return
+        busy.append(job.id)
+        if other == "replaced it":  # another `specfinops scheduler` scheduling the same id, with other options
+            schedule_report_job(make_scheduler(engine), engine, _job(url, out, sla_ms=40.0), EVERY_SECOND)
+        else:
+            SQLAlchemyJobStore.remove_job(self, job.id)
+
+    monkeypatch.setattr(sched_mod.LockWaitingJobStore, "add_job", add_then_another_process)
+    with pytest.raises(RuntimeError) as exc:
+        schedule_report_job(make_scheduler(engine), engine, _job(url, out), EVERY_SECOND)
+    said = str(exc.value)
+    assert "APScheduler" not in said and "install" not in said, said
+    verb = "changed" if other == "replaced it" else "removed"
+    assert f"the job report-daily was {verb} by another process while this one scheduled it" in said, said
