@@ -307,7 +307,8 @@ def checked_db_url(text: str) -> str:
     "invalid literal for int() with base 10"), a host in brackets that does not parse, or an '@' in the user name or
     password not written %40 (the host was read from after it: the driver named a part of the password; this
     includes an '@' after a '/', '?' or '#' in the password, where urlsplit's netloc ends but make_url's password
-    does not). libpq's
+    does not), or an '@' after the host that moves the user, host or port make_url reads from those of the netloc
+    (`_reads_the_netloc`: `postgresql://u@h:5432/db?application_name=a@b` read host 'b'). libpq's
     `postgres://` is taken as `postgresql://`. A value without `://` is a SQLite file path, returned as it is."""
     if not text.strip():
         raise ValueError(f"must be a database URL or a SQLite file path, got {text!r}")
@@ -343,9 +344,29 @@ def checked_db_url(text: str) -> str:
         raise ValueError(f"the port must be a number 1-65535, got {port!r}") from None
     if url.host and "@" in url.host:  # as above, should make_url read the URL otherwise than the pattern
         raise at_in_userinfo
+    if not _reads_the_netloc(url, netloc):
+        raise ValueError("an '@' after the host (in the URL's path, query or fragment) made the driver read the user "
+                         "name, password and host from the start of the URL to it, the host from after it: write each "
+                         "'@' there as %40 (?application_name=a%40b)")
     if url.port is not None and not 1 <= url.port <= 65535:
         raise ValueError(f"the port must be a number 1-65535, got {port!r}")
     return text
+
+
+def _reads_the_netloc(url, netloc: str) -> bool:
+    """Whether make_url's user, host and port (`url`) are those of the URL's netloc as urlsplit reads it (up to the
+    first '/', '?' or '#'). Without a password, make_url reads a user name up to a ':' and a password up to the next
+    '@', wherever that is: `postgresql://u@h:5432/db?application_name=a@b` is user 'u@h', host 'b'. Not asked
+    where urlsplit's netloc ends inside a password (a '/', '?' or '#' in it: its "port" is then no number), where
+    make_url reads the URL as meant."""
+    userinfo, at, hostport = netloc.rpartition("@")
+    host, colon, port = hostport.rpartition(":") if ":" in hostport.rpartition("]")[2] else (hostport, "", "")
+    if colon and not port.isdigit():
+        return True  # a password holding '/', '?' or '#' (or a port no number: said elsewhere)
+    host = unquote(host.removeprefix("[").removesuffix("]")).lower()
+    user = unquote(userinfo.partition(":")[0]) if at else None
+    return ((url.username or None) == (user or None) and unquote(url.host or "").lower() == host
+            and url.port == (int(port) if port else None))
 
 
 def env_db_url() -> str | None:

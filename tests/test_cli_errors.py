@@ -793,9 +793,37 @@ def test_a_bad_port_after_a_password_holding_a_hash_or_question_mark_is_named_wi
     assert "pa" not in line.split("got", 1)[-1] and "the port must be a number 1-65535" in line, line
 
 
-@pytest.mark.parametrize("url", ["sqlite:////tmp/a@b/s.db", "/tmp/a@b/s.db", "sqlite:///rel@x.db",
+@pytest.mark.parametrize("url", ["postgresql://u@h:5432/db?application_name=a@b", "postgresql://h:5432/db@x",
+                                 "postgresql://[::1]:5432/db?application_name=a@b",
+                                 "postgresql://u@[::1]/db?application_name=a@b",
+                                 "postgresql+psycopg://u@h:5432/db#a@b", "postgres://u@h:5432/db?x=a@b"])
+@pytest.mark.parametrize("given", ["--db", "env"])
+def test_an_at_after_the_host_that_moves_the_host_make_url_reads_is_refused(url, given, tmp_path, monkeypatch,
+                                                                           capsys):
+    """Without a password, make_url reads a user name up to a ':' and a password up to the next '@', wherever it
+    is: `postgresql://u@h:5432/db?application_name=a@b` was user 'u@h', host 'b' (the driver tried to reach 'b'
+    as 'u@h'). The user, host and port make_url reads must be those of the URL's netloc (urlsplit's)."""
+    monkeypatch.chdir(tmp_path)
+    if given == "env":
+        monkeypatch.setenv("SPECFINOPS_DB_URL", url)
+        assert main(["cost"]) == 2
+    else:
+        with pytest.raises(SystemExit) as exc:
+            main(["cost", "--db", url])
+        assert exc.value.code == 2
+    line = _one_line(capsys)
+    assert "an '@' after the host" in line and "%40" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("url", ["sqlite:////tmp/a@b/s.db", "/tmp/a@b/s.db", "sqlite:///rel@x.db", "runs@1.db",
                                  "postgresql://u:p@h/db@x", "postgresql://u:p@h/db?host=/var/run@x",
-                                 "postgresql:///db?host=/var/run@x", "postgresql://u:p%40ss@h/db"])
+                                 "postgresql:///db?host=/var/run@x", "postgresql://u:p%40ss@h/db",
+                                 "postgresql:///test?host=/var/run/postgresql", "postgresql://u@h/db?application_name=a@b",
+                                 "postgresql://u@h:5432/db?application_name=a%40b", "postgresql://h:5432/db%40x",
+                                 "postgresql://u:p@[::1]:5432/db?application_name=a@b", "postgresql://[::1]/db",
+                                 "postgresql://u@[fe80::1]:5433/db", "postgresql+psycopg://u:p@H.example:5/db@x",
+                                 "postgresql://u:p/ss@h/db"])
 def test_an_at_outside_the_user_name_and_password_or_written_as_pct40_is_accepted(url):
     from telemetry.db import checked_db_url
 
