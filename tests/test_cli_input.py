@@ -204,3 +204,18 @@ def test_a_servers_url_is_shown_as_the_user_writes_it_its_password_masked():
     assert "specfinops db upgrade --db postgresql://ops:***@db.example:5432/finops (*** is its password)" in said
     said = str(NotAStoreError("postgresql://ops@db.example/finops", [], server=True))
     assert "specfinops db upgrade --db postgresql://ops@db.example/finops, or" in said and "***" not in said
+
+
+@pytest.mark.parametrize("given, shown", [
+    ("postgresql+psycopg://u@h/db?password=s3cret", "postgresql://u@h/db?password=***"),
+    ("postgresql://u@h/db?sslmode=require&password=s3cret", "postgresql://u@h/db?password=***&sslmode=require"),
+    ("postgresql://u@h/db?sslpassword=k3y&application_name=a", "postgresql://u@h/db?application_name=a&sslpassword=***"),
+    ("postgresql://u:s3cret@h/db?password=s3cret", "postgresql://u:***@h/db?password=***"),
+])
+def test_a_password_given_in_the_query_string_is_masked_too(given, shown):
+    """libpq takes the password (and a key's, sslpassword) as a query parameter too: it was shown as given."""
+    from telemetry.db import masked_password_note, shown_db_url
+
+    assert shown_db_url(given) == shown
+    assert "s3cret" not in shown_db_url(given) and "k3y" not in shown_db_url(given)
+    assert masked_password_note(given) == " (*** is its password)"
