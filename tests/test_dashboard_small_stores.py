@@ -20,6 +20,23 @@ def _open(url: str, monkeypatch, page: str):
     return app_for(url, monkeypatch).run().switch_page(page).run()
 
 
+def _missing_mode_hints(at) -> list[tuple[str, list]]:
+    """The Overview's 'no speculative runs' line and the projection's caveat, each with the commands it suggests
+    parsed by the CLI's own parser (a command it refuses fails the test: SystemExit)."""
+    import shlex
+
+    from app.cli import build_parser
+
+    [info] = [i.value for i in at.info if i.value.startswith("No speculative runs in view")]
+    [caveat] = [w.value for w in at.warning if w.value.startswith("Projection: based on")]
+    hints = []
+    for text in (info, caveat):
+        commands = [c for c in text.split("`") if c.startswith("specfinops ")]
+        assert commands, text
+        hints.append((text, [build_parser().parse_args(shlex.split(c)[1:]) for c in commands]))
+    return hints
+
+
 def test_one_token_answers_leave_the_latency_page_its_ttft(sqlite_url, monkeypatch):
     """No request has a TPOT: the empty TPOT part turned the histogram's columns into objects and the whole
     Latency page into one error line ("loop of ufunc does not support argument 0 ... rint")."""
@@ -214,10 +231,6 @@ def test_a_load_tests_missing_mode_is_recorded_by_a_command_that_runs(sqlite_url
     target the served model's name): the Overview and the projection suggested `specfinops bench ... --backend
     unknown --target served-model`, which bench refuses, and said it had the runs' settings. Now a load test of both
     modes against the same server at the runs' sampling and answer length cap, which the CLI's own parser accepts."""
-    import shlex
-
-    from app.cli import build_parser
-
     engine = open_store(sqlite_url)
     with Session(engine) as s:
         make_run(s, "ar", kind="loadtest", backend="unknown", dtype="unknown", target="served-model",
@@ -225,15 +238,10 @@ def test_a_load_tests_missing_mode_is_recorded_by_a_command_that_runs(sqlite_url
         s.commit()
     at = _open(sqlite_url, monkeypatch, "views/overview.py")
     assert_clean(at)
-    [info] = [i.value for i in at.info if i.value.startswith("No speculative runs in view")]
-    [caveat] = [w.value for w in at.warning if w.value.startswith("Projection: based on")]
-    for text in (info, caveat):
-        commands = [c for c in text.split("`") if c.startswith("specfinops ")]
-        assert commands, text
-        for command in commands:
-            args = build_parser().parse_args(shlex.split(command)[1:])  # refused: SystemExit
-            assert args.command == "loadtest" and args.mode == "both", command
-            assert (args.temperature, args.max_tokens, args.workload) == (0.5, 32, "code"), command
+    for text, parsed in _missing_mode_hints(at):
+        for args in parsed:
+            assert args.command == "loadtest" and args.mode == "both", text
+            assert (args.temperature, args.max_tokens, args.workload) == (0.5, 32, "code"), text
         assert "--backend" not in text and "served-model" not in text and "target and settings" not in text, text
 
 
@@ -258,9 +266,6 @@ def test_the_missing_mode_is_recorded_on_a_workload_bench_takes(sqlite_url, monk
     """A store of a server's AR runs only (workload 'serve'), of the generator's only ('synthetic'), of a workload
     file no longer there: the Overview and the projection suggested `bench --workload serve` (or synthetic, or the
     gone file), which bench refuses. They name a workload bench takes: mixed (queries.bench_workload)."""
-    import shlex
-
-    from app.cli import build_parser
     from serving.workloads import load_workload
 
     for kind, workload in (("serve", "serve"), ("bench", "synthetic"), ("bench", "/no/such/dir/gone.jsonl")):
@@ -271,15 +276,10 @@ def test_the_missing_mode_is_recorded_on_a_workload_bench_takes(sqlite_url, monk
             s.commit()
         at = _open(url, monkeypatch, "views/overview.py")
         assert_clean(at)
-        [info] = [i.value for i in at.info if i.value.startswith("No speculative runs in view")]
-        [caveat] = [w.value for w in at.warning if w.value.startswith("Projection: based on")]
-        for text in (info, caveat):
-            commands = [c for c in text.split("`") if c.startswith("specfinops ")]
-            assert commands, text
-            for command in commands:
-                args = build_parser().parse_args(shlex.split(command)[1:])
-                assert args.workload == "mixed", command
-                assert load_workload(args.workload), command  # bench reads it
+        for text, parsed in _missing_mode_hints(at):
+            for args in parsed:
+                assert args.workload == "mixed", text
+                assert load_workload(args.workload), text  # bench reads it
 
 
 def test_bench_workload_knows_the_workloads_bench_takes(tmp_path):
