@@ -418,13 +418,32 @@ def model_path(role: str, flag: str = "--draft-model") -> Path:
     raise ValueError(f"unknown role {role!r}: use target or draft")
 
 
+def local_bundled_name(name: str) -> Path | None:
+    """The folder in the working directory named as a bundled model (`name`: BUNDLED_TARGET or BUNDLED_DRAFT)
+    where one is there: a model directory (config.json) is that folder, the model the user gave by its path; a
+    folder that is not a model is refused (ValueError) as any other folder without config.json is: the bundled
+    model in its place would be another model than the path says, silently. None where no such folder is there."""
+    path = Path(name)
+    if not path.is_dir():
+        return None
+    if (path / "config.json").is_file():
+        return path.resolve()
+    raise ValueError(f"./{name} in the working directory is not a Hugging Face model directory (no config.json), "
+                     f"and the name reads as that folder: give the model directory inside it (./{name}/...), or "
+                     f"move the folder to name the bundled {name}")
+
+
 def resolve_model(name_or_path: str | None, role: str = "target", flag: str = "--draft-model") -> Path:
     """A known model name, 'default', or a local Hugging Face model directory. A model directory whose path
     reads like a name ('target', 'draft', 'default', a bundled model's name in the working directory) is that
-    directory: the user gave its path, and the bundled model in its place would be another model, silently.
+    directory: the user gave its path, and the bundled model in its place would be another model, silently (a
+    folder of a bundled model's name that is not a model is refused, `local_bundled_name`).
     `flag`: the option that names a draft, in the error saying none is bundled."""
-    if (name_or_path in ("default", role, BUNDLED_TARGET, BUNDLED_DRAFT)
-            and (Path(name_or_path) / "config.json").is_file()):
+    if name_or_path in (BUNDLED_TARGET, BUNDLED_DRAFT):
+        local = local_bundled_name(name_or_path)
+        if local is not None:
+            return local
+    elif name_or_path in ("default", role) and (Path(name_or_path) / "config.json").is_file():
         return Path(name_or_path).resolve()
     if name_or_path in (None, "", "default", role):
         return model_path(role, flag)

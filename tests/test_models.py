@@ -137,6 +137,29 @@ def test_a_model_folder_named_like_a_bundled_model_is_that_folder(role, tmp_path
         assert resolve_model(name, role) == (tmp_path / name).resolve()
 
 
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_a_folder_named_like_a_bundled_model_without_config_is_refused(role, tmp_path, monkeypatch):
+    """A folder ./specfinops-draft (or ./smollm2-135m-instruct) that is not a model silently gave the bundled
+    model: the name reads as that folder, so it is refused as any folder without config.json, here and under the
+    option that gave it (the CLI's path)."""
+    from app.commands._common import model_option
+    from app.errors import UsageError
+    from serving.models import BUNDLED_DRAFT, BUNDLED_TARGET
+
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    flag = "--target" if role == "target" else "--draft-model"
+    for name in (BUNDLED_DRAFT, BUNDLED_TARGET):
+        (tmp_path / name / "run").mkdir(parents=True)  # e.g. a distill --out whose draft sits deeper
+        with pytest.raises(ValueError) as exc:
+            resolve_model(name, role)
+        assert "no config.json" in str(exc.value) and f"./{name}/..." in str(exc.value), str(exc.value)
+        assert "move the folder" in str(exc.value)
+        with pytest.raises(UsageError) as exc:
+            model_option(flag, name, role)
+        assert str(exc.value).startswith(f"{flag} {name}: ./{name} in the working directory is not"), str(exc.value)
+
+
 @pytest.mark.parametrize("manifest, needle", [
     ('{"name": "smollm2-135m-instruct",\n  "source": ', "not valid JSON"),
     ("{}", "no safetensors_sha256 checksum"),
