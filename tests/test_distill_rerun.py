@@ -354,6 +354,60 @@ def test_a_total_minutes_resume_counts_the_earlier_runs_against_the_budget(tiny,
     assert "no time to train" in err[0] and ckpt.read_bytes() == kept
 
 
+def test_a_total_minutes_resume_with_nothing_left_is_refused_before_the_target_loads(tiny, tmp_path, cache,
+                                                                                       monkeypatch, capsys):
+    """The refusal of a --resume whose earlier runs took the --total-minutes budget came after the data was made and
+    the target loaded (minutes, for a real target): it is said once the checkpoint is read, naming the least budget
+    that leaves time to train and --minutes as the other way, which then continues the run."""
+    import serving.llama
+    from app.cli import main
+
+    out = tmp_path / "draft"
+    argv = _budget_argv(tiny, out, "--total-minutes", "5")
+    _ctrl_c_at(monkeypatch, 2)
+    assert main(argv) == 130
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    (ckpt,) = _checkpoints(cache)
+    saved = torch.load(ckpt, weights_only=False)
+    saved["run"] = {"total_minutes": 4.6, "data_minutes": 1.0}
+    torch.save(saved, ckpt)
+    kept = ckpt.read_bytes()
+    load = serving.llama.load_causal_lm
+
+    def no_load(*a, **kw):
+        raise AssertionError("the target was loaded before the budget refusal")
+
+    monkeypatch.setattr(serving.llama, "load_causal_lm", no_load)
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--total-minutes 5:" in err[0] and "took 4.6 minutes" in err[0], err
+    assert "no time to train" in err[0] and "--total-minutes 5.2 or more" in err[0], err
+    trained = saved["elapsed"] / 60
+    assert "--minutes in place of --total-minutes" in err[0] and f"the {trained:.2f} minutes" in err[0], err
+    assert ckpt.read_bytes() == kept
+    monkeypatch.setattr(serving.llama, "load_causal_lm", load)
+    # the other way it names: a training budget, past what the checkpoint trained
+    assert main([*_budget_argv(tiny, out, "--minutes", f"{trained + 0.02:.2f}"), "--resume"]) == 0
+
+
+def test_an_interrupted_total_minutes_run_with_no_time_left_says_its_resume_needs_more(tmp_path):
+    """The continue command an interrupted --total-minutes run printed was refused for its budget when the run had
+    used it up: the note says so, and names a budget that trains."""
+    from app.cli import build_parser
+    from serving.distill.pipeline import interrupted_note, resume_budget_refusal
+
+    args = build_parser().parse_args(["distill", "--corpus", str(tmp_path), "--out", str(tmp_path / "d"),
+                                      "--total-minutes", "5"])
+    args.total_minutes = 5.0  # as the command checks it
+    note = interrupted_note(args, 7, tmp_path / "c.pt", tmp_path / "d", 4.6)
+    assert "--total-minutes 5 " in note.splitlines()[1] and resume_budget_refusal(5, 4.6, 1.0), note
+    assert "no time to train" in note and "--total-minutes 5.2 or more" in note, note
+    roomy = interrupted_note(args, 7, tmp_path / "c.pt", tmp_path / "d", 1.0)
+    assert "no time to train" not in roomy and len(roomy.splitlines()) == 2, roomy
+
+
 def test_a_resume_with_fewer_minutes_than_the_checkpoint_trained_is_refused(tiny, tmp_path, cache, monkeypatch,
                                                                              capsys):
     """`--minutes 1 --resume` from a checkpoint that trained 2 minutes is refused as fewer --steps are: the

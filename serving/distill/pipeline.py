@@ -131,6 +131,26 @@ def training_minutes(total_minutes: float, spent_minutes: float, minutes: float 
     return budget if minutes is None else min(minutes, budget)
 
 
+def resume_budget_refusal(total_minutes: float, earlier_minutes: float, trained_minutes: float) -> str | None:
+    """Why a --resume with --total-minutes `total_minutes` cannot train, said before anything is done: the runs it
+    continues took `earlier_minutes` of it (their training, `trained_minutes`, included) and the margin for saving
+    leaves less than MIN_TRAIN_MINUTES, before this run's data and set-up take any. None where some is left."""
+    if total_minutes - earlier_minutes - BUDGET_MARGIN_MINUTES >= MIN_TRAIN_MINUTES:
+        return None
+    least = smallest_resume_budget(earlier_minutes)
+    return (f"--total-minutes {total_minutes:g}: the runs this --resume continues took {earlier_minutes:.1f} minutes "
+            f"(the budget bounds the whole run) and {BUDGET_MARGIN_MINUTES:g} are kept for saving the draft, which "
+            f"leaves no time to train; resume with --total-minutes {least:g} or more (plus this run's data and "
+            f"set-up), or with --minutes in place of --total-minutes (a training budget, counting the "
+            f"{trained_minutes:.2f} minutes the checkpoint trained)")
+
+
+def smallest_resume_budget(earlier_minutes: float) -> float:
+    """The least --total-minutes (to 0.1 minute, rounded up) that leaves a --resume time to train after the runs it
+    continues took `earlier_minutes`, before its own data and set-up."""
+    return math.ceil(round((earlier_minutes + BUDGET_MARGIN_MINUTES + MIN_TRAIN_MINUTES) * 10, 6)) / 10
+
+
 def _say(msg: str) -> None:
     import sys
 
@@ -649,13 +669,21 @@ def resume_command(args) -> str:
     return command_line(args) + " " + shlex.join([*extra, "--resume"])
 
 
-def interrupted_note(args, step: int, ckpt: Path, out: Path) -> str:
-    """What an interrupted training run says: the checkpoint step saved, and how to continue from it."""
+def interrupted_note(args, step: int, ckpt: Path, out: Path, run_minutes: float = 0.0) -> str:
+    """What an interrupted training run says: the checkpoint step saved, and how to continue from it. `run_minutes`:
+    the wall-clock the run took so far (the runs it continued included), which a --total-minutes budget bounds: where
+    it leaves the command's --resume no time to train, the note says so and names a budget that does."""
     if not step:
         return ("interrupted before the first checkpoint: nothing to resume; the data is cached, so the same "
                 "command starts training again without making it")
-    return (f"interrupted: checkpoint at step {step} saved to {ckpt} (the draft so far in {out}); continue with:\n"
+    note = (f"interrupted: checkpoint at step {step} saved to {ckpt} (the draft so far in {out}); continue with:\n"
             f"  {resume_command(args)}")
+    total = getattr(args, "total_minutes", None)
+    if total is not None and resume_budget_refusal(total, run_minutes, 0.0):
+        note += (f"\nbut this run took {run_minutes:.1f} of its --total-minutes {total:g}, which leaves that command "
+                 f"no time to train (it is refused): give it --total-minutes {smallest_resume_budget(run_minutes):g} "
+                 "or more (plus its data and set-up), or --minutes in place of --total-minutes")
+    return note
 
 
 def _made_so_far(d: Path, items: list[dict]) -> str:
@@ -833,6 +861,11 @@ def run(args) -> int:
             before[k] = float(v) if isinstance(v, int | float) and not isinstance(v, bool) else \
                 (trained_s / 60 if k == "total_minutes" else 0.0)
         del resumed
+        total = getattr(args, "total_minutes", None)
+        refused = None if total is None or trained_out else \
+            resume_budget_refusal(total, before["total_minutes"], trained_s / 60)
+        if refused:  # before the data is made and the target loaded: the budget is spent whatever they take
+            raise UsageError(refused)
         # a budget changed on resume: the steps trained so far followed the old one's learning-rate schedule
         # (kept through later resumes: the card's "rerun" must not promise the command reproduces the weights)
         saved_extra = saved.get("extra") or {}
@@ -1050,7 +1083,7 @@ def run(args) -> int:
                             "total_minutes": before["total_minutes"] + (time.perf_counter() - t_start) / 60,
                             "data_minutes": before["data_minutes"] + data_minutes})
     except TrainingInterrupted as exc:
-        _say(interrupted_note(args, exc.step, ckpt, out))
+        _say(interrupted_note(args, exc.step, ckpt, out, before["total_minutes"] + (time.perf_counter() - t_start) / 60))
         raise
     except TrainingDiverged as exc:  # nothing is written as trained; an earlier checkpoint stays as it was
         raise UsageError(str(exc)) from None
