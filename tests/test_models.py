@@ -567,6 +567,29 @@ def test_models_verify_of_a_folder_without_a_manifest_says_there_is_nothing_to_v
     assert "not a directory and not a known model" in capsys.readouterr().err
 
 
+def test_models_verify_of_a_bundled_name_checks_the_folder_of_that_name_as_bench_loads_it(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """`models verify specfinops-draft` checked the bundled draft while bench, serve and calibrate loaded the
+    ./specfinops-draft (with config.json) of the working directory: verify checks the folder they load, and refuses
+    one of that name that is not a model as they do."""
+    from app.cli import main
+    from serving.models import BUNDLED_DRAFT, BUNDLED_TARGET
+
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    for name in (BUNDLED_DRAFT, BUNDLED_TARGET):
+        (tmp_path / name).mkdir()
+        assert main(["models", "verify", name]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"specfinops models verify: error: {name}: ./{name} in the "
+                                                   "working directory is not"), err
+        (tmp_path / name / "config.json").write_text("{}")
+        assert main(["models", "verify", name]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"error: {(tmp_path / name).resolve()}: no checksum manifest" in err[0], err
+        assert "only `models pull` records one" in err[0], err
+
+
 def test_pull_help_says_it_verifies_a_present_model(capsys):
     from app.cli import main
 

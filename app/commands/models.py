@@ -95,9 +95,16 @@ def handle_path(args) -> int:
 
 def _verify_dirs(args) -> list[Path]:
     """The folders `models verify` checks: those named (a bundled model's name, or a directory), the --role's,
-    or the bundled target."""
+    or the bundled target. A bundled model's name is the folder of that name in the working directory where one is
+    there, as bench, serve and calibrate load it (`resolve_model`)."""
     from app.errors import UsageError
-    from serving.models import BUNDLED_DRAFT, BUNDLED_DRAFT_DIR, BUNDLED_TARGET, model_path
+    from serving.models import (
+        BUNDLED_DRAFT,
+        BUNDLED_DRAFT_DIR,
+        BUNDLED_TARGET,
+        local_bundled_name,
+        model_path,
+    )
 
     if args.role and args.models:
         raise UsageError("give model names / directories or --role, not both")
@@ -105,7 +112,13 @@ def _verify_dirs(args) -> list[Path]:
         return [model_path(args.role or "target")]
     dirs = []
     for m in args.models:
-        if m == BUNDLED_TARGET:
+        try:
+            local = local_bundled_name(m) if m in (BUNDLED_TARGET, BUNDLED_DRAFT) else None
+        except ValueError as exc:
+            raise UsageError(f"{m}: {exc}") from None
+        if local is not None:
+            dirs.append(local)
+        elif m == BUNDLED_TARGET:
             dirs.append(model_path("target"))
         elif m == BUNDLED_DRAFT:
             dirs.append(BUNDLED_DRAFT_DIR)
