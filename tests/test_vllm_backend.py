@@ -376,6 +376,24 @@ def test_bench_backend_vllm_refuses_a_feature_draft_as_target(given, vllm, tmp_p
     assert not fake_vllm.LLM.instances  # refused before any engine was built
 
 
+def test_bench_backend_vllm_names_the_option_of_a_target_that_is_no_model(vllm, tmp_path, monkeypatch, capsys):
+    """`--target specfinops-draft` with no bundled draft installed (or a folder without config.json) said the
+    models' error without the option that gave it, as the torch path names it."""
+    import serving.models
+    from serving.models import BUNDLED_DRAFT
+
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(serving.models, "BUNDLED_DRAFT_DIR", tmp_path / "no-bundled-draft")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for target, says in ((BUNDLED_DRAFT, "names the bundled draft, not a target model"),
+                         (str(empty), "no config.json")):
+        rc = main(["bench", "--backend", "vllm", "--limit", "1", "--target", target, "--no-telemetry"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and f"error: --target {target}: " in err[0] and says in err[0], err
+    assert not fake_vllm.LLM.instances
+
+
 def test_bench_backend_vllm_still_takes_a_hub_id_as_target(vllm, tmp_path, monkeypatch):
     """The --target check on --backend vllm is a local folder check: a hub id is vLLM's to fetch."""
     monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))

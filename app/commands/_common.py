@@ -542,15 +542,21 @@ def model_option(flag: str, value: str | None, role: str, draft_flag: str | None
 
 def local_target_option(flag: str, value: str | None) -> None:
     """A --target a backend that also takes hub ids (vLLM) gets: a local folder or bundled name holding a feature
-    draft is refused as `model_option` refuses it; anything else (a hub id, a missing path) is the backend's."""
+    draft is refused as `model_option` refuses it, and one that names no model (a folder without config.json, the
+    bundled draft's name with none installed) under `flag` as there; a hub id (a path with '/' that is not there)
+    is the backend's."""
     if value is None:
         return
+    from pathlib import Path
+
     from serving.models import resolve_model
 
     try:
         path = resolve_model(value, "target")
-    except ValueError:
-        return
+    except ValueError as exc:
+        if "/" in value and not Path(value).expanduser().exists():
+            return  # e.g. meta-llama/Llama-3.1-8B-Instruct: vLLM fetches it
+        raise UsageError(f"{flag} {value}: {exc}") from None
     _refuse_draft_as_target(flag, value, path, "give the model it was distilled for as --target (vLLM cannot "
                             "load a feature draft as the draft either)")
 
