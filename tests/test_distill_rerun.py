@@ -477,3 +477,11 @@ def test_resume_without_a_checkpoint_of_a_draft_whose_evaluation_was_interrupted
     assert main(_argv(tiny, out, 2, "--resume")) == 2
     err = capsys.readouterr().err
     assert "which holds a finished draft" in err and "--overwrite" in err, err
+    # its status's "(the same command with --resume measures it)" is not quoted in a refusal of --resume: calibrate
+    # measures it
+    assert "--resume measures it" not in err and "trained; evaluation interrupted" in err, err
+    assert f"`specfinops calibrate --draft {out} --target {tiny[0]}` measures it" in err, err
+    from app.cli import build_parser
+
+    parsed = build_parser().parse_args(["calibrate", "--draft", str(out), "--target", str(tiny[0])])  # its options
+    assert (parsed.draft, parsed.target) == (str(out), str(tiny[0]))

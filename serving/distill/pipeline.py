@@ -879,10 +879,14 @@ def run(args) -> int:
             status = str(json.loads((out / "model_card.json").read_text()).get("status", ""))
         except (ValueError, AttributeError):
             status = ""
+        # the status without its parenthesis: that says what --resume does, which this refuses
+        shown = status.split(" (", 1)[0]
+        measure = shlex.join(["specfinops", "calibrate", "--draft", str(out),
+                              *(["--target", args.target] if args.target is not None else [])])
         held = ("a finished draft (a finished run keeps no checkpoint)" if status == "trained"
-                else f"a finished draft ({status})" if _trained(status)
-                else "a draft" + (f" ({status})" if status else ""))
-        raise UsageError(f"--resume: no checkpoint {ckpt} to resume for --out {out}, which holds {held}: starting "
+                else f"a finished draft, not measured ({shown}): `{measure}` measures it" if _trained(status)
+                else "a draft" + (f" ({shown})" if shown else ""))
+        raise UsageError(f"--resume: no checkpoint {ckpt} to resume for --out {out}, which holds {held}; starting "
                          "from scratch would replace it. Drop --resume (and give --overwrite) to train it again from "
                          "step 0, or give --out another folder")
     elif args.resume:
