@@ -354,6 +354,38 @@ def test_a_total_minutes_resume_counts_the_earlier_runs_against_the_budget(tiny,
     assert "no time to train" in err[0] and ckpt.read_bytes() == kept
 
 
+def test_the_card_of_a_resumed_total_minutes_run_records_the_earlier_runs_and_their_training(tiny, tmp_path, cache,
+                                                                                            monkeypatch):
+    """training.budget after a real --resume under --total-minutes: runs_before_resume_minutes (the earlier runs'
+    wall-clock) includes trained_before_resume_minutes (their training), as the README says; with this run's set-up
+    and training they fill the budget less its margin, and the whole run stays within it."""
+    from app.cli import main
+    from serving.distill.pipeline import BUDGET_MARGIN_MINUTES
+
+    out = tmp_path / "draft"
+    total = BUDGET_MARGIN_MINUTES + 0.4
+    argv = _budget_argv(tiny, out, "--total-minutes", f"{total:g}")
+    _ctrl_c_at(monkeypatch, 2)
+    assert main(argv) == 130
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    (ckpt,) = _checkpoints(cache)
+    saved = torch.load(ckpt, weights_only=False)
+    earlier, trained = saved["run"]["total_minutes"], saved["elapsed"] / 60
+    del saved
+    assert main([*argv, "--resume"]) == 0
+    card = json.loads((out / "model_card.json").read_text())
+    budget = card["training"]["budget"]
+    assert budget["total_minutes"] == total
+    assert budget["runs_before_resume_minutes"] == pytest.approx(earlier, abs=0.01), budget
+    assert budget["trained_before_resume_minutes"] == pytest.approx(trained, abs=0.01), budget
+    assert budget["trained_before_resume_minutes"] <= budget["runs_before_resume_minutes"], budget  # they overlap
+    assert budget["runs_before_resume_minutes"] + budget["spent_before_training_minutes"] + \
+        budget["training_minutes"] == pytest.approx(total - BUDGET_MARGIN_MINUTES, abs=0.02), budget
+    assert card["status"] == "trained" and card["results"]["total_minutes"] <= total, card["results"]
+    assert card["results"]["train_minutes"] == pytest.approx(trained + budget["training_minutes"], abs=0.05)
+
+
 def test_a_total_minutes_resume_with_nothing_left_is_refused_before_the_target_loads(tiny, tmp_path, cache,
                                                                                        monkeypatch, capsys):
     """The refusal of a --resume whose earlier runs took the --total-minutes budget came after the data was made and

@@ -1019,6 +1019,8 @@ def run(args) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         this_run = minutes - trained
+        # the card's training.budget: runs_before_resume_minutes (the earlier runs' wall-clock) includes
+        # trained_before_resume_minutes (their training): the two overlap
         budget = {"total_minutes": total, "spent_before_training_minutes": round(spent, 2),
                   "training_minutes": round(this_run, 2),
                   **({"trained_before_resume_minutes": round(trained, 2)} if trained else {}),
