@@ -201,7 +201,7 @@ def unfinished_note(path: str | Path) -> str | None:
     except (OSError, ValueError):  # no card (a draft made otherwise), or not JSON: nothing said here
         return None
     status = card.get("status") if isinstance(card, dict) else None
-    if status is None or _trained(status):
+    if status is None or is_trained_status(status):
         return None
     results = card.get("results")
     steps = results.get("steps") if isinstance(results, dict) else None
@@ -210,7 +210,7 @@ def unfinished_note(path: str | Path) -> str | None:
             "it, so what it measures is not the finished draft's: resume that run (its command with --resume)")
 
 
-def _trained(status) -> bool:
+def is_trained_status(status) -> bool:
     """Whether a model card's status says the training finished: "trained", or "trained; ..." where only what
     followed it (the evaluation) was interrupted."""
     return isinstance(status, str) and (status == "trained" or status.startswith("trained;"))
@@ -224,7 +224,7 @@ def unmeasured_note(path: str | Path) -> str | None:
     except (OSError, ValueError):
         return None
     status = card.get("status") if isinstance(card, dict) else None
-    if not _trained(status) or status == "trained":
+    if not is_trained_status(status) or status == "trained":
         return None
     return (f"draft {path}: its training finished but distill's evaluation was interrupted, so its model card "
             "holds no measured alpha or c")

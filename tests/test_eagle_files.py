@@ -105,3 +105,15 @@ def test_calibrate_says_which_file_is_damaged(pair, tmp_path, capsys):
                  "--max-new-tokens", "2", "--dtype", "float32", "--no-telemetry"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(err) == 1 and f"{d / 'model.safetensors'}: not a readable safetensors file" in err[0]
+
+
+def test_is_trained_status_is_public_and_reads_the_card_statuses_distill_writes():
+    """distill imported eagle's private `_trained`: the card-status test it shares is public, and says finished for
+    the statuses of a finished training only."""
+    from serving.distill.pipeline import EVALUATION_INTERRUPTED
+    from serving.eagle import is_trained_status
+
+    assert is_trained_status("trained") and is_trained_status(EVALUATION_INTERRUPTED)
+    for status in ("interrupted at step 4 (Ctrl-C; the same command with --resume continues it)",
+                   "training (intermediate checkpoint)", "trainedx", "", None, 1):
+        assert not is_trained_status(status), status

@@ -751,7 +751,7 @@ def run(args) -> int:
         resume_mismatch,
         train,
     )
-    from serving.eagle import EagleDraft, _trained
+    from serving.eagle import EagleDraft, is_trained_status
     from serving.llama import load_causal_lm
     from serving.models import load_tokenizer, read_config, resolve_model
 
@@ -884,8 +884,8 @@ def run(args) -> int:
         measure = shlex.join(["specfinops", "calibrate", "--draft", str(out),
                               *(["--target", args.target] if args.target is not None else [])])
         held = ("a finished draft (a finished run keeps no checkpoint)" if status == "trained"
-                else f"a finished draft, not measured ({shown}): `{measure}` measures it" if _trained(status)
-                else "a draft" + (f" ({shown})" if shown else ""))
+                else f"a finished draft, not measured ({shown}): `{measure}` measures it"
+                if is_trained_status(status) else "a draft" + (f" ({shown})" if shown else ""))
         raise UsageError(f"--resume: no checkpoint {ckpt} to resume for --out {out}, which holds {held}; starting "
                          "from scratch would replace it. Drop --resume (and give --overwrite) to train it again from "
                          "step 0, or give --out another folder")
