@@ -311,6 +311,19 @@ def _budget_argv(tiny, out: Path, *budget: str) -> list[str]:
             "--head-vocab", "32", "--batch-tokens", "128", "--dtype", "float32", "--no-eval"]
 
 
+def _interrupted_budget(tiny, out: Path, tmp_path: Path, monkeypatch, cache: Path, *budget: str) -> Path:
+    """A distill run under a time `budget` (_budget_argv) stopped by Ctrl-C at step 2 (exit 130), as _interrupted
+    stops a --steps run: its checkpoint."""
+    from app.cli import main
+
+    _ctrl_c_at(monkeypatch, 2)
+    assert main(_budget_argv(tiny, out, *budget)) == 130
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
+    (ckpt,) = _checkpoints(cache)
+    return ckpt
+
+
 def test_a_total_minutes_resume_counts_the_earlier_runs_against_the_budget(tiny, tmp_path, cache, monkeypatch,
                                                                            capsys):
     """--total-minutes bounds the whole run (README): a --resume gave training what the budget left after its own
@@ -319,15 +332,10 @@ def test_a_total_minutes_resume_counts_the_earlier_runs_against_the_budget(tiny,
     import serving.distill.train as tr
     from app.cli import main
     from serving.distill.pipeline import BUDGET_MARGIN_MINUTES
-    from tests.test_distill_byo import _ctrl_c_at
 
     out = tmp_path / "draft"
     argv = _budget_argv(tiny, out, "--total-minutes", "5")
-    _ctrl_c_at(monkeypatch, 2)
-    assert main(argv) == 130
-    monkeypatch.undo()
-    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
-    (ckpt,) = _checkpoints(cache)
+    ckpt = _interrupted_budget(tiny, out, tmp_path, monkeypatch, cache, "--total-minutes", "5")
     saved = torch.load(ckpt, weights_only=False)
     trained = saved["elapsed"] / 60
     saved["run"] = {"total_minutes": 3.0, "data_minutes": 1.0}  # the earlier run took 3 minutes of wall clock
@@ -365,11 +373,7 @@ def test_the_card_of_a_resumed_total_minutes_run_records_the_earlier_runs_and_th
     out = tmp_path / "draft"
     total = BUDGET_MARGIN_MINUTES + 0.4
     argv = _budget_argv(tiny, out, "--total-minutes", f"{total:g}")
-    _ctrl_c_at(monkeypatch, 2)
-    assert main(argv) == 130
-    monkeypatch.undo()
-    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
-    (ckpt,) = _checkpoints(cache)
+    ckpt = _interrupted_budget(tiny, out, tmp_path, monkeypatch, cache, "--total-minutes", f"{total:g}")
     saved = torch.load(ckpt, weights_only=False)
     earlier, trained = saved["run"]["total_minutes"], saved["elapsed"] / 60
     del saved
@@ -396,11 +400,7 @@ def test_a_total_minutes_resume_with_nothing_left_is_refused_before_the_target_l
 
     out = tmp_path / "draft"
     argv = _budget_argv(tiny, out, "--total-minutes", "5")
-    _ctrl_c_at(monkeypatch, 2)
-    assert main(argv) == 130
-    monkeypatch.undo()
-    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
-    (ckpt,) = _checkpoints(cache)
+    ckpt = _interrupted_budget(tiny, out, tmp_path, monkeypatch, cache, "--total-minutes", "5")
     saved = torch.load(ckpt, weights_only=False)
     saved["run"] = {"total_minutes": 4.6, "data_minutes": 1.0}
     torch.save(saved, ckpt)
@@ -445,14 +445,9 @@ def test_a_resume_with_fewer_minutes_than_the_checkpoint_trained_is_refused(tiny
     """`--minutes 1 --resume` from a checkpoint that trained 2 minutes is refused as fewer --steps are: the
     minutes trained cannot be undone."""
     from app.cli import main
-    from tests.test_distill_byo import _ctrl_c_at
 
     out = tmp_path / "draft"
-    _ctrl_c_at(monkeypatch, 2)
-    assert main(_budget_argv(tiny, out, "--minutes", "5")) == 130
-    monkeypatch.undo()
-    monkeypatch.setenv("SPECFINOPS_CACHE", str(tmp_path / "cache"))
-    (ckpt,) = _checkpoints(cache)
+    ckpt = _interrupted_budget(tiny, out, tmp_path, monkeypatch, cache, "--minutes", "5")
     saved = torch.load(ckpt, weights_only=False)
     saved["elapsed"] = 120.0
     torch.save(saved, ckpt)
