@@ -596,3 +596,11 @@ def test_pull_help_says_it_verifies_a_present_model(capsys):
     with pytest.raises(SystemExit):
         main(["models", "pull", "--help"])
     assert "verified against its recorded checksums" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_models_commands_known_names_are_the_bundled_models():
+    """app.commands.models writes the names out (importing serving.models there slowed every command's start)."""
+    from app.commands.models import BUNDLED_NAMES
+    from serving.models import BUNDLED_DRAFT, BUNDLED_TARGET
+
+    assert BUNDLED_NAMES == f"{BUNDLED_TARGET}, {BUNDLED_DRAFT}"
