@@ -190,17 +190,24 @@ def is_eagle_dir(path: str | Path) -> bool:
     return (Path(path) / "config.json").is_file() and read_config(path).get("model_type") == MODEL_TYPE
 
 
+def read_card(path: str | Path) -> dict | None:
+    """A draft folder's model_card.json as a dict; None where it has none (a draft made otherwise) or it is no
+    JSON object: nothing is said of such a draft."""
+    try:
+        card = json.loads((Path(path) / "model_card.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return card if isinstance(card, dict) else None
+
+
 def unfinished_note(path: str | Path) -> str | None:
     """What to say of a draft folder whose model_card.json says its training did not finish (`distill` writes
     the draft so far at each checkpoint, and a Ctrl-C leaves it so): whole files that load like a finished
     draft, but not the draft the run was to make. None for a finished draft, or one without a card: a card saying
     'trained; evaluation interrupted (...)' is a finished draft too (training wrote its final weights before the
     evaluation began; only its alpha and c were not measured)."""
-    try:
-        card = json.loads((Path(path) / "model_card.json").read_text())
-    except (OSError, ValueError):  # no card (a draft made otherwise), or not JSON: nothing said here
-        return None
-    status = card.get("status") if isinstance(card, dict) else None
+    card = read_card(path)
+    status = card.get("status") if card is not None else None
     if status is None or is_trained_status(status):
         return None
     results = card.get("results")
@@ -219,11 +226,8 @@ def is_trained_status(status) -> bool:
 def unmeasured_note(path: str | Path) -> str | None:
     """A note (not a warning) for a finished draft whose distill evaluation was interrupted: its card has no alpha
     or c. None otherwise."""
-    try:
-        card = json.loads((Path(path) / "model_card.json").read_text())
-    except (OSError, ValueError):
-        return None
-    status = card.get("status") if isinstance(card, dict) else None
+    card = read_card(path)
+    status = card.get("status") if card is not None else None
     if not is_trained_status(status) or status == "trained":
         return None
     return (f"draft {path}: its training finished but distill's evaluation was interrupted, so its model card "
@@ -255,11 +259,8 @@ def foreign_target_note(path: str | Path, target_dir: str | Path) -> str | None:
     from serving.models import weights_fingerprint
 
     path, target_dir = Path(path), Path(target_dir)
-    try:
-        card = json.loads((path / "model_card.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(card, dict):
+    card = read_card(path)
+    if card is None:
         return None
     made_for, theirs = card.get("target"), card.get("target_weights_fingerprint")
     made_for = made_for if isinstance(made_for, str) and made_for else None
