@@ -311,17 +311,24 @@ def _bench(s, mode: str, device: str, n: int, invocation: str | None, **kw):
 AR_BENCH, SPEC_BENCH, HOT_BENCH = ("a" * 32, "b" * 32, "c" * 32)
 
 
+def _two_device_groups(engine, ar_invocation: str | None, spec_invocation: str | None, *, ar: dict | None = None,
+                       spec: dict | None = None) -> None:
+    """Two AR runs on 'cpu (2 cores)' and a spec run on 'cpu: AMD EPYC (2 threads)': two comparable groups that
+    differ in the device string, one of each mode (`ar`, `spec`: more make_run settings of each)."""
+    with Session(engine) as s:
+        for _ in range(2):
+            _bench(s, "ar", "cpu (2 cores)", 3, ar_invocation, **(ar or {}))
+        _bench(s, "spec", "cpu: AMD EPYC (2 threads)", 2, spec_invocation, **(spec or {}))
+        s.commit()
+
+
 def test_project_says_a_missing_modes_runs_are_in_another_group_and_how_to_choose_it(sqlite_url, capsys):
     """AR recorded by one bench on one device string, spec by another bench on another of the same node: two
     comparable groups, one of each mode. `project` said "the spec runs are missing (none in view)" and "no spec
     runs in view" though they were, and told to choose with --temperature ... or --node, none of which selects
     either group. It now says where the spec runs are and offers only --invocation, which does."""
     engine = open_store(sqlite_url)
-    with Session(engine) as s:
-        for _ in range(2):
-            _bench(s, "ar", "cpu (2 cores)", 3, AR_BENCH)
-        _bench(s, "spec", "cpu: AMD EPYC (2 threads)", 2, SPEC_BENCH)
-        s.commit()
+    _two_device_groups(engine, AR_BENCH, SPEC_BENCH)
     assert main(["project", "--db", sqlite_url, *PROJECT]) == 0
     text = capsys.readouterr().out
     assert "none in view" not in text and "no spec runs in view" not in text, text
@@ -350,11 +357,7 @@ def test_project_offers_no_invocation_where_the_groups_runs_have_none(sqlite_url
     from app.dashboard.common import NO_CHOOSE_HERE, comparison_text, in_page_words
 
     engine = open_store(sqlite_url)
-    with Session(engine) as s:
-        for _ in range(2):
-            _bench(s, "ar", "cpu (2 cores)", 3, None)
-        _bench(s, "spec", "cpu: AMD EPYC (2 threads)", 2, None)
-        s.commit()
+    _two_device_groups(engine, None, None)
     assert main(["project", "--db", sqlite_url, *PROJECT]) == 0
     text = capsys.readouterr().out
     assert "--invocation" not in text and "choose with" not in text, text
@@ -379,11 +382,8 @@ def test_project_offers_node_where_server_runs_of_two_groups_are_on_two_nodes(sq
 
     engine = open_store(sqlite_url)
     kw = {"kind": "serve", "temperature": None, "top_p": None, "top_k": None}
-    with Session(engine) as s:
-        for _ in range(2):
-            _bench(s, "ar", "cpu (2 cores)", 3, None, node_id="node-a", **kw)
-        _bench(s, "spec", "cpu: AMD EPYC (2 threads)", 2, None, node_id="node-b", hostname="host-b", **kw)
-        s.commit()
+    _two_device_groups(engine, None, None, ar={"node_id": "node-a", **kw},
+                       spec={"node_id": "node-b", "hostname": "host-b", **kw})
     assert main(["project", "--db", sqlite_url, *PROJECT]) == 0
     text = capsys.readouterr().out
     assert "to project that group, choose with --node NODE" in text, text
