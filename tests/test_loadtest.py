@@ -179,6 +179,19 @@ def _metric_sums(url: str) -> dict[str, float]:
     return sums
 
 
+def _metrics_grown_by_loadtest(live, db, *options: str) -> dict[str, float]:
+    """A load test of the code workload against `live` with `options`, recorded into `db` (the server's store):
+    what each /metrics sum grew by, once the server wrote what it had; the server stopped after, whatever happened."""
+    try:
+        before = _metric_sums(live.url)
+        assert main(["loadtest", "--url", live.url, *options, "--workload", "code", "--db", str(db)]) == 0
+        live.flush()
+        after = _metric_sums(live.url)
+    finally:
+        stop_server(live)
+    return {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
+
+
 @pytest.mark.slow
 def test_a_shared_stores_failed_requests_keep_the_tokens_metrics_counts(tmp_path):
     """A decode step fails under a load test that shares the server's store: the requests of that batch end
@@ -192,25 +205,18 @@ def test_a_shared_stores_failed_requests_keep_the_tokens_metrics_counts(tmp_path
     db_url = f"sqlite:///{tmp_path / 'shared.db'}"
     live = start_server(ServeOptions(spec=EngineSpec(dtype="bfloat16", k="4", max_batch=2, max_len=512),
                                      db=db_url, power="none"))
-    try:
-        engine, steps = live.state.loop_engine.engine, [0]
-        real_step = engine.step
+    engine, steps = live.state.loop_engine.engine, [0]
+    real_step = engine.step
 
-        def failing_once():
-            steps[0] += 1
-            if steps[0] == 1:  # the first batch: its requests streamed the token of their prefill
-                raise RuntimeError("injected step failure")
-            return real_step()
+    def failing_once():
+        steps[0] += 1
+        if steps[0] == 1:  # the first batch: its requests streamed the token of their prefill
+            raise RuntimeError("injected step failure")
+        return real_step()
 
-        engine.step = failing_once
-        before = _metric_sums(live.url)
-        assert main(["loadtest", "--url", live.url, "--concurrency", "2", "--duration", "3", "--mode", "spec",
-                     "--max-tokens", "8", "--workload", "code", "--db", str(tmp_path / "shared.db")]) == 0
-        live.flush()
-        after = _metric_sums(live.url)
-    finally:
-        stop_server(live)
-    grew = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
+    engine.step = failing_once
+    grew = _metrics_grown_by_loadtest(live, tmp_path / "shared.db", "--concurrency", "2", "--duration", "3",
+                                      "--mode", "spec", "--max-tokens", "8")
     with create_engine(db_url).connect() as c:
         rows = c.execute(text(
             "select r.status, r.prompt_tokens, r.output_tokens, r.num_drafts, r.num_draft_tokens, "
@@ -241,15 +247,8 @@ def test_requests_the_server_rejects_before_the_engine_are_error_rows_and_only_i
     db_url = f"sqlite:///{tmp_path / 'shared.db'}"
     live = start_server(ServeOptions(spec=EngineSpec(dtype="bfloat16", k="4", max_batch=1, max_len=512),
                                      db=db_url, power="none", max_waiting=1))
-    try:
-        before = _metric_sums(live.url)
-        assert main(["loadtest", "--url", live.url, "--concurrency", "4", "--duration", "2", "--mode", "spec",
-                     "--max-tokens", "3", "--workload", "code", "--db", str(tmp_path / "shared.db")]) == 0
-        live.flush()
-        after = _metric_sums(live.url)
-    finally:
-        stop_server(live)
-    grew = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
+    grew = _metrics_grown_by_loadtest(live, tmp_path / "shared.db", "--concurrency", "4", "--duration", "2",
+                                      "--mode", "spec", "--max-tokens", "3")
     with create_engine(db_url).connect() as c:
         rows = c.execute(text("select r.status, r.error, r.output_tokens from requests r join runs u "
                               "on u.id = r.run_id where u.kind = 'loadtest'")).all()
