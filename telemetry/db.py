@@ -481,7 +481,7 @@ class StoreLockedError(RuntimeError):
         self.path = path
 
 
-# The lock_timeout each PostgreSQL store's sessions got (`_session_lock_timeout`), as PostgreSQL shows it ('5s',
+# The lock_timeout each PostgreSQL store's sessions got (`_pg_session`), as PostgreSQL shows it ('5s',
 # '1234ms'), by the store's URL as shown (`shown_db_url`): what a command that failed on it waited.
 _PG_LOCK_TIMEOUTS: dict[str, str] = {}
 
@@ -613,18 +613,14 @@ def _sqlite_pragmas(dbapi_conn, _record, path: Path | None = None) -> None:
     cur.close()
 
 
-def _session_in_utc(dbapi_conn, _record) -> None:
-    """Every PostgreSQL session in UTC, whatever the database's default zone or PGTZ say: timestamptz values
-    come back as UTC datetimes (as SQLite's naive ones are), so every reader that shows a time labelled UTC
-    (reports, the dashboard, exports) shows UTC, and SQL date functions cut days at UTC midnight."""
-    cur = dbapi_conn.cursor()
-    cur.execute("SET TIME ZONE 'UTC'")
-    cur.close()
-    dbapi_conn.commit()
+def _pg_session(dbapi_conn, _record, shown: str | None = None) -> None:
+    """Every PostgreSQL session, as it connects, in one transaction (one commit):
 
+    in UTC, whatever the database's default zone or PGTZ say: timestamptz values come back as UTC datetimes (as
+    SQLite's naive ones are), so every reader that shows a time labelled UTC (reports, the dashboard, exports)
+    shows UTC, and SQL date functions cut days at UTC midnight;
 
-def _session_lock_timeout(dbapi_conn, _record, shown: str | None = None) -> None:
-    """Every PostgreSQL session waits at most PG_LOCK_TIMEOUT_MS for a lock another session holds, where nothing
+    and it waits at most PG_LOCK_TIMEOUT_MS for a lock another session holds, where nothing
     set its lock_timeout (pg_settings.source 'default': PostgreSQL's 0, wait forever): the statement then fails
     with lock_not_available (its transaction rolled back, nothing of it written), which `retry_while_locked` waits
     on, saying so, and the command's error names (app.cli.describe_failure). One set elsewhere is kept, 0 (wait
@@ -632,6 +628,7 @@ def _session_lock_timeout(dbapi_conn, _record, shown: str | None = None) -> None
     SET lock_timeout), postgresql.conf. (Decided by the value's source, not by its being 0: a deliberate 0 got
     the default.)"""
     cur = dbapi_conn.cursor()
+    cur.execute("SET TIME ZONE 'UTC'")
     cur.execute("SELECT CASE WHEN source = 'default' "
                 f"THEN set_config('lock_timeout', '{int(PG_LOCK_TIMEOUT_MS)}', false) "
                 "ELSE current_setting('lock_timeout') END FROM pg_settings WHERE name = 'lock_timeout'")
@@ -759,7 +756,7 @@ def file_in_path(path: Path) -> Path | None:
 
 def make_engine(url: str | None = None) -> Engine:
     """An Engine for the URL; SQLite gets WAL, foreign keys and a busy timeout, PostgreSQL sessions in UTC with a
-    lock timeout (PG_LOCK_TIMEOUT_MS, where nothing set one: `_session_lock_timeout`)."""
+    lock timeout (PG_LOCK_TIMEOUT_MS, where nothing set one: `_pg_session`)."""
     url = resolve_db_url(url)
     if url.startswith("sqlite"):
         path = sqlite_file(url)
@@ -785,8 +782,7 @@ def make_engine(url: str | None = None) -> Engine:
     except NoSuchModuleError as exc:  # postgresql+nosuchdriver://
         raise unsupported from exc
     if engine.dialect.name == "postgresql":
-        event.listen(engine, "connect", _session_in_utc)
-        event.listen(engine, "connect", functools.partial(_session_lock_timeout, shown=shown_db_url(engine.url)))
+        event.listen(engine, "connect", functools.partial(_pg_session, shown=shown_db_url(engine.url)))
     return engine
 
 
