@@ -430,13 +430,23 @@ def names_own_device(name: str, device: str) -> bool:
       model ("cpu: cpu (16 threads)" names none, its thread count is not a model), a GPU's without the GPUs a
       vLLM device counts (" x 8 (tp 8)")."""
     name = (name or "").strip()
-    builtin = catalog_name_for_device(device)
+    builtin, text = _own_device_text(device or "")
     if builtin is None:
         return names_device(name, device)
     if name.lower() in _default_names() or not names_a_model(name):
         return False
-    text = cpu_model(device) if builtin == CPU_NODE else _DEVICE_GPUS.sub("", device or "")
     return text is not None and names_device(name, text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _own_device_text(device: str) -> tuple[str | None, str | None]:
+    """(the built-in entry a pattern gives `device`, the part of it a user's entry must name: a CPU's model, a
+    GPU's string without the GPUs a vLLM device counts): read once per device, not once per catalog entry that
+    catalog_entry_for_device asks names_own_device about."""
+    builtin = catalog_name_for_device(device)
+    if builtin is None:
+        return None, None
+    return builtin, cpu_model(device) if builtin == CPU_NODE else _DEVICE_GPUS.sub("", device)
 
 
 def catalog_entry_for_device(catalog: PriceCatalog, device: str) -> PriceEntry | None:
