@@ -252,11 +252,13 @@ def _target_names(target_dir: Path) -> set[str]:
 def foreign_target_note(path: str | Path, target_dir: str | Path) -> str | None:
     """What to say of a feature draft distilled for another target than the one in `target_dir`, by its
     model_card.json: the fingerprint of the target's weights distill records (`target_weights_fingerprint`),
-    compared with this target's; on a card from before it recorded one, the target's name. A draft of another
+    compared with this target's, and where the card records it the fingerprint of its config.json
+    (`target_config_fingerprint`: the same weights under another rope_theta or eos_token_id answer otherwise);
+    on a card from before it recorded the weights', the target's name. A draft of another
     target of the same shape (SmolLM2-135M base for the instruct model) loads and runs, and only accepts less: a
     warning, not a refusal (a draft may serve a fine-tune of its target on purpose). None where the card names
     this target, or there is no card (a draft made otherwise) or no target in it."""
-    from serving.models import weights_fingerprint
+    from serving.models import config_fingerprint, weights_fingerprint
 
     path, target_dir = Path(path), Path(target_dir)
     card = read_card(path)
@@ -267,8 +269,16 @@ def foreign_target_note(path: str | Path, target_dir: str | Path) -> str | None:
     tail = "; it loads, but its drafts were fitted to that model's outputs and acceptance will suffer"
     if isinstance(theirs, str) and theirs:
         ours = weights_fingerprint(target_dir)
-        if ours is None or ours == theirs:
+        if ours is None:
             return None
+        if ours == theirs:
+            their_cfg = card.get("target_config_fingerprint")
+            our_cfg = config_fingerprint(target_dir) if isinstance(their_cfg, str) and their_cfg else None
+            if our_cfg is None or our_cfg == their_cfg:
+                return None
+            return (f"draft {path} was distilled for {made_for or 'a target'} with these weights ({theirs}) but "
+                    f"another config.json (config {their_cfg}), not this target {target_dir}'s (config {our_cfg})"
+                    f"{tail}: distill a draft for this target, or give the target the config.json it was made for")
         return (f"draft {path} was distilled for {made_for or 'another target'} (weights {theirs}), not this target "
                 f"{target_dir} (weights {ours}){tail}: distill a draft for this target")
     if made_for is None or made_for.lower() in _target_names(target_dir):

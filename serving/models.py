@@ -566,6 +566,27 @@ def weights_fingerprint(model_dir: str | Path) -> str | None:
     return h.hexdigest()[:8]
 
 
+# config.json entries that say where and with what a config was saved, not what the model computes
+CONFIG_FINGERPRINT_SKIPS = ("transformers_version",)
+
+
+def config_fingerprint(model_dir: str | Path) -> str | None:
+    """A short name for what a model's config.json says (8 hex digits), beside `weights_fingerprint`: the same
+    weights under another config.json (another rope_theta, eos_token_id, dtype, rope scaling) compute other
+    outputs, and `weights_fingerprint` cannot tell them apart. Taken of the parsed JSON with its keys sorted, so
+    a config saved with other spacing or key order is the same one; entries that only say how it was saved
+    (CONFIG_FINGERPRINT_SKIPS, and keys beginning with '_' such as _name_or_path) are left out. It is kept
+    apart from `weights_fingerprint`, not mixed into it: that one is stored in drafter labels, model cards and
+    prepared data, which would all stop matching. None where the folder has no config.json; ValueError naming
+    the file where it is not a JSON object (`read_config`)."""
+    if not (Path(model_dir) / "config.json").is_file():
+        return None
+    cfg = {k: v for k, v in read_config(model_dir).items()
+           if k not in CONFIG_FINGERPRINT_SKIPS and not k.startswith("_")}
+    text = json.dumps(cfg, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
 def draft_name(draft_dir: str | Path) -> str:
     """A draft as drafter labels name it: its folder's name and `weights_fingerprint` ('draft#547d12db'). The name
     alone pooled every draft in a folder called `draft` (the bundled one, a retrained ~/exp2/draft) into one

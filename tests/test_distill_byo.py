@@ -249,6 +249,32 @@ def _copied(target_dir: Path, dest: Path) -> Path:
     return dest
 
 
+def test_data_made_for_the_same_weights_under_another_config_json_is_refused(tmp_path, cache, capsys):
+    """The target's weights fingerprint does not read config.json: data a target made (its features and answers)
+    was taken for a copy whose config.json says another rope_theta, which computes other ones. meta.json records
+    the config's fingerprint too; a plain copy still trains on it."""
+    from app.cli import main
+    from serving.distill.pipeline import target_meta
+    from serving.models import config_fingerprint
+
+    a = _target(tmp_path / "a" / "model", 1)
+    corpus = tmp_path / "corpus-of-a"
+    with torch.inference_mode():
+        teacher_pass(tiny_model(1), _answers(8), corpus, topk=4, token_budget=256, progress=False,
+                     extra_meta=target_meta(a))
+    other = _copied(a, tmp_path / "rope" / "model")
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**cfg, "rope_theta": 500000.0}))
+    capsys.readouterr()
+    assert main(_distill(["--target", str(other), "--corpus", str(corpus), "--out", str(tmp_path / "d")],
+                         tmp_path)) == 2
+    line = _one_error_line(capsys)
+    assert f"--corpus {corpus} holds data another target made" in line and "config.json" in line, line
+    assert config_fingerprint(a) in line and config_fingerprint(other) in line
+    assert main(_distill(["--target", str(_copied(a, tmp_path / "copy" / "model")), "--corpus", str(corpus),
+                          "--out", str(tmp_path / "d")], tmp_path)) == 0
+
+
 def test_data_made_for_a_target_is_its_copys_and_another_targets_data_is_refused(tmp_path, cache, capsys):
     """Whose data it is goes by the target's weights (target_weights_fingerprint in meta.json, as model cards
     record it), not by their files' modification times: a plain copy of the target (new times, another folder)

@@ -116,6 +116,58 @@ def test_a_large_weight_file_is_fingerprinted_by_content_without_reading_it_whol
     assert weights_fingerprint(tmp_path / "no-weights") is None
 
 
+def _with_config(src: Path, dest: Path, **changes) -> Path:
+    """A copy of model directory `src` whose config.json has `changes` (the same weights)."""
+    _copy_without_times(src, dest)
+    cfg = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**cfg, **changes}))
+    return dest
+
+
+def test_the_same_weights_under_another_config_json_get_another_config_fingerprint(tmp_path):
+    """weights_fingerprint reads the weights only: two folders with one model's weights and another rope_theta or
+    eos_token_id had one fingerprint. config_fingerprint, kept beside it (weights_fingerprint is stored in drafter
+    labels, cards and data and must keep matching), tells them apart; the same config saved otherwise (key order,
+    spacing, another transformers version) is the same one."""
+    from serving.models import config_fingerprint
+
+    model = _target(tmp_path / "model", 1)
+    first = config_fingerprint(model)
+    assert first and len(first) == 8
+    for name, change in (("rope", {"rope_theta": 500000.0}), ("eos", {"eos_token_id": 7}),
+                         ("dtype", {"torch_dtype": "float16"})):
+        other = _with_config(model, tmp_path / name, **change)
+        assert weights_fingerprint(other) == weights_fingerprint(model)  # stored fingerprints still match
+        assert config_fingerprint(other) != first, name
+    resaved = _copy_without_times(model, tmp_path / "resaved")
+    cfg = json.loads((model / "config.json").read_text())
+    text = json.dumps(dict(reversed(list({**cfg, "transformers_version": "9.9.9"}.items()))), indent=4)
+    (resaved / "config.json").write_text(text)
+    assert config_fingerprint(resaved) == first
+    (tmp_path / "no-config").mkdir()
+    assert config_fingerprint(tmp_path / "no-config") is None
+
+
+def test_a_draft_made_for_the_same_weights_under_another_config_json_warns(tmp_path):
+    """A card records its target's config.json fingerprint beside its weights': the same weights under another
+    rope_theta compute other features, and the draft was silently taken as made for them."""
+    from serving.models import config_fingerprint
+
+    made_for = _target(tmp_path / "made-for" / "model", 1)
+    card = {"target": "model", "target_weights_fingerprint": weights_fingerprint(made_for),
+            "target_config_fingerprint": config_fingerprint(made_for)}
+    draft = _feature_draft(made_for, tmp_path / "draft", 0, card)
+    assert foreign_target_note(draft, made_for) is None
+    assert foreign_target_note(draft, _copy_without_times(made_for, tmp_path / "copy" / "model")) is None
+    other = _with_config(made_for, tmp_path / "rope" / "model", rope_theta=500000.0)
+    note = foreign_target_note(draft, other)
+    assert note and "config.json" in note and str(other) in note and "acceptance will suffer" in note
+    assert config_fingerprint(made_for) in note and config_fingerprint(other) in note
+    card.pop("target_config_fingerprint")  # a card from before it was recorded: the weights decide, as before
+    (draft / "model_card.json").write_text(json.dumps(card))
+    assert foreign_target_note(draft, other) is None
+
+
 def test_the_labels_read_whole_in_the_tables_legends_and_reports():
     """What shows a drafter label shows it as recorded: the bench table, the dashboard's pair label, the
     report's drafter column (short_model leaves a label that is not a path as it is)."""

@@ -397,12 +397,18 @@ def target_mismatch(meta: dict, target_dir: Path) -> tuple[str, str] | None:
     weights' content (`target_weights_fingerprint`, as model cards record it) where the data records it: a copy of
     the target (new modification times, another folder) is the same target, other weights another. Data made
     before that was recorded is compared by `target_fingerprint` (config.json and the weight files' names, sizes
-    and times), the only fingerprint it has."""
-    from serving.models import weights_fingerprint
+    and times), the only fingerprint it has. The same weights under another config.json (`config_fingerprint`,
+    where the data records it: another rope_theta or eos_token_id answers otherwise) are another target too."""
+    from serving.models import config_fingerprint, weights_fingerprint
 
     theirs = meta.get("target_weights_fingerprint")
     if theirs is not None:
         ours = weights_fingerprint(target_dir)
+        their_cfg = meta.get("target_config_fingerprint")
+        if theirs == ours and their_cfg is not None:
+            our_cfg = config_fingerprint(target_dir)
+            if their_cfg != our_cfg:  # the weights are the same: the config.json is what differs
+                return f"{theirs} with config.json {their_cfg}", f"{ours} with config.json {our_cfg}"
     else:
         theirs, ours = meta.get("target_fingerprint"), target_fingerprint(target_dir)
     return (str(theirs), str(ours)) if theirs is not None and theirs != ours else None
@@ -431,7 +437,8 @@ SETTING_FLAGS = {"generate_prompts": "--generate-prompts", "stdlib_prompts": "--
                  "package_prompts": "--package-prompts", "seed": "--seed", "max_new_tokens": "--max-new-tokens",
                  "dtype": "--dtype", "feature_layers": "--data-feature-layers (or --feature-layers)",
                  "target_fingerprint": "target (fingerprint)",
-                 "target_weights_fingerprint": "target (weights fingerprint)"}
+                 "target_weights_fingerprint": "target (weights fingerprint)",
+                 "target_config_fingerprint": "target (config.json fingerprint)"}
 
 
 def data_settings(args, dtype: torch.dtype, data_layers, made_by: dict) -> dict:
@@ -441,7 +448,8 @@ def data_settings(args, dtype: torch.dtype, data_layers, made_by: dict) -> dict:
             "package_prompts": args.package_prompts or 0, "seed": args.seed, "max_new_tokens": args.max_new_tokens,
             "dtype": str(dtype).replace("torch.", ""), "feature_layers": list(data_layers or []),
             "target_fingerprint": made_by["target_fingerprint"],
-            "target_weights_fingerprint": made_by["target_weights_fingerprint"]}
+            "target_weights_fingerprint": made_by["target_weights_fingerprint"],
+            "target_config_fingerprint": made_by["target_config_fingerprint"]}
 
 
 def _recorded_settings(d: Path) -> dict:
@@ -488,11 +496,13 @@ def data_settings_refusal(d: Path, want: dict) -> str | None:
 def target_meta(target_dir: Path) -> dict:
     """What prepared data (meta.json) records of the target that made it: where it was, `target_fingerprint` (what
     its cached data is named by) and its weights by content (`target_weights_fingerprint`, the name model cards
-    give it), which tells whether data is another target's (`target_mismatch`)."""
-    from serving.models import weights_fingerprint
+    give it) and its config.json by content (`target_config_fingerprint`), which tell whether data is another
+    target's (`target_mismatch`)."""
+    from serving.models import config_fingerprint, weights_fingerprint
 
     return {"target": str(target_dir.resolve()), "target_fingerprint": target_fingerprint(target_dir),
-            "target_weights_fingerprint": weights_fingerprint(target_dir)}
+            "target_weights_fingerprint": weights_fingerprint(target_dir),
+            "target_config_fingerprint": config_fingerprint(target_dir)}
 
 
 # TrainConfig's fields that are distill options of the same name
@@ -1037,6 +1047,8 @@ def run(args) -> int:
         # the target's weights by content, as a load checks them (serving.eagle.foreign_target_note): the name and
         # target_fingerprint above change with a copy of the same target, and stay for another in its place
         "target_weights_fingerprint": made_by["target_weights_fingerprint"],
+        # and its config.json by content: the same weights under another config are another target
+        "target_config_fingerprint": made_by["target_config_fingerprint"],
         "architecture": {"kind": "feature-level draft (EAGLE) with a reduced-vocabulary head (FR-Spec)"
                                  + (", fused features of several target blocks (EAGLE-3)" if draft_layers else ""),
                          "layers": cfg.layers, "hidden_size": draft.cfg.hidden_size, "head_vocab": cfg.head_vocab,
