@@ -520,6 +520,74 @@ def test_resume_refuses_a_checkpoint_made_for_another_target_or_other_options(by
     assert json.loads((out / "model_card.json").read_text())["results"]["steps"] == 3
 
 
+def _set_times(d: Path, times: dict[str, tuple[int, int]]) -> None:
+    import os
+
+    for name, (atime, mtime) in times.items():
+        os.utime(d / name, ns=(atime, mtime))
+
+
+def test_resume_goes_by_the_content_of_the_target_and_corpus_not_their_modification_times(byo, tmp_path,
+                                                                                             capsys):
+    """--resume compared the target by its files' modification times (a touched target, the same weights, was
+    refused as another) and the --corpus by its path only (data made again in place was trained on as the
+    checkpoint's). Both go by content now; what changed is named."""
+    import os
+    import shutil
+
+    from app.cli import main
+
+    target_src, corpus_src = byo
+    target_dir = Path(shutil.copytree(target_src, tmp_path / "target"))
+    corpus = Path(shutil.copytree(corpus_src, tmp_path / "corpus"))
+    out = tmp_path / "draft"
+    base = ["--target", str(target_dir), "--corpus", str(corpus), "--out", str(out)]
+    assert main(_distill(base, tmp_path)) == 0
+    for f in target_dir.iterdir():  # the same files, touched (an rsync without -t, a checkout)
+        os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+    capsys.readouterr()
+    assert main(_distill([*base, "--resume"], tmp_path, steps=3)) == 0, capsys.readouterr().err
+    assert "resumed from" in capsys.readouterr().err
+    # the corpus made again in place with other answers, its files keeping their sizes and modification times
+    times = {f.name: (f.stat().st_atime_ns, f.stat().st_mtime_ns) for f in corpus.iterdir()}
+    other = [{**a, "output_ids": a["output_ids"][::-1]} for a in _answers(8)]
+    remade = tmp_path / "remade"
+    with torch.inference_mode():
+        teacher_pass(tiny_model(1), other, remade, topk=4, token_budget=256, progress=False)
+    for f in remade.iterdir():
+        shutil.copyfile(f, corpus / f.name)
+    _set_times(corpus, times)
+    ckpt = (tmp_path / "ckpt.pt").read_bytes()
+    assert main(_distill([*base, "--resume"], tmp_path, steps=4)) == 2
+    line = _one_error_line(capsys)
+    assert "--resume" in line and "--corpus" in line and str(corpus.resolve()) in line and "changed" in line, line
+    assert (tmp_path / "ckpt.pt").read_bytes() == ckpt  # refused before training
+    # the target's config.json edited (another rope_theta), the weights as they were: named as such
+    for f in corpus_src.iterdir():
+        shutil.copyfile(f, corpus / f.name)
+    cfg = json.loads((target_dir / "config.json").read_text())
+    (target_dir / "config.json").write_text(json.dumps({**cfg, "rope_theta": 500000.0}))
+    assert main(_distill([*base, "--resume"], tmp_path, steps=4)) == 2
+    line = _one_error_line(capsys)
+    assert "config.json" in line and "same weights" not in line and "these weights" in line, line
+
+
+def test_an_older_checkpoint_knows_its_target_by_modification_times_only_and_is_compared_by_them():
+    """A checkpoint from before the target was recorded by content has only target_fingerprint: compared as
+    before; one that records the weights' fingerprint is not compared by the times."""
+    from dataclasses import asdict
+
+    from serving.distill.train import TrainConfig, resume_mismatch
+
+    now = TrainConfig(extra={"target_fingerprint": "touched", "target_weights_fingerprint": "w1"})
+    older = asdict(TrainConfig(extra={"target_fingerprint": "made"}))
+    assert resume_mismatch(older, now) == ("target_fingerprint", "made", "touched")
+    newer = asdict(TrainConfig(extra={"target_fingerprint": "made", "target_weights_fingerprint": "w1"}))
+    assert resume_mismatch(newer, now) is None
+    other = asdict(TrainConfig(extra={"target_fingerprint": "touched", "target_weights_fingerprint": "w0"}))
+    assert resume_mismatch(other, now) == ("target_weights_fingerprint", "w0", "w1")
+
+
 def test_resume_without_a_checkpoint_says_it_starts_from_scratch(byo, tmp_path, capsys):
     from app.cli import main
 

@@ -514,6 +514,44 @@ def read_meta(path: str | Path) -> dict:
     return meta
 
 
+DATA_BLOCK = 1 << 16  # bytes of each large array file a prepared directory's fingerprint reads at each sampled spot
+DATA_SAMPLES = 64  # how many spots, spread evenly over the file
+
+
+def data_fingerprint(path: str | Path) -> str:
+    """A short name for a prepared directory's content (12 hex digits), what a --resume compares: its meta.json
+    (parsed, keys sorted), sequences.jsonl and tokens.bin whole (which sequences and tokens: 4 bytes a position),
+    and each other array file's size and DATA_SAMPLES blocks of it (the features and top-k the target computed
+    for those tokens, gigabytes in large data). Modification times are not read: a copy or a touched file is the
+    same data, and data made again in place with other prompts or another target is other data."""
+    import hashlib
+
+    path = Path(path)
+    h = hashlib.sha256()
+    try:
+        meta = json.loads((path / META).read_text())
+    except (OSError, ValueError):
+        meta = None
+    h.update(json.dumps(meta, sort_keys=True).encode())
+    for name in ("sequences.jsonl", "tokens.bin", "feats.bin", "topk_ids.bin", "topk_probs.bin"):
+        f = path / name
+        if not f.is_file():
+            h.update(f"\0{name}\0absent".encode())
+            continue
+        size = f.stat().st_size
+        h.update(f"\0{name}\0{size}\0".encode())
+        with f.open("rb") as fh:
+            if name in ("sequences.jsonl", "tokens.bin") or size <= DATA_SAMPLES * DATA_BLOCK:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+                continue
+            step = (size - DATA_BLOCK) / (DATA_SAMPLES - 1)
+            for i in range(DATA_SAMPLES):
+                fh.seek(int(i * step))
+                h.update(fh.read(DATA_BLOCK))
+    return h.hexdigest()[:12]
+
+
 def _read_text(f: Path) -> str:
     """A prepared directory's text file; ValueError naming it (and how to make the data again) when it is not
     UTF-8 text."""

@@ -524,11 +524,19 @@ def resume_record(args, target_dir: Path) -> dict:
     data["corpus"] = [str(Path(c).expanduser().resolve()) for c in args.corpus]
     data["max_new_tokens"] = args.max_new_tokens if generating else None
     data["data_feature_layers"] = list(data["data_feature_layers"] or [])
+    # the target and the --corpus data by content, which a resume compares (not the target's modification times,
+    # target_fingerprint, which only checkpoints from before these were recorded are compared by)
+    from serving.distill.data import data_fingerprint
+    from serving.models import config_fingerprint, weights_fingerprint
+
+    content = {"target_weights_fingerprint": weights_fingerprint(target_dir),
+               "target_config_fingerprint": config_fingerprint(target_dir),
+               "corpus_fingerprint": [data_fingerprint(Path(c).expanduser()) for c in args.corpus]}
     # the budget as given (cfg.minutes becomes the training minutes a --total-minutes budget leaves): what a resume
     # with another one changes (BUDGET_CHANGED); not compared on resume (train.RESUMABLE_CHANGES)
     given = {"steps": args.steps, "minutes": args.minutes, "total_minutes": getattr(args, "total_minutes", None)}
     return {"target": str(target_dir.resolve()), "target_fingerprint": target_fingerprint(target_dir), **data,
-            BUDGET_GIVEN: given}
+            **content, BUDGET_GIVEN: given}
 
 
 def read_checkpoint(ckpt: Path) -> dict:
@@ -549,11 +557,34 @@ def read_checkpoint(ckpt: Path) -> dict:
     return state
 
 
+def first_changed(was, now) -> tuple:
+    """The first pair of two lists of fingerprints (a checkpoint's --corpus, this run's) that differ."""
+    pairs = [(w, n) for w, n in zip(was or [], now or [], strict=False) if w != n]
+    return pairs[0] if pairs else (was, now)
+
+
 def resume_refusal(ckpt: Path, saved: dict, name: str, was, now) -> str:
     """The one line refusing a --resume whose checkpoint was made for another target or with other options."""
-    if name == "target_fingerprint":
-        return (f"--resume: the checkpoint {ckpt} was made for another target ({saved.get('extra', {}).get('target')}, "
-                f"fingerprint {was}; this target's is {now}): drop --resume to start again")
+    extra = saved.get("extra") or {}
+    if name == "target_fingerprint":  # a checkpoint from before the target was recorded by content
+        return (f"--resume: the checkpoint {ckpt} was made for another target ({extra.get('target')}, "
+                f"fingerprint {was}; this target's is {now}; this older checkpoint knows its target by its files' "
+                "modification times only, so a copied or touched target reads as another too): drop --resume to "
+                "start again")
+    if name == "target_weights_fingerprint":
+        return (f"--resume: the checkpoint {ckpt} was made for another target ({extra.get('target')}, weights "
+                f"fingerprint {was}; this target's weights are {now}): drop --resume to start again")
+    if name == "target_config_fingerprint":
+        return (f"--resume: the checkpoint {ckpt} was made for a target with these weights but another config.json "
+                f"({extra.get('target')}, config fingerprint {was}; this target's config.json is {now}): resume "
+                "with the config.json it was made with, or drop --resume to start again")
+    if name == "corpus_fingerprint":
+        changed = [c for c, w, n in zip(extra.get("corpus") or [], was or [], now or [], strict=False) if w != n]
+        before, after = first_changed(was, now)
+        return (f"--resume: the checkpoint {ckpt} was trained on --corpus data that has changed since: "
+                f"{changed[0] if changed else 'the --corpus'} holds other data now (fingerprint was {before}, now "
+                f"{after}): resume with the data it was trained on, or give --fresh in place of --resume to start "
+                "again")
 
     def shown(v) -> str:
         return " ".join(map(str, v)) if isinstance(v, list | tuple) else str(v)
@@ -585,7 +616,11 @@ def rerun_refusal(ckpt: Path, cfg) -> str | None:
     del state
     if differs:
         name, was, now = differs
-        what = "target" if name == "target_fingerprint" else "--" + name.replace("_", "-")
+        what = {"target_fingerprint": "target", "target_weights_fingerprint": "target (weights fingerprint)",
+                "target_config_fingerprint": "target config.json (fingerprint)",
+                "corpus_fingerprint": "--corpus content (fingerprint)"}.get(name, "--" + name.replace("_", "-"))
+        if name == "corpus_fingerprint":
+            was, now = first_changed(was, now)
         return (f"a checkpoint at step {step} of an unfinished run exists for this --out ({ckpt}), made with "
                 f"another {what} ({was} there, {now} here), so --resume cannot continue it: add --fresh (or remove "
                 "it) to start over, or give another --checkpoint")

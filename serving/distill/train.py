@@ -59,6 +59,10 @@ class TrainConfig:
 # what a resumed run may change: its budget and how often it saves; "target" says where the target was (its
 # fingerprint, in `extra` beside it, is what must match)
 RESUMABLE_CHANGES = ("minutes", "steps", "save_every_s", "target", "budget_given", "budget_changed")
+# entries of `extra` an older checkpoint has in place of newer ones: the target by its files' modification times
+# (target_fingerprint: touching or copying it read as another target, and an edit keeping the times as the same),
+# where the checkpoint records the target by content (the weights' and config.json's fingerprints), not compared
+SUPERSEDED = {"target_fingerprint": "target_weights_fingerprint"}
 BUDGET_GIVEN = "budget_given"  # TrainConfig.extra: --steps / --minutes / --total-minutes as given
 BUDGET_CHANGED = "budget_changed"  # TrainConfig.extra: the budget a resumed run started with, where it differed
 
@@ -66,14 +70,16 @@ BUDGET_CHANGED = "budget_changed"  # TrainConfig.extra: the budget a resumed run
 def resume_mismatch(saved: dict, cfg: TrainConfig) -> tuple[str, object, object] | None:
     """The first option a checkpoint's TrainConfig (`saved`, as `asdict` wrote it) and `cfg` disagree on, as
     (name, saved value, this run's value), entries of `extra` under their own names; None when the checkpoint
-    can be resumed with `cfg`. An option the checkpoint does not record (an older one) is not compared."""
+    can be resumed with `cfg`. An option the checkpoint does not record (an older one) is not compared, nor one
+    the checkpoint records a newer entry for (`SUPERSEDED`)."""
     def same(a, b) -> bool:
         return (list(a) if isinstance(a, tuple) else a) == (list(b) if isinstance(b, tuple) else b)
 
     now = asdict(cfg)
     saved_extra = saved.get("extra") or {}
     pairs = [(k, saved[k], v) for k, v in now.items() if k != "extra" and k in saved]
-    pairs += [(k, saved_extra[k], v) for k, v in now["extra"].items() if k in saved_extra]
+    pairs += [(k, saved_extra[k], v) for k, v in now["extra"].items()
+              if k in saved_extra and SUPERSEDED.get(k) not in saved_extra]
     for name, was, is_ in pairs:
         if name not in RESUMABLE_CHANGES and not same(was, is_):
             return name, was, is_
