@@ -4,10 +4,11 @@ Each channel is tried up to `attempts` times with exponential backoff (backoff_s
 is written to reports.delivery_status ("delivered" | "partially delivered" | "failed") and delivery_error (one
 line per failed channel, with the attempts made and the last error): a failed delivery is never silent.
 
-Each webhook POST carries an `Idempotency-Key` header (`idempotency_key`: "specfinops-report-<report id>-<12 hex
-digits of the report page's path>"), the same on every attempt and every later re-delivery of that report and
-different for every other report (another store's included): a POST that timed out may have arrived, and its retry
-then reaches the receiver twice, which can drop the second by its key.
+Each webhook POST carries an `Idempotency-Key` header (`idempotency_key`: "specfinops-report-<report id>-<12 random
+hex digits>", made when the report is written and stored in its summary), the same on every attempt and every later
+re-delivery of that report and different for every other report (another store's included, even where its page has
+the same path on another machine): a POST that timed out may have arrived, and its retry then reaches the receiver
+twice, which can drop the second by its key.
 
 The webhook URL may come from the environment too (--webhook-env NAME: only the variable's name is stored);
 it is printed and logged as scheme and host only (mask_url), since Slack-style URLs carry their secret.
@@ -169,13 +170,26 @@ def one_line(text: str) -> str:
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
+def new_idempotency_key(report_id: int) -> str:
+    """The key of a report being written (its summary's "idempotency_key"): 'specfinops-report-<report id>-<12
+    random hex digits>'. Random, not taken of the report's page's path: report ids are per store, and two stores'
+    report #1 of one day have the same path on two machines (/srv/reports on staging and production) or on one
+    after a reset, so a receiver dropping a key it has seen dropped the second as a retry of the first."""
+    import secrets
+
+    return f"specfinops-report-{report_id}-{secrets.token_hex(6)}"
+
+
 def idempotency_key(summary: Mapping) -> str | None:
-    """The key a receiver de-duplicates a report's POSTs by: 'specfinops-report-<report id>-<hash>', the hash
-    of its page's path (report ids are per store: two stores' report #7 differ by their folders). The summary is
-    stored and re-sent as it is, so every attempt and re-delivery of a report has the same key. None without a
-    report id."""
+    """The key a receiver de-duplicates a report's POSTs by: the one its summary holds (`new_idempotency_key`,
+    made when it was written). The summary is stored and re-sent as it is, so every attempt and re-delivery of a
+    report has the same key. A summary stored before it held one: 'specfinops-report-<report id>-<hash of its
+    page's path>', the key its earlier deliveries carried. None without a report id."""
     import hashlib
 
+    stored = summary.get("idempotency_key")
+    if isinstance(stored, str) and stored:
+        return stored
     report_id = summary.get("report_id")
     if report_id is None:
         return None

@@ -41,6 +41,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from telemetry.db import DeviceFullError, Report, Run, retry_while_locked
+from telemetry.delivery import new_idempotency_key
 from telemetry.export import write_csv
 from telemetry.report import (
     DEFAULT_HISTORY,
@@ -349,6 +350,8 @@ def write_report(
             "period_complete": period_complete(data),
             "html_path": str(final / HTML_NAME),
             "csv_files": [str(final / n) for n in names],
+            # what its webhook POSTs carry as Idempotency-Key, stored so every re-delivery carries it again
+            "idempotency_key": new_idempotency_key(report_id),
         }
         _set_report(engine, report_id, html_path=str(final / HTML_NAME), csv_dir=str(final), summary=summary,
                     delivery_status=PENDING if delivery_requested else NOT_REQUESTED)  # fmt: skip

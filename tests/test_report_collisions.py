@@ -217,3 +217,26 @@ def test_a_failed_delivery_is_retried_within_the_limit_only(tmp_path, monkeypatc
         hook.shutdown()
         hook.server_close()
         engine.dispose()
+
+
+def test_two_stores_reports_at_one_path_on_two_machines_have_two_idempotency_keys(two_stores, tmp_path, capsys):
+    """The webhook's Idempotency-Key was the report id and a hash of the report page's path: two stores (staging
+    and production, each writing to /srv/reports on its own machine; or one store reset, its old folder gone)
+    give their report #1 of a day the same path, so a receiver that drops a key it has seen dropped the second
+    report as a retry of the first. The key is made when the report is written and stored with its summary: the
+    same on every re-delivery of that report, another for every other report."""
+    import shutil
+
+    from telemetry.delivery import idempotency_key
+
+    (a_url, a), (b_url, b), out = two_stores
+    assert _report(a_url, out) == 0
+    [ra] = _rows(a)
+    shutil.move(out, tmp_path / "staging-machine")  # not on the production machine, where the path is free
+    assert _report(b_url, out) == 0
+    [rb] = _rows(b)
+    assert rb.id == ra.id and rb.html_path == ra.html_path  # one id, one path: two reports
+    key_a, key_b = idempotency_key(ra.summary), idempotency_key(rb.summary)
+    assert key_a.startswith("specfinops-report-1-") and key_b.startswith("specfinops-report-1-")
+    assert key_a != key_b
+    assert idempotency_key(_rows(b)[0].summary) == key_b  # read back from the store: the same key again
