@@ -4,7 +4,8 @@
   keeps Alembic from touching it). The job survives restarts: on start, a persisted job with the same id and
   the same configuration is kept as stored (its next run time included, so runs missed while down follow the
   misfire policy); a changed configuration replaces it, its next run time kept where it is past (the runs
-  missed while down follow the misfire policy too, with the new options).
+  missed while down follow the misfire policy too, with the new options). A changed --cron decides them alone:
+  they are the new schedule's times from the stored one on (none where its first is still to come).
 - Misfire policy: coalesce=True (a backlog of missed run times runs once), misfire_grace_time (a run later
   than this is skipped, not run), max_instances=1 (a run still going when the next is due: the next is skipped).
 - Two schedulers on one database: APScheduler 3 does not coordinate them, so both may fire a due job. The job
@@ -493,15 +494,15 @@ def schedule_report_job(scheduler: BaseScheduler, engine: Engine, job: ReportJob
     A replaced job whose stored next run time is past (runs missed while the scheduler was stopped) keeps that
     time, as a kept job does: its missed runs follow the misfire policy (with the new options: coalesced into one
     run at start within --misfire-grace-s, else skipped, and said either way). Replaced from now on, the missed
-    period was never reported and nothing said so."""
+    period was never reported and nothing said so. With another --cron, the missed runs are the new schedule's
+    from that time on (`_catch_up`), never the old schedule's."""
     stored = _persisted(engine, job.job_id)
     if stored is not None and _same(stored, job, trigger):
         if stored.name != job_name(job):  # stored by an earlier version: renamed, its next run time kept
             stored._modify(name=job_name(job))
             _job_store(engine).update_job(stored)
         return "kept"
-    missed = stored.next_run_time if stored is not None else None
-    catch_up = {"next_run_time": missed} if missed is not None and missed <= (now or datetime.now(UTC)) else {}
+    catch_up = _catch_up(stored, trigger, now or datetime.now(UTC))
     scheduler.add_job(
         JOB_FUNC,
         trigger,
@@ -530,6 +531,22 @@ def schedule_report_job(scheduler: BaseScheduler, engine: Engine, job: ReportJob
                                "(another `specfinops scheduler` on this store?): a store's scheduler runs every job "
                                "in it, so run one scheduler per store, then schedule this job again")
     return "added" if stored is None else "replaced"
+
+
+def _catch_up(stored, trigger: BaseTrigger, now: datetime) -> dict:
+    """add_job's next_run_time for a job replacing `stored`: {} (from now, by `trigger`) unless `stored` missed
+    runs while the scheduler was stopped (its next run time past). Those are caught up by the schedule the job
+    has now: with the trigger unchanged, from the stored time; with another --cron, from the new schedule's
+    first time at or after it (the old schedule's times are not this job's any more: a daily job made weekly
+    caught up the day's run, at the old hour), and only where that time is past too: else from now."""
+    missed = stored.next_run_time if stored is not None else None
+    if missed is None or missed > now:
+        return {}
+    if repr(stored.trigger) != repr(trigger):
+        missed = trigger.get_next_fire_time(None, missed)
+        if missed is None or missed > now:
+            return {}
+    return {"next_run_time": missed}
 
 
 def _apscheduler_changed() -> str:

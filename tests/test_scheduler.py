@@ -1292,6 +1292,50 @@ def test_a_job_replaced_on_restart_still_runs_the_run_it_missed_while_stopped(st
         s4.shutdown(wait=False)
 
 
+def test_a_job_replaced_with_another_cron_catches_up_by_the_new_schedule_only(store, capsys):
+    """Replaced with another --cron after missing a run while stopped, the job kept the old schedule's missed time:
+    a daily job made weekly ran at start, at the old hour, for a run the new schedule never had. The missed runs
+    are the new schedule's from the stored time on; where its first is still to come, none is caught up."""
+    from app.commands.scheduler import _say_next_run
+
+    url, engine, out = store
+    missed_at = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=2)
+
+    def replaced_after_a_miss(cron: str):
+        s = make_scheduler(engine)
+        schedule_report_job(s, engine, _job(url, out, misfire_grace_s=86_400), parse_cron("0 6 * * *"))
+        stored = sched_mod._persisted(engine, "report-daily")  # stopped before its run at `missed_at`
+        stored.next_run_time = missed_at
+        sched_mod._job_store(engine).update_job(stored)
+        s2 = make_scheduler(engine)
+        assert schedule_report_job(s2, engine, _job(url, out, misfire_grace_s=86_400), parse_cron(cron)) == "replaced"
+        s2.start(paused=True)
+        return s2
+
+    # made weekly, on the day three days on: its first time after the miss is to come, nothing is caught up
+    day = (datetime.now(UTC) + timedelta(days=3)).strftime("%a").lower()
+    s = replaced_after_a_miss(f"30 7 * * {day}")
+    try:
+        when = s.get_job("report-daily").next_run_time
+        assert when > datetime.now(UTC) and when.strftime("%a").lower() == day and (when.hour, when.minute) == (7, 30)
+        capsys.readouterr()
+        _say_next_run(s)
+        assert "runs now" not in capsys.readouterr().out
+    finally:
+        s.shutdown(wait=False)
+    # moved an hour later: the new schedule's time after the miss is past, caught up at its own time
+    new_at = missed_at + timedelta(hours=1)
+    s = replaced_after_a_miss(f"{new_at.minute} {new_at.hour} * * *")
+    try:
+        assert s.get_job("report-daily").next_run_time == new_at
+        capsys.readouterr()
+        _say_next_run(s)
+        assert f"runs now, for 1 run missed while stopped (the last {new_at:%a %Y-%m-%d %H:%M} UTC)" in \
+            capsys.readouterr().out
+    finally:
+        s.shutdown(wait=False)
+
+
 def test_a_first_failed_delivery_is_said_as_failed_and_only_a_repeat_as_failed_again(store, failing_hook, caplog):
     """The run's first failed delivery was logged 'delivery failed again; earlier failed deliveries are retried'."""
     import logging
