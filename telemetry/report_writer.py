@@ -8,8 +8,9 @@ end; on any failure that folder and the claimed record are removed: nothing half
 A process killed outright (SIGKILL, a crash) runs no cleanup: its claim stays "generating" (`specfinops report`
 turns SIGTERM into Ctrl-C, so only those). `release_claim` removes such a claim and its folders once it is older
 than any report takes to write (STALE_AFTER_S): the scheduler for its job's claims, writing that period again
-(telemetry/scheduler.py); every write_report for the claims of reports made by hand (`release_stale_claims`),
-which are not written again (the person who ran the command saw it killed). A claim records its folder in
+(telemetry/scheduler.py); every write_report (and a scheduler's start) for the claims of reports made by hand
+and of jobs gone from the job table (`release_stale_claims`), which are not written again (the person who ran
+the command saw it killed; a job gone has no run to write it: the line says the command that does). A claim records its folder in
 `csv_dir` from the start, so its temporary folder is found wherever it was written.
 
 Layout: OUT/report-<id>-<period>-<since>/report.html plus one CSV per table (formula-safe, telemetry.export);
@@ -257,6 +258,7 @@ class StaleReport:
     status: str
     summary: dict | None
     csv_dir: str | None
+    job_id: str | None = None
 
 
 def stale_reports(engine: Engine, owner, statuses: tuple[str, ...], *, stale_after_s: float | None = None,
@@ -272,18 +274,36 @@ def stale_reports(engine: Engine, owner, statuses: tuple[str, ...], *, stale_aft
     for r in rows:
         if age_s(r.created_at, now) < stale_after_s:
             continue
-        out.append(StaleReport(r.id, Window(r.period, r.since, r.until), r.delivery_status, r.summary, r.csv_dir))
+        out.append(StaleReport(r.id, Window(r.period, r.since, r.until), r.delivery_status, r.summary, r.csv_dir,
+                               r.job_id))  # fmt: skip
     return out
+
+
+def _gone_jobs_claims(engine: Engine):
+    """A condition on Report.job_id: a scheduled report whose job is gone from the store's job table (removed by
+    another job's start, or the table never made here). Nothing finishes such a claim: recover_reports is its
+    job's, run only by a scheduler holding that job."""
+    from sqlalchemy import column, inspect, table
+
+    from telemetry.db import JOBS_TABLE
+
+    if not inspect(engine).has_table(JOBS_TABLE):
+        return Report.job_id.is_not(None)
+    return Report.job_id.is_not(None) & Report.job_id.not_in(select(table(JOBS_TABLE, column("id")).c.id))
 
 
 def release_stale_claims(engine: Engine, out_dir: str | os.PathLike | None = None, *,
                          stale_after_s: float | None = None, now: datetime | None = None) -> list[str]:
-    """Release the claims of reports made by hand (no job id) left "generating" for more than `stale_after_s`
-    (STALE_AFTER_S) by a `specfinops report` killed outright, with their folders; one line per claim released.
-    The folder is the one the claim recorded; a claim from before it was recorded (csv_dir empty) has only its
-    temporary folder looked for in `out_dir`. Scheduled claims are the scheduler's (recover_reports)."""
+    """Release the claims left "generating" for more than `stale_after_s` (STALE_AFTER_S) that nothing else
+    releases, with their folders; one line per claim released: those of reports made by hand (no job id), by a
+    `specfinops report` killed outright, and those of scheduled reports whose job is gone from the job table (a
+    run killed, then its job removed: no scheduler runs it to recover them). They are not written again (said
+    with the command that writes such a period again). The folder is the one the claim recorded; a claim from
+    before it was recorded (csv_dir empty) has only its unmarked temporary folder looked for in `out_dir`.
+    The claims of jobs still in the job table are their scheduler's (recover_reports rewrites them)."""
     done = []
-    for stale in stale_reports(engine, Report.job_id.is_(None), (GENERATING,), stale_after_s=stale_after_s, now=now):
+    owner = Report.job_id.is_(None) | _gone_jobs_claims(engine)
+    for stale in stale_reports(engine, owner, (GENERATING,), stale_after_s=stale_after_s, now=now):
         report_id, window, csv_dir = stale.report_id, stale.window, stale.csv_dir
         if csv_dir:
             released = release_claim(engine, report_id, window, Path(csv_dir).parent)
@@ -292,11 +312,20 @@ def release_stale_claims(engine: Engine, out_dir: str | os.PathLike | None = Non
             if released and out_dir is not None:  # an unmarked one only: a marked one is another claim's
                 _remove_claimed(Path(out_dir).expanduser() / f".{report_dir_name(report_id, window)}.tmp", None,
                                 unmarked_too=True)  # fmt: skip
-        if released:
+        if not released:
+            continue
+        if stale.job_id is None:
             line = (f"report #{report_id} ({window.label()}) was left '{GENERATING}' by a `specfinops report` that "
                     "was killed; its record and temporary folder are removed")
-            logger.warning("%s", line)
-            done.append(line)
+        else:
+            from telemetry.scheduler import write_again_command
+
+            line = (f"report #{report_id} ({window.label()}) of job {stale.job_id} was left '{GENERATING}' by a run "
+                    "that was killed, and its job is gone from the store's job table (nothing would finish it): its "
+                    f"record and temporary folder are removed; {write_again_command(engine, window.period, window.since, csv_dir)} writes that "
+                    "period again")  # fmt: skip
+        logger.warning("%s", line)
+        done.append(line)
     return done
 
 

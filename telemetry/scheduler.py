@@ -31,7 +31,9 @@
   and those left "generating" or "pending" with when their job takes them (`unfinished_deliveries`); a start
   that leaves a too young one alone says so and when (`left_alone`). A "pending" one of a job that delivers
   nothing stays so (said as "left pending: no delivery configured"); one whose job is gone from the job table
-  is finished by nothing (said, with the `specfinops report` command that writes it again).
+  is finished by nothing (said, with the `specfinops report` command that writes it again); one of those left
+  "generating" (a killed run's claim) is released once stale by any report written to the store and by a
+  scheduler's start (report_writer.release_stale_claims), its temporary folder removed, said with that command.
   "partially delivered" is not retried (the channel that succeeded would get it twice).
 - Every write to the store (the job table and its jobs: LockWaitingJobStore; report records, delivery leases and
   outcomes) waits while another process holds a SQLite store's write lock (telemetry.db.retry_while_locked), then
@@ -89,7 +91,7 @@ from telemetry.report import (
     period_window,
     runs_covered_text,
 )
-from telemetry.report_writer import DELIVERY_LEASE, STALE_AFTER_S
+from telemetry.report_writer import DELIVERY_LEASE, GENERATING, STALE_AFTER_S
 
 logger = logging.getLogger(__name__)
 
@@ -725,15 +727,20 @@ def _delivers(job: Job) -> bool:
 
 
 def _write_again(engine: Engine, r) -> str:
+    """write_again_command for a report record."""
+    return write_again_command(engine, r.period, r.since, r.csv_dir)
+
+
+def write_again_command(engine: Engine, period: str, since: datetime, csv_dir: str | None) -> str:
     """The `specfinops report` command that writes a scheduled report's period again, by hand (its job is gone:
     nothing else finishes it), with the store's password masked; the job's run filters and prices went with it."""
     import shlex
 
     from telemetry.db import masked_password_note, shown_db_url
 
-    out = str(Path(r.csv_dir).parent) if r.csv_dir else "DIR"
-    argv = ["specfinops", "report", "--db", shown_db_url(engine.url), "--period", r.period, "--since",
-            f"{r.since:%Y-%m-%dT%H:%M}", "--out", out]  # fmt: skip
+    out = str(Path(csv_dir).parent) if csv_dir else "DIR"
+    argv = ["specfinops", "report", "--db", shown_db_url(engine.url), "--period", period, "--since",
+            f"{since:%Y-%m-%dT%H:%M}", "--out", out]  # fmt: skip
     return f"`{shlex.join(argv)}`{masked_password_note(engine.url)}"
 
 
@@ -741,7 +748,7 @@ def unfinished_deliveries(engine: Engine, *, now: datetime | None = None, jobs: 
     """`scheduler --list`: one line per scheduled report left "generating" or "pending" (a run in progress, or
     one a stop or a kill left), with when its job finishes it; or that nothing does: a "pending" one of a job that
     delivers nothing stays so, and one whose job is gone from the job table (`jobs`: persisted_jobs) is finished
-    by nobody (the command that writes it again is said)."""
+    by nobody (the command that writes it again is said; a claim left "generating" is released, and said so)."""
     now = now or datetime.now(UTC)
     by_id = {j.id: j for j in (persisted_jobs(engine) if jobs is None else jobs) if j.func_ref == JOB_FUNC}
     lines = []
@@ -750,6 +757,9 @@ def unfinished_deliveries(engine: Engine, *, now: datetime | None = None, jobs: 
         if job is None:
             when = f"its job is gone ({_write_again(engine, r)} to write it again)" + (
                 f"; till {ready:%Y-%m-%d %H:%M} UTC it may be a run at work" if ready > now else "")
+            if r.delivery_status == GENERATING:  # release_stale_claims: any report written, or a scheduler's start
+                when += ("; its claim is released by the next report written to this store or scheduler started on "
+                         "it" + (f" from {ready:%Y-%m-%d %H:%M} UTC" if ready > now else ""))
         elif _stays_pending(r, _delivers(job)):
             when = NO_DELIVERY
         elif ready > now:

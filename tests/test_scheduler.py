@@ -697,6 +697,65 @@ def test_an_unfinished_report_whose_job_is_gone_is_listed_with_the_command_that_
     assert Path(again.csv_dir).parent == out
 
 
+def _claim_left_generating(engine, job_id: str, since: datetime, out, age: timedelta) -> tuple[Report, Path]:
+    """What a run of `job_id` killed inside write_report leaves: its claim, `age` old, and its temporary folder
+    holding a half-written page."""
+    from telemetry.report import period_window
+    from telemetry.report_writer import report_dir_name
+
+    window = period_window("daily", since=since)
+    with Session(engine, expire_on_commit=False) as s:
+        row = Report(period="daily", since=window.since, until=window.until, html_path="", csv_dir="",
+                     delivery_status="generating", job_id=job_id, created_at=datetime.now(UTC) - age)  # fmt: skip
+        s.add(row)
+        s.flush()
+        row.csv_dir = str(out / report_dir_name(row.id, window))
+        s.commit()
+    tmp = out / f".{report_dir_name(row.id, window)}.tmp"
+    tmp.mkdir(parents=True)
+    (tmp / "report.html").write_text("<html>half", encoding="utf-8")
+    return row, tmp
+
+
+def test_a_claim_left_generating_by_a_job_that_is_gone_is_released(store, no_blocking, capsys):
+    """A run killed while writing left its claim 'generating'; then another job's start removed its job. Only
+    that job's scheduler released it (recover_reports): it stayed 'generating' for ever, its half-written
+    folder with it. Once stale it is released by a scheduler's start and by any report written, and said so
+    with the command that writes its period again; a claim of a job still in the job table is left to its job."""
+    from telemetry.report import period_window
+    from telemetry.report_writer import STALE_AFTER_S, write_report
+
+    url, engine, out = store
+    old = timedelta(seconds=STALE_AFTER_S + 60)
+    assert main(["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out), "--job-id", "kept"]) == 0
+    kept, kept_tmp = _claim_left_generating(engine, "kept", D0 - timedelta(days=9), out, old)
+    gone, gone_tmp = _claim_left_generating(engine, "report-daily", D0 - timedelta(days=3), out, old)
+    young, young_tmp = _claim_left_generating(engine, "report-daily", D0 - timedelta(days=2), out, timedelta(0))
+    capsys.readouterr()
+    assert main(["scheduler", "--db", url, "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert f"report #{young.id} (" in listed and "its claim is released by the next report written to this store " \
+        "or scheduler started on it from " in listed, listed
+    # another job's start, keeping 'kept': report-daily is not in the job table (never was), its old claim released
+    args = ["scheduler", "--db", url, "--cron", "0 7 * * *", "--out", str(out), "--job-id", "other"]
+    assert main([*args, "--keep-other-jobs"]) == 0
+    started = capsys.readouterr().out
+    command = f"specfinops report --db {url} --period daily --since {gone.since:%Y-%m-%dT%H:%M} --out {out}"
+    assert f"scheduler: report #{gone.id} (daily " in started and "of job report-daily was left 'generating' by a " \
+        "run that was killed, and its job is gone from the store's job table (nothing would finish it): its record " \
+        f"and temporary folder are removed; `{command}` writes that period again" in started, started
+    assert not gone_tmp.exists() and kept_tmp.exists() and young_tmp.exists()
+    assert {r.id: r.delivery_status for r in reports(engine)} == {kept.id: "generating", young.id: "generating"}
+    with engine.begin() as c:  # the young one grows stale: a report written by hand releases it
+        c.execute(text("UPDATE reports SET created_at = :t WHERE id = :i"), {"t": datetime.now(UTC) - old,
+                                                                            "i": young.id})
+    assert write_report(engine, period_window("daily", since=D0), out) is not None
+    assert not young_tmp.exists() and kept_tmp.exists()
+    rows = reports(engine)
+    assert [r.job_id for r in rows if r.delivery_status == "generating"] == ["kept"], rows  # its job's to rewrite
+    assert not any(p.name.endswith(".tmp") and p != kept_tmp for p in out.iterdir())
+
+
 def test_the_sigterm_handler_disarms_after_the_first_signal(capsys):
     import os
 

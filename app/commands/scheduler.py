@@ -283,7 +283,7 @@ def run(args) -> int:
     from telemetry.db import resolve_db_url
     from telemetry.delivery import SmtpSettings, check_webhook_url, webhook_from_env
     from telemetry.report import SCHEDULED_PERIODS
-    from telemetry.report_writer import check_out_dir
+    from telemetry.report_writer import check_out_dir, release_stale_claims
     from telemetry.scheduler import (
         ReportJob,
         absolute_db_url,
@@ -380,6 +380,10 @@ def run(args) -> int:
         stop, lost = threading.Event(), threading.Event()
         try:
             for line in recover_reports(engine, job):  # what a killed run of this job left behind
+                print(f"scheduler: {line}", flush=True)
+            # claims nothing else finishes: a killed `specfinops report`'s, and those of jobs gone from the job
+            # table (another job's start just removed them, or earlier): a monthly job's first run may be weeks off
+            for line in release_stale_claims(engine, job.out_dir):
                 print(f"scheduler: {line}", flush=True)
             for line in redeliver_failed(engine, job):  # deliveries that failed (a receiver that was down)
                 print(f"scheduler: {line}", flush=True)
