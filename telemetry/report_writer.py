@@ -21,6 +21,8 @@ short random suffix (report-<id>-<period>-<since>-<6 hex>), chosen when the clai
 the other folder is left as it is. Cleanup only ever removes folders the claim created: its temporary folder,
 and a final folder only while it still carries the claim's marker file (CLAIM_MARKER, naming the claim's store,
 id and folder), written into the temporary folder and removed once the record points at the finished folder.
+The marker names the store by its URL with no password in it (user info or query string); a marker an earlier
+version wrote (its `?password=` left in) is still read as its claim's.
 """
 
 from __future__ import annotations
@@ -110,9 +112,16 @@ def count_runs(engine: Engine) -> int:
 
 
 def _claim_token(engine: Engine, report_id: int, folder: Path) -> str:
-    """What CLAIM_MARKER holds for one claim: its store (password hidden), its id and its folder. The marker is
-    removed once the record points at the folder, so a marked folder is always an unrecorded one."""
-    return f"{engine.url.render_as_string(hide_password=True)} report {report_id} {folder}"
+    """What CLAIM_MARKER holds for one claim: its store (no password: `_store_text`), its id and its folder. The
+    marker is removed once the record points at the folder, so a marked folder is always an unrecorded one."""
+    return f"{_store_text(engine.url)} report {report_id} {folder}"
+
+
+def _store_text(url) -> str:
+    """A store's URL as a claim's marker names it: the user-info password hidden, and every query parameter
+    naming a password (`?password=`, `?sslpassword=`, any case) too: a file never holds one."""
+    secret = {key: "***" for key in url.query if "password" in key.lower()}
+    return (url.update_query_dict(secret) if secret else url).render_as_string(hide_password=True)
 
 
 def _name_taken(out: Path, name: str) -> bool:
@@ -178,13 +187,31 @@ def report_dir_name(report_id: int, window: Window) -> str:
 
 
 def _claimed_by(folder: Path, token: str | None) -> bool:
-    """Whether `folder` carries the marker of the claim `token`."""
+    """Whether `folder` carries the marker of the claim `token` (_claim_token), as this version writes it or as an
+    earlier one did (`_marker_token`)."""
     if token is None:
         return False
     try:
-        return (folder / CLAIM_MARKER).read_text(encoding="utf-8").strip() == token
+        held = (folder / CLAIM_MARKER).read_text(encoding="utf-8").strip()
     except OSError:
         return False
+    return held == token or _marker_token(held) == token
+
+
+def _marker_token(held: str) -> str | None:
+    """A marker's text read as _claim_token writes it now: an earlier version wrote the store's URL with only its
+    user-info password hidden (a `?password=` left in): the same store, its password masked here. None when the
+    text is no "URL report ID FOLDER" (a URL holds no space)."""
+    from sqlalchemy import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    url, sep, rest = held.partition(" report ")
+    if not sep:
+        return None
+    try:
+        return f"{_store_text(make_url(url))}{sep}{rest}"
+    except (ArgumentError, ValueError):
+        return None
 
 
 def _remove_claimed(folder: Path, token: str | None, *, unmarked_too: bool = False) -> bool:

@@ -152,6 +152,48 @@ def test_a_killed_claims_own_unrecorded_folder_is_released(two_stores):
     assert not final.exists()
 
 
+def test_a_claims_marker_holds_no_password_and_an_older_versions_marker_is_still_its_claims(pg_url, tmp_path,
+                                                                                            monkeypatch):
+    """The marker named the store by render_as_string(hide_password=True), which hides the user-info password
+    only: a `?password=` went into the file. No password lands in it now; a marker an earlier version wrote (the
+    query password in it) still marks its claim's folder, released as the claim's."""
+    url = pg_url.replace("://postgres@", "://postgres:userinfo-pw@", 1) + "?password=query-pw"
+    engine = open_store(url)
+    try:
+        add_day(engine, D0)
+        out = tmp_path / "reports"
+        real, markers = report_writer.render_html, []
+
+        def render_and_read_marker(*args, **kw):
+            markers.extend(p.read_text(encoding="utf-8") for p in out.glob(f".*.tmp/{report_writer.CLAIM_MARKER}"))
+            return real(*args, **kw)
+
+        monkeypatch.setattr(report_writer, "render_html", render_and_read_marker)
+        assert report_writer.write_report(engine, period_window("daily", since=D0), out) is not None
+        [marker] = markers
+        assert "query-pw" not in marker and "userinfo-pw" not in marker and "password=" in marker, marker
+        # killed between renaming its folder into place and recording it, by an older version: its own marker
+        window = period_window("daily", since=D0 + timedelta(days=1))
+        old = datetime.now(UTC) - timedelta(seconds=report_writer.STALE_AFTER_S + 60)
+        with Session(engine) as s:
+            row = Report(period="daily", since=window.since, until=window.until, html_path="", csv_dir="",
+                         delivery_status="generating", created_at=old)
+            s.add(row)
+            s.flush()
+            final = out / report_writer.report_dir_name(row.id, window)
+            row.csv_dir = str(final)
+            s.commit()
+            rid = row.id
+        final.mkdir(parents=True)
+        legacy = f"{engine.url.render_as_string(hide_password=True)} report {rid} {final}"
+        assert "query-pw" in legacy  # what the older version wrote
+        (final / report_writer.CLAIM_MARKER).write_text(legacy + "\n", encoding="utf-8")
+        assert len(report_writer.release_stale_claims(engine, out)) == 1
+        assert not final.exists()
+    finally:
+        engine.dispose()
+
+
 # ---- a failed delivery is delivered by the next scheduled run -------------------------------------------
 
 
