@@ -308,14 +308,14 @@ def stale_reports(engine: Engine, owner, statuses: tuple[str, ...], *, stale_aft
 
 def _gone_jobs_claims(engine: Engine):
     """A condition on Report.job_id: a scheduled report whose job is gone from the store's job table (removed by
-    another job's start, or the table never made here). Nothing finishes such a claim: recover_reports is its
-    job's, run only by a scheduler holding that job."""
-    from sqlalchemy import column, inspect, table
+    another job's start). Nothing finishes such a claim: recover_reports is its job's, run only by a scheduler
+    holding that job. A store without the table (no scheduler made it here) tells nothing: none is taken."""
+    from sqlalchemy import column, false, inspect, table
 
     from telemetry.db import JOBS_TABLE
 
     if not inspect(engine).has_table(JOBS_TABLE):
-        return Report.job_id.is_not(None)
+        return false()
     return Report.job_id.is_not(None) & Report.job_id.not_in(select(table(JOBS_TABLE, column("id")).c.id))
 
 
