@@ -199,17 +199,24 @@ def energy_sources_text(runs: Iterable[RunSummary], shown: int | None = None) ->
                      for source, ids in sorted(by_source.items(), key=lambda kv: min(kv[1])))
 
 
+_INCOMPLETE_NOTES = {
+    "running": " (in progress, or its process was killed)",
+    "stale": " (its process is gone: killed or crashed before it could end the run)",
+}
+
+
 def incomplete_runs_text(runs: Iterable[RunSummary], shown: int | None = None) -> str:
     """One line on the runs in view that did not end 'completed': an interrupted bench (cancelled), one that
-    raised (failed), or one still 'running' (in progress, such as a live server, or its process was killed
-    before it could end the run). Their finished requests count like any others. '' when every run completed."""
+    raised (failed), one still 'running' (in progress, such as a live server, or its process was killed on a
+    machine this one cannot look at), or 'stale' (its process is gone: killed or crashed before it could end the
+    run, telemetry.liveness). Their finished requests count like any others. '' when every run completed."""
     by_status: dict[str, list[int]] = defaultdict(list)
     for r in runs:
         if r.status != "completed":
             by_status[r.status].append(r.run_id)
     if not by_status:
         return ""
-    parts = [f"{ids_text(ids, shown)} {status}" + (" (in progress, or its process was killed)" if status == "running" else "")
+    parts = [f"{ids_text(ids, shown)} {status}" + _INCOMPLETE_NOTES.get(status, "")
              for status, ids in sorted(by_status.items())]
     return (f"not every run completed: {'; '.join(parts)}. Their finished requests are counted; a run cut short "
             f"measured fewer prompts than its command asked for.")

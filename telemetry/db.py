@@ -106,13 +106,19 @@ class Run(Base):
     price_snapshot: Mapped[dict | None] = mapped_column(JSON)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    status: Mapped[str] = mapped_column(String(16), default="running")  # running | completed | failed
+    # running | completed | failed | cancelled; a 'running' run whose process is gone reads 'stale' (derived)
+    status: Mapped[str] = mapped_column(String(16), default="running")
     dropped_records: Mapped[int] = mapped_column(Integer, default=0)
     # the command invocation that recorded the run (migration 0011): every run of one bench (all modes, turns,
     # concurrency and sweep levels) or load test shares one uuid4 hex, so its spec and AR runs can be compared
     # as a pair. None: recorded before 0011, or a server's run (one per mode for the server's lifetime, each
     # serving whatever requests arrive: nothing pairs them)
     invocation_id: Mapped[str | None] = mapped_column(String(36))
+    # the process that recorded the run (migration 0014): its pid, and which process instance that pid was (its
+    # host, machine, boot, pid namespace and start time: telemetry.liveness.process_key), so that a run left
+    # 'running' by a process killed outright reads 'stale' (telemetry.liveness). None: recorded before 0014
+    pid: Mapped[int | None] = mapped_column(Integer)
+    process_key: Mapped[str | None] = mapped_column(String(255))
 
     __table_args__ = (Index("ix_runs_started_at", "started_at"), Index("ix_runs_node_id", "node_id"),
                       Index("ix_runs_invocation_id", "invocation_id"))

@@ -26,6 +26,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import aliased
 
 from telemetry.db import Request, Run
+from telemetry.liveness import RUNNING, STALE, shown_status
 from telemetry.queries import as_utc
 
 LATEST = "latest"
@@ -44,13 +45,16 @@ class Invocation:
     num_spec_runs: int
     num_ar_runs: int
     num_requests: int
-    num_running: int  # runs still 'running': the command is under way (or was killed without ending them)
+    # runs still 'running': the command is under way (or was killed, on a machine this one cannot look at,
+    # without ending them); those whose process is known to be gone are num_stale instead (telemetry.liveness)
+    num_running: int
     kinds: tuple[str, ...]  # bench | loadtest (one, in practice)
     workloads: tuple[str, ...]
     targets: tuple[str, ...]
     nodes: tuple[str, ...]
     num_cancelled: int = 0  # runs ended 'cancelled': the command was stopped (Ctrl-C, SIGTERM) while they ran
     num_failed: int = 0  # runs ended 'failed': the command raised while they ran
+    num_stale: int = 0  # runs left 'running' whose process is gone: killed or crashed before it could end them
 
     @property
     def short_id(self) -> str:
@@ -91,6 +95,7 @@ def list_invocations(engine: Engine, limit: int | None = 20, *, finished: bool =
         labels: dict[str, dict[str, set]] = {i: {"kind": set(), "workload": set(), "target": set(), "node_id": set()}
                                              for i in ids}
         requests: dict[str, int] = dict.fromkeys(ids, 0)
+        stale: dict[str, int] = {}  # the 'running' runs whose process is gone, by invocation
         if ids:
             for inv, kind, workload, target, node in c.execute(
                     select(Run.invocation_id, Run.kind, Run.workload, Run.target, Run.node_id).distinct()
@@ -102,10 +107,15 @@ def list_invocations(engine: Engine, limit: int | None = 20, *, finished: bool =
                                     .join(Request, Request.run_id == Run.id)
                                     .where(Run.invocation_id.in_(ids)).group_by(Run.invocation_id)):
                 requests[inv] = int(n)
+            for inv, *row in c.execute(select(Run.invocation_id, Run.id, Run.status, Run.pid, Run.process_key)
+                                       .where(Run.invocation_id.in_(ids), Run.status == RUNNING)):
+                if shown_status(*row[1:]) == STALE:
+                    stale[inv] = stale.get(inv, 0) + 1
     return [
         Invocation(invocation_id=inv, started_at=_utc(start), last_started_at=_utc(last), num_runs=int(n),
                    num_spec_runs=int(spec or 0), num_ar_runs=int(ar or 0), num_requests=requests[inv],
-                   num_running=int(busy or 0), num_cancelled=int(cancelled or 0), num_failed=int(failed or 0),
+                   num_running=int(busy or 0) - stale.get(inv, 0), num_cancelled=int(cancelled or 0),
+                   num_failed=int(failed or 0), num_stale=stale.get(inv, 0),
                    kinds=tuple(sorted(labels[inv]["kind"])), workloads=tuple(sorted(labels[inv]["workload"])),
                    targets=tuple(sorted(labels[inv]["target"])), nodes=tuple(sorted(labels[inv]["node_id"])))
         for inv, start, last, n, spec, ar, busy, cancelled, failed in heads
@@ -147,8 +157,8 @@ def resolve_invocation(engine: Engine, text: str) -> str:
         if empty:
             # no finished one completed a request: a running one that did is the one to read (by its id)
             busy = list_invocations(engine, limit=1, with_requests=True)
-            running = f"{busy[0].short_id} is still running: give its id to read what it recorded so far; " if busy \
-                else ""
+            running = f"{busy[0].short_id} {_unended_text(busy[0])}: give its id to read what it recorded so far; " \
+                if busy else ""
             raise ValueError(
                 f"--invocation {text}: no finished bench or load test in the store completed a request (the newest "
                 f"finished, {empty[0].short_id}, completed no request: none ended ok with output tokens); {running}"
@@ -156,8 +166,10 @@ def resolve_invocation(engine: Engine, text: str) -> str:
         if not newest:
             busy = list_invocations(engine, limit=1)
             raise ValueError(f"--invocation {text}: " + (
-                f"the store's only invocations are still running ({busy[0].short_id}: its runs have not ended); "
-                "give its id to read what it recorded so far" if busy else
+                ("the store's only invocations are still running "
+                 if busy[0].num_running or not busy[0].num_stale else "the store's only invocations never ended ")
+                + f"({busy[0].short_id}: {_unended_text(busy[0], its=True)}); give its id to read what it recorded "
+                "so far" if busy else
                 "the store has no bench or load-test invocations (runs recorded by a server, or before the store "
                 "kept invocations, belong to none)"))
         return newest[0].invocation_id
@@ -174,6 +186,15 @@ def resolve_invocation(engine: Engine, text: str) -> str:
     shown = ", ".join(sorted(found)[:5]) + (", ..." if len(found) > 5 else "")
     raise ValueError(f"--invocation {text}: {'more than 5' if len(found) > 5 else len(found)} invocations start "
                      f"with {norm!r} ({shown}): give more characters")
+
+
+def _unended_text(i: Invocation, *, its: bool = False) -> str:
+    """How an invocation whose runs have not all ended stands: still running, or its process gone (`its`: said
+    of its runs)."""
+    if i.num_stale and not i.num_running:
+        return ("its process is gone, killed or crashed before it could end its runs" if its
+                else "was killed or crashed before it could end its runs (its process is gone)")
+    return "its runs have not ended" if its else "is still running"
 
 
 def invocation_span(engine: Engine, invocation_id: str) -> tuple[datetime, datetime]:

@@ -69,6 +69,7 @@ from sqlalchemy.orm import Session
 
 from telemetry.db import Request, Run, Step, read_snapshot
 from telemetry.finops import speedup_exceeds_acceptance, speedup_over_acceptance_text
+from telemetry.liveness import shown_status
 
 MODES = ("spec", "ar")
 # What the synthetic data generator (scripts.synth_store) marks its runs with: never measurements (the dashboard's
@@ -500,7 +501,7 @@ class RunSummary:
     price_snapshot: dict | None
     started_at: datetime
     ended_at: datetime | None
-    status: str
+    status: str  # as stored, but 'stale' for a 'running' run whose process is gone (telemetry.liveness)
     stats: Aggregate
     # the rest of the run's sampling; None where unknown (recorded before they were, or a server's run)
     top_p: float | None = None
@@ -1176,7 +1177,7 @@ def run_summaries(engine: Engine, filters: Filters | None = None, *, latency: bo
                 price_snapshot=run.price_snapshot,
                 started_at=run.started_at,
                 ended_at=run.ended_at,
-                status=run.status,
+                status=shown_status(run.status, run.pid, run.process_key),  # 'stale': its process is gone
                 stats=stats,
                 top_p=run.top_p,
                 top_k=run.top_k,

@@ -12,6 +12,7 @@ caller keeps generating; once the database answers, everything still buffered is
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -36,6 +37,7 @@ from telemetry.db import (
     locked_store,
     retry_while_locked,
 )
+from telemetry.liveness import process_key
 from telemetry.power import PowerSampler, PowerSource
 from telemetry.prices import load_catalog, price_snapshot
 from telemetry.records import BadRecord, PowerReading, RequestRecord, RunInfo, request_problem
@@ -175,7 +177,9 @@ class Recorder:
         the run keeps its cost when the catalog is edited later; a RunInfo's own price_snapshot is kept."""
         started_at = datetime.now(UTC)
         row = {f.name: getattr(info, f.name) for f in fields(info)}
-        row.update(status="running", dropped_records=0, started_at=started_at)
+        # the process recording it: a run it leaves 'running' when killed outright reads 'stale' (telemetry.liveness)
+        row.update(status="running", dropped_records=0, started_at=started_at, pid=os.getpid(),
+                   process_key=process_key())
         if row["seed"] is not None and column_seed(row["seed"]) is None:
             logger.warning("run seed %d does not fit runs.seed (a signed 64-bit integer): recorded as unknown",
                            row["seed"])

@@ -317,6 +317,7 @@ def test_a_downgrade_to_base_of_a_store_with_records_needs_yes(db_url, capsys):
 
 @pytest.mark.parametrize(("rev", "change", "said"), [
     ("0010", "UPDATE runs SET invocation_id = 'abc'", "the invocation_id of 2 runs"),
+    ("0013", "UPDATE runs SET pid = 7 WHERE id = (SELECT MIN(id) FROM runs)", "the pid, process_key of 1 run"),
     ("0009", "UPDATE requests SET top_k = 40 WHERE id = (SELECT MIN(id) FROM requests)",
      "the top_k, seed, max_new_tokens of 1 request"),
     ("0008", "UPDATE runs SET software_version = 'v' || repeat('x', 80) WHERE id = (SELECT MIN(id) FROM runs)",

@@ -76,7 +76,7 @@ def test_indexes_and_constraint_names_follow_the_models(db_url):
 
 
 def test_single_head():
-    assert head_revision() == "0013"
+    assert head_revision() == "0014"
 
 
 def test_steps_are_found_by_request_through_the_covering_index(db_url):

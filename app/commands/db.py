@@ -380,20 +380,19 @@ def _data_dropped(conn, cfg, revision: str) -> list[str]:
     except Exception:  # noqa: BLE001 - an unknown or upward REV: Alembic's own error says so, as before
         return []
     tables: list[str] = []
-    columns: dict[str, list[str]] = {}
+    columns: list[tuple[str, list[str]]] = []  # per revision: a later one's columns holding nothing are not said
     values: list[tuple[str, str, str]] = []
     for step in reversed(steps):  # oldest first: the tables a store began with come first
         drops = getattr(step.module, "DOWNGRADE_DROPS", {})
         tables += drops.get("tables", ())
-        for table, cols in drops.get("columns", {}).items():
-            columns.setdefault(table, []).extend(cols)
+        columns += [(table, list(cols)) for table, cols in drops.get("columns", {}).items()]
         values += [(table, what, where) for table, vals in drops.get("values", {}).items() for what, where in vals]
 
     def count(table: str, where: str = "") -> int:
         return conn.execute(text(f"SELECT COUNT(*) FROM {table}" + (f" WHERE {where}" if where else ""))).scalar() or 0
 
     said = [_rows(t, n) for t in tables if (n := count(t))]
-    for table, cols in columns.items():  # a table dropped whole is said above
+    for table, cols in columns:  # a table dropped whole is said above
         if table not in tables and (n := count(table, " OR ".join(f"{c} IS NOT NULL" for c in cols))):
             said.append(f"the {', '.join(cols)} of {_rows(table, n)}")
     said += [what.format(rows=_rows(table, n)) for table, what, where in values

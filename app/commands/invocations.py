@@ -61,9 +61,10 @@ def _above_lines(found: list, per: dict) -> list[str]:
 
 
 def _ended_text(i) -> str:
-    """' (running)', ' (interrupted)', ' (failed)': how the invocation's runs that did not complete stand."""
-    marks = [mark for mark, n in (("running", i.num_running), ("interrupted", i.num_cancelled),
-                                  ("failed", i.num_failed)) if n]
+    """' (running)', ' (stale)', ' (interrupted)', ' (failed)': how the invocation's runs that did not complete
+    stand."""
+    marks = [mark for mark, n in (("running", i.num_running), ("stale", i.num_stale),
+                                  ("interrupted", i.num_cancelled), ("failed", i.num_failed)) if n]
     return f" ({', '.join(marks)})" if marks else ""
 
 
@@ -86,6 +87,8 @@ def run(args) -> int:
              "workloads": list(i.workloads), "targets": list(i.targets), "nodes": list(i.nodes),
              "runs": i.num_runs, "spec_runs": i.num_spec_runs, "ar_runs": i.num_ar_runs, "requests": i.num_requests,
              "running_runs": i.num_running, "cancelled_runs": i.num_cancelled, "failed_runs": i.num_failed,
+             # left 'running' by a process that is gone (killed or crashed): not counted in running_runs
+             "stale_runs": i.num_stale,
              "speedups": [{"drafter": s.drafter, "k_policy": s.k_policy, "concurrency": s.concurrency,
                            "temperature": s.temperature, "speedup": s.speedup,
                            "spec_tokens_per_s": s.spec_tokens_per_s, "ar_tokens_per_s": s.ar_tokens_per_s,
@@ -127,6 +130,9 @@ def run(args) -> int:
     if any(i.num_running for i in found):
         print("(running): runs not ended yet, a bench or load test under way (or one killed before it could end "
               "them); its figures are what it recorded so far")
+    if any(i.num_stale for i in found):
+        print("(stale): runs never ended, their process is gone (killed or crashed, e.g. SIGKILL, out of memory, the "
+              "machine went down); the requests they finished count, as of an interrupted run")
     return 0
 
 

@@ -27,6 +27,7 @@ from sqlalchemy.engine import Engine
 
 from telemetry.calibration import ANSWER_SPAN
 from telemetry.db import PowerSample, Request, Run, Step, TokenEvent
+from telemetry.liveness import shown_status
 from telemetry.queries import Filters, step_rejected
 from telemetry.queries import as_utc as queries_as_utc
 
@@ -449,7 +450,7 @@ def filter_options(engine: Engine) -> dict:
         select(Run.id, Run.mode, Run.node_id, Run.hostname, Run.target, Run.drafter, Run.k_policy, Run.workload,
                Run.device, Run.concurrency, Run.temperature, Run.kind, Run.started_at, Run.status,
                Run.top_p, Run.top_k, Run.max_new_tokens, Run.invocation_id, func.min(Request.started_at),
-               func.max(Request.started_at), func.count(Request.id))
+               func.max(Request.started_at), func.count(Request.id), Run.pid, Run.process_key)
         .select_from(Run)
         .outerjoin(Request, Request.run_id == Run.id)
         .group_by(Run.id)
@@ -457,8 +458,12 @@ def filter_options(engine: Engine) -> dict:
     )
     cols = ["run_id", "mode", "node_id", "hostname", "target", "drafter", "k_policy", "workload", "device",
             "concurrency", "temperature", "kind", "started_at", "status", "top_p", "top_k", "max_new_tokens",
-            "invocation_id", "first_request", "last_request", "requests"]
+            "invocation_id", "first_request", "last_request", "requests", "pid", "process_key"]
     runs = _frame(engine, runs_q, cols)
+    # a 'running' run whose process is gone reads 'stale' (telemetry.liveness), as in every other view
+    runs["status"] = [shown_status(status, None if pd.isna(pid) else int(pid), None if pd.isna(key) else key)
+                      for status, pid, key in zip(runs["status"], runs["pid"], runs["process_key"], strict=True)]
+    runs = runs.drop(columns=["pid", "process_key"])
     with engine.connect() as c:
         domains = sorted(d for (d,) in c.execute(select(Request.domain).distinct()) if d is not None)
     return {"runs": runs, "domains": domains}
