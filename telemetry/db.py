@@ -18,7 +18,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
@@ -686,9 +686,9 @@ def remove_new_store(created: list[Path]) -> None:
     """Undo new_store_paths after its store could not be made (a disk full while the schema was created, a failed
     upgrade): the file with SQLite's -wal, -shm and -journal files, then the folders made, innermost first, each
     only while empty. A file that holds tables by now is another process's store (a bench that opened it
-    meanwhile) and stays."""
-    if created and not _holds_tables(created[-1]):
-        _remove(created)
+    meanwhile) and stays, as does one another connection has open (`_remove_unless`)."""
+    if created:
+        _remove_unless(created, _holds_tables_on, unreadable=False)
 
 
 def remove_unused_store(created: list[Path]) -> None:
@@ -697,9 +697,70 @@ def remove_unused_store(created: list[Path]) -> None:
     Removed as remove_new_store removes a store that could not be made, its schema and all; a store that holds a
     row by now stays: a run (this command's, 'cancelled' where it was stopped, or another process's), or what
     another process wrote there meanwhile (a `prices set --db` price, serve's keys, a report), as does one that
-    cannot be read to tell. A new store holds no row but its alembic_version (no migration inserts one)."""
-    if created and not _holds_rows(created[-1]):
+    cannot be read to tell, and one another connection has open (a bench that opened it, about to start its run:
+    `_remove_unless`). A new store holds no row but its alembic_version (no migration inserts one)."""
+    if created:
+        _remove_unless(created, _holds_rows_on, unreadable=True)
+
+
+def _remove_unless(created: list[Path], in_use: Callable[[sqlite3.Connection], bool], *, unreadable: bool) -> None:
+    """_remove(created) unless `in_use` says its store file holds what is to be kept, the check and the removal
+    under one exclusive lock on the file: a process that opened the store, or wrote a run into it, between a
+    check and a removal made apart, had the file (its run with it) deleted from under it. Exclusive locking mode
+    takes SQLite's EXCLUSIVE lock on the database file, which it cannot get while any other connection (of any
+    process) has the store open (in WAL mode each holds a SHARED lock on it until it closes), and which keeps
+    every other connection out until this one closes: an open store is in use, and stays. Under the lock the
+    file leaves WAL mode (its WAL checkpointed and deleted while the path still names this file, not by name
+    after another process may have made a new store there), then the files are removed, and only then is the
+    lock let go; a process that had opened the file just before and writes after is refused by SQLite ('attempt
+    to write a readonly database'), not let write into a deleted file. A file SQLite cannot read (not a database):
+    `unreadable` says whether that keeps it."""
+    path = created[-1]
+    if not path.is_file():
         _remove(created)
+        return
+    try:
+        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=rw", uri=True, timeout=0.1, isolation_level=None)
+    except sqlite3.Error:
+        if not unreadable:
+            _remove(created)
+        return
+    try:
+        conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+        conn.execute("BEGIN EXCLUSIVE")  # SQLITE_BUSY where another connection has it open: kept
+        if in_use(conn):
+            return
+        conn.execute("ROLLBACK")  # the lock stays: exclusive locking mode keeps it until the connection closes
+        conn.execute("PRAGMA journal_mode=DELETE")
+        _remove(created)
+    except sqlite3.Error as exc:
+        if not unreadable and not _busy(exc):
+            _remove(created)  # not a database: nothing of anyone's to keep
+    finally:
+        conn.close()
+
+
+def _busy(exc: sqlite3.Error) -> bool:
+    """Whether SQLite said another connection holds the file locked."""
+    return getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) \
+        or "locked" in str(exc)
+
+
+def _holds_tables_on(conn: sqlite3.Connection) -> bool:
+    """Whether the SQLite database on `conn` holds any table."""
+    return conn.execute("select count(*) from sqlite_master where type = 'table'").fetchone()[0] > 0
+
+
+def _holds_rows_on(conn: sqlite3.Connection) -> bool:
+    """Whether the SQLite store on `conn` holds a row in a table other than alembic_version (and SQLite's own); no
+    runs table to read (not a specfinops store, or its schema not made yet): yes, it is not to be removed on a
+    guess."""
+    tables = [name for (name,) in conn.execute("select name from sqlite_master where type = 'table'")]
+    if "runs" not in tables:
+        return True
+    data = [name.replace('"', '""') for name in tables
+            if name != "alembic_version" and not name.startswith("sqlite_")]  # sqlite_sequence: SQLite's
+    return any(conn.execute(f'select exists (select 1 from "{name}")').fetchone()[0] == 1 for name in data)
 
 
 def _remove(created: list[Path]) -> None:
@@ -718,35 +779,6 @@ def _remove(created: list[Path]) -> None:
             continue
         except OSError:  # not empty (something else wrote there meanwhile): leave it and those above
             break
-
-
-def _holds_tables(path: Path) -> bool:
-    """Whether the SQLite file at `path` holds any table (read only; unreadable or not there: no)."""
-    if not path.is_file():
-        return False
-    try:
-        with closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)) as conn:  # ? or # in a name
-            return conn.execute("select count(*) from sqlite_master where type = 'table'").fetchone()[0] > 0
-    except sqlite3.Error:
-        return False
-
-
-def _holds_rows(path: Path) -> bool:
-    """Whether the SQLite store at `path` holds a row in a table other than alembic_version (and SQLite's own) --
-    read only; not there: no; unreadable, or no runs table to read (not a specfinops store, or its schema not made
-    yet): yes, it is not to be removed on a guess."""
-    if not path.is_file():
-        return False
-    try:
-        with closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)) as conn:  # ? or # in a name
-            tables = [name for (name,) in conn.execute("select name from sqlite_master where type = 'table'")]
-            if "runs" not in tables:
-                return True
-            data = [name.replace('"', '""') for name in tables
-                    if name != "alembic_version" and not name.startswith("sqlite_")]  # sqlite_sequence: SQLite's
-            return any(conn.execute(f'select exists (select 1 from "{name}")').fetchone()[0] == 1 for name in data)
-    except sqlite3.Error:
-        return True
 
 
 def file_in_path(path: Path) -> Path | None:

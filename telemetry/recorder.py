@@ -169,6 +169,11 @@ class Recorder:
 
     # ---------------------------------------------------------------- caller side
 
+    @property
+    def engine(self) -> Engine:
+        """The store's engine the recorder writes through (its caller's: the recorder never disposes it)."""
+        return self._engine
+
     def start_run(self, info: RunInfo) -> int:
         """Insert the run row now (status 'running') and return its id; raises if the database is down. A SQLite
         store another process holds locked is waited for (telemetry.db.retry_while_locked), then named.

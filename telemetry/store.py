@@ -476,6 +476,9 @@ def _open_existing_or_new(url: str, path: Path | None, *, must_exist: bool) -> E
         if said is not None:
             raise said from None
         raise
+    except BaseException:  # Ctrl-C, SIGTERM: its connection closed, so the new file can be removed (remove_new_store)
+        engine.dispose()
+        raise
     if was is not None:  # a new store given its schema is not said: nothing older was there to change
         say_upgraded(url, was)
     return engine

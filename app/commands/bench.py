@@ -607,9 +607,13 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
     except KeyboardInterrupt:  # in the warm-up, or making a level's engines
         interrupted = True
     finally:
-        if recorder:
-            recorder.close()
-        source.close()
+        try:
+            if recorder:
+                recorder.close()
+        finally:
+            if recorder:  # its pooled connections closed: a store it recorded nothing in can be removed
+                recorder.engine.dispose()  # (store_opened_for), which one open connection keeps (in use)
+            source.close()
     report = build_report(results, loaded, params, cut_level=cut_level)
     report["interleave"] = args.interleave if len(modes) == 2 and 1 in levels else 0
     report["invocation_id"] = invocation_id if recorder is not None else None

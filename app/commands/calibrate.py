@@ -192,6 +192,8 @@ def _calibrate(args: argparse.Namespace, spec, params, prompts: list, domains: l
             if recorder is not None:
                 recorder.close()  # every run recorded ended ('cancelled' the one Ctrl-C stopped): none 'running'
         finally:
+            if recorder is not None:  # its pooled connections closed: a store it recorded nothing in can be
+                recorder.engine.dispose()  # removed (store_opened_for), which one open connection keeps (in use)
             source.close()
     invocation_id = turn.invocation_id if turn.run_ids else None  # None: nothing recorded (or not recording)
     if interrupted and not results:
