@@ -93,9 +93,10 @@ class Engine:
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:
             raise EngineError("prompt is empty")
-        if len(prompt_ids) >= self.max_len - 1:
+        if len(prompt_ids) >= self.max_len - 1:  # the prompt and its answer share max_len - 1 positions
             raise EngineError(
-                f"prompt is {len(prompt_ids)} tokens, longer than the context window ({self.max_len} tokens)"
+                f"prompt is {len(prompt_ids)} tokens; the context window ({self.max_len} tokens) fits at most "
+                f"{self.max_len - 2} prompt tokens (the prompt and its answer share {self.max_len - 1} positions)"
             )
         if params.stop and self.decode is None:
             raise EngineError("stop strings need a tokenizer (decode) on the engine")

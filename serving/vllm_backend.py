@@ -657,8 +657,9 @@ def run_bench(config: VllmConfig, prompts: list[Prompt], params: SamplingParams,
                 encoded = [engine.encode(p) for p in prompts]
                 for p, ids in zip(prompts, encoded, strict=True):
                     if config.max_model_len and len(ids) >= config.max_model_len - 1:
-                        raise ValueError(f"prompt {p.id} is {len(ids)} tokens, longer than the context window "
-                                         f"({config.max_model_len})")
+                        raise ValueError(f"prompt {p.id} is {len(ids)} tokens; the context window "
+                                         f"({config.max_model_len} tokens) fits at most {config.max_model_len - 2} "
+                                         "prompt tokens")
                 warm_up(engine, encoded)
                 for level in levels:
                     info = run_info(engine, workload=workload, params=params, node_id=node_id,

@@ -197,7 +197,30 @@ def test_model_options_and_max_len_are_checked_before_loading(argv, needle, no_l
     err = _err(capsys)
     assert needle.format(tmp=tmp_path) in err and len(err.splitlines()) == 1, err
     if "--max-len" in argv:
-        assert "longer than the context window (4 tokens)" in err
+        assert "the context window (4 tokens) fits at most 2 prompt tokens" in err
+
+
+def test_a_prompt_one_past_what_fits_is_told_how_many_fit_not_longer_than_the_window(no_load, tmp_path, capsys):
+    """--max-len 33 and a 32-token prompt: bench said the prompt was 'longer than the context window (33
+    tokens)', which it is not (the engine keeps a position spare); the error says how many prompt tokens fit,
+    and --help what --max-len bounds."""
+    from serving.models import load_tokenizer, resolve_model
+    from serving.worker import encode_prompt
+    from serving.workloads import load_workload
+
+    work = tmp_path / "w.txt"
+    work.write_text("Hello world\n")
+    (prompt,) = load_workload(str(work))
+    n = len(encode_prompt(load_tokenizer(resolve_model(None, "target")), prompt))  # with the chat template
+    assert main(["bench", "--workload", str(work), "--max-len", str(n + 1), "--mode", "ar", "--max-new-tokens", "1",
+                 "--no-telemetry"]) == 2
+    err = _err(capsys)
+    assert (f"--max-len {n + 1}: prompt {prompt.id} of --workload {work} is {n} tokens; the context window "
+            f"({n + 1} tokens) fits at most {n - 1} prompt tokens") in err, err
+    assert "longer than" not in err and len(err.splitlines()) == 1, err
+    for command in ("bench", "serve"):
+        assert ("a prompt and its answer share --max-len - 1 positions (one is kept spare), so at most --max-len - 2 "
+                "prompt tokens fit") in _help(capsys, command)
 
 
 # ---- 5. serve --no-telemetry: no warning that energy is not measured ----------------------------------

@@ -241,7 +241,7 @@ def bad_workloads(tmp_path):
     (["--workload", "{malformed}"], "malformed.jsonl:2: malformed JSON"),
     (["--workload", "{empty}"], "empty.jsonl:1"),
     (["--drafter", "draft", "--draft-model", "{other_vocab}"], "vocabulary mismatch"),
-    (["--max-len", "16"], "longer than the context window"),
+    (["--max-len", "16"], "the context window (16 tokens) fits at most 14 prompt tokens"),
     (["--drafter", "nonsense"], "unknown drafter"),
     (["--concurrency", "0"], "concurrency"),
     (["--tree", "8:x"], "tree shape must be NODES[:DEPTH[:WIDTH[:MIN_PROB]]]"),

@@ -358,3 +358,18 @@ def test_calibrate_names_the_prompt_and_the_window_past_which_it_runs(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert rc == 2, err
     assert "prompt long-one is 30 tokens" in err and "the target's 24 positions (sliding_window" in err, err
+
+
+def test_a_prompt_one_past_what_the_targets_window_fits_is_told_how_many_fit(tmp_path, capsys):
+    """A 23-token prompt and the target's 24 positions: it was called 'longer than the context window', which it
+    is not (a position is kept spare for the answer); the error says how many prompt tokens fit."""
+    windowed = hf_dir(tmp_path / "windowed", "mistral", sliding_window=24)
+    work = tmp_path / "long.jsonl"
+    work.write_text(json.dumps({"id": "near", "domain": "d", "prompt": " ".join(["w5"] * 23)}) + "\n")
+    rc = main(["bench", "--target", str(windowed), "--drafter", "ngram", "--workload", str(work), "--dtype",
+               "float32", "--power", "none", "--max-len", "512", "--max-new-tokens", "4", "--no-telemetry",
+               "--mode", "ar"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2
+    assert "prompt near is 23 tokens; the context window (the target's 24 positions (sliding_window" in err, err
+    assert "fits at most 22 prompt tokens" in err and "longer than" not in err, err

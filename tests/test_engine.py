@@ -295,6 +295,19 @@ def test_bad_requests_are_refused_and_engine_keeps_working():
     assert engine.generate(PROMPTS[1], SamplingParams(max_new_tokens=5)).output == ar_outputs([PROMPTS[1]])[0][:5]
 
 
+def test_a_prompt_too_long_for_the_window_is_refused_with_how_many_fit():
+    """max_len 16 keeps a spare position: a 15-token prompt was refused as 'longer than the context window (16
+    tokens)', which it is not; the error says how many prompt tokens fit, and that many are served."""
+    engine = Engine(TARGET, max_len=16)
+    with pytest.raises(EngineError) as err:
+        engine.add(list(range(1, 16)), SamplingParams(max_new_tokens=1))
+    message = str(err.value)
+    assert "prompt is 15 tokens; the context window (16 tokens) fits at most 14 prompt tokens" in message
+    assert "longer than" not in message
+    seq = engine.generate(list(range(1, 15)), SamplingParams(max_new_tokens=5))
+    assert len(seq.output) == 1 and seq.finish_reason == "length"  # prompt and answer share 15 positions
+
+
 def test_an_adaptive_policy_bound_of_zero_is_refused_not_read_as_its_default():
     for spec in ("heuristic:0", "entropy:0", "cost:0", "auto:0"):
         with pytest.raises(ValueError, match="must be >= 1"):

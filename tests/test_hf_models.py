@@ -92,7 +92,7 @@ def test_a_window_shorter_than_the_context_caps_the_context_at_the_window(kind, 
     model = load_causal_lm(path, torch.float32)
     assert model.cfg.max_position == 24
     engine = Engine(model, max_len=2048)
-    with pytest.raises(EngineError, match="prompt is 30 tokens, longer than the context window \\(24 tokens\\)"):
+    with pytest.raises(EngineError, match="prompt is 30 tokens; the context window \\(24 tokens\\) fits at most 22 prompt tokens"):
         engine.check_request(list(range(2, 32)), SamplingParams(max_new_tokens=4))
     seq = engine.add(list(range(2, 12)), SamplingParams(max_new_tokens=100))
     while not seq.done:

@@ -400,3 +400,19 @@ def test_bench_backend_vllm_still_takes_a_hub_id_as_target(vllm, tmp_path, monke
     rc = main(["bench", "--backend", "vllm", "--limit", "1", "--max-new-tokens", "4", "--k", "2",
                "--target", "meta-llama/Llama-3.1-8B-Instruct", "--no-telemetry"])
     assert rc == 0 and fake_vllm.LLM.instances[-1].kwargs["model"] == "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def test_bench_backend_vllm_says_how_many_prompt_tokens_fit_not_longer_than_the_window(vllm, tmp_path, capsys):
+    """--max-len 6 and a 5-token prompt (the fake's chat template adds 2): the prompt was said to be 'longer than
+    the context window (6)', which it is not (a position is kept spare); the error says how many fit."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    work = tmp_path / "w.txt"
+    work.write_text("Hello big world\n")
+    rc = main(["bench", "--backend", "vllm", "--mode", "ar", "--workload", str(work), "--max-len", "6",
+               "--max-new-tokens", "1", "--power", "none", "--target", str(target), "--no-telemetry"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2
+    assert "prompt w.txt:1 is 5 tokens; the context window (6 tokens) fits at most 4 prompt tokens" in err, err
+    assert "longer than" not in err, err

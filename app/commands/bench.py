@@ -97,7 +97,10 @@ def register(sub) -> None:
     p.add_argument("--early-exit-layers", type=int, default=None,
                    help="target layers used by --drafter early-exit (default: 8, or half the layers of a target "
                         "with 8 or fewer)")
-    p.add_argument("--max-len", type=context_len, default=2048, help="context window used by the engine (tokens)")
+    p.add_argument("--max-len", type=context_len, default=2048,
+                   help="context window used by the engine (tokens): a prompt and its answer share --max-len - 1 "
+                        "positions (one is kept spare), so at most --max-len - 2 prompt tokens fit and a longer answer "
+                        "is cut there (finish reason 'length')")
     p.add_argument("--json", metavar="PATH", default=None,
                    help="write the results as JSON to PATH; '-': to stdout (the table then goes to stderr)")
     add_db_option(p)
@@ -353,8 +356,9 @@ def check_prompts_fit(args, target_dir, prompts) -> list[list[int]]:
     for p, ids in zip(prompts, encoded, strict=True):
         n = len(ids)
         if n >= args.max_len - 1:
-            raise UsageError(f"--max-len {args.max_len}: prompt {p.id} of --workload {args.workload} is {n} tokens, "
-                             f"longer than the context window ({args.max_len} tokens); "
+            raise UsageError(f"--max-len {args.max_len}: prompt {p.id} of --workload {args.workload} is {n} tokens; "
+                             f"the context window ({args.max_len} tokens) fits at most {args.max_len - 2} prompt "
+                             f"tokens (the prompt and its answer share {args.max_len - 1} positions); "
                              "drop it or raise --max-len")
     return encoded
 
@@ -374,8 +378,9 @@ def check_context(workload: str, prompts, encoded, ctx: int, window: str, advice
     else a ValueError naming the prompt, the window and `advice` (what the command can do about it)."""
     for p, ids in zip(prompts, encoded, strict=True):
         if len(ids) >= ctx - 1:
-            raise ValueError(f"--workload {workload}: prompt {p.id} is {len(ids)} tokens, longer than the context "
-                             f"window ({window}); {advice}")
+            raise ValueError(f"--workload {workload}: prompt {p.id} is {len(ids)} tokens; the context window "
+                             f"({window}) fits at most {ctx - 2} prompt tokens (the prompt and its answer share "
+                             f"{ctx - 1} positions); {advice}")
 
 
 def _load_and_check(args, spec, prompts, encoded, params, gate, chosen: bool, levels: list[int]):

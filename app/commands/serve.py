@@ -49,7 +49,9 @@ def register(sub) -> None:
                    help="draft token trees instead of one chain (see `specfinops bench --help`), e.g. 16:6:4:0.25")
     p.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     p.add_argument("--max-batch", type=positive_int, default=8, help="sequences decoded together (continuous batching)")
-    p.add_argument("--max-len", type=context_len, default=2048, help="context window (tokens)")
+    p.add_argument("--max-len", type=context_len, default=2048,
+                   help="context window (tokens): a prompt and its answer share --max-len - 1 positions (one is kept "
+                        "spare), so at most --max-len - 2 prompt tokens fit")
     p.add_argument("--default-max-tokens", type=positive_int, default=None, metavar="N",
                    help="cap on the answer of a request that sends no max_tokens / max_completion_tokens (default: "
                         "none, as OpenAI and vLLM: the room left in the context window)")
