@@ -124,13 +124,16 @@ class Engine:
                 logits, hidden = self.target(torch.tensor([prompt_ids]), fb, self.cache, last_only=True,
                                              return_hidden=True, feature_layers=self.feature_layers)
                 first = self._sample_one(logits[0, -1], seq)
-                t_verify = time.perf_counter()
+                t_verify = t_draft = time.perf_counter()
                 if self.drafter is not None:
                     self.drafter.prefill(seq, hidden[0] if self.drafter.needs_features else None)
+                    t_draft = time.perf_counter()
         except BaseException:
             self._release(seq)  # a failed prefill gives its slot back
             raise
-        self._commit(seq, [first], accepted=0, k=0, draft_s=0.0, verify_s=t_verify - t_start,
+        # the prefill step's draft time is the drafter's prompt pass (a feature draft's can be hundreds of ms), its
+        # verify time the target's: the two account for the first token's latency (no policy observes this step)
+        self._commit(seq, [first], accepted=0, k=0, draft_s=t_draft - t_verify, verify_s=t_verify - t_start,
                      step_index=-1, batch_size=1, k_reason="prefill")
         if seq.done:
             self._release(seq)

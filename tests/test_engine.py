@@ -242,6 +242,68 @@ def test_step_events_account_for_every_token():
         assert e.sources.count("accepted") == e.accepted
 
 
+class _Clock:
+    """A perf_counter that moves only where a test moves it: the times read from it are exact."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class _SlowPrefillDraft(ModelDrafter):
+    """A draft model whose prompt pass takes `prefill_s` on the clock (a feature draft's prefill: hundreds of ms)."""
+
+    def __init__(self, clock: _Clock, prefill_s: float):
+        super().__init__(DRAFT, "slow-prefill", slots=1, max_len=220)
+        self.clock, self.prefill_s = clock, prefill_s
+
+    def prefill(self, seq, features=None):
+        super().prefill(seq, features)
+        self.clock.now += self.prefill_s
+
+
+class _Timed(FixedK):
+    """FixedK that keeps the draft times the engine tells it."""
+
+    def __init__(self, k: int):
+        super().__init__(k)
+        self.draft_s: list[float] = []
+
+    def observe(self, seq, k, accepted, draft_s, verify_s, batch_size=1, conf=None):
+        self.draft_s.append(draft_s)
+
+
+def test_the_drafters_prefill_is_the_prefill_steps_draft_time_and_no_decode_cost(monkeypatch):
+    """The prefill step said draft 0 and verify the target's prefill: a feature draft's prompt pass (~650 ms of a
+    9.6 s TTFT) was in no step's time. It is the prefill step's draft time now, and stays out of what prices a
+    drafted token: the policy's observations, the stored steps (decode steps only: calibrate's c)."""
+    from serving.worker import append_step
+    from telemetry.records import RequestRecord
+
+    clock = _Clock()
+    monkeypatch.setattr("serving.engine.time", clock)
+    policy = _Timed(3)
+    events: list[StepEvent] = []
+    engine = Engine(TARGET, drafter=_SlowPrefillDraft(clock, 0.65), policy=policy, max_len=200,
+                    on_step=events.append)
+    seq = engine.add(PROMPTS[0], SamplingParams(max_new_tokens=12), t_start=-8.0)  # the target's prefill: 8 s
+    while not seq.done:
+        engine.step()
+    prefill = events[0]
+    assert prefill.step_index == -1
+    assert prefill.draft_s == 0.65 and prefill.verify_s == 8.0  # together the first token's latency
+    decode = events[1:]
+    assert any(e.k > 0 for e in decode) and all(e.draft_s == 0.0 for e in decode)
+    assert policy.draft_s == [0.0] * len(decode)
+    rec = RequestRecord(started_at=None)
+    for e in events:
+        append_step(rec, e, -8.0)
+    assert [s.step_index for s in rec.steps] == [e.step_index for e in decode]
+    assert all(s.draft_ms == 0.0 for s in rec.steps)
+
+
 class _Watching(FixedK):
     """FixedK that keeps what the engine tells it after each step: (k, accepted)."""
 
