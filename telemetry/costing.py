@@ -40,6 +40,7 @@ from telemetry.prices import (
     get_price,
     gpu_chip,
     load_catalog,
+    own_price_text,
     resolve_node_price,
     snapshot_energy,
 )
@@ -1084,7 +1085,8 @@ def projection_caveats(comparison: Comparison, cap_configs: dict[str, ConfigSumm
     if differs:
         other = price.catalog_name or price.priced_as
         out.append(f"the capacity is the throughput measured on {', '.join(devices)}, priced as {price.priced_as}: "
-                   f"these node counts and costs are not {other}'s; to project {other}, measure on it")
+                   f"these node counts and costs are not {other}'s; to project {other}, measure on it; "
+                   + own_price_text(devices))
     elif price.catalog_kind == "node" and any(gpu_chip(d) is not None and
                                               (catalog_name_for_device(d) or "").lower() != price.catalog_name.lower()
                                               for d in devices):

@@ -14,6 +14,7 @@ Public API:
     device_units(device) -> int   # the entry's units a device is: "... x 8 (tp 8)" -> 8 GPUs, "cpu (16 threads)" -> 8
     device_gpus(device) -> int    # the GPUs a device spans: "... x 8 (tp 8)" -> 8, else 1
     catalog_entry_for_device(catalog, device) -> PriceEntry | None   # a user's entry named in it, else the built-in match
+    own_entry_name(device) -> str | None   # the name an entry needs to price the device itself: "AMD EPYC 7763"
     gpu_chip(device_or_entry_name) -> str | None   # "H100-SXM", "NVIDIA H100 80GB HBM3" -> "H100"; "H100 x8" -> None
     resolve_node_price(engine, *, device, price_snapshot=None, gpu=None, gpus_per_node=1,
                        node_hourly_usd=None, catalog=None) -> NodePrice
@@ -447,6 +448,39 @@ def _own_device_text(device: str) -> tuple[str | None, str | None]:
     if builtin is None:
         return None, None
     return builtin, cpu_model(device) if builtin == CPU_NODE else _DEVICE_GPUS.sub("", device)
+
+
+_BACKEND_PREFIX = re.compile(r"^\s*[a-z]+\s*:\s*", re.I)  # "cuda: " of "cuda: NVIDIA H100 80GB HBM3"
+
+
+def own_entry_name(device: str) -> str | None:
+    """A name under which an entry of the user's prices the recorded `device` itself (names_own_device): a CPU's
+    model ("AMD EPYC 7763" for "cpu: AMD EPYC 7763 64-Core Processor (16 threads)"), a GPU's name without its
+    backend and the GPUs a vLLM device counts ("NVIDIA H100 80GB HBM3"), a device no pattern knows as recorded;
+    None where no entry's name can ("cpu: AMD EPYC (2 threads)" names no model: price it with --node-hourly-usd)."""
+    builtin, text = _own_device_text(device or "")
+    name = " ".join(_BACKEND_PREFIX.sub("", (text or "") if builtin is not None else (device or "")).split())
+    if not (0 < len(name) <= 64 and name.isascii() and name.isprintable()) or name.lower() in _default_names():
+        return None
+    return name if names_own_device(name, device) else None
+
+
+def own_price_text(devices: Iterable[str]) -> str:
+    """How to price the measured `devices` themselves, as a clause: a catalog entry named after a device's model
+    (own_entry_name) is that device's price, as --node-hourly-usd X is; an entry of another name is other hardware."""
+    devices = list(dict.fromkeys(devices))
+    names = [own_entry_name(d) for d in devices]
+    if not devices or any(n is None for n in names):
+        which = f"{devices[0]!r}" if len(devices) == 1 else "devices"
+        return (f"to price the measured {'hardware' if len(devices) != 1 else which} itself, pass --node-hourly-usd X "
+                f"(one measured device's price per hour): {'its' if len(devices) == 1 else 'a'} device string names "
+                "no model that a catalog entry could be named after, and an entry named otherwise is taken as other "
+                "hardware")
+    sets = "; ".join(
+        f'`specfinops prices set "{n}" X --kind {"node" if _own_device_text(d)[0] == CPU_NODE else "gpu"} '
+        f'--source ...` and --gpu "{n}"' for d, n in zip(devices, names, strict=True))
+    return (f"to price the measured hardware itself, name its entry after the device's model, as it stands in the "
+            f"device string ({sets}), or pass --node-hourly-usd X; an entry named otherwise is taken as other hardware")
 
 
 def catalog_entry_for_device(catalog: PriceCatalog, device: str) -> PriceEntry | None:

@@ -194,6 +194,23 @@ def test_every_readme_command_parses(line):
         raise AssertionError(f"README: {line!r} does not parse") from e
 
 
+def test_the_readme_decision_block_prices_the_measured_machine_as_its_own():
+    """The README's "Does it pay?" block set `prices set my-node 12 --kind node` and projected with `--gpu my-node`:
+    an entry not named after the measured device is other hardware, so the projection warned that its node counts
+    were not my-node's and left the measured energy out. Its project and report lines price the measured machine
+    (--node-hourly-usd), and any --gpu entry they name holds the device's model as step 4 says."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"### Does it pay\?.*?```bash\n(.*?)```", readme, flags=re.S).group(1)
+    priced = [line for line in block.splitlines() if line.startswith(("specfinops project", "specfinops report"))]
+    assert len(priced) == 2, block
+    for line in priced:
+        assert "--node-hourly-usd" in line or '--gpu "' in line, line
+        assert "my-node" not in line, line
+
+
 @pytest.mark.parametrize(("name", "parser"), COMMANDS, ids=[n for n, _ in COMMANDS])
 def test_every_command_has_a_description(name, parser):
     """`models list --help` and `models path --help` printed a usage line and the options, nothing of what the

@@ -283,6 +283,52 @@ def test_project_priced_as_the_measured_device_has_no_device_warning(db_url, cap
         assert "measure on it" not in text and "warning:" not in text
 
 
+def test_the_other_hardware_warning_says_how_to_price_the_measured_device_itself(sqlite_url, capsys):
+    """README's `prices set my-node 12 --kind node`, then `project --gpu my-node`, warned that the capacity was
+    priced as other hardware ("to project my-node, measure on it") without saying how a user prices the machine
+    they measured on. The warning now names the entry that would be the device's own price (named after its
+    model), or --node-hourly-usd where the device string names no model; priced so, nothing differs."""
+    device = "cpu: AMD EPYC 7763 64-Core Processor (2 threads)"
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for mode, reqs in (("ar", _ar(30)), ("spec", _spec(30))):
+            make_run(s, mode, device=device, requests=reqs)
+        s.commit()
+    engine.dispose()
+    assert main(["prices", "set", "my-node", "12", "--kind", "node", "--source", "TCO", "--db", sqlite_url]) == 0
+    capsys.readouterr()
+    text = _text(_project(sqlite_url, "--gpu", "my-node"), capsys)
+    [warning] = [line for line in text.splitlines() if "measure on it" in line]
+    assert "to project my-node, measure on it" in warning
+    assert ('`specfinops prices set "AMD EPYC 7763 64-Core Processor" X --kind node --source ...` and --gpu '
+            '"AMD EPYC 7763 64-Core Processor"') in warning and "--node-hourly-usd X" in warning, warning
+    # the way the warning names: that entry is the measured device's price, its energy kept
+    assert main(["prices", "set", "AMD EPYC 7763 64-Core Processor", "12", "--kind", "node", "--source", "TCO",
+                 "--db", sqlite_url]) == 0
+    capsys.readouterr()
+    for extra in (("--gpu", "AMD EPYC 7763 64-Core Processor"), ("--node-hourly-usd", "12")):
+        assert main([*_project(sqlite_url, *extra), "--json"]) == 0
+        a = json.loads(capsys.readouterr().out)["assumptions"]
+        assert a["priced_differs_from_measured"] is False and not any("measure on it" in n for n in a["notes"])
+
+
+def test_the_other_hardware_warning_on_a_device_naming_no_model_says_node_hourly_usd(sqlite_url, capsys):
+    """`cpu: AMD EPYC (2 threads)` holds no model an entry could be named after: the warning says so and names
+    --node-hourly-usd, the way to price that machine itself."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for mode, reqs in (("ar", _ar(30)), ("spec", _spec(30))):
+            make_run(s, mode, device="cpu: AMD EPYC (2 threads)", requests=reqs)
+        s.commit()
+    engine.dispose()
+    assert main(["prices", "set", "my-node", "12", "--kind", "node", "--source", "TCO", "--db", sqlite_url]) == 0
+    capsys.readouterr()
+    assert main([*_project(sqlite_url, "--gpu", "my-node"), "--json"]) == 0
+    [warning] = [n for n in json.loads(capsys.readouterr().out)["assumptions"]["notes"] if "measure on it" in n]
+    assert "to price the measured 'cpu: AMD EPYC (2 threads)' itself, pass --node-hourly-usd X" in warning
+    assert "names no model" in warning and "prices set" not in warning, warning
+
+
 def test_the_notes_on_many_runs_list_a_few_id_ranges_and_count_the_rest(sqlite_url, capsys):
     """Hundreds of interrupted runs made one note thousands of characters long: it lists the first ranges, then
     the count, as the summary lines do."""
