@@ -410,6 +410,64 @@ def unmatched_selection_reason(engine: Engine, window: ExportWindow) -> str | No
     return no_runs_reason(engine, selectors)
 
 
+# The sampling selectors: (field, name and plural in messages, as costing.no_runs_reason says them, a cut-off's
+# off value or None)
+_SAMPLING = (("temperature", "temperature", "temperatures", None), ("top_p", "top_p", "top_p values", 1.0),
+             ("top_k", "top_k", "top_k values", 0), ("max_new_tokens", "max_new_tokens", "max_new_tokens values", None))
+
+
+def unmatched_sampling_reason(engine: Engine, window: ExportWindow) -> str | None:
+    """Why a sampling selector (temperature, top_p, top_k, max_new_tokens) matches nothing in the store (or the
+    store has no runs, in costing.no_runs_reason's words): no run,
+    and no request (its own value, else its run's, as the rows are selected), has that value, cut-offs as they act
+    (at temperature 0 top_p and top_k are off); "no runs or requests with temperature 0.8 (temperatures in the
+    store: 0)", as `cost` says it of runs. None where every value given is in the store (the selection may still
+    hold no rows: they are not together, or not in the other selectors' runs: a note, not an error)."""
+    from telemetry.costing import _listed
+    from telemetry.queries import cutoff_matches, effective_cutoffs
+
+    asked = [(field, name, plural, off) for field, name, plural, off in _SAMPLING if getattr(window, field) is not None]
+    if not asked:
+        return None
+    req_temperature = func.coalesce(Request.temperature, Run.temperature)
+    req_cols = {"temperature": req_temperature, "top_p": func.coalesce(Request.top_p, Run.top_p),
+                "top_k": func.coalesce(Request.top_k, Run.top_k),
+                "max_new_tokens": func.coalesce(Request.max_new_tokens, Run.max_new_tokens)}
+    run_cols = {"temperature": Run.temperature, "top_p": Run.top_p, "top_k": Run.top_k,
+                "max_new_tokens": Run.max_new_tokens}
+
+    def matches(field: str, off, cols: dict, temperature):
+        want = getattr(window, field)
+        if off is not None:
+            return cutoff_matches(cols[field], want, off=off, temperature=temperature)
+        return cols[field] == want
+
+    from telemetry.costing import no_runs_reason
+
+    with engine.connect() as c:
+        empty = c.execute(select(Run.id).limit(1)).first() is None
+    if empty:  # as the run selectors say it: "the store has no runs; ..." and how to record some
+        return no_runs_reason(engine)
+    with engine.connect() as c:
+        for field, name, plural, off in asked:
+            if c.execute(select(Run.id).where(matches(field, off, run_cols, Run.temperature)).limit(1)).first():
+                continue
+            requests = select(Request.id).join(Run, Run.id == Request.run_id)
+            if c.execute(requests.where(matches(field, off, req_cols, req_temperature)).limit(1)).first():
+                continue
+            have = set()
+            for cols in (run_cols, req_cols):
+                stmt = select(*(cols[k] for k in ("temperature", "top_p", "top_k", "max_new_tokens"))).distinct()
+                if cols is req_cols:
+                    stmt = stmt.select_from(Request).join(Run, Run.id == Request.run_id)
+                for t, top_p, top_k, max_new in c.execute(stmt):
+                    top_p, top_k = effective_cutoffs(t, top_p, top_k)
+                    have.add({"temperature": t, "top_p": top_p, "top_k": top_k, "max_new_tokens": max_new}[field])
+            want = getattr(window, field)
+            return f"no runs or requests with {name} {want!r} ({plural} in the store: {_listed(have)})"
+    return None
+
+
 def empty_export_reason(engine: Engine, what: str, window: ExportWindow) -> str | None:
     """Why an export that wrote no rows selected none, where a particular reason holds: `--run` names a run the
     other run selectors (workload, target, node, mode, kind, invocation) leave out, a power export's selected

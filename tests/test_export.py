@@ -293,7 +293,13 @@ def test_an_export_empty_in_its_time_window_says_when_the_selection_has_rows(sql
     assert main(["export", "--db", sqlite_url, "--what", "power", "--out", "-", "--until", "2026-11-01"]) == 0
     assert ("none in the time window (before 2026-11-01 00:00:00 UTC); the selection's power samples were taken "
             "from 2026-11-02 09:00:00 UTC to 2026-11-04 09:00:00 UTC") in capsys.readouterr().err
-    # a selection with no rows anywhere keeps the general line
+    # a selection with no rows anywhere keeps the general line (temperature 0.5 is in the store, on an AR run of
+    # another workload: a value nothing in the store has is refused, as `cost` refuses it)
+    with Session(engine := open_store(sqlite_url)) as s:
+        make_run(s, "ar", temperature=0.5, workload="chat", started_at=BASE_TIME.replace(day=5),
+                 requests=[Req(output_tokens=5, ttft_ms=10, e2e_ms=50)])
+        s.commit()
+    engine.dispose()
     assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", "-", "--mode", "spec",
                  "--workload", "code", "--since", "2030-01-01", "--temperature", "0.5"]) == 0
     assert "none in the time window" not in capsys.readouterr().err

@@ -153,6 +153,40 @@ def test_the_cli_selects_and_says_when_nothing_matches(store, db_url, capsys):
         assert named in err and "Traceback" not in err
 
 
+def test_a_sampling_value_nothing_in_the_store_has_is_refused_as_cost_refuses_it(store, db_url, capsys):
+    """`export --what steps --temperature 0.5` on a store sampled at 0 and 0.8 only exited 0 with a header-only
+    file where `cost --temperature 0.5` fails naming the temperatures in the store: it fails alike, nothing
+    written; a value only a server's request has (top_k 40 there, the run none) still selects its rows."""
+    for argv, said in ((["--temperature", "0.5"], "no runs or requests with temperature 0.5 (temperatures in the "
+                                                  "store: 0, 0.8"),
+                       (["--top-k", "41"], "no runs or requests with top_k 41 (top_k values in the store: 0, 40"),
+                       (["--top-p", "0.5"], "no runs or requests with top_p 0.5 (top_p values in the store: 0.9, 1"),
+                       (["--max-new-tokens", "7"], "no runs or requests with max_new_tokens 7 "
+                                                   "(max_new_tokens values in the store: 64, 128")):
+        for what in ("steps", "power"):
+            assert main(["export", "--db", db_url, "--what", what, "--out", "-", *argv]) == 2, argv
+            out, err = capsys.readouterr()
+            assert out == "" and said in err and "Traceback" not in err, err
+    # top_k 50 was recorded by a greedy request only: at temperature 0 it counts as 0, so nothing has it
+    assert main(["export", "--db", db_url, "--what", "requests", "--top-k", "50", "--out", "-"]) == 2
+    assert "no runs or requests with top_k 50" in capsys.readouterr().err
+    # each value is in the store, not together: the header and the note, as before
+    assert main(["export", "--db", db_url, "--what", "requests", "--temperature", "0", "--top-k", "40",
+                 "--out", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.strip().splitlines()) == 1 and "no requests rows match the selection" in err, err
+    assert main(["export", "--db", db_url, "--what", "requests", "--temperature", "0.8", "--run-kind", "serve",
+                 "--out", "-"]) == 0
+    capsys.readouterr()
+
+
+def test_a_sampling_value_on_a_store_without_runs_says_the_store_has_none(db_url, capsys):
+    open_store(db_url).dispose()
+    assert main(["export", "--db", db_url, "--what", "steps", "--temperature", "0.8", "--out", "-"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "the store has no runs" in err, err
+
+
 def test_requests_and_cost_rows_name_the_invocation_that_recorded_them(store):
     """The bench or load test behind each row (runs.invocation_id, 0011): empty for a server's run."""
     engine, ids = store

@@ -68,7 +68,7 @@ def register(sub) -> None:
     runs.add_argument("--invocation", metavar="ID", help=INVOCATION_FILTER_HELP)
     sampling = p.add_argument_group("sampling selection", textwrap.fill(
         f"{SAMPLING_NOTE}. At temperature 0 top_p and top_k are off whatever was recorded (greedy rows match top_p "
-        "1 and top_k 0 only); a value that was not recorded matches nothing.", 78))
+        "1 and top_k 0 only); a value nothing in the store was sampled with is refused, as cost refuses it.", 78))
     sampling.add_argument("--temperature", metavar="T", help="only rows sampled at this temperature (e.g. 0)")
     sampling.add_argument("--top-p", metavar="P", help="only rows sampled with this top_p, in (0, 1]")
     sampling.add_argument("--top-k", metavar="K", help="only rows sampled with this top_k, a whole number >= 0")
@@ -224,6 +224,7 @@ def run(args) -> int:
         empty_export_reason,
         export_rows,
         parse_when,
+        unmatched_sampling_reason,
         unmatched_selection_reason,
         write_csv,
     )
@@ -264,7 +265,7 @@ def run(args) -> int:
     # a run selector that no run in the store has (a typo, a workload never run) fails as `cost` does, before
     # --out is opened; one that matches runs but no rows (the time window, power of runs that measured none) is
     # a note below
-    unmatched = unmatched_selection_reason(engine, window)
+    unmatched = unmatched_selection_reason(engine, window) or unmatched_sampling_reason(engine, window)
     if unmatched is not None:
         raise UsageError(unmatched)
     # SIGTERM (`timeout`, `docker stop`, `kill`) stops the export as Ctrl-C does: the temporary file beside --out
