@@ -51,6 +51,17 @@ class Calibration:
     acceptance_rate: float | None = None  # accepted / drafted tokens at the measured K (vLLM's metric)
     tested: int | None = None  # draft tokens tested: alpha's denominator (accepted + the rejections ending steps)
 
+    @property
+    def provisional(self) -> bool:
+        """True where the verdict rests on fewer than MIN_TESTED_TOKENS tested draft tokens: too few to judge
+        (calibration_warnings says so); the verdict is then shown as 'GO (too few)' / 'NO-GO (too few)'."""
+        return self.alpha is not None and self.tested is not None and 0 < self.tested < MIN_TESTED_TOKENS
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict as the table shows it: 'GO', 'NO-GO', 'UNKNOWN', or 'GO (too few)' where provisional."""
+        return f"{self.verdict} (too few)" if self.provisional else self.verdict
+
 
 def calibrate(domain: str, counts: StepCounts, *, threshold: float = DEFAULT_THRESHOLD, k_max: int = 8) -> Calibration:
     if not 0 < threshold <= 1:

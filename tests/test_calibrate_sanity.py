@@ -117,6 +117,31 @@ def test_the_no_go_note_is_in_the_table_and_the_json(capsys):
     assert "warning: chat: NO-GO by alpha < 0.65, yet the pair measured 1.37x AR here" in capsys.readouterr().out
 
 
+def test_a_verdict_on_too_few_tested_tokens_says_so_in_the_table_and_the_json(capsys):
+    """`calibrate --limit 1 --max-new-tokens 8` printed verdict GO for alpha 0.667 from 6 tested draft tokens, and
+    only a warning further down said they were too few to judge: the verdict column says it ("GO (too few)"), and
+    --json keeps "verdict" as it was, with "verdict_provisional" beside it."""
+    from app.commands.calibrate import _report
+
+    # 2 steps of K=4: 4 accepted, none all accepted -> 6 tested, alpha 4/6 = 0.667 (GO)
+    few = calibrate("code", StepCounts(2, 8, 4, 0, 1.0, 10, 100.0))
+    assert (few.verdict, few.tested, few.provisional) == ("GO", 6, True)
+    enough = calibrate("rewrite", StepCounts(10, 40, 28, 5, 40.0, 50, 1000.0))
+    assert enough.tested >= 20 and not enough.provisional and enough.verdict_text == enough.verdict
+    no_go = calibrate("chat", StepCounts(4, 16, 2, 0, 1.0, 10, 100.0))  # 6 tested, alpha 2/6
+    assert (no_go.verdict_text, no_go.tested) == ("NO-GO (too few)", 6)
+    loaded = argparse.Namespace(target_dir="t", drafter_label="draft:d")
+    results = [(few, None, 1, [], [], []), (enough, None, 4, [], [], [])]
+    _report(argparse.Namespace(json=False, k=4, threshold=0.65), loaded, results)
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("code ", "rewrite "))}
+    assert rows["code"].endswith("  GO (too few)"), rows
+    assert rows["rewrite"].endswith(f"  {enough.verdict}") and "too few" not in rows["rewrite"], rows
+    _report(argparse.Namespace(json=True, k=4, threshold=0.65), loaded, results)
+    doms = json.loads(capsys.readouterr().out)["domains"]
+    assert [(d["verdict"], d["verdict_provisional"]) for d in doms] == [("GO", True), (enough.verdict, False)]
+
+
 def test_the_legend_says_what_the_measured_column_is(capsys):
     """The table's legend explained every column but `measured`."""
     out = _report(False, capsys)

@@ -329,7 +329,8 @@ def _report(args: argparse.Namespace, loaded, results: list, interrupted: bool =
                                        "acceptance_rate": c.acceptance_rate,
                                        "mean_acceptance_length": c.mean_acceptance_length, "c": c.c,
                                        "best_k": c.best_k, "speedup_bound": c.bound_at_best_k,
-                                       "measured_speedup_at_k": m, "verdict": c.verdict, "threshold": c.threshold,
+                                       "measured_speedup_at_k": m, "verdict": c.verdict,
+                                       "verdict_provisional": c.provisional, "threshold": c.threshold,
                                        "tested": c.tested, "warnings": calibration_warnings(c, m),
                                        "verify_ratio": c.verify_ratio,
                                        "bound_with_measured_verify": c.bound_with_measured_verify,
@@ -429,7 +430,7 @@ def _row(c, measured: float | None, prompts: int) -> str:
     return (f"{c.domain:<10} {prompts:>7} {go_text(c.alpha, c.threshold):>6} {f(c.acceptance_rate):>8} "
             f"{f(c.mean_acceptance_length, '.2f'):>12} {f(c.c):>6} {f(c.best_k, 'd'):>6} "
             f"{f(c.bound_at_best_k, '.2f'):>6} {f(c.verify_ratio, '.2f'):>5} "
-            f"{f(c.bound_with_measured_verify, '.2f'):>7} {f(measured, '.2f'):>8}  {c.verdict}")
+            f"{f(c.bound_with_measured_verify, '.2f'):>7} {f(measured, '.2f'):>8}  {c.verdict_text}")
 
 
 def _prompt_spread(rows, threshold: float) -> str:
