@@ -8,6 +8,7 @@ defaults that reads used to insert. Names are looked up case-insensitively.
 Public API:
     list_prices(engine) -> list[PriceEntry]          # the catalog, writes nothing
     get_price(engine, name) -> PriceEntry            # writes nothing; ValueError listing the known names when unknown
+    hourly_entry(catalog, name) -> PriceEntry        # what --gpu NAME takes; ValueError listing the hourly entries
     check_price(name, value, *, source, kind=None, as_of=None) -> (value, as_of)   # before opening a store
     set_price(engine, name, value, *, source, kind=None, as_of=None) -> PriceEntry
     catalog_name_for_device(device) -> str | None    # "NVIDIA H100 80GB HBM3" -> "H100", "cpu (2 cores)" -> "cpu-2core"
@@ -179,8 +180,8 @@ def get_price(engine: Engine, name: str) -> PriceEntry:
     return load_catalog(engine).get(name)
 
 
-def _unknown(name: str, known: Iterable[str]) -> ValueError:
-    return ValueError(f"unknown price name {name!r}; known: {', '.join(sorted(known, key=str.lower))}")
+def _unknown(name: str, known: Iterable[str], lead: str = "") -> ValueError:
+    return ValueError(f"{lead}unknown price name {name!r}; known: {', '.join(sorted(known, key=str.lower))}")
 
 
 def check_price(
@@ -597,10 +598,7 @@ def resolve_node_price(
     if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
         raise ValueError(f"gpus_per_node must be an integer >= 1, got {gpus_per_node!r}")
     if gpu is not None:
-        entry = _lookup(engine, catalog, gpu)
-        if entry.unit != "usd_per_hour":
-            raise ValueError(f"--gpu {gpu!r} names the {entry.kind} price ({entry.unit}), not an hourly GPU "
-                             "or node price")  # fmt: skip
+        entry = hourly_entry(catalog if catalog is not None else load_catalog(engine), gpu)
         # a GPU entry times the GPUs asked for; a node entry times the device's units of it (a 16-thread CPU run
         # given --gpu cpu-2core is 8 of those 2-vCPU nodes, as the run's own catalog price counts it)
         n = gpus_per_node if entry.kind == "gpu" else entry_units(entry, device)
@@ -622,5 +620,15 @@ def energy_prices(engine: Engine, catalog: PriceCatalog | None = None) -> tuple[
     return get_price(engine, ELECTRICITY).value, get_price(engine, PUE).value
 
 
-def _lookup(engine: Engine, catalog: PriceCatalog | None, name: str) -> PriceEntry:
-    return catalog.get(name) if catalog is not None else get_price(engine, name)
+def hourly_entry(catalog: PriceCatalog, name: str) -> PriceEntry:
+    """The entry `--gpu NAME` prices at: an hourly (GPU or node) entry named `name`, any case. ValueError where
+    none is: listing the hourly entries only where no entry has that name (electricity and pue are no price
+    --gpu takes), naming the entry's kind where it is the electricity or PUE price."""
+    try:
+        entry = catalog.get(name)
+    except ValueError:
+        raise _unknown(name, (e.name for e in catalog.entries if e.unit == "usd_per_hour"), "--gpu: ") from None
+    if entry.unit != "usd_per_hour":
+        raise ValueError(f"--gpu {name!r} names the {entry.kind} price ({entry.unit}), not an hourly GPU or node "
+                         "price")
+    return entry

@@ -925,3 +925,22 @@ def test_project_with_db_ignores_a_malformed_database_variable(filled, monkeypat
     assert main(_project(filled, "--node-hourly-usd", "2.5")) == 0
     out = capsys.readouterr()
     assert "SPECFINOPS_DB_URL" not in out.err, out.err
+
+
+def test_an_unknown_gpu_lists_only_the_hourly_prices_it_takes(filled, tmp_path, capsys):
+    """`project --gpu h10` listed "known: ..., electricity, ..., pue", names --gpu then refuses ("names the pue
+    price (ratio), not an hourly GPU or node price"): `cost`, `project` and `report` list the GPU and node
+    entries only, a user's among them; an energy entry named is refused as before."""
+    assert main(["prices", "set", "my-node", "12", "--kind", "node", "--source", "TCO", "--db", filled]) == 0
+    capsys.readouterr()
+    project = ["project", "--daily-tokens", "5e8", "--peak-factor", "2", "--sla-ms", "50"]
+    report = ["report", "--period", "daily", "--out", str(tmp_path / "reports")]
+    for argv in (["cost"], project, report):
+        assert main([*argv, "--gpu", "h10", "--db", filled]) == 2
+        [err] = capsys.readouterr().err.strip().splitlines()
+        assert "--gpu: unknown price name 'h10'; known: A100-80GB" in err, err
+        known = err.split("known: ", 1)[1].split(", ")
+        assert "H100" in known and "cpu-2core" in known and "my-node" in known, err
+        assert "electricity" not in known and "pue" not in known, err
+        assert main([*argv, "--gpu", "pue", "--db", filled]) == 2
+        assert "--gpu 'pue' names the pue price (ratio), not an hourly GPU or node price" in capsys.readouterr().err

@@ -177,3 +177,17 @@ def test_gpu_chip_names_the_one_gpu_of_a_device_or_a_price_entry(text, chip):
     from telemetry.prices import gpu_chip
 
     assert gpu_chip(text) == chip
+
+
+def test_hourly_entry_lists_the_hourly_entries_where_the_name_is_unknown(empty_store):
+    from telemetry.prices import hourly_entry, load_catalog
+
+    engine = open_store(empty_store)
+    catalog = load_catalog(engine)
+    assert hourly_entry(catalog, "h100").name == "H100"
+    with pytest.raises(ValueError) as exc:
+        hourly_entry(catalog, "h10")
+    hourly = sorted((e.name for e in catalog.entries if e.unit == "usd_per_hour"), key=str.lower)
+    assert str(exc.value) == f"--gpu: unknown price name 'h10'; known: {', '.join(hourly)}"
+    assert "electricity" not in str(exc.value) and "pue" not in str(exc.value)
+    engine.dispose()

@@ -223,12 +223,12 @@ def check_gpu_entry(engine, args) -> None:
     node entry is a whole node already."""
     if args.gpu is None:
         return
-    from telemetry.prices import get_price
+    from telemetry.prices import hourly_entry, load_catalog
 
     try:
-        entry = get_price(engine, args.gpu)
-    except ValueError as exc:  # it names the known entries
-        raise UsageError(f"--gpu: {exc}") from None
+        entry = hourly_entry(load_catalog(engine), args.gpu)
+    except ValueError as exc:  # it names the hourly entries --gpu takes, or says the entry is not one
+        raise UsageError(str(exc)) from None
     if getattr(args, "gpus_per_node", None) is not None and entry.kind == "node":
         raise UsageError(f"--gpus-per-node applies to GPU prices; {entry.name!r} is a {entry.kind} price "
                          "(a whole node already): drop --gpus-per-node")
