@@ -458,6 +458,7 @@ PG_MIGRATION_LOCK_KEY = 0x5EC_F1A0  # pg_advisory_xact_lock key: one process cha
 # error; without it a row or table another session kept locked made any command wait forever, silently.
 PG_LOCK_TIMEOUT_MS = SQLITE_BUSY_TIMEOUT_MS
 PG_LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE lock_not_available
+PG_INSUFFICIENT_PRIVILEGE = "42501"  # SQLSTATE insufficient_privilege: "permission denied for table ..."
 
 
 class StoreLockedError(RuntimeError):

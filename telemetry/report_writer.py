@@ -34,6 +34,7 @@ import os
 import secrets
 import shutil
 import tempfile
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,7 +44,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
-from telemetry.db import DeviceFullError, Report, Run, retry_while_locked
+from telemetry.db import PG_INSUFFICIENT_PRIVILEGE, DeviceFullError, Report, Run, retry_while_locked
 from telemetry.delivery import new_idempotency_key
 from telemetry.export import write_csv
 from telemetry.report import (
@@ -306,30 +307,48 @@ def stale_reports(engine: Engine, owner, statuses: tuple[str, ...], *, stale_aft
     return out
 
 
-def _gone_jobs_claims(engine: Engine):
+def _gone_jobs_claims(engine: Engine, kept_jobs: Collection[str] = ()):
     """A condition on Report.job_id: a scheduled report whose job is gone from the store's job table (removed by
-    another job's start). Nothing finishes such a claim: recover_reports is its job's, run only by a scheduler
-    holding that job. A store without the table (no scheduler made it here) tells nothing: none is taken."""
+    another job's start), but for `kept_jobs`. Nothing finishes such a claim: recover_reports is its job's, run
+    only by a scheduler holding that job. A store without the table (no scheduler made it here) tells nothing:
+    none is taken; nor where this role may not read the table (a PostgreSQL role granted the report tables
+    only, SQLSTATE 42501): the report is written all the same, the gone jobs' claims left to a role that may."""
     from sqlalchemy import column, false, inspect, table
 
     from telemetry.db import JOBS_TABLE
 
     if not inspect(engine).has_table(JOBS_TABLE):
         return false()
-    return Report.job_id.is_not(None) & Report.job_id.not_in(select(table(JOBS_TABLE, column("id")).c.id))
+    jobs = table(JOBS_TABLE, column("id"))
+    try:
+        with engine.connect() as c:  # a connection of its own: a refused statement aborts no other transaction
+            c.execute(select(jobs.c.id).limit(1))
+    except DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", None) != PG_INSUFFICIENT_PRIVILEGE:
+            raise
+        logger.debug("gone jobs' claims not looked for: the job table %s cannot be read (%s)", JOBS_TABLE,
+                     str(exc.orig).splitlines()[0])
+        return false()
+    gone = Report.job_id.is_not(None) & Report.job_id.not_in(select(jobs.c.id))
+    return gone & Report.job_id.not_in(list(kept_jobs)) if kept_jobs else gone
 
 
 def release_stale_claims(engine: Engine, out_dir: str | os.PathLike | None = None, *,
-                         stale_after_s: float | None = None, now: datetime | None = None) -> list[str]:
+                         stale_after_s: float | None = None, now: datetime | None = None,
+                         kept_jobs: Collection[str] = ()) -> list[str]:
     """Release the claims left "generating" for more than `stale_after_s` (STALE_AFTER_S) that nothing else
     releases, with their folders; one line per claim released: those of reports made by hand (no job id), by a
     `specfinops report` killed outright, and those of scheduled reports whose job is gone from the job table (a
     run killed, then its job removed: no scheduler runs it to recover them). They are not written again (said
     with the command that writes such a period again). The folder is the one the claim recorded; a claim from
     before it was recorded (csv_dir empty) has only its unmarked temporary folder looked for in `out_dir`.
-    The claims of jobs still in the job table are their scheduler's (recover_reports rewrites them)."""
+    The claims of jobs still in the job table are their scheduler's (recover_reports rewrites them), and so are
+    those of `kept_jobs`: the jobs a scheduler's start has just removed (remove_other_jobs). That start is what
+    stops their scheduler, telling its user to start it again with --keep-other-jobs, whose recover_reports
+    rewrites the killed run's report: released by that same start, it had nothing left to rewrite. A job still
+    gone at a later report or scheduler start was not started again: its claim is released then."""
     done = []
-    owner = Report.job_id.is_(None) | _gone_jobs_claims(engine)
+    owner = Report.job_id.is_(None) | _gone_jobs_claims(engine, kept_jobs)
     for stale in stale_reports(engine, owner, (GENERATING,), stale_after_s=stale_after_s, now=now):
         report_id, window, csv_dir = stale.report_id, stale.window, stale.csv_dir
         if csv_dir:

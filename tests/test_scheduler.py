@@ -756,6 +756,93 @@ def test_a_claim_left_generating_by_a_job_that_is_gone_is_released(store, no_blo
     assert not any(p.name.endswith(".tmp") and p != kept_tmp for p in out.iterdir())
 
 
+def test_a_start_keeps_the_claims_of_the_jobs_it_removes_for_their_restart(store, no_blocking, capsys):
+    """Job B's start without --keep-other-jobs removed job A and then released A's stale claim (its job gone):
+    A, started again with --keep-other-jobs as the removal tells its user, had nothing left to rewrite (its
+    killed run's period went unreported). The start that removes a job leaves its claim; the restart rewrites
+    it. A claim of a job gone before the start (not removed by it) is released, as before."""
+    from telemetry.report import period_window
+    from telemetry.report_writer import STALE_AFTER_S
+
+    url, engine, out = store
+    old = timedelta(seconds=STALE_AFTER_S + 60)
+    a_args = ["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out), "--job-id", "A"]
+    assert main(a_args) == 0
+    window = period_window("daily", now=D0 + timedelta(days=1, hours=6))  # what A's next run reports
+    a_claim, a_tmp = _claim_left_generating(engine, "A", window.since, out, old)
+    gone, gone_tmp = _claim_left_generating(engine, "gone-before", D0 - timedelta(days=5), out, old)
+    capsys.readouterr()
+    assert main(["scheduler", "--db", url, "--cron", "0 7 * * *", "--out", str(out), "--job-id", "B"]) == 0
+    started = capsys.readouterr().out
+    assert "scheduler: removed job A: " in started, started
+    assert f"report #{gone.id} (" in started and f"report #{a_claim.id} (" not in started, started
+    assert {r.id: r.delivery_status for r in reports(engine)} == {a_claim.id: "generating"}
+    assert a_tmp.exists() and not gone_tmp.exists()
+    assert main([*a_args, "--keep-other-jobs"]) == 0  # A started again: its killed run's report is rewritten
+    assert "an interrupted run's claim released, rewritten as #" in capsys.readouterr().out
+    [again] = [r for r in reports(engine) if r.job_id == "A"]
+    assert again.delivery_status == "not requested" and again.summary["traffic"]
+    assert again.since.replace(tzinfo=UTC) == window.since and (Path(again.csv_dir) / "report.html").is_file()
+    assert not a_tmp.exists()
+
+
+def test_a_stale_scheduled_claim_in_a_store_with_no_job_table_is_left_to_its_job(store):
+    """A store no scheduler made its job table in tells no job gone (d11d8ff): a stale scheduled claim there is
+    left to its job, not released as a gone job's, and a report written to the store is written (the job table
+    is not looked for in vain, nor made)."""
+    from sqlalchemy import inspect
+
+    from telemetry.report import period_window
+    from telemetry.report_writer import STALE_AFTER_S, release_stale_claims, write_report
+
+    url, engine, out = store
+    assert not inspect(engine).has_table(JOBS_TABLE)
+    claim, tmp = _claim_left_generating(engine, "report-daily", D0 - timedelta(days=3),
+                                        out, timedelta(seconds=STALE_AFTER_S + 60))
+    assert release_stale_claims(engine, out) == []
+    assert write_report(engine, period_window("daily", since=D0), out) is not None
+    assert {r.id: r.delivery_status for r in reports(engine)}[claim.id] == "generating" and tmp.exists()
+    assert not inspect(engine).has_table(JOBS_TABLE)
+
+
+def test_a_report_by_a_role_that_may_not_read_the_job_table_is_written(pg_url, pg_reader, tmp_path, no_blocking,
+                                                                       capsys):
+    """A PostgreSQL role granted the report tables but not the scheduler's job table: every `specfinops report`
+    failed (`cannot use the database: permission denied for table apscheduler_jobs`, exit 2), the job table read
+    at its start for gone jobs' claims. The report is written; those claims are left to a role that may read it."""
+    from sqlalchemy import create_engine
+
+    from telemetry.report_writer import STALE_AFTER_S
+
+    engine = open_store(pg_url)
+    try:
+        add_day(engine, D0)
+        out = tmp_path / "reports"
+        assert main(["scheduler", "--db", pg_url, "--cron", "0 6 * * *", "--out", str(out), "--job-id", "J1"]) == 0
+        gone, gone_tmp = _claim_left_generating(engine, "gone-job", D0 - timedelta(days=3), out,
+                                                timedelta(seconds=STALE_AFTER_S + 60))
+        role, role_url = pg_reader()
+        admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as conn:
+                conn.execute(text(f'REVOKE ALL ON {JOBS_TABLE} FROM "{role}"'))
+                conn.execute(text(f'GRANT INSERT, UPDATE, DELETE ON reports TO "{role}"'))
+                conn.execute(text(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO "{role}"'))
+        finally:
+            admin.dispose()
+        capsys.readouterr()
+        args = ["report", "--db", role_url, "--out", str(out), "--period", "daily", "--since", D0.isoformat()]
+        assert main(args) == 0, capsys.readouterr().err
+        said = capsys.readouterr()
+        assert "permission denied" not in said.out + said.err and "Traceback" not in said.err, said
+        rows = {r.id: r for r in reports(engine)}
+        assert rows[gone.id].delivery_status == "generating" and gone_tmp.exists()  # left to a role that may
+        [made] = [r for r in rows.values() if r.job_id is None]
+        assert (Path(made.csv_dir) / "report.html").is_file()
+    finally:
+        engine.dispose()
+
+
 def test_the_sigterm_handler_disarms_after_the_first_signal(capsys):
     import os
 

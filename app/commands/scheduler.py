@@ -361,8 +361,10 @@ def run(args) -> int:
     except BaseException:
         engine.dispose()
         raise
+    removed: list[str] = []
     if not args.keep_other_jobs:  # a scheduler runs every job in its store: only this one is meant to run
         for other in remove_other_jobs(engine, job.job_id):
+            removed.append(other.id)
             print(f"scheduler: removed job {describe_job(other)} (--keep-other-jobs keeps such jobs)", flush=True)
     logging.getLogger("apscheduler").setLevel(logging.INFO)
     logging.getLogger("telemetry").setLevel(logging.INFO)
@@ -382,8 +384,10 @@ def run(args) -> int:
             for line in recover_reports(engine, job):  # what a killed run of this job left behind
                 print(f"scheduler: {line}", flush=True)
             # claims nothing else finishes: a killed `specfinops report`'s, and those of jobs gone from the job
-            # table (another job's start just removed them, or earlier): a monthly job's first run may be weeks off
-            for line in release_stale_claims(engine, job.out_dir):
+            # table (removed by an earlier start): a monthly job's first run may be weeks off. Not those of the
+            # jobs this start removed: their scheduler, stopped by it, is told to start again with
+            # --keep-other-jobs, and its recover_reports rewrites them then
+            for line in release_stale_claims(engine, job.out_dir, kept_jobs=removed):
                 print(f"scheduler: {line}", flush=True)
             for line in redeliver_failed(engine, job):  # deliveries that failed (a receiver that was down)
                 print(f"scheduler: {line}", flush=True)
