@@ -5,7 +5,8 @@
   the same configuration is kept as stored (its next run time included, so runs missed while down follow the
   misfire policy); a changed configuration replaces it, its next run time kept where it is past (the runs
   missed while down follow the misfire policy too, with the new options). A changed --cron decides them alone:
-  they are the new schedule's times from the stored one on (none where its first is still to come).
+  they are the new schedule's times from halfway between the last run made and the stored one on (a cron moved
+  earlier catches up the time it moved to; none where the first is still to come): `_catch_up`.
 - Misfire policy: coalesce=True (a backlog of missed run times runs once), misfire_grace_time (a run later
   than this is skipped, not run), max_instances=1 (a run still going when the next is due: the next is skipped).
 - Two schedulers on one database: APScheduler 3 does not coordinate them, so both may fire a due job. The job
@@ -538,17 +539,50 @@ def schedule_report_job(scheduler: BaseScheduler, engine: Engine, job: ReportJob
 def _catch_up(stored, trigger: BaseTrigger, now: datetime) -> dict:
     """add_job's next_run_time for a job replacing `stored`: {} (from now, by `trigger`) unless `stored` missed
     runs while the scheduler was stopped (its next run time past). Those are caught up by the schedule the job
-    has now: with the trigger unchanged, from the stored time; with another --cron, from the new schedule's
-    first time at or after it (the old schedule's times are not this job's any more: a daily job made weekly
-    caught up the day's run, at the old hour), and only where that time is past too: else from now."""
+    has now: with the trigger unchanged, from the stored time. With another --cron, by the new schedule's times
+    alone (a daily job made weekly caught up the day's run, at the old hour): its first time nearer the missed
+    run than the last real one (the old schedule's time before it, `_previous_fire`: from halfway between them
+    on), where that is past. So a cron moved earlier catches up the time it moved to (weekly `0 6 * * 1` made
+    `0 5 * * 1`, stopped over Monday 05:00 to 07:00: Monday 05:00, which a search from the missed time on
+    passed over: that week went unreported, and nothing said so), one moved later its own time once past, and
+    not the moved time of the last real run (a later hour the week before: that run was made). Where that time
+    is still to come: from now. A last run not found (none within PREVIOUS_FIRE_LOOKBACK): from the missed time."""
     missed = stored.next_run_time if stored is not None else None
     if missed is None or missed > now:
         return {}
     if repr(stored.trigger) != repr(trigger):
-        missed = trigger.get_next_fire_time(None, missed)
+        last_run = _previous_fire(stored.trigger, missed)
+        since = missed if last_run is None else last_run + (missed - last_run) / 2
+        missed = trigger.get_next_fire_time(None, since)
         if missed is None or missed > now:
             return {}
     return {"next_run_time": missed}
+
+
+# How far back _previous_fire looks for a trigger's time before another (a yearly cron's is a year back)
+PREVIOUS_FIRE_LOOKBACK = timedelta(days=800)
+
+
+def _previous_fire(trigger: BaseTrigger, before: datetime) -> datetime | None:
+    """`trigger`'s last fire time before `before` (APScheduler's triggers tell only the next one): looked for in
+    windows doubling back from `before` (a minute, two, ...) up to PREVIOUS_FIRE_LOOKBACK, then walked forward
+    in the first window holding one; None where it has none there (or the trigger cannot say)."""
+    back = timedelta(minutes=1)
+    while True:
+        try:
+            fire = trigger.get_next_fire_time(None, before - back)
+        except (TypeError, ValueError, AttributeError):  # a trigger that cannot be asked so: no time known
+            return None
+        if fire is not None and fire < before:
+            for _ in range(10_000):  # the window is at most twice the gap to `before`: a few fires in it
+                following = trigger.get_next_fire_time(fire, fire + timedelta(seconds=1))
+                if following is None or following >= before or following <= fire:
+                    return fire
+                fire = following
+            return fire
+        if back >= PREVIOUS_FIRE_LOOKBACK:
+            return None
+        back = min(2 * back, PREVIOUS_FIRE_LOOKBACK)
 
 
 def _apscheduler_changed() -> str:

@@ -1482,6 +1482,35 @@ def test_a_job_replaced_with_another_cron_catches_up_by_the_new_schedule_only(st
         s.shutdown(wait=False)
 
 
+def test_a_cron_moved_earlier_while_stopped_catches_up_the_time_it_moved_to():
+    """Weekly `0 6 * * 1`, stopped Monday 04:00 to 07:00, started again with `0 5 * * 1`: the new schedule was
+    searched from the missed 06:00 on only, found next Monday, and that week's report was never made (nothing
+    said so). Searched from the last real run on (halfway to the missed one: not the last run's own moved time),
+    Monday 05:00 is caught up; a move later catches up its time once past, and not before; the old schedule's
+    time never."""
+    from types import SimpleNamespace
+
+    monday = datetime(2026, 12, 7, tzinfo=UTC)
+    assert monday.strftime("%a") == "Mon"
+    stored = SimpleNamespace(next_run_time=monday.replace(hour=6), trigger=parse_cron("0 6 * * 1"))
+    at_7 = monday.replace(hour=7)
+
+    def caught_up(cron: str, now: datetime = at_7):
+        return sched_mod._catch_up(stored, parse_cron(cron), now).get("next_run_time")
+
+    assert caught_up("0 5 * * 1") == monday.replace(hour=5)  # moved earlier: its time this Monday
+    assert caught_up("30 6 * * 1") == monday.replace(hour=6, minute=30)  # moved later, its time past
+    # moved later, its time still to come: from now (last Monday's 08:00 is the run made at 06:00 then)
+    assert caught_up("0 8 * * 1") is None
+    assert caught_up("0 6 * * 6") == monday - timedelta(days=2, hours=-6)  # Saturday, nearer the missed Monday
+    assert caught_up("0 6 * * 3") is None  # Wednesday: last week's is the last run's, next week's to come
+    # the old schedule's missed time is not caught up by a new one: a weekday moved on is from now
+    assert caught_up("0 6 * * 2") is None
+    assert sched_mod._previous_fire(parse_cron("0 6 * * 1"), monday.replace(hour=6)) == monday.replace(hour=6) - \
+        timedelta(days=7)
+    assert sched_mod._previous_fire(parse_cron("0 0 1 1 *"), monday) == datetime(2026, 1, 1, tzinfo=UTC)
+
+
 def test_a_first_failed_delivery_is_said_as_failed_and_only_a_repeat_as_failed_again(store, failing_hook, caplog):
     """The run's first failed delivery was logged 'delivery failed again; earlier failed deliveries are retried'."""
     import logging
