@@ -568,23 +568,62 @@ def weights_fingerprint(model_dir: str | Path) -> str | None:
 
 # config.json entries that say where and with what a config was saved, not what the model computes
 CONFIG_FINGERPRINT_SKIPS = ("transformers_version",)
+# config.json's dtype under the name transformers 4.x saved it with (5.x saves `dtype`): one entry
+LEGACY_DTYPE_KEY = "torch_dtype"
 
 
 def config_fingerprint(model_dir: str | Path) -> str | None:
     """A short name for what a model's config.json says (8 hex digits), beside `weights_fingerprint`: the same
     weights under another config.json (another rope_theta, eos_token_id, dtype, rope scaling) compute other
-    outputs, and `weights_fingerprint` cannot tell them apart. Taken of the parsed JSON with its keys sorted, so
-    a config saved with other spacing or key order is the same one; entries that only say how it was saved
+    outputs, and `weights_fingerprint` cannot tell them apart. Taken of the config as transformers reads it
+    (`_config_as_read`: the same model saved by transformers 4.x and 5.x, `torch_dtype` or `dtype`, `rope_theta`
+    or `rope_parameters`, defaults written out or not, is one config) with its keys sorted, so a config saved
+    with other spacing or key order is the same one; entries that only say how it was saved
     (CONFIG_FINGERPRINT_SKIPS, and keys beginning with '_' such as _name_or_path) are left out. It is kept
     apart from `weights_fingerprint`, not mixed into it: that one is stored in drafter labels, model cards and
     prepared data, which would all stop matching. None where the folder has no config.json; ValueError naming
     the file where it is not a JSON object (`read_config`)."""
     if not (Path(model_dir) / "config.json").is_file():
         return None
-    cfg = {k: v for k, v in read_config(model_dir).items()
+    cfg = {k: v for k, v in _config_as_read(read_config(model_dir)).items()
            if k not in CONFIG_FINGERPRINT_SKIPS and not k.startswith("_")}
-    text = json.dumps(cfg, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    text = json.dumps(cfg, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _config_as_read(cfg: dict) -> dict:
+    """A config.json's entries as the installed transformers reads them, less those equal to its config class's
+    defaults (`to_diff_dict`): transformers 5 saves `dtype` where 4.x saved `torch_dtype`, and `rope_theta`
+    inside `rope_parameters`, so one model re-saved read as another config. `torch_dtype` is taken as `dtype`
+    first (where both are given, `dtype` is the one transformers reads). A model_type transformers does not know
+    (a specfinops draft), a config its class refuses, or no transformers: the entries as written, `torch_dtype`
+    as `dtype`."""
+    cfg = dict(cfg)
+    if LEGACY_DTYPE_KEY in cfg:
+        legacy = cfg.pop(LEGACY_DTYPE_KEY)
+        cfg.setdefault("dtype", legacy)
+    model_type = cfg.get("model_type")
+    if not isinstance(model_type, str):
+        return cfg
+    try:
+        from transformers import AutoConfig
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return cfg
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its notes on options it renames or ignores are not this fingerprint's
+    try:
+        parsed = AutoConfig.for_model(model_type, **{k: v for k, v in cfg.items() if k != "model_type"})
+        read = parsed.to_diff_dict()
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError):  # unknown model_type, a refused value
+        return cfg
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if LEGACY_DTYPE_KEY in read:  # transformers 4.x writes its dtype so
+        legacy = read.pop(LEGACY_DTYPE_KEY)
+        if legacy is not None:
+            read.setdefault("dtype", legacy)
+    return read
 
 
 def draft_name(draft_dir: str | Path) -> str:

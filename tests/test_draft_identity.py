@@ -148,6 +148,33 @@ def test_the_same_weights_under_another_config_json_get_another_config_fingerpri
     assert config_fingerprint(tmp_path / "no-config") is None
 
 
+def test_one_model_saved_by_transformers_4_and_5_has_one_config_fingerprint(tmp_path):
+    """transformers 5 saves `dtype` where 4.x saved `torch_dtype`, `rope_theta` inside `rope_parameters`, and
+    writes out defaults 4.x left out: the same model re-saved got another fingerprint (a draft warned of as made
+    for another config, a --resume refused, the corpus refused). Read as transformers reads it, it is one; a
+    changed rope_theta, in either form, is still another."""
+    from serving.models import config_fingerprint
+
+    model = _target(tmp_path / "model", 1)
+    cfg = json.loads((model / "config.json").read_text())
+    theta = cfg.pop("rope_theta")
+    v4 = {**cfg, "rope_theta": theta, "torch_dtype": "float32", "transformers_version": "4.46.3"}
+    v5 = {**cfg, "rope_parameters": {"rope_theta": theta, "rope_type": "default"}, "dtype": "float32",
+          "transformers_version": "5.0.0", "use_cache": True, "attention_dropout": 0.0, "_name_or_path": "x"}
+
+    def saved(name: str, config: dict) -> Path:
+        dest = _copy_without_times(model, tmp_path / name)
+        (dest / "config.json").write_text(json.dumps(config, indent=2))
+        return dest
+
+    first = config_fingerprint(saved("v4", v4))
+    assert first == config_fingerprint(saved("v5", v5))
+    assert config_fingerprint(saved("v4-rope", {**v4, "rope_theta": theta * 2})) != first
+    assert config_fingerprint(saved("v5-rope", {**v5, "rope_parameters": {"rope_theta": theta * 2,
+                                                                          "rope_type": "default"}})) != first
+    assert config_fingerprint(saved("v5-dtype", {**v5, "dtype": "bfloat16"})) != first
+
+
 def test_a_draft_made_for_the_same_weights_under_another_config_json_warns(tmp_path):
     """A card records its target's config.json fingerprint beside its weights': the same weights under another
     rope_theta compute other features, and the draft was silently taken as made for them."""
