@@ -416,29 +416,41 @@ def resolve_db_url(url: str | None = None) -> str:
     return url
 
 
-# Query parameters that carry a secret (libpq's: the password, a client key's passphrase), masked as the password is
-SECRET_QUERY_KEYS = ("password", "sslpassword")
+def secret_query_keys(url) -> list[str]:
+    """The query parameters of `url` (a SQLAlchemy URL) that carry a secret: every one naming a password, in any
+    case (libpq's `password` and `sslpassword`, a key's passphrase; `PGPASSWORD=` as some write it), masked as
+    the user-info password is."""
+    return [key for key in url.query if "password" in key.lower()]
+
+
+def masked_url_text(url) -> str:
+    """A URL (a str or a SQLAlchemy URL) as text with every password masked as ***: the user info's and each
+    query parameter naming one (`secret_query_keys`). What names a store wherever one is shown or written
+    (`shown_db_url`, a report claim's marker): no password is said or lands in a file."""
+    u = make_url(url) if isinstance(url, str) else url
+    secret = secret_query_keys(u)
+    shown = (u.update_query_dict({key: "***" for key in secret}) if secret else u).render_as_string(hide_password=True)
+    for key in secret:  # render_as_string writes the mask %2A%2A%2A
+        shown = shown.replace(f"{key}=%2A%2A%2A", f"{key}=***")
+    return shown
 
 
 def shown_db_url(url) -> str:
     """A server's URL (a str or a SQLAlchemy URL) as the user writes it, its password masked, in the user info or
-    the query string (`?password=`, `?sslpassword=`): postgresql://..., not the postgresql+psycopg:// driver
-    `resolve_db_url` names for SQLAlchemy (which no user gave)."""
+    the query string (`?password=`, `?sslpassword=`, any key naming a password: `masked_url_text`):
+    postgresql://..., not the postgresql+psycopg:// driver `resolve_db_url` names for SQLAlchemy (which no user
+    gave)."""
     u = make_url(url) if isinstance(url, str) else url
     if u.drivername == "postgresql+psycopg":
         u = u.set(drivername="postgresql")
-    secret = [key for key in SECRET_QUERY_KEYS if key in u.query]
-    shown = u.update_query_dict({key: "***" for key in secret}).render_as_string(hide_password=True)
-    for key in secret:  # render_as_string writes the mask %2A%2A%2A
-        shown = shown.replace(f"{key}=%2A%2A%2A", f"{key}=***")
-    return shown
+    return masked_url_text(u)
 
 
 def masked_password_note(url) -> str:
     """' (*** is its password)' after a suggested command whose --db is a URL shown with its password masked
     (`shown_db_url`), which does not run as written; '' for one without a password."""
     u = make_url(url) if isinstance(url, str) else url
-    return " (*** is its password)" if u.password or any(key in u.query for key in SECRET_QUERY_KEYS) else ""
+    return " (*** is its password)" if u.password or secret_query_keys(u) else ""
 
 
 # SQLite's URI parameters: the driver takes them only with uri=true (sqlite:///file:/path.db?mode=ro&uri=true)

@@ -119,10 +119,11 @@ def _claim_token(engine: Engine, report_id: int, folder: Path) -> str:
 
 
 def _store_text(url) -> str:
-    """A store's URL as a claim's marker names it: the user-info password hidden, and every query parameter
-    naming a password (`?password=`, `?sslpassword=`, any case) too: a file never holds one."""
-    secret = {key: "***" for key in url.query if "password" in key.lower()}
-    return (url.update_query_dict(secret) if secret else url).render_as_string(hide_password=True)
+    """A store's URL as a claim's marker names it: every password masked, the user info's and each query
+    parameter naming one (telemetry.db.masked_url_text, as commands show a store): a file never holds one."""
+    from telemetry.db import masked_url_text
+
+    return masked_url_text(url)
 
 
 def _name_taken(out: Path, name: str) -> bool:

@@ -194,6 +194,37 @@ def test_a_claims_marker_holds_no_password_and_an_older_versions_marker_is_still
         engine.dispose()
 
 
+def test_a_marker_and_a_shown_command_mask_a_store_by_one_rule_and_older_markers_are_still_read(tmp_path):
+    """The marker masked every query key naming a password (any case), telemetry.db.shown_db_url only `password`
+    and `sslpassword`: a `?PGPASSWORD=` was shown in commands. One masking names a store in both; the markers
+    of earlier versions (the query password in clear, or masked as %2A%2A%2A) still mark their claim's folder."""
+    from sqlalchemy import create_engine
+
+    from telemetry.db import masked_password_note, shown_db_url
+
+    url = "postgresql+psycopg://u:userinfo-pw@h/db?password=query-pw&PGPASSWORD=env-pw&sslmode=require"
+    engine = create_engine(url)  # never connected: a marker names the store by its URL alone
+    try:
+        final = tmp_path / "report-7"
+        token = report_writer._claim_token(engine, 7, final)
+        shown = shown_db_url(url)
+        for text in (token, shown):
+            assert not any(pw in text for pw in ("userinfo-pw", "query-pw", "env-pw")), text
+        assert "PGPASSWORD=***" in shown and "password=***" in shown and "sslmode=require" in shown, shown
+        assert masked_password_note("postgresql://u@h/db?PGPASSWORD=env-pw") == " (*** is its password)"
+        assert token == f"{shown.replace('postgresql://', 'postgresql+psycopg://', 1)} report 7 {final}"
+        masked = engine.url.update_query_dict({"password": "***", "PGPASSWORD": "***"})
+        for i, legacy in enumerate((engine.url.render_as_string(hide_password=True),
+                                    masked.render_as_string(hide_password=True))):
+            folder = tmp_path / f"tmp{i}"
+            folder.mkdir()
+            (folder / report_writer.CLAIM_MARKER).write_text(f"{legacy} report 7 {final}\n", encoding="utf-8")
+            assert report_writer._claimed_by(folder, token), legacy
+            assert not report_writer._claimed_by(folder, report_writer._claim_token(engine, 8, final))
+    finally:
+        engine.dispose()
+
+
 # ---- a failed delivery is delivered by the next scheduled run -------------------------------------------
 
 
