@@ -588,6 +588,24 @@ def test_an_older_checkpoint_knows_its_target_by_modification_times_only_and_is_
     assert resume_mismatch(other, now) == ("target_weights_fingerprint", "w0", "w1")
 
 
+def test_a_copied_or_moved_corpus_of_the_same_data_resumes_and_an_older_checkpoint_compares_paths():
+    """data_fingerprint calls a copy the same data, but --resume still compared the --corpus paths: a corpus
+    moved or copied elsewhere, its content the same, was refused. A checkpoint that records the corpus by
+    content is compared by it alone; an older one (paths only) by its paths, as before."""
+    from dataclasses import asdict
+
+    from serving.distill.train import TrainConfig, resume_mismatch
+
+    now = TrainConfig(extra={"corpus": ["/new/place/corpus"], "corpus_fingerprint": ["0123456789ab"]})
+    moved = asdict(TrainConfig(extra={"corpus": ["/old/place/corpus"], "corpus_fingerprint": ["0123456789ab"]}))
+    assert resume_mismatch(moved, now) is None
+    remade = asdict(TrainConfig(extra={"corpus": ["/new/place/corpus"], "corpus_fingerprint": ["ba9876543210"]}))
+    assert resume_mismatch(remade, now) == ("corpus_fingerprint", ["ba9876543210"], ["0123456789ab"])
+    older = asdict(TrainConfig(extra={"corpus": ["/old/place/corpus"]}))
+    assert resume_mismatch(older, now) == ("corpus", ["/old/place/corpus"], ["/new/place/corpus"])
+    assert resume_mismatch(asdict(TrainConfig(extra={"corpus": ["/new/place/corpus"]})), now) is None
+
+
 def test_resume_without_a_checkpoint_says_it_starts_from_scratch(byo, tmp_path, capsys):
     from app.cli import main
 

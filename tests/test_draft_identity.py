@@ -175,6 +175,44 @@ def test_one_model_saved_by_transformers_4_and_5_has_one_config_fingerprint(tmp_
     assert config_fingerprint(saved("v5-dtype", {**v5, "dtype": "bfloat16"})) != first
 
 
+def test_large_files_are_fingerprinted_by_one_spread_sampling(tmp_path, monkeypatch):
+    """data_fingerprint re-implemented the sampling weights_fingerprint reads a large file by: both read it by
+    serving.models.hash_spread_blocks now, whole where it is small, else evenly spread blocks, its first and
+    last among them (a change between them goes unseen)."""
+    import hashlib
+    import os
+
+    from serving import models
+    from serving.distill import data
+
+    blob = bytearray(os.urandom(100_000))
+    f = tmp_path / "x.bin"
+
+    def digest(content: bytes, samples: int | None, block: int) -> str:
+        f.write_bytes(content)
+        h = hashlib.sha256()
+        with f.open("rb") as fh:
+            models.hash_spread_blocks(fh, h, len(content), samples, block)
+        return h.hexdigest()
+
+    assert digest(blob, None, 16) == hashlib.sha256(blob).hexdigest() == digest(blob, 10_000, 16)
+    first = digest(blob, 8, 64)
+    between, last = bytearray(blob), bytearray(blob)
+    between[500] ^= 1  # blocks at 0, 14276, ...: byte 500 is read by none
+    last[-1] ^= 1
+    assert digest(between, 8, 64) == first != digest(last, 8, 64)
+    monkeypatch.setattr(data, "DATA_SAMPLES", 8)
+    monkeypatch.setattr(data, "DATA_BLOCK", 64)
+    prepared = tmp_path / "data"
+    prepared.mkdir()
+
+    def data_fp(content: bytes) -> str:
+        (prepared / "feats.bin").write_bytes(content)
+        return data.data_fingerprint(prepared)
+
+    assert data_fp(blob) == data_fp(between) != data_fp(last)
+
+
 def test_a_draft_made_for_the_same_weights_under_another_config_json_warns(tmp_path):
     """A card records its target's config.json fingerprint beside its weights': the same weights under another
     rope_theta compute other features, and the draft was silently taken as made for them."""

@@ -526,6 +526,8 @@ def data_fingerprint(path: str | Path) -> str:
     same data, and data made again in place with other prompts or another target is other data."""
     import hashlib
 
+    from serving.models import hash_spread_blocks
+
     path = Path(path)
     h = hashlib.sha256()
     try:
@@ -540,15 +542,9 @@ def data_fingerprint(path: str | Path) -> str:
             continue
         size = f.stat().st_size
         h.update(f"\0{name}\0{size}\0".encode())
+        whole = name in ("sequences.jsonl", "tokens.bin")  # which sequences and tokens: every byte
         with f.open("rb") as fh:
-            if name in ("sequences.jsonl", "tokens.bin") or size <= DATA_SAMPLES * DATA_BLOCK:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
-                continue
-            step = (size - DATA_BLOCK) / (DATA_SAMPLES - 1)
-            for i in range(DATA_SAMPLES):
-                fh.seek(int(i * step))
-                h.update(fh.read(DATA_BLOCK))
+            hash_spread_blocks(fh, h, size, None if whole else DATA_SAMPLES, DATA_BLOCK)
     return h.hexdigest()[:12]
 
 

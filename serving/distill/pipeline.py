@@ -525,7 +525,8 @@ def resume_record(args, target_dir: Path) -> dict:
     data["max_new_tokens"] = args.max_new_tokens if generating else None
     data["data_feature_layers"] = list(data["data_feature_layers"] or [])
     # the target and the --corpus data by content, which a resume compares (not the target's modification times,
-    # target_fingerprint, which only checkpoints from before these were recorded are compared by)
+    # target_fingerprint, nor the corpus's paths, which only checkpoints from before these were recorded are
+    # compared by: train.SUPERSEDED): a copied or moved corpus of the same data resumes
     from serving.distill.data import data_fingerprint
     from serving.models import config_fingerprint, weights_fingerprint
 

@@ -61,8 +61,10 @@ class TrainConfig:
 RESUMABLE_CHANGES = ("minutes", "steps", "save_every_s", "target", "budget_given", "budget_changed")
 # entries of `extra` an older checkpoint has in place of newer ones: the target by its files' modification times
 # (target_fingerprint: touching or copying it read as another target, and an edit keeping the times as the same),
-# where the checkpoint records the target by content (the weights' and config.json's fingerprints), not compared
-SUPERSEDED = {"target_fingerprint": "target_weights_fingerprint"}
+# and the --corpus data by its paths (a copied or moved corpus read as other data, and data made again in place
+# as the same), where the checkpoint records them by content (the weights' and config.json's fingerprints, the
+# corpus's data_fingerprint), not compared
+SUPERSEDED = {"target_fingerprint": "target_weights_fingerprint", "corpus": "corpus_fingerprint"}
 BUDGET_GIVEN = "budget_given"  # TrainConfig.extra: --steps / --minutes / --total-minutes as given
 BUDGET_CHANGED = "budget_changed"  # TrainConfig.extra: the budget a resumed run started with, where it differed
 
