@@ -17,6 +17,7 @@ import sqlite3
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -805,6 +806,37 @@ def file_in_path(path: Path) -> Path | None:
     return None
 
 
+_WATCHES: list[weakref.WeakSet] = []  # the open `engines_made` blocks' engines (every thread's)
+_WATCH_LOCK = threading.Lock()
+
+
+@contextmanager
+def engines_made() -> Iterator[weakref.WeakSet]:
+    """The SQLite file engines make_engine makes (in any thread) while the block runs, held weakly: what a block
+    that removes the store it created again (app.commands._common.store_opened_for) disposes first. An engine left
+    open by the code in the block (a store read and dropped, an engine made before what raised, held alive by the
+    exception's traceback) keeps a connection on the file, which then reads as in use and stays
+    (`remove_unused_store`)."""
+    made: weakref.WeakSet = weakref.WeakSet()
+    with _WATCH_LOCK:
+        _WATCHES.append(made)
+    try:
+        yield made
+    finally:
+        with _WATCH_LOCK:
+            _WATCHES.remove(made)
+
+
+def dispose_engines_on(engines: weakref.WeakSet, path: Path) -> None:
+    """Dispose of the engines (engines_made) on the SQLite file `path`: their pooled connections closed. An engine
+    disposed of connects again if it is used after, so one still in use elsewhere is not broken, only reopened."""
+    target = path.absolute()
+    for engine in list(engines):
+        file = sqlite_file(engine.url.render_as_string(hide_password=False))
+        if file is not None and file.absolute() == target:
+            engine.dispose()
+
+
 def make_engine(url: str | None = None) -> Engine:
     """An Engine for the URL; SQLite gets WAL, foreign keys and a busy timeout, PostgreSQL sessions in UTC with a
     lock timeout (PG_LOCK_TIMEOUT_MS, where nothing set one: `_pg_session`)."""
@@ -821,6 +853,10 @@ def make_engine(url: str | None = None) -> Engine:
                 raise ValueError(f"database {url!r}: {file} is a file, not a directory") from None
         engine = create_engine(url, connect_args={"check_same_thread": False})
         event.listen(engine, "connect", functools.partial(_sqlite_pragmas, path=path))
+        if path is not None:
+            with _WATCH_LOCK:
+                for watch in _WATCHES:
+                    watch.add(engine)
         return engine
     u = make_url(url)
     # checked before any driver is imported: a MySQL URL is refused as such, not as "MySQLdb is not installed"

@@ -345,20 +345,27 @@ def store_opened_for(db: str | None, no_telemetry: bool):
     raises before a run was recorded in it: a command refused, failed or stopped (Ctrl-C, SIGTERM) while its models
     loaded or warmed up (bench, calibrate: the block holds the whole measurement) leaves no store behind. Once it
     holds a run, it stays (the run stopped 'cancelled', or 'failed'), as it does where another process wrote a row
-    there meanwhile (remove_unused_store)."""
+    there meanwhile (remove_unused_store). The engines opened on that file in the block are disposed of first
+    (`engines_made`): one left open (a store read and dropped, a recorder made before what raised, the exception's
+    traceback holding it alive) kept the new store 'in use', and it stayed."""
+    from telemetry.db import dispose_engines_on, engines_made
+
     made = []
     if not no_telemetry:
         from telemetry.db import new_store_paths, resolve_db_url, sqlite_file
 
         made = new_store_paths(sqlite_file(resolve_db_url(db)))
         open_db_option(db).dispose()
-    try:
-        yield
-    except BaseException:
-        from telemetry.db import remove_unused_store
+    with engines_made() as engines:
+        try:
+            yield
+        except BaseException:
+            from telemetry.db import remove_unused_store
 
-        remove_unused_store(made)
-        raise
+            if made:  # an engine on it the block left open (the exception's traceback holds it) keeps it in use
+                dispose_engines_on(engines, made[-1])
+            remove_unused_store(made)
+            raise
 
 
 def bindable_port(host: str, port: int) -> int:

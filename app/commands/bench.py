@@ -425,13 +425,17 @@ def resolve_spec_max_batch(gate: str, db_url: str | None, loaded) -> int | None:
         store = open_store(db_url, must_exist=True)
     except NoStoreError as exc:
         raise UsageError(f"--spec-max-batch auto reads the latest recorded sweep: {exc}") from None
-    sweep = latest_sweep(store, target=str(loaded.target_dir), drafter=loaded.drafter_label)
-    unmarked = re.sub(r"#[0-9a-f]{8}(?=[@+]|$)", "", loaded.drafter_label or "")
-    if sweep is None and unmarked != loaded.drafter_label:  # swept before labels named the draft's weights
-        sweep = latest_sweep(store, target=str(loaded.target_dir), drafter=unmarked)
-        if sweep is not None:
-            print(f"sweep {sweep.id} was recorded as {unmarked}, before drafter labels named the draft's weights: "
-                  "it may be another draft of that folder name; rerun the sweep to be sure", file=sys.stderr)
+    try:  # disposed of: an open connection keeps a store bench made and then refused (store_opened_for)
+        sweep = latest_sweep(store, target=str(loaded.target_dir), drafter=loaded.drafter_label)
+        unmarked = re.sub(r"#[0-9a-f]{8}(?=[@+]|$)", "", loaded.drafter_label or "")
+        if sweep is None and unmarked != loaded.drafter_label:  # swept before labels named the draft's weights
+            sweep = latest_sweep(store, target=str(loaded.target_dir), drafter=unmarked)
+            if sweep is not None:
+                print(f"sweep {sweep.id} was recorded as {unmarked}, before drafter labels named the draft's "
+                      "weights: it may be another draft of that folder name; rerun the sweep to be sure",
+                      file=sys.stderr)
+    finally:
+        store.dispose()
     if sweep is None:
         raise ValueError(
             f"--spec-max-batch auto: no concurrency sweep recorded for {loaded.drafter_label} on this target; "
@@ -571,7 +575,16 @@ def run_bench(args, loaded, prompts, encoded, params, modes, levels) -> dict:
 
         recorder = Recorder(open_store(args.db))
     # --no-telemetry: no energy is recorded, so no meter is opened (nor a warning given that none can be)
-    source = detect_power_source("none") if recorder is None else detect_power_source(args.power, tdp_w=args.tdp_w)
+    try:
+        source = detect_power_source("none") if recorder is None else detect_power_source(args.power,
+                                                                                          tdp_w=args.tdp_w)
+    except BaseException:  # no meter (--power nvml without a GPU): the recorder stopped, its engine disposed of
+        if recorder is not None:
+            try:
+                recorder.close()
+            finally:
+                recorder.engine.dispose()
+        raise
     node_id = args.node_id or default_node_id()
     # one id on every run this command records (modes, turns, concurrency levels): speedups pair its spec and
     # AR runs, measured under the same machine conditions, instead of pooling them with other invocations' runs

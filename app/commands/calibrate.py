@@ -297,7 +297,10 @@ def _recording(args: argparse.Namespace, loaded, params):
     try:
         source = detect_power_source("auto")  # bench's default meter: measured where one can be read
     except BaseException:
-        recorder.close()
+        try:
+            recorder.close()
+        finally:  # its pooled connections closed: the store it made can be removed (store_opened_for)
+            recorder.engine.dispose()
         raise
     return recorder, source, _Turns(args, loaded, recorder, source, params)
 
