@@ -116,7 +116,7 @@ class Run(Base):
     # serving whatever requests arrive: nothing pairs them)
     invocation_id: Mapped[str | None] = mapped_column(String(36))
     # the process that recorded the run (migration 0014): its pid, and which process instance that pid was (its
-    # host, machine, boot, pid namespace and start time: telemetry.liveness.process_key), so that a run left
+    # host, machine, boot, pid and time namespaces, start time: telemetry.liveness.process_key), so that a run left
     # 'running' by a process killed outright reads 'stale' (telemetry.liveness). None: recorded before 0014
     pid: Mapped[int | None] = mapped_column(Integer)
     process_key: Mapped[str | None] = mapped_column(String(255))

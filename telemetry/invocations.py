@@ -107,7 +107,8 @@ def list_invocations(engine: Engine, limit: int | None = 20, *, finished: bool =
                                     .join(Request, Request.run_id == Run.id)
                                     .where(Run.invocation_id.in_(ids)).group_by(Run.invocation_id)):
                 requests[inv] = int(n)
-            for inv, *row in c.execute(select(Run.invocation_id, Run.id, Run.status, Run.pid, Run.process_key)
+            for inv, *row in c.execute(select(Run.invocation_id, Run.id, Run.status, Run.pid, Run.process_key,
+                                              Run.started_at)
                                        .where(Run.invocation_id.in_(ids), Run.status == RUNNING)):
                 if shown_status(*row[1:]) == STALE:
                     stale[inv] = stale.get(inv, 0) + 1

@@ -461,8 +461,10 @@ def filter_options(engine: Engine) -> dict:
             "invocation_id", "first_request", "last_request", "requests", "pid", "process_key"]
     runs = _frame(engine, runs_q, cols)
     # a 'running' run whose process is gone reads 'stale' (telemetry.liveness), as in every other view
-    runs["status"] = [shown_status(status, None if pd.isna(pid) else int(pid), None if pd.isna(key) else key)
-                      for status, pid, key in zip(runs["status"], runs["pid"], runs["process_key"], strict=True)]
+    runs["status"] = [shown_status(status, None if pd.isna(pid) else int(pid), None if pd.isna(key) else key,
+                                   None if pd.isna(start) else start)
+                      for status, pid, key, start in zip(runs["status"], runs["pid"], runs["process_key"],
+                                                         runs["started_at"], strict=True)]
     runs = runs.drop(columns=["pid", "process_key"])
     with engine.connect() as c:
         domains = sorted(d for (d,) in c.execute(select(Request.domain).distinct()) if d is not None)
