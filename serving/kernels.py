@@ -44,17 +44,18 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TextIO, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from serving.tuning import remembered
+from serving.tuning import is_remembered, remembered, tuning_file, tuning_mode
 
 T = TypeVar("T")
 
@@ -318,32 +319,88 @@ _PLAN_LOCK = threading.Lock()  # one race at a time: threads asking at once get 
 _plans: dict[tuple, dict[int, str]] = {}  # (dtype, masked, B, candidates) -> width -> kernel
 
 
-def _decode_plan(dtype: torch.dtype, masked: bool, B: int) -> dict[int, str]:
-    """decode_attention's choice per width for `B` sequences of the given form, measured once a process."""
+def _decode_plan(dtype: torch.dtype, masked: bool, B: int, tick: Callable[[], object] | None = None) -> dict[int, str]:
+    """decode_attention's choice per width for `B` sequences of the given form, measured once a process
+    (`tick` is called after each width, for a progress bar)."""
     candidates = _attention_candidates(dtype)
     key = (dtype, masked, B, candidates)
     with _PLAN_LOCK:
         if key not in _plans:
-            _plans[key] = _measure_plan(dtype, masked, B, candidates)
+            _plans[key] = _measure_plan(dtype, masked, B, candidates, tick)
         return _plans[key]
 
 
-def _measure_plan(dtype: torch.dtype, masked: bool, B: int, candidates: tuple[str, ...]) -> dict[int, str]:
-    """The kernel of each measured width: the remembered choice, else a race (`_attention_race`)."""
-    if len(candidates) == 1:
-        return dict.fromkeys(ATTENTION_WIDTHS, candidates[0])
+def _plan_names(dtype: torch.dtype, masked: bool, B: int, candidates: tuple[str, ...]) -> dict[int, str]:
+    """The name each measured width's choice is remembered under (serving/tuning.py)."""
     form = f"{str(dtype).removeprefix('torch.')}/{'masked' if masked else 'causal'}/{B}"
     every = tuple(k for k in DECODE_ATTENTION if dtype != torch.float32 or not k.endswith("-f32"))
     restricted = "" if candidates == every else "/" + "+".join(candidates)  # settings narrowed the race
+    return {T: f"decode_attention/{form}/{T}{restricted}" for T in ATTENTION_WIDTHS}
+
+
+def _measure_plan(dtype: torch.dtype, masked: bool, B: int, candidates: tuple[str, ...],
+                  tick: Callable[[], object] | None = None) -> dict[int, str]:
+    """The kernel of each measured width: the remembered choice, else a race (`_attention_race`)."""
+    if len(candidates) == 1:
+        return dict.fromkeys(ATTENTION_WIDTHS, candidates[0])
     plan = {}
-    for T in ATTENTION_WIDTHS:
+    for T, name in _plan_names(dtype, masked, B, candidates).items():
         # remembered per machine (serving/tuning.py): on an AMX Xeon the masked batch's choice flipped between
         # processes, so two runs of one sampled bf16 command at concurrency 2 decoded different tokens
-        index = remembered(f"decode_attention/{form}/{T}{restricted}",
-                           lambda T=T: DECODE_ATTENTION.index(_attention_race(dtype, masked, B, T, candidates)))
+        index = remembered(name, lambda T=T: DECODE_ATTENTION.index(_attention_race(dtype, masked, B, T, candidates)))
         known = 0 <= index < len(DECODE_ATTENTION) and DECODE_ATTENTION[index] in candidates
         plan[T] = DECODE_ATTENTION[index] if known else candidates[0]  # a value no candidate has: the default
+        if tick is not None:
+            tick()
     return plan
+
+
+# (masked, sequences raced) of each attention form a run asks for: one sequence, a ragged batch, a token tree
+ATTENTION_FORMS = ((False, 1), (True, 4), (True, 1))
+
+
+def _unremembered_cases(dtype: torch.dtype) -> int:
+    """How many attention choices for `dtype` this process has yet to make and this machine has not remembered."""
+    candidates = _attention_candidates(dtype)
+    if len(candidates) == 1:
+        return 0
+    with _PLAN_LOCK:
+        forms = [(m, B) for m, B in ATTENTION_FORMS if (dtype, m, B, candidates) not in _plans]
+    return sum(not is_remembered(name) for m, B in forms for name in _plan_names(dtype, m, B, candidates).values())
+
+
+def measure_choices(dtype: torch.dtype, out: TextIO | None = None) -> str:
+    """Make every kernel choice for `dtype` decode now, rather than inside the first request; returns
+    `kernels_label(dtype)`. The first time on a machine the attention races take minutes on a small CPU (they are
+    remembered after, serving/tuning.py): then a line on `out` (stderr) says so, and a progress bar follows the
+    cases. Nothing is said where every remembered choice is already known."""
+    pending = _unremembered_cases(dtype)
+    if not pending:
+        return kernels_label(dtype)
+    out = sys.stderr if out is None else out
+    from tqdm import tqdm
+
+    if tuning_mode() == "measure":
+        when = "SPECFINOPS_TUNING=measure: at every start"
+    else:
+        when = f"once per machine, remembered in {tuning_file()}"
+    print(f"timing kernel choices for this CPU ({when}; {pending} attention cases, can take minutes) ...",
+          file=out, flush=True)
+    try:
+        tty = out.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    with tqdm(total=2 + len(ATTENTION_FORMS) * len(ATTENTION_WIDTHS), desc="kernel choices", unit="case", file=out,
+              leave=False, mininterval=0.1 if tty else 30.0, maxinterval=30.0) as bar:
+        packed_linear_rows(dtype)
+        bar.update()
+        bf16_kernel_rows(dtype)
+        bar.update()
+        for masked, B in ATTENTION_FORMS:
+            before = bar.n
+            _decode_plan(dtype, masked, B, tick=bar.update)
+            bar.update(before + len(ATTENTION_WIDTHS) - bar.n)  # a form already planned ticks nothing
+    return kernels_label(dtype)
 
 
 def _clear_decode_attention() -> None:

@@ -123,6 +123,20 @@ def _write(path: Path, data: dict) -> None:
                         path, exc)
 
 
+def tuning_mode() -> str:
+    """SPECFINOPS_TUNING: remember, measure or refresh (checked)."""
+    return _mode()
+
+
+def is_remembered(name: str) -> bool:
+    """Whether `remembered(name, ...)` would return a remembered value here without measuring."""
+    if _mode() != "remember":
+        return False
+    value = _read(tuning_file()).get(machine_key(), {})
+    value = value.get(name) if isinstance(value, dict) else None
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def remembered(name: str, measure: Callable[[], int]) -> int:
     """The remembered value of the choice `name` on this machine, or `measure()` remembered for next time
     (see the module docstring for SPECFINOPS_TUNING)."""

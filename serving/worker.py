@@ -23,7 +23,7 @@ from serving.drafters import FeatureDrafter, HybridDrafter, ModelDrafter, NgramD
 from serving.eagle import is_eagle_dir, load_eagle
 from serving.engine import Engine, StepEvent
 from serving.int8 import quantize_draft
-from serving.kernels import kernels_label, pack_for_inference
+from serving.kernels import kernels_label, measure_choices, pack_for_inference
 from serving.llama import CausalLM, load_causal_lm
 from serving.lookahead import DEFAULT_K, BatchGatedK, parse_policy
 from serving.models import (
@@ -237,8 +237,8 @@ def load(spec: EngineSpec) -> Loaded:
     tokenizer = load_tokenizer(target_dir)
     with pull_again_hint(target_dir):  # the bundled target's weights cut short: how to make them again
         target = load_causal_lm(target_dir, dtype)
+    measure_choices(dtype)  # every kernel choice measured now (said on stderr the first time on a machine)
     pack_for_inference(target)
-    kernels_label(dtype)  # every kernel choice measured now rather than inside the first request
     if spec.drafter in ("draft", "draft+ngram"):
         draft_dir = resolve_model(spec.draft_model, "draft")
         check_same_vocab(target_dir, draft_dir, target_tok=tokenizer)
