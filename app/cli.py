@@ -39,8 +39,60 @@ EPILOG = """examples:
 """
 
 
+_given: list[str] | None = None  # the words being parsed (main sets them), for Parser.error's suggestions
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors suggest the nearest name for a misspelt option, sub-command or choice
+    (Python 3.11's argparse suggests none): `unrecognized arguments: --limt 2 (--limt: did you mean --limit?)`,
+    and a required option reported missing names the near miss that was given instead. Sub-parsers are of this
+    class too (add_subparsers makes its parsers of the parent's class)."""
+
+    def error(self, message: str):
+        hint = self._suggestion(message)
+        super().error(f"{message} ({hint})" if hint else message)
+
+    def _suggestion(self, message: str) -> str:
+        import difflib
+        import re
+
+        def near(name: str, names: list[str]) -> str | None:
+            """The closest of `names` to a misspelt `name`; never a longer option that `name` cuts short (options
+            are named in full: `project --run 3` is no `--run-kind`, and an error naming it names an option the
+            user never gave)."""
+            found = difflib.get_close_matches(name, [n for n in names if not n.startswith(name)], n=1, cutoff=0.6)
+            return found[0] if found else None
+
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        if message.startswith("unrecognized arguments: "):
+            tips = []
+            for word in message.removeprefix("unrecognized arguments: ").split():
+                name = word.split("=", 1)[0]
+                if name.startswith("--") and name not in self._option_string_actions:
+                    if (match := near(name, options)) is not None:
+                        tips.append(f"{name}: did you mean {match}?")
+            return "; ".join(tips)
+        if message.startswith("the following arguments are required: "):
+            missing = [m for m in message.removeprefix("the following arguments are required: ").split(", ")
+                       if m.startswith("-")]
+            given = sys.argv[1:] if _given is None else _given
+            tips = []
+            for word in given:
+                name = word.split("=", 1)[0]
+                if name.startswith("--") and name not in self._option_string_actions:
+                    if (match := near(name, missing)) is not None:
+                        tips.append(f"{name} was given: did you mean {match}?")
+            return "; ".join(tips)
+        choice = re.search(r"invalid choice: '(.*)' \(choose from (.*)\)$", message)
+        if choice:
+            choices = [c.strip().strip("'") for c in choice.group(2).split(",")]
+            match = near(choice.group(1), choices)
+            return f"did you mean {match}?" if match else ""
+        return ""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="specfinops",
         description="Measure whether speculative decoding pays on your models, traffic and hardware.",
         epilog=EPILOG,
@@ -98,10 +150,12 @@ def _main(argv: list[str] | None) -> int:
         # naming it, and a rerun recorded it twice
         if stream is not None and hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+    global _given
     parser = build_parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    _given = words
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # named under the usage of the command they follow, not the top level's (argparse's default)
-        words = sys.argv[1:] if argv is None else list(argv)
         after_command = args.command in words and words.index(unknown[0]) > words.index(args.command)
         which = getattr(args, "command_parser", parser) if after_command else parser
         which.error(f"unrecognized arguments: {' '.join(unknown)}")

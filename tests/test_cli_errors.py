@@ -839,3 +839,39 @@ def test_the_readme_says_an_at_in_the_user_name_or_password_is_written_pct40(cap
     rule = line[line.index("the user name or password"):]
     readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8").split())
     assert rule in readme, rule
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["bench", "--workload", "code", "--limt", "2"], "unrecognized arguments: --limt 2 (--limt: did you mean --limit?)"),
+    (["bench", "--mdoe=both"], "(--mdoe: did you mean --mode?)"),
+    (["--verbse", "cost"], "(--verbse: did you mean --verbose?)"),
+    (["export", "--wat", "requests", "--out", "x.csv"],
+     "the following arguments are required: --what (--wat was given: did you mean --what?)"),
+    (["bnech"], "invalid choice: 'bnech'"),
+    (["models", "verfy"], "(did you mean verify?)"),
+])
+def test_a_misspelt_option_or_command_gets_the_nearest_name(argv, said, capsys):
+    """Python 3.11's argparse suggests nothing: `--limt 2` got the whole usage and 'unrecognized arguments', and
+    `export --wat requests` only 'the following arguments are required: --what'."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and said in err.strip().splitlines()[-1], err
+    if argv == ["bnech"]:
+        assert err.strip().endswith("(did you mean bench?)"), err
+
+
+def test_an_unknown_option_with_nothing_near_gets_no_suggestion(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["cost", "--db", "X", "--zzzz"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "did you mean" not in err and "unrecognized arguments: --zzzz" in err, err
+
+
+def test_building_the_parser_stays_light():
+    """Suggestions import difflib only when there is an error to suggest for: building the parser imports no torch,
+    no model code and no difflib."""
+    code = ("import sys; from app.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('torch', 'serving.models', 'difflib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
