@@ -48,3 +48,27 @@ def test_export_help_points_to_the_column_reference(capsys):
     with pytest.raises(SystemExit):
         main(["export", "--help"])
     assert "docs/export.md" in capsys.readouterr().out
+
+
+def test_the_device_and_node_examples_are_what_runs_record(monkeypatch):
+    """docs/export.md gave `cpu (2 cores)` as a device (runs record `cpu: MODEL (N threads)`) and left
+    SPECFINOPS_NODE_ID out of node_id's precedence (`--node-id`, else SPECFINOPS_NODE_ID, else the host name)."""
+    from serving.worker import default_node_id, device_name
+
+    assert re.fullmatch(r"cpu: .+ \(\d+ threads\)", device_name()), device_name()
+    device = re.search(r"^- `device` \(text\): (.*?)(?=^- `)", _section("cost"), re.S | re.M).group(1)
+    examples = re.findall(r"`(cpu[ :(][^`]*)`", device)
+    assert examples and all(re.fullmatch(r"cpu: .+ \(\d+ threads\)", e) for e in examples), examples
+    monkeypatch.setenv("SPECFINOPS_NODE_ID", "gpu-node-7")
+    assert default_node_id() == "gpu-node-7"
+    said = re.search(r"^- `node_id` \(text\): (.*)$", _section("requests"), re.M).group(1)
+    order = [said.find(w) for w in ("`--node-id`", "`SPECFINOPS_NODE_ID`", "host name")]
+    assert -1 not in order and order == sorted(order), said
+
+
+@pytest.mark.parametrize("command", ["bench", "serve", "loadtest"])
+def test_node_id_help_names_the_environment_variable(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    help_ = " ".join(capsys.readouterr().out.split())
+    assert "$SPECFINOPS_NODE_ID, else the host name" in help_, help_

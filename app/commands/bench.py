@@ -105,7 +105,7 @@ def register(sub) -> None:
                    help="write the results as JSON to PATH; '-': to stdout (the table then goes to stderr)")
     add_db_option(p)
     p.add_argument("--node-id", type=node_id, default=None,
-                   help="node id recorded with the runs, up to 128 characters (default: hostname)")
+                   help="node id recorded with the runs, up to 128 characters (default: $SPECFINOPS_NODE_ID, else the host name)")
     p.add_argument("--no-telemetry", action="store_true",
                    help="do not record anything in the store (refused beside --db, --node-id, --power "
                         "nvml|rapl|estimate or --tdp-w, which only shape the record; --spec-max-batch auto still "

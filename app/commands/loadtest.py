@@ -45,7 +45,7 @@ def register(sub) -> None:
     p.add_argument("--model", default=None, help="model id (default: the first the server lists)")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     add_db_option(p)
-    p.add_argument("--node-id", default=None, type=node_id, help="node id recorded with the runs (default: hostname)")
+    p.add_argument("--node-id", default=None, type=node_id, help="node id recorded with the runs (default: $SPECFINOPS_NODE_ID, else the host name)")
     p.add_argument("--no-telemetry", action="store_true",
                    help="print only; record nothing (refused beside --db or --node-id, which only shape the record)")
     p.add_argument("--json", metavar="PATH", default=None,

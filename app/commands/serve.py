@@ -66,7 +66,7 @@ def register(sub) -> None:
                    help="model id clients send (default: the target's name)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     add_db_option(p)
-    p.add_argument("--node-id", default=None, type=node_id, help="node id recorded with the runs (default: hostname)")
+    p.add_argument("--node-id", default=None, type=node_id, help="node id recorded with the runs (default: $SPECFINOPS_NODE_ID, else the host name)")
     p.add_argument("--no-telemetry", action="store_true",
                    help="do not record anything in the store (refused beside --db or --node-id, which only shape "
                         "the record; --power still feeds /metrics)")
