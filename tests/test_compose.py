@@ -118,3 +118,32 @@ def test_every_app_service_runs_under_an_init_that_forwards_sigterm():
     SIGKILL it after 10 s, mid-report or mid-delivery. `init: true` puts tini in front of it."""
     for name in APP_SERVICES:
         assert SERVICES[name].get("init") is True, name
+
+
+def _torch_pin(text: str, where: str) -> str:
+    pins = set(re.findall(r"torch==([0-9][0-9A-Za-z.+]*)", text))
+    assert len(pins) == 1, f"{where}: expected one torch==VERSION, found {sorted(pins)}"
+    return pins.pop()
+
+
+def test_the_cpu_image_installs_the_torch_the_makefile_and_readme_pin():
+    """The CPU image installed an unpinned `torch>=2.4` (whatever the index had that day) while the Makefile and
+    README pin the version the project is tested with."""
+    made = _torch_pin((ROOT / "Makefile").read_text(), "Makefile")
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    install = [line for line in text.splitlines() if "pip install" in line and "torch" in line]
+    assert install and all(f'"torch=={made}"' in line for line in install), install
+    assert _torch_pin((ROOT / "README.md").read_text(), "README.md") == made
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.gpu"])
+def test_images_carry_the_license_and_the_notice(name):
+    """README points to NOTICE for the bundled draft's attribution (and pyproject lists both as license-files): an
+    image shipping the draft ships them."""
+    copied = set()
+    for line in (ROOT / "docker" / name).read_text().splitlines():
+        if line.startswith("COPY "):
+            copied.update(line.split()[1:-1])
+    assert {"LICENSE", "NOTICE"} <= copied, (name, copied)
+    for f in ("LICENSE", "NOTICE"):
+        assert (ROOT / f).is_file() and f not in (ROOT / ".dockerignore").read_text().split()
