@@ -197,7 +197,9 @@ class TokenEvent(Base):
     step_index: Mapped[int] = mapped_column(Integer)  # -1 for the token sampled at prefill
     source: Mapped[str] = mapped_column(String(12))  # accepted | bonus | correction | ar
 
-    __table_args__ = (Index("ix_token_events_request_id", "request_id"),)
+    # (request_id, position): the ITL window (LAG over each request's events in position order) reads it in
+    # order, with no sort; lookups by request use its first column (migration 0014)
+    __table_args__ = (Index("ix_token_events_request_id_position", "request_id", "position"),)
 
 
 class PowerSample(Base):

@@ -60,7 +60,9 @@ def test_indexes_and_constraint_names_follow_the_models(db_url):
     engine = create_engine(db_url)
     try:
         insp = inspect(engine)
-        assert {ix["name"] for ix in insp.get_indexes("token_events")} == {"ix_token_events_request_id"}
+        assert {ix["name"]: ix["column_names"] for ix in insp.get_indexes("token_events")} == {
+            "ix_token_events_request_id_position": ["request_id", "position"],
+        }  # fmt: skip
         assert {ix["name"]: ix["column_names"] for ix in insp.get_indexes("requests")} == {
             "ix_requests_run_id": ["run_id"], "ix_requests_started_at": ["started_at"],
             "ix_requests_domain": ["domain"],
@@ -108,6 +110,40 @@ def test_steps_are_found_by_request_through_the_covering_index(db_url):
         command.downgrade(cfg, "0012")
         assert {ix["name"] for ix in inspect(engine).get_indexes("steps")} == {
             "ix_steps_request_id", "ix_steps_request_id_step_index"}
+    finally:
+        engine.dispose()
+
+
+def test_0014_token_events_are_read_in_position_order_without_a_sort(db_url):
+    """0014 put ix_token_events_request_id_position in place of ix_token_events_request_id: a store at 0013 upgrades
+    with its token events kept, the ITL window (LAG over each request's events in position order) reads them from
+    the index with no sort, a request's events are found through it, and downgrading puts the old index back."""
+    cfg = alembic_config(db_url)
+    command.upgrade(cfg, "0013")
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.begin() as conn:
+            conn.execute(OLD_RUN, {"v": "v"})
+            _requests_with_a_step(conn, 2)
+            for i, (rid, pos) in enumerate([(1, 0), (1, 1), (2, 0), (1, 2), (2, 1)], start=1):
+                conn.execute(text(
+                    "INSERT INTO token_events (id, request_id, position, emit_offset_ms, step_index, source) "
+                    "VALUES (:i, :r, :p, :t, 0, 'accepted')"), {"i": i, "r": rid, "p": pos, "t": 10.0 * i})
+        command.upgrade(cfg, "head")
+        sqlite = engine.dialect.name == "sqlite"
+        window = ("SELECT request_id, emit_offset_ms - LAG(emit_offset_ms) OVER (PARTITION BY request_id "
+                  "ORDER BY position) FROM token_events")
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT count(*) FROM token_events")).scalar() == 5
+            if not sqlite:  # a table this small is read whole by choice: ask whether the index can serve
+                conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+            for statement in (window, "SELECT position FROM token_events WHERE request_id = 1"):
+                plan = " | ".join(str(r[-1]) for r in conn.exec_driver_sql(
+                    f"EXPLAIN {'QUERY PLAN ' if sqlite else ''}{statement}"))
+                assert "ix_token_events_request_id_position" in plan, (statement, plan)
+                assert "TEMP B-TREE" not in plan and "Sort" not in plan, (statement, plan)
+        command.downgrade(cfg, "0013")
+        assert {ix["name"] for ix in inspect(engine).get_indexes("token_events")} == {"ix_token_events_request_id"}
     finally:
         engine.dispose()
 
