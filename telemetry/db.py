@@ -198,7 +198,7 @@ class TokenEvent(Base):
     source: Mapped[str] = mapped_column(String(12))  # accepted | bonus | correction | ar
 
     # (request_id, position): the ITL window (LAG over each request's events in position order) reads it in
-    # order, with no sort; lookups by request use its first column (migration 0014)
+    # order, with no sort; lookups by request use its first column (migration 0015)
     __table_args__ = (Index("ix_token_events_request_id_position", "request_id", "position"),)
 
 

@@ -78,7 +78,7 @@ def test_indexes_and_constraint_names_follow_the_models(db_url):
 
 
 def test_single_head():
-    assert head_revision() == "0014"
+    assert head_revision() == "0015"
 
 
 def test_steps_are_found_by_request_through_the_covering_index(db_url):
@@ -114,12 +114,12 @@ def test_steps_are_found_by_request_through_the_covering_index(db_url):
         engine.dispose()
 
 
-def test_0014_token_events_are_read_in_position_order_without_a_sort(db_url):
-    """0014 put ix_token_events_request_id_position in place of ix_token_events_request_id: a store at 0013 upgrades
+def test_0015_token_events_are_read_in_position_order_without_a_sort(db_url):
+    """0015 put ix_token_events_request_id_position in place of ix_token_events_request_id: a store at 0014 upgrades
     with its token events kept, the ITL window (LAG over each request's events in position order) reads them from
     the index with no sort, a request's events are found through it, and downgrading puts the old index back."""
     cfg = alembic_config(db_url)
-    command.upgrade(cfg, "0013")
+    command.upgrade(cfg, "0014")
     engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
     try:
         with engine.begin() as conn:
@@ -142,7 +142,7 @@ def test_0014_token_events_are_read_in_position_order_without_a_sort(db_url):
                     f"EXPLAIN {'QUERY PLAN ' if sqlite else ''}{statement}"))
                 assert "ix_token_events_request_id_position" in plan, (statement, plan)
                 assert "TEMP B-TREE" not in plan and "Sort" not in plan, (statement, plan)
-        command.downgrade(cfg, "0013")
+        command.downgrade(cfg, "0014")
         assert {ix["name"] for ix in inspect(engine).get_indexes("token_events")} == {"ix_token_events_request_id"}
     finally:
         engine.dispose()

@@ -12,8 +12,8 @@ An index only: no table is rebuilt, so SQLite's foreign keys need not be off. Bu
 (seconds per few million rows; on PostgreSQL it holds writes to token_events for that long); downgrade builds the
 one-column index again.
 
-Revision ID: 0014
-Revises: 0013
+Revision ID: 0015
+Revises: 0014
 Create Date: 2026-12-07
 """
 
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0014"
-down_revision: str | Sequence[str] | None = "0013"
+revision: str = "0015"
+down_revision: str | Sequence[str] | None = "0014"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
