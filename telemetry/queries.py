@@ -63,7 +63,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import NamedTuple
 
-from sqlalchemy import Float, Integer, and_, case, cast, column, func, or_, select, values
+from sqlalchemy import Float, and_, case, cast, func, or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -1375,96 +1375,16 @@ def acceptance_by_domain(engine: Engine, filters: Filters | None = None) -> list
     return out
 
 
-class _Prompts(NamedTuple):
-    """How the prompt ids (requests.external_id) of a spec configuration's runs and its AR baseline's compare,
-    over their ok requests: how many distinct ones each side ran, how many both ran, and whether some request
-    recorded none (then they cannot be matched)."""
-
-    spec: int
-    ar: int
-    common: int
-    unknown: bool
-
-
-Sides = tuple[tuple[int, ...], tuple[int, ...]]  # (spec run ids, AR run ids) of one comparison
-# run ids a comparison query carries at most (3 bound parameters each: well under SQLite's 32,766)
-_SIDES_PER_QUERY = 3_000
-
-
-def _side_batches(sides: Sequence[Sides]) -> Iterator[list[Sides]]:
-    """`sides` in batches of at most _SIDES_PER_QUERY run ids (a comparison is never split)."""
-    batch: list[Sides] = []
-    n = 0
-    for pair in sides:
-        size = len(pair[0]) + len(pair[1])
-        if batch and n + size > _SIDES_PER_QUERY:
-            yield batch
-            batch, n = [], 0
-        batch.append(pair)
-        n += size
-    if batch:
-        yield batch
-
-
-def _per_prompt(filters: Filters, batch: list[Sides]):
-    """SQL, one row per comparison (its index in `batch`) and prompt id its runs' ok requests ran: lo = 0 where a
-    spec run ran it, hi = 1 where an AR run did. Bench and load-test runs only (a server records API request ids,
-    not prompt ids). The prompt ids stay in the database: a store whose every request has its own id (a load of
-    unique prompts, the synthetic stores) would otherwise bring every request's id into Python."""
-    rows = [(n, run_id, side) for n, pair in enumerate(batch) for side, ids in enumerate(pair) for run_id in ids]
-    sides = values(column("cmp", Integer), column("run_id", Integer), column("side", Integer),
-                   name="sides").data(rows).cte("sides")
-    return (select(sides.c.cmp, Request.external_id.label("pid"), func.min(sides.c.side).label("lo"),
-                   func.max(sides.c.side).label("hi"))
-            .select_from(Request).join(Run, Request.run_id == Run.id).join(sides, sides.c.run_id == Request.run_id)
-            .where(*filters.where(), Request.status == "ok", Run.kind != "serve")
-            .group_by(sides.c.cmp, Request.external_id)).subquery()
-
-
-def _prompt_counts(c, filters: Filters, sides: Iterable[Sides]) -> dict[Sides, _Prompts]:
-    """Per comparison (spec run ids, AR run ids): how their prompts compare (`_Prompts`), counted in SQL. A
-    comparison whose runs have no ok request under `filters` reads as unknown prompts."""
-    out: dict[Sides, _Prompts] = {}
-    for batch in _side_batches(list(dict.fromkeys(sides))):
-        per = _per_prompt(filters, batch)
-        known = per.c.pid.is_not(None)
-
-        def count(*cond, per=per, known=known):
-            return func.coalesce(func.sum(case((and_(known, *cond), 1), else_=0)), 0)
-
-        q = select(per.c.cmp, count(per.c.lo == 0), count(per.c.hi == 1), count(per.c.lo == 0, per.c.hi == 1),
-                   func.count(case((per.c.pid.is_(None), 1)))).group_by(per.c.cmp)
-        found = {n: _Prompts(int(a), int(b), int(both), bool(none)) for n, a, b, both, none in c.execute(q)}
-        for n, pair in enumerate(batch):
-            out[pair] = found.get(n, _Prompts(0, 0, 0, True))
+def _prompt_ids(engine: Engine, filters: Filters | None) -> dict[int, set[str | None]]:
+    """Per run in view (bench and load-test runs only: a server records API request ids, not prompt ids): the
+    prompt ids (requests.external_id) of its ok requests; None among them where a request recorded none."""
+    where = (*(filters or Filters()).where(), Request.status == "ok", Run.kind != "serve")
+    q = select(Request.run_id, Request.external_id).join(Run, Request.run_id == Run.id).where(*where).distinct()
+    out: dict[int, set[str | None]] = defaultdict(set)
+    with engine.connect() as c:
+        for run_id, prompt_id in c.execute(q):
+            out[run_id].add(prompt_id)
     return out
-
-
-def _common_prompts(c, filters: Filters, sides: Iterable[Sides]) -> dict[Sides, frozenset[str]]:
-    """Per comparison: the prompt ids both its spec and its AR runs ran (ok requests)."""
-    out: dict[Sides, frozenset[str]] = {}
-    for batch in _side_batches(list(dict.fromkeys(sides))):
-        per = _per_prompt(filters, batch)
-        found: dict[int, set[str]] = defaultdict(set)
-        for n, pid in c.execute(select(per.c.cmp, per.c.pid).where(per.c.lo == 0, per.c.hi == 1, per.c.pid.is_not(None))):
-            found[n].add(pid)
-        out.update((pair, frozenset(found.get(n, ()))) for n, pair in enumerate(batch))
-    return out
-
-
-def _compare_all(engine: Engine, filters: Filters, wanted: Iterable[tuple[Sides, str]]
-                 ) -> dict[Sides, tuple[str, int | None, frozenset[str] | None]]:
-    """Per (comparison, run kind): how the two modes' prompts compare in words, how many prompts the speedup is
-    over (`_compare_prompts`) and, where both are restricted to the prompts both ran, those prompts. Counted in
-    SQL; only the prompts of restricted comparisons are read."""
-    wanted = dict(wanted)
-    counted = [pair for pair, kind in wanted.items() if pair[1] and kind != "serve"]
-    with read_snapshot(engine) as c:
-        counts = _prompt_counts(c, filters, counted) if counted else {}
-        said = {pair: _compare_prompts(counts.get(pair), bool(pair[1]), kind) for pair, kind in wanted.items()}
-        restricted = [pair for pair, (text, _) in said.items() if text.startswith(PROMPTS_MATCHED)]
-        common = _common_prompts(c, filters, restricted) if restricted else {}
-    return {pair: (text, n, common.get(pair)) for pair, (text, n) in said.items()}
 
 
 class _SpeedupBase(NamedTuple):
@@ -1533,10 +1453,8 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
                 *(-1 if x is None else x for x in (b.temperature, b.top_p, b.top_k, b.max_new_tokens)), str(b.kind),
                 *(str(x) for x in k[1:]))
 
-    spec_keys = [k for k in totals if k[1] == "spec"]
-    sides = {k: (tuple(ids[k]), tuple(ids.get((k[0], "ar"), []))) for k in spec_keys}
-    compared = _compare_all(engine, filters, ((sides[k], k[0].kind) for k in spec_keys)) if spec_keys else {}
-    paired = _paired(engine, filters, runs_of, first_start)
+    prompt_ids = _prompt_ids(engine, filters) if any(k[1] == "spec" for k in totals) else {}
+    paired = _paired(engine, filters, runs_of, prompt_ids, first_start)
     out = []
     for key in sorted((k for k in totals if k[1] == "spec"), key=order):
         base = key[0]
@@ -1545,9 +1463,10 @@ def speedups(engine: Engine, filters: Filters | None = None) -> list[Speedup]:
         spec_tps = _ratio(*totals[key])
         ar_tps = _ratio(*totals[ar_key]) if ar_key in totals else None
         mal = _acceptance_length(*drafts[key])
-        prompts, n_prompts, common = compared[sides[key]]
-        if common is not None:  # both modes over the prompts both ran only
-            sub = replace(filters, run_ids=tuple(spec_ids + ar_ids), prompt_ids=tuple(sorted(common)))
+        prompts, n_prompts = _compare_prompts(prompt_ids, spec_ids, ar_ids, base.kind)
+        if prompts.startswith(PROMPTS_MATCHED):  # both modes over the prompts both ran only
+            common = set.intersection(*({p for i in side for p in prompt_ids[i]} for side in (spec_ids, ar_ids)))
+            sub = replace(filters, run_ids=tuple(spec_ids + ar_ids), prompt_ids=tuple(common))
             part: dict[str, list[float]] = {"spec": [0.0, 0.0], "ar": [0.0, 0.0]}
             spec_drafts = [0, 0]  # the spec runs' drafts and accepted tokens over those prompts
             for r in run_summaries(engine, sub, latency=False):
@@ -1595,12 +1514,13 @@ def _acceptance_length(drafts: int | None, accepted: int | None) -> float | None
 
 
 def _paired(engine: Engine, filters: Filters, runs_of: dict[tuple, list[RunSummary]],
+            prompt_ids: dict[int, set[str | None]],
             first_start: dict[str, datetime]) -> dict[tuple, list[tuple[str, float, float | None]]]:
     """Per spec key of `speedups` (its runs in `runs_of`, the AR baseline's under (base, 'ar')): (invocation,
     spec tokens/s / AR tokens/s, its spec runs' mean acceptance length over the same requests) for each invocation
     that recorded runs of both, by its first run's start. From the run summaries already read; where an
-    invocation's two modes ran different prompts, both are restricted to the prompts both ran (`_compare_all`), read
-    for every such invocation with one SELECT (`_over_prompts`)."""
+    invocation's two modes ran different prompts, both are restricted to the prompts both ran, read for every such
+    invocation with one SELECT (`_over_prompts`)."""
     def tps(parts: list[tuple[int, float | None, int, int]]) -> float | None:
         parts = [(n, w) for n, w, *_ in parts if w is not None and n]
         return _ratio(sum(n for n, _ in parts), sum(w for _, w in parts))
@@ -1613,7 +1533,7 @@ def _paired(engine: Engine, filters: Filters, runs_of: dict[tuple, list[RunSumma
         return r.stats.output_tokens, r.stats.wall_s, r.stats.num_drafts, r.stats.num_accepted_tokens
 
     pairs: dict[tuple, list[tuple[str, list[RunSummary], list[RunSummary]]]] = {}
-    asked: dict[tuple[tuple, str], tuple[Sides, str]] = {}  # (key, invocation) -> its runs, their kind
+    restrict: dict[tuple[tuple, str], frozenset[str]] = {}  # (key, invocation) -> the prompts both modes ran
     for key, spec_runs in runs_of.items():
         if key[1] != "spec":
             continue
@@ -1626,9 +1546,10 @@ def _paired(engine: Engine, filters: Filters, runs_of: dict[tuple, list[RunSumma
                       key=lambda p: (first_start[p[0]], p[0]))
         pairs[key] = both
         for inv, sp, ar in both:
-            asked[(key, inv)] = ((tuple(r.run_id for r in sp), tuple(r.run_id for r in ar)), key[0].kind)
-    compared = _compare_all(engine, filters, asked.values()) if asked else {}
-    restrict = {ki: common for ki, (pair, _) in asked.items() if (common := compared[pair][2]) is not None}
+            spec_ids, ar_ids = [r.run_id for r in sp], [r.run_id for r in ar]
+            if _compare_prompts(prompt_ids, spec_ids, ar_ids, key[0].kind)[0].startswith(PROMPTS_MATCHED):
+                restrict[(key, inv)] = frozenset.intersection(
+                    *(frozenset(p for i in side for p in prompt_ids[i]) for side in (spec_ids, ar_ids)))
     wanted = {(r.run_id, restrict[(key, inv)]) for key, both in pairs.items() for inv, sp, ar in both
               if (key, inv) in restrict for r in (*sp, *ar)}
     over = _over_prompts(engine, filters, wanted) if wanted else {}
@@ -1685,22 +1606,24 @@ PROMPTS_NO_AR = "no AR runs"
 PROMPTS_LOADTEST = "all requests (a load test's modes send the prompts round-robin for a fixed time: not matched)"
 
 
-def _compare_prompts(found: _Prompts | None, has_ar: bool, kind: str) -> tuple[str, int | None]:
-    """How the two modes' prompts compare (`found`: `_prompt_counts`), in words, and how many prompts the speedup is
-    over (None: unknown)."""
-    if not has_ar:
+def _compare_prompts(prompt_ids: dict[int, set[str | None]], spec_ids: list[int], ar_ids: list[int],
+                     kind: str) -> tuple[str, int | None]:
+    """How the two modes' prompts compare, in words, and how many prompts the speedup is over (None: unknown)."""
+    if not ar_ids:
         return PROMPTS_NO_AR, None
-    if kind == "serve" or found is None:
+    if kind == "serve":
         return PROMPTS_SERVER, None
-    if found.unknown:
+    spec = set().union(*(prompt_ids.get(i, {None}) for i in spec_ids))
+    ar = set().union(*(prompt_ids.get(i, {None}) for i in ar_ids))
+    if None in spec or None in ar:
         return PROMPTS_UNKNOWN, None
-    if found.spec == found.ar == found.common:  # the same set
-        return f"{PROMPTS_SAME} {found.spec} prompt{'s' if found.spec != 1 else ''}", found.spec
+    if spec == ar:
+        return f"{PROMPTS_SAME} {len(spec)} prompt{'s' if len(spec) != 1 else ''}", len(spec)
     if kind == "loadtest":
         return PROMPTS_LOADTEST, None
-    common = found.common
+    common = spec & ar
     if not common:
         return PROMPTS_NONE_SHARED, None
-    extra = [f"{mode} ran {n - common} more" for mode, n in (("spec", found.spec), ("AR", found.ar)) if n - common]
-    return (f"{PROMPTS_MATCHED} {common} prompt{'s' if common != 1 else ''} both modes ran "
-            f"({', '.join(extra)}: left out)", common)
+    extra = [f"{mode} ran {len(side - common)} more" for mode, side in (("spec", spec), ("AR", ar)) if side - common]
+    return (f"{PROMPTS_MATCHED} {len(common)} prompt{'s' if len(common) != 1 else ''} both modes ran "
+            f"({', '.join(extra)}: left out)", len(common))
