@@ -466,22 +466,36 @@ def own_entry_name(device: str) -> str | None:
     return name if names_own_device(name, device) else None
 
 
+OTHER_HARDWARE = "an entry named otherwise is taken as other hardware"  # how own_price_text's clause ends
+
+
 def own_price_text(devices: Iterable[str]) -> str:
     """How to price the measured `devices` themselves, as a clause: a catalog entry named after a device's model
-    (own_entry_name) is that device's price, as --node-hourly-usd X is; an entry of another name is other hardware."""
+    (own_entry_name) is that device's price, as --node-hourly-usd N is; an entry of another name is other hardware.
+    The two prices are told apart: a GPU entry's X is per GPU (a device of 8 GPUs costs 8 X an hour), N is the whole
+    measured device's $/h; a node entry's X is the whole device's too."""
     devices = list(dict.fromkeys(devices))
     names = [own_entry_name(d) for d in devices]
     if not devices or any(n is None for n in names):
         which = f"{devices[0]!r}" if len(devices) == 1 else "devices"
-        return (f"to price the measured {'hardware' if len(devices) != 1 else which} itself, pass --node-hourly-usd X "
-                f"(one measured device's price per hour): {'its' if len(devices) == 1 else 'a'} device string names "
-                "no model that a catalog entry could be named after, and an entry named otherwise is taken as other "
-                "hardware")
+        return (f"to price the measured {'hardware' if len(devices) != 1 else which} itself, pass --node-hourly-usd N "
+                f"(N: one measured device's whole $/h): {'its' if len(devices) == 1 else 'a'} device string names "
+                f"no model that a catalog entry could be named after, and {OTHER_HARDWARE}")
     sets = "; ".join(
-        f'`specfinops prices set "{n}" X --kind {"node" if _own_device_text(d)[0] == CPU_NODE else "gpu"} '
-        f'--source ...` and --gpu "{n}"' for d, n in zip(devices, names, strict=True))
+        f'`specfinops prices set "{n}" X --kind {kind} --source ...`, X {OWN_X[kind]}, and --gpu "{n}"'
+        for n, kind in zip(names, _own_kinds(devices), strict=True))
     return (f"to price the measured hardware itself, name its entry after the device's model, as it stands in the "
-            f"device string ({sets}), or pass --node-hourly-usd X; an entry named otherwise is taken as other hardware")
+            f"device string ({sets}), or pass --node-hourly-usd N, N the whole measured device's $/h; "
+            f"{OTHER_HARDWARE}")
+
+
+# what an entry's price X is, by the entry's kind (own_price_text): a GPU's is per GPU, a node's the whole device's
+OWN_X = {"gpu": "its $/h per GPU", "node": "the whole device's $/h"}
+
+
+def _own_kinds(devices: Iterable[str]) -> list[str]:
+    """The kind of the entry that prices each of `devices` itself: node for a CPU, gpu otherwise."""
+    return ["node" if _own_device_text(d)[0] == CPU_NODE else "gpu" for d in devices]
 
 
 def catalog_entry_for_device(catalog: PriceCatalog, device: str) -> PriceEntry | None:

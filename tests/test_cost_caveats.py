@@ -300,8 +300,9 @@ def test_the_other_hardware_warning_says_how_to_price_the_measured_device_itself
     text = _text(_project(sqlite_url, "--gpu", "my-node"), capsys)
     [warning] = [line for line in text.splitlines() if "measure on it" in line]
     assert "to project my-node, measure on it" in warning
-    assert ('`specfinops prices set "AMD EPYC 7763 64-Core Processor" X --kind node --source ...` and --gpu '
-            '"AMD EPYC 7763 64-Core Processor"') in warning and "--node-hourly-usd X" in warning, warning
+    assert ('`specfinops prices set "AMD EPYC 7763 64-Core Processor" X --kind node --source ...`, X the whole '
+            'device\'s $/h, and --gpu "AMD EPYC 7763 64-Core Processor"') in warning, warning
+    assert "--node-hourly-usd N, N the whole measured device's $/h" in warning, warning
     # the way the warning names: that entry is the measured device's price, its energy kept
     assert main(["prices", "set", "AMD EPYC 7763 64-Core Processor", "12", "--kind", "node", "--source", "TCO",
                  "--db", sqlite_url]) == 0
@@ -325,8 +326,66 @@ def test_the_other_hardware_warning_on_a_device_naming_no_model_says_node_hourly
     capsys.readouterr()
     assert main([*_project(sqlite_url, "--gpu", "my-node"), "--json"]) == 0
     [warning] = [n for n in json.loads(capsys.readouterr().out)["assumptions"]["notes"] if "measure on it" in n]
-    assert "to price the measured 'cpu: AMD EPYC (2 threads)' itself, pass --node-hourly-usd X" in warning
+    assert ("to price the measured 'cpu: AMD EPYC (2 threads)' itself, pass --node-hourly-usd N (N: one measured "
+            "device's whole $/h)") in warning
     assert "names no model" in warning and "prices set" not in warning, warning
+
+
+def _store_on(url: str, device: str) -> None:
+    engine = open_store(url)
+    with Session(engine) as s:
+        for mode, reqs in (("ar", _ar(30)), ("spec", _spec(30))):
+            make_run(s, mode, device=device, requests=reqs)
+        s.commit()
+    engine.dispose()
+
+
+def test_the_other_hardware_warning_tells_a_gpu_entrys_price_from_the_whole_devices(sqlite_url, capsys):
+    """The warning said `prices set ... X --kind gpu` or `--node-hourly-usd X`, one X for two prices: on a device
+    of 8 GPUs an entry at 12 prices the node at 96 $/h, --node-hourly-usd 12 at 12. It now says which is which, and
+    the figures are as it says."""
+    device = "cuda: NVIDIA H100 80GB HBM3 x 8 (tp 8)"
+    _store_on(sqlite_url, device)
+    assert main(["prices", "set", "my-node", "12", "--kind", "node", "--source", "TCO", "--db", sqlite_url]) == 0
+    capsys.readouterr()
+    assert main([*_project(sqlite_url, "--gpu", "my-node"), "--json"]) == 0
+    [warning] = [n for n in json.loads(capsys.readouterr().out)["assumptions"]["notes"] if "measure on it" in n]
+    assert ('`specfinops prices set "NVIDIA H100 80GB HBM3" X --kind gpu --source ...`, X its $/h per GPU, and '
+            '--gpu "NVIDIA H100 80GB HBM3"') in warning, warning
+    assert "--node-hourly-usd N, N the whole measured device's $/h" in warning, warning
+    assert "--node-hourly-usd X" not in warning, warning
+    assert main(["prices", "set", "NVIDIA H100 80GB HBM3", "12", "--kind", "gpu", "--source", "TCO",
+                 "--db", sqlite_url]) == 0
+    capsys.readouterr()
+    for extra, node_usd in ((("--gpu", "NVIDIA H100 80GB HBM3"), 96), (("--node-hourly-usd", "12"), 12)):
+        assert main([*_project(sqlite_url, *extra), "--json"]) == 0
+        a = json.loads(capsys.readouterr().out)["assumptions"]
+        assert a["node_hourly_usd"] == node_usd and a["priced_differs_from_measured"] is False, a
+
+
+def test_the_other_hardware_caveat_on_the_dashboard_names_the_pages_controls(tmp_path):
+    """The dashboard shows a projection's caveats in its words (common.in_page_words): how to price the measured
+    device itself was left in the CLI's (`--gpu "Apple M2 Max"`, --node-hourly-usd X). It now names the Node price
+    box: the entry named after the device's model, or a custom $/h per node; no CLI flag."""
+    from app.dashboard.common import in_page_words
+    from telemetry.costing import project_from_store
+
+    for i, (device, entry) in enumerate((("mps: Apple M2 Max", '"Apple M2 Max", a gpu entry at its $/h per GPU'),
+                                         ("cpu: AMD EPYC (2 threads)", None))):
+        url = f"sqlite:///{tmp_path / f'store{i}.db'}"
+        _store_on(url, device)
+        engine = open_store(url)
+        caveats = project_from_store(engine, daily_tokens=5e8, peak_factor=2, sla_ms=1e6, gpu="H100").caveats
+        engine.dispose()
+        [said] = [in_page_words(c) for c in caveats if "measure on it" in c]
+        assert "--" not in said, said  # no CLI flag, nor `prices set`'s
+        assert "custom $/h per node (the whole measured device's $/h) as the Node price" in said, said
+        assert said.endswith("an entry named otherwise is taken as other hardware"), said
+        if entry:
+            assert "pick as the Node price the entry named after the device's model" in said, said
+            assert entry in said and "`specfinops prices set` records it" in said, said
+        else:
+            assert "names no model" in said, said
 
 
 def test_the_notes_on_many_runs_list_a_few_id_ranges_and_count_the_rest(sqlite_url, capsys):

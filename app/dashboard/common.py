@@ -18,7 +18,7 @@ import streamlit as st
 
 from app.dashboard import data
 from app.dashboard.filters import Selection, sidebar
-from telemetry import labels
+from telemetry import labels, prices
 from telemetry.costing import (
     NO_CHOOSE,
     RECORDED_PRICES_WAYS,
@@ -187,6 +187,28 @@ _CHOOSE_FLAGS_TEXT = re.compile(r"choose with (--[a-z-]+(?: [A-Z]+)?(?:(?:, | or
 _FLAG = re.compile(r"--[a-z-]+")
 
 
+# and how a projection's other-hardware caveat says to price the measured device itself (prices.own_price_text):
+# the Node price box, with the entry named after the device's model or a custom $/h per node
+_OWN_PRICE = re.compile(r"to price the measured (.+?) itself, (.*?)" + re.escape(prices.OTHER_HARDWARE))
+_OWN_ENTRY = re.compile(r'prices set "(.+?)" X --kind (gpu|node) --source')
+CUSTOM_PRICE_HERE = ("a custom $/h per node (the whole measured device's $/h) as the Node price on the Cost & "
+                     "capacity page")
+
+
+def own_price_here(match: re.Match) -> str:
+    """prices.own_price_text (matched by _OWN_PRICE) in the page's words: pick the entry named after the device's
+    model as the Node price (`specfinops prices set` records it: the page sets no prices), or a custom $/h."""
+    entries = _OWN_ENTRY.findall(match.group(2))
+    if not entries:
+        which = match.group(1)  # the one device's string, else "hardware"
+        return (f"to price the measured {which} itself, pick {CUSTOM_PRICE_HERE}: {'a' if which == 'hardware' else 'its'} "
+                f"device string names no model that a catalog entry could be named after, and {prices.OTHER_HARDWARE}")
+    named = "; ".join(f'"{name}", a {kind} entry at {prices.OWN_X[kind]}' for name, kind in entries)
+    return (f"to price the measured hardware itself, pick as the Node price the entry named after the device's "
+            f"model, as it stands in the device string ({named}; `specfinops prices set` records it), or pick "
+            f"{CUSTOM_PRICE_HERE}; {prices.OTHER_HARDWARE}")
+
+
 def in_page_words(message: str) -> str:
     """A costing message in the dashboard's words: how to price a device the catalog does not know, or runs that
     recorded different prices, or choose another comparable group, is the Node price input and the sidebar, not
@@ -195,6 +217,7 @@ def in_page_words(message: str) -> str:
         message = message.replace(hint, PRICE_IT_HERE)
     message = _CHOOSE_FLAGS_TEXT.sub(lambda m: choose_here(_FLAG.findall(m.group(1)), "pick it"), message)
     message = message.replace(NO_CHOOSE, NO_CHOOSE_HERE)
+    message = _OWN_PRICE.sub(own_price_here, message)
     return message.replace(RECORDED_PRICES_WAYS, RECORDED_PRICES_HERE)
 
 
