@@ -1168,6 +1168,10 @@ def test_a_bug_in_a_run_still_reaches_apscheduler_with_its_traceback(store, monk
         (["--p95-tpot-sla-ms", "0"], "--sla-ms must be > 0"),  # project's name of it
         # a price no run could be costed at: refused before the job is stored, not 'cost n/a' at every run
         (["--gpu", "H1000"], "--gpu: unknown price name 'H1000'"),
+        # the energy entries are in the catalog but are no node's price: refused as up front as an unknown name
+        (["--gpu", "pue"], "--gpu 'pue' names the pue price (ratio), not an hourly GPU or node price"),
+        (["--gpu", "electricity"],
+         "--gpu 'electricity' names the electricity price (usd_per_kwh), not an hourly GPU or node price"),
         (["--gpu", "cpu-2core", "--gpus-per-node", "2"], "'cpu-2core' is a node price"),
         (["--gpus-per-node", "2"], "--gpus-per-node needs --gpu NAME"),
         (["--node-hourly-usd", "-1"], "--node-hourly-usd must be > 0"),
