@@ -187,6 +187,20 @@ def test_a_sampling_value_on_a_store_without_runs_says_the_store_has_none(db_url
     assert out == "" and "the store has no runs" in err, err
 
 
+@pytest.mark.parametrize("extra", [["--workload", "code"], ["--mode", "spec"], ["--run-kind", "serve"],
+                                   ["--temperature", "0.8"], ["--top-p", "0.9"], ["--max-new-tokens", "5"]])
+def test_on_an_empty_store_a_sampling_selector_fails_as_a_run_selector_does(empty_store, tmp_path, extra, capsys):
+    """docs/export.md: on a store with no runs a sampling selector fails as the run selectors do (exit 2, the
+    store has no runs, nothing written); only an export with no selector (or a time window alone) writes the
+    header and exits 0."""
+    out = tmp_path / "e.csv"
+    assert main(["export", "--db", empty_store, "--what", "requests", "--out", str(out), *extra]) == 2
+    assert "the store has no runs" in capsys.readouterr().err and not out.exists()
+    assert main(["export", "--db", empty_store, "--what", "requests", "--out", str(out),
+                 "--since", "2026-01-01"]) == 0
+    assert len(out.read_text().splitlines()) == 1 and "the store has no runs" in capsys.readouterr().err
+
+
 def test_requests_and_cost_rows_name_the_invocation_that_recorded_them(store):
     """The bench or load test behind each row (runs.invocation_id, 0011): empty for a server's run."""
     engine, ids = store
