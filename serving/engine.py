@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from serving.context import context_overflow
 from serving.drafters import Drafter, TreeShape
 from serving.llama import CausalLM, compact_path, contiguous_batch, ragged_batch, tree_batch
 from serving.lookahead import FixedK, LookaheadPolicy
@@ -93,11 +94,9 @@ class Engine:
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:
             raise EngineError("prompt is empty")
-        if len(prompt_ids) >= self.max_len - 1:  # the prompt and its answer share max_len - 1 positions
-            raise EngineError(
-                f"prompt is {len(prompt_ids)} tokens; the context window ({self.max_len} tokens) fits at most "
-                f"{self.max_len - 2} prompt tokens (the prompt and its answer share {self.max_len - 1} positions)"
-            )
+        overflow = context_overflow("prompt", len(prompt_ids), self.max_len)  # prompt and answer share max_len - 1
+        if overflow:
+            raise EngineError(overflow)
         if params.stop and self.decode is None:
             raise EngineError("stop strings need a tokenizer (decode) on the engine")
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from serving.context import context_overflow
 from serving.sampling import SamplingParams
 from serving.worker import ModeResult, RequestResult
 from serving.workloads import Prompt
@@ -655,11 +656,11 @@ def run_bench(config: VllmConfig, prompts: list[Prompt], params: SamplingParams,
             engine = VllmEngine(config if mode == "spec" else replace(config, method=None), modules=modules)
             try:
                 encoded = [engine.encode(p) for p in prompts]
-                for p, ids in zip(prompts, encoded, strict=True):
-                    if config.max_model_len and len(ids) >= config.max_model_len - 1:
-                        raise ValueError(f"prompt {p.id} is {len(ids)} tokens; the context window "
-                                         f"({config.max_model_len} tokens) fits at most {config.max_model_len - 2} "
-                                         "prompt tokens")
+                for p, ids in zip(prompts, encoded, strict=True):  # --max-len sets max_model_len (VllmConfig)
+                    overflow = config.max_model_len and context_overflow(
+                        f"prompt {p.id}", len(ids), config.max_model_len, advice="drop it or raise --max-len")
+                    if overflow:
+                        raise ValueError(overflow)
                 warm_up(engine, encoded)
                 for level in levels:
                     info = run_info(engine, workload=workload, params=params, node_id=node_id,

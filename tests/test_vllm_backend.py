@@ -416,3 +416,19 @@ def test_bench_backend_vllm_says_how_many_prompt_tokens_fit_not_longer_than_the_
     assert rc == 2
     assert "prompt w.txt:1 is 5 tokens; the context window (6 tokens) fits at most 4 prompt tokens" in err, err
     assert "longer than" not in err, err
+
+
+def test_bench_backend_vllm_says_a_prompt_too_long_as_the_torch_engine_does(vllm, tmp_path, capsys):
+    """The vLLM backend's message lacked what the engine's and bench's say (serving.context.context_overflow, now
+    the one wording): how many positions the prompt and its answer share, and what to do about it."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    work = tmp_path / "w.txt"
+    work.write_text("Hello big world\n")
+    rc = main(["bench", "--backend", "vllm", "--mode", "ar", "--workload", str(work), "--max-len", "6",
+               "--max-new-tokens", "1", "--power", "none", "--target", str(target), "--no-telemetry"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2
+    assert ("prompt w.txt:1 is 5 tokens; the context window (6 tokens) fits at most 4 prompt tokens (the prompt "
+            "and its answer share 5 positions); drop it or raise --max-len") in err, err

@@ -29,6 +29,7 @@ from app.commands._common import (
 from app.commands._interrupt import ctrl_c_once, interrupted_line, write_json
 from app.commands._interrupt import table_file as _table_file
 from app.errors import UsageError
+from serving.context import context_overflow
 from serving.lookahead import DEFAULT_K, VLLM_DEFAULT_K
 from serving.workloads import FILE_FORMAT
 
@@ -354,12 +355,10 @@ def check_prompts_fit(args, target_dir, prompts) -> list[list[int]]:
     tokenizer = load_tokenizer(target_dir or resolve_model(None, "target"))
     encoded = [encode_prompt(tokenizer, p) for p in prompts]  # as the engine encodes them (its chat template)
     for p, ids in zip(prompts, encoded, strict=True):
-        n = len(ids)
-        if n >= args.max_len - 1:
-            raise UsageError(f"--max-len {args.max_len}: prompt {p.id} of --workload {args.workload} is {n} tokens; "
-                             f"the context window ({args.max_len} tokens) fits at most {args.max_len - 2} prompt "
-                             f"tokens (the prompt and its answer share {args.max_len - 1} positions); "
-                             "drop it or raise --max-len")
+        overflow = context_overflow(f"prompt {p.id} of --workload {args.workload}", len(ids), args.max_len,
+                                    advice="drop it or raise --max-len")
+        if overflow:
+            raise UsageError(f"--max-len {args.max_len}: {overflow}")
     return encoded
 
 
@@ -377,10 +376,9 @@ def check_context(workload: str, prompts, encoded, ctx: int, window: str, advice
     """Every prompt leaves room for an answer in the engine's context `ctx` (`window`: what sets it, in words);
     else a ValueError naming the prompt, the window and `advice` (what the command can do about it)."""
     for p, ids in zip(prompts, encoded, strict=True):
-        if len(ids) >= ctx - 1:
-            raise ValueError(f"--workload {workload}: prompt {p.id} is {len(ids)} tokens; the context window "
-                             f"({window}) fits at most {ctx - 2} prompt tokens (the prompt and its answer share "
-                             f"{ctx - 1} positions); {advice}")
+        overflow = context_overflow(f"prompt {p.id}", len(ids), ctx, window=window, advice=advice)
+        if overflow:
+            raise ValueError(f"--workload {workload}: {overflow}")
 
 
 def _load_and_check(args, spec, prompts, encoded, params, gate, chosen: bool, levels: list[int]):
