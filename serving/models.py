@@ -575,55 +575,53 @@ LEGACY_DTYPE_KEY = "torch_dtype"
 def config_fingerprint(model_dir: str | Path) -> str | None:
     """A short name for what a model's config.json says (8 hex digits), beside `weights_fingerprint`: the same
     weights under another config.json (another rope_theta, eos_token_id, dtype, rope scaling) compute other
-    outputs, and `weights_fingerprint` cannot tell them apart. Taken of the config as transformers reads it
-    (`_config_as_read`: the same model saved by transformers 4.x and 5.x, `torch_dtype` or `dtype`, `rope_theta`
-    or `rope_parameters`, defaults written out or not, is one config) with its keys sorted, so a config saved
-    with other spacing or key order is the same one; entries that only say how it was saved
-    (CONFIG_FINGERPRINT_SKIPS, and keys beginning with '_' such as _name_or_path) are left out. It is kept
-    apart from `weights_fingerprint`, not mixed into it: that one is stored in drafter labels, model cards and
-    prepared data, which would all stop matching. None where the folder has no config.json; ValueError naming
-    the file where it is not a JSON object (`read_config`)."""
+    outputs, and `weights_fingerprint` cannot tell them apart. Taken of the config in one form (`_config_normalised`:
+    the same model saved by transformers 4.x and 5.x, `torch_dtype` or `dtype`, `rope_theta` or `rope_parameters`,
+    is one config) with its keys sorted, so a config saved with other spacing or key order is the same one;
+    entries that only say how it was saved (CONFIG_FINGERPRINT_SKIPS, and keys beginning with '_' such as
+    _name_or_path) are left out. Read by this code alone, not by the installed transformers: the same bytes give
+    the same fingerprint on any supported install. It is kept apart from `weights_fingerprint`, not mixed into
+    it: that one is stored in drafter labels, model cards and prepared data, which would all stop matching. None
+    where the folder has no config.json; ValueError naming the file where it is not a JSON object
+    (`read_config`)."""
     if not (Path(model_dir) / "config.json").is_file():
         return None
-    cfg = {k: v for k, v in _config_as_read(read_config(model_dir)).items()
-           if k not in CONFIG_FINGERPRINT_SKIPS and not k.startswith("_")}
+    cfg = _config_normalised(read_config(model_dir))
     text = json.dumps(cfg, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
-def _config_as_read(cfg: dict) -> dict:
-    """A config.json's entries as the installed transformers reads them, less those equal to its config class's
-    defaults (`to_diff_dict`): transformers 5 saves `dtype` where 4.x saved `torch_dtype`, and `rope_theta`
-    inside `rope_parameters`, so one model re-saved read as another config. `torch_dtype` is taken as `dtype`
-    first (where both are given, `dtype` is the one transformers reads). A model_type transformers does not know
-    (a specfinops draft), a config its class refuses, or no transformers: the entries as written, `torch_dtype`
-    as `dtype`."""
-    cfg = dict(cfg)
+def _config_normalised(cfg: dict) -> dict:
+    """A config.json's entries in the form transformers 5.x saves them, by this code alone (what the installed
+    transformers makes of a config differs between its versions, and a fingerprint must not): entries that only
+    say how it was saved (CONFIG_FINGERPRINT_SKIPS, keys beginning with '_') dropped; 4.x's `torch_dtype` as
+    `dtype` (where both are given, `dtype`, the one transformers reads); 4.x's top-level `rope_theta` and
+    `rope_scaling` folded into 5.x's `rope_parameters` ({"rope_theta": ..., "rope_type": "default"} or the
+    scaling's entries, its `type` as `rope_type`)."""
+    cfg = {k: v for k, v in cfg.items() if k not in CONFIG_FINGERPRINT_SKIPS and not k.startswith("_")}
     if LEGACY_DTYPE_KEY in cfg:
         legacy = cfg.pop(LEGACY_DTYPE_KEY)
         cfg.setdefault("dtype", legacy)
-    model_type = cfg.get("model_type")
-    if not isinstance(model_type, str):
-        return cfg
-    try:
-        from transformers import AutoConfig
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        return cfg
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # its notes on options it renames or ignores are not this fingerprint's
-    try:
-        parsed = AutoConfig.for_model(model_type, **{k: v for k, v in cfg.items() if k != "model_type"})
-        read = parsed.to_diff_dict()
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError):  # unknown model_type, a refused value
-        return cfg
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    if LEGACY_DTYPE_KEY in read:  # transformers 4.x writes its dtype so
-        legacy = read.pop(LEGACY_DTYPE_KEY)
-        if legacy is not None:
-            read.setdefault("dtype", legacy)
-    return read
+    theta = cfg.pop("rope_theta", None)
+    scaling = cfg.pop("rope_scaling", None)
+    params = cfg.get("rope_parameters")
+    if params is None and (theta is not None or scaling is not None):
+        params = dict(scaling) if isinstance(scaling, dict) else {}
+    elif isinstance(params, dict) and isinstance(scaling, dict):
+        params = {**scaling, **params}
+    if isinstance(params, dict) and ("rope_theta" in params or "rope_type" in params or "type" in params
+                                     or theta is not None or scaling is not None):  # one flat rope dict
+        params = dict(params)
+        if "type" in params:
+            legacy = params.pop("type")
+            params.setdefault("rope_type", legacy)
+        params.setdefault("rope_type", "default")
+        if theta is not None:
+            params.setdefault("rope_theta", theta)
+        cfg["rope_parameters"] = params
+    elif params is not None:
+        cfg["rope_parameters"] = params
+    return cfg
 
 
 def draft_name(draft_dir: str | Path) -> str:

@@ -149,10 +149,11 @@ def test_the_same_weights_under_another_config_json_get_another_config_fingerpri
 
 
 def test_one_model_saved_by_transformers_4_and_5_has_one_config_fingerprint(tmp_path):
-    """transformers 5 saves `dtype` where 4.x saved `torch_dtype`, `rope_theta` inside `rope_parameters`, and
-    writes out defaults 4.x left out: the same model re-saved got another fingerprint (a draft warned of as made
-    for another config, a --resume refused, the corpus refused). Read as transformers reads it, it is one; a
-    changed rope_theta, in either form, is still another."""
+    """transformers 5 saves `dtype` where 4.x saved `torch_dtype`, and `rope_theta` inside `rope_parameters`: the
+    same model re-saved got another fingerprint (a draft warned of as made for another config, a --resume
+    refused, the corpus refused). Normalised to one form, it is one; a changed rope_theta, in either form, is
+    still another. (Defaults written out or left out are no longer folded: that took the installed transformers'
+    AutoConfig, which read one config.json to other fingerprints under 4.x and 5.x.)"""
     from serving.models import config_fingerprint
 
     model = _target(tmp_path / "model", 1)
@@ -160,7 +161,7 @@ def test_one_model_saved_by_transformers_4_and_5_has_one_config_fingerprint(tmp_
     theta = cfg.pop("rope_theta")
     v4 = {**cfg, "rope_theta": theta, "torch_dtype": "float32", "transformers_version": "4.46.3"}
     v5 = {**cfg, "rope_parameters": {"rope_theta": theta, "rope_type": "default"}, "dtype": "float32",
-          "transformers_version": "5.0.0", "use_cache": True, "attention_dropout": 0.0, "_name_or_path": "x"}
+          "transformers_version": "5.0.0", "_name_or_path": "x"}
 
     def saved(name: str, config: dict) -> Path:
         dest = _copy_without_times(model, tmp_path / name)
@@ -173,6 +174,46 @@ def test_one_model_saved_by_transformers_4_and_5_has_one_config_fingerprint(tmp_
     assert config_fingerprint(saved("v5-rope", {**v5, "rope_parameters": {"rope_theta": theta * 2,
                                                                           "rope_type": "default"}})) != first
     assert config_fingerprint(saved("v5-dtype", {**v5, "dtype": "bfloat16"})) != first
+
+
+def test_config_fingerprint_is_read_by_this_code_alone_the_same_on_any_transformers(tmp_path):
+    """config_fingerprint read config.json through the installed transformers (AutoConfig.for_model(...)
+    .to_diff_dict()), so one config.json had one fingerprint under transformers 4.57 and another under 5.x
+    (pyproject allows both). It is normalised by this code now: a 4.x-style and a 5.x-style config of one model
+    (the bundled draft's, rope_scaling in either form too) are one, another rope_theta is another, and reading it
+    imports no transformers."""
+    import subprocess
+    import sys
+
+    from serving.models import config_fingerprint
+
+    v5 = {"_name_or_path": "x", "architectures": ["LlamaForCausalLM"], "dtype": "float32", "hidden_size": 576,
+          "max_position_embeddings": 8192, "model_type": "llama", "num_hidden_layers": 30,
+          "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}, "tie_word_embeddings": True,
+          "transformers_version": "5.25.0", "use_cache": True, "vocab_size": 49152}
+    v4 = {k: v for k, v in v5.items() if k not in ("rope_parameters", "dtype", "_name_or_path")}
+    v4.update(torch_dtype="float32", rope_theta=100000.0, rope_scaling=None, transformers_version="4.57.6")
+
+    def fp(name: str, config: dict) -> str:
+        dest = tmp_path / name
+        dest.mkdir()
+        (dest / "config.json").write_text(json.dumps(config, indent=2))
+        return config_fingerprint(dest)
+
+    first = fp("v5", v5)
+    assert fp("v4", v4) == first
+    assert fp("v4-rope", {**v4, "rope_theta": 500000.0}) != first
+    scaling = {"factor": 8.0, "original_max_position_embeddings": 8192}
+    v4_scaled = fp("v4-scaled", {**v4, "rope_scaling": {"type": "llama3", **scaling}})
+    v5_scaled = fp("v5-scaled", {**v5, "rope_parameters": {"rope_theta": 100000.0, "rope_type": "llama3",
+                                                           **scaling}})
+    assert v4_scaled == v5_scaled != first
+    code = ("import sys, json; from serving.models import config_fingerprint; "
+            f"print(config_fingerprint({str(tmp_path / 'v4')!r})); "
+            "print('transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(Path(__file__).resolve().parent.parent)).stdout.split()
+    assert out == [first, "False"]
 
 
 def test_large_files_are_fingerprinted_by_one_spread_sampling(tmp_path, monkeypatch):
