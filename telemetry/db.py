@@ -825,8 +825,9 @@ def engines_made() -> Iterator[weakref.WeakSet]:
     try:
         yield made
     finally:
-        with _WATCH_LOCK:
-            _WATCHES.remove(made)
+        with _WATCH_LOCK:  # by identity: two watches holding the same engines are equal (WeakSet's ==), and
+            # list.remove took an enclosing or another thread's block's watch for this one
+            _WATCHES[:] = [watch for watch in _WATCHES if watch is not made]
 
 
 def dispose_engines_on(engines: weakref.WeakSet, path: Path) -> None:
