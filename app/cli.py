@@ -39,29 +39,27 @@ EPILOG = """examples:
 """
 
 
-_given: list[str] | None = None  # the words being parsed (main sets them), for Parser.error's suggestions
-
-
 class Parser(argparse.ArgumentParser):
     """argparse's parser, whose errors suggest the nearest name for a misspelt option, sub-command or choice
     (Python 3.11's argparse suggests none): `unrecognized arguments: --limt 2 (--limt: did you mean --limit?)`,
     and a required option reported missing names the near miss that was given instead. Sub-parsers are of this
     class too (add_subparsers makes its parsers of the parent's class)."""
 
+    _given: list[str] | None = None  # the words this parser's latest parse was given (`parse_known_args`)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, remembering the words given to this call: what a required option reported missing is
+        compared with (`_suggestion`), not sys.argv or an earlier call's words (a parser built and used outside
+        `main`, in a test run or another program, suggested from the words the process started with)."""
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str):
         hint = self._suggestion(message)
         super().error(f"{message} ({hint})" if hint else message)
 
     def _suggestion(self, message: str) -> str:
-        import difflib
         import re
-
-        def near(name: str, names: list[str]) -> str | None:
-            """The closest of `names` to a misspelt `name`; never a longer option that `name` cuts short (options
-            are named in full: `project --run 3` is no `--run-kind`, and an error naming it names an option the
-            user never gave)."""
-            found = difflib.get_close_matches(name, [n for n in names if not n.startswith(name)], n=1, cutoff=0.6)
-            return found[0] if found else None
 
         options = [o for o in self._option_string_actions if o.startswith("--")]
         if message.startswith("unrecognized arguments: "):
@@ -69,26 +67,50 @@ class Parser(argparse.ArgumentParser):
             for word in message.removeprefix("unrecognized arguments: ").split():
                 name = word.split("=", 1)[0]
                 if name.startswith("--") and name not in self._option_string_actions:
-                    if (match := near(name, options)) is not None:
-                        tips.append(f"{name}: did you mean {match}?")
+                    if (tip := _option_tip(name, options)) is not None:
+                        tips.append(f"{name}: {tip}")
             return "; ".join(tips)
         if message.startswith("the following arguments are required: "):
             missing = [m for m in message.removeprefix("the following arguments are required: ").split(", ")
                        if m.startswith("-")]
-            given = sys.argv[1:] if _given is None else _given
             tips = []
-            for word in given:
+            for word in self._given or []:
                 name = word.split("=", 1)[0]
                 if name.startswith("--") and name not in self._option_string_actions:
-                    if (match := near(name, missing)) is not None:
-                        tips.append(f"{name} was given: did you mean {match}?")
+                    if (tip := _option_tip(name, missing)) is not None:
+                        tips.append(f"{name} was given: {tip}")
             return "; ".join(tips)
         choice = re.search(r"invalid choice: '(.*)' \(choose from (.*)\)$", message)
         if choice:
             choices = [c.strip().strip("'") for c in choice.group(2).split(",")]
-            match = near(choice.group(1), choices)
+            match = _near(choice.group(1), choices)
             return f"did you mean {match}?" if match else ""
         return ""
+
+
+SUGGESTION_CUTOFF = 0.75  # difflib's ratio a name's nearest must reach, compared without leading dashes
+
+
+def _near(name: str, names: list[str]) -> str | None:
+    """The closest of `names` to a misspelt `name`, compared without their leading dashes (the `--` every option
+    shares lifted `--nope` to 0.6 of `--pue`); never a longer one that `name` cuts short (`_option_tip`)."""
+    import difflib
+
+    bare = {n.lstrip("-"): n for n in names if not n.startswith(name)}
+    found = difflib.get_close_matches(name.lstrip("-"), list(bare), n=1, cutoff=SUGGESTION_CUTOFF)
+    return bare[found[0]] if found else None
+
+
+def _option_tip(name: str, options: list[str]) -> str | None:
+    """What to say of an unknown option `name` given `options`: one that it cuts short within a word
+    (`--no-telem` of `--no-telemetry`) is named as the option to write in full (options are not abbreviated);
+    one it names whole words of (`--run` of `--run-kind`) is another option, not named (an error naming an option
+    the user never gave misleads); else the nearest spelling (`_near`), if any is near."""
+    cut = [o for o in options if len(o) > len(name) and o.startswith(name) and o[len(name)] != "-"]
+    if cut:
+        return f"options are written in full: {' or '.join(sorted(cut))}?"
+    match = _near(name, options)
+    return f"did you mean {match}?" if match else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,10 +172,8 @@ def _main(argv: list[str] | None) -> int:
         # naming it, and a rerun recorded it twice
         if stream is not None and hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    global _given
     parser = build_parser()
     words = sys.argv[1:] if argv is None else list(argv)
-    _given = words
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # named under the usage of the command they follow, not the top level's (argparse's default)
         after_command = args.command in words and words.index(unknown[0]) > words.index(args.command)

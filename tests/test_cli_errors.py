@@ -868,6 +868,44 @@ def test_an_unknown_option_with_nothing_near_gets_no_suggestion(capsys):
     assert exc.value.code == 2 and "did you mean" not in err and "unrecognized arguments: --zzzz" in err, err
 
 
+@pytest.mark.parametrize(("argv", "said"), [
+    (["bench", "--no-telem"], "unrecognized arguments: --no-telem (--no-telem: options are written in full: "
+                              "--no-telemetry?)"),
+    (["project", "--run", "3"], "unrecognized arguments: --run 3"),
+    (["scheduler", "--nope"], "unrecognized arguments: --nope"),
+])
+def test_a_cut_short_option_is_named_in_full_and_no_far_one_is_suggested(argv, said, capsys):
+    """`bench --no-telem` got "did you mean --interleave?" (an option it cuts short was never suggested),
+    `project --run 3` and `scheduler --nope` "did you mean --pue?" (the `--` every option shares lifted difflib's
+    ratio past its cutoff). A name cut short within a word is named in full; one naming whole words of a longer
+    option (`--run` of `--run-kind`) is another option and gets nothing, as a name with nothing near."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and last.endswith(said), last
+    if "written in full" not in said:
+        assert "did you mean" not in last and "--pue" not in last and "--run-kind" not in last, last
+
+
+def test_a_parser_used_outside_main_suggests_from_the_words_it_parses(monkeypatch, capsys):
+    """build_parser() used outside main (a test, another program) suggested from sys.argv, or an earlier main
+    call's words: `report --out x` with sys.argv ['pytest', '--perod', 'x'] said "(--perod was given: did you
+    mean --period?)". Suggestions come from the words the parse was given."""
+    from app.cli import build_parser
+
+    monkeypatch.setattr(sys, "argv", ["pytest", "--perod", "x"])
+    with pytest.raises(SystemExit):
+        main(["export", "--perod", "x"])  # an earlier call's words
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["report", "--out", "x"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--perod" not in err and "required" in err, err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["report", "--out", "x", "--perod", "7d"])
+    assert "--perod" in capsys.readouterr().err
+
+
 def test_building_the_parser_stays_light():
     """Suggestions import difflib only when there is an error to suggest for: building the parser imports no torch,
     no model code and no difflib."""
