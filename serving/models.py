@@ -637,16 +637,15 @@ def draft_name(draft_dir: str | Path) -> str:
     return f"{name}#{fingerprint}" if fingerprint else name
 
 
-FINGERPRINT_SPREAD_SAMPLES = 3 * 1024  # blocks a large weight file not read as safetensors is hashed by
+FINGERPRINT_SPREAD_SPANS = 1024  # spans a large weight file not read as safetensors is cut into, 3 blocks each
 
 
 def hash_spread_blocks(f, h, size: int, samples: int | None, block: int = FINGERPRINT_BLOCK) -> None:
     """The open binary file `f` (`size` bytes) into hash `h` by `samples` blocks of `block` bytes spread evenly
     over it, its first and last included; whole where it is no larger than those blocks together, or `samples`
-    is None. What content
-    fingerprints of large files read (`_hash_sampled`: weights whose header is not safetensors', and
-    serving.distill.data.data_fingerprint: a prepared corpus's arrays): a change confined to bytes between the
-    blocks goes unseen, anything that rewrites the file (other data, other weights) is seen."""
+    is None. What serving.distill.data.data_fingerprint reads a prepared corpus's large arrays by (not
+    `weights_fingerprint`, whose stored values keep its own sampling, `_hash_sampled`): a change confined to
+    bytes between the blocks goes unseen, anything that rewrites the file (other data) is seen."""
     f.seek(0)
     if samples is None or size <= samples * block:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -660,8 +659,9 @@ def hash_spread_blocks(f, h, size: int, samples: int | None, block: int = FINGER
 
 def _hash_sampled(path: Path, h) -> None:
     """A large safetensors file into `h`: its header and blocks of every tensor's data (`weights_fingerprint`);
-    a file whose header does not read as safetensors, by blocks spread evenly over the whole file
-    (`hash_spread_blocks`)."""
+    a file whose header does not read as safetensors, by the start, middle and end blocks of FINGERPRINT_SPREAD_SPANS
+    equal spans of the whole file. Not `hash_spread_blocks`: these values are stored (drafter labels, model cards,
+    prepared data) and another sampling gave a large file another fingerprint."""
     size = path.stat().st_size
     with path.open("rb") as f:
         head = f.read(8)
@@ -672,8 +672,8 @@ def _hash_sampled(path: Path, h) -> None:
             spans = [(8 + n + b, 8 + n + e) for b, e in spans]
             h.update(json.dumps(header, sort_keys=True).encode())
         except (ValueError, TypeError, AttributeError, KeyError):  # not a safetensors header
-            hash_spread_blocks(f, h, size, FINGERPRINT_SPREAD_SAMPLES, FINGERPRINT_BLOCK)
-            return
+            step = max(size // FINGERPRINT_SPREAD_SPANS, 1)
+            spans = [(b, min(b + step, size)) for b in range(0, size, step)]
         for b, e in spans:
             for at in sorted({b, max(b, (b + e) // 2 - FINGERPRINT_BLOCK // 2), max(b, e - FINGERPRINT_BLOCK)}):
                 f.seek(at)

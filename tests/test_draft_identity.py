@@ -217,9 +217,9 @@ def test_config_fingerprint_is_read_by_this_code_alone_the_same_on_any_transform
 
 
 def test_large_files_are_fingerprinted_by_one_spread_sampling(tmp_path, monkeypatch):
-    """data_fingerprint re-implemented the sampling weights_fingerprint reads a large file by: both read it by
-    serving.models.hash_spread_blocks now, whole where it is small, else evenly spread blocks, its first and
-    last among them (a change between them goes unseen)."""
+    """data_fingerprint reads a large file by serving.models.hash_spread_blocks: whole where it is small, else
+    evenly spread blocks, its first and last among them (a change between them goes unseen). (weights_fingerprint
+    keeps its own sampling: its values are stored, see the test below.)"""
     import hashlib
     import os
 
@@ -252,6 +252,20 @@ def test_large_files_are_fingerprinted_by_one_spread_sampling(tmp_path, monkeypa
         return data.data_fingerprint(prepared)
 
     assert data_fp(blob) == data_fp(between) != data_fp(last)
+
+
+def test_a_large_weight_file_that_is_not_safetensors_keeps_its_weights_fingerprint(tmp_path):
+    """weights_fingerprint's values are stored (drafter labels, model cards, prepared data): sharing
+    hash_spread_blocks with data_fingerprint gave a large weight file whose header is not safetensors' another
+    one. The expected value is what weights_fingerprint gave before that change: `git show
+    e67acae~1:serving/models.py` loaded as a scratch module and run on this very file."""
+    import random
+
+    model = tmp_path / "model"
+    model.mkdir()
+    content = random.Random(20261207).randbytes(70 << 20)  # past FINGERPRINT_WHOLE_BYTES; header not JSON
+    (model / "model.safetensors").write_bytes(content)
+    assert weights_fingerprint(model) == "7b8b8a6d"
 
 
 def test_a_draft_made_for_the_same_weights_under_another_config_json_warns(tmp_path):
