@@ -372,8 +372,9 @@ def _unremembered_cases(dtype: torch.dtype) -> int:
 def measure_choices(dtype: torch.dtype, out: TextIO | None = None) -> str:
     """Make every kernel choice for `dtype` decode now, rather than inside the first request; returns
     `kernels_label(dtype)`. The first time on a machine the attention races take minutes on a small CPU (they are
-    remembered after, serving/tuning.py): then a line on `out` (stderr) says so, and a progress bar follows the
-    cases. Nothing is said where every remembered choice is already known."""
+    remembered after, serving/tuning.py): then a line on `out` (stderr) says so, and on a terminal a progress bar
+    follows the cases (not into a pipe or a log file). Nothing is said where every remembered choice is already
+    known."""
     pending = _unremembered_cases(dtype)
     if not pending:
         return kernels_label(dtype)
@@ -390,8 +391,10 @@ def measure_choices(dtype: torch.dtype, out: TextIO | None = None) -> str:
         tty = out.isatty()
     except (AttributeError, ValueError):
         tty = False
+    # the bar on a terminal only: into a pipe or a log file it wrote carriage returns (its draws and its
+    # clearing) around nothing the notice line does not say
     with tqdm(total=2 + len(ATTENTION_FORMS) * len(ATTENTION_WIDTHS), desc="kernel choices", unit="case", file=out,
-              leave=False, mininterval=0.1 if tty else 30.0, maxinterval=30.0) as bar:
+              leave=False, mininterval=0.1, maxinterval=30.0, disable=not tty) as bar:
         packed_linear_rows(dtype)
         bar.update()
         bf16_kernel_rows(dtype)

@@ -56,3 +56,26 @@ def test_measure_mode_says_it_times_at_every_start(fresh_machine, monkeypatch, c
     kernels.measure_choices(torch.float32, out)
     assert "SPECFINOPS_TUNING=measure: at every start" in out.getvalue()
     assert LINE not in out.getvalue()
+
+
+def test_into_a_pipe_or_a_log_the_notice_is_said_without_a_progress_bar(fresh_machine, monkeypatch):
+    """The tqdm bar wrote carriage-return redraws into logs where stderr is no terminal; there the notice line
+    alone is said, and on a terminal the bar still follows it."""
+    import io
+
+    import torch
+
+    out = io.StringIO()  # isatty() False, as a pipe or a file
+    kernels.measure_choices(torch.float32, out)
+    said = out.getvalue()
+    assert LINE in said and "\r" not in said and "kernel choices:" not in said, repr(said)
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setenv("SPECFINOPS_TUNING", "measure")  # timed again, not read from what the first call kept
+    kernels.decode_attention.cache_clear()
+    terminal = Terminal()
+    kernels.measure_choices(torch.float32, terminal)
+    assert "kernel choices:" in terminal.getvalue() and "\r" in terminal.getvalue(), repr(terminal.getvalue())
