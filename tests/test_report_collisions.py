@@ -132,12 +132,12 @@ def test_releasing_a_stale_claim_never_removes_another_stores_folder(two_stores)
     assert _rows(b) == [] and _tree(theirs) == before
 
 
-def test_a_killed_claims_own_unrecorded_folder_is_released(two_stores):
-    """Killed between renaming its folder into place and recording it: the folder carries the claim's marker."""
-    (a_url, a), _, out = two_stores
-    window = period_window("daily", since=D0)
+def _killed_claims_folder(engine, out: Path, since: datetime) -> tuple[int, Path]:
+    """A daily claim killed between renaming its folder into place and recording it: its 'generating' row, stale,
+    and the folder it names (made, empty): the claim's id and folder."""
+    window = period_window("daily", since=since)
     old = datetime.now(UTC) - timedelta(seconds=report_writer.STALE_AFTER_S + 60)
-    with Session(a) as s:
+    with Session(engine) as s:
         row = Report(period="daily", since=window.since, until=window.until, html_path="", csv_dir="",
                      delivery_status="generating", created_at=old)
         s.add(row)
@@ -147,6 +147,13 @@ def test_a_killed_claims_own_unrecorded_folder_is_released(two_stores):
         s.commit()
         rid = row.id
     final.mkdir(parents=True)
+    return rid, final
+
+
+def test_a_killed_claims_own_unrecorded_folder_is_released(two_stores):
+    """Killed between renaming its folder into place and recording it: the folder carries the claim's marker."""
+    (a_url, a), _, out = two_stores
+    rid, final = _killed_claims_folder(a, out, D0)
     (final / report_writer.CLAIM_MARKER).write_text(report_writer._claim_token(a, rid, final), encoding="utf-8")
     assert len(report_writer.release_stale_claims(a, out)) == 1
     assert not final.exists()
@@ -173,18 +180,7 @@ def test_a_claims_marker_holds_no_password_and_an_older_versions_marker_is_still
         [marker] = markers
         assert "query-pw" not in marker and "userinfo-pw" not in marker and "password=" in marker, marker
         # killed between renaming its folder into place and recording it, by an older version: its own marker
-        window = period_window("daily", since=D0 + timedelta(days=1))
-        old = datetime.now(UTC) - timedelta(seconds=report_writer.STALE_AFTER_S + 60)
-        with Session(engine) as s:
-            row = Report(period="daily", since=window.since, until=window.until, html_path="", csv_dir="",
-                         delivery_status="generating", created_at=old)
-            s.add(row)
-            s.flush()
-            final = out / report_writer.report_dir_name(row.id, window)
-            row.csv_dir = str(final)
-            s.commit()
-            rid = row.id
-        final.mkdir(parents=True)
+        rid, final = _killed_claims_folder(engine, out, D0 + timedelta(days=1))
         legacy = f"{engine.url.render_as_string(hide_password=True)} report {rid} {final}"
         assert "query-pw" in legacy  # what the older version wrote
         (final / report_writer.CLAIM_MARKER).write_text(legacy + "\n", encoding="utf-8")
