@@ -1,4 +1,4 @@
-"""CPU fast paths for the engine's decode-time kernels, each chosen by measurement once per process.
+"""CPU fast paths for the engine's decode-time kernels, each chosen by measurement once per machine.
 
 Decoding feeds a handful of tokens per forward, so a 135M-parameter model runs hundreds of tiny matrix
 products per step and the per-call cost of the kernel decides the speed more than the arithmetic does.
@@ -33,8 +33,9 @@ Which kernel is cheapest depends on the CPU:
   widened kernel must also clearly beat its own form in the model's dtype (`_choose`: the numerics a
   feature draft was trained on).
 
-Each choice is made by timing the candidates on decode-sized inputs the first time it is asked for, and
-only where the candidate gives the same numbers (the widened attention is the more precise of the two).
+Each choice is made by timing the candidates on decode-sized inputs the first time it is asked for on a
+machine (remembered after, serving/tuning.py: `SPECFINOPS_TUNING`), and only where the candidate gives the
+same numbers (the widened attention is the more precise of the two).
 `SPECFINOPS_PACKED_LINEAR`, `SPECFINOPS_BF16_KERNEL`, `SPECFINOPS_DECODE_ATTENTION` and
 `SPECFINOPS_ATTENTION_FLOAT32` (`auto` | `on` | `off`) override the measurement.
 """
@@ -140,8 +141,9 @@ def _packed_call(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | Non
 def packed_linear_rows(dtype: torch.dtype = torch.bfloat16) -> int | None:
     """From how many input rows on a `dtype` linear runs pre-packed in this process (None: never).
 
-    Measured once per dtype on decode-sized products: the packed kernel is used from the smallest
-    measured row count at which it is clearly faster than `F.linear` and stays so at every larger one."""
+    Measured once per machine and dtype on decode-sized products (remembered, serving/tuning.py): the packed
+    kernel is used from the smallest measured row count at which it is clearly faster than `F.linear` and
+    stays so at every larger one. SPECFINOPS_PACKED_LINEAR on / off decides without measuring."""
     setting = _setting("SPECFINOPS_PACKED_LINEAR")
     compute = pack_dtype(dtype)
     if setting == "off" or compute is None:
@@ -151,6 +153,16 @@ def packed_linear_rows(dtype: torch.dtype = torch.bfloat16) -> int | None:
         return None
     if setting == "on":
         return 1
+    # remembered per machine: the race took seconds to a minute at every start on a loaded small CPU, and
+    # near parity its outcome flipped between processes (different kernels, different bf16 numerics)
+    value = remembered(_packed_name(dtype, compute), lambda: _encode_rows(_packed_race(dtype, compute, gen)),
+                       valid=_valid_rows)
+    _made.add(("packed", dtype))
+    return _decode_rows(value)
+
+
+def _packed_race(dtype: torch.dtype, compute: torch.dtype, gen: torch.Generator) -> int | None:
+    """The race behind `packed_linear_rows`: the packed kernel against `F.linear` at each of ROWS."""
     # A forward streams every weight from memory once, so time a pass over more weights than a CPU cache
     # holds (~140 MB in float32), not one small product that stays cached: where memory is slow, a float32
     # copy of bf16 weights that wins in cache loses at a row or two.
@@ -171,6 +183,59 @@ def packed_linear_rows(dtype: torch.dtype = torch.bfloat16) -> int | None:
         t_fast, t_plain = _race(fast, plain, reps=3)
         wins[m] = t_fast < FASTER * t_plain
     return rows_from(wins)
+
+
+# How the linear choices are remembered (serving/tuning.py stores ints): 0 is None (no packed copy, no C
+# kernel); a packed row threshold is itself; a C-kernel span (lo, hi) is lo * SPAN_BASE + hi, and an open
+# one (lo, None) lo * SPAN_BASE. Only values a race can give are read back; any other is measured over.
+NO_ROWS = 0
+SPAN_BASE = 1000
+_made: set[tuple[str, torch.dtype]] = set()  # ("packed" | "bf16", dtype): the race's choice made in this process
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _packed_name(dtype: torch.dtype, compute: torch.dtype) -> str:
+    """The name `packed_linear_rows`' choice is remembered under: per dtype, and the precision of its copy."""
+    return f"packed_linear_rows/{_name(dtype)}" + ("" if compute == dtype else f"/{_name(compute)}-copy")
+
+
+def _encode_rows(rows: int | None) -> int:
+    return NO_ROWS if rows is None else rows
+
+
+def _valid_rows(value: int) -> bool:
+    return value == NO_ROWS or value in ROWS
+
+
+def _decode_rows(value: int) -> int | None:
+    return None if value == NO_ROWS else value
+
+
+def _encode_span(span: tuple[int, int | None] | None) -> int:
+    if span is None:
+        return NO_ROWS
+    lo, hi = span
+    return lo * SPAN_BASE + (0 if hi is None else hi)
+
+
+def _decode_span(value: int) -> tuple[int, int | None] | None:
+    if value == NO_ROWS:
+        return None
+    lo, hi = divmod(value, SPAN_BASE)
+    return lo, (hi or None)
+
+
+def _valid_span(value: int) -> bool:
+    """Whether `value` encodes a span `rows_between` can give over KERNEL_ROWS (or None)."""
+    if value == NO_ROWS:
+        return True
+    if value < 0:
+        return False
+    lo, hi = divmod(value, SPAN_BASE)
+    return lo in KERNEL_ROWS and (hi == 0 or (hi >= lo and hi + 1 in KERNEL_ROWS))
 
 
 def _gives_linear_numbers(product: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
@@ -230,7 +295,7 @@ def bf16_kernel_rows(dtype: torch.dtype = torch.bfloat16) -> tuple[int, int | No
     `to` None for no upper bound, or None (never).
 
     Only for bf16 on a CPU without bf16 instructions, where the kernel builds, and only where it gives
-    F.linear's numbers (bf16 tolerance). Measured on a pass over more weights than a CPU cache holds,
+    F.linear's numbers (bf16 tolerance). Measured once per machine (remembered, serving/tuning.py) on a pass over more weights than a CPU cache holds,
     at 1 to 64 rows, against what would run otherwise (F.linear or the packed copy, as
     `packed_linear_rows` chose): the rows where it is clearly faster (FASTER) use it."""
     from serving import bf16_kernel
@@ -248,6 +313,23 @@ def bf16_kernel_rows(dtype: torch.dtype = torch.bfloat16) -> tuple[int, int | No
     if setting == "on":
         return 1, None
     rows = packed_linear_rows(dtype)
+    # remembered per machine, as packed_linear_rows: the span came out (1, 19) in one process and (3, 4) in the
+    # next on one AVX2 EPYC. Per what the kernel raced against (the packed copy's threshold, or plain F.linear)
+    value = remembered(_bf16_name(dtype, rows), lambda: _encode_span(_bf16_race(dtype, rows, gen)), valid=_valid_span)
+    _made.add(("bf16", dtype))
+    return _decode_span(value)
+
+
+def _bf16_name(dtype: torch.dtype, rows: int | None) -> str:
+    """The name `bf16_kernel_rows`' choice is remembered under: per dtype and what runs otherwise."""
+    return f"bf16_kernel_rows/{_name(dtype)}/against-" + ("plain" if rows is None else f"packed>={rows}")
+
+
+def _bf16_race(dtype: torch.dtype, rows: int | None, gen: torch.Generator) -> tuple[int, int | None] | None:
+    """The race behind `bf16_kernel_rows`: the C kernel against what runs otherwise (packed from `rows` on, or
+    F.linear) at each of KERNEL_ROWS."""
+    from serving import bf16_kernel
+
     weights = [torch.randn(n, k, generator=gen).to(dtype) for _ in range(COPIES) for n, k in SHAPES]
     current = [PackedLinear(_as_linear(w), rows) if rows is not None else _as_linear(w) for w in weights]
     wins = {}
@@ -369,13 +451,32 @@ def _unremembered_cases(dtype: torch.dtype) -> int:
     return sum(not is_remembered(name) for m, B in forms for name in _plan_names(dtype, m, B, candidates).values())
 
 
+def _unremembered_linear(dtype: torch.dtype) -> int:
+    """How many linear races (packed copy, C bf16 kernel) for `dtype` this process has yet to run and this machine
+    has not remembered. Where the packed one is pending the C kernel's is counted too (its name depends on the
+    packed choice)."""
+    from serving import bf16_kernel
+
+    pending, packed_pending = 0, False
+    compute = pack_dtype(dtype)
+    if (_setting("SPECFINOPS_PACKED_LINEAR") == "auto" and compute is not None and ("packed", dtype) not in _made
+            and not is_remembered(_packed_name(dtype, compute), _valid_rows)):
+        pending, packed_pending = 1, True
+    if (_setting("SPECFINOPS_BF16_KERNEL") != "auto" or dtype != torch.bfloat16 or ("bf16", dtype) in _made
+            or native_bf16() or not bf16_kernel.available()):
+        return pending
+    if packed_pending or not is_remembered(_bf16_name(dtype, packed_linear_rows(dtype)), _valid_span):
+        pending += 1
+    return pending
+
+
 def measure_choices(dtype: torch.dtype, out: TextIO | None = None) -> str:
     """Make every kernel choice for `dtype` decode now, rather than inside the first request; returns
-    `kernels_label(dtype)`. The first time on a machine the attention races take minutes on a small CPU (they are
-    remembered after, serving/tuning.py): then a line on `out` (stderr) says so, and on a terminal a progress bar
+    `kernels_label(dtype)`. The first time on a machine the linear and attention races take minutes on a small CPU
+    (they are remembered after, serving/tuning.py): then a line on `out` (stderr) says so, and on a terminal a progress bar
     follows the cases (not into a pipe or a log file). Nothing is said where every remembered choice is already
     known."""
-    pending = _unremembered_cases(dtype)
+    pending = _unremembered_linear(dtype) + _unremembered_cases(dtype)
     if not pending:
         return kernels_label(dtype)
     out = sys.stderr if out is None else out
@@ -385,7 +486,7 @@ def measure_choices(dtype: torch.dtype, out: TextIO | None = None) -> str:
         when = "SPECFINOPS_TUNING=measure: at every start"
     else:
         when = f"once per machine, remembered in {tuning_file()}"
-    print(f"timing kernel choices for this CPU ({when}; {pending} attention cases, can take minutes) ...",
+    print(f"timing kernel choices for this CPU ({when}; {pending} case{'s' if pending != 1 else ''}, can take minutes) ...",
           file=out, flush=True)
     try:
         tty = out.isatty()
@@ -415,6 +516,21 @@ def _clear_decode_attention() -> None:
 
 _decode_attention_cached_clear = decode_attention.cache_clear
 decode_attention.cache_clear = _clear_decode_attention
+
+
+def _forgetting(fn: Callable[..., object], kind: str) -> Callable[[], None]:
+    """`fn.cache_clear` that also forgets which of `kind`'s choices this process made (`_unremembered_linear`)."""
+    cached_clear = fn.cache_clear
+
+    def clear() -> None:
+        _made.difference_update({made for made in _made if made[0] == kind})
+        cached_clear()
+
+    return clear
+
+
+packed_linear_rows.cache_clear = _forgetting(packed_linear_rows, "packed")
+bf16_kernel_rows.cache_clear = _forgetting(bf16_kernel_rows, "bf16")
 
 
 RACE_BAND = 64  # cache lengths a race may use: a warm-up and len(DECODE_ATTENTION) x 3 rounds x RACE_LENGTHS

@@ -1,6 +1,7 @@
 """Measured choices remembered per machine, so that every run on one machine makes the same choice.
 
-Some of the engine's choices are made by racing two kernels (serving/int8.py). Where the two are close
+Some of the engine's choices are made by racing kernels (serving/int8.py's draft rows, serving/kernels.py's
+linear rows and decode attention). Where the two are close
 on a machine, the race can go either way from one process to the next on a shared VM, and where the
 choice changes what the draft proposes (int8 weights round differently), two runs of one command on
 one machine then record different drafters: on an AVX-512 EPYC, five fresh processes chose int8 for up
@@ -128,26 +129,35 @@ def tuning_mode() -> str:
     return _mode()
 
 
-def is_remembered(name: str) -> bool:
-    """Whether `remembered(name, ...)` would return a remembered value here without measuring."""
+def _usable(value: object, valid: Callable[[int], bool] | None) -> bool:
+    """Whether a stored value is an int (not a bool) that `valid` (where given) accepts."""
+    return isinstance(value, int) and not isinstance(value, bool) and (valid is None or valid(value))
+
+
+def is_remembered(name: str, valid: Callable[[int], bool] | None = None) -> bool:
+    """Whether `remembered(name, ..., valid)` would return a remembered value here without measuring."""
     if _mode() != "remember":
         return False
     value = _read(tuning_file()).get(machine_key(), {})
     value = value.get(name) if isinstance(value, dict) else None
-    return isinstance(value, int) and not isinstance(value, bool)
+    return _usable(value, valid)
 
 
-def remembered(name: str, measure: Callable[[], int]) -> int:
+def remembered(name: str, measure: Callable[[], int], valid: Callable[[int], bool] | None = None) -> int:
     """The remembered value of the choice `name` on this machine, or `measure()` remembered for next time
-    (see the module docstring for SPECFINOPS_TUNING)."""
+    (see the module docstring for SPECFINOPS_TUNING). `valid`: which stored ints the choice can decode; any
+    other stored value (a hand edit, another version's encoding) is measured over and replaced."""
     mode = _mode()
     if mode == "measure":
         return measure()
     path, key = tuning_file(), machine_key()
     if mode == "remember":
-        value = _read(path).get(key, {}).get(name)
-        if isinstance(value, int) and not isinstance(value, bool):
+        entry = _read(path).get(key, {})
+        value = entry.get(name) if isinstance(entry, dict) else None
+        if _usable(value, valid):
             return value
+        if value is not None:
+            log.warning("tuning: ignoring %s's remembered value %r in %s; measuring again", name, value, path)
     value = measure()
     data = _read(path)  # again: another process may have written meanwhile
     entry = data.get(key) if isinstance(data.get(key), dict) else {}

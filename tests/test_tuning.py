@@ -167,3 +167,159 @@ def test_the_attention_races_are_remembered_so_every_process_decodes_alike(cache
     kernels.decode_attention.cache_clear()
     assert kernels.decode_attention(torch.bfloat16, 5, masked=True) == other
     kernels.decode_attention.cache_clear()
+
+
+@pytest.fixture
+def linear_races(cache, monkeypatch):
+    """The linear races (packed copy, C bf16 kernel) made countable on any CPU: a CPU that emulates bf16, packs and
+    has the C kernel, whose candidates give F.linear's numbers, and a timer (`kernels._race`) under which each new
+    race comes out otherwise, as on a loaded VM (the C kernel's span came out (1, 19) then (3, 4) on one AVX2
+    EPYC): the packed copy from 5 rows, then 2, then 20; the C kernel at 3-4 rows, then 1-19, then from 2 on.
+    Yields {kind: one entry per race run}."""
+    from serving import bf16_kernel, kernels
+
+    races = {"packed": [], "bf16": []}
+    rows = {"packed": kernels.ROWS, "bf16": kernels.KERNEL_ROWS}
+    wins = {"packed": [{5, 20}, {2, 5, 20}, {20}], "bf16": [{3}, {1, 2, 3, 5}, {2, 3, 5, 20, 64}]}
+    calls = {"packed": 0, "bf16": 0}
+
+    def timer(fast, plain, reps=30, rounds=5):
+        kind = "packed" if reps == 3 else "bf16"  # packed_linear_rows times 3 reps a round, the C kernel 2
+        race, at = divmod(calls[kind], len(rows[kind]))
+        calls[kind] += 1
+        if at == 0:
+            races[kind].append(race)
+        return (0.5, 1.0) if rows[kind][at] in wins[kind][race] else (1.0, 1.0)
+
+    monkeypatch.setattr(kernels, "_race", timer)
+    monkeypatch.setattr(kernels, "_pack", lambda weight: weight)
+    monkeypatch.setattr(kernels, "pack_dtype", lambda dtype: dtype if dtype in kernels.PACKABLE else None)
+    monkeypatch.setattr(kernels, "_gives_linear_numbers", lambda *args, **kwargs: True)
+    monkeypatch.setattr(kernels, "native_bf16", lambda: False)
+    monkeypatch.setattr(bf16_kernel, "available", lambda: True)
+    for name in ("SPECFINOPS_PACKED_LINEAR", "SPECFINOPS_BF16_KERNEL"):
+        monkeypatch.setenv(name, "auto")
+    kernels.packed_linear_rows.cache_clear()
+    kernels.bf16_kernel_rows.cache_clear()
+    yield races
+    kernels.packed_linear_rows.cache_clear()
+    kernels.bf16_kernel_rows.cache_clear()
+
+
+def _new_process() -> None:
+    from serving import kernels
+
+    kernels.packed_linear_rows.cache_clear()
+    kernels.bf16_kernel_rows.cache_clear()
+    kernels.decode_attention.cache_clear()
+
+
+def test_the_linear_races_run_once_per_machine(linear_races, cache, monkeypatch):
+    """The packed-copy and C-kernel races ran in every process (26 s and 66 s a start on a loaded 2-core AVX2
+    machine) and their choice flipped between processes; now the first measurement is remembered."""
+    from serving import kernels
+
+    assert kernels.packed_linear_rows(torch.bfloat16) == 5
+    assert kernels.bf16_kernel_rows(torch.bfloat16) == (3, 4)
+    assert len(linear_races["packed"]) == len(linear_races["bf16"]) == 1
+    entry = _stored(cache)[tuning.machine_key()]
+    assert entry["packed_linear_rows/bfloat16"] == 5
+    assert entry["bf16_kernel_rows/bfloat16/against-packed>=5"] == 3 * kernels.SPAN_BASE + 4
+    _new_process()
+    # the next process reads the choices (a race now would come out (1, 19)) and measures nothing
+    assert kernels.packed_linear_rows(torch.bfloat16) == 5 and kernels.bf16_kernel_rows(torch.bfloat16) == (3, 4)
+    assert len(linear_races["packed"]) == len(linear_races["bf16"]) == 1
+    monkeypatch.setattr(kernels, "attention_label", lambda dtype: "attention")  # not under test (a real race)
+    assert kernels.kernels_label(torch.bfloat16) == "bf16c3-4,packed>=5+attention"
+
+
+@pytest.mark.parametrize(("packed", "span", "stored"), [(None, None, (0, 0)), (1, (2, None), (1, 2000)),
+                                                       (20, (64, None), (20, 64000)), (2, (1, 1), (2, 1001))])
+def test_every_linear_choice_is_read_back_as_it_was_measured(linear_races, cache, packed, span, stored):
+    """None (no packed copy, no C kernel: 0) and an open span (lo, None: lo * 1000) survive the int encoding."""
+    from serving import kernels
+
+    against = "plain" if packed is None else f"packed>={packed}"
+    data = {tuning.machine_key(): {"packed_linear_rows/bfloat16": stored[0],
+                                   f"bf16_kernel_rows/bfloat16/against-{against}": stored[1]}}
+    (cache / tuning.FILE_NAME).write_text(json.dumps(data))
+    assert kernels.packed_linear_rows(torch.bfloat16) == packed
+    assert kernels.bf16_kernel_rows(torch.bfloat16) == span
+    assert linear_races == {"packed": [], "bf16": []}
+
+
+@pytest.mark.parametrize("stored", [7, -1, True, "5", 3005, 5004, 64063])
+def test_an_invalid_remembered_linear_choice_is_measured_again(linear_races, cache, stored, caplog):
+    from serving import kernels
+
+    key = tuning.machine_key()
+    data = {key: {"packed_linear_rows/bfloat16": stored, "bf16_kernel_rows/bfloat16/against-packed>=5": stored}}
+    (cache / tuning.FILE_NAME).write_text(json.dumps(data))
+    assert kernels.packed_linear_rows(torch.bfloat16) == 5
+    assert kernels.bf16_kernel_rows(torch.bfloat16) == (3, 4)
+    assert len(linear_races["packed"]) == len(linear_races["bf16"]) == 1
+    entry = _stored(cache)[key]  # replaced by the measurement
+    assert entry["packed_linear_rows/bfloat16"] == 5 and entry["bf16_kernel_rows/bfloat16/against-packed>=5"] == 3004
+
+
+def test_measure_mode_races_the_linears_in_every_process(linear_races, cache, monkeypatch):
+    from serving import kernels
+
+    monkeypatch.setenv("SPECFINOPS_TUNING", "measure")
+    assert kernels.packed_linear_rows(torch.bfloat16) == 5
+    _new_process()
+    assert kernels.packed_linear_rows(torch.bfloat16) == 2 and kernels.bf16_kernel_rows(torch.bfloat16) == (3, 4)
+    assert len(linear_races["packed"]) == 2 and len(linear_races["bf16"]) == 1
+    assert not (cache / tuning.FILE_NAME).exists()
+
+
+def test_a_linear_setting_wins_over_the_remembered_choice(linear_races, cache, monkeypatch):
+    """SPECFINOPS_PACKED_LINEAR / SPECFINOPS_BF16_KERNEL on / off decide without a race or a remembered value, and
+    the C kernel raced against plain F.linear (packing off) is remembered apart from its race against packing."""
+    from serving import kernels
+
+    assert kernels.packed_linear_rows(torch.bfloat16) == 5 and kernels.bf16_kernel_rows(torch.bfloat16) == (3, 4)
+    for packed, bf16, expect in [("on", "on", (1, (1, None))), ("off", "off", (None, None))]:
+        monkeypatch.setenv("SPECFINOPS_PACKED_LINEAR", packed)
+        monkeypatch.setenv("SPECFINOPS_BF16_KERNEL", bf16)
+        _new_process()
+        assert (kernels.packed_linear_rows(torch.bfloat16), kernels.bf16_kernel_rows(torch.bfloat16)) == expect
+    assert len(linear_races["packed"]) == len(linear_races["bf16"]) == 1
+    monkeypatch.setenv("SPECFINOPS_BF16_KERNEL", "auto")  # packing still off: a race of its own, remembered apart
+    _new_process()
+    assert kernels.bf16_kernel_rows(torch.bfloat16) == (1, 19) and len(linear_races["bf16"]) == 2
+    entry = _stored(cache)[tuning.machine_key()]
+    assert entry["bf16_kernel_rows/bfloat16/against-plain"] == 1019
+    assert entry["bf16_kernel_rows/bfloat16/against-packed>=5"] == 3004
+
+
+def test_the_start_notice_counts_the_linear_races_and_is_silent_once_remembered(linear_races, monkeypatch):
+    import io
+
+    from serving import kernels
+
+    attention = []
+    monkeypatch.setattr(kernels, "_attention_race",
+                        lambda dtype, masked, B, T, candidates, rounds=3: attention.append(T) or candidates[-1])
+    _new_process()
+    out = io.StringIO()
+    kernels.measure_choices(torch.bfloat16, out)
+    cases = len(kernels.ATTENTION_FORMS) * len(kernels.ATTENTION_WIDTHS) + 2
+    assert f"; {cases} cases, can take minutes" in out.getvalue(), out.getvalue()
+    assert len(linear_races["packed"]) == len(linear_races["bf16"]) == 1
+
+    _new_process()  # every choice remembered: nothing said, nothing raced
+    out = io.StringIO()
+    label = kernels.measure_choices(torch.bfloat16, out)
+    assert out.getvalue() == "" and label.startswith("bf16c3-4,packed>=5+")
+    assert len(linear_races["packed"]) == len(linear_races["bf16"]) == 1
+
+    # only the C kernel's choice forgotten: one case pending
+    data = _stored(kernels.tuning_file().parent)
+    del data[tuning.machine_key()]["bf16_kernel_rows/bfloat16/against-packed>=5"]
+    kernels.tuning_file().write_text(json.dumps(data))
+    _new_process()
+    out = io.StringIO()
+    kernels.measure_choices(torch.bfloat16, out)
+    assert "; 1 case, can take minutes" in out.getvalue(), out.getvalue()
+    assert len(linear_races["packed"]) == 1 and len(linear_races["bf16"]) == 2
