@@ -252,12 +252,14 @@ def test_every_linear_choice_is_read_back_as_it_was_measured(linear_races, cache
 def test_an_invalid_remembered_linear_choice_is_measured_again(linear_races, cache, stored, caplog):
     from serving import kernels
 
+    caplog.set_level(logging.WARNING, logger="serving.tuning")
     key = tuning.machine_key()
     data = {key: {"packed_linear_rows/bfloat16": stored, "bf16_kernel_rows/bfloat16/against-packed>=5": stored}}
     (cache / tuning.FILE_NAME).write_text(json.dumps(data))
     assert kernels.packed_linear_rows(torch.bfloat16) == 5
     assert kernels.bf16_kernel_rows(torch.bfloat16) == (3, 4)
     assert len(linear_races["packed"]) == len(linear_races["bf16"]) == 1
+    assert f"ignoring packed_linear_rows/bfloat16's remembered value {stored!r}" in caplog.text
     entry = _stored(cache)[key]  # replaced by the measurement
     assert entry["packed_linear_rows/bfloat16"] == 5 and entry["bf16_kernel_rows/bfloat16/against-packed>=5"] == 3004
 
