@@ -399,6 +399,7 @@ def test_the_projection_warns_of_a_small_sample_and_of_other_hardware_as_project
     """`project` warns that two requests a mode make no stable capacity, and that a CPU's throughput priced as an
     H100 is no H100's node count; both pages showed the same projection (and $ savings) without a word of it."""
     from app.dashboard.assumptions import DEFAULTS
+    from app.dashboard.common import in_page_words, md_safe
 
     add_pair(sqlite_url)
     engine = open_store(sqlite_url)
@@ -412,9 +413,12 @@ def test_the_projection_warns_of_a_small_sample_and_of_other_hardware_as_project
     assert_clean(at)
     caveats = costing.project_from_store(engine, **{**DEFAULTS, "gpu": "H100"}).caveats
     assert len(caveats) == 2 and "not H100's" in caveats[1], caveats
-    assert [w.value for w in at.warning] == [f"Projection: {c}." for c in caveats]
+    # on the page in its own words: the measured device is priced through the Node price box, not CLI flags
+    shown = [md_safe(f"Projection: {in_page_words(c)}.") for c in caveats]
+    assert "--node-hourly-usd" not in shown[1] and "Node price" in shown[1], shown
+    assert [w.value for w in at.warning] == shown
     at.switch_page("views/overview.py").run()
-    assert [w.value for w in at.warning] == [f"Projection: {c}." for c in caveats]
+    assert [w.value for w in at.warning] == shown
 
 
 def test_the_whole_time_range_sizes_capacity_as_project_does(sqlite_url, monkeypatch):
