@@ -414,7 +414,7 @@ def _decode_plan(dtype: torch.dtype, masked: bool, B: int, tick: Callable[[], ob
 
 def _plan_names(dtype: torch.dtype, masked: bool, B: int, candidates: tuple[str, ...]) -> dict[int, str]:
     """The name each measured width's choice is remembered under (serving/tuning.py)."""
-    form = f"{str(dtype).removeprefix('torch.')}/{'masked' if masked else 'causal'}/{B}"
+    form = f"{_name(dtype)}/{'masked' if masked else 'causal'}/{B}"
     every = tuple(k for k in DECODE_ATTENTION if dtype != torch.float32 or not k.endswith("-f32"))
     restricted = "" if candidates == every else "/" + "+".join(candidates)  # settings narrowed the race
     return {T: f"decode_attention/{form}/{T}{restricted}" for T in ATTENTION_WIDTHS}
