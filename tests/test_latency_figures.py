@@ -156,3 +156,27 @@ def test_one_request_and_none_with_latency(sqlite_url):
     assert (none.ttft_p50_ms, none.tpot_p95_ms, none.wall_s) == (None, None, 0.04)
     assert (failed.ttft_p50_ms, failed.tpot_p50_ms) == (None, None)
     _check(engine, Filters())
+
+
+def test_ties_bucket_edges_and_negative_tpot_are_the_reference_figures(db_url):
+    """Values a bucketed method (a histogram, then the values of the buckets holding the ranks: tried, see
+    docs/benchmarks.md "The store at scale") gets wrong when its buckets are off by one or out of order: many
+    ties, values either side of whole and tenth milliseconds by one ulp, zero, a negative TPOT (an e2e time below
+    the TTFT), besides failed requests, unknown times and a run of one request."""
+    edge = [180.0, 180.0, 180.0, 179.99999999999997, 180.00000000000003, 0.0, 14.0, 14.05, 13.999999999999998,
+            0.1, 0.09999999999999999, 1e-9, 250.5, 250.5]
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        many = [Req(2, ttft_ms=t, e2e_ms=t + edge[(j + k) % len(edge)], start_s=j * 0.01)
+                for j, t in enumerate(edge) for k in range(3)]
+        many += [Req(2, ttft_ms=0.0, e2e_ms=t) for t in edge]  # TPOT = e2e: the edge values themselves
+        many += [Req(2, ttft_ms=180.0, e2e_ms=175.0), Req(0, ttft_ms=None, e2e_ms=None, status="error"),
+                 Req(1, ttft_ms=180.0, e2e_ms=180.0), Req(5, ttft_ms=None, e2e_ms=400.0), Req(5, ttft_ms=20.0, e2e_ms=None)]
+        make_run(s, "spec", requests=many)
+        make_run(s, "spec", requests=[Req(3, ttft_ms=180.0, e2e_ms=208.1)], workload="chat")
+        make_run(s, "ar", requests=[Req(4, ttft_ms=t, e2e_ms=t + 3 * t) for t in edge[:7]])
+        make_run(s, "ar", requests=[Req(2, ttft_ms=10.0, e2e_ms=5.0), Req(2, ttft_ms=10.0, e2e_ms=13.0)], workload="chat")
+        s.commit()
+    _check(engine, Filters())
+    _check(engine, Filters(mode="spec"))
+
