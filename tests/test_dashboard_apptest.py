@@ -297,7 +297,7 @@ def test_speculation_page_shows_acceptance_and_go_no_go(filled, monkeypatch):
     assert diamonds["y"] == pytest.approx([10 / 16, 24 / 32])  # chat's steps all stop at a rejection
     assert bars["marker"]["color"] == ["#dc2626", "#16a34a"]  # chat's alpha 0.625 is below the line, code's above
     over_time = json.loads(at.get("plotly_chart")[1].proto.spec)  # the acceptance rate, not alpha, over time
-    assert over_time["layout"]["title"]["text"] == "Acceptance rate"
+    assert over_time["layout"]["title"]["text"].startswith("Acceptance rate per ")  # the bucket named
     assert over_time["layout"]["yaxis"]["title"]["text"] == "accepted / drafted"
     assert over_time["layout"]["yaxis"]["tickformat"] == ".0%"  # a share, as the metric above it
     # no 0.65 line over accepted / drafted: the line judges alpha, and code's 0.75 alpha passes it while its

@@ -11,6 +11,7 @@ import math
 import pandas as pd
 import plotly.graph_objects as go
 
+from app.dashboard.page_queries import bucket_label
 from telemetry.finops import sla_steps, step_starts
 from telemetry.labels import chart_text, clear_of_line, line_in_legend, usd_amount
 from telemetry.labels import go_text as labels_go_text
@@ -227,7 +228,9 @@ def power(frame: pd.DataFrame, bucket_s: float | None = None) -> go.Figure:
                         line=dict(dash="dash" if estimated else "solid", width=2 if estimated else 1.5),
                         marker=dict(symbol="circle-open" if estimated else "circle", size=7),
                         opacity=0.8 if estimated else 1.0)
-    _layout(fig, "Power per device (mean per time bucket)", "time (UTC)", "power (W)")
+    # the bucket named as the other pages' charts over time name theirs ("per 5 min"), not "per time bucket"
+    per = bucket_label(int(bucket_s)) if bucket_s else "time bucket"
+    _layout(fig, f"Power per device (mean per {per})", "time (UTC)", "power (W)")
     # the legend even for one line (plotly hides a lone trace's): it is where an estimate says it is one
     fig.update_layout(height=HEIGHT + 80, legend=dict(orientation="h", yanchor="top", y=-0.25, xanchor="left", x=0),
                       showlegend=True)

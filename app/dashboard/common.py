@@ -17,6 +17,7 @@ from decimal import Decimal
 import streamlit as st
 
 from app.dashboard import data
+from app.dashboard.charts import MODE_NAMES
 from app.dashboard.filters import Selection, sidebar
 from telemetry import labels, prices
 from telemetry.costing import (
@@ -284,8 +285,12 @@ def prices_text(run_costs, a: dict) -> str:
     input, or the runs' own (recorded with them, else the catalog's)."""
     if not run_costs:
         return ""
-    nodes = sorted({(rc.node_price.priced_as, rc.node_price.usd_per_hour) for rc in run_costs})
-    node = ", ".join(f"{name} at {usd_rate(v)}/h" for name, v in nodes)
+    # a custom price's name already holds its $/h ("custom $10/h node"): said once, "custom $10.00/h", not
+    # "custom $10/h node at $10.00/h"
+    nodes = sorted({("custom" if rc.node_price.origin == "flag" else rc.node_price.priced_as,
+                     rc.node_price.usd_per_hour) for rc in run_costs})
+    node = ", ".join(f"custom {usd_rate(v)}/h" if name == "custom" else f"{name} at {usd_rate(v)}/h"
+                     for name, v in nodes)
     origins = {rc.node_price.origin for rc in run_costs}
     node_whose = ("your input" if origins <= {"flag", "gpu"} else "recorded with the runs" if origins == {"snapshot"}
                   else "the catalog's, for the measured device" if origins == {"catalog"}
@@ -372,6 +377,28 @@ def fill_command(url: str) -> str:
     return on_store(FILL_COMMAND, url)
 
 
+def left_out_text(ctx: Context, mode: str) -> str | None:
+    """"the sidebar's filters leave out the store's 1 speculative run; widen them" where no run of `mode` ("spec",
+    "ar") is in view and the store holds some: a page whose figures of that mode are missing says why (its own
+    "no runs" line read as if the store had none). None where runs of it are in view or the store has none."""
+    if (ctx.sel.runs["mode"] == mode).any():
+        return None
+    stored = int((data.filter_options(ctx.url)["runs"]["mode"] == mode).sum())
+    if not stored:
+        return None
+    name = MODE_NAMES[mode]
+    return f"the sidebar's filters leave out the store's {stored} {name} run{'s' if stored > 1 else ''}; widen them"
+
+
+def show_left_out(ctx: Context) -> None:
+    """One line per mode that `left_out_text` finds left out: the page's figures of it read "—" or are not drawn,
+    and this says they are in the store."""
+    for mode in ("spec", "ar"):
+        text = left_out_text(ctx, mode)
+        if text:
+            st.info(md_safe(f"No {MODE_NAMES[mode]} runs in view: {text} to compare."))
+
+
 def empty_store_message(url: str) -> None:
     st.info(f"The store has no runs yet ({shown_url(url)}). Measure speculative and autoregressive runs to "
             "fill it:")
@@ -411,11 +438,15 @@ def run_page(title: str, body: Callable[[Context], None], caption: str | None = 
 
 
 def throughput(value: float | None) -> str:
-    """Tokens/s to three significant digits (3.02, 7.36, 43.2), whole from 100 up (270, 1,234): a capacity
-    of 3.02 read "3" hid the figure a node count is computed from. "—" when missing."""
+    """Tokens/s to three significant digits (3.02, 7.36, 43.2, 6.90), whole from 100 up (270, 1,234): a capacity
+    of 3.02 read "3" hid the figure a node count is computed from, and 6.90 read "6.9" beside a "3.14". "—" when
+    missing."""
     if value is None or value != value:
         return MISSING
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    shown = f"{value:#.3g}"  # '#': trailing zeros kept (6.90); 99.96 rounds to "100." (its point dropped)
+    return f"{float(shown):,.0f}" if abs(float(shown)) >= 100 else shown.rstrip(".")
 
 
 def number(value) -> str:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import streamlit as st
 
 from app.dashboard import charts, data
-from app.dashboard.common import SHOWN_RUN_IDS, Context, download_csv, fmt, run_page
+from app.dashboard.common import SHOWN_RUN_IDS, Context, download_csv, fmt, run_page, show_left_out
 from telemetry.costing import PARTLY_ESTIMATED, energy_source, energy_sources_text
 
 
 def body(ctx: Context) -> None:
     f = ctx.sel.filters
+    show_left_out(ctx)  # a mode's figures read "—" below: say where its runs are, as the Overview does
     modes = {m.mode: m.stats for m in data.mode_summaries(ctx.url, f)}
     runs = data.run_summaries(ctx.url, f)
     cols = st.columns(2)

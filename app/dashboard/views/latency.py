@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from app.dashboard import charts, data
-from app.dashboard.common import Context, download_csv, fmt, run_page, show_table
+from app.dashboard.common import Context, download_csv, fmt, run_page, show_left_out, show_table
 from app.dashboard.page_queries import bucket_label, histogram_percentiles
 
 PCT_COLUMNS = tuple(f"p{q} (ms)" for q in (50, 95, 99))
@@ -31,6 +31,7 @@ def _shown(table: pd.DataFrame) -> pd.DataFrame:
 
 def body(ctx: Context) -> None:
     f = ctx.sel.filters
+    show_left_out(ctx)  # a mode's figures read "—" below: say where its runs are, as the Overview does
     hists = data.latency_histograms(ctx.url, f)
     itl = data.itl_histogram(ctx.url, f)
     ttft_h, tpot_h = hists[hists["metric"] == "ttft"], hists[hists["metric"] == "tpot"]

@@ -16,6 +16,7 @@ from app.dashboard.common import (
     cost_vs_savings_note,
     fmt,
     in_page_words,
+    left_out_text,
     md_safe,
     priced_costs,
     prices_text,
@@ -180,10 +181,9 @@ def _no_runs_text(ctx: Context, mode: str, proj, runs) -> str:
     name = MODE_NAMES[mode]
     if (ctx.sel.runs["mode"] == mode).any():
         return f"No completed {name} requests in view: the Runs page shows the status of its runs."
-    stored = int((data.filter_options(ctx.url)["runs"]["mode"] == mode).sum())
-    if stored:
-        return (f"No {name} runs in view: the sidebar's filters leave out the store's {stored} {name} "
-                f"run{'s' if stored > 1 else ''}; widen them to compare.")
+    left_out = left_out_text(ctx, mode)
+    if left_out:
+        return f"No {name} runs in view: {left_out} to compare."
     group = proj.comparison if proj is not None and proj.comparison is not None else None
     if group is None and len({key_of(r, COMPARED_FIELDS) for r in runs}) == 1:
         group = runs[0]  # one comparable group in view: its settings are the runs'

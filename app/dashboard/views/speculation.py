@@ -6,9 +6,21 @@ import pandas as pd
 import streamlit as st
 
 from app.dashboard import charts, data
-from app.dashboard.common import Context, download_csv, fmt, md_safe, run_page
-from app.dashboard.page_queries import with_rates
+from app.dashboard.common import Context, download_csv, fmt, left_out_text, md_safe, run_page
+from app.dashboard.page_queries import bucket_label, with_rates
 from telemetry.calibration import ANSWER_SPAN
+
+
+def _no_acceptance_text(ctx: Context) -> str:
+    """Why there is no acceptance to show: the speculative runs in view drafted nothing the sidebar keeps, its
+    filters leave out the store's speculative runs (as the Overview says it), or the store has none."""
+    if (ctx.sel.runs["mode"] == "spec").any():
+        return ("No drafting steps in view: the speculative runs in view have no requests in the sidebar's domain "
+                "and time range, or completed none (the Runs page shows their status).")
+    left_out = left_out_text(ctx, "spec")
+    if left_out:
+        return f"No speculative runs in view: {left_out} to see their acceptance."
+    return "No speculative runs in view: acceptance needs `--mode spec` or `--mode both` runs."
 
 
 def body(ctx: Context) -> None:
@@ -16,7 +28,7 @@ def body(ctx: Context) -> None:
     domains = data.acceptance_by_domain(ctx.url, f)
     over = data.acceptance_over_time(ctx.url, f, ctx.sel.bucket_s)
     if over.empty and not domains:
-        st.info("No speculative runs in view: acceptance needs `--mode spec` or `--mode both` runs.")
+        st.info(md_safe(_no_acceptance_text(ctx)))
         return
 
     total = with_rates(pd.DataFrame([over[["drafts", "drafted", "accepted"]].sum()]))
@@ -53,18 +65,19 @@ def body(ctx: Context) -> None:
 
     st.subheader("Over time")
     pooled = with_rates(over.groupby("t", as_index=False)[["drafts", "drafted", "accepted"]].sum())
+    bucket = bucket_label(ctx.sel.bucket_s)  # named in each title, as the Latency page's charts name theirs
     c1, c2 = st.columns(2)
     # no go/no-go line here: it judges alpha (accepted / tested, the chart per domain above), and accepted /
     # drafted sits below alpha wherever a step stops at a rejection before K: every point read "NO-GO"
     c1.plotly_chart(charts.lines_by(pooled.assign(series="acceptance rate"), "acceptance_rate", "series",
-                                    "Acceptance rate", "accepted / drafted", bucket_s=ctx.sel.bucket_s,
+                                    f"Acceptance rate per {bucket}", "accepted / drafted", bucket_s=ctx.sel.bucket_s,
                                     colour=charts.MODE_COLOURS["spec"], percent=True),
                     width="stretch")
     c2.plotly_chart(charts.lines_by(pooled.assign(series="mean acceptance length"), "mean_acceptance_length",
-                                    "series", "Mean acceptance length", "tokens per target forward",
+                                    "series", f"Mean acceptance length per {bucket}", "tokens per target forward",
                                     bucket_s=ctx.sel.bucket_s, colour=charts.MODE_COLOURS["spec"]),
                     width="stretch")
-    st.plotly_chart(charts.lines_by(over, "mean_k", "k_policy", "K proposed over time (mean per drafting step)",
+    st.plotly_chart(charts.lines_by(over, "mean_k", "k_policy", f"Mean K proposed per {bucket} (per drafting step)",
                                     "K", bucket_s=ctx.sel.bucket_s), width="stretch")
 
     st.subheader("Acceptance by draft position")

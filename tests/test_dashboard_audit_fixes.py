@@ -1,0 +1,74 @@
+"""What a browser audit of the dashboard found, each checked through AppTest (tests/test_dashboard_apptest.py's
+store: run 1 AR, run 2 spec) or the function that writes it."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from test_dashboard_apptest import PAGES, app_for, assert_clean, fill_store, open_page
+
+from app.dashboard.common import prices_text, throughput
+from telemetry import costing
+from telemetry.store import open_store
+
+LEFT_OUT = "the sidebar's filters leave out the store's 1 speculative run; widen them"
+
+
+def _infos(at) -> list[str]:
+    return [i.value for i in at.info]
+
+
+def test_pages_say_the_sidebar_leaves_out_the_stores_speculative_runs(sqlite_url, monkeypatch):
+    """With the sidebar's Runs on the AR run alone, the Speculation page said the store needs `--mode spec` runs
+    (it has one); Latency and Energy showed the speculative figures as "—" without a word. Each says what the
+    Overview says: the filters leave the store's speculative run out."""
+    at = open_page(app_for(fill_store(sqlite_url), monkeypatch), PAGES["Speculation"])
+    at.sidebar.multiselect(key="f_runs").set_value([1]).run()
+    assert_clean(at)
+    infos = _infos(at)
+    assert any(i.startswith(f"No speculative runs in view: {LEFT_OUT}") for i in infos), infos
+    assert not any("--mode spec" in i for i in infos), infos
+    for page in ("Latency", "Energy", "Overview"):
+        at.switch_page(PAGES[page]).run()
+        assert_clean(at)
+        infos = _infos(at)
+        assert any(i.startswith(f"No speculative runs in view: {LEFT_OUT} to compare") for i in infos), (page, infos)
+    # nothing left out with both runs in view: no such line
+    at.sidebar.multiselect(key="f_runs").set_value([]).run()
+    at.switch_page(PAGES["Latency"]).run()
+    assert not any("leave out" in i for i in _infos(at)), _infos(at)
+
+
+_BUCKET = re.compile(r" per \d+ (s|min|h|day|days)\b")
+
+
+def test_charts_over_time_name_their_bucket(sqlite_url, monkeypatch):
+    """"Power per device (mean per time bucket)", "Acceptance rate", "K proposed over time": the Latency page's
+    charts say "per 5 min", these did not say how long a point is."""
+    at = open_page(app_for(fill_store(sqlite_url), monkeypatch), PAGES["Speculation"])
+    assert_clean(at)
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+    over_time = [t for t in titles if t.startswith(("Acceptance rate", "Mean acceptance length", "Mean K proposed"))]
+    assert len(over_time) == 3 and all(_BUCKET.search(t) for t in over_time), titles
+    at.switch_page(PAGES["Energy"]).run()
+    assert_clean(at)
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+    (power,) = [t for t in titles if t.startswith("Power per device")]
+    assert _BUCKET.search(power) and "time bucket" not in power, power
+
+
+def test_a_custom_node_price_is_named_once(sqlite_url):
+    """"node custom $10/h node at $10.00/h": the custom price's name holds its $/h already."""
+    engine = open_store(fill_store(sqlite_url))
+    run_costs, _ = costing.costs(engine, node_hourly_usd=10.0)
+    text = prices_text(run_costs, {"node_hourly_usd": 10.0})
+    assert text.startswith("node custom $10.00/h (your input); electricity "), text
+    assert text.count("$10") == 1, text
+    engine.dispose()
+
+
+def test_throughput_keeps_three_significant_digits():
+    """"Capacity AR 3.14" beside "Capacity spec 6.9": both to three significant digits."""
+    assert [throughput(v) for v in (6.9, 3.14159, 43.2, 0.5, 99.94, 99.96, 1234.5, None)] == [
+        "6.90", "3.14", "43.2", "0.500", "99.9", "100", "1,234", "—"]
