@@ -72,3 +72,30 @@ def test_throughput_keeps_three_significant_digits():
     """"Capacity AR 3.14" beside "Capacity spec 6.9": both to three significant digits."""
     assert [throughput(v) for v in (6.9, 3.14159, 43.2, 0.5, 99.94, 99.96, 1234.5, None)] == [
         "6.90", "3.14", "43.2", "0.500", "99.9", "100", "1,234", "—"]
+
+
+def test_the_reports_page_marks_a_speedup_above_its_acceptance_length(sqlite_url, tmp_path, monkeypatch):
+    """The report's summary flags the speedup (`speedups[i]["speedup_warning"]`) and `report` warns of it, its page
+    says it above the tiles; the Reports page's caveats and warnings said nothing."""
+    from datetime import timedelta
+
+    from synthetic import BASE_TIME
+    from test_paired_speedups import inflated_ar
+
+    from app.dashboard.views.reports import SPEEDUP_ABOVE
+    from telemetry import report_writer
+    from telemetry.report import period_window
+
+    inflated_ar(sqlite_url)
+    engine = open_store(sqlite_url)
+    result = report_writer.write_report(engine, period_window("daily", since=BASE_TIME.replace(hour=0)), tmp_path,
+                                        now=BASE_TIME + timedelta(days=2), daily_tokens=1e9)
+    engine.dispose()
+    (row,) = result.summary["speedups"]
+    at = open_page(app_for(sqlite_url, monkeypatch), "views/reports.py")
+    assert_clean(at)
+    (caveats,) = at.dataframe[0].value["caveats"]
+    assert SPEEDUP_ABOVE in caveats, caveats
+    warnings = [w.value for w in at.warning]
+    assert any(w.startswith(f"Report #{result.report_id}: {SPEEDUP_ABOVE}: ") and row["speedup_warning"] in w
+               and w.endswith("the projected node counts and savings rest on it.") for w in warnings), warnings

@@ -60,6 +60,7 @@ def reports(url: str) -> list[dict]:
 PARTIAL_PERIOD = "partial period"
 SYNTHETIC_DATA = "synthetic data"
 SMALL_SAMPLE = "small sample"
+SPEEDUP_ABOVE = "speedup above acceptance length"
 
 
 def report_notes(summary: dict, since=None, until=None, created_at=None) -> dict[str, str]:
@@ -68,7 +69,8 @@ def report_notes(summary: dict, since=None, until=None, created_at=None) -> dict
     or for a summary written before it held the flag, the report row's `created_at` before `until`: its figures
     cover part of it, or, written before the period began (`since`), what was recorded for it before it began),
     some of its runs are the synthetic data generator's (`synthetic`: not measurements), too few requests for
-    stable figures (`small_sample`, `cost`'s caveat); a summary without those two flags is marked for neither."""
+    stable figures (`small_sample`, `cost`'s caveat), a speedup above its mean acceptance length (`speedups[i]`'s
+    `speedup_warning`: the AR timing was inflated); a summary without those flags is marked for none."""
     from telemetry.queries import as_utc
 
     def utc(value):  # the row's times: naive on SQLite (UTC); the summary's: ISO text with its offset
@@ -96,6 +98,19 @@ def report_notes(summary: dict, since=None, until=None, created_at=None) -> dict
                                  "are not measurements")
     if summary.get("small_sample"):
         notes[SMALL_SAMPLE] = str(summary["small_sample"])
+    # a speedup above its spec runs' mean acceptance length (`speedups[i]["speedup_warning"]`, as `report` warns and
+    # its page says above the tiles): the speedup and the savings resting on it cannot be, the AR timing was inflated
+    speedups = summary.get("speedups") or []
+    above = [sp for sp in speedups if sp.get("above_acceptance_length") or sp.get("speedup_warning")]
+    if above:
+        several = len(speedups) > 1
+        notes[SPEEDUP_ABOVE] = "; ".join(
+            (f"{sp.get('workload')}, concurrency {sp.get('concurrency')}, {sp.get('drafter')}: " if several else "")
+            + (sp.get("speedup_warning") or "its speedup is above its spec runs' mean acceptance length, which no "
+                                            "speedup can exceed")
+            for sp in above) + ("; the projected node counts and savings rest on it"
+                                 if ((summary.get("projection") or {}).get("assumptions") or {})
+                                 .get("speedup_above_acceptance_length") else "")
     return notes
 
 
