@@ -99,3 +99,70 @@ def test_the_reports_page_marks_a_speedup_above_its_acceptance_length(sqlite_url
     warnings = [w.value for w in at.warning]
     assert any(w.startswith(f"Report #{result.report_id}: {SPEEDUP_ABOVE}: ") and row["speedup_warning"] in w
                and w.endswith("the projected node counts and savings rest on it.") for w in warnings), warnings
+
+
+def _tile(at, label: str) -> str:
+    (value,) = [m.value for m in at.metric if m.label == label]
+    return value
+
+
+def test_a_refused_cost_input_is_said_with_the_value_the_figures_use(sqlite_url, monkeypatch):
+    """A number typed outside an input's bounds (a node at $99,999,999/h, -5 $/kWh, 0 tokens a day): the browser
+    refused it without a word to the page, and the figures kept the value before it, silently. The page bounds the
+    inputs itself: it names the input refused and the value its figures use (the last one accepted)."""
+    at = open_page(app_for(fill_store(sqlite_url), monkeypatch), PAGES["Cost & capacity"])
+    at.selectbox(key="w_price").set_value("custom $/h per node").run()
+    at.number_input(key="w_node_usd").set_value(12.0).run()
+    assert_clean(at)
+    assert _tile(at, "Node price") == "$12.00/h"
+    at.number_input(key="w_node_usd").set_value(99_999_999.0).run()
+    assert_clean(at)
+    warnings = [w.value for w in at.warning]
+    assert ("Custom node $/h: 99,999,999 refused (it takes 0.01 to 10,000); the figures use $12.00/h, the last "
+            "value accepted.") in warnings, warnings
+    assert _tile(at, "Node price") == "$12.00/h"
+    at.number_input(key="w_kwh").set_value(-5.0).run()
+    at.number_input(key="w_daily").set_value(0.0).run()
+    assert_clean(at)
+    warnings = [w.value for w in at.warning]
+    assert any(w.startswith("$/kWh (0: $") and ": -5 refused (it takes 0 to 10); the figures use 0 (each run's "
+               "recorded $/kWh, else the catalog's), the last value accepted." in w for w in warnings), warnings
+    assert ("Tokens/day (M): 0 refused (it takes 0.001 to 100,000,000); the figures use 500M tokens a day, the last "
+            "value accepted.") in warnings, warnings
+    # the Overview prices with the values accepted, not the refused ones
+    at.switch_page(PAGES["Overview"]).run()
+    assert_clean(at)
+    # back in bounds: accepted, no warning
+    at.switch_page(PAGES["Cost & capacity"]).run()
+    for key, value in (("w_node_usd", 20.0), ("w_kwh", 0.0), ("w_daily", 1.0)):
+        at.number_input(key=key).set_value(value).run()
+    assert_clean(at)
+    assert not [w.value for w in at.warning if "refused" in w.value], [w.value for w in at.warning]
+    assert _tile(at, "Node price") == "$20.00/h"
+
+
+def test_a_refused_time_range_is_said_with_the_range_the_figures_use(sqlite_url, monkeypatch):
+    """A time range with only its start day picked, or ending before it starts: the figures used the store's whole
+    range, silently. The sidebar says the range was refused and which range the figures cover."""
+    from datetime import timedelta
+
+    from synthetic import BASE_TIME
+    from test_dashboard_edge_stores import add_pair
+
+    add_pair(sqlite_url)
+    add_pair(sqlite_url, started_at=BASE_TIME + timedelta(days=2))
+    day = BASE_TIME.date()
+    whole = f"the figures use the store's whole range, {day:%Y-%m-%d} to {day + timedelta(days=2):%Y-%m-%d}."
+    at = app_for(sqlite_url, monkeypatch).run()
+    at.switch_page("views/runs.py").run()
+    assert not at.sidebar.warning
+    for picked, why in (((day + timedelta(days=2),), f"only its start day ({day + timedelta(days=2):%Y-%m-%d}) is "
+                                                     "picked: pick its last day too"),
+                        ((day + timedelta(days=2), day), f"it ends ({day:%Y-%m-%d}) before it starts "
+                                                         f"({day + timedelta(days=2):%Y-%m-%d}), refused")):
+        at.sidebar.date_input(key="f_time").set_value(picked).run()
+        assert_clean(at)
+        assert [w.value for w in at.sidebar.warning] == [f"Time range: {why}; {whole}"]
+        assert [s.value for s in at.subheader][0] == "Runs (4)"  # the whole range, as it says
+    at.sidebar.date_input(key="f_time").set_value((day, day)).run()
+    assert not at.sidebar.warning and [s.value for s in at.subheader][0] == "Runs (2)"

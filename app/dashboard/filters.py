@@ -130,6 +130,19 @@ def _follow_store_days(lo: date, hi: date) -> None:
     state[TIME_KEY] = (start, end) if start <= end else (lo, hi)
 
 
+def time_range_refused(picked) -> str | None:
+    """Why the time range picked (the date input's value) cannot be used, in words; None where it can: only its
+    start day is picked (a range is picked in two clicks, and the figures kept the whole range after the first,
+    silently), none is, or it ends before it starts."""
+    days = tuple(picked) if isinstance(picked, tuple | list) else (picked,) if picked else ()
+    if len(days) == 2:
+        return None if days[0] <= days[1] else (f"it ends ({days[1]:%Y-%m-%d}) before it starts "
+                                                f"({days[0]:%Y-%m-%d}), refused")
+    if len(days) == 1:
+        return f"only its start day ({days[0]:%Y-%m-%d}) is picked: pick its last day too"
+    return "no day is picked"
+
+
 def sidebar(options: dict) -> Selection:
     """Render the filters in the sidebar and return the selection."""
     runs: pd.DataFrame = options["runs"]
@@ -143,7 +156,10 @@ def sidebar(options: dict) -> Selection:
     _follow_store_days(lo, hi)
     picked = sb.date_input("Time range (UTC)", min_value=lo, max_value=hi, key=TIME_KEY)
     since = until = None
-    if isinstance(picked, tuple | list) and len(picked) == 2:
+    refused = time_range_refused(picked)
+    if refused:  # the whole range, said so: it read as if the range picked were in view
+        sb.warning(f"Time range: {refused}; the figures use the store's whole range, {lo:%Y-%m-%d} to {hi:%Y-%m-%d}.")
+    elif isinstance(picked, tuple | list) and len(picked) == 2:
         since = datetime.combine(picked[0], time.min, tzinfo=UTC)
         until = datetime.combine(picked[1], time.min, tzinfo=UTC) + timedelta(days=1)
 

@@ -44,6 +44,10 @@ MAX_DAILY_M = finops.MAX_DAILY_TOKENS / 1e6  # 1e14 output tokens a day
 MAX_NODE_USD = 10_000.0  # $/h per node
 MAX_USD_PER_KWH = 10.0
 MAX_PUE = 5.0
+# each number input's bounds, by its key: checked by the page (`_Inputs`), not the widget, so a refusal is said
+BOUNDS = {"w_daily": (0.001, MAX_DAILY_M), "w_peak": (1.0, 20.0), "w_sla": (0.1, finops.MAX_SLA_MS),
+          "w_gpus": (1, 64), "w_node_usd": (0.01, MAX_NODE_USD), "w_kwh": (0.0, MAX_USD_PER_KWH),
+          "w_pue": (0.0, MAX_PUE)}
 
 
 def _cost_section(ctx: Context, values: dict) -> None:
@@ -102,23 +106,60 @@ def _cost_section(ctx: Context, values: dict) -> None:
         download_csv("Download cost per run (CSV)", table, "cost-per-run.csv", "dl_cost_runs")
 
 
+def _number(v: float) -> str:
+    """An input's value as typed: 99,999,999 and -5, not 1e+08 and -5.0."""
+    return format(v, ",.10g")
+
+
+class _Inputs:
+    """The page's number inputs, bounded here, not by the widget: a browser refuses a number typed outside a
+    widget's own bounds without telling the script (the box turns red, the figures keep the value before it,
+    silently; AppTest's and a URL's values are reset to the default instead). Unbounded widgets send what was
+    typed; a value outside [lo, hi] is refused here, with a warning naming the input and the value the figures
+    use instead (the last one accepted)."""
+
+    def __init__(self) -> None:
+        self.refused: list[str] = []
+
+    def get(self, col, label: str, lo: float, hi: float, last: float, used: str, **kwargs) -> float:
+        """The widget's value, or `last` (in words: `used`) where it is outside [lo, hi] or empty. A disabled
+        box is not read (what it holds prices nothing): `last`, nothing refused."""
+        v = col.number_input(label, value=last, **kwargs)
+        if kwargs.get("disabled"):
+            return last
+        if v is not None and lo <= v <= hi:
+            return v
+        typed = "an empty box" if v is None else _number(v)
+        self.refused.append(f"{label}: {typed} refused (it takes {_number(lo)} to {_number(hi)}); the figures use "
+                            f"{used}, the last value accepted.")
+        return last
+
+    def warn(self) -> None:
+        for text in self.refused:
+            st.warning(md_safe(text))
+
+
 def _inputs(ctx: Context) -> dict:
-    """Projection inputs as widgets, seeded from the shared assumptions; returns project_from_store kwargs."""
+    """Projection inputs as widgets, seeded from the shared assumptions (the last values accepted); returns
+    project_from_store kwargs. A value outside an input's bounds is refused, said so, and the last one kept."""
     a = assumptions.get()
     catalog = data.price_catalog(ctx.url)
     gpus = [p.name for p in catalog if p.unit == "usd_per_hour"]
+    ins = _Inputs()
     c = st.columns(4)
     # short labels, the detail in help: at 1024 px a column is ~130 px wide, and a label that wrapped put its
     # input lower than its neighbours' (and "500.000" and "runs' recorded price" were cut off in their boxes)
-    daily_m = c[0].number_input("Tokens/day (M)", min_value=0.001, max_value=MAX_DAILY_M,
-                                value=min(a["daily_tokens"] / 1e6, MAX_DAILY_M), step=50.0, format="%g",
-                                key="w_daily", help="Daily output tokens the fleet serves, in millions (on average: "
-                                                    "the peak factor sizes it for the peak).")
-    peak = c[1].number_input("Peak factor", min_value=1.0, max_value=20.0, value=float(a["peak_factor"]),
-                             step=0.5, key="w_peak", help="Peak-to-average traffic: the fleet is sized for the "
-                                                          "average tokens/s times this.")
-    sla = c[2].number_input("p95 TPOT SLA (ms)", min_value=0.1, max_value=finops.MAX_SLA_MS,
-                            value=min(float(a["sla_ms"]), finops.MAX_SLA_MS), step=5.0, key="w_sla")
+    last_daily = min(a["daily_tokens"] / 1e6, MAX_DAILY_M)
+    daily_m = ins.get(c[0], "Tokens/day (M)", *BOUNDS["w_daily"], last_daily, f"{_number(last_daily)}M tokens a day",
+                      step=50.0, format="%g", key="w_daily",
+                      help="Daily output tokens the fleet serves, in millions (on average: the peak factor sizes it "
+                           "for the peak).")
+    last_peak = float(a["peak_factor"])
+    peak = ins.get(c[1], "Peak factor", *BOUNDS["w_peak"], last_peak, f"x{_number(last_peak)}", step=0.5,
+                   key="w_peak", help="Peak-to-average traffic: the fleet is sized for the average tokens/s times this.")
+    last_sla = min(float(a["sla_ms"]), finops.MAX_SLA_MS)
+    sla = ins.get(c[2], "p95 TPOT SLA (ms)", *BOUNDS["w_sla"], last_sla, f"{_number(last_sla)} ms", step=5.0,
+                  key="w_sla")
     choices = [SNAPSHOT, *gpus, CUSTOM]
     current = CUSTOM if a["node_hourly_usd"] else (a["gpu"] if a["gpu"] in gpus else SNAPSHOT)
     price = c[3].selectbox("Node price", choices, index=choices.index(current), key="w_price",
@@ -129,27 +170,30 @@ def _inputs(ctx: Context) -> dict:
     # a GPU's price is per GPU: a node holds N of them; a node's price (cpu-2core) is a whole node already, and N
     # of it was refused by the projection ("applies to GPU prices"), which then left this page and the Overview
     per_node = price in (SNAPSHOT, CUSTOM) or price in {p.name for p in catalog if p.kind != "gpu"}
-    gpus_per_node = int(c[0].number_input("GPUs per node", min_value=1, max_value=64, value=int(a["gpus_per_node"]),
-                                          key="w_gpus", disabled=per_node,
-                                          help="For a catalog GPU's price (per GPU): how many a node holds. A "
-                                               "node's price covers the whole node."))
-    node_usd = c[1].number_input("Custom node $/h", min_value=0.01, max_value=MAX_NODE_USD,
-                                 value=min(float(a["node_hourly_usd"] or 10.0), MAX_NODE_USD),
-                                 key="w_node_usd", disabled=price != CUSTOM)
+    last_gpus = int(a["gpus_per_node"])
+    gpus_per_node = int(ins.get(c[0], "GPUs per node", *BOUNDS["w_gpus"], last_gpus, str(last_gpus),
+                                key="w_gpus", disabled=per_node,
+                                help="For a catalog GPU's price (per GPU): how many a node holds. A node's price "
+                                     "covers the whole node."))
+    last_node = min(float(a["node_hourly_usd"] or 10.0), MAX_NODE_USD)
+    node_usd = ins.get(c[1], "Custom node $/h", *BOUNDS["w_node_usd"], last_node, f"{usd_rate(last_node)}/h",
+                       key="w_node_usd", disabled=price != CUSTOM)
     # the entries energy is priced at (prices.energy_prices): by name, not the first of their kind
     kwh_cat = next((p.value for p in catalog if p.name.lower() == prices.ELECTRICITY), None)
     pue_cat = next((p.value for p in catalog if p.name.lower() == prices.PUE), None)
-    kwh = c[2].number_input(f"$/kWh (0: {fmt(kwh_cat, 'g', prefix='$')})", min_value=0.0,
-                            max_value=MAX_USD_PER_KWH, value=min(float(a["usd_per_kwh"] or 0.0), MAX_USD_PER_KWH),
-                            step=0.01, format="%.3f", key="w_kwh",
-                            help="Electricity price. Prices the measured energy (kWh x PUE x $/kWh) of the runs "
-                                 "at the top of the page and of the fleet; 0 keeps each run's recorded price (else "
-                                 "the catalog's, which `specfinops prices set electricity ...` changes) and the "
-                                 "catalog's for the fleet.")
-    pue = c[3].number_input(f"PUE (0: {fmt(pue_cat, 'g')})", min_value=0.0, max_value=MAX_PUE,
-                            value=min(float(a["pue"] or 0.0), MAX_PUE), step=0.05, key="w_pue",
-                            help="0 keeps each run's recorded PUE (else the catalog's) and the catalog's for the "
-                                 "fleet.")
+    last_kwh = min(float(a["usd_per_kwh"] or 0.0), MAX_USD_PER_KWH)
+    kwh = ins.get(c[2], f"$/kWh (0: {fmt(kwh_cat, 'g', prefix='$')})", *BOUNDS["w_kwh"], last_kwh,
+                  f"{usd_rate(last_kwh)}/kWh" if last_kwh else "0 (each run's recorded $/kWh, else the catalog's)",
+                  step=0.01, format="%.3f", key="w_kwh",
+                  help="Electricity price. Prices the measured energy (kWh x PUE x $/kWh) of the runs at the top of "
+                       "the page and of the fleet; 0 keeps each run's recorded price (else the catalog's, which "
+                       "`specfinops prices set electricity ...` changes) and the catalog's for the fleet.")
+    last_pue = min(float(a["pue"] or 0.0), MAX_PUE)
+    pue = ins.get(c[3], f"PUE (0: {fmt(pue_cat, 'g')})", *BOUNDS["w_pue"], last_pue,
+                  _number(last_pue) if last_pue else "0 (each run's recorded PUE, else the catalog's)",
+                  step=0.05, key="w_pue",
+                  help="0 keeps each run's recorded PUE (else the catalog's) and the catalog's for the fleet.")
+    ins.warn()
     if 0 < pue < 1:
         st.warning("PUE is at least 1; using the catalog PUE.")
         pue = 0.0
