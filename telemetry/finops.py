@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 
 SECONDS_PER_DAY = 86_400
 HOURS_PER_YEAR = 8_760
@@ -327,11 +328,33 @@ def spec_pays_below(curve: list[SlaPoint]) -> str | None:
             spans[-1] = (spans[-1][0], hi)
         else:
             spans.append((lo, hi))
-    text = ", ".join(f"{lo:.1f} ms and looser" if hi is None else f"{lo:.1f} up to {hi:.1f} ms" for lo, hi in spans)
+    text = ", ".join(f"{lo} ms and looser" if hi is None else f"{lo} up to {hi} ms" for lo, hi in _span_texts(spans))
     return f"speculation needs fewer nodes than AR at p95 TPOT SLAs of {text}"
 
 
-def _ms_apart(value: float, other: float) -> str:
+def _span_texts(spans: list[tuple[float, float | None]]) -> list[tuple[str, str | None]]:
+    """Each SLA range [lo, hi) as thresholds a user can type and get that result: lo rounded up (an SLA of lo
+    meets the configuration's p95; "21.0" beside a p95 of 21.02 did not), hi rounded down to the last shown
+    value below it (at hi the next configuration decides). One decimal, or as many (up to 6) as keep every
+    range non-empty."""
+    for places in range(1, 7):
+        step = Decimal(1).scaleb(-places)
+        out = []
+        for lo, hi in spans:
+            lo_d = Decimal(repr(lo)).quantize(step, rounding=ROUND_CEILING)
+            if hi is None:
+                out.append((str(lo_d), None))
+                continue
+            hi_d = Decimal(repr(hi)).quantize(step, rounding=ROUND_FLOOR)
+            if hi_d == Decimal(repr(hi)):
+                hi_d -= step
+            out.append((str(lo_d), str(hi_d) if hi_d >= lo_d else None))
+        if all(h is not None for (_, h), (_, hi) in zip(out, spans, strict=True) if hi is not None):
+            return out
+    return [(repr(lo), None if hi is None else f"below {hi!r}") for lo, hi in spans]
+
+
+def ms_apart(value: float, other: float) -> str:
     """`value` in ms to one decimal, or to as many (up to 4) as keep it on its side of `other` ("38.83", not the
     "38.8" that reads as an SLA of 38.8 ms met; "50.04" beside 50.03, not "50.0"); else as Python writes it."""
     for places in range(1, 5):
@@ -416,7 +439,7 @@ def project(
             notes.append(f"{mode}: {NOT_MEASURED}: {why}")
         elif caps[mode] is None:
             best = min((p for _, p in points if p is not None), default=None)
-            why = "no run has a p95 TPOT" if best is None else f"best measured p95 TPOT is {_ms_apart(best, sla_ms)} ms"
+            why = "no run has a p95 TPOT" if best is None else f"best measured p95 TPOT is {ms_apart(best, sla_ms)} ms"
             notes.append(f"{mode}: {NOT_ATTAINABLE}: no run meets p95 TPOT <= {sla_ms:g} ms ({why})")
     n_ar = nodes_needed(daily_tokens, peak_factor, caps["ar"])
     n_spec = nodes_needed(daily_tokens, peak_factor, caps["spec"])

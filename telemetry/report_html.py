@@ -26,7 +26,7 @@ from telemetry.costing import (
     incomplete_runs_text,
     runs_text,
 )
-from telemetry.finops import sla_steps, step_starts
+from telemetry.finops import ms_apart, sla_steps, step_starts
 from telemetry.labels import chart_text, clear_of_line, go_text, line_in_legend, usd_amount
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.queries import above_acceptance_lines, paired_text
@@ -204,13 +204,15 @@ def _tpot_text(data: ReportData, mode: str) -> str:
     if data.projection.projection is None:
         p95 = data.current.stat(mode, "tpot_p95_ms")
         verdict = {None: "", True: " (meets)", False: " (misses)"}[meets_sla(p95, data.sla_ms)]
-        return f"{_name(mode)} {_ms(p95)}{verdict}"
+        return f"{_name(mode)} {_ms(p95) if p95 is None else ms_apart(p95, data.sla_ms) + ' ms'}{verdict}"
     t = projection_tpot(data, mode)
     if t["projection_tpot_p95_ms"] is None:
         return f"{_name(mode)} {MISSING}"
+    # to as many decimals as keep it on its side of the SLA: "misses (best 21.0 ms)" beside an SLA of 21 ms did not
+    p95 = ms_apart(t["projection_tpot_p95_ms"], data.sla_ms)
     if not t["projection_meets_sla"]:
-        return f"{_name(mode)} misses (best {t['projection_tpot_p95_ms']:.1f} ms)"
-    return f"{_name(mode)} {t['projection_tpot_p95_ms']:.1f} ms (meets)"
+        return f"{_name(mode)} misses (best {p95} ms)"
+    return f"{_name(mode)} {p95} ms (meets)"
 
 
 def _tpot_sub(data: ReportData) -> str:

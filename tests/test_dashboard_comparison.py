@@ -12,6 +12,7 @@ from test_dashboard_apptest import PAGES, app_for, assert_clean, fill_store, met
 
 from app.dashboard.common import energy_prices_from, prices_text, projection_notes
 from telemetry import costing, queries
+from telemetry.finops import ms_apart
 from telemetry.store import open_store
 
 PROMPTS = ("p1", "p2")
@@ -169,11 +170,11 @@ def test_projection_names_the_compared_group_in_the_dashboards_words(two_tempera
     # the Cost page's p95 tiles are those of the configurations the projection sizes, not all requests pooled
     sp = costing.project_from_store(engine, daily_tokens=500e6, peak_factor=2.0, sla_ms=50.0)
     m = metrics(at)
-    assert m["p95 TPOT at capacity (AR)"] == [f"{sp.capacity_tpot_p95_ms_ar:.1f} ms"]
-    assert m["p95 TPOT at capacity (spec)"] == [f"{sp.capacity_tpot_p95_ms_spec:.1f} ms"]
+    assert m["p95 TPOT at capacity (AR)"] == [f"{ms_apart(sp.capacity_tpot_p95_ms_ar, 50.0)} ms"]
+    assert m["p95 TPOT at capacity (spec)"] == [f"{ms_apart(sp.capacity_tpot_p95_ms_spec, 50.0)} ms"]
     at = open_page(app_for(two_temperatures, monkeypatch), PAGES["Overview"])
-    assert f"configuration with p95 TPOT {sp.capacity_tpot_p95_ms_spec:.1f} ms" in _metric(at, "TPOT p95", 0).help
-    assert f"configuration with p95 TPOT {sp.capacity_tpot_p95_ms_ar:.1f} ms" in _metric(at, "TPOT p95", 1).help
+    assert f"configuration with p95 TPOT {ms_apart(sp.capacity_tpot_p95_ms_spec, 50.0)} ms" in _metric(at, "TPOT p95", 0).help
+    assert f"configuration with p95 TPOT {ms_apart(sp.capacity_tpot_p95_ms_ar, 50.0)} ms" in _metric(at, "TPOT p95", 1).help
     at = open_page(app_for(two_temperatures, monkeypatch), PAGES["Cost & capacity"])
     cap = _metric(at, "Capacity AR (tokens/s per node)")
     assert f"p95 TPOT {sp.capacity_tpot_p95_ms_ar:.1f} ms" in cap.help
@@ -307,3 +308,14 @@ def test_the_missing_mode_caveat_says_how_to_choose_its_group_in_the_dashboards_
     assert "to project that group, pick it with the sidebar's Invocation;" in said and "--invocation" not in said, said
     assert "(pick another with the sidebar's Invocation)" in comparison_text(sp), comparison_text(sp)
     engine.dispose()
+
+
+def test_p95_tiles_keep_a_p95_on_its_side_of_the_sla():
+    """The Cost page's "p95 TPOT at capacity" tiles and the Overview's help wrote a p95 to one decimal: 20.96 ms
+    beside an SLA of 20.99 ms read "21.0 ms", as if it missed."""
+    from app.dashboard.common import sla_ms_text
+
+    assert sla_ms_text(20.96, 20.99) == "20.96 ms"
+    assert sla_ms_text(21.02, 21.0) == "21.02 ms"
+    assert sla_ms_text(12.5, 50.0) == "12.5 ms"
+    assert sla_ms_text(None, 50.0) == "—"

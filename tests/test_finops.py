@@ -268,7 +268,7 @@ def test_sla_curve_steps_at_each_measured_p95_by_hand():
     ]
     assert curve[0].annual_savings_usd is None
     assert curve[1].annual_savings_usd == pytest.approx(2 * 8_760)
-    assert spec_pays_below(curve) == "speculation needs fewer nodes than AR at p95 TPOT SLAs of 25.0 up to 60.0 ms"
+    assert spec_pays_below(curve) == "speculation needs fewer nodes than AR at p95 TPOT SLAs of 25.0 up to 59.9 ms"
 
 
 def test_spec_pays_below_names_separate_ranges_and_an_open_end():
@@ -276,13 +276,30 @@ def test_spec_pays_below_names_separate_ranges_and_an_open_end():
     # SLA 20: spec only; 30: AR 100 < spec 200 capacity? nodes: ceil(100/100)=1 vs ceil(100/200)=1 -> tie
     curve = sla_curve(ar, spec, daily_tokens=8_640_000, peak_factor=1.0, node_hourly_usd=1.0)
     assert [(c.nodes_ar, c.nodes_spec) for c in curve] == [(None, 1), (1, 1), (1, 1)]
-    assert spec_pays_below(curve) == "speculation needs fewer nodes than AR at p95 TPOT SLAs of 20.0 up to 30.0 ms"
+    assert spec_pays_below(curve) == "speculation needs fewer nodes than AR at p95 TPOT SLAs of 20.0 up to 29.9 ms"
     # spec ahead at the loosest SLA too: an open end
     curve = sla_curve([(10.0, 30.0)], [(20.0, 40.0)], daily_tokens=8_640_000, peak_factor=1.0, node_hourly_usd=1.0)
     assert spec_pays_below(curve) == "speculation needs fewer nodes than AR at p95 TPOT SLAs of 40.0 ms and looser"
     # AR never worse: nothing to say
     curve = sla_curve([(100.0, 10.0)], [(50.0, 20.0)], daily_tokens=8_640_000, peak_factor=1.0, node_hourly_usd=1.0)
     assert spec_pays_below(curve) is None
+
+
+def test_spec_pays_below_shows_thresholds_a_user_can_type_and_get_that_result():
+    """A spec p95 of 21.02 ms read "SLAs of 21.0 ms and looser" beside `project --sla-ms 21.0` saying spec is
+    not attainable (best 21.02 ms): the lower bound rounds up, the upper one down to below the next step
+    (at 60.0 ms AR's batch ties it), and a range narrower than a tenth keeps the decimals it needs."""
+    kw = {"daily_tokens": 8_640_000, "peak_factor": 1.0, "node_hourly_usd": 1.0}
+    curve = sla_curve([(10.0, 35.4)], [(20.0, 21.0234)], **kw)
+    line = spec_pays_below(curve)
+    assert line == "speculation needs fewer nodes than AR at p95 TPOT SLAs of 21.1 ms and looser"
+    assert capacity_at_sla([(20.0, 21.0234)], 21.0) is None and capacity_at_sla([(20.0, 21.0234)], 21.1) == 20.0
+    # spec wins from 25.04 up to (not at) 60.0, where AR's batch ties it
+    curve = sla_curve([(30.0, 40.0), (90.0, 60.0)], [(50.0, 25.04), (80.0, 70.0)], **kw)
+    assert spec_pays_below(curve) == "speculation needs fewer nodes than AR at p95 TPOT SLAs of 25.1 up to 59.9 ms"
+    # spec wins only between 21.02 and 21.08: "21.1 up to 21.0" would be empty
+    curve = sla_curve([(10.0, 35.4), (90.0, 21.08)], [(50.0, 21.02)], **kw)
+    assert spec_pays_below(curve) == "speculation needs fewer nodes than AR at p95 TPOT SLAs of 21.02 up to 21.07 ms"
 
 
 def test_the_verdict_compares_nothing_where_one_mode_has_no_measured_configuration():
@@ -322,10 +339,10 @@ def test_sla_steps_hold_the_last_step_out_to_a_looser_sla():
 def test_the_sla_note_keeps_the_best_p95_on_its_side_of_the_sla():
     """"no run meets p95 TPOT <= 38.8 ms (best measured p95 TPOT is 38.8 ms)": the best, 38.83, rounded onto
     the SLA; likewise 50.04 beside an SLA of 50.03."""
-    from telemetry.finops import _ms_apart
+    from telemetry.finops import ms_apart
 
-    assert _ms_apart(38.83, 38.8) == "38.83"
-    assert _ms_apart(50.04, 50.03) == "50.04"
-    assert _ms_apart(38.84, 38.83) == "38.84"
-    assert _ms_apart(12.3, 50.0) == "12.3"
-    assert float(_ms_apart(38.80001, 38.8)) == 38.80001
+    assert ms_apart(38.83, 38.8) == "38.83"
+    assert ms_apart(50.04, 50.03) == "50.04"
+    assert ms_apart(38.84, 38.83) == "38.84"
+    assert ms_apart(12.3, 50.0) == "12.3"
+    assert float(ms_apart(38.80001, 38.8)) == 38.80001

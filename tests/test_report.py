@@ -717,6 +717,30 @@ def test_html_tables_show_money_and_counts_in_digits_and_speedup_first(store, tm
     assert float(row["speedup"]) == pytest.approx(44.0 / (66 / 1.9)) and row["workload"] == "code"
 
 
+def test_tpot_card_and_sla_line_stay_on_their_side_of_the_sla(sqlite_url, tmp_path, capsys):
+    """Spec's p95 TPOT of 10.02 ms misses a 10 ms SLA: the card read "misses (best 10.0 ms)" and projection.csv
+    "speculation needs fewer nodes ... at p95 TPOT SLAs of 10.0 ms and looser", both contradicting it."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", started_at=D0.replace(hour=9),
+                 requests=[Req(33, ttft_ms=100, e2e_ms=100 + 32 * 40.0, start_s=i * 0.1) for i in range(2)])
+        make_run(s, "spec", started_at=D0.replace(hour=9),
+                 requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=100 + 32 * 10.02, start_s=i * 0.1)
+                           for i in range(2)])
+        s.commit()
+    assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--sla-ms", "10",
+                        "--daily-tokens", "5e8", "--peak-factor", "2")) == 0
+    capsys.readouterr()
+    rec = _only_report(engine)
+    page = open(rec.html_path, encoding="utf-8").read()
+    m = re.search(r'<div class="k">p95 TPOT vs SLA 10 ms</div><div class="v">([^<]*)</div>', page)
+    assert m.group(1) == "spec misses (best 10.02 ms) / AR misses (best 40.0 ms)"
+    with open(f"{rec.csv_dir}/projection.csv", encoding="utf-8", newline="") as fh:
+        values = {r["figure"]: r["value"] for r in csv.DictReader(fh)}
+    assert values["where the SLA matters"].startswith(
+        "speculation needs fewer nodes than AR at p95 TPOT SLAs of 10.1 "), values["where the SLA matters"]
+
+
 def test_a_period_with_one_mode_only_compares_nothing(sqlite_url, tmp_path, capsys):
     """A period of spec runs only read "speculation needs fewer nodes than AR at p95 TPOT SLAs of ... and looser"
     (no AR run to need any), its Speedup tile '—x' and its speedups.csv 'runs ' for the AR runs it has none of."""

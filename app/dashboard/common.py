@@ -19,7 +19,7 @@ import streamlit as st
 from app.dashboard import data
 from app.dashboard.charts import MODE_NAMES
 from app.dashboard.filters import Selection, sidebar
-from telemetry import labels, prices
+from telemetry import finops, labels, prices
 from telemetry.costing import (
     NO_CHOOSE,
     RECORDED_PRICES_WAYS,
@@ -65,6 +65,14 @@ def fmt(value: float | int | None, spec: str = ",.2f", prefix: str = "", suffix:
     if value is None or value != value:
         return MISSING
     return f"{prefix}{value:{spec}}{suffix}"
+
+
+def sla_ms_text(value: float | None, sla_ms: float) -> str:
+    """A p95 TPOT judged against `sla_ms`, to as many decimals as keep it on its side of the SLA ("21.02 ms",
+    not the "21.0 ms" that reads as an SLA of 21 ms met), or "—"."""
+    if value is None or value != value:
+        return MISSING
+    return f"{finops.ms_apart(value, sla_ms)} ms"
 
 
 def projection_notes(sp) -> list[str]:

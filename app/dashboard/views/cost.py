@@ -19,6 +19,7 @@ from app.dashboard.common import (
     run_page,
     show_projection_caveats,
     show_table,
+    sla_ms_text,
     throughput,
     usd_amount,
     usd_rate,
@@ -233,16 +234,16 @@ def _projection_section(ctx: Context, values: dict) -> None:
             (m[1], "spec", p.capacity_tokens_per_s_spec, sp.capacity_runs_spec, sp.capacity_tpot_p95_ms_spec)):
         col.metric(f"Capacity {mode} (tokens/s per node)", throughput(cap),
                    help=f"best configuration meeting the SLA: {runs_text(cap_runs)}, p95 TPOT "
-                        f"{fmt(p95, '.1f', suffix=' ms')} (SLA {p.sla_ms:g} ms)" if cap_runs else None)
+                        f"{sla_ms_text(p95, p.sla_ms)} (SLA {p.sla_ms:g} ms)" if cap_runs else None)
     monthly = f"{finops.MONTHLY_COST_FORMULA}: node-hours only, the energy not in it"
     m[2].metric("Monthly cost AR", usd_amount(p.monthly_cost_ar_usd), help=monthly)
     m[3].metric("Monthly cost spec", usd_amount(p.monthly_cost_spec_usd), help=monthly)
     m = st.columns(4)
     # the p95 of the configuration each mode is sized on, not of every request in view pooled
-    m[0].metric("p95 TPOT at capacity (AR)", fmt(sp.capacity_tpot_p95_ms_ar, ".1f", suffix=" ms"),
+    m[0].metric("p95 TPOT at capacity (AR)", sla_ms_text(sp.capacity_tpot_p95_ms_ar, p.sla_ms),
                 help="p95 TPOT of the AR configuration the projection sizes the fleet on "
                      f"(SLA {p.sla_ms:g} ms); the Latency page pools every request in view")
-    m[1].metric("p95 TPOT at capacity (spec)", fmt(sp.capacity_tpot_p95_ms_spec, ".1f", suffix=" ms"),
+    m[1].metric("p95 TPOT at capacity (spec)", sla_ms_text(sp.capacity_tpot_p95_ms_spec, p.sla_ms),
                 help="p95 TPOT of the speculative configuration the projection sizes the fleet on "
                      f"(SLA {p.sla_ms:g} ms); the Latency page pools every request in view")
     if p.cost_per_1m_tokens_ar_usd is not None or p.cost_per_1m_tokens_spec_usd is not None:

@@ -24,6 +24,7 @@ from app.dashboard.common import (
     run_page,
     show_projection_caveats,
     show_table,
+    sla_ms_text,
     throughput,
     usd_amount,
     usd_rate,
@@ -364,7 +365,8 @@ def body(ctx: Context) -> None:
                          delta_color="inverse",
                          help="p95 over every request of the mode in view."
                               + (f" The projection sizes this mode on a configuration with p95 TPOT "
-                                 f"{fmt(cap_p95, '.1f', suffix=' ms')} (Cost & capacity)." if cap_p95 is not None
+                                 f"{sla_ms_text(cap_p95, proj.projection.sla_ms)} (SLA "
+                                 f"{proj.projection.sla_ms:g} ms; Cost & capacity)." if cap_p95 is not None
                                  else "")
                               + said_mixed)
             j_label = "J/token (partly estimated)" if partly else "J/token (estimate)" if s.energy_estimated \
