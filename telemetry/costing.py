@@ -1003,7 +1003,9 @@ class StoreProjection:
     def as_dict(self) -> dict:
         """The `project --json` contract: these top-level keys, the first eight as they always were, then the
         monthly cost per mode (nodes x node_hourly_usd x hours_per_month, node-hours only: the figure `project`
-        prints; assumptions.monthly_cost_basis says so), added after them."""
+        prints; assumptions.monthly_cost_basis says so), then the fleet cost per 1M served tokens under a name
+        that says so, added after them. cost_per_1m_tokens_*_usd hold that same fleet figure (sized for the peak
+        in whole nodes, not the measured unit cost `cost` prints) and keep their names for existing readers."""
         p = self.projection
         return {
             "nodes_ar": p.nodes_ar,
@@ -1015,6 +1017,8 @@ class StoreProjection:
             "capacity_tokens_per_s_spec": p.capacity_tokens_per_s_spec,
             "monthly_cost_ar_usd": p.monthly_cost_ar_usd,
             "monthly_cost_spec_usd": p.monthly_cost_spec_usd,
+            "fleet_cost_per_1m_served_tokens_ar_usd": p.cost_per_1m_tokens_ar_usd,
+            "fleet_cost_per_1m_served_tokens_spec_usd": p.cost_per_1m_tokens_spec_usd,
             "assumptions": {
                 "node_hourly_usd": p.node_hourly_usd,
                 "daily_tokens": p.daily_tokens,

@@ -1151,7 +1151,9 @@ PROJECTION_LABELS = {
 PROJECTION_SKIP = frozenset({"daily_tokens", "peak_factor", "p95_tpot_sla_ms", "energy_estimated",
                              "capacity_run_ar", "capacity_run_spec",
                              # said in the "energy estimated" row of the mode ("partly")
-                             "energy_partly_estimated_ar", "energy_partly_estimated_spec"})
+                             "energy_partly_estimated_ar", "energy_partly_estimated_spec",
+                             # the cost_per_1m_tokens_* rows under their newer name
+                             "fleet_cost_per_1m_served_tokens_ar_usd", "fleet_cost_per_1m_served_tokens_spec_usd"})
 
 
 def projection_rows(pr: ProjectionResult) -> list[tuple[str, Any]]:

@@ -23,6 +23,9 @@ PROJECT_KEYS = {
     "capacity_tokens_per_s_spec",
     "monthly_cost_ar_usd",  # added: the monthly cost the text prints
     "monthly_cost_spec_usd",
+    # added: the fleet cost per 1M served tokens under a name that says so (cost_per_1m_tokens_* hold the same)
+    "fleet_cost_per_1m_served_tokens_ar_usd",
+    "fleet_cost_per_1m_served_tokens_spec_usd",
     "assumptions",
 }
 
@@ -95,6 +98,9 @@ def test_project_json_contract(filled, capsys):
     # a custom price is the measured hardware's: its energy (100 J / 66 tokens, PUE 1.2, $0.13/kWh) stays in
     energy = 100 / 66 * 1e6 / 3.6e6 * 1.2 * 0.13
     assert out["cost_per_1m_tokens_ar_usd"] == pytest.approx(5 * 2.5 * 24 / 8.64e6 * 1e6 + energy)
+    # the old keys hold the fleet cost per 1M served tokens (peak-sized, whole nodes), as the new keys name it
+    assert out["fleet_cost_per_1m_served_tokens_ar_usd"] == out["cost_per_1m_tokens_ar_usd"]
+    assert out["fleet_cost_per_1m_served_tokens_spec_usd"] == out["cost_per_1m_tokens_spec_usd"]
 
 
 def test_project_gpu_pricing_says_priced_as_and_measured_on(filled, capsys):
