@@ -150,6 +150,8 @@ def test_overview_cost_tile_of_a_total_with_estimated_energy_says_so(sqlite_url,
     m = metrics(at)
     assert len(m["Cost per 1M tokens (incl. estimated energy)"]) == 2 and "Cost per 1M tokens" not in m
     assert len(m["J/token (estimate)"]) == 2
+    helps = [t.help for t in at.metric if t.label == "Cost per 1M tokens (incl. estimated energy)"]
+    assert all("output tokens x 1e6. Energy part is an estimate. " in h for h in helps), helps
     # a tile's label is cut short in its narrow column ("Cost per 1M toke..."): the caption under it says it whole
     captions = [c.value for c in at.caption]
     assert sum(c.endswith(" · cost includes estimated energy · J/token is an estimate") for c in captions) == 2
@@ -351,6 +353,9 @@ def test_overview_labels_a_pooled_estimate_as_partly_estimated(sqlite_url, monke
     m = metrics(at)
     assert len(m["Cost per 1M tokens (incl. partly estimated energy)"]) == 2
     assert len(m["J/token (partly estimated)"]) == 2 and "J/token (estimate)" not in m
+    # the help agrees with the label ("partly"), each part a sentence ("x 1e6 Energy part is an estimate." did not)
+    helps = [t.help for t in at.metric if t.label == "Cost per 1M tokens (incl. partly estimated energy)"]
+    assert all("output tokens x 1e6. Energy part is partly an estimate. " in h for h in helps), helps
     captions = [c.value for c in at.caption]
     assert any(c.endswith(" · cost includes partly estimated energy (run 1 estimated, run 3 measured by nvml) · "
                           "J/token partly estimated") for c in captions), captions

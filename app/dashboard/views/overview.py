@@ -338,12 +338,13 @@ def body(ctx: Context) -> None:
                                                  if estimated else ""), usd_amount(total),
                          **cost_delta,
                          delta_color="inverse",
-                         help="(node $/h x node hours + kWh x PUE x $/kWh) / output tokens x 1e6"
+                         # each part a sentence of its own: "... x 1e6 Energy part is an estimate." ran them on
+                         help="(node $/h x node hours + kWh x PUE x $/kWh) / output tokens x 1e6."
                               + ("" if total is None or c.energy_included
-                                 else f". Hardware only: {md_safe(no_energy)}.")
-                              + (f". No cost: {c.reason}." if total is None and c and c.reason else "")
-                              + (" Energy part is an estimate." if c and c.energy_included and c.energy_estimated
-                                 else "")
+                                 else f" Hardware only: {md_safe(no_energy)}.")
+                              + (f" No cost: {c.reason}." if total is None and c and c.reason else "")
+                              + ((" Energy part is partly an estimate." if cost_partly
+                                  else " Energy part is an estimate.") if estimated else "")
                               + (f" Prices: {md_safe(prices_text(mine, a))}." if c
                                  else f" No cost: {md_safe(unpriced)}." if unpriced else "")
                               + (f" Over the priced runs only: {md_safe(share[mode])}; {md_safe(unpriced)}."
