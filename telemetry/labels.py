@@ -74,6 +74,17 @@ def _below_a_dollar(a: float) -> str:
     return whole if not decimals and whole == "0" else f"{whole}.{decimals.ljust(2, '0')}"
 
 
+def j_per_token_text(value: float | None, missing: str = "—") -> str:
+    """A J/token figure the one way the reports and the dashboard show it: three significant digits, their
+    trailing zeros kept ("1.50" beside "3.12", not "1.5"), written out, never in e-notation ("0.000123", "1,230")."""
+    if value is None or value != value:
+        return missing
+    if value == 0:
+        return "0.00"
+    rounded = float(f"{value:.3g}")  # decided on the rounded figure: 9.996 is "10.0", not "10.00"
+    return f"{rounded:,.{max(2 - math.floor(math.log10(abs(rounded))), 0)}f}"
+
+
 def go_text(value: float | None, line: float, decimals: int = 3) -> str:
     """A figure the go/no-go `line` judges (alpha against 0.65), with as many decimals as it takes (`decimals` at
     least: 3, as `calibrate` prints alpha) for the shown value to fall on the same side of the line as the value:

@@ -27,7 +27,7 @@ from telemetry.costing import (
     runs_text,
 )
 from telemetry.finops import ms_apart, sla_steps, step_starts
-from telemetry.labels import chart_text, clear_of_line, go_text, line_in_legend, usd_amount
+from telemetry.labels import chart_text, clear_of_line, go_text, j_per_token_text, line_in_legend, usd_amount
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.queries import above_acceptance_lines, paired_text
 from telemetry.report import (
@@ -190,7 +190,7 @@ def _j_text(data: ReportData, mode: str) -> str:
     labels = [source] if source in (ESTIMATED, PARTLY_ESTIMATED) else []
     if partial_energy(data.current, mode):
         labels.append("some requests only")
-    return f"{_name(mode)} {j:.3g} J" + (f" ({', '.join(labels)})" if labels else "")
+    return f"{_name(mode)} {j_per_token_text(j)} J" + (f" ({', '.join(labels)})" if labels else "")
 
 
 def _ms(value: float | None) -> str:

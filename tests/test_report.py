@@ -761,6 +761,28 @@ def test_a_period_with_one_mode_only_compares_nothing(sqlite_url, tmp_path, caps
     assert "—x" not in page and "— ms" not in page and "fewer nodes than AR" not in page
 
 
+def test_j_per_token_keeps_its_significant_trailing_zeros_in_the_report_and_the_dashboard(sqlite_url, tmp_path, capsys):
+    """The J/token card read "spec 3.12 J / AR 1.5 J" ({j:.3g}), the dashboard "1.500" (.3f): both now write three
+    significant digits with their trailing zeros, through one formatter."""
+    from app.dashboard.views import energy, overview, runs
+    from telemetry.labels import j_per_token_text
+
+    assert [j_per_token_text(v) for v in (1.5, 3.12, 15.24, 0.0123, 9.996, 1234.0, 0.0, None)] == [
+        "1.50", "3.12", "15.2", "0.0123", "10.0", "1,230", "0.00", "—"]
+    assert all(m.j_per_token_text is j_per_token_text for m in (energy, overview, runs))
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", started_at=D0.replace(hour=9), requests=[Req(33, ttft_ms=100, e2e_ms=1380, energy_j=49.5)])
+        make_run(s, "spec", started_at=D0.replace(hour=9),
+                 requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=420, energy_j=33 * 3.12)])
+        s.commit()
+    assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", "2026-11-02")) == 0
+    capsys.readouterr()
+    page = open(_only_report(engine).html_path, encoding="utf-8").read()
+    m = re.search(r'<div class="k">J/token</div><div class="v">([^<]*)</div>', page)
+    assert m.group(1).startswith("spec 3.12 J") and " / AR 1.50 J" in m.group(1), m.group(1)
+
+
 def test_html_number_formats():
     from telemetry.report_html import number, usd
 

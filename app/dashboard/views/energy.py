@@ -5,8 +5,9 @@ from __future__ import annotations
 import streamlit as st
 
 from app.dashboard import charts, data
-from app.dashboard.common import SHOWN_RUN_IDS, Context, download_csv, fmt, run_page, show_left_out
+from app.dashboard.common import SHOWN_RUN_IDS, Context, download_csv, run_page, show_left_out
 from telemetry.costing import PARTLY_ESTIMATED, energy_source, energy_sources_text
+from telemetry.labels import j_per_token_text
 
 
 def body(ctx: Context) -> None:
@@ -23,7 +24,7 @@ def body(ctx: Context) -> None:
         partly = est and energy_source(mine) == PARTLY_ESTIMATED
         col.metric(f"J/token — {charts.MODE_NAMES[mode]}"
                    + (" (partly estimated)" if partly else " (estimate)" if est else ""),
-                   fmt(s.j_per_token if s else None, ".3f"),
+                   j_per_token_text(s.j_per_token if s else None),
                    help="Energy attributed to requests / their output tokens."
                         + (f" Power partly estimated: {energy_sources_text(mine, SHOWN_RUN_IDS)}." if partly
                            else " Estimated from a power model, not a meter." if est else ""))

@@ -40,6 +40,7 @@ from telemetry.costing import (
     partial_energy_text,
     temperature_text,
 )
+from telemetry.labels import j_per_token_text
 from telemetry.queries import (
     COMPARED_FIELDS,
     above_acceptance_lines,
@@ -372,7 +373,7 @@ def body(ctx: Context) -> None:
                               + said_mixed)
             j_label = "J/token (partly estimated)" if partly else "J/token (estimate)" if s.energy_estimated \
                 else "J/token"
-            j_tile.metric(j_label, fmt(s.j_per_token, ".3f"),
+            j_tile.metric(j_label, j_per_token_text(s.j_per_token),
                          help="Energy attributed to the requests / output tokens."
                               + (" Power partly estimated (see below)." if partly
                                  else " Power was estimated (no power meter)." if s.energy_estimated else ""))

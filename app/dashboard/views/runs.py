@@ -18,6 +18,7 @@ from app.dashboard.common import (
 )
 from app.dashboard.filters import short_model, short_workload
 from app.dashboard.page_queries import as_utc
+from telemetry.labels import j_per_token_text
 
 RAW_KINDS = ("requests", "steps", "tokens", "power")
 
@@ -68,7 +69,7 @@ COMPARE_ROWS = [
     ("TTFT p50 / p95 (ms)", lambda r: f"{fmt(r.stats.ttft_p50_ms, '.1f')} / {fmt(r.stats.ttft_p95_ms, '.1f')}"),
     ("TPOT p50 / p95 (ms)", lambda r: f"{fmt(r.stats.tpot_p50_ms, '.1f')} / {fmt(r.stats.tpot_p95_ms, '.1f')}"),
     # a missing J/token is a dash, with no estimate label on nothing
-    ("J/token", lambda r: fmt(r.stats.j_per_token, ".3f")
+    ("J/token", lambda r: j_per_token_text(r.stats.j_per_token)
      + (" (estimate)" if r.stats.energy_estimated and r.stats.j_per_token is not None else "")),
 ]
 
