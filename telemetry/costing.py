@@ -20,6 +20,8 @@ from telemetry.finops import (
     HOURS_PER_YEAR,
     J_PER_KWH,
     MONTHLY_COST_FORMULA,
+    NOT_ATTAINABLE,
+    NOT_MEASURED,
     CostBreakdown,
     Projection,
     SlaPoint,
@@ -733,7 +735,15 @@ COST_PER_1M_BASIS = f"{FLEET_COST_LABEL}: {FLEET_COST_FORMULA}"
 def fleet_energy_text(sp: StoreProjection, mode: str) -> str:
     """What the mode's fleet cost per 1M served tokens holds, as `project` and the report print beside it: 'node
     price only', 'incl. energy', or 'incl. energy (estimated)' / '(partly estimated)' where its capacity
-    configuration's energy rests (partly) on estimated power."""
+    configuration's energy rests (partly) on estimated power. A missing figure says why it is missing, not what
+    it would hold: 'not attainable: no run meets the SLA', or 'not measured: no spec runs in view' (or in the
+    compared group, where the mode's runs in view are in another comparable group)."""
+    if getattr(sp.projection, f"cost_per_1m_tokens_{mode}_usd") is None:
+        name = "AR" if mode == "ar" else "spec"
+        if getattr(sp.projection, f"measured_{mode}"):
+            return f"{NOT_ATTAINABLE}: no {name} run meets the SLA"
+        elsewhere = sp.comparison is not None and sp.comparison.elsewhere.get(mode)
+        return f"{NOT_MEASURED}: no {name} runs {'in the compared group' if elsewhere else 'in view'}"
     if not getattr(sp.projection, f"energy_included_{mode}"):
         return "node price only"
     if not getattr(sp, f"energy_estimated_{mode}"):

@@ -950,3 +950,23 @@ def test_an_unknown_gpu_lists_only_the_hourly_prices_it_takes(filled, tmp_path, 
         assert "electricity" not in known and "pue" not in known, err
         assert main([*argv, "--gpu", "pue", "--db", filled]) == 2
         assert "--gpu 'pue' names the pue price (ratio), not an hourly GPU or node price" in capsys.readouterr().err
+
+
+def test_project_says_why_a_fleet_cost_is_missing_not_what_it_would_hold(filled, capsys, tmp_path):
+    """A missing fleet cost read "AR n/a (node price only)": an inclusion label on nothing. It now says why it is
+    missing: no run meets the SLA, or no runs of the mode."""
+    # AR's p95 TPOT (48.75 ms) misses a 20 ms SLA; spec's (12.5 ms) meets it
+    assert main(_project(filled, "--p95-tpot-sla-ms", "20")) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("fleet cost per 1M"))
+    assert "AR n/a (not attainable: no AR run meets the SLA), spec $" in line, line
+    assert "n/a (node price only)" not in line and "n/a (incl." not in line, line
+    # a store of AR runs only
+    url = f"sqlite:///{tmp_path / 'ar_only.db'}"
+    engine = open_store(url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(33, ttft_ms=100, e2e_ms=900, start_s=0.0)])
+        s.commit()
+    engine.dispose()
+    assert main(_project(url, "--node-hourly-usd", "2.5")) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("fleet cost per 1M"))
+    assert line.endswith("(node price only), spec n/a (not measured: no spec runs in view)"), line

@@ -246,6 +246,16 @@ def test_cost_page_recomputes_projection_from_widgets(filled, monkeypatch):
     assert metrics(at)["Projected annual savings"] == ["—"]
 
 
+def test_cost_page_says_why_a_fleet_cost_is_missing(filled, monkeypatch):
+    """At an SLA between spec's p95 TPOT (~20 ms) and AR's (~49 ms) AR has no fleet cost: the caption says why
+    (as `project` does), not just "—"."""
+    at = open_page(app_for(filled, monkeypatch), PAGES["Cost & capacity"])
+    at.number_input(key="w_sla").set_value(30.0).run()
+    assert_clean(at)
+    [line] = [c.value for c in at.caption if c.value.startswith("Fleet cost per 1M served tokens")]
+    assert "AR — (not attainable: no AR run meets the SLA), spec $" in line, line
+
+
 def test_money_tiles_read_as_the_cost_command_writes_them(filled, monkeypatch):
     """The savings and monthly-cost tiles had their own format (",.0f": "$730" where `project` printed "$730.00",
     "$0" for a saving of $0.40): every money figure of the dashboard goes through usd_amount."""

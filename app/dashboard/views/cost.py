@@ -30,6 +30,7 @@ from telemetry.costing import (
     FLEET_COST_LABEL,
     PARTLY_ESTIMATED,
     energy_source,
+    fleet_energy_text,
     mode_runs,
     partial_energy_text,
     runs_text,
@@ -259,8 +260,12 @@ def _projection_section(ctx: Context, values: dict) -> None:
 
             energy = (f", energy at {usd_rate(sp.usd_per_kwh)}/kWh ({whose('usd_per_kwh', '$/kWh')}) x PUE "
                       f"{sp.pue:g} ({whose('pue', 'PUE')})")
-        st.caption(f"{FLEET_COST_LABEL[0].upper()}{FLEET_COST_LABEL[1:]}: AR "
-                   f"{usd_amount(p.cost_per_1m_tokens_ar_usd)}, spec {usd_amount(p.cost_per_1m_tokens_spec_usd)} "
+        def fleet(mode: str) -> str:
+            """The mode's figure, and why it is missing where it is (not attainable, no runs of the mode)."""
+            value = getattr(p, f"cost_per_1m_tokens_{mode}_usd")
+            return usd_amount(value) + (f" ({fleet_energy_text(sp, mode)})" if value is None else "")
+
+        st.caption(f"{FLEET_COST_LABEL[0].upper()}{FLEET_COST_LABEL[1:]}: AR {fleet('ar')}, spec {fleet('spec')} "
                    f"(node {usd_rate(p.node_hourly_usd)}/h{energy}). "
                    "Above the measured cost per 1M at the top of the page: the fleet is sized for the peak, in "
                    "whole nodes, and paid for around the clock."
