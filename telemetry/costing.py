@@ -61,6 +61,7 @@ from telemetry.queries import (
     cutoffs_text,
     effective_cutoffs,
     empty_store_hint,
+    failed_span_s,
     field_text,
     key_of,
     record_both,
@@ -1217,6 +1218,38 @@ RECORDED_PRICES_WAYS = ("give --node-hourly-usd X (or --gpu NAME) to price them 
                         "price (--invocation ID)")
 
 
+# share of a configuration's wall time that failed requests may add before `project` warns that they lower its capacity
+FAILED_SPAN_WARN_SHARE = 0.10
+
+
+def failed_span_caveats(engine: Engine, filters: Filters | None, configs: list[ConfigSummary]) -> tuple[str, ...]:
+    """One caveat per configuration of `configs` whose failed or cancelled requests (a timeout that ends last)
+    add more than FAILED_SPAN_WARN_SHARE of its wall time (queries.failed_span_s): its tokens/s, and so the
+    capacity a projection takes from it, counts that time, as it should (the node was paid while they ran), but a
+    reader should know that it is failures, not speed, that lower it. Names the runs, the seconds they add, and the
+    tokens/s over the ok requests' span alone beside the measured one."""
+    with_tokens = [c for c in configs if c.stats.output_tokens and c.stats.wall_s]
+    spans = failed_span_s(engine, filters, [i for c in with_tokens for i in c.run_ids])
+    out = []
+    for c in with_tokens:
+        added = {i: spans[i][0] - spans[i][1] for i in c.run_ids if i in spans and spans[i][0] > spans[i][1]}
+        total = sum(added.values())
+        if total <= FAILED_SPAN_WARN_SHARE * c.stats.wall_s:
+            continue
+        name = "AR" if c.mode == "ar" else "spec"
+        each = (f" (run {', run '.join(f'{i} +{a:,.1f} s' for i, a in added.items())})"
+                if len(c.run_ids) > 1 else "")
+        ok_wall = c.stats.wall_s - total
+        without = (f", {_ratio(c.stats.output_tokens, ok_wall):,.3g} tokens/s over its ok requests' span alone"
+                   if ok_wall > 0 else "")
+        out.append(f"failed or cancelled requests of the {name} configuration of {runs_text(c.run_ids)} (concurrency "
+                   f"{c.concurrency}) add {total:,.1f} s{each} to its {c.stats.wall_s:,.1f} s of wall time "
+                   f"({total / c.stats.wall_s:.0%}): its measured {c.stats.tokens_per_s:,.3g} tokens/s, and the "
+                   f"capacity taken from it, count that time, as the node was paid for it{without}; "
+                   "`specfinops export --what requests` shows their errors")
+    return tuple(out)
+
+
 def _recorded_prices_caveat(recorded: list[NodePrice | None], price: NodePrice) -> tuple[str, ...]:
     """Why a projection's node price is the catalog's when its runs recorded prices of their own (they differ,
     or some recorded none): said, not switched silently. () where the runs' price or a flag priced it (a flag's
@@ -1370,7 +1403,7 @@ def project_from_store(
                                      cap_ids)
     return StoreProjection(
         caveats=projection_caveats(comparison, cap_configs, price, devices, differs, engine, name_store)
-        + _recorded_prices_caveat(recorded, price) + above,
+        + _recorded_prices_caveat(recorded, price) + above + failed_span_caveats(engine, filters, configs),
         speedup_above_acceptance=bool(above),
         projection=projection,
         node_price=price,

@@ -805,6 +805,36 @@ def _spans(c, engine: Engine, filters: Filters) -> dict[int, float]:
     return {run_id: (last[run_id] - start).total_seconds() for run_id, start in first.items()}
 
 
+def failed_span_s(engine: Engine, filters: Filters | None, run_ids: Sequence[int]) -> dict[int, tuple[float, float]]:
+    """Per run of `run_ids` with a request in view that did not finish ok (error, cancelled) and has an end:
+    (seconds from its first request's start to its last one's end, the same over its ok requests alone; 0 where
+    it has none). A run's wall time counts every request, the node was paid while they ran: where a failed one
+    (a timeout) starts first or ends last, it stretches the span, and the tokens/s over it falls. Their difference
+    is how much of the span the failed requests add; one in the middle adds nothing."""
+    if not run_ids:
+        return {}
+    timed = (*(filters or Filters()).where(), Request.e2e_ms.is_not(None), Request.run_id.in_(list(run_ids)))
+    failed = select(Request.run_id).join(Run, Request.run_id == Run.id).where(*timed, Request.status != "ok").distinct()
+    with read_snapshot(engine) as c:
+        ids = [row[0] for row in c.execute(failed)]
+        if not ids:
+            return {}
+        q = (select(Request.run_id, Request.started_at, Request.e2e_ms, Request.status)
+             .join(Run, Request.run_id == Run.id).where(*timed, Request.run_id.in_(ids)))
+        rows = list(c.execute(q))
+    ends: dict[int, dict[str, list[tuple[datetime, datetime]]]] = defaultdict(lambda: {"every": [], "ok": []})
+    for run_id, started, e2e, status in rows:
+        pair = (started, started + timedelta(milliseconds=e2e))
+        ends[run_id]["every"].append(pair)
+        if status == "ok":
+            ends[run_id]["ok"].append(pair)
+
+    def span(pairs: list[tuple[datetime, datetime]]) -> float:
+        return (max(e for _, e in pairs) - min(s for s, _ in pairs)).total_seconds() if pairs else 0.0
+
+    return {run_id: (span(e["every"]), span(e["ok"])) for run_id, e in ends.items()}
+
+
 def serve_node_shares(engine: Engine, filters: Filters, runs: Sequence[RunSummary]) -> dict[int, float]:
     """Per server run in `runs` that shared its node with another server run: the fraction of its own span (first
     request start to last end, in the time window) that is its share of the node's time. `specfinops serve` keeps

@@ -970,3 +970,59 @@ def test_project_says_why_a_fleet_cost_is_missing_not_what_it_would_hold(filled,
     assert main(_project(url, "--node-hourly-usd", "2.5")) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("fleet cost per 1M"))
     assert line.endswith("(node price only), spec n/a (not measured: no spec runs in view)"), line
+
+
+def _failed_at_the_end(url: str) -> None:
+    """AR run 1: two 3 s requests (0-3.1 s, 3.2-6.3 s, 202 tokens) and one that failed after 60 s (7-67 s), and one
+    that failed inside the span (1-2 s: adds nothing); spec run 2: two 1 s requests, no failure."""
+    engine = open_store(url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[
+            Req(101, ttft_ms=100, e2e_ms=3100, start_s=0.0),
+            Req(101, ttft_ms=100, e2e_ms=3100, start_s=3.2),
+            Req(0, ttft_ms=None, e2e_ms=1000, start_s=1.0, status="error"),
+            Req(0, ttft_ms=None, e2e_ms=60000, start_s=7.0, status="error"),
+        ])
+        make_run(s, "spec", requests=[spec_req(101, 4, 60, ttft_ms=100, e2e_ms=1100, start_s=0.0),
+                                      spec_req(101, 4, 60, ttft_ms=100, e2e_ms=1100, start_s=1.2)])
+        s.commit()
+    engine.dispose()
+
+
+def test_project_warns_where_failed_requests_stretch_a_configurations_span(db_url, capsys):
+    """A timed-out request at the end of a run stretches its span (6.3 s -> 67 s) and so lowers its tokens/s and
+    the capacity `project` sizes on (3.0 instead of 32 tokens/s). The span counts it on purpose (the node was
+    paid), but `project` now says so, naming the run and the seconds its failures add."""
+    from telemetry.queries import failed_span_s
+
+    url = db_url  # SQLite and PostgreSQL
+    _failed_at_the_end(url)
+    assert failed_span_s(open_store(url), Filters(), [1, 2]) == {1: (67.0, 6.3)}
+    args = ["--daily-tokens", "1e9", "--peak-factor", "2", "--p95-tpot-sla-ms", "1000", "--node-hourly-usd", "2"]
+    assert main(["project", "--db", url, *args]) == 0
+    out = capsys.readouterr().out
+    assert out.count("warning: failed or cancelled requests") == 1, out  # AR's, not spec's
+    assert ("warning: failed or cancelled requests of the AR configuration of run 1 (concurrency 1) add 60.7 s to its "
+            "67.0 s of wall time (91%): its measured 3.01 tokens/s, and the capacity taken from it, count that time, "
+            "as the node was paid for it, 32.1 tokens/s over its ok requests' span alone") in out, out
+    assert "capacity per node at the SLA: AR 3.0 tokens/s (run 1)" in out  # the arithmetic is unchanged
+    assert main(["project", "--db", url, *args, "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["assumptions"]["notes"]
+    assert sum(n.startswith("failed or cancelled requests of the AR configuration of run 1") for n in notes) == 1
+
+
+def test_project_says_nothing_of_failures_that_add_little_to_a_span(tmp_path, capsys):
+    """A failed request inside the span (or one adding under 10% to it) changes no capacity: no warning."""
+    url = f"sqlite:///{tmp_path / 'inside.db'}"
+    engine = open_store(url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(101, ttft_ms=100, e2e_ms=3100, start_s=0.0),
+                                    Req(101, ttft_ms=100, e2e_ms=3100, start_s=3.2),
+                                    Req(0, ttft_ms=None, e2e_ms=1000, start_s=1.0, status="error"),
+                                    Req(0, ttft_ms=None, e2e_ms=600, start_s=6.0, status="cancelled")])  # +0.3 s
+        make_run(s, "spec", requests=[spec_req(101, 4, 60, ttft_ms=100, e2e_ms=1100, start_s=0.0)])
+        s.commit()
+    assert main(["project", "--db", url, "--daily-tokens", "1e9", "--peak-factor", "2", "--p95-tpot-sla-ms", "1000",
+                 "--node-hourly-usd", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "failed or cancelled requests" not in out, out

@@ -1048,3 +1048,16 @@ def test_the_runs_pages_default_pair_is_the_same_and_reads_each_run_a_few_times(
     _CountedRun.reads = 0
     default_pair(runs)
     assert _CountedRun.reads <= 3 * len(runs), _CountedRun.reads
+
+
+def test_cost_page_warns_where_failed_requests_stretch_a_configurations_span(tmp_path, monkeypatch):
+    """`project`'s caveat that a timed-out request at the end of run 1 lowers its capacity is on the Cost page."""
+    from test_cost_cli import _failed_at_the_end
+
+    url = f"sqlite:///{tmp_path / 'failed.db'}"
+    _failed_at_the_end(url)
+    at = open_page(app_for(url, monkeypatch), PAGES["Cost & capacity"])
+    assert_clean(at)
+    said = [w.value for w in at.warning if "failed or cancelled requests" in w.value]
+    assert len(said) == 1 and said[0].startswith(
+        "Projection: failed or cancelled requests of the AR configuration of run 1 (concurrency 1) add 60.7 s"), said
