@@ -460,7 +460,7 @@ class BandCheck:
     sd: float | None
     low: float | None
     high: float | None
-    status: str  # anomaly | within band | not enough history | no value this period
+    status: str  # anomaly | within band | not enough history | no value this period | not checked (NOT_CHECKED)
     note: str
     basis: str | None = None  # a cost: "total", or its hardware part where the periods' energy bases differ
     estimated: str = ""  # which of the compared values rest on estimated power (`estimated_text`), if any
@@ -605,6 +605,15 @@ class ReportData:
                 "figures are not measurements")
 
 
+def daily_tokens_basis(tokens: int, days: float) -> str:
+    """How a projection on a period's own traffic reads its daily tokens, the sum spelled out: 'this period's
+    94,266 output tokens over 7 days = 13,467 per day' (the report's CSV, page and summary all show this)."""
+    daily = tokens / days
+    per_day = f"{daily:,.0f}" if daily >= 100 else f"{daily:.3g}"
+    shown = f"{days:.4g}"
+    return f"this period's {tokens:,} output tokens over {shown} day{'' if shown == '1' else 's'} = {per_day} per day"
+
+
 def _projection(
     engine: Engine, current: PeriodFigures, sla_ms: float, daily_tokens: float | None, peak_factor: float,
     pricing: Pricing, speedups: Sequence[queries.Speedup] | None = None,
@@ -615,7 +624,7 @@ def _projection(
         days = current.window.length.total_seconds() / 86_400  # a month's own 28 to 31 days
         tokens = current.output_tokens()
         daily = tokens / days if tokens else None
-        basis = f"this period's measured output tokens ({tokens:,}) per day"
+        basis = daily_tokens_basis(tokens, days)
     else:
         daily, basis = float(daily_tokens), "given (--daily-tokens)"
     if measured and current.window.invocation_id is not None:  # 132 tokens in 2 s read as 5.7M tokens a day
@@ -662,11 +671,15 @@ def build_report(
     current = period_figures(engine, window, pricing)
     past = tuple(period_figures(engine, window.shifted(n), pricing) for n in range(1, history + 1))
     f = window.filters()
+    generated_at = queries.as_utc(now or datetime.now(UTC), "now")
     bands = tuple(_band(name, get, current, past) for name, get in BAND_METRICS)
+    if window.until > generated_at:  # a part of this period against whole ones: not judged
+        bands = tuple(replace(b, status=NOT_CHECKED, note=f"{NOT_ENDED}; {b.note}")
+                      if b.status in ("anomaly", "within band") else b for b in bands)
     speedups = tuple(queries.speedups(engine, f))  # once: the projection's caveat reads them too
     return ReportData(
         window=window,
-        generated_at=queries.as_utc(now or datetime.now(UTC), "now"),
+        generated_at=generated_at,
         sla_ms=float(sla_ms),
         pricing=pricing,
         current=current,
@@ -695,6 +708,28 @@ CHANGE_METRICS: tuple[tuple[str, Callable[[PeriodFigures], float | None]], ...] 
 
 
 ONE_INVOCATION = "not compared: one invocation's runs (the period before holds none of them)"
+# A period that had not ended when its report was generated: its figures cover only the part that had passed, so
+# a change against a whole previous period (or a band of whole periods) would read as a drop
+NOT_ENDED = "not compared: this period had not ended"
+NOT_CHECKED = "not checked"  # a band's status where this period had not ended
+
+
+def period_complete(data: ReportData) -> bool:
+    """The period had ended when the report was generated: its figures are final (regenerating it later gives
+    the same numbers, records added since aside)."""
+    return data.window.until <= data.generated_at
+
+
+def no_value_text(cur: float | None, prev: float | None) -> str | None:
+    """Why a figure has no change: it has no value in either period, this one or the previous; None where both
+    have one."""
+    if cur is None and prev is None:
+        return "not compared: no value in either period"
+    if cur is None:
+        return "not compared: no value in this period"
+    if prev is None:
+        return "not compared: no value in the previous period"
+    return None
 
 
 def change_rows(
@@ -711,6 +746,7 @@ def change_rows(
     nothing; the previous-period columns are empty and `compared` says why."""
     out = []
     periods = [data.current, data.previous]
+    ended = period_complete(data)
     if data.current.window.invocation_id is not None:
         for name, get in CHANGE_METRICS:  # this period's own figure: a cost's total, on no basis shared with another
             cur = get(data.current)
@@ -725,6 +761,13 @@ def change_rows(
         mismatch = j_per_token_mismatch(periods, get.mode) if isinstance(get, JPerTokenMetric) else None
         if mismatch is not None:  # both values shown, no change: the estimate's error is no change in J/token
             delta, pct, basis = None, None, mismatch
+        # a basis only where both values exist (a change was compared on it); else why no change
+        missing = no_value_text(cur, prev)
+        if missing is not None:
+            basis = missing
+        elif not ended:  # a part of this period against a whole one: both values shown, no change
+            delta, pct = None, None
+            basis = "; ".join(filter(None, [NOT_ENDED, None if basis == TOTAL_BASIS else basis]))
         sources = [s if v is not None else None
                    for s, v in zip(estimate_sources(get, periods, basis), (cur, prev), strict=True)]
         estimated = estimated_text(sources, ["this period", "previous period"])

@@ -32,6 +32,8 @@ from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.queries import above_acceptance_lines, paired_text
 from telemetry.report import (
     ALPHA_GO,
+    NOT_CHECKED,
+    NOT_ENDED,
     TOTAL_BASIS,
     CostMetric,
     ReportData,
@@ -42,6 +44,7 @@ from telemetry.report import (
     lift_common,
     meets_sla,
     partial_energy,
+    period_complete,
     projection_tpot,
     report_choose,
     time_text,
@@ -512,12 +515,6 @@ def _band_note(b) -> str:
 # ---- the page -------------------------------------------------------------------------------------------
 
 
-def period_complete(data: ReportData) -> bool:
-    """The period had ended when the report was generated: its figures are final (regenerating it later gives
-    the same numbers, records added since aside)."""
-    return data.window.until <= data.generated_at
-
-
 def incomplete_period_text(data: ReportData) -> str | None:
     """Why the figures of a period that had not ended are partial (None once it had ended): they cover only the
     part that had passed, and a projection on the period's own traffic divides that part's tokens by the whole
@@ -586,6 +583,8 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
             f"<li class='bad'>{html.escape(b.metric)}: {fmt(b.value, ',.4g')} is outside its band "
             f"{fmt(b.low, ',.4g')} to {fmt(b.high, ',.4g')} ({html.escape(_band_note(b))})</li>" for b in anomalies
         ) + "</ul>")  # fmt: skip
+    elif any(b.status == NOT_CHECKED for b in data.bands):  # a part of a period: no all-clear
+        parts.append(f"<p class='muted'>Not checked against their bands ({html.escape(NOT_ENDED)}).</p>")
     elif all(b.value is None for b in data.bands):  # nothing was checked: no all-clear
         why = "no traffic in this period" if not data.has_traffic else "no checked figure has a value this period"
         parts.append(f"<p class='muted'>Nothing to check: {why}.</p>")

@@ -1464,3 +1464,68 @@ def test_report_charts_have_no_mode_bar_and_titles_wrapped_within_their_width(st
     assert main(_report(url, tmp_path, "--period", "daily", "--since", f"{D0:%Y-%m-%d}")) == 0
     page = open(_only_report(engine).html_path, encoding="utf-8").read()
     assert page.count('"displayModeBar": false') == page.count('class="plotly-graph-div"') > 0
+
+
+def test_a_period_that_had_not_ended_is_not_compared_with_whole_ones(store, tmp_path):
+    """A report of a period that had not ended set its part against the whole previous period: change.csv read
+    a drop in output tokens with an empty `compared` cell, and the band judged the part as a whole period. Both
+    values stay, the change and the band's verdict are left out, and `compared` / the note says why."""
+    from telemetry.report import NOT_CHECKED, NOT_ENDED
+
+    url, engine = store  # D0, and four whole days before it
+    for n in range(1, 5):
+        add_day(engine, D0 - n * DAY, spec_e2e_ms=1500)
+    window = period_window("daily", since=D0)
+    result = report_writer.write_report(engine, window, tmp_path, now=D0 + timedelta(hours=12), history=4)
+    change = {c["figure"]: c for c in result.summary["change"]}
+    tokens = change["output tokens"]
+    assert tokens["this_period"] == tokens["previous_period"] == 132
+    assert tokens["change"] is None and tokens["change_pct"] is None and tokens["compared"] == NOT_ENDED
+    assert change["spec cost per 1M tokens (USD)"]["compared"] == NOT_ENDED  # not "...; total"
+    with open(result.csv_dir / "change.csv", encoding="utf-8") as fh:
+        row = {r["figure"]: r for r in csv.DictReader(fh)}["output tokens"]
+    assert (row["change"], row["change %"], row["compared"]) == ("", "", NOT_ENDED)
+    bands = {b["metric"]: b for b in result.summary["anomalies"]}
+    spec = bands["spec cost per 1M tokens (USD)"]  # far below its band: an anomaly, were the period whole
+    assert spec["status"] == NOT_CHECKED and spec["note"].startswith(f"{NOT_ENDED}; band = mean")
+    page = open(result.html_path, encoding="utf-8").read()
+    assert "is outside its band" not in page and "No figure outside its band" not in page
+    assert "Not checked against their bands (not compared: this period had not ended)" in page
+    whole = report_writer.write_report(engine, window, tmp_path / "later", now=D0 + DAY, history=4)
+    assert {b["metric"]: b for b in whole.summary["anomalies"]}["spec cost per 1M tokens (USD)"]["status"] == "anomaly"
+    assert {c["figure"]: c for c in whole.summary["change"]}["output tokens"]["compared"] is None
+
+
+def test_change_names_a_basis_only_where_both_periods_have_a_value(store, tmp_path):
+    """An empty period's change.csv said compared "total" for the costs, though neither period had one."""
+    url, engine = store  # D0 only: the day before is empty
+    empty = report_writer.write_report(engine, period_window("daily", since=D0 + 5 * DAY), tmp_path / "empty",
+                                       now=D0 + 10 * DAY)
+    change = {c["figure"]: c for c in empty.summary["change"]}
+    assert change["spec cost per 1M tokens (USD)"]["compared"] == "not compared: no value in either period"
+    assert change["spec acceptance rate"]["compared"] == "not compared: no value in either period"
+    first = report_writer.write_report(engine, period_window("daily", since=D0), tmp_path / "first",
+                                       now=D0 + 10 * DAY)
+    change = {c["figure"]: c for c in first.summary["change"]}
+    assert change["spec cost per 1M tokens (USD)"]["compared"] == "not compared: no value in the previous period"
+    after = report_writer.write_report(engine, period_window("daily", since=D0 + DAY), tmp_path / "after",
+                                       now=D0 + 10 * DAY)
+    change = {c["figure"]: c for c in after.summary["change"]}
+    assert change["AR cost per 1M tokens (USD)"]["compared"] == "not compared: no value in this period"
+    add_day(engine, D0 + DAY)
+    both = report_writer.write_report(engine, period_window("daily", since=D0 + DAY), tmp_path / "both",
+                                      now=D0 + 10 * DAY)
+    assert {c["figure"]: c for c in both.summary["change"]}["AR cost per 1M tokens (USD)"]["compared"] == "total"
+
+
+def test_the_daily_tokens_basis_spells_out_the_sum(store, tmp_path):
+    """projection.csv read "this period's measured output tokens (94,266) per day" beside 13466.57."""
+    url, engine = store  # 132 output tokens on D0
+    weekly = report_writer.write_report(engine, period_window("weekly", since=D0), tmp_path / "w", now=D0 + 10 * DAY)
+    said = "this period's 132 output tokens over 7 days = 18.9 per day"
+    assert weekly.summary["projection_daily_tokens_basis"] == said
+    with open(weekly.csv_dir / "projection.csv", encoding="utf-8") as fh:
+        assert {r["figure"]: r["value"] for r in csv.DictReader(fh)}["daily tokens basis"] == said
+    assert html.escape(said) in open(weekly.html_path, encoding="utf-8").read()
+    daily = report_writer.write_report(engine, period_window("daily", since=D0), tmp_path / "d", now=D0 + 10 * DAY)
+    assert daily.summary["projection_daily_tokens_basis"] == "this period's 132 output tokens over 1 day = 132 per day"

@@ -85,7 +85,7 @@ def report_notes(summary: dict, since=None, until=None, created_at=None) -> dict
     written = utc(summary.get("generated_at")) or utc(created_at)
     complete = summary.get("period_complete")
     if complete is None and written is not None and utc(until) is not None:
-        complete = utc(until) <= written  # as report_html.period_complete
+        complete = utc(until) <= written  # as report.period_complete
     if complete is False:
         started = written is None or utc(since) is None or written > utc(since)
         notes[PARTIAL_PERIOD] = (f"written before its period {'ended' if started else 'began'}: its figures cover "
