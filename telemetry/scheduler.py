@@ -901,9 +901,19 @@ def _label(r) -> str:
     return Window(r.period, r.since, r.until).label()  # naive (SQLite's) times are UTC to Window
 
 
-def failed_deliveries(engine: Engine, *, now: datetime | None = None, limit: int = 50) -> list[str]:
+def resend_text(job_id: str, period: str, until: datetime) -> str:
+    """How a failed delivery whose job no longer retries it is sent again: a scheduler started with its job id and
+    a delivery re-sends it at its start (redeliver_failed), till `until`."""
+    return (f"to re-send it, start `specfinops scheduler --job-id {job_id} --period {period}` with --webhook, "
+            f"--webhook-env or --smtp (and its --cron and --out; --keep-other-jobs keeps the store's other jobs) "
+            f"before {until:%Y-%m-%d %H:%M} UTC: its start sends it")
+
+
+def failed_deliveries(engine: Engine, *, now: datetime | None = None, limit: int = 50,
+                      jobs: list[Job] | None = None) -> list[str]:
     """One line per scheduled report whose delivery failed (or partly failed), newest first: whether a later
-    run of its job retries it, and the recorded error's first line."""
+    run of its job retries it, and the recorded error's first line. Retried only where its job (`jobs`:
+    persisted_jobs) is still in the job table and delivers; else why not, and how to send it again."""
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
@@ -912,6 +922,7 @@ def failed_deliveries(engine: Engine, *, now: datetime | None = None, limit: int
     from telemetry.report_writer import age_s
 
     now = now or datetime.now(UTC)
+    by_id = {j.id: j for j in (persisted_jobs(engine) if jobs is None else jobs) if j.func_ref == JOB_FUNC}
     with Session(engine) as s:
         rows = list(s.scalars(select(Report).where(Report.job_id.is_not(None),
                                                    Report.delivery_status.in_((FAILED, PARTIAL)))
@@ -924,7 +935,14 @@ def failed_deliveries(engine: Engine, *, now: datetime | None = None, limit: int
         elif age_s(r.created_at, now) < (retried_s := redeliver_failed_for_s(r.period)):
             created = r.created_at if r.created_at.tzinfo else r.created_at.replace(tzinfo=UTC)
             until = created + timedelta(seconds=retried_s)
-            retry = f"retried by the job's next run (until {until:%Y-%m-%d %H:%M} UTC)"
+            job = by_id.get(r.job_id)
+            if job is None:
+                retry = f"not retried: its job is gone from the job table; {resend_text(r.job_id, r.period, until)}"
+            elif not _delivers(job):
+                retry = (f"not retried: its job delivers nothing now (no --webhook, --webhook-env or --smtp); "
+                         f"{resend_text(r.job_id, r.period, until)}")
+            else:
+                retry = f"retried by the job's next run (until {until:%Y-%m-%d %H:%M} UTC)"
         else:
             retry = f"no longer retried (older than {redeliver_failed_for_s(r.period) // 86400} days)"
         lines.append(f"report #{r.id} ({_label(r)}), job {r.job_id}: delivery {r.delivery_status}, {retry}: "

@@ -1351,6 +1351,8 @@ def test_a_monthly_jobs_failed_delivery_is_retried_by_its_next_run(store, monkey
     monkeypatch.setattr(sched_mod, "_deliver", lambda engine_, job_, report_id, summary: sent.append(report_id)
                         or "delivered")
     month_on = created + timedelta(days=30)
+    s, _ = _started(engine, job, parse_cron("0 6 1 * *"), paused=True)  # its job in the table, delivering
+    s.shutdown()
     listed = "\n".join(sched_mod.failed_deliveries(engine, now=month_on))
     assert f"retried by the job's next run (until {created + timedelta(days=32):%Y-%m-%d %H:%M} UTC)" in listed
     with engine.begin() as c:  # the same report as a daily one: 30 days on, no longer retried
@@ -1631,3 +1633,33 @@ def test_a_job_another_process_changes_while_this_one_schedules_it_is_not_blamed
     assert "APScheduler" not in said and "install" not in said, said
     verb = "changed" if other == "replaced it" else "removed"
     assert f"the job report-daily was {verb} by another process while this one scheduled it" in said, said
+
+
+def test_a_failed_delivery_is_said_retried_only_where_its_job_is_there_and_delivers(store, no_blocking, capsys):
+    """`--list` said "retried by the job's next run" of a report whose job was gone, or restarted without a
+    delivery: nothing retried it. It says why not and the command that sends it again, which does."""
+    url, engine, out = store
+    job = _job(url, out)
+    sched_mod.run_report_job(**job.kwargs())
+    [r] = reports(engine)
+    with engine.begin() as c:
+        c.execute(text("UPDATE reports SET delivery_status = 'failed', delivery_error = 'HTTP 500'"))
+    [line] = sched_mod.failed_deliveries(engine)  # no job in the table
+    assert "retried by" not in line and "not retried: its job is gone from the job table" in line
+    assert "start `specfinops scheduler --job-id report-daily --period daily` with --webhook" in line
+    base = ["scheduler", "--db", url, "--cron", "0 6 * * *", "--out", str(out)]
+    assert main(base) == 0  # the job back, delivering nothing
+    capsys.readouterr()
+    assert main(["scheduler", "--db", url, "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "not retried: its job delivers nothing now (no --webhook, --webhook-env or --smtp)" in listed
+    assert "retried by" not in listed
+    hook = Hook(200)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    try:
+        assert main([*base, "--webhook", hook.url]) == 0  # what the line says: its start sends it
+    finally:
+        hook.shutdown()
+        hook.server_close()
+    assert f"report #{r.id} (" in capsys.readouterr().out
+    assert [x.delivery_status for x in reports(engine)] == ["delivered"]

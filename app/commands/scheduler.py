@@ -178,7 +178,7 @@ def _list_jobs(args) -> int:
     engine = open_store(args.db, must_exist=True)
     try:
         jobs = persisted_jobs(engine)
-        failed = failed_deliveries(engine)
+        failed = failed_deliveries(engine, jobs=jobs)
         unfinished = unfinished_deliveries(engine, jobs=jobs)
     finally:
         engine.dispose()
