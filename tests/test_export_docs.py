@@ -72,3 +72,25 @@ def test_node_id_help_names_the_environment_variable(command, capsys):
         main([command, "--help"])
     help_ = " ".join(capsys.readouterr().out.split())
     assert "$SPECFINOPS_NODE_ID, else the host name" in help_, help_
+
+
+def test_the_readme_says_how_to_open_the_bom_less_utf8_csv_in_excel(sqlite_url, tmp_path):
+    """Export CSVs carry no byte-order mark, so Excel's double-click shows non-ASCII text as mojibake: the README's
+    export section says so and how to open them (Data > From Text/CSV)."""
+    from sqlalchemy.orm import Session
+    from synthetic import Req, make_run
+
+    from telemetry.store import open_store
+
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        make_run(s, "ar", workload="café", requests=[Req(8, ttft_ms=10, e2e_ms=80)])
+        s.commit()
+    engine.dispose()
+    out = tmp_path / "r.csv"
+    assert main(["export", "--db", sqlite_url, "--what", "requests", "--out", str(out)]) == 0
+    raw = out.read_bytes()
+    assert not raw.startswith(b"\xef\xbb\xbf") and "café".encode() in raw  # UTF-8, no BOM: what the note says
+    readme = (DOC.parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("is listed in [docs/export.md]"):][:600]
+    assert "UTF-8 without a byte-order mark" in section and "Data > From Text/CSV" in section
