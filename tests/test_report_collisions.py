@@ -238,9 +238,13 @@ def test_a_failed_delivery_is_retried_by_the_next_scheduled_run(tmp_path, monkey
         [row] = _rows(engine)
         assert row.id == first and row.delivery_status == "failed" and len(hook.bodies) == 3
 
+        s = sched_mod.make_scheduler(engine)  # the job in the store's job table, as a scheduler keeps it
+        sched_mod.schedule_report_job(s, engine, job, sched_mod.parse_cron("0 6 * * *"))
+        s.start(paused=True)
+        s.shutdown()
         assert main(["scheduler", "--db", url, "--list"]) == 0  # the failed delivery is listed
         listed = capsys.readouterr().out
-        assert f"report #{first}" in listed and "delivery failed" in listed and "retried" in listed
+        assert f"report #{first}" in listed and "delivery failed" in listed and "retried by the job's next run" in listed
 
         hook.status = 200  # back up: the next run writes its own report and re-sends the failed one's summary
         second = sched_mod.run_report_job(**job.kwargs())
