@@ -338,6 +338,15 @@ def cost_rows(engine: Engine, window: ExportWindow, *, filters=None, unpriced: b
         run_costs, _ = costing.costs(engine, filters, unpriced_ways="or leave these runs out with a filter "
                                      "(--invocation, --node, --run, --since/--until)")  # export has no price flags
         left_out = []
+    from telemetry.window_spans import spill_note, window_spills
+
+    # a windowed row's priced span that reaches outside its window: said in its note (adjacent windows overlap)
+    spills = window_spills(engine, filters, [rc.run.run_id for rc in run_costs] + [r.run_id for r in left_out])
+
+    def note(r, c) -> str | None:
+        said = c.reason if c is not None else f"no price for device {r.device!r}"
+        spill = spills.get(r.run_id)
+        return "; ".join(filter(None, [said, spill and spill_note(spill, filters.since, filters.until)])) or None
 
     def row(r, rc) -> tuple:
         c = rc.cost if rc is not None else None
@@ -347,7 +356,7 @@ def cost_rows(engine: Engine, window: ExportWindow, *, filters=None, unpriced: b
                 (rc.node_price.priced_as, rc.node_price.usd_per_hour, rc.usd_per_kwh, rc.pue, c.hardware_usd_per_1m,
                  c.energy_usd_per_1m, c.total_usd_per_1m, c.energy_included) if rc is not None
                 else (None,) * 8),
-            costing.run_energy_estimated(r), c.reason if c is not None else f"no price for device {r.device!r}",
+            costing.run_energy_estimated(r), note(r, c),
             r.invocation_id, r.kind, r.status, r.concurrency, rc.node_share if rc is not None else None,
             filters.since, filters.until,
         )

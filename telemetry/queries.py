@@ -780,10 +780,23 @@ def _end_ms(engine: Engine):
 
 def _spans(c, engine: Engine, filters: Filters) -> dict[int, float]:
     """Per run in view: seconds from its first request's start to its last one's end (start + e2e), over its
-    requests in view (any status) that have an e2e time. Exactly Python's datetime arithmetic (the e2e as a
-    timedelta, rounded to the microsecond), which SQL's own does not reproduce: the store finds each run's first
-    start and the requests that may end last (within END_SLACK_MS of its latest end as SQL reckons it: usually
-    one), and only those come back to decide the end."""
+    requests in view (any status) that have an e2e time (`_span_bounds`)."""
+    return {run_id: (last - first).total_seconds() for run_id, (first, last) in _span_bounds(c, engine, filters).items()}
+
+
+def span_bounds(engine: Engine, filters: Filters) -> dict[int, tuple[datetime, datetime]]:
+    """Per run in view: its requests' first start and last end (start + e2e), UTC (`_span_bounds`)."""
+    with engine.connect() as c:
+        return {run_id: (as_utc(first, "first start"), as_utc(last, "last end"))
+                for run_id, (first, last) in _span_bounds(c, engine, filters).items()}
+
+
+def _span_bounds(c, engine: Engine, filters: Filters) -> dict[int, tuple[datetime, datetime]]:
+    """Per run in view: its first request's start and its last one's end (start + e2e), over its requests in view
+    (any status) that have an e2e time. Exactly Python's datetime arithmetic (the e2e as a timedelta, rounded to
+    the microsecond), which SQL's own does not reproduce: the store finds each run's first start and the requests
+    that may end last (within END_SLACK_MS of its latest end as SQL reckons it: usually one), and only those come
+    back to decide the end."""
     end = _end_ms(engine)
     timed = (*filters.where(), Request.e2e_ms.is_not(None))
     per_run = (
@@ -802,7 +815,7 @@ def _spans(c, engine: Engine, filters: Filters) -> dict[int, float]:
         end_at = started + timedelta(milliseconds=e2e)
         first[run_id] = first_start
         last[run_id] = max(end_at, last.get(run_id, end_at))
-    return {run_id: (last[run_id] - start).total_seconds() for run_id, start in first.items()}
+    return {run_id: (start, last[run_id]) for run_id, start in first.items()}
 
 
 def failed_span_s(engine: Engine, filters: Filters | None, run_ids: Sequence[int]) -> dict[int, tuple[float, float]]:

@@ -583,6 +583,9 @@ class ReportData:
     projection: ProjectionResult
     bands: tuple[BandCheck, ...]
     synthetic_runs: int = 0  # runs in the period the synthetic data generator made (queries.synthetic_runs)
+    # where the period's runs' priced spans reach outside it (window_spans.spills_text): adjacent periods' costs
+    # overlap by up to that; None where none does
+    window_overlap: str | None = None
 
     @property
     def has_traffic(self) -> bool:
@@ -690,7 +693,16 @@ def build_report(
         projection=_projection(engine, current, float(sla_ms), daily_tokens, float(peak_factor), pricing, speedups),
         bands=bands,
         synthetic_runs=queries.synthetic_runs(engine, f),
+        window_overlap=_window_overlap(engine, window, current),
     )
+
+
+def _window_overlap(engine: Engine, window: Window, current: PeriodFigures) -> str | None:
+    """The period's caveat where its runs' priced spans reach past its end or into its start (window_spans)."""
+    from telemetry.window_spans import spills_text, window_spills
+
+    ids = [rc.run.run_id for rc in current.run_costs] + [r.run_id for r in current.unpriced_runs]
+    return spills_text(window_spills(engine, window.filters(), ids), window.since, window.until)
 
 
 # Figures compared with the previous period: (name, getter).
@@ -887,6 +899,9 @@ def summary_dict(data: ReportData) -> dict:
         "traffic": data.has_traffic,
         # how many of the period's runs the synthetic data generator made (0: none): not measurements
         "synthetic": data.synthetic_runs,
+        # where the period's runs' priced spans (wall_s) reach past its end or into its start: the seconds, and
+        # that adjacent periods' costs overlap by up to that much (None where none does)
+        "window_overlap": data.window_overlap,
         # too few requests for stable figures, as `cost` warns (costing.small_sample_text); None where enough
         "small_sample": data.small_sample_text(),
         "output_tokens": data.current.output_tokens(),

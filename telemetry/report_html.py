@@ -552,6 +552,8 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
     small = data.small_sample_text()
     if small is not None:  # as `cost` warns; not only inside the projection's assumptions
         parts.append(f"<p class='notice' id='small-sample'>{html.escape(small[0].upper() + small[1:])}.</p>")
+    if data.window_overlap is not None:  # adjacent periods' costs price the same node time twice
+        parts.append(f"<p class='notice' id='window-overlap'>Period edges: {html.escape(data.window_overlap)}.</p>")
     unfinished = incomplete_period_text(data)
     if unfinished is not None:
         parts.append(f"<p class='notice' id='period-incomplete'>{html.escape(unfinished[0].upper() + unfinished[1:])}"

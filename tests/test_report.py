@@ -1529,3 +1529,42 @@ def test_the_daily_tokens_basis_spells_out_the_sum(store, tmp_path):
     assert html.escape(said) in open(weekly.html_path, encoding="utf-8").read()
     daily = report_writer.write_report(engine, period_window("daily", since=D0), tmp_path / "d", now=D0 + 10 * DAY)
     assert daily.summary["projection_daily_tokens_basis"] == "this period's 132 output tokens over 1 day = 132 per day"
+
+
+def test_a_window_says_how_far_its_priced_spans_reach_past_its_edges(store, tmp_path):
+    """A window prices a run from its requests' first start to their last end, past the window's end: two adjacent
+    windows priced the same node-seconds twice, unsaid. The AR run of D0 09:00 serves 0-0.9 s and 0.2-1.9 s, the
+    spec run 0-0.5 s and 1.0-1.5 s; cut at 09:00:00.1, the first window's spans run 0.80 s and 0.40 s past the cut
+    and the second's begin at 0.2 s and 1.0 s: the windows' wall times overlap by 0.7 s (AR) and 0 s (spec). The
+    export's note, a report's notice and summary say it; the whole day says nothing."""
+    url, engine = store
+    cut = D0.replace(hour=9) + timedelta(milliseconds=100)
+    out = tmp_path / "before.csv"
+    assert main(["export", "--db", url, "--what", "cost", "--until", cut.isoformat(), "--out", str(out)]) == 0
+    with open(out, encoding="utf-8") as fh:
+        before = {r["mode"]: r for r in csv.DictReader(fh)}
+    assert float(before["ar"]["wall_s"]) == pytest.approx(0.9)
+    assert before["ar"]["note"].endswith("priced span runs 0.80 s past the window's end (2026-11-02 09:00:00 UTC): "
+                                         "requests in flight there; a window starting at that end prices up to that "
+                                         "much of the same node time again (adjacent windows' costs overlap by up to "
+                                         "that)")
+    assert "0.40 s past the window's end" in before["spec"]["note"]
+    out = tmp_path / "after.csv"
+    assert main(["export", "--db", url, "--what", "cost", "--since", cut.isoformat(), "--out", str(out)]) == 0
+    with open(out, encoding="utf-8") as fh:
+        after = {r["mode"]: r for r in csv.DictReader(fh)}
+    assert float(after["ar"]["wall_s"]) == pytest.approx(1.7)  # 0.9 + 1.7 = 2.6 s against the run's 1.9
+    assert "requests started before the window's start (2026-11-02 09:00:00 UTC) ran 0.80 s into it" in \
+        after["ar"]["note"]
+    window = period_window("custom", since=D0, until=cut)
+    result = report_writer.write_report(engine, window, tmp_path / "r", now=D0 + DAY)
+    said = result.summary["window_overlap"]
+    assert said.startswith("runs 1-2: the priced span (wall_s: first request start to last end) runs up to 0.80 s "
+                           "past the window's end (2026-11-02 09:00:00 UTC; run 1 0.80 s, run 2 0.40 s)")
+    assert "adjacent windows' costs overlap by up to that" in said
+    assert "id='window-overlap'" in open(result.html_path, encoding="utf-8").read()
+    with open(result.csv_dir / "runs_cost.csv", encoding="utf-8") as fh:
+        assert all("past the window's end" in r["note"] for r in csv.DictReader(fh))
+    whole = report_writer.write_report(engine, period_window("daily", since=D0), tmp_path / "d", now=D0 + DAY)
+    assert whole.summary["window_overlap"] is None
+    assert "window-overlap" not in open(whole.html_path, encoding="utf-8").read()
