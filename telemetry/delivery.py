@@ -312,7 +312,9 @@ def email_text(summary: dict) -> tuple[str, str]:
     proj = summary.get("projection") or {}
     lines.append(f"Projected annual savings: {usd_amount(proj.get('annual_savings_usd'))}")
     flagged = [a["metric"] for a in summary.get("anomalies", []) if a.get("status") == "anomaly"]
-    lines.append("Anomalies: " + (", ".join(flagged) if flagged else "none"))
+    unchecked = any(a.get("status") == "not checked" for a in summary.get("anomalies", []))  # report.NOT_CHECKED
+    lines.append("Anomalies: " + (", ".join(flagged) if flagged else
+                                  "not checked (this period had not ended)" if unchecked else "none"))
     lines.append(f"Report: {summary.get('html_path')}")
     return subject, "\n".join(lines) + "\n"
 

@@ -1491,6 +1491,15 @@ def test_a_period_that_had_not_ended_is_not_compared_with_whole_ones(store, tmp_
     page = open(result.html_path, encoding="utf-8").read()
     assert "is outside its band" not in page and "No figure outside its band" not in page
     assert "Not checked against their bands (not compared: this period had not ended)" in page
+    from telemetry.delivery import email_text
+
+    assert "Anomalies: not checked (this period had not ended)\n" in email_text(result.summary)[1]
+    import streamlit
+
+    from app.dashboard.views.reports import reports
+
+    streamlit.cache_data.clear()
+    assert [r["anomalies"] for r in reports(url)] == ["not checked"]  # the dashboard's list: no all-clear either
     whole = report_writer.write_report(engine, window, tmp_path / "later", now=D0 + DAY, history=4)
     assert {b["metric"]: b for b in whole.summary["anomalies"]}["spec cost per 1M tokens (USD)"]["status"] == "anomaly"
     assert {c["figure"]: c for c in whole.summary["change"]}["output tokens"]["compared"] is None
