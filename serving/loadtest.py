@@ -92,7 +92,7 @@ class LoadSpec:
     model: str | None = None  # default: the first model the server lists
 
     def validate(self) -> None:
-        from serving.server_schemas import MAX_TEMPERATURE  # the server's range: it refuses others
+        from serving.request_limits import MAX_TEMPERATURE  # the server's range: it refuses others
 
         base_url(self.url)
         if not self.levels or any(n < 1 for n in self.levels):

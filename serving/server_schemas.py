@@ -15,13 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidatorFunctionWrapHandler, field_validator
 
+from serving.request_limits import MAX_STOP_STRINGS, MAX_TEMPERATURE, MIN_TOP_P, SEED_MAX, SEED_MIN
 from serving.sampling import SamplingParams
 
-MAX_TEMPERATURE = 2.0  # OpenAI's documented range is [0, 2]
-MIN_TOP_P = 1e-30  # a smaller top_p is applied as this one: both keep the most likely token alone
-MAX_STOP_STRINGS = 4
-# what torch.Generator.manual_seed takes (a negative seed wraps to its unsigned 64-bit value)
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # What a request that fits a context window of max_len tokens holds at most, in JSON values (strings, numbers,
 # arrays, objects) and in arrays and objects alone: a prompt of token ids holds one value per token; a message

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 
 import pytest
 from serve_live import API_KEY, shared_live, start_server, stop_server
@@ -31,6 +33,18 @@ def test_loopback_urls_are_normalised():
 def test_cli_refuses_remote_url_with_a_clear_error(capsys):
     assert main(["loadtest", "--url", "http://203.0.113.7:8000", "--duration", "1", "--no-telemetry"]) == 2
     assert "loopback" in capsys.readouterr().err
+
+
+def test_a_load_test_is_a_pure_http_client_it_loads_no_torch():
+    """LoadSpec.validate read the temperature limit from serving.server_schemas, which imports the sampler and so
+    torch: 9 s to say a server cannot be reached. The limits are in a torch-free module now."""
+    code = ("import sys; from app.cli import main; "
+            "rc = main(['loadtest', '--url', 'http://127.0.0.1:1', '--concurrency', '1', '--duration', '1', "
+            "'--no-telemetry']); "
+            "print(rc, sorted(m for m in ('torch', 'serving.sampling', 'serving.server_schemas') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "2 []", (done.stdout, done.stderr)
+    assert "cannot reach http://127.0.0.1:1" in done.stderr
 
 
 def test_token_rows_spread_tokens_over_chunks():

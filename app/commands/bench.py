@@ -170,7 +170,7 @@ def check_sampling_options(args: argparse.Namespace) -> None:
     torch cannot take (failed at the first sampled token), a --top-k or --max-new-tokens past the 32-bit
     columns that record them (PostgreSQL: 'integer out of range' when the first run was recorded)."""
     # the seeds torch's generator takes (as the server checks them) and the store's 32-bit columns
-    from serving.server_schemas import SEED_MAX, SEED_MIN
+    from serving.request_limits import SEED_MAX, SEED_MIN
     from telemetry.queries import MAX_NEW_TOKENS, MAX_TOP_K
 
     if not SEED_MIN <= args.seed <= SEED_MAX:
