@@ -101,7 +101,10 @@ class EngineLoop:
 
     @property
     def num_running(self) -> int:
-        return len(self.engine.running)
+        """Requests holding a batch slot: decoding, and those taken from the queue that are being admitted
+        (prefilling), as vLLM counts a prefilling sequence running. A job is in neither the queue nor
+        `engine.running` while `engine.add` prefills it: /health and vllm:num_requests_running missed it."""
+        return max(self._num_holding, len(self.engine.running))
 
     @property
     def num_waiting(self) -> int:

@@ -78,7 +78,7 @@ class ServeMetrics:
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens prefilled (requests that reached the "
                                      "engine and emitted a first token).", base, registry=r)
         if running is not None:
-            Gauge("vllm:num_requests_running", "Sequences in the engine batch.", base,
+            Gauge("vllm:num_requests_running", "Sequences in the engine batch, prefilling ones included.", base,
                   registry=r).labels(*self._base).set_function(running)
         if waiting is not None:
             Gauge("vllm:num_requests_waiting", "Requests waiting for a batch slot.", base,

@@ -297,6 +297,45 @@ def test_a_burst_fills_the_free_slots_before_the_waiting_limit_counts():
     assert all(fin.finish_reason in ("length", "stop") and ids for ids, fin in out)
 
 
+def test_a_request_being_admitted_counts_as_running():
+    """A job taken from the queue is in neither the queue nor `engine.running` while `engine.add` prefills it:
+    /health and vllm:num_requests_running said 0 running, 0 waiting for a request being prefilled (seconds for a
+    long prompt), and the shutdown's "still in flight" count missed it. It counts as running, as vLLM counts
+    prefilling sequences."""
+    records = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        el = _engine_loop(records)
+        metrics = ServeMetrics("m", running=lambda: el.num_running, waiting=lambda: el.num_waiting)
+        adding, release, real_add = threading.Event(), threading.Event(), el.engine.add
+
+        def held_add(*args, **kwargs):  # the engine thread stops inside the first admission (its prefill)
+            adding.set()
+            release.wait(60)
+            return real_add(*args, **kwargs)
+
+        el.engine.add = held_add
+        jobs = [_job(loop, i, 3) for i in range(3)]
+        el.submit(jobs[0])
+        assert await asyncio.to_thread(adding.wait, 60)
+        el.submit(jobs[1])
+        el.submit(jobs[2])
+        counts = el.num_running, el.num_waiting
+        gauge = {name: metrics.registry.get_sample_value(name, {"model_name": "m", "engine": "0"})
+                 for name in ("vllm:num_requests_running", "vllm:num_requests_waiting")}
+        release.set()
+        await asyncio.gather(*(_drain(j) for j in jobs))
+        after = el.num_running, el.num_waiting
+        el.stop()
+        return counts, gauge, after
+
+    counts, gauge, after = asyncio.run(main())
+    assert counts == (1, 2)  # was (0, 2): the request being prefilled was nowhere
+    assert gauge == {"vllm:num_requests_running": 1, "vllm:num_requests_waiting": 2}
+    assert after == (0, 0)
+
+
 def test_prompts_never_prefilled_are_not_counted_as_prefilled():
     """A request cancelled while it waited keeps its prompt length in the store (the column is the prompt's
     size), but vllm:prompt_tokens_total ("tokens prefilled") counts only prompts that reached the engine."""
