@@ -65,6 +65,7 @@ class Job:
     holds_slot: bool = False  # taken from the queue for a batch slot, not finished yet
     recorded_by_client: bool = False  # a load test records it in this server's own store: not twice
     admitted_at: datetime | None = None  # when the engine took it into a batch slot (None: it never ran)
+    cancelled_at: float | None = None  # perf_counter when `EngineLoop.cancel` was called (the client left)
     ran: Window | None = None  # once finished: admission to end, its energy window; None if it never ran
 
     @property
@@ -132,6 +133,7 @@ class EngineLoop:
         queue leaves it at once, so it no longer counts as waiting (nor against `max_waiting`)."""
         if job.finished or job.cancelled:
             return
+        job.cancelled_at = time.perf_counter()  # a job that never ran ends here, not when the engine thread gets to it
         job.cancelled = True
         with self._cv:
             try:
@@ -277,8 +279,10 @@ class EngineLoop:
         else:
             rec.tokens.clear()
             rec.steps.clear()
-        if rec.e2e_ms is None:
-            rec.e2e_ms = (time.perf_counter() - job.t_start) * 1000.0
+        if rec.e2e_ms is None:  # nothing emitted: it ended when it was cancelled (a queued job waits for the
+            # engine thread to get to its cancel, a whole step or more), else now
+            end = job.cancelled_at if job.cancelled_at is not None else time.perf_counter()
+            rec.e2e_ms = (end - job.t_start) * 1000.0
         others, queue_ms = [], None
         if job.admitted_at is not None:  # it ran: it shares the energy of its time in the batch
             queue_ms = max((job.admitted_at - job.wall_start).total_seconds() * 1000.0, 0.0)

@@ -336,6 +336,33 @@ def test_a_request_being_admitted_counts_as_running():
     assert after == (0, 0)
 
 
+def test_a_request_cancelled_while_queued_ends_when_the_client_left():
+    """A request cancelled while it waited was recorded as ending when the engine thread got to the cancel (after
+    the step it was in: 5045 ms in an audit where the client left after 3 s), not when the client left."""
+    records = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        el = _engine_loop(records)
+        running, release = await _full_and_held(el, loop)
+        queued = _job(loop, 2, 4)
+        el.submit(queued)
+        before = time.perf_counter()
+        el.cancel(queued)
+        after = time.perf_counter()
+        await asyncio.sleep(0.05)  # the engine thread is still in its step: it gets to the cancel later
+        release.set()
+        for j in [*running, queued]:
+            await _drain(j)
+        el.stop()
+        return queued, before, after
+
+    queued, before, after = asyncio.run(main())
+    rec = {r.external_id: r for _, r in records}["job-2"]
+    assert rec.status == "cancelled" and rec.ttft_ms is None
+    assert (before - queued.t_start) * 1000.0 <= rec.e2e_ms <= (after - queued.t_start) * 1000.0
+
+
 def test_prompts_never_prefilled_are_not_counted_as_prefilled():
     """A request cancelled while it waited keeps its prompt length in the store (the column is the prompt's
     size), but vllm:prompt_tokens_total ("tokens prefilled") counts only prompts that reached the engine."""
