@@ -28,6 +28,7 @@ import asyncio
 import ipaddress
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -635,10 +636,11 @@ def _client(spec: LoadSpec, *, headers: dict | None = None, timeout_s: float | N
                        http_client=DefaultAsyncHttpxClient(follow_redirects=False, trust_env=False))
 
 
-async def check_server(client, spec: LoadSpec) -> dict:
+async def check_server(client, spec: LoadSpec, prompts: Sequence[Prompt] = ()) -> dict:
     """The card of the model to load-test, once the server has answered for it; ValueError saying what is
     wrong otherwise: nothing answers, what answers is not an OpenAI-compatible server, the API key is refused,
-    no such model, or --max-tokens cannot fit its context window (every request would be refused)."""
+    no such model, or --max-tokens cannot fit its context window (every request would be refused): after a
+    one-token prompt, and, on a `specfinops serve` server, after the longest of `prompts` (`refuse_long_prompts`)."""
     import openai
 
     try:
@@ -666,7 +668,47 @@ async def check_server(client, spec: LoadSpec) -> dict:
                          f"{max_len}, shared by the prompt and the output (at most {max_len - 2} output tokens "
                          "after a one-token prompt)")
     refuse_spec_without_drafter(card, spec)
+    if isinstance(max_len, int) and not isinstance(max_len, bool) and card.get("owned_by") == "specfinops":
+        await refuse_long_prompts(client, card["id"], spec, prompts, max_len)
     return card
+
+
+LONGEST_PROBED = 4  # the workload's prompts with the most characters whose token counts the server is asked for
+_PROMPT_TOKENS = re.compile(r"the prompt is (\d+) tokens")  # `specfinops serve`'s context_length_exceeded wording
+
+
+async def refuse_long_prompts(client, model: str, spec: LoadSpec, prompts: Sequence[Prompt], max_len: int) -> None:
+    """ValueError when --max-tokens cannot follow the workload's longest prompt in the server's context window:
+    the requests of that prompt (every request, where all are as long) would be refused 400 and the runs filled
+    with errors. The longest prompts by characters (LONGEST_PROBED of them) are sent with max_tokens = `max_len`,
+    which leaves no prompt room: `specfinops serve` refuses each at once (400, nothing run or recorded) saying
+    how many tokens its prompt is, chat template included. A prompt it says nothing of is not judged."""
+    import openai
+
+    longest = sorted({p.id: p for p in prompts}.values(),
+                     key=lambda p: sum(len(str(m.get("content") or "")) for m in p.as_messages()),
+                     reverse=True)[:LONGEST_PROBED]
+    counted: list[tuple[int, Prompt]] = []
+    for prompt in longest:
+        try:
+            await client.chat.completions.create(model=model, messages=prompt.as_messages(), max_tokens=max_len,
+                                                 temperature=spec.temperature)
+        except openai.BadRequestError as exc:
+            found = _PROMPT_TOKENS.search(_server_said(exc))
+            if found:
+                counted.append((int(found.group(1)), prompt))
+        except openai.APIError:  # not this server's refusal: the requests themselves will say
+            continue
+    if not counted:
+        return
+    num_prompt, prompt = max(counted, key=lambda c: c[0])
+    room = max_len - 1 - num_prompt  # the prompt and the output share max_len - 1 positions (serve keeps one spare)
+    if spec.max_tokens > room:
+        fits = f"at most {room} output tokens fit after it" if room >= 1 else "it leaves no room for any output"
+        raise ValueError(f"--max-tokens {spec.max_tokens} cannot fit the server's context window after this "
+                         f"workload's longest prompt ({prompt.id}, {num_prompt} tokens as the server counts it): "
+                         f"max_model_len {max_len}, {fits}; its requests would all be refused (lower --max-tokens, "
+                         "or serve with a larger --max-len)")
 
 
 def refuse_spec_without_drafter(card: dict, spec: LoadSpec) -> None:
@@ -685,11 +727,11 @@ def refuse_spec_without_drafter(card: dict, spec: LoadSpec) -> None:
                      "use --mode ar, or serve with a K of 1 or more")
 
 
-async def probe_server(spec: LoadSpec) -> dict:
+async def probe_server(spec: LoadSpec, prompts: Sequence[Prompt] = ()) -> dict:
     """`check_server` with a client of its own (10 s timeout): before a store is opened or created."""
     client = _client(spec, timeout_s=10.0)
     try:
-        return await check_server(client, spec)
+        return await check_server(client, spec, prompts)
     finally:
         await client.close()
 
@@ -778,7 +820,7 @@ async def run_loadtest(spec: LoadSpec, prompts: list[Prompt], *, workload: str, 
     client = _client(spec, headers={RECORDED_IN_HEADER: shared.key} if shared is not None else None)
     out: list[LevelResult] = results if results is not None else []
     try:
-        card = card or await check_server(client, spec)
+        card = card or await check_server(client, spec, prompts)
         refuse_spec_without_drafter(card, spec)  # a card probe_server got: checked there too, for other callers
         measured = shared is not None and shared.power_source != "none"
         for level in spec.levels:

@@ -612,7 +612,7 @@ def _no_model_or_load(monkeypatch):
     def no_load(*a, **kw):
         raise AssertionError("the work began before the store was found read-only")
 
-    async def server_up(spec):
+    async def server_up(spec, prompts=()):
         return {"id": spec.model or "m"}
 
     monkeypatch.setattr(serving.worker, "load", no_load)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 
@@ -273,3 +274,27 @@ def test_requests_the_server_rejects_before_the_engine_are_error_rows_and_only_i
     assert grew["specfinops:requests_rejected_total"] == len(rejected)
     assert grew["specfinops:requests_total"] == len(engine_rows)
     assert grew["vllm:generation_tokens_total"] == sum(r.output_tokens for r in engine_rows)
+
+
+@pytest.mark.slow
+def test_max_tokens_that_fit_a_one_token_prompt_but_not_the_longest_prompt_are_refused_before_a_run(request,
+                                                                                                  tmp_path, capsys):
+    """--max-tokens was checked against a one-token prompt only: 1000 passed a 1024-token window, then every
+    request with its 100-130-token prompt was refused 400 and a failed run was left in the store. The server is
+    now asked how long the workload's longest prompts are (each refused at once: nothing runs), before any store."""
+    from serving.workloads import load_workload
+
+    live = shared_live(request.config)
+    db = tmp_path / "long.db"
+    rc = main(["loadtest", "--url", live.url, "--concurrency", "1", "--duration", "3", "--mode", "ar",
+               "--max-tokens", "1000", "--workload", "code", "--api-key", API_KEY, "--db", f"sqlite:///{db}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--max-tokens 1000 cannot fit the server's context window after this workload's longest " \
+                      "prompt" in err, err
+    assert not db.exists()
+    said = re.search(r"longest prompt \((\S+), (\d+) tokens as the server counts it\): max_model_len 1024, at most "
+                     r"(\d+) output tokens fit", err)
+    prompts = {p.id: p for p in load_workload("code")}
+    num_prompt = len(live.state.encode_chat(prompts[said[1]].as_messages()))
+    assert int(said[2]) == num_prompt and int(said[3]) == 1024 - 1 - num_prompt < 1000
+    assert all(len(live.state.encode_chat(p.as_messages())) <= num_prompt for p in prompts.values())

@@ -131,9 +131,9 @@ def _handle(args: argparse.Namespace) -> int:
         raise ValueError("loadtest needs the official openai client: pip install openai") from None
     from serving.loadtest import LoadTestFailed, probe_server, shared_store
 
-    # the server answers for the model, with this key, and --max-tokens fits: checked before the store is
-    # opened, so a server that is not up, a wrong key or model create no store
-    card = asyncio.run(probe_server(spec))
+    # the server answers for the model, with this key, and --max-tokens fits (after the longest prompt): checked
+    # before the store is opened, so a server that is not up, a wrong key or model create no store
+    card = asyncio.run(probe_server(spec, prompts))
     recorder, shared = None, None
     if not args.no_telemetry:
         from serving.worker import default_node_id
