@@ -13,7 +13,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidatorFunctionWrapHandler, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
 from serving.request_limits import MAX_STOP_STRINGS, MAX_TEMPERATURE, MIN_TOP_P, SEED_MAX, SEED_MIN
 from serving.sampling import SamplingParams
@@ -68,12 +75,17 @@ def _one_of(value: Any, handler: ValidatorFunctionWrapHandler, accepted: str) ->
 
 class Message(_Strict):
     role: str
-    content: str | list[dict[str, Any]]
+    content: str | list[dict[str, Any]] | None  # null on an assistant turn only, as OpenAI takes it (rendered "")
 
     @field_validator("content", mode="wrap")
     @classmethod
-    def _content(cls, v: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        return _one_of(v, handler, "a string or a list of content parts ({'type': 'text', 'text': ...})")
+    def _content(cls, v: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Any:
+        if v is None and info.data.get("role") == "assistant":
+            return None
+        accepted = "a string or a list of content parts ({'type': 'text', 'text': ...})"
+        if v is None:
+            raise ValueError(f"must be {accepted} (null only in an assistant message)")
+        return _one_of(v, handler, accepted)
 
     @field_validator("role")
     @classmethod
@@ -83,6 +95,8 @@ class Message(_Strict):
         return ROLES[v]
 
     def text(self) -> str:
+        if self.content is None:  # an assistant turn without text
+            return ""
         if isinstance(self.content, str):
             return self.content
         parts = []

@@ -203,3 +203,21 @@ def test_an_integer_too_long_to_read_is_named_in_the_servers_words():
     assert err.param == "prompt.1" and "4400 digits" in err.message, err.message
     err = _refused_raw(b'{"model": "m", "prompt": [1, ' + b"1" * 4400 + b"], oops")  # invalid after it: unnamed
     assert err.param is None and "holds an integer of more than 4300 digits" in err.message, err.message
+
+
+def test_an_assistant_turn_may_have_null_content_as_openai_takes_it():
+    """OpenAI accepts `"content": null` on an assistant message (a turn that said nothing, or only called tools):
+    it was refused 400. It is rendered as empty text; null content on any other role is still refused."""
+    seen: list = []
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
+            {"role": "user", "content": "and?"}]
+    req = parse_body(json.dumps({"model": MODEL, "messages": msgs}).encode(), ChatRequest, max_len=MAX_LEN)
+    check(req, "chat", model_id=MODEL, max_len=MAX_LEN, vocab_size=VOCAB,
+          encode_chat=lambda m: seen.append(m) or PROMPT_IDS, encode_text=lambda text: PROMPT_IDS)
+    assert seen == [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""},
+                     {"role": "user", "content": "and?"}]]
+    for role in ("user", "system", "developer"):
+        with pytest.raises(APIError) as exc:
+            _check({"messages": [{"role": role, "content": None}]}, chat=True)
+        assert exc.value.param == "messages.0.content" and "a string or a list" in exc.value.message
+        assert "null only in an assistant message" in exc.value.message
