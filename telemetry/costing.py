@@ -229,8 +229,20 @@ def incomplete_runs_text(runs: Iterable[RunSummary], shown: int | None = None) -
 # Below this many ok requests in a mode, its p95 TPOT is set by its one or two slowest requests and its tokens/s
 # by a handful of prompts: a capacity, node count or cost read from them moves with the next run.
 MIN_STABLE_REQUESTS = 20
-# How to measure enough of them (bench's --limit is what cuts a run short of its workload's prompts).
+# How to measure enough of them, by the runs' kind: bench's --limit is what cuts a run short of its workload's
+# prompts; a load test sends what its --duration holds; a server's runs hold the traffic it was sent.
 MEASURE_MORE = "measure more (bench without --limit)"
+MEASURE_MORE_BY_KIND = {
+    "bench": MEASURE_MORE,
+    "loadtest": "measure longer (loadtest with a longer --duration)",
+    "serve": "let the server take more traffic (its runs hold the requests it was sent), or measure with loadtest",
+}
+
+
+def measure_more_text(kinds: Iterable[str] = ("bench",)) -> str:
+    """How to measure more requests for runs of `kinds` (runs.kind), each kind's way once; bench's for none."""
+    found = [k for k in MEASURE_MORE_BY_KIND if k in set(kinds)] or ["bench"]
+    return "; ".join(MEASURE_MORE_BY_KIND[k] for k in found)
 
 
 def _mode_word(mode: str) -> str:
@@ -243,16 +255,17 @@ def _counts_text(requests: dict[str, int]) -> str:
     return f"{counts} request{'' if len(requests) == 1 and sum(requests.values()) == 1 else 's'}"
 
 
-def small_sample_text(requests: dict[str, int], what: str = "a p95 and a capacity figure") -> str | None:
+def small_sample_text(requests: dict[str, int], what: str = "a p95 and a capacity figure",
+                      kinds: Iterable[str] = ("bench",)) -> str | None:
     """'based on 2 spec and 2 AR requests: too few for a p95 and a capacity figure to be stable; ...' where a mode
     measured (some ok requests, `requests`: mode -> count) has fewer than MIN_STABLE_REQUESTS; None otherwise. A
     mode with none is not a small sample: the figures say it was not measured (missing_mode_text says how to
-    measure it)."""
+    measure it). `kinds`: the kinds of the runs counted, whose way to measure more is said (measure_more_text)."""
     measured = {m: n for m, n in requests.items() if n}
     if not measured or min(measured.values()) >= MIN_STABLE_REQUESTS:
         return None
     return (f"based on {_counts_text(requests)}: too few for {what} to be stable (under {MIN_STABLE_REQUESTS} per "
-            f"mode); {MEASURE_MORE}")
+            f"mode); {measure_more_text(kinds)}")
 
 
 def missing_mode_text(requests: dict[str, int], record: Callable[[str], str], elsewhere: dict[str, int] | None = None,
@@ -1095,7 +1108,7 @@ def projection_caveats(comparison: Comparison, cap_configs: dict[str, ConfigSumm
     requests |= {m: c.stats.num_requests_ok for m, c in cap_configs.items() if c is not None}
     # a mode with no requests is missing, not measured too little: how to record it, in place of 'too few'
     small = (missing_mode_text(requests, record, comparison.elsewhere, comparison.pick_text())
-             or small_sample_text(requests))
+             or small_sample_text(requests, kinds=(comparison.kind,)))
     out = [small] if small else []
     if differs:
         other = price.catalog_name or price.priced_as

@@ -595,7 +595,8 @@ class ReportData:
         """`cost`'s caveat where a mode measured in the period has too few ok requests for its figures to be stable
         (costing.small_sample_text); None otherwise (a mode with none is not a small sample)."""
         requests = {mode: self.current.stat(mode, "num_requests_ok") or 0 for mode in self.current.modes}
-        return costing.small_sample_text(requests, what="a tokens/s and a cost per 1M tokens")
+        kinds = {r.kind for r in (*(rc.run for rc in self.current.run_costs), *self.current.unpriced_runs)}
+        return costing.small_sample_text(requests, what="a tokens/s and a cost per 1M tokens", kinds=kinds)
 
     def synthetic_text(self) -> str | None:
         """The dashboard's synthetic-data warning, for the period's runs; None where none is synthetic."""

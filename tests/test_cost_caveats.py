@@ -401,3 +401,45 @@ def test_the_notes_on_many_runs_list_a_few_id_ranges_and_count_the_rest(sqlite_u
     out = _text(["cost", "--db", sqlite_url], capsys)
     line = next(x for x in out.splitlines() if "not every run completed" in x)
     assert "12 runs (2, 4, 6, 8, 10, 12, 14, 16, ...) cancelled" in line and "24" not in line
+
+
+# ---- too few requests, said by run kind ---------------------------------------
+
+
+def _runs_of(url: str, kind: str, n: int) -> None:
+    server = {"temperature": None, "top_p": None, "top_k": None} if kind == "serve" else {}
+    engine = open_store(url)
+    with Session(engine) as s:
+        make_run(s, "ar", kind=kind, requests=_ar(n), **server)
+        make_run(s, "spec", kind=kind, requests=_spec(n), **server)
+        s.commit()
+
+
+def test_too_few_requests_says_how_to_measure_more_for_the_runs_kind(db_url, capsys):
+    """"measure more (bench without --limit)" was said of load test runs (no --limit: they send what --duration
+    holds) and server runs (the traffic they were sent) too."""
+    from telemetry.costing import small_sample_text
+
+    _runs_of(db_url, "loadtest", 2)
+    assert main([*_project(db_url, "--gpu", "cpu-2core"), "--json"]) == 0
+    small = [n for n in json.loads(capsys.readouterr().out)["assumptions"]["notes"] if "too few" in n]
+    assert len(small) == 1 and small[0].endswith("measure longer (loadtest with a longer --duration)"), small
+    notes = _cost_json(db_url, capsys)["notes"]
+    assert any("too few" in n and n.endswith("loadtest with a longer --duration)") for n in notes), notes
+    assert not any("bench without --limit" in n for n in notes)
+    served = small_sample_text({"spec": 2, "ar": 2}, kinds=("serve",))
+    assert served.endswith("let the server take more traffic (its runs hold the requests it was sent), or measure "
+                           "with loadtest")
+    both = small_sample_text({"spec": 2, "ar": 2}, kinds=("loadtest", "bench"))
+    assert both.endswith("measure more (bench without --limit); measure longer (loadtest with a longer --duration)")
+    assert small_sample_text({"spec": 2, "ar": 2}).endswith("measure more (bench without --limit)")
+
+
+def test_the_reports_small_sample_caveat_says_how_for_its_runs_kind(db_url):
+    from telemetry.report import build_report, period_window
+
+    _runs_of(db_url, "serve", 2)
+    data = build_report(open_store(db_url), period_window("custom", since=BASE_TIME - timedelta(days=1),
+                                                          until=BASE_TIME + timedelta(days=1)))
+    said = data.small_sample_text()
+    assert "too few" in said and "let the server take more traffic" in said and "bench without" not in said

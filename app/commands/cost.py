@@ -336,7 +336,7 @@ def _cost_caveats(run_costs, mode_costs) -> tuple[dict, list[str], list[str]]:
     serve = [rc.run.run_id for rc in run_costs if rc.run.kind == "serve"]
     notes = [f"{ids_text(serve, shown=IDS_SHOWN)} (server): {SERVE_SPAN_NOTE}"] if serve else []
     small = small_sample_text({mc.mode: _requests_ok(mc, run_costs) for mc in mode_costs},
-                              what="a tokens/s and a cost per 1M tokens")
+                              what="a tokens/s and a cost per 1M tokens", kinds={rc.run.kind for rc in run_costs})
     return spreads, notes, [small] if small else []
 
 
