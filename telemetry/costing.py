@@ -356,6 +356,15 @@ SERVE_SPAN_NOTE = ("hardware priced over the requests' span (first request start
                    "a server's spec and AR runs share its node's time")
 
 
+# Said where a projection sizes nodes on server runs: their tokens/s is the traffic the server was sent (priced over
+# its requests' span), not the most a node serves within the SLA, which a load test or a bench measures.
+SERVE_CAPACITY_NOTE = ("these are server runs (kind 'serve'): they measure the traffic the server got, not its "
+                       "capacity: their tokens/s is what it was sent over its requests' span, so a server idle between "
+                       "requests reads slow, and the capacity per node at the SLA, node counts and costs here rest on "
+                       "that traffic; to size a fleet, measure capacity with `specfinops loadtest` against the server "
+                       "(or `specfinops bench`), then choose with --run-kind")
+
+
 def _energy_prices(engine: Engine, snapshot: dict | None, usd_per_kwh: float | None, pue: float | None,
                    catalog: PriceCatalog | None = None):
     """($/kWh, PUE) of one run: the flag > the run's recorded price > the catalog."""
@@ -1110,6 +1119,8 @@ def projection_caveats(comparison: Comparison, cap_configs: dict[str, ConfigSumm
     small = (missing_mode_text(requests, record, comparison.elsewhere, comparison.pick_text())
              or small_sample_text(requests, kinds=(comparison.kind,)))
     out = [small] if small else []
+    if comparison.kind == "serve":
+        out.append(SERVE_CAPACITY_NOTE)
     if differs:
         other = price.catalog_name or price.priced_as
         out.append(f"the capacity is the throughput measured on {', '.join(devices)}, priced as {price.priced_as}: "

@@ -403,7 +403,7 @@ def test_the_notes_on_many_runs_list_a_few_id_ranges_and_count_the_rest(sqlite_u
     assert "12 runs (2, 4, 6, 8, 10, 12, 14, 16, ...) cancelled" in line and "24" not in line
 
 
-# ---- too few requests, said by run kind ---------------------------------------
+# ---- server runs sized as capacity; too few requests, said by run kind ---------------------------------------
 
 
 def _runs_of(url: str, kind: str, n: int) -> None:
@@ -413,6 +413,39 @@ def _runs_of(url: str, kind: str, n: int) -> None:
         make_run(s, "ar", kind=kind, requests=_ar(n), **server)
         make_run(s, "spec", kind=kind, requests=_spec(n), **server)
         s.commit()
+
+
+SERVE_TRAFFIC = "they measure the traffic the server got, not its capacity"
+
+
+def test_project_on_server_runs_says_they_measure_traffic_not_capacity(db_url, capsys):
+    """`project` sized a fleet on a server's runs (the traffic it happened to be sent, priced over its requests'
+    span) as "capacity per node at the SLA", without a word: a mostly idle server reads as a slow node. The figures
+    are still given, with the caveat in the CLI, its --json notes, the report and the dashboard's Cost page."""
+    from app.dashboard.common import in_page_words
+    from telemetry.costing import SERVE_CAPACITY_NOTE
+    from telemetry.report import build_report, period_window
+
+    _runs_of(db_url, "serve", MIN_STABLE_REQUESTS)
+    assert main([*_project(db_url, "--gpu", "cpu-2core"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["nodes_spec"] is not None and out["capacity_tokens_per_s_spec"]  # not dropped
+    assert [n for n in out["assumptions"]["notes"] if SERVE_TRAFFIC in n] == [SERVE_CAPACITY_NOTE]
+    assert "`specfinops loadtest` against the server" in SERVE_CAPACITY_NOTE
+    text = _text(_project(db_url, "--gpu", "cpu-2core"), capsys)
+    assert f"warning: {SERVE_CAPACITY_NOTE}" in " ".join(text.split())
+    page = in_page_words(SERVE_CAPACITY_NOTE)  # as the Cost page shows it (show_projection_caveats)
+    assert SERVE_TRAFFIC in page and "--run-kind" not in page and "Run kind" in page
+    data = build_report(open_store(db_url), period_window("custom", since=BASE_TIME - timedelta(days=1),
+                                                          until=BASE_TIME + timedelta(days=1)),
+                        daily_tokens=8.64e6)
+    assert SERVE_CAPACITY_NOTE in data.projection.projection.as_dict()["assumptions"]["notes"]
+
+
+def test_project_on_bench_or_load_test_runs_has_no_server_traffic_caveat(db_url, capsys):
+    _runs_of(db_url, "loadtest", MIN_STABLE_REQUESTS)
+    assert main([*_project(db_url, "--gpu", "cpu-2core"), "--json"]) == 0
+    assert not any(SERVE_TRAFFIC in n for n in json.loads(capsys.readouterr().out)["assumptions"]["notes"])
 
 
 def test_too_few_requests_says_how_to_measure_more_for_the_runs_kind(db_url, capsys):
