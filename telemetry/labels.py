@@ -68,6 +68,23 @@ def usd_amount(value: float | None, missing: str = "—") -> str:
     return ("-" if value < 0 else "") + f"${text}"
 
 
+def usd_rate(value: float | None, missing: str = "—") -> str:
+    """A price per hour or per kWh: from $10 as usd_amount writes it ($98.32/h), below to four significant digits
+    as given, written out: cents are not enough ($0.0832/h read "$0.08"), and a price is not an amount to pad to
+    the cent ($5/h and $1/kWh, as `cost` and the inputs write them, not "$5.00/h")."""
+    if value is None or value != value or abs(value) >= 10:
+        return usd_amount(value, missing)
+    return ("-" if value < 0 else "") + "$" + format(Decimal(f"{abs(value):.4g}"), "f")
+
+
+def node_price_text(priced_as: str, usd_per_hour: float, custom: bool) -> str:
+    """A node price named once, the one way the dashboard, `cost`, `project` and the reports say it: "H100 x8 at
+    $55.04/h", "cpu-2core at $0.0832/h", and a custom price (`--node-hourly-usd`, the Cost page's custom $/h, whose
+    name "custom $12/h node" holds its rate already) "custom $12.00/h", not "custom $12/h node ($12.00/h)"."""
+    rate = f"{usd_rate(usd_per_hour)}/h"
+    return f"custom {rate}" if custom else f"{priced_as} at {rate}"
+
+
 def _below_a_dollar(a: float) -> str:
     """`a` (0 <= a < 1) to four significant digits in positional notation, at least to the cent ("0.50")."""
     whole, _, decimals = format(Decimal(f"{a:.4g}"), "f").partition(".")  # Decimal: 4e-05 -> 0.00004

@@ -27,7 +27,15 @@ from telemetry.costing import (
     runs_text,
 )
 from telemetry.finops import ms_apart, sla_steps, step_starts
-from telemetry.labels import chart_text, clear_of_line, go_text, j_per_token_text, line_in_legend, usd_amount
+from telemetry.labels import (
+    chart_text,
+    clear_of_line,
+    go_text,
+    j_per_token_text,
+    line_in_legend,
+    node_price_text,
+    usd_amount,
+)
 from telemetry.palette import ENERGY_COLOUR, HARDWARE_COLOUR, MODE_COLOURS
 from telemetry.queries import above_acceptance_lines, paired_text
 from telemetry.report import (
@@ -353,7 +361,7 @@ def assumptions_html(data: ReportData) -> str:
         a = pr.projection.as_dict()["assumptions"]
         p = pr.projection.projection
         items += [
-            f"priced as {a['priced_as']} at ${a['node_hourly_usd']:g}/node-hour"
+            "priced as " + node_price_text(a["priced_as"], a["node_hourly_usd"], pr.projection.node_price.origin == "flag")
             + (f" (given: {data.pricing.text()})" if data.pricing.text() else "")
             + (f", measured on {', '.join(a['measured_on'])}" if a["priced_differs_from_measured"] else ""),
             *([pr.projection.replica_note] if pr.projection.replica_note else []),

@@ -106,7 +106,7 @@ def test_project_json_contract(filled, capsys):
 def test_project_gpu_pricing_says_priced_as_and_measured_on(filled, capsys):
     assert main(_project(filled, "--gpu", "h100")) == 0
     out = capsys.readouterr().out
-    assert "priced as H100 ($6.88/node-hour), measured on cpu (2 cores)" in out
+    assert "priced as H100 at $6.88/h, measured on cpu (2 cores)" in out
     assert "nodes needed: AR 5, spec 4" in out
     assert "annual savings: $60,269" in out  # 1 node x $6.88 x 8760
     assert "replicas" not in out

@@ -10,6 +10,7 @@ from test_dashboard_apptest import PAGES, app_for, assert_clean, fill_store, ope
 
 from app.dashboard.common import prices_text, throughput
 from telemetry import costing
+from telemetry.labels import node_price_text
 from telemetry.store import open_store
 
 LEFT_OUT = "the sidebar's filters leave out the store's 1 speculative run; widen them"
@@ -66,6 +67,31 @@ def test_a_custom_node_price_is_named_once(sqlite_url):
     assert text.startswith("node custom $10.00/h (your input); electricity "), text
     assert text.count("$10") == 1, text
     engine.dispose()
+
+
+def test_a_custom_node_price_is_named_once_everywhere(sqlite_url, monkeypatch, capsys):
+    """The Overview's projection caption read "priced as custom $12/h node ($12.00/h)", `cost`'s run rows
+    "custom $10/h node ($10/h)", `project` "priced as custom $10/h node ($10/node-hour)": each names it once, as
+    the Cost page does (labels.node_price_text), and a catalog price by its name and rate."""
+    from app.cli import main
+
+    assert node_price_text("custom $12/h node", 12.0, custom=True) == "custom $12.00/h"
+    assert node_price_text("H100 x8", 55.04, custom=False) == "H100 x8 at $55.04/h"
+    url = fill_store(sqlite_url)
+    at = open_page(app_for(url, monkeypatch), PAGES["Cost & capacity"])
+    at.selectbox(key="w_price").set_value("custom $/h per node").run()
+    at.number_input(key="w_node_usd").set_value(12.0).run()
+    at.switch_page(PAGES["Overview"]).run()
+    assert_clean(at)
+    (projection,) = [c.value for c in at.caption if c.value.startswith("Projection: ")]
+    assert "priced as custom $12.00/h" in projection and projection.count("$12") == 1, projection
+    assert main(["project", "--db", url, "--daily-tokens", "1e6", "--peak-factor", "2",
+                 "--p95-tpot-sla-ms", "50", "--node-hourly-usd", "10"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("priced as ")]
+    assert line.startswith("priced as custom $10.00/h") and line.count("$10") == 1, line
+    assert main(["cost", "--db", url, "--node-hourly-usd", "10"]) == 0
+    rows = [x for x in capsys.readouterr().out.splitlines() if x.endswith("/h")]
+    assert len(rows) == 2 and all(x.endswith("  custom $10.00/h") for x in rows), rows
 
 
 def test_throughput_keeps_three_significant_digits():

@@ -323,7 +323,7 @@ def test_a_node_price_from_the_catalog_is_one_node_whatever_gpus_per_node_said(s
     at.switch_page("views/overview.py").run()
     assert_clean(at)
     (projection,) = [c.value for c in at.caption if c.value.startswith("Projection")]
-    assert "priced as cpu-2core ($0.0832/h)" in projection and "--gpus-per-node" not in projection, projection
+    assert "priced as cpu-2core at $0.0832/h" in projection and "--gpus-per-node" not in projection, projection
 
 
 def test_a_device_the_catalog_does_not_know_leaves_every_figure_but_the_cost(sqlite_url, monkeypatch):

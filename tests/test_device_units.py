@@ -261,7 +261,7 @@ def test_a_users_entry_named_in_the_device_prices_it_over_the_built_in_pattern(s
     assert (run["priced_as"], run["node_hourly_usd"]) == (entry, 2.0), run
     assert run["energy_included"] and not run["priced_differs_from_measured"], run
     assert main(["cost", "--db", sqlite_url, "--run", str(run_id)]) == 0
-    assert f"{entry} ($2/h)" in capsys.readouterr().out
+    assert f"{entry} at $2/h" in capsys.readouterr().out
     catalog = load_catalog(engine)
     assert (price_snapshot(catalog, device)["name"], price_snapshot(catalog, device)["node_hourly_usd"]) == (entry, 2.0)
     assert not resolve_node_price(engine, device=device, gpu=entry).differs_from(device)

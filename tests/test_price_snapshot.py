@@ -91,8 +91,8 @@ def test_prices_set_keeps_recorded_runs_at_their_prices_and_prices_later_runs_at
 
     assert main(["cost", "--db", sqlite_url]) == 0
     text = capsys.readouterr().out
-    assert f"run price snapshot (cpu-2core) (${old_node:g}/h)" in text
-    assert "run price snapshot (cpu-2core) ($0.5/h)" in text and "measured on" not in text
+    assert f"run price snapshot (cpu-2core) at ${old_node:g}/h" in text
+    assert "run price snapshot (cpu-2core) at $0.5/h" in text and "measured on" not in text
 
     # flags still price recorded runs at other prices
     assert main(["cost", "--db", sqlite_url, "--json", "--node-hourly-usd", "2", "--usd-per-kwh", "0.2"]) == 0

@@ -385,7 +385,10 @@ def test_a_report_priced_at_the_users_gpu_or_node_shows_what_project_and_cost_gi
     page = open(rec.html_path, encoding="utf-8").read()
     assert f"Priced at <code>{given}</code>, not at the prices the runs recorded" in page
     a = projected["assumptions"]
-    assert f"priced as {a['priced_as']} at ${a['node_hourly_usd']:g}/node-hour (given: {given})" in page
+    # a node price named once: a custom one's name holds its $/h ("custom $44/h node at $44/node-hour" said it twice)
+    named = "custom $44.00/h" if "--node-hourly-usd" in prices else "H100 x8 at $55.04/h"
+    assert f"priced as {named} (given: {given})" in page
+    assert "/node-hour" not in page and "/h node at" not in page
     if "--gpus-per-node" in prices:
         assert a["priced_as"] == "H100 x8" and "a node of 8 GPUs holds 8 replicas" in page
 

@@ -29,7 +29,7 @@ from app.commands._common import (
 )
 from app.errors import UsageError
 from telemetry.finops import MONTHLY_COST_FORMULA, NOT_ATTAINABLE, NOT_MEASURED, nodes_verdict
-from telemetry.labels import short_workload, usd_amount
+from telemetry.labels import node_price_text, short_workload, usd_amount
 
 COST_EXAMPLES = """  specfinops cost
   specfinops cost --run 3 --json
@@ -447,9 +447,9 @@ def run_cost_command(args) -> int:
         if row is r:
             cells = f"{MISSING:>10} {MISSING:>22} {MISSING:>32}  no price (device {r.device})"
         else:
-            c = row.cost
+            c, price = row.cost, row.node_price
             cells = (f"{_usd(c.hardware_usd_per_1m):>10} {_energy_text(c):>22} {_total_text(c):>32}  "
-                     f"{row.node_price.priced_as} (${row.node_price.usd_per_hour:g}/h)")
+                     f"{node_price_text(price.priced_as, price.usd_per_hour, price.origin == 'flag')}")
         print(f"{r.run_id:>5} {r.mode:<5} {short_workload(r.workload)[:12]:<12} {r.concurrency:>4} "
               f"{st.output_tokens:>9,} {_num(st.tokens_per_s):>9} {cells}")
     print()
@@ -666,7 +666,8 @@ def run_project_command(args) -> int:
         f"{FLEET_COST_LABEL}: AR {_usd(p.cost_per_1m_tokens_ar_usd)} ({fleet_energy_text(sp, 'ar')}), "
         f"spec {_usd(p.cost_per_1m_tokens_spec_usd)} ({fleet_energy_text(sp, 'spec')})"
     )
-    line = f"priced as {sp.node_price.priced_as} (${sp.node_price.usd_per_hour:g}/node-hour)"
+    line = "priced as " + node_price_text(sp.node_price.priced_as, sp.node_price.usd_per_hour,
+                                          sp.node_price.origin == "flag")
     if sp.priced_differs:
         line += f", measured on {', '.join(sp.measured_on)}"
         if sp.energy_left_out:

@@ -12,7 +12,6 @@ import re
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from decimal import Decimal
 
 import streamlit as st
 
@@ -164,12 +163,13 @@ def usd_amount(value: float | None) -> str:
 
 
 def usd_rate(value: float | None) -> str:
-    """A price per hour or per kWh: from $10 as usd_amount writes it ($98.32/h), below to four significant digits
-    as given, written out: cents are not enough ($0.0832/h read "$0.08"), and a price is not an amount to pad to
-    the cent ($5/h and $1/kWh, as `cost` and the inputs write them, not "$5.00/h")."""
-    if value is None or value != value or abs(value) >= 10:
-        return usd_amount(value)
-    return ("-" if value < 0 else "") + "$" + format(Decimal(f"{abs(value):.4g}"), "f")
+    """A price per hour or per kWh (telemetry.labels.usd_rate: $98.32/h, $0.0832/h, $5/h); "—" when missing."""
+    return labels.usd_rate(value, MISSING)
+
+
+def node_price(price) -> str:
+    """A NodePrice named once (telemetry.labels.node_price_text): "custom $12.00/h", "H100 x8 at $55.04/h"."""
+    return labels.node_price_text(price.priced_as, price.usd_per_hour, price.origin == "flag")
 
 
 def cost_pricing(a: dict) -> dict:
@@ -293,12 +293,8 @@ def prices_text(run_costs, a: dict) -> str:
     input, or the runs' own (recorded with them, else the catalog's)."""
     if not run_costs:
         return ""
-    # a custom price's name already holds its $/h ("custom $10/h node"): said once, "custom $10.00/h", not
-    # "custom $10/h node at $10.00/h"
-    nodes = sorted({("custom" if rc.node_price.origin == "flag" else rc.node_price.priced_as,
-                     rc.node_price.usd_per_hour) for rc in run_costs})
-    node = ", ".join(f"custom {usd_rate(v)}/h" if name == "custom" else f"{name} at {usd_rate(v)}/h"
-                     for name, v in nodes)
+    # a custom price named once ("custom $10.00/h", not "custom $10/h node at $10.00/h"): node_price
+    node = ", ".join(sorted({node_price(rc.node_price) for rc in run_costs}))
     origins = {rc.node_price.origin for rc in run_costs}
     node_whose = ("your input" if origins <= {"flag", "gpu"} else "recorded with the runs" if origins == {"snapshot"}
                   else "the catalog's, for the measured device" if origins == {"catalog"}

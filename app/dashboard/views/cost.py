@@ -13,6 +13,7 @@ from app.dashboard.common import (
     fmt,
     in_page_words,
     md_safe,
+    node_price,
     priced_costs,
     prices_text,
     projection_notes,
@@ -227,7 +228,7 @@ def _projection_section(ctx: Context, values: dict) -> None:
                 help="(nodes AR - nodes spec) x node $/h x 8,760: node-hours only, the energy not in it (the "
                      "fleet cost per 1M tokens below includes it)")
     m[3].metric("Node price", usd_rate(p.node_hourly_usd) + "/h",
-                help=md_safe(f"priced as {sp.node_price.priced_as}"))
+                help=md_safe(f"priced as {node_price(sp.node_price)}"))
     m = st.columns(4)
     # 3.02 tokens/s, not "3": the node count comes from the unrounded figure
     for col, mode, cap, cap_runs, p95 in (

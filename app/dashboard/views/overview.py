@@ -18,6 +18,7 @@ from app.dashboard.common import (
     in_page_words,
     left_out_text,
     md_safe,
+    node_price,
     priced_costs,
     prices_text,
     projection_notes,
@@ -27,7 +28,6 @@ from app.dashboard.common import (
     sla_ms_text,
     throughput,
     usd_amount,
-    usd_rate,
     warn_pooled,
 )
 from app.dashboard.filters import short_model, short_workload
@@ -272,7 +272,7 @@ def body(ctx: Context) -> None:
     if proj_error:
         st.caption(f"Projection: {md_safe(proj_error)}")
     elif proj:
-        priced = f"priced as {proj.node_price.priced_as} ({usd_rate(proj.projection.node_hourly_usd)}/h)"
+        priced = f"priced as {node_price(proj.node_price)}"
         compared = comparison_text(proj)
         said = [*([compared] if compared else []), priced, *projection_notes(proj)]
         st.caption(md_safe("Projection: " + "; ".join(said) + "."))
