@@ -41,6 +41,21 @@ def test_pages_say_the_sidebar_leaves_out_the_stores_speculative_runs(sqlite_url
     assert not any("leave out" in i for i in _infos(at)), _infos(at)
 
 
+def test_the_cost_page_and_the_projection_caveat_say_the_sidebar_leaves_out_the_stores_runs(sqlite_url, monkeypatch):
+    """With the sidebar on the AR run alone, the Cost page showed the speculative costs and nodes as "—" without a
+    word, and its and the Overview's projection warning said "the spec runs are missing (none in view) ... record
+    both modes ... --mode both": the store has a speculative run, which the sidebar's filters leave out."""
+    at = open_page(app_for(fill_store(sqlite_url), monkeypatch), PAGES["Cost & capacity"])
+    at.sidebar.multiselect(key="f_runs").set_value([1]).run()
+    for page in ("Cost & capacity", "Overview"):
+        at.switch_page(PAGES[page]).run()
+        assert_clean(at)
+        assert f"No speculative runs in view: {LEFT_OUT} to compare." in _infos(at), (page, _infos(at))
+        (caveat,) = [w.value for w in at.warning if "the spec runs are missing" in w.value]
+        assert caveat.endswith(f"so AR is compared with nothing; {LEFT_OUT}."), (page, caveat)
+        assert "--mode both" not in caveat and "record both modes" not in caveat, (page, caveat)
+
+
 _BUCKET = re.compile(r" per \d+ (s|min|h|day|days)\b")
 
 

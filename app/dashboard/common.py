@@ -91,12 +91,23 @@ def projection_notes(sp) -> list[str]:
     return notes
 
 
-def show_projection_caveats(sp) -> None:
+# costing.missing_mode_text's "the spec runs are missing (none in view), so AR is compared with nothing; record
+# both modes ...": the advice after it is replaced where the sidebar hides the store's runs of the missing mode
+_MISSING_MODE = re.compile(r"the (spec|AR) runs are missing \(none in view\), so .+? is compared with nothing; ")
+
+
+def show_projection_caveats(sp, ctx: Context) -> None:
     """What the projection's figures do not say by themselves (`StoreProjection.caveats`: too few requests for a
-    stable p95 and capacity, the measured throughput priced as other hardware), as warnings: `project` prints
-    them as warnings too."""
+    stable p95 and capacity, a mode with none, the measured throughput priced as other hardware), as warnings:
+    `project` prints them as warnings too. A mode with none whose runs the store holds and the sidebar's filters
+    leave out says so (`left_out_text`), not "record both modes ... --mode both": they are recorded."""
     for caveat in sp.caveats:
-        st.warning(md_safe(f"Projection: {in_page_words(caveat)}."))
+        text = in_page_words(caveat)
+        found = _MISSING_MODE.search(text)
+        left_out = found and left_out_text(ctx, "ar" if found.group(1) == "AR" else "spec")
+        if left_out:
+            text = text[:found.end()] + left_out
+        st.warning(md_safe(f"Projection: {text}."))
 
 
 # costing says where a projection's energy prices came from in the CLI's words; the dashboard's inputs instead

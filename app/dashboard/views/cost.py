@@ -18,6 +18,7 @@ from app.dashboard.common import (
     prices_text,
     projection_notes,
     run_page,
+    show_left_out,
     show_projection_caveats,
     show_table,
     sla_ms_text,
@@ -281,7 +282,7 @@ def _projection_section(ctx: Context, values: dict) -> None:
         notes.append(energy)
     for note in notes:
         st.caption(f"Note: {md_safe(note)}.")
-    show_projection_caveats(sp)
+    show_projection_caveats(sp, ctx)
     proj_table = pd.DataFrame([
         {"figure": FLEET_COST_LABEL, "AR": p.cost_per_1m_tokens_ar_usd,
          "spec": p.cost_per_1m_tokens_spec_usd},
@@ -401,6 +402,7 @@ def _sweep_section(ctx: Context) -> None:
 
 
 def body(ctx: Context) -> None:
+    show_left_out(ctx)  # a mode's costs and nodes read "—" below: say where its runs are, as the Overview does
     st.subheader("Measured cost per 1M output tokens")
     measured = st.container()  # drawn here, filled once the inputs below are read: they price it too
     st.subheader("Node projection")

@@ -276,7 +276,7 @@ def body(ctx: Context) -> None:
         compared = comparison_text(proj)
         said = [*([compared] if compared else []), priced, *projection_notes(proj)]
         st.caption(md_safe("Projection: " + "; ".join(said) + "."))
-        show_projection_caveats(proj)
+        show_projection_caveats(proj, ctx)
     # the costs' disagreement with the savings: not where a mode's cost leaves runs out (no price)
     disagree = None if any(share.values()) else cost_vs_savings_note(cost.get("spec"), cost.get("ar"),
                                                                       proj.projection if proj else None)
