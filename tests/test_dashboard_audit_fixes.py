@@ -150,7 +150,8 @@ def _tile(at, label: str) -> str:
 def test_a_refused_cost_input_is_said_with_the_value_the_figures_use(sqlite_url, monkeypatch):
     """A number typed outside an input's bounds (a node at $99,999,999/h, -5 $/kWh, 0 tokens a day): the browser
     refused it without a word to the page, and the figures kept the value before it, silently. The page bounds the
-    inputs itself: it names the input refused and the value its figures use (the last one accepted)."""
+    inputs itself: it names the input refused and the value its figures use (the last one accepted, else the
+    default)."""
     at = open_page(app_for(fill_store(sqlite_url), monkeypatch), PAGES["Cost & capacity"])
     at.selectbox(key="w_price").set_value("custom $/h per node").run()
     at.number_input(key="w_node_usd").set_value(12.0).run()
@@ -166,10 +167,11 @@ def test_a_refused_cost_input_is_said_with_the_value_the_figures_use(sqlite_url,
     at.number_input(key="w_daily").set_value(0.0).run()
     assert_clean(at)
     warnings = [w.value for w in at.warning]
-    assert any(w.startswith("$/kWh (0: $") and ": -5 refused (it takes 0 to 10); the figures use 0 (each run's "
-               "recorded $/kWh, else the catalog's), the last value accepted." in w for w in warnings), warnings
-    assert ("Tokens/day (M): 0 refused (it takes 0.001 to 100,000,000); the figures use 500M tokens a day, the last "
-            "value accepted.") in warnings, warnings
+    # never changed: their defaults, said as such
+    assert any(w.startswith("$/kWh (0: $") and ": -5 refused (it takes 0 to 10); the figures use the default 0 (each "
+               "run's recorded $/kWh, else the catalog's)." in w for w in warnings), warnings
+    assert ("Tokens/day (M): 0 refused (it takes 0.001 to 100,000,000); the figures use the default 500M tokens a "
+            "day.") in warnings, warnings
     # the Overview prices with the values accepted, not the refused ones
     at.switch_page(PAGES["Overview"]).run()
     assert_clean(at)
@@ -180,6 +182,33 @@ def test_a_refused_cost_input_is_said_with_the_value_the_figures_use(sqlite_url,
     assert_clean(at)
     assert not [w.value for w in at.warning if "refused" in w.value], [w.value for w in at.warning]
     assert _tile(at, "Node price") == "$20.00/h"
+
+
+def test_a_refused_input_falls_back_to_its_own_last_accepted_value_or_says_the_default(sqlite_url, monkeypatch):
+    """Custom $25/h, then $99,999,999/h (refused), then the recorded price and back to custom: the shared
+    assumptions hold no node price while the price is not custom, so the figures fell back to the default $10/h
+    while the warning said "the last value accepted". Each input keeps its own last accepted value; one never
+    changed falls back to its default, and says so."""
+    at = open_page(app_for(fill_store(sqlite_url), monkeypatch), PAGES["Cost & capacity"])
+    at.selectbox(key="w_price").set_value("custom $/h per node").run()
+    at.number_input(key="w_node_usd").set_value(25.0).run()
+    at.number_input(key="w_node_usd").set_value(99_999_999.0).run()
+    refused = ("Custom node $/h: 99,999,999 refused (it takes 0.01 to 10,000); the figures use $25.00/h, the last "
+               "value accepted.")
+    assert refused in [w.value for w in at.warning]
+    at.selectbox(key="w_price").set_value("runs' recorded price").run()
+    assert_clean(at)
+    assert not [w.value for w in at.warning if "refused" in w.value]  # a disabled box prices nothing
+    at.selectbox(key="w_price").set_value("custom $/h per node").run()
+    assert_clean(at)
+    node = at.number_input(key="w_node_usd").value
+    said = [w.value for w in at.warning if "refused" in w.value]
+    assert _tile(at, "Node price") == "$25.00/h", (node, said)
+    assert said == ([refused] if node == 99_999_999.0 else []), (node, said)
+    # an input never changed falls back to its default, said as the default
+    at.number_input(key="w_peak").set_value(50.0).run()
+    assert ("Peak factor: 50 refused (it takes 1 to 20); the figures use the default x2."
+            in [w.value for w in at.warning]), [w.value for w in at.warning]
 
 
 def test_a_refused_time_range_is_said_with_the_range_the_figures_use(sqlite_url, monkeypatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pandas as pd
 import streamlit as st
 
@@ -46,6 +48,7 @@ PRICE_SHOWN = {SNAPSHOT: "recorded", CUSTOM: "custom $/h"}  # as the Node price 
 # unbounded, a node at $1e308/h made every cost infinite and both this page and the Overview an error line)
 MAX_DAILY_M = finops.MAX_DAILY_TOKENS / 1e6  # 1e14 output tokens a day
 MAX_NODE_USD = 10_000.0  # $/h per node
+DEFAULT_NODE_USD = 10.0  # the custom $/h box before anything is typed in it
 MAX_USD_PER_KWH = 10.0
 MAX_PUE = 5.0
 # each number input's bounds, by its key: checked by the page (`_Inputs`), not the widget, so a refusal is said
@@ -115,27 +118,41 @@ def _number(v: float) -> str:
     return format(v, ",.10g")
 
 
+# each input's last accepted value, by its key: the shared assumptions hold none for an input that prices nothing
+# (no node $/h unless the price is custom, 1 GPU per node for a whole node's price), so a refusal after the price
+# was switched away and back fell back to the default while it said "the last value accepted"
+ACCEPTED = "_specfinops_accepted_inputs"
+
+
 class _Inputs:
     """The page's number inputs, bounded here, not by the widget: a browser refuses a number typed outside a
     widget's own bounds without telling the script (the box turns red, the figures keep the value before it,
     silently; AppTest's and a URL's values are reset to the default instead). Unbounded widgets send what was
     typed; a value outside [lo, hi] is refused here, with a warning naming the input and the value the figures
-    use instead (the last one accepted)."""
+    use instead: the input's last accepted value (kept per input in ACCEPTED), or its default, said as such."""
 
     def __init__(self) -> None:
         self.refused: list[str] = []
+        self.accepted: dict = st.session_state.setdefault(ACCEPTED, {})
 
-    def get(self, col, label: str, lo: float, hi: float, last: float, used: str, **kwargs) -> float:
-        """The widget's value, or `last` (in words: `used`) where it is outside [lo, hi] or empty. A disabled
-        box is not read (what it holds prices nothing): `last`, nothing refused."""
-        v = col.number_input(label, value=last, **kwargs)
+    def get(self, col, label: str, key: str, seed: float, default: float, shown: Callable[[float], str],
+            **kwargs) -> float:
+        """The widget `key`'s value, or the last one accepted (`seed`, from the shared assumptions, before any)
+        where it is outside BOUNDS[key] or empty; `shown` writes a value in words for the warning, which calls it
+        "the default" where it is `default`. A disabled box is not read (what it holds prices nothing): the last
+        value, nothing refused."""
+        lo, hi = BOUNDS[key]
+        last = self.accepted.get(key, seed)
+        v = col.number_input(label, value=last, key=key, **kwargs)
         if kwargs.get("disabled"):
             return last
         if v is not None and lo <= v <= hi:
+            self.accepted[key] = v
             return v
         typed = "an empty box" if v is None else _number(v)
+        used = f"the default {shown(last)}" if last == default else f"{shown(last)}, the last value accepted"
         self.refused.append(f"{label}: {typed} refused (it takes {_number(lo)} to {_number(hi)}); the figures use "
-                            f"{used}, the last value accepted.")
+                            f"{used}.")
         return last
 
     def warn(self) -> None:
@@ -144,26 +161,25 @@ class _Inputs:
 
 
 def _inputs(ctx: Context) -> dict:
-    """Projection inputs as widgets, seeded from the shared assumptions (the last values accepted); returns
-    project_from_store kwargs. A value outside an input's bounds is refused, said so, and the last one kept."""
-    a = assumptions.get()
+    """Projection inputs as widgets, seeded from the shared assumptions, then each input's last value accepted;
+    returns project_from_store kwargs. A value outside an input's bounds is refused, said so, and the last one
+    accepted (else the default) kept."""
+    a, d = assumptions.get(), assumptions.DEFAULTS
     catalog = data.price_catalog(ctx.url)
     gpus = [p.name for p in catalog if p.unit == "usd_per_hour"]
     ins = _Inputs()
     c = st.columns(4)
     # short labels, the detail in help: at 1024 px a column is ~130 px wide, and a label that wrapped put its
     # input lower than its neighbours' (and "500.000" and "runs' recorded price" were cut off in their boxes)
-    last_daily = min(a["daily_tokens"] / 1e6, MAX_DAILY_M)
-    daily_m = ins.get(c[0], "Tokens/day (M)", *BOUNDS["w_daily"], last_daily, f"{_number(last_daily)}M tokens a day",
-                      step=50.0, format="%g", key="w_daily",
+    daily_m = ins.get(c[0], "Tokens/day (M)", "w_daily", min(a["daily_tokens"] / 1e6, MAX_DAILY_M),
+                      d["daily_tokens"] / 1e6, lambda v: f"{_number(v)}M tokens a day", step=50.0, format="%g",
                       help="Daily output tokens the fleet serves, in millions (on average: the peak factor sizes it "
                            "for the peak).")
-    last_peak = float(a["peak_factor"])
-    peak = ins.get(c[1], "Peak factor", *BOUNDS["w_peak"], last_peak, f"x{_number(last_peak)}", step=0.5,
-                   key="w_peak", help="Peak-to-average traffic: the fleet is sized for the average tokens/s times this.")
-    last_sla = min(float(a["sla_ms"]), finops.MAX_SLA_MS)
-    sla = ins.get(c[2], "p95 TPOT SLA (ms)", *BOUNDS["w_sla"], last_sla, f"{_number(last_sla)} ms", step=5.0,
-                  key="w_sla")
+    peak = ins.get(c[1], "Peak factor", "w_peak", float(a["peak_factor"]), float(d["peak_factor"]),
+                   lambda v: f"x{_number(v)}", step=0.5,
+                   help="Peak-to-average traffic: the fleet is sized for the average tokens/s times this.")
+    sla = ins.get(c[2], "p95 TPOT SLA (ms)", "w_sla", min(float(a["sla_ms"]), finops.MAX_SLA_MS),
+                  float(d["sla_ms"]), lambda v: f"{_number(v)} ms", step=5.0)
     choices = [SNAPSHOT, *gpus, CUSTOM]
     current = CUSTOM if a["node_hourly_usd"] else (a["gpu"] if a["gpu"] in gpus else SNAPSHOT)
     price = c[3].selectbox("Node price", choices, index=choices.index(current), key="w_price",
@@ -174,28 +190,25 @@ def _inputs(ctx: Context) -> dict:
     # a GPU's price is per GPU: a node holds N of them; a node's price (cpu-2core) is a whole node already, and N
     # of it was refused by the projection ("applies to GPU prices"), which then left this page and the Overview
     per_node = price in (SNAPSHOT, CUSTOM) or price in {p.name for p in catalog if p.kind != "gpu"}
-    last_gpus = int(a["gpus_per_node"])
-    gpus_per_node = int(ins.get(c[0], "GPUs per node", *BOUNDS["w_gpus"], last_gpus, str(last_gpus),
-                                key="w_gpus", disabled=per_node,
+    gpus_per_node = int(ins.get(c[0], "GPUs per node", "w_gpus", int(a["gpus_per_node"]), int(d["gpus_per_node"]),
+                                lambda v: str(int(v)), disabled=per_node,
                                 help="For a catalog GPU's price (per GPU): how many a node holds. A node's price "
                                      "covers the whole node."))
-    last_node = min(float(a["node_hourly_usd"] or 10.0), MAX_NODE_USD)
-    node_usd = ins.get(c[1], "Custom node $/h", *BOUNDS["w_node_usd"], last_node, f"{usd_rate(last_node)}/h",
-                       key="w_node_usd", disabled=price != CUSTOM)
+    node_usd = ins.get(c[1], "Custom node $/h", "w_node_usd", min(float(a["node_hourly_usd"] or DEFAULT_NODE_USD),
+                                                                  MAX_NODE_USD),
+                       DEFAULT_NODE_USD, lambda v: f"{usd_rate(v)}/h", disabled=price != CUSTOM)
     # the entries energy is priced at (prices.energy_prices): by name, not the first of their kind
     kwh_cat = next((p.value for p in catalog if p.name.lower() == prices.ELECTRICITY), None)
     pue_cat = next((p.value for p in catalog if p.name.lower() == prices.PUE), None)
-    last_kwh = min(float(a["usd_per_kwh"] or 0.0), MAX_USD_PER_KWH)
-    kwh = ins.get(c[2], f"$/kWh (0: {fmt(kwh_cat, 'g', prefix='$')})", *BOUNDS["w_kwh"], last_kwh,
-                  f"{usd_rate(last_kwh)}/kWh" if last_kwh else "0 (each run's recorded $/kWh, else the catalog's)",
-                  step=0.01, format="%.3f", key="w_kwh",
+    kwh = ins.get(c[2], f"$/kWh (0: {fmt(kwh_cat, 'g', prefix='$')})", "w_kwh",
+                  min(float(a["usd_per_kwh"] or 0.0), MAX_USD_PER_KWH), 0.0,
+                  lambda v: f"{usd_rate(v)}/kWh" if v else "0 (each run's recorded $/kWh, else the catalog's)",
+                  step=0.01, format="%.3f",
                   help="Electricity price. Prices the measured energy (kWh x PUE x $/kWh) of the runs at the top of "
                        "the page and of the fleet; 0 keeps each run's recorded price (else the catalog's, which "
                        "`specfinops prices set electricity ...` changes) and the catalog's for the fleet.")
-    last_pue = min(float(a["pue"] or 0.0), MAX_PUE)
-    pue = ins.get(c[3], f"PUE (0: {fmt(pue_cat, 'g')})", *BOUNDS["w_pue"], last_pue,
-                  _number(last_pue) if last_pue else "0 (each run's recorded PUE, else the catalog's)",
-                  step=0.05, key="w_pue",
+    pue = ins.get(c[3], f"PUE (0: {fmt(pue_cat, 'g')})", "w_pue", min(float(a["pue"] or 0.0), MAX_PUE), 0.0,
+                  lambda v: _number(v) if v else "0 (each run's recorded PUE, else the catalog's)", step=0.05,
                   help="0 keeps each run's recorded PUE (else the catalog's) and the catalog's for the fleet.")
     ins.warn()
     if 0 < pue < 1:
