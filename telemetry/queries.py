@@ -778,10 +778,11 @@ def _end_ms(engine: Engine):
     return cast(func.extract("epoch", Request.started_at), Float) * 1000.0 + Request.e2e_ms
 
 
-def _spans(c, engine: Engine, filters: Filters) -> dict[int, float]:
+def _spans(c, engine: Engine, filters: Filters, *extra) -> dict[int, float]:
     """Per run in view: seconds from its first request's start to its last one's end (start + e2e), over its
-    requests in view (any status) that have an e2e time (`_span_bounds`)."""
-    return {run_id: (last - first).total_seconds() for run_id, (first, last) in _span_bounds(c, engine, filters).items()}
+    requests in view (any status, or those the `extra` conditions keep) that have an e2e time (`_span_bounds`)."""
+    return {run_id: (last - first).total_seconds()
+            for run_id, (first, last) in _span_bounds(c, engine, filters, *extra).items()}
 
 
 def span_bounds(engine: Engine, filters: Filters) -> dict[int, tuple[datetime, datetime]]:
@@ -791,14 +792,14 @@ def span_bounds(engine: Engine, filters: Filters) -> dict[int, tuple[datetime, d
                 for run_id, (first, last) in _span_bounds(c, engine, filters).items()}
 
 
-def _span_bounds(c, engine: Engine, filters: Filters) -> dict[int, tuple[datetime, datetime]]:
+def _span_bounds(c, engine: Engine, filters: Filters, *extra) -> dict[int, tuple[datetime, datetime]]:
     """Per run in view: its first request's start and its last one's end (start + e2e), over its requests in view
-    (any status) that have an e2e time. Exactly Python's datetime arithmetic (the e2e as a timedelta, rounded to
-    the microsecond), which SQL's own does not reproduce: the store finds each run's first start and the requests
-    that may end last (within END_SLACK_MS of its latest end as SQL reckons it: usually one), and only those come
+    (any status, or those the `extra` conditions keep) that have an e2e time. Exactly Python's datetime arithmetic
+    (the e2e as a timedelta, rounded to the microsecond), which SQL's own does not reproduce: the store finds each
+    run's first start and the requests that may end last (within END_SLACK_MS of its latest end as SQL reckons it: usually one), and only those come
     back to decide the end."""
     end = _end_ms(engine)
-    timed = (*filters.where(), Request.e2e_ms.is_not(None))
+    timed = (*filters.where(), *extra, Request.e2e_ms.is_not(None))
     per_run = (
         select(Request.run_id, func.min(Request.started_at).label("first"), func.max(end).label("last_ms"))
         .join(Run, Request.run_id == Run.id).where(*timed).group_by(Request.run_id)
@@ -819,33 +820,33 @@ def _span_bounds(c, engine: Engine, filters: Filters) -> dict[int, tuple[datetim
 
 
 def failed_span_s(engine: Engine, filters: Filters | None, run_ids: Sequence[int]) -> dict[int, tuple[float, float]]:
-    """Per run of `run_ids` with a request in view that did not finish ok (error, cancelled) and has an end:
-    (seconds from its first request's start to its last one's end, the same over its ok requests alone; 0 where
-    it has none). A run's wall time counts every request, the node was paid while they ran: where a failed one
-    (a timeout) starts first or ends last, it stretches the span, and the tokens/s over it falls. Their difference
-    is how much of the span the failed requests add; one in the middle adds nothing."""
-    if not run_ids:
+    """Per run of `run_ids` with output tokens and a request in view that did not finish ok (error, cancelled) and
+    has an end: (seconds from its first request's start to its last one's end, the same over its ok requests alone;
+    0 where it has none). A run's wall time counts every request, the node was paid while they ran: where a failed
+    one (a timeout) starts first or ends last, it stretches the span, and the tokens/s over it falls. Their
+    difference is how much of the span the failed requests add; one in the middle adds nothing. Both spans are
+    SQL's (`_spans`, the second over the ok requests): no request is read into Python.
+
+    A run without output tokens (only failed requests) is left out: it adds no wall time to a pooled figure
+    (`_pool`), so its failures stretch nothing. Under a domain or prompt filter: {} (nothing said), since the wall
+    time there is the selected requests' share of the run's (`_shared_spans`), which a difference of spans would
+    overstate."""
+    filters = filters or Filters()
+    if not run_ids or filters.domain is not None or filters.prompt_ids is not None:
         return {}
-    timed = (*(filters or Filters()).where(), Request.e2e_ms.is_not(None), Request.run_id.in_(list(run_ids)))
-    failed = select(Request.run_id).join(Run, Request.run_id == Run.id).where(*timed, Request.status != "ok").distinct()
+    conds = (*filters.where(), Request.run_id.in_(list(run_ids)))
+    ok = Request.status == "ok"
+    failed = func.sum(case((and_(~ok, Request.e2e_ms.is_not(None)), 1), else_=0))
+    tokens = func.sum(case((ok, Request.output_tokens), else_=0))
+    q = (select(Request.run_id).join(Run, Request.run_id == Run.id).where(*conds).group_by(Request.run_id)
+         .having(failed > 0, tokens > 0))
     with read_snapshot(engine) as c:
-        ids = [row[0] for row in c.execute(failed)]
+        ids = [row[0] for row in c.execute(q)]
         if not ids:
             return {}
-        q = (select(Request.run_id, Request.started_at, Request.e2e_ms, Request.status)
-             .join(Run, Request.run_id == Run.id).where(*timed, Request.run_id.in_(ids)))
-        rows = list(c.execute(q))
-    ends: dict[int, dict[str, list[tuple[datetime, datetime]]]] = defaultdict(lambda: {"every": [], "ok": []})
-    for run_id, started, e2e, status in rows:
-        pair = (started, started + timedelta(milliseconds=e2e))
-        ends[run_id]["every"].append(pair)
-        if status == "ok":
-            ends[run_id]["ok"].append(pair)
-
-    def span(pairs: list[tuple[datetime, datetime]]) -> float:
-        return (max(e for _, e in pairs) - min(s for s, _ in pairs)).total_seconds() if pairs else 0.0
-
-    return {run_id: (span(e["every"]), span(e["ok"])) for run_id, e in ends.items()}
+        every = _spans(c, engine, filters, Request.run_id.in_(ids))
+        ok_only = _spans(c, engine, filters, Request.run_id.in_(ids), ok)
+    return {run_id: (every[run_id], ok_only.get(run_id, 0.0)) for run_id in ids if run_id in every}
 
 
 def serve_node_shares(engine: Engine, filters: Filters, runs: Sequence[RunSummary]) -> dict[int, float]:

@@ -1026,3 +1026,111 @@ def test_project_says_nothing_of_failures_that_add_little_to_a_span(tmp_path, ca
                  "--node-hourly-usd", "2"]) == 0
     out = capsys.readouterr().out
     assert "failed or cancelled requests" not in out, out
+
+
+class _CountingConnection:
+    """A connection that hands back each result as a list and counts the rows it read into Python."""
+
+    def __init__(self, c):
+        self.c, self.rows = c, 0
+
+    def execute(self, *args, **kwargs):
+        rows = list(self.c.execute(*args, **kwargs))
+        self.rows += len(rows)
+        return rows
+
+
+def test_failed_span_s_computes_both_spans_in_sql(db_url, monkeypatch):
+    """failed_span_s read every request of a run with a timed failure into Python (on a 500k store `project` took
+    9 s -> 15 s, +57 MB); both spans are SQL's now (`_spans`, the second over the ok requests), with the same
+    figures: a few rows a run come back, not its requests."""
+    from contextlib import contextmanager
+
+    import telemetry.queries as queries
+
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[*(Req(11, ttft_ms=100, e2e_ms=1100, start_s=0.5 * i) for i in range(60)),
+                                    Req(0, ttft_ms=None, e2e_ms=1000, start_s=3.0, status="error"),
+                                    Req(0, ttft_ms=None, e2e_ms=60000, start_s=40.0, status="cancelled")])
+        s.commit()
+    real, opened = queries.read_snapshot, []
+
+    @contextmanager
+    def counting(e):
+        with real(e) as c:
+            opened.append(_CountingConnection(c))
+            yield opened[-1]
+
+    monkeypatch.setattr(queries, "read_snapshot", counting)
+    assert queries.failed_span_s(engine, Filters(), [1]) == {1: (100.0, 30.6)}  # 0-100 s, ok 0-30.6 s
+    assert sum(c.rows for c in opened) <= 6, [c.rows for c in opened]
+    engine.dispose()
+
+
+def test_failed_span_s_keeps_its_figures(db_url):
+    from telemetry.queries import failed_span_s
+
+    _failed_at_the_end(db_url)
+    engine = open_store(db_url)
+    assert failed_span_s(engine, Filters(), [1, 2]) == {1: (67.0, 6.3)}
+    assert failed_span_s(engine, Filters(mode="spec"), [1, 2]) == {}
+    engine.dispose()
+
+
+def test_project_says_nothing_of_a_run_with_only_failed_requests(db_url, capsys):
+    """A run of a configuration with no ok tokens (a lone timeout, 30 s) adds no wall time to the pooled figure
+    (`_pool` leaves it out: 10 s over run 1), so its failure stretches nothing; `project` warned it added 30 s
+    (300%)."""
+    from datetime import timedelta
+
+    from synthetic import BASE_TIME
+
+    from telemetry.queries import failed_span_s
+
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        make_run(s, "ar", requests=[Req(500, ttft_ms=100, e2e_ms=10000, start_s=0.0)])
+        make_run(s, "ar", started_at=BASE_TIME + timedelta(hours=1),
+                 requests=[Req(0, ttft_ms=None, e2e_ms=30000, start_s=0.0, status="error")])
+        make_run(s, "spec", requests=[spec_req(101, 4, 60, ttft_ms=100, e2e_ms=1100, start_s=0.0)])
+        s.commit()
+    assert failed_span_s(engine, Filters(), [1, 2, 3]) == {}
+    engine.dispose()
+    assert main(["project", "--db", db_url, "--daily-tokens", "1e9", "--peak-factor", "2", "--p95-tpot-sla-ms",
+                 "1000", "--node-hourly-usd", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "failed or cancelled requests" not in out, out
+
+
+def test_failed_span_caveat_says_nothing_under_a_domain_filter(db_url):
+    """Under a domain filter a run's wall time is the domain's share of its time (`_Share`: 10 s of code here), but
+    the caveat took the raw span difference (20 s - 10 s) and said the failure added 100%: no figure rather than a
+    wrong one. A time window keeps it."""
+    from datetime import timedelta
+
+    from synthetic import BASE_TIME
+
+    from telemetry.costing import project_from_store
+    from telemetry.queries import failed_span_s
+
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        make_run(s, "ar", concurrency=2, requests=[
+            Req(500, ttft_ms=100, e2e_ms=10000, start_s=0.0, domain="code"),
+            Req(500, ttft_ms=100, e2e_ms=10000, start_s=0.0, domain="chat"),
+            Req(500, ttft_ms=100, e2e_ms=10000, start_s=10.0, domain="chat"),
+            Req(0, ttft_ms=None, e2e_ms=10000, start_s=10.0, domain="code", status="error")])
+        make_run(s, "spec", concurrency=2, requests=[spec_req(101, 4, 60, ttft_ms=100, e2e_ms=1100, start_s=0.0,
+                                                              domain="code")])
+        s.commit()
+    assert failed_span_s(engine, Filters(domain="code"), [1, 2]) == {}
+    assert failed_span_s(engine, Filters(prompt_ids=("p0",)), [1, 2]) == {}
+    projected = project_from_store(engine, Filters(domain="code"), daily_tokens=1e9, peak_factor=2, sla_ms=1000,
+                                   node_hourly_usd=2)
+    assert not [c for c in projected.caveats if "failed or cancelled" in c], projected.caveats
+    assert failed_span_s(engine, Filters(), [1, 2]) == {1: (20.0, 20.0)}  # in the middle: adds nothing
+    late = Filters(since=BASE_TIME + timedelta(seconds=5))
+    assert failed_span_s(engine, late, [1, 2]) == {1: (10.0, 10.0)}
+    engine.dispose()
+
