@@ -1164,6 +1164,12 @@ def runs_text(run_ids: tuple[int, ...], shown: int = 4) -> str:
     return f"{len(run_ids)} runs pooled: {listed}"
 
 
+def _meets_sla(config: ConfigSummary, sla_ms: float) -> bool:
+    """The configuration is a candidate for the capacity at the SLA (`finops.capacity_at_sla`'s rule): a tokens/s
+    above 0 and a p95 TPOT within the SLA."""
+    return capacity_at_sla([(config.stats.tokens_per_s, config.stats.tpot_p95_ms)], sla_ms) is not None
+
+
 def _capacity_config(configs: list[ConfigSummary], sla_ms: float) -> ConfigSummary | None:
     """The configuration whose pooled tokens/s is the capacity at the SLA (the first measured on a tie)."""
     points = [(c.stats.tokens_per_s, c.stats.tpot_p95_ms) for c in configs]
@@ -1246,14 +1252,18 @@ RECORDED_PRICES_WAYS = ("give --node-hourly-usd X (or --gpu NAME) to price them 
 FAILED_SPAN_WARN_SHARE = 0.10
 
 
-def failed_span_caveats(engine: Engine, filters: Filters | None, configs: list[ConfigSummary]) -> tuple[str, ...]:
-    """One caveat per configuration of `configs` whose failed or cancelled requests (a timeout that ends last)
-    add more than FAILED_SPAN_WARN_SHARE of its wall time (queries.failed_span_s): its tokens/s, and so the
-    capacity a projection takes from it, counts that time, as it should (the node was paid while they ran), but a
-    reader should know that it is failures, not speed, that lower it. Names the runs, the seconds they add, and the
-    tokens/s over the ok requests' span alone beside the measured one."""
-    with_tokens = [c for c in configs if c.stats.output_tokens and c.stats.wall_s]
+def failed_span_caveats(engine: Engine, filters: Filters | None, candidates: list[ConfigSummary],
+                        chosen: Sequence[ConfigSummary | None] = ()) -> tuple[str, ...]:
+    """One caveat per configuration of `candidates` (those whose p95 TPOT meets the SLA: the ones a capacity may
+    come from) whose failed or cancelled requests (a timeout that ends last) add more than FAILED_SPAN_WARN_SHARE
+    of its wall time (queries.failed_span_s): its tokens/s counts that time, as it should (the node was paid while
+    they ran), but a reader should know that it is failures, not speed, that lower it; for a configuration of
+    `chosen` (the capacity configurations) the capacity taken from it too. Names the runs, the seconds they add,
+    and the tokens/s over the ok requests' span alone beside the measured one. Nothing under a domain or prompt
+    filter (`failed_span_s`)."""
+    with_tokens = [c for c in candidates if c.stats.output_tokens and c.stats.wall_s]
     spans = failed_span_s(engine, filters, [i for c in with_tokens for i in c.run_ids])
+    capacity = {c.run_ids for c in chosen if c is not None}
     out = []
     for c in with_tokens:
         added = {i: spans[i][0] - spans[i][1] for i in c.run_ids if i in spans and spans[i][0] > spans[i][1]}
@@ -1266,10 +1276,11 @@ def failed_span_caveats(engine: Engine, filters: Filters | None, configs: list[C
         ok_wall = c.stats.wall_s - total
         without = (f", {_ratio(c.stats.output_tokens, ok_wall):,.3g} tokens/s over its ok requests' span alone"
                    if ok_wall > 0 else "")
+        counts = (", and the capacity taken from it, count" if c.run_ids in capacity else " counts")
         out.append(f"failed or cancelled requests of the {name} configuration of {runs_text(c.run_ids)} (concurrency "
                    f"{c.concurrency}) add {total:,.1f} s{each} to its {c.stats.wall_s:,.1f} s of wall time "
-                   f"({total / c.stats.wall_s:.0%}): its measured {c.stats.tokens_per_s:,.3g} tokens/s, and the "
-                   f"capacity taken from it, count that time, as the node was paid for it{without}; "
+                   f"({total / c.stats.wall_s:.0%}): its measured {c.stats.tokens_per_s:,.3g} tokens/s{counts} that "
+                   f"time, as the node was paid for it{without}; "
                    "`specfinops export --what requests` shows their errors")
     return tuple(out)
 
@@ -1427,7 +1438,8 @@ def project_from_store(
                                      cap_ids)
     return StoreProjection(
         caveats=projection_caveats(comparison, cap_configs, price, devices, differs, engine, name_store)
-        + _recorded_prices_caveat(recorded, price) + above + failed_span_caveats(engine, filters, configs),
+        + _recorded_prices_caveat(recorded, price) + above
+        + failed_span_caveats(engine, filters, [c for c in configs if _meets_sla(c, sla_ms)], list(cap_configs.values())),
         speedup_above_acceptance=bool(above),
         projection=projection,
         node_price=price,
