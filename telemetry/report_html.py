@@ -118,24 +118,34 @@ def _is_id(name) -> bool:
 _ROW_UNIT_COLUMNS = frozenset({"value", "this period", "previous period", "change", "band low", "band high"})
 
 
-def _cell(value, *, money: bool = False, ident: bool = False, title: str | None = None) -> str:
+def _is_j_per_token(name) -> bool:
+    """A J/token column, or a row's figure that is one ('spec J/token' in the change table)."""
+    return str(name) == "J/token" or str(name).endswith(" J/token")
+
+
+def _cell(value, *, money: bool = False, ident: bool = False, joules: bool = False, title: str | None = None) -> str:
     numeric = isinstance(value, int | float) and not isinstance(value, bool)
     if not numeric:
         tip = "" if title is None else f' title="{html.escape(title, quote=True)}"'
         return f"<td{tip}>{html.escape(fmt(value))}</td>"
-    text = str(value) if ident else usd(value) if money else number(value)
+    # J/token as the card and the dashboard write it (labels.j_per_token_text: '1.50', not '1.5')
+    text = (str(value) if ident else usd(value) if money else j_per_token_text(value, MISSING) if joules
+            else number(value))
     return f'<td class="n">{html.escape(text)}</td>'
 
 
 def _row_html(header: Sequence[str], row: Sequence, titles: Sequence[str | None] = ()) -> str:
     """Money as $93,290, counts with thousands separators: a column named in USD is money, and so is the
-    value of a row whose figure (its first cell) is named in USD. `titles`: a cell's full text (hover)."""
+    value of a row whose figure (its first cell) is named in USD; J/token likewise, in three significant digits.
+    `titles`: a cell's full text (hover)."""
     row_money = bool(row) and isinstance(row[0], str) and _is_money(row[0])
+    row_joules = bool(row) and isinstance(row[0], str) and _is_j_per_token(row[0])
     cells = []
     for i, (name, value) in enumerate(zip(header, row, strict=False)):
         money = _is_money(name) or (row_money and name in _ROW_UNIT_COLUMNS)
+        joules = _is_j_per_token(name) or (row_joules and name in _ROW_UNIT_COLUMNS)
         title = titles[i] if i < len(titles) else None
-        cells.append(_cell(value, money=money, ident=_is_id(name), title=title))
+        cells.append(_cell(value, money=money, ident=_is_id(name), joules=joules, title=title))
     return "<tr>" + "".join(cells) + "</tr>"
 
 

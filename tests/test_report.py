@@ -1580,3 +1580,29 @@ def test_a_window_says_how_far_its_priced_spans_reach_past_its_edges(store, tmp_
     whole = report_writer.write_report(engine, period_window("daily", since=D0), tmp_path / "d", now=D0 + DAY)
     assert whole.summary["window_overlap"] is None
     assert "window-overlap" not in open(whole.html_path, encoding="utf-8").read()
+
+
+def test_change_table_writes_j_per_token_as_the_card_does(sqlite_url, tmp_path, capsys):
+    """The card said 'AR 1.50 J' while the period-change table beside it read 'AR J/token 1.5' (report_html.number):
+    its J/token rows now go through labels.j_per_token_text too. The CSV keeps raw numbers, as its other rows do."""
+    engine = open_store(sqlite_url)
+    with Session(engine) as s:
+        for day, ar_j in ((D0, 49.5), (D0 - DAY, 39.6)):  # AR 1.50 J/token this period, 1.20 the one before
+            make_run(s, "ar", started_at=day.replace(hour=9),
+                     requests=[Req(33, ttft_ms=100, e2e_ms=1380, energy_j=ar_j)])
+            make_run(s, "spec", started_at=day.replace(hour=9),
+                     requests=[spec_req(33, 4, 20, ttft_ms=100, e2e_ms=420, energy_j=33 * 3.12)])
+        s.commit()
+    assert main(_report(sqlite_url, tmp_path, "--period", "daily", "--since", "2026-11-02", "--history", "1")) == 0
+    capsys.readouterr()
+    rec = _only_report(engine)
+    page = open(rec.html_path, encoding="utf-8").read()
+    cells = dict(re.findall(r'<tr><td>((?:AR|spec) J/token)</td>((?:<td class="n">[^<]*</td>){3})', page))
+    shown = {k: re.findall(r'<td class="n">([^<]*)</td>', v) for k, v in cells.items()}
+    assert shown == {"spec J/token": ["3.12", "3.12", "0.00"], "AR J/token": ["1.50", "1.20", "0.300"]}, shown
+    with open(f"{rec.csv_dir}/change.csv", encoding="utf-8", newline="") as fh:
+        rows = {r["figure"]: r for r in csv.DictReader(fh)}
+    # raw numbers, as the other rows (a cost without its '$', a change unrounded)
+    assert (rows["AR J/token"]["this period"], rows["AR J/token"]["previous period"]) == ("1.5", "1.2")
+    assert float(rows["AR cost per 1M tokens (USD)"]["this period"]) > 0
+    engine.dispose()
