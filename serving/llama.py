@@ -518,25 +518,20 @@ def compact_path(cache: KVCache, slot: int, start: int, path: list[int], num_lay
 
 
 def load_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> CausalLM:
-    """Load a Hugging Face model directory (config.json + *.safetensors) into `CausalLM`."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    from serving.models import read_config, weight_files
+    """Load a Hugging Face model directory (config.json + *.safetensors, or transformers' older pytorch_model.bin,
+    whole or sharded: `serving.models.weight_files`) into `CausalLM`."""
+    from serving.models import WEIGHTS_WANTED, read_config, weight_files
 
     model_dir = Path(model_dir)
     cfg = ModelConfig.from_hf(read_config(model_dir), source=model_dir)
     files = weight_files(model_dir)
     if not files:
-        raise ValueError(f"{model_dir} has no *.safetensors weights")
+        raise ValueError(f"{model_dir} has no weights ({WEIGHTS_WANTED})")
     with torch.device("meta"):
         model = CausalLM(cfg)
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        try:
-            state.update(load_file(str(f)))
-        except SafetensorError as exc:  # truncated, or not a safetensors file at all
-            raise ValueError(f"{f}: not a readable safetensors file ({exc})") from None
+        state.update(read_weight_file(f))
     state = {k.removeprefix("model."): v.to(dtype) for k, v in state.items()}
     if "lm_head.weight" not in state:
         if not cfg.tie_embeddings:
@@ -554,6 +549,35 @@ def load_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> CausalLM:
         model.lm_head.weight = model.embed_tokens.weight
     model.eval()
     return model
+
+
+def read_weight_file(path: Path) -> dict[str, torch.Tensor]:
+    """One weight file's tensors by name: a safetensors file, or a torch.save'd state dict (pytorch_model.bin)
+    read as tensors only (weights_only: no code in the file runs), memory-mapped where its format allows (the zip
+    format torch has written since 1.6; the legacy one is read whole). ValueError naming the file where it does
+    not read as either."""
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path))
+        except SafetensorError as exc:  # truncated, or not a safetensors file at all
+            raise ValueError(f"{path}: not a readable safetensors file ({exc})") from None
+    try:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            state = torch.load(path, map_location="cpu", weights_only=True)  # the legacy format: no mmap
+    except Exception as exc:  # noqa: BLE001 - torch.load's many ways to fail on a damaged file (zip, pickle, EOF)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"{path}: not a readable PyTorch weights file ({first})") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in state.items()):
+        raise ValueError(f"{path}: not a state dict of named tensors")
+    return state
 
 
 def check_shapes(model: CausalLM, state: dict[str, torch.Tensor], model_dir: Path) -> None:

@@ -516,23 +516,39 @@ def read_config(model_dir: str | Path) -> dict:
 
 
 WEIGHTS_INDEX = "model.safetensors.index.json"
+BIN_WEIGHTS = "pytorch_model.bin"  # transformers' older format (torch.save): read where a folder has no safetensors
+BIN_WEIGHTS_INDEX = "pytorch_model.bin.index.json"
+WEIGHTS_WANTED = "*.safetensors or pytorch_model.bin"  # what a folder without weights is told it lacks
 
 
 def weight_files(model_dir: str | Path) -> list[Path]:
-    """The safetensors files holding a model directory's weights. With a model.safetensors.index.json, exactly
-    those its weight_map names, as transformers reads them: a folder can hold a model's shards and a Mistral-format
-    consolidated.safetensors of the same weights too, and every *.safetensors loaded both (twice the memory) to
-    refuse them. Without an index, every *.safetensors in the folder. ValueError naming the index when it is not
-    one or names a file that is not there."""
+    """The files holding a model directory's weights, safetensors preferred as transformers prefers them. With a
+    model.safetensors.index.json, exactly those its weight_map names, as transformers reads them: a folder can hold
+    a model's shards and a Mistral-format consolidated.safetensors of the same weights too, and every *.safetensors
+    loaded both (twice the memory) to refuse them. Without an index, every *.safetensors in the folder. Where there
+    are none, the older torch.save format: the shards a pytorch_model.bin.index.json names, else pytorch_model.bin
+    (never another *.bin: training_args.bin and the like are no weights). ValueError naming the index when it is
+    not one or names a file that is not there."""
     model_dir = Path(model_dir)
     index = model_dir / WEIGHTS_INDEX
-    if not index.is_file():
-        return sorted(model_dir.glob("*.safetensors"))
+    if index.is_file():
+        return _indexed_files(model_dir, index, "a safetensors index")
+    safetensors = sorted(model_dir.glob("*.safetensors"))
+    if safetensors:
+        return safetensors
+    index = model_dir / BIN_WEIGHTS_INDEX
+    if index.is_file():
+        return _indexed_files(model_dir, index, "a weights index")
+    return [model_dir / BIN_WEIGHTS] if (model_dir / BIN_WEIGHTS).is_file() else []
+
+
+def _indexed_files(model_dir: Path, index: Path, what: str) -> list[Path]:
+    """The weight files an index's weight_map names (`weight_files`)."""
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
         names = sorted(set(weight_map.values()))
     except (ValueError, KeyError, TypeError, AttributeError):  # not JSON, not an object, no weight_map
-        raise ValueError(f"{index} is not a safetensors index (a JSON object with a weight_map)") from None
+        raise ValueError(f"{index} is not {what} (a JSON object with a weight_map)") from None
     if not names or not all(isinstance(n, str) and n and Path(n).name == n for n in names):
         raise ValueError(f"{index}: its weight_map names no weight files in this folder")
     missing = [n for n in names if not (model_dir / n).is_file()]
@@ -552,7 +568,8 @@ def weights_fingerprint(model_dir: str | Path) -> str | None:
     (the model card). Cheap for any size: a file up to FINGERPRINT_WHOLE_BYTES is hashed whole; a larger one by
     its safetensors header (every tensor's name, dtype, shape) and a few blocks of every tensor: a fine-tune moves
     every block it samples, but a change confined to rows between them (an edit of a few rows of one tensor) goes
-    unseen there. None where the folder has no safetensors weights."""
+    unseen there; a pytorch_model.bin of that size by blocks spread over the whole file. None where the folder
+    has no weights (`weight_files`)."""
     files = weight_files(model_dir)
     if not files:
         return None

@@ -300,3 +300,72 @@ def test_an_index_naming_a_missing_shard_or_damaged_is_one_line_naming_it(tmp_pa
     (path / WEIGHTS_INDEX).write_text("{not json")
     with pytest.raises(ValueError, match="is not a safetensors index"):
         load_causal_lm(path, torch.float32)
+
+
+def as_bin(path, shards: int = 0, legacy: bool = False):
+    """`path`'s safetensors weights rewritten in transformers' older torch.save format: one pytorch_model.bin, or
+    `shards` pytorch_model-*.bin with their pytorch_model.bin.index.json; `legacy`, torch's pre-zip format."""
+    from safetensors.torch import load_file
+
+    from serving.models import weight_files
+
+    state = {}
+    for f in weight_files(path):
+        state.update(load_file(str(f)))
+        f.unlink()
+    (path / "model.safetensors.index.json").unlink(missing_ok=True)
+    kw = {"_use_new_zipfile_serialization": False} if legacy else {}
+    if not shards:
+        torch.save(state, path / "pytorch_model.bin", **kw)
+        return path
+    names = sorted(state)
+    weight_map = {}
+    for i in range(shards):
+        name = f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin"
+        part = {k: state[k] for k in names[i::shards]}
+        torch.save(part, path / name, **kw)
+        weight_map.update(dict.fromkeys(part, name))
+    (path / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return path
+
+
+def logits(path, tokens: int = 20):
+    model = load_causal_lm(path, torch.float32)
+    ids = torch.arange(2, 2 + tokens)[None]
+    with torch.no_grad():
+        return model(ids, contiguous_batch(0, 1, 0, tokens), model.new_cache(1, tokens + 8))
+
+
+@pytest.mark.parametrize(("shards", "legacy"), [(0, False), (3, False), (0, True)])
+def test_pytorch_model_bin_weights_load_as_the_safetensors_do(shards, legacy, tmp_path):
+    """A folder with only pytorch_model.bin (or its shards and index) was refused: 'has no *.safetensors weights'.
+    It computes what the same weights as safetensors do, and has a weights fingerprint (drafter labels, distill)."""
+    from serving.distill.pipeline import target_fingerprint
+    from serving.models import weight_files, weights_fingerprint
+
+    want = logits(hf_dir(tmp_path / "st"))
+    path = as_bin(hf_dir(tmp_path / "bin"), shards, legacy)
+    assert not list(path.glob("*.safetensors")) and len(weight_files(path)) == max(shards, 1)
+    assert torch.equal(logits(path), want)
+    assert weights_fingerprint(path) and target_fingerprint(path)
+    (path / "training_args.bin").write_bytes(b"not weights")  # another *.bin is no part of the model
+    assert len(weight_files(path)) == max(shards, 1)
+
+
+def test_safetensors_are_preferred_over_pytorch_model_bin_and_a_folder_without_either_is_named(tmp_path):
+    from serving.models import weight_files
+
+    path = hf_dir(tmp_path / "model")
+    torch.save({"nothing": torch.zeros(1)}, path / "pytorch_model.bin")  # would not load: must not be read
+    assert weight_files(path) == [path / "model.safetensors"]
+    assert logits(path).shape[-1] == VOCAB
+    (path / "model.safetensors").unlink()
+    (path / "pytorch_model.bin").write_bytes(b"PK\x03\x04 cut short")
+    with pytest.raises(ValueError) as err:
+        load_causal_lm(path, torch.float32)
+    assert str(err.value).startswith(f"{path / 'pytorch_model.bin'}: not a readable PyTorch weights file (")
+    assert "\n" not in str(err.value)
+    (path / "pytorch_model.bin").unlink()
+    with pytest.raises(ValueError) as err:
+        load_causal_lm(path, torch.float32)
+    assert str(err.value) == f"{path} has no weights (*.safetensors or pytorch_model.bin)"
