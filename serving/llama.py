@@ -517,16 +517,23 @@ def compact_path(cache: KVCache, slot: int, start: int, path: list[int], num_lay
         cache.v[layer][slot, :, dst] = cache.v[layer][slot, :, src]
 
 
-def load_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> CausalLM:
-    """Load a Hugging Face model directory (config.json + *.safetensors, or transformers' older pytorch_model.bin,
-    whole or sharded: `serving.models.weight_files`) into `CausalLM`."""
+def check_model_dir(model_dir: Path) -> tuple[ModelConfig, list[Path]]:
+    """What `load_causal_lm` checks by reading files alone, no weights: a config the engine computes and weight
+    files present. Its config and weight files; ValueError naming the directory or file otherwise."""
     from serving.models import WEIGHTS_WANTED, read_config, weight_files
 
-    model_dir = Path(model_dir)
     cfg = ModelConfig.from_hf(read_config(model_dir), source=model_dir)
     files = weight_files(model_dir)
     if not files:
         raise ValueError(f"{model_dir} has no weights ({WEIGHTS_WANTED})")
+    return cfg, files
+
+
+def load_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> CausalLM:
+    """Load a Hugging Face model directory (config.json + *.safetensors, or transformers' older pytorch_model.bin,
+    whole or sharded: `serving.models.weight_files`) into `CausalLM`."""
+    model_dir = Path(model_dir)
+    cfg, files = check_model_dir(model_dir)
     with torch.device("meta"):
         model = CausalLM(cfg)
     state: dict[str, torch.Tensor] = {}

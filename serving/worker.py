@@ -12,6 +12,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,7 +25,7 @@ from serving.eagle import is_eagle_dir, load_eagle
 from serving.engine import Engine, StepEvent
 from serving.int8 import quantize_draft
 from serving.kernels import kernels_label, measure_choices, pack_for_inference
-from serving.llama import CausalLM, load_causal_lm
+from serving.llama import CausalLM, check_model_dir, load_causal_lm
 from serving.lookahead import DEFAULT_K, BatchGatedK, parse_policy
 from serving.models import (
     BUNDLED_DRAFT_DIR,
@@ -230,20 +231,57 @@ def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
     return tokenizer.encode(prompt.prompt)
 
 
-def load(spec: EngineSpec) -> Loaded:
+@contextmanager
+def named_by(flag: str, value: str | None):
+    """A ValueError about a model folder begins with the option that named it (`--draft-model DIR: ...`): a
+    draft's missing weights read as the target's. Unchanged where the option was not given (a bundled model)."""
+    try:
+        yield
+    except ValueError as exc:
+        if value is None:
+            raise
+        raise ValueError(f"{flag} {value}: {exc}") from None
+
+
+def check_files(spec: EngineSpec, target_dir: Path, tokenizer, draft_flag: str = "--draft-model") -> Path | None:
+    """Every check of the target's and the draft's folders that reads files alone (a config the engine computes,
+    weights present, a tokenizer, the pair's vocabularies), before any weights load: a draft's were made only once
+    the target had loaded, minutes for a large one. The draft's folder where the drafter takes one."""
+    with named_by("--target", spec.target), pull_again_hint(target_dir):
+        check_model_dir(target_dir)
+    if spec.drafter not in ("draft", "draft+ngram"):
+        return None
+    with named_by(draft_flag, spec.draft_model):
+        draft_dir = resolve_model(spec.draft_model, "draft", draft_flag)
+        check_same_vocab(target_dir, draft_dir, target_tok=tokenizer)  # first: a draft of another model entirely
+        if is_eagle_dir(draft_dir):
+            if not (draft_dir / "model.safetensors").is_file():
+                raise ValueError(f"{draft_dir} has no model.safetensors (the draft's weights)")
+        else:
+            if spec.tree is not None:
+                raise ValueError(f"--tree needs a feature draft (specfinops distill makes one); {draft_dir} is a "
+                                 "plain causal LM")
+            check_model_dir(draft_dir)
+    return draft_dir
+
+
+def load(spec: EngineSpec, draft_flag: str = "--draft-model") -> Loaded:
+    """The target and the drafter `spec` names, every file-only check of both folders made first (`check_files`).
+    `draft_flag`: the command's option naming the draft, which begins errors about its folder."""
     spec.validate()
-    target_dir = resolve_model(spec.target, "target")
+    with named_by("--target", spec.target):
+        target_dir = resolve_model(spec.target, "target")
+        tokenizer = load_tokenizer(target_dir)
+    draft_dir = check_files(spec, target_dir, tokenizer, draft_flag)
     dtype = DTYPES[spec.dtype]
-    tokenizer = load_tokenizer(target_dir)
-    with pull_again_hint(target_dir):  # the bundled target's weights cut short: how to make them again
+    with named_by("--target", spec.target), pull_again_hint(target_dir):  # the bundled target's weights cut short
         target = load_causal_lm(target_dir, dtype)
     measure_choices(dtype)  # every kernel choice measured now (said on stderr the first time on a machine)
     pack_for_inference(target)
-    if spec.drafter in ("draft", "draft+ngram"):
-        draft_dir = resolve_model(spec.draft_model, "draft")
-        check_same_vocab(target_dir, draft_dir, target_tok=tokenizer)
+    if draft_dir is not None:
         if is_eagle_dir(draft_dir):
-            eagle = load_eagle(draft_dir, target, dtype, target_dir=target_dir)
+            with named_by(draft_flag, spec.draft_model):
+                eagle = load_eagle(draft_dir, target, dtype, target_dir=target_dir)
             pack_for_inference(eagle)
             bias = copy_bias_for(spec.drafter)
             label = (f"feature:{draft_name(draft_dir)}{'@int8' if quantize_draft(eagle) else ''}"  # records say so
@@ -252,10 +290,8 @@ def load(spec: EngineSpec) -> Loaded:
             def factory(slots: int, max_len: int):
                 return FeatureDrafter(eagle, label, slots=slots, max_len=max_len, copy_bias=bias)
         else:
-            if spec.tree is not None:
-                raise ValueError(f"--tree needs a feature draft (specfinops distill makes one); {draft_dir} is a "
-                                 "plain causal LM")
-            draft = load_causal_lm(draft_dir, dtype)
+            with named_by(draft_flag, spec.draft_model):
+                draft = load_causal_lm(draft_dir, dtype)
             window = min(spec.max_len, target.cfg.max_position)
             if draft.cfg.max_position < window:  # its cache and rope table end there: later drafts would be garbage
                 raise ValueError(f"the draft {draft_dir.name} holds {draft.cfg.max_position} positions, fewer than the "

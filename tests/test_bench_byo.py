@@ -145,7 +145,8 @@ def test_bench_on_a_target_whose_tokenizer_outgrows_its_vocabulary_is_one_line(t
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
 def test_bench_on_damaged_weights_is_one_line_naming_the_file_exit_2(damage, pair, tmp_path, capsys):
-    """It was 'error: SafetensorError: Error while deserializing header: ...', exit 1 (a bug), naming no file."""
+    """It was 'error: SafetensorError: Error while deserializing header: ...', exit 1 (a bug), naming no file;
+    the option that named the folder begins it."""
     import shutil
 
     target = tmp_path / "target"
@@ -156,7 +157,7 @@ def test_bench_on_damaged_weights_is_one_line_naming_the_file_exit_2(damage, pai
     capsys.readouterr()
     assert main(["bench", "--target", str(target), "--drafter", "ngram", "--no-telemetry", "--limit", "1"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith(f"specfinops bench: error: {weights}: not a readable safetensors file (")
+    assert last.startswith(f"specfinops bench: error: --target {target}: {weights}: not a readable safetensors file (")
 
 
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
@@ -344,3 +345,53 @@ def test_an_output_file_that_cannot_be_created_is_refused_before_the_work():
 
     with pytest.raises(UsageError, match="--json /proc/x.json: not writable"):
         check_writable("/proc/x.json", "--json")
+
+
+def _bad_draft(how: str, path):
+    """A draft folder with one thing wrong that its files alone show."""
+    if how == "no tokenizer":
+        return hf_dir(path, seed=1, num_hidden_layers=1, tokenizer=False)
+    if how == "other vocabulary":
+        return hf_dir(path, seed=1, num_hidden_layers=1, vocab_size=VOCAB + 8, tokenizer=VOCAB + 8)
+    if how == "gelu":
+        return hf_dir(path, seed=1, num_hidden_layers=1, hidden_act="gelu")
+    draft = hf_dir(path, seed=1, num_hidden_layers=1)
+    (draft / "model.safetensors").unlink()
+    return draft
+
+
+@pytest.mark.parametrize(("how", "needle"), [("no tokenizer", "has no tokenizer files"),
+                                             ("other vocabulary", "vocabulary mismatch"),
+                                             ("gelu", "hidden_act 'gelu'"),
+                                             ("no weights", "has no weights (*.safetensors or pytorch_model.bin)")])
+@pytest.mark.parametrize("flag", ["--draft-model", "--draft"])
+def test_a_draft_folders_problem_is_said_before_any_weights_load_naming_its_option(how, needle, flag, pair,
+                                                                                     tmp_path, monkeypatch):
+    """Each was found only after the target had loaded (minutes for a large one), and said as
+    'error: DIR has no *.safetensors weights', not saying the folder was the draft."""
+    import serving.worker as worker
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights loaded before the draft's files were checked")
+
+    monkeypatch.setattr(worker, "load_causal_lm", no_weights)
+    target, _ = pair
+    draft = _bad_draft(how, tmp_path / "draft")
+    spec = worker.EngineSpec(target=str(target), draft_model=str(draft), drafter="draft", dtype="float32")
+    with pytest.raises(ValueError) as err:
+        worker.load(spec, draft_flag=flag)
+    assert str(err.value).startswith(f"{flag} {draft}: ") and needle in str(err.value)
+
+
+def test_a_target_without_weights_is_said_naming_its_option_before_the_draft_is_read(pair, tmp_path, capsys):
+    import shutil
+
+    target = tmp_path / "target"
+    shutil.copytree(pair[0], target)
+    (target / "model.safetensors").unlink()
+    draft = _bad_draft("no weights", tmp_path / "draft")
+    assert main(["calibrate", "--target", str(target), "--draft", str(draft), "--drafter", "draft", "--workload",
+                 "code", "--limit", "1", "--no-telemetry"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (f"specfinops calibrate: error: --target {target}: {target} has no weights (*.safetensors or "
+                    "pytorch_model.bin)")

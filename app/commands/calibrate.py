@@ -157,7 +157,7 @@ def _calibrate(args: argparse.Namespace, spec, params, prompts: list, domains: l
     from serving.worker import load, warm_up
 
     print("loading models ...", file=sys.stderr)
-    loaded = load(spec)
+    loaded = load(spec, draft_flag="--draft")
     encoded = [loaded.encode(p) for p in prompts]
     # said with the prompt and what sets the context (the engine's own error names neither)
     check_context(args.workload, prompts, encoded, *context_window(spec.max_len, loaded.target.cfg),
