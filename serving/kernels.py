@@ -792,7 +792,7 @@ def resolve_dtype(name: str, backend: str = "torch", max_batch: int | None = Non
     on a CUDA `device`: bfloat16 where the GPU has bf16 arithmetic (Ampere and later), else float32 (V100,
     T4). Other names are checked."""
     if name not in DTYPE_CHOICES:
-        raise ValueError(f"unknown dtype {name!r}: use {', '.join(DTYPE_CHOICES)}")
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {name!r}")
     if name != "auto":
         return name
     if backend == "torch" and torch.device(device).type == "cuda":

@@ -159,14 +159,17 @@ class EngineSpec:
         if self.drafter not in DRAFTERS:
             raise ValueError(f"unknown drafter {self.drafter!r}: use one of {', '.join(DRAFTERS)}")
         if self.dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {self.dtype!r}: use bfloat16 or float32")
+            raise ValueError(f"--dtype must be bfloat16 or float32, got {self.dtype!r}")
         parse_policy(self.k)
         if self.early_exit_layers < 1:
             raise ValueError(f"--early-exit-layers must be >= 1, got {self.early_exit_layers}")
         if self.max_batch < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.max_batch}")
         if self.tree is not None:
-            TreeShape.parse(self.tree)
+            try:
+                TreeShape.parse(self.tree)
+            except ValueError as exc:  # said as every other bad value is: naming the option
+                raise ValueError(f"--tree {self.tree}: {exc}") from None
             if self.drafter == "early-exit":
                 raise ValueError("--tree needs a feature draft or prompt lookup, not early-exit drafting")
             if self.k != DEFAULT_K:
