@@ -120,6 +120,31 @@ def test_a_frozen_head_keeps_the_targets_rows_and_still_learns(prepared):
     assert float(after) < 0.8 * float(before)
 
 
+def test_simulated_drafting_shows_its_progress_over_the_answer_tokens_on_a_terminal(prepared, monkeypatch, capsys):
+    """distill's evaluation (82 answers of up to 128 tokens, drafted token by token) was minutes of silence after
+    the last training step. With `progress`, a bar over the answer tokens where stderr is a terminal; none
+    without it or into a pipe or a log file, and the figures are the same."""
+    import serving.distill.train as train_module
+
+    target, out = prepared
+    prep = load_prepared(out)
+    draft, _ = new_draft(target, [prep], TrainConfig(head_vocab=32), eos_ids=(2,))
+    total = sum(s["length"] - s["num_prompt"] for s in prep.seqs)
+    monkeypatch.setattr(train_module, "stderr_is_terminal", lambda: True)
+    with torch.inference_mode():
+        quiet = simulate_alpha(draft, prep, k=3)
+        assert capsys.readouterr().err == ""
+        assert simulate_alpha(draft, prep, k=3, progress=True) == quiet
+        err = capsys.readouterr().err
+        assert "evaluate" in err and f"{total}/{total}" in err and "tok" in err
+        code = sum(s["length"] - s["num_prompt"] for s in prep.seqs if s["domain"] == "code")
+        simulate_alpha(draft, prep, k=3, domains=("code",), progress=True)  # the tokens it verifies, no others
+        assert f"{code}/{code}" in capsys.readouterr().err
+        monkeypatch.setattr(train_module, "stderr_is_terminal", lambda: False)
+        assert simulate_alpha(draft, prep, k=3, progress=True) == quiet
+        assert capsys.readouterr().err == ""
+
+
 def test_simulated_drafting_asks_a_lookup_first(prepared):
     """simulate_alpha's lookup hook (draft+ngram, or a store, in front of the draft): a lookup that knows
     the answers is accepted in full, one that never answers changes nothing, a wrong one is rejected."""

@@ -740,6 +740,33 @@ def test_distill_caches_where_specfinops_cache_says(byo, tmp_path, cache):
     assert CACHE == cache
 
 
+def test_a_quick_trial_is_told_what_the_evaluation_costs_and_that_no_eval_skips_it(byo, tmp_path, capsys, cache,
+                                                                                   monkeypatch):
+    """--max-new-tokens 16 --steps 3 trained in seconds, then the evaluation (the target's answers to the builtin
+    prompts at --eval-max-new-tokens 128, drafted over token by token) ran for minutes, unannounced."""
+    import serving.distill.pipeline as pipeline
+    from app.cli import main
+
+    evaluated = []
+    monkeypatch.setattr(pipeline, "_evaluate", lambda *args, **kwargs: evaluated.append(True))  # its cost: not here
+    target_dir, _ = byo
+    argv = ["distill", "--target", str(target_dir), "--generate-prompts", "2", "--gen-batch", "2", "--steps", "1",
+            "--head-vocab", "32", "--batch-tokens", "128", "--dtype", "float32"]
+    from serving.workloads import load_workload
+
+    n = sum(len(load_workload(domain)) for domain in pipeline.EVAL_DOMAINS)
+    assert main([*argv, "--max-new-tokens", "3", "--out", str(tmp_path / "d")]) == 0
+    err = capsys.readouterr().err
+    assert (f"note: after training, alpha is measured on the target's greedy answers to {n} builtin prompts of up to "
+            f"128 tokens each (--eval-max-new-tokens 128, more than --max-new-tokens 3): up to {n * 128:,} answer "
+            "tokens") in err
+    assert "--no-eval skips the evaluation" in err and evaluated == [True]
+    assert main([*argv, "--max-new-tokens", "3", "--no-eval", "--out", str(tmp_path / "e")]) == 0
+    assert "--no-eval skips" not in capsys.readouterr().err and evaluated == [True]
+    assert main([*argv, "--max-new-tokens", "3", "--eval-max-new-tokens", "3", "--out", str(tmp_path / "f")]) == 0
+    assert "--no-eval skips" not in capsys.readouterr().err  # no longer than the run's own answers
+
+
 # ------------------------------------------------------------------ the model card's command
 def test_the_card_command_reproduces_with_absolute_paths_eval_tokens_and_threads(byo, tmp_path, monkeypatch):
     import os

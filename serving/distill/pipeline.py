@@ -643,16 +643,11 @@ def eval_data(target_dir: Path, max_new_tokens: int, say, dtype: torch.dtype = t
               feature_layers: tuple[int, ...] | None = None) -> Path:
     """The target's greedy answers to the builtin evaluation workloads (for measuring alpha only)."""
     from serving.distill.data import is_prepared, prepare
-    from serving.workloads import load_workload
 
     d = distill_cache() / (f"{data_prefix(target_dir)}-eval-{'-'.join(EVAL_DOMAINS)}-{max_new_tokens}{_dtype_tag(dtype)}"
                  + _layers_tag(feature_layers))
     if not is_prepared(d):
-        items = []
-        for dom in EVAL_DOMAINS:
-            for p in load_workload(dom):
-                item = {"id": p.id, "domain": p.domain, "messages": p.as_messages()}
-                items.append(item)
+        items = [{"id": p.id, "domain": p.domain, "messages": p.as_messages()} for p in evaluation_prompts()]
         say(f"evaluation data: the target's greedy answers to {len(items)} workload prompts -> {d}")
         prepare(target_dir, items, d, max_new_tokens=max_new_tokens, say=say, dtype=dtype,
                 feature_layers=feature_layers, extra_meta={"corpus": "builtin evaluation workloads (never trained on)",
@@ -685,14 +680,29 @@ def rerun_note(cfg, steps_trained: int) -> dict:
                    "run in options, not in steps or weights, and no --steps N reproduces the schedule"}
 
 
+def evaluation_prompts() -> list:
+    """The builtin evaluation workloads' prompts (`eval_data` answers them)."""
+    from serving.workloads import load_workload
+
+    return [p for d in EVAL_DOMAINS for p in load_workload(d)]
+
+
+def evaluation_cost_note(num_prompts: int, eval_tokens: int, max_new_tokens: int) -> str:
+    """What the evaluation after training costs, in work (not time, which is not known before it runs), said where
+    it is larger than the run's own answers: a quick trial was silent for minutes after its last step."""
+    return (f"note: after training, alpha is measured on the target's greedy answers to {num_prompts} builtin "
+            f"prompts of up to {eval_tokens} tokens each (--eval-max-new-tokens {eval_tokens}, more than "
+            f"--max-new-tokens {max_new_tokens}): up to {num_prompts * eval_tokens:,} answer tokens, generated once "
+            "for this target and cached, then drafted over token by token; --no-eval skips the evaluation, "
+            "a lower --eval-max-new-tokens shortens it")
+
+
 def evaluation_prompt_ids(tokenizer) -> set[tuple[int, ...]]:
     """The builtin evaluation prompts (those `eval_data` measures alpha on) as the target reads them: token ids
     in its chat format, as prepared data stores each sequence's prompt."""
     from serving.distill.data import encode_prompt
-    from serving.workloads import load_workload
 
-    return {tuple(encode_prompt(tokenizer, {"messages": p.as_messages()})) for d in EVAL_DOMAINS
-            for p in load_workload(d)}
+    return {tuple(encode_prompt(tokenizer, {"messages": p.as_messages()})) for p in evaluation_prompts()}
 
 
 def evaluation_overlap(preps, evaluated: set[tuple[int, ...]]) -> int:
@@ -957,6 +967,9 @@ def run(args) -> int:
             raise UsageError(f"none of the builtin evaluation prompts fits the target's context ({positions} "
                              f"positions, its {target.cfg.max_position_source}; the shortest is {shortest} tokens): "
                              "alpha cannot be measured on this target; add --no-eval")
+        if getattr(args, "max_new_tokens", None) is not None and args.max_new_tokens < args.eval_max_new_tokens:
+            # a quick trial: the evaluation, unannounced, outlasted it
+            _say(evaluation_cost_note(len(evaluation_prompts()), args.eval_max_new_tokens, args.max_new_tokens))
     if any(getattr(args, n, 0) for n in ("generate_prompts", "stdlib_prompts", "package_prompts", "self_prompts",
                                          "stdlib_code")):
         target = None  # generating loads its own copy (in --dtype); this one is loaded again for training
@@ -1185,7 +1198,7 @@ def _evaluate(args, out: Path, target_dir: Path, dtype, data_layers, draft_layer
     results["draft_int8_layers"] = quantize_draft(d16)  # where int8 measured faster here (serving/int8.py)
     ev = select_features(load_prepared(eval_data(target_dir, args.eval_max_new_tokens, _say, dtype, data_layers)),
                          draft_layers, num_blocks)
-    alpha = simulate_alpha(d16, ev, k=args.k)
+    alpha = simulate_alpha(d16, ev, k=args.k, progress=True)
     results["alpha"] = alpha
     results["alpha_method"] = (f"simulated greedy drafting, K={args.k}, bf16: step 1 reads the target's real "
                                "feature, later steps the draft's own; verified against the target's greedy "
