@@ -311,10 +311,14 @@ def email_text(summary: dict) -> tuple[str, str]:
         lines.append(f"Priced at: {summary['priced_at']}")
     proj = summary.get("projection") or {}
     lines.append(f"Projected annual savings: {usd_amount(proj.get('annual_savings_usd'))}")
-    flagged = [a["metric"] for a in summary.get("anomalies", []) if a.get("status") == "anomaly"]
-    unchecked = any(a.get("status") == "not checked" for a in summary.get("anomalies", []))  # report.NOT_CHECKED
-    lines.append("Anomalies: " + (", ".join(flagged) if flagged else
-                                  "not checked (this period had not ended)" if unchecked else "none"))
+    bands = summary.get("anomalies", [])
+    flagged = [a["metric"] for a in bands if a.get("status") == "anomaly"]
+    checked = any(a.get("status") in ("anomaly", "within band") for a in bands)
+    unchecked = any(a.get("status") == "not checked" for a in bands)  # report.NOT_CHECKED: a total mid-period
+    so_far = " (this period had not ended)" if summary.get("period_complete") is False and checked else ""
+    lines.append("Anomalies: " + (", ".join(flagged) + so_far if flagged else
+                                  "not checked (this period had not ended)" if unchecked and not checked else
+                                  "none" + so_far))
     lines.append(f"Report: {summary.get('html_path')}")
     return subject, "\n".join(lines) + "\n"
 

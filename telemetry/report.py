@@ -460,7 +460,9 @@ class BandCheck:
     sd: float | None
     low: float | None
     high: float | None
-    status: str  # anomaly | within band | not enough history | no value this period | not checked (NOT_CHECKED)
+    # anomaly | within band | not enough history | no value this period | not checked (NOT_CHECKED: a total of a
+    # period that had not ended)
+    status: str
     note: str
     basis: str | None = None  # a cost: "total", or its hardware part where the periods' energy bases differ
     estimated: str = ""  # which of the compared values rest on estimated power (`estimated_text`), if any
@@ -677,9 +679,8 @@ def build_report(
     f = window.filters()
     generated_at = queries.as_utc(now or datetime.now(UTC), "now")
     bands = tuple(_band(name, get, current, past) for name, get in BAND_METRICS)
-    if window.until > generated_at:  # a part of this period against whole ones: not judged
-        bands = tuple(replace(b, status=NOT_CHECKED, note=f"{NOT_ENDED}; {b.note}")
-                      if b.status in ("anomaly", "within band") else b for b in bands)
+    if window.until > generated_at:  # a part of this period against whole ones
+        bands = tuple(_unended_band(b) for b in bands)
     speedups = tuple(queries.speedups(engine, f))  # once: the projection's caveat reads them too
     return ReportData(
         window=window,
@@ -696,6 +697,16 @@ def build_report(
         synthetic_runs=queries.synthetic_runs(engine, f),
         window_overlap=_window_overlap(engine, window, current),
     )
+
+
+def _unended_band(b: BandCheck) -> BandCheck:
+    """A band check of a period that had not ended: a total (GROWS_WITH_PERIOD) over a part of it is not judged
+    against whole periods (NOT_CHECKED); a rate is, with a note that the period had not ended."""
+    if b.status not in ("anomaly", "within band"):
+        return b
+    if b.metric in GROWS_WITH_PERIOD:
+        return replace(b, status=NOT_CHECKED, note=f"{NOT_ENDED}; {b.note}")
+    return replace(b, note=f"{RATE_SO_FAR}; {b.note}")
 
 
 def _window_overlap(engine: Engine, window: Window, current: PeriodFigures) -> str | None:
@@ -721,10 +732,17 @@ CHANGE_METRICS: tuple[tuple[str, Callable[[PeriodFigures], float | None]], ...] 
 
 
 ONE_INVOCATION = "not compared: one invocation's runs (the period before holds none of them)"
-# A period that had not ended when its report was generated: its figures cover only the part that had passed, so
-# a change against a whole previous period (or a band of whole periods) would read as a drop
-NOT_ENDED = "not compared: this period had not ended"
-NOT_CHECKED = "not checked"  # a band's status where this period had not ended
+NOT_COMPARED = "not compared: "  # the one prefix of a `compared` that gives why not, its reasons joined by "; "
+# A period that had not ended when its report was generated: its figures cover only the part that had passed. A
+# total (whatever grows with the period's length) against a whole previous period (or a band of whole periods)
+# would read as a drop: no change, no band verdict. A rate (cost per 1M tokens, acceptance rate, p95 TPOT, J/token)
+# over the part is comparable: compared and judged, with a note (a cost spike mid-period is still flagged).
+NOT_ENDED_REASON = "this period had not ended"
+NOT_ENDED = NOT_COMPARED + NOT_ENDED_REASON
+RATE_SO_FAR = "this period had not ended: a rate over its part so far"
+NOT_CHECKED = "not checked"  # a band's status: a total of a period that had not ended
+# The compared figures (CHANGE_METRICS, BAND_METRICS) that grow with the period's length
+GROWS_WITH_PERIOD = frozenset({"output tokens", "requests"})
 
 
 def period_complete(data: ReportData) -> bool:
@@ -752,7 +770,9 @@ def change_rows(
     is missing. A cost compares totals where both periods have the same energy basis, else the hardware parts;
     `compared` says which ("total" or "hardware part only: ...", empty for the other figures). A J/token
     metered in one period and estimated in the other has no change, and `compared` says why ("not compared:
-    energy estimated in this period, measured in the previous one"). `estimated` names the periods whose value
+    energy estimated in this period, measured in the previous one"; several reasons join under the one prefix).
+    Where this period had not ended, a total (GROWS_WITH_PERIOD) has no change ("not compared: this period had
+    not ended") and a rate is compared with RATE_SO_FAR in `compared`. `estimated` names the periods whose value
     rests on estimated power ("this period", "previous period (partly)", ...; empty where neither does). A
     report on one invocation (`report --invocation`) compares nothing: the period before it holds none of the
     invocation's runs (or the first part of the same bench), so each change would read as everything against
@@ -768,21 +788,26 @@ def change_rows(
                         estimated_text([source, None], ["this period", "previous period"])))
         return out
     for name, get in CHANGE_METRICS:
-        (cur, prev), basis = compared_values(get, periods)
+        # `compared_on`: the energy basis the values are on (a cost's); `basis`: what `compared` shows
+        (cur, prev), compared_on = compared_values(get, periods)
         delta = None if cur is None or prev is None else cur - prev
         pct = None if delta is None or not prev else delta / prev * 100
-        mismatch = j_per_token_mismatch(periods, get.mode) if isinstance(get, JPerTokenMetric) else None
-        if mismatch is not None:  # both values shown, no change: the estimate's error is no change in J/token
-            delta, pct, basis = None, None, mismatch
         # a basis only where both values exist (a change was compared on it); else why no change
         missing = no_value_text(cur, prev)
         if missing is not None:
-            basis = missing
-        elif not ended:  # a part of this period against a whole one: both values shown, no change
-            delta, pct = None, None
-            basis = "; ".join(filter(None, [NOT_ENDED, None if basis == TOTAL_BASIS else basis]))
+            reasons = [missing]
+        else:
+            # a total over a part of this period against a whole one: both values shown, no change
+            reasons = [NOT_ENDED if not ended and name in GROWS_WITH_PERIOD else None,
+                       # both values shown, no change: the estimate's error is no change in J/token
+                       j_per_token_mismatch(periods, get.mode) if isinstance(get, JPerTokenMetric) else None]
+        reasons = [r.removeprefix(NOT_COMPARED) for r in reasons if r is not None]
+        if reasons:
+            delta, pct, basis = None, None, NOT_COMPARED + "; ".join(reasons)
+        else:  # a rate over a part of this period is compared, and says so
+            basis = "; ".join(filter(None, [compared_on, None if ended else RATE_SO_FAR])) or None
         sources = [s if v is not None else None
-                   for s, v in zip(estimate_sources(get, periods, basis), (cur, prev), strict=True)]
+                   for s, v in zip(estimate_sources(get, periods, compared_on), (cur, prev), strict=True)]
         estimated = estimated_text(sources, ["this period", "previous period"])
         # a cost over only some of its runs (no price for the others) in either period: said where it is compared
         partly = priced_over_text(get, periods, ["this period", "previous period"])

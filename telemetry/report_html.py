@@ -42,6 +42,7 @@ from telemetry.report import (
     ALPHA_GO,
     NOT_CHECKED,
     NOT_ENDED,
+    RATE_SO_FAR,
     TOTAL_BASIS,
     CostMetric,
     ReportData,
@@ -597,19 +598,21 @@ def render_html(data: ReportData, tables: Sequence[Table], *, report_id: int, cs
         parts.append(f"<p class='notice'>{html.escape(incomplete[0].upper() + incomplete[1:])}</p>")
     parts.append("<h2>Projected annual savings: assumptions</h2>" + assumptions_html(data))
     anomalies = [b for b in data.bands if b.status == "anomaly"]
+    checked = [b for b in data.bands if b.status in ("anomaly", "within band")]
     parts.append("<h2>Anomalies</h2>")
     if anomalies:
         parts.append("<ul>" + "".join(
             f"<li class='bad'>{html.escape(b.metric)}: {fmt(b.value, ',.4g')} is outside its band "
             f"{fmt(b.low, ',.4g')} to {fmt(b.high, ',.4g')} ({html.escape(_band_note(b))})</li>" for b in anomalies
         ) + "</ul>")  # fmt: skip
-    elif any(b.status == NOT_CHECKED for b in data.bands):  # a part of a period: no all-clear
+    elif not checked and any(b.status == NOT_CHECKED for b in data.bands):  # a part of a period: no all-clear
         parts.append(f"<p class='muted'>Not checked against their bands ({html.escape(NOT_ENDED)}).</p>")
     elif all(b.value is None for b in data.bands):  # nothing was checked: no all-clear
         why = "no traffic in this period" if not data.has_traffic else "no checked figure has a value this period"
         parts.append(f"<p class='muted'>Nothing to check: {why}.</p>")
     else:
-        parts.append("<p class='ok'>No figure outside its band.</p>")
+        so_far = "" if period_complete(data) else f" ({html.escape(RATE_SO_FAR)})"
+        parts.append(f"<p class='ok'>No figure outside its band{so_far}.</p>")
     short = [b for b in data.bands if b.status == "not enough history"]
     if short:
         parts.append("<p class='muted'>Not enough history to judge: " + "; ".join(

@@ -1469,11 +1469,13 @@ def test_report_charts_have_no_mode_bar_and_titles_wrapped_within_their_width(st
     assert page.count('"displayModeBar": false') == page.count('class="plotly-graph-div"') > 0
 
 
-def test_a_period_that_had_not_ended_is_not_compared_with_whole_ones(store, tmp_path):
+def test_a_period_that_had_not_ended_compares_its_rates_not_its_totals(store, tmp_path):
     """A report of a period that had not ended set its part against the whole previous period: change.csv read
-    a drop in output tokens with an empty `compared` cell, and the band judged the part as a whole period. Both
-    values stay, the change and the band's verdict are left out, and `compared` / the note says why."""
-    from telemetry.report import NOT_CHECKED, NOT_ENDED
+    a drop in output tokens with an empty `compared` cell. A total (output tokens, requests) keeps both values
+    and has no change, `compared` says why; a rate (cost per 1M tokens, acceptance, TPOT, J/token) is comparable
+    mid-period: it has its change and its band verdict (a cost spike mid-period is flagged in the summary, the
+    page, the e-mail and the dashboard's list), with a note that the period had not ended."""
+    from telemetry.report import NOT_ENDED, RATE_SO_FAR
 
     url, engine = store  # D0, and four whole days before it
     for n in range(1, 5):
@@ -1484,28 +1486,80 @@ def test_a_period_that_had_not_ended_is_not_compared_with_whole_ones(store, tmp_
     tokens = change["output tokens"]
     assert tokens["this_period"] == tokens["previous_period"] == 132
     assert tokens["change"] is None and tokens["change_pct"] is None and tokens["compared"] == NOT_ENDED
-    assert change["spec cost per 1M tokens (USD)"]["compared"] == NOT_ENDED  # not "...; total"
+    assert change["requests"]["change"] is None and change["requests"]["compared"] == NOT_ENDED
+    cost = change["spec cost per 1M tokens (USD)"]
+    assert cost["change"] is not None and cost["change"] < 0 and cost["compared"] == f"total; {RATE_SO_FAR}"
+    tpot = change["spec p95 TPOT (ms)"]
+    assert tpot["change"] is not None and tpot["compared"] == RATE_SO_FAR
     with open(result.csv_dir / "change.csv", encoding="utf-8") as fh:
-        row = {r["figure"]: r for r in csv.DictReader(fh)}["output tokens"]
-    assert (row["change"], row["change %"], row["compared"]) == ("", "", NOT_ENDED)
+        rows = {r["figure"]: r for r in csv.DictReader(fh)}
+    assert (rows["output tokens"]["change"], rows["output tokens"]["change %"]) == ("", "")
+    assert rows["output tokens"]["compared"] == NOT_ENDED and rows["spec p95 TPOT (ms)"]["change"] != ""
     bands = {b["metric"]: b for b in result.summary["anomalies"]}
-    spec = bands["spec cost per 1M tokens (USD)"]  # far below its band: an anomaly, were the period whole
-    assert spec["status"] == NOT_CHECKED and spec["note"].startswith(f"{NOT_ENDED}; band = mean")
+    spec = bands["spec cost per 1M tokens (USD)"]  # far below its band: an anomaly, the period whole or not
+    assert spec["status"] == "anomaly" and spec["note"].startswith(f"{RATE_SO_FAR}; band = mean")
     page = open(result.html_path, encoding="utf-8").read()
-    assert "is outside its band" not in page and "No figure outside its band" not in page
-    assert "Not checked against their bands (not compared: this period had not ended)" in page
+    assert "spec cost per 1M tokens (USD): " in page and "is outside its band" in page and RATE_SO_FAR in page
+    assert "Not checked against their bands" not in page
     from telemetry.delivery import email_text
 
-    assert "Anomalies: not checked (this period had not ended)\n" in email_text(result.summary)[1]
+    assert "Anomalies: spec cost per 1M tokens (USD) (this period had not ended)\n" in email_text(result.summary)[1]
     import streamlit
 
     from app.dashboard.views.reports import reports
 
     streamlit.cache_data.clear()
-    assert [r["anomalies"] for r in reports(url)] == ["not checked"]  # the dashboard's list: no all-clear either
+    assert [r["anomalies"] for r in reports(url)] == ["spec cost per 1M tokens (USD)"]
     whole = report_writer.write_report(engine, window, tmp_path / "later", now=D0 + DAY, history=4)
     assert {b["metric"]: b for b in whole.summary["anomalies"]}["spec cost per 1M tokens (USD)"]["status"] == "anomaly"
-    assert {c["figure"]: c for c in whole.summary["change"]}["output tokens"]["compared"] is None
+    change = {c["figure"]: c for c in whole.summary["change"]}
+    assert change["output tokens"]["compared"] is None and change["output tokens"]["change"] == 0
+    assert change["spec cost per 1M tokens (USD)"]["compared"] == "total"
+
+
+def test_mid_period_bands_say_not_checked_only_where_no_band_was_checked():
+    """The e-mail and the dashboard's list said 'not checked' of a mid-period report whenever one band was (a
+    total's); a rate's verdict there is a verdict: 'none' (with the note) where all checked bands are within."""
+    from telemetry.delivery import email_text
+
+    within = {"metric": "spec acceptance rate", "status": "within band"}
+    total = {"metric": "output tokens", "status": "not checked"}
+    summary = {"anomalies": [within, total], "period_complete": False}
+    assert "Anomalies: none (this period had not ended)\n" in email_text(summary)[1]
+    assert "Anomalies: not checked (this period had not ended)\n" in email_text(
+        {"anomalies": [total], "period_complete": False})[1]
+
+
+def test_a_mid_period_or_first_period_cost_keeps_its_estimated_label(store, tmp_path):
+    """The change list's `estimated` of a cost was empty where `compared` said why there is no change (a period
+    that had not ended, no previous period): its energy rests on estimated power all the same."""
+    url, engine = store  # D0, estimated power
+    first = report_writer.write_report(engine, period_window("daily", since=D0), tmp_path / "first",
+                                       now=D0 + 10 * DAY)
+    cost = {c["figure"]: c for c in first.summary["change"]}["spec cost per 1M tokens (USD)"]
+    assert cost["compared"] == "not compared: no value in the previous period"
+    assert cost["estimated"] == "this period"
+    add_day(engine, D0 - DAY)
+    mid = report_writer.write_report(engine, period_window("daily", since=D0), tmp_path / "mid",
+                                     now=D0 + timedelta(hours=12))
+    cost = {c["figure"]: c for c in mid.summary["change"]}["spec cost per 1M tokens (USD)"]
+    assert cost["estimated"] == "this period and previous period"
+    with open(mid.csv_dir / "change.csv", encoding="utf-8") as fh:
+        row = {r["figure"]: r for r in csv.DictReader(fh)}["AR cost per 1M tokens (USD)"]
+    assert row["estimated"] == "this period and previous period"
+
+
+def test_reasons_not_to_compare_share_one_prefix(store, tmp_path):
+    """A mid-period J/token metered before and estimated now read "not compared: this period had not ended; not
+    compared: energy estimated in this period, ...": the prefix once, the reasons joined under it."""
+    url, engine = store  # D0 estimated, the day before metered
+    add_day(engine, D0 - DAY, power_source="nvml")
+    mid = report_writer.write_report(engine, period_window("daily", since=D0), tmp_path, now=D0 + timedelta(hours=12))
+    for c in mid.summary["change"]:
+        assert (c["compared"] or "").count("not compared") <= 1, c
+    row = {c["figure"]: c for c in mid.summary["change"]}["spec J/token"]
+    assert row["compared"] == "not compared: energy estimated in this period, measured in the previous one"
+    assert row["change"] is None
 
 
 def test_change_names_a_basis_only_where_both_periods_have_a_value(store, tmp_path):

@@ -49,9 +49,11 @@ def reports(url: str) -> list[dict]:
             "spec energy": energy_basis(modes.get("spec")),
             "AR $/1M": modes.get("ar", {}).get("total_usd_per_1m"), "AR energy": energy_basis(modes.get("ar")),
             # none found is a finding ("none"); a summary without the check is missing (None -> "—")
-            # a period that had not ended is not judged against its bands (report.NOT_CHECKED): no all-clear
+            # a period that had not ended judges its rates, not its totals (report.NOT_CHECKED): no all-clear
+            # where no band was checked
             "anomalies": ", ".join(flagged) or (None if anomalies is None else "not checked" if any(
-                a.get("status") == "not checked" for a in anomalies) else "none"),
+                a.get("status") == "not checked" for a in anomalies) and not any(
+                a.get("status") in ("anomaly", "within band") for a in anomalies) else "none"),
             "job": "manual" if r.job_id is None else f"job {r.job_id}",  # `specfinops report` has no job
             "delivery": r.delivery_status, "delivery error": delivery_note(r.delivery_status, r.delivery_error, now),
             "html_path": r.html_path, "csv_dir": r.csv_dir,
