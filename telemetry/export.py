@@ -321,13 +321,14 @@ COST_HEADER = [
 
 
 def cost_rows(engine: Engine, window: ExportWindow, *, filters=None, unpriced: bool = False,
-              prices: dict | None = None) -> tuple[list[str], Iterator[Sequence[Any]]]:
+              prices: dict | None = None, spills: dict | None = None) -> tuple[list[str], Iterator[Sequence[Any]]]:
     """Per-run cost per 1M tokens, from the shared aggregations (one implementation of every figure).
     `filters` (queries.Filters), where given, choose the runs instead of `window` (a report's runs). A run no
     price covers refuses the export (NoPriceError naming it and how to price it); with `unpriced` (a report's
     table, which names them and how) it is a row whose prices and costs are missing (None, never 0). `prices`:
     with `unpriced`, costs_and_unpriced's price keywords (a report's --gpu, --node-hourly-usd, --usd-per-kwh,
-    --pue: its per-run rows priced as its modes table is)."""
+    --pue: its per-run rows priced as its modes table is). `spills`: the runs' window_spans.window_spills under
+    `filters`, where the caller has them (a report's, read once); else read here."""
     from telemetry import costing  # lazy: only the cost export needs the FinOps aggregations
 
     if filters is None:
@@ -341,7 +342,8 @@ def cost_rows(engine: Engine, window: ExportWindow, *, filters=None, unpriced: b
     from telemetry.window_spans import spill_note, window_spills
 
     # a windowed row's priced span that reaches outside its window: said in its note (adjacent windows overlap)
-    spills = window_spills(engine, filters, [rc.run.run_id for rc in run_costs] + [r.run_id for r in left_out])
+    if spills is None:
+        spills = window_spills(engine, filters, [rc.run.run_id for rc in run_costs] + [r.run_id for r in left_out])
 
     def note(r, c) -> str | None:
         said = c.reason if c is not None else f"no price for device {r.device!r}"

@@ -786,18 +786,36 @@ def _spans(c, engine: Engine, filters: Filters, *extra) -> dict[int, float]:
 
 
 def span_bounds(engine: Engine, filters: Filters) -> dict[int, tuple[datetime, datetime]]:
-    """Per run in view: its requests' first start and last end (start + e2e), UTC (`_span_bounds`)."""
+    """Per run in view: its requests' first start and last end (start + e2e), UTC (`_span_bounds`). Inside
+    `reuse_collections`, the ones the run summaries' wall times were read from (`_collect`), not read again."""
+    return _reused(_read_span_bounds, engine, filters)
+
+
+def _read_span_bounds(engine: Engine, filters: Filters) -> dict[int, tuple[datetime, datetime]]:
     with engine.connect() as c:
-        return {run_id: (as_utc(first, "first start"), as_utc(last, "last end"))
-                for run_id, (first, last) in _span_bounds(c, engine, filters).items()}
+        return _utc_bounds(_span_bounds(c, engine, filters))
+
+
+def _utc_bounds(bounds: dict[int, tuple[datetime, datetime]]) -> dict[int, tuple[datetime, datetime]]:
+    return {run_id: (as_utc(first, "first start"), as_utc(last, "last end")) for run_id, (first, last) in bounds.items()}
+
+
+def longest_e2e_ms(engine: Engine, run_ids: Sequence[int], *, before: datetime) -> float | None:
+    """The longest e2e time of the runs' requests that started before `before` (any status, any other filter);
+    None where none has one. How far back a request may have started and still ended after `before`."""
+    if not run_ids:
+        return None
+    with engine.connect() as c:
+        return c.scalar(select(func.max(Request.e2e_ms)).where(
+            Request.run_id.in_(list(run_ids)), Request.started_at < before, Request.e2e_ms.is_not(None)))
 
 
 def _span_bounds(c, engine: Engine, filters: Filters, *extra) -> dict[int, tuple[datetime, datetime]]:
     """Per run in view: its first request's start and its last one's end (start + e2e), over its requests in view
     (any status, or those the `extra` conditions keep) that have an e2e time. Exactly Python's datetime arithmetic
     (the e2e as a timedelta, rounded to the microsecond), which SQL's own does not reproduce: the store finds each
-    run's first start and the requests that may end last (within END_SLACK_MS of its latest end as SQL reckons it: usually one), and only those come
-    back to decide the end."""
+    run's first start and the requests that may end last (within END_SLACK_MS of its latest end as SQL reckons
+    it: usually one), and only those come back to decide the end."""
     end = _end_ms(engine)
     timed = (*filters.where(), *extra, Request.e2e_ms.is_not(None))
     per_run = (
@@ -1126,9 +1144,16 @@ def _reused(read: Callable, engine: Engine, filters: Filters, *args):
     return memo[key][1]
 
 
+def _remember(read: Callable, engine: Engine, filters: Filters, value, *args) -> None:
+    """Inside `reuse_collections`: `value` is what read(engine, filters, *args) returns (`_reused`)."""
+    memo = _COLLECTED.get()
+    if memo is not None:
+        memo.setdefault((read, id(engine), filters, args), (engine, value))
+
+
 def _collect(engine: Engine, filters: Filters) -> list[tuple[Run, dict, float | None]]:
     """Per run in view, oldest first: the run, its sums (one GROUP BY query) and its wall seconds. A run's wall
-    time is its requests' span in SQL (`_spans`), except under a domain or prompt filter: then it is the selected
+    time is its requests' span in SQL (`_span_bounds`), except under a domain or prompt filter: then it is the selected
     requests' share of its serving time (`_shared_spans`). The latency values are read apart (`_latency_values`):
     not every caller needs them."""
     sums_q = (
@@ -1140,7 +1165,12 @@ def _collect(engine: Engine, filters: Filters) -> list[tuple[Run, dict, float | 
         sums = {row.id: dict(row._mapping) for row in c.execute(sums_q)}
         if not sums:
             return []
-        spans = _shared_spans(c, filters, list(sums)) if shared else _spans(c, engine, filters)
+        if shared:
+            spans = _shared_spans(c, filters, list(sums))
+        else:
+            bounds = _span_bounds(c, engine, filters)
+            spans = {run_id: (last - first).total_seconds() for run_id, (first, last) in bounds.items()}
+            _remember(_read_span_bounds, engine, filters, _utc_bounds(bounds))  # span_bounds: read once
         with Session(bind=c) as s:
             run_rows = list(s.scalars(select(Run).where(Run.id.in_(sums)).order_by(Run.started_at, Run.id)))
             s.expunge_all()

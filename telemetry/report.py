@@ -26,7 +26,7 @@ import math
 import re
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -588,6 +588,9 @@ class ReportData:
     # where the period's runs' priced spans reach outside it (window_spans.spills_text): adjacent periods' costs
     # overlap by up to that; None where none does
     window_overlap: str | None = None
+    # per run whose priced span reaches outside the period, by how far (window_spans.window_spills): read once,
+    # for window_overlap and the runs_cost table's notes
+    spills: dict = field(default_factory=dict)
 
     @property
     def has_traffic(self) -> bool:
@@ -682,6 +685,12 @@ def build_report(
     if window.until > generated_at:  # a part of this period against whole ones
         bands = tuple(_unended_band(b) for b in bands)
     speedups = tuple(queries.speedups(engine, f))  # once: the projection's caveat reads them too
+    # where the period's runs' priced spans reach past its end or into its start: once, for the notice and the
+    # runs_cost table
+    from telemetry.window_spans import spills_text, window_spills
+
+    spills = window_spills(engine, f, [rc.run.run_id for rc in current.run_costs]
+                           + [r.run_id for r in current.unpriced_runs])
     return ReportData(
         window=window,
         generated_at=generated_at,
@@ -695,7 +704,8 @@ def build_report(
         projection=_projection(engine, current, float(sla_ms), daily_tokens, float(peak_factor), pricing, speedups),
         bands=bands,
         synthetic_runs=queries.synthetic_runs(engine, f),
-        window_overlap=_window_overlap(engine, window, current),
+        window_overlap=spills_text(spills, window.since, window.until),
+        spills=spills,
     )
 
 
@@ -707,14 +717,6 @@ def _unended_band(b: BandCheck) -> BandCheck:
     if b.metric in GROWS_WITH_PERIOD:
         return replace(b, status=NOT_CHECKED, note=f"{NOT_ENDED}; {b.note}")
     return replace(b, note=f"{RATE_SO_FAR}; {b.note}")
-
-
-def _window_overlap(engine: Engine, window: Window, current: PeriodFigures) -> str | None:
-    """The period's caveat where its runs' priced spans reach past its end or into its start (window_spans)."""
-    from telemetry.window_spans import spills_text, window_spills
-
-    ids = [rc.run.run_id for rc in current.run_costs] + [r.run_id for r in current.unpriced_runs]
-    return spills_text(window_spills(engine, window.filters(), ids), window.since, window.until)
 
 
 # Figures compared with the previous period: (name, getter).
@@ -1125,7 +1127,8 @@ def report_tables(data: ReportData, engine: Engine) -> list[Table]:
     ]  # fmt: skip
     # the runs no price covers are rows too, their costs missing (the modes table says how to price them)
     header, rows = cost_rows(engine, ExportWindow(since=data.window.since, until=data.window.until),
-                             filters=data.window.filters(), unpriced=True, prices=data.pricing.cost_prices())
+                             filters=data.window.filters(), unpriced=True, prices=data.pricing.cost_prices(),
+                             spills=data.spills)
     pr = data.projection
     curve = pr.sla_curve
     return [

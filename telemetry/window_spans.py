@@ -9,11 +9,11 @@ past the window's end, and into its start from the run's requests that started b
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Engine
 
-from telemetry.queries import Filters, span_bounds
+from telemetry.queries import Filters, longest_e2e_ms, span_bounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,17 +24,24 @@ class WindowSpill:
 
 def window_spills(engine: Engine, filters: Filters, run_ids: list[int]) -> dict[int, WindowSpill]:
     """Per run of `run_ids` (runs in view under `filters`) whose priced span reaches outside the window
-    [since, until), by how many seconds; {} where no time window is set or no span reaches out."""
+    [since, until), by how many seconds; {} where no time window is set or no span reaches out. Past the end:
+    from the span bounds the runs' wall times were read from (`span_bounds`, read once inside
+    `reuse_collections`). Into the start: from the runs' requests that started before it, no further back than
+    their longest e2e time (a long server run is not read whole)."""
     if filters.since is None and filters.until is None or not run_ids:
         return {}
-    ids = tuple(sorted(set(run_ids) & set(filters.run_ids) if filters.run_ids is not None else set(run_ids)))
+    ids = set(run_ids) & set(filters.run_ids) if filters.run_ids is not None else set(run_ids)
     past: dict[int, float] = {}
-    if filters.until is not None:
-        inside = span_bounds(engine, replace(filters, run_ids=ids))
-        past = {r: (last - filters.until).total_seconds() for r, (_, last) in inside.items() if last > filters.until}
+    if filters.until is not None:  # a run's bounds do not depend on the other runs in view
+        inside = span_bounds(engine, filters)
+        past = {r: (last - filters.until).total_seconds() for r, (_, last) in inside.items()
+                if r in ids and last > filters.until}
     into: dict[int, float] = {}
-    if filters.since is not None:  # the same runs' requests that started before the window (same selectors)
-        before = span_bounds(engine, replace(filters, since=None, until=filters.since, run_ids=ids))
+    longest = longest_e2e_ms(engine, sorted(ids), before=filters.since) if filters.since is not None else None
+    if longest is not None:  # the same runs' requests that started before the window (same selectors)
+        # a request that started further back ended before the window's start (1 ms: the e2e's rounding)
+        reach = filters.since - timedelta(milliseconds=longest + 1)
+        before = span_bounds(engine, replace(filters, since=reach, until=filters.since, run_ids=tuple(sorted(ids))))
         into = {r: (last - filters.since).total_seconds() for r, (_, last) in before.items() if last > filters.since}
     return {r: WindowSpill(past.get(r, 0.0), into.get(r, 0.0)) for r in sorted(set(past) | set(into))}
 

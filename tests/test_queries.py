@@ -620,7 +620,7 @@ def test_a_run_ending_while_it_is_read_is_read_whole_or_as_running(db_url, monke
         s.commit()
         run_id = run.id
     writer = open_store(db_url)
-    spans = q._spans
+    spans = q._span_bounds  # the run spans' read (between the totals and the status)
 
     def a_writer_ends_the_run_meanwhile(c, engine_, filters):
         with Session(writer) as s:
@@ -631,10 +631,10 @@ def test_a_run_ending_while_it_is_read_is_read_whole_or_as_running(db_url, monke
             s.commit()
         return spans(c, engine_, filters)
 
-    monkeypatch.setattr(q, "_spans", a_writer_ends_the_run_meanwhile)
+    monkeypatch.setattr(q, "_span_bounds", a_writer_ends_the_run_meanwhile)
     (seen,) = q.run_summaries(engine, latency=False)
     assert (seen.status, seen.stats.output_tokens) == ("running", 20), (seen.status, seen.stats.output_tokens)
-    monkeypatch.setattr(q, "_spans", spans)
+    monkeypatch.setattr(q, "_span_bounds", spans)
     (later,) = q.run_summaries(engine, latency=False)
     assert (later.status, later.stats.output_tokens) == ("completed", 30)
     writer.dispose()

@@ -1660,3 +1660,35 @@ def test_change_table_writes_j_per_token_as_the_card_does(sqlite_url, tmp_path, 
     assert (rows["AR J/token"]["this period"], rows["AR J/token"]["previous period"]) == ("1.5", "1.2")
     assert float(rows["AR cost per 1M tokens (USD)"]["this period"]) > 0
     engine.dispose()
+
+
+def test_a_report_reads_its_window_spills_once_and_not_a_long_run_whole(store, tmp_path, monkeypatch):
+    """`report` read window_spills twice (the notice, then the runs_cost table), each reading the span bounds
+    again, and the into-the-start part read every request of the runs before the window (a long server run
+    whole). Once, the past-the-end part from the bounds the wall times were read from, the earlier requests only
+    as far back as the runs' longest e2e; the figures as before."""
+    from telemetry import queries, window_spans
+    from telemetry.db import Request, Run
+
+    url, engine = store  # the AR run of D0 09:00 serves 0-0.9 s and 0.2-1.9 s
+    with Session(engine) as s:  # the same run's request ten days earlier: its span is none of the window's
+        run_id = s.scalars(select(Request.run_id).join(Run).where(Run.mode == "ar")).first()
+        s.add(Request(run_id=run_id, started_at=D0 - 10 * DAY, prompt_tokens=8, output_tokens=4, ttft_ms=10,
+                      e2e_ms=20, status="ok"))
+        s.commit()
+    reads, spills = [], []
+    bounds, spill = queries._span_bounds, window_spans.window_spills
+    monkeypatch.setattr(queries, "_span_bounds", lambda c, e, f, *x: reads.append(f) or bounds(c, e, f, *x))
+    monkeypatch.setattr(window_spans, "window_spills", lambda *a, **k: spills.append(a) or spill(*a, **k))
+    cut = D0.replace(hour=9) + timedelta(milliseconds=100)  # the spec run serves 0-0.5 s and 1.0-1.5 s
+    window = period_window("custom", since=cut, until=cut + timedelta(milliseconds=1100))
+    with queries.reuse_collections():
+        result = report_writer.write_report(engine, window, tmp_path, now=D0 + DAY, history=1)
+    said = result.summary["window_overlap"]
+    assert "0.70 s past the window's end (2026-11-02 09:00:01 UTC; run 1 0.70 s, run 2 0.30 s)" in said
+    assert "ran up to 0.80 s into it (run 1 0.80 s, run 2 0.40 s)" in said
+    assert len(spills) == 1
+    current = [f for f in reads if f.since == window.since and f.until == window.until]
+    assert len(current) == 1, current  # the wall times' read; window_spills reads it again no more
+    before = [f for f in reads if f.until == window.since and f.run_ids is not None]
+    assert len(before) == 1 and before[0].since is not None and before[0].since > D0 - DAY
