@@ -678,9 +678,9 @@ _PROMPT_TOKENS = re.compile(r"the prompt is (\d+) tokens")  # `specfinops serve`
 
 
 async def refuse_long_prompts(client, model: str, spec: LoadSpec, prompts: Sequence[Prompt], max_len: int) -> None:
-    """ValueError when --max-tokens cannot follow the workload's longest prompt in the server's context window:
-    the requests of that prompt (every request, where all are as long) would be refused 400 and the runs filled
-    with errors. The longest prompts by characters (LONGEST_PROBED of them) are sent with max_tokens = `max_len`,
+    """ValueError when --max-tokens cannot follow the workload's longest prompt in the server's context window,
+    or when that prompt alone does not fit it (then no --max-tokens helps): the requests that send it would be
+    refused 400 and the runs filled with errors. The longest prompts by characters (LONGEST_PROBED of them) are sent with max_tokens = `max_len`,
     which leaves no prompt room: `specfinops serve` refuses each at once (400, nothing run or recorded) saying
     how many tokens its prompt is, chat template included. A prompt it says nothing of is not judged."""
     import openai
@@ -702,13 +702,22 @@ async def refuse_long_prompts(client, model: str, spec: LoadSpec, prompts: Seque
     if not counted:
         return
     num_prompt, prompt = max(counted, key=lambda c: c[0])
+    if num_prompt > max_len - 2:  # the prompt alone fills the window: no --max-tokens fits after it
+        too_long = sorted((c for c in counted if c[0] > max_len - 2), key=lambda c: c[0], reverse=True)
+        one = len(too_long) == 1
+        it = "it" if one else "them"
+        named = ", ".join(f"{p.id} ({n} tokens)" for n, p in too_long)
+        raise ValueError(f"the workload's prompt{'' if one else 's'} {named} {'is' if one else 'are'} too long for "
+                         f"the server's context window, as the server counts {it}: max_model_len {max_len} holds "
+                         f"at most {max_len - 2} prompt tokens (with one output token), whatever --max-tokens is; "
+                         f"the requests that send {it} would be refused (serve with a larger --max-len, or use a "
+                         f"workload without {it})")
     room = max_len - 1 - num_prompt  # the prompt and the output share max_len - 1 positions (serve keeps one spare)
     if spec.max_tokens > room:
-        fits = f"at most {room} output tokens fit after it" if room >= 1 else "it leaves no room for any output"
         raise ValueError(f"--max-tokens {spec.max_tokens} cannot fit the server's context window after this "
                          f"workload's longest prompt ({prompt.id}, {num_prompt} tokens as the server counts it): "
-                         f"max_model_len {max_len}, {fits}; its requests would all be refused (lower --max-tokens, "
-                         "or serve with a larger --max-len)")
+                         f"max_model_len {max_len}, at most {room} output tokens fit after it; the requests that "
+                         "send it would be refused (lower --max-tokens, or serve with a larger --max-len)")
 
 
 def refuse_spec_without_drafter(card: dict, spec: LoadSpec) -> None:

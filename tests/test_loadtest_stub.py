@@ -8,6 +8,7 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -26,12 +27,16 @@ class Stub:
     card's "specfinops". `fail_usage`: the stream fails after its chunks as `specfinops serve`'s does, this
     usage chunk and then an error event. `endless_after`: the requests after that many stream chunks until the
     client goes. `capacity`: at most that many requests stream at once, the others are answered 503 overloaded
-    (as `specfinops serve --max-batch --max-waiting`); `first_chunk_s`: the wait before a stream's first chunk."""
+    (as `specfinops serve --max-batch --max-waiting`); `first_chunk_s`: the wait before a stream's first chunk.
+    `count_tokens`: each chat request is parsed and checked by `specfinops serve`'s own code (server_schemas:
+    its 400s, worded as the server words them), its prompt that many tokens; `num_streamed` counts the requests
+    answered with a stream."""
 
     def __init__(self, *, chunks: int = 3, chunk_s: float = 0.02, refuse: bool = False, api_key: str | None = None,
                  max_model_len: int = 512, card_extra: dict | None = None, content: str = "ab",
                  fail_usage: dict | None = None, redirect_to: str | None = None, endless_after: int | None = None,
-                 capacity: int | None = None, first_chunk_s: float = 0.0):
+                 capacity: int | None = None, first_chunk_s: float = 0.0, owned_by: str = "stub",
+                 count_tokens: Callable[[list[dict]], int] | None = None):
         import uvicorn
         from starlette.applications import Starlette
         from starlette.responses import JSONResponse, StreamingResponse
@@ -39,6 +44,7 @@ class Stub:
 
         self.num_chat = 0
         self.num_overloaded = 0
+        self.num_streamed = 0
         self.headers: list[dict] = []
         streaming = [0]
 
@@ -49,7 +55,7 @@ class Stub:
             return None
 
         async def models(request):
-            card = {"id": MODEL, "object": "model", "created": 0, "owned_by": "stub", "root": MODEL,
+            card = {"id": MODEL, "object": "model", "created": 0, "owned_by": owned_by, "root": MODEL,
                     "max_model_len": max_model_len, "specfinops": {"backend": "torch", **(card_extra or {})}}
             return refused(request) or JSONResponse({"object": "list", "data": [card]})
 
@@ -59,6 +65,15 @@ class Stub:
             self.headers.append(dict(request.headers))
             if (no := refused(request)) is not None:
                 return no
+            if count_tokens is not None:
+                from serving.server_schemas import APIError, ChatRequest, check, parse_body
+
+                try:
+                    req = parse_body(await request.body(), ChatRequest, max_len=max_model_len)
+                    check(req, "chat", model_id=MODEL, max_len=max_model_len, vocab_size=100,
+                          encode_chat=lambda msgs: [1] * count_tokens(msgs), encode_text=lambda t: [1])
+                except APIError as exc:
+                    return JSONResponse(exc.body(), status_code=exc.status)
             if refuse:
                 return JSONResponse({"error": {"message": "max_tokens is too large for this stub", "code": None,
                                                "type": "invalid_request_error", "param": "max_tokens"}},
@@ -68,6 +83,7 @@ class Stub:
                 return JSONResponse({"error": {"message": "the server is overloaded; retry later", "param": None,
                                                "type": "server_error", "code": "overloaded"}}, status_code=503)
             streaming[0] += 1
+            self.num_streamed += 1
 
             async def events():
                 try:
@@ -433,6 +449,77 @@ def test_max_tokens_beyond_the_servers_context_window_is_refused_before_anything
     rc = main(["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "0.3", "--mode", "ar",
                "--max-tokens", "510", "--db", str(db)])
     assert rc == 0 and stub.num_chat >= 1  # 510 = max_model_len - 2 fits a one-token prompt
+
+
+def test_the_probes_pattern_reads_the_prompt_tokens_in_serves_refusal_of_max_tokens_max_len():
+    """refuse_long_prompts sends max_tokens = max_model_len and reads the prompt's tokens from `specfinops
+    serve`'s refusal with _PROMPT_TOKENS: a change of server_schemas.check()'s wording left the probe judging
+    nothing, with only a slow test to notice. Both refusals (the prompt alone too long; the output too long
+    after it) must still say the prompt's tokens."""
+    from serving.server_schemas import APIError, ChatRequest, check, parse_body
+
+    max_len = 64
+    for num_prompt in (10, 62, 63, 80):  # room for output, then none (max_len - 2 prompt tokens is the most)
+        req = parse_body(json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                     "max_tokens": max_len}).encode(), ChatRequest, max_len=max_len)
+        with pytest.raises(APIError) as err:
+            check(req, "chat", model_id=MODEL, max_len=max_len, vocab_size=100,
+                  encode_chat=lambda msgs, n=num_prompt: [1] * n, encode_text=lambda t: [1])
+        found = lt._PROMPT_TOKENS.search(err.value.message)
+        assert err.value.status == 400 and found and int(found[1]) == num_prompt, err.value.message
+
+
+def _code_prompts_chars() -> dict[str, int]:
+    from serving.workloads import load_workload
+
+    return {p.id: sum(len(m["content"]) for m in p.as_messages()) for p in load_workload("code")}
+
+
+def _chars(msgs: list[dict]) -> int:  # the stub's token count: one token a character
+    return sum(len(m["content"]) for m in msgs)
+
+
+def test_a_prompt_too_long_for_a_specfinops_servers_window_is_named_before_anything_runs(stub_factory, tmp_path,
+                                                                                        capsys):
+    """A workload prompt that alone fills `specfinops serve`'s window was reported as '--max-tokens cannot fit
+    ... lower --max-tokens' and 'its requests would all be refused': no --max-tokens helps, and only the requests
+    sending that prompt are refused. The prompt is named with its tokens; the advice is a larger --max-len or a
+    workload without it. Refused before any run or store (the probes are refused 400, nothing streams)."""
+    chars = _code_prompts_chars()
+    longest = max(chars, key=chars.get)
+    stub = stub_factory(owned_by="specfinops", count_tokens=_chars, max_model_len=chars[longest] + 1)
+    db = tmp_path / "long.db"
+    rc = main(["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "0.3", "--mode", "ar",
+               "--max-tokens", "8", "--workload", "code", "--db", str(db)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert f"the workload's prompt {longest} ({chars[longest]} tokens) is too long for the server's context " \
+           f"window, as the server counts it: max_model_len {chars[longest] + 1} holds at most " \
+           f"{chars[longest] - 1} prompt tokens" in err, err
+    assert "serve with a larger --max-len, or use a workload without it" in err, err
+    assert "lower --max-tokens" not in err and "all be refused" not in err, err
+    assert stub.num_chat >= 1 and stub.num_streamed == 0 and not db.exists()
+
+
+def test_max_tokens_beyond_the_room_after_a_specfinops_servers_longest_prompt_is_refused(stub_factory, tmp_path,
+                                                                                        capsys):
+    """The prompt fits with 9 tokens of room: --max-tokens 20 is refused naming the room; 9 runs."""
+    chars = _code_prompts_chars()
+    longest = max(chars, key=chars.get)
+    max_len = chars[longest] + 10
+    stub = stub_factory(owned_by="specfinops", count_tokens=_chars, max_model_len=max_len, chunks=2, chunk_s=0.01)
+    db = tmp_path / "room.db"
+    args = ["loadtest", "--url", stub.url, "--concurrency", "1", "--duration", "0.3", "--mode", "ar",
+            "--workload", "code", "--db", str(db)]
+    rc = main([*args, "--max-tokens", "20"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--max-tokens 20 cannot fit the server's context window after this workload's longest " \
+                       f"prompt ({longest}, {chars[longest]} tokens as the server counts it): max_model_len " \
+                       f"{max_len}, at most 9 output tokens fit after it" in err, err
+    assert "lower --max-tokens, or serve with a larger --max-len" in err, err
+    assert stub.num_streamed == 0 and not db.exists()
+    assert main([*args, "--max-tokens", "9"]) == 0, capsys.readouterr().err
+    assert stub.num_streamed >= 1
 
 
 # ------------------------------------------------------------------------------ checked before the store (defect 3)
