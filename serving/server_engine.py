@@ -89,6 +89,9 @@ class EngineLoop:
         self._num_holding = 0  # jobs holding (or about to take) a batch slot; guarded by _cv
         self._cancels: deque[Job] = deque()
         self._jobs: dict[str, Job] = {}  # admitted and not finished, by request id
+        # taken from the queues this round (cancels, then the admit batch): in neither _waiting nor _jobs until
+        # admitted, so a crash of the engine thread can still answer them
+        self._in_hand: list[Job] = []
         self._outbox: list[tuple[Job, tuple[int, ...]]] = []
         self._recent: deque[Window] = deque(maxlen=512)  # finished requests' `ran`, for energy sharing
         self._stopping = False
@@ -157,16 +160,41 @@ class EngineLoop:
             self._loop()
         except Exception as exc:  # noqa: BLE001 - a bug here must not leave clients waiting forever
             logger.exception("the engine thread failed; failing every request in flight")
-            with self._cv:
-                self._stopping = True
-                jobs = list(self._waiting) + list(self._jobs.values())
-                self._waiting.clear()
-            for job in jobs:
-                if not job.finished:
-                    if job.record is None:
-                        job.record = _record(job)
-                    self._finish(job, "error", f"engine thread failed: {type(exc).__name__}: {exc}")
-            self._deliver()
+            self._fail_all(f"engine thread failed: {type(exc).__name__}: {exc}")
+
+    def _fail_all(self, error: str) -> None:
+        """Every job not finished, wherever the crash left it (queued, cancelled but not yet ended, taken for a
+        batch slot and not yet admitted, admitted): ended with `error`, its client answered. The engine's
+        sequences are dropped and the slot count reset, so /health, num_requests_running and a SIGTERM drain
+        see nothing running (a job taken for admission stayed counted: the drain waited its whole --drain-s)."""
+        with self._cv:
+            self._stopping = True
+            jobs = list(self._waiting) + list(self._cancels) + self._in_hand + list(self._jobs.values())
+            self._waiting.clear()
+            self._cancels.clear()
+            self._in_hand = []
+        for seq in list(self.engine.running):
+            try:
+                self.engine.cancel(seq, reason="error")
+            except Exception:  # noqa: BLE001 - the jobs below are answered whatever the engine's state
+                logger.exception("could not drop sequence %s", seq.request_id)
+        seen: set[int] = set()
+        for job in jobs:
+            if job.finished or id(job) in seen:
+                continue
+            seen.add(id(job))
+            try:
+                if job.record is None:
+                    job.record = _record(job)
+                self._finish(job, "error", error)
+            except Exception:  # noqa: BLE001 - its client still gets its end
+                logger.exception("could not record request %s", job.id)
+                job.finished = True
+                self._outbox.append((job, Finished("error", len(job.checked.prompt_ids), 0, error)))
+        with self._cv:
+            self._num_holding = 0
+        self.engine.running.clear()
+        self._deliver()
 
     def _loop(self) -> None:
         while True:
@@ -186,6 +214,7 @@ class EngineLoop:
                         job.holds_slot = True
                         self._num_holding += 1
                         admit.append(job)
+                self._in_hand = cancels + admit
             for job in cancels:
                 self._cancel(job)
             if cancels:  # a cancelled request's end goes out now, not after the next step
@@ -194,6 +223,7 @@ class EngineLoop:
                 self._admit(job)
                 # its first token, sampled at prefill, goes out now: not after the next prefill or decode step
                 self._deliver()
+            self._in_hand = []
             if self.engine.running and not stopping:
                 self._step()
             self._deliver()

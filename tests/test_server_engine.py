@@ -336,6 +336,42 @@ def test_a_request_being_admitted_counts_as_running():
     assert after == (0, 0)
 
 
+def test_an_engine_thread_crashing_while_it_admits_answers_every_job_and_counts_none_running(monkeypatch):
+    """The engine thread failing in `_admit` outside its guard around `engine.add` left the jobs taken from the
+    queue in neither the queue nor the admitted jobs: their clients waited forever, and num_running kept
+    counting their slots (a SIGTERM drain then waited its whole --drain-s). Every job, wherever the crash left
+    it, ends 'error' with its client answered, and nothing counts as running or waiting."""
+    import serving.server_engine as se
+
+    records, real_record, calls = [], se._record, []
+
+    def record_failing_once(job):  # the second job's admission fails before it is among the admitted jobs
+        calls.append(job.id)
+        if len(calls) == 2:
+            raise RuntimeError("bug in admission")
+        return real_record(job)
+
+    monkeypatch.setattr(se, "_record", record_failing_once)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        el = _engine_loop(records)
+        jobs = [_job(loop, i, 40) for i in range(3)]
+        for j in jobs:
+            el.submit(j)
+        out = await asyncio.wait_for(asyncio.gather(*(_drain(j) for j in jobs)), 30)
+        counts = el.num_running, el.num_waiting, el.alive
+        el.stop()
+        return out, counts
+
+    out, counts = asyncio.run(main())
+    assert [fin.finish_reason for _, fin in out] == ["error"] * 3, out
+    assert all("engine thread failed: RuntimeError: bug in admission" in fin.error for _, fin in out), out
+    assert counts == (0, 0, False)
+    assert sorted(r.external_id for _, r in records) == ["job-0", "job-1", "job-2"]
+    assert all(r.status == "error" for _, r in records)
+
+
 def test_a_request_cancelled_while_queued_ends_when_the_client_left():
     """A request cancelled while it waited was recorded as ending when the engine thread got to the cancel (after
     the step it was in: 5045 ms in an audit where the client left after 3 s), not when the client left."""
