@@ -20,12 +20,15 @@ from pydantic import (
     ValidationInfo,
     ValidatorFunctionWrapHandler,
     field_validator,
+    model_validator,
 )
 
 from serving.request_limits import MAX_STOP_STRINGS, MAX_TEMPERATURE, MIN_TOP_P, SEED_MAX, SEED_MIN
 from serving.sampling import SamplingParams
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+TOOL_ROLES = ("tool", "function")  # a tool's (or a function's, the deprecated form) answer: refused in check()
+NO_TOOL_CALLS = "tool calls are not supported by specfinops serve"
 # What a request that fits a context window of max_len tokens holds at most, in JSON values (strings, numbers,
 # arrays, objects) and in arrays and objects alone: a prompt of token ids holds one value per token; a message
 # (one token at least) an object, its role, its content (perhaps an array) and a few keys more, and a content part
@@ -75,12 +78,26 @@ def _one_of(value: Any, handler: ValidatorFunctionWrapHandler, accepted: str) ->
 
 class Message(_Strict):
     role: str
-    content: str | list[dict[str, Any]] | None  # null on an assistant turn only, as OpenAI takes it (rendered "")
+    # null on an assistant turn only, as OpenAI takes it (rendered ""); an assistant turn without it is the same
+    content: str | list[dict[str, Any]] | None
+    # a turn that called tools, parsed only to be refused (check): dropping them answered another conversation
+    tool_calls: list[Any] | None = None
+    function_call: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _content_left_out(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "content" not in data and data.get("role") in ("assistant", *TOOL_ROLES):
+            return {**data, "content": None}
+        return data
 
     @field_validator("content", mode="wrap")
     @classmethod
     def _content(cls, v: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Any:
-        if v is None and info.data.get("role") == "assistant":
+        role = info.data.get("role")
+        if role in TOOL_ROLES:  # the message is refused whole (check): its content is not judged
+            return None
+        if v is None and role == "assistant":
             return None
         accepted = "a string or a list of content parts ({'type': 'text', 'text': ...})"
         if v is None:
@@ -90,6 +107,8 @@ class Message(_Strict):
     @field_validator("role")
     @classmethod
     def _role(cls, v: str) -> str:
+        if v in TOOL_ROLES:
+            return v
         if v not in ROLES:
             raise ValueError(f"unknown role {v!r}: use one of system, developer, user, assistant")
         return ROLES[v]
@@ -500,6 +519,14 @@ def _unsupported(req: _Common) -> None:
             raise _refuse("tools", "tools")
         if req.functions:
             raise _refuse("functions", "functions")
+        for i, m in enumerate(req.messages):
+            if m.role in TOOL_ROLES:
+                raise bad(f"{NO_TOOL_CALLS}: messages.{i} is a {m.role!r} message, the answer to a tool call",
+                          param=f"messages.{i}.role", code="unsupported_value")
+            for name in ("tool_calls", "function_call"):
+                if getattr(m, name):
+                    raise bad(f"{NO_TOOL_CALLS}: messages.{i} holds {name}", param=f"messages.{i}.{name}",
+                              code="unsupported_value")
         for name in ("tool_choice", "function_call"):
             value = getattr(req, name)
             if value not in (None, "none"):

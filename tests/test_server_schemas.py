@@ -206,8 +206,9 @@ def test_an_integer_too_long_to_read_is_named_in_the_servers_words():
 
 
 def test_an_assistant_turn_may_have_null_content_as_openai_takes_it():
-    """OpenAI accepts `"content": null` on an assistant message (a turn that said nothing, or only called tools):
-    it was refused 400. It is rendered as empty text; null content on any other role is still refused."""
+    """OpenAI accepts `"content": null` on an assistant message (a turn that said nothing): it was refused 400. It
+    is rendered as empty text; null content on any other role is still refused. (A turn that called tools is
+    refused: test_tool_calls_in_the_conversation_are_refused_in_one_message.)"""
     seen: list = []
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
             {"role": "user", "content": "and?"}]
@@ -221,3 +222,40 @@ def test_an_assistant_turn_may_have_null_content_as_openai_takes_it():
             _check({"messages": [{"role": role, "content": None}]}, chat=True)
         assert exc.value.param == "messages.0.content" and "a string or a list" in exc.value.message
         assert "null only in an assistant message" in exc.value.message
+
+
+TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(("msgs", "param"), [
+    # the assistant turn's calls were dropped (content null rendered as ""): another conversation was answered
+    ([{"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]}], "messages.1.tool_calls"),
+    # without "content" at all (as clients send a turn that only called tools): 'missing required parameter'
+    ([{"role": "assistant", "tool_calls": [TOOL_CALL]}], "messages.1.tool_calls"),
+    ([{"role": "assistant", "content": "", "function_call": {"name": "f", "arguments": "{}"}}],
+     "messages.1.function_call"),
+    # the tool's answer was refused as an 'unknown role'
+    ([{"role": "tool", "tool_call_id": "c1", "content": "42"}], "messages.1.role"),
+    ([{"role": "function", "name": "f", "content": "42"}], "messages.1.role"),
+    ([{"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+      {"role": "tool", "tool_call_id": "c1", "content": "42"}], "messages.1.tool_calls"),
+])
+def test_tool_calls_in_the_conversation_are_refused_in_one_message(msgs, param):
+    err = _refused({"messages": [{"role": "user", "content": "hi"}, *msgs]}, chat=True)
+    assert err.status == 400 and err.code == "unsupported_value" and err.param == param, err.message
+    assert err.message.startswith("tool calls are not supported by specfinops serve: messages.1 "), err.message
+
+
+def test_an_assistant_turn_without_content_is_taken_as_null():
+    """An assistant message with no "content" key was refused 'missing required parameter' where null is taken;
+    other roles still need it, and an empty tool_calls list calls nothing."""
+    seen: list = []
+    for extra in ({}, {"tool_calls": []}):
+        msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", **extra}]
+        req = parse_body(json.dumps({"model": MODEL, "messages": msgs}).encode(), ChatRequest, max_len=MAX_LEN)
+        check(req, "chat", model_id=MODEL, max_len=MAX_LEN, vocab_size=VOCAB,
+              encode_chat=lambda m: seen.append(m) or PROMPT_IDS, encode_text=lambda text: PROMPT_IDS)
+    assert seen == [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]] * 2
+    for role in ("user", "system"):
+        err = _refused({"messages": [{"role": role}]}, chat=True)
+        assert err.param == "messages.0.content" and "missing required parameter" in err.message, err.message
