@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -256,14 +256,17 @@ def _counts_text(requests: dict[str, int]) -> str:
 
 
 def small_sample_text(requests: dict[str, int], what: str = "a p95 and a capacity figure",
-                      kinds: Iterable[str] = ("bench",)) -> str | None:
+                      kinds: Iterable[str] | Mapping[str, Iterable[str]] = ("bench",)) -> str | None:
     """'based on 2 spec and 2 AR requests: too few for a p95 and a capacity figure to be stable; ...' where a mode
     measured (some ok requests, `requests`: mode -> count) has fewer than MIN_STABLE_REQUESTS; None otherwise. A
     mode with none is not a small sample: the figures say it was not measured (missing_mode_text says how to
-    measure it). `kinds`: the kinds of the runs counted, whose way to measure more is said (measure_more_text)."""
+    measure it). `kinds`: the kinds of the runs counted, whose way to measure more is said (measure_more_text);
+    given per mode (mode -> the kinds of the runs its count is over), those of the modes too small only."""
     measured = {m: n for m, n in requests.items() if n}
     if not measured or min(measured.values()) >= MIN_STABLE_REQUESTS:
         return None
+    if isinstance(kinds, Mapping):
+        kinds = {k for m, n in measured.items() if n < MIN_STABLE_REQUESTS for k in kinds.get(m, ())}
     return (f"based on {_counts_text(requests)}: too few for {what} to be stable (under {MIN_STABLE_REQUESTS} per "
             f"mode); {measure_more_text(kinds)}")
 

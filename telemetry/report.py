@@ -600,7 +600,9 @@ class ReportData:
         """`cost`'s caveat where a mode measured in the period has too few ok requests for its figures to be stable
         (costing.small_sample_text); None otherwise (a mode with none is not a small sample)."""
         requests = {mode: self.current.stat(mode, "num_requests_ok") or 0 for mode in self.current.modes}
-        kinds = {r.kind for r in (*(rc.run for rc in self.current.run_costs), *self.current.unpriced_runs)}
+        # how to measure more, for the kinds of the runs each mode's count is over (ModeSummary.run_ids)
+        kind_of = {r.run_id: r.kind for r in (*(rc.run for rc in self.current.run_costs), *self.current.unpriced_runs)}
+        kinds = {mode: {kind_of[i] for i in m.run_ids if i in kind_of} for mode, m in self.current.modes.items()}
         return costing.small_sample_text(requests, what="a tokens/s and a cost per 1M tokens", kinds=kinds)
 
     def synthetic_text(self) -> str | None:

@@ -476,3 +476,24 @@ def test_the_reports_small_sample_caveat_says_how_for_its_runs_kind(db_url):
                                                           until=BASE_TIME + timedelta(days=1)))
     said = data.small_sample_text()
     assert "too few" in said and "let the server take more traffic" in said and "bench without" not in said
+
+
+def test_too_few_requests_says_how_to_measure_more_for_the_small_modes_runs_only(db_url, capsys):
+    """The advice named the way to measure more of every run kind in view: AR benched with enough requests and
+    spec load-tested with 2 read 'bench without --limit; ... loadtest with a longer --duration', though only the
+    load test's mode was short. `cost`, its --json notes and the report say the small mode's kind only."""
+    from telemetry.report import build_report, period_window
+
+    engine = open_store(db_url)
+    with Session(engine) as s:
+        make_run(s, "ar", kind="bench", requests=_ar(MIN_STABLE_REQUESTS))
+        make_run(s, "spec", kind="loadtest", requests=_spec(2))
+        s.commit()
+    loadtest_only = "measure longer (loadtest with a longer --duration)"
+    notes = [n for n in _cost_json(db_url, capsys)["notes"] if "too few" in n]
+    assert len(notes) == 1 and notes[0].endswith(f"mode); {loadtest_only}"), notes
+    out = _text(["cost", "--db", db_url], capsys)
+    assert loadtest_only in out and "bench without --limit" not in out, out
+    data = build_report(engine, period_window("custom", since=BASE_TIME - timedelta(days=1),
+                                              until=BASE_TIME + timedelta(days=1)))
+    assert data.small_sample_text().endswith(f"mode); {loadtest_only}"), data.small_sample_text()
