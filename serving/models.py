@@ -526,9 +526,10 @@ def weight_files(model_dir: str | Path) -> list[Path]:
     model.safetensors.index.json, exactly those its weight_map names, as transformers reads them: a folder can hold
     a model's shards and a Mistral-format consolidated.safetensors of the same weights too, and every *.safetensors
     loaded both (twice the memory) to refuse them. Without an index, every *.safetensors in the folder. Where there
-    are none, the older torch.save format: the shards a pytorch_model.bin.index.json names, else pytorch_model.bin
-    (never another *.bin: training_args.bin and the like are no weights). ValueError naming the index when it is
-    not one or names a file that is not there."""
+    are none, the older torch.save format: pytorch_model.bin where there is one, else the shards a
+    pytorch_model.bin.index.json names, in transformers' order (a whole file beside a stale index loads); never
+    another *.bin (training_args.bin and the like are no weights). ValueError naming the index when it is not one
+    or names a file that is not there."""
     model_dir = Path(model_dir)
     index = model_dir / WEIGHTS_INDEX
     if index.is_file():
@@ -536,10 +537,10 @@ def weight_files(model_dir: str | Path) -> list[Path]:
     safetensors = sorted(model_dir.glob("*.safetensors"))
     if safetensors:
         return safetensors
+    if (model_dir / BIN_WEIGHTS).is_file():
+        return [model_dir / BIN_WEIGHTS]
     index = model_dir / BIN_WEIGHTS_INDEX
-    if index.is_file():
-        return _indexed_files(model_dir, index, "a weights index")
-    return [model_dir / BIN_WEIGHTS] if (model_dir / BIN_WEIGHTS).is_file() else []
+    return _indexed_files(model_dir, index, "a weights index") if index.is_file() else []
 
 
 def _indexed_files(model_dir: Path, index: Path, what: str) -> list[Path]:

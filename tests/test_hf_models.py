@@ -369,3 +369,16 @@ def test_safetensors_are_preferred_over_pytorch_model_bin_and_a_folder_without_e
     with pytest.raises(ValueError) as err:
         load_causal_lm(path, torch.float32)
     assert str(err.value) == f"{path} has no weights (*.safetensors or pytorch_model.bin)"
+
+
+def test_a_whole_pytorch_model_bin_beside_a_stale_index_loads_as_transformers_reads_it(tmp_path):
+    """transformers reads pytorch_model.bin before pytorch_model.bin.index.json; the index was taken first, so a
+    folder with a working pytorch_model.bin and an index naming shards no longer there was refused."""
+    from serving.models import weight_files
+
+    want = logits(hf_dir(tmp_path / "st"))
+    path = as_bin(hf_dir(tmp_path / "bin"))
+    stale = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "pytorch_model-00001-of-00002.bin"}}
+    (path / "pytorch_model.bin.index.json").write_text(json.dumps(stale))
+    assert weight_files(path) == [path / "pytorch_model.bin"]
+    assert torch.equal(logits(path), want)
