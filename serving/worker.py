@@ -248,10 +248,15 @@ def named_by(flag: str, value: str | None):
 
 def check_files(spec: EngineSpec, target_dir: Path, tokenizer, draft_flag: str = "--draft-model") -> Path | None:
     """Every check of the target's and the draft's folders that reads files alone (a config the engine computes,
-    weights present, a tokenizer, the pair's vocabularies), before any weights load: a draft's were made only once
+    weights present, a tokenizer, the pair's vocabularies, the draft's positions against the context window,
+    --early-exit-layers against the target's layers), before any weights load: a draft's were made only once
     the target had loaded, minutes for a large one. The draft's folder where the drafter takes one."""
-    with named_by("--target", spec.target), pull_again_hint(target_dir):
-        check_model_dir(target_dir)
+    with named_by("--target", spec.target):
+        with pull_again_hint(target_dir):
+            target_cfg, _ = check_model_dir(target_dir)
+        if spec.drafter == "early-exit" and spec.early_exit_layers >= target_cfg.num_layers:  # no pull mends it
+            raise ValueError(f"--early-exit-layers must be < the target's {target_cfg.num_layers} layers, got "
+                             f"{spec.early_exit_layers}")
     if spec.drafter not in ("draft", "draft+ngram"):
         return None
     with named_by(draft_flag, spec.draft_model):
@@ -264,7 +269,12 @@ def check_files(spec: EngineSpec, target_dir: Path, tokenizer, draft_flag: str =
             if spec.tree is not None:
                 raise ValueError(f"--tree needs a feature draft (specfinops distill makes one); {draft_dir} is a "
                                  "plain causal LM")
-            check_model_dir(draft_dir)
+            draft_cfg, _ = check_model_dir(draft_dir)
+            window = min(spec.max_len, target_cfg.max_position)
+            if draft_cfg.max_position < window:  # its cache and rope table end there: later drafts would be garbage
+                raise ValueError(f"the draft {draft_dir.name} holds {draft_cfg.max_position} positions, fewer than the "
+                                 f"context window ({window}: --max-len, or the target's positions): give --max-len "
+                                 f"{draft_cfg.max_position} or less, or a draft with as many positions as the target")
     return draft_dir
 
 
@@ -295,11 +305,6 @@ def load(spec: EngineSpec, draft_flag: str = "--draft-model") -> Loaded:
         else:
             with named_by(draft_flag, spec.draft_model):
                 draft = load_causal_lm(draft_dir, dtype)
-            window = min(spec.max_len, target.cfg.max_position)
-            if draft.cfg.max_position < window:  # its cache and rope table end there: later drafts would be garbage
-                raise ValueError(f"the draft {draft_dir.name} holds {draft.cfg.max_position} positions, fewer than the "
-                                 f"context window ({window}: --max-len, or the target's positions): give --max-len "
-                                 f"{draft.cfg.max_position} or less, or a draft with as many positions as the target")
             pack_for_inference(draft)
             label = f"draft:{draft_name(draft_dir)}{'@int8' if quantize_draft(draft) else ''}"
 
@@ -307,8 +312,6 @@ def load(spec: EngineSpec, draft_flag: str = "--draft-model") -> Loaded:
                 return ModelDrafter(draft, label, slots=slots, max_len=max_len, vocab=target.cfg.vocab_size)
     elif spec.drafter == "early-exit":
         n = spec.early_exit_layers
-        if n >= target.cfg.num_layers:
-            raise ValueError(f"--early-exit-layers must be < the target's {target.cfg.num_layers} layers, got {n}")
         label = f"early-exit:{n}"
 
         def factory(slots: int, max_len: int):

@@ -82,8 +82,8 @@ def test_a_draft_with_fewer_positions_than_the_window_is_refused_naming_max_len(
     capsys.readouterr()
     assert main([*argv, "--max-len", "256"]) == 2  # the window: the target's 128 positions
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("specfinops bench: error: the draft short-draft holds 64 positions, fewer than the "
-                          "context window (128: --max-len, or the target's positions)")
+    assert err.startswith(f"specfinops bench: error: --draft-model {short}: the draft short-draft holds 64 "
+                          "positions, fewer than the context window (128: --max-len, or the target's positions)")
     assert "give --max-len 64 or less" in err
     assert main([*argv, "--max-len", "64"]) == 0
 
@@ -355,6 +355,8 @@ def _bad_draft(how: str, path):
         return hf_dir(path, seed=1, num_hidden_layers=1, vocab_size=VOCAB + 8, tokenizer=VOCAB + 8)
     if how == "gelu":
         return hf_dir(path, seed=1, num_hidden_layers=1, hidden_act="gelu")
+    if how == "few positions":  # the target holds 128
+        return hf_dir(path, seed=1, num_hidden_layers=1, max_position_embeddings=16)
     draft = hf_dir(path, seed=1, num_hidden_layers=1)
     (draft / "model.safetensors").unlink()
     return draft
@@ -363,6 +365,8 @@ def _bad_draft(how: str, path):
 @pytest.mark.parametrize(("how", "needle"), [("no tokenizer", "has no tokenizer files"),
                                              ("other vocabulary", "vocabulary mismatch"),
                                              ("gelu", "hidden_act 'gelu'"),
+                                             ("few positions", "the draft draft holds 16 positions, fewer than the "
+                                                               "context window (128: "),
                                              ("no weights", "has no weights (*.safetensors or pytorch_model.bin)")])
 @pytest.mark.parametrize("flag", ["--draft-model", "--draft"])
 def test_a_draft_folders_problem_is_said_before_any_weights_load_naming_its_option(how, needle, flag, pair,
@@ -381,6 +385,22 @@ def test_a_draft_folders_problem_is_said_before_any_weights_load_naming_its_opti
     with pytest.raises(ValueError) as err:
         worker.load(spec, draft_flag=flag)
     assert str(err.value).startswith(f"{flag} {draft}: ") and needle in str(err.value)
+
+
+def test_early_exit_layers_beyond_the_target_are_said_before_any_weights_load_naming_it(pair, monkeypatch):
+    """The CLI checks --early-exit-layers itself; load's own check (for callers of the API) ran after the target's
+    weights loaded, and said nothing of which folder it was."""
+    import serving.worker as worker
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights loaded before --early-exit-layers was checked")
+
+    monkeypatch.setattr(worker, "load_causal_lm", no_weights)
+    target, _ = pair  # 2 layers
+    spec = worker.EngineSpec(target=str(target), drafter="early-exit", early_exit_layers=2, dtype="float32")
+    with pytest.raises(ValueError) as err:
+        worker.load(spec)
+    assert str(err.value) == f"--target {target}: --early-exit-layers must be < the target's 2 layers, got 2"
 
 
 def test_a_target_without_weights_is_said_naming_its_option_before_the_draft_is_read(pair, tmp_path, capsys):
