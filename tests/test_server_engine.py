@@ -263,6 +263,20 @@ def test_the_usage_says_how_long_a_request_queued_before_it_ran():
     assert "queue_ms" not in _usage(fins[2])["specfinops"]
 
 
+def _hold_admissions(el):
+    """Make the engine thread stop inside its first admission (`engine.add`, the prefill) until `release` is set:
+    (adding, release), `adding` set once it is there."""
+    adding, release, real_add = threading.Event(), threading.Event(), el.engine.add
+
+    def held_add(*args, **kwargs):
+        adding.set()
+        release.wait(60)
+        return real_add(*args, **kwargs)
+
+    el.engine.add = held_add
+    return adding, release
+
+
 def test_a_burst_fills_the_free_slots_before_the_waiting_limit_counts():
     """--max-waiting bounds the requests beyond the free slots: a job the engine thread has not yet moved into
     a free slot does not count. Before, a burst of 4 at an idle server (batch 2, max waiting 2) got a 503 for
@@ -272,14 +286,7 @@ def test_a_burst_fills_the_free_slots_before_the_waiting_limit_counts():
     async def main():
         loop = asyncio.get_running_loop()
         el = _engine_loop(records, max_waiting=2)
-        adding, release, real_add = threading.Event(), threading.Event(), el.engine.add
-
-        def held_add(*args, **kwargs):  # the engine thread stops inside the first admission
-            adding.set()
-            release.wait(60)
-            return real_add(*args, **kwargs)
-
-        el.engine.add = held_add
+        adding, release = _hold_admissions(el)
         jobs = [_job(loop, i, 3) for i in range(4)]
         el.submit(jobs[0])
         assert await asyncio.to_thread(adding.wait, 60)
@@ -308,14 +315,7 @@ def test_a_request_being_admitted_counts_as_running():
         loop = asyncio.get_running_loop()
         el = _engine_loop(records)
         metrics = ServeMetrics("m", running=lambda: el.num_running, waiting=lambda: el.num_waiting)
-        adding, release, real_add = threading.Event(), threading.Event(), el.engine.add
-
-        def held_add(*args, **kwargs):  # the engine thread stops inside the first admission (its prefill)
-            adding.set()
-            release.wait(60)
-            return real_add(*args, **kwargs)
-
-        el.engine.add = held_add
+        adding, release = _hold_admissions(el)
         jobs = [_job(loop, i, 3) for i in range(3)]
         el.submit(jobs[0])
         assert await asyncio.to_thread(adding.wait, 60)
